@@ -1,0 +1,54 @@
+// KV cache of one (sequence, layer): post-RoPE keys and values per KV head, in token order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "retroinfer/dtype.h"
+
+namespace retroinfer {
+
+// Threading contract: append() and reserve() need exclusive access; the const readers may run from any
+// number of threads at once while nobody appends.
+class KvCache {
+ public:
+  // dtype: storage of keys and values (kF32 or kBF16; kF16 is rejected).
+  KvCache(int num_heads_kv, int head_dim, DType dtype);
+
+  void reserve(int64_t tokens);
+  // Appends n tokens. k, v: [n, num_heads_kv, head_dim], f32, row-major (the layout the K/V projection
+  // produces for n consecutive positions).
+  void append(const float* k, const float* v, int64_t n);
+  // Drops every token (keeps the allocation).
+  void clear();
+
+  int64_t size() const { return size_; }
+  int num_heads_kv() const { return num_heads_kv_; }
+  int head_dim() const { return head_dim_; }
+  DType dtype() const { return dtype_; }
+  // Bytes of one key (or value) row in storage.
+  int64_t row_bytes() const { return static_cast<int64_t>(head_dim_) * dtype_size(dtype_); }
+
+  // Raw rows in storage dtype: [head_dim] at (head h, token t).
+  const void* key_row(int h, int64_t t) const { return keys_[h].data() + t * row_bytes(); }
+  const void* value_row(int h, int64_t t) const { return values_[h].data() + t * row_bytes(); }
+
+  // Converted to f32. dst: [head_dim].
+  void load_key(int h, int64_t t, float* dst) const;
+  void load_value(int h, int64_t t, float* dst) const;
+  // q · k[h, t]; q: [head_dim] f32.
+  float dot_key(int h, int64_t t, const float* q) const;
+  // acc += a * v[h, t]; acc: [head_dim] f32.
+  void axpy_value(int h, int64_t t, float a, float* acc) const;
+
+ private:
+  int num_heads_kv_;
+  int head_dim_;
+  DType dtype_;
+  int64_t size_ = 0;
+  // keys_[h]: [size_, head_dim] in dtype_, row-major; values_ likewise.
+  std::vector<std::vector<uint8_t>> keys_;
+  std::vector<std::vector<uint8_t>> values_;
+};
+
+}  // namespace retroinfer

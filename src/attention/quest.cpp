@@ -1,0 +1,9 @@
+// quest: being written in this session (the factory entry point exists so the library links).
+#include "attention/methods.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::attention {
+std::unique_ptr<AttentionMethod> make_quest(const AttentionConfig&, const AttentionShape&) {
+  RETROINFER_FAIL("attention method 'quest' is not built yet");
+}
+}  // namespace retroinfer::attention

@@ -1,0 +1,9 @@
+// retro: being written in this session (the factory entry point exists so the library links).
+#include "attention/methods.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::attention {
+std::unique_ptr<AttentionMethod> make_retro(const AttentionConfig&, const AttentionShape&) {
+  RETROINFER_FAIL("attention method 'retro' is not built yet");
+}
+}  // namespace retroinfer::attention

@@ -1,0 +1,101 @@
+#include "retroinfer/kv_cache.h"
+
+#include <cstring>
+
+#include "retroinfer/error.h"
+
+namespace retroinfer {
+
+KvCache::KvCache(int num_heads_kv, int head_dim, DType dtype)
+    : num_heads_kv_(num_heads_kv), head_dim_(head_dim), dtype_(dtype) {
+  RETROINFER_CHECK(num_heads_kv > 0, "KvCache: num_heads_kv must be positive, got ", num_heads_kv);
+  RETROINFER_CHECK(head_dim > 0, "KvCache: head_dim must be positive, got ", head_dim);
+  RETROINFER_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+                   "KvCache: storage dtype must be f32 or bf16, got ", dtype_name(dtype));
+  keys_.resize(num_heads_kv);
+  values_.resize(num_heads_kv);
+}
+
+void KvCache::reserve(int64_t tokens) {
+  for (int h = 0; h < num_heads_kv_; ++h) {
+    keys_[h].reserve(tokens * row_bytes());
+    values_[h].reserve(tokens * row_bytes());
+  }
+}
+
+void KvCache::clear() {
+  size_ = 0;
+  for (int h = 0; h < num_heads_kv_; ++h) {
+    keys_[h].clear();
+    values_[h].clear();
+  }
+}
+
+namespace {
+void store_rows(std::vector<uint8_t>& dst, const float* src, int64_t n, int num_heads, int h, int d,
+                DType dtype) {
+  const int64_t old = dst.size();
+  dst.resize(old + n * d * dtype_size(dtype));
+  uint8_t* out = dst.data() + old;
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = src + (t * num_heads + h) * d;
+    if (dtype == DType::kF32) {
+      std::memcpy(out + t * d * 4, row, d * 4);
+    } else {
+      auto* o = reinterpret_cast<uint16_t*>(out) + t * d;
+      for (int i = 0; i < d; ++i) o[i] = f32_to_bf16(row[i]);
+    }
+  }
+}
+}  // namespace
+
+void KvCache::append(const float* k, const float* v, int64_t n) {
+  RETROINFER_CHECK(n >= 0, "KvCache::append: negative token count ", n);
+  for (int h = 0; h < num_heads_kv_; ++h) {
+    store_rows(keys_[h], k, n, num_heads_kv_, h, head_dim_, dtype_);
+    store_rows(values_[h], v, n, num_heads_kv_, h, head_dim_, dtype_);
+  }
+  size_ += n;
+}
+
+void KvCache::load_key(int h, int64_t t, float* dst) const {
+  if (dtype_ == DType::kF32) {
+    std::memcpy(dst, key_row(h, t), head_dim_ * 4);
+  } else {
+    const auto* r = static_cast<const uint16_t*>(key_row(h, t));
+    for (int i = 0; i < head_dim_; ++i) dst[i] = bf16_to_f32(r[i]);
+  }
+}
+
+void KvCache::load_value(int h, int64_t t, float* dst) const {
+  if (dtype_ == DType::kF32) {
+    std::memcpy(dst, value_row(h, t), head_dim_ * 4);
+  } else {
+    const auto* r = static_cast<const uint16_t*>(value_row(h, t));
+    for (int i = 0; i < head_dim_; ++i) dst[i] = bf16_to_f32(r[i]);
+  }
+}
+
+float KvCache::dot_key(int h, int64_t t, const float* q) const {
+  float s = 0.0f;
+  if (dtype_ == DType::kF32) {
+    const auto* r = static_cast<const float*>(key_row(h, t));
+    for (int i = 0; i < head_dim_; ++i) s += q[i] * r[i];
+  } else {
+    const auto* r = static_cast<const uint16_t*>(key_row(h, t));
+    for (int i = 0; i < head_dim_; ++i) s += q[i] * bf16_to_f32(r[i]);
+  }
+  return s;
+}
+
+void KvCache::axpy_value(int h, int64_t t, float a, float* acc) const {
+  if (dtype_ == DType::kF32) {
+    const auto* r = static_cast<const float*>(value_row(h, t));
+    for (int i = 0; i < head_dim_; ++i) acc[i] += a * r[i];
+  } else {
+    const auto* r = static_cast<const uint16_t*>(value_row(h, t));
+    for (int i = 0; i < head_dim_; ++i) acc[i] += a * bf16_to_f32(r[i]);
+  }
+}
+
+}  // namespace retroinfer

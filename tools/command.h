@@ -1,0 +1,24 @@
+// Subcommand registry of the `retroinfer` CLI: each cmd_*.cpp registers itself with
+// RETROINFER_COMMAND(function), where function(CLI::App& app) adds one subcommand to app.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace retroinfer::cli {
+
+using CommandSetup = std::function<void(CLI::App&)>;
+std::vector<CommandSetup>& command_registry();
+inline int register_command(CommandSetup f) {
+  command_registry().push_back(std::move(f));
+  return 0;
+}
+
+}  // namespace retroinfer::cli
+
+#define RETROINFER_COMMAND(fn) \
+  static const int retroinfer_command_##fn = ::retroinfer::cli::register_command(fn)

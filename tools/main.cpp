@@ -1,0 +1,32 @@
+// retroinfer: the command-line interface. Subcommands live in cmd_*.cpp and register themselves.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "command.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cli {
+std::vector<CommandSetup>& command_registry() {
+  static std::vector<CommandSetup> r;
+  return r;
+}
+}  // namespace retroinfer::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"retroinfer: long-context LLM inference with the KV cache as a vector store"};
+  app.require_subcommand(1);
+  for (auto& setup : retroinfer::cli::command_registry()) setup(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const retroinfer::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
