@@ -79,6 +79,21 @@ BASE_TEXTS = [
 ]
 
 
+def exotic_texts(seed, count):
+    """Random strings over single characters chosen to probe the regexes: Unicode whitespace (NEL, NBSP,
+    U+2028, U+3000, U+180E, ZWSP, BOM), case folding in contractions ('S, 'ſ, 'K), letters of many scripts,
+    numerals of several kinds (Nd, Nl, No, fullwidth), combining marks, ZWJ, emoji."""
+    rng = random.Random(seed)
+    r = lambda a, b: [chr(c) for c in range(a, b)]
+    pool = (r(0x20, 0x7F) + list(" \t\n\r\x0b\x0c\x85\xa0\u1680\u2000\u200a\u2028\u2029\u202f\u205f\u3000"
+                                  "\u180e\u200b\ufeff") +
+            r(0xA1, 0x250) + r(0x370, 0x3FF) + r(0x400, 0x4FF) + r(0x600, 0x6FF) + r(0x900, 0x97F) +
+            r(0x3040, 0x30FF) + r(0x4E00, 0x4E80) + r(0x1F300, 0x1F350) + list("'’ʼ") +
+            ["'s", "'S", "'ll", "'LL", "'ſ", "'K"] + r(0x2150, 0x2190) + r(0x660, 0x66A) + r(0xFF10, 0xFF20) +
+            ["\u0301", "\u0308", "\u200d", "\ufe0f"])
+    return ["".join(rng.choice(pool) for _ in range(rng.randint(1, 60))) for _ in range(count)]
+
+
 def random_texts(seed, count):
     """Random strings mixing scripts, digits, punctuation and whitespace (seeded, reproducible)."""
     rng = random.Random(seed)
@@ -277,7 +292,7 @@ def render_chat_goldens(smollm2_template):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    rnd = random_texts(seed=1234, count=60)
+    rnd = random_texts(seed=1234, count=60) + exotic_texts(seed=99, count=120)
     tiny_bpe, tiny_split = make_tiny()
     llama_specials = ["<|begin_of_text|>", "<|eot_id|>"]
     write_json("goldens_tiny_bpe.json", {"tokenizer": "tiny_bpe.tokenizer.json", "source": "trained here",
