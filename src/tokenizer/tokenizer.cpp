@@ -173,6 +173,8 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<TokenId>& out) cons
     TokenId result;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
+  RETROINFER_CHECK(word.size() < (1u << 31), "tokenizer: a single pre-token of ", word.size(),
+                   " bytes is too long for BPE (int32 positions)");
   std::vector<Symbol> sym;
   sym.reserve(word.size());
   for (unsigned char b : word) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "retroinfer/error.h"
 #include "retroinfer/tokenizer.h"
@@ -57,7 +58,11 @@ class RealTokenizer : public ::testing::Test {
   static std::unique_ptr<Tokenizer> load(const std::string& name) {
     const auto path = asset_tokenizer(name);
     if (!path) return nullptr;
-    return Tokenizer::from_json_file(*path);
+    const auto start = std::chrono::steady_clock::now();
+    auto tok = Tokenizer::from_json_file(*path);
+    std::printf("[ load ] %s: %d tokens loaded in %.3f s\n", path->c_str(), tok->vocab_size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return tok;
   }
 };
 
