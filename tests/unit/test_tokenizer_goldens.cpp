@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <cstdio>
 
 #include "retroinfer/error.h"
@@ -75,6 +78,27 @@ TEST_F(RealTokenizer, Llama3JsonMatchesGoldens) {
   EXPECT_EQ(tok->bos_id(), 128000);                                 // tokenizer_config.json bos_token
   EXPECT_TRUE(tok->is_eog(*tok->token_to_id("<|eot_id|>")));
   EXPECT_EQ(tok->chat_format(), ChatFormat::kLlama3);
+  // Speed on real prose with a cold word cache (so before the goldens): this repository's Markdown, plus
+  // shared/docs when present.
+  namespace fs = std::filesystem;
+  std::string text;
+  const fs::path src(RETROINFER_SOURCE_DIR);
+  for (const fs::path& dir : {src / "docs", src / ".." / "shared" / "docs", src / ".." / ".." / "shared" / "docs"}) {
+    if (!fs::is_directory(dir)) continue;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() == ".md") {
+        std::ifstream f(e.path(), std::ios::binary);
+        text.append(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+      }
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto ids = tok->encode(text);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(tok->decode(ids), text);
+  std::printf("[ speed ] llama3, %zu bytes of Markdown -> %zu tokens in %.4f s (%.0f tokens/s, cold cache)\n",
+              text.size(), ids.size(), secs, static_cast<double>(ids.size()) / secs);
+  EXPECT_LT(secs, 1.0);
   check_goldens(*tok, "goldens_llama3.json", identity);
 }
 
