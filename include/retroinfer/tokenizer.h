@@ -48,6 +48,13 @@ struct GgufVocab {
   std::string chat_template;              // tokenizer.chat_template, "" when absent
 };
 
+class GgufMetadata;  // include/retroinfer/model_file.h
+
+// Reads the tokenizer.* keys of GGUF metadata (ModelFile::gguf_metadata()) into a GgufVocab. Throws Error
+// naming the key when a required one (tokenizer.ggml.model, .tokens, and .merges for gpt2) is missing or
+// a key has the wrong type.
+GgufVocab gguf_vocab_from_metadata(const GgufMetadata& metadata);
+
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant"
   std::string content;  // UTF-8 text

