@@ -73,11 +73,16 @@ std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
   std::string joined;
   for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
     const auto& [left, right] = spec.merges[rank];
-    const TokenId l = impl->vocab.find(left);
-    const TokenId r = impl->vocab.find(right);
+    // GGUF files mark some tokens control that a tokenizer.json keeps in model.vocab: fall back to them.
+    auto find_any = [&](std::string_view t) {
+      const TokenId id = impl->vocab.find(t);
+      return id >= 0 ? id : impl->all_texts.find(t);
+    };
+    const TokenId l = find_any(left);
+    const TokenId r = find_any(right);
     joined = left;
     joined += right;
-    const TokenId m = impl->vocab.find(joined);
+    const TokenId m = find_any(joined);
     RETROINFER_CHECK(l >= 0 && r >= 0 && m >= 0, "tokenizer ",
                      origin, ": merge #", rank, " '", left, " ", right, "' uses a token missing from the vocabulary",
                      "; the file is inconsistent");
