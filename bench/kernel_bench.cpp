@@ -141,6 +141,26 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
                   retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
                   static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
     emit("retro", n, batch, s, req, extra);
+    // Stage breakdown (median over 10 decodes, each after an L2 eviction).
+    std::vector<std::vector<float>> per;
+    std::vector<std::string> names;
+    for (int i = 0; i < 10; ++i) {
+      cuda::flush_l2();
+      const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
+      if (per.empty()) {
+        per.resize(st.size());
+        for (const auto& x : st) names.push_back(x.first);
+      }
+      for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
+    }
+    std::string stage_json = ",\"stages_ms\":{";
+    for (size_t j = 0; j < per.size(); ++j) {
+      char b[96];
+      std::snprintf(b, sizeof b, "%s\"%s\":%.5f", j ? "," : "", names[j].c_str(), stats(per[j]).median);
+      stage_json += b;
+    }
+    stage_json += "}";
+    emit("retro_stages", n, batch, s, req, stage_json);
   }
 }
 

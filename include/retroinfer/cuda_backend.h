@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "retroinfer/attention.h"
@@ -146,6 +147,9 @@ class RetroLayer {
   void build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s = nullptr);
   // Retro attention of q against the built index (asynchronous).
   void decode(const float* q, float* out, Stream s = nullptr);
+  // decode() on the default stream with an event after each stage; returns (stage, ms) pairs
+  // (synchronous; diagnostics and benchmarks).
+  std::vector<std::pair<std::string, float>> decode_stage_ms(const float* q, float* out);
 
   int64_t num_tokens() const;
   int64_t indexed_begin() const;   // first indexed token
@@ -165,6 +169,7 @@ class RetroLayer {
   RetroDebugState debug_state(int flat_head) const;
 
  private:
+  void decode_impl(const float* q, float* out, Stream s, std::vector<std::pair<std::string, float>>* stages);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -9,6 +9,7 @@
 // split the head dimension), updates its online softmax state, and accumulates P.V with lane = 4 (D=128)
 // or 2 (D=64) output dimensions. The warps' states merge in shared memory at the end; the CTA writes one
 // partial state per query head.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/common.cuh"
@@ -24,32 +25,69 @@ static_assert(kT == 16, "the QK mapping uses lane & 15 as the token of the tile"
 
 template <int D>
 struct DecodeSmem {
-  static constexpr int kKRow = D + 8;  // bf16 elements per padded K row (16 bytes of padding)
-  static constexpr size_t kWarpBytes =
-      2 * (size_t{kT} * kKRow * 2 + size_t{kT} * D * 2) + size_t{kT} * kMaxGroup * 4;
-  static constexpr size_t kBytes = size_t{kMaxGroup} * D * 4 + kW * kWarpBytes;
+  static constexpr int kRow = D + 8;  // bf16 elements per padded K / V row (16 bytes of padding)
+  static constexpr size_t kWarpBytes = 2 * 2 * size_t{kT} * kRow * 2;  // 2 stages of K and V tiles
+  static constexpr size_t kBytes = kW * kWarpBytes;
 };
 
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): |x - hi - lo| <= 2^-18 |x|.
+__device__ __forceinline__ void split_bf16(float x, float& hi, float& lo) {
+  hi = __bfloat162float(__float2bfloat16_rn(x));
+  lo = x - hi;
+}
+
+// Tensor-core flash decoding. Per warp and tile of 16 tokens:
+//   S^T[16 x 16 tok] = Q[16 x D] K^T   with mma m16n8k16: A = the query rows (row g: bf16 hi part of the
+//                                      scaled query of head g, row g + 8: its lo part, so s = c[g] + c[g+8]
+//                                      carries the f32 query to 2^-18), B = K rows via ldmatrix;
+//   online softmax on the accumulator fragments (lane: head gq, tokens 2tq, 2tq+1, 8+2tq, 9+2tq);
+//   O^T += P V                          A = P straight from the S fragments (rows g / g + 8: hi / lo parts of
+//                                      p, again exact to 2^-18), B = V rows via ldmatrix.trans.
+// Group sizes up to 8 fill rows 0..7; rows of heads >= G are zero and never written.
 template <int D, bool kIndirect>
 __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
-  constexpr int kKRow = DecodeSmem<D>::kKRow;
-  constexpr int kChunks = D / 8;           // 16-byte chunks per row
+  constexpr int kRow = DecodeSmem<D>::kRow;
+  constexpr int kChunks = D / 8;             // 16-byte chunks per row
   constexpr int kLoads = kT * kChunks / 32;  // chunks per lane per tile (K or V)
-  constexpr int kDl = D / 32;              // output dims per lane
+  constexpr int kKs = D / 16;                // QK k-steps
+  constexpr int kNt = D / 8;                 // PV n-tiles (8 dims each)
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  float* qs = reinterpret_cast<float*>(smem_raw);  // [G, D] scaled query
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  unsigned char* wbase = smem_raw + size_t{kMaxGroup} * D * 4 + warp * DecodeSmem<D>::kWarpBytes;
-  uint16_t* ks = reinterpret_cast<uint16_t*>(wbase);           // [2][kT][kKRow]
-  uint16_t* vs = ks + 2 * kT * kKRow;                          // [2][kT][D]
-  float* ps = reinterpret_cast<float*>(vs + 2 * kT * D);       // [kT][kMaxGroup]
+  const int gq = lane >> 2, tq = lane & 3;
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw + warp * DecodeSmem<D>::kWarpBytes);  // [2][kT][kRow]
+  uint16_t* vs = ks + 2 * kT * kRow;                                                        // [2][kT][kRow]
 
   const int h = blockIdx.y, split = blockIdx.x, G = p.group;
   const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
   const int64_t begin = int64_t{split} * p.split_tokens;
   const int64_t end = begin + p.split_tokens < count ? begin + p.split_tokens : count;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) qs[i] = p.q[int64_t{h} * G * D + i] * p.scale;
-  __syncthreads();
+
+  // Query A fragments: a[ks] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..), lo(k 2tq+8..)}.
+  uint32_t qa[kKs][4];
+  {
+    const bool on = gq < G;
+    const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) {
+      float x[4] = {0, 0, 0, 0};
+      if (on) {
+        const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
+        const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
+        x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
+      }
+      float hi[4], lo[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
+      qa[k][0] = pack_bf16(hi[0], hi[1]);
+      qa[k][1] = pack_bf16(lo[0], lo[1]);
+      qa[k][2] = pack_bf16(hi[2], hi[3]);
+      qa[k][3] = pack_bf16(lo[2], lo[3]);
+    }
+  }
 
   const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
@@ -71,26 +109,22 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
       if constexpr (kIndirect) {
         tok = __shfl_sync(0xffffffffu, tok_lane, row);
       } else {
-        tok = p0 + row;
+        tok = row < valid ? p0 + row : p0;
       }
-      if (row < valid) {
-        cp_async16(ks + (buf * kT + row) * kKRow + col * 8, kh + tok * D + col * 8);
-        cp_async16(vs + (buf * kT + row) * D + col * 8, vh + tok * D + col * 8);
-      }
+      const bool ok = row < valid;  // rows past the end are zero-filled (P is 0 there; 0 * NaN would poison)
+      cp_async16_zfill(ks + (buf * kT + row) * kRow + col * 8, kh + tok * D + col * 8, ok);
+      cp_async16_zfill(vs + (buf * kT + row) * kRow + col * 8, vh + tok * D + col * 8, ok);
     }
     cp_async_commit();
   };
 
-  float m[kMaxGroup], l[kMaxGroup], o[kMaxGroup][kDl];
+  float m = -INFINITY, l = 0.0f;  // head gq; l is this lane's partial sum
+  float o[kNt][4];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    m[g] = -INFINITY;
-    l[g] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kDl; ++j) o[g][j] = 0.0f;
-  }
+  for (int j = 0; j < kNt; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-  const int row = lane & 15, half = lane >> 4;
+  // ldmatrix row addresses: matrix mi = lane >> 3, row ri = lane & 7.
+  const int mi = lane >> 3, ri = lane & 7;
   if (warp < ntiles) load_tile(warp, 0);
   for (int it = 0;; ++it) {
     const int t = warp + it * kW;
@@ -106,83 +140,71 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
 
-    // Logits: lane (row, half) dots its half of the head dimension, then the halves add.
-    float acc[kMaxGroup];
+    // S^T: n-tile 0 = tokens 0..7, n-tile 1 = tokens 8..15. Matrices: (tok 0-7, k lo), (tok 0-7, k hi),
+    // (tok 8-15, k lo), (tok 8-15, k hi).
+    float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+    const uint16_t* kb = ks + (buf * kT + (mi >> 1) * 8 + ri) * kRow + (mi & 1) * 8;
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) acc[g] = 0.0f;
-    const uint16_t* krow = ks + (buf * kT + row) * kKRow + half * (D / 2);
-#pragma unroll
-    for (int c = 0; c < D / 16; ++c) {
-      float kf[8];
-      bf16x8_to_float(*reinterpret_cast<const uint4*>(krow + c * 8), kf);
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g < G) {
-          const float4 qa = *reinterpret_cast<const float4*>(qs + g * D + half * (D / 2) + c * 8);
-          const float4 qb = *reinterpret_cast<const float4*>(qs + g * D + half * (D / 2) + c * 8 + 4);
-          acc[g] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] + qb.x * kf[4] +
-                    qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-        }
-      }
+    for (int k = 0; k < kKs; ++k) {
+      uint32_t b[4];
+      ldmatrix_x4(b, kb + k * 16);
+      mma_bf16_16816(c0, qa[k], b[0], b[1]);
+      mma_bf16_16816(c1, qa[k], b[2], b[3]);
     }
+    float s[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
+    const int tok[4] = {2 * tq, 2 * tq + 1, 8 + 2 * tq, 9 + 2 * tq};
+    float mx = -INFINITY;
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      if (g < G) {
-        float s = acc[g] + __shfl_xor_sync(0xffffffffu, acc[g], 16);
-        s = row < valid ? s : -INFINITY;
-        float mt = s;
-#pragma unroll
-        for (int off = 8; off > 0; off >>= 1) mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, off));
-        const float m_new = fmaxf(m[g], mt);
-        const float alpha = softmax_rescale(m[g], m_new);
-        const float pr = row < valid ? __expf(s - m_new) : 0.0f;
-        l[g] = l[g] * alpha + (half == 0 ? pr : 0.0f);
-        if (half == 0) ps[row * kMaxGroup + g] = pr;
-#pragma unroll
-        for (int j = 0; j < kDl; ++j) o[g][j] *= alpha;
-        m[g] = m_new;
-      }
+    for (int j = 0; j < 4; ++j) {
+      s[j] = tok[j] < valid ? s[j] : -INFINITY;
+      mx = fmaxf(mx, s[j]);
     }
-    __syncwarp();
-    // P.V: lane owns kDl consecutive output dimensions.
-    for (int r = 0; r < valid; ++r) {
-      float vf[kDl];
-      if constexpr (kDl == 4) {
-        const uint2 w = *reinterpret_cast<const uint2*>(vs + (buf * kT + r) * D + lane * 4);
-        const float2 a = bf16x2_to_float2(w.x), b = bf16x2_to_float2(w.y);
-        vf[0] = a.x; vf[1] = a.y; vf[2] = b.x; vf[3] = b.y;
-      } else {
-        const uint32_t w = *reinterpret_cast<const uint32_t*>(vs + (buf * kT + r) * D + lane * 2);
-        const float2 a = bf16x2_to_float2(w);
-        vf[0] = a.x; vf[1] = a.y;
-      }
-      const float4 pa = *reinterpret_cast<const float4*>(ps + r * kMaxGroup);
-      const float4 pb = *reinterpret_cast<const float4*>(ps + r * kMaxGroup + 4);
-      const float pg[kMaxGroup] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    const float alpha = softmax_rescale(m, m_new);
+    m = m_new;
+    float pr[4];
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g)
-        if (g < G) {
+    for (int j = 0; j < 4; ++j) pr[j] = tok[j] < valid ? __expf(s[j] - m_new) : 0.0f;
+    l = l * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
 #pragma unroll
-          for (int j = 0; j < kDl; ++j) o[g][j] += pg[g] * vf[j];
-        }
+    for (int j = 0; j < kNt; ++j) {
+      o[j][0] *= alpha; o[j][1] *= alpha; o[j][2] *= alpha; o[j][3] *= alpha;
+    }
+    float ph[4], pl[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) split_bf16(pr[j], ph[j], pl[j]);
+    const uint32_t pa[4] = {pack_bf16(ph[0], ph[1]), pack_bf16(pl[0], pl[1]), pack_bf16(ph[2], ph[3]),
+                            pack_bf16(pl[2], pl[3])};
+    // O += P V. Matrices: (tok 0-7, dims d0..), (tok 8-15, dims d0..), (tok 0-7, d0+8..), (tok 8-15, d0+8..).
+    const uint16_t* vb = vs + (buf * kT + (mi & 1) * 8 + ri) * kRow + (mi >> 1) * 8;
+#pragma unroll
+    for (int jj = 0; jj < kNt / 2; ++jj) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vb + jj * 16);
+      mma_bf16_16816(o[2 * jj], pa, b[0], b[1]);
+      mma_bf16_16816(o[2 * jj + 1], pa, b[2], b[3]);
     }
     __syncwarp();
   }
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) l[g] = warp_sum(l[g]);
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
 
   // Merge the warps' states: stage them in shared memory (reusing the tile buffers), then one thread per
   // (query head, dimension) merges over warps in warp order.
   __syncthreads();
-  float* stage_o = reinterpret_cast<float*>(smem_raw + size_t{kMaxGroup} * D * 4);  // [kW, G, D]
-  float2* stage_ml = reinterpret_cast<float2*>(stage_o + kW * kMaxGroup * D);         // [kW, G]
+  float* stage_o = reinterpret_cast<float*>(smem_raw);                         // [kW, kMaxGroup, D]
+  float2* stage_ml = reinterpret_cast<float2*>(stage_o + kW * kMaxGroup * D);  // [kW, kMaxGroup]
+  if (gq < G) {
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
-    if (g < G) {
-#pragma unroll
-      for (int j = 0; j < kDl; ++j) stage_o[(warp * kMaxGroup + g) * D + lane * kDl + j] = o[g][j];
-      if (lane == 0) stage_ml[warp * kMaxGroup + g] = make_float2(m[g], l[g]);
+    for (int j = 0; j < kNt; ++j) {
+      float* dst = stage_o + (warp * kMaxGroup + gq) * D + j * 8 + 2 * tq;
+      dst[0] = o[j][0] + o[j][2];
+      dst[1] = o[j][1] + o[j][3];
     }
+    if (tq == 0) stage_ml[warp * kMaxGroup + gq] = make_float2(m, l);
+  }
   __syncthreads();
   const int slot = p.split_offset + split;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
@@ -203,84 +225,96 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
   }
 }
 
-// Estimation zone: one warp per estimated cluster, lane = kDl dims of the value sum; every lane keeps
-// the (identical) scalars of each query head. softmax_push with weight = cluster size and the value sum
-// as the value gives numerator e^logit * VS and denominator size * e^logit (DESIGN.md §2).
+// Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
+// output dimension. Cluster j contributes weight size_j * e^{logit_j} to the denominator and
+// e^{logit_j} * VS_j to the numerator (softmax_push with weight = size and value = the value sum); the
+// chunk's state is formed relative to its max logit per query head, with the value-sum rows read by
+// independent loads (no dependent chain per cluster).
+constexpr int kEstChunk = kEstimateChunk;
+
 template <int D>
-__global__ void __launch_bounds__(kW * 32) estimate_kernel(const EstimateParams p) {
-  constexpr int kDl = D / 32;
-  __shared__ float stage_o[kW * kMaxGroup * D];
-  __shared__ float2 stage_ml[kW * kMaxGroup];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int h = blockIdx.y, split = blockIdx.x, G = p.group;
-  const int per = (p.k_estimation + p.num_splits - 1) / p.num_splits;
-  const int begin = split * per;
-  const int end = begin + per < p.k_estimation ? begin + per : p.k_estimation;
-  SoftmaxScalars st[kMaxGroup];
-  float o[kMaxGroup][kDl];
+__global__ void __launch_bounds__(D) estimate_kernel(const EstimateParams p) {
+  __shared__ float w[kMaxGroup][kEstChunk];  // logits, then e^{logit - max}
+  __shared__ float sz[kEstChunk];
+  __shared__ int cid[kEstChunk];
+  __shared__ float gm[kMaxGroup], gl[kMaxGroup];
+  const int h = blockIdx.y, split = blockIdx.x, G = p.group, d = threadIdx.x;
+  const int begin = split * kEstChunk;
+  const int cnt = p.k_estimation - begin < kEstChunk ? p.k_estimation - begin : kEstChunk;
+  const int* ids = p.estimation_ids + int64_t{h} * p.k_estimation + begin;
+  for (int i = threadIdx.x; i < kEstChunk; i += blockDim.x) {
+    const int c = i < cnt ? ids[i] : -1;  // -1: padding (fewer non-empty clusters than the budget)
+    cid[i] = c;
+    const int64_t hc = int64_t{h} * p.num_clusters + (c < 0 ? 0 : c);
+    sz[i] = c < 0 ? 0.0f : static_cast<float>(p.sizes[hc]);
+    for (int g = 0; g < G; ++g)
+      w[g][i] = c < 0 ? -INFINITY : p.logits[(int64_t{h} * G + g) * p.num_clusters + (c < 0 ? 0 : c)];
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float m = -INFINITY, l = 0.0f;
+    for (int i = 0; i < kEstChunk; ++i) m = fmaxf(m, w[g][i]);
+    if (m != -INFINITY)
+      for (int i = 0; i < kEstChunk; ++i)
+        if (w[g][i] != -INFINITY) l += sz[i] * __expf(w[g][i] - m);
+    gm[g] = m;
+    gl[g] = l;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * kEstChunk; i += blockDim.x) {
+    const int g = i / kEstChunk, j = i % kEstChunk;
+    w[g][j] = w[g][j] == -INFINITY ? 0.0f : __expf(w[g][j] - gm[g]);
+  }
+  __syncthreads();
+  float o[kMaxGroup];
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
-#pragma unroll
-    for (int j = 0; j < kDl; ++j) o[g][j] = 0.0f;
-  const int* ids = p.estimation_ids + int64_t{h} * p.k_estimation;
-  for (int i = begin + warp; i < end; i += kW) {
-    const int c = ids[i];
-    if (c < 0) break;  // padding comes last
-    const int64_t hc = int64_t{h} * p.num_clusters + c;
-    const float size = static_cast<float>(p.sizes[hc]);
-    float vf[kDl];
-    const uint16_t* vrow = p.value_sums_bf16 + hc * D + lane * kDl;
-#pragma unroll
-    for (int j = 0; j < kDl; ++j) vf[j] = bf16_to_f32(vrow[j]);
+  for (int g = 0; g < kMaxGroup; ++g) o[g] = 0.0f;
+  const uint16_t* vsh = p.value_sums_bf16 + int64_t{h} * p.num_clusters * D + d;
+#pragma unroll 8
+  for (int i = 0; i < kEstChunk; ++i) {
+    const int c = cid[i];
+    const float v = c < 0 ? 0.0f : bf16_to_f32(vsh[int64_t{c} * D]);
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G) {
-        const float logit = p.logits[(int64_t{h} * G + g) * p.num_clusters + c];
-        softmax_push(st[g], o[g], logit, size, vf, kDl);
-      }
+      if (g < G) o[g] += w[g][i] * v;
   }
+  const int slot = p.split_offset + split;
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g)
     if (g < G) {
-#pragma unroll
-      for (int j = 0; j < kDl; ++j) stage_o[(warp * kMaxGroup + g) * D + lane * kDl + j] = o[g][j];
-      if (lane == 0) stage_ml[warp * kMaxGroup + g] = make_float2(st[g].m, st[g].l);
+      const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
+      p.part_o[base * D + d] = o[g];
+      if (d == 0) p.part_ml[base] = make_float2(gm[g], gl[g]);
     }
-  __syncthreads();
-  const int slot = p.split_offset + split;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    SoftmaxScalars acc;
-    float acc_o = 0.0f;
-    for (int w = 0; w < kW; ++w) {
-      const float2 ml = stage_ml[w * kMaxGroup + g];
-      SoftmaxScalars b;
-      b.m = ml.x;
-      b.l = ml.y;
-      const float ob = stage_o[(w * kMaxGroup + g) * D + d];
-      softmax_merge(acc, &acc_o, b, &ob, 1);
-    }
-    const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
-    p.part_o[base * D + d] = acc_o;
-    if (d == 0) p.part_ml[base] = make_float2(acc.m, acc.l);
-  }
 }
 
-// One thread per (query head, dimension): merges every split in slot order and normalises.
+// One thread per (query head, dimension): merges every split in slot order and normalises. The loads of
+// 8 splits are issued together, then merged (softmax_merge) from registers.
 __global__ void combine_kernel(const CombineParams p) {
+  constexpr int kBatch = 8;
   const int h = blockIdx.x, D = p.head_dim, G = p.group;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     const int g = i / D, d = i % D;
     SoftmaxScalars st;
     float acc_o = 0.0f;
-    for (int s = 0; s < p.total_splits; ++s) {
-      const int64_t base = (int64_t{h} * p.total_splits + s) * G + g;
-      const float2 ml = p.part_ml[base];
-      SoftmaxScalars b;
-      b.m = ml.x;
-      b.l = ml.y;
-      const float ob = p.part_o[base * D + d];
-      softmax_merge(st, &acc_o, b, &ob, 1);
+    for (int s0 = 0; s0 < p.total_splits; s0 += kBatch) {
+      float2 ml[kBatch];
+      float ob[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t base = (int64_t{h} * p.total_splits + s0 + j) * G + g;
+        const bool ok = s0 + j < p.total_splits;
+        ml[j] = ok ? p.part_ml[base] : make_float2(-INFINITY, 0.0f);
+        ob[j] = ok ? p.part_o[base * D + d] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        SoftmaxScalars b;
+        b.m = ml[j].x;
+        b.l = ml[j].y;
+        softmax_merge(st, &acc_o, b, &ob[j], 1);
+      }
     }
     softmax_finish(st, &acc_o, p.out + (int64_t{h} * G + g) * D + d, 1);
   }
@@ -312,9 +346,10 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
 }
 
 cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s) {
+  if (p.num_splits * kEstChunk < p.k_estimation) return cudaErrorInvalidValue;  // see kEstimateChunk
   const dim3 grid(p.num_splits, p.num_heads);
-  if (p.head_dim == 128) estimate_kernel<128><<<grid, kW * 32, 0, s>>>(p);
-  else if (p.head_dim == 64) estimate_kernel<64><<<grid, kW * 32, 0, s>>>(p);
+  if (p.head_dim == 128) estimate_kernel<128><<<grid, 128, 0, s>>>(p);
+  else if (p.head_dim == 64) estimate_kernel<64><<<grid, 64, 0, s>>>(p);
   else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }

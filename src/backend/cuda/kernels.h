@@ -77,14 +77,19 @@ struct ScoreParams {
   const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16
   const int* sizes = nullptr;                // [H, C]
   float* logits = nullptr;                   // [H, G, C] f32 out: q . c * scale; -inf for empty clusters
+  // [H, G, score_blocks(C, D)] out: per CTA (max logit, sum of e^{logit - max}) over its clusters.
+  float2* norm_partial = nullptr;
   int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0;
   float scale = 0.0f;
 };
+int score_blocks(int num_clusters, int head_dim);  // CTAs per head of score_clusters
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s);
 
 struct SelectParams {
   // Either logits (group > 0: score = sum_g softmax over the items of logits[h, g, :]) or ready scores.
   const float* logits = nullptr;  // [H, G, N] f32 (group > 0)
+  const float2* norm_partial = nullptr;  // [H, G, norm_parts] (group > 0): from score_clusters
+  int norm_parts = 0;
   float* scores = nullptr;        // [H, N] f32: written when group > 0, read otherwise; -inf = never picked
   int num_heads = 0, group = 0, num_items = 0;
   int k_retrieval = 0;   // best items -> retrieval ids
@@ -143,6 +148,7 @@ struct EstimateParams {
   float* part_o = nullptr;
   int total_splits = 0, split_offset = 0;
 };
+inline constexpr int kEstimateChunk = 64;  // estimated clusters per CTA: num_splits = ceil(k_estimation / 64)
 cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s);
 
 struct CombineParams {

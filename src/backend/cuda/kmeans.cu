@@ -109,27 +109,20 @@ __global__ void init_kernel(const KMeansParams p) {
   store_centroid(p, hc, v, lane);
 }
 
-__device__ __forceinline__ void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-constexpr int kAssignWarps = 8;                 // 16 keys per warp -> 128 keys per CTA
-constexpr int kAssignKeys = kAssignWarps * 16;
+constexpr int kAssignWarps = 8;                 // warps per CTA
+constexpr int kAssignMt = 2;                    // 16-key m-tiles per warp (share each centroid fragment)
+constexpr int kAssignKeys = kAssignWarps * 16 * kAssignMt;
 constexpr int kCentChunk = 64;                  // centroids staged in shared memory at a time
 
 // Assignment: argmax over the centroids of [cb, ce) of bf16(key - mean) . bf16(centroid), ties to the
-// lowest cluster id. Warp = 16 keys (A fragments held in registers), centroid chunk in shared memory
-// (rows padded by 16 bytes: the B-fragment reads of a warp then hit 32 distinct banks).
+// lowest cluster id. Warp = 32 keys (A fragments held in registers); centroid chunks double-buffered in
+// shared memory by cp.async (rows padded by 16 bytes so the ldmatrix row reads hit distinct banks).
 template <int D>
 __global__ void __launch_bounds__(kAssignWarps * 32) assign_kernel(const KMeansParams p, bool global) {
   constexpr int kRow = D + 8;
-  __shared__ __align__(16) uint16_t cs[kCentChunk * kRow];
+  __shared__ __align__(16) uint16_t cs[2][kCentChunk * kRow];
   const int h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int gq = lane >> 2, tq = lane & 3;
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
   int64_t tb, te;
   int cb, ce;
   if (global) {
@@ -140,73 +133,105 @@ __global__ void __launch_bounds__(kAssignWarps * 32) assign_kernel(const KMeansP
   }
   const int64_t k0 = tb + int64_t{blockIdx.x} * kAssignKeys;
   if (k0 >= te) return;
-  const int64_t r_lo = k0 + warp * 16 + gq, r_hi = r_lo + 8;
-  const bool v_lo = r_lo < te, v_hi = r_hi < te;
   const uint16_t* xh = p.centred + int64_t{h} * p.n_idx * D;
-  uint32_t a[D / 16][4];
+  uint32_t a[kAssignMt][D / 16][4];
+  int64_t r_lo[kAssignMt], r_hi[kAssignMt];
 #pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const int col = ks * 16 + 2 * tq;
-    a[ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo * D + col) : 0u;
-    a[ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi * D + col) : 0u;
-    a[ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo * D + col + 8) : 0u;
-    a[ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi * D + col + 8) : 0u;
+  for (int mt = 0; mt < kAssignMt; ++mt) {
+    r_lo[mt] = k0 + (warp * kAssignMt + mt) * 16 + gq;
+    r_hi[mt] = r_lo[mt] + 8;
+    const bool v_lo = r_lo[mt] < te, v_hi = r_hi[mt] < te;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int col = ks * 16 + 2 * tq;
+      a[mt][ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo[mt] * D + col) : 0u;
+      a[mt][ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi[mt] * D + col) : 0u;
+      a[mt][ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo[mt] * D + col + 8) : 0u;
+      a[mt][ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi[mt] * D + col + 8) : 0u;
+    }
   }
-  float best_lo = -INFINITY, best_hi = -INFINITY;
-  int idx_lo = cb, idx_hi = cb;
+  float best_lo[kAssignMt], best_hi[kAssignMt];
+  int idx_lo[kAssignMt], idx_hi[kAssignMt];
+#pragma unroll
+  for (int mt = 0; mt < kAssignMt; ++mt) {
+    best_lo[mt] = best_hi[mt] = -INFINITY;
+    idx_lo[mt] = idx_hi[mt] = cb;
+  }
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * p.num_clusters * D;
-  for (int cc = cb; cc < ce; cc += kCentChunk) {
-    __syncthreads();
+  auto stage = [&](int cc, int buf) {
     for (int e = threadIdx.x; e < kCentChunk * (D / 8); e += blockDim.x) {
       const int r = e / (D / 8), col = e % (D / 8);
-      uint4 w = make_uint4(0, 0, 0, 0);
-      if (cc + r < ce) w = *reinterpret_cast<const uint4*>(ch + int64_t{cc + r} * D + col * 8);
-      *reinterpret_cast<uint4*>(cs + r * kRow + col * 8) = w;
+      const bool ok = cc + r < ce;
+      cp_async16_zfill(&cs[buf][r * kRow + col * 8], ch + int64_t{ok ? cc + r : cb} * D + col * 8, ok);
+    }
+    cp_async_commit();
+  };
+  stage(cb, 0);
+  for (int cc = cb, it = 0; cc < ce; cc += kCentChunk, ++it) {
+    const int buf = it & 1;
+    if (cc + kCentChunk < ce) {
+      stage(cc + kCentChunk, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
     __syncthreads();
 #pragma unroll 2
     for (int nt = 0; nt < kCentChunk / 8; ++nt) {
       const int c0 = cc + nt * 8;
       if (c0 >= ce) break;
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const uint16_t* brow = cs + (nt * 8 + gq) * kRow + 2 * tq;
+      float acc[kAssignMt][4];
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t*>(brow + ks * 16);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t*>(brow + ks * 16 + 8);
-        mma_bf16(acc, a[ks], b0, b1);
+      for (int mt = 0; mt < kAssignMt; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+      const uint16_t* brow = &cs[buf][(nt * 8 + ri) * kRow + mi * 8];
+#pragma unroll
+      for (int k2 = 0; k2 < D / 32; ++k2) {
+        uint32_t b[4];  // k-step 2 k2: (b0, b1); k-step 2 k2 + 1: (b2, b3)
+        ldmatrix_x4(b, brow + k2 * 32);
+#pragma unroll
+        for (int mt = 0; mt < kAssignMt; ++mt) {
+          mma_bf16_16816(acc[mt], a[mt][2 * k2], b[0], b[1]);
+          mma_bf16_16816(acc[mt], a[mt][2 * k2 + 1], b[2], b[3]);
+        }
       }
       const int col0 = c0 + 2 * tq;
-      if (col0 < ce) {
-        if (acc[0] > best_lo) { best_lo = acc[0]; idx_lo = col0; }
-        if (acc[2] > best_hi) { best_hi = acc[2]; idx_hi = col0; }
-      }
-      if (col0 + 1 < ce) {
-        if (acc[1] > best_lo) { best_lo = acc[1]; idx_lo = col0 + 1; }
-        if (acc[3] > best_hi) { best_hi = acc[3]; idx_hi = col0 + 1; }
-      }
-    }
-  }
-  // Reduce over the 4 lanes of the quad (same rows, interleaved columns); ties -> lower id.
 #pragma unroll
-  for (int off = 1; off <= 2; off <<= 1) {
-    const float ob_lo = __shfl_xor_sync(0xffffffffu, best_lo, off);
-    const int oi_lo = __shfl_xor_sync(0xffffffffu, idx_lo, off);
-    const float ob_hi = __shfl_xor_sync(0xffffffffu, best_hi, off);
-    const int oi_hi = __shfl_xor_sync(0xffffffffu, idx_hi, off);
-    if (ob_lo > best_lo || (ob_lo == best_lo && oi_lo < idx_lo)) { best_lo = ob_lo; idx_lo = oi_lo; }
-    if (ob_hi > best_hi || (ob_hi == best_hi && oi_hi < idx_hi)) { best_hi = ob_hi; idx_hi = oi_hi; }
-  }
-  if (tq == 0) {
-    const int64_t base = int64_t{h} * p.n_idx;
-    const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
-    if (v_lo) {
-      p.assignment[base + r_lo] = idx_lo;
-      p.sort_keys[base + r_lo] = hbase + idx_lo;
+      for (int mt = 0; mt < kAssignMt; ++mt) {
+        if (col0 < ce) {
+          if (acc[mt][0] > best_lo[mt]) { best_lo[mt] = acc[mt][0]; idx_lo[mt] = col0; }
+          if (acc[mt][2] > best_hi[mt]) { best_hi[mt] = acc[mt][2]; idx_hi[mt] = col0; }
+        }
+        if (col0 + 1 < ce) {
+          if (acc[mt][1] > best_lo[mt]) { best_lo[mt] = acc[mt][1]; idx_lo[mt] = col0 + 1; }
+          if (acc[mt][3] > best_hi[mt]) { best_hi[mt] = acc[mt][3]; idx_hi[mt] = col0 + 1; }
+        }
+      }
     }
-    if (v_hi) {
-      p.assignment[base + r_hi] = idx_hi;
-      p.sort_keys[base + r_hi] = hbase + idx_hi;
+    __syncthreads();  // the next iteration's stage() overwrites this buffer
+  }
+  const int64_t base = int64_t{h} * p.n_idx;
+  const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
+#pragma unroll
+  for (int mt = 0; mt < kAssignMt; ++mt) {
+    // Reduce over the 4 lanes of the quad (same rows, interleaved columns); ties -> lower id.
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      const float ob_lo = __shfl_xor_sync(0xffffffffu, best_lo[mt], off);
+      const int oi_lo = __shfl_xor_sync(0xffffffffu, idx_lo[mt], off);
+      const float ob_hi = __shfl_xor_sync(0xffffffffu, best_hi[mt], off);
+      const int oi_hi = __shfl_xor_sync(0xffffffffu, idx_hi[mt], off);
+      if (ob_lo > best_lo[mt] || (ob_lo == best_lo[mt] && oi_lo < idx_lo[mt])) { best_lo[mt] = ob_lo; idx_lo[mt] = oi_lo; }
+      if (ob_hi > best_hi[mt] || (ob_hi == best_hi[mt] && oi_hi < idx_hi[mt])) { best_hi[mt] = ob_hi; idx_hi[mt] = oi_hi; }
+    }
+    if (tq == 0) {
+      if (r_lo[mt] < te) {
+        p.assignment[base + r_lo[mt]] = idx_lo[mt];
+        p.sort_keys[base + r_lo[mt]] = hbase + idx_lo[mt];
+      }
+      if (r_hi[mt] < te) {
+        p.assignment[base + r_hi[mt]] = idx_hi[mt];
+        p.sort_keys[base + r_hi[mt]] = hbase + idx_hi[mt];
+      }
     }
   }
 }

@@ -35,7 +35,7 @@ struct RetroLayer::Impl {
   DeviceBuffer seg_tokens, seg_clusters, mean_partial, mean, centred, centroids, centroids_bf16, value_sums,
       value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota, members, offsets, sort_temp;
   // Decode workspace.
-  DeviceBuffer logits, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
+  DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   int64_t iota_items = -1, iota_n = -1;
 
   detail::KMeansParams kmeans_params() const {
@@ -195,6 +195,7 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
     }
     m.list_cap = steady + most;
     ensure(m.logits, size_t(H) * m.G * m.C * 4);
+    ensure(m.norm_partial, size_t(H) * m.G * detail::score_blocks(m.C, D) * 8);
     ensure(m.scores, flat * 4);
     ensure(m.ret_ids, size_t(H) * std::max(m.n_r, 1) * 4);
     ensure(m.est_ids, size_t(H) * std::max(m.n_e, 1) * 4);
@@ -204,16 +205,33 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
   ensure(m.token_count, size_t(H) * 4);
   // Splits: about one wave of CTAs for the exact part (its lists are short), a fraction for estimation.
   m.attn_splits = detail::decode_splits(m.n_idx == 0 ? num_tokens : m.list_cap, H, 1);
-  m.est_splits = m.n_e > 0 ? static_cast<int>(std::clamp<int64_t>(detail::ceil_div(detail::sm_count(), H), 1,
-                                                                   detail::ceil_div(m.n_e, 64)))
-                           : 0;
+  m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
   const int total = m.attn_splits + m.est_splits;
   ensure(m.part_ml, size_t(H) * total * m.G * 8);
   ensure(m.part_o, size_t(H) * total * m.G * D * 4);
 }
 
-void RetroLayer::decode(const float* q, float* out, Stream s) {
+void RetroLayer::decode(const float* q, float* out, Stream s) { decode_impl(q, out, s, nullptr); }
+
+std::vector<std::pair<std::string, float>> RetroLayer::decode_stage_ms(const float* q, float* out) {
+  std::vector<std::pair<std::string, float>> stages;
+  decode_impl(q, out, nullptr, &stages);
+  return stages;
+}
+
+void RetroLayer::decode_impl(const float* q, float* out, Stream s,
+                             std::vector<std::pair<std::string, float>>* stages) {
   auto& m = *impl_;
+  // Stage timing (diagnostics): an event after each stage on the stream, read at the end.
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  auto mark = [&](const char* name) {
+    if (stages == nullptr) return;
+    cudaEvent_t e;
+    RETROINFER_CUDA_CHECK(cudaEventCreate(&e));
+    RETROINFER_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(s)));
+    marks.emplace_back(name, e);
+  };
+  mark("start");
   RETROINFER_CHECK(m.n > 0, "RetroLayer::decode: build() was not called");
   RETROINFER_CHECK(q != nullptr && out != nullptr, "RetroLayer::decode: null q or out");
   auto st = static_cast<cudaStream_t>(s);
@@ -241,15 +259,19 @@ void RetroLayer::decode(const float* q, float* out, Stream s) {
     sp.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
     sp.sizes = m.sizes.as<int>();
     sp.logits = m.logits.as<float>();
+    sp.norm_partial = m.norm_partial.as<float2>();
     sp.num_heads = m.H;
     sp.group = m.G;
     sp.head_dim = m.D;
     sp.num_clusters = m.C;
     sp.scale = m.scale;
     detail::launch_check(detail::score_clusters(sp, st), "score_clusters", st);
+    mark("score");
 
     detail::SelectParams se;
     se.logits = sp.logits;
+    se.norm_partial = sp.norm_partial;
+    se.norm_parts = detail::score_blocks(m.C, m.D);
     se.scores = m.scores.as<float>();
     se.num_heads = m.H;
     se.group = m.G;
@@ -268,6 +290,7 @@ void RetroLayer::decode(const float* q, float* out, Stream s) {
     se.scan_scratch = m.scan_scratch.as<int>();
     se.list_stride = m.list_cap;
     detail::launch_check(detail::select_and_expand(se, st), "select_and_expand", st);
+    mark("select");
 
     if (m.n_e > 0) {
       detail::EstimateParams ep;
@@ -286,6 +309,7 @@ void RetroLayer::decode(const float* q, float* out, Stream s) {
       ep.total_splits = total;
       ep.split_offset = m.attn_splits;
       detail::launch_check(detail::estimate_attention(ep, st), "estimate_attention", st);
+      mark("estimate");
     }
     dp.token_list = se.token_list;
     dp.token_count = se.token_count;
@@ -293,6 +317,7 @@ void RetroLayer::decode(const float* q, float* out, Stream s) {
     dp.split_tokens = detail::split_tokens(m.list_cap, m.attn_splits);
   }
   detail::launch_check(detail::decode_attention(dp, st), "decode_attention(sparse)", st);
+  mark("exact_attention");
   detail::CombineParams c;
   c.part_ml = dp.part_ml;
   c.part_o = dp.part_o;
@@ -302,7 +327,17 @@ void RetroLayer::decode(const float* q, float* out, Stream s) {
   c.total_splits = total;
   c.out = out;
   detail::launch_check(detail::combine_states(c, st), "combine_states(retro)", st);
+  mark("combine");
   m.decoded = true;
+  if (stages != nullptr) {
+    RETROINFER_CUDA_CHECK(cudaEventSynchronize(marks.back().second));
+    for (size_t i = 1; i < marks.size(); ++i) {
+      float ms = 0.0f;
+      RETROINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i - 1].second, marks[i].second));
+      stages->emplace_back(marks[i].first, ms);
+    }
+    for (auto& mk : marks) cudaEventDestroy(mk.second);
+  }
 }
 
 int64_t RetroLayer::num_tokens() const { return impl_->n; }
@@ -330,7 +365,7 @@ double RetroLayer::decode_bytes_moved() {
   if (m.n_idx == 0) return b;
   const double H = m.H, C = m.C, G = m.G, D = m.D;
   const int total = m.attn_splits + m.est_splits;
-  b += H * G * C * 4 * 4;  // logits: written, read for max, sum and score
+  b += H * G * C * 4 * 2;  // logits: written, read once for the scores
   b += H * C * 4 * 11;     // scores: written, read by the count, up to 8 radix passes and the compaction
   b += H * (m.n_r + m.n_e) * 4 * 2 + H * G * m.n_e * 4;  // ids written and read, estimation logits
   b += H * m.n_r * 8 * 2;                                  // CSR offsets and scan scratch

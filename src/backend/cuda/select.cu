@@ -16,6 +16,15 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
+// Online (max, sum of exp) pair merge for the per-head softmax normaliser.
+__device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
+  if (m2 == -INFINITY) return;
+  if (m == -INFINITY) { m = m2; s = s2; return; }
+  const float mx = fmaxf(m, m2);
+  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
+  m = mx;
+}
+
 constexpr int kScoreWarps = 8;
 constexpr int kScoreBatch = 4;  // passes whose loads are issued together
 
@@ -32,6 +41,12 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
     for (int j = 0; j < 8; ++j) qr[g][j] = g < G ? p.q[(int64_t{h} * G + g) * D + sub * 8 + j] * p.scale : 0.0f;
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * p.num_clusters * D;
   const int* sz = p.sizes + int64_t{h} * p.num_clusters;
+  float nm[kMaxGroup], ns[kMaxGroup];  // online (max, sum) of this lane's logits per query head
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+    nm[g] = -INFINITY;
+    ns[g] = 0.0f;
+  }
   const int stride = gridDim.x * kScoreWarps;
   for (int pass0 = blockIdx.x * kScoreWarps + warp; pass0 * kCpp < p.num_clusters; pass0 += stride * kScoreBatch) {
     uint4 w[kScoreBatch];
@@ -55,11 +70,30 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
           for (int j = 0; j < 8; ++j) acc += qr[g][j] * kf[j];
 #pragma unroll
           for (int off = kLpc / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-          if (sub == 0 && c[b] < p.num_clusters)
+          if (sub == 0 && c[b] < p.num_clusters) {
             p.logits[(int64_t{h} * G + g) * p.num_clusters + c[b]] = empty ? -INFINITY : acc;
+            if (!empty) ms_merge(nm[g], ns[g], acc, 1.0f);
+          }
         }
       }
     }
+  }
+  // CTA normaliser per query head: warp shuffles, then warp 0 over the warps.
+  __shared__ float2 red[kScoreWarps][kMaxGroup];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, nm[g], off), s2 = __shfl_xor_sync(0xffffffffu, ns[g], off);
+      ms_merge(nm[g], ns[g], m2, s2);
+    }
+    if (lane == 0) red[warp][g] = make_float2(nm[g], ns[g]);
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
+    p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
   }
 }
 
@@ -153,15 +187,6 @@ __device__ void radix_select(const float* sc, int n, int k, SelectSmem& sm, uint
   *take = rem;
 }
 
-// Online (max, sum of exp) pair merge for the per-head softmax normaliser.
-__device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
-  if (m2 == -INFINITY) return;
-  if (m == -INFINITY) { m = m2; s = s2; return; }
-  const float mx = fmaxf(m, m2);
-  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
-  m = mx;
-}
-
 __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams p, bool scores_in_smem) {
   __shared__ SelectSmem sm;
   extern __shared__ float smem_scores[];
@@ -170,49 +195,52 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
   // The radix passes and the compaction read the scores up to 11 times: from shared memory when they fit.
   float* sc = scores_in_smem ? smem_scores : gsc;
   if (G > 0) {
-    // Scores from logits: sum over the group of softmax over the non-empty items. One pass per query head
-    // for the normaliser (online max and sum), one pass for the scores.
+    // Scores from logits: sum over the group of softmax over the non-empty items. Warp g merges the
+    // normaliser partials of query head g; one pass over the logits then forms the scores.
     __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
-    __shared__ float2 wred[kSelWarps];
-    for (int g = 0; g < G; ++g) {
-      const float* lg = p.logits + (int64_t{h} * G + g) * N;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < G) {
+      const float2* part = p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts;
       float m = -INFINITY, s = 0.0f;
-      for (int i = threadIdx.x; i < N; i += blockDim.x) {
-        const float l = lg[i];
-        if (l == -INFINITY) continue;
-        if (l > m) {
-          s = s * __expf(m - l) + 1.0f;  // m = -inf: s is 0 and __expf(-inf) = 0
-          m = l;
-        } else {
-          s += __expf(l - m);
-        }
-      }
+#pragma unroll 4
+      for (int i = lane; i < p.norm_parts; i += 32) ms_merge(m, s, part[i].x, part[i].y);
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) {
         const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
         ms_merge(m, s, m2, s2);
       }
-      if ((threadIdx.x & 31) == 0) wred[threadIdx.x >> 5] = make_float2(m, s);
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        float mm = -INFINITY, ss = 0.0f;
-        for (int w = 0; w < kSelWarps; ++w) ms_merge(mm, ss, wred[w].x, wred[w].y);
-        gmax[g] = mm;
-        ginv[g] = ss > 0.0f ? 1.0f / ss : 0.0f;
+      if (lane == 0) {
+        gmax[warp] = m;
+        ginv[warp] = s > 0.0f ? 1.0f / s : 0.0f;
       }
-      __syncthreads();
     }
-    for (int i = threadIdx.x; i < N; i += blockDim.x) {
-      float s = 0.0f;
-      bool empty = false;
-      for (int g = 0; g < G; ++g) {
-        const float l = p.logits[(int64_t{h} * G + g) * N + i];
-        if (l == -INFINITY) empty = true;
-        else s += __expf(l - gmax[g]) * ginv[g];
+    __syncthreads();
+    const float* lgh = p.logits + int64_t{h} * G * N;
+    for (int i0 = threadIdx.x; i0 < N; i0 += 4 * blockDim.x) {
+      float lv[4][kMaxGroup];  // the loads of 4 items are issued together
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          const int i = i0 + b * blockDim.x;
+          lv[b][g] = g < G && i < N ? __ldg(lgh + int64_t{g} * N + i) : 0.0f;
+        }
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int i = i0 + b * blockDim.x;
+        if (i >= N) break;
+        float s = 0.0f;
+        bool empty = false;
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g)
+          if (g < G) {
+            if (lv[b][g] == -INFINITY) empty = true;
+            else s += __expf(lv[b][g] - gmax[g]) * ginv[g];
+          }
+        s = empty ? -INFINITY : s;
+        gsc[i] = s;
+        if (scores_in_smem) sc[i] = s;
       }
-      s = empty ? -INFINITY : s;
-      gsc[i] = s;
-      if (scores_in_smem) sc[i] = s;
     }
     __syncthreads();
   } else if (scores_in_smem) {
@@ -304,13 +332,17 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
 
 }  // namespace
 
-cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
-  // ~4 passes of kScoreBatch per warp: enough CTAs to fill the chip at batch 1, few enough to amortise
-  // loading the queries.
-  const int cpp = 32 / (p.head_dim / 8);
-  const int64_t passes = (int64_t{p.num_clusters} + cpp - 1) / cpp;
+int score_blocks(int num_clusters, int head_dim) {
+  // 2 batches of kScoreBatch passes per warp: enough CTAs to fill the chip at batch 1, few enough to
+  // amortise loading the queries.
+  const int cpp = 32 / (head_dim / 8);
+  const int64_t passes = (int64_t{num_clusters} + cpp - 1) / cpp;
   const int blocks_x = static_cast<int>((passes + kScoreWarps * kScoreBatch * 2 - 1) / (kScoreWarps * kScoreBatch * 2));
-  const dim3 grid(blocks_x > 0 ? blocks_x : 1, p.num_heads);
+  return blocks_x > 0 ? blocks_x : 1;
+}
+
+cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
+  const dim3 grid(score_blocks(p.num_clusters, p.head_dim), p.num_heads);
   if (p.head_dim == 128) score_kernel<128><<<grid, kScoreWarps * 32, 0, s>>>(p);
   else if (p.head_dim == 64) score_kernel<64><<<grid, kScoreWarps * 32, 0, s>>>(p);
   else return cudaErrorInvalidValue;
