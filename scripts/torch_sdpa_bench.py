@@ -114,20 +114,21 @@ def summarize(kernel_path, torch_path):
     def fmt(x, spec):
         return format(x, spec) if x is not None else "-"
 
-    print("| n | batch | full ms | full TB/s | torch ms | torch TB/s | full/torch | retro ms | retro/full speed-up |"
-          " retro moved/required | quest ms | k-means ms/seq | k-means / prefill |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| n | batch | full ms | full TB/s | torch ms | torch TB/s | full/torch | retro ms | retro graph ms |"
+          " full/retro graph | retro moved/required | quest ms | k-means ms/seq | k-means / prefill |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, b in keys:
         if n is None:
             continue
         full, tor, ret, qu = get("full", n, b), get("torch_sdpa", n, b), get("retro", n, b), get("quest", n, b)
+        rg = get("retro_graph", n, b)
         fg, tg = get("full", n, b, "gbps"), get("torch_sdpa", n, b, "gbps")
         km = get("kmeans", n, b, "per_sequence_ms")
         pre = get("torch_prefill_causal", n, 1)
         mor = get("retro", n, b, "moved_over_required")
         print(f"| {n} | {b} | {fmt(full, '.4f')} | {fmt(fg and fg / 1000, '.2f')} | {fmt(tor, '.4f')} | "
               f"{fmt(tg and tg / 1000, '.2f')} | {fmt(full and tor and full / tor, '.3f')} | {fmt(ret, '.4f')} | "
-              f"{fmt(full and ret and full / ret, '.1f')} | {fmt(mor, '.2f')} | {fmt(qu, '.4f')} | {fmt(km, '.2f')} | "
+              f"{fmt(rg, '.4f')} | {fmt(full and rg and full / rg, '.1f')} | {fmt(mor, '.2f')} | {fmt(qu, '.4f')} | {fmt(km, '.2f')} | "
               f"{fmt(km and pre and km / pre, '.4f')} |")
 
 

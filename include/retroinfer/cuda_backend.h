@@ -87,6 +87,41 @@ class EventTimer {
   void* stop_ = nullptr;
 };
 
+// A non-blocking CUDA stream owned by the caller (capture into graphs needs one).
+class StreamHandle {
+ public:
+  StreamHandle();
+  ~StreamHandle();
+  StreamHandle(const StreamHandle&) = delete;
+  StreamHandle& operator=(const StreamHandle&) = delete;
+  Stream get() const { return stream_; }
+
+ private:
+  Stream stream_ = nullptr;
+};
+
+// A CUDA graph captured from the work that `record` issues on `s` (e.g. one RetroLayer::decode), replayed
+// with launch(): one launch instead of one per kernel. The captured pointers must stay valid.
+class CapturedGraph {
+ public:
+  template <typename F>
+  CapturedGraph(Stream s, F&& record) {
+    begin_capture(s);
+    record();
+    end_capture(s);
+  }
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(Stream s);
+
+ private:
+  void begin_capture(Stream s);
+  void end_capture(Stream s);
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
+};
+
 // Exact dense decode attention (flash decoding, split over tokens, GQA-aware): the full-attention
 // baseline on the GPU.
 class DenseDecoder {
