@@ -12,11 +12,13 @@
 namespace retroinfer::index {
 namespace {
 
-// Scores of one sgemm block are at most this many floats (16 MiB): bounded memory whatever n and the
-// cluster count, and at 8192 clusters still 512 rows per block, enough to keep sgemm near its peak.
-constexpr int64_t kScoreBlockFloats = int64_t{1} << 22;
-// Fewest rows per block even with very many clusters (sgemm efficiency falls off below a few dozen rows).
-constexpr int64_t kMinBlockRows = 32;
+// Rows per sgemm block: scores of one block take kScoreBlockFloats floats (4 MiB, so they stay in the
+// 32 MiB L3 between sgemm writing them and the argmax reading them), but never fewer than kMinBlockRows rows:
+// sgemm packs the whole centroid matrix once per call, which costs as much as the multiply itself when a
+// call has only a few dozen rows. Memory stays bounded: at most kMinBlockRows * num_clusters floats
+// (8 MiB at 8192 clusters).
+constexpr int64_t kScoreBlockFloats = int64_t{1} << 20;
+constexpr int64_t kMinBlockRows = 256;
 
 // First index of the maximum of s[0, k). Eight independent lanes (lane l sees j = l mod 8) keep the first
 // maximum of their own subsequence; the lanes are then reduced by (value desc, index asc), which gives the
@@ -70,7 +72,6 @@ void assign_rows(const float* x, int64_t n, const float* c, int k, int d, int32_
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(b), k, d, 1.0f, x + r0 * d, d, c, d,
                 0.0f, scratch.data(), k);
     const float* s = scratch.data();
-#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < b; ++i) assign[r0 + i] = base + argmax_first(s + i * k, k);
   }
 }
@@ -94,10 +95,8 @@ enum class Update { kSpherical, kPlainMean };
 // its centroid. Sums in double: a cluster can hold thousands of tokens.
 void update_centroids(const float* x, int d, int k, const std::vector<int32_t>& offsets,
                       const std::vector<int32_t>& members, Update mode, float* c) {
-#pragma omp parallel
   {
     std::vector<double> sum(d);
-#pragma omp for schedule(dynamic, 64)
     for (int j = 0; j < k; ++j) {
       const int32_t b = offsets[j], e = offsets[j + 1];
       if (b == e) continue;
@@ -156,7 +155,6 @@ ClusterIndex run_kmeans(const float* keys, const float* values, int64_t n, int d
   std::vector<float> mu(d);
   for (int i = 0; i < d; ++i) mu[i] = static_cast<float>(mu_acc[i] / static_cast<double>(n));
   std::vector<float> x(static_cast<size_t>(n) * d);  // [n, d] centred keys
-#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t)
     for (int i = 0; i < d; ++i) x[t * d + i] = keys[t * d + i] - mu[i];
 
@@ -200,10 +198,8 @@ ClusterIndex run_kmeans(const float* keys, const float* values, int64_t n, int d
   ci.assignment = std::move(assign);
   ci.sizes.resize(num_clusters);
   ci.value_sums.assign(static_cast<size_t>(num_clusters) * d, 0.0f);
-#pragma omp parallel
   {
     std::vector<double> sum(d);
-#pragma omp for schedule(dynamic, 64)
     for (int j = 0; j < num_clusters; ++j) {
       const int32_t b = ci.offsets[j], e = ci.offsets[j + 1];
       ci.sizes[j] = e - b;

@@ -120,7 +120,6 @@ void load_rows(const KvCache& kv, int h, int64_t begin, int64_t end, std::vector
   const int64_t n = end - begin;
   keys.resize(static_cast<size_t>(n) * d);
   values.resize(static_cast<size_t>(n) * d);
-#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) {
     kv.load_key(h, begin + t, keys.data() + t * d);
     kv.load_value(h, begin + t, values.data() + t * d);
