@@ -11,6 +11,16 @@
 #include "retroinfer/attention.h"
 
 namespace {
+// 1-minute load average of the host (the dev machine is shared; figures taken under load are slower).
+double load_average() {
+  double l = -1.0;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1.0;
+    std::fclose(f);
+  }
+  return l;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -69,10 +79,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"bench\":\"wave_index\",\"tokens\":%lld,\"head_dim\":%d,\"group\":4,\"kv_dtype\":\"bf16\","
         "\"clusters\":%d,\"build_s\":%.3f,\"retro_decode_ms\":%.3f,\"full_decode_ms\":%.3f,"
-        "\"exact_tokens\":%lld,\"retrieved_clusters\":%lld,\"estimated_clusters\":%lld}\n",
+        "\"exact_tokens\":%lld,\"retrieved_clusters\":%lld,\"estimated_clusters\":%lld,\"load_avg\":%.2f}\n",
         static_cast<long long>(n), d, retro.wave_index().heads[0].num_clusters(), build_s,
         1e3 * retro_s / kSteps, 1e3 * full_s / kSteps, static_cast<long long>(st.exact_tokens),
-        static_cast<long long>(st.retrieved_clusters), static_cast<long long>(st.estimated_clusters));
+        static_cast<long long>(st.retrieved_clusters), static_cast<long long>(st.estimated_clusters), load_average());
     std::fflush(stdout);
   }
   return 0;
