@@ -166,7 +166,8 @@ struct RetroDebugState {
 // (sequence, KV head) with segmented spherical k-means (DESIGN.md §2); decode() scores the clusters,
 // selects the retrieval and estimation zones, estimates the estimation zone from the cluster summaries,
 // attends exactly to the steady zone plus the retrieval clusters' tokens, and merges the two states.
-// Zones: steady = the first cfg.sink_tokens and the last cfg.window_tokens tokens; the rest is indexed.
+// Zones: steady = the first cfg.sink_tokens and the last cfg.window_tokens tokens; the rest is indexed
+// (unless it is shorter than cfg.tokens_per_cluster: then everything is steady, as in the CPU method).
 // Budgets: n_retrieval = ceil(retrieval_fraction * C) (at least 1), n_estimation = ceil(estimation_fraction
 // * C) capped by C - n_retrieval (0 when cfg.estimation is false), C the clusters per head.
 class RetroLayer {
