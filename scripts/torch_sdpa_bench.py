@@ -132,6 +132,19 @@ def summarize(kernel_path, torch_path):
               f"{fmt(km and pre and km / pre, '.4f')} |")
 
 
+def summarize_stages(kernel_path):
+    """Retro decode stage breakdown (eager, one stream, events between stages) and prefill figures."""
+    rows = [json.loads(l) for l in open(kernel_path) if l.startswith("{")]
+    st = [r for r in rows if r["method"] == "retro_stages"]
+    if st:
+        names = list(st[0]["stages_ms"].keys())
+        print("| n | batch | " + " | ".join(f"{n} us" for n in names) + " | sum us |")
+        print("|---|---|" + "---|" * (len(names) + 1))
+        for r in st:
+            v = [r["stages_ms"][n] * 1000 for n in names]
+            print(f"| {r['n']} | {r['batch']} | " + " | ".join(f"{x:.1f}" for x in v) + f" | {sum(v):.1f} |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -141,8 +154,11 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--prefill-reps", type=int, default=3)
     ap.add_argument("--summarize", nargs=2, metavar=("KERNEL_JSONL", "TORCH_JSONL"))
+    ap.add_argument("--stages", metavar="KERNEL_JSONL", help="print the retro stage table of a kernel_bench run")
     args = ap.parse_args()
-    if args.summarize:
+    if args.stages:
+        summarize_stages(args.stages)
+    elif args.summarize:
         summarize(*args.summarize)
     else:
         if not args.out:
