@@ -1,0 +1,433 @@
+// Cluster scoring and zone selection (DESIGN.md §2 "Scoring"), also used for quest's page selection.
+//
+// score_kernel: logits[h, g, c] = scale * q_g . c_c from the bf16 centroids (D/8 lanes per centroid,
+// one 16-byte load each, the GQA group's queries in registers); -inf for empty clusters.
+// select_kernel: one CTA per flat head. Scores (sum over the group of the per-head softmax over the
+// non-empty clusters), then an exact radix select (4 passes of 8 bits over the order-preserving integer
+// image of the float scores) of the k-th best score for k = k_retrieval and k = k_retrieval +
+// k_estimation; ties at the threshold are taken in ascending id order, so the selection equals "sort by
+// (score desc, id asc) and cut", the CPU reference's rule. The ids are written in ascending order, and the
+// retrieval items are expanded into the head's exact-token list (steady zone first).
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+// Online (max, sum of exp) pair merge for the per-head softmax normaliser.
+__device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
+  if (m2 == -INFINITY) return;
+  if (m == -INFINITY) { m = m2; s = s2; return; }
+  const float mx = fmaxf(m, m2);
+  s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
+  m = mx;
+}
+
+constexpr int kScoreWarps = 4;
+constexpr int kScoreTile = 16;                          // centroids per warp tile
+constexpr int kScorePerCta = kScoreWarps * kScoreTile * 4;  // 4 tiles per warp
+
+// Logits on the tensor cores, the decode kernel's QK step with centroids for keys: per warp and tile of
+// 16 centroids (cp.async double buffer, rows padded by 16 bytes), logits^T = Q C^T with mma m16n8k16,
+// A = the scaled queries split into bf16 hi (row g) and lo (row g + 8) parts, so logit = c[g] + c[g+8]
+// carries the f32 query to 2^-18; B = centroid rows via ldmatrix. Each lane then holds head gq's logits
+// of centroids 2tq, 2tq+1, 8+2tq, 9+2tq, writes them and folds them into an online (max, sum) that
+// becomes this CTA's normaliser partial.
+template <int D>
+__global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScoreParams p) {
+  constexpr int kRow = D + 8, kChunks = D / 8, kLoads = kScoreTile * kChunks / 32, kKs = D / 16;
+  __shared__ __align__(16) uint16_t cs[kScoreWarps][2][kScoreTile * kRow];
+  __shared__ float2 red[kScoreWarps][kMaxGroup];
+  const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  uint32_t qa[kKs][4];
+  {
+    const bool on = gq < G;
+    const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) {
+      float x[4] = {0, 0, 0, 0};
+      if (on) {
+        const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
+        const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
+        x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
+      }
+      float hi[4], lo[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
+      qa[k][0] = pack_bf16(hi[0], hi[1]);
+      qa[k][1] = pack_bf16(lo[0], lo[1]);
+      qa[k][2] = pack_bf16(hi[2], hi[3]);
+      qa[k][3] = pack_bf16(lo[2], lo[3]);
+    }
+  }
+  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
+  const int* sz = p.sizes + int64_t{h} * C;
+  float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
+  const int cta0 = blockIdx.x * kScorePerCta;
+  const int ntiles = kScorePerCta / kScoreTile / kScoreWarps;
+  auto load_tile = [&](int t, int buf) {
+    const int c0 = cta0 + (t * kScoreWarps + warp) * kScoreTile;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = lane + 32 * i, row = e / kChunks, col = e % kChunks;
+      const bool ok = c0 + row < C;
+      cp_async16_zfill(&cs[warp][buf][row * kRow + col * 8], ch + int64_t{ok ? c0 + row : 0} * D + col * 8, ok);
+    }
+    cp_async_commit();
+  };
+  float nm = -INFINITY, ns = 0.0f;
+  load_tile(0, 0);
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) {
+      load_tile(t + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+    const int c0 = cta0 + (t * kScoreWarps + warp) * kScoreTile;
+    float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
+    const uint16_t* kb = &cs[warp][buf][((mi >> 1) * 8 + ri) * kRow + (mi & 1) * 8];
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) {
+      uint32_t b[4];
+      ldmatrix_x4(b, kb + k * 16);
+      mma_bf16_16816(a0, qa[k], b[0], b[1]);
+      mma_bf16_16816(a1, qa[k], b[2], b[3]);
+    }
+    const float s[4] = {a0[0] + a0[2], a0[1] + a0[3], a1[0] + a1[2], a1[1] + a1[3]};
+    const int cc[4] = {c0 + 2 * tq, c0 + 2 * tq + 1, c0 + 8 + 2 * tq, c0 + 9 + 2 * tq};
+    float out[4], tm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      out[j] = cc[j] < C && sz[cc[j] < C ? cc[j] : 0] > 0 ? s[j] : -INFINITY;
+      tm = fmaxf(tm, out[j]);
+    }
+    if (gq < G) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (cc[j] < C) lg[cc[j]] = out[j];
+      if (tm != -INFINITY) {
+        float ts = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ts += out[j] == -INFINITY ? 0.0f : __expf(out[j] - tm);
+        ms_merge(nm, ns, tm, ts);
+      }
+    }
+    __syncwarp();
+  }
+  // Normaliser partial of head gq: the quad's lanes, then the warps.
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, nm, off), s2 = __shfl_xor_sync(0xffffffffu, ns, off);
+    ms_merge(nm, ns, m2, s2);
+  }
+  if (tq == 0 && gq < G) red[warp][gq] = make_float2(nm, ns);
+  __syncthreads();
+  if (threadIdx.x < G) {
+    float m = -INFINITY, sum = 0.0f;
+    for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
+    p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
+  }
+}
+
+constexpr int kSelThreads = 1024;
+constexpr int kSelWarps = kSelThreads / 32;
+
+struct SelectSmem {
+  int warp_sums[kSelWarps + 1];
+  unsigned hist[256];
+  int found_digit;
+  int found_rem;
+};
+
+// Exclusive scan over the block; *total receives the block sum.
+__device__ int block_exclusive_scan(int v, SelectSmem& sm, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  if (lane == 31) sm.warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const int x = sm.warp_sums[lane];
+    int xi = x;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, xi, off);
+      if (lane >= off) xi += y;
+    }
+    sm.warp_sums[lane] = xi - x;
+    if (lane == 31) sm.warp_sums[kSelWarps] = xi;
+  }
+  __syncthreads();
+  const int r = sm.warp_sums[warp] + incl - v;
+  *total = sm.warp_sums[kSelWarps];
+  __syncthreads();
+  return r;
+}
+
+// The k-th largest order key among the finite scores (1 <= k <= finite count), and how many of the items
+// equal to it belong to the top k.
+__device__ void radix_select(const float* sc, int n, int k, SelectSmem& sm, uint32_t* thr, int* take) {
+  uint32_t prefix = 0, mask = 0;
+  int rem = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.hist[i] = 0;
+    __syncthreads();
+    // Warp-aggregated histogram: the scores share their high bytes, so plain atomics would serialise on
+    // one bin; lanes with the same digit add once through their leader.
+    for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+      const int i = i0 + threadIdx.x;
+      unsigned key = 256u;  // "no digit"
+      if (i < n) {
+        const float f = sc[i];
+        if (f != -INFINITY) {
+          const uint32_t u = float_order_key(f);
+          if ((u & mask) == prefix) key = (u >> shift) & 255u;
+        }
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      if (key < 256u && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sm.hist[key], __popc(peers));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      // Lane l owns digits 255-8l .. 248-8l (descending); find the digit where the count from the top
+      // reaches rem.
+      const int lane = threadIdx.x;
+      int local = 0;
+      for (int j = 0; j < 8; ++j) local += static_cast<int>(sm.hist[255 - 8 * lane - j]);
+      int incl = local;
+      for (int off = 1; off < 32; off <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
+      }
+      const int excl = incl - local;
+      if (excl < rem && rem <= incl) {
+        int cum = excl;
+        for (int j = 0; j < 8; ++j) {
+          const int d = 255 - 8 * lane - j;
+          const int hcount = static_cast<int>(sm.hist[d]);
+          if (cum + hcount >= rem) {
+            sm.found_digit = d;
+            sm.found_rem = rem - cum;
+            break;
+          }
+          cum += hcount;
+        }
+      }
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(sm.found_digit) << shift;
+    mask |= 255u << shift;
+    rem = sm.found_rem;
+    __syncthreads();
+  }
+  *thr = prefix;
+  *take = rem;
+}
+
+__global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams p, bool scores_in_smem) {
+  __shared__ SelectSmem sm;
+  extern __shared__ float smem_scores[];
+  const int h = blockIdx.x, N = p.num_items, G = p.group;
+  float* gsc = p.scores + int64_t{h} * N;
+  // The radix passes and the compaction read the scores up to 11 times: from shared memory when they fit.
+  float* sc = scores_in_smem ? smem_scores : gsc;
+  if (G > 0) {
+    // Scores from logits: sum over the group of softmax over the non-empty items. Warp g merges the
+    // normaliser partials of query head g; one pass over the logits then forms the scores.
+    __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < G) {
+      const float2* part = p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts;
+      float m = -INFINITY, s = 0.0f;
+#pragma unroll 4
+      for (int i = lane; i < p.norm_parts; i += 32) ms_merge(m, s, part[i].x, part[i].y);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+        ms_merge(m, s, m2, s2);
+      }
+      if (lane == 0) {
+        gmax[warp] = m;
+        ginv[warp] = s > 0.0f ? 1.0f / s : 0.0f;
+      }
+    }
+    __syncthreads();
+    const float* lgh = p.logits + int64_t{h} * G * N;
+    for (int i0 = threadIdx.x; i0 < N; i0 += 4 * blockDim.x) {
+      float lv[4][kMaxGroup];  // the loads of 4 items are issued together
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          const int i = i0 + b * blockDim.x;
+          lv[b][g] = g < G && i < N ? __ldg(lgh + int64_t{g} * N + i) : 0.0f;
+        }
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int i = i0 + b * blockDim.x;
+        if (i >= N) break;
+        float s = 0.0f;
+        bool empty = false;
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g)
+          if (g < G) {
+            if (lv[b][g] == -INFINITY) empty = true;
+            else s += __expf(lv[b][g] - gmax[g]) * ginv[g];
+          }
+        s = empty ? -INFINITY : s;
+        gsc[i] = s;
+        if (scores_in_smem) sc[i] = s;
+      }
+    }
+    __syncthreads();
+  } else if (scores_in_smem) {
+    for (int i = threadIdx.x; i < N; i += blockDim.x) sc[i] = gsc[i];
+    __syncthreads();
+  }
+  int finite = 0;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) finite += sc[i] != -INFINITY;
+  int total_finite;
+  block_exclusive_scan(finite, sm, &total_finite);
+  const int k1 = p.k_retrieval < total_finite ? p.k_retrieval : total_finite;
+  const int k2 = p.k_retrieval + p.k_estimation < total_finite ? p.k_retrieval + p.k_estimation : total_finite;
+  uint32_t t1 = 0, t2 = 0;
+  int take1 = 0, take2 = 0;
+  if (k1 > 0) radix_select(sc, N, k1, sm, &t1, &take1);
+  if (k2 > k1) radix_select(sc, N, k2, sm, &t2, &take2);
+  else { t2 = t1; take2 = take1; }
+
+  // Ascending-id compaction, kPer consecutive items per thread. An item is in the top k when its key beats
+  // the threshold or ties it with fewer than `take` lower-id ties before it.
+  constexpr int kPer = 8;  // chunk of 8192 items: the packed 16-bit counters cannot overflow
+  int* ret = p.retrieval_ids + int64_t{h} * p.k_retrieval;
+  int* est = p.k_estimation > 0 ? p.estimation_ids + int64_t{h} * p.k_estimation : nullptr;
+  int ties1 = 0, ties2 = 0, out1 = 0, out2 = 0;
+  for (int base = 0; base < N; base += blockDim.x * kPer) {
+    const int i0 = base + threadIdx.x * kPer;
+    uint32_t u[kPer];
+    bool valid[kPer];
+    int e12 = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = i0 + j;
+      valid[j] = i < N && sc[i] != -INFINITY;
+      u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
+      e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
+    }
+    int tot;
+    const int eq_pre = block_exclusive_scan(e12, sm, &tot);
+    int r1 = ties1 + (eq_pre & 0xffff), r2 = ties2 + (eq_pre >> 16);
+    ties1 += tot & 0xffff;
+    ties2 += tot >> 16;
+    bool in1[kPer], ine[kPer];
+    int c12 = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const bool eq1 = valid[j] && k1 > 0 && u[j] == t1, eq2 = valid[j] && k2 > 0 && u[j] == t2;
+      in1[j] = valid[j] && k1 > 0 && (u[j] > t1 || (eq1 && r1 < take1));
+      const bool in2 = valid[j] && k2 > 0 && (u[j] > t2 || (eq2 && r2 < take2));
+      r1 += eq1;
+      r2 += eq2;
+      ine[j] = in2 && !in1[j];
+      c12 += (in1[j] ? 1 : 0) + (ine[j] ? 1 << 16 : 0);
+    }
+    int tot2;
+    const int pos = block_exclusive_scan(c12, sm, &tot2);
+    int w1 = out1 + (pos & 0xffff), w2 = out2 + (pos >> 16);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (in1[j]) ret[w1++] = i0 + j;
+      if (ine[j]) est[w2++] = i0 + j;
+    }
+    out1 += tot2 & 0xffff;
+    out2 += tot2 >> 16;
+  }
+  for (int i = out1 + threadIdx.x; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
+  for (int i = out2 + threadIdx.x; i < p.k_estimation; i += blockDim.x) est[i] = -1;
+  __syncthreads();
+
+  // Expansion: steady tokens, then the retrieval items' tokens in id order.
+  const int64_t w_begin = p.idx_begin + p.n_idx;
+  const int steady = static_cast<int>(p.idx_begin + (p.num_tokens - w_begin));
+  int* list = p.token_list + int64_t{h} * p.list_stride;
+  for (int i = threadIdx.x; i < steady; i += blockDim.x)
+    list[i] = static_cast<int>(i < p.idx_begin ? i : w_begin + (i - p.idx_begin));
+  int* pre = p.scan_scratch + int64_t{h} * (p.k_retrieval + 1);
+  int running = steady;
+  for (int base = 0; base < out1; base += blockDim.x) {
+    const int i = base + threadIdx.x;
+    int len = 0;
+    if (i < out1) {
+      const int c = ret[i];
+      if (p.page_tokens > 0) {
+        const int64_t b = int64_t{c} * p.page_tokens;
+        len = static_cast<int>(b + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b);
+      } else {
+        const int64_t hc = int64_t{h} * N + c;
+        len = p.offsets[hc + 1] - p.offsets[hc];
+      }
+    }
+    int tot;
+    const int ex = block_exclusive_scan(len, sm, &tot);
+    if (i < out1) pre[i] = running + ex;
+    running += tot;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int i = warp; i < out1; i += kSelWarps) {
+    const int c = ret[i], at = pre[i];
+    if (p.page_tokens > 0) {
+      const int64_t b = int64_t{c} * p.page_tokens;
+      const int len = static_cast<int>(b + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b);
+      for (int t = lane; t < len; t += 32) list[at + t] = static_cast<int>(p.idx_begin + b + t);
+    } else {
+      const int64_t hc = int64_t{h} * N + c;
+      const int b = p.offsets[hc], e = p.offsets[hc + 1];
+      for (int t = b + lane; t < e; t += 32) list[at + (t - b)] = static_cast<int>(p.idx_begin + p.members[t]);
+    }
+  }
+  if (threadIdx.x == 0) p.token_count[h] = running;
+}
+
+}  // namespace
+
+int score_blocks(int num_clusters, int head_dim) {
+  const int b = (num_clusters + kScorePerCta - 1) / kScorePerCta;
+  return b > 0 ? b : 1;
+}
+
+cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
+  const dim3 grid(score_blocks(p.num_clusters, p.head_dim), p.num_heads);
+  if (p.head_dim == 128) score_kernel<128><<<grid, kScoreWarps * 32, 0, s>>>(p);
+  else if (p.head_dim == 64) score_kernel<64><<<grid, kScoreWarps * 32, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
+  // Scores in shared memory up to 40K items (160 KiB; the static part is ~1.5 KiB of the 227 KiB).
+  constexpr size_t kMaxSmemScores = 160 * 1024;
+  const size_t bytes = size_t(p.num_items) * 4;
+  const bool in_smem = bytes <= kMaxSmemScores;
+  static bool attr_set = false;
+  if (!attr_set) {
+    const cudaError_t e = cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kMaxSmemScores));
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  select_kernel<<<p.num_heads, kSelThreads, in_smem ? bytes : 0, s>>>(p, in_smem);
+  return cudaGetLastError();
+}
+
+}  // namespace retroinfer::cuda::detail
