@@ -18,7 +18,7 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t context_tokens, DTy
   MemoryEstimate e;
   e.weight_bytes = params * 4;
   e.kv_bytes = 2 * layers * hkv * d * dtype_size(kv_dtype) * context_tokens;
-  const int64_t chunk = std::max<int64_t>(prefill_chunk, 1);
+  const int64_t chunk = std::max<int64_t>(std::min<int64_t>(prefill_chunk, context_tokens), 1);
   // Scratch of one chunk: x, xn, qkv, q, k, v, attention out, gate/up, activation, cos/sin; plus logits.
   e.activation_bytes = 4 * (chunk * (2 * h + 2 * qkv + hq * d + 3 * inter + d) + vocab);
   return e;
@@ -48,7 +48,8 @@ int64_t available_memory_bytes() {
   std::ifstream cg_max("/sys/fs/cgroup/memory.max"), cg_cur("/sys/fs/cgroup/memory.current");
   std::string lim;
   int64_t cur = 0;
-  if (cg_max >> lim && lim != "max" && cg_cur >> cur) {
+  if (cg_max >> lim && lim != "max" && !lim.empty() &&
+      lim.find_first_not_of("0123456789") == std::string::npos && cg_cur >> cur) {
     const int64_t left = std::stoll(lim) - cur;
     if (avail < 0 || left < avail) avail = std::max<int64_t>(left, 0);
   }

@@ -11,6 +11,10 @@
 namespace retroinfer {
 namespace {
 
+// Element-wise loops go parallel only above this many elements: a parallel region costs a few
+// microseconds (much more on an oversubscribed host), which a loop over fewer than ~64K floats does not repay.
+constexpr int64_t kParallelMin = 1 << 16;
+
 // y[n, out] = x[n, in] @ W[out, in]^T + beta * y.
 void matmul(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out, float beta) {
   if (n == 1) {
@@ -26,7 +30,7 @@ void matmul(const float* x, const float* w, float* y, int64_t n, int64_t in, int
 // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for n rows of dim h (the Hugging Face LlamaRMSNorm in f32;
 // the mean is accumulated in double).
 void rms_norm(const float* x, const float* w, float* y, int64_t n, int64_t h, float eps) {
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
     const float* xr = x + t * h;
     double ss = 0.0;
@@ -168,7 +172,7 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
     const Model::Weights::Layer& L = w.layers[l];
     rms_norm(s.x.data(), L.attn_norm.data(), s.xn.data(), n, h, c.rms_norm_eps);
     matmul(s.xn.data(), L.wqkv.data(), s.qkv.data(), n, h, qkvw, 0.0f);
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
     for (int64_t t = 0; t < n; ++t) {
       float* row = s.qkv.data() + t * qkvw;
       if (!L.bqkv.empty())
@@ -189,7 +193,7 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
 
     rms_norm(s.x.data(), L.mlp_norm.data(), s.xn.data(), n, h, c.rms_norm_eps);
     matmul(s.xn.data(), L.wgate_up.data(), s.gu.data(), n, h, 2 * inter, 0.0f);
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
     for (int64_t t = 0; t < n; ++t) {
       const float* g = s.gu.data() + t * 2 * inter;
       const float* u = g + inter;
