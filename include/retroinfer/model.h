@@ -39,6 +39,10 @@ int64_t available_memory_bytes();
 // factor for `dynamic` RoPE (which exists to extend it); 0 in the config means "no limit known".
 int64_t model_max_context(const ModelConfig& cfg);
 
+// Threads of the CPU forward pass (OpenMP loops and OpenBLAS); throws Error for n < 1.
+void set_num_threads(int n);
+int num_threads();
+
 struct ModelOptions {
   // Memory budget for the checks; 0 = available_memory_bytes(). Tests set it to exercise the refusal.
   int64_t memory_limit_bytes = 0;

@@ -20,7 +20,11 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t context_tokens, DTy
   e.kv_bytes = 2 * layers * hkv * d * dtype_size(kv_dtype) * context_tokens;
   const int64_t chunk = std::max<int64_t>(std::min<int64_t>(prefill_chunk, context_tokens), 1);
   // Scratch of one chunk: x, xn, qkv, q, k, v, attention out, gate/up, activation, cos/sin; plus logits.
-  e.activation_bytes = 4 * (chunk * (2 * h + 2 * qkv + hq * d + 3 * inter + d) + vocab);
+  // Prefill attention: the group's queries and outputs, and a score block of up to 1024 keys.
+  const int64_t group = hkv > 0 ? hq / hkv : 1;
+  const int64_t key_block = std::min<int64_t>(context_tokens, 1024);
+  e.activation_bytes = 4 * (chunk * (2 * h + 2 * qkv + hq * d + 3 * inter + d) + vocab +
+                            group * chunk * (2 * d + 2 + key_block));
   return e;
 }
 

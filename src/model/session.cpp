@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/prefill_attention.h"
 #include "model/rope.h"
 #include "model/weights.h"
 #include "retroinfer/error.h"
@@ -15,11 +16,23 @@ namespace {
 // microseconds (much more on an oversubscribed host), which a loop over fewer than ~64K floats does not repay.
 constexpr int64_t kParallelMin = 1 << 16;
 
-// y[n, out] = x[n, in] @ W[out, in]^T + beta * y.
+// y[out] = W[out, in] @ x[in] + beta * y: the decode matvec, memory-bound on W. One OpenMP loop over
+// output rows (rather than OpenBLAS's own thread pool, so that decode uses a single threading runtime).
+void matvec(const float* x, const float* w, float* y, int64_t in, int64_t out, float beta) {
+#pragma omp parallel for schedule(static) if (out * in >= kParallelMin)
+  for (int64_t o = 0; o < out; ++o) {
+    const float* row = w + o * in;
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < in; ++i) acc += row[i] * x[i];
+    y[o] = beta == 0.0f ? acc : acc + beta * y[o];
+  }
+}
+
+// y[n, out] = x[n, in] @ W[out, in]^T + beta * y (cblas_sgemm for n > 1, matvec for n == 1).
 void matmul(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out, float beta) {
   if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.0f, w,
-                static_cast<int>(in), x, 1, beta, y, 1);
+    matvec(x, w, y, in, out, beta);
   } else {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
                 static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in), beta, y,
@@ -55,6 +68,7 @@ struct Session::Scratch {
   std::vector<float> gu;     // [rows, 2 * intermediate]
   std::vector<float> act;    // [rows, intermediate]
   std::vector<float> cos, sin;  // [rows, d / 2]
+  model::PrefillAttentionScratch attn;
   model::RopeFrequencies freqs;
   int64_t freqs_seq_len = -1;  // seq_len freqs were computed for (-1: none)
   void ensure(int64_t n, const ModelConfig& c) {
@@ -187,7 +201,7 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
     if (decode) {
       last_stats_ += attn_[l]->decode(kv_[l], s.q.data(), s.att.data());
     } else {
-      prefill_attention(kv_[l], shape, opt_.attention.scale, pos_, n, s.q.data(), s.att.data());
+      model::blas_prefill_attention(kv_[l], shape, opt_.attention.scale, pos_, n, s.q.data(), s.att.data(), s.attn);
     }
     matmul(s.att.data(), L.wo.data(), s.x.data(), n, hq * d, h, 1.0f);  // residual: x += att @ Wo^T
 

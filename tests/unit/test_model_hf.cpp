@@ -97,7 +97,6 @@ TEST_P(TinyModelVsHf, GreedyDecodeMatches) {
   Reference ref;
   if (!load_reference(GetParam(), ref)) GTEST_SKIP() << "fixture " << GetParam() << " absent (scripts/make_tiny_models.py)";
   auto model = Model::load(fixture_dir(GetParam()).string());
-  const int64_t vocab = model->config().vocab_size;
   SessionOptions so;
   so.attention.kind = AttentionKind::kFull;
   so.max_context = static_cast<int64_t>(ref.tokens.size() + ref.greedy.size());
