@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "retroinfer/kv_cache.h"
 
@@ -92,6 +93,19 @@ class AttentionMethod {
   // q:   [num_heads_q, head_dim], f32, post-RoPE, row-major; query head h uses KV head h / group.
   // out: [num_heads_q, head_dim], f32; every element written.
   virtual AttentionStats decode(const KvCache& kv, const float* q, float* out) = 0;
+
+  // Evaluation hook (optional; used by `retroinfer fidelity` to measure attention-mass recall). For KV
+  // head kvh, resizes zones to the cache size seen by the last decode() call and writes the zone every
+  // token was in during that call: kZoneIgnored, kZoneExact (K/V read exactly) or kZoneEstimated.
+  // Returns false when the method does not record its selection (the default) or decode() has not run.
+  virtual bool last_zones(int kvh, std::vector<uint8_t>& zones) const {
+    (void)kvh;
+    (void)zones;
+    return false;
+  }
+  static constexpr uint8_t kZoneIgnored = 0;
+  static constexpr uint8_t kZoneExact = 1;
+  static constexpr uint8_t kZoneEstimated = 2;
 };
 
 // Creates the method named by cfg.kind. Throws Error on invalid shape or config.
