@@ -8,14 +8,16 @@
 //     needles, the sink) lives mostly in the low-frequency RoPE pairs, which rotate little over long
 //     distances (as measured in trained models); a "local" component lives in mid-frequency pairs and
 //     gives the usual recency bias that fades over ~1000 tokens.
-//   - Attention sinks: the first tokens have large keys in a direction every query shares, so they attract
-//     a large share of the mass whatever the content.
+//   - Attention sinks: the first tokens have large keys in a direction every query shares (the slowest
+//     RoPE pair, reserved for it), so they attract a large share of the mass whatever the content.
 //   - Topics: the text is a sequence of segments (geometric lengths); each segment is about one topic of a
 //     pool (topics recur). A token's key = shared key bias + topic centre + word prototype (Zipf
 //     vocabulary, so keys repeat) + recency part + noise. Topic centres drift slowly with position (an
 //     Ornstein-Uhlenbeck walk per KV head), so the same topic far apart is similar but not identical.
 //   - Needles: a few tokens at random positions with distinctive keys and values that the queries target
 //     strongly (retrieval heads). Their values are distinctive, so missing them costs output accuracy.
+//     Needle directions are orthonormal and projected out of every other key direction, so that ordinary
+//     tokens do not match a query's needle part by accident.
 //   - Values correlate with the keys' topic and word (plus noise); sink values are small.
 //   - Queries: each decode step's query mixes the sink direction, the current topic (the topic at the
 //     decode position), a few earlier topics the answer refers back to, the needle directions, the recency
@@ -53,7 +55,7 @@ struct SyntheticConfig {
   double semantic_pairs = 8.0;
   // The recency direction uses pairs [d/16, d/4) (rotation 0.19 .. 0.0014 rad/token at d = 128), so its
   // logit boost is local_logit at distance 0 and fades to noise beyond ~1000 tokens.
-  double local_logit = 2.0;
+  double local_logit = 4.0;
 
   // Keys (norms of the pre-RoPE components; a real key has norm ~10-20 at d = 128).
   double key_bias_norm = 6.0;   // per-head shared offset of every key (real keys have a large mean)
@@ -70,8 +72,8 @@ struct SyntheticConfig {
   double topic_drift = 0.5;        // stationary norm of the drift added to a (unit) topic centre
   double topic_drift_tokens = 4096.0;  // correlation length of the drift in tokens
 
-  // Sinks: the first sink_tokens tokens. Token 0 scores sink_logit (sink_key_norm along the sink
-  // direction), the others half of it. Their values have norm sink_value_norm.
+  // Sinks: the first sink_tokens tokens. Token 0 scores sink_logit times the head's gain (sink_key_norm
+  // along the sink direction), the others half of it. Their values have norm sink_value_norm.
   int sink_tokens = 4;
   double sink_logit = 8.0;
   double sink_key_norm = 30.0;
