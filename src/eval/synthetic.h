@@ -75,7 +75,7 @@ struct SyntheticConfig {
   // Sinks: the first sink_tokens tokens. Token 0 scores sink_logit times the head's gain (sink_key_norm
   // along the sink direction), the others half of it. Their values have norm sink_value_norm.
   int sink_tokens = 4;
-  double sink_logit = 8.0;
+  double sink_logit = 10.0;
   double sink_key_norm = 30.0;
   double sink_value_norm = 0.2;
 

@@ -105,7 +105,7 @@ TEST(Synthetic, NeedlesAndSinksAttractMassTopicsMatter) {
   const SyntheticConfig c = small(11);
   KvCache kv(2, 128, DType::kF32);
   const auto d = eval::generate_synthetic(c, kv);
-  double needle = 0.0, sink = 0.0, topic_ratio = 0.0;
+  double needle = 0.0, sink = 0.0, topic_ratio = 0.0, sink0_vs_uniform = 0.0;
   std::vector<double> per_needle(d.needle_positions.size(), 0.0);
   int samples = 0, topic_samples = 0;
   for (int s = 0; s < c.decode_steps; ++s) {
@@ -116,6 +116,7 @@ TEST(Synthetic, NeedlesAndSinksAttractMassTopicsMatter) {
         per_needle[j] += p[d.needle_positions[j]] * p.size();  // in units of the uniform probability
       }
       for (int t = 0; t < c.sink_tokens; ++t) sink += p[t];
+      sink0_vs_uniform += p[0] * p.size();
       // Mean probability of prompt tokens of the query's current topic vs tokens of topics the query does
       // not refer to (neither current nor recalled), needles and the recent window left out.
       const int cur = d.token_topic[c.context_tokens + s];
@@ -142,7 +143,9 @@ TEST(Synthetic, NeedlesAndSinksAttractMassTopicsMatter) {
   // (single heads may ignore a needle: the gains and weights vary per head and step).
   EXPECT_GT(needle, 0.2) << "seed 11";
   for (size_t j = 0; j < per_needle.size(); ++j) EXPECT_GT(per_needle[j] / samples, 20.0) << "needle " << j;
-  EXPECT_GT(sink, 0.05) << "seed 11";
+  // Token 0 scores sink_logit (10) times the head's gain: on average far above a uniform token, whatever
+  // the heads' other targets (the sinks' total share varies a lot between heads: printed for the record).
+  EXPECT_GT(sink0_vs_uniform / samples, 100.0) << "seed 11; sink mass " << sink;
   // Tokens of the current topic score up to topic_logit (3) higher: several times the mass of others.
   EXPECT_GT(topic_ratio, 3.0) << "seed 11";
 }
