@@ -1,9 +1,153 @@
-// retro: being written in this session (the factory entry point exists so the library links).
-#include "attention/methods.h"
+// retro: wave-index decode attention on the CPU (see retro.h).
+#include "attention/retro.h"
+
+#include <algorithm>
+
+#include "attention/exact.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::attention {
-std::unique_ptr<AttentionMethod> make_retro(const AttentionConfig&, const AttentionShape&) {
-  RETROINFER_FAIL("attention method 'retro' is not built yet");
+
+RetroAttention::RetroAttention(const AttentionConfig& cfg, const AttentionShape& shape) : MethodBase(cfg, shape) {
+  validate(shape);
+  validate(cfg);
 }
+
+index::KMeansParams RetroAttention::kmeans_params() const {
+  index::KMeansParams p;
+  p.tokens_per_cluster = cfg_.tokens_per_cluster;
+  p.segment_tokens = cfg_.segment_tokens;
+  p.segment_iters = cfg_.kmeans_segment_iters;
+  p.global_iters = cfg_.kmeans_global_iters;
+  return p;
+}
+
+void RetroAttention::build(const KvCache& kv) {
+  const int64_t sink = cfg_.sink_tokens;
+  index_.heads.assign(shape_.num_heads_kv, index::HeadIndex{});
+  for (auto& hi : index_.heads) hi.head_dim = shape_.head_dim;
+  index_.indexed_begin = sink;
+  index_.indexed_end = sink;
+  num_updates_ = 0;
+  built_ = true;
+  const int64_t end = kv.size() - cfg_.window_tokens;
+  if (end - sink < cfg_.tokens_per_cluster) return;  // not one cluster's worth: everything stays steady
+  const index::KMeansParams p = kmeans_params();
+  // Heads one after another: the k-means is parallel inside (sgemm + OpenMP).
+  for (int h = 0; h < shape_.num_heads_kv; ++h) index::index_tokens(kv, h, sink, end, p, index_.heads[h]);
+  index_.indexed_end = end;
+}
+
+void RetroAttention::on_prefill(const KvCache& kv) {
+  check_kv(kv);
+  build(kv);
+}
+
+void RetroAttention::sync(const KvCache& kv) {
+  check_kv(kv);
+  if (!built_) build(kv);
+  RETROINFER_CHECK(kv.size() >= index_.indexed_end || index_.indexed_tokens() == 0, "retro: the KV cache holds ",
+                   kv.size(), " tokens but the index covers up to token ", index_.indexed_end,
+                   "; call on_prefill again after clearing or replacing the cache");
+  const index::KMeansParams p = kmeans_params();
+  while (kv.size() - index_.indexed_end >= int64_t{cfg_.window_tokens} + cfg_.update_tokens) {
+    const int64_t b = index_.indexed_end, e = b + cfg_.update_tokens;
+    for (int h = 0; h < shape_.num_heads_kv; ++h)
+      index::index_block(kv, h, b, e, cfg_.update_clusters, p, index_.heads[h]);
+    index_.indexed_end = e;
+    ++num_updates_;
+  }
+}
+
+void RetroAttention::plan_head(int h, const float* qg, HeadPlan& plan) const {
+  const index::HeadIndex& hi = index_.heads[h];
+  const int k = hi.num_clusters();
+  plan.logits.resize(static_cast<size_t>(group()) * k);
+  plan.scores.resize(k);
+  index::score_clusters(hi, qg, group(), effective_scale(cfg_.scale, shape_.head_dim), plan.logits.data(),
+                        plan.scores.data());
+  index::ZoneBudget budget = index::zone_budget(k, cfg_.retrieval_fraction, cfg_.estimation_fraction);
+  if (!cfg_.estimation) budget.n_estimation = 0;
+  index::select_zones(plan.scores.data(), k, budget, plan.sel);
+}
+
+AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* out) {
+  RETROINFER_CHECK(q != nullptr && out != nullptr, "retro: decode with a null q or out");
+  sync(kv);
+  const int g = group();
+  const int d = shape_.head_dim;
+  const float sc = effective_scale(cfg_.scale, d);
+  const int64_t size = kv.size();
+  const int64_t steady_a = std::min(index_.indexed_begin, size);  // [0, steady_a)
+  const int64_t steady_b = std::min(index_.indexed_end, size);    // [steady_b, size)
+  const int64_t steady = steady_a + (size - steady_b);
+  const int nh = shape_.num_heads_kv;
+  std::vector<AttentionStats> per_head(nh);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int h = 0; h < nh; ++h) {
+    const size_t off = static_cast<size_t>(h) * g * d;
+    const float* qg = q + off;
+    GroupState exact(g, d);
+    accumulate_range(kv, h, qg, sc, 0, steady_a, exact);
+    accumulate_range(kv, h, qg, sc, steady_b, size, exact);
+    AttentionStats& st = per_head[h];
+    st.exact_tokens = steady;
+    const index::HeadIndex& hi = index_.heads[h];
+    if (hi.num_clusters() > 0) {
+      HeadPlan plan;
+      plan_head(h, qg, plan);
+      // Retrieval zone: the members of the chosen clusters, read exactly in token order.
+      std::vector<int64_t> tokens;
+      for (int32_t j : plan.sel.retrieval)
+        tokens.insert(tokens.end(), hi.members.begin() + hi.offsets[j], hi.members.begin() + hi.offsets[j + 1]);
+      std::sort(tokens.begin(), tokens.end());
+      accumulate_tokens(kv, h, qg, sc, tokens.data(), static_cast<int64_t>(tokens.size()), exact);
+      // Estimation zone: each cluster as s_j tokens of logit q.c_j and value VS_j / s_j.
+      const int k = hi.num_clusters();
+      GroupState est(g, d);
+      for (int32_t j : plan.sel.estimation)
+        for (int gi = 0; gi < g; ++gi)
+          softmax_push(est.st[gi], &est.o[static_cast<size_t>(gi) * d], plan.logits[static_cast<size_t>(gi) * k + j],
+                       static_cast<float>(hi.sizes[j]), hi.value_sums.data() + static_cast<int64_t>(j) * d, d);
+      exact.merge(est);
+      st.exact_tokens += static_cast<int64_t>(tokens.size());
+      st.retrieved_clusters = static_cast<int64_t>(plan.sel.retrieval.size());
+      st.estimated_clusters = static_cast<int64_t>(plan.sel.estimation.size());
+    }
+    exact.finish(out + off);
+  }
+  AttentionStats s;
+  for (const auto& st : per_head) s += st;
+  s.context_tokens = size * nh;
+  return s;
+}
+
+void RetroAttention::zones(const KvCache& kv, const float* q, std::vector<index::Zone>& zones) {
+  RETROINFER_CHECK(q != nullptr, "retro: zones with a null q");
+  sync(kv);
+  const int64_t size = kv.size();
+  const int64_t steady_a = std::min(index_.indexed_begin, size);
+  const int64_t steady_b = std::min(index_.indexed_end, size);
+  zones.assign(static_cast<size_t>(shape_.num_heads_kv) * size, index::Zone::kIgnored);
+  for (int h = 0; h < shape_.num_heads_kv; ++h) {
+    index::Zone* z = zones.data() + static_cast<int64_t>(h) * size;
+    std::fill(z, z + steady_a, index::Zone::kSteady);
+    std::fill(z + steady_b, z + size, index::Zone::kSteady);
+    const index::HeadIndex& hi = index_.heads[h];
+    if (hi.num_clusters() == 0) continue;
+    HeadPlan plan;
+    plan_head(h, q + static_cast<size_t>(h) * group() * shape_.head_dim, plan);
+    auto mark = [&](const std::vector<int32_t>& ids, index::Zone zone) {
+      for (int32_t j : ids)
+        for (int64_t m = hi.offsets[j]; m < hi.offsets[j + 1]; ++m) z[hi.members[m]] = zone;
+    };
+    mark(plan.sel.retrieval, index::Zone::kRetrieval);
+    mark(plan.sel.estimation, index::Zone::kEstimation);
+  }
+}
+
+std::unique_ptr<AttentionMethod> make_retro(const AttentionConfig& cfg, const AttentionShape& shape) {
+  return std::make_unique<RetroAttention>(cfg, shape);
+}
+
 }  // namespace retroinfer::attention

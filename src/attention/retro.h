@@ -1,0 +1,59 @@
+// retro: decode attention through the wave index (DESIGN.md §2) on the CPU. Per KV head: exact attention
+// over the steady zone (sinks + everything after the indexed region) and the tokens of the top-scoring
+// clusters (retrieval zone), an estimate of the next clusters from centroid and value sum (estimation
+// zone), merged by log-sum-exp; the remaining clusters are ignored.
+//
+// Index life cycle:
+//   - on_prefill(kv) (or, if it was never called, the first decode) indexes tokens [sink, size - window)
+//     when that holds at least tokens_per_cluster tokens; otherwise everything stays steady;
+//   - before each decode, while the tokens after the indexed region number >= window + update_tokens, the
+//     oldest update_tokens of them are clustered into update_clusters clusters and appended to the index
+//     (the budgets are fractions of the cluster count, so they grow with it).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "attention/methods.h"
+#include "index/wave_index.h"
+
+namespace retroinfer::attention {
+
+// Threading contract: as AttentionMethod (one thread at a time); decode parallelises over KV heads inside.
+class RetroAttention final : public MethodBase {
+ public:
+  // Throws Error on an invalid shape or config.
+  RetroAttention(const AttentionConfig& cfg, const AttentionShape& shape);
+
+  void on_prefill(const KvCache& kv) override;
+  AttentionStats decode(const KvCache& kv, const float* q, float* out) override;
+
+  // Brings the index up to date with kv: the first call builds it as on_prefill would (unless on_prefill
+  // ran), then every due index update runs. decode() calls it first; calling it again is a no-op.
+  // Throws Error if kv does not match the shape or holds fewer tokens than the index covers.
+  void sync(const KvCache& kv);
+
+  // The zone of every token in the decode step of query q, exactly as decode(kv, q, ...) computes it
+  // (calls sync(kv) first). q: [num_heads_q, head_dim] f32. zones: out, [num_heads_kv, kv.size()] row-major.
+  void zones(const KvCache& kv, const float* q, std::vector<index::Zone>& zones);
+
+  const index::WaveIndex& wave_index() const { return index_; }
+  int64_t num_updates() const { return num_updates_; }  // index updates run since the index was built
+
+ private:
+  // Scores and zone selection of KV head h for its query heads qg ([group, head_dim]).
+  struct HeadPlan {
+    std::vector<float> logits;  // [group, num_clusters]
+    std::vector<float> scores;  // [num_clusters]
+    index::ZoneSelection sel;
+  };
+  void plan_head(int h, const float* qg, HeadPlan& plan) const;
+  void build(const KvCache& kv);
+  index::KMeansParams kmeans_params() const;
+
+  index::WaveIndex index_;
+  bool built_ = false;
+  int64_t num_updates_ = 0;
+};
+
+}  // namespace retroinfer::attention

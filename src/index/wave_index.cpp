@@ -1,0 +1,151 @@
+// Wave index: cluster storage per KV head, scoring and zone selection (see wave_index.h).
+#include "index/wave_index.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "retroinfer/error.h"
+
+namespace retroinfer::index {
+
+std::string_view zone_name(Zone z) {
+  switch (z) {
+    case Zone::kSteady: return "steady";
+    case Zone::kRetrieval: return "retrieval";
+    case Zone::kEstimation: return "estimation";
+    case Zone::kIgnored: return "ignored";
+  }
+  return "?";
+}
+
+void HeadIndex::append(const ClusterIndex& ci, int64_t first_token) {
+  RETROINFER_CHECK(head_dim == 0 || head_dim == ci.head_dim, "HeadIndex::append: head_dim ", ci.head_dim,
+                   " differs from the index's ", head_dim);
+  head_dim = ci.head_dim;
+  centroids.insert(centroids.end(), ci.centroids.begin(), ci.centroids.end());
+  value_sums.insert(value_sums.end(), ci.value_sums.begin(), ci.value_sums.end());
+  sizes.insert(sizes.end(), ci.sizes.begin(), ci.sizes.end());
+  const int64_t base = offsets.back();
+  for (int j = 0; j < ci.num_clusters; ++j) offsets.push_back(base + ci.offsets[j + 1]);
+  members.reserve(members.size() + ci.members.size());
+  for (int32_t m : ci.members) members.push_back(first_token + m);
+}
+
+void HeadIndex::clear() {
+  centroids.clear();
+  value_sums.clear();
+  sizes.clear();
+  offsets.assign(1, 0);
+  members.clear();
+}
+
+ZoneBudget zone_budget(int num_clusters, double retrieval_fraction, double estimation_fraction) {
+  RETROINFER_CHECK(num_clusters >= 0, "zone_budget: negative cluster count ", num_clusters);
+  RETROINFER_CHECK(retrieval_fraction >= 0.0 && retrieval_fraction <= 1.0 && estimation_fraction >= 0.0 &&
+                       estimation_fraction <= 1.0,
+                   "zone_budget: fractions must be in [0, 1], got ", retrieval_fraction, " and ",
+                   estimation_fraction);
+  constexpr double kSlack = 1e-9;  // ceil(0.3 * 10) must be 3, not 4
+  auto share = [&](double f) {
+    return static_cast<int>(std::min<double>(num_clusters, std::ceil(f * num_clusters - kSlack)));
+  };
+  ZoneBudget b;
+  b.n_retrieval = share(retrieval_fraction);
+  if (retrieval_fraction > 0.0 && num_clusters > 0) b.n_retrieval = std::max(b.n_retrieval, 1);
+  b.n_estimation = std::min(share(estimation_fraction), num_clusters - b.n_retrieval);
+  return b;
+}
+
+namespace {
+// q . c over d floats; eight partial sums so the compiler can vectorise without reassociation flags.
+inline float dot(const float* a, const float* b, int d) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= d; i += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+  for (; i < d; ++i) s += a[i] * b[i];
+  return s;
+}
+}  // namespace
+
+void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores) {
+  const int k = hi.num_clusters();
+  const int d = hi.head_dim;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < k; ++j) {
+    const float* c = hi.centroids.data() + static_cast<int64_t>(j) * d;
+    for (int g = 0; g < group; ++g) logits[static_cast<int64_t>(g) * k + j] = dot(q + static_cast<int64_t>(g) * d, c, d) * scale;
+    scores[j] = hi.sizes[j] > 0 ? 0.0f : kNegInf;
+  }
+  for (int g = 0; g < group; ++g) {
+    const float* lg = logits + static_cast<int64_t>(g) * k;
+    float m = kNegInf;
+    for (int j = 0; j < k; ++j)
+      if (hi.sizes[j] > 0) m = std::max(m, lg[j]);
+    if (m == kNegInf) continue;  // no non-empty cluster
+    double sum = 0.0;
+    for (int j = 0; j < k; ++j)
+      if (hi.sizes[j] > 0) sum += std::exp(lg[j] - m);
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int j = 0; j < k; ++j)
+      if (hi.sizes[j] > 0) scores[j] += std::exp(lg[j] - m) * inv;
+  }
+}
+
+void select_zones(const float* scores, int num_clusters, const ZoneBudget& budget, ZoneSelection& out) {
+  out.retrieval.clear();
+  out.estimation.clear();
+  std::vector<int32_t> ids;
+  ids.reserve(num_clusters);
+  for (int j = 0; j < num_clusters; ++j)
+    if (scores[j] > -std::numeric_limits<float>::infinity()) ids.push_back(j);  // drops empty and NaN
+  auto better = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
+  const int64_t n_ids = static_cast<int64_t>(ids.size());
+  const int64_t n_ret = std::min<int64_t>(budget.n_retrieval, n_ids);
+  const int64_t n_sel = std::min<int64_t>(int64_t{budget.n_retrieval} + budget.n_estimation, n_ids);
+  if (n_sel < n_ids) std::nth_element(ids.begin(), ids.begin() + n_sel, ids.end(), better);
+  if (n_ret < n_sel) std::nth_element(ids.begin(), ids.begin() + n_ret, ids.begin() + n_sel, better);
+  out.retrieval.assign(ids.begin(), ids.begin() + n_ret);
+  out.estimation.assign(ids.begin() + n_ret, ids.begin() + n_sel);
+  std::sort(out.retrieval.begin(), out.retrieval.end());
+  std::sort(out.estimation.begin(), out.estimation.end());
+}
+
+namespace {
+void load_rows(const KvCache& kv, int h, int64_t begin, int64_t end, std::vector<float>& keys,
+               std::vector<float>& values) {
+  const int d = kv.head_dim();
+  const int64_t n = end - begin;
+  keys.resize(static_cast<size_t>(n) * d);
+  values.resize(static_cast<size_t>(n) * d);
+  for (int64_t t = 0; t < n; ++t) {
+    kv.load_key(h, begin + t, keys.data() + t * d);
+    kv.load_value(h, begin + t, values.data() + t * d);
+  }
+}
+
+void check_range(const KvCache& kv, int h, int64_t begin, int64_t end, const char* where) {
+  RETROINFER_CHECK(h >= 0 && h < kv.num_heads_kv(), where, ": KV head ", h, " out of [0, ", kv.num_heads_kv(), ")");
+  RETROINFER_CHECK(begin >= 0 && begin <= end && end <= kv.size(), where, ": token range [", begin, ", ", end,
+                   ") outside the ", kv.size(), " cached tokens");
+}
+}  // namespace
+
+void index_tokens(const KvCache& kv, int h, int64_t begin, int64_t end, const KMeansParams& p, HeadIndex& hi) {
+  check_range(kv, h, begin, end, "index_tokens");
+  std::vector<float> keys, values;
+  load_rows(kv, h, begin, end, keys, values);
+  hi.append(segmented_kmeans(keys.data(), values.data(), end - begin, kv.head_dim(), p), begin);
+}
+
+void index_block(const KvCache& kv, int h, int64_t begin, int64_t end, int num_clusters, const KMeansParams& p,
+                 HeadIndex& hi) {
+  check_range(kv, h, begin, end, "index_block");
+  std::vector<float> keys, values;
+  load_rows(kv, h, begin, end, keys, values);
+  hi.append(block_kmeans(keys.data(), values.data(), end - begin, kv.head_dim(), num_clusters, p), begin);
+}
+
+}  // namespace retroinfer::index

@@ -1,0 +1,77 @@
+// Wave index of one (sequence, layer) (DESIGN.md §2): per KV head, the clusters of the indexed tokens,
+// cluster scoring against a GQA group of queries, and the split of the clusters into the retrieval,
+// estimation and ignored zones. The steady zone is every token outside the indexed region.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "index/kmeans.h"
+#include "retroinfer/kv_cache.h"
+
+namespace retroinfer::index {
+
+// Zone of one token for one decode step and KV head.
+enum class Zone : uint8_t { kSteady = 0, kRetrieval = 1, kEstimation = 2, kIgnored = 3 };
+std::string_view zone_name(Zone z);
+
+// The clusters of one KV head. Cluster ids are stable: updates only append clusters.
+// Threading contract: written by one thread (build / append); read by any number of threads meanwhile
+// nobody writes.
+struct HeadIndex {
+  int head_dim = 0;
+  std::vector<float> centroids;   // [num_clusters, head_dim], f32, row-major: de-centred mean keys
+  std::vector<float> value_sums;  // [num_clusters, head_dim], f32, row-major
+  std::vector<int32_t> sizes;     // [num_clusters]; 0 = empty cluster (scores -inf)
+  std::vector<int64_t> offsets{0};  // [num_clusters + 1]: CSR offsets into members
+  std::vector<int64_t> members;     // [offsets.back()]: absolute token positions grouped by cluster
+
+  int num_clusters() const { return static_cast<int>(sizes.size()); }
+  int64_t num_tokens() const { return offsets.back(); }
+  // Appends the clusters of ci, built over the tokens [first_token, first_token + n) of the cache.
+  void append(const ClusterIndex& ci, int64_t first_token);
+  void clear();
+};
+
+// Clusters of the retrieval and estimation zones for a cluster count: n_retrieval = ceil(retrieval *
+// num_clusters) (at least 1 when retrieval > 0), n_estimation = ceil(estimation * num_clusters) capped by
+// what remains. A 1e-9 slack inside ceil absorbs the rounding of products like 0.3 * 10.
+struct ZoneBudget {
+  int n_retrieval = 0;
+  int n_estimation = 0;
+};
+ZoneBudget zone_budget(int num_clusters, double retrieval_fraction, double estimation_fraction);
+
+// Scores the clusters of hi for the `group` query heads of its KV head.
+// q:      [group, head_dim] f32 (already post-RoPE).
+// logits: [group, num_clusters] out: q_g . c_j * scale (the estimation logits).
+// scores: [num_clusters] out: sum_g softmax_j(logits_g)[j] over the non-empty clusters; -inf if empty.
+void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores);
+
+// Picks the best n_retrieval clusters (retrieval zone) and the next n_estimation (estimation zone) by
+// score, ties broken by the lower cluster id; empty clusters (-inf) are never picked, so a zone may come
+// out smaller than its budget. Both lists are returned in ascending cluster id.
+struct ZoneSelection {
+  std::vector<int32_t> retrieval;
+  std::vector<int32_t> estimation;
+};
+void select_zones(const float* scores, int num_clusters, const ZoneBudget& budget, ZoneSelection& out);
+
+// Index of one (sequence, layer): the tokens [indexed_begin, indexed_end) are clustered (per KV head, every
+// head over the same tokens); the steady zone is [0, indexed_begin) and [indexed_end, size).
+struct WaveIndex {
+  int64_t indexed_begin = 0;
+  int64_t indexed_end = 0;
+  std::vector<HeadIndex> heads;  // [num_heads_kv]
+  int64_t indexed_tokens() const { return indexed_end - indexed_begin; }
+};
+
+// Clusters tokens [begin, end) of KV head h of kv with segmented k-means and appends them to hi.
+// Runs in the caller's thread; the k-means's sgemm calls are threaded by OpenBLAS.
+void index_tokens(const KvCache& kv, int h, int64_t begin, int64_t end, const KMeansParams& p, HeadIndex& hi);
+// Same with one segment of exactly num_clusters clusters (index updates).
+void index_block(const KvCache& kv, int h, int64_t begin, int64_t end, int num_clusters, const KMeansParams& p,
+                 HeadIndex& hi);
+
+}  // namespace retroinfer::index
