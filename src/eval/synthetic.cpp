@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <string>
 
 #include "retroinfer/error.h"
 
@@ -16,9 +17,10 @@ void validate(const SyntheticConfig& c) {
   RETROINFER_CHECK(c.head_dim >= 8 && c.head_dim % 2 == 0, "synthetic: head_dim must be even and >= 8, got ",
                    c.head_dim);
   RETROINFER_CHECK(c.sink_tokens >= 1 && c.num_needles >= 0, "synthetic: need sink_tokens >= 1 and num_needles >= 0");
-  RETROINFER_CHECK(c.context_tokens >= c.sink_tokens + 256 + c.num_needles,
-                   "synthetic: context_tokens must be >= sink_tokens + 256 + num_needles (needles are placed in "
-                   "[sink, context - 256)), got ",
+  RETROINFER_CHECK(c.needle_span >= 1, "synthetic: needle_span must be >= 1, got ", c.needle_span);
+  RETROINFER_CHECK(c.context_tokens >= c.sink_tokens + 256 + 2 * int64_t{c.num_needles} * c.needle_span,
+                   "synthetic: context_tokens must be >= sink_tokens + 256 + 2 * num_needles * needle_span (needles "
+                   "are placed in [sink, context - 256)), got ",
                    c.context_tokens);
   RETROINFER_CHECK(c.decode_steps >= 1, "synthetic: decode_steps must be >= 1, got ", c.decode_steps);
   RETROINFER_CHECK(c.rope_theta > 1.0 && c.rope_llama3_factor >= 1.0,
@@ -34,6 +36,48 @@ void validate(const SyntheticConfig& c) {
   for (double x : {c.key_bias_norm, c.word_key_norm, c.key_noise, c.topic_drift, c.head_spread, c.value_topic_norm,
                    c.value_word_norm, c.value_noise, c.sink_value_norm, c.needle_value_norm, c.query_noise_logit})
     RETROINFER_CHECK(x >= 0.0 && std::isfinite(x), "synthetic: norms, noises and spreads must be finite and >= 0");
+}
+
+void set_synthetic_knob(SyntheticConfig& c, std::string_view name, double value) {
+  struct Knob {
+    std::string_view name;
+    double* d;
+    int* i;
+  };
+  const Knob knobs[] = {
+      {"rope_theta", &c.rope_theta, nullptr},           {"rope_llama3_factor", &c.rope_llama3_factor, nullptr},
+      {"semantic_pairs", &c.semantic_pairs, nullptr},   {"local_logit", &c.local_logit, nullptr},
+      {"key_bias_norm", &c.key_bias_norm, nullptr},     {"topic_key_norm", &c.topic_key_norm, nullptr},
+      {"word_key_norm", &c.word_key_norm, nullptr},     {"local_key_norm", &c.local_key_norm, nullptr},
+      {"key_noise", &c.key_noise, nullptr},             {"num_words", nullptr, &c.num_words},
+      {"word_zipf", &c.word_zipf, nullptr},             {"num_topics", nullptr, &c.num_topics},
+      {"topic_span", &c.topic_span, nullptr},           {"topic_drift", &c.topic_drift, nullptr},
+      {"topic_drift_tokens", &c.topic_drift_tokens, nullptr}, {"sink_tokens", nullptr, &c.sink_tokens},
+      {"sink_logit", &c.sink_logit, nullptr},           {"sink_key_norm", &c.sink_key_norm, nullptr},
+      {"sink_value_norm", &c.sink_value_norm, nullptr}, {"num_needles", nullptr, &c.num_needles},
+      {"needle_span", nullptr, &c.needle_span},         {"needle_logit", &c.needle_logit, nullptr},
+      {"needle_key_norm", &c.needle_key_norm, nullptr}, {"needle_value_norm", &c.needle_value_norm, nullptr},
+      {"topic_logit", &c.topic_logit, nullptr},         {"recall_topics", nullptr, &c.recall_topics},
+      {"recall_logit", &c.recall_logit, nullptr},       {"query_noise_logit", &c.query_noise_logit, nullptr},
+      {"query_drift", &c.query_drift, nullptr},         {"head_spread", &c.head_spread, nullptr},
+      {"value_topic_norm", &c.value_topic_norm, nullptr}, {"value_word_norm", &c.value_word_norm, nullptr},
+      {"value_noise", &c.value_noise, nullptr},
+  };
+  std::string all;
+  for (const Knob& k : knobs) {
+    if (k.name == name) {
+      if (k.d) {
+        *k.d = value;
+      } else {
+        RETROINFER_CHECK(value == std::floor(value) && std::abs(value) < 1e9, "synthetic: knob '", name,
+                         "' takes an integer, got ", value);
+        *k.i = static_cast<int>(value);
+      }
+      return;
+    }
+    all += (all.empty() ? "" : ", ") + std::string(k.name);
+  }
+  RETROINFER_FAIL("synthetic: unknown knob '", name, "'; knobs: ", all);
 }
 
 namespace {
@@ -209,15 +253,18 @@ Text make_text(const SyntheticConfig& c, int64_t total, Rng& r) {
     t.word[i] = std::min(t.word[i], c.num_words - 1);
     t.relevance[i] = static_cast<float>(0.5 + r.uniform());
   }
-  const int64_t lo = c.sink_tokens, hi = c.context_tokens - 256;
-  while (static_cast<int>(t.needles.size()) < c.num_needles) {
+  // Needle j covers [start_j, start_j + needle_span); spans do not overlap and lie in [sink, context - 256).
+  const int64_t lo = c.sink_tokens, hi = c.context_tokens - 256 - c.needle_span + 1;
+  for (int j = 0; j < c.num_needles;) {
     const int64_t p = lo + static_cast<int64_t>(r.next() % static_cast<uint64_t>(hi - lo));
-    if (t.needle_of[p] >= 0) continue;
-    t.needle_of[p] = static_cast<int>(t.needles.size());
-    t.needles.push_back(p);
+    bool free = true;
+    for (int64_t x = p; x < p + c.needle_span; ++x) free &= t.needle_of[x] < 0;
+    if (!free) continue;
+    for (int64_t x = p; x < p + c.needle_span; ++x) t.needle_of[x] = j;
+    ++j;
   }
-  std::sort(t.needles.begin(), t.needles.end());
-  for (size_t j = 0; j < t.needles.size(); ++j) t.needle_of[t.needles[j]] = static_cast<int>(j);
+  for (int64_t x = 0; x < total; ++x)
+    if (t.needle_of[x] >= 0) t.needles.push_back(x);
   const int64_t recall_hi = std::max<int64_t>(lo + 1, static_cast<int64_t>(0.9 * c.context_tokens));
   for (int j = 0; j < c.recall_topics; ++j)
     t.recall_pos.push_back(lo + static_cast<int64_t>(r.next() % static_cast<uint64_t>(recall_hi - lo)));
@@ -315,9 +362,12 @@ SyntheticData generate_synthetic(const SyntheticConfig& c, KvCache& kv) {
           axpy(static_cast<float>(c.sink_value_norm), hd.v_sink.data(), v, d);
         } else if (t < ctx && text.needle_of[t] >= 0) {
           const size_t j = static_cast<size_t>(text.needle_of[t]);
+          const size_t w = static_cast<size_t>(text.word[t]);
           axpy(static_cast<float>(c.key_bias_norm), hd.bias.data(), k, d);
           axpy(static_cast<float>(c.needle_key_norm), &hd.needle[j * d], k, d);
+          axpy(static_cast<float>(c.word_key_norm), &hd.word[w * d], k, d);
           axpy(static_cast<float>(c.needle_value_norm), &hd.v_needle[j * d], v, d);
+          axpy(static_cast<float>(c.value_word_norm), &hd.v_word[w * d], v, d);
         } else {
           const size_t w = static_cast<size_t>(text.word[t]);
           axpy(static_cast<float>(c.key_bias_norm), hd.bias.data(), k, d);

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "retroinfer/kv_cache.h"
@@ -79,10 +80,13 @@ struct SyntheticConfig {
   double sink_key_norm = 30.0;
   double sink_value_norm = 0.2;
 
-  // Needles: num_needles tokens at uniform random positions in [sink_tokens, context - 256). Key:
-  // needle_key_norm along needle direction j (plus key noise). A query head with needle gain 1 scores a
-  // needle at needle_logit when its AR weight for that needle is 1.
+  // Needles: num_needles spans of needle_span consecutive tokens at uniform random positions in
+  // [sink_tokens, context - 256). Key: key bias + needle_key_norm along needle direction j + a word
+  // component + key noise; value: needle_value_norm along needle value j + a word component. A query head
+  // with needle gain 1 scores a needle token at needle_logit when its AR weight for that needle is 1.
+  // needle_span 1: isolated tokens (a single fact token); > 1: a needle sentence whose tokens share the fact.
   int num_needles = 4;
+  int needle_span = 1;
   double needle_logit = 12.0;
   double needle_key_norm = 12.0;
   double needle_value_norm = 3.0;
@@ -100,6 +104,10 @@ struct SyntheticConfig {
   double value_word_norm = 0.5;
   double value_noise = 0.05;  // per-dimension std
 };
+// Sets one knob by its field name (e.g. "needle_span", "topic_logit") from a decimal value; the shape,
+// context, steps and seed fields are not settable this way. Throws Error naming the knobs on a bad name.
+void set_synthetic_knob(SyntheticConfig& c, std::string_view name, double value);
+
 // Throws Error on out-of-range knobs (non-positive sizes, odd head_dim, context shorter than needs, ...).
 void validate(const SyntheticConfig& c);
 
@@ -110,7 +118,7 @@ struct SyntheticData {
   std::vector<float> k_step;   // [decode_steps, num_heads_kv, head_dim] f32, post-RoPE (position context+s)
   std::vector<float> v_step;   // [decode_steps, num_heads_kv, head_dim] f32
   std::vector<float> queries;  // [decode_steps, num_heads_q, head_dim] f32, post-RoPE (position context+s)
-  std::vector<int64_t> needle_positions;  // [num_needles], ascending token positions in the prompt
+  std::vector<int64_t> needle_positions;  // [num_needles * needle_span], ascending token positions
   std::vector<int> token_topic;           // [context_tokens + decode_steps]: topic id of every token
   std::vector<int> recall_topic_ids;      // [recall_topics]: the earlier topics the queries refer to
 };
