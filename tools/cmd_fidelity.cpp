@@ -103,6 +103,10 @@ void setup_fidelity(CLI::App& app) {
   cmd->add_option("--retrieval-fraction", args->opt.attention.retrieval_fraction,
                   "Retro's retrieval budget (share of clusters); the baselines read the same share of tokens")
       ->capture_default_str();
+  cmd->add_option("--budget-tokens", args->opt.attention.budget_tokens,
+                  "Exact-token budget of quest/streaming/oracle beyond the steady zone; < 0 derives it from "
+                  "--retrieval-fraction (the expected size of retro's retrieval zone)")
+      ->capture_default_str();
   cmd->add_option("--data", args->data,
                   "Synthetic-data knobs to change, comma-separated knob=value (field names of SyntheticConfig in "
                   "src/eval/synthetic.h, e.g. needle_span=16,num_needles=0)");
