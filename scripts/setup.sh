@@ -13,6 +13,8 @@ pkgs=(build-essential cmake ninja-build ccache pkg-config
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
       libpcre2-dev libicu-dev libopenblas-dev libomp-dev
       bible-kjv-text wamerican python3-pip)
+# Optional, only for the libFuzzer targets (cmake -DRETROINFER_FUZZ=ON, see fuzz/README.md):
+#   $SUDO apt-get install -y clang-14
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if (( ${#missing[@]} )); then

@@ -49,6 +49,7 @@ class Parser {
 
   ByteReader r_;
   const std::string& file_;
+  uint64_t elements_ = 0;  // array elements read so far, over all metadata
 };
 
 GgufType Parser::read_type(const std::string& key, const char* which) {
@@ -93,6 +94,10 @@ GgufValue Parser::read_value(GgufType t, const std::string& key, int depth) {
       RETROINFER_CHECK(n <= r_.remaining() / min_bytes, file_, ": metadata '", key, "' array length ", n,
                        " at offset ", at, " cannot fit in the ", r_.remaining(),
                        " bytes left (each element takes at least ", min_bytes, "); file size ", r_.size());
+      elements_ += n;
+      RETROINFER_CHECK(elements_ <= kGgufMaxMetadataElements, file_, ": metadata '", key, "' array length ", n,
+                       " brings the metadata past ", kGgufMaxMetadataElements, " array elements (limit against "
+                       "crafted files; real models use under 1M)");
       std::vector<GgufValue> a;
       a.reserve(static_cast<size_t>(n));
       for (uint64_t i = 0; i < n; ++i) a.push_back(read_value(v.elem_type, key, depth + 1));

@@ -15,6 +15,11 @@ inline constexpr uint32_t kGgufMagic = 0x46554747u;  // "GGUF" read as a little-
 inline constexpr uint32_t kGgufDefaultAlignment = 32;
 inline constexpr int kGgufMaxDims = 4;          // GGML_MAX_DIMS
 inline constexpr int kGgufMaxArrayDepth = 8;    // nested arrays deeper than this are rejected
+// Cap on array elements over all metadata: each element becomes a GgufValue (~64 bytes), so a crafted
+// file of N bytes could otherwise ask for ~64 N bytes. Real files hold well under 1M (a 256K-token
+// vocabulary: tokens + scores + types + ~300K merges); 2^23 leaves 8x headroom and bounds the memory
+// at ~0.5 GiB.
+inline constexpr uint64_t kGgufMaxMetadataElements = uint64_t{1} << 23;
 
 // ggml type codes of the supported tensor types.
 enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kBF16 = 30 };

