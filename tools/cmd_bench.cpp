@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -125,6 +126,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                           {"mean_exact_tokens_per_head", s.mean_exact_tokens_per_head},
                           {"kv_dtype", o.model.kv_dtype},
                           {"threads", num_threads()},
+                          {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
                           {"cores_online", sysconf(_SC_NPROCESSORS_ONLN)},
                           {"load_avg_before", load0},
                           {"load_avg_after", load_average()},

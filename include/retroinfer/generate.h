@@ -68,8 +68,9 @@ struct GenerateSummary {
 // The text a token adds to the output (from a streaming detokenizer; may be empty while a UTF-8
 // sequence is incomplete).
 using TokenText = std::function<std::string(int32_t token)>;
-// Called once per generated token with the text that may be shown now (possibly empty); return false to
-// stop generating.
+// Called once per generated token with the text that may be shown now (possibly empty), and once more
+// with the last token when generation ends without a stop string while text was still withheld (a
+// possible stop-string prefix). Return false to stop generating.
 using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
 
 struct GenerateCallbacks {
