@@ -79,6 +79,12 @@ struct GenerateCallbacks {
   PrefillProgress on_prefill; // optional
 };
 
+// Samples and decodes on an already prefilled session, starting from `logits` ([vocab], the output of its
+// prefill or last decode step). Fills every summary field except prompt_tokens, prefill_seconds and
+// prefill_tokens_per_s; time_to_first_token_s counts from the call.
+GenerateSummary continue_generation(Session& session, std::vector<float> logits, const GenerateOptions& opt,
+                                    const GenerateCallbacks& cb = {});
+
 // Runs prompt + generation on a fresh Session of `model` with max_context = prompt + max_new_tokens
 // (so the context and memory checks refuse oversized requests with an Error before any work).
 GenerateSummary generate(const Model& model, const SessionOptions& session, std::span<const int32_t> prompt,

@@ -104,10 +104,17 @@ class Session {
   // logits: [vocab] written.
   void decode(int32_t token, std::span<float> logits);
 
+  // A new session over a copy of this one's KV caches with another attention config, its methods'
+  // on_prefill already called (so one dense prefill can serve several decode methods). Needs a prefilled
+  // session; checks memory like the constructor.
+  std::unique_ptr<Session> fork(const AttentionConfig& attention) const;
+
   int64_t position() const { return pos_; }  // tokens in the cache
   // Attention statistics of the last decode step, summed over layers.
   const AttentionStats& last_stats() const { return last_stats_; }
   const Model& model() const { return model_; }
+  const SessionOptions& options() const { return opt_; }
+  int64_t max_context() const { return max_context_; }
   const KvCache& kv(int layer) const;
 
  private:

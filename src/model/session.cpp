@@ -118,6 +118,19 @@ Session::Session(const Model& model, const SessionOptions& opt) : model_(model),
 
 Session::~Session() = default;
 
+std::unique_ptr<Session> Session::fork(const AttentionConfig& attention) const {
+  RETROINFER_CHECK(prefilled_, "session: fork needs a prefilled session");
+  SessionOptions o = opt_;
+  o.attention = attention;
+  o.max_context = max_context_;
+  auto s = std::make_unique<Session>(model_, o);
+  s->kv_ = kv_;
+  s->pos_ = pos_;
+  for (size_t l = 0; l < s->kv_.size(); ++l) s->attn_[l]->on_prefill(s->kv_[l]);
+  s->prefilled_ = true;
+  return s;
+}
+
 const KvCache& Session::kv(int layer) const {
   RETROINFER_CHECK(layer >= 0 && layer < static_cast<int>(kv_.size()), "session: layer ", layer, " out of range");
   return kv_[layer];

@@ -263,7 +263,12 @@ class GenerateTest : public ::testing::Test {
     greedy_ = generate(*model_, so_, prompt_, go).tokens;
     ASSERT_EQ(greedy_.size(), 12u);
   }
-  static std::string text_of(int32_t t) { return "<" + std::to_string(t) + ">"; }
+  static std::string text_of(int32_t t) {
+    std::string s = "<";  // built step by step: GCC 12 warns (-Wrestrict, falsely) on "<" + to_string(t)
+    s += std::to_string(t);
+    s += '>';
+    return s;
+  }
   std::unique_ptr<Model> model_;
   std::vector<int32_t> prompt_, greedy_;
   SessionOptions so_;
@@ -336,6 +341,24 @@ TEST_F(GenerateTest, StopsOnEosStopStringAndCallback) {
 
   go.stop_strings = {"x"};
   EXPECT_THROW(generate(*model_, so_, prompt_, go), Error);  // stop strings need a detokenizer
+}
+
+TEST_F(GenerateTest, ForkedSessionContinuesLikeAFreshOne) {
+  SessionOptions so = so_;
+  so.max_context = 64 + 12;
+  Session base(*model_, so);
+  const std::vector<float> logits = base.prefill(prompt_);
+  auto forked = base.fork(so_.attention);
+  GenerateOptions go;
+  go.max_new_tokens = 12;
+  go.ignore_eos = true;
+  const GenerateSummary s = continue_generation(*forked, logits, go);
+  EXPECT_EQ(s.tokens, greedy_);
+  EXPECT_EQ(s.decode_steps, 11);
+  EXPECT_EQ(base.position(), 64);  // the original keeps its own cache
+  EXPECT_EQ(forked->position(), 64 + 11);
+  Session fresh(*model_, so);
+  EXPECT_THROW(fresh.fork(so_.attention), Error);  // nothing prefilled yet
 }
 
 TEST_F(GenerateTest, SeededSamplingRepeats) {
