@@ -119,8 +119,9 @@ class Session {
 
  private:
   struct Scratch;
-  // Forward of n tokens at positions [pos_, pos_ + n): x [n, hidden] in; writes the final-norm hidden
-  // states of the rows [keep_from, n) into xs.
+  // Forward of n tokens at positions [pos_, pos_ + n): appends their K/V to every layer's cache and writes
+  // the logits of rows [keep_from, n) to logits ([n - keep_from, vocab]). rope_seq_len: the sequence length
+  // the RoPE frequencies are computed for (only `dynamic` uses it). decode: attention through the method.
   void forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bool decode, int64_t keep_from,
                float* logits);
 

@@ -11,11 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "engine/model_tokenizer.h"
+#include "io/model_locator.h"
 #include "model/prefill_attention.h"
 #include "model/weights.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/model.h"
+#include "retroinfer/model_file.h"
 #include "retroinfer/sampler.h"
 
 namespace retroinfer {
@@ -101,6 +104,22 @@ TEST(ModelLoad, WrongShapeIsNamed) {
   const std::string msg = error_of([&] { Model::load(d.string()); });
   EXPECT_NE(msg.find("model.embed_tokens.weight"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[512, 64]"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, TokenizerOfTheModel) {
+  REQUIRE_TINY();
+  auto f = ModelFile::open(kTiny.string());  // safetensors without tokenizer.json beside it
+  EXPECT_NE(error_of([&] { load_model_tokenizer(*f); }).find("tokenizer.json"), std::string::npos);
+  std::string gguf;
+  try {
+    gguf = locate_model("smollm2");
+  } catch (const Error&) {
+    GTEST_SKIP() << "SmolLM2 not installed";
+  }
+  auto g = ModelFile::open(gguf);  // GGUF: the vocabulary comes from the metadata
+  auto tok = load_model_tokenizer(*g);
+  EXPECT_EQ(tok->vocab_size(), g->config().vocab_size);
+  EXPECT_EQ(tok->decode(tok->encode("In the beginning")), "In the beginning");
 }
 
 TEST(ModelLoad, MemoryRefusals) {
