@@ -122,6 +122,22 @@ TEST(ModelLoad, TokenizerOfTheModel) {
   EXPECT_EQ(tok->decode(tok->encode("In the beginning")), "In the beginning");
 }
 
+TEST(ModelLoad, MemoryEstimateIsExactForWeightsAndKv) {
+  REQUIRE_TINY();
+  for (const char* name : {"tiny-llama3", "tiny-qwen2"}) {  // untied; tied with QKV bias
+    auto m = Model::load((kTiny.parent_path() / name).string());
+    const MemoryEstimate e = estimate_memory(m->config(), 100, DType::kBF16, 512);
+    EXPECT_EQ(e.weight_bytes, m->weight_bytes()) << name;
+    EXPECT_EQ(e.kv_bytes, 2 * 2 * 2 * 16 * 2 * 100) << name;  // K+V x layers x kv heads x dim x bf16 x tokens
+    Session s(*m, full());
+    s.prefill(std::vector<int32_t>(100, 3));
+    int64_t held = 0;
+    for (int l = 0; l < 2; ++l) held += 2 * s.kv(l).size() * s.kv(l).num_heads_kv() * s.kv(l).row_bytes();
+    EXPECT_EQ(held, estimate_memory(m->config(), 100, DType::kF32, 512).kv_bytes) << name;
+  }
+  EXPECT_GT(available_memory_bytes(), 0);
+}
+
 TEST(ModelLoad, MemoryRefusals) {
   REQUIRE_TINY();
   ModelOptions tight;
