@@ -107,6 +107,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
   const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("prefill   %8.1f tok/s (%.2f s, %lld tokens, shared by every method)\n", o.context / prefill_s,
               prefill_s, static_cast<long long>(o.context));
+  std::vector<int32_t> full_tokens;  // greedy tokens of full attention, when it ran before the others
   for (AttentionKind kind : kinds) {
     const SessionOptions so = make_session_options(o.model, kind);
     const double load0 = load_average();
@@ -118,9 +119,18 @@ void run_bench_generate(const BenchGenerateOptions& o) {
     go.ignore_eos = true;
     const GenerateSummary s = continue_generation(*session, logits, go);
     session.reset();
-    std::printf("%-9s index %6.2f s  decode %7.2f tok/s (%lld steps, %.2f s)  KV read %6.2f%%\n", s.attention.c_str(),
-                index_s, s.decode_tokens_per_s, static_cast<long long>(s.decode_steps), s.decode_seconds,
-                100.0 * s.kv_read_share);
+    if (kind == AttentionKind::kFull) full_tokens = s.tokens;
+    // Leading greedy tokens identical to full attention's (-1: full did not run first).
+    int64_t same = -1;
+    if (!full_tokens.empty()) {
+      same = 0;
+      while (same < static_cast<int64_t>(std::min(full_tokens.size(), s.tokens.size())) &&
+             full_tokens[same] == s.tokens[same])
+        ++same;
+    }
+    std::printf("%-9s index %6.2f s  decode %7.2f tok/s (%lld steps, %.2f s)  KV read %6.2f%%  same as full: %lld/%d\n",
+                s.attention.c_str(), index_s, s.decode_tokens_per_s, static_cast<long long>(s.decode_steps),
+                s.decode_seconds, 100.0 * s.kv_read_share, static_cast<long long>(same), o.new_tokens);
     std::fflush(stdout);
     if (jf.is_open()) {
       nlohmann::json j = {{"bench", "generate"},
@@ -136,6 +146,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                           {"decode_tok_s", s.decode_tokens_per_s},
                           {"ttft_s", prefill_s + index_s + s.time_to_first_token_s},
                           {"kv_read_share", s.kv_read_share},
+                          {"same_tokens_as_full", same},
                           {"mean_exact_tokens_per_head", s.mean_exact_tokens_per_head},
                           {"kv_dtype", o.model.kv_dtype},
                           {"threads", num_threads()},
