@@ -12,7 +12,7 @@ if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
       libpcre2-dev libicu-dev libopenblas-dev libomp-dev
-      bible-kjv-text wamerican python3-pip)
+      bible-kjv bible-kjv-text wamerican python3-pip)
 # Optional, only for the libFuzzer targets (cmake -DRETROINFER_FUZZ=ON, see fuzz/README.md):
 #   $SUDO apt-get install -y clang-14
 missing=()
