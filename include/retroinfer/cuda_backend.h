@@ -1,7 +1,27 @@
-// Host-only view of the CUDA backend (no CUDA headers here).
+// Host-only view of the CUDA backend (no CUDA headers here): device discovery, an owning device buffer,
+// and the decode-attention layers that run on K/V already resident in GPU memory.
+//
+// Layout convention of every layer below (batch = num_seqs sequences of equal length):
+//   K, V  device [num_seqs, num_heads_kv, kv_stride, head_dim] bf16 (raw uint16 bits), row-major; the
+//         first num_tokens rows of each (sequence, KV head) are valid (kv_stride >= num_tokens leaves
+//         room to append);
+//   q     device [num_seqs, num_heads_q, head_dim] f32, post-RoPE, unscaled; query head h reads KV head
+//         h / (num_heads_q / num_heads_kv);
+//   out   device [num_seqs, num_heads_q, head_dim] f32; every element written.
+// Supported: head_dim 64 or 128, GQA group (num_heads_q / num_heads_kv) 1..8.
+// Threading contract: a layer object is used by one host thread at a time; its calls are asynchronous on
+// the given stream (nullptr = the default stream) unless they say "synchronous". Errors (bad shapes, CUDA
+// failures) throw retroinfer::Error. Set RETROINFER_CUDA_SYNC=1 to synchronise after every launch.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "retroinfer/attention.h"
 
 namespace retroinfer::cuda {
 
@@ -10,5 +30,172 @@ namespace retroinfer::cuda {
 bool device_available();
 // "NVIDIA H200 (sm_90, 139 GiB)" or why none is usable.
 std::string device_description();
+
+using Stream = void*;  // a cudaStream_t; nullptr is the default stream
+
+// Blocks until all work on `s` is done; throws Error on an asynchronous fault.
+void synchronize(Stream s = nullptr);
+
+// Owning device allocation (cudaMalloc). Move-only. Copies are synchronous.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+  // Host -> device / device -> host of `bytes` at byte `offset`; throws if out of range.
+  void upload(const void* src, size_t bytes, size_t offset = 0);
+  void download(void* dst, size_t bytes, size_t offset = 0) const;
+  // Sets every byte (0xff makes f32 and bf16 NaN: a sentinel for "never written").
+  void fill_bytes(uint8_t value);
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Device-side test and benchmark data: fills count elements with pseudo-random values (counter-based
+// hash, reproducible for a seed) of mean 0 and standard deviation `stddev` (sum of 4 uniforms).
+void fill_random_bf16(uint16_t* dst, size_t count, uint64_t seed, float stddev, Stream s = nullptr);
+void fill_random_f32(float* dst, size_t count, uint64_t seed, float stddev, Stream s = nullptr);
+// Evicts the L2 cache (writes a buffer of twice its size) so the next kernel starts cold.
+void flush_l2(Stream s = nullptr);
+
+// CUDA-event timer: start() and stop() record on the stream; elapsed_ms() waits for stop.
+class EventTimer {
+ public:
+  EventTimer();
+  ~EventTimer();
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  void start(Stream s = nullptr);
+  void stop(Stream s = nullptr);
+  float elapsed_ms() const;
+
+ private:
+  void* start_ = nullptr;  // cudaEvent_t
+  void* stop_ = nullptr;
+};
+
+// Exact dense decode attention (flash decoding, split over tokens, GQA-aware): the full-attention
+// baseline on the GPU.
+class DenseDecoder {
+ public:
+  // max_tokens: the longest num_tokens run() will see (sizes the split workspace).
+  DenseDecoder(const AttentionShape& shape, int num_seqs, int64_t max_tokens);
+  ~DenseDecoder();
+  DenseDecoder(DenseDecoder&&) noexcept;
+  DenseDecoder& operator=(DenseDecoder&&) noexcept;
+  // Attention of q over the first num_tokens tokens (>= 1) of k, v. scale 0 means 1/sqrt(head_dim).
+  void run(const float* q, const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride,
+           float scale, float* out, Stream s = nullptr);
+  // Splits (CTAs per flat head) run() uses for num_tokens.
+  int num_splits(int64_t num_tokens) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One (sequence, KV head)'s wave index and last decode selection, copied to the host (synchronous).
+struct RetroDebugState {
+  int num_clusters = 0;
+  std::vector<float> mean;              // [head_dim]: mean indexed key
+  std::vector<float> centroids;         // [num_clusters, head_dim] f32: de-centred
+  std::vector<uint16_t> centroids_bf16;  // [num_clusters, head_dim] bf16: what scoring reads
+  std::vector<float> value_sums;        // [num_clusters, head_dim] f32
+  std::vector<uint16_t> value_sums_bf16;  // [num_clusters, head_dim] bf16: what estimation reads
+  std::vector<int32_t> sizes;           // [num_clusters]
+  std::vector<int32_t> assignment;      // [indexed_tokens]: cluster of index token i
+  std::vector<int32_t> offsets;         // [num_clusters + 1]: CSR offsets into members (from 0)
+  std::vector<int32_t> members;         // [indexed_tokens]: index tokens grouped by cluster, ascending
+  // Last decode (empty before the first decode):
+  std::vector<float> logits;            // [group, num_clusters]: scale * q_g . c (bf16 centroids), -inf empty
+  std::vector<float> scores;            // [num_clusters]
+  std::vector<int32_t> retrieval_ids;   // ascending, without padding
+  std::vector<int32_t> estimation_ids;  // ascending, without padding
+  std::vector<int32_t> token_list;      // KV positions attended exactly: steady zone, then retrieval tokens
+};
+
+// Retro (wave index) decode attention over GPU-resident K/V: build() clusters the indexed tokens of every
+// (sequence, KV head) with segmented spherical k-means (DESIGN.md §2); decode() scores the clusters,
+// selects the retrieval and estimation zones, estimates the estimation zone from the cluster summaries,
+// attends exactly to the steady zone plus the retrieval clusters' tokens, and merges the two states.
+// Zones: steady = the first cfg.sink_tokens and the last cfg.window_tokens tokens; the rest is indexed.
+// Budgets: n_retrieval = ceil(retrieval_fraction * C) (at least 1), n_estimation = ceil(estimation_fraction
+// * C) capped by C - n_retrieval (0 when cfg.estimation is false), C the clusters per head.
+class RetroLayer {
+ public:
+  RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs = 1);
+  ~RetroLayer();
+  RetroLayer(RetroLayer&&) noexcept;
+  RetroLayer& operator=(RetroLayer&&) noexcept;
+
+  // Builds the index over k, v (device, see the layout above). The layer keeps the pointers: k and v must
+  // stay alive and unchanged until the next build(). Allocates on the first call and when shapes grow;
+  // synchronous at its end (it sizes the token lists from the cluster sizes).
+  void build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s = nullptr);
+  // Retro attention of q against the built index (asynchronous).
+  void decode(const float* q, float* out, Stream s = nullptr);
+  // decode() on the default stream with an event after each stage; returns (stage, ms) pairs
+  // (synchronous; diagnostics and benchmarks).
+  std::vector<std::pair<std::string, float>> decode_stage_ms(const float* q, float* out);
+
+  int64_t num_tokens() const;
+  int64_t indexed_begin() const;   // first indexed token
+  int64_t indexed_tokens() const;  // 0: everything is steady zone (decode is then exact)
+  int num_clusters() const;        // per (sequence, KV head)
+  int n_retrieval() const;
+  int n_estimation() const;
+  int64_t token_list_capacity() const;  // max exact tokens per (sequence, KV head)
+  // Bytes one decode must read from device memory: bf16 centroids and sizes of every cluster, the value
+  // sums of the estimation zone, the K/V rows and ids of the exact tokens (from the last decode: a sync),
+  // q and out.
+  double decode_bytes_required();
+  // Bytes one decode moves by the kernels' own accounting: the above plus the logits and scores written
+  // and re-read, the token lists and the split partial states.
+  double decode_bytes_moved();
+  // Synchronous copy of flat head `flat_head` = seq * num_heads_kv + kv_head.
+  RetroDebugState debug_state(int flat_head) const;
+
+ private:
+  void decode_impl(const float* q, float* out, Stream s, std::vector<std::pair<std::string, float>>* stages);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Quest baseline at a fixed exact-token budget: per page of cfg.quest_page_tokens indexed tokens the
+// element-wise min / max key; decode picks the pages with the best upper bound (max over the GQA group of
+// sum_d max(q_d min_d, q_d max_d)) up to ceil(budget / page) pages and attends exactly to them plus the
+// steady zone. budget = cfg.budget_tokens, or round(retrieval_fraction * indexed tokens) when < 0.
+class QuestLayer {
+ public:
+  QuestLayer(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs = 1);
+  ~QuestLayer();
+  QuestLayer(QuestLayer&&) noexcept;
+  QuestLayer& operator=(QuestLayer&&) noexcept;
+  void build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s = nullptr);
+  void decode(const float* q, float* out, Stream s = nullptr);
+  int num_pages() const;
+  int selected_pages() const;
+  double decode_bytes_required() const;  // page bounds, selected pages' K/V, steady zone, q, out
+  // Synchronous: the exact tokens of flat head `flat_head` in the last decode.
+  std::vector<int32_t> token_list(int flat_head) const;
+  std::vector<float> page_scores(int flat_head) const;  // [num_pages] of the last decode
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace retroinfer::cuda

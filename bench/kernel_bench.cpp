@@ -1,0 +1,227 @@
+// Kernel benchmark of the CUDA backend on Llama-3-8B head shapes (32 query / 8 KV heads, head_dim 128):
+// per layer and decode step, our dense decode ("full"), retro (score + select + estimate + sparse
+// attention + merge, K/V resident on the GPU), quest at retro's exact-token budget, and the k-means
+// build of one layer. CUDA events around each call, warm-up first, the L2 evicted before every timed call
+// (cold cache), median of the repetitions. One JSON object per line on stdout (or --out FILE).
+//
+//   kernel_bench [--lengths 32768,131072] [--batches 1,4,16] [--reps 30] [--out FILE]
+//               [--max-index-work T]   skip retro/quest when batch * n^2 > T * 2^40 (k-means global step cost)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "retroinfer/attention.h"
+#include "retroinfer/error.h"
+
+#if defined(RETROINFER_WITH_CUDA)
+#include "retroinfer/cuda_backend.h"
+#endif
+
+namespace {
+
+std::vector<long long> parse_list(const char* s) {
+  std::vector<long long> v;
+  std::string cur;
+  for (const char* p = s;; ++p) {
+    if (*p == ',' || *p == '\0') {
+      if (!cur.empty()) v.push_back(std::atoll(cur.c_str()));
+      cur.clear();
+      if (*p == '\0') break;
+    } else {
+      cur += *p;
+    }
+  }
+  return v;
+}
+
+struct Stats {
+  double median = 0, min = 0, p90 = 0;
+};
+Stats stats(std::vector<float> t) {
+  std::sort(t.begin(), t.end());
+  Stats s;
+  s.median = t[t.size() / 2];
+  s.min = t.front();
+  s.p90 = t[std::min(t.size() - 1, t.size() * 9 / 10)];
+  return s;
+}
+
+}  // namespace
+
+#if defined(RETROINFER_WITH_CUDA)
+namespace {
+
+using namespace retroinfer;
+
+FILE* g_out = stdout;
+
+void emit(const char* method, long long n, long long batch, const Stats& s, double bytes, const std::string& extra) {
+  std::fprintf(g_out,
+               "{\"bench\":\"kernel\",\"method\":\"%s\",\"n\":%lld,\"batch\":%lld,\"ms\":%.5f,\"ms_min\":%.5f,"
+               "\"ms_p90\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f%s}\n",
+               method, n, batch, s.median, s.min, s.p90, bytes, bytes / (s.median * 1e-3) / 1e9, extra.c_str());
+  std::fflush(g_out);
+}
+
+// Times fn() `reps` times after `warm` untimed calls, evicting L2 before each.
+template <typename F>
+Stats time_calls(F&& fn, int warm, int reps) {
+  cuda::EventTimer timer;
+  for (int i = 0; i < warm; ++i) fn(i);
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    cuda::flush_l2();
+    timer.start();
+    fn(i);
+    timer.stop();
+    t.push_back(timer.elapsed_ms());
+  }
+  return stats(t);
+}
+
+void run_case(long long n, long long batch, int reps, double max_index_work) {
+  const AttentionShape shape{32, 8, 128};
+  const int H = static_cast<int>(batch) * shape.num_heads_kv, G = 4, D = shape.head_dim;
+  const size_t kv_elems = size_t(H) * n * D;
+  cuda::DeviceBuffer k(kv_elems * 2), v(kv_elems * 2);
+  cuda::fill_random_bf16(k.as<uint16_t>(), kv_elems, 1000 + n + batch, 1.0f);
+  cuda::fill_random_bf16(v.as<uint16_t>(), kv_elems, 2000 + n + batch, 1.0f);
+  constexpr int kQueries = 8;  // rotated so that consecutive calls see different queries
+  const size_t q_elems = size_t(H) * G * D;
+  cuda::DeviceBuffer q(q_elems * 4 * kQueries), out(q_elems * 4);
+  cuda::fill_random_f32(q.as<float>(), q_elems * kQueries, 3000 + n, 1.0f);
+  auto qp = [&](int i) { return q.as<float>() + size_t(i % kQueries) * q_elems; };
+  const double io_bytes = 2.0 * q_elems * 4;
+  char extra[512];
+
+  {
+    cuda::DenseDecoder dense(shape, static_cast<int>(batch), n);
+    const Stats s = time_calls([&](int i) { dense.run(qp(i), k.as<uint16_t>(), v.as<uint16_t>(), n, n, 0.0f, out.as<float>()); },
+                               3, reps);
+    std::snprintf(extra, sizeof extra, ",\"splits\":%d", dense.num_splits(n));
+    emit("full", n, batch, s, double(kv_elems) * 2 * 2 + io_bytes, extra);
+  }
+  const double work = double(batch) * double(n) * double(n) / double(1ull << 40);
+  if (work > max_index_work) {
+    std::fprintf(stderr, "skip retro/quest at n=%lld batch=%lld (index work %.2f > %.2f)\n", n, batch, work,
+                 max_index_work);
+    return;
+  }
+  AttentionConfig cfg;  // paper defaults
+  {
+    cuda::QuestLayer quest(shape, cfg, static_cast<int>(batch));
+    quest.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);
+    const Stats s = time_calls([&](int i) { quest.decode(qp(i), out.as<float>()); }, 3, reps);
+    std::snprintf(extra, sizeof extra, ",\"pages\":%d,\"selected_pages\":%d", quest.num_pages(), quest.selected_pages());
+    emit("quest", n, batch, s, quest.decode_bytes_required(), extra);
+  }
+  {
+    cuda::RetroLayer retro(shape, cfg, static_cast<int>(batch));
+    retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // allocations happen here
+    std::vector<float> bt;
+    for (int i = 0; i < 3; ++i) {
+      cuda::synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // synchronous at its end
+      bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const Stats sb = stats(bt);
+    std::snprintf(extra, sizeof extra, ",\"clusters\":%d,\"per_sequence_ms\":%.4f", retro.num_clusters(),
+                  sb.median / double(batch));
+    emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
+    const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
+    const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
+    std::snprintf(extra, sizeof extra,
+                  ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
+                  "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
+                  retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
+                  static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
+    emit("retro", n, batch, s, req, extra);
+    // Stage breakdown (median over 10 decodes, each after an L2 eviction).
+    std::vector<std::vector<float>> per;
+    std::vector<std::string> names;
+    for (int i = 0; i < 10; ++i) {
+      cuda::flush_l2();
+      const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
+      if (per.empty()) {
+        per.resize(st.size());
+        for (const auto& x : st) names.push_back(x.first);
+      }
+      for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
+    }
+    std::string stage_json = ",\"stages_ms\":{";
+    for (size_t j = 0; j < per.size(); ++j) {
+      char b[96];
+      std::snprintf(b, sizeof b, "%s\"%s\":%.5f", j ? "," : "", names[j].c_str(), stats(per[j]).median);
+      stage_json += b;
+    }
+    stage_json += "}";
+    emit("retro_stages", n, batch, s, req, stage_json);
+  }
+}
+
+}  // namespace
+#endif
+
+int main(int argc, char** argv) {
+  std::vector<long long> lengths{32768, 131072, 524288, 1048576}, batches{1, 4, 16};
+  int reps = 30;
+  double max_index_work = 1.0;  // batch * n^2 <= 2^40: 1M x 1, 512K x 4, 128K x 16 ...
+  const char* out_path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "kernel_bench: %s needs a value\n", argv[i]);
+      return 2;
+    }
+    if (a == "--lengths") lengths = parse_list(argv[++i]);
+    else if (a == "--batches") batches = parse_list(argv[++i]);
+    else if (a == "--reps") reps = std::atoi(argv[++i]);
+    else if (a == "--max-index-work") max_index_work = std::atof(argv[++i]);
+    else if (a == "--out") out_path = argv[++i];
+    else {
+      std::fprintf(stderr, "kernel_bench: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+#if defined(RETROINFER_WITH_CUDA)
+  if (!retroinfer::cuda::device_available()) {
+    std::fprintf(stderr, "kernel_bench: %s\n", retroinfer::cuda::device_description().c_str());
+    return 1;
+  }
+  if (out_path != nullptr) {
+    g_out = std::fopen(out_path, "a");
+    if (g_out == nullptr) {
+      std::fprintf(stderr, "kernel_bench: cannot open %s\n", out_path);
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "kernel_bench on %s\n", retroinfer::cuda::device_description().c_str());
+  try {
+    for (long long n : lengths)
+      for (long long b : batches) {
+        // K + V of one layer must fit with room for the index workspace (~0.7x K+V at most).
+        const double kv_gib = double(b) * 8 * n * 128 * 2 * 2 / double(1ull << 30);
+        if (kv_gib > 70.0) {
+          std::fprintf(stderr, "skip n=%lld batch=%lld: %.0f GiB of K/V\n", n, b, kv_gib);
+          continue;
+        }
+        run_case(n, b, reps, max_index_work);
+      }
+  } catch (const retroinfer::Error& e) {
+    std::fprintf(stderr, "kernel_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+#else
+  (void)reps;
+  (void)max_index_work;
+  (void)out_path;
+  std::fprintf(stderr, "kernel_bench: built without the CUDA backend (configure with -DRETROINFER_CUDA=ON)\n");
+  return 0;
+#endif
+}

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Peer baseline for bench/kernel_bench.cpp: torch scaled_dot_product_attention on the same shapes.
+
+Decode: q [B, 32, 1, 128], k/v [B, 8, n, 128] bf16 (enable_gqa), CUDA events, warm-up, L2 evicted before
+every timed call, median. Prefill: causal SDPA over [1, 32|8, n, 128] (the dense prefill attention of one
+layer, against which the k-means build time is compared). One JSON object per line.
+
+  torch_sdpa_bench.py --out FILE [--lengths ...] [--batches ...] [--prefill-lengths ...] [--reps N]
+  torch_sdpa_bench.py --summarize KERNEL_JSONL TORCH_JSONL   # the markdown table of both runs
+"""
+import argparse
+import json
+import sys
+
+
+def ints(s):
+    return [int(x) for x in s.split(",") if x]
+
+
+def median_stats(ts):
+    ts = sorted(ts)
+    return ts[len(ts) // 2], ts[0], ts[min(len(ts) - 1, len(ts) * 9 // 10)]
+
+
+def bench(args):
+    import torch
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    l2 = getattr(props, "L2_cache_size", 50 * 2**20)
+    flush = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
+    out = open(args.out, "a")
+
+    def emit(rec):
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+
+    def timed(fn, warm, reps):
+        for _ in range(warm):
+            fn()
+        ts = []
+        for _ in range(reps):
+            flush.zero_()
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        return median_stats(ts)
+
+    hq, hkv, d = 32, 8, 128
+    for n in args.lengths:
+        for bsz in args.batches:
+            kv_gib = bsz * hkv * n * d * 2 * 2 / 2**30
+            if kv_gib > 70:
+                print(f"skip torch decode n={n} batch={bsz}: {kv_gib:.0f} GiB", file=sys.stderr)
+                continue
+            try:
+                g = torch.Generator(device=dev).manual_seed(n + bsz)
+                k = torch.randn(bsz, hkv, n, d, device=dev, dtype=torch.bfloat16, generator=g)
+                v = torch.randn(bsz, hkv, n, d, device=dev, dtype=torch.bfloat16, generator=g)
+                qs = [torch.randn(bsz, hq, 1, d, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(8)]
+                it = [0]
+
+                def call():
+                    it[0] += 1
+                    return F.scaled_dot_product_attention(qs[it[0] % 8], k, v, enable_gqa=True)
+
+                med, mn, p90 = timed(call, 3, args.reps)
+                nbytes = 2.0 * k.numel() * 2 + 2.0 * bsz * hq * d * 2
+                emit({"bench": "torch", "method": "torch_sdpa", "n": n, "batch": bsz, "ms": med, "ms_min": mn,
+                      "ms_p90": p90, "bytes": nbytes, "gbps": nbytes / (med * 1e-3) / 1e9})
+                del k, v, qs
+            except Exception as e:  # OOM or an unsupported path: record and go on
+                emit({"bench": "torch", "method": "torch_sdpa", "n": n, "batch": bsz, "error": str(e)[:200]})
+            torch.cuda.empty_cache()
+    for n in args.prefill_lengths:
+        try:
+            g = torch.Generator(device=dev).manual_seed(n)
+            q = torch.randn(1, hq, n, d, device=dev, dtype=torch.bfloat16, generator=g)
+            k = torch.randn(1, hkv, n, d, device=dev, dtype=torch.bfloat16, generator=g)
+            v = torch.randn(1, hkv, n, d, device=dev, dtype=torch.bfloat16, generator=g)
+            med, mn, p90 = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), 1,
+                                 args.prefill_reps)
+            flops = 4.0 * n * n / 2 * d * hq  # QK and PV, causal half
+            emit({"bench": "torch", "method": "torch_prefill_causal", "n": n, "batch": 1, "ms": med, "ms_min": mn,
+                  "ms_p90": p90, "tflops": flops / (med * 1e-3) / 1e12})
+            del q, k, v
+        except Exception as e:
+            emit({"bench": "torch", "method": "torch_prefill_causal", "n": n, "batch": 1, "error": str(e)[:200]})
+        torch.cuda.empty_cache()
+
+
+def summarize(kernel_path, torch_path):
+    rows = {}
+    for path in (kernel_path, torch_path):
+        try:
+            for line in open(path):
+                line = line.strip()
+                if line.startswith("{"):
+                    r = json.loads(line)
+                    rows[(r["method"], r["n"], r["batch"])] = r
+        except FileNotFoundError:
+            print(f"(missing {path})")
+    keys = sorted({(n, b) for (_, n, b) in rows})
+
+    def get(m, n, b, f="ms"):
+        r = rows.get((m, n, b))
+        return r.get(f) if r else None
+
+    def fmt(x, spec):
+        return format(x, spec) if x is not None else "-"
+
+    print("| n | batch | full ms | full TB/s | torch ms | torch TB/s | full/torch | retro ms | retro/full speed-up |"
+          " retro moved/required | quest ms | k-means ms/seq | k-means / prefill |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n, b in keys:
+        if n is None:
+            continue
+        full, tor, ret, qu = get("full", n, b), get("torch_sdpa", n, b), get("retro", n, b), get("quest", n, b)
+        fg, tg = get("full", n, b, "gbps"), get("torch_sdpa", n, b, "gbps")
+        km = get("kmeans", n, b, "per_sequence_ms")
+        pre = get("torch_prefill_causal", n, 1)
+        mor = get("retro", n, b, "moved_over_required")
+        print(f"| {n} | {b} | {fmt(full, '.4f')} | {fmt(fg and fg / 1000, '.2f')} | {fmt(tor, '.4f')} | "
+              f"{fmt(tg and tg / 1000, '.2f')} | {fmt(full and tor and full / tor, '.3f')} | {fmt(ret, '.4f')} | "
+              f"{fmt(full and ret and full / ret, '.1f')} | {fmt(mor, '.2f')} | {fmt(qu, '.4f')} | {fmt(km, '.2f')} | "
+              f"{fmt(km and pre and km / pre, '.4f')} |")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--lengths", type=ints, default=[32768, 131072, 524288, 1048576])
+    ap.add_argument("--batches", type=ints, default=[1, 4, 16])
+    ap.add_argument("--prefill-lengths", type=ints, default=[32768, 131072])
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--prefill-reps", type=int, default=3)
+    ap.add_argument("--summarize", nargs=2, metavar=("KERNEL_JSONL", "TORCH_JSONL"))
+    args = ap.parse_args()
+    if args.summarize:
+        summarize(*args.summarize)
+    else:
+        if not args.out:
+            ap.error("--out is required")
+        bench(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,363 @@
+// Decode attention kernels: split-K flash decoding over a dense token range or a token list (steady +
+// retrieval zone, quest pages), estimation-zone attention from cluster summaries, and the merge of the
+// partial softmax states of all splits (include/retroinfer/softmax_state.h).
+//
+// decode_kernel<D, kIndirect>: one CTA per (split, flat KV head) handles every query head of the GQA
+// group, so each K/V row is read once from memory. Each warp streams tiles of kDecodeTile tokens into
+// shared memory with cp.async (two stages per warp, K rows padded by 16 bytes so that the per-token row
+// reads of the QK step hit distinct banks), computes the tile's logits (lane = token, the two half-warps
+// split the head dimension), updates its online softmax state, and accumulates P.V with lane = 4 (D=128)
+// or 2 (D=64) output dimensions. The warps' states merge in shared memory at the end; the CTA writes one
+// partial state per query head.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "retroinfer/softmax_state.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+constexpr int kW = kDecodeWarps;
+constexpr int kT = kDecodeTile;
+static_assert(kT == 16, "the QK mapping uses lane & 15 as the token of the tile");
+
+template <int D>
+struct DecodeSmem {
+  static constexpr int kRow = D + 8;  // bf16 elements per padded K / V row (16 bytes of padding)
+  static constexpr size_t kWarpBytes = 2 * 2 * size_t{kT} * kRow * 2;  // 2 stages of K and V tiles
+  static constexpr size_t kBytes = kW * kWarpBytes;
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): |x - hi - lo| <= 2^-18 |x|.
+__device__ __forceinline__ void split_bf16(float x, float& hi, float& lo) {
+  hi = __bfloat162float(__float2bfloat16_rn(x));
+  lo = x - hi;
+}
+
+// Tensor-core flash decoding. Per warp and tile of 16 tokens:
+//   S^T[16 x 16 tok] = Q[16 x D] K^T   with mma m16n8k16: A = the query rows (row g: bf16 hi part of the
+//                                      scaled query of head g, row g + 8: its lo part, so s = c[g] + c[g+8]
+//                                      carries the f32 query to 2^-18), B = K rows via ldmatrix;
+//   online softmax on the accumulator fragments (lane: head gq, tokens 2tq, 2tq+1, 8+2tq, 9+2tq);
+//   O^T += P V                          A = P straight from the S fragments (rows g / g + 8: hi / lo parts of
+//                                      p, again exact to 2^-18), B = V rows via ldmatrix.trans.
+// Group sizes up to 8 fill rows 0..7; rows of heads >= G are zero and never written.
+template <int D, bool kIndirect>
+__global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
+  constexpr int kRow = DecodeSmem<D>::kRow;
+  constexpr int kChunks = D / 8;             // 16-byte chunks per row
+  constexpr int kLoads = kT * kChunks / 32;  // chunks per lane per tile (K or V)
+  constexpr int kKs = D / 16;                // QK k-steps
+  constexpr int kNt = D / 8;                 // PV n-tiles (8 dims each)
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw + warp * DecodeSmem<D>::kWarpBytes);  // [2][kT][kRow]
+  uint16_t* vs = ks + 2 * kT * kRow;                                                        // [2][kT][kRow]
+
+  const int h = blockIdx.y, split = blockIdx.x, G = p.group;
+  const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
+  const int64_t begin = int64_t{split} * p.split_tokens;
+  const int64_t end = begin + p.split_tokens < count ? begin + p.split_tokens : count;
+
+  // Query A fragments: a[ks] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..), lo(k 2tq+8..)}.
+  uint32_t qa[kKs][4];
+  {
+    const bool on = gq < G;
+    const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) {
+      float x[4] = {0, 0, 0, 0};
+      if (on) {
+        const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
+        const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
+        x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
+      }
+      float hi[4], lo[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
+      qa[k][0] = pack_bf16(hi[0], hi[1]);
+      qa[k][1] = pack_bf16(lo[0], lo[1]);
+      qa[k][2] = pack_bf16(hi[2], hi[3]);
+      qa[k][3] = pack_bf16(lo[2], lo[3]);
+    }
+  }
+
+  const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
+  const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
+  const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
+  const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
+
+  auto load_tile = [&](int t, int buf) {
+    const int64_t p0 = begin + int64_t{t} * kT;
+    const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
+    int tok_lane = 0;
+    if constexpr (kIndirect) {
+      if (lane < valid) tok_lane = list[p0 + lane];
+    }
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int c = lane + 32 * i;
+      const int row = c / kChunks, col = c % kChunks;
+      int64_t tok;
+      if constexpr (kIndirect) {
+        tok = __shfl_sync(0xffffffffu, tok_lane, row);
+      } else {
+        tok = row < valid ? p0 + row : p0;
+      }
+      const bool ok = row < valid;  // rows past the end are zero-filled (P is 0 there; 0 * NaN would poison)
+      cp_async16_zfill(ks + (buf * kT + row) * kRow + col * 8, kh + tok * D + col * 8, ok);
+      cp_async16_zfill(vs + (buf * kT + row) * kRow + col * 8, vh + tok * D + col * 8, ok);
+    }
+    cp_async_commit();
+  };
+
+  float m = -INFINITY, l = 0.0f;  // head gq; l is this lane's partial sum
+  float o[kNt][4];
+#pragma unroll
+  for (int j = 0; j < kNt; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+  // ldmatrix row addresses: matrix mi = lane >> 3, row ri = lane & 7.
+  const int mi = lane >> 3, ri = lane & 7;
+  if (warp < ntiles) load_tile(warp, 0);
+  for (int it = 0;; ++it) {
+    const int t = warp + it * kW;
+    if (t >= ntiles) break;
+    const int buf = it & 1;
+    if (t + kW < ntiles) {
+      load_tile(t + kW, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+    const int64_t p0 = begin + int64_t{t} * kT;
+    const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
+
+    // S^T: n-tile 0 = tokens 0..7, n-tile 1 = tokens 8..15. Matrices: (tok 0-7, k lo), (tok 0-7, k hi),
+    // (tok 8-15, k lo), (tok 8-15, k hi).
+    float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+    const uint16_t* kb = ks + (buf * kT + (mi >> 1) * 8 + ri) * kRow + (mi & 1) * 8;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) {
+      uint32_t b[4];
+      ldmatrix_x4(b, kb + k * 16);
+      mma_bf16_16816(c0, qa[k], b[0], b[1]);
+      mma_bf16_16816(c1, qa[k], b[2], b[3]);
+    }
+    float s[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
+    const int tok[4] = {2 * tq, 2 * tq + 1, 8 + 2 * tq, 9 + 2 * tq};
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[j] = tok[j] < valid ? s[j] : -INFINITY;
+      mx = fmaxf(mx, s[j]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m, mx);
+    const float alpha = softmax_rescale(m, m_new);
+    m = m_new;
+    float pr[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pr[j] = tok[j] < valid ? __expf(s[j] - m_new) : 0.0f;
+    l = l * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
+#pragma unroll
+    for (int j = 0; j < kNt; ++j) {
+      o[j][0] *= alpha; o[j][1] *= alpha; o[j][2] *= alpha; o[j][3] *= alpha;
+    }
+    float ph[4], pl[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) split_bf16(pr[j], ph[j], pl[j]);
+    const uint32_t pa[4] = {pack_bf16(ph[0], ph[1]), pack_bf16(pl[0], pl[1]), pack_bf16(ph[2], ph[3]),
+                            pack_bf16(pl[2], pl[3])};
+    // O += P V. Matrices: (tok 0-7, dims d0..), (tok 8-15, dims d0..), (tok 0-7, d0+8..), (tok 8-15, d0+8..).
+    const uint16_t* vb = vs + (buf * kT + (mi & 1) * 8 + ri) * kRow + (mi >> 1) * 8;
+#pragma unroll
+    for (int jj = 0; jj < kNt / 2; ++jj) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, vb + jj * 16);
+      mma_bf16_16816(o[2 * jj], pa, b[0], b[1]);
+      mma_bf16_16816(o[2 * jj + 1], pa, b[2], b[3]);
+    }
+    __syncwarp();
+  }
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+
+  // Merge the warps' states: stage them in shared memory (reusing the tile buffers), then one thread per
+  // (query head, dimension) merges over warps in warp order.
+  __syncthreads();
+  float* stage_o = reinterpret_cast<float*>(smem_raw);                         // [kW, kMaxGroup, D]
+  float2* stage_ml = reinterpret_cast<float2*>(stage_o + kW * kMaxGroup * D);  // [kW, kMaxGroup]
+  if (gq < G) {
+#pragma unroll
+    for (int j = 0; j < kNt; ++j) {
+      float* dst = stage_o + (warp * kMaxGroup + gq) * D + j * 8 + 2 * tq;
+      dst[0] = o[j][0] + o[j][2];
+      dst[1] = o[j][1] + o[j][3];
+    }
+    if (tq == 0) stage_ml[warp * kMaxGroup + gq] = make_float2(m, l);
+  }
+  __syncthreads();
+  const int slot = p.split_offset + split;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    SoftmaxScalars st;
+    float acc_o = 0.0f;
+    for (int w = 0; w < kW; ++w) {
+      const float2 ml = stage_ml[w * kMaxGroup + g];
+      SoftmaxScalars b;
+      b.m = ml.x;
+      b.l = ml.y;
+      const float ob = stage_o[(w * kMaxGroup + g) * D + d];
+      softmax_merge(st, &acc_o, b, &ob, 1);
+    }
+    const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
+    p.part_o[base * D + d] = acc_o;
+    if (d == 0) p.part_ml[base] = make_float2(st.m, st.l);
+  }
+}
+
+// Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
+// output dimension. Cluster j contributes weight size_j * e^{logit_j} to the denominator and
+// e^{logit_j} * VS_j to the numerator (softmax_push with weight = size and value = the value sum); the
+// chunk's state is formed relative to its max logit per query head, with the value-sum rows read by
+// independent loads (no dependent chain per cluster).
+constexpr int kEstChunk = kEstimateChunk;
+
+template <int D>
+__global__ void __launch_bounds__(D) estimate_kernel(const EstimateParams p) {
+  __shared__ float w[kMaxGroup][kEstChunk];  // logits, then e^{logit - max}
+  __shared__ float sz[kEstChunk];
+  __shared__ int cid[kEstChunk];
+  __shared__ float gm[kMaxGroup], gl[kMaxGroup];
+  const int h = blockIdx.y, split = blockIdx.x, G = p.group, d = threadIdx.x;
+  const int begin = split * kEstChunk;
+  const int cnt = p.k_estimation - begin < kEstChunk ? p.k_estimation - begin : kEstChunk;
+  const int* ids = p.estimation_ids + int64_t{h} * p.k_estimation + begin;
+  for (int i = threadIdx.x; i < kEstChunk; i += blockDim.x) {
+    const int c = i < cnt ? ids[i] : -1;  // -1: padding (fewer non-empty clusters than the budget)
+    cid[i] = c;
+    const int64_t hc = int64_t{h} * p.num_clusters + (c < 0 ? 0 : c);
+    sz[i] = c < 0 ? 0.0f : static_cast<float>(p.sizes[hc]);
+    for (int g = 0; g < G; ++g)
+      w[g][i] = c < 0 ? -INFINITY : p.logits[(int64_t{h} * G + g) * p.num_clusters + (c < 0 ? 0 : c)];
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float m = -INFINITY, l = 0.0f;
+    for (int i = 0; i < kEstChunk; ++i) m = fmaxf(m, w[g][i]);
+    if (m != -INFINITY)
+      for (int i = 0; i < kEstChunk; ++i)
+        if (w[g][i] != -INFINITY) l += sz[i] * __expf(w[g][i] - m);
+    gm[g] = m;
+    gl[g] = l;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * kEstChunk; i += blockDim.x) {
+    const int g = i / kEstChunk, j = i % kEstChunk;
+    w[g][j] = w[g][j] == -INFINITY ? 0.0f : __expf(w[g][j] - gm[g]);
+  }
+  __syncthreads();
+  float o[kMaxGroup];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g) o[g] = 0.0f;
+  const uint16_t* vsh = p.value_sums_bf16 + int64_t{h} * p.num_clusters * D + d;
+#pragma unroll 8
+  for (int i = 0; i < kEstChunk; ++i) {
+    const int c = cid[i];
+    const float v = c < 0 ? 0.0f : bf16_to_f32(vsh[int64_t{c} * D]);
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+      if (g < G) o[g] += w[g][i] * v;
+  }
+  const int slot = p.split_offset + split;
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+    if (g < G) {
+      const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
+      p.part_o[base * D + d] = o[g];
+      if (d == 0) p.part_ml[base] = make_float2(gm[g], gl[g]);
+    }
+}
+
+// One thread per (query head, dimension): merges every split in slot order and normalises. The loads of
+// 8 splits are issued together, then merged (softmax_merge) from registers.
+__global__ void combine_kernel(const CombineParams p) {
+  constexpr int kBatch = 8;
+  const int h = blockIdx.x, D = p.head_dim, G = p.group;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    SoftmaxScalars st;
+    float acc_o = 0.0f;
+    for (int s0 = 0; s0 < p.total_splits; s0 += kBatch) {
+      float2 ml[kBatch];
+      float ob[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int64_t base = (int64_t{h} * p.total_splits + s0 + j) * G + g;
+        const bool ok = s0 + j < p.total_splits;
+        ml[j] = ok ? p.part_ml[base] : make_float2(-INFINITY, 0.0f);
+        ob[j] = ok ? p.part_o[base * D + d] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        SoftmaxScalars b;
+        b.m = ml[j].x;
+        b.l = ml[j].y;
+        softmax_merge(st, &acc_o, b, &ob[j], 1);
+      }
+    }
+    softmax_finish(st, &acc_o, p.out + (int64_t{h} * G + g) * D + d, 1);
+  }
+}
+
+template <int D, bool kIndirect>
+cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
+  constexpr size_t bytes = DecodeSmem<D>::kBytes;
+  static_assert(DecodeSmem<D>::kWarpBytes * kW >= size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8,
+                "the warp-merge staging must fit in the tile buffers");
+  static bool attr_set = false;  // once per instantiation (host-side; the layers are single-threaded)
+  if (!attr_set) {
+    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<D, kIndirect>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  decode_kernel<D, kIndirect><<<dim3(p.num_splits, p.num_heads), kW * 32, bytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
+  const bool indirect = p.token_list != nullptr;
+  if (p.head_dim == 128) return indirect ? launch_decode<128, true>(p, s) : launch_decode<128, false>(p, s);
+  if (p.head_dim == 64) return indirect ? launch_decode<64, true>(p, s) : launch_decode<64, false>(p, s);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s) {
+  if (p.num_splits * kEstChunk < p.k_estimation) return cudaErrorInvalidValue;  // see kEstimateChunk
+  const dim3 grid(p.num_splits, p.num_heads);
+  if (p.head_dim == 128) estimate_kernel<128><<<grid, 128, 0, s>>>(p);
+  else if (p.head_dim == 64) estimate_kernel<64><<<grid, 64, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t combine_states(const CombineParams& p, cudaStream_t s) {
+  const int threads = p.group * p.head_dim < 1024 ? p.group * p.head_dim : 1024;
+  combine_kernel<<<p.num_heads, threads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace retroinfer::cuda::detail

@@ -1,0 +1,177 @@
+// Kernel parameter structs and raw launchers of the CUDA backend. Included only from src/backend/cuda.
+//
+// Every launcher takes a plain Params struct of device pointers and sizes plus a stream, launches, and
+// returns the launch status; it validates nothing. The host API (retro_layer.cpp, dense_decode.cpp)
+// validates shapes, throws retroinfer::Error and checks each status through detail::launch_check.
+//
+// Shared notation:
+//   H     flat head count = num_seqs * num_heads_kv; flat head h is (sequence h / Hkv, KV head h % Hkv)
+//   G     GQA group (query heads per KV head), 1..8; query head of flat head h and member g is h * G + g,
+//         so q / out of shape [num_seqs, num_heads_q, D] are [H, G, D]
+//   D     head_dim, 64 or 128
+//   K, V  [H, kv_stride, D] bf16 (uint16 bits), row-major; token t of head h at (h * kv_stride + t) * D
+//   C     clusters per head (the same for every head: all heads of a layer index the same tokens)
+//   n_idx indexed tokens per head; index token i is KV token idx_begin + i
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace retroinfer::cuda::detail {
+
+inline constexpr int kMaxGroup = 8;  // largest GQA group the decode kernels support (register arrays)
+
+// ---- k-means (kmeans.cu, kmeans_sort.cu) ----
+
+struct KMeansParams {
+  const uint16_t* keys = nullptr;    // K: [H, kv_stride, D] bf16
+  const uint16_t* values = nullptr;  // V: [H, kv_stride, D] bf16
+  int64_t kv_stride = 0;
+  int64_t idx_begin = 0;  // first indexed KV token
+  int64_t n_idx = 0;      // indexed tokens per head (> 0)
+  int num_heads = 0;      // H
+  int head_dim = 0;       // D
+  int num_clusters = 0;   // C (all segments)
+  int num_segments = 0;   // S
+  const int* seg_token_begin = nullptr;    // [S + 1]: segment s covers index tokens [b[s], b[s+1])
+  const int* seg_cluster_begin = nullptr;  // [S + 1]: segment s owns clusters [b[s], b[s+1])
+  int max_seg_tokens = 0;                  // max_s (b[s+1] - b[s]) of seg_token_begin
+  // Workspace and outputs.
+  float* mean_partial = nullptr;   // [H, kMeanChunks, D] f32
+  float* mean = nullptr;           // [H, D] f32: mean indexed key
+  uint16_t* centred = nullptr;     // [H, n_idx, D] bf16: key - mean (assignment operand)
+  float* centroids = nullptr;      // [H, C, D] f32: centred centroids while iterating; de-centred at the end
+  uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16 copy (assignment operand; decode meta at the end)
+  float* value_sums = nullptr;     // [H, C, D] f32
+  uint16_t* value_sums_bf16 = nullptr;  // [H, C, D] bf16 copy for the decode kernels
+  int* sizes = nullptr;            // [H, C]
+  int* assignment = nullptr;       // [H, n_idx]: cluster of each index token
+  uint32_t* sort_keys = nullptr;   // [H * n_idx]: h * C + cluster
+  uint32_t* sort_keys_out = nullptr;  // [H * n_idx]
+  const uint32_t* iota = nullptr;  // [H * n_idx]: i mod n_idx (index token of each entry)
+  uint32_t* members = nullptr;     // [H * n_idx]: index tokens grouped by flat cluster h * C + c, ascending
+  int* offsets = nullptr;          // [H * C + 1]: CSR offsets into members (absolute; head h starts at h*n_idx)
+  void* sort_temp = nullptr;       // CUB temporary storage
+  size_t sort_temp_bytes = 0;
+};
+inline constexpr int kMeanChunks = 32;  // partial sums per head for the mean key (deterministic two-pass)
+
+cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s);          // mean, centred
+cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s);          // initial centroids
+// Assigns every index token to its best centroid: within its segment (global = false) or over all C.
+cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s);
+// Groups tokens by cluster (stable radix sort of sort_keys) and writes offsets.
+cudaError_t kmeans_group(const KMeansParams& p, cudaStream_t s);
+size_t kmeans_sort_temp_bytes(int64_t items, int end_bit);
+// Recomputes centroids from the grouping: spherical (normalised sum) or plain mean; empty keeps.
+cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s);
+// Final outputs: de-centred centroids, value sums, sizes and their bf16 copies.
+cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
+
+// ---- scoring and selection (select.cu) ----
+
+struct ScoreParams {
+  const float* q = nullptr;                  // [H, G, D] f32
+  const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16
+  const int* sizes = nullptr;                // [H, C]
+  float* logits = nullptr;                   // [H, G, C] f32 out: q . c * scale; -inf for empty clusters
+  // [H, G, score_blocks(C, D)] out: per CTA (max logit, sum of e^{logit - max}) over its clusters.
+  float2* norm_partial = nullptr;
+  int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0;
+  float scale = 0.0f;
+};
+int score_blocks(int num_clusters, int head_dim);  // CTAs per head of score_clusters
+cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s);
+
+struct SelectParams {
+  // Either logits (group > 0: score = sum_g softmax over the items of logits[h, g, :]) or ready scores.
+  const float* logits = nullptr;  // [H, G, N] f32 (group > 0)
+  const float2* norm_partial = nullptr;  // [H, G, norm_parts] (group > 0): from score_clusters
+  int norm_parts = 0;
+  float* scores = nullptr;        // [H, N] f32: written when group > 0, read otherwise; -inf = never picked
+  int num_heads = 0, group = 0, num_items = 0;
+  int k_retrieval = 0;   // best items -> retrieval ids
+  int k_estimation = 0;  // next items -> estimation ids
+  int* retrieval_ids = nullptr;   // [H, k_retrieval]: ascending, padded with -1
+  int* estimation_ids = nullptr;  // [H, k_estimation]: ascending, padded with -1 (may be null if 0)
+  // Expansion of the retrieval ids into the exact-token list of each head.
+  // Clusters: items are clusters with CSR offsets/members (page_tokens == 0); pages otherwise.
+  const int* offsets = nullptr;       // [H * N + 1] absolute CSR offsets (clusters)
+  const uint32_t* members = nullptr;  // [H * n_idx] index tokens (clusters)
+  int page_tokens = 0;                // > 0: item j covers index tokens [j * page_tokens, ...) (pages)
+  int64_t n_idx = 0;
+  int64_t idx_begin = 0;      // KV token of index token 0
+  int64_t num_tokens = 0;     // n: KV tokens per head
+  int* token_list = nullptr;  // [H, list_stride] out: steady tokens then the retrieval tokens (KV positions)
+  int* token_count = nullptr;  // [H] out
+  int* scan_scratch = nullptr;  // [H, k_retrieval + 1]
+  int64_t list_stride = 0;
+};
+cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s);
+
+// ---- decode attention (decode.cu) ----
+
+struct DecodeParams {
+  const float* q = nullptr;   // [H, G, D] f32 (unscaled)
+  const uint16_t* k = nullptr;  // K
+  const uint16_t* v = nullptr;  // V
+  int64_t kv_stride = 0;
+  // Tokens: dense [0, num_tokens) when token_list is null, else token_list[h, 0 .. token_count[h]).
+  int64_t num_tokens = 0;
+  const int* token_list = nullptr;  // [H, list_stride]
+  const int* token_count = nullptr;  // [H]
+  int64_t list_stride = 0;
+  int num_heads = 0, group = 0, head_dim = 0;
+  float scale = 0.0f;
+  int num_splits = 0;      // CTAs per head
+  int64_t split_tokens = 0;  // tokens per split (multiple of kDecodeTile * warps)
+  // Partial states: [H, total_splits, G] scalars (m, l) and [H, total_splits, G, D] numerators; this
+  // kernel writes slots [split_offset, split_offset + num_splits).
+  float2* part_ml = nullptr;
+  float* part_o = nullptr;
+  int total_splits = 0, split_offset = 0;
+};
+inline constexpr int kDecodeWarps = 4;   // warps per CTA
+inline constexpr int kDecodeTile = 16;   // tokens per warp tile
+cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);
+
+struct EstimateParams {
+  const float* logits = nullptr;  // [H, G, C] f32 (scaled, from score_clusters)
+  const uint16_t* value_sums_bf16 = nullptr;  // [H, C, D]
+  const int* sizes = nullptr;     // [H, C]
+  const int* estimation_ids = nullptr;  // [H, k_estimation], -1 padded
+  int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0, k_estimation = 0;
+  int num_splits = 0;
+  float2* part_ml = nullptr;
+  float* part_o = nullptr;
+  int total_splits = 0, split_offset = 0;
+};
+inline constexpr int kEstimateChunk = 64;  // estimated clusters per CTA: num_splits = ceil(k_estimation / 64)
+cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s);
+
+struct CombineParams {
+  const float2* part_ml = nullptr;
+  const float* part_o = nullptr;
+  int num_heads = 0, group = 0, head_dim = 0, total_splits = 0;
+  float* out = nullptr;  // [H, G, D] f32
+};
+cudaError_t combine_states(const CombineParams& p, cudaStream_t s);
+
+// ---- quest (quest.cu) ----
+
+struct QuestParams {
+  const uint16_t* keys = nullptr;  // K
+  int64_t kv_stride = 0;
+  int64_t idx_begin = 0, n_idx = 0;
+  int num_heads = 0, group = 0, head_dim = 0, page_tokens = 0, num_pages = 0;
+  uint16_t* page_min = nullptr;  // [H, P, D] bf16 (exact: min of bf16 values)
+  uint16_t* page_max = nullptr;  // [H, P, D] bf16
+  const float* q = nullptr;      // [H, G, D] f32
+  float* scores = nullptr;       // [H, P] out: max_g sum_d max(q_gd * max_d, q_gd * min_d)
+};
+cudaError_t quest_pages(const QuestParams& p, cudaStream_t s);  // page min / max (build)
+cudaError_t quest_score(const QuestParams& p, cudaStream_t s);  // page upper bounds (decode)
+
+}  // namespace retroinfer::cuda::detail

@@ -1,0 +1,363 @@
+// Segmented spherical k-means on the GPU (DESIGN.md §2; the CPU specification is src/index/kmeans.h),
+// batched over flat heads and segments.
+//
+// Arithmetic against the CPU reference: the mean key, the centroid sums and the value sums are f32 sums
+// of the bf16 keys/values converted to f32 (sum order: fixed, ascending token order inside a cluster);
+// the assignment scores are bf16(key - mean) . bf16(centroid) on the tensor cores (mma.sync m16n8k16,
+// f32 accumulation), so an argmax can differ from the CPU's f32 scores where two centroids score within
+// the bf16 rounding of each other (~2^-8 relative); the GPU tests measure that mismatch rate.
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Partial sums of the indexed keys: CTA (chunk, h) sums rows of one chunk with D/8 threads per row.
+template <int D>
+__global__ void __launch_bounds__(kThreads) mean_partial_kernel(const KMeansParams p) {
+  constexpr int kPerRow = D / 8, kRows = kThreads / kPerRow;
+  __shared__ float red[kThreads][8 + 1];
+  const int h = blockIdx.y, chunk = blockIdx.x;
+  const int64_t per = (p.n_idx + kMeanChunks - 1) / kMeanChunks;
+  const int64_t r0 = chunk * per, r1 = r0 + per < p.n_idx ? r0 + per : p.n_idx;
+  const int col = threadIdx.x % kPerRow, rsub = threadIdx.x / kPerRow;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const uint16_t* kh = p.keys + (int64_t{h} * p.kv_stride + p.idx_begin) * D;
+  for (int64_t r = r0 + rsub; r < r1; r += kRows) {
+    float f[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(kh + r * D + col * 8), f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += f[j];
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[threadIdx.x][j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < kPerRow) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int rs = 0; rs < kRows; ++rs)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[j] += red[rs * kPerRow + threadIdx.x][j];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p.mean_partial[(int64_t{h} * kMeanChunks + chunk) * D + threadIdx.x * 8 + j] = s[j];
+  }
+}
+
+__global__ void mean_finish_kernel(const KMeansParams p) {
+  const int h = blockIdx.x, D = p.head_dim;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float s = 0.0f;
+    for (int c = 0; c < kMeanChunks; ++c) s += p.mean_partial[(int64_t{h} * kMeanChunks + c) * D + d];
+    p.mean[int64_t{h} * D + d] = s / static_cast<float>(p.n_idx);
+  }
+}
+
+// centred[h, i, :] = bf16(key - mean), 8 elements per thread.
+__global__ void centre_kernel(const KMeansParams p) {
+  const int D = p.head_dim, per_row = D / 8;
+  const int64_t total = int64_t{p.num_heads} * p.n_idx * per_row;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int col = static_cast<int>(e % per_row);
+    const int64_t hi = e / per_row;
+    const int64_t h = hi / p.n_idx, i = hi % p.n_idx;
+    float f[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(p.keys + (h * p.kv_stride + p.idx_begin + i) * D + col * 8), f);
+    const float* mu = p.mean + h * D + col * 8;
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      w[j] = uint32_t{f32_to_bf16(f[2 * j] - mu[2 * j])} | (uint32_t{f32_to_bf16(f[2 * j + 1] - mu[2 * j + 1])} << 16);
+    *reinterpret_cast<uint4*>(p.centred + hi * D + col * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Writes centroid (f32 and bf16) of flat cluster hc from per-lane values (lane owns dims lane + 32 j).
+__device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc, const float* c, int lane) {
+  for (int j = 0; lane + 32 * j < p.head_dim; ++j) {
+    p.centroids[hc * p.head_dim + lane + 32 * j] = c[j];
+    p.centroids_bf16[hc * p.head_dim + lane + 32 * j] = f32_to_bf16(c[j]);
+  }
+}
+
+// Initial centroids: the centred key at index floor(j * L / k) of the segment, L2-normalised (a zero
+// key stays zero). One warp per flat cluster.
+__global__ void init_kernel(const KMeansParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
+  const int h = static_cast<int>(hc / p.num_clusters), c = static_cast<int>(hc % p.num_clusters);
+  int s = 0;
+  while (p.seg_cluster_begin[s + 1] <= c) ++s;
+  const int64_t L = p.seg_token_begin[s + 1] - p.seg_token_begin[s];
+  const int64_t k = p.seg_cluster_begin[s + 1] - p.seg_cluster_begin[s];
+  const int64_t j = c - p.seg_cluster_begin[s];
+  const int64_t src = p.seg_token_begin[s] + j * L / k;
+  const int D = p.head_dim;
+  float v[4], ss = 0.0f;
+  for (int jj = 0; lane + 32 * jj < D; ++jj) {
+    const int d = lane + 32 * jj;
+    v[jj] = bf16_to_f32(p.keys[(h * p.kv_stride + p.idx_begin + src) * D + d]) - p.mean[int64_t{h} * D + d];
+    ss += v[jj] * v[jj];
+  }
+  ss = warp_sum(ss);
+  const float inv = ss > 0.0f ? 1.0f / sqrtf(ss) : 0.0f;
+  for (int jj = 0; lane + 32 * jj < D; ++jj) v[jj] *= inv;
+  store_centroid(p, hc, v, lane);
+}
+
+constexpr int kAssignWarps = 8;                 // warps per CTA
+constexpr int kAssignMt = 2;                    // 16-key m-tiles per warp (share each centroid fragment)
+constexpr int kAssignKeys = kAssignWarps * 16 * kAssignMt;
+constexpr int kCentChunk = 64;                  // centroids staged in shared memory at a time
+
+// Assignment: argmax over the centroids of [cb, ce) of bf16(key - mean) . bf16(centroid), ties to the
+// lowest cluster id. Warp = 32 keys (A fragments held in registers); centroid chunks double-buffered in
+// shared memory by cp.async (rows padded by 16 bytes so the ldmatrix row reads hit distinct banks).
+template <int D>
+__global__ void __launch_bounds__(kAssignWarps * 32) assign_kernel(const KMeansParams p, bool global) {
+  constexpr int kRow = D + 8;
+  __shared__ __align__(16) uint16_t cs[2][kCentChunk * kRow];
+  const int h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  int64_t tb, te;
+  int cb, ce;
+  if (global) {
+    tb = 0; te = p.n_idx; cb = 0; ce = p.num_clusters;
+  } else {
+    tb = p.seg_token_begin[blockIdx.y]; te = p.seg_token_begin[blockIdx.y + 1];
+    cb = p.seg_cluster_begin[blockIdx.y]; ce = p.seg_cluster_begin[blockIdx.y + 1];
+  }
+  const int64_t k0 = tb + int64_t{blockIdx.x} * kAssignKeys;
+  if (k0 >= te) return;
+  const uint16_t* xh = p.centred + int64_t{h} * p.n_idx * D;
+  uint32_t a[kAssignMt][D / 16][4];
+  int64_t r_lo[kAssignMt], r_hi[kAssignMt];
+#pragma unroll
+  for (int mt = 0; mt < kAssignMt; ++mt) {
+    r_lo[mt] = k0 + (warp * kAssignMt + mt) * 16 + gq;
+    r_hi[mt] = r_lo[mt] + 8;
+    const bool v_lo = r_lo[mt] < te, v_hi = r_hi[mt] < te;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      const int col = ks * 16 + 2 * tq;
+      a[mt][ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo[mt] * D + col) : 0u;
+      a[mt][ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi[mt] * D + col) : 0u;
+      a[mt][ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo[mt] * D + col + 8) : 0u;
+      a[mt][ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi[mt] * D + col + 8) : 0u;
+    }
+  }
+  float best_lo[kAssignMt], best_hi[kAssignMt];
+  int idx_lo[kAssignMt], idx_hi[kAssignMt];
+#pragma unroll
+  for (int mt = 0; mt < kAssignMt; ++mt) {
+    best_lo[mt] = best_hi[mt] = -INFINITY;
+    idx_lo[mt] = idx_hi[mt] = cb;
+  }
+  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * p.num_clusters * D;
+  auto stage = [&](int cc, int buf) {
+    for (int e = threadIdx.x; e < kCentChunk * (D / 8); e += blockDim.x) {
+      const int r = e / (D / 8), col = e % (D / 8);
+      const bool ok = cc + r < ce;
+      cp_async16_zfill(&cs[buf][r * kRow + col * 8], ch + int64_t{ok ? cc + r : cb} * D + col * 8, ok);
+    }
+    cp_async_commit();
+  };
+  stage(cb, 0);
+  for (int cc = cb, it = 0; cc < ce; cc += kCentChunk, ++it) {
+    const int buf = it & 1;
+    if (cc + kCentChunk < ce) {
+      stage(cc + kCentChunk, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+#pragma unroll 2
+    for (int nt = 0; nt < kCentChunk / 8; ++nt) {
+      const int c0 = cc + nt * 8;
+      if (c0 >= ce) break;
+      float acc[kAssignMt][4];
+#pragma unroll
+      for (int mt = 0; mt < kAssignMt; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+      const uint16_t* brow = &cs[buf][(nt * 8 + ri) * kRow + mi * 8];
+#pragma unroll
+      for (int k2 = 0; k2 < D / 32; ++k2) {
+        uint32_t b[4];  // k-step 2 k2: (b0, b1); k-step 2 k2 + 1: (b2, b3)
+        ldmatrix_x4(b, brow + k2 * 32);
+#pragma unroll
+        for (int mt = 0; mt < kAssignMt; ++mt) {
+          mma_bf16_16816(acc[mt], a[mt][2 * k2], b[0], b[1]);
+          mma_bf16_16816(acc[mt], a[mt][2 * k2 + 1], b[2], b[3]);
+        }
+      }
+      const int col0 = c0 + 2 * tq;
+#pragma unroll
+      for (int mt = 0; mt < kAssignMt; ++mt) {
+        if (col0 < ce) {
+          if (acc[mt][0] > best_lo[mt]) { best_lo[mt] = acc[mt][0]; idx_lo[mt] = col0; }
+          if (acc[mt][2] > best_hi[mt]) { best_hi[mt] = acc[mt][2]; idx_hi[mt] = col0; }
+        }
+        if (col0 + 1 < ce) {
+          if (acc[mt][1] > best_lo[mt]) { best_lo[mt] = acc[mt][1]; idx_lo[mt] = col0 + 1; }
+          if (acc[mt][3] > best_hi[mt]) { best_hi[mt] = acc[mt][3]; idx_hi[mt] = col0 + 1; }
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's stage() overwrites this buffer
+  }
+  const int64_t base = int64_t{h} * p.n_idx;
+  const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
+#pragma unroll
+  for (int mt = 0; mt < kAssignMt; ++mt) {
+    // Reduce over the 4 lanes of the quad (same rows, interleaved columns); ties -> lower id.
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      const float ob_lo = __shfl_xor_sync(0xffffffffu, best_lo[mt], off);
+      const int oi_lo = __shfl_xor_sync(0xffffffffu, idx_lo[mt], off);
+      const float ob_hi = __shfl_xor_sync(0xffffffffu, best_hi[mt], off);
+      const int oi_hi = __shfl_xor_sync(0xffffffffu, idx_hi[mt], off);
+      if (ob_lo > best_lo[mt] || (ob_lo == best_lo[mt] && oi_lo < idx_lo[mt])) { best_lo[mt] = ob_lo; idx_lo[mt] = oi_lo; }
+      if (ob_hi > best_hi[mt] || (ob_hi == best_hi[mt] && oi_hi < idx_hi[mt])) { best_hi[mt] = ob_hi; idx_hi[mt] = oi_hi; }
+    }
+    if (tq == 0) {
+      if (r_lo[mt] < te) {
+        p.assignment[base + r_lo[mt]] = idx_lo[mt];
+        p.sort_keys[base + r_lo[mt]] = hbase + idx_lo[mt];
+      }
+      if (r_hi[mt] < te) {
+        p.assignment[base + r_hi[mt]] = idx_hi[mt];
+        p.sort_keys[base + r_hi[mt]] = hbase + idx_hi[mt];
+      }
+    }
+  }
+}
+
+// Sum over the members of flat cluster hc of (row - shift), lane owns dims lane + 32 j; rows from
+// `base` ([n, D] bf16, member i at row i). shift may be null.
+template <int D>
+__device__ __forceinline__ int member_sum(const KMeansParams& p, int64_t hc, const uint16_t* base,
+                                          const float* shift, float* s, int lane) {
+  constexpr int kJ = D / 32;
+  const int b = p.offsets[hc], e = p.offsets[hc + 1];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) s[j] = 0.0f;
+  float sh[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) sh[j] = shift ? shift[lane + 32 * j] : 0.0f;
+  for (int i0 = b; i0 < e; i0 += 32) {
+    // The lanes fetch 32 member ids at once; rows are then summed in ascending member order.
+    const uint32_t mine = i0 + lane < e ? p.members[i0 + lane] : 0u;
+    const int cnt = e - i0 < 32 ? e - i0 : 32;
+#pragma unroll 4
+    for (int t = 0; t < cnt; ++t) {
+      const int64_t row = __shfl_sync(0xffffffffu, mine, t);
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) s[j] += bf16_to_f32(base[row * D + lane + 32 * j]) - sh[j];
+    }
+  }
+  return e - b;
+}
+
+// Centroid update, one warp per flat cluster: spherical = normalised sum of centred members, else plain
+// mean; an empty cluster (or a zero sum, spherical) keeps its previous centroid.
+template <int D>
+__global__ void update_kernel(const KMeansParams p, bool spherical) {
+  constexpr int kJ = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
+  const int64_t h = hc / p.num_clusters;
+  float s[kJ];
+  const int n = member_sum<D>(p, hc, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, s, lane);
+  if (n == 0) return;
+  if (spherical) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) ss += s[j] * s[j];
+    ss = warp_sum(ss);
+    if (!(ss > 0.0f)) return;
+    const float inv = 1.0f / sqrtf(ss);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) s[j] *= inv;
+  } else {
+    const float inv = 1.0f / static_cast<float>(n);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) s[j] *= inv;
+  }
+  store_centroid(p, hc, s, lane);
+}
+
+// Final outputs, one warp per flat cluster: sizes, value sums, de-centred centroids and bf16 copies.
+template <int D>
+__global__ void finalize_kernel(const KMeansParams p) {
+  constexpr int kJ = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
+  const int64_t h = hc / p.num_clusters;
+  float s[kJ];
+  const int n = member_sum<D>(p, hc, p.values + (h * p.kv_stride + p.idx_begin) * D, nullptr, s, lane);
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int64_t at = hc * D + lane + 32 * j;
+    p.value_sums[at] = s[j];
+    p.value_sums_bf16[at] = f32_to_bf16(s[j]);
+    const float c = p.centroids[at] + p.mean[h * D + lane + 32 * j];
+    p.centroids[at] = c;
+    p.centroids_bf16[at] = f32_to_bf16(c);
+  }
+  if (lane == 0) p.sizes[hc] = n;
+}
+
+int warp_blocks(int64_t warps) { return static_cast<int>((warps * 32 + kThreads - 1) / kThreads); }
+
+}  // namespace
+
+cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
+  const dim3 grid(kMeanChunks, p.num_heads);
+  if (p.head_dim == 128) mean_partial_kernel<128><<<grid, kThreads, 0, s>>>(p);
+  else if (p.head_dim == 64) mean_partial_kernel<64><<<grid, kThreads, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  mean_finish_kernel<<<p.num_heads, 128, 0, s>>>(p);
+  const int64_t work = int64_t{p.num_heads} * p.n_idx * (p.head_dim / 8);
+  const int blocks = static_cast<int>(work / kThreads + 1 < 8192 ? work / kThreads + 1 : 8192);
+  centre_kernel<<<blocks, kThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s) {
+  init_kernel<<<warp_blocks(int64_t{p.num_heads} * p.num_clusters), kThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
+  const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
+  const dim3 grid(static_cast<unsigned>((tokens + kAssignKeys - 1) / kAssignKeys), global ? 1 : p.num_segments,
+                  p.num_heads);
+  if (p.head_dim == 128) assign_kernel<128><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
+  else if (p.head_dim == 64) assign_kernel<64><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s) {
+  const int blocks = warp_blocks(int64_t{p.num_heads} * p.num_clusters);
+  if (p.head_dim == 128) update_kernel<128><<<blocks, kThreads, 0, s>>>(p, spherical);
+  else if (p.head_dim == 64) update_kernel<64><<<blocks, kThreads, 0, s>>>(p, spherical);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s) {
+  const int blocks = warp_blocks(int64_t{p.num_heads} * p.num_clusters);
+  if (p.head_dim == 128) finalize_kernel<128><<<blocks, kThreads, 0, s>>>(p);
+  else if (p.head_dim == 64) finalize_kernel<64><<<blocks, kThreads, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+}  // namespace retroinfer::cuda::detail
