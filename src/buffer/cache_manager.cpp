@@ -163,7 +163,7 @@ bool CacheManager::poll() {
     // whose lookup already saw the last applied update, and only with no update outstanding.
     const RingSlotHeader* next_hdr = layout_.ring_header(region_, static_cast<int>((step + 1) % uint64_t(R)));
     const bool newest = load_acquire(next_hdr->end) < step + 2;
-    const bool decide = newest && outstanding_ == 0 && step >= min_decision_step_;
+    const bool decide = newest && outstanding_ == 0 && step >= min_decision_step_ && admit_.load();
     process_step(step, ids_copy_.data(), rows_copy_.data(), decide);
     ++next_step_;
     progressed = true;

@@ -63,6 +63,9 @@ class CacheManager {
   // see every decision made so far. Rethrows a manager error. For deterministic tests and benchmarks.
   void wait_idle(uint64_t steps);
   CacheManagerStats stats() const;
+  // Admissions on (default) or off: off, the manager only tracks recency and the cache stops changing
+  // (benchmarks measure the all-miss path this way). Any thread.
+  void set_admission(bool on) { admit_.store(on); }
   const PageLru& lru(int head) const { return lrus_[static_cast<size_t>(head)]; }
   int heads() const { return layout_.heads; }
 
@@ -97,6 +100,7 @@ class CacheManager {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> running_{false};
+  std::atomic<bool> admit_{true};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::exception_ptr error_;       // guarded by mu_

@@ -25,9 +25,11 @@
 #include <string_view>
 #include <vector>
 
+#include "retroinfer/wave_buffer.h"
+
 namespace retroinfer::buffer {
 
-enum class StoreTier : uint8_t { kGpu, kHost };
+using StoreTier = ::retroinfer::StoreTier;
 std::string_view store_tier_name(StoreTier t);
 
 struct PlannerShape {

@@ -28,6 +28,13 @@
 #include <cstddef>
 #include <cstdint>
 
+// The pointer helpers below are used by the host (manager) and by the kernels.
+#if defined(__CUDACC__)
+#define RETROINFER_HOST_DEVICE __host__ __device__
+#else
+#define RETROINFER_HOST_DEVICE
+#endif
+
 namespace retroinfer::buffer {
 
 struct RingSlotHeader {
@@ -108,24 +115,24 @@ struct WaveProtocolLayout {
   }
 
   // Pointers into a region of total_bytes (valid for host and, for mapped memory, device pointers).
-  RingSlotHeader* ring_header(void* base, int slot) const {
+  RETROINFER_HOST_DEVICE RingSlotHeader* ring_header(void* base, int slot) const {
     return reinterpret_cast<RingSlotHeader*>(static_cast<char*>(base) + ring_offset + ring_slot_bytes * size_t(slot));
   }
-  int32_t* ring_ids(void* base, int slot) const {
+  RETROINFER_HOST_DEVICE int32_t* ring_ids(void* base, int slot) const {
     return reinterpret_cast<int32_t*>(reinterpret_cast<char*>(ring_header(base, slot)) + sizeof(RingSlotHeader));
   }
-  int32_t* ring_rows(void* base, int slot) const { return ring_ids(base, slot) + size_t(heads) * size_t(k); }
-  MailboxHeader* mailbox(void* base) const {
+  RETROINFER_HOST_DEVICE int32_t* ring_rows(void* base, int slot) const { return ring_ids(base, slot) + size_t(heads) * size_t(k); }
+  RETROINFER_HOST_DEVICE MailboxHeader* mailbox(void* base) const {
     return reinterpret_cast<MailboxHeader*>(static_cast<char*>(base) + mailbox_offset);
   }
-  MailboxEviction* evictions(void* base) const {
+  RETROINFER_HOST_DEVICE MailboxEviction* evictions(void* base) const {
     return reinterpret_cast<MailboxEviction*>(static_cast<char*>(base) + evictions_offset);
   }
-  MailboxAdmission* admissions(void* base) const {
+  RETROINFER_HOST_DEVICE MailboxAdmission* admissions(void* base) const {
     return reinterpret_cast<MailboxAdmission*>(static_cast<char*>(base) + admissions_offset);
   }
-  int32_t* pages(void* base) const { return reinterpret_cast<int32_t*>(static_cast<char*>(base) + pages_offset); }
-  AckRecord* ack(void* base) const { return reinterpret_cast<AckRecord*>(static_cast<char*>(base) + ack_offset); }
+  RETROINFER_HOST_DEVICE int32_t* pages(void* base) const { return reinterpret_cast<int32_t*>(static_cast<char*>(base) + pages_offset); }
+  RETROINFER_HOST_DEVICE AckRecord* ack(void* base) const { return reinterpret_cast<AckRecord*>(static_cast<char*>(base) + ack_offset); }
 };
 
 }  // namespace retroinfer::buffer
