@@ -21,6 +21,7 @@
 // a manager error is rethrown by the owner's next decode(), wait_manager(), stats() or check().
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -110,6 +111,8 @@ std::pair<int64_t, int64_t> device_memory_info();
 // A non-blocking stream (graph capture needs one other than the legacy default stream).
 Stream create_stream();
 void destroy_stream(Stream s);
+// Asynchronous device-to-device copy on `s` (benchmarks: feed a query trace to a captured graph).
+void copy_device_async(void* dst, const void* src, size_t bytes, Stream s);
 
 }  // namespace cuda
 }  // namespace retroinfer

@@ -79,10 +79,11 @@ CacheManagerStats CacheManager::stats() const {
 
 void CacheManager::wait_idle(uint64_t steps) {
   std::unique_lock<std::mutex> lock(mu_);
+  // A step's decision is published before the step counts as seen, so consuming the steps is enough.
+  // (Waiting for an outstanding update to be acked would deadlock when the producer has stopped: the
+  // ack only comes with the next step's apply.)
   const auto done = [&] {
-    return error_ != nullptr || !running_.load() ||
-           (stats_.steps_seen + stats_.steps_lost >= steps &&
-            (published_outstanding_src_ == 0 || published_outstanding_src_ >= steps));
+    return error_ != nullptr || !running_.load() || stats_.steps_seen + stats_.steps_lost >= steps;
   };
   while (!done()) cv_.wait_for(lock, std::chrono::milliseconds(1));
   if (error_ != nullptr) {
@@ -121,7 +122,6 @@ void CacheManager::read_ack() {
     ++stats_.updates_dropped;
     stats_.admitted -= admissions_.size();
   }
-  published_outstanding_src_ = 0;
 }
 
 bool CacheManager::poll() {
@@ -253,7 +253,6 @@ void CacheManager::publish(uint64_t src_step) {
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.updates;
   stats_.admitted += admissions_.size();
-  published_outstanding_src_ = src_step + 1;
 }
 
 }  // namespace retroinfer::buffer

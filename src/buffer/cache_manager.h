@@ -58,9 +58,9 @@ class CacheManager {
   void start();
   void stop();   // joins the thread; rethrows its error, if any
   void check();  // rethrows the manager thread's error, if any
-  // Blocks until the manager has consumed ring steps [0, steps) (read or counted lost) and any update it
-  // published can still be applied in time (its src_step + 1 >= steps), i.e. the next step, `steps`, will
-  // see every decision made so far. Rethrows a manager error. For deterministic tests and benchmarks.
+  // Blocks until the manager has consumed ring steps [0, steps) (read or counted lost), including the
+  // decision it made for the last of them: with the producer waiting too, step `steps` applies that
+  // decision in time. Rethrows a manager error. For deterministic tests and benchmarks.
   void wait_idle(uint64_t steps);
   CacheManagerStats stats() const;
   // Admissions on (default) or off: off, the manager only tracks recency and the cache stops changing
@@ -105,7 +105,6 @@ class CacheManager {
   std::condition_variable cv_;
   std::exception_ptr error_;       // guarded by mu_
   CacheManagerStats stats_;        // guarded by mu_
-  uint64_t published_outstanding_src_ = 0;  // guarded by mu_: src_step + 1 of the outstanding update, 0 none
 };
 
 }  // namespace retroinfer::buffer

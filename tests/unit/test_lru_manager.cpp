@@ -226,6 +226,25 @@ TEST(CacheManager, BadRingContentSurfacesOnTheOwnerThread) {
   EXPECT_NO_THROW(m.stop());  // the error was delivered once
 }
 
+// Regression (seen on the GPU): the manager decides for step 0, the producer has meanwhile run its last
+// step 1 (too early to apply the update) and stops. wait_idle(2) must return: no ack will come.
+TEST(CacheManager, WaitIdleReturnsWhenTheLastUpdateCannotBeAckedYet) {
+  Rig rig(17);
+  CacheManager m(rig.layout, rig.region(), rig.sizes, rig.C, rig.page_tokens, rig.capacity);
+  FakeDevice dev(rig.layout, rig.region(), rig.C, rig.page_tokens, rig.capacity, rig.sizes);
+  std::vector<int32_t> ids(size_t(rig.H) * rig.K, -1);
+  ids[0] = 3;
+  m.start();
+  dev.apply();
+  dev.publish(ids);  // step 0: a miss
+  for (int i = 0; i < 5000 && m.stats().updates == 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  ASSERT_EQ(m.stats().updates, 1u);
+  dev.publish(ids);  // step 1 without its apply: the update is outstanding, and no step follows
+  m.wait_idle(2);    // returned: the step was consumed
+  EXPECT_EQ(m.stats().steps_seen, 2u);
+  m.stop();
+}
+
 TEST(CacheManager, RejectsInconsistentConstruction) {
   Rig rig(15);
   std::vector<int32_t> short_sizes(5, 8);

@@ -69,7 +69,11 @@ struct WaveBufferLayer::Impl {
   // Meta index copies (decode reads these) and tables; shapes in detail::WaveTables / kernels.h.
   DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
   DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
-  DeviceBuffer exec_count, counts, seg_row, seg_hit, state;
+  DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
+  // Estimation runs on a side stream, forked after selection and joined before exact attention, so it
+  // overlaps the lookup and the gather (whose zero-copy reads leave the SMs mostly waiting).
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
   PinnedBuffer store_host, region;
@@ -85,6 +89,9 @@ struct WaveBufferLayer::Impl {
     manager.reset();  // stop the thread before the region goes
     if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
+    if (fork_ev != nullptr) cudaEventDestroy(fork_ev);
+    if (join_ev != nullptr) cudaEventDestroy(join_ev);
+    if (side != nullptr) cudaStreamDestroy(side);
   }
 
   detail::WaveTables tables() const {
@@ -130,6 +137,9 @@ WaveBufferLayer::WaveBufferLayer(const AttentionShape& shape, const AttentionCon
   m.D = shape.head_dim;
   m.scale = detail::effective_scale(cfg.scale, shape.head_dim);
   m.index = std::make_unique<RetroLayer>(shape, cfg, num_seqs);
+  RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
+  RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&m.fork_ev, cudaEventDisableTiming));
+  RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&m.join_ev, cudaEventDisableTiming));
 }
 
 WaveBufferLayer::~WaveBufferLayer() = default;
@@ -268,6 +278,7 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.layout = buffer::WaveProtocolLayout::make(H, m.n_r, m.wcfg.ring_slots, static_cast<int>(max_pages), H * m.n_r,
                                               static_cast<int>(max_pages));
   m.region = PinnedBuffer(m.layout.total_bytes);
+  m.mirror = DeviceBuffer(m.layout.ack_offset - m.layout.evictions_offset);
   std::memset(m.region.host, 0, m.layout.total_bytes);
   m.steps = 0;
   RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());
@@ -294,6 +305,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   ap.t = t;
   ap.layout = m.layout;
   ap.region = m.region.dev;
+  ap.mirror = m.mirror.data();
   ap.state = m.state.as<detail::WaveDeviceState>();
   detail::launch_check(detail::wave_apply(ap, st), "wave_apply", st);
   mark();
@@ -333,7 +345,14 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   se.list_stride = m.list_cap;
   detail::launch_check(detail::select_and_expand(se, st), "select_and_expand", st);
   const int total = m.attn_splits + m.est_splits;
+  // Stage timing (marks) keeps estimation inline so that each stage's time is its own.
+  const bool fork = m.n_e > 0 && marks == nullptr;
+  if (fork) {
+    RETROINFER_CUDA_CHECK(cudaEventRecord(m.fork_ev, st));
+    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(m.side, m.fork_ev, 0));
+  }
   if (m.n_e > 0) {
+    cudaStream_t es = fork ? m.side : st;
     detail::EstimateParams ep;
     ep.logits = sp.logits;
     ep.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
@@ -349,7 +368,8 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     ep.part_o = m.part_o.as<float>();
     ep.total_splits = total;
     ep.split_offset = m.attn_splits;
-    detail::launch_check(detail::estimate_attention(ep, st), "estimate_attention", st);
+    detail::launch_check(detail::estimate_attention(ep, es), "estimate_attention", es);
+    if (fork) RETROINFER_CUDA_CHECK(cudaEventRecord(m.join_ev, m.side));
   }
   mark();
 
@@ -386,6 +406,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
   mark();
 
+  if (fork) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.join_ev, 0));
   detail::DecodeParams dp;
   dp.q = q;
   dp.k = m.exec_k.as<uint16_t>();
@@ -444,7 +465,7 @@ void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
   auto st = static_cast<cudaStream_t>(s);
   if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
   if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
-  RETROINFER_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  RETROINFER_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
   try {
     launch_step(q, out, s, nullptr);
   } catch (...) {
@@ -534,6 +555,10 @@ Stream create_stream() {
   cudaStream_t s = nullptr;
   RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   return s;
+}
+
+void copy_device_async(void* dst, const void* src, size_t bytes, Stream s) {
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s)));
 }
 
 void destroy_stream(Stream s) {

@@ -69,6 +69,8 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_kernel(const StoreFill
 __device__ __forceinline__ uint64_t volatile_load(const uint64_t* x) { return *reinterpret_cast<const volatile uint64_t*>(x); }
 __device__ __forceinline__ int32_t volatile_load(const int32_t* x) { return *reinterpret_cast<const volatile int32_t*>(x); }
 
+__device__ __forceinline__ int32_t ld(const int32_t* x) { return *x; }
+
 __global__ void apply_snapshot_kernel(const WaveApplyParams p) {
   WaveDeviceState* st = p.state;
   const buffer::MailboxHeader* mb = p.layout.mailbox(p.region);
@@ -82,7 +84,33 @@ __global__ void apply_snapshot_kernel(const WaveApplyParams p) {
     st->seq = seq;
     st->num_evictions = volatile_load(&mb->num_evictions);
     st->num_admissions = volatile_load(&mb->num_admissions);
+    st->num_pages = volatile_load(&mb->num_pages);
     st->last_seq = seq;
+    // A count beyond the region's capacity would overrun the mirror: apply nothing of it, flag it.
+    if (st->num_evictions < 0 || st->num_evictions > p.layout.max_evictions || st->num_admissions < 0 ||
+        st->num_admissions > p.layout.max_admissions || st->num_pages < 0 || st->num_pages > p.layout.max_admit_pages) {
+      st->num_evictions = st->num_admissions = st->num_pages = 0;
+      st->error |= 4;
+    }
+  }
+}
+
+// Copies the used part of the payload (4-byte words, uncached loads: the host rewrites it between
+// updates) from pinned memory into the device mirror.
+__global__ void apply_fetch_kernel(const WaveApplyParams p) {
+  const WaveDeviceState* st = p.state;
+  if (st->active == 0) return;
+  const int gtid = blockIdx.x * blockDim.x + threadIdx.x, nthreads = gridDim.x * blockDim.x;
+  char* base = static_cast<char*>(p.mirror) - p.layout.evictions_offset;  // mirror as if it were the region
+  const size_t ranges[3][2] = {
+      {p.layout.evictions_offset, sizeof(buffer::MailboxEviction) * size_t(st->num_evictions)},
+      {p.layout.admissions_offset, sizeof(buffer::MailboxAdmission) * size_t(st->num_admissions)},
+      {p.layout.pages_offset, sizeof(int32_t) * size_t(st->num_pages)}};
+  for (int r = 0; r < 3; ++r) {
+    const int32_t* src = reinterpret_cast<const int32_t*>(static_cast<const char*>(p.region) + ranges[r][0]);
+    int32_t* dst = reinterpret_cast<int32_t*>(base + ranges[r][0]);
+    const int64_t words = static_cast<int64_t>(ranges[r][1] / 4);
+    for (int64_t i = gtid; i < words; i += nthreads) dst[i] = __ldcv(src + i);
   }
 }
 
@@ -92,9 +120,10 @@ __global__ void __launch_bounds__(kWarps * 32) apply_kernel(const WaveApplyParam
   if (st->active == 0) return;
   const WaveTables& t = p.t;
   const int gtid = blockIdx.x * blockDim.x + threadIdx.x, nthreads = gridDim.x * blockDim.x;
-  const buffer::MailboxEviction* ev = p.layout.evictions(p.region);
+  void* mbase = static_cast<char*>(p.mirror) - p.layout.evictions_offset;
+  const buffer::MailboxEviction* ev = p.layout.evictions(mbase);
   for (int i = gtid; i < st->num_evictions; i += nthreads) {
-    const int h = volatile_load(&ev[i].head), c = volatile_load(&ev[i].cluster);
+    const int h = ld(&ev[i].head), c = ld(&ev[i].cluster);
     if (h < 0 || h >= t.num_heads || c < 0 || c >= t.num_clusters) {
       atomicOr(reinterpret_cast<unsigned long long*>(&p.state->error), 1ull);
       continue;
@@ -102,16 +131,16 @@ __global__ void __launch_bounds__(kWarps * 32) apply_kernel(const WaveApplyParam
     t.resident[int64_t{h} * t.num_clusters + c] = 0;
   }
   if (st->in_time == 0) return;
-  const buffer::MailboxAdmission* ad = p.layout.admissions(p.region);
-  const int32_t* pages = p.layout.pages(p.region);
+  const buffer::MailboxAdmission* ad = p.layout.admissions(mbase);
+  const int32_t* pages = p.layout.pages(mbase);
   const int lane = threadIdx.x & 31, gwarp = gtid >> 5, nwarps = nthreads >> 5;
   for (int i = gwarp; i < st->num_admissions; i += nwarps) {
-    const int h = volatile_load(&ad[i].head), c = volatile_load(&ad[i].cluster);
-    const int row = volatile_load(&ad[i].exec_row), n = volatile_load(&ad[i].num_rows);
-    const int pb = volatile_load(&ad[i].page_begin);
+    const int h = ld(&ad[i].head), c = ld(&ad[i].cluster);
+    const int row = ld(&ad[i].exec_row), n = ld(&ad[i].num_rows);
+    const int pb = ld(&ad[i].page_begin);
     const bool ok = h >= 0 && h < t.num_heads && c >= 0 && c < t.num_clusters && row >= 0 && n >= 1 &&
                     row + int64_t{n} <= t.exec_cap && n == t.sizes[int64_t{h} * t.num_clusters + c] && pb >= 0 &&
-                    pb + (n + t.page_tokens - 1) / t.page_tokens <= p.layout.max_admit_pages;
+                    pb + (n + t.page_tokens - 1) / t.page_tokens <= st->num_pages;
     if (!ok) {
       if (lane == 0) atomicOr(reinterpret_cast<unsigned long long*>(&p.state->error), 2ull);
       continue;
@@ -119,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32) apply_kernel(const WaveApplyParam
     const int npages = (n + t.page_tokens - 1) / t.page_tokens;
     bool pages_ok = true;
     for (int j = 0; j < npages; ++j) {
-      const int pg = volatile_load(&pages[pb + j]);
+      const int pg = ld(&pages[pb + j]);
       pages_ok = pages_ok && pg >= 0 && pg < t.pages_per_head;
     }
     if (!pages_ok) {
@@ -134,11 +163,11 @@ __global__ void __launch_bounds__(kWarps * 32) apply_kernel(const WaveApplyParam
     warp_copy_rows<D>(
         lane, n, [&](int kv, int r) { return (kv ? evv : ek) + int64_t{r} * D; },
         [&](int kv, int r) {
-          const int pg = volatile_load(&pages[pb + r / pt]);
+          const int pg = ld(&pages[pb + r / pt]);
           return (kv ? cv : ck) + (int64_t{pg} * pt + r % pt) * D;
         });
     const int64_t slot0 = int64_t{h} * t.slot_stride + t.slot_begin[int64_t{h} * (t.num_clusters + 1) + c];
-    for (int j = lane; j < npages; j += 32) t.cluster_pages[slot0 + j] = volatile_load(&pages[pb + j]);
+    for (int j = lane; j < npages; j += 32) t.cluster_pages[slot0 + j] = ld(&pages[pb + j]);
     if (lane == 0) t.resident[int64_t{h} * t.num_clusters + c] = 1;
   }
 }
@@ -318,6 +347,9 @@ cudaError_t wave_store_fill(const StoreFillParams& p, cudaStream_t s) {
 cudaError_t wave_apply(const WaveApplyParams& p, cudaStream_t s) {
   apply_snapshot_kernel<<<1, 1, 0, s>>>(p);
   cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  apply_fetch_kernel<<<64, 256, 0, s>>>(p);
+  e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   // Enough warps for the largest update (one warp per admission), capped at a few waves.
   const int blocks = copy_blocks(p.layout.max_admissions) < 1024 ? copy_blocks(p.layout.max_admissions) : 1024;

@@ -53,7 +53,7 @@ struct WaveDeviceState {
   uint64_t active;        // this step applies an update (snapshot below)
   uint64_t in_time;       // ... and its admissions (src_step + 1 == step)
   uint64_t seq;
-  int32_t num_evictions, num_admissions;
+  int32_t num_evictions, num_admissions, num_pages, pad;
   uint64_t error;         // nonzero: a mailbox entry was out of range and skipped (bit 0 eviction, 1 admission)
 };
 
@@ -61,9 +61,13 @@ struct WaveApplyParams {
   WaveTables t;
   buffer::WaveProtocolLayout layout;
   void* region = nullptr;             // device pointer of the mapped protocol region
+  // Device copy of the region's bytes [evictions_offset, ack_offset): the payload is fetched from pinned
+  // memory once, coalesced, instead of field by field over PCIe.
+  void* mirror = nullptr;
   WaveDeviceState* state = nullptr;   // device
 };
-// Snapshot of the mailbox header (1 thread), then evictions and admissions (grid).
+// Snapshot of the mailbox header (1 thread), payload fetch into the mirror (grid, only the used entries),
+// then evictions and admissions (grid).
 cudaError_t wave_apply(const WaveApplyParams& p, cudaStream_t s);
 
 struct WaveLookupParams {
