@@ -248,7 +248,6 @@ void CacheManager::publish(uint64_t src_step) {
   mb->num_admissions = static_cast<int32_t>(admissions_.size());
   mb->num_pages = static_cast<int32_t>(pages_.size());
   outstanding_ = ++seq_;
-  outstanding_src_ = src_step;
   store_release(mb->seq, seq_);
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.updates;

@@ -89,7 +89,6 @@ class CacheManager {
   uint64_t next_step_ = 0;         // next ring step to read
   uint64_t seq_ = 0;               // last published update
   uint64_t outstanding_ = 0;       // seq awaiting ack, 0 = none
-  uint64_t outstanding_src_ = 0;   // its src_step
   uint64_t min_decision_step_ = 0; // steps before this saw a page table older than the last update
   std::vector<MailboxEviction> evictions_;
   std::vector<MailboxAdmission> admissions_;

@@ -307,28 +307,6 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
   }
 }
 
-template <int D>
-__global__ void __launch_bounds__(kWarps * 32) preload_kernel(const WavePreloadParams p) {
-  const WaveTables& t = p.t;
-  const int lane = threadIdx.x & 31;
-  const int i = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (i >= p.n) return;
-  const int h = p.admit_head[i], c = p.admit_cluster[i];
-  const int s = t.sizes[int64_t{h} * t.num_clusters + c];
-  const int* pg = p.admit_pages + int64_t{i} * p.max_pages;
-  const int pt = t.page_tokens;
-  const uint16_t* blk = t.store + store_block(t, h, c);
-  uint16_t* ck = t.cache_k + int64_t{h} * t.pages_per_head * pt * D;
-  uint16_t* cv = t.cache_v + int64_t{h} * t.pages_per_head * pt * D;
-  warp_copy_rows<D>(
-      lane, s, [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; },
-      [&](int kv, int r) { return (kv ? cv : ck) + (int64_t{pg[r / pt]} * pt + r % pt) * D; });
-  const int npages = (s + pt - 1) / pt;
-  const int64_t slot0 = int64_t{h} * t.slot_stride + t.slot_begin[int64_t{h} * (t.num_clusters + 1) + c];
-  for (int j = lane; j < npages; j += 32) t.cluster_pages[slot0 + j] = pg[j];
-  if (lane == 0) t.resident[int64_t{h} * t.num_clusters + c] = 1;
-}
-
 int copy_blocks(int64_t items) {
   const int64_t b = (items + kWarps - 1) / kWarps;
   return static_cast<int>(b < 1 ? 1 : b);
@@ -374,15 +352,6 @@ cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s) {
   const dim3 grid(copy_blocks(items), p.t.num_heads);
   if (p.t.head_dim == 128) gather_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
   else if (p.t.head_dim == 64) gather_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
-  else return cudaErrorInvalidValue;
-  return cudaGetLastError();
-}
-
-cudaError_t wave_preload(const WavePreloadParams& p, cudaStream_t s) {
-  if (p.n == 0) return cudaSuccess;
-  const int blocks = copy_blocks(p.n);
-  if (p.t.head_dim == 128) preload_kernel<128><<<blocks, kWarps * 32, 0, s>>>(p);
-  else if (p.t.head_dim == 64) preload_kernel<64><<<blocks, kWarps * 32, 0, s>>>(p);
   else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }

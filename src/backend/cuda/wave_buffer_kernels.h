@@ -106,14 +106,5 @@ struct WaveGatherParams {
 };
 cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s);
 
-// Preload: admits clusters into pages chosen by the host (tests): copies rows from the store.
-struct WavePreloadParams {
-  WaveTables t;
-  const int* admit_head = nullptr;     // [n]
-  const int* admit_cluster = nullptr;  // [n]
-  const int* admit_pages = nullptr;    // [n, max_pages]
-  int max_pages = 0, n = 0;
-};
-cudaError_t wave_preload(const WavePreloadParams& p, cudaStream_t s);
 
 }  // namespace retroinfer::cuda::detail
