@@ -237,7 +237,7 @@ TEST(CacheManager, WaitIdleReturnsWhenTheLastUpdateCannotBeAckedYet) {
   m.start();
   dev.apply();
   dev.publish(ids);  // step 0: a miss
-  for (int i = 0; i < 5000 && m.stats().updates == 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  for (int i = 0; i < 5000 && m.stats().updates == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_EQ(m.stats().updates, 1u);
   dev.publish(ids);  // step 1 without its apply: the update is outstanding, and no step follows
   m.wait_idle(2);    // returned: the step was consumed
