@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,24 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
     }
     stage_json += "}";
     emit("retro_stages", n, batch, s, req, stage_json);
+    {
+      // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
+      cuda::StreamHandle stream;
+      std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
+      for (int i = 0; i < kQueries; ++i)
+        graphs.push_back(std::make_unique<cuda::CapturedGraph>(
+            stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
+      cuda::EventTimer timer;
+      std::vector<float> t;
+      for (int i = 0; i < reps + 3; ++i) {
+        cuda::flush_l2(stream.get());
+        timer.start(stream.get());
+        graphs[i % kQueries]->launch(stream.get());
+        timer.stop(stream.get());
+        if (i >= 3) t.push_back(timer.elapsed_ms());
+      }
+      emit("retro_graph", n, batch, stats(t), req, "");
+    }
   }
 }
 

@@ -13,6 +13,12 @@ mkdir -p "$OUT"
 if [ -z "${BIN_DIR:-}" ]; then
   if [ -x "$here/bin/gpu_tests" ]; then BIN_DIR=$here/bin; else BIN_DIR=$here/../build/cuda/bin; fi
 fi
+# Shared libraries the GPU machine lacks (OpenBLAS, libgomp, libgfortran, libquadmath) may be staged in
+# lib/ beside this script, gzip-compressed to fit the transfer limit.
+if [ -d "$here/lib" ]; then
+  for z in "$here"/lib/*.gz; do [ -e "$z" ] && gunzip -f "$z"; done
+  export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 LENGTHS=${LENGTHS:-32768,131072,524288,1048576}
 BATCHES=${BATCHES:-1,4,16}
 REPS=${REPS:-30}

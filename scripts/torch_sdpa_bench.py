@@ -114,21 +114,35 @@ def summarize(kernel_path, torch_path):
     def fmt(x, spec):
         return format(x, spec) if x is not None else "-"
 
-    print("| n | batch | full ms | full TB/s | torch ms | torch TB/s | full/torch | retro ms | retro/full speed-up |"
-          " retro moved/required | quest ms | k-means ms/seq | k-means / prefill |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| n | batch | full ms | full TB/s | torch ms | torch TB/s | full/torch | retro ms | retro graph ms |"
+          " full/retro graph | retro moved/required | quest ms | k-means ms/seq | k-means / prefill |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, b in keys:
         if n is None:
             continue
         full, tor, ret, qu = get("full", n, b), get("torch_sdpa", n, b), get("retro", n, b), get("quest", n, b)
+        rg = get("retro_graph", n, b)
         fg, tg = get("full", n, b, "gbps"), get("torch_sdpa", n, b, "gbps")
         km = get("kmeans", n, b, "per_sequence_ms")
         pre = get("torch_prefill_causal", n, 1)
         mor = get("retro", n, b, "moved_over_required")
         print(f"| {n} | {b} | {fmt(full, '.4f')} | {fmt(fg and fg / 1000, '.2f')} | {fmt(tor, '.4f')} | "
               f"{fmt(tg and tg / 1000, '.2f')} | {fmt(full and tor and full / tor, '.3f')} | {fmt(ret, '.4f')} | "
-              f"{fmt(full and ret and full / ret, '.1f')} | {fmt(mor, '.2f')} | {fmt(qu, '.4f')} | {fmt(km, '.2f')} | "
+              f"{fmt(rg, '.4f')} | {fmt(full and rg and full / rg, '.1f')} | {fmt(mor, '.2f')} | {fmt(qu, '.4f')} | {fmt(km, '.2f')} | "
               f"{fmt(km and pre and km / pre, '.4f')} |")
+
+
+def summarize_stages(kernel_path):
+    """Retro decode stage breakdown (eager, one stream, events between stages) and prefill figures."""
+    rows = [json.loads(l) for l in open(kernel_path) if l.startswith("{")]
+    st = [r for r in rows if r["method"] == "retro_stages"]
+    if st:
+        names = list(st[0]["stages_ms"].keys())
+        print("| n | batch | " + " | ".join(f"{n} us" for n in names) + " | sum us |")
+        print("|---|---|" + "---|" * (len(names) + 1))
+        for r in st:
+            v = [r["stages_ms"][n] * 1000 for n in names]
+            print(f"| {r['n']} | {r['batch']} | " + " | ".join(f"{x:.1f}" for x in v) + f" | {sum(v):.1f} |")
 
 
 def main():
@@ -140,8 +154,11 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--prefill-reps", type=int, default=3)
     ap.add_argument("--summarize", nargs=2, metavar=("KERNEL_JSONL", "TORCH_JSONL"))
+    ap.add_argument("--stages", metavar="KERNEL_JSONL", help="print the retro stage table of a kernel_bench run")
     args = ap.parse_args()
-    if args.summarize:
+    if args.stages:
+        summarize_stages(args.stages)
+    elif args.summarize:
         summarize(*args.summarize)
     else:
         if not args.out:

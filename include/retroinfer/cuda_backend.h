@@ -87,6 +87,41 @@ class EventTimer {
   void* stop_ = nullptr;
 };
 
+// A non-blocking CUDA stream owned by the caller (capture into graphs needs one).
+class StreamHandle {
+ public:
+  StreamHandle();
+  ~StreamHandle();
+  StreamHandle(const StreamHandle&) = delete;
+  StreamHandle& operator=(const StreamHandle&) = delete;
+  Stream get() const { return stream_; }
+
+ private:
+  Stream stream_ = nullptr;
+};
+
+// A CUDA graph captured from the work that `record` issues on `s` (e.g. one RetroLayer::decode), replayed
+// with launch(): one launch instead of one per kernel. The captured pointers must stay valid.
+class CapturedGraph {
+ public:
+  template <typename F>
+  CapturedGraph(Stream s, F&& record) {
+    begin_capture(s);
+    record();
+    end_capture(s);
+  }
+  ~CapturedGraph();
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  void launch(Stream s);
+
+ private:
+  void begin_capture(Stream s);
+  void end_capture(Stream s);
+  void* graph_ = nullptr;  // cudaGraph_t
+  void* exec_ = nullptr;   // cudaGraphExec_t
+};
+
 // Exact dense decode attention (flash decoding, split over tokens, GQA-aware): the full-attention
 // baseline on the GPU.
 class DenseDecoder {
@@ -131,7 +166,8 @@ struct RetroDebugState {
 // (sequence, KV head) with segmented spherical k-means (DESIGN.md §2); decode() scores the clusters,
 // selects the retrieval and estimation zones, estimates the estimation zone from the cluster summaries,
 // attends exactly to the steady zone plus the retrieval clusters' tokens, and merges the two states.
-// Zones: steady = the first cfg.sink_tokens and the last cfg.window_tokens tokens; the rest is indexed.
+// Zones: steady = the first cfg.sink_tokens and the last cfg.window_tokens tokens; the rest is indexed
+// (unless it is shorter than cfg.tokens_per_cluster: then everything is steady, as in the CPU method).
 // Budgets: n_retrieval = ceil(retrieval_fraction * C) (at least 1), n_estimation = ceil(estimation_fraction
 // * C) capped by C - n_retrieval (0 when cfg.estimation is false), C the clusters per head.
 class RetroLayer {

@@ -48,6 +48,13 @@ struct GgufVocab {
   std::string chat_template;              // tokenizer.chat_template, "" when absent
 };
 
+class GgufMetadata;  // include/retroinfer/model_file.h
+
+// Reads the tokenizer.* keys of GGUF metadata (ModelFile::gguf_metadata()) into a GgufVocab. Throws Error
+// naming the key when a required one (tokenizer.ggml.model, .tokens, and .merges for gpt2) is missing or
+// a key has the wrong type.
+GgufVocab gguf_vocab_from_metadata(const GgufMetadata& metadata);
+
 struct ChatMessage {
   std::string role;     // "system", "user", "assistant"
   std::string content;  // UTF-8 text
@@ -86,7 +93,9 @@ class Tokenizer {
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
 
-  // Text (bytes; valid UTF-8 expected, invalid bytes are encoded one token per byte) -> token ids.
+  // Text -> token ids. Valid UTF-8 is expected; a byte outside a valid sequence becomes its own byte token,
+  // so decode(encode(s)) == s for any bytes when the vocabulary has a token for every byte (Llama 3, Qwen,
+  // GPT-2). A byte without a token (SmolLM2 lacks 21) becomes unk_token if any, else is dropped (as in HF).
   // parse_special: recognise added/special tokens written in the text (e.g. "<|eot_id|>") as single ids;
   // false treats them as plain text (use for untrusted user content). add_special: add the BOS/EOS that
   // the tokenizer's post-processor (or GGUF add_bos) prescribes.

@@ -10,9 +10,12 @@ float effective_scale(float scale, int head_dim) {
 }
 
 namespace {
-// Two passes per token chunk would be faster; one online pass keeps this the readable reference.
-inline void push_token(const KvCache& kv, int kvh, int64_t t, const float* q, float scale, GroupState& gs) {
+// One online-softmax step for every query head of the group: the token's key and value are read (and
+// converted from storage) once for the whole group.
+inline void push_token(const KvCache& kv, int kvh, int64_t t, const float* q, float scale, GroupState& gs,
+                       float* vbuf) {
   const int d = gs.head_dim;
+  bool loaded = false;
   for (int g = 0; g < gs.group; ++g) {
     const float s = kv.dot_key(kvh, t, q + static_cast<size_t>(g) * d) * scale;
     SoftmaxScalars& st = gs.st[g];
@@ -25,19 +28,25 @@ inline void push_token(const KvCache& kv, int kvh, int64_t t, const float* q, fl
     }
     const float p = std::exp(s - st.m);
     st.l += p;
-    kv.axpy_value(kvh, t, p, o);
+    if (!loaded) {
+      kv.load_value(kvh, t, vbuf);
+      loaded = true;
+    }
+    for (int i = 0; i < d; ++i) o[i] += p * vbuf[i];
   }
 }
 }  // namespace
 
 void accumulate_range(const KvCache& kv, int kvh, const float* q, float scale, int64_t begin, int64_t end,
                       GroupState& gs) {
-  for (int64_t t = begin; t < end; ++t) push_token(kv, kvh, t, q, scale, gs);
+  std::vector<float> vbuf(gs.head_dim);
+  for (int64_t t = begin; t < end; ++t) push_token(kv, kvh, t, q, scale, gs, vbuf.data());
 }
 
 void accumulate_tokens(const KvCache& kv, int kvh, const float* q, float scale, const int64_t* tokens,
                        int64_t n, GroupState& gs) {
-  for (int64_t i = 0; i < n; ++i) push_token(kv, kvh, tokens[i], q, scale, gs);
+  std::vector<float> vbuf(gs.head_dim);
+  for (int64_t i = 0; i < n; ++i) push_token(kv, kvh, tokens[i], q, scale, gs, vbuf.data());
 }
 
 }  // namespace retroinfer::attention

@@ -20,8 +20,9 @@ std::unique_ptr<Tokenizer> Tokenizer::from_vocab(const GgufVocab& v) {
     const auto id = static_cast<TokenId>(i);
     const int32_t type = v.token_types.empty() ? 1 : v.token_types[i];
     RETROINFER_CHECK(type >= 0 && type <= 6, "tokenizer: GGUF token ", i, " has unknown token_type ", type);
-    if (type == static_cast<int32_t>(TokenType::kControl) || type == static_cast<int32_t>(TokenType::kUserDefined)) {
-      RETROINFER_CHECK(!v.tokens[i].empty(), "tokenizer: GGUF token ", i, " (control/user-defined) is empty");
+    const bool added =
+        type == static_cast<int32_t>(TokenType::kControl) || type == static_cast<int32_t>(TokenType::kUserDefined);
+    if (added && !v.tokens[i].empty()) {  // an empty control token (padding) cannot be matched: plain entry
       spec.added.push_back({id, v.tokens[i], type == static_cast<int32_t>(TokenType::kControl), false, false});
     } else {
       spec.vocab.emplace_back(v.tokens[i], id);  // normal, unknown, unused, byte: plain BPE vocabulary

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <random>
 #include <set>
 #include <thread>
@@ -278,6 +279,13 @@ TEST(TokenizerErrors, BadGgufVocab) {
   w.add_bos = true;  // but no bos id
   EXPECT_THROW(Tokenizer::from_vocab(w), Error);
   EXPECT_THROW(Tokenizer::from_vocab(GgufVocab{}), Error);
+  // Tolerated: a merge producing a control token, and an empty control token (padding).
+  w = v;
+  w.tokens.push_back("");
+  w.token_types = {1, 1, 3, 3};
+  auto t = Tokenizer::from_vocab(w);
+  EXPECT_EQ(t->encode("ab"), std::vector<TokenId>{2});
+  EXPECT_EQ(t->decode(std::vector<TokenId>{3, 0}), "a");
 }
 
 TEST(PreTokenizer, IsolatedSplitKeepsEverything) {

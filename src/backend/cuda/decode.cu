@@ -30,16 +30,6 @@ struct DecodeSmem {
   static constexpr size_t kBytes = kW * kWarpBytes;
 };
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-// x = hi + lo with hi = bf16(x), lo = bf16(x - hi): |x - hi - lo| <= 2^-18 |x|.
-__device__ __forceinline__ void split_bf16(float x, float& hi, float& lo) {
-  hi = __bfloat162float(__float2bfloat16_rn(x));
-  lo = x - hi;
-}
-
 // Tensor-core flash decoding. Per warp and tile of 16 tokens:
 //   S^T[16 x 16 tok] = Q[16 x D] K^T   with mma m16n8k16: A = the query rows (row g: bf16 hi part of the
 //                                      scaled query of head g, row g + 8: its lo part, so s = c[g] + c[g+8]
@@ -233,12 +223,12 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
 constexpr int kEstChunk = kEstimateChunk;
 
 template <int D>
-__global__ void __launch_bounds__(D) estimate_kernel(const EstimateParams p) {
+__global__ void __launch_bounds__(128) estimate_kernel(const EstimateParams p) {
   __shared__ float w[kMaxGroup][kEstChunk];  // logits, then e^{logit - max}
   __shared__ float sz[kEstChunk];
   __shared__ int cid[kEstChunk];
   __shared__ float gm[kMaxGroup], gl[kMaxGroup];
-  const int h = blockIdx.y, split = blockIdx.x, G = p.group, d = threadIdx.x;
+  const int h = blockIdx.y, split = blockIdx.x, G = p.group;
   const int begin = split * kEstChunk;
   const int cnt = p.k_estimation - begin < kEstChunk ? p.k_estimation - begin : kEstChunk;
   const int* ids = p.estimation_ids + int64_t{h} * p.k_estimation + begin;
@@ -267,56 +257,95 @@ __global__ void __launch_bounds__(D) estimate_kernel(const EstimateParams p) {
     w[g][j] = w[g][j] == -INFINITY ? 0.0f : __expf(w[g][j] - gm[g]);
   }
   __syncthreads();
-  float o[kMaxGroup];
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) o[g] = 0.0f;
-  const uint16_t* vsh = p.value_sums_bf16 + int64_t{h} * p.num_clusters * D + d;
-#pragma unroll 8
-  for (int i = 0; i < kEstChunk; ++i) {
-    const int c = cid[i];
-    const float v = c < 0 ? 0.0f : bf16_to_f32(vsh[int64_t{c} * D]);
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G) o[g] += w[g][i] * v;
-  }
-  const int slot = p.split_offset + split;
+  // Thread = (cluster group cg, 4 dims): value-sum rows read 8 bytes per lane, clusters cg, cg + kGroups,
+  // ...; the groups' partial numerators then add in shared memory.
+  constexpr int kDl = 4, kLanes = D / kDl, kGroups = 128 / kLanes;
+  __shared__ float red[kGroups][kMaxGroup][D];
+  const int cg = threadIdx.x / kLanes, dl0 = (threadIdx.x % kLanes) * kDl;
+  float o[kMaxGroup][kDl];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g)
-    if (g < G) {
-      const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
-      p.part_o[base * D + d] = o[g];
-      if (d == 0) p.part_ml[base] = make_float2(gm[g], gl[g]);
+#pragma unroll
+    for (int k = 0; k < kDl; ++k) o[g][k] = 0.0f;
+  const uint16_t* vsh = p.value_sums_bf16 + int64_t{h} * p.num_clusters * D + dl0;
+#pragma unroll 4
+  for (int i = cg; i < kEstChunk; i += kGroups) {
+    const int c = cid[i];
+    float v[kDl] = {0, 0, 0, 0};
+    if (c >= 0) {
+      const uint2 w2 = *reinterpret_cast<const uint2*>(vsh + int64_t{c} * D);
+      const float2 a = bf16x2_to_float2(w2.x), b = bf16x2_to_float2(w2.y);
+      v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
     }
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+      if (g < G)
+#pragma unroll
+        for (int k = 0; k < kDl; ++k) o[g][k] += w[g][i] * v[k];
+  }
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+    if (g < G)
+#pragma unroll
+      for (int k = 0; k < kDl; ++k) red[cg][g][dl0 + k] = o[g][k];
+  __syncthreads();
+  const int slot = p.split_offset + split;
+  for (int e = threadIdx.x; e < G * D; e += blockDim.x) {
+    const int g = e / D, dd = e % D;
+    float sum = 0.0f;
+    for (int q = 0; q < kGroups; ++q) sum += red[q][g][dd];
+    const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
+    p.part_o[base * D + dd] = sum;
+    if (dd == 0) p.part_ml[base] = make_float2(gm[g], gl[g]);
+  }
 }
 
-// One thread per (query head, dimension): merges every split in slot order and normalises. The loads of
-// 8 splits are issued together, then merged (softmax_merge) from registers.
-__global__ void combine_kernel(const CombineParams p) {
-  constexpr int kBatch = 8;
-  const int h = blockIdx.x, D = p.head_dim, G = p.group;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    SoftmaxScalars st;
-    float acc_o = 0.0f;
-    for (int s0 = 0; s0 < p.total_splits; s0 += kBatch) {
-      float2 ml[kBatch];
-      float ob[kBatch];
+// CTA = one query head (flat head h, member g); warp w merges splits w, w + 8, ... (lane = 4 dims per
+// 128, loads of 4 splits issued together), then the 8 warp states merge in shared memory in warp order.
+constexpr int kCombineThreads = 256;
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
+  constexpr int kWarps = kCombineThreads / 32, kBatch = 4, kMaxDl = 4;
+  __shared__ float stage_o[kWarps][128];
+  __shared__ float2 stage_ml[kWarps];
+  const int h = blockIdx.x, g = blockIdx.y, D = p.head_dim, G = p.group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dl = D / 32;
+  SoftmaxScalars st;
+  float acc[kMaxDl] = {0, 0, 0, 0};
+  for (int s0 = warp; s0 < p.total_splits; s0 += kWarps * kBatch) {
+    float2 ml[kBatch];
+    float ob[kBatch][kMaxDl];
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int64_t base = (int64_t{h} * p.total_splits + s0 + j) * G + g;
-        const bool ok = s0 + j < p.total_splits;
-        ml[j] = ok ? p.part_ml[base] : make_float2(-INFINITY, 0.0f);
-        ob[j] = ok ? p.part_o[base * D + d] : 0.0f;
-      }
+    for (int j = 0; j < kBatch; ++j) {
+      const int sp = s0 + j * kWarps;
+      const int64_t base = (int64_t{h} * p.total_splits + sp) * G + g;
+      const bool ok = sp < p.total_splits;
+      ml[j] = ok ? p.part_ml[base] : make_float2(-INFINITY, 0.0f);
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        SoftmaxScalars b;
-        b.m = ml[j].x;
-        b.l = ml[j].y;
-        softmax_merge(st, &acc_o, b, &ob[j], 1);
-      }
+      for (int k = 0; k < kMaxDl; ++k) ob[j][k] = ok && k < dl ? p.part_o[base * D + lane * dl + k] : 0.0f;
     }
-    softmax_finish(st, &acc_o, p.out + (int64_t{h} * G + g) * D + d, 1);
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      SoftmaxScalars b;
+      b.m = ml[j].x;
+      b.l = ml[j].y;
+      softmax_merge(st, acc, b, ob[j], kMaxDl);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kMaxDl; ++k)
+    if (k < dl) stage_o[warp][lane * dl + k] = acc[k];
+  if (lane == 0) stage_ml[warp] = make_float2(st.m, st.l);
+  __syncthreads();
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    SoftmaxScalars m;
+    float o = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      SoftmaxScalars b;
+      b.m = stage_ml[w].x;
+      b.l = stage_ml[w].y;
+      softmax_merge(m, &o, b, &stage_o[w][d], 1);
+    }
+    softmax_finish(m, &o, p.out + (int64_t{h} * G + g) * D + d, 1);
   }
 }
 
@@ -349,14 +378,13 @@ cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s) {
   if (p.num_splits * kEstChunk < p.k_estimation) return cudaErrorInvalidValue;  // see kEstimateChunk
   const dim3 grid(p.num_splits, p.num_heads);
   if (p.head_dim == 128) estimate_kernel<128><<<grid, 128, 0, s>>>(p);
-  else if (p.head_dim == 64) estimate_kernel<64><<<grid, 64, 0, s>>>(p);
+  else if (p.head_dim == 64) estimate_kernel<64><<<grid, 128, 0, s>>>(p);
   else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
 cudaError_t combine_states(const CombineParams& p, cudaStream_t s) {
-  const int threads = p.group * p.head_dim < 1024 ? p.group * p.head_dim : 1024;
-  combine_kernel<<<p.num_heads, threads, 0, s>>>(p);
+  combine_kernel<<<dim3(p.num_heads, p.group), kCombineThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 

@@ -22,7 +22,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // decode kernel fit on one multiprocessor by shared memory), each split a multiple of a CTA's tile round.
 inline int decode_splits(int64_t tokens, int num_heads, int waves) {
   const int64_t round = int64_t{kDecodeTile} * kDecodeWarps;
-  const int64_t want = ceil_div(int64_t{3} * sm_count() * waves, num_heads);
+  const int64_t want = int64_t{3} * sm_count() * waves / num_heads;  // floor: no partial extra wave
   const int64_t most = ceil_div(tokens, round);
   const int64_t s = want < most ? want : most;
   return static_cast<int>(s > 0 ? s : 1);

@@ -18,7 +18,27 @@ void ensure(DeviceBuffer& buf, size_t bytes) {
 }
 }  // namespace
 
+// The estimation zone runs on a side stream, concurrently with the exact attention (both only read the
+// selection): fork after select_and_expand, join before combine_states. Capturable into a graph.
+struct SideStream {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  SideStream() {
+    RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  }
+  ~SideStream() {
+    cudaEventDestroy(fork);
+    cudaEventDestroy(join);
+    cudaStreamDestroy(stream);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+};
+
 struct RetroLayer::Impl {
+  std::unique_ptr<SideStream> side;
   AttentionShape shape;
   AttentionConfig cfg;
   int num_seqs = 1, H = 0, G = 0, D = 0;
@@ -110,6 +130,8 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
   const int64_t w_begin = std::max<int64_t>(s_end, num_tokens - m.cfg.window_tokens);
   m.idx_begin = s_end;
   m.n_idx = w_begin - s_end;
+  // As the CPU method (attention/retro.cpp): less than one cluster's worth of tokens stays steady.
+  if (m.n_idx < m.cfg.tokens_per_cluster) m.n_idx = 0;
   const int64_t steady = num_tokens - m.n_idx;
   const int H = m.H, D = m.D;
   if (m.n_idx == 0) {
@@ -292,7 +314,14 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
     detail::launch_check(detail::select_and_expand(se, st), "select_and_expand", st);
     mark("select");
 
+    const bool fork = m.n_e > 0 && stages == nullptr;  // stage timing keeps one stream
+    if (fork) {
+      if (!m.side) m.side = std::make_unique<SideStream>();
+      RETROINFER_CUDA_CHECK(cudaEventRecord(m.side->fork, st));
+      RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(m.side->stream, m.side->fork, 0));
+    }
     if (m.n_e > 0) {
+      cudaStream_t est_stream = fork ? m.side->stream : st;
       detail::EstimateParams ep;
       ep.logits = sp.logits;
       ep.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
@@ -308,7 +337,8 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
       ep.part_o = dp.part_o;
       ep.total_splits = total;
       ep.split_offset = m.attn_splits;
-      detail::launch_check(detail::estimate_attention(ep, st), "estimate_attention", st);
+      detail::launch_check(detail::estimate_attention(ep, est_stream), "estimate_attention", est_stream);
+      if (fork) RETROINFER_CUDA_CHECK(cudaEventRecord(m.side->join, est_stream));
       mark("estimate");
     }
     dp.token_list = se.token_list;
@@ -318,6 +348,8 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
   }
   detail::launch_check(detail::decode_attention(dp, st), "decode_attention(sparse)", st);
   mark("exact_attention");
+  if (m.n_idx > 0 && m.n_e > 0 && stages == nullptr)
+    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.side->join, 0));
   detail::CombineParams c;
   c.part_ml = dp.part_ml;
   c.part_o = dp.part_o;

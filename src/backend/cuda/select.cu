@@ -25,70 +25,108 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
   m = mx;
 }
 
-constexpr int kScoreWarps = 8;
-constexpr int kScoreBatch = 4;  // passes whose loads are issued together
+constexpr int kScoreWarps = 4;
+constexpr int kScoreTile = 16;                          // centroids per warp tile
+constexpr int kScorePerCta = kScoreWarps * kScoreTile * 4;  // 4 tiles per warp
 
+// Logits on the tensor cores, the decode kernel's QK step with centroids for keys: per warp and tile of
+// 16 centroids (cp.async double buffer, rows padded by 16 bytes), logits^T = Q C^T with mma m16n8k16,
+// A = the scaled queries split into bf16 hi (row g) and lo (row g + 8) parts, so logit = c[g] + c[g+8]
+// carries the f32 query to 2^-18; B = centroid rows via ldmatrix. Each lane then holds head gq's logits
+// of centroids 2tq, 2tq+1, 8+2tq, 9+2tq, writes them and folds them into an online (max, sum) that
+// becomes this CTA's normaliser partial.
 template <int D>
 __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScoreParams p) {
-  constexpr int kLpc = D / 8;        // lanes per centroid
-  constexpr int kCpp = 32 / kLpc;    // centroids per warp pass
-  const int h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = p.group;
-  const int sub = lane % kLpc, slot = lane / kLpc;
-  float qr[kMaxGroup][8];
+  constexpr int kRow = D + 8, kChunks = D / 8, kLoads = kScoreTile * kChunks / 32, kKs = D / 16;
+  __shared__ __align__(16) uint16_t cs[kScoreWarps][2][kScoreTile * kRow];
+  __shared__ float2 red[kScoreWarps][kMaxGroup];
+  const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  uint32_t qa[kKs][4];
+  {
+    const bool on = gq < G;
+    const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
+    for (int k = 0; k < kKs; ++k) {
+      float x[4] = {0, 0, 0, 0};
+      if (on) {
+        const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
+        const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
+        x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
+      }
+      float hi[4], lo[4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) qr[g][j] = g < G ? p.q[(int64_t{h} * G + g) * D + sub * 8 + j] * p.scale : 0.0f;
-  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * p.num_clusters * D;
-  const int* sz = p.sizes + int64_t{h} * p.num_clusters;
-  float nm[kMaxGroup], ns[kMaxGroup];  // online (max, sum) of this lane's logits per query head
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-    nm[g] = -INFINITY;
-    ns[g] = 0.0f;
-  }
-  const int stride = gridDim.x * kScoreWarps;
-  for (int pass0 = blockIdx.x * kScoreWarps + warp; pass0 * kCpp < p.num_clusters; pass0 += stride * kScoreBatch) {
-    uint4 w[kScoreBatch];
-    int c[kScoreBatch];
-#pragma unroll
-    for (int b = 0; b < kScoreBatch; ++b) {
-      c[b] = (pass0 + b * stride) * kCpp + slot;
-      w[b] = c[b] < p.num_clusters ? __ldg(reinterpret_cast<const uint4*>(ch + int64_t{c[b]} * D + sub * 8))
-                                   : make_uint4(0, 0, 0, 0);
+      for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
+      qa[k][0] = pack_bf16(hi[0], hi[1]);
+      qa[k][1] = pack_bf16(lo[0], lo[1]);
+      qa[k][2] = pack_bf16(hi[2], hi[3]);
+      qa[k][3] = pack_bf16(lo[2], lo[3]);
     }
+  }
+  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
+  const int* sz = p.sizes + int64_t{h} * C;
+  float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
+  const int cta0 = blockIdx.x * kScorePerCta;
+  const int ntiles = kScorePerCta / kScoreTile / kScoreWarps;
+  auto load_tile = [&](int t, int buf) {
+    const int c0 = cta0 + (t * kScoreWarps + warp) * kScoreTile;
 #pragma unroll
-    for (int b = 0; b < kScoreBatch; ++b) {
-      float kf[8];
-      bf16x8_to_float(w[b], kf);
-      const bool empty = c[b] < p.num_clusters ? sz[c[b]] == 0 : true;
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = lane + 32 * i, row = e / kChunks, col = e % kChunks;
+      const bool ok = c0 + row < C;
+      cp_async16_zfill(&cs[warp][buf][row * kRow + col * 8], ch + int64_t{ok ? c0 + row : 0} * D + col * 8, ok);
+    }
+    cp_async_commit();
+  };
+  float nm = -INFINITY, ns = 0.0f;
+  load_tile(0, 0);
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) {
+      load_tile(t + 1, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncwarp();
+    const int c0 = cta0 + (t * kScoreWarps + warp) * kScoreTile;
+    float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
+    const uint16_t* kb = &cs[warp][buf][((mi >> 1) * 8 + ri) * kRow + (mi & 1) * 8];
 #pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        if (g < G) {
-          float acc = 0.0f;
+    for (int k = 0; k < kKs; ++k) {
+      uint32_t b[4];
+      ldmatrix_x4(b, kb + k * 16);
+      mma_bf16_16816(a0, qa[k], b[0], b[1]);
+      mma_bf16_16816(a1, qa[k], b[2], b[3]);
+    }
+    const float s[4] = {a0[0] + a0[2], a0[1] + a0[3], a1[0] + a1[2], a1[1] + a1[3]};
+    const int cc[4] = {c0 + 2 * tq, c0 + 2 * tq + 1, c0 + 8 + 2 * tq, c0 + 9 + 2 * tq};
+    float out[4], tm = -INFINITY;
 #pragma unroll
-          for (int j = 0; j < 8; ++j) acc += qr[g][j] * kf[j];
+    for (int j = 0; j < 4; ++j) {
+      out[j] = cc[j] < C && sz[cc[j] < C ? cc[j] : 0] > 0 ? s[j] : -INFINITY;
+      tm = fmaxf(tm, out[j]);
+    }
+    if (gq < G) {
 #pragma unroll
-          for (int off = kLpc / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-          if (sub == 0 && c[b] < p.num_clusters) {
-            p.logits[(int64_t{h} * G + g) * p.num_clusters + c[b]] = empty ? -INFINITY : acc;
-            if (!empty) ms_merge(nm[g], ns[g], acc, 1.0f);
-          }
-        }
+      for (int j = 0; j < 4; ++j)
+        if (cc[j] < C) lg[cc[j]] = out[j];
+      if (tm != -INFINITY) {
+        float ts = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ts += out[j] == -INFINITY ? 0.0f : __expf(out[j] - tm);
+        ms_merge(nm, ns, tm, ts);
       }
     }
+    __syncwarp();
   }
-  // CTA normaliser per query head: warp shuffles, then warp 0 over the warps.
-  __shared__ float2 red[kScoreWarps][kMaxGroup];
+  // Normaliser partial of head gq: the quad's lanes, then the warps.
 #pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, nm[g], off), s2 = __shfl_xor_sync(0xffffffffu, ns[g], off);
-      ms_merge(nm[g], ns[g], m2, s2);
-    }
-    if (lane == 0) red[warp][g] = make_float2(nm[g], ns[g]);
+  for (int off = 1; off <= 2; off <<= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, nm, off), s2 = __shfl_xor_sync(0xffffffffu, ns, off);
+    ms_merge(nm, ns, m2, s2);
   }
+  if (tq == 0 && gq < G) red[warp][gq] = make_float2(nm, ns);
   __syncthreads();
   if (threadIdx.x < G) {
     float m = -INFINITY, sum = 0.0f;
@@ -144,11 +182,20 @@ __device__ void radix_select(const float* sc, int n, int k, SelectSmem& sm, uint
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.hist[i] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float f = sc[i];
-      if (f == -INFINITY) continue;
-      const uint32_t u = float_order_key(f);
-      if ((u & mask) == prefix) atomicAdd(&sm.hist[(u >> shift) & 255u], 1u);
+    // Warp-aggregated histogram: the scores share their high bytes, so plain atomics would serialise on
+    // one bin; lanes with the same digit add once through their leader.
+    for (int i0 = 0; i0 < n; i0 += blockDim.x) {
+      const int i = i0 + threadIdx.x;
+      unsigned key = 256u;  // "no digit"
+      if (i < n) {
+        const float f = sc[i];
+        if (f != -INFINITY) {
+          const uint32_t u = float_order_key(f);
+          if ((u & mask) == prefix) key = (u >> shift) & 255u;
+        }
+      }
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      if (key < 256u && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sm.hist[key], __popc(peers));
     }
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -259,27 +306,49 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
   if (k2 > k1) radix_select(sc, N, k2, sm, &t2, &take2);
   else { t2 = t1; take2 = take1; }
 
-  // Ascending-id compaction. An item is in the top k when its key beats the threshold or ties it with
-  // fewer than `take` lower-id ties before it.
+  // Ascending-id compaction, kPer consecutive items per thread. An item is in the top k when its key beats
+  // the threshold or ties it with fewer than `take` lower-id ties before it.
+  constexpr int kPer = 8;  // chunk of 8192 items: the packed 16-bit counters cannot overflow
   int* ret = p.retrieval_ids + int64_t{h} * p.k_retrieval;
   int* est = p.k_estimation > 0 ? p.estimation_ids + int64_t{h} * p.k_estimation : nullptr;
   int ties1 = 0, ties2 = 0, out1 = 0, out2 = 0;
-  for (int base = 0; base < N; base += blockDim.x) {
-    const int i = base + threadIdx.x;
-    const bool valid = i < N && sc[i] != -INFINITY;
-    const uint32_t u = valid ? float_order_key(sc[i]) : 0u;
-    const bool eq1 = valid && k1 > 0 && u == t1, eq2 = valid && k2 > 0 && u == t2;
+  for (int base = 0; base < N; base += blockDim.x * kPer) {
+    const int i0 = base + threadIdx.x * kPer;
+    uint32_t u[kPer];
+    bool valid[kPer];
+    int e12 = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = i0 + j;
+      valid[j] = i < N && sc[i] != -INFINITY;
+      u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
+      e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
+    }
     int tot;
-    const int eq_pre = block_exclusive_scan((eq1 ? 1 : 0) | (eq2 ? 1 << 16 : 0), sm, &tot);
-    const bool in1 = valid && k1 > 0 && (u > t1 || (eq1 && ties1 + (eq_pre & 0xffff) < take1));
-    const bool in2 = valid && k2 > 0 && (u > t2 || (eq2 && ties2 + (eq_pre >> 16) < take2));
+    const int eq_pre = block_exclusive_scan(e12, sm, &tot);
+    int r1 = ties1 + (eq_pre & 0xffff), r2 = ties2 + (eq_pre >> 16);
     ties1 += tot & 0xffff;
     ties2 += tot >> 16;
-    const bool ine = in2 && !in1;
+    bool in1[kPer], ine[kPer];
+    int c12 = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const bool eq1 = valid[j] && k1 > 0 && u[j] == t1, eq2 = valid[j] && k2 > 0 && u[j] == t2;
+      in1[j] = valid[j] && k1 > 0 && (u[j] > t1 || (eq1 && r1 < take1));
+      const bool in2 = valid[j] && k2 > 0 && (u[j] > t2 || (eq2 && r2 < take2));
+      r1 += eq1;
+      r2 += eq2;
+      ine[j] = in2 && !in1[j];
+      c12 += (in1[j] ? 1 : 0) + (ine[j] ? 1 << 16 : 0);
+    }
     int tot2;
-    const int pos = block_exclusive_scan((in1 ? 1 : 0) | (ine ? 1 << 16 : 0), sm, &tot2);
-    if (in1) ret[out1 + (pos & 0xffff)] = i;
-    if (ine) est[out2 + (pos >> 16)] = i;
+    const int pos = block_exclusive_scan(c12, sm, &tot2);
+    int w1 = out1 + (pos & 0xffff), w2 = out2 + (pos >> 16);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      if (in1[j]) ret[w1++] = i0 + j;
+      if (ine[j]) est[w2++] = i0 + j;
+    }
     out1 += tot2 & 0xffff;
     out2 += tot2 >> 16;
   }
@@ -333,12 +402,8 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
 }  // namespace
 
 int score_blocks(int num_clusters, int head_dim) {
-  // 2 batches of kScoreBatch passes per warp: enough CTAs to fill the chip at batch 1, few enough to
-  // amortise loading the queries.
-  const int cpp = 32 / (head_dim / 8);
-  const int64_t passes = (int64_t{num_clusters} + cpp - 1) / cpp;
-  const int blocks_x = static_cast<int>((passes + kScoreWarps * kScoreBatch * 2 - 1) / (kScoreWarps * kScoreBatch * 2));
-  return blocks_x > 0 ? blocks_x : 1;
+  const int b = (num_clusters + kScorePerCta - 1) / kScorePerCta;
+  return b > 0 ? b : 1;
 }
 
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {

@@ -84,4 +84,31 @@ float EventTimer::elapsed_ms() const {
   return ms;
 }
 
+StreamHandle::StreamHandle() {
+  cudaStream_t st;
+  RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  stream_ = st;
+}
+StreamHandle::~StreamHandle() { cudaStreamDestroy(static_cast<cudaStream_t>(stream_)); }
+
+void CapturedGraph::begin_capture(Stream s) {
+  RETROINFER_CHECK(s != nullptr, "CapturedGraph: capture needs a non-default stream (use StreamHandle)");
+  RETROINFER_CUDA_CHECK(cudaStreamBeginCapture(static_cast<cudaStream_t>(s), cudaStreamCaptureModeThreadLocal));
+}
+void CapturedGraph::end_capture(Stream s) {
+  cudaGraph_t g = nullptr;
+  RETROINFER_CUDA_CHECK(cudaStreamEndCapture(static_cast<cudaStream_t>(s), &g));
+  graph_ = g;
+  cudaGraphExec_t e = nullptr;
+  RETROINFER_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  exec_ = e;
+}
+CapturedGraph::~CapturedGraph() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_ != nullptr) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+void CapturedGraph::launch(Stream s) {
+  RETROINFER_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), static_cast<cudaStream_t>(s)));
+}
+
 }  // namespace retroinfer::cuda
