@@ -131,7 +131,8 @@ int main(int argc, char** argv) {
         w.tier = tier;
         cuda::WaveBufferLayer layer(shape, cfg, w, B);
         layer.build(k.as<uint16_t>(), v.as<uint16_t>(), length, length);
-        cuda::Stream s = cuda::create_stream();
+        cuda::StreamHandle stream_handle;
+        cuda::Stream s = stream_handle.get();
         std::mt19937_64 rng(1);
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float> q(q_elems);
@@ -243,8 +244,7 @@ int main(int argc, char** argv) {
         };
         run_phase("cold", 0.05, false);
         for (double d : drifts) run_phase("drift", d, true);
-        cuda::destroy_stream(s);
-      }
+            }
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "wave_buffer_bench: %s\n", e.what());

@@ -81,7 +81,8 @@ class WaveBufferLayer {
   // (score + select + estimate), lookup (+ ring), gather, attention (+ merge). Synchronous.
   std::vector<std::pair<std::string, float>> decode_stage_ms(const float* q, float* out);
   // Captures one decode(q, out) into a CUDA graph (q and out are baked in: write new queries into q);
-  // replay_graph() launches it. Each replay is one decode step.
+  // replay_graph() launches it. Each replay is one decode step. `s` must not be the legacy default
+  // stream (cuda::StreamHandle gives one).
   void capture_graph(const float* q, float* out, Stream s);
   void replay_graph(Stream s);
 
@@ -108,9 +109,6 @@ class WaveBufferLayer {
 
 // Free and total device memory (cudaMemGetInfo), bytes.
 std::pair<int64_t, int64_t> device_memory_info();
-// A non-blocking stream (graph capture needs one other than the legacy default stream).
-Stream create_stream();
-void destroy_stream(Stream s);
 // Asynchronous device-to-device copy on `s` (benchmarks: feed a query trace to a captured graph).
 void copy_device_async(void* dst, const void* src, size_t bytes, Stream s);
 

@@ -139,7 +139,8 @@ TEST(WaveBuffer, CudaGraphReplayOfTheWholeStepMatchesDirectLaunches) {
   auto q = gputest::make_q(su.kv, su.group, seed + 1);
   auto dq = gputest::upload(q), dq_graph = gputest::upload(q);
   auto out_graph = gputest::poisoned(su.q_elems());
-  cuda::Stream s = cuda::create_stream();
+  cuda::StreamHandle stream_handle;
+  cuda::Stream s = stream_handle.get();
   // Warm-up of the direct layer first (one-time kernel attributes are set outside any capture).
   auto out = gputest::poisoned(su.q_elems());
   direct.decode(dq.as<float>(), out.as<float>());
@@ -167,7 +168,6 @@ TEST(WaveBuffer, CudaGraphReplayOfTheWholeStepMatchesDirectLaunches) {
     EXPECT_EQ(a.miss_clusters, b.miss_clusters);
   }
   EXPECT_GT(graphed.stats().hits, 0u);
-  cuda::destroy_stream(s);
 }
 
 TEST(WaveBuffer, SmallCacheUnderPressureStaysExactAndConsistent) {

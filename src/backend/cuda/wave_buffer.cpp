@@ -70,8 +70,8 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
   DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
   DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
-  // Estimation runs on a side stream, forked after selection and joined before exact attention, so it
-  // overlaps the lookup and the gather (whose zero-copy reads leave the SMs mostly waiting).
+  // Estimation runs on a side stream, forked after selection and joined before the merge, so it
+  // overlaps the lookup, the gather (whose zero-copy reads leave the SMs mostly waiting) and attention.
   cudaStream_t side = nullptr;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
@@ -406,7 +406,6 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
   mark();
 
-  if (fork) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.join_ev, 0));
   detail::DecodeParams dp;
   dp.q = q;
   dp.k = m.exec_k.as<uint16_t>();
@@ -426,6 +425,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   dp.total_splits = total;
   dp.split_offset = 0;
   detail::launch_check(detail::decode_attention(dp, st), "decode_attention(wave buffer)", st);
+  if (fork) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.join_ev, 0));
   detail::CombineParams c;
   c.part_ml = dp.part_ml;
   c.part_o = dp.part_o;
@@ -461,7 +461,7 @@ std::vector<std::pair<std::string, float>> WaveBufferLayer::decode_stage_ms(cons
 
 void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
   auto& m = *impl_;
-  RETROINFER_CHECK(s != nullptr, "WaveBufferLayer::capture_graph: needs a stream other than the default (create_stream)");
+  RETROINFER_CHECK(s != nullptr, "WaveBufferLayer::capture_graph: needs a stream other than the default (cuda::StreamHandle)");
   auto st = static_cast<cudaStream_t>(s);
   if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
   if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
@@ -551,18 +551,8 @@ std::pair<int64_t, int64_t> device_memory_info() {
   return {static_cast<int64_t>(free_b), static_cast<int64_t>(total_b)};
 }
 
-Stream create_stream() {
-  cudaStream_t s = nullptr;
-  RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return s;
-}
-
 void copy_device_async(void* dst, const void* src, size_t bytes, Stream s) {
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s)));
-}
-
-void destroy_stream(Stream s) {
-  if (s != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(s));
 }
 
 }  // namespace retroinfer::cuda
