@@ -240,9 +240,12 @@ void CacheManager::process_step(uint64_t step, const int32_t* ids, const int32_t
 
 void CacheManager::publish(uint64_t src_step) {
   MailboxHeader* mb = layout_.mailbox(region_);
-  std::memcpy(layout_.evictions(region_), evictions_.data(), evictions_.size() * sizeof(MailboxEviction));
-  std::memcpy(layout_.admissions(region_), admissions_.data(), admissions_.size() * sizeof(MailboxAdmission));
-  std::memcpy(layout_.pages(region_), pages_.data(), pages_.size() * sizeof(int32_t));
+  // (memcpy with an empty vector's null data() is undefined even for 0 bytes.)
+  if (!evictions_.empty())
+    std::memcpy(layout_.evictions(region_), evictions_.data(), evictions_.size() * sizeof(MailboxEviction));
+  if (!admissions_.empty())
+    std::memcpy(layout_.admissions(region_), admissions_.data(), admissions_.size() * sizeof(MailboxAdmission));
+  if (!pages_.empty()) std::memcpy(layout_.pages(region_), pages_.data(), pages_.size() * sizeof(int32_t));
   mb->src_step = src_step;
   mb->num_evictions = static_cast<int32_t>(evictions_.size());
   mb->num_admissions = static_cast<int32_t>(admissions_.size());

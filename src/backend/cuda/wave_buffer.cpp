@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/layer_common.h"
@@ -147,6 +148,9 @@ WaveBufferLayer::~WaveBufferLayer() = default;
 void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride) {
   auto& m = *impl_;
   m.manager.reset();
+  // A graph captured before bakes in the buffers this build replaces.
+  if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
+  if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
   m.index->build(k, v, num_tokens, kv_stride);  // validates k, v, sizes; synchronous
   m.n = num_tokens;
   m.n_idx = m.index->indexed_tokens();
