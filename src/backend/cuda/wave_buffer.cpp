@@ -1,0 +1,562 @@
+// WaveBufferLayer: the wave index (RetroLayer's k-means) plus the tiered store, block cache, manager
+// thread and execution buffer of the wave buffer (include/retroinfer/wave_buffer.h).
+#include "retroinfer/wave_buffer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/layer_common.h"
+#include "backend/cuda/wave_buffer_kernels.h"
+#include "buffer/cache_manager.h"
+#include "retroinfer/cuda_backend.h"
+
+namespace retroinfer::cuda {
+
+namespace {
+// Pinned, mapped host allocation (cudaHostAlloc); the device reads and writes it through UVA.
+struct PinnedBuffer {
+  void* host = nullptr;
+  void* dev = nullptr;
+  size_t bytes = 0;
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(size_t n) : bytes(n) {
+    if (n == 0) return;
+    const cudaError_t e = cudaHostAlloc(&host, n, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      host = nullptr;
+      RETROINFER_FAIL("WaveBufferLayer: cudaHostAlloc of ", n, " bytes of pinned host memory failed: ",
+                      cudaGetErrorString(e), " (plan the batch with the memory planner; free host memory)");
+    }
+    RETROINFER_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+  }
+  ~PinnedBuffer() {
+    if (host != nullptr) cudaFreeHost(host);
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : host(std::exchange(o.host, nullptr)), dev(std::exchange(o.dev, nullptr)), bytes(o.bytes) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      if (host != nullptr) cudaFreeHost(host);
+      host = std::exchange(o.host, nullptr);
+      dev = std::exchange(o.dev, nullptr);
+      bytes = o.bytes;
+    }
+    return *this;
+  }
+};
+
+template <typename T>
+DeviceBuffer upload_vec(const std::vector<T>& v) {
+  DeviceBuffer b(std::max<size_t>(v.size() * sizeof(T), 16));
+  b.upload(v.data(), v.size() * sizeof(T));
+  return b;
+}
+}  // namespace
+
+struct WaveBufferLayer::Impl {
+  AttentionShape shape;
+  AttentionConfig cfg;
+  WaveBufferConfig wcfg;
+  int num_seqs = 1, H = 0, G = 0, D = 0;
+  float scale = 0.0f;
+  std::unique_ptr<RetroLayer> index;
+
+  int64_t n = 0, n_idx = 0, idx_begin = 0, list_cap = 0, P = 0, slot_stride = 0;
+  int C = 0, n_r = 0, n_e = 0, steady_rows = 0, attn_splits = 0, est_splits = 0;
+
+  // Meta index copies (decode reads these) and tables; shapes in detail::WaveTables / kernels.h.
+  DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
+  DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
+  DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
+  // Estimation runs on a side stream, forked after selection and joined before the merge, so it
+  // overlaps the lookup, the gather (whose zero-copy reads leave the SMs mostly waiting) and attention.
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
+  DeviceBuffer store_dev;
+  PinnedBuffer store_host, region;
+  const uint16_t* store = nullptr;
+  buffer::WaveProtocolLayout layout;
+  std::vector<int32_t> sizes_host;  // [H, C]
+  std::unique_ptr<buffer::CacheManager> manager;
+  uint64_t steps = 0;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;
+
+  ~Impl() {
+    manager.reset();  // stop the thread before the region goes
+    if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (fork_ev != nullptr) cudaEventDestroy(fork_ev);
+    if (join_ev != nullptr) cudaEventDestroy(join_ev);
+    if (side != nullptr) cudaStreamDestroy(side);
+  }
+
+  detail::WaveTables tables() const {
+    detail::WaveTables t;
+    t.num_heads = H;
+    t.head_dim = D;
+    t.num_clusters = C;
+    t.page_tokens = wcfg.page_tokens;
+    t.n_idx = n_idx;
+    t.sizes = sizes.as<int>();
+    t.offsets = offsets_head.as<int>();
+    t.slot_begin = slot_begin.as<int>();
+    t.slot_stride = slot_stride;
+    t.cluster_pages = cluster_pages.as<int>();
+    t.resident = resident.as<uint8_t>();
+    t.pages_per_head = P;
+    t.store = store;
+    t.cache_k = cache_k.as<uint16_t>();
+    t.cache_v = cache_v.as<uint16_t>();
+    t.exec_k = exec_k.as<uint16_t>();
+    t.exec_v = exec_v.as<uint16_t>();
+    t.exec_cap = list_cap;
+    return t;
+  }
+};
+
+WaveBufferLayer::WaveBufferLayer(const AttentionShape& shape, const AttentionConfig& cfg, const WaveBufferConfig& wcfg,
+                                 int num_seqs)
+    : impl_(new Impl) {
+  detail::validate_layer_shape(shape, num_seqs, "WaveBufferLayer");
+  RETROINFER_CHECK(wcfg.page_tokens >= 1 && wcfg.page_tokens <= 1024, "WaveBufferLayer: page_tokens must be in [1, 1024], got ",
+                   wcfg.page_tokens);
+  RETROINFER_CHECK(wcfg.cache_fraction >= 0.0 && wcfg.cache_fraction <= 1.0,
+                   "WaveBufferLayer: cache_fraction must be in [0, 1], got ", wcfg.cache_fraction);
+  RETROINFER_CHECK(wcfg.ring_slots >= 2, "WaveBufferLayer: ring_slots must be >= 2, got ", wcfg.ring_slots);
+  auto& m = *impl_;
+  m.shape = shape;
+  m.cfg = cfg;
+  m.wcfg = wcfg;
+  m.num_seqs = num_seqs;
+  m.H = num_seqs * shape.num_heads_kv;
+  m.G = shape.num_heads_q / shape.num_heads_kv;
+  m.D = shape.head_dim;
+  m.scale = detail::effective_scale(cfg.scale, shape.head_dim);
+  m.index = std::make_unique<RetroLayer>(shape, cfg, num_seqs);
+  RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
+  RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&m.fork_ev, cudaEventDisableTiming));
+  RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&m.join_ev, cudaEventDisableTiming));
+}
+
+WaveBufferLayer::~WaveBufferLayer() = default;
+
+void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride) {
+  auto& m = *impl_;
+  m.manager.reset();
+  // A graph captured before bakes in the buffers this build replaces.
+  if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
+  if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
+  m.index->build(k, v, num_tokens, kv_stride);  // validates k, v, sizes; synchronous
+  m.n = num_tokens;
+  m.n_idx = m.index->indexed_tokens();
+  m.idx_begin = m.index->indexed_begin();
+  RETROINFER_CHECK(m.n_idx > 0, "WaveBufferLayer::build: ", num_tokens, " tokens leave nothing to index beyond the ",
+                   "steady zone (sink ", m.cfg.sink_tokens, ", window ", m.cfg.window_tokens,
+                   "); use RetroLayer or DenseDecoder for such short contexts");
+  m.C = m.index->num_clusters();
+  m.n_r = m.index->n_retrieval();
+  m.n_e = m.index->n_estimation();
+  m.list_cap = m.index->token_list_capacity();
+  m.steady_rows = static_cast<int>(num_tokens - m.n_idx);
+  const int H = m.H, C = m.C, D = m.D, pt = m.wcfg.page_tokens;
+
+  // The index, head by head (synchronous downloads; a one-time cost of the build).
+  std::vector<uint16_t> cent(size_t(H) * C * D), vsum(size_t(H) * C * D);
+  std::vector<int32_t> offs_head(size_t(H) * (C + 1)), offs_abs(size_t(H) * C + 1), slots(size_t(H) * (C + 1));
+  std::vector<uint32_t> mem(size_t(H) * m.n_idx);
+  m.sizes_host.assign(size_t(H) * C, 0);
+  m.slot_stride = 0;
+  for (int h = 0; h < H; ++h) {
+    const RetroDebugState st = m.index->debug_state(h);
+    std::copy(st.centroids_bf16.begin(), st.centroids_bf16.end(), cent.begin() + size_t(h) * C * D);
+    std::copy(st.value_sums_bf16.begin(), st.value_sums_bf16.end(), vsum.begin() + size_t(h) * C * D);
+    std::copy(st.sizes.begin(), st.sizes.end(), m.sizes_host.begin() + size_t(h) * C);
+    std::copy(st.members.begin(), st.members.end(), mem.begin() + size_t(h) * m.n_idx);
+    int32_t slot = 0;
+    for (int c = 0; c <= C; ++c) {
+      offs_head[size_t(h) * (C + 1) + c] = st.offsets[c];
+      if (c < C) offs_abs[size_t(h) * C + c] = static_cast<int32_t>(h * m.n_idx + st.offsets[c]);
+      slots[size_t(h) * (C + 1) + c] = slot;
+      if (c < C) slot += (st.sizes[c] + pt - 1) / pt;
+    }
+    m.slot_stride = std::max<int64_t>(m.slot_stride, slot);
+  }
+  offs_abs[size_t(H) * C] = static_cast<int32_t>(H * m.n_idx);
+  m.centroids_bf16 = upload_vec(cent);
+  m.value_sums_bf16 = upload_vec(vsum);
+  m.sizes = upload_vec(m.sizes_host);
+  m.offsets_head = upload_vec(offs_head);
+  m.offsets_abs = upload_vec(offs_abs);
+  m.members = upload_vec(mem);
+  m.slot_begin = upload_vec(slots);
+
+  // Block cache: pages per flat head.
+  m.P = m.wcfg.cache_pages >= 0
+            ? m.wcfg.cache_pages
+            : detail::ceil_div(static_cast<int64_t>(std::ceil(m.wcfg.cache_fraction * double(num_tokens))), pt);
+  const size_t row_bytes = size_t(D) * 2;
+  m.cache_k = DeviceBuffer(std::max<size_t>(size_t(H) * m.P * pt * row_bytes, 16));
+  m.cache_v = DeviceBuffer(std::max<size_t>(size_t(H) * m.P * pt * row_bytes, 16));
+  m.cluster_pages = DeviceBuffer(std::max<size_t>(size_t(H) * m.slot_stride * 4, 16));
+  m.cluster_pages.fill_bytes(0xff);
+  m.resident = DeviceBuffer(size_t(H) * C);
+  m.resident.fill_bytes(0);
+
+  // Execution buffer, steady zone, identity token list.
+  m.exec_k = DeviceBuffer(size_t(H) * m.list_cap * row_bytes);
+  m.exec_v = DeviceBuffer(size_t(H) * m.list_cap * row_bytes);
+  std::vector<int32_t> iota(size_t(m.list_cap));
+  std::iota(iota.begin(), iota.end(), 0);
+  m.identity = upload_vec(iota);
+  m.steady_k = DeviceBuffer(size_t(H) * m.steady_rows * row_bytes);
+  m.steady_v = DeviceBuffer(size_t(H) * m.steady_rows * row_bytes);
+  const int64_t w_begin = m.idx_begin + m.n_idx;
+  for (int kv = 0; kv < 2; ++kv) {
+    const uint16_t* src = kv == 0 ? k : v;
+    uint16_t* dst = (kv == 0 ? m.steady_k : m.steady_v).as<uint16_t>();
+    const size_t spitch = size_t(kv_stride) * row_bytes, dpitch = size_t(m.steady_rows) * row_bytes;
+    if (m.idx_begin > 0)
+      RETROINFER_CUDA_CHECK(cudaMemcpy2D(dst, dpitch, src, spitch, size_t(m.idx_begin) * row_bytes, size_t(H),
+                                         cudaMemcpyDeviceToDevice));
+    if (num_tokens > w_begin)
+      RETROINFER_CUDA_CHECK(cudaMemcpy2D(reinterpret_cast<char*>(dst) + size_t(m.idx_begin) * row_bytes, dpitch,
+                                         reinterpret_cast<const char*>(src) + size_t(w_begin) * row_bytes, spitch,
+                                         size_t(num_tokens - w_begin) * row_bytes, size_t(H), cudaMemcpyDeviceToDevice));
+  }
+
+  // The store, cluster-ordered, on its tier.
+  const size_t store_bytes = size_t(H) * m.n_idx * 2 * row_bytes;
+  m.store_dev = DeviceBuffer();
+  m.store_host = PinnedBuffer();
+  if (m.wcfg.tier == StoreTier::kGpu) {
+    m.store_dev = DeviceBuffer(store_bytes);
+    m.store = m.store_dev.as<uint16_t>();
+  } else {
+    m.store_host = PinnedBuffer(store_bytes);
+    m.store = static_cast<const uint16_t*>(m.store_host.dev);
+  }
+  {
+    detail::StoreFillParams fp;
+    fp.t = m.tables();
+    fp.store = const_cast<uint16_t*>(m.store);
+    fp.k = k;
+    fp.v = v;
+    fp.kv_stride = kv_stride;
+    fp.idx_begin = m.idx_begin;
+    fp.members = m.members.as<uint32_t>();
+    detail::launch_check(detail::wave_store_fill(fp, nullptr), "wave_store_fill", nullptr);
+  }
+
+  // Decode workspace (as RetroLayer's, so that the splits and hence the results agree bit for bit).
+  m.logits = DeviceBuffer(size_t(H) * m.G * C * 4);
+  m.norm_partial = DeviceBuffer(size_t(H) * m.G * detail::score_blocks(C, D) * 8);
+  m.scores = DeviceBuffer(size_t(H) * C * 4);
+  m.ret_ids = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
+  m.est_ids = DeviceBuffer(size_t(H) * std::max(m.n_e, 1) * 4);
+  m.scan_scratch = DeviceBuffer(size_t(H) * (m.n_r + 1) * 4);
+  m.token_list = DeviceBuffer(size_t(H) * m.list_cap * 4);
+  m.token_count = DeviceBuffer(size_t(H) * 4);
+  m.attn_splits = detail::decode_splits(m.list_cap, H, 1);
+  m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
+  const int total = m.attn_splits + m.est_splits;
+  m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
+  m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
+  m.seg_row = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
+  m.seg_hit = DeviceBuffer(size_t(H) * std::max(m.n_r, 1));
+  m.exec_count = DeviceBuffer(size_t(H) * 4);
+  m.counts = DeviceBuffer(size_t(H) * 4 * 8);
+  m.counts.fill_bytes(0);
+  m.state = DeviceBuffer(sizeof(detail::WaveDeviceState));
+  m.state.fill_bytes(0);
+
+  // Protocol region and manager. Limits: every retrieval cluster of every head may miss in one step;
+  // its pages are at most (retrieval rows) / page + one partial page per cluster; each eviction frees
+  // at least one page.
+  const int64_t ret_rows = m.list_cap - m.steady_rows;
+  const int64_t max_pages = int64_t{H} * (detail::ceil_div(ret_rows, pt) + m.n_r);
+  m.layout = buffer::WaveProtocolLayout::make(H, m.n_r, m.wcfg.ring_slots, static_cast<int>(max_pages), H * m.n_r,
+                                              static_cast<int>(max_pages));
+  m.region = PinnedBuffer(m.layout.total_bytes);
+  m.mirror = DeviceBuffer(m.layout.ack_offset - m.layout.evictions_offset);
+  std::memset(m.region.host, 0, m.layout.total_bytes);
+  m.steps = 0;
+  RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());
+  m.manager = std::make_unique<buffer::CacheManager>(m.layout, m.region.host, m.sizes_host, C, pt, m.P);
+  m.manager->start();
+}
+
+void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std::vector<void*>* marks) {
+  auto& m = *impl_;
+  RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::decode: build() was not called");
+  RETROINFER_CHECK(q != nullptr && out != nullptr, "WaveBufferLayer::decode: null q or out");
+  m.manager->check();
+  auto st = static_cast<cudaStream_t>(stream);
+  auto mark = [&] {
+    if (marks == nullptr) return;
+    cudaEvent_t e;
+    RETROINFER_CUDA_CHECK(cudaEventCreate(&e));
+    RETROINFER_CUDA_CHECK(cudaEventRecord(e, st));
+    marks->push_back(e);
+  };
+  const detail::WaveTables t = m.tables();
+  mark();
+  detail::WaveApplyParams ap;
+  ap.t = t;
+  ap.layout = m.layout;
+  ap.region = m.region.dev;
+  ap.mirror = m.mirror.data();
+  ap.state = m.state.as<detail::WaveDeviceState>();
+  detail::launch_check(detail::wave_apply(ap, st), "wave_apply", st);
+  mark();
+
+  detail::ScoreParams sp;
+  sp.q = q;
+  sp.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
+  sp.sizes = m.sizes.as<int>();
+  sp.logits = m.logits.as<float>();
+  sp.norm_partial = m.norm_partial.as<float2>();
+  sp.num_heads = m.H;
+  sp.group = m.G;
+  sp.head_dim = m.D;
+  sp.num_clusters = m.C;
+  sp.scale = m.scale;
+  detail::launch_check(detail::score_clusters(sp, st), "score_clusters", st);
+  detail::SelectParams se;
+  se.logits = sp.logits;
+  se.norm_partial = sp.norm_partial;
+  se.norm_parts = detail::score_blocks(m.C, m.D);
+  se.scores = m.scores.as<float>();
+  se.num_heads = m.H;
+  se.group = m.G;
+  se.num_items = m.C;
+  se.k_retrieval = m.n_r;
+  se.k_estimation = m.n_e;
+  se.retrieval_ids = m.ret_ids.as<int>();
+  se.estimation_ids = m.est_ids.as<int>();
+  se.offsets = m.offsets_abs.as<int>();
+  se.members = m.members.as<uint32_t>();
+  se.n_idx = m.n_idx;
+  se.idx_begin = m.idx_begin;
+  se.num_tokens = m.n;
+  se.token_list = m.token_list.as<int>();
+  se.token_count = m.token_count.as<int>();
+  se.scan_scratch = m.scan_scratch.as<int>();
+  se.list_stride = m.list_cap;
+  detail::launch_check(detail::select_and_expand(se, st), "select_and_expand", st);
+  const int total = m.attn_splits + m.est_splits;
+  // Stage timing (marks) keeps estimation inline so that each stage's time is its own.
+  const bool fork = m.n_e > 0 && marks == nullptr;
+  if (fork) {
+    RETROINFER_CUDA_CHECK(cudaEventRecord(m.fork_ev, st));
+    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(m.side, m.fork_ev, 0));
+  }
+  if (m.n_e > 0) {
+    cudaStream_t es = fork ? m.side : st;
+    detail::EstimateParams ep;
+    ep.logits = sp.logits;
+    ep.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
+    ep.sizes = m.sizes.as<int>();
+    ep.estimation_ids = se.estimation_ids;
+    ep.num_heads = m.H;
+    ep.group = m.G;
+    ep.head_dim = m.D;
+    ep.num_clusters = m.C;
+    ep.k_estimation = m.n_e;
+    ep.num_splits = m.est_splits;
+    ep.part_ml = m.part_ml.as<float2>();
+    ep.part_o = m.part_o.as<float>();
+    ep.total_splits = total;
+    ep.split_offset = m.attn_splits;
+    detail::launch_check(detail::estimate_attention(ep, es), "estimate_attention", es);
+    if (fork) RETROINFER_CUDA_CHECK(cudaEventRecord(m.join_ev, m.side));
+  }
+  mark();
+
+  detail::WaveLookupParams lp;
+  lp.t = t;
+  lp.retrieval_ids = m.ret_ids.as<int>();
+  lp.k = m.n_r;
+  lp.steady_rows = m.steady_rows;
+  lp.seg_row = m.seg_row.as<int>();
+  lp.seg_hit = m.seg_hit.as<uint8_t>();
+  lp.exec_count = m.exec_count.as<int>();
+  lp.counts = m.counts.as<int64_t>();
+  detail::launch_check(detail::wave_lookup(lp, st), "wave_lookup", st);
+  detail::WaveRingParams rp;
+  rp.layout = m.layout;
+  rp.region = m.region.dev;
+  rp.state = ap.state;
+  rp.retrieval_ids = lp.retrieval_ids;
+  rp.seg_row = lp.seg_row;
+  rp.seg_hit = lp.seg_hit;
+  detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
+  mark();
+
+  detail::WaveGatherParams gp;
+  gp.t = t;
+  gp.retrieval_ids = lp.retrieval_ids;
+  gp.seg_row = lp.seg_row;
+  gp.seg_hit = lp.seg_hit;
+  gp.k = m.n_r;
+  gp.steady_k = m.steady_k.as<uint16_t>();
+  gp.steady_v = m.steady_v.as<uint16_t>();
+  gp.steady_cap = m.steady_rows;
+  gp.steady_rows = m.steady_rows;
+  detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
+  mark();
+
+  detail::DecodeParams dp;
+  dp.q = q;
+  dp.k = m.exec_k.as<uint16_t>();
+  dp.v = m.exec_v.as<uint16_t>();
+  dp.kv_stride = m.list_cap;
+  dp.token_list = m.identity.as<int>();
+  dp.token_count = m.exec_count.as<int>();
+  dp.list_stride = 0;  // every head reads the same identity list
+  dp.num_heads = m.H;
+  dp.group = m.G;
+  dp.head_dim = m.D;
+  dp.scale = m.scale;
+  dp.num_splits = m.attn_splits;
+  dp.split_tokens = detail::split_tokens(m.list_cap, m.attn_splits);
+  dp.part_ml = m.part_ml.as<float2>();
+  dp.part_o = m.part_o.as<float>();
+  dp.total_splits = total;
+  dp.split_offset = 0;
+  detail::launch_check(detail::decode_attention(dp, st), "decode_attention(wave buffer)", st);
+  if (fork) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.join_ev, 0));
+  detail::CombineParams c;
+  c.part_ml = dp.part_ml;
+  c.part_o = dp.part_o;
+  c.num_heads = m.H;
+  c.group = m.G;
+  c.head_dim = m.D;
+  c.total_splits = total;
+  c.out = out;
+  detail::launch_check(detail::combine_states(c, st), "combine_states(wave buffer)", st);
+  mark();
+}
+
+void WaveBufferLayer::decode(const float* q, float* out, Stream s) {
+  launch_step(q, out, s, nullptr);
+  ++impl_->steps;
+}
+
+std::vector<std::pair<std::string, float>> WaveBufferLayer::decode_stage_ms(const float* q, float* out) {
+  std::vector<void*> marks;
+  launch_step(q, out, nullptr, &marks);
+  ++impl_->steps;
+  static const char* kNames[] = {"apply", "select", "lookup", "gather", "attention"};
+  std::vector<std::pair<std::string, float>> out_ms;
+  RETROINFER_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(marks.back())));
+  for (size_t i = 1; i < marks.size(); ++i) {
+    float ms = 0.0f;
+    RETROINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(marks[i - 1]), static_cast<cudaEvent_t>(marks[i])));
+    out_ms.emplace_back(kNames[i - 1], ms);
+  }
+  for (void* e : marks) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  return out_ms;
+}
+
+void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
+  auto& m = *impl_;
+  RETROINFER_CHECK(s != nullptr, "WaveBufferLayer::capture_graph: needs a stream other than the default (cuda::StreamHandle)");
+  auto st = static_cast<cudaStream_t>(s);
+  if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
+  if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
+  RETROINFER_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+  try {
+    launch_step(q, out, s, nullptr);
+  } catch (...) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(st, &g);
+    if (g != nullptr) cudaGraphDestroy(g);
+    throw;
+  }
+  RETROINFER_CUDA_CHECK(cudaStreamEndCapture(st, &m.graph));
+  RETROINFER_CUDA_CHECK(cudaGraphInstantiate(&m.graph_exec, m.graph, 0));
+}
+
+void WaveBufferLayer::replay_graph(Stream s) {
+  auto& m = *impl_;
+  RETROINFER_CHECK(m.graph_exec != nullptr, "WaveBufferLayer::replay_graph: capture_graph() was not called");
+  m.manager->check();
+  RETROINFER_CUDA_CHECK(cudaGraphLaunch(m.graph_exec, static_cast<cudaStream_t>(s)));
+  ++m.steps;
+}
+
+void WaveBufferLayer::wait_manager() {
+  auto& m = *impl_;
+  RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::wait_manager: build() was not called");
+  m.manager->wait_idle(m.steps);
+}
+
+void WaveBufferLayer::check() {
+  if (impl_->manager) impl_->manager->check();
+}
+
+void WaveBufferLayer::set_admission(bool on) {
+  RETROINFER_CHECK(impl_->manager != nullptr, "WaveBufferLayer::set_admission: build() was not called");
+  impl_->manager->set_admission(on);
+}
+
+WaveBufferStats WaveBufferLayer::stats() {
+  auto& m = *impl_;
+  RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::stats: build() was not called");
+  m.manager->check();
+  const auto s = m.manager->stats();
+  WaveBufferStats w;
+  w.steps_seen = s.steps_seen;
+  w.steps_lost = s.steps_lost;
+  w.hits = s.hits;
+  w.misses = s.misses;
+  w.updates = s.updates;
+  w.updates_dropped = s.updates_dropped;
+  w.admitted = s.admitted;
+  w.evicted = s.evicted;
+  return w;
+}
+
+WaveStepCounts WaveBufferLayer::last_step_counts() {
+  auto& m = *impl_;
+  RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int64_t> c(size_t(m.H) * 4);
+  m.counts.download(c.data(), c.size() * 8);
+  detail::WaveDeviceState st;
+  m.state.download(&st, sizeof st);
+  RETROINFER_CHECK(st.error == 0, "WaveBufferLayer: the apply kernel skipped out-of-range mailbox entries (error bits ",
+                   st.error, "): the manager and the device tables disagree");
+  WaveStepCounts w;
+  for (int h = 0; h < m.H; ++h) {
+    w.hit_clusters += c[size_t(h) * 4 + 0];
+    w.miss_clusters += c[size_t(h) * 4 + 1];
+    w.hit_rows += c[size_t(h) * 4 + 2];
+    w.miss_rows += c[size_t(h) * 4 + 3];
+  }
+  w.steady_rows = int64_t{m.H} * m.steady_rows;
+  return w;
+}
+
+RetroLayer& WaveBufferLayer::index() { return *impl_->index; }
+int64_t WaveBufferLayer::cache_pages_per_head() const { return impl_->P; }
+int64_t WaveBufferLayer::exec_capacity() const { return impl_->list_cap; }
+int64_t WaveBufferLayer::store_bytes() const { return int64_t{impl_->H} * impl_->n_idx * 4 * impl_->D; }
+int64_t WaveBufferLayer::steps_issued() const { return static_cast<int64_t>(impl_->steps); }
+bool WaveBufferLayer::store_on_host() const { return impl_->wcfg.tier == StoreTier::kHost; }
+
+std::pair<int64_t, int64_t> device_memory_info() {
+  size_t free_b = 0, total_b = 0;
+  RETROINFER_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return {static_cast<int64_t>(free_b), static_cast<int64_t>(total_b)};
+}
+
+void copy_device_async(void* dst, const void* src, size_t bytes, Stream s) {
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s)));
+}
+
+}  // namespace retroinfer::cuda

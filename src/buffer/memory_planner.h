@@ -1,0 +1,87 @@
+// Memory planner of the wave buffer: given the model's attention shape, the batch's context lengths and
+// the wave-buffer settings, decides before anything is allocated which (sequence, layer) KV stores live in
+// GPU memory and which in pinned host memory, from the memory actually free on each side, and refuses
+// with a clear error (bytes needed, bytes free) a batch that cannot fit anywhere.
+//
+// Per (sequence, layer) with n context tokens (D = head_dim, Hkv = KV heads, e = bytes per element, 2):
+//   store      n * Hkv * 2 * D * e                   K and V, cluster-ordered; GPU or pinned host
+//   meta       C * Hkv * (2 * D * e + 2 * D * 4 + 16) bf16 and f32 centroids and value sums, size,
+//                                                   CSR offset, page-table entries; C = ceil(n_idx / 16)
+//   steady     (sink + window + update) * Hkv * 2 * D * e
+//   cache      cache_pages * page_tokens * Hkv * 2 * D * e, cache_pages = ceil(cache_fraction * n / page)
+//   exec       (steady + exec_slack * retrieval_fraction * n_idx) * Hkv * 2 * D * e
+// meta, steady, cache and exec always live on the GPU (the decode step reads them every step); the
+// index build needs one transient workspace on the GPU for the largest layer of the batch:
+//   workspace  n_idx * Hkv * B * (D * e + 20)          centred keys, assignment, sort keys, members.
+// Stores go to the GPU while they fit under gpu_free - reserve, in sequence order, then to the host
+// while they fit under host_free * host_usable_fraction.
+//
+// Threading contract: pure functions; host_memory_available() reads /proc/meminfo.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "retroinfer/wave_buffer.h"
+
+namespace retroinfer::buffer {
+
+using StoreTier = ::retroinfer::StoreTier;
+std::string_view store_tier_name(StoreTier t);
+
+struct PlannerShape {
+  int num_layers = 0;
+  int num_heads_kv = 0;
+  int head_dim = 0;
+  int bytes_per_element = 2;  // bf16
+};
+
+struct PlannerSettings {
+  int page_tokens = 8;              // block-cache page size
+  double cache_fraction = 0.05;     // block cache, share of each sequence's context
+  int tokens_per_cluster = 16;
+  double retrieval_fraction = 0.018;
+  // Execution-buffer rows per retrieval token expected from the fraction: the retrieval zone holds the
+  // n_r selected clusters, which can be larger than average; 2x is a planning margin (not a measured
+  // bound). The layer sizes its buffer exactly after the index is built (the n_r largest clusters).
+  double exec_slack = 2.0;
+  int sink_tokens = 4;
+  int window_tokens = 64;
+  int update_tokens = 1024;          // steady-zone room for tokens generated between index updates
+  int64_t gpu_reserve_bytes = 0;     // kept free on the GPU (weights, activations, allocator slack)
+  double host_usable_fraction = 0.8; // share of MemAvailable that pinned stores may take
+  std::optional<StoreTier> force_tier; // place every store on this tier (tests, benchmarks)
+};
+
+struct MemoryPlan {
+  // [num_seqs, num_layers]: where each (sequence, layer) store lives.
+  std::vector<std::vector<StoreTier>> tier;
+  int64_t gpu_fixed_bytes = 0;   // meta + steady + cache + exec + workspace
+  int64_t gpu_store_bytes = 0;
+  int64_t host_store_bytes = 0;
+  int64_t gpu_free_bytes = 0;    // the inputs, for reporting
+  int64_t host_free_bytes = 0;
+  int64_t gpu_stores = 0, host_stores = 0;  // (sequence, layer) stores on each tier
+  std::string summary() const;   // one line: "GPU 12.3 GiB (stores 8 of 32) / host 40.1 GiB ..."
+};
+
+// Per (sequence, layer) sizes used by the plan.
+struct StoreBytes {
+  int64_t store = 0, meta = 0, steady = 0, cache = 0, exec = 0, workspace = 0;
+};
+StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int64_t context_tokens);
+
+// Throws Error (what needed, what free, what to do) when the fixed GPU parts exceed the GPU's free memory
+// or the stores cannot be placed; allocates nothing.
+MemoryPlan plan_memory(const PlannerShape& shape, const PlannerSettings& settings,
+                       const std::vector<int64_t>& context_tokens, int64_t gpu_free_bytes, int64_t host_free_bytes);
+
+// MemAvailable from a /proc/meminfo text, in bytes; throws Error if absent or malformed.
+int64_t parse_meminfo_available(std::string_view meminfo_text);
+// MemAvailable of this machine (reads /proc/meminfo); throws Error if unreadable.
+int64_t host_memory_available();
+
+}  // namespace retroinfer::buffer

@@ -1,0 +1,222 @@
+// WaveBufferLayer on the GPU: a cache that holds everything gives the uncached path's output bit for bit
+// (and RetroLayer's, whose splits it shares), a host-resident store gives the GPU-resident store's output
+// bit for bit, a CUDA-graph replay of the whole step equals direct launches, and the LRU under pressure
+// keeps the device tables consistent (no out-of-range mailbox entry) while outputs stay exact.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "gpu_test_util.h"
+#include "retroinfer/error.h"
+#include "retroinfer/wave_buffer.h"
+
+namespace retroinfer {
+namespace {
+
+// Mixed hit / miss steps reorder the exact tokens ([steady | misses | hits] instead of cluster order), so
+// the f32 sums differ by rounding only: the dense-decode tolerances of test_cuda_dense.cpp.
+constexpr double kNmse = 1e-9;
+constexpr double kMaxAbs = 1e-4;
+
+struct WaveRig {
+  int num_seqs = 2, hkv = 2, group = 4, d = 128;
+  int64_t n = 6000;
+  AttentionConfig cfg;
+  gputest::KvData kv;
+  cuda::DeviceBuffer dk, dv;
+  WaveRig(uint64_t seed, int64_t tokens = 6000) : n(tokens) {
+    cfg.retrieval_fraction = 0.05;  // more selected clusters than the default: more pages to move
+    kv = gputest::make_kv(num_seqs * hkv, n, n + 5, d, seed);
+    dk = gputest::upload(kv.k);
+    dv = gputest::upload(kv.v);
+  }
+  AttentionShape shape() const { return AttentionShape{hkv * group, hkv, d}; }
+  size_t q_elems() const { return size_t(num_seqs) * hkv * group * d; }
+};
+
+// q drifting by a random walk: temporal locality, as in a decode.
+std::vector<float> drift(const std::vector<float>& q, float step, std::mt19937_64& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> out(q);
+  for (auto& x : out) x += step * nd(rng);
+  return out;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+TEST(WaveBuffer, FullCacheGivesTheUncachedOutputBitForBit) {
+  RETROINFER_REQUIRE_GPU();
+  const uint64_t seed = 101;
+  WaveRig su(seed);
+  WaveBufferConfig w;
+  w.tier = StoreTier::kHost;
+  w.cache_pages = su.n;  // room for every cluster
+  cuda::WaveBufferLayer layer(su.shape(), su.cfg, w, su.num_seqs);
+  layer.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  const auto q = gputest::make_q(su.kv, su.group, seed + 1);
+  auto dq = gputest::upload(q);
+  auto ref_out = gputest::poisoned(su.q_elems());
+  layer.index().decode(dq.as<float>(), ref_out.as<float>());  // RetroLayer on GPU-resident K/V
+  const auto ref = gputest::download_f32(ref_out, su.q_elems());
+
+  auto out0 = gputest::poisoned(su.q_elems());
+  layer.decode(dq.as<float>(), out0.as<float>());
+  const auto c0 = layer.last_step_counts();
+  EXPECT_EQ(c0.hit_clusters, 0);  // cold cache: the uncached path
+  EXPECT_GT(c0.miss_clusters, 0);
+  EXPECT_TRUE(same_bits(gputest::download_f32(out0, su.q_elems()), ref)) << "seed " << seed;
+  layer.wait_manager();
+
+  auto out1 = gputest::poisoned(su.q_elems());
+  layer.decode(dq.as<float>(), out1.as<float>());  // same query: every cluster was admitted after step 0
+  const auto c1 = layer.last_step_counts();
+  EXPECT_EQ(c1.miss_clusters, 0);
+  EXPECT_EQ(c1.hit_clusters, c0.miss_clusters);
+  EXPECT_EQ(c1.hit_rows, c0.miss_rows);
+  EXPECT_TRUE(same_bits(gputest::download_f32(out1, su.q_elems()), ref)) << "seed " << seed;
+  layer.wait_manager();
+  const auto st = layer.stats();
+  EXPECT_EQ(st.updates, 1u);
+  EXPECT_EQ(st.updates_dropped, 0u);
+  EXPECT_EQ(st.admitted, uint64_t(c0.miss_clusters));
+  EXPECT_EQ(st.evicted, 0u);
+}
+
+TEST(WaveBuffer, HostStoreMatchesGpuStoreBitForBit) {
+  RETROINFER_REQUIRE_GPU();
+  const uint64_t seed = 202;
+  WaveRig su(seed);
+  WaveBufferConfig wh, wg;
+  wh.tier = StoreTier::kHost;
+  wg.tier = StoreTier::kGpu;
+  wh.cache_fraction = wg.cache_fraction = 0.03;  // smaller than the retrieval zone: misses and evictions
+  cuda::WaveBufferLayer host(su.shape(), su.cfg, wh, su.num_seqs), gpu(su.shape(), su.cfg, wg, su.num_seqs);
+  host.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  gpu.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  EXPECT_TRUE(host.store_on_host());
+  EXPECT_FALSE(gpu.store_on_host());
+  std::mt19937_64 rng(seed);
+  auto q = gputest::make_q(su.kv, su.group, seed + 1);
+  auto dq = gputest::upload(q);
+  int64_t hits = 0;
+  for (int step = 0; step < 12; ++step) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed << " step " << step);
+    dq.upload(q.data(), q.size() * 4);
+    auto oh = gputest::poisoned(su.q_elems()), og = gputest::poisoned(su.q_elems()), orf = gputest::poisoned(su.q_elems());
+    host.decode(dq.as<float>(), oh.as<float>());
+    gpu.decode(dq.as<float>(), og.as<float>());
+    host.index().decode(dq.as<float>(), orf.as<float>());
+    const auto ch = host.last_step_counts(), cg = gpu.last_step_counts();
+    EXPECT_EQ(ch.hit_clusters, cg.hit_clusters);
+    EXPECT_EQ(ch.miss_rows, cg.miss_rows);
+    hits += ch.hit_clusters;
+    const auto a = gputest::download_f32(oh, su.q_elems()), b = gputest::download_f32(og, su.q_elems());
+    EXPECT_TRUE(same_bits(a, b));
+    const auto cmp = gputest::compare(a, gputest::download_f32(orf, su.q_elems()));
+    EXPECT_EQ(cmp.unwritten, 0);
+    EXPECT_LT(cmp.nmse, kNmse);
+    EXPECT_LT(cmp.max_abs, kMaxAbs);
+    host.wait_manager();
+    gpu.wait_manager();
+    q = drift(q, 0.05f, rng);
+  }
+  EXPECT_GT(hits, 0);
+  EXPECT_GT(host.stats().evicted, 0u);
+}
+
+TEST(WaveBuffer, CudaGraphReplayOfTheWholeStepMatchesDirectLaunches) {
+  RETROINFER_REQUIRE_GPU();
+  const uint64_t seed = 303;
+  WaveRig su(seed);
+  WaveBufferConfig w;
+  w.cache_fraction = 0.03;
+  cuda::WaveBufferLayer direct(su.shape(), su.cfg, w, su.num_seqs), graphed(su.shape(), su.cfg, w, su.num_seqs);
+  direct.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  graphed.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  std::mt19937_64 rng(seed);
+  auto q = gputest::make_q(su.kv, su.group, seed + 1);
+  auto dq = gputest::upload(q), dq_graph = gputest::upload(q);
+  auto out_graph = gputest::poisoned(su.q_elems());
+  cuda::StreamHandle stream_handle;
+  cuda::Stream s = stream_handle.get();
+  // Warm-up of the direct layer first (one-time kernel attributes are set outside any capture).
+  auto out = gputest::poisoned(su.q_elems());
+  direct.decode(dq.as<float>(), out.as<float>());
+  graphed.capture_graph(dq_graph.as<float>(), out_graph.as<float>(), s);
+  EXPECT_EQ(graphed.steps_issued(), 0);  // capturing runs nothing
+  graphed.replay_graph(s);
+  cuda::synchronize(s);
+  EXPECT_TRUE(same_bits(gputest::download_f32(out, su.q_elems()), gputest::download_f32(out_graph, su.q_elems())));
+  for (int step = 1; step < 8; ++step) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed << " step " << step);
+    direct.wait_manager();
+    graphed.wait_manager();
+    q = drift(q, 0.05f, rng);
+    dq.upload(q.data(), q.size() * 4);
+    dq_graph.upload(q.data(), q.size() * 4);
+    out_graph.fill_bytes(0xff);
+    cuda::synchronize();  // the memset ran on the legacy default stream; the graph runs on s
+    direct.decode(dq.as<float>(), out.as<float>());
+    graphed.replay_graph(s);
+    cuda::synchronize(s);
+    cuda::synchronize();
+    EXPECT_TRUE(same_bits(gputest::download_f32(out, su.q_elems()), gputest::download_f32(out_graph, su.q_elems())));
+    const auto a = direct.last_step_counts(), b = graphed.last_step_counts();
+    EXPECT_EQ(a.hit_clusters, b.hit_clusters);
+    EXPECT_EQ(a.miss_clusters, b.miss_clusters);
+  }
+  EXPECT_GT(graphed.stats().hits, 0u);
+}
+
+TEST(WaveBuffer, SmallCacheUnderPressureStaysExactAndConsistent) {
+  RETROINFER_REQUIRE_GPU();
+  const uint64_t seed = 404;
+  WaveRig su(seed);
+  WaveBufferConfig w;
+  w.cache_pages = 6;  // a few clusters per head: constant eviction
+  w.ring_slots = 2;
+  cuda::WaveBufferLayer layer(su.shape(), su.cfg, w, su.num_seqs);
+  layer.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  std::mt19937_64 rng(seed);
+  auto q = gputest::make_q(su.kv, su.group, seed + 1);
+  auto dq = gputest::upload(q);
+  auto out = gputest::poisoned(su.q_elems()), ref = gputest::poisoned(su.q_elems());
+  for (int step = 0; step < 20; ++step) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed << " step " << step);
+    dq.upload(q.data(), q.size() * 4);
+    layer.decode(dq.as<float>(), out.as<float>());  // no waiting: the manager runs free
+    layer.index().decode(dq.as<float>(), ref.as<float>());
+    const auto counts = layer.last_step_counts();  // also checks the apply kernel saw no bad entry
+    EXPECT_LE(counts.hit_rows, int64_t(w.cache_pages) * w.page_tokens * su.num_seqs * su.hkv);
+    const auto cmp = gputest::compare(gputest::download_f32(out, su.q_elems()), gputest::download_f32(ref, su.q_elems()));
+    EXPECT_EQ(cmp.unwritten, 0);
+    EXPECT_LT(cmp.nmse, kNmse);
+    EXPECT_LT(cmp.max_abs, kMaxAbs);
+    q = step % 5 == 4 ? gputest::make_q(su.kv, su.group, seed + step) : drift(q, 0.05f, rng);
+  }
+  layer.wait_manager();
+  const auto st = layer.stats();
+  EXPECT_EQ(st.steps_seen + st.steps_lost, 20u);
+  EXPECT_GT(st.evicted, 0u);
+}
+
+TEST(WaveBuffer, RejectsMisuse) {
+  RETROINFER_REQUIRE_GPU();
+  WaveRig su(505, 60);  // 60 tokens: all steady zone (4 sink + 64 window)
+  WaveBufferConfig w;
+  cuda::WaveBufferLayer layer(su.shape(), su.cfg, w, su.num_seqs);
+  auto q = cuda::DeviceBuffer(su.q_elems() * 4), out = cuda::DeviceBuffer(su.q_elems() * 4);
+  EXPECT_THROW(layer.decode(q.as<float>(), out.as<float>()), Error);  // before build
+  EXPECT_THROW(layer.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5), Error);  // nothing to index
+  EXPECT_THROW(layer.replay_graph(nullptr), Error);
+  w.page_tokens = 0;
+  EXPECT_THROW(cuda::WaveBufferLayer(su.shape(), su.cfg, w, 1), Error);
+  w.page_tokens = 8;
+  w.cache_fraction = 2.0;
+  EXPECT_THROW(cuda::WaveBufferLayer(su.shape(), su.cfg, w, 1), Error);
+}
+
+}  // namespace
+}  // namespace retroinfer

@@ -1,0 +1,114 @@
+// Memory planner: byte accounting, GPU-first placement with spill to pinned host memory, and the clear
+// refusals (bytes needed and free) before anything is allocated; /proc/meminfo parsing.
+#include <gtest/gtest.h>
+
+#include "buffer/memory_planner.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::buffer {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+PlannerShape llama8b() { return PlannerShape{32, 8, 128, 2}; }
+
+TEST(MemoryPlanner, StoreBytesFollowTheShape) {
+  PlannerSettings s;
+  const auto b = store_bytes(llama8b(), s, 131072);
+  EXPECT_EQ(b.store, int64_t{131072} * 8 * 2 * 128 * 2);  // 512 MiB per layer: 16 GiB per sequence
+  // 5% of 131072 = 6553.6 -> 6554 tokens -> 820 pages of 8.
+  EXPECT_EQ(b.cache, int64_t{820} * 8 * 8 * 2 * 128 * 2);
+  EXPECT_EQ(b.steady, int64_t{4 + 64 + 1024} * 8 * 2 * 128 * 2);
+  const int64_t n_idx = 131072 - 68, clusters = (n_idx + 15) / 16;
+  EXPECT_EQ(b.meta, clusters * 8 * (2 * 128 * 2 + 2 * 128 * 4 + 16));
+  EXPECT_GT(b.exec, 0);
+  EXPECT_LT(b.exec, b.store / 10);
+}
+
+TEST(MemoryPlanner, EverythingOnTheGpuWhenItFits) {
+  PlannerSettings s;
+  const auto plan = plan_memory(llama8b(), s, {131072, 131072}, 139 * kGiB, 100 * kGiB);
+  EXPECT_EQ(plan.gpu_stores, 64);
+  EXPECT_EQ(plan.host_stores, 0);
+  EXPECT_EQ(plan.gpu_store_bytes, 2 * 16 * kGiB);
+  EXPECT_LE(plan.gpu_fixed_bytes + plan.gpu_store_bytes, 139 * kGiB);
+  EXPECT_NE(plan.summary().find("GPU"), std::string::npos);
+}
+
+TEST(MemoryPlanner, SpillsToHostInSequenceThenLayerOrder) {
+  PlannerSettings s;
+  // 16 sequences of 128K: 256 GiB of stores. 100 GiB free on the GPU, 400 GiB on the host.
+  const std::vector<int64_t> ctx(16, 131072);
+  const auto plan = plan_memory(llama8b(), s, ctx, 100 * kGiB, 400 * kGiB);
+  EXPECT_GT(plan.gpu_stores, 0);
+  EXPECT_GT(plan.host_stores, 0);
+  EXPECT_EQ(plan.gpu_stores + plan.host_stores, 16 * 32);
+  EXPECT_LE(plan.gpu_fixed_bytes + plan.gpu_store_bytes, 100 * kGiB);
+  // GPU-first: once a store went to the host, every later one (sequence-major) did too.
+  bool spilled = false;
+  for (const auto& seq : plan.tier)
+    for (StoreTier t : seq) {
+      if (t == StoreTier::kHost) spilled = true;
+      else EXPECT_FALSE(spilled) << "a GPU store after a host store";
+    }
+  EXPECT_EQ(plan.host_store_bytes, plan.host_stores * 512 * (int64_t{1} << 20));
+}
+
+TEST(MemoryPlanner, ForcedTier) {
+  PlannerSettings s;
+  s.force_tier = StoreTier::kHost;
+  const auto plan = plan_memory(llama8b(), s, {32768}, 139 * kGiB, 100 * kGiB);
+  EXPECT_EQ(plan.host_stores, 32);
+  EXPECT_EQ(plan.gpu_stores, 0);
+  s.force_tier = StoreTier::kGpu;
+  EXPECT_THROW(plan_memory(llama8b(), s, std::vector<int64_t>(16, 131072), 100 * kGiB, 400 * kGiB), Error);
+}
+
+TEST(MemoryPlanner, RefusesWithNeededAndFreeBytes) {
+  PlannerSettings s;
+  // Host too small: 16 x 16 GiB of stores, ~100 GiB of GPU, 50 GiB MemAvailable (40 usable).
+  try {
+    plan_memory(llama8b(), s, std::vector<int64_t>(16, 131072), 100 * kGiB, 50 * kGiB);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("pinned host memory"), std::string::npos) << w;
+    EXPECT_NE(w.find("40.00 GiB"), std::string::npos) << w;  // usable = 50 * 0.8
+    EXPECT_NE(w.find("GiB"), std::string::npos);
+  }
+  // GPU fixed parts alone do not fit: 1M-token contexts, 1 GiB of GPU memory.
+  try {
+    plan_memory(llama8b(), s, std::vector<int64_t>(4, 1 << 20), 1 * kGiB, 1000 * kGiB);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("GPU-resident parts"), std::string::npos) << w;
+    EXPECT_NE(w.find("1.00 GiB free"), std::string::npos) << w;
+  }
+  EXPECT_THROW(plan_memory(llama8b(), s, {}, kGiB, kGiB), Error);
+  EXPECT_THROW(plan_memory(llama8b(), s, {0}, kGiB, kGiB), Error);
+  EXPECT_THROW(plan_memory(PlannerShape{0, 8, 128, 2}, s, {10}, kGiB, kGiB), Error);
+  s.cache_fraction = 1.5;
+  EXPECT_THROW(plan_memory(llama8b(), s, {10}, kGiB, kGiB), Error);
+}
+
+TEST(MemoryPlanner, GpuReserveIsHonoured) {
+  PlannerSettings s;
+  s.gpu_reserve_bytes = 20 * kGiB;
+  const auto plan = plan_memory(llama8b(), s, std::vector<int64_t>(8, 131072), 100 * kGiB, 400 * kGiB);
+  EXPECT_LE(plan.gpu_fixed_bytes + plan.gpu_store_bytes, 80 * kGiB);
+  EXPECT_GT(plan.host_stores, 0);
+}
+
+TEST(MemoryPlanner, ParsesMeminfo) {
+  const char* text =
+      "MemTotal:       131072000 kB\nMemFree:         1000 kB\nMemAvailable:   65536000 kB\nBuffers: 1 kB\n";
+  EXPECT_EQ(parse_meminfo_available(text), int64_t{65536000} * 1024);
+  EXPECT_THROW(parse_meminfo_available("MemTotal: 5 kB\n"), Error);
+  EXPECT_THROW(parse_meminfo_available("MemAvailable: lots\n"), Error);
+  EXPECT_THROW(parse_meminfo_available("XMemAvailable: 5 kB\n"), Error);
+  EXPECT_GT(host_memory_available(), 0);  // this machine's own /proc/meminfo
+}
+
+}  // namespace
+}  // namespace retroinfer::buffer
