@@ -1,6 +1,8 @@
 // CPU wave index benchmark: time to build the index of one (sequence, layer) and decode time of retro
 // against full attention, on synthetic clustered keys. One JSON line per context length.
 // Usage: wave_index [tokens...] (default 32768 131072); env-free, fixed seed.
+#include <cblas.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,16 @@
 #include "retroinfer/attention.h"
 
 namespace {
+// 1-minute load average of the host (the dev machine is shared; figures taken under load are slower).
+double load_average() {
+  double l = -1.0;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1.0;
+    std::fclose(f);
+  }
+  return l;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -21,6 +33,22 @@ int main(int argc, char** argv) {
   std::vector<int64_t> lengths;
   for (int i = 1; i < argc; ++i) lengths.push_back(std::atoll(argv[i]));
   if (lengths.empty()) lengths = {32768, 131072};
+  {
+    // Reference: f32 sgemm throughput at the global step's shape (512 key rows x 8192 centroids x 128),
+    // the ceiling of the index build.
+    constexpr int kM = 512, kN = 8192, kK = 128, kReps = 16;
+    std::vector<float> a(static_cast<size_t>(kM) * kK, 0.5f), b(static_cast<size_t>(kN) * kK, 0.25f),
+        c(static_cast<size_t>(kM) * kN);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kM, kN, kK, 1.0f, a.data(), kK, b.data(), kK, 0.0f,
+                c.data(), kN);  // warm-up
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < kReps; ++r)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kM, kN, kK, 1.0f, a.data(), kK, b.data(), kK, 0.0f,
+                  c.data(), kN);
+    const double s = seconds_since(t0);
+    std::printf("{\"bench\":\"sgemm\",\"m\":%d,\"n\":%d,\"k\":%d,\"gflops\":%.1f,\"load_avg\":%.2f}\n", kM, kN, kK,
+                2.0 * kM * kN * kK * kReps / s / 1e9, load_average());
+  }
   const AttentionShape shape{4, 1, 128};  // one KV head, GQA group 4, head_dim 128
   const int d = shape.head_dim;
   for (int64_t n : lengths) {
@@ -69,10 +97,10 @@ int main(int argc, char** argv) {
     std::printf(
         "{\"bench\":\"wave_index\",\"tokens\":%lld,\"head_dim\":%d,\"group\":4,\"kv_dtype\":\"bf16\","
         "\"clusters\":%d,\"build_s\":%.3f,\"retro_decode_ms\":%.3f,\"full_decode_ms\":%.3f,"
-        "\"exact_tokens\":%lld,\"retrieved_clusters\":%lld,\"estimated_clusters\":%lld}\n",
+        "\"exact_tokens\":%lld,\"retrieved_clusters\":%lld,\"estimated_clusters\":%lld,\"load_avg\":%.2f}\n",
         static_cast<long long>(n), d, retro.wave_index().heads[0].num_clusters(), build_s,
         1e3 * retro_s / kSteps, 1e3 * full_s / kSteps, static_cast<long long>(st.exact_tokens),
-        static_cast<long long>(st.retrieved_clusters), static_cast<long long>(st.estimated_clusters));
+        static_cast<long long>(st.retrieved_clusters), static_cast<long long>(st.estimated_clusters), load_average());
     std::fflush(stdout);
   }
   return 0;

@@ -1,5 +1,6 @@
 # Warnings and sanitizers, applied per target through retroinfer_options (an INTERFACE library).
 add_library(retroinfer_options INTERFACE)
+target_compile_features(retroinfer_options INTERFACE cxx_std_20)
 target_compile_options(retroinfer_options INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
 if(RETROINFER_NATIVE)

@@ -11,7 +11,7 @@ if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
-      libpcre2-dev libopenblas-dev libomp-dev
+      libpcre2-dev libicu-dev libopenblas-dev libomp-dev
       bible-kjv-text wamerican python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -1,0 +1,45 @@
+#include "io/mapped_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "retroinfer/error.h"
+
+namespace retroinfer::io {
+
+MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  RETROINFER_CHECK(fd >= 0, path_, ": cannot open: ", std::strerror(errno),
+                   " (check the path; scripts/setup.sh installs the default model)");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    RETROINFER_FAIL(path_, ": cannot stat: ", std::strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    RETROINFER_FAIL(path_, ": not a regular file");
+  }
+  size_ = static_cast<size_t>(st.st_size);
+  if (size_ > 0) {
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    const int e = errno;
+    ::close(fd);
+    RETROINFER_CHECK(p != MAP_FAILED, path_, ": mmap of ", size_, " bytes failed: ", std::strerror(e));
+    data_ = static_cast<const uint8_t*>(p);
+  } else {
+    ::close(fd);
+  }
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+}  // namespace retroinfer::io
