@@ -35,7 +35,7 @@ void RetroAttention::build(const KvCache& kv) {
   const int64_t end = kv.size() - cfg_.window_tokens;
   if (end - sink < cfg_.tokens_per_cluster) return;  // not one cluster's worth: everything stays steady
   const index::KMeansParams p = kmeans_params();
-  // Heads one after another: the k-means is parallel inside (sgemm + OpenMP).
+  // Heads one after another: the k-means is parallel inside (OpenBLAS threads its sgemm calls).
   for (int h = 0; h < shape_.num_heads_kv; ++h) index::index_tokens(kv, h, sink, end, p, index_.heads[h]);
   index_.indexed_end = end;
 }
@@ -142,8 +142,9 @@ void RetroAttention::fill_zones(int h, int64_t size, int64_t steady_a, int64_t s
   std::fill(zones + steady_b, zones + size, zone_code[static_cast<int>(index::Zone::kSteady)]);
   const index::HeadIndex& hi = index_.heads[h];
   auto mark = [&](const std::vector<int32_t>& ids, index::Zone zone) {
+    const Code code = zone_code[static_cast<int>(zone)];
     for (int32_t j : ids)
-      for (int64_t m = hi.offsets[j]; m < hi.offsets[j + 1]; ++m) zones[hi.members[m]] = zone_code[static_cast<int>(zone)];
+      for (int64_t m = hi.offsets[j]; m < hi.offsets[j + 1]; ++m) zones[hi.members[m]] = code;
   };
   mark(sel.retrieval, index::Zone::kRetrieval);
   mark(sel.estimation, index::Zone::kEstimation);

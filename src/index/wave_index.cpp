@@ -76,7 +76,8 @@ void score_clusters(const HeadIndex& hi, const float* q, int group, float scale,
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < k; ++j) {
     const float* c = hi.centroids.data() + static_cast<int64_t>(j) * d;
-    for (int g = 0; g < group; ++g) logits[static_cast<int64_t>(g) * k + j] = dot(q + static_cast<int64_t>(g) * d, c, d) * scale;
+    for (int g = 0; g < group; ++g)
+      logits[static_cast<int64_t>(g) * k + j] = dot(q + static_cast<int64_t>(g) * d, c, d) * scale;
     scores[j] = hi.sizes[j] > 0 ? 0.0f : kNegInf;
   }
   std::vector<float> p(k);  // [num_clusters] unnormalised softmax of one query head

@@ -375,3 +375,24 @@ TEST(Retro, ZoneBudgets) {
   EXPECT_EQ(b.n_retrieval + b.n_estimation, 0);
   EXPECT_THROW(zone_budget(10, 1.5, 0.0), retroinfer::Error);
 }
+
+TEST(Retro, FirstDecodeBuildsTheIndexWithoutPrefill) {
+  const AttentionShape shape{4, 2, 64};
+  KvCache kv(2, 64, DType::kF32);
+  fill(kv, 300, 12, 31);
+  AttentionConfig cfg = small_config();
+  cfg.retrieval_fraction = 1.0;
+  cfg.estimation_fraction = 0.0;
+  RetroAttention retro(cfg, shape);  // on_prefill never called
+  auto full = retroinfer::make_attention([&] { auto f = cfg; f.kind = AttentionKind::kFull; return f; }(), shape);
+  const auto q = random_q(shape, 77);
+  std::vector<float> out(4 * 64, NAN), ref(4 * 64);
+  const AttentionStats st = retro.decode(kv, q.data(), out.data());
+  full->decode(kv, q.data(), ref.data());
+  EXPECT_EQ(retro.wave_index().indexed_begin, 4);
+  EXPECT_EQ(retro.wave_index().indexed_end, 300 - 16);
+  EXPECT_EQ(retro.wave_index().heads[1].num_tokens(), 300 - 20);
+  EXPECT_EQ(retro.num_updates(), 0);
+  EXPECT_GT(st.retrieved_clusters, 0);
+  EXPECT_LE(nmse(out, ref), kMaxNmse);
+}
