@@ -33,8 +33,6 @@ class QuestAttention final : public SelectiveMethod {
     build_pages(kv);
   }
 
-  int64_t num_pages() const { return num_pages_; }
-
  protected:
   void prepare(const KvCache& kv) override { build_pages(kv); }
 

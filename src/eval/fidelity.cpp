@@ -9,7 +9,6 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "attention/retro.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::eval {
@@ -162,7 +161,6 @@ FidelityReport run_fidelity(const FidelityOptions& o) {
     Reference ref;
     std::vector<float> out(static_cast<size_t>(hq) * d);
     std::vector<uint8_t> zones;
-    std::vector<index::Zone> retro_zones;  // [hkv, size]
     for (int s = 0; s < o.steps; ++s) {
       kv.append(&data.k_step[static_cast<size_t>(s) * hkv * d], &data.v_step[static_cast<size_t>(s) * hkv * d], 1);
       const float* q = &data.queries[static_cast<size_t>(s) * hq * d];
@@ -200,22 +198,8 @@ FidelityReport run_fidelity(const FidelityOptions& o) {
           r.res.rel_err_max = std::isnan(e) || std::isnan(r.res.rel_err_max) ? NAN : std::max(r.res.rel_err_max, e);
           ++r.err_samples;
         }
-        // Retro reports its zones through RetroAttention::zones (the same plan decode() used: the index is
-        // already in sync, so the call only re-scores the clusters).
-        auto* retro = dynamic_cast<attention::RetroAttention*>(r.method.get());
-        if (retro) retro->zones(kv, q, retro_zones);
         for (int kvh = 0; kvh < hkv; ++kvh) {
-          if (retro) {
-            zones.resize(n);
-            for (int64_t t = 0; t < n; ++t) {
-              const index::Zone z = retro_zones[static_cast<size_t>(kvh) * n + t];
-              zones[t] = z == index::Zone::kSteady || z == index::Zone::kRetrieval ? AttentionMethod::kZoneExact
-                         : z == index::Zone::kEstimation                            ? AttentionMethod::kZoneEstimated
-                                                                                    : AttentionMethod::kZoneIgnored;
-            }
-          } else if (!r.method->last_zones(kvh, zones) || static_cast<int64_t>(zones.size()) != n) {
-            continue;
-          }
+          if (!r.method->last_zones(kvh, zones) || static_cast<int64_t>(zones.size()) != n) continue;
           for (int j = 0; j < group; ++j) {
             const double* p = &ref.prob[static_cast<size_t>(kvh * group + j) * n];
             double ex = 0.0, es = 0.0;
