@@ -10,10 +10,15 @@
 // retrieval items are expanded into the head's exact-token list (steady zone first).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace retroinfer::cuda::detail {
+
+int sm_count();  // layer_common.h
+
 namespace {
 
 // Online (max, sum of exp) pair merge for the per-head softmax normaliser.
@@ -27,7 +32,6 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
 
 constexpr int kScoreWarps = 4;
 constexpr int kScoreTile = 16;                          // centroids per warp tile
-constexpr int kScorePerCta = kScoreWarps * kScoreTile * 4;  // 4 tiles per warp
 
 // Logits on the tensor cores, the decode kernel's QK step with centroids for keys: per warp and tile of
 // 16 centroids (cp.async double buffer, rows padded by 16 bytes), logits^T = Q C^T with mma m16n8k16,
@@ -66,10 +70,13 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
   const int* sz = p.sizes + int64_t{h} * C;
   float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
-  const int cta0 = blockIdx.x * kScorePerCta;
-  const int ntiles = kScorePerCta / kScoreTile / kScoreWarps;
+  // This CTA's tiles [tile0, tile1) of 16 centroids; warp w takes tiles tile0 + w, tile0 + w + 4, ...
+  const int tiles_all = (C + kScoreTile - 1) / kScoreTile;
+  const int per_cta = (tiles_all + gridDim.x - 1) / gridDim.x;
+  const int tile0 = blockIdx.x * per_cta, tile1 = min(tiles_all, tile0 + per_cta);
+  const int ntiles = tile0 + warp < tile1 ? (tile1 - tile0 - warp + kScoreWarps - 1) / kScoreWarps : 0;
   auto load_tile = [&](int t, int buf) {
-    const int c0 = cta0 + (t * kScoreWarps + warp) * kScoreTile;
+    const int c0 = (tile0 + t * kScoreWarps + warp) * kScoreTile;
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int e = lane + 32 * i, row = e / kChunks, col = e % kChunks;
@@ -79,7 +86,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
     cp_async_commit();
   };
   float nm = -INFINITY, ns = 0.0f;
-  load_tile(0, 0);
+  if (ntiles > 0) load_tile(0, 0);
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < ntiles) {
@@ -89,7 +96,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
       cp_async_wait<0>();
     }
     __syncwarp();
-    const int c0 = cta0 + (t * kScoreWarps + warp) * kScoreTile;
+    const int c0 = (tile0 + t * kScoreWarps + warp) * kScoreTile;
     float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
     const uint16_t* kb = &cs[warp][buf][((mi >> 1) * 8 + ri) * kRow + (mi & 1) * 8];
 #pragma unroll
@@ -401,20 +408,35 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
 
 }  // namespace
 
-int score_blocks(int num_clusters, int head_dim) {
-  const int b = (num_clusters + kScorePerCta - 1) / kScorePerCta;
+int score_blocks(int num_clusters, int head_dim, int num_heads) {
+  // One wave: kScoreCtasPerSm CTAs per multiprocessor (34 KiB of shared memory each), spread over the
+  // heads, each CTA streaming a contiguous range of tiles (run 3: 256 centroids per CTA, 1.3 waves at
+  // 128K batch 4, the last one mostly idle). At least one tile per warp.
+  // RETROINFER_SCORE_RUN3=1 selects run 3's grid (4 tiles per warp; A/B comparisons).
+  (void)head_dim;
+  static const bool run3 = [] {
+    const char* e = std::getenv("RETROINFER_SCORE_RUN3");
+    return e != nullptr && e[0] == '1';
+  }();
+  constexpr int kScoreCtasPerSm = 6;
+  const int tiles = (num_clusters + kScoreTile - 1) / kScoreTile;
+  const int most = (tiles + kScoreWarps - 1) / kScoreWarps;
+  if (run3) return most > 4 ? (most + 3) / 4 : 1;
+  const int want = kScoreCtasPerSm * sm_count() / (num_heads > 0 ? num_heads : 1);
+  const int b = want < most ? want : most;
   return b > 0 ? b : 1;
 }
 
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
-  const dim3 grid(score_blocks(p.num_clusters, p.head_dim), p.num_heads);
+  const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   if (p.head_dim == 128) score_kernel<128><<<grid, kScoreWarps * 32, 0, s>>>(p);
   else if (p.head_dim == 64) score_kernel<64><<<grid, kScoreWarps * 32, 0, s>>>(p);
   else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
-cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
+// The one-CTA-per-head selection (run 3); select_cluster.cu's select_and_expand replaces it by default.
+cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s) {
   // Scores in shared memory up to 40K items (160 KiB; the static part is ~1.5 KiB of the 227 KiB).
   constexpr size_t kMaxSmemScores = 160 * 1024;
   const size_t bytes = size_t(p.num_items) * 4;
