@@ -1,7 +1,8 @@
-// The zone-selection kernels on their own (detail::select_and_expand, the thread-block-cluster kernel, and
-// the one-CTA-per-head kernel it replaced), from given scores with many exact ties, -inf items, tails
-// around the 8-way split and the shared-memory limit, against the CPU rule "sort by (score desc, id asc),
-// cut at k_r and k_r + k_e" and the page expansion of the retrieval ids. Outputs are poisoned first.
+// The two zone-selection kernels on their own: the one-CTA-per-head kernel (3 passes of 11-bit digits for
+// both thresholds) and the 8-CTA thread-block-cluster kernel (used past 40K items). From given scores with
+// many exact ties, -inf items, tails around the 8-way split and the shared-memory limits, against the CPU
+// rule "sort by (score desc, id asc), cut at k_r and k_r + k_e" and the page expansion of the retrieval
+// ids. Outputs are poisoned first.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -77,7 +78,7 @@ void run_select_case(const SelectCase& sc, uint64_t seed, bool single_cta) {
   p.scan_scratch = scratch.as<int>();
   p.list_stride = list_stride;
   const cudaError_t e = single_cta ? cuda::detail::select_and_expand_single_cta(p, nullptr)
-                                      : cuda::detail::select_and_expand(p, nullptr);
+                                      : cuda::detail::select_and_expand_cluster(p, nullptr);
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int> g_ret(size_t(H) * sc.k_r), g_est(size_t(H) * sc.k_e), g_list(size_t(H) * list_stride), g_count(H);

@@ -372,7 +372,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
 
 template <int D, bool kIndirect>
 cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
-  return decode_stages() == 2 ? launch_decode<D, kIndirect, 2>(p, s) : launch_decode<D, kIndirect, 3>(p, s);
+  return decode_stages() == 3 ? launch_decode<D, kIndirect, 3>(p, s) : launch_decode<D, kIndirect, 2>(p, s);
 }
 
 }  // namespace
@@ -380,7 +380,7 @@ cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
 int decode_stages() {
   static const int stages = [] {
     const char* e = std::getenv("RETROINFER_DECODE_STAGES");
-    return e != nullptr && e[0] == '2' ? 2 : 3;
+    return e != nullptr && e[0] == '3' ? 3 : 2;
   }();
   return stages;
 }

@@ -109,10 +109,11 @@ struct SelectParams {
   int* scan_scratch = nullptr;  // [H, k_retrieval + 1]
   int64_t list_stride = 0;
 };
-// Thread-block-cluster selection (select_cluster.cu): 8 CTAs per head; RETROINFER_SELECT_SINGLE_CTA=1 in the
-// environment routes it to the one-CTA-per-head kernel below instead.
+// Zone selection (select_cluster.cu): the one-CTA-per-head kernel while the scores fit its shared memory
+// (<= 40K items), the 8-CTA thread-block-cluster kernel beyond; RETROINFER_SELECT=single / cluster forces one.
 cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s);
-cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu (run 3)
+cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
+cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
 
 // ---- decode attention (decode.cu) ----
 
@@ -139,9 +140,9 @@ struct DecodeParams {
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);
-// cp.async stages per warp of the decode kernel: 3 by default (2 tiles in flight per warp while one is
-// computed); RETROINFER_DECODE_STAGES=2 selects run 3's double buffer. CTAs that fit on one multiprocessor
-// by shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
+// cp.async stages per warp of the decode kernel: 2 by default; RETROINFER_DECODE_STAGES=3 keeps 2 tiles in
+// flight per warp (run 4: no gain at batch 4/16, slower at batch 1, bench/results/run4). CTAs that fit on
+// one multiprocessor by shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
 int decode_stages();
 int decode_ctas_per_sm();
 

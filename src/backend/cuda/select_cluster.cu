@@ -1,6 +1,6 @@
 // Zone selection split over a thread-block cluster (DESIGN.md §2 "Scoring"; also Quest's page selection).
 //
-// One cluster of kCl = 8 CTAs per flat head; CTA r owns the items [r * chunk, (r + 1) * chunk). The
+// One cluster of kCl = 8 CTAs per flat head (used where the scores outgrow one CTA's shared memory); CTA r owns the items [r * chunk, (r + 1) * chunk). The
 // result is the one of the single-CTA kernel it replaces (select.cu, kept as a fallback):
 //   1. scores = sum over the group of the per-head softmax over the non-empty items (each CTA merges the
 //      score kernel's normaliser partials itself), written to global and kept in shared memory;
@@ -409,15 +409,24 @@ cudaError_t launch_cluster(const SelectParams& p, int chunk, cudaStream_t s) {
 
 }  // namespace
 
-cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
-  // RETROINFER_SELECT_SINGLE_CTA=1 selects the earlier one-CTA-per-head kernel (comparisons).
-  static const bool single = [] {
-    const char* e = std::getenv("RETROINFER_SELECT_SINGLE_CTA");
-    return e != nullptr && e[0] == '1';
-  }();
-  if (single) return select_and_expand_single_cta(p, s);
+cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s) {
   const int chunk = (p.num_items + kCl - 1) / kCl;
   return chunk <= kMaxChunk ? launch_cluster<true>(p, chunk, s) : launch_cluster<false>(p, chunk, s);
+}
+
+cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
+  // Run 4 (bench/results/run4): the cluster kernel costs ~45 us per head whatever the size (a chain of
+  // ~50 barrier phases, several through distributed shared memory) and runs only ~16 heads at a time, so
+  // it loses to the one-CTA kernel while the scores fit that kernel's shared memory, and wins beyond (1M
+  // tokens, batch 1: 87 us against 416 us). RETROINFER_SELECT=single / cluster forces one (comparisons).
+  constexpr int kSingleSmemItems = 40 * 1024;  // select.cu: scores in shared memory up to 160 KiB
+  static const int forced = [] {
+    const char* e = std::getenv("RETROINFER_SELECT");
+    if (e == nullptr) return 0;
+    return e[0] == 's' ? 1 : (e[0] == 'c' ? 2 : 0);
+  }();
+  const bool cluster = forced == 2 || (forced == 0 && p.num_items > kSingleSmemItems);
+  return cluster ? select_and_expand_cluster(p, s) : select_and_expand_single_cta(p, s);
 }
 
 }  // namespace retroinfer::cuda::detail
