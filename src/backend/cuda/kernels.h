@@ -141,8 +141,8 @@ inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);
 // cp.async stages per warp of the decode kernel: 2 by default; RETROINFER_DECODE_STAGES=3 keeps 2 tiles in
-// flight per warp (run 4: no gain at batch 4/16, slower at batch 1, bench/results/run4). CTAs that fit on
-// one multiprocessor by shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
+// flight per warp (run 4, bench/results/run4: no gain at batch 4). CTAs that fit on one multiprocessor by
+// shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
 int decode_stages();
 int decode_ctas_per_sm();
 

@@ -1,13 +1,14 @@
 // Cluster scoring and zone selection (DESIGN.md §2 "Scoring"), also used for quest's page selection.
 //
-// score_kernel: logits[h, g, c] = scale * q_g . c_c from the bf16 centroids (D/8 lanes per centroid,
-// one 16-byte load each, the GQA group's queries in registers); -inf for empty clusters.
+// score_kernel: logits[h, g, c] = scale * q_g . c_c from the bf16 centroids on the tensor cores (see
+// below); -inf for empty clusters; one wave of CTAs, each a contiguous range of centroid tiles.
 // select_kernel: one CTA per flat head. Scores (sum over the group of the per-head softmax over the
-// non-empty clusters), then an exact radix select (4 passes of 8 bits over the order-preserving integer
-// image of the float scores) of the k-th best score for k = k_retrieval and k = k_retrieval +
-// k_estimation; ties at the threshold are taken in ascending id order, so the selection equals "sort by
-// (score desc, id asc) and cut", the CPU reference's rule. The ids are written in ascending order, and the
-// retrieval items are expanded into the head's exact-token list (steady zone first).
+// non-empty clusters), then an exact radix select (3 passes of 11-bit digits over the order-preserving
+// integer image of the float scores) of the k-th best score for k = k_retrieval and k = k_retrieval +
+// k_estimation, both in the same passes; ties at the threshold are taken in ascending id order, so the
+// selection equals "sort by (score desc, id asc) and cut", the CPU reference's rule. The ids are written in
+// ascending order, and the retrieval items are expanded into the head's exact-token list (steady zone
+// first). select_cluster.cu holds the dispatch and the 8-CTA version used past 40K items.
 #include <cuda_runtime.h>
 
 #include <cstdlib>

@@ -415,10 +415,11 @@ cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s) {
 }
 
 cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
-  // Run 4 (bench/results/run4): the cluster kernel costs ~45 us per head whatever the size (a chain of
-  // ~50 barrier phases, several through distributed shared memory) and runs only ~16 heads at a time, so
-  // it loses to the one-CTA kernel while the scores fit that kernel's shared memory, and wins beyond (1M
-  // tokens, batch 1: 87 us against 416 us). RETROINFER_SELECT=single / cluster forces one (comparisons).
+  // Runs 4 and 5 (bench/results): the cluster kernel takes ~47 us at 32K batch 1 whatever the size below
+  // (a chain of ~50 barrier phases, several through distributed shared memory) and grows with the batch
+  // (117 / 364 us at batch 4 / 16), so it loses to the one-CTA kernel while the scores fit that kernel's
+  // shared memory, and wins beyond (1M tokens, batch 1: 87 us against 416 us). RETROINFER_SELECT=single /
+  // cluster forces one (comparisons).
   constexpr int kSingleSmemItems = 40 * 1024;  // select.cu: scores in shared memory up to 160 KiB
   static const int forced = [] {
     const char* e = std::getenv("RETROINFER_SELECT");
