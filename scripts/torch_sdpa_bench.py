@@ -145,6 +145,37 @@ def summarize_stages(kernel_path):
             print(f"| {r['n']} | {r['batch']} | " + " | ".join(f"{x:.1f}" for x in v) + f" | {sum(v):.1f} |")
 
 
+def compare(path_a, path_b):
+    """Same-run A/B of two kernel_bench files: full / k-means / retro graph times and the select stage."""
+    def load(path):
+        out = {}
+        for line in open(path):
+            if line.startswith("{"):
+                r = json.loads(line)
+                out[(r["method"], r["n"], r["batch"])] = r
+        return out
+
+    a, b = load(path_a), load(path_b)
+    fields = [("full", "ms", 1000.0, "full us"), ("kmeans", "per_sequence_ms", 1.0, "k-means ms/seq"),
+              ("retro_graph", "ms", 1000.0, "retro graph us"), ("retro_stages", "select", 1000.0, "select us")]
+    print("| n | batch | " + " | ".join(f"{t} A | {t} B | B/A" for _, _, _, t in fields) + " |")
+    print("|---|---|" + "---|---|---|" * len(fields))
+    for n, bt in sorted({(k[1], k[2]) for k in a} & {(k[1], k[2]) for k in b}):
+        cells = []
+        for m, f, scale, _ in fields:
+            ra, rb = a.get((m, n, bt)), b.get((m, n, bt))
+            if m == "retro_stages":
+                va = ra["stages_ms"].get(f) if ra else None
+                vb = rb["stages_ms"].get(f) if rb else None
+            else:
+                va, vb = (ra or {}).get(f), (rb or {}).get(f)
+            if va is None or vb is None:
+                cells += ["-", "-", "-"]
+            else:
+                cells += [f"{va * scale:.1f}", f"{vb * scale:.1f}", f"{vb / va:.3f}"]
+        print(f"| {n} | {bt} | " + " | ".join(cells) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -155,8 +186,12 @@ def main():
     ap.add_argument("--prefill-reps", type=int, default=3)
     ap.add_argument("--summarize", nargs=2, metavar=("KERNEL_JSONL", "TORCH_JSONL"))
     ap.add_argument("--stages", metavar="KERNEL_JSONL", help="print the retro stage table of a kernel_bench run")
+    ap.add_argument("--compare", nargs=2, metavar=("KERNEL_JSONL_A", "KERNEL_JSONL_B"),
+                    help="same-run A/B table of two kernel_bench files")
     args = ap.parse_args()
-    if args.stages:
+    if args.compare:
+        compare(*args.compare)
+    elif args.stages:
         summarize_stages(args.stages)
     elif args.summarize:
         summarize(*args.summarize)

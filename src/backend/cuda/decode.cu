@@ -12,6 +12,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "retroinfer/softmax_state.h"
@@ -23,10 +25,10 @@ constexpr int kW = kDecodeWarps;
 constexpr int kT = kDecodeTile;
 static_assert(kT == 16, "the QK mapping uses lane & 15 as the token of the tile");
 
-template <int D>
+template <int D, int S>
 struct DecodeSmem {
   static constexpr int kRow = D + 8;  // bf16 elements per padded K / V row (16 bytes of padding)
-  static constexpr size_t kWarpBytes = 2 * 2 * size_t{kT} * kRow * 2;  // 2 stages of K and V tiles
+  static constexpr size_t kWarpBytes = size_t{S} * 2 * kT * kRow * 2;  // S stages of K and V tiles
   static constexpr size_t kBytes = kW * kWarpBytes;
 };
 
@@ -38,9 +40,9 @@ struct DecodeSmem {
 //   O^T += P V                          A = P straight from the S fragments (rows g / g + 8: hi / lo parts of
 //                                      p, again exact to 2^-18), B = V rows via ldmatrix.trans.
 // Group sizes up to 8 fill rows 0..7; rows of heads >= G are zero and never written.
-template <int D, bool kIndirect>
+template <int D, bool kIndirect, int S>
 __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
-  constexpr int kRow = DecodeSmem<D>::kRow;
+  constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
   constexpr int kLoads = kT * kChunks / 32;  // chunks per lane per tile (K or V)
   constexpr int kKs = D / 16;                // QK k-steps
@@ -48,8 +50,8 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gq = lane >> 2, tq = lane & 3;
-  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw + warp * DecodeSmem<D>::kWarpBytes);  // [2][kT][kRow]
-  uint16_t* vs = ks + 2 * kT * kRow;                                                        // [2][kT][kRow]
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw + warp * DecodeSmem<D, S>::kWarpBytes);  // [S][kT][kRow]
+  uint16_t* vs = ks + S * kT * kRow;                                                           // [S][kT][kRow]
 
   const int h = blockIdx.y, split = blockIdx.x, G = p.group;
   const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
@@ -115,17 +117,20 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
 
   // ldmatrix row addresses: matrix mi = lane >> 3, row ri = lane & 7.
   const int mi = lane >> 3, ri = lane & 7;
-  if (warp < ntiles) load_tile(warp, 0);
+  // Prologue: the warp's first S - 1 tiles, one commit group each (empty groups past the end keep the
+  // count uniform, so wait_group<S - 1> after the next commit always means "tile t has landed").
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (warp + i * kW < ntiles) load_tile(warp + i * kW, i);
+    else cp_async_commit();
+  }
   for (int it = 0;; ++it) {
     const int t = warp + it * kW;
     if (t >= ntiles) break;
-    const int buf = it & 1;
-    if (t + kW < ntiles) {
-      load_tile(t + kW, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int buf = it % S;
+    if (t + (S - 1) * kW < ntiles) load_tile(t + (S - 1) * kW, (it + S - 1) % S);
+    else cp_async_commit();
+    cp_async_wait<S - 1>();
     __syncwarp();
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
@@ -349,28 +354,43 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
 }
 
-template <int D, bool kIndirect>
+template <int D, bool kIndirect, int S>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
-  constexpr size_t bytes = DecodeSmem<D>::kBytes;
-  static_assert(DecodeSmem<D>::kWarpBytes * kW >= size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8,
+  constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
+  static_assert(DecodeSmem<D, S>::kWarpBytes * kW >= size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8,
                 "the warp-merge staging must fit in the tile buffers");
   static bool attr_set = false;  // once per instantiation (host-side; the layers are single-threaded)
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<D, kIndirect>,
+    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<D, kIndirect, S>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  decode_kernel<D, kIndirect><<<dim3(p.num_splits, p.num_heads), kW * 32, bytes, s>>>(p);
+  decode_kernel<D, kIndirect, S><<<dim3(p.num_splits, p.num_heads), kW * 32, bytes, s>>>(p);
   return cudaGetLastError();
+}
+
+template <int D, bool kIndirect>
+cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
+  return decode_stages() == 3 ? launch_decode<D, kIndirect, 3>(p, s) : launch_decode<D, kIndirect, 2>(p, s);
 }
 
 }  // namespace
 
+int decode_stages() {
+  static const int stages = [] {
+    const char* e = std::getenv("RETROINFER_DECODE_STAGES");
+    return e != nullptr && e[0] == '3' ? 3 : 2;
+  }();
+  return stages;
+}
+
+int decode_ctas_per_sm() { return decode_stages() == 2 ? 3 : 2; }  // 228 KiB / (kBytes + 1 KiB reserved)
+
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
   const bool indirect = p.token_list != nullptr;
-  if (p.head_dim == 128) return indirect ? launch_decode<128, true>(p, s) : launch_decode<128, false>(p, s);
-  if (p.head_dim == 64) return indirect ? launch_decode<64, true>(p, s) : launch_decode<64, false>(p, s);
+  if (p.head_dim == 128) return indirect ? launch_decode_stages<128, true>(p, s) : launch_decode_stages<128, false>(p, s);
+  if (p.head_dim == 64) return indirect ? launch_decode_stages<64, true>(p, s) : launch_decode_stages<64, false>(p, s);
   return cudaErrorInvalidValue;
 }
 

@@ -77,12 +77,12 @@ struct ScoreParams {
   const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16
   const int* sizes = nullptr;                // [H, C]
   float* logits = nullptr;                   // [H, G, C] f32 out: q . c * scale; -inf for empty clusters
-  // [H, G, score_blocks(C, D)] out: per CTA (max logit, sum of e^{logit - max}) over its clusters.
+  // [H, G, score_blocks(C, D, H)] out: per CTA (max logit, sum of e^{logit - max}) over its clusters.
   float2* norm_partial = nullptr;
   int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0;
   float scale = 0.0f;
 };
-int score_blocks(int num_clusters, int head_dim);  // CTAs per head of score_clusters
+int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s);
 
 struct SelectParams {
@@ -109,7 +109,11 @@ struct SelectParams {
   int* scan_scratch = nullptr;  // [H, k_retrieval + 1]
   int64_t list_stride = 0;
 };
+// Zone selection (select_cluster.cu): the one-CTA-per-head kernel while the scores fit its shared memory
+// (<= 40K items), the 8-CTA thread-block-cluster kernel beyond; RETROINFER_SELECT=single / cluster forces one.
 cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s);
+cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
+cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
 
 // ---- decode attention (decode.cu) ----
 
@@ -136,6 +140,11 @@ struct DecodeParams {
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);
+// cp.async stages per warp of the decode kernel: 2 by default; RETROINFER_DECODE_STAGES=3 keeps 2 tiles in
+// flight per warp (run 4, bench/results/run4: no gain at batch 4). CTAs that fit on one multiprocessor by
+// shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
+int decode_stages();
+int decode_ctas_per_sm();
 
 struct EstimateParams {
   const float* logits = nullptr;  // [H, G, C] f32 (scaled, from score_clusters)

@@ -8,6 +8,8 @@
 // the bf16 rounding of each other (~2^-8 relative); the GPU tests measure that mismatch rate.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -117,7 +119,12 @@ constexpr int kCentChunk = 64;                  // centroids staged in shared me
 // Assignment: argmax over the centroids of [cb, ce) of bf16(key - mean) . bf16(centroid), ties to the
 // lowest cluster id. Warp = 32 keys (A fragments held in registers); centroid chunks double-buffered in
 // shared memory by cp.async (rows padded by 16 bytes so the ldmatrix row reads hit distinct banks).
-template <int D>
+//
+// kNp n-tiles of 8 centroids are multiplied per step with independent accumulators: each accumulator is a
+// chain of D/16 dependent mma.sync, so kNp = 2 doubles the MMAs in flight per warp (run 3 used kNp = 1
+// with `unroll 2`, whose early exit at the chunk's end kept the two tiles' chains apart). Rows past the
+// cluster range are zero-filled in shared memory and masked out of the argmax, so every step is whole.
+template <int D, int kNp>
 __global__ void __launch_bounds__(kAssignWarps * 32) assign_kernel(const KMeansParams p, bool global) {
   constexpr int kRow = D + 8;
   __shared__ __align__(16) uint16_t cs[2][kCentChunk * kRow];
@@ -176,34 +183,39 @@ __global__ void __launch_bounds__(kAssignWarps * 32) assign_kernel(const KMeansP
       cp_async_wait<0>();
     }
     __syncthreads();
-#pragma unroll 2
-    for (int nt = 0; nt < kCentChunk / 8; ++nt) {
-      const int c0 = cc + nt * 8;
-      if (c0 >= ce) break;
-      float acc[kAssignMt][4];
+    const int nt_end = (ce - cc + 7) / 8 < kCentChunk / 8 ? (ce - cc + 7) / 8 : kCentChunk / 8;
+    for (int nt0 = 0; nt0 < nt_end; nt0 += kNp) {
+      float acc[kNp][kAssignMt][4];
 #pragma unroll
-      for (int mt = 0; mt < kAssignMt; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
-      const uint16_t* brow = &cs[buf][(nt * 8 + ri) * kRow + mi * 8];
+      for (int q = 0; q < kNp; ++q)
+#pragma unroll
+        for (int mt = 0; mt < kAssignMt; ++mt) acc[q][mt][0] = acc[q][mt][1] = acc[q][mt][2] = acc[q][mt][3] = 0.0f;
 #pragma unroll
       for (int k2 = 0; k2 < D / 32; ++k2) {
-        uint32_t b[4];  // k-step 2 k2: (b0, b1); k-step 2 k2 + 1: (b2, b3)
-        ldmatrix_x4(b, brow + k2 * 32);
 #pragma unroll
-        for (int mt = 0; mt < kAssignMt; ++mt) {
-          mma_bf16_16816(acc[mt], a[mt][2 * k2], b[0], b[1]);
-          mma_bf16_16816(acc[mt], a[mt][2 * k2 + 1], b[2], b[3]);
+        for (int q = 0; q < kNp; ++q) {
+          uint32_t b[4];  // k-step 2 k2: (b0, b1); k-step 2 k2 + 1: (b2, b3)
+          ldmatrix_x4(b, &cs[buf][((nt0 + q) * 8 + ri) * kRow + mi * 8 + k2 * 32]);
+#pragma unroll
+          for (int mt = 0; mt < kAssignMt; ++mt) {
+            mma_bf16_16816(acc[q][mt], a[mt][2 * k2], b[0], b[1]);
+            mma_bf16_16816(acc[q][mt], a[mt][2 * k2 + 1], b[2], b[3]);
+          }
         }
       }
-      const int col0 = c0 + 2 * tq;
 #pragma unroll
-      for (int mt = 0; mt < kAssignMt; ++mt) {
-        if (col0 < ce) {
-          if (acc[mt][0] > best_lo[mt]) { best_lo[mt] = acc[mt][0]; idx_lo[mt] = col0; }
-          if (acc[mt][2] > best_hi[mt]) { best_hi[mt] = acc[mt][2]; idx_hi[mt] = col0; }
-        }
-        if (col0 + 1 < ce) {
-          if (acc[mt][1] > best_lo[mt]) { best_lo[mt] = acc[mt][1]; idx_lo[mt] = col0 + 1; }
-          if (acc[mt][3] > best_hi[mt]) { best_hi[mt] = acc[mt][3]; idx_hi[mt] = col0 + 1; }
+      for (int q = 0; q < kNp; ++q) {  // ascending columns: ties keep the lower id
+        const int col0 = cc + (nt0 + q) * 8 + 2 * tq;
+#pragma unroll
+        for (int mt = 0; mt < kAssignMt; ++mt) {
+          if (col0 < ce) {
+            if (acc[q][mt][0] > best_lo[mt]) { best_lo[mt] = acc[q][mt][0]; idx_lo[mt] = col0; }
+            if (acc[q][mt][2] > best_hi[mt]) { best_hi[mt] = acc[q][mt][2]; idx_hi[mt] = col0; }
+          }
+          if (col0 + 1 < ce) {
+            if (acc[q][mt][1] > best_lo[mt]) { best_lo[mt] = acc[q][mt][1]; idx_lo[mt] = col0 + 1; }
+            if (acc[q][mt][3] > best_hi[mt]) { best_hi[mt] = acc[q][mt][3]; idx_hi[mt] = col0 + 1; }
+          }
         }
       }
     }
@@ -338,8 +350,18 @@ cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
   const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
   const dim3 grid(static_cast<unsigned>((tokens + kAssignKeys - 1) / kAssignKeys), global ? 1 : p.num_segments,
                   p.num_heads);
-  if (p.head_dim == 128) assign_kernel<128><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
-  else if (p.head_dim == 64) assign_kernel<64><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
+  // RETROINFER_KMEANS_NP=1 selects one n-tile per step (about run 3's schedule; A/B comparisons).
+  static const bool one = [] {
+    const char* e = std::getenv("RETROINFER_KMEANS_NP");
+    return e != nullptr && e[0] == '1';
+  }();
+  if (p.head_dim == 128) {
+    if (one) assign_kernel<128, 1><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
+    else assign_kernel<128, 2><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
+  } else if (p.head_dim == 64) {
+    if (one) assign_kernel<64, 1><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
+    else assign_kernel<64, 2><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
+  }
   else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }

@@ -18,11 +18,12 @@ float effective_scale(float scale, int head_dim);
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Splits of a token range over CTAs: enough CTAs for ~`waves` full waves of the chip (3 CTAs of the
-// decode kernel fit on one multiprocessor by shared memory), each split a multiple of a CTA's tile round.
+// Splits of a token range over CTAs: enough CTAs for ~`waves` full waves of the chip (decode_ctas_per_sm()
+// CTAs of the decode kernel fit on one multiprocessor by shared memory), each split a multiple of a CTA's
+// tile round.
 inline int decode_splits(int64_t tokens, int num_heads, int waves) {
   const int64_t round = int64_t{kDecodeTile} * kDecodeWarps;
-  const int64_t want = int64_t{3} * sm_count() * waves / num_heads;  // floor: no partial extra wave
+  const int64_t want = int64_t{decode_ctas_per_sm()} * sm_count() * waves / num_heads;  // floor: no partial extra wave
   const int64_t most = ceil_div(tokens, round);
   const int64_t s = want < most ? want : most;
   return static_cast<int>(s > 0 ? s : 1);

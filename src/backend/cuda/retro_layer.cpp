@@ -217,7 +217,7 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
     }
     m.list_cap = steady + most;
     ensure(m.logits, size_t(H) * m.G * m.C * 4);
-    ensure(m.norm_partial, size_t(H) * m.G * detail::score_blocks(m.C, D) * 8);
+    ensure(m.norm_partial, size_t(H) * m.G * detail::score_blocks(m.C, D, H) * 8);
     ensure(m.scores, flat * 4);
     ensure(m.ret_ids, size_t(H) * std::max(m.n_r, 1) * 4);
     ensure(m.est_ids, size_t(H) * std::max(m.n_e, 1) * 4);
@@ -293,7 +293,7 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
     detail::SelectParams se;
     se.logits = sp.logits;
     se.norm_partial = sp.norm_partial;
-    se.norm_parts = detail::score_blocks(m.C, m.D);
+    se.norm_parts = detail::score_blocks(m.C, m.D, m.H);
     se.scores = m.scores.as<float>();
     se.num_heads = m.H;
     se.group = m.G;

@@ -1,19 +1,25 @@
 // Cluster scoring and zone selection (DESIGN.md §2 "Scoring"), also used for quest's page selection.
 //
-// score_kernel: logits[h, g, c] = scale * q_g . c_c from the bf16 centroids (D/8 lanes per centroid,
-// one 16-byte load each, the GQA group's queries in registers); -inf for empty clusters.
+// score_kernel: logits[h, g, c] = scale * q_g . c_c from the bf16 centroids on the tensor cores (see
+// below); -inf for empty clusters; one wave of CTAs, each a contiguous range of centroid tiles.
 // select_kernel: one CTA per flat head. Scores (sum over the group of the per-head softmax over the
-// non-empty clusters), then an exact radix select (4 passes of 8 bits over the order-preserving integer
-// image of the float scores) of the k-th best score for k = k_retrieval and k = k_retrieval +
-// k_estimation; ties at the threshold are taken in ascending id order, so the selection equals "sort by
-// (score desc, id asc) and cut", the CPU reference's rule. The ids are written in ascending order, and the
-// retrieval items are expanded into the head's exact-token list (steady zone first).
+// non-empty clusters), then an exact radix select (3 passes of 11-bit digits over the order-preserving
+// integer image of the float scores) of the k-th best score for k = k_retrieval and k = k_retrieval +
+// k_estimation, both in the same passes; ties at the threshold are taken in ascending id order, so the
+// selection equals "sort by (score desc, id asc) and cut", the CPU reference's rule. The ids are written in
+// ascending order, and the retrieval items are expanded into the head's exact-token list (steady zone
+// first). select_cluster.cu holds the dispatch and the 8-CTA version used past 40K items.
 #include <cuda_runtime.h>
+
+#include <cstdlib>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace retroinfer::cuda::detail {
+
+int sm_count();  // layer_common.h
+
 namespace {
 
 // Online (max, sum of exp) pair merge for the per-head softmax normaliser.
@@ -27,7 +33,6 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
 
 constexpr int kScoreWarps = 4;
 constexpr int kScoreTile = 16;                          // centroids per warp tile
-constexpr int kScorePerCta = kScoreWarps * kScoreTile * 4;  // 4 tiles per warp
 
 // Logits on the tensor cores, the decode kernel's QK step with centroids for keys: per warp and tile of
 // 16 centroids (cp.async double buffer, rows padded by 16 bytes), logits^T = Q C^T with mma m16n8k16,
@@ -66,10 +71,13 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
   const int* sz = p.sizes + int64_t{h} * C;
   float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
-  const int cta0 = blockIdx.x * kScorePerCta;
-  const int ntiles = kScorePerCta / kScoreTile / kScoreWarps;
+  // This CTA's tiles [tile0, tile1) of 16 centroids; warp w takes tiles tile0 + w, tile0 + w + 4, ...
+  const int tiles_all = (C + kScoreTile - 1) / kScoreTile;
+  const int per_cta = (tiles_all + gridDim.x - 1) / gridDim.x;
+  const int tile0 = blockIdx.x * per_cta, tile1 = min(tiles_all, tile0 + per_cta);
+  const int ntiles = tile0 + warp < tile1 ? (tile1 - tile0 - warp + kScoreWarps - 1) / kScoreWarps : 0;
   auto load_tile = [&](int t, int buf) {
-    const int c0 = cta0 + (t * kScoreWarps + warp) * kScoreTile;
+    const int c0 = (tile0 + t * kScoreWarps + warp) * kScoreTile;
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int e = lane + 32 * i, row = e / kChunks, col = e % kChunks;
@@ -79,7 +87,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
     cp_async_commit();
   };
   float nm = -INFINITY, ns = 0.0f;
-  load_tile(0, 0);
+  if (ntiles > 0) load_tile(0, 0);
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < ntiles) {
@@ -89,7 +97,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
       cp_async_wait<0>();
     }
     __syncwarp();
-    const int c0 = cta0 + (t * kScoreWarps + warp) * kScoreTile;
+    const int c0 = (tile0 + t * kScoreWarps + warp) * kScoreTile;
     float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
     const uint16_t* kb = &cs[warp][buf][((mi >> 1) * 8 + ri) * kRow + (mi & 1) * 8];
 #pragma unroll
@@ -138,100 +146,144 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
 constexpr int kSelThreads = 1024;
 constexpr int kSelWarps = kSelThreads / 32;
 
+constexpr int kRadixBins = 2048;  // 11-bit digits: 3 passes (bits 31..21, 20..10, 9..0)
+constexpr int kBinsPerThread = kRadixBins / kSelThreads;
+static_assert(kRadixBins % kSelThreads == 0 && kSelWarps == 32, "scan layout");
+
 struct SelectSmem {
   int warp_sums[kSelWarps + 1];
-  unsigned hist[256];
-  int found_digit;
-  int found_rem;
+  int warp_sums_b[kSelWarps + 1];
+  unsigned hist[2][kRadixBins];  // threshold 1, threshold 2 (16 KiB)
+  int found_digit[2];
+  int found_rem[2];
 };
 
-// Exclusive scan over the block; *total receives the block sum.
-__device__ int block_exclusive_scan(int v, SelectSmem& sm, int* total) {
+// Inclusive scan of the pair (a, b) over the block; *ta, *tb receive the block sums.
+__device__ int2 block_scan2(int a, int b, SelectSmem& sm, int* ta, int* tb) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int incl = v;
+  int ia = a, ib = b;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, off);
-    if (lane >= off) incl += y;
+    const int ya = __shfl_up_sync(0xffffffffu, ia, off), yb = __shfl_up_sync(0xffffffffu, ib, off);
+    if (lane >= off) { ia += ya; ib += yb; }
   }
-  if (lane == 31) sm.warp_sums[warp] = incl;
+  if (lane == 31) { sm.warp_sums[warp] = ia; sm.warp_sums_b[warp] = ib; }
   __syncthreads();
   if (warp == 0) {
-    const int x = sm.warp_sums[lane];
-    int xi = x;
+    const int x = sm.warp_sums[lane], y = sm.warp_sums_b[lane];
+    int xi = x, yi = y;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, xi, off);
-      if (lane >= off) xi += y;
+      const int u = __shfl_up_sync(0xffffffffu, xi, off), v = __shfl_up_sync(0xffffffffu, yi, off);
+      if (lane >= off) { xi += u; yi += v; }
     }
     sm.warp_sums[lane] = xi - x;
-    if (lane == 31) sm.warp_sums[kSelWarps] = xi;
+    sm.warp_sums_b[lane] = yi - y;
+    if (lane == 31) { sm.warp_sums[kSelWarps] = xi; sm.warp_sums_b[kSelWarps] = yi; }
   }
   __syncthreads();
-  const int r = sm.warp_sums[warp] + incl - v;
-  *total = sm.warp_sums[kSelWarps];
+  const int2 r = make_int2(sm.warp_sums[warp] + ia, sm.warp_sums_b[warp] + ib);
+  *ta = sm.warp_sums[kSelWarps];
+  *tb = sm.warp_sums_b[kSelWarps];
   __syncthreads();
   return r;
 }
 
-// The k-th largest order key among the finite scores (1 <= k <= finite count), and how many of the items
-// equal to it belong to the top k.
-__device__ void radix_select(const float* sc, int n, int k, SelectSmem& sm, uint32_t* thr, int* take) {
-  uint32_t prefix = 0, mask = 0;
-  int rem = k;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.hist[i] = 0;
+// Exclusive scan over the block; *total receives the block sum.
+__device__ int block_exclusive_scan(int v, SelectSmem& sm, int* total) {
+  int unused;
+  return block_scan2(v, 0, sm, total, &unused).x - v;
+}
+
+// Both thresholds in one sequence of 3 radix passes: with k[j] = min(budget[j], finite items) (budget[0]
+// <= budget[1]; the first pass's histogram counts the finite items), the k[j]-th largest order key as
+// thr[j] and how many of the items equal to it belong to the top k[j] as take[j]; all zero when no item is
+// finite. While the two prefixes agree, one histogram serves both.
+__device__ void radix_select2(const float* sc, int n, const int budget[2], SelectSmem& sm, int k[2], uint32_t thr[2],
+                              int take[2]) {
+  uint32_t prefix[2] = {0u, 0u}, hi_mask = 0u;
+  int rem[2] = {0, 0};
+  k[0] = k[1] = 0;
+  const int tid = threadIdx.x, lane = tid & 31;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
+    const uint32_t dmask = pass == 2 ? 1023u : 2047u;
+    const bool same = prefix[0] == prefix[1];
+    unsigned* h0 = sm.hist[0];
+    unsigned* h1 = same ? sm.hist[0] : sm.hist[1];
+    for (int i = tid; i < (same ? kRadixBins : 2 * kRadixBins); i += blockDim.x) (&sm.hist[0][0])[i] = 0u;
     __syncthreads();
-    // Warp-aggregated histogram: the scores share their high bytes, so plain atomics would serialise on
-    // one bin; lanes with the same digit add once through their leader.
+    // Warp-aggregated histogram: the scores share their high bits, so plain atomics would serialise on one
+    // bin; lanes with the same digit add once through their leader.
     for (int i0 = 0; i0 < n; i0 += blockDim.x) {
-      const int i = i0 + threadIdx.x;
-      unsigned key = 256u;  // "no digit"
+      const int i = i0 + tid;
+      uint32_t u = 0u;
+      bool ok = false;
       if (i < n) {
         const float f = sc[i];
-        if (f != -INFINITY) {
-          const uint32_t u = float_order_key(f);
-          if ((u & mask) == prefix) key = (u >> shift) & 255u;
+        ok = f != -INFINITY;
+        u = ok ? float_order_key(f) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        if (j == 1 && same) break;
+        const unsigned key = ok && (u & hi_mask) == prefix[j] ? (u >> shift) & dmask : unsigned{kRadixBins};
+        if (__any_sync(0xffffffffu, key < kRadixBins)) {
+          const unsigned peers = __match_any_sync(0xffffffffu, key);
+          if (key < kRadixBins && lane == __ffs(peers) - 1) atomicAdd(&sm.hist[j][key], __popc(peers));
         }
       }
-      const unsigned peers = __match_any_sync(0xffffffffu, key);
-      if (key < 256u && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&sm.hist[key], __popc(peers));
     }
     __syncthreads();
-    if (threadIdx.x < 32) {
-      // Lane l owns digits 255-8l .. 248-8l (descending); find the digit where the count from the top
-      // reaches rem.
-      const int lane = threadIdx.x;
-      int local = 0;
-      for (int j = 0; j < 8; ++j) local += static_cast<int>(sm.hist[255 - 8 * lane - j]);
-      int incl = local;
-      for (int off = 1; off < 32; off <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, off);
-        if (lane >= off) incl += y;
-      }
-      const int excl = incl - local;
-      if (excl < rem && rem <= incl) {
+    // Thread t owns bins kRadixBins-1-2t, kRadixBins-2-2t (descending).
+    unsigned ca[kBinsPerThread], cb[kBinsPerThread];
+    int a = 0, b = 0;
+#pragma unroll
+    for (int jj = 0; jj < kBinsPerThread; ++jj) {
+      const int d = kRadixBins - 1 - kBinsPerThread * tid - jj;
+      ca[jj] = h0[d];
+      cb[jj] = h1[d];
+      a += static_cast<int>(ca[jj]);
+      b += static_cast<int>(cb[jj]);
+    }
+    int ta, tb;
+    const int2 inc = block_scan2(a, b, sm, &ta, &tb);
+    if (pass == 0) {  // ta: the finite items (the same in every thread)
+      k[0] = budget[0] < ta ? budget[0] : ta;
+      k[1] = budget[1] < ta ? budget[1] : ta;
+      rem[0] = k[0];
+      rem[1] = k[1];
+      if (k[0] == 0) break;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int incl = j == 0 ? inc.x : inc.y, own = j == 0 ? a : b, excl = incl - own;
+      if (excl < rem[j] && rem[j] <= incl) {
         int cum = excl;
-        for (int j = 0; j < 8; ++j) {
-          const int d = 255 - 8 * lane - j;
-          const int hcount = static_cast<int>(sm.hist[d]);
-          if (cum + hcount >= rem) {
-            sm.found_digit = d;
-            sm.found_rem = rem - cum;
+#pragma unroll
+        for (int jj = 0; jj < kBinsPerThread; ++jj) {
+          const int c = static_cast<int>(j == 0 ? ca[jj] : cb[jj]);
+          if (cum + c >= rem[j]) {
+            sm.found_digit[j] = kRadixBins - 1 - kBinsPerThread * tid - jj;
+            sm.found_rem[j] = rem[j] - cum;
             break;
           }
-          cum += hcount;
+          cum += c;
         }
       }
     }
     __syncthreads();
-    prefix |= static_cast<uint32_t>(sm.found_digit) << shift;
-    mask |= 255u << shift;
-    rem = sm.found_rem;
-    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      prefix[j] |= static_cast<uint32_t>(sm.found_digit[j]) << shift;
+      rem[j] = sm.found_rem[j];
+    }
+    hi_mask |= dmask << shift;
   }
-  *thr = prefix;
-  *take = rem;
+  thr[0] = prefix[0];
+  thr[1] = prefix[1];
+  take[0] = rem[0];
+  take[1] = rem[1];
 }
 
 __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams p, bool scores_in_smem) {
@@ -294,17 +346,14 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
     for (int i = threadIdx.x; i < N; i += blockDim.x) sc[i] = gsc[i];
     __syncthreads();
   }
-  int finite = 0;
-  for (int i = threadIdx.x; i < N; i += blockDim.x) finite += sc[i] != -INFINITY;
-  int total_finite;
-  block_exclusive_scan(finite, sm, &total_finite);
-  const int k1 = p.k_retrieval < total_finite ? p.k_retrieval : total_finite;
-  const int k2 = p.k_retrieval + p.k_estimation < total_finite ? p.k_retrieval + p.k_estimation : total_finite;
-  uint32_t t1 = 0, t2 = 0;
-  int take1 = 0, take2 = 0;
-  if (k1 > 0) radix_select(sc, N, k1, sm, &t1, &take1);
-  if (k2 > k1) radix_select(sc, N, k2, sm, &t2, &take2);
-  else { t2 = t1; take2 = take1; }
+  // Thresholds (the first pass also counts the finite items: k1 = min(k_retrieval, finite), ...).
+  const int budget[2] = {p.k_retrieval, p.k_retrieval + p.k_estimation};
+  int kk[2], take[2];
+  uint32_t thr[2];
+  radix_select2(sc, N, budget, sm, kk, thr, take);
+  const int k1 = kk[0], k2 = kk[1];
+  const uint32_t t1 = thr[0], t2 = thr[1];  // k2 == k1 gives t2 == t1 and take2 == take1
+  const int take1 = take[0], take2 = take[1];
 
   // Ascending-id compaction, kPer consecutive items per thread. An item is in the top k when its key beats
   // the threshold or ties it with fewer than `take` lower-id ties before it.
@@ -401,20 +450,35 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
 
 }  // namespace
 
-int score_blocks(int num_clusters, int head_dim) {
-  const int b = (num_clusters + kScorePerCta - 1) / kScorePerCta;
+int score_blocks(int num_clusters, int head_dim, int num_heads) {
+  // One wave: kScoreCtasPerSm CTAs per multiprocessor (34 KiB of shared memory each), spread over the
+  // heads, each CTA streaming a contiguous range of tiles (run 3: 256 centroids per CTA, 1.3 waves at
+  // 128K batch 4, the last one mostly idle). At least one tile per warp.
+  // RETROINFER_SCORE_RUN3=1 selects run 3's grid (4 tiles per warp; A/B comparisons).
+  (void)head_dim;
+  static const bool run3 = [] {
+    const char* e = std::getenv("RETROINFER_SCORE_RUN3");
+    return e != nullptr && e[0] == '1';
+  }();
+  constexpr int kScoreCtasPerSm = 6;
+  const int tiles = (num_clusters + kScoreTile - 1) / kScoreTile;
+  const int most = (tiles + kScoreWarps - 1) / kScoreWarps;
+  if (run3) return most > 4 ? (most + 3) / 4 : 1;
+  const int want = kScoreCtasPerSm * sm_count() / (num_heads > 0 ? num_heads : 1);
+  const int b = want < most ? want : most;
   return b > 0 ? b : 1;
 }
 
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
-  const dim3 grid(score_blocks(p.num_clusters, p.head_dim), p.num_heads);
+  const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   if (p.head_dim == 128) score_kernel<128><<<grid, kScoreWarps * 32, 0, s>>>(p);
   else if (p.head_dim == 64) score_kernel<64><<<grid, kScoreWarps * 32, 0, s>>>(p);
   else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
-cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
+// The one-CTA-per-head selection (run 3); select_cluster.cu's select_and_expand replaces it by default.
+cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s) {
   // Scores in shared memory up to 40K items (160 KiB; the static part is ~1.5 KiB of the 227 KiB).
   constexpr size_t kMaxSmemScores = 160 * 1024;
   const size_t bytes = size_t(p.num_items) * 4;
