@@ -254,7 +254,7 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
 
   // Decode workspace (as RetroLayer's, so that the splits and hence the results agree bit for bit).
   m.logits = DeviceBuffer(size_t(H) * m.G * C * 4);
-  m.norm_partial = DeviceBuffer(size_t(H) * m.G * detail::score_blocks(C, D) * 8);
+  m.norm_partial = DeviceBuffer(size_t(H) * m.G * detail::score_blocks(C, D, H) * 8);
   m.scores = DeviceBuffer(size_t(H) * C * 4);
   m.ret_ids = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
   m.est_ids = DeviceBuffer(size_t(H) * std::max(m.n_e, 1) * 4);
@@ -329,7 +329,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   detail::SelectParams se;
   se.logits = sp.logits;
   se.norm_partial = sp.norm_partial;
-  se.norm_parts = detail::score_blocks(m.C, m.D);
+  se.norm_parts = detail::score_blocks(m.C, m.D, m.H);
   se.scores = m.scores.as<float>();
   se.num_heads = m.H;
   se.group = m.G;
