@@ -8,7 +8,8 @@
 // k_estimation, both in the same passes; ties at the threshold are taken in ascending id order, so the
 // selection equals "sort by (score desc, id asc) and cut", the CPU reference's rule. The ids are written in
 // ascending order, and the retrieval items are expanded into the head's exact-token list (steady zone
-// first). select_cluster.cu holds the dispatch and the 8-CTA version used past 40K items.
+// first). Run 5's default; since run 6 select_bins.cu's few-barrier kernel is (RETROINFER_SELECT=radix
+// restores this one). select_cluster.cu holds the dispatch and the 8-CTA version used past 40K items.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
