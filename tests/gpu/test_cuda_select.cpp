@@ -1,6 +1,9 @@
-// The two zone-selection kernels on their own: the one-CTA-per-head kernel (3 passes of 11-bit digits for
-// both thresholds) and the 8-CTA thread-block-cluster kernel (used past 40K items). From given scores with
-// many exact ties, -inf items, tails around the 8-way split and the shared-memory limits, against the CPU
+// The three zone-selection kernels on their own: the one-CTA-per-head radix kernel (3 passes of 11-bit
+// digits for both thresholds), the one-CTA few-barrier kernel (one histogram over a key adapted to the score
+// range, exact select among the threshold bins' candidates; the default up to 40K items) and the 8-CTA
+// thread-block-cluster kernel (used past 40K items). From given scores with many exact ties, log-normal
+// (softmax-like) scores, a narrow band behind one zero outlier, -inf items, tails around the 8-way split
+// and the shared-memory limits, against the CPU
 // rule "sort by (score desc, id asc), cut at k_r and k_r + k_e" and the page expansion of the retrieval
 // ids. Outputs are poisoned first.
 #include <gtest/gtest.h>
@@ -8,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "backend/cuda/kernels.h"
@@ -19,7 +23,10 @@ namespace {
 constexpr int kPoison = 0x7f7f7f7f;  // fill_bytes(0x7f): distinguishable from the -1 padding
 
 struct SelectCase {
-  int heads, items, k_r, k_e, levels;  // levels > 0: scores drawn from that many values (ties)
+  // levels > 0: scores drawn from that many values (ties); 0: uniform, partly negative (Quest bounds);
+  // -1: log-normal e^{3 N(0,1)} (softmax-like, many octaves); -2: a band [1, 1 + 2^-10) behind one exact 0
+  // (the adapted key then puts the band into few bins: candidate overflow, the radix fallback).
+  int heads, items, k_r, k_e, levels;
   double empty_fraction;               // items set to -inf
   int page_tokens;
 };
@@ -40,17 +47,24 @@ void cpu_select(const float* sc, int n, int k1, int k2, std::vector<int>& r, std
   e.resize(k2, -1);
 }
 
-void run_select_case(const SelectCase& sc, uint64_t seed, bool single_cta) {
+enum class Kernel { kRadix, kBins, kCluster };
+
+void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
   SCOPED_TRACE(testing::Message() << "heads=" << sc.heads << " items=" << sc.items << " k_r=" << sc.k_r
                                   << " k_e=" << sc.k_e << " levels=" << sc.levels << " empty="
-                                  << sc.empty_fraction << " single_cta=" << single_cta << " seed=" << seed);
+                                  << sc.empty_fraction << " kernel=" << int(kernel) << " seed=" << seed);
   const int H = sc.heads, N = sc.items, P = sc.page_tokens;
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
   std::vector<float> scores(size_t(H) * N);
-  for (auto& x : scores) {
+  for (size_t i = 0; i < scores.size(); ++i) {
+    float& x = scores[i];
     const float v = u01(rng);
-    x = sc.levels > 0 ? float(int(v * sc.levels)) / sc.levels + 1e-3f : (v - 0.3f) * 1e-3f;  // Quest bounds can be < 0
+    if (sc.levels > 0) x = float(int(v * sc.levels)) / sc.levels + 1e-3f;
+    else if (sc.levels == -1) x = std::exp(3.0f * n01(rng));
+    else if (sc.levels == -2) x = i % N == 0 ? 0.0f : 1.0f + v * 0x1p-10f;
+    else x = (v - 0.3f) * 1e-3f;  // Quest bounds can be < 0
     if (u01(rng) < sc.empty_fraction) x = -INFINITY;
   }
   // Pages: item j covers index tokens [j P, min((j + 1) P, n_idx)); the last page is short.
@@ -77,8 +91,9 @@ void run_select_case(const SelectCase& sc, uint64_t seed, bool single_cta) {
   p.token_count = count.as<int>();
   p.scan_scratch = scratch.as<int>();
   p.list_stride = list_stride;
-  const cudaError_t e = single_cta ? cuda::detail::select_and_expand_single_cta(p, nullptr)
-                                      : cuda::detail::select_and_expand_cluster(p, nullptr);
+  const cudaError_t e = kernel == Kernel::kRadix  ? cuda::detail::select_and_expand_single_cta(p, nullptr)
+                       : kernel == Kernel::kBins ? cuda::detail::select_and_expand_bins(p, nullptr)
+                                                 : cuda::detail::select_and_expand_cluster(p, nullptr);
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int> g_ret(size_t(H) * sc.k_r), g_est(size_t(H) * sc.k_e), g_list(size_t(H) * list_stride), g_count(H);
@@ -116,18 +131,28 @@ const SelectCase kCases[] = {
     {5, 100, 2, 24, 3, 0.1, 16},      {1, 100, 5, 10, 0, 1.0, 16},    {3, 4097, 74, 950, 5, 0.05, 16},
     {4, 8188, 148, 1900, 0, 0.01, 16}, {2, 8188, 148, 1900, 7, 0.0, 16}, {2, 8188, 148, 0, 1, 0.0, 16},
     {1, 8201, 9000, 10, 50, 0.2, 2},  {2, 40000, 720, 9280, 40, 0.0, 1}, {1, 300001, 5400, 69600, 1000, 0.02, 1},
+    {4, 8188, 148, 1900, -1, 0.01, 16}, {3, 2044, 37, 475, -1, 0.0, 16}, {2, 40000, 720, 9280, -1, 0.05, 16},
+    {2, 8188, 148, 1900, -2, 0.0, 16},  {2, 8188, 148, 1900, 1000, 0.0, 16}, {1, 20000, 1500, 4000, -1, 0.0, 4},
 };
+constexpr int kBinsMaxItems = 40960;  // select_and_expand_bins: scores in 160 KiB of shared memory
 
 TEST(CudaSelect, ClusterKernelMatchesCpuRule) {
   RETROINFER_REQUIRE_GPU();
   uint64_t seed = 1000;
-  for (const auto& c : kCases) run_select_case(c, ++seed, false);
+  for (const auto& c : kCases) run_select_case(c, ++seed, Kernel::kCluster);
+}
+
+TEST(CudaSelect, BinsKernelMatchesCpuRule) {
+  RETROINFER_REQUIRE_GPU();
+  uint64_t seed = 3000;
+  for (const auto& c : kCases)
+    if (c.items <= kBinsMaxItems) run_select_case(c, ++seed, Kernel::kBins);
 }
 
 TEST(CudaSelect, SingleCtaKernelMatchesCpuRule) {
   RETROINFER_REQUIRE_GPU();
   uint64_t seed = 2000;
-  for (const auto& c : kCases) run_select_case(c, ++seed, true);
+  for (const auto& c : kCases) run_select_case(c, ++seed, Kernel::kRadix);
 }
 
 }  // namespace

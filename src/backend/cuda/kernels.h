@@ -109,9 +109,11 @@ struct SelectParams {
   int* scan_scratch = nullptr;  // [H, k_retrieval + 1]
   int64_t list_stride = 0;
 };
-// Zone selection (select_cluster.cu): the one-CTA-per-head kernel while the scores fit its shared memory
-// (<= 40K items), the 8-CTA thread-block-cluster kernel beyond; RETROINFER_SELECT=single / cluster forces one.
+// Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)
+// while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;
+// RETROINFER_SELECT=radix (or single) / cluster forces run 5's one-CTA radix kernel / the cluster kernel.
 cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s);
+cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // select.cu; <= 40K items
 cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
 

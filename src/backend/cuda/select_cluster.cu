@@ -417,17 +417,19 @@ cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s) {
 cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
   // Runs 4 and 5 (bench/results): the cluster kernel takes ~47 us at 32K batch 1 whatever the size below
   // (a chain of ~50 barrier phases, several through distributed shared memory) and grows with the batch
-  // (117 / 364 us at batch 4 / 16), so it loses to the one-CTA kernel while the scores fit that kernel's
-  // shared memory, and wins beyond (1M tokens, batch 1: 87 us against 416 us). RETROINFER_SELECT=single /
-  // cluster forces one (comparisons).
+  // (117 / 364 us at batch 4 / 16), so it loses to a one-CTA kernel while the scores fit that kernel's
+  // shared memory, and wins beyond (1M tokens, batch 1: 87 us against 416 us). Run 6: the one-CTA kernel
+  // is the few-barrier one (select_and_expand_bins). RETROINFER_SELECT=radix (or single) / cluster / bins
+  // forces run 5's one-CTA radix kernel / the cluster kernel / the bins kernel up to 40K items.
   constexpr int kSingleSmemItems = 40 * 1024;  // select.cu: scores in shared memory up to 160 KiB
   static const int forced = [] {
     const char* e = std::getenv("RETROINFER_SELECT");
     if (e == nullptr) return 0;
-    return e[0] == 's' ? 1 : (e[0] == 'c' ? 2 : 0);
+    return e[0] == 's' || e[0] == 'r' ? 1 : (e[0] == 'c' ? 2 : 0);
   }();
   const bool cluster = forced == 2 || (forced == 0 && p.num_items > kSingleSmemItems);
-  return cluster ? select_and_expand_cluster(p, s) : select_and_expand_single_cta(p, s);
+  if (cluster) return select_and_expand_cluster(p, s);
+  return forced == 1 ? select_and_expand_single_cta(p, s) : select_and_expand_bins(p, s);
 }
 
 }  // namespace retroinfer::cuda::detail
