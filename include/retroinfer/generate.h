@@ -1,0 +1,86 @@
+// Text generation on one sequence: prefill + decode with sampling, stop tokens and stop strings, streamed
+// through a per-token callback, with a timing and KV-read summary.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "retroinfer/model.h"
+#include "retroinfer/sampler.h"
+
+namespace retroinfer {
+
+// Withholds streamed text that could still become a stop string, and cuts the text at the first stop
+// string. Not thread-safe.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);  // empty strings are ignored
+  struct Result {
+    std::string emit;      // text that is safe to show now
+    bool stopped = false;  // a stop string matched; `emit` ends right before it
+  };
+  // Adds newly decoded text.
+  Result feed(std::string_view text);
+  // End of generation without a match: whatever is still withheld.
+  std::string flush();
+
+ private:
+  std::vector<std::string> stops_;
+  std::string pending_;
+};
+
+enum class StopReason : uint8_t { kMaxTokens, kEos, kStopString, kCallback, kContextFull };
+std::string_view stop_reason_name(StopReason r);  // "max_tokens" | "eos" | "stop_string" | "callback" | "context_full"
+
+struct GenerateOptions {
+  int max_new_tokens = 128;                // tokens to generate at most (>= 1)
+  SamplerConfig sampler;                   // greedy by default
+  std::vector<int32_t> eos_token_ids;      // stop tokens; empty: the model config's eos_token_ids
+  bool ignore_eos = false;                 // generate max_new_tokens whatever comes (benchmarks)
+  std::vector<std::string> stop_strings;   // stop when the decoded text contains one (not emitted)
+};
+
+struct GenerateSummary {
+  std::string attention;               // method name
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;        // sampled tokens, the stop token included
+  int64_t decode_steps = 0;            // Session::decode calls (generated_tokens - 1 at most)
+  double prefill_seconds = 0.0;        // prefill + on_prefill (index construction)
+  double decode_seconds = 0.0;         // all decode steps, sampling included
+  double prefill_tokens_per_s = 0.0;   // prompt_tokens / prefill_seconds
+  double decode_tokens_per_s = 0.0;    // decode_steps / decode_seconds
+  double time_to_first_token_s = 0.0;  // prefill + first sample
+  // KV read over all decode steps and layers, exactly: sum of AttentionStats::exact_tokens over
+  // sum of context_tokens (1 for full attention).
+  int64_t exact_tokens = 0;
+  int64_t context_tokens = 0;
+  double kv_read_share = 0.0;
+  double mean_exact_tokens_per_head = 0.0;  // exact_tokens / (decode_steps * layers * kv heads)
+  StopReason stop_reason = StopReason::kMaxTokens;
+  std::vector<int32_t> tokens;         // generated ids
+  std::string text;                    // emitted text (stop string excluded)
+};
+
+// The text a token adds to the output (from a streaming detokenizer; may be empty while a UTF-8
+// sequence is incomplete).
+using TokenText = std::function<std::string(int32_t token)>;
+// Called once per generated token with the text that may be shown now (possibly empty); return false to
+// stop generating.
+using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
+
+struct GenerateCallbacks {
+  TokenText token_text;       // required when stop_strings are given; else optional
+  TokenCallback on_token;     // optional
+  PrefillProgress on_prefill; // optional
+};
+
+// Runs prompt + generation on a fresh Session of `model` with max_context = prompt + max_new_tokens
+// (so the context and memory checks refuse oversized requests with an Error before any work).
+GenerateSummary generate(const Model& model, const SessionOptions& session, std::span<const int32_t> prompt,
+                         const GenerateOptions& opt, const GenerateCallbacks& cb = {});
+
+}  // namespace retroinfer

@@ -1,0 +1,131 @@
+// The CPU model runner for the Llama family (Llama 2/3/3.x, Qwen2 with QKV bias, Mistral, SmolLM2):
+// embeddings, RMSNorm, RoPE (default / linear / dynamic / llama3 / yarn), GQA attention through the
+// attention interface (include/retroinfer/attention.h), SwiGLU MLP, final norm, tied or untied LM head.
+//
+// Weights are converted to f32 at load (any type ModelFile reads: f32/f16/bf16/Q8_0/Q4_0/Q4_1).
+// Prefill runs in chunks through cblas_sgemm; decode runs one token through cblas_sgemv.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "retroinfer/attention.h"
+#include "retroinfer/dtype.h"
+#include "retroinfer/kv_cache.h"
+#include "retroinfer/model_config.h"
+
+namespace retroinfer {
+
+class ModelFile;
+
+// Bytes a model and one sequence of `context_tokens` need on the CPU.
+struct MemoryEstimate {
+  int64_t weight_bytes = 0;      // f32 weights after conversion
+  int64_t kv_bytes = 0;          // keys + values of every layer for context_tokens tokens
+  int64_t activation_bytes = 0;  // scratch of one prefill chunk (+ logits)
+  int64_t total() const { return weight_bytes + kv_bytes + activation_bytes; }
+};
+MemoryEstimate estimate_memory(const ModelConfig& cfg, int64_t context_tokens, DType kv_dtype, int prefill_chunk);
+
+// Memory this process may still allocate: MemAvailable of /proc/meminfo, else sysconf(_SC_AVPHYS_PAGES)
+// times the page size; the smaller of that and a cgroup limit (memory.max) when one is set.
+int64_t available_memory_bytes();
+
+// Longest context (prompt + generated tokens) the model supports: max_position_embeddings, times the
+// factor for `dynamic` RoPE (which exists to extend it); 0 in the config means "no limit known".
+int64_t model_max_context(const ModelConfig& cfg);
+
+// Threads of the CPU forward pass (OpenMP loops and OpenBLAS); throws Error for n < 1.
+void set_num_threads(int n);
+int num_threads();
+
+struct ModelOptions {
+  // Memory budget for the checks; 0 = available_memory_bytes(). Tests set it to exercise the refusal.
+  int64_t memory_limit_bytes = 0;
+};
+
+// A loaded model: config + f32 weights. Immutable after load; any number of Sessions may use it at once.
+class Model {
+ public:
+  // path: anything ModelFile::open accepts (a HF directory, a .safetensors file, a .gguf file).
+  // Throws Error when the file cannot be read, a tensor is missing or has the wrong shape, or the
+  // weights do not fit in memory.
+  static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& opt = {});
+  static std::unique_ptr<Model> load(const ModelFile& file, const ModelOptions& opt = {});
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return cfg_; }
+  const std::string& path() const { return path_; }
+  int64_t weight_bytes() const;
+  int64_t memory_limit_bytes() const { return memory_limit_; }  // the budget the checks use
+
+  struct Weights;  // defined in src/model/weights.h
+  const Weights& weights() const { return *w_; }
+
+ private:
+  Model() = default;
+  ModelConfig cfg_;
+  std::string path_;
+  int64_t memory_limit_ = 0;
+  std::unique_ptr<Weights> w_;
+};
+
+struct SessionOptions {
+  AttentionConfig attention;      // decode attention method and its parameters
+  DType kv_dtype = DType::kF32;   // KV cache storage (f32 or bf16)
+  int prefill_chunk = 512;        // tokens per prefill block (bounds activation memory)
+  int64_t max_context = 0;        // tokens this session will hold (prompt + generated); 0 = the model's max
+};
+
+// Called during prefill after every chunk: (tokens done, tokens total).
+using PrefillProgress = std::function<void(int64_t done, int64_t total)>;
+
+// One sequence: its KV cache and attention method per layer. Not thread-safe (one caller at a time);
+// the forward passes parallelise internally (OpenMP, OpenBLAS).
+class Session {
+ public:
+  // Checks max_context against the model and estimate_memory against the model's budget (the weights
+  // are already allocated, so only KV + activations count against what is left); throws Error otherwise.
+  Session(const Model& model, const SessionOptions& opt);
+  ~Session();
+
+  // Runs the prompt through the model in chunks, writing post-RoPE K/V into the caches, then calls
+  // on_prefill(kv) of every layer's attention method. Only once per session, before any decode.
+  // logits: [n, vocab] for every position when all_logits, else [vocab] of the last position.
+  std::vector<float> prefill(std::span<const int32_t> tokens, bool all_logits = false,
+                             const PrefillProgress& progress = {});
+  // One decode step: feeds `token` at position position(), appends its K/V, runs the attention method.
+  // logits: [vocab] written.
+  void decode(int32_t token, std::span<float> logits);
+
+  int64_t position() const { return pos_; }  // tokens in the cache
+  // Attention statistics of the last decode step, summed over layers.
+  const AttentionStats& last_stats() const { return last_stats_; }
+  const Model& model() const { return model_; }
+  const KvCache& kv(int layer) const;
+
+ private:
+  struct Scratch;
+  // Forward of n tokens at positions [pos_, pos_ + n): x [n, hidden] in; writes the final-norm hidden
+  // states of the rows [keep_from, n) into xs.
+  void forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bool decode, int64_t keep_from,
+               float* logits);
+
+  const Model& model_;
+  SessionOptions opt_;
+  int64_t pos_ = 0;
+  int64_t max_context_ = 0;
+  bool prefilled_ = false;
+  AttentionStats last_stats_;
+  std::vector<KvCache> kv_;                              // [num_layers]
+  std::vector<std::unique_ptr<AttentionMethod>> attn_;   // [num_layers]
+  std::unique_ptr<Scratch> s_;
+};
+
+}  // namespace retroinfer

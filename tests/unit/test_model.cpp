@@ -1,0 +1,325 @@
+// Model runner: load errors, memory and context refusals, chunking and decode consistency, bf16 KV, and
+// the generator (stop tokens, stop strings, callbacks, summary) on the tiny-llama3 fixture.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "model/prefill_attention.h"
+#include "model/weights.h"
+#include "retroinfer/error.h"
+#include "retroinfer/generate.h"
+#include "retroinfer/model.h"
+
+namespace retroinfer {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const fs::path kTiny = fs::path(RETROINFER_TEST_DATA) / "models" / "tiny-llama3";
+
+bool have_tiny() { return fs::exists(kTiny / "model.safetensors"); }
+#define REQUIRE_TINY() \
+  if (!have_tiny()) GTEST_SKIP() << "fixture " << kTiny << " absent (scripts/make_tiny_models.py)"
+
+std::vector<int32_t> reference_tokens() {
+  std::ifstream f(kTiny / "reference.json");
+  return json::parse(f).at("tokens").get<std::vector<int32_t>>();
+}
+
+// Session options with exact attention (the AttentionConfig default is retro).
+SessionOptions full(int chunk = 512, int64_t max_context = 0) {
+  SessionOptions so;
+  so.attention.kind = AttentionKind::kFull;
+  so.prefill_chunk = chunk;
+  so.max_context = max_context;
+  return so;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Writes a safetensors file of f32 tensors (name, shape) filled with 0.01.
+void write_safetensors(const fs::path& p, const std::vector<std::pair<std::string, std::vector<int64_t>>>& ts) {
+  json h = json::object();
+  size_t off = 0;
+  for (const auto& [name, shape] : ts) {
+    size_t n = 1;
+    for (auto s : shape) n *= static_cast<size_t>(s);
+    h[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {off, off + 4 * n}}};
+    off += 4 * n;
+  }
+  std::string hs = h.dump();
+  while (hs.size() % 8) hs += ' ';
+  std::ofstream f(p, std::ios::binary);
+  const uint64_t len = hs.size();
+  f.write(reinterpret_cast<const char*>(&len), 8);
+  f.write(hs.data(), static_cast<std::streamsize>(hs.size()));
+  const float v = 0.01f;
+  for (size_t i = 0; i < off / 4; ++i) f.write(reinterpret_cast<const char*>(&v), 4);
+}
+
+// A copy of the tiny-llama3 config with a model.safetensors holding `ts`.
+fs::path broken_model(const std::string& name, const std::vector<std::pair<std::string, std::vector<int64_t>>>& ts) {
+  const fs::path d = fs::path(::testing::TempDir()) / ("retroinfer_model_" + name);
+  fs::create_directories(d);
+  fs::copy_file(kTiny / "config.json", d / "config.json", fs::copy_options::overwrite_existing);
+  write_safetensors(d / "model.safetensors", ts);
+  return d;
+}
+
+TEST(ModelLoad, BadPathIsAClearError) {
+  const std::string msg = error_of([] { Model::load("/nonexistent/retroinfer/model-dir"); });
+  EXPECT_NE(msg.find("/nonexistent/retroinfer/model-dir"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, MissingTensorIsNamed) {
+  REQUIRE_TINY();
+  const fs::path d = broken_model("missing", {{"model.embed_tokens.weight", {512, 64}}, {"lm_head.weight", {512, 64}}});
+  const std::string msg = error_of([&] { Model::load(d.string()); });
+  EXPECT_NE(msg.find("model.norm.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("missing"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, WrongShapeIsNamed) {
+  REQUIRE_TINY();
+  const fs::path d = broken_model("shape", {{"model.embed_tokens.weight", {512, 32}}});
+  const std::string msg = error_of([&] { Model::load(d.string()); });
+  EXPECT_NE(msg.find("model.embed_tokens.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[512, 64]"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, MemoryRefusals) {
+  REQUIRE_TINY();
+  ModelOptions tight;
+  tight.memory_limit_bytes = 1 << 16;  // 64 KiB < 560 KB of f32 weights
+  EXPECT_NE(error_of([&] { Model::load(kTiny.string(), tight); }).find("MiB"), std::string::npos);
+  // Room for the weights and a short context only.
+  const MemoryEstimate w = estimate_memory(Model::load(kTiny.string())->config(), 0, DType::kF32, 1);
+  ModelOptions some;
+  some.memory_limit_bytes = w.weight_bytes + 128 * 1024;
+  auto m = Model::load(kTiny.string(), some);
+  SessionOptions so = full();
+  so.max_context = 16;  // 16 tokens: 8 KiB of KV + ~70 KiB of 16-token scratch, fits
+  EXPECT_NO_THROW(Session(*m, so));
+  so.max_context = 500;  // 500 tokens: 256 KiB of KV alone
+  const std::string msg = error_of([&] { Session(*m, so); });
+  EXPECT_NE(msg.find("500 tokens"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, ContextLimits) {
+  REQUIRE_TINY();
+  auto m = Model::load(kTiny.string());
+  SessionOptions so = full();
+  so.max_context = 513;  // max_position_embeddings = 512
+  EXPECT_NE(error_of([&] { Session(*m, so); }).find("maximum context of 512"), std::string::npos);
+  GenerateOptions go;
+  go.max_new_tokens = 100;
+  const std::vector<int32_t> prompt(450, 5);
+  EXPECT_NE(error_of([&] { generate(*m, full(), prompt, go); }).find("550 tokens"), std::string::npos);
+  so.max_context = 4;
+  Session s(*m, so);
+  const std::vector<int32_t> five(5, 7);
+  EXPECT_THROW(s.prefill(five), Error);
+  const std::vector<int32_t> bad = {1, 512};
+  Session s2(*m, full());
+  EXPECT_NE(error_of([&] { s2.prefill(bad); }).find("outside the vocabulary"), std::string::npos);
+}
+
+// Max |a - b| / max |b| over two logit arrays.
+double rel_diff(const float* a, const float* b, size_t n) {
+  double scale = 0, worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  return worst / scale;
+}
+
+TEST(ModelForward, ChunkSizeAndDecodePathAgree) {
+  REQUIRE_TINY();
+  auto m = Model::load(kTiny.string());
+  const int64_t vocab = m->config().vocab_size;
+  std::vector<int32_t> toks = reference_tokens();
+  toks.resize(100);
+  Session a(*m, full(512));
+  const auto ref = a.prefill(toks, true);
+  Session b(*m, full(7));  // 100 = 14 * 7 + 2
+  const auto chunked = b.prefill(toks, true);
+  // Same arithmetic up to BLAS blocking of different row counts: f32 rounding, 1e-5 of the logit scale.
+  for (int64_t p : {0, 6, 7, 50, 99}) EXPECT_LT(rel_diff(&chunked[p * vocab], &ref[p * vocab], vocab), 1e-5) << p;
+  // Prefill of 60 tokens then decode of 40 gives the logits of the full prefill at each position.
+  Session c(*m, full());
+  c.prefill(std::span(toks).first(60));
+  std::vector<float> lg(vocab);
+  for (int64_t p = 60; p < 100; ++p) {
+    c.decode(toks[p], lg);
+    ASSERT_LT(rel_diff(lg.data(), &ref[p * vocab], vocab), 1e-5) << "position " << p;
+  }
+  EXPECT_EQ(c.last_stats().context_tokens, 100 * m->config().num_layers * m->config().num_heads_kv);
+}
+
+TEST(ModelForward, Bf16KvCacheStaysClose) {
+  REQUIRE_TINY();
+  auto m = Model::load(kTiny.string());
+  std::vector<int32_t> toks = reference_tokens();
+  Session f32s(*m, full());
+  SessionOptions bo = full();
+  bo.kv_dtype = DType::kBF16;
+  Session bf(*m, bo);
+  const auto a = f32s.prefill(toks);
+  const auto b = bf.prefill(toks);
+  // bf16 keeps 8 significant bits (relative rounding 2^-9 = 2e-3 per K/V element); through two layers the
+  // logits move by a few times that, far below the 5e-2 bound, and by more than f32 rounding.
+  const double d = rel_diff(b.data(), a.data(), a.size());
+  EXPECT_LT(d, 5e-2);
+  EXPECT_GT(d, 1e-6);
+  EXPECT_EQ(bf.kv(0).dtype(), DType::kBF16);
+}
+
+// The BLAS prefill attention of the runner against the scalar reference of the attention module, over
+// several key blocks (T up to 2060 > 2 * kKeyBlock), chunk offsets, GQA groups and both KV dtypes.
+TEST(PrefillAttention, MatchesReference) {
+  const AttentionShape shape{6, 2, 16};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 37}, {0, 1}, {1000, 100}, {2000, 60}}) {
+      KvCache kv(shape.num_heads_kv, shape.head_dim, dt);
+      const int64_t T = pos0 + n;
+      std::vector<float> k(T * 2 * 16), v(T * 2 * 16), q(n * 6 * 16);
+      for (auto& x : k) x = nd(rng);
+      for (auto& x : v) x = nd(rng);
+      for (auto& x : q) x = 2.0f * nd(rng);  // peaky softmax: large logits stress the online rescaling
+      kv.append(k.data(), v.data(), T);
+      std::vector<float> want(q.size()), got(q.size(), std::nanf(""));
+      prefill_attention(kv, shape, 0.0f, pos0, n, q.data(), want.data());
+      model::PrefillAttentionScratch sc;
+      model::blas_prefill_attention(kv, shape, 0.0f, pos0, n, q.data(), got.data(), sc);
+      // Outputs are convex combinations of N(0,1) values (|o| < ~4); f32 sums of <= 2060 terms in
+      // another order differ by ~1e-6; 1e-4 absolute is a safe bound that a wrong mask or scale breaks.
+      double worst = 0;
+      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+      EXPECT_LT(worst, 1e-4) << "dtype " << dtype_name(dt) << " pos0 " << pos0 << " n " << n;
+    }
+  }
+}
+
+class GenerateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_tiny()) GTEST_SKIP() << "fixture absent";
+    model_ = Model::load(kTiny.string());
+    prompt_ = reference_tokens();
+    prompt_.resize(64);
+    so_.attention.kind = AttentionKind::kFull;
+    GenerateOptions go;
+    go.max_new_tokens = 12;
+    go.ignore_eos = true;
+    greedy_ = generate(*model_, so_, prompt_, go).tokens;
+    ASSERT_EQ(greedy_.size(), 12u);
+  }
+  static std::string text_of(int32_t t) { return "<" + std::to_string(t) + ">"; }
+  std::unique_ptr<Model> model_;
+  std::vector<int32_t> prompt_, greedy_;
+  SessionOptions so_;
+};
+
+TEST_F(GenerateTest, SummaryCountsAndFullReadsEverything) {
+  GenerateOptions go;
+  go.max_new_tokens = 6;
+  go.ignore_eos = true;
+  std::string streamed;
+  int calls = 0, prefill_calls = 0;
+  GenerateCallbacks cb;
+  cb.token_text = text_of;
+  cb.on_token = [&](int32_t, std::string_view t) {
+    streamed += t;
+    ++calls;
+    return true;
+  };
+  cb.on_prefill = [&](int64_t done, int64_t total) {
+    ++prefill_calls;
+    EXPECT_EQ(total, 64);
+    EXPECT_LE(done, total);
+  };
+  SessionOptions so = so_;
+  so.prefill_chunk = 16;
+  const GenerateSummary s = generate(*model_, so, prompt_, go, cb);
+  EXPECT_EQ(prefill_calls, 4);
+  EXPECT_EQ(s.prompt_tokens, 64);
+  EXPECT_EQ(s.generated_tokens, 6);
+  EXPECT_EQ(s.decode_steps, 5);
+  EXPECT_EQ(calls, 6);
+  EXPECT_EQ(s.stop_reason, StopReason::kMaxTokens);
+  EXPECT_EQ(std::vector<int32_t>(greedy_.begin(), greedy_.begin() + 6), s.tokens);
+  EXPECT_EQ(streamed, s.text);
+  std::string want;
+  for (int i = 0; i < 6; ++i) want += text_of(greedy_[i]);
+  EXPECT_EQ(s.text, want);
+  // Full attention reads every cached token: steps at contexts 65..69, 2 layers x 2 KV heads.
+  EXPECT_DOUBLE_EQ(s.kv_read_share, 1.0);
+  EXPECT_EQ(s.context_tokens, (65 + 66 + 67 + 68 + 69) * 4);
+  EXPECT_DOUBLE_EQ(s.mean_exact_tokens_per_head, 67.0);
+  EXPECT_GT(s.prefill_tokens_per_s, 0.0);
+}
+
+TEST_F(GenerateTest, StopsOnEosStopStringAndCallback) {
+  GenerateOptions go;
+  go.max_new_tokens = 12;
+  go.eos_token_ids = {greedy_[2]};
+  auto s = generate(*model_, so_, prompt_, go);
+  EXPECT_EQ(s.stop_reason, StopReason::kEos);
+  EXPECT_EQ(s.tokens.size(), 3u);
+
+  go.eos_token_ids = {-1};
+  go.stop_strings = {text_of(greedy_[4]).substr(1)};  // "<id>" without its "<": spans into the next token's text? no: ends it
+  GenerateCallbacks cb;
+  cb.token_text = text_of;
+  s = generate(*model_, so_, prompt_, go, cb);
+  EXPECT_EQ(s.stop_reason, StopReason::kStopString);
+  EXPECT_EQ(s.tokens.size(), 5u);
+  std::string want;
+  for (int i = 0; i < 4; ++i) want += text_of(greedy_[i]);
+  EXPECT_EQ(s.text, want + "<");
+
+  go.stop_strings.clear();
+  int n = 0;
+  cb.on_token = [&](int32_t, std::string_view) { return ++n < 2; };
+  s = generate(*model_, so_, prompt_, go, cb);
+  EXPECT_EQ(s.stop_reason, StopReason::kCallback);
+  EXPECT_EQ(s.tokens.size(), 2u);
+
+  go.stop_strings = {"x"};
+  EXPECT_THROW(generate(*model_, so_, prompt_, go), Error);  // stop strings need a detokenizer
+}
+
+TEST_F(GenerateTest, SeededSamplingRepeats) {
+  GenerateOptions go;
+  go.max_new_tokens = 10;
+  go.ignore_eos = true;
+  go.sampler.temperature = 1.0f;
+  go.sampler.top_p = 0.9f;
+  go.sampler.seed = 7;
+  const auto a = generate(*model_, so_, prompt_, go).tokens;
+  const auto b = generate(*model_, so_, prompt_, go).tokens;
+  EXPECT_EQ(a, b);
+  go.sampler.seed = 8;
+  EXPECT_NE(a, generate(*model_, so_, prompt_, go).tokens);
+}
+
+}  // namespace
+}  // namespace retroinfer

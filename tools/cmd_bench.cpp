@@ -1,0 +1,163 @@
+// `retroinfer bench generate`: end-to-end CPU prefill and decode throughput of each attention method on a
+// prompt of a requested token length, as JSON lines.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "command.h"
+#include "model_cli.h"
+#include "retroinfer/error.h"
+#include "retroinfer/generate.h"
+
+namespace retroinfer::cli {
+namespace {
+
+struct BenchGenerateOptions {
+  ModelCliOptions model;
+  int64_t context = 4096;
+  int new_tokens = 32;
+  std::string attention = "full,retro";
+  std::string text_path;
+  std::string json_path;
+};
+
+// Debian's bible-kjv-text stores the King James Bible compressed; its `bible` program prints it.
+constexpr const char* kBibleCommand = "bible 'Ge1:1-Re22:21' 2>/dev/null";
+
+std::string read_text(const std::string& path) {
+  if (!path.empty()) {
+    std::ifstream f(path, std::ios::binary);
+    RETROINFER_CHECK(f.good(), "bench: cannot read --text '", path, "'");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  std::string out;
+  if (FILE* p = popen(kBibleCommand, "r")) {
+    char buf[1 << 16];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    pclose(p);
+  }
+  RETROINFER_CHECK(out.size() > 1000, "bench: no prompt text: install bible-kjv (scripts/setup.sh) or pass --text FILE");
+  return out;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+double load_average() {
+  double l = 0;
+  std::ifstream f("/proc/loadavg");
+  f >> l;
+  return l;
+}
+
+void run_bench_generate(const BenchGenerateOptions& o) {
+  RETROINFER_CHECK(o.context >= 2, "bench: --context must be >= 2");
+  std::vector<AttentionKind> kinds;
+  for (const auto& name : split(o.attention, ',')) kinds.push_back(parse_attention_kind(name));
+  RETROINFER_CHECK(!kinds.empty(), "bench: --attention lists no method");
+  LoadedModel m = load_model(o.model);
+  const Tokenizer& tok = *m.tokenizer;
+  // Prompt: the text's tokens (repeated if short) cut to exactly `context` tokens, after the BOS if any.
+  // ~4 bytes per token in English; 8 per token leaves room, and keeps tokenizing a long book short.
+  std::string text = read_text(o.text_path);
+  if (static_cast<int64_t>(text.size()) > 8 * o.context + 4096) text.resize(8 * o.context + 4096);
+  const std::vector<int32_t> text_ids = tok.encode(text, false, false);
+  RETROINFER_CHECK(!text_ids.empty(), "bench: the text encodes to no tokens");
+  std::vector<int32_t> prompt = tok.special_prefix();
+  while (static_cast<int64_t>(prompt.size()) < o.context)
+    prompt.insert(prompt.end(), text_ids.begin(),
+                  text_ids.begin() + std::min<int64_t>(text_ids.size(), o.context - prompt.size()));
+  std::ofstream jf;
+  if (!o.json_path.empty()) {
+    jf.open(o.json_path, std::ios::app);
+    RETROINFER_CHECK(jf.good(), "bench: cannot append to --json '", o.json_path, "'");
+  }
+  std::fprintf(stderr, "bench generate: %s, %lld-token prompt, %d new tokens, %d threads, %ld cores online, load %.2f\n",
+               std::filesystem::path(m.model->path()).filename().c_str(), static_cast<long long>(o.context),
+               o.new_tokens, num_threads(), sysconf(_SC_NPROCESSORS_ONLN), load_average());
+  for (AttentionKind kind : kinds) {
+    const SessionOptions so = make_session_options(o.model, kind);
+    GenerateOptions go;
+    go.max_new_tokens = o.new_tokens;
+    go.ignore_eos = true;
+    ProgressBar bar(std::string(attention_kind_name(kind)) + " prefill");
+    GenerateCallbacks cb;
+    cb.on_prefill = [&](int64_t done, int64_t total) {
+      bar.update(done, total);
+      if (done == total) bar.finish();
+    };
+    const double load0 = load_average();
+    const GenerateSummary s = generate(*m.model, so, prompt, go, cb);
+    std::printf("%-9s prefill %8.1f tok/s (%.2f s)  decode %7.2f tok/s (%lld steps, %.2f s)  KV read %6.2f%%\n",
+                s.attention.c_str(), s.prefill_tokens_per_s, s.prefill_seconds, s.decode_tokens_per_s,
+                static_cast<long long>(s.decode_steps), s.decode_seconds, 100.0 * s.kv_read_share);
+    std::fflush(stdout);
+    if (jf.is_open()) {
+      nlohmann::json j = {{"bench", "generate"},
+                          {"model", std::filesystem::path(m.model->path()).filename().string()},
+                          {"attention", s.attention},
+                          {"context", o.context},
+                          {"new_tokens", o.new_tokens},
+                          {"prefill_s", s.prefill_seconds},
+                          {"prefill_tok_s", s.prefill_tokens_per_s},
+                          {"decode_s", s.decode_seconds},
+                          {"decode_steps", s.decode_steps},
+                          {"decode_tok_s", s.decode_tokens_per_s},
+                          {"ttft_s", s.time_to_first_token_s},
+                          {"kv_read_share", s.kv_read_share},
+                          {"mean_exact_tokens_per_head", s.mean_exact_tokens_per_head},
+                          {"kv_dtype", o.model.kv_dtype},
+                          {"threads", num_threads()},
+                          {"cores_online", sysconf(_SC_NPROCESSORS_ONLN)},
+                          {"load_avg_before", load0},
+                          {"load_avg_after", load_average()},
+                          {"unix_time", static_cast<int64_t>(std::time(nullptr))}};
+      jf << j.dump() << "\n";
+      jf.flush();
+    }
+  }
+}
+
+CLI::App* bench_command(CLI::App& app) {
+  try {
+    return app.get_subcommand("bench");
+  } catch (const CLI::OptionNotFound&) {
+    auto* b = app.add_subcommand("bench", "Benchmarks");
+    b->require_subcommand(1);
+    return b;
+  }
+}
+
+void setup_bench_generate(CLI::App& app) {
+  auto o = std::make_shared<BenchGenerateOptions>();
+  auto* cmd = bench_command(app)->add_subcommand("generate", "End-to-end prefill and decode tokens/s per method");
+  add_model_options(cmd, o->model);
+  cmd->add_option("--context", o->context, "Prompt length in tokens")->capture_default_str();
+  cmd->add_option("--new-tokens", o->new_tokens, "Tokens to generate per method")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--attention", o->attention, "Comma-separated methods")->capture_default_str();
+  cmd->add_option("--text", o->text_path, "Prompt text file (default: the King James Bible of bible-kjv)");
+  cmd->add_option("--json", o->json_path, "Append one JSON line per method to this file");
+  cmd->callback([o] { run_bench_generate(*o); });
+}
+RETROINFER_COMMAND(setup_bench_generate);
+
+}  // namespace
+}  // namespace retroinfer::cli

@@ -1,0 +1,143 @@
+// `retroinfer generate`: runs one prompt through a model on the CPU, streams the output to stdout, shows
+// prefill progress and a summary on stderr.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "command.h"
+#include "model_cli.h"
+#include "retroinfer/error.h"
+#include "retroinfer/generate.h"
+
+namespace retroinfer::cli {
+namespace {
+
+struct GenerateCliOptions {
+  ModelCliOptions model;
+  std::string prompt, prompt_file, system, attention = "full", json_path;
+  bool chat = false, ignore_eos = false;
+  int max_new_tokens = 128;
+  float temperature = 0.0f, top_p = 1.0f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  std::vector<std::string> stops;
+};
+
+nlohmann::json summary_json(const GenerateSummary& s, const std::string& model, double load_s) {
+  return {{"model", model},
+          {"attention", s.attention},
+          {"prompt_tokens", s.prompt_tokens},
+          {"generated_tokens", s.generated_tokens},
+          {"decode_steps", s.decode_steps},
+          {"load_s", load_s},
+          {"prefill_s", s.prefill_seconds},
+          {"decode_s", s.decode_seconds},
+          {"ttft_s", s.time_to_first_token_s},
+          {"prefill_tok_s", s.prefill_tokens_per_s},
+          {"decode_tok_s", s.decode_tokens_per_s},
+          {"kv_read_share", s.kv_read_share},
+          {"mean_exact_tokens_per_head", s.mean_exact_tokens_per_head},
+          {"stop_reason", std::string(stop_reason_name(s.stop_reason))},
+          {"threads", num_threads()},
+          {"text", s.text}};
+}
+
+void run_generate(const GenerateCliOptions& o) {
+  RETROINFER_CHECK(o.prompt.empty() != o.prompt_file.empty(), "generate: give exactly one of --prompt and --prompt-file");
+  std::string prompt = o.prompt;
+  if (!o.prompt_file.empty()) {
+    std::ifstream f(o.prompt_file, std::ios::binary);
+    RETROINFER_CHECK(f.good(), "generate: cannot read --prompt-file '", o.prompt_file, "'");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    prompt = ss.str();
+  }
+  const AttentionKind kind = parse_attention_kind(o.attention);
+  const SessionOptions so = make_session_options(o.model, kind);
+  LoadedModel m = load_model(o.model);
+  const Tokenizer& tok = *m.tokenizer;
+
+  std::vector<int32_t> ids;
+  if (o.chat) {
+    std::vector<ChatMessage> msgs;
+    if (!o.system.empty()) msgs.push_back({"system", o.system});
+    msgs.push_back({"user", prompt});
+    ids = tok.encode(tok.apply_chat_template(msgs, true), false, true);
+  } else {
+    ids = tok.encode(prompt, true, true);
+  }
+  RETROINFER_CHECK(!ids.empty(), "generate: the prompt encodes to no tokens");
+
+  GenerateOptions go;
+  go.max_new_tokens = o.max_new_tokens;
+  go.sampler = {o.temperature, o.top_k, o.top_p, o.seed};
+  go.stop_strings = o.stops;
+  go.ignore_eos = o.ignore_eos;
+  go.eos_token_ids = tok.eog_ids();
+  for (int e : m.model->config().eos_token_ids)
+    if (std::find(go.eos_token_ids.begin(), go.eos_token_ids.end(), e) == go.eos_token_ids.end())
+      go.eos_token_ids.push_back(e);
+  if (go.eos_token_ids.empty()) go.eos_token_ids = {-1};  // none known: only max tokens / stop strings end it
+
+  StreamingDecoder dec(tok, /*skip_special=*/true);
+  ProgressBar bar("prefill");
+  GenerateCallbacks cb;
+  cb.token_text = [&](int32_t t) { return dec.push(t); };
+  cb.on_token = [&](int32_t, std::string_view text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  };
+  cb.on_prefill = [&](int64_t done, int64_t total) {
+    bar.update(done, total);
+    if (done == total) bar.finish();
+  };
+  const GenerateSummary s = generate(*m.model, so, ids, go, cb);
+  const std::string tail = dec.flush();
+  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  std::fprintf(stderr,
+               "--- %s attention, %d threads | prompt %lld tokens: prefill %.2f s (%.1f tok/s) | generated %lld "
+               "tokens (%s): decode %.2f s (%.2f tok/s) | TTFT %.2f s\n"
+               "--- KV read per decode step: %.2f%% of the cached tokens (mean %.1f tokens per layer and KV head)\n",
+               s.attention.c_str(), num_threads(), static_cast<long long>(s.prompt_tokens), s.prefill_seconds,
+               s.prefill_tokens_per_s, static_cast<long long>(s.generated_tokens),
+               std::string(stop_reason_name(s.stop_reason)).c_str(), s.decode_seconds, s.decode_tokens_per_s,
+               s.time_to_first_token_s, 100.0 * s.kv_read_share, s.mean_exact_tokens_per_head);
+  if (!o.json_path.empty()) {
+    std::ofstream f(o.json_path);
+    RETROINFER_CHECK(f.good(), "generate: cannot write --json '", o.json_path, "'");
+    f << summary_json(s, m.model->path(), m.load_seconds).dump(2) << "\n";
+  }
+}
+
+void setup_generate(CLI::App& app) {
+  auto o = std::make_shared<GenerateCliOptions>();
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt on the CPU");
+  add_model_options(cmd, o->model);
+  cmd->add_option("--prompt", o->prompt, "Prompt text");
+  cmd->add_option("--prompt-file", o->prompt_file, "Read the prompt from a file");
+  cmd->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template as a user turn");
+  cmd->add_option("--system", o->system, "System message (with --chat)");
+  cmd->add_option("--attention", o->attention, "Decode attention: full, retro, quest, streaming, oracle")
+      ->capture_default_str();
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate at most")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature", o->temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--stop", o->stops, "Stop string (repeatable); not printed");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
+  cmd->add_option("--json", o->json_path, "Write the summary as JSON to this file");
+  cmd->callback([o] { run_generate(*o); });
+}
+RETROINFER_COMMAND(setup_generate);
+
+}  // namespace
+}  // namespace retroinfer::cli
