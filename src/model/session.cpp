@@ -149,6 +149,22 @@ std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_lo
   return logits;
 }
 
+std::unique_ptr<Session> Session::fork(const AttentionConfig& attention) const {
+  RETROINFER_CHECK(pos_ > 0, "session: fork needs a prefilled session (it copies the prompt's KV cache)");
+  SessionOptions so = opt_;
+  so.attention = attention;
+  so.max_context = max_context_;
+  auto f = std::make_unique<Session>(model_, so);
+  for (size_t l = 0; l < kv_.size(); ++l) {
+    f->kv_[l] = kv_[l];
+    f->kv_[l].reserve(max_context_);
+    if (prefilled_) f->attn_[l]->on_prefill(f->kv_[l]);
+  }
+  f->pos_ = pos_;
+  f->prefilled_ = prefilled_;
+  return f;
+}
+
 void Session::decode(int32_t token, std::span<float> logits) {
   RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == model_.config().vocab_size,
                    "session: decode needs a logits buffer of vocab_size = ", model_.config().vocab_size);
@@ -200,6 +216,7 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
     kv_[l].append(s.k.data(), s.v.data(), n);
     if (decode) {
       last_stats_ += attn_[l]->decode(kv_[l], s.q.data(), s.att.data());
+      if (observer_) observer_(l, kv_[l], s.q.data(), s.att.data());
     } else {
       model::blas_prefill_attention(kv_[l], shape, opt_.attention.scale, pos_, n, s.q.data(), s.att.data(), s.attn);
     }
