@@ -4,13 +4,13 @@
 # streaming and oracle at the same exact-token budget; then teacher-forced fidelity on real text.
 # Resumable: rerun the same command after an interruption and finished samples are skipped.
 #
-#   scripts/run_accuracy.sh [OUT_DIR]          (default results/accuracy)
+#   scripts/run_accuracy.sh [OUT_DIR]          (default out/accuracy)
 # Environment: JOBS (parallel processes, default: cores / 4), THREADS (per process, default 4),
 # SAMPLES (50), CONTEXTS (4096,8192), METHODS (full,retro,quest,streaming,oracle), BUILD (build/release),
 # MODEL (smollm2), SEED (42).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-results/accuracy}
+out=${1:-out/accuracy}
 build=${BUILD:-build/release}
 threads=${THREADS:-4}
 jobs=${JOBS:-$(( $(nproc) / threads > 0 ? $(nproc) / threads : 1 ))}

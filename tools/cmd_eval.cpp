@@ -7,6 +7,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "command.h"
@@ -60,10 +61,16 @@ void write_file(const std::string& path, const std::string& text) {
 }
 
 void write_report(const std::vector<std::string>& results, const std::string& json_path, const std::string& md_path) {
+  // Several files (parallel jobs of scripts/run_accuracy.sh): a (task, context, index, method) present in
+  // more than one (a rerun with another split) counts once.
   std::vector<nlohmann::json> lines;
+  std::set<std::string> seen;
   for (const auto& r : results) {
-    auto more = eval::load_results(r);
-    lines.insert(lines.end(), more.begin(), more.end());
+    for (auto& j : eval::load_results(r)) {
+      const std::string key = eval::result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(),
+                                               j.at("index").get<int>(), j.at("method").get<std::string>());
+      if (seen.insert(key).second) lines.push_back(std::move(j));
+    }
   }
   RETROINFER_CHECK(!lines.empty(), "eval report: no result lines in the results file(s)");
   const nlohmann::json summary = eval::summarize(lines);

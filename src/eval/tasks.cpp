@@ -330,11 +330,11 @@ struct TaskDef {
 const std::array<TaskDef, 10> kTasks = {{
     {"niah_single_1", 16, true, [](const Ctx& c, int64_t n) { return build_niah(c, n, Hay::kNoise, Value::kNumber, 1, 1, 1); }},
     {"niah_single_2", 16, true, [](const Ctx& c, int64_t n) { return build_niah(c, n, Hay::kEssay, Value::kWord, 1, 1, 1); }},
-    {"niah_single_3", 32, true, [](const Ctx& c, int64_t n) { return build_niah(c, n, Hay::kEssay, Value::kUuid, 1, 1, 1); }},
+    {"niah_single_3", 48, true, [](const Ctx& c, int64_t n) { return build_niah(c, n, Hay::kEssay, Value::kUuid, 1, 1, 1); }},
     {"niah_multikey", 16, true, [](const Ctx& c, int64_t n) { return build_niah(c, n, Hay::kEssay, Value::kNumber, 4, 1, 1); }},
     {"niah_multivalue", 48, true, [](const Ctx& c, int64_t n) { return build_niah(c, n, Hay::kEssay, Value::kNumber, 1, 4, 1); }},
     {"niah_multiquery", 48, true, [](const Ctx& c, int64_t n) { return build_niah(c, n, Hay::kEssay, Value::kNumber, 4, 1, 4); }},
-    {"vt", 32, true, build_vt},
+    {"vt", 48, true, build_vt},
     {"cwe", 64, false, build_cwe},
     {"fwe", 24, false, build_fwe},
     {"passkey", 8, true, build_passkey},
