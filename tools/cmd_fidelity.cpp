@@ -44,6 +44,7 @@ struct Args {
   std::string methods = "full,retro,quest,streaming,oracle";
   std::string dtype = "bf16";
   std::string json;
+  std::string data;
   bool no_estimation_variant = false;
   retroinfer::eval::FidelityOptions opt;
 };
@@ -55,6 +56,18 @@ void run(const Args& a) {
   o.methods = split(a.methods);
   o.dtype = retroinfer::parse_dtype(a.dtype);
   o.estimation_variant = !a.no_estimation_variant;
+  for (const auto& kv : split(a.data)) {
+    const size_t eq = kv.find('=');
+    RETROINFER_CHECK(eq != std::string::npos && eq > 0, "fidelity: bad --data item '", kv,
+                     "': expected knob=value, e.g. needle_span=16");
+    double v = 0.0;
+    try {
+      v = std::stod(kv.substr(eq + 1));
+    } catch (const std::exception&) {
+      RETROINFER_FAIL("fidelity: bad value in --data item '", kv, "': expected a number");
+    }
+    retroinfer::eval::set_synthetic_knob(o.synthetic, kv.substr(0, eq), v);
+  }
   o.progress = [](std::string_view s) { std::fprintf(stderr, "[fidelity] %.*s\n", int(s.size()), s.data()); };
   std::unique_ptr<std::ofstream> js;
   if (!a.json.empty()) {  // open first: a bad path fails before minutes of work
@@ -90,6 +103,13 @@ void setup_fidelity(CLI::App& app) {
   cmd->add_option("--retrieval-fraction", args->opt.attention.retrieval_fraction,
                   "Retro's retrieval budget (share of clusters); the baselines read the same share of tokens")
       ->capture_default_str();
+  cmd->add_option("--budget-tokens", args->opt.attention.budget_tokens,
+                  "Exact-token budget of quest/streaming/oracle beyond the steady zone; < 0 derives it from "
+                  "--retrieval-fraction (the expected size of retro's retrieval zone)")
+      ->capture_default_str();
+  cmd->add_option("--data", args->data,
+                  "Synthetic-data knobs to change, comma-separated knob=value (field names of SyntheticConfig in "
+                  "src/eval/synthetic.h, e.g. needle_span=16,num_needles=0)");
   cmd->add_option("--json", args->json, "Append one JSON line per (context, method) to this file");
   cmd->add_flag("--no-estimation-variant", args->no_estimation_variant,
                 "Do not add retro-noest (retro with the estimation zone off) next to retro");

@@ -97,8 +97,8 @@ void run_generate(const GenerateCliOptions& o) {
     if (done == total) bar.finish();
   };
   const GenerateSummary s = generate(*m.model, so, ids, go, cb);
-  const std::string tail = dec.flush();
-  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  const std::string tail = dec.flush();  // an incomplete UTF-8 tail, if any
+  if (s.stop_reason != StopReason::kStopString) std::fwrite(tail.data(), 1, tail.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   std::fprintf(stderr,

@@ -68,8 +68,9 @@ struct GenerateSummary {
 // The text a token adds to the output (from a streaming detokenizer; may be empty while a UTF-8
 // sequence is incomplete).
 using TokenText = std::function<std::string(int32_t token)>;
-// Called once per generated token with the text that may be shown now (possibly empty); return false to
-// stop generating.
+// Called once per generated token with the text that may be shown now (possibly empty), and once more
+// with the last token when generation ends without a stop string while text was still withheld (a
+// possible stop-string prefix). Return false to stop generating.
 using TokenCallback = std::function<bool(int32_t token, std::string_view text)>;
 
 struct GenerateCallbacks {
@@ -77,6 +78,12 @@ struct GenerateCallbacks {
   TokenCallback on_token;     // optional
   PrefillProgress on_prefill; // optional
 };
+
+// Samples and decodes on an already prefilled session, starting from `logits` ([vocab], the output of its
+// prefill or last decode step). Fills every summary field except prompt_tokens, prefill_seconds and
+// prefill_tokens_per_s; time_to_first_token_s counts from the call.
+GenerateSummary continue_generation(Session& session, std::vector<float> logits, const GenerateOptions& opt,
+                                    const GenerateCallbacks& cb = {});
 
 // Runs prompt + generation on a fresh Session of `model` with max_context = prompt + max_new_tokens
 // (so the context and memory checks refuse oversized requests with an Error before any work).

@@ -109,10 +109,9 @@ class Session {
   // logits: [vocab] written.
   void decode(int32_t token, std::span<float> logits);
 
-  // Evaluation hook (additive): a new Session on the same model whose KV caches are copies of this one's
-  // (every token so far), with `attention` as its decode method; on_prefill of the new methods runs on the
-  // copied caches when this session has been prefilled. Lets one prefill serve several attention methods
-  // (they differ only in decode). The new session's max_context is this one's. Throws Error before prefill.
+  // A new session over a copy of this one's KV caches with another attention config, its methods'
+  // on_prefill already called (so one dense prefill can serve several decode methods). Needs a prefilled
+  // session; checks memory like the constructor.
   std::unique_ptr<Session> fork(const AttentionConfig& attention) const;
   // Evaluation hook (additive): observer of every layer's decode attention (empty: none).
   void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
@@ -121,12 +120,15 @@ class Session {
   // Attention statistics of the last decode step, summed over layers.
   const AttentionStats& last_stats() const { return last_stats_; }
   const Model& model() const { return model_; }
+  const SessionOptions& options() const { return opt_; }
+  int64_t max_context() const { return max_context_; }
   const KvCache& kv(int layer) const;
 
  private:
   struct Scratch;
-  // Forward of n tokens at positions [pos_, pos_ + n): x [n, hidden] in; writes the final-norm hidden
-  // states of the rows [keep_from, n) into xs.
+  // Forward of n tokens at positions [pos_, pos_ + n): appends their K/V to every layer's cache and writes
+  // the logits of rows [keep_from, n) to logits ([n - keep_from, vocab]). rope_seq_len: the sequence length
+  // the RoPE frequencies are computed for (only `dynamic` uses it). decode: attention through the method.
   void forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bool decode, int64_t keep_from,
                float* logits);
 

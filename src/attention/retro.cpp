@@ -29,6 +29,8 @@ void RetroAttention::build(const KvCache& kv) {
   index_.indexed_begin = sink;
   index_.indexed_end = sink;
   num_updates_ = 0;
+  last_size_ = -1;
+  last_sel_.assign(shape_.num_heads_kv, index::ZoneSelection{});
   built_ = true;
   const int64_t end = kv.size() - cfg_.window_tokens;
   if (end - sink < cfg_.tokens_per_cluster) return;  // not one cluster's worth: everything stays steady
@@ -83,7 +85,11 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
   const int64_t steady = steady_a + (size - steady_b);
   const int nh = shape_.num_heads_kv;
   std::vector<AttentionStats> per_head(nh);
-#pragma omp parallel for schedule(dynamic, 1)
+  // Heads in parallel only when a head's work (~ scoring + a few percent of the tokens) outweighs waking
+  // threads: below kParallelMinTokens a head decodes in well under a millisecond, and on a loaded host the
+  // OpenMP barrier then costs more than the work (perf: 96% of a small-context test in libgomp's spin).
+  constexpr int64_t kParallelMinTokens = 8192;
+#pragma omp parallel for schedule(dynamic, 1) if (nh > 1 && size >= kParallelMinTokens)
   for (int h = 0; h < nh; ++h) {
     const size_t off = static_cast<size_t>(h) * g * d;
     const float* qg = q + off;
@@ -113,13 +119,34 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
       st.exact_tokens += static_cast<int64_t>(tokens.size());
       st.retrieved_clusters = static_cast<int64_t>(plan.sel.retrieval.size());
       st.estimated_clusters = static_cast<int64_t>(plan.sel.estimation.size());
+      last_sel_[h] = std::move(plan.sel);
+    } else {
+      last_sel_[h] = index::ZoneSelection{};
     }
     exact.finish(out + off);
   }
+  last_size_ = size;
+  last_steady_a_ = steady_a;
+  last_steady_b_ = steady_b;
   AttentionStats s;
   for (const auto& st : per_head) s += st;
   s.context_tokens = size * nh;
   return s;
+}
+
+template <typename Code>
+void RetroAttention::fill_zones(int h, int64_t size, int64_t steady_a, int64_t steady_b,
+                                const index::ZoneSelection& sel, const Code (&zone_code)[4], Code* zones) const {
+  std::fill(zones, zones + size, zone_code[static_cast<int>(index::Zone::kIgnored)]);
+  std::fill(zones, zones + steady_a, zone_code[static_cast<int>(index::Zone::kSteady)]);
+  std::fill(zones + steady_b, zones + size, zone_code[static_cast<int>(index::Zone::kSteady)]);
+  const index::HeadIndex& hi = index_.heads[h];
+  auto mark = [&](const std::vector<int32_t>& ids, index::Zone zone) {
+    for (int32_t j : ids)
+      for (int64_t m = hi.offsets[j]; m < hi.offsets[j + 1]; ++m) zones[hi.members[m]] = zone_code[static_cast<int>(zone)];
+  };
+  mark(sel.retrieval, index::Zone::kRetrieval);
+  mark(sel.estimation, index::Zone::kEstimation);
 }
 
 void RetroAttention::zones(const KvCache& kv, const float* q, std::vector<index::Zone>& zones) {
@@ -128,22 +155,22 @@ void RetroAttention::zones(const KvCache& kv, const float* q, std::vector<index:
   const int64_t size = kv.size();
   const int64_t steady_a = std::min(index_.indexed_begin, size);
   const int64_t steady_b = std::min(index_.indexed_end, size);
-  zones.assign(static_cast<size_t>(shape_.num_heads_kv) * size, index::Zone::kIgnored);
+  zones.resize(static_cast<size_t>(shape_.num_heads_kv) * size);
+  static constexpr index::Zone kIdentity[4] = {index::Zone::kSteady, index::Zone::kRetrieval,
+                                               index::Zone::kEstimation, index::Zone::kIgnored};
   for (int h = 0; h < shape_.num_heads_kv; ++h) {
-    index::Zone* z = zones.data() + static_cast<int64_t>(h) * size;
-    std::fill(z, z + steady_a, index::Zone::kSteady);
-    std::fill(z + steady_b, z + size, index::Zone::kSteady);
-    const index::HeadIndex& hi = index_.heads[h];
-    if (hi.num_clusters() == 0) continue;
     HeadPlan plan;
-    plan_head(h, q + static_cast<size_t>(h) * group() * shape_.head_dim, plan);
-    auto mark = [&](const std::vector<int32_t>& ids, index::Zone zone) {
-      for (int32_t j : ids)
-        for (int64_t m = hi.offsets[j]; m < hi.offsets[j + 1]; ++m) z[hi.members[m]] = zone;
-    };
-    mark(plan.sel.retrieval, index::Zone::kRetrieval);
-    mark(plan.sel.estimation, index::Zone::kEstimation);
+    if (index_.heads[h].num_clusters() > 0) plan_head(h, q + static_cast<size_t>(h) * group() * shape_.head_dim, plan);
+    fill_zones(h, size, steady_a, steady_b, plan.sel, kIdentity, zones.data() + static_cast<int64_t>(h) * size);
   }
+}
+
+bool RetroAttention::last_zones(int kvh, std::vector<uint8_t>& zones) const {
+  if (last_size_ < 0 || kvh < 0 || kvh >= shape_.num_heads_kv) return false;
+  static constexpr uint8_t kCodes[4] = {kZoneExact, kZoneExact, kZoneEstimated, kZoneIgnored};
+  zones.resize(static_cast<size_t>(last_size_));
+  fill_zones(kvh, last_size_, last_steady_a_, last_steady_b_, last_sel_[kvh], kCodes, zones.data());
+  return true;
 }
 
 std::unique_ptr<AttentionMethod> make_retro(const AttentionConfig& cfg, const AttentionShape& shape) {

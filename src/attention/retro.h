@@ -37,6 +37,10 @@ class RetroAttention final : public MethodBase {
   // (calls sync(kv) first). q: [num_heads_q, head_dim] f32. zones: out, [num_heads_kv, kv.size()] row-major.
   void zones(const KvCache& kv, const float* q, std::vector<index::Zone>& zones);
 
+  // Evaluation hook: the zones of the last decode() (steady and retrieval -> kZoneExact, estimation ->
+  // kZoneEstimated, the rest kZoneIgnored). False before the first decode and after on_prefill.
+  bool last_zones(int kvh, std::vector<uint8_t>& zones) const override;
+
   const index::WaveIndex& wave_index() const { return index_; }
   int64_t num_updates() const { return num_updates_; }  // index updates run since the index was built
 
@@ -51,7 +55,18 @@ class RetroAttention final : public MethodBase {
   void build(const KvCache& kv);
   index::KMeansParams kmeans_params() const;
 
+  // Writes the zone of every token of KV head h for a cache of `size` tokens, steady zone [0, steady_a) and
+  // [steady_b, size), and the selection sel, using the codes zone_code[steady, retrieval, estimation,
+  // ignored]. zones: out, [size].
+  template <typename Code>
+  void fill_zones(int h, int64_t size, int64_t steady_a, int64_t steady_b, const index::ZoneSelection& sel,
+                  const Code (&zone_code)[4], Code* zones) const;
+
   index::WaveIndex index_;
+  // The last decode(), for last_zones(): per KV head its selection, and the cache size and steady bounds.
+  std::vector<index::ZoneSelection> last_sel_;  // [num_heads_kv]
+  int64_t last_size_ = -1;                      // -1: no decode since the index was (re)built
+  int64_t last_steady_a_ = 0, last_steady_b_ = 0;
   bool built_ = false;
   int64_t num_updates_ = 0;
 };

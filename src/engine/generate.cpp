@@ -12,39 +12,26 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-GenerateSummary generate(const Model& model, const SessionOptions& session_opt, std::span<const int32_t> prompt,
-                         const GenerateOptions& opt, const GenerateCallbacks& cb) {
+GenerateSummary continue_generation(Session& session, std::vector<float> logits, const GenerateOptions& opt,
+                                    const GenerateCallbacks& cb) {
   RETROINFER_CHECK(opt.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", opt.max_new_tokens);
-  RETROINFER_CHECK(!prompt.empty(), "generate: empty prompt");
   RETROINFER_CHECK(opt.stop_strings.empty() || cb.token_text,
                    "generate: stop strings need a token_text callback (a detokenizer)");
-  const ModelConfig& c = model.config();
-  const int64_t need = static_cast<int64_t>(prompt.size()) + opt.max_new_tokens;
-  const int64_t model_max = model_max_context(c);
-  RETROINFER_CHECK(need <= model_max, "generate: the prompt (", prompt.size(), " tokens) plus max_new_tokens (",
-                   opt.max_new_tokens, ") is ", need, " tokens, more than the model's maximum context of ", model_max,
-                   "; shorten the prompt or lower --max-new-tokens");
-  SessionOptions so = session_opt;
-  // The last sampled token is never fed back, so the cache holds at most prompt + max_new_tokens - 1.
-  so.max_context = need;
-  Session session(model, so);
+  const ModelConfig& c = session.model().config();
+  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == c.vocab_size, "generate: logits of size ", logits.size(),
+                   ", expected vocab_size ", c.vocab_size);
   Sampler sampler(opt.sampler);
   const std::vector<int32_t>& eos = opt.eos_token_ids.empty() ? c.eos_token_ids : opt.eos_token_ids;
   StopMatcher matcher(opt.stop_strings);
-
   GenerateSummary sum;
-  sum.attention = std::string(attention_kind_name(session_opt.attention.kind));
-  sum.prompt_tokens = static_cast<int64_t>(prompt.size());
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = session.prefill(prompt, false, cb.on_prefill);
-  sum.prefill_seconds = seconds_since(t0);
+  sum.attention = std::string(attention_kind_name(session.options().attention.kind));
   const auto t1 = std::chrono::steady_clock::now();
   bool first = true;
   bool stopped = false;
   for (int i = 0; i < opt.max_new_tokens; ++i) {
     const int32_t tok = sampler.sample(logits);
     if (first) {
-      sum.time_to_first_token_s = sum.prefill_seconds + seconds_since(t1);
+      sum.time_to_first_token_s = seconds_since(t1);
       first = false;
     }
     sum.tokens.push_back(tok);
@@ -69,6 +56,11 @@ GenerateSummary generate(const Model& model, const SessionOptions& session_opt, 
       break;
     }
     if (i + 1 == opt.max_new_tokens) break;
+    if (session.position() >= session.max_context()) {
+      sum.stop_reason = StopReason::kContextFull;
+      stopped = true;
+      break;
+    }
     session.decode(tok, logits);
     ++sum.decode_steps;
     sum.exact_tokens += session.last_stats().exact_tokens;
@@ -84,11 +76,35 @@ GenerateSummary generate(const Model& model, const SessionOptions& session_opt, 
     }
   }
   sum.generated_tokens = static_cast<int64_t>(sum.tokens.size());
-  sum.prefill_tokens_per_s = sum.prefill_seconds > 0 ? sum.prompt_tokens / sum.prefill_seconds : 0.0;
   sum.decode_tokens_per_s = sum.decode_seconds > 0 ? sum.decode_steps / sum.decode_seconds : 0.0;
   sum.kv_read_share = sum.context_tokens > 0 ? static_cast<double>(sum.exact_tokens) / sum.context_tokens : 0.0;
   const double heads = static_cast<double>(sum.decode_steps) * c.num_layers * c.num_heads_kv;
   sum.mean_exact_tokens_per_head = heads > 0 ? sum.exact_tokens / heads : 0.0;
+  return sum;
+}
+
+GenerateSummary generate(const Model& model, const SessionOptions& session_opt, std::span<const int32_t> prompt,
+                         const GenerateOptions& opt, const GenerateCallbacks& cb) {
+  RETROINFER_CHECK(opt.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", opt.max_new_tokens);
+  RETROINFER_CHECK(!prompt.empty(), "generate: empty prompt");
+  RETROINFER_CHECK(opt.stop_strings.empty() || cb.token_text,
+                   "generate: stop strings need a token_text callback (a detokenizer)");
+  const int64_t need = static_cast<int64_t>(prompt.size()) + opt.max_new_tokens;
+  const int64_t model_max = model_max_context(model.config());
+  RETROINFER_CHECK(need <= model_max, "generate: the prompt (", prompt.size(), " tokens) plus max_new_tokens (",
+                   opt.max_new_tokens, ") is ", need, " tokens, more than the model's maximum context of ", model_max,
+                   "; shorten the prompt or lower --max-new-tokens");
+  SessionOptions so = session_opt;
+  so.max_context = need;  // the last sampled token is never fed back: the cache holds at most need - 1
+  Session session(model, so);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits = session.prefill(prompt, false, cb.on_prefill);
+  const double prefill_s = seconds_since(t0);
+  GenerateSummary sum = continue_generation(session, std::move(logits), opt, cb);
+  sum.prompt_tokens = static_cast<int64_t>(prompt.size());
+  sum.prefill_seconds = prefill_s;
+  sum.prefill_tokens_per_s = prefill_s > 0 ? sum.prompt_tokens / prefill_s : 0.0;
+  sum.time_to_first_token_s += prefill_s;
   return sum;
 }
 

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "attention/retro.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::eval {
@@ -61,6 +62,7 @@ struct Runner {
   MethodResult res;
   std::unique_ptr<AttentionMethod> method;
   int recall_samples = 0;  // (head, step) pairs with zones reported
+  double needle_exact = 0.0, needle_estimated = 0.0, needle_total = 0.0;  // reference mass on needles
   int err_samples = 0;
 };
 
@@ -160,6 +162,7 @@ FidelityReport run_fidelity(const FidelityOptions& o) {
     Reference ref;
     std::vector<float> out(static_cast<size_t>(hq) * d);
     std::vector<uint8_t> zones;
+    std::vector<index::Zone> retro_zones;  // [hkv, size]
     for (int s = 0; s < o.steps; ++s) {
       kv.append(&data.k_step[static_cast<size_t>(s) * hkv * d], &data.v_step[static_cast<size_t>(s) * hkv * d], 1);
       const float* q = &data.queries[static_cast<size_t>(s) * hq * d];
@@ -197,14 +200,33 @@ FidelityReport run_fidelity(const FidelityOptions& o) {
           r.res.rel_err_max = std::isnan(e) || std::isnan(r.res.rel_err_max) ? NAN : std::max(r.res.rel_err_max, e);
           ++r.err_samples;
         }
+        // Retro reports its zones through RetroAttention::zones (the same plan decode() used: the index is
+        // already in sync, so the call only re-scores the clusters).
+        auto* retro = dynamic_cast<attention::RetroAttention*>(r.method.get());
+        if (retro) retro->zones(kv, q, retro_zones);
         for (int kvh = 0; kvh < hkv; ++kvh) {
-          if (!r.method->last_zones(kvh, zones) || static_cast<int64_t>(zones.size()) != n) continue;
+          if (retro) {
+            zones.resize(n);
+            for (int64_t t = 0; t < n; ++t) {
+              const index::Zone z = retro_zones[static_cast<size_t>(kvh) * n + t];
+              zones[t] = z == index::Zone::kSteady || z == index::Zone::kRetrieval ? AttentionMethod::kZoneExact
+                         : z == index::Zone::kEstimation                            ? AttentionMethod::kZoneEstimated
+                                                                                    : AttentionMethod::kZoneIgnored;
+            }
+          } else if (!r.method->last_zones(kvh, zones) || static_cast<int64_t>(zones.size()) != n) {
+            continue;
+          }
           for (int j = 0; j < group; ++j) {
             const double* p = &ref.prob[static_cast<size_t>(kvh * group + j) * n];
             double ex = 0.0, es = 0.0;
             for (int64_t t = 0; t < n; ++t) {
               if (zones[t] == AttentionMethod::kZoneExact) ex += p[t];
               else if (zones[t] == AttentionMethod::kZoneEstimated) es += p[t];
+            }
+            for (int64_t t : data.needle_positions) {
+              r.needle_total += p[t];
+              if (zones[t] == AttentionMethod::kZoneExact) r.needle_exact += p[t];
+              if (zones[t] == AttentionMethod::kZoneEstimated) r.needle_estimated += p[t];
             }
             if (r.recall_samples == 0) r.res.recall_exact = r.res.recall_estimated = 0.0;
             r.res.recall_exact += ex;
@@ -229,9 +251,14 @@ FidelityReport run_fidelity(const FidelityOptions& o) {
         if (r.recall_samples > 0) {
           r.res.recall_exact /= r.recall_samples;
           r.res.recall_estimated /= r.recall_samples;
+          if (r.needle_total > 0.0) {
+            r.res.recall_needles = r.needle_exact / r.needle_total;
+            if (r.method->kind() == AttentionKind::kRetro)
+              r.res.recall_needles_estimated = r.needle_estimated / r.needle_total;
+          }
           if (r.method->kind() != AttentionKind::kRetro) r.res.recall_estimated = kNotMeasured;
         } else if (r.method->kind() == AttentionKind::kFull) {
-          r.res.recall_exact = 1.0;  // full reads every token by definition
+          r.res.recall_exact = r.res.recall_needles = 1.0;  // full reads every token by definition
         }
       }
       cr.methods.push_back(r.res);
@@ -258,23 +285,25 @@ std::string format_fidelity(const FidelityReport& r) {
                                               "% of the indexed tokens)")
      << " beyond the steady zone\n"
      << "err = relative L2 error of the output vs full attention (mean / max over heads and steps); recall = share "
-        "of full attention's mass on tokens read exactly (est: on estimated tokens)\n";
+        "of full attention's mass on tokens read exactly (est: on estimated tokens); needles / ndl est: share of "
+        "the needles' mass read exactly / estimated\n";
   for (const auto& c : r.contexts) {
     os << "\ncontext " << c.context << " (data: sink mass " << fmt(c.profile.sink_mass, "%.3f") << ", needle mass "
        << fmt(c.profile.needle_mass, "%.3f") << ", last-" << o.attention.window_tokens << " mass "
        << fmt(c.profile.window_mass, "%.3f") << "; generated in " << fmt(c.generate_ms / 1000, "%.1f") << " s)\n";
     char line[256];
-    std::snprintf(line, sizeof line, "%-12s %10s %9s %8s %8s %10s %7s %10s %10s\n", "method", "err mean",
-                  "err max", "recall", "est", "exact tok", "share", "ms/step", "build ms");
+    std::snprintf(line, sizeof line, "%-12s %9s %8s %7s %7s %7s %7s %9s %7s %8s %9s\n", "method", "err mean",
+                  "err max", "recall", "est", "needles", "ndl est", "exact tok", "share", "ms/step", "build ms");
     os << line;
     for (const auto& m : c.methods) {
       if (!m.error.empty()) {
         os << "  " << m.method << ": not run: " << m.error << "\n";
         continue;
       }
-      std::snprintf(line, sizeof line, "%-12s %10s %9s %8s %8s %10.0f %6.2f%% %10.1f %10.1f\n", m.method.c_str(),
-                    fmt(m.rel_err_mean, "%.4f").c_str(), fmt(m.rel_err_max, "%.4f").c_str(),
-                    fmt(m.recall_exact, "%.4f").c_str(), fmt(m.recall_estimated, "%.4f").c_str(), m.exact_tokens,
+      std::snprintf(line, sizeof line, "%-12s %9s %8s %7s %7s %7s %7s %9.0f %6.2f%% %8.1f %9.0f\n", m.method.c_str(),
+                    fmt(m.rel_err_mean, "%.4f").c_str(), fmt(m.rel_err_max, "%.3f").c_str(),
+                    fmt(m.recall_exact, "%.3f").c_str(), fmt(m.recall_estimated, "%.3f").c_str(),
+                    fmt(m.recall_needles, "%.3f").c_str(), fmt(m.recall_needles_estimated, "%.3f").c_str(), m.exact_tokens,
                     m.context_tokens > 0 ? 100.0 * m.exact_tokens / m.context_tokens : 0.0, m.ms_per_step,
                     m.build_ms);
       os << line;
@@ -311,6 +340,8 @@ std::string fidelity_json_lines(const FidelityReport& r) {
         j["rel_err_max"] = num(m.rel_err_max);
         j["recall_exact"] = num(m.recall_exact);
         j["recall_estimated"] = num(m.recall_estimated);
+        j["recall_needles"] = num(m.recall_needles);
+        j["recall_needles_estimated"] = num(m.recall_needles_estimated);
         j["exact_tokens_per_step"] = m.exact_tokens;
         j["context_tokens_per_step"] = m.context_tokens;
         j["retrieved_clusters_per_step"] = m.retrieved_clusters;

@@ -61,6 +61,8 @@ struct MethodResult {
   double rel_err_max = 0.0;                 // worst (head, step)
   double recall_exact = kNotMeasured;       // reference mass on exactly-read tokens (NaN: not reported)
   double recall_estimated = kNotMeasured;   // reference mass on estimated tokens (retro; NaN otherwise)
+  double recall_needles = kNotMeasured;     // share of the needles' reference mass read exactly
+  double recall_needles_estimated = kNotMeasured;  // share of the needles' reference mass estimated (retro)
   double exact_tokens = 0.0;                // per KV head per step (steady + selected)
   double context_tokens = 0.0;              // per KV head per step
   double retrieved_clusters = 0.0;          // per KV head per step (retro)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <string>
 
 #include "retroinfer/error.h"
 
@@ -16,9 +17,10 @@ void validate(const SyntheticConfig& c) {
   RETROINFER_CHECK(c.head_dim >= 8 && c.head_dim % 2 == 0, "synthetic: head_dim must be even and >= 8, got ",
                    c.head_dim);
   RETROINFER_CHECK(c.sink_tokens >= 1 && c.num_needles >= 0, "synthetic: need sink_tokens >= 1 and num_needles >= 0");
-  RETROINFER_CHECK(c.context_tokens >= c.sink_tokens + 256 + c.num_needles,
-                   "synthetic: context_tokens must be >= sink_tokens + 256 + num_needles (needles are placed in "
-                   "[sink, context - 256)), got ",
+  RETROINFER_CHECK(c.needle_span >= 1, "synthetic: needle_span must be >= 1, got ", c.needle_span);
+  RETROINFER_CHECK(c.context_tokens >= c.sink_tokens + 256 + 2 * int64_t{c.num_needles} * c.needle_span,
+                   "synthetic: context_tokens must be >= sink_tokens + 256 + 2 * num_needles * needle_span (needles "
+                   "are placed in [sink, context - 256)), got ",
                    c.context_tokens);
   RETROINFER_CHECK(c.decode_steps >= 1, "synthetic: decode_steps must be >= 1, got ", c.decode_steps);
   RETROINFER_CHECK(c.rope_theta > 1.0 && c.rope_llama3_factor >= 1.0,
@@ -36,9 +38,53 @@ void validate(const SyntheticConfig& c) {
     RETROINFER_CHECK(x >= 0.0 && std::isfinite(x), "synthetic: norms, noises and spreads must be finite and >= 0");
 }
 
+void set_synthetic_knob(SyntheticConfig& c, std::string_view name, double value) {
+  struct Knob {
+    std::string_view name;
+    double* d;
+    int* i;
+  };
+  const Knob knobs[] = {
+      {"rope_theta", &c.rope_theta, nullptr},           {"rope_llama3_factor", &c.rope_llama3_factor, nullptr},
+      {"semantic_pairs", &c.semantic_pairs, nullptr},   {"local_logit", &c.local_logit, nullptr},
+      {"key_bias_norm", &c.key_bias_norm, nullptr},     {"topic_key_norm", &c.topic_key_norm, nullptr},
+      {"word_key_norm", &c.word_key_norm, nullptr},     {"local_key_norm", &c.local_key_norm, nullptr},
+      {"key_noise", &c.key_noise, nullptr},             {"num_words", nullptr, &c.num_words},
+      {"word_zipf", &c.word_zipf, nullptr},             {"num_topics", nullptr, &c.num_topics},
+      {"topic_span", &c.topic_span, nullptr},           {"topic_drift", &c.topic_drift, nullptr},
+      {"topic_drift_tokens", &c.topic_drift_tokens, nullptr}, {"sink_tokens", nullptr, &c.sink_tokens},
+      {"sink_logit", &c.sink_logit, nullptr},           {"sink_key_norm", &c.sink_key_norm, nullptr},
+      {"sink_value_norm", &c.sink_value_norm, nullptr}, {"num_needles", nullptr, &c.num_needles},
+      {"needle_span", nullptr, &c.needle_span},         {"needle_logit", &c.needle_logit, nullptr},
+      {"needle_key_norm", &c.needle_key_norm, nullptr}, {"needle_value_norm", &c.needle_value_norm, nullptr},
+      {"topic_logit", &c.topic_logit, nullptr},         {"recall_topics", nullptr, &c.recall_topics},
+      {"recall_logit", &c.recall_logit, nullptr},       {"query_noise_logit", &c.query_noise_logit, nullptr},
+      {"query_drift", &c.query_drift, nullptr},         {"head_spread", &c.head_spread, nullptr},
+      {"value_topic_norm", &c.value_topic_norm, nullptr}, {"value_word_norm", &c.value_word_norm, nullptr},
+      {"value_noise", &c.value_noise, nullptr},
+  };
+  std::string all;
+  for (const Knob& k : knobs) {
+    if (k.name == name) {
+      if (k.d) {
+        *k.d = value;
+      } else {
+        RETROINFER_CHECK(value == std::floor(value) && std::abs(value) < 1e9, "synthetic: knob '", name,
+                         "' takes an integer, got ", value);
+        *k.i = static_cast<int>(value);
+      }
+      return;
+    }
+    all += (all.empty() ? "" : ", ") + std::string(k.name);
+  }
+  RETROINFER_FAIL("synthetic: unknown knob '", name, "'; knobs: ", all);
+}
+
 namespace {
 
-// splitmix64 stream with Box-Muller normals: portable, so a seed gives the same data on every platform.
+// splitmix64 stream: portable, so a seed gives the same data on every platform. normal() is the
+// Irwin-Hall sum of four uniforms from one draw, scaled to unit variance: a bell curve bounded at
+// ±2*sqrt(3) (enough for noise and random directions, ~10x cheaper than Box-Muller).
 class Rng {
  public:
   explicit Rng(uint64_t seed) : s_(seed) {}
@@ -50,21 +96,16 @@ class Rng {
   }
   double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }  // (0,1)
   double normal() {
-    if (has_spare_) {
-      has_spare_ = false;
-      return spare_;
-    }
-    const double r = std::sqrt(-2.0 * std::log(uniform()));
-    const double a = 2.0 * std::numbers::pi * uniform();
-    spare_ = r * std::sin(a);
-    has_spare_ = true;
-    return r * std::cos(a);
+    const uint64_t u = next();
+    const double sum = static_cast<double>((u & 0xffff) + ((u >> 16) & 0xffff) + ((u >> 32) & 0xffff) + (u >> 48));
+    // Each 16-bit field is uniform on [0, 65535]: mean 32767.5, variance (65536^2 - 1) / 12.
+    constexpr double kMean = 4 * 32767.5;
+    constexpr double kStd = 37837.23;  // sqrt(4 * (65536^2 - 1) / 12)
+    return (sum - kMean) / kStd;
   }
 
  private:
   uint64_t s_;
-  double spare_ = 0.0;
-  bool has_spare_ = false;
 };
 
 uint64_t stream_seed(uint64_t seed, uint64_t stream) {
@@ -132,26 +173,54 @@ struct HeadDirections {
   std::vector<float> needle, v_needle;                  // [num_needles, d]
 };
 
+// Removes from x its components along the unit rows of basis ([n, d]) and renormalises. x: [d].
+void orthogonalize(float* x, const std::vector<float>& basis, int d) {
+  const size_t n = basis.size() / d;
+  for (size_t j = 0; j < n; ++j) {
+    const float* b = &basis[j * d];
+    double dot = 0.0;
+    for (int i = 0; i < d; ++i) dot += static_cast<double>(x[i]) * b[i];
+    for (int i = 0; i < d; ++i) x[i] -= static_cast<float>(dot) * b[i];
+  }
+  normalize(x, d);
+}
+
+// Directions of one KV head. The sink owns the slowest RoPE pair (no other key or query direction has
+// energy there), so the sink score is not disturbed by content and barely rotates (0.04 rad over 128K
+// with llama3 scaling at d = 128). The needle directions are orthonormal, and the topic, word, bias and
+// recency directions have the needle span projected out, so ordinary tokens do not match the needle part
+// of the queries by accident (before RoPE; rotation re-mixes a little at long distances).
 HeadDirections make_directions(const SyntheticConfig& c, Rng& r) {
   const int d = c.head_dim, half = d / 2;
   std::vector<double> semantic(half), flat(half, 1.0), local(half, 0.0);
   for (int i = 0; i < half; ++i) semantic[i] = std::exp(-(half - 1 - i) / c.semantic_pairs);
   for (int i = half / 8; i < half / 2; ++i) local[i] = 1.0;  // pairs [d/16, d/4)
+  semantic[half - 1] = flat[half - 1] = local[half - 1] = 0.0;  // the sink pair
   HeadDirections h;
-  auto rows = [&](std::vector<float>& m, int n, const std::vector<double>& w) {
+  auto rows = [&](std::vector<float>& m, int n, const std::vector<double>& w, const std::vector<float>* avoid) {
     m.resize(static_cast<size_t>(n) * d);
-    for (int j = 0; j < n; ++j) random_direction(r, w, &m[static_cast<size_t>(j) * d]);
+    for (int j = 0; j < n; ++j) {
+      random_direction(r, w, &m[static_cast<size_t>(j) * d]);
+      if (avoid) orthogonalize(&m[static_cast<size_t>(j) * d], *avoid, d);
+    }
   };
-  rows(h.bias, 1, flat);
-  rows(h.sink, 1, semantic);
-  rows(h.local, 1, local);
-  rows(h.topic, c.num_topics, semantic);
-  rows(h.word, c.num_words, semantic);
-  rows(h.needle, c.num_needles, semantic);
-  rows(h.v_sink, 1, flat);
-  rows(h.v_topic, c.num_topics, flat);
-  rows(h.v_word, c.num_words, flat);
-  rows(h.v_needle, c.num_needles, flat);
+  h.sink.assign(d, 0.0f);
+  h.sink[half - 1] = h.sink[d - 1] = static_cast<float>(1.0 / std::sqrt(2.0));
+  h.needle.clear();
+  for (int j = 0; j < c.num_needles; ++j) {  // Gram-Schmidt: each needle orthogonal to the previous ones
+    std::vector<float> x(d);
+    random_direction(r, semantic, x.data());
+    orthogonalize(x.data(), h.needle, d);
+    h.needle.insert(h.needle.end(), x.begin(), x.end());
+  }
+  rows(h.bias, 1, flat, &h.needle);
+  rows(h.local, 1, local, &h.needle);
+  rows(h.topic, c.num_topics, semantic, &h.needle);
+  rows(h.word, c.num_words, semantic, &h.needle);
+  rows(h.v_sink, 1, flat, nullptr);
+  rows(h.v_topic, c.num_topics, flat, nullptr);
+  rows(h.v_word, c.num_words, flat, nullptr);
+  rows(h.v_needle, c.num_needles, flat, nullptr);
   return h;
 }
 
@@ -184,15 +253,18 @@ Text make_text(const SyntheticConfig& c, int64_t total, Rng& r) {
     t.word[i] = std::min(t.word[i], c.num_words - 1);
     t.relevance[i] = static_cast<float>(0.5 + r.uniform());
   }
-  const int64_t lo = c.sink_tokens, hi = c.context_tokens - 256;
-  while (static_cast<int>(t.needles.size()) < c.num_needles) {
+  // Needle j covers [start_j, start_j + needle_span); spans do not overlap and lie in [sink, context - 256).
+  const int64_t lo = c.sink_tokens, hi = c.context_tokens - 256 - c.needle_span + 1;
+  for (int j = 0; j < c.num_needles;) {
     const int64_t p = lo + static_cast<int64_t>(r.next() % static_cast<uint64_t>(hi - lo));
-    if (t.needle_of[p] >= 0) continue;
-    t.needle_of[p] = static_cast<int>(t.needles.size());
-    t.needles.push_back(p);
+    bool free = true;
+    for (int64_t x = p; x < p + c.needle_span; ++x) free &= t.needle_of[x] < 0;
+    if (!free) continue;
+    for (int64_t x = p; x < p + c.needle_span; ++x) t.needle_of[x] = j;
+    ++j;
   }
-  std::sort(t.needles.begin(), t.needles.end());
-  for (size_t j = 0; j < t.needles.size(); ++j) t.needle_of[t.needles[j]] = static_cast<int>(j);
+  for (int64_t x = 0; x < total; ++x)
+    if (t.needle_of[x] >= 0) t.needles.push_back(x);
   const int64_t recall_hi = std::max<int64_t>(lo + 1, static_cast<int64_t>(0.9 * c.context_tokens));
   for (int j = 0; j < c.recall_topics; ++j)
     t.recall_pos.push_back(lo + static_cast<int64_t>(r.next() % static_cast<uint64_t>(recall_hi - lo)));
@@ -290,9 +362,12 @@ SyntheticData generate_synthetic(const SyntheticConfig& c, KvCache& kv) {
           axpy(static_cast<float>(c.sink_value_norm), hd.v_sink.data(), v, d);
         } else if (t < ctx && text.needle_of[t] >= 0) {
           const size_t j = static_cast<size_t>(text.needle_of[t]);
+          const size_t w = static_cast<size_t>(text.word[t]);
           axpy(static_cast<float>(c.key_bias_norm), hd.bias.data(), k, d);
           axpy(static_cast<float>(c.needle_key_norm), &hd.needle[j * d], k, d);
+          axpy(static_cast<float>(c.word_key_norm), &hd.word[w * d], k, d);
           axpy(static_cast<float>(c.needle_value_norm), &hd.v_needle[j * d], v, d);
+          axpy(static_cast<float>(c.value_word_norm), &hd.v_word[w * d], v, d);
         } else {
           const size_t w = static_cast<size_t>(text.word[t]);
           axpy(static_cast<float>(c.key_bias_norm), hd.bias.data(), k, d);
@@ -342,6 +417,7 @@ SyntheticData generate_synthetic(const SyntheticConfig& c, KvCache& kv) {
         }
         float* q = &out.queries[(static_cast<size_t>(s) * c.num_heads_q + static_cast<size_t>(h) * group + j) * d];
         for (int x = 0; x < d; ++x) q[x] = static_cast<float>(q_noise * n[x]);
+        q[half - 1] = q[d - 1] = 0.0f;  // the sink pair carries only the sink part
         axpy(static_cast<float>(g_topic * a_topic), &centre_at_step[h][static_cast<size_t>(s) * d], q, d);
         for (int k = 0; k < c.recall_topics; ++k)
           axpy(static_cast<float>(g_recall * a_recall), &centre_recall[h][static_cast<size_t>(k) * d], q, d);
@@ -349,10 +425,8 @@ SyntheticData generate_synthetic(const SyntheticConfig& c, KvCache& kv) {
           axpy(static_cast<float>(g_needle * a_needle * std::max(0.0, 1.0 + 0.3 * w[k])),
                &hd.needle[static_cast<size_t>(k) * d], q, d);
         axpy(static_cast<float>(a_local), hd.local.data(), q, d);
-        apply_rope(q, ctx + s, freqs);
-        // The sink part is added after RoPE, aligned with token 0's stored key (whose rotation is the
-        // identity), so every query scores the sink the same at any distance, as trained models do.
         axpy(static_cast<float>(g_sink * a_sink), hd.sink.data(), q, d);
+        apply_rope(q, ctx + s, freqs);
       }
     }
   }

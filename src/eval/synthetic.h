@@ -8,14 +8,16 @@
 //     needles, the sink) lives mostly in the low-frequency RoPE pairs, which rotate little over long
 //     distances (as measured in trained models); a "local" component lives in mid-frequency pairs and
 //     gives the usual recency bias that fades over ~1000 tokens.
-//   - Attention sinks: the first tokens have large keys in a direction every query shares, so they attract
-//     a large share of the mass whatever the content.
+//   - Attention sinks: the first tokens have large keys in a direction every query shares (the slowest
+//     RoPE pair, reserved for it), so they attract a large share of the mass whatever the content.
 //   - Topics: the text is a sequence of segments (geometric lengths); each segment is about one topic of a
 //     pool (topics recur). A token's key = shared key bias + topic centre + word prototype (Zipf
 //     vocabulary, so keys repeat) + recency part + noise. Topic centres drift slowly with position (an
 //     Ornstein-Uhlenbeck walk per KV head), so the same topic far apart is similar but not identical.
 //   - Needles: a few tokens at random positions with distinctive keys and values that the queries target
 //     strongly (retrieval heads). Their values are distinctive, so missing them costs output accuracy.
+//     Needle directions are orthonormal and projected out of every other key direction, so that ordinary
+//     tokens do not match a query's needle part by accident.
 //   - Values correlate with the keys' topic and word (plus noise); sink values are small.
 //   - Queries: each decode step's query mixes the sink direction, the current topic (the topic at the
 //     decode position), a few earlier topics the answer refers back to, the needle directions, the recency
@@ -26,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "retroinfer/kv_cache.h"
@@ -53,7 +56,7 @@ struct SyntheticConfig {
   double semantic_pairs = 8.0;
   // The recency direction uses pairs [d/16, d/4) (rotation 0.19 .. 0.0014 rad/token at d = 128), so its
   // logit boost is local_logit at distance 0 and fades to noise beyond ~1000 tokens.
-  double local_logit = 2.0;
+  double local_logit = 4.0;
 
   // Keys (norms of the pre-RoPE components; a real key has norm ~10-20 at d = 128).
   double key_bias_norm = 6.0;   // per-head shared offset of every key (real keys have a large mean)
@@ -70,17 +73,20 @@ struct SyntheticConfig {
   double topic_drift = 0.5;        // stationary norm of the drift added to a (unit) topic centre
   double topic_drift_tokens = 4096.0;  // correlation length of the drift in tokens
 
-  // Sinks: the first sink_tokens tokens. Token 0 scores sink_logit (sink_key_norm along the sink
-  // direction), the others half of it. Their values have norm sink_value_norm.
+  // Sinks: the first sink_tokens tokens. Token 0 scores sink_logit times the head's gain (sink_key_norm
+  // along the sink direction), the others half of it. Their values have norm sink_value_norm.
   int sink_tokens = 4;
-  double sink_logit = 8.0;
+  double sink_logit = 10.0;
   double sink_key_norm = 30.0;
   double sink_value_norm = 0.2;
 
-  // Needles: num_needles tokens at uniform random positions in [sink_tokens, context - 256). Key:
-  // needle_key_norm along needle direction j (plus key noise). A query head with needle gain 1 scores a
-  // needle at needle_logit when its AR weight for that needle is 1.
+  // Needles: num_needles spans of needle_span consecutive tokens at uniform random positions in
+  // [sink_tokens, context - 256). Key: key bias + needle_key_norm along needle direction j + a word
+  // component + key noise; value: needle_value_norm along needle value j + a word component. A query head
+  // with needle gain 1 scores a needle token at needle_logit when its AR weight for that needle is 1.
+  // needle_span 1: isolated tokens (a single fact token); > 1: a needle sentence whose tokens share the fact.
   int num_needles = 4;
+  int needle_span = 1;
   double needle_logit = 12.0;
   double needle_key_norm = 12.0;
   double needle_value_norm = 3.0;
@@ -98,6 +104,10 @@ struct SyntheticConfig {
   double value_word_norm = 0.5;
   double value_noise = 0.05;  // per-dimension std
 };
+// Sets one knob by its field name (e.g. "needle_span", "topic_logit") from a decimal value; the shape,
+// context, steps and seed fields are not settable this way. Throws Error naming the knobs on a bad name.
+void set_synthetic_knob(SyntheticConfig& c, std::string_view name, double value);
+
 // Throws Error on out-of-range knobs (non-positive sizes, odd head_dim, context shorter than needs, ...).
 void validate(const SyntheticConfig& c);
 
@@ -108,7 +118,7 @@ struct SyntheticData {
   std::vector<float> k_step;   // [decode_steps, num_heads_kv, head_dim] f32, post-RoPE (position context+s)
   std::vector<float> v_step;   // [decode_steps, num_heads_kv, head_dim] f32
   std::vector<float> queries;  // [decode_steps, num_heads_q, head_dim] f32, post-RoPE (position context+s)
-  std::vector<int64_t> needle_positions;  // [num_needles], ascending token positions in the prompt
+  std::vector<int64_t> needle_positions;  // [num_needles * needle_span], ascending token positions
   std::vector<int> token_topic;           // [context_tokens + decode_steps]: topic id of every token
   std::vector<int> recall_topic_ids;      // [recall_topics]: the earlier topics the queries refer to
 };

@@ -16,12 +16,15 @@
 // The membership kept is the one of the last assignment step, so after a global step every centroid of a
 // non-empty cluster is the mean of its member keys. With no iteration at all (both counts 0) the keys are
 // assigned once, within their segment, to the initial centroids.
+// The runs are prefixes of each other: segment_iters = t with global_iters = 0 returns the state after t
+// spherical iterations (centroids = unit centred centroid + mu), so a kernel can be checked step by step.
 //
 // Cost: segment step O(segment_iters * n * (segment_tokens / tokens_per_cluster) * d); global step
 // O(global_iters * n * num_clusters * d) = O(n^2 d / tokens_per_cluster), the dominant term at long
-// context. Both use cblas_sgemm on blocks of rows (scores of one block: at most ~16 MiB) and OpenMP for the
-// argmax and the centroid sums; they must not be called from inside an OpenMP parallel region (OpenBLAS
-// threads itself).
+// context. Both use cblas_sgemm on blocks of rows (scores of one block: a few MiB). All parallelism is
+// OpenBLAS's own threads inside sgemm; the argmax and the centroid sums run in the calling thread, because
+// alternating OpenMP regions with threaded sgemm calls made the two thread pools spin against each other
+// (perf on the 2-core dev machine: a third of the samples in libgomp's wait loop).
 #pragma once
 
 #include <cstdint>

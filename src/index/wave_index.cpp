@@ -79,18 +79,20 @@ void score_clusters(const HeadIndex& hi, const float* q, int group, float scale,
     for (int g = 0; g < group; ++g) logits[static_cast<int64_t>(g) * k + j] = dot(q + static_cast<int64_t>(g) * d, c, d) * scale;
     scores[j] = hi.sizes[j] > 0 ? 0.0f : kNegInf;
   }
+  std::vector<float> p(k);  // [num_clusters] unnormalised softmax of one query head
   for (int g = 0; g < group; ++g) {
     const float* lg = logits + static_cast<int64_t>(g) * k;
     float m = kNegInf;
     for (int j = 0; j < k; ++j)
       if (hi.sizes[j] > 0) m = std::max(m, lg[j]);
-    if (m == kNegInf) continue;  // no non-empty cluster
+    if (!(m > kNegInf)) continue;  // no non-empty cluster (or NaN logits)
     double sum = 0.0;
-    for (int j = 0; j < k; ++j)
-      if (hi.sizes[j] > 0) sum += std::exp(lg[j] - m);
+    for (int j = 0; j < k; ++j) {
+      p[j] = hi.sizes[j] > 0 ? std::exp(lg[j] - m) : 0.0f;
+      sum += p[j];
+    }
     const float inv = static_cast<float>(1.0 / sum);
-    for (int j = 0; j < k; ++j)
-      if (hi.sizes[j] > 0) scores[j] += std::exp(lg[j] - m) * inv;
+    for (int j = 0; j < k; ++j) scores[j] += p[j] * inv;  // -inf + 0 stays -inf for empty clusters
   }
 }
 
@@ -120,7 +122,6 @@ void load_rows(const KvCache& kv, int h, int64_t begin, int64_t end, std::vector
   const int64_t n = end - begin;
   keys.resize(static_cast<size_t>(n) * d);
   values.resize(static_cast<size_t>(n) * d);
-#pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < n; ++t) {
     kv.load_key(h, begin + t, keys.data() + t * d);
     kv.load_value(h, begin + t, values.data() + t * d);

@@ -68,7 +68,7 @@ struct WaveIndex {
 };
 
 // Clusters tokens [begin, end) of KV head h of kv with segmented k-means and appends them to hi.
-// Runs sequentially in the caller (the k-means parallelises inside); not from an OpenMP parallel region.
+// Runs in the caller's thread; the k-means's sgemm calls are threaded by OpenBLAS.
 void index_tokens(const KvCache& kv, int h, int64_t begin, int64_t end, const KMeansParams& p, HeadIndex& hi);
 // Same with one segment of exactly num_clusters clusters (index updates).
 void index_block(const KvCache& kv, int h, int64_t begin, int64_t end, int num_clusters, const KMeansParams& p,

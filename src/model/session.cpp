@@ -118,6 +118,19 @@ Session::Session(const Model& model, const SessionOptions& opt) : model_(model),
 
 Session::~Session() = default;
 
+std::unique_ptr<Session> Session::fork(const AttentionConfig& attention) const {
+  RETROINFER_CHECK(prefilled_, "session: fork needs a prefilled session");
+  SessionOptions o = opt_;
+  o.attention = attention;
+  o.max_context = max_context_;
+  auto s = std::make_unique<Session>(model_, o);
+  s->kv_ = kv_;
+  s->pos_ = pos_;
+  for (size_t l = 0; l < s->kv_.size(); ++l) s->attn_[l]->on_prefill(s->kv_[l]);
+  s->prefilled_ = true;
+  return s;
+}
+
 const KvCache& Session::kv(int layer) const {
   RETROINFER_CHECK(layer >= 0 && layer < static_cast<int>(kv_.size()), "session: layer ", layer, " out of range");
   return kv_[layer];
@@ -147,22 +160,6 @@ std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_lo
   for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
   prefilled_ = true;
   return logits;
-}
-
-std::unique_ptr<Session> Session::fork(const AttentionConfig& attention) const {
-  RETROINFER_CHECK(pos_ > 0, "session: fork needs a prefilled session (it copies the prompt's KV cache)");
-  SessionOptions so = opt_;
-  so.attention = attention;
-  so.max_context = max_context_;
-  auto f = std::make_unique<Session>(model_, so);
-  for (size_t l = 0; l < kv_.size(); ++l) {
-    f->kv_[l] = kv_[l];
-    f->kv_[l].reserve(max_context_);
-    if (prefilled_) f->attn_[l]->on_prefill(f->kv_[l]);
-  }
-  f->pos_ = pos_;
-  f->prefilled_ = prefilled_;
-  return f;
 }
 
 void Session::decode(int32_t token, std::span<float> logits) {

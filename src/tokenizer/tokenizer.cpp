@@ -42,7 +42,6 @@ std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
   impl->types.assign(n, TokenType::kUndefined);
 
   const ByteLevelMap& bl = ByteLevelMap::instance();
-  impl->vocab.reserve(spec.vocab.size());
   for (auto& [text, id] : spec.vocab) {
     RETROINFER_CHECK(impl->types[id] == TokenType::kUndefined, "tokenizer ", origin, ": id ", id,
                      " is used by two vocabulary entries ('", impl->texts[id], "' and '", text, "')");
@@ -50,7 +49,6 @@ std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
     if (!bl.decode(text, piece)) piece = text;  // not byte-level text: its own bytes (as HF's decoder does)
     impl->pieces[id] = std::move(piece);
     impl->types[id] = TokenType::kNormal;
-    impl->vocab.emplace(text, id);
     impl->texts[id] = std::move(text);
   }
   for (const auto& a : spec.added) {
@@ -58,32 +56,33 @@ std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
     impl->pieces[a.id] = a.content;
     impl->types[a.id] = a.special ? TokenType::kControl : TokenType::kUserDefined;
   }
-  impl->all_texts.reserve(n);
+  // texts is final from here on: the indexes point into it. A repeated text keeps its first id.
+  impl->vocab.reset(&impl->texts, spec.vocab.size());
+  for (const auto& entry : spec.vocab) {
+    if (impl->types[entry.second] == TokenType::kNormal) impl->vocab.insert(entry.second, /*overwrite=*/false);
+  }
+  impl->all_texts.reset(&impl->texts, n);
   for (size_t id = 0; id < n; ++id) {
-    if (impl->types[id] == TokenType::kNormal) impl->all_texts.emplace(impl->texts[id], static_cast<TokenId>(id));
+    if (impl->types[id] == TokenType::kNormal) impl->all_texts.insert(static_cast<TokenId>(id), false);
   }
-  for (const auto& a : spec.added) impl->all_texts[a.content] = a.id;
+  for (const auto& a : spec.added) impl->all_texts.insert(a.id, /*overwrite=*/true);
 
-  for (int b = 0; b < 256; ++b) {
-    auto it = impl->vocab.find(bl.byte_to_text(static_cast<uint8_t>(b)));
-    impl->byte_ids[b] = it == impl->vocab.end() ? -1 : it->second;
-  }
+  for (int b = 0; b < 256; ++b) impl->byte_ids[b] = impl->vocab.find(bl.byte_to_text(static_cast<uint8_t>(b)));
 
   impl->merges.reserve(spec.merges.size());
   std::string joined;
   for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
     const auto& [left, right] = spec.merges[rank];
-    auto l = impl->vocab.find(left);
-    auto r = impl->vocab.find(right);
+    const TokenId l = impl->vocab.find(left);
+    const TokenId r = impl->vocab.find(right);
     joined = left;
     joined += right;
-    auto m = impl->vocab.find(joined);
-    RETROINFER_CHECK(l != impl->vocab.end() && r != impl->vocab.end() && m != impl->vocab.end(), "tokenizer ",
+    const TokenId m = impl->vocab.find(joined);
+    RETROINFER_CHECK(l >= 0 && r >= 0 && m >= 0, "tokenizer ",
                      origin, ": merge #", rank, " '", left, " ", right, "' uses a token missing from the vocabulary",
                      "; the file is inconsistent");
     // A repeated pair keeps its first (lowest) rank, as Hugging Face does.
-    impl->merges.emplace(merge_key(l->second, r->second),
-                         MergeEntry{static_cast<int32_t>(rank), m->second});
+    impl->merges.insert(merge_key(l, r), MergeEntry{static_cast<int32_t>(rank), m});
   }
 
   impl->added = std::move(spec.added);
@@ -101,10 +100,9 @@ std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
   impl->add_prefix_space = spec.add_prefix_space;
   impl->ignore_merges = spec.ignore_merges;
   if (spec.unk) {
-    auto it = impl->all_texts.find(*spec.unk);
-    RETROINFER_CHECK(it != impl->all_texts.end(), "tokenizer ", origin, ": unk_token '", *spec.unk,
-                     "' is not in the vocabulary");
-    impl->unk = it->second;
+    const TokenId unk = impl->all_texts.find(*spec.unk);
+    RETROINFER_CHECK(unk >= 0, "tokenizer ", origin, ": unk_token '", *spec.unk, "' is not in the vocabulary");
+    impl->unk = unk;
   }
   impl->fuse_unk = spec.fuse_unk;
   impl->prefix = std::move(spec.prefix);
@@ -113,9 +111,8 @@ std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
   for (TokenId id : impl->suffix) impl->check_id(id, "special suffix token");
 
   auto find = [&](std::string_view text) -> std::optional<TokenId> {
-    auto it = impl->all_texts.find(std::string(text));
-    if (it == impl->all_texts.end()) return std::nullopt;
-    return it->second;
+    const TokenId id = impl->all_texts.find(text);
+    return id < 0 ? std::nullopt : std::optional<TokenId>(id);
   };
   impl->bos = spec.bos ? spec.bos : find("<|begin_of_text|>");
   if (!impl->bos && !impl->prefix.empty()) impl->bos = impl->prefix.front();
@@ -140,7 +137,7 @@ std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
 }
 
 ChatFormat detect_chat_format_from_vocab(const Tokenizer::Impl& impl) {
-  auto has = [&](const char* t) { return impl.all_texts.count(t) > 0; };
+  auto has = [&](const char* t) { return impl.all_texts.find(t) >= 0; };
   if (has("<|start_header_id|>") && has("<|eot_id|>")) return ChatFormat::kLlama3;
   if (has("<|im_start|>")) {
     if (has("<think>")) return ChatFormat::kQwen3;
@@ -173,6 +170,8 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<TokenId>& out) cons
     TokenId result;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
+  RETROINFER_CHECK(word.size() < (1u << 31), "tokenizer: a single pre-token of ", word.size(),
+                   " bytes is too long for BPE (int32 positions)");
   std::vector<Symbol> sym;
   sym.reserve(word.size());
   for (unsigned char b : word) {
@@ -194,8 +193,8 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<TokenId>& out) cons
   auto push_pair = [&](int32_t pos) {
     const int32_t nx = sym[pos].next;
     if (nx < 0) return;
-    auto it = merges.find(tokenizer::merge_key(sym[pos].id, sym[nx].id));
-    if (it != merges.end()) heap.push(Candidate{it->second.rank, pos, it->second.result});
+    const tokenizer::MergeEntry* m = merges.find(tokenizer::merge_key(sym[pos].id, sym[nx].id));
+    if (m != nullptr) heap.push(Candidate{m->rank, pos, m->result});
   };
   for (int32_t i = 0; i + 1 < n; ++i) push_pair(i);
   while (!heap.empty()) {
@@ -203,8 +202,8 @@ void Tokenizer::Impl::bpe(std::string_view word, std::vector<TokenId>& out) cons
     heap.pop();
     Symbol& s = sym[c.pos];
     if (!s.alive || s.next < 0) continue;
-    auto it = merges.find(tokenizer::merge_key(s.id, sym[s.next].id));
-    if (it == merges.end() || it->second.result != c.result) continue;  // stale: the pair changed
+    const tokenizer::MergeEntry* m = merges.find(tokenizer::merge_key(s.id, sym[s.next].id));
+    if (m == nullptr || m->result != c.result) continue;  // stale: the pair changed
     Symbol& right = sym[s.next];
     right.alive = false;
     s.id = c.result;
@@ -235,8 +234,8 @@ void Tokenizer::Impl::encode_word(std::string_view word, std::vector<TokenId>& o
   if (ignore_merges) {
     std::string mapped;
     ByteLevelMap::instance().encode(word, mapped);
-    auto it = vocab.find(mapped);
-    if (it != vocab.end()) ids.push_back(it->second);
+    const TokenId id = vocab.find(mapped);
+    if (id >= 0) ids.push_back(id);
   }
   if (ids.empty()) bpe(word, ids);
   out.insert(out.end(), ids.begin(), ids.end());
@@ -349,9 +348,8 @@ const std::string& Tokenizer::token_text(TokenId id) const {
 }
 
 std::optional<TokenId> Tokenizer::token_to_id(std::string_view token_text) const {
-  auto it = impl_->all_texts.find(std::string(token_text));
-  if (it == impl_->all_texts.end()) return std::nullopt;
-  return it->second;
+  const TokenId id = impl_->all_texts.find(token_text);
+  return id < 0 ? std::nullopt : std::optional<TokenId>(id);
 }
 
 TokenType Tokenizer::token_type(TokenId id) const {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "retroinfer/tokenizer.h"
+#include "tokenizer/flat_map.h"
 #include "tokenizer/pre_tokenizer.h"
 
 namespace retroinfer {
@@ -55,9 +56,9 @@ struct Tokenizer::Impl {
   std::vector<std::string> texts;   // [vocab_size] vocabulary string per id ("" for a hole)
   std::vector<std::string> pieces;  // [vocab_size] decoded bytes per id
   std::vector<TokenType> types;     // [vocab_size]; kUndefined marks a hole (id used by no token)
-  std::unordered_map<std::string, TokenId> vocab;        // BPE vocabulary: mapped text -> id
-  std::unordered_map<std::string, TokenId> all_texts;    // every token text -> id (added tokens win)
-  std::unordered_map<uint64_t, tokenizer::MergeEntry> merges;  // key (left << 32 | right)
+  tokenizer::StringIdIndex vocab;      // BPE vocabulary (kNormal tokens): mapped text -> id, into texts
+  tokenizer::StringIdIndex all_texts;  // every token text -> id (added tokens win), into texts
+  tokenizer::FlatU64Map<tokenizer::MergeEntry> merges;  // key (left << 32 | right) -> rank, result
   std::array<TokenId, 256> byte_ids{};                   // id of each single-byte token, -1 if missing
   std::vector<tokenizer::AddedToken> added;
   std::array<std::vector<uint32_t>, 256> added_by_first_byte;  // indices into added, longest first

@@ -141,6 +141,47 @@ TEST(KMeans, SegmentsRespectedWithoutGlobalStep) {
   }
 }
 
+TEST(KMeans, GlobalStepAssignsTheBestCentroid) {
+  // A run with global_iters = 0 exposes the centroids the global step assigns against (the runs are
+  // prefixes of each other); every token must then sit in the cluster of largest inner product. Cluster
+  // counts with tails around the 8-lane argmax: 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 127, 129.
+  const int64_t n = 600;
+  const int d = 20;
+  Data data = clustered(n, d, 25, 17);
+  std::vector<double> mu(d, 0.0);
+  for (int64_t t = 0; t < n; ++t)
+    for (int i = 0; i < d; ++i) mu[i] += data.keys[t * d + i] / static_cast<double>(n);
+  for (int k : {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 127, 129}) {
+    SCOPED_TRACE(testing::Message() << "clusters " << k);
+    const ClusterIndex before =
+        retroinfer::index::block_kmeans(data.keys.data(), data.values.data(), n, d, k, {16, 8192, 2, 0});
+    const ClusterIndex after =
+        retroinfer::index::block_kmeans(data.keys.data(), data.values.data(), n, d, k, {16, 8192, 2, 1});
+    std::vector<double> u(static_cast<size_t>(k) * d);  // unit centred centroids before the global step
+    for (int j = 0; j < k; ++j) {
+      double nrm = 0.0;
+      for (int i = 0; i < d; ++i) {
+        u[j * d + i] = before.centroids[j * d + i] - mu[i];
+        nrm += u[j * d + i] * u[j * d + i];
+      }
+      for (int i = 0; i < d; ++i) u[j * d + i] /= std::sqrt(nrm);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      double best = -INFINITY, norm = 0.0;
+      std::vector<double> sc(k);
+      for (int j = 0; j < k; ++j) {
+        sc[j] = 0.0;
+        for (int i = 0; i < d; ++i) sc[j] += (data.keys[t * d + i] - mu[i]) * u[j * d + i];
+        best = std::max(best, sc[j]);
+      }
+      for (int i = 0; i < d; ++i) norm += (data.keys[t * d + i] - mu[i]) * (data.keys[t * d + i] - mu[i]);
+      // f32 scores of |x| ~ 10 (d = 20, spread 2) carry ~1e-6 relative rounding, and the centroids were
+      // de-centred and re-centred in f32: 1e-5 * |x| separates near-ties from a wrong pick.
+      EXPECT_GE(sc[after.assignment[t]], best - 1e-5 * std::sqrt(norm)) << "token " << t;
+    }
+  }
+}
+
 TEST(KMeans, CentroidsAreMemberMeansAfterGlobalStep) {
   const int64_t n = 900;
   const int d = 32;

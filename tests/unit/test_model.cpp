@@ -11,11 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "engine/model_tokenizer.h"
+#include "io/model_locator.h"
 #include "model/prefill_attention.h"
 #include "model/weights.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/model.h"
+#include "retroinfer/model_file.h"
+#include "retroinfer/sampler.h"
 
 namespace retroinfer {
 namespace {
@@ -100,6 +104,22 @@ TEST(ModelLoad, WrongShapeIsNamed) {
   const std::string msg = error_of([&] { Model::load(d.string()); });
   EXPECT_NE(msg.find("model.embed_tokens.weight"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[512, 64]"), std::string::npos) << msg;
+}
+
+TEST(ModelLoad, TokenizerOfTheModel) {
+  REQUIRE_TINY();
+  auto f = ModelFile::open(kTiny.string());  // safetensors without tokenizer.json beside it
+  EXPECT_NE(error_of([&] { load_model_tokenizer(*f); }).find("tokenizer.json"), std::string::npos);
+  std::string gguf;
+  try {
+    gguf = locate_model("smollm2");
+  } catch (const Error&) {
+    GTEST_SKIP() << "SmolLM2 not installed";
+  }
+  auto g = ModelFile::open(gguf);  // GGUF: the vocabulary comes from the metadata
+  auto tok = load_model_tokenizer(*g);
+  EXPECT_EQ(tok->vocab_size(), g->config().vocab_size);
+  EXPECT_EQ(tok->decode(tok->encode("In the beginning")), "In the beginning");
 }
 
 TEST(ModelLoad, MemoryRefusals) {
@@ -218,6 +238,36 @@ TEST(PrefillAttention, MatchesReference) {
   }
 }
 
+// retro inside the model: with every cluster retrieved (and nothing estimated) it is exact attention, so
+// the decode logits equal full attention's; with the paper budgets it reads a fraction of the cache.
+TEST(ModelForward, RetroWithFullRetrievalEqualsFull) {
+  REQUIRE_TINY();
+  auto m = Model::load(kTiny.string());
+  const int64_t vocab = m->config().vocab_size;
+  const std::vector<int32_t> toks = reference_tokens();  // 300 tokens: 232 indexed beyond sink 4 + window 64
+  SessionOptions r = full();
+  r.attention.kind = AttentionKind::kRetro;
+  r.attention.retrieval_fraction = 1.0;
+  r.attention.estimation_fraction = 0.0;
+  Session a(*m, full()), b(*m, r);
+  std::vector<float> la = a.prefill(toks), lb = b.prefill(toks);
+  for (int step = 0; step < 8; ++step) {
+    const int32_t t = argmax(la);
+    a.decode(t, la);
+    b.decode(t, lb);
+    // Same tokens in another summation order (cluster by cluster): f32 rounding only.
+    ASSERT_LT(rel_diff(lb.data(), la.data(), vocab), 1e-5) << "step " << step;
+    EXPECT_EQ(b.last_stats().exact_tokens, b.last_stats().context_tokens);
+  }
+  SessionOptions paper = full();
+  paper.attention.kind = AttentionKind::kRetro;
+  Session c(*m, paper);
+  std::vector<float> lc = c.prefill(toks);
+  c.decode(argmax(lc), lc);
+  EXPECT_LT(c.last_stats().exact_tokens, c.last_stats().context_tokens);
+  for (float x : lc) ASSERT_TRUE(std::isfinite(x));
+}
+
 class GenerateTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -232,7 +282,12 @@ class GenerateTest : public ::testing::Test {
     greedy_ = generate(*model_, so_, prompt_, go).tokens;
     ASSERT_EQ(greedy_.size(), 12u);
   }
-  static std::string text_of(int32_t t) { return "<" + std::to_string(t) + ">"; }
+  static std::string text_of(int32_t t) {
+    std::string s = "<";  // built step by step: GCC 12 warns (-Wrestrict, falsely) on "<" + to_string(t)
+    s += std::to_string(t);
+    s += '>';
+    return s;
+  }
   std::unique_ptr<Model> model_;
   std::vector<int32_t> prompt_, greedy_;
   SessionOptions so_;
@@ -305,6 +360,24 @@ TEST_F(GenerateTest, StopsOnEosStopStringAndCallback) {
 
   go.stop_strings = {"x"};
   EXPECT_THROW(generate(*model_, so_, prompt_, go), Error);  // stop strings need a detokenizer
+}
+
+TEST_F(GenerateTest, ForkedSessionContinuesLikeAFreshOne) {
+  SessionOptions so = so_;
+  so.max_context = 64 + 12;
+  Session base(*model_, so);
+  const std::vector<float> logits = base.prefill(prompt_);
+  auto forked = base.fork(so_.attention);
+  GenerateOptions go;
+  go.max_new_tokens = 12;
+  go.ignore_eos = true;
+  const GenerateSummary s = continue_generation(*forked, logits, go);
+  EXPECT_EQ(s.tokens, greedy_);
+  EXPECT_EQ(s.decode_steps, 11);
+  EXPECT_EQ(base.position(), 64);  // the original keeps its own cache
+  EXPECT_EQ(forked->position(), 64 + 11);
+  Session fresh(*model_, so);
+  EXPECT_THROW(fresh.fork(so_.attention), Error);  // nothing prefilled yet
 }
 
 TEST_F(GenerateTest, SeededSamplingRepeats) {

@@ -210,6 +210,20 @@ void check_zones(RetroAttention& retro, const KvCache& kv, const float* q, const
       estimated_clusters += z == Zone::kEstimation;
     }
   }
+  // The evaluation hook reports the same zones for the decode that just ran.
+  std::vector<uint8_t> last;
+  for (int h = 0; h < kv.num_heads_kv(); ++h) {
+    ASSERT_TRUE(retro.last_zones(h, last));
+    ASSERT_EQ(static_cast<int64_t>(last.size()), n);
+    for (int64_t t = 0; t < n; ++t) {
+      const Zone z = zones[static_cast<size_t>(h) * n + t];
+      const uint8_t want = z == Zone::kSteady || z == Zone::kRetrieval ? RetroAttention::kZoneExact
+                           : z == Zone::kEstimation                   ? RetroAttention::kZoneEstimated
+                                                                      : RetroAttention::kZoneIgnored;
+      ASSERT_EQ(last[t], want) << "head " << h << " token " << t;
+    }
+  }
+  EXPECT_FALSE(retro.last_zones(kv.num_heads_kv(), last));
   EXPECT_EQ(exact, st.exact_tokens);
   EXPECT_EQ(retrieved_clusters, st.retrieved_clusters);
   EXPECT_EQ(estimated_clusters, st.estimated_clusters);
@@ -240,6 +254,8 @@ TEST(Retro, IndexUpdatesWhileDecoding) {
       retro.on_prefill(kv);
       retro_exact.on_prefill(kv);
     }
+    std::vector<uint8_t> no_zones;
+    EXPECT_FALSE(retro.last_zones(0, no_zones));  // no decode yet
     // Prompt 100: [4, 92) indexed = 88 tokens in segments of 128 -> ceil(88 / 8) = 11 clusters.
     const int clusters0 = prompt > 0 ? 11 : 0;
     const int64_t end0 = prompt > 0 ? 92 : 4;
@@ -339,4 +355,23 @@ TEST(Retro, BadArgumentsThrow) {
   EXPECT_THROW(r.decode(kv, q.data(), out.data()), Error);
   r.on_prefill(kv);  // re-prefill recovers
   EXPECT_NO_THROW(r.decode(kv, q.data(), out.data()));
+}
+
+TEST(Retro, ZoneBudgets) {
+  using retroinfer::index::zone_budget;
+  auto b = zone_budget(8192, 0.018, 0.232);  // paper defaults at 128K tokens
+  EXPECT_EQ(b.n_retrieval, 148);             // ceil(147.456)
+  EXPECT_EQ(b.n_estimation, 1901);           // ceil(1900.544)
+  b = zone_budget(10, 0.3, 0.7);             // 0.3 * 10 = 3.0000000000000004 in double: still 3
+  EXPECT_EQ(b.n_retrieval, 3);
+  EXPECT_EQ(b.n_estimation, 7);
+  b = zone_budget(10, 0.01, 0.0);  // a positive fraction retrieves at least one cluster
+  EXPECT_EQ(b.n_retrieval, 1);
+  EXPECT_EQ(b.n_estimation, 0);
+  b = zone_budget(5, 1.0, 0.5);  // estimation capped by what retrieval left
+  EXPECT_EQ(b.n_retrieval, 5);
+  EXPECT_EQ(b.n_estimation, 0);
+  b = zone_budget(0, 0.5, 0.5);
+  EXPECT_EQ(b.n_retrieval + b.n_estimation, 0);
+  EXPECT_THROW(zone_budget(10, 1.5, 0.0), retroinfer::Error);
 }

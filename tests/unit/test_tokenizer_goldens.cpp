@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 
 #include "retroinfer/error.h"
 #include "retroinfer/tokenizer.h"
@@ -57,7 +58,11 @@ class RealTokenizer : public ::testing::Test {
   static std::unique_ptr<Tokenizer> load(const std::string& name) {
     const auto path = asset_tokenizer(name);
     if (!path) return nullptr;
-    return Tokenizer::from_json_file(*path);
+    const auto start = std::chrono::steady_clock::now();
+    auto tok = Tokenizer::from_json_file(*path);
+    std::printf("[ load ] %s: %d tokens loaded in %.3f s\n", path->c_str(), tok->vocab_size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return tok;
   }
 };
 
@@ -111,4 +116,35 @@ TEST_F(RealTokenizer, GgufPathMatchesJsonGoldens) {
     check_goldens(*tok, "goldens_" + name + ".json",
                   [&](const std::string& s) { return name == "qwen3" ? tokenizer::nfc(s) : s; });
   }
+}
+
+// Extra goldens made on demand (scripts/make_tokenizer_goldens.py --fuzz N --out DIR), not committed.
+TEST(TokenizerGoldens, ExtraGoldensDir) {
+  const char* dir = std::getenv("RETROINFER_TOKENIZER_GOLDENS_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "set RETROINFER_TOKENIZER_GOLDENS_DIR to run";
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const auto g = load_json(entry.path().string());
+    const std::string name = g.at("name").get<std::string>();
+    std::unique_ptr<Tokenizer> tok;
+    if (name == "smollm2") {
+      tok = Tokenizer::from_vocab(load_smollm2_vocab());
+    } else if (const auto path = asset_tokenizer(name)) {
+      tok = Tokenizer::from_json_file(*path);
+    } else {
+      continue;
+    }
+    int mismatches = 0, n = 0;
+    for (const auto& c : g.at("cases")) {
+      const std::string text = c.at("text").get<std::string>();
+      const auto ids = tok->encode(text);
+      const bool ok = ids == c.at("ids").get<std::vector<TokenId>>();
+      EXPECT_TRUE(ok) << name << " case " << n << " text " << nlohmann::json(text).dump();
+      mismatches += !ok;
+      ++n;
+    }
+    std::printf("[ extra ] %s: %d/%d mismatches\n", name.c_str(), mismatches, n);
+    ++files;
+  }
+  EXPECT_GT(files, 0) << dir;
 }
