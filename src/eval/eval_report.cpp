@@ -1,5 +1,7 @@
 #include "eval/eval_report.h"
 
+#include "eval/tasks.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -33,6 +35,12 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
     s.context_tokens_per_head += j.value("context_tokens_per_head", 0.0);
   }
   std::sort(contexts.begin(), contexts.end());
+  // Tasks in the generator's table order (unknown names after, in order of appearance).
+  const auto rank = [](const std::string& t) {
+    const auto& n = task_names();
+    return std::find(n.begin(), n.end(), t) - n.begin();
+  };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   nlohmann::json out;
   out["methods"] = methods;
   out["tasks"] = tasks;

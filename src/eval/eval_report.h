@@ -19,7 +19,8 @@ struct CellStats {
 // {"cells": [{method, task, context, samples, score, exact_tokens_per_head, context_tokens_per_head}...],
 //  "averages": [{method, context, score (mean of the task means), tasks, samples}...]}
 nlohmann::json summarize(const std::vector<nlohmann::json>& lines);
-// One table per context length: rows = methods (in order of first appearance), columns = tasks, the
+// One table per context length: rows = methods (in order of first appearance), columns = tasks (in
+// task_names() order), the
 // task average, the mean exact tokens read per layer, KV head and step, and samples per cell.
 std::string markdown_table(const nlohmann::json& summary);
 

@@ -59,8 +59,8 @@ TEST(EvalReport, AveragesPerCellAndTaskMean) {
     return nlohmann::json{{"method", m}, {"task", t}, {"context", c}, {"index", 0}, {"score_all", s},
                           {"exact_tokens_per_head", exact}, {"context_tokens_per_head", 1000.0}};
   };
-  const std::vector<nlohmann::json> lines{line("full", "vt", 4096, 1.0, 1000), line("full", "vt", 4096, 0.5, 1000),
-                                          line("full", "cwe", 4096, 0.0, 1000), line("retro", "vt", 4096, 0.25, 100),
+  const std::vector<nlohmann::json> lines{line("full", "cwe", 4096, 0.0, 1000), line("full", "vt", 4096, 1.0, 1000),
+                                          line("full", "vt", 4096, 0.5, 1000), line("retro", "vt", 4096, 0.25, 100),
                                           line("retro", "cwe", 4096, 0.75, 140)};
   const nlohmann::json s = eval::summarize(lines);
   ASSERT_EQ(s.at("averages").size(), 2u);
@@ -68,8 +68,10 @@ TEST(EvalReport, AveragesPerCellAndTaskMean) {
   EXPECT_DOUBLE_EQ(s.at("averages")[1].at("score").get<double>(), (25.0 + 75.0) / 2);
   EXPECT_DOUBLE_EQ(s.at("averages")[1].at("exact_tokens_per_head").get<double>(), 120.0);
   const std::string md = eval::markdown_table(s);
+  // Columns in task_names() order (vt before cwe), not in order of appearance.
   EXPECT_NE(md.find("| full | 75.0 | 0.0 | **37.5** | 1000 / 1000 | 1, 2 |"), std::string::npos) << md;
   EXPECT_NE(md.find("| retro | 25.0 | 75.0 | **50.0** | 120 / 1000 | 1 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| method | vt | cwe |"), std::string::npos) << md;
 }
 
 }  // namespace
