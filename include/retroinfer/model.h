@@ -86,6 +86,11 @@ struct SessionOptions {
 // Called during prefill after every chunk: (tokens done, tokens total).
 using PrefillProgress = std::function<void(int64_t done, int64_t total)>;
 
+// Evaluation hook, called by Session::decode for every layer right after its attention method ran:
+// kv: that layer's cache (the current token already appended); q: [num_heads_q, head_dim] f32 post-RoPE;
+// out: [num_heads_q, head_dim] f32, the method's attention output. Must not keep the pointers.
+using AttentionObserver = std::function<void(int layer, const KvCache& kv, const float* q, const float* out)>;
+
 // One sequence: its KV cache and attention method per layer. Not thread-safe (one caller at a time);
 // the forward passes parallelise internally (OpenMP, OpenBLAS).
 class Session {
@@ -108,6 +113,8 @@ class Session {
   // on_prefill already called (so one dense prefill can serve several decode methods). Needs a prefilled
   // session; checks memory like the constructor.
   std::unique_ptr<Session> fork(const AttentionConfig& attention) const;
+  // Evaluation hook (additive): observer of every layer's decode attention (empty: none).
+  void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
 
   int64_t position() const { return pos_; }  // tokens in the cache
   // Attention statistics of the last decode step, summed over layers.
@@ -134,6 +141,7 @@ class Session {
   std::vector<KvCache> kv_;                              // [num_layers]
   std::vector<std::unique_ptr<AttentionMethod>> attn_;   // [num_layers]
   std::unique_ptr<Scratch> s_;
+  AttentionObserver observer_;
 };
 
 }  // namespace retroinfer

@@ -213,6 +213,7 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
     kv_[l].append(s.k.data(), s.v.data(), n);
     if (decode) {
       last_stats_ += attn_[l]->decode(kv_[l], s.q.data(), s.att.data());
+      if (observer_) observer_(l, kv_[l], s.q.data(), s.att.data());
     } else {
       model::blas_prefill_attention(kv_[l], shape, opt_.attention.scale, pos_, n, s.q.data(), s.att.data(), s.attn);
     }

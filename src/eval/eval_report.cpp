@@ -1,0 +1,126 @@
+#include "eval/eval_report.h"
+
+#include "eval/tasks.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <tuple>
+
+namespace retroinfer::eval {
+namespace {
+
+template <typename T>
+void add_unique(std::vector<T>& v, const T& x) {
+  if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
+}
+
+}  // namespace
+
+nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
+  std::vector<std::string> methods, tasks;
+  std::vector<int64_t> contexts;
+  std::map<std::tuple<std::string, std::string, int64_t>, CellStats> cells;
+  for (const auto& j : lines) {
+    const std::string m = j.at("method").get<std::string>(), t = j.at("task").get<std::string>();
+    const int64_t c = j.at("context").get<int64_t>();
+    add_unique(methods, m);
+    add_unique(tasks, t);
+    add_unique(contexts, c);
+    CellStats& s = cells[{m, t, c}];
+    ++s.samples;
+    s.score += 100.0 * j.at("score_all").get<double>();
+    s.exact_tokens_per_head += j.value("exact_tokens_per_head", 0.0);
+    s.context_tokens_per_head += j.value("context_tokens_per_head", 0.0);
+  }
+  std::sort(contexts.begin(), contexts.end());
+  // Tasks in the generator's table order (unknown names after, in order of appearance).
+  const auto rank = [](const std::string& t) {
+    const auto& n = task_names();
+    return std::find(n.begin(), n.end(), t) - n.begin();
+  };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+  nlohmann::json out;
+  out["methods"] = methods;
+  out["tasks"] = tasks;
+  out["contexts"] = contexts;
+  out["cells"] = nlohmann::json::array();
+  out["averages"] = nlohmann::json::array();
+  for (int64_t c : contexts) {
+    for (const auto& m : methods) {
+      double sum = 0, exact = 0, ctx_tokens = 0;
+      int64_t n_tasks = 0, n_samples = 0;
+      for (const auto& t : tasks) {
+        auto it = cells.find({m, t, c});
+        if (it == cells.end()) continue;
+        CellStats s = it->second;
+        const double n = static_cast<double>(s.samples);
+        s.score /= n;
+        s.exact_tokens_per_head /= n;
+        s.context_tokens_per_head /= n;
+        out["cells"].push_back({{"method", m}, {"task", t}, {"context", c}, {"samples", s.samples},
+                                {"score", s.score}, {"exact_tokens_per_head", s.exact_tokens_per_head},
+                                {"context_tokens_per_head", s.context_tokens_per_head}});
+        sum += s.score;
+        exact += s.exact_tokens_per_head * n;
+        ctx_tokens += s.context_tokens_per_head * n;
+        ++n_tasks;
+        n_samples += s.samples;
+      }
+      if (n_tasks == 0) continue;
+      out["averages"].push_back({{"method", m}, {"context", c}, {"score", sum / n_tasks}, {"tasks", n_tasks},
+                                 {"samples", n_samples},
+                                 {"exact_tokens_per_head", exact / static_cast<double>(n_samples)},
+                                 {"context_tokens_per_head", ctx_tokens / static_cast<double>(n_samples)}});
+    }
+  }
+  return out;
+}
+
+std::string markdown_table(const nlohmann::json& summary) {
+  const auto methods = summary.at("methods").get<std::vector<std::string>>();
+  const auto tasks = summary.at("tasks").get<std::vector<std::string>>();
+  std::map<std::tuple<std::string, std::string, int64_t>, nlohmann::json> cell;
+  for (const auto& c : summary.at("cells"))
+    cell[{c.at("method").get<std::string>(), c.at("task").get<std::string>(), c.at("context").get<int64_t>()}] = c;
+  std::map<std::pair<std::string, int64_t>, nlohmann::json> avg;
+  for (const auto& a : summary.at("averages"))
+    avg[{a.at("method").get<std::string>(), a.at("context").get<int64_t>()}] = a;
+  std::string md;
+  char buf[128];
+  for (int64_t c : summary.at("contexts").get<std::vector<int64_t>>()) {
+    md += "Context " + std::to_string(c) + " tokens (score: string_match_all, %):\n\n| method |";
+    for (const auto& t : tasks) md += " " + t + " |";
+    md += " **average** | exact tokens read / context (per layer, KV head, step) | samples per cell |\n|---|";
+    for (size_t i = 0; i < tasks.size() + 3; ++i) md += "---:|";
+    md += "\n";
+    for (const auto& m : methods) {
+      auto a = avg.find({m, c});
+      if (a == avg.end()) continue;
+      md += "| " + m + " |";
+      std::set<int64_t> counts;
+      for (const auto& t : tasks) {
+        auto it = cell.find({m, t, c});
+        if (it == cell.end()) {
+          md += " - |";
+          continue;
+        }
+        std::snprintf(buf, sizeof buf, " %.1f |", it->second.at("score").get<double>());
+        md += buf;
+        counts.insert(it->second.at("samples").get<int64_t>());
+      }
+      std::snprintf(buf, sizeof buf, " **%.1f** | %.0f / %.0f |", a->second.at("score").get<double>(),
+                    a->second.at("exact_tokens_per_head").get<double>(),
+                    a->second.at("context_tokens_per_head").get<double>());
+      md += buf;
+      std::string cnt;
+      for (int64_t n : counts) cnt += (cnt.empty() ? "" : ", ") + std::to_string(n);
+      md += " " + cnt + " |\n";
+    }
+    md += "\n";
+  }
+  return md;
+}
+
+}  // namespace retroinfer::eval

@@ -1,0 +1,254 @@
+#include "eval/eval_runner.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "eval/scoring.h"
+#include "retroinfer/error.h"
+#include "retroinfer/sampler.h"
+
+namespace retroinfer::eval {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string hex_hash(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+std::vector<int32_t> eos_ids(const Model& model, const Tokenizer& tok) {
+  std::vector<int32_t> e = tok.eog_ids();
+  for (int id : model.config().eos_token_ids)
+    if (std::find(e.begin(), e.end(), id) == e.end()) e.push_back(id);
+  return e;
+}
+
+// Greedy decode on a forked session; `first` is the token the shared prefill logits chose.
+SampleOutcome decode_answer(Session& s, const Tokenizer& tok, int32_t first, int max_new,
+                            const std::vector<int32_t>& eos) {
+  SampleOutcome o;
+  const ModelConfig& c = s.model().config();
+  std::vector<float> logits(c.vocab_size);
+  std::vector<int32_t> out;
+  int64_t exact = 0, context = 0;
+  int32_t t = first;
+  for (int i = 0;; ++i) {
+    if (std::find(eos.begin(), eos.end(), t) != eos.end()) break;
+    out.push_back(t);
+    if (i + 1 >= max_new) break;
+    s.decode(t, logits);
+    ++o.decode_steps;
+    exact += s.last_stats().exact_tokens;
+    context += s.last_stats().context_tokens;
+    t = argmax(logits);
+  }
+  o.generated_tokens = static_cast<int64_t>(out.size());
+  // A model's vocabulary may be padded beyond the tokenizer's (e.g. Qwen2: 151936 rows, 151665 tokens);
+  // such ids have no text.
+  std::vector<int32_t> text_ids;
+  for (int32_t id : out)
+    if (id < tok.vocab_size()) text_ids.push_back(id);
+  o.output = tok.decode(text_ids, /*skip_special=*/true);
+  const double heads = static_cast<double>(o.decode_steps) * c.num_layers * c.num_heads_kv;
+  o.exact_tokens_per_head = heads > 0 ? exact / heads : 0.0;
+  o.context_tokens_per_head = heads > 0 ? context / heads : 0.0;
+  return o;
+}
+
+}  // namespace
+
+AttentionConfig method_config(std::string_view method, const AttentionConfig& base) {
+  AttentionConfig c = base;
+  if (method == "retro-noest") {
+    c.kind = AttentionKind::kRetro;
+    c.estimation = false;
+  } else {
+    c.kind = parse_attention_kind(method);
+  }
+  return c;
+}
+
+void validate(const EvalOptions& o) {
+  RETROINFER_CHECK(!o.tasks.empty(), "eval: no tasks");
+  RETROINFER_CHECK(!o.contexts.empty(), "eval: no context lengths");
+  for (int64_t c : o.contexts) RETROINFER_CHECK(c >= 256, "eval: context length ", c, " is too small (>= 256)");
+  RETROINFER_CHECK(o.samples >= 1, "eval: samples must be >= 1, got ", o.samples);
+  RETROINFER_CHECK(o.first_sample >= 0, "eval: first sample must be >= 0");
+  RETROINFER_CHECK(!o.methods.empty(), "eval: no attention methods");
+  for (const auto& m : o.methods) validate(method_config(m, o.attention));
+  RETROINFER_CHECK(!o.results_path.empty(), "eval: a results file (JSON lines) is required");
+}
+
+std::string result_key(std::string_view task, int64_t context, int index, std::string_view method) {
+  std::ostringstream os;
+  os << task << '|' << context << '|' << index << '|' << method;
+  return os.str();
+}
+
+std::vector<nlohmann::json> load_results(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(path, std::ios::binary);
+  if (!f.good()) return out;
+  std::vector<std::string> lines;
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) lines.push_back(line);
+  const bool ends_with_newline = [&] {
+    std::ifstream g(path, std::ios::binary | std::ios::ate);
+    const auto size = static_cast<std::streamoff>(g.tellg());
+    if (size <= 0) return true;
+    g.seekg(size - 1);
+    return g.get() == '\n';
+  }();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    nlohmann::json j = nlohmann::json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      if (i + 1 == lines.size() && !ends_with_newline) break;  // interrupted mid-write: redo that sample
+      RETROINFER_FAIL("eval: line ", i + 1, " of the results file '", path,
+                      "' is not valid JSON; fix or delete that line to resume");
+    }
+    RETROINFER_CHECK(j.contains("task") && j.contains("context") && j.contains("index") && j.contains("method"),
+                     "eval: line ", i + 1, " of '", path, "' lacks task/context/index/method");
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::set<std::string> result_keys(const std::vector<nlohmann::json>& lines) {
+  std::set<std::string> k;
+  for (const auto& j : lines)
+    k.insert(result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(), j.at("index").get<int>(),
+                        j.at("method").get<std::string>()));
+  return k;
+}
+
+nlohmann::json result_line(const TaskSample& s, std::string_view method, const SampleOutcome& o, double prefill_s) {
+  return {{"task", s.task},
+          {"context", s.target_tokens},
+          {"index", s.index},
+          {"method", std::string(method)},
+          {"depth", s.depth},
+          {"prompt_tokens", s.prompt_tokens},
+          {"prompt_hash", hex_hash(s.prompt)},
+          {"references", s.references},
+          {"output", o.output},
+          {"score_all", string_match_all(o.output, s.references)},
+          {"score_part", string_match_part(o.output, s.references)},
+          {"generated_tokens", o.generated_tokens},
+          {"exact_tokens_per_head", o.exact_tokens_per_head},
+          {"context_tokens_per_head", o.context_tokens_per_head},
+          {"prefill_s", prefill_s},
+          {"method_s", o.seconds}};
+}
+
+PromptWrapper chat_prompt_wrapper(const Tokenizer& tok) {
+  if (tok.chat_format() == ChatFormat::kNone) {
+    return [](std::string_view user, std::string_view prefix) {
+      return std::string(user) + "\n\n" + std::string(prefix);
+    };
+  }
+  return [&tok](std::string_view user, std::string_view prefix) {
+    const std::vector<ChatMessage> msgs{{"user", std::string(user)}};
+    return tok.apply_chat_template(msgs, true) + std::string(prefix);
+  };
+}
+
+TokenCounter token_counter(const Tokenizer& tok) {
+  return [&tok](std::string_view p) { return static_cast<int64_t>(tok.encode(p, false, true).size()); };
+}
+
+int64_t run_eval(const Model& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt) {
+  validate(opt);
+  const auto say = [&](const std::string& s) {
+    if (opt.progress) opt.progress(s);
+  };
+  const std::vector<nlohmann::json> old = load_results(opt.results_path);
+  std::set<std::string> done = result_keys(old);
+  std::map<std::string, std::string> old_hash;  // task|context|index -> prompt hash
+  for (const auto& j : old)
+    if (j.contains("prompt_hash"))
+      old_hash[result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(), j.at("index").get<int>(), "")] =
+          j.at("prompt_hash").get<std::string>();
+  if (!old.empty()) say("resuming: " + std::to_string(old.size()) + " result lines already in " + opt.results_path);
+  // A truncated last line from an interrupted run (load_results skipped it): cut it off so that the file
+  // stays one JSON object per line.
+  {
+    std::ifstream g(opt.results_path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+    if (!text.empty() && text.back() != '\n') {
+      const size_t keep = text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1;
+      g.close();
+      std::filesystem::resize_file(opt.results_path, keep);
+      say("dropped an incomplete last line of " + opt.results_path + " (interrupted write)");
+    }
+  }
+  std::ofstream out(opt.results_path, std::ios::app | std::ios::binary);
+  RETROINFER_CHECK(out.good(), "eval: cannot append to '", opt.results_path, "'");
+  const std::vector<int32_t> eos = eos_ids(model, tok);
+  const int64_t total = static_cast<int64_t>(opt.contexts.size() * opt.tasks.size()) * opt.samples;
+  int64_t written = 0, visited = 0;
+  const auto t_run = std::chrono::steady_clock::now();
+  for (int64_t ctx : opt.contexts) {
+    for (const auto& task : opt.tasks) {
+      for (int i = opt.first_sample; i < opt.first_sample + opt.samples; ++i) {
+        ++visited;
+        std::vector<std::string> todo;
+        for (const auto& m : opt.methods)
+          if (!done.count(result_key(task, ctx, i, m))) todo.push_back(m);
+        if (todo.empty()) continue;
+        const TaskSample s = gen.make(task, ctx, i);
+        const auto h = old_hash.find(result_key(task, ctx, i, ""));
+        RETROINFER_CHECK(h == old_hash.end() || h->second == hex_hash(s.prompt), "eval: sample ", task, " ", ctx,
+                         " #", i, " differs from the one in '", opt.results_path,
+                         "' (another seed, tokenizer or version?); use a new results file");
+        const std::vector<int32_t> ids = tok.encode(s.prompt, false, true);
+        SessionOptions so;
+        so.attention = method_config("full", opt.attention);
+        so.kv_dtype = opt.kv_dtype;
+        so.prefill_chunk = opt.prefill_chunk;
+        so.max_context = static_cast<int64_t>(ids.size()) + s.max_new_tokens;
+        Session base(model, so);
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::vector<float> logits = base.prefill(ids);
+        const double prefill_s = seconds_since(t0);
+        const int32_t first = argmax(logits);
+        std::string line_scores;
+        for (const auto& m : todo) {
+          const auto t1 = std::chrono::steady_clock::now();
+          std::unique_ptr<Session> f = base.fork(method_config(m, opt.attention));
+          SampleOutcome o = decode_answer(*f, tok, first, s.max_new_tokens, eos);
+          o.seconds = seconds_since(t1);
+          const nlohmann::json j = result_line(s, m, o, prefill_s);
+          out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';  // partial UTF-8 -> U+FFFD
+          out.flush();
+          RETROINFER_CHECK(out.good(), "eval: writing '", opt.results_path, "' failed");
+          done.insert(result_key(task, ctx, i, m));
+          ++written;
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " %s=%.0f", m.c_str(), 100.0 * j.at("score_all").get<double>());
+          line_scores += buf;
+        }
+        char head[256];
+        std::snprintf(head, sizeof head, "[%lld/%lld %.0fs] %s ctx %lld #%d (%lld tok, depth %.2f): prefill %.1fs |",
+                      static_cast<long long>(visited), static_cast<long long>(total), seconds_since(t_run),
+                      task.c_str(), static_cast<long long>(ctx), i, static_cast<long long>(ids.size()), s.depth,
+                      prefill_s);
+        say(head + line_scores);
+      }
+    }
+  }
+  return written;
+}
+
+}  // namespace retroinfer::eval

@@ -1,0 +1,76 @@
+// The `retroinfer eval tasks` driver: RULER-style samples (tasks.h) through the CPU model runner with every
+// decode-attention method, scored (scoring.h), one JSON line per (sample, method) appended to a results
+// file, so an interrupted run resumes where it stopped.
+//
+// Prefill is the same for every method (they differ only in decode), so each sample is prefilled once
+// with full attention; then, per method, Session::fork copies the prompt's KV caches, builds that method's
+// index (on_prefill) and decodes the answer greedily (at most the task's max_new_tokens, stopping at an
+// end-of-generation token). The first answer token comes from the shared prefill logits.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "eval/tasks.h"
+#include "retroinfer/model.h"
+#include "retroinfer/tokenizer.h"
+
+namespace retroinfer::eval {
+
+// Method names: full, retro, quest, streaming, oracle, and retro-noest (retro without the estimation
+// zone). Returns `base` with kind (and estimation) set; throws Error for an unknown name.
+AttentionConfig method_config(std::string_view method, const AttentionConfig& base);
+
+struct EvalOptions {
+  std::vector<std::string> tasks = task_names();
+  std::vector<int64_t> contexts = {4096, 8192};  // target prompt tokens
+  int samples = 50;                              // per task and context (indices 0 .. samples - 1)
+  int first_sample = 0;                          // first index (to split a run)
+  std::vector<std::string> methods = {"full", "retro", "quest", "streaming", "oracle"};
+  AttentionConfig attention;                     // budgets, sink, window, ... (kind set per method)
+  DType kv_dtype = DType::kF32;
+  int prefill_chunk = 512;
+  std::string results_path;                      // JSON lines, appended; required
+  std::function<void(std::string_view)> progress;  // progress lines (stderr in the CLI); may be empty
+};
+void validate(const EvalOptions& o);
+
+// The resume key of one result line.
+std::string result_key(std::string_view task, int64_t context, int index, std::string_view method);
+
+// Result lines already in `path` (none when the file does not exist). A truncated last line (an
+// interrupted write) is dropped; any other malformed line throws Error naming the line.
+std::vector<nlohmann::json> load_results(const std::string& path);
+// Keys of the given result lines.
+std::set<std::string> result_keys(const std::vector<nlohmann::json>& lines);
+
+// One result line: task, context, index, method, depth, prompt_tokens, prompt_hash, references, output,
+// score_all, score_part, generated_tokens, exact_tokens_per_head (mean over decode steps, layers and KV
+// heads), context_tokens_per_head, prefill_s (shared), method_s (fork + index + decode).
+struct SampleOutcome {
+  std::string output;
+  int64_t generated_tokens = 0;
+  int64_t decode_steps = 0;
+  double exact_tokens_per_head = 0.0;
+  double context_tokens_per_head = 0.0;
+  double seconds = 0.0;
+};
+nlohmann::json result_line(const TaskSample& s, std::string_view method, const SampleOutcome& o,
+                           double prefill_s);
+
+// Runs every (task, context, sample, method) not yet in results_path and appends its line. Returns the
+// number of lines written.
+int64_t run_eval(const Model& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt);
+
+// The prompt wrapper for a model's tokenizer: its chat template (user turn + generation prompt) followed
+// by the answer prefix; without a chat template, BOS-less plain text "user\n\nanswer_prefix".
+PromptWrapper chat_prompt_wrapper(const Tokenizer& tok);
+// encode(prompt, add_special = false, parse_special = true) size.
+TokenCounter token_counter(const Tokenizer& tok);
+
+}  // namespace retroinfer::eval

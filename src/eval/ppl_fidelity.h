@@ -1,0 +1,67 @@
+// Teacher-forced fidelity on real text (`retroinfer eval ppl`): each window of the text is a prefix of P
+// tokens, prefilled once with dense attention, then the next T ground-truth tokens are fed one by one
+// through decode with each attention method (the KV of the forced tokens is appended as usual). Every
+// step's logits are compared with full attention's:
+//   - perplexity of the forced tokens: exp(mean NLL of token P + t + 1 given the logits after token P + t);
+//   - KL(full || method) of the next-token distributions (nats), mean and max over steps;
+//   - top-1 agreement: share of steps whose argmax equals full's;
+//   - attention-output error per layer: ||o - o_full|| / ||o_full|| of each layer's attention output
+//     against exact attention on the same inputs (the method's own query and KV cache at that layer, i.e.
+//     the error this layer adds, not the error accumulated from earlier layers), mean over steps.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "retroinfer/model.h"
+
+namespace retroinfer::eval {
+
+struct PplOptions {
+  int64_t prefix_tokens = 2048;  // P
+  int forced_tokens = 64;        // T
+  int windows = 1;               // consecutive, non-overlapping windows of P + T + 1 tokens of the text
+  // "full" is always run first (the reference) whether listed or not; retro-noest = retro without estimation.
+  std::vector<std::string> methods = {"full", "retro", "quest", "streaming", "oracle"};
+  AttentionConfig attention;     // budgets (kind set per method)
+  DType kv_dtype = DType::kF32;
+  int prefill_chunk = 512;
+  std::function<void(std::string_view)> progress;  // may be empty
+};
+void validate(const PplOptions& o);
+
+struct PplMethodResult {
+  std::string method;
+  int64_t steps = 0;                   // forced tokens scored (windows x T)
+  double nll = 0.0;                    // mean negative log-likelihood (nats)
+  double ppl = 0.0;                    // exp(nll)
+  double ppl_rel_diff = 0.0;           // ppl / ppl_full - 1
+  double kl_mean = 0.0, kl_max = 0.0;  // KL(full || method), nats
+  double top1_agreement = 0.0;         // in [0, 1]
+  std::vector<double> layer_rel_err;   // [num_layers], mean over steps
+  double exact_tokens_per_head = 0.0;  // per layer, KV head and step
+  double context_tokens_per_head = 0.0;
+  double seconds = 0.0;                // fork + index + decode, all windows
+};
+
+struct PplReport {
+  PplOptions options;
+  int64_t text_tokens = 0;
+  double prefill_seconds = 0.0;  // all windows
+  std::vector<PplMethodResult> methods;
+};
+
+// text: the tokenized text; needs windows * (P + T + 1) tokens (throws Error otherwise).
+PplReport run_ppl_fidelity(const Model& model, std::span<const int32_t> text, const PplOptions& opt);
+
+nlohmann::json to_json(const PplReport& r);
+// One row per method: ppl, ppl change, KL mean / max, top-1 agreement, attention error (mean over layers,
+// and the worst layer), exact tokens read.
+std::string markdown_table(const PplReport& r);
+
+}  // namespace retroinfer::eval

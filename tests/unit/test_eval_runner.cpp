@@ -1,0 +1,146 @@
+// The eval drivers on a tiny random-weight model fixture (tests/data/models/tiny-llama3, 512 positions):
+// Session::fork gives the same decode as a fresh session, the teacher-forced fidelity of full against
+// itself is exact, and `eval tasks` resumes without redoing work. Skips when the fixture is absent.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "eval/eval_runner.h"
+#include "eval/ppl_fidelity.h"
+#include "retroinfer/error.h"
+#include "retroinfer/model.h"
+#include "test_eval_util.h"
+
+namespace retroinfer {
+namespace {
+
+namespace fs = std::filesystem;
+
+const Model* tiny_model() {
+  static const std::unique_ptr<Model> m = [] {
+    const fs::path p = fs::path(RETROINFER_TEST_DATA) / "models" / "tiny-llama3";
+    return fs::exists(p / "model.safetensors") ? Model::load(p.string()) : nullptr;
+  }();
+  return m.get();
+}
+
+std::vector<int32_t> token_stream(int n, uint32_t seed) {
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = static_cast<int32_t>((seed = seed * 1664525u + 1013904223u) >> 23);  // [0, 512)
+  return t;
+}
+
+TEST(EvalRunner, ForkDecodesLikeAFreshSession) {
+  const Model* m = tiny_model();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const auto toks = token_stream(200, 3);
+  SessionOptions so;
+  so.attention.kind = AttentionKind::kRetro;
+  so.attention.window_tokens = 16;
+  so.prefill_chunk = 64;
+  so.max_context = 220;
+  Session fresh(*m, so);
+  fresh.prefill(std::span<const int32_t>(toks).first(190));
+  SessionOptions base_opt = so;
+  base_opt.attention.kind = AttentionKind::kFull;
+  Session base(*m, base_opt);
+  base.prefill(std::span<const int32_t>(toks).first(190));
+  const auto fork = base.fork(so.attention);
+  EXPECT_EQ(fork->position(), 190);
+  std::vector<float> a(m->config().vocab_size), b(a.size());
+  for (int i = 190; i < 200; ++i) {
+    fresh.decode(toks[i], a);
+    fork->decode(toks[i], b);
+    ASSERT_EQ(a, b) << "step " << i;  // same KV bytes, same method, same inputs: bit-identical
+  }
+  EXPECT_EQ(base.position(), 190);  // the parent is untouched
+  Session empty(*m, so);
+  EXPECT_THROW(empty.fork(so.attention), Error);
+}
+
+TEST(EvalRunner, PplFidelityFullAgainstItselfIsExactStreamingIsNot) {
+  const Model* m = tiny_model();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const auto toks = token_stream(2 * (160 + 8 + 1), 11);
+  eval::PplOptions o;
+  o.prefix_tokens = 160;
+  o.forced_tokens = 8;
+  o.windows = 2;
+  o.methods = {"streaming"};
+  o.attention.sink_tokens = 2;
+  o.attention.window_tokens = 8;
+  o.prefill_chunk = 64;
+  const eval::PplReport r = eval::run_ppl_fidelity(*m, toks, o);
+  ASSERT_EQ(r.methods.size(), 2u);
+  const auto& full = r.methods[0];
+  const auto& st = r.methods[1];
+  EXPECT_EQ(full.method, "full");
+  EXPECT_EQ(full.steps, 16);
+  EXPECT_EQ(full.kl_mean, 0.0);
+  EXPECT_EQ(full.top1_agreement, 1.0);
+  for (double e : full.layer_rel_err) EXPECT_LT(e, 1e-6);  // the observer compares full with exact full
+  EXPECT_GT(full.ppl, 1.0);
+  EXPECT_GT(st.kl_mean, 0.0);
+  for (double e : st.layer_rel_err) EXPECT_GT(e, 1e-4);  // streaming drops ~150 of ~165 tokens
+  EXPECT_LT(st.exact_tokens_per_head, 0.2 * st.context_tokens_per_head);
+  EXPECT_NE(eval::markdown_table(r).find("| streaming |"), std::string::npos);
+  EXPECT_THROW(eval::run_ppl_fidelity(*m, std::span<const int32_t>(toks).first(100), o), Error);
+}
+
+TEST(EvalRunner, TasksResumeSkipsDoneSamples) {
+  const Model* m = tiny_model();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const auto tok = test::byte_tokenizer();
+  // One token per byte: a noise sentence is 12..22 tokens, so a 1% window (4 tokens at 400) is not always
+  // reachable; 10% is.
+  eval::TaskOptions topt;
+  topt.tolerance = 0.1;
+  const eval::TaskGenerator gen(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), topt);
+  const std::string path = (fs::temp_directory_path() / ("retroinfer_eval_runner_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  eval::EvalOptions o;
+  o.tasks = {"passkey"};
+  o.contexts = {400};
+  o.samples = 2;
+  o.methods = {"full", "streaming"};
+  o.prefill_chunk = 128;
+  o.results_path = path;
+  EXPECT_EQ(eval::run_eval(*m, *tok, gen, o), 4);
+  auto lines = eval::load_results(path);
+  ASSERT_EQ(lines.size(), 4u);
+  for (const auto& j : lines) {
+    EXPECT_LE(j.at("prompt_tokens").get<int64_t>(), 400);
+    EXPECT_GE(j.at("prompt_tokens").get<int64_t>(), 360);
+    EXPECT_GE(j.at("generated_tokens").get<int64_t>(), 1);
+  }
+  EXPECT_EQ(eval::run_eval(*m, *tok, gen, o), 0);  // everything present
+  // Interrupted while writing the last line: that one (only) is redone, the file stays parseable.
+  std::string text;
+  {
+    std::ifstream f(path, std::ios::binary);
+    text.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  const size_t last = text.rfind('\n', text.size() - 2);
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << text.substr(0, last + 1 + 20);
+  }
+  EXPECT_EQ(eval::run_eval(*m, *tok, gen, o), 1);
+  EXPECT_EQ(eval::load_results(path).size(), 4u);
+  // More samples: only the new ones run.
+  o.samples = 3;
+  EXPECT_EQ(eval::run_eval(*m, *tok, gen, o), 2);
+  // Another seed makes other prompts: refuse to mix them into this file.
+  eval::TaskOptions other = topt;
+  other.seed = 43;
+  const eval::TaskGenerator gen2(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), other);
+  o.methods = {"full", "oracle"};
+  EXPECT_THROW(eval::run_eval(*m, *tok, gen2, o), Error);
+  std::remove(path.c_str());
+}
+
+}  // namespace
+}  // namespace retroinfer

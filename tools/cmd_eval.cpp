@@ -1,0 +1,182 @@
+// `retroinfer eval`: long-context accuracy of the decode-attention methods on the CPU model runner.
+//   eval tasks   RULER-style synthetic tasks (src/eval/tasks.h), resumable JSON lines + markdown table
+//   eval ppl     teacher-forced fidelity on real text (src/eval/ppl_fidelity.h)
+//   eval report  the summary and table of an existing results file
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "command.h"
+#include "eval/eval_report.h"
+#include "eval/eval_runner.h"
+#include "eval/ppl_fidelity.h"
+#include "eval/tasks.h"
+#include "model_cli.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cli {
+namespace {
+
+struct EvalCliOptions {
+  ModelCliOptions model;
+  std::string tasks = "all";
+  std::vector<int64_t> contexts = {4096, 8192};
+  int samples = 50;
+  int first_sample = 0;
+  std::vector<std::string> methods = {"full", "retro", "quest", "streaming", "oracle"};
+  uint64_t seed = 42;
+  std::vector<std::string> bible_ranges = {"Genesis1:1-50:26", "Exodus1:1-40:38"};
+  std::string haystack_file, word_list = "/usr/share/dict/words";
+  std::string results, summary_json, table_md;
+  std::vector<std::string> report_results;
+  // ppl
+  int64_t prefix = 2048;
+  int forced = 64;
+  int windows = 1;
+  std::vector<std::string> ppl_ranges = {"Isaiah1:1-66:24"};
+  std::string text_file, ppl_json;
+};
+
+void progress(std::string_view s) {
+  std::fprintf(stderr, "%.*s\n", static_cast<int>(s.size()), s.data());
+  std::fflush(stderr);
+}
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream f(path, std::ios::binary);
+  RETROINFER_CHECK(f.good(), "eval: cannot read ", what, " '", path, "'");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  RETROINFER_CHECK(f.good(), "eval: cannot write '", path, "'");
+  f << text;
+}
+
+void write_report(const std::vector<std::string>& results, const std::string& json_path, const std::string& md_path) {
+  // Several files (parallel jobs of scripts/run_accuracy.sh): a (task, context, index, method) present in
+  // more than one (a rerun with another split) counts once.
+  std::vector<nlohmann::json> lines;
+  std::set<std::string> seen;
+  for (const auto& r : results) {
+    for (auto& j : eval::load_results(r)) {
+      const std::string key = eval::result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(),
+                                               j.at("index").get<int>(), j.at("method").get<std::string>());
+      if (seen.insert(key).second) lines.push_back(std::move(j));
+    }
+  }
+  RETROINFER_CHECK(!lines.empty(), "eval report: no result lines in the results file(s)");
+  const nlohmann::json summary = eval::summarize(lines);
+  const std::string md = eval::markdown_table(summary);
+  std::fputs(md.c_str(), stdout);
+  if (!json_path.empty()) write_file(json_path, summary.dump(2) + "\n");
+  if (!md_path.empty()) write_file(md_path, md);
+}
+
+void run_tasks(const EvalCliOptions& o) {
+  eval::EvalOptions eo;
+  eo.tasks = eval::parse_task_list(o.tasks);
+  eo.contexts = o.contexts;
+  eo.samples = o.samples;
+  eo.first_sample = o.first_sample;
+  eo.methods = o.methods;
+  const SessionOptions so = make_session_options(o.model, AttentionKind::kFull);
+  eo.attention = so.attention;
+  eo.kv_dtype = so.kv_dtype;
+  eo.prefill_chunk = so.prefill_chunk;
+  eo.results_path = o.results;
+  eo.progress = progress;
+  eval::validate(eo);
+
+  eval::TaskResources res;
+  const std::string hay = o.haystack_file.empty() ? eval::load_bible_text(o.bible_ranges)
+                                                  : read_file(o.haystack_file, "--haystack-file");
+  res.essay_words = eval::split_words(hay);
+  res.words = eval::load_word_list(o.word_list);
+  LoadedModel m = load_model(o.model);
+  progress("eval: model " + m.model->path() + " loaded in " + std::to_string(m.load_seconds) + " s; haystack " +
+           std::to_string(res.essay_words.size()) + " words, word list " + std::to_string(res.words.size()) +
+           " words; " + std::to_string(num_threads()) + " threads");
+  eval::TaskOptions to;
+  to.seed = o.seed;
+  const eval::TaskGenerator gen(std::move(res), eval::token_counter(*m.tokenizer),
+                                eval::chat_prompt_wrapper(*m.tokenizer), to);
+  const int64_t n = eval::run_eval(*m.model, *m.tokenizer, gen, eo);
+  progress("eval: " + std::to_string(n) + " result lines written to " + o.results);
+  write_report({o.results}, o.summary_json, o.table_md);
+}
+
+void run_ppl(const EvalCliOptions& o) {
+  eval::PplOptions po;
+  po.prefix_tokens = o.prefix;
+  po.forced_tokens = o.forced;
+  po.windows = o.windows;
+  po.methods = o.methods;
+  const SessionOptions so = make_session_options(o.model, AttentionKind::kFull);
+  po.attention = so.attention;
+  po.kv_dtype = so.kv_dtype;
+  po.prefill_chunk = so.prefill_chunk;
+  po.progress = progress;
+  eval::validate(po);
+  const std::string text = o.text_file.empty() ? eval::load_bible_text(o.ppl_ranges) : read_file(o.text_file, "--text-file");
+  LoadedModel m = load_model(o.model);
+  std::vector<int32_t> ids = m.tokenizer->encode(text, false, false);
+  progress("eval ppl: text of " + std::to_string(ids.size()) + " tokens; " + std::to_string(num_threads()) + " threads");
+  const eval::PplReport r = eval::run_ppl_fidelity(*m.model, ids, po);
+  std::fputs(eval::markdown_table(r).c_str(), stdout);
+  if (!o.ppl_json.empty()) write_file(o.ppl_json, eval::to_json(r).dump(2) + "\n");
+}
+
+void add_common(CLI::App* cmd, EvalCliOptions& o) {
+  add_model_options(cmd, o.model);
+  cmd->add_option("--methods", o.methods, "Attention methods: full retro quest streaming oracle retro-noest")
+      ->delimiter(',')->capture_default_str();
+}
+
+void setup_eval(CLI::App& app) {
+  auto o = std::make_shared<EvalCliOptions>();
+  auto* eval_cmd = app.add_subcommand("eval", "Long-context accuracy of the attention methods (CPU model runner)");
+  eval_cmd->require_subcommand(1);
+
+  auto* t = eval_cmd->add_subcommand("tasks", "RULER-style synthetic tasks; resumable JSON lines + markdown table");
+  add_common(t, *o);
+  t->add_option("--tasks", o->tasks, "Comma-separated task names or 'all'")->capture_default_str();
+  t->add_option("--contexts", o->contexts, "Target prompt lengths in tokens")->delimiter(',')->capture_default_str();
+  t->add_option("--samples", o->samples, "Samples per task and length")->capture_default_str();
+  t->add_option("--first-sample", o->first_sample, "First sample index")->capture_default_str();
+  t->add_option("--seed", o->seed, "Task generator seed")->capture_default_str();
+  t->add_option("--bible", o->bible_ranges, "Essay haystack: `bible` ranges (bible-kjv)")->capture_default_str();
+  t->add_option("--haystack-file", o->haystack_file, "Essay haystack from a text file instead of `bible`");
+  t->add_option("--word-list", o->word_list, "Word list for keys and values")->capture_default_str();
+  t->add_option("--results", o->results, "Results file (JSON lines; appended, resumed)")->required();
+  t->add_option("--summary", o->summary_json, "Write the summary JSON here");
+  t->add_option("--table", o->table_md, "Write the markdown table here");
+  t->callback([o] { run_tasks(*o); });
+
+  auto* p = eval_cmd->add_subcommand("ppl", "Teacher-forced perplexity / KL / top-1 / attention error vs full");
+  add_common(p, *o);
+  p->add_option("--prefix", o->prefix, "Prefix tokens P (prefilled once)")->capture_default_str();
+  p->add_option("--forced", o->forced, "Forced tokens T (decoded one by one)")->capture_default_str();
+  p->add_option("--windows", o->windows, "Text windows of P + T + 1 tokens")->capture_default_str();
+  p->add_option("--bible", o->ppl_ranges, "Text: `bible` ranges (bible-kjv)")->capture_default_str();
+  p->add_option("--text-file", o->text_file, "Text from a file instead of `bible`");
+  p->add_option("--json", o->ppl_json, "Write the report JSON here");
+  p->callback([o] { run_ppl(*o); });
+
+  auto* r = eval_cmd->add_subcommand("report", "Summary and markdown table of a results file");
+  r->add_option("--results", o->report_results, "Results files (JSON lines)")->required();
+  r->add_option("--summary", o->summary_json, "Write the summary JSON here");
+  r->add_option("--table", o->table_md, "Write the markdown table here");
+  r->callback([o] { write_report(o->report_results, o->summary_json, o->table_md); });
+}
+RETROINFER_COMMAND(setup_eval);
+
+}  // namespace
+}  // namespace retroinfer::cli
