@@ -46,7 +46,7 @@ struct AttentionConfig {
   bool estimation = true;             // false: the estimation zone is ignored
   // Share of the indexed tokens kept out of the clusters and read exactly at every step (retro's outlier
   // zone): those with the largest residual ||k - centroid|| (docs/wave-index.md, "Outlier tokens").
-  double outlier_fraction = 0.0025;
+  double outlier_fraction = 0.001;
   int update_tokens = 1024;           // generated tokens per index update
   int update_clusters = 64;           // clusters made per index update
 
