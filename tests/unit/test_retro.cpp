@@ -363,6 +363,11 @@ TEST(Retro, BadArgumentsThrow) {
   bad.retrieval_fraction = 0.6;
   bad.estimation_fraction = 0.6;
   EXPECT_THROW(RetroAttention(bad, AttentionShape{4, 2, 64}), Error);
+  bad = cfg;
+  bad.outlier_fraction = -0.1;
+  EXPECT_THROW(RetroAttention(bad, AttentionShape{4, 2, 64}), Error);
+  bad.outlier_fraction = 1.5;
+  EXPECT_THROW(RetroAttention(bad, AttentionShape{4, 2, 64}), Error);
   // KV cache that does not match the shape.
   auto retro = retroinfer::make_attention(cfg, AttentionShape{4, 2, 64});
   KvCache wrong_heads(1, 64, DType::kF32), wrong_dim(2, 32, DType::kF32), empty(2, 64, DType::kF32);
