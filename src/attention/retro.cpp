@@ -36,7 +36,8 @@ void RetroAttention::build(const KvCache& kv) {
   if (end - sink < cfg_.tokens_per_cluster) return;  // not one cluster's worth: everything stays steady
   const index::KMeansParams p = kmeans_params();
   // Heads one after another: the k-means is parallel inside (OpenBLAS threads its sgemm calls).
-  for (int h = 0; h < shape_.num_heads_kv; ++h) index::index_tokens(kv, h, sink, end, p, index_.heads[h], cfg_.outlier_fraction);
+  for (int h = 0; h < shape_.num_heads_kv; ++h)
+    index::index_tokens(kv, h, sink, end, p, index_.heads[h], cfg_.outlier_fraction);
   index_.indexed_end = end;
 }
 
