@@ -103,6 +103,9 @@ void setup_fidelity(CLI::App& app) {
   cmd->add_option("--retrieval-fraction", args->opt.attention.retrieval_fraction,
                   "Retro's retrieval budget (share of clusters); the baselines read the same share of tokens")
       ->capture_default_str();
+  cmd->add_option("--outlier-fraction", args->opt.attention.outlier_fraction,
+                  "Retro's outlier zone: share of the indexed tokens kept out of the clusters and read exactly")
+      ->capture_default_str();
   cmd->add_option("--budget-tokens", args->opt.attention.budget_tokens,
                   "Exact-token budget of quest/streaming/oracle beyond the steady zone; < 0 derives it from "
                   "--retrieval-fraction (the expected size of retro's retrieval zone)")

@@ -44,6 +44,9 @@ struct AttentionConfig {
   double retrieval_fraction = 0.018;  // share of clusters attended exactly
   double estimation_fraction = 0.232; // share of clusters estimated from centroid and value sum
   bool estimation = true;             // false: the estimation zone is ignored
+  // Share of the indexed tokens kept out of the clusters and read exactly at every step (retro's outlier
+  // zone): those with the largest residual ||k - centroid|| (docs/wave-index.md, "Outlier tokens").
+  double outlier_fraction = 0.001;
   int update_tokens = 1024;           // generated tokens per index update
   int update_clusters = 64;           // clusters made per index update
 

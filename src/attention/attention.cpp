@@ -53,6 +53,8 @@ void validate(const AttentionConfig& c) {
   RETROINFER_CHECK(c.retrieval_fraction + c.estimation_fraction <= 1.0 + 1e-9,
                    "attention config: retrieval_fraction + estimation_fraction must be <= 1, got ",
                    c.retrieval_fraction + c.estimation_fraction);
+  RETROINFER_CHECK(c.outlier_fraction >= 0.0 && c.outlier_fraction <= 1.0,
+                   "attention config: outlier_fraction must be in [0, 1], got ", c.outlier_fraction);
   RETROINFER_CHECK(c.update_tokens >= 1 && c.update_clusters >= 1 && c.update_clusters <= c.update_tokens,
                    "attention config: need 1 <= update_clusters <= update_tokens, got ", c.update_clusters, " and ",
                    c.update_tokens);

@@ -36,7 +36,8 @@ void RetroAttention::build(const KvCache& kv) {
   if (end - sink < cfg_.tokens_per_cluster) return;  // not one cluster's worth: everything stays steady
   const index::KMeansParams p = kmeans_params();
   // Heads one after another: the k-means is parallel inside (OpenBLAS threads its sgemm calls).
-  for (int h = 0; h < shape_.num_heads_kv; ++h) index::index_tokens(kv, h, sink, end, p, index_.heads[h]);
+  for (int h = 0; h < shape_.num_heads_kv; ++h)
+    index::index_tokens(kv, h, sink, end, p, index_.heads[h], cfg_.outlier_fraction);
   index_.indexed_end = end;
 }
 
@@ -55,7 +56,7 @@ void RetroAttention::sync(const KvCache& kv) {
   while (kv.size() - index_.indexed_end >= int64_t{cfg_.window_tokens} + cfg_.update_tokens) {
     const int64_t b = index_.indexed_end, e = b + cfg_.update_tokens;
     for (int h = 0; h < shape_.num_heads_kv; ++h)
-      index::index_block(kv, h, b, e, cfg_.update_clusters, p, index_.heads[h]);
+      index::index_block(kv, h, b, e, cfg_.update_clusters, p, index_.heads[h], cfg_.outlier_fraction);
     index_.indexed_end = e;
     ++num_updates_;
   }
@@ -99,11 +100,16 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
     AttentionStats& st = per_head[h];
     st.exact_tokens = steady;
     const index::HeadIndex& hi = index_.heads[h];
-    if (hi.num_clusters() > 0) {
+    // Outlier zone: always read exactly.
+    std::vector<int64_t> tokens(hi.outliers);
+    if (hi.num_clusters() == 0) {
+      accumulate_tokens(kv, h, qg, sc, tokens.data(), static_cast<int64_t>(tokens.size()), exact);
+      st.exact_tokens += static_cast<int64_t>(tokens.size());
+      last_sel_[h] = index::ZoneSelection{};
+    } else {
       HeadPlan plan;
       plan_head(h, qg, plan);
-      // Retrieval zone: the members of the chosen clusters, read exactly in token order.
-      std::vector<int64_t> tokens;
+      // Retrieval zone: the members of the chosen clusters, read exactly in token order with the outliers.
       for (int32_t j : plan.sel.retrieval)
         tokens.insert(tokens.end(), hi.members.begin() + hi.offsets[j], hi.members.begin() + hi.offsets[j + 1]);
       std::sort(tokens.begin(), tokens.end());
@@ -120,8 +126,6 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
       st.retrieved_clusters = static_cast<int64_t>(plan.sel.retrieval.size());
       st.estimated_clusters = static_cast<int64_t>(plan.sel.estimation.size());
       last_sel_[h] = std::move(plan.sel);
-    } else {
-      last_sel_[h] = index::ZoneSelection{};
     }
     exact.finish(out + off);
   }
@@ -136,7 +140,7 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
 
 template <typename Code>
 void RetroAttention::fill_zones(int h, int64_t size, int64_t steady_a, int64_t steady_b,
-                                const index::ZoneSelection& sel, const Code (&zone_code)[4], Code* zones) const {
+                                const index::ZoneSelection& sel, const Code (&zone_code)[5], Code* zones) const {
   std::fill(zones, zones + size, zone_code[static_cast<int>(index::Zone::kIgnored)]);
   std::fill(zones, zones + steady_a, zone_code[static_cast<int>(index::Zone::kSteady)]);
   std::fill(zones + steady_b, zones + size, zone_code[static_cast<int>(index::Zone::kSteady)]);
@@ -148,6 +152,8 @@ void RetroAttention::fill_zones(int h, int64_t size, int64_t steady_a, int64_t s
   };
   mark(sel.retrieval, index::Zone::kRetrieval);
   mark(sel.estimation, index::Zone::kEstimation);
+  const Code outlier = zone_code[static_cast<int>(index::Zone::kOutlier)];
+  for (int64_t t : hi.outliers) zones[t] = outlier;
 }
 
 void RetroAttention::zones(const KvCache& kv, const float* q, std::vector<index::Zone>& zones) {
@@ -157,8 +163,9 @@ void RetroAttention::zones(const KvCache& kv, const float* q, std::vector<index:
   const int64_t steady_a = std::min(index_.indexed_begin, size);
   const int64_t steady_b = std::min(index_.indexed_end, size);
   zones.resize(static_cast<size_t>(shape_.num_heads_kv) * size);
-  static constexpr index::Zone kIdentity[4] = {index::Zone::kSteady, index::Zone::kRetrieval,
-                                               index::Zone::kEstimation, index::Zone::kIgnored};
+  static constexpr index::Zone kIdentity[5] = {index::Zone::kSteady, index::Zone::kRetrieval,
+                                               index::Zone::kEstimation, index::Zone::kIgnored,
+                                               index::Zone::kOutlier};
   for (int h = 0; h < shape_.num_heads_kv; ++h) {
     HeadPlan plan;
     if (index_.heads[h].num_clusters() > 0) plan_head(h, q + static_cast<size_t>(h) * group() * shape_.head_dim, plan);
@@ -168,7 +175,7 @@ void RetroAttention::zones(const KvCache& kv, const float* q, std::vector<index:
 
 bool RetroAttention::last_zones(int kvh, std::vector<uint8_t>& zones) const {
   if (last_size_ < 0 || kvh < 0 || kvh >= shape_.num_heads_kv) return false;
-  static constexpr uint8_t kCodes[4] = {kZoneExact, kZoneExact, kZoneEstimated, kZoneIgnored};
+  static constexpr uint8_t kCodes[5] = {kZoneExact, kZoneExact, kZoneEstimated, kZoneIgnored, kZoneExact};
   zones.resize(static_cast<size_t>(last_size_));
   fill_zones(kvh, last_size_, last_steady_a_, last_steady_b_, last_sel_[kvh], kCodes, zones.data());
   return true;

@@ -1,7 +1,9 @@
 // retro: decode attention through the wave index (DESIGN.md §2) on the CPU. Per KV head: exact attention
 // over the steady zone (sinks + everything after the indexed region) and the tokens of the top-scoring
 // clusters (retrieval zone), an estimate of the next clusters from centroid and value sum (estimation
-// zone), merged by log-sum-exp; the remaining clusters are ignored.
+// zone), merged by log-sum-exp; the remaining clusters are ignored. The outlier tokens (indexed tokens
+// their cluster's centroid represents worst, AttentionConfig::outlier_fraction) are kept out of the
+// clusters and read exactly at every step (outlier zone).
 //
 // Index life cycle:
 //   - on_prefill(kv) (or, if it was never called, the first decode) indexes tokens [sink, size - window)
@@ -37,7 +39,7 @@ class RetroAttention final : public MethodBase {
   // (calls sync(kv) first). q: [num_heads_q, head_dim] f32. zones: out, [num_heads_kv, kv.size()] row-major.
   void zones(const KvCache& kv, const float* q, std::vector<index::Zone>& zones);
 
-  // Evaluation hook: the zones of the last decode() (steady and retrieval -> kZoneExact, estimation ->
+  // Evaluation hook: the zones of the last decode() (steady, retrieval and outlier -> kZoneExact, estimation ->
   // kZoneEstimated, the rest kZoneIgnored). False before the first decode and after on_prefill.
   bool last_zones(int kvh, std::vector<uint8_t>& zones) const override;
 
@@ -57,10 +59,10 @@ class RetroAttention final : public MethodBase {
 
   // Writes the zone of every token of KV head h for a cache of `size` tokens, steady zone [0, steady_a) and
   // [steady_b, size), and the selection sel, using the codes zone_code[steady, retrieval, estimation,
-  // ignored]. zones: out, [size].
+  // ignored, outlier]. zones: out, [size].
   template <typename Code>
   void fill_zones(int h, int64_t size, int64_t steady_a, int64_t steady_b, const index::ZoneSelection& sel,
-                  const Code (&zone_code)[4], Code* zones) const;
+                  const Code (&zone_code)[5], Code* zones) const;
 
   index::WaveIndex index_;
   // The last decode(), for last_zones(): per KV head its selection, and the cache size and steady bounds.

@@ -263,7 +263,8 @@ std::string format_fidelity(const FidelityReport& r) {
      << o.kv_heads_evaluated * group << " query heads); timings cover the evaluated heads only\n"
      << "budget: sink " << o.attention.sink_tokens << " + window " << o.attention.window_tokens
      << " exact; retro retrieval " << o.attention.retrieval_fraction * 100 << "% / estimation "
-     << o.attention.estimation_fraction * 100 << "% of clusters; baselines read "
+     << o.attention.estimation_fraction * 100 << "% of clusters, outliers " << o.attention.outlier_fraction * 100
+     << "% of indexed tokens exact; baselines read "
      << (o.attention.budget_tokens >= 0 ? std::to_string(o.attention.budget_tokens) + " tokens"
                                         : "round(" + fmt(o.attention.retrieval_fraction * 100, "%.1f") +
                                               "% of the indexed tokens)")
@@ -314,6 +315,7 @@ std::string fidelity_json_lines(const FidelityReport& r) {
       j["kv_heads_evaluated"] = o.kv_heads_evaluated;
       j["retrieval_fraction"] = o.attention.retrieval_fraction;
       j["estimation_fraction"] = o.attention.estimation_fraction;
+      j["outlier_fraction"] = o.attention.outlier_fraction;
       j["data_sink_mass"] = c.profile.sink_mass;
       j["data_needle_mass"] = c.profile.needle_mass;
       j["data_window_mass"] = c.profile.window_mass;

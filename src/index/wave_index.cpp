@@ -15,11 +15,12 @@ std::string_view zone_name(Zone z) {
     case Zone::kRetrieval: return "retrieval";
     case Zone::kEstimation: return "estimation";
     case Zone::kIgnored: return "ignored";
+    case Zone::kOutlier: return "outlier";
   }
   return "?";
 }
 
-void HeadIndex::append(const ClusterIndex& ci, int64_t first_token) {
+void HeadIndex::append(const ClusterIndex& ci, int64_t first_token, const std::vector<int32_t>& outlier_tokens) {
   RETROINFER_CHECK(head_dim == 0 || head_dim == ci.head_dim, "HeadIndex::append: head_dim ", ci.head_dim,
                    " differs from the index's ", head_dim);
   head_dim = ci.head_dim;
@@ -30,6 +31,11 @@ void HeadIndex::append(const ClusterIndex& ci, int64_t first_token) {
   for (int j = 0; j < ci.num_clusters; ++j) offsets.push_back(base + ci.offsets[j + 1]);
   members.reserve(members.size() + ci.members.size());
   for (int32_t m : ci.members) members.push_back(first_token + m);
+  for (int32_t t : outlier_tokens) {
+    RETROINFER_CHECK(outliers.empty() || outliers.back() < first_token + t,
+                     "HeadIndex::append: outlier tokens must be ascending and after the indexed ones");
+    outliers.push_back(first_token + t);
+  }
 }
 
 void HeadIndex::clear() {
@@ -38,6 +44,7 @@ void HeadIndex::clear() {
   sizes.clear();
   offsets.assign(1, 0);
   members.clear();
+  outliers.clear();
 }
 
 ZoneBudget zone_budget(int num_clusters, double retrieval_fraction, double estimation_fraction) {
@@ -136,19 +143,100 @@ void check_range(const KvCache& kv, int h, int64_t begin, int64_t end, const cha
 }
 }  // namespace
 
-void index_tokens(const KvCache& kv, int h, int64_t begin, int64_t end, const KMeansParams& p, HeadIndex& hi) {
+std::vector<int32_t> split_outliers(ClusterIndex& ci, const float* keys, const float* values, int64_t n,
+                                    double fraction) {
+  RETROINFER_CHECK(fraction >= 0.0 && fraction <= 1.0, "split_outliers: fraction must be in [0, 1], got ",
+                   fraction);
+  RETROINFER_CHECK(static_cast<int64_t>(ci.assignment.size()) == n, "split_outliers: the index holds ",
+                   ci.assignment.size(), " tokens, not ", n);
+  const int d = ci.head_dim;
+  const int64_t want = std::llround(fraction * static_cast<double>(n));
+  if (want == 0 || n == 0) return {};
+  // Squared residual of every token against its cluster's centroid, in double. A token whose residual is
+  // within f32 rounding of the centroid counts as represented exactly and is never taken: a one-member
+  // cluster's centroid is the key rebuilt as (k - mu) + mu, off by a few ulps of max(|k|, |mu|) per
+  // element; kExactRel = 1e-10 on the squared norms (1e-5 relative on the norms, ~100x f32's 6e-8
+  // epsilon) separates that from any real residual.
+  constexpr double kExactRel = 1e-10;
+  std::vector<double> res(static_cast<size_t>(n));
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* k = keys + i * d;
+    const float* c = ci.centroids.data() + static_cast<int64_t>(ci.assignment[i]) * d;
+    double s = 0.0, kk = 0.0, cc = 0.0;
+    for (int l = 0; l < d; ++l) {
+      const double e = static_cast<double>(k[l]) - c[l];
+      s += e * e;
+      kk += static_cast<double>(k[l]) * k[l];
+      cc += static_cast<double>(c[l]) * c[l];
+    }
+    res[i] = s;
+    if (s > kExactRel * (kk + cc)) ids.push_back(static_cast<int32_t>(i));
+  }
+  const int64_t take = std::min<int64_t>(want, static_cast<int64_t>(ids.size()));
+  auto worse = [&res](int32_t a, int32_t b) { return res[a] > res[b] || (res[a] == res[b] && a < b); };
+  std::nth_element(ids.begin(), ids.begin() + take, ids.end(), worse);
+  ids.resize(take);
+  std::sort(ids.begin(), ids.end());
+  if (ids.empty()) return ids;
+  // Remove them and recompute the touched clusters from their remaining members.
+  std::vector<char> touched(ci.num_clusters, 0);
+  for (int32_t i : ids) {
+    touched[ci.assignment[i]] = 1;
+    ci.assignment[i] = -1;
+  }
+  std::vector<int32_t> members, offsets(ci.num_clusters + 1, 0);
+  members.reserve(ci.members.size() - ids.size());
+  std::vector<double> ksum(d), vsum(d);
+  for (int j = 0; j < ci.num_clusters; ++j) {
+    offsets[j] = static_cast<int32_t>(members.size());
+    std::fill(ksum.begin(), ksum.end(), 0.0);
+    std::fill(vsum.begin(), vsum.end(), 0.0);
+    int32_t size = 0;
+    for (int32_t m = ci.offsets[j]; m < ci.offsets[j + 1]; ++m) {
+      const int32_t t = ci.members[m];
+      if (ci.assignment[t] < 0) continue;
+      members.push_back(t);
+      ++size;
+      if (!touched[j]) continue;
+      for (int l = 0; l < d; ++l) {
+        ksum[l] += keys[static_cast<int64_t>(t) * d + l];
+        vsum[l] += values[static_cast<int64_t>(t) * d + l];
+      }
+    }
+    ci.sizes[j] = size;
+    if (!touched[j]) continue;
+    float* c = ci.centroids.data() + static_cast<int64_t>(j) * d;
+    float* v = ci.value_sums.data() + static_cast<int64_t>(j) * d;
+    for (int l = 0; l < d; ++l) {
+      v[l] = static_cast<float>(vsum[l]);
+      if (size > 0) c[l] = static_cast<float>(ksum[l] / size);  // an emptied cluster keeps its centroid
+    }
+  }
+  offsets[ci.num_clusters] = static_cast<int32_t>(members.size());
+  ci.members = std::move(members);
+  ci.offsets = std::move(offsets);
+  return ids;
+}
+
+void index_tokens(const KvCache& kv, int h, int64_t begin, int64_t end, const KMeansParams& p, HeadIndex& hi,
+                  double outlier_fraction) {
   check_range(kv, h, begin, end, "index_tokens");
   std::vector<float> keys, values;
   load_rows(kv, h, begin, end, keys, values);
-  hi.append(segmented_kmeans(keys.data(), values.data(), end - begin, kv.head_dim(), p), begin);
+  ClusterIndex ci = segmented_kmeans(keys.data(), values.data(), end - begin, kv.head_dim(), p);
+  const std::vector<int32_t> out = split_outliers(ci, keys.data(), values.data(), end - begin, outlier_fraction);
+  hi.append(ci, begin, out);
 }
 
 void index_block(const KvCache& kv, int h, int64_t begin, int64_t end, int num_clusters, const KMeansParams& p,
-                 HeadIndex& hi) {
+                 HeadIndex& hi, double outlier_fraction) {
   check_range(kv, h, begin, end, "index_block");
   std::vector<float> keys, values;
   load_rows(kv, h, begin, end, keys, values);
-  hi.append(block_kmeans(keys.data(), values.data(), end - begin, kv.head_dim(), num_clusters, p), begin);
+  ClusterIndex ci = block_kmeans(keys.data(), values.data(), end - begin, kv.head_dim(), num_clusters, p);
+  const std::vector<int32_t> out = split_outliers(ci, keys.data(), values.data(), end - begin, outlier_fraction);
+  hi.append(ci, begin, out);
 }
 
 }  // namespace retroinfer::index

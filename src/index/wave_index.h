@@ -13,7 +13,9 @@
 namespace retroinfer::index {
 
 // Zone of one token for one decode step and KV head.
-enum class Zone : uint8_t { kSteady = 0, kRetrieval = 1, kEstimation = 2, kIgnored = 3 };
+// kOutlier: an indexed token kept out of every cluster because its cluster's centroid represents it
+// poorly (see split_outliers); always read exactly, like the steady zone.
+enum class Zone : uint8_t { kSteady = 0, kRetrieval = 1, kEstimation = 2, kIgnored = 3, kOutlier = 4 };
 std::string_view zone_name(Zone z);
 
 // The clusters of one KV head. Cluster ids are stable: updates only append clusters.
@@ -26,11 +28,13 @@ struct HeadIndex {
   std::vector<int32_t> sizes;     // [num_clusters]; 0 = empty cluster (scores -inf)
   std::vector<int64_t> offsets{0};  // [num_clusters + 1]: CSR offsets into members
   std::vector<int64_t> members;     // [offsets.back()]: absolute token positions grouped by cluster
+  std::vector<int64_t> outliers;    // [num_outliers]: absolute positions of the outlier tokens, ascending
 
   int num_clusters() const { return static_cast<int>(sizes.size()); }
-  int64_t num_tokens() const { return offsets.back(); }
-  // Appends the clusters of ci, built over the tokens [first_token, first_token + n) of the cache.
-  void append(const ClusterIndex& ci, int64_t first_token);
+  int64_t num_tokens() const { return offsets.back(); }  // clustered tokens (outliers excluded)
+  // Appends the clusters of ci, built over the tokens [first_token, first_token + n) of the cache, and the
+  // outlier tokens `outliers` (positions relative to first_token, ascending; not members of ci).
+  void append(const ClusterIndex& ci, int64_t first_token, const std::vector<int32_t>& outliers = {});
   void clear();
 };
 
@@ -67,11 +71,28 @@ struct WaveIndex {
   int64_t indexed_tokens() const { return indexed_end - indexed_begin; }
 };
 
-// Clusters tokens [begin, end) of KV head h of kv with segmented k-means and appends them to hi.
+// Outlier tokens: removes from ci the round(fraction * n) tokens worst represented by their cluster's
+// centroid and returns them (ascending, relative token indices). "Worst represented" = largest residual
+// ||k_i - c_a(i)||: a query q's estimation logit q.c differs from the token's true logit q.k by q.(k - c),
+// at most ||q|| ||k - c|| (Cauchy-Schwarz), so the residual bounds, for every query, how far the
+// estimate (and the cluster's score) can be from that token; a lone key that k-means folded into a cluster
+// of ordinary keys (a "needle") has a large residual and is averaged away otherwise. Tokens with a zero
+// residual are never taken (they are represented exactly). Ties: the lower token index first. Every
+// cluster that loses members gets the plain mean of its remaining member keys as centroid (what the
+// global k-means step gives; a spherical-only run's centroid is replaced too), its value sum and size
+// lose the removed tokens (size 0: empty cluster, never scored); CSR offsets/members and assignment
+// (-1 for an outlier) are rewritten. keys, values: [n, head_dim] f32 (the rows ci was built from).
+// fraction in [0, 1].
+std::vector<int32_t> split_outliers(ClusterIndex& ci, const float* keys, const float* values, int64_t n,
+                                    double fraction);
+
+// Clusters tokens [begin, end) of KV head h of kv with segmented k-means, splits off the outlier tokens
+// (split_outliers with outlier_fraction; 0 = none) and appends both to hi.
 // Runs in the caller's thread; the k-means's sgemm calls are threaded by OpenBLAS.
-void index_tokens(const KvCache& kv, int h, int64_t begin, int64_t end, const KMeansParams& p, HeadIndex& hi);
+void index_tokens(const KvCache& kv, int h, int64_t begin, int64_t end, const KMeansParams& p, HeadIndex& hi,
+                  double outlier_fraction = 0.0);
 // Same with one segment of exactly num_clusters clusters (index updates).
 void index_block(const KvCache& kv, int h, int64_t begin, int64_t end, int num_clusters, const KMeansParams& p,
-                 HeadIndex& hi);
+                 HeadIndex& hi, double outlier_fraction = 0.0);
 
 }  // namespace retroinfer::index

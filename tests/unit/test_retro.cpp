@@ -178,34 +178,51 @@ TEST(Retro, BudgetCoveringEverythingEqualsFull) {
 
 namespace {
 // Checks the zones of one decode step: the index partitions [indexed_begin, indexed_end) per head (each
-// token in exactly one cluster), steady is everything else, and zone counts agree with the stats.
-void check_zones(RetroAttention& retro, const KvCache& kv, const float* q, const AttentionStats& st) {
+// token in exactly one cluster or in the outlier list), steady is everything else, outlier tokens are in
+// the outlier zone, and zone counts agree with the stats.
+// Returns the outlier tokens summed over heads.
+int64_t check_zones(RetroAttention& retro, const KvCache& kv, const float* q, const AttentionStats& st) {
   const auto& idx = retro.wave_index();
   const int64_t n = kv.size();
   std::vector<Zone> zones;
   retro.zones(kv, q, zones);
-  ASSERT_EQ(zones.size(), static_cast<size_t>(kv.num_heads_kv()) * n);
-  int64_t exact = 0, retrieved_clusters = 0, estimated_clusters = 0;
+  EXPECT_EQ(zones.size(), static_cast<size_t>(kv.num_heads_kv()) * n);
+  if (zones.size() != static_cast<size_t>(kv.num_heads_kv()) * n) return -1;
+  int64_t exact = 0, retrieved_clusters = 0, estimated_clusters = 0, outliers = 0;
   for (int h = 0; h < kv.num_heads_kv(); ++h) {
     const auto& hi = idx.heads[h];
     std::vector<int> count(n, 0);
+    std::vector<char> is_outlier(n, 0);
     for (int64_t m : hi.members) {
-      ASSERT_TRUE(m >= idx.indexed_begin && m < idx.indexed_end) << "member " << m;
+      EXPECT_TRUE(m >= idx.indexed_begin && m < idx.indexed_end) << "member " << m;
+      if (m < 0 || m >= n) return -1;
       ++count[m];
     }
+    for (size_t i = 0; i < hi.outliers.size(); ++i) {
+      const int64_t m = hi.outliers[i];
+      EXPECT_TRUE(m >= idx.indexed_begin && m < idx.indexed_end) << "outlier " << m;
+      if (m < 0 || m >= n) return -1;
+      if (i > 0) {
+        EXPECT_LT(hi.outliers[i - 1], m) << "outliers not ascending";
+      }
+      ++count[m];
+      is_outlier[m] = 1;
+    }
+    outliers += static_cast<int64_t>(hi.outliers.size());
     for (int64_t t = 0; t < n; ++t) {
       const bool indexed = t >= idx.indexed_begin && t < idx.indexed_end;
-      ASSERT_EQ(count[t], indexed ? 1 : 0) << "head " << h << " token " << t;
+      EXPECT_EQ(count[t], indexed ? 1 : 0) << "head " << h << " token " << t;
       const Zone z = zones[static_cast<size_t>(h) * n + t];
-      ASSERT_EQ(z == Zone::kSteady, !indexed) << "head " << h << " token " << t;
-      exact += z == Zone::kSteady || z == Zone::kRetrieval;
+      EXPECT_EQ(z == Zone::kSteady, !indexed) << "head " << h << " token " << t;
+      EXPECT_EQ(z == Zone::kOutlier, is_outlier[t] != 0) << "head " << h << " token " << t;
+      exact += z == Zone::kSteady || z == Zone::kRetrieval || z == Zone::kOutlier;
     }
     // Zones are whole clusters.
     for (int j = 0; j < hi.num_clusters(); ++j) {
       if (hi.sizes[j] == 0) continue;
       const Zone z = zones[static_cast<size_t>(h) * n + hi.members[hi.offsets[j]]];
       for (int64_t m = hi.offsets[j]; m < hi.offsets[j + 1]; ++m)
-        ASSERT_EQ(zones[static_cast<size_t>(h) * n + hi.members[m]], z) << "cluster " << j;
+        EXPECT_EQ(zones[static_cast<size_t>(h) * n + hi.members[m]], z) << "cluster " << j;
       retrieved_clusters += z == Zone::kRetrieval;
       estimated_clusters += z == Zone::kEstimation;
     }
@@ -213,26 +230,34 @@ void check_zones(RetroAttention& retro, const KvCache& kv, const float* q, const
   // The evaluation hook reports the same zones for the decode that just ran.
   std::vector<uint8_t> last;
   for (int h = 0; h < kv.num_heads_kv(); ++h) {
-    ASSERT_TRUE(retro.last_zones(h, last));
-    ASSERT_EQ(static_cast<int64_t>(last.size()), n);
+    EXPECT_TRUE(retro.last_zones(h, last));
+    EXPECT_EQ(static_cast<int64_t>(last.size()), n);
+    if (static_cast<int64_t>(last.size()) != n) return -1;
     for (int64_t t = 0; t < n; ++t) {
       const Zone z = zones[static_cast<size_t>(h) * n + t];
-      const uint8_t want = z == Zone::kSteady || z == Zone::kRetrieval ? RetroAttention::kZoneExact
-                           : z == Zone::kEstimation                   ? RetroAttention::kZoneEstimated
-                                                                      : RetroAttention::kZoneIgnored;
-      ASSERT_EQ(last[t], want) << "head " << h << " token " << t;
+      const uint8_t want =
+          z == Zone::kSteady || z == Zone::kRetrieval || z == Zone::kOutlier ? RetroAttention::kZoneExact
+          : z == Zone::kEstimation                                         ? RetroAttention::kZoneEstimated
+                                                                           : RetroAttention::kZoneIgnored;
+      EXPECT_EQ(last[t], want) << "head " << h << " token " << t;
     }
   }
   EXPECT_FALSE(retro.last_zones(kv.num_heads_kv(), last));
   EXPECT_EQ(exact, st.exact_tokens);
   EXPECT_EQ(retrieved_clusters, st.retrieved_clusters);
   EXPECT_EQ(estimated_clusters, st.estimated_clusters);
+  return outliers;
 }
 }  // namespace
 
 TEST(Retro, IndexUpdatesWhileDecoding) {
+  // Outlier fraction 0 (no outlier zone) and 0.05: round(0.05 * 88) = 4 outliers per head from the prompt,
+  // round(0.05 * 32) = 2 per update.
+  for (double outlier_fraction : {0.0, 0.05}) {
+  SCOPED_TRACE(testing::Message() << "outlier_fraction " << outlier_fraction);
   const AttentionShape shape{4, 2, 64};
   AttentionConfig cfg = small_config();
+  cfg.outlier_fraction = outlier_fraction;
   cfg.window_tokens = 8;
   cfg.update_tokens = 32;
   cfg.update_clusters = 4;
@@ -272,13 +297,15 @@ TEST(Retro, IndexUpdatesWhileDecoding) {
       kv.append(k.data(), v.data(), 1);
       const auto q = random_q(shape, 1000 + static_cast<uint32_t>(step));
       const AttentionStats st = retro.decode(kv, q.data(), out.data());
-      check_zones(retro, kv, q.data(), st);
+      const int64_t outliers = check_zones(retro, kv, q.data(), st);
       // Updates run while the tail after the indexed region holds >= window + update_tokens = 40 tokens.
       const int64_t n = kv.size();
       const int64_t updates = n - end0 >= 40 ? (n - end0 - 8) / 32 : 0;
       ASSERT_EQ(retro.num_updates(), updates) << "step " << step;
       EXPECT_EQ(retro.wave_index().indexed_end, end0 + 32 * updates);
       for (const auto& hi : retro.wave_index().heads) EXPECT_EQ(hi.num_clusters(), clusters0 + 4 * updates);
+      const int64_t per_head = outlier_fraction > 0 ? (prompt > 0 ? 4 : 0) + 2 * updates : 0;
+      ASSERT_EQ(outliers, 2 * per_head) << "step " << step;
       if (step % 7 == 0 || step == 199) {
         retro_exact.decode(kv, q.data(), out.data());
         full->decode(kv, q.data(), ref.data());
@@ -286,6 +313,7 @@ TEST(Retro, IndexUpdatesWhileDecoding) {
       }
     }
     EXPECT_GE(retro.num_updates(), 4);
+  }
   }
 }
 
@@ -334,6 +362,11 @@ TEST(Retro, BadArgumentsThrow) {
   bad = cfg;
   bad.retrieval_fraction = 0.6;
   bad.estimation_fraction = 0.6;
+  EXPECT_THROW(RetroAttention(bad, AttentionShape{4, 2, 64}), Error);
+  bad = cfg;
+  bad.outlier_fraction = -0.1;
+  EXPECT_THROW(RetroAttention(bad, AttentionShape{4, 2, 64}), Error);
+  bad.outlier_fraction = 1.5;
   EXPECT_THROW(RetroAttention(bad, AttentionShape{4, 2, 64}), Error);
   // KV cache that does not match the shape.
   auto retro = retroinfer::make_attention(cfg, AttentionShape{4, 2, 64});
@@ -391,7 +424,10 @@ TEST(Retro, FirstDecodeBuildsTheIndexWithoutPrefill) {
   full->decode(kv, q.data(), ref.data());
   EXPECT_EQ(retro.wave_index().indexed_begin, 4);
   EXPECT_EQ(retro.wave_index().indexed_end, 300 - 16);
-  EXPECT_EQ(retro.wave_index().heads[1].num_tokens(), 300 - 20);
+  // 280 indexed tokens, in clusters or (default outlier_fraction 0.001: round(0.28) = 0) outliers.
+  EXPECT_EQ(retro.wave_index().heads[1].num_tokens() +
+                static_cast<int64_t>(retro.wave_index().heads[1].outliers.size()),
+            300 - 20);
   EXPECT_EQ(retro.num_updates(), 0);
   EXPECT_GT(st.retrieved_clusters, 0);
   EXPECT_LE(nmse(out, ref), kMaxNmse);
