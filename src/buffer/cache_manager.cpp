@@ -60,6 +60,7 @@ void CacheManager::stop() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
   running_.store(false);
+  apply_pending_clusters();  // additions queued after the thread's last ring read: the owner holds the state now
   check();
 }
 

@@ -58,7 +58,7 @@ class CacheManager {
   CacheManager& operator=(const CacheManager&) = delete;
 
   void start();
-  void stop();   // joins the thread; rethrows its error, if any
+  void stop();   // joins the thread, applies queued add_clusters; rethrows its error, if any
   void check();  // rethrows the manager thread's error, if any
   // Blocks until the manager has consumed ring steps [0, steps) (read or counted lost), including the
   // decision it made for the last of them: with the producer waiting too, step `steps` applies that

@@ -384,6 +384,9 @@ TEST(CacheManager, AddClustersWhileRunningKeepsDeviceAndManagerConsistent) {
       if (s % 50 == 49) m.wait_idle(uint64_t(s) + 1);
     }
     m.wait_idle(steps);
+    // Queued after the last step: no ring step follows, stop() applies it.
+    m.add_clusters(0, std::vector<int32_t>{rig.sizes[size_t(known[0])]});
+    known[0] += 1;
     dev.apply();
     m.stop();
     m.poll();
