@@ -27,7 +27,7 @@ constexpr auto kIdleSleep = std::chrono::microseconds(20);
 
 CacheManager::CacheManager(const WaveProtocolLayout& layout, void* region, std::span<const int32_t> cluster_sizes,
                            int num_clusters, int page_tokens, int64_t capacity_pages)
-    : layout_(layout), region_(region), num_clusters_(num_clusters), page_tokens_(page_tokens) {
+    : layout_(layout), region_(region), page_tokens_(page_tokens) {
   RETROINFER_CHECK(region != nullptr, "CacheManager: null protocol region");
   RETROINFER_CHECK(layout.heads >= 1 && layout.k >= 0 && layout.ring_slots >= 2, "CacheManager: bad layout (heads ",
                    layout.heads, ", k ", layout.k, ", ring slots ", layout.ring_slots, "; need >= 1, >= 0, >= 2)");
@@ -60,6 +60,7 @@ void CacheManager::stop() {
   stop_.store(true);
   if (thread_.joinable()) thread_.join();
   running_.store(false);
+  apply_pending_clusters();  // additions queued after the thread's last ring read: the owner holds the state now
   check();
 }
 
@@ -91,6 +92,34 @@ void CacheManager::wait_idle(uint64_t steps) {
     lock.unlock();
     std::rethrow_exception(e);
   }
+}
+
+void CacheManager::add_clusters(int head, std::span<const int32_t> sizes) {
+  RETROINFER_CHECK(head >= 0 && head < layout_.heads, "CacheManager::add_clusters: head ", head, " outside [0, ",
+                   layout_.heads, ")");
+  for (size_t i = 0; i < sizes.size(); ++i)
+    RETROINFER_CHECK(sizes[i] >= 0, "CacheManager::add_clusters: head ", head, " new cluster ", i,
+                     " has negative size ", sizes[i]);
+  if (!running_.load()) {  // the owner holds the state (manager stopped or never started)
+    lrus_[size_t(head)].add_clusters(sizes);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_clusters_.push_back({head, std::vector<int32_t>(sizes.begin(), sizes.end())});
+  }
+  pending_.store(true, std::memory_order_release);
+}
+
+void CacheManager::apply_pending_clusters() {
+  if (!pending_.load(std::memory_order_acquire)) return;
+  std::vector<PendingClusters> todo;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    todo.swap(pending_clusters_);
+    pending_.store(false, std::memory_order_relaxed);
+  }
+  for (const auto& p : todo) lrus_[size_t(p.head)].add_clusters(p.sizes);
 }
 
 void CacheManager::run() {
@@ -158,6 +187,8 @@ bool CacheManager::poll() {
       ++next_step_;
       continue;
     }
+    // Additions queued before the producer wrote this step are visible now (the ring read was acquire).
+    apply_pending_clusters();
     const uint64_t step = next_step_;
     // Decide only for the newest step (an older step's rows are gone by the time an update could land)
     // whose lookup already saw the last applied update, and only with no update outstanding.
@@ -190,8 +221,9 @@ void CacheManager::process_step(uint64_t step, const int32_t* ids, const int32_t
     for (int j = 0; j < K; ++j) {
       const int32_t c = ids[size_t(h) * K + j];
       if (c < 0) continue;
-      RETROINFER_CHECK(c < num_clusters_, "CacheManager: ring step ", step, " head ", h, " names cluster ", c,
-                       " of ", num_clusters_);
+      RETROINFER_CHECK(c < lrus_[size_t(h)].num_clusters(), "CacheManager: ring step ", step, " head ", h,
+                       " names cluster ", c, " of ", lrus_[size_t(h)].num_clusters(),
+                       " (an index update must call add_clusters before the step that can select its clusters)");
       if (rows[size_t(h) * K + j] < 0) {
         ++hits;
         lrus_[size_t(h)].touch(c, s);  // false when the manager already evicted it: nothing to do

@@ -14,6 +14,8 @@
 //   - start() / stop() / wait_idle() / check() / stats() are called by one owner thread (the layer's);
 //   - while running, the manager thread alone reads the ring and ack and writes the mailbox and the LRU
 //     state; the producer (GPU) alone writes the ring and ack and reads the mailbox;
+//   - add_clusters() is called by the owner between decode steps; while running it is queued (under the
+//     mutex) and the manager thread applies it before it processes any ring step read afterwards;
 //   - lru(h) may be read by the owner only while the manager is stopped or after wait_idle() returned;
 //   - an exception in the manager thread stops it; check(), wait_idle() and stop() rethrow it on the
 //     owner thread (the next synchronisation point).
@@ -56,7 +58,7 @@ class CacheManager {
   CacheManager& operator=(const CacheManager&) = delete;
 
   void start();
-  void stop();   // joins the thread; rethrows its error, if any
+  void stop();   // joins the thread, applies queued add_clusters; rethrows its error, if any
   void check();  // rethrows the manager thread's error, if any
   // Blocks until the manager has consumed ring steps [0, steps) (read or counted lost), including the
   // decision it made for the last of them: with the producer waiting too, step `steps` applies that
@@ -66,6 +68,11 @@ class CacheManager {
   // Admissions on (default) or off: off, the manager only tracks recency and the cache stops changing
   // (benchmarks measure the all-miss path this way). Any thread.
   void set_admission(bool on) { admit_.store(on); }
+  // Index update during decode: flat head `head` gains clusters with the given sizes (tokens), ids
+  // continuing that head's numbering (lru(head).num_clusters() before the call, once applied). Call before
+  // launching the first step whose selection can name them: a ring step read after this call sees them.
+  // Stopped: applied at once; running: queued for the manager thread. Owner thread only.
+  void add_clusters(int head, std::span<const int32_t> sizes);
   const PageLru& lru(int head) const { return lrus_[static_cast<size_t>(head)]; }
   int heads() const { return layout_.heads; }
 
@@ -78,10 +85,10 @@ class CacheManager {
   void read_ack();
   void process_step(uint64_t step, const int32_t* ids, const int32_t* rows, bool decide);
   void publish(uint64_t src_step);
+  void apply_pending_clusters();  // manager thread: moves queued additions into the LRUs
 
   WaveProtocolLayout layout_;
   void* region_;
-  int num_clusters_;
   int page_tokens_;
   std::vector<PageLru> lrus_;  // [heads]
 
@@ -102,6 +109,12 @@ class CacheManager {
   std::atomic<bool> admit_{true};
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::atomic<bool> pending_{false};  // additions queued (set with release after queueing)
+  struct PendingClusters {
+    int head;
+    std::vector<int32_t> sizes;
+  };
+  std::vector<PendingClusters> pending_clusters_;  // guarded by mu_
   std::exception_ptr error_;       // guarded by mu_
   CacheManagerStats stats_;        // guarded by mu_
 };

@@ -103,6 +103,26 @@ void PageLru::remove(int32_t c) {
   if (resident(c)) release(c);
 }
 
+int32_t PageLru::add_clusters(std::span<const int32_t> sizes) {
+  const size_t C = sizes_.size();
+  RETROINFER_CHECK(C + sizes.size() < (size_t{1} << 31), "PageLru::add_clusters: ", C, " + ", sizes.size(),
+                   " clusters exceed the int32 id range");
+  for (size_t i = 0; i < sizes.size(); ++i)
+    RETROINFER_CHECK(sizes[i] >= 0, "PageLru::add_clusters: new cluster ", i, " has negative size ", sizes[i]);
+  // Validate first, then grow: a refused call leaves the state unchanged.
+  for (int32_t s : sizes) {
+    sizes_.push_back(s);
+    const int64_t pages = (int64_t{s} + page_tokens_ - 1) / page_tokens_;
+    slot_begin_.push_back(slot_begin_.back() + pages);
+    resident_.push_back(0);
+    last_step_.push_back(-1);
+    prev_.push_back(-1);
+    next_.push_back(-1);
+  }
+  slots_.resize(static_cast<size_t>(slot_begin_.back()), -1);
+  return static_cast<int32_t>(C);
+}
+
 std::vector<int32_t> PageLru::lru_order() const {
   std::vector<int32_t> out;
   for (int32_t c = head_; c >= 0; c = next_[c]) out.push_back(c);

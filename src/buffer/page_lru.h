@@ -34,6 +34,10 @@ class PageLru {
   bool touch(int32_t c, int64_t step);
   // Drops a resident cluster and frees its pages (rollback of an admission that was not applied).
   void remove(int32_t c);
+  // Index update during decode: appends clusters with the given sizes (tokens, >= 0) as ids
+  // [num_clusters(), num_clusters() + sizes.size()), not resident; returns the first new id. Residency,
+  // pages and LRU order of the existing clusters are unchanged; spans from pages() are invalidated.
+  int32_t add_clusters(std::span<const int32_t> sizes);
 
   bool resident(int32_t c) const { return c >= 0 && c < num_clusters() && resident_[c] != 0; }
   int32_t size(int32_t c) const { return sizes_[static_cast<size_t>(c)]; }  // tokens of cluster c

@@ -5,6 +5,7 @@
 // updates are rolled back, manager errors surface on the owner thread. Also run under TSAN (cpu-tsan).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <random>
@@ -295,6 +296,114 @@ TEST(CacheManager, AsynchronousTraceKeepsDeviceAndManagerConsistent) {
         }
       }
     }
+  }
+}
+
+// Index update: the manager starts with the first C0 clusters of each head (the device's meta arrays have
+// tail room for all C) and gains the rest between steps; steps naming the new clusters then miss, get
+// admitted with their sizes, and hit.
+TEST(CacheManager, AddClustersBetweenStepsSingleThreaded) {
+  Rig rig(19);
+  const int C0 = 30;
+  std::vector<int32_t> first(size_t(rig.H) * C0);
+  for (int h = 0; h < rig.H; ++h)
+    std::copy_n(rig.sizes.begin() + size_t(h) * rig.C, C0, first.begin() + size_t(h) * C0);
+  CacheManager m(rig.layout, rig.region(), first, C0, rig.page_tokens, rig.capacity);
+  FakeDevice dev(rig.layout, rig.region(), rig.C, rig.page_tokens, rig.capacity, rig.sizes);
+  std::vector<int32_t> ids(size_t(rig.H) * rig.K, -1);
+  for (int h = 0; h < rig.H; ++h) ids[size_t(h) * rig.K] = 1;
+  dev.apply();
+  dev.publish(ids);
+  m.poll();
+  for (int h = 0; h < rig.H; ++h) {
+    std::vector<int32_t> extra(rig.sizes.begin() + size_t(h) * rig.C + C0, rig.sizes.begin() + size_t(h + 1) * rig.C);
+    m.add_clusters(h, extra);  // not running: applied at once
+    EXPECT_EQ(m.lru(h).num_clusters(), rig.C);
+  }
+  for (int h = 0; h < rig.H; ++h) ids[size_t(h) * rig.K + 1] = rig.C - 1 - h;  // new clusters
+  dev.apply();
+  dev.publish(ids);  // step 1: cluster 1 hits, the new ones miss
+  m.poll();
+  dev.apply();       // step 2 applies the admissions of the new clusters
+  dev.publish(ids);
+  m.poll();
+  for (int h = 0; h < rig.H; ++h) {
+    const int32_t c = rig.C - 1 - h;
+    EXPECT_TRUE(m.lru(h).resident(c)) << "head " << h;
+    EXPECT_TRUE(dev.resident[size_t(h) * rig.C + c]) << "head " << h;
+    EXPECT_EQ(m.lru(h).size(c), rig.sizes[size_t(h) * rig.C + c]);
+    m.lru(h).check_invariants();
+  }
+  EXPECT_EQ(m.stats().hits, uint64_t(rig.H) + uint64_t(2 * rig.H));
+  EXPECT_THROW(m.add_clusters(rig.H, first), Error);
+  EXPECT_THROW(m.add_clusters(0, std::vector<int32_t>{-2}), Error);
+}
+
+// The same with the manager thread running and the device stepping at its own pace (run under TSAN too):
+// clusters are added every 40 steps (one head at a time, like staggered layers) and selected from the next
+// step on; the manager never sees an unknown id and ends equal to the device's page table.
+TEST(CacheManager, AddClustersWhileRunningKeepsDeviceAndManagerConsistent) {
+  for (uint64_t seed = 1; seed <= 2; ++seed) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    Rig rig(seed + 40, /*ring_slots=*/8, /*max_adm=*/4);
+    int C0 = 20;
+    std::vector<int32_t> first(size_t(rig.H) * C0);
+    for (int h = 0; h < rig.H; ++h)
+      std::copy_n(rig.sizes.begin() + size_t(h) * rig.C, C0, first.begin() + size_t(h) * C0);
+    CacheManager m(rig.layout, rig.region(), first, C0, rig.page_tokens, rig.capacity);
+    FakeDevice dev(rig.layout, rig.region(), rig.C, rig.page_tokens, rig.capacity, rig.sizes);
+    std::vector<int> known(size_t(rig.H), C0);  // clusters each head's index has (device side)
+    std::mt19937_64 rng(seed * 91);
+    m.start();
+    const int steps = 300;
+    for (int s = 0; s < steps; ++s) {
+      if (s % 40 == 39) {
+        const int h = (s / 40) % rig.H;
+        const int add = std::min(5, rig.C - known[size_t(h)]);
+        std::vector<int32_t> extra(rig.sizes.begin() + size_t(h) * rig.C + known[size_t(h)],
+                                   rig.sizes.begin() + size_t(h) * rig.C + known[size_t(h)] + add);
+        m.add_clusters(h, extra);
+        known[size_t(h)] += add;
+      }
+      dev.apply();
+      if (testing::Test::HasFatalFailure()) break;
+      std::vector<int32_t> ids(size_t(rig.H) * rig.K, -1);
+      for (int h = 0; h < rig.H; ++h) {
+        // K distinct picks, biased to the newest clusters (a drifting query finds the new tokens).
+        std::vector<int32_t> pick;
+        while (int(pick.size()) < rig.K) {
+          const int n = known[size_t(h)];
+          const int32_t c = (rng() % 2) ? int32_t(n - 1 - int(rng() % 8)) : int32_t(rng() % uint64_t(n));
+          if (std::find(pick.begin(), pick.end(), c) == pick.end()) pick.push_back(c);
+        }
+        std::sort(pick.begin(), pick.end());
+        std::copy(pick.begin(), pick.end(), ids.begin() + size_t(h) * rig.K);
+      }
+      dev.publish(ids);
+      if (s % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (s % 50 == 49) m.wait_idle(uint64_t(s) + 1);
+    }
+    m.wait_idle(steps);
+    // Queued after the last step: no ring step follows, stop() applies it.
+    m.add_clusters(0, std::vector<int32_t>{rig.sizes[size_t(known[0])]});
+    known[0] += 1;
+    dev.apply();
+    m.stop();
+    m.poll();
+    const auto st = m.stats();
+    EXPECT_EQ(st.steps_seen + st.steps_lost, uint64_t(steps));
+    for (int h = 0; h < rig.H; ++h) {
+      ASSERT_EQ(m.lru(h).num_clusters(), known[size_t(h)]);
+      m.lru(h).check_invariants();
+      for (int c = 0; c < known[size_t(h)]; ++c) {
+        const size_t hc = size_t(h) * rig.C + c;
+        ASSERT_EQ(m.lru(h).resident(c), dev.resident[hc] != 0) << "head " << h << " cluster " << c;
+      }
+    }
+    int new_resident = 0;
+    for (int h = 0; h < rig.H; ++h)
+      for (int c = C0; c < known[size_t(h)]; ++c) new_resident += m.lru(h).resident(c);
+    EXPECT_GT(new_resident, 0) << "added clusters were admitted";
   }
 }
 
