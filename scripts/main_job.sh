@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 attention=retro
 words=3000   # ~4K tokens with SmolLM2's tokenizer
-depth=40
+depth=60
 while (( $# )); do
   case "$1" in
     --attention) attention=$2; shift 2 ;;

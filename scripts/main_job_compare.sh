@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 out=${1:-bench/results/cpu}
 methods=${2:-full retro quest streaming oracle}
 mkdir -p "$out"
-scripts/make_long_prompt.sh /tmp/retroinfer_main_job_prompt.txt 3000 40
+scripts/make_long_prompt.sh /tmp/retroinfer_main_job_prompt.txt 3000 60
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 for m in $methods; do
   build/cpu-release/bin/retroinfer generate --model smollm2 --prompt-file /tmp/retroinfer_main_job_prompt.txt \

@@ -23,6 +23,8 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--retrieval-fraction", o.retrieval_fraction, "retro: share of clusters attended exactly (0.018)");
   cmd->add_option("--estimation-fraction", o.estimation_fraction, "retro: share of clusters estimated (0.232)");
+  cmd->add_option("--outlier-fraction", o.outlier_fraction,
+                  "retro: share of indexed tokens kept out of the clusters and read exactly (0.001)");
   cmd->add_option("--sink", o.sink_tokens, "Steady zone: first tokens always attended (4)");
   cmd->add_option("--window", o.window_tokens, "Steady zone: last prompt tokens always attended (64)");
   cmd->add_option("--tokens-per-cluster", o.tokens_per_cluster, "retro: average cluster size (16)");
@@ -39,6 +41,7 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
   AttentionConfig& a = so.attention;
   if (o.retrieval_fraction >= 0) a.retrieval_fraction = o.retrieval_fraction;
   if (o.estimation_fraction >= 0) a.estimation_fraction = o.estimation_fraction;
+  if (o.outlier_fraction >= 0) a.outlier_fraction = o.outlier_fraction;
   if (o.sink_tokens >= 0) a.sink_tokens = o.sink_tokens;
   if (o.window_tokens >= 0) a.window_tokens = o.window_tokens;
   if (o.tokens_per_cluster > 0) a.tokens_per_cluster = o.tokens_per_cluster;

@@ -23,6 +23,7 @@ struct ModelCliOptions {
   // AttentionConfig passthrough; a negative value keeps the default.
   double retrieval_fraction = -1.0;
   double estimation_fraction = -1.0;
+  double outlier_fraction = -1.0;
   int sink_tokens = -1;
   int window_tokens = -1;
   int64_t budget_tokens = -2;  // -1 derives it from retrieval_fraction; -2 keeps the default
