@@ -31,7 +31,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   using namespace retroinfer;
   std::vector<int64_t> lengths;
-  for (int i = 1; i < argc; ++i) lengths.push_back(std::atoll(argv[i]));
+  for (int i = 1; i < argc; ++i) {
+    const int64_t n = std::atoll(argv[i]);
+    if (n < 256) {
+      std::fprintf(stderr, "usage: wave_index [tokens...]  (each >= 256; default 32768 131072); got '%s'\n", argv[i]);
+      return 2;
+    }
+    lengths.push_back(n);
+  }
   if (lengths.empty()) lengths = {32768, 131072};
   {
     // Reference: f32 sgemm throughput at the global step's shape (512 key rows x 8192 centroids x 128),
