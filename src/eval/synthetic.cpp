@@ -6,6 +6,7 @@
 #include <numbers>
 #include <string>
 
+#include "eval/splitmix.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::eval {
@@ -88,12 +89,7 @@ namespace {
 class Rng {
  public:
   explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return splitmix64_next(s_); }
   double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }  // (0,1)
   double normal() {
     const uint64_t u = next();

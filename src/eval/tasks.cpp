@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "eval/splitmix.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::eval {
@@ -20,12 +21,7 @@ namespace {
 class Rng {
  public:
   explicit Rng(uint64_t seed) : s_(seed) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return splitmix64_next(s_); }
   uint64_t below(uint64_t n) { return next() % n; }  // modulo bias < n / 2^64: negligible
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
 
