@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/dot.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer {
@@ -76,32 +77,10 @@ void KvCache::load_value(int h, int64_t t, float* dst) const {
   }
 }
 
-namespace {
-// 8 independent partial sums so the compiler vectorises the reduction without -ffast-math; the summation
-// order differs from a serial loop by at most a few ulps of the result.
-inline float dot_f32(const float* a, const float* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-inline float dot_bf16(const float* a, const uint16_t* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * bf16_to_f32(b[i + j]);
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < n; ++i) s += a[i] * bf16_to_f32(b[i]);
-  return s;
-}
-}  // namespace
 
 float KvCache::dot_key(int h, int64_t t, const float* q) const {
-  if (dtype_ == DType::kF32) return dot_f32(q, static_cast<const float*>(key_row(h, t)), head_dim_);
-  return dot_bf16(q, static_cast<const uint16_t*>(key_row(h, t)), head_dim_);
+  if (dtype_ == DType::kF32) return core::dot_f32(q, static_cast<const float*>(key_row(h, t)), head_dim_);
+  return core::dot_bf16(q, static_cast<const uint16_t*>(key_row(h, t)), head_dim_);
 }
 
 void KvCache::axpy_value(int h, int64_t t, float a, float* acc) const {

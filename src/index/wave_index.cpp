@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/dot.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::index {
@@ -64,18 +65,6 @@ ZoneBudget zone_budget(int num_clusters, double retrieval_fraction, double estim
   return b;
 }
 
-namespace {
-// q . c over d floats; eight partial sums so the compiler can vectorise without reassociation flags.
-inline float dot(const float* a, const float* b, int d) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= d; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-  for (; i < d; ++i) s += a[i] * b[i];
-  return s;
-}
-}  // namespace
 
 void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores) {
   const int k = hi.num_clusters();
@@ -84,7 +73,7 @@ void score_clusters(const HeadIndex& hi, const float* q, int group, float scale,
   for (int j = 0; j < k; ++j) {
     const float* c = hi.centroids.data() + static_cast<int64_t>(j) * d;
     for (int g = 0; g < group; ++g)
-      logits[static_cast<int64_t>(g) * k + j] = dot(q + static_cast<int64_t>(g) * d, c, d) * scale;
+      logits[static_cast<int64_t>(g) * k + j] = core::dot_f32(q + static_cast<int64_t>(g) * d, c, d) * scale;
     scores[j] = hi.sizes[j] > 0 ? 0.0f : kNegInf;
   }
   std::vector<float> p(k);  // [num_clusters] unnormalised softmax of one query head

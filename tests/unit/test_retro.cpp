@@ -10,6 +10,7 @@
 #include "attention/retro.h"
 #include "retroinfer/attention.h"
 #include "retroinfer/error.h"
+#include "test_util.h"
 
 using retroinfer::AttentionConfig;
 using retroinfer::AttentionKind;
@@ -52,15 +53,7 @@ std::vector<float> random_q(const AttentionShape& s, uint32_t seed) {
   return q;
 }
 
-// Normalised MSE sum (a-b)^2 / sum b^2.
-double nmse(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return num / den;
-}
+using retroinfer::test::nmse;
 
 // Outputs are convex combinations of N(0, 1) values (|o| <~ 1) summed in f32 over <= ~1000 tokens in a
 // different order from full attention (and, with estimation, through centroids rebuilt as (k - mu) + mu):

@@ -16,6 +16,7 @@
 #include "index/wave_index.h"
 #include "retroinfer/attention.h"
 #include "retroinfer/error.h"
+#include "test_util.h"
 
 using retroinfer::AttentionConfig;
 using retroinfer::AttentionKind;
@@ -54,14 +55,7 @@ double sq_dist(const float* a, const float* b, int d) {
   return s;
 }
 
-double nmse(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return num / den;
-}
+using retroinfer::test::nmse;
 
 }  // namespace
 
