@@ -17,6 +17,7 @@
 #include "retroinfer/dtype.h"
 #include "retroinfer/kv_cache.h"
 #include "retroinfer/model_config.h"
+#include "retroinfer/sequence_session.h"
 
 namespace retroinfer {
 
@@ -83,9 +84,6 @@ struct SessionOptions {
   int64_t max_context = 0;        // tokens this session will hold (prompt + generated); 0 = the model's max
 };
 
-// Called during prefill after every chunk: (tokens done, tokens total).
-using PrefillProgress = std::function<void(int64_t done, int64_t total)>;
-
 // Evaluation hook, called by Session::decode for every layer right after its attention method ran:
 // kv: that layer's cache (the current token already appended); q: [num_heads_q, head_dim] f32 post-RoPE;
 // out: [num_heads_q, head_dim] f32, the method's attention output. Must not keep the pointers.
@@ -93,7 +91,7 @@ using AttentionObserver = std::function<void(int layer, const KvCache& kv, const
 
 // One sequence: its KV cache and attention method per layer. Not thread-safe (one caller at a time);
 // the forward passes parallelise internally (OpenMP, OpenBLAS).
-class Session {
+class Session final : public SequenceSession {
  public:
   // Checks max_context against the model and estimate_memory against the model's budget (the weights
   // are already allocated, so only KV + activations count against what is left); throws Error otherwise.
@@ -104,24 +102,30 @@ class Session {
   // on_prefill(kv) of every layer's attention method. Only once per session, before any decode.
   // logits: [n, vocab] for every position when all_logits, else [vocab] of the last position.
   std::vector<float> prefill(std::span<const int32_t> tokens, bool all_logits = false,
-                             const PrefillProgress& progress = {});
+                             const PrefillProgress& progress = {}) override;
   // One decode step: feeds `token` at position position(), appends its K/V, runs the attention method.
   // logits: [vocab] written.
-  void decode(int32_t token, std::span<float> logits);
+  void decode(int32_t token, std::span<float> logits) override;
 
   // A new session over a copy of this one's KV caches with another attention config, its methods'
   // on_prefill already called (so one dense prefill can serve several decode methods). Needs a prefilled
   // session; checks memory like the constructor.
   std::unique_ptr<Session> fork(const AttentionConfig& attention) const;
+  std::unique_ptr<SequenceSession> fork_session(const AttentionConfig& attention) const override {
+    return fork(attention);
+  }
   // Evaluation hook (additive): observer of every layer's decode attention (empty: none).
   void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
 
-  int64_t position() const { return pos_; }  // tokens in the cache
+  int64_t position() const override { return pos_; }  // tokens in the cache
   // Attention statistics of the last decode step, summed over layers.
-  const AttentionStats& last_stats() const { return last_stats_; }
+  const AttentionStats& last_stats() const override { return last_stats_; }
   const Model& model() const { return model_; }
   const SessionOptions& options() const { return opt_; }
-  int64_t max_context() const { return max_context_; }
+  int64_t max_context() const override { return max_context_; }
+  const ModelConfig& model_config() const override;
+  const AttentionConfig& attention_config() const override { return opt_.attention; }
+  Device device() const override { return Device::kCpu; }
   const KvCache& kv(int layer) const;
 
  private:

@@ -238,3 +238,17 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
 }
 
 }  // namespace retroinfer
+
+namespace retroinfer {
+
+const ModelConfig& Session::model_config() const { return model_.config(); }
+
+std::string_view device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+Device parse_device(std::string_view s) {
+  if (s == "cpu") return Device::kCpu;
+  if (s == "cuda") return Device::kCuda;
+  RETROINFER_FAIL("unknown device '", s, "': expected cpu or cuda");
+}
+
+}  // namespace retroinfer

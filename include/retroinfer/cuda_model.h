@@ -1,0 +1,213 @@
+// The CUDA model runner (host-only header, no CUDA types): model weights in GPU memory, a batched
+// session (prefill + decode of a batch of sequences), the per-layer decode-attention seam the session
+// uses for every attention method, and the causal prefill attention kernel.
+//
+// Conventions (as cuda_backend.h): a layer's KV for a batch of num_seqs sequences is
+//   K, V  device [num_seqs, num_heads_kv, kv_stride, head_dim] bf16 (uint16 bits), post-RoPE;
+// rows [0, num_tokens) of each (sequence, KV head) valid. Activations are f32 unless a comment says bf16.
+// Threading contract: every object here is used by one host thread at a time; work is asynchronous on the
+// object's stream unless a comment says "synchronous". Errors throw retroinfer::Error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "retroinfer/attention.h"
+#include "retroinfer/cuda_backend.h"
+#include "retroinfer/model_config.h"
+#include "retroinfer/sequence_session.h"
+#include "retroinfer/wave_buffer.h"
+
+namespace retroinfer {
+class Model;
+}
+
+namespace retroinfer::cuda {
+
+// ---------------------------------------------------------------------------------------------------
+// Causal prefill attention (GQA): query positions [pos0, pos0 + n) of one sequence attend to tokens
+// [0, pos0 + i] of k, v (the chunk's own K/V already written at rows [pos0, pos0 + n)).
+//   q    device [n, num_heads_q, head_dim] f32 (post-RoPE, unscaled)
+//   k, v device [num_heads_kv, kv_stride, head_dim] bf16 (one sequence's slice of the layout above)
+//   out  device [n, num_heads_q, head_dim] f32, every element written
+// scale 0 means 1/sqrt(head_dim). head_dim 64 or 128, group 1..8.
+class PrefillAttention {
+ public:
+  explicit PrefillAttention(const AttentionShape& shape);
+  ~PrefillAttention();
+  PrefillAttention(PrefillAttention&&) noexcept;
+  PrefillAttention& operator=(PrefillAttention&&) noexcept;
+  void run(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0, int64_t n,
+           float scale, float* out, Stream s = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// One layer's decode attention for a batch of num_seqs sequences that all hold the same number of tokens
+// (the seam between the runner and the attention methods). The runner owns the GPU K/V buffers of
+// GPU-resident layers; a host-resident layer (KvTier::kHost, retro only, through the wave buffer) moves
+// the KV into its own store at prefill_done() and keeps newly appended tokens itself.
+enum class KvTier : uint8_t { kGpu, kHost };
+
+class LayerAttention {
+ public:
+  virtual ~LayerAttention() = default;
+  // Prefill finished: tokens [0, num_tokens) are in k, v (device, layout above). Builds the method's
+  // index. GPU tier: k, v stay owned by the runner and valid until destruction; new tokens are written
+  // there by the runner. Host tier: the layer copies what it needs, k, v may be freed afterwards.
+  // May synchronise.
+  virtual void prefill_done(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride,
+                            Stream s) = 0;
+  // One decode step. k_new, v_new: device [num_seqs, num_heads_kv, head_dim] bf16, the current token's
+  // post-RoPE K/V (GPU tier: already written by the runner at row num_tokens - 1 of its buffers; the host
+  // tier appends them itself). num_tokens: tokens after the append. q [num_seqs, Hq, D] f32 device,
+  // out [num_seqs, Hq, D] f32 device. Asynchronous, except when an index update falls due (every
+  // cfg.update_tokens generated tokens), which may synchronise.
+  virtual void decode(const float* q, const uint16_t* k_new, const uint16_t* v_new, int64_t num_tokens,
+                      float* out, Stream s) = 0;
+  // Exact-token accounting of the last decode, summed over sequences and KV heads (host-side, no sync).
+  virtual AttentionStats last_stats() const = 0;
+  virtual int64_t device_bytes() const = 0;  // GPU memory this object holds (not the runner's K/V)
+  virtual int64_t host_bytes() const = 0;    // pinned host memory this object holds
+};
+
+// full (DenseDecoder), retro (RetroLayer; KvTier::kHost: WaveBufferLayer), quest, streaming, oracle.
+// max_tokens: the most tokens a sequence will hold (sizes workspaces). Throws Error for a method or tier
+// this backend does not provide.
+std::unique_ptr<LayerAttention> make_layer_attention(const AttentionShape& shape, const AttentionConfig& cfg,
+                                                     int num_seqs, int64_t max_tokens, KvTier tier,
+                                                     const WaveBufferConfig& wave = {});
+
+// ---------------------------------------------------------------------------------------------------
+enum class WeightType : uint8_t { kBf16, kF32 };  // f32: exactness tests against the CPU runner
+
+// A model's weights in GPU memory. Immutable after load; any number of sessions may use it.
+class CudaModel {
+ public:
+  // From a CPU model's f32 weights (converted to `type` on upload).
+  static std::unique_ptr<CudaModel> upload(const Model& model, WeightType type = WeightType::kBf16);
+  // Random weights of a shape (benchmarks; no file): normal(0, 0.02) matrices, unit norms, generated on
+  // the device from `seed`.
+  static std::unique_ptr<CudaModel> random(const ModelConfig& cfg, uint64_t seed, WeightType type = WeightType::kBf16);
+  ~CudaModel();
+  CudaModel(const CudaModel&) = delete;
+  CudaModel& operator=(const CudaModel&) = delete;
+
+  const ModelConfig& config() const;
+  WeightType weight_type() const;
+  int64_t weight_bytes() const;  // device bytes of the weights
+  struct Weights;                // defined in src/backend/cuda/model/
+  const Weights& weights() const;
+
+ private:
+  CudaModel();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// KV placement of a session's layers.
+enum class KvPlacement : uint8_t {
+  kGpu,    // every layer's KV in GPU memory
+  kHost,   // every layer's KV in pinned host memory (retro through the wave buffer)
+  kSplit,  // the first gpu_layers layers on the GPU, the rest on the host (retro)
+  kAuto,   // the memory planner decides: kGpu when it fits, else kSplit, else refuse
+};
+
+struct CudaSessionOptions {
+  AttentionConfig attention;        // decode attention method and parameters
+  int64_t max_context = 0;          // tokens per sequence (prompt + generated); 0 = the model's max
+  int prefill_chunk = 2048;         // tokens per prefill block
+  KvPlacement placement = KvPlacement::kGpu;
+  int gpu_layers = -1;              // kSplit: layers on the GPU (-1: as many as fit)
+  WaveBufferConfig wave;            // host-tier layers
+  int64_t gpu_memory_limit = 0;     // bytes the session may use on the GPU; 0 = free memory minus a reserve
+  int64_t host_memory_limit = 0;    // pinned bytes; 0 = a share of MemAvailable
+};
+
+// Memory a session would take, computed before anything is allocated.
+struct CudaSessionPlan {
+  int num_seqs = 0;
+  int64_t max_context = 0;
+  int gpu_layers = 0, host_layers = 0;
+  int64_t gpu_bytes = 0, host_bytes = 0;          // needed
+  int64_t gpu_free_bytes = 0, host_free_bytes = 0;  // the limits it was checked against
+};
+
+// A batch of sequences decoded in lockstep (one token each per step). Sequences of different prompt
+// lengths are allowed. Not thread-safe.
+class CudaSession {
+ public:
+  // Plans the memory for num_seqs sequences of opt.max_context tokens and allocates it; throws Error
+  // (bytes needed vs free, on which side) before allocating anything when it cannot fit.
+  CudaSession(const CudaModel& model, const CudaSessionOptions& opt, int num_seqs);
+  ~CudaSession();
+  CudaSession(const CudaSession&) = delete;
+  CudaSession& operator=(const CudaSession&) = delete;
+
+  // The plan alone (no allocation): what the constructor would check.
+  static CudaSessionPlan plan(const ModelConfig& cfg, const CudaSessionOptions& opt, int num_seqs,
+                              int64_t weight_bytes);
+
+  // Runs every prompt (prompts.size() == num_seqs), then builds each layer's attention index.
+  // Returns logits: [num_seqs, vocab] of each prompt's last position, or with all_logits (num_seqs == 1
+  // only) [n, vocab] of every position. Once per session.
+  std::vector<float> prefill(const std::vector<std::vector<int32_t>>& prompts, bool all_logits = false,
+                             const PrefillProgress& progress = {});
+  // Instead of prefill (benchmarks): every sequence gets `tokens` tokens of synthetic K/V at every layer
+  // (src/eval/synthetic.h generator), then the indexes are built. No logits.
+  void fill_synthetic(int64_t tokens, uint64_t seed, const PrefillProgress& progress = {});
+
+  // One decode step of every sequence: tokens [num_seqs]; logits [num_seqs, vocab] written (host).
+  void decode(std::span<const int32_t> tokens, std::span<float> logits);
+  // One decode step with greedy selection on the GPU: next [num_seqs] written (host).
+  void decode_greedy(std::span<const int32_t> tokens, std::span<int32_t> next);
+
+  // A new session over a device copy of this prefilled session's KV with another attention config.
+  std::unique_ptr<CudaSession> fork(const AttentionConfig& attention) const;
+
+  int num_seqs() const;
+  std::vector<int64_t> positions() const;  // tokens held per sequence
+  int64_t max_context() const;
+  const CudaSessionPlan& memory_plan() const;
+  const CudaSessionOptions& options() const;
+  const CudaModel& model() const;
+  // Last decode step: attention stats summed over layers and sequences; time split (ms, CUDA events)
+  // into "attention" and "other" when timing is on (it adds a synchronisation per layer).
+  const AttentionStats& last_stats() const;
+  void set_step_timing(bool on);
+  std::vector<std::pair<std::string, float>> last_step_ms() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// SequenceSession (sequence_session.h) over a CudaSession of one sequence.
+class CudaSequenceSession final : public SequenceSession {
+ public:
+  CudaSequenceSession(const CudaModel& model, const CudaSessionOptions& opt);
+  explicit CudaSequenceSession(std::unique_ptr<CudaSession> session);
+  ~CudaSequenceSession() override;
+  std::vector<float> prefill(std::span<const int32_t> tokens, bool all_logits = false,
+                             const PrefillProgress& progress = {}) override;
+  void decode(int32_t token, std::span<float> logits) override;
+  std::unique_ptr<SequenceSession> fork_session(const AttentionConfig& attention) const override;
+  int64_t position() const override;
+  int64_t max_context() const override;
+  const ModelConfig& model_config() const override;
+  const AttentionConfig& attention_config() const override;
+  const AttentionStats& last_stats() const override;
+  Device device() const override { return Device::kCuda; }
+  CudaSession& session() { return *session_; }
+
+ private:
+  std::unique_ptr<CudaSession> session_;
+};
+
+}  // namespace retroinfer::cuda

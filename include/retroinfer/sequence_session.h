@@ -1,0 +1,50 @@
+// One sequence's prefill + decode behind one interface, whatever runs it: the CPU runner (Session,
+// model.h) or the CUDA runner (cuda::CudaSequenceSession, cuda_model.h). Generation (generate.h), the
+// accuracy harness (`retroinfer eval`) and the benchmarks take this interface, so `--device cpu|cuda`
+// chooses the implementation and nothing else changes.
+//
+// Threading contract: one caller at a time per object.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "retroinfer/attention.h"
+#include "retroinfer/model_config.h"
+
+namespace retroinfer {
+
+// Called during prefill after every chunk: (tokens done, tokens total).
+using PrefillProgress = std::function<void(int64_t done, int64_t total)>;
+
+enum class Device : uint8_t { kCpu, kCuda };
+std::string_view device_name(Device d);   // "cpu" | "cuda"
+Device parse_device(std::string_view s);  // "cpu" | "cuda" (throws Error otherwise)
+
+class SequenceSession {
+ public:
+  virtual ~SequenceSession() = default;
+
+  // Runs the prompt (once, before any decode) and builds the attention method's index.
+  // Returns logits [n, vocab] for every position when all_logits, else [vocab] of the last position.
+  virtual std::vector<float> prefill(std::span<const int32_t> tokens, bool all_logits = false,
+                                     const PrefillProgress& progress = {}) = 0;
+  // One decode step at position(): appends `token`, writes logits [vocab].
+  virtual void decode(int32_t token, std::span<float> logits) = 0;
+  // A new session over a copy of this prefilled one's KV with another attention config (index built).
+  virtual std::unique_ptr<SequenceSession> fork_session(const AttentionConfig& attention) const = 0;
+
+  virtual int64_t position() const = 0;      // tokens in the cache
+  virtual int64_t max_context() const = 0;   // tokens this session may hold
+  virtual const ModelConfig& model_config() const = 0;
+  virtual const AttentionConfig& attention_config() const = 0;
+  // Attention statistics of the last decode step, summed over layers.
+  virtual const AttentionStats& last_stats() const = 0;
+  virtual Device device() const = 0;
+};
+
+}  // namespace retroinfer
