@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/prefill_attention.h"
@@ -55,9 +56,15 @@ struct PrefillSmem {
   static_assert(BN % 16 == 0 && BN <= kPrefillKeys, "key tiles are whole k16 steps of the PV product");
   static constexpr int kQ = kBM * D;       // bf16 elements of the Q tile
   static constexpr int kKV = BN * D;       // bf16 elements of one K (or V) tile
-  static constexpr int kStages = 2;
+  // K/V stages: tile j + kStages - 1 is copied while tile j is computed. Three (two tiles of prefetch,
+  // which covers the L2 latency under load better than one) where two CTAs still fit a multiprocessor
+  // (228 KiB of shared memory, 1 KiB reserved per CTA): D=128 with 32-key tiles 80 KiB, D=64 64 KiB;
+  // D=128 with 64-key tiles would take 128 KiB and keeps two stages (96 KiB).
+  static constexpr size_t kSmPerCta = 113 * 1024;
+  static constexpr int kStages = size_t(kQ + 2 * 3 * kKV) * 2 <= kSmPerCta ? 3 : 2;
   // Q, then K[stage], then V[stage].
   static constexpr size_t kBytes = size_t(kQ + 2 * kStages * kKV) * 2;
+  static_assert(kBytes <= kSmPerCta, "two CTAs per multiprocessor");
 };
 
 // Issues the cp.async copies of K/V tile `kb` (tokens [kb, kb + BN)) into one stage; tokens >= kv_end
@@ -112,9 +119,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   const uint16_t* gk = p.k + int64_t(h) * p.kv_stride * D;
   const uint16_t* gv = p.v + int64_t(h) * p.kv_stride * D;
 
-  // Prologue: K/V tile 0 in flight while Q is converted to bf16.
-  load_kv_tile<D, BN>(sk0, sv0, gk, gv, 0, kv_end);
-  cp_async_commit();
+  // Prologue: K/V tiles 0 .. kStages - 2 in flight (one commit group each, empty past the last tile)
+  // while Q is converted to bf16.
+#pragma unroll
+  for (int st = 0; st < Smem::kStages - 1; ++st) {
+    if (st < num_tiles) load_kv_tile<D, BN>(sk0 + st * Smem::kKV, sv0 + st * Smem::kKV, gk, gv, st * BN, kv_end);
+    cp_async_commit();
+  }
   for (int idx = threadIdx.x; idx < kBM * kChunks; idx += kThreads) {
     const int row = idx / kChunks, c = idx % kChunks;
     const int r = r0 + row;
@@ -143,8 +154,6 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
                     (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
   chunk_patterns<D>(v_pat, static_cast<uint32_t>(__cvta_generic_to_shared(sv0)),
                     (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4);
-  // Last key any row of this warp sees: tiles starting past it are skipped by the whole warp.
-  const int warp_last_key = p.pos0 + min(p.n - 1, (r0 + wrow + kWarpRows - 1) / G);
 
   float o[2][kDT][4];
   float row_max[2][2], row_sum[2][2];  // running max (log2 units, scaled) and this thread's partial sum
@@ -171,17 +180,23 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
         ldsm_x4(qreg[mt][kk], q_pat[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2);
   }
 
+  int stage = 0;  // stage of tile j: j % kStages
   for (int j = 0; j < num_tiles; ++j) {
-    cp_async_wait<0>();
+    // One commit group per tile (empty ones past the end): at most kStages - 2 groups younger than tile
+    // j's may still be in flight.
+    cp_async_wait<Smem::kStages - 2>();
     __syncthreads();  // tile j (and Q) visible to all; every warp finished tile j - 1, so its stage is free
-    if (j + 1 < num_tiles) {
-      const int st = (j + 1) & 1;
-      load_kv_tile<D, BN>(sk0 + st * Smem::kKV, sv0 + st * Smem::kKV, gk, gv, (j + 1) * BN, kv_end);
+    {
+      const int next = j + Smem::kStages - 1;  // goes into tile j - 1's stage
+      const int st = stage == 0 ? Smem::kStages - 1 : stage - 1;
+      if (next < num_tiles) load_kv_tile<D, BN>(sk0 + st * Smem::kKV, sv0 + st * Smem::kKV, gk, gv, next * BN, kv_end);
+      cp_async_commit();
     }
-    cp_async_commit();
+    const uint32_t stage_off = uint32_t(stage * Smem::kKV * 2);
+    stage = stage + 1 == Smem::kStages ? 0 : stage + 1;
     const int kb = j * BN;
-    if (kb > warp_last_key) continue;  // warp-uniform: every row of this warp is masked in this tile
-    const uint32_t stage_off = uint32_t((j & 1) * Smem::kKV * 2);
+    // (A warp whose rows all end before this tile could skip it; the branch cost the D=128, 64-key
+    // variant a register spill and saves only part of the diagonal tiles, so every warp computes.)
 
     // S = Q K^T for the warp's 32 rows x BN keys.
     float s[2][kNT][4];
@@ -244,7 +259,11 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
         }
     }
 
-    // Online softmax: new running max, rescale the accumulators, probabilities in place of the logits.
+    // Online softmax: new running max, probabilities in place of the logits, and the accumulators
+    // rescaled only when some row of the warp raised its max (after the first tiles of a long row this
+    // is rare, and it saves 2 * D multiplies per thread and tile).
+    float alpha[2][2];
+    bool raised = false;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -257,14 +276,11 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
         const float new_max = fmaxf(row_max[mt][hf], mx * p.scale_log2);
         // A row with no visible key yet keeps max -inf: subtract 0 instead (every exponent is then -inf -> 0).
         const float base = new_max == -INFINITY ? 0.0f : new_max;
-        const float alpha = fast_exp2(row_max[mt][hf] - base);
+        const bool up = new_max != row_max[mt][hf];
+        alpha[mt][hf] = up ? fast_exp2(row_max[mt][hf] - base) : 1.0f;
+        raised |= up;
         row_max[mt][hf] = new_max;
-        row_sum[mt][hf] *= alpha;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt) {
-          o[mt][dt][hf * 2] *= alpha;
-          o[mt][dt][hf * 2 + 1] *= alpha;
-        }
+        row_sum[mt][hf] *= alpha[mt][hf];
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt)
@@ -276,6 +292,15 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
           }
         row_sum[mt][hf] += sum;
       }
+
+    if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mt][dt][e] *= alpha[mt][e >> 1];
+    }
 
     // P in bf16, packed at once (half the registers of the f32 logits): the accumulators of key tiles
     // 2kk, 2kk + 1 are the A fragment of k16 step kk of O += P V.
@@ -347,10 +372,20 @@ int64_t prefill_ctas(const PrefillParams& p) {
   return (int64_t(p.n) * p.group + kBM - 1) / kBM * p.num_heads_kv;
 }
 
+int prefill_tile_keys(int head_dim) {
+  // D=128: 64-key tiles by default (half the Q fragment reloads and per-tile softmax work of 32-key
+  // tiles; ptxas: 255 registers and 4 bytes of spill stores); RETROINFER_PREFILL_KEYS=32 selects 32-key
+  // tiles (235 registers, no spills) for an A/B on the GPU. D=64: 64 (229 registers, no spills).
+  static const int keys128 = [] {
+    const char* e = std::getenv("RETROINFER_PREFILL_KEYS");
+    return e != nullptr && std::atoi(e) == 32 ? 32 : 64;
+  }();
+  return head_dim == 128 ? keys128 : 64;
+}
+
 cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s) {
-  // D=128 uses 32-key tiles: with 64 the 32-row warp tile (128 output + 64 logit accumulators) spills
-  // (ptxas: 124 bytes of spill stores at the 255-register cap); with 32 it uses 236 registers, no spills.
-  if (p.head_dim == 128) return launch_prefill<128, 32>(p, s);
+  if (p.head_dim == 128)
+    return prefill_tile_keys(128) == 32 ? launch_prefill<128, 32>(p, s) : launch_prefill<128, 64>(p, s);
   if (p.head_dim == 64) return launch_prefill<64, 64>(p, s);
   return cudaErrorInvalidValue;
 }

@@ -11,8 +11,8 @@
 // Kernel (flash-attention-2 style, tensor cores through mma.sync m16n8k16 bf16 with f32 accumulators):
 // one CTA of 4 warps owns kPrefillRows = 128 "packed" query rows of one KV head, where packed row r is
 // (token r / G, group member r % G): every query head of a GQA group shares each K/V tile the CTA loads.
-// Each warp owns 32 consecutive packed rows (two m16 tiles). K/V tiles of kPrefillKeys = 64 tokens stream
-// through two shared-memory stages (cp.async, XOR-swizzled 16-byte chunks, conflict-free ldmatrix); the
+// Each warp owns 32 consecutive packed rows (two m16 tiles). K/V tiles of 64 (or 32) tokens stream
+// through three shared-memory stages (cp.async, XOR-swizzled 16-byte chunks, conflict-free ldmatrix); the
 // softmax is online (running max and sum per row, f32, exp2 with the scale folded in); causal masking is
 // applied only on the tiles that cross the diagonal, and tiles beyond a row range's last key are never
 // loaded. CTAs are issued heaviest first (largest query positions) to balance the causal triangle.
@@ -41,11 +41,13 @@ struct PrefillParams {
 };
 
 inline constexpr int kPrefillRows = 128;  // packed query rows per CTA (4 warps x 32)
-inline constexpr int kPrefillKeys = 64;   // keys per K/V tile
+inline constexpr int kPrefillKeys = 64;   // most keys per K/V tile (prefill_tile_keys: what is used)
 inline constexpr int kPrefillWarps = 4;
 
 // CTAs the launch uses: ceil(n * G / kPrefillRows) * Hkv.
 int64_t prefill_ctas(const PrefillParams& p);
+// Keys per K/V tile the kernel uses for head_dim (64; RETROINFER_PREFILL_KEYS=32 selects 32 at D=128).
+int prefill_tile_keys(int head_dim);
 cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s);
 
 }  // namespace retroinfer::cuda::detail
