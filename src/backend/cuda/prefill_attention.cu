@@ -355,8 +355,12 @@ cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t s) {
   constexpr size_t bytes = PrefillSmem<D, BN>::kBytes;
   static bool attr_set = false;  // once per instantiation (host side; callers are single-threaded per object)
   if (!attr_set) {
-    const cudaError_t e =
+    cudaError_t e =
         cudaFuncSetAttribute(prefill_kernel<D, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (e != cudaSuccess) return e;
+    // All of the unified L1/shared memory as shared memory: two CTAs of up to 96 KiB per multiprocessor.
+    e = cudaFuncSetAttribute(prefill_kernel<D, BN>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             cudaSharedmemCarveoutMaxShared);
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
