@@ -50,6 +50,7 @@ struct Case {
   int64_t pos0, n;
   int64_t stride_pad = 5;  // rows past pos0 + n (NaN-poisoned)
   float scale = 0.0f;
+  bool own_stream = false;  // run on a non-default stream
 };
 
 void run_case(const Case& c, uint64_t seed) {
@@ -93,8 +94,15 @@ void run_case(const Case& c, uint64_t seed) {
   auto dk = gputest::upload(hk), dv = gputest::upload(hv), dq = gputest::upload(q);
   auto dout = gputest::poisoned(q.size());
   cuda::PrefillAttention pa(shape);
-  pa.run(dq.as<float>(), dk.as<uint16_t>(), dv.as<uint16_t>(), stride, c.pos0, c.n, c.scale, dout.as<float>());
-  cuda::synchronize();
+  if (c.own_stream) {
+    cuda::StreamHandle stream;
+    pa.run(dq.as<float>(), dk.as<uint16_t>(), dv.as<uint16_t>(), stride, c.pos0, c.n, c.scale, dout.as<float>(),
+           stream.get());
+    cuda::synchronize(stream.get());
+  } else {
+    pa.run(dq.as<float>(), dk.as<uint16_t>(), dv.as<uint16_t>(), stride, c.pos0, c.n, c.scale, dout.as<float>());
+    cuda::synchronize();
+  }
   const auto got = gputest::download_f32(dout, q.size());
 
   const gputest::Compare own = gputest::compare(got, ref_own), f32 = gputest::compare(got, ref_f32);
@@ -134,6 +142,7 @@ TEST(CudaPrefill, PrefixEdgesAndScale) {
   run_case({3, 1, 64, 1, 255}, seed++);
   run_case({2, 3, 128, 95, 97, 200, 0.05f}, seed++);
   run_case({1, 4, 64, 500, 1, 1000}, seed++);
+  run_case({2, 4, 128, 200, 300, 5, 0.0f, true}, seed++);  // on a non-default stream
 }
 
 TEST(CudaPrefill, LongPrefix) {
