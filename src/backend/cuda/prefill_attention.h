@@ -13,10 +13,9 @@
 // (token r / G, group member r % G): every query head of a GQA group shares each K/V tile the CTA loads.
 // Each warp owns 32 consecutive packed rows (two m16 tiles). K/V tiles of 64 (or 32) tokens stream
 // through two or three shared-memory stages (three where two CTAs still fit a multiprocessor; cp.async,
-// XOR-swizzled 16-byte chunks, conflict-free ldmatrix); the
-// softmax is online (running max and sum per row, f32, exp2 with the scale folded in); causal masking is
-// applied only on the tiles that cross the diagonal, and tiles beyond a row range's last key are never
-// loaded. CTAs are issued heaviest first (largest query positions) to balance the causal triangle.
+// XOR-swizzled 16-byte chunks, conflict-free ldmatrix); the softmax is online (running max and sum per
+// row, f32, exp2 with the scale folded in); causal masking is applied only on the tiles that cross the
+// diagonal, and tiles beyond a row range's last key are never loaded. CTAs are issued heaviest first (largest query positions) to balance the causal triangle.
 //
 // Precision: q is rounded to bf16 for the QK^T product (the K/V are bf16 already) and the probabilities P
 // are rounded to bf16 for the PV product; logits, the running max/sum and the output accumulate in f32.
