@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <string_view>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
@@ -66,6 +67,7 @@ struct WaveBufferLayer::Impl {
 
   int64_t n = 0, n_idx = 0, idx_begin = 0, list_cap = 0, P = 0, slot_stride = 0;
   int C = 0, n_r = 0, n_e = 0, steady_rows = 0, attn_splits = 0, est_splits = 0;
+  int64_t steady_cap = 0;  // rows of steady_k / steady_v per flat head (>= steady_rows)
 
   // Meta index copies (decode reads these) and tables; shapes in detail::WaveTables / kernels.h.
   DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
@@ -163,6 +165,7 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.n_e = m.index->n_estimation();
   m.list_cap = m.index->token_list_capacity();
   m.steady_rows = static_cast<int>(num_tokens - m.n_idx);
+  m.steady_cap = m.steady_rows;
   const int H = m.H, C = m.C, D = m.D, pt = m.wcfg.page_tokens;
 
   // The index, head by head (synchronous downloads; a one-time cost of the build).
@@ -314,132 +317,164 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   detail::launch_check(detail::wave_apply(ap, st), "wave_apply", st);
   mark();
 
-  detail::ScoreParams sp;
-  sp.q = q;
-  sp.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
-  sp.sizes = m.sizes.as<int>();
-  sp.logits = m.logits.as<float>();
-  sp.norm_partial = m.norm_partial.as<float2>();
-  sp.num_heads = m.H;
-  sp.group = m.G;
-  sp.head_dim = m.D;
-  sp.num_clusters = m.C;
-  sp.scale = m.scale;
-  detail::launch_check(detail::score_clusters(sp, st), "score_clusters", st);
-  detail::SelectParams se;
-  se.logits = sp.logits;
-  se.norm_partial = sp.norm_partial;
-  se.norm_parts = detail::score_blocks(m.C, m.D, m.H);
-  se.scores = m.scores.as<float>();
-  se.num_heads = m.H;
-  se.group = m.G;
-  se.num_items = m.C;
-  se.k_retrieval = m.n_r;
-  se.k_estimation = m.n_e;
-  se.retrieval_ids = m.ret_ids.as<int>();
-  se.estimation_ids = m.est_ids.as<int>();
-  se.offsets = m.offsets_abs.as<int>();
-  se.members = m.members.as<uint32_t>();
-  se.n_idx = m.n_idx;
-  se.idx_begin = m.idx_begin;
-  se.num_tokens = m.n;
-  se.token_list = m.token_list.as<int>();
-  se.token_count = m.token_count.as<int>();
-  se.scan_scratch = m.scan_scratch.as<int>();
-  se.list_stride = m.list_cap;
-  detail::launch_check(detail::select_and_expand(se, st), "select_and_expand", st);
-  const int total = m.attn_splits + m.est_splits;
+  detail::ZoneDecodeArgs a;
+  a.q = q;
+  a.out = out;
+  a.num_heads = m.H;
+  a.group = m.G;
+  a.head_dim = m.D;
+  a.num_clusters = m.C;
+  a.n_retrieval = m.n_r;
+  a.n_estimation = m.n_e;
+  a.scale = m.scale;
+  a.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
+  a.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
+  a.sizes = m.sizes.as<int>();
+  a.offsets = m.offsets_abs.as<int>();
+  a.members = m.members.as<uint32_t>();
+  a.n_idx = m.n_idx;
+  a.idx_begin = m.idx_begin;
+  a.num_tokens = m.n;
+  a.logits = m.logits.as<float>();
+  a.norm_partial = m.norm_partial.as<float2>();
+  a.scores = m.scores.as<float>();
+  a.retrieval_ids = m.ret_ids.as<int>();
+  a.estimation_ids = m.est_ids.as<int>();
+  a.scan_scratch = m.scan_scratch.as<int>();
+  a.token_list = m.token_list.as<int>();
+  a.token_count = m.token_count.as<int>();
+  a.list_stride = m.list_cap;
+  // Exact attention over the execution buffer: every head reads the same identity list.
+  a.k = m.exec_k.as<uint16_t>();
+  a.v = m.exec_v.as<uint16_t>();
+  a.kv_stride = m.list_cap;
+  a.exact_list = m.identity.as<int>();
+  a.exact_count = m.exec_count.as<int>();
+  a.exact_list_stride = 0;
+  a.exact_capacity = m.list_cap;
+  a.attn_splits = m.attn_splits;
+  a.est_splits = m.est_splits;
+  a.part_ml = m.part_ml.as<float2>();
+  a.part_o = m.part_o.as<float>();
   // Stage timing (marks) keeps estimation inline so that each stage's time is its own.
-  const bool fork = m.n_e > 0 && marks == nullptr;
-  if (fork) {
-    RETROINFER_CUDA_CHECK(cudaEventRecord(m.fork_ev, st));
-    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(m.side, m.fork_ev, 0));
+  if (marks == nullptr) {
+    a.side = m.side;
+    a.fork = m.fork_ev;
+    a.join = m.join_ev;
   }
-  if (m.n_e > 0) {
-    cudaStream_t es = fork ? m.side : st;
-    detail::EstimateParams ep;
-    ep.logits = sp.logits;
-    ep.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
-    ep.sizes = m.sizes.as<int>();
-    ep.estimation_ids = se.estimation_ids;
-    ep.num_heads = m.H;
-    ep.group = m.G;
-    ep.head_dim = m.D;
-    ep.num_clusters = m.C;
-    ep.k_estimation = m.n_e;
-    ep.num_splits = m.est_splits;
-    ep.part_ml = m.part_ml.as<float2>();
-    ep.part_o = m.part_o.as<float>();
-    ep.total_splits = total;
-    ep.split_offset = m.attn_splits;
-    detail::launch_check(detail::estimate_attention(ep, es), "estimate_attention", es);
-    if (fork) RETROINFER_CUDA_CHECK(cudaEventRecord(m.join_ev, m.side));
+  // Between the selection and the exact attention: lookup (+ ring), gather.
+  auto lookup_gather = [&] {
+    mark();
+    detail::WaveLookupParams lp;
+    lp.t = t;
+    lp.retrieval_ids = m.ret_ids.as<int>();
+    lp.k = m.n_r;
+    lp.steady_rows = m.steady_rows;
+    lp.seg_row = m.seg_row.as<int>();
+    lp.seg_hit = m.seg_hit.as<uint8_t>();
+    lp.exec_count = m.exec_count.as<int>();
+    lp.counts = m.counts.as<int64_t>();
+    detail::launch_check(detail::wave_lookup(lp, st), "wave_lookup", st);
+    detail::WaveRingParams rp;
+    rp.layout = m.layout;
+    rp.region = m.region.dev;
+    rp.state = ap.state;
+    rp.retrieval_ids = lp.retrieval_ids;
+    rp.seg_row = lp.seg_row;
+    rp.seg_hit = lp.seg_hit;
+    detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
+    mark();
+
+    detail::WaveGatherParams gp;
+    gp.t = t;
+    gp.retrieval_ids = lp.retrieval_ids;
+    gp.seg_row = lp.seg_row;
+    gp.seg_hit = lp.seg_hit;
+    gp.k = m.n_r;
+    gp.steady_k = m.steady_k.as<uint16_t>();
+    gp.steady_v = m.steady_v.as<uint16_t>();
+    gp.steady_cap = m.steady_cap;
+    gp.steady_rows = m.steady_rows;
+    detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
+    mark();
+  };
+  detail::launch_zone_decode(
+      a, st,
+      [&](const char* stage) {
+        if (std::string_view(stage) == "combine") mark();
+      },
+      lookup_gather);
+}
+
+// Decode-time growth of the steady tail. The index is not updated while decoding (no re-clustering into the
+// store): every appended token stays in the steady zone, attended exactly. The tail's capacity starts at
+// window + update_tokens rows beyond the build's steady zone and doubles when full (one synchronisation,
+// steady and execution buffers reallocated with their rows copied, the splits resized, a captured graph
+// dropped).
+void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Stream s) {
+  auto& m = *impl_;
+  RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::append: build() was not called");
+  RETROINFER_CHECK(k_new != nullptr && v_new != nullptr, "WaveBufferLayer::append: null k_new or v_new");
+  auto st = static_cast<cudaStream_t>(s);
+  const size_t row = size_t(m.D) * 2;
+  if (m.steady_rows >= m.steady_cap) {
+    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+    RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());  // the steps in flight on any stream read the buffers
+    const int64_t add = std::max<int64_t>(int64_t{m.cfg.window_tokens} + m.cfg.update_tokens, m.steady_cap);
+    const int64_t cap = m.steady_cap + add, list = m.list_cap + add;
+    auto regrow = [&](DeviceBuffer& buf, int64_t old_rows, int64_t new_rows, int64_t used_rows) {
+      DeviceBuffer nb(std::max<size_t>(size_t(m.H) * new_rows * row, 16));
+      if (used_rows > 0)
+        RETROINFER_CUDA_CHECK(cudaMemcpy2D(nb.data(), new_rows * row, buf.data(), old_rows * row, used_rows * row,
+                                           size_t(m.H), cudaMemcpyDeviceToDevice));
+      buf = std::move(nb);
+    };
+    regrow(m.steady_k, m.steady_cap, cap, m.steady_rows);
+    regrow(m.steady_v, m.steady_cap, cap, m.steady_rows);
+    // The execution buffer keeps its rows: the manager's next admissions copy from the last step's rows.
+    regrow(m.exec_k, m.list_cap, list, m.list_cap);
+    regrow(m.exec_v, m.list_cap, list, m.list_cap);
+    std::vector<int32_t> ids(static_cast<size_t>(list));
+    std::iota(ids.begin(), ids.end(), 0);
+    m.identity = upload_vec(ids);
+    m.token_list = DeviceBuffer(size_t(m.H) * list * 4);
+    m.steady_cap = cap;
+    m.list_cap = list;
+    m.attn_splits = detail::decode_splits(m.list_cap, m.H, 1);
+    const int total = m.attn_splits + m.est_splits;
+    m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
+    m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
+    if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
+    if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
   }
-  mark();
+  uint16_t* dk = m.steady_k.as<uint16_t>() + size_t(m.steady_rows) * m.D;
+  uint16_t* dv = m.steady_v.as<uint16_t>() + size_t(m.steady_rows) * m.D;
+  RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(dk, m.steady_cap * row, k_new, row, row, size_t(m.H), cudaMemcpyDeviceToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(dv, m.steady_cap * row, v_new, row, row, size_t(m.H), cudaMemcpyDeviceToDevice, st));
+  ++m.steady_rows;
+  ++m.n;
+}
 
-  detail::WaveLookupParams lp;
-  lp.t = t;
-  lp.retrieval_ids = m.ret_ids.as<int>();
-  lp.k = m.n_r;
-  lp.steady_rows = m.steady_rows;
-  lp.seg_row = m.seg_row.as<int>();
-  lp.seg_hit = m.seg_hit.as<uint8_t>();
-  lp.exec_count = m.exec_count.as<int>();
-  lp.counts = m.counts.as<int64_t>();
-  detail::launch_check(detail::wave_lookup(lp, st), "wave_lookup", st);
-  detail::WaveRingParams rp;
-  rp.layout = m.layout;
-  rp.region = m.region.dev;
-  rp.state = ap.state;
-  rp.retrieval_ids = lp.retrieval_ids;
-  rp.seg_row = lp.seg_row;
-  rp.seg_hit = lp.seg_hit;
-  detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
-  mark();
-
-  detail::WaveGatherParams gp;
-  gp.t = t;
-  gp.retrieval_ids = lp.retrieval_ids;
-  gp.seg_row = lp.seg_row;
-  gp.seg_hit = lp.seg_hit;
-  gp.k = m.n_r;
-  gp.steady_k = m.steady_k.as<uint16_t>();
-  gp.steady_v = m.steady_v.as<uint16_t>();
-  gp.steady_cap = m.steady_rows;
-  gp.steady_rows = m.steady_rows;
-  detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
-  mark();
-
-  detail::DecodeParams dp;
-  dp.q = q;
-  dp.k = m.exec_k.as<uint16_t>();
-  dp.v = m.exec_v.as<uint16_t>();
-  dp.kv_stride = m.list_cap;
-  dp.token_list = m.identity.as<int>();
-  dp.token_count = m.exec_count.as<int>();
-  dp.list_stride = 0;  // every head reads the same identity list
-  dp.num_heads = m.H;
-  dp.group = m.G;
-  dp.head_dim = m.D;
-  dp.scale = m.scale;
-  dp.num_splits = m.attn_splits;
-  dp.split_tokens = detail::split_tokens(m.list_cap, m.attn_splits);
-  dp.part_ml = m.part_ml.as<float2>();
-  dp.part_o = m.part_o.as<float>();
-  dp.total_splits = total;
-  dp.split_offset = 0;
-  detail::launch_check(detail::decode_attention(dp, st), "decode_attention(wave buffer)", st);
-  if (fork) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.join_ev, 0));
-  detail::CombineParams c;
-  c.part_ml = dp.part_ml;
-  c.part_o = dp.part_o;
-  c.num_heads = m.H;
-  c.group = m.G;
-  c.head_dim = m.D;
-  c.total_splits = total;
-  c.out = out;
-  detail::launch_check(detail::combine_states(c, st), "combine_states(wave buffer)", st);
-  mark();
+int64_t WaveBufferLayer::num_tokens() const { return impl_->n; }
+int64_t WaveBufferLayer::steady_rows() const { return impl_->steady_rows; }
+int WaveBufferLayer::num_clusters() const { return impl_->C; }
+int WaveBufferLayer::n_retrieval() const { return impl_->n_r; }
+int WaveBufferLayer::n_estimation() const { return impl_->n_e; }
+int64_t WaveBufferLayer::retrieval_capacity() const { return impl_->list_cap - impl_->steady_cap; }
+int64_t WaveBufferLayer::device_bytes() const {
+  const auto& m = *impl_;
+  const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.value_sums_bf16, &m.sizes, &m.offsets_abs, &m.members,
+                                &m.offsets_head, &m.slot_begin, &m.cluster_pages, &m.resident, &m.cache_k,
+                                &m.cache_v, &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v, &m.identity,
+                                &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
+                                &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
+                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev};
+  int64_t b = 0;
+  for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
+  return b;
+}
+int64_t WaveBufferLayer::host_bytes() const {
+  return static_cast<int64_t>(impl_->store_host.bytes + impl_->region.bytes);
 }
 
 void WaveBufferLayer::decode(const float* q, float* out, Stream s) {
