@@ -197,6 +197,7 @@ class RetroLayer {
   int64_t num_updates() const;        // index updates run since build()
   int64_t max_outliers() const;       // most outlier tokens of any flat head
   int64_t retrieval_capacity() const;  // most retrieval-zone tokens of any flat head (n_r largest clusters)
+  int64_t device_bytes() const;       // GPU memory this layer holds (index, workspaces; not the K/V)
   // Synchronous: the outlier KV tokens of flat head `flat_head`, ascending.
   std::vector<int32_t> outliers(int flat_head) const;
   // decode() on the default stream with an event after each stage; returns (stage, ms) pairs

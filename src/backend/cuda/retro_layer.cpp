@@ -592,6 +592,22 @@ int RetroLayer::n_estimation() const { return impl_->n_e; }
 int64_t RetroLayer::num_updates() const { return impl_->updates; }
 int64_t RetroLayer::max_outliers() const { return impl_->max_outliers; }
 int64_t RetroLayer::retrieval_capacity() const { return impl_->most_retrieval; }
+int64_t RetroLayer::device_bytes() const {
+  const auto& m = *impl_;
+  const KMeansWork& w = m.work;
+  const DeviceBuffer* bufs[] = {&m.mean, &m.centroids, &m.centroids_bf16, &m.value_sums, &m.value_sums_bf16,
+                                &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
+                                &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
+                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &w.seg_tokens,
+                                &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
+                                &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,
+                                &w.sort_keys, &w.sort_keys_out, &w.iota, &w.members, &w.offsets, &w.sort_temp,
+                                &w.residual, &w.picked_ids, &w.picked_list, &w.picked_count, &w.picked_scratch,
+                                &w.touched};
+  int64_t b = 0;
+  for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
+  return b;
+}
 void RetroLayer::set_outlier_zone(bool on) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_outlier_zone: call before build()");
   impl_->outliers_on = on;
