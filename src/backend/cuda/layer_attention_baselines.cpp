@@ -185,6 +185,11 @@ class OracleLayerAttention final : public Baseline {
     scores_ = DeviceBuffer(Hs * max_tokens * 4);
     list_ = DeviceBuffer(Hs * max_tokens * 4);
     list_count_ = DeviceBuffer(Hs * 4);
+    // Selection buffers for the largest k (the budget grows with the cache): no allocation while decoding.
+    const Split sp = steady_split(max_tokens, cfg);
+    const int64_t k_max = std::max<int64_t>(1, std::min(baseline_budget(cfg, sp.indexed()), sp.indexed()));
+    ids_ = DeviceBuffer(Hs * k_max * 4);
+    scan_ = DeviceBuffer(Hs * (k_max + 1) * 4);
   }
 
  private:
@@ -268,6 +273,8 @@ class QuestLayerAttention final : public Baseline {
     list_count_ = DeviceBuffer(Hs * 4);
     ids_ = DeviceBuffer(Hs * k_max * 4);
     scan_ = DeviceBuffer(Hs * (k_max + 1) * 4);
+    new_min_ = DeviceBuffer(Hs * D_ * 2);  // one new page per step while decoding
+    new_max_ = DeviceBuffer(Hs * D_ * 2);
   }
 
  private:
