@@ -194,6 +194,10 @@ class RetroLayer {
   // Outlier zone (AttentionConfig::outlier_fraction, index/wave_index.h split_outliers) on the GPU: off by
   // default (build() then behaves as before it existed); call before build().
   void set_outlier_zone(bool on);
+  // Frees the k-means workspace of build() (centred keys, sort buffers: ~(2 D + 16) bytes per indexed token
+  // and flat head); an index update allocates its own (update_tokens-sized) workspace. For long-lived
+  // layers (the model runner); a later build() allocates again.
+  void release_build_workspace();
   int64_t num_updates() const;        // index updates run since build()
   int64_t max_outliers() const;       // most outlier tokens of any flat head
   int64_t retrieval_capacity() const;  // most retrieval-zone tokens of any flat head (n_r largest clusters)

@@ -28,6 +28,7 @@ class RetroLayerAttention final : public LayerAttention {
                      " tokens in K/V rows of stride ", kv_stride, " for max_tokens ", max_tokens_,
                      " (need num_tokens <= max_tokens <= kv_stride)");
     layer_.build(k, v, num_tokens, kv_stride, s);
+    layer_.release_build_workspace();
   }
 
   void decode(const float* q, const uint16_t* k_new, const uint16_t* v_new, int64_t num_tokens, float* out,

@@ -198,6 +198,11 @@ RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, 
                        cfg.estimation_fraction >= 0.0 && cfg.estimation_fraction <= 1.0,
                    "RetroLayer: retrieval / estimation fractions must be in [0, 1], got ", cfg.retrieval_fraction,
                    " and ", cfg.estimation_fraction);
+  RETROINFER_CHECK(cfg.update_tokens >= 1 && cfg.update_clusters >= 1 && cfg.update_clusters <= cfg.update_tokens,
+                   "RetroLayer: need 1 <= update_clusters <= update_tokens, got ", cfg.update_clusters, " and ",
+                   cfg.update_tokens);
+  RETROINFER_CHECK(cfg.outlier_fraction >= 0.0 && cfg.outlier_fraction <= 1.0,
+                   "RetroLayer: outlier_fraction must be in [0, 1], got ", cfg.outlier_fraction);
   auto& m = *impl_;
   m.shape = shape;
   m.cfg = cfg;
@@ -607,6 +612,10 @@ int64_t RetroLayer::device_bytes() const {
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
   return b;
+}
+void RetroLayer::release_build_workspace() {
+  synchronize();  // the workspace may still be read by work queued before (the build is synchronous anyway)
+  impl_->work = KMeansWork{};
 }
 void RetroLayer::set_outlier_zone(bool on) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_outlier_zone: call before build()");
