@@ -321,8 +321,7 @@ TEST(CudaLayers, RetroIndexGrowsLikeCpu) {
 // Host tier (wave buffer) against GPU tier: identical before the first index update falls due.
 TEST(CudaLayers, RetroHostTierMatchesGpuTier) {
   RETROINFER_REQUIRE_GPU();
-  AttentionConfig cfg = base_config(AttentionKind::kRetro);
-  cfg.outlier_fraction = 0.0;  // the host tier has no outlier zone
+  const AttentionConfig cfg = base_config(AttentionKind::kRetro);  // outlier zone on both tiers
   RunShape su;
   su.steps = 63;  // the first update falls due at n0 + 64 (tail = window + update_tokens)
   const Trace gpu = run(su, cfg, cuda::KvTier::kGpu), host = run(su, cfg, cuda::KvTier::kHost);

@@ -66,7 +66,8 @@ class RetroLayerAttention final : public LayerAttention {
 
 // retro with the KV in the wave buffer's store (pinned host memory by default): prefill_done builds the
 // index, the store and the steady zone from the runner's GPU K/V (which may then be freed); each decode
-// appends the token to the layer's own steady tail. No index update on this tier (wave_buffer.h append).
+// appends the token to the layer's own steady tail. No index update on this tier (wave_buffer.h append);
+// the outlier zone is on (its rows are steady rows of the wave buffer).
 class WaveLayerAttention final : public LayerAttention {
  public:
   WaveLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, const WaveBufferConfig& wave,
@@ -74,6 +75,7 @@ class WaveLayerAttention final : public LayerAttention {
       : layer_(shape, cfg, wave, num_seqs), max_tokens_(max_tokens), H_(num_seqs * shape.num_heads_kv) {
     validate(cfg);
     RETROINFER_CHECK(max_tokens >= 1, "WaveLayerAttention: max_tokens must be >= 1, got ", max_tokens);
+    layer_.index().set_outlier_zone(true);  // as the GPU tier and the CPU method
   }
 
   void prefill_done(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s) override {

@@ -68,6 +68,9 @@ struct WaveBufferLayer::Impl {
   int64_t n = 0, n_idx = 0, idx_begin = 0, list_cap = 0, P = 0, slot_stride = 0;
   int C = 0, n_r = 0, n_e = 0, steady_rows = 0, attn_splits = 0, est_splits = 0;
   int64_t steady_cap = 0;  // rows of steady_k / steady_v per flat head (>= steady_rows)
+  // Clustered tokens per flat head (indexed minus the index's outlier tokens): the stride of the store and
+  // of members. The outliers (the same count for every head) are steady rows after the sinks.
+  int64_t per_head = 0, n_out = 0;
 
   // Meta index copies (decode reads these) and tables; shapes in detail::WaveTables / kernels.h.
   DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
@@ -103,7 +106,7 @@ struct WaveBufferLayer::Impl {
     t.head_dim = D;
     t.num_clusters = C;
     t.page_tokens = wcfg.page_tokens;
-    t.n_idx = n_idx;
+    t.n_idx = per_head;
     t.sizes = sizes.as<int>();
     t.offsets = offsets_head.as<int>();
     t.slot_begin = slot_begin.as<int>();
@@ -164,14 +167,27 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.n_r = m.index->n_retrieval();
   m.n_e = m.index->n_estimation();
   m.list_cap = m.index->token_list_capacity();
-  m.steady_rows = static_cast<int>(num_tokens - m.n_idx);
+  // Outlier zone (when the index has one: the seam's host tier turns it on): read exactly every step, so
+  // its rows join the steady zone after the sinks; one row count serves every head, so the heads must
+  // hold equally many (round(f * n) each unless a head has fewer tokens off their centroid).
+  m.n_out = m.index->max_outliers();
+  std::vector<int32_t> out_tokens(size_t(m.H) * m.n_out);
+  for (int h = 0; h < m.H && m.n_out > 0; ++h) {
+    const std::vector<int32_t> o = m.index->outliers(h);
+    RETROINFER_CHECK(int64_t(o.size()) == m.n_out, "WaveBufferLayer::build: flat head ", h, " has ", o.size(),
+                     " outlier tokens, another ", m.n_out, "; the wave buffer needs the same count in every head ",
+                     "(set outlier_fraction 0 for such K/V)");
+    std::copy(o.begin(), o.end(), out_tokens.begin() + size_t(h) * m.n_out);
+  }
+  m.per_head = m.n_idx - m.n_out;
+  m.steady_rows = static_cast<int>(num_tokens - m.n_idx + m.n_out);
   m.steady_cap = m.steady_rows;
   const int H = m.H, C = m.C, D = m.D, pt = m.wcfg.page_tokens;
 
   // The index, head by head (synchronous downloads; a one-time cost of the build).
   std::vector<uint16_t> cent(size_t(H) * C * D), vsum(size_t(H) * C * D);
   std::vector<int32_t> offs_head(size_t(H) * (C + 1)), offs_abs(size_t(H) * C + 1), slots(size_t(H) * (C + 1));
-  std::vector<uint32_t> mem(size_t(H) * m.n_idx);
+  std::vector<uint32_t> mem(size_t(H) * m.per_head);
   m.sizes_host.assign(size_t(H) * C, 0);
   m.slot_stride = 0;
   for (int h = 0; h < H; ++h) {
@@ -179,17 +195,19 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
     std::copy(st.centroids_bf16.begin(), st.centroids_bf16.end(), cent.begin() + size_t(h) * C * D);
     std::copy(st.value_sums_bf16.begin(), st.value_sums_bf16.end(), vsum.begin() + size_t(h) * C * D);
     std::copy(st.sizes.begin(), st.sizes.end(), m.sizes_host.begin() + size_t(h) * C);
-    std::copy(st.members.begin(), st.members.end(), mem.begin() + size_t(h) * m.n_idx);
+    RETROINFER_CHECK(int64_t(st.members.size()) == m.per_head, "WaveBufferLayer::build: flat head ", h, " has ",
+                     st.members.size(), " clustered tokens, expected ", m.per_head);
+    std::copy(st.members.begin(), st.members.end(), mem.begin() + size_t(h) * m.per_head);
     int32_t slot = 0;
     for (int c = 0; c <= C; ++c) {
       offs_head[size_t(h) * (C + 1) + c] = st.offsets[c];
-      if (c < C) offs_abs[size_t(h) * C + c] = static_cast<int32_t>(h * m.n_idx + st.offsets[c]);
+      if (c < C) offs_abs[size_t(h) * C + c] = static_cast<int32_t>(h * m.per_head + st.offsets[c]);
       slots[size_t(h) * (C + 1) + c] = slot;
       if (c < C) slot += (st.sizes[c] + pt - 1) / pt;
     }
     m.slot_stride = std::max<int64_t>(m.slot_stride, slot);
   }
-  offs_abs[size_t(H) * C] = static_cast<int32_t>(H * m.n_idx);
+  offs_abs[size_t(H) * C] = static_cast<int32_t>(H * m.per_head);
   m.centroids_bf16 = upload_vec(cent);
   m.value_sums_bf16 = upload_vec(vsum);
   m.sizes = upload_vec(m.sizes_host);
@@ -226,14 +244,20 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
     if (m.idx_begin > 0)
       RETROINFER_CUDA_CHECK(cudaMemcpy2D(dst, dpitch, src, spitch, size_t(m.idx_begin) * row_bytes, size_t(H),
                                          cudaMemcpyDeviceToDevice));
+    // Outlier rows (per head its own tokens), one row copy each: a one-time cost of round(f * n) rows.
+    for (int h = 0; h < H; ++h)
+      for (int64_t j = 0; j < m.n_out; ++j)
+        RETROINFER_CUDA_CHECK(cudaMemcpy(dst + (size_t(h) * m.steady_rows + m.idx_begin + j) * D,
+                                         src + (size_t(h) * kv_stride + out_tokens[size_t(h) * m.n_out + j]) * D,
+                                         row_bytes, cudaMemcpyDeviceToDevice));
     if (num_tokens > w_begin)
-      RETROINFER_CUDA_CHECK(cudaMemcpy2D(reinterpret_cast<char*>(dst) + size_t(m.idx_begin) * row_bytes, dpitch,
+      RETROINFER_CUDA_CHECK(cudaMemcpy2D(reinterpret_cast<char*>(dst) + size_t(m.idx_begin + m.n_out) * row_bytes, dpitch,
                                          reinterpret_cast<const char*>(src) + size_t(w_begin) * row_bytes, spitch,
                                          size_t(num_tokens - w_begin) * row_bytes, size_t(H), cudaMemcpyDeviceToDevice));
   }
 
   // The store, cluster-ordered, on its tier.
-  const size_t store_bytes = size_t(H) * m.n_idx * 2 * row_bytes;
+  const size_t store_bytes = size_t(H) * m.per_head * 2 * row_bytes;
   m.store_dev = DeviceBuffer();
   m.store_host = PinnedBuffer();
   if (m.wcfg.tier == StoreTier::kGpu) {
@@ -580,7 +604,7 @@ WaveStepCounts WaveBufferLayer::last_step_counts() {
 RetroLayer& WaveBufferLayer::index() { return *impl_->index; }
 int64_t WaveBufferLayer::cache_pages_per_head() const { return impl_->P; }
 int64_t WaveBufferLayer::exec_capacity() const { return impl_->list_cap; }
-int64_t WaveBufferLayer::store_bytes() const { return int64_t{impl_->H} * impl_->n_idx * 4 * impl_->D; }
+int64_t WaveBufferLayer::store_bytes() const { return int64_t{impl_->H} * impl_->per_head * 4 * impl_->D; }
 int64_t WaveBufferLayer::steps_issued() const { return static_cast<int64_t>(impl_->steps); }
 bool WaveBufferLayer::store_on_host() const { return impl_->wcfg.tier == StoreTier::kHost; }
 
