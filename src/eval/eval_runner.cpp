@@ -247,6 +247,7 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
                          " #", i, " differs from the one in '", opt.results_path,
                          "' (another seed, tokenizer or version?); use a new results file");
         const std::vector<int32_t> ids = tok.encode(s.prompt, false, true);
+        const double gen_s = seconds_since(t_sample);  // task generation (tokenizer counts) + encoding
         SessionOptions so;
         so.attention = method_config("full", opt.attention);
         so.kv_dtype = opt.kv_dtype;
@@ -267,6 +268,7 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
           nlohmann::json j = result_line(s, m, o, prefill_s);
           j["device"] = device;
           j["kv_dtype"] = std::string(dtype_name(opt.kv_dtype));
+          j["gen_s"] = gen_s;
           out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';  // partial UTF-8 -> U+FFFD
           out.flush();
           RETROINFER_CHECK(out.good(), "eval: writing '", opt.results_path, "' failed");
@@ -285,10 +287,10 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
         const double eta = elapsed / static_cast<double>(st.samples_run) * static_cast<double>(total - visited);
         char head[320];
         std::snprintf(head, sizeof head,
-                      "[%lld/%lld %.0fs, eta %.0fs] %s ctx %lld #%d (%lld tok, depth %.2f): sample %.2fs, prefill "
-                      "%.2fs |",
+                      "[%lld/%lld %.0fs, eta %.0fs] %s ctx %lld #%d (%lld tok, depth %.2f): sample %.2fs (generate "
+                      "%.2fs, prefill %.2fs) |",
                       static_cast<long long>(visited), static_cast<long long>(total), elapsed, eta, task.c_str(),
-                      static_cast<long long>(ctx), i, static_cast<long long>(ids.size()), s.depth, sample_s,
+                      static_cast<long long>(ctx), i, static_cast<long long>(ids.size()), s.depth, sample_s, gen_s,
                       prefill_s);
         say(head + line_scores);
       }

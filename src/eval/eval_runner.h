@@ -60,7 +60,8 @@ std::set<std::string> result_keys(const std::vector<nlohmann::json>& lines);
 
 // One result line: task, context, index, method, depth, prompt_tokens, prompt_hash, references, output,
 // score_all, score_part, generated_tokens, exact_tokens_per_head (mean over decode steps, layers and KV
-// heads), context_tokens_per_head, prefill_s (shared), method_s (fork + index + decode).
+// heads), context_tokens_per_head, prefill_s (shared), method_s (fork + index + decode); run_eval adds
+// device, kv_dtype and gen_s (task generation + tokenization of the sample, shared).
 struct SampleOutcome {
   std::string output;
   int64_t generated_tokens = 0;
