@@ -9,6 +9,9 @@
 #
 #   OUT=/some/folder bash scripts/gpu-accuracy.sh /path/to/SmolLM2-135M-Instruct.Q4_1.gguf
 #
+# Runs from the checkout (scripts/ beside run_accuracy.sh and accuracy_status.py) or from a staged folder
+# holding these three scripts side by side.
+#
 # Needs (staged by the lead, as for scripts/gpu-check.sh):
 #   BIN_DIR    folder holding `retroinfer` from the cuda-release build (default: bin/ beside this script
 #              when staged, else build/cuda-release/bin); shared libraries the machine lacks (OpenBLAS,
@@ -28,7 +31,7 @@
 set -u
 t_start=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/.." && pwd)
+repo=$(cd "$here/.." && pwd)  # a checkout: build/cuda-release/bin is the default BIN_DIR
 model=${1:-}
 if [[ -z $model || ! -f $model ]]; then
   echo "gpu-accuracy: give the model file as the first argument (a .gguf; got '${model}')" >&2
@@ -49,6 +52,7 @@ for libdir in "$here/lib" "$BIN_DIR/../lib"; do
   fi
 done
 DATA_DIR=${DATA_DIR:-$here/data}
+[[ -d $DATA_DIR ]] && DATA_DIR=$(cd "$DATA_DIR" && pwd)  # run_accuracy.sh changes directory
 budget=${BUDGET:-480}
 ppl_budget=${PPL_BUDGET:-40}
 work=$(mktemp -d /tmp/gpu-accuracy.XXXXXX)
@@ -81,7 +85,7 @@ if [[ ${SKIP_PPL:-0} != 1 ]]; then
   env "${data_env[@]}" DEVICE=${DEVICE:-cuda} WEIGHTS=${WEIGHTS:-bf16} MODEL="$model" BIN="$bin" JOBS=${JOBS:-4} \
     THREADS=${THREADS:-} METHODS=${METHODS:-full,retro,quest,streaming,oracle} SKIP_TASKS=1 \
     PPL_TIME_BUDGET=$ppl_budget HARD_TIMEOUT=$(( ppl_budget > 0 ? ppl_budget + 60 : 0 )) PPL_WINDOWS=${PPL_WINDOWS:-8} PPL_PREFIXES=${PPL_PREFIXES:-4032,8128} \
-    bash "$repo/scripts/run_accuracy.sh" "$work" || status=1
+    bash "$here/run_accuracy.sh" "$work" || status=1
 fi
 task_budget=$(( budget - 10 - ($(date +%s) - t_start) ))
 (( task_budget > 30 )) || task_budget=30
@@ -90,7 +94,7 @@ env "${data_env[@]}" "${resume[@]}" DEVICE=${DEVICE:-cuda} WEIGHTS=${WEIGHTS:-bf
   JOBS=${JOBS:-4} THREADS=${THREADS:-} SAMPLES=${SAMPLES:-50} CONTEXTS=${CONTEXTS:-4096,8192} \
   METHODS=${METHODS:-full,retro,quest,streaming,oracle} TASKS=${TASKS:-all} SEED=${SEED:-42} \
   TIME_BUDGET=$task_budget HARD_TIMEOUT=$(( task_budget + 45 )) SKIP_PPL=1 PROGRESS_EVERY=${PROGRESS_EVERY:-60} \
-  bash "$repo/scripts/run_accuracy.sh" "$work" || status=1
+  bash "$here/run_accuracy.sh" "$work" || status=1
 
 # Merge: every result line once (earlier call's lines first), the status, the report.
 cat "$work"/*.log > "$OUT/log.txt" 2> /dev/null

@@ -72,7 +72,9 @@ echo "run_accuracy: device $device, $jobs jobs x $threads threads, $samples samp
 
 # Progress: every `every` seconds, the newest line of each log given.
 progress_loop() {
-  while sleep "$every"; do
+  # sleep's streams go to /dev/null: when the loop is killed, a sleep still running must not keep the
+  # caller's stderr (a pipe) open.
+  while sleep "$every" > /dev/null 2>&1 < /dev/null; do
     for f in "$@"; do
       [[ -s $f ]] && echo "  $(basename "$f"): $(tail -n 1 "$f")" >&2
     done
@@ -118,6 +120,7 @@ if [[ ${SKIP_TASKS:-0} != 1 ]]; then
   progress_pid=$!
   for p in "${pids[@]}"; do wait "$p" || status=1; done
   kill "$progress_pid" 2> /dev/null || true
+  wait "$progress_pid" 2> /dev/null || true
   for f in "${logs[@]}"; do echo "  $(basename "$f"): $(tail -n 1 "$f")" >&2; done
   if (( status != 0 )); then
     echo "run_accuracy: a task job failed; see $out/tasks.part*.log (rerun to resume)" >&2
