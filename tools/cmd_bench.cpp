@@ -1,5 +1,5 @@
-// `retroinfer bench generate`: end-to-end CPU prefill and decode throughput of each attention method on a
-// prompt of a requested token length, as JSON lines.
+// `retroinfer bench generate`: end-to-end prefill and decode throughput of each attention method on a
+// prompt of a requested token length, as JSON lines, on the runner of --device (cpu or cuda).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -73,6 +73,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
   std::vector<AttentionKind> kinds;
   for (const auto& name : split(o.attention, ',')) kinds.push_back(parse_attention_kind(name));
   RETROINFER_CHECK(!kinds.empty(), "bench: --attention lists no method");
+  cli_device(o.model);  // an unusable device fails before the text and the model are read
   LoadedModel m = load_model(o.model);
   const Tokenizer& tok = *m.tokenizer;
   // Prompt: the text's tokens (repeated if short) cut to exactly `context` tokens, after the BOS if any.
@@ -90,17 +91,17 @@ void run_bench_generate(const BenchGenerateOptions& o) {
     jf.open(o.json_path, std::ios::app);
     RETROINFER_CHECK(jf.good(), "bench: cannot append to --json '", o.json_path, "'");
   }
-  std::fprintf(stderr, "bench generate: %s, %lld-token prompt, %d new tokens, %d threads, %ld cores online, load %.2f\n",
+  std::fprintf(stderr, "bench generate: %s, %lld-token prompt, %d new tokens, %s, %ld cores online, load %.2f\n",
                std::filesystem::path(m.model->path()).filename().c_str(), static_cast<long long>(o.context),
-               o.new_tokens, num_threads(), sysconf(_SC_NPROCESSORS_ONLN), load_average());
+               o.new_tokens, m.engine->description().c_str(), sysconf(_SC_NPROCESSORS_ONLN), load_average());
   // One dense prefill (identical for every method: prefill attention is exact), then per method a fork of
   // the session (KV copy + the method's on_prefill, timed as index_s) and the decode loop.
   SessionOptions base_opt = make_session_options(o.model, AttentionKind::kFull);
   base_opt.max_context = o.context + o.new_tokens;
-  Session base(*m.model, base_opt);
+  const std::unique_ptr<SequenceSession> base = make_session(*m.engine, base_opt);
   ProgressBar bar("prefill");
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<float> logits = base.prefill(prompt, false, [&](int64_t done, int64_t total) {
+  const std::vector<float> logits = base->prefill(prompt, false, [&](int64_t done, int64_t total) {
     bar.update(done, total);
     if (done == total) bar.finish();
   });
@@ -112,7 +113,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
     const SessionOptions so = make_session_options(o.model, kind);
     const double load0 = load_average();
     const auto t1 = std::chrono::steady_clock::now();
-    std::unique_ptr<Session> session = base.fork(so.attention);
+    std::unique_ptr<SequenceSession> session = base->fork_session(so.attention);
     const double index_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     GenerateOptions go;
     go.max_new_tokens = o.new_tokens;
@@ -148,7 +149,9 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                           {"kv_read_share", s.kv_read_share},
                           {"same_tokens_as_full", same},
                           {"mean_exact_tokens_per_head", s.mean_exact_tokens_per_head},
-                          {"kv_dtype", o.model.kv_dtype},
+                          {"kv_dtype", std::string(dtype_name(base_opt.kv_dtype))},
+                          {"device", std::string(device_name(m.engine->device()))},
+                          {"device_description", m.engine->description()},
                           {"threads", num_threads()},
                           {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
                           {"cores_online", sysconf(_SC_NPROCESSORS_ONLN)},

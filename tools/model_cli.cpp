@@ -17,10 +17,20 @@ double now_s() {
 void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
   cmd->add_option("--model", o.model, "Model: a HF directory, a .safetensors or .gguf file, or 'smollm2'")
       ->capture_default_str();
+  cmd->add_option("--device", o.device,
+                  "Runner: cpu, cuda (the CUDA runner; needs a CUDA build and a GPU) or auto (cuda when usable)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cmd->add_option("--weights", o.weights, "cuda: weight type on the GPU, bf16 or f32 (exactness checks)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_option("--threads", o.threads, "CPU threads (OpenMP + OpenBLAS); 0 = all cores")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-dtype", o.kv_dtype, "KV cache storage: f32 or bf16")->capture_default_str();
-  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Tokens per prefill block")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-dtype", o.kv_dtype, "KV cache storage: f32, bf16 or auto (cpu: f32; cuda: bf16, its only one)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"f32", "bf16", "auto"}));
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "Tokens per prefill block; 0 = the device's default (cpu 512, cuda 2048)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--retrieval-fraction", o.retrieval_fraction, "retro: share of clusters attended exactly (0.018)");
   cmd->add_option("--estimation-fraction", o.estimation_fraction, "retro: share of clusters estimated (0.232)");
   cmd->add_option("--outlier-fraction", o.outlier_fraction,
@@ -33,11 +43,18 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
   cmd->add_flag("--no-estimation", o.no_estimation, "retro: ignore the estimation zone");
 }
 
+Device cli_device(const ModelCliOptions& o) {
+  const Device d = resolve_device(o.device);
+  check_device(d);
+  return d;
+}
+
 SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind) {
+  const Device device = resolve_device(o.device);
   SessionOptions so;
   so.attention.kind = kind;
-  so.kv_dtype = parse_dtype(o.kv_dtype);
-  so.prefill_chunk = o.prefill_chunk;
+  so.kv_dtype = o.kv_dtype == "auto" ? default_kv_dtype(device) : parse_dtype(o.kv_dtype);
+  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : default_prefill_chunk(device);
   AttentionConfig& a = so.attention;
   if (o.retrieval_fraction >= 0) a.retrieval_fraction = o.retrieval_fraction;
   if (o.estimation_fraction >= 0) a.estimation_fraction = o.estimation_fraction;
@@ -53,11 +70,15 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
 
 LoadedModel load_model(const ModelCliOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
+  EngineOptions eo;
+  eo.device = cli_device(o);  // a device that cannot run fails here, before the model is read
+  eo.weights = parse_device_weights(o.weights);
   LoadedModel m;
   const double t0 = now_s();
   m.file = ModelFile::open(locate_model(o.model));
   m.model = Model::load(*m.file);
   m.tokenizer = load_model_tokenizer(*m.file);
+  m.engine = std::make_unique<EngineModel>(*m.model, eo);
   m.load_seconds = now_s() - t0;
   return m;
 }

@@ -1,10 +1,11 @@
-// Options and helpers shared by the CLI commands that run a model (generate, bench generate).
+// Options and helpers shared by the CLI commands that run a model (generate, eval, bench generate).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "retroinfer/engine_model.h"
 #include "retroinfer/model.h"
 #include "retroinfer/model_file.h"
 #include "retroinfer/tokenizer.h"
@@ -17,9 +18,13 @@ namespace retroinfer::cli {
 
 struct ModelCliOptions {
   std::string model = "smollm2";  // path or short name (see locate_model)
+  // cpu | cuda | auto (auto: cuda when this build has the backend and a GPU is present). The default is
+  // cpu for now: the CUDA runner is new; flip it to auto once it has been verified on the GPU machine.
+  std::string device = "cpu";
+  std::string weights = "bf16";   // cuda: weight type on the GPU (bf16 | f32)
   int threads = 0;                // 0: OpenMP default
-  std::string kv_dtype = "f32";
-  int prefill_chunk = 512;
+  std::string kv_dtype = "auto";  // f32 | bf16 | auto (f32 on cpu, bf16 on cuda)
+  int prefill_chunk = 0;          // 0: the device's default (512 cpu, 2048 cuda)
   // AttentionConfig passthrough; a negative value keeps the default.
   double retrieval_fraction = -1.0;
   double estimation_fraction = -1.0;
@@ -31,18 +36,27 @@ struct ModelCliOptions {
   bool no_estimation = false;
 };
 
-// Adds --model, --threads, --kv-dtype, --prefill-chunk and the attention parameters to cmd.
+// Adds --model, --device, --weights, --threads, --kv-dtype, --prefill-chunk and the attention parameters
+// to cmd.
 void add_model_options(CLI::App* cmd, ModelCliOptions& o);
 
+// --device resolved (auto decided here) and checked: throws Error when the device cannot run in this
+// build or on this machine (check_device), before any model is loaded.
+Device cli_device(const ModelCliOptions& o);
+
+// Session options for `kind` on the device of --device: --kv-dtype and --prefill-chunk "auto" resolved
+// per device (default_kv_dtype, default_prefill_chunk).
 SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind);
 
 struct LoadedModel {
   std::unique_ptr<ModelFile> file;
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
-  double load_seconds = 0.0;
+  std::unique_ptr<EngineModel> engine;  // the model on --device (declared after model: destroyed first)
+  double load_seconds = 0.0;            // file + CPU weights + tokenizer + upload to the device
 };
-// Applies --threads, locates, opens and loads the model and its tokenizer.
+// Applies --threads, checks --device, locates, opens and loads the model and its tokenizer, and puts the
+// model on the device (cuda: uploads the weights once).
 LoadedModel load_model(const ModelCliOptions& o);
 
 // A one-line prefill progress bar on stderr ("\r" updates).

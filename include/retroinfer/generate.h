@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "retroinfer/engine_model.h"
 #include "retroinfer/model.h"
 #include "retroinfer/sampler.h"
 
@@ -48,7 +49,7 @@ struct GenerateSummary {
   std::string attention;               // method name
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;        // sampled tokens, the stop token included
-  int64_t decode_steps = 0;            // Session::decode calls (generated_tokens - 1 at most)
+  int64_t decode_steps = 0;            // SequenceSession::decode calls (generated_tokens - 1 at most)
   double prefill_seconds = 0.0;        // prefill + on_prefill (index construction)
   double decode_seconds = 0.0;         // all decode steps, sampling included
   double prefill_tokens_per_s = 0.0;   // prompt_tokens / prefill_seconds
@@ -82,11 +83,16 @@ struct GenerateCallbacks {
 // Samples and decodes on an already prefilled session, starting from `logits` ([vocab], the output of its
 // prefill or last decode step). Fills every summary field except prompt_tokens, prefill_seconds and
 // prefill_tokens_per_s; time_to_first_token_s counts from the call.
-GenerateSummary continue_generation(Session& session, std::vector<float> logits, const GenerateOptions& opt,
+// Any SequenceSession: the CPU Session or the CUDA runner's.
+GenerateSummary continue_generation(SequenceSession& session, std::vector<float> logits, const GenerateOptions& opt,
                                     const GenerateCallbacks& cb = {});
 
-// Runs prompt + generation on a fresh Session of `model` with max_context = prompt + max_new_tokens
-// (so the context and memory checks refuse oversized requests with an Error before any work).
+// Runs prompt + generation on a fresh session of `model` (make_session: on the model's device) with
+// max_context = prompt + max_new_tokens (so the context and memory checks refuse oversized requests with
+// an Error before any work).
+GenerateSummary generate(const EngineModel& model, const SessionOptions& session, std::span<const int32_t> prompt,
+                         const GenerateOptions& opt, const GenerateCallbacks& cb = {});
+// The same on the CPU runner.
 GenerateSummary generate(const Model& model, const SessionOptions& session, std::span<const int32_t> prompt,
                          const GenerateOptions& opt, const GenerateCallbacks& cb = {});
 

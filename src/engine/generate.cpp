@@ -12,19 +12,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-GenerateSummary continue_generation(Session& session, std::vector<float> logits, const GenerateOptions& opt,
+GenerateSummary continue_generation(SequenceSession& session, std::vector<float> logits, const GenerateOptions& opt,
                                     const GenerateCallbacks& cb) {
   RETROINFER_CHECK(opt.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", opt.max_new_tokens);
   RETROINFER_CHECK(opt.stop_strings.empty() || cb.token_text,
                    "generate: stop strings need a token_text callback (a detokenizer)");
-  const ModelConfig& c = session.model().config();
+  const ModelConfig& c = session.model_config();
   RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == c.vocab_size, "generate: logits of size ", logits.size(),
                    ", expected vocab_size ", c.vocab_size);
   Sampler sampler(opt.sampler);
   const std::vector<int32_t>& eos = opt.eos_token_ids.empty() ? c.eos_token_ids : opt.eos_token_ids;
   StopMatcher matcher(opt.stop_strings);
   GenerateSummary sum;
-  sum.attention = std::string(attention_kind_name(session.options().attention.kind));
+  sum.attention = std::string(attention_kind_name(session.attention_config().kind));
   const auto t1 = std::chrono::steady_clock::now();
   bool first = true;
   bool stopped = false;
@@ -83,7 +83,7 @@ GenerateSummary continue_generation(Session& session, std::vector<float> logits,
   return sum;
 }
 
-GenerateSummary generate(const Model& model, const SessionOptions& session_opt, std::span<const int32_t> prompt,
+GenerateSummary generate(const EngineModel& model, const SessionOptions& session_opt, std::span<const int32_t> prompt,
                          const GenerateOptions& opt, const GenerateCallbacks& cb) {
   RETROINFER_CHECK(opt.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", opt.max_new_tokens);
   RETROINFER_CHECK(!prompt.empty(), "generate: empty prompt");
@@ -96,16 +96,22 @@ GenerateSummary generate(const Model& model, const SessionOptions& session_opt, 
                    "; shorten the prompt or lower --max-new-tokens");
   SessionOptions so = session_opt;
   so.max_context = need;  // the last sampled token is never fed back: the cache holds at most need - 1
-  Session session(model, so);
+  const std::unique_ptr<SequenceSession> session = make_session(model, so);
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits = session.prefill(prompt, false, cb.on_prefill);
+  std::vector<float> logits = session->prefill(prompt, false, cb.on_prefill);
   const double prefill_s = seconds_since(t0);
-  GenerateSummary sum = continue_generation(session, std::move(logits), opt, cb);
+  GenerateSummary sum = continue_generation(*session, std::move(logits), opt, cb);
   sum.prompt_tokens = static_cast<int64_t>(prompt.size());
   sum.prefill_seconds = prefill_s;
   sum.prefill_tokens_per_s = prefill_s > 0 ? sum.prompt_tokens / prefill_s : 0.0;
   sum.time_to_first_token_s += prefill_s;
   return sum;
+}
+
+GenerateSummary generate(const Model& model, const SessionOptions& session, std::span<const int32_t> prompt,
+                         const GenerateOptions& opt, const GenerateCallbacks& cb) {
+  const EngineModel cpu(model);
+  return generate(cpu, session, prompt, opt, cb);
 }
 
 }  // namespace retroinfer

@@ -27,18 +27,18 @@ std::string hex_hash(std::string_view s) {
   return buf;
 }
 
-std::vector<int32_t> eos_ids(const Model& model, const Tokenizer& tok) {
+std::vector<int32_t> eos_ids(const ModelConfig& cfg, const Tokenizer& tok) {
   std::vector<int32_t> e = tok.eog_ids();
-  for (int id : model.config().eos_token_ids)
+  for (int id : cfg.eos_token_ids)
     if (std::find(e.begin(), e.end(), id) == e.end()) e.push_back(id);
   return e;
 }
 
 // Greedy decode on a forked session; `first` is the token the shared prefill logits chose.
-SampleOutcome decode_answer(Session& s, const Tokenizer& tok, int32_t first, int max_new,
+SampleOutcome decode_answer(SequenceSession& s, const Tokenizer& tok, int32_t first, int max_new,
                             const std::vector<int32_t>& eos) {
   SampleOutcome o;
-  const ModelConfig& c = s.model().config();
+  const ModelConfig& c = s.model_config();
   std::vector<float> logits(c.vocab_size);
   std::vector<int32_t> out;
   int64_t exact = 0, context = 0;
@@ -66,6 +66,17 @@ SampleOutcome decode_answer(Session& s, const Tokenizer& tok, int32_t first, int
   return o;
 }
 
+// Time a sample at `ctx` tokens is expected to take, from the slowest sample seen so far at that length;
+// none seen yet: the slowest at another length scaled linearly by the length (prefill grows faster than
+// linearly, but at these lengths the answer decode and the task generation dominate), else 0.
+double expected_sample_s(const std::map<int64_t, double>& slowest, int64_t ctx) {
+  const auto it = slowest.find(ctx);
+  if (it != slowest.end()) return it->second;
+  double e = 0;
+  for (const auto& [c, s] : slowest) e = std::max(e, s * static_cast<double>(ctx) / static_cast<double>(c));
+  return e;
+}
+
 }  // namespace
 
 AttentionConfig method_config(std::string_view method, const AttentionConfig& base) {
@@ -88,6 +99,8 @@ void validate(const EvalOptions& o) {
   RETROINFER_CHECK(!o.methods.empty(), "eval: no attention methods");
   for (const auto& m : o.methods) validate(method_config(m, o.attention));
   RETROINFER_CHECK(!o.results_path.empty(), "eval: a results file (JSON lines) is required");
+  RETROINFER_CHECK(o.time_budget_s >= 0, "eval: the time budget must be >= 0 seconds (0 = none), got ",
+                   o.time_budget_s);
 }
 
 std::string result_key(std::string_view task, int64_t context, int index, std::string_view method) {
@@ -168,18 +181,27 @@ TokenCounter token_counter(const Tokenizer& tok) {
   return [&tok](std::string_view p) { return static_cast<int64_t>(tok.encode(p, false, true).size()); };
 }
 
-int64_t run_eval(const Model& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt) {
+int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt,
+                 EvalRunStats* stats) {
   validate(opt);
+  const auto t_run = std::chrono::steady_clock::now();
   const auto say = [&](const std::string& s) {
     if (opt.progress) opt.progress(s);
   };
+  const std::string device(device_name(model.device()));
   const std::vector<nlohmann::json> old = load_results(opt.results_path);
   std::set<std::string> done = result_keys(old);
   std::map<std::string, std::string> old_hash;  // task|context|index -> prompt hash
-  for (const auto& j : old)
+  for (size_t i = 0; i < old.size(); ++i) {
+    const nlohmann::json& j = old[i];
     if (j.contains("prompt_hash"))
       old_hash[result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(), j.at("index").get<int>(), "")] =
           j.at("prompt_hash").get<std::string>();
+    // Lines written before the device field existed came from the CPU runner.
+    const std::string d = j.contains("device") ? j.at("device").get<std::string>() : "cpu";
+    RETROINFER_CHECK(d == device, "eval: line ", i + 1, " of '", opt.results_path, "' was made on device ", d,
+                     ", this run uses ", device, "; use a new results file for each device");
+  }
   if (!old.empty()) say("resuming: " + std::to_string(old.size()) + " result lines already in " + opt.results_path);
   // A truncated last line from an interrupted run (load_results skipped it): cut it off so that the file
   // stays one JSON object per line.
@@ -195,60 +217,103 @@ int64_t run_eval(const Model& model, const Tokenizer& tok, const TaskGenerator& 
   }
   std::ofstream out(opt.results_path, std::ios::app | std::ios::binary);
   RETROINFER_CHECK(out.good(), "eval: cannot append to '", opt.results_path, "'");
-  const std::vector<int32_t> eos = eos_ids(model, tok);
+  const std::vector<int32_t> eos = eos_ids(model.config(), tok);
   const int64_t total = static_cast<int64_t>(opt.contexts.size() * opt.tasks.size()) * opt.samples;
-  int64_t written = 0, visited = 0;
-  const auto t_run = std::chrono::steady_clock::now();
-  for (int64_t ctx : opt.contexts) {
-    for (const auto& task : opt.tasks) {
-      for (int i = opt.first_sample; i < opt.first_sample + opt.samples; ++i) {
+  EvalRunStats st;
+  int64_t visited = 0;
+  std::map<int64_t, double> slowest;  // context -> the longest sample (generation + prefill + methods), s
+  for (int i = opt.first_sample; i < opt.first_sample + opt.samples; ++i) {
+    for (int64_t ctx : opt.contexts) {
+      for (const auto& task : opt.tasks) {
         ++visited;
         std::vector<std::string> todo;
         for (const auto& m : opt.methods)
           if (!done.count(result_key(task, ctx, i, m))) todo.push_back(m);
-        if (todo.empty()) continue;
+        if (todo.empty()) {
+          ++st.samples_skipped;
+          continue;
+        }
+        if (opt.time_budget_s > 0 && !st.budget_spent &&
+            seconds_since(t_run) + expected_sample_s(slowest, ctx) > opt.time_budget_s)
+          st.budget_spent = true;
+        if (st.budget_spent) {
+          ++st.samples_left;
+          continue;
+        }
+        const auto t_sample = std::chrono::steady_clock::now();
         const TaskSample s = gen.make(task, ctx, i);
         const auto h = old_hash.find(result_key(task, ctx, i, ""));
         RETROINFER_CHECK(h == old_hash.end() || h->second == hex_hash(s.prompt), "eval: sample ", task, " ", ctx,
                          " #", i, " differs from the one in '", opt.results_path,
                          "' (another seed, tokenizer or version?); use a new results file");
         const std::vector<int32_t> ids = tok.encode(s.prompt, false, true);
+        const double gen_s = seconds_since(t_sample);  // task generation (tokenizer counts) + encoding
         SessionOptions so;
         so.attention = method_config("full", opt.attention);
         so.kv_dtype = opt.kv_dtype;
         so.prefill_chunk = opt.prefill_chunk;
         so.max_context = static_cast<int64_t>(ids.size()) + s.max_new_tokens;
-        Session base(model, so);
+        const std::unique_ptr<SequenceSession> base = make_session(model, so);
         const auto t0 = std::chrono::steady_clock::now();
-        const std::vector<float> logits = base.prefill(ids);
+        const std::vector<float> logits = base->prefill(ids);
         const double prefill_s = seconds_since(t0);
         const int32_t first = argmax(logits);
         std::string line_scores;
         for (const auto& m : todo) {
           const auto t1 = std::chrono::steady_clock::now();
-          std::unique_ptr<Session> f = base.fork(method_config(m, opt.attention));
+          std::unique_ptr<SequenceSession> f = base->fork_session(method_config(m, opt.attention));
           SampleOutcome o = decode_answer(*f, tok, first, s.max_new_tokens, eos);
+          f.reset();  // the fork's memory (a copy of the prompt's KV) is freed before the next method
           o.seconds = seconds_since(t1);
-          const nlohmann::json j = result_line(s, m, o, prefill_s);
+          nlohmann::json j = result_line(s, m, o, prefill_s);
+          j["device"] = device;
+          j["kv_dtype"] = std::string(dtype_name(opt.kv_dtype));
+          j["gen_s"] = gen_s;
           out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';  // partial UTF-8 -> U+FFFD
           out.flush();
           RETROINFER_CHECK(out.good(), "eval: writing '", opt.results_path, "' failed");
           done.insert(result_key(task, ctx, i, m));
-          ++written;
+          ++st.lines_written;
           char buf[96];
           std::snprintf(buf, sizeof buf, " %s=%.0f", m.c_str(), 100.0 * j.at("score_all").get<double>());
           line_scores += buf;
         }
-        char head[256];
-        std::snprintf(head, sizeof head, "[%lld/%lld %.0fs] %s ctx %lld #%d (%lld tok, depth %.2f): prefill %.1fs |",
-                      static_cast<long long>(visited), static_cast<long long>(total), seconds_since(t_run),
-                      task.c_str(), static_cast<long long>(ctx), i, static_cast<long long>(ids.size()), s.depth,
+        ++st.samples_run;
+        const double sample_s = seconds_since(t_sample);
+        slowest[ctx] = std::max(slowest.count(ctx) ? slowest[ctx] : 0.0, sample_s);
+        const double elapsed = seconds_since(t_run);
+        // Estimated time left: the mean time of the samples run so far times the samples still to visit
+        // (some of those may turn out to be done already: an upper estimate on a resumed run).
+        const double eta = elapsed / static_cast<double>(st.samples_run) * static_cast<double>(total - visited);
+        char head[320];
+        std::snprintf(head, sizeof head,
+                      "[%lld/%lld %.0fs, eta %.0fs] %s ctx %lld #%d (%lld tok, depth %.2f): sample %.2fs (generate "
+                      "%.2fs, prefill %.2fs) |",
+                      static_cast<long long>(visited), static_cast<long long>(total), elapsed, eta, task.c_str(),
+                      static_cast<long long>(ctx), i, static_cast<long long>(ids.size()), s.depth, sample_s, gen_s,
                       prefill_s);
         say(head + line_scores);
       }
     }
   }
-  return written;
+  st.seconds = seconds_since(t_run);
+  if (st.budget_spent) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "eval: time budget of %.0f s spent after %.0f s: %lld samples run, %lld not started (rerun with "
+                  "the same results file to continue)",
+                  opt.time_budget_s, st.seconds, static_cast<long long>(st.samples_run),
+                  static_cast<long long>(st.samples_left));
+    say(buf);
+  }
+  if (stats) *stats = st;
+  return st.lines_written;
+}
+
+int64_t run_eval(const Model& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt,
+                 EvalRunStats* stats) {
+  const EngineModel cpu(model);
+  return run_eval(cpu, tok, gen, opt, stats);
 }
 
 }  // namespace retroinfer::eval

@@ -1,11 +1,15 @@
-// The `retroinfer eval tasks` driver: RULER-style samples (tasks.h) through the CPU model runner with every
-// decode-attention method, scored (scoring.h), one JSON line per (sample, method) appended to a results
-// file, so an interrupted run resumes where it stopped.
+// The `retroinfer eval tasks` driver: RULER-style samples (tasks.h) through the model runner of the chosen
+// device (engine_model.h: the CPU Session or the CUDA runner) with every decode-attention method, scored
+// (scoring.h), one JSON line per (sample, method) appended to a results file, so an interrupted run
+// resumes where it stopped.
 //
 // Prefill is the same for every method (they differ only in decode), so each sample is prefilled once
-// with full attention; then, per method, Session::fork copies the prompt's KV caches, builds that method's
-// index (on_prefill) and decodes the answer greedily (at most the task's max_new_tokens, stopping at an
-// end-of-generation token). The first answer token comes from the shared prefill logits.
+// with full attention; then, per method, SequenceSession::fork_session copies the prompt's KV caches,
+// builds that method's index and decodes the answer greedily (at most the task's max_new_tokens, stopping
+// at an end-of-generation token). The first answer token comes from the shared prefill logits.
+//
+// Order: sample index outermost, then context length, then task, so that a run stopped early (its time
+// budget spent, or interrupted) holds about as many samples of every task and length.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +21,7 @@
 #include <vector>
 
 #include "eval/tasks.h"
+#include "retroinfer/engine_model.h"
 #include "retroinfer/model.h"
 #include "retroinfer/tokenizer.h"
 
@@ -33,9 +38,13 @@ struct EvalOptions {
   int first_sample = 0;                          // first index (to split a run)
   std::vector<std::string> methods = {"full", "retro", "quest", "streaming", "oracle"};
   AttentionConfig attention;                     // budgets, sink, window, ... (kind set per method)
-  DType kv_dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;                  // cuda: must be bf16 (default_kv_dtype)
   int prefill_chunk = 512;
   std::string results_path;                      // JSON lines, appended; required
+  // Wall-clock budget in seconds for the whole call (0 = none): a sample is not started when, at the
+  // slowest pace seen so far for its context length, it would end past the budget; the run then stops
+  // cleanly (every written line complete) and reports budget_spent.
+  double time_budget_s = 0.0;
   std::function<void(std::string_view)> progress;  // progress lines (stderr in the CLI); may be empty
 };
 void validate(const EvalOptions& o);
@@ -51,7 +60,8 @@ std::set<std::string> result_keys(const std::vector<nlohmann::json>& lines);
 
 // One result line: task, context, index, method, depth, prompt_tokens, prompt_hash, references, output,
 // score_all, score_part, generated_tokens, exact_tokens_per_head (mean over decode steps, layers and KV
-// heads), context_tokens_per_head, prefill_s (shared), method_s (fork + index + decode).
+// heads), context_tokens_per_head, prefill_s (shared), method_s (fork + index + decode); run_eval adds
+// device, kv_dtype and gen_s (task generation + tokenization of the sample, shared).
 struct SampleOutcome {
   std::string output;
   int64_t generated_tokens = 0;
@@ -63,9 +73,24 @@ struct SampleOutcome {
 nlohmann::json result_line(const TaskSample& s, std::string_view method, const SampleOutcome& o,
                            double prefill_s);
 
-// Runs every (task, context, sample, method) not yet in results_path and appends its line. Returns the
-// number of lines written.
-int64_t run_eval(const Model& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt);
+struct EvalRunStats {
+  int64_t lines_written = 0;
+  int64_t samples_run = 0;      // samples prefilled in this call
+  int64_t samples_skipped = 0;  // samples whose every method was already in the file
+  int64_t samples_left = 0;     // samples not started (time budget spent)
+  bool budget_spent = false;
+  double seconds = 0.0;
+};
+
+// Runs every (task, context, sample, method) not yet in results_path and appends its line, with the
+// device's runner. Each line also records "device" and "kv_dtype"; a results file made on another device
+// is refused (its numbers would mix two runners). Returns the number of lines written; `stats` (optional)
+// gets the details.
+int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt,
+                 EvalRunStats* stats = nullptr);
+// The same on the CPU runner.
+int64_t run_eval(const Model& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt,
+                 EvalRunStats* stats = nullptr);
 
 // The prompt wrapper for a model's tokenizer: its chat template (user turn + generation prompt) followed
 // by the answer prefix; without a chat template, BOS-less plain text "user\n\nanswer_prefix".

@@ -43,10 +43,12 @@ void validate(const PplOptions& o) {
   RETROINFER_CHECK(o.forced_tokens >= 1, "eval ppl: forced tokens must be >= 1, got ", o.forced_tokens);
   RETROINFER_CHECK(o.windows >= 1, "eval ppl: windows must be >= 1, got ", o.windows);
   RETROINFER_CHECK(!o.methods.empty(), "eval ppl: no methods");
+  RETROINFER_CHECK(o.time_budget_s >= 0, "eval ppl: the time budget must be >= 0 seconds (0 = none), got ",
+                   o.time_budget_s);
   for (const auto& m : o.methods) validate(method_config(m, o.attention));
 }
 
-PplReport run_ppl_fidelity(const Model& model, std::span<const int32_t> text, const PplOptions& opt) {
+PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> text, const PplOptions& opt) {
   validate(opt);
   const ModelConfig& c = model.config();
   const int64_t P = opt.prefix_tokens, T = opt.forced_tokens, span_len = P + T + 1;
@@ -59,46 +61,63 @@ PplReport run_ppl_fidelity(const Model& model, std::span<const int32_t> text, co
 
   PplReport rep;
   rep.options = opt;
+  rep.device = std::string(device_name(model.device()));
+  rep.attention_error_measured = model.device() == Device::kCpu;
   rep.text_tokens = static_cast<int64_t>(text.size());
   std::vector<PplMethodResult> res(methods.size());
   for (size_t i = 0; i < methods.size(); ++i) {
     res[i].method = methods[i];
-    res[i].layer_rel_err.assign(c.num_layers, 0.0);
+    if (rep.attention_error_measured) res[i].layer_rel_err.assign(c.num_layers, 0.0);
   }
   const AttentionShape shape{c.num_heads_q, c.num_heads_kv, c.head_dim};
   AttentionConfig full_cfg = method_config("full", opt.attention);
   const int64_t vocab = c.vocab_size, width = static_cast<int64_t>(c.num_heads_q) * c.head_dim;
 
+  const auto t_run = std::chrono::steady_clock::now();
+  double slowest_window_s = 0;
   for (int w = 0; w < opt.windows; ++w) {
+    if (opt.time_budget_s > 0 && w > 0 && seconds_since(t_run) + slowest_window_s > opt.time_budget_s) {
+      if (opt.progress) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "time budget of %.0f s spent: %d of %d windows run", opt.time_budget_s, w,
+                      opt.windows);
+        opt.progress(buf);
+      }
+      break;
+    }
+    const auto t_window = std::chrono::steady_clock::now();
     const std::span<const int32_t> win = text.subspan(w * span_len, span_len);
     SessionOptions so;
     so.attention = full_cfg;
     so.kv_dtype = opt.kv_dtype;
     so.prefill_chunk = opt.prefill_chunk;
     so.max_context = P + T;
-    Session base(model, so);
+    const std::unique_ptr<SequenceSession> base = make_session(model, so);
     const auto t0 = std::chrono::steady_clock::now();
-    base.prefill(win.first(P));
+    base->prefill(win.first(P));
     rep.prefill_seconds += seconds_since(t0);
     std::vector<std::vector<double>> ref_lp(T);  // full's log-probabilities per step
     for (size_t mi = 0; mi < methods.size(); ++mi) {
       PplMethodResult& r = res[mi];
       const auto t1 = std::chrono::steady_clock::now();
-      std::unique_ptr<Session> s = base.fork(method_config(methods[mi], opt.attention));
-      // Exact attention on the method's own inputs, per layer (full keeps no state between calls).
+      std::unique_ptr<SequenceSession> s = base->fork_session(method_config(methods[mi], opt.attention));
+      // Exact attention on the method's own inputs, per layer (full keeps no state between calls); the
+      // observer exists on the CPU runner only.
       std::vector<std::unique_ptr<AttentionMethod>> exact;
-      for (int l = 0; l < c.num_layers; ++l) exact.push_back(make_attention(full_cfg, shape));
       std::vector<float> ref(width);
-      s->set_attention_observer([&](int layer, const KvCache& kv, const float* q, const float* out) {
-        exact[layer]->decode(kv, q, ref.data());
-        double num = 0, den = 0;
-        for (int64_t i = 0; i < width; ++i) {
-          const double d = static_cast<double>(out[i]) - ref[i];
-          num += d * d;
-          den += static_cast<double>(ref[i]) * ref[i];
-        }
-        r.layer_rel_err[layer] += den > 0 ? std::sqrt(num / den) : 0.0;
-      });
+      if (auto* cpu = dynamic_cast<Session*>(s.get()); cpu && rep.attention_error_measured) {
+        for (int l = 0; l < c.num_layers; ++l) exact.push_back(make_attention(full_cfg, shape));
+        cpu->set_attention_observer([&](int layer, const KvCache& kv, const float* q, const float* out) {
+          exact[layer]->decode(kv, q, ref.data());
+          double num = 0, den = 0;
+          for (int64_t i = 0; i < width; ++i) {
+            const double d = static_cast<double>(out[i]) - ref[i];
+            num += d * d;
+            den += static_cast<double>(ref[i]) * ref[i];
+          }
+          r.layer_rel_err[layer] += den > 0 ? std::sqrt(num / den) : 0.0;
+        });
+      }
       std::vector<float> logits(vocab);
       for (int64_t t = 0; t < T; ++t) {
         s->decode(win[P + t], logits);
@@ -126,6 +145,8 @@ PplReport run_ppl_fidelity(const Model& model, std::span<const int32_t> text, co
         opt.progress(buf);
       }
     }
+    ++rep.windows_run;
+    slowest_window_s = std::max(slowest_window_s, seconds_since(t_window));
   }
   for (auto& r : res) {
     const double n = static_cast<double>(r.steps);
@@ -133,7 +154,7 @@ PplReport run_ppl_fidelity(const Model& model, std::span<const int32_t> text, co
     r.ppl = std::exp(r.nll);
     r.kl_mean /= n;
     r.top1_agreement /= n;
-    for (double& e : r.layer_rel_err) e /= n;
+    for (double& e : r.layer_rel_err) e /= n;  // empty when not measured
     const double heads = n * c.num_layers * c.num_heads_kv;
     r.exact_tokens_per_head /= heads;
     r.context_tokens_per_head /= heads;
@@ -148,8 +169,15 @@ nlohmann::json to_json(const PplReport& r) {
   j["prefix_tokens"] = r.options.prefix_tokens;
   j["forced_tokens"] = r.options.forced_tokens;
   j["windows"] = r.options.windows;
+  j["windows_run"] = r.windows_run;
   j["text_tokens"] = r.text_tokens;
   j["prefill_s"] = r.prefill_seconds;
+  j["device"] = r.device;
+  j["kv_dtype"] = std::string(dtype_name(r.options.kv_dtype));
+  j["attention_error_measured"] = r.attention_error_measured;
+  if (!r.attention_error_measured)
+    j["attention_error_note"] = "per-layer attention error (layer_rel_err) needs the CPU runner's attention "
+                                "observer; not measured on " + r.device;
   j["methods"] = nlohmann::json::array();
   for (const auto& m : r.methods)
     j["methods"].push_back({{"method", m.method}, {"steps", m.steps}, {"nll", m.nll}, {"ppl", m.ppl},
@@ -173,13 +201,20 @@ std::string markdown_table(const PplReport& r) {
       if (m.layer_rel_err[l] > m.layer_rel_err[worst]) worst = l;
     }
     mean /= std::max<size_t>(1, m.layer_rel_err.size());
-    std::snprintf(buf, sizeof buf, "| %s | %.4f | %+.2f%% | %.2e | %.2e | %.1f%% | %.2e | %.2e (layer %zu) | %.0f / %.0f | %lld |\n",
+    char err[96] = "n/a (cpu only) | n/a";
+    if (!m.layer_rel_err.empty())
+      std::snprintf(err, sizeof err, "%.2e | %.2e (layer %zu)", mean, m.layer_rel_err[worst], worst);
+    std::snprintf(buf, sizeof buf, "| %s | %.4f | %+.2f%% | %.2e | %.2e | %.1f%% | %s | %.0f / %.0f | %lld |\n",
                   m.method.c_str(), m.ppl, 100.0 * m.ppl_rel_diff, m.kl_mean, m.kl_max, 100.0 * m.top1_agreement,
-                  mean, m.layer_rel_err.empty() ? 0.0 : m.layer_rel_err[worst], worst, m.exact_tokens_per_head,
-                  m.context_tokens_per_head, static_cast<long long>(m.steps));
+                  err, m.exact_tokens_per_head, m.context_tokens_per_head, static_cast<long long>(m.steps));
     md += buf;
   }
   return md;
+}
+
+PplReport run_ppl_fidelity(const Model& model, std::span<const int32_t> text, const PplOptions& opt) {
+  const EngineModel cpu(model);
+  return run_ppl_fidelity(cpu, text, opt);
 }
 
 }  // namespace retroinfer::eval

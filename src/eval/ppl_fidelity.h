@@ -8,6 +8,9 @@
 //   - attention-output error per layer: ||o - o_full|| / ||o_full|| of each layer's attention output
 //     against exact attention on the same inputs (the method's own query and KV cache at that layer, i.e.
 //     the error this layer adds, not the error accumulated from earlier layers), mean over steps.
+//     CPU runner only (it reads the layer's KV cache through Session::set_attention_observer): on cuda it
+//     is not measured (layer_rel_err empty, "attention_error_measured": false in the JSON, "n/a" in the
+//     table).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "retroinfer/engine_model.h"
 #include "retroinfer/model.h"
 
 namespace retroinfer::eval {
@@ -29,8 +33,11 @@ struct PplOptions {
   // "full" is always run first (the reference) whether listed or not; retro-noest = retro without estimation.
   std::vector<std::string> methods = {"full", "retro", "quest", "streaming", "oracle"};
   AttentionConfig attention;     // budgets (kind set per method)
-  DType kv_dtype = DType::kF32;
+  DType kv_dtype = DType::kF32;  // cuda: must be bf16 (default_kv_dtype)
   int prefill_chunk = 512;
+  // Wall-clock budget in seconds (0 = none): a window after the first is not started when, at the pace of
+  // the slowest window so far, it would end past the budget (PplReport::windows_run says how many ran).
+  double time_budget_s = 0.0;
   std::function<void(std::string_view)> progress;  // may be empty
 };
 void validate(const PplOptions& o);
@@ -43,7 +50,7 @@ struct PplMethodResult {
   double ppl_rel_diff = 0.0;           // ppl / ppl_full - 1
   double kl_mean = 0.0, kl_max = 0.0;  // KL(full || method), nats
   double top1_agreement = 0.0;         // in [0, 1]
-  std::vector<double> layer_rel_err;   // [num_layers], mean over steps
+  std::vector<double> layer_rel_err;   // [num_layers], mean over steps; empty when not measured (cuda)
   double exact_tokens_per_head = 0.0;  // per layer, KV head and step
   double context_tokens_per_head = 0.0;
   double seconds = 0.0;                // fork + index + decode, all windows
@@ -51,17 +58,23 @@ struct PplMethodResult {
 
 struct PplReport {
   PplOptions options;
+  std::string device = "cpu";            // the runner's device
+  bool attention_error_measured = true;  // false on cuda (see layer_rel_err)
   int64_t text_tokens = 0;
+  int windows_run = 0;           // < options.windows when the time budget was spent
   double prefill_seconds = 0.0;  // all windows
   std::vector<PplMethodResult> methods;
 };
 
-// text: the tokenized text; needs windows * (P + T + 1) tokens (throws Error otherwise).
+// text: the tokenized text; needs windows * (P + T + 1) tokens (throws Error otherwise). Runs on the
+// model's device (engine_model.h).
+PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> text, const PplOptions& opt);
+// The same on the CPU runner.
 PplReport run_ppl_fidelity(const Model& model, std::span<const int32_t> text, const PplOptions& opt);
 
 nlohmann::json to_json(const PplReport& r);
 // One row per method: ppl, ppl change, KL mean / max, top-1 agreement, attention error (mean over layers,
-// and the worst layer), exact tokens read.
+// and the worst layer; "n/a" when not measured), exact tokens read.
 std::string markdown_table(const PplReport& r);
 
 }  // namespace retroinfer::eval

@@ -142,5 +142,112 @@ TEST(EvalRunner, TasksResumeSkipsDoneSamples) {
   std::remove(path.c_str());
 }
 
+TEST(EvalRunner, TimeBudgetOrderAndDeviceOfTheResults) {
+  const Model* m = tiny_model();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const auto tok = test::byte_tokenizer();
+  eval::TaskOptions topt;
+  topt.tolerance = 0.1;  // see TasksResumeSkipsDoneSamples
+  const eval::TaskGenerator gen(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), topt);
+  const std::string path = (fs::temp_directory_path() / ("retroinfer_eval_budget_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  eval::EvalOptions o;
+  o.tasks = {"passkey"};
+  o.contexts = {400, 440};
+  o.samples = 2;
+  o.methods = {"streaming"};
+  o.prefill_chunk = 128;
+  o.results_path = path;
+  // A budget already spent when the first sample would start: nothing runs, the run says so.
+  o.time_budget_s = 1e-9;
+  eval::EvalRunStats st;
+  EXPECT_EQ(eval::run_eval(*m, *tok, gen, o, &st), 0);
+  EXPECT_TRUE(st.budget_spent);
+  EXPECT_EQ(st.samples_run, 0);
+  EXPECT_EQ(st.samples_left, 4);
+  EXPECT_TRUE(eval::load_results(path).empty());
+  // No budget: everything runs, sample index outermost (a run cut short keeps every task balanced).
+  o.time_budget_s = 0;
+  EXPECT_EQ(eval::run_eval(*m, *tok, gen, o, &st), 4);
+  EXPECT_FALSE(st.budget_spent);
+  EXPECT_EQ(st.samples_run, 4);
+  EXPECT_EQ(st.samples_left, 0);
+  const auto lines = eval::load_results(path);
+  ASSERT_EQ(lines.size(), 4u);
+  const std::vector<std::pair<int, int64_t>> want = {{0, 400}, {0, 440}, {1, 400}, {1, 440}};
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(lines[i].at("index").get<int>(), want[i].first) << "line " << i;
+    EXPECT_EQ(lines[i].at("context").get<int64_t>(), want[i].second) << "line " << i;
+    EXPECT_EQ(lines[i].at("device").get<std::string>(), "cpu");
+    EXPECT_EQ(lines[i].at("kv_dtype").get<std::string>(), "f32");
+  }
+  // A generous budget on a finished file: nothing left, nothing spent.
+  o.time_budget_s = 3600;
+  EXPECT_EQ(eval::run_eval(*m, *tok, gen, o, &st), 0);
+  EXPECT_EQ(st.samples_skipped, 4);
+  EXPECT_FALSE(st.budget_spent);
+  // Lines of another device's runner are not mixed in.
+  {
+    std::ofstream f(path, std::ios::app | std::ios::binary);
+    nlohmann::json j = lines[0];
+    j["device"] = "cuda";
+    j["index"] = 7;
+    f << j.dump() << "\n";
+  }
+  o.samples = 3;
+  std::string err;
+  try {
+    eval::run_eval(*m, *tok, gen, o);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("made on device cuda"), std::string::npos) << err;
+  o.time_budget_s = -1;
+  EXPECT_THROW(eval::validate(o), Error);
+  std::remove(path.c_str());
+}
+
+TEST(EvalRunner, PplOnTheCpuMeasuresAttentionErrorAndKeepsItsTimeBudget) {
+  const Model* m = tiny_model();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const auto toks = token_stream(3 * (64 + 4 + 1), 5);
+  eval::PplOptions o;
+  o.prefix_tokens = 64;
+  o.forced_tokens = 4;
+  o.windows = 3;
+  o.methods = {"full"};
+  o.prefill_chunk = 64;
+  o.time_budget_s = 1e-9;  // spent after the first window (which always runs)
+  const eval::PplReport r = eval::run_ppl_fidelity(*m, toks, o);
+  EXPECT_EQ(r.windows_run, 1);
+  ASSERT_EQ(r.methods.size(), 1u);
+  EXPECT_EQ(r.methods[0].steps, 4);
+  EXPECT_EQ(r.device, "cpu");
+  EXPECT_TRUE(r.attention_error_measured);
+  EXPECT_EQ(r.methods[0].layer_rel_err.size(), static_cast<size_t>(m->config().num_layers));
+  const nlohmann::json j = eval::to_json(r);
+  EXPECT_EQ(j.at("windows_run").get<int>(), 1);
+  EXPECT_EQ(j.at("device").get<std::string>(), "cpu");
+  EXPECT_TRUE(j.at("attention_error_measured").get<bool>());
+  EXPECT_FALSE(j.contains("attention_error_note"));
+  o.time_budget_s = 0;
+  EXPECT_EQ(eval::run_ppl_fidelity(*m, toks, o).windows_run, 3);
+}
+
+TEST(EvalRunner, PplTableSaysWhenAttentionErrorIsNotMeasured) {
+  eval::PplReport r;
+  r.device = "cuda";
+  r.attention_error_measured = false;
+  eval::PplMethodResult full;
+  full.method = "full";
+  full.ppl = 10;
+  full.steps = 4;
+  r.methods.push_back(full);
+  EXPECT_NE(eval::markdown_table(r).find("| n/a (cpu only) | n/a |"), std::string::npos) << eval::markdown_table(r);
+  const nlohmann::json j = eval::to_json(r);
+  EXPECT_FALSE(j.at("attention_error_measured").get<bool>());
+  EXPECT_NE(j.at("attention_error_note").get<std::string>().find("not measured on cuda"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace retroinfer
