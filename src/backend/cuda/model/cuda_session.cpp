@@ -76,12 +76,22 @@ void CudaSession::Impl::collect_timing() {
   im.last_ms = {{"attention", attention}, {"other", total - attention}};
 }
 
-CudaSession::Impl::~Impl() {
-  for (void* e : events) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+OwnedStream::OwnedStream() {
+  cudaStream_t st = nullptr;
+  RETROINFER_CUDA_CHECK(cudaStreamCreate(&st));
+  stream = st;
+}
+
+OwnedStream::~OwnedStream() {
   if (stream != nullptr) {
     cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // no throw from a destructor
     cudaStreamDestroy(static_cast<cudaStream_t>(stream));
   }
+}
+
+CudaSession::Impl::~Impl() {
+  if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // before freeing anything
+  for (void* e : events) cudaEventDestroy(static_cast<cudaEvent_t>(e));
 }
 
 CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, int num_seqs)
@@ -96,9 +106,6 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
                    c.head_dim, " is not supported (even, <= ", model::kRefMaxHeadDim, ")");
   RETROINFER_CHECK(im.max_context < (int64_t{1} << 31), "CudaSession: max_context ", im.max_context,
                    " exceeds the 2^31 positions the kernels index");
-  cudaStream_t st = nullptr;
-  RETROINFER_CUDA_CHECK(cudaStreamCreate(&st));
-  im.stream = st;
 
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
   const int64_t inter = c.intermediate_size;

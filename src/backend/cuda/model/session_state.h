@@ -62,10 +62,23 @@ struct RowStaging {
   int64_t bytes = 0;
 };
 
+// The session's CUDA stream (created blocking, so it is ordered with work on the legacy default stream that
+// other components may issue). Declared first in Impl so that it is destroyed last, after everything bound
+// to it (the cuBLAS handle, the attention objects).
+struct OwnedStream {
+  OwnedStream();
+  ~OwnedStream();
+  OwnedStream(const OwnedStream&) = delete;
+  OwnedStream& operator=(const OwnedStream&) = delete;
+  Stream get() const { return stream; }
+  Stream stream = nullptr;  // cudaStream_t
+};
+
 struct CudaSession::Impl {
   Impl(const CudaModel& m, const CudaSessionOptions& o, int n) : model(m), opt(o), num_seqs(n) {}
   ~Impl();
 
+  OwnedStream owned_stream;
   const CudaModel& model;
   CudaSessionOptions opt;
   int num_seqs = 1;
@@ -73,7 +86,7 @@ struct CudaSession::Impl {
   CudaSessionPlan plan;
   AttentionShape shape;
 
-  Stream stream = nullptr;  // owned cudaStream_t (blocking: ordered with the legacy default stream)
+  Stream stream = owned_stream.get();
   std::unique_ptr<model::Gemm> gemm;
   std::optional<PrefillAttention> prefill_attention;  // shapes the fast kernel takes; else the reference
   std::vector<DeviceBuffer> k, v;                     // [num_layers]
