@@ -100,6 +100,8 @@ TEST(CudaModelApi, PlanRefusesWhatDoesNotFit) {
   EXPECT_EQ(p.gpu_layers, c.num_layers);
   EXPECT_GE(p.gpu_bytes - gm->weight_bytes(), 3 * int64_t{8} << 20);
   EXPECT_LE(p.gpu_bytes, p.gpu_free_bytes);
+  std::printf("[cuda_model plan] synthetic-d128 f32, 3 x 4096 tokens: %.1f MiB planned of %.1f MiB\n",
+              p.gpu_bytes / 1048576.0, p.gpu_free_bytes / 1048576.0);
 }
 
 // A Llama-3-8B-shaped model with random bf16 weights (16 GB), generated on the device: two sequences, a
@@ -124,7 +126,9 @@ TEST(CudaModelApi, RandomLlama3_8B) {
   const auto t0 = std::chrono::steady_clock::now();
   auto gm = CudaModel::random(c, 1234);
   const auto t1 = std::chrono::steady_clock::now();
-  EXPECT_GT(gm->weight_bytes(), int64_t{15} << 30);  // 8.03e9 parameters in bf16
+  // 8,030,261,248 parameters (Llama-3-8B): matrices in bf16, the 65 norm vectors in f32.
+  const int64_t norms = (2 * int64_t{c.num_layers} + 1) * c.hidden_size;
+  EXPECT_EQ(gm->weight_bytes(), 2 * (int64_t{8030261248} - norms) + 4 * norms);
   CudaSession s(*gm, full_options(1024, 256), 2);
   const auto prompts = std::vector<std::vector<int32_t>>{gputest::random_tokens(512, c.vocab_size, 1),
                                                          gputest::random_tokens(512, c.vocab_size, 2)};
