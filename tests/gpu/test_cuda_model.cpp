@@ -193,8 +193,9 @@ TEST(CudaModelBatch, DifferentAndEqualLengthsEqualAlone) {
     batch_equals_alone("synthetic-d" + std::to_string(d) + " different", *m, a, b, 128);
     batch_equals_alone("synthetic-d" + std::to_string(d) + " equal", *m, a, e, 128);
   }
+  // head_dim 16: the reference kernels, per-sequence attention objects.
   const auto t = gputest::fixture_tokens("tiny-qwen2");
-  if (t.empty()) GTEST_SKIP() << "fixture tiny-qwen2 absent";
+  if (t.empty()) return;  // fixture absent: the synthetic cases above still ran
   auto m = Model::load(gputest::fixture_dir("tiny-qwen2").string());
   batch_equals_alone("tiny-qwen2 different", *m, t, std::vector<int32_t>(t.begin() + 50, t.begin() + 240), 64);
 }
