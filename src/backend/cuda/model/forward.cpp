@@ -1,0 +1,213 @@
+// The transformer forward pass of CudaSession: embedding, per layer RMSNorm -> QKV (cuBLAS) -> bias + RoPE +
+// KV append -> attention (prefill: causal; decode: LayerAttention) -> O projection + residual -> RMSNorm ->
+// gate/up (cuBLAS) -> SwiGLU -> down projection + residual; final norm + LM head.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/model/model_kernels.h"
+#include "backend/cuda/model/model_weights.h"
+#include "backend/cuda/model/prefill_attention_ref.h"
+#include "backend/cuda/model/session_state.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cuda {
+
+int64_t session_rows(const CudaSessionOptions& opt, int64_t max_context, int num_seqs) {
+  return std::max<int64_t>(std::min<int64_t>(opt.prefill_chunk, max_context), num_seqs);
+}
+
+int64_t session_logit_rows(int64_t rows, int num_seqs) {
+  return std::max<int64_t>(num_seqs, std::min<int64_t>(rows, 256));
+}
+
+int64_t session_activation_bytes(const ModelConfig& c, int64_t rows, int64_t logit_rows, int num_seqs, bool bf16) {
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
+  const int64_t inter = c.intermediate_size;
+  const int64_t per_row_f32 = 2 * h + (hq + 2 * hkv) * d + 2 * hq * d + 3 * inter + d;  // x xn qkv q att gu act rope
+  const int64_t per_row_other = 2 * 2 * hkv * d + 3 * 4;                               // k_new v_new, row ints
+  const int64_t gemm_ws = bf16 ? 2 * rows * std::max({h, hq * d, inter}) : 0;          // x rounded to bf16
+  return rows * (4 * per_row_f32 + per_row_other) + 4 * logit_rows * c.vocab_size + 4 * int64_t{num_seqs} + gemm_ws;
+}
+
+RowStaging::RowStaging(int64_t rows_cap, int head_dim) {
+  const int64_t half = head_dim / 2;
+  bytes = rows_cap * (3 * 4 + 2 * 4 * half);
+  RETROINFER_CUDA_CHECK(cudaMallocHost(&base, static_cast<size_t>(bytes)));
+  char* p = static_cast<char*>(base);
+  tokens = reinterpret_cast<int32_t*>(p);
+  seq = tokens + rows_cap;
+  pos = seq + rows_cap;
+  cos = reinterpret_cast<float*>(pos + rows_cap);
+  sin = cos + rows_cap * half;
+  cudaEvent_t e = nullptr;
+  const cudaError_t st = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  if (st != cudaSuccess) {
+    cudaFreeHost(base);
+    RETROINFER_CUDA_CHECK(st);
+  }
+  ready = e;
+}
+
+RowStaging::~RowStaging() {
+  if (ready != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(ready));
+  if (base != nullptr) cudaFreeHost(base);
+}
+
+void RowStaging::wait() { RETROINFER_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(ready))); }
+
+const ::retroinfer::model::RopeFrequencies& CudaSession::Impl::frequencies(int64_t seq_len) {
+  const bool dynamic = model.config().rope_scaling.type == "dynamic";
+  if (freqs_len < 0 || (dynamic && seq_len != freqs_len)) {
+    freqs = ::retroinfer::model::rope_frequencies(model.config(), seq_len);
+    freqs_len = seq_len;
+  }
+  return freqs;
+}
+
+void CudaSession::Impl::upload_rows(int64_t rows) {
+  auto st = static_cast<cudaStream_t>(stream);
+  const int64_t half = shape.head_dim / 2;
+  auto* dev = a.rows.as<int32_t>();
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev, staging->tokens, rows * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev + rows_cap, staging->seq, rows * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev + 2 * rows_cap, staging->pos, rows * 4, cudaMemcpyHostToDevice, st));
+  auto* rope = a.rope.as<float>();
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(rope, staging->cos, rows * half * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(rope + rows_cap * half, staging->sin, rows * half * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(staging->ready), st));
+}
+
+void CudaSession::Impl::record_event(int i) {
+  if (recording)
+    RETROINFER_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(events[i]), static_cast<cudaStream_t>(stream)));
+}
+
+void CudaSession::Impl::forward(int64_t rows, bool decode, int seq, int64_t pos0) {
+  RETROINFER_CHECK(rows >= 1 && rows <= rows_cap, "CudaSession: ", rows, " rows exceed the ", rows_cap, " planned");
+  const ModelConfig& c = model.config();
+  const CudaModel::Weights& w = model.weights();
+  const bool bf16 = w.type == WeightType::kBf16;
+  auto st = static_cast<cudaStream_t>(stream);
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
+  const int64_t inter = c.intermediate_size, qkvw = (hq + 2 * hkv) * d;
+  const int64_t half = d / 2;
+  const int32_t* dev_rows = a.rows.as<int32_t>();
+  float* x = a.x.as<float>();
+  float* xn = a.xn.as<float>();
+
+  model::EmbedParams ep;
+  ep.embed = w.embed;
+  ep.bf16 = bf16;
+  ep.tokens = dev_rows;
+  ep.x = x;
+  ep.rows = rows;
+  ep.hidden = h;
+  detail::launch_check(model::embed_gather(ep, st), "embed_gather", st);
+
+  auto norm = [&](const float* weight) {
+    model::RmsNormParams p;
+    p.x = x;
+    p.w = weight;
+    p.y = xn;
+    p.rows = rows;
+    p.hidden = h;
+    p.x_stride = h;
+    p.eps = c.rms_norm_eps;
+    detail::launch_check(model::rms_norm(p, st), "rms_norm", st);
+  };
+
+  for (int l = 0; l < c.num_layers; ++l) {
+    const CudaModel::Weights::Layer& L = w.layers[l];
+    norm(L.attn_norm);
+    gemm->linear(xn, rows, h, L.wqkv, qkvw, a.qkv.as<float>(), 0.0f, stream);
+    model::QkvPostParams qp;
+    qp.qkv = a.qkv.as<float>();
+    qp.bias = L.bqkv;
+    qp.cos = a.rope.as<float>();
+    qp.sin = a.rope.as<float>() + rows_cap * half;
+    qp.row_seq = dev_rows + rows_cap;
+    qp.row_pos = dev_rows + 2 * rows_cap;
+    qp.q = a.q.as<float>();
+    qp.k_cache = k[l].as<uint16_t>();
+    qp.v_cache = v[l].as<uint16_t>();
+    qp.k_new = decode ? a.k_new.as<uint16_t>() : nullptr;
+    qp.v_new = decode ? a.v_new.as<uint16_t>() : nullptr;
+    qp.rows = rows;
+    qp.kv_stride = max_context;
+    qp.num_heads_q = c.num_heads_q;
+    qp.num_heads_kv = c.num_heads_kv;
+    qp.head_dim = c.head_dim;
+    detail::launch_check(model::qkv_post(qp, st), "qkv_post", st);
+
+    record_event(2 + 2 * l);
+    if (decode) {
+      const int L_n = c.num_layers;
+      if (!attn_per_seq) {
+        attn[l]->decode(a.q.as<float>(), a.k_new.as<uint16_t>(), a.v_new.as<uint16_t>(), pos[0] + 1,
+                        a.att.as<float>(), stream);
+        last_stats += attn[l]->last_stats();
+      } else {
+        for (int s = 0; s < num_seqs; ++s) {
+          LayerAttention& la = *attn[static_cast<size_t>(s) * L_n + l];
+          la.decode(a.q.as<float>() + s * hq * d, a.k_new.as<uint16_t>() + s * hkv * d,
+                    a.v_new.as<uint16_t>() + s * hkv * d, pos[s] + 1, a.att.as<float>() + s * hq * d, stream);
+          last_stats += la.last_stats();
+        }
+      }
+    } else {
+      const uint16_t* ks = k[l].as<uint16_t>() + seq * seq_elems();
+      const uint16_t* vs = v[l].as<uint16_t>() + seq * seq_elems();
+      if (prefill_attention) {
+        prefill_attention->run(a.q.as<float>(), ks, vs, max_context, pos0, rows, opt.attention.scale,
+                               a.att.as<float>(), stream);
+      } else {
+        model::RefAttentionArgs ra;
+        ra.q = a.q.as<float>();
+        ra.k = ks;
+        ra.v = vs;
+        ra.out = a.att.as<float>();
+        ra.kv_stride = max_context;
+        ra.pos0 = pos0;
+        ra.n = rows;
+        ra.num_seqs = 1;
+        ra.scale = opt.attention.scale;
+        model::prefill_attention_reference(shape, ra, stream);
+      }
+    }
+    record_event(3 + 2 * l);
+    gemm->linear(a.att.as<float>(), rows, hq * d, L.wo, h, x, 1.0f, stream);  // residual: x += att @ Wo^T
+
+    norm(L.mlp_norm);
+    gemm->linear(xn, rows, h, L.wgate_up, 2 * inter, a.gu.as<float>(), 0.0f, stream);
+    model::SwiGluParams sp;
+    sp.gu = a.gu.as<float>();
+    sp.act = a.act.as<float>();
+    sp.rows = rows;
+    sp.inter = inter;
+    detail::launch_check(model::swiglu(sp, st), "swiglu", st);
+    gemm->linear(a.act.as<float>(), rows, inter, L.wdown, h, x, 1.0f, stream);  // residual: x += act @ Wd^T
+  }
+}
+
+void CudaSession::Impl::lm_head(int64_t row0, int64_t count) {
+  RETROINFER_CHECK(count >= 1 && count <= logit_rows && row0 >= 0 && row0 + count <= rows_cap,
+                   "CudaSession: LM head rows [", row0, ", ", row0 + count, ") outside the planned buffers");
+  const ModelConfig& c = model.config();
+  auto st = static_cast<cudaStream_t>(stream);
+  model::RmsNormParams p;
+  p.x = a.x.as<float>() + row0 * c.hidden_size;
+  p.w = model.weights().final_norm;
+  p.y = a.xn.as<float>();
+  p.rows = count;
+  p.hidden = c.hidden_size;
+  p.x_stride = c.hidden_size;
+  p.eps = c.rms_norm_eps;
+  detail::launch_check(model::rms_norm(p, st), "rms_norm(final)", st);
+  gemm->linear(a.xn.as<float>(), count, c.hidden_size, model.weights().lm_head, c.vocab_size, a.logits.as<float>(),
+               0.0f, stream);
+}
+
+}  // namespace retroinfer::cuda

@@ -1,0 +1,79 @@
+// Kernels of the CUDA model runner's forward pass (model_kernels.cu): raw launchers over plain Params
+// structs that validate nothing and return the launch status. The callers (forward.cpp, cuda_model.cpp)
+// validate shapes and check each status through detail::launch_check. Included only from src/backend/cuda.
+//
+// Notation: rows = tokens of one forward (a prefill chunk of one sequence, or one token of every sequence in
+// decode); h = hidden size; D = head_dim; Hq / Hkv = query / KV heads; activations f32 row-major unless a
+// comment says bf16. "wt" is the weight storage type: bf16 (uint16 bits) or f32.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace retroinfer::cuda::model {
+
+// x[r, :] = embed[tokens[r], :] (converted to f32).
+struct EmbedParams {
+  const void* embed = nullptr;    // [vocab, h] wt
+  bool bf16 = true;               // weight storage type
+  const int32_t* tokens = nullptr;  // [rows], each in [0, vocab) (checked on the host)
+  float* x = nullptr;             // [rows, h] f32
+  int64_t rows = 0, hidden = 0;
+};
+cudaError_t embed_gather(const EmbedParams& p, cudaStream_t s);
+
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (Hugging Face LlamaRMSNorm; the mean of squares in f64 as the
+// CPU runner does). One CTA per row.
+struct RmsNormParams {
+  const float* x = nullptr;  // [rows, h], row stride x_stride floats
+  const float* w = nullptr;  // [h] f32
+  float* y = nullptr;        // [rows, h], contiguous
+  int64_t rows = 0, hidden = 0, x_stride = 0;
+  float eps = 1e-5f;
+};
+cudaError_t rms_norm(const RmsNormParams& p, cudaStream_t s);
+
+// After the fused QKV product: adds the bias, applies RoPE to q and k, writes q (f32) and the token's K/V
+// (bf16) into the KV cache at (row_seq[r], kv head, row_pos[r]), and optionally into k_new / v_new.
+struct QkvPostParams {
+  const float* qkv = nullptr;    // [rows, (Hq + 2 Hkv) D]: q heads, then k heads, then v heads
+  const float* bias = nullptr;   // [(Hq + 2 Hkv) D] or nullptr
+  const float* cos = nullptr;    // [rows, D / 2] (already times the attention factor)
+  const float* sin = nullptr;    // [rows, D / 2]
+  const int32_t* row_seq = nullptr;  // [rows]: sequence of each row (index into the KV cache)
+  const int32_t* row_pos = nullptr;  // [rows]: position of each row (< kv_stride)
+  float* q = nullptr;            // [rows, Hq, D] f32 out, post-RoPE
+  uint16_t* k_cache = nullptr;   // [num_seqs, Hkv, kv_stride, D] bf16: row r's key written at row_pos[r]
+  uint16_t* v_cache = nullptr;   // same layout
+  uint16_t* k_new = nullptr;     // [rows, Hkv, D] bf16 out, or nullptr
+  uint16_t* v_new = nullptr;     // [rows, Hkv, D] bf16 out, or nullptr
+  int64_t rows = 0, kv_stride = 0;
+  int num_heads_q = 0, num_heads_kv = 0, head_dim = 0;
+};
+cudaError_t qkv_post(const QkvPostParams& p, cudaStream_t s);
+
+// act[r, i] = silu(gu[r, i]) * gu[r, inter + i].
+struct SwiGluParams {
+  const float* gu = nullptr;  // [rows, 2 * inter]: gate, then up
+  float* act = nullptr;       // [rows, inter]
+  int64_t rows = 0, inter = 0;
+};
+cudaError_t swiglu(const SwiGluParams& p, cudaStream_t s);
+
+// dst[i] = bf16(src[i]) (round to nearest even), i < count.
+cudaError_t f32_to_bf16_array(const float* src, uint16_t* dst, size_t count, cudaStream_t s);
+// dst[i] = value, i < count.
+cudaError_t fill_f32(float* dst, size_t count, float value, cudaStream_t s);
+
+// next[r] = the lowest index of the largest non-NaN logit of row r (sampler.h argmax), -1 if all are NaN.
+// One CTA per row.
+struct ArgmaxParams {
+  const float* logits = nullptr;  // [rows, vocab]
+  int32_t* next = nullptr;        // [rows]
+  int64_t rows = 0, vocab = 0;
+};
+cudaError_t argmax_rows(const ArgmaxParams& p, cudaStream_t s);
+
+}  // namespace retroinfer::cuda::model
