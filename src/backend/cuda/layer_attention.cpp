@@ -128,14 +128,8 @@ std::unique_ptr<LayerAttention> make_layer_attention(const AttentionShape& shape
   }
   switch (cfg.kind) {
     case AttentionKind::kFull:
-      // The model runner's FullLayerAttention (DenseDecoder); built from src/backend/cuda/model/. The check
-      // keeps this branch linkable before that file exists (rebuild this file once it does).
-#if __has_include("model/layer_attention_full.cpp")
+      // The model runner's FullLayerAttention (DenseDecoder), src/backend/cuda/model/.
       return make_full_layer_attention(shape, cfg, num_seqs, max_tokens);
-#else
-      RETROINFER_FAIL("make_layer_attention: full attention is not part of this build ",
-                      "(src/backend/cuda/model/layer_attention_full.cpp missing)");
-#endif
     case AttentionKind::kRetro:
       return std::make_unique<RetroLayerAttention>(shape, cfg, num_seqs, max_tokens);
     case AttentionKind::kQuest:
