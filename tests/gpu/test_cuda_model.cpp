@@ -20,6 +20,12 @@
 //   rounded to bf16 (relative error uniform within +-2^-9). The same relative perturbation of the weights
 //   (equivalent in variance) moved the CPU logits by up to 3.0e-2 (row max) with nmse <= 2.2e-4: bounds row
 //   max 1e-1 and nmse 1e-3 (kBf16Tol, kBf16Nmse).
+// * Synthetic head_dim 64 / 128 shapes run the tensor-core PrefillAttention, which rounds q and the
+//   probabilities to bf16 for the MMA (relative 2^-9 each; test_cuda_prefill.cpp: attention-output nmse
+//   ~1e-5 against f32 q). With f32 weights that rounding, not the weights, dominates the prefill rows:
+//   measured on the H200 (run 7) row max 1.2e-2 for both shapes, above kF32Tol, so those shapes use the
+//   bf16-weight bounds (kBf16Tol, kBf16Nmse), whose rounding is of the same size (2^-9 relative on a GEMM
+//   input).
 // Greedy tokens must be equal unless the CPU's top-2 margin is below twice the row bound (a near tie).
 #include <gtest/gtest.h>
 
@@ -156,7 +162,8 @@ TEST_P(SyntheticShape, F32AndBf16WeightsMatchCpu) {
   auto m = Model::load(f);
   const auto prompt = gputest::random_tokens(600, c.vocab_size, 11);
   const std::string name = "synthetic-d" + std::to_string(GetParam());
-  compare_with_cpu(name, *m, prompt, 256, cuda::WeightType::kF32, kF32Tol, kF32Nmse);
+  // Tensor-core prefill (bf16 q and P) on both: the bf16 bounds (see the header comment).
+  compare_with_cpu(name, *m, prompt, 256, cuda::WeightType::kF32, kBf16Tol, kBf16Nmse);
   compare_with_cpu(name, *m, prompt, 256, cuda::WeightType::kBf16, kBf16Tol, kBf16Nmse);
 }
 
