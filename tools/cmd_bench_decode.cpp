@@ -58,6 +58,7 @@ struct BenchDecodeOptions {
   std::string out;
   uint64_t seed = 1;
   bool plan_only = false;
+  bool check_refusal = false;  // on a refused plan, also call the CudaSession constructor
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -317,6 +318,30 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   session.reset();
   return j;
 }
+
+// A refused plan: the CudaSession constructor must refuse too, before allocating (free memory unchanged).
+json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, int64_t max_context,
+                               const BenchDecodeOptions& o, int64_t gpu_limit, int64_t host_limit) {
+  cuda::CudaSessionOptions opt;
+  opt.attention.kind = c.kind;
+  opt.max_context = max_context;
+  opt.prefill_chunk = o.prefill_chunk;
+  opt.placement = to_cuda(c.placement);
+  opt.gpu_layers = o.gpu_layers;
+  opt.gpu_memory_limit = gpu_limit;
+  opt.host_memory_limit = host_limit;
+  const int64_t free0 = cuda::device_memory_info().first;
+  json j;
+  try {
+    cuda::CudaSession session(model, opt, std::max(1, c.batch));
+    j["constructor_refused"] = false;
+  } catch (const Error& e) {
+    j["constructor_refused"] = true;
+    j["constructor_message"] = e.what();
+  }
+  j["constructor_gpu_free_delta_bytes"] = cuda::device_memory_info().first - free0;
+  return j;
+}
 #endif
 
 void run_bench_decode(const BenchDecodeOptions& o) {
@@ -428,6 +453,17 @@ void run_bench_decode(const BenchDecodeOptions& o) {
             const std::string what = e.what();
             j["status"] = what.find("session plan:") != std::string::npos ? "refused" : "error";
             j["message"] = what;
+#if RETROINFER_WITH_CUDA
+            if (o.check_refusal && model && j["status"] == "refused") {
+              try {
+                const int b = j.contains("batch") ? j["batch"].get<int>() : 1;
+                j.update(check_constructor_refusal(*model, Config{ctx, kind, placement, b, false}, ctx + extra, o,
+                                                   gpu_limit, host_limit));
+              } catch (const Error& e2) {
+                j["constructor_message"] = e2.what();
+              }
+            }
+#endif
             std::fprintf(stderr, "bench decode: %s: %s\n", j["status"].get<std::string>().c_str(), what.c_str());
           }
           out.write(j);
@@ -476,6 +512,8 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--out", o->out, "Append the JSON lines to this file (they also go to stdout)");
   cmd->add_option("--seed", o->seed, "Weights, tokens and synthetic K/V seed")->capture_default_str();
   cmd->add_flag("--plan-only", o->plan_only, "Print the memory plans only (no GPU work)");
+  cmd->add_flag("--check-refusal", o->check_refusal,
+                "On a refused plan also call the CudaSession constructor and record its refusal and free memory");
   cmd->callback([o] { run_bench_decode(*o); });
 }
 RETROINFER_COMMAND(setup_bench_decode);
