@@ -132,6 +132,7 @@ for j in hf:
             print("  context %d batch %d: decode %.1f tok/s (%.1f ms/step), prefill %.0f tok/s" % (
                 j["context"], j["batch"], j["tok_s"], j["ms_per_step"], j["prefill_tok_s"]))
         else:
-            print("  context %d batch %d: %s %s" % (j["context"], j["batch"], j.get("status"), j.get("message", "")[:80]))
+            print("  context %d batch %d: %s %s" % (j["context"], j["batch"], j.get("status"),
+                                                    j.get("message", "")[:80]))
 EOF
 exit $status

@@ -410,8 +410,13 @@ void run_bench_decode(const BenchDecodeOptions& o) {
     });
   };
 #endif
-  // Plan-only: the bf16 weights are not loaded and still have to fit; a run plans after loading them.
-  const int64_t weight_bytes_unloaded = o.plan_only ? bf16_weight_bytes(cfg) : 0;
+  // Weights count against an explicit --gpu-memory-limit (a budget for weights and session, as
+  // CudaSession::plan) and when they are not loaded (plan-only); measured free memory already excludes
+  // loaded weights.
+  int64_t weight_bytes_counted = bf16_weight_bytes(cfg);
+#if RETROINFER_WITH_CUDA
+  if (model) weight_bytes_counted = gpu_limit > 0 ? model->weight_bytes() : 0;
+#endif
   env["plan_only"] = o.plan_only;
   out.write(env);
 
@@ -429,10 +434,11 @@ void run_bench_decode(const BenchDecodeOptions& o) {
           json j = {{"bench", "decode"}, {"model", label}, {"context", ctx}, {"method", attention_kind_name(kind)},
                     {"placement", buffer::session_placement_name(placement)}, {"batch_spec", spec}};
           try {
-            const int64_t host_free = buffer::resolve_host_limit(host_limit, [] { return buffer::host_memory_available(); });
+            const int64_t host_free =
+                buffer::resolve_host_limit(host_limit, [] { return buffer::host_memory_available(); });
             buffer::SessionPlanRequest req =
                 plan_request(cfg, o, kind, placement, ctx + extra, 1, gpu_free(), host_free);
-            req.weight_bytes = weight_bytes_unloaded;
+            req.weight_bytes = weight_bytes_counted;
             Config c{ctx, kind, placement, 0, spec == "max"};
             c.batch = c.batch_max ? largest_batch(req) : static_cast<int>(parse_count(spec, "batch"));
             j["batch"] = c.batch;
@@ -449,7 +455,7 @@ void run_bench_decode(const BenchDecodeOptions& o) {
               j.update(run_config(*model, o, c, plan, bw, gpu_limit, host_limit));
 #endif
             }
-          } catch (const Error& e) {
+          } catch (const std::exception& e) {  // Error, or bad_alloc of a host buffer: record and go on
             const std::string what = e.what();
             j["status"] = what.find("session plan:") != std::string::npos ? "refused" : "error";
             j["message"] = what;
@@ -497,7 +503,8 @@ void setup_bench_decode(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--placement", o->placements, "Comma-separated KV placements: gpu, host, split, auto")
       ->capture_default_str();
-  cmd->add_option("--gpu-layers", o->gpu_layers, "split: layers on the GPU (-1: as many as fit)")->capture_default_str();
+  cmd->add_option("--gpu-layers", o->gpu_layers, "split: layers on the GPU (-1: as many as fit)")
+      ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Timed decode steps per configuration")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed decode steps first")->capture_default_str();
   cmd->add_option("--synthetic", o->synthetic, "auto | always | never: synthetic K/V instead of a prefill")
@@ -505,7 +512,8 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--max-real-prefill", o->max_real_prefill, "auto: contexts above this get synthetic K/V")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prefill block in tokens")->capture_default_str();
-  cmd->add_option("--gpu-memory-limit", o->gpu_memory_gib, "GiB the session may use on the GPU (0: free - 2 GiB)")
+  cmd->add_option("--gpu-memory-limit", o->gpu_memory_gib,
+                  "GiB of GPU memory for the weights and the session (0: free memory - 2 GiB after loading)")
       ->capture_default_str();
   cmd->add_option("--host-memory-limit", o->host_memory_gib, "GiB of pinned host memory (0: 80% of MemAvailable)")
       ->capture_default_str();

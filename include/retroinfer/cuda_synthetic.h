@@ -8,6 +8,10 @@
 // 2.5 us per token and head on one core, so 1M tokens x 8 heads take ~3 s on 8 cores). Every sequence of a
 // batch and every layer gets the same tokens: one layer is generated, then copied.
 // Values are bit-identical to the host generator's bf16 K/V cache (tests/gpu/test_cuda_synthetic.cpp).
+//
+// Use in CudaSession::fill_synthetic(tokens, seed): one SyntheticKv{Hkv, head_dim, tokens, seed,
+// cfg.rope_theta, llama3 factor (1 for other RoPE types)}; per layer fill() the layer's K/V buffers (GPU
+// tier) or the staging buffer (host tier) on the session's stream, then that layer's prefill_done().
 #pragma once
 
 #include <cstdint>
@@ -37,8 +41,9 @@ class SyntheticKv {
 
   // Writes rows [0, tokens) of every (sequence, KV head) of
   //   k, v  device [num_seqs, num_heads_kv, kv_stride, head_dim] bf16, kv_stride >= tokens;
-  // rows [tokens, kv_stride) are left as they are. Sequence 0 is copied from pinned host memory (one copy per head), the
-  // others from sequence 0 on the device. Asynchronous on `s` (the pinned source stays valid).
+  // rows [tokens, kv_stride) are left as they are. Sequence 0 is copied from pinned host memory (one copy
+  // per head), the others from sequence 0 on the device. Asynchronous on `s` (the pinned source stays
+  // valid).
   void fill(uint16_t* k, uint16_t* v, int num_seqs, int64_t kv_stride, Stream s = nullptr) const;
 
   const SyntheticKvShape& shape() const;

@@ -20,7 +20,7 @@
 //   host-tier layer (retro through the wave buffer, buffer/memory_planner.h per sequence): on the GPU
 //     meta + steady + cache + exec of every sequence (and the build buffers as above when kept); on the
 //     host the cluster-ordered store (K and V of every token).
-//   once: weights (weight_bytes: those not yet in GPU memory), the prefill activations of one chunk
+//   once: weights (weight_bytes: those gpu_free_bytes does not already exclude), the prefill activations of one chunk
 //     chunk * (2 hidden + (Hq + 2 Hkv) D + Hq D + 3 ffn) * 4, the decode activations of the batch
 //     (same per token, times B), logits B * vocab * 4, a RoPE table n * D * 4, the transient index build
 //     workspace of one layer H * n_idx * (2 D + 32) when retro does not keep it, and, when any layer is
@@ -62,7 +62,7 @@ struct SessionPlanRequest {
   int num_seqs = 1;
   SessionPlacement placement = SessionPlacement::kGpu;
   int gpu_layers = -1;       // kSplit: layers on the GPU; -1 = as many as fit
-  int64_t weight_bytes = 0;  // weights not yet in GPU memory (0 when the model is loaded)
+  int64_t weight_bytes = 0;  // weights to count against gpu_free_bytes (0 when it already excludes them)
   int64_t gpu_free_bytes = 0;   // what the session may use on the GPU
   int64_t host_free_bytes = 0;  // what the session may pin on the host
   // The current RetroLayer keeps its k-means build buffers after build (per layer); false assumes they

@@ -61,7 +61,8 @@ void run_synthetic_case(int hkv, int d, int64_t tokens, int64_t stride, int num_
   std::printf("[synthetic_kv] hkv %d d %d tokens %lld stride %lld seqs %d: mismatched (seq, head, K|V) blocks %lld, "
               "rows past tokens overwritten %lld, identical heads %lld, generate %.3f s\n",
               hkv, d, static_cast<long long>(tokens), static_cast<long long>(stride), num_seqs,
-              static_cast<long long>(mismatches), static_cast<long long>(overwritten), static_cast<long long>(same_heads),
+              static_cast<long long>(mismatches), static_cast<long long>(overwritten),
+              static_cast<long long>(same_heads),
               syn.generate_seconds());
   EXPECT_EQ(mismatches, 0);
   EXPECT_EQ(overwritten, 0);

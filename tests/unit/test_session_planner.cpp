@@ -90,7 +90,8 @@ TEST(SessionPlanner, HostPlacementPutsEveryStoreOnTheHost) {
 
 TEST(SessionPlanner, SplitTakesTheMostGpuLayersThatFit) {
   // 1M tokens x 128 KiB = 128 GiB of K/V: neither 100 GiB of GPU nor 100 GiB of host holds it alone.
-  const SessionPlanRequest r = llama(AttentionKind::kRetro, 1 << 20, 1, SessionPlacement::kSplit, 100 * kGiB, 100 * kGiB);
+  const SessionPlanRequest r =
+      llama(AttentionKind::kRetro, 1 << 20, 1, SessionPlacement::kSplit, 100 * kGiB, 100 * kGiB);
   const auto p = plan_session(r);
   ASSERT_GT(p.gpu_layers, 0);
   ASSERT_LT(p.gpu_layers, 32);

@@ -51,7 +51,8 @@ SyntheticKv::SyntheticKv(const SyntheticKvShape& shape) : impl_(new Impl) {
                    shape.num_heads_kv, " is out of range [1, 1024]");
   auto& m = *impl_;
   m.shape = shape;
-  for (int h = 0; h < shape.num_heads_kv; ++h) eval::validate(synthetic_kv_head_config(shape, h));  // clear errors first
+  // Clear errors before any allocation.
+  for (int h = 0; h < shape.num_heads_kv; ++h) eval::validate(synthetic_kv_head_config(shape, h));
   m.bytes = 2 * static_cast<size_t>(shape.num_heads_kv) * m.head_elems() * sizeof(uint16_t);
   const cudaError_t e = cudaMallocHost(reinterpret_cast<void**>(&m.pinned), m.bytes);
   if (e != cudaSuccess) {

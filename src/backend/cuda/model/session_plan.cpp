@@ -1,5 +1,10 @@
 // CudaSession::plan: the session's memory plan (buffer/session_planner.h does the arithmetic) against
 // the memory free now. Uses nothing of CudaSession's internals, so it is also the constructor's check.
+//
+// weight_bytes (the model's device bytes) count toward the plan only against an explicit
+// opt.gpu_memory_limit, which is then a budget for the weights and the session together. With no limit
+// the free device memory is measured now, with the weights already resident, so they are not counted
+// twice. Either way a caller may pass model.weight_bytes().
 #include <cstdint>
 #include <limits>
 
@@ -39,7 +44,7 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   r.num_seqs = num_seqs;
   r.placement = to_buffer(opt.placement);
   r.gpu_layers = opt.gpu_layers;
-  r.weight_bytes = weight_bytes;
+  r.weight_bytes = opt.gpu_memory_limit > 0 ? weight_bytes : 0;
   r.gpu_free_bytes = buffer::resolve_gpu_limit(opt.gpu_memory_limit, [] { return device_memory_info().first; });
   r.host_free_bytes = buffer::resolve_host_limit(opt.host_memory_limit, [] { return buffer::host_memory_available(); });
   const buffer::SessionPlanBreakdown b = buffer::plan_session(r);
