@@ -113,28 +113,6 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   return r;
 }
 
-// The largest batch the plan accepts (binary search; the plan grows with the batch), 0 when none.
-int largest_batch(buffer::SessionPlanRequest r) {
-  auto fits = [&](int b) {
-    r.num_seqs = b;
-    try {
-      buffer::plan_session(r);
-      return true;
-    } catch (const Error&) {
-      return false;
-    }
-  };
-  if (!fits(1)) return 0;
-  int lo = 1, hi = 2;
-  while (hi <= 65536 && fits(hi)) lo = hi, hi *= 2;
-  hi = std::min(hi, 65537);
-  while (hi - lo > 1) {
-    const int mid = lo + (hi - lo) / 2;
-    (fits(mid) ? lo : hi) = mid;
-  }
-  return lo;
-}
-
 json plan_json(const buffer::SessionPlanBreakdown& p) {
   return {{"placement", buffer::session_placement_name(p.placement)},
           {"gpu_layers", p.gpu_layers},
@@ -440,7 +418,7 @@ void run_bench_decode(const BenchDecodeOptions& o) {
                 plan_request(cfg, o, kind, placement, ctx + extra, 1, gpu_free(), host_free);
             req.weight_bytes = weight_bytes_counted;
             Config c{ctx, kind, placement, 0, spec == "max"};
-            c.batch = c.batch_max ? largest_batch(req) : static_cast<int>(parse_count(spec, "batch"));
+            c.batch = c.batch_max ? buffer::largest_batch(req) : static_cast<int>(parse_count(spec, "batch"));
             j["batch"] = c.batch;
             req.num_seqs = std::max(1, c.batch);
             std::fprintf(stderr, "bench decode: context %lld, %s, placement %s, batch %d\n",

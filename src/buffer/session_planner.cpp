@@ -230,6 +230,31 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   return p;
 }
 
+int largest_batch(SessionPlanRequest r, int limit) {
+  RETROINFER_CHECK(limit >= 1, "largest_batch: limit must be >= 1, got ", limit);
+  auto fits = [&](int b) {
+    r.num_seqs = b;
+    try {
+      plan_session(r);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  if (!fits(1)) return 0;
+  int lo = 1, hi = 2;  // invariant: lo fits; hi does not fit or exceeds limit
+  while (hi <= limit && fits(hi)) {
+    lo = hi;
+    hi = hi > limit / 2 ? limit + 1 : hi * 2;
+  }
+  hi = std::min(hi, limit + 1);
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 int64_t resolve_gpu_limit(int64_t limit, const std::function<int64_t()>& free_query) {
   RETROINFER_CHECK(limit >= 0, "session plan: gpu_memory_limit must be >= 0, got ", limit);
   if (limit > 0) return limit;

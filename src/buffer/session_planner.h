@@ -93,6 +93,10 @@ struct SessionPlanBreakdown {
 // each side, what to change) or when the request is invalid (non-retro method on the host tier, ...).
 SessionPlanBreakdown plan_session(const SessionPlanRequest& r);
 
+// The largest num_seqs in [1, limit] that plan_session accepts for r (its other fields as given), 0 when
+// not even one sequence fits. Binary search: the plan's bytes grow with the batch.
+int largest_batch(SessionPlanRequest r, int limit = 65536);
+
 // The session's limits: an explicit limit (> 0) as given; 0 = the free GPU memory (free_query(), e.g.
 // cuda::device_memory_info().first) minus kGpuReserveBytes, or kHostUsableFraction of MemAvailable
 // (available_query(), e.g. host_memory_available()). Queries are injected so tests need no device.

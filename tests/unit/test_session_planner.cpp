@@ -149,6 +149,23 @@ TEST(SessionPlanner, RefusalNamesNeededAndFreeOnBothSides) {
   }
 }
 
+TEST(SessionPlanner, LargestBatchIsTheEdgeOfThePlan) {
+  SessionPlanRequest r = llama(AttentionKind::kFull, 131072, 1, SessionPlacement::kGpu, 120 * kGiB, 0);
+  const int b = largest_batch(r);
+  // 16 GiB of K/V per 128K sequence (+ small extras): 7 sequences fit in 120 GiB, 8 do not.
+  EXPECT_EQ(b, 7);
+  r.num_seqs = b;
+  EXPECT_NO_THROW(plan_session(r));
+  r.num_seqs = b + 1;
+  EXPECT_THROW(plan_session(r), Error);
+  EXPECT_EQ(largest_batch(r, 3), 3);  // capped by the limit
+  r.gpu_free_bytes = kGiB;
+  EXPECT_EQ(largest_batch(r), 0);  // not even one
+  SessionPlanRequest tiny = llama(AttentionKind::kFull, 16, 1, SessionPlacement::kGpu, 1000 * kGiB, 0);
+  EXPECT_EQ(largest_batch(tiny, 100), 100);
+  EXPECT_EQ(largest_batch(tiny, 1), 1);
+}
+
 TEST(SessionPlanner, BadRequestsAreErrors) {
   EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 4096, 1, SessionPlacement::kHost, 100 * kGiB, 100 * kGiB)),
                Error);  // host tier needs retro
