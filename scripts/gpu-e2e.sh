@@ -8,10 +8,14 @@
 #   OUT=/some/dir BIN_DIR=build/cuda-release/bin bash scripts/gpu-e2e.sh
 #
 # Expected run time on the H200: about 6 minutes (an estimate from the step counts below, not yet
-# measured): ~20 s per bench invocation for the random 8B weights and bandwidth probes, 20 timed steps per
+# measured): ~15 s per bench invocation for the random 8B weights and bandwidth probes, 20 timed steps per
 # configuration, synthetic K/V above 32K (one layer generated on 16 cores, ~3 s at 1M, copied to every
-# layer), HF generate ~3 minutes (its 128K prefills dominate). Every part has its own timeout; the sum of
-# the timeouts is the worst case (~9 minutes). STEPS / WARMUP / SKIP_HF=1 / SKIP_SDPA=1 adjust it.
+# layer), HF generate ~3 minutes (its 128K prefills dominate). Hard bounds, so that one device command
+# (10 minutes at most) holds it all: the bench parts share BENCH_BUDGET seconds (default 330; a part that
+# would start with less than 20 s left is skipped and says so, each part also has its own timeout), then
+# HF generate HF_TIMEOUT (200) and torch SDPA SDPA_TIMEOUT (40): at most ~580 s. The parts run in order of
+# importance (128K, 1M, prefill, 32K, 512K, refusal). STEPS / WARMUP / SKIP_BENCH=1 / SKIP_HF=1 /
+# SKIP_SDPA=1 adjust it (e.g. two device commands: SKIP_HF=1 SKIP_SDPA=1, then SKIP_BENCH=1).
 # Never changes clocks or modes.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +31,7 @@ if [ -d "$here/lib" ]; then
 fi
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-3}
+bench_deadline=$((SECONDS + ${BENCH_BUDGET:-330}))
 JSON=$OUT/bench_decode.jsonl
 rm -f "$JSON" "$OUT/hf_generate.jsonl" "$OUT/torch_sdpa_prefill.jsonl"
 status=0
@@ -34,11 +39,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total,
   --format=csv > "$OUT/nvidia-smi.csv" 2>&1 || true
 free -g > "$OUT/free.txt" 2>&1 || true
 
-# bench NAME TIMEOUT ARGS...: one `retroinfer bench decode` invocation appending to $JSON.
+# bench NAME TIMEOUT ARGS...: one `retroinfer bench decode` invocation appending to $JSON, bounded by its
+# timeout and by what is left of BENCH_BUDGET.
 bench() {
   local name=$1 limit=$2
   shift 2
-  echo "== bench decode: $name"
+  [ "${SKIP_BENCH:-0}" = 1 ] && return
+  local left=$((bench_deadline - SECONDS))
+  if [ $left -lt 20 ]; then
+    echo "== bench decode: $name skipped (BENCH_BUDGET spent)"
+    status=1
+    return
+  fi
+  [ $left -lt "$limit" ] && limit=$left
+  echo "== bench decode: $name (at most $limit s)"
   local t0=$SECONDS
   timeout "$limit" "$BIN_DIR/retroinfer" bench decode --model llama3-8b --steps "$STEPS" --warmup "$WARMUP" \
     --out "$JSON" "$@" > /dev/null 2> "$OUT/bench_$name.err"
@@ -48,22 +62,26 @@ bench() {
   [ $rc -eq 0 ] || status=1
 }
 
-# Prefill tokens/s (real prefill of random tokens, batch 1) at 32K and 128K, and decode right after.
-bench prefill32k 120 --contexts 32768 --batches 1 --methods full,retro --synthetic never
-bench prefill128k 150 --contexts 131072 --batches 1 --methods full --synthetic never --steps 5 --warmup 1
-# Decode sweeps on synthetic K/V (prefilling dozens of long sequences would not fit the time).
-bench ctx32k 150 --contexts 32768 --batches 4,16,max --methods full,retro --placement gpu --synthetic always
-bench ctx128k 180 --contexts 131072 --batches 1,4,max --methods full,retro --placement gpu --synthetic always
-bench ctx128k_host 180 --contexts 131072 --batches 1,max --methods retro --placement split,host --synthetic always
-bench ctx512k 150 --contexts 524288 --batches 1,max --methods full,retro --placement gpu,split --synthetic always
-bench ctx1m 180 --contexts 1048576 --batches 1 --methods full,retro --placement gpu,split --synthetic always
-# The planner's refusal path: more context than GPU plus host memory holds (refused before allocating).
-bench refusal 60 --contexts 1048576 --batches 8 --methods retro --placement split --synthetic always --check-refusal
+# 128K: full and retro with the KV on the GPU (batch 1 up to the largest the plan accepts), retro split
+# between GPU and host and all on the host; synthetic K/V (prefilling dozens of 128K sequences would not
+# fit the time).
+bench ctx128k 100 --contexts 131072 --batches 1,4,max --methods full,retro --placement gpu --synthetic always
+bench ctx128k_host 80 --contexts 131072 --batches 1,max --methods retro --placement split,host --synthetic always
+# 1M on one H200: full refuses (recorded), retro with the KV split between GPU and host.
+bench ctx1m 70 --contexts 1048576 --batches 1 --methods full,retro --placement gpu,split --synthetic always
+# Prefill tokens/s (a real prefill of random tokens, batch 1) at 32K and 128K, and decode right after.
+bench prefill32k 45 --contexts 32768 --batches 1 --methods full,retro --synthetic never
+bench prefill128k 70 --contexts 131072 --batches 1 --methods full --synthetic never --steps 5 --warmup 1
+bench ctx32k 60 --contexts 32768 --batches 4,16,max --methods full,retro --placement gpu --synthetic always
+bench ctx512k 60 --contexts 524288 --batches 1,max --methods full,retro --placement gpu,split --synthetic always
+# The planner's refusal path: more context than GPU plus host memory holds (refused before allocating;
+# --check-refusal also calls the CudaSession constructor and records that it allocated nothing).
+bench refusal 30 --contexts 1048576 --batches 8 --methods retro --placement split --synthetic always --check-refusal
 
 if [ "${SKIP_HF:-0}" != 1 ]; then
   echo "== hf generate (peer)"
   t0=$SECONDS
-  PYTHONUNBUFFERED=1 timeout "${HF_TIMEOUT:-240}" python3 "$here/hf_generate_bench.py" --out "$OUT/hf_generate.jsonl" \
+  PYTHONUNBUFFERED=1 timeout "${HF_TIMEOUT:-200}" python3 "$here/hf_generate_bench.py" --out "$OUT/hf_generate.jsonl" \
     --contexts 32768,131072 --batches 1,4 --steps 32 > /dev/null 2> "$OUT/hf_generate.err"
   rc=$?
   tail -3 "$OUT/hf_generate.err"
@@ -74,10 +92,10 @@ if [ "${SKIP_SDPA:-0}" != 1 ]; then
   echo "== torch SDPA causal prefill attention (peer)"
   t0=$SECONDS
   if [ -f "$here/torch_prefill_bench.py" ]; then
-    PYTHONUNBUFFERED=1 timeout 90 python3 "$here/torch_prefill_bench.py" --out "$OUT/torch_sdpa_prefill.jsonl" \
+    PYTHONUNBUFFERED=1 timeout "${SDPA_TIMEOUT:-40}" python3 "$here/torch_prefill_bench.py" --out "$OUT/torch_sdpa_prefill.jsonl" \
       > /dev/null 2> "$OUT/torch_sdpa_prefill.err"
   else
-    PYTHONUNBUFFERED=1 timeout 90 python3 "$here/torch_sdpa_bench.py" --out "$OUT/torch_sdpa_prefill.jsonl" \
+    PYTHONUNBUFFERED=1 timeout "${SDPA_TIMEOUT:-40}" python3 "$here/torch_sdpa_bench.py" --out "$OUT/torch_sdpa_prefill.jsonl" \
       --lengths 32768 --batches 1 --reps 3 --prefill-lengths 32768,131072 --prefill-reps 3 \
       > /dev/null 2> "$OUT/torch_sdpa_prefill.err"
   fi
