@@ -1,16 +1,21 @@
 // Kernel benchmark of the CUDA backend on Llama-3-8B head shapes (32 query / 8 KV heads, head_dim 128):
 // per layer and decode step, our dense decode ("full"), retro (score + select + estimate + sparse
 // attention + merge, K/V resident on the GPU), quest at retro's exact-token budget, and the k-means
-// build of one layer. CUDA events around each call, warm-up first, the L2 evicted before every timed call
-// (cold cache), median of the repetitions. One JSON object per line on stdout (or --out FILE).
+// build of one layer, against the causal prefill attention of that layer for one sequence (PrefillAttention
+// over the whole context in chunks of --prefill-chunk tokens, as the runner does; timed once per length in
+// the same run: "prefill" lines, and prefill_ms / kmeans_over_prefill on the "kmeans" lines). CUDA events
+// around each call, warm-up first, the L2 evicted before every timed call (cold cache), median of the
+// repetitions. One JSON object per line on stdout (or --out FILE).
 //
 //   kernel_bench [--lengths 32768,131072] [--batches 1,4,16] [--reps 30] [--out FILE]
 //               [--max-index-work T]   skip retro/quest when batch * n^2 > T * 2^40 (k-means global step cost)
+//               [--prefill-chunk 8192]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +25,7 @@
 
 #if defined(RETROINFER_WITH_CUDA)
 #include "retroinfer/cuda_backend.h"
+#include "retroinfer/cuda_model.h"
 #endif
 
 namespace {
@@ -59,6 +65,7 @@ namespace {
 using namespace retroinfer;
 
 FILE* g_out = stdout;
+long long g_prefill_chunk = 8192;
 
 void emit(const char* method, long long n, long long batch, const Stats& s, double bytes, const std::string& extra) {
   std::fprintf(g_out,
@@ -82,6 +89,31 @@ Stats time_calls(F&& fn, int warm, int reps) {
     t.push_back(timer.elapsed_ms());
   }
   return stats(t);
+}
+
+// Causal prefill attention of one layer for one sequence of n tokens (the first num_heads_kv heads of
+// k, v; kv_stride n), chunked like the runner; timed once per n (a 1M-token prefill takes tens of seconds:
+// fewer repetitions there). Returns the median ms.
+double prefill_ms(long long n, const AttentionShape& shape, const uint16_t* k, const uint16_t* v) {
+  static std::map<long long, double> done;
+  if (auto it = done.find(n); it != done.end()) return it->second;
+  const long long chunk = std::min(g_prefill_chunk, n);
+  const size_t q_elems = size_t(chunk) * shape.num_heads_q * shape.head_dim;
+  cuda::DeviceBuffer q(q_elems * 4), out(q_elems * 4);
+  cuda::fill_random_f32(q.as<float>(), q_elems, 4000 + n, 1.0f);
+  cuda::PrefillAttention attn(shape);
+  auto whole = [&](int) {
+    for (long long pos0 = 0; pos0 < n; pos0 += chunk)
+      attn.run(q.as<float>(), k, v, n, pos0, std::min(chunk, n - pos0), 0.0f, out.as<float>());
+  };
+  const bool long_ctx = n > 262144;
+  const Stats s = time_calls(whole, long_ctx ? 0 : 1, long_ctx ? 1 : 3);
+  const double flops = 4.0 * shape.head_dim * shape.num_heads_q * (double(n) * double(n + 1) / 2.0);
+  char extra[160];
+  std::snprintf(extra, sizeof extra, ",\"chunk\":%lld,\"tflops\":%.1f", chunk, flops / (s.median * 1e-3) / 1e12);
+  emit("prefill", n, 1, s, double(n) * shape.num_heads_kv * shape.head_dim * 2 * 2, extra);
+  done[n] = s.median;
+  return s.median;
 }
 
 void run_case(long long n, long long batch, int reps, double max_index_work) {
@@ -112,6 +144,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
                  max_index_work);
     return;
   }
+  const double pre_ms = prefill_ms(n, shape, k.as<uint16_t>(), v.as<uint16_t>());
   AttentionConfig cfg;  // paper defaults
   {
     cuda::QuestLayer quest(shape, cfg, static_cast<int>(batch));
@@ -131,8 +164,9 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
     }
     const Stats sb = stats(bt);
-    std::snprintf(extra, sizeof extra, ",\"clusters\":%d,\"per_sequence_ms\":%.4f", retro.num_clusters(),
-                  sb.median / double(batch));
+    std::snprintf(extra, sizeof extra,
+                  ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f",
+                  retro.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms);
     emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
     const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
     const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
@@ -191,6 +225,7 @@ int main(int argc, char** argv) {
   int reps = 30;
   double max_index_work = 1.0;  // batch * n^2 <= 2^40: 1M x 1, 512K x 4, 128K x 16 ...
   const char* out_path = nullptr;
+  long long prefill_chunk = 8192;  // the runner's prefill block for the "prefill" timing
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -202,6 +237,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::atoi(argv[++i]);
     else if (a == "--max-index-work") max_index_work = std::atof(argv[++i]);
     else if (a == "--out") out_path = argv[++i];
+    else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
     else {
       std::fprintf(stderr, "kernel_bench: unknown option %s\n", argv[i]);
       return 2;
@@ -219,6 +255,7 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  g_prefill_chunk = prefill_chunk;
   std::fprintf(stderr, "kernel_bench on %s\n", retroinfer::cuda::device_description().c_str());
   try {
     for (long long n : lengths)
@@ -240,6 +277,7 @@ int main(int argc, char** argv) {
   (void)reps;
   (void)max_index_work;
   (void)out_path;
+  (void)prefill_chunk;
   std::fprintf(stderr, "kernel_bench: built without the CUDA backend (configure with -DRETROINFER_CUDA=ON)\n");
   return 0;
 #endif

@@ -183,6 +183,27 @@ class RetroLayer {
   void build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s = nullptr);
   // Retro attention of q against the built index (asynchronous).
   void decode(const float* q, float* out, Stream s = nullptr);
+  // Decode-time growth: the caller has written tokens [num_tokens(), num_tokens) into the K/V given to
+  // build() (rows up to kv_stride); they join the steady zone's tail. Runs every index update that falls
+  // due (CPU rule, attention/retro.cpp sync(): while the tail holds >= window + update_tokens tokens, its
+  // oldest update_tokens become update_clusters new clusters, block k-means on the GPU, appended to the
+  // index; budgets are fractions of the grown cluster count); an update synchronises `s` once. Without an
+  // update it only records the count (no launch, no synchronisation). The first append switches the
+  // token-list capacity to the growth capacity (steady zone up to window + update_tokens - 1 tail tokens).
+  void append(int64_t num_tokens, Stream s = nullptr);
+  // Outlier zone (AttentionConfig::outlier_fraction, index/wave_index.h split_outliers) on the GPU: off by
+  // default (build() then behaves as before it existed); call before build().
+  void set_outlier_zone(bool on);
+  // Frees the k-means workspace of build() (centred keys, sort buffers: ~(2 D + 16) bytes per indexed token
+  // and flat head); an index update allocates its own (update_tokens-sized) workspace. For long-lived
+  // layers (the model runner); a later build() allocates again.
+  void release_build_workspace();
+  int64_t num_updates() const;        // index updates run since build()
+  int64_t max_outliers() const;       // most outlier tokens of any flat head
+  int64_t retrieval_capacity() const;  // most retrieval-zone tokens of any flat head (n_r largest clusters)
+  int64_t device_bytes() const;       // GPU memory this layer holds (index, workspaces; not the K/V)
+  // Synchronous: the outlier KV tokens of flat head `flat_head`, ascending.
+  std::vector<int32_t> outliers(int flat_head) const;
   // decode() on the default stream with an event after each stage; returns (stage, ms) pairs
   // (synchronous; diagnostics and benchmarks).
   std::vector<std::pair<std::string, float>> decode_stage_ms(const float* q, float* out);

@@ -74,6 +74,22 @@ class WaveBufferLayer {
   // build() unless index() is used for decoding (it keeps the pointers). Synchronous.
   void build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride);
 
+  // Decode-time growth: appends one token per flat head to the steady zone's tail (k_new, v_new device
+  // [num_seqs, Hkv, D] bf16, post-RoPE), asynchronous on `s`. No index update runs on this tier: every
+  // appended token stays in the steady zone and is attended exactly (the CPU method would cluster each
+  // block of update_tokens once window + update_tokens have accumulated; see docs/wave-buffer.md). The
+  // tail's GPU capacity starts at window + update_tokens rows and doubles when full (that append
+  // synchronises the device, reallocates the steady and execution buffers and drops a captured graph).
+  void append(const uint16_t* k_new, const uint16_t* v_new, Stream s = nullptr);
+  int64_t num_tokens() const;          // tokens per sequence (build + appended)
+  int64_t steady_rows() const;         // steady-zone rows per flat head
+  int num_clusters() const;
+  int n_retrieval() const;
+  int n_estimation() const;
+  int64_t retrieval_capacity() const;  // execution-buffer rows per flat head beyond the steady capacity
+  int64_t device_bytes() const;        // GPU memory held (index copies, cache, buffers, a GPU-tier store)
+  int64_t host_bytes() const;          // pinned host memory held (a host-tier store, the protocol region)
+
   // One decode step: q [num_seqs, Hq, D] f32 device, out [num_seqs, Hq, D] f32 device (every element
   // written). Asynchronous on `s`; launches kernels only (graph-capturable).
   void decode(const float* q, float* out, Stream s = nullptr);

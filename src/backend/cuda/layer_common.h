@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 
 #include "backend/cuda/kernels.h"
 #include "retroinfer/attention.h"
@@ -32,5 +33,60 @@ inline int64_t split_tokens(int64_t tokens, int splits) {
   const int64_t round = int64_t{kDecodeTile} * kDecodeWarps;
   return ceil_div(ceil_div(tokens, splits), round) * round;
 }
+
+// Zone budgets of the wave index for C clusters (index/wave_index.h zone_budget: ceil with a 1e-9 slack,
+// retrieval at least 1 when its fraction is > 0; estimation capped by what remains, 0 when cfg.estimation
+// is off).
+struct ZoneCounts {
+  int n_retrieval = 0, n_estimation = 0;
+};
+ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg);
+
+// The decode launch sequence of the wave index, shared by RetroLayer and WaveBufferLayer:
+//   score_clusters -> select_and_expand -> [estimate_attention on the side stream] -> after_select()
+//   -> decode_attention over the exact list -> (join) -> combine_states.
+// Shapes as kernels.h (H flat heads, G group, D head_dim, C clusters per head).
+struct ZoneDecodeArgs {
+  const float* q = nullptr;  // [H, G, D] f32
+  float* out = nullptr;      // [H, G, D] f32
+  int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0, n_retrieval = 0, n_estimation = 0;
+  float scale = 0.0f;
+  // Index (kernels.h KMeansParams shapes).
+  const uint16_t* centroids_bf16 = nullptr;   // [H, C, D]
+  const uint16_t* value_sums_bf16 = nullptr;  // [H, C, D]
+  const int* sizes = nullptr;                 // [H, C]
+  const int* offsets = nullptr;               // [H * C + 1] absolute CSR offsets into members
+  const uint32_t* members = nullptr;          // index tokens grouped by cluster
+  int64_t n_idx = 0, idx_begin = 0, num_tokens = 0;
+  // Selection workspace.
+  float* logits = nullptr;        // [H, G, C]
+  float2* norm_partial = nullptr;  // [H, G, score_blocks(C, D, H)]
+  float* scores = nullptr;        // [H, C]
+  int* retrieval_ids = nullptr;   // [H, max(n_r, 1)]
+  int* estimation_ids = nullptr;  // [H, max(n_e, 1)]
+  int* scan_scratch = nullptr;    // [H, n_r + 1]
+  int* token_list = nullptr;      // [H, list_stride]: written by the selection (steady + retrieval tokens)
+  int* token_count = nullptr;     // [H]
+  int64_t list_stride = 0;
+  // Exact attention: over k/v rows exact_list[h, 0 .. exact_count[h]) (exact_list_stride 0: one shared
+  // list); RetroLayer passes its K/V and the selection's token list, the wave buffer its execution buffer.
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  int64_t kv_stride = 0;
+  const int* exact_list = nullptr;
+  const int* exact_count = nullptr;
+  int64_t exact_list_stride = 0;
+  int64_t exact_capacity = 0;  // the most exact rows of any head (sizes the splits)
+  int attn_splits = 0, est_splits = 0;
+  float2* part_ml = nullptr;  // [H, attn_splits + est_splits, G]
+  float* part_o = nullptr;    // [H, attn_splits + est_splits, G, D]
+  // Side stream for the estimation (null: inline on the main stream).
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+};
+// mark(stage) is called after "score", "select", "estimate" (only when n_e > 0), "exact_attention" and
+// "combine"; after_select (may be empty) runs between the selection/estimation and the exact attention.
+void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t s, const std::function<void(const char*)>& mark,
+                        const std::function<void()>& after_select);
 
 }  // namespace retroinfer::cuda::detail

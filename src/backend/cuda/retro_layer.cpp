@@ -37,34 +37,24 @@ struct SideStream {
   SideStream& operator=(const SideStream&) = delete;
 };
 
-struct RetroLayer::Impl {
-  std::unique_ptr<SideStream> side;
-  AttentionShape shape;
-  AttentionConfig cfg;
-  int num_seqs = 1, H = 0, G = 0, D = 0;
-  float scale = 0.0f;
-  // Current build.
-  const uint16_t* k = nullptr;
-  const uint16_t* v = nullptr;
-  int64_t n = 0, kv_stride = 0, idx_begin = 0, n_idx = 0;
-  int C = 0, S = 0, max_seg = 0, n_r = 0, n_e = 0;
-  int64_t list_cap = 0;
-  int attn_splits = 0, est_splits = 0;
-  bool decoded = false;
-  // Index (see detail::KMeansParams for shapes).
+// Workspace and result of one k-means run (the prefill build or one index update): shapes as
+// detail::KMeansParams with C = the run's clusters and n_idx = the run's tokens.
+struct KMeansWork {
   DeviceBuffer seg_tokens, seg_clusters, mean_partial, mean, centred, centroids, centroids_bf16, value_sums,
       value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota, members, offsets, sort_temp;
-  // Decode workspace.
-  DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
+  // Outlier split of the run's result.
+  DeviceBuffer residual, picked_ids, picked_list, picked_count, picked_scratch, touched;
   int64_t iota_items = -1, iota_n = -1;
+  int C = 0, S = 0, max_seg = 0;
+  int64_t begin = 0, n = 0;  // first KV token and token count of the run
 
-  detail::KMeansParams kmeans_params() const {
+  detail::KMeansParams params(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int H, int D) const {
     detail::KMeansParams p;
     p.keys = k;
     p.values = v;
     p.kv_stride = kv_stride;
-    p.idx_begin = idx_begin;
-    p.n_idx = n_idx;
+    p.idx_begin = begin;
+    p.n_idx = n;
     p.num_heads = H;
     p.head_dim = D;
     p.num_clusters = C;
@@ -90,6 +80,110 @@ struct RetroLayer::Impl {
     p.sort_temp_bytes = sort_temp.bytes();
     return p;
   }
+
+  // Segmented k-means over tokens [begin, begin + n) of every flat head: seg_t / seg_c are the segments'
+  // token and cluster prefix sums (kmeans.h). Asynchronous on st.
+  void run(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int H, int D, const AttentionConfig& cfg,
+           int64_t first, int64_t count, const std::vector<int>& seg_t, const std::vector<int>& seg_c,
+           cudaStream_t st) {
+    begin = first;
+    n = count;
+    S = static_cast<int>(seg_t.size()) - 1;
+    C = seg_c.back();
+    max_seg = 0;
+    for (int i = 0; i < S; ++i) max_seg = std::max(max_seg, seg_t[i + 1] - seg_t[i]);
+    const size_t items = size_t(H) * n, flat = size_t(H) * C;
+    ensure(seg_tokens, seg_t.size() * 4);
+    ensure(seg_clusters, seg_c.size() * 4);
+    // Upload through the stream (pageable source: the copy completes before the call returns).
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_tokens.data(), seg_t.data(), seg_t.size() * 4, cudaMemcpyHostToDevice, st));
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_clusters.data(), seg_c.data(), seg_c.size() * 4, cudaMemcpyHostToDevice, st));
+    ensure(mean_partial, size_t(H) * detail::kMeanChunks * D * 4);
+    ensure(mean, size_t(H) * D * 4);
+    ensure(centred, items * D * 2);
+    ensure(centroids, flat * D * 4);
+    ensure(centroids_bf16, flat * D * 2);
+    ensure(value_sums, flat * D * 4);
+    ensure(value_sums_bf16, flat * D * 2);
+    ensure(sizes, flat * 4);
+    ensure(assignment, items * 4);
+    ensure(sort_keys, items * 4);
+    ensure(sort_keys_out, items * 4);
+    ensure(members, items * 4);
+    ensure(offsets, (flat + 1) * 4);
+    ensure(iota, items * 4);
+    if (iota_items != int64_t(items) || iota_n != n) {
+      std::vector<uint32_t> io(items);
+      for (size_t i = 0; i < items; ++i) io[i] = static_cast<uint32_t>(i % n);
+      RETROINFER_CUDA_CHECK(cudaMemcpyAsync(iota.data(), io.data(), items * 4, cudaMemcpyHostToDevice, st));
+      RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));  // io is a local
+      iota_items = int64_t(items);
+      iota_n = n;
+    }
+    int bits = 1;
+    while ((size_t{1} << bits) < flat) ++bits;
+    ensure(sort_temp, std::max<size_t>(detail::kmeans_sort_temp_bytes(int64_t(items), bits), 16));
+
+    const detail::KMeansParams p = params(k, v, kv_stride, H, D);
+    detail::launch_check(detail::kmeans_mean(p, st), "kmeans_mean", st);
+    detail::launch_check(detail::kmeans_init(p, st), "kmeans_init", st);
+    if (cfg.kmeans_segment_iters + cfg.kmeans_global_iters == 0) {
+      detail::launch_check(detail::kmeans_assign(p, false, st), "kmeans_assign", st);
+      detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
+    }
+    for (int it = 0; it < cfg.kmeans_segment_iters; ++it) {
+      detail::launch_check(detail::kmeans_assign(p, false, st), "kmeans_assign(segment)", st);
+      detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
+      detail::launch_check(detail::kmeans_update(p, true, st), "kmeans_update(spherical)", st);
+    }
+    for (int it = 0; it < cfg.kmeans_global_iters; ++it) {
+      detail::launch_check(detail::kmeans_assign(p, true, st), "kmeans_assign(global)", st);
+      detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
+      detail::launch_check(detail::kmeans_update(p, false, st), "kmeans_update(mean)", st);
+    }
+    detail::launch_check(detail::kmeans_finalize(p, st), "kmeans_finalize", st);
+  }
+};
+
+struct RetroLayer::Impl {
+  std::unique_ptr<SideStream> side;
+  AttentionShape shape;
+  AttentionConfig cfg;
+  int num_seqs = 1, H = 0, G = 0, D = 0;
+  float scale = 0.0f;
+  // Current build.
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  int64_t n = 0, n_built = 0, kv_stride = 0, idx_begin = 0, n_idx = 0;
+  int C = 0, n_r = 0, n_e = 0;
+  int64_t list_cap = 0, list_alloc = 0, most_retrieval = 0, max_outliers = 0;
+  int attn_splits = 0, est_splits = 0;
+  int64_t updates = 0;
+  bool decoded = false, grown = false;
+  bool outliers_on = false;  // set_outlier_zone(true): cfg.outlier_fraction applies
+  KMeansWork work;
+  // The index (compact CSR over flat heads: head h's members are [offsets[h*C], offsets[(h+1)*C])).
+  DeviceBuffer mean;            // [H, D] f32: mean key of the prefill build
+  DeviceBuffer centroids;       // [H, C, D] f32, de-centred
+  DeviceBuffer centroids_bf16;  // [H, C, D] bf16
+  DeviceBuffer value_sums;      // [H, C, D] f32
+  DeviceBuffer value_sums_bf16;  // [H, C, D] bf16
+  DeviceBuffer sizes;           // [H, C] int
+  DeviceBuffer assignment;      // [H, n_idx] int: cluster of each index token, -1 for an outlier
+  DeviceBuffer members;         // [offsets[H*C]] u32: index tokens (relative to idx_begin) grouped by cluster
+  DeviceBuffer offsets;         // [H*C + 1] int: absolute CSR offsets
+  DeviceBuffer outliers;        // [H, outlier_stride] int: outlier KV tokens of each head, ascending
+  DeviceBuffer outlier_count;   // [H] int
+  int64_t outlier_stride = 0;
+  // Decode workspace.
+  DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
+
+  int64_t idx_end() const { return n_idx == 0 ? std::max<int64_t>(idx_begin, cfg.sink_tokens) : idx_begin + n_idx; }
+  std::vector<DeviceBuffer> retired;  // index buffers replaced by an update, freed after its sync
+  void size_workspace(cudaStream_t st);
+  void set_caps();
+  void update(cudaStream_t st);
+  void split_outliers(cudaStream_t st);
 };
 
 RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs) : impl_(new Impl) {
@@ -104,6 +198,11 @@ RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, 
                        cfg.estimation_fraction >= 0.0 && cfg.estimation_fraction <= 1.0,
                    "RetroLayer: retrieval / estimation fractions must be in [0, 1], got ", cfg.retrieval_fraction,
                    " and ", cfg.estimation_fraction);
+  RETROINFER_CHECK(cfg.update_tokens >= 1 && cfg.update_clusters >= 1 && cfg.update_clusters <= cfg.update_tokens,
+                   "RetroLayer: need 1 <= update_clusters <= update_tokens, got ", cfg.update_clusters, " and ",
+                   cfg.update_tokens);
+  RETROINFER_CHECK(cfg.outlier_fraction >= 0.0 && cfg.outlier_fraction <= 1.0,
+                   "RetroLayer: outlier_fraction must be in [0, 1], got ", cfg.outlier_fraction);
   auto& m = *impl_;
   m.shape = shape;
   m.cfg = cfg;
@@ -123,20 +222,29 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
   auto st = static_cast<cudaStream_t>(s);
   m.k = k;
   m.v = v;
-  m.n = num_tokens;
+  m.n = m.n_built = num_tokens;
   m.kv_stride = kv_stride;
-  m.decoded = false;
+  m.decoded = m.grown = false;
+  m.updates = 0;
+  m.max_outliers = 0;
   const int64_t s_end = std::min<int64_t>(m.cfg.sink_tokens, num_tokens);
   const int64_t w_begin = std::max<int64_t>(s_end, num_tokens - m.cfg.window_tokens);
   m.idx_begin = s_end;
   m.n_idx = w_begin - s_end;
   // As the CPU method (attention/retro.cpp): less than one cluster's worth of tokens stays steady.
   if (m.n_idx < m.cfg.tokens_per_cluster) m.n_idx = 0;
-  const int64_t steady = num_tokens - m.n_idx;
   const int H = m.H, D = m.D;
+  ensure(m.outlier_count, size_t(H) * 4);
+  RETROINFER_CUDA_CHECK(cudaMemsetAsync(m.outlier_count.data(), 0, size_t(H) * 4, st));
+  // Outlier lists: round(f * n) of the build's tokens and of each update's block, for growth to kv_stride.
+  const double f = m.outliers_on ? m.cfg.outlier_fraction : 0.0;
+  m.outlier_stride = std::llround(f * double(m.n_idx)) +
+                     ((kv_stride - num_tokens) / m.cfg.update_tokens + 1) * std::llround(f * m.cfg.update_tokens);
+  ensure(m.outliers, std::max<size_t>(size_t(H) * m.outlier_stride * 4, 16));
   if (m.n_idx == 0) {
-    m.C = m.S = m.n_r = m.n_e = 0;
-    m.list_cap = steady;
+    m.C = 0;
+    ensure(m.offsets, 4);
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(m.offsets.data(), 0, 4, st));  // the empty CSR: offsets[0] = 0
   } else {
     // Segments and their cluster counts (kmeans.h: max(1, ceil(L / tokens_per_cluster)) per segment).
     std::vector<int> seg_t{0}, seg_c{0};
@@ -144,93 +252,215 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
       const int64_t L = std::min<int64_t>(m.cfg.segment_tokens, m.n_idx - b);
       seg_t.push_back(static_cast<int>(b + L));
       seg_c.push_back(seg_c.back() + static_cast<int>(std::max<int64_t>(1, detail::ceil_div(L, m.cfg.tokens_per_cluster))));
-      m.max_seg = std::max<int>(m.max_seg, static_cast<int>(L));
     }
-    m.S = static_cast<int>(seg_t.size()) - 1;
-    m.C = seg_c.back();
-    // Zone budgets (index/wave_index.h: ceil with a 1e-9 slack, retrieval at least 1).
-    auto share = [&](double f) {
-      return static_cast<int>(std::min<double>(m.C, std::ceil(f * m.C - 1e-9)));
-    };
-    m.n_r = share(m.cfg.retrieval_fraction);
-    if (m.cfg.retrieval_fraction > 0.0) m.n_r = std::max(m.n_r, 1);
-    m.n_e = m.cfg.estimation ? std::min(share(m.cfg.estimation_fraction), m.C - m.n_r) : 0;
-
-    const size_t items = size_t(H) * m.n_idx, flat = size_t(H) * m.C;
-    ensure(m.seg_tokens, seg_t.size() * 4);
-    ensure(m.seg_clusters, seg_c.size() * 4);
-    m.seg_tokens.upload(seg_t.data(), seg_t.size() * 4);
-    m.seg_clusters.upload(seg_c.data(), seg_c.size() * 4);
-    ensure(m.mean_partial, size_t(H) * detail::kMeanChunks * D * 4);
-    ensure(m.mean, size_t(H) * D * 4);
-    ensure(m.centred, items * D * 2);
-    ensure(m.centroids, flat * D * 4);
-    ensure(m.centroids_bf16, flat * D * 2);
-    ensure(m.value_sums, flat * D * 4);
-    ensure(m.value_sums_bf16, flat * D * 2);
-    ensure(m.sizes, flat * 4);
-    ensure(m.assignment, items * 4);
-    ensure(m.sort_keys, items * 4);
-    ensure(m.sort_keys_out, items * 4);
-    ensure(m.members, items * 4);
-    ensure(m.offsets, (flat + 1) * 4);
-    ensure(m.iota, items * 4);
-    if (m.iota_items != int64_t(items) || m.iota_n != m.n_idx) {
-      std::vector<uint32_t> io(items);
-      for (size_t i = 0; i < items; ++i) io[i] = static_cast<uint32_t>(i % m.n_idx);
-      m.iota.upload(io.data(), items * 4);
-      m.iota_items = int64_t(items);
-      m.iota_n = m.n_idx;
-    }
-    int bits = 1;
-    while ((size_t{1} << bits) < flat) ++bits;
-    ensure(m.sort_temp, std::max<size_t>(detail::kmeans_sort_temp_bytes(int64_t(items), bits), 16));
-
-    const detail::KMeansParams p = m.kmeans_params();
-    detail::launch_check(detail::kmeans_mean(p, st), "kmeans_mean", st);
-    detail::launch_check(detail::kmeans_init(p, st), "kmeans_init", st);
-    if (m.cfg.kmeans_segment_iters + m.cfg.kmeans_global_iters == 0) {
-      detail::launch_check(detail::kmeans_assign(p, false, st), "kmeans_assign", st);
-      detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
-    }
-    for (int it = 0; it < m.cfg.kmeans_segment_iters; ++it) {
-      detail::launch_check(detail::kmeans_assign(p, false, st), "kmeans_assign(segment)", st);
-      detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
-      detail::launch_check(detail::kmeans_update(p, true, st), "kmeans_update(spherical)", st);
-    }
-    for (int it = 0; it < m.cfg.kmeans_global_iters; ++it) {
-      detail::launch_check(detail::kmeans_assign(p, true, st), "kmeans_assign(global)", st);
-      detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
-      detail::launch_check(detail::kmeans_update(p, false, st), "kmeans_update(mean)", st);
-    }
-    detail::launch_check(detail::kmeans_finalize(p, st), "kmeans_finalize", st);
-
-    // Token-list capacity: the steady zone plus the largest n_r clusters of any head.
-    std::vector<int32_t> sz(flat);
-    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(sz.data(), m.sizes.data(), flat * 4, cudaMemcpyDeviceToHost, st));
-    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
-    int64_t most = 0;
-    for (int h = 0; h < H; ++h) {
-      std::vector<int32_t> one(sz.begin() + int64_t(h) * m.C, sz.begin() + int64_t(h + 1) * m.C);
-      std::partial_sort(one.begin(), one.begin() + m.n_r, one.end(), std::greater<>());
-      most = std::max<int64_t>(most, std::accumulate(one.begin(), one.begin() + m.n_r, int64_t{0}));
-    }
-    m.list_cap = steady + most;
-    ensure(m.logits, size_t(H) * m.G * m.C * 4);
-    ensure(m.norm_partial, size_t(H) * m.G * detail::score_blocks(m.C, D, H) * 8);
-    ensure(m.scores, flat * 4);
-    ensure(m.ret_ids, size_t(H) * std::max(m.n_r, 1) * 4);
-    ensure(m.est_ids, size_t(H) * std::max(m.n_e, 1) * 4);
-    ensure(m.scan_scratch, size_t(H) * (m.n_r + 1) * 4);
+    m.work.run(k, v, kv_stride, H, D, m.cfg, m.idx_begin, m.n_idx, seg_t, seg_c, st);
+    m.split_outliers(st);
+    // The run's result becomes the index (its buffers; the index's old ones become the next workspace).
+    m.C = m.work.C;
+    std::swap(m.mean, m.work.mean);
+    std::swap(m.centroids, m.work.centroids);
+    std::swap(m.centroids_bf16, m.work.centroids_bf16);
+    std::swap(m.value_sums, m.work.value_sums);
+    std::swap(m.value_sums_bf16, m.work.value_sums_bf16);
+    std::swap(m.sizes, m.work.sizes);
+    std::swap(m.assignment, m.work.assignment);
+    std::swap(m.members, m.work.members);
+    std::swap(m.offsets, m.work.offsets);
   }
-  ensure(m.token_list, size_t(H) * m.list_cap * 4);
-  ensure(m.token_count, size_t(H) * 4);
+  m.size_workspace(st);
+}
+
+// Budgets, token-list capacity and decode workspace for the current index. Synchronous when the index is
+// non-empty (the capacity needs the cluster sizes).
+void RetroLayer::Impl::size_workspace(cudaStream_t st) {
+  const detail::ZoneCounts z = detail::zone_counts(C, cfg);
+  n_r = z.n_retrieval;
+  n_e = z.n_estimation;
+  most_retrieval = 0;
+  if (C > 0) {
+    // Token-list capacity: the steady zone plus the largest n_r clusters of any head (plus its outliers).
+    const size_t flat = size_t(H) * C;
+    std::vector<int32_t> sz(flat), oc(H);
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(sz.data(), sizes.data(), flat * 4, cudaMemcpyDeviceToHost, st));
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(oc.data(), outlier_count.data(), size_t(H) * 4, cudaMemcpyDeviceToHost, st));
+    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+    retired.clear();
+    for (int h = 0; h < H; ++h) {
+      std::vector<int32_t> one(sz.begin() + int64_t(h) * C, sz.begin() + int64_t(h + 1) * C);
+      std::partial_sort(one.begin(), one.begin() + n_r, one.end(), std::greater<>());
+      most_retrieval = std::max<int64_t>(most_retrieval, std::accumulate(one.begin(), one.begin() + n_r, int64_t{0}));
+    }
+    max_outliers = *std::max_element(oc.begin(), oc.end());
+  }
+  // Exact tokens per head: steady zone [0, idx_begin) + [idx_end, n) (while tokens are appended its tail
+  // grows to at most window + update_tokens - 1 tokens before an update takes update_tokens of them, and
+  // never past kv_stride), the retrieval clusters and the outliers.
+  const int64_t steady_now = n_idx == 0 ? n : idx_begin + (n - idx_end());
+  const int64_t tail_max = std::min<int64_t>(int64_t{cfg.window_tokens} + cfg.update_tokens - 1, kv_stride - idx_end());
+  const int64_t steady_grow = std::max(steady_now, idx_begin + tail_max);
+  list_alloc = steady_grow + most_retrieval + max_outliers;
+  set_caps();
+  const size_t Hs = H;
+  ensure(token_list, Hs * list_alloc * 4);
+  ensure(token_count, Hs * 4);
+  const int splits_max = n_idx == 0 ? detail::decode_splits(kv_stride, H, 1) : detail::decode_splits(list_alloc, H, 1);
+  est_splits = static_cast<int>(detail::ceil_div(n_e, detail::kEstimateChunk));
+  const int total = std::max(splits_max, attn_splits) + est_splits;
+  ensure(part_ml, Hs * total * G * 8);
+  ensure(part_o, Hs * total * G * D * 4);
+  if (C > 0) {
+    ensure(logits, Hs * G * C * 4);
+    ensure(norm_partial, Hs * G * detail::score_blocks(C, D, H) * 8);
+    ensure(scores, Hs * C * 4);
+    ensure(ret_ids, Hs * std::max(n_r, 1) * 4);
+    ensure(est_ids, Hs * std::max(n_e, 1) * 4);
+    ensure(scan_scratch, Hs * (n_r + 1) * 4);
+  }
+}
+
+// The list capacity decode sizes its splits by: as at build until the first append (so that a layer that
+// is never appended to behaves exactly as before), then the growth capacity.
+void RetroLayer::Impl::set_caps() {
+  const int64_t steady_now = n_idx == 0 ? n : idx_begin + (n - idx_end());
+  list_cap = grown ? list_alloc : steady_now + most_retrieval + max_outliers;
   // Splits: about one wave of CTAs for the exact part (its lists are short), a fraction for estimation.
-  m.attn_splits = detail::decode_splits(m.n_idx == 0 ? num_tokens : m.list_cap, H, 1);
-  m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
-  const int total = m.attn_splits + m.est_splits;
-  ensure(m.part_ml, size_t(H) * total * m.G * 8);
-  ensure(m.part_o, size_t(H) * total * m.G * D * 4);
+  attn_splits = detail::decode_splits(n_idx == 0 ? n : list_cap, H, 1);
+}
+
+void RetroLayer::append(int64_t num_tokens, Stream s) {
+  auto& m = *impl_;
+  RETROINFER_CHECK(m.n > 0, "RetroLayer::append: build() was not called");
+  RETROINFER_CHECK(num_tokens >= m.n && num_tokens <= m.kv_stride, "RetroLayer::append: ", num_tokens,
+                   " tokens, but the layer holds ", m.n, " and K/V rows end at kv_stride ", m.kv_stride,
+                   " (tokens are only appended, up to kv_stride)");
+  if (num_tokens == m.n) return;
+  m.n = num_tokens;
+  m.grown = true;
+  m.set_caps();
+  // CPU rule (attention/retro.cpp sync()): while the tokens after the indexed region number at least
+  // window + update_tokens, the oldest update_tokens of them become update_clusters new clusters.
+  while (m.n - m.idx_end() >= int64_t{m.cfg.window_tokens} + m.cfg.update_tokens) m.update(static_cast<cudaStream_t>(s));
+}
+
+// One index update: block k-means over [idx_end, idx_end + update_tokens) into the workspace, its outliers,
+// then the block appended to the index arrays (new allocations, the old ones retired until the sync).
+void RetroLayer::Impl::update(cudaStream_t st) {
+  auto& m = *this;
+  const int H = m.H, D = m.D;
+  const int64_t b = m.idx_end(), U = m.cfg.update_tokens;
+  const int Cu = m.cfg.update_clusters;
+  if (m.n_idx == 0) m.idx_begin = b;  // the first clusters (CPU: indexed_begin = sink)
+  m.work.run(m.k, m.v, m.kv_stride, H, D, m.cfg, b, U, {0, static_cast<int>(U)}, {0, Cu}, st);
+  m.split_outliers(st);
+  const int Co = m.C;
+  const int64_t no = m.n_idx;
+  auto grow = [&](DeviceBuffer& buf, const DeviceBuffer& blk, size_t orow, size_t brow) {
+    DeviceBuffer nb(std::max<size_t>(size_t(H) * (orow + brow), 16));
+    if (orow > 0)
+      RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(nb.data(), orow + brow, buf.data(), orow, orow, H, cudaMemcpyDeviceToDevice, st));
+    RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(nb.data()) + orow, orow + brow, blk.data(), brow, brow, H,
+                                            cudaMemcpyDeviceToDevice, st));
+    m.retired.push_back(std::move(buf));
+    buf = std::move(nb);
+  };
+  grow(m.centroids, m.work.centroids, size_t(Co) * D * 4, size_t(Cu) * D * 4);
+  grow(m.centroids_bf16, m.work.centroids_bf16, size_t(Co) * D * 2, size_t(Cu) * D * 2);
+  grow(m.value_sums, m.work.value_sums, size_t(Co) * D * 4, size_t(Cu) * D * 4);
+  grow(m.value_sums_bf16, m.work.value_sums_bf16, size_t(Co) * D * 2, size_t(Cu) * D * 2);
+  grow(m.sizes, m.work.sizes, size_t(Co) * 4, size_t(Cu) * 4);
+  if (Co == 0) std::swap(m.mean, m.work.mean);  // no prefill index: the first block's mean for debug_state
+  DeviceBuffer off(size_t(H) * (Co + Cu) * 4 + 4), mem(std::max<size_t>(size_t(H) * (no + U) * 4, 16)),
+      asg(std::max<size_t>(size_t(H) * (no + U) * 4, 16));
+  detail::IndexAppendParams ap;
+  ap.num_heads = H;
+  ap.c_old = Co;
+  ap.c_blk = Cu;
+  ap.n_old = no;
+  ap.n_blk = U;
+  ap.off_old = m.offsets.as<int>();
+  ap.mem_old = m.members.as<uint32_t>();
+  ap.asg_old = m.assignment.as<int>();
+  ap.off_blk = m.work.offsets.as<int>();
+  ap.mem_blk = m.work.members.as<uint32_t>();
+  ap.asg_blk = m.work.assignment.as<int>();
+  ap.off_new = off.as<int>();
+  ap.mem_new = mem.as<uint32_t>();
+  ap.asg_new = asg.as<int>();
+  detail::launch_check(detail::index_append(ap, st), "index_append", st);
+  m.retired.push_back(std::move(m.offsets));
+  m.retired.push_back(std::move(m.members));
+  m.retired.push_back(std::move(m.assignment));
+  m.offsets = std::move(off);
+  m.members = std::move(mem);
+  m.assignment = std::move(asg);
+  m.C = Co + Cu;
+  m.n_idx = no + U;
+  ++m.updates;
+  m.size_workspace(st);  // synchronises, then frees the retired buffers
+}
+
+// Outlier zone (index/wave_index.h split_outliers) of the k-means result in the workspace: residuals,
+// per-head top round(f * n) by residual (the selection kernel, ties to the lower token), removal from
+// their clusters and compaction; their KV tokens go to the outlier lists.
+void RetroLayer::Impl::split_outliers(cudaStream_t st) {
+  if (!outliers_on) return;
+  const int64_t want = std::llround(cfg.outlier_fraction * double(work.n));
+  if (want == 0 || work.n == 0) return;
+  const size_t Hs = H;
+  ensure(work.residual, Hs * work.n * 4);
+  ensure(work.picked_ids, Hs * want * 4);
+  ensure(work.picked_list, Hs * want * 4);
+  ensure(work.picked_count, Hs * 4);
+  ensure(work.picked_scratch, Hs * (want + 1) * 4);
+  ensure(work.touched, Hs * work.C);
+  ensure(work.sort_keys_out, Hs * work.n * 4);
+  detail::OutlierParams op;
+  op.keys = k;
+  op.values = v;
+  op.kv_stride = kv_stride;
+  op.begin = work.begin;
+  op.n = work.n;
+  op.num_heads = H;
+  op.head_dim = D;
+  op.num_clusters = work.C;
+  op.residual = work.residual.as<float>();
+  op.picked = work.picked_list.as<int>();
+  op.picked_count = work.picked_count.as<int>();
+  op.picked_stride = want;
+  op.touched = work.touched.as<uint8_t>();
+  op.centroids = work.centroids.as<float>();
+  op.centroids_bf16 = work.centroids_bf16.as<uint16_t>();
+  op.value_sums = work.value_sums.as<float>();
+  op.value_sums_bf16 = work.value_sums_bf16.as<uint16_t>();
+  op.sizes = work.sizes.as<int>();
+  op.assignment = work.assignment.as<int>();
+  op.members = work.members.as<uint32_t>();
+  op.offsets = work.offsets.as<int>();
+  op.members_out = work.sort_keys_out.as<uint32_t>();
+  op.outliers = outliers.as<int>();
+  op.outlier_count = outlier_count.as<int>();
+  op.out_stride = outlier_stride;
+  detail::launch_check(detail::outlier_residuals(op, st), "outlier_residuals", st);
+  // Tokens as items of one token each: the selected ids come out ascending in the token list.
+  detail::SelectParams se;
+  se.scores = op.residual;
+  se.num_heads = H;
+  se.group = 0;
+  se.num_items = static_cast<int>(work.n);
+  se.k_retrieval = static_cast<int>(want);
+  se.k_estimation = 0;
+  se.retrieval_ids = work.picked_ids.as<int>();
+  se.page_tokens = 1;
+  se.n_idx = work.n;
+  se.idx_begin = 0;
+  se.num_tokens = work.n;
+  se.token_list = work.picked_list.as<int>();
+  se.token_count = work.picked_count.as<int>();
+  se.scan_scratch = work.picked_scratch.as<int>();
+  se.list_stride = want;
+  detail::launch_check(detail::select_and_expand(se, st), "select_and_expand(outliers)", st);
+  detail::launch_check(detail::outlier_remove(op, st), "outlier_remove", st);
+  std::swap(work.members, work.sort_keys_out);
 }
 
 void RetroLayer::decode(const float* q, float* out, Stream s) { decode_impl(q, out, s, nullptr); }
@@ -257,109 +487,95 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
   RETROINFER_CHECK(m.n > 0, "RetroLayer::decode: build() was not called");
   RETROINFER_CHECK(q != nullptr && out != nullptr, "RetroLayer::decode: null q or out");
   auto st = static_cast<cudaStream_t>(s);
-  const int total = m.attn_splits + m.est_splits;
-  detail::DecodeParams dp;
-  dp.q = q;
-  dp.k = m.k;
-  dp.v = m.v;
-  dp.kv_stride = m.kv_stride;
-  dp.num_heads = m.H;
-  dp.group = m.G;
-  dp.head_dim = m.D;
-  dp.scale = m.scale;
-  dp.num_splits = m.attn_splits;
-  dp.part_ml = m.part_ml.as<float2>();
-  dp.part_o = m.part_o.as<float>();
-  dp.total_splits = total;
-  dp.split_offset = 0;
   if (m.n_idx == 0) {  // everything is steady zone: exact attention
+    detail::DecodeParams dp;
+    dp.q = q;
+    dp.k = m.k;
+    dp.v = m.v;
+    dp.kv_stride = m.kv_stride;
+    dp.num_heads = m.H;
+    dp.group = m.G;
+    dp.head_dim = m.D;
+    dp.scale = m.scale;
     dp.num_tokens = m.n;
+    dp.num_splits = m.attn_splits;
     dp.split_tokens = detail::split_tokens(m.n, m.attn_splits);
+    dp.part_ml = m.part_ml.as<float2>();
+    dp.part_o = m.part_o.as<float>();
+    dp.total_splits = m.attn_splits;
+    dp.split_offset = 0;
+    detail::launch_check(detail::decode_attention(dp, st), "decode_attention(dense)", st);
+    mark("exact_attention");
+    detail::CombineParams c;
+    c.part_ml = dp.part_ml;
+    c.part_o = dp.part_o;
+    c.num_heads = m.H;
+    c.group = m.G;
+    c.head_dim = m.D;
+    c.total_splits = m.attn_splits;
+    c.out = out;
+    detail::launch_check(detail::combine_states(c, st), "combine_states(retro)", st);
+    mark("combine");
   } else {
-    detail::ScoreParams sp;
-    sp.q = q;
-    sp.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
-    sp.sizes = m.sizes.as<int>();
-    sp.logits = m.logits.as<float>();
-    sp.norm_partial = m.norm_partial.as<float2>();
-    sp.num_heads = m.H;
-    sp.group = m.G;
-    sp.head_dim = m.D;
-    sp.num_clusters = m.C;
-    sp.scale = m.scale;
-    detail::launch_check(detail::score_clusters(sp, st), "score_clusters", st);
-    mark("score");
-
-    detail::SelectParams se;
-    se.logits = sp.logits;
-    se.norm_partial = sp.norm_partial;
-    se.norm_parts = detail::score_blocks(m.C, m.D, m.H);
-    se.scores = m.scores.as<float>();
-    se.num_heads = m.H;
-    se.group = m.G;
-    se.num_items = m.C;
-    se.k_retrieval = m.n_r;
-    se.k_estimation = m.n_e;
-    se.retrieval_ids = m.ret_ids.as<int>();
-    se.estimation_ids = m.est_ids.as<int>();
-    se.offsets = m.offsets.as<int>();
-    se.members = m.members.as<uint32_t>();
-    se.n_idx = m.n_idx;
-    se.idx_begin = m.idx_begin;
-    se.num_tokens = m.n;
-    se.token_list = m.token_list.as<int>();
-    se.token_count = m.token_count.as<int>();
-    se.scan_scratch = m.scan_scratch.as<int>();
-    se.list_stride = m.list_cap;
-    detail::launch_check(detail::select_and_expand(se, st), "select_and_expand", st);
-    mark("select");
-
-    const bool fork = m.n_e > 0 && stages == nullptr;  // stage timing keeps one stream
-    if (fork) {
+    detail::ZoneDecodeArgs a;
+    a.q = q;
+    a.out = out;
+    a.num_heads = m.H;
+    a.group = m.G;
+    a.head_dim = m.D;
+    a.num_clusters = m.C;
+    a.n_retrieval = m.n_r;
+    a.n_estimation = m.n_e;
+    a.scale = m.scale;
+    a.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
+    a.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
+    a.sizes = m.sizes.as<int>();
+    a.offsets = m.offsets.as<int>();
+    a.members = m.members.as<uint32_t>();
+    a.n_idx = m.n_idx;
+    a.idx_begin = m.idx_begin;
+    a.num_tokens = m.n;
+    a.logits = m.logits.as<float>();
+    a.norm_partial = m.norm_partial.as<float2>();
+    a.scores = m.scores.as<float>();
+    a.retrieval_ids = m.ret_ids.as<int>();
+    a.estimation_ids = m.est_ids.as<int>();
+    a.scan_scratch = m.scan_scratch.as<int>();
+    a.token_list = m.token_list.as<int>();
+    a.token_count = m.token_count.as<int>();
+    a.list_stride = m.list_cap;
+    a.k = m.k;
+    a.v = m.v;
+    a.kv_stride = m.kv_stride;
+    a.exact_list = a.token_list;
+    a.exact_count = a.token_count;
+    a.exact_list_stride = m.list_cap;
+    a.exact_capacity = m.list_cap;
+    a.attn_splits = m.attn_splits;
+    a.est_splits = m.est_splits;
+    a.part_ml = m.part_ml.as<float2>();
+    a.part_o = m.part_o.as<float>();
+    if (m.n_e > 0 && stages == nullptr) {  // stage timing keeps one stream
       if (!m.side) m.side = std::make_unique<SideStream>();
-      RETROINFER_CUDA_CHECK(cudaEventRecord(m.side->fork, st));
-      RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(m.side->stream, m.side->fork, 0));
+      a.side = m.side->stream;
+      a.fork = m.side->fork;
+      a.join = m.side->join;
     }
-    if (m.n_e > 0) {
-      cudaStream_t est_stream = fork ? m.side->stream : st;
-      detail::EstimateParams ep;
-      ep.logits = sp.logits;
-      ep.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
-      ep.sizes = m.sizes.as<int>();
-      ep.estimation_ids = se.estimation_ids;
-      ep.num_heads = m.H;
-      ep.group = m.G;
-      ep.head_dim = m.D;
-      ep.num_clusters = m.C;
-      ep.k_estimation = m.n_e;
-      ep.num_splits = m.est_splits;
-      ep.part_ml = dp.part_ml;
-      ep.part_o = dp.part_o;
-      ep.total_splits = total;
-      ep.split_offset = m.attn_splits;
-      detail::launch_check(detail::estimate_attention(ep, est_stream), "estimate_attention", est_stream);
-      if (fork) RETROINFER_CUDA_CHECK(cudaEventRecord(m.side->join, est_stream));
-      mark("estimate");
-    }
-    dp.token_list = se.token_list;
-    dp.token_count = se.token_count;
-    dp.list_stride = m.list_cap;
-    dp.split_tokens = detail::split_tokens(m.list_cap, m.attn_splits);
+    std::function<void()> add_outliers;
+    if (m.max_outliers > 0)
+      add_outliers = [&] {
+        detail::ListAppendParams lp;
+        lp.num_heads = m.H;
+        lp.src = m.outliers.as<int>();
+        lp.src_count = m.outlier_count.as<int>();
+        lp.src_stride = m.outlier_stride;
+        lp.list = m.token_list.as<int>();
+        lp.count = m.token_count.as<int>();
+        lp.list_stride = m.list_cap;
+        detail::launch_check(detail::list_append(lp, st), "list_append(outliers)", st);
+      };
+    detail::launch_zone_decode(a, st, mark, add_outliers);
   }
-  detail::launch_check(detail::decode_attention(dp, st), "decode_attention(sparse)", st);
-  mark("exact_attention");
-  if (m.n_idx > 0 && m.n_e > 0 && stages == nullptr)
-    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.side->join, 0));
-  detail::CombineParams c;
-  c.part_ml = dp.part_ml;
-  c.part_o = dp.part_o;
-  c.num_heads = m.H;
-  c.group = m.G;
-  c.head_dim = m.D;
-  c.total_splits = total;
-  c.out = out;
-  detail::launch_check(detail::combine_states(c, st), "combine_states(retro)", st);
-  mark("combine");
   m.decoded = true;
   if (stages != nullptr) {
     RETROINFER_CUDA_CHECK(cudaEventSynchronize(marks.back().second));
@@ -378,6 +594,44 @@ int64_t RetroLayer::indexed_tokens() const { return impl_->n_idx; }
 int RetroLayer::num_clusters() const { return impl_->C; }
 int RetroLayer::n_retrieval() const { return impl_->n_r; }
 int RetroLayer::n_estimation() const { return impl_->n_e; }
+int64_t RetroLayer::num_updates() const { return impl_->updates; }
+int64_t RetroLayer::max_outliers() const { return impl_->max_outliers; }
+int64_t RetroLayer::retrieval_capacity() const { return impl_->most_retrieval; }
+int64_t RetroLayer::device_bytes() const {
+  const auto& m = *impl_;
+  const KMeansWork& w = m.work;
+  const DeviceBuffer* bufs[] = {&m.mean, &m.centroids, &m.centroids_bf16, &m.value_sums, &m.value_sums_bf16,
+                                &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
+                                &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
+                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &w.seg_tokens,
+                                &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
+                                &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,
+                                &w.sort_keys, &w.sort_keys_out, &w.iota, &w.members, &w.offsets, &w.sort_temp,
+                                &w.residual, &w.picked_ids, &w.picked_list, &w.picked_count, &w.picked_scratch,
+                                &w.touched};
+  int64_t b = 0;
+  for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
+  return b;
+}
+void RetroLayer::release_build_workspace() {
+  synchronize();  // the workspace may still be read by work queued before (the build is synchronous anyway)
+  impl_->work = KMeansWork{};
+}
+void RetroLayer::set_outlier_zone(bool on) {
+  RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_outlier_zone: call before build()");
+  impl_->outliers_on = on;
+}
+std::vector<int32_t> RetroLayer::outliers(int flat_head) const {
+  const auto& m = *impl_;
+  RETROINFER_CHECK(flat_head >= 0 && flat_head < m.H, "RetroLayer::outliers: flat head ", flat_head, " outside [0, ",
+                   m.H, ")");
+  synchronize();
+  int32_t cnt = 0;
+  m.outlier_count.download(&cnt, 4, size_t(flat_head) * 4);
+  std::vector<int32_t> out(cnt);
+  if (cnt > 0) m.outliers.download(out.data(), size_t(cnt) * 4, size_t(flat_head) * m.outlier_stride * 4);
+  return out;
+}
 int64_t RetroLayer::token_list_capacity() const { return impl_->list_cap; }
 
 double RetroLayer::decode_bytes_required() {
@@ -432,9 +686,10 @@ RetroDebugState RetroLayer::debug_state(int flat_head) const {
   get(d.sizes, m.sizes, C, h * C);
   get(d.assignment, m.assignment, m.n_idx, h * m.n_idx);
   get(d.offsets, m.offsets, C + 1, h * C);
-  for (auto& o : d.offsets) o -= static_cast<int32_t>(h * m.n_idx);
+  const int32_t base = d.offsets[0];  // compact CSR: head h's members start at offsets[h * C]
+  for (auto& o : d.offsets) o -= base;
   std::vector<uint32_t> mem;
-  get(mem, m.members, m.n_idx, h * m.n_idx);
+  get(mem, m.members, size_t(d.offsets[C]), size_t(base));
   d.members.assign(mem.begin(), mem.end());
   if (!m.decoded) return d;
   get(d.logits, m.logits, size_t(m.G) * C, h * m.G * C);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <string_view>
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
@@ -66,6 +67,10 @@ struct WaveBufferLayer::Impl {
 
   int64_t n = 0, n_idx = 0, idx_begin = 0, list_cap = 0, P = 0, slot_stride = 0;
   int C = 0, n_r = 0, n_e = 0, steady_rows = 0, attn_splits = 0, est_splits = 0;
+  int64_t steady_cap = 0;  // rows of steady_k / steady_v per flat head (>= steady_rows)
+  // Clustered tokens per flat head (indexed minus the index's outlier tokens): the stride of the store and
+  // of members. The outliers (the same count for every head) are steady rows after the sinks.
+  int64_t per_head = 0, n_out = 0;
 
   // Meta index copies (decode reads these) and tables; shapes in detail::WaveTables / kernels.h.
   DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
@@ -101,7 +106,7 @@ struct WaveBufferLayer::Impl {
     t.head_dim = D;
     t.num_clusters = C;
     t.page_tokens = wcfg.page_tokens;
-    t.n_idx = n_idx;
+    t.n_idx = per_head;
     t.sizes = sizes.as<int>();
     t.offsets = offsets_head.as<int>();
     t.slot_begin = slot_begin.as<int>();
@@ -162,13 +167,27 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.n_r = m.index->n_retrieval();
   m.n_e = m.index->n_estimation();
   m.list_cap = m.index->token_list_capacity();
-  m.steady_rows = static_cast<int>(num_tokens - m.n_idx);
+  // Outlier zone (when the index has one: the seam's host tier turns it on): read exactly every step, so
+  // its rows join the steady zone after the sinks; one row count serves every head, so the heads must
+  // hold equally many (round(f * n) each unless a head has fewer tokens off their centroid).
+  m.n_out = m.index->max_outliers();
+  std::vector<int32_t> out_tokens(size_t(m.H) * m.n_out);
+  for (int h = 0; h < m.H && m.n_out > 0; ++h) {
+    const std::vector<int32_t> o = m.index->outliers(h);
+    RETROINFER_CHECK(int64_t(o.size()) == m.n_out, "WaveBufferLayer::build: flat head ", h, " has ", o.size(),
+                     " outlier tokens, another ", m.n_out, "; the wave buffer needs the same count in every head ",
+                     "(set outlier_fraction 0 for such K/V)");
+    std::copy(o.begin(), o.end(), out_tokens.begin() + size_t(h) * m.n_out);
+  }
+  m.per_head = m.n_idx - m.n_out;
+  m.steady_rows = static_cast<int>(num_tokens - m.n_idx + m.n_out);
+  m.steady_cap = m.steady_rows;
   const int H = m.H, C = m.C, D = m.D, pt = m.wcfg.page_tokens;
 
   // The index, head by head (synchronous downloads; a one-time cost of the build).
   std::vector<uint16_t> cent(size_t(H) * C * D), vsum(size_t(H) * C * D);
   std::vector<int32_t> offs_head(size_t(H) * (C + 1)), offs_abs(size_t(H) * C + 1), slots(size_t(H) * (C + 1));
-  std::vector<uint32_t> mem(size_t(H) * m.n_idx);
+  std::vector<uint32_t> mem(size_t(H) * m.per_head);
   m.sizes_host.assign(size_t(H) * C, 0);
   m.slot_stride = 0;
   for (int h = 0; h < H; ++h) {
@@ -176,17 +195,19 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
     std::copy(st.centroids_bf16.begin(), st.centroids_bf16.end(), cent.begin() + size_t(h) * C * D);
     std::copy(st.value_sums_bf16.begin(), st.value_sums_bf16.end(), vsum.begin() + size_t(h) * C * D);
     std::copy(st.sizes.begin(), st.sizes.end(), m.sizes_host.begin() + size_t(h) * C);
-    std::copy(st.members.begin(), st.members.end(), mem.begin() + size_t(h) * m.n_idx);
+    RETROINFER_CHECK(int64_t(st.members.size()) == m.per_head, "WaveBufferLayer::build: flat head ", h, " has ",
+                     st.members.size(), " clustered tokens, expected ", m.per_head);
+    std::copy(st.members.begin(), st.members.end(), mem.begin() + size_t(h) * m.per_head);
     int32_t slot = 0;
     for (int c = 0; c <= C; ++c) {
       offs_head[size_t(h) * (C + 1) + c] = st.offsets[c];
-      if (c < C) offs_abs[size_t(h) * C + c] = static_cast<int32_t>(h * m.n_idx + st.offsets[c]);
+      if (c < C) offs_abs[size_t(h) * C + c] = static_cast<int32_t>(h * m.per_head + st.offsets[c]);
       slots[size_t(h) * (C + 1) + c] = slot;
       if (c < C) slot += (st.sizes[c] + pt - 1) / pt;
     }
     m.slot_stride = std::max<int64_t>(m.slot_stride, slot);
   }
-  offs_abs[size_t(H) * C] = static_cast<int32_t>(H * m.n_idx);
+  offs_abs[size_t(H) * C] = static_cast<int32_t>(H * m.per_head);
   m.centroids_bf16 = upload_vec(cent);
   m.value_sums_bf16 = upload_vec(vsum);
   m.sizes = upload_vec(m.sizes_host);
@@ -223,14 +244,20 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
     if (m.idx_begin > 0)
       RETROINFER_CUDA_CHECK(cudaMemcpy2D(dst, dpitch, src, spitch, size_t(m.idx_begin) * row_bytes, size_t(H),
                                          cudaMemcpyDeviceToDevice));
+    // Outlier rows (per head its own tokens), one row copy each: a one-time cost of round(f * n) rows.
+    for (int h = 0; h < H; ++h)
+      for (int64_t j = 0; j < m.n_out; ++j)
+        RETROINFER_CUDA_CHECK(cudaMemcpy(dst + (size_t(h) * m.steady_rows + m.idx_begin + j) * D,
+                                         src + (size_t(h) * kv_stride + out_tokens[size_t(h) * m.n_out + j]) * D,
+                                         row_bytes, cudaMemcpyDeviceToDevice));
     if (num_tokens > w_begin)
-      RETROINFER_CUDA_CHECK(cudaMemcpy2D(reinterpret_cast<char*>(dst) + size_t(m.idx_begin) * row_bytes, dpitch,
+      RETROINFER_CUDA_CHECK(cudaMemcpy2D(reinterpret_cast<char*>(dst) + size_t(m.idx_begin + m.n_out) * row_bytes, dpitch,
                                          reinterpret_cast<const char*>(src) + size_t(w_begin) * row_bytes, spitch,
                                          size_t(num_tokens - w_begin) * row_bytes, size_t(H), cudaMemcpyDeviceToDevice));
   }
 
   // The store, cluster-ordered, on its tier.
-  const size_t store_bytes = size_t(H) * m.n_idx * 2 * row_bytes;
+  const size_t store_bytes = size_t(H) * m.per_head * 2 * row_bytes;
   m.store_dev = DeviceBuffer();
   m.store_host = PinnedBuffer();
   if (m.wcfg.tier == StoreTier::kGpu) {
@@ -314,132 +341,164 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   detail::launch_check(detail::wave_apply(ap, st), "wave_apply", st);
   mark();
 
-  detail::ScoreParams sp;
-  sp.q = q;
-  sp.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
-  sp.sizes = m.sizes.as<int>();
-  sp.logits = m.logits.as<float>();
-  sp.norm_partial = m.norm_partial.as<float2>();
-  sp.num_heads = m.H;
-  sp.group = m.G;
-  sp.head_dim = m.D;
-  sp.num_clusters = m.C;
-  sp.scale = m.scale;
-  detail::launch_check(detail::score_clusters(sp, st), "score_clusters", st);
-  detail::SelectParams se;
-  se.logits = sp.logits;
-  se.norm_partial = sp.norm_partial;
-  se.norm_parts = detail::score_blocks(m.C, m.D, m.H);
-  se.scores = m.scores.as<float>();
-  se.num_heads = m.H;
-  se.group = m.G;
-  se.num_items = m.C;
-  se.k_retrieval = m.n_r;
-  se.k_estimation = m.n_e;
-  se.retrieval_ids = m.ret_ids.as<int>();
-  se.estimation_ids = m.est_ids.as<int>();
-  se.offsets = m.offsets_abs.as<int>();
-  se.members = m.members.as<uint32_t>();
-  se.n_idx = m.n_idx;
-  se.idx_begin = m.idx_begin;
-  se.num_tokens = m.n;
-  se.token_list = m.token_list.as<int>();
-  se.token_count = m.token_count.as<int>();
-  se.scan_scratch = m.scan_scratch.as<int>();
-  se.list_stride = m.list_cap;
-  detail::launch_check(detail::select_and_expand(se, st), "select_and_expand", st);
-  const int total = m.attn_splits + m.est_splits;
+  detail::ZoneDecodeArgs a;
+  a.q = q;
+  a.out = out;
+  a.num_heads = m.H;
+  a.group = m.G;
+  a.head_dim = m.D;
+  a.num_clusters = m.C;
+  a.n_retrieval = m.n_r;
+  a.n_estimation = m.n_e;
+  a.scale = m.scale;
+  a.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
+  a.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
+  a.sizes = m.sizes.as<int>();
+  a.offsets = m.offsets_abs.as<int>();
+  a.members = m.members.as<uint32_t>();
+  a.n_idx = m.n_idx;
+  a.idx_begin = m.idx_begin;
+  a.num_tokens = m.n;
+  a.logits = m.logits.as<float>();
+  a.norm_partial = m.norm_partial.as<float2>();
+  a.scores = m.scores.as<float>();
+  a.retrieval_ids = m.ret_ids.as<int>();
+  a.estimation_ids = m.est_ids.as<int>();
+  a.scan_scratch = m.scan_scratch.as<int>();
+  a.token_list = m.token_list.as<int>();
+  a.token_count = m.token_count.as<int>();
+  a.list_stride = m.list_cap;
+  // Exact attention over the execution buffer: every head reads the same identity list.
+  a.k = m.exec_k.as<uint16_t>();
+  a.v = m.exec_v.as<uint16_t>();
+  a.kv_stride = m.list_cap;
+  a.exact_list = m.identity.as<int>();
+  a.exact_count = m.exec_count.as<int>();
+  a.exact_list_stride = 0;
+  a.exact_capacity = m.list_cap;
+  a.attn_splits = m.attn_splits;
+  a.est_splits = m.est_splits;
+  a.part_ml = m.part_ml.as<float2>();
+  a.part_o = m.part_o.as<float>();
   // Stage timing (marks) keeps estimation inline so that each stage's time is its own.
-  const bool fork = m.n_e > 0 && marks == nullptr;
-  if (fork) {
-    RETROINFER_CUDA_CHECK(cudaEventRecord(m.fork_ev, st));
-    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(m.side, m.fork_ev, 0));
+  if (marks == nullptr) {
+    a.side = m.side;
+    a.fork = m.fork_ev;
+    a.join = m.join_ev;
   }
-  if (m.n_e > 0) {
-    cudaStream_t es = fork ? m.side : st;
-    detail::EstimateParams ep;
-    ep.logits = sp.logits;
-    ep.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
-    ep.sizes = m.sizes.as<int>();
-    ep.estimation_ids = se.estimation_ids;
-    ep.num_heads = m.H;
-    ep.group = m.G;
-    ep.head_dim = m.D;
-    ep.num_clusters = m.C;
-    ep.k_estimation = m.n_e;
-    ep.num_splits = m.est_splits;
-    ep.part_ml = m.part_ml.as<float2>();
-    ep.part_o = m.part_o.as<float>();
-    ep.total_splits = total;
-    ep.split_offset = m.attn_splits;
-    detail::launch_check(detail::estimate_attention(ep, es), "estimate_attention", es);
-    if (fork) RETROINFER_CUDA_CHECK(cudaEventRecord(m.join_ev, m.side));
+  // Between the selection and the exact attention: lookup (+ ring), gather.
+  auto lookup_gather = [&] {
+    mark();
+    detail::WaveLookupParams lp;
+    lp.t = t;
+    lp.retrieval_ids = m.ret_ids.as<int>();
+    lp.k = m.n_r;
+    lp.steady_rows = m.steady_rows;
+    lp.seg_row = m.seg_row.as<int>();
+    lp.seg_hit = m.seg_hit.as<uint8_t>();
+    lp.exec_count = m.exec_count.as<int>();
+    lp.counts = m.counts.as<int64_t>();
+    detail::launch_check(detail::wave_lookup(lp, st), "wave_lookup", st);
+    detail::WaveRingParams rp;
+    rp.layout = m.layout;
+    rp.region = m.region.dev;
+    rp.state = ap.state;
+    rp.retrieval_ids = lp.retrieval_ids;
+    rp.seg_row = lp.seg_row;
+    rp.seg_hit = lp.seg_hit;
+    detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
+    mark();
+
+    detail::WaveGatherParams gp;
+    gp.t = t;
+    gp.retrieval_ids = lp.retrieval_ids;
+    gp.seg_row = lp.seg_row;
+    gp.seg_hit = lp.seg_hit;
+    gp.k = m.n_r;
+    gp.steady_k = m.steady_k.as<uint16_t>();
+    gp.steady_v = m.steady_v.as<uint16_t>();
+    gp.steady_cap = m.steady_cap;
+    gp.steady_rows = m.steady_rows;
+    detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
+    mark();
+  };
+  detail::launch_zone_decode(
+      a, st,
+      [&](const char* stage) {
+        if (std::string_view(stage) == "combine") mark();
+      },
+      lookup_gather);
+}
+
+// Decode-time growth of the steady tail. The index is not updated while decoding (no re-clustering into the
+// store): every appended token stays in the steady zone, attended exactly. The tail's capacity starts at
+// window + update_tokens rows beyond the build's steady zone and doubles when full (one synchronisation,
+// steady and execution buffers reallocated with their rows copied, the splits resized, a captured graph
+// dropped).
+void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Stream s) {
+  auto& m = *impl_;
+  RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::append: build() was not called");
+  RETROINFER_CHECK(k_new != nullptr && v_new != nullptr, "WaveBufferLayer::append: null k_new or v_new");
+  auto st = static_cast<cudaStream_t>(s);
+  const size_t row = size_t(m.D) * 2;
+  if (m.steady_rows >= m.steady_cap) {
+    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+    RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());  // the steps in flight on any stream read the buffers
+    const int64_t add = std::max<int64_t>(int64_t{m.cfg.window_tokens} + m.cfg.update_tokens, m.steady_cap);
+    const int64_t cap = m.steady_cap + add, list = m.list_cap + add;
+    auto regrow = [&](DeviceBuffer& buf, int64_t old_rows, int64_t new_rows, int64_t used_rows) {
+      DeviceBuffer nb(std::max<size_t>(size_t(m.H) * new_rows * row, 16));
+      if (used_rows > 0)
+        RETROINFER_CUDA_CHECK(cudaMemcpy2D(nb.data(), new_rows * row, buf.data(), old_rows * row, used_rows * row,
+                                           size_t(m.H), cudaMemcpyDeviceToDevice));
+      buf = std::move(nb);
+    };
+    regrow(m.steady_k, m.steady_cap, cap, m.steady_rows);
+    regrow(m.steady_v, m.steady_cap, cap, m.steady_rows);
+    // The execution buffer keeps its rows: the manager's next admissions copy from the last step's rows.
+    regrow(m.exec_k, m.list_cap, list, m.list_cap);
+    regrow(m.exec_v, m.list_cap, list, m.list_cap);
+    std::vector<int32_t> ids(static_cast<size_t>(list));
+    std::iota(ids.begin(), ids.end(), 0);
+    m.identity = upload_vec(ids);
+    m.token_list = DeviceBuffer(size_t(m.H) * list * 4);
+    m.steady_cap = cap;
+    m.list_cap = list;
+    m.attn_splits = detail::decode_splits(m.list_cap, m.H, 1);
+    const int total = m.attn_splits + m.est_splits;
+    m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
+    m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
+    if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
+    if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
   }
-  mark();
+  uint16_t* dk = m.steady_k.as<uint16_t>() + size_t(m.steady_rows) * m.D;
+  uint16_t* dv = m.steady_v.as<uint16_t>() + size_t(m.steady_rows) * m.D;
+  RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(dk, m.steady_cap * row, k_new, row, row, size_t(m.H), cudaMemcpyDeviceToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(dv, m.steady_cap * row, v_new, row, row, size_t(m.H), cudaMemcpyDeviceToDevice, st));
+  ++m.steady_rows;
+  ++m.n;
+}
 
-  detail::WaveLookupParams lp;
-  lp.t = t;
-  lp.retrieval_ids = m.ret_ids.as<int>();
-  lp.k = m.n_r;
-  lp.steady_rows = m.steady_rows;
-  lp.seg_row = m.seg_row.as<int>();
-  lp.seg_hit = m.seg_hit.as<uint8_t>();
-  lp.exec_count = m.exec_count.as<int>();
-  lp.counts = m.counts.as<int64_t>();
-  detail::launch_check(detail::wave_lookup(lp, st), "wave_lookup", st);
-  detail::WaveRingParams rp;
-  rp.layout = m.layout;
-  rp.region = m.region.dev;
-  rp.state = ap.state;
-  rp.retrieval_ids = lp.retrieval_ids;
-  rp.seg_row = lp.seg_row;
-  rp.seg_hit = lp.seg_hit;
-  detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
-  mark();
-
-  detail::WaveGatherParams gp;
-  gp.t = t;
-  gp.retrieval_ids = lp.retrieval_ids;
-  gp.seg_row = lp.seg_row;
-  gp.seg_hit = lp.seg_hit;
-  gp.k = m.n_r;
-  gp.steady_k = m.steady_k.as<uint16_t>();
-  gp.steady_v = m.steady_v.as<uint16_t>();
-  gp.steady_cap = m.steady_rows;
-  gp.steady_rows = m.steady_rows;
-  detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
-  mark();
-
-  detail::DecodeParams dp;
-  dp.q = q;
-  dp.k = m.exec_k.as<uint16_t>();
-  dp.v = m.exec_v.as<uint16_t>();
-  dp.kv_stride = m.list_cap;
-  dp.token_list = m.identity.as<int>();
-  dp.token_count = m.exec_count.as<int>();
-  dp.list_stride = 0;  // every head reads the same identity list
-  dp.num_heads = m.H;
-  dp.group = m.G;
-  dp.head_dim = m.D;
-  dp.scale = m.scale;
-  dp.num_splits = m.attn_splits;
-  dp.split_tokens = detail::split_tokens(m.list_cap, m.attn_splits);
-  dp.part_ml = m.part_ml.as<float2>();
-  dp.part_o = m.part_o.as<float>();
-  dp.total_splits = total;
-  dp.split_offset = 0;
-  detail::launch_check(detail::decode_attention(dp, st), "decode_attention(wave buffer)", st);
-  if (fork) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.join_ev, 0));
-  detail::CombineParams c;
-  c.part_ml = dp.part_ml;
-  c.part_o = dp.part_o;
-  c.num_heads = m.H;
-  c.group = m.G;
-  c.head_dim = m.D;
-  c.total_splits = total;
-  c.out = out;
-  detail::launch_check(detail::combine_states(c, st), "combine_states(wave buffer)", st);
-  mark();
+int64_t WaveBufferLayer::num_tokens() const { return impl_->n; }
+int64_t WaveBufferLayer::steady_rows() const { return impl_->steady_rows; }
+int WaveBufferLayer::num_clusters() const { return impl_->C; }
+int WaveBufferLayer::n_retrieval() const { return impl_->n_r; }
+int WaveBufferLayer::n_estimation() const { return impl_->n_e; }
+int64_t WaveBufferLayer::retrieval_capacity() const { return impl_->list_cap - impl_->steady_cap; }
+int64_t WaveBufferLayer::device_bytes() const {
+  const auto& m = *impl_;
+  const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.value_sums_bf16, &m.sizes, &m.offsets_abs, &m.members,
+                                &m.offsets_head, &m.slot_begin, &m.cluster_pages, &m.resident, &m.cache_k,
+                                &m.cache_v, &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v, &m.identity,
+                                &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
+                                &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
+                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev};
+  int64_t b = 0;
+  for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
+  return b;
+}
+int64_t WaveBufferLayer::host_bytes() const {
+  return static_cast<int64_t>(impl_->store_host.bytes + impl_->region.bytes);
 }
 
 void WaveBufferLayer::decode(const float* q, float* out, Stream s) {
@@ -545,7 +604,7 @@ WaveStepCounts WaveBufferLayer::last_step_counts() {
 RetroLayer& WaveBufferLayer::index() { return *impl_->index; }
 int64_t WaveBufferLayer::cache_pages_per_head() const { return impl_->P; }
 int64_t WaveBufferLayer::exec_capacity() const { return impl_->list_cap; }
-int64_t WaveBufferLayer::store_bytes() const { return int64_t{impl_->H} * impl_->n_idx * 4 * impl_->D; }
+int64_t WaveBufferLayer::store_bytes() const { return int64_t{impl_->H} * impl_->per_head * 4 * impl_->D; }
 int64_t WaveBufferLayer::steps_issued() const { return static_cast<int64_t>(impl_->steps); }
 bool WaveBufferLayer::store_on_host() const { return impl_->wcfg.tier == StoreTier::kHost; }
 

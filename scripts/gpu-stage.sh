@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Stages a CUDA build for the GPU machine: stripped binaries, the shared libraries that machine lacks
+# (gzip'd), and the GPU scripts, into one folder to pass as `carry` (the transfer limit is 64 MiB).
+#
+#   bash scripts/gpu-stage.sh [build dir (default build/cuda-release)] [stage dir (default .gpu-stage/run)]
+#
+# On the GPU machine: bash <stage>/run.sh (written by the caller) or any script under <stage>/scripts.
+# cuBLAS is not staged: the GPU machine's CUDA 13 toolkit (or torch's nvidia wheels) provides it; the
+# scripts find libcublas.so.13 there.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build/cuda-release}
+stage=${2:-$root/.gpu-stage/run}
+rm -rf "$stage"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/scripts"
+for b in retroinfer gpu_tests kernel_bench prefill_bench wave_buffer_bench; do
+  if [ -x "$build/bin/$b" ]; then
+    strip -o "$stage/bin/$b" "$build/bin/$b"
+    gzip -9 "$stage/bin/$b"
+  fi
+done
+# OpenBLAS / OpenMP runtime libraries of this machine (the GPU machine's image has none of them).
+for l in libopenblas.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0; do
+  p=$(ldconfig -p | awk -v n="$l" '$1 == n {print $NF; exit}')
+  [ -n "$p" ] && gzip -9 -c "$(readlink -f "$p")" > "$stage/lib/$l.gz"
+done
+cp "$root"/scripts/gpu-*.sh "$root"/scripts/*.py "$stage/scripts/" 2>/dev/null || true
+cp "$root"/bench/*.sh "$stage/scripts/" 2>/dev/null || true
+du -sh "$stage"
