@@ -63,7 +63,7 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       const int64_t c = cluster_count(a, n_idx);
       const int64_t steady = std::min<int64_t>(n, int64_t{a.sink_tokens} + a.window_tokens + a.update_tokens);
       const int64_t lists = steady + static_cast<int64_t>(std::ceil(kExecSlack * a.retrieval_fraction * double(n_idx)));
-      s.method = split_ws + flat * c * (12 * d + 12 + 4 * g) + flat * n_idx * 4 + flat * lists * 4 +
+      s.method = split_ws + flat * c * (12 * d + 12 + 4 * g) + flat * n_idx * 8 + flat * lists * 4 +
                  (r.retro_keeps_build_buffers ? build : 0);
       s.build = r.retro_keeps_build_buffers ? 0 : build;
       // Host tier: the wave buffer's per-sequence sizes (memory_planner.h).

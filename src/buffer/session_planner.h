@@ -11,10 +11,10 @@
 //     streaming as full
 //     quest     H * ceil(n / page) * (8 D + 8)           per-page f32 min/max keys + page scores
 //     oracle    as full + H * G * n * 4                  a score per token
-//     retro     index metadata, estimated as H * C * (12 D + 12 + 4 G) + H * n_idx * 4 + token lists
+//     retro     index metadata, estimated as H * C * (12 D + 12 + 4 G) + H * n_idx * 8 + token lists
 //               H * (steady + kExecSlack * retrieval * n_idx) * 4, with C = ceil(n_idx / tokens_per_cluster):
 //               f32 + bf16 centroids and value sums (12 D), size, offset and score (12), per-query-head
-//               logits (4 G), the cluster-ordered member list (4 per indexed token); plus, when
+//               logits (4 G), each indexed token's cluster and the cluster-ordered member list (8); plus, when
 //               retro_keeps_build_buffers, the k-means build buffers H * n_idx * (2 D + 32) per layer
 //               (centred bf16 keys 2 D, assignment, two sort keys, iota, members 20, radix-sort temp ~12).
 //   host-tier layer (retro through the wave buffer, buffer/memory_planner.h per sequence): on the GPU
