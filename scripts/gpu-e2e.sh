@@ -6,6 +6,7 @@
 # torch SDPA causal prefill attention (32K and 128K). JSON lines and logs go to $OUT; a table is printed last.
 #
 #   OUT=/some/dir BIN_DIR=build/cuda-release/bin bash scripts/gpu-e2e.sh
+#   bash scripts/gpu-stage.sh && (on the GPU machine) OUT=$OUT bash .gpu-stage/run/scripts/gpu-e2e.sh
 #
 # Expected run time on the H200: about 6 minutes (an estimate from the step counts below, not yet
 # measured): ~15 s per bench invocation for the random 8B weights and bandwidth probes, 20 timed steps per
@@ -21,14 +22,13 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 OUT=${OUT:-$PWD/gpu-e2e-out}
 mkdir -p "$OUT"
-if [ -z "${BIN_DIR:-}" ]; then
-  if [ -x "$here/bin/retroinfer" ]; then BIN_DIR=$here/bin; else BIN_DIR=$here/../build/cuda-release/bin; fi
+# A staged build (scripts/gpu-stage.sh: <stage>/bin, <stage>/lib, this script in <stage>/scripts): unpack it
+# and set the library paths (gpu-env.sh); else BIN_DIR or the cuda-release build beside the sources.
+if [ -z "${BIN_DIR:-}" ] && { [ -e "$here/../bin/retroinfer" ] || [ -e "$here/../bin/retroinfer.gz" ]; }; then
+  STAGE=$(cd "$here/.." && pwd) source "$here/gpu-env.sh"
+  BIN_DIR=$here/../bin
 fi
-# Shared libraries the GPU machine lacks may be staged in lib/ beside this script (as gpu-check.sh).
-if [ -d "$here/lib" ]; then
-  for z in "$here"/lib/*.gz; do [ -e "$z" ] && gunzip -f "$z"; done
-  export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
+BIN_DIR=${BIN_DIR:-$here/../build/cuda-release/bin}
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-3}
 bench_deadline=$((SECONDS + ${BENCH_BUDGET:-330}))
