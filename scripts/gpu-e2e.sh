@@ -96,7 +96,8 @@ if [ "${SKIP_SDPA:-0}" != 1 ]; then
       --out "$OUT/torch_sdpa_prefill.jsonl" --lengths 32768,131072 --reps 3 > /dev/null 2> "$OUT/torch_sdpa_prefill.err"
   else
     PYTHONUNBUFFERED=1 timeout "${SDPA_TIMEOUT:-40}" python3 "$here/torch_sdpa_bench.py" \
-      --out "$OUT/torch_sdpa_prefill.jsonl" --lengths 32768 --batches 1 --reps 3 --prefill-lengths 32768,131072 --prefill-reps 3 \
+      --out "$OUT/torch_sdpa_prefill.jsonl" --lengths 32768 --batches 1 --reps 3 \
+      --prefill-lengths 32768,131072 --prefill-reps 3 \
       > /dev/null 2> "$OUT/torch_sdpa_prefill.err"
   fi
   echo "torch sdpa prefill: exit code $?, $((SECONDS - t0)) s"
