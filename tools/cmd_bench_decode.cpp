@@ -127,7 +127,7 @@ json plan_json(const buffer::SessionPlanBreakdown& p) {
           {"host_layer_host_bytes", p.host_layer_host_bytes},
           {"staging_bytes", p.staging_bytes},
           {"build_workspace_bytes", p.build_workspace_bytes},
-          {"activation_bytes", p.activation_bytes + p.logits_bytes + p.rope_bytes}};
+          {"activation_bytes", p.activation_bytes + p.logits_bytes}};
 }
 
 class JsonOut {
@@ -388,13 +388,9 @@ void run_bench_decode(const BenchDecodeOptions& o) {
     });
   };
 #endif
-  // Weights count against an explicit --gpu-memory-limit (a budget for weights and session, as
-  // CudaSession::plan) and when they are not loaded (plan-only); measured free memory already excludes
-  // loaded weights.
-  int64_t weight_bytes_counted = bf16_weight_bytes(cfg);
-#if RETROINFER_WITH_CUDA
-  if (model) weight_bytes_counted = gpu_limit > 0 ? model->weight_bytes() : 0;
-#endif
+  // As CudaSession::plan: the limit (given, or the free memory with the weights loaded) is the session's
+  // alone, so the weights are not counted against it; plan-only reports their bf16 size.
+  if (o.plan_only) env["weight_bytes_bf16"] = bf16_weight_bytes(cfg);
   env["plan_only"] = o.plan_only;
   out.write(env);
 
@@ -416,7 +412,6 @@ void run_bench_decode(const BenchDecodeOptions& o) {
                 buffer::resolve_host_limit(host_limit, [] { return buffer::host_memory_available(); });
             buffer::SessionPlanRequest req =
                 plan_request(cfg, o, kind, placement, ctx + extra, 1, gpu_free(), host_free);
-            req.weight_bytes = weight_bytes_counted;
             Config c{ctx, kind, placement, 0, spec == "max"};
             c.batch = c.batch_max ? buffer::largest_batch(req) : static_cast<int>(parse_count(spec, "batch"));
             j["batch"] = c.batch;
@@ -491,7 +486,7 @@ void setup_bench_decode(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prefill block in tokens")->capture_default_str();
   cmd->add_option("--gpu-memory-limit", o->gpu_memory_gib,
-                  "GiB of GPU memory for the weights and the session (0: free memory - 2 GiB after loading)")
+                  "GiB of GPU memory for each session, weights excluded (0: free memory - 2 GiB after loading)")
       ->capture_default_str();
   cmd->add_option("--host-memory-limit", o->host_memory_gib, "GiB of pinned host memory (0: 80% of MemAvailable)")
       ->capture_default_str();

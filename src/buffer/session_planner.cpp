@@ -129,7 +129,7 @@ std::string SessionPlanBreakdown::summary() const {
      << gib(gpu_free_bytes) << " (weights " << gib(weight_bytes) << ", KV " << gib(kv_layer_bytes * gpu_layers)
      << ", method " << gib(method_layer_bytes * gpu_layers) << ", host-tier layers "
      << gib(host_layer_gpu_bytes * host_layers) << ", staging " << gib(staging_bytes) << ", build "
-     << gib(build_workspace_bytes) << ", activations+logits+rope " << gib(activation_bytes + logits_bytes + rope_bytes)
+     << gib(build_workspace_bytes) << ", activations+logits " << gib(activation_bytes + logits_bytes)
      << "); host " << gib(host_bytes) << " of " << gib(host_free_bytes);
   return os.str();
 }
@@ -169,12 +169,16 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   p.weight_bytes = r.weight_bytes;
   const int64_t per_token = int64_t{2} * r.hidden_size + int64_t{r.num_heads_q + 2 * r.num_heads_kv} * r.head_dim +
                             int64_t{r.num_heads_q} * r.head_dim + int64_t{3} * r.intermediate_size;
-  p.activation_bytes = (std::min<int64_t>(r.prefill_chunk, r.max_context) + r.num_seqs) * per_token * 4;
-  p.logits_bytes = int64_t{r.num_seqs} * r.vocab_size * 4;
-  p.rope_bytes = r.max_context * r.head_dim * 4;
+  if (r.activation_bytes_override >= 0) {
+    p.activation_bytes = r.activation_bytes_override;
+  } else {
+    const int64_t rows = std::max<int64_t>(std::min<int64_t>(r.prefill_chunk, r.max_context), r.num_seqs);
+    p.activation_bytes = rows * per_token * 4;
+    p.logits_bytes = int64_t{r.num_seqs} * r.vocab_size * 4;
+  }
   p.gpu_free_bytes = r.gpu_free_bytes;
   p.host_free_bytes = r.host_free_bytes;
-  const int64_t fixed = p.weight_bytes + p.activation_bytes + p.logits_bytes + p.rope_bytes + p.build_workspace_bytes;
+  const int64_t fixed = p.weight_bytes + p.activation_bytes + p.logits_bytes + p.build_workspace_bytes;
   auto gpu_need = [&](int g) {
     return fixed + g * (ls.kv + ls.method) + (L - g) * ls.host_gpu + (g < L ? ls.kv : 0);
   };
@@ -218,8 +222,8 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
          << session_placement_name(r.placement) << " (" << g << " GPU / " << (L - g) << " host layers), need "
          << gib(p.gpu_bytes) << " of GPU memory (weights " << gib(p.weight_bytes) << ", KV + method "
          << gib(g * (ls.kv + ls.method)) << ", host-tier layers' GPU part " << gib((L - g) * ls.host_gpu)
-         << ", staging " << gib(p.staging_bytes) << ", activations, logits, RoPE and build workspace "
-         << gib(p.activation_bytes + p.logits_bytes + p.rope_bytes + p.build_workspace_bytes) << ") with "
+         << ", staging " << gib(p.staging_bytes) << ", activations, logits and build workspace "
+         << gib(p.activation_bytes + p.logits_bytes + p.build_workspace_bytes) << ") with "
          << gib(r.gpu_free_bytes) << " free" << (gpu_ok ? "" : " (does not fit)") << ", and " << gib(p.host_bytes)
          << " of pinned host memory with " << gib(r.host_free_bytes) << " free" << (host_ok ? "" : " (does not fit)")
          << "; nothing was allocated. Use fewer or shorter sequences"

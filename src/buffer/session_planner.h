@@ -20,9 +20,9 @@
 //   host-tier layer (retro through the wave buffer, buffer/memory_planner.h per sequence): on the GPU
 //     meta + steady + cache + exec of every sequence (and the build buffers as above when kept); on the
 //     host the cluster-ordered store (K and V of every token).
-//   once: weights (weight_bytes: those gpu_free_bytes does not already exclude), the prefill activations of one chunk
-//     chunk * (2 hidden + (Hq + 2 Hkv) D + Hq D + 3 ffn) * 4, the decode activations of the batch
-//     (same per token, times B), logits B * vocab * 4, a RoPE table n * D * 4, the transient index build
+//   once: weights (weight_bytes), the activation rows of the larger of a prefill chunk and the decode
+//     batch, max(chunk, B) * (2 hidden + (Hq + 2 Hkv) D + Hq D + 3 ffn) * 4, logits B * vocab * 4 (or the
+//     runner's own figure, activation_bytes_override), the transient index build
 //     workspace of one layer H * n_idx * (2 D + 32) when retro does not keep it, and, when any layer is
 //     host-tier, one layer's K/V staged on the GPU (the runner builds a host-tier layer from GPU K/V).
 //
@@ -63,6 +63,8 @@ struct SessionPlanRequest {
   SessionPlacement placement = SessionPlacement::kGpu;
   int gpu_layers = -1;       // kSplit: layers on the GPU; -1 = as many as fit
   int64_t weight_bytes = 0;  // weights to count against gpu_free_bytes (0 when it already excludes them)
+  // >= 0: the runner's activation, logits and GEMM workspace bytes, replacing the estimate here.
+  int64_t activation_bytes_override = -1;
   int64_t gpu_free_bytes = 0;   // what the session may use on the GPU
   int64_t host_free_bytes = 0;  // what the session may pin on the host
   // The current RetroLayer keeps its k-means build buffers after build (per layer); false assumes they
@@ -83,7 +85,7 @@ struct SessionPlanBreakdown {
   int64_t host_layer_host_bytes = 0;  // per host-tier layer, pinned host
   int64_t staging_bytes = 0;          // one layer's K/V staged on the GPU (host-tier layers only)
   int64_t build_workspace_bytes = 0;  // transient index build workspace (retro, when not kept per layer)
-  int64_t activation_bytes = 0, logits_bytes = 0, rope_bytes = 0, weight_bytes = 0;
+  int64_t activation_bytes = 0, logits_bytes = 0, weight_bytes = 0;
   int64_t gpu_bytes = 0, host_bytes = 0;            // needed in all
   int64_t gpu_free_bytes = 0, host_free_bytes = 0;  // the limits checked against
   std::string summary() const;  // one line

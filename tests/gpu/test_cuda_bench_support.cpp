@@ -44,10 +44,11 @@ TEST(CudaBenchSupport, SessionPlanUsesTheDevicesFreeMemory) {
   EXPECT_NEAR(double(p.gpu_free_bytes), double(free_now - buffer::kGpuReserveBytes), double(64 << 20));
   EXPECT_EQ(p.gpu_layers, 32);
   EXPECT_EQ(p.host_layers, 0);
-  // An explicit limit is a budget for the weights and the session: the weights count against it.
+  // The limit is the session's; the weights are reported on both sides (needed and free).
   opt.gpu_memory_limit = int64_t{40} << 30;
   const cuda::CudaSessionPlan w = cuda::CudaSession::plan(cfg, opt, 1, int64_t{15} << 30);
   EXPECT_EQ(w.gpu_bytes, p.gpu_bytes + (int64_t{15} << 30));
+  EXPECT_EQ(w.gpu_free_bytes, int64_t{55} << 30);
   // Far more than the device and the host hold: refused, naming both sides.
   opt.gpu_memory_limit = 0;
   opt.max_context = 1 << 20;

@@ -45,12 +45,26 @@ TEST(SessionPlanner, FullOnGpuFitsWithExactKv) {
   EXPECT_EQ(p.staging_bytes, 0);
   EXPECT_EQ(p.placement, SessionPlacement::kGpu);
   // Everything else is small beside the KV (8 GiB): the f32 activations of a 2048-token chunk are
-  // 2050 x (2 x 4096 + 48 x 128 + 32 x 128 + 3 x 14336) x 4 B = 0.47 GiB, split workspaces 32 x 2 MiB.
+  // 2048 x (2 x 4096 + 48 x 128 + 32 x 128 + 3 x 14336) x 4 B = 0.47 GiB, split workspaces 32 x 2 MiB.
   EXPECT_GE(p.gpu_bytes, 32 * p.kv_layer_bytes);
   EXPECT_LT(p.gpu_bytes, 32 * p.kv_layer_bytes + kGiB);
-  EXPECT_EQ(p.gpu_bytes, p.activation_bytes + p.logits_bytes + p.rope_bytes + p.weight_bytes +
+  EXPECT_EQ(p.gpu_bytes, p.activation_bytes + p.logits_bytes + p.weight_bytes +
                              32 * (p.kv_layer_bytes + p.method_layer_bytes));
   EXPECT_EQ(p.logits_bytes, 2 * 128256 * 4);
+}
+
+TEST(SessionPlanner, FullKvGrowsExactlyWithContext) {
+  // 32K more tokens of 4 sequences: 2 (K, V) x 32 layers x 4 x 8 heads x 32768 x 128 x 2 bytes = 16 GiB; the
+  // activations depend on the chunk, the decoders' workspaces on nothing.
+  const auto a = plan_session(llama(AttentionKind::kFull, 32768, 4, SessionPlacement::kGpu, 100 * kGiB, 0));
+  const auto b = plan_session(llama(AttentionKind::kFull, 65536, 4, SessionPlacement::kGpu, 100 * kGiB, 0));
+  EXPECT_EQ(b.gpu_bytes - a.gpu_bytes, 16 * kGiB);
+  SessionPlanRequest r = llama(AttentionKind::kFull, 32768, 4, SessionPlacement::kGpu, 100 * kGiB, 0);
+  r.activation_bytes_override = 12345;  // the runner's own figure replaces activations and logits
+  const auto o = plan_session(r);
+  EXPECT_EQ(o.activation_bytes, 12345);
+  EXPECT_EQ(o.logits_bytes, 0);
+  EXPECT_EQ(o.gpu_bytes, a.gpu_bytes - a.activation_bytes - a.logits_bytes + 12345);
 }
 
 TEST(SessionPlanner, WeightsNotYetLoadedCount) {

@@ -1,10 +1,13 @@
-// CudaSession::plan: the session's memory plan (buffer/session_planner.h does the arithmetic) against
-// the memory free now. Uses nothing of CudaSession's internals, so it is also the constructor's check.
+// CudaSession::plan: the session's memory plan (buffer/session_planner.h does the arithmetic) against the
+// memory free now, and CudaSession::fill_synthetic (synthetic K/V, cuda_synthetic.h, for benchmarks).
 //
-// weight_bytes (the model's device bytes) count toward the plan only against an explicit
-// opt.gpu_memory_limit, which is then a budget for the weights and the session together. With no limit
-// the free device memory is measured now, with the weights already resident, so they are not counted
-// twice. Either way a caller may pass model.weight_bytes().
+// Plan conventions (as the CUDA runner's constructor uses them): gpu_bytes = weight_bytes + the session's
+// bytes; gpu_free_bytes = weight_bytes + the session's limit (opt.gpu_memory_limit, or the device's free
+// memory now less buffer::kGpuReserveBytes: the weights are resident already, so the free memory excludes
+// them); the check is therefore the session's bytes against its limit. host_free_bytes: opt.host_memory_limit
+// or kHostUsableFraction of MemAvailable. The plan uses no CudaSession internals; with the runner's session
+// state header present it takes the runner's own activation figure (session_activation_bytes).
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -13,6 +16,14 @@
 #include "retroinfer/cuda_model.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model.h"
+
+#if __has_include("backend/cuda/model/session_state.h")
+#include "backend/cuda/model/session_state.h"
+#include "retroinfer/cuda_synthetic.h"
+#define RETROINFER_HAVE_SESSION_STATE 1
+#else
+#define RETROINFER_HAVE_SESSION_STATE 0
+#endif
 
 namespace retroinfer::cuda {
 
@@ -30,6 +41,10 @@ buffer::SessionPlacement to_buffer(KvPlacement p) {
 
 CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptions& opt, int num_seqs,
                                   int64_t weight_bytes) {
+  validate(cfg);
+  RETROINFER_CHECK(opt.max_context >= 0, "CudaSession: max_context must be >= 0 (0 = the model's), got ",
+                   opt.max_context);
+  RETROINFER_CHECK(weight_bytes >= 0, "CudaSession: weight_bytes must be >= 0, got ", weight_bytes);
   buffer::SessionPlanRequest r;
   buffer::set_model_shape(r, cfg);
   r.attention = opt.attention;
@@ -39,14 +54,22 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   RETROINFER_CHECK(r.max_context < std::numeric_limits<int32_t>::max(), "CudaSession: max_context is not set and ",
                    "the model states no max_position_embeddings; set CudaSessionOptions::max_context");
   RETROINFER_CHECK(r.max_context <= model_max, "CudaSession: max_context ", r.max_context, " exceeds the model's ",
-                   model_max, " positions");
+                   model_max, " positions; use a shorter context");
   r.prefill_chunk = opt.prefill_chunk;
   r.num_seqs = num_seqs;
   r.placement = to_buffer(opt.placement);
   r.gpu_layers = opt.gpu_layers;
-  r.weight_bytes = opt.gpu_memory_limit > 0 ? weight_bytes : 0;
-  r.gpu_free_bytes = buffer::resolve_gpu_limit(opt.gpu_memory_limit, [] { return device_memory_info().first; });
+  r.weight_bytes = weight_bytes;
+  r.gpu_free_bytes =
+      weight_bytes + buffer::resolve_gpu_limit(opt.gpu_memory_limit, [] { return device_memory_info().first; });
   r.host_free_bytes = buffer::resolve_host_limit(opt.host_memory_limit, [] { return buffer::host_memory_available(); });
+#if RETROINFER_HAVE_SESSION_STATE
+  if (num_seqs >= 1 && opt.prefill_chunk >= 1) {
+    const int64_t rows = session_rows(opt, r.max_context, num_seqs);
+    r.activation_bytes_override =
+        session_activation_bytes(cfg, rows, session_logit_rows(rows, num_seqs), num_seqs, /*bf16=*/true);
+  }
+#endif
   const buffer::SessionPlanBreakdown b = buffer::plan_session(r);
   CudaSessionPlan p;
   p.num_seqs = b.num_seqs;
@@ -59,5 +82,42 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   p.host_free_bytes = b.host_free_bytes;
   return p;
 }
+
+#if RETROINFER_HAVE_SESSION_STATE
+// Every layer's K/V of every sequence gets the same `tokens` tokens of synthetic K/V (one layer generated,
+// copied to all), then the decode attention objects are built over them (build_attention: each method's
+// index). GPU-resident layers only, as the session's K/V buffers are (k[l], v[l] for every layer).
+void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillProgress& progress) {
+  Impl& im = *impl_;
+  const ModelConfig& c = im.model.config();
+  RETROINFER_CHECK(!im.prefilled, "CudaSession::fill_synthetic: the session already holds tokens (prefill or "
+                   "fill_synthetic runs once per session)");
+  RETROINFER_CHECK(tokens >= 1 && tokens <= im.max_context, "CudaSession::fill_synthetic: ", tokens,
+                   " tokens do not fit the session's ", im.max_context, " per sequence");
+  RETROINFER_CHECK(static_cast<int>(im.k.size()) == c.num_layers && static_cast<int>(im.v.size()) == c.num_layers,
+                   "CudaSession::fill_synthetic: the session holds K/V for ", im.k.size(), " of ", c.num_layers,
+                   " layers on the GPU; synthetic fill needs every layer's K/V there");
+  SyntheticKvShape sh;
+  sh.num_heads_kv = c.num_heads_kv;
+  sh.head_dim = c.head_dim;
+  sh.tokens = tokens;
+  sh.seed = seed;
+  sh.rope_theta = c.rope_theta;
+  sh.rope_llama3_factor = c.rope_scaling.type == "llama3" ? std::max(1.0f, c.rope_scaling.factor) : 1.0;
+  const SyntheticKv syn(sh);  // throws (before touching the session) on a context the generator refuses
+  const int L = c.num_layers;
+  for (int l = 0; l < L; ++l) {
+    syn.fill(im.k[size_t(l)].as<uint16_t>(), im.v[size_t(l)].as<uint16_t>(), im.num_seqs, im.max_context, im.stream);
+    if (progress) {
+      synchronize(im.stream);
+      progress(tokens * (l + 1) / L, tokens);
+    }
+  }
+  im.pos.assign(size_t(im.num_seqs), tokens);
+  im.build_attention();
+  synchronize(im.stream);  // the copies read syn's pinned memory, freed on return
+  im.prefilled = true;
+}
+#endif
 
 }  // namespace retroinfer::cuda
