@@ -103,7 +103,7 @@ if [ "${SKIP_SDPA:-0}" != 1 ]; then
   echo "torch sdpa prefill: exit code $?, $((SECONDS - t0)) s"
 fi
 
-python3 - "$JSON" "$OUT/hf_generate.jsonl" <<'EOF'
+python3 - "$JSON" "$OUT/hf_generate.jsonl" "$OUT/torch_sdpa_prefill.jsonl" <<'EOF'
 import json, os, sys
 
 def rows(path):
@@ -117,7 +117,7 @@ def rows(path):
             pass
     return out
 
-bench, hf = rows(sys.argv[1]), rows(sys.argv[2])
+bench, hf, sdpa = rows(sys.argv[1]), rows(sys.argv[2]), rows(sys.argv[3])
 print("\n%-8s %-6s %-6s %5s %-9s %9s %9s %9s %8s %8s %7s %s" % (
     "context", "method", "place", "batch", "status", "tok/s", "ms/step", "floor%", "GPU GiB", "host GiB", "KV%",
     "kv source / prefill tok/s"))
@@ -144,6 +144,17 @@ for j in bench:
     if j.get("bench") == "decode" and j.get("status") == "ok" and j["method"] == "retro" and j["context"] in best_full:
         print("retro %s %s batch %s: %.2fx best full" % (j["context"], j["placement"], j["batch"],
                                                         j["tok_s"] / best_full[j["context"]]))
+print("\nprefill tokens/s (batch 1, random tokens):")
+for j in bench:
+    if j.get("bench") == "decode" and j.get("status") == "ok" and "prefill_tok_s" in j:
+        print("  ours %s %d: %.0f tok/s (%.1f s)" % (j["method"], j["context"], j["prefill_tok_s"], j["fill_s"]))
+for j in hf:
+    if j.get("bench") == "hf_generate" and j.get("status") == "ok" and j["batch"] == 1:
+        print("  HF transformers (SDPA) %d: %.0f tok/s (%.1f s)" % (j["context"], j["prefill_tok_s"], j["prefill_s"]))
+for j in sdpa:
+    if j.get("impl") == "torch_sdpa" and j.get("variant") == "whole" and "ms" in j:
+        print("  torch SDPA causal attention alone %d: %.2f ms per layer, x32 layers = %.2f s" % (
+            j["n"], j["ms"], 32 * j["ms"] / 1e3))
 print("\nHF transformers generate (peer):")
 for j in hf:
     if j.get("bench") == "hf_generate":
