@@ -54,7 +54,7 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       s.method = split_ws;
       break;
     case AttentionKind::kOracle:
-      s.method = split_ws + flat * g * n * 4;
+      s.method = split_ws + flat * n * (4 * g + 8);
       break;
     case AttentionKind::kQuest:
       s.method = split_ws + flat * ceil_div(n, std::max(1, a.quest_page_tokens)) * (8 * d + 8);

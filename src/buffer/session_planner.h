@@ -10,7 +10,7 @@
 //     full      split workspace: kDecodeCtaBound * G * (8 + 4 D)   (flash decoding partial states)
 //     streaming as full
 //     quest     H * ceil(n / page) * (8 D + 8)           per-page f32 min/max keys + page scores
-//     oracle    as full + H * G * n * 4                  a score per token
+//     oracle    as full + H * n * (4 G + 8)              logits per query head, score and list per token
 //     retro     index metadata, estimated as H * C * (12 D + 12 + 4 G) + H * n_idx * 8 + token lists
 //               H * (steady + kExecSlack * retrieval * n_idx) * 4, with C = ceil(n_idx / tokens_per_cluster):
 //               f32 + bf16 centroids and value sums (12 D), size, offset and score (12), per-query-head
