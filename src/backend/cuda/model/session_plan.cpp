@@ -1,111 +1,123 @@
-// CudaSession's memory plan and the placements. This build implements KvPlacement::kGpu (and kAuto when
-// kGpu fits); kHost / kSplit and fill_synthetic throw "not implemented in this build" (the benchdecode work
-// replaces this file).
-#include <cuda_runtime.h>
-
+// CudaSession::plan: the session's memory plan (buffer/session_planner.h does the arithmetic) against the
+// memory free now, and CudaSession::fill_synthetic (synthetic K/V, cuda_synthetic.h, for benchmarks).
+//
+// Plan conventions (as the CUDA runner's constructor uses them): gpu_bytes = weight_bytes + the session's
+// bytes; gpu_free_bytes = weight_bytes + the session's limit (opt.gpu_memory_limit, or the device's free
+// memory now less buffer::kGpuReserveBytes: the weights are resident already, so the free memory excludes
+// them); the check is therefore the session's bytes against its limit. host_free_bytes: opt.host_memory_limit
+// or kHostUsableFraction of MemAvailable. The plan uses no CudaSession internals; with the runner's session
+// state header present it takes the runner's own activation figure (session_activation_bytes).
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/model/session_state.h"
+#include "buffer/memory_planner.h"
+#include "buffer/session_planner.h"
+#include "retroinfer/cuda_model.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model.h"
 
+#if __has_include("backend/cuda/model/session_state.h")
+#include "backend/cuda/model/session_state.h"
+#include "retroinfer/cuda_synthetic.h"
+#define RETROINFER_HAVE_SESSION_STATE 1
+#else
+#define RETROINFER_HAVE_SESSION_STATE 0
+#endif
+
 namespace retroinfer::cuda {
+
 namespace {
-
-// GPU memory kept free beside a session when no limit is given: the CUDA context, cuBLAS's workspace and
-// allocator slack (measured context + cuBLAS handle on an H200: a few hundred MiB; 1 GiB leaves room).
-constexpr int64_t kGpuReserveBytes = int64_t{1} << 30;
-// Decode-attention workspace allowance per layer for full attention: DenseDecoder's split partials, at most
-// (CTAs per SM <= 4) x (SMs <= 132 on an H200) x (group <= 8) x (8 + 4 * 128) bytes = 2.2 MB; 4 MiB covers it.
-constexpr int64_t kFullAttentionBytesPerLayer = int64_t{4} << 20;
-
-constexpr int64_t kMiB = int64_t{1} << 20;
-
-int64_t resolve_max_context(const ModelConfig& cfg, const CudaSessionOptions& opt) {
-  const int64_t model_max = model_max_context(cfg);
-  RETROINFER_CHECK(opt.max_context >= 0, "CUDA session: max_context must be >= 0 (0 = the model's), got ",
-                   opt.max_context);
-  const int64_t m = opt.max_context > 0 ? opt.max_context : model_max;
-  RETROINFER_CHECK(m != INT64_MAX, "CUDA session: the model states no maximum context; set max_context");
-  RETROINFER_CHECK(m <= model_max, "CUDA session: max_context ", m, " exceeds the model's maximum context of ",
-                   model_max, " tokens; use a shorter context");
-  return m;
+buffer::SessionPlacement to_buffer(KvPlacement p) {
+  switch (p) {
+    case KvPlacement::kGpu: return buffer::SessionPlacement::kGpu;
+    case KvPlacement::kHost: return buffer::SessionPlacement::kHost;
+    case KvPlacement::kSplit: return buffer::SessionPlacement::kSplit;
+    case KvPlacement::kAuto: return buffer::SessionPlacement::kAuto;
+  }
+  return buffer::SessionPlacement::kGpu;
 }
-
-// Budget for everything on the GPU, weights included (they are resident already: the session checks its own
-// bytes against what is left after them).
-int64_t gpu_budget(const CudaSessionOptions& opt, int64_t weight_bytes) {
-  if (opt.gpu_memory_limit > 0) return weight_bytes + opt.gpu_memory_limit;
-  size_t free_b = 0, total_b = 0;
-  RETROINFER_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-  return weight_bytes + std::max<int64_t>(static_cast<int64_t>(free_b) - kGpuReserveBytes, 0);
-}
-
-// Every layer's KV on the GPU. Throws when it does not fit.
-CudaSessionPlan plan_gpu(const ModelConfig& cfg, const CudaSessionOptions& opt, int num_seqs, int64_t weight_bytes,
-                         int64_t max_context) {
-  CudaSessionPlan p;
-  p.num_seqs = num_seqs;
-  p.max_context = max_context;
-  p.gpu_layers = cfg.num_layers;
-  p.host_layers = 0;
-  const int64_t kv = 2 * int64_t{cfg.num_layers} * num_seqs * cfg.num_heads_kv * max_context * cfg.head_dim * 2;
-  const int64_t rows = session_rows(opt, max_context, num_seqs);
-  const bool bf16_weights = true;  // the larger of the two (the bf16 GEMM workspace); weights' type is not known here
-  const int64_t act = session_activation_bytes(cfg, rows, session_logit_rows(rows, num_seqs), num_seqs, bf16_weights);
-  const int64_t attention = int64_t{cfg.num_layers} * kFullAttentionBytesPerLayer;
-  p.gpu_bytes = weight_bytes + kv + act + attention;
-  p.gpu_free_bytes = gpu_budget(opt, weight_bytes);
-  RETROINFER_CHECK(p.gpu_bytes <= p.gpu_free_bytes, "CUDA session: ", num_seqs, " sequence(s) of ", max_context,
-                   " tokens need ", p.gpu_bytes / kMiB, " MiB of GPU memory (weights ", weight_bytes / kMiB, ", KV ",
-                   kv / kMiB, ", activations ", act / kMiB, ", attention ", attention / kMiB, ") but ",
-                   p.gpu_free_bytes / kMiB, " MiB are available",
-                   opt.gpu_memory_limit > 0 ? " (weights + gpu_memory_limit)" : " (weights + free memory - 1 GiB reserve)",
-                   "; use fewer sequences or a shorter context");
-  return p;
-}
-
-[[noreturn]] void placement_not_implemented(KvPlacement placement) {
-  const char* name = placement == KvPlacement::kHost ? "host" : placement == KvPlacement::kSplit ? "split" : "auto";
-  RETROINFER_FAIL("CUDA session: KV placement '", name,
-                  "' (host-resident layers through the wave buffer) is not implemented in this build; use the "
-                  "GPU placement");
-}
-
 }  // namespace
 
 CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptions& opt, int num_seqs,
                                   int64_t weight_bytes) {
-  RETROINFER_CHECK(num_seqs >= 1, "CUDA session: num_seqs must be >= 1, got ", num_seqs);
-  RETROINFER_CHECK(opt.prefill_chunk >= 1, "CUDA session: prefill_chunk must be >= 1, got ", opt.prefill_chunk);
-  RETROINFER_CHECK(weight_bytes >= 0, "CUDA session: weight_bytes must be >= 0, got ", weight_bytes);
   validate(cfg);
-  const int64_t max_context = resolve_max_context(cfg, opt);
-  switch (opt.placement) {
-    case KvPlacement::kGpu:
-      return plan_gpu(cfg, opt, num_seqs, weight_bytes, max_context);
-    case KvPlacement::kAuto:
-      // kGpu when it fits; the split placement that would follow is not in this build.
-      try {
-        return plan_gpu(cfg, opt, num_seqs, weight_bytes, max_context);
-      } catch (const Error& e) {
-        RETROINFER_FAIL(e.what(), " (KV placement 'auto': the split / host placements that would take over are not "
-                        "implemented in this build)");
-      }
-    case KvPlacement::kHost:
-    case KvPlacement::kSplit:
-      break;
+  RETROINFER_CHECK(opt.max_context >= 0, "CudaSession: max_context must be >= 0 (0 = the model's), got ",
+                   opt.max_context);
+  RETROINFER_CHECK(weight_bytes >= 0, "CudaSession: weight_bytes must be >= 0, got ", weight_bytes);
+  buffer::SessionPlanRequest r;
+  buffer::set_model_shape(r, cfg);
+  r.attention = opt.attention;
+  r.wave = opt.wave;
+  const int64_t model_max = model_max_context(cfg);
+  r.max_context = opt.max_context > 0 ? opt.max_context : model_max;
+  RETROINFER_CHECK(r.max_context < std::numeric_limits<int32_t>::max(), "CudaSession: max_context is not set and ",
+                   "the model states no max_position_embeddings; set CudaSessionOptions::max_context");
+  RETROINFER_CHECK(r.max_context <= model_max, "CudaSession: max_context ", r.max_context, " exceeds the model's ",
+                   model_max, " positions; use a shorter context");
+  r.prefill_chunk = opt.prefill_chunk;
+  r.num_seqs = num_seqs;
+  r.placement = to_buffer(opt.placement);
+  r.gpu_layers = opt.gpu_layers;
+  r.weight_bytes = weight_bytes;
+  r.gpu_free_bytes =
+      weight_bytes + buffer::resolve_gpu_limit(opt.gpu_memory_limit, [] { return device_memory_info().first; });
+  r.host_free_bytes = buffer::resolve_host_limit(opt.host_memory_limit, [] { return buffer::host_memory_available(); });
+#if RETROINFER_HAVE_SESSION_STATE
+  if (num_seqs >= 1 && opt.prefill_chunk >= 1) {
+    const int64_t rows = session_rows(opt, r.max_context, num_seqs);
+    r.activation_bytes_override =
+        session_activation_bytes(cfg, rows, session_logit_rows(rows, num_seqs), num_seqs, /*bf16=*/true);
   }
-  placement_not_implemented(opt.placement);
+#endif
+  const buffer::SessionPlanBreakdown b = buffer::plan_session(r);
+  CudaSessionPlan p;
+  p.num_seqs = b.num_seqs;
+  p.max_context = b.max_context;
+  p.gpu_layers = b.gpu_layers;
+  p.host_layers = b.host_layers;
+  p.gpu_bytes = b.gpu_bytes;
+  p.host_bytes = b.host_bytes;
+  p.gpu_free_bytes = b.gpu_free_bytes;
+  p.host_free_bytes = b.host_free_bytes;
+  return p;
 }
 
+#if RETROINFER_HAVE_SESSION_STATE
+// Every layer's K/V of every sequence gets the same `tokens` tokens of synthetic K/V (one layer generated,
+// copied to all), then the decode attention objects are built over them (build_attention: each method's
+// index). GPU-resident layers only, as the session's K/V buffers are (k[l], v[l] for every layer).
 void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillProgress& progress) {
-  (void)tokens;
-  (void)seed;
-  (void)progress;
-  RETROINFER_FAIL("CudaSession::fill_synthetic is not implemented in this build; use prefill");
+  Impl& im = *impl_;
+  const ModelConfig& c = im.model.config();
+  RETROINFER_CHECK(!im.prefilled, "CudaSession::fill_synthetic: the session already holds tokens (prefill or "
+                   "fill_synthetic runs once per session)");
+  RETROINFER_CHECK(tokens >= 1 && tokens <= im.max_context, "CudaSession::fill_synthetic: ", tokens,
+                   " tokens do not fit the session's ", im.max_context, " per sequence");
+  RETROINFER_CHECK(static_cast<int>(im.k.size()) == c.num_layers && static_cast<int>(im.v.size()) == c.num_layers,
+                   "CudaSession::fill_synthetic: the session holds K/V for ", im.k.size(), " of ", c.num_layers,
+                   " layers on the GPU; synthetic fill needs every layer's K/V there");
+  SyntheticKvShape sh;
+  sh.num_heads_kv = c.num_heads_kv;
+  sh.head_dim = c.head_dim;
+  sh.tokens = tokens;
+  sh.seed = seed;
+  sh.rope_theta = c.rope_theta;
+  sh.rope_llama3_factor = c.rope_scaling.type == "llama3" ? std::max(1.0f, c.rope_scaling.factor) : 1.0;
+  const SyntheticKv syn(sh);  // throws (before touching the session) on a context the generator refuses
+  const int L = c.num_layers;
+  for (int l = 0; l < L; ++l) {
+    syn.fill(im.k[size_t(l)].as<uint16_t>(), im.v[size_t(l)].as<uint16_t>(), im.num_seqs, im.max_context, im.stream);
+    if (progress) {
+      synchronize(im.stream);
+      progress(tokens * (l + 1) / L, tokens);
+    }
+  }
+  im.pos.assign(size_t(im.num_seqs), tokens);
+  im.build_attention();
+  synchronize(im.stream);  // the copies read syn's pinned memory, freed on return
+  im.prefilled = true;
 }
+#endif
 
 }  // namespace retroinfer::cuda

@@ -1,0 +1,113 @@
+// Session memory planner of the CUDA model runner (CudaSession::plan, cuda_model.h): the GPU and pinned
+// host memory a batched session needs, computed before anything is allocated, with the KV placement
+// (every layer on the GPU, every layer on the host, or a split) and a refusal (Error naming the bytes
+// needed and free on each side) when it cannot fit. Pure host arithmetic: no CUDA, testable on the CPU.
+//
+// What is counted (B = num_seqs, n = max_context, L = layers, Hkv / Hq = KV / query heads, D = head_dim,
+// H = B * Hkv flat heads, G = Hq / Hkv, bf16 K/V = 2 bytes, activations f32 = 4 bytes):
+//   GPU-tier layer (runner-owned K/V + the method's extras):
+//     kv        2 * H * n * D * 2                       K and V at stride n
+//     full      split workspace: kDecodeCtaBound * G * (8 + 4 D)   (flash decoding partial states)
+//     streaming as full
+//     quest     H * ceil(n / page) * (8 D + 8)           per-page f32 min/max keys + page scores
+//     oracle    as full + H * n * (4 G + 8)              logits per query head, score and list per token
+//     retro     index metadata, estimated as H * C * (12 D + 12 + 4 G) + H * n_idx * 8 + token lists
+//               H * (steady + kExecSlack * retrieval * n_idx) * 4, with C = ceil(n_idx / tokens_per_cluster):
+//               f32 + bf16 centroids and value sums (12 D), size, offset and score (12), per-query-head
+//               logits (4 G), each indexed token's cluster and the cluster-ordered member list (8); plus, when
+//               retro_keeps_build_buffers, the k-means build buffers H * n_idx * (2 D + 32) per layer
+//               (centred bf16 keys 2 D, assignment, two sort keys, iota, members 20, radix-sort temp ~12).
+//   host-tier layer (retro through the wave buffer, buffer/memory_planner.h per sequence): on the GPU
+//     meta + steady + cache + exec of every sequence (and the build buffers as above when kept); on the
+//     host the cluster-ordered store (K and V of every token).
+//   once: weights (weight_bytes), the activation rows of the larger of a prefill chunk and the decode
+//     batch, max(chunk, B) * (2 hidden + (Hq + 2 Hkv) D + Hq D + 3 ffn) * 4, logits B * vocab * 4 (or the
+//     runner's own figure, activation_bytes_override), the transient index build
+//     workspace of one layer H * n_idx * (2 D + 32) when retro does not keep it, and, when any layer is
+//     host-tier, one layer's K/V staged on the GPU (the runner builds a host-tier layer from GPU K/V).
+//
+// Threading contract: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "retroinfer/attention.h"
+#include "retroinfer/model_config.h"
+#include "retroinfer/wave_buffer.h"
+
+namespace retroinfer::buffer {
+
+// Mirrors cuda::KvPlacement (cuda_model.h) without the CUDA runner's header.
+enum class SessionPlacement : uint8_t { kGpu, kHost, kSplit, kAuto };
+std::string_view session_placement_name(SessionPlacement p);  // "gpu" | "host" | "split" | "auto"
+SessionPlacement parse_session_placement(std::string_view s);  // throws Error on other names
+
+// CTAs a flash-decoding launch may split one layer into, all flat heads together: one wave of 3 CTAs per
+// multiprocessor (layer_common.h) is 396 on the H200's 132 SMs; 1024 leaves room for larger GPUs.
+constexpr int64_t kDecodeCtaBound = 1024;
+// Token-list rows per expected retrieval token (as PlannerSettings::exec_slack: selected clusters may be
+// larger than average; a planning margin, not a measured bound).
+constexpr double kExecSlack = 2.0;
+
+struct SessionPlanRequest {
+  int num_layers = 0, hidden_size = 0, intermediate_size = 0, vocab_size = 0;
+  int num_heads_q = 0, num_heads_kv = 0, head_dim = 0;
+  AttentionConfig attention;
+  WaveBufferConfig wave;
+  int64_t max_context = 0;   // tokens per sequence (> 0)
+  int prefill_chunk = 2048;  // tokens per prefill block
+  int num_seqs = 1;
+  SessionPlacement placement = SessionPlacement::kGpu;
+  int gpu_layers = -1;       // kSplit: layers on the GPU; -1 = as many as fit
+  int64_t weight_bytes = 0;  // weights to count against gpu_free_bytes (0 when it already excludes them)
+  // >= 0: the runner's activation, logits and GEMM workspace bytes, replacing the estimate here.
+  int64_t activation_bytes_override = -1;
+  int64_t gpu_free_bytes = 0;   // what the session may use on the GPU
+  int64_t host_free_bytes = 0;  // what the session may pin on the host
+  // The current RetroLayer keeps its k-means build buffers after build (per layer); false assumes they
+  // are released (counted once, as a transient workspace).
+  bool retro_keeps_build_buffers = false;
+};
+// Copies the model dimensions of cfg into r.
+void set_model_shape(SessionPlanRequest& r, const ModelConfig& cfg);
+
+struct SessionPlanBreakdown {
+  SessionPlacement placement = SessionPlacement::kGpu;  // resolved (never kAuto)
+  int num_seqs = 0;
+  int64_t max_context = 0;
+  int gpu_layers = 0, host_layers = 0;
+  int64_t kv_layer_bytes = 0;         // one layer's K+V, every sequence (GPU tier)
+  int64_t method_layer_bytes = 0;     // the method's GPU extras per GPU-tier layer
+  int64_t host_layer_gpu_bytes = 0;   // per host-tier layer, on the GPU
+  int64_t host_layer_host_bytes = 0;  // per host-tier layer, pinned host
+  int64_t staging_bytes = 0;          // one layer's K/V staged on the GPU (host-tier layers only)
+  int64_t build_workspace_bytes = 0;  // transient index build workspace (retro, when not kept per layer)
+  int64_t activation_bytes = 0, logits_bytes = 0, weight_bytes = 0;
+  int64_t gpu_bytes = 0, host_bytes = 0;            // needed in all
+  int64_t gpu_free_bytes = 0, host_free_bytes = 0;  // the limits checked against
+  std::string summary() const;  // one line
+};
+
+// The plan; throws Error before anything is allocated when it does not fit (bytes needed and free on
+// each side, what to change) or when the request is invalid (non-retro method on the host tier, ...).
+SessionPlanBreakdown plan_session(const SessionPlanRequest& r);
+
+// The largest num_seqs in [1, limit] that plan_session accepts for r (its other fields as given), 0 when
+// not even one sequence fits. Binary search: the plan's bytes grow with the batch.
+int largest_batch(SessionPlanRequest r, int limit = 65536);
+
+// The session's limits: an explicit limit (> 0) as given; 0 = the free GPU memory (free_query(), e.g.
+// cuda::device_memory_info().first) minus kGpuReserveBytes, or kHostUsableFraction of MemAvailable
+// (available_query(), e.g. host_memory_available()). Queries are injected so tests need no device.
+// CUDA context growth, cuBLAS workspaces, CUDA graphs and allocator rounding take memory the plan does
+// not itemise; 2 GiB is a planning margin (not a measured bound).
+constexpr int64_t kGpuReserveBytes = int64_t{2} << 30;
+// As PlannerSettings::host_usable_fraction: pinned memory beyond ~80% of MemAvailable starves the OS.
+constexpr double kHostUsableFraction = 0.8;
+int64_t resolve_gpu_limit(int64_t limit, const std::function<int64_t()>& free_query);
+int64_t resolve_host_limit(int64_t limit, const std::function<int64_t()>& available_query);
+
+}  // namespace retroinfer::buffer

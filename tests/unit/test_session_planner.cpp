@@ -1,0 +1,207 @@
+// CUDA session memory planner (buffer/session_planner.h): exact KV arithmetic, placements (GPU, host,
+// split with the most GPU layers that fit, auto), and the refusal before allocation with the bytes
+// needed and free on each side. Pure host arithmetic: no GPU needed.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "buffer/session_planner.h"
+#include "retroinfer/error.h"
+#include "retroinfer/model_shapes.h"
+
+namespace retroinfer::buffer {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+SessionPlanRequest llama(AttentionKind kind, int64_t ctx, int seqs, SessionPlacement placement, int64_t gpu_free,
+                         int64_t host_free) {
+  SessionPlanRequest r;
+  set_model_shape(r, model_shape("llama3-8b"));
+  r.attention.kind = kind;
+  r.max_context = ctx;
+  r.num_seqs = seqs;
+  r.placement = placement;
+  r.gpu_free_bytes = gpu_free;
+  r.host_free_bytes = host_free;
+  return r;
+}
+
+std::string gib(int64_t bytes) {  // the planner's formatting
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(kGiB));
+  return buf;
+}
+
+TEST(SessionPlanner, FullOnGpuFitsWithExactKv) {
+  const SessionPlanBreakdown p =
+      plan_session(llama(AttentionKind::kFull, 32768, 2, SessionPlacement::kGpu, 100 * kGiB, 0));
+  // One layer, 2 sequences: 2 (K, V) x 2 x 8 heads x 32768 x 128 x 2 bytes = 256 MiB.
+  EXPECT_EQ(p.kv_layer_bytes, int64_t{256} << 20);
+  EXPECT_EQ(p.gpu_layers, 32);
+  EXPECT_EQ(p.host_layers, 0);
+  EXPECT_EQ(p.host_bytes, 0);
+  EXPECT_EQ(p.staging_bytes, 0);
+  EXPECT_EQ(p.placement, SessionPlacement::kGpu);
+  // Everything else is small beside the KV (8 GiB): the f32 activations of a 2048-token chunk are
+  // 2048 x (2 x 4096 + 48 x 128 + 32 x 128 + 3 x 14336) x 4 B = 0.47 GiB, split workspaces 32 x 2 MiB.
+  EXPECT_GE(p.gpu_bytes, 32 * p.kv_layer_bytes);
+  EXPECT_LT(p.gpu_bytes, 32 * p.kv_layer_bytes + kGiB);
+  EXPECT_EQ(p.gpu_bytes, p.activation_bytes + p.logits_bytes + p.weight_bytes +
+                             32 * (p.kv_layer_bytes + p.method_layer_bytes));
+  EXPECT_EQ(p.logits_bytes, 2 * 128256 * 4);
+}
+
+TEST(SessionPlanner, FullKvGrowsExactlyWithContext) {
+  // 32K more tokens of 4 sequences: 2 (K, V) x 32 layers x 4 x 8 heads x 32768 x 128 x 2 bytes = 16 GiB; the
+  // activations depend on the chunk, the decoders' workspaces on nothing.
+  const auto a = plan_session(llama(AttentionKind::kFull, 32768, 4, SessionPlacement::kGpu, 100 * kGiB, 0));
+  const auto b = plan_session(llama(AttentionKind::kFull, 65536, 4, SessionPlacement::kGpu, 100 * kGiB, 0));
+  EXPECT_EQ(b.gpu_bytes - a.gpu_bytes, 16 * kGiB);
+  SessionPlanRequest r = llama(AttentionKind::kFull, 32768, 4, SessionPlacement::kGpu, 100 * kGiB, 0);
+  r.activation_bytes_override = 12345;  // the runner's own figure replaces activations and logits
+  const auto o = plan_session(r);
+  EXPECT_EQ(o.activation_bytes, 12345);
+  EXPECT_EQ(o.logits_bytes, 0);
+  EXPECT_EQ(o.gpu_bytes, a.gpu_bytes - a.activation_bytes - a.logits_bytes + 12345);
+}
+
+TEST(SessionPlanner, WeightsNotYetLoadedCount) {
+  SessionPlanRequest r = llama(AttentionKind::kFull, 4096, 1, SessionPlacement::kGpu, 100 * kGiB, 0);
+  const int64_t without = plan_session(r).gpu_bytes;
+  r.weight_bytes = 15 * kGiB;
+  EXPECT_EQ(plan_session(r).gpu_bytes, without + 15 * kGiB);
+}
+
+TEST(SessionPlanner, RetroGpuTierCostsMoreThanFullButLessThanTwice) {
+  const auto full = plan_session(llama(AttentionKind::kFull, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0));
+  const auto retro = plan_session(llama(AttentionKind::kRetro, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0));
+  EXPECT_GT(retro.method_layer_bytes, full.method_layer_bytes);
+  // Metadata per indexed token and head: (12 D + 12 + 4 G) / 16 + 4 + lists ~ 106 B vs 512 B of K/V.
+  EXPECT_LT(retro.method_layer_bytes, retro.kv_layer_bytes / 4);
+  EXPECT_GT(retro.build_workspace_bytes, 0);  // transient, once
+  SessionPlanRequest kept = llama(AttentionKind::kRetro, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0);
+  kept.retro_keeps_build_buffers = true;
+  const auto k = plan_session(kept);
+  EXPECT_EQ(k.build_workspace_bytes, 0);
+  EXPECT_EQ(k.method_layer_bytes, retro.method_layer_bytes + retro.build_workspace_bytes);
+}
+
+TEST(SessionPlanner, HostPlacementPutsEveryStoreOnTheHost) {
+  const auto p = plan_session(llama(AttentionKind::kRetro, 131072, 2, SessionPlacement::kHost, 100 * kGiB, 100 * kGiB));
+  EXPECT_EQ(p.gpu_layers, 0);
+  EXPECT_EQ(p.host_layers, 32);
+  // Store: every token's K and V: 2 x 8 x 131072 x 128 x 2 bytes x 2 sequences = 1 GiB per layer.
+  EXPECT_EQ(p.host_layer_host_bytes, kGiB);
+  EXPECT_EQ(p.host_bytes, 32 * kGiB);
+  EXPECT_EQ(p.staging_bytes, p.kv_layer_bytes);
+  // GPU part per token and head against 512 B of K/V: meta (4 D + 8 D + 16) / 16 = 97 B, 5% cache 26 B,
+  // execution buffer 2 x 1.8% x 512 = 18 B, steady zone ~1 B at 128K: 28%.
+  EXPECT_LT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 3 / 10);
+  EXPECT_GT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 25 / 100);
+}
+
+TEST(SessionPlanner, SplitTakesTheMostGpuLayersThatFit) {
+  // 1M tokens x 128 KiB = 128 GiB of K/V: neither 100 GiB of GPU nor 100 GiB of host holds it alone.
+  const SessionPlanRequest r =
+      llama(AttentionKind::kRetro, 1 << 20, 1, SessionPlacement::kSplit, 100 * kGiB, 100 * kGiB);
+  const auto p = plan_session(r);
+  ASSERT_GT(p.gpu_layers, 0);
+  ASSERT_LT(p.gpu_layers, 32);
+  EXPECT_EQ(p.placement, SessionPlacement::kSplit);
+  EXPECT_LE(p.gpu_bytes, r.gpu_free_bytes);
+  EXPECT_LE(p.host_bytes, r.host_free_bytes);
+  EXPECT_EQ(p.host_bytes, p.host_layers * p.host_layer_host_bytes);
+  SessionPlanRequest more = r;
+  more.gpu_layers = p.gpu_layers + 1;  // one more GPU layer does not fit
+  EXPECT_THROW(plan_session(more), Error);
+  SessionPlanRequest fixed = r;
+  fixed.gpu_layers = p.gpu_layers - 1;
+  EXPECT_EQ(plan_session(fixed).gpu_layers, p.gpu_layers - 1);
+}
+
+TEST(SessionPlanner, AutoChoosesGpuWhenItFitsElseSplit) {
+  auto a = plan_session(llama(AttentionKind::kRetro, 32768, 1, SessionPlacement::kAuto, 100 * kGiB, 100 * kGiB));
+  EXPECT_EQ(a.placement, SessionPlacement::kGpu);
+  EXPECT_EQ(a.gpu_layers, 32);
+  a = plan_session(llama(AttentionKind::kRetro, 1 << 20, 1, SessionPlacement::kAuto, 100 * kGiB, 100 * kGiB));
+  EXPECT_EQ(a.placement, SessionPlacement::kSplit);
+  EXPECT_GT(a.host_layers, 0);
+  // A method without a host tier refuses instead of splitting.
+  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 1 << 20, 1, SessionPlacement::kAuto, 100 * kGiB, 100 * kGiB)),
+               Error);
+}
+
+TEST(SessionPlanner, RefusalNamesNeededAndFreeOnBothSides) {
+  // Full attention at 1M needs 128 GiB of K/V on the GPU; 80 GiB free.
+  SessionPlanRequest r = llama(AttentionKind::kFull, 1 << 20, 1, SessionPlacement::kGpu, 80 * kGiB, 64 * kGiB);
+  SessionPlanRequest big = r;
+  big.gpu_free_bytes = 1000 * kGiB;
+  const int64_t needed = plan_session(big).gpu_bytes;
+  try {
+    plan_session(r);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("need " + gib(needed) + " of GPU memory"), std::string::npos) << m;
+    EXPECT_NE(m.find(gib(80 * kGiB) + " free (does not fit)"), std::string::npos) << m;
+    EXPECT_NE(m.find(gib(64 * kGiB) + " free"), std::string::npos) << m;
+    EXPECT_NE(m.find("nothing was allocated"), std::string::npos) << m;
+  }
+  // The host side: every layer on the host, 64 GiB usable for 128 GiB of stores.
+  SessionPlanRequest h = llama(AttentionKind::kRetro, 1 << 20, 1, SessionPlacement::kHost, 80 * kGiB, 64 * kGiB);
+  try {
+    plan_session(h);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("and " + gib(32 * (int64_t{128} << 20) * 32) + " of pinned host memory with " + gib(64 * kGiB) +
+                     " free (does not fit)"),
+              std::string::npos)
+        << m;
+  }
+}
+
+TEST(SessionPlanner, LargestBatchIsTheEdgeOfThePlan) {
+  SessionPlanRequest r = llama(AttentionKind::kFull, 131072, 1, SessionPlacement::kGpu, 120 * kGiB, 0);
+  const int b = largest_batch(r);
+  // 16 GiB of K/V per 128K sequence (+ small extras): 7 sequences fit in 120 GiB, 8 do not.
+  EXPECT_EQ(b, 7);
+  r.num_seqs = b;
+  EXPECT_NO_THROW(plan_session(r));
+  r.num_seqs = b + 1;
+  EXPECT_THROW(plan_session(r), Error);
+  EXPECT_EQ(largest_batch(r, 3), 3);  // capped by the limit
+  r.gpu_free_bytes = kGiB;
+  EXPECT_EQ(largest_batch(r), 0);  // not even one
+  SessionPlanRequest tiny = llama(AttentionKind::kFull, 16, 1, SessionPlacement::kGpu, 1000 * kGiB, 0);
+  EXPECT_EQ(largest_batch(tiny, 100), 100);
+  EXPECT_EQ(largest_batch(tiny, 1), 1);
+}
+
+TEST(SessionPlanner, BadRequestsAreErrors) {
+  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 4096, 1, SessionPlacement::kHost, 100 * kGiB, 100 * kGiB)),
+               Error);  // host tier needs retro
+  EXPECT_THROW(plan_session(llama(AttentionKind::kQuest, 4096, 1, SessionPlacement::kSplit, 100 * kGiB, 100 * kGiB)),
+               Error);
+  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 0, 1, SessionPlacement::kGpu, kGiB, kGiB)), Error);
+  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 4096, 0, SessionPlacement::kGpu, kGiB, kGiB)), Error);
+  SessionPlanRequest r = llama(AttentionKind::kRetro, 4096, 1, SessionPlacement::kSplit, kGiB, kGiB);
+  r.gpu_layers = 33;
+  EXPECT_THROW(plan_session(r), Error);
+  EXPECT_EQ(parse_session_placement("split"), SessionPlacement::kSplit);
+  EXPECT_THROW(parse_session_placement("disk"), Error);
+}
+
+TEST(SessionPlanner, LimitsFromInjectedQueries) {
+  EXPECT_EQ(resolve_gpu_limit(5 * kGiB, nullptr), 5 * kGiB);
+  EXPECT_EQ(resolve_gpu_limit(0, [] { return 10 * kGiB; }), 10 * kGiB - kGpuReserveBytes);
+  EXPECT_EQ(resolve_gpu_limit(0, [] { return kGiB; }), 0);  // less than the reserve
+  EXPECT_EQ(resolve_host_limit(0, [] { return 10 * kGiB; }), static_cast<int64_t>(10 * kGiB * kHostUsableFraction));
+  EXPECT_EQ(resolve_host_limit(3, [] { return int64_t{-1}; }), 3);
+  EXPECT_THROW(resolve_gpu_limit(-1, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace retroinfer::buffer

@@ -1,0 +1,503 @@
+// `retroinfer bench decode`: end-to-end batched decode throughput of the CUDA model runner on a model
+// shape with random weights, over context lengths, batch sizes, attention methods and KV placements, as
+// JSON lines (one per configuration, refusals included), with the bytes-moved floor of every step at the
+// HBM and PCIe bandwidths measured at start. Contexts beyond --max-real-prefill get synthetic K/V
+// (cuda_synthetic.h) instead of a prefill, and the line says so. --plan-only prints the memory plans
+// alone (no GPU needed with explicit --gpu-memory-limit / --host-memory-limit).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "buffer/memory_planner.h"
+#include "buffer/session_planner.h"
+#include "command.h"
+#include "retroinfer/attention.h"
+#include "retroinfer/error.h"
+#include "retroinfer/model_config.h"
+#include "retroinfer/model_file.h"
+#include "retroinfer/model_shapes.h"
+#if RETROINFER_WITH_CUDA
+#include "backend/cuda/bandwidth.h"
+#include "retroinfer/cuda_backend.h"
+#include "retroinfer/cuda_model.h"
+#include "retroinfer/wave_buffer.h"
+#endif
+
+namespace retroinfer::cli {
+namespace {
+
+using nlohmann::json;
+constexpr double kGiB = double(int64_t{1} << 30);
+
+struct BenchDecodeOptions {
+  std::string model = "llama3-8b";
+  std::string contexts = "32768,131072";
+  std::string batches = "1,4";
+  std::string methods = "full,retro";
+  std::string placements = "gpu";
+  int gpu_layers = -1;
+  int steps = 20;
+  int warmup = 3;
+  std::string synthetic = "auto";
+  int64_t max_real_prefill = 32768;
+  int prefill_chunk = 2048;
+  double gpu_memory_gib = 0.0;   // 0: free memory minus the reserve
+  double host_memory_gib = 0.0;  // 0: a share of MemAvailable
+  std::string out;
+  uint64_t seed = 1;
+  bool plan_only = false;
+  bool check_refusal = false;  // on a refused plan, also call the CudaSession constructor
+};
+
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int64_t parse_count(const std::string& s, const char* what) {
+  size_t used = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  RETROINFER_CHECK(used == s.size() && v >= 1, "bench decode: ", what, " '", s, "' is not a positive integer");
+  return v;
+}
+
+// A shape name (model_shapes.h) or a model path: a config.json, a model directory or a .gguf file (only
+// its config is read; the weights are random either way).
+ModelConfig resolve_model(const std::string& name, std::string& label) {
+  for (const std::string& n : model_shape_names())
+    if (n == name) {
+      label = n;
+      return model_shape(n);
+    }
+  if (!std::filesystem::exists(name)) return model_shape(name);  // throws: unknown shape, names the known ones
+  label = std::filesystem::path(name).filename().string();
+  if (std::filesystem::path(name).extension() == ".json") return parse_hf_config(name);
+  return ModelFile::open(name)->config();
+}
+
+// Everything the plan needs besides the model.
+buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecodeOptions& o, AttentionKind kind,
+                                        buffer::SessionPlacement placement, int64_t max_context, int num_seqs,
+                                        int64_t gpu_free, int64_t host_free) {
+  buffer::SessionPlanRequest r;
+  buffer::set_model_shape(r, cfg);
+  r.attention.kind = kind;
+  r.max_context = max_context;
+  r.prefill_chunk = o.prefill_chunk;
+  r.num_seqs = num_seqs;
+  r.placement = placement;
+  r.gpu_layers = placement == buffer::SessionPlacement::kSplit ? o.gpu_layers : -1;
+  r.gpu_free_bytes = gpu_free;
+  r.host_free_bytes = host_free;
+  return r;
+}
+
+json plan_json(const buffer::SessionPlanBreakdown& p) {
+  return {{"placement", buffer::session_placement_name(p.placement)},
+          {"gpu_layers", p.gpu_layers},
+          {"host_layers", p.host_layers},
+          {"gpu_bytes", p.gpu_bytes},
+          {"host_bytes", p.host_bytes},
+          {"gpu_free_bytes", p.gpu_free_bytes},
+          {"host_free_bytes", p.host_free_bytes},
+          {"kv_layer_bytes", p.kv_layer_bytes},
+          {"method_layer_bytes", p.method_layer_bytes},
+          {"host_layer_gpu_bytes", p.host_layer_gpu_bytes},
+          {"host_layer_host_bytes", p.host_layer_host_bytes},
+          {"staging_bytes", p.staging_bytes},
+          {"build_workspace_bytes", p.build_workspace_bytes},
+          {"activation_bytes", p.activation_bytes + p.logits_bytes}};
+}
+
+class JsonOut {
+ public:
+  explicit JsonOut(const std::string& path) {
+    if (path.empty()) return;
+    f_.open(path, std::ios::app);
+    RETROINFER_CHECK(f_.good(), "bench decode: cannot append to --out '", path, "'");
+  }
+  void write(json j) {
+    j["unix_time"] = static_cast<int64_t>(std::time(nullptr));
+    const std::string line = j.dump();
+    std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+    if (f_.is_open()) {
+      f_ << line << "\n";
+      f_.flush();
+    }
+  }
+
+ private:
+  std::ofstream f_;
+};
+
+// Bytes of the model's weights in bf16 (as CudaModel::random allocates them).
+int64_t bf16_weight_bytes(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, d = c.head_dim, qkv = int64_t{c.num_heads_q + 2 * c.num_heads_kv} * d;
+  const int64_t layer = 2 * h + qkv * h + (c.attention_bias ? qkv : 0) + h * c.num_heads_q * d +
+                        3 * int64_t{c.intermediate_size} * h;
+  return 2 * (int64_t{c.vocab_size} * h * (c.tie_word_embeddings ? 1 : 2) + h + c.num_layers * layer);
+}
+
+struct Config {
+  int64_t context = 0;
+  AttentionKind kind = AttentionKind::kFull;
+  buffer::SessionPlacement placement = buffer::SessionPlacement::kGpu;
+  int batch = 0;  // resolved
+  bool batch_max = false;
+};
+
+#if RETROINFER_WITH_CUDA
+int64_t rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  f >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+cuda::KvPlacement to_cuda(buffer::SessionPlacement p) {
+  switch (p) {
+    case buffer::SessionPlacement::kGpu: return cuda::KvPlacement::kGpu;
+    case buffer::SessionPlacement::kHost: return cuda::KvPlacement::kHost;
+    case buffer::SessionPlacement::kSplit: return cuda::KvPlacement::kSplit;
+    case buffer::SessionPlacement::kAuto: return cuda::KvPlacement::kAuto;
+  }
+  return cuda::KvPlacement::kGpu;
+}
+
+// One configuration on the GPU: session, fill, warm-up, timed steps, one timed-breakdown step.
+json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const Config& c,
+                const buffer::SessionPlanBreakdown& plan, const cuda::BandwidthFigures& bw, int64_t gpu_limit,
+                int64_t host_limit) {
+  const ModelConfig& cfg = model.config();
+  json j;
+  cuda::CudaSessionOptions opt;
+  opt.attention.kind = c.kind;
+  opt.max_context = plan.max_context;
+  opt.prefill_chunk = o.prefill_chunk;
+  opt.placement = to_cuda(c.placement);
+  opt.gpu_layers = o.gpu_layers;
+  opt.gpu_memory_limit = gpu_limit;
+  opt.host_memory_limit = host_limit;
+  const int64_t gpu_free0 = cuda::device_memory_info().first, rss0 = rss_bytes();
+  double t0 = now_s();
+  auto session = std::make_unique<cuda::CudaSession>(model, opt, c.batch);
+  j["session_s"] = now_s() - t0;
+  const bool synthetic = o.synthetic == "always" || (o.synthetic == "auto" && c.context > o.max_real_prefill);
+  auto progress = [&, last = 0.0](int64_t done, int64_t total) mutable {
+    if (now_s() - last < 2.0 && done < total) return;
+    last = now_s();
+    std::fprintf(stderr, "\r  %s %lld/%lld", synthetic ? "fill" : "prefill", static_cast<long long>(done),
+                 static_cast<long long>(total));
+    if (done == total) std::fprintf(stderr, "\n");
+  };
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int32_t> token(0, cfg.vocab_size - 1);
+  t0 = now_s();
+  if (synthetic) {
+    session->fill_synthetic(c.context, o.seed, progress);
+    j["kv_source"] = "synthetic";
+    j["synthetic_kv"] =
+        "eval/synthetic.h generator, one layer (each KV head its own seed) generated on the host and copied to every "
+        "layer and sequence, then indexed by each method";
+  } else {
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(c.batch), std::vector<int32_t>(size_t(c.context)));
+    for (auto& p : prompts)
+      for (auto& t : p) t = token(rng);
+    session->prefill(prompts, false, progress);
+    j["kv_source"] = "prefill";
+  }
+  const double fill_s = now_s() - t0;
+  j["fill_s"] = fill_s;
+  if (!synthetic) j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+  j["gpu_used_bytes"] = gpu_free0 - cuda::device_memory_info().first;
+  j["host_rss_growth_bytes"] = rss_bytes() - rss0;
+  j["host_rss_bytes"] = rss_bytes();
+
+  std::vector<int32_t> cur(static_cast<size_t>(c.batch)), next(cur.size());
+  for (auto& t : cur) t = token(rng);
+  for (int i = 0; i < o.warmup; ++i) {
+    session->decode_greedy(cur, next);
+    cur.swap(next);
+  }
+  t0 = now_s();
+  for (int i = 0; i < o.steps; ++i) {  // decode_greedy returns host tokens: each step ends synchronised
+    session->decode_greedy(cur, next);
+    cur.swap(next);
+  }
+  const double decode_s = now_s() - t0;
+  const double ms_step = 1e3 * decode_s / o.steps;
+  session->set_step_timing(true);
+  session->decode_greedy(cur, next);
+  json breakdown = json::object();
+  for (const auto& [name, ms] : session->last_step_ms()) breakdown[name] = ms;
+  session->set_step_timing(false);
+  const AttentionStats st = session->last_stats();
+
+  // Floor: bytes one step must read (bf16 weights; K and V of every exactly attended token; retro's bf16
+  // centroids of every cluster and value sums of the estimated ones) at the measured HBM copy rate.
+  // Host-tier misses would add PCIe time; the session does not report them, so this is a lower bound.
+  const int64_t row = int64_t{cfg.head_dim} * 2;  // one K (or V) row, bf16
+  const int64_t kv_bytes = st.exact_tokens * 2 * row;
+  const int64_t index_bytes =
+      c.kind == AttentionKind::kRetro
+          ? (st.context_tokens / std::max(1, opt.attention.tokens_per_cluster) + st.estimated_clusters) * row
+          : 0;
+  const int64_t floor_bytes = model.weight_bytes() + kv_bytes + index_bytes;
+  const double floor_ms = 1e3 * double(floor_bytes) / (bw.hbm_gb_s * 1e9);
+  j["steps"] = o.steps;
+  j["warmup"] = o.warmup;
+  j["decode_s"] = decode_s;
+  j["ms_per_step"] = ms_step;
+  j["tok_s"] = double(c.batch) * o.steps / decode_s;
+  j["breakdown_ms"] = breakdown;
+  j["context_tokens"] = st.context_tokens;
+  j["exact_tokens"] = st.exact_tokens;
+  j["kv_read_share"] = st.context_tokens > 0 ? double(st.exact_tokens) / double(st.context_tokens) : 0.0;
+  j["retrieved_clusters"] = st.retrieved_clusters;
+  j["estimated_clusters"] = st.estimated_clusters;
+  j["hit_ratio"] = nullptr;  // CudaSession (cuda_model.h) exposes no wave-buffer hit counts
+  j["floor"] = {{"weight_bytes", model.weight_bytes()},
+                {"kv_bytes", kv_bytes},
+                {"index_bytes", index_bytes},
+                {"bytes", floor_bytes},
+                {"hbm_gb_s", bw.hbm_gb_s},
+                {"h2d_gb_s", bw.h2d_gb_s},
+                {"ms", floor_ms},
+                {"tok_s", 1e3 * c.batch / floor_ms},
+                {"fraction", floor_ms / ms_step},
+                {"note", "HBM read floor; PCIe bytes of host-tier misses not counted (not reported by the session)"}};
+  j["status"] = "ok";
+  session.reset();
+  return j;
+}
+
+// A refused plan: the CudaSession constructor must refuse too, before allocating (free memory unchanged).
+json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, int64_t max_context,
+                               const BenchDecodeOptions& o, int64_t gpu_limit, int64_t host_limit) {
+  cuda::CudaSessionOptions opt;
+  opt.attention.kind = c.kind;
+  opt.max_context = max_context;
+  opt.prefill_chunk = o.prefill_chunk;
+  opt.placement = to_cuda(c.placement);
+  opt.gpu_layers = o.gpu_layers;
+  opt.gpu_memory_limit = gpu_limit;
+  opt.host_memory_limit = host_limit;
+  const int64_t free0 = cuda::device_memory_info().first;
+  json j;
+  try {
+    cuda::CudaSession session(model, opt, std::max(1, c.batch));
+    j["constructor_refused"] = false;
+  } catch (const Error& e) {
+    j["constructor_refused"] = true;
+    j["constructor_message"] = e.what();
+  }
+  j["constructor_gpu_free_delta_bytes"] = cuda::device_memory_info().first - free0;
+  return j;
+}
+#endif
+
+void run_bench_decode(const BenchDecodeOptions& o) {
+  RETROINFER_CHECK(o.steps >= 1 && o.warmup >= 0, "bench decode: --steps must be >= 1 and --warmup >= 0");
+  RETROINFER_CHECK(o.synthetic == "auto" || o.synthetic == "always" || o.synthetic == "never",
+                   "bench decode: --synthetic must be auto, always or never, got '", o.synthetic, "'");
+  RETROINFER_CHECK(o.gpu_layers >= -1, "bench decode: --gpu-layers must be >= -1");
+  std::vector<int64_t> contexts;
+  for (const auto& s : split_list(o.contexts)) contexts.push_back(parse_count(s, "context"));
+  std::vector<std::string> batch_specs = split_list(o.batches);
+  for (const auto& b : batch_specs)
+    if (b != "max") parse_count(b, "batch");
+  std::vector<AttentionKind> kinds;
+  for (const auto& m : split_list(o.methods)) kinds.push_back(parse_attention_kind(m));
+  std::vector<buffer::SessionPlacement> placements;
+  for (const auto& p : split_list(o.placements)) placements.push_back(buffer::parse_session_placement(p));
+  RETROINFER_CHECK(!contexts.empty() && !batch_specs.empty() && !kinds.empty() && !placements.empty(),
+                   "bench decode: --contexts, --batches, --methods and --placement must each name at least one value");
+  std::string label;
+  ModelConfig cfg = resolve_model(o.model, label);
+  // Positions: the longest context plus the decoded tokens (warm-up, timed, breakdown step).
+  const int64_t extra = o.warmup + o.steps + 2;
+  const int64_t longest = *std::max_element(contexts.begin(), contexts.end()) + extra;
+  const bool extended = longest > cfg.max_position_embeddings;
+  cfg = with_max_context(cfg, longest);
+  JsonOut out(o.out);
+
+  const int64_t gpu_limit = static_cast<int64_t>(o.gpu_memory_gib * kGiB);
+  const int64_t host_limit = static_cast<int64_t>(o.host_memory_gib * kGiB);
+  json env = {{"bench", "decode_env"}, {"model", label}, {"layers", cfg.num_layers}, {"hidden", cfg.hidden_size},
+              {"heads_q", cfg.num_heads_q}, {"heads_kv", cfg.num_heads_kv}, {"head_dim", cfg.head_dim},
+              {"vocab", cfg.vocab_size}, {"max_positions", cfg.max_position_embeddings},
+              {"positions_extended_for_benchmark", extended}, {"weights", "random bf16"}};
+#if RETROINFER_WITH_CUDA
+  const bool gpu = !o.plan_only;
+  std::unique_ptr<cuda::CudaModel> model;
+  cuda::BandwidthFigures bw;
+  if (gpu) {
+    RETROINFER_CHECK(cuda::device_available(), "bench decode: no usable CUDA device (",
+                     cuda::device_description(), "); --plan-only prints the memory plans without one");
+    env["device"] = cuda::device_description();
+    std::fprintf(stderr, "bench decode: measuring bandwidths on %s\n", cuda::device_description().c_str());
+    bw = cuda::measure_bandwidth();
+    env["hbm_gb_s"] = bw.hbm_gb_s;
+    env["h2d_gb_s"] = bw.h2d_gb_s;
+    std::fprintf(stderr, "bench decode: HBM copy %.0f GB/s, pinned host->device %.1f GB/s; random %s weights\n",
+                 bw.hbm_gb_s, bw.h2d_gb_s, label.c_str());
+    const double t0 = now_s();
+    model = cuda::CudaModel::random(cfg, o.seed);
+    env["model_init_s"] = now_s() - t0;
+    env["weight_bytes"] = model->weight_bytes();
+  }
+  auto gpu_free = [&] {
+    return buffer::resolve_gpu_limit(gpu_limit, [] {
+      RETROINFER_CHECK(cuda::device_available(), "bench decode: no usable CUDA device to ask for free memory (",
+                       cuda::device_description(), "); pass --gpu-memory-limit");
+      return cuda::device_memory_info().first;
+    });
+  };
+#else
+  RETROINFER_CHECK(o.plan_only, "bench decode: this build has no CUDA backend; only --plan-only works here");
+  auto gpu_free = [&] {
+    return buffer::resolve_gpu_limit(gpu_limit, [] {
+      RETROINFER_FAIL("bench decode: no CUDA backend to ask for free GPU memory; pass --gpu-memory-limit");
+      return int64_t{0};
+    });
+  };
+#endif
+  // As CudaSession::plan: the limit (given, or the free memory with the weights loaded) is the session's
+  // alone, so the weights are not counted against it; plan-only reports their bf16 size.
+  if (o.plan_only) env["weight_bytes_bf16"] = bf16_weight_bytes(cfg);
+  env["plan_only"] = o.plan_only;
+  out.write(env);
+
+  for (int64_t ctx : contexts)
+    for (AttentionKind kind : kinds)
+      for (buffer::SessionPlacement placement : placements) {
+        if (kind != AttentionKind::kRetro && placement != buffer::SessionPlacement::kGpu &&
+            placement != buffer::SessionPlacement::kAuto) {
+          std::fprintf(stderr, "bench decode: skipping %s with placement %s (host-tier layers are retro only)\n",
+                       std::string(attention_kind_name(kind)).c_str(),
+                       std::string(buffer::session_placement_name(placement)).c_str());
+          continue;
+        }
+        for (const std::string& spec : batch_specs) {
+          json j = {{"bench", "decode"}, {"model", label}, {"context", ctx}, {"method", attention_kind_name(kind)},
+                    {"placement", buffer::session_placement_name(placement)}, {"batch_spec", spec}};
+          try {
+            const int64_t host_free =
+                buffer::resolve_host_limit(host_limit, [] { return buffer::host_memory_available(); });
+            buffer::SessionPlanRequest req =
+                plan_request(cfg, o, kind, placement, ctx + extra, 1, gpu_free(), host_free);
+            Config c{ctx, kind, placement, 0, spec == "max"};
+            c.batch = c.batch_max ? buffer::largest_batch(req) : static_cast<int>(parse_count(spec, "batch"));
+            j["batch"] = c.batch;
+            req.num_seqs = std::max(1, c.batch);
+            std::fprintf(stderr, "bench decode: context %lld, %s, placement %s, batch %d\n",
+                         static_cast<long long>(ctx), std::string(attention_kind_name(kind)).c_str(),
+                         std::string(buffer::session_placement_name(placement)).c_str(), c.batch);
+            const buffer::SessionPlanBreakdown plan = buffer::plan_session(req);  // throws: refused
+            j["plan"] = plan_json(plan);
+            if (o.plan_only) {
+              j["status"] = "planned";
+            } else {
+#if RETROINFER_WITH_CUDA
+              j.update(run_config(*model, o, c, plan, bw, gpu_limit, host_limit));
+#endif
+            }
+          } catch (const std::exception& e) {  // Error, or bad_alloc of a host buffer: record and go on
+            const std::string what = e.what();
+            j["status"] = what.find("session plan:") != std::string::npos ? "refused" : "error";
+            j["message"] = what;
+#if RETROINFER_WITH_CUDA
+            if (o.check_refusal && model && j["status"] == "refused") {
+              try {
+                const int b = j.contains("batch") ? j["batch"].get<int>() : 1;
+                j.update(check_constructor_refusal(*model, Config{ctx, kind, placement, b, false}, ctx + extra, o,
+                                                   gpu_limit, host_limit));
+              } catch (const Error& e2) {
+                j["constructor_message"] = e2.what();
+              }
+            }
+#endif
+            std::fprintf(stderr, "bench decode: %s: %s\n", j["status"].get<std::string>().c_str(), what.c_str());
+          }
+          out.write(j);
+        }
+      }
+}
+
+CLI::App* bench_command(CLI::App& app) {
+  try {
+    return app.get_subcommand("bench");
+  } catch (const CLI::OptionNotFound&) {
+    auto* b = app.add_subcommand("bench", "Benchmarks");
+    b->require_subcommand(1);
+    return b;
+  }
+}
+
+void setup_bench_decode(CLI::App& app) {
+  auto o = std::make_shared<BenchDecodeOptions>();
+  auto* cmd = bench_command(app)->add_subcommand(
+      "decode", "CUDA batched decode tokens/s per context, batch, method and KV placement (random weights)");
+  cmd->add_option("--model", o->model, "Shape name (" + [] {
+    std::string s;
+    for (const auto& n : model_shape_names()) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  }() + ") or a model file / config.json (its shape)")->capture_default_str();
+  cmd->add_option("--contexts", o->contexts, "Comma-separated context lengths in tokens")->capture_default_str();
+  cmd->add_option("--batches", o->batches, "Comma-separated batch sizes; 'max' = the largest the plan accepts")
+      ->capture_default_str();
+  cmd->add_option("--methods", o->methods, "Comma-separated: full, retro, quest, streaming, oracle")
+      ->capture_default_str();
+  cmd->add_option("--placement", o->placements, "Comma-separated KV placements: gpu, host, split, auto")
+      ->capture_default_str();
+  cmd->add_option("--gpu-layers", o->gpu_layers, "split: layers on the GPU (-1: as many as fit)")
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "Timed decode steps per configuration")->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "Untimed decode steps first")->capture_default_str();
+  cmd->add_option("--synthetic", o->synthetic, "auto | always | never: synthetic K/V instead of a prefill")
+      ->capture_default_str();
+  cmd->add_option("--max-real-prefill", o->max_real_prefill, "auto: contexts above this get synthetic K/V")
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prefill block in tokens")->capture_default_str();
+  cmd->add_option("--gpu-memory-limit", o->gpu_memory_gib,
+                  "GiB of GPU memory for each session, weights excluded (0: free memory - 2 GiB after loading)")
+      ->capture_default_str();
+  cmd->add_option("--host-memory-limit", o->host_memory_gib, "GiB of pinned host memory (0: 80% of MemAvailable)")
+      ->capture_default_str();
+  cmd->add_option("--out", o->out, "Append the JSON lines to this file (they also go to stdout)");
+  cmd->add_option("--seed", o->seed, "Weights, tokens and synthetic K/V seed")->capture_default_str();
+  cmd->add_flag("--plan-only", o->plan_only, "Print the memory plans only (no GPU work)");
+  cmd->add_flag("--check-refusal", o->check_refusal,
+                "On a refused plan also call the CudaSession constructor and record its refusal and free memory");
+  cmd->callback([o] { run_bench_decode(*o); });
+}
+RETROINFER_COMMAND(setup_bench_decode);
+
+}  // namespace
+}  // namespace retroinfer::cli
