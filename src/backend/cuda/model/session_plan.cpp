@@ -17,13 +17,8 @@
 #include "retroinfer/error.h"
 #include "retroinfer/model.h"
 
-#if __has_include("backend/cuda/model/session_state.h")
 #include "backend/cuda/model/session_state.h"
 #include "retroinfer/cuda_synthetic.h"
-#define RETROINFER_HAVE_SESSION_STATE 1
-#else
-#define RETROINFER_HAVE_SESSION_STATE 0
-#endif
 
 namespace retroinfer::cuda {
 
@@ -63,13 +58,11 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   r.gpu_free_bytes =
       weight_bytes + buffer::resolve_gpu_limit(opt.gpu_memory_limit, [] { return device_memory_info().first; });
   r.host_free_bytes = buffer::resolve_host_limit(opt.host_memory_limit, [] { return buffer::host_memory_available(); });
-#if RETROINFER_HAVE_SESSION_STATE
   if (num_seqs >= 1 && opt.prefill_chunk >= 1) {
     const int64_t rows = session_rows(opt, r.max_context, num_seqs);
     r.activation_bytes_override =
         session_activation_bytes(cfg, rows, session_logit_rows(rows, num_seqs), num_seqs, /*bf16=*/true);
   }
-#endif
   const buffer::SessionPlanBreakdown b = buffer::plan_session(r);
   CudaSessionPlan p;
   p.num_seqs = b.num_seqs;
@@ -83,7 +76,6 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   return p;
 }
 
-#if RETROINFER_HAVE_SESSION_STATE
 // Every layer's K/V of every sequence gets the same `tokens` tokens of synthetic K/V (one layer generated,
 // copied to all), then the decode attention objects are built over them (build_attention: each method's
 // index). GPU-resident layers only, as the session's K/V buffers are (k[l], v[l] for every layer).
@@ -118,6 +110,5 @@ void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillPro
   synchronize(im.stream);  // the copies read syn's pinned memory, freed on return
   im.prefilled = true;
 }
-#endif
 
 }  // namespace retroinfer::cuda
