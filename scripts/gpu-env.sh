@@ -3,8 +3,14 @@
 # toolkit or torch's nvidia wheels).
 #   STAGE=<stage dir> source scripts/gpu-env.sh
 STAGE=${STAGE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
-for z in "$STAGE"/bin/*.gz "$STAGE"/lib/*.gz; do
-  [ -e "$z" ] && gunzip -f "$z"
+unpack() {  # .xz (python's lzma where xz is missing) or .gz, in place
+  case $1 in
+    *.xz) xz -d -f "$1" 2>/dev/null || python3 -c 'import lzma,sys,os; p=sys.argv[1]; open(p[:-3],"wb").write(lzma.open(p).read()); os.remove(p)' "$1" ;;
+    *.gz) gunzip -f "$1" ;;
+  esac
+}
+for z in "$STAGE"/bin/*.xz "$STAGE"/bin/*.gz "$STAGE"/lib/*.xz "$STAGE"/lib/*.gz; do
+  [ -e "$z" ] && unpack "$z"
 done
 chmod +x "$STAGE"/bin/* 2>/dev/null || true
 cublas_dir=""

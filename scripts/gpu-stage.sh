@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stages a CUDA build for the GPU machine: stripped binaries, the shared libraries that machine lacks
-# (gzip'd), and the GPU scripts, into one folder to pass as `carry` (the transfer limit is 64 MiB).
+# (xz-compressed: ~2x smaller than gzip on these), and the GPU scripts, into one folder to pass as `carry` (the transfer limit is 64 MiB).
 #
 #   bash scripts/gpu-stage.sh [build dir (default build/cuda-release)] [stage dir (default .gpu-stage/run)]
 #
@@ -16,13 +16,14 @@ mkdir -p "$stage/bin" "$stage/lib" "$stage/scripts"
 for b in retroinfer gpu_tests kernel_bench prefill_bench wave_buffer_bench; do
   if [ -x "$build/bin/$b" ]; then
     strip -o "$stage/bin/$b" "$build/bin/$b"
-    gzip -9 "$stage/bin/$b"
+    xz -9 -T2 "$stage/bin/$b"
   fi
 done
-# OpenBLAS / OpenMP runtime libraries of this machine (the GPU machine's image has none of them).
-for l in libopenblas.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0; do
+# Runtime libraries of this machine that the GPU machine's image lacks (OpenBLAS, OpenMP, ICU, PCRE2).
+for l in libopenblas.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0 libicuuc.so.72 libicudata.so.72 \
+         libpcre2-8.so.0; do
   p=$(ldconfig -p | awk -v n="$l" '$1 == n {print $NF; exit}')
-  [ -n "$p" ] && gzip -9 -c "$(readlink -f "$p")" > "$stage/lib/$l.gz"
+  [ -n "$p" ] && xz -9 -T2 -c "$(readlink -f "$p")" > "$stage/lib/$l.xz"
 done
 cp "$root"/scripts/gpu-*.sh "$root"/scripts/*.py "$stage/scripts/" 2>/dev/null || true
 cp "$root"/bench/*.sh "$stage/scripts/" 2>/dev/null || true
