@@ -46,7 +46,7 @@ SampleOutcome decode_answer(SequenceSession& s, const Tokenizer& tok, int32_t fi
   for (int i = 0;; ++i) {
     if (std::find(eos.begin(), eos.end(), t) != eos.end()) break;
     out.push_back(t);
-    if (i + 1 >= max_new) break;
+    if (i + 1 >= max_new || s.position() >= s.max_context()) break;  // budget spent or context full
     s.decode(t, logits);
     ++o.decode_steps;
     exact += s.last_stats().exact_tokens;
@@ -252,7 +252,11 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
         so.attention = method_config("full", opt.attention);
         so.kv_dtype = opt.kv_dtype;
         so.prefill_chunk = opt.prefill_chunk;
-        so.max_context = static_cast<int64_t>(ids.size()) + s.max_new_tokens;
+        // The answer may not fit beyond a prompt near the model's limit (8K prompts of an 8K model): the
+        // session holds at most the model's positions and decode_answer stops when it is full.
+        const int64_t wanted = static_cast<int64_t>(ids.size()) + s.max_new_tokens;
+        const int64_t model_limit = model_max_context(model.config());
+        so.max_context = model_limit > 0 ? std::min(wanted, model_limit) : wanted;
         const std::unique_ptr<SequenceSession> base = make_session(model, so);
         const auto t0 = std::chrono::steady_clock::now();
         const std::vector<float> logits = base->prefill(ids);

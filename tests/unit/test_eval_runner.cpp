@@ -142,6 +142,37 @@ TEST(EvalRunner, TasksResumeSkipsDoneSamples) {
   std::remove(path.c_str());
 }
 
+// A prompt at the model's position limit (tiny-llama3: 512) leaves no room for the whole answer budget: the
+// session is capped at the limit and the answer stops when the context is full (found on the GPU machine,
+// where 8K prompts of SmolLM2, an 8K model, were refused before any token was decoded).
+TEST(EvalRunner, PromptAtTheModelLimitStillAnswers) {
+  const Model* m = tiny_model();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  ASSERT_EQ(model_max_context(m->config()), 512);
+  const auto tok = test::byte_tokenizer();
+  eval::TaskOptions topt;
+  topt.tolerance = 0.1;
+  const eval::TaskGenerator gen(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), topt);
+  const std::string path =
+      (fs::temp_directory_path() / ("retroinfer_eval_limit_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  eval::EvalOptions o;
+  o.tasks = {"passkey"};
+  o.contexts = {510};
+  o.samples = 1;
+  o.methods = {"full"};
+  o.prefill_chunk = 128;
+  o.results_path = path;
+  EXPECT_EQ(eval::run_eval(*m, *tok, gen, o), 1);
+  const auto lines = eval::load_results(path);
+  ASSERT_EQ(lines.size(), 1u);
+  const int64_t prompt = lines[0].at("prompt_tokens").get<int64_t>();
+  EXPECT_GT(prompt, 460);
+  EXPECT_GE(lines[0].at("generated_tokens").get<int64_t>(), 1);
+  EXPECT_LE(prompt + lines[0].at("generated_tokens").get<int64_t>(), 512 + 1);  // the last token is not decoded
+  std::remove(path.c_str());
+}
+
 TEST(EvalRunner, TimeBudgetOrderAndDeviceOfTheResults) {
   const Model* m = tiny_model();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
