@@ -25,6 +25,6 @@ for l in libopenblas.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0 libicuu
   p=$(ldconfig -p | awk -v n="$l" '$1 == n {print $NF; exit}')
   [ -n "$p" ] && xz -9 -T2 -c "$(readlink -f "$p")" > "$stage/lib/$l.xz"
 done
-cp "$root"/scripts/gpu-*.sh "$root"/scripts/*.py "$stage/scripts/" 2>/dev/null || true
+cp "$root"/scripts/*.sh "$root"/scripts/*.py "$stage/scripts/" 2>/dev/null || true
 cp "$root"/bench/*.sh "$stage/scripts/" 2>/dev/null || true
 du -sh "$stage"
