@@ -31,9 +31,7 @@ std::vector<float> CudaSession::Impl::prefill_layer_major(const std::vector<std:
   const ModelConfig& c = model.config();
   const int L = num_layers();
   const int64_t h = c.hidden_size, half = c.head_dim / 2, vocab = c.vocab_size;
-  const int64_t chunk = opt.prefill_chunk;
-  RETROINFER_CHECK(chunk >= 1 && chunk <= rows_cap, "CudaSession: prefill chunk ", chunk, " exceeds the ", rows_cap,
-                   " planned rows");
+  const int64_t chunk = opt.prefill_chunk;  // a chunk's rows: min(chunk, prompt) <= max_context <= rows_cap
   std::vector<int64_t> off(static_cast<size_t>(num_seqs) + 1, 0);  // first token of sequence s in the stream
   for (int s = 0; s < num_seqs; ++s) off[s + 1] = off[s] + static_cast<int64_t>(prompts[s].size());
   const int64_t total = off[num_seqs];
