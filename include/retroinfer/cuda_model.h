@@ -178,9 +178,10 @@ class CudaSession {
   // Returns logits: [num_seqs, vocab] of each prompt's last position, or with all_logits (num_seqs == 1
   // only) [n, vocab] of every position. Once per session.
   // With every layer GPU-tier the prompts run chunk-major (each chunk through every layer). With any
-  // host-tier layer they run layer-major: the residual stream of every prompt token stays on the GPU
-  // (sum of prompt lengths x hidden x 4 bytes, plus D x 4 + 12 bytes per token of row data, allocated here
-  // and freed on return; an Error before any work when the device lacks that memory), each layer
+  // host-tier layer they run layer-major: the residual stream of every prompt token is kept (sum of prompt
+  // lengths x hidden x 4 bytes: on the GPU when the plan leaves room in the session's GPU limit, else in
+  // pinned host memory within the host limit) with D x 4 + 12 bytes per token of row data on the GPU,
+  // allocated here and freed on return (an Error before any work when they do not fit); each layer
   // processes every chunk of every sequence (the same chunks and kernels as chunk-major, so the results
   // are the same), and a host-tier layer's K/V goes through the staging buffer to its prefill_done.
   std::vector<float> prefill(const std::vector<std::vector<int32_t>>& prompts, bool all_logits = false,

@@ -234,28 +234,52 @@ TEST_F(CudaPlacement, PrefillAndDecodeMatchGpu) {
   }
 }
 
-// A real prefill with host-tier layers needs the hidden state of every prompt token on the GPU; a session
-// whose plan leaves no room for it refuses with an Error naming the way out, before any work.
-TEST_F(CudaPlacement, LayerMajorPrefillRefusesWithoutRoom) {
+// A real prefill with host-tier layers keeps the hidden state of every prompt token: on the GPU when the
+// plan leaves room, else in pinned host memory (chunks copied in and out around each layer: the same
+// values, so the same logits as kGpu), and refuses with an Error naming the way out, before any work, when
+// not even the row data (4000 x (12 + 4 x 128) B = 2.0 MiB) fits on the GPU.
+TEST_F(CudaPlacement, LayerMajorPrefillHiddenStatesOnHostOrRefused) {
   const ModelConfig c = placement_config(4096);
   gputest::MemoryModelFile f(c, 22);
   auto m = Model::load(f);
   auto gm = CudaModel::upload(*m, cuda::WeightType::kBf16);
+  const int64_t vocab = c.vocab_size;
+  const std::vector<std::vector<int32_t>> prompt{gputest::random_tokens(4000, c.vocab_size, 3)};
   CudaSessionOptions o = retro_options(KvPlacement::kSplit, 1, 4096);
   o.gpu_memory_limit = int64_t{1} << 34;
   const auto p = CudaSession::plan(c, o, 1, gm->weight_bytes());
-  o.gpu_memory_limit = p.gpu_bytes - gm->weight_bytes() + (int64_t{1} << 20);  // 1 MiB of headroom
-  CudaSession s(*gm, o, 1);
-  try {
-    s.prefill({gputest::random_tokens(4000, c.vocab_size, 3)});  // needs 4000 x 512 x 4 B = 7.8 MiB
-    ADD_FAILURE() << "prefill without room for the hidden states did not throw";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("hidden state"), std::string::npos) << what;
-    EXPECT_NE(what.find("fill_synthetic"), std::string::npos) << what;
+  const int64_t session_bytes = p.gpu_bytes - gm->weight_bytes();
+  const int64_t row_data = 4000 * (12 + 4 * int64_t{c.head_dim});  // ids + RoPE rows, f32
+  {
+    o.gpu_memory_limit = session_bytes + (int64_t{1} << 20);  // 1 MiB of headroom: not even the row data
+    CudaSession s(*gm, o, 1);
+    try {
+      s.prefill(prompt);
+      ADD_FAILURE() << "prefill without room for the row data did not throw";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("hidden state"), std::string::npos) << what;
+      EXPECT_NE(what.find("fill_synthetic"), std::string::npos) << what;
+    }
+    EXPECT_EQ(s.positions(), std::vector<int64_t>{0});
   }
-  EXPECT_EQ(s.positions(), std::vector<int64_t>{0});
-  std::printf("[cuda_placement refusal] split prefill of 4000 tokens with 1 MiB of headroom refused\n");
+  std::vector<float> want;
+  {
+    CudaSession s(*gm, retro_options(KvPlacement::kGpu, -1, 4096), 1);
+    want = s.prefill(prompt);
+  }
+  // Room for the row data, not for the hidden states (4000 x 512 x 4 B = 7.8 MiB): they go to pinned memory.
+  o.gpu_memory_limit = session_bytes + row_data + (int64_t{1} << 20);
+  CudaSession s(*gm, o, 1);
+  const std::vector<float> got = s.prefill(prompt);
+  const Diff d = diff_rows(got, want, vocab);
+  EXPECT_LE(d.rel, kPrefillRel);
+  std::vector<int32_t> t{argmax(std::span<const float>(got.data(), vocab))}, next(1);
+  s.decode_greedy(t, next);
+  EXPECT_EQ(s.positions(), std::vector<int64_t>{4001});
+  std::printf("[cuda_placement headroom] split prefill of 4000 tokens: refused with 1 MiB of headroom; with the hidden "
+              "states in pinned host memory, logits max rel %.3e against gpu (bitwise %s)\n",
+              d.rel, d.bitwise ? "yes" : "no");
 }
 
 // fill_synthetic with every placement (kAuto here resolves to kGpu), then decode: the host-tier layers hold
