@@ -237,7 +237,8 @@ TEST_F(CudaPlacement, PrefillAndDecodeMatchGpu) {
 // A real prefill with host-tier layers keeps the hidden state of every prompt token: on the GPU when the
 // plan leaves room, else in pinned host memory (chunks copied in and out around each layer: the same
 // values, so the same logits as kGpu), and refuses with an Error naming the way out, before any work, when
-// not even the row data (4000 x (12 + 4 x 128) B = 2.0 MiB) fits on the GPU.
+// not even the row data (4000 x (12 + 4 x 128) B = 2.0 MiB) fits on the GPU, or when a prompt is too short
+// for the wave buffer to index.
 TEST_F(CudaPlacement, LayerMajorPrefillHiddenStatesOnHostOrRefused) {
   const ModelConfig c = placement_config(4096);
   gputest::MemoryModelFile f(c, 22);
@@ -253,6 +254,12 @@ TEST_F(CudaPlacement, LayerMajorPrefillHiddenStatesOnHostOrRefused) {
   {
     o.gpu_memory_limit = session_bytes + (int64_t{1} << 20);  // 1 MiB of headroom: not even the row data
     CudaSession s(*gm, o, 1);
+    try {  // sink 4 + window 64 + 16 tokens per cluster: the wave buffer needs 84 tokens to index
+      s.prefill({gputest::random_tokens(83, c.vocab_size, 4)});
+      ADD_FAILURE() << "prefill of 83 tokens with host-tier layers did not throw";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("short sequences"), std::string::npos) << e.what();
+    }
     try {
       s.prefill(prompt);
       ADD_FAILURE() << "prefill without room for the row data did not throw";

@@ -167,6 +167,7 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
                      " tokens but the session holds at most ", im.max_context,
                      " per sequence; shorten the prompt or raise max_context");
     check_tokens(prompts[s], c.vocab_size, "prefill", s);
+    im.check_host_tier_length(n, "prefill");
     total += n;
   }
   if (im.any_host_tier()) {  // host-tier layers need their whole K/V at once: layer-major

@@ -98,6 +98,16 @@ RowView CudaSession::Impl::staged_rows() const {
   return rv;
 }
 
+void CudaSession::Impl::check_host_tier_length(int64_t n, const char* where) const {
+  if (!any_host_tier()) return;
+  const AttentionConfig& ac = opt.attention;
+  const int64_t need = int64_t{ac.sink_tokens} + ac.window_tokens + ac.tokens_per_cluster;
+  RETROINFER_CHECK(n >= need, "CudaSession::", where, ": ", num_layers() - plan.gpu_layers,
+                   " layer(s) keep their KV in host memory (wave buffer), which needs sequences of at least sink + "
+                   "window + tokens_per_cluster = ", need, " tokens to index, got ", n,
+                   "; use placement gpu for short sequences");
+}
+
 uint16_t* CudaSession::Impl::prefill_k(int l) {
   return host_tier(l) ? stage_k.as<uint16_t>() : k[static_cast<size_t>(l)].as<uint16_t>();
 }

@@ -106,6 +106,7 @@ void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillPro
                    "fill_synthetic runs once per session)");
   RETROINFER_CHECK(tokens >= 1 && tokens <= im.max_context, "CudaSession::fill_synthetic: ", tokens,
                    " tokens do not fit the session's ", im.max_context, " per sequence");
+  im.check_host_tier_length(tokens, "fill_synthetic");
   SyntheticKvShape sh;
   sh.num_heads_kv = c.num_heads_kv;
   sh.head_dim = c.head_dim;

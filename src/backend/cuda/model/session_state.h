@@ -132,6 +132,9 @@ struct CudaSession::Impl {
   int num_layers() const { return model.config().num_layers; }
   bool host_tier(int l) const { return l >= plan.gpu_layers; }
   bool any_host_tier() const { return plan.gpu_layers < num_layers(); }
+  // Throws Error unless a host-tier layer can index a sequence of n tokens (the wave buffer needs tokens
+  // beyond the steady zone: n - sink - window >= tokens_per_cluster). No-op without host-tier layers.
+  void check_host_tier_length(int64_t n, const char* where) const;
   // Layer l's K/V during prefill: k[l] / v[l] (GPU tier) or the staging buffers (host tier).
   uint16_t* prefill_k(int l);
   uint16_t* prefill_v(int l);
