@@ -342,8 +342,10 @@ int64_t rss_bytes() {
 // plan itemises the session's buffers and over-estimates some (retro's token lists at twice the expected
 // retrieval, the transient index build workspace counted although released); it leaves out what its
 // 2 GiB reserve covers: the cuBLAS workspace, kernels loaded lazily on first use, allocation rounding
-// (2 MiB pages). Bounds: used <= planned + 96 MiB (those unitemised parts: cuBLAS ~32 MiB, kernel images a
-// few MiB, rounding of ~100 allocations), and the large buffers are really there and really absent:
+// (2 MiB pages). Bounds: used <= 1.1 x planned + 96 MiB (the 96 MiB for those unitemised parts: cuBLAS
+// ~32 MiB, kernel images a few MiB, rounding of ~100 allocations; the 10% for the per-cluster and per-token
+// index arrays, which the plan estimates rather than mirrors), and the large buffers are really there and
+// really absent:
 // used >= 90% of the K/V the placement keeps on the GPU (GPU-tier layers + the staging layer), and kHost
 // uses at least 75% of (layers - 1) K/V layers less than kGpu (kGpu - kHost = 2 K/V layers + 3 x (GPU-tier
 // index - host-tier GPU part); the two per-layer parts are of similar size, ~30 MiB here, so 25% of two
@@ -375,7 +377,7 @@ TEST_F(CudaPlacement, GpuMemoryMatchesPlan) {
     const auto& p = s.memory_plan();
     const int64_t planned = p.gpu_bytes - gm->weight_bytes();
     const int64_t big = (p.gpu_layers + (p.host_layers > 0 ? 1 : 0)) * kv_layer;
-    EXPECT_LE(used, planned + (int64_t{96} << 20));
+    EXPECT_LE(double(used), 1.1 * double(planned) + double(int64_t{96} << 20));
     EXPECT_GE(double(used), 0.9 * double(big));
     if (placement == KvPlacement::kGpu) used_gpu_placement = used;
     if (placement == KvPlacement::kHost) {
