@@ -131,7 +131,8 @@ void decode_steps(CudaSession& s, int64_t vocab, const std::vector<int32_t>& fir
 }
 
 // Compares run against ref (kGpu); returns the worst decode diff.
-Diff compare_decode(const PlacementRun& run, const PlacementRun& ref, int64_t vocab, int num_seqs, int& greedy_checked, int& greedy_equal) {
+Diff compare_decode(const PlacementRun& run, const PlacementRun& ref, int64_t vocab, int num_seqs, int& greedy_checked,
+                    int& greedy_equal) {
   Diff worst;
   for (int i = 0; i < kSteps; ++i) {
     const Diff d = diff_rows(run.steps[i], ref.steps[i], vocab);
@@ -183,7 +184,8 @@ TEST_F(CudaPlacement, PrefillAndDecodeMatchGpu) {
   for (const std::vector<int64_t>& lengths : {std::vector<int64_t>{4000, 4000}, std::vector<int64_t>{4000, 2500}}) {
     SCOPED_TRACE(testing::Message() << "lengths " << lengths[0] << ", " << lengths[1]);
     std::vector<std::vector<int32_t>> prompts;
-    for (size_t q = 0; q < lengths.size(); ++q) prompts.push_back(gputest::random_tokens(lengths[q], c.vocab_size, 100 + q));
+    for (size_t q = 0; q < lengths.size(); ++q)
+      prompts.push_back(gputest::random_tokens(lengths[q], c.vocab_size, 100 + q));
     const int n = static_cast<int>(prompts.size());
     const bool per_seq = lengths[0] != lengths[1];
     PlacementRun ref;
