@@ -215,8 +215,9 @@ class CudaSession {
   std::vector<std::pair<std::string, float>> last_step_ms() const;
   // The host-tier layers' wave-buffer counts, summed over layers and sequences: the last decode step's
   // hits and misses (device counters) and the managers' totals since prefill_done. Synchronous (waits for
-  // the session's stream, reads device memory). All zero (objects 0) without host-tier layers or before
-  // the first decode. PCIe bytes of the last step's misses: step.miss_rows * 2 * head_dim * 2 (K and V).
+  // the session's stream, reads device memory). All zero (objects 0) without host-tier layers; before the
+  // first decode the hit / miss counts are zero (steady_rows is the steady zone's size). PCIe bytes of the
+  // last step's misses: step.miss_rows * 2 * head_dim * 2 (K and V, bf16).
   CudaWaveCounts last_wave_counts();
 
  private:
