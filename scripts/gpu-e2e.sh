@@ -118,9 +118,9 @@ def rows(path):
     return out
 
 bench, hf, sdpa = rows(sys.argv[1]), rows(sys.argv[2]), rows(sys.argv[3])
-print("\n%-8s %-6s %-6s %5s %-9s %9s %9s %9s %8s %8s %7s %s" % (
+print("\n%-8s %-6s %-6s %5s %-9s %9s %9s %9s %8s %8s %7s %6s %s" % (
     "context", "method", "place", "batch", "status", "tok/s", "ms/step", "floor%", "GPU GiB", "host GiB", "KV%",
-    "kv source / prefill tok/s"))
+    "hit%", "kv source / prefill tok/s"))
 best_full = {}
 for j in bench:
     if j.get("bench") != "decode":
@@ -133,11 +133,13 @@ for j in bench:
         src += " %.0f" % j["prefill_tok_s"]
     if st == "ok" and j["method"] == "full":
         best_full[j["context"]] = max(best_full.get(j["context"], 0), j["tok_s"])
-    print("%-8d %-6s %-6s %5s %-9s %9s %9s %9s %8.1f %8.1f %7s %s" % (
+    hit = j.get("hit_ratio")
+    print("%-8d %-6s %-6s %5s %-9s %9s %9s %9s %8.1f %8.1f %7s %6s %s" % (
         j["context"], j["method"], j["placement"], j.get("batch", j.get("batch_spec")), st,
         "%.1f" % j["tok_s"] if st == "ok" else "-", "%.2f" % j["ms_per_step"] if st == "ok" else "-",
         "%.0f" % (100 * fl["fraction"]) if fl else "-", plan.get("gpu_bytes", 0) / 2**30,
         plan.get("host_bytes", 0) / 2**30, "%.2f" % (100 * j["kv_read_share"]) if st == "ok" else "-",
+        "%.1f" % (100 * hit) if hit is not None else "-",
         src if st == "ok" else j.get("message", "")[:90]))
 print("\nbest full tok/s per context:", {k: round(v, 1) for k, v in sorted(best_full.items())})
 for j in bench:

@@ -245,12 +245,14 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
     session->decode_greedy(cur, next);
     cur.swap(next);
   }
+  const cuda::CudaWaveCounts wave0 = session->last_wave_counts();  // host-tier layers (synchronous, untimed)
   t0 = now_s();
   for (int i = 0; i < o.steps; ++i) {  // decode_greedy returns host tokens: each step ends synchronised
     session->decode_greedy(cur, next);
     cur.swap(next);
   }
   const double decode_s = now_s() - t0;
+  const cuda::CudaWaveCounts wave1 = session->last_wave_counts();
   const double ms_step = 1e3 * decode_s / o.steps;
   session->set_step_timing(true);
   session->decode_greedy(cur, next);
@@ -258,18 +260,29 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   for (const auto& [name, ms] : session->last_step_ms()) breakdown[name] = ms;
   session->set_step_timing(false);
   const AttentionStats st = session->last_stats();
+  const cuda::CudaWaveCounts wave = session->last_wave_counts();  // the breakdown step's counts
 
   // Floor: bytes one step must read (bf16 weights; K and V of every exactly attended token; retro's bf16
-  // centroids of every cluster and value sums of the estimated ones) at the measured HBM copy rate.
-  // Host-tier misses would add PCIe time; the session does not report them, so this is a lower bound.
+  // centroids of every cluster and value sums of the estimated ones) at the measured HBM copy rate, plus
+  // the host-tier misses (K and V rows read from pinned host memory by the gather kernel, last step's
+  // device counts) at the measured host->device rate. Everything runs on one stream, so the PCIe reads add
+  // to the step. exact_tokens of retro is an upper bound (the retrieval capacity), so is this floor's
+  // KV term.
   const int64_t row = int64_t{cfg.head_dim} * 2;  // one K (or V) row, bf16
-  const int64_t kv_bytes = st.exact_tokens * 2 * row;
+  const int64_t pcie_bytes = wave.step.miss_rows * 2 * row;
+  const int64_t kv_bytes = std::max<int64_t>(0, st.exact_tokens * 2 * row - pcie_bytes);
   const int64_t index_bytes =
       c.kind == AttentionKind::kRetro
           ? (st.context_tokens / std::max(1, opt.attention.tokens_per_cluster) + st.estimated_clusters) * row
           : 0;
   const int64_t floor_bytes = model.weight_bytes() + kv_bytes + index_bytes;
-  const double floor_ms = 1e3 * double(floor_bytes) / (bw.hbm_gb_s * 1e9);
+  const double hbm_ms = 1e3 * double(floor_bytes) / (bw.hbm_gb_s * 1e9);
+  const double pcie_ms = bw.h2d_gb_s > 0 ? 1e3 * double(pcie_bytes) / (bw.h2d_gb_s * 1e9) : 0.0;
+  const double floor_ms = hbm_ms + pcie_ms;
+  // Hit ratio of the timed steps: the managers' cluster counters (they trail the issued steps by the
+  // manager's queue, a step or two, at both ends of the window).
+  const int64_t hits = int64_t(wave1.totals.hits - wave0.totals.hits);
+  const int64_t misses = int64_t(wave1.totals.misses - wave0.totals.misses);
   j["steps"] = o.steps;
   j["warmup"] = o.warmup;
   j["decode_s"] = decode_s;
@@ -281,17 +294,41 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   j["kv_read_share"] = st.context_tokens > 0 ? double(st.exact_tokens) / double(st.context_tokens) : 0.0;
   j["retrieved_clusters"] = st.retrieved_clusters;
   j["estimated_clusters"] = st.estimated_clusters;
-  j["hit_ratio"] = nullptr;  // CudaSession (cuda_model.h) exposes no wave-buffer hit counts
+  if (wave.objects > 0) {
+    j["hit_ratio"] = hits + misses > 0 ? json(double(hits) / double(hits + misses)) : json(nullptr);
+    j["hit_ratio_last_step"] = wave.step_hit_ratio() >= 0 ? json(wave.step_hit_ratio()) : json(nullptr);
+    j["wave"] = {{"host_tier_objects", wave.objects},
+                 {"timed_hit_clusters", hits},
+                 {"timed_miss_clusters", misses},
+                 {"last_step", {{"hit_clusters", wave.step.hit_clusters},
+                                {"miss_clusters", wave.step.miss_clusters},
+                                {"hit_rows", wave.step.hit_rows},
+                                {"miss_rows", wave.step.miss_rows},
+                                {"steady_rows", wave.step.steady_rows}}},
+                 {"totals", {{"steps_seen", wave.totals.steps_seen},
+                             {"steps_lost", wave.totals.steps_lost},
+                             {"hits", wave.totals.hits},
+                             {"misses", wave.totals.misses},
+                             {"admitted", wave.totals.admitted},
+                             {"evicted", wave.totals.evicted},
+                             {"updates_dropped", wave.totals.updates_dropped}}}};
+  } else {
+    j["hit_ratio"] = nullptr;  // no host-tier layer: no wave buffer, every KV read is from HBM
+  }
   j["floor"] = {{"weight_bytes", model.weight_bytes()},
                 {"kv_bytes", kv_bytes},
                 {"index_bytes", index_bytes},
                 {"bytes", floor_bytes},
+                {"pcie_miss_bytes", pcie_bytes},
                 {"hbm_gb_s", bw.hbm_gb_s},
                 {"h2d_gb_s", bw.h2d_gb_s},
+                {"hbm_ms", hbm_ms},
+                {"pcie_ms", pcie_ms},
                 {"ms", floor_ms},
                 {"tok_s", 1e3 * c.batch / floor_ms},
                 {"fraction", floor_ms / ms_step},
-                {"note", "HBM read floor; PCIe bytes of host-tier misses not counted (not reported by the session)"}};
+                {"note", "HBM read floor plus the host-tier misses' K/V rows at the pinned host->device rate "
+                         "(last step's device counts)"}};
   j["status"] = "ok";
   session.reset();
   return j;

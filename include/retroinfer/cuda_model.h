@@ -75,6 +75,14 @@ class LayerAttention {
   virtual AttentionStats last_stats() const = 0;
   virtual int64_t device_bytes() const = 0;  // GPU memory this object holds (not the runner's K/V)
   virtual int64_t host_bytes() const = 0;    // pinned host memory this object holds
+  // Host tier only (wave buffer): adds the block cache's counts of the last decode step (device counts,
+  // read synchronously) to `step` and the manager's counters since prefill_done (they may lag the issued
+  // steps by the manager's queue) to `totals`; returns true. Other tiers and methods: false, untouched.
+  virtual bool add_wave_counts(WaveStepCounts& step, WaveBufferStats& totals) {
+    (void)step;
+    (void)totals;
+    return false;
+  }
 };
 
 // full (DenseDecoder), retro (RetroLayer; KvTier::kHost: WaveBufferLayer), quest, streaming, oracle.
@@ -139,6 +147,18 @@ struct CudaSessionPlan {
   int64_t gpu_free_bytes = 0, host_free_bytes = 0;  // the limits it was checked against
 };
 
+// Wave-buffer counts of a session's host-tier layers (CudaSession::last_wave_counts).
+struct CudaWaveCounts {
+  int objects = 0;          // host-tier attention objects summed (host layers, times sequences when per sequence)
+  WaveStepCounts step;      // the last decode step: clusters / rows from the GPU cache (hits) and the store (misses)
+  WaveBufferStats totals;   // the managers' counters since prefill_done (clusters)
+  // Retrieval clusters of the last step served from the GPU cache (hits / (hits + misses)); -1 when none.
+  double step_hit_ratio() const {
+    const int64_t n = step.hit_clusters + step.miss_clusters;
+    return n > 0 ? double(step.hit_clusters) / double(n) : -1.0;
+  }
+};
+
 // A batch of sequences decoded in lockstep (one token each per step). Sequences of different prompt
 // lengths are allowed. Not thread-safe.
 class CudaSession {
@@ -157,10 +177,20 @@ class CudaSession {
   // Runs every prompt (prompts.size() == num_seqs), then builds each layer's attention index.
   // Returns logits: [num_seqs, vocab] of each prompt's last position, or with all_logits (num_seqs == 1
   // only) [n, vocab] of every position. Once per session.
+  // With every layer GPU-tier the prompts run chunk-major (each chunk through every layer). With any
+  // host-tier layer they run layer-major: the residual stream of every prompt token is kept (sum of prompt
+  // lengths x hidden x 4 bytes: on the GPU when the plan leaves room in the session's GPU limit, else in
+  // pinned host memory within the host limit) with D x 4 + 12 bytes per token of row data on the GPU,
+  // allocated here and freed on return (an Error before any work when they do not fit); each layer
+  // processes every chunk of every sequence (the same chunks and kernels as chunk-major, so the results
+  // are the same), and a host-tier layer's K/V goes through the staging buffer to its prefill_done.
   std::vector<float> prefill(const std::vector<std::vector<int32_t>>& prompts, bool all_logits = false,
                              const PrefillProgress& progress = {});
-  // Instead of prefill (benchmarks): every sequence gets `tokens` tokens of synthetic K/V at every layer
-  // (src/eval/synthetic.h generator), then the indexes are built. No logits.
+  // Instead of prefill (benchmarks): every sequence gets `tokens` tokens (>= 268) of synthetic K/V at every
+  // layer (src/eval/synthetic.h generator, cuda_synthetic.h), layer by layer into the layer's GPU K/V or the
+  // staging buffer, each followed by that layer's prefill_done (index build) and a progress call
+  // (done = tokens * (l + 1) / layers). One layer is generated on the host; the other layers are device
+  // copies of the first filled one. No logits.
   void fill_synthetic(int64_t tokens, uint64_t seed, const PrefillProgress& progress = {});
 
   // One decode step of every sequence: tokens [num_seqs]; logits [num_seqs, vocab] written (host).
@@ -169,6 +199,7 @@ class CudaSession {
   void decode_greedy(std::span<const int32_t> tokens, std::span<int32_t> next);
 
   // A new session over a device copy of this prefilled session's KV with another attention config.
+  // Every layer must be GPU-tier (host-tier layers' KV lives in their wave buffers: Error).
   std::unique_ptr<CudaSession> fork(const AttentionConfig& attention) const;
 
   int num_seqs() const;
@@ -182,6 +213,12 @@ class CudaSession {
   const AttentionStats& last_stats() const;
   void set_step_timing(bool on);
   std::vector<std::pair<std::string, float>> last_step_ms() const;
+  // The host-tier layers' wave-buffer counts, summed over layers and sequences: the last decode step's
+  // hits and misses (device counters) and the managers' totals since prefill_done. Synchronous (waits for
+  // the session's stream, reads device memory). All zero (objects 0) without host-tier layers; before the
+  // first decode the hit / miss counts are zero (steady_rows is the steady zone's size). PCIe bytes of the
+  // last step's misses: step.miss_rows * 2 * head_dim * 2 (K and V, bf16).
+  CudaWaveCounts last_wave_counts();
 
  private:
   struct Impl;

@@ -73,12 +73,15 @@ TEST(CudaModelApi, BadInputThrowsClearErrors) {
   for (int i = 0; i < 61; ++i) s.decode_greedy(two, next);
   EXPECT_EQ(s.positions(), (std::vector<int64_t>{64, 63}));
   expect_error([&] { s.decode_greedy(two, next); }, "is full", "context full");
-  // Not-yet-implemented paths say so.
+  // Host-tier layers are retro only; a second fill is refused; synthetic K/V needs its minimum length.
   CudaSessionOptions host = full_options(64, 16);
   host.placement = cuda::KvPlacement::kHost;
-  expect_error([&] { CudaSession h(*gm, host, 1); }, "not implemented", "host placement");
-  expect_error([&] { s.fill_synthetic(16, 1); }, "not implemented", "fill_synthetic");
-  std::printf("[cuda_model api] errors: 18 bad calls rejected with clear messages\n");
+  expect_error([&] { CudaSession h(*gm, host, 1); }, "only the retro method", "host placement with full attention");
+  expect_error([&] { s.fill_synthetic(16, 1); }, "already holds tokens", "fill_synthetic after prefill");
+  CudaSession fresh(*gm, full_options(64, 16), 1);
+  expect_error([&] { fresh.fill_synthetic(65, 1); }, "do not fit", "fill_synthetic beyond max_context");
+  expect_error([&] { fresh.fill_synthetic(16, 1); }, "context_tokens must be", "fill_synthetic shorter than the generator's minimum");
+  std::printf("[cuda_model api] errors: 20 bad calls rejected with clear messages\n");
 }
 
 TEST(CudaModelApi, PlanRefusesWhatDoesNotFit) {

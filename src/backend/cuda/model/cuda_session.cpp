@@ -1,5 +1,6 @@
 // CudaSession: allocation, prefill, decode steps, fork and accessors (the layers are in forward.cpp, the
-// memory plan in session_plan.cpp).
+// layer-major prefill of sessions with host-tier layers in prefill_layers.cpp, the memory plan and the
+// synthetic fill in session_plan.cpp).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -116,10 +117,17 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   const int group = c.num_heads_q / c.num_heads_kv;
   if ((d == 64 || d == 128) && group <= detail::kMaxGroup) im.prefill_attention.emplace(im.shape);
 
+  // K/V for the GPU-tier layers; one staging layer for the host-tier ones (the plan counts both).
+  RETROINFER_CHECK(im.plan.gpu_layers >= 0 && im.plan.gpu_layers <= c.num_layers, "CudaSession: the plan placed ",
+                   im.plan.gpu_layers, " of ", c.num_layers, " layers on the GPU");
   const size_t kv_bytes = static_cast<size_t>(num_seqs) * im.seq_elems() * 2;
-  for (int l = 0; l < c.num_layers; ++l) {
+  for (int l = 0; l < im.plan.gpu_layers; ++l) {
     im.k.emplace_back(kv_bytes);
     im.v.emplace_back(kv_bytes);
+  }
+  if (im.any_host_tier()) {
+    im.stage_k = DeviceBuffer(kv_bytes);
+    im.stage_v = DeviceBuffer(kv_bytes);
   }
   const int64_t R = im.rows_cap;
   Activations& a = im.a;
@@ -159,7 +167,13 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
                      " tokens but the session holds at most ", im.max_context,
                      " per sequence; shorten the prompt or raise max_context");
     check_tokens(prompts[s], c.vocab_size, "prefill", s);
+    im.check_host_tier_length(n, "prefill");
     total += n;
+  }
+  if (im.any_host_tier()) {  // host-tier layers need their whole K/V at once: layer-major
+    std::vector<float> out = im.prefill_layer_major(prompts, all_logits, progress);
+    im.prefilled = true;
+    return out;
   }
   const int64_t vocab = c.vocab_size;
   auto st = static_cast<cudaStream_t>(im.stream);
@@ -207,25 +221,40 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
   return out;
 }
 
-void CudaSession::Impl::build_attention() {
+void CudaSession::Impl::make_attention() {
   attn.clear();
-  const int L = model.config().num_layers;
+  const int L = num_layers();
   attn_per_seq = std::any_of(pos.begin(), pos.end(), [&](int64_t p) { return p != pos[0]; });
-  const KvTier tier = KvTier::kGpu;  // placements other than kGpu are refused by the plan in this build
+  auto tier = [&](int l) { return host_tier(l) ? KvTier::kHost : KvTier::kGpu; };
   if (!attn_per_seq) {
-    for (int l = 0; l < L; ++l) {
-      attn.push_back(make_layer_attention(shape, opt.attention, num_seqs, max_context, tier, opt.wave));
-      attn.back()->prefill_done(k[l].as<uint16_t>(), v[l].as<uint16_t>(), pos[0], max_context, stream);
-    }
+    for (int l = 0; l < L; ++l)
+      attn.push_back(make_layer_attention(shape, opt.attention, num_seqs, max_context, tier(l), opt.wave));
   } else {
     for (int s = 0; s < num_seqs; ++s)
-      for (int l = 0; l < L; ++l) {
-        attn.push_back(make_layer_attention(shape, opt.attention, 1, max_context, tier, opt.wave));
-        attn.back()->prefill_done(k[l].as<uint16_t>() + s * seq_elems(), v[l].as<uint16_t>() + s * seq_elems(), pos[s],
-                                  max_context, stream);
-      }
+      for (int l = 0; l < L; ++l)
+        attn.push_back(make_layer_attention(shape, opt.attention, 1, max_context, tier(l), opt.wave));
   }
+}
+
+void CudaSession::Impl::attention_prefill_done(int l) {
+  const int L = num_layers();
+  RETROINFER_CHECK(static_cast<int64_t>(attn.size()) == (attn_per_seq ? int64_t{num_seqs} * L : L),
+                   "CudaSession: attention objects missing for layer ", l);
+  if (!attn_per_seq) {
+    attn[static_cast<size_t>(l)]->prefill_done(prefill_k(l), prefill_v(l), pos[0], max_context, stream);
+  } else {
+    for (int s = 0; s < num_seqs; ++s)
+      attn[static_cast<size_t>(s) * L + l]->prefill_done(prefill_k(l) + s * seq_elems(), prefill_v(l) + s * seq_elems(),
+                                                         pos[s], max_context, stream);
+  }
+  // A host-tier layer has copied the staging buffer when prefill_done returns (its build is synchronous);
+  // the sync also orders a GPU-tier index build before whatever the caller does next.
   synchronize(stream);
+}
+
+void CudaSession::Impl::build_attention() {
+  make_attention();
+  for (int l = 0; l < num_layers(); ++l) attention_prefill_done(l);
 }
 
 void CudaSession::decode(std::span<const int32_t> tokens, std::span<float> logits) {
@@ -263,9 +292,13 @@ void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32
 std::unique_ptr<CudaSession> CudaSession::fork(const AttentionConfig& attention) const {
   const Impl& im = *impl_;
   RETROINFER_CHECK(im.prefilled, "CudaSession::fork needs a prefilled session");
+  RETROINFER_CHECK(!im.any_host_tier(), "CudaSession::fork: ", im.num_layers() - im.plan.gpu_layers,
+                   " layer(s) of this session keep their KV in host memory (wave buffer), which fork cannot copy; "
+                   "fork a session with every layer on the GPU (placement gpu)");
   CudaSessionOptions o = im.opt;
   o.attention = attention;
   o.max_context = im.max_context;
+  o.placement = KvPlacement::kGpu;  // as this session (kAuto could re-plan a split with less memory free now)
   auto f = std::make_unique<CudaSession>(im.model, o, im.num_seqs);
   Impl& fi = *f->impl_;
   auto st = static_cast<cudaStream_t>(fi.stream);
@@ -302,5 +335,14 @@ void CudaSession::set_step_timing(bool on) {
 }
 
 std::vector<std::pair<std::string, float>> CudaSession::last_step_ms() const { return impl_->last_ms; }
+
+CudaWaveCounts CudaSession::last_wave_counts() {
+  Impl& im = *impl_;
+  CudaWaveCounts r;
+  synchronize(im.stream);
+  for (auto& la : im.attn)
+    if (la->add_wave_counts(r.step, r.totals)) ++r.objects;
+  return r;
+}
 
 }  // namespace retroinfer::cuda

@@ -1,6 +1,7 @@
 // The transformer forward pass of CudaSession: embedding, per layer RMSNorm -> QKV (cuBLAS) -> bias + RoPE +
 // KV append -> attention (prefill: causal; decode: LayerAttention) -> O projection + residual -> RMSNorm ->
-// gate/up (cuBLAS) -> SwiGLU -> down projection + residual; final norm + LM head.
+// gate/up (cuBLAS) -> SwiGLU -> down projection + residual; final norm + LM head. One layer at a time
+// (layer_forward) so that the chunk-major forward() and the layer-major prefill share it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -68,16 +69,50 @@ const ::retroinfer::model::RopeFrequencies& CudaSession::Impl::frequencies(int64
 }
 
 void CudaSession::Impl::upload_rows(int64_t rows) {
+  upload_rows_to(a.rows.as<int32_t>(), a.rope.as<float>(), rows_cap, 0, rows);
+}
+
+void CudaSession::Impl::upload_rows_to(int32_t* dev, float* rope, int64_t stride, int64_t offset, int64_t rows) {
+  RETROINFER_CHECK(rows >= 1 && rows <= rows_cap && offset >= 0 && offset + rows <= stride,
+                   "CudaSession: row upload [", offset, ", ", offset + rows, ") outside a buffer of ", stride, " rows");
   auto st = static_cast<cudaStream_t>(stream);
   const int64_t half = shape.head_dim / 2;
-  auto* dev = a.rows.as<int32_t>();
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev, staging->tokens, rows * 4, cudaMemcpyHostToDevice, st));
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev + rows_cap, staging->seq, rows * 4, cudaMemcpyHostToDevice, st));
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev + 2 * rows_cap, staging->pos, rows * 4, cudaMemcpyHostToDevice, st));
-  auto* rope = a.rope.as<float>();
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(rope, staging->cos, rows * half * 4, cudaMemcpyHostToDevice, st));
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(rope + rows_cap * half, staging->sin, rows * half * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev + offset, staging->tokens, rows * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev + stride + offset, staging->seq, rows * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(dev + 2 * stride + offset, staging->pos, rows * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(
+      cudaMemcpyAsync(rope + offset * half, staging->cos, rows * half * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(rope + (stride + offset) * half, staging->sin, rows * half * 4,
+                                        cudaMemcpyHostToDevice, st));
   RETROINFER_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(staging->ready), st));
+}
+
+RowView CudaSession::Impl::staged_rows() const {
+  const int64_t half = shape.head_dim / 2;
+  RowView rv;
+  rv.tokens = a.rows.as<int32_t>();
+  rv.seq = rv.tokens + rows_cap;
+  rv.pos = rv.tokens + 2 * rows_cap;
+  rv.cos = a.rope.as<float>();
+  rv.sin = rv.cos + rows_cap * half;
+  return rv;
+}
+
+void CudaSession::Impl::check_host_tier_length(int64_t n, const char* where) const {
+  if (!any_host_tier()) return;
+  const AttentionConfig& ac = opt.attention;
+  const int64_t need = int64_t{ac.sink_tokens} + ac.window_tokens + ac.tokens_per_cluster;
+  RETROINFER_CHECK(n >= need, "CudaSession::", where, ": ", num_layers() - plan.gpu_layers,
+                   " layer(s) keep their KV in host memory (wave buffer), which needs sequences of at least sink + "
+                   "window + tokens_per_cluster = ", need, " tokens to index, got ", n,
+                   "; use placement gpu for short sequences");
+}
+
+uint16_t* CudaSession::Impl::prefill_k(int l) {
+  return host_tier(l) ? stage_k.as<uint16_t>() : k[static_cast<size_t>(l)].as<uint16_t>();
+}
+uint16_t* CudaSession::Impl::prefill_v(int l) {
+  return host_tier(l) ? stage_v.as<uint16_t>() : v[static_cast<size_t>(l)].as<uint16_t>();
 }
 
 void CudaSession::Impl::record_event(int i) {
@@ -87,25 +122,35 @@ void CudaSession::Impl::record_event(int i) {
 
 void CudaSession::Impl::forward(int64_t rows, bool decode, int seq, int64_t pos0) {
   RETROINFER_CHECK(rows >= 1 && rows <= rows_cap, "CudaSession: ", rows, " rows exceed the ", rows_cap, " planned");
+  const RowView rv = staged_rows();
+  embed(rows, rv, a.x.as<float>());
+  for (int l = 0; l < num_layers(); ++l) layer_forward(l, rows, rv, a.x.as<float>(), decode, seq, pos0);
+}
+
+void CudaSession::Impl::embed(int64_t rows, const RowView& rv, float* x) {
+  const CudaModel::Weights& w = model.weights();
+  auto st = static_cast<cudaStream_t>(stream);
+  model::EmbedParams ep;
+  ep.embed = w.embed;
+  ep.bf16 = w.type == WeightType::kBf16;
+  ep.tokens = rv.tokens;
+  ep.x = x;
+  ep.rows = rows;
+  ep.hidden = model.config().hidden_size;
+  detail::launch_check(model::embed_gather(ep, st), "embed_gather", st);
+}
+
+void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, float* x, bool decode, int seq,
+                                      int64_t pos0) {
+  RETROINFER_CHECK(rows >= 1 && rows <= rows_cap, "CudaSession: ", rows, " rows exceed the ", rows_cap, " planned");
+  RETROINFER_CHECK(l >= 0 && l < num_layers(), "CudaSession: layer ", l, " out of range");
   const ModelConfig& c = model.config();
   const CudaModel::Weights& w = model.weights();
-  const bool bf16 = w.type == WeightType::kBf16;
   auto st = static_cast<cudaStream_t>(stream);
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
   const int64_t inter = c.intermediate_size, qkvw = (hq + 2 * hkv) * d;
-  const int64_t half = d / 2;
-  const int32_t* dev_rows = a.rows.as<int32_t>();
-  float* x = a.x.as<float>();
   float* xn = a.xn.as<float>();
-
-  model::EmbedParams ep;
-  ep.embed = w.embed;
-  ep.bf16 = bf16;
-  ep.tokens = dev_rows;
-  ep.x = x;
-  ep.rows = rows;
-  ep.hidden = h;
-  detail::launch_check(model::embed_gather(ep, st), "embed_gather", st);
+  const bool host = host_tier(l);
 
   auto norm = [&](const float* weight) {
     model::RmsNormParams p;
@@ -119,86 +164,88 @@ void CudaSession::Impl::forward(int64_t rows, bool decode, int seq, int64_t pos0
     detail::launch_check(model::rms_norm(p, st), "rms_norm", st);
   };
 
-  for (int l = 0; l < c.num_layers; ++l) {
-    const CudaModel::Weights::Layer& L = w.layers[l];
-    norm(L.attn_norm);
-    gemm->linear(xn, rows, h, L.wqkv, qkvw, a.qkv.as<float>(), 0.0f, stream);
-    model::QkvPostParams qp;
-    qp.qkv = a.qkv.as<float>();
-    qp.bias = L.bqkv;
-    qp.cos = a.rope.as<float>();
-    qp.sin = a.rope.as<float>() + rows_cap * half;
-    qp.row_seq = dev_rows + rows_cap;
-    qp.row_pos = dev_rows + 2 * rows_cap;
-    qp.q = a.q.as<float>();
-    qp.k_cache = k[l].as<uint16_t>();
-    qp.v_cache = v[l].as<uint16_t>();
-    qp.k_new = decode ? a.k_new.as<uint16_t>() : nullptr;
-    qp.v_new = decode ? a.v_new.as<uint16_t>() : nullptr;
-    qp.rows = rows;
-    qp.kv_stride = max_context;
-    qp.num_heads_q = c.num_heads_q;
-    qp.num_heads_kv = c.num_heads_kv;
-    qp.head_dim = c.head_dim;
-    detail::launch_check(model::qkv_post(qp, st), "qkv_post", st);
+  const CudaModel::Weights::Layer& L = w.layers[l];
+  norm(L.attn_norm);
+  gemm->linear(xn, rows, h, L.wqkv, qkvw, a.qkv.as<float>(), 0.0f, stream);
+  // The layer's K/V: GPU tier k[l], v[l]; host tier the staging buffer in prefill, none in decode (the
+  // token's K/V goes to a.k_new / a.v_new only, and the layer appends it to its own store).
+  uint16_t* kc = decode && host ? nullptr : prefill_k(l);
+  uint16_t* vc = decode && host ? nullptr : prefill_v(l);
+  model::QkvPostParams qp;
+  qp.qkv = a.qkv.as<float>();
+  qp.bias = L.bqkv;
+  qp.cos = rv.cos;
+  qp.sin = rv.sin;
+  qp.row_seq = rv.seq;
+  qp.row_pos = rv.pos;
+  qp.q = a.q.as<float>();
+  qp.k_cache = kc;
+  qp.v_cache = vc;
+  qp.k_new = decode ? a.k_new.as<uint16_t>() : nullptr;
+  qp.v_new = decode ? a.v_new.as<uint16_t>() : nullptr;
+  qp.rows = rows;
+  qp.kv_stride = max_context;
+  qp.num_heads_q = c.num_heads_q;
+  qp.num_heads_kv = c.num_heads_kv;
+  qp.head_dim = c.head_dim;
+  detail::launch_check(model::qkv_post(qp, st), "qkv_post", st);
 
-    record_event(2 + 2 * l);
-    if (decode) {
-      const int L_n = c.num_layers;
-      if (!attn_per_seq) {
-        attn[l]->decode(a.q.as<float>(), a.k_new.as<uint16_t>(), a.v_new.as<uint16_t>(), pos[0] + 1,
-                        a.att.as<float>(), stream);
-        last_stats += attn[l]->last_stats();
-      } else {
-        for (int s = 0; s < num_seqs; ++s) {
-          LayerAttention& la = *attn[static_cast<size_t>(s) * L_n + l];
-          la.decode(a.q.as<float>() + s * hq * d, a.k_new.as<uint16_t>() + s * hkv * d,
-                    a.v_new.as<uint16_t>() + s * hkv * d, pos[s] + 1, a.att.as<float>() + s * hq * d, stream);
-          last_stats += la.last_stats();
-        }
-      }
+  record_event(2 + 2 * l);
+  if (decode) {
+    const int L_n = c.num_layers;
+    if (!attn_per_seq) {
+      attn[l]->decode(a.q.as<float>(), a.k_new.as<uint16_t>(), a.v_new.as<uint16_t>(), pos[0] + 1,
+                      a.att.as<float>(), stream);
+      last_stats += attn[l]->last_stats();
     } else {
-      const uint16_t* ks = k[l].as<uint16_t>() + seq * seq_elems();
-      const uint16_t* vs = v[l].as<uint16_t>() + seq * seq_elems();
-      if (prefill_attention) {
-        prefill_attention->run(a.q.as<float>(), ks, vs, max_context, pos0, rows, opt.attention.scale,
-                               a.att.as<float>(), stream);
-      } else {
-        model::RefAttentionArgs ra;
-        ra.q = a.q.as<float>();
-        ra.k = ks;
-        ra.v = vs;
-        ra.out = a.att.as<float>();
-        ra.kv_stride = max_context;
-        ra.pos0 = pos0;
-        ra.n = rows;
-        ra.num_seqs = 1;
-        ra.scale = opt.attention.scale;
-        model::prefill_attention_reference(shape, ra, stream);
+      for (int s = 0; s < num_seqs; ++s) {
+        LayerAttention& la = *attn[static_cast<size_t>(s) * L_n + l];
+        la.decode(a.q.as<float>() + s * hq * d, a.k_new.as<uint16_t>() + s * hkv * d,
+                  a.v_new.as<uint16_t>() + s * hkv * d, pos[s] + 1, a.att.as<float>() + s * hq * d, stream);
+        last_stats += la.last_stats();
       }
     }
-    record_event(3 + 2 * l);
-    gemm->linear(a.att.as<float>(), rows, hq * d, L.wo, h, x, 1.0f, stream);  // residual: x += att @ Wo^T
-
-    norm(L.mlp_norm);
-    gemm->linear(xn, rows, h, L.wgate_up, 2 * inter, a.gu.as<float>(), 0.0f, stream);
-    model::SwiGluParams sp;
-    sp.gu = a.gu.as<float>();
-    sp.act = a.act.as<float>();
-    sp.rows = rows;
-    sp.inter = inter;
-    detail::launch_check(model::swiglu(sp, st), "swiglu", st);
-    gemm->linear(a.act.as<float>(), rows, inter, L.wdown, h, x, 1.0f, stream);  // residual: x += act @ Wd^T
+  } else {
+    const uint16_t* ks = kc + seq * seq_elems();
+    const uint16_t* vs = vc + seq * seq_elems();
+    if (prefill_attention) {
+      prefill_attention->run(a.q.as<float>(), ks, vs, max_context, pos0, rows, opt.attention.scale,
+                             a.att.as<float>(), stream);
+    } else {
+      model::RefAttentionArgs ra;
+      ra.q = a.q.as<float>();
+      ra.k = ks;
+      ra.v = vs;
+      ra.out = a.att.as<float>();
+      ra.kv_stride = max_context;
+      ra.pos0 = pos0;
+      ra.n = rows;
+      ra.num_seqs = 1;
+      ra.scale = opt.attention.scale;
+      model::prefill_attention_reference(shape, ra, stream);
+    }
   }
+  record_event(3 + 2 * l);
+  gemm->linear(a.att.as<float>(), rows, hq * d, L.wo, h, x, 1.0f, stream);  // residual: x += att @ Wo^T
+
+  norm(L.mlp_norm);
+  gemm->linear(xn, rows, h, L.wgate_up, 2 * inter, a.gu.as<float>(), 0.0f, stream);
+  model::SwiGluParams sp;
+  sp.gu = a.gu.as<float>();
+  sp.act = a.act.as<float>();
+  sp.rows = rows;
+  sp.inter = inter;
+  detail::launch_check(model::swiglu(sp, st), "swiglu", st);
+  gemm->linear(a.act.as<float>(), rows, inter, L.wdown, h, x, 1.0f, stream);  // residual: x += act @ Wd^T
 }
 
-void CudaSession::Impl::lm_head(int64_t row0, int64_t count) {
-  RETROINFER_CHECK(count >= 1 && count <= logit_rows && row0 >= 0 && row0 + count <= rows_cap,
+void CudaSession::Impl::lm_head(int64_t row0, int64_t count, const float* x) {
+  RETROINFER_CHECK(count >= 1 && count <= logit_rows && row0 >= 0 && (x != nullptr || row0 + count <= rows_cap),
                    "CudaSession: LM head rows [", row0, ", ", row0 + count, ") outside the planned buffers");
   const ModelConfig& c = model.config();
   auto st = static_cast<cudaStream_t>(stream);
   model::RmsNormParams p;
-  p.x = a.x.as<float>() + row0 * c.hidden_size;
+  p.x = (x != nullptr ? x : a.x.as<float>()) + row0 * c.hidden_size;
   p.w = model.weights().final_norm;
   p.y = a.xn.as<float>();
   p.rows = count;

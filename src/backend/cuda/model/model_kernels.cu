@@ -77,11 +77,13 @@ __global__ void qkv_post_kernel(QkvPostParams p) {
     const bool is_k = hh < p.num_heads_q + p.num_heads_kv;
     const int kvh = is_k ? hh - p.num_heads_q : hh - p.num_heads_q - p.num_heads_kv;
     const uint16_t ba = f32_to_bf16(a), bb = f32_to_bf16(b);
-    const int64_t dst = ((static_cast<int64_t>(p.row_seq[r]) * p.num_heads_kv + kvh) * p.kv_stride + p.row_pos[r]) *
-                        p.head_dim + i;
     uint16_t* cache = is_k ? p.k_cache : p.v_cache;
-    cache[dst] = ba;
-    cache[dst + half] = bb;
+    if (cache != nullptr) {  // null: a host-tier layer in decode (the token goes to k_new / v_new only)
+      const int64_t dst =
+          ((static_cast<int64_t>(p.row_seq[r]) * p.num_heads_kv + kvh) * p.kv_stride + p.row_pos[r]) * p.head_dim + i;
+      cache[dst] = ba;
+      cache[dst + half] = bb;
+    }
     uint16_t* nw = is_k ? p.k_new : p.v_new;
     if (nw != nullptr) {
       const int64_t n = (r * p.num_heads_kv + kvh) * p.head_dim + i;

@@ -45,8 +45,9 @@ struct QkvPostParams {
   const int32_t* row_seq = nullptr;  // [rows]: sequence of each row (index into the KV cache)
   const int32_t* row_pos = nullptr;  // [rows]: position of each row (< kv_stride)
   float* q = nullptr;            // [rows, Hq, D] f32 out, post-RoPE
-  uint16_t* k_cache = nullptr;   // [num_seqs, Hkv, kv_stride, D] bf16: row r's key written at row_pos[r]
-  uint16_t* v_cache = nullptr;   // same layout
+  uint16_t* k_cache = nullptr;   // [num_seqs, Hkv, kv_stride, D] bf16: row r's key written at row_pos[r];
+                                 // nullptr: not written (then k_new / v_new carry the K/V)
+  uint16_t* v_cache = nullptr;   // same layout (null with k_cache)
   uint16_t* k_new = nullptr;     // [rows, Hkv, D] bf16 out, or nullptr
   uint16_t* v_new = nullptr;     // [rows, Hkv, D] bf16 out, or nullptr
   int64_t rows = 0, kv_stride = 0;

@@ -5,8 +5,7 @@
 // bytes; gpu_free_bytes = weight_bytes + the session's limit (opt.gpu_memory_limit, or the device's free
 // memory now less buffer::kGpuReserveBytes: the weights are resident already, so the free memory excludes
 // them); the check is therefore the session's bytes against its limit. host_free_bytes: opt.host_memory_limit
-// or kHostUsableFraction of MemAvailable. The plan uses no CudaSession internals; with the runner's session
-// state header present it takes the runner's own activation figure (session_activation_bytes).
+// or kHostUsableFraction of MemAvailable. The activation figure is the runner's own (session_activation_bytes).
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -17,6 +16,9 @@
 #include "retroinfer/error.h"
 #include "retroinfer/model.h"
 
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/model/session_state.h"
 #include "retroinfer/cuda_synthetic.h"
 
@@ -76,9 +78,27 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   return p;
 }
 
-// Every layer's K/V of every sequence gets the same `tokens` tokens of synthetic K/V (one layer generated,
-// copied to all), then the decode attention objects are built over them (build_attention: each method's
-// index). GPU-resident layers only, as the session's K/V buffers are (k[l], v[l] for every layer).
+namespace {
+// Rows [0, tokens) of every (sequence, KV head) of src into dst, both [num_seqs, Hkv, kv_stride, D] bf16:
+// one 1-D device copy per (sequence, head) (a head's rows are contiguous; 2-D copies would need pitches of
+// kv_stride rows, beyond the 2-D copy limits at millions of tokens).
+void copy_rows(uint16_t* dst, const uint16_t* src, int64_t heads, int64_t tokens, int64_t kv_stride, int head_dim,
+               Stream s) {
+  const size_t bytes = static_cast<size_t>(tokens) * head_dim * 2;
+  for (int64_t f = 0; f < heads; ++f) {
+    const size_t at = static_cast<size_t>(f) * kv_stride * head_dim;
+    RETROINFER_CUDA_CHECK(
+        cudaMemcpyAsync(dst + at, src + at, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(s)));
+  }
+}
+}  // namespace
+
+// Every layer's K/V of every sequence gets the same `tokens` tokens of synthetic K/V, layer by layer: the
+// first filled buffer (layer 0's K/V, or the staging buffer when layer 0 is host-tier) comes from the
+// generator's pinned host copy; every other GPU-tier layer is a device copy of it; the host-tier layers all
+// read the staging buffer, which prefill_done only reads, so it is filled once. After each layer its
+// prefill_done builds the index (a host-tier layer copies the staging buffer into its store), then the
+// progress call.
 void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillProgress& progress) {
   Impl& im = *impl_;
   const ModelConfig& c = im.model.config();
@@ -86,9 +106,7 @@ void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillPro
                    "fill_synthetic runs once per session)");
   RETROINFER_CHECK(tokens >= 1 && tokens <= im.max_context, "CudaSession::fill_synthetic: ", tokens,
                    " tokens do not fit the session's ", im.max_context, " per sequence");
-  RETROINFER_CHECK(static_cast<int>(im.k.size()) == c.num_layers && static_cast<int>(im.v.size()) == c.num_layers,
-                   "CudaSession::fill_synthetic: the session holds K/V for ", im.k.size(), " of ", c.num_layers,
-                   " layers on the GPU; synthetic fill needs every layer's K/V there");
+  im.check_host_tier_length(tokens, "fill_synthetic");
   SyntheticKvShape sh;
   sh.num_heads_kv = c.num_heads_kv;
   sh.head_dim = c.head_dim;
@@ -98,15 +116,28 @@ void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillPro
   sh.rope_llama3_factor = c.rope_scaling.type == "llama3" ? std::max(1.0f, c.rope_scaling.factor) : 1.0;
   const SyntheticKv syn(sh);  // throws (before touching the session) on a context the generator refuses
   const int L = c.num_layers;
-  for (int l = 0; l < L; ++l) {
-    syn.fill(im.k[size_t(l)].as<uint16_t>(), im.v[size_t(l)].as<uint16_t>(), im.num_seqs, im.max_context, im.stream);
-    if (progress) {
-      synchronize(im.stream);
-      progress(tokens * (l + 1) / L, tokens);
-    }
-  }
+  const int64_t heads = int64_t{im.num_seqs} * c.num_heads_kv;
   im.pos.assign(size_t(im.num_seqs), tokens);
-  im.build_attention();
+  im.make_attention();
+  const uint16_t* src_k = nullptr;  // the first filled layer's K/V (device)
+  const uint16_t* src_v = nullptr;
+  bool staged = false;  // the staging buffer holds the synthetic K/V
+  for (int l = 0; l < L; ++l) {
+    uint16_t* dk = im.prefill_k(l);
+    uint16_t* dv = im.prefill_v(l);
+    if (src_k == nullptr) {
+      syn.fill(dk, dv, im.num_seqs, im.max_context, im.stream);
+      src_k = dk;
+      src_v = dv;
+      staged = im.host_tier(l);
+    } else if (dk != src_k && !(im.host_tier(l) && staged)) {
+      copy_rows(dk, src_k, heads, tokens, im.max_context, c.head_dim, im.stream);
+      copy_rows(dv, src_v, heads, tokens, im.max_context, c.head_dim, im.stream);
+      staged = staged || im.host_tier(l);
+    }
+    im.attention_prefill_done(l);  // synchronises
+    if (progress) progress(tokens * (l + 1) / L, tokens);
+  }
   synchronize(im.stream);  // the copies read syn's pinned memory, freed on return
   im.prefilled = true;
 }

@@ -3,8 +3,16 @@
 // Host-only header.
 //
 // Layouts (rows = tokens of one forward; rows_cap = the most rows any forward uses):
-//   k[l], v[l]  device [num_seqs, Hkv, max_context, D] bf16: layer l's KV, post-RoPE (kv_stride = max_context)
+//   k[l], v[l]  device [num_seqs, Hkv, max_context, D] bf16: layer l's KV, post-RoPE (kv_stride = max_context),
+//               for the GPU-tier layers l < plan.gpu_layers only
+//   stage_k, stage_v  the same layout, once, when any layer is host-tier: a host-tier layer's K/V during
+//               prefill (or fill_synthetic) until its LayerAttention::prefill_done copies it to the host store
 //   activations f32 row-major [rows_cap, ...] as commented on Activations.
+//
+// KV placement: layer l is GPU-tier when l < plan.gpu_layers (the plan resolves kGpu / kHost / kSplit /
+// kAuto), else host-tier (KvTier::kHost, retro through the wave buffer). Decode writes the current token's
+// K/V into a.k_new / a.v_new for every layer and into k[l], v[l] for GPU-tier layers; host-tier layers
+// append k_new / v_new to their own steady zone.
 #pragma once
 
 #include <memory>
@@ -74,6 +82,15 @@ struct OwnedStream {
   Stream stream = nullptr;  // cudaStream_t
 };
 
+// Device pointers to the row data of one forward (rows r in [0, rows)): what the embedding and qkv_post read.
+struct RowView {
+  const int32_t* tokens = nullptr;  // [rows]
+  const int32_t* seq = nullptr;     // [rows]
+  const int32_t* pos = nullptr;     // [rows]
+  const float* cos = nullptr;       // [rows, D / 2]
+  const float* sin = nullptr;       // [rows, D / 2]
+};
+
 struct CudaSession::Impl {
   Impl(const CudaModel& m, const CudaSessionOptions& o, int n) : model(m), opt(o), num_seqs(n) {}
   ~Impl();
@@ -89,7 +106,8 @@ struct CudaSession::Impl {
   Stream stream = owned_stream.get();
   std::unique_ptr<model::Gemm> gemm;
   std::optional<PrefillAttention> prefill_attention;  // shapes the fast kernel takes; else the reference
-  std::vector<DeviceBuffer> k, v;                     // [num_layers]
+  std::vector<DeviceBuffer> k, v;                     // [plan.gpu_layers]: the GPU-tier layers' K/V
+  DeviceBuffer stage_k, stage_v;                      // host-tier layers' staging (empty when none)
   int64_t rows_cap = 0, logit_rows = 0;
   Activations a;
   std::unique_ptr<RowStaging> staging;
@@ -111,16 +129,42 @@ struct CudaSession::Impl {
   std::vector<std::pair<std::string, float>> last_ms;
 
   int64_t seq_elems() const { return int64_t{shape.num_heads_kv} * max_context * shape.head_dim; }
+  int num_layers() const { return model.config().num_layers; }
+  bool host_tier(int l) const { return l >= plan.gpu_layers; }
+  bool any_host_tier() const { return plan.gpu_layers < num_layers(); }
+  // Throws Error unless a host-tier layer can index a sequence of n tokens (the wave buffer needs tokens
+  // beyond the steady zone: n - sink - window >= tokens_per_cluster). No-op without host-tier layers.
+  void check_host_tier_length(int64_t n, const char* where) const;
+  // Layer l's K/V during prefill: k[l] / v[l] (GPU tier) or the staging buffers (host tier).
+  uint16_t* prefill_k(int l);
+  uint16_t* prefill_v(int l);
   const ::retroinfer::model::RopeFrequencies& frequencies(int64_t seq_len);
-  // Copies the staged rows [0, rows) to the device (asynchronous on `stream`).
+  // Copies the staged rows [0, rows) to the device (asynchronous on `stream`): into a.rows / a.rope, or
+  // with dst_rows / dst_rope into buffers of `stride` rows ([3, stride] int32, [2, stride, D / 2] f32) at
+  // row `offset`.
   void upload_rows(int64_t rows);
+  void upload_rows_to(int32_t* dst_rows, float* dst_rope, int64_t stride, int64_t offset, int64_t rows);
+  RowView staged_rows() const;  // a.rows / a.rope (stride rows_cap)
   // Embedding + every layer for the staged rows. Prefill: all rows belong to sequence `seq` at positions
   // [pos0, pos0 + rows). Decode: row s is sequence s at pos[s], attention through `attn`.
   void forward(int64_t rows, bool decode, int seq, int64_t pos0);
-  // Final norm + LM head of rows [row0, row0 + count) into a.logits rows [0, count).
-  void lm_head(int64_t row0, int64_t count);
-  // Creates the decode attention objects and runs prefill_done on each (after prefill or a fork).
+  // x [rows, hidden] f32 = the embeddings of rv.tokens.
+  void embed(int64_t rows, const RowView& rv, float* x);
+  // Layer l over rows [0, rows) of the residual stream x [rows, hidden] f32 (updated in place), row data rv;
+  // prefill / decode as forward(). Uses the activation buffers a.* (rows <= rows_cap).
+  void layer_forward(int l, int64_t rows, const RowView& rv, float* x, bool decode, int seq, int64_t pos0);
+  // Final norm + LM head of rows [row0, row0 + count) of x (default a.x) into a.logits rows [0, count).
+  void lm_head(int64_t row0, int64_t count, const float* x = nullptr);
+  // Creates the decode attention objects for the token counts in pos (no prefill_done yet): one per layer
+  // over the batch when every sequence holds the same count, else one per (sequence, layer).
+  void make_attention();
+  // prefill_done of layer l's attention object(s) over prefill_k(l), prefill_v(l). Synchronises.
+  void attention_prefill_done(int l);
+  // make_attention + attention_prefill_done for every layer (after a GPU-only prefill or a fork).
   void build_attention();
+  // Prefill when any layer is host-tier (cuda_prefill_layers.cpp): layer-major over every prompt token.
+  std::vector<float> prefill_layer_major(const std::vector<std::vector<int32_t>>& prompts, bool all_logits,
+                                         const PrefillProgress& progress);
   // One decode step of every sequence up to the logits (a.logits rows [0, num_seqs)); not synchronised.
   void decode_step(std::span<const int32_t> tokens);
   // Fills last_ms from the step's events (after the step's results were downloaded).
