@@ -524,8 +524,10 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prefill block in tokens")->capture_default_str();
   cmd->add_option("--gpu-memory-limit", o->gpu_memory_gib,
                   "GiB of GPU memory for each session, weights excluded (0: free memory - 2 GiB after loading)")
+      ->check(CLI::Range(0.0, 1.0e6))  // GiB; the byte count must fit in int64
       ->capture_default_str();
   cmd->add_option("--host-memory-limit", o->host_memory_gib, "GiB of pinned host memory (0: 80% of MemAvailable)")
+      ->check(CLI::Range(0.0, 1.0e6))
       ->capture_default_str();
   cmd->add_option("--out", o->out, "Append the JSON lines to this file (they also go to stdout)");
   cmd->add_option("--seed", o->seed, "Weights, tokens and synthetic K/V seed")->capture_default_str();
