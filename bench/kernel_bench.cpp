@@ -10,6 +10,9 @@
 //   kernel_bench [--lengths 32768,131072] [--batches 1,4,16] [--reps 30] [--out FILE]
 //               [--max-index-work T]   skip retro/quest when batch * n^2 > T * 2^40 (k-means global step cost)
 //               [--prefill-chunk 8192]
+//               [--stages 1]   also stamp the score / selection phases (RETROINFER_SELECT_PHASES=1): one
+//                              "retro_phases" line per case (medians over heads and the 10 stage decodes)
+// RETROINFER_DECODE=run6 / fused / (unset: run 8) picks the decode path (layer_common.h decode_path).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -188,14 +191,22 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       }
       for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
     }
-    std::string stage_json = ",\"stages_ms\":{";
+    // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
+    std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
+    bool any_stage = false, any_phase = false;
     for (size_t j = 0; j < per.size(); ++j) {
-      char b[96];
-      std::snprintf(b, sizeof b, "%s\"%s\":%.5f", j ? "," : "", names[j].c_str(), stats(per[j]).median);
-      stage_json += b;
+      const bool ph = names[j].rfind("phase.", 0) == 0;
+      bool& any = ph ? any_phase : any_stage;
+      char b[128];
+      std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
+                    stats(per[j]).median);
+      (ph ? phase_json : stage_json) += b;
+      any = true;
     }
     stage_json += "}";
+    phase_json += "}";
     emit("retro_stages", n, batch, s, req, stage_json);
+    if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
     {
       // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
       cuda::StreamHandle stream;
@@ -238,6 +249,9 @@ int main(int argc, char** argv) {
     else if (a == "--max-index-work") max_index_work = std::atof(argv[++i]);
     else if (a == "--out") out_path = argv[++i];
     else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
+    else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
+      if (std::atoi(argv[++i]) != 0) setenv("RETROINFER_SELECT_PHASES", "1", 1);
+    }
     else {
       std::fprintf(stderr, "kernel_bench: unknown option %s\n", argv[i]);
       return 2;

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 #include "retroinfer/attention.h"
@@ -83,7 +86,30 @@ struct ZoneDecodeArgs {
   // Side stream for the estimation (null: inline on the main stream).
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
+  // Run 8 (decode_path()): [H] int counters, zero before the decode (the layer zeroes them once at
+  // allocation; the kernels leave them zero). Null keeps run 6's launches (separate combine_states, no
+  // programmatic dependent launch): the wave buffer's decode.
+  int* merge_counter = nullptr;
+  bool timing = false;         // events between the stages (decode_stage_ms): no programmatic launches
+  uint64_t* phase = nullptr;   // [H, kPhaseSlots] diagnostics (kernels.h), slots set to ~0; null: off
 };
+
+// The decode path of launch_zone_decode, from RETROINFER_DECODE (read at every call, so that a test can
+// run both paths in one process):
+//   unset / "run8": fused merge (kernels.h FusedMerge) and programmatic dependent launch of the selection
+//                   after the score kernel and of the exact attention after the selection;
+//   "fused":        the fused merge only (no programmatic launches);
+//   "run6":         run 6's launch sequence (combine_states after the join, plain launches).
+// Either part applies only where ZoneDecodeArgs::merge_counter is set; the fused merge only when
+// total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs).
+struct DecodePath {
+  bool fused_merge = true, pdl = true;
+};
+DecodePath decode_path();
+
+// Phase summary of the stamps of one decode (kernels.h kPhaseSlots; raw: [H, kPhaseSlots] as downloaded):
+// ("phase.<name>", ms) pairs, medians over the heads that stamped; empty when none did.
+std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads);
 // mark(stage) is called after "score", "select", "estimate" (only when n_e > 0), "exact_attention" and
 // "combine"; after_select (may be empty) runs between the selection/estimation and the exact attention.
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t s, const std::function<void(const char*)>& mark,

@@ -1,6 +1,7 @@
 // RetroLayer: the wave index built and used on the GPU (k-means at build, score / select / estimate /
 // sparse attention / merge at decode).
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <vector>
@@ -15,6 +16,12 @@ namespace {
 // (Re)allocates `buf` when it is smaller than `bytes` (grow only).
 void ensure(DeviceBuffer& buf, size_t bytes) {
   if (buf.bytes() < bytes) buf = DeviceBuffer(bytes);
+}
+// RETROINFER_SELECT_PHASES=1: decode_stage_ms also stamps the score / selection phases (kernels.h
+// kPhaseSlots) and appends their summary as "phase.*" entries (kernel_bench --stages).
+bool phases_requested() {
+  const char* e = std::getenv("RETROINFER_SELECT_PHASES");
+  return e != nullptr && e[0] == '1';
 }
 }  // namespace
 
@@ -177,6 +184,8 @@ struct RetroLayer::Impl {
   int64_t outlier_stride = 0;
   // Decode workspace.
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
+  DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
+  DeviceBuffer phase;          // [H, kPhaseSlots] u64: phase stamps (decode_stage_ms, RETROINFER_SELECT_PHASES=1)
 
   int64_t idx_end() const { return n_idx == 0 ? std::max<int64_t>(idx_begin, cfg.sink_tokens) : idx_begin + n_idx; }
   std::vector<DeviceBuffer> retired;  // index buffers replaced by an update, freed after its sync
@@ -308,6 +317,10 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   const int total = std::max(splits_max, attn_splits) + est_splits;
   ensure(part_ml, Hs * total * G * 8);
   ensure(part_o, Hs * total * G * D * 4);
+  if (merge_counter.bytes() < Hs * 4) {  // zero once: every decode's last CTA per head leaves it zero
+    merge_counter = DeviceBuffer(Hs * 4);
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(merge_counter.data(), 0, Hs * 4, st));
+  }
   if (C > 0) {
     ensure(logits, Hs * G * C * 4);
     ensure(norm_partial, Hs * G * detail::score_blocks(C, D, H) * 8);
@@ -555,6 +568,13 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
     a.est_splits = m.est_splits;
     a.part_ml = m.part_ml.as<float2>();
     a.part_o = m.part_o.as<float>();
+    a.merge_counter = m.merge_counter.as<int>();
+    a.timing = stages != nullptr;
+    if (stages != nullptr && phases_requested()) {
+      ensure(m.phase, size_t(m.H) * detail::kPhaseSlots * 8);
+      RETROINFER_CUDA_CHECK(cudaMemsetAsync(m.phase.data(), 0xff, size_t(m.H) * detail::kPhaseSlots * 8, st));
+      a.phase = m.phase.as<uint64_t>();
+    }
     if (m.n_e > 0 && stages == nullptr) {  // stage timing keeps one stream
       if (!m.side) m.side = std::make_unique<SideStream>();
       a.side = m.side->stream;
@@ -585,6 +605,11 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
       stages->emplace_back(marks[i].first, ms);
     }
     for (auto& mk : marks) cudaEventDestroy(mk.second);
+    if (m.n_idx > 0 && phases_requested()) {  // after the sync above: the stamps are complete
+      std::vector<uint64_t> raw(size_t(m.H) * detail::kPhaseSlots);
+      m.phase.download(raw.data(), raw.size() * 8);
+      for (auto& ph : detail::summarize_phases(raw, m.H)) stages->push_back(std::move(ph));
+    }
   }
 }
 
@@ -603,7 +628,8 @@ int64_t RetroLayer::device_bytes() const {
   const DeviceBuffer* bufs[] = {&m.mean, &m.centroids, &m.centroids_bf16, &m.value_sums, &m.value_sums_bf16,
                                 &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
-                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &w.seg_tokens,
+                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
+                                &m.phase, &w.seg_tokens,
                                 &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
                                 &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,
                                 &w.sort_keys, &w.sort_keys_out, &w.iota, &w.members, &w.offsets, &w.sort_temp,

@@ -40,6 +40,9 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
   __shared__ float2 red[kScoreWarps][kMaxGroup];
   const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
   const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  if (p.phase != nullptr && threadIdx.x == 0)
+    atomicMin(reinterpret_cast<unsigned long long*>(p.phase + int64_t{h} * kPhaseSlots), global_ns());
+  grid_launch_dependents();  // a selection launched with PDL may start its CTAs (they wait for this grid)
   uint32_t qa[kKs][4];
   {
     const bool on = gq < G;
@@ -134,6 +137,8 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
     for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
     p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
   }
+  if (p.phase != nullptr && threadIdx.x == 0)
+    atomicMin(reinterpret_cast<unsigned long long*>(p.phase + int64_t{h} * kPhaseSlots + 1), ~global_ns());
 }
 
 __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams p, bool scores_in_smem) {

@@ -55,6 +55,11 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   unsigned* hist = &sm.hist[0][0];  // kBinBins counters
   for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
   if (tid < 2) bs.cand_n[tid] = 0;
+  // PDL (p.pdl): let the exact-attention CTAs launch (they wait for this grid in turn), then wait for the
+  // score kernel's logits and partials. No global memory is touched before the wait.
+  grid_launch_dependents();
+  grid_dependency_wait();
+  sel_stamp(p.phase, h, 0);
   uint32_t kmin = 0xffffffffu, kmax = 0u;
   if (G > 0) {
     __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
@@ -124,6 +129,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     bs.wmax[warp] = kmax;
   }
   __syncthreads();  // (1) scores, range, zeroed histogram
+  sel_stamp(p.phase, h, 1);
   uint32_t lo = 0xffffffffu, hi = 0u;
 #pragma unroll 8
   for (int w = 0; w < kSelWarps; ++w) {
@@ -138,6 +144,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     if (s != -INFINITY) atomicAdd(&hist[(float_order_key(s) - lo) >> shift], 1u);
   }
   __syncthreads();  // (2) histogram
+  sel_stamp(p.phase, h, 2);
   // Thread t owns bins kBinBins-1-4t ... kBinBins-4-4t (descending).
   unsigned cnt[kBinBinsPerThread];
   int own = 0;
@@ -167,6 +174,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   __syncthreads();  // (6) threshold bins
+  sel_stamp(p.phase, h, 3);
   const int bin0 = k[0] > 0 ? bs.found_bin[0] : -1, bin1 = k[1] > 0 ? bs.found_bin[1] : -1;
   const bool shared_bin = bin1 == bin0;  // then list 0 serves both thresholds
   if (k[1] > 0) {  // k[1] >= k[0]
@@ -185,6 +193,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   __syncthreads();  // (7) candidates
+  sel_stamp(p.phase, h, 4);
   uint32_t thr[2] = {0u, 0u};
   int take[2] = {0, 0}, eqn[2] = {-1, -1};
   if (bs.cand_n[0] <= kBinCand && bs.cand_n[1] <= kBinCand) {
@@ -220,6 +229,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     int kk[2];
     radix_select2(sc, N, budget, sm, kk, thr, take);
   }
+  sel_stamp(p.phase, h, 5);  // after the barrier (8) or the radix passes' last one
   const int k1 = k[0], k2 = k[1];
   const uint32_t t1 = thr[0], t2 = thr[1];
   const int take1 = take[0], take2 = take[1];
@@ -311,6 +321,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   for (int i = tid; i < steady; i += blockDim.x)
     list[i] = static_cast<int>(i < p.idx_begin ? i : w_begin + (i - p.idx_begin));
   __syncthreads();  // expansion table
+  sel_stamp(p.phase, h, 6);
   for (int i = warp; i < out1; i += kSelWarps) {
     int b, at, n;
     if (i < kBinExp) {
@@ -337,6 +348,10 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   if (tid == 0) p.token_count[h] = running;
+  if (p.phase != nullptr) {  // diagnostics: the end of the slowest warp's expansion
+    __syncthreads();
+    sel_stamp(p.phase, h, 7);
+  }
 }
 
 }  // namespace
@@ -354,8 +369,21 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  select_bins_kernel<<<p.num_heads, kSelThreads, bytes, s>>>(p);
-  return cudaGetLastError();
+  if (!p.pdl) {
+    select_bins_kernel<<<p.num_heads, kSelThreads, bytes, s>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.num_heads);
+  cfg.blockDim = dim3(kSelThreads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, select_bins_kernel, p);
 }
 
 }  // namespace retroinfer::cuda::detail

@@ -22,6 +22,22 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
   m = mx;
 }
 
+// Diagnostics (kernels.h kPhaseSlots): %globaltimer in ns (coarse across multiprocessors, comparable
+// between kernels) and the multiprocessor's cycle counter (fine, within one CTA).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Thread 0 of the selection CTA stamps phase boundary j of head h (call right after a barrier).
+__device__ __forceinline__ void sel_stamp(uint64_t* phase, int h, int j) {
+  if (phase != nullptr && threadIdx.x == 0) {
+    uint64_t* ph = phase + int64_t{h} * kPhaseSlots;
+    ph[2 + j] = global_ns();
+    ph[2 + kSelPhases + j] = static_cast<uint64_t>(clock64());
+  }
+}
+
 constexpr int kSelThreads = 1024;
 constexpr int kSelWarps = kSelThreads / 32;
 
