@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels.h"
 #include "retroinfer/dtype.h"
 
 namespace retroinfer::cuda::detail {
@@ -88,6 +89,26 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
+
+// Diagnostics (kernels.h kPhaseSlots): the global timer in ns (the same clock on every multiprocessor).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Earliest / latest event of a head's CTAs into slot `slot` of phase (slots start at ~0; the latest is kept
+// as the complement, so both are an atomicMin). Thread 0 only; phase may be null (off).
+__device__ __forceinline__ void phase_first(uint64_t* phase, int h, int slot) {
+  if (phase != nullptr && threadIdx.x == 0)
+    atomicMin(reinterpret_cast<unsigned long long*>(phase + int64_t{h} * kPhaseSlots + slot), global_ns());
+}
+__device__ __forceinline__ void phase_last(uint64_t* phase, int h, int slot) {
+  if (phase != nullptr && threadIdx.x == 0)
+    atomicMin(reinterpret_cast<unsigned long long*>(phase + int64_t{h} * kPhaseSlots + slot), ~global_ns());
+}
+
+// Hint: bring the line holding `p` into L2 (no register result, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
 // Programmatic dependent launch (sm_90; no-ops in a kernel launched without the attribute):
 // wait = block until the grids this one depends on have completed and their writes are visible;

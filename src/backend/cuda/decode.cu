@@ -42,7 +42,7 @@ struct DecodeSmem {
 // instead of step by step); deterministic (no floating-point atomics). wts: >= kMergeMaxStates floats of
 // shared memory this CTA no longer uses.
 __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const float* part_o, int total,
-                              int G, int D, int h, float* wts) {
+                              int G, int D, int h, float* wts, uint64_t* phase) {
   __shared__ int s_last;
   __shared__ float s_inv[kMaxGroup];
   __threadfence();  // release: this thread's partial-state stores before the CTA's count
@@ -89,6 +89,10 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
     const float inv = s_inv[g];
     *reinterpret_cast<float4*>(fm.out + (int64_t{h} * G + g) * D + d) =
         make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  }
+  if (phase != nullptr) {
+    __syncthreads();
+    phase_last(phase, h, kSlotMerge);
   }
 }
 
@@ -139,6 +143,7 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
   }
   // PDL (p.pdl): q predates the decode; the token list and count come from the kernels just before.
   grid_dependency_wait();
+  phase_first(p.phase, h, kSlotExact);
   const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
   const int64_t begin = int64_t{split} * p.split_tokens;
   const int64_t end = begin + p.split_tokens < count ? begin + p.split_tokens : count;
@@ -280,9 +285,13 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
     p.part_o[base * D + d] = acc_o;
     if (d == 0) p.part_ml[base] = make_float2(st.m, st.l);
   }
+  if (p.phase != nullptr) {
+    __syncthreads();
+    phase_last(p.phase, h, kSlotExact + 1);
+  }
   if (p.merge.counter != nullptr)  // the staging above is read; the merge weights go after it
     merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
-                  reinterpret_cast<float*>(stage_ml + kW * kMaxGroup));
+                  reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
@@ -299,6 +308,7 @@ __global__ void __launch_bounds__(128) estimate_kernel(const EstimateParams p) {
   __shared__ int cid[kEstChunk];
   __shared__ float gm[kMaxGroup], gl[kMaxGroup];
   const int h = blockIdx.y, split = blockIdx.x, G = p.group;
+  phase_first(p.phase, h, kSlotEst);
   const int begin = split * kEstChunk;
   const int cnt = p.k_estimation - begin < kEstChunk ? p.k_estimation - begin : kEstChunk;
   const int* ids = p.estimation_ids + int64_t{h} * p.k_estimation + begin;
@@ -368,9 +378,13 @@ __global__ void __launch_bounds__(128) estimate_kernel(const EstimateParams p) {
     p.part_o[base * D + dd] = sum;
     if (dd == 0) p.part_ml[base] = make_float2(gm[g], gl[g]);
   }
+  if (p.phase != nullptr) {
+    __syncthreads();
+    phase_last(p.phase, h, kSlotEst + 1);
+  }
   static_assert(sizeof(red) >= kMergeMaxStates * sizeof(float), "the merge weights reuse red");
   if (p.merge.counter != nullptr)  // merge_if_last's first barrier ends the reads of red above
-    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, &red[0][0][0]);
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, &red[0][0][0], p.phase);
 }
 
 // CTA = one query head (flat head h, member g); warp w merges splits w, w + 8, ... (lane = 4 dims per
@@ -419,6 +433,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
       softmax_merge(m, &o, b, &stage_o[w][d], 1);
     }
     softmax_finish(m, &o, p.out + (int64_t{h} * G + g) * D + d, 1);
+  }
+  if (p.phase != nullptr) {
+    __syncthreads();
+    phase_last(p.phase, h, kSlotMerge);
   }
 }
 

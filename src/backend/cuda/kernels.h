@@ -82,16 +82,27 @@ struct ScoreParams {
   int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0;
   float scale = 0.0f;
   uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off); see kPhaseSlots
+  // Run 8: the first tile's copy issued before the query fragments are formed, and the cluster sizes
+  // loaded a tile ahead into registers (run 6: a dependent load after each tile's MMAs). Same logits.
+  bool early_loads = false;
 };
-// Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1): per flat head
-// h, phase[h * kPhaseSlots + j], all slots set to ~0 before the decode:
-//   [0] earliest score CTA start (%globaltimer ns, atomicMin), [1] ~(latest score CTA end) (atomicMin of
-//   the complement), [2 + j] / [2 + kSelPhases + j]: %globaltimer ns / clock64 of thread 0 of the
-//   selection CTA at its phase boundary j (select_bins.cu: 0 start, 1 scores + range, 2 histogram,
-//   3 threshold bins, 4 candidates, 5 thresholds, 6 compaction, 7 expansion = end). Kernels that do not
-//   stamp (radix, cluster selection) leave the slots at ~0.
+// Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
+// graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
+// the decode; "first" = earliest CTA (%globaltimer ns, atomicMin), "last" = latest, kept as its complement
+// (atomicMin of ~t):
+//   [0] score first start, [1] ~score last end;
+//   [2 + j] / [2 + kSelPhases + j]: %globaltimer ns / clock64 of thread 0 of the selection CTA at its
+//   phase boundary j (select_bins.cu: 0 start (after the PDL wait), 1 scores + range, 2 histogram,
+//   3 threshold bins, 4 candidates, 5 thresholds, 6 compaction, 7 expansion = end);
+//   [kSlotExact] exact attention first start (after the PDL wait), [kSlotExact + 1] ~its last end (partial
+//   states written); [kSlotEst], [kSlotEst + 1] the same for the estimation;
+//   [kSlotMerge] ~(end of the merge): the fused merge's last CTA, or the last combine_states CTA.
+// Kernels that do not stamp (radix, cluster selection) leave their slots at ~0.
 inline constexpr int kSelPhases = 8;
-inline constexpr int kPhaseSlots = 2 + 2 * kSelPhases;
+inline constexpr int kSlotExact = 2 + 2 * kSelPhases;
+inline constexpr int kSlotEst = kSlotExact + 2;
+inline constexpr int kSlotMerge = kSlotEst + 2;
+inline constexpr int kPhaseSlots = kSlotMerge + 1;
 int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s);
 
@@ -123,6 +134,9 @@ struct SelectParams {
   // the score grid drains and wait (griddepcontrol.wait) before reading anything it wrote. Only the
   // bins kernel takes it; the others launch plainly.
   bool pdl = false;
+  // Run 8 (bins kernel): prefetch the retrieval clusters' members into L2 while compacting, so that the
+  // expansion's dependent loads hit L2. The result is the same.
+  bool prefetch = false;
 };
 // Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)
 // while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;
@@ -166,6 +180,7 @@ struct DecodeParams {
   int total_splits = 0, split_offset = 0;
   FusedMerge merge;  // off unless merge.counter is set
   bool pdl = false;  // launch as a programmatic dependent of the previous kernel on the stream
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
 };
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
@@ -187,6 +202,7 @@ struct EstimateParams {
   float* part_o = nullptr;
   int total_splits = 0, split_offset = 0;
   FusedMerge merge;  // as DecodeParams::merge (the same counter: both kernels' CTAs count)
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
 };
 inline constexpr int kEstimateChunk = 64;  // estimated clusters per CTA: num_splits = ceil(k_estimation / 64)
 cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s);
@@ -196,6 +212,7 @@ struct CombineParams {
   const float* part_o = nullptr;
   int num_heads = 0, group = 0, head_dim = 0, total_splits = 0;
   float* out = nullptr;  // [H, G, D] f32
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
 };
 cudaError_t combine_states(const CombineParams& p, cudaStream_t s);
 

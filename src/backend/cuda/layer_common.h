@@ -96,19 +96,26 @@ struct ZoneDecodeArgs {
 
 // The decode path of launch_zone_decode, from RETROINFER_DECODE (read at every call, so that a test can
 // run both paths in one process):
-//   unset / "run8": fused merge (kernels.h FusedMerge) and programmatic dependent launch of the selection
-//                   after the score kernel and of the exact attention after the selection;
-//   "fused":        the fused merge only (no programmatic launches);
-//   "run6":         run 6's launch sequence (combine_states after the join, plain launches).
-// Either part applies only where ZoneDecodeArgs::merge_counter is set; the fused merge only when
-// total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs).
+//   unset / "run8": everything below: fused merge (kernels.h FusedMerge), programmatic dependent launch of
+//                   the selection after the score kernel and of the exact attention after the selection,
+//                   the score kernel's early loads (ScoreParams::early_loads), the selection's L2
+//                   prefetch of the retrieval clusters' members (SelectParams::prefetch);
+//   "nopdl":        all but the programmatic launches;
+//   "fused":        the fused merge only;
+//   "run6":         run 6's kernels and launch sequence (combine_states after the join, plain launches).
+// All of it applies only where ZoneDecodeArgs::merge_counter is set; the fused merge only when
+// total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs). Every part
+// leaves the logits, scores and selection bit-identical; only the merge's rounding differs (f32).
 struct DecodePath {
-  bool fused_merge = true, pdl = true;
+  bool fused_merge = true, pdl = true, early_loads = true, prefetch = true;
 };
 DecodePath decode_path();
 
 // Phase summary of the stamps of one decode (kernels.h kPhaseSlots; raw: [H, kPhaseSlots] as downloaded):
-// ("phase.<name>", ms) pairs, medians over the heads that stamped; empty when none did.
+// ("phase.<name>", ms) pairs: the timeline over all heads relative to the first score CTA's start
+// (score_end, select_start / _end, exact_start / _end, estimate_start / _end, merge_end) and the
+// selection's phases (select_<phase>, select_head_total: medians over the heads); empty when nothing
+// stamped.
 std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads);
 // mark(stage) is called after "score", "select", "estimate" (only when n_e > 0), "exact_attention" and
 // "combine"; after_select (may be empty) runs between the selection/estimation and the exact attention.

@@ -287,6 +287,9 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
           const int64_t hc = int64_t{h} * N + c;
           beg[j] = p.offsets[hc];
           len[j] = p.offsets[hc + 1] - beg[j];
+          // Run 8: start the members' way into L2 now; the expansion reads them after two barriers.
+          if (p.prefetch)
+            for (int o = 0; o < len[j]; o += 32) prefetch_l2(p.members + beg[j] + o);
         }
         toks += len[j];
       }

@@ -22,13 +22,8 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
   m = mx;
 }
 
-// Diagnostics (kernels.h kPhaseSlots): %globaltimer in ns (coarse across multiprocessors, comparable
-// between kernels) and the multiprocessor's cycle counter (fine, within one CTA).
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+// Diagnostics (kernels.h kPhaseSlots): %globaltimer in ns (common.cuh global_ns; comparable between
+// kernels) and the multiprocessor's cycle counter (fine, within one CTA).
 // Thread 0 of the selection CTA stamps phase boundary j of head h (call right after a barrier).
 __device__ __forceinline__ void sel_stamp(uint64_t* phase, int h, int j) {
   if (phase != nullptr && threadIdx.x == 0) {
