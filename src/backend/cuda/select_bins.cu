@@ -56,8 +56,12 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
   if (tid < 2) bs.cand_n[tid] = 0;
   // PDL (p.pdl): let the exact-attention CTAs launch (they wait for this grid in turn), then wait for the
-  // score kernel's logits and partials. No global memory is touched before the wait.
+  // score kernel's logits and partials. Nothing the score kernel writes is read before the wait.
   grid_launch_dependents();
+  // Run 8: the head's CSR offsets (index data, not written by the score kernel) on their way into L2
+  // before the wait; the compaction reads those of the retrieval items.
+  if (p.prefetch && p.page_tokens == 0 && p.offsets != nullptr)
+    for (int i = tid * 32; i <= N; i += blockDim.x * 32) prefetch_l2(p.offsets + int64_t{h} * N + i);
   grid_dependency_wait();
   sel_stamp(p.phase, h, 0);
   uint32_t kmin = 0xffffffffu, kmax = 0u;
