@@ -134,6 +134,7 @@ void run_path_case(const PathCase& pc, uint64_t seed) {
   cuda::CapturedGraph graph(stream.get(), [&] { layer.decode(dq.as<float>(), dg.as<float>(), stream.get()); });
   for (int rep = 0; rep < 2; ++rep) {
     dg.fill_bytes(0xff);
+    cuda::synchronize();  // the memset runs on the legacy stream, the graph on a non-blocking one
     graph.launch(stream.get());
     cuda::synchronize(stream.get());
     const auto g = gputest::download_f32(dg, q_elems);

@@ -134,8 +134,9 @@ struct SelectParams {
   // the score grid drains and wait (griddepcontrol.wait) before reading anything it wrote. Only the
   // bins kernel takes it; the others launch plainly.
   bool pdl = false;
-  // Run 8 (bins kernel): prefetch the retrieval clusters' members into L2 while compacting, so that the
-  // expansion's dependent loads hit L2. The result is the same.
+  // Run 8 (bins kernel): the head's CSR offsets prefetched into L2 before the PDL wait, the retrieval
+  // clusters' members while compacting (the expansion's dependent loads then hit L2), and a half-warp per
+  // item in the expansion. The result is the same.
   bool prefetch = false;
 };
 // Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)

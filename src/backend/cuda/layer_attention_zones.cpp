@@ -119,7 +119,9 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false};
   const bool fused = path.fused_merge && int64_t{total} * a.group <= kMergeMaxStates &&
                      reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
-  const bool pdl = path.pdl && !a.timing;
+  // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
+  // stream's implicit synchronisation is left as it is.
+  const bool pdl = path.pdl && !a.timing && st != nullptr && st != cudaStreamLegacy;
   FusedMerge fm;
   if (fused) {
     fm.counter = a.merge_counter;
