@@ -145,8 +145,12 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
   grid_dependency_wait();
   phase_first(p.phase, h, kSlotExact);
   const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
-  const int64_t begin = int64_t{split} * p.split_tokens;
-  const int64_t end = begin + p.split_tokens < count ? begin + p.split_tokens : count;
+  // p.balance (run 8): the head's actual count split evenly over the CTAs (whole tiles), not the host's
+  // split of the list capacity (at 128K the lists fill ~64% of it: 8 of 12 CTAs did all the work).
+  const int64_t split_len =
+      p.balance ? (((count + p.num_splits - 1) / p.num_splits + kT - 1) / kT) * kT : p.split_tokens;
+  const int64_t begin = int64_t{split} * split_len;
+  const int64_t end = begin + split_len < count ? begin + split_len : count;
 
   const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;

@@ -182,6 +182,9 @@ struct DecodeParams {
   FusedMerge merge;  // off unless merge.counter is set
   bool pdl = false;  // launch as a programmatic dependent of the previous kernel on the stream
   uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
+  // Run 8: each head's tokens split evenly over its num_splits CTAs on the device (ceil(count / splits)
+  // rounded up to whole tiles), instead of split_tokens (sized by the host for the list capacity).
+  bool balance = false;
 };
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile

@@ -29,8 +29,8 @@ DecodePath decode_path() {
   DecodePath p;
   if (e == nullptr) return p;
   const std::string_view v(e);
-  if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = false;
-  else if (v == "fused") p.pdl = p.early_loads = p.prefetch = false;
+  if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = p.balance = false;
+  else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "nopdl") p.pdl = false;
   return p;
 }
@@ -116,7 +116,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   };
   const int total = a.attn_splits + a.est_splits;
   // Run 8 (decode_path()): the merge in the last CTA of each head, programmatic dependent launches.
-  const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false};
+  const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false, false};
   const bool fused = path.fused_merge && int64_t{total} * a.group <= kMergeMaxStates &&
                      reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
   // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
@@ -220,6 +220,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.split_offset = 0;
   dp.merge = fm;
   dp.phase = a.phase;
+  dp.balance = path.balance;
   // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.
   dp.pdl = pdl && !after_select;
   launch_check(decode_attention(dp, st), "decode_attention(sparse)", st);

@@ -99,7 +99,8 @@ struct ZoneDecodeArgs {
 //   unset / "run8": everything below: fused merge (kernels.h FusedMerge), programmatic dependent launch of
 //                   the selection after the score kernel and of the exact attention after the selection,
 //                   the score kernel's early loads (ScoreParams::early_loads), the selection's L2
-//                   prefetch of the retrieval clusters' members (SelectParams::prefetch);
+//                   prefetches and half-warp expansion (SelectParams::prefetch), the exact attention's
+//                   splits balanced on the device over the actual token counts (DecodeParams::balance);
 //   "nopdl":        all but the programmatic launches;
 //   "fused":        the fused merge only;
 //   "run6":         run 6's kernels and launch sequence (combine_states after the join, plain launches).
@@ -107,7 +108,7 @@ struct ZoneDecodeArgs {
 // total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs). Every part
 // leaves the logits, scores and selection bit-identical; only the merge's rounding differs (f32).
 struct DecodePath {
-  bool fused_merge = true, pdl = true, early_loads = true, prefetch = true;
+  bool fused_merge = true, pdl = true, early_loads = true, prefetch = true, balance = true;
 };
 DecodePath decode_path();
 
