@@ -90,6 +90,20 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
 }
 
+// L2 policy "evict first" for streamed data read once (its lines go before the ones other kernels reuse).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+// cp_async16_zfill with an L2 cache policy (l2_evict_first_policy).
+__device__ __forceinline__ void cp_async16_zfill_hint(void* smem, const void* gmem, bool valid, uint64_t pol) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem), "r"(n),
+               "l"(pol));
+}
+
 // Diagnostics (kernels.h kPhaseSlots): the global timer in ns (the same clock on every multiprocessor).
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;

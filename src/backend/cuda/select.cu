@@ -50,13 +50,20 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
   const int per_cta = (tiles_all + gridDim.x - 1) / gridDim.x;
   const int tile0 = blockIdx.x * per_cta, tile1 = min(tiles_all, tile0 + per_cta);
   const int ntiles = tile0 + warp < tile1 ? (tile1 - tile0 - warp + kScoreWarps - 1) / kScoreWarps : 0;
+  // kEarly (run 8): the centroids are streamed once per decode (67 MB at 128K batch 4, more than L2), so
+  // their lines are marked evict-first: the logits this kernel writes stay in L2 for the selection and
+  // the estimation.
+  const uint64_t pol = kEarly ? l2_evict_first_policy() : 0;
   auto load_tile = [&](int t, int buf) {
     const int c0 = (tile0 + t * kScoreWarps + warp) * kScoreTile;
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
       const int e = lane + 32 * i, row = e / kChunks, col = e % kChunks;
       const bool ok = c0 + row < C;
-      cp_async16_zfill(&cs[warp][buf][row * kRow + col * 8], ch + int64_t{ok ? c0 + row : 0} * D + col * 8, ok);
+      uint16_t* dst = &cs[warp][buf][row * kRow + col * 8];
+      const uint16_t* src = ch + int64_t{ok ? c0 + row : 0} * D + col * 8;
+      if constexpr (kEarly) cp_async16_zfill_hint(dst, src, ok, pol);
+      else cp_async16_zfill(dst, src, ok);
     }
     cp_async_commit();
   };
