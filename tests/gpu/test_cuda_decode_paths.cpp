@@ -1,6 +1,6 @@
-// Run 8's decode path (fused merge in the last CTA of each head, programmatic dependent launches; see
-// layer_common.h decode_path) against run 6's launch sequence (RETROINFER_DECODE=run6) on the same layer
-// and query: identical selections and token lists, outputs equal up to f32 rounding; graph replays of the
+// Run 8's decode path (fused merge in the last CTA of each head, programmatic dependent launches, balanced
+// splits...; see layer_common.h decode_path) against run 6's (RETROINFER_DECODE=run6) on the same layer
+// and query: identical selections and token lists, outputs equal up to rounding; graph replays of the
 // new path bit-identical to its eager decode (the merge counters reset themselves); the stage-timing path
 // and its phase stamps (RETROINFER_SELECT_PHASES=1).
 #include <gtest/gtest.h>
@@ -59,14 +59,17 @@ PathResult decode_once(cuda::RetroLayer& layer, const float* dq, size_t q_elems,
   return r;
 }
 
-// Outputs of the two merges differ by f32 rounding only: both form sum_s w_s o_s / sum_s w_s l_s over the
-// same partial states; combine_states rescales pairwise (one expf and two roundings per split and
-// element), the fused merge once against the global max. With S splits the relative difference is at
-// most ~4 S 2^-24 (linear worst case; ~2.4e-7 S), and the outputs are convex combinations of value rows
-// (|v| <~ 5 for the N(0,1) values here): max-abs <= 4 S 2^-24 * 5 stays below 1e-4 up to S = 80; we
-// require 2e-5 (the errors are random-signed; measured values are printed) and nmse < 1e-11.
-constexpr double kMaxAbs = 2e-5;
-constexpr double kNmse = 1e-11;
+// Outputs of the two paths differ by rounding only. (1) The merge: both form sum_s w_s o_s / sum_s w_s l_s
+// over partial states; combine_states rescales pairwise (an expf and two roundings per split and element),
+// the fused merge once against the global max: relative ~4 S 2^-24 at worst for S splits (~1e-5 at
+// S = 42), random-signed in practice. (2) Balanced splits: the exact tokens are grouped into different
+// splits, so each P is formed against a different running max and split into bf16 hi + lo differently;
+// the hi/lo split carries P to 2^-18 relative (decode.cu), so an output (a convex combination of value
+// rows, |v| <= ~4.5 for the N(0,1)-like values here) moves by <= 2^-18 * 4.5 = 1.7e-5 per path, 3.4e-5
+// between them in the worst case. We require max-abs < 5e-5; the nmse of such errors is ~(2^-19)^2 =
+// 4e-12 against outputs of rms ~0.3-1, required < 1e-10. Measured values are printed.
+constexpr double kMaxAbs = 5e-5;
+constexpr double kNmse = 1e-10;
 
 void run_path_case(const PathCase& pc, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "seqs=" << pc.num_seqs << " hkv=" << pc.hkv << " G=" << pc.group << " d="
@@ -123,9 +126,6 @@ void run_path_case(const PathCase& pc, uint64_t seed) {
   EXPECT_LT(cb.nmse, kNmse);
   EXPECT_LT(cc.max_abs, kMaxAbs);
   EXPECT_LT(cc.nmse, kNmse);
-  // The fused merge is deterministic (fixed split order whichever CTA finishes last): run 8 and "fused"
-  // run the same merge on the same states.
-  for (size_t i = 0; i < b.out.size(); ++i) ASSERT_EQ(b.out[i], c.out[i]) << "element " << i;
 
   // Graph replays of the run 8 path: bit-identical to its eager decode, twice in a row (the per-head
   // counters are left at zero by each decode), and an eager decode after them still matches.
