@@ -88,7 +88,7 @@ struct ZoneDecodeArgs {
   cudaEvent_t fork = nullptr, join = nullptr;
   // Run 8 (decode_path()): [H] int counters, zero before the decode (the layer zeroes them once at
   // allocation; the kernels leave them zero). Null keeps run 6's launches (separate combine_states, no
-  // programmatic dependent launch): the wave buffer's decode.
+  // programmatic dependent launch) whatever RETROINFER_DECODE says.
   int* merge_counter = nullptr;
   bool timing = false;         // events between the stages (decode_stage_ms): no programmatic launches
   uint64_t* phase = nullptr;   // [H, kPhaseSlots] diagnostics (kernels.h), slots set to ~0; null: off
