@@ -10,6 +10,10 @@
 //   kernel_bench [--lengths 32768,131072] [--batches 1,4,16] [--reps 30] [--out FILE]
 //               [--max-index-work T]   skip retro/quest when batch * n^2 > T * 2^40 (k-means global step cost)
 //               [--prefill-chunk 8192]
+//               [--flush write|read]  L2 eviction before each timed call (see g_flush_read)
+//               [--stages 1]   also stamp the score / selection phases (RETROINFER_SELECT_PHASES=1): one
+//                              "retro_phases" line per case (medians over heads and the 10 stage decodes)
+// RETROINFER_DECODE=run6 / fused / (unset: run 8) picks the decode path (layer_common.h decode_path).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -67,11 +71,41 @@ using namespace retroinfer;
 FILE* g_out = stdout;
 long long g_prefill_chunk = 8192;
 
+// L2 eviction before each timed call. "write" (default, as runs 3-7): cuda::flush_l2, a memset of twice
+// the L2 size, which leaves L2 full of dirty lines that the timed kernels' first reads must write back.
+// "read": a dense decode over 128 MiB of K/V (2.5x the H200's 50 MiB L2) evicts by reading, leaving clean
+// lines: the cold-cache time without the write-back of someone else's data (--flush read; attribution).
+bool g_flush_read = false;
+struct ReadFlush {
+  static constexpr long long kTokens = 32768;  // 8 heads x 32768 x 128 x 2 B x (K + V) = 128 MiB
+  const AttentionShape shape{32, 8, 128};
+  cuda::DeviceBuffer k{size_t(8) * kTokens * 128 * 2}, v{size_t(8) * kTokens * 128 * 2};
+  cuda::DeviceBuffer q{size_t(32) * 128 * 4}, out{size_t(32) * 128 * 4};
+  cuda::DenseDecoder dense{shape, 1, kTokens};
+  ReadFlush() {
+    cuda::fill_random_bf16(k.as<uint16_t>(), k.bytes() / 2, 11, 1.0f);
+    cuda::fill_random_bf16(v.as<uint16_t>(), v.bytes() / 2, 12, 1.0f);
+    cuda::fill_random_f32(q.as<float>(), q.bytes() / 4, 13, 1.0f);
+  }
+  void run(cuda::Stream s) {
+    dense.run(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), kTokens, kTokens, 0.0f, out.as<float>(), s);
+  }
+};
+void flush(cuda::Stream s = nullptr) {
+  if (!g_flush_read) {
+    cuda::flush_l2(s);
+    return;
+  }
+  static ReadFlush rf;
+  rf.run(s);
+}
+
 void emit(const char* method, long long n, long long batch, const Stats& s, double bytes, const std::string& extra) {
   std::fprintf(g_out,
                "{\"bench\":\"kernel\",\"method\":\"%s\",\"n\":%lld,\"batch\":%lld,\"ms\":%.5f,\"ms_min\":%.5f,"
-               "\"ms_p90\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f%s}\n",
-               method, n, batch, s.median, s.min, s.p90, bytes, bytes / (s.median * 1e-3) / 1e9, extra.c_str());
+               "\"ms_p90\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f%s%s}\n",
+               method, n, batch, s.median, s.min, s.p90, bytes, bytes / (s.median * 1e-3) / 1e9, extra.c_str(),
+               g_flush_read ? ",\"flush\":\"read\"" : "");
   std::fflush(g_out);
 }
 
@@ -82,7 +116,7 @@ Stats time_calls(F&& fn, int warm, int reps) {
   for (int i = 0; i < warm; ++i) fn(i);
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    cuda::flush_l2();
+    flush();
     timer.start();
     fn(i);
     timer.stop();
@@ -180,7 +214,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
     std::vector<std::vector<float>> per;
     std::vector<std::string> names;
     for (int i = 0; i < 10; ++i) {
-      cuda::flush_l2();
+      flush();
       const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
       if (per.empty()) {
         per.resize(st.size());
@@ -188,14 +222,22 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       }
       for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
     }
-    std::string stage_json = ",\"stages_ms\":{";
+    // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
+    std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
+    bool any_stage = false, any_phase = false;
     for (size_t j = 0; j < per.size(); ++j) {
-      char b[96];
-      std::snprintf(b, sizeof b, "%s\"%s\":%.5f", j ? "," : "", names[j].c_str(), stats(per[j]).median);
-      stage_json += b;
+      const bool ph = names[j].rfind("phase.", 0) == 0;
+      bool& any = ph ? any_phase : any_stage;
+      char b[128];
+      std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
+                    stats(per[j]).median);
+      (ph ? phase_json : stage_json) += b;
+      any = true;
     }
     stage_json += "}";
+    phase_json += "}";
     emit("retro_stages", n, batch, s, req, stage_json);
+    if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
     {
       // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
       cuda::StreamHandle stream;
@@ -206,7 +248,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       cuda::EventTimer timer;
       std::vector<float> t;
       for (int i = 0; i < reps + 3; ++i) {
-        cuda::flush_l2(stream.get());
+        flush(stream.get());
         timer.start(stream.get());
         graphs[i % kQueries]->launch(stream.get());
         timer.stop(stream.get());
@@ -238,6 +280,10 @@ int main(int argc, char** argv) {
     else if (a == "--max-index-work") max_index_work = std::atof(argv[++i]);
     else if (a == "--out") out_path = argv[++i];
     else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
+    else if (a == "--flush") g_flush_read = std::string(argv[++i]) == "read";
+    else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
+      if (std::atoi(argv[++i]) != 0) setenv("RETROINFER_SELECT_PHASES", "1", 1);
+    }
     else {
       std::fprintf(stderr, "kernel_bench: unknown option %s\n", argv[i]);
       return 2;

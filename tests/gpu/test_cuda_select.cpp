@@ -47,7 +47,7 @@ void cpu_select(const float* sc, int n, int k1, int k2, std::vector<int>& r, std
   e.resize(k2, -1);
 }
 
-enum class Kernel { kRadix, kBins, kCluster };
+enum class Kernel { kRadix, kBins, kCluster, kBinsRun8 };
 
 void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
   SCOPED_TRACE(testing::Message() << "heads=" << sc.heads << " items=" << sc.items << " k_r=" << sc.k_r
@@ -75,6 +75,7 @@ void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
   cuda::DeviceBuffer ret(size_t(H) * sc.k_r * 4), est(size_t(H) * std::max(sc.k_e, 1) * 4),
       list(size_t(H) * list_stride * 4), count(size_t(H) * 4), scratch(size_t(H) * (sc.k_r + 1) * 4);
   for (auto* b : {&ret, &est, &list, &count}) b->fill_bytes(0x7f);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the memsets (legacy stream) before the non-blocking stream's kernel
   cuda::detail::SelectParams p;
   p.scores = d_scores.as<float>();
   p.num_heads = H;
@@ -91,9 +92,15 @@ void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
   p.token_count = count.as<int>();
   p.scan_scratch = scratch.as<int>();
   p.list_stride = list_stride;
-  const cudaError_t e = kernel == Kernel::kRadix  ? cuda::detail::select_and_expand_single_cta(p, nullptr)
-                       : kernel == Kernel::kBins ? cuda::detail::select_and_expand_bins(p, nullptr)
-                                                 : cuda::detail::select_and_expand_cluster(p, nullptr);
+  // Run 8's bins kernel: launched with the programmatic-dependent attribute (no kernel before it here: the
+  // wait returns at once), half-warp expansion, prefetches.
+  p.pdl = p.prefetch = kernel == Kernel::kBinsRun8;
+  cuda::StreamHandle stream;  // programmatic launches are used on created streams only
+  const auto st = static_cast<cudaStream_t>(stream.get());
+  const cudaError_t e = kernel == Kernel::kRadix  ? cuda::detail::select_and_expand_single_cta(p, st)
+                       : kernel == Kernel::kBins || kernel == Kernel::kBinsRun8
+                           ? cuda::detail::select_and_expand_bins(p, st)
+                           : cuda::detail::select_and_expand_cluster(p, st);
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int> g_ret(size_t(H) * sc.k_r), g_est(size_t(H) * sc.k_e), g_list(size_t(H) * list_stride), g_count(H);
@@ -147,6 +154,13 @@ TEST(CudaSelect, BinsKernelMatchesCpuRule) {
   uint64_t seed = 3000;
   for (const auto& c : kCases)
     if (c.items <= kBinsMaxItems) run_select_case(c, ++seed, Kernel::kBins);
+}
+
+TEST(CudaSelect, BinsKernelRun8MatchesCpuRule) {
+  RETROINFER_REQUIRE_GPU();
+  uint64_t seed = 4000;
+  for (const auto& c : kCases)
+    if (c.items <= kBinsMaxItems) run_select_case(c, ++seed, Kernel::kBinsRun8);
 }
 
 TEST(CudaSelect, SingleCtaKernelMatchesCpuRule) {

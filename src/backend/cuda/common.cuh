@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/kernels.h"
 #include "retroinfer/dtype.h"
 
 namespace retroinfer::cuda::detail {
@@ -87,6 +88,54 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, b
   const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+
+// L2 policy "evict first" for streamed data read once (its lines go before the ones other kernels reuse).
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+// cp_async16_zfill with an L2 cache policy (l2_evict_first_policy).
+__device__ __forceinline__ void cp_async16_zfill_hint(void* smem, const void* gmem, bool valid, uint64_t pol) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s), "l"(gmem), "r"(n),
+               "l"(pol));
+}
+
+// Diagnostics (kernels.h kPhaseSlots): the global timer in ns (the same clock on every multiprocessor).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Earliest / latest event of a head's CTAs into slot `slot` of phase (slots start at ~0; the latest is kept
+// as the complement, so both are an atomicMin). Thread 0 only; phase may be null (off).
+__device__ __forceinline__ void phase_first(uint64_t* phase, int h, int slot) {
+  if (phase != nullptr && threadIdx.x == 0)
+    atomicMin(reinterpret_cast<unsigned long long*>(phase + int64_t{h} * kPhaseSlots + slot), global_ns());
+}
+__device__ __forceinline__ void phase_last(uint64_t* phase, int h, int slot) {
+  if (phase != nullptr && threadIdx.x == 0)
+    atomicMin(reinterpret_cast<unsigned long long*>(phase + int64_t{h} * kPhaseSlots + slot), ~global_ns());
+}
+
+// Hint: bring the line holding `p` into L2 (no register result, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
+// Programmatic dependent launch (sm_90; no-ops in a kernel launched without the attribute):
+// wait = block until the grids this one depends on have completed and their writes are visible;
+// launch_dependents = this CTA no longer holds back the launch of the next kernel's CTAs.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 }  // namespace retroinfer::cuda::detail

@@ -32,6 +32,70 @@ struct DecodeSmem {
   static constexpr size_t kBytes = kW * kWarpBytes;
 };
 
+// Fused merge (kernels.h FusedMerge), called by every CTA of the decode and estimate kernels after it has
+// written its partial states (all threads, uniform control flow). The CTA that counts last for head h
+// merges the head's total splits: per query head g the max M over the splits' m, weights w_s = e^{m_s - M}
+// (0 for empty states), L = sum_s l_s w_s (warp g, lanes over the splits, a fixed-order shuffle
+// reduction), then out = sum_s w_s o_s / L with thread = 4 consecutive dims of one query head and the
+// splits' 16-byte loads independent (L2: __ldcg, the states were written by other multiprocessors).
+// Equal to combine_states' pairwise softmax_merge up to f32 rounding (the same terms, rescaled once
+// instead of step by step); deterministic (no floating-point atomics). wts: >= kMergeMaxStates floats of
+// shared memory this CTA no longer uses.
+__device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const float* part_o, int total,
+                              int G, int D, int h, float* wts, uint64_t* phase) {
+  __shared__ int s_last;
+  __shared__ float s_inv[kMaxGroup];
+  __threadfence();  // release: this thread's partial-state stores before the CTA's count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(fm.counter + h, 1);
+    s_last = done == total - 1;
+    if (done == total - 1) fm.counter[h] = 0;  // every CTA of head h has counted: ready for the next decode
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // acquire: the other CTAs' states (read through L2 below)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  const float2* ml = part_ml + int64_t{h} * total * G;  // [total, G]
+  for (int g = warp; g < G; g += nw) {
+    float M = -INFINITY;
+    for (int s = lane; s < total; s += 32) M = fmaxf(M, __ldcg(&ml[int64_t{s} * G + g]).x);
+    M = warp_max(M);
+    float L = 0.0f;
+    for (int s = lane; s < total; s += 32) {
+      const float2 v = __ldcg(&ml[int64_t{s} * G + g]);
+      const float w = v.x == -INFINITY ? 0.0f : expf(v.x - M);  // M = -inf only when every m is
+      wts[s * G + g] = w;
+      L += v.y * w;
+    }
+    L = warp_sum(L);
+    if (lane == 0) s_inv[g] = L > 0.0f ? 1.0f / L : 0.0f;  // the empty state gives zeros (softmax_finish)
+  }
+  __syncthreads();
+  const int cols = G * D / 4;
+  const float* po = part_o + int64_t{h} * total * G * D;  // [total, G, D]
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const int g = (4 * c) / D, d = (4 * c) % D;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = 0; s < total; ++s) {
+      const float w = wts[s * G + g];
+      const float4 o = __ldcg(reinterpret_cast<const float4*>(po + (int64_t{s} * G + g) * D + d));
+      acc.x += w * o.x;
+      acc.y += w * o.y;
+      acc.z += w * o.z;
+      acc.w += w * o.w;
+    }
+    const float inv = s_inv[g];
+    *reinterpret_cast<float4*>(fm.out + (int64_t{h} * G + g) * D + d) =
+        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  }
+  if (phase != nullptr) {
+    __syncthreads();
+    phase_last(phase, h, kSlotMerge);
+  }
+}
+
 // Tensor-core flash decoding. Per warp and tile of 16 tokens:
 //   S^T[16 x 16 tok] = Q[16 x D] K^T   with mma m16n8k16: A = the query rows (row g: bf16 hi part of the
 //                                      scaled query of head g, row g + 8: its lo part, so s = c[g] + c[g+8]
@@ -54,9 +118,6 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
   uint16_t* vs = ks + S * kT * kRow;                                                           // [S][kT][kRow]
 
   const int h = blockIdx.y, split = blockIdx.x, G = p.group;
-  const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
-  const int64_t begin = int64_t{split} * p.split_tokens;
-  const int64_t end = begin + p.split_tokens < count ? begin + p.split_tokens : count;
 
   // Query A fragments: a[ks] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..), lo(k 2tq+8..)}.
   uint32_t qa[kKs][4];
@@ -80,6 +141,16 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
       qa[k][3] = pack_bf16(lo[2], lo[3]);
     }
   }
+  // PDL (p.pdl): q predates the decode; the token list and count come from the kernels just before.
+  grid_dependency_wait();
+  phase_first(p.phase, h, kSlotExact);
+  const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
+  // p.balance (run 8): the head's actual count split evenly over the CTAs (whole tiles), not the host's
+  // split of the list capacity (at 128K the lists fill ~64% of it: 8 of 12 CTAs did all the work).
+  const int64_t split_len =
+      p.balance ? (((count + p.num_splits - 1) / p.num_splits + kT - 1) / kT) * kT : p.split_tokens;
+  const int64_t begin = int64_t{split} * split_len;
+  const int64_t end = begin + split_len < count ? begin + split_len : count;
 
   const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
@@ -218,6 +289,13 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
     p.part_o[base * D + d] = acc_o;
     if (d == 0) p.part_ml[base] = make_float2(st.m, st.l);
   }
+  if (p.phase != nullptr) {
+    __syncthreads();
+    phase_last(p.phase, h, kSlotExact + 1);
+  }
+  if (p.merge.counter != nullptr)  // the staging above is read; the merge weights go after it
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
+                  reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
@@ -234,6 +312,7 @@ __global__ void __launch_bounds__(128) estimate_kernel(const EstimateParams p) {
   __shared__ int cid[kEstChunk];
   __shared__ float gm[kMaxGroup], gl[kMaxGroup];
   const int h = blockIdx.y, split = blockIdx.x, G = p.group;
+  phase_first(p.phase, h, kSlotEst);
   const int begin = split * kEstChunk;
   const int cnt = p.k_estimation - begin < kEstChunk ? p.k_estimation - begin : kEstChunk;
   const int* ids = p.estimation_ids + int64_t{h} * p.k_estimation + begin;
@@ -303,6 +382,13 @@ __global__ void __launch_bounds__(128) estimate_kernel(const EstimateParams p) {
     p.part_o[base * D + dd] = sum;
     if (dd == 0) p.part_ml[base] = make_float2(gm[g], gl[g]);
   }
+  if (p.phase != nullptr) {
+    __syncthreads();
+    phase_last(p.phase, h, kSlotEst + 1);
+  }
+  static_assert(sizeof(red) >= kMergeMaxStates * sizeof(float), "the merge weights reuse red");
+  if (p.merge.counter != nullptr)  // merge_if_last's first barrier ends the reads of red above
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, &red[0][0][0], p.phase);
 }
 
 // CTA = one query head (flat head h, member g); warp w merges splits w, w + 8, ... (lane = 4 dims per
@@ -352,13 +438,18 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
     }
     softmax_finish(m, &o, p.out + (int64_t{h} * G + g) * D + d, 1);
   }
+  if (p.phase != nullptr) {
+    __syncthreads();
+    phase_last(p.phase, h, kSlotMerge);
+  }
 }
 
 template <int D, bool kIndirect, int S>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
-  static_assert(DecodeSmem<D, S>::kWarpBytes * kW >= size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8,
-                "the warp-merge staging must fit in the tile buffers");
+  static_assert(DecodeSmem<D, S>::kWarpBytes * kW >=
+                    size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8 + size_t{kMergeMaxStates} * 4,
+                "the warp-merge staging and the fused merge's weights must fit in the tile buffers");
   static bool attr_set = false;  // once per instantiation (host-side; the layers are single-threaded)
   if (!attr_set) {
     const cudaError_t e = cudaFuncSetAttribute(decode_kernel<D, kIndirect, S>,
@@ -366,8 +457,21 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  decode_kernel<D, kIndirect, S><<<dim3(p.num_splits, p.num_heads), kW * 32, bytes, s>>>(p);
-  return cudaGetLastError();
+  if (!p.pdl) {
+    decode_kernel<D, kIndirect, S><<<dim3(p.num_splits, p.num_heads), kW * 32, bytes, s>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.num_splits, p.num_heads);
+  cfg.blockDim = dim3(kW * 32);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, decode_kernel<D, kIndirect, S>, p);
 }
 
 template <int D, bool kIndirect>

@@ -81,7 +81,28 @@ struct ScoreParams {
   float2* norm_partial = nullptr;
   int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0;
   float scale = 0.0f;
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off); see kPhaseSlots
+  // Run 8: the first tile's copy issued before the query fragments are formed, and the cluster sizes
+  // loaded a tile ahead into registers (run 6: a dependent load after each tile's MMAs). Same logits.
+  bool early_loads = false;
 };
+// Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
+// graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
+// the decode; "first" = earliest CTA (%globaltimer ns, atomicMin), "last" = latest, kept as its complement
+// (atomicMin of ~t):
+//   [0] score first start, [1] ~score last end;
+//   [2 + j] / [2 + kSelPhases + j]: %globaltimer ns / clock64 of thread 0 of the selection CTA at its
+//   phase boundary j (select_bins.cu: 0 start (after the PDL wait), 1 scores + range, 2 histogram,
+//   3 threshold bins, 4 candidates, 5 thresholds, 6 compaction, 7 expansion = end);
+//   [kSlotExact] exact attention first start (after the PDL wait), [kSlotExact + 1] ~its last end (partial
+//   states written); [kSlotEst], [kSlotEst + 1] the same for the estimation;
+//   [kSlotMerge] ~(end of the merge): the fused merge's last CTA, or the last combine_states CTA.
+// Kernels that do not stamp (radix, cluster selection) leave their slots at ~0.
+inline constexpr int kSelPhases = 8;
+inline constexpr int kSlotExact = 2 + 2 * kSelPhases;
+inline constexpr int kSlotEst = kSlotExact + 2;
+inline constexpr int kSlotMerge = kSlotEst + 2;
+inline constexpr int kPhaseSlots = kSlotMerge + 1;
 int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s);
 
@@ -108,6 +129,15 @@ struct SelectParams {
   int* token_count = nullptr;  // [H] out
   int* scan_scratch = nullptr;  // [H, k_retrieval + 1]
   int64_t list_stride = 0;
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off); select_bins.cu stamps
+  // Launch the bins kernel as a programmatic dependent of the score kernel (run 8): its CTAs start while
+  // the score grid drains and wait (griddepcontrol.wait) before reading anything it wrote. Only the
+  // bins kernel takes it; the others launch plainly.
+  bool pdl = false;
+  // Run 8 (bins kernel): the head's CSR offsets prefetched into L2 before the PDL wait, the retrieval
+  // clusters' members while compacting (the expansion's dependent loads then hit L2), and a half-warp per
+  // item in the expansion. The result is the same.
+  bool prefetch = false;
 };
 // Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)
 // while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;
@@ -118,6 +148,17 @@ cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
 
 // ---- decode attention (decode.cu) ----
+
+// Fused merge (run 8): the CTA that writes the last of head h's total_splits partial states (decode and
+// estimation CTAs together, counted by an atomic per head) merges them into out[h] itself, so no
+// combine_states launch follows. counter: [H] int, zero before the decode; that CTA resets its head's
+// entry to zero, so a graph replays without a memset. Needs total_splits * G <= kMergeMaxStates (the
+// merge weights in shared memory) and a 16-byte aligned out (float4 stores); the host checks both.
+struct FusedMerge {
+  int* counter = nullptr;  // [H]
+  float* out = nullptr;    // [H, G, D] f32
+};
+inline constexpr int kMergeMaxStates = 4096;  // 16 KiB of f32 weights: the estimate kernel's reduction buffer
 
 struct DecodeParams {
   const float* q = nullptr;   // [H, G, D] f32 (unscaled)
@@ -138,6 +179,12 @@ struct DecodeParams {
   float2* part_ml = nullptr;
   float* part_o = nullptr;
   int total_splits = 0, split_offset = 0;
+  FusedMerge merge;  // off unless merge.counter is set
+  bool pdl = false;  // launch as a programmatic dependent of the previous kernel on the stream
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
+  // Run 8: each head's tokens split evenly over its num_splits CTAs on the device (ceil(count / splits)
+  // rounded up to whole tiles), instead of split_tokens (sized by the host for the list capacity).
+  bool balance = false;
 };
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
@@ -158,6 +205,8 @@ struct EstimateParams {
   float2* part_ml = nullptr;
   float* part_o = nullptr;
   int total_splits = 0, split_offset = 0;
+  FusedMerge merge;  // as DecodeParams::merge (the same counter: both kernels' CTAs count)
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
 };
 inline constexpr int kEstimateChunk = 64;  // estimated clusters per CTA: num_splits = ceil(k_estimation / 64)
 cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s);
@@ -167,6 +216,7 @@ struct CombineParams {
   const float* part_o = nullptr;
   int num_heads = 0, group = 0, head_dim = 0, total_splits = 0;
   float* out = nullptr;  // [H, G, D] f32
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
 };
 cudaError_t combine_states(const CombineParams& p, cudaStream_t s);
 

@@ -2,6 +2,9 @@
 // RetroLayer and WaveBufferLayer (layer_common.h), and the zone budgets.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/layer_common.h"
@@ -21,12 +24,109 @@ ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg) {
   return z;
 }
 
+DecodePath decode_path() {
+  const char* e = std::getenv("RETROINFER_DECODE");
+  DecodePath p;
+  if (e == nullptr) return p;
+  const std::string_view v(e);
+  if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = p.balance = false;
+  else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
+  else if (v == "nopdl") p.pdl = false;
+  return p;
+}
+
+std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads) {
+  constexpr uint64_t kUnset = ~uint64_t{0};
+  constexpr int S = kSelPhases;
+  static const char* const kNames[S] = {"start", "scores", "histogram", "threshold_bins",
+                                        "candidates", "thresholds", "compaction", "expansion"};
+  // Timeline over all heads (globaltimer ns, relative to the first score CTA's start): first start and
+  // last end of each kernel. Inside the selection: per-head phase lengths from clock64, converted by the
+  // heads' globaltimer / clock ratio over the whole kernel; medians over the heads.
+  struct Span {
+    uint64_t first = kUnset, last = 0;
+    void start(uint64_t t) { if (t != kUnset) first = std::min(first, t); }
+    void end(uint64_t t) { if (t != kUnset) last = std::max(last, t); }
+    bool ok() const { return first != kUnset && last != 0; }
+  };
+  Span score, select, exact, est, merge;
+  std::vector<std::vector<double>> ph(S + 1);
+  double ratio_sum = 0.0;
+  int ratio_n = 0;
+  for (int h = 0; h < num_heads; ++h) {
+    const uint64_t* r = raw.data() + size_t(h) * kPhaseSlots;
+    const uint64_t* ns = r + 2;
+    const uint64_t* clk = r + 2 + S;
+    score.start(r[0]);
+    if (r[1] != kUnset) score.end(~r[1]);
+    exact.start(r[kSlotExact]);
+    if (r[kSlotExact + 1] != kUnset) exact.end(~r[kSlotExact + 1]);
+    est.start(r[kSlotEst]);
+    if (r[kSlotEst + 1] != kUnset) est.end(~r[kSlotEst + 1]);
+    if (r[kSlotMerge] != kUnset) merge.end(~r[kSlotMerge]);
+    if (ns[0] == kUnset || ns[S - 1] == kUnset || clk[S - 1] <= clk[0]) continue;
+    select.start(ns[0]);
+    select.end(ns[S - 1]);
+    ratio_sum += double(ns[S - 1] - ns[0]) / double(clk[S - 1] - clk[0]);
+    ++ratio_n;
+  }
+  std::vector<std::pair<std::string, float>> out;
+  if (!score.ok()) return out;
+  const uint64_t t0 = score.first;
+  auto add = [&](const std::string& name, double ns) { out.emplace_back("phase." + name, float(ns * 1e-6)); };
+  auto rel = [&](uint64_t t) { return double(int64_t(t - t0)); };
+  add("score_end", rel(score.last));
+  if (select.ok()) {
+    add("select_start", rel(select.first));
+    add("select_end", rel(select.last));
+  }
+  if (exact.ok()) {
+    add("exact_start", rel(exact.first));
+    add("exact_end", rel(exact.last));
+  }
+  if (est.ok()) {
+    add("estimate_start", rel(est.first));
+    add("estimate_end", rel(est.last));
+  }
+  if (merge.last != 0) add("merge_end", rel(merge.last));
+  if (ratio_n > 0) {
+    const double ns_per_cycle = ratio_sum / ratio_n;
+    for (int h = 0; h < num_heads; ++h) {
+      const uint64_t* r = raw.data() + size_t(h) * kPhaseSlots;
+      const uint64_t* ns = r + 2;
+      const uint64_t* clk = r + 2 + S;
+      if (ns[0] == kUnset || ns[S - 1] == kUnset) continue;
+      for (int j = 1; j < S; ++j) ph[j].push_back(double(clk[j] - clk[j - 1]) * ns_per_cycle);
+      ph[0].push_back(double(ns[S - 1] - ns[0]));
+    }
+    auto median = [](std::vector<double> x) {
+      std::sort(x.begin(), x.end());
+      return x.empty() ? 0.0 : x[x.size() / 2];
+    };
+    for (int j = 1; j < S; ++j) add(std::string("select_") + kNames[j], median(ph[j]));
+    add("select_head_total", median(ph[0]));
+  }
+  return out;
+}
+
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::function<void(const char*)>& mark,
                         const std::function<void()>& after_select) {
   auto marked = [&](const char* name) {
     if (mark) mark(name);
   };
   const int total = a.attn_splits + a.est_splits;
+  // Run 8 (decode_path()): the merge in the last CTA of each head, programmatic dependent launches.
+  const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false, false};
+  const bool fused = path.fused_merge && int64_t{total} * a.group <= kMergeMaxStates &&
+                     reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+  // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
+  // stream's implicit synchronisation is left as it is.
+  const bool pdl = path.pdl && !a.timing && st != nullptr && st != cudaStreamLegacy;
+  FusedMerge fm;
+  if (fused) {
+    fm.counter = a.merge_counter;
+    fm.out = a.out;
+  }
   ScoreParams sp;
   sp.q = a.q;
   sp.centroids_bf16 = a.centroids_bf16;
@@ -38,6 +138,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   sp.head_dim = a.head_dim;
   sp.num_clusters = a.num_clusters;
   sp.scale = a.scale;
+  sp.phase = a.phase;
+  sp.early_loads = path.early_loads;
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 
@@ -62,6 +164,9 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.token_count = a.token_count;
   se.scan_scratch = a.scan_scratch;
   se.list_stride = a.list_stride;
+  se.phase = a.phase;
+  se.pdl = pdl;
+  se.prefetch = path.prefetch;
   launch_check(select_and_expand(se, st), "select_and_expand", st);
   marked("select");
 
@@ -87,6 +192,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     ep.part_o = a.part_o;
     ep.total_splits = total;
     ep.split_offset = a.attn_splits;
+    ep.merge = fm;
+    ep.phase = a.phase;
     launch_check(estimate_attention(ep, es), "estimate_attention", es);
     if (fork) RETROINFER_CUDA_CHECK(cudaEventRecord(a.join, es));
     marked("estimate");
@@ -111,9 +218,18 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.part_o = a.part_o;
   dp.total_splits = total;
   dp.split_offset = 0;
+  dp.merge = fm;
+  dp.phase = a.phase;
+  dp.balance = path.balance;
+  // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.
+  dp.pdl = pdl && !after_select;
   launch_check(decode_attention(dp, st), "decode_attention(sparse)", st);
   marked("exact_attention");
   if (fork) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, a.join, 0));
+  if (fused) {  // the last CTA of each head has merged; the join above orders the estimation's CTAs
+    marked("combine");
+    return;
+  }
   CombineParams c;
   c.part_ml = a.part_ml;
   c.part_o = a.part_o;
@@ -122,6 +238,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   c.head_dim = a.head_dim;
   c.total_splits = total;
   c.out = a.out;
+  c.phase = a.phase;
   launch_check(combine_states(c, st), "combine_states", st);
   marked("combine");
 }

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/cuda/kernels.h"
 #include "retroinfer/attention.h"
@@ -83,7 +86,38 @@ struct ZoneDecodeArgs {
   // Side stream for the estimation (null: inline on the main stream).
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
+  // Run 8 (decode_path()): [H] int counters, zero before the decode (the layer zeroes them once at
+  // allocation; the kernels leave them zero). Null keeps run 6's launches (separate combine_states, no
+  // programmatic dependent launch) whatever RETROINFER_DECODE says.
+  int* merge_counter = nullptr;
+  bool timing = false;         // events between the stages (decode_stage_ms): no programmatic launches
+  uint64_t* phase = nullptr;   // [H, kPhaseSlots] diagnostics (kernels.h), slots set to ~0; null: off
 };
+
+// The decode path of launch_zone_decode, from RETROINFER_DECODE (read at every call, so that a test can
+// run both paths in one process):
+//   unset / "run8": everything below: fused merge (kernels.h FusedMerge), programmatic dependent launch of
+//                   the selection after the score kernel and of the exact attention after the selection,
+//                   the score kernel's early loads (ScoreParams::early_loads), the selection's L2
+//                   prefetches and half-warp expansion (SelectParams::prefetch), the exact attention's
+//                   splits balanced on the device over the actual token counts (DecodeParams::balance);
+//   "nopdl":        all but the programmatic launches;
+//   "fused":        the fused merge only;
+//   "run6":         run 6's kernels and launch sequence (combine_states after the join, plain launches).
+// All of it applies only where ZoneDecodeArgs::merge_counter is set; the fused merge only when
+// total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs). Every part
+// leaves the logits, scores and selection bit-identical; only the merge's rounding differs (f32).
+struct DecodePath {
+  bool fused_merge = true, pdl = true, early_loads = true, prefetch = true, balance = true;
+};
+DecodePath decode_path();
+
+// Phase summary of the stamps of one decode (kernels.h kPhaseSlots; raw: [H, kPhaseSlots] as downloaded):
+// ("phase.<name>", ms) pairs: the timeline over all heads relative to the first score CTA's start
+// (score_end, select_start / _end, exact_start / _end, estimate_start / _end, merge_end) and the
+// selection's phases (select_<phase>, select_head_total: medians over the heads); empty when nothing
+// stamped.
+std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads);
 // mark(stage) is called after "score", "select", "estimate" (only when n_e > 0), "exact_attention" and
 // "combine"; after_select (may be empty) runs between the selection/estimation and the exact attention.
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t s, const std::function<void(const char*)>& mark,

@@ -1,6 +1,7 @@
 // RetroLayer: the wave index built and used on the GPU (k-means at build, score / select / estimate /
 // sparse attention / merge at decode).
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <numeric>
 #include <vector>
@@ -15,6 +16,12 @@ namespace {
 // (Re)allocates `buf` when it is smaller than `bytes` (grow only).
 void ensure(DeviceBuffer& buf, size_t bytes) {
   if (buf.bytes() < bytes) buf = DeviceBuffer(bytes);
+}
+// RETROINFER_SELECT_PHASES=1: decode_stage_ms also replays the decode once as a graph with phase stamps
+// (kernels.h kPhaseSlots) and appends their summary as "phase.*" entries (kernel_bench --stages 1).
+bool phases_requested() {
+  const char* e = std::getenv("RETROINFER_SELECT_PHASES");
+  return e != nullptr && e[0] == '1';
 }
 }  // namespace
 
@@ -177,6 +184,9 @@ struct RetroLayer::Impl {
   int64_t outlier_stride = 0;
   // Decode workspace.
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
+  DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
+  DeviceBuffer phase;          // [H, kPhaseSlots] u64: phase stamps (decode_stage_ms, RETROINFER_SELECT_PHASES=1)
+  bool phase_on = false;       // decode_impl passes `phase` (decode_stage_ms's phase graph)
 
   int64_t idx_end() const { return n_idx == 0 ? std::max<int64_t>(idx_begin, cfg.sink_tokens) : idx_begin + n_idx; }
   std::vector<DeviceBuffer> retired;  // index buffers replaced by an update, freed after its sync
@@ -308,6 +318,10 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   const int total = std::max(splits_max, attn_splits) + est_splits;
   ensure(part_ml, Hs * total * G * 8);
   ensure(part_o, Hs * total * G * D * 4);
+  if (merge_counter.bytes() < Hs * 4) {  // zero once: every decode's last CTA per head leaves it zero
+    merge_counter = DeviceBuffer(Hs * 4);
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(merge_counter.data(), 0, Hs * 4, st));
+  }
   if (C > 0) {
     ensure(logits, Hs * G * C * 4);
     ensure(norm_partial, Hs * G * detail::score_blocks(C, D, H) * 8);
@@ -468,6 +482,30 @@ void RetroLayer::decode(const float* q, float* out, Stream s) { decode_impl(q, o
 std::vector<std::pair<std::string, float>> RetroLayer::decode_stage_ms(const float* q, float* out) {
   std::vector<std::pair<std::string, float>> stages;
   decode_impl(q, out, nullptr, &stages);
+  auto& m = *impl_;
+  if (m.n_idx > 0 && phases_requested()) {
+    // Phase stamps from one graph replay of the decode (the timed path: side stream, programmatic
+    // launches), cold L2 as in the benchmark; nothing is allocated during the capture.
+    ensure(m.phase, size_t(m.H) * detail::kPhaseSlots * 8);
+    if (m.n_e > 0 && !m.side) m.side = std::make_unique<SideStream>();
+    StreamHandle stream;
+    struct On {
+      bool& b;
+      explicit On(bool& x) : b(x) { b = true; }
+      ~On() { b = false; }
+    };
+    std::unique_ptr<CapturedGraph> graph;
+    {
+      On on(m.phase_on);
+      graph = std::make_unique<CapturedGraph>(stream.get(), [&] { decode_impl(q, out, stream.get(), nullptr); });
+    }
+    flush_l2(stream.get());
+    graph->launch(stream.get());
+    synchronize(stream.get());
+    std::vector<uint64_t> raw(size_t(m.H) * detail::kPhaseSlots);
+    m.phase.download(raw.data(), raw.size() * 8);
+    for (auto& ph : detail::summarize_phases(raw, m.H)) stages.push_back(std::move(ph));
+  }
   return stages;
 }
 
@@ -555,6 +593,12 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
     a.est_splits = m.est_splits;
     a.part_ml = m.part_ml.as<float2>();
     a.part_o = m.part_o.as<float>();
+    a.merge_counter = m.merge_counter.as<int>();
+    a.timing = stages != nullptr;
+    if (m.phase_on) {  // decode_stage_ms's phase graph (the buffer is allocated before the capture)
+      RETROINFER_CUDA_CHECK(cudaMemsetAsync(m.phase.data(), 0xff, size_t(m.H) * detail::kPhaseSlots * 8, st));
+      a.phase = m.phase.as<uint64_t>();
+    }
     if (m.n_e > 0 && stages == nullptr) {  // stage timing keeps one stream
       if (!m.side) m.side = std::make_unique<SideStream>();
       a.side = m.side->stream;
@@ -603,7 +647,8 @@ int64_t RetroLayer::device_bytes() const {
   const DeviceBuffer* bufs[] = {&m.mean, &m.centroids, &m.centroids_bf16, &m.value_sums, &m.value_sums_bf16,
                                 &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
-                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &w.seg_tokens,
+                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
+                                &m.phase, &w.seg_tokens,
                                 &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
                                 &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,
                                 &w.sort_keys, &w.sort_keys_out, &w.iota, &w.members, &w.offsets, &w.sort_temp,

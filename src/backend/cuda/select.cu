@@ -33,13 +33,55 @@ constexpr int kScoreTile = 16;                          // centroids per warp ti
 // carries the f32 query to 2^-18; B = centroid rows via ldmatrix. Each lane then holds head gq's logits
 // of centroids 2tq, 2tq+1, 8+2tq, 9+2tq, writes them and folds them into an online (max, sum) that
 // becomes this CTA's normaliser partial.
-template <int D>
+template <int D, bool kEarly>
 __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScoreParams p) {
   constexpr int kRow = D + 8, kChunks = D / 8, kLoads = kScoreTile * kChunks / 32, kKs = D / 16;
   __shared__ __align__(16) uint16_t cs[kScoreWarps][2][kScoreTile * kRow];
   __shared__ float2 red[kScoreWarps][kMaxGroup];
   const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
   const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  phase_first(p.phase, h, 0);
+  grid_launch_dependents();  // a selection launched with PDL may start its CTAs (they wait for this grid)
+  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
+  const int* sz = p.sizes + int64_t{h} * C;
+  float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
+  // This CTA's tiles [tile0, tile1) of 16 centroids; warp w takes tiles tile0 + w, tile0 + w + 4, ...
+  const int tiles_all = (C + kScoreTile - 1) / kScoreTile;
+  const int per_cta = (tiles_all + gridDim.x - 1) / gridDim.x;
+  const int tile0 = blockIdx.x * per_cta, tile1 = min(tiles_all, tile0 + per_cta);
+  const int ntiles = tile0 + warp < tile1 ? (tile1 - tile0 - warp + kScoreWarps - 1) / kScoreWarps : 0;
+  // kEarly (run 8): the centroids are streamed once per decode (67 MB at 128K batch 4, more than L2), so
+  // their lines are marked evict-first: the logits this kernel writes stay in L2 for the selection and
+  // the estimation.
+  const uint64_t pol = kEarly ? l2_evict_first_policy() : 0;
+  auto load_tile = [&](int t, int buf) {
+    const int c0 = (tile0 + t * kScoreWarps + warp) * kScoreTile;
+#pragma unroll
+    for (int i = 0; i < kLoads; ++i) {
+      const int e = lane + 32 * i, row = e / kChunks, col = e % kChunks;
+      const bool ok = c0 + row < C;
+      uint16_t* dst = &cs[warp][buf][row * kRow + col * 8];
+      const uint16_t* src = ch + int64_t{ok ? c0 + row : 0} * D + col * 8;
+      if constexpr (kEarly) cp_async16_zfill_hint(dst, src, ok, pol);
+      else cp_async16_zfill(dst, src, ok);
+    }
+    cp_async_commit();
+  };
+  // kEarly (run 8): the cluster sizes of this lane's 4 centroids of tile t, loaded into registers one
+  // tile ahead (run 6 reads them after the tile's MMAs, a dependent global load per tile); 0 past C.
+  auto load_sizes = [&](int t, int* dst) {
+    const int c0 = (tile0 + t * kScoreWarps + warp) * kScoreTile;
+    const int cc[4] = {c0 + 2 * tq, c0 + 2 * tq + 1, c0 + 8 + 2 * tq, c0 + 9 + 2 * tq};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dst[j] = cc[j] < C ? __ldg(sz + cc[j]) : 0;
+  };
+  int szc[4] = {0, 0, 0, 0}, szn[4] = {0, 0, 0, 0};
+  if constexpr (kEarly) {  // the first tile's copy is in flight while the query fragments are formed
+    if (ntiles > 0) {
+      load_tile(0, 0);
+      load_sizes(0, szc);
+    }
+  }
   uint32_t qa[kKs][4];
   {
     const bool on = gq < G;
@@ -61,30 +103,15 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
       qa[k][3] = pack_bf16(lo[2], lo[3]);
     }
   }
-  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
-  const int* sz = p.sizes + int64_t{h} * C;
-  float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
-  // This CTA's tiles [tile0, tile1) of 16 centroids; warp w takes tiles tile0 + w, tile0 + w + 4, ...
-  const int tiles_all = (C + kScoreTile - 1) / kScoreTile;
-  const int per_cta = (tiles_all + gridDim.x - 1) / gridDim.x;
-  const int tile0 = blockIdx.x * per_cta, tile1 = min(tiles_all, tile0 + per_cta);
-  const int ntiles = tile0 + warp < tile1 ? (tile1 - tile0 - warp + kScoreWarps - 1) / kScoreWarps : 0;
-  auto load_tile = [&](int t, int buf) {
-    const int c0 = (tile0 + t * kScoreWarps + warp) * kScoreTile;
-#pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int e = lane + 32 * i, row = e / kChunks, col = e % kChunks;
-      const bool ok = c0 + row < C;
-      cp_async16_zfill(&cs[warp][buf][row * kRow + col * 8], ch + int64_t{ok ? c0 + row : 0} * D + col * 8, ok);
-    }
-    cp_async_commit();
-  };
   float nm = -INFINITY, ns = 0.0f;
-  if (ntiles > 0) load_tile(0, 0);
+  if constexpr (!kEarly) {
+    if (ntiles > 0) load_tile(0, 0);
+  }
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < ntiles) {
       load_tile(t + 1, buf ^ 1);
+      if constexpr (kEarly) load_sizes(t + 1, szn);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -105,8 +132,13 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
     float out[4], tm = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      out[j] = cc[j] < C && sz[cc[j] < C ? cc[j] : 0] > 0 ? s[j] : -INFINITY;
+      const bool nonempty = kEarly ? szc[j] > 0 : sz[cc[j] < C ? cc[j] : 0] > 0;
+      out[j] = cc[j] < C && nonempty ? s[j] : -INFINITY;
       tm = fmaxf(tm, out[j]);
+    }
+    if constexpr (kEarly) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) szc[j] = szn[j];
     }
     if (gq < G) {
 #pragma unroll
@@ -134,6 +166,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
     for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
     p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
   }
+  phase_last(p.phase, h, 1);
 }
 
 __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams p, bool scores_in_smem) {
@@ -322,9 +355,16 @@ int score_blocks(int num_clusters, int head_dim, int num_heads) {
 
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
-  if (p.head_dim == 128) score_kernel<128><<<grid, kScoreWarps * 32, 0, s>>>(p);
-  else if (p.head_dim == 64) score_kernel<64><<<grid, kScoreWarps * 32, 0, s>>>(p);
-  else return cudaErrorInvalidValue;
+  const dim3 block(kScoreWarps * 32);
+  if (p.head_dim == 128) {
+    if (p.early_loads) score_kernel<128, true><<<grid, block, 0, s>>>(p);
+    else score_kernel<128, false><<<grid, block, 0, s>>>(p);
+  } else if (p.head_dim == 64) {
+    if (p.early_loads) score_kernel<64, true><<<grid, block, 0, s>>>(p);
+    else score_kernel<64, false><<<grid, block, 0, s>>>(p);
+  } else {
+    return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

@@ -55,6 +55,15 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   unsigned* hist = &sm.hist[0][0];  // kBinBins counters
   for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
   if (tid < 2) bs.cand_n[tid] = 0;
+  // PDL (p.pdl): let the exact-attention CTAs launch (they wait for this grid in turn), then wait for the
+  // score kernel's logits and partials. Nothing the score kernel writes is read before the wait.
+  grid_launch_dependents();
+  // Run 8: the head's CSR offsets (index data, not written by the score kernel) on their way into L2
+  // before the wait; the compaction reads those of the retrieval items.
+  if (p.prefetch && p.page_tokens == 0 && p.offsets != nullptr)
+    for (int i = tid * 32; i <= N; i += blockDim.x * 32) prefetch_l2(p.offsets + int64_t{h} * N + i);
+  grid_dependency_wait();
+  sel_stamp(p.phase, h, 0);
   uint32_t kmin = 0xffffffffu, kmax = 0u;
   if (G > 0) {
     __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
@@ -124,6 +133,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     bs.wmax[warp] = kmax;
   }
   __syncthreads();  // (1) scores, range, zeroed histogram
+  sel_stamp(p.phase, h, 1);
   uint32_t lo = 0xffffffffu, hi = 0u;
 #pragma unroll 8
   for (int w = 0; w < kSelWarps; ++w) {
@@ -138,6 +148,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     if (s != -INFINITY) atomicAdd(&hist[(float_order_key(s) - lo) >> shift], 1u);
   }
   __syncthreads();  // (2) histogram
+  sel_stamp(p.phase, h, 2);
   // Thread t owns bins kBinBins-1-4t ... kBinBins-4-4t (descending).
   unsigned cnt[kBinBinsPerThread];
   int own = 0;
@@ -167,6 +178,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   __syncthreads();  // (6) threshold bins
+  sel_stamp(p.phase, h, 3);
   const int bin0 = k[0] > 0 ? bs.found_bin[0] : -1, bin1 = k[1] > 0 ? bs.found_bin[1] : -1;
   const bool shared_bin = bin1 == bin0;  // then list 0 serves both thresholds
   if (k[1] > 0) {  // k[1] >= k[0]
@@ -185,6 +197,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   __syncthreads();  // (7) candidates
+  sel_stamp(p.phase, h, 4);
   uint32_t thr[2] = {0u, 0u};
   int take[2] = {0, 0}, eqn[2] = {-1, -1};
   if (bs.cand_n[0] <= kBinCand && bs.cand_n[1] <= kBinCand) {
@@ -220,6 +233,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     int kk[2];
     radix_select2(sc, N, budget, sm, kk, thr, take);
   }
+  sel_stamp(p.phase, h, 5);  // after the barrier (8) or the radix passes' last one
   const int k1 = k[0], k2 = k[1];
   const uint32_t t1 = thr[0], t2 = thr[1];
   const int take1 = take[0], take2 = take[1];
@@ -277,6 +291,9 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
           const int64_t hc = int64_t{h} * N + c;
           beg[j] = p.offsets[hc];
           len[j] = p.offsets[hc + 1] - beg[j];
+          // Run 8: start the members' way into L2 now; the expansion reads them after two barriers.
+          if (p.prefetch)
+            for (int o = 0; o < len[j]; o += 32) prefetch_l2(p.members + beg[j] + o);
         }
         toks += len[j];
       }
@@ -311,7 +328,13 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   for (int i = tid; i < steady; i += blockDim.x)
     list[i] = static_cast<int>(i < p.idx_begin ? i : w_begin + (i - p.idx_begin));
   __syncthreads();  // expansion table
-  for (int i = warp; i < out1; i += kSelWarps) {
+  sel_stamp(p.phase, h, 6);
+  // Run 8 (p.prefetch): a half-warp per retrieval item (clusters hold ~tokens_per_cluster = 16 tokens, so a
+  // whole warp leaves half its lanes idle): 64 items per round instead of 32 (148 items at 128K: 3 dependent
+  // rounds instead of 5). Run 6: a warp per item. The same list either way.
+  const int sub = p.prefetch ? 16 : 32, per_warp = 32 / sub;
+  const int slot = warp * per_warp + lane / sub, sl = lane % sub;
+  for (int i = slot; i < out1; i += kSelWarps * per_warp) {
     int b, at, n;
     if (i < kBinExp) {
       b = bs.exp_begin[i];
@@ -331,12 +354,16 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
       }
     }
     if (p.page_tokens > 0) {
-      for (int t = lane; t < n; t += 32) list[at + t] = static_cast<int>(p.idx_begin + b + t);
+      for (int t = sl; t < n; t += sub) list[at + t] = static_cast<int>(p.idx_begin + b + t);
     } else {
-      for (int t = lane; t < n; t += 32) list[at + t] = static_cast<int>(p.idx_begin + p.members[b + t]);
+      for (int t = sl; t < n; t += sub) list[at + t] = static_cast<int>(p.idx_begin + p.members[b + t]);
     }
   }
   if (tid == 0) p.token_count[h] = running;
+  if (p.phase != nullptr) {  // diagnostics: the end of the slowest warp's expansion
+    __syncthreads();
+    sel_stamp(p.phase, h, 7);
+  }
 }
 
 }  // namespace
@@ -354,8 +381,21 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  select_bins_kernel<<<p.num_heads, kSelThreads, bytes, s>>>(p);
-  return cudaGetLastError();
+  if (!p.pdl) {
+    select_bins_kernel<<<p.num_heads, kSelThreads, bytes, s>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(p.num_heads);
+  cfg.blockDim = dim3(kSelThreads);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, select_bins_kernel, p);
 }
 
 }  // namespace retroinfer::cuda::detail

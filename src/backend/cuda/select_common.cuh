@@ -22,6 +22,17 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
   m = mx;
 }
 
+// Diagnostics (kernels.h kPhaseSlots): %globaltimer in ns (common.cuh global_ns; comparable between
+// kernels) and the multiprocessor's cycle counter (fine, within one CTA).
+// Thread 0 of the selection CTA stamps phase boundary j of head h (call right after a barrier).
+__device__ __forceinline__ void sel_stamp(uint64_t* phase, int h, int j) {
+  if (phase != nullptr && threadIdx.x == 0) {
+    uint64_t* ph = phase + int64_t{h} * kPhaseSlots;
+    ph[2 + j] = global_ns();
+    ph[2 + kSelPhases + j] = static_cast<uint64_t>(clock64());
+  }
+}
+
 constexpr int kSelThreads = 1024;
 constexpr int kSelWarps = kSelThreads / 32;
 

@@ -82,6 +82,7 @@ struct WaveBufferLayer::Impl {
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
+  DeviceBuffer merge_counter;  // [H] int: run 8's fused merge (layer_common.h decode_path), zero between steps
   PinnedBuffer store_host, region;
   const uint16_t* store = nullptr;
   buffer::WaveProtocolLayout layout;
@@ -293,6 +294,8 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   const int total = m.attn_splits + m.est_splits;
   m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
   m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
+  m.merge_counter = DeviceBuffer(size_t(H) * 4);
+  m.merge_counter.fill_bytes(0);
   m.seg_row = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
   m.seg_hit = DeviceBuffer(size_t(H) * std::max(m.n_r, 1));
   m.exec_count = DeviceBuffer(size_t(H) * 4);
@@ -380,6 +383,10 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   a.est_splits = m.est_splits;
   a.part_ml = m.part_ml.as<float2>();
   a.part_o = m.part_o.as<float>();
+  // The same decode path as RetroLayer (run 8 unless RETROINFER_DECODE says otherwise), so that a cache
+  // holding everything still gives the index's output bit for bit.
+  a.merge_counter = m.merge_counter.as<int>();
+  a.timing = marks != nullptr;
   // Stage timing (marks) keeps estimation inline so that each stage's time is its own.
   if (marks == nullptr) {
     a.side = m.side;
@@ -492,7 +499,8 @@ int64_t WaveBufferLayer::device_bytes() const {
                                 &m.cache_v, &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v, &m.identity,
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
-                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev};
+                                &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,
+                                &m.merge_counter};
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
   return b;

@@ -1,0 +1,79 @@
+// Host-side pieces of the run 8 decode path, on the CPU (CUDA builds, no device needed): the
+// RETROINFER_DECODE switch (decode_path) and the phase-stamp summary (summarize_phases) on synthetic stamps.
+#if defined(RETROINFER_WITH_CUDA)
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "backend/cuda/layer_common.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+TEST(CudaDecodePath, EnvironmentSwitch) {
+  const char* old = std::getenv("RETROINFER_DECODE");
+  const std::string saved = old ? old : "";
+  unsetenv("RETROINFER_DECODE");
+  DecodePath p = decode_path();
+  EXPECT_TRUE(p.fused_merge && p.pdl && p.early_loads && p.prefetch && p.balance);
+  setenv("RETROINFER_DECODE", "run6", 1);
+  p = decode_path();
+  EXPECT_FALSE(p.fused_merge || p.pdl || p.early_loads || p.prefetch || p.balance);
+  setenv("RETROINFER_DECODE", "fused", 1);
+  p = decode_path();
+  EXPECT_TRUE(p.fused_merge);
+  EXPECT_FALSE(p.pdl || p.early_loads || p.prefetch || p.balance);
+  setenv("RETROINFER_DECODE", "nopdl", 1);
+  p = decode_path();
+  EXPECT_TRUE(p.fused_merge && p.early_loads && p.prefetch && p.balance);
+  EXPECT_FALSE(p.pdl);
+  if (old != nullptr) setenv("RETROINFER_DECODE", saved.c_str(), 1);
+  else unsetenv("RETROINFER_DECODE");
+}
+
+// Two heads; times in ns from t0 = 1e9. Head 0's selection runs 10 us at 2 ns per cycle, head 1's 12 us.
+TEST(CudaDecodePath, PhaseSummary) {
+  constexpr uint64_t kUnset = ~uint64_t{0}, t0 = 1000000000ull;
+  std::vector<uint64_t> raw(2 * kPhaseSlots, kUnset);
+  auto head = [&](int h) { return raw.data() + size_t(h) * kPhaseSlots; };
+  const uint64_t sel_len[2] = {10000, 12000};
+  for (int h = 0; h < 2; ++h) {
+    uint64_t* r = head(h);
+    r[0] = t0 + 100 * h;                 // score first start
+    r[1] = ~(t0 + 20000 + 500 * h);       // score last end (complement)
+    const uint64_t s0 = t0 + 21000 + 1000 * h;
+    for (int j = 0; j < kSelPhases; ++j) {
+      r[2 + j] = s0 + sel_len[h] * j / (kSelPhases - 1);                // globaltimer
+      r[2 + kSelPhases + j] = 5000 + (sel_len[h] / 2) * j / (kSelPhases - 1);  // clock64, 2 ns per cycle
+    }
+    r[kSlotExact] = t0 + 34000;
+    r[kSlotExact + 1] = ~(t0 + 45000 + 1000 * h);
+    r[kSlotEst] = t0 + 34500;
+    r[kSlotEst + 1] = ~(t0 + 44000);
+    r[kSlotMerge] = ~(t0 + 47000);
+  }
+  const auto out = summarize_phases(raw, 2);
+  std::map<std::string, double> us;
+  for (const auto& [name, ms] : out) us[name] = ms * 1e3;
+  EXPECT_NEAR(us.at("phase.score_end"), 20.5, 1e-3);      // the later head's end
+  EXPECT_NEAR(us.at("phase.select_start"), 21.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.select_end"), 34.0, 1e-3);     // head 1: 22 + 12
+  EXPECT_NEAR(us.at("phase.exact_start"), 34.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.exact_end"), 46.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.estimate_start"), 34.5, 1e-3);
+  EXPECT_NEAR(us.at("phase.estimate_end"), 44.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.merge_end"), 47.0, 1e-3);
+  // Per-head totals 10 and 12 us: the median of two is the upper one; each of the 7 phases is 1/7 of it
+  // (cycles converted at the heads' mean ratio, 2 ns per cycle).
+  EXPECT_NEAR(us.at("phase.select_head_total"), 12.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.select_expansion"), 12.0 / 7, 5e-3);  // integer cycle stamps
+  // Nothing stamped: no entries.
+  std::vector<uint64_t> none(2 * kPhaseSlots, kUnset);
+  EXPECT_TRUE(summarize_phases(none, 2).empty());
+}
+
+}  // namespace
+}  // namespace retroinfer::cuda::detail
+#endif
