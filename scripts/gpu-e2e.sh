@@ -15,7 +15,7 @@
 # (10 minutes at most) holds it all: the bench parts share BENCH_BUDGET seconds (default 330; a part that
 # would start with less than 20 s left is skipped and says so, each part also has its own timeout), then
 # HF generate HF_TIMEOUT (200) and torch SDPA SDPA_TIMEOUT (40): at most ~580 s. The parts run in order of
-# importance (128K, 1M, prefill, 32K, 512K, refusal). STEPS / WARMUP / SKIP_BENCH=1 / SKIP_HF=1 /
+# importance (128K, 1M, prefill, refusal, 32K, 512K). STEPS / WARMUP / SKIP_BENCH=1 / SKIP_HF=1 /
 # SKIP_SDPA=1 adjust it (e.g. two device commands: SKIP_HF=1 SKIP_SDPA=1, then SKIP_BENCH=1).
 # Never changes clocks or modes.
 set -u
@@ -72,11 +72,11 @@ bench ctx1m 70 --contexts 1048576 --batches 1 --methods full,retro --placement g
 # Prefill tokens/s (a real prefill of random tokens, batch 1) at 32K and 128K, and decode right after.
 bench prefill32k 45 --contexts 32768 --batches 1 --methods full,retro --synthetic never
 bench prefill128k 70 --contexts 131072 --batches 1 --methods full --synthetic never --steps 5 --warmup 1
-bench ctx32k 60 --contexts 32768 --batches 4,16,max --methods full,retro --placement gpu --synthetic always
-bench ctx512k 60 --contexts 524288 --batches 1,max --methods full,retro --placement gpu,split --synthetic always
 # The planner's refusal path: more context than GPU plus host memory holds (refused before allocating;
 # --check-refusal also calls the CudaSession constructor and records that it allocated nothing).
 bench refusal 30 --contexts 1048576 --batches 8 --methods retro --placement split --synthetic always --check-refusal
+bench ctx32k 60 --contexts 32768 --batches 4,16,max --methods full,retro --placement gpu --synthetic always
+bench ctx512k 60 --contexts 524288 --batches 1,max --methods full,retro --placement gpu,split --synthetic always
 
 if [ "${SKIP_HF:-0}" != 1 ]; then
   echo "== hf generate (peer)"
