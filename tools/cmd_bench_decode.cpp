@@ -515,8 +515,13 @@ void setup_bench_decode(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gpu-layers", o->gpu_layers, "split: layers on the GPU (-1: as many as fit)")
       ->capture_default_str();
-  cmd->add_option("--steps", o->steps, "Timed decode steps per configuration")->capture_default_str();
-  cmd->add_option("--warmup", o->warmup, "Untimed decode steps first")->capture_default_str();
+  // The last value wins (scripts pass a default, then a part may override it).
+  cmd->add_option("--steps", o->steps, "Timed decode steps per configuration (the last one given counts)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "Untimed decode steps first (the last one given counts)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
+      ->capture_default_str();
   cmd->add_option("--synthetic", o->synthetic, "auto | always | never: synthetic K/V instead of a prefill")
       ->capture_default_str();
   cmd->add_option("--max-real-prefill", o->max_real_prefill, "auto: contexts above this get synthetic K/V")

@@ -83,8 +83,11 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       StoreBytes b = store_bytes(ps, st, n);
       if (r.wave.cache_pages >= 0)
         b.cache = r.wave.cache_pages * r.wave.page_tokens * int64_t{r.num_heads_kv} * 2 * d * 2;
-      s.host_gpu = r.num_seqs * (b.meta + b.steady + b.cache + b.exec) + split_ws +
-                   (r.retro_keeps_build_buffers ? build : 0);
+      // A host-tier layer (WaveBufferLayer) keeps its wave index (a RetroLayer: the GPU tier's method bytes,
+      // s.method) on the GPU besides the wave buffer's own copies, steady rows, cache and execution buffer.
+      // Counting only the latter under-planned 1M-token split sessions by ~0.8 GiB per host layer (the H200
+      // run ran out of memory filling the 31st of 32 layers).
+      s.host_gpu = s.method + r.num_seqs * (b.meta + b.steady + b.cache + b.exec);
       s.host_host = r.num_seqs * b.store;
       break;
     }

@@ -18,8 +18,9 @@
 //               retro_keeps_build_buffers, the k-means build buffers H * n_idx * (2 D + 32) per layer
 //               (centred bf16 keys 2 D, assignment, two sort keys, iota, members 20, radix-sort temp ~12).
 //   host-tier layer (retro through the wave buffer, buffer/memory_planner.h per sequence): on the GPU
-//     meta + steady + cache + exec of every sequence (and the build buffers as above when kept); on the
-//     host the cluster-ordered store (K and V of every token).
+//     the GPU tier's retro method bytes above (the layer's wave index is a RetroLayer kept on the GPU)
+//     plus meta + steady + cache + exec of every sequence (the wave buffer's own copies and buffers); on
+//     the host the cluster-ordered store (K and V of every token).
 //   once: weights (weight_bytes), the activation rows of the larger of a prefill chunk and the decode
 //     batch, max(chunk, B) * (2 hidden + (Hq + 2 Hkv) D + Hq D + 3 ffn) * 4, logits B * vocab * 4 (or the
 //     runner's own figure, activation_bytes_override), the transient index build

@@ -45,7 +45,7 @@ TEST(CudaModelApi, BadInputThrowsClearErrors) {
   auto gm = CudaModel::upload(*m, cuda::WeightType::kBf16);
   const int64_t vocab = c.vocab_size;
   expect_error([&] { CudaSession s(*gm, full_options(64, 16), 0); }, "num_seqs", "num_seqs 0");
-  expect_error([&] { CudaSession s(*gm, full_options(c.max_position_embeddings + 1, 16), 1); }, "maximum context",
+  expect_error([&] { CudaSession s(*gm, full_options(c.max_position_embeddings + 1, 16), 1); }, "exceeds the model's",
                "max_context beyond the model");
   CudaSession s(*gm, full_options(64, 16), 2);
   std::vector<float> logits(2 * vocab);
@@ -96,7 +96,7 @@ TEST(CudaModelApi, PlanRefusesWhatDoesNotFit) {
   EXPECT_EQ(gm->weight_bytes(), 4 * (int64_t{c.vocab_size} * h + h + c.num_layers * per_layer));  // tied
   CudaSessionOptions o = full_options(4096, 256);
   o.gpu_memory_limit = 1 << 20;  // 1 MiB: the KV alone needs 2 * 2 layers * 2 heads * 4096 * 128 * 2 B = 8 MiB
-  expect_error([&] { CudaSession s(*gm, o, 1); }, "MiB of GPU memory", "1 MiB limit");
+  expect_error([&] { CudaSession s(*gm, o, 1); }, "GiB of GPU memory", "1 MiB limit");
   o.gpu_memory_limit = int64_t{1} << 30;
   CudaSession s(*gm, o, 3);
   const auto& p = s.memory_plan();

@@ -49,7 +49,12 @@ using cuda::KvPlacement;
 constexpr int kLayers = 3;
 constexpr double kPrefillRel = 1e-6;     // see the header: same kernels on the same chunks
 constexpr double kDecodeRel = 1e-2;      // row max |diff| / logit scale
-constexpr double kDecodeNmse = 1e-5;
+// Host-tier and GPU-tier retro agree to f32 rounding per layer (test_cuda_layers.cpp: nmse 4e-13), but the
+// model amplifies those differences through the layers and the bf16 KV of later tokens (a rounding flip of
+// one K/V element moves it by 2^-8): measured on the H200 (final run of the session that added this test)
+// decode nmse up to 4.6e-5 with every greedy token equal, so the bound is 1e-4 (the bf16-weight runner
+// bound's order, test_cuda_model.cpp).
+constexpr double kDecodeNmse = 1e-4;
 constexpr int kSteps = 16;
 
 ModelConfig placement_config(int64_t max_positions) {
@@ -383,7 +388,10 @@ TEST_F(CudaPlacement, GpuMemoryMatchesPlan) {
     EXPECT_GE(double(used), 0.9 * double(big));
     if (placement == KvPlacement::kGpu) used_gpu_placement = used;
     if (placement == KvPlacement::kHost) {
-      EXPECT_LE(double(used), double(used_gpu_placement) - 0.75 * double((kLayers - 1) * kv_layer));
+      // A host-tier layer keeps its wave index and the wave buffer's GPU parts: ~49% of its K/V bytes at
+      // 128K (session_planner.h); measured here 138 of 256 MiB saved for two layers on the H200, so at
+      // least 40% of the K/V of the layers that moved must be saved.
+      EXPECT_LE(double(used), double(used_gpu_placement) - 0.40 * double((kLayers - 1) * kv_layer));
     }
     std::printf("[cuda_placement memory] %s (%d GPU / %d host layers), %d x %lld tokens: GPU used %.1f MiB, planned "
                 "%.1f MiB (K/V per layer %.1f MiB); host RSS growth %.1f MiB, planned pinned %.1f MiB\n",
