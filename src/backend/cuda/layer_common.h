@@ -120,6 +120,46 @@ DecodePath decode_path();
 std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads);
 // mark(stage) is called after "score", "select", "estimate" (only when n_e > 0), "exact_attention" and
 // "combine"; after_select (may be empty) runs between the selection/estimation and the exact attention.
+// The index part of ZoneDecodeArgs, shared by RetroLayer and WaveBufferLayer: M is either layer's Impl
+// (members H, G, D, C, n_r, n_e, scale, n_idx, idx_begin, n, list_cap and the DeviceBuffers named below).
+// offsets: the CSR offsets the selection expands through (RetroLayer: per head; the wave buffer:
+// absolute into its store). The exact-attention source (k, v, exact_list, ...) stays with the caller.
+template <typename M>
+void fill_index_args(ZoneDecodeArgs& a, const M& m, const int* offsets, const float* q, float* out) {
+  a.q = q;
+  a.out = out;
+  a.num_heads = m.H;
+  a.group = m.G;
+  a.head_dim = m.D;
+  a.num_clusters = m.C;
+  a.n_retrieval = m.n_r;
+  a.n_estimation = m.n_e;
+  a.scale = m.scale;
+  a.centroids_bf16 = m.centroids_bf16.template as<uint16_t>();
+  a.value_sums_bf16 = m.value_sums_bf16.template as<uint16_t>();
+  a.sizes = m.sizes.template as<int>();
+  a.offsets = offsets;
+  a.members = m.members.template as<uint32_t>();
+  a.n_idx = m.n_idx;
+  a.idx_begin = m.idx_begin;
+  a.num_tokens = m.n;
+  a.logits = m.logits.template as<float>();
+  a.norm_partial = m.norm_partial.template as<float2>();
+  a.scores = m.scores.template as<float>();
+  a.retrieval_ids = m.ret_ids.template as<int>();
+  a.estimation_ids = m.est_ids.template as<int>();
+  a.scan_scratch = m.scan_scratch.template as<int>();
+  a.token_list = m.token_list.template as<int>();
+  a.token_count = m.token_count.template as<int>();
+  a.list_stride = m.list_cap;
+  a.exact_capacity = m.list_cap;
+  a.attn_splits = m.attn_splits;
+  a.est_splits = m.est_splits;
+  a.part_ml = m.part_ml.template as<float2>();
+  a.part_o = m.part_o.template as<float>();
+  a.merge_counter = m.merge_counter.template as<int>();
+}
+
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t s, const std::function<void(const char*)>& mark,
                         const std::function<void()>& after_select);
 

@@ -345,32 +345,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   mark();
 
   detail::ZoneDecodeArgs a;
-  a.q = q;
-  a.out = out;
-  a.num_heads = m.H;
-  a.group = m.G;
-  a.head_dim = m.D;
-  a.num_clusters = m.C;
-  a.n_retrieval = m.n_r;
-  a.n_estimation = m.n_e;
-  a.scale = m.scale;
-  a.centroids_bf16 = m.centroids_bf16.as<uint16_t>();
-  a.value_sums_bf16 = m.value_sums_bf16.as<uint16_t>();
-  a.sizes = m.sizes.as<int>();
-  a.offsets = m.offsets_abs.as<int>();
-  a.members = m.members.as<uint32_t>();
-  a.n_idx = m.n_idx;
-  a.idx_begin = m.idx_begin;
-  a.num_tokens = m.n;
-  a.logits = m.logits.as<float>();
-  a.norm_partial = m.norm_partial.as<float2>();
-  a.scores = m.scores.as<float>();
-  a.retrieval_ids = m.ret_ids.as<int>();
-  a.estimation_ids = m.est_ids.as<int>();
-  a.scan_scratch = m.scan_scratch.as<int>();
-  a.token_list = m.token_list.as<int>();
-  a.token_count = m.token_count.as<int>();
-  a.list_stride = m.list_cap;
+  detail::fill_index_args(a, m, m.offsets_abs.as<int>(), q, out);
   // Exact attention over the execution buffer: every head reads the same identity list.
   a.k = m.exec_k.as<uint16_t>();
   a.v = m.exec_v.as<uint16_t>();
@@ -378,14 +353,9 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   a.exact_list = m.identity.as<int>();
   a.exact_count = m.exec_count.as<int>();
   a.exact_list_stride = 0;
-  a.exact_capacity = m.list_cap;
-  a.attn_splits = m.attn_splits;
-  a.est_splits = m.est_splits;
-  a.part_ml = m.part_ml.as<float2>();
-  a.part_o = m.part_o.as<float>();
-  // The same decode path as RetroLayer (run 8 unless RETROINFER_DECODE says otherwise), so that a cache
-  // holding everything still gives the index's output bit for bit.
-  a.merge_counter = m.merge_counter.as<int>();
+  // fill_index_args sets the merge counter: the same decode path as RetroLayer (run 8 unless
+  // RETROINFER_DECODE says otherwise), so that a cache holding everything still gives the index's output
+  // bit for bit.
   a.timing = marks != nullptr;
   // Stage timing (marks) keeps estimation inline so that each stage's time is its own.
   if (marks == nullptr) {
