@@ -9,6 +9,7 @@
 #include "cuda_model_test_util.h"
 #include "gpu_test_util.h"
 #include "retroinfer/cuda_model.h"
+#include "retroinfer/model_shapes.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer {
@@ -111,21 +112,7 @@ TEST(CudaModelApi, PlanRefusesWhatDoesNotFit) {
 // 512-token prefill each (chunks of 256), 8 greedy steps with step timing.
 TEST(CudaModelApi, RandomLlama3_8B) {
   RETROINFER_REQUIRE_GPU();
-  ModelConfig c;
-  c.architecture = "llama";
-  c.vocab_size = 128256;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_layers = 32;
-  c.num_heads_q = 32;
-  c.num_heads_kv = 8;
-  c.head_dim = 128;
-  c.rms_norm_eps = 1e-5f;
-  c.rope_theta = 500000.0f;
-  c.rope_scaling.type = "llama3";
-  c.rope_scaling.factor = 8.0f;
-  c.rope_scaling.original_max_position = 8192;
-  c.max_position_embeddings = 131072;
+  const ModelConfig c = model_shape("llama3-8b");
   const auto t0 = std::chrono::steady_clock::now();
   auto gm = CudaModel::random(c, 1234);
   const auto t1 = std::chrono::steady_clock::now();

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "retroinfer/cuda_model.h"
+#include "retroinfer/model_shapes.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer {
@@ -15,20 +16,7 @@ using cuda::CudaSession;
 using cuda::CudaSessionOptions;
 using cuda::KvPlacement;
 
-ModelConfig llama3_8b() {
-  ModelConfig c;
-  c.architecture = "llama";
-  c.vocab_size = 128256;
-  c.hidden_size = 4096;
-  c.intermediate_size = 14336;
-  c.num_layers = 32;
-  c.num_heads_q = 32;
-  c.num_heads_kv = 8;
-  c.head_dim = 128;
-  c.rope_theta = 500000.0f;
-  c.max_position_embeddings = 131072;
-  return c;
-}
+ModelConfig llama3_8b() { return model_shape("llama3-8b"); }
 
 CudaSessionOptions options(int64_t max_context, int64_t limit) {
   CudaSessionOptions o;
