@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "retroinfer/attention.h"
 #include "retroinfer/error.h"
 
@@ -34,20 +35,6 @@
 
 namespace {
 
-std::vector<long long> parse_list(const char* s) {
-  std::vector<long long> v;
-  std::string cur;
-  for (const char* p = s;; ++p) {
-    if (*p == ',' || *p == '\0') {
-      if (!cur.empty()) v.push_back(std::atoll(cur.c_str()));
-      cur.clear();
-      if (*p == '\0') break;
-    } else {
-      cur += *p;
-    }
-  }
-  return v;
-}
 
 struct Stats {
   double median = 0, min = 0, p90 = 0;
@@ -274,8 +261,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "kernel_bench: %s needs a value\n", argv[i]);
       return 2;
     }
-    if (a == "--lengths") lengths = parse_list(argv[++i]);
-    else if (a == "--batches") batches = parse_list(argv[++i]);
+    if (a == "--lengths") lengths = retroinfer::bench::parse_list<long long>(argv[++i]);
+    else if (a == "--batches") batches = retroinfer::bench::parse_list<long long>(argv[++i]);
     else if (a == "--reps") reps = std::atoi(argv[++i]);
     else if (a == "--max-index-work") max_index_work = std::atof(argv[++i]);
     else if (a == "--out") out_path = argv[++i];

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_args.h"
 #include "retroinfer/attention.h"
 #include "retroinfer/error.h"
 
@@ -24,20 +25,6 @@
 
 namespace {
 
-std::vector<long long> parse_list(const char* s) {
-  std::vector<long long> v;
-  std::string cur;
-  for (const char* p = s;; ++p) {
-    if (*p == ',' || *p == '\0') {
-      if (!cur.empty()) v.push_back(std::atoll(cur.c_str()));
-      cur.clear();
-      if (*p == '\0') break;
-    } else {
-      cur += *p;
-    }
-  }
-  return v;
-}
 
 }  // namespace
 
@@ -104,7 +91,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "prefill_bench: %s needs a value\n", argv[i]);
       return 2;
     }
-    if (a == "--lengths") lengths = parse_list(argv[++i]);
+    if (a == "--lengths") lengths = retroinfer::bench::parse_list<long long>(argv[++i]);
     else if (a == "--chunk") chunk = std::atoll(argv[++i]);
     else if (a == "--reps") reps = std::atoi(argv[++i]);
     else if (a == "--heads-q") hq = std::atoi(argv[++i]);

@@ -33,25 +33,12 @@
 #include "retroinfer/error.h"
 
 #if defined(RETROINFER_WITH_CUDA)
+#include "bench_args.h"
 #include "retroinfer/cuda_backend.h"
 #include "retroinfer/wave_buffer.h"
 
 namespace {
 
-std::vector<double> parse_list(const char* s) {
-  std::vector<double> v;
-  std::string cur;
-  for (const char* p = s;; ++p) {
-    if (*p == ',' || *p == '\0') {
-      if (!cur.empty()) v.push_back(std::atof(cur.c_str()));
-      cur.clear();
-      if (*p == '\0') break;
-    } else {
-      cur += *p;
-    }
-  }
-  return v;
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -86,8 +73,8 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--length") length = std::atoll(next());
-    else if (a == "--batches") batches = parse_list(next());
-    else if (a == "--drifts") drifts = parse_list(next());
+    else if (a == "--batches") batches = retroinfer::bench::parse_list<double>(next());
+    else if (a == "--drifts") drifts = retroinfer::bench::parse_list<double>(next());
     else if (a == "--steps") steps = std::atoi(next());
     else if (a == "--tiers") {
       tiers.clear();
