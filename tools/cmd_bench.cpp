@@ -164,15 +164,6 @@ void run_bench_generate(const BenchGenerateOptions& o) {
   }
 }
 
-CLI::App* bench_command(CLI::App& app) {
-  try {
-    return app.get_subcommand("bench");
-  } catch (const CLI::OptionNotFound&) {
-    auto* b = app.add_subcommand("bench", "Benchmarks");
-    b->require_subcommand(1);
-    return b;
-  }
-}
 
 void setup_bench_generate(CLI::App& app) {
   auto o = std::make_shared<BenchGenerateOptions>();

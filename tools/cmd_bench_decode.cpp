@@ -487,15 +487,6 @@ void run_bench_decode(const BenchDecodeOptions& o) {
       }
 }
 
-CLI::App* bench_command(CLI::App& app) {
-  try {
-    return app.get_subcommand("bench");
-  } catch (const CLI::OptionNotFound&) {
-    auto* b = app.add_subcommand("bench", "Benchmarks");
-    b->require_subcommand(1);
-    return b;
-  }
-}
 
 void setup_bench_decode(CLI::App& app) {
   auto o = std::make_shared<BenchDecodeOptions>();

@@ -17,6 +17,8 @@ inline int register_command(CommandSetup f) {
   command_registry().push_back(std::move(f));
   return 0;
 }
+// The `bench` group (created by whichever cmd_bench*.cpp registers first; its modes are subcommands).
+CLI::App* bench_command(CLI::App& app);
 
 }  // namespace retroinfer::cli
 

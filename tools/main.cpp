@@ -11,6 +11,16 @@ std::vector<CommandSetup>& command_registry() {
   static std::vector<CommandSetup> r;
   return r;
 }
+
+CLI::App* bench_command(CLI::App& app) {
+  try {
+    return app.get_subcommand("bench");
+  } catch (const CLI::OptionNotFound&) {
+    auto* b = app.add_subcommand("bench", "Benchmarks");
+    b->require_subcommand(1);
+    return b;
+  }
+}
 }  // namespace retroinfer::cli
 
 int main(int argc, char** argv) {
