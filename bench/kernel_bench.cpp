@@ -255,6 +255,7 @@ int main(int argc, char** argv) {
   double max_index_work = 1.0;  // batch * n^2 <= 2^40: 1M x 1, 512K x 4, 128K x 16 ...
   const char* out_path = nullptr;
   long long prefill_chunk = 8192;  // the runner's prefill block for the "prefill" timing
+  bool flush_read = false;         // --flush read (g_flush_read in a CUDA build)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -267,7 +268,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-index-work") max_index_work = std::atof(argv[++i]);
     else if (a == "--out") out_path = argv[++i];
     else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
-    else if (a == "--flush") g_flush_read = std::string(argv[++i]) == "read";
+    else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
       if (std::atoi(argv[++i]) != 0) setenv("RETROINFER_SELECT_PHASES", "1", 1);
     }
@@ -277,6 +278,7 @@ int main(int argc, char** argv) {
     }
   }
 #if defined(RETROINFER_WITH_CUDA)
+  g_flush_read = flush_read;
   if (!retroinfer::cuda::device_available()) {
     std::fprintf(stderr, "kernel_bench: %s\n", retroinfer::cuda::device_description().c_str());
     return 1;
@@ -311,6 +313,7 @@ int main(int argc, char** argv) {
   (void)max_index_work;
   (void)out_path;
   (void)prefill_chunk;
+  (void)flush_read;
   std::fprintf(stderr, "kernel_bench: built without the CUDA backend (configure with -DRETROINFER_CUDA=ON)\n");
   return 0;
 #endif
