@@ -39,7 +39,7 @@ namespace {
 struct Stats {
   double median = 0, min = 0, p90 = 0;
 };
-Stats stats(std::vector<float> t) {
+[[maybe_unused]] Stats stats(std::vector<float> t) {  // unused without CUDA
   std::sort(t.begin(), t.end());
   Stats s;
   s.median = t[t.size() / 2];
