@@ -153,9 +153,13 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat) {
       throw bad("'prompt' must be a string (token arrays and batches are not supported)", "prompt", "invalid_type");
     r.prompt = v->get<std::string>();
   }
-  if (const json* v = field(j, "max_tokens")) {
-    const int64_t n = integer_field(*v, "max_tokens");
-    if (n < 1) throw bad("'max_tokens' is " + std::to_string(n) + "; it must be at least 1", "max_tokens");
+  // max_completion_tokens: the newer name of the chat API (max_tokens wins when both are given).
+  const char* max_name = field(j, "max_tokens") || !field(j, "max_completion_tokens") ? "max_tokens"
+                                                                                     : "max_completion_tokens";
+  if (const json* v = field(j, max_name)) {
+    const int64_t n = integer_field(*v, max_name);
+    if (n < 1)
+      throw bad(std::string("'") + max_name + "' is " + std::to_string(n) + "; it must be at least 1", max_name);
     r.max_tokens = n;  // the upper bound is the context (checked once the prompt is tokenised)
   }
   if (const json* v = field(j, "temperature")) {

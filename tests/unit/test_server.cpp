@@ -262,6 +262,9 @@ TEST(Server, BadRequestsAre400) {
   expect_error(completion("{\"prompt\": \"a\", \"stop\": 7}"), 400, "stop");
   expect_error(completion("{\"prompt\": \"a\", \"stop\": [\"x\", 1]}"), 400, "stop[1]");
   expect_error(completion("{\"prompt\": \"a\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\"]}"), 400, "stop", "at most 4");
+  expect_error(completion("{\"prompt\": \"a\", \"max_completion_tokens\": -1}"), 400, "max_completion_tokens");
+  EXPECT_EQ(json::parse(completion("{\"prompt\": \"a\", \"max_completion_tokens\": 1}").body)
+                .at("usage").at("completion_tokens"), 1);
   // Null means "default": accepted.
   EXPECT_EQ(completion("{\"prompt\": \"a\", \"max_tokens\": 1, \"stop\": null, \"n\": 1, \"seed\": null}").status, 200);
 
