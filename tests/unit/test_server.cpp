@@ -2,6 +2,7 @@
 // (random weights: the texts mean nothing, their consistency does). Skips when the fixture is absent.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -130,15 +131,17 @@ TEST(Server, SeededSamplingIsReproducible) {
 TEST(Server, RetroReportsAPartialKvRead) {
   TINY_HANDLER(h, AttentionKind::kRetro);
   std::string prompt;
-  for (int i = 0; i < 30; ++i) prompt += "word " + std::to_string(i) + ". ";  // ~200 tokens
+  for (int i = 0; i < 30; ++i) prompt += "word " + std::to_string(i) + ". ";  // 260 bytes = 260 tokens
   const json a = post(*h, "/v1/completions", {{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}});
   const json& x = a.at("retroinfer");
   EXPECT_EQ(x.at("attention"), "retro");
-  if (a.at("usage").at("completion_tokens").get<int64_t>() > 1) {  // at least one decode step
-    EXPECT_GT(x.at("kv_read_share").get<double>(), 0.0);
-    EXPECT_LT(x.at("kv_read_share").get<double>(), 1.0) << a.dump();
-    EXPECT_LT(x.at("exact_tokens").get<int64_t>(), x.at("context_tokens").get<int64_t>());
-  }
+  std::printf("[server retro] prompt %lld tokens, kv_read_share %.4f\n",
+              static_cast<long long>(a.at("usage").at("prompt_tokens").get<int64_t>()), x.at("kv_read_share").get<double>());
+  ASSERT_GT(x.at("decode_steps").get<int64_t>(), 0) << a.dump();  // greedy on the fixture: no end token first
+  // Sinks + a 16-token window + the retrieved clusters of a 260-token context: a part, not all.
+  EXPECT_GT(x.at("kv_read_share").get<double>(), 0.0);
+  EXPECT_LT(x.at("kv_read_share").get<double>(), 1.0) << a.dump();
+  EXPECT_LT(x.at("exact_tokens").get<int64_t>(), x.at("context_tokens").get<int64_t>());
 }
 
 TEST(Server, StreamEqualsNonStream) {
