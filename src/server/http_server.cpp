@@ -34,6 +34,15 @@ HttpServer::HttpServer(ServerHandler& handler) : impl_(std::make_unique<Impl>(ha
       return !gone;
     });
   };
+  // Errors httplib answers itself (a malformed request, 413 for a form-encoded body over 8 KiB) get the
+  // OpenAI error object too; the handler's own error replies already have a body and are left alone.
+  impl_->http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string message = "HTTP error " + std::to_string(res.status);
+    if (res.status == 413)
+      message += ": the body is too large for its Content-Type; send JSON with Content-Type: application/json";
+    res.set_content(error_json(ApiError(res.status, message, "", "http_error")).dump(), "application/json");
+  });
   const char* kAny = ".*";
   impl_->http.Get(kAny, serve);
   impl_->http.Post(kAny, serve);

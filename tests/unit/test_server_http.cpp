@@ -68,6 +68,12 @@ TEST(ServerHttp, EndToEnd) {
     ASSERT_TRUE(g);
     EXPECT_EQ(g->status, 404);
     EXPECT_EQ(json::parse(g->body).at("error").at("code"), "not_found");
+    // httplib's own refusal (a form-encoded body over 8 KiB, as `curl -d` sends) is a JSON error too.
+    const auto f = cli.Post("/v1/completions", std::string(9000, 'a'), "application/x-www-form-urlencoded");
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f->status, 413);
+    EXPECT_NE(json::parse(f->body).at("error").at("message").get<std::string>().find("application/json"),
+              std::string::npos);
     const auto m = cli.Get("/v1/chat/completions");
     ASSERT_TRUE(m);
     EXPECT_EQ(m->status, 405);
