@@ -12,6 +12,8 @@ find_path(CBLAS_INCLUDE_DIR cblas.h PATHS /usr/include/x86_64-linux-gnu/openblas
 find_package(CLI11 QUIET CONFIG)
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
 find_path(HTTPLIB_INCLUDE_DIR httplib.h)
+# cpp-httplib as Debian builds it: a shared library whose header needs its compile definitions (SSL, zlib).
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 if(RETROINFER_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -1,0 +1,290 @@
+#include "server/server_handler.h"
+
+#include <algorithm>
+#include <ctime>
+#include <exception>
+
+#include "retroinfer/error.h"
+#include "retroinfer/generate.h"
+
+namespace retroinfer::server {
+
+using nlohmann::json;
+
+struct ServerHandler::Prepared {
+  CompletionRequest req;
+  std::vector<int32_t> ids;  // the prompt's tokens (chat: the rendered template's)
+  int64_t max_tokens = 0;    // resolved: given or default, within the context
+  std::string id;            // "cmpl-N" | "chatcmpl-N"
+  int64_t created = 0;       // Unix seconds
+  std::string model;         // echoed model name
+};
+
+namespace {
+
+// Serialises a reply; strings from the model are valid UTF-8 (StreamingDecoder), replace guards the rest.
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+HttpReply json_reply(int status, const json& j) {
+  HttpReply r;
+  r.status = status;
+  r.body = dump(j);
+  return r;
+}
+
+HttpReply error_reply(const ApiError& e) { return json_reply(e.status(), error_json(e)); }
+
+std::string finish_reason(StopReason r) {
+  switch (r) {
+    case StopReason::kMaxTokens:
+    case StopReason::kContextFull:
+      return "length";
+    default:
+      return "stop";  // eos, a stop string, or the client went away
+  }
+}
+
+json usage_json(const GenerateSummary& s) {
+  return {{"prompt_tokens", s.prompt_tokens},
+          {"completion_tokens", s.generated_tokens},
+          {"total_tokens", s.prompt_tokens + s.generated_tokens}};
+}
+
+// The retroinfer extension: the attention method and the share of the cached KV read exactly.
+json extension_json(const GenerateSummary& s, const EngineModel& model) {
+  return {{"attention", s.attention},
+          {"device", std::string(device_name(model.device()))},
+          {"kv_read_share", s.kv_read_share},
+          {"exact_tokens", s.exact_tokens},
+          {"context_tokens", s.context_tokens},
+          {"decode_steps", s.decode_steps},
+          {"stop_reason", std::string(stop_reason_name(s.stop_reason))},
+          {"prefill_seconds", s.prefill_seconds},
+          {"decode_seconds", s.decode_seconds},
+          {"time_to_first_token_s", s.time_to_first_token_s}};
+}
+
+std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+}  // namespace
+
+ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenizer, ServerOptions opt)
+    : model_(model), tok_(tokenizer), opt_(std::move(opt)) {
+  const int64_t model_max = model_max_context(model_.config());
+  context_limit_ = opt_.max_context > 0 ? opt_.max_context : model_max;
+  if (model_max > 0) context_limit_ = std::min(context_limit_, model_max);
+  RETROINFER_CHECK(context_limit_ > 1, "serve: the context limit is ", context_limit_,
+                   " tokens; give --max-context >= 2 (the model config states no maximum)");
+  RETROINFER_CHECK(opt_.default_max_tokens >= 1, "serve: the default max_tokens must be >= 1");
+  // End of generation: the tokenizer's end tokens and the model config's eos ids (as `retroinfer generate`).
+  eos_ids_ = tok_.eog_ids();
+  for (int e : model_.config().eos_token_ids)
+    if (std::find(eos_ids_.begin(), eos_ids_.end(), e) == eos_ids_.end()) eos_ids_.push_back(e);
+  if (eos_ids_.empty()) eos_ids_ = {-1};  // none known: only max_tokens and stop strings end a generation
+}
+
+ServerHandler::Prepared ServerHandler::prepare(std::string_view body, bool chat) const {
+  Prepared p;
+  p.req = parse_completion_request(body, chat);
+  try {
+    if (chat) {
+      if (tok_.chat_format() == ChatFormat::kNone)
+        throw ApiError(400, "this model has no known chat template; use /v1/completions with a prompt", "messages",
+                       "no_chat_template");
+      p.ids = tok_.encode(tok_.apply_chat_template(p.req.messages, /*add_generation_prompt=*/true), false, true);
+    } else {
+      p.ids = tok_.encode(p.req.prompt, /*add_special=*/true, /*parse_special=*/true);
+    }
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("cannot tokenise the request: ") + e.what(), chat ? "messages" : "prompt");
+  }
+  const auto n = static_cast<int64_t>(p.ids.size());
+  const char* what = chat ? "messages" : "prompt";
+  if (n == 0) throw ApiError(400, std::string("the ") + what + " encodes to no tokens", what, "empty_prompt");
+  if (n >= context_limit_)
+    throw ApiError(400,
+                   std::string("the ") + what + " is " + std::to_string(n) + " tokens but the context holds " +
+                       std::to_string(context_limit_) + " tokens (prompt + completion): shorten it to at most " +
+                       std::to_string(context_limit_ - 1) + " tokens",
+                   what, "context_length_exceeded");
+  if (p.req.max_tokens) {
+    if (n + *p.req.max_tokens > context_limit_)
+      throw ApiError(400,
+                     std::string("the ") + what + " is " + std::to_string(n) + " tokens and max_tokens is " +
+                         std::to_string(*p.req.max_tokens) + ": together more than the context of " +
+                         std::to_string(context_limit_) + " tokens; lower max_tokens to at most " +
+                         std::to_string(context_limit_ - n),
+                     "max_tokens", "context_length_exceeded");
+    p.max_tokens = *p.req.max_tokens;
+  } else {
+    p.max_tokens = std::min(opt_.default_max_tokens, context_limit_ - n);
+  }
+  const uint64_t k = next_id_.fetch_add(1);
+  p.id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(k);
+  p.created = static_cast<int64_t>(std::time(nullptr));
+  p.model = p.req.model.empty() ? opt_.model_name : p.req.model;
+  return p;
+}
+
+namespace {
+
+struct Outcome {
+  GenerateSummary summary;
+  bool client_gone = false;
+};
+
+// Runs one generation; on_text (optional) receives the text as it becomes safe to show and returns false
+// when the client is gone. summary.text ends with the detokenizer's flushed tail (an incomplete UTF-8
+// sequence at the end becomes U+FFFD).
+Outcome run_generation(const EngineModel& model, const Tokenizer& tok, const SessionOptions& session,
+                       const std::vector<int32_t>& eos_ids, const std::vector<int32_t>& ids, const CompletionRequest& req,
+                       int64_t max_tokens, const std::function<bool(std::string_view)>& on_text) {
+  GenerateOptions go;
+  go.max_new_tokens = static_cast<int>(max_tokens);
+  go.sampler = SamplerConfig{req.temperature, 0, req.top_p, req.seed};
+  go.stop_strings = req.stop;
+  go.eos_token_ids = eos_ids;
+  StreamingDecoder dec(tok, /*skip_special=*/true);
+  const int32_t vocab = tok.vocab_size();
+  Outcome out;
+  GenerateCallbacks cb;
+  // A model's vocabulary may be larger than its tokenizer's (padded embedding rows): such ids show as
+  // nothing instead of failing the request.
+  cb.token_text = [&](int32_t t) { return t >= 0 && t < vocab ? dec.push(t) : std::string(); };
+  if (on_text)
+    cb.on_token = [&](int32_t, std::string_view text) {
+      if (!text.empty() && !on_text(text)) out.client_gone = true;
+      return !out.client_gone;
+    };
+  out.summary = generate(model, session, ids, go, cb);
+  const std::string tail = dec.flush();
+  if (out.summary.stop_reason != StopReason::kStopString && !tail.empty()) {
+    out.summary.text += tail;
+    if (on_text && !out.client_gone) out.client_gone = !on_text(tail);
+  }
+  return out;
+}
+
+}  // namespace
+
+ServerHandler::Stats ServerHandler::stats() const {
+  return {generations_.load(), generated_tokens_.load(), cancelled_streams_.load()};
+}
+
+void ServerHandler::count(const GenerateSummary& s, bool cancelled) {
+  generations_.fetch_add(1);
+  generated_tokens_.fetch_add(s.generated_tokens);
+  if (cancelled) cancelled_streams_.fetch_add(1);
+}
+
+HttpReply ServerHandler::complete(const Prepared& p) {
+  Outcome o;
+  try {
+    std::lock_guard<std::mutex> lock(generate_mutex_);
+    o = run_generation(model_, tok_, opt_.session, eos_ids_, p.ids, p.req, p.max_tokens, {});
+    count(o.summary, false);
+  } catch (const std::exception& e) {
+    return error_reply(ApiError(500, std::string("generation failed: ") + e.what(), "", "generation_failed",
+                                "server_error"));
+  }
+  const GenerateSummary& s = o.summary;
+  json choice = {{"index", 0}, {"finish_reason", finish_reason(s.stop_reason)}};
+  if (p.req.chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", s.text}};
+  } else {
+    choice["text"] = s.text;
+    choice["logprobs"] = nullptr;
+  }
+  return json_reply(200, {{"id", p.id},
+                          {"object", p.req.chat ? "chat.completion" : "text_completion"},
+                          {"created", p.created},
+                          {"model", p.model},
+                          {"choices", json::array({choice})},
+                          {"usage", usage_json(s)},
+                          {"retroinfer", extension_json(s, model_)}});
+}
+
+void ServerHandler::stream(const Prepared& p, const ChunkWriter& write) {
+  const char* object = p.req.chat ? "chat.completion.chunk" : "text_completion";
+  auto chunk = [&](json choice) {
+    return json{{"id", p.id}, {"object", object}, {"created", p.created}, {"model", p.model},
+                {"choices", json::array({std::move(choice)})}};
+  };
+  auto delta = [&](std::string_view text) {
+    json c = {{"index", 0}, {"finish_reason", nullptr}};
+    if (p.req.chat)
+      c["delta"] = {{"content", std::string(text)}};
+    else
+      c["text"] = std::string(text);
+    return write(sse(chunk(std::move(c))));
+  };
+  std::lock_guard<std::mutex> lock(generate_mutex_);
+  if (p.req.chat) {
+    json first = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}};
+    if (!write(sse(chunk(std::move(first))))) return;
+  }
+  Outcome o;
+  try {
+    o = run_generation(model_, tok_, opt_.session, eos_ids_, p.ids, p.req, p.max_tokens, delta);
+    count(o.summary, o.client_gone);
+  } catch (const std::exception& e) {
+    const ApiError err(500, std::string("generation failed: ") + e.what(), "", "generation_failed", "server_error");
+    if (write("data: " + dump(error_json(err)) + "\n\n")) write("data: [DONE]\n\n");
+    return;
+  }
+  if (o.client_gone) return;
+  const GenerateSummary& s = o.summary;
+  json last = {{"index", 0}, {"finish_reason", finish_reason(s.stop_reason)}};
+  if (p.req.chat)
+    last["delta"] = json::object();
+  else
+    last["text"] = "";
+  json j = chunk(std::move(last));
+  j["usage"] = usage_json(s);
+  j["retroinfer"] = extension_json(s, model_);
+  if (write(sse(j))) write("data: [DONE]\n\n");
+}
+
+HttpReply ServerHandler::handle(std::string_view method, std::string_view path, std::string_view body) {
+  auto method_not_allowed = [&](const char* allowed) {
+    HttpReply r = error_reply(ApiError(405, std::string(method) + " is not allowed on " + std::string(path) +
+                                                "; use " + allowed,
+                                       "", "method_not_allowed"));
+    return r;
+  };
+  try {
+    if (path == "/health") {
+      if (method != "GET") return method_not_allowed("GET");
+      return json_reply(200, {{"status", "ok"}});
+    }
+    if (path == "/v1/models") {
+      if (method != "GET") return method_not_allowed("GET");
+      return json_reply(200, {{"object", "list"},
+                              {"data", json::array({{{"id", opt_.model_name},
+                                                     {"object", "model"},
+                                                     {"created", 0},
+                                                     {"owned_by", "retroinfer"},
+                                                     {"context_length", context_limit_}}})}});
+    }
+    const bool chat = path == "/v1/chat/completions";
+    if (chat || path == "/v1/completions") {
+      if (method != "POST") return method_not_allowed("POST");
+      auto p = std::make_shared<Prepared>(prepare(body, chat));
+      if (!p->req.stream) return complete(*p);
+      HttpReply r;
+      r.content_type = "text/event-stream";
+      r.stream = [this, p](const ChunkWriter& write) { stream(*p, write); };
+      return r;
+    }
+    return error_reply(ApiError(404, "no route " + std::string(method) + " " + std::string(path) +
+                                         "; the endpoints are GET /health, GET /v1/models, POST /v1/completions, "
+                                         "POST /v1/chat/completions",
+                                "", "not_found"));
+  } catch (const ApiError& e) {
+    return error_reply(e);
+  } catch (const std::exception& e) {
+    return error_reply(ApiError(500, e.what(), "", "internal_error", "server_error"));
+  }
+}
+
+}  // namespace retroinfer::server

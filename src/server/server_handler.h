@@ -1,0 +1,80 @@
+// The request handling of `retroinfer serve` without sockets: method + path + body in, an HTTP reply out
+// (a whole body, or a producer of Server-Sent Events for `stream: true`). The transport (http_server.h)
+// and the tests call the same code.
+//
+// Threading contract: handle() may be called from any number of threads at once; generations run one at a
+// time (a mutex: requests are served in turn, there is no continuous batching). The EngineModel and the
+// Tokenizer are borrowed and must outlive the handler.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "retroinfer/engine_model.h"
+#include "retroinfer/generate.h"
+#include "retroinfer/model.h"
+#include "retroinfer/tokenizer.h"
+#include "server/openai_api.h"
+
+namespace retroinfer::server {
+
+struct ServerOptions {
+  std::string model_name = "retroinfer";  // the id in /v1/models and the responses' "model"
+  SessionOptions session;                 // attention method, KV dtype, prefill chunk (max_context is ignored)
+  int64_t max_context = 0;                // prompt + generated tokens per request; 0 = the model's maximum
+  int64_t default_max_tokens = 256;       // when a request gives none (capped by what the context leaves)
+};
+
+// Writes one chunk of a streamed body; returns false when the client is gone (generation then stops).
+using ChunkWriter = std::function<bool(std::string_view chunk)>;
+
+struct HttpReply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;                                   // the whole body when `stream` is empty
+  std::function<void(const ChunkWriter&)> stream;     // set for SSE replies: writes every event, [DONE] last
+};
+
+class ServerHandler {
+ public:
+  ServerHandler(const EngineModel& model, const Tokenizer& tokenizer, ServerOptions opt);
+
+  // Routes GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions. Unknown paths
+  // give 404, a known path with another method 405, invalid requests 400 (OpenAI error object), a
+  // failure while generating 500. Never throws.
+  HttpReply handle(std::string_view method, std::string_view path, std::string_view body);
+
+  // Counters since construction (for logs and tests): completed generations, tokens generated, and
+  // streams stopped because the client went away.
+  struct Stats {
+    int64_t generations = 0;
+    int64_t generated_tokens = 0;
+    int64_t cancelled_streams = 0;
+  };
+  Stats stats() const;
+
+  int64_t context_limit() const { return context_limit_; }
+  const ServerOptions& options() const { return opt_; }
+
+ private:
+  struct Prepared;
+  Prepared prepare(std::string_view body, bool chat) const;
+  HttpReply complete(const Prepared& p);
+  void stream(const Prepared& p, const ChunkWriter& write);
+
+  const EngineModel& model_;
+  const Tokenizer& tok_;
+  ServerOptions opt_;
+  int64_t context_limit_ = 0;
+  std::vector<int32_t> eos_ids_;
+  std::mutex generate_mutex_;  // one generation at a time
+  mutable std::atomic<uint64_t> next_id_{1};  // response ids
+  std::atomic<int64_t> generations_{0}, generated_tokens_{0}, cancelled_streams_{0};
+  void count(const GenerateSummary& s, bool cancelled);
+};
+
+}  // namespace retroinfer::server
