@@ -116,6 +116,7 @@ void run_tasks(const EvalCliOptions& o) {
   res.essay_words = eval::split_words(hay);
   res.words = eval::load_word_list(o.word_list);
   LoadedModel m = load_model(o.model);
+  eo.attention = make_session_options(o.model, AttentionKind::kFull, m.model->config().head_dim).attention;
   progress("eval: model " + m.model->path() + " loaded in " + std::to_string(m.load_seconds) + " s on " +
            m.engine->description() + "; haystack " + std::to_string(res.essay_words.size()) + " words, word list " +
            std::to_string(res.words.size()) + " words; " + std::to_string(num_threads()) + " threads");
@@ -165,6 +166,7 @@ void run_ppl(const EvalCliOptions& o) {
   cli_device(o.model);
   const std::string text = o.text_file.empty() ? eval::load_bible_text(o.ppl_ranges) : read_file(o.text_file, "--text-file");
   LoadedModel m = load_model(o.model);
+  po.attention = make_session_options(o.model, AttentionKind::kFull, m.model->config().head_dim).attention;
   std::vector<int32_t> ids = m.tokenizer->encode(text, false, false);
   progress("eval ppl: text of " + std::to_string(ids.size()) + " tokens; " + m.engine->description());
   const eval::PplReport r = eval::run_ppl_fidelity(*m.engine, ids, po);
@@ -192,6 +194,7 @@ void run_needle(const EvalCliOptions& o) {
   res.essay_words = eval::split_words(hay);
   res.words = eval::load_word_list(o.word_list);
   LoadedModel m = load_model(o.model);
+  no.attention = make_session_options(o.model, AttentionKind::kRetro, m.model->config().head_dim).attention;
   eval::TaskOptions to;
   to.seed = o.seed;
   const eval::TaskGenerator gen(std::move(res), eval::token_counter(*m.tokenizer),
