@@ -96,7 +96,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                o.new_tokens, m.engine->description().c_str(), sysconf(_SC_NPROCESSORS_ONLN), load_average());
   // One dense prefill (identical for every method: prefill attention is exact), then per method a fork of
   // the session (KV copy + the method's on_prefill, timed as index_s) and the decode loop.
-  SessionOptions base_opt = make_session_options(o.model, AttentionKind::kFull);
+  SessionOptions base_opt = make_session_options(o.model, AttentionKind::kFull, m.model->config().head_dim);
   base_opt.max_context = o.context + o.new_tokens;
   const std::unique_ptr<SequenceSession> base = make_session(*m.engine, base_opt);
   ProgressBar bar("prefill");
@@ -110,7 +110,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
               prefill_s, static_cast<long long>(o.context));
   std::vector<int32_t> full_tokens;  // greedy tokens of full attention, when it ran before the others
   for (AttentionKind kind : kinds) {
-    const SessionOptions so = make_session_options(o.model, kind);
+    const SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
     const double load0 = load_average();
     const auto t1 = std::chrono::steady_clock::now();
     std::unique_ptr<SequenceSession> session = base->fork_session(so.attention);

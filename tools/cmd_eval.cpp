@@ -3,6 +3,7 @@
 //   eval tasks   RULER-style synthetic tasks (src/eval/tasks.h), resumable JSON lines + markdown table
 //   eval ppl     teacher-forced fidelity on real text (src/eval/ppl_fidelity.h)
 //   eval report  the summary and table of an existing results file
+//   eval needle  where retro's zones put a needle's tokens against the oracle top-k (cpu; needle_probe.h)
 //   eval inputs  the haystack, word list and ppl text as files (for a machine without bible-kjv/wamerican)
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include "command.h"
 #include "eval/eval_report.h"
 #include "eval/eval_runner.h"
+#include "eval/needle_probe.h"
 #include "eval/ppl_fidelity.h"
 #include "eval/tasks.h"
 #include "model_cli.h"
@@ -43,6 +45,13 @@ struct EvalCliOptions {
   int windows = 1;
   std::vector<std::string> ppl_ranges = {"Isaiah1:1-66:24"};
   std::string text_file, ppl_json;
+  // needle
+  std::string needle_task = "niah_single_3";
+  int64_t needle_context = 2048;
+  std::vector<int> needle_samples = {0, 1, 2};
+  std::vector<std::string> needle_variants = {"c16", "c8"};
+  int needle_max_steps = 40;
+  std::string needle_json;
 };
 
 void progress(std::string_view s) {
@@ -107,6 +116,7 @@ void run_tasks(const EvalCliOptions& o) {
   res.essay_words = eval::split_words(hay);
   res.words = eval::load_word_list(o.word_list);
   LoadedModel m = load_model(o.model);
+  eo.attention = make_session_options(o.model, AttentionKind::kFull, m.model->config().head_dim).attention;
   progress("eval: model " + m.model->path() + " loaded in " + std::to_string(m.load_seconds) + " s on " +
            m.engine->description() + "; haystack " + std::to_string(res.essay_words.size()) + " words, word list " +
            std::to_string(res.words.size()) + " words; " + std::to_string(num_threads()) + " threads");
@@ -156,11 +166,43 @@ void run_ppl(const EvalCliOptions& o) {
   cli_device(o.model);
   const std::string text = o.text_file.empty() ? eval::load_bible_text(o.ppl_ranges) : read_file(o.text_file, "--text-file");
   LoadedModel m = load_model(o.model);
+  po.attention = make_session_options(o.model, AttentionKind::kFull, m.model->config().head_dim).attention;
   std::vector<int32_t> ids = m.tokenizer->encode(text, false, false);
   progress("eval ppl: text of " + std::to_string(ids.size()) + " tokens; " + m.engine->description());
   const eval::PplReport r = eval::run_ppl_fidelity(*m.engine, ids, po);
   std::fputs(eval::markdown_table(r).c_str(), stdout);
   if (!o.ppl_json.empty()) write_file(o.ppl_json, eval::to_json(r).dump(2) + "\n");
+}
+
+void run_needle(const EvalCliOptions& o) {
+  const SessionOptions so = make_session_options(o.model, AttentionKind::kRetro);
+  RETROINFER_CHECK(cli_device(o.model) == Device::kCpu, "eval needle: CPU runner only (it reads every layer's ",
+                   "KV cache); drop --device");
+  eval::NeedleProbeOptions no;
+  no.task = o.needle_task;
+  no.context = o.needle_context;
+  no.samples = o.needle_samples;
+  no.attention = so.attention;
+  no.variants = o.needle_variants;
+  no.kv_dtype = so.kv_dtype;
+  no.prefill_chunk = so.prefill_chunk;
+  no.max_steps = o.needle_max_steps;
+  no.progress = progress;
+  eval::TaskResources res;
+  const std::string hay = o.haystack_file.empty() ? eval::load_bible_text(o.bible_ranges)
+                                                  : read_file(o.haystack_file, "--haystack-file");
+  res.essay_words = eval::split_words(hay);
+  res.words = eval::load_word_list(o.word_list);
+  LoadedModel m = load_model(o.model);
+  no.attention = make_session_options(o.model, AttentionKind::kRetro, m.model->config().head_dim).attention;
+  eval::TaskOptions to;
+  to.seed = o.seed;
+  const eval::TaskGenerator gen(std::move(res), eval::token_counter(*m.tokenizer),
+                                eval::chat_prompt_wrapper(*m.tokenizer), to);
+  const nlohmann::json j = eval::run_needle_probe(*m.model, *m.tokenizer, gen, no);
+  const std::string text = j.dump(2) + "\n";
+  if (o.needle_json.empty()) std::fputs(text.c_str(), stdout);
+  else write_file(o.needle_json, text);
 }
 
 // The texts `eval tasks` and `eval ppl` read by default, as files that --haystack-file, --word-list and
@@ -221,6 +263,23 @@ void setup_eval(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   p->callback([o] { run_ppl(*o); });
+
+  auto* nd = eval_cmd->add_subcommand("needle", "Where retro's zones put a needle's tokens vs the oracle top-k (cpu)");
+  add_model_options(nd, o->model);
+  nd->add_option("--task", o->needle_task, "A niah task")->capture_default_str();
+  nd->add_option("--context", o->needle_context, "Target prompt tokens")->capture_default_str();
+  nd->add_option("--sample", o->needle_samples, "Sample indices")->delimiter(',')->capture_default_str();
+  nd->add_option("--variants", o->needle_variants,
+                 "retro variants, ':'-joined items c<tokens per cluster> r<retrieval> e<estimation> noest i<iters> "
+                 "g<global iters> o<outliers>, e.g. c16,c8,c16:r0.036")
+      ->delimiter(',')->capture_default_str();
+  nd->add_option("--max-steps", o->needle_max_steps, "Cap on full's greedy answer")->capture_default_str();
+  nd->add_option("--seed", o->seed, "Task generator seed")->capture_default_str();
+  nd->add_option("--bible", o->bible_ranges, "Essay haystack: `bible` ranges (bible-kjv)")->capture_default_str();
+  nd->add_option("--haystack-file", o->haystack_file, "Essay haystack from a text file instead of `bible`");
+  nd->add_option("--word-list", o->word_list, "Word list for keys and values")->capture_default_str();
+  nd->add_option("--json", o->needle_json, "Write the JSON here (else stdout)");
+  nd->callback([o] { run_needle(*o); });
 
   auto* in = eval_cmd->add_subcommand("inputs", "Write the default haystack, word list and ppl text to files");
   auto inputs_dir = std::make_shared<std::string>();

@@ -60,8 +60,9 @@ void run_generate(const GenerateCliOptions& o) {
     prompt = ss.str();
   }
   const AttentionKind kind = parse_attention_kind(o.attention);
-  const SessionOptions so = make_session_options(o.model, kind);
+  make_session_options(o.model, kind);  // bad attention flags fail before the model is read
   LoadedModel m = load_model(o.model);
+  const SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
   const Tokenizer& tok = *m.tokenizer;
 
   std::vector<int32_t> ids;

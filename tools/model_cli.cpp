@@ -37,7 +37,7 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
                   "retro: share of indexed tokens kept out of the clusters and read exactly (0.001)");
   cmd->add_option("--sink", o.sink_tokens, "Steady zone: first tokens always attended (4)");
   cmd->add_option("--window", o.window_tokens, "Steady zone: last prompt tokens always attended (64)");
-  cmd->add_option("--tokens-per-cluster", o.tokens_per_cluster, "retro: average cluster size (16)");
+  cmd->add_option("--tokens-per-cluster", o.tokens_per_cluster, "retro: average cluster size (default: 16 from head_dim 128 on, 8 below)");
   cmd->add_option("--budget-tokens", o.budget_tokens,
                   "quest/streaming/oracle: exact tokens beyond the steady zone (-1: retrieval_fraction of the context)");
   cmd->add_flag("--no-estimation", o.no_estimation, "retro: ignore the estimation zone");
@@ -49,7 +49,7 @@ Device cli_device(const ModelCliOptions& o) {
   return d;
 }
 
-SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind) {
+SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind, int head_dim) {
   const Device device = resolve_device(o.device);
   SessionOptions so;
   so.attention.kind = kind;
@@ -62,6 +62,7 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
   if (o.sink_tokens >= 0) a.sink_tokens = o.sink_tokens;
   if (o.window_tokens >= 0) a.window_tokens = o.window_tokens;
   if (o.tokens_per_cluster > 0) a.tokens_per_cluster = o.tokens_per_cluster;
+  else if (head_dim > 0) a.tokens_per_cluster = default_tokens_per_cluster(head_dim);
   if (o.budget_tokens >= -1) a.budget_tokens = o.budget_tokens;
   if (o.no_estimation) a.estimation = false;
   validate(a);

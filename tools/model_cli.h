@@ -45,8 +45,9 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o);
 Device cli_device(const ModelCliOptions& o);
 
 // Session options for `kind` on the device of --device: --kv-dtype and --prefill-chunk "auto" resolved
-// per device (default_kv_dtype, default_prefill_chunk).
-SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind);
+// per device (default_kv_dtype, default_prefill_chunk). head_dim > 0 (the loaded model's): without
+// --tokens-per-cluster, the cluster size is default_tokens_per_cluster(head_dim).
+SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind, int head_dim = 0);
 
 struct LoadedModel {
   std::unique_ptr<ModelFile> file;

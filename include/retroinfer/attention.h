@@ -61,6 +61,13 @@ struct AttentionConfig {
 // Throws Error on out-of-range values (negative sizes, fractions outside [0, 1], their sum > 1, ...).
 void validate(const AttentionConfig& c);
 
+// The cluster size a model of this head dimension should use when none is given: the paper's 16 from
+// head_dim 128 on, 8 below (SmolLM2, head_dim 64: at the same share of clusters retrieved, 8 tokens per
+// cluster brings retro's answers and perplexity closer to full's; docs/accuracy.md, "Why retro misses
+// needles"). AttentionConfig's own default stays 16; the CLI applies this once the model is known.
+// Throws Error for head_dim < 1.
+int default_tokens_per_cluster(int head_dim);
+
 // What one decode call read and computed, summed over the KV heads of the layer.
 struct AttentionStats {
   int64_t context_tokens = 0;      // tokens in the cache, per KV head, times KV heads
