@@ -29,11 +29,13 @@ extern "C" void on_stop_signal(int) {
 void run_serve(const ServeCliOptions& o) {
   const AttentionKind kind = parse_attention_kind(o.attention);
   server::ServerOptions so;
-  so.session = make_session_options(o.model, kind);
+  make_session_options(o.model, kind);  // bad attention flags fail before the model is read
+  LoadedModel m = load_model(o.model);
+  // With the model's head_dim: the default cluster size depends on it (default_tokens_per_cluster).
+  so.session = make_session_options(o.model, kind, m.model->config().head_dim);
   so.max_context = o.max_context;
   so.default_max_tokens = o.default_max_tokens;
   so.model_name = o.served_name.empty() ? o.model.model : o.served_name;
-  LoadedModel m = load_model(o.model);
   server::ServerHandler handler(*m.engine, *m.tokenizer, so);
   server::HttpServer http(handler);
   const int port = http.bind(o.host, o.port);
