@@ -10,13 +10,13 @@
 
 namespace retroinfer::buffer {
 
-namespace {
-std::string gib(int64_t bytes) {
+std::string format_gib(int64_t bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(int64_t{1} << 30));
   return buf;
 }
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+namespace {
+std::string gib(int64_t bytes) { return format_gib(bytes); }
 }  // namespace
 
 std::string_view store_tier_name(StoreTier t) { return t == StoreTier::kGpu ? "gpu" : "host"; }

@@ -32,6 +32,10 @@ namespace retroinfer::buffer {
 using StoreTier = ::retroinfer::StoreTier;
 std::string_view store_tier_name(StoreTier t);
 
+// Shared by the planners' messages and arithmetic: "12.34 GiB" and ceil(a / b) for a >= 0, b > 0.
+std::string format_gib(int64_t bytes);
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 struct PlannerShape {
   int num_layers = 0;
   int num_heads_kv = 0;

@@ -13,12 +13,7 @@ namespace retroinfer::buffer {
 
 namespace {
 
-std::string gib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(int64_t{1} << 30));
-  return buf;
-}
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+std::string gib(int64_t bytes) { return format_gib(bytes); }
 
 // Tokens outside the steady zone (as RetroLayer::build: fewer than one cluster's worth stay steady).
 int64_t indexed_tokens(const AttentionConfig& a, int64_t n) {
