@@ -38,6 +38,7 @@ struct EvalCliOptions {
   std::string haystack_file, word_list = "/usr/share/dict/words";
   std::string results, summary_json, table_md, stats_json;
   double time_budget = 0.0;  // seconds, 0 = none
+  std::string baseline_budget = "matched";  // quest / streaming / oracle: matched to retro's reads, or nominal
   std::vector<std::string> report_results;
   // ppl
   int64_t prefix = 2048;
@@ -107,6 +108,7 @@ void run_tasks(const EvalCliOptions& o) {
   eo.results_path = o.results;
   eo.progress = progress;
   eo.time_budget_s = o.time_budget;
+  eo.baseline_budget = eval::parse_baseline_budget(o.baseline_budget);
   eval::validate(eo);
   cli_device(o.model);  // fail on an unusable device before reading the haystack and the model
 
@@ -162,6 +164,7 @@ void run_ppl(const EvalCliOptions& o) {
   po.prefill_chunk = so.prefill_chunk;
   po.progress = progress;
   po.time_budget_s = o.time_budget;
+  po.baseline_budget = eval::parse_baseline_budget(o.baseline_budget);
   eval::validate(po);
   cli_device(o.model);
   const std::string text = o.text_file.empty() ? eval::load_bible_text(o.ppl_ranges) : read_file(o.text_file, "--text-file");
@@ -224,6 +227,11 @@ void add_common(CLI::App* cmd, EvalCliOptions& o) {
   add_model_options(cmd, o.model);
   cmd->add_option("--methods", o.methods, "Attention methods: full retro quest streaming oracle retro-noest")
       ->delimiter(',')->capture_default_str();
+  cmd->add_option("--baseline-budget", o.baseline_budget,
+                  "quest / streaming / oracle exact tokens: matched (as many as retro read on the same input) or "
+                  "nominal (round(retrieval fraction x indexed tokens), or --budget-tokens)")
+      ->check(CLI::IsMember({"matched", "nominal"}))
+      ->capture_default_str();
 }
 
 void setup_eval(CLI::App& app) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -90,6 +91,35 @@ AttentionConfig method_config(std::string_view method, const AttentionConfig& ba
   return c;
 }
 
+BaselineBudget parse_baseline_budget(std::string_view s) {
+  if (s == "nominal") return BaselineBudget::kNominal;
+  if (s == "matched") return BaselineBudget::kMatched;
+  RETROINFER_FAIL("eval: unknown baseline budget '", s, "': expected matched or nominal");
+}
+
+std::string_view baseline_budget_name(BaselineBudget b) {
+  return b == BaselineBudget::kMatched ? "matched" : "nominal";
+}
+
+bool budgeted_baseline(std::string_view m) { return m == "quest" || m == "streaming" || m == "oracle"; }
+
+int64_t matched_budget_tokens(double retro_exact_per_head, const AttentionConfig& c) {
+  RETROINFER_CHECK(std::isfinite(retro_exact_per_head) && retro_exact_per_head >= 0.0,
+                   "eval: retro's exact-token count must be finite and >= 0 to match the baselines' budget, got ",
+                   retro_exact_per_head);
+  const int64_t steady = int64_t{c.sink_tokens} + c.window_tokens;
+  return std::max<int64_t>(0, std::llround(retro_exact_per_head) - steady);
+}
+
+std::vector<std::string> matched_order(const std::vector<std::string>& methods) {
+  std::vector<std::string> out;
+  for (const char* first : {"full", "retro"})
+    if (std::find(methods.begin(), methods.end(), first) != methods.end()) out.emplace_back(first);
+  for (const auto& m : methods)
+    if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+  return out;
+}
+
 void validate(const EvalOptions& o) {
   RETROINFER_CHECK(!o.tasks.empty(), "eval: no tasks");
   RETROINFER_CHECK(!o.contexts.empty(), "eval: no context lengths");
@@ -98,6 +128,17 @@ void validate(const EvalOptions& o) {
   RETROINFER_CHECK(o.first_sample >= 0, "eval: first sample must be >= 0");
   RETROINFER_CHECK(!o.methods.empty(), "eval: no attention methods");
   for (const auto& m : o.methods) validate(method_config(m, o.attention));
+  if (o.baseline_budget == BaselineBudget::kMatched) {
+    const bool baselines = std::any_of(o.methods.begin(), o.methods.end(), [](const std::string& m) {
+      return budgeted_baseline(m);
+    });
+    RETROINFER_CHECK(!baselines || std::find(o.methods.begin(), o.methods.end(), "retro") != o.methods.end(),
+                     "eval: --baseline-budget matched gives quest / streaming / oracle retro's measured exact-token "
+                     "count, so retro must be among the methods; add it or use --baseline-budget nominal");
+    RETROINFER_CHECK(o.attention.budget_tokens < 0,
+                     "eval: --budget-tokens and --baseline-budget matched contradict each other; use "
+                     "--baseline-budget nominal with an explicit budget");
+  }
   RETROINFER_CHECK(!o.results_path.empty(), "eval: a results file (JSON lines) is required");
   RETROINFER_CHECK(o.time_budget_s >= 0, "eval: the time budget must be >= 0 seconds (0 = none), got ",
                    o.time_budget_s);
@@ -192,8 +233,14 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
   const std::vector<nlohmann::json> old = load_results(opt.results_path);
   std::set<std::string> done = result_keys(old);
   std::map<std::string, std::string> old_hash;  // task|context|index -> prompt hash
+  std::map<std::string, double> old_retro_exact;  // task|context|index -> retro's exact tokens per head
+  const bool matched = opt.baseline_budget == BaselineBudget::kMatched;
+  const std::vector<std::string> methods = matched ? matched_order(opt.methods) : opt.methods;
   for (size_t i = 0; i < old.size(); ++i) {
     const nlohmann::json& j = old[i];
+    if (j.at("method") == "retro" && j.contains("exact_tokens_per_head"))
+      old_retro_exact[result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(),
+                                 j.at("index").get<int>(), "")] = j.at("exact_tokens_per_head").get<double>();
     if (j.contains("prompt_hash"))
       old_hash[result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(), j.at("index").get<int>(), "")] =
           j.at("prompt_hash").get<std::string>();
@@ -227,7 +274,7 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
       for (const auto& task : opt.tasks) {
         ++visited;
         std::vector<std::string> todo;
-        for (const auto& m : opt.methods)
+        for (const auto& m : methods)
           if (!done.count(result_key(task, ctx, i, m))) todo.push_back(m);
         if (todo.empty()) {
           ++st.samples_skipped;
@@ -263,16 +310,30 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
         const double prefill_s = seconds_since(t0);
         const int32_t first = argmax(logits);
         std::string line_scores;
+        // Matched budgets: retro's exact-token count on this sample (run just before, or resumed).
+        const auto old_retro = old_retro_exact.find(result_key(task, ctx, i, ""));
+        double retro_exact = old_retro != old_retro_exact.end() ? old_retro->second : -1.0;
         for (const auto& m : todo) {
           const auto t1 = std::chrono::steady_clock::now();
-          std::unique_ptr<SequenceSession> f = base->fork_session(method_config(m, opt.attention));
+          AttentionConfig cfg = method_config(m, opt.attention);
+          if (matched && budgeted_baseline(m)) {
+            RETROINFER_CHECK(retro_exact >= 0.0, "eval: no retro result for ", task, " ", ctx, " #", i,
+                             " to match the baselines' budget to (resumed file without retro lines?)");
+            cfg.budget_tokens = matched_budget_tokens(retro_exact, cfg);
+          }
+          std::unique_ptr<SequenceSession> f = base->fork_session(cfg);
           SampleOutcome o = decode_answer(*f, tok, first, s.max_new_tokens, eos);
+          if (m == "retro") retro_exact = o.exact_tokens_per_head;
           f.reset();  // the fork's memory (a copy of the prompt's KV) is freed before the next method
           o.seconds = seconds_since(t1);
           nlohmann::json j = result_line(s, m, o, prefill_s);
           j["device"] = device;
           j["kv_dtype"] = std::string(dtype_name(opt.kv_dtype));
           j["gen_s"] = gen_s;
+          if (budgeted_baseline(m)) {
+            j["budget_mode"] = std::string(baseline_budget_name(opt.baseline_budget));
+            if (cfg.budget_tokens >= 0) j["budget_tokens"] = cfg.budget_tokens;
+          }
           out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';  // partial UTF-8 -> U+FFFD
           out.flush();
           RETROINFER_CHECK(out.good(), "eval: writing '", opt.results_path, "' failed");

@@ -31,6 +31,23 @@ namespace retroinfer::eval {
 // zone). Returns `base` with kind (and estimation) set; throws Error for an unknown name.
 AttentionConfig method_config(std::string_view method, const AttentionConfig& base);
 
+// How quest, streaming and oracle are budgeted against retro. kNominal: AttentionConfig's budget_tokens
+// (< 0: round(retrieval_fraction * indexed tokens), retro's nominal retrieval size). kMatched: each
+// baseline reads as many exact tokens per (layer, KV head, step) as retro measurably read on the same
+// input (its clusters vary in size, so retro reads more than the nominal size): budget_tokens =
+// matched_budget_tokens(retro's exact tokens per head). Needs retro among the methods (or, for a resumed
+// task run, retro's result line of the same sample).
+enum class BaselineBudget : uint8_t { kNominal, kMatched };
+BaselineBudget parse_baseline_budget(std::string_view s);  // "nominal" | "matched"; throws Error otherwise
+std::string_view baseline_budget_name(BaselineBudget b);
+// True for the methods whose exact-token budget is AttentionConfig::budget_tokens (quest, streaming, oracle).
+bool budgeted_baseline(std::string_view method);
+// Budget beyond the steady zone giving a baseline retro's exact-token count: round(retro_exact_per_head)
+// minus the steady zone (sink + window), at least 0. Throws Error for a negative or non-finite count.
+int64_t matched_budget_tokens(double retro_exact_per_head, const AttentionConfig& c);
+// Methods reordered for matching: full first, then retro, then the rest in their given order.
+std::vector<std::string> matched_order(const std::vector<std::string>& methods);
+
 struct EvalOptions {
   std::vector<std::string> tasks = task_names();
   std::vector<int64_t> contexts = {4096, 8192};  // target prompt tokens
@@ -38,6 +55,7 @@ struct EvalOptions {
   int first_sample = 0;                          // first index (to split a run)
   std::vector<std::string> methods = {"full", "retro", "quest", "streaming", "oracle"};
   AttentionConfig attention;                     // budgets, sink, window, ... (kind set per method)
+  BaselineBudget baseline_budget = BaselineBudget::kMatched;
   DType kv_dtype = DType::kF32;                  // cuda: must be bf16 (default_kv_dtype)
   int prefill_chunk = 512;
   std::string results_path;                      // JSON lines, appended; required

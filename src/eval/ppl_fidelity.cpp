@@ -46,6 +46,16 @@ void validate(const PplOptions& o) {
   RETROINFER_CHECK(o.time_budget_s >= 0, "eval ppl: the time budget must be >= 0 seconds (0 = none), got ",
                    o.time_budget_s);
   for (const auto& m : o.methods) validate(method_config(m, o.attention));
+  if (o.baseline_budget == BaselineBudget::kMatched) {
+    const bool baselines =
+        std::any_of(o.methods.begin(), o.methods.end(), [](const std::string& m) { return budgeted_baseline(m); });
+    RETROINFER_CHECK(!baselines || std::find(o.methods.begin(), o.methods.end(), "retro") != o.methods.end(),
+                     "eval ppl: --baseline-budget matched gives quest / streaming / oracle retro's measured "
+                     "exact-token count, so retro must be among the methods; add it or use --baseline-budget nominal");
+    RETROINFER_CHECK(o.attention.budget_tokens < 0,
+                     "eval ppl: --budget-tokens and --baseline-budget matched contradict each other; use "
+                     "--baseline-budget nominal with an explicit budget");
+  }
 }
 
 PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> text, const PplOptions& opt) {
@@ -56,7 +66,8 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
                    text.size(), " tokens; ", opt.windows, " windows of ", P, " + ", T, " + 1 need ",
                    opt.windows * span_len, "; use more text or fewer/shorter windows");
   std::vector<std::string> methods{"full"};
-  for (const auto& m : opt.methods)
+  const bool matched = opt.baseline_budget == BaselineBudget::kMatched;
+  for (const auto& m : matched ? matched_order(opt.methods) : opt.methods)
     if (std::find(methods.begin(), methods.end(), m) == methods.end()) methods.push_back(m);
 
   PplReport rep;
@@ -97,10 +108,17 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
     base->prefill(win.first(P));
     rep.prefill_seconds += seconds_since(t0);
     std::vector<std::vector<double>> ref_lp(T);  // full's log-probabilities per step
+    double retro_exact = -1.0;                   // retro's exact tokens per head and step in this window
     for (size_t mi = 0; mi < methods.size(); ++mi) {
       PplMethodResult& r = res[mi];
       const auto t1 = std::chrono::steady_clock::now();
-      std::unique_ptr<SequenceSession> s = base->fork_session(method_config(methods[mi], opt.attention));
+      AttentionConfig cfg = method_config(methods[mi], opt.attention);
+      if (matched && budgeted_baseline(methods[mi])) {
+        cfg.budget_tokens = matched_budget_tokens(retro_exact, cfg);  // retro ran before (matched_order)
+        r.budget_tokens = (r.budget_tokens < 0 ? 0.0 : r.budget_tokens) + static_cast<double>(cfg.budget_tokens);
+      }
+      const double exact_before = r.exact_tokens_per_head;
+      std::unique_ptr<SequenceSession> s = base->fork_session(cfg);
       // Exact attention on the method's own inputs, per layer (full keeps no state between calls); the
       // observer exists on the CPU runner only.
       std::vector<std::unique_ptr<AttentionMethod>> exact;
@@ -138,6 +156,8 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
         ++r.steps;
       }
       r.seconds += seconds_since(t1);
+      if (methods[mi] == "retro")
+        retro_exact = (r.exact_tokens_per_head - exact_before) / (static_cast<double>(T) * c.num_layers * c.num_heads_kv);
       if (opt.progress) {
         char buf[192];
         std::snprintf(buf, sizeof buf, "window %d/%d: %s done (%.1f s)", w + 1, opt.windows, methods[mi].c_str(),
@@ -157,6 +177,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
     for (double& e : r.layer_rel_err) e /= n;  // empty when not measured
     const double heads = n * c.num_layers * c.num_heads_kv;
     r.exact_tokens_per_head /= heads;
+    if (r.budget_tokens >= 0 && rep.windows_run > 0) r.budget_tokens /= rep.windows_run;
     r.context_tokens_per_head /= heads;
   }
   for (auto& r : res) r.ppl_rel_diff = r.ppl / res[0].ppl - 1.0;
@@ -185,6 +206,9 @@ nlohmann::json to_json(const PplReport& r) {
                             {"top1_agreement", m.top1_agreement}, {"layer_rel_err", m.layer_rel_err},
                             {"exact_tokens_per_head", m.exact_tokens_per_head},
                             {"context_tokens_per_head", m.context_tokens_per_head}, {"seconds", m.seconds}});
+  for (size_t i = 0; i < r.methods.size(); ++i)
+    if (r.methods[i].budget_tokens >= 0) j["methods"][i]["budget_tokens"] = r.methods[i].budget_tokens;
+  j["baseline_budget"] = std::string(baseline_budget_name(r.options.baseline_budget));
   return j;
 }
 

@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "eval/eval_runner.h"
 #include "retroinfer/engine_model.h"
 #include "retroinfer/model.h"
 
@@ -33,6 +34,9 @@ struct PplOptions {
   // "full" is always run first (the reference) whether listed or not; retro-noest = retro without estimation.
   std::vector<std::string> methods = {"full", "retro", "quest", "streaming", "oracle"};
   AttentionConfig attention;     // budgets (kind set per method)
+  // kMatched: per window, quest / streaming / oracle read as many exact tokens as retro did in that
+  // window (eval_runner.h); needs retro among the methods.
+  BaselineBudget baseline_budget = BaselineBudget::kMatched;
   DType kv_dtype = DType::kF32;  // cuda: must be bf16 (default_kv_dtype)
   int prefill_chunk = 512;
   // Wall-clock budget in seconds (0 = none): a window after the first is not started when, at the pace of
@@ -52,6 +56,7 @@ struct PplMethodResult {
   double top1_agreement = 0.0;         // in [0, 1]
   std::vector<double> layer_rel_err;   // [num_layers], mean over steps; empty when not measured (cuda)
   double exact_tokens_per_head = 0.0;  // per layer, KV head and step
+  double budget_tokens = -1.0;         // baselines: mean budget beyond the steady zone over windows (-1: derived)
   double context_tokens_per_head = 0.0;
   double seconds = 0.0;                // fork + index + decode, all windows
 };

@@ -3,6 +3,7 @@
 // itself is exact, and `eval tasks` resumes without redoing work. Skips when the fixture is absent.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -70,6 +71,7 @@ TEST(EvalRunner, PplFidelityFullAgainstItselfIsExactStreamingIsNot) {
   o.forced_tokens = 8;
   o.windows = 2;
   o.methods = {"streaming"};
+  o.baseline_budget = eval::BaselineBudget::kNominal;  // no retro to match
   o.attention.sink_tokens = 2;
   o.attention.window_tokens = 8;
   o.prefill_chunk = 64;
@@ -106,6 +108,7 @@ TEST(EvalRunner, TasksResumeSkipsDoneSamples) {
   o.contexts = {400};
   o.samples = 2;
   o.methods = {"full", "streaming"};
+  o.baseline_budget = eval::BaselineBudget::kNominal;  // no retro to match
   o.prefill_chunk = 128;
   o.results_path = path;
   EXPECT_EQ(eval::run_eval(*m, *tok, gen, o), 4);
@@ -140,6 +143,98 @@ TEST(EvalRunner, TasksResumeSkipsDoneSamples) {
   o.methods = {"full", "oracle"};
   EXPECT_THROW(eval::run_eval(*m, *tok, gen2, o), Error);
   std::remove(path.c_str());
+}
+
+TEST(EvalRunner, MatchedBudgetHelpers) {
+  AttentionConfig c;  // sink 4 + window 64
+  EXPECT_EQ(eval::matched_budget_tokens(275.4, c), 207);
+  EXPECT_EQ(eval::matched_budget_tokens(60.0, c), 0);  // fewer than the steady zone: no budget beyond it
+  EXPECT_THROW(eval::matched_budget_tokens(-1.0, c), Error);
+  EXPECT_THROW(eval::matched_budget_tokens(std::nan(""), c), Error);
+  EXPECT_EQ(eval::matched_order({"oracle", "quest", "retro", "full"}),
+            (std::vector<std::string>{"full", "retro", "oracle", "quest"}));
+  EXPECT_EQ(eval::parse_baseline_budget("nominal"), eval::BaselineBudget::kNominal);
+  EXPECT_EQ(eval::parse_baseline_budget("matched"), eval::BaselineBudget::kMatched);
+  EXPECT_THROW(eval::parse_baseline_budget("same"), Error);
+  EXPECT_TRUE(eval::budgeted_baseline("oracle"));
+  EXPECT_FALSE(eval::budgeted_baseline("retro"));
+  // Matched budgets need retro, and contradict an explicit budget.
+  eval::EvalOptions o;
+  o.results_path = "unused.jsonl";
+  o.methods = {"full", "oracle"};
+  EXPECT_THROW(eval::validate(o), Error);
+  o.methods = {"retro", "oracle"};
+  EXPECT_NO_THROW(eval::validate(o));
+  o.attention.budget_tokens = 10;
+  EXPECT_THROW(eval::validate(o), Error);
+  o.baseline_budget = eval::BaselineBudget::kNominal;
+  EXPECT_NO_THROW(eval::validate(o));
+  eval::PplOptions p;
+  p.methods = {"streaming"};
+  EXPECT_THROW(eval::validate(p), Error);
+  p.baseline_budget = eval::BaselineBudget::kNominal;
+  EXPECT_NO_THROW(eval::validate(p));
+}
+
+// Matched budgets: each baseline reads as many exact tokens as retro did on the same sample / window
+// (within the few tokens retro's steady tail gains from generated tokens), whatever the methods' order.
+TEST(EvalRunner, MatchedBudgetGivesTheBaselinesRetrosReads) {
+  const Model* m = tiny_model();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const auto tok = test::byte_tokenizer();
+  eval::TaskOptions topt;
+  topt.tolerance = 0.1;  // see TasksResumeSkipsDoneSamples
+  const eval::TaskGenerator gen(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), topt);
+  const std::string path = (fs::temp_directory_path() / ("retroinfer_eval_matched_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  eval::EvalOptions o;
+  o.tasks = {"passkey"};
+  o.contexts = {400};
+  o.samples = 1;
+  o.methods = {"oracle", "streaming", "retro"};  // retro runs first all the same
+  o.attention.tokens_per_cluster = 8;
+  o.attention.retrieval_fraction = 0.1;
+  o.prefill_chunk = 128;
+  o.results_path = path;
+  ASSERT_EQ(eval::run_eval(*m, *tok, gen, o), 3);
+  const auto lines = eval::load_results(path);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].at("method"), "retro");
+  const double retro = lines[0].at("exact_tokens_per_head").get<double>();
+  const int64_t want = eval::matched_budget_tokens(retro, o.attention);
+  EXPECT_GT(want, 0);
+  for (size_t i = 1; i < 3; ++i) {
+    SCOPED_TRACE(lines[i].at("method").get<std::string>());
+    EXPECT_EQ(lines[i].at("budget_mode"), "matched");
+    EXPECT_EQ(lines[i].at("budget_tokens").get<int64_t>(), want);
+    const double exact = lines[i].at("exact_tokens_per_head").get<double>();
+    EXPECT_NEAR(exact, retro, 0.1 * retro + 2.0) << "baseline reads " << exact << ", retro " << retro;
+  }
+  // Resuming with the baselines missing takes retro's count from its result line.
+  {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f << lines[0].dump() << "\n";
+  }
+  ASSERT_EQ(eval::run_eval(*m, *tok, gen, o), 2);
+  EXPECT_EQ(eval::load_results(path)[1].at("budget_tokens").get<int64_t>(), want);
+  std::remove(path.c_str());
+
+  // Teacher-forced: the same per window.
+  const auto toks = token_stream(2 * (160 + 8 + 1), 5);
+  eval::PplOptions p;
+  p.prefix_tokens = 160;
+  p.forced_tokens = 8;
+  p.windows = 2;
+  p.methods = {"oracle", "retro"};
+  p.attention = o.attention;
+  p.prefill_chunk = 64;
+  const eval::PplReport r = eval::run_ppl_fidelity(*m, toks, p);
+  ASSERT_EQ(r.methods.size(), 3u);
+  EXPECT_EQ(r.methods[1].method, "retro");
+  EXPECT_EQ(r.methods[2].method, "oracle");
+  EXPECT_GE(r.methods[2].budget_tokens, 1.0);
+  EXPECT_NEAR(r.methods[2].exact_tokens_per_head, r.methods[1].exact_tokens_per_head,
+              0.1 * r.methods[1].exact_tokens_per_head + 2.0);
 }
 
 // A prompt at the model's position limit (tiny-llama3: 512) leaves no room for the whole answer budget: the
@@ -187,6 +282,7 @@ TEST(EvalRunner, TimeBudgetOrderAndDeviceOfTheResults) {
   o.contexts = {400, 440};
   o.samples = 2;
   o.methods = {"streaming"};
+  o.baseline_budget = eval::BaselineBudget::kNominal;  // no retro to match
   o.prefill_chunk = 128;
   o.results_path = path;
   // A budget already spent when the first sample would start: nothing runs, the run says so.
