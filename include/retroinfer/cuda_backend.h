@@ -146,9 +146,9 @@ class DenseDecoder {
 struct RetroDebugState {
   int num_clusters = 0;
   std::vector<float> mean;              // [head_dim]: mean indexed key
-  std::vector<float> centroids;         // [num_clusters, head_dim] f32: de-centred
+  std::vector<float> centroids;         // [num_clusters, head_dim] f32: de-centred (empty: not kept)
   std::vector<uint16_t> centroids_bf16;  // [num_clusters, head_dim] bf16: what scoring reads
-  std::vector<float> value_sums;        // [num_clusters, head_dim] f32
+  std::vector<float> value_sums;        // [num_clusters, head_dim] f32 (empty: not kept)
   std::vector<uint16_t> value_sums_bf16;  // [num_clusters, head_dim] bf16: what estimation reads
   std::vector<int32_t> sizes;           // [num_clusters]
   std::vector<int32_t> assignment;      // [indexed_tokens]: cluster of index token i
@@ -194,6 +194,11 @@ class RetroLayer {
   // Outlier zone (AttentionConfig::outlier_fraction, index/wave_index.h split_outliers) on the GPU: off by
   // default (build() then behaves as before it existed); call before build().
   void set_outlier_zone(bool on);
+  // Keep the f32 centroids and value sums next to the bf16 copies decode reads (default on: debug_state
+  // returns them for the parity tests). Off, they are freed after each build / update (12 D -> 4 D bytes
+  // per cluster and flat head: ~67 MB per layer of a 128K Llama-3-8B sequence) and debug_state leaves
+  // centroids / value_sums empty. Call before build().
+  void set_keep_f32_index(bool keep);
   // Frees the k-means workspace of build() (centred keys, sort buffers: ~(2 D + 16) bytes per indexed token
   // and flat head); an index update allocates its own (update_tokens-sized) workspace. For long-lived
   // layers (the model runner); a later build() allocates again.

@@ -58,7 +58,8 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       const int64_t c = cluster_count(a, n_idx);
       const int64_t steady = std::min<int64_t>(n, int64_t{a.sink_tokens} + a.window_tokens + a.update_tokens);
       const int64_t lists = steady + static_cast<int64_t>(std::ceil(kExecSlack * a.retrieval_fraction * double(n_idx)));
-      s.method = split_ws + flat * c * (12 * d + 12 + 4 * g) + flat * n_idx * 8 + flat * lists * 4 +
+      const int64_t per_cluster = (r.retro_keeps_f32_index ? 12 : 4) * d + 12 + 4 * g;
+      s.method = split_ws + flat * c * per_cluster + flat * n_idx * 8 + flat * lists * 4 +
                  (r.retro_keeps_build_buffers ? build : 0);
       s.build = r.retro_keeps_build_buffers ? 0 : build;
       // Host tier: the wave buffer's per-sequence sizes (memory_planner.h).

@@ -11,9 +11,10 @@
 //     streaming as full
 //     quest     H * ceil(n / page) * (8 D + 8)           per-page f32 min/max keys + page scores
 //     oracle    as full + H * n * (4 G + 8)              logits per query head, score and list per token
-//     retro     index metadata, estimated as H * C * (12 D + 12 + 4 G) + H * n_idx * 8 + token lists
+//     retro     index metadata, estimated as H * C * (4 D + 12 + 4 G) + H * n_idx * 8 + token lists
 //               H * (steady + kExecSlack * retrieval * n_idx) * 4, with C = ceil(n_idx / tokens_per_cluster):
-//               f32 + bf16 centroids and value sums (12 D), size, offset and score (12), per-query-head
+//               bf16 centroids and value sums (4 D; 12 D with retro_keeps_f32_index: the f32 copies too,
+//               RetroLayer::set_keep_f32_index), size, offset and score (12), per-query-head
 //               logits (4 G), each indexed token's cluster and the cluster-ordered member list (8); plus, when
 //               retro_keeps_build_buffers, the k-means build buffers H * n_idx * (2 D + 32) per layer
 //               (centred bf16 keys 2 D, assignment, two sort keys, iota, members 20, radix-sort temp ~12).
@@ -71,6 +72,7 @@ struct SessionPlanRequest {
   // The current RetroLayer keeps its k-means build buffers after build (per layer); false assumes they
   // are released (counted once, as a transient workspace).
   bool retro_keeps_build_buffers = false;
+  bool retro_keeps_f32_index = false;  // the runner's RetroLayerAttention frees the f32 index copies
 };
 // Copies the model dimensions of cfg into r.
 void set_model_shape(SessionPlanRequest& r, const ModelConfig& cfg);

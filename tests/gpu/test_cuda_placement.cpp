@@ -388,7 +388,7 @@ TEST_F(CudaPlacement, GpuMemoryMatchesPlan) {
     EXPECT_GE(double(used), 0.9 * double(big));
     if (placement == KvPlacement::kGpu) used_gpu_placement = used;
     if (placement == KvPlacement::kHost) {
-      // A host-tier layer keeps its wave index and the wave buffer's GPU parts: ~49% of its K/V bytes at
+      // A host-tier layer keeps its wave index and the wave buffer's GPU parts: ~36% of its K/V bytes at
       // 128K (session_planner.h); measured here 138 of 256 MiB saved for two layers on the H200, so at
       // least 40% of the K/V of the layers that moved must be saved.
       EXPECT_LE(double(used), double(used_gpu_placement) - 0.40 * double((kLayers - 1) * kv_layer));

@@ -78,8 +78,16 @@ TEST(SessionPlanner, RetroGpuTierCostsMoreThanFullButLessThanTwice) {
   const auto full = plan_session(llama(AttentionKind::kFull, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0));
   const auto retro = plan_session(llama(AttentionKind::kRetro, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0));
   EXPECT_GT(retro.method_layer_bytes, full.method_layer_bytes);
-  // Metadata per indexed token and head: (12 D + 12 + 4 G) / 16 + 4 + lists ~ 106 B vs 512 B of K/V.
-  EXPECT_LT(retro.method_layer_bytes, retro.kv_layer_bytes / 4);
+  // Metadata per indexed token and head: (4 D + 12 + 4 G) / 16 + 8 + lists ~ 43 B vs 512 B of K/V.
+  EXPECT_LT(retro.method_layer_bytes, retro.kv_layer_bytes / 10);
+  EXPECT_GT(retro.method_layer_bytes, retro.kv_layer_bytes / 14);
+  // Keeping the f32 copies of centroids and value sums (RetroLayer's default outside the runner): 8 D more
+  // per cluster, (8 x 128) / 16 = 64 B more per token and head.
+  SessionPlanRequest f32 = llama(AttentionKind::kRetro, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0);
+  f32.retro_keeps_f32_index = true;
+  const auto f = plan_session(f32);
+  EXPECT_NEAR(static_cast<double>(f.method_layer_bytes - retro.method_layer_bytes),
+              64.0 * 8 * (131072 - 68), 8.0 * 8 * 128 * 4 * 16);
   EXPECT_GT(retro.build_workspace_bytes, 0);  // transient, once
   SessionPlanRequest kept = llama(AttentionKind::kRetro, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0);
   kept.retro_keeps_build_buffers = true;
@@ -97,11 +105,11 @@ TEST(SessionPlanner, HostPlacementPutsEveryStoreOnTheHost) {
   EXPECT_EQ(p.host_bytes, 32 * kGiB);
   EXPECT_EQ(p.staging_bytes, p.kv_layer_bytes);
   // GPU part per token and head against 512 B of K/V: the layer's wave index (a RetroLayer, as the GPU
-  // tier: (12 D + 12 + 4 G) / 16 = 98 B of cluster data, 8 B of cluster / member ids, ~1 B of token lists)
-  // plus the wave buffer's copies and buffers: meta (4 D + 8 D + 16) / 16 = 97 B, 5% cache 26 B,
-  // execution buffer 2 x 1.8% x 512 = 18 B, steady zone ~1 B at 128K: ~249 B, 49%.
-  EXPECT_LT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 52 / 100);
-  EXPECT_GT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 46 / 100);
+  // tier, bf16 only: (4 D + 12 + 4 G) / 16 = 34 B of cluster data, 8 B of cluster / member ids, ~1 B of
+  // token lists) plus the wave buffer's copies and buffers: meta (4 D + 8 D + 16) / 16 = 97 B, 5% cache
+  // 26 B, execution buffer 2 x 1.8% x 512 = 18 B, steady zone ~1 B at 128K: ~185 B, 36%.
+  EXPECT_LT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 39 / 100);
+  EXPECT_GT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 33 / 100);
 }
 
 TEST(SessionPlanner, SplitTakesTheMostGpuLayersThatFit) {

@@ -21,6 +21,7 @@ class RetroLayerAttention final : public LayerAttention {
     validate(cfg);
     RETROINFER_CHECK(max_tokens >= 1, "RetroLayerAttention: max_tokens must be >= 1, got ", max_tokens);
     layer_.set_outlier_zone(true);
+    layer_.set_keep_f32_index(false);  // decode reads the bf16 index; the planner counts 4 D per cluster
   }
 
   void prefill_done(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s) override {

@@ -168,6 +168,7 @@ struct RetroLayer::Impl {
   int64_t updates = 0;
   bool decoded = false, grown = false;
   bool outliers_on = false;  // set_outlier_zone(true): cfg.outlier_fraction applies
+  bool keep_f32 = true;      // set_keep_f32_index: f32 centroids / value sums kept after build and update
   KMeansWork work;
   // The index (compact CSR over flat heads: head h's members are [offsets[h*C], offsets[(h+1)*C])).
   DeviceBuffer mean;            // [H, D] f32: mean key of the prefill build
@@ -276,6 +277,10 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
     std::swap(m.assignment, m.work.assignment);
     std::swap(m.members, m.work.members);
     std::swap(m.offsets, m.work.offsets);
+    if (!m.keep_f32) {  // decode reads the bf16 copies only
+      m.centroids = DeviceBuffer{};
+      m.value_sums = DeviceBuffer{};
+    }
   }
   m.size_workspace(st);
 }
@@ -377,9 +382,9 @@ void RetroLayer::Impl::update(cudaStream_t st) {
     m.retired.push_back(std::move(buf));
     buf = std::move(nb);
   };
-  grow(m.centroids, m.work.centroids, size_t(Co) * D * 4, size_t(Cu) * D * 4);
+  if (m.keep_f32) grow(m.centroids, m.work.centroids, size_t(Co) * D * 4, size_t(Cu) * D * 4);
   grow(m.centroids_bf16, m.work.centroids_bf16, size_t(Co) * D * 2, size_t(Cu) * D * 2);
-  grow(m.value_sums, m.work.value_sums, size_t(Co) * D * 4, size_t(Cu) * D * 4);
+  if (m.keep_f32) grow(m.value_sums, m.work.value_sums, size_t(Co) * D * 4, size_t(Cu) * D * 4);
   grow(m.value_sums_bf16, m.work.value_sums_bf16, size_t(Co) * D * 2, size_t(Cu) * D * 2);
   grow(m.sizes, m.work.sizes, size_t(Co) * 4, size_t(Cu) * 4);
   if (Co == 0) std::swap(m.mean, m.work.mean);  // no prefill index: the first block's mean for debug_state
@@ -631,6 +636,10 @@ void RetroLayer::release_build_workspace() {
   synchronize();  // the workspace may still be read by work queued before (the build is synchronous anyway)
   impl_->work = KMeansWork{};
 }
+void RetroLayer::set_keep_f32_index(bool keep) {
+  RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_f32_index: call before build()");
+  impl_->keep_f32 = keep;
+}
 void RetroLayer::set_outlier_zone(bool on) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_outlier_zone: call before build()");
   impl_->outliers_on = on;
@@ -693,9 +702,9 @@ RetroDebugState RetroLayer::debug_state(int flat_head) const {
   };
   synchronize();
   get(d.mean, m.mean, D, h * D);
-  get(d.centroids, m.centroids, C * D, h * C * D);
+  if (m.keep_f32) get(d.centroids, m.centroids, C * D, h * C * D);
   get(d.centroids_bf16, m.centroids_bf16, C * D, h * C * D);
-  get(d.value_sums, m.value_sums, C * D, h * C * D);
+  if (m.keep_f32) get(d.value_sums, m.value_sums, C * D, h * C * D);
   get(d.value_sums_bf16, m.value_sums_bf16, C * D, h * C * D);
   get(d.sizes, m.sizes, C, h * C);
   get(d.assignment, m.assignment, m.n_idx, h * m.n_idx);

@@ -144,6 +144,7 @@ WaveBufferLayer::WaveBufferLayer(const AttentionShape& shape, const AttentionCon
   m.D = shape.head_dim;
   m.scale = detail::effective_scale(cfg.scale, shape.head_dim);
   m.index = std::make_unique<RetroLayer>(shape, cfg, num_seqs);
+  m.index->set_keep_f32_index(false);  // only the bf16 index is read (decode, the store's copies)
   RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
   RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&m.fork_ev, cudaEventDisableTiming));
   RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&m.join_ev, cudaEventDisableTiming));
