@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pinned_host.h"
 #include "backend/cuda/layer_common.h"
 #include "backend/cuda/wave_buffer_kernels.h"
 #include "buffer/cache_manager.h"
@@ -18,37 +19,6 @@
 namespace retroinfer::cuda {
 
 namespace {
-// Pinned, mapped host allocation (cudaHostAlloc); the device reads and writes it through UVA.
-struct PinnedBuffer {
-  void* host = nullptr;
-  void* dev = nullptr;
-  size_t bytes = 0;
-  PinnedBuffer() = default;
-  explicit PinnedBuffer(size_t n) : bytes(n) {
-    if (n == 0) return;
-    const cudaError_t e = cudaHostAlloc(&host, n, cudaHostAllocMapped | cudaHostAllocPortable);
-    if (e != cudaSuccess) {
-      host = nullptr;
-      RETROINFER_FAIL("WaveBufferLayer: cudaHostAlloc of ", n, " bytes of pinned host memory failed: ",
-                      cudaGetErrorString(e), " (plan the batch with the memory planner; free host memory)");
-    }
-    RETROINFER_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
-  }
-  ~PinnedBuffer() {
-    if (host != nullptr) cudaFreeHost(host);
-  }
-  PinnedBuffer(PinnedBuffer&& o) noexcept : host(std::exchange(o.host, nullptr)), dev(std::exchange(o.dev, nullptr)), bytes(o.bytes) {}
-  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
-    if (this != &o) {
-      if (host != nullptr) cudaFreeHost(host);
-      host = std::exchange(o.host, nullptr);
-      dev = std::exchange(o.dev, nullptr);
-      bytes = o.bytes;
-    }
-    return *this;
-  }
-};
-
 template <typename T>
 DeviceBuffer upload_vec(const std::vector<T>& v) {
   DeviceBuffer b(std::max<size_t>(v.size() * sizeof(T), 16));
@@ -83,7 +53,7 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
   DeviceBuffer merge_counter;  // [H] int: run 8's fused merge (layer_common.h decode_path), zero between steps
-  PinnedBuffer store_host, region;
+  PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
   const uint16_t* store = nullptr;
   buffer::WaveProtocolLayout layout;
   std::vector<int32_t> sizes_host;  // [H, C]
@@ -261,13 +231,13 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   // The store, cluster-ordered, on its tier.
   const size_t store_bytes = size_t(H) * m.per_head * 2 * row_bytes;
   m.store_dev = DeviceBuffer();
-  m.store_host = PinnedBuffer();
+  m.store_host = PinnedHost();
   if (m.wcfg.tier == StoreTier::kGpu) {
     m.store_dev = DeviceBuffer(store_bytes);
     m.store = m.store_dev.as<uint16_t>();
   } else {
-    m.store_host = PinnedBuffer(store_bytes);
-    m.store = static_cast<const uint16_t*>(m.store_host.dev);
+    m.store_host = PinnedHost(store_bytes);
+    m.store = static_cast<const uint16_t*>(m.store_host.device());
   }
   {
     detail::StoreFillParams fp;
@@ -312,12 +282,12 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   const int64_t max_pages = int64_t{H} * (detail::ceil_div(ret_rows, pt) + m.n_r);
   m.layout = buffer::WaveProtocolLayout::make(H, m.n_r, m.wcfg.ring_slots, static_cast<int>(max_pages), H * m.n_r,
                                               static_cast<int>(max_pages));
-  m.region = PinnedBuffer(m.layout.total_bytes);
+  m.region = PinnedHost(m.layout.total_bytes, /*allow_fast=*/false);
   m.mirror = DeviceBuffer(m.layout.ack_offset - m.layout.evictions_offset);
-  std::memset(m.region.host, 0, m.layout.total_bytes);
+  std::memset(m.region.host(), 0, m.layout.total_bytes);
   m.steps = 0;
   RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());
-  m.manager = std::make_unique<buffer::CacheManager>(m.layout, m.region.host, m.sizes_host, C, pt, m.P);
+  m.manager = std::make_unique<buffer::CacheManager>(m.layout, m.region.host(), m.sizes_host, C, pt, m.P);
   m.manager->start();
 }
 
@@ -339,7 +309,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   detail::WaveApplyParams ap;
   ap.t = t;
   ap.layout = m.layout;
-  ap.region = m.region.dev;
+  ap.region = m.region.device();
   ap.mirror = m.mirror.data();
   ap.state = m.state.as<detail::WaveDeviceState>();
   detail::launch_check(detail::wave_apply(ap, st), "wave_apply", st);
@@ -379,7 +349,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     detail::launch_check(detail::wave_lookup(lp, st), "wave_lookup", st);
     detail::WaveRingParams rp;
     rp.layout = m.layout;
-    rp.region = m.region.dev;
+    rp.region = m.region.device();
     rp.state = ap.state;
     rp.retrieval_ids = lp.retrieval_ids;
     rp.seg_row = lp.seg_row;
@@ -477,7 +447,7 @@ int64_t WaveBufferLayer::device_bytes() const {
   return b;
 }
 int64_t WaveBufferLayer::host_bytes() const {
-  return static_cast<int64_t>(impl_->store_host.bytes + impl_->region.bytes);
+  return static_cast<int64_t>(impl_->store_host.bytes() + impl_->region.bytes());
 }
 
 void WaveBufferLayer::decode(const float* q, float* out, Stream s) {
