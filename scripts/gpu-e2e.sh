@@ -66,9 +66,9 @@ bench() {
 # between GPU and host and all on the host; synthetic K/V (prefilling dozens of 128K sequences would not
 # fit the time).
 bench ctx128k 100 --contexts 131072 --batches 1,4,max --methods full,retro --placement gpu --synthetic always
-bench ctx128k_host 80 --contexts 131072 --batches 1,max --methods retro --placement split,host --synthetic always
+bench ctx128k_host 120 --contexts 131072 --batches 1,max --methods retro --placement split,host --synthetic always
 # 1M on one H200: full refuses (recorded), retro with the KV split between GPU and host.
-bench ctx1m 70 --contexts 1048576 --batches 1 --methods full,retro --placement gpu,split --synthetic always
+bench ctx1m 150 --contexts 1048576 --batches 1 --methods full,retro --placement gpu,split --synthetic always
 # Prefill tokens/s (a real prefill of random tokens, batch 1) at 32K and 128K, and decode right after.
 bench prefill32k 45 --contexts 32768 --batches 1 --methods full,retro --synthetic never
 bench prefill128k 70 --contexts 131072 --batches 1 --methods full --synthetic never --steps 5 --warmup 1
