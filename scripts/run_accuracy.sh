@@ -25,6 +25,7 @@
 #   RESUME_FROM       a results file (JSON lines) of an earlier run: copied into each new part file, so its
 #                     samples are skipped
 #   PROGRESS_EVERY (60) seconds between progress lines (the newest line of each process) on stderr
+#   EXTRA_ARGS        more `eval` options for every call (e.g. "--tokens-per-cluster 4 --baseline-budget nominal")
 #   HARD_TIMEOUT (0)  seconds after which each retroinfer process is killed (0 = never): a backstop for
 #                     the budgets above; a killed process may leave a cut-off last line, which the next run
 #                     (resume) drops and redoes
@@ -61,6 +62,10 @@ if [[ ! -x "$bin" ]]; then
   cmake --build "$build" -j "$(nproc)" --target retroinfer_cli
 fi
 common=(--model "$model" --device "$device" --weights "$weights" --methods "$methods")
+if [[ -n ${EXTRA_ARGS:-} ]]; then  # e.g. "--tokens-per-cluster 4" (word-split on spaces)
+  read -r -a extra <<< "$EXTRA_ARGS"
+  common+=("${extra[@]}")
+fi
 task_inputs=()
 ppl_inputs=(--bible "Isaiah1:1-66:24" "Jeremiah1:1-52:34")
 if [[ -n ${DATA_DIR:-} ]]; then
