@@ -75,7 +75,8 @@ __global__ void __launch_bounds__(kFormThreads) form_scores_kernel(const FormSco
 }  // namespace
 
 cudaError_t form_scores(const FormScoresParams& p, cudaStream_t s) {
-  if (p.group < 1 || p.group > kMaxGroup || p.num_items < 1 || p.num_heads < 1) return cudaErrorInvalidValue;
+  if (p.num_items == 0 || p.num_heads == 0) return cudaSuccess;  // nothing indexed: no scores
+  if (p.group < 1 || p.group > kMaxGroup || p.num_items < 0 || p.num_heads < 0) return cudaErrorInvalidValue;
   const dim3 grid((p.num_items + kItemsPerCta - 1) / kItemsPerCta, p.num_heads);
   if (grid.y > 65535u) return cudaErrorInvalidValue;
   if (!p.pdl) {
