@@ -153,6 +153,17 @@ void run9_case(const Run9Case& rc, uint64_t seed) {
       EXPECT_EQ(b.heads[h].estimation_ids, e_ref);
     }
   }
+  // The two parts alone: the formation changes no bit of run 8's output (identical scores feed the same
+  // kernels), the estimation alone gives run 9's output bit for bit (run 9's formation changes nothing).
+  env.set("run9form");
+  const PathResult pf = decode_once(layer, dq.as<float>(), q_elems, H);
+  env.set("run9est");
+  const PathResult pe = decode_once(layer, dq.as<float>(), q_elems, H);
+  env.set("run9");
+  for (size_t i = 0; i < a.out.size(); ++i) {
+    ASSERT_EQ(pf.out[i], a.out[i]) << "run9form vs run8, element " << i;
+    ASSERT_EQ(pe.out[i], b.out[i]) << "run9est vs run9, element " << i;
+  }
   const auto c8 = gputest::compare(b.out, a.out);
   EXPECT_EQ(c8.unwritten, 0);
   EXPECT_LT(c8.max_abs, kMaxAbsVsRun8);

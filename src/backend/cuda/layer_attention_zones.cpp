@@ -33,6 +33,8 @@ DecodePath decode_path() {
   else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "nopdl") p.pdl = false;
   else if (v == "run9" || (e == nullptr && kRun9IsDefault)) p.form_scores = p.fused_estimate = true;
+  else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
+  else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
   return p;
 }
 

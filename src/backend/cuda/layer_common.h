@@ -109,6 +109,7 @@ struct ZoneDecodeArgs {
 //                   selection, dependent in turn, reads ready scores) and (fused_estimate) the estimation
 //                   zone as kEstimateFusedChunk-cluster CTAs of the exact-attention grid (decode.cu
 //                   estimate_cta; no side stream, no fork / join), sharing its programmatic launch;
+//   "run9est" / "run9form": run 8 plus only run 9's estimation / only its score formation (attribution);
 //   "run8":         run 8 whatever kRun9IsDefault says.
 // All of it applies only where ZoneDecodeArgs::merge_counter is set; the fused merge only when
 // total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs). Every part
