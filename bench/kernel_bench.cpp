@@ -15,7 +15,8 @@
 //                              "retro_phases" line per case (medians over heads and the 10 stage decodes)
 //               [--paths run8,run9]   with --out FILE: the retro decode timed once per decode path on the
 //                              same layer (RETROINFER_DECODE set to each in turn); path P's lines (with the
-//                              path-independent ones) also go to FILE.P.jsonl for torch_sdpa_bench.py --compare
+//                              path-independent ones) also go to FILE.P.jsonl (FILE without its .jsonl) for
+//                              torch_sdpa_bench.py --compare
 // RETROINFER_DECODE=run6 / fused / run8 / run9 (unset: layer_common.h kRun9IsDefault) picks the decode path
 // (layer_common.h decode_path).
 #include <algorithm>
@@ -91,10 +92,10 @@ void flush(cuda::Stream s = nullptr) {
   rf.run(s);
 }
 
-// --paths A,B (with --out FILE): the retro decode of each case timed once per decode path (RETROINFER_DECODE
-// set to each in turn, on the same built layer); path P's lines also go to FILE.P.jsonl together with the
-// path-independent lines (full, quest, kmeans, prefill), so that `torch_sdpa_bench.py --compare
-// FILE.A.jsonl FILE.B.jsonl` is a same-run A/B. Lines in FILE carry "decode_path".
+// --paths A,B (with --out STEM.jsonl): the retro decode of each case timed once per decode path
+// (RETROINFER_DECODE set to each in turn, on the same built layer); path P's lines also go to STEM.P.jsonl
+// together with the path-independent lines (full, quest, kmeans, prefill), so that `torch_sdpa_bench.py
+// --compare STEM.A.jsonl STEM.B.jsonl` is a same-run A/B. Its retro lines in STEM.jsonl carry "decode_path".
 std::vector<std::pair<std::string, FILE*>> g_paths;
 FILE* g_path_only = nullptr;  // while one path's retro lines are timed: its file
 
@@ -334,7 +335,9 @@ int main(int argc, char** argv) {
     }
     for (const std::string& name : names) {
       if (name.empty()) continue;
-      const std::string file = std::string(out_path) + "." + name + ".jsonl";
+      std::string stem = out_path;  // ab.jsonl -> ab.run8.jsonl
+      if (stem.size() > 6 && stem.compare(stem.size() - 6, 6, ".jsonl") == 0) stem.resize(stem.size() - 6);
+      const std::string file = stem + "." + name + ".jsonl";
       FILE* f = std::fopen(file.c_str(), "a");
       if (f == nullptr) {
         std::fprintf(stderr, "kernel_bench: cannot open %s\n", file.c_str());
