@@ -13,7 +13,12 @@
 //               [--flush write|read]  L2 eviction before each timed call (see g_flush_read)
 //               [--stages 1]   also stamp the score / selection phases (RETROINFER_SELECT_PHASES=1): one
 //                              "retro_phases" line per case (medians over heads and the 10 stage decodes)
-// RETROINFER_DECODE=run6 / fused / (unset: run 8) picks the decode path (layer_common.h decode_path).
+//               [--paths run8,run9]   with --out FILE: the retro decode timed once per decode path on the
+//                              same layer (RETROINFER_DECODE set to each in turn); path P's lines (with the
+//                              path-independent ones) also go to FILE.P.jsonl (FILE without its .jsonl) for
+//                              torch_sdpa_bench.py --compare
+// RETROINFER_DECODE=run6 / fused / run8 / run9 (unset: layer_common.h kRun9IsDefault) picks the decode path
+// (layer_common.h decode_path).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -87,13 +92,27 @@ void flush(cuda::Stream s = nullptr) {
   rf.run(s);
 }
 
+// --paths A,B (with --out STEM.jsonl): the retro decode of each case timed once per decode path
+// (RETROINFER_DECODE set to each in turn, on the same built layer); path P's lines also go to STEM.P.jsonl
+// together with the path-independent lines (full, quest, kmeans, prefill), so that `torch_sdpa_bench.py
+// --compare STEM.A.jsonl STEM.B.jsonl` is a same-run A/B. Its retro lines in STEM.jsonl carry "decode_path".
+std::vector<std::pair<std::string, FILE*>> g_paths;
+FILE* g_path_only = nullptr;  // while one path's retro lines are timed: its file
+
 void emit(const char* method, long long n, long long batch, const Stats& s, double bytes, const std::string& extra) {
-  std::fprintf(g_out,
-               "{\"bench\":\"kernel\",\"method\":\"%s\",\"n\":%lld,\"batch\":%lld,\"ms\":%.5f,\"ms_min\":%.5f,"
-               "\"ms_p90\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f%s%s}\n",
-               method, n, batch, s.median, s.min, s.p90, bytes, bytes / (s.median * 1e-3) / 1e9, extra.c_str(),
-               g_flush_read ? ",\"flush\":\"read\"" : "");
+  char line[2048];
+  std::snprintf(line, sizeof line,
+                "{\"bench\":\"kernel\",\"method\":\"%s\",\"n\":%lld,\"batch\":%lld,\"ms\":%.5f,\"ms_min\":%.5f,"
+                "\"ms_p90\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f%s%s}\n",
+                method, n, batch, s.median, s.min, s.p90, bytes, bytes / (s.median * 1e-3) / 1e9, extra.c_str(),
+                g_flush_read ? ",\"flush\":\"read\"" : "");
+  std::fputs(line, g_out);
   std::fflush(g_out);
+  for (auto& [name, f] : g_paths)
+    if (g_path_only == nullptr || g_path_only == f) {
+      std::fputs(line, f);
+      std::fflush(f);
+    }
 }
 
 // Times fn() `reps` times after `warm` untimed calls, evicting L2 before each.
@@ -189,60 +208,71 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
                   ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f",
                   retro.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms);
     emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
-    const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
-    const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
-    std::snprintf(extra, sizeof extra,
-                  ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
-                  "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
-                  retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
-                  static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
-    emit("retro", n, batch, s, req, extra);
-    // Stage breakdown (median over 10 decodes, each after an L2 eviction).
-    std::vector<std::vector<float>> per;
-    std::vector<std::string> names;
-    for (int i = 0; i < 10; ++i) {
-      flush();
-      const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
-      if (per.empty()) {
-        per.resize(st.size());
-        for (const auto& x : st) names.push_back(x.first);
+    const size_t num_paths = g_paths.empty() ? 1 : g_paths.size();
+    for (size_t pi = 0; pi < num_paths; ++pi) {
+      std::string tag;  // ,"decode_path":"P" with --paths
+      if (!g_paths.empty()) {
+        setenv("RETROINFER_DECODE", g_paths[pi].first.c_str(), 1);  // read at every decode (decode_path())
+        g_path_only = g_paths[pi].second;
+        tag = ",\"decode_path\":\"" + g_paths[pi].first + "\"";
       }
-      for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
-    }
-    // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
-    std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
-    bool any_stage = false, any_phase = false;
-    for (size_t j = 0; j < per.size(); ++j) {
-      const bool ph = names[j].rfind("phase.", 0) == 0;
-      bool& any = ph ? any_phase : any_stage;
-      char b[128];
-      std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
-                    stats(per[j]).median);
-      (ph ? phase_json : stage_json) += b;
-      any = true;
-    }
-    stage_json += "}";
-    phase_json += "}";
-    emit("retro_stages", n, batch, s, req, stage_json);
-    if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
-    {
-      // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
-      cuda::StreamHandle stream;
-      std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
-      for (int i = 0; i < kQueries; ++i)
-        graphs.push_back(std::make_unique<cuda::CapturedGraph>(
-            stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
-      cuda::EventTimer timer;
-      std::vector<float> t;
-      for (int i = 0; i < reps + 3; ++i) {
-        flush(stream.get());
-        timer.start(stream.get());
-        graphs[i % kQueries]->launch(stream.get());
-        timer.stop(stream.get());
-        if (i >= 3) t.push_back(timer.elapsed_ms());
+      const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
+      const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
+      std::snprintf(extra, sizeof extra,
+                    ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
+                    "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
+                    retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
+                    static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
+      emit("retro", n, batch, s, req, extra + tag);
+      // Stage breakdown (median over 10 decodes, each after an L2 eviction).
+      std::vector<std::vector<float>> per;
+      std::vector<std::string> names;
+      for (int i = 0; i < 10; ++i) {
+        flush();
+        const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
+        if (per.empty()) {
+          per.resize(st.size());
+          for (const auto& x : st) names.push_back(x.first);
+        }
+        for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
       }
-      emit("retro_graph", n, batch, stats(t), req, "");
-    }
+      // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
+      std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
+      bool any_stage = false, any_phase = false;
+      for (size_t j = 0; j < per.size(); ++j) {
+        const bool ph = names[j].rfind("phase.", 0) == 0;
+        bool& any = ph ? any_phase : any_stage;
+        char b[128];
+        std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
+                      stats(per[j]).median);
+        (ph ? phase_json : stage_json) += b;
+        any = true;
+      }
+      stage_json += "}" + tag;
+      phase_json += "}" + tag;
+      emit("retro_stages", n, batch, s, req, stage_json);
+      if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
+      {
+        // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
+        cuda::StreamHandle stream;
+        std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
+        for (int i = 0; i < kQueries; ++i)
+          graphs.push_back(std::make_unique<cuda::CapturedGraph>(
+              stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
+        cuda::EventTimer timer;
+        std::vector<float> t;
+        for (int i = 0; i < reps + 3; ++i) {
+          flush(stream.get());
+          timer.start(stream.get());
+          graphs[i % kQueries]->launch(stream.get());
+          timer.stop(stream.get());
+          if (i >= 3) t.push_back(timer.elapsed_ms());
+        }
+        emit("retro_graph", n, batch, stats(t), req, tag);
+      }
+    }  // decode paths
+    g_path_only = nullptr;
+    if (!g_paths.empty()) unsetenv("RETROINFER_DECODE");
   }
 }
 
@@ -256,6 +286,7 @@ int main(int argc, char** argv) {
   const char* out_path = nullptr;
   long long prefill_chunk = 8192;  // the runner's prefill block for the "prefill" timing
   bool flush_read = false;         // --flush read (g_flush_read in a CUDA build)
+  std::string paths_arg;           // --paths run8,run9 (needs --out)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -269,6 +300,7 @@ int main(int argc, char** argv) {
     else if (a == "--out") out_path = argv[++i];
     else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
     else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
+    else if (a == "--paths") paths_arg = argv[++i];
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
       if (std::atoi(argv[++i]) != 0) setenv("RETROINFER_SELECT_PHASES", "1", 1);
     }
@@ -291,6 +323,29 @@ int main(int argc, char** argv) {
     }
   }
   g_prefill_chunk = prefill_chunk;
+  if (!paths_arg.empty()) {
+    if (out_path == nullptr) {
+      std::fprintf(stderr, "kernel_bench: --paths needs --out FILE (each path also writes FILE.<path>.jsonl)\n");
+      return 2;
+    }
+    std::vector<std::string> names{""};
+    for (const char c : paths_arg) {
+      if (c == ',') names.emplace_back();
+      else names.back() += c;
+    }
+    for (const std::string& name : names) {
+      if (name.empty()) continue;
+      std::string stem = out_path;  // ab.jsonl -> ab.run8.jsonl
+      if (stem.size() > 6 && stem.compare(stem.size() - 6, 6, ".jsonl") == 0) stem.resize(stem.size() - 6);
+      const std::string file = stem + "." + name + ".jsonl";
+      FILE* f = std::fopen(file.c_str(), "a");
+      if (f == nullptr) {
+        std::fprintf(stderr, "kernel_bench: cannot open %s\n", file.c_str());
+        return 1;
+      }
+      g_paths.emplace_back(name, f);
+    }
+  }
   std::fprintf(stderr, "kernel_bench on %s\n", retroinfer::cuda::device_description().c_str());
   try {
     for (long long n : lengths)
@@ -314,6 +369,7 @@ int main(int argc, char** argv) {
   (void)out_path;
   (void)prefill_chunk;
   (void)flush_read;
+  (void)paths_arg;
   std::fprintf(stderr, "kernel_bench: built without the CUDA backend (configure with -DRETROINFER_CUDA=ON)\n");
   return 0;
 #endif

@@ -96,6 +96,143 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
   }
 }
 
+// Run 9 (DecodeParams::est_ctas): an estimation CTA of the exact-attention grid, estimated clusters
+// [j * kC, min(k_e, (j + 1) * kC)) of flat head h (kC = kEstimateFusedChunk = the CTA's 128 threads). Same
+// state as estimate_kernel's for the same clusters (chunk max m_g of the logits, l_g = sum size e^{l - m_g},
+// o_g = sum e^{l - m_g} VS), formed differently so that the whole chunk is in flight at once:
+//   1. after the PDL wait, thread t loads id t of the chunk (-1: padding) and the cluster's size and G
+//      logits (independent loads); each warp copies its 32 clusters' value-sum rows into shared memory by
+//      cp.async, lanes over consecutive 16-byte chunks (the ids by shuffle; padding rows zero-filled, so
+//      0 * row never meets stale shared memory);
+//   2. warp w forms the weights of query heads w, w + 4 (max, e^{l - m}, the size-weighted sum) by shuffles
+//      while the copies fly;
+//   3. thread = (row slot, 16-byte chunk of the row): sum over its rows of w_g[i] * VS_i for every g of the
+//      group (each row read from shared memory once for all G query heads), the row slots of a warp added
+//      by shuffles, the 4 warps' sums in shared memory in warp order;
+//   4. the partial state into slot est.split_offset + j, then the fused merge like every other CTA.
+// Shared memory (the decode CTA's tile buffers): rows [kC][D] bf16, weights [kMaxGroup][kC], sizes [kC];
+// the warp sums [kW][kMaxGroup][D] f32 and the merge weights reuse the rows after a barrier.
+template <int D>
+__device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char* smem) {
+  constexpr int kC = kEstimateFusedChunk;
+  constexpr int kChunks = D / 8;          // 16-byte chunks per value-sum row
+  constexpr int kSlots = kC / kChunks;    // rows read at once by the CTA in step 3
+  constexpr int kPerLane = kC / 32;       // clusters per lane in step 2
+  static_assert(kC == kW * 32, "one estimated cluster per thread while loading (step 1)");
+  static_assert(kC % kChunks == 0 && 32 % kChunks == 0, "row slots of whole warps");
+  static_assert(size_t{kW} * kMaxGroup * D * 4 <= size_t{kC} * D * 2 &&
+                    size_t{kMergeMaxStates} * 4 <= size_t{kC} * D * 2,
+                "the warp sums and the merge weights reuse the rows");
+  uint16_t* rows = reinterpret_cast<uint16_t*>(smem);     // [kC][D] bf16 value sums
+  float* wl = reinterpret_cast<float*>(rows + kC * D);      // [kMaxGroup][kC]: logits, then weights
+  float* sz = wl + kMaxGroup * kC;                          // [kC]: cluster sizes
+  __shared__ float s_m[kMaxGroup], s_l[kMaxGroup];
+  const EstimateParams& e = p.est;
+  const int G = p.group, C = e.num_clusters, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  grid_dependency_wait();  // PDL: the ids come from the selection (the logits from the score kernel before it)
+  phase_first(p.phase, h, kSlotEst);
+  const int begin = j * kC;
+  const int cnt = e.k_estimation - begin < kC ? e.k_estimation - begin : kC;  // >= 1: j < ceil(k_e / kC)
+  // 1. Ids, sizes, logits; value-sum rows by cp.async.
+  const int c = tid < cnt ? e.estimation_ids[int64_t{h} * e.k_estimation + begin + tid] : -1;
+  const uint16_t* vsh = e.value_sums_bf16 + int64_t{h} * C * D;
+#pragma unroll
+  for (int k = 0; k < kChunks; ++k) {  // the warp's 32 rows x kChunks chunks, 32 per step
+    const int q = k * 32 + lane, r = q / kChunks, col = q % kChunks;
+    const int cr = __shfl_sync(0xffffffffu, c, r);
+    cp_async16_zfill(rows + (warp * 32 + r) * D + col * 8, vsh + int64_t{cr < 0 ? 0 : cr} * D + col * 8, cr >= 0);
+  }
+  cp_async_commit();
+  float lg[kMaxGroup];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+    lg[g] = g < G && c >= 0 ? __ldg(e.logits + (int64_t{h} * G + g) * C + c) : -INFINITY;
+  sz[tid] = c < 0 ? 0.0f : static_cast<float>(__ldg(e.sizes + int64_t{h} * C + c));
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+    if (g < G) wl[g * kC + tid] = lg[g];
+  __syncthreads();
+  // 2. Weights (-inf logits: padding, weight 0; a chunk of padding only keeps m = -inf, l = 0, o = 0).
+  for (int g = warp; g < G; g += kW) {
+    float x[kPerLane];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      x[k] = wl[g * kC + lane + 32 * k];
+      mx = fmaxf(mx, x[k]);
+    }
+    mx = warp_max(mx);
+    float l = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const float ev = x[k] == -INFINITY ? 0.0f : __expf(x[k] - mx);
+      wl[g * kC + lane + 32 * k] = ev;
+      l += sz[lane + 32 * k] * ev;
+    }
+    l = warp_sum(l);
+    if (lane == 0) {
+      s_m[g] = mx;
+      s_l[g] = l;
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // rows landed (each thread waited for its own copies), weights written
+  // 3. Numerators.
+  const int dc = tid % kChunks, rs = tid / kChunks;
+  float acc[kMaxGroup][8];
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+#pragma unroll
+    for (int k = 0; k < 8; ++k) acc[g][k] = 0.0f;
+#pragma unroll 4
+  for (int i = rs; i < cnt; i += kSlots) {
+    float v[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(rows + i * D + dc * 8), v);
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+      if (g < G) {
+        const float wg = wl[g * kC + i];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[g][k] += wg * v[k];
+      }
+  }
+#pragma unroll
+  for (int off = kChunks; off < 32; off <<= 1)  // the warp's row slots (lanes dc, dc + kChunks, ...)
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+      if (g < G)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], off);
+  __syncthreads();  // every read of rows and weights is done: the warp sums reuse the rows
+  float* red = reinterpret_cast<float*>(smem);  // [kW][kMaxGroup][D]
+  if (lane < kChunks)
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+      if (g < G) {
+        float4* dst = reinterpret_cast<float4*>(red + (warp * kMaxGroup + g) * D + dc * 8);
+        dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
+        dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+      }
+  __syncthreads();
+  // 4. Partial state, then the fused merge (its first barrier ends the reads of red below).
+  const int slot = e.split_offset + j;
+  for (int x = tid; x < G * D; x += blockDim.x) {
+    const int g = x / D, d = x % D;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kW; ++w) sum += red[(w * kMaxGroup + g) * D + d];
+    const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
+    p.part_o[base * D + d] = sum;
+    if (d == 0) p.part_ml[base] = make_float2(s_m[g], s_l[g]);
+  }
+  if (p.phase != nullptr) {
+    __syncthreads();
+    phase_last(p.phase, h, kSlotEst + 1);
+  }
+  if (p.merge.counter != nullptr)
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, red, p.phase);
+}
+
 // Tensor-core flash decoding. Per warp and tile of 16 tokens:
 //   S^T[16 x 16 tok] = Q[16 x D] K^T   with mma m16n8k16: A = the query rows (row g: bf16 hi part of the
 //                                      scaled query of head g, row g + 8: its lo part, so s = c[g] + c[g+8]
@@ -104,8 +241,10 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
 //   O^T += P V                          A = P straight from the S fragments (rows g / g + 8: hi / lo parts of
 //                                      p, again exact to 2^-18), B = V rows via ldmatrix.trans.
 // Group sizes up to 8 fill rows 0..7; rows of heads >= G are zero and never written.
-template <int D, bool kIndirect, int S>
-__global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
+// kEst (run 9, DecodeParams::est_ctas > 0): the grid's CTAs past the exact splits run estimate_cta; a kernel
+// of its own (decode_est_kernel below), so run 8's kernels are the same code as before.
+template <int D, bool kIndirect, int S, bool kEst>
+__device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
   constexpr int kLoads = kT * kChunks / 32;  // chunks per lane per tile (K or V)
@@ -118,6 +257,12 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
   uint16_t* vs = ks + S * kT * kRow;                                                           // [S][kT][kRow]
 
   const int h = blockIdx.y, split = blockIdx.x, G = p.group;
+  if constexpr (kEst && kIndirect) {  // run 9: the CTAs past the exact splits estimate (uniform per CTA)
+    if (split >= p.num_splits) {
+      estimate_cta<D>(p, split - p.num_splits, h, smem_raw);
+      return;
+    }
+  }
 
   // Query A fragments: a[ks] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..), lo(k 2tq+8..)}.
   uint32_t qa[kKs][4];
@@ -298,6 +443,18 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
                   reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
 }
 
+template <int D, bool kIndirect, int S>
+__global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
+  decode_body<D, kIndirect, S, false>(p);
+}
+// Run 9's grid: the exact splits plus the estimation CTAs. estimate_cta's accumulators raise the register
+// count (ptxas, D=128, two stages: ~166 against ~128), so the bound keeps the CTAs per multiprocessor that
+// shared memory allows (3 with two stages: at most 168 registers; 2 with three).
+template <int D, int S>
+__global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_kernel(const DecodeParams p) {
+  decode_body<D, true, S, true>(p);
+}
+
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
 // output dimension. Cluster j contributes weight size_j * e^{logit_j} to the denominator and
 // e^{logit_j} * VS_j to the numerator (softmax_push with weight = size and value = the value sum); the
@@ -444,25 +601,30 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
 }
 
-template <int D, bool kIndirect, int S>
+template <int D, bool kIndirect, int S, bool kEst>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
   static_assert(DecodeSmem<D, S>::kWarpBytes * kW >=
                     size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8 + size_t{kMergeMaxStates} * 4,
                 "the warp-merge staging and the fused merge's weights must fit in the tile buffers");
+  static_assert(DecodeSmem<D, S>::kBytes >= size_t{kEstimateFusedChunk} * (D * 2 + kMaxGroup * 4 + 4),
+                "run 9's estimation CTAs keep their chunk's rows, weights and sizes in the tile buffers");
+  void (*kernel)(const DecodeParams);
+  if constexpr (kEst) kernel = decode_est_kernel<D, S>;
+  else kernel = decode_kernel<D, kIndirect, S>;
   static bool attr_set = false;  // once per instantiation (host-side; the layers are single-threaded)
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<D, kIndirect, S>,
+    const cudaError_t e = cudaFuncSetAttribute(kernel,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
   if (!p.pdl) {
-    decode_kernel<D, kIndirect, S><<<dim3(p.num_splits, p.num_heads), kW * 32, bytes, s>>>(p);
+    kernel<<<dim3(p.num_splits + p.est_ctas, p.num_heads), kW * 32, bytes, s>>>(p);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.num_splits, p.num_heads);
+  cfg.gridDim = dim3(p.num_splits + p.est_ctas, p.num_heads);
   cfg.blockDim = dim3(kW * 32);
   cfg.dynamicSmemBytes = bytes;
   cfg.stream = s;
@@ -471,12 +633,17 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, decode_kernel<D, kIndirect, S>, p);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 template <int D, bool kIndirect>
 cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
-  return decode_stages() == 3 ? launch_decode<D, kIndirect, 3>(p, s) : launch_decode<D, kIndirect, 2>(p, s);
+  if constexpr (kIndirect) {
+    if (p.est_ctas > 0)
+      return decode_stages() == 3 ? launch_decode<D, true, 3, true>(p, s) : launch_decode<D, true, 2, true>(p, s);
+  }
+  return decode_stages() == 3 ? launch_decode<D, kIndirect, 3, false>(p, s)
+                              : launch_decode<D, kIndirect, 2, false>(p, s);
 }
 
 }  // namespace
@@ -493,6 +660,11 @@ int decode_ctas_per_sm() { return decode_stages() == 2 ? 3 : 2; }  // 228 KiB / 
 
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
   const bool indirect = p.token_list != nullptr;
+  if (p.est_ctas < 0 || (p.est_ctas > 0 && !indirect)) return cudaErrorInvalidValue;  // run 9: list path only
+  if (p.est_ctas > 0 && (int64_t{p.est_ctas} * kEstimateFusedChunk < p.est.k_estimation ||
+                         int64_t{p.est_ctas - 1} * kEstimateFusedChunk >= p.est.k_estimation ||
+                         p.est.split_offset + p.est_ctas > p.total_splits || p.est.head_dim != p.head_dim))
+    return cudaErrorInvalidValue;  // every estimation CTA must own >= 1 cluster and a slot
   if (p.head_dim == 128) return indirect ? launch_decode_stages<128, true>(p, s) : launch_decode_stages<128, false>(p, s);
   if (p.head_dim == 64) return indirect ? launch_decode_stages<64, true>(p, s) : launch_decode_stages<64, false>(p, s);
   return cudaErrorInvalidValue;

@@ -147,6 +147,23 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // s
 cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
 
+// Run 9 (select_scores.cu): the selection's scores formed by a grid of (item blocks x heads) instead of
+// inside the one-CTA-per-head selection: score[h, i] = sum_g e^{logits[h, g, i] - M_g} / L_g with (M_g, L_g)
+// merged from score_clusters' per-CTA partials, -inf when the cluster is empty (logit -inf). The same
+// expressions in the same order as the selection kernels' own formation, so the scores are bit-identical;
+// the selection then runs on them with group = 0.
+struct FormScoresParams {
+  const float* logits = nullptr;         // [H, G, N] f32
+  const float2* norm_partial = nullptr;  // [H, G, norm_parts]
+  int norm_parts = 0;
+  float* scores = nullptr;               // [H, N] f32 out
+  int num_heads = 0, group = 0, num_items = 0;
+  bool pdl = false;  // a programmatic dependent of score_clusters (waits before reading its outputs)
+};
+inline constexpr int kFormThreads = 256;       // threads per CTA of form_scores
+inline constexpr int kFormItemsPerThread = 4;  // items per thread (independent loads in flight)
+cudaError_t form_scores(const FormScoresParams& p, cudaStream_t s);
+
 // ---- decode attention (decode.cu) ----
 
 // Fused merge (run 8): the CTA that writes the last of head h's total_splits partial states (decode and
@@ -159,6 +176,28 @@ struct FusedMerge {
   float* out = nullptr;    // [H, G, D] f32
 };
 inline constexpr int kMergeMaxStates = 4096;  // 16 KiB of f32 weights: the estimate kernel's reduction buffer
+
+struct EstimateParams {
+  const float* logits = nullptr;  // [H, G, C] f32 (scaled, from score_clusters)
+  const uint16_t* value_sums_bf16 = nullptr;  // [H, C, D]
+  const int* sizes = nullptr;     // [H, C]
+  const int* estimation_ids = nullptr;  // [H, k_estimation], -1 padded
+  int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0, k_estimation = 0;
+  int num_splits = 0;
+  float2* part_ml = nullptr;
+  float* part_o = nullptr;
+  int total_splits = 0, split_offset = 0;
+  FusedMerge merge;  // as DecodeParams::merge (the same counter: both kernels' CTAs count)
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
+};
+inline constexpr int kEstimateChunk = 64;  // estimated clusters per CTA: num_splits = ceil(k_estimation / 64)
+cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s);
+// Run 9: estimated clusters per estimation CTA of the exact-attention grid (DecodeParams::est_ctas). A
+// multiple of kEstimateChunk, so ceil(k / kEstimateFusedChunk) <= ceil(k / kEstimateChunk): run 9 fits in
+// the partial-state slots the layers size for run 8's estimation splits. Equal to the decode CTA's thread
+// count (one cluster per thread while loading).
+inline constexpr int kEstimateFusedChunk = 128;
+static_assert(kEstimateFusedChunk % kEstimateChunk == 0, "run 9 must need no more slots than run 8");
 
 struct DecodeParams {
   const float* q = nullptr;   // [H, G, D] f32 (unscaled)
@@ -185,6 +224,13 @@ struct DecodeParams {
   // Run 8: each head's tokens split evenly over its num_splits CTAs on the device (ceil(count / splits)
   // rounded up to whole tiles), instead of split_tokens (sized by the host for the list capacity).
   bool balance = false;
+  // Run 9: est_ctas more CTAs per head (blockIdx.x in [num_splits, num_splits + est_ctas)) run the
+  // estimation zone over kEstimateFusedChunk estimated clusters each, after the same PDL wait, instead of
+  // estimate_attention on a side stream. est holds their inputs: logits, value sums, sizes, ids, group,
+  // head_dim (= this kernel's), num_clusters, k_estimation, and est.split_offset = the slot of the first
+  // of them (num_splits); part_ml / part_o / total_splits / merge / phase are this struct's. 0: none.
+  EstimateParams est;
+  int est_ctas = 0;
 };
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
@@ -194,22 +240,6 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);
 // shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
 int decode_stages();
 int decode_ctas_per_sm();
-
-struct EstimateParams {
-  const float* logits = nullptr;  // [H, G, C] f32 (scaled, from score_clusters)
-  const uint16_t* value_sums_bf16 = nullptr;  // [H, C, D]
-  const int* sizes = nullptr;     // [H, C]
-  const int* estimation_ids = nullptr;  // [H, k_estimation], -1 padded
-  int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0, k_estimation = 0;
-  int num_splits = 0;
-  float2* part_ml = nullptr;
-  float* part_o = nullptr;
-  int total_splits = 0, split_offset = 0;
-  FusedMerge merge;  // as DecodeParams::merge (the same counter: both kernels' CTAs count)
-  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
-};
-inline constexpr int kEstimateChunk = 64;  // estimated clusters per CTA: num_splits = ceil(k_estimation / 64)
-cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s);
 
 struct CombineParams {
   const float2* part_ml = nullptr;

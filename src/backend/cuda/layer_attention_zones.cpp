@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/layer_common.h"
+#include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
 
@@ -27,11 +28,13 @@ ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg) {
 DecodePath decode_path() {
   const char* e = std::getenv("RETROINFER_DECODE");
   DecodePath p;
-  if (e == nullptr) return p;
-  const std::string_view v(e);
+  const std::string_view v(e != nullptr ? e : "");
   if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "nopdl") p.pdl = false;
+  else if (v == "run9" || (e == nullptr && kRun9IsDefault)) p.form_scores = p.fused_estimate = true;
+  else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
+  else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
   return p;
 }
 
@@ -114,9 +117,16 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   auto marked = [&](const char* name) {
     if (mark) mark(name);
   };
-  const int total = a.attn_splits + a.est_splits;
   // Run 8 (decode_path()): the merge in the last CTA of each head, programmatic dependent launches.
   const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false, false};
+  // Run 9: the estimation as est_ctas CTAs per head of the exact-attention grid (kEstimateFusedChunk
+  // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h).
+  const int est_ctas = path.fused_estimate && a.n_estimation > 0
+                           ? static_cast<int>(ceil_div(a.n_estimation, kEstimateFusedChunk)) : 0;
+  RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 needs ", est_ctas,
+                   " estimation slots per head but the layer sized ", a.est_splits,
+                   " (est_splits must be ceil(n_estimation / kEstimateChunk))");
+  const int total = a.attn_splits + (path.fused_estimate ? est_ctas : a.est_splits);
   const bool fused = path.fused_merge && int64_t{total} * a.group <= kMergeMaxStates &&
                      reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
   // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
@@ -143,13 +153,26 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 
+  const int norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
+  if (path.form_scores) {  // run 9: the scores by their own grid; the selection reads them (group 0)
+    FormScoresParams fp;
+    fp.logits = sp.logits;
+    fp.norm_partial = sp.norm_partial;
+    fp.norm_parts = norm_parts;
+    fp.scores = a.scores;
+    fp.num_heads = a.num_heads;
+    fp.group = a.group;
+    fp.num_items = a.num_clusters;
+    fp.pdl = pdl;
+    launch_check(form_scores(fp, st), "form_scores", st);
+  }
   SelectParams se;
   se.logits = sp.logits;
   se.norm_partial = sp.norm_partial;
-  se.norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
+  se.norm_parts = norm_parts;
   se.scores = a.scores;
   se.num_heads = a.num_heads;
-  se.group = a.group;
+  se.group = path.form_scores ? 0 : a.group;
   se.num_items = a.num_clusters;
   se.k_retrieval = a.n_retrieval;
   se.k_estimation = a.n_estimation;
@@ -170,12 +193,12 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   launch_check(select_and_expand(se, st), "select_and_expand", st);
   marked("select");
 
-  const bool fork = a.n_estimation > 0 && a.side != nullptr;
+  const bool fork = a.n_estimation > 0 && a.side != nullptr && !path.fused_estimate;
   if (fork) {
     RETROINFER_CUDA_CHECK(cudaEventRecord(a.fork, st));
     RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(a.side, a.fork, 0));
   }
-  if (a.n_estimation > 0) {
+  if (a.n_estimation > 0 && !path.fused_estimate) {
     cudaStream_t es = fork ? a.side : st;
     EstimateParams ep;
     ep.logits = sp.logits;
@@ -221,6 +244,20 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.merge = fm;
   dp.phase = a.phase;
   dp.balance = path.balance;
+  if (est_ctas > 0) {  // run 9: the estimation CTAs of this grid (slots after the exact splits)
+    dp.est_ctas = est_ctas;
+    dp.est.logits = sp.logits;
+    dp.est.value_sums_bf16 = a.value_sums_bf16;
+    dp.est.sizes = a.sizes;
+    dp.est.estimation_ids = a.estimation_ids;
+    dp.est.num_heads = a.num_heads;
+    dp.est.group = a.group;
+    dp.est.head_dim = a.head_dim;
+    dp.est.num_clusters = a.num_clusters;
+    dp.est.k_estimation = a.n_estimation;
+    dp.est.num_splits = est_ctas;
+    dp.est.split_offset = a.attn_splits;
+  }
   // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.
   dp.pdl = pdl && !after_select;
   launch_check(decode_attention(dp, st), "decode_attention(sparse)", st);

@@ -103,13 +103,25 @@ struct ZoneDecodeArgs {
 //                   splits balanced on the device over the actual token counts (DecodeParams::balance);
 //   "nopdl":        all but the programmatic launches;
 //   "fused":        the fused merge only;
-//   "run6":         run 6's kernels and launch sequence (combine_states after the join, plain launches).
+//   "run6":         run 6's kernels and launch sequence (combine_states after the join, plain launches);
+//   "run9":         run 8 plus (form_scores) the selection's scores formed by their own grid of
+//                   ceil(C / 1024) CTAs per head (a programmatic dependent of the score kernel; the
+//                   selection, dependent in turn, reads ready scores) and (fused_estimate) the estimation
+//                   zone as kEstimateFusedChunk-cluster CTAs of the exact-attention grid (decode.cu
+//                   estimate_cta; no side stream, no fork / join), sharing its programmatic launch;
+//   "run9est" / "run9form": run 8 plus only run 9's estimation / only its score formation (attribution);
+//   "run8":         run 8 whatever kRun9IsDefault says.
 // All of it applies only where ZoneDecodeArgs::merge_counter is set; the fused merge only when
 // total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs). Every part
-// leaves the logits, scores and selection bit-identical; only the merge's rounding differs (f32).
+// leaves the logits, scores and selection bit-identical; only the merge's rounding differs (f32), and on
+// run 9 the estimation's (the same terms summed in another order).
 struct DecodePath {
   bool fused_merge = true, pdl = true, early_loads = true, prefetch = true, balance = true;
+  bool form_scores = false, fused_estimate = false;  // run 9
 };
+// The path taken when RETROINFER_DECODE is unset: run 8 until the H200 run says run 9 is faster (flip
+// this constant; "run8" keeps run 8 reachable either way).
+inline constexpr bool kRun9IsDefault = false;
 DecodePath decode_path();
 
 // Phase summary of the stamps of one decode (kernels.h kPhaseSlots; raw: [H, kPhaseSlots] as downloaded):

@@ -1,0 +1,99 @@
+// Run 9: the selection's score formation as its own grid (kernels.h form_scores). Run 8's selection formed
+// the scores inside its one CTA per head (every logit of the head's G query heads read, exponentiated and
+// summed by 1024 threads of one multiprocessor: ~12 us per head at 128K in run 8's phase stamps); here
+// ceil(N / 1024) CTAs per head do it in one round of independent loads each, and the selection reads the
+// finished scores (N floats instead of G * N logits).
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/select_common.cuh"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+constexpr int kItemsPerCta = kFormThreads * kFormItemsPerThread;
+
+// CTA (block b, head h): items [b * kItemsPerCta, (b + 1) * kItemsPerCta), thread tid owns items
+// b * kItemsPerCta + tid + j * kFormThreads (j < kFormItemsPerThread: coalesced, all loads issued before
+// any use). Warp g (< G) merges query head g's normaliser partials first, exactly as select_bins_kernel
+// and select_cluster_kernel do (lane-strided ms_merge in index order, then the xor tree), so that every
+// CTA of the head, and the selection kernels on run 8's path, get the same (M_g, 1 / L_g) bit for bit.
+__global__ void __launch_bounds__(kFormThreads) form_scores_kernel(const FormScoresParams p) {
+  __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
+  const int h = blockIdx.y, N = p.num_items, G = p.group, tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31;
+  // PDL (p.pdl): the selection may launch now (it waits for this grid before reading the scores); the
+  // logits and partials are read only after the score kernel has completed.
+  grid_launch_dependents();
+  grid_dependency_wait();
+  if (warp < G) {
+    const float2* part = p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts;
+    float m = -INFINITY, s = 0.0f;
+#pragma unroll 4
+    for (int i = lane; i < p.norm_parts; i += 32) ms_merge(m, s, part[i].x, part[i].y);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+      ms_merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+      gmax[warp] = m;
+      ginv[warp] = s > 0.0f ? 1.0f / s : 0.0f;
+    }
+  }
+  // The logit loads do not depend on the normaliser: issue them before the barrier.
+  const int i0 = blockIdx.x * kItemsPerCta + tid;
+  const float* lgh = p.logits + int64_t{h} * G * N;
+  float lv[kFormItemsPerThread][kMaxGroup];
+#pragma unroll
+  for (int b = 0; b < kFormItemsPerThread; ++b)
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      const int i = i0 + b * kFormThreads;
+      lv[b][g] = g < G && i < N ? __ldg(lgh + int64_t{g} * N + i) : 0.0f;
+    }
+  __syncthreads();
+  float* gsc = p.scores + int64_t{h} * N;
+#pragma unroll
+  for (int b = 0; b < kFormItemsPerThread; ++b) {
+    const int i = i0 + b * kFormThreads;
+    if (i >= N) break;
+    // select_bins_kernel's expression, term for term (the scores must be bit-identical).
+    float s = 0.0f;
+    bool empty = false;
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g)
+      if (g < G) {
+        if (lv[b][g] == -INFINITY) empty = true;
+        else s += __expf(lv[b][g] - gmax[g]) * ginv[g];
+      }
+    gsc[i] = empty ? -INFINITY : s;
+  }
+}
+
+}  // namespace
+
+cudaError_t form_scores(const FormScoresParams& p, cudaStream_t s) {
+  if (p.num_items == 0 || p.num_heads == 0) return cudaSuccess;  // nothing indexed: no scores
+  if (p.group < 1 || p.group > kMaxGroup || p.num_items < 0 || p.num_heads < 0) return cudaErrorInvalidValue;
+  const dim3 grid((p.num_items + kItemsPerCta - 1) / kItemsPerCta, p.num_heads);
+  if (grid.y > 65535u) return cudaErrorInvalidValue;
+  if (!p.pdl) {
+    form_scores_kernel<<<grid, kFormThreads, 0, s>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kFormThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, form_scores_kernel, p);
+}
+
+}  // namespace retroinfer::cuda::detail

@@ -1,0 +1,263 @@
+// Run 9's decode path (RETROINFER_DECODE=run9, layer_common.h decode_path: the scores formed by their own
+// grid, select_scores.cu; the estimation as CTAs of the exact-attention grid, decode.cu estimate_cta) against
+// run 8 (RETROINFER_DECODE=run8) on the same layer and query, and against CPU loops in f64:
+//   - scores bit-identical to run 8's (the same expressions in the same order), hence retrieval /
+//     estimation ids and token lists identical, and the selection equal to the CPU rule on those scores;
+//   - outputs within rounding of run 8's (bounds below) and, for the clustered host-side K/V, of an f64
+//     reference of the zones (exact tokens of the list + estimation from the bf16 value sums);
+//   - outputs poisoned before every decode and checked written; graph replays and the stage-timing path
+//     bit-identical to the eager decode.
+// Shapes: batch 1/3/4/16, head_dim 64/128, GQA groups 1/3/4/8, estimation chunks with tails (k_e not a
+// multiple of kEstimateFusedChunk = 128, k_e < 128), score blocks with tails (C not a multiple of 1024), no
+// estimation, outliers (list_append between the selection and the attention), and the bench shapes (128K x
+// 8 heads, 32K x 32 heads) and one past the one-CTA selection (> 40K clusters: the cluster kernel on formed
+// scores). One "[decode run9]" line per case.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "gpu_test_util.h"
+
+namespace retroinfer {
+namespace {
+
+// Sets an environment variable for the scope (the decode path is read at every decode), restoring it after.
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    set(value);
+  }
+  ~EnvGuard() { set(had_ ? old_.c_str() : nullptr); }
+  void set(const char* value) {
+    if (value == nullptr) unsetenv(name_);
+    else setenv(name_, value, 1);
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// Items sorted by (score desc, id asc), -inf excluded: the first k1, then the next k2 (both ascending).
+void cpu_select(const std::vector<float>& sc, int k1, int k2, std::vector<int32_t>& r, std::vector<int32_t>& e) {
+  std::vector<int32_t> ids;
+  for (int32_t i = 0; i < int32_t(sc.size()); ++i)
+    if (sc[i] != -INFINITY) ids.push_back(i);
+  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return sc[a] > sc[b]; });
+  const size_t n1 = std::min<size_t>(k1, ids.size()), n2 = std::min<size_t>(size_t(k1) + k2, ids.size());
+  r.assign(ids.begin(), ids.begin() + n1);
+  e.assign(ids.begin() + n1, ids.begin() + n2);
+  std::sort(r.begin(), r.end());
+  std::sort(e.begin(), e.end());
+}
+
+struct Run9Case {
+  int num_seqs, hkv, group, d;
+  int64_t n;
+  bool estimation, outliers;
+  bool host_kv;  // clustered K/V from make_kv (small cases, with the f64 reference); else device random
+};
+
+struct PathResult {
+  std::vector<float> out;
+  std::vector<cuda::RetroDebugState> heads;
+};
+
+PathResult decode_once(cuda::RetroLayer& layer, const float* dq, size_t q_elems, int H) {
+  auto dout = gputest::poisoned(q_elems);
+  layer.decode(dq, dout.as<float>());
+  cuda::synchronize();
+  PathResult r;
+  r.out = gputest::download_f32(dout, q_elems);
+  for (int h = 0; h < H; ++h) r.heads.push_back(layer.debug_state(h));
+  return r;
+}
+
+// Run 9 vs run 8 (same selection, same exact tokens): they differ by rounding only.
+// (1) Estimation: run 8 forms a partial state per 64 estimated clusters, run 9 per 128, so each weight
+//     e^{l - m} is taken against another chunk max m and rescaled by the merge's e^{m - M}: the argument
+//     l - m carries an f32 rounding of ~2^-24 |l| (|l| <= ~20 here), i.e. a relative error of ~1.2e-6 per
+//     weight, and the sums of up to 128 products (sum order differs) add ~128 * 2^-24 = 7.6e-6 relative
+//     in the worst case, random-signed in practice.
+// (2) The merge: both paths merge in the last CTA against the global max; different state counts, the same
+//     f32 arithmetic, ~S * 2^-24 relative for S states.
+// An output is a convex combination of value rows (|v| <= ~4.5 for the N(0,1)-like data) and value-sum
+// means, so |delta out| <= ~1e-5 * 4.5 ~ 4.5e-5 at the worst-case bound: we require max-abs < 5e-5 (as the
+// run 8 vs run 6 test) and nmse < 1e-10 (errors of ~1e-6 relative: nmse ~1e-12).
+constexpr double kMaxAbsVsRun8 = 5e-5;
+constexpr double kNmseVsRun8 = 1e-10;
+// Against the f64 reference (test_cuda_retro.cpp's tolerances: f32 arithmetic on identical inputs, the
+// exact part's P carried to 2^-18 by the hi/lo split).
+constexpr double kNmseVsRef = 1e-9;
+constexpr double kMaxAbsVsRef = 1e-4;
+
+void run9_case(const Run9Case& rc, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "seqs=" << rc.num_seqs << " hkv=" << rc.hkv << " G=" << rc.group << " d="
+                                  << rc.d << " n=" << rc.n << " est=" << rc.estimation << " outliers="
+                                  << rc.outliers << " seed=" << seed);
+  const int H = rc.num_seqs * rc.hkv, G = rc.group, d = rc.d;
+  const size_t kv_elems = size_t(H) * rc.n * d, q_elems = size_t(H) * G * d;
+  cuda::DeviceBuffer dk, dv, dq;
+  gputest::KvData kv;
+  std::vector<float> q;
+  if (rc.host_kv) {
+    kv = gputest::make_kv(H, rc.n, rc.n, d, seed);
+    q = gputest::make_q(kv, G, seed + 1);
+    dk = gputest::upload(kv.k);
+    dv = gputest::upload(kv.v);
+    dq = gputest::upload(q);
+  } else {
+    dk = cuda::DeviceBuffer(kv_elems * 2);
+    dv = cuda::DeviceBuffer(kv_elems * 2);
+    dq = cuda::DeviceBuffer(q_elems * 4);
+    cuda::fill_random_bf16(dk.as<uint16_t>(), kv_elems, seed, 1.0f);
+    cuda::fill_random_bf16(dv.as<uint16_t>(), kv_elems, seed + 1, 1.0f);
+    cuda::fill_random_f32(dq.as<float>(), q_elems, seed + 2, 1.0f);
+  }
+  AttentionConfig cfg;
+  cfg.estimation = rc.estimation;
+  if (rc.host_kv) {
+    cfg.sink_tokens = 4;
+    cfg.window_tokens = 16;
+    cfg.segment_tokens = 1024;
+  }
+  cuda::RetroLayer layer(AttentionShape{rc.hkv * G, rc.hkv, d}, cfg, rc.num_seqs);
+  if (rc.outliers) layer.set_outlier_zone(true);
+  layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), rc.n, rc.n);
+
+  EnvGuard env("RETROINFER_DECODE", "run8");
+  const PathResult a = decode_once(layer, dq.as<float>(), q_elems, H);
+  env.set("run9");
+  const PathResult b = decode_once(layer, dq.as<float>(), q_elems, H);
+  const int C = layer.num_clusters();
+  for (int h = 0; h < H; ++h) {
+    SCOPED_TRACE(testing::Message() << "flat head " << h);
+    EXPECT_EQ(b.heads[h].scores, a.heads[h].scores);  // bit-identical formation
+    EXPECT_EQ(b.heads[h].retrieval_ids, a.heads[h].retrieval_ids);
+    EXPECT_EQ(b.heads[h].estimation_ids, a.heads[h].estimation_ids);
+    EXPECT_EQ(b.heads[h].token_list, a.heads[h].token_list);
+    if (C > 0) {  // the CPU rule on the GPU's scores
+      std::vector<int32_t> r_ref, e_ref;
+      cpu_select(b.heads[h].scores, layer.n_retrieval(), layer.n_estimation(), r_ref, e_ref);
+      EXPECT_EQ(b.heads[h].retrieval_ids, r_ref);
+      EXPECT_EQ(b.heads[h].estimation_ids, e_ref);
+    }
+  }
+  // The two parts alone: the formation changes no bit of run 8's output (identical scores feed the same
+  // kernels), the estimation alone gives run 9's output bit for bit (run 9's formation changes nothing).
+  env.set("run9form");
+  const PathResult pf = decode_once(layer, dq.as<float>(), q_elems, H);
+  env.set("run9est");
+  const PathResult pe = decode_once(layer, dq.as<float>(), q_elems, H);
+  env.set("run9");
+  for (size_t i = 0; i < a.out.size(); ++i) {
+    ASSERT_EQ(pf.out[i], a.out[i]) << "run9form vs run8, element " << i;
+    ASSERT_EQ(pe.out[i], b.out[i]) << "run9est vs run9, element " << i;
+  }
+  const auto c8 = gputest::compare(b.out, a.out);
+  EXPECT_EQ(c8.unwritten, 0);
+  EXPECT_LT(c8.max_abs, kMaxAbsVsRun8);
+  EXPECT_LT(c8.nmse, kNmseVsRun8);
+
+  // f64 reference of the zones run 9 selected (host-side K/V only): exact tokens = the list, estimation =
+  // the estimated clusters' (logit from the bf16 centroid, weight = size, value = bf16 value sum).
+  gputest::Compare cref;
+  if (rc.host_kv) {
+    const float scale = 1.0f / std::sqrt(float(d));
+    std::vector<float> ref(q_elems);
+    for (int h = 0; h < H; ++h) {
+      const auto& st = b.heads[h];
+      for (int g = 0; g < G; ++g) {
+        gputest::RefState rs(d);
+        const float* qq = &q[(size_t(h) * G + g) * d];
+        gputest::ref_exact(kv, qq, scale, h, st.token_list, rs);
+        std::vector<float> vsum(d);
+        for (int32_t cl : st.estimation_ids) {
+          double s = 0;
+          for (int i = 0; i < d; ++i) s += double(qq[i]) * bf16_to_f32(st.centroids_bf16[size_t(cl) * d + i]);
+          for (int i = 0; i < d; ++i) vsum[i] = bf16_to_f32(st.value_sums_bf16[size_t(cl) * d + i]);
+          rs.push(s * scale, double(st.sizes[cl]), vsum.data(), d);
+        }
+        rs.finish(&ref[(size_t(h) * G + g) * d], d);
+      }
+    }
+    cref = gputest::compare(b.out, ref);
+    EXPECT_EQ(cref.unwritten, 0);
+    EXPECT_LT(cref.nmse, kNmseVsRef);
+    EXPECT_LT(cref.max_abs, kMaxAbsVsRef);
+  }
+
+  // Graph replays of run 9: bit-identical to its eager decode, twice (the merge counters reset themselves),
+  // and an eager decode after them still matches.
+  cuda::StreamHandle stream;
+  auto dg = gputest::poisoned(q_elems);
+  cuda::CapturedGraph graph(stream.get(), [&] { layer.decode(dq.as<float>(), dg.as<float>(), stream.get()); });
+  for (int rep = 0; rep < 2; ++rep) {
+    dg.fill_bytes(0xff);
+    cuda::synchronize();  // the memset runs on the legacy stream, the graph on a non-blocking one
+    graph.launch(stream.get());
+    cuda::synchronize(stream.get());
+    const auto g = gputest::download_f32(dg, q_elems);
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], b.out[i]) << "graph replay " << rep << " element " << i;
+  }
+  const PathResult e = decode_once(layer, dq.as<float>(), q_elems, H);
+  for (size_t i = 0; i < e.out.size(); ++i) ASSERT_EQ(e.out[i], b.out[i]) << "eager after replays, element " << i;
+
+  // Stage timing (one stream, no programmatic launches) with phase stamps: the same kernels and merge.
+  {
+    EnvGuard phases("RETROINFER_SELECT_PHASES", "1");
+    auto ds = gputest::poisoned(q_elems);
+    const auto st = layer.decode_stage_ms(dq.as<float>(), ds.as<float>());
+    const auto s = gputest::download_f32(ds, q_elems);
+    for (size_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], b.out[i]) << "stage path, element " << i;
+    int n_phase = 0;
+    for (const auto& [name, ms] : st) n_phase += name.rfind("phase.", 0) == 0 ? 1 : 0;
+    if (C > 0 && C <= 40 * 1024) {  // the bins kernel stamps
+      EXPECT_GT(n_phase, 8);
+    }
+  }
+  std::printf("[decode run9] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: vs run8 nmse %.2e max-abs %.2e; "
+              "vs f64 ref nmse %.2e max-abs %.2e%s\n",
+              H, G, d, (long long)rc.n, C, layer.n_estimation(), int(rc.estimation), int(rc.outliers), c8.nmse,
+              c8.max_abs, cref.nmse, cref.max_abs, rc.host_kv ? "" : " (no ref: device K/V)");
+}
+
+TEST(CudaDecodeRun9, MatchesRun8AndCpu) {
+  RETROINFER_REQUIRE_GPU();
+  run9_case({1, 2, 4, 128, 5000, true, false, true}, 301);   // k_e < 128: one partial estimation CTA
+  run9_case({3, 2, 8, 64, 9000, true, false, true}, 302);    // batch 3, G 8, d 64: k_e just past 128
+  run9_case({4, 1, 1, 128, 3001, true, false, true}, 303);   // batch 4, G 1
+  run9_case({2, 1, 3, 64, 4000, true, true, true}, 304);     // G 3, outliers: list_append in between
+  run9_case({1, 4, 1, 128, 2500, false, false, true}, 305);  // no estimation: exact CTAs only
+  run9_case({1, 2, 4, 128, 30, true, false, true}, 306);     // all steady (dense path, run 9 unused)
+  run9_case({1, 2, 8, 128, 2700, true, false, true}, 307);   // G 8, d 128
+}
+
+TEST(CudaDecodeRun9, MatchesRun8ManyHeads) {
+  RETROINFER_REQUIRE_GPU();
+  run9_case({16, 2, 4, 128, 3000, true, false, false}, 401);  // batch 16
+  run9_case({16, 1, 8, 64, 2100, true, false, false}, 402);   // batch 16, G 8, d 64
+  run9_case({1, 4, 8, 64, 16420, true, false, false}, 403);   // C ~ 1025: a score block of one item
+  run9_case({3, 2, 1, 128, 20011, true, false, false}, 404);  // batch 3, G 1
+}
+
+// Bench shapes (many exact and estimation CTAs counting into one merge) and > 40K clusters.
+TEST(CudaDecodeRun9, MatchesRun8BenchShapes) {
+  RETROINFER_REQUIRE_GPU();
+  run9_case({1, 8, 4, 128, 131072, true, false, false}, 501);  // Llama-3-8B, 128K, batch 1
+  run9_case({4, 8, 4, 128, 32768, true, false, false}, 502);   // 32K, batch 4
+  run9_case({1, 1, 4, 128, 700001, true, false, false}, 503);  // ~43K clusters: the cluster selection
+}
+
+}  // namespace
+}  // namespace retroinfer
