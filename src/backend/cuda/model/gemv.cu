@@ -1,0 +1,119 @@
+// The bf16 GEMV of gemv.h. CTA = 4 warps over kCols consecutive output columns n; its 128 threads stride over
+// the K dimension in chunks of 8 elements (one 16-byte load of W per column and one of x per row), two chunks
+// in flight per thread; each thread keeps kRows x kCols partial sums, reduced over the warp by shuffles and
+// over the 4 warps through shared memory in a fixed order (deterministic).
+#include <cuda_runtime.h>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/model/gemv.h"
+
+namespace retroinfer::cuda::model {
+namespace {
+
+constexpr int kThreads = 128, kWarps = kThreads / 32, kUnroll = 2;
+
+__device__ __forceinline__ void to_float8(const uint4& w, float* f) { detail::bf16x8_to_float(w, f); }
+
+template <int kRows, int kCols>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
+  const int64_t n0 = int64_t{blockIdx.x} * kCols;
+  const int64_t chunks = p.in / 8;
+  const uint4* w = reinterpret_cast<const uint4*>(p.w);
+  const uint4* x = reinterpret_cast<const uint4*>(p.x);
+  float acc[kRows][kCols];
+#pragma unroll
+  for (int m = 0; m < kRows; ++m)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[m][c] = 0.0f;
+  // Column c of the CTA, clamped to the last column (its loads stay in bounds; its sums are not written).
+  int64_t col[kCols];
+#pragma unroll
+  for (int c = 0; c < kCols; ++c) col[c] = (n0 + c < p.out ? n0 + c : p.out - 1) * chunks;
+
+  for (int64_t k0 = threadIdx.x; k0 < chunks; k0 += int64_t{kThreads} * kUnroll) {
+    uint4 wv[kUnroll][kCols];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + int64_t{u} * kThreads;
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) wv[u][c] = k < chunks ? __ldcs(w + col[c] + k) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = k0 + int64_t{u} * kThreads;
+      if (k >= chunks) break;
+      float wf[kCols][8];
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) to_float8(wv[u][c], wf[c]);
+#pragma unroll
+      for (int m = 0; m < kRows; ++m) {
+        float xf[8];
+        to_float8(__ldg(x + m * chunks + k), xf);
+#pragma unroll
+        for (int c = 0; c < kCols; ++c)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[m][c] = fmaf(xf[j], wf[c][j], acc[m][c]);
+      }
+    }
+  }
+
+  __shared__ float part[kWarps][kRows * kCols];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int m = 0; m < kRows; ++m)
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) {
+      const float v = detail::warp_sum(acc[m][c]);
+      if (lane == 0) part[warp][m * kCols + c] = v;
+    }
+  __syncthreads();
+  if (threadIdx.x < kRows * kCols) {
+    const int m = threadIdx.x / kCols, c = threadIdx.x % kCols;
+    const int64_t n = n0 + c;
+    if (n < p.out) {
+      float v = part[0][threadIdx.x];
+#pragma unroll
+      for (int i = 1; i < kWarps; ++i) v += part[i][threadIdx.x];
+      float* y = p.y + m * p.out + n;
+      *y = p.beta == 0.0f ? v : fmaf(p.beta, *y, v);
+    }
+  }
+}
+
+template <int kCols>
+cudaError_t launch_cols(const GemvParams& p, cudaStream_t s) {
+  const auto grid = static_cast<unsigned>((p.out + kCols - 1) / kCols);
+  switch (p.rows) {
+    case 1: gemv_kernel<1, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    case 2: gemv_kernel<2, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    case 3: gemv_kernel<3, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    case 4: gemv_kernel<4, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    case 5: gemv_kernel<5, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    case 6: gemv_kernel<6, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    case 7: gemv_kernel<7, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    case 8: gemv_kernel<8, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool gemv_supported(const GemvParams& p) {
+  static_assert(kGemvMaxRows == 8, "gemv_kernel is instantiated for rows 1..8");
+  return p.w != nullptr && p.x != nullptr && p.y != nullptr && p.rows >= 1 && p.rows <= kGemvMaxRows && p.in >= 8 &&
+         p.in % 8 == 0 && p.out >= 1 && p.out <= 0x7fffffff && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+}
+
+cudaError_t gemv_bf16(const GemvParams& p, int out_per_block, cudaStream_t s) {
+  if (!gemv_supported(p)) return cudaErrorInvalidValue;
+  switch (out_per_block) {
+    case 1: return launch_cols<1>(p, s);
+    case 2: return launch_cols<2>(p, s);
+    case 4: return launch_cols<4>(p, s);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace retroinfer::cuda::model
