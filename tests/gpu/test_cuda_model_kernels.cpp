@@ -280,13 +280,14 @@ TEST(CudaModelKernels, GemvAgainstCpu) {
 }
 
 // The autotuned Gemm (bf16 input) against the f64 reference, and the f32-input path against the bf16-input
-// path, for decode row counts (tuned) and a prefill one (cublasGemmEx).
+// path, for decode row counts (tuned) and a prefill one (cublasGemmEx); K = 1001 leaves the GEMV out (K % 8)
+// and misaligns the rows of x and W for cuBLASLt.
 TEST(CudaModelKernels, GemmTunedAgainstCpu) {
   RETROINFER_REQUIRE_GPU();
   struct Shape {
     int64_t in, out;
   };
-  for (const Shape sh : {Shape{4096, 1536}, Shape{1024, 4096}, Shape{1000, 333}}) {
+  for (const Shape sh : {Shape{4096, 1536}, Shape{1024, 4096}, Shape{1000, 333}, Shape{1001, 77}}) {
     const int64_t max_rows = 33;
     const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(sh.out * sh.in), 31 + sh.in);
     const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(max_rows * sh.in), 32 + sh.out);

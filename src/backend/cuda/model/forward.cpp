@@ -293,11 +293,15 @@ void CudaSession::Impl::tune_decode_gemms() {
   }
   const uint16_t* xb = a.xb.as<uint16_t>();
   gemm->tune(xb, n, h, qkv, (hq + 2 * hkv) * d, a.qkv.as<float>(), 0.0f, stream);
-  // O: the attention output reaches the product through the Gemm's f32 -> bf16 copy: tune with that pointer's
-  // alignment by running one product of zeros first (the copy is the Gemm's; linear() tunes it on first use).
-  RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.att.data(), 0, static_cast<size_t>(n * hq * d) * 4, st));
-  RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.x.data(), 0, static_cast<size_t>(n * h) * 4, st));
-  gemm->linear(a.att.as<float>(), n, hq * d, w.layers[0].wo, h, a.x.as<float>(), 1.0f, stream);
+  // O: the attention output reaches the product through the Gemm's f32 -> bf16 copy, a cudaMalloc buffer like
+  // a.xb: the same alignments, so the same tuning key (gemm.h) as tuning on a.xb here, over every layer.
+  if (static_cast<size_t>(n * hq * d) * 2 <= a.xb.bytes()) {
+    gemm->tune(xb, n, hq * d, o, h, a.x.as<float>(), 1.0f, stream);
+  } else {  // a.xb is too narrow: linear() tunes through its own copy, on layer 0's weights only
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.att.data(), 0, static_cast<size_t>(n * hq * d) * 4, st));
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.x.data(), 0, static_cast<size_t>(n * h) * 4, st));
+    gemm->linear(a.att.as<float>(), n, hq * d, w.layers[0].wo, h, a.x.as<float>(), 1.0f, stream);
+  }
   gemm->tune(xb, n, h, gu, 2 * inter, a.gu.as<float>(), 0.0f, stream);
   gemm->tune(xb, n, inter, down, h, a.x.as<float>(), 1.0f, stream);
   const void* lm[1] = {w.lm_head};

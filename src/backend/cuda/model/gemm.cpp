@@ -135,6 +135,7 @@ struct Gemm::Impl {
   cublasHandle_t h = nullptr;
   cublasLtHandle_t lt = nullptr;
   bool bf16 = true;
+  int device = 0;   // the device current at construction (the handles and buffers belong to it)
   DeviceBuffer xb;  // [max_x_elems] bf16: f32 x rounded for the bf16 product
   DeviceBuffer ws;  // [kGemmLtWorkspaceBytes]: cuBLASLt workspace (bf16 weights only)
   std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtDescs>> descs;
@@ -146,7 +147,7 @@ struct Gemm::Impl {
 
   Key key(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, const float* y, float beta) const {
     Key k;
-    RETROINFER_CUDA_CHECK(cudaGetDevice(&k.device));
+    k.device = device;
     k.n = n;
     k.out = out;
     k.in = in;
@@ -359,6 +360,7 @@ struct Gemm::Impl {
 Gemm::Gemm(bool bf16_weights, int64_t max_x_elems) : impl_(std::make_unique<Impl>()) {
   Impl& im = *impl_;
   im.bf16 = bf16_weights;
+  RETROINFER_CUDA_CHECK(cudaGetDevice(&im.device));
   check(cublasCreate(&im.h), "cublasCreate");
   if (im.bf16) {
     check(cublasLtCreate(&im.lt), "cublasLtCreate");

@@ -112,9 +112,18 @@ __global__ void qkv_post_kernel(QkvPostParams p) {
   const int64_t width = static_cast<int64_t>(heads) * p.head_dim;
   const int64_t total = p.rows * heads * half;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
-    const int i = static_cast<int>(e % half);
-    const int hh = static_cast<int>((e / half) % heads);
-    const int64_t r = e / (int64_t{half} * heads);
+    int i, hh;
+    int64_t r;
+    if (total <= INT32_MAX) {  // 32-bit division (decode and ordinary prefill chunks): far cheaper than 64-bit
+      const int e32 = static_cast<int>(e);
+      i = e32 % half;
+      hh = (e32 / half) % heads;
+      r = e32 / (half * heads);
+    } else {
+      i = static_cast<int>(e % half);
+      hh = static_cast<int>((e / half) % heads);
+      r = e / (int64_t{half} * heads);
+    }
     const int64_t col = static_cast<int64_t>(hh) * p.head_dim + i;
     float a = p.qkv[r * width + col], b = p.qkv[r * width + col + half];
     if (p.bias != nullptr) {
