@@ -236,7 +236,9 @@ TEST(CudaModelKernels, GemvAgainstCpu) {
       const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(out * in), 21 + in + out);
       const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(cuda::model::kGemvMaxRows * in), 22 + in);
       const std::vector<float> y0 = random_f32(static_cast<size_t>(cuda::model::kGemvMaxRows * out), 23 + out);
-      DeviceBuffer dw = upload(w), dx = upload(x), dy(y0.size() * 4);
+      // x_f32: the unrounded values behind x (random_bf16 rounds the same draws), for the f32-input variant.
+      const std::vector<float> x_f32 = random_f32(x.size(), 22 + in);
+      DeviceBuffer dw = upload(w), dx = upload(x), dxf = upload(x_f32), dy(y0.size() * 4), dy2(y0.size() * 4);
       const std::vector<double> sums = sums_ref(x, w, cuda::model::kGemvMaxRows, in, out);
       for (int64_t rows = 1; rows <= cuda::model::kGemvMaxRows; ++rows) {
         double worst = 0.0;
@@ -261,8 +263,20 @@ TEST(CudaModelKernels, GemvAgainstCpu) {
             const double e = nmse(got, expected(sums, y0, rows, out, beta));
             EXPECT_LE(e, kProductNmse);
             worst = std::max(worst, e);
+            // The f32-input variant rounds x as it loads it: bit-identical.
+            if (beta == 0.0f) dy2.fill_bytes(0xff);
+            else dy2.upload(y0.data(), y0.size() * 4);
+            p.x = nullptr;
+            p.x_f32 = dxf.as<float>();
+            p.y = dy2.as<float>();
+            ASSERT_TRUE(cuda::model::gemv_supported(p));
+            cuda::detail::launch_check(cuda::model::gemv_bf16(p, cols, nullptr), "gemv_bf16(f32 x)", nullptr);
+            cuda::synchronize();
+            const std::vector<float> got2 = download<float>(dy2, got.size());
+            EXPECT_EQ(std::memcmp(got.data(), got2.data(), got.size() * 4), 0) << "f32-input GEMV differs";
           }
-        std::printf("[gemv] rows %lld in %lld out %lld, cols 1/2/4, beta 0/1: worst nmse %.2e (bound %.0e)\n",
+        std::printf("[gemv] rows %lld in %lld out %lld, cols 1/2/4, beta 0/1: worst nmse %.2e (bound %.0e); f32-x "
+                    "variant checked bitwise\n",
                     (long long)rows, (long long)in, (long long)out, worst, kProductNmse);
       }
     }

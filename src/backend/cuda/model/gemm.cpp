@@ -385,6 +385,23 @@ void Gemm::linear(const float* x, int64_t n, int64_t in, const void* w, int64_t 
   if (im.bf16) {
     RETROINFER_CHECK(static_cast<size_t>(n * in) * 2 <= im.xb.bytes(), "Gemm: ", n * in,
                      " activations exceed the bf16 workspace of ", im.xb.bytes() / 2);
+    if (n <= kGemmTuneMaxRows && alignment(x) >= 16) {
+      // The choice for the bf16 copy; a GEMV reads x itself, rounding as the copy would (bit-identical).
+      const Choice c = im.resolve_for_call(im.key(im.xb.as<uint16_t>(), n, in, w, out, y, beta), im.xb.as<uint16_t>(),
+                                           w, y, beta, st);
+      GemvParams p;
+      p.w = static_cast<const uint16_t*>(w);
+      p.x_f32 = x;
+      p.y = y;
+      p.rows = n;
+      p.in = in;
+      p.out = out;
+      p.beta = beta;
+      if (c.kind == Kind::kGemv && gemv_supported(p)) {
+        detail::launch_check(gemv_bf16(p, c.cols, st), "gemv_bf16(f32 x)", st);
+        return;
+      }
+    }
     detail::launch_check(f32_to_bf16_array(x, im.xb.as<uint16_t>(), static_cast<size_t>(n * in), st), "f32_to_bf16",
                          st);
     linear(im.xb.as<uint16_t>(), n, in, w, out, y, beta, s);

@@ -2,8 +2,9 @@
 // in bf16 or f32, x f32 or (bf16 weights only) bf16. Included only from src/backend/cuda.
 //
 // bf16 weights: the product takes bf16 x (linear(const uint16_t*...), written directly by the producer:
-// RMSNorm, SwiGLU) or f32 x, rounded to bf16 into a workspace first; bf16 inputs, f32 accumulation and
-// output. Rounding x (relative 2^-9) is the extra error against the CPU.
+// RMSNorm, SwiGLU) or f32 x, rounded to bf16 into a workspace first (or, when the tuned choice for that
+// workspace is the GEMV, rounded by the GEMV as it loads x: the same values, no copy kernel); bf16 inputs,
+// f32 accumulation and output. Rounding x (relative 2^-9) is the extra error against the CPU.
 //   n <= kGemmTuneMaxRows (decode): an autotuned choice per (n, out, in, pointer alignments): cuBLASLt's
 //   heuristic candidates (up to kGemmTuneCandidates) and, for n <= kGemvMaxRows, the hand-written GEMV of
 //   gemv.h (1, 2, 4 columns per CTA), each timed with CUDA events on the real weights (tune() rotates over

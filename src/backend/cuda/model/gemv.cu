@@ -6,6 +6,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/model/gemv.h"
+#include "retroinfer/dtype.h"
 
 namespace retroinfer::cuda::model {
 namespace {
@@ -14,12 +15,25 @@ constexpr int kThreads = 128, kWarps = kThreads / 32, kUnroll = 2;
 
 __device__ __forceinline__ void to_float8(const uint4& w, float* f) { detail::bf16x8_to_float(w, f); }
 
-template <int kRows, int kCols>
+// Chunk k (8 elements) of x row m as floats: bf16 x, or f32 x_f32 rounded to bf16 values.
+template <bool kF32X>
+__device__ __forceinline__ void load_x(const GemvParams& p, int64_t chunks, int m, int64_t k, float* xf) {
+  if constexpr (kF32X) {
+    const float4* x = reinterpret_cast<const float4*>(p.x_f32) + (m * chunks + k) * 2;
+    const float4 a = __ldg(x), b = __ldg(x + 1);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) xf[j] = bf16_to_f32(f32_to_bf16(v[j]));
+  } else {
+    to_float8(__ldg(reinterpret_cast<const uint4*>(p.x) + m * chunks + k), xf);
+  }
+}
+
+template <int kRows, int kCols, bool kF32X>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
   const int64_t n0 = int64_t{blockIdx.x} * kCols;
   const int64_t chunks = p.in / 8;
   const uint4* w = reinterpret_cast<const uint4*>(p.w);
-  const uint4* x = reinterpret_cast<const uint4*>(p.x);
   float acc[kRows][kCols];
 #pragma unroll
   for (int m = 0; m < kRows; ++m)
@@ -48,7 +62,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
 #pragma unroll
       for (int m = 0; m < kRows; ++m) {
         float xf[8];
-        to_float8(__ldg(x + m * chunks + k), xf);
+        load_x<kF32X>(p, chunks, m, k, xf);
 #pragma unroll
         for (int c = 0; c < kCols; ++c)
 #pragma unroll
@@ -80,40 +94,46 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
   }
 }
 
-template <int kCols>
+template <int kCols, bool kF32X>
 cudaError_t launch_cols(const GemvParams& p, cudaStream_t s) {
   const auto grid = static_cast<unsigned>((p.out + kCols - 1) / kCols);
   switch (p.rows) {
-    case 1: gemv_kernel<1, kCols><<<grid, kThreads, 0, s>>>(p); break;
-    case 2: gemv_kernel<2, kCols><<<grid, kThreads, 0, s>>>(p); break;
-    case 3: gemv_kernel<3, kCols><<<grid, kThreads, 0, s>>>(p); break;
-    case 4: gemv_kernel<4, kCols><<<grid, kThreads, 0, s>>>(p); break;
-    case 5: gemv_kernel<5, kCols><<<grid, kThreads, 0, s>>>(p); break;
-    case 6: gemv_kernel<6, kCols><<<grid, kThreads, 0, s>>>(p); break;
-    case 7: gemv_kernel<7, kCols><<<grid, kThreads, 0, s>>>(p); break;
-    case 8: gemv_kernel<8, kCols><<<grid, kThreads, 0, s>>>(p); break;
+    case 1: gemv_kernel<1, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
+    case 2: gemv_kernel<2, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
+    case 3: gemv_kernel<3, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
+    case 4: gemv_kernel<4, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
+    case 5: gemv_kernel<5, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
+    case 6: gemv_kernel<6, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
+    case 7: gemv_kernel<7, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
+    case 8: gemv_kernel<8, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+template <bool kF32X>
+cudaError_t launch(const GemvParams& p, int out_per_block, cudaStream_t s) {
+  switch (out_per_block) {
+    case 1: return launch_cols<1, kF32X>(p, s);
+    case 2: return launch_cols<2, kF32X>(p, s);
+    case 4: return launch_cols<4, kF32X>(p, s);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
 
 bool gemv_supported(const GemvParams& p) {
   static_assert(kGemvMaxRows == 8, "gemv_kernel is instantiated for rows 1..8");
-  return p.w != nullptr && p.x != nullptr && p.y != nullptr && p.rows >= 1 && p.rows <= kGemvMaxRows && p.in >= 8 &&
+  const void* x = p.x != nullptr ? static_cast<const void*>(p.x) : static_cast<const void*>(p.x_f32);
+  return p.w != nullptr && x != nullptr && p.y != nullptr && p.rows >= 1 && p.rows <= kGemvMaxRows && p.in >= 8 &&
          p.in % 8 == 0 && p.out >= 1 && p.out <= 0x7fffffff && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+         reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 
 cudaError_t gemv_bf16(const GemvParams& p, int out_per_block, cudaStream_t s) {
   if (!gemv_supported(p)) return cudaErrorInvalidValue;
-  switch (out_per_block) {
-    case 1: return launch_cols<1>(p, s);
-    case 2: return launch_cols<2>(p, s);
-    case 4: return launch_cols<4>(p, s);
-    default: return cudaErrorInvalidValue;
-  }
+  return p.x != nullptr ? launch<false>(p, out_per_block, s) : launch<true>(p, out_per_block, s);
 }
 
 }  // namespace retroinfer::cuda::model

@@ -15,14 +15,17 @@ constexpr int kGemvMaxRows = 8;
 
 struct GemvParams {
   const uint16_t* w = nullptr;  // [out, in] bf16 row-major, 16-byte aligned
-  const uint16_t* x = nullptr;  // [rows, in] bf16 row-major, 16-byte aligned
+  const uint16_t* x = nullptr;  // [rows, in] bf16 row-major, 16-byte aligned; or nullptr and x_f32 set
+  const float* x_f32 = nullptr; // [rows, in] f32 row-major, 16-byte aligned (used when x is null): rounded to
+                                // bf16 (nearest even) as it is loaded, so the result is bit-identical to
+                                // f32_to_bf16_array into x and the bf16-x GEMV
   float* y = nullptr;           // [rows, out] f32 row-major
   int64_t rows = 0, in = 0, out = 0;
   float beta = 0.0f;            // 0: y is overwritten (not read); else y = product + beta * y
 };
 
-// True when gemv_bf16 takes this shape: 1 <= rows <= kGemvMaxRows, in % 8 == 0, w and x 16-byte aligned,
-// out >= 1 and the grid within limits.
+// True when gemv_bf16 takes this shape: 1 <= rows <= kGemvMaxRows, in % 8 == 0, w and x (or x_f32) 16-byte
+// aligned, y set, out >= 1 and the grid within limits.
 bool gemv_supported(const GemvParams& p);
 
 // out_per_block (1, 2 or 4): output columns n per CTA of 128 threads (the autotune's variants: more columns
