@@ -1,7 +1,9 @@
 // Micro-benchmark of the CUDA model runner's non-attention decode operations (src/backend/cuda/model): RMSNorm
-// (f32 in, bf16 out), SwiGLU (bf16 out), the f32 -> bf16 copy of the attention output, and the five products
-// of a Llama layer + LM head through model::Gemm (autotuned for rows <= 16; the tuning log goes to stderr and
-// names the best cuBLASLt and cublasGemmEx times next to the choice). Llama-3-8B shapes by default, random
+// (f32 in, bf16 out), SwiGLU alone (bf16 out), and the products of a Llama layer + LM head through model::Gemm
+// as the runner calls them (autotuned for rows <= 16; the tuning log goes to stderr and names the best
+// cuBLASLt and cublasGemmEx times next to the choice): QKV, O (f32 attention output: the f32 -> bf16 copy
+// unless the GEMV is chosen), gate/up with SwiGLU (linear_swiglu: fused GEMV or product + SwiGLU kernel),
+// down, LM head. Llama-3-8B shapes by default, random
 // bf16 weights, `--layers` copies of each matrix so that consecutive calls read different weights (from HBM,
 // as decode does, not from L2). Each op: `reps` calls captured into one CUDA graph (no launch gaps of the
 // host in the figure), one untimed replay, then the median of 5 timed replays / reps. One JSON object per
@@ -114,7 +116,7 @@ void run(FILE* out, const Args& a) {
     }
   }
   const long long widest = std::max({h, attw, inter, qkvw, 2 * inter, a.vocab});
-  DeviceBuffer xf(static_cast<size_t>(max_rows * widest) * 4), xb(static_cast<size_t>(max_rows * widest) * 2),
+  DeviceBuffer xf(static_cast<size_t>(max_rows * widest) * 4), xb(static_cast<size_t>(max_rows * (widest + h)) * 2),
       y(static_cast<size_t>(max_rows * widest) * 4), normw(static_cast<size_t>(h) * 4);
   cuda::fill_random_f32(xf.as<float>(), static_cast<size_t>(max_rows * widest), 7, 1.0f, st);
   cuda::fill_random_bf16(xb.as<uint16_t>(), static_cast<size_t>(max_rows * widest), 8, 1.0f, st);
@@ -148,13 +150,29 @@ void run(FILE* out, const Args& a) {
       cuda::detail::launch_check(cuda::model::swiglu(sp, st), "swiglu", st);
     });
     emit(out, "swiglu", rows, inter, 2 * inter, swiglu_us, double(rows * inter) * 10, "bf16 out");
-    layer_us += swiglu_us;
     // The products; gemm_o through the f32 -> bf16 copy of the attention output, as the runner does.
     for (Mat& m : mats) {
       std::vector<const void*> ws;
       for (const DeviceBuffer& b : m.w) ws.push_back(b.data());
-      gemm.tune(xb.as<uint16_t>(), rows, m.k, ws, m.n, y.as<float>(), m.beta, st);  // outside the capture
       const bool f32_in = std::string(m.op) == "gemm_o";
+      if (std::string(m.op) == "gemm_gate_up") {  // with SwiGLU, as the runner: fused GEMV or product + kernel
+        const long long it = m.n / 2;
+        uint16_t* act = xb.as<uint16_t>() + max_rows * h;  // apart from x (the fused GEMV reads x while writing)
+        gemm.tune_swiglu(xb.as<uint16_t>(), rows, m.k, ws, it, y.as<float>(), act, st);
+        const cuda::model::GemmChoice ch =
+            gemm.choice_swiglu(xb.as<uint16_t>(), rows, m.k, ws[0], it, y.as<float>(), act, st);
+        const double us = time_graph(st, a.reps, [&](int r) {
+          gemm.linear_swiglu(xb.as<uint16_t>(), rows, m.k, ws[static_cast<size_t>(r) % ws.size()], it, y.as<float>(),
+                             act, st);
+        });
+        const double wbytes = double(m.n * m.k) * 2;
+        emit(out, "gemm_gate_up_swiglu", rows, m.n, m.k, us, wbytes + double(rows * m.k) * 2 + double(rows * it) * 2,
+             ch.name);
+        layer_us += us;
+        layer_weight_bytes += wbytes;
+        continue;
+      }
+      gemm.tune(xb.as<uint16_t>(), rows, m.k, ws, m.n, y.as<float>(), m.beta, st);  // outside the capture
       if (f32_in) gemm.linear(xf.as<float>(), rows, m.k, ws[0], m.n, y.as<float>(), m.beta, st);  // tunes its copy
       const cuda::model::GemmChoice ch =
           gemm.choice(xb.as<uint16_t>(), rows, m.k, ws[0], m.n, y.as<float>(), m.beta, st);

@@ -18,6 +18,11 @@
 //   sqrt(K) u = 4e-6 for K = 4096, nmse ~ K u^2 = 1.5e-11; split-K and tree orders do better. Bound nmse
 //   1e-9 (kProductNmse, > 60x margin). A missing or repeated 8-element chunk of K = 4096 gives nmse ~ 8 / 4096
 //   = 2e-3; a wrong column or row ~ 2.
+// * Gate/up + SwiGLU (bf16 out) against bf16(silu(g) u) of the f64 sums g, u: the sums' f32 error (relative
+//   ~4e-6, above) and silu's few ulp move the f32 value by far less than a bf16 ulp, but may move it across a
+//   rounding boundary: at most 1 bf16 ulp (relative 2^-8) apart, plus an absolute floor of 1e-4 x the rms of
+//   the outputs for values near 0 (where the relative error of g or u is large). The fused GEMV must equal
+//   the unfused pair (gemv_bf16 into gu, then the SwiGLU kernel) bitwise: the same sums, the same silu_mul.
 // * bf16-input vs f32-input Gemm on bf16-exact x: the f32 path rounds x to bf16 exactly (no change), then
 //   runs the same tuned choice (the key's pointer alignments are equal: every buffer is a cudaMalloc, 256-byte
 //   aligned), and cuBLAS / the GEMV are deterministic for a fixed algorithm and device: bitwise equal.
@@ -300,6 +305,108 @@ TEST(CudaModelKernels, GemvAgainstCpu) {
   p.x = b.as<uint16_t>();
   EXPECT_TRUE(cuda::model::gemv_supported(p));
   EXPECT_EQ(cuda::model::gemv_bf16(p, 3, nullptr), cudaErrorInvalidValue);
+}
+
+// bf16(silu(g) * u) from the f64 sums [rows, 2 inter] (gate columns, then up), as float.
+std::vector<double> swiglu_expected(const std::vector<double>& sums, int64_t rows, int64_t inter) {
+  std::vector<double> a(static_cast<size_t>(rows * inter));
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t n = 0; n < inter; ++n) {
+      const float g = static_cast<float>(sums[m * 2 * inter + n]), u = static_cast<float>(sums[m * 2 * inter + inter + n]);
+      a[m * inter + n] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
+    }
+  return a;
+}
+
+// Elements of got (bf16) beyond 2^-8 relative + 1e-4 x rms(want) of want; the worst relative error in *worst.
+int64_t swiglu_mismatches(const std::vector<uint16_t>& got, const std::vector<double>& want, double* worst) {
+  double ss = 0.0;
+  for (double v : want) ss += v * v;
+  const double floor = 1e-4 * std::sqrt(ss / std::max<size_t>(1, want.size()));
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double g = bf16_to_f32(got[i]), err = std::fabs(g - want[i]);
+    if (!(err <= std::ldexp(std::fabs(want[i]), -8) + floor)) ++bad;
+    *worst = std::max(*worst, err / (std::fabs(want[i]) + floor));
+  }
+  return bad;
+}
+
+TEST(CudaModelKernels, GemvSwiGluFusedMatchesUnfused) {
+  RETROINFER_REQUIRE_GPU();
+  for (int64_t inter : {1024, 333}) {
+    const int64_t in = 2048, rows_max = cuda::model::kGemvMaxRows;
+    const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(2 * inter * in), 41 + inter, 0.05f);
+    const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(rows_max * in), 42);
+    const std::vector<double> sums = sums_ref(x, w, rows_max, in, 2 * inter);
+    DeviceBuffer dw = upload(w), dx = upload(x), dgu(static_cast<size_t>(rows_max * 2 * inter) * 4),
+                 dact(static_cast<size_t>(rows_max * inter) * 2), dfused(static_cast<size_t>(rows_max * inter) * 2);
+    for (int64_t rows = 1; rows <= rows_max; ++rows) {
+      SCOPED_TRACE(testing::Message() << "rows " << rows << " inter " << inter);
+      // Unfused: the GEMV into gu, then the SwiGLU kernel.
+      cuda::model::GemvParams p;
+      p.w = dw.as<uint16_t>();
+      p.x = dx.as<uint16_t>();
+      p.y = dgu.as<float>();
+      p.rows = rows;
+      p.in = in;
+      p.out = 2 * inter;
+      cuda::detail::launch_check(cuda::model::gemv_bf16(p, 1, nullptr), "gemv_bf16", nullptr);
+      cuda::model::SwiGluParams sp;
+      sp.gu = dgu.as<float>();
+      sp.act_bf16 = dact.as<uint16_t>();
+      sp.rows = rows;
+      sp.inter = inter;
+      cuda::detail::launch_check(cuda::model::swiglu(sp, nullptr), "swiglu", nullptr);
+      cuda::synchronize();
+      const std::vector<uint16_t> unfused = download<uint16_t>(dact, static_cast<size_t>(rows * inter));
+      double worst = 0.0;
+      EXPECT_EQ(swiglu_mismatches(unfused, swiglu_expected(sums, rows, inter), &worst), 0);
+      for (int cols : {1, 2}) {
+        dfused.fill_bytes(0xff);
+        cuda::model::GemvParams f;
+        f.w = dw.as<uint16_t>();
+        f.x = dx.as<uint16_t>();
+        f.act_bf16 = dfused.as<uint16_t>();
+        f.rows = rows;
+        f.in = in;
+        f.out = inter;
+        ASSERT_TRUE(cuda::model::gemv_swiglu_supported(f));
+        cuda::detail::launch_check(cuda::model::gemv_swiglu_bf16(f, cols, nullptr), "gemv_swiglu_bf16", nullptr);
+        cuda::synchronize();
+        const std::vector<uint16_t> fused = download<uint16_t>(dfused, unfused.size());
+        EXPECT_EQ(fused, unfused) << "fused gate/up + SwiGLU GEMV (cols " << cols << ") differs from the unfused pair";
+      }
+      std::printf("[gemv_swiglu] rows %lld in %lld inter %lld: unfused vs f64 worst rel %.2e (bound 2^-8 + floor); "
+                  "fused cols 1/2 bitwise equal to unfused\n",
+                  (long long)rows, (long long)in, (long long)inter, worst);
+    }
+  }
+}
+
+TEST(CudaModelKernels, GemmSwiGluTunedAgainstCpu) {
+  RETROINFER_REQUIRE_GPU();
+  const int64_t in = 2048, inter = 1536, max_rows = 33;
+  const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(2 * inter * in), 51, 0.05f);
+  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(max_rows * in), 52);
+  const std::vector<double> sums = sums_ref(x, w, max_rows, in, 2 * inter);
+  DeviceBuffer dw = upload(w), dx = upload(x), dgu(static_cast<size_t>(max_rows * 2 * inter) * 4),
+               dact(static_cast<size_t>(max_rows * inter) * 2);
+  cuda::model::Gemm gemm(true, 0);
+  for (int64_t rows : {1, 2, 4, 5, 8, 9, 16, 33}) {
+    SCOPED_TRACE(testing::Message() << "rows " << rows);
+    const cuda::model::GemmChoice ch = gemm.choice_swiglu(dx.as<uint16_t>(), rows, in, dw.data(), inter,
+                                                          dgu.as<float>(), dact.as<uint16_t>(), nullptr);
+    dact.fill_bytes(0xff);
+    gemm.linear_swiglu(dx.as<uint16_t>(), rows, in, dw.data(), inter, dgu.as<float>(), dact.as<uint16_t>(), nullptr);
+    cuda::synchronize();
+    const std::vector<uint16_t> got = download<uint16_t>(dact, static_cast<size_t>(rows * inter));
+    double worst = 0.0;
+    EXPECT_EQ(swiglu_mismatches(got, swiglu_expected(sums, rows, inter), &worst), 0);
+    std::printf("[gemm_swiglu] rows %lld in %lld inter %lld: %s (%.2f us tuned); worst rel %.2e (bound 2^-8 + "
+                "floor)\n",
+                (long long)rows, (long long)in, (long long)inter, ch.name.c_str(), ch.us, worst);
+  }
 }
 
 // The autotuned Gemm (bf16 input) against the f64 reference, and the f32-input path against the bf16-input

@@ -133,8 +133,12 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   const int64_t R = im.rows_cap;
   Activations& a = im.a;
   a.x = DeviceBuffer(R * h * 4);
-  if (bf16) a.xb = DeviceBuffer(R * std::max(h, inter) * 2);
-  else a.xn = DeviceBuffer(R * h * 4);
+  if (bf16) {
+    a.xb = DeviceBuffer(R * h * 2);
+    a.actb = DeviceBuffer(R * inter * 2);
+  } else {
+    a.xn = DeviceBuffer(R * h * 4);
+  }
   a.qkv = DeviceBuffer(R * (hq + 2 * hkv) * d * 4);
   a.q = DeviceBuffer(R * hq * d * 4);
   a.att = DeviceBuffer(R * hq * d * 4);

@@ -31,8 +31,8 @@ int64_t session_activation_bytes(const ModelConfig& c, int64_t rows, int64_t log
   // x qkv q att gu rope; f32 weights also xn act
   const int64_t per_row_f32 = h + (hq + 2 * hkv) * d + 2 * hq * d + 2 * inter + d + (bf16 ? 0 : h + inter);
   const int64_t per_row_other = 2 * 2 * hkv * d + 3 * 4;  // k_new v_new, row ints
-  // bf16: xb (GEMM inputs in bf16), the Gemm's bf16 copy of the attention output, its cuBLASLt workspace.
-  const int64_t gemm_ws = bf16 ? 2 * rows * (std::max(h, inter) + hq * d) + model::kGemmLtWorkspaceBytes : 0;
+  // bf16: xb, actb (GEMM inputs in bf16), the Gemm's bf16 copy of the attention output, its cuBLASLt workspace.
+  const int64_t gemm_ws = bf16 ? 2 * rows * (h + inter + hq * d) + model::kGemmLtWorkspaceBytes : 0;
   return rows * (4 * per_row_f32 + per_row_other) + 4 * logit_rows * c.vocab_size + 4 * int64_t{num_seqs} + gemm_ws;
 }
 
@@ -168,15 +168,16 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
     p.eps = c.rms_norm_eps;
     detail::launch_check(model::rms_norm(p, st), "rms_norm", st);
   };
-  // y [rows, out] (+)= input [rows, in] @ W^T, the input in a.xb (bf16 weights) or x32 (f32 weights).
-  auto product = [&](const void* wt, int64_t in, int64_t out, float* y, float beta, const float* x32) {
-    if (bf16) gemm->linear(a.xb.as<uint16_t>(), rows, in, wt, out, y, beta, stream);
+  // y [rows, out] (+)= input [rows, in] @ W^T, the input xb16 (bf16 weights) or x32 (f32 weights).
+  auto product = [&](const void* wt, int64_t in, int64_t out, float* y, float beta, const uint16_t* xb16,
+                     const float* x32) {
+    if (bf16) gemm->linear(xb16, rows, in, wt, out, y, beta, stream);
     else gemm->linear(x32, rows, in, wt, out, y, beta, stream);
   };
 
   const CudaModel::Weights::Layer& L = w.layers[l];
   norm(L.attn_norm);
-  product(L.wqkv, h, qkvw, a.qkv.as<float>(), 0.0f, a.xn.as<float>());
+  product(L.wqkv, h, qkvw, a.qkv.as<float>(), 0.0f, a.xb.as<uint16_t>(), a.xn.as<float>());
   // The layer's K/V: GPU tier k[l], v[l]; host tier the staging buffer in prefill, none in decode (the
   // token's K/V goes to a.k_new / a.v_new only, and the layer appends it to its own store).
   uint16_t* kc = decode && host ? nullptr : prefill_k(l);
@@ -239,15 +240,19 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
   gemm->linear(a.att.as<float>(), rows, hq * d, L.wo, h, x, 1.0f, stream);  // residual: x += att @ Wo^T
 
   norm(L.mlp_norm);
-  product(L.wgate_up, h, 2 * inter, a.gu.as<float>(), 0.0f, a.xn.as<float>());
-  model::SwiGluParams sp;
-  sp.gu = a.gu.as<float>();
-  sp.act = bf16 ? nullptr : a.act.as<float>();
-  sp.act_bf16 = bf16 ? a.xb.as<uint16_t>() : nullptr;  // xn's bf16 copy is consumed: gate/up ran before
-  sp.rows = rows;
-  sp.inter = inter;
-  detail::launch_check(model::swiglu(sp, st), "swiglu", st);
-  product(L.wdown, inter, h, x, 1.0f, a.act.as<float>());  // residual: x += act @ Wd^T
+  if (bf16) {  // gate/up + SwiGLU into actb: one fused GEMV or the product into gu + the SwiGLU kernel (gemm.h)
+    gemm->linear_swiglu(a.xb.as<uint16_t>(), rows, h, L.wgate_up, inter, a.gu.as<float>(), a.actb.as<uint16_t>(),
+                        stream);
+  } else {
+    product(L.wgate_up, h, 2 * inter, a.gu.as<float>(), 0.0f, nullptr, a.xn.as<float>());
+    model::SwiGluParams sp;
+    sp.gu = a.gu.as<float>();
+    sp.act = a.act.as<float>();
+    sp.rows = rows;
+    sp.inter = inter;
+    detail::launch_check(model::swiglu(sp, st), "swiglu", st);
+  }
+  product(L.wdown, inter, h, x, 1.0f, a.actb.as<uint16_t>(), a.act.as<float>());  // residual: x += act @ Wd^T
 }
 
 void CudaSession::Impl::lm_head(int64_t row0, int64_t count, const float* x) {
@@ -302,8 +307,9 @@ void CudaSession::Impl::tune_decode_gemms() {
     RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.x.data(), 0, static_cast<size_t>(n * h) * 4, st));
     gemm->linear(a.att.as<float>(), n, hq * d, w.layers[0].wo, h, a.x.as<float>(), 1.0f, stream);
   }
-  gemm->tune(xb, n, h, gu, 2 * inter, a.gu.as<float>(), 0.0f, stream);
-  gemm->tune(xb, n, inter, down, h, a.x.as<float>(), 1.0f, stream);
+  gemm->tune_swiglu(xb, n, h, gu, inter, a.gu.as<float>(), a.actb.as<uint16_t>(), stream);
+  RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.actb.data(), 0, a.actb.bytes(), st));
+  gemm->tune(a.actb.as<uint16_t>(), n, inter, down, h, a.x.as<float>(), 1.0f, stream);
   const void* lm[1] = {w.lm_head};
   gemm->tune(xb, n, h, lm, c.vocab_size, a.logits.as<float>(), 0.0f, stream);
   synchronize(stream);

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -56,15 +57,17 @@ struct Key {
   int64_t n = 0, out = 0, in = 0;
   uint32_t align_w = 0, align_x = 0, align_y = 0;
   bool accumulate = false;
-  auto tie() const { return std::tie(device, n, out, in, align_w, align_x, align_y, accumulate); }
+  bool swiglu = false;  // linear_swiglu: out = intermediate columns, align_y = the bf16 output's alignment
+  auto tie() const { return std::tie(device, n, out, in, align_w, align_x, align_y, accumulate, swiglu); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
-enum class Kind { kGemmEx, kLt, kGemv };
+// kSwiGluUnfused: the tuned product into gu, then the SwiGLU kernel; kSwiGluGemv: the fused GEMV.
+enum class Kind { kGemmEx, kLt, kGemv, kSwiGluUnfused, kSwiGluGemv };
 
 struct Choice {
   Kind kind = Kind::kGemmEx;
-  int cols = 0;                   // kGemv: output columns per CTA
+  int cols = 0;                   // kGemv, kSwiGluGemv: output columns per CTA
   cublasLtMatmulAlgo_t algo{};    // kLt
   size_t workspace = 0;           // kLt: bytes of workspace it needs
   std::string name = "gemm_ex";
@@ -74,7 +77,7 @@ struct Choice {
 // The process-wide cache of tuned choices and the tuning time spent so far per row count (a session's
 // decode uses one row count: its budget bounds the tuning a session adds).
 struct TuneCache {
-  std::mutex mu;
+  std::recursive_mutex mu;  // recursive: tuning a fused SwiGLU product resolves the plain product inside
   std::map<Key, Choice> choices;
   std::map<int64_t, double> spent_s;
 };
@@ -262,13 +265,14 @@ struct Gemm::Impl {
     return out;
   }
 
-  // Times the candidates of key k (caller holds the cache lock) and returns the fastest. Each candidate: one
-  // untimed warm-up, then reps calls (rep r on weights ws[(r + 1) % size], so that with several layers'
-  // weights they come from HBM), reps sized to ~300 us of work (2..10).
-  Choice tune_key(const Key& k, const uint16_t* x, std::span<const void* const> ws_list, float* y, float beta,
-                  cudaStream_t st, double& spent_s) {
+  // Times the candidates (run_one(c, w) issues candidate c on weights w; false: refused) and returns the
+  // fastest; the caller holds the cache lock. Each candidate: one untimed warm-up, then reps calls (rep r on
+  // weights ws[(r + 1) % size], so that with several layers' weights they come from HBM), reps sized to
+  // ~300 us of work (2..10). Logs one line to stderr.
+  Choice time_candidates(const Key& k, const char* what, std::vector<Choice>& cands,
+                         const std::function<bool(const Choice&, const void*)>& run_one,
+                         std::span<const void* const> ws_list, cudaStream_t st, double& spent_s) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<Choice> cands = candidates(k, x, ws_list[0], y);
     Events ev;
     Choice best;
     bool have = false;
@@ -278,7 +282,7 @@ struct Gemm::Impl {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (have && spent_s + elapsed > kGemmTuneBudgetS) break;  // budget spent: keep the best so far
       RETROINFER_CUDA_CHECK(cudaEventRecord(ev.e0, st));
-      if (!run(c, x, k.n, k.in, ws_list[0], k.out, y, beta, st)) {
+      if (!run_one(c, ws_list[0])) {
         (void)cudaGetLastError();  // a refused launch (invalid configuration) is not sticky
         continue;
       }
@@ -289,8 +293,7 @@ struct Gemm::Impl {
       const int reps = std::clamp(static_cast<int>(0.3f / std::max(warm_ms, 1e-3f)), 2, 10);
       RETROINFER_CUDA_CHECK(cudaEventRecord(ev.e0, st));
       bool ok = true;
-      for (int r = 0; r < reps && ok; ++r)
-        ok = run(c, x, k.n, k.in, ws_list[static_cast<size_t>(r + 1) % ws_list.size()], k.out, y, beta, st);
+      for (int r = 0; r < reps && ok; ++r) ok = run_one(c, ws_list[static_cast<size_t>(r + 1) % ws_list.size()]);
       RETROINFER_CUDA_CHECK(cudaEventRecord(ev.e1, st));
       RETROINFER_CUDA_CHECK(cudaEventSynchronize(ev.e1));
       if (!ok) {
@@ -302,9 +305,9 @@ struct Gemm::Impl {
       RETROINFER_CUDA_CHECK(cudaEventElapsedTime(&ms, ev.e0, ev.e1));
       c.us = 1000.0f * ms / static_cast<float>(reps);
       ++timed;
-      if (c.kind == Kind::kGemmEx) {
-        char buf[48];
-        std::snprintf(buf, sizeof buf, " gemm_ex %.2f us;", c.us);
+      if (c.kind == Kind::kGemmEx || c.kind == Kind::kSwiGluUnfused) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, " %s %.2f us;", c.name.c_str(), c.us);
         others = buf;
       }
       if (!have || c.us < best.us) {
@@ -315,24 +318,101 @@ struct Gemm::Impl {
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spent_s += took;
     if (!have)
-      RETROINFER_FAIL("Gemm: no product algorithm ran for [", k.n, ", ", k.in, "] x [", k.out, ", ", k.in,
+      RETROINFER_FAIL("Gemm: no algorithm ran for the ", what, " [", k.n, ", ", k.in, "] x [", k.out, ", ", k.in,
                       "]^T (cuBLAS and the GEMV refused every candidate); check the device state and the shapes");
     float best_lt = 0.0f;
     for (const Choice& c : cands)
       if (c.kind == Kind::kLt && c.us > 0.0f && (best_lt == 0.0f || c.us < best_lt)) best_lt = c.us;
     std::fprintf(stderr,
-                 "[retroinfer] gemm autotune n=%lld out=%lld in=%lld: %s %.2f us (best cuBLASLt %.2f us;%s "
+                 "[retroinfer] %s autotune n=%lld out=%lld in=%lld: %s %.2f us (best cuBLASLt %.2f us;%s "
                  "%d of %zu candidates timed in %.1f ms)\n",
-                 static_cast<long long>(k.n), static_cast<long long>(k.out), static_cast<long long>(k.in),
+                 what, static_cast<long long>(k.n), static_cast<long long>(k.out), static_cast<long long>(k.in),
                  best.name.c_str(), best.us, best_lt, others.c_str(), timed, cands.size(), 1000.0 * took);
     return best;
+  }
+
+  Choice tune_key(const Key& k, const uint16_t* x, std::span<const void* const> ws_list, float* y, float beta,
+                  cudaStream_t st, double& spent_s) {
+    std::vector<Choice> cands = candidates(k, x, ws_list[0], y);
+    return time_candidates(
+        k, "gemm", cands, [&](const Choice& c, const void* w) { return run(c, x, k.n, k.in, w, k.out, y, beta, st); },
+        ws_list, st, spent_s);
+  }
+
+  // act [n, inter] bf16 = SwiGLU(x @ W^T), W [2 inter, in], through choice c (a SwiGLU kind); gu [n, 2 inter]
+  // f32 holds the unfused product. False when refused.
+  bool run_swiglu(const Choice& c, const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu,
+                  uint16_t* act, cudaStream_t st) {
+    if (c.kind == Kind::kSwiGluGemv) {
+      GemvParams p;
+      p.w = static_cast<const uint16_t*>(w);
+      p.x = x;
+      p.act_bf16 = act;
+      p.rows = n;
+      p.in = in;
+      p.out = inter;
+      return gemv_swiglu_bf16(p, c.cols, st) == cudaSuccess;
+    }
+    if (n > kGemmTuneMaxRows) {
+      if (gemm_ex(x, n, in, w, 2 * inter, gu, 0.0f, st) != CUBLAS_STATUS_SUCCESS) return false;
+    } else {
+      const Choice pc = resolve_for_call(key(x, n, in, w, 2 * inter, gu, 0.0f), x, w, gu, 0.0f, st);
+      if (!run(pc, x, n, in, w, 2 * inter, gu, 0.0f, st)) return false;
+    }
+    SwiGluParams sp;
+    sp.gu = gu;
+    sp.act_bf16 = act;
+    sp.rows = n;
+    sp.inter = inter;
+    return swiglu(sp, st) == cudaSuccess;
+  }
+
+  // The cached SwiGLU choice of (n <= kGemmTuneMaxRows) rows, tuned now if new: the unfused pair (its product
+  // tuned first, over the same weights) against the fused GEMV (1 and 2 columns per CTA). gu and act are
+  // clobbered.
+  Choice resolve_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws_list,
+                        int64_t inter, float* gu, uint16_t* act, cudaStream_t st) {
+    Key k = key(x, n, in, ws_list[0], inter, reinterpret_cast<const float*>(act), 0.0f);
+    k.swiglu = true;
+    TuneCache& tc = tune_cache();
+    std::lock_guard<std::recursive_mutex> lock(tc.mu);
+    auto it = tc.choices.find(k);
+    if (it != tc.choices.end()) return it->second;
+    const Choice plain = resolve(key(x, n, in, ws_list[0], 2 * inter, gu, 0.0f), x, ws_list, gu, 0.0f, st);
+    std::vector<Choice> cands;
+    Choice unfused;
+    unfused.kind = Kind::kSwiGluUnfused;
+    unfused.name = plain.name + " + swiglu";
+    cands.push_back(unfused);
+    GemvParams p;
+    p.w = static_cast<const uint16_t*>(ws_list[0]);
+    p.x = x;
+    p.act_bf16 = act;
+    p.rows = n;
+    p.in = in;
+    p.out = inter;
+    if (gemv_swiglu_supported(p)) {
+      for (int cols : {1, 2}) {
+        Choice c;
+        c.kind = Kind::kSwiGluGemv;
+        c.cols = cols;
+        c.name = "gemv_swiglu(cols=" + std::to_string(cols) + ")";
+        cands.push_back(c);
+      }
+    }
+    const Choice c = time_candidates(
+        k, "gate_up+swiglu", cands,
+        [&](const Choice& cc, const void* w) { return run_swiglu(cc, x, n, in, w, inter, gu, act, st); }, ws_list, st,
+        tc.spent_s[k.n]);
+    tc.choices.emplace(k, c);
+    return c;
   }
 
   // The cached choice for key k, tuned now if new (y_scratch: an [n, out] f32 buffer the tuning may clobber).
   Choice resolve(const Key& k, const uint16_t* x, std::span<const void* const> ws_list, float* y_scratch, float beta,
                  cudaStream_t st) {
     TuneCache& tc = tune_cache();
-    std::lock_guard<std::mutex> lock(tc.mu);
+    std::lock_guard<std::recursive_mutex> lock(tc.mu);
     auto it = tc.choices.find(k);
     if (it != tc.choices.end()) return it->second;
     const Choice c = tune_key(k, x, ws_list, y_scratch, beta, st, tc.spent_s[k.n]);
@@ -343,7 +423,7 @@ struct Gemm::Impl {
   Choice resolve_for_call(const Key& k, const uint16_t* x, const void* w, float* y, float beta, cudaStream_t st) {
     {
       TuneCache& tc = tune_cache();
-      std::lock_guard<std::mutex> lock(tc.mu);
+      std::lock_guard<std::recursive_mutex> lock(tc.mu);
       auto it = tc.choices.find(k);
       if (it != tc.choices.end()) return it->second;
     }
@@ -432,6 +512,45 @@ void Gemm::linear(const uint16_t* x, int64_t n, int64_t in, const void* w, int64
                       "]^T: ", cudaGetErrorString(cudaGetLastError()), "; check the device state");
   }
   detail::launch_check(cudaSuccess, "Gemm::linear", st);
+}
+
+void Gemm::linear_swiglu(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu,
+                         uint16_t* act, Stream s) {
+  check_shape(n, in, 2 * inter);
+  Impl& im = *impl_;
+  RETROINFER_CHECK(im.bf16, "Gemm::linear_swiglu needs bf16 weights; this Gemm was made for f32 weights");
+  auto st = static_cast<cudaStream_t>(s);
+  Choice c;  // kSwiGluUnfused by default (prefill rows: cublasGemmEx + the SwiGLU kernel)
+  c.kind = Kind::kSwiGluUnfused;
+  if (n <= kGemmTuneMaxRows) {
+    const void* one[1] = {w};
+    c = im.resolve_swiglu(x, n, in, one, inter, gu, act, st);
+  }
+  if (!im.run_swiglu(c, x, n, in, w, inter, gu, act, st))
+    RETROINFER_FAIL("Gemm: the gate/up + SwiGLU choice ", c.name, " refused [", n, ", ", in, "] x [", 2 * inter, ", ",
+                    in, "]^T: ", cudaGetErrorString(cudaGetLastError()), "; check the device state");
+  detail::launch_check(cudaSuccess, "Gemm::linear_swiglu", st);
+}
+
+void Gemm::tune_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws, int64_t inter,
+                       float* gu, uint16_t* act, Stream s) {
+  check_shape(n, in, 2 * inter);
+  Impl& im = *impl_;
+  if (!im.bf16 || n > kGemmTuneMaxRows) return;
+  RETROINFER_CHECK(!ws.empty() && x != nullptr && gu != nullptr && act != nullptr,
+                   "Gemm::tune_swiglu: needs x, weights, gu and act");
+  im.resolve_swiglu(x, n, in, ws, inter, gu, act, static_cast<cudaStream_t>(s));
+}
+
+GemmChoice Gemm::choice_swiglu(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu,
+                               uint16_t* act, Stream s) {
+  check_shape(n, in, 2 * inter);
+  Impl& im = *impl_;
+  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic) + swiglu", 0.0f};
+  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex + swiglu", 0.0f};
+  const void* one[1] = {w};
+  const Choice c = im.resolve_swiglu(x, n, in, one, inter, gu, act, static_cast<cudaStream_t>(s));
+  return GemmChoice{c.name, c.us};
 }
 
 void Gemm::tune(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws, int64_t out,

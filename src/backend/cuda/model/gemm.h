@@ -39,7 +39,8 @@ constexpr double kGemmTuneBudgetS = 0.5;
 
 // What linear() runs for one shape (for the benchmark and the tests).
 struct GemmChoice {
-  std::string name;   // "gemm_ex", "lt(id=.. tile=.. splitk=.. ws=..)", "gemv(cols=..)"
+  std::string name;   // "gemm_ex", "lt(id=.. tile=.. splitk=.. ws=..)", "gemv(cols=..)", "gemv_swiglu(cols=..)",
+                      // "<product> + swiglu"
   float us = 0.0f;    // its tuned time per call (0: not timed)
 };
 
@@ -57,6 +58,19 @@ class Gemm {
   void linear(const float* x, int64_t n, int64_t in, const void* w, int64_t out, float* y, float beta, Stream s);
   // x: device [n, in] bf16 (bf16 weights only; throws otherwise), the rest as above.
   void linear(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, float* y, float beta, Stream s);
+
+  // act [n, inter] bf16 = SwiGLU of the gate/up product: silu(x @ Wg^T) * (x @ Wu^T) rounded to bf16, for
+  // x [n, in] bf16 and w [2 inter, in] bf16 (gate rows, then up rows), bf16 weights only. Either the product
+  // into gu [n, 2 inter] f32 (tuned as linear()) followed by the SwiGLU kernel, or, for n <= kGemvMaxRows
+  // when the autotune finds it faster, one fused GEMV (gu untouched). act must not overlap x.
+  void linear_swiglu(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu, uint16_t* act,
+                     Stream s);
+  // As tune(), for linear_swiglu (gu and act are clobbered).
+  void tune_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws, int64_t inter,
+                   float* gu, uint16_t* act, Stream s);
+  // The choice linear_swiglu makes for these pointers (tuning it first if needed; clobbers gu and act).
+  GemmChoice choice_swiglu(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu,
+                           uint16_t* act, Stream s);
 
   // Tunes the product of n rows (bf16 weights and n <= kGemmTuneMaxRows; else a no-op) before first use:
   // x device [n, in] bf16 (any values), ws: the weights [out, in] bf16 of every layer with this shape (timing

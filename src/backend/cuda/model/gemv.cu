@@ -6,6 +6,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/model/gemv.h"
+#include "backend/cuda/model/silu.cuh"
 #include "retroinfer/dtype.h"
 
 namespace retroinfer::cuda::model {
@@ -29,9 +30,12 @@ __device__ __forceinline__ void load_x(const GemvParams& p, int64_t chunks, int 
   }
 }
 
-template <int kRows, int kCols, bool kF32X>
+// kSwiGlu: the CTA's kCols W rows are kCols / 2 gate rows n0 + g and the matching up rows p.out + n0 + g.
+template <int kRows, int kCols, bool kF32X, bool kSwiGlu = false>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
-  const int64_t n0 = int64_t{blockIdx.x} * kCols;
+  constexpr int kOut = kSwiGlu ? kCols / 2 : kCols;  // output columns per CTA
+  static_assert(!kSwiGlu || (kCols % 2 == 0 && !kF32X), "SwiGLU mode: gate/up pairs, bf16 x");
+  const int64_t n0 = int64_t{blockIdx.x} * kOut;
   const int64_t chunks = p.in / 8;
   const uint4* w = reinterpret_cast<const uint4*>(p.w);
   float acc[kRows][kCols];
@@ -39,10 +43,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
   for (int m = 0; m < kRows; ++m)
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[m][c] = 0.0f;
-  // Column c of the CTA, clamped to the last column (its loads stay in bounds; its sums are not written).
+  // W row of CTA column c (offset in chunks), the output column clamped to the last one (its loads stay in
+  // bounds; its sums are not written).
   int64_t col[kCols];
 #pragma unroll
-  for (int c = 0; c < kCols; ++c) col[c] = (n0 + c < p.out ? n0 + c : p.out - 1) * chunks;
+  for (int c = 0; c < kCols; ++c) {
+    const int64_t o = n0 + c % kOut;
+    col[c] = ((o < p.out ? o : p.out - 1) + (c >= kOut ? p.out : 0)) * chunks;
+  }
 
   for (int64_t k0 = threadIdx.x; k0 < chunks; k0 += int64_t{kThreads} * kUnroll) {
     uint4 wv[kUnroll][kCols];
@@ -81,15 +89,23 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
       if (lane == 0) part[warp][m * kCols + c] = v;
     }
   __syncthreads();
-  if (threadIdx.x < kRows * kCols) {
-    const int m = threadIdx.x / kCols, c = threadIdx.x % kCols;
+  if (threadIdx.x < kRows * kOut) {
+    const int m = threadIdx.x / kOut, c = threadIdx.x % kOut;
     const int64_t n = n0 + c;
     if (n < p.out) {
-      float v = part[0][threadIdx.x];
+      const int i = m * kCols + c;
+      float v = part[0][i];
 #pragma unroll
-      for (int i = 1; i < kWarps; ++i) v += part[i][threadIdx.x];
-      float* y = p.y + m * p.out + n;
-      *y = p.beta == 0.0f ? v : fmaf(p.beta, *y, v);
+      for (int q = 1; q < kWarps; ++q) v += part[q][i];
+      if constexpr (kSwiGlu) {
+        float u = part[0][i + kOut];
+#pragma unroll
+        for (int q = 1; q < kWarps; ++q) u += part[q][i + kOut];
+        p.act_bf16[m * p.out + n] = f32_to_bf16(silu_mul(v, u));
+      } else {
+        float* y = p.y + m * p.out + n;
+        *y = p.beta == 0.0f ? v : fmaf(p.beta, *y, v);
+      }
     }
   }
 }
@@ -106,6 +122,23 @@ cudaError_t launch_cols(const GemvParams& p, cudaStream_t s) {
     case 6: gemv_kernel<6, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
     case 7: gemv_kernel<7, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
     case 8: gemv_kernel<8, kCols, kF32X><<<grid, kThreads, 0, s>>>(p); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <int kCols>
+cudaError_t launch_swiglu(const GemvParams& p, cudaStream_t s) {
+  const auto grid = static_cast<unsigned>((p.out + kCols / 2 - 1) / (kCols / 2));
+  switch (p.rows) {
+    case 1: gemv_kernel<1, kCols, false, true><<<grid, kThreads, 0, s>>>(p); break;
+    case 2: gemv_kernel<2, kCols, false, true><<<grid, kThreads, 0, s>>>(p); break;
+    case 3: gemv_kernel<3, kCols, false, true><<<grid, kThreads, 0, s>>>(p); break;
+    case 4: gemv_kernel<4, kCols, false, true><<<grid, kThreads, 0, s>>>(p); break;
+    case 5: gemv_kernel<5, kCols, false, true><<<grid, kThreads, 0, s>>>(p); break;
+    case 6: gemv_kernel<6, kCols, false, true><<<grid, kThreads, 0, s>>>(p); break;
+    case 7: gemv_kernel<7, kCols, false, true><<<grid, kThreads, 0, s>>>(p); break;
+    case 8: gemv_kernel<8, kCols, false, true><<<grid, kThreads, 0, s>>>(p); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -129,6 +162,25 @@ bool gemv_supported(const GemvParams& p) {
   return p.w != nullptr && x != nullptr && p.y != nullptr && p.rows >= 1 && p.rows <= kGemvMaxRows && p.in >= 8 &&
          p.in % 8 == 0 && p.out >= 1 && p.out <= 0x7fffffff && reinterpret_cast<uintptr_t>(p.w) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+bool gemv_swiglu_supported(const GemvParams& p) {
+  if (p.x == nullptr || p.act_bf16 == nullptr || p.out > 0x3fffffff) return false;
+  // The products' checks on a [2 out, in] W (y is unused: any non-null pointer passes the check).
+  GemvParams q = p;
+  q.x_f32 = nullptr;
+  q.y = reinterpret_cast<float*>(p.act_bf16);
+  q.out = 2 * p.out;
+  return gemv_supported(q);
+}
+
+cudaError_t gemv_swiglu_bf16(const GemvParams& p, int out_per_block, cudaStream_t s) {
+  if (!gemv_swiglu_supported(p)) return cudaErrorInvalidValue;
+  switch (out_per_block) {
+    case 1: return launch_swiglu<2>(p, s);
+    case 2: return launch_swiglu<4>(p, s);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t gemv_bf16(const GemvParams& p, int out_per_block, cudaStream_t s) {

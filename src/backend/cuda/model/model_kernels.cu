@@ -6,6 +6,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/model/model_kernels.h"
+#include "backend/cuda/model/silu.cuh"
 #include "retroinfer/dtype.h"
 
 namespace retroinfer::cuda::model {
@@ -161,8 +162,6 @@ __global__ void qkv_post_kernel(QkvPostParams p) {
     }
   }
 }
-
-__device__ __forceinline__ float silu_mul(float g, float u) { return __fmul_rn(g / (1.0f + expf(-g)), u); }
 
 __global__ void swiglu_kernel(SwiGluParams p) {
   const int64_t total = p.rows * p.inter;

@@ -39,9 +39,10 @@ int64_t session_activation_bytes(const ModelConfig& cfg, int64_t rows, int64_t l
 struct Activations {
   DeviceBuffer x;       // [rows_cap, hidden] f32: residual stream
   DeviceBuffer xn;      // [rows_cap, hidden] f32: normalised (f32 weights only; empty for bf16)
-  DeviceBuffer xb;      // [rows_cap, max(hidden, intermediate)] bf16 (bf16 weights only): the input of the
-                        // next GEMM, written by its producer: RMSNorm ([rows, hidden]) or SwiGLU
-                        // ([rows, intermediate])
+  DeviceBuffer xb;      // [rows_cap, hidden] bf16 (bf16 weights only): RMSNorm's output, the input of the
+                        // QKV, gate/up and LM-head products
+  DeviceBuffer actb;    // [rows_cap, intermediate] bf16 (bf16 weights only): SiLU(gate) * up, the input of
+                        // the down product (apart from xb: the fused gate/up GEMV reads xb while writing it)
   DeviceBuffer qkv;     // [rows_cap, (Hq + 2 Hkv) D] f32
   DeviceBuffer q;       // [rows_cap, Hq, D] f32, post-RoPE
   DeviceBuffer att;     // [rows_cap, Hq, D] f32: attention output
