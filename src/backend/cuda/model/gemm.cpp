@@ -206,6 +206,7 @@ struct Gemm::Impl {
       p.beta = beta;
       return gemv_bf16(p, c.cols, st) == cudaSuccess;
     }
+    if (c.kind != Kind::kLt) return false;  // a SwiGLU kind: run_swiglu's
     LtDescs& d = lt_descs(n, in, out);
     const float alpha = 1.0f;
     return cublasLtMatmul(lt, d.op, &alpha, w, d.a, x, d.b, &beta, y, d.c, y, d.c, &c.algo, ws.data(), ws.bytes(),
