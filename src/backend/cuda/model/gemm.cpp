@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -84,6 +86,16 @@ struct TuneCache {
 TuneCache& tune_cache() {
   static TuneCache c;
   return c;
+}
+
+// False when the environment sets RETROINFER_GEMM_TUNE=0 (or off): every product then runs cublasGemmEx and
+// gate/up + SwiGLU stays unfused, as before the autotune (an A/B and safety switch; read once).
+bool tuning_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RETROINFER_GEMM_TUNE");
+    return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
+  }();
+  return on;
 }
 
 // cuBLASLt descriptors of one (n, out, in): op(A) = W^T as [out, in] of column-major A [in, out] (lda = in),
@@ -373,6 +385,12 @@ struct Gemm::Impl {
   // clobbered.
   Choice resolve_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws_list,
                         int64_t inter, float* gu, uint16_t* act, cudaStream_t st) {
+    if (!tuning_enabled()) {
+      Choice unfused;
+      unfused.kind = Kind::kSwiGluUnfused;
+      unfused.name = "gemm_ex + swiglu";
+      return unfused;
+    }
     Key k = key(x, n, in, ws_list[0], inter, reinterpret_cast<const float*>(act), 0.0f);
     k.swiglu = true;
     TuneCache& tc = tune_cache();
@@ -412,6 +430,7 @@ struct Gemm::Impl {
   // The cached choice for key k, tuned now if new (y_scratch: an [n, out] f32 buffer the tuning may clobber).
   Choice resolve(const Key& k, const uint16_t* x, std::span<const void* const> ws_list, float* y_scratch, float beta,
                  cudaStream_t st) {
+    if (!tuning_enabled()) return Choice{};  // cublasGemmEx
     TuneCache& tc = tune_cache();
     std::lock_guard<std::recursive_mutex> lock(tc.mu);
     auto it = tc.choices.find(k);
@@ -422,6 +441,7 @@ struct Gemm::Impl {
   }
 
   Choice resolve_for_call(const Key& k, const uint16_t* x, const void* w, float* y, float beta, cudaStream_t st) {
+    if (!tuning_enabled()) return Choice{};  // cublasGemmEx
     {
       TuneCache& tc = tune_cache();
       std::lock_guard<std::recursive_mutex> lock(tc.mu);

@@ -14,6 +14,8 @@
 //   process; past it a new shape times only its first candidate, cuBLASLt's heuristic pick) and
 //   logged once per shape to stderr.
 //   n > kGemmTuneMaxRows (prefill): cublasGemmEx with CUBLAS_GEMM_DEFAULT.
+//   RETROINFER_GEMM_TUNE=0 (or off) in the environment: no autotune, every product cublasGemmEx (A/B switch).
+//   Tuning synchronises the stream: tune a shape (tune(), or one call) before capturing a CUDA graph over it.
 // f32 weights: cublasGemmEx with f32 inputs and CUBLAS_COMPUTE_32F_PEDANTIC, so that neither the math mode
 // nor NVIDIA_TF32_OVERRIDE can switch to TF32: the f32 path differs from the CPU's cblas_sgemm only in
 // summation order (not tuned).
