@@ -113,7 +113,8 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   im.rows_cap = session_rows(opt, im.max_context, num_seqs);
   im.logit_rows = session_logit_rows(im.rows_cap, num_seqs);
   const bool bf16 = model.weight_type() == WeightType::kBf16;
-  im.gemm = std::make_unique<model::Gemm>(bf16, bf16 ? im.rows_cap * std::max({h, hq * d, inter}) : 0);
+  // The Gemm's own bf16 copy serves the one f32 input of a bf16 product: the attention output [rows, Hq D].
+  im.gemm = std::make_unique<model::Gemm>(bf16, bf16 ? im.rows_cap * hq * d : 0);
   const int group = c.num_heads_q / c.num_heads_kv;
   if ((d == 64 || d == 128) && group <= detail::kMaxGroup) im.prefill_attention.emplace(im.shape);
 
@@ -132,12 +133,17 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   const int64_t R = im.rows_cap;
   Activations& a = im.a;
   a.x = DeviceBuffer(R * h * 4);
-  a.xn = DeviceBuffer(R * h * 4);
+  if (bf16) {
+    a.xb = DeviceBuffer(R * h * 2);
+    a.actb = DeviceBuffer(R * inter * 2);
+  } else {
+    a.xn = DeviceBuffer(R * h * 4);
+  }
   a.qkv = DeviceBuffer(R * (hq + 2 * hkv) * d * 4);
   a.q = DeviceBuffer(R * hq * d * 4);
   a.att = DeviceBuffer(R * hq * d * 4);
   a.gu = DeviceBuffer(R * 2 * inter * 4);
-  a.act = DeviceBuffer(R * inter * 4);
+  if (!bf16) a.act = DeviceBuffer(R * inter * 4);
   a.k_new = DeviceBuffer(R * hkv * d * 2);
   a.v_new = DeviceBuffer(R * hkv * d * 2);
   a.rope = DeviceBuffer(R * d * 4);  // [2, R, d / 2]
@@ -146,6 +152,7 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   a.next = DeviceBuffer(static_cast<size_t>(num_seqs) * 4);
   im.staging = std::make_unique<RowStaging>(R, c.head_dim);
   im.pos.assign(num_seqs, 0);
+  im.tune_decode_gemms();
 }
 
 CudaSession::~CudaSession() = default;

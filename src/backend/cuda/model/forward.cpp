@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -27,9 +28,11 @@ int64_t session_logit_rows(int64_t rows, int num_seqs) {
 int64_t session_activation_bytes(const ModelConfig& c, int64_t rows, int64_t logit_rows, int num_seqs, bool bf16) {
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
   const int64_t inter = c.intermediate_size;
-  const int64_t per_row_f32 = 2 * h + (hq + 2 * hkv) * d + 2 * hq * d + 3 * inter + d;  // x xn qkv q att gu act rope
-  const int64_t per_row_other = 2 * 2 * hkv * d + 3 * 4;                               // k_new v_new, row ints
-  const int64_t gemm_ws = bf16 ? 2 * rows * std::max({h, hq * d, inter}) : 0;          // x rounded to bf16
+  // x qkv q att gu rope; f32 weights also xn act
+  const int64_t per_row_f32 = h + (hq + 2 * hkv) * d + 2 * hq * d + 2 * inter + d + (bf16 ? 0 : h + inter);
+  const int64_t per_row_other = 2 * 2 * hkv * d + 3 * 4;  // k_new v_new, row ints
+  // bf16: xb, actb (GEMM inputs in bf16), the Gemm's bf16 copy of the attention output, its cuBLASLt workspace.
+  const int64_t gemm_ws = bf16 ? 2 * rows * (h + inter + hq * d) + model::kGemmLtWorkspaceBytes : 0;
   return rows * (4 * per_row_f32 + per_row_other) + 4 * logit_rows * c.vocab_size + 4 * int64_t{num_seqs} + gemm_ws;
 }
 
@@ -149,24 +152,32 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
   auto st = static_cast<cudaStream_t>(stream);
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
   const int64_t inter = c.intermediate_size, qkvw = (hq + 2 * hkv) * d;
-  float* xn = a.xn.as<float>();
+  const bool bf16 = w.type == WeightType::kBf16;
   const bool host = host_tier(l);
 
+  // RMSNorm of x into the next GEMM's input: bf16 a.xb (bf16 weights) or f32 a.xn.
   auto norm = [&](const float* weight) {
     model::RmsNormParams p;
     p.x = x;
     p.w = weight;
-    p.y = xn;
+    p.y = bf16 ? nullptr : a.xn.as<float>();
+    p.y_bf16 = bf16 ? a.xb.as<uint16_t>() : nullptr;
     p.rows = rows;
     p.hidden = h;
     p.x_stride = h;
     p.eps = c.rms_norm_eps;
     detail::launch_check(model::rms_norm(p, st), "rms_norm", st);
   };
+  // y [rows, out] (+)= input [rows, in] @ W^T, the input xb16 (bf16 weights) or x32 (f32 weights).
+  auto product = [&](const void* wt, int64_t in, int64_t out, float* y, float beta, const uint16_t* xb16,
+                     const float* x32) {
+    if (bf16) gemm->linear(xb16, rows, in, wt, out, y, beta, stream);
+    else gemm->linear(x32, rows, in, wt, out, y, beta, stream);
+  };
 
   const CudaModel::Weights::Layer& L = w.layers[l];
   norm(L.attn_norm);
-  gemm->linear(xn, rows, h, L.wqkv, qkvw, a.qkv.as<float>(), 0.0f, stream);
+  product(L.wqkv, h, qkvw, a.qkv.as<float>(), 0.0f, a.xb.as<uint16_t>(), a.xn.as<float>());
   // The layer's K/V: GPU tier k[l], v[l]; host tier the staging buffer in prefill, none in decode (the
   // token's K/V goes to a.k_new / a.v_new only, and the layer appends it to its own store).
   uint16_t* kc = decode && host ? nullptr : prefill_k(l);
@@ -229,14 +240,19 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
   gemm->linear(a.att.as<float>(), rows, hq * d, L.wo, h, x, 1.0f, stream);  // residual: x += att @ Wo^T
 
   norm(L.mlp_norm);
-  gemm->linear(xn, rows, h, L.wgate_up, 2 * inter, a.gu.as<float>(), 0.0f, stream);
-  model::SwiGluParams sp;
-  sp.gu = a.gu.as<float>();
-  sp.act = a.act.as<float>();
-  sp.rows = rows;
-  sp.inter = inter;
-  detail::launch_check(model::swiglu(sp, st), "swiglu", st);
-  gemm->linear(a.act.as<float>(), rows, inter, L.wdown, h, x, 1.0f, stream);  // residual: x += act @ Wd^T
+  if (bf16) {  // gate/up + SwiGLU into actb: one fused GEMV or the product into gu + the SwiGLU kernel (gemm.h)
+    gemm->linear_swiglu(a.xb.as<uint16_t>(), rows, h, L.wgate_up, inter, a.gu.as<float>(), a.actb.as<uint16_t>(),
+                        stream);
+  } else {
+    product(L.wgate_up, h, 2 * inter, a.gu.as<float>(), 0.0f, nullptr, a.xn.as<float>());
+    model::SwiGluParams sp;
+    sp.gu = a.gu.as<float>();
+    sp.act = a.act.as<float>();
+    sp.rows = rows;
+    sp.inter = inter;
+    detail::launch_check(model::swiglu(sp, st), "swiglu", st);
+  }
+  product(L.wdown, inter, h, x, 1.0f, a.actb.as<uint16_t>(), a.act.as<float>());  // residual: x += act @ Wd^T
 }
 
 void CudaSession::Impl::lm_head(int64_t row0, int64_t count, const float* x) {
@@ -244,17 +260,59 @@ void CudaSession::Impl::lm_head(int64_t row0, int64_t count, const float* x) {
                    "CudaSession: LM head rows [", row0, ", ", row0 + count, ") outside the planned buffers");
   const ModelConfig& c = model.config();
   auto st = static_cast<cudaStream_t>(stream);
+  const bool bf16 = model.weights().type == WeightType::kBf16;
   model::RmsNormParams p;
   p.x = (x != nullptr ? x : a.x.as<float>()) + row0 * c.hidden_size;
   p.w = model.weights().final_norm;
-  p.y = a.xn.as<float>();
+  p.y = bf16 ? nullptr : a.xn.as<float>();
+  p.y_bf16 = bf16 ? a.xb.as<uint16_t>() : nullptr;
   p.rows = count;
   p.hidden = c.hidden_size;
   p.x_stride = c.hidden_size;
   p.eps = c.rms_norm_eps;
   detail::launch_check(model::rms_norm(p, st), "rms_norm(final)", st);
-  gemm->linear(a.xn.as<float>(), count, c.hidden_size, model.weights().lm_head, c.vocab_size, a.logits.as<float>(),
-               0.0f, stream);
+  if (bf16)
+    gemm->linear(a.xb.as<uint16_t>(), count, c.hidden_size, model.weights().lm_head, c.vocab_size, a.logits.as<float>(),
+                 0.0f, stream);
+  else
+    gemm->linear(a.xn.as<float>(), count, c.hidden_size, model.weights().lm_head, c.vocab_size, a.logits.as<float>(),
+                 0.0f, stream);
+}
+
+void CudaSession::Impl::tune_decode_gemms() {
+  const ModelConfig& c = model.config();
+  const CudaModel::Weights& w = model.weights();
+  if (w.type != WeightType::kBf16 || num_seqs > model::kGemmTuneMaxRows) return;
+  const int64_t n = num_seqs, h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
+  const int64_t inter = c.intermediate_size;
+  auto st = static_cast<cudaStream_t>(stream);
+  // Inputs of any value (zeros): only the time matters. The outputs are the buffers decode writes, so that
+  // the pointer alignments (part of the tuning key) are those of decode; they hold no state yet.
+  RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.xb.data(), 0, a.xb.bytes(), st));
+  std::vector<const void*> qkv, o, gu, down;
+  for (const auto& L : w.layers) {
+    qkv.push_back(L.wqkv);
+    o.push_back(L.wo);
+    gu.push_back(L.wgate_up);
+    down.push_back(L.wdown);
+  }
+  const uint16_t* xb = a.xb.as<uint16_t>();
+  gemm->tune(xb, n, h, qkv, (hq + 2 * hkv) * d, a.qkv.as<float>(), 0.0f, stream);
+  // O: the attention output reaches the product through the Gemm's f32 -> bf16 copy, a cudaMalloc buffer like
+  // a.xb: the same alignments, so the same tuning key (gemm.h) as tuning on a.xb here, over every layer.
+  if (static_cast<size_t>(n * hq * d) * 2 <= a.xb.bytes()) {
+    gemm->tune(xb, n, hq * d, o, h, a.x.as<float>(), 1.0f, stream);
+  } else {  // a.xb is too narrow: linear() tunes through its own copy, on layer 0's weights only
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.att.data(), 0, static_cast<size_t>(n * hq * d) * 4, st));
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.x.data(), 0, static_cast<size_t>(n * h) * 4, st));
+    gemm->linear(a.att.as<float>(), n, hq * d, w.layers[0].wo, h, a.x.as<float>(), 1.0f, stream);
+  }
+  gemm->tune_swiglu(xb, n, h, gu, inter, a.gu.as<float>(), a.actb.as<uint16_t>(), stream);
+  RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.actb.data(), 0, a.actb.bytes(), st));
+  gemm->tune(a.actb.as<uint16_t>(), n, inter, down, h, a.x.as<float>(), 1.0f, stream);
+  const void* lm[1] = {w.lm_head};
+  gemm->tune(xb, n, h, lm, c.vocab_size, a.logits.as<float>(), 0.0f, stream);
+  synchronize(stream);
 }
 
 }  // namespace retroinfer::cuda

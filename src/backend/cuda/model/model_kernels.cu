@@ -6,6 +6,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/model/model_kernels.h"
+#include "backend/cuda/model/silu.cuh"
 #include "retroinfer/dtype.h"
 
 namespace retroinfer::cuda::model {
@@ -15,6 +16,9 @@ constexpr int kThreads = 256;
 
 // Grid for a grid-stride loop over n elements: enough CTAs to fill the chip, capped (a grid-stride loop
 // covers the rest).
+// True when p is a multiple of `bytes` (null counts as aligned: nothing is accessed through it).
+bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
 int grid_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<int>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
@@ -29,6 +33,7 @@ __global__ void embed_kernel(EmbedParams p) {
   }
 }
 
+// Scalar fallback (any width or alignment): one CTA of kThreads per row, two passes over x.
 __global__ void rms_norm_kernel(RmsNormParams p) {
   const int64_t r = blockIdx.x;
   const float* x = p.x + r * p.x_stride;
@@ -42,8 +47,64 @@ __global__ void rms_norm_kernel(RmsNormParams p) {
     __syncthreads();
   }
   const float inv = 1.0f / sqrtf(static_cast<float>(part[0] / static_cast<double>(p.hidden)) + p.eps);
-  float* y = p.y + r * p.hidden;
-  for (int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x) y[i] = p.w[i] * (x[i] * inv);
+  for (int64_t i = threadIdx.x; i < p.hidden; i += blockDim.x) {
+    const float v = p.w[i] * (x[i] * inv);
+    if (p.y != nullptr) p.y[r * p.hidden + i] = v;
+    if (p.y_bf16 != nullptr) p.y_bf16[r * p.hidden + i] = f32_to_bf16(v);
+  }
+}
+
+// Sum of v over the CTA (blockDim.x a multiple of 32, at most 1024), returned to every thread.
+__device__ __forceinline__ double block_sum(double v) {
+  __shared__ double warp_part[32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  double t = lane < warps ? warp_part[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;  // every warp reduced the same 32 partials in the same order: the same value everywhere
+}
+
+// One pass: thread t holds float4 t, t + blockDim, ... (kVec of them) of its row in registers. hidden % 4 == 0
+// and hidden / 4 <= kVec * blockDim.x (the launcher's choice).
+template <int kVec>
+__global__ void __launch_bounds__(1024) rms_norm_vec_kernel(RmsNormParams p) {
+  const int64_t r = blockIdx.x;
+  const int64_t h4 = p.hidden / 4;
+  const float4* x = reinterpret_cast<const float4*>(p.x + r * p.x_stride);
+  float4 v[kVec];
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * blockDim.x;
+    v[j] = i < h4 ? x[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    ss += static_cast<double>(v[j].x) * v[j].x + static_cast<double>(v[j].y) * v[j].y +
+          static_cast<double>(v[j].z) * v[j].z + static_cast<double>(v[j].w) * v[j].w;
+  }
+  ss = block_sum(ss);
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / static_cast<double>(p.hidden)) + p.eps);
+  const float4* w = reinterpret_cast<const float4*>(p.w);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const int64_t i = threadIdx.x + int64_t{j} * blockDim.x;
+    if (i >= h4) break;
+    const float4 g = w[i];
+    float4 o;
+    o.x = g.x * (v[j].x * inv);
+    o.y = g.y * (v[j].y * inv);
+    o.z = g.z * (v[j].z * inv);
+    o.w = g.w * (v[j].w * inv);
+    if (p.y != nullptr) reinterpret_cast<float4*>(p.y + r * p.hidden)[i] = o;
+    if (p.y_bf16 != nullptr) {
+      uint2 b;
+      b.x = uint32_t{f32_to_bf16(o.x)} | (uint32_t{f32_to_bf16(o.y)} << 16);
+      b.y = uint32_t{f32_to_bf16(o.z)} | (uint32_t{f32_to_bf16(o.w)} << 16);
+      reinterpret_cast<uint2*>(p.y_bf16 + r * p.hidden)[i] = b;
+    }
+  }
 }
 
 __global__ void qkv_post_kernel(QkvPostParams p) {
@@ -52,9 +113,18 @@ __global__ void qkv_post_kernel(QkvPostParams p) {
   const int64_t width = static_cast<int64_t>(heads) * p.head_dim;
   const int64_t total = p.rows * heads * half;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
-    const int i = static_cast<int>(e % half);
-    const int hh = static_cast<int>((e / half) % heads);
-    const int64_t r = e / (int64_t{half} * heads);
+    int i, hh;
+    int64_t r;
+    if (total <= INT32_MAX) {  // 32-bit division (decode and ordinary prefill chunks): far cheaper than 64-bit
+      const int e32 = static_cast<int>(e);
+      i = e32 % half;
+      hh = (e32 / half) % heads;
+      r = e32 / (half * heads);
+    } else {
+      i = static_cast<int>(e % half);
+      hh = static_cast<int>((e / half) % heads);
+      r = e / (int64_t{half} * heads);
+    }
     const int64_t col = static_cast<int64_t>(hh) * p.head_dim + i;
     float a = p.qkv[r * width + col], b = p.qkv[r * width + col + half];
     if (p.bias != nullptr) {
@@ -97,8 +167,31 @@ __global__ void swiglu_kernel(SwiGluParams p) {
   const int64_t total = p.rows * p.inter;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / p.inter, i = e % p.inter;
-    const float g = p.gu[r * 2 * p.inter + i], u = p.gu[r * 2 * p.inter + p.inter + i];
-    p.act[e] = __fmul_rn(g / (1.0f + expf(-g)), u);
+    const float v = silu_mul(p.gu[r * 2 * p.inter + i], p.gu[r * 2 * p.inter + p.inter + i]);
+    if (p.act != nullptr) p.act[e] = v;
+    if (p.act_bf16 != nullptr) p.act_bf16[e] = f32_to_bf16(v);
+  }
+}
+
+// Four elements per thread: inter % 4 == 0 and the alignments checked by the launcher.
+__global__ void swiglu_vec_kernel(SwiGluParams p) {
+  const int64_t inter4 = p.inter / 4, total = p.rows * inter4;
+  const float4* gu = reinterpret_cast<const float4*>(p.gu);
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / inter4, i = e % inter4;
+    const float4 g = gu[r * 2 * inter4 + i], u = gu[r * 2 * inter4 + inter4 + i];
+    float4 o;
+    o.x = silu_mul(g.x, u.x);
+    o.y = silu_mul(g.y, u.y);
+    o.z = silu_mul(g.z, u.z);
+    o.w = silu_mul(g.w, u.w);
+    if (p.act != nullptr) reinterpret_cast<float4*>(p.act)[e] = o;
+    if (p.act_bf16 != nullptr) {
+      uint2 b;
+      b.x = uint32_t{f32_to_bf16(o.x)} | (uint32_t{f32_to_bf16(o.y)} << 16);
+      b.y = uint32_t{f32_to_bf16(o.z)} | (uint32_t{f32_to_bf16(o.w)} << 16);
+      reinterpret_cast<uint2*>(p.act_bf16)[e] = b;
+    }
   }
 }
 
@@ -153,8 +246,31 @@ cudaError_t embed_gather(const EmbedParams& p, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+bool rms_norm_vectorised(const RmsNormParams& p) {
+  return p.hidden % 4 == 0 && p.hidden >= 4 && p.hidden <= kRmsNormMaxVecHidden && p.x_stride % 4 == 0 &&
+         aligned(p.x, 16) && aligned(p.w, 16) && aligned(p.y, 16) && aligned(p.y_bf16, 8);
+}
+
 cudaError_t rms_norm(const RmsNormParams& p, cudaStream_t s) {
-  rms_norm_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, s>>>(p);
+  if (p.rows < 1) return cudaSuccess;
+  if (p.rows > 0x7fffffff) return cudaErrorInvalidValue;  // one CTA per row (grid x limit 2^31 - 1)
+  const auto grid = static_cast<unsigned>(p.rows);
+  if (!rms_norm_vectorised(p)) {
+    rms_norm_kernel<<<grid, kThreads, 0, s>>>(p);
+    return cudaGetLastError();
+  }
+  // The fewest float4 per thread with at most 1024 threads per row: many threads per row, so that a few
+  // decode rows still issue many loads in parallel (hidden 4096: 1024 threads of one float4 each).
+  const int64_t h4 = p.hidden / 4;
+  const int vec = h4 <= 1024 ? 1 : h4 <= 2048 ? 2 : h4 <= 4096 ? 4 : 8;
+  const int64_t per = (h4 + vec - 1) / vec;
+  const unsigned threads = static_cast<unsigned>((per + 31) / 32 * 32);
+  switch (vec) {
+    case 1: rms_norm_vec_kernel<1><<<grid, threads, 0, s>>>(p); break;
+    case 2: rms_norm_vec_kernel<2><<<grid, threads, 0, s>>>(p); break;
+    case 4: rms_norm_vec_kernel<4><<<grid, threads, 0, s>>>(p); break;
+    default: rms_norm_vec_kernel<8><<<grid, threads, 0, s>>>(p); break;
+  }
   return cudaGetLastError();
 }
 
@@ -165,6 +281,11 @@ cudaError_t qkv_post(const QkvPostParams& p, cudaStream_t s) {
 }
 
 cudaError_t swiglu(const SwiGluParams& p, cudaStream_t s) {
+  if (p.rows * p.inter < 1) return cudaSuccess;
+  if (p.inter % 4 == 0 && aligned(p.gu, 16) && aligned(p.act, 16) && aligned(p.act_bf16, 8)) {
+    swiglu_vec_kernel<<<grid_for(p.rows * p.inter / 4), kThreads, 0, s>>>(p);
+    return cudaGetLastError();
+  }
   swiglu_kernel<<<grid_for(p.rows * p.inter), kThreads, 0, s>>>(p);
   return cudaGetLastError();
 }

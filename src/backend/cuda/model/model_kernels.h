@@ -25,15 +25,24 @@ struct EmbedParams {
 cudaError_t embed_gather(const EmbedParams& p, cudaStream_t s);
 
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (Hugging Face LlamaRMSNorm; the mean of squares in f64 as the
-// CPU runner does). One CTA per row.
+// CPU runner does), written in f32 (y) and / or rounded to bf16 (y_bf16: the input of a bf16 GEMM; the same
+// f32 value rounded to nearest even, so bit-identical to converting y). One CTA per row, one pass over x:
+// when hidden % 4 == 0, hidden <= kRmsNormMaxVecHidden, x / w / y 16-byte aligned, y_bf16 8-byte aligned and
+// x_stride % 4 == 0, each thread keeps up to 8 float4 of its row in registers (up to 1024 threads per row, so
+// that a few decode rows still spread over many threads); otherwise a scalar fallback (any width, two
+// passes over x).
+constexpr int64_t kRmsNormMaxVecHidden = 4 * 1024 * 8;
 struct RmsNormParams {
-  const float* x = nullptr;  // [rows, h], row stride x_stride floats
-  const float* w = nullptr;  // [h] f32
-  float* y = nullptr;        // [rows, h], contiguous
+  const float* x = nullptr;     // [rows, h], row stride x_stride floats
+  const float* w = nullptr;     // [h] f32
+  float* y = nullptr;           // [rows, h] f32, contiguous, or nullptr
+  uint16_t* y_bf16 = nullptr;   // [rows, h] bf16, contiguous, or nullptr (at least one of y, y_bf16)
   int64_t rows = 0, hidden = 0, x_stride = 0;
   float eps = 1e-5f;
 };
 cudaError_t rms_norm(const RmsNormParams& p, cudaStream_t s);
+// True when rms_norm(p) takes the vectorised one-pass kernel (for the tests and the benchmark).
+bool rms_norm_vectorised(const RmsNormParams& p);
 
 // After the fused QKV product: adds the bias, applies RoPE to q and k, writes q (f32) and the token's K/V
 // (bf16) into the KV cache at (row_seq[r], kv head, row_pos[r]), and optionally into k_new / v_new.
@@ -55,10 +64,13 @@ struct QkvPostParams {
 };
 cudaError_t qkv_post(const QkvPostParams& p, cudaStream_t s);
 
-// act[r, i] = silu(gu[r, i]) * gu[r, inter + i].
+// act[r, i] = silu(gu[r, i]) * gu[r, inter + i], in f32 (act) and / or rounded to bf16 (act_bf16: the input
+// of the bf16 down projection; bit-identical to converting act). Four elements per thread when inter % 4 ==
+// 0 and gu is 16-byte aligned, act 16-byte and act_bf16 8-byte aligned; else one.
 struct SwiGluParams {
-  const float* gu = nullptr;  // [rows, 2 * inter]: gate, then up
-  float* act = nullptr;       // [rows, inter]
+  const float* gu = nullptr;     // [rows, 2 * inter]: gate, then up
+  float* act = nullptr;          // [rows, inter] f32, or nullptr
+  uint16_t* act_bf16 = nullptr;  // [rows, inter] bf16, or nullptr (at least one of act, act_bf16)
   int64_t rows = 0, inter = 0;
 };
 cudaError_t swiglu(const SwiGluParams& p, cudaStream_t s);

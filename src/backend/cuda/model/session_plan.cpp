@@ -62,8 +62,11 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   r.host_free_bytes = buffer::resolve_host_limit(opt.host_memory_limit, [] { return buffer::host_memory_available(); });
   if (num_seqs >= 1 && opt.prefill_chunk >= 1) {
     const int64_t rows = session_rows(opt, r.max_context, num_seqs);
-    r.activation_bytes_override =
-        session_activation_bytes(cfg, rows, session_logit_rows(rows, num_seqs), num_seqs, /*bf16=*/true);
+    // The plan does not know the weight type: the larger of the two layouts (bf16 keeps GEMM inputs in bf16
+    // plus a cuBLASLt workspace; f32 keeps them in f32).
+    const int64_t logit_rows = session_logit_rows(rows, num_seqs);
+    r.activation_bytes_override = std::max(session_activation_bytes(cfg, rows, logit_rows, num_seqs, /*bf16=*/true),
+                                           session_activation_bytes(cfg, rows, logit_rows, num_seqs, /*bf16=*/false));
   }
   const buffer::SessionPlanBreakdown b = buffer::plan_session(r);
   CudaSessionPlan p;

@@ -38,12 +38,16 @@ int64_t session_activation_bytes(const ModelConfig& cfg, int64_t rows, int64_t l
 
 struct Activations {
   DeviceBuffer x;       // [rows_cap, hidden] f32: residual stream
-  DeviceBuffer xn;      // [rows_cap, hidden] f32: normalised
+  DeviceBuffer xn;      // [rows_cap, hidden] f32: normalised (f32 weights only; empty for bf16)
+  DeviceBuffer xb;      // [rows_cap, hidden] bf16 (bf16 weights only): RMSNorm's output, the input of the
+                        // QKV, gate/up and LM-head products
+  DeviceBuffer actb;    // [rows_cap, intermediate] bf16 (bf16 weights only): SiLU(gate) * up, the input of
+                        // the down product (apart from xb: the fused gate/up GEMV reads xb while writing it)
   DeviceBuffer qkv;     // [rows_cap, (Hq + 2 Hkv) D] f32
   DeviceBuffer q;       // [rows_cap, Hq, D] f32, post-RoPE
   DeviceBuffer att;     // [rows_cap, Hq, D] f32: attention output
   DeviceBuffer gu;      // [rows_cap, 2 * intermediate] f32: gate, up
-  DeviceBuffer act;     // [rows_cap, intermediate] f32: SiLU(gate) * up
+  DeviceBuffer act;     // [rows_cap, intermediate] f32: SiLU(gate) * up (f32 weights only; bf16: in xb)
   DeviceBuffer k_new;   // [rows_cap, Hkv, D] bf16: this step's keys (decode)
   DeviceBuffer v_new;   // [rows_cap, Hkv, D] bf16
   DeviceBuffer rope;    // [2, rows_cap, D / 2] f32: cos, then sin
@@ -155,6 +159,9 @@ struct CudaSession::Impl {
   void layer_forward(int l, int64_t rows, const RowView& rv, float* x, bool decode, int seq, int64_t pos0);
   // Final norm + LM head of rows [row0, row0 + count) of x (default a.x) into a.logits rows [0, count).
   void lm_head(int64_t row0, int64_t count, const float* x = nullptr);
+  // Autotunes the decode products (num_seqs rows, bf16 weights; see gemm.h) on every layer's weights, so
+  // that the first decode step runs tuned. Clobbers the activation buffers (call before any forward).
+  void tune_decode_gemms();
   // Creates the decode attention objects for the token counts in pos (no prefill_done yet): one per layer
   // over the batch when every sequence holds the same count, else one per (sequence, layer).
   void make_attention();
