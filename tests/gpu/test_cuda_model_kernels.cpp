@@ -464,3 +464,56 @@ TEST(CudaModelKernels, GemmBf16InputNeedsBf16Weights) {
 
 }  // namespace
 }  // namespace retroinfer
+
+namespace retroinfer {
+namespace {
+
+// argmax_rows: the greedy pick on the GPU, against a CPU scan with the same rule (larger value, ties to the
+// lower index, NaN never wins, -1 for a row without a number); vectorised rows (vocab % 4 == 0: Llama-3's
+// 128256, SmolLM2's 49152) and the scalar path (an odd vocabulary).
+TEST(CudaModelKernels, ArgmaxRowsAgainstCpu) {
+  RETROINFER_REQUIRE_GPU();
+  for (const int64_t vocab : {int64_t{128256}, int64_t{49152}, int64_t{1003}}) {
+    const int64_t rows = 6;
+    std::vector<float> lg = random_f32(static_cast<size_t>(rows * vocab), 77 + vocab);
+    // row 1: a tie between two far-apart maxima (the lower index must win); row 2: NaNs before the max;
+    // row 3: all NaN; row 4: the max in the last element; row 5: all equal (index 0 wins).
+    lg[1 * vocab + vocab - 7] = lg[1 * vocab + 5] = 100.0f;
+    for (int64_t i = 0; i < vocab; i += 3) lg[2 * vocab + i] = NAN;
+    lg[2 * vocab + 4] = 50.0f;
+    for (int64_t i = 0; i < vocab; ++i) lg[3 * vocab + i] = NAN;
+    lg[4 * vocab + vocab - 1] = 1e30f;
+    for (int64_t i = 0; i < vocab; ++i) lg[5 * vocab + i] = -2.5f;
+    std::vector<int32_t> want(rows, -1);
+    for (int64_t r = 0; r < rows; ++r) {
+      float bv = 0.0f;
+      for (int64_t i = 0; i < vocab; ++i) {
+        const float v = lg[r * vocab + i];
+        if (!std::isnan(v) && (want[r] < 0 || v > bv)) {
+          bv = v;
+          want[r] = static_cast<int32_t>(i);
+        }
+      }
+    }
+    DeviceBuffer dl(lg.size() * 4), dn(rows * 4);
+    dl.upload(lg.data(), lg.size() * 4);
+    dn.fill_bytes(0xff);
+    cuda::model::ArgmaxParams p;
+    p.logits = dl.as<float>();
+    p.next = dn.as<int32_t>();
+    p.rows = rows;
+    p.vocab = vocab;
+    cuda::detail::launch_check(cuda::model::argmax_rows(p, nullptr), "argmax_rows", nullptr);
+    std::vector<int32_t> got(rows);
+    dn.download(got.data(), rows * 4);
+    EXPECT_EQ(got, want) << "vocab " << vocab;
+    EXPECT_EQ(got[1], 5);
+    EXPECT_EQ(got[3], -1);
+    EXPECT_EQ(got[5], 0);
+    std::printf("[argmax rows] vocab %lld x %lld rows: %s\n", static_cast<long long>(vocab),
+                static_cast<long long>(rows), got == want ? "equal to the CPU scan" : "DIFFERENT");
+  }
+}
+
+}  // namespace
+}  // namespace retroinfer
