@@ -48,13 +48,15 @@ using cuda::KvPlacement;
 
 constexpr int kLayers = 3;
 constexpr double kPrefillRel = 1e-6;     // see the header: same kernels on the same chunks
-constexpr double kDecodeRel = 1e-2;      // row max |diff| / logit scale
 // Host-tier and GPU-tier retro agree to f32 rounding per layer (test_cuda_layers.cpp: nmse 4e-13), but the
-// model amplifies those differences through the layers and the bf16 KV of later tokens (a rounding flip of
-// one K/V element moves it by 2^-8): measured on the H200 (final run of the session that added this test)
-// decode nmse up to 4.6e-5 with every greedy token equal, so the bound is 1e-4 (the bf16-weight runner
-// bound's order, test_cuda_model.cpp).
-constexpr double kDecodeNmse = 1e-4;
+// model amplifies those differences through the layers, the bf16 KV of later tokens (a rounding flip of one
+// K/V element moves it by 2^-8) and retro's cluster selection (a flipped cluster moves a layer's output by a
+// few percent). How far that goes depends on the trajectory, i.e. on the products' rounding: measured on the
+// H200, decode max rel 5.7e-3 / nmse 2.9e-5 with cublasGemmEx products (RETROINFER_GEMM_TUNE=0) and 3.2e-2
+// / 1.0e-3 for kHost with the autotuned GEMV products (session 10; kSplit 3.9e-3 / 1.4e-5), with every greedy
+// token equal in both. The bounds sit above the larger: a wrong layer, sequence or step is off by O(1).
+constexpr double kDecodeRel = 5e-2;  // row max |diff| / logit scale
+constexpr double kDecodeNmse = 2e-3;
 constexpr int kSteps = 16;
 
 ModelConfig placement_config(int64_t max_positions) {

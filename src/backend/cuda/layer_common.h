@@ -119,9 +119,10 @@ struct DecodePath {
   bool fused_merge = true, pdl = true, early_loads = true, prefetch = true, balance = true;
   bool form_scores = false, fused_estimate = false;  // run 9
 };
-// The path taken when RETROINFER_DECODE is unset: run 8 until the H200 run says run 9 is faster (flip
-// this constant; "run8" keeps run 8 reachable either way).
-inline constexpr bool kRun9IsDefault = false;
+// The path taken when RETROINFER_DECODE is unset: run 9 since session 10's H200 run (kernel graph 0.82-0.96x
+// run 8's time at 128K, batch 1-16; runner 717 vs 640 tok/s at 128K batch 6; the same GPU tests pass on
+// both); "run8" keeps run 8 reachable.
+inline constexpr bool kRun9IsDefault = true;
 DecodePath decode_path();
 
 // Phase summary of the stamps of one decode (kernels.h kPhaseSlots; raw: [H, kPhaseSlots] as downloaded):
