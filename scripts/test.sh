@@ -20,10 +20,13 @@ if compgen -G "$pydir/retroinfer/_retroinfer*.so" >/dev/null; then
   py=$(sed -n 's/^Python3_EXECUTABLE:[A-Z]*=//p' "$cache")
   py_env=(PYTHONPATH="$pydir${PYTHONPATH:+:$PYTHONPATH}" RETROINFER_CLI="$PWD/build/$preset/bin/retroinfer")
   if grep -q '^RETROINFER_SANITIZE:BOOL=ON' "$cache"; then
-    # An ASan module in an uninstrumented interpreter: its runtime must be loaded first; the interpreter's
-    # own allocations at exit are not leaks of ours.
+    # An ASan module in an uninstrumented interpreter: its runtime must be loaded first, and libstdc++ with
+    # it (else ASan's __cxa_throw interceptor finds no real function and the first C++ exception aborts);
+    # the interpreter's own allocations at exit are not leaks of ours.
     cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$cache")
-    py_env+=(LD_PRELOAD="$("${cxx:-c++}" -print-file-name=libasan.so)" ASAN_OPTIONS=detect_leaks=0)
+    cxx=${cxx:-c++}
+    py_env+=(LD_PRELOAD="$("$cxx" -print-file-name=libasan.so):$("$cxx" -print-file-name=libstdc++.so)"
+             ASAN_OPTIONS=detect_leaks=0)
   fi
   env "${py_env[@]}" "${py:-python3}" -m pytest -q -p no:cacheprovider tests/python
 else
