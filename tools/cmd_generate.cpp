@@ -12,6 +12,7 @@
 #include "model_cli.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
+#include "retroinfer/text_generate.h"
 
 namespace retroinfer::cli {
 namespace {
@@ -46,7 +47,8 @@ nlohmann::json summary_json(const GenerateSummary& s, const std::string& model, 
           {"mean_exact_tokens_per_head", s.mean_exact_tokens_per_head},
           {"stop_reason", std::string(stop_reason_name(s.stop_reason))},
           {"threads", num_threads()},
-          {"text", s.text}};
+          {"text", s.text},
+          {"tokens", s.tokens}};
 }
 
 void run_generate(const GenerateCliOptions& o) {
@@ -65,15 +67,7 @@ void run_generate(const GenerateCliOptions& o) {
   const SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
   const Tokenizer& tok = *m.tokenizer;
 
-  std::vector<int32_t> ids;
-  if (o.chat) {
-    std::vector<ChatMessage> msgs;
-    if (!o.system.empty()) msgs.push_back({"system", o.system});
-    msgs.push_back({"user", prompt});
-    ids = tok.encode(tok.apply_chat_template(msgs, true), false, true);
-  } else {
-    ids = tok.encode(prompt, true, true);
-  }
+  const std::vector<int32_t> ids = encode_prompt(tok, prompt, o.chat, o.system);
   RETROINFER_CHECK(!ids.empty(), "generate: the prompt encodes to no tokens");
 
   GenerateOptions go;
@@ -81,17 +75,11 @@ void run_generate(const GenerateCliOptions& o) {
   go.sampler = {o.temperature, o.top_k, o.top_p, o.seed};
   go.stop_strings = o.stops;
   go.ignore_eos = o.ignore_eos;
-  go.eos_token_ids = tok.eog_ids();
-  for (int e : m.model->config().eos_token_ids)
-    if (std::find(go.eos_token_ids.begin(), go.eos_token_ids.end(), e) == go.eos_token_ids.end())
-      go.eos_token_ids.push_back(e);
-  if (go.eos_token_ids.empty()) go.eos_token_ids = {-1};  // none known: only max tokens / stop strings end it
+  go.eos_token_ids = end_of_generation_ids(m.model->config(), &tok);
 
-  StreamingDecoder dec(tok, /*skip_special=*/true);
   ProgressBar bar("prefill");
-  GenerateCallbacks cb;
-  cb.token_text = [&](int32_t t) { return dec.push(t); };
-  cb.on_token = [&](int32_t, std::string_view text) {
+  TextGenerateCallbacks cb;
+  cb.on_text = [&](int32_t, std::string_view text) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
     return true;
@@ -100,9 +88,7 @@ void run_generate(const GenerateCliOptions& o) {
     bar.update(done, total);
     if (done == total) bar.finish();
   };
-  const GenerateSummary s = generate(*m.engine, so, ids, go, cb);
-  const std::string tail = dec.flush();  // an incomplete UTF-8 tail, if any
-  if (s.stop_reason != StopReason::kStopString) std::fwrite(tail.data(), 1, tail.size(), stdout);
+  const GenerateSummary s = generate_text(*m.engine, tok, so, ids, go, cb);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   std::fprintf(stderr,

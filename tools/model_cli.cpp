@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 
-#include "engine/model_tokenizer.h"
 #include "io/model_locator.h"
 
 namespace retroinfer::cli {
@@ -51,10 +50,9 @@ Device cli_device(const ModelCliOptions& o) {
 
 SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind, int head_dim) {
   const Device device = resolve_device(o.device);
-  SessionOptions so;
-  so.attention.kind = kind;
-  so.kv_dtype = o.kv_dtype == "auto" ? default_kv_dtype(device) : parse_dtype(o.kv_dtype);
-  so.prefill_chunk = o.prefill_chunk > 0 ? o.prefill_chunk : default_prefill_chunk(device);
+  SessionOptions so = default_session_options(device, kind, head_dim);
+  if (o.kv_dtype != "auto") so.kv_dtype = parse_dtype(o.kv_dtype);
+  if (o.prefill_chunk > 0) so.prefill_chunk = o.prefill_chunk;
   AttentionConfig& a = so.attention;
   if (o.retrieval_fraction >= 0) a.retrieval_fraction = o.retrieval_fraction;
   if (o.estimation_fraction >= 0) a.estimation_fraction = o.estimation_fraction;
@@ -62,7 +60,6 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
   if (o.sink_tokens >= 0) a.sink_tokens = o.sink_tokens;
   if (o.window_tokens >= 0) a.window_tokens = o.window_tokens;
   if (o.tokens_per_cluster > 0) a.tokens_per_cluster = o.tokens_per_cluster;
-  else if (head_dim > 0) a.tokens_per_cluster = default_tokens_per_cluster(head_dim);
   if (o.budget_tokens >= -1) a.budget_tokens = o.budget_tokens;
   if (o.no_estimation) a.estimation = false;
   validate(a);
@@ -71,17 +68,10 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
 
 LoadedModel load_model(const ModelCliOptions& o) {
   if (o.threads > 0) set_num_threads(o.threads);
-  EngineOptions eo;
-  eo.device = cli_device(o);  // a device that cannot run fails here, before the model is read
-  eo.weights = parse_device_weights(o.weights);
-  LoadedModel m;
-  const double t0 = now_s();
-  m.file = ModelFile::open(locate_model(o.model));
-  m.model = Model::load(*m.file);
-  m.tokenizer = load_model_tokenizer(*m.file);
-  m.engine = std::make_unique<EngineModel>(*m.model, eo);
-  m.load_seconds = now_s() - t0;
-  return m;
+  LoadOptions lo;
+  lo.engine.device = cli_device(o);  // a device that cannot run fails here, before the model is read
+  lo.engine.weights = parse_device_weights(o.weights);
+  return retroinfer::load_model(locate_model(o.model), lo);
 }
 
 ProgressBar::ProgressBar(std::string label) : label_(std::move(label)), t0_(now_s()) {}

@@ -8,6 +8,7 @@
 #include "retroinfer/engine_model.h"
 #include "retroinfer/model.h"
 #include "retroinfer/model_file.h"
+#include "retroinfer/text_generate.h"
 #include "retroinfer/tokenizer.h"
 
 namespace CLI {
@@ -49,15 +50,8 @@ Device cli_device(const ModelCliOptions& o);
 // --tokens-per-cluster, the cluster size is default_tokens_per_cluster(head_dim).
 SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind, int head_dim = 0);
 
-struct LoadedModel {
-  std::unique_ptr<ModelFile> file;
-  std::unique_ptr<Model> model;
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<EngineModel> engine;  // the model on --device (declared after model: destroyed first)
-  double load_seconds = 0.0;            // file + CPU weights + tokenizer + upload to the device
-};
 // Applies --threads, checks --device, locates, opens and loads the model and its tokenizer, and puts the
-// model on the device (cuda: uploads the weights once).
+// model on the device (cuda: uploads the weights once): retroinfer::load_model (text_generate.h).
 LoadedModel load_model(const ModelCliOptions& o);
 
 // A one-line prefill progress bar on stderr ("\r" updates).

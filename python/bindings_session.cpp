@@ -1,0 +1,231 @@
+// Python Session (one sequence: prefill, decode, fork) and the AttentionConfig keyword arguments.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <climits>
+#include <optional>
+#include <string>
+#include <variant>
+
+#include "bindings.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::python {
+namespace {
+
+// An AttentionConfig field reachable by keyword. `seed` is spelled attention_seed: generate's `seed` is the
+// sampler's.
+using Member = std::variant<int AttentionConfig::*, int64_t AttentionConfig::*, uint64_t AttentionConfig::*,
+                            float AttentionConfig::*, double AttentionConfig::*, bool AttentionConfig::*>;
+struct Field {
+  const char* name;
+  Member member;
+};
+const Field kFields[] = {
+    {"scale", &AttentionConfig::scale},
+    {"sink_tokens", &AttentionConfig::sink_tokens},
+    {"window_tokens", &AttentionConfig::window_tokens},
+    {"tokens_per_cluster", &AttentionConfig::tokens_per_cluster},
+    {"segment_tokens", &AttentionConfig::segment_tokens},
+    {"kmeans_segment_iters", &AttentionConfig::kmeans_segment_iters},
+    {"kmeans_global_iters", &AttentionConfig::kmeans_global_iters},
+    {"retrieval_fraction", &AttentionConfig::retrieval_fraction},
+    {"estimation_fraction", &AttentionConfig::estimation_fraction},
+    {"estimation", &AttentionConfig::estimation},
+    {"outlier_fraction", &AttentionConfig::outlier_fraction},
+    {"update_tokens", &AttentionConfig::update_tokens},
+    {"update_clusters", &AttentionConfig::update_clusters},
+    {"quest_page_tokens", &AttentionConfig::quest_page_tokens},
+    {"budget_tokens", &AttentionConfig::budget_tokens},
+    {"attention_seed", &AttentionConfig::seed},
+};
+
+std::string field_names() {
+  std::string s;
+  for (const Field& f : kFields) s += (s.empty() ? "" : ", ") + std::string(f.name);
+  return s;
+}
+
+// A Python int (not a bool) within [lo, hi].
+long long int_value(const char* name, const py::handle& v, long long lo, long long hi) {
+  if (!PyLong_Check(v.ptr()) || PyBool_Check(v.ptr()))
+    throw py::type_error(std::string("attention parameter ") + name + " takes an int, got " +
+                         std::string(py::str(py::type::of(v).attr("__name__"))));
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (overflow != 0 || x < lo || x > hi)
+    RETROINFER_FAIL("attention parameter ", name, " = ", std::string(py::str(v)), " is out of range [", lo, ", ", hi, "]");
+  return x;
+}
+
+double float_value(const char* name, const py::handle& v) {
+  if (PyBool_Check(v.ptr()) || !(PyFloat_Check(v.ptr()) || PyLong_Check(v.ptr())))
+    throw py::type_error(std::string("attention parameter ") + name + " takes a number, got " +
+                         std::string(py::str(py::type::of(v).attr("__name__"))));
+  return py::cast<double>(v);
+}
+
+void set_field(AttentionConfig& c, const Field& f, const py::handle& v) {
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_reference_t<decltype(c.*member)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!PyBool_Check(v.ptr())) throw py::type_error(std::string("attention parameter ") + f.name + " takes a bool");
+          c.*member = v.ptr() == Py_True;
+        } else if constexpr (std::is_same_v<T, int>) {
+          c.*member = static_cast<int>(int_value(f.name, v, INT_MIN, INT_MAX));
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          c.*member = int_value(f.name, v, LLONG_MIN, LLONG_MAX);
+        } else if constexpr (std::is_same_v<T, uint64_t>) {
+          c.*member = static_cast<uint64_t>(int_value(f.name, v, 0, LLONG_MAX));
+        } else {
+          c.*member = static_cast<T>(float_value(f.name, v));
+        }
+      },
+      f.member);
+}
+
+// logits ([n] or [rows, cols]) handed to numpy without a copy: the vector moves into the array's owner.
+py::array_t<float> to_numpy(std::vector<float>&& v, int64_t rows, int64_t cols) {
+  auto* owned = new std::vector<float>(std::move(v));
+  py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<float>*>(p); });
+  std::vector<py::ssize_t> shape;
+  if (rows < 0) shape = {static_cast<py::ssize_t>(owned->size())};
+  else shape = {static_cast<py::ssize_t>(rows), static_cast<py::ssize_t>(cols)};
+  return py::array_t<float>(shape, owned->data(), owner);
+}
+
+py::dict stats_dict(const AttentionStats& s) {
+  py::dict d;
+  d["context_tokens"] = s.context_tokens;
+  d["exact_tokens"] = s.exact_tokens;
+  d["retrieved_clusters"] = s.retrieved_clusters;
+  d["estimated_clusters"] = s.estimated_clusters;
+  d["exact_token_share"] = s.context_tokens > 0 ? static_cast<double>(s.exact_tokens) / s.context_tokens : 0.0;
+  return d;
+}
+
+}  // namespace
+
+void apply_attention_kwargs(AttentionConfig& c, const py::kwargs& kwargs) {
+  for (const auto& [key, value] : kwargs) {
+    const std::string name = py::cast<std::string>(key);
+    const Field* field = nullptr;
+    for (const Field& f : kFields)
+      if (name == f.name) field = &f;
+    if (!field)
+      throw py::type_error("unknown attention parameter '" + name + "'; known: " + field_names());
+    set_field(c, *field, value);
+  }
+}
+
+py::dict attention_config_dict(const AttentionConfig& c) {
+  py::dict d;
+  d["attention"] = std::string(attention_kind_name(c.kind));
+  for (const Field& f : kFields) std::visit([&](auto member) { d[f.name] = c.*member; }, f.member);
+  return d;
+}
+
+SessionOptions session_options(const LoadedModel& m, const std::string& attention, const py::object& kv_dtype,
+                               const py::object& prefill_chunk, int64_t max_context, const py::kwargs& kwargs) {
+  SessionOptions so = default_session_options(m.engine->device(), parse_attention_kind(attention),
+                                              m.model->config().head_dim);
+  if (!kv_dtype.is_none()) so.kv_dtype = parse_dtype(py::cast<std::string>(kv_dtype));
+  if (!prefill_chunk.is_none()) so.prefill_chunk = static_cast<int>(int_value("prefill_chunk", prefill_chunk, 1, INT_MAX));
+  RETROINFER_CHECK(max_context >= 0, "session: max_context must be >= 0 (0 = the model's maximum), got ", max_context);
+  so.max_context = max_context;
+  apply_attention_kwargs(so.attention, kwargs);
+  validate(so.attention);
+  return so;
+}
+
+void bind_session(py::module_& m) {
+  py::class_<PySession>(m, "Session",
+                        "One sequence on the model's device (Model.session): prefill once, then decode token by "
+                        "token. Logits come back as float32 numpy arrays. One caller at a time (calls from several "
+                        "threads are serialised).")
+      .def(
+          "prefill",
+          [](PySession& self, const py::object& tokens, bool all_logits) {
+            const std::vector<int32_t> ids = token_list(tokens, "prefill tokens");
+            std::vector<float> logits;
+            {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> lock(*self.mu);
+              logits = self.s->prefill(ids, all_logits);
+            }
+            const int64_t vocab = self.s->model_config().vocab_size;
+            return all_logits ? to_numpy(std::move(logits), static_cast<int64_t>(ids.size()), vocab)
+                              : to_numpy(std::move(logits), -1, 0);
+          },
+          py::arg("tokens"), py::arg("all_logits") = false,
+          "Runs the prompt (once per session, before any decode) and builds the attention method's index. "
+          "Returns the logits of the last position ([vocab] float32), or of every position ([n, vocab]) with "
+          "all_logits=True.")
+      .def(
+          "decode",
+          [](PySession& self, int64_t token) {
+            RETROINFER_CHECK(token >= INT32_MIN && token <= INT32_MAX, "decode: token id ", token, " is out of range");
+            std::vector<float> logits(static_cast<size_t>(self.s->model_config().vocab_size));
+            {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> lock(*self.mu);
+              self.s->decode(static_cast<int32_t>(token), logits);
+            }
+            return to_numpy(std::move(logits), -1, 0);
+          },
+          py::arg("token"), "Appends one token at position num_tokens and returns the next-token logits ([vocab] float32).")
+      .def(
+          "fork",
+          [](const PySession& self, const std::optional<std::string>& attention, const py::kwargs& kwargs) {
+            AttentionConfig c = self.s->attention_config();
+            if (attention) c.kind = parse_attention_kind(*attention);
+            apply_attention_kwargs(c, kwargs);
+            validate(c);
+            PySession out{self.m, nullptr};
+            {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> lock(*self.mu);
+              out.s = self.s->fork_session(c);
+            }
+            return out;
+          },
+          py::arg("attention") = py::none(),
+          "A new session over a copy of this prefilled session's KV cache with another attention method (and "
+          "parameters: the AttentionConfig keywords, starting from this session's), its index built.")
+      .def_property_readonly("num_tokens", [](const PySession& self) { return self.s->position(); },
+                             "Tokens in the cache.")
+      .def_property_readonly("max_context", [](const PySession& self) { return self.s->max_context(); },
+                             "Tokens this session may hold.")
+      .def_property_readonly("device", [](const PySession& self) { return std::string(device_name(self.s->device())); })
+      .def_property_readonly("attention", [](const PySession& self) {
+        return std::string(attention_kind_name(self.s->attention_config().kind));
+      })
+      .def_property_readonly("attention_config",
+                             [](const PySession& self) { return attention_config_dict(self.s->attention_config()); },
+                             "The attention parameters in force (a dict).")
+      .def_property_readonly("last_stats", [](const PySession& self) { return stats_dict(self.s->last_stats()); },
+                             "What the last decode step read, summed over layers: context_tokens, exact_tokens, "
+                             "retrieved_clusters, estimated_clusters, exact_token_share.")
+      .def("__repr__", [](const PySession& self) {
+        return "<retroinfer.Session " + std::string(attention_kind_name(self.s->attention_config().kind)) + " on " +
+               std::string(device_name(self.s->device())) + ", " + std::to_string(self.s->position()) + "/" +
+               std::to_string(self.s->max_context()) + " tokens>";
+      });
+
+  m.def(
+      "attention_config",
+      [](const std::string& attention, int head_dim, const py::kwargs& kwargs) {
+        AttentionConfig c;
+        c.kind = parse_attention_kind(attention);
+        if (head_dim > 0) c.tokens_per_cluster = default_tokens_per_cluster(head_dim);
+        apply_attention_kwargs(c, kwargs);
+        validate(c);
+        return attention_config_dict(c);
+      },
+      py::arg("attention") = "retro", py::arg("head_dim") = 0,
+      "The attention parameters a session would use (defaults, head_dim's cluster size when head_dim > 0, then "
+      "the given keywords), validated: raises retroinfer.Error with the C++ message on a bad value.");
+}
+
+}  // namespace retroinfer::python

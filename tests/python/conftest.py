@@ -1,0 +1,100 @@
+"""Shared fixtures of the Python binding tests (pytest; CPU only, the tiny fixtures of tests/data).
+
+The module is imported from PYTHONPATH (scripts/test.sh sets it to <build>/python); without it, the newest
+build/*/python that holds the compiled module is used. The CLI for the comparison tests is $RETROINFER_CLI,
+else the bin/retroinfer beside that module's build.
+"""
+
+import glob
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(ROOT, "tests", "data")
+
+
+def _find_build_python():
+    found = []
+    for d in glob.glob(os.path.join(ROOT, "build", "*", "python")):
+        mods = glob.glob(os.path.join(d, "retroinfer", "_retroinfer*.so"))
+        if mods:
+            found.append((max(os.path.getmtime(m) for m in mods), d))
+    return max(found)[1] if found else None
+
+
+try:
+    import retroinfer  # noqa: F401
+except ImportError:
+    _d = _find_build_python()
+    if _d is None:
+        raise
+    sys.path.insert(0, _d)
+    import retroinfer  # noqa: F401
+
+
+def build_dir():
+    """The build folder the imported module comes from (<build>/python/retroinfer/_retroinfer*.so)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(retroinfer._retroinfer.__file__))))
+
+
+@pytest.fixture(scope="session")
+def cli():
+    path = os.environ.get("RETROINFER_CLI") or os.path.join(build_dir(), "bin", "retroinfer")
+    if not os.path.exists(path):
+        pytest.skip(f"the retroinfer CLI is not built ({path})")
+    return path
+
+
+def model_dir(name):
+    return os.path.join(DATA, "models", name)
+
+
+def byte_tokenizer_json():
+    """A byte-level BPE tokenizer.json whose ids fit the tiny models' vocabulary (512): the 256 GPT-2 byte
+    symbols (ids 0..255, no merges) plus <|endoftext|> (256, end of generation), <|im_start|> (257) and
+    <|im_end|> (258), so that the chat format is ChatML."""
+    vocab = {}
+    n = 0
+    for b in range(256):
+        printable = 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255
+        cp = b if printable else 256 + n
+        if not printable:
+            n += 1
+        vocab[chr(cp)] = b
+    added = []
+    for i, name in enumerate(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]):
+        vocab[name] = 256 + i
+        added.append({"id": 256 + i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
+                      "normalized": False, "special": True})
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                  "merges": []},
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_text_model_dir(tmp_path_factory):
+    """tiny-llama3 (2 layers, vocab 512, 512 positions) with the byte tokenizer beside it: a HF folder the
+    CLI and retroinfer.load both read."""
+    src = model_dir("tiny-llama3")
+    if not os.path.exists(os.path.join(src, "model.safetensors")):
+        pytest.skip("fixture tests/data/models/tiny-llama3 absent (scripts/make_tiny_models.py)")
+    d = tmp_path_factory.mktemp("tiny-llama3-text")
+    for f in ("config.json", "model.safetensors"):
+        os.symlink(os.path.join(src, f), d / f)
+    with open(d / "tokenizer.json", "w") as f:
+        json.dump(byte_tokenizer_json(), f)
+    return str(d)
+
+
+@pytest.fixture(scope="session")
+def tiny_text_model(tiny_text_model_dir):
+    return retroinfer.load(tiny_text_model_dir, device="cpu")
