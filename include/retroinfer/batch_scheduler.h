@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <vector>
@@ -43,6 +44,10 @@ struct BatchRequest {
   std::vector<int32_t> prompt;  // token ids (tokenization and chat templates stay with the caller)
   GenerateOptions options;      // max_new_tokens, sampler, EOS, stop strings
   GenerateCallbacks callbacks;  // run on the worker thread (see the threading contract)
+  // Optional: called once right after the result (summary or exception) is set, on the thread that set it
+  // (the worker; submit's caller when refused after shutdown). For waiters that multiplex the streamed
+  // tokens with the end of the request. Must not throw (an exception is dropped).
+  std::function<void()> on_done;
 };
 
 struct BatchSchedulerOptions {

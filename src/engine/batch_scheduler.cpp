@@ -29,6 +29,14 @@ struct Running {
   std::vector<float> logits;  // [vocab]: the per-sequence decode path (non-CPU)
 };
 
+void done(Pending& p) {
+  if (!p.req.on_done) return;
+  try {
+    p.req.on_done();
+  } catch (...) {  // the result is already set: nowhere to deliver it (documented: must not throw)
+  }
+}
+
 std::exception_ptr shutdown_error(const char* when) {
   return std::make_exception_ptr(Error(std::string("batch scheduler: shut down ") + when +
                                        " this request finished; nothing more will be generated for it"));
@@ -57,11 +65,13 @@ struct BatchScheduler::Impl {
   void fail(Pending& p, std::exception_ptr e) {
     p.promise.set_exception(std::move(e));
     count(false);
+    done(p);
   }
   void finish(Running& r) {
     GenerateSummary s = r.stepper->finish();
     r.p->promise.set_value(std::move(s));
     count(true);
+    done(*r.p);
   }
 
   // Session, prefill and first token of a new request; it joins `running` unless already finished.
@@ -218,8 +228,11 @@ BatchHandle BatchScheduler::submit(BatchRequest request) {
   if (p) {  // refused: the scheduler has shut down
     p->promise.set_exception(std::make_exception_ptr(
         Error("batch scheduler: shut down; it accepts no new requests (submit to a running scheduler)")));
-    std::lock_guard<std::mutex> lk(impl_->mu);
-    ++impl_->stats.failed;
+    {
+      std::lock_guard<std::mutex> lk(impl_->mu);
+      ++impl_->stats.failed;
+    }
+    done(*p);
   } else {
     impl_->cv.notify_one();
   }

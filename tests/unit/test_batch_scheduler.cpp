@@ -59,7 +59,11 @@ GenerateOptions gen_options(int max_new_tokens, float temperature = 0.0f, uint64
 }
 
 BatchRequest request(std::vector<int32_t> prompt, GenerateOptions g, GenerateCallbacks cb = {}) {
-  return BatchRequest{std::move(prompt), std::move(g), std::move(cb)};
+  BatchRequest r;
+  r.prompt = std::move(prompt);
+  r.options = std::move(g);
+  r.callbacks = std::move(cb);
+  return r;
 }
 
 template <typename F>
