@@ -62,15 +62,16 @@ struct BatchScheduler::Impl {
     std::lock_guard<std::mutex> lk(mu);
     ++(ok ? stats.completed : stats.failed);
   }
+  // Counted before the future is set, so that a caller who got its result sees it in stats().
   void fail(Pending& p, std::exception_ptr e) {
-    p.promise.set_exception(std::move(e));
     count(false);
+    p.promise.set_exception(std::move(e));
     done(p);
   }
   void finish(Running& r) {
     GenerateSummary s = r.stepper->finish();
-    r.p->promise.set_value(std::move(s));
     count(true);
+    r.p->promise.set_value(std::move(s));
     done(*r.p);
   }
 
@@ -129,6 +130,12 @@ struct BatchScheduler::Impl {
       }
       return false;
     };
+    {  // counted before any request of the step can finish (see fail/finish)
+      std::lock_guard<std::mutex> lk(mu);
+      ++stats.decode_steps;
+      stats.decoded_tokens += n;
+      stats.max_running = std::max(stats.max_running, static_cast<int>(n));
+    }
     std::vector<Session*> cpu;
     cpu.reserve(running.size());
     for (auto& r : running) {
@@ -166,12 +173,6 @@ struct BatchScheduler::Impl {
         }
         go_on[i] = advance(r, r.logits);
       }
-    }
-    {
-      std::lock_guard<std::mutex> lk(mu);
-      ++stats.decode_steps;
-      stats.decoded_tokens += n;
-      stats.max_running = std::max(stats.max_running, static_cast<int>(n));
     }
     next.clear();
     for (int64_t i = 0; i < n; ++i)
@@ -226,12 +227,12 @@ BatchHandle BatchScheduler::submit(BatchRequest request) {
     }
   }
   if (p) {  // refused: the scheduler has shut down
-    p->promise.set_exception(std::make_exception_ptr(
-        Error("batch scheduler: shut down; it accepts no new requests (submit to a running scheduler)")));
     {
       std::lock_guard<std::mutex> lk(impl_->mu);
       ++impl_->stats.failed;
     }
+    p->promise.set_exception(std::make_exception_ptr(
+        Error("batch scheduler: shut down; it accepts no new requests (submit to a running scheduler)")));
     done(*p);
   } else {
     impl_->cv.notify_one();
