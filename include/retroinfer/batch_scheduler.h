@@ -24,7 +24,8 @@
 // (its context or memory check, a callback throwing, a failed decode of its sequence) is delivered through
 // that request's future only; a failure of a whole batched step fails the requests of that step. shutdown()
 // (and the destructor) stop the worker after its current iteration, join it, and fail every request not
-// finished yet, waiting or running, with an Error saying the scheduler shut down.
+// finished yet, waiting or running, with an Error saying the scheduler shut down. The worker runs the
+// forward passes with the constructing thread's thread count (num_threads(), model.h).
 #pragma once
 
 #include <atomic>
@@ -60,7 +61,8 @@ struct BatchHandle {
   std::future<GenerateSummary> result;    // the summary, or the request's exception
   std::shared_ptr<std::atomic<bool>> cancel_flag;
   // Asks the scheduler to end the request at its next iteration (stop_reason kCallback; the tokens so far
-  // are kept). Safe from any thread; no effect once finished.
+  // are kept; a request still waiting fails with an Error saying it was cancelled before it started).
+  // Safe from any thread; no effect once finished.
   void cancel() const { cancel_flag->store(true); }
 };
 

@@ -182,16 +182,27 @@ struct BatchScheduler::Impl {
 
   void loop() {
     for (;;) {
-      std::vector<std::unique_ptr<Pending>> admit;
+      std::vector<std::unique_ptr<Pending>> admit, dropped;
       {
         std::unique_lock<std::mutex> lk(mu);
         cv.wait(lk, [&] { return stop || !waiting.empty() || !running.empty(); });
         if (stop) break;
+        // Cancelled while waiting (e.g. a streaming client gone while the batch was full): out at once.
+        for (auto it = waiting.begin(); it != waiting.end();) {
+          if ((*it)->cancel->load()) {
+            dropped.push_back(std::move(*it));
+            it = waiting.erase(it);
+          } else {
+            ++it;
+          }
+        }
         while (static_cast<int>(running.size() + admit.size()) < opt.max_batch && !waiting.empty()) {
           admit.push_back(std::move(waiting.front()));
           waiting.pop_front();
         }
       }
+      for (auto& p : dropped)
+        fail(*p, std::make_exception_ptr(Error("batch scheduler: the request was cancelled before it started")));
       for (auto& p : admit) start(std::move(p));
       decode_step();
     }
@@ -209,7 +220,12 @@ struct BatchScheduler::Impl {
 BatchScheduler::BatchScheduler(const EngineModel& model, const BatchSchedulerOptions& opt)
     : opt_(opt), impl_(std::make_unique<Impl>(model, opt)) {
   RETROINFER_CHECK(opt.max_batch >= 1, "batch scheduler: max_batch must be >= 1, got ", opt.max_batch);
-  impl_->worker = std::thread([this] { impl_->loop(); });
+  // omp_set_num_threads is per thread: the worker takes the constructing thread's setting (--threads).
+  const int threads = num_threads();
+  impl_->worker = std::thread([this, threads] {
+    set_num_threads(threads);
+    impl_->loop();
+  });
 }
 
 BatchScheduler::~BatchScheduler() { shutdown(); }

@@ -187,6 +187,35 @@ TEST(BatchScheduler, CancelAndCallbackStop) {
   EXPECT_EQ(sb.tokens.size(), 4u);
 }
 
+TEST(BatchScheduler, CancelWhileWaitingFailsAtOnce) {
+  TINY_ENGINE(e);
+  BatchScheduler sched(*e, sched_options(1, AttentionKind::kFull));  // B must wait behind A
+  std::promise<void> at_2, b_cancelled;
+  std::shared_future<void> go = b_cancelled.get_future().share();
+  int n = 0;
+  bool b_done_while_a_ran = false;
+  std::shared_ptr<std::atomic<bool>> b_finished = std::make_shared<std::atomic<bool>>(false);
+  GenerateCallbacks ca;
+  ca.on_token = [&](int32_t, std::string_view) {
+    if (++n == 2) {
+      at_2.set_value();
+      go.wait();
+    }
+    if (n == 20) b_done_while_a_ran = b_finished->load();  // B left the queue while A still decoded
+    return true;
+  };
+  BatchHandle a = sched.submit(request(token_stream(20, 1), gen_options(30), ca));
+  BatchRequest rb = request(token_stream(20, 2), gen_options(5));
+  rb.on_done = [b_finished] { b_finished->store(true); };
+  BatchHandle b = sched.submit(std::move(rb));
+  at_2.get_future().wait();
+  b.cancel();
+  b_cancelled.set_value();
+  EXPECT_NE(error_of([&] { b.result.get(); }).find("cancelled before it started"), std::string::npos);
+  EXPECT_EQ(a.result.get().tokens.size(), 30u);
+  EXPECT_TRUE(b_done_while_a_ran);
+}
+
 TEST(BatchScheduler, ErrorsReachOnlyTheirRequest) {
   TINY_ENGINE(e);
   EXPECT_NE(error_of([&] { BatchScheduler s(*e, sched_options(0)); }).find("max_batch"), std::string::npos);
