@@ -1,5 +1,5 @@
 // `retroinfer serve`: an OpenAI-compatible HTTP server over one model (src/server/, docs/server.md).
-// Requests are served one at a time.
+// Requests are served with continuous batching (up to --max-batch sequences at once; batch_scheduler.h).
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <cstdio>
@@ -18,6 +18,7 @@ struct ServeCliOptions {
   ModelCliOptions model;
   std::string host = "127.0.0.1", attention = "full", served_name;
   int port = 8080;
+  int max_batch = 8;
   int64_t max_context = 0, default_max_tokens = 256;
 };
 
@@ -35,6 +36,7 @@ void run_serve(const ServeCliOptions& o) {
   so.session = make_session_options(o.model, kind, m.model->config().head_dim);
   so.max_context = o.max_context;
   so.default_max_tokens = o.default_max_tokens;
+  so.max_batch = o.max_batch;
   so.model_name = o.served_name.empty() ? o.model.model : o.served_name;
   server::ServerHandler handler(*m.engine, *m.tokenizer, so);
   server::HttpServer http(handler);
@@ -42,9 +44,11 @@ void run_serve(const ServeCliOptions& o) {
   std::fprintf(stderr,
                "retroinfer serve: %s on %s, %s attention, context %lld tokens, loaded in %.1f s\n"
                "listening on http://%s:%d (GET /health, GET /v1/models, POST /v1/completions, "
-               "POST /v1/chat/completions); one request at a time\n",
+               "POST /v1/chat/completions); continuous batching of up to %d sequences%s\n",
                so.model_name.c_str(), m.engine->description().c_str(), o.attention.c_str(),
-               static_cast<long long>(handler.context_limit()), m.load_seconds, o.host.c_str(), port);
+               static_cast<long long>(handler.context_limit()), m.load_seconds, o.host.c_str(), port, o.max_batch,
+               m.engine->device() == Device::kCpu ? " (one batched decode step each)"
+                                                  : " (decoded one after the other on this device)");
   g_server = &http;
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
@@ -66,6 +70,10 @@ void setup_serve(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--default-max-tokens", o->default_max_tokens, "max_tokens when a request gives none")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-batch", o->max_batch,
+                  "Requests generating at once (continuous batching: new requests join between decode steps)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--served-model-name", o->served_name, "Model id in /v1/models and responses (default: --model)");

@@ -2,8 +2,10 @@
 // through a per-token callback, with a timing and KV-read summary.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -79,6 +81,50 @@ struct GenerateCallbacks {
   TokenCallback on_token;     // optional
   PrefillProgress on_prefill; // optional
 };
+
+// The per-token logic of one generation, apart from running the model: sampling with the request's own
+// Sampler, EOS, stop strings (StopMatcher), the streaming callback, max_new_tokens, the context limit, and
+// the summary. continue_generation drives it with one session's decode(); the batch scheduler
+// (batch_scheduler.h) with batched decode steps over many sequences. Not thread-safe (one caller).
+class GenerationStepper {
+ public:
+  // Validates opt (max_new_tokens >= 1, the sampler config, stop strings need cb.token_text). Keeps
+  // references to `session` (for its position and limits) and copies opt and cb. The decode clock starts here.
+  GenerationStepper(const SequenceSession& session, const GenerateOptions& opt, const GenerateCallbacks& cb);
+  // Samples the next token from `logits` ([vocab], of the prefill or the last decode) and handles it
+  // (callbacks included). Returns true when the session must now be fed next_token() (decode), false when
+  // the generation ended (done()).
+  bool step(std::span<const float> logits);
+  int32_t next_token() const { return sum_.tokens.back(); }
+  // After each decode that fed next_token(): counts the step and its attention statistics.
+  void count_decode(const AttentionStats& stats);
+  // Ends the generation now with StopReason::kCallback (a cancelled request); no-op when done().
+  void cancel();
+  bool done() const { return done_; }
+  // Records the prefill (prompt tokens, seconds) for the summary; time_to_first_token_s then includes it.
+  void set_prefill(int64_t prompt_tokens, double seconds);
+  // The summary (every field); call once, after done().
+  GenerateSummary finish();
+
+ private:
+  const SequenceSession& session_;
+  GenerateOptions opt_;
+  GenerateCallbacks cb_;
+  Sampler sampler_;
+  std::vector<int32_t> eos_;
+  StopMatcher matcher_;
+  GenerateSummary sum_;
+  std::chrono::steady_clock::time_point t0_;
+  bool done_ = false;
+};
+
+// Checks a generation request against the model (max_new_tokens >= 1, a non-empty prompt, stop strings
+// need cb.token_text, prompt + max_new_tokens within the model's context) and makes its session
+// (make_session with max_context = prompt + max_new_tokens, so its memory checks refuse oversized requests
+// before any work). generate() and the batch scheduler start every request here.
+std::unique_ptr<SequenceSession> make_generation_session(const EngineModel& model, const SessionOptions& session,
+                                                         std::span<const int32_t> prompt, const GenerateOptions& opt,
+                                                         const GenerateCallbacks& cb);
 
 // Samples and decodes on an already prefilled session, starting from `logits` ([vocab], the output of its
 // prefill or last decode step). Fills every summary field except prompt_tokens, prefill_seconds and

@@ -3,7 +3,8 @@
 // attention interface (include/retroinfer/attention.h), SwiGLU MLP, final norm, tied or untied LM head.
 //
 // Weights are converted to f32 at load (any type ModelFile reads: f32/f16/bf16/Q8_0/Q4_0/Q4_1).
-// Prefill runs in chunks through cblas_sgemm; decode runs one token through cblas_sgemv.
+// Prefill runs in chunks through cblas_sgemm; decode runs one token through an OpenMP matvec, or one token
+// of each of several sequences at once (Session::decode_batch: the weights read once for all of them).
 #pragma once
 
 #include <cstdint>
@@ -106,6 +107,16 @@ class Session final : public SequenceSession {
   // One decode step: feeds `token` at position position(), appends its K/V, runs the attention method.
   // logits: [vocab] written.
   void decode(int32_t token, std::span<float> logits) override;
+  // One decode step of several sequences at once (continuous batching): feeds tokens[i] to sessions[i] at
+  // its own position. The matmuls (QKV, O, MLP, LM head) run once over the n rows, so every weight is read
+  // once for all sequences; RoPE (each session's own table and position), the KV append, the attention
+  // method (each session's own: methods may differ), last_stats() and the observer stay per session.
+  // Each row's logits equal what decode() of that session alone would give (same per-row dot products).
+  // logits: [n, vocab] written, row i for sessions[i]. Throws Error, before any session changes, for
+  // empty spans, size mismatches, a null or repeated session, sessions of different Models, a full
+  // context, an out-of-vocabulary token. The caller owns every session for the call (one caller at a time).
+  static void decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                           std::span<float> logits);
 
   // A new session over a copy of this one's KV caches with another attention config, its methods'
   // on_prefill already called (so one dense prefill can serve several decode methods). Needs a prefilled
@@ -135,6 +146,11 @@ class Session final : public SequenceSession {
   // the RoPE frequencies are computed for (only `dynamic` uses it). decode: attention through the method.
   void forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bool decode, int64_t keep_from,
                float* logits);
+  // (Re)computes the RoPE frequencies for rope_seq_len when they depend on it (`dynamic`) or are unset.
+  void ensure_rope(int64_t rope_seq_len);
+  // Decode attention of one layer for this session's token (q [hq, d] post-RoPE -> out [hq, d]), its K/V
+  // already appended: the method, last_stats_, the observer.
+  void decode_attention(int layer, const float* q, float* out);
 
   const Model& model_;
   SessionOptions opt_;

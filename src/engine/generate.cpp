@@ -10,71 +10,89 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-}  // namespace
 
-GenerateSummary continue_generation(SequenceSession& session, std::vector<float> logits, const GenerateOptions& opt,
-                                    const GenerateCallbacks& cb) {
+void check_request(const GenerateOptions& opt, const GenerateCallbacks& cb) {
   RETROINFER_CHECK(opt.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", opt.max_new_tokens);
   RETROINFER_CHECK(opt.stop_strings.empty() || cb.token_text,
                    "generate: stop strings need a token_text callback (a detokenizer)");
+}
+}  // namespace
+
+GenerationStepper::GenerationStepper(const SequenceSession& session, const GenerateOptions& opt,
+                                     const GenerateCallbacks& cb)
+    : session_(session), opt_((check_request(opt, cb), opt)), cb_(cb), sampler_(opt.sampler),
+      matcher_(opt.stop_strings), t0_(std::chrono::steady_clock::now()) {
   const ModelConfig& c = session.model_config();
-  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == c.vocab_size, "generate: logits of size ", logits.size(),
-                   ", expected vocab_size ", c.vocab_size);
-  Sampler sampler(opt.sampler);
-  const std::vector<int32_t>& eos = opt.eos_token_ids.empty() ? c.eos_token_ids : opt.eos_token_ids;
-  StopMatcher matcher(opt.stop_strings);
-  GenerateSummary sum;
-  sum.attention = std::string(attention_kind_name(session.attention_config().kind));
-  const auto t1 = std::chrono::steady_clock::now();
-  bool first = true;
-  bool stopped = false;
-  for (int i = 0; i < opt.max_new_tokens; ++i) {
-    const int32_t tok = sampler.sample(logits);
-    if (first) {
-      sum.time_to_first_token_s = seconds_since(t1);
-      first = false;
-    }
-    sum.tokens.push_back(tok);
-    if (!opt.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end()) {
-      sum.stop_reason = StopReason::kEos;
-      stopped = true;
-      if (cb.on_token) cb.on_token(tok, {});
-      break;
-    }
-    std::string text = cb.token_text ? cb.token_text(tok) : std::string();
-    StopMatcher::Result r = matcher.feed(text);
-    sum.text += r.emit;
-    const bool go_on = cb.on_token ? cb.on_token(tok, r.emit) : true;
-    if (r.stopped) {
-      sum.stop_reason = StopReason::kStopString;
-      stopped = true;
-      break;
-    }
-    if (!go_on) {
-      sum.stop_reason = StopReason::kCallback;
-      stopped = true;
-      break;
-    }
-    if (i + 1 == opt.max_new_tokens) break;
-    if (session.position() >= session.max_context()) {
-      sum.stop_reason = StopReason::kContextFull;
-      stopped = true;
-      break;
-    }
-    session.decode(tok, logits);
-    ++sum.decode_steps;
-    sum.exact_tokens += session.last_stats().exact_tokens;
-    sum.context_tokens += session.last_stats().context_tokens;
+  eos_ = opt.eos_token_ids.empty() ? c.eos_token_ids : opt.eos_token_ids;
+  sum_.attention = std::string(attention_kind_name(session.attention_config().kind));
+}
+
+bool GenerationStepper::step(std::span<const float> logits) {
+  RETROINFER_CHECK(!done_, "generate: step after the generation ended");
+  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == session_.model_config().vocab_size, "generate: logits of size ",
+                   logits.size(), ", expected vocab_size ", session_.model_config().vocab_size);
+  const int32_t tok = sampler_.sample(logits);
+  if (sum_.tokens.empty()) sum_.time_to_first_token_s = seconds_since(t0_);
+  sum_.tokens.push_back(tok);
+  done_ = true;  // until the checks below say go on
+  if (!opt_.ignore_eos && std::find(eos_.begin(), eos_.end(), tok) != eos_.end()) {
+    sum_.stop_reason = StopReason::kEos;
+    if (cb_.on_token) cb_.on_token(tok, {});
+    return false;
   }
-  sum.decode_seconds = seconds_since(t1);
-  if (!stopped) {
-    sum.stop_reason = StopReason::kMaxTokens;
-    std::string rest = matcher.flush();
+  std::string text = cb_.token_text ? cb_.token_text(tok) : std::string();
+  StopMatcher::Result r = matcher_.feed(text);
+  sum_.text += r.emit;
+  const bool go_on = cb_.on_token ? cb_.on_token(tok, r.emit) : true;
+  if (r.stopped) {
+    sum_.stop_reason = StopReason::kStopString;
+    return false;
+  }
+  if (!go_on) {
+    sum_.stop_reason = StopReason::kCallback;
+    return false;
+  }
+  if (static_cast<int64_t>(sum_.tokens.size()) == opt_.max_new_tokens) {
+    sum_.stop_reason = StopReason::kMaxTokens;  // the only end that flushes withheld text
+    std::string rest = matcher_.flush();
     if (!rest.empty()) {
-      sum.text += rest;
-      if (cb.on_token) cb.on_token(sum.tokens.back(), rest);
+      sum_.text += rest;
+      if (cb_.on_token) cb_.on_token(tok, rest);
     }
+    return false;
   }
+  if (session_.position() >= session_.max_context()) {
+    sum_.stop_reason = StopReason::kContextFull;
+    return false;
+  }
+  done_ = false;
+  return true;
+}
+
+void GenerationStepper::count_decode(const AttentionStats& stats) {
+  ++sum_.decode_steps;
+  sum_.exact_tokens += stats.exact_tokens;
+  sum_.context_tokens += stats.context_tokens;
+}
+
+void GenerationStepper::cancel() {
+  if (done_) return;
+  done_ = true;
+  sum_.stop_reason = StopReason::kCallback;
+}
+
+void GenerationStepper::set_prefill(int64_t prompt_tokens, double seconds) {
+  sum_.prompt_tokens = prompt_tokens;
+  sum_.prefill_seconds = seconds;
+  sum_.prefill_tokens_per_s = seconds > 0 ? prompt_tokens / seconds : 0.0;
+}
+
+GenerateSummary GenerationStepper::finish() {
+  RETROINFER_CHECK(done_, "generate: finish before the generation ended");
+  GenerateSummary sum = std::move(sum_);
+  sum.decode_seconds = seconds_since(t0_);
+  sum.time_to_first_token_s += sum.prefill_seconds;
+  const ModelConfig& c = session_.model_config();
   sum.generated_tokens = static_cast<int64_t>(sum.tokens.size());
   sum.decode_tokens_per_s = sum.decode_seconds > 0 ? sum.decode_steps / sum.decode_seconds : 0.0;
   sum.kv_read_share = sum.context_tokens > 0 ? static_cast<double>(sum.exact_tokens) / sum.context_tokens : 0.0;
@@ -83,12 +101,21 @@ GenerateSummary continue_generation(SequenceSession& session, std::vector<float>
   return sum;
 }
 
-GenerateSummary generate(const EngineModel& model, const SessionOptions& session_opt, std::span<const int32_t> prompt,
-                         const GenerateOptions& opt, const GenerateCallbacks& cb) {
-  RETROINFER_CHECK(opt.max_new_tokens >= 1, "generate: max_new_tokens must be >= 1, got ", opt.max_new_tokens);
+GenerateSummary continue_generation(SequenceSession& session, std::vector<float> logits, const GenerateOptions& opt,
+                                    const GenerateCallbacks& cb) {
+  GenerationStepper g(session, opt, cb);
+  while (g.step(logits)) {
+    session.decode(g.next_token(), logits);
+    g.count_decode(session.last_stats());
+  }
+  return g.finish();
+}
+
+std::unique_ptr<SequenceSession> make_generation_session(const EngineModel& model, const SessionOptions& session_opt,
+                                                         std::span<const int32_t> prompt, const GenerateOptions& opt,
+                                                         const GenerateCallbacks& cb) {
+  check_request(opt, cb);
   RETROINFER_CHECK(!prompt.empty(), "generate: empty prompt");
-  RETROINFER_CHECK(opt.stop_strings.empty() || cb.token_text,
-                   "generate: stop strings need a token_text callback (a detokenizer)");
   const int64_t need = static_cast<int64_t>(prompt.size()) + opt.max_new_tokens;
   const int64_t model_max = model_max_context(model.config());
   RETROINFER_CHECK(need <= model_max, "generate: the prompt (", prompt.size(), " tokens) plus max_new_tokens (",
@@ -96,16 +123,22 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
                    "; shorten the prompt or lower --max-new-tokens");
   SessionOptions so = session_opt;
   so.max_context = need;  // the last sampled token is never fed back: the cache holds at most need - 1
-  const std::unique_ptr<SequenceSession> session = make_session(model, so);
+  return make_session(model, so);
+}
+
+GenerateSummary generate(const EngineModel& model, const SessionOptions& session_opt, std::span<const int32_t> prompt,
+                         const GenerateOptions& opt, const GenerateCallbacks& cb) {
+  const std::unique_ptr<SequenceSession> session = make_generation_session(model, session_opt, prompt, opt, cb);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits = session->prefill(prompt, false, cb.on_prefill);
   const double prefill_s = seconds_since(t0);
-  GenerateSummary sum = continue_generation(*session, std::move(logits), opt, cb);
-  sum.prompt_tokens = static_cast<int64_t>(prompt.size());
-  sum.prefill_seconds = prefill_s;
-  sum.prefill_tokens_per_s = prefill_s > 0 ? sum.prompt_tokens / prefill_s : 0.0;
-  sum.time_to_first_token_s += prefill_s;
-  return sum;
+  GenerationStepper g(*session, opt, cb);
+  g.set_prefill(static_cast<int64_t>(prompt.size()), prefill_s);
+  while (g.step(logits)) {
+    session->decode(g.next_token(), logits);
+    g.count_decode(session->last_stats());
+  }
+  return g.finish();
 }
 
 GenerateSummary generate(const Model& model, const SessionOptions& session, std::span<const int32_t> prompt,

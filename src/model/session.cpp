@@ -1,4 +1,5 @@
-// The forward pass of one sequence: chunked prefill (cblas_sgemm) and single-token decode (cblas_sgemv).
+// The forward pass of one sequence (chunked prefill through cblas_sgemm, single-token decode through an
+// OpenMP matvec) and batched decode of one token of each of several sequences (Session::decode_batch).
 #include <cblas.h>
 
 #include <algorithm>
@@ -16,23 +17,61 @@ namespace {
 // microseconds (much more on an oversubscribed host), which a loop over fewer than ~64K floats does not repay.
 constexpr int64_t kParallelMin = 1 << 16;
 
-// y[out] = W[out, in] @ x[in] + beta * y: the decode matvec, memory-bound on W. One OpenMP loop over
-// output rows (rather than OpenBLAS's own thread pool, so that decode uses a single threading runtime).
-void matvec(const float* x, const float* w, float* y, int64_t in, int64_t out, float beta) {
-#pragma omp parallel for schedule(static) if (out * in >= kParallelMin)
-  for (int64_t o = 0; o < out; ++o) {
-    const float* row = w + o * in;
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t i = 0; i < in; ++i) acc += row[i] * x[i];
-    y[o] = beta == 0.0f ? acc : acc + beta * y[o];
+// Dot products of one weight row w[in] with R activation rows x[R, in]: out[r] = sum_i w[i] * x[r, i].
+// The sum has a fixed shape whatever R: 8 lane partial sums over blocks of 8 (i % 8), added in a fixed tree,
+// then the tail in order. So a row's result does not depend on how many rows share the call (batched decode
+// equals single decode bit for bit), while the weight element loaded once serves R rows (register blocking:
+// the batch's gain once decode stops being memory-bound). The 8 lanes vectorise (2 SSE / 1 AVX register).
+constexpr int kLanes = 8;
+template <int R>
+inline void dot_rows(const float* w, const float* x, int64_t in, float* out) {
+  float acc[R][kLanes] = {};
+  const int64_t body = in / kLanes * kLanes;
+  for (int64_t i = 0; i < body; i += kLanes)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < kLanes; ++j) acc[r][j] += w[i + j] * x[r * in + i + j];
+  for (int r = 0; r < R; ++r) {
+    const float* a = acc[r];
+    float sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+    for (int64_t i = body; i < in; ++i) sum += w[i] * x[r * in + i];
+    out[r] = sum;
   }
 }
 
-// y[n, out] = x[n, in] @ W[out, in]^T + beta * y (cblas_sgemm for n > 1, matvec for n == 1).
-void matmul(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out, float beta) {
-  if (n == 1) {
-    matvec(x, w, y, in, out, beta);
+// y[n, out] = x[n, in] @ W[out, in]^T + beta * y, each W row read once for all n rows (in blocks of 4
+// rows: dot_rows): the decode matvec, memory-bound on W at n = 1, batched over sequences. One OpenMP loop
+// over output rows (rather than OpenBLAS's own thread pool, so that decode uses a single threading runtime).
+void matvec_rows(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out, float beta) {
+  constexpr int kBlock = 4;  // rows per dot_rows call: 4 x 8 accumulators + the weights fit 16 SSE registers
+#pragma omp parallel for schedule(static) if (out * in >= kParallelMin)
+  for (int64_t o = 0; o < out; ++o) {
+    const float* row = w + o * in;
+    float acc[kBlock];
+    for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+      const int64_t m = std::min<int64_t>(kBlock, n - t0);
+      const float* xs = x + t0 * in;
+      switch (m) {
+        case 4: dot_rows<4>(row, xs, in, acc); break;
+        case 3: dot_rows<3>(row, xs, in, acc); break;
+        case 2: dot_rows<2>(row, xs, in, acc); break;
+        default: dot_rows<1>(row, xs, in, acc); break;
+      }
+      for (int64_t t = 0; t < m; ++t) {
+        float& yo = y[(t0 + t) * out + o];
+        yo = beta == 0.0f ? acc[t] : acc[t] + beta * yo;
+      }
+    }
+  }
+}
+
+// How a forward pass multiplies n rows by a weight matrix: prefill chunks through cblas_sgemm (compute
+// bound), decode rows through matvec_rows (memory bound; also keeps batched decode equal to single decode).
+enum class Gemm : uint8_t { kBlas, kRows };
+
+// y[n, out] = x[n, in] @ W[out, in]^T + beta * y (cblas_sgemm for kBlas and n > 1, else matvec_rows).
+void matmul(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out, float beta, Gemm g) {
+  if (n == 1 || g == Gemm::kRows) {
+    matvec_rows(x, w, y, n, in, out, beta);
   } else {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
                 static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in), beta, y,
@@ -54,9 +93,9 @@ void rms_norm(const float* x, const float* w, float* y, int64_t n, int64_t h, fl
   }
 }
 
-}  // namespace
-
-struct Session::Scratch {
+// The activations of n rows (tokens of one sequence in prefill, or one token of each of n sequences in
+// batched decode) through one forward pass.
+struct ForwardBuffers {
   int64_t rows = 0;          // capacity in tokens
   std::vector<float> x;      // [rows, hidden] residual stream
   std::vector<float> xn;     // [rows, hidden] normalised
@@ -67,10 +106,7 @@ struct Session::Scratch {
   std::vector<float> att;    // [rows, hq * d]
   std::vector<float> gu;     // [rows, 2 * intermediate]
   std::vector<float> act;    // [rows, intermediate]
-  std::vector<float> cos, sin;  // [rows, d / 2]
-  model::PrefillAttentionScratch attn;
-  model::RopeFrequencies freqs;
-  int64_t freqs_seq_len = -1;  // seq_len freqs were computed for (-1: none)
+  std::vector<float> cos, sin;  // [rows, d / 2] of each row's position
   void ensure(int64_t n, const ModelConfig& c) {
     if (n <= rows) return;
     rows = n;
@@ -87,6 +123,69 @@ struct Session::Scratch {
     cos.resize(n * d / 2);
     sin.resize(n * d / 2);
   }
+};
+
+// The per-layer pieces shared by Session::forward (n tokens of one sequence) and Session::decode_batch
+// (one token of n sequences): everything but the RoPE table, the KV append and the attention itself.
+
+// b.x[t] = embedding of tokens[t] for n rows (tokens already checked against the vocabulary).
+void embed_rows(const ModelConfig& c, const Model::Weights& w, const int32_t* tokens, int64_t n, ForwardBuffers& b) {
+  const int64_t h = c.hidden_size;
+  for (int64_t t = 0; t < n; ++t)
+    std::copy_n(w.embed.data() + static_cast<int64_t>(tokens[t]) * h, h, b.x.data() + t * h);
+}
+
+// Attention input of n rows: b.q [n, hq, d] and b.k [n, hkv, d] post-RoPE (b.cos/b.sin hold each row's
+// position), b.v [n, hkv, d]; the QKV weights are read once for all n rows.
+void qkv_rows(const ModelConfig& c, const Model::Weights::Layer& L, ForwardBuffers& b, int64_t n, Gemm g) {
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
+  const int64_t qkvw = (hq + 2 * hkv) * d;
+  rms_norm(b.x.data(), L.attn_norm.data(), b.xn.data(), n, h, c.rms_norm_eps);
+  matmul(b.xn.data(), L.wqkv.data(), b.qkv.data(), n, h, qkvw, 0.0f, g);
+#pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = b.qkv.data() + t * qkvw;
+    if (!L.bqkv.empty())
+      for (int64_t i = 0; i < qkvw; ++i) row[i] += L.bqkv[i];
+    std::copy_n(row, hq * d, b.q.data() + t * hq * d);
+    std::copy_n(row + hq * d, hkv * d, b.k.data() + t * hkv * d);
+    std::copy_n(row + (hq + hkv) * d, hkv * d, b.v.data() + t * hkv * d);
+  }
+  model::apply_rope(b.q.data(), n, static_cast<int>(hq), static_cast<int>(d), b.cos.data(), b.sin.data());
+  model::apply_rope(b.k.data(), n, static_cast<int>(hkv), static_cast<int>(d), b.cos.data(), b.sin.data());
+}
+
+// After attention (b.att [n, hq * d]): x += att @ Wo^T, then x += MLP(RMSNorm(x)) (SwiGLU), for n rows.
+void output_and_mlp_rows(const ModelConfig& c, const Model::Weights::Layer& L, ForwardBuffers& b, int64_t n, Gemm g) {
+  const int64_t h = c.hidden_size, inter = c.intermediate_size;
+  matmul(b.att.data(), L.wo.data(), b.x.data(), n, c.num_heads_q * c.head_dim, h, 1.0f, g);  // residual
+  rms_norm(b.x.data(), L.mlp_norm.data(), b.xn.data(), n, h, c.rms_norm_eps);
+  matmul(b.xn.data(), L.wgate_up.data(), b.gu.data(), n, h, 2 * inter, 0.0f, g);
+#pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
+  for (int64_t t = 0; t < n; ++t) {
+    const float* gt = b.gu.data() + t * 2 * inter;
+    const float* u = gt + inter;
+    float* a = b.act.data() + t * inter;
+    for (int64_t i = 0; i < inter; ++i) a[i] = gt[i] / (1.0f + std::exp(-gt[i])) * u[i];  // SiLU(g) * u
+  }
+  matmul(b.act.data(), L.wdown.data(), b.x.data(), n, inter, h, 1.0f, g);  // residual: x += act @ Wd^T
+}
+
+// logits [n - from, vocab] of rows [from, n): final norm + LM head.
+void lm_head_rows(const ModelConfig& c, const Model::Weights& w, ForwardBuffers& b, int64_t from, int64_t n,
+                  float* logits, Gemm g) {
+  const int64_t keep = n - from, h = c.hidden_size;
+  if (keep <= 0) return;
+  rms_norm(b.x.data() + from * h, w.final_norm.data(), b.xn.data(), keep, h, c.rms_norm_eps);
+  matmul(b.xn.data(), w.lm_head_data(), logits, keep, h, c.vocab_size, 0.0f, g);
+}
+
+}  // namespace
+
+struct Session::Scratch : ForwardBuffers {
+  model::PrefillAttentionScratch attn;
+  model::RopeFrequencies freqs;
+  int64_t freqs_seq_len = -1;  // seq_len freqs were computed for (-1: none)
 };
 
 Session::Session(const Model& model, const SessionOptions& opt) : model_(model), opt_(opt), s_(new Scratch) {
@@ -171,70 +270,102 @@ void Session::decode(int32_t token, std::span<float> logits) {
   forward(&token, 1, pos_ + 1, true, 0, logits.data());
 }
 
-void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bool decode, int64_t keep_from,
-                      float* logits) {
-  const ModelConfig& c = model_.config();
-  const Model::Weights& w = model_.weights();
-  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
-  const int64_t inter = c.intermediate_size, vocab = c.vocab_size;
-  const int64_t qkvw = (hq + 2 * hkv) * d;
-  Scratch& s = *s_;
-  s.ensure(n, c);
-
-  for (int64_t t = 0; t < n; ++t) {
-    RETROINFER_CHECK(tokens[t] >= 0 && tokens[t] < vocab, "session: token id ", tokens[t], " at position ",
-                     pos_ + t, " is outside the vocabulary [0, ", vocab, ")");
-    std::copy_n(w.embed.data() + static_cast<int64_t>(tokens[t]) * h, h, s.x.data() + t * h);
+void Session::decode_batch(std::span<Session* const> sessions, std::span<const int32_t> tokens,
+                           std::span<float> logits) {
+  RETROINFER_CHECK(!sessions.empty(), "session: decode_batch needs at least one session");
+  const auto n = static_cast<int64_t>(sessions.size());
+  RETROINFER_CHECK(static_cast<int64_t>(tokens.size()) == n, "session: decode_batch got ", sessions.size(),
+                   " sessions but ", tokens.size(), " tokens; give one token per session");
+  for (int64_t i = 0; i < n; ++i)
+    RETROINFER_CHECK(sessions[i] != nullptr, "session: decode_batch: session ", i, " is null");
+  const Model& model = sessions[0]->model_;
+  const ModelConfig& c = model.config();
+  const int64_t vocab = c.vocab_size, d = c.head_dim;
+  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == n * vocab, "session: decode_batch needs a logits buffer of ",
+                   n, " x vocab_size ", vocab, " = ", n * vocab, " floats, got ", logits.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const Session& s = *sessions[i];
+    RETROINFER_CHECK(&s.model_ == &model, "session: decode_batch: session ", i, " runs another model (",
+                     s.model_.path(), ") than session 0 (", model.path(), "); batch only sessions of one Model");
+    for (int64_t j = 0; j < i; ++j)
+      RETROINFER_CHECK(sessions[j] != sessions[i], "session: decode_batch: sessions ", j, " and ", i,
+                       " are the same object; each sequence may appear once per step");
+    RETROINFER_CHECK(s.pos_ + 1 <= s.max_context_, "session: decode_batch: the context of session ", i,
+                     " is full (", s.max_context_, " tokens)");
+    RETROINFER_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "session: decode_batch: token id ", tokens[i],
+                     " of session ", i, " is outside the vocabulary [0, ", vocab, ")");
   }
+  // All checks passed: from here every session advances by one token.
+  const Model::Weights& w = model.weights();
+  ForwardBuffers& b = *sessions[0]->s_;  // the batch's rows live in session 0's scratch (one caller owns all)
+  b.ensure(n, c);
+  embed_rows(c, w, tokens.data(), n, b);
+  for (int64_t i = 0; i < n; ++i) {
+    Session& s = *sessions[i];
+    s.prefilled_ = true;
+    s.last_stats_ = AttentionStats{};
+    s.ensure_rope(s.pos_ + 1);
+    model::rope_table(s.s_->freqs, s.pos_, 1, b.cos.data() + i * (d / 2), b.sin.data() + i * (d / 2));
+  }
+  const int64_t qd = c.num_heads_q * d, kvd = c.num_heads_kv * d;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const Model::Weights::Layer& L = w.layers[l];
+    qkv_rows(c, L, b, n, Gemm::kRows);
+    for (int64_t i = 0; i < n; ++i) {
+      Session& s = *sessions[i];
+      s.kv_[l].append(b.k.data() + i * kvd, b.v.data() + i * kvd, 1);
+      s.decode_attention(l, b.q.data() + i * qd, b.att.data() + i * qd);
+    }
+    output_and_mlp_rows(c, L, b, n, Gemm::kRows);
+  }
+  for (int64_t i = 0; i < n; ++i) ++sessions[i]->pos_;
+  lm_head_rows(c, w, b, 0, n, logits.data(), Gemm::kRows);
+}
+
+void Session::ensure_rope(int64_t rope_seq_len) {
   // Only `dynamic` RoPE depends on the sequence length; recompute when it changes what the table holds.
+  Scratch& s = *s_;
+  const ModelConfig& c = model_.config();
   const bool dynamic = c.rope_scaling.type == "dynamic";
   if (s.freqs_seq_len < 0 || (dynamic && rope_seq_len != s.freqs_seq_len)) {
     s.freqs = model::rope_frequencies(c, rope_seq_len);
     s.freqs_seq_len = rope_seq_len;
   }
+}
+
+void Session::decode_attention(int layer, const float* q, float* out) {
+  last_stats_ += attn_[layer]->decode(kv_[layer], q, out);
+  if (observer_) observer_(layer, kv_[layer], q, out);
+}
+
+void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bool decode, int64_t keep_from,
+                      float* logits) {
+  const ModelConfig& c = model_.config();
+  const Model::Weights& w = model_.weights();
+  const int64_t vocab = c.vocab_size;
+  Scratch& s = *s_;
+  s.ensure(n, c);
+  for (int64_t t = 0; t < n; ++t)
+    RETROINFER_CHECK(tokens[t] >= 0 && tokens[t] < vocab, "session: token id ", tokens[t], " at position ",
+                     pos_ + t, " is outside the vocabulary [0, ", vocab, ")");
+  embed_rows(c, w, tokens, n, s);
+  ensure_rope(rope_seq_len);
   model::rope_table(s.freqs, pos_, n, s.cos.data(), s.sin.data());
   const AttentionShape shape{c.num_heads_q, c.num_heads_kv, c.head_dim};
 
   for (int l = 0; l < c.num_layers; ++l) {
     const Model::Weights::Layer& L = w.layers[l];
-    rms_norm(s.x.data(), L.attn_norm.data(), s.xn.data(), n, h, c.rms_norm_eps);
-    matmul(s.xn.data(), L.wqkv.data(), s.qkv.data(), n, h, qkvw, 0.0f);
-#pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
-    for (int64_t t = 0; t < n; ++t) {
-      float* row = s.qkv.data() + t * qkvw;
-      if (!L.bqkv.empty())
-        for (int64_t i = 0; i < qkvw; ++i) row[i] += L.bqkv[i];
-      std::copy_n(row, hq * d, s.q.data() + t * hq * d);
-      std::copy_n(row + hq * d, hkv * d, s.k.data() + t * hkv * d);
-      std::copy_n(row + (hq + hkv) * d, hkv * d, s.v.data() + t * hkv * d);
-    }
-    model::apply_rope(s.q.data(), n, static_cast<int>(hq), static_cast<int>(d), s.cos.data(), s.sin.data());
-    model::apply_rope(s.k.data(), n, static_cast<int>(hkv), static_cast<int>(d), s.cos.data(), s.sin.data());
+    qkv_rows(c, L, s, n, Gemm::kBlas);
     kv_[l].append(s.k.data(), s.v.data(), n);
     if (decode) {
-      last_stats_ += attn_[l]->decode(kv_[l], s.q.data(), s.att.data());
-      if (observer_) observer_(l, kv_[l], s.q.data(), s.att.data());
+      decode_attention(l, s.q.data(), s.att.data());
     } else {
       model::blas_prefill_attention(kv_[l], shape, opt_.attention.scale, pos_, n, s.q.data(), s.att.data(), s.attn);
     }
-    matmul(s.att.data(), L.wo.data(), s.x.data(), n, hq * d, h, 1.0f);  // residual: x += att @ Wo^T
-
-    rms_norm(s.x.data(), L.mlp_norm.data(), s.xn.data(), n, h, c.rms_norm_eps);
-    matmul(s.xn.data(), L.wgate_up.data(), s.gu.data(), n, h, 2 * inter, 0.0f);
-#pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
-    for (int64_t t = 0; t < n; ++t) {
-      const float* g = s.gu.data() + t * 2 * inter;
-      const float* u = g + inter;
-      float* a = s.act.data() + t * inter;
-      for (int64_t i = 0; i < inter; ++i) a[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];  // SiLU(g) * u
-    }
-    matmul(s.act.data(), L.wdown.data(), s.x.data(), n, inter, h, 1.0f);  // residual: x += act @ Wd^T
+    output_and_mlp_rows(c, L, s, n, Gemm::kBlas);
   }
   pos_ += n;
-  const int64_t keep = n - keep_from;
-  if (keep <= 0) return;
-  rms_norm(s.x.data() + keep_from * h, w.final_norm.data(), s.xn.data(), keep, h, c.rms_norm_eps);
-  matmul(s.xn.data(), w.lm_head_data(), logits, keep, h, vocab, 0.0f);
+  lm_head_rows(c, w, s, keep_from, n, logits, Gemm::kBlas);
 }
 
 }  // namespace retroinfer

@@ -1,8 +1,11 @@
 #include "server/server_handler.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <ctime>
+#include <deque>
 #include <exception>
+#include <mutex>
 
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
@@ -81,6 +84,11 @@ ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenize
   for (int e : model_.config().eos_token_ids)
     if (std::find(eos_ids_.begin(), eos_ids_.end(), e) == eos_ids_.end()) eos_ids_.push_back(e);
   if (eos_ids_.empty()) eos_ids_ = {-1};  // none known: only max_tokens and stop strings end a generation
+  RETROINFER_CHECK(opt_.max_batch >= 1, "serve: --max-batch must be >= 1, got ", opt_.max_batch);
+  BatchSchedulerOptions bo;
+  bo.max_batch = opt_.max_batch;
+  bo.session = opt_.session;
+  scheduler_ = std::make_unique<BatchScheduler>(model_, bo);
 }
 
 ServerHandler::Prepared ServerHandler::prepare(std::string_view body, bool chat) const {
@@ -133,42 +141,47 @@ struct Outcome {
   bool client_gone = false;
 };
 
-// Runs one generation; on_text (optional) receives the text as it becomes safe to show and returns false
-// when the client is gone. summary.text ends with the detokenizer's flushed tail (an incomplete UTF-8
-// sequence at the end becomes U+FFFD).
-Outcome run_generation(const EngineModel& model, const Tokenizer& tok, const SessionOptions& session,
-                       const std::vector<int32_t>& eos_ids, const std::vector<int32_t>& ids, const CompletionRequest& req,
-                       int64_t max_tokens, const std::function<bool(std::string_view)>& on_text) {
-  GenerateOptions go;
-  go.max_new_tokens = static_cast<int>(max_tokens);
-  go.sampler = SamplerConfig{req.temperature, 0, req.top_p, req.seed};
-  go.stop_strings = req.stop;
-  go.eos_token_ids = eos_ids;
-  StreamingDecoder dec(tok, /*skip_special=*/true);
+// What the scheduler's worker hands to the thread serving a streamed request: texts as they become safe to
+// show, and the end of the request. Shared by both threads (the worker's callbacks keep it alive).
+struct StreamChannel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> texts;  // guarded by mu
+  bool done = false;              // guarded by mu: the request's result is set
+  std::atomic<bool> gone{false};  // the client went away: the worker's on_token stops the request
+};
+
+// A generation request for the scheduler. The detokenizer is per request and used on the worker thread
+// only (token_text), then by the caller after the result is ready (flush).
+BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_ids, const std::vector<int32_t>& ids,
+                          const CompletionRequest& req, int64_t max_tokens,
+                          const std::shared_ptr<StreamingDecoder>& dec) {
+  BatchRequest r;
+  r.prompt = ids;
+  r.options.max_new_tokens = static_cast<int>(max_tokens);
+  r.options.sampler = SamplerConfig{req.temperature, 0, req.top_p, req.seed};
+  r.options.stop_strings = req.stop;
+  r.options.eos_token_ids = eos_ids;
   const int32_t vocab = tok.vocab_size();
-  Outcome out;
-  GenerateCallbacks cb;
   // A model's vocabulary may be larger than its tokenizer's (padded embedding rows): such ids show as
   // nothing instead of failing the request.
-  cb.token_text = [&](int32_t t) { return t >= 0 && t < vocab ? dec.push(t) : std::string(); };
-  if (on_text)
-    cb.on_token = [&](int32_t, std::string_view text) {
-      if (!text.empty() && !on_text(text)) out.client_gone = true;
-      return !out.client_gone;
-    };
-  out.summary = generate(model, session, ids, go, cb);
-  const std::string tail = dec.flush();
-  if (out.summary.stop_reason != StopReason::kStopString && !tail.empty()) {
-    out.summary.text += tail;
-    if (on_text && !out.client_gone) out.client_gone = !on_text(tail);
-  }
-  return out;
+  r.callbacks.token_text = [dec, vocab](int32_t t) { return t >= 0 && t < vocab ? dec->push(t) : std::string(); };
+  return r;
+}
+
+// summary.text ends with the detokenizer's flushed tail (an incomplete UTF-8 sequence at the end becomes
+// U+FFFD); returns that tail when it was added.
+std::string add_tail(GenerateSummary& s, StreamingDecoder& dec) {
+  std::string tail = dec.flush();
+  if (s.stop_reason == StopReason::kStopString || tail.empty()) return {};
+  s.text += tail;
+  return tail;
 }
 
 }  // namespace
 
 ServerHandler::Stats ServerHandler::stats() const {
-  return {generations_.load(), generated_tokens_.load(), cancelled_streams_.load()};
+  return {generations_.load(), generated_tokens_.load(), cancelled_streams_.load(), scheduler_->stats().max_running};
 }
 
 void ServerHandler::count(const GenerateSummary& s, bool cancelled) {
@@ -180,8 +193,10 @@ void ServerHandler::count(const GenerateSummary& s, bool cancelled) {
 HttpReply ServerHandler::complete(const Prepared& p) {
   Outcome o;
   try {
-    std::lock_guard<std::mutex> lock(generate_mutex_);
-    o = run_generation(model_, tok_, opt_.session, eos_ids_, p.ids, p.req, p.max_tokens, {});
+    auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
+    BatchHandle h = scheduler_->submit(make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec));
+    o.summary = h.result.get();
+    add_tail(o.summary, *dec);
     count(o.summary, false);
   } catch (const std::exception& e) {
     return error_reply(ApiError(500, std::string("generation failed: ") + e.what(), "", "generation_failed",
@@ -218,14 +233,51 @@ void ServerHandler::stream(const Prepared& p, const ChunkWriter& write) {
       c["text"] = std::string(text);
     return write(sse(chunk(std::move(c))));
   };
-  std::lock_guard<std::mutex> lock(generate_mutex_);
   if (p.req.chat) {
     json first = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}};
     if (!write(sse(chunk(std::move(first))))) return;
   }
   Outcome o;
   try {
-    o = run_generation(model_, tok_, opt_.session, eos_ids_, p.ids, p.req, p.max_tokens, delta);
+    auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
+    auto ch = std::make_shared<StreamChannel>();
+    BatchRequest r = make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec);
+    r.callbacks.on_token = [ch](int32_t, std::string_view text) {
+      if (!text.empty()) {
+        std::lock_guard<std::mutex> lk(ch->mu);
+        ch->texts.emplace_back(text);
+      }
+      ch->cv.notify_one();
+      return !ch->gone.load();
+    };
+    r.on_done = [ch] {
+      {
+        std::lock_guard<std::mutex> lk(ch->mu);
+        ch->done = true;
+      }
+      ch->cv.notify_one();
+    };
+    BatchHandle h = scheduler_->submit(std::move(r));
+    // Write the texts as they come, on this thread; a failed write cancels the request (the scheduler
+    // ends it at its next iteration). Always wait for the result: the worker may still use `dec`.
+    for (bool finished = false; !finished;) {
+      std::deque<std::string> texts;
+      {
+        std::unique_lock<std::mutex> lk(ch->mu);
+        ch->cv.wait(lk, [&] { return !ch->texts.empty() || ch->done; });
+        texts.swap(ch->texts);
+        finished = ch->done;
+      }
+      for (const std::string& t : texts) {
+        if (o.client_gone || delta(t)) continue;
+        o.client_gone = true;
+        ch->gone.store(true);
+        h.cancel();
+      }
+    }
+    o.summary = h.result.get();
+    const std::string tail = add_tail(o.summary, *dec);
+    if (!tail.empty() && !o.client_gone) o.client_gone = !delta(tail);
     count(o.summary, o.client_gone);
   } catch (const std::exception& e) {
     const ApiError err(500, std::string("generation failed: ") + e.what(), "", "generation_failed", "server_error");

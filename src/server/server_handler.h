@@ -2,18 +2,24 @@
 // (a whole body, or a producer of Server-Sent Events for `stream: true`). The transport (http_server.h)
 // and the tests call the same code.
 //
-// Threading contract: handle() may be called from any number of threads at once; generations run one at a
-// time (a mutex: requests are served in turn, there is no continuous batching). The EngineModel and the
-// Tokenizer are borrowed and must outlive the handler.
+// Threading contract: handle() (and the stream producers it returns) may be called from any number of
+// threads at once. Generations run through one BatchScheduler (batch_scheduler.h: continuous batching of up
+// to max_batch sequences; one batched decode step per iteration on the CPU, one sequence after the other on
+// CUDA): the calling thread tokenises, submits and waits for its request's result (or, streaming, for its
+// tokens, which the scheduler's worker hands over through a queue so that a slow client never stalls the
+// batch). A streaming client that goes away cancels its request. The EngineModel and the Tokenizer are
+// borrowed and must outlive the handler; destroying the handler shuts the scheduler down (requests still
+// running then fail with a 500 / an error event).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
-#include <mutex>
+#include <memory>
 #include <string>
 #include <string_view>
 
+#include "retroinfer/batch_scheduler.h"
 #include "retroinfer/engine_model.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/model.h"
@@ -27,6 +33,7 @@ struct ServerOptions {
   SessionOptions session;                 // attention method, KV dtype, prefill chunk (max_context is ignored)
   int64_t max_context = 0;                // prompt + generated tokens per request; 0 = the model's maximum
   int64_t default_max_tokens = 256;       // when a request gives none (capped by what the context leaves)
+  int max_batch = 8;                      // sequences generating at once (continuous batching; >= 1)
 };
 
 // Writes one chunk of a streamed body; returns false when the client is gone (generation then stops).
@@ -48,12 +55,13 @@ class ServerHandler {
   // failure while generating 500. Never throws.
   HttpReply handle(std::string_view method, std::string_view path, std::string_view body);
 
-  // Counters since construction (for logs and tests): completed generations, tokens generated, and
-  // streams stopped because the client went away.
+  // Counters since construction (for logs and tests): completed generations, tokens generated, streams
+  // stopped because the client went away, and the most sequences the scheduler decoded in one step.
   struct Stats {
     int64_t generations = 0;
     int64_t generated_tokens = 0;
     int64_t cancelled_streams = 0;
+    int max_batch_seen = 0;
   };
   Stats stats() const;
 
@@ -71,10 +79,10 @@ class ServerHandler {
   ServerOptions opt_;
   int64_t context_limit_ = 0;
   std::vector<int32_t> eos_ids_;
-  std::mutex generate_mutex_;  // one generation at a time
   mutable std::atomic<uint64_t> next_id_{1};  // response ids
   std::atomic<int64_t> generations_{0}, generated_tokens_{0}, cancelled_streams_{0};
   void count(const GenerateSummary& s, bool cancelled);
+  std::unique_ptr<BatchScheduler> scheduler_;  // last: shut down (joined) before the members above go
 };
 
 }  // namespace retroinfer::server

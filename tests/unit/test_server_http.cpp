@@ -93,10 +93,14 @@ TEST(ServerHttp, EndToEnd) {
     quitter.send(hreq);
     quitter.stop();
     EXPECT_GE(chunks, 1);
-    // The next request waits for the mutex, so the cancelled generation has finished when it returns.
+    // Requests run concurrently (continuous batching): the next one is served while the cancelled stream's
+    // thread may still be winding down, so wait (bounded) until both are counted.
     const auto r = cli.Post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 1}}.dump(), "application/json");
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (h->stats().generations < before.generations + 2 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     const auto after = h->stats();
     EXPECT_EQ(after.generations, before.generations + 2);
     EXPECT_EQ(after.cancelled_streams, before.cancelled_streams + 1);

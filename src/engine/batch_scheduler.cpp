@@ -1,0 +1,273 @@
+// Continuous batching over one EngineModel (include/retroinfer/batch_scheduler.h): a worker thread that
+// admits, prefills, batch-decodes, samples and retires requests one iteration at a time.
+#include "retroinfer/batch_scheduler.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "retroinfer/error.h"
+
+namespace retroinfer {
+namespace {
+
+struct Pending {
+  BatchRequest req;
+  std::promise<GenerateSummary> promise;
+  std::shared_ptr<std::atomic<bool>> cancel;
+};
+
+// A request between its prefill and its last token (worker thread only).
+struct Running {
+  std::unique_ptr<Pending> p;
+  std::unique_ptr<SequenceSession> session;
+  std::unique_ptr<GenerationStepper> stepper;
+  std::vector<float> logits;  // [vocab]: the per-sequence decode path (non-CPU)
+};
+
+void done(Pending& p) {
+  if (!p.req.on_done) return;
+  try {
+    p.req.on_done();
+  } catch (...) {  // the result is already set: nowhere to deliver it (documented: must not throw)
+  }
+}
+
+std::exception_ptr shutdown_error(const char* when) {
+  return std::make_exception_ptr(Error(std::string("batch scheduler: shut down ") + when +
+                                       " this request finished; nothing more will be generated for it"));
+}
+
+}  // namespace
+
+struct BatchScheduler::Impl {
+  const EngineModel& model;
+  const BatchSchedulerOptions opt;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::unique_ptr<Pending>> waiting;  // guarded by mu
+  bool stop = false;                             // guarded by mu
+  Stats stats;                                   // guarded by mu
+  std::vector<std::unique_ptr<Running>> running; // worker thread only
+  std::vector<float> batch_logits;               // [running, vocab]: the batched decode's output (worker only)
+  std::thread worker;
+
+  Impl(const EngineModel& m, const BatchSchedulerOptions& o) : model(m), opt(o) {}
+
+  void count(bool ok) {
+    std::lock_guard<std::mutex> lk(mu);
+    ++(ok ? stats.completed : stats.failed);
+  }
+  // Counted before the future is set, so that a caller who got its result sees it in stats().
+  void fail(Pending& p, std::exception_ptr e) {
+    count(false);
+    p.promise.set_exception(std::move(e));
+    done(p);
+  }
+  void finish(Running& r) {
+    GenerateSummary s = r.stepper->finish();
+    count(true);
+    r.p->promise.set_value(std::move(s));
+    done(*r.p);
+  }
+
+  // Session, prefill and first token of a new request; it joins `running` unless already finished.
+  void start(std::unique_ptr<Pending> p) {
+    if (p->cancel->load()) {
+      fail(*p, std::make_exception_ptr(Error("batch scheduler: the request was cancelled before it started")));
+      return;
+    }
+    auto r = std::make_unique<Running>();
+    try {
+      const BatchRequest& q = p->req;
+      r->session = make_generation_session(model, opt.session, q.prompt, q.options, q.callbacks);
+      const auto t0 = std::chrono::steady_clock::now();
+      r->logits = r->session->prefill(q.prompt, false, q.callbacks.on_prefill);
+      const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      r->stepper = std::make_unique<GenerationStepper>(*r->session, q.options, q.callbacks);
+      r->stepper->set_prefill(static_cast<int64_t>(q.prompt.size()), prefill_s);
+      const bool go_on = r->stepper->step(r->logits);
+      r->p = std::move(p);
+      if (go_on) {
+        running.push_back(std::move(r));
+      } else {
+        finish(*r);
+      }
+    } catch (...) {
+      fail(r->p ? *r->p : *p, std::current_exception());
+    }
+  }
+
+  // One decode step of every running sequence, then each one's next token; finished ones leave `running`.
+  void decode_step() {
+    std::vector<std::unique_ptr<Running>> next;
+    next.reserve(running.size());
+    for (auto& r : running) {
+      if (r->p->cancel->load()) {
+        r->stepper->cancel();
+        finish(*r);
+      } else {
+        next.push_back(std::move(r));
+      }
+    }
+    running = std::move(next);
+    if (running.empty()) return;
+    const auto n = static_cast<int64_t>(running.size());
+    const int64_t vocab = model.config().vocab_size;
+    // After each sequence's decode: count it, sample its next token (a throwing callback fails that
+    // request only); true when it goes on.
+    auto advance = [&](Running& r, std::span<const float> logits) {
+      try {
+        r.stepper->count_decode(r.session->last_stats());
+        if (r.stepper->step(logits)) return true;
+        finish(r);
+      } catch (...) {
+        fail(*r.p, std::current_exception());
+      }
+      return false;
+    };
+    {  // counted before any request of the step can finish (see fail/finish)
+      std::lock_guard<std::mutex> lk(mu);
+      ++stats.decode_steps;
+      stats.decoded_tokens += n;
+      stats.max_running = std::max(stats.max_running, static_cast<int>(n));
+    }
+    std::vector<Session*> cpu;
+    cpu.reserve(running.size());
+    for (auto& r : running) {
+      Session* s = r->session->device() == Device::kCpu ? dynamic_cast<Session*>(r->session.get()) : nullptr;
+      if (!s) break;
+      cpu.push_back(s);
+    }
+    std::vector<bool> go_on(running.size(), false);
+    if (static_cast<int64_t>(cpu.size()) == n) {
+      std::vector<int32_t> tokens(n);
+      for (int64_t i = 0; i < n; ++i) tokens[i] = running[i]->stepper->next_token();
+      batch_logits.resize(n * vocab);
+      try {
+        Session::decode_batch(cpu, tokens, batch_logits);
+      } catch (...) {
+        // Every input was checked by the steppers (context, vocabulary): a failure here is one of the
+        // whole step, delivered to each of its requests.
+        const std::exception_ptr e = std::current_exception();
+        for (auto& r : running) fail(*r->p, e);
+        running.clear();
+        return;
+      }
+      for (int64_t i = 0; i < n; ++i)
+        go_on[i] = advance(*running[i], std::span<const float>(batch_logits.data() + i * vocab, vocab));
+    } else {
+      // No batched decode for this device yet: one sequence after the other.
+      for (int64_t i = 0; i < n; ++i) {
+        Running& r = *running[i];
+        try {
+          r.logits.resize(vocab);
+          r.session->decode(r.stepper->next_token(), r.logits);
+        } catch (...) {
+          fail(*r.p, std::current_exception());
+          continue;
+        }
+        go_on[i] = advance(r, r.logits);
+      }
+    }
+    next.clear();
+    for (int64_t i = 0; i < n; ++i)
+      if (go_on[i]) next.push_back(std::move(running[i]));
+    running = std::move(next);
+  }
+
+  void loop() {
+    for (;;) {
+      std::vector<std::unique_ptr<Pending>> admit, dropped;
+      {
+        std::unique_lock<std::mutex> lk(mu);
+        cv.wait(lk, [&] { return stop || !waiting.empty() || !running.empty(); });
+        if (stop) break;
+        // Cancelled while waiting (e.g. a streaming client gone while the batch was full): out at once.
+        for (auto it = waiting.begin(); it != waiting.end();) {
+          if ((*it)->cancel->load()) {
+            dropped.push_back(std::move(*it));
+            it = waiting.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        while (static_cast<int>(running.size() + admit.size()) < opt.max_batch && !waiting.empty()) {
+          admit.push_back(std::move(waiting.front()));
+          waiting.pop_front();
+        }
+      }
+      for (auto& p : dropped)
+        fail(*p, std::make_exception_ptr(Error("batch scheduler: the request was cancelled before it started")));
+      for (auto& p : admit) start(std::move(p));
+      decode_step();
+    }
+    for (auto& r : running) fail(*r->p, shutdown_error("before"));
+    running.clear();
+    std::deque<std::unique_ptr<Pending>> left;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      left.swap(waiting);
+    }
+    for (auto& p : left) fail(*p, shutdown_error("before"));
+  }
+};
+
+BatchScheduler::BatchScheduler(const EngineModel& model, const BatchSchedulerOptions& opt)
+    : opt_(opt), impl_(std::make_unique<Impl>(model, opt)) {
+  RETROINFER_CHECK(opt.max_batch >= 1, "batch scheduler: max_batch must be >= 1, got ", opt.max_batch);
+  // omp_set_num_threads is per thread: the worker takes the constructing thread's setting (--threads).
+  const int threads = num_threads();
+  impl_->worker = std::thread([this, threads] {
+    set_num_threads(threads);
+    impl_->loop();
+  });
+}
+
+BatchScheduler::~BatchScheduler() { shutdown(); }
+
+BatchHandle BatchScheduler::submit(BatchRequest request) {
+  auto p = std::make_unique<Pending>();
+  p->req = std::move(request);
+  p->cancel = std::make_shared<std::atomic<bool>>(false);
+  BatchHandle h{p->promise.get_future(), p->cancel};
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    ++impl_->stats.submitted;
+    if (!impl_->stop) {
+      impl_->waiting.push_back(std::move(p));
+    }
+  }
+  if (p) {  // refused: the scheduler has shut down
+    {
+      std::lock_guard<std::mutex> lk(impl_->mu);
+      ++impl_->stats.failed;
+    }
+    p->promise.set_exception(std::make_exception_ptr(
+        Error("batch scheduler: shut down; it accepts no new requests (submit to a running scheduler)")));
+    done(*p);
+  } else {
+    impl_->cv.notify_one();
+  }
+  return h;
+}
+
+void BatchScheduler::shutdown() {
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->worker.joinable() && impl_->worker.get_id() != std::this_thread::get_id()) impl_->worker.join();
+}
+
+BatchScheduler::Stats BatchScheduler::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace retroinfer
