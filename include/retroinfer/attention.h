@@ -62,9 +62,9 @@ struct AttentionConfig {
 void validate(const AttentionConfig& c);
 
 // The cluster size a model of this head dimension should use when none is given: the paper's 16 from
-// head_dim 128 on, 8 below (SmolLM2, head_dim 64: at the same share of clusters retrieved, 8 tokens per
-// cluster brings retro's answers and perplexity closer to full's; docs/accuracy.md, "Why retro misses
-// needles"). AttentionConfig's own default stays 16; the CLI applies this once the model is known.
+// head_dim 128 on, 4 below (SmolLM2, head_dim 64: at the same share of clusters retrieved, smaller clusters
+// bring retro's answers and perplexity close to full's; docs/accuracy.md, "Adopted default"). AttentionConfig's
+// own default stays 16; the CLI, the server and the Python bindings apply this once the model is known.
 // Throws Error for head_dim < 1.
 int default_tokens_per_cluster(int head_dim);
 

@@ -25,7 +25,7 @@ TEST(TextGenerate, EndOfGenerationIdsMergeTokenizerAndConfig) {
 TEST(TextGenerate, SessionDefaultsFollowDeviceAndHeadDim) {
   const SessionOptions a = default_session_options(Device::kCpu, AttentionKind::kRetro, 64);
   EXPECT_EQ(a.attention.kind, AttentionKind::kRetro);
-  EXPECT_EQ(a.attention.tokens_per_cluster, 8);
+  EXPECT_EQ(a.attention.tokens_per_cluster, default_tokens_per_cluster(64));
   EXPECT_EQ(a.kv_dtype, DType::kF32);
   EXPECT_EQ(a.prefill_chunk, 512);
   const SessionOptions b = default_session_options(Device::kCuda, AttentionKind::kFull);
