@@ -8,8 +8,9 @@
 #   OUT=/some/dir BIN_DIR=build/cuda-release/bin bash scripts/gpu-e2e.sh
 #   bash scripts/gpu-stage.sh && (on the GPU machine) OUT=$OUT bash .gpu-stage/run/scripts/gpu-e2e.sh
 #
-# Expected run time on the H200: about 6 minutes (an estimate from the step counts below, not yet
-# measured): ~15 s per bench invocation for the random 8B weights and bandwidth probes, 20 timed steps per
+# Measured run time on the H200 (run 13): the bench parts 269 s (128K 16 s, 128K split / host 119 s, 1M
+# 40 s, prefill 21 s, 32K 11 s, 512K cut at its then 60 s limit while filling its largest batch, now 150 s),
+# HF generate ~80 s at 16 steps. The earlier estimate: ~15 s per bench invocation for the random 8B weights and bandwidth probes, 20 timed steps per
 # configuration, synthetic K/V above 32K (one layer generated on 16 cores, ~3 s at 1M, copied to every
 # layer), HF generate ~3 minutes (its 128K prefills dominate). Hard bounds, so that one device command
 # (10 minutes at most) holds it all: the bench parts share BENCH_BUDGET seconds (default 330; a part that
@@ -76,7 +77,7 @@ bench prefill128k 70 --contexts 131072 --batches 1 --methods full --synthetic ne
 # --check-refusal also calls the CudaSession constructor and records that it allocated nothing).
 bench refusal 30 --contexts 1048576 --batches 8 --methods retro --placement split --synthetic always --check-refusal
 bench ctx32k 60 --contexts 32768 --batches 4,16,max --methods full,retro --placement gpu --synthetic always
-bench ctx512k 60 --contexts 524288 --batches 1,max --methods full,retro --placement gpu,split --synthetic always
+bench ctx512k 150 --contexts 524288 --batches 1,max --methods full,retro --placement gpu,split --synthetic always
 
 if [ "${SKIP_HF:-0}" != 1 ]; then
   echo "== hf generate (peer)"

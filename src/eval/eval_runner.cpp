@@ -111,6 +111,19 @@ int64_t matched_budget_tokens(double retro_exact_per_head, const AttentionConfig
   return std::max<int64_t>(0, std::llround(retro_exact_per_head) - steady);
 }
 
+void validate_baseline_budget(BaselineBudget b, const std::vector<std::string>& methods, const AttentionConfig& c,
+                              std::string_view who) {
+  if (b != BaselineBudget::kMatched) return;
+  const bool baselines =
+      std::any_of(methods.begin(), methods.end(), [](const std::string& m) { return budgeted_baseline(m); });
+  RETROINFER_CHECK(!baselines || std::find(methods.begin(), methods.end(), "retro") != methods.end(), who,
+                   ": --baseline-budget matched gives quest / streaming / oracle retro's measured exact-token "
+                   "count, so retro must be among the methods; add it or use --baseline-budget nominal");
+  RETROINFER_CHECK(c.budget_tokens < 0, who,
+                   ": --budget-tokens and --baseline-budget matched contradict each other; use "
+                   "--baseline-budget nominal with an explicit budget");
+}
+
 std::vector<std::string> matched_order(const std::vector<std::string>& methods) {
   std::vector<std::string> out;
   for (const char* first : {"full", "retro"})
@@ -128,17 +141,7 @@ void validate(const EvalOptions& o) {
   RETROINFER_CHECK(o.first_sample >= 0, "eval: first sample must be >= 0");
   RETROINFER_CHECK(!o.methods.empty(), "eval: no attention methods");
   for (const auto& m : o.methods) validate(method_config(m, o.attention));
-  if (o.baseline_budget == BaselineBudget::kMatched) {
-    const bool baselines = std::any_of(o.methods.begin(), o.methods.end(), [](const std::string& m) {
-      return budgeted_baseline(m);
-    });
-    RETROINFER_CHECK(!baselines || std::find(o.methods.begin(), o.methods.end(), "retro") != o.methods.end(),
-                     "eval: --baseline-budget matched gives quest / streaming / oracle retro's measured exact-token "
-                     "count, so retro must be among the methods; add it or use --baseline-budget nominal");
-    RETROINFER_CHECK(o.attention.budget_tokens < 0,
-                     "eval: --budget-tokens and --baseline-budget matched contradict each other; use "
-                     "--baseline-budget nominal with an explicit budget");
-  }
+  validate_baseline_budget(o.baseline_budget, o.methods, o.attention, "eval");
   RETROINFER_CHECK(!o.results_path.empty(), "eval: a results file (JSON lines) is required");
   RETROINFER_CHECK(o.time_budget_s >= 0, "eval: the time budget must be >= 0 seconds (0 = none), got ",
                    o.time_budget_s);

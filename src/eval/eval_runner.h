@@ -45,6 +45,10 @@ bool budgeted_baseline(std::string_view method);
 // Budget beyond the steady zone giving a baseline retro's exact-token count: round(retro_exact_per_head)
 // minus the steady zone (sink + window), at least 0. Throws Error for a negative or non-finite count.
 int64_t matched_budget_tokens(double retro_exact_per_head, const AttentionConfig& c);
+// Throws Error when matched budgets cannot apply: a budgeted baseline without retro among the methods, or
+// an explicit budget_tokens with kMatched. `who` starts the message ("eval", "eval ppl").
+void validate_baseline_budget(BaselineBudget b, const std::vector<std::string>& methods, const AttentionConfig& c,
+                              std::string_view who);
 // Methods reordered for matching: full first, then retro, then the rest in their given order.
 std::vector<std::string> matched_order(const std::vector<std::string>& methods);
 

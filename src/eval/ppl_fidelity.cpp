@@ -46,16 +46,7 @@ void validate(const PplOptions& o) {
   RETROINFER_CHECK(o.time_budget_s >= 0, "eval ppl: the time budget must be >= 0 seconds (0 = none), got ",
                    o.time_budget_s);
   for (const auto& m : o.methods) validate(method_config(m, o.attention));
-  if (o.baseline_budget == BaselineBudget::kMatched) {
-    const bool baselines =
-        std::any_of(o.methods.begin(), o.methods.end(), [](const std::string& m) { return budgeted_baseline(m); });
-    RETROINFER_CHECK(!baselines || std::find(o.methods.begin(), o.methods.end(), "retro") != o.methods.end(),
-                     "eval ppl: --baseline-budget matched gives quest / streaming / oracle retro's measured "
-                     "exact-token count, so retro must be among the methods; add it or use --baseline-budget nominal");
-    RETROINFER_CHECK(o.attention.budget_tokens < 0,
-                     "eval ppl: --budget-tokens and --baseline-budget matched contradict each other; use "
-                     "--baseline-budget nominal with an explicit budget");
-  }
+  validate_baseline_budget(o.baseline_budget, o.methods, o.attention, "eval ppl");
 }
 
 PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> text, const PplOptions& opt) {

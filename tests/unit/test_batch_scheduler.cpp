@@ -16,16 +16,14 @@
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
 
+#include "tiny_model_util.h"
+
 namespace retroinfer {
 namespace {
 
-namespace fs = std::filesystem;
 
 const EngineModel* tiny_engine() {
-  static const std::unique_ptr<Model> m = [] {
-    const fs::path p = fs::path(RETROINFER_TEST_DATA) / "models" / "tiny-llama3";
-    return fs::exists(p / "model.safetensors") ? Model::load(p.string()) : nullptr;
-  }();
+  const Model* m = test::tiny_llama3();
   static const std::unique_ptr<EngineModel> e = m ? std::make_unique<EngineModel>(*m) : nullptr;
   return e.get();
 }
@@ -33,12 +31,6 @@ const EngineModel* tiny_engine() {
 #define TINY_ENGINE(e)           \
   const EngineModel* e = tiny_engine(); \
   if (!e) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found"
-
-std::vector<int32_t> token_stream(int n, uint32_t seed) {
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>((seed = seed * 1664525u + 1013904223u) >> 23);  // [0, 512)
-  return t;
-}
 
 BatchSchedulerOptions sched_options(int max_batch, AttentionKind kind = AttentionKind::kRetro) {
   BatchSchedulerOptions o;
@@ -84,7 +76,7 @@ TEST(BatchScheduler, ConcurrentRequestsGiveTheirAloneTokens) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<GenerateOptions> gens;
   for (size_t i = 0; i < prompt_len.size(); ++i) {
-    prompts.push_back(token_stream(prompt_len[i], 100 + static_cast<uint32_t>(i)));
+    prompts.push_back(test::token_stream(prompt_len[i], 100 + static_cast<uint32_t>(i)));
     // Request 3 samples (temperature, its own seed): each request keeps its own Sampler.
     gens.push_back(gen_options(max_tokens[i], i == 3 ? 0.8f : 0.0f, 42));
   }
@@ -144,7 +136,7 @@ TEST(BatchScheduler, LateRequestJoinsMidFlight) {
     if (b_first < 0) b_first = clock.fetch_add(1);
     return true;
   };
-  const auto pa = token_stream(30, 1), pb = token_stream(50, 2);
+  const auto pa = test::token_stream(30, 1), pb = test::token_stream(50, 2);
   BatchHandle a = sched.submit(request(pa, gen_options(30), ca));
   a_at_5.get_future().wait();
   BatchHandle b = sched.submit(request(pb, gen_options(6), cbb));
@@ -170,12 +162,12 @@ TEST(BatchScheduler, CancelAndCallbackStop) {
     }
     return true;
   };
-  BatchHandle a = sched.submit(request(token_stream(20, 5), gen_options(100), ca));
+  BatchHandle a = sched.submit(request(test::token_stream(20, 5), gen_options(100), ca));
   // A callback that returns false stops its own request after its 4th token.
   int m = 0;
   GenerateCallbacks cb;
   cb.on_token = [&](int32_t, std::string_view) { return ++m < 4; };
-  BatchHandle b = sched.submit(request(token_stream(25, 6), gen_options(100), cb));
+  BatchHandle b = sched.submit(request(test::token_stream(25, 6), gen_options(100), cb));
   at_3.get_future().wait();
   a.cancel();
   cancelled.set_value();
@@ -204,8 +196,8 @@ TEST(BatchScheduler, CancelWhileWaitingFailsAtOnce) {
     if (n == 20) b_done_while_a_ran = b_finished->load();  // B left the queue while A still decoded
     return true;
   };
-  BatchHandle a = sched.submit(request(token_stream(20, 1), gen_options(30), ca));
-  BatchRequest rb = request(token_stream(20, 2), gen_options(5));
+  BatchHandle a = sched.submit(request(test::token_stream(20, 1), gen_options(30), ca));
+  BatchRequest rb = request(test::token_stream(20, 2), gen_options(5));
   rb.on_done = [b_finished] { b_finished->store(true); };
   BatchHandle b = sched.submit(std::move(rb));
   at_2.get_future().wait();
@@ -220,14 +212,14 @@ TEST(BatchScheduler, ErrorsReachOnlyTheirRequest) {
   TINY_ENGINE(e);
   EXPECT_NE(error_of([&] { BatchScheduler s(*e, sched_options(0)); }).find("max_batch"), std::string::npos);
   BatchScheduler sched(*e, sched_options(4, AttentionKind::kFull));
-  const auto good_prompt = token_stream(20, 9);
+  const auto good_prompt = test::token_stream(20, 9);
   BatchHandle good = sched.submit(request(good_prompt, gen_options(10)));
   // 500 prompt tokens + 100 new ones exceed the fixture's 512 positions.
-  BatchHandle too_long = sched.submit(request(token_stream(500, 3), gen_options(100)));
+  BatchHandle too_long = sched.submit(request(test::token_stream(500, 3), gen_options(100)));
   BatchHandle empty = sched.submit(request({}, gen_options(4)));
   GenerateCallbacks throwing;
   throwing.on_token = [](int32_t, std::string_view) -> bool { throw Error("callback failed on purpose"); };
-  BatchHandle thrower = sched.submit(request(token_stream(15, 4), gen_options(8), throwing));
+  BatchHandle thrower = sched.submit(request(test::token_stream(15, 4), gen_options(8), throwing));
   EXPECT_NE(error_of([&] { too_long.result.get(); }).find("maximum context"), std::string::npos);
   EXPECT_NE(error_of([&] { empty.result.get(); }).find("empty prompt"), std::string::npos);
   EXPECT_NE(error_of([&] { thrower.result.get(); }).find("on purpose"), std::string::npos);
@@ -244,7 +236,7 @@ TEST(BatchScheduler, MaxBatchIsRespected) {
   std::vector<BatchHandle> hs;
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 5; ++i) {
-    prompts.push_back(token_stream(20 + 7 * i, 50 + i));
+    prompts.push_back(test::token_stream(20 + 7 * i, 50 + i));
     auto seen = std::make_shared<int>(0);
     GenerateCallbacks cb;
     cb.on_token = [&live, &most, seen](int32_t, std::string_view) {
@@ -277,14 +269,14 @@ TEST(BatchScheduler, ShutdownFailsUnfinishedRequests) {
     if (n > 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return true;
   };
-  BatchHandle a = sched->submit(request(token_stream(20, 1), gen_options(200), ca));
-  BatchHandle b = sched->submit(request(token_stream(20, 2), gen_options(5)));  // waits: max_batch 1
+  BatchHandle a = sched->submit(request(test::token_stream(20, 1), gen_options(200), ca));
+  BatchHandle b = sched->submit(request(test::token_stream(20, 2), gen_options(5)));  // waits: max_batch 1
   started.get_future().wait();
   stopping.set_value();
   sched->shutdown();
   EXPECT_NE(error_of([&] { a.result.get(); }).find("shut down"), std::string::npos);
   EXPECT_NE(error_of([&] { b.result.get(); }).find("shut down"), std::string::npos);
-  BatchHandle c = sched->submit(request(token_stream(20, 3), gen_options(5)));
+  BatchHandle c = sched->submit(request(test::token_stream(20, 3), gen_options(5)));
   EXPECT_NE(error_of([&] { c.result.get(); }).find("accepts no new requests"), std::string::npos);
   sched.reset();  // the destructor after shutdown: nothing left to join
 }

@@ -12,24 +12,11 @@
 #include "retroinfer/model.h"
 #include "retroinfer/sampler.h"
 
+#include "tiny_model_util.h"
+
 namespace retroinfer {
 namespace {
 
-namespace fs = std::filesystem;
-
-const Model* tiny_model() {
-  static const std::unique_ptr<Model> m = [] {
-    const fs::path p = fs::path(RETROINFER_TEST_DATA) / "models" / "tiny-llama3";
-    return fs::exists(p / "model.safetensors") ? Model::load(p.string()) : nullptr;
-  }();
-  return m.get();
-}
-
-std::vector<int32_t> token_stream(int n, uint32_t seed) {
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>((seed = seed * 1664525u + 1013904223u) >> 23);  // [0, 512)
-  return t;
-}
 
 SessionOptions options(AttentionKind kind, int64_t max_context) {
   SessionOptions so;
@@ -47,7 +34,7 @@ SessionOptions options(AttentionKind kind, int64_t max_context) {
 constexpr double kRelTol = 1e-4;
 
 TEST(DecodeBatch, MatchesSingleDecodeAcrossPositionsAndMethods) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const int64_t vocab = m->config().vocab_size;
   const std::vector<int> prompt_len = {37, 90, 150};
@@ -56,7 +43,7 @@ TEST(DecodeBatch, MatchesSingleDecodeAcrossPositionsAndMethods) {
   std::vector<std::unique_ptr<Session>> batched, alone;
   std::vector<int32_t> next_b, next_a;
   for (size_t i = 0; i < prompt_len.size(); ++i) {
-    const auto prompt = token_stream(prompt_len[i], 7 + static_cast<uint32_t>(i));
+    const auto prompt = test::token_stream(prompt_len[i], 7 + static_cast<uint32_t>(i));
     for (auto* set : {&batched, &alone}) {
       set->push_back(std::make_unique<Session>(*m, options(kinds[i], 200)));
       const auto logits = set->back()->prefill(prompt);
@@ -96,11 +83,11 @@ TEST(DecodeBatch, MatchesSingleDecodeAcrossPositionsAndMethods) {
 }
 
 TEST(DecodeBatch, ObserverSeesEveryLayerOfEverySession) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   Session a(*m, options(AttentionKind::kFull, 64)), b(*m, options(AttentionKind::kFull, 64));
-  a.prefill(token_stream(10, 1));
-  b.prefill(token_stream(20, 2));
+  a.prefill(test::token_stream(10, 1));
+  b.prefill(test::token_stream(20, 2));
   int calls_a = 0, calls_b = 0;
   a.set_attention_observer([&](int, const KvCache& kv, const float*, const float*) {
     EXPECT_EQ(kv.size(), 11);
@@ -119,12 +106,12 @@ TEST(DecodeBatch, ObserverSeesEveryLayerOfEverySession) {
 }
 
 TEST(DecodeBatch, RefusesBadInputBeforeChangingAnySession) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const int64_t vocab = m->config().vocab_size;
   Session a(*m, options(AttentionKind::kFull, 12)), b(*m, options(AttentionKind::kFull, 64));
-  a.prefill(token_stream(10, 1));
-  b.prefill(token_stream(10, 2));
+  a.prefill(test::token_stream(10, 1));
+  b.prefill(test::token_stream(10, 2));
   std::vector<float> logits(2 * vocab);
   auto expect_error = [&](std::span<Session* const> s, std::span<const int32_t> t, std::span<float> l,
                           const char* part) {
@@ -153,7 +140,7 @@ TEST(DecodeBatch, RefusesBadInputBeforeChangingAnySession) {
   // Another Model object (same files): refused, the batch shares one set of weights.
   const std::unique_ptr<Model> other = Model::load(m->path());
   Session c(*other, options(AttentionKind::kFull, 64));
-  c.prefill(token_stream(10, 3));
+  c.prefill(test::token_stream(10, 3));
   Session* ac[] = {&a, &c};
   expect_error(ac, ok, logits, "another model");
   // A full context: a holds 12 tokens; two steps fill it, the third is refused.

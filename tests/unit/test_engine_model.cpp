@@ -14,18 +14,11 @@
 #include "retroinfer/cuda_backend.h"
 #endif
 
+#include "tiny_model_util.h"
+
 namespace retroinfer {
 namespace {
 
-namespace fs = std::filesystem;
-
-const Model* tiny_model() {
-  static const std::unique_ptr<Model> m = [] {
-    const fs::path p = fs::path(RETROINFER_TEST_DATA) / "models" / "tiny-llama3";
-    return fs::exists(p / "model.safetensors") ? Model::load(p.string()) : nullptr;
-  }();
-  return m.get();
-}
 
 template <typename F>
 std::string error_of(F&& f) {
@@ -87,7 +80,7 @@ TEST(EngineModel, CudaWhereItCannotRunIsAClearError) {
   EXPECT_NE(e.find("device cuda: "), std::string::npos) << e;
   EXPECT_NE(e.find(expected_cuda_error()), std::string::npos) << e;
   EXPECT_NE(e.find("--device cpu"), std::string::npos) << e;  // says what to do
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   EngineOptions eo;
   eo.device = Device::kCuda;
@@ -96,7 +89,7 @@ TEST(EngineModel, CudaWhereItCannotRunIsAClearError) {
 }
 
 TEST(EngineModel, CpuSessionIsTheCpuRunner) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const EngineModel em(*m);
   EXPECT_EQ(em.device(), Device::kCpu);

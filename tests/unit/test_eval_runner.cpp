@@ -15,29 +15,17 @@
 #include "retroinfer/model.h"
 #include "test_eval_util.h"
 
+#include "tiny_model_util.h"
+
 namespace retroinfer {
 namespace {
 
 namespace fs = std::filesystem;
 
-const Model* tiny_model() {
-  static const std::unique_ptr<Model> m = [] {
-    const fs::path p = fs::path(RETROINFER_TEST_DATA) / "models" / "tiny-llama3";
-    return fs::exists(p / "model.safetensors") ? Model::load(p.string()) : nullptr;
-  }();
-  return m.get();
-}
-
-std::vector<int32_t> token_stream(int n, uint32_t seed) {
-  std::vector<int32_t> t(n);
-  for (auto& x : t) x = static_cast<int32_t>((seed = seed * 1664525u + 1013904223u) >> 23);  // [0, 512)
-  return t;
-}
-
 TEST(EvalRunner, ForkDecodesLikeAFreshSession) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
-  const auto toks = token_stream(200, 3);
+  const auto toks = test::token_stream(200, 3);
   SessionOptions so;
   so.attention.kind = AttentionKind::kRetro;
   so.attention.window_tokens = 16;
@@ -63,9 +51,9 @@ TEST(EvalRunner, ForkDecodesLikeAFreshSession) {
 }
 
 TEST(EvalRunner, PplFidelityFullAgainstItselfIsExactStreamingIsNot) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
-  const auto toks = token_stream(2 * (160 + 8 + 1), 11);
+  const auto toks = test::token_stream(2 * (160 + 8 + 1), 11);
   eval::PplOptions o;
   o.prefix_tokens = 160;
   o.forced_tokens = 8;
@@ -93,7 +81,7 @@ TEST(EvalRunner, PplFidelityFullAgainstItselfIsExactStreamingIsNot) {
 }
 
 TEST(EvalRunner, TasksResumeSkipsDoneSamples) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const auto tok = test::byte_tokenizer();
   // One token per byte: a noise sentence is 12..22 tokens, so a 1% window (4 tokens at 400) is not always
@@ -179,7 +167,7 @@ TEST(EvalRunner, MatchedBudgetHelpers) {
 // Matched budgets: each baseline reads as many exact tokens as retro did on the same sample / window
 // (within the few tokens retro's steady tail gains from generated tokens), whatever the methods' order.
 TEST(EvalRunner, MatchedBudgetGivesTheBaselinesRetrosReads) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const auto tok = test::byte_tokenizer();
   eval::TaskOptions topt;
@@ -220,7 +208,7 @@ TEST(EvalRunner, MatchedBudgetGivesTheBaselinesRetrosReads) {
   std::remove(path.c_str());
 
   // Teacher-forced: the same per window.
-  const auto toks = token_stream(2 * (160 + 8 + 1), 5);
+  const auto toks = test::token_stream(2 * (160 + 8 + 1), 5);
   eval::PplOptions p;
   p.prefix_tokens = 160;
   p.forced_tokens = 8;
@@ -241,7 +229,7 @@ TEST(EvalRunner, MatchedBudgetGivesTheBaselinesRetrosReads) {
 // session is capped at the limit and the answer stops when the context is full (found on the GPU machine,
 // where 8K prompts of SmolLM2, an 8K model, were refused before any token was decoded).
 TEST(EvalRunner, PromptAtTheModelLimitStillAnswers) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   ASSERT_EQ(model_max_context(m->config()), 512);
   const auto tok = test::byte_tokenizer();
@@ -269,7 +257,7 @@ TEST(EvalRunner, PromptAtTheModelLimitStillAnswers) {
 }
 
 TEST(EvalRunner, TimeBudgetOrderAndDeviceOfTheResults) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const auto tok = test::byte_tokenizer();
   eval::TaskOptions topt;
@@ -335,9 +323,9 @@ TEST(EvalRunner, TimeBudgetOrderAndDeviceOfTheResults) {
 }
 
 TEST(EvalRunner, PplOnTheCpuMeasuresAttentionErrorAndKeepsItsTimeBudget) {
-  const Model* m = tiny_model();
+  const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
-  const auto toks = token_stream(3 * (64 + 4 + 1), 5);
+  const auto toks = test::token_stream(3 * (64 + 4 + 1), 5);
   eval::PplOptions o;
   o.prefix_tokens = 64;
   o.forced_tokens = 4;
