@@ -33,8 +33,9 @@ AttentionConfig method_config(std::string_view method, const AttentionConfig& ba
 
 // How quest, streaming and oracle are budgeted against retro. kNominal: AttentionConfig's budget_tokens
 // (< 0: round(retrieval_fraction * indexed tokens), retro's nominal retrieval size). kMatched: each
-// baseline reads as many exact tokens per (layer, KV head, step) as retro measurably read on the same
-// input (its clusters vary in size, so retro reads more than the nominal size): budget_tokens =
+// baseline reads as many exact tokens per (layer, KV head, step) as retro's statistics report on the same
+// input (exact on the CPU runner; an upper bound on the CUDA runner, which counts the largest clusters):
+// budget_tokens =
 // matched_budget_tokens(retro's exact tokens per head). Needs retro among the methods (or, for a resumed
 // task run, retro's result line of the same sample).
 enum class BaselineBudget : uint8_t { kNominal, kMatched };
