@@ -22,6 +22,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// A task generator over the byte tokenizer: one token per byte, so a noise sentence is 12..22 tokens and a
+// 1% length window (4 tokens at 400) is not always reachable; 10% is.
+eval::TaskGenerator byte_generator(const Tokenizer& tok, uint64_t seed = eval::TaskOptions{}.seed) {
+  eval::TaskOptions topt;
+  topt.tolerance = 0.1;
+  topt.seed = seed;
+  return eval::TaskGenerator(test::small_resources(), eval::token_counter(tok), eval::chat_prompt_wrapper(tok), topt);
+}
+
+// A results file in the temp folder (removed first): <stem>_<pid>.
+std::string fresh_results(const std::string& stem) {
+  const std::string path = (fs::temp_directory_path() / (stem + "_" + std::to_string(::getpid()))).string();
+  std::remove(path.c_str());
+  return path;
+}
+
 TEST(EvalRunner, ForkDecodesLikeAFreshSession) {
   const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
@@ -86,11 +102,8 @@ TEST(EvalRunner, TasksResumeSkipsDoneSamples) {
   const auto tok = test::byte_tokenizer();
   // One token per byte: a noise sentence is 12..22 tokens, so a 1% window (4 tokens at 400) is not always
   // reachable; 10% is.
-  eval::TaskOptions topt;
-  topt.tolerance = 0.1;
-  const eval::TaskGenerator gen(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), topt);
-  const std::string path = (fs::temp_directory_path() / ("retroinfer_eval_runner_" + std::to_string(::getpid()))).string();
-  std::remove(path.c_str());
+  const eval::TaskGenerator gen = byte_generator(*tok);
+  const std::string path = fresh_results("retroinfer_eval_runner");
   eval::EvalOptions o;
   o.tasks = {"passkey"};
   o.contexts = {400};
@@ -125,9 +138,7 @@ TEST(EvalRunner, TasksResumeSkipsDoneSamples) {
   o.samples = 3;
   EXPECT_EQ(eval::run_eval(*m, *tok, gen, o), 2);
   // Another seed makes other prompts: refuse to mix them into this file.
-  eval::TaskOptions other = topt;
-  other.seed = 43;
-  const eval::TaskGenerator gen2(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), other);
+  const eval::TaskGenerator gen2 = byte_generator(*tok, 43);
   o.methods = {"full", "oracle"};
   EXPECT_THROW(eval::run_eval(*m, *tok, gen2, o), Error);
   std::remove(path.c_str());
@@ -170,11 +181,8 @@ TEST(EvalRunner, MatchedBudgetGivesTheBaselinesRetrosReads) {
   const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const auto tok = test::byte_tokenizer();
-  eval::TaskOptions topt;
-  topt.tolerance = 0.1;  // see TasksResumeSkipsDoneSamples
-  const eval::TaskGenerator gen(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), topt);
-  const std::string path = (fs::temp_directory_path() / ("retroinfer_eval_matched_" + std::to_string(::getpid()))).string();
-  std::remove(path.c_str());
+  const eval::TaskGenerator gen = byte_generator(*tok);
+  const std::string path = fresh_results("retroinfer_eval_matched");
   eval::EvalOptions o;
   o.tasks = {"passkey"};
   o.contexts = {400};
@@ -233,12 +241,8 @@ TEST(EvalRunner, PromptAtTheModelLimitStillAnswers) {
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   ASSERT_EQ(model_max_context(m->config()), 512);
   const auto tok = test::byte_tokenizer();
-  eval::TaskOptions topt;
-  topt.tolerance = 0.1;
-  const eval::TaskGenerator gen(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), topt);
-  const std::string path =
-      (fs::temp_directory_path() / ("retroinfer_eval_limit_" + std::to_string(::getpid()))).string();
-  std::remove(path.c_str());
+  const eval::TaskGenerator gen = byte_generator(*tok);
+  const std::string path = fresh_results("retroinfer_eval_limit");
   eval::EvalOptions o;
   o.tasks = {"passkey"};
   o.contexts = {510};
@@ -260,11 +264,8 @@ TEST(EvalRunner, TimeBudgetOrderAndDeviceOfTheResults) {
   const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const auto tok = test::byte_tokenizer();
-  eval::TaskOptions topt;
-  topt.tolerance = 0.1;  // see TasksResumeSkipsDoneSamples
-  const eval::TaskGenerator gen(test::small_resources(), eval::token_counter(*tok), eval::chat_prompt_wrapper(*tok), topt);
-  const std::string path = (fs::temp_directory_path() / ("retroinfer_eval_budget_" + std::to_string(::getpid()))).string();
-  std::remove(path.c_str());
+  const eval::TaskGenerator gen = byte_generator(*tok);
+  const std::string path = fresh_results("retroinfer_eval_budget");
   eval::EvalOptions o;
   o.tasks = {"passkey"};
   o.contexts = {400, 440};
