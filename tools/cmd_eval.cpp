@@ -94,6 +94,16 @@ void write_report(const std::vector<std::string>& results, const std::string& js
   if (!md_path.empty()) write_file(md_path, md);
 }
 
+// The tasks' haystack (`bible` ranges or --haystack-file) and word list.
+eval::TaskResources task_resources(const EvalCliOptions& o) {
+  eval::TaskResources res;
+  const std::string hay = o.haystack_file.empty() ? eval::load_bible_text(o.bible_ranges)
+                                                  : read_file(o.haystack_file, "--haystack-file");
+  res.essay_words = eval::split_words(hay);
+  res.words = eval::load_word_list(o.word_list);
+  return res;
+}
+
 void run_tasks(const EvalCliOptions& o) {
   eval::EvalOptions eo;
   eo.tasks = eval::parse_task_list(o.tasks);
@@ -112,11 +122,7 @@ void run_tasks(const EvalCliOptions& o) {
   eval::validate(eo);
   cli_device(o.model);  // fail on an unusable device before reading the haystack and the model
 
-  eval::TaskResources res;
-  const std::string hay = o.haystack_file.empty() ? eval::load_bible_text(o.bible_ranges)
-                                                  : read_file(o.haystack_file, "--haystack-file");
-  res.essay_words = eval::split_words(hay);
-  res.words = eval::load_word_list(o.word_list);
+  eval::TaskResources res = task_resources(o);
   LoadedModel m = load_model(o.model);
   eo.attention = make_session_options(o.model, AttentionKind::kFull, m.model->config().head_dim).attention;
   progress("eval: model " + m.model->path() + " loaded in " + std::to_string(m.load_seconds) + " s on " +
@@ -191,11 +197,7 @@ void run_needle(const EvalCliOptions& o) {
   no.prefill_chunk = so.prefill_chunk;
   no.max_steps = o.needle_max_steps;
   no.progress = progress;
-  eval::TaskResources res;
-  const std::string hay = o.haystack_file.empty() ? eval::load_bible_text(o.bible_ranges)
-                                                  : read_file(o.haystack_file, "--haystack-file");
-  res.essay_words = eval::split_words(hay);
-  res.words = eval::load_word_list(o.word_list);
+  eval::TaskResources res = task_resources(o);
   LoadedModel m = load_model(o.model);
   no.attention = make_session_options(o.model, AttentionKind::kRetro, m.model->config().head_dim).attention;
   eval::TaskOptions to;

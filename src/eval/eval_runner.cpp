@@ -12,6 +12,7 @@
 #include "eval/scoring.h"
 #include "retroinfer/error.h"
 #include "retroinfer/sampler.h"
+#include "retroinfer/text_generate.h"
 
 namespace retroinfer::eval {
 namespace {
@@ -26,13 +27,6 @@ std::string hex_hash(std::string_view s) {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
   return buf;
-}
-
-std::vector<int32_t> eos_ids(const ModelConfig& cfg, const Tokenizer& tok) {
-  std::vector<int32_t> e = tok.eog_ids();
-  for (int id : cfg.eos_token_ids)
-    if (std::find(e.begin(), e.end(), id) == e.end()) e.push_back(id);
-  return e;
 }
 
 // Greedy decode on a forked session; `first` is the token the shared prefill logits chose.
@@ -267,7 +261,7 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
   }
   std::ofstream out(opt.results_path, std::ios::app | std::ios::binary);
   RETROINFER_CHECK(out.good(), "eval: cannot append to '", opt.results_path, "'");
-  const std::vector<int32_t> eos = eos_ids(model.config(), tok);
+  const std::vector<int32_t> eos = end_of_generation_ids(model.config(), &tok);
   const int64_t total = static_cast<int64_t>(opt.contexts.size() * opt.tasks.size()) * opt.samples;
   EvalRunStats st;
   int64_t visited = 0;

@@ -9,6 +9,7 @@
 
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
+#include "retroinfer/text_generate.h"
 
 namespace retroinfer::server {
 
@@ -80,10 +81,7 @@ ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenize
                    " tokens; give --max-context >= 2 (the model config states no maximum)");
   RETROINFER_CHECK(opt_.default_max_tokens >= 1, "serve: the default max_tokens must be >= 1");
   // End of generation: the tokenizer's end tokens and the model config's eos ids (as `retroinfer generate`).
-  eos_ids_ = tok_.eog_ids();
-  for (int e : model_.config().eos_token_ids)
-    if (std::find(eos_ids_.begin(), eos_ids_.end(), e) == eos_ids_.end()) eos_ids_.push_back(e);
-  if (eos_ids_.empty()) eos_ids_ = {-1};  // none known: only max_tokens and stop strings end a generation
+  eos_ids_ = end_of_generation_ids(model_.config(), &tok_);  // {-1} when none is known
   RETROINFER_CHECK(opt_.max_batch >= 1, "serve: --max-batch must be >= 1, got ", opt_.max_batch);
   BatchSchedulerOptions bo;
   bo.max_batch = opt_.max_batch;

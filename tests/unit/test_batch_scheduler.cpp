@@ -18,6 +18,8 @@
 
 #include "tiny_model_util.h"
 
+#include "error_of.h"
+
 namespace retroinfer {
 namespace {
 
@@ -56,16 +58,6 @@ BatchRequest request(std::vector<int32_t> prompt, GenerateOptions g, GenerateCal
   r.options = std::move(g);
   r.callbacks = std::move(cb);
   return r;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 TEST(BatchScheduler, ConcurrentRequestsGiveTheirAloneTokens) {
@@ -203,14 +195,14 @@ TEST(BatchScheduler, CancelWhileWaitingFailsAtOnce) {
   at_2.get_future().wait();
   b.cancel();
   b_cancelled.set_value();
-  EXPECT_NE(error_of([&] { b.result.get(); }).find("cancelled before it started"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { b.result.get(); }).find("cancelled before it started"), std::string::npos);
   EXPECT_EQ(a.result.get().tokens.size(), 30u);
   EXPECT_TRUE(b_done_while_a_ran);
 }
 
 TEST(BatchScheduler, ErrorsReachOnlyTheirRequest) {
   TINY_ENGINE(e);
-  EXPECT_NE(error_of([&] { BatchScheduler s(*e, sched_options(0)); }).find("max_batch"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { BatchScheduler s(*e, sched_options(0)); }).find("max_batch"), std::string::npos);
   BatchScheduler sched(*e, sched_options(4, AttentionKind::kFull));
   const auto good_prompt = test::token_stream(20, 9);
   BatchHandle good = sched.submit(request(good_prompt, gen_options(10)));
@@ -220,9 +212,9 @@ TEST(BatchScheduler, ErrorsReachOnlyTheirRequest) {
   GenerateCallbacks throwing;
   throwing.on_token = [](int32_t, std::string_view) -> bool { throw Error("callback failed on purpose"); };
   BatchHandle thrower = sched.submit(request(test::token_stream(15, 4), gen_options(8), throwing));
-  EXPECT_NE(error_of([&] { too_long.result.get(); }).find("maximum context"), std::string::npos);
-  EXPECT_NE(error_of([&] { empty.result.get(); }).find("empty prompt"), std::string::npos);
-  EXPECT_NE(error_of([&] { thrower.result.get(); }).find("on purpose"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { too_long.result.get(); }).find("maximum context"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { empty.result.get(); }).find("empty prompt"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { thrower.result.get(); }).find("on purpose"), std::string::npos);
   EXPECT_EQ(good.result.get().tokens, generate(*e, sched.options().session, good_prompt, gen_options(10)).tokens);
   const BatchScheduler::Stats st = sched.stats();
   EXPECT_EQ(st.completed, 1);
@@ -274,10 +266,10 @@ TEST(BatchScheduler, ShutdownFailsUnfinishedRequests) {
   started.get_future().wait();
   stopping.set_value();
   sched->shutdown();
-  EXPECT_NE(error_of([&] { a.result.get(); }).find("shut down"), std::string::npos);
-  EXPECT_NE(error_of([&] { b.result.get(); }).find("shut down"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { a.result.get(); }).find("shut down"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { b.result.get(); }).find("shut down"), std::string::npos);
   BatchHandle c = sched->submit(request(test::token_stream(20, 3), gen_options(5)));
-  EXPECT_NE(error_of([&] { c.result.get(); }).find("accepts no new requests"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { c.result.get(); }).find("accepts no new requests"), std::string::npos);
   sched.reset();  // the destructor after shutdown: nothing left to join
 }
 

@@ -16,19 +16,11 @@
 
 #include "tiny_model_util.h"
 
+#include "error_of.h"
+
 namespace retroinfer {
 namespace {
 
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 // Whether cuda can run here: the build has the backend and a device answers.
 bool cuda_usable() {
@@ -52,13 +44,13 @@ TEST(EngineModel, DeviceNamesParse) {
   EXPECT_EQ(resolve_device("cpu"), Device::kCpu);
   EXPECT_EQ(resolve_device("cuda"), Device::kCuda);  // resolving does not check usability
   EXPECT_EQ(resolve_device("auto"), cuda_usable() ? Device::kCuda : Device::kCpu);
-  EXPECT_NE(error_of([] { resolve_device("gpu"); }).find("expected cpu, cuda or auto"), std::string::npos);
+  EXPECT_NE(test::error_of([] { resolve_device("gpu"); }).find("expected cpu, cuda or auto"), std::string::npos);
   EXPECT_THROW(resolve_device(""), Error);
   EXPECT_THROW(resolve_device("CPU"), Error);  // names are exact, as the CLI's
   EXPECT_EQ(parse_device_weights("bf16"), DeviceWeights::kBf16);
   EXPECT_EQ(parse_device_weights("f32"), DeviceWeights::kF32);
   EXPECT_EQ(device_weights_name(parse_device_weights("f32")), "f32");
-  EXPECT_NE(error_of([] { parse_device_weights("fp16"); }).find("expected bf16 or f32"), std::string::npos);
+  EXPECT_NE(test::error_of([] { parse_device_weights("fp16"); }).find("expected bf16 or f32"), std::string::npos);
 #if RETROINFER_WITH_CUDA
   EXPECT_TRUE(cuda_backend_built());
 #else
@@ -76,7 +68,7 @@ TEST(EngineModel, PerDeviceDefaults) {
 TEST(EngineModel, CudaWhereItCannotRunIsAClearError) {
   if (cuda_usable()) GTEST_SKIP() << "a CUDA device is usable here (the GPU tests cover the cuda path)";
   EXPECT_NO_THROW(check_device(Device::kCpu));
-  const std::string e = error_of([] { check_device(Device::kCuda); });
+  const std::string e = test::error_of([] { check_device(Device::kCuda); });
   EXPECT_NE(e.find("device cuda: "), std::string::npos) << e;
   EXPECT_NE(e.find(expected_cuda_error()), std::string::npos) << e;
   EXPECT_NE(e.find("--device cpu"), std::string::npos) << e;  // says what to do
@@ -84,7 +76,7 @@ TEST(EngineModel, CudaWhereItCannotRunIsAClearError) {
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   EngineOptions eo;
   eo.device = Device::kCuda;
-  const std::string e2 = error_of([&] { EngineModel em(*m, eo); });
+  const std::string e2 = test::error_of([&] { EngineModel em(*m, eo); });
   EXPECT_NE(e2.find(expected_cuda_error()), std::string::npos) << e2;
 }
 
@@ -125,7 +117,7 @@ TEST(EngineModel, CpuSessionIsTheCpuRunner) {
   // Bad options are refused before any work.
   SessionOptions bad = so;
   bad.prefill_chunk = 0;
-  EXPECT_NE(error_of([&] { make_session(em, bad); }).find("prefill_chunk"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { make_session(em, bad); }).find("prefill_chunk"), std::string::npos);
   bad = so;
   bad.max_context = -1;
   EXPECT_THROW(make_session(em, bad), Error);
