@@ -266,8 +266,7 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   // centroids of every cluster and value sums of the estimated ones) at the measured HBM copy rate, plus
   // the host-tier misses (K and V rows read from pinned host memory by the gather kernel, last step's
   // device counts) at the measured host->device rate. Everything runs on one stream, so the PCIe reads add
-  // to the step. exact_tokens of retro is an upper bound (the retrieval capacity), so is this floor's
-  // KV term.
+  // to the step. exact_tokens: the tokens the device attended exactly in that step (read back).
   const int64_t row = int64_t{cfg.head_dim} * 2;  // one K (or V) row, bf16
   const int64_t pcie_bytes = wave.step.miss_rows * 2 * row;
   const int64_t kv_bytes = std::max<int64_t>(0, st.exact_tokens * 2 * row - pcie_bytes);

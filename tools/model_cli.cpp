@@ -34,6 +34,10 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
   cmd->add_option("--estimation-fraction", o.estimation_fraction, "retro: share of clusters estimated (0.232)");
   cmd->add_option("--outlier-fraction", o.outlier_fraction,
                   "retro: share of indexed tokens kept out of the clusters and read exactly (0.001)");
+  cmd->add_option("--kmeans-iters", o.kmeans_segment_iters, "retro: spherical k-means iterations per segment (9)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--segment-tokens", o.segment_tokens, "retro: k-means segment length in tokens (8192)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--sink", o.sink_tokens, "Steady zone: first tokens always attended (4)");
   cmd->add_option("--window", o.window_tokens, "Steady zone: last prompt tokens always attended (64)");
   cmd->add_option("--tokens-per-cluster", o.tokens_per_cluster, "retro: average cluster size (default: 16 from head_dim 128 on, 4 below)");
@@ -57,6 +61,8 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
   if (o.retrieval_fraction >= 0) a.retrieval_fraction = o.retrieval_fraction;
   if (o.estimation_fraction >= 0) a.estimation_fraction = o.estimation_fraction;
   if (o.outlier_fraction >= 0) a.outlier_fraction = o.outlier_fraction;
+  if (o.kmeans_segment_iters >= 0) a.kmeans_segment_iters = o.kmeans_segment_iters;
+  if (o.segment_tokens > 0) a.segment_tokens = o.segment_tokens;
   if (o.sink_tokens >= 0) a.sink_tokens = o.sink_tokens;
   if (o.window_tokens >= 0) a.window_tokens = o.window_tokens;
   if (o.tokens_per_cluster > 0) a.tokens_per_cluster = o.tokens_per_cluster;

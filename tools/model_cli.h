@@ -30,6 +30,8 @@ struct ModelCliOptions {
   double retrieval_fraction = -1.0;
   double estimation_fraction = -1.0;
   double outlier_fraction = -1.0;
+  int kmeans_segment_iters = -1;  // < 0: AttentionConfig's default
+  int segment_tokens = -1;
   int sink_tokens = -1;
   int window_tokens = -1;
   int64_t budget_tokens = -2;  // -1 derives it from retrieval_fraction; -2 keeps the default

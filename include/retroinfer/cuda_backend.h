@@ -220,6 +220,10 @@ class RetroLayer {
   int n_retrieval() const;
   int n_estimation() const;
   int64_t token_list_capacity() const;  // max exact tokens per (sequence, KV head)
+  // Tokens the last decode attended exactly, summed over flat heads: steady zone, retrieval clusters and
+  // outliers (synchronous: reads the per-head list lengths back). num_tokens() x heads when nothing is
+  // indexed. Call after decode().
+  int64_t last_exact_tokens() const;
   // Bytes one decode must read from device memory: bf16 centroids and sizes of every cluster, the value
   // sums of the estimation zone, the K/V rows and ids of the exact tokens (from the last decode: a sync),
   // q and out.

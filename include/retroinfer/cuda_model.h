@@ -72,7 +72,12 @@ class LayerAttention {
   virtual void decode(const float* q, const uint16_t* k_new, const uint16_t* v_new, int64_t num_tokens,
                       float* out, Stream s) = 0;
   // Exact-token accounting of the last decode, summed over sequences and KV heads (host-side, no sync).
+  // retro's retrieval zone is counted at its capacity there (the n_r largest clusters: an upper bound).
   virtual AttentionStats last_stats() const = 0;
+  // The same with the tokens the device actually attended exactly (synchronous: retro reads the per-head
+  // list lengths of the last decode back). Default: last_stats(), exact for methods whose budget the host
+  // knows (full, quest, streaming, oracle).
+  virtual AttentionStats exact_stats() { return last_stats(); }
   virtual int64_t device_bytes() const = 0;  // GPU memory this object holds (not the runner's K/V)
   virtual int64_t host_bytes() const = 0;    // pinned host memory this object holds
   // Host tier only (wave buffer): adds the block cache's counts of the last decode step (device counts,
@@ -208,8 +213,10 @@ class CudaSession {
   const CudaSessionPlan& memory_plan() const;
   const CudaSessionOptions& options() const;
   const CudaModel& model() const;
-  // Last decode step: attention stats summed over layers and sequences; time split (ms, CUDA events)
-  // into "attention" and "other" when timing is on (it adds a synchronisation per layer).
+  // Last decode step: attention stats summed over layers and sequences, with the exact tokens the device
+  // attended (LayerAttention::exact_stats: the first call after a decode synchronises and reads retro's
+  // per-head counts back; later calls return the cached sum); time split (ms, CUDA events) into
+  // "attention" and "other" when timing is on (it adds a synchronisation per layer).
   const AttentionStats& last_stats() const;
   void set_step_timing(bool on);
   std::vector<std::pair<std::string, float>> last_step_ms() const;

@@ -34,7 +34,7 @@ AttentionConfig method_config(std::string_view method, const AttentionConfig& ba
 // How quest, streaming and oracle are budgeted against retro. kNominal: AttentionConfig's budget_tokens
 // (< 0: round(retrieval_fraction * indexed tokens), retro's nominal retrieval size). kMatched: each
 // baseline reads as many exact tokens per (layer, KV head, step) as retro's statistics report on the same
-// input (exact on the CPU runner; an upper bound on the CUDA runner, which counts the largest clusters):
+// input (on both runners the tokens actually attended: the CUDA runner reads retro's per-head counts back):
 // budget_tokens =
 // matched_budget_tokens(retro's exact tokens per head). Needs retro among the methods (or, for a resumed
 // task run, retro's result line of the same sample).

@@ -318,19 +318,19 @@ std::vector<double> swiglu_expected(const std::vector<double>& sums, int64_t row
   return a;
 }
 
-// Elements of got (bf16) beyond 2^-8 relative + 1e-4 x rms(want) of want; the worst relative error in *worst.
+// Elements of got (bf16) beyond 2^-7 relative + 3e-3 x rms(want) of want; the worst relative error in *worst.
 int64_t swiglu_mismatches(const std::vector<uint16_t>& got, const std::vector<double>& want, double* worst) {
   double ss = 0.0;
   for (double v : want) ss += v * v;
-  // Absolute floor 3e-3 x rms: near g = 0 or u = 0 the product's relative error is the f32 sums' error over
-  // a small value, not bounded by 2^-8 (cuBLAS products measured 2 bf16 ulps, 7.4e-3 relative, on a few
-  // such elements of 1536 x 16). A wrong column or row is off by ~rms; a missing 8-element chunk of K =
-  // 2048 by ~sqrt(8 / 2048) = 6e-2 x rms.
+  // Relative 2^-7 (2 bf16 ulps) plus an absolute floor 3e-3 x rms: near g = 0 or u = 0 the product's
+  // relative error is the f32 sums' error over a small value (cuBLAS products measured 2 bf16 ulps, 7.2e-3
+  // relative, on 1-2 elements of 1536 x 16 in session 11's H200 run, above the floor). A wrong column or
+  // row is off by ~rms; a missing 8-element chunk of K = 2048 by ~sqrt(8 / 2048) = 6e-2 x rms.
   const double floor = 3e-3 * std::sqrt(ss / std::max<size_t>(1, want.size()));
   int64_t bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     const double g = bf16_to_f32(got[i]), err = std::fabs(g - want[i]);
-    if (!(err <= std::ldexp(std::fabs(want[i]), -8) + floor)) ++bad;
+    if (!(err <= std::ldexp(std::fabs(want[i]), -7) + floor)) ++bad;
     *worst = std::max(*worst, err / (std::fabs(want[i]) + floor));
   }
   return bad;
@@ -381,7 +381,7 @@ TEST(CudaModelKernels, GemvSwiGluFusedMatchesUnfused) {
         const std::vector<uint16_t> fused = download<uint16_t>(dfused, unfused.size());
         EXPECT_EQ(fused, unfused) << "fused gate/up + SwiGLU GEMV (cols " << cols << ") differs from the unfused pair";
       }
-      std::printf("[gemv_swiglu] rows %lld in %lld inter %lld: unfused vs f64 worst rel %.2e (bound 2^-8 + floor); "
+      std::printf("[gemv_swiglu] rows %lld in %lld inter %lld: unfused vs f64 worst rel %.2e (bound 2^-7 + floor); "
                   "fused cols 1/2 bitwise equal to unfused\n",
                   (long long)rows, (long long)in, (long long)inter, worst);
     }
@@ -407,7 +407,7 @@ TEST(CudaModelKernels, GemmSwiGluTunedAgainstCpu) {
     const std::vector<uint16_t> got = download<uint16_t>(dact, static_cast<size_t>(rows * inter));
     double worst = 0.0;
     EXPECT_EQ(swiglu_mismatches(got, swiglu_expected(sums, rows, inter), &worst), 0);
-    std::printf("[gemm_swiglu] rows %lld in %lld inter %lld: %s (%.2f us tuned); worst rel %.2e (bound 2^-8 + "
+    std::printf("[gemm_swiglu] rows %lld in %lld inter %lld: %s (%.2f us tuned); worst rel %.2e (bound 2^-7 + "
                 "floor)\n",
                 (long long)rows, (long long)in, (long long)inter, ch.name.c_str(), ch.us, worst);
   }

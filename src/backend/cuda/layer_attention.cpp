@@ -55,6 +55,11 @@ class RetroLayerAttention final : public LayerAttention {
   }
 
   AttentionStats last_stats() const override { return stats_; }
+  AttentionStats exact_stats() override {
+    AttentionStats s = stats_;
+    if (layer_.indexed_tokens() > 0) s.exact_tokens = layer_.last_exact_tokens();
+    return s;
+  }
   int64_t device_bytes() const override { return layer_.device_bytes(); }
   int64_t host_bytes() const override { return 0; }
 
@@ -104,6 +109,12 @@ class WaveLayerAttention final : public LayerAttention {
   }
 
   AttentionStats last_stats() const override { return stats_; }
+  AttentionStats exact_stats() override {  // the execution buffer's rows of the last step (device counts)
+    AttentionStats s = stats_;
+    const WaveStepCounts c = layer_.last_step_counts();  // synchronous
+    s.exact_tokens = c.steady_rows + c.hit_rows + c.miss_rows;
+    return s;
+  }
   int64_t device_bytes() const override { return layer_.device_bytes(); }
   int64_t host_bytes() const override { return layer_.host_bytes(); }
   bool add_wave_counts(WaveStepCounts& step, WaveBufferStats& totals) override {

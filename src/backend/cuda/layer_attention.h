@@ -6,7 +6,9 @@
 // appended: the steady zone, budgets and selections are recomputed from the current token count exactly
 // as the CPU's decode() does. last_stats() is computed on the host from sizes and budgets (no sync);
 // where the exact count depends on the device's selection it is an upper bound (retro: the retrieval
-// clusters' sizes are bounded by the n_r largest clusters).
+// clusters' sizes are bounded by the n_r largest clusters); exact_stats() reads the device's counts back
+// (retro: the per-head exact-list lengths; the wave buffer: the execution buffer's rows), and
+// CudaSession::last_stats() reports those.
 #pragma once
 
 #include <cstdint>

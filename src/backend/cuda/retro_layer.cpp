@@ -657,6 +657,15 @@ std::vector<int32_t> RetroLayer::outliers(int flat_head) const {
 }
 int64_t RetroLayer::token_list_capacity() const { return impl_->list_cap; }
 
+int64_t RetroLayer::last_exact_tokens() const {
+  const auto& m = *impl_;
+  if (m.n_idx == 0) return int64_t{m.H} * m.n;
+  RETROINFER_CHECK(m.decoded, "RetroLayer::last_exact_tokens: call decode() first");
+  std::vector<int32_t> cnt(m.H);
+  m.token_count.download(cnt.data(), cnt.size() * 4);  // synchronous (after the decode's stream work)
+  return std::accumulate(cnt.begin(), cnt.end(), int64_t{0});
+}
+
 double RetroLayer::decode_bytes_required() {
   auto& m = *impl_;
   const double H = m.H, D = m.D, io = 2.0 * H * m.G * D * 4;  // q and out

@@ -47,6 +47,8 @@ void CudaSession::Impl::decode_step(std::span<const int32_t> tokens) {
   }
   im.upload_rows(im.num_seqs);
   im.last_stats = AttentionStats{};
+  im.exact_stats_pending = true;
+  im.exact_stats_valid = false;
   im.recording = im.timing;
   im.record_event(0);
   try {
@@ -325,7 +327,18 @@ int64_t CudaSession::max_context() const { return impl_->max_context; }
 const CudaSessionPlan& CudaSession::memory_plan() const { return impl_->plan; }
 const CudaSessionOptions& CudaSession::options() const { return impl_->opt; }
 const CudaModel& CudaSession::model() const { return impl_->model; }
-const AttentionStats& CudaSession::last_stats() const { return impl_->last_stats; }
+const AttentionStats& CudaSession::last_stats() const {
+  Impl& im = *impl_;
+  if (im.exact_stats_pending) {
+    synchronize(im.stream);
+    AttentionStats sum;
+    for (auto& la : im.attn) sum += la->exact_stats();
+    im.exact_last_stats = sum;
+    im.exact_stats_pending = false;
+    im.exact_stats_valid = true;
+  }
+  return im.exact_stats_valid ? im.exact_last_stats : im.last_stats;
+}
 
 void CudaSession::set_step_timing(bool on) {
   Impl& im = *impl_;

@@ -122,7 +122,10 @@ struct CudaSession::Impl {
   // the same number of tokens), or one per (sequence, layer), index s * num_layers + l, with num_seqs = 1.
   std::vector<std::unique_ptr<LayerAttention>> attn;
   bool attn_per_seq = false;
-  AttentionStats last_stats;
+  AttentionStats last_stats;  // host-side sums of the last decode (retro: retrieval at capacity)
+  AttentionStats exact_last_stats;  // with the device's counts, filled on demand (CudaSession::last_stats)
+  bool exact_stats_pending = false;  // a decode ran since exact_last_stats was filled
+  bool exact_stats_valid = false;
 
   ::retroinfer::model::RopeFrequencies freqs;  // for freqs_len (only `dynamic` depends on it)
   int64_t freqs_len = -1;
