@@ -23,7 +23,7 @@ done
 # and the Brotli libraries it links).
 for l in libopenblas.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0 libicuuc.so.72 libicudata.so.72 \
          libpcre2-8.so.0 libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
-  p=$(ldconfig -p | awk -v n="$l" '$1 == n {print $NF; exit}')
+  p=$(ldconfig -p | awk -v n="$l" '$1 == n && !found {print $NF; found = 1}')  # reads all input: no SIGPIPE under pipefail
   [ -n "$p" ] && xz -9 -T2 -c "$(readlink -f "$p")" > "$stage/lib/$l.xz"
 done
 cp "$root"/scripts/*.sh "$root"/scripts/*.py "$stage/scripts/" 2>/dev/null || true

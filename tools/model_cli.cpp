@@ -40,7 +40,7 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--sink", o.sink_tokens, "Steady zone: first tokens always attended (4)");
   cmd->add_option("--window", o.window_tokens, "Steady zone: last prompt tokens always attended (64)");
-  cmd->add_option("--tokens-per-cluster", o.tokens_per_cluster, "retro: average cluster size (default: 16 from head_dim 128 on, 4 below)");
+  cmd->add_option("--tokens-per-cluster", o.tokens_per_cluster, "retro: average cluster size (default: 16 from head_dim 128 on, 2 below)");
   cmd->add_option("--budget-tokens", o.budget_tokens,
                   "quest/streaming/oracle: exact tokens beyond the steady zone (-1: retrieval_fraction of the context)");
   cmd->add_flag("--no-estimation", o.no_estimation, "retro: ignore the estimation zone");

@@ -38,10 +38,13 @@ void validate(const AttentionShape& s) {
 int default_tokens_per_cluster(int head_dim) {
   RETROINFER_CHECK(head_dim >= 1, "default_tokens_per_cluster: head_dim must be >= 1, got ", head_dim);
   // 128: the head dimension the paper's 16 was set for (Llama-3-8B); measured below it only at 64
-  // (SmolLM2 on the H200, docs/accuracy.md run 13: 4 tokens per cluster 35.3 / 21.4 task average at 4K / 8K
-  // vs full's 36.0 / 22.0, perplexity +1.3% / +1.6%; 8 tokens 32.0 / 19.1, +3.2% / +3.7%).
+  // (SmolLM2 on the H200, docs/accuracy.md run 14: teacher-forced perplexity against full over 128 / 64
+  // windows at 4K / 8K: 2 tokens per cluster +0.82% / +0.13%, 4 tokens +1.3% / +1.2%, 8 tokens +2.9% /
+  // +1.9%; run 13's tasks: 4 tokens 35.3 / 21.4 average vs full's 36.0 / 22.0, 8 tokens 32.0 / 19.1).
+  // The price of 2: an index of n / 2 centroids per head, whose scoring pass reads a quarter of the K/V
+  // bytes (bf16) each step, and the CPU's decode roughly halves in speed against 4 (docs/accuracy.md).
   constexpr int kPaperHeadDim = 128;
-  return head_dim >= kPaperHeadDim ? 16 : 4;
+  return head_dim >= kPaperHeadDim ? 16 : 2;
 }
 
 void validate(const AttentionConfig& c) {

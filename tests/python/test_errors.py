@@ -126,7 +126,7 @@ def test_bad_attention_parameters(tiny_text_model):
         tiny_text_model.generate("x", top_p=0.0)
     with pytest.raises(retroinfer.Error, match="max_new_tokens"):
         tiny_text_model.generate("x", max_tokens=0)
-    cfg = retroinfer.attention_config("retro", head_dim=64, window_tokens=32)  # head_dim < 128: 4 tokens per cluster
-    assert cfg["tokens_per_cluster"] == 4 and cfg["window_tokens"] == 32 and cfg["attention"] == "retro"
+    cfg = retroinfer.attention_config("retro", head_dim=64, window_tokens=32)  # head_dim < 128: 2 tokens per cluster
+    assert cfg["tokens_per_cluster"] == 2 and cfg["window_tokens"] == 32 and cfg["attention"] == "retro"
     with pytest.raises(retroinfer.Error):
         retroinfer.attention_config("retro", estimation_fraction=0.9, retrieval_fraction=0.5)
