@@ -809,7 +809,12 @@ RetroDebugState RetroLayer::debug_state(int flat_head) const {
   if (!m.keep_assignment) {  // not kept on the device: the CSR's inverse (a token in no cluster is an outlier)
     d.assignment.assign(size_t(m.n_idx), -1);
     for (size_t c = 0; c < C; ++c)
-      for (int32_t j = d.offsets[c]; j < d.offsets[c + 1]; ++j) d.assignment[size_t(d.members[size_t(j)])] = int32_t(c);
+      for (int32_t j = d.offsets[c]; j < d.offsets[c + 1]; ++j) {
+        const int32_t t = d.members[size_t(j)];
+        RETROINFER_CHECK(t >= 0 && t < m.n_idx, "RetroLayer::debug_state: member ", t, " of cluster ", c,
+                         " outside the ", m.n_idx, " indexed tokens (internal error)");
+        d.assignment[size_t(t)] = int32_t(c);
+      }
   }
   if (!m.decoded) return d;
   get(d.logits, m.logits, size_t(m.G) * C, h * m.G * C);
