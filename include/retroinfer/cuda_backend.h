@@ -199,9 +199,21 @@ class RetroLayer {
   // per cluster and flat head: ~67 MB per layer of a 128K Llama-3-8B sequence) and debug_state leaves
   // centroids / value_sums empty. Call before build().
   void set_keep_f32_index(bool keep);
-  // Frees the k-means workspace of build() (centred keys, sort buffers: ~(2 D + 16) bytes per indexed token
-  // and flat head); an index update allocates its own (update_tokens-sized) workspace. For long-lived
-  // layers (the model runner); a later build() allocates again.
+  // Keep each indexed token's cluster id ([flat heads, indexed tokens] int32) on the device (default on).
+  // Decode never reads it; off, it is dropped after the build and not kept by index updates (4 bytes per
+  // indexed token and flat head: 134 MB per 128K Llama-3-8B sequence over 32 layers) and debug_state
+  // rebuilds it from the CSR (members / offsets; -1 for a token in no cluster: an outlier). Call before
+  // build().
+  void set_keep_assignment(bool keep);
+  // Sequences per k-means run of build() (default 1; 0 = every sequence in one run): the sequences are
+  // indexed in groups through one workspace sized for a group (the index is bit-identical to one batched
+  // run: no k-means or outlier kernel mixes flat heads). Applies to the next build().
+  void set_build_group_seqs(int seqs);
+  // Frees the k-means workspace of build() (for a group of set_build_group_seqs sequences: centred keys,
+  // sort buffers, the group's f32 / bf16 cluster sums: ~(2 D + 36) bytes per indexed token and (12 D + 9)
+  // per cluster, per flat head of the group). An index update allocates its own (update_tokens-sized)
+  // workspace and frees it when done. For long-lived layers (the model runner); a later build() allocates
+  // again.
   void release_build_workspace();
   int64_t num_updates() const;        // index updates run since build()
   int64_t max_outliers() const;       // most outlier tokens of any flat head

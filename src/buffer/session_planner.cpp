@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <utility>
 
 #include "buffer/memory_planner.h"
 #include "retroinfer/error.h"
@@ -15,20 +16,107 @@ namespace {
 
 std::string gib(int64_t bytes) { return format_gib(bytes); }
 
-// Tokens outside the steady zone (as RetroLayer::build: fewer than one cluster's worth stay steady).
-int64_t indexed_tokens(const AttentionConfig& a, int64_t n) {
-  const int64_t n_idx = std::max<int64_t>(0, n - a.sink_tokens - a.window_tokens);
-  return n_idx < a.tokens_per_cluster ? 0 : n_idx;
+// Zone budgets for C clusters (layer_common.h zone_counts: ceil with a 1e-9 slack, retrieval at least 1
+// when its fraction is > 0, estimation capped by what remains).
+std::pair<int64_t, int64_t> zone_counts(const AttentionConfig& a, int64_t c) {
+  if (c <= 0) return {0, 0};
+  auto share = [&](double f) { return std::min<int64_t>(c, static_cast<int64_t>(std::ceil(f * double(c) - 1e-9))); };
+  int64_t nr = share(a.retrieval_fraction);
+  if (a.retrieval_fraction > 0.0) nr = std::max<int64_t>(nr, 1);
+  const int64_t ne = a.estimation ? std::min(share(a.estimation_fraction), c - nr) : 0;
+  return {nr, ne};
 }
-// Clusters of one flat head: ceil(L / tokens_per_cluster) per segment (at least 1).
-int64_t cluster_count(const AttentionConfig& a, int64_t n_idx) {
+
+// KMeansWork::run (retro_layer.cpp) for h flat heads, n tokens, c clusters in s segments, plus the outlier
+// split's buffers (split_outliers): every buffer the run allocates.
+int64_t kmeans_work_bytes(const AttentionConfig& a, bool outliers, int64_t h, int64_t n, int64_t c, int64_t s,
+                          int64_t d) {
+  const int64_t items = h * n, flat = h * c;
+  int64_t b = 2 * (s + 1) * 4;                   // segment token / cluster prefix sums
+  b += h * 32 * d * 4 + h * d * 4;               // mean partial sums (kMeanChunks = 32) and the mean
+  b += items * d * 2;                            // centred bf16 keys
+  b += flat * d * (4 + 2 + 4 + 2) + flat * 4;    // f32 / bf16 centroids and value sums, sizes
+  b += (flat + 1) * 4;                           // CSR offsets
+  b += items * 4 * 5;                            // assignment, sort keys in / out, iota, members
+  b += std::max<int64_t>(items * kRetroSortBytesPerItem + kRetroSortFixedBytes, 16);  // radix-sort temp
+  const int64_t want = outliers ? std::llround(a.outlier_fraction * double(n)) : 0;
+  if (want > 0) b += items * 4 + h * want * 4 * 2 + h * 4 + h * (want + 1) * 4 + flat;  // residual, picks, touched
+  return b;
+}
+
+}  // namespace
+
+int64_t retro_cluster_count(const AttentionConfig& a, int64_t n_idx) {
   int64_t c = 0;
   for (int64_t b = 0; b < n_idx; b += a.segment_tokens)
     c += std::max<int64_t>(1, ceil_div(std::min<int64_t>(a.segment_tokens, n_idx - b), a.tokens_per_cluster));
   return c;
 }
-// K-means build buffers per indexed token of one flat head (header: 2 D + 32).
-int64_t build_bytes_per_item(int d) { return int64_t{2} * d + 32; }
+
+RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
+  const AttentionConfig& a = r.attention;
+  RETROINFER_CHECK(r.num_seqs >= 1 && r.num_heads_kv >= 1 && r.group >= 1 && r.head_dim >= 1 && r.tokens >= 1 &&
+                       r.kv_stride >= r.tokens && r.build_group_seqs >= 0,
+                   "retro_layer_bytes: need positive sequences (", r.num_seqs, "), KV heads (", r.num_heads_kv,
+                   "), group (", r.group, "), head_dim (", r.head_dim, ") and tokens (", r.tokens,
+                   ") <= kv_stride (", r.kv_stride, "), build_group_seqs >= 0 (", r.build_group_seqs, ")");
+  RETROINFER_CHECK(a.tokens_per_cluster >= 1 && a.segment_tokens >= 1 && a.update_tokens >= 1 && a.update_clusters >= 1,
+                   "retro_layer_bytes: tokens_per_cluster, segment_tokens, update_tokens and update_clusters must be >= 1");
+  const int64_t H = int64_t{r.num_seqs} * r.num_heads_kv, G = r.group, D = r.head_dim, n = r.tokens;
+  const int64_t U = a.update_tokens;
+  // Zones as RetroLayer::build.
+  const int64_t idx_begin = std::min<int64_t>(a.sink_tokens, n);
+  const int64_t w_begin = std::max<int64_t>(idx_begin, n - a.window_tokens);
+  int64_t n_idx = w_begin - idx_begin;
+  if (n_idx < a.tokens_per_cluster) n_idx = 0;
+  const int64_t C = n_idx > 0 ? retro_cluster_count(a, n_idx) : 0;
+  const double f = r.outlier_zone ? a.outlier_fraction : 0.0;
+  const int64_t out_build = std::llround(f * double(n_idx)), out_update = std::llround(f * double(U));
+  const int64_t out_stride =
+      out_build + ((r.growth_bound ? r.kv_stride : r.kv_stride - n) / U + 1) * out_update;
+  RetroLayerBytes b;
+  b.n_idx = n_idx;
+  b.clusters = C;
+  // Index arrays (what build() leaves, and an update regrows to the same shapes).
+  const int64_t arrays = n_idx == 0 ? 4  // the empty CSR: offsets[0]
+                                    : H * C * D * ((2 + 2) + (r.keep_f32_index ? 8 : 0)) + H * C * 4 +
+                                          (H * C + 1) * 4 + H * n_idx * 4 * (r.keep_assignment ? 2 : 1);
+  b.index = arrays + (n_idx > 0 ? H * D * 4 : 0) + std::max<int64_t>(H * out_stride * 4, 16) + H * 4;
+  // Decode workspace (RetroLayer::Impl::size_workspace).
+  const auto [nr, ne] = zone_counts(a, C);
+  const int64_t idx_end = n_idx == 0 ? std::max<int64_t>(idx_begin, a.sink_tokens) : idx_begin + n_idx;
+  const int64_t steady_now = n_idx == 0 ? n : idx_begin + (n - idx_end);
+  const int64_t tail_max = std::min<int64_t>(int64_t{a.window_tokens} + U - 1, r.kv_stride - idx_end);
+  const int64_t steady = r.growth_bound ? std::min<int64_t>(r.kv_stride, int64_t{a.sink_tokens} + a.window_tokens +
+                                                                             std::max<int64_t>(U, a.tokens_per_cluster))
+                                        : std::max(steady_now, idx_begin + tail_max);
+  const int64_t ret = C == 0 ? 0
+                      : r.retrieval_tokens >= 0
+                          ? r.retrieval_tokens
+                          : static_cast<int64_t>(std::ceil(kExecSlack * a.retrieval_fraction * double(n_idx)));
+  const int64_t outl = C == 0 ? 0 : r.outlier_tokens >= 0 ? r.outlier_tokens : out_build;
+  const int64_t ctas = std::max(H, r.decode_ctas);
+  b.decode = H * (steady + ret + outl) * 4 + H * 4 + H * 4;              // token lists, counts, merge counter
+  b.decode += (ctas + H * ceil_div(ne, kRetroEstimateChunk)) * G * (8 + 4 * D);  // split states (m, l), o
+  if (C > 0)
+    b.decode += H * G * C * 4 + ctas * G * 8 + H * C * 4 +                // logits, norm partials, scores
+                H * std::max<int64_t>(nr, 1) * 4 + H * std::max<int64_t>(ne, 1) * 4 + H * (nr + 1) * 4;
+  if (n_idx == 0) return b;
+  // build(): groups of build_group_seqs sequences through one workspace; a single group (the whole
+  // batch) hands its result arrays to the index, so only the rest is transient.
+  const int64_t S = ceil_div(n_idx, a.segment_tokens);
+  const int64_t gs = r.build_group_seqs == 0 ? r.num_seqs : std::min<int64_t>(r.build_group_seqs, r.num_seqs);
+  const int64_t Hg = gs * r.num_heads_kv;
+  b.build = kmeans_work_bytes(a, r.outlier_zone, Hg, n_idx, C, S, D);
+  if (gs == r.num_seqs) b.build -= arrays + H * D * 4;
+  // An update (one layer at a time): its workspace (U tokens, update_clusters clusters), the grown copies
+  // of the index arrays while the old ones wait for the sync, and a regrown logits / token list.
+  b.update = kmeans_work_bytes(a, r.outlier_zone, H, U, a.update_clusters, 1, D) + arrays + H * G * C * 4 +
+             H * (steady + ret + outl) * 4;
+  return b;
+}
+
+namespace {
 
 struct LayerSizes {
   int64_t kv = 0, method = 0, host_gpu = 0, host_host = 0, build = 0;
@@ -41,8 +129,6 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
   LayerSizes s;
   s.kv = 2 * flat * n * d * 2;
   const int64_t split_ws = kDecodeCtaBound * g * (8 + 4 * d);
-  const int64_t n_idx = indexed_tokens(a, n);
-  const int64_t build = flat * n_idx * build_bytes_per_item(r.head_dim);
   switch (a.kind) {
     case AttentionKind::kFull:
     case AttentionKind::kStreaming:
@@ -55,13 +141,22 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       s.method = split_ws + flat * ceil_div(n, std::max(1, a.quest_page_tokens)) * (8 * d + 8);
       break;
     case AttentionKind::kRetro: {
-      const int64_t c = cluster_count(a, n_idx);
-      const int64_t steady = std::min<int64_t>(n, int64_t{a.sink_tokens} + a.window_tokens + a.update_tokens);
-      const int64_t lists = steady + static_cast<int64_t>(std::ceil(kExecSlack * a.retrieval_fraction * double(n_idx)));
-      const int64_t per_cluster = (r.retro_keeps_f32_index ? 12 : 4) * d + 12 + 4 * g;
-      s.method = split_ws + flat * c * per_cluster + flat * n_idx * 8 + flat * lists * 4 +
-                 (r.retro_keeps_build_buffers ? build : 0);
-      s.build = r.retro_keeps_build_buffers ? 0 : build;
+      RetroLayerBytesRequest q;
+      q.attention = a;
+      q.num_seqs = r.num_seqs;
+      q.num_heads_kv = r.num_heads_kv;
+      q.group = static_cast<int>(g);
+      q.head_dim = r.head_dim;
+      q.tokens = n;
+      q.kv_stride = n;
+      q.outlier_zone = true;  // the runner's RetroLayerAttention and WaveLayerAttention
+      q.keep_f32_index = r.retro_keeps_f32_index;
+      q.keep_assignment = r.retro_keeps_assignment;
+      q.build_group_seqs = r.retro_build_group_seqs;
+      q.growth_bound = true;
+      const RetroLayerBytes rb = retro_layer_bytes(q);
+      s.method = rb.held() + (r.retro_keeps_build_buffers ? rb.build : 0);
+      s.build = r.retro_keeps_build_buffers ? rb.update : std::max(rb.build, rb.update);
       // Host tier: the wave buffer's per-sequence sizes (memory_planner.h).
       PlannerShape ps;
       ps.num_layers = r.num_layers;

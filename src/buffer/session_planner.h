@@ -11,21 +11,24 @@
 //     streaming as full
 //     quest     H * ceil(n / page) * (8 D + 8)           per-page f32 min/max keys + page scores
 //     oracle    as full + H * n * (4 G + 8)              logits per query head, score and list per token
-//     retro     index metadata, estimated as H * C * (4 D + 12 + 4 G) + H * n_idx * 8 + token lists
-//               H * (steady + kExecSlack * retrieval * n_idx) * 4, with C = ceil(n_idx / tokens_per_cluster):
-//               bf16 centroids and value sums (4 D; 12 D with retro_keeps_f32_index: the f32 copies too,
-//               RetroLayer::set_keep_f32_index), size, offset and score (12), per-query-head
-//               logits (4 G), each indexed token's cluster and the cluster-ordered member list (8); plus, when
-//               retro_keeps_build_buffers, the k-means build buffers H * n_idx * (2 D + 32) per layer
-//               (centred bf16 keys 2 D, assignment, two sort keys, iota, members 20, radix-sort temp ~12).
+//     retro     what one RetroLayer holds after build() and release_build_workspace(), buffer by buffer
+//               (retro_layer_bytes below): the index (mean key, bf16 centroids and value sums 4 D per
+//               cluster, size and CSR offset 8, members 4 per indexed token, outlier lists; f32 copies
+//               8 D more per cluster with retro_keeps_f32_index, the per-token cluster ids 4 more per token
+//               with retro_keeps_assignment) and the decode workspace (logits 4 G, score 4 and zone ids
+//               ~1 per cluster, estimation split states, token lists H * (steady + kExecSlack * retrieval
+//               * n_idx + outliers) * 4, attention split states bounded by kDecodeCtaBound); plus, when
+//               retro_keeps_build_buffers, the k-means build workspace per layer.
 //   host-tier layer (retro through the wave buffer, buffer/memory_planner.h per sequence): on the GPU
 //     the GPU tier's retro method bytes above (the layer's wave index is a RetroLayer kept on the GPU)
 //     plus meta + steady + cache + exec of every sequence (the wave buffer's own copies and buffers); on
 //     the host the cluster-ordered store (K and V of every token).
 //   once: weights (weight_bytes), the activation rows of the larger of a prefill chunk and the decode
 //     batch, max(chunk, B) * (2 hidden + (Hq + 2 Hkv) D + Hq D + 3 ffn) * 4, logits B * vocab * 4 (or the
-//     runner's own figure, activation_bytes_override), the transient index build
-//     workspace of one layer H * n_idx * (2 D + 32) when retro does not keep it, and, when any layer is
+//     runner's own figure, activation_bytes_override), retro's transient (one layer at a time) the larger
+//     of the k-means build workspace of one build group (retro_build_group_seqs sequences, not the batch:
+//     per flat head of the group n_idx * (2 D + 36 + sort) + C * (12 D + 9)) and one index update (its
+//     workspace and the grown copies of the index arrays), and, when any layer is
 //     host-tier, one layer's K/V staged on the GPU (the runner builds a host-tier layer from GPU K/V).
 //
 // Threading contract: pure functions.
@@ -54,6 +57,46 @@ constexpr int64_t kDecodeCtaBound = 1024;
 // larger than average; a planning margin, not a measured bound).
 constexpr double kExecSlack = 2.0;
 
+// Clusters of one flat head for n_idx indexed tokens: max(1, ceil(L / tokens_per_cluster)) per segment of
+// segment_tokens (RetroLayer::build, index/kmeans.h).
+int64_t retro_cluster_count(const AttentionConfig& a, int64_t n_idx);
+// Estimated clusters per estimation CTA (kernels.h kEstimateChunk): one split state per 64 clusters.
+constexpr int64_t kRetroEstimateChunk = 64;
+// CUB's radix-sort temporary storage per sorted item, bounded: the alternate key and value buffers (8 B)
+// plus the per-tile digit counts (256 digits x 4 B per tile of >= 1024 items: <= 1 B), plus a fixed
+// kRetroSortFixedBytes for the pass histograms (a bound, checked against the device by the GPU tests).
+constexpr int64_t kRetroSortBytesPerItem = 9;
+constexpr int64_t kRetroSortFixedBytes = int64_t{1} << 20;
+
+// Device bytes of one RetroLayer (cuda_backend.h) as retro_layer.cpp allocates them, buffer by buffer.
+struct RetroLayerBytesRequest {
+  AttentionConfig attention;
+  int num_seqs = 1, num_heads_kv = 0, group = 1, head_dim = 0;  // group: query heads per KV head
+  int64_t tokens = 0;     // build()'s num_tokens per sequence (>= 1)
+  int64_t kv_stride = 0;  // K/V rows per (sequence, KV head), >= tokens: room for appended tokens
+  bool outlier_zone = true;      // RetroLayer::set_outlier_zone (the runner: on)
+  bool keep_f32_index = false;   // set_keep_f32_index (the runner: off)
+  bool keep_assignment = false;  // set_keep_assignment (the runner: off)
+  int build_group_seqs = 1;      // set_build_group_seqs (0: every sequence in one k-means run)
+  // true (the session plan): token and outlier lists sized for any prompt of <= tokens tokens that grows
+  // to kv_stride; false: exactly as build(tokens, kv_stride) sizes them.
+  bool growth_bound = false;
+  // Data-dependent terms; -1: the planning bound.
+  int64_t retrieval_tokens = -1;  // RetroLayer::retrieval_capacity(); bound ceil(kExecSlack * retrieval * n_idx)
+  int64_t outlier_tokens = -1;    // RetroLayer::max_outliers(); bound round(outlier_fraction * n_idx)
+  // Flat heads x attention splits (and x score CTAs): about one wave of the GPU, at least one per head.
+  int64_t decode_ctas = kDecodeCtaBound;
+};
+struct RetroLayerBytes {
+  int64_t n_idx = 0, clusters = 0;  // per flat head
+  int64_t index = 0;   // held: the index arrays and outlier lists
+  int64_t decode = 0;  // held: the decode workspace
+  int64_t build = 0;   // transient: build()'s k-means workspace, beyond what it leaves as the index
+  int64_t update = 0;  // transient: one index update's workspace and the grown index copies
+  int64_t held() const { return index + decode; }  // RetroLayer::device_bytes() after the build is released
+};
+RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r);
+
 struct SessionPlanRequest {
   int num_layers = 0, hidden_size = 0, intermediate_size = 0, vocab_size = 0;
   int num_heads_q = 0, num_heads_kv = 0, head_dim = 0;
@@ -73,6 +116,8 @@ struct SessionPlanRequest {
   // are released (counted once, as a transient workspace).
   bool retro_keeps_build_buffers = false;
   bool retro_keeps_f32_index = false;  // the runner's RetroLayerAttention frees the f32 index copies
+  bool retro_keeps_assignment = false;  // ... and keeps no per-token cluster ids
+  int retro_build_group_seqs = 1;       // ... and builds one sequence's index at a time
 };
 // Copies the model dimensions of cfg into r.
 void set_model_shape(SessionPlanRequest& r, const ModelConfig& cfg);
@@ -87,7 +132,7 @@ struct SessionPlanBreakdown {
   int64_t host_layer_gpu_bytes = 0;   // per host-tier layer, on the GPU
   int64_t host_layer_host_bytes = 0;  // per host-tier layer, pinned host
   int64_t staging_bytes = 0;          // one layer's K/V staged on the GPU (host-tier layers only)
-  int64_t build_workspace_bytes = 0;  // transient index build workspace (retro, when not kept per layer)
+  int64_t build_workspace_bytes = 0;  // retro's transient: one build group's workspace or one update
   int64_t activation_bytes = 0, logits_bytes = 0, weight_bytes = 0;
   int64_t gpu_bytes = 0, host_bytes = 0;            // needed in all
   int64_t gpu_free_bytes = 0, host_free_bytes = 0;  // the limits checked against

@@ -3,6 +3,7 @@
 #if defined(RETROINFER_WITH_CUDA)
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 
 #include "retroinfer/cuda_model.h"
@@ -83,6 +84,23 @@ TEST(CudaSessionPlan, PlacementsOfThisBuild) {
     o.gpu_memory_limit = 100 * kGiB;
     EXPECT_THROW(CudaSession::plan(c, o, 1, kWeights), Error);
   }
+}
+
+// The runner's own check (its activation, logits and GEMM workspace figure) for run 13's 128K Llama-3-8B
+// retro session on the H200: `bench decode` extends the positions to 131072 + 25 decoded tokens; the
+// session limit is the free memory after the weights less the 2 GiB reserve (131326935040 bytes).
+TEST(CudaSessionPlan, RetroBatch7At128KFitsRun13Memory) {
+  const ModelConfig c = with_max_context(llama3_8b(), 131097);
+  CudaSessionOptions o = options(131097, 131326935040);
+  o.attention.kind = AttentionKind::kRetro;
+  o.prefill_chunk = 2048;
+  o.host_memory_limit = 100 * kGiB;
+  const auto p = CudaSession::plan(c, o, 7, kWeights);
+  std::printf("[runner plan 128K retro batch 7] session %lld of %lld bytes (margin %lld)\n",
+              (long long)(p.gpu_bytes - kWeights), 131326935040LL, (long long)(p.gpu_free_bytes - p.gpu_bytes));
+  EXPECT_EQ(p.gpu_layers, 32);
+  EXPECT_GT(p.gpu_free_bytes - p.gpu_bytes, int64_t{512} << 20);
+  EXPECT_THROW(CudaSession::plan(c, o, 8, kWeights), Error);
 }
 
 }  // namespace

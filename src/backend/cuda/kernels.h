@@ -283,7 +283,7 @@ struct IndexAppendParams {
   const int* asg_blk = nullptr;       // [H, n_blk]
   int* off_new = nullptr;             // [H * (c_old + c_blk) + 1] out
   uint32_t* mem_new = nullptr;        // out
-  int* asg_new = nullptr;             // [H, n_old + n_blk] out
+  int* asg_new = nullptr;             // [H, n_old + n_blk] out; null: no assignment (asg_old/blk unread)
 };
 cudaError_t index_append(const IndexAppendParams& p, cudaStream_t s);
 

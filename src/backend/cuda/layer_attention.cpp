@@ -22,6 +22,8 @@ class RetroLayerAttention final : public LayerAttention {
     RETROINFER_CHECK(max_tokens >= 1, "RetroLayerAttention: max_tokens must be >= 1, got ", max_tokens);
     layer_.set_outlier_zone(true);
     layer_.set_keep_f32_index(false);  // decode reads the bf16 index; the planner counts 4 D per cluster
+    layer_.set_keep_assignment(false);  // nor the per-token cluster ids (session_planner.h retro_layer_bytes)
+    layer_.set_build_group_seqs(1);     // one sequence's k-means workspace at a time (the planner's transient)
   }
 
   void prefill_done(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s) override {
@@ -82,6 +84,8 @@ class WaveLayerAttention final : public LayerAttention {
     validate(cfg);
     RETROINFER_CHECK(max_tokens >= 1, "WaveLayerAttention: max_tokens must be >= 1, got ", max_tokens);
     layer_.index().set_outlier_zone(true);  // as the GPU tier and the CPU method
+    layer_.index().set_keep_assignment(false);  // as the GPU tier: decode and the store never read it
+    layer_.index().set_build_group_seqs(1);
   }
 
   void prefill_done(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s) override {

@@ -36,7 +36,9 @@ __global__ void index_append_kernel(const IndexAppendParams p) {
     else if (i < oc + bc) p.mem_new[nb + i] = p.mem_blk[bb + (i - oc)] + static_cast<uint32_t>(p.n_old);
     if (i < co) p.off_new[int64_t{h} * cn + i] = static_cast<int>(nb + p.off_old[int64_t{h} * co + i] - ob);
     else if (i < cn) p.off_new[int64_t{h} * cn + i] = static_cast<int>(nb + oc + p.off_blk[int64_t{h} * cb + (i - co)] - bb);
-    if (i < p.n_old) {
+    if (p.asg_new == nullptr) {
+      // the layer keeps no assignment (RetroLayer::set_keep_assignment(false))
+    } else if (i < p.n_old) {
       p.asg_new[int64_t{h} * n_new + i] = p.asg_old[int64_t{h} * p.n_old + i];
     } else if (i < n_new) {
       const int a = p.asg_blk[int64_t{h} * p.n_blk + (i - p.n_old)];

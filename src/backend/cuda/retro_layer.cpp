@@ -169,6 +169,8 @@ struct RetroLayer::Impl {
   bool decoded = false, grown = false;
   bool outliers_on = false;  // set_outlier_zone(true): cfg.outlier_fraction applies
   bool keep_f32 = true;      // set_keep_f32_index: f32 centroids / value sums kept after build and update
+  bool keep_assignment = true;  // set_keep_assignment: the per-token cluster ids kept on the device
+  int build_group = 1;       // set_build_group_seqs: sequences per k-means run of build() (0: all)
   KMeansWork work;
   // The index (compact CSR over flat heads: head h's members are [offsets[h*C], offsets[(h+1)*C])).
   DeviceBuffer mean;            // [H, D] f32: mean key of the prefill build
@@ -177,7 +179,8 @@ struct RetroLayer::Impl {
   DeviceBuffer value_sums;      // [H, C, D] f32
   DeviceBuffer value_sums_bf16;  // [H, C, D] bf16
   DeviceBuffer sizes;           // [H, C] int
-  DeviceBuffer assignment;      // [H, n_idx] int: cluster of each index token, -1 for an outlier
+  DeviceBuffer assignment;      // [H, n_idx] int: cluster of each index token, -1 for an outlier (kept only
+                                // with keep_assignment: decode never reads it; debug_state rebuilds it)
   DeviceBuffer members;         // [offsets[H*C]] u32: index tokens (relative to idx_begin) grouped by cluster
   DeviceBuffer offsets;         // [H*C + 1] int: absolute CSR offsets
   DeviceBuffer outliers;        // [H, outlier_stride] int: outlier KV tokens of each head, ascending
@@ -194,7 +197,8 @@ struct RetroLayer::Impl {
   void size_workspace(cudaStream_t st);
   void set_caps();
   void update(cudaStream_t st);
-  void split_outliers(cudaStream_t st);
+  void split_outliers(cudaStream_t st, int64_t head0, int heads);
+  void build_grouped(const std::vector<int>& seg_t, const std::vector<int>& seg_c, int group, cudaStream_t st);
 };
 
 RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs) : impl_(new Impl) {
@@ -264,25 +268,100 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
       seg_t.push_back(static_cast<int>(b + L));
       seg_c.push_back(seg_c.back() + static_cast<int>(std::max<int64_t>(1, detail::ceil_div(L, m.cfg.tokens_per_cluster))));
     }
-    m.work.run(k, v, kv_stride, H, D, m.cfg, m.idx_begin, m.n_idx, seg_t, seg_c, st);
-    m.split_outliers(st);
-    // The run's result becomes the index (its buffers; the index's old ones become the next workspace).
-    m.C = m.work.C;
-    std::swap(m.mean, m.work.mean);
-    std::swap(m.centroids, m.work.centroids);
-    std::swap(m.centroids_bf16, m.work.centroids_bf16);
-    std::swap(m.value_sums, m.work.value_sums);
-    std::swap(m.value_sums_bf16, m.work.value_sums_bf16);
-    std::swap(m.sizes, m.work.sizes);
-    std::swap(m.assignment, m.work.assignment);
-    std::swap(m.members, m.work.members);
-    std::swap(m.offsets, m.work.offsets);
-    if (!m.keep_f32) {  // decode reads the bf16 copies only
-      m.centroids = DeviceBuffer{};
-      m.value_sums = DeviceBuffer{};
+    const int group = m.build_group <= 0 ? m.num_seqs : std::min(m.build_group, m.num_seqs);
+    if (group < m.num_seqs) {
+      m.build_grouped(seg_t, seg_c, group, st);
+    } else {
+      m.work.run(k, v, kv_stride, H, D, m.cfg, m.idx_begin, m.n_idx, seg_t, seg_c, st);
+      m.split_outliers(st, 0, H);
+      // The run's result becomes the index (its buffers; the index's old ones become the next workspace).
+      m.C = m.work.C;
+      std::swap(m.mean, m.work.mean);
+      std::swap(m.centroids, m.work.centroids);
+      std::swap(m.centroids_bf16, m.work.centroids_bf16);
+      std::swap(m.value_sums, m.work.value_sums);
+      std::swap(m.value_sums_bf16, m.work.value_sums_bf16);
+      std::swap(m.sizes, m.work.sizes);
+      std::swap(m.assignment, m.work.assignment);
+      std::swap(m.members, m.work.members);
+      std::swap(m.offsets, m.work.offsets);
+      if (!m.keep_f32) {  // decode reads the bf16 copies only
+        m.centroids = DeviceBuffer{};
+        m.value_sums = DeviceBuffer{};
+      }
+      if (!m.keep_assignment) m.assignment = DeviceBuffer{};
     }
   }
   m.size_workspace(st);
+}
+
+// The prefill build in groups of `group` sequences through one workspace sized for a group. Neither the
+// k-means nor the outlier split mixes flat heads (every kernel indexes its head's K/V, clusters and
+// tokens by the head; the radix sort is stable on keys h * C + cluster), so each head's result is the
+// batched run's, bit for bit. Each group's result is copied into the index arrays at its flat heads; its
+// CSR offsets (the group's first member at 0) are shifted on the host by the earlier groups' members.
+// Synchronous once per group (the offsets' download).
+void RetroLayer::Impl::build_grouped(const std::vector<int>& seg_t, const std::vector<int>& seg_c, int group,
+                                     cudaStream_t st) {
+  const int Hkv = shape.num_heads_kv;
+  const size_t Hs = H, Cs = static_cast<size_t>(seg_c.back()), Ds = D, N = static_cast<size_t>(n_idx);
+  RETROINFER_CHECK(Hs * N < size_t{1} << 31, "RetroLayer::build: ", Hs, " flat heads x ", N,
+                   " indexed tokens exceed the int32 CSR offsets; use fewer sequences per layer");
+  C = seg_c.back();
+  ensure(mean, Hs * Ds * 4);
+  ensure(centroids_bf16, Hs * Cs * Ds * 2);
+  ensure(value_sums_bf16, Hs * Cs * Ds * 2);
+  if (keep_f32) {
+    ensure(centroids, Hs * Cs * Ds * 4);
+    ensure(value_sums, Hs * Cs * Ds * 4);
+  } else {
+    centroids = DeviceBuffer{};
+    value_sums = DeviceBuffer{};
+  }
+  ensure(sizes, Hs * Cs * 4);
+  if (keep_assignment) ensure(assignment, Hs * N * 4);
+  else assignment = DeviceBuffer{};
+  ensure(members, Hs * N * 4);
+  ensure(offsets, (Hs * Cs + 1) * 4);
+  int64_t base = 0;  // members of the earlier groups (the CSR is compact over flat heads)
+  std::vector<int32_t> off;
+  for (int s0 = 0; s0 < num_seqs; s0 += group) {
+    const int Hg = std::min(group, num_seqs - s0) * Hkv;
+    const size_t h0 = size_t(s0) * Hkv;  // the group's first flat head
+    const size_t kv_at = h0 * size_t(kv_stride) * Ds;
+    work.run(k + kv_at, v + kv_at, kv_stride, Hg, D, cfg, idx_begin, n_idx, seg_t, seg_c, st);
+    split_outliers(st, int64_t(h0), Hg);
+    // [Hg, per_head] rows of the group's result -> rows [h0, h0 + Hg) of the index array.
+    auto put = [&](DeviceBuffer& dst, const DeviceBuffer& src, size_t per_head) {
+      RETROINFER_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst.data()) + h0 * per_head, src.data(),
+                                            size_t(Hg) * per_head, cudaMemcpyDeviceToDevice, st));
+    };
+    put(mean, work.mean, Ds * 4);
+    put(centroids_bf16, work.centroids_bf16, Cs * Ds * 2);
+    put(value_sums_bf16, work.value_sums_bf16, Cs * Ds * 2);
+    if (keep_f32) {
+      put(centroids, work.centroids, Cs * Ds * 4);
+      put(value_sums, work.value_sums, Cs * Ds * 4);
+    }
+    put(sizes, work.sizes, Cs * 4);
+    if (keep_assignment) put(assignment, work.assignment, N * 4);
+    off.resize(size_t(Hg) * Cs + 1);
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(off.data(), work.offsets.data(), off.size() * 4, cudaMemcpyDeviceToHost, st));
+    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+    const int64_t count = off.back();  // the group's members (outliers removed)
+    RETROINFER_CHECK(off.front() == 0 && count >= 0 && count <= int64_t(Hg) * n_idx,
+                     "RetroLayer::build: group CSR offsets [", off.front(), ", ", count, "] outside [0, ",
+                     int64_t(Hg) * n_idx, "] (internal error)");
+    for (auto& o : off) o += static_cast<int32_t>(base);
+    // Entry Hg * C of this group is entry 0 of the next one (the same value): written by both.
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(offsets.data()) + h0 * Cs * 4, off.data(), off.size() * 4,
+                                          cudaMemcpyHostToDevice, st));
+    if (count > 0)
+      RETROINFER_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(members.data()) + size_t(base) * 4, work.members.data(),
+                                            size_t(count) * 4, cudaMemcpyDeviceToDevice, st));
+    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));  // `off` is reused; the workspace is the next group's
+    base += count;
+  }
 }
 
 // Budgets, token-list capacity and decode workspace for the current index. Synchronous when the index is
@@ -370,7 +449,7 @@ void RetroLayer::Impl::update(cudaStream_t st) {
   const int Cu = m.cfg.update_clusters;
   if (m.n_idx == 0) m.idx_begin = b;  // the first clusters (CPU: indexed_begin = sink)
   m.work.run(m.k, m.v, m.kv_stride, H, D, m.cfg, b, U, {0, static_cast<int>(U)}, {0, Cu}, st);
-  m.split_outliers(st);
+  m.split_outliers(st, 0, H);
   const int Co = m.C;
   const int64_t no = m.n_idx;
   auto grow = [&](DeviceBuffer& buf, const DeviceBuffer& blk, size_t orow, size_t brow) {
@@ -388,8 +467,8 @@ void RetroLayer::Impl::update(cudaStream_t st) {
   grow(m.value_sums_bf16, m.work.value_sums_bf16, size_t(Co) * D * 2, size_t(Cu) * D * 2);
   grow(m.sizes, m.work.sizes, size_t(Co) * 4, size_t(Cu) * 4);
   if (Co == 0) std::swap(m.mean, m.work.mean);  // no prefill index: the first block's mean for debug_state
-  DeviceBuffer off(size_t(H) * (Co + Cu) * 4 + 4), mem(std::max<size_t>(size_t(H) * (no + U) * 4, 16)),
-      asg(std::max<size_t>(size_t(H) * (no + U) * 4, 16));
+  DeviceBuffer off(size_t(H) * (Co + Cu) * 4 + 4), mem(std::max<size_t>(size_t(H) * (no + U) * 4, 16)), asg;
+  if (m.keep_assignment) asg = DeviceBuffer(std::max<size_t>(size_t(H) * (no + U) * 4, 16));
   detail::IndexAppendParams ap;
   ap.num_heads = H;
   ap.c_old = Co;
@@ -398,13 +477,13 @@ void RetroLayer::Impl::update(cudaStream_t st) {
   ap.n_blk = U;
   ap.off_old = m.offsets.as<int>();
   ap.mem_old = m.members.as<uint32_t>();
-  ap.asg_old = m.assignment.as<int>();
+  ap.asg_old = m.keep_assignment ? m.assignment.as<int>() : nullptr;  // null: no assignment is kept
   ap.off_blk = m.work.offsets.as<int>();
   ap.mem_blk = m.work.members.as<uint32_t>();
-  ap.asg_blk = m.work.assignment.as<int>();
+  ap.asg_blk = m.keep_assignment ? m.work.assignment.as<int>() : nullptr;
   ap.off_new = off.as<int>();
   ap.mem_new = mem.as<uint32_t>();
-  ap.asg_new = asg.as<int>();
+  ap.asg_new = m.keep_assignment ? asg.as<int>() : nullptr;
   detail::launch_check(detail::index_append(ap, st), "index_append", st);
   m.retired.push_back(std::move(m.offsets));
   m.retired.push_back(std::move(m.members));
@@ -416,16 +495,20 @@ void RetroLayer::Impl::update(cudaStream_t st) {
   m.n_idx = no + U;
   ++m.updates;
   m.size_workspace(st);  // synchronises, then frees the retired buffers
+  // The update's k-means workspace (~(2 D + 36) bytes per block token and flat head) is not kept between
+  // updates (every update_tokens steps): the plan counts it once, as a transient (session_planner.h).
+  m.work = KMeansWork{};
 }
 
 // Outlier zone (index/wave_index.h split_outliers) of the k-means result in the workspace: residuals,
 // per-head top round(f * n) by residual (the selection kernel, ties to the lower token), removal from
 // their clusters and compaction; their KV tokens go to the outlier lists.
-void RetroLayer::Impl::split_outliers(cudaStream_t st) {
+void RetroLayer::Impl::split_outliers(cudaStream_t st, int64_t head0, int heads) {
   if (!outliers_on) return;
   const int64_t want = std::llround(cfg.outlier_fraction * double(work.n));
   if (want == 0 || work.n == 0) return;
-  const size_t Hs = H;
+  const size_t Hs = heads;  // flat heads [head0, head0 + heads) of the layer are the run's heads 0 ..
+  const size_t kv_at = size_t(head0) * size_t(kv_stride) * size_t(D);
   ensure(work.residual, Hs * work.n * 4);
   ensure(work.picked_ids, Hs * want * 4);
   ensure(work.picked_list, Hs * want * 4);
@@ -434,12 +517,12 @@ void RetroLayer::Impl::split_outliers(cudaStream_t st) {
   ensure(work.touched, Hs * work.C);
   ensure(work.sort_keys_out, Hs * work.n * 4);
   detail::OutlierParams op;
-  op.keys = k;
-  op.values = v;
+  op.keys = k + kv_at;
+  op.values = v + kv_at;
   op.kv_stride = kv_stride;
   op.begin = work.begin;
   op.n = work.n;
-  op.num_heads = H;
+  op.num_heads = heads;
   op.head_dim = D;
   op.num_clusters = work.C;
   op.residual = work.residual.as<float>();
@@ -456,14 +539,14 @@ void RetroLayer::Impl::split_outliers(cudaStream_t st) {
   op.members = work.members.as<uint32_t>();
   op.offsets = work.offsets.as<int>();
   op.members_out = work.sort_keys_out.as<uint32_t>();
-  op.outliers = outliers.as<int>();
-  op.outlier_count = outlier_count.as<int>();
+  op.outliers = outliers.as<int>() + head0 * outlier_stride;
+  op.outlier_count = outlier_count.as<int>() + head0;
   op.out_stride = outlier_stride;
   detail::launch_check(detail::outlier_residuals(op, st), "outlier_residuals", st);
   // Tokens as items of one token each: the selected ids come out ascending in the token list.
   detail::SelectParams se;
   se.scores = op.residual;
-  se.num_heads = H;
+  se.num_heads = heads;
   se.group = 0;
   se.num_items = static_cast<int>(work.n);
   se.k_retrieval = static_cast<int>(want);
@@ -640,6 +723,15 @@ void RetroLayer::set_keep_f32_index(bool keep) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_f32_index: call before build()");
   impl_->keep_f32 = keep;
 }
+void RetroLayer::set_keep_assignment(bool keep) {
+  RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_assignment: call before build()");
+  impl_->keep_assignment = keep;
+}
+void RetroLayer::set_build_group_seqs(int seqs) {
+  RETROINFER_CHECK(seqs >= 0, "RetroLayer::set_build_group_seqs: sequences per k-means run must be >= 0 (0: all), got ",
+                   seqs);
+  impl_->build_group = seqs;
+}
 void RetroLayer::set_outlier_zone(bool on) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_outlier_zone: call before build()");
   impl_->outliers_on = on;
@@ -716,13 +808,23 @@ RetroDebugState RetroLayer::debug_state(int flat_head) const {
   if (m.keep_f32) get(d.value_sums, m.value_sums, C * D, h * C * D);
   get(d.value_sums_bf16, m.value_sums_bf16, C * D, h * C * D);
   get(d.sizes, m.sizes, C, h * C);
-  get(d.assignment, m.assignment, m.n_idx, h * m.n_idx);
+  if (m.keep_assignment) get(d.assignment, m.assignment, m.n_idx, h * m.n_idx);
   get(d.offsets, m.offsets, C + 1, h * C);
   const int32_t base = d.offsets[0];  // compact CSR: head h's members start at offsets[h * C]
   for (auto& o : d.offsets) o -= base;
   std::vector<uint32_t> mem;
   get(mem, m.members, size_t(d.offsets[C]), size_t(base));
   d.members.assign(mem.begin(), mem.end());
+  if (!m.keep_assignment) {  // not kept on the device: the CSR's inverse (a token in no cluster is an outlier)
+    d.assignment.assign(size_t(m.n_idx), -1);
+    for (size_t c = 0; c < C; ++c)
+      for (int32_t j = d.offsets[c]; j < d.offsets[c + 1]; ++j) {
+        const int32_t t = d.members[size_t(j)];
+        RETROINFER_CHECK(t >= 0 && t < m.n_idx, "RetroLayer::debug_state: member ", t, " of cluster ", c,
+                         " outside the ", m.n_idx, " indexed tokens (internal error)");
+        d.assignment[size_t(t)] = int32_t(c);
+      }
+  }
   if (!m.decoded) return d;
   get(d.logits, m.logits, size_t(m.G) * C, h * m.G * C);
   get(d.scores, m.scores, C, h * C);
