@@ -64,12 +64,14 @@ struct Key {
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
-// kSwiGluUnfused: the tuned product into gu, then the SwiGLU kernel; kSwiGluGemv: the fused GEMV.
-enum class Kind { kGemmEx, kLt, kGemv, kSwiGluUnfused, kSwiGluGemv };
+// kMmaGemv: the tensor-core GEMV; kSwiGluUnfused: the tuned product into gu, then the SwiGLU kernel;
+// kSwiGluGemv / kSwiGluMma: the fused GEMV (FMA / tensor-core).
+enum class Kind { kGemmEx, kLt, kGemv, kMmaGemv, kSwiGluUnfused, kSwiGluGemv, kSwiGluMma };
 
 struct Choice {
   Kind kind = Kind::kGemmEx;
   int cols = 0;                   // kGemv, kSwiGluGemv: output columns per CTA
+  int tiles = 0, warps = 0;       // kMmaGemv, kSwiGluMma: the variant (gemv.h)
   cublasLtMatmulAlgo_t algo{};    // kLt
   size_t workspace = 0;           // kLt: bytes of workspace it needs
   std::string name = "gemm_ex";
@@ -207,7 +209,7 @@ struct Gemm::Impl {
   bool run(const Choice& c, const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, float* y,
            float beta, cudaStream_t st) {
     if (c.kind == Kind::kGemmEx) return gemm_ex(x, n, in, w, out, y, beta, st) == CUBLAS_STATUS_SUCCESS;
-    if (c.kind == Kind::kGemv) {
+    if (c.kind == Kind::kGemv || c.kind == Kind::kMmaGemv) {
       GemvParams p;
       p.w = static_cast<const uint16_t*>(w);
       p.x = x;
@@ -216,7 +218,7 @@ struct Gemm::Impl {
       p.in = in;
       p.out = out;
       p.beta = beta;
-      return gemv_bf16(p, c.cols, st) == cudaSuccess;
+      return (c.kind == Kind::kGemv ? gemv_bf16(p, c.cols, st) : mma_gemv_bf16(p, c.tiles, c.warps, st)) == cudaSuccess;
     }
     if (c.kind != Kind::kLt) return false;  // a SwiGLU kind: run_swiglu's
     LtDescs& d = lt_descs(n, in, out);
@@ -225,7 +227,9 @@ struct Gemm::Impl {
                           st) == CUBLAS_STATUS_SUCCESS;
   }
 
-  // The candidates for key k: cuBLASLt's heuristic list, the GEMV variants, cublasGemmEx.
+  // The candidates for key k: cuBLASLt's heuristic list (its first, the heuristic pick, first of all; then,
+  // for n <= kGemvMaxRows, the tensor-core GEMV variants, so that a spent budget still times them), the
+  // GEMV variants, cublasGemmEx.
   std::vector<Choice> candidates(const Key& k, const uint16_t* x, const void* w, const float* y) {
     std::vector<Choice> out;
     LtDescs& d = lt_descs(k.n, k.in, k.out);
@@ -266,6 +270,10 @@ struct Gemm::Impl {
     gp.in = k.in;
     gp.out = k.out;
     if (gemv_supported(gp)) {
+      std::vector<Choice> mma = mma_candidates(Kind::kMmaGemv, "mma_gemv");
+      out.insert(out.begin() + (out.empty() ? 0 : 1), mma.begin(), mma.end());
+    }
+    if (gemv_supported(gp)) {
       for (int cols : {1, 2, 4}) {
         Choice c;
         c.kind = Kind::kGemv;
@@ -275,6 +283,21 @@ struct Gemm::Impl {
       }
     }
     out.push_back(Choice{});  // cublasGemmEx, CUBLAS_GEMM_DEFAULT
+    return out;
+  }
+
+  // The tensor-core GEMV variants of gemv.h as choices of kind (kMmaGemv or kSwiGluMma).
+  static std::vector<Choice> mma_candidates(Kind kind, const char* name) {
+    std::vector<Choice> out;
+    for (int tiles : kMmaGemvTiles)
+      for (int warps : kMmaGemvWarps) {
+        Choice c;
+        c.kind = kind;
+        c.tiles = tiles;
+        c.warps = warps;
+        c.name = std::string(name) + "(tiles=" + std::to_string(tiles) + " warps=" + std::to_string(warps) + ")";
+        out.push_back(c);
+      }
     return out;
   }
 
@@ -366,6 +389,16 @@ struct Gemm::Impl {
       p.out = inter;
       return gemv_swiglu_bf16(p, c.cols, st) == cudaSuccess;
     }
+    if (c.kind == Kind::kSwiGluMma) {
+      GemvParams p;
+      p.w = static_cast<const uint16_t*>(w);
+      p.x = x;
+      p.act_bf16 = act;
+      p.rows = n;
+      p.in = in;
+      p.out = inter;
+      return mma_gemv_swiglu_bf16(p, c.tiles, c.warps, st) == cudaSuccess;
+    }
     if (n > kGemmTuneMaxRows) {
       if (gemm_ex(x, n, in, w, 2 * inter, gu, 0.0f, st) != CUBLAS_STATUS_SUCCESS) return false;
     } else {
@@ -381,7 +414,7 @@ struct Gemm::Impl {
   }
 
   // The cached SwiGLU choice of (n <= kGemmTuneMaxRows) rows, tuned now if new: the unfused pair (its product
-  // tuned first, over the same weights) against the fused GEMV (1 and 2 columns per CTA). gu and act are
+  // tuned first, over the same weights) against the fused GEMVs (tensor-core variants, then 1 and 2 columns per CTA). gu and act are
   // clobbered.
   Choice resolve_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws_list,
                         int64_t inter, float* gu, uint16_t* act, cudaStream_t st) {
@@ -411,6 +444,8 @@ struct Gemm::Impl {
     p.in = in;
     p.out = inter;
     if (gemv_swiglu_supported(p)) {
+      const std::vector<Choice> mma = mma_candidates(Kind::kSwiGluMma, "mma_gemv_swiglu");
+      cands.insert(cands.end(), mma.begin(), mma.end());
       for (int cols : {1, 2}) {
         Choice c;
         c.kind = Kind::kSwiGluGemv;
@@ -500,6 +535,10 @@ void Gemm::linear(const float* x, int64_t n, int64_t in, const void* w, int64_t 
       p.beta = beta;
       if (c.kind == Kind::kGemv && gemv_supported(p)) {
         detail::launch_check(gemv_bf16(p, c.cols, st), "gemv_bf16(f32 x)", st);
+        return;
+      }
+      if (c.kind == Kind::kMmaGemv && gemv_supported(p)) {
+        detail::launch_check(mma_gemv_bf16(p, c.tiles, c.warps, st), "mma_gemv_bf16(f32 x)", st);
         return;
       }
     }

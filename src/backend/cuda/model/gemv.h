@@ -41,4 +41,16 @@ cudaError_t gemv_bf16(const GemvParams& p, int out_per_block, cudaStream_t s);
 bool gemv_swiglu_supported(const GemvParams& p);
 cudaError_t gemv_swiglu_bf16(const GemvParams& p, int out_per_block, cudaStream_t s);
 
+// The tensor-core GEMV (gemv_mma.cu): the same contracts (shapes, gemv_supported / gemv_swiglu_supported,
+// beta, x or x_f32, act_bf16) computed with mma.sync m16n8k16 (bf16 x bf16 products, f32 accumulation inside
+// the tensor core, whose k-group sums may round differently from IEEE f32 adds: the error is that of
+// cuBLAS's tensor-core kernels). Deterministic for a fixed (tiles, warps, shape). Variants for the autotune:
+// tiles (1 or 2): 16-column W tiles per CTA (SwiGLU: 8 gate/up column pairs per tile); warps (4, 8 or 16):
+// warps per CTA, splitting K. The f32-x launch equals the bf16-x launch on f32_to_bf16_array(x) bitwise.
+// Returns cudaErrorInvalidValue for an unsupported shape or variant, else the launch status (sm_80+ only).
+constexpr int kMmaGemvTiles[] = {1, 2};
+constexpr int kMmaGemvWarps[] = {4, 8, 16};
+cudaError_t mma_gemv_bf16(const GemvParams& p, int tiles, int warps, cudaStream_t s);
+cudaError_t mma_gemv_swiglu_bf16(const GemvParams& p, int tiles, int warps, cudaStream_t s);
+
 }  // namespace retroinfer::cuda::model
