@@ -76,6 +76,7 @@ struct Choice {
   size_t workspace = 0;           // kLt: bytes of workspace it needs
   std::string name = "gemm_ex";
   float us = 0.0f;
+  float best_lt_us = 0.0f;        // the fastest cuBLASLt candidate's tuned time (0: none timed)
 };
 
 // The process-wide cache of tuned choices and the tuning time spent so far per row count (a session's
@@ -95,6 +96,16 @@ TuneCache& tune_cache() {
 bool tuning_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("RETROINFER_GEMM_TUNE");
+    return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
+  }();
+  return on;
+}
+
+// False when the environment sets RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are not
+// candidates (an A/B switch for the benchmark and a safety switch; read once).
+bool mma_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RETROINFER_GEMM_MMA");
     return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
   }();
   return on;
@@ -269,7 +280,7 @@ struct Gemm::Impl {
     gp.rows = k.n;
     gp.in = k.in;
     gp.out = k.out;
-    if (gemv_supported(gp)) {
+    if (mma_enabled() && gemv_supported(gp)) {
       std::vector<Choice> mma = mma_candidates(Kind::kMmaGemv, "mma_gemv");
       out.insert(out.begin() + (out.empty() ? 0 : 1), mma.begin(), mma.end());
     }
@@ -364,6 +375,7 @@ struct Gemm::Impl {
                  "%d of %zu candidates timed in %.1f ms)\n",
                  what, static_cast<long long>(k.n), static_cast<long long>(k.out), static_cast<long long>(k.in),
                  best.name.c_str(), best.us, best_lt, others.c_str(), timed, cands.size(), 1000.0 * took);
+    best.best_lt_us = best_lt;
     return best;
   }
 
@@ -414,8 +426,8 @@ struct Gemm::Impl {
   }
 
   // The cached SwiGLU choice of (n <= kGemmTuneMaxRows) rows, tuned now if new: the unfused pair (its product
-  // tuned first, over the same weights) against the fused GEMVs (tensor-core variants, then 1 and 2 columns per CTA). gu and act are
-  // clobbered.
+  // tuned first, over the same weights) against the fused GEMVs (the tensor-core variants, then 1 and 2
+  // columns per CTA). gu and act are clobbered.
   Choice resolve_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws_list,
                         int64_t inter, float* gu, uint16_t* act, cudaStream_t st) {
     if (!tuning_enabled()) {
@@ -444,8 +456,10 @@ struct Gemm::Impl {
     p.in = in;
     p.out = inter;
     if (gemv_swiglu_supported(p)) {
-      const std::vector<Choice> mma = mma_candidates(Kind::kSwiGluMma, "mma_gemv_swiglu");
-      cands.insert(cands.end(), mma.begin(), mma.end());
+      if (mma_enabled()) {
+        const std::vector<Choice> mma = mma_candidates(Kind::kSwiGluMma, "mma_gemv_swiglu");
+        cands.insert(cands.end(), mma.begin(), mma.end());
+      }
       for (int cols : {1, 2}) {
         Choice c;
         c.kind = Kind::kSwiGluGemv;
@@ -454,10 +468,11 @@ struct Gemm::Impl {
         cands.push_back(c);
       }
     }
-    const Choice c = time_candidates(
+    Choice c = time_candidates(
         k, "gate_up+swiglu", cands,
         [&](const Choice& cc, const void* w) { return run_swiglu(cc, x, n, in, w, inter, gu, act, st); }, ws_list, st,
         tc.spent_s[k.n]);
+    c.best_lt_us = plain.best_lt_us;  // the gate/up product alone (no cuBLASLt candidate in this list)
     tc.choices.emplace(k, c);
     return c;
   }
@@ -606,11 +621,11 @@ GemmChoice Gemm::choice_swiglu(const uint16_t* x, int64_t n, int64_t in, const v
                                uint16_t* act, Stream s) {
   check_shape(n, in, 2 * inter);
   Impl& im = *impl_;
-  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic) + swiglu", 0.0f};
-  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex + swiglu", 0.0f};
+  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic) + swiglu", 0.0f, 0.0f};
+  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex + swiglu", 0.0f, 0.0f};
   const void* one[1] = {w};
   const Choice c = im.resolve_swiglu(x, n, in, one, inter, gu, act, static_cast<cudaStream_t>(s));
-  return GemmChoice{c.name, c.us};
+  return GemmChoice{c.name, c.us, c.best_lt_us};
 }
 
 void Gemm::tune(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws, int64_t out,
@@ -626,10 +641,10 @@ GemmChoice Gemm::choice(const uint16_t* x, int64_t n, int64_t in, const void* w,
                         Stream s) {
   check_shape(n, in, out);
   Impl& im = *impl_;
-  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic)", 0.0f};
-  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex", 0.0f};
+  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic)", 0.0f, 0.0f};
+  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex", 0.0f, 0.0f};
   const Choice c = im.resolve_for_call(im.key(x, n, in, w, out, y, beta), x, w, y, beta, static_cast<cudaStream_t>(s));
-  return GemmChoice{c.name, c.us};
+  return GemmChoice{c.name, c.us, c.best_lt_us};
 }
 
 }  // namespace retroinfer::cuda::model

@@ -3,19 +3,21 @@
 //
 // bf16 weights: the product takes bf16 x (linear(const uint16_t*...), written directly by the producer:
 // RMSNorm, SwiGLU) or f32 x, rounded to bf16 into a workspace first (or, when the tuned choice for that
-// workspace is the GEMV, rounded by the GEMV as it loads x: the same values, no copy kernel); bf16 inputs,
-// f32 accumulation and output. Rounding x (relative 2^-9) is the extra error against the CPU.
+// workspace is a GEMV, FMA or tensor-core, rounded by the GEMV as it loads x: the same values, no copy
+// kernel); bf16 inputs, f32 accumulation and output. Rounding x (relative 2^-9) is the extra error against
+// the CPU.
 //   n <= kGemmTuneMaxRows (decode): an autotuned choice per (n, out, in, pointer alignments): cuBLASLt's
 //   heuristic candidates (up to kGemmTuneCandidates) and, for n <= kGemvMaxRows, the hand-written GEMVs of
 //   gemv.h (tensor-core mma_gemv: 1 or 2 tiles x 4, 8 or 16 warps per CTA, timed right after cuBLASLt's
-//   heuristic pick; FMA gemv: 1, 2, 4 columns per CTA), each timed with CUDA events on the real weights (tune() rotates over
-//   several layers' weights so that they stream from HBM as in decode, not from L2); the fastest is kept in
-//   a process-wide cache (every Gemm of the process reuses it, so sessions of one process pick the same
-//   kernels: forks stay bitwise equal). The time spent tuning is bounded (kGemmTuneBudgetS per row count per
-//   process; past it a new shape times only its first candidate, cuBLASLt's heuristic pick) and
-//   logged once per shape to stderr.
+//   heuristic pick; FMA gemv: 1, 2, 4 columns per CTA), each timed with CUDA events on the real weights
+//   (tune() rotates over several layers' weights so that they stream from HBM as in decode, not from L2);
+//   the fastest is kept in a process-wide cache (every Gemm of the process reuses it, so sessions of one
+//   process pick the same kernels: forks stay bitwise equal). The time spent tuning is bounded
+//   (kGemmTuneBudgetS per row count per process; past it a new shape times only its first candidate,
+//   cuBLASLt's heuristic pick) and logged once per shape to stderr.
 //   n > kGemmTuneMaxRows (prefill): cublasGemmEx with CUBLAS_GEMM_DEFAULT.
 //   RETROINFER_GEMM_TUNE=0 (or off) in the environment: no autotune, every product cublasGemmEx (A/B switch).
+//   RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are left out of the autotune (A/B switch).
 //   Tuning synchronises the stream: tune a shape (tune(), or one call) before capturing a CUDA graph over it.
 // f32 weights: cublasGemmEx with f32 inputs and CUBLAS_COMPUTE_32F_PEDANTIC, so that neither the math mode
 // nor NVIDIA_TF32_OVERRIDE can switch to TF32: the f32 path differs from the CPU's cblas_sgemm only in
@@ -45,6 +47,8 @@ struct GemmChoice {
   std::string name;   // "gemm_ex", "lt(id=.. tile=.. splitk=.. ws=..)", "gemv(cols=..)", "gemv_swiglu(cols=..)",
                       // "mma_gemv(tiles=.. warps=..)", "mma_gemv_swiglu(tiles=.. warps=..)", "<product> + swiglu"
   float us = 0.0f;    // its tuned time per call (0: not timed)
+  float best_lt_us = 0.0f;  // the fastest cuBLASLt candidate's tuned time (linear_swiglu: of the gate/up product
+                            // alone; 0: none timed)
 };
 
 class Gemm {
