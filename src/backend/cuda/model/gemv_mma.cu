@@ -67,29 +67,30 @@ __device__ __forceinline__ void store_y(const GemvParams& p, int64_t m, int64_t 
 
 // The operands of kN 32-k steps for one thread (g = lane / 4, t = lane % 4), in registers: load() issues
 // every 16-byte load of the steps (W evict-first, x through L1), mma() consumes them (fragments as in the
-// header). All loads are unconditional, their addresses in bounds: the K tail (chunk >= chunks, the last
-// step when in % 32 != 0) reloads the last chunk and x rows >= rows read row 0; mma() zeroes those x words.
-template <int kN, int kTiles, Mode kMode>
+// header). kTail (single steps only): the step may reach past K (in % 32 != 0): chunks past the end reload
+// the last chunk (in bounds) and mma() zeroes their x words; x rows g >= rows read row 0 and are zeroed too.
+// Without kTail the addresses are the row pointers plus immediates (the loads need no clamping registers).
+template <int kN, int kTiles, Mode kMode, bool kTail = false>
 struct Batch {
   static constexpr int kXWords = kMode == Mode::kF32X ? 2 : 1;  // 16-byte x loads per step (f32 x: 8 floats)
   uint4 lo[kN][kTiles], hi[kN][kTiles];                         // W rows g and g + 8 of each tile
   uint4 x[kN][kXWords];                                         // x row g (raw bf16 or f32 bits)
 
-  // row_lo / row_hi: the tiles' W rows of this thread, in 16-byte chunks; xrow: x row g (or 0) as 16-byte
-  // words.
-  __device__ __forceinline__ void load(const uint4* w, const int64_t (&row_lo)[kTiles],
-                                       const int64_t (&row_hi)[kTiles], const uint4* xrow, int64_t chunks,
-                                       int64_t s0, int t) {
+  // wlo / whi: the tiles' W rows of this thread, advanced to its chunk t; xp: x row g (or 0) at chunk t, in
+  // 16-byte words. Steps s0 .. s0 + kN - 1.
+  __device__ __forceinline__ void load(const uint4* const (&wlo)[kTiles], const uint4* const (&whi)[kTiles],
+                                       const uint4* xp, int64_t chunks, int64_t s0, int t) {
 #pragma unroll
     for (int u = 0; u < kN; ++u) {
-      const int64_t c = (s0 + u) * 4 + t, cl = c < chunks ? c : chunks - 1;
+      int64_t off = (s0 + u) * 4;  // chunk offset from chunk t
+      if constexpr (kTail) off = off + t < chunks ? off : chunks - 1 - t;
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
-        lo[u][i] = __ldcs(w + row_lo[i] + cl);
-        hi[u][i] = __ldcs(w + row_hi[i] + cl);
+        lo[u][i] = __ldcs(wlo[i] + off);
+        hi[u][i] = __ldcs(whi[i] + off);
       }
 #pragma unroll
-      for (int j = 0; j < kXWords; ++j) x[u][j] = __ldg(xrow + cl * kXWords + j);
+      for (int j = 0; j < kXWords; ++j) x[u][j] = __ldg(xp + off * kXWords + j);
     }
   }
 
@@ -106,7 +107,7 @@ struct Batch {
       } else {
         xv = x[u][0];
       }
-      if (!x_row || (s0 + u) * 4 + t >= chunks) xv = make_uint4(0, 0, 0, 0);
+      if (!x_row || (kTail && (s0 + u) * 4 + t >= chunks)) xv = make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
         mma_16816(acc[i], lo[u][i].x, hi[u][i].x, lo[u][i].y, hi[u][i].y, xv.x, xv.y);
@@ -121,7 +122,8 @@ struct Batch {
 template <int kTiles, int kWarps, Mode kMode>
 __global__ void __launch_bounds__(kWarps * 32, kWarps >= 16 ? 1 : 16 / kWarps) mma_gemv_kernel(GemvParams p) {
   // 32-k steps per batch: 2 * kTiles * kSteps = 8 W loads of 16 bytes per thread (4 with f32 x, whose x words
-  // double: within 128 registers with two batches in flight).
+  // double), two batches in flight within 128 registers (ptxas -v: tiles 1 with bf16 x spill nothing; the
+  // others spill a few pointers, stored before the main loop and reloaded after it).
   constexpr int kSteps = (kMode == Mode::kF32X ? 2 : 4) / kTiles;
   constexpr bool kSwiGlu = kMode == Mode::kSwiGlu;
   constexpr int kTileCols = kSwiGlu ? 8 : 16;  // output columns per tile (SwiGLU: 8 gate/up pairs)
@@ -132,22 +134,30 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps >= 16 ? 1 : 16 / kWarps) m
   const int64_t col0 = int64_t{blockIdx.x} * (kTiles * kTileCols);
   const uint4* w = reinterpret_cast<const uint4*>(p.w);
 
-  // This thread's W rows per tile (offsets in 16-byte chunks); rows past the end clamp to the last one (their
+  // This thread's W rows per tile, advanced to its chunk t; rows past the end clamp to the last one (their
   // loads stay in bounds, their sums are not written).
-  int64_t row_lo[kTiles], row_hi[kTiles];
+  const uint4* wlo[kTiles];
+  const uint4* whi[kTiles];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
+    int64_t lo, hi;
     if constexpr (kSwiGlu) {
       const int64_t n = col0 + i * 8 + g, c = n < p.out ? n : p.out - 1;
-      row_lo[i] = c * chunks;
-      row_hi[i] = (p.out + c) * chunks;
+      lo = c;
+      hi = p.out + c;
     } else {
-      const int64_t lo = col0 + i * 16 + g, hi = lo + 8;
-      row_lo[i] = (lo < p.out ? lo : p.out - 1) * chunks;
-      row_hi[i] = (hi < p.out ? hi : p.out - 1) * chunks;
+      lo = col0 + i * 16 + g;
+      hi = lo + 8;
+      lo = lo < p.out ? lo : p.out - 1;
+      hi = hi < p.out ? hi : p.out - 1;
     }
+    wlo[i] = w + lo * chunks + t;
+    whi[i] = w + hi * chunks + t;
   }
   const bool x_row = g < p.rows;
+  const void* x = kMode == Mode::kF32X ? static_cast<const void*>(p.x_f32) : static_cast<const void*>(p.x);
+  constexpr int kXWords = Batch<1, kTiles, kMode>::kXWords;
+  const uint4* xp = static_cast<const uint4*>(x) + ((x_row ? g : 0) * chunks + t) * kXWords;
 
   float acc[kTiles][4];
 #pragma unroll
@@ -155,29 +165,40 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps >= 16 ? 1 : 16 / kWarps) m
 #pragma unroll
     for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
 
-  // Full batches of kSteps steps, software-pipelined by hand (the next batch's loads are issued before the
-  // current batch's mmas, and the compiler cannot sink them past the loop's back edge), then the warp's
-  // last < kSteps steps one at a time.
-  const void* x = kMode == Mode::kF32X ? static_cast<const void*>(p.x_f32) : static_cast<const void*>(p.x);
-  const uint4* xrow = static_cast<const uint4*>(x) + (x_row ? g : 0) * chunks * Batch<1, kTiles, kMode>::kXWords;
+  // Full batches of kSteps steps (within K: steps < chunks / 4), software-pipelined by hand over two register
+  // sets a and b (ping-pong, no copies: a copy of a set whose loads are pending would wait for them): the
+  // next batch's loads are issued before the current batch's mmas, so two batches are in flight while a warp
+  // waits. Then the warp's remaining steps one at a time (with the K tail).
+  const int64_t s_whole = s_end < chunks / 4 ? s_end : chunks / 4;  // end of the warp's steps within K
+  const int64_t full = s_whole > s_begin ? (s_whole - s_begin) / kSteps : 0;
   int64_t s = s_begin;
-  const int64_t full = (s_end - s_begin) / kSteps;
   if (full > 0) {
-    Batch<kSteps, kTiles, kMode> cur;
-    cur.load(w, row_lo, row_hi, xrow, chunks, s, t);
-    for (int64_t j = 1; j < full; ++j) {
-      Batch<kSteps, kTiles, kMode> next;
-      next.load(w, row_lo, row_hi, xrow, chunks, s + kSteps, t);
-      cur.mma(acc, x_row, chunks, s, t);
-      cur = next;
+    Batch<kSteps, kTiles, kMode> a, b;
+    a.load(wlo, whi, xp, chunks, s, t);
+    int64_t j = 0;
+#pragma unroll 1
+    for (; j + 2 < full; j += 2) {  // batches j + 1 and j + 2 exist
+      b.load(wlo, whi, xp, chunks, s + kSteps, t);
+      a.mma(acc, x_row, chunks, s, t);
+      s += kSteps;
+      a.load(wlo, whi, xp, chunks, s + kSteps, t);
+      b.mma(acc, x_row, chunks, s, t);
       s += kSteps;
     }
-    cur.mma(acc, x_row, chunks, s, t);
+    if (j + 1 < full) {  // a holds batch j, and batch j + 1 is the last
+      b.load(wlo, whi, xp, chunks, s + kSteps, t);
+      a.mma(acc, x_row, chunks, s, t);
+      s += kSteps;
+      b.mma(acc, x_row, chunks, s, t);
+    } else {
+      a.mma(acc, x_row, chunks, s, t);
+    }
     s += kSteps;
   }
+#pragma unroll 1
   for (; s < s_end; ++s) {
-    Batch<1, kTiles, kMode> one;
-    one.load(w, row_lo, row_hi, xrow, chunks, s, t);
+    Batch<1, kTiles, kMode, true> one;
+    one.load(wlo, whi, xp, chunks, s, t);
     one.mma(acc, x_row, chunks, s, t);
   }
 
