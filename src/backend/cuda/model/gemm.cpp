@@ -101,6 +101,16 @@ bool tuning_enabled() {
   return on;
 }
 
+// True when the environment sets RETROINFER_GEMM_PDL=1 (or on): the tensor-core GEMV launches as a
+// programmatic dependent of the stream's previous kernel (gemv.h GemvParams::pdl; off by default; read once).
+bool mma_pdl() {
+  static const bool on = [] {
+    const char* v = std::getenv("RETROINFER_GEMM_PDL");
+    return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0);
+  }();
+  return on;
+}
+
 // False when the environment sets RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are not
 // candidates (an A/B switch for the benchmark and a safety switch; read once).
 bool mma_enabled() {
@@ -229,6 +239,7 @@ struct Gemm::Impl {
       p.in = in;
       p.out = out;
       p.beta = beta;
+      p.pdl = c.kind == Kind::kMmaGemv && mma_pdl();
       return (c.kind == Kind::kGemv ? gemv_bf16(p, c.cols, st) : mma_gemv_bf16(p, c.tiles, c.warps, st)) == cudaSuccess;
     }
     if (c.kind != Kind::kLt) return false;  // a SwiGLU kind: run_swiglu's
@@ -409,6 +420,7 @@ struct Gemm::Impl {
       p.rows = n;
       p.in = in;
       p.out = inter;
+      p.pdl = mma_pdl();
       return mma_gemv_swiglu_bf16(p, c.tiles, c.warps, st) == cudaSuccess;
     }
     if (n > kGemmTuneMaxRows) {
@@ -553,6 +565,7 @@ void Gemm::linear(const float* x, int64_t n, int64_t in, const void* w, int64_t 
         return;
       }
       if (c.kind == Kind::kMmaGemv && gemv_supported(p)) {
+        p.pdl = mma_pdl();
         detail::launch_check(mma_gemv_bf16(p, c.tiles, c.warps, st), "mma_gemv_bf16(f32 x)", st);
         return;
       }

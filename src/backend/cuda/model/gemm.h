@@ -18,6 +18,8 @@
 //   n > kGemmTuneMaxRows (prefill): cublasGemmEx with CUBLAS_GEMM_DEFAULT.
 //   RETROINFER_GEMM_TUNE=0 (or off) in the environment: no autotune, every product cublasGemmEx (A/B switch).
 //   RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are left out of the autotune (A/B switch).
+//   RETROINFER_GEMM_PDL=1 (or on): the tensor-core GEMV launches as a programmatic dependent of the stream's
+//   previous kernel (its first W loads overlap that kernel's end; off by default, not measured yet).
 //   Tuning synchronises the stream: tune a shape (tune(), or one call) before capturing a CUDA graph over it.
 // f32 weights: cublasGemmEx with f32 inputs and CUBLAS_COMPUTE_32F_PEDANTIC, so that neither the math mode
 // nor NVIDIA_TF32_OVERRIDE can switch to TF32: the f32 path differs from the CPU's cblas_sgemm only in

@@ -23,6 +23,8 @@ struct GemvParams {
   uint16_t* act_bf16 = nullptr; // [rows, out] bf16 row-major (gemv_swiglu_bf16)
   int64_t rows = 0, in = 0, out = 0;
   float beta = 0.0f;            // 0: y is overwritten (not read); else y = product + beta * y
+  bool pdl = false;             // mma_gemv only: launch as a programmatic dependent of the stream's previous
+                                // kernel (sm_90; W loads start before its end, x and y are read after it)
 };
 
 // True when gemv_bf16 takes this shape: 1 <= rows <= kGemvMaxRows, in % 8 == 0, w and x (or x_f32) 16-byte

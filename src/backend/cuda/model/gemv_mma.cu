@@ -23,6 +23,9 @@
 // tiles are summed through shared memory in warp order (deterministic: one fixed summation order per
 // (kTiles, kWarps, K), independent of timing).
 //
+// Programmatic dependent launch (GemvParams::pdl): the CTAs may start while the previous kernel drains; each
+// thread issues its first batch's W loads, then waits (griddepcontrol.wait) before touching x or y.
+//
 // SwiGLU: a tile's A rows 0-7 are the gate rows n0 + g and rows 8-15 the matching up rows out + n0 + g, so
 // that c0 / c2 (gate / up of x row 2t) and c1 / c3 (x row 2t + 1) meet in one thread: act = bf16(silu_mul).
 #include <cuda_runtime.h>
@@ -80,18 +83,35 @@ struct Batch {
   // 16-byte words. Steps s0 .. s0 + kN - 1.
   __device__ __forceinline__ void load(const uint4* const (&wlo)[kTiles], const uint4* const (&whi)[kTiles],
                                        const uint4* xp, int64_t chunks, int64_t s0, int t) {
+    load_w(wlo, whi, chunks, s0, t);
+    load_x(xp, chunks, s0, t);
+  }
+  // The W loads alone (a programmatic dependent issues them before its dependency wait: W is never written).
+  __device__ __forceinline__ void load_w(const uint4* const (&wlo)[kTiles], const uint4* const (&whi)[kTiles],
+                                         int64_t chunks, int64_t s0, int t) {
 #pragma unroll
     for (int u = 0; u < kN; ++u) {
-      int64_t off = (s0 + u) * 4;  // chunk offset from chunk t
-      if constexpr (kTail) off = off + t < chunks ? off : chunks - 1 - t;
+      const int64_t off = offset(chunks, s0 + u, t);
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
         lo[u][i] = __ldcs(wlo[i] + off);
         hi[u][i] = __ldcs(whi[i] + off);
       }
+    }
+  }
+  __device__ __forceinline__ void load_x(const uint4* xp, int64_t chunks, int64_t s0, int t) {
+#pragma unroll
+    for (int u = 0; u < kN; ++u) {
+      const int64_t off = offset(chunks, s0 + u, t);
 #pragma unroll
       for (int j = 0; j < kXWords; ++j) x[u][j] = __ldg(xp + off * kXWords + j);
     }
+  }
+  // Chunk offset of step s from chunk t (kTail: clamped to the last chunk).
+  __device__ __forceinline__ static int64_t offset(int64_t chunks, int64_t s, int t) {
+    const int64_t off = s * 4;
+    if constexpr (kTail) return off + t < chunks ? off : chunks - 1 - t;
+    return off;
   }
 
   // f32 x is rounded to bf16 (nearest even) here: the values of f32_to_bf16_array, so the f32-x launch
@@ -174,7 +194,9 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps >= 16 ? 1 : 16 / kWarps) m
   int64_t s = s_begin;
   if (full > 0) {
     Batch<kSteps, kTiles, kMode> a, b;
-    a.load(wlo, whi, xp, chunks, s, t);
+    a.load_w(wlo, whi, chunks, s, t);
+    detail::grid_dependency_wait();  // p.pdl: the previous kernel's x and y are ready (a no-op otherwise)
+    a.load_x(xp, chunks, s, t);
     int64_t j = 0;
 #pragma unroll 1
     for (; j + 2 < full; j += 2) {  // batches j + 1 and j + 2 exist
@@ -194,6 +216,8 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps >= 16 ? 1 : 16 / kWarps) m
       a.mma(acc, x_row, chunks, s, t);
     }
     s += kSteps;
+  } else {
+    detail::grid_dependency_wait();
   }
 #pragma unroll 1
   for (; s < s_end; ++s) {
@@ -242,14 +266,24 @@ cudaError_t launch_warps(const GemvParams& p, int warps, cudaStream_t s) {
   constexpr int kTileCols = kMode == Mode::kSwiGlu ? 8 : 16;
   const int64_t blocks = (p.out + kTiles * kTileCols - 1) / (kTiles * kTileCols);
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  const auto grid = static_cast<unsigned>(blocks);
+  void (*kernel)(GemvParams) = nullptr;
   switch (warps) {
-    case 4: mma_gemv_kernel<kTiles, 4, kMode><<<grid, 4 * 32, 0, s>>>(p); break;
-    case 8: mma_gemv_kernel<kTiles, 8, kMode><<<grid, 8 * 32, 0, s>>>(p); break;
-    case 16: mma_gemv_kernel<kTiles, 16, kMode><<<grid, 16 * 32, 0, s>>>(p); break;
+    case 4: kernel = mma_gemv_kernel<kTiles, 4, kMode>; break;
+    case 8: kernel = mma_gemv_kernel<kTiles, 8, kMode>; break;
+    case 16: kernel = mma_gemv_kernel<kTiles, 16, kMode>; break;
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = p.pdl ? attr : nullptr;
+  cfg.numAttrs = p.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 template <Mode kMode>
