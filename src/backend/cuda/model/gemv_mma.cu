@@ -18,10 +18,12 @@
 // x rows 2t, 2t+1), c2, c3 = (W row g + 8, x rows 2t, 2t+1).
 //
 // Work split. A CTA of kWarps warps owns kTiles 16-row tiles of W (kTiles x 16 output columns) and the whole
-// K; its warps split K into contiguous ranges of 32-k steps; each warp issues kSteps = 8 / kTiles steps of
-// loads (16 W loads of 16 bytes per thread in flight, evict-first) before their mmas. The warps' 16 x 8 f32
-// tiles are summed through shared memory in warp order (deterministic: one fixed summation order per
-// (kTiles, kWarps, K), independent of timing).
+// K; its warps split K into contiguous ranges of 32-k steps. A warp loads batches of kSteps steps (8 W loads
+// of 16 bytes per thread, evict-first) into two register sets in turn, so that the next batch is in flight
+// while the current one's mmas wait; the steps past the last whole batch (and the K tail, in % 32 != 0) go
+// one at a time. The warps' 16 x 8 f32 tiles are summed through shared memory in warp order (deterministic:
+// one fixed summation order per (kTiles, kWarps, K), independent of timing). Rows past out (out % 16 != 0)
+// load the last row and are not written.
 //
 // Programmatic dependent launch (GemvParams::pdl): the CTAs may start while the previous kernel drains; each
 // thread issues its first batch's W loads, then waits (griddepcontrol.wait) before touching x or y.
