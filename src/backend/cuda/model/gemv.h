@@ -1,8 +1,9 @@
-// A bf16 GEMV for the decode products of few rows (one of the candidates Gemm's autotune times against
-// cuBLASLt; see gemm.h): y[m, n] = sum_k x[m, k] * W[n, k] + beta * y[m, n], m < rows <= kGemvMaxRows.
+// bf16 GEMVs for the decode products of few rows (candidates Gemm's autotune times against cuBLASLt; see
+// gemm.h): y[m, n] = sum_k x[m, k] * W[n, k] + beta * y[m, n], m < rows <= kGemvMaxRows. Two kernels with one
+// contract: gemv_bf16 (gemv.cu, FMA on the CUDA cores) and mma_gemv_bf16 (gemv_mma.cu, tensor cores).
 // W streams from HBM once with 16-byte loads (evict-first); x (tiny) is re-read through L1; products are
-// exact in f32 (bf16 x bf16) and accumulated in f32, so the result differs from cuBLAS's only by summation
-// order. Included only from src/backend/cuda.
+// exact in f32 (bf16 x bf16) and accumulated in f32, so gemv_bf16's result differs from cuBLAS's only by
+// summation order. Included only from src/backend/cuda.
 #pragma once
 
 #include <cuda_runtime.h>
