@@ -73,7 +73,7 @@ __device__ __forceinline__ void store_y(const GemvParams& p, int64_t m, int64_t 
 // The operands of kN 32-k steps for one thread (g = lane / 4, t = lane % 4), in registers: load() issues
 // every 16-byte load of the steps (W evict-first, x through L1), mma() consumes them (fragments as in the
 // header). kTail (single steps only): the step may reach past K (in % 32 != 0): chunks past the end reload
-// the last chunk (in bounds) and mma() zeroes their x words; x rows g >= rows read row 0 and are zeroed too.
+// the last chunk (in bounds) and mma() zeroes their W and x words; x rows g >= rows read row 0 and are zeroed.
 // Without kTail the addresses are the row pointers plus immediates (the loads need no clamping registers).
 template <int kN, int kTiles, Mode kMode, bool kTail = false>
 struct Batch {
@@ -129,11 +129,14 @@ struct Batch {
       } else {
         xv = x[u][0];
       }
-      if (!x_row || (kTail && (s0 + u) * 4 + t >= chunks)) xv = make_uint4(0, 0, 0, 0);
+      // Past K (kTail): W is zeroed too, so that no reloaded weight (even an inf) reaches the sums.
+      const bool past = kTail && (s0 + u) * 4 + t >= chunks;
+      if (!x_row || past) xv = make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int i = 0; i < kTiles; ++i) {
-        mma_16816(acc[i], lo[u][i].x, hi[u][i].x, lo[u][i].y, hi[u][i].y, xv.x, xv.y);
-        mma_16816(acc[i], lo[u][i].z, hi[u][i].z, lo[u][i].w, hi[u][i].w, xv.z, xv.w);
+        const uint4 l = past ? make_uint4(0, 0, 0, 0) : lo[u][i], h = past ? make_uint4(0, 0, 0, 0) : hi[u][i];
+        mma_16816(acc[i], l.x, h.x, l.y, h.y, xv.x, xv.y);
+        mma_16816(acc[i], l.z, h.z, l.w, h.w, xv.z, xv.w);
       }
     }
   }
