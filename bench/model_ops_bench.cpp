@@ -2,17 +2,22 @@
 // (f32 in, bf16 out), SwiGLU alone (bf16 out), and the products of a Llama layer + LM head through model::Gemm
 // as the runner calls them (autotuned for rows <= 16; the tuning log goes to stderr and names the best
 // cuBLASLt and cublasGemmEx times next to the choice): QKV, O (f32 attention output: the f32 -> bf16 copy
-// unless the GEMV is chosen), gate/up with SwiGLU (linear_swiglu: fused GEMV or product + SwiGLU kernel),
+// unless a GEMV is chosen), gate/up with SwiGLU (linear_swiglu: fused GEMV or product + SwiGLU kernel),
 // down, LM head. Llama-3-8B shapes by default, random
 // bf16 weights, `--layers` copies of each matrix so that consecutive calls read different weights (from HBM,
 // as decode does, not from L2). Each op: `reps` calls captured into one CUDA graph (no launch gaps of the
 // host in the figure), one untimed replay, then the median of 5 timed replays / reps. One JSON object per
-// line: op, rows, n (output columns), k (input columns), us, GB/s (bytes the op must move / time), algo.
+// line: op, rows, n (output columns), k (input columns), us, GB/s (bytes the op must move / time), for the
+// products weight_TBps (weight bytes / time) and lt_us (the fastest cuBLASLt candidate's autotune time), algo.
+// With --variants 1 (default), for rows <= 8 every tensor-core GEMV variant (gemv.h: mma_gemv, fused
+// mma_gemv_swiglu for gate/up) is also timed directly in a graph the same way: op "variant_<product>".
 // A last line per row count sums one layer's operations (attention excluded) against the weight-read floor
-// at --hbm-gbps.
+// at --hbm-gbps. RETROINFER_GEMM_MMA=0 in the environment leaves the tensor-core GEMV out of the autotune
+// (the choice without it, for an A/B comparison in graph timing).
 //
 //   model_ops_bench [--rows 1,2,4,8,16] [--hidden 4096] [--heads-q 32] [--heads-kv 8] [--head-dim 128]
-//                   [--inter 14336] [--vocab 128256] [--layers 4] [--reps 20] [--hbm-gbps 4218] [--out FILE]
+//                   [--inter 14336] [--vocab 128256] [--layers 4] [--reps 20] [--hbm-gbps 4218] [--variants 1]
+//                   [--out FILE]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +32,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/model/gemm.h"
+#include "backend/cuda/model/gemv.h"
 #include "backend/cuda/model/model_kernels.h"
 #include "retroinfer/cuda_backend.h"
 #endif
@@ -41,6 +47,7 @@ struct Args {
   std::vector<long long> rows{1, 2, 4, 8, 16};
   long long hidden = 4096, hq = 32, hkv = 8, d = 128, inter = 14336, vocab = 128256;
   int layers = 4, reps = 20;
+  bool variants = true;  // also time every tensor-core GEMV variant directly (rows <= 8)
   double hbm_gbps = 4218.0;
 };
 
@@ -81,12 +88,57 @@ double time_graph(cudaStream_t st, int reps, Op op) {
   return 1000.0 * t[t.size() / 2] / reps;
 }
 
+// weight_bytes > 0 adds "weight_TBps" (weight bytes / time, the figure of a bandwidth-bound product); lt_us > 0
+// adds "lt_us" (the fastest cuBLASLt candidate's time in the autotune, event-timed outside a graph).
 void emit(FILE* out, const char* op, long long rows, long long n, long long k, double us, double bytes,
-          const std::string& algo) {
+          const std::string& algo, double weight_bytes = 0.0, double lt_us = 0.0) {
+  std::string extra;
+  char buf[96];
+  if (weight_bytes > 0.0) {
+    std::snprintf(buf, sizeof buf, ",\"weight_TBps\":%.3f", weight_bytes / (us * 1e-6) / 1e12);
+    extra += buf;
+  }
+  if (lt_us > 0.0) {
+    std::snprintf(buf, sizeof buf, ",\"lt_us\":%.3f", lt_us);
+    extra += buf;
+  }
   std::fprintf(out, "{\"bench\":\"model_ops\",\"op\":\"%s\",\"rows\":%lld,\"n\":%lld,\"k\":%lld,\"us\":%.3f,"
-               "\"GBps\":%.1f,\"algo\":\"%s\"}\n",
-               op, rows, n, k, us, bytes / (us * 1e-6) / 1e9, algo.c_str());
+               "\"GBps\":%.1f%s,\"algo\":\"%s\"}\n",
+               op, rows, n, k, us, bytes / (us * 1e-6) / 1e9, extra.c_str(), algo.c_str());
   std::fflush(out);
+}
+
+// Every tensor-core GEMV variant (gemv.h) on one product, called directly (not through the autotune): rows <=
+// kGemvMaxRows; f32_x: x is f32 (the O product's attention output), act: the fused SwiGLU output (gate/up).
+void time_mma_variants(FILE* out, cudaStream_t st, int reps, const char* op, long long rows, long long n, long long k,
+                       float beta, const std::vector<const void*>& ws, const uint16_t* xb, const float* xf, float* y,
+                       uint16_t* act, bool f32_x) {
+  if (rows > cuda::model::kGemvMaxRows) return;
+  for (int tiles : cuda::model::kMmaGemvTiles)
+    for (int warps : cuda::model::kMmaGemvWarps) {
+      cuda::model::GemvParams p;
+      p.x = f32_x ? nullptr : xb;
+      p.x_f32 = f32_x ? xf : nullptr;
+      p.y = y;
+      p.act_bf16 = act;
+      p.rows = rows;
+      p.in = k;
+      p.out = act != nullptr ? n / 2 : n;
+      p.beta = beta;
+      const double us = time_graph(st, reps, [&](int r) {
+        p.w = static_cast<const uint16_t*>(ws[static_cast<size_t>(r) % ws.size()]);
+        const cudaError_t e = act != nullptr ? cuda::model::mma_gemv_swiglu_bf16(p, tiles, warps, st)
+                                             : cuda::model::mma_gemv_bf16(p, tiles, warps, st);
+        cuda::detail::launch_check(e, "mma_gemv", st);
+      });
+      const double wbytes = double(n) * double(k) * 2;
+      const double bytes = wbytes + double(rows * k) * (f32_x ? 4 : 2) +
+                           (act != nullptr ? double(rows * n / 2) * 2 : double(rows * n) * (beta != 0 ? 8 : 4));
+      const std::string name = std::string(act != nullptr ? "mma_gemv_swiglu" : "mma_gemv") + "(tiles=" +
+                               std::to_string(tiles) + " warps=" + std::to_string(warps) + ")" +
+                               (f32_x ? ", f32 x" : "");
+      emit(out, (std::string("variant_") + op).c_str(), rows, n, k, us, bytes, name, wbytes);
+    }
 }
 
 void run(FILE* out, const Args& a) {
@@ -167,9 +219,12 @@ void run(FILE* out, const Args& a) {
         });
         const double wbytes = double(m.n * m.k) * 2;
         emit(out, "gemm_gate_up_swiglu", rows, m.n, m.k, us, wbytes + double(rows * m.k) * 2 + double(rows * it) * 2,
-             ch.name);
+             ch.name, wbytes, ch.best_lt_us);
         layer_us += us;
         layer_weight_bytes += wbytes;
+        if (a.variants)
+          time_mma_variants(out, st, a.reps, "gemm_gate_up_swiglu", rows, m.n, m.k, 0.0f, ws, xb.as<uint16_t>(),
+                            nullptr, nullptr, act, false);
         continue;
       }
       gemm.tune(xb.as<uint16_t>(), rows, m.k, ws, m.n, y.as<float>(), m.beta, st);  // outside the capture
@@ -184,8 +239,13 @@ void run(FILE* out, const Args& a) {
       const double wbytes = double(m.n * m.k) * 2;
       const double bytes = wbytes + double(rows * m.k) * (f32_in ? 4 : 2) + double(rows * m.n) * (m.beta != 0 ? 8 : 4);
       // An f32 input goes through the bf16 copy kernel, unless the choice is the GEMV (it rounds x itself).
-      const bool copies = f32_in && ch.name.rfind("gemv", 0) != 0;
-      emit(out, m.op, rows, m.n, m.k, us, bytes, (copies ? "f32->bf16 copy + " : f32_in ? "f32 x into " : "") + ch.name);
+      const bool gemv = ch.name.rfind("gemv", 0) == 0 || ch.name.rfind("mma_gemv", 0) == 0;
+      const bool copies = f32_in && !gemv;
+      emit(out, m.op, rows, m.n, m.k, us, bytes, (copies ? "f32->bf16 copy + " : f32_in ? "f32 x into " : "") + ch.name,
+           wbytes, ch.best_lt_us);
+      if (a.variants && std::string(m.op) != "gemm_lm_head")
+        time_mma_variants(out, st, a.reps, m.op, rows, m.n, m.k, m.beta, ws, xb.as<uint16_t>(), xf.as<float>(),
+                          y.as<float>(), nullptr, f32_in);
       if (std::string(m.op) != "gemm_lm_head") {
         layer_us += us;
         layer_weight_bytes += wbytes;
@@ -231,6 +291,7 @@ int main(int argc, char** argv) {
     else if (s == "--layers") a.layers = std::atoi(v);
     else if (s == "--reps") a.reps = std::atoi(v);
     else if (s == "--hbm-gbps") a.hbm_gbps = std::atof(v);
+    else if (s == "--variants") a.variants = std::atoi(v) != 0;
     else {
       std::fprintf(stderr, "model_ops_bench: unknown option %s\n", s.c_str());
       return 2;

@@ -64,16 +64,19 @@ struct Key {
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
-// kSwiGluUnfused: the tuned product into gu, then the SwiGLU kernel; kSwiGluGemv: the fused GEMV.
-enum class Kind { kGemmEx, kLt, kGemv, kSwiGluUnfused, kSwiGluGemv };
+// kMmaGemv: the tensor-core GEMV; kSwiGluUnfused: the tuned product into gu, then the SwiGLU kernel;
+// kSwiGluGemv / kSwiGluMma: the fused GEMV (FMA / tensor-core).
+enum class Kind { kGemmEx, kLt, kGemv, kMmaGemv, kSwiGluUnfused, kSwiGluGemv, kSwiGluMma };
 
 struct Choice {
   Kind kind = Kind::kGemmEx;
   int cols = 0;                   // kGemv, kSwiGluGemv: output columns per CTA
+  int tiles = 0, warps = 0;       // kMmaGemv, kSwiGluMma: the variant (gemv.h)
   cublasLtMatmulAlgo_t algo{};    // kLt
   size_t workspace = 0;           // kLt: bytes of workspace it needs
   std::string name = "gemm_ex";
   float us = 0.0f;
+  float best_lt_us = 0.0f;        // the fastest cuBLASLt candidate's tuned time (0: none timed)
 };
 
 // The process-wide cache of tuned choices and the tuning time spent so far per row count (a session's
@@ -93,6 +96,26 @@ TuneCache& tune_cache() {
 bool tuning_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("RETROINFER_GEMM_TUNE");
+    return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
+  }();
+  return on;
+}
+
+// True when the environment sets RETROINFER_GEMM_PDL=1 (or on): the tensor-core GEMV launches as a
+// programmatic dependent of the stream's previous kernel (gemv.h GemvParams::pdl; off by default; read once).
+bool mma_pdl() {
+  static const bool on = [] {
+    const char* v = std::getenv("RETROINFER_GEMM_PDL");
+    return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0);
+  }();
+  return on;
+}
+
+// False when the environment sets RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are not
+// candidates (an A/B switch for the benchmark and a safety switch; read once).
+bool mma_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("RETROINFER_GEMM_MMA");
     return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
   }();
   return on;
@@ -207,7 +230,7 @@ struct Gemm::Impl {
   bool run(const Choice& c, const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, float* y,
            float beta, cudaStream_t st) {
     if (c.kind == Kind::kGemmEx) return gemm_ex(x, n, in, w, out, y, beta, st) == CUBLAS_STATUS_SUCCESS;
-    if (c.kind == Kind::kGemv) {
+    if (c.kind == Kind::kGemv || c.kind == Kind::kMmaGemv) {
       GemvParams p;
       p.w = static_cast<const uint16_t*>(w);
       p.x = x;
@@ -216,7 +239,8 @@ struct Gemm::Impl {
       p.in = in;
       p.out = out;
       p.beta = beta;
-      return gemv_bf16(p, c.cols, st) == cudaSuccess;
+      p.pdl = c.kind == Kind::kMmaGemv && mma_pdl();
+      return (c.kind == Kind::kGemv ? gemv_bf16(p, c.cols, st) : mma_gemv_bf16(p, c.tiles, c.warps, st)) == cudaSuccess;
     }
     if (c.kind != Kind::kLt) return false;  // a SwiGLU kind: run_swiglu's
     LtDescs& d = lt_descs(n, in, out);
@@ -225,7 +249,9 @@ struct Gemm::Impl {
                           st) == CUBLAS_STATUS_SUCCESS;
   }
 
-  // The candidates for key k: cuBLASLt's heuristic list, the GEMV variants, cublasGemmEx.
+  // The candidates for key k: cuBLASLt's heuristic list (its first, the heuristic pick, first of all; then,
+  // for n <= kGemvMaxRows, the tensor-core GEMV variants, so that a spent budget still times them), the
+  // GEMV variants, cublasGemmEx.
   std::vector<Choice> candidates(const Key& k, const uint16_t* x, const void* w, const float* y) {
     std::vector<Choice> out;
     LtDescs& d = lt_descs(k.n, k.in, k.out);
@@ -265,6 +291,10 @@ struct Gemm::Impl {
     gp.rows = k.n;
     gp.in = k.in;
     gp.out = k.out;
+    if (mma_enabled() && gemv_supported(gp)) {
+      std::vector<Choice> mma = mma_candidates(Kind::kMmaGemv, "mma_gemv");
+      out.insert(out.begin() + (out.empty() ? 0 : 1), mma.begin(), mma.end());
+    }
     if (gemv_supported(gp)) {
       for (int cols : {1, 2, 4}) {
         Choice c;
@@ -275,6 +305,21 @@ struct Gemm::Impl {
       }
     }
     out.push_back(Choice{});  // cublasGemmEx, CUBLAS_GEMM_DEFAULT
+    return out;
+  }
+
+  // The tensor-core GEMV variants of gemv.h as choices of kind (kMmaGemv or kSwiGluMma).
+  static std::vector<Choice> mma_candidates(Kind kind, const char* name) {
+    std::vector<Choice> out;
+    for (int tiles : kMmaGemvTiles)
+      for (int warps : kMmaGemvWarps) {
+        Choice c;
+        c.kind = kind;
+        c.tiles = tiles;
+        c.warps = warps;
+        c.name = std::string(name) + "(tiles=" + std::to_string(tiles) + " warps=" + std::to_string(warps) + ")";
+        out.push_back(c);
+      }
     return out;
   }
 
@@ -341,6 +386,7 @@ struct Gemm::Impl {
                  "%d of %zu candidates timed in %.1f ms)\n",
                  what, static_cast<long long>(k.n), static_cast<long long>(k.out), static_cast<long long>(k.in),
                  best.name.c_str(), best.us, best_lt, others.c_str(), timed, cands.size(), 1000.0 * took);
+    best.best_lt_us = best_lt;
     return best;
   }
 
@@ -366,6 +412,17 @@ struct Gemm::Impl {
       p.out = inter;
       return gemv_swiglu_bf16(p, c.cols, st) == cudaSuccess;
     }
+    if (c.kind == Kind::kSwiGluMma) {
+      GemvParams p;
+      p.w = static_cast<const uint16_t*>(w);
+      p.x = x;
+      p.act_bf16 = act;
+      p.rows = n;
+      p.in = in;
+      p.out = inter;
+      p.pdl = mma_pdl();
+      return mma_gemv_swiglu_bf16(p, c.tiles, c.warps, st) == cudaSuccess;
+    }
     if (n > kGemmTuneMaxRows) {
       if (gemm_ex(x, n, in, w, 2 * inter, gu, 0.0f, st) != CUBLAS_STATUS_SUCCESS) return false;
     } else {
@@ -381,8 +438,8 @@ struct Gemm::Impl {
   }
 
   // The cached SwiGLU choice of (n <= kGemmTuneMaxRows) rows, tuned now if new: the unfused pair (its product
-  // tuned first, over the same weights) against the fused GEMV (1 and 2 columns per CTA). gu and act are
-  // clobbered.
+  // tuned first, over the same weights) against the fused GEMVs (the tensor-core variants, then 1 and 2
+  // columns per CTA). gu and act are clobbered.
   Choice resolve_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws_list,
                         int64_t inter, float* gu, uint16_t* act, cudaStream_t st) {
     if (!tuning_enabled()) {
@@ -411,6 +468,10 @@ struct Gemm::Impl {
     p.in = in;
     p.out = inter;
     if (gemv_swiglu_supported(p)) {
+      if (mma_enabled()) {
+        const std::vector<Choice> mma = mma_candidates(Kind::kSwiGluMma, "mma_gemv_swiglu");
+        cands.insert(cands.end(), mma.begin(), mma.end());
+      }
       for (int cols : {1, 2}) {
         Choice c;
         c.kind = Kind::kSwiGluGemv;
@@ -419,10 +480,11 @@ struct Gemm::Impl {
         cands.push_back(c);
       }
     }
-    const Choice c = time_candidates(
+    Choice c = time_candidates(
         k, "gate_up+swiglu", cands,
         [&](const Choice& cc, const void* w) { return run_swiglu(cc, x, n, in, w, inter, gu, act, st); }, ws_list, st,
         tc.spent_s[k.n]);
+    c.best_lt_us = plain.best_lt_us;  // the gate/up product alone (no cuBLASLt candidate in this list)
     tc.choices.emplace(k, c);
     return c;
   }
@@ -502,6 +564,11 @@ void Gemm::linear(const float* x, int64_t n, int64_t in, const void* w, int64_t 
         detail::launch_check(gemv_bf16(p, c.cols, st), "gemv_bf16(f32 x)", st);
         return;
       }
+      if (c.kind == Kind::kMmaGemv && gemv_supported(p)) {
+        p.pdl = mma_pdl();
+        detail::launch_check(mma_gemv_bf16(p, c.tiles, c.warps, st), "mma_gemv_bf16(f32 x)", st);
+        return;
+      }
     }
     detail::launch_check(f32_to_bf16_array(x, im.xb.as<uint16_t>(), static_cast<size_t>(n * in), st), "f32_to_bf16",
                          st);
@@ -567,11 +634,11 @@ GemmChoice Gemm::choice_swiglu(const uint16_t* x, int64_t n, int64_t in, const v
                                uint16_t* act, Stream s) {
   check_shape(n, in, 2 * inter);
   Impl& im = *impl_;
-  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic) + swiglu", 0.0f};
-  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex + swiglu", 0.0f};
+  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic) + swiglu", 0.0f, 0.0f};
+  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex + swiglu", 0.0f, 0.0f};
   const void* one[1] = {w};
   const Choice c = im.resolve_swiglu(x, n, in, one, inter, gu, act, static_cast<cudaStream_t>(s));
-  return GemmChoice{c.name, c.us};
+  return GemmChoice{c.name, c.us, c.best_lt_us};
 }
 
 void Gemm::tune(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws, int64_t out,
@@ -587,10 +654,10 @@ GemmChoice Gemm::choice(const uint16_t* x, int64_t n, int64_t in, const void* w,
                         Stream s) {
   check_shape(n, in, out);
   Impl& im = *impl_;
-  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic)", 0.0f};
-  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex", 0.0f};
+  if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic)", 0.0f, 0.0f};
+  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex", 0.0f, 0.0f};
   const Choice c = im.resolve_for_call(im.key(x, n, in, w, out, y, beta), x, w, y, beta, static_cast<cudaStream_t>(s));
-  return GemmChoice{c.name, c.us};
+  return GemmChoice{c.name, c.us, c.best_lt_us};
 }
 
 }  // namespace retroinfer::cuda::model

@@ -3,18 +3,23 @@
 //
 // bf16 weights: the product takes bf16 x (linear(const uint16_t*...), written directly by the producer:
 // RMSNorm, SwiGLU) or f32 x, rounded to bf16 into a workspace first (or, when the tuned choice for that
-// workspace is the GEMV, rounded by the GEMV as it loads x: the same values, no copy kernel); bf16 inputs,
-// f32 accumulation and output. Rounding x (relative 2^-9) is the extra error against the CPU.
+// workspace is a GEMV, FMA or tensor-core, rounded by the GEMV as it loads x: the same values, no copy
+// kernel); bf16 inputs, f32 accumulation and output. Rounding x (relative 2^-9) is the extra error against
+// the CPU.
 //   n <= kGemmTuneMaxRows (decode): an autotuned choice per (n, out, in, pointer alignments): cuBLASLt's
-//   heuristic candidates (up to kGemmTuneCandidates) and, for n <= kGemvMaxRows, the hand-written GEMV of
-//   gemv.h (1, 2, 4 columns per CTA), each timed with CUDA events on the real weights (tune() rotates over
-//   several layers' weights so that they stream from HBM as in decode, not from L2); the fastest is kept in
-//   a process-wide cache (every Gemm of the process reuses it, so sessions of one process pick the same
-//   kernels: forks stay bitwise equal). The time spent tuning is bounded (kGemmTuneBudgetS per row count per
-//   process; past it a new shape times only its first candidate, cuBLASLt's heuristic pick) and
-//   logged once per shape to stderr.
+//   heuristic candidates (up to kGemmTuneCandidates) and, for n <= kGemvMaxRows, the hand-written GEMVs of
+//   gemv.h (tensor-core mma_gemv: 1 or 2 tiles x 4, 8 or 16 warps per CTA, timed right after cuBLASLt's
+//   heuristic pick; FMA gemv: 1, 2, 4 columns per CTA), each timed with CUDA events on the real weights
+//   (tune() rotates over several layers' weights so that they stream from HBM as in decode, not from L2);
+//   the fastest is kept in a process-wide cache (every Gemm of the process reuses it, so sessions of one
+//   process pick the same kernels: forks stay bitwise equal). The time spent tuning is bounded
+//   (kGemmTuneBudgetS per row count per process; past it a new shape times only its first candidate,
+//   cuBLASLt's heuristic pick) and logged once per shape to stderr.
 //   n > kGemmTuneMaxRows (prefill): cublasGemmEx with CUBLAS_GEMM_DEFAULT.
 //   RETROINFER_GEMM_TUNE=0 (or off) in the environment: no autotune, every product cublasGemmEx (A/B switch).
+//   RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are left out of the autotune (A/B switch).
+//   RETROINFER_GEMM_PDL=1 (or on): the tensor-core GEMV launches as a programmatic dependent of the stream's
+//   previous kernel (its first W loads overlap that kernel's end; off by default, not measured yet).
 //   Tuning synchronises the stream: tune a shape (tune(), or one call) before capturing a CUDA graph over it.
 // f32 weights: cublasGemmEx with f32 inputs and CUBLAS_COMPUTE_32F_PEDANTIC, so that neither the math mode
 // nor NVIDIA_TF32_OVERRIDE can switch to TF32: the f32 path differs from the CPU's cblas_sgemm only in
@@ -42,8 +47,10 @@ constexpr double kGemmTuneBudgetS = 0.5;
 // What linear() runs for one shape (for the benchmark and the tests).
 struct GemmChoice {
   std::string name;   // "gemm_ex", "lt(id=.. tile=.. splitk=.. ws=..)", "gemv(cols=..)", "gemv_swiglu(cols=..)",
-                      // "<product> + swiglu"
+                      // "mma_gemv(tiles=.. warps=..)", "mma_gemv_swiglu(tiles=.. warps=..)", "<product> + swiglu"
   float us = 0.0f;    // its tuned time per call (0: not timed)
+  float best_lt_us = 0.0f;  // the fastest cuBLASLt candidate's tuned time (linear_swiglu: of the gate/up product
+                            // alone; 0: none timed)
 };
 
 class Gemm {
@@ -64,7 +71,7 @@ class Gemm {
   // act [n, inter] bf16 = SwiGLU of the gate/up product: silu(x @ Wg^T) * (x @ Wu^T) rounded to bf16, for
   // x [n, in] bf16 and w [2 inter, in] bf16 (gate rows, then up rows), bf16 weights only. Either the product
   // into gu [n, 2 inter] f32 (tuned as linear()) followed by the SwiGLU kernel, or, for n <= kGemvMaxRows
-  // when the autotune finds it faster, one fused GEMV (gu untouched). act must not overlap x.
+  // when the autotune finds it faster, one fused GEMV (FMA or tensor-core; gu untouched). act must not overlap x.
   void linear_swiglu(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu, uint16_t* act,
                      Stream s);
   // As tune(), for linear_swiglu (gu and act are clobbered).

@@ -1,8 +1,9 @@
-// A bf16 GEMV for the decode products of few rows (one of the candidates Gemm's autotune times against
-// cuBLASLt; see gemm.h): y[m, n] = sum_k x[m, k] * W[n, k] + beta * y[m, n], m < rows <= kGemvMaxRows.
+// bf16 GEMVs for the decode products of few rows (candidates Gemm's autotune times against cuBLASLt; see
+// gemm.h): y[m, n] = sum_k x[m, k] * W[n, k] + beta * y[m, n], m < rows <= kGemvMaxRows. Two kernels with one
+// contract: gemv_bf16 (gemv.cu, FMA on the CUDA cores) and mma_gemv_bf16 (gemv_mma.cu, tensor cores).
 // W streams from HBM once with 16-byte loads (evict-first); x (tiny) is re-read through L1; products are
-// exact in f32 (bf16 x bf16) and accumulated in f32, so the result differs from cuBLAS's only by summation
-// order. Included only from src/backend/cuda.
+// exact in f32 (bf16 x bf16) and accumulated in f32, so gemv_bf16's result differs from cuBLAS's only by
+// summation order. Included only from src/backend/cuda.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +24,8 @@ struct GemvParams {
   uint16_t* act_bf16 = nullptr; // [rows, out] bf16 row-major (gemv_swiglu_bf16)
   int64_t rows = 0, in = 0, out = 0;
   float beta = 0.0f;            // 0: y is overwritten (not read); else y = product + beta * y
+  bool pdl = false;             // mma_gemv only: launch as a programmatic dependent of the stream's previous
+                                // kernel (sm_90; W loads start before its end, x and y are read after it)
 };
 
 // True when gemv_bf16 takes this shape: 1 <= rows <= kGemvMaxRows, in % 8 == 0, w and x (or x_f32) 16-byte
@@ -40,5 +43,17 @@ cudaError_t gemv_bf16(const GemvParams& p, int out_per_block, cudaStream_t s);
 // beta unused); act_bf16 must not overlap x. out_per_block: 1 or 2 gate columns per CTA (2 or 4 W rows).
 bool gemv_swiglu_supported(const GemvParams& p);
 cudaError_t gemv_swiglu_bf16(const GemvParams& p, int out_per_block, cudaStream_t s);
+
+// The tensor-core GEMV (gemv_mma.cu): the same contracts (shapes, gemv_supported / gemv_swiglu_supported,
+// beta, x or x_f32, act_bf16) computed with mma.sync m16n8k16 (bf16 x bf16 products, f32 accumulation inside
+// the tensor core, whose k-group sums may round differently from IEEE f32 adds: the error is that of
+// cuBLAS's tensor-core kernels). Deterministic for a fixed (tiles, warps, shape). Variants for the autotune:
+// tiles (1 or 2): 16-column W tiles per CTA (SwiGLU: 8 gate/up column pairs per tile); warps (4, 8 or 16):
+// warps per CTA, splitting K. The f32-x launch equals the bf16-x launch on f32_to_bf16_array(x) bitwise.
+// Returns cudaErrorInvalidValue for an unsupported shape or variant, else the launch status (sm_80+ only).
+constexpr int kMmaGemvTiles[] = {1, 2};
+constexpr int kMmaGemvWarps[] = {4, 8, 16};
+cudaError_t mma_gemv_bf16(const GemvParams& p, int tiles, int warps, cudaStream_t s);
+cudaError_t mma_gemv_swiglu_bf16(const GemvParams& p, int tiles, int warps, cudaStream_t s);
 
 }  // namespace retroinfer::cuda::model
