@@ -254,6 +254,7 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   const double decode_s = now_s() - t0;
   const cuda::CudaWaveCounts wave1 = session->last_wave_counts();
   const double ms_step = 1e3 * decode_s / o.steps;
+  const bool graphs_active = session->decode_graphs_active();
   session->set_step_timing(true);
   session->decode_greedy(cur, next);
   json breakdown = json::object();
@@ -287,7 +288,8 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   j["decode_s"] = decode_s;
   j["ms_per_step"] = ms_step;
   j["tok_s"] = double(c.batch) * o.steps / decode_s;
-  j["breakdown_ms"] = breakdown;
+  j["breakdown_ms"] = breakdown;  // an eager step with events (graphs are not used while timing)
+  j["decode_graphs"] = graphs_active;  // the timed steps replayed the non-attention work from CUDA graphs
   j["context_tokens"] = st.context_tokens;
   j["exact_tokens"] = st.exact_tokens;
   j["kv_read_share"] = st.context_tokens > 0 ? double(st.exact_tokens) / double(st.context_tokens) : 0.0;

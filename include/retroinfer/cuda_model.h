@@ -141,6 +141,11 @@ struct CudaSessionOptions {
   WaveBufferConfig wave;            // host-tier layers
   int64_t gpu_memory_limit = 0;     // bytes the session may use on the GPU; 0 = free memory minus a reserve
   int64_t host_memory_limit = 0;    // pinned bytes; 0 = a share of MemAvailable
+  // Decode runs the model's non-attention work (embedding, norms, products, RoPE / KV append, LM head) as
+  // CUDA graphs captured once per session, one per gap between two layers' attention; the attention runs
+  // eagerly between them (its launch arguments change every step). false, or RETROINFER_DECODE_GRAPHS=0 in
+  // the environment: every kernel launched eagerly. Step timing (set_step_timing) always runs eagerly.
+  bool decode_graphs = true;
 };
 
 // Memory a session would take, computed before anything is allocated.
@@ -219,6 +224,10 @@ class CudaSession {
   // "attention" and "other" when timing is on (it adds a synchronisation per layer).
   const AttentionStats& last_stats() const;
   void set_step_timing(bool on);
+  // True once decode replays captured CUDA graphs (CudaSessionOptions::decode_graphs; captured at the
+  // second decode step after a prefill or fill). False before, when off, or when capture failed (the
+  // session then launches eagerly; the reason is printed once to stderr).
+  bool decode_graphs_active() const;
   std::vector<std::pair<std::string, float>> last_step_ms() const;
   // The host-tier layers' wave-buffer counts, summed over layers and sequences: the last decode step's
   // hits and misses (device counters) and the managers' totals since prefill_done. Synchronous (waits for

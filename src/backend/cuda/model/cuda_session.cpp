@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -52,8 +54,16 @@ void CudaSession::Impl::decode_step(std::span<const int32_t> tokens) {
   im.recording = im.timing;
   im.record_event(0);
   try {
-    im.forward(im.num_seqs, true, 0, 0);
-    im.lm_head(0, im.num_seqs);
+    // Graphs from the second step after a (re)fill on: the first settles whatever the products tune lazily.
+    const bool graphs = im.graphs_wanted && !im.graphs_failed && !im.recording && im.eager_decode_steps >= 1 &&
+                        (!im.graph_exec.empty() || im.capture_decode_graphs());
+    if (graphs) {
+      im.decode_forward_graphs();
+    } else {
+      im.forward(im.num_seqs, true, 0, 0);
+      im.lm_head(0, im.num_seqs);
+      ++im.eager_decode_steps;
+    }
   } catch (...) {
     im.recording = false;
     throw;
@@ -95,6 +105,7 @@ OwnedStream::~OwnedStream() {
 CudaSession::Impl::~Impl() {
   if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // before freeing anything
   for (void* e : events) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  drop_decode_graphs();
 }
 
 CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, int num_seqs)
@@ -155,7 +166,13 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   im.staging = std::make_unique<RowStaging>(R, c.head_dim);
   im.pos.assign(num_seqs, 0);
   im.tune_decode_gemms();
+  const char* env = std::getenv("RETROINFER_DECODE_GRAPHS");
+  const bool env_off = env != nullptr && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0);
+  // RETROINFER_CUDA_SYNC=1 synchronises after every launch, which a stream capture forbids.
+  im.graphs_wanted = opt.decode_graphs && !env_off && !detail::sync_after_launch();
 }
+
+bool CudaSession::decode_graphs_active() const { return !impl_->graph_exec.empty(); }
 
 CudaSession::~CudaSession() = default;
 
@@ -182,6 +199,7 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
   if (im.any_host_tier()) {  // host-tier layers need their whole K/V at once: layer-major
     std::vector<float> out = im.prefill_layer_major(prompts, all_logits, progress);
     im.prefilled = true;
+  im.drop_decode_graphs();  // a (re)fill may have reallocated buffers the graphs captured
     return out;
   }
   const int64_t vocab = c.vocab_size;
@@ -227,6 +245,7 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
   im.build_attention();
   synchronize(im.stream);
   im.prefilled = true;
+  im.drop_decode_graphs();  // a (re)fill may have reallocated buffers the graphs captured
   return out;
 }
 
@@ -318,6 +337,7 @@ std::unique_ptr<CudaSession> CudaSession::fork(const AttentionConfig& attention)
   fi.pos = im.pos;
   fi.build_attention();
   fi.prefilled = true;
+  fi.drop_decode_graphs();
   return f;
 }
 

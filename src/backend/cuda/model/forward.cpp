@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -143,43 +146,38 @@ void CudaSession::Impl::embed(int64_t rows, const RowView& rv, float* x) {
   detail::launch_check(model::embed_gather(ep, st), "embed_gather", st);
 }
 
-void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, float* x, bool decode, int seq,
-                                      int64_t pos0) {
-  RETROINFER_CHECK(rows >= 1 && rows <= rows_cap, "CudaSession: ", rows, " rows exceed the ", rows_cap, " planned");
-  RETROINFER_CHECK(l >= 0 && l < num_layers(), "CudaSession: layer ", l, " out of range");
+void CudaSession::Impl::norm_rows(const float* x, const float* weight, int64_t rows) {
   const ModelConfig& c = model.config();
-  const CudaModel::Weights& w = model.weights();
+  const bool bf16 = model.weights().type == WeightType::kBf16;
   auto st = static_cast<cudaStream_t>(stream);
-  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
-  const int64_t inter = c.intermediate_size, qkvw = (hq + 2 * hkv) * d;
-  const bool bf16 = w.type == WeightType::kBf16;
+  model::RmsNormParams p;
+  p.x = x;
+  p.w = weight;
+  p.y = bf16 ? nullptr : a.xn.as<float>();
+  p.y_bf16 = bf16 ? a.xb.as<uint16_t>() : nullptr;
+  p.rows = rows;
+  p.hidden = c.hidden_size;
+  p.x_stride = c.hidden_size;
+  p.eps = c.rms_norm_eps;
+  detail::launch_check(model::rms_norm(p, st), "rms_norm", st);
+}
+
+void CudaSession::Impl::product(const void* wt, int64_t rows, int64_t in, int64_t out, float* y, float beta,
+                                const uint16_t* xb16, const float* x32) {
+  if (model.weights().type == WeightType::kBf16) gemm->linear(xb16, rows, in, wt, out, y, beta, stream);
+  else gemm->linear(x32, rows, in, wt, out, y, beta, stream);
+}
+
+// RMSNorm -> QKV product -> bias + RoPE + KV append (GPU tier; decode on the host tier: a.k_new / a.v_new
+// only, the layer appends the token to its own store) into a.q.
+void CudaSession::Impl::layer_pre_attention(int l, int64_t rows, const RowView& rv, float* x, bool decode) {
+  const ModelConfig& c = model.config();
+  const CudaModel::Weights::Layer& L = model.weights().layers[l];
+  auto st = static_cast<cudaStream_t>(stream);
+  const int64_t h = c.hidden_size, qkvw = int64_t{c.num_heads_q + 2 * c.num_heads_kv} * c.head_dim;
   const bool host = host_tier(l);
-
-  // RMSNorm of x into the next GEMM's input: bf16 a.xb (bf16 weights) or f32 a.xn.
-  auto norm = [&](const float* weight) {
-    model::RmsNormParams p;
-    p.x = x;
-    p.w = weight;
-    p.y = bf16 ? nullptr : a.xn.as<float>();
-    p.y_bf16 = bf16 ? a.xb.as<uint16_t>() : nullptr;
-    p.rows = rows;
-    p.hidden = h;
-    p.x_stride = h;
-    p.eps = c.rms_norm_eps;
-    detail::launch_check(model::rms_norm(p, st), "rms_norm", st);
-  };
-  // y [rows, out] (+)= input [rows, in] @ W^T, the input xb16 (bf16 weights) or x32 (f32 weights).
-  auto product = [&](const void* wt, int64_t in, int64_t out, float* y, float beta, const uint16_t* xb16,
-                     const float* x32) {
-    if (bf16) gemm->linear(xb16, rows, in, wt, out, y, beta, stream);
-    else gemm->linear(x32, rows, in, wt, out, y, beta, stream);
-  };
-
-  const CudaModel::Weights::Layer& L = w.layers[l];
-  norm(L.attn_norm);
-  product(L.wqkv, h, qkvw, a.qkv.as<float>(), 0.0f, a.xb.as<uint16_t>(), a.xn.as<float>());
-  // The layer's K/V: GPU tier k[l], v[l]; host tier the staging buffer in prefill, none in decode (the
-  // token's K/V goes to a.k_new / a.v_new only, and the layer appends it to its own store).
+  norm_rows(x, L.attn_norm, rows);
+  product(L.wqkv, rows, h, qkvw, a.qkv.as<float>(), 0.0f, a.xb.as<uint16_t>(), a.xn.as<float>());
   uint16_t* kc = decode && host ? nullptr : prefill_k(l);
   uint16_t* vc = decode && host ? nullptr : prefill_v(l);
   model::QkvPostParams qp;
@@ -200,25 +198,60 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
   qp.num_heads_kv = c.num_heads_kv;
   qp.head_dim = c.head_dim;
   detail::launch_check(model::qkv_post(qp, st), "qkv_post", st);
+}
 
+// Decode attention of layer l for every sequence: a.q -> a.att (pos[s] + 1 tokens after the append).
+void CudaSession::Impl::layer_attention_decode(int l) {
+  const ModelConfig& c = model.config();
+  const int64_t hq = c.num_heads_q, hkv = c.num_heads_kv, d = c.head_dim;
+  if (!attn_per_seq) {
+    attn[l]->decode(a.q.as<float>(), a.k_new.as<uint16_t>(), a.v_new.as<uint16_t>(), pos[0] + 1, a.att.as<float>(),
+                    stream);
+    last_stats += attn[l]->last_stats();
+    return;
+  }
+  for (int s = 0; s < num_seqs; ++s) {
+    LayerAttention& la = *attn[static_cast<size_t>(s) * c.num_layers + l];
+    la.decode(a.q.as<float>() + s * hq * d, a.k_new.as<uint16_t>() + s * hkv * d, a.v_new.as<uint16_t>() + s * hkv * d,
+              pos[s] + 1, a.att.as<float>() + s * hq * d, stream);
+    last_stats += la.last_stats();
+  }
+}
+
+// O product + residual -> RMSNorm -> gate/up + SwiGLU -> down product + residual, from a.att into x.
+void CudaSession::Impl::layer_post_attention(int l, int64_t rows, float* x) {
+  const ModelConfig& c = model.config();
+  const CudaModel::Weights::Layer& L = model.weights().layers[l];
+  auto st = static_cast<cudaStream_t>(stream);
+  const int64_t h = c.hidden_size, inter = c.intermediate_size, hqd = int64_t{c.num_heads_q} * c.head_dim;
+  gemm->linear(a.att.as<float>(), rows, hqd, L.wo, h, x, 1.0f, stream);  // residual: x += att @ Wo^T
+  norm_rows(x, L.mlp_norm, rows);
+  if (model.weights().type == WeightType::kBf16) {  // gate/up + SwiGLU into actb (gemm.h)
+    gemm->linear_swiglu(a.xb.as<uint16_t>(), rows, h, L.wgate_up, inter, a.gu.as<float>(), a.actb.as<uint16_t>(),
+                        stream);
+  } else {
+    product(L.wgate_up, rows, h, 2 * inter, a.gu.as<float>(), 0.0f, nullptr, a.xn.as<float>());
+    model::SwiGluParams sp;
+    sp.gu = a.gu.as<float>();
+    sp.act = a.act.as<float>();
+    sp.rows = rows;
+    sp.inter = inter;
+    detail::launch_check(model::swiglu(sp, st), "swiglu", st);
+  }
+  product(L.wdown, rows, inter, h, x, 1.0f, a.actb.as<uint16_t>(), a.act.as<float>());  // x += act @ Wd^T
+}
+
+void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, float* x, bool decode, int seq,
+                                      int64_t pos0) {
+  RETROINFER_CHECK(rows >= 1 && rows <= rows_cap, "CudaSession: ", rows, " rows exceed the ", rows_cap, " planned");
+  RETROINFER_CHECK(l >= 0 && l < num_layers(), "CudaSession: layer ", l, " out of range");
+  layer_pre_attention(l, rows, rv, x, decode);
   record_event(2 + 2 * l);
   if (decode) {
-    const int L_n = c.num_layers;
-    if (!attn_per_seq) {
-      attn[l]->decode(a.q.as<float>(), a.k_new.as<uint16_t>(), a.v_new.as<uint16_t>(), pos[0] + 1,
-                      a.att.as<float>(), stream);
-      last_stats += attn[l]->last_stats();
-    } else {
-      for (int s = 0; s < num_seqs; ++s) {
-        LayerAttention& la = *attn[static_cast<size_t>(s) * L_n + l];
-        la.decode(a.q.as<float>() + s * hq * d, a.k_new.as<uint16_t>() + s * hkv * d,
-                  a.v_new.as<uint16_t>() + s * hkv * d, pos[s] + 1, a.att.as<float>() + s * hq * d, stream);
-        last_stats += la.last_stats();
-      }
-    }
+    layer_attention_decode(l);
   } else {
-    const uint16_t* ks = kc + seq * seq_elems();
-    const uint16_t* vs = vc + seq * seq_elems();
+    const uint16_t* ks = prefill_k(l) + seq * seq_elems();
+    const uint16_t* vs = prefill_v(l) + seq * seq_elems();
     if (prefill_attention) {
       prefill_attention->run(a.q.as<float>(), ks, vs, max_context, pos0, rows, opt.attention.scale,
                              a.att.as<float>(), stream);
@@ -237,22 +270,71 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
     }
   }
   record_event(3 + 2 * l);
-  gemm->linear(a.att.as<float>(), rows, hq * d, L.wo, h, x, 1.0f, stream);  // residual: x += att @ Wo^T
+  layer_post_attention(l, rows, x);
+}
 
-  norm(L.mlp_norm);
-  if (bf16) {  // gate/up + SwiGLU into actb: one fused GEMV or the product into gu + the SwiGLU kernel (gemm.h)
-    gemm->linear_swiglu(a.xb.as<uint16_t>(), rows, h, L.wgate_up, inter, a.gu.as<float>(), a.actb.as<uint16_t>(),
-                        stream);
-  } else {
-    product(L.wgate_up, h, 2 * inter, a.gu.as<float>(), 0.0f, nullptr, a.xn.as<float>());
-    model::SwiGluParams sp;
-    sp.gu = a.gu.as<float>();
-    sp.act = a.act.as<float>();
-    sp.rows = rows;
-    sp.inter = inter;
-    detail::launch_check(model::swiglu(sp, st), "swiglu", st);
+void CudaSession::Impl::drop_decode_graphs() {
+  for (void* g : graph_exec)
+    if (g != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));  // no throw: also from ~Impl
+  graph_exec.clear();
+  eager_decode_steps = 0;
+}
+
+bool CudaSession::Impl::capture_decode_graphs() {
+  drop_decode_graphs();
+  auto st = static_cast<cudaStream_t>(stream);
+  const int L = num_layers();
+  const int64_t rows = num_seqs;
+  const RowView rv = staged_rows();
+  float* x = a.x.as<float>();
+  std::string why;
+  for (int i = 0; i <= L && why.empty(); ++i) {
+    cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+      why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e);
+      break;
+    }
+    try {
+      if (i == 0) embed(rows, rv, x);
+      else layer_post_attention(i - 1, rows, x);
+      if (i < L) layer_pre_attention(i, rows, rv, x, true);
+      else lm_head(0, rows);
+    } catch (const std::exception& ex) {
+      why = ex.what();
+    }
+    cudaGraph_t g = nullptr;
+    e = cudaStreamEndCapture(st, &g);
+    if (why.empty() && e != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e);
+    cudaGraphExec_t ex = nullptr;
+    if (why.empty()) {
+      e = cudaGraphInstantiate(&ex, g, 0);
+      if (e != cudaSuccess) why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e);
+    }
+    if (g != nullptr) cudaGraphDestroy(g);
+    if (why.empty()) graph_exec.push_back(ex);
   }
-  product(L.wdown, inter, h, x, 1.0f, a.actb.as<uint16_t>(), a.act.as<float>());  // residual: x += act @ Wd^T
+  if (why.empty()) return true;
+  (void)cudaGetLastError();  // a failed capture may leave a sticky launch error of the capture itself
+  drop_decode_graphs();
+  graphs_failed = true;
+  std::fprintf(stderr, "[retroinfer] decode CUDA graphs off for this session (capture failed: %s); launching eagerly\n",
+               why.c_str());
+  return false;
+}
+
+void CudaSession::Impl::decode_forward_graphs() {
+  auto st = static_cast<cudaStream_t>(stream);
+  const int L = num_layers();
+  RETROINFER_CHECK(static_cast<int>(graph_exec.size()) == L + 1, "CudaSession: ", graph_exec.size(),
+                   " decode graphs for ", L, " layers");
+  auto launch = [&](int i) {
+    RETROINFER_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec[static_cast<size_t>(i)]), st));
+  };
+  launch(0);
+  for (int l = 0; l < L; ++l) {
+    layer_attention_decode(l);
+    launch(l + 1);
+  }
 }
 
 void CudaSession::Impl::lm_head(int64_t row0, int64_t count, const float* x) {

@@ -143,6 +143,7 @@ void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillPro
   }
   synchronize(im.stream);  // the copies read syn's pinned memory, freed on return
   im.prefilled = true;
+  im.drop_decode_graphs();  // a (re)fill may have reallocated buffers the graphs captured
 }
 
 }  // namespace retroinfer::cuda

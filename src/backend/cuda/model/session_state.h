@@ -130,6 +130,26 @@ struct CudaSession::Impl {
   ::retroinfer::model::RopeFrequencies freqs;  // for freqs_len (only `dynamic` depends on it)
   int64_t freqs_len = -1;
 
+  // Decode graphs (CudaSessionOptions::decode_graphs): graph_exec[i] (cudaGraphExec_t), i = 0: embedding +
+  // layer 0 up to its attention; i = l (1 .. L - 1): layer l - 1 after its attention + layer l up to its
+  // attention; i = L: layer L - 1 after its attention + the LM head of every sequence. Captured at the second
+  // decode step after a (re)fill (the first, eager, settles lazily tuned products); dropped by a prefill.
+  std::vector<void*> graph_exec;
+  bool graphs_wanted = false;  // options and environment allow them
+  bool graphs_failed = false;  // a capture failed: eager for the rest of the session
+  int eager_decode_steps = 0;  // decode steps since the last (re)fill
+  void drop_decode_graphs();
+  bool capture_decode_graphs();                 // false (graphs_failed set) when the capture fails
+  void decode_forward_graphs();                 // one decode step's forward + LM head through graph_exec
+  // RMSNorm of x [rows, hidden] into the next product's input: bf16 a.xb (bf16 weights) or f32 a.xn.
+  void norm_rows(const float* x, const float* weight, int64_t rows);
+  // y [rows, out] (+)= input [rows, in] @ W^T, the input xb16 (bf16 weights) or x32 (f32 weights).
+  void product(const void* wt, int64_t rows, int64_t in, int64_t out, float* y, float beta, const uint16_t* xb16,
+               const float* x32);
+  void layer_pre_attention(int l, int64_t rows, const RowView& rv, float* x, bool decode);
+  void layer_attention_decode(int l);
+  void layer_post_attention(int l, int64_t rows, float* x);
+
   bool timing = false;     // set_step_timing
   bool recording = false;  // timing and inside decode: forward() records the attention events
   std::vector<void*> events;  // cudaEvent_t: [0] step start, [1] step end, [2 + 2l] / [3 + 2l] layer l attention
