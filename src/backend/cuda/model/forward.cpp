@@ -341,24 +341,9 @@ void CudaSession::Impl::lm_head(int64_t row0, int64_t count, const float* x) {
   RETROINFER_CHECK(count >= 1 && count <= logit_rows && row0 >= 0 && (x != nullptr || row0 + count <= rows_cap),
                    "CudaSession: LM head rows [", row0, ", ", row0 + count, ") outside the planned buffers");
   const ModelConfig& c = model.config();
-  auto st = static_cast<cudaStream_t>(stream);
-  const bool bf16 = model.weights().type == WeightType::kBf16;
-  model::RmsNormParams p;
-  p.x = (x != nullptr ? x : a.x.as<float>()) + row0 * c.hidden_size;
-  p.w = model.weights().final_norm;
-  p.y = bf16 ? nullptr : a.xn.as<float>();
-  p.y_bf16 = bf16 ? a.xb.as<uint16_t>() : nullptr;
-  p.rows = count;
-  p.hidden = c.hidden_size;
-  p.x_stride = c.hidden_size;
-  p.eps = c.rms_norm_eps;
-  detail::launch_check(model::rms_norm(p, st), "rms_norm(final)", st);
-  if (bf16)
-    gemm->linear(a.xb.as<uint16_t>(), count, c.hidden_size, model.weights().lm_head, c.vocab_size, a.logits.as<float>(),
-                 0.0f, stream);
-  else
-    gemm->linear(a.xn.as<float>(), count, c.hidden_size, model.weights().lm_head, c.vocab_size, a.logits.as<float>(),
-                 0.0f, stream);
+  norm_rows((x != nullptr ? x : a.x.as<float>()) + row0 * c.hidden_size, model.weights().final_norm, count);
+  product(model.weights().lm_head, count, c.hidden_size, c.vocab_size, a.logits.as<float>(), 0.0f,
+          a.xb.as<uint16_t>(), a.xn.as<float>());
 }
 
 void CudaSession::Impl::tune_decode_gemms() {

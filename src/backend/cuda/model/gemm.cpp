@@ -91,33 +91,34 @@ TuneCache& tune_cache() {
   return c;
 }
 
+// An on/off switch from the environment: "0" / "off" is off, "1" / "on" is on, anything else (or unset)
+// the default.
+bool env_switch(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return dflt;
+  if (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0) return false;
+  if (std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0) return true;
+  return dflt;
+}
+
 // False when the environment sets RETROINFER_GEMM_TUNE=0 (or off): every product then runs cublasGemmEx and
 // gate/up + SwiGLU stays unfused, as before the autotune (an A/B and safety switch; read once).
 bool tuning_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("RETROINFER_GEMM_TUNE");
-    return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
-  }();
+  static const bool on = env_switch("RETROINFER_GEMM_TUNE", true);
   return on;
 }
 
 // True when the environment sets RETROINFER_GEMM_PDL=1 (or on): the tensor-core GEMV launches as a
 // programmatic dependent of the stream's previous kernel (gemv.h GemvParams::pdl; off by default; read once).
 bool mma_pdl() {
-  static const bool on = [] {
-    const char* v = std::getenv("RETROINFER_GEMM_PDL");
-    return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0);
-  }();
+  static const bool on = env_switch("RETROINFER_GEMM_PDL", false);
   return on;
 }
 
 // False when the environment sets RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are not
 // candidates (an A/B switch for the benchmark and a safety switch; read once).
 bool mma_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("RETROINFER_GEMM_MMA");
-    return v == nullptr || (std::strcmp(v, "0") != 0 && std::strcmp(v, "off") != 0);
-  }();
+  static const bool on = env_switch("RETROINFER_GEMM_MMA", true);
   return on;
 }
 
