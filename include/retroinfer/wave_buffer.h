@@ -16,9 +16,14 @@
 //            estimation state.
 // The whole step can be captured in a CUDA graph (capture_graph / replay_graph).
 //
+// Index updates during decode (append(), on by default): each block of update_tokens generated tokens
+// becomes update_clusters clusters as on the GPU tier (RetroLayer::append), synchronously on the owner
+// thread between steps (docs/wave-buffer.md "Index updates during decode").
+//
 // Threading contract: a layer is used by one host thread at a time (the owner). Its manager thread runs
-// from build() until destruction and touches only the pinned protocol region and its own LRU state;
-// a manager error is rethrown by the owner's next decode(), wait_manager(), stats() or check().
+// from build() until destruction (an index update that outgrows the selection ring replaces it by a new
+// one, with an empty cache) and touches only the pinned protocol region and its own LRU state; a manager
+// error is rethrown by the owner's next decode(), append(), wait_manager(), stats() or check().
 #pragma once
 
 #include <cstddef>

@@ -461,7 +461,8 @@ void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
 
 void WaveBufferLayer::replay_graph(Stream s) {
   auto& m = *impl_;
-  RETROINFER_CHECK(m.graph_exec != nullptr, "WaveBufferLayer::replay_graph: capture_graph() was not called");
+  RETROINFER_CHECK(m.graph_exec != nullptr, "WaveBufferLayer::replay_graph: no captured graph (capture_graph() was not called, or an ",
+                   "index update or a steady-zone growth in append() dropped it: capture again)");
   m.manager->check();
   RETROINFER_CUDA_CHECK(cudaGraphLaunch(m.graph_exec, static_cast<cudaStream_t>(s)));
   ++m.steps;
