@@ -33,6 +33,7 @@ struct UpdateCase {
   bool tail_room = false;     // WaveBufferConfig::max_tokens set (no store reallocation, ring sized ahead)
   int64_t cache_pages = 12;   // per flat head: small, so clusters are evicted
   double outlier_fraction = 0.01;
+  double retrieval_fraction = 0.05;
   int num_seqs = 2;
 };
 
@@ -46,7 +47,7 @@ void run_case(const UpdateCase& uc) {
   cfg.sink_tokens = 4;
   cfg.window_tokens = 32;
   cfg.segment_tokens = 1024;
-  cfg.retrieval_fraction = 0.05;
+  cfg.retrieval_fraction = uc.retrieval_fraction;
   cfg.estimation_fraction = 0.25;
   cfg.update_tokens = 64;
   cfg.update_clusters = 4;
@@ -74,6 +75,7 @@ void run_case(const UpdateCase& uc) {
   wb.index().set_outlier_zone(true);  // as the runner's host tier
   wb.index().set_keep_assignment(false);
   wb.build(dk.as<uint16_t>(), dv.as<uint16_t>(), n0, max_tokens);
+  const int n_r0 = wb.n_retrieval();
 
   const size_t row = size_t(d) * 2, qn = size_t(H) * group * d;
   cuda::DeviceBuffer dkn(size_t(H) * row), dvn(size_t(H) * row);
@@ -144,11 +146,11 @@ void run_case(const UpdateCase& uc) {
   EXPECT_GT(s.admitted, 0u);
   EXPECT_LE(abs_max, 1e-5);
   std::printf("[wave update] %s tier=%s tail_room=%d seqs=%d H=%d n0=%lld steps=%d cache=%lld pages/head: %lld updates, "
-              "%d clusters/head, %lld outliers/head, nmse max %.3e max-abs %.3e, hits %lld misses %lld (selected %lld), "
+              "%d clusters/head, n_r %d -> %d, %lld outliers/head, nmse max %.3e max-abs %.3e, hits %lld misses %lld (selected %lld), "
               "admitted %llu evicted %llu, max hit rows %lld\n",
               uc.name, uc.tier == StoreTier::kHost ? "host" : "gpu", int(uc.tail_room), uc.num_seqs, H, (long long)n0,
-              steps, (long long)uc.cache_pages, (long long)wb.num_updates(), wb.num_clusters(),
-              (long long)wb.outlier_rows(), nmse_max, abs_max, (long long)device_hits, (long long)device_misses,
+              steps, (long long)uc.cache_pages, (long long)wb.num_updates(), wb.num_clusters(), n_r0,
+              wb.n_retrieval(), (long long)wb.outlier_rows(), nmse_max, abs_max, (long long)device_hits, (long long)device_misses,
               (long long)selected_total, (unsigned long long)s.admitted, (unsigned long long)s.evicted,
               (long long)max_hit_rows);
 }
@@ -156,7 +158,10 @@ void run_case(const UpdateCase& uc) {
 TEST(WaveBufferUpdate, HostStoreMatchesGpuTierThroughThreeUpdates) {
   RETROINFER_REQUIRE_GPU();
   UpdateCase uc;
-  uc.name = "host-store grow";  // no tail room: each update reallocates the store; the ring may be rebuilt
+  uc.name = "host-store grow";  // no tail room: each update reallocates the store
+  // n_r = ceil(0.06 C): 4 at the prompt's 61 clusters, 5 from the second update (69): the ring, sized for
+  // n_r at build, is rebuilt there with an empty cache.
+  uc.retrieval_fraction = 0.06;
   run_case(uc);
 }
 
