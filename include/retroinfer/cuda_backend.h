@@ -194,6 +194,7 @@ class RetroLayer {
   // Outlier zone (AttentionConfig::outlier_fraction, index/wave_index.h split_outliers) on the GPU: off by
   // default (build() then behaves as before it existed); call before build().
   void set_outlier_zone(bool on);
+  bool outlier_zone() const;  // set_outlier_zone's setting (the wave buffer's updates follow it)
   // Keep the f32 centroids and value sums next to the bf16 copies decode reads (default on: debug_state
   // returns them for the parity tests). Off, they are freed after each build / update (12 D -> 4 D bytes
   // per cluster and flat head: ~67 MB per layer of a 128K Llama-3-8B sequence) and debug_state leaves

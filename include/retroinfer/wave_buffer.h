@@ -16,9 +16,14 @@
 //            estimation state.
 // The whole step can be captured in a CUDA graph (capture_graph / replay_graph).
 //
+// Index updates during decode (append(), on by default): each block of update_tokens generated tokens
+// becomes update_clusters clusters as on the GPU tier (RetroLayer::append), synchronously on the owner
+// thread between steps (docs/wave-buffer.md "Index updates during decode").
+//
 // Threading contract: a layer is used by one host thread at a time (the owner). Its manager thread runs
-// from build() until destruction and touches only the pinned protocol region and its own LRU state;
-// a manager error is rethrown by the owner's next decode(), wait_manager(), stats() or check().
+// from build() until destruction (an index update that outgrows the selection ring replaces it by a new
+// one, with an empty cache) and touches only the pinned protocol region and its own LRU state; a manager
+// error is rethrown by the owner's next decode(), append(), wait_manager(), stats() or check().
 #pragma once
 
 #include <cstddef>
@@ -40,6 +45,15 @@ struct WaveBufferConfig {
   double cache_fraction = 0.05;       // block-cache pages per flat head: ceil(fraction * tokens / page)
   int64_t cache_pages = -1;           // >= 0: pages per flat head, overriding cache_fraction
   int ring_slots = 8;                 // selection-ring slots (steps the manager may lag before losing one)
+  // Index updates during decode (append()): on, the layer clusters each block of update_tokens generated
+  // tokens as RetroLayer::append does (same block, same k-means, same outliers), so the host tier stays
+  // equal to the GPU tier; off, every appended token stays in the steady zone (the behaviour before).
+  bool index_updates = true;
+  // > 0: the most tokens per sequence the session reaches. With index updates on it sizes the store's tail
+  // room (updates then never reallocate the store) and the selection ring's width (n_r of the most
+  // clusters; a ring too narrow for a grown n_r is rebuilt at that update with an empty block cache).
+  // 0: no tail room (the first update reallocates the store, growing it by a quarter or more each time).
+  int64_t max_tokens = 0;
 };
 
 // Manager-side counters (clusters), summed over flat heads since build().
@@ -75,12 +89,26 @@ class WaveBufferLayer {
   void build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride);
 
   // Decode-time growth: appends one token per flat head to the steady zone's tail (k_new, v_new device
-  // [num_seqs, Hkv, D] bf16, post-RoPE), asynchronous on `s`. No index update runs on this tier: every
-  // appended token stays in the steady zone and is attended exactly (the CPU method would cluster each
-  // block of update_tokens once window + update_tokens have accumulated; see docs/wave-buffer.md). The
-  // tail's GPU capacity starts at window + update_tokens rows and doubles when full (that append
+  // [num_seqs, Hkv, D] bf16, post-RoPE), asynchronous on `s` unless an index update or a capacity growth
+  // runs. The tail's GPU capacity starts at window + update_tokens rows and doubles when full (that append
   // synchronises the device, reallocates the steady and execution buffers and drops a captured graph).
+  // Index update (wcfg.index_updates, default on): when the tail after the indexed region holds
+  // window + update_tokens tokens (RetroLayer::append's rule), its oldest update_tokens tokens are
+  // clustered into update_clusters clusters by RetroLayer's own update code (a block-sized RetroLayer over
+  // the steady rows: identical k-means and outlier split), their K/V rows copied in cluster order into the
+  // store's tail, the device tables (centroids, value sums, sizes, CSR, page slots, residency) extended,
+  // the manager told (CacheManager::add_clusters) and the rows dropped from the steady zone (which keeps
+  // sinks, outliers, the block's outliers and the tail past the block). Synchronous: the append
+  // synchronises the device once before and once after (an update runs every update_tokens steps), drops a
+  // captured graph (capture again), and may reallocate the store (no tail room: wcfg.max_tokens) or the
+  // execution buffer (rows kept for the manager's pending admissions). Owner thread only; the manager
+  // thread keeps running (its additions are queued, wave_buffer.h threading contract). index() is not
+  // updated: it keeps the prompt's index.
   void append(const uint16_t* k_new, const uint16_t* v_new, Stream s = nullptr);
+  int64_t num_updates() const;         // index updates run by append() since build()
+  int64_t indexed_begin() const;       // first indexed token (RetroLayer::indexed_begin)
+  int64_t indexed_tokens() const;      // tokens in the index (clustered + outliers; RetroLayer::indexed_tokens)
+  int64_t outlier_rows() const;        // outlier tokens per flat head (steady rows after the sinks)
   int64_t num_tokens() const;          // tokens per sequence (build + appended)
   int64_t steady_rows() const;         // steady-zone rows per flat head
   int num_clusters() const;
@@ -110,7 +138,9 @@ class WaveBufferLayer {
   void set_admission(bool on);
   WaveBufferStats stats();
   WaveStepCounts last_step_counts();  // synchronous
-  RetroLayer& index();  // the wave index built by build() (decodes on the GPU-resident K/V it was given)
+  // The wave index built by build() (decodes on the GPU-resident K/V it was given); index updates of
+  // append() do not reach it: it keeps the prompt's index.
+  RetroLayer& index();
   int64_t cache_pages_per_head() const;
   int64_t exec_capacity() const;   // execution-buffer rows per flat head
   int64_t store_bytes() const;     // K + V of every flat head

@@ -736,6 +736,7 @@ void RetroLayer::set_outlier_zone(bool on) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_outlier_zone: call before build()");
   impl_->outliers_on = on;
 }
+bool RetroLayer::outlier_zone() const { return impl_->outliers_on; }
 std::vector<int32_t> RetroLayer::outliers(int flat_head) const {
   const auto& m = *impl_;
   RETROINFER_CHECK(flat_head >= 0 && flat_head < m.H, "RetroLayer::outliers: flat head ", flat_head, " outside [0, ",

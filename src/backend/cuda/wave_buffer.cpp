@@ -12,7 +12,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pinned_host.h"
 #include "backend/cuda/layer_common.h"
-#include "backend/cuda/wave_buffer_kernels.h"
+#include "backend/cuda/wave_buffer_impl.h"
 #include "buffer/cache_manager.h"
 #include "retroinfer/cuda_backend.h"
 
@@ -27,73 +27,6 @@ DeviceBuffer upload_vec(const std::vector<T>& v) {
 }
 }  // namespace
 
-struct WaveBufferLayer::Impl {
-  AttentionShape shape;
-  AttentionConfig cfg;
-  WaveBufferConfig wcfg;
-  int num_seqs = 1, H = 0, G = 0, D = 0;
-  float scale = 0.0f;
-  std::unique_ptr<RetroLayer> index;
-
-  int64_t n = 0, n_idx = 0, idx_begin = 0, list_cap = 0, P = 0, slot_stride = 0;
-  int C = 0, n_r = 0, n_e = 0, steady_rows = 0, attn_splits = 0, est_splits = 0;
-  int64_t steady_cap = 0;  // rows of steady_k / steady_v per flat head (>= steady_rows)
-  // Clustered tokens per flat head (indexed minus the index's outlier tokens): the stride of the store and
-  // of members. The outliers (the same count for every head) are steady rows after the sinks.
-  int64_t per_head = 0, n_out = 0;
-
-  // Meta index copies (decode reads these) and tables; shapes in detail::WaveTables / kernels.h.
-  DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
-  DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
-  DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
-  // Estimation runs on a side stream, forked after selection and joined before the merge, so it
-  // overlaps the lookup, the gather (whose zero-copy reads leave the SMs mostly waiting) and attention.
-  cudaStream_t side = nullptr;
-  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-  DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
-  DeviceBuffer store_dev;
-  DeviceBuffer merge_counter;  // [H] int: run 8's fused merge (layer_common.h decode_path), zero between steps
-  PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
-  const uint16_t* store = nullptr;
-  buffer::WaveProtocolLayout layout;
-  std::vector<int32_t> sizes_host;  // [H, C]
-  std::unique_ptr<buffer::CacheManager> manager;
-  uint64_t steps = 0;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t graph_exec = nullptr;
-
-  ~Impl() {
-    manager.reset();  // stop the thread before the region goes
-    if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
-    if (graph != nullptr) cudaGraphDestroy(graph);
-    if (fork_ev != nullptr) cudaEventDestroy(fork_ev);
-    if (join_ev != nullptr) cudaEventDestroy(join_ev);
-    if (side != nullptr) cudaStreamDestroy(side);
-  }
-
-  detail::WaveTables tables() const {
-    detail::WaveTables t;
-    t.num_heads = H;
-    t.head_dim = D;
-    t.num_clusters = C;
-    t.page_tokens = wcfg.page_tokens;
-    t.n_idx = per_head;
-    t.sizes = sizes.as<int>();
-    t.offsets = offsets_head.as<int>();
-    t.slot_begin = slot_begin.as<int>();
-    t.slot_stride = slot_stride;
-    t.cluster_pages = cluster_pages.as<int>();
-    t.resident = resident.as<uint8_t>();
-    t.pages_per_head = P;
-    t.store = store;
-    t.cache_k = cache_k.as<uint16_t>();
-    t.cache_v = cache_v.as<uint16_t>();
-    t.exec_k = exec_k.as<uint16_t>();
-    t.exec_v = exec_v.as<uint16_t>();
-    t.exec_cap = list_cap;
-    return t;
-  }
-};
 
 WaveBufferLayer::WaveBufferLayer(const AttentionShape& shape, const AttentionConfig& cfg, const WaveBufferConfig& wcfg,
                                  int num_seqs)
@@ -125,9 +58,7 @@ WaveBufferLayer::~WaveBufferLayer() = default;
 void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride) {
   auto& m = *impl_;
   m.manager.reset();
-  // A graph captured before bakes in the buffers this build replaces.
-  if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
-  if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
+  m.drop_graph();  // a graph captured before bakes in the buffers this build replaces
   m.index->build(k, v, num_tokens, kv_stride);  // validates k, v, sizes; synchronous
   m.n = num_tokens;
   m.n_idx = m.index->indexed_tokens();
@@ -157,36 +88,36 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   const int H = m.H, C = m.C, D = m.D, pt = m.wcfg.page_tokens;
 
   // The index, head by head (synchronous downloads; a one-time cost of the build).
+  m.outliers_on = m.index->outlier_zone();
+  m.updates = 0;
   std::vector<uint16_t> cent(size_t(H) * C * D), vsum(size_t(H) * C * D);
-  std::vector<int32_t> offs_head(size_t(H) * (C + 1)), offs_abs(size_t(H) * C + 1), slots(size_t(H) * (C + 1));
+  std::vector<int32_t> sizes_all(size_t(H) * C);
   std::vector<uint32_t> mem(size_t(H) * m.per_head);
-  m.sizes_host.assign(size_t(H) * C, 0);
-  m.slot_stride = 0;
+  std::vector<std::vector<int32_t>> offs(static_cast<size_t>(H));
   for (int h = 0; h < H; ++h) {
     const RetroDebugState st = m.index->debug_state(h);
     std::copy(st.centroids_bf16.begin(), st.centroids_bf16.end(), cent.begin() + size_t(h) * C * D);
     std::copy(st.value_sums_bf16.begin(), st.value_sums_bf16.end(), vsum.begin() + size_t(h) * C * D);
-    std::copy(st.sizes.begin(), st.sizes.end(), m.sizes_host.begin() + size_t(h) * C);
+    std::copy(st.sizes.begin(), st.sizes.end(), sizes_all.begin() + size_t(h) * C);
     RETROINFER_CHECK(int64_t(st.members.size()) == m.per_head, "WaveBufferLayer::build: flat head ", h, " has ",
                      st.members.size(), " clustered tokens, expected ", m.per_head);
     std::copy(st.members.begin(), st.members.end(), mem.begin() + size_t(h) * m.per_head);
-    int32_t slot = 0;
-    for (int c = 0; c <= C; ++c) {
-      offs_head[size_t(h) * (C + 1) + c] = st.offsets[c];
-      if (c < C) offs_abs[size_t(h) * C + c] = static_cast<int32_t>(h * m.per_head + st.offsets[c]);
-      slots[size_t(h) * (C + 1) + c] = slot;
-      if (c < C) slot += (st.sizes[c] + pt - 1) / pt;
-    }
-    m.slot_stride = std::max<int64_t>(m.slot_stride, slot);
+    offs[size_t(h)] = st.offsets;
   }
-  offs_abs[size_t(H) * C] = static_cast<int32_t>(H * m.per_head);
+  m.tab = buffer::WaveIndexTables::from_sizes(H, C, pt, sizes_all);
+  for (int h = 0; h < H; ++h)
+    RETROINFER_CHECK(std::equal(offs[size_t(h)].begin(), offs[size_t(h)].end(), m.tab.offsets.begin() + int64_t(h) * (C + 1)),
+                     "WaveBufferLayer::build: flat head ", h, "'s CSR offsets are not the prefix sums of its sizes ",
+                     "(internal error)");
+  m.slot_stride = m.tab.slot_stride;
   m.centroids_bf16 = upload_vec(cent);
   m.value_sums_bf16 = upload_vec(vsum);
-  m.sizes = upload_vec(m.sizes_host);
-  m.offsets_head = upload_vec(offs_head);
-  m.offsets_abs = upload_vec(offs_abs);
+  m.sizes = upload_vec(m.tab.sizes);
+  m.offsets_head = upload_vec(m.tab.offsets);
+  m.offsets_abs = upload_vec(m.tab.offsets_abs());
   m.members = upload_vec(mem);
-  m.slot_begin = upload_vec(slots);
+  m.slot_begin = upload_vec(m.tab.slot_begin);
+  m.store_at = upload_vec(m.tab.store_at);
 
   // Block cache: pages per flat head.
   m.P = m.wcfg.cache_pages >= 0
@@ -195,10 +126,6 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   const size_t row_bytes = size_t(D) * 2;
   m.cache_k = DeviceBuffer(std::max<size_t>(size_t(H) * m.P * pt * row_bytes, 16));
   m.cache_v = DeviceBuffer(std::max<size_t>(size_t(H) * m.P * pt * row_bytes, 16));
-  m.cluster_pages = DeviceBuffer(std::max<size_t>(size_t(H) * m.slot_stride * 4, 16));
-  m.cluster_pages.fill_bytes(0xff);
-  m.resident = DeviceBuffer(size_t(H) * C);
-  m.resident.fill_bytes(0);
 
   // Execution buffer, steady zone, identity token list.
   m.exec_k = DeviceBuffer(size_t(H) * m.list_cap * row_bytes);
@@ -228,8 +155,12 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
                                          size_t(num_tokens - w_begin) * row_bytes, size_t(H), cudaMemcpyDeviceToDevice));
   }
 
-  // The store, cluster-ordered, on its tier.
-  const size_t store_bytes = size_t(H) * m.per_head * 2 * row_bytes;
+  // The store, cluster-ordered, on its tier; with index updates on and wcfg.max_tokens set, tail room for
+  // every token up to max_tokens (each update's clusters go there; without it the store grows by
+  // reallocation at an update, wave_buffer_update.cpp).
+  const int64_t room = m.wcfg.index_updates && m.wcfg.max_tokens > num_tokens ? m.wcfg.max_tokens - num_tokens : 0;
+  m.store_cap_rows = m.tab.store_rows + int64_t{H} * room;
+  const size_t store_bytes = std::max<size_t>(size_t(m.store_cap_rows) * 2 * row_bytes, 16);
   m.store_dev = DeviceBuffer();
   m.store_host = PinnedHost();
   if (m.wcfg.tier == StoreTier::kGpu) {
@@ -251,7 +182,28 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
     detail::launch_check(detail::wave_store_fill(fp, nullptr), "wave_store_fill", nullptr);
   }
 
-  // Decode workspace (as RetroLayer's, so that the splits and hence the results agree bit for bit).
+  m.merge_counter = DeviceBuffer(size_t(H) * 4);
+  m.merge_counter.fill_bytes(0);
+  m.exec_count = DeviceBuffer(size_t(H) * 4);
+  m.counts = DeviceBuffer(size_t(H) * 4 * 8);
+  m.counts.fill_bytes(0);
+  m.state = DeviceBuffer(sizeof(detail::WaveDeviceState));
+  m.size_decode_workspace();
+  m.steps = m.steps_base = 0;
+  m.stats_base = {};
+  // The ring's width: n_r, or with index updates on and wcfg.max_tokens set, n_r of the most clusters the
+  // session can reach (an update past the width rebuilds the protocol with an empty cache).
+  int k_cap = m.n_r;
+  if (m.wcfg.index_updates && m.wcfg.max_tokens > num_tokens) {
+    const int64_t blocks = detail::ceil_div(m.wcfg.max_tokens - num_tokens, int64_t{m.cfg.update_tokens});
+    k_cap = std::max(k_cap, detail::zone_counts(static_cast<int>(C + blocks * m.cfg.update_clusters), m.cfg).n_retrieval);
+  }
+  m.start_manager(k_cap);
+}
+
+// Decode workspace (as RetroLayer's, so that the splits and hence the results agree bit for bit).
+void WaveBufferLayer::Impl::size_decode_workspace() {
+  auto& m = *this;
   m.logits = DeviceBuffer(size_t(H) * m.G * C * 4);
   m.norm_partial = DeviceBuffer(size_t(H) * m.G * detail::score_blocks(C, D, H) * 8);
   m.scores = DeviceBuffer(size_t(H) * C * 4);
@@ -265,30 +217,39 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   const int total = m.attn_splits + m.est_splits;
   m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
   m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
-  m.merge_counter = DeviceBuffer(size_t(H) * 4);
-  m.merge_counter.fill_bytes(0);
   m.seg_row = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
   m.seg_hit = DeviceBuffer(size_t(H) * std::max(m.n_r, 1));
-  m.exec_count = DeviceBuffer(size_t(H) * 4);
-  m.counts = DeviceBuffer(size_t(H) * 4 * 8);
-  m.counts.fill_bytes(0);
-  m.state = DeviceBuffer(sizeof(detail::WaveDeviceState));
-  m.state.fill_bytes(0);
+}
 
-  // Protocol region and manager. Limits: every retrieval cluster of every head may miss in one step;
-  // its pages are at most (retrieval rows) / page + one partial page per cluster; each eviction frees
-  // at least one page.
+// Protocol region and manager. Limits: every retrieval cluster of every head may miss in one step; its
+// pages are at most (retrieval rows) / page + one partial page per cluster; each eviction frees at least
+// one page. (The limits only throttle the manager's admissions; the ring must hold n_r ids per head.)
+void WaveBufferLayer::Impl::start_manager(int k_cap) {
+  auto& m = *this;
+  RETROINFER_CHECK(k_cap >= m.n_r, "WaveBufferLayer: ring width ", k_cap, " below n_r ", m.n_r, " (internal error)");
+  m.manager.reset();  // stop the thread before its region goes
+  const int pt = m.wcfg.page_tokens;
   const int64_t ret_rows = m.list_cap - m.steady_rows;
-  const int64_t max_pages = int64_t{H} * (detail::ceil_div(ret_rows, pt) + m.n_r);
-  m.layout = buffer::WaveProtocolLayout::make(H, m.n_r, m.wcfg.ring_slots, static_cast<int>(max_pages), H * m.n_r,
+  const int64_t max_pages = int64_t{H} * (detail::ceil_div(ret_rows, pt) + k_cap);
+  m.layout = buffer::WaveProtocolLayout::make(H, k_cap, m.wcfg.ring_slots, static_cast<int>(max_pages), H * k_cap,
                                               static_cast<int>(max_pages));
   m.region = PinnedHost(m.layout.total_bytes, /*allow_fast=*/false);
   m.mirror = DeviceBuffer(m.layout.ack_offset - m.layout.evictions_offset);
   std::memset(m.region.host(), 0, m.layout.total_bytes);
-  m.steps = 0;
+  // A fresh manager knows no resident cluster: the device's page table starts empty too.
+  m.state.fill_bytes(0);
+  m.resident = DeviceBuffer(std::max<size_t>(size_t(H) * C, 16));
+  m.resident.fill_bytes(0);
+  m.cluster_pages = DeviceBuffer(std::max<size_t>(size_t(H) * m.slot_stride * 4, 16));
+  m.cluster_pages.fill_bytes(0xff);
   RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());
-  m.manager = std::make_unique<buffer::CacheManager>(m.layout, m.region.host(), m.sizes_host, C, pt, m.P);
+  m.manager = std::make_unique<buffer::CacheManager>(m.layout, m.region.host(), m.tab.sizes, C, pt, m.P);
   m.manager->start();
+}
+
+void WaveBufferLayer::Impl::drop_graph() {
+  if (graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(graph_exec, nullptr));
+  if (graph != nullptr) cudaGraphDestroy(std::exchange(graph, nullptr));
 }
 
 void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std::vector<void*>* marks) {
@@ -354,6 +315,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     rp.retrieval_ids = lp.retrieval_ids;
     rp.seg_row = lp.seg_row;
     rp.seg_hit = lp.seg_hit;
+    rp.k_src = m.n_r;
     detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
     mark();
 
@@ -378,11 +340,10 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
       lookup_gather);
 }
 
-// Decode-time growth of the steady tail. The index is not updated while decoding (no re-clustering into the
-// store): every appended token stays in the steady zone, attended exactly. The tail's capacity starts at
-// window + update_tokens rows beyond the build's steady zone and doubles when full (one synchronisation,
-// steady and execution buffers reallocated with their rows copied, the splits resized, a captured graph
-// dropped).
+// Decode-time growth of the steady tail, then the index updates that fall due (wave_buffer_update.cpp).
+// The tail's capacity starts at window + update_tokens rows beyond the build's steady zone and doubles
+// when full (one synchronisation, steady and execution buffers reallocated with their rows copied, the
+// splits resized, a captured graph dropped).
 void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Stream s) {
   auto& m = *impl_;
   RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::append: build() was not called");
@@ -416,8 +377,7 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
     const int total = m.attn_splits + m.est_splits;
     m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
     m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
-    if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
-    if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
+    m.drop_graph();
   }
   uint16_t* dk = m.steady_k.as<uint16_t>() + size_t(m.steady_rows) * m.D;
   uint16_t* dv = m.steady_v.as<uint16_t>() + size_t(m.steady_rows) * m.D;
@@ -425,6 +385,12 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
   RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(dv, m.steady_cap * row, v_new, row, row, size_t(m.H), cudaMemcpyDeviceToDevice, st));
   ++m.steady_rows;
   ++m.n;
+  // CPU rule (attention/retro.cpp sync(), RetroLayer::append): while the tokens after the indexed region
+  // number at least window + update_tokens, the oldest update_tokens of them become update_clusters
+  // clusters.
+  while (m.wcfg.index_updates &&
+         m.n - (m.idx_begin + m.n_idx) >= int64_t{m.cfg.window_tokens} + m.cfg.update_tokens)
+    m.index_update(st);
 }
 
 int64_t WaveBufferLayer::num_tokens() const { return impl_->n; }
@@ -432,11 +398,15 @@ int64_t WaveBufferLayer::steady_rows() const { return impl_->steady_rows; }
 int WaveBufferLayer::num_clusters() const { return impl_->C; }
 int WaveBufferLayer::n_retrieval() const { return impl_->n_r; }
 int WaveBufferLayer::n_estimation() const { return impl_->n_e; }
+int64_t WaveBufferLayer::num_updates() const { return impl_->updates; }
+int64_t WaveBufferLayer::indexed_begin() const { return impl_->idx_begin; }
+int64_t WaveBufferLayer::indexed_tokens() const { return impl_->n_idx; }
+int64_t WaveBufferLayer::outlier_rows() const { return impl_->n_out; }
 int64_t WaveBufferLayer::retrieval_capacity() const { return impl_->list_cap - impl_->steady_cap; }
 int64_t WaveBufferLayer::device_bytes() const {
   const auto& m = *impl_;
   const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.value_sums_bf16, &m.sizes, &m.offsets_abs, &m.members,
-                                &m.offsets_head, &m.slot_begin, &m.cluster_pages, &m.resident, &m.cache_k,
+                                &m.offsets_head, &m.slot_begin, &m.store_at, &m.cluster_pages, &m.resident, &m.cache_k,
                                 &m.cache_v, &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v, &m.identity,
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
@@ -475,8 +445,7 @@ void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
   auto& m = *impl_;
   RETROINFER_CHECK(s != nullptr, "WaveBufferLayer::capture_graph: needs a stream other than the default (cuda::StreamHandle)");
   auto st = static_cast<cudaStream_t>(s);
-  if (m.graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(m.graph_exec, nullptr));
-  if (m.graph != nullptr) cudaGraphDestroy(std::exchange(m.graph, nullptr));
+  m.drop_graph();
   RETROINFER_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
   try {
     launch_step(q, out, s, nullptr);
@@ -492,7 +461,8 @@ void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
 
 void WaveBufferLayer::replay_graph(Stream s) {
   auto& m = *impl_;
-  RETROINFER_CHECK(m.graph_exec != nullptr, "WaveBufferLayer::replay_graph: capture_graph() was not called");
+  RETROINFER_CHECK(m.graph_exec != nullptr, "WaveBufferLayer::replay_graph: no captured graph (capture_graph() was not called, or an ",
+                   "index update or a steady-zone growth in append() dropped it: capture again)");
   m.manager->check();
   RETROINFER_CUDA_CHECK(cudaGraphLaunch(m.graph_exec, static_cast<cudaStream_t>(s)));
   ++m.steps;
@@ -501,7 +471,7 @@ void WaveBufferLayer::replay_graph(Stream s) {
 void WaveBufferLayer::wait_manager() {
   auto& m = *impl_;
   RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::wait_manager: build() was not called");
-  m.manager->wait_idle(m.steps);
+  m.manager->wait_idle(m.steps - m.steps_base);
 }
 
 void WaveBufferLayer::check() {
@@ -517,7 +487,16 @@ WaveBufferStats WaveBufferLayer::stats() {
   auto& m = *impl_;
   RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::stats: build() was not called");
   m.manager->check();
-  const auto s = m.manager->stats();
+  auto s = m.manager->stats();
+  const buffer::CacheManagerStats& b = m.stats_base;  // managers before a protocol rebuild
+  s.steps_seen += b.steps_seen;
+  s.steps_lost += b.steps_lost;
+  s.hits += b.hits;
+  s.misses += b.misses;
+  s.updates += b.updates;
+  s.updates_dropped += b.updates_dropped;
+  s.admitted += b.admitted;
+  s.evicted += b.evicted;
   WaveBufferStats w;
   w.steps_seen = s.steps_seen;
   w.steps_lost = s.steps_lost;

@@ -43,7 +43,7 @@ __device__ __forceinline__ void warp_copy_rows(int lane, int rows, Src src, Dst 
 }
 
 __device__ __forceinline__ int64_t store_block(const WaveTables& t, int h, int c) {
-  return (int64_t{h} * t.n_idx + t.offsets[int64_t{h} * (t.num_clusters + 1) + c]) * 2 * t.head_dim;
+  return t.store_at[int64_t{h} * t.num_clusters + c] * 2 * t.head_dim;
 }
 
 template <int D>
@@ -252,12 +252,21 @@ __global__ void __launch_bounds__(kRingThreads) ring_kernel(const WaveRingParams
     __threadfence_system();
   }
   __syncthreads();
-  const int64_t n = int64_t{p.layout.heads} * p.layout.k;
+  const int K = p.layout.k, ks = p.k_src;
+  const int64_t n = int64_t{p.layout.heads} * K;
   int32_t* ids = p.layout.ring_ids(p.region, slot);
   int32_t* rows = p.layout.ring_rows(p.region, slot);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    ids[i] = p.retrieval_ids[i];
-    rows[i] = p.seg_hit[i] ? -1 : p.seg_row[i];
+    const int64_t h = i / K;
+    const int j = static_cast<int>(i - h * K);
+    if (j < ks) {  // the ring may be wider than this step's selection (index updates grow n_r): -1 pad
+      const int64_t x = h * ks + j;
+      ids[i] = p.retrieval_ids[x];
+      rows[i] = p.seg_hit[x] ? -1 : p.seg_row[x];
+    } else {
+      ids[i] = -1;
+      rows[i] = -1;
+    }
   }
   __threadfence_system();
   __syncthreads();
@@ -307,6 +316,22 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
   }
 }
 
+// ---- row gather ----
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) rows_gather_kernel(const RowGatherParams p) {
+  const int h = blockIdx.y, lane = threadIdx.x & 31;
+  const int64_t r = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
+  if (r >= p.rows) return;
+  const int64_t src = p.map[int64_t{h} * p.rows + r];
+  const uint16_t* sk = p.src_k + (int64_t{h} * p.src_cap + src) * D;
+  const uint16_t* sv = p.src_v + (int64_t{h} * p.src_cap + src) * D;
+  uint16_t* dk = p.dst_k + (int64_t{h} * p.dst_cap + r) * D;
+  uint16_t* dv = p.dst_v + (int64_t{h} * p.dst_cap + r) * D;
+  warp_copy_rows<D>(
+      lane, 1, [&](int kv, int) { return kv ? sv : sk; }, [&](int kv, int) { return kv ? dv : dk; });
+}
+
 int copy_blocks(int64_t items) {
   const int64_t b = (items + kWarps - 1) / kWarps;
   return static_cast<int>(b < 1 ? 1 : b);
@@ -352,6 +377,15 @@ cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s) {
   const dim3 grid(copy_blocks(items), p.t.num_heads);
   if (p.t.head_dim == 128) gather_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
   else if (p.t.head_dim == 64) gather_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t wave_rows_gather(const RowGatherParams& p, cudaStream_t s) {
+  if (p.rows <= 0) return cudaSuccess;
+  const dim3 grid(copy_blocks(p.rows), p.num_heads);
+  if (p.head_dim == 128) rows_gather_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
+  else if (p.head_dim == 64) rows_gather_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
   else return cudaErrorInvalidValue;
   return cudaGetLastError();
 }

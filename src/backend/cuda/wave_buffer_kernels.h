@@ -3,9 +3,10 @@
 // wave_buffer.cpp validates and checks.
 //
 // Notation as kernels.h: H flat heads, C clusters per head, D head_dim, K = n_r retrieval clusters per head.
-// Store of flat head h: cluster-ordered, cluster c (size s_c, CSR offset o_c rows within the head) is the
-// contiguous block [K rows | V rows] at element (h * n_idx + o_c) * 2 * D: K row r at + r * D, V row r at
-// + (s_c + r) * D. Cache: cache_k / cache_v [H, P, page_tokens, D] bf16. Execution buffer: exec_k /
+// Store: cluster c of flat head h (size s_c) is the contiguous block [K rows | V rows] at element
+// store_at[h, c] * 2 * D: K row r at + r * D, V row r at + (s_c + r) * D. At build store_at[h, c] =
+// h * n_idx + o_c (o_c its CSR offset within the head: the prompt's clusters in cluster order, head by
+// head); the clusters of an index update follow in the store's tail (buffer/index_update.h WaveIndexTables). Cache: cache_k / cache_v [H, P, page_tokens, D] bf16. Execution buffer: exec_k /
 // exec_v [H, exec_cap, D] bf16.
 #pragma once
 
@@ -21,13 +22,14 @@ struct WaveTables {
   int num_heads = 0, head_dim = 0, num_clusters = 0, page_tokens = 0;
   int64_t n_idx = 0;
   const int* sizes = nullptr;        // [H, C]
-  const int* offsets = nullptr;      // [H, C + 1] rows within the head's store (from 0 per head)
+  const int* offsets = nullptr;      // [H, C + 1] member CSR within the head (from 0 per head): store fill only
+  const int64_t* store_at = nullptr; // [H, C]: first store row of each cluster's block (element * 2 * D)
   const int* slot_begin = nullptr;   // [H, C + 1]: first page slot of each cluster within the head's slots
   int64_t slot_stride = 0;           // page slots per head
   int* cluster_pages = nullptr;      // [H, slot_stride]: cache page of each (cluster, page) while resident
   uint8_t* resident = nullptr;       // [H, C]
   int64_t pages_per_head = 0;        // P
-  const uint16_t* store = nullptr;   // [H, n_idx, 2, D] cluster blocks (device or mapped host pointer)
+  const uint16_t* store = nullptr;   // cluster blocks at store_at (device or mapped host pointer)
   uint16_t* cache_k = nullptr;       // [H, P, page_tokens, D]
   uint16_t* cache_v = nullptr;
   uint16_t* exec_k = nullptr;        // [H, exec_cap, D]
@@ -35,7 +37,9 @@ struct WaveTables {
   int64_t exec_cap = 0;
 };
 
-// Fills the store from GPU K/V: for cluster c of head h, row r is index token members[offsets_abs + r].
+// Fills the store from GPU K/V: for cluster c of head h, row r is K/V row idx_begin + members[h * n_idx +
+// offsets[h, c] + r] of head h (the build: the index's tokens; an index update: the block's rows of the
+// steady zone, with t a view of the block's clusters).
 struct StoreFillParams {
   WaveTables t;
   uint16_t* store = nullptr;          // writable view of t.store
@@ -87,9 +91,10 @@ struct WaveRingParams {
   buffer::WaveProtocolLayout layout;
   void* region = nullptr;
   WaveDeviceState* state = nullptr;
-  const int* retrieval_ids = nullptr;  // [H, K]
-  const int* seg_row = nullptr;
-  const uint8_t* seg_hit = nullptr;
+  const int* retrieval_ids = nullptr;  // [H, k_src]
+  const int* seg_row = nullptr;        // [H, k_src]
+  const uint8_t* seg_hit = nullptr;    // [H, k_src]
+  int k_src = 0;                       // retrieval clusters per head this step (<= layout.k; the rest: -1 pad)
 };
 cudaError_t wave_ring(const WaveRingParams& p, cudaStream_t s);
 
@@ -105,6 +110,21 @@ struct WaveGatherParams {
   int steady_rows = 0;
 };
 cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s);
+
+// Row gather of K and V (the steady zone's compaction after an index update): dst row r of head h is src
+// row map[h * rows + r] of head h.
+struct RowGatherParams {
+  const uint16_t* src_k = nullptr;  // [H, src_cap, D]
+  const uint16_t* src_v = nullptr;
+  int64_t src_cap = 0;
+  uint16_t* dst_k = nullptr;        // [H, dst_cap, D]
+  uint16_t* dst_v = nullptr;
+  int64_t dst_cap = 0;
+  const int* map = nullptr;         // [H, rows]: source rows, each in [0, src_cap)
+  int64_t rows = 0;
+  int num_heads = 0, head_dim = 0;
+};
+cudaError_t wave_rows_gather(const RowGatherParams& p, cudaStream_t s);
 
 
 }  // namespace retroinfer::cuda::detail
