@@ -74,13 +74,22 @@ class RetroLayerAttention final : public LayerAttention {
 
 // retro with the KV in the wave buffer's store (pinned host memory by default): prefill_done builds the
 // index, the store and the steady zone from the runner's GPU K/V (which may then be freed); each decode
-// appends the token to the layer's own steady tail. No index update on this tier (wave_buffer.h append);
-// the outlier zone is on (its rows are steady rows of the wave buffer).
+// appends the token to the layer's own steady tail, and every update_tokens tokens beyond the window the
+// layer clusters a block into its index and store (wave_buffer.h append); the outlier zone is on (its rows
+// are steady rows of the wave buffer).
 class WaveLayerAttention final : public LayerAttention {
+  // The store's tail room and the selection ring sized for the session's max_tokens, so index updates
+  // never reallocate the store (the session planner counts the store of max_tokens tokens per sequence).
+  static WaveBufferConfig sized(WaveBufferConfig w, int64_t max_tokens) {
+    if (w.max_tokens <= 0) w.max_tokens = max_tokens;
+    return w;
+  }
+
  public:
   WaveLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, const WaveBufferConfig& wave,
                      int num_seqs, int64_t max_tokens)
-      : layer_(shape, cfg, wave, num_seqs), max_tokens_(max_tokens), H_(num_seqs * shape.num_heads_kv) {
+      : layer_(shape, cfg, sized(wave, max_tokens), num_seqs), max_tokens_(max_tokens),
+        H_(num_seqs * shape.num_heads_kv) {
     validate(cfg);
     RETROINFER_CHECK(max_tokens >= 1, "WaveLayerAttention: max_tokens must be >= 1, got ", max_tokens);
     layer_.index().set_outlier_zone(true);  // as the GPU tier and the CPU method
