@@ -60,12 +60,31 @@ struct WaveBufferConfig {
 struct WaveBufferStats {
   uint64_t steps_seen = 0, steps_lost = 0, hits = 0, misses = 0;
   uint64_t updates = 0, updates_dropped = 0, admitted = 0, evicted = 0;
+  WaveBufferStats& operator+=(const WaveBufferStats& o) {
+    steps_seen += o.steps_seen;
+    steps_lost += o.steps_lost;
+    hits += o.hits;
+    misses += o.misses;
+    updates += o.updates;
+    updates_dropped += o.updates_dropped;
+    admitted += o.admitted;
+    evicted += o.evicted;
+    return *this;
+  }
 };
 
 // Device-side counts of the last decode step, summed over flat heads.
 struct WaveStepCounts {
   int64_t hit_clusters = 0, miss_clusters = 0;
   int64_t hit_rows = 0, miss_rows = 0, steady_rows = 0;  // tokens gathered from cache / store / steady zone
+  WaveStepCounts& operator+=(const WaveStepCounts& o) {
+    hit_clusters += o.hit_clusters;
+    miss_clusters += o.miss_clusters;
+    hit_rows += o.hit_rows;
+    miss_rows += o.miss_rows;
+    steady_rows += o.steady_rows;
+    return *this;
+  }
 };
 
 namespace cuda {

@@ -44,6 +44,17 @@ struct CacheManagerStats {
   uint64_t updates_dropped = 0;  // updates whose admissions the GPU dropped (applied late)
   uint64_t admitted = 0;         // clusters admitted (and applied)
   uint64_t evicted = 0;          // clusters evicted
+  CacheManagerStats& operator+=(const CacheManagerStats& o) {
+    steps_seen += o.steps_seen;
+    steps_lost += o.steps_lost;
+    hits += o.hits;
+    misses += o.misses;
+    updates += o.updates;
+    updates_dropped += o.updates_dropped;
+    admitted += o.admitted;
+    evicted += o.evicted;
+    return *this;
+  }
 };
 
 class CacheManager {

@@ -131,21 +131,8 @@ class WaveLayerAttention final : public LayerAttention {
   int64_t device_bytes() const override { return layer_.device_bytes(); }
   int64_t host_bytes() const override { return layer_.host_bytes(); }
   bool add_wave_counts(WaveStepCounts& step, WaveBufferStats& totals) override {
-    const WaveStepCounts c = layer_.last_step_counts();  // synchronous
-    step.hit_clusters += c.hit_clusters;
-    step.miss_clusters += c.miss_clusters;
-    step.hit_rows += c.hit_rows;
-    step.miss_rows += c.miss_rows;
-    step.steady_rows += c.steady_rows;
-    const WaveBufferStats t = layer_.stats();
-    totals.steps_seen += t.steps_seen;
-    totals.steps_lost += t.steps_lost;
-    totals.hits += t.hits;
-    totals.misses += t.misses;
-    totals.updates += t.updates;
-    totals.updates_dropped += t.updates_dropped;
-    totals.admitted += t.admitted;
-    totals.evicted += t.evicted;
+    step += layer_.last_step_counts();  // synchronous
+    totals += layer_.stats();
     return true;
   }
 

@@ -488,15 +488,7 @@ WaveBufferStats WaveBufferLayer::stats() {
   RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::stats: build() was not called");
   m.manager->check();
   auto s = m.manager->stats();
-  const buffer::CacheManagerStats& b = m.stats_base;  // managers before a protocol rebuild
-  s.steps_seen += b.steps_seen;
-  s.steps_lost += b.steps_lost;
-  s.hits += b.hits;
-  s.misses += b.misses;
-  s.updates += b.updates;
-  s.updates_dropped += b.updates_dropped;
-  s.admitted += b.admitted;
-  s.evicted += b.evicted;
+  s += m.stats_base;  // managers before a protocol rebuild
   WaveBufferStats w;
   w.steps_seen = s.steps_seen;
   w.steps_lost = s.steps_lost;

@@ -267,15 +267,7 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   // the grown n_r is rebuilt (the manager and the device page table restart empty).
   if (m.n_r > m.layout.k) {
     m.manager->stop();  // rethrows its error
-    const buffer::CacheManagerStats s = m.manager->stats();
-    m.stats_base.steps_seen += s.steps_seen;
-    m.stats_base.steps_lost += s.steps_lost;
-    m.stats_base.hits += s.hits;
-    m.stats_base.misses += s.misses;
-    m.stats_base.updates += s.updates;
-    m.stats_base.updates_dropped += s.updates_dropped;
-    m.stats_base.admitted += s.admitted;
-    m.stats_base.evicted += s.evicted;
+    m.stats_base += m.manager->stats();
     m.steps_base = m.steps;
     m.start_manager(std::max(m.n_r, 2 * m.layout.k));
   } else {
