@@ -403,7 +403,7 @@ struct Gemm::Impl {
   // f32 holds the unfused product. False when refused.
   bool run_swiglu(const Choice& c, const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu,
                   uint16_t* act, cudaStream_t st) {
-    if (c.kind == Kind::kSwiGluGemv) {
+    if (c.kind == Kind::kSwiGluGemv || c.kind == Kind::kSwiGluMma) {
       GemvParams p;
       p.w = static_cast<const uint16_t*>(w);
       p.x = x;
@@ -411,16 +411,7 @@ struct Gemm::Impl {
       p.rows = n;
       p.in = in;
       p.out = inter;
-      return gemv_swiglu_bf16(p, c.cols, st) == cudaSuccess;
-    }
-    if (c.kind == Kind::kSwiGluMma) {
-      GemvParams p;
-      p.w = static_cast<const uint16_t*>(w);
-      p.x = x;
-      p.act_bf16 = act;
-      p.rows = n;
-      p.in = in;
-      p.out = inter;
+      if (c.kind == Kind::kSwiGluGemv) return gemv_swiglu_bf16(p, c.cols, st) == cudaSuccess;
       p.pdl = mma_pdl();
       return mma_gemv_swiglu_bf16(p, c.tiles, c.warps, st) == cudaSuccess;
     }
