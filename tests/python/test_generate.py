@@ -114,3 +114,18 @@ def test_token_prompt_without_tokenizer():
     assert len(r.tokens) == 5 and r.text == ""
     with pytest.raises(retroinfer.Error, match="without a tokenizer"):
         m.generate("text", max_tokens=2)
+
+
+@pytest.mark.parametrize("flag,value", [("--kmeans-iters", "-1"), ("--segment-tokens", "0")])
+def test_cli_rejects_bad_kmeans_options(cli, tiny_text_model_dir, flag, value):
+    r = subprocess.run([cli, "generate", "--model", tiny_text_model_dir, "--device", "cpu", "--prompt", "x",
+                        *RETRO_CLI, flag, value], capture_output=True, timeout=60)
+    assert r.returncode != 0
+    assert flag in r.stderr.decode(errors="replace")
+
+
+def test_cli_kmeans_options_reach_the_index(cli, tiny_text_model_dir, tmp_path):
+    # Zero k-means iterations is a valid (initialisation-only) index; the run must still generate.
+    summary, _ = run_cli(cli, tiny_text_model_dir, tmp_path, "--prompt", PROMPT, "--max-new-tokens", "4",
+                         *RETRO_CLI, "--kmeans-iters", "0", "--segment-tokens", "16")
+    assert summary["generated_tokens"] >= 1
