@@ -200,6 +200,7 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   opt.attention.kind = c.kind;
   opt.max_context = plan.max_context;
   opt.prefill_chunk = o.prefill_chunk;
+  opt.exact_stats = true;  // the report's exact-KV-read figures (read back after the timed steps)
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
   opt.gpu_memory_limit = gpu_limit;

@@ -146,6 +146,10 @@ struct CudaSessionOptions {
   // eagerly between them (its launch arguments change every step). false, or RETROINFER_DECODE_GRAPHS=0 in
   // the environment: every kernel launched eagerly. Step timing (set_step_timing) always runs eagerly.
   bool decode_graphs = true;
+  // last_stats() with the device's exact-token counts (LayerAttention::exact_stats: a synchronisation and a
+  // small read-back per layer, on the first call after a decode); false: the host-side counts, where
+  // retro's retrieval zone is an upper bound (no extra work on the decode path).
+  bool exact_stats = false;
 };
 
 // Memory a session would take, computed before anything is allocated.
@@ -218,10 +222,11 @@ class CudaSession {
   const CudaSessionPlan& memory_plan() const;
   const CudaSessionOptions& options() const;
   const CudaModel& model() const;
-  // Last decode step: attention stats summed over layers and sequences, with the exact tokens the device
-  // attended (LayerAttention::exact_stats: the first call after a decode synchronises and reads retro's
-  // per-head counts back; later calls return the cached sum); time split (ms, CUDA events) into
-  // "attention" and "other" when timing is on (it adds a synchronisation per layer).
+  // Last decode step: attention stats summed over layers and sequences; with CudaSessionOptions::exact_stats
+  // the exact tokens the device attended (LayerAttention::exact_stats: the first call after a decode
+  // synchronises and reads retro's per-head counts back; later calls return the cached sum), else the
+  // host-side counts; time split (ms, CUDA events) into "attention" and "other" when timing is on (it adds
+  // a synchronisation per layer).
   const AttentionStats& last_stats() const;
   void set_step_timing(bool on);
   // True once decode replays captured CUDA graphs (CudaSessionOptions::decode_graphs; captured at the

@@ -83,6 +83,10 @@ struct SessionOptions {
   DType kv_dtype = DType::kF32;   // KV cache storage (f32 or bf16)
   int prefill_chunk = 512;        // tokens per prefill block (bounds activation memory)
   int64_t max_context = 0;        // tokens this session will hold (prompt + generated); 0 = the model's max
+  // CUDA runner: last_stats() counts the tokens the device attended exactly (retro's per-head list lengths,
+  // read back with a synchronisation per layer after each decode; eval and benchmarks) instead of the
+  // host-side bound (no extra synchronisation; generation). The CPU runner always counts exactly.
+  bool exact_attention_stats = false;
 };
 
 // Evaluation hook, called by Session::decode for every layer right after its attention method ran:

@@ -296,6 +296,7 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
         so.attention = method_config("full", opt.attention);
         so.kv_dtype = opt.kv_dtype;
         so.prefill_chunk = opt.prefill_chunk;
+        so.exact_attention_stats = true;  // the reports' exact-token column and the matched budgets
         // The answer may not fit beyond a prompt near the model's limit (8K prompts of an 8K model): the
         // session holds at most the model's positions and decode_answer stops when it is full.
         const int64_t wanted = static_cast<int64_t>(ids.size()) + s.max_new_tokens;

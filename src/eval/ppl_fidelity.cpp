@@ -94,6 +94,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
     so.kv_dtype = opt.kv_dtype;
     so.prefill_chunk = opt.prefill_chunk;
     so.max_context = P + T;
+    so.exact_attention_stats = true;  // exact-token column and matched budgets (forks inherit it)
     const std::unique_ptr<SequenceSession> base = make_session(model, so);
     const auto t0 = std::chrono::steady_clock::now();
     base->prefill(win.first(P));

@@ -4,8 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
@@ -166,10 +164,9 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   im.staging = std::make_unique<RowStaging>(R, c.head_dim);
   im.pos.assign(num_seqs, 0);
   im.tune_decode_gemms();
-  const char* env = std::getenv("RETROINFER_DECODE_GRAPHS");
-  const bool env_off = env != nullptr && (std::strcmp(env, "0") == 0 || std::strcmp(env, "off") == 0);
   // RETROINFER_CUDA_SYNC=1 synchronises after every launch, which a stream capture forbids.
-  im.graphs_wanted = opt.decode_graphs && !env_off && !detail::sync_after_launch();
+  im.graphs_wanted = opt.decode_graphs && detail::env_switch("RETROINFER_DECODE_GRAPHS", true) &&
+                     !detail::sync_after_launch();
 }
 
 bool CudaSession::decode_graphs_active() const { return !impl_->graph_exec.empty(); }
@@ -349,7 +346,7 @@ const CudaSessionOptions& CudaSession::options() const { return impl_->opt; }
 const CudaModel& CudaSession::model() const { return impl_->model; }
 const AttentionStats& CudaSession::last_stats() const {
   Impl& im = *impl_;
-  if (im.exact_stats_pending) {
+  if (im.opt.exact_stats && im.exact_stats_pending) {
     synchronize(im.stream);
     AttentionStats sum;
     for (auto& la : im.attn) sum += la->exact_stats();
