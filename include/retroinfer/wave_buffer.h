@@ -56,10 +56,17 @@ struct WaveBufferConfig {
   int64_t max_tokens = 0;
 };
 
-// Manager-side counters (clusters), summed over flat heads since build().
+// Manager-side counters (clusters), summed over flat heads since build() (also the cache manager's own
+// counters, buffer::CacheManagerStats).
 struct WaveBufferStats {
-  uint64_t steps_seen = 0, steps_lost = 0, hits = 0, misses = 0;
-  uint64_t updates = 0, updates_dropped = 0, admitted = 0, evicted = 0;
+  uint64_t steps_seen = 0;       // ring steps consumed
+  uint64_t steps_lost = 0;       // ring steps overwritten before the manager read them
+  uint64_t hits = 0;             // selected clusters that were resident
+  uint64_t misses = 0;           // selected clusters read from the store
+  uint64_t updates = 0;          // updates published
+  uint64_t updates_dropped = 0;  // updates whose admissions the GPU dropped (applied late)
+  uint64_t admitted = 0;         // clusters admitted (and applied)
+  uint64_t evicted = 0;          // clusters evicted
   WaveBufferStats& operator+=(const WaveBufferStats& o) {
     steps_seen += o.steps_seen;
     steps_lost += o.steps_lost;

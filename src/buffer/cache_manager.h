@@ -32,30 +32,11 @@
 
 #include "buffer/page_lru.h"
 #include "buffer/wave_protocol.h"
+#include "retroinfer/wave_buffer.h"
 
 namespace retroinfer::buffer {
 
-struct CacheManagerStats {
-  uint64_t steps_seen = 0;       // ring steps consumed
-  uint64_t steps_lost = 0;       // ring steps overwritten before the manager read them
-  uint64_t hits = 0;             // selected clusters that were resident
-  uint64_t misses = 0;           // selected clusters read from the store
-  uint64_t updates = 0;          // updates published
-  uint64_t updates_dropped = 0;  // updates whose admissions the GPU dropped (applied late)
-  uint64_t admitted = 0;         // clusters admitted (and applied)
-  uint64_t evicted = 0;          // clusters evicted
-  CacheManagerStats& operator+=(const CacheManagerStats& o) {
-    steps_seen += o.steps_seen;
-    steps_lost += o.steps_lost;
-    hits += o.hits;
-    misses += o.misses;
-    updates += o.updates;
-    updates_dropped += o.updates_dropped;
-    admitted += o.admitted;
-    evicted += o.evicted;
-    return *this;
-  }
-};
+using CacheManagerStats = WaveBufferStats;  // retroinfer/wave_buffer.h: one set of counters
 
 class CacheManager {
  public:

@@ -487,18 +487,9 @@ WaveBufferStats WaveBufferLayer::stats() {
   auto& m = *impl_;
   RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::stats: build() was not called");
   m.manager->check();
-  auto s = m.manager->stats();
+  WaveBufferStats s = m.manager->stats();
   s += m.stats_base;  // managers before a protocol rebuild
-  WaveBufferStats w;
-  w.steps_seen = s.steps_seen;
-  w.steps_lost = s.steps_lost;
-  w.hits = s.hits;
-  w.misses = s.misses;
-  w.updates = s.updates;
-  w.updates_dropped = s.updates_dropped;
-  w.admitted = s.admitted;
-  w.evicted = s.evicted;
-  return w;
+  return s;
 }
 
 WaveStepCounts WaveBufferLayer::last_step_counts() {

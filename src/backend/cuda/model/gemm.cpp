@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstdlib>
-#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -91,34 +89,24 @@ TuneCache& tune_cache() {
   return c;
 }
 
-// An on/off switch from the environment: "0" / "off" is off, "1" / "on" is on, anything else (or unset)
-// the default.
-bool env_switch(const char* name, bool dflt) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return dflt;
-  if (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0) return false;
-  if (std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0) return true;
-  return dflt;
-}
-
 // False when the environment sets RETROINFER_GEMM_TUNE=0 (or off): every product then runs cublasGemmEx and
 // gate/up + SwiGLU stays unfused, as before the autotune (an A/B and safety switch; read once).
 bool tuning_enabled() {
-  static const bool on = env_switch("RETROINFER_GEMM_TUNE", true);
+  static const bool on = detail::env_switch("RETROINFER_GEMM_TUNE", true);
   return on;
 }
 
 // True when the environment sets RETROINFER_GEMM_PDL=1 (or on): the tensor-core GEMV launches as a
 // programmatic dependent of the stream's previous kernel (gemv.h GemvParams::pdl; off by default; read once).
 bool mma_pdl() {
-  static const bool on = env_switch("RETROINFER_GEMM_PDL", false);
+  static const bool on = detail::env_switch("RETROINFER_GEMM_PDL", false);
   return on;
 }
 
 // False when the environment sets RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are not
 // candidates (an A/B switch for the benchmark and a safety switch; read once).
 bool mma_enabled() {
-  static const bool on = env_switch("RETROINFER_GEMM_MMA", true);
+  static const bool on = detail::env_switch("RETROINFER_GEMM_MMA", true);
   return on;
 }
 
@@ -227,18 +215,24 @@ struct Gemm::Impl {
                         CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   }
 
+  // The GEMV arguments both product kinds share: x [n, in] bf16 against W [out, in] bf16 (gemv.h).
+  static GemvParams gemv_params(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out) {
+    GemvParams p;
+    p.w = static_cast<const uint16_t*>(w);
+    p.x = x;
+    p.rows = n;
+    p.in = in;
+    p.out = out;
+    return p;
+  }
+
   // Runs choice c; returns false (nothing thrown) when cuBLAS or the launch refuses it.
   bool run(const Choice& c, const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, float* y,
            float beta, cudaStream_t st) {
     if (c.kind == Kind::kGemmEx) return gemm_ex(x, n, in, w, out, y, beta, st) == CUBLAS_STATUS_SUCCESS;
     if (c.kind == Kind::kGemv || c.kind == Kind::kMmaGemv) {
-      GemvParams p;
-      p.w = static_cast<const uint16_t*>(w);
-      p.x = x;
+      GemvParams p = gemv_params(x, n, in, w, out);
       p.y = y;
-      p.rows = n;
-      p.in = in;
-      p.out = out;
       p.beta = beta;
       p.pdl = c.kind == Kind::kMmaGemv && mma_pdl();
       return (c.kind == Kind::kGemv ? gemv_bf16(p, c.cols, st) : mma_gemv_bf16(p, c.tiles, c.warps, st)) == cudaSuccess;
@@ -404,13 +398,8 @@ struct Gemm::Impl {
   bool run_swiglu(const Choice& c, const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu,
                   uint16_t* act, cudaStream_t st) {
     if (c.kind == Kind::kSwiGluGemv || c.kind == Kind::kSwiGluMma) {
-      GemvParams p;
-      p.w = static_cast<const uint16_t*>(w);
-      p.x = x;
+      GemvParams p = gemv_params(x, n, in, w, inter);
       p.act_bf16 = act;
-      p.rows = n;
-      p.in = in;
-      p.out = inter;
       if (c.kind == Kind::kSwiGluGemv) return gemv_swiglu_bf16(p, c.cols, st) == cudaSuccess;
       p.pdl = mma_pdl();
       return mma_gemv_swiglu_bf16(p, c.tiles, c.warps, st) == cudaSuccess;
