@@ -10,6 +10,7 @@
 //   kernel_bench [--lengths 32768,131072] [--batches 1,4,16] [--reps 30] [--out FILE]
 //               [--max-index-work T]   skip retro/quest when batch * n^2 > T * 2^40 (k-means global step cost)
 //               [--prefill-chunk 8192]
+//               [--only full,quest,kmeans,retro]   time only these parts of each case (default: all)
 //               [--flush write|read]  L2 eviction before each timed call (see g_flush_read)
 //               [--stages 1]   also stamp the score / selection phases (RETROINFER_SELECT_PHASES=1): one
 //                              "retro_phases" line per case (medians over heads and the 10 stage decodes)
@@ -62,6 +63,20 @@ using namespace retroinfer;
 
 FILE* g_out = stdout;
 long long g_prefill_chunk = 8192;
+// --only full,quest,kmeans,retro: the parts of each case to time (default all). kmeans brings the prefill
+// timing it is compared with; retro builds its index untimed when kmeans is left out.
+std::string g_only;
+bool part_on(const char* name) {
+  if (g_only.empty()) return true;
+  const std::string n = name;
+  size_t at = 0;
+  while (at <= g_only.size()) {
+    const size_t e = std::min(g_only.find(',', at), g_only.size());
+    if (g_only.compare(at, e - at, n) == 0) return true;
+    at = e + 1;
+  }
+  return false;
+}
 
 // L2 eviction before each timed call. "write" (default, as runs 3-7): cuda::flush_l2, a memset of twice
 // the L2 size, which leaves L2 full of dirty lines that the timed kernels' first reads must write back.
@@ -171,7 +186,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
   const double io_bytes = 2.0 * q_elems * 4;
   char extra[512];
 
-  {
+  if (part_on("full")) {
     cuda::DenseDecoder dense(shape, static_cast<int>(batch), n);
     const Stats s = time_calls([&](int i) { dense.run(qp(i), k.as<uint16_t>(), v.as<uint16_t>(), n, n, 0.0f, out.as<float>()); },
                                3, reps);
@@ -184,31 +199,33 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
                  max_index_work);
     return;
   }
-  const double pre_ms = prefill_ms(n, shape, k.as<uint16_t>(), v.as<uint16_t>());
+  const double pre_ms = part_on("kmeans") ? prefill_ms(n, shape, k.as<uint16_t>(), v.as<uint16_t>()) : 0.0;
   AttentionConfig cfg;  // paper defaults
-  {
+  if (part_on("quest")) {
     cuda::QuestLayer quest(shape, cfg, static_cast<int>(batch));
     quest.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);
     const Stats s = time_calls([&](int i) { quest.decode(qp(i), out.as<float>()); }, 3, reps);
     std::snprintf(extra, sizeof extra, ",\"pages\":%d,\"selected_pages\":%d", quest.num_pages(), quest.selected_pages());
     emit("quest", n, batch, s, quest.decode_bytes_required(), extra);
   }
-  {
+  if (part_on("kmeans") || part_on("retro")) {
     cuda::RetroLayer retro(shape, cfg, static_cast<int>(batch));
     retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // allocations happen here
-    std::vector<float> bt;
-    for (int i = 0; i < 3; ++i) {
-      cuda::synchronize();
-      const auto t0 = std::chrono::steady_clock::now();
-      retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // synchronous at its end
-      bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    const Stats sb = stats(bt);
-    std::snprintf(extra, sizeof extra,
-                  ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f",
-                  retro.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms);
-    emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
-    const size_t num_paths = g_paths.empty() ? 1 : g_paths.size();
+    if (part_on("kmeans")) {
+      std::vector<float> bt;
+      for (int i = 0; i < 3; ++i) {
+        cuda::synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // synchronous at its end
+        bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+      const Stats sb = stats(bt);
+      std::snprintf(extra, sizeof extra,
+                    ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f",
+                    retro.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms);
+      emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
+    }  // kmeans
+    const size_t num_paths = part_on("retro") ? (g_paths.empty() ? 1 : g_paths.size()) : 0;
     for (size_t pi = 0; pi < num_paths; ++pi) {
       std::string tag;  // ,"decode_path":"P" with --paths
       if (!g_paths.empty()) {
@@ -301,6 +318,7 @@ int main(int argc, char** argv) {
     else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
     else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
     else if (a == "--paths") paths_arg = argv[++i];
+    else if (a == "--only") g_only = argv[++i];
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
       if (std::atoi(argv[++i]) != 0) setenv("RETROINFER_SELECT_PHASES", "1", 1);
     }
