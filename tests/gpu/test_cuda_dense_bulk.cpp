@@ -35,6 +35,10 @@ constexpr double kRefMaxAbs = 1e-4;
 // ~0.3-1: 1e-10.
 constexpr double kV1Nmse = 1e-10;
 constexpr double kV1MaxAbs = 5e-5;
+// bulk against async: the same consumer code, splits and order; only the producer differs, so the outputs
+// are bit-identical unless the compiler contracts a multiply-add differently in the two instantiations
+// (a few f32 ulps of outputs |o| <= ~4.5: 4.5 * 4 * 2^-24 ~ 1e-6).
+constexpr double kAsyncMaxAbs = 2e-6;
 
 struct Run {
   std::vector<float> out;
@@ -62,7 +66,7 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // Runs bulk (default), async and v1 on the same inputs; checks bulk against `ref` (when given) and v1,
-// async bit-identical to bulk (the same math and split, only the copies differ), and prints the line.
+// async against bulk (the same math and split, only the copies differ), and prints the line.
 void check_kernels(const AttentionShape& shape, int num_seqs, int64_t n, int64_t stride, const cuda::DeviceBuffer& dq,
                    const cuda::DeviceBuffer& dk, const cuda::DeviceBuffer& dv, size_t q_elems,
                    const std::vector<float>* ref) {
@@ -71,15 +75,18 @@ void check_kernels(const AttentionShape& shape, int num_seqs, int64_t n, int64_t
   const Run async = run_kernel("async", shape, num_seqs, n, stride, dq, dk, dv, q_elems);
   const Run v1 = run_kernel("v1", shape, num_seqs, n, stride, dq, dk, dv, q_elems);
   const Compare cv = gputest::compare(bulk.out, v1.out);
+  const Compare ca = gputest::compare(async.out, bulk.out);
   Compare cr;
   if (ref != nullptr) cr = gputest::compare(bulk.out, *ref);
-  std::printf("[full bulk] D %d G %d B %d Hkv %d n %lld splits %d nmse %.3g maxabs %.3g v1_nmse %.3g v1_maxabs %.3g%s\n",
+  std::printf("[full bulk] D %d G %d B %d Hkv %d n %lld splits %d nmse %.3g maxabs %.3g v1_nmse %.3g v1_maxabs %.3g "
+              "async_maxabs %.3g%s%s\n",
               shape.head_dim, G, num_seqs, shape.num_heads_kv, static_cast<long long>(n), bulk.splits,
-              ref != nullptr ? cr.nmse : -1.0, ref != nullptr ? cr.max_abs : -1.0, cv.nmse, cv.max_abs,
-              ref != nullptr ? "" : " (no CPU reference)");
+              ref != nullptr ? cr.nmse : -1.0, ref != nullptr ? cr.max_abs : -1.0, cv.nmse, cv.max_abs, ca.max_abs,
+              bit_equal(bulk.out, async.out) ? " async_bit_equal" : "", ref != nullptr ? "" : " (no CPU reference)");
   EXPECT_EQ(gputest::compare(bulk.out, bulk.out).unwritten, 0) << "bulk left outputs unwritten (NaN)";
   EXPECT_EQ(gputest::compare(v1.out, v1.out).unwritten, 0) << "v1 left outputs unwritten (NaN)";
-  EXPECT_TRUE(bit_equal(bulk.out, async.out)) << "bulk and async differ";
+  EXPECT_EQ(ca.unwritten, 0) << "async left outputs unwritten (NaN)";
+  EXPECT_LE(ca.max_abs, kAsyncMaxAbs) << "bulk and async differ";
   EXPECT_EQ(bulk.splits, async.splits);
   EXPECT_LT(cv.nmse, kV1Nmse);
   EXPECT_LT(cv.max_abs, kV1MaxAbs);
