@@ -19,7 +19,8 @@
 //                              path-independent ones) also go to FILE.P.jsonl (FILE without its .jsonl) for
 //                              torch_sdpa_bench.py --compare
 // RETROINFER_DECODE=run6 / fused / run8 / run9 (unset: layer_common.h kRun9IsDefault) picks the decode path
-// (layer_common.h decode_path).
+// (layer_common.h decode_path); RETROINFER_FULL_DECODE=bulk (unset) / async / v1 the dense decode kernel of
+// "full" (its lines carry it as "full_kernel").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -190,7 +191,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
     cuda::DenseDecoder dense(shape, static_cast<int>(batch), n);
     const Stats s = time_calls([&](int i) { dense.run(qp(i), k.as<uint16_t>(), v.as<uint16_t>(), n, n, 0.0f, out.as<float>()); },
                                3, reps);
-    std::snprintf(extra, sizeof extra, ",\"splits\":%d", dense.num_splits(n));
+    std::snprintf(extra, sizeof extra, ",\"splits\":%d,\"full_kernel\":\"%s\"", dense.num_splits(n), dense.kernel());
     emit("full", n, batch, s, double(kv_elems) * 2 * 2 + io_bytes, extra);
   }
   const double work = double(batch) * double(n) * double(n) / double(1ull << 40);

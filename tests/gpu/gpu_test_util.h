@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "retroinfer/cuda_backend.h"
@@ -23,6 +25,31 @@
   } while (0)
 
 namespace retroinfer::gputest {
+
+// Sets an environment variable for the scope (switches read at each decode or construction), restoring it
+// after. value nullptr unsets it.
+class EnvGuard {
+ public:
+  EnvGuard(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    set(value);
+  }
+  ~EnvGuard() { set(had_ ? old_.c_str() : nullptr); }
+  void set(const char* value) {
+    if (value == nullptr) unsetenv(name_);
+    else setenv(name_, value, 1);
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
 
 // K/V of `heads` flat heads, `n` tokens, stride `stride` >= n, head_dim d, bf16 bits, [heads, stride, d].
 // Keys are drawn around `centres` random directions (so that k-means has structure to find) plus noise;

@@ -13,29 +13,7 @@
 namespace retroinfer {
 namespace {
 
-// Sets an environment variable for the scope (the decode path is read at every decode), restoring it after.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      had_ = true;
-      old_ = old;
-    }
-    set(value);
-  }
-  ~EnvGuard() { set(had_ ? old_.c_str() : nullptr); }
-  void set(const char* value) {
-    if (value == nullptr) unsetenv(name_);
-    else setenv(name_, value, 1);
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using gputest::EnvGuard;
 
 struct PathCase {
   int num_seqs, hkv, group, d;

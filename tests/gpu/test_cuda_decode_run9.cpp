@@ -24,29 +24,7 @@
 namespace retroinfer {
 namespace {
 
-// Sets an environment variable for the scope (the decode path is read at every decode), restoring it after.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      had_ = true;
-      old_ = old;
-    }
-    set(value);
-  }
-  ~EnvGuard() { set(had_ ? old_.c_str() : nullptr); }
-  void set(const char* value) {
-    if (value == nullptr) unsetenv(name_);
-    else setenv(name_, value, 1);
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
+using gputest::EnvGuard;
 
 // Items sorted by (score desc, id asc), -inf excluded: the first k1, then the next k2 (both ascending).
 void cpu_select(const std::vector<float>& sc, int k1, int k2, std::vector<int32_t>& r, std::vector<int32_t>& e) {

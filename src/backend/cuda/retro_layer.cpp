@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_dense.h"
 #include "backend/cuda/layer_common.h"
 #include "retroinfer/cuda_backend.h"
 
@@ -613,34 +614,25 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
   RETROINFER_CHECK(m.n > 0, "RetroLayer::decode: build() was not called");
   RETROINFER_CHECK(q != nullptr && out != nullptr, "RetroLayer::decode: null q or out");
   auto st = static_cast<cudaStream_t>(s);
-  if (m.n_idx == 0) {  // everything is steady zone: exact attention
-    detail::DecodeParams dp;
-    dp.q = q;
-    dp.k = m.k;
-    dp.v = m.v;
-    dp.kv_stride = m.kv_stride;
-    dp.num_heads = m.H;
-    dp.group = m.G;
-    dp.head_dim = m.D;
-    dp.scale = m.scale;
-    dp.num_tokens = m.n;
-    dp.num_splits = m.attn_splits;
-    dp.split_tokens = detail::split_tokens(m.n, m.attn_splits);
-    dp.part_ml = m.part_ml.as<float2>();
-    dp.part_o = m.part_o.as<float>();
-    dp.total_splits = m.attn_splits;
-    dp.split_offset = 0;
-    detail::launch_check(detail::decode_attention(dp, st), "decode_attention(dense)", st);
+  if (m.n_idx == 0) {  // everything is steady zone: exact attention (the dense decode of DenseDecoder)
+    detail::DenseDecodeArgs a;
+    a.kernel = detail::dense_kernel();
+    a.q = q;
+    a.k = m.k;
+    a.v = m.v;
+    a.kv_stride = m.kv_stride;
+    a.num_tokens = m.n;
+    a.num_heads = m.H;
+    a.group = m.G;
+    a.head_dim = m.D;
+    a.scale = m.scale;
+    a.part_ml = m.part_ml.as<float2>();
+    a.part_o = m.part_o.as<float>();
+    a.max_splits = m.attn_splits;  // the workspace holds at least attn_splits + est_splits slots per head
+    a.merge_counter = m.merge_counter.as<int>();
+    a.out = out;
+    detail::dense_decode(a, st, "dense_decode(retro)");
     mark("exact_attention");
-    detail::CombineParams c;
-    c.part_ml = dp.part_ml;
-    c.part_o = dp.part_o;
-    c.num_heads = m.H;
-    c.group = m.G;
-    c.head_dim = m.D;
-    c.total_splits = m.attn_splits;
-    c.out = out;
-    detail::launch_check(detail::combine_states(c, st), "combine_states(retro)", st);
     mark("combine");
   } else {
     detail::ZoneDecodeArgs a;

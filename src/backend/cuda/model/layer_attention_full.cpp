@@ -23,8 +23,8 @@ class FullLayerAttention final : public LayerAttention {
       decoder_.emplace(shape, num_seqs, max_tokens);
       const int64_t H = int64_t{num_seqs} * shape.num_heads_kv;
       // DenseDecoder's split workspace: per (flat head, split, group member) a (max, sum) float2 and a
-      // head_dim f32 partial output (dense_decoder.cpp).
-      device_bytes_ = H * decoder_->num_splits(max_tokens) * group * (8 + 4 * int64_t{shape.head_dim});
+      // head_dim f32 partial output, and an int merge counter per flat head (dense_decoder.cpp).
+      device_bytes_ = H * decoder_->num_splits(max_tokens) * group * (8 + 4 * int64_t{shape.head_dim}) + H * 4;
     } else {
       RETROINFER_CHECK(shape.head_dim % 2 == 0 && shape.head_dim <= model::kRefMaxHeadDim, "full attention: head_dim ",
                        shape.head_dim, " is not supported (even, <= ", model::kRefMaxHeadDim, ")");

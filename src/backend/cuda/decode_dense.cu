@@ -1,0 +1,390 @@
+// Dense decode attention that streams K and V at the copy engine's pace (decode_dense.h).
+//
+// Grid (num_splits, H): one CTA per (split, flat head) streams the split's contiguous token range once for
+// all G query heads of the GQA group. Few, long-lived CTAs (kDenseCtasPerSm per multiprocessor over all
+// heads) with many bytes in flight each: a ring of S stages, stage = the K tile and the V tile of
+// kDenseTile = 64 consecutive tokens, filled by a producer warp and drained by kDenseComputeWarps compute
+// warps, each stage with two mbarriers:
+//   full[s]  completes when the stage's bytes have landed: bulk (kBulk): one arrive.expect_tx(bytes) by
+//            the producer thread, the copies' complete_tx; async: the 32 producer lanes' cp.async, each
+//            lane's cp.async.mbarrier.arrive.noinc (expected count 32);
+//   empty[s] completes when the kDenseComputeWarps warps have read the stage (one arrive per warp).
+// Tile i uses stage s = i % S for the u-th time, u = i / S: the consumers wait full[s] for parity u & 1;
+// the producer refills it for tile i >= S after empty[s] completed phase u - 1 (parity (u & 1) ^ 1). The
+// producer cannot get a phase ahead of a waiting consumer (it needs that consumer's release first), so
+// parities never alias. Every issued copy completes a full barrier that the consumers wait on, so all
+// copies have landed when the consumers leave the loop; the CTA barrier after it orders the reuse of the
+// stage buffers for the warps' state merge.
+//
+// Shared-memory layout of a tile (K or V): the 64 rows as 8 blocks of 8 consecutive tokens, each block one
+// contiguous copy of 8 * 2D bytes (the rows are contiguous in global memory), blocks kBlockBytes =
+// 8 * 2D + 16 bytes apart. The 16-byte skew per block makes the ldmatrix reads conflict-free without
+// swizzling the copies: compute warp w takes the tokens 8b + 2w + x (block b = 0..7, x = 0, 1), so the 8
+// row addresses of every 8x8 ldmatrix matrix are the same row and 16-byte column of the 8 blocks, at
+// byte offsets b * kBlockBytes + c: 16-byte bank groups (b * (D + 1) + c / 16) mod 8 = (b + c / 16) mod 8,
+// all different. (Unskewed, rows 2D bytes apart would put the 8 rows in one bank group: 8-way conflicts,
+// 32 shared-memory wavefronts per ldmatrix.x4 instead of 4, ~2 K cycles of shared-memory traffic per
+// 32 KiB tile per CTA, the same order as the time HBM takes to deliver it; the skew costs 8 copies of
+// 2 KiB per tile instead of one of 16 KiB.) A tail tile copies only its valid rows; the compute warps
+// mask the logits of the rest and zero their V rows before P.V (0 * stale shared memory could be NaN).
+//
+// Math per compute warp and tile (its 16 tokens): as decode.cu's decode_kernel, tensor-core flash decoding
+// with mma m16n8k16 (S^T = Q K^T with the query split into bf16 hi + lo rows, online softmax on the
+// fragments, O^T += P V with P split likewise: both carried to 2^-18 relative), then the warps' states merge
+// in shared memory and the CTA writes one partial state per query head (the softmax_state.h format of the
+// split-K path), merged by the fused merge of the head's last CTA (decode_merge.cuh) or combine_states.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/decode_dense.h"
+#include "backend/cuda/decode_merge.cuh"
+#include "backend/cuda/kernels.h"
+#include "retroinfer/softmax_state.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+constexpr int kT = kDenseTile;
+constexpr int kCW = kDenseComputeWarps;
+constexpr int kBlocks = kT / 8;  // 8-token blocks per tile
+static_assert(kT == kCW * 16, "each compute warp takes 16 tokens (two of each block) of every tile");
+
+template <int D>
+struct DenseLayout {
+  static constexpr int kRowBytes = D * 2;                     // one token's K (or V) row, bf16
+  static constexpr int kBlockBytes = 8 * kRowBytes + 16;      // 8 rows + the 16-byte skew
+  static constexpr int kTileBytes = kBlocks * kBlockBytes;    // K or V of one tile
+  static constexpr int kStageBytes = 2 * kTileBytes;          // K tile, then V tile
+  // Stages: ~97 KiB in all (D = 128: 3 x 32.25 KiB; D = 64: 6 x 16.25 KiB), so that kDenseCtasPerSm = 2
+  // CTAs fit the 227 KiB of shared memory a multiprocessor gives (2 x (97 + 1 reserved) KiB + the static
+  // barriers). While a tile is computed, the other S - 1 stages' copies are in flight: 64 KiB per CTA at
+  // D = 128, 128 KiB per multiprocessor, ~4x what HBM's bandwidth-latency product needs per
+  // multiprocessor (4.8 TB/s x ~1 us / 132 = 36 KB).
+  static constexpr int kStages = D == 128 ? 3 : 6;
+  static constexpr size_t kBytes = size_t{kStages} * kStageBytes;
+  static_assert(kBlockBytes % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte addresses and sizes");
+  // The warps' state staging and the fused merge's weights reuse the stages after the loop.
+  static constexpr size_t kStageO = size_t{kCW} * kMaxGroup * D * 4;
+  static constexpr size_t kStageMl = size_t{kCW} * kMaxGroup * 8;
+  static_assert(kStageO + kStageMl + size_t{kMergeMaxStates} * 4 <= kBytes, "staging fits in the stages");
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Makes the initialised barriers visible to the other threads and to the async proxy (the bulk copies'
+// complete_tx) before the CTA barrier that follows.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.shared::cta.b64 state, [%0];\n"
+      "}\n" ::"r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(bytes)
+      : "memory");
+}
+// Blocks until the barrier's phase of parity `parity` has completed (acquire: the stage's bytes, or the
+// consumers' reads, are ordered before what follows).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t a = smem_u32(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(a), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// 1-D bulk copy global -> shared (bytes: a multiple of 16, both addresses 16-byte aligned) completing
+// `bytes` transactions on bar; L2 policy pol.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                              uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+      "%4;\n" ::"r"(smem_u32(dst)),
+      "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
+      : "memory");
+}
+// One arrive on bar when every cp.async this thread issued so far has completed (no pending-count
+// increment: the barrier's expected count includes it).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+template <int D, bool kBulk>
+__global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_kernel(const DenseParams p) {
+  using L = DenseLayout<D>;
+  constexpr int S = L::kStages;
+  constexpr int kKs = D / 16;     // QK k-steps
+  constexpr int kNt = D / 8;      // PV n-tiles (8 dims each)
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ __align__(8) uint64_t full_bar[S];
+  __shared__ __align__(8) uint64_t empty_bar[S];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h = blockIdx.y, split = blockIdx.x, G = p.group;
+  const int64_t n = p.num_tokens;
+  const int64_t begin = int64_t{split} * n / p.num_splits;
+  const int64_t end = int64_t{split + 1} * n / p.num_splits;
+  const int64_t len = end - begin;
+  const int ntiles = len > 0 ? static_cast<int>((len + kT - 1) / kT) : 0;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full_bar[s], kBulk ? 1 : 32);
+      mbar_init(&empty_bar[s], kCW);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  float m = -INFINITY, l = 0.0f;  // compute warps: query head gq; l is this lane's partial sum
+  float o[kNt][4];
+#pragma unroll
+  for (int j = 0; j < kNt; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  const int gq = (lane >> 2), tq = lane & 3;
+
+  if (warp == kCW) {
+    // ---- producer warp ----
+    const uint64_t pol = l2_evict_first_policy();  // K/V are streamed once
+    const uint16_t* kh = p.k + (int64_t{h} * p.kv_stride + begin) * D;
+    const uint16_t* vh = p.v + (int64_t{h} * p.kv_stride + begin) * D;
+    if constexpr (kBulk) {
+      if (lane == 0) {
+        for (int i = 0; i < ntiles; ++i) {
+          const int s = i % S;
+          if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);
+          const int64_t left = len - int64_t{i} * kT;
+          const int rows = static_cast<int>(left < kT ? left : kT);
+          unsigned char* kst = smem_raw + s * L::kStageBytes;
+          unsigned char* vst = kst + L::kTileBytes;
+          mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(2 * rows * L::kRowBytes));
+          const uint16_t* ks = kh + int64_t{i} * kT * D;
+          const uint16_t* vs = vh + int64_t{i} * kT * D;
+          for (int b = 0; b * 8 < rows; ++b) {
+            const int r = rows - b * 8 < 8 ? rows - b * 8 : 8;
+            const uint32_t bytes = static_cast<uint32_t>(r * L::kRowBytes);
+            bulk_copy_g2s(kst + b * L::kBlockBytes, ks + b * 8 * D, bytes, &full_bar[s], pol);
+            bulk_copy_g2s(vst + b * L::kBlockBytes, vs + b * 8 * D, bytes, &full_bar[s], pol);
+          }
+        }
+      }
+    } else {
+      for (int i = 0; i < ntiles; ++i) {
+        const int s = i % S;
+        if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);  // every lane: it writes the stage itself
+        const int64_t left = len - int64_t{i} * kT;
+        const int rows = static_cast<int>(left < kT ? left : kT);
+        unsigned char* kst = smem_raw + s * L::kStageBytes;
+        unsigned char* vst = kst + L::kTileBytes;
+        const uint16_t* ks = kh + int64_t{i} * kT * D;
+        const uint16_t* vs = vh + int64_t{i} * kT * D;
+        for (int c = lane; c < rows * kChunks; c += 32) {
+          const int r = c / kChunks, col = c % kChunks;
+          const int off = (r >> 3) * L::kBlockBytes + (r & 7) * L::kRowBytes + col * 16;
+          cp_async16_zfill_hint(kst + off, ks + r * D + col * 8, true, pol);
+          cp_async16_zfill_hint(vst + off, vs + r * D + col * 8, true, pol);
+        }
+        cp_async_mbar_arrive(&full_bar[s]);
+      }
+    }
+    __syncwarp();
+  } else {
+    // ---- compute warps ----
+    // Query A fragments (decode.cu): a[k] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..),
+    // lo(k 2tq+8..)}; rows of heads >= G are zero.
+    uint32_t qa[kKs][4];
+    {
+      const bool on = gq < G;
+      const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
+#pragma unroll
+      for (int k = 0; k < kKs; ++k) {
+        float x[4] = {0, 0, 0, 0};
+        if (on) {
+          const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
+          const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
+          x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
+        }
+        float hi[4], lo[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
+        qa[k][0] = pack_bf16(hi[0], hi[1]);
+        qa[k][1] = pack_bf16(lo[0], lo[1]);
+        qa[k][2] = pack_bf16(hi[2], hi[3]);
+        qa[k][3] = pack_bf16(lo[2], lo[3]);
+      }
+    }
+    // ldmatrix row addresses (matrix mi = lane >> 3, row ri = lane & 7 = the block). n index j of the QK
+    // n-tile x (and k index j / 8 + j of P.V) is the token 8j + 2w + x of the tile.
+    //   QK, matrices (x 0, k lo), (x 0, k hi), (x 1, k lo), (x 1, k hi): token 8ri + 2w + (mi >> 1),
+    //       16-byte column 2k + (mi & 1) at k-step k;
+    //   PV, matrices (x 0, dims d0), (x 1, d0), (x 0, d0 + 8), (x 1, d0 + 8): token 8ri + 2w + (mi & 1),
+    //       column 2jj + (mi >> 1) for dims d0 = 16jj.
+    const int mi = lane >> 3, ri = lane & 7;
+    const int k_off = ri * L::kBlockBytes + (2 * warp + (mi >> 1)) * L::kRowBytes + (mi & 1) * 16;
+    const int v_off = ri * L::kBlockBytes + (2 * warp + (mi & 1)) * L::kRowBytes + (mi >> 1) * 16;
+    // This lane's accumulator tokens: s[0] (x 0, n 2tq), s[1] (x 0, n 2tq + 1), s[2] (x 1, n 2tq),
+    // s[3] (x 1, n 2tq + 1).
+    const int tb = 16 * tq + 2 * warp;
+    const int tok[4] = {tb, tb + 8, tb + 1, tb + 9};
+    for (int i = 0; i < ntiles; ++i) {
+      const int s_idx = i % S;
+      mbar_wait(&full_bar[s_idx], (i / S) & 1);
+      const int64_t left = len - int64_t{i} * kT;
+      const int valid = static_cast<int>(left < kT ? left : kT);
+      const unsigned char* kst = smem_raw + s_idx * L::kStageBytes;
+      unsigned char* vst = smem_raw + s_idx * L::kStageBytes + L::kTileBytes;
+      if (2 * warp < valid) {  // else none of the warp's tokens (>= 2w) is in the tile
+        if (valid < kT) {
+          // Tail tile (the split's last): zero this warp's V rows past the end (never copied: stale or
+          // uninitialised shared memory). No copy writes this stage again.
+          for (int c = lane; c < 16 * kChunks; c += 32) {
+            const int r = c / kChunks, col = c % kChunks, b = r >> 1, x = r & 1;
+            if (8 * b + 2 * warp + x >= valid)
+              *reinterpret_cast<uint4*>(vst + b * L::kBlockBytes + (2 * warp + x) * L::kRowBytes + col * 16) =
+                  make_uint4(0u, 0u, 0u, 0u);
+          }
+          __syncwarp();
+        }
+        float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int k = 0; k < kKs; ++k) {
+          uint32_t b[4];
+          ldmatrix_x4(b, kst + k_off + k * 32);
+          mma_bf16_16816(c0, qa[k], b[0], b[1]);
+          mma_bf16_16816(c1, qa[k], b[2], b[3]);
+        }
+        float sv[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
+        float mx = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          sv[j] = tok[j] < valid ? sv[j] : -INFINITY;  // a select: stale K rows may hold NaN
+          mx = fmaxf(mx, sv[j]);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m, mx);  // finite: token 2w is valid (the row max covers it)
+        const float alpha = softmax_rescale(m, m_new);
+        m = m_new;
+        float pr[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) pr[j] = tok[j] < valid ? __expf(sv[j] - m_new) : 0.0f;
+        l = l * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
+#pragma unroll
+        for (int j = 0; j < kNt; ++j) {
+          o[j][0] *= alpha; o[j][1] *= alpha; o[j][2] *= alpha; o[j][3] *= alpha;
+        }
+        float ph[4], pl[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) split_bf16(pr[j], ph[j], pl[j]);
+        const uint32_t pa[4] = {pack_bf16(ph[0], ph[1]), pack_bf16(pl[0], pl[1]), pack_bf16(ph[2], ph[3]),
+                                pack_bf16(pl[2], pl[3])};
+#pragma unroll
+        for (int jj = 0; jj < kNt / 2; ++jj) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, vst + v_off + jj * 32);
+          mma_bf16_16816(o[2 * jj], pa, b[0], b[1]);
+          mma_bf16_16816(o[2 * jj + 1], pa, b[2], b[3]);
+        }
+      }
+      __syncwarp();  // every lane's reads of the stage are done (their results are in registers)
+      if (lane == 0) mbar_arrive(&empty_bar[s_idx]);
+    }
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+  }
+
+  // Merge the compute warps' states: staged in shared memory (the stage buffers: every copy has landed,
+  // see the file comment), then one thread per (query head, dimension) merges them in warp order.
+  __syncthreads();
+  float* stage_o = reinterpret_cast<float*>(smem_raw);                          // [kCW, kMaxGroup, D]
+  float2* stage_ml = reinterpret_cast<float2*>(stage_o + kCW * kMaxGroup * D);  // [kCW, kMaxGroup]
+  if (warp < kCW && gq < G) {
+#pragma unroll
+    for (int j = 0; j < kNt; ++j) {
+      float* dst = stage_o + (warp * kMaxGroup + gq) * D + j * 8 + 2 * tq;
+      dst[0] = o[j][0] + o[j][2];
+      dst[1] = o[j][1] + o[j][3];
+    }
+    if (tq == 0) stage_ml[warp * kMaxGroup + gq] = make_float2(m, l);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int g = i / D, d = i % D;
+    SoftmaxScalars st;
+    float acc_o = 0.0f;
+    for (int w = 0; w < kCW; ++w) {
+      const float2 ml = stage_ml[w * kMaxGroup + g];
+      SoftmaxScalars b;
+      b.m = ml.x;
+      b.l = ml.y;
+      const float ob = stage_o[(w * kMaxGroup + g) * D + d];
+      softmax_merge(st, &acc_o, b, &ob, 1);
+    }
+    const int64_t base = (int64_t{h} * p.num_splits + split) * G + g;
+    p.part_o[base * D + d] = acc_o;
+    if (d == 0) p.part_ml[base] = make_float2(st.m, st.l);
+  }
+  if (p.merge.counter != nullptr)  // merge_if_last's first barrier ends the reads of the staging above
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.num_splits, G, D, h,
+                  reinterpret_cast<float*>(stage_ml + kCW * kMaxGroup), nullptr);
+}
+
+template <int D, bool kBulk>
+cudaError_t launch_dense(const DenseParams& p, cudaStream_t s) {
+  constexpr size_t bytes = DenseLayout<D>::kBytes;
+  void (*kernel)(const DenseParams) = dense_decode_kernel<D, kBulk>;
+  // Once per instantiation (thread-safe static initialisation): > 48 KiB of dynamic shared memory, and the
+  // largest shared-memory carveout so that kDenseCtasPerSm CTAs fit on a multiprocessor.
+  static const cudaError_t attr = [&] {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (e == cudaSuccess)
+      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    return e;
+  }();
+  if (attr != cudaSuccess) return attr;
+  kernel<<<dim3(p.num_splits, p.num_heads), kDenseThreads, bytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+template <bool kBulk>
+cudaError_t launch_dense_dim(const DenseParams& p, cudaStream_t s) {
+  if (p.num_splits < 1 || p.num_splits > p.num_tokens || p.num_heads < 1 || p.num_heads > 65535 || p.group < 1 ||
+      p.group > kMaxGroup || p.kv_stride < p.num_tokens || (reinterpret_cast<uintptr_t>(p.k) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(p.v) & 15) != 0)
+    return cudaErrorInvalidValue;
+  if (p.head_dim == 128) return launch_dense<128, kBulk>(p, s);
+  if (p.head_dim == 64) return launch_dense<64, kBulk>(p, s);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t dense_decode_bulk(const DenseParams& p, cudaStream_t s) { return launch_dense_dim<true>(p, s); }
+cudaError_t dense_decode_async(const DenseParams& p, cudaStream_t s) { return launch_dense_dim<false>(p, s); }
+
+}  // namespace retroinfer::cuda::detail

@@ -1,0 +1,118 @@
+// Host side of the dense decode (decode_dense.h): the kernel switch, the split counts and the one launch
+// function of every dense-decode caller.
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/decode_dense.h"
+#include "backend/cuda/layer_common.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cuda::detail {
+
+DenseKernel dense_kernel() {
+  const char* e = std::getenv("RETROINFER_FULL_DECODE");
+  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "bulk") == 0) return DenseKernel::kBulk;
+  if (std::strcmp(e, "async") == 0) return DenseKernel::kAsync;
+  if (std::strcmp(e, "v1") == 0) return DenseKernel::kV1;
+  RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e, "' is not a dense decode kernel: use bulk (the default), async or v1");
+}
+
+const char* dense_kernel_name(DenseKernel k) {
+  switch (k) {
+    case DenseKernel::kBulk:
+      return "bulk";
+    case DenseKernel::kAsync:
+      return "async";
+    case DenseKernel::kV1:
+      return "v1";
+  }
+  return "?";
+}
+
+int dense_stream_splits(int64_t num_tokens, int num_heads, int sms) {
+  const int64_t want = int64_t{kDenseCtasPerSm} * sms / (num_heads > 0 ? num_heads : 1);
+  const int64_t most = ceil_div(num_tokens > 0 ? num_tokens : 1, kDenseTile);
+  const int64_t s = want < most ? want : most;
+  return static_cast<int>(s > 0 ? s : 1);
+}
+
+int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads) {
+  if (k == DenseKernel::kV1) return decode_splits(num_tokens, num_heads, 1);
+  return dense_stream_splits(num_tokens, num_heads, sm_count());
+}
+
+int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
+  RETROINFER_CHECK(a.q != nullptr && a.k != nullptr && a.v != nullptr && a.out != nullptr && a.part_ml != nullptr &&
+                       a.part_o != nullptr,
+                   who, ": dense decode with a null q, K, V, out or split workspace");
+  RETROINFER_CHECK(a.num_tokens >= 1 && a.kv_stride >= a.num_tokens, who, ": dense decode of ", a.num_tokens,
+                   " tokens in rows of stride ", a.kv_stride, " (need 1 <= tokens <= stride)");
+  RETROINFER_CHECK(a.num_heads >= 1 && a.group >= 1 && a.group <= kMaxGroup && (a.head_dim == 64 || a.head_dim == 128),
+                   who, ": dense decode shape H=", a.num_heads, " G=", a.group, " D=", a.head_dim,
+                   " (need G in [1, ", kMaxGroup, "], D 64 or 128)");
+  RETROINFER_CHECK(a.max_splits >= 1, who, ": dense decode with a split workspace of ", a.max_splits, " slots");
+  // 16-byte copies (cp.async, bulk copies) of whole rows: the K/V bases must be 16-byte aligned (rows are
+  // 128 / 256 bytes, so every row then is).
+  RETROINFER_CHECK((reinterpret_cast<uintptr_t>(a.k) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.v) & 15) == 0, who,
+                   ": dense decode needs 16-byte aligned K and V");
+  int splits = dense_splits(a.kernel, a.num_tokens, a.num_heads);
+  if (splits > a.max_splits) splits = a.max_splits;
+  const int H = a.num_heads, G = a.group, D = a.head_dim;
+  bool merged = false;
+  if (a.kernel == DenseKernel::kV1) {
+    DecodeParams p;
+    p.q = a.q;
+    p.k = a.k;
+    p.v = a.v;
+    p.kv_stride = a.kv_stride;
+    p.num_tokens = a.num_tokens;
+    p.num_heads = H;
+    p.group = G;
+    p.head_dim = D;
+    p.scale = a.scale;
+    p.num_splits = splits;
+    p.split_tokens = split_tokens(a.num_tokens, splits);
+    p.part_ml = a.part_ml;
+    p.part_o = a.part_o;
+    p.total_splits = splits;
+    p.split_offset = 0;
+    launch_check(decode_attention(p, st), who, st);
+  } else {
+    DenseParams p;
+    p.q = a.q;
+    p.k = a.k;
+    p.v = a.v;
+    p.kv_stride = a.kv_stride;
+    p.num_tokens = a.num_tokens;
+    p.num_heads = H;
+    p.group = G;
+    p.head_dim = D;
+    p.scale = a.scale;
+    p.num_splits = splits;
+    p.part_ml = a.part_ml;
+    p.part_o = a.part_o;
+    merged = a.merge_counter != nullptr && int64_t{splits} * G <= kMergeMaxStates &&
+             (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
+    if (merged) {
+      p.merge.counter = a.merge_counter;
+      p.merge.out = a.out;
+    }
+    launch_check(a.kernel == DenseKernel::kBulk ? dense_decode_bulk(p, st) : dense_decode_async(p, st), who, st);
+  }
+  if (!merged) {
+    CombineParams c;
+    c.part_ml = a.part_ml;
+    c.part_o = a.part_o;
+    c.num_heads = H;
+    c.group = G;
+    c.head_dim = D;
+    c.total_splits = splits;
+    c.out = a.out;
+    launch_check(combine_states(c, st), who, st);
+  }
+  return splits;
+}
+
+}  // namespace retroinfer::cuda::detail

@@ -1,0 +1,80 @@
+// The fused merge of split-K decode attention (kernels.h FusedMerge), shared by the decode kernels of
+// decode.cu and the dense decode kernels of decode_dense.cu. Included only from .cu files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+// Fused merge (kernels.h FusedMerge), called by every CTA of the decode and estimate kernels after it has
+// written its partial states (all threads, uniform control flow). The CTA that counts last for head h
+// merges the head's total splits: per query head g the max M over the splits' m, weights w_s = e^{m_s - M}
+// (0 for empty states), L = sum_s l_s w_s (warp g, lanes over the splits, a fixed-order shuffle
+// reduction), then out = sum_s w_s o_s / L with thread = 4 consecutive dims of one query head and the
+// splits' 16-byte loads independent (L2: __ldcg, the states were written by other multiprocessors).
+// Equal to combine_states' pairwise softmax_merge up to f32 rounding (the same terms, rescaled once
+// instead of step by step); deterministic (no floating-point atomics). wts: >= kMergeMaxStates floats of
+// shared memory this CTA no longer uses.
+__device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const float* part_o, int total,
+                              int G, int D, int h, float* wts, uint64_t* phase) {
+  __shared__ int s_last;
+  __shared__ float s_inv[kMaxGroup];
+  __threadfence();  // release: this thread's partial-state stores before the CTA's count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(fm.counter + h, 1);
+    s_last = done == total - 1;
+    if (done == total - 1) fm.counter[h] = 0;  // every CTA of head h has counted: ready for the next decode
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // acquire: the other CTAs' states (read through L2 below)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  const float2* ml = part_ml + int64_t{h} * total * G;  // [total, G]
+  for (int g = warp; g < G; g += nw) {
+    float M = -INFINITY;
+    for (int s = lane; s < total; s += 32) M = fmaxf(M, __ldcg(&ml[int64_t{s} * G + g]).x);
+    M = warp_max(M);
+    float L = 0.0f;
+    for (int s = lane; s < total; s += 32) {
+      const float2 v = __ldcg(&ml[int64_t{s} * G + g]);
+      const float w = v.x == -INFINITY ? 0.0f : expf(v.x - M);  // M = -inf only when every m is
+      wts[s * G + g] = w;
+      L += v.y * w;
+    }
+    L = warp_sum(L);
+    if (lane == 0) s_inv[g] = L > 0.0f ? 1.0f / L : 0.0f;  // the empty state gives zeros (softmax_finish)
+  }
+  __syncthreads();
+  const int cols = G * D / 4;
+  const float* po = part_o + int64_t{h} * total * G * D;  // [total, G, D]
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const int g = (4 * c) / D, d = (4 * c) % D;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = 0; s < total; ++s) {
+      const float w = wts[s * G + g];
+      const float4 o = __ldcg(reinterpret_cast<const float4*>(po + (int64_t{s} * G + g) * D + d));
+      acc.x += w * o.x;
+      acc.y += w * o.y;
+      acc.z += w * o.z;
+      acc.w += w * o.w;
+    }
+    const float inv = s_inv[g];
+    *reinterpret_cast<float4*>(fm.out + (int64_t{h} * G + g) * D + d) =
+        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  }
+  if (phase != nullptr) {
+    __syncthreads();
+    phase_last(phase, h, kSlotMerge);
+  }
+}
+
+}  // namespace
+}  // namespace retroinfer::cuda::detail
