@@ -344,8 +344,7 @@ template <int D>
 struct FastLayout {
   static constexpr int kLanes = D / 8;               // lanes per cluster
   static constexpr int kGroups = 32 / kLanes;        // clusters per warp
-  static constexpr int kUnroll = 4;                  // member rows in flight per lane
-  static_assert(kLanes % kUnroll == 0 && 32 % kLanes == 0, "D = 64 or 128");
+  static_assert(32 % kLanes == 0 && kLanes >= 8, "D = 64 or 128");
 };
 
 // Sum over the n members (CSR entries [b, b + n)) of (row - shift) for the lane's dims 8 sub .. 8 sub + 7
@@ -365,23 +364,23 @@ __device__ __forceinline__ void member_sum_fast(const KMeansParams& p, int b, in
     sh[j] = shift ? shift[8 * sub + j] : 0.0f;
   }
   for (int i0 = 0; i0 < nmax; i0 += L::kLanes) {
-    // The group's lanes fetch kLanes member ids at once; rows are then summed in ascending member order.
+    // The group's lanes fetch kLanes member ids at once, load those kLanes rows (all in flight), then sum
+    // them in ascending member order. Trip counts are warp-uniform (nmax); rows past n are neither
+    // loaded nor added.
     const uint32_t mine = i0 + sub < n ? p.members[b + i0 + sub] : 0u;
-    for (int t0 = 0; t0 < L::kLanes && i0 + t0 < nmax; t0 += L::kUnroll) {  // warp-uniform bounds
-      uint4 x[L::kUnroll];
+    uint4 x[L::kLanes];
 #pragma unroll
-      for (int u = 0; u < L::kUnroll; ++u) {
-        const int64_t row = __shfl_sync(0xffffffffu, mine, t0 + u, L::kLanes);
-        x[u] = i0 + t0 + u < n ? __ldg(reinterpret_cast<const uint4*>(base + row * D + 8 * sub)) : make_uint4(0, 0, 0, 0);
-      }
+    for (int t = 0; t < L::kLanes; ++t) {
+      const int64_t row = __shfl_sync(0xffffffffu, mine, t, L::kLanes);
+      x[t] = i0 + t < n ? __ldg(reinterpret_cast<const uint4*>(base + row * D + 8 * sub)) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int u = 0; u < L::kUnroll; ++u) {
-        if (i0 + t0 + u < n) {
-          float f[8];
-          bf16x8_to_float(x[u], f);
+    for (int t = 0; t < L::kLanes; ++t) {
+      if (i0 + t < n) {
+        float f[8];
+        bf16x8_to_float(x[t], f);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) s[j] += f[j] - sh[j];
-        }
+        for (int j = 0; j < 8; ++j) s[j] += f[j] - sh[j];
       }
     }
   }
@@ -494,7 +493,7 @@ int variant_index(const char* v, const char* const* names, int count, int dflt) 
     if (std::strcmp(v, names[i]) == 0) return i;
   return dflt;
 }
-constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "b", "c", "d"};
+constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "b", "c", "d", "e"};
 constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
 // The defaults until the H200 A/B picks others (every variant gives the same result).
 constexpr int kDefaultAssignVariant = kAssignV1;

@@ -21,8 +21,12 @@ namespace retroinfer::cuda::detail {
 namespace {
 
 constexpr int kWarps = 8;  // warps per CTA
-constexpr int kMt = 2;     // 16-key m-tiles per warp (A fragments in registers; each B fragment feeds kMt MMAs)
-constexpr int kKeys = kWarps * 16 * kMt;  // keys per CTA (as v1)
+// kMt: 16-key m-tiles per warp (A fragments in registers; each B fragment feeds kMt MMAs): 2 as v1
+// (256 keys per CTA) or 3 (variant e: 384 keys per CTA, a third fewer shared-memory reads per MMA).
+template <int kMt>
+constexpr int keys_per_cta() {
+  return kWarps * 16 * kMt;
+}
 
 template <int D, int kChunk, int kStages>
 constexpr int smem_bytes() {
@@ -31,7 +35,7 @@ constexpr int smem_bytes() {
 
 // One step: kNp n-tiles (8 centroids each) from shared row `nt0 * 8` of `cbuf` against the warp's
 // kMt m-tiles. acc is zeroed here.
-template <int D, int kNp>
+template <int D, int kNp, int kMt>
 __device__ __forceinline__ void step_mma(float (&acc)[kNp][kMt][4], const uint32_t (&a)[kMt][D / 16][4],
                                          const uint16_t* cbuf, int nt0, int mi, int ri) {
   constexpr int kRow = D + 8;
@@ -55,7 +59,7 @@ __device__ __forceinline__ void step_mma(float (&acc)[kNp][kMt][4], const uint32
 }
 
 // v1's epilogue: every score compared in ascending column order (strict >: the first maximum stays).
-template <int kNp, bool kFull>
+template <int kNp, int kMt, bool kFull>
 __device__ __forceinline__ void argmax_plain(const float (&acc)[kNp][kMt][4], int col_base, int ce,
                                              float (&best)[kMt][2], int (&idx)[kMt][2]) {
 #pragma unroll
@@ -79,7 +83,7 @@ __device__ __forceinline__ void argmax_plain(const float (&acc)[kNp][kMt][4], in
 // as -inf); only when m > best is the first column holding m looked up (that is where the sequential
 // strict-> scan would have ended: m is the largest and the first occurrence wins; NaN scores are skipped
 // by both, fmaxf ignoring them and v == m failing).
-template <int kNp, bool kFull>
+template <int kNp, int kMt, bool kFull>
 __device__ __forceinline__ void argmax_tree(const float (&acc)[kNp][kMt][4], int col_base, int ce,
                                             float (&best)[kMt][2], int (&idx)[kMt][2]) {
   constexpr int kV = 2 * kNp;
@@ -115,8 +119,9 @@ __device__ __forceinline__ void argmax_tree(const float (&acc)[kNp][kMt][4], int
 // The assignment of kKeys keys (CTA) of flat head blockIdx.z against the clusters [cb, ce) of its segment
 // (blockIdx.y) or of all clusters (global). Centroid chunks of kChunk rows in a kStages-deep ring of
 // dynamic shared memory; rows past ce are zero-filled and masked.
-template <int D, int kNp, int kChunk, int kStages, bool kTree, int kMinBlocks>
+template <int D, int kMt, int kNp, int kChunk, int kStages, bool kTree, int kMinBlocks>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) assign_fast_kernel(const KMeansParams p, bool global) {
+  constexpr int kKeys = keys_per_cta<kMt>();
   static_assert(kChunk % (8 * kNp) == 0, "a chunk is whole steps");
   static_assert(kStages >= 2, "the ring needs a buffer being filled and one being read");
   constexpr int kRow = D + 8;
@@ -187,10 +192,10 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) assign_fast_kernel(co
 #pragma unroll 1
     for (int nt0 = 0; nt0 < nt_end; nt0 += kNp) {
       float acc[kNp][kMt][4];
-      step_mma<D, kNp>(acc, a, cbuf, nt0, mi, ri);
+      step_mma<D, kNp, kMt>(acc, a, cbuf, nt0, mi, ri);
       const int col_base = cc + nt0 * 8 + 2 * tq;
-      if constexpr (kTree) argmax_tree<kNp, kFull>(acc, col_base, ce, best, idx);
-      else argmax_plain<kNp, kFull>(acc, col_base, ce, best, idx);
+      if constexpr (kTree) argmax_tree<kNp, kMt, kFull>(acc, col_base, ce, best, idx);
+      else argmax_plain<kNp, kMt, kFull>(acc, col_base, ce, best, idx);
     }
   };
 #pragma unroll 1
@@ -226,10 +231,11 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) assign_fast_kernel(co
     }
 }
 
-template <int D, int kNp, int kChunk, int kStages, bool kTree, int kMinBlocks>
+template <int D, int kMt, int kNp, int kChunk, int kStages, bool kTree, int kMinBlocks>
 cudaError_t launch(const KMeansParams& p, bool global, cudaStream_t s) {
   constexpr int kSmem = smem_bytes<D, kChunk, kStages>();
-  auto* kernel = assign_fast_kernel<D, kNp, kChunk, kStages, kTree, kMinBlocks>;
+  constexpr int kKeys = keys_per_cta<kMt>();
+  auto* kernel = assign_fast_kernel<D, kMt, kNp, kChunk, kStages, kTree, kMinBlocks>;
   // Past the 48 KiB default for dynamic shared memory; set at every launch (cheap, per current device).
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
@@ -242,11 +248,12 @@ cudaError_t launch(const KMeansParams& p, bool global, cudaStream_t s) {
 template <int D>
 cudaError_t launch_variant(const KMeansParams& p, bool global, int variant, cudaStream_t s) {
   switch (variant) {
-    //                      D  kNp kChunk kStages kTree kMinBlocks
-    case kAssignA: return launch<D, 2, 64, 2, false, 2>(p, global, s);   // 34 KiB (D 128)
-    case kAssignB: return launch<D, 2, 128, 3, true, 2>(p, global, s);   // 102 KiB
-    case kAssignC: return launch<D, 4, 128, 3, true, 1>(p, global, s);   // 102 KiB
-    case kAssignD: return launch<D, 4, 128, 3, true, 2>(p, global, s);   // 102 KiB
+    //                         D kMt kNp kChunk kStages kTree kMinBlocks   shared memory at D 128
+    case kAssignA: return launch<D, 2, 2, 64, 2, false, 2>(p, global, s);   // 34 KiB
+    case kAssignB: return launch<D, 2, 2, 128, 3, true, 2>(p, global, s);   // 102 KiB
+    case kAssignC: return launch<D, 2, 4, 128, 3, true, 1>(p, global, s);   // 102 KiB
+    case kAssignD: return launch<D, 2, 4, 128, 3, true, 2>(p, global, s);   // 102 KiB
+    case kAssignE: return launch<D, 3, 2, 128, 3, true, 1>(p, global, s);   // 102 KiB
     default: return cudaErrorInvalidValue;
   }
 }
