@@ -10,7 +10,6 @@
 //   kernel_bench [--lengths 32768,131072] [--batches 1,4,16] [--reps 30] [--out FILE]
 //               [--max-index-work T]   skip retro/quest when batch * n^2 > T * 2^40 (k-means global step cost)
 //               [--prefill-chunk 8192]
-//               [--only full,quest,kmeans,retro]   time only these parts of each case (default: all)
 //               [--flush write|read]  L2 eviction before each timed call (see g_flush_read)
 //               [--stages 1]   also stamp the score / selection phases (RETROINFER_SELECT_PHASES=1): one
 //                              "retro_phases" line per case (medians over heads and the 10 stage decodes)
@@ -18,9 +17,18 @@
 //                              same layer (RETROINFER_DECODE set to each in turn); path P's lines (with the
 //                              path-independent ones) also go to FILE.P.jsonl (FILE without its .jsonl) for
 //                              torch_sdpa_bench.py --compare
+//               [--only full,quest,kmeans,retro]   time only these parts of each case (default: all); kmeans
+//                              brings the prefill it is compared with
+//               [--kmeans-variants v1/v1,a/fast,...]   the k-means build timed once per kernel variant
+//                              ASSIGN[/UPDATE] (RETROINFER_KMEANS_ASSIGN / RETROINFER_KMEANS_UPDATE set to
+//                              each in turn, kernels.h KMeansAssignVariant); the "kmeans" lines carry
+//                              "assign_variant" / "update_variant" either way
+//               [--kmeans-builds 3]   timed builds per k-means line (median)
+//               [--kmeans-phases 1]   after the timed builds, one more build per variant with
+//                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
+//                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
 // RETROINFER_DECODE=run6 / fused / run8 / run9 (unset: layer_common.h kRun9IsDefault) picks the decode path
-// (layer_common.h decode_path); RETROINFER_FULL_DECODE=bulk (unset) / async / v1 the dense decode kernel of
-// "full" (its lines carry it as "full_kernel").
+// (layer_common.h decode_path).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,6 +44,8 @@
 #include "retroinfer/error.h"
 
 #if defined(RETROINFER_WITH_CUDA)
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/kmeans_phases.h"
 #include "retroinfer/cuda_backend.h"
 #include "retroinfer/cuda_model.h"
 #endif
@@ -78,6 +88,9 @@ bool part_on(const char* name) {
   }
   return false;
 }
+std::vector<std::string> g_kmeans_variants;  // --kmeans-variants: "ASSIGN" or "ASSIGN/UPDATE" entries
+int g_kmeans_builds = 3;                     // --kmeans-builds
+bool g_kmeans_phases = false;                // --kmeans-phases 1
 
 // L2 eviction before each timed call. "write" (default, as runs 3-7): cuda::flush_l2, a memset of twice
 // the L2 size, which leaves L2 full of dirty lines that the timed kernels' first reads must write back.
@@ -209,12 +222,34 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
     std::snprintf(extra, sizeof extra, ",\"pages\":%d,\"selected_pages\":%d", quest.num_pages(), quest.selected_pages());
     emit("quest", n, batch, s, quest.decode_bytes_required(), extra);
   }
-  if (part_on("kmeans") || part_on("retro")) {
+  {
     cuda::RetroLayer retro(shape, cfg, static_cast<int>(batch));
     retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // allocations happen here
-    if (part_on("kmeans")) {
+    // One "kmeans" line per variant (--kmeans-variants; else the environment's), the same index each time.
+    std::vector<std::string> variants = g_kmeans_variants;
+    if (variants.empty()) variants.emplace_back();
+    if (!part_on("kmeans")) variants.clear();
+    for (const std::string& var : variants) {
+      if (!var.empty()) {
+        const size_t slash = var.find('/');
+        setenv("RETROINFER_KMEANS_ASSIGN", var.substr(0, slash).c_str(), 1);
+        if (slash != std::string::npos) setenv("RETROINFER_KMEANS_UPDATE", var.substr(slash + 1).c_str(), 1);
+        else unsetenv("RETROINFER_KMEANS_UPDATE");
+        const std::string want_u = slash == std::string::npos ? "" : var.substr(slash + 1);
+        if (var.substr(0, slash) != cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) ||
+            (!want_u.empty() &&
+             want_u != cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env())))
+          RETROINFER_FAIL("kernel_bench: unknown k-means variant '", var,
+                          "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a,b,c,d,e and UPDATE in v1,fast)");
+        retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // warm-up of this variant
+      }
+      const std::string tag = std::string(",\"assign_variant\":\"") +
+                              cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) +
+                              "\",\"update_variant\":\"" +
+                              cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env()) +
+                              "\"";
       std::vector<float> bt;
-      for (int i = 0; i < 3; ++i) {
+      for (int i = 0; i < g_kmeans_builds; ++i) {
         cuda::synchronize();
         const auto t0 = std::chrono::steady_clock::now();
         retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // synchronous at its end
@@ -222,11 +257,39 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       }
       const Stats sb = stats(bt);
       std::snprintf(extra, sizeof extra,
-                    ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f",
-                    retro.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms);
+                    ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f,"
+                    "\"builds\":%d%s",
+                    retro.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms,
+                    g_kmeans_builds, tag.c_str());
       emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
-    }  // kmeans
-    const size_t num_paths = part_on("retro") ? (g_paths.empty() ? 1 : g_paths.size()) : 0;
+      if (g_kmeans_phases) {
+        // One more build with an event after every phase (kmeans_phases.h): ms per sequence of each phase.
+        setenv("RETROINFER_KMEANS_PHASES", "1", 1);
+        cuda::detail::kmeans_phase_reset();
+        cuda::synchronize();
+        retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);
+        unsetenv("RETROINFER_KMEANS_PHASES");
+        const auto tot = cuda::detail::kmeans_phase_totals();
+        std::string ph = ",\"phases_ms\":{";
+        double sum = 0;
+        for (int i = 0; i < cuda::detail::kKmPhases; ++i) {
+          char b[96];
+          std::snprintf(b, sizeof b, "%s\"%s\":%.4f", i ? "," : "", cuda::detail::kmeans_phase_name(i),
+                        tot.ms[i] / double(batch));
+          ph += b;
+          sum += tot.ms[i] / double(batch);
+        }
+        char b[96];
+        std::snprintf(b, sizeof b, "},\"phases_sum_ms\":%.4f,\"runs\":%lld", sum, static_cast<long long>(tot.runs));
+        emit("kmeans_phases", n, batch, sb, double(kv_elems) * 2 * 2, ph + b + tag);
+      }
+    }
+    if (!g_kmeans_variants.empty()) {
+      unsetenv("RETROINFER_KMEANS_ASSIGN");
+      unsetenv("RETROINFER_KMEANS_UPDATE");
+    }
+    if (!part_on("retro")) return;
+    const size_t num_paths = g_paths.empty() ? 1 : g_paths.size();
     for (size_t pi = 0; pi < num_paths; ++pi) {
       std::string tag;  // ,"decode_path":"P" with --paths
       if (!g_paths.empty()) {
@@ -305,6 +368,10 @@ int main(int argc, char** argv) {
   long long prefill_chunk = 8192;  // the runner's prefill block for the "prefill" timing
   bool flush_read = false;         // --flush read (g_flush_read in a CUDA build)
   std::string paths_arg;           // --paths run8,run9 (needs --out)
+  std::string only_arg;            // --only kmeans
+  std::string kmeans_variants_arg;  // --kmeans-variants v1/v1,a/fast
+  int kmeans_builds = 3;
+  bool kmeans_phases = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -319,7 +386,10 @@ int main(int argc, char** argv) {
     else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
     else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
     else if (a == "--paths") paths_arg = argv[++i];
-    else if (a == "--only") g_only = argv[++i];
+    else if (a == "--only") only_arg = argv[++i];
+    else if (a == "--kmeans-variants") kmeans_variants_arg = argv[++i];
+    else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--kmeans-phases") kmeans_phases = std::atoi(argv[++i]) != 0;
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
       if (std::atoi(argv[++i]) != 0) setenv("RETROINFER_SELECT_PHASES", "1", 1);
     }
@@ -342,6 +412,29 @@ int main(int argc, char** argv) {
     }
   }
   g_prefill_chunk = prefill_chunk;
+  g_only = only_arg;
+  {
+    size_t at = 0;
+    while (!only_arg.empty() && at <= only_arg.size()) {
+      const size_t e = std::min(only_arg.find(',', at), only_arg.size());
+      const std::string w = only_arg.substr(at, e - at);
+      if (w != "full" && w != "quest" && w != "kmeans" && w != "retro") {
+        std::fprintf(stderr, "kernel_bench: --only takes a list of full, quest, kmeans, retro; not '%s'\n", w.c_str());
+        return 2;
+      }
+      at = e + 1;
+    }
+  }
+  g_kmeans_builds = kmeans_builds;
+  g_kmeans_phases = kmeans_phases;
+  if (!kmeans_variants_arg.empty()) {
+    g_kmeans_variants.emplace_back();
+    for (const char c : kmeans_variants_arg) {
+      if (c == ',') g_kmeans_variants.emplace_back();
+      else g_kmeans_variants.back() += c;
+    }
+    std::erase(g_kmeans_variants, std::string());
+  }
   if (!paths_arg.empty()) {
     if (out_path == nullptr) {
       std::fprintf(stderr, "kernel_bench: --paths needs --out FILE (each path also writes FILE.<path>.jsonl)\n");
@@ -389,6 +482,10 @@ int main(int argc, char** argv) {
   (void)prefill_chunk;
   (void)flush_read;
   (void)paths_arg;
+  (void)only_arg;
+  (void)kmeans_variants_arg;
+  (void)kmeans_builds;
+  (void)kmeans_phases;
   std::fprintf(stderr, "kernel_bench: built without the CUDA backend (configure with -DRETROINFER_CUDA=ON)\n");
   return 0;
 #endif

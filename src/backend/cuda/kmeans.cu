@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
@@ -274,17 +275,13 @@ __device__ __forceinline__ int member_sum(const KMeansParams& p, int64_t hc, con
   return e - b;
 }
 
-// Centroid update, one warp per flat cluster: spherical = normalised sum of centred members, else plain
-// mean; an empty cluster (or a zero sum, spherical) keeps its previous centroid.
+// The new centroid of flat cluster hc from its n members' sum (lane owns dims lane + 32 j; whole warp):
+// spherical = normalised sum of centred members, else plain mean; an empty cluster (or a zero sum,
+// spherical) keeps its previous centroid.
 template <int D>
-__global__ void update_kernel(const KMeansParams p, bool spherical) {
+__device__ __forceinline__ void update_centroid(const KMeansParams& p, int64_t hc, int n, float* s, bool spherical,
+                                                int lane) {
   constexpr int kJ = D / 32;
-  const int lane = threadIdx.x & 31;
-  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
-  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
-  const int64_t h = hc / p.num_clusters;
-  float s[kJ];
-  const int n = member_sum<D>(p, hc, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, s, lane);
   if (n == 0) return;
   if (spherical) {
     float ss = 0.0f;
@@ -301,6 +298,19 @@ __global__ void update_kernel(const KMeansParams p, bool spherical) {
     for (int j = 0; j < kJ; ++j) s[j] *= inv;
   }
   store_centroid(p, hc, s, lane);
+}
+
+// Centroid update, one warp per flat cluster.
+template <int D>
+__global__ void update_kernel(const KMeansParams p, bool spherical) {
+  constexpr int kJ = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
+  const int64_t h = hc / p.num_clusters;
+  float s[kJ];
+  const int n = member_sum<D>(p, hc, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, s, lane);
+  update_centroid<D>(p, hc, n, s, spherical, lane);
 }
 
 // Final outputs, one warp per flat cluster: sizes, value sums, de-centred centroids and bf16 copies.
@@ -325,6 +335,135 @@ __global__ void finalize_kernel(const KMeansParams p) {
   if (lane == 0) p.sizes[hc] = n;
 }
 
+// ---- kUpdateFast: kLanes = D / 8 lanes per flat cluster (32 / kLanes clusters per warp), each lane
+// owning 8 consecutive dims read with one 16-byte load per member row (v1: D / 32 loads of 2 bytes). Per
+// dim the sum is the same chain of f32 operations as v1's member_sum (s += x - shift, ascending member
+// order), so it is bit-identical; the spherical norm is then reduced in v1's lane layout (through shared
+// memory) so that update_centroid's warp_sum adds in the same order too.
+template <int D>
+struct FastLayout {
+  static constexpr int kLanes = D / 8;               // lanes per cluster
+  static constexpr int kGroups = 32 / kLanes;        // clusters per warp
+  static_assert(32 % kLanes == 0 && kLanes >= 8, "D = 64 or 128");
+};
+
+// Sum over the n members (CSR entries [b, b + n)) of (row - shift) for the lane's dims 8 sub .. 8 sub + 7
+// of rows from `base` ([n_idx, D] bf16, member i at row i); shift ([D] f32) may be null. The whole warp
+// calls it (n may differ per group: the trip count is the warp's largest n, rows past n are skipped).
+template <int D>
+__device__ __forceinline__ void member_sum_fast(const KMeansParams& p, int b, int n, const uint16_t* base,
+                                                const float* shift, float (&s)[8], int sub) {
+  using L = FastLayout<D>;
+  int nmax = n;
+#pragma unroll
+  for (int o = L::kLanes; o < 32; o <<= 1) nmax = max(nmax, __shfl_xor_sync(0xffffffffu, nmax, o));
+  float sh[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    s[j] = 0.0f;
+    sh[j] = shift ? shift[8 * sub + j] : 0.0f;
+  }
+  for (int i0 = 0; i0 < nmax; i0 += L::kLanes) {
+    // The group's lanes fetch kLanes member ids at once, load those kLanes rows (all in flight), then sum
+    // them in ascending member order. Trip counts are warp-uniform (nmax); rows past n are neither
+    // loaded nor added.
+    const uint32_t mine = i0 + sub < n ? p.members[b + i0 + sub] : 0u;
+    uint4 x[L::kLanes];
+#pragma unroll
+    for (int t = 0; t < L::kLanes; ++t) {
+      const int64_t row = __shfl_sync(0xffffffffu, mine, t, L::kLanes);
+      x[t] = i0 + t < n ? __ldg(reinterpret_cast<const uint4*>(base + row * D + 8 * sub)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int t = 0; t < L::kLanes; ++t) {
+      if (i0 + t < n) {
+        float f[8];
+        bf16x8_to_float(x[t], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[j] += f[j] - sh[j];
+      }
+    }
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) update_fast_kernel(const KMeansParams p, bool spherical) {
+  using L = FastLayout<D>;
+  __shared__ float red[kThreads / 32][L::kGroups][D];  // v1 layout hand-over: 8 KiB
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
+  const int64_t total = int64_t{p.num_heads} * p.num_clusters;
+  const int64_t hc0 = (blockIdx.x * int64_t{kThreads / 32} + warp) * L::kGroups;  // the warp's first cluster
+  if (hc0 >= total) return;  // whole warp
+  const int64_t hc = hc0 + grp;
+  int b = 0, n = 0;
+  const uint16_t* base = p.keys;
+  const float* shift = nullptr;
+  if (hc < total) {
+    const int64_t h = hc / p.num_clusters;
+    b = p.offsets[hc];
+    n = p.offsets[hc + 1] - b;
+    base = p.keys + (h * p.kv_stride + p.idx_begin) * D;
+    shift = p.mean + h * D;
+  }
+  float s[8];
+  member_sum_fast<D>(p, b, n, base, shift, s, sub);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[warp][grp][8 * sub + j] = s[j];
+  __syncwarp();
+  constexpr int kJ = D / 32;
+#pragma unroll 1
+  for (int g = 0; g < L::kGroups && hc0 + g < total; ++g) {  // warp-uniform
+    const int ng = __shfl_sync(0xffffffffu, n, g * L::kLanes);
+    float so[kJ];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) so[j] = red[warp][g][lane + 32 * j];
+    update_centroid<D>(p, hc0 + g, ng, so, spherical, lane);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) finalize_fast_kernel(const KMeansParams p) {
+  using L = FastLayout<D>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
+  const int64_t total = int64_t{p.num_heads} * p.num_clusters;
+  const int64_t hc0 = (blockIdx.x * int64_t{kThreads / 32} + warp) * L::kGroups;
+  if (hc0 >= total) return;  // whole warp
+  const int64_t hc = hc0 + grp;
+  const bool valid = hc < total;
+  const int64_t h = valid ? hc / p.num_clusters : 0;
+  int b = 0, n = 0;
+  if (valid) {
+    b = p.offsets[hc];
+    n = p.offsets[hc + 1] - b;
+  }
+  float s[8];
+  member_sum_fast<D>(p, b, n, p.values + (h * p.kv_stride + p.idx_begin) * D, nullptr, s, sub);
+  if (!valid) return;
+  // Element-wise outputs: the same values as finalize_kernel whatever the lane layout.
+  const int64_t at = hc * D + 8 * sub;
+  float c[8];
+  uint32_t vb[4], cw[4];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) c[j] = p.centroids[at + j] + p.mean[h * D + 8 * sub + j];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    vb[j] = uint32_t{f32_to_bf16(s[2 * j])} | (uint32_t{f32_to_bf16(s[2 * j + 1])} << 16);
+    cw[j] = uint32_t{f32_to_bf16(c[2 * j])} | (uint32_t{f32_to_bf16(c[2 * j + 1])} << 16);
+  }
+  reinterpret_cast<float4*>(p.value_sums + at)[0] = make_float4(s[0], s[1], s[2], s[3]);
+  reinterpret_cast<float4*>(p.value_sums + at)[1] = make_float4(s[4], s[5], s[6], s[7]);
+  reinterpret_cast<float4*>(p.centroids + at)[0] = make_float4(c[0], c[1], c[2], c[3]);
+  reinterpret_cast<float4*>(p.centroids + at)[1] = make_float4(c[4], c[5], c[6], c[7]);
+  *reinterpret_cast<uint4*>(p.value_sums_bf16 + at) = make_uint4(vb[0], vb[1], vb[2], vb[3]);
+  *reinterpret_cast<uint4*>(p.centroids_bf16 + at) = make_uint4(cw[0], cw[1], cw[2], cw[3]);
+  if (sub == 0) p.sizes[hc] = n;
+}
+
+int fast_blocks(int64_t clusters, int per_warp) {
+  const int64_t per_cta = int64_t{kThreads / 32} * per_warp;
+  return static_cast<int>((clusters + per_cta - 1) / per_cta);
+}
+
 int warp_blocks(int64_t warps) { return static_cast<int>((warps * 32 + kThreads - 1) / kThreads); }
 
 }  // namespace
@@ -346,7 +485,43 @@ cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+namespace {
+// Index of `v` in `names` (kCount entries), `dflt` when v is null or not listed.
+int variant_index(const char* v, const char* const* names, int count, int dflt) {
+  if (v == nullptr) return dflt;
+  for (int i = 0; i < count; ++i)
+    if (std::strcmp(v, names[i]) == 0) return i;
+  return dflt;
+}
+constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "b", "c", "d", "e"};
+constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
+// The defaults until the H200 A/B picks others (every variant gives the same result).
+constexpr int kDefaultAssignVariant = kAssignV1;
+constexpr int kDefaultUpdateVariant = kUpdateV1;
+int assign_variant_of(const KMeansParams& p) {
+  return p.assign_variant >= 0 && p.assign_variant < kAssignVariants ? p.assign_variant : kmeans_assign_variant_from_env();
+}
+int update_variant_of(const KMeansParams& p) {
+  return p.update_variant >= 0 && p.update_variant < kUpdateVariants ? p.update_variant : kmeans_update_variant_from_env();
+}
+}  // namespace
+
+int kmeans_assign_variant_from_env() {
+  return variant_index(std::getenv("RETROINFER_KMEANS_ASSIGN"), kAssignNames, kAssignVariants, kDefaultAssignVariant);
+}
+int kmeans_update_variant_from_env() {
+  return variant_index(std::getenv("RETROINFER_KMEANS_UPDATE"), kUpdateNames, kUpdateVariants, kDefaultUpdateVariant);
+}
+const char* kmeans_assign_variant_name(int variant) {
+  return variant >= 0 && variant < kAssignVariants ? kAssignNames[variant] : "?";
+}
+const char* kmeans_update_variant_name(int variant) {
+  return variant >= 0 && variant < kUpdateVariants ? kUpdateNames[variant] : "?";
+}
+
 cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
+  const int variant = assign_variant_of(p);
+  if (variant != kAssignV1) return kmeans_assign_fast(p, global, variant, s);
   const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
   const dim3 grid(static_cast<unsigned>((tokens + kAssignKeys - 1) / kAssignKeys), global ? 1 : p.num_segments,
                   p.num_heads);
@@ -367,7 +542,14 @@ cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
 }
 
 cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s) {
-  const int blocks = warp_blocks(int64_t{p.num_heads} * p.num_clusters);
+  const int64_t total = int64_t{p.num_heads} * p.num_clusters;
+  if (update_variant_of(p) == kUpdateFast) {
+    if (p.head_dim == 128) update_fast_kernel<128><<<fast_blocks(total, FastLayout<128>::kGroups), kThreads, 0, s>>>(p, spherical);
+    else if (p.head_dim == 64) update_fast_kernel<64><<<fast_blocks(total, FastLayout<64>::kGroups), kThreads, 0, s>>>(p, spherical);
+    else return cudaErrorInvalidValue;
+    return cudaGetLastError();
+  }
+  const int blocks = warp_blocks(total);
   if (p.head_dim == 128) update_kernel<128><<<blocks, kThreads, 0, s>>>(p, spherical);
   else if (p.head_dim == 64) update_kernel<64><<<blocks, kThreads, 0, s>>>(p, spherical);
   else return cudaErrorInvalidValue;
@@ -375,7 +557,14 @@ cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s)
 }
 
 cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s) {
-  const int blocks = warp_blocks(int64_t{p.num_heads} * p.num_clusters);
+  const int64_t total = int64_t{p.num_heads} * p.num_clusters;
+  if (update_variant_of(p) == kUpdateFast) {
+    if (p.head_dim == 128) finalize_fast_kernel<128><<<fast_blocks(total, FastLayout<128>::kGroups), kThreads, 0, s>>>(p);
+    else if (p.head_dim == 64) finalize_fast_kernel<64><<<fast_blocks(total, FastLayout<64>::kGroups), kThreads, 0, s>>>(p);
+    else return cudaErrorInvalidValue;
+    return cudaGetLastError();
+  }
+  const int blocks = warp_blocks(total);
   if (p.head_dim == 128) finalize_kernel<128><<<blocks, kThreads, 0, s>>>(p);
   else if (p.head_dim == 64) finalize_kernel<64><<<blocks, kThreads, 0, s>>>(p);
   else return cudaErrorInvalidValue;

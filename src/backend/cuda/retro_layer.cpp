@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_dense.h"
+#include "backend/cuda/kmeans_phases.h"
 #include "backend/cuda/layer_common.h"
 #include "retroinfer/cuda_backend.h"
 
@@ -133,23 +134,35 @@ struct KMeansWork {
     ensure(sort_temp, std::max<size_t>(detail::kmeans_sort_temp_bytes(int64_t(items), bits), 16));
 
     const detail::KMeansParams p = params(k, v, kv_stride, H, D);
+    detail::KMeansPhaseEvents ev(st);  // RETROINFER_KMEANS_PHASES=1 only (kernel_bench's phase split)
     detail::launch_check(detail::kmeans_mean(p, st), "kmeans_mean", st);
     detail::launch_check(detail::kmeans_init(p, st), "kmeans_init", st);
+    ev.mark(detail::kKmMeanInit);
     if (cfg.kmeans_segment_iters + cfg.kmeans_global_iters == 0) {
       detail::launch_check(detail::kmeans_assign(p, false, st), "kmeans_assign", st);
+      ev.mark(detail::kKmAssignSegment);
       detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
+      ev.mark(detail::kKmGroup);
     }
     for (int it = 0; it < cfg.kmeans_segment_iters; ++it) {
       detail::launch_check(detail::kmeans_assign(p, false, st), "kmeans_assign(segment)", st);
+      ev.mark(detail::kKmAssignSegment);
       detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
+      ev.mark(detail::kKmGroup);
       detail::launch_check(detail::kmeans_update(p, true, st), "kmeans_update(spherical)", st);
+      ev.mark(detail::kKmUpdate);
     }
     for (int it = 0; it < cfg.kmeans_global_iters; ++it) {
       detail::launch_check(detail::kmeans_assign(p, true, st), "kmeans_assign(global)", st);
+      ev.mark(detail::kKmAssignGlobal);
       detail::launch_check(detail::kmeans_group(p, st), "kmeans_group", st);
+      ev.mark(detail::kKmGroup);
       detail::launch_check(detail::kmeans_update(p, false, st), "kmeans_update(mean)", st);
+      ev.mark(detail::kKmUpdate);
     }
     detail::launch_check(detail::kmeans_finalize(p, st), "kmeans_finalize", st);
+    ev.mark(detail::kKmFinalize);
+    ev.finish();
   }
 };
 

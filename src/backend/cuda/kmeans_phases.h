@@ -1,0 +1,52 @@
+// Phase split of the GPU k-means builds (bench diagnostics). With RETROINFER_KMEANS_PHASES=1 each k-means
+// run (retro_layer.cpp KMeansWork::run) records a CUDA event after every phase on its stream, waits for the
+// last one and adds the elapsed times to process-wide totals, which kernel_bench reads (its "kmeans_phases"
+// lines). Unset: no event is created and nothing waits. Included only from src/backend/cuda and bench.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace retroinfer::cuda::detail {
+
+enum KMeansPhase : int {
+  kKmMeanInit = 0,    // mean key, centred keys, initial centroids
+  kKmAssignSegment,   // every segment-pass assignment
+  kKmAssignGlobal,    // every global-pass assignment
+  kKmGroup,           // radix sort + CSR offsets, every iteration
+  kKmUpdate,          // centroid updates, every iteration
+  kKmFinalize,        // value sums, sizes, de-centred centroids
+  kKmPhases
+};
+const char* kmeans_phase_name(int phase);
+
+struct KMeansPhaseTotals {
+  double ms[kKmPhases] = {};  // summed over the runs
+  int64_t runs = 0;
+};
+KMeansPhaseTotals kmeans_phase_totals();  // thread-safe copy
+void kmeans_phase_reset();
+
+// Events of one run: the constructor records the start, mark(phase) follows the launches of `phase`,
+// finish() after the last (waits for it, adds to the totals). Inactive (every call a no-op) unless
+// RETROINFER_KMEANS_PHASES=1 when constructed and `st` is not capturing a graph.
+class KMeansPhaseEvents {
+ public:
+  explicit KMeansPhaseEvents(cudaStream_t st);
+  ~KMeansPhaseEvents();
+  KMeansPhaseEvents(const KMeansPhaseEvents&) = delete;
+  KMeansPhaseEvents& operator=(const KMeansPhaseEvents&) = delete;
+  void mark(int phase);
+  void finish();
+
+ private:
+  cudaStream_t st_;
+  bool on_;
+  cudaEvent_t start_ = nullptr;
+  std::vector<std::pair<int, cudaEvent_t>> marks_;  // (phase ending at the event, event)
+};
+
+}  // namespace retroinfer::cuda::detail

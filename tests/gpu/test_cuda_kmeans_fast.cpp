@@ -1,0 +1,305 @@
+// The fast k-means kernels (kernels.h KMeansAssignVariant a-d, KMeansUpdateVariant fast) against the v1
+// kernels on the same inputs, through the raw launchers. Every variant does the same f32 arithmetic in the
+// same order (assignment: the same mma.sync chain per score, first strict maximum in ascending cluster
+// order; update / finalize: the same f32 adds per dimension in ascending member order, the norm reduced in
+// v1's lane layout), so the outputs must be identical bit for bit: assignments, sort keys, centroids (f32
+// and bf16), value sums and sizes. Shapes: D 64 and 128, 1 / 2 / 3 / 8 flat heads, segment tails (last
+// segment short), cluster counts that are not multiples of 8 / 64 / 128, n < 256, exact score ties
+// (keys without noise: duplicated initial centroids), and a short full run (3 segment + 1 global
+// iterations) per variant. Outputs are poisoned before every launch.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/kernels.h"
+#include "gpu_test_util.h"
+
+namespace retroinfer {
+namespace {
+
+using cuda::DeviceBuffer;
+namespace dt = cuda::detail;
+
+struct FastCase {
+  int heads, d;
+  int64_t n;         // indexed tokens per head
+  int seg_tokens;    // tokens per segment (the last one may be short)
+  int tpc;           // tokens per cluster: max(1, ceil(L / tpc)) clusters per segment (kmeans.h)
+  float spread;      // key noise around 8 centres (0: exact duplicates, many exact score ties)
+};
+
+// Workspace of one k-means run over the keys [idx_begin, idx_begin + n) of `heads` flat heads.
+struct Work {
+  FastCase c;
+  int64_t idx_begin = 3, stride = 0;
+  int C = 0, S = 0, max_seg = 0;
+  std::vector<int> seg_t, seg_c;
+  gputest::KvData kv;
+  DeviceBuffer k, v, seg_tb, seg_cb, mean_partial, mean, centred, centroids, centroids_bf16, value_sums,
+      value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota, members, offsets, sort_temp;
+  dt::KMeansParams p;
+
+  explicit Work(const FastCase& fc, uint64_t seed) : c(fc) {
+    stride = idx_begin + c.n + 5;  // rows past idx_begin + n are NaN (make_kv): a read past the range poisons
+    seg_t.push_back(0);
+    seg_c.push_back(0);
+    for (int64_t b = 0; b < c.n; b += c.seg_tokens) {
+      const int64_t L = std::min<int64_t>(c.seg_tokens, c.n - b);
+      seg_t.push_back(static_cast<int>(b + L));
+      seg_c.push_back(seg_c.back() + static_cast<int>(std::max<int64_t>(1, (L + c.tpc - 1) / c.tpc)));
+      max_seg = std::max(max_seg, static_cast<int>(L));
+    }
+    S = static_cast<int>(seg_t.size()) - 1;
+    C = seg_c.back();
+    kv = gputest::make_kv(c.heads, idx_begin + c.n, stride, c.d, seed, 8, c.spread);
+    k = gputest::upload(kv.k);
+    v = gputest::upload(kv.v);
+    seg_tb = gputest::upload(seg_t);
+    seg_cb = gputest::upload(seg_c);
+    const size_t items = size_t(c.heads) * c.n, flat = size_t(c.heads) * C, D = c.d;
+    mean_partial = DeviceBuffer(size_t(c.heads) * dt::kMeanChunks * D * 4);
+    mean = DeviceBuffer(size_t(c.heads) * D * 4);
+    centred = DeviceBuffer(items * D * 2);
+    centroids = DeviceBuffer(flat * D * 4);
+    centroids_bf16 = DeviceBuffer(flat * D * 2);
+    value_sums = DeviceBuffer(flat * D * 4);
+    value_sums_bf16 = DeviceBuffer(flat * D * 2);
+    sizes = DeviceBuffer(flat * 4);
+    assignment = DeviceBuffer(items * 4);
+    sort_keys = DeviceBuffer(items * 4);
+    sort_keys_out = DeviceBuffer(items * 4);
+    members = DeviceBuffer(items * 4);
+    offsets = DeviceBuffer((flat + 1) * 4);
+    std::vector<uint32_t> io(items);
+    for (size_t i = 0; i < items; ++i) io[i] = static_cast<uint32_t>(i % c.n);
+    iota = gputest::upload(io);
+    int bits = 1;
+    while ((size_t{1} << bits) < flat) ++bits;
+    sort_temp = DeviceBuffer(std::max<size_t>(dt::kmeans_sort_temp_bytes(int64_t(items), bits), 16));
+    p.keys = k.as<uint16_t>();
+    p.values = v.as<uint16_t>();
+    p.kv_stride = stride;
+    p.idx_begin = idx_begin;
+    p.n_idx = c.n;
+    p.num_heads = c.heads;
+    p.head_dim = c.d;
+    p.num_clusters = C;
+    p.num_segments = S;
+    p.seg_token_begin = seg_tb.as<int>();
+    p.seg_cluster_begin = seg_cb.as<int>();
+    p.max_seg_tokens = max_seg;
+    p.mean_partial = mean_partial.as<float>();
+    p.mean = mean.as<float>();
+    p.centred = centred.as<uint16_t>();
+    p.centroids = centroids.as<float>();
+    p.centroids_bf16 = centroids_bf16.as<uint16_t>();
+    p.value_sums = value_sums.as<float>();
+    p.value_sums_bf16 = value_sums_bf16.as<uint16_t>();
+    p.sizes = sizes.as<int>();
+    p.assignment = assignment.as<int>();
+    p.sort_keys = sort_keys.as<uint32_t>();
+    p.sort_keys_out = sort_keys_out.as<uint32_t>();
+    p.iota = iota.as<uint32_t>();
+    p.members = members.as<uint32_t>();
+    p.offsets = offsets.as<int>();
+    p.sort_temp = sort_temp.data();
+    p.sort_temp_bytes = sort_temp.bytes();
+  }
+  std::string shape() const {
+    return "H=" + std::to_string(c.heads) + " D=" + std::to_string(c.d) + " n=" + std::to_string(c.n) +
+           " S=" + std::to_string(S) + " C=" + std::to_string(C) + " spread=" + std::to_string(c.spread);
+  }
+};
+
+// Raw bytes of a device buffer (bitwise comparisons: f32 / bf16 / int alike).
+std::vector<uint8_t> bytes_of(const DeviceBuffer& b) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> h(b.bytes());
+  b.download(h.data(), h.size());
+  return h;
+}
+void restore(DeviceBuffer& b, const std::vector<uint8_t>& h) { b.upload(h.data(), h.size()); }
+// Count of differing 4-byte words (or 2-byte for bf16 buffers: `word` bytes).
+int64_t differing(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b, size_t word) {
+  EXPECT_EQ(a.size(), b.size());
+  int64_t n = 0;
+  for (size_t i = 0; i + word <= std::min(a.size(), b.size()); i += word) n += std::memcmp(&a[i], &b[i], word) != 0;
+  return n;
+}
+
+// Differences from v1 of one case (all must be 0), printed as one line.
+struct Summary {
+  int64_t assign[dt::kAssignVariants] = {};  // assignments + sort keys over 4 passes (2 states x segment/global)
+  int64_t full[dt::kAssignVariants] = {};    // half-words of the full run's outputs
+  int64_t update = 0, finalize = 0;          // elements (f32 and bf16 outputs)
+};
+
+void check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
+
+// Assignment (segment and global passes) of every variant on the state `w` is in (centroids as they are).
+void compare_assign(Work& w, Summary& sum) {
+  for (bool global : {false, true}) {
+    w.p.assign_variant = dt::kAssignV1;
+    w.assignment.fill_bytes(0xff);
+    w.sort_keys.fill_bytes(0xff);
+    check(dt::kmeans_assign(w.p, global, nullptr), "assign v1");
+    const auto ref_a = bytes_of(w.assignment), ref_k = bytes_of(w.sort_keys);
+    // v1 itself: every token assigned inside its range.
+    std::vector<int32_t> a(size_t(w.c.heads) * w.c.n);
+    std::memcpy(a.data(), ref_a.data(), a.size() * 4);
+    for (int h = 0; h < w.c.heads; ++h)
+      for (int s = 0; s < w.S; ++s)
+        for (int64_t t = w.seg_t[s]; t < w.seg_t[s + 1]; ++t) {
+          const int32_t x = a[size_t(h) * w.c.n + t];
+          ASSERT_GE(x, global ? 0 : w.seg_c[s]) << "head " << h << " token " << t;
+          ASSERT_LT(x, global ? w.C : w.seg_c[s + 1]) << "head " << h << " token " << t;
+        }
+    for (int v = dt::kAssignA; v < dt::kAssignVariants; ++v) {
+      w.p.assign_variant = v;
+      w.assignment.fill_bytes(0xff);
+      w.sort_keys.fill_bytes(0xff);
+      check(dt::kmeans_assign(w.p, global, nullptr), dt::kmeans_assign_variant_name(v));
+      const int64_t da = differing(bytes_of(w.assignment), ref_a, 4), dk = differing(bytes_of(w.sort_keys), ref_k, 4);
+      sum.assign[v] += da + dk;
+      EXPECT_EQ(da, 0) << "variant " << dt::kmeans_assign_variant_name(v) << (global ? " global" : " segment");
+      EXPECT_EQ(dk, 0) << "variant " << dt::kmeans_assign_variant_name(v) << (global ? " global" : " segment");
+    }
+    w.p.assign_variant = dt::kAssignV1;
+  }
+  // Leave the v1 segment assignment in place (the grouping of the next update).
+  check(dt::kmeans_assign(w.p, false, nullptr), "assign v1");
+}
+
+// Update (spherical and plain mean) and finalize of v1 and fast from the same grouping and centroids.
+void compare_update(Work& w, Summary& sum) {
+  check(dt::kmeans_group(w.p, nullptr), "group");
+  const auto c0 = bytes_of(w.centroids), cb0 = bytes_of(w.centroids_bf16);
+  for (bool spherical : {true, false}) {
+    std::vector<uint8_t> ref_c, ref_cb;
+    for (int u : {int(dt::kUpdateV1), int(dt::kUpdateFast)}) {
+      restore(w.centroids, c0);
+      restore(w.centroids_bf16, cb0);
+      w.p.update_variant = u;
+      check(dt::kmeans_update(w.p, spherical, nullptr), "update");
+      const auto c = bytes_of(w.centroids), cb = bytes_of(w.centroids_bf16);
+      if (u == dt::kUpdateV1) {
+        ref_c = c;
+        ref_cb = cb;
+        // The plain mean of centred keys differs from the unit centroids it replaces (non-vacuous test).
+        if (!spherical) {
+          EXPECT_NE(differing(c, c0, 4), 0) << "the update changed nothing: a vacuous comparison";
+        }
+        continue;
+      }
+      const int64_t dc = differing(c, ref_c, 4), dcb = differing(cb, ref_cb, 2);
+      EXPECT_EQ(dc, 0) << (spherical ? "spherical" : "mean");
+      EXPECT_EQ(dcb, 0) << (spherical ? "spherical" : "mean");
+      sum.update += dc + dcb;
+    }
+  }
+  // Finalize from the spherical update's centroids (as after a segment iteration).
+  restore(w.centroids, c0);
+  restore(w.centroids_bf16, cb0);
+  w.p.update_variant = dt::kUpdateV1;
+  check(dt::kmeans_update(w.p, true, nullptr), "update");
+  const auto c1 = bytes_of(w.centroids), cb1 = bytes_of(w.centroids_bf16);
+  std::vector<std::vector<uint8_t>> ref;
+  for (int u : {int(dt::kUpdateV1), int(dt::kUpdateFast)}) {
+    restore(w.centroids, c1);
+    restore(w.centroids_bf16, cb1);
+    for (auto* b : {&w.value_sums, &w.value_sums_bf16, &w.sizes}) b->fill_bytes(0xff);
+    w.p.update_variant = u;
+    check(dt::kmeans_finalize(w.p, nullptr), "finalize");
+    std::vector<std::vector<uint8_t>> got{bytes_of(w.value_sums), bytes_of(w.value_sums_bf16), bytes_of(w.sizes),
+                                          bytes_of(w.centroids), bytes_of(w.centroids_bf16)};
+    if (u == dt::kUpdateV1) {
+      ref = std::move(got);
+      continue;
+    }
+    const size_t words[] = {4, 2, 4, 4, 2};
+    const char* names[] = {"value_sums", "value_sums_bf16", "sizes", "centroids", "centroids_bf16"};
+    int64_t total = 0;
+    for (int i = 0; i < 5; ++i) {
+      const int64_t d = differing(got[i], ref[i], words[i]);
+      EXPECT_EQ(d, 0) << names[i];
+      total += d;
+    }
+    sum.finalize += total;
+  }
+}
+
+// A short full run (init, 3 spherical segment iterations, 1 global plain-mean iteration, finalize) with
+// the given variants; returns the outputs' bytes.
+std::vector<std::vector<uint8_t>> full_run(Work& w, int assign_variant, int update_variant) {
+  w.p.assign_variant = assign_variant;
+  w.p.update_variant = update_variant;
+  for (auto* b : {&w.centroids, &w.centroids_bf16, &w.value_sums, &w.sizes, &w.assignment, &w.members, &w.offsets})
+    b->fill_bytes(0xff);
+  check(dt::kmeans_init(w.p, nullptr), "init");
+  for (int it = 0; it < 3; ++it) {
+    check(dt::kmeans_assign(w.p, false, nullptr), "assign");
+    check(dt::kmeans_group(w.p, nullptr), "group");
+    check(dt::kmeans_update(w.p, true, nullptr), "update");
+  }
+  check(dt::kmeans_assign(w.p, true, nullptr), "assign global");
+  check(dt::kmeans_group(w.p, nullptr), "group");
+  check(dt::kmeans_update(w.p, false, nullptr), "update mean");
+  check(dt::kmeans_finalize(w.p, nullptr), "finalize");
+  return {bytes_of(w.assignment), bytes_of(w.members), bytes_of(w.offsets), bytes_of(w.sizes),
+          bytes_of(w.centroids), bytes_of(w.centroids_bf16), bytes_of(w.value_sums)};
+}
+
+void run_case(const FastCase& fc, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "heads=" << fc.heads << " d=" << fc.d << " n=" << fc.n << " seg="
+                                  << fc.seg_tokens << " tpc=" << fc.tpc << " spread=" << fc.spread << " seed=" << seed);
+  Work w(fc, seed);
+  Summary sum;
+  check(dt::kmeans_mean(w.p, nullptr), "mean");
+  check(dt::kmeans_init(w.p, nullptr), "init");
+  compare_assign(w, sum);  // initial centroids
+  // One v1 spherical iteration, then the comparisons again on iterated centroids.
+  check(dt::kmeans_group(w.p, nullptr), "group");
+  w.p.update_variant = dt::kUpdateV1;
+  check(dt::kmeans_update(w.p, true, nullptr), "update");
+  compare_assign(w, sum);  // iterated centroids
+  compare_update(w, sum);
+  const auto ref = full_run(w, dt::kAssignV1, dt::kUpdateV1);
+  for (int v = dt::kAssignA; v < dt::kAssignVariants; ++v) {
+    const auto got = full_run(w, v, dt::kUpdateFast);
+    int64_t d = 0;
+    for (size_t i = 0; i < ref.size(); ++i) d += differing(got[i], ref[i], 2);
+    EXPECT_EQ(d, 0) << "full run, variant " << dt::kmeans_assign_variant_name(v);
+    sum.full[v] = d;
+  }
+  std::string line = "[kmeans fast] " + w.shape() + ": differing from v1: assign (4 passes x " +
+                     std::to_string(int64_t(fc.heads) * fc.n) + " tokens)";
+  for (int v = dt::kAssignA; v < dt::kAssignVariants; ++v)
+    line += std::string(" ") + dt::kmeans_assign_variant_name(v) + " " + std::to_string(sum.assign[v]);
+  line += "; update fast " + std::to_string(sum.update) + ", finalize fast " + std::to_string(sum.finalize) +
+          "; full run (3+1 iterations, update fast)";
+  for (int v = dt::kAssignA; v < dt::kAssignVariants; ++v)
+    line += std::string(" ") + dt::kmeans_assign_variant_name(v) + " " + std::to_string(sum.full[v]);
+  std::printf("%s\n", line.c_str());
+}
+
+TEST(CudaKMeansFast, VariantsMatchV1) {
+  RETROINFER_REQUIRE_GPU();
+  const FastCase cases[] = {
+      {1, 128, 100, 64, 16, 0.5f},     // n < 256: segments of 64 + 36 tokens, 4 + 3 clusters
+      {1, 64, 100, 64, 16, 0.5f},
+      {8, 128, 9192, 8192, 16, 0.5f},  // the paper's segment (512 clusters) + a 1000-token tail (63): C 575
+      {1, 64, 9192, 8192, 16, 0.5f},
+      {8, 64, 3000, 1000, 16, 0.5f},   // 63 clusters per segment (not a multiple of 8), C 189
+      {2, 128, 5000, 2048, 16, 0.0f},  // keys = 8 exact centres: duplicated centroids, exact ties
+      {3, 128, 300, 300, 5, 0.5f},     // one segment of 300 tokens (2 CTAs, the second partial), 60 clusters
+      {1, 128, 20000, 8192, 24, 0.5f}, // 342 + 342 + 151 clusters; global pass over 835
+  };
+  uint64_t seed = 4242;
+  for (const auto& c : cases) run_case(c, seed++);
+}
+
+}  // namespace
+}  // namespace retroinfer
