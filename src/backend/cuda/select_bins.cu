@@ -44,14 +44,34 @@ struct BinSmem {
   int take[2], eq[2];
 };
 
+// 4-byte cp.async (run 10's offsets copy: a head's offsets start at any 4-byte boundary).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+}
+
+// Run 10's dynamic shared memory: the scores, padded to a multiple of 8 floats (the compaction reads each
+// thread's 8 items as two float4), then the head's N + 1 CSR offsets.
+__host__ __device__ constexpr int64_t bins_scores_padded(int64_t n) { return (n + 7) / 8 * 8; }
+__host__ __device__ constexpr int64_t bins_run10_smem_bytes(int64_t n) { return 4 * (bins_scores_padded(n) + n + 1); }
+
+// kSmemOffsets (run 10, SelectParams::smem_offsets; clusters only, offsets non-null): the head's CSR
+// offsets are copied into shared memory by cp.async BEFORE the PDL wait (index data, not written by the
+// score kernels: they land while the score grids drain), so the compaction and the expansion read every
+// cluster's (begin, length) from shared memory instead of a dependent global load per retrieval item; and
+// the compaction reads its 8 consecutive scores per thread as two float4 (2-way bank conflicts instead of
+// the 8-way of 8 scalar loads at a 32-byte lane stride). The same values in the same order: the same result.
+template <bool kSmemOffsets>
 __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectParams p) {
   __shared__ SelectSmem sm;
   __shared__ BinSmem bs;
-  extern __shared__ float smem_scores[];
+  extern __shared__ __align__(16) float smem_scores[];
   const int h = blockIdx.x, N = p.num_items, G = p.group, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   float* gsc = p.scores + int64_t{h} * N;
   float* sc = smem_scores;
+  // [N + 1] absolute CSR offsets of head h (kSmemOffsets): soff[c] = p.offsets[h * N + c].
+  int* soff = reinterpret_cast<int*>(smem_scores + bins_scores_padded(N));
   unsigned* hist = &sm.hist[0][0];  // kBinBins counters
   for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
   if (tid < 2) bs.cand_n[tid] = 0;
@@ -60,8 +80,14 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   grid_launch_dependents();
   // Run 8: the head's CSR offsets (index data, not written by the score kernel) on their way into L2
   // before the wait; the compaction reads those of the retrieval items.
-  if (p.prefetch && p.page_tokens == 0 && p.offsets != nullptr)
+  if constexpr (kSmemOffsets) {
+    // Run 10: the copy is waited for (each thread its own) before barrier (1), which publishes it.
+    const int* go = p.offsets + int64_t{h} * N;
+    for (int i = tid; i <= N; i += blockDim.x) cp_async4(soff + i, go + i);
+    cp_async_commit();
+  } else if (p.prefetch && p.page_tokens == 0 && p.offsets != nullptr) {
     for (int i = tid * 32; i <= N; i += blockDim.x * 32) prefetch_l2(p.offsets + int64_t{h} * N + i);
+  }
   grid_dependency_wait();
   sel_stamp(p.phase, h, 0);
   uint32_t kmin = 0xffffffffu, kmax = 0u;
@@ -139,6 +165,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
       }
     }
   }
+  if constexpr (kSmemOffsets) cp_async_wait<0>();  // this thread's offsets copies (barrier (1) publishes)
   kmin = __reduce_min_sync(0xffffffffu, kmin);
   kmax = __reduce_max_sync(0xffffffffu, kmax);
   if (lane == 0) {
@@ -265,11 +292,28 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     uint32_t u[kPer];
     bool valid[kPer];
     int e12 = 0;
+    float sv[kPer];
+    if constexpr (kSmemOffsets) {
+      // i0 is a multiple of 8 and the scores are padded to one: two aligned float4 inside the array (the
+      // padding's values are never used: i < N below).
+      static_assert(kPer == 8, "two float4 per thread");
+      if (i0 < N) {
+        const float4 a = *reinterpret_cast<const float4*>(sc + i0), b = *reinterpret_cast<const float4*>(sc + i0 + 4);
+        sv[0] = a.x; sv[1] = a.y; sv[2] = a.z; sv[3] = a.w;
+        sv[4] = b.x; sv[5] = b.y; sv[6] = b.z; sv[7] = b.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < kPer; ++j) sv[j] = -INFINITY;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) sv[j] = i0 + j < N ? sc[i0 + j] : -INFINITY;
+    }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = i0 + j;
-      valid[j] = i < N && sc[i] != -INFINITY;
-      u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
+      valid[j] = i < N && sv[j] != -INFINITY;
+      u[j] = valid[j] ? float_order_key(sv[j]) : 0u;
       e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
     }
     int r1 = 0, r2 = 0;
@@ -300,6 +344,11 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
           const int64_t b = int64_t{c} * p.page_tokens;
           beg[j] = static_cast<int>(b);
           len[j] = static_cast<int>(b + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b);
+        } else if constexpr (kSmemOffsets) {
+          beg[j] = soff[c];
+          len[j] = soff[c + 1] - beg[j];
+          if (p.prefetch)
+            for (int o = 0; o < len[j]; o += 32) prefetch_l2(p.members + beg[j] + o);
         } else {
           const int64_t hc = int64_t{h} * N + c;
           beg[j] = p.offsets[hc];
@@ -360,6 +409,9 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
         const int64_t b64 = int64_t{c} * p.page_tokens;
         b = static_cast<int>(b64);
         n = static_cast<int>(b64 + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b64);
+      } else if constexpr (kSmemOffsets) {
+        b = soff[c];
+        n = soff[c + 1] - b;
       } else {
         const int64_t hc = int64_t{h} * N + c;
         b = p.offsets[hc];
@@ -387,28 +439,34 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
   constexpr size_t kMaxSmemScores = 160 * 1024;
   const size_t bytes = size_t(p.num_items) * 4;
   if (bytes > kMaxSmemScores) return cudaErrorInvalidValue;
-  static bool attr_set = false;
-  if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(select_bins_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  // Run 10: offsets in shared memory where scores + offsets fit the same 160 KiB (N <= ~20K clusters;
+  // beyond, run 9's kernel).
+  const bool run10 = p.smem_offsets && p.page_tokens == 0 && p.offsets != nullptr &&
+                     size_t(bins_run10_smem_bytes(p.num_items)) <= kMaxSmemScores;
+  auto kernel = run10 ? select_bins_kernel<true> : select_bins_kernel<false>;
+  const size_t dyn = run10 ? size_t(bins_run10_smem_bytes(p.num_items)) : bytes;
+  static bool attr_set[2] = {false, false};
+  if (!attr_set[run10 ? 1 : 0]) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kMaxSmemScores));
     if (e != cudaSuccess) return e;
-    attr_set = true;
+    attr_set[run10 ? 1 : 0] = true;
   }
   if (!p.pdl) {
-    select_bins_kernel<<<p.num_heads, kSelThreads, bytes, s>>>(p);
+    kernel<<<p.num_heads, kSelThreads, dyn, s>>>(p);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.num_heads);
   cfg.blockDim = dim3(kSelThreads);
-  cfg.dynamicSmemBytes = bytes;
+  cfg.dynamicSmemBytes = dyn;
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, select_bins_kernel, p);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 }  // namespace retroinfer::cuda::detail
