@@ -50,17 +50,141 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
 }
 
-// Run 10's dynamic shared memory: the scores, padded to a multiple of 8 floats (the compaction reads each
-// thread's 8 items as two float4), then the head's N + 1 CSR offsets.
+// Run 10's dynamic shared memory: the scores (padded to a multiple of 8 floats), then the head's N + 1 CSR
+// offsets.
 __host__ __device__ constexpr int64_t bins_scores_padded(int64_t n) { return (n + 7) / 8 * 8; }
 __host__ __device__ constexpr int64_t bins_run10_smem_bytes(int64_t n) { return 4 * (bins_scores_padded(n) + n + 1); }
+
+// Run 10's compaction (kSmemOffsets): the same result as the kernel's run 9 loop (ids ascending, ties of a
+// threshold taken in id order, the retrieval items' (begin, list position, length) for the expansion) with
+// compact code. Run 9's loop body is unrolled over 8 items per thread with every branch inline (~1300 PTX
+// instructions between the phase stamps, executed once per CTA: its 8.6 us at 128K, where the 64-200
+// instruction phases take ~1 us, points at cold instruction fetch; inferred, not profiled). Here every loop
+// is `unroll 1` and an item is one lane of one round: warp w owns ids [base + 256 w, base + 256 (w + 1)),
+// round j (< 8) lane l the id base + 256 w + 32 j + l, so ascending ids are (warp, round, lane) order; a
+// lane's rank inside its round is a ballot prefix (popc of the lanes below), its warp's base a block scan
+// of the warp totals (lane 0 carries them), the token positions a warp scan of the retrieval lengths.
+// Pass A counts each warp's threshold ties (only when a threshold takes some but not all of its ties), pass
+// B each warp's retrieval / estimation items and tokens, pass C writes. Scores are read from shared memory
+// at consecutive addresses (no bank conflicts), the offsets from shared memory (soff).
+__device__ __forceinline__ void compact_warp_rounds(const SelectParams& p, const float* sc, const int* soff,
+                                                    SelectSmem& sm, BinSmem& bs, int N, int k1, int k2,
+                                                    uint32_t t1, uint32_t t2, int take1, int take2, bool rank_ties,
+                                                    int* ret, int* est, int* pre, int& out1, int& out2, int& running) {
+  constexpr int kRounds = 8, kChunk = kSelThreads * kRounds;  // 8192 items: 16-bit packed counts cannot overflow
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const unsigned below = (1u << lane) - 1u;
+  int ties1 = 0, ties2 = 0;
+  // The item of (round j) for this lane: its order key, whether finite, whether equal to each threshold.
+  struct Item {
+    int i;
+    bool valid, eq1, eq2;
+    uint32_t u;
+  };
+  auto item = [&](int base, int j) {
+    Item it;
+    it.i = base + warp * (32 * kRounds) + 32 * j + lane;
+    const float x = it.i < N ? sc[it.i] : -INFINITY;
+    it.valid = x != -INFINITY;
+    it.u = it.valid ? float_order_key(x) : 0u;
+    it.eq1 = it.valid && k1 > 0 && it.u == t1;
+    it.eq2 = it.valid && k2 > 0 && it.u == t2;
+    return it;
+  };
+  for (int base = 0; base < N; base += kChunk) {
+    // Pass A: ties below each warp (block scan of the warp tie counts), only when ranks matter.
+    int r1w = ties1, r2w = ties2;
+    if (rank_ties) {
+      int c1 = 0, c2 = 0;
+#pragma unroll 1
+      for (int j = 0; j < kRounds; ++j) {
+        const Item it = item(base, j);
+        c1 += __popc(__ballot_sync(0xffffffffu, it.eq1));
+        c2 += __popc(__ballot_sync(0xffffffffu, it.eq2));
+      }
+      int tot1, tot2;
+      const int2 inc = block_scan2(lane == 0 ? c1 : 0, lane == 0 ? c2 : 0, sm, &tot1, &tot2);
+      r1w += __shfl_sync(0xffffffffu, inc.x, 0) - c1;
+      r2w += __shfl_sync(0xffffffffu, inc.y, 0) - c2;
+      ties1 += tot1;
+      ties2 += tot2;
+    }
+    // In the zones? r1 / r2: ties of lower id (only read when rank_ties).
+    auto zones = [&](const Item& it, int r1, int r2, bool& in1, bool& ine) {
+      in1 = it.valid && k1 > 0 && (it.u > t1 || (it.eq1 && (!rank_ties || r1 < take1)));
+      const bool in2 = it.valid && k2 > 0 && (it.u > t2 || (it.eq2 && (!rank_ties || r2 < take2)));
+      ine = in2 && !in1;
+    };
+    // Pass B: the warp's retrieval / estimation items (packed 16 + 16 bits) and retrieval tokens.
+    int c12 = 0, toks = 0;
+    {
+      int q1 = r1w, q2 = r2w;
+#pragma unroll 1
+      for (int j = 0; j < kRounds; ++j) {
+        const Item it = item(base, j);
+        const unsigned b1 = __ballot_sync(0xffffffffu, it.eq1), b2 = __ballot_sync(0xffffffffu, it.eq2);
+        bool in1, ine;
+        zones(it, q1 + __popc(b1 & below), q2 + __popc(b2 & below), in1, ine);
+        q1 += __popc(b1);
+        q2 += __popc(b2);
+        c12 += __popc(__ballot_sync(0xffffffffu, in1)) + (__popc(__ballot_sync(0xffffffffu, ine)) << 16);
+        toks += __reduce_add_sync(0xffffffffu, in1 ? soff[it.i + 1] - soff[it.i] : 0);
+      }
+    }
+    int tot_c, tot_t;
+    const int2 inc = block_scan2(lane == 0 ? c12 : 0, lane == 0 ? toks : 0, sm, &tot_c, &tot_t);
+    const int pos = __shfl_sync(0xffffffffu, inc.x, 0) - c12;
+    int w1 = out1 + (pos & 0xffff), w2 = out2 + (pos >> 16);
+    int at = running + __shfl_sync(0xffffffffu, inc.y, 0) - toks;
+    // Pass C: the same rounds again, writing.
+    {
+      int q1 = r1w, q2 = r2w;
+#pragma unroll 1
+      for (int j = 0; j < kRounds; ++j) {
+        const Item it = item(base, j);
+        const unsigned b1 = __ballot_sync(0xffffffffu, it.eq1), b2 = __ballot_sync(0xffffffffu, it.eq2);
+        bool in1, ine;
+        zones(it, q1 + __popc(b1 & below), q2 + __popc(b2 & below), in1, ine);
+        q1 += __popc(b1);
+        q2 += __popc(b2);
+        const unsigned m1 = __ballot_sync(0xffffffffu, in1), me = __ballot_sync(0xffffffffu, ine);
+        const int beg = in1 ? soff[it.i] : 0, len = in1 ? soff[it.i + 1] - beg : 0;
+        int incl = len;  // inclusive warp scan of the retrieval lengths (lane order = id order)
+#pragma unroll
+        for (int off = 1; off < 32; off <<= 1) {
+          const int y = __shfl_up_sync(0xffffffffu, incl, off);
+          if (lane >= off) incl += y;
+        }
+        if (in1) {
+          const int w = w1 + __popc(m1 & below), a = at + incl - len;
+          ret[w] = it.i;
+          if (w < kBinExp) {
+            bs.exp_begin[w] = beg;
+            bs.exp_at[w] = a;
+            bs.exp_len[w] = len;
+          } else {
+            pre[w] = a;
+          }
+          if (p.prefetch)
+            for (int o = 0; o < len; o += 32) prefetch_l2(p.members + beg + o);
+        }
+        if (ine) est[w2 + __popc(me & below)] = it.i;
+        w1 += __popc(m1);
+        w2 += __popc(me);
+        at += __shfl_sync(0xffffffffu, incl, 31);
+      }
+    }
+    out1 += tot_c & 0xffff;
+    out2 += tot_c >> 16;
+    running += tot_t;
+  }
+}
 
 // kSmemOffsets (run 10, SelectParams::smem_offsets; clusters only, offsets non-null): the head's CSR
 // offsets are copied into shared memory by cp.async BEFORE the PDL wait (index data, not written by the
 // score kernels: they land while the score grids drain), so the compaction and the expansion read every
 // cluster's (begin, length) from shared memory instead of a dependent global load per retrieval item; and
-// the compaction reads its 8 consecutive scores per thread as two float4 (2-way bank conflicts instead of
-// the 8-way of 8 scalar loads at a 32-byte lane stride). The same values in the same order: the same result.
+// the compaction is compact_warp_rounds (short loops, conflict-free score reads). The same result.
 template <bool kSmemOffsets>
 __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectParams p) {
   __shared__ SelectSmem sm;
@@ -287,33 +411,20 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   const int64_t w_begin = p.idx_begin + p.n_idx;
   const int steady = static_cast<int>(p.idx_begin + (p.num_tokens - w_begin));
   int ties1 = 0, ties2 = 0, out1 = 0, out2 = 0, running = steady;
+  if constexpr (kSmemOffsets) {
+    compact_warp_rounds(p, sc, soff, sm, bs, N, k1, k2, t1, t2, take1, take2, rank_ties, ret, est, pre, out1, out2,
+                        running);
+  } else {  // run 9
   for (int base = 0; base < N; base += blockDim.x * kPer) {
     const int i0 = base + tid * kPer;
     uint32_t u[kPer];
     bool valid[kPer];
     int e12 = 0;
-    float sv[kPer];
-    if constexpr (kSmemOffsets) {
-      // i0 is a multiple of 8 and the scores are padded to one: two aligned float4 inside the array (the
-      // padding's values are never used: i < N below).
-      static_assert(kPer == 8, "two float4 per thread");
-      if (i0 < N) {
-        const float4 a = *reinterpret_cast<const float4*>(sc + i0), b = *reinterpret_cast<const float4*>(sc + i0 + 4);
-        sv[0] = a.x; sv[1] = a.y; sv[2] = a.z; sv[3] = a.w;
-        sv[4] = b.x; sv[5] = b.y; sv[6] = b.z; sv[7] = b.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < kPer; ++j) sv[j] = -INFINITY;
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) sv[j] = i0 + j < N ? sc[i0 + j] : -INFINITY;
-    }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = i0 + j;
-      valid[j] = i < N && sv[j] != -INFINITY;
-      u[j] = valid[j] ? float_order_key(sv[j]) : 0u;
+      valid[j] = i < N && sc[i] != -INFINITY;
+      u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
       e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
     }
     int r1 = 0, r2 = 0;
@@ -344,11 +455,6 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
           const int64_t b = int64_t{c} * p.page_tokens;
           beg[j] = static_cast<int>(b);
           len[j] = static_cast<int>(b + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b);
-        } else if constexpr (kSmemOffsets) {
-          beg[j] = soff[c];
-          len[j] = soff[c + 1] - beg[j];
-          if (p.prefetch)
-            for (int o = 0; o < len[j]; o += 32) prefetch_l2(p.members + beg[j] + o);
         } else {
           const int64_t hc = int64_t{h} * N + c;
           beg[j] = p.offsets[hc];
@@ -384,6 +490,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     out2 += tot_c >> 16;
     running += tot_t;
   }
+  }  // run 9
   for (int i = out1 + tid; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
   for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
   int* list = p.token_list + int64_t{h} * p.list_stride;
