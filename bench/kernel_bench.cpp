@@ -17,7 +17,7 @@
 //                              same layer (RETROINFER_DECODE set to each in turn); path P's lines (with the
 //                              path-independent ones) also go to FILE.P.jsonl (FILE without its .jsonl) for
 //                              torch_sdpa_bench.py --compare
-// RETROINFER_DECODE=run6 / fused / run8 / run9 (unset: layer_common.h kRun9IsDefault) picks the decode path
+// RETROINFER_DECODE=run6 / fused / run8 / run9 / run10 (unset: layer_common.h kRun9IsDefault) picks the decode path
 // (layer_common.h decode_path).
 #include <algorithm>
 #include <chrono>
