@@ -28,7 +28,7 @@ namespace {
 constexpr int kScoreWarps = 4;
 constexpr int kScoreTile = 16;                          // centroids per warp tile
 
-// Run 10: the tail of score_kernel<.., kForm = true>: a grid-wide barrier (all partials written), then the
+// Run 10: the tail of score_body<.., kForm = true> (score_form_kernel): a grid-wide barrier (all partials written), then the
 // scores of clusters [c_begin, c_end) of head h, bit-identical to form_scores_kernel: query head g's
 // (M_g, 1 / L_g) merged from the gridDim.x partials by one warp (lane-strided ms_merge in index order, then
 // the xor tree; warp w takes g = w, w + kScoreWarps, ...: the same per-g computation as form_scores' warp g),
@@ -98,10 +98,11 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
 // kForm (run 10, ScoreParams::scores set; cooperative launch, every CTA resident): after its partial, each
 // CTA waits at a grid-wide barrier, merges its head's normaliser partials and forms the selection's scores
 // of its own clusters exactly as form_scores_kernel (select_scores.cu) does, so no form_scores grid and no
-// kernel boundary follow the score kernel. __launch_bounds__ keeps the 6 CTAs per multiprocessor of the
-// one-wave grid (<= 85 registers), which the cooperative launch needs.
-template <int D, bool kEarly, bool kForm = false>
-__global__ void __launch_bounds__(kScoreWarps * 32, kForm ? 6 : 1) score_kernel(const ScoreParams p) {
+// kernel boundary follow the score kernel. The body is shared by two kernels (below) whose launch bounds
+// differ: run 9's as before, run 10's keeping the 6 CTAs per multiprocessor of the one-wave grid (<= 85
+// registers), which the cooperative launch needs.
+template <int D, bool kEarly, bool kForm>
+__device__ __forceinline__ void score_body(const ScoreParams& p) {
   constexpr int kRow = D + 8, kChunks = D / 8, kLoads = kScoreTile * kChunks / 32, kKs = D / 16;
   __shared__ __align__(16) uint16_t cs[kScoreWarps][2][kScoreTile * kRow];
   __shared__ float2 red[kScoreWarps][kMaxGroup];
@@ -235,6 +236,17 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kForm ? 6 : 1) score_kernel(
   }
   if constexpr (kForm) form_own_scores(p, h, tile0 * kScoreTile, min(C, tile1 * kScoreTile));
   phase_last(p.phase, h, 1);
+}
+
+template <int D, bool kEarly>
+__global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScoreParams p) {
+  score_body<D, kEarly, false>(p);
+}
+
+// Run 10 (cooperative launch only: its grid barrier needs every CTA resident).
+template <int D>
+__global__ void __launch_bounds__(kScoreWarps * 32, 6) score_form_kernel(const ScoreParams p) {
+  score_body<D, true, true>(p);
 }
 
 __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams p, bool scores_in_smem) {
@@ -423,7 +435,7 @@ int score_blocks(int num_clusters, int head_dim, int num_heads) {
 
 namespace {
 
-// Run 10: the cooperative launch of score_kernel<D, true, true> (its grid barrier needs every CTA resident).
+// Run 10: the cooperative launch of score_form_kernel<D> (its grid barrier needs every CTA resident).
 template <int D>
 cudaError_t launch_score_form(const ScoreParams& p, dim3 grid, dim3 block, cudaStream_t s) {
   cudaLaunchConfig_t cfg = {};
@@ -436,14 +448,14 @@ cudaError_t launch_score_form(const ScoreParams& p, dim3 grid, dim3 block, cudaS
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, score_kernel<D, true, true>, p);
+  return cudaLaunchKernelEx(&cfg, score_form_kernel<D>, p);
 }
 
 template <int D>
 int score_form_ctas_per_sm() {
   static const int n = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, score_kernel<D, true, true>, kScoreWarps * 32, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, score_form_kernel<D>, kScoreWarps * 32, 0) !=
         cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
