@@ -103,7 +103,8 @@ void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
     std::vector<int> offsets(size_t(H) * N + 1);
     std::vector<uint32_t> members(size_t(H) * n_idx);
     for (int h = 0; h < H; ++h) {
-      for (int c = 0; c < N; ++c) offsets[size_t(h) * N + c] = int(h * n_idx + std::min<int64_t>(int64_t{c} * P, n_idx));
+      for (int c = 0; c < N; ++c)
+        offsets[size_t(h) * N + c] = int(h * n_idx + std::min<int64_t>(int64_t{c} * P, n_idx));
       for (int64_t j = 0; j < n_idx; ++j) members[size_t(h) * n_idx + j] = uint32_t(j);
     }
     offsets[size_t(H) * N] = int(H * n_idx);

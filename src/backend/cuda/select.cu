@@ -28,12 +28,13 @@ namespace {
 constexpr int kScoreWarps = 4;
 constexpr int kScoreTile = 16;                          // centroids per warp tile
 
-// Run 10: the tail of score_body<.., kForm = true> (score_form_kernel): a grid-wide barrier (all partials written), then the
-// scores of clusters [c_begin, c_end) of head h, bit-identical to form_scores_kernel: query head g's
-// (M_g, 1 / L_g) merged from the gridDim.x partials by one warp (lane-strided ms_merge in index order, then
-// the xor tree; warp w takes g = w, w + kScoreWarps, ...: the same per-g computation as form_scores' warp g),
-// then score = sum over g in order of __expf(l_g - M_g) * (1 / L_g), -inf when a logit is -inf. Everything
-// read here was written by this grid: L2 loads (__ldcg), never the non-coherent path.
+// Run 10: the tail of score_body<.., kForm = true> (score_form_kernel): a grid-wide barrier (all partials
+// written), then the scores of clusters [c_begin, c_end) of head h, bit-identical to form_scores_kernel:
+// query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by one warp (lane-strided ms_merge in
+// index order, then the xor tree; warp w takes g = w, w + kScoreWarps, ...: the same per-g computation as
+// form_scores' warp g), then score = sum over g in order of __expf(l_g - M_g) * (1 / L_g), -inf when a
+// logit is -inf. Everything read here was written by this grid: L2 loads (__ldcg), never the non-coherent
+// path.
 __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
