@@ -12,7 +12,9 @@
 //               [--prefill-chunk 8192]
 //               [--flush write|read]  L2 eviction before each timed call (see g_flush_read)
 //               [--stages 1]   also stamp the score / selection phases (RETROINFER_SELECT_PHASES=1): one
-//                              "retro_phases" line per case (medians over heads and the 10 stage decodes)
+//                              "retro_phases" line per case (medians over heads and the 10 stage decodes);
+//                              --stages 2: the phases of a graph replay straight after another, without the
+//                              L2 flush (warm caches; diagnostics: cold-cache cost = phases(1) - phases(2))
 //               [--paths run8,run9]   with --out FILE: the retro decode timed once per decode path on the
 //                              same layer (RETROINFER_DECODE set to each in turn); path P's lines (with the
 //                              path-independent ones) also go to FILE.P.jsonl (FILE without its .jsonl) for
@@ -302,7 +304,7 @@ int main(int argc, char** argv) {
     else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
     else if (a == "--paths") paths_arg = argv[++i];
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
-      if (std::atoi(argv[++i]) != 0) setenv("RETROINFER_SELECT_PHASES", "1", 1);
+      if (const int st = std::atoi(argv[++i]); st != 0) setenv("RETROINFER_SELECT_PHASES", st == 2 ? "2" : "1", 1);
     }
     else {
       std::fprintf(stderr, "kernel_bench: unknown option %s\n", argv[i]);
