@@ -12,7 +12,9 @@
 //               [--prefill-chunk 8192]
 //               [--flush write|read]  L2 eviction before each timed call (see g_flush_read)
 //               [--stages 1]   also stamp the score / selection phases (RETROINFER_SELECT_PHASES=1): one
-//                              "retro_phases" line per case (medians over heads and the 10 stage decodes)
+//                              "retro_phases" line per case (medians over heads and the 10 stage decodes);
+//                              --stages 2: the phases of a graph replay straight after another, without the
+//                              L2 flush (warm caches; diagnostics: cold-cache cost = phases(1) - phases(2))
 //               [--paths run8,run9]   with --out FILE: the retro decode timed once per decode path on the
 //                              same layer (RETROINFER_DECODE set to each in turn); path P's lines (with the
 //                              path-independent ones) also go to FILE.P.jsonl (FILE without its .jsonl) for
@@ -27,8 +29,9 @@
 //               [--kmeans-phases 1]   after the timed builds, one more build per variant with
 //                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
 //                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
-// RETROINFER_DECODE=run6 / fused / run8 / run9 (unset: layer_common.h kRun9IsDefault) picks the decode path
-// (layer_common.h decode_path).
+// RETROINFER_DECODE=run6 / fused / run8 / run9 / run10 (unset: layer_common.h kRun9IsDefault) picks the decode path
+// (layer_common.h decode_path); RETROINFER_FULL_DECODE=bulk (unset) / async / v1 the dense decode kernel of
+// "full" (its lines carry it as "full_kernel").
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -391,7 +394,7 @@ int main(int argc, char** argv) {
     else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
     else if (a == "--kmeans-phases") kmeans_phases = std::atoi(argv[++i]) != 0;
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
-      if (std::atoi(argv[++i]) != 0) setenv("RETROINFER_SELECT_PHASES", "1", 1);
+      if (const int st = std::atoi(argv[++i]); st != 0) setenv("RETROINFER_SELECT_PHASES", st == 2 ? "2" : "1", 1);
     }
     else {
       std::fprintf(stderr, "kernel_bench: unknown option %s\n", argv[i]);

@@ -47,7 +47,10 @@ void cpu_select(const float* sc, int n, int k1, int k2, std::vector<int>& r, std
   e.resize(k2, -1);
 }
 
-enum class Kernel { kRadix, kBins, kCluster, kBinsRun8 };
+// kBinsRun10: the bins kernel with run 10's shared-memory CSR offsets (SelectParams::smem_offsets), the
+// pages given as clusters: offsets[h N + c] = h n_idx + min(c P, n_idx), members[h n_idx + j] = j, so the
+// expansion must produce the same token list as the pages'.
+enum class Kernel { kRadix, kBins, kCluster, kBinsRun8, kBinsRun10 };
 
 void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
   SCOPED_TRACE(testing::Message() << "heads=" << sc.heads << " items=" << sc.items << " k_r=" << sc.k_r
@@ -94,11 +97,29 @@ void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
   p.list_stride = list_stride;
   // Run 8's bins kernel: launched with the programmatic-dependent attribute (no kernel before it here: the
   // wait returns at once), half-warp expansion, prefetches.
-  p.pdl = p.prefetch = kernel == Kernel::kBinsRun8;
+  p.pdl = p.prefetch = kernel == Kernel::kBinsRun8 || kernel == Kernel::kBinsRun10;
+  cuda::DeviceBuffer d_offsets, d_members;
+  if (kernel == Kernel::kBinsRun10) {
+    std::vector<int> offsets(size_t(H) * N + 1);
+    std::vector<uint32_t> members(size_t(H) * n_idx);
+    for (int h = 0; h < H; ++h) {
+      for (int c = 0; c < N; ++c)
+        offsets[size_t(h) * N + c] = int(h * n_idx + std::min<int64_t>(int64_t{c} * P, n_idx));
+      for (int64_t j = 0; j < n_idx; ++j) members[size_t(h) * n_idx + j] = uint32_t(j);
+    }
+    offsets[size_t(H) * N] = int(H * n_idx);
+    d_offsets = gputest::upload(offsets);
+    d_members = gputest::upload(members);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    p.page_tokens = 0;
+    p.offsets = d_offsets.as<int>();
+    p.members = d_members.as<uint32_t>();
+    p.smem_offsets = true;
+  }
   cuda::StreamHandle stream;  // programmatic launches are used on created streams only
   const auto st = static_cast<cudaStream_t>(stream.get());
   const cudaError_t e = kernel == Kernel::kRadix  ? cuda::detail::select_and_expand_single_cta(p, st)
-                       : kernel == Kernel::kBins || kernel == Kernel::kBinsRun8
+                       : kernel == Kernel::kBins || kernel == Kernel::kBinsRun8 || kernel == Kernel::kBinsRun10
                            ? cuda::detail::select_and_expand_bins(p, st)
                            : cuda::detail::select_and_expand_cluster(p, st);
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
@@ -161,6 +182,14 @@ TEST(CudaSelect, BinsKernelRun8MatchesCpuRule) {
   uint64_t seed = 4000;
   for (const auto& c : kCases)
     if (c.items <= kBinsMaxItems) run_select_case(c, ++seed, Kernel::kBinsRun8);
+}
+
+// Run 10's offsets in shared memory (up to ~20K items; the 40K cases take run 9's kernel).
+TEST(CudaSelect, BinsKernelRun10MatchesCpuRule) {
+  RETROINFER_REQUIRE_GPU();
+  uint64_t seed = 5000;
+  for (const auto& c : kCases)
+    if (c.items <= kBinsMaxItems) run_select_case(c, ++seed, Kernel::kBinsRun10);
 }
 
 TEST(CudaSelect, SingleCtaKernelMatchesCpuRule) {

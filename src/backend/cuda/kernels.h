@@ -111,6 +111,9 @@ struct ScoreParams {
   // Run 8: the first tile's copy issued before the query fragments are formed, and the cluster sizes
   // loaded a tile ahead into registers (run 6: a dependent load after each tile's MMAs). Same logits.
   bool early_loads = false;
+  // Run 10 (needs early_loads and score_form_fits): [H, C] f32 out, the selection's scores formed by the
+  // same grid after a grid-wide barrier (cooperative launch), bit-identical to form_scores'; null: not.
+  float* scores = nullptr;
 };
 // Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
 // graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
@@ -131,6 +134,9 @@ inline constexpr int kSlotMerge = kSlotEst + 2;
 inline constexpr int kPhaseSlots = kSlotMerge + 1;
 int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s);
+// Run 10: whether score_clusters can form the scores in its own grid (ScoreParams::scores): the one-wave
+// grid's CTAs all resident at once by the kernel's occupancy (a cooperative launch's condition).
+bool score_form_fits(int num_clusters, int head_dim, int num_heads);
 
 struct SelectParams {
   // Either logits (group > 0: score = sum_g softmax over the items of logits[h, g, :]) or ready scores.
@@ -164,6 +170,9 @@ struct SelectParams {
   // clusters' members while compacting (the expansion's dependent loads then hit L2), and a half-warp per
   // item in the expansion. The result is the same.
   bool prefetch = false;
+  // Run 10 (bins kernel, clusters, <= ~20K items): the head's CSR offsets copied into shared memory before
+  // the PDL wait; the compaction and expansion read them there. The result is the same.
+  bool smem_offsets = false;
 };
 // Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)
 // while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;

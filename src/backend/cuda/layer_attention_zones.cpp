@@ -35,6 +35,11 @@ DecodePath decode_path() {
   else if (v == "run9" || (e == nullptr && kRun9IsDefault)) p.form_scores = p.fused_estimate = true;
   else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
   else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
+  else if (v == "run10" || v == "run10form" || v == "run10select") {  // run 9 plus run 10's parts
+    p.form_scores = p.fused_estimate = true;
+    p.form_in_score = v != "run10select";
+    p.smem_offsets = v != "run10form";
+  }
   return p;
 }
 
@@ -150,11 +155,16 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   sp.scale = a.scale;
   sp.phase = a.phase;
   sp.early_loads = path.early_loads;
+  // Run 10: the scores formed by the score grid itself when all its CTAs fit at once (else run 9's
+  // form_scores grid below).
+  const bool form_in_score = path.form_scores && path.form_in_score && path.early_loads && a.num_clusters > 0 &&
+                             score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
+  sp.scores = form_in_score ? a.scores : nullptr;
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 
   const int norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
-  if (path.form_scores) {  // run 9: the scores by their own grid; the selection reads them (group 0)
+  if (path.form_scores && !form_in_score) {  // run 9: the scores by their own grid; the selection reads them (group 0)
     FormScoresParams fp;
     fp.logits = sp.logits;
     fp.norm_partial = sp.norm_partial;
@@ -190,6 +200,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.phase = a.phase;
   se.pdl = pdl;
   se.prefetch = path.prefetch;
+  se.smem_offsets = path.smem_offsets;
   launch_check(select_and_expand(se, st), "select_and_expand", st);
   marked("select");
 

@@ -20,10 +20,12 @@ void ensure(DeviceBuffer& buf, size_t bytes) {
   if (buf.bytes() < bytes) buf = DeviceBuffer(bytes);
 }
 // RETROINFER_SELECT_PHASES=1: decode_stage_ms also replays the decode once as a graph with phase stamps
-// (kernels.h kPhaseSlots) and appends their summary as "phase.*" entries (kernel_bench --stages 1).
-bool phases_requested() {
+// (kernels.h kPhaseSlots) after an L2 flush and appends their summary as "phase.*" entries (kernel_bench
+// --stages 1). =2 (kernel_bench --stages 2, diagnostics): the stamps of a second replay straight after a
+// first one, without the flush (warm L2 and instruction caches), to tell cold-cache costs from work.
+int phases_requested() {
   const char* e = std::getenv("RETROINFER_SELECT_PHASES");
-  return e != nullptr && e[0] == '1';
+  return e == nullptr ? 0 : (e[0] == '1' ? 1 : (e[0] == '2' ? 2 : 0));
 }
 }  // namespace
 
@@ -601,7 +603,11 @@ std::vector<std::pair<std::string, float>> RetroLayer::decode_stage_ms(const flo
       On on(m.phase_on);
       graph = std::make_unique<CapturedGraph>(stream.get(), [&] { decode_impl(q, out, stream.get(), nullptr); });
     }
-    flush_l2(stream.get());
+    if (phases_requested() == 2) {
+      graph->launch(stream.get());  // warm-up; the stamps below are the second replay's
+    } else {
+      flush_l2(stream.get());
+    }
     graph->launch(stream.get());
     synchronize(stream.get());
     std::vector<uint64_t> raw(size_t(m.H) * detail::kPhaseSlots);

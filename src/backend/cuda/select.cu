@@ -10,6 +10,7 @@
 // ascending order, and the retrieval items are expanded into the head's exact-token list (steady zone
 // first). Run 5's default; since run 6 select_bins.cu's few-barrier kernel is (RETROINFER_SELECT=radix
 // restores this one). select_cluster.cu holds the dispatch and the 8-CTA version used past 40K items.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -27,14 +28,82 @@ namespace {
 constexpr int kScoreWarps = 4;
 constexpr int kScoreTile = 16;                          // centroids per warp tile
 
+// Run 10: the tail of score_body<.., kForm = true> (score_form_kernel): a grid-wide barrier (all partials
+// written), then the scores of clusters [c_begin, c_end) of head h, bit-identical to form_scores_kernel:
+// query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by one warp (lane-strided ms_merge in
+// index order, then the xor tree; warp w takes g = w, w + kScoreWarps, ...: the same per-g computation as
+// form_scores' warp g), then score = sum over g in order of __expf(l_g - M_g) * (1 / L_g), -inf when a
+// logit is -inf. Everything read here was written by this grid: L2 loads (__ldcg), never the non-coherent
+// path.
+__device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
+  __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
+  const int parts = static_cast<int>(gridDim.x);
+  cooperative_groups::this_grid().sync();
+  for (int g = warp; g < G; g += kScoreWarps) {
+    const float2* part = p.norm_partial + (int64_t{h} * G + g) * parts;
+    float m = -INFINITY, s = 0.0f;
+#pragma unroll 4
+    for (int i = lane; i < parts; i += 32) {
+      const float2 v = __ldcg(part + i);
+      ms_merge(m, s, v.x, v.y);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+      ms_merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+      gmax[g] = m;
+      ginv[g] = s > 0.0f ? 1.0f / s : 0.0f;
+    }
+  }
+  __syncthreads();
+  constexpr int kB = 2;  // items per thread per round (kB * G loads in flight; registers stay <= 85)
+  const float* lgh = p.logits + int64_t{h} * G * C;
+  float* sch = p.scores + int64_t{h} * C;
+  for (int i0 = c_begin + threadIdx.x; i0 < c_end; i0 += kB * blockDim.x) {
+    float lv[kB][kMaxGroup];
+#pragma unroll
+    for (int b = 0; b < kB; ++b)
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        const int i = i0 + b * blockDim.x;
+        lv[b][g] = g < G && i < c_end ? __ldcg(lgh + int64_t{g} * C + i) : 0.0f;
+      }
+#pragma unroll
+    for (int b = 0; b < kB; ++b) {
+      const int i = i0 + b * blockDim.x;
+      if (i >= c_end) break;
+      // form_scores_kernel's expression, term for term (the scores must be bit-identical).
+      float s = 0.0f;
+      bool empty = false;
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g)
+        if (g < G) {
+          if (lv[b][g] == -INFINITY) empty = true;
+          else s += __expf(lv[b][g] - gmax[g]) * ginv[g];
+        }
+      sch[i] = empty ? -INFINITY : s;
+    }
+  }
+}
+
 // Logits on the tensor cores, the decode kernel's QK step with centroids for keys: per warp and tile of
 // 16 centroids (cp.async double buffer, rows padded by 16 bytes), logits^T = Q C^T with mma m16n8k16,
 // A = the scaled queries split into bf16 hi (row g) and lo (row g + 8) parts, so logit = c[g] + c[g+8]
 // carries the f32 query to 2^-18; B = centroid rows via ldmatrix. Each lane then holds head gq's logits
 // of centroids 2tq, 2tq+1, 8+2tq, 9+2tq, writes them and folds them into an online (max, sum) that
 // becomes this CTA's normaliser partial.
-template <int D, bool kEarly>
-__global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScoreParams p) {
+//
+// kForm (run 10, ScoreParams::scores set; cooperative launch, every CTA resident): after its partial, each
+// CTA waits at a grid-wide barrier, merges its head's normaliser partials and forms the selection's scores
+// of its own clusters exactly as form_scores_kernel (select_scores.cu) does, so no form_scores grid and no
+// kernel boundary follow the score kernel. The body is shared by two kernels (below) whose launch bounds
+// differ: run 9's as before, run 10's keeping the 6 CTAs per multiprocessor of the one-wave grid (<= 85
+// registers), which the cooperative launch needs.
+template <int D, bool kEarly, bool kForm>
+__device__ __forceinline__ void score_body(const ScoreParams& p) {
   constexpr int kRow = D + 8, kChunks = D / 8, kLoads = kScoreTile * kChunks / 32, kKs = D / 16;
   __shared__ __align__(16) uint16_t cs[kScoreWarps][2][kScoreTile * kRow];
   __shared__ float2 red[kScoreWarps][kMaxGroup];
@@ -166,7 +235,19 @@ __global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScorePara
     for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
     p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
   }
+  if constexpr (kForm) form_own_scores(p, h, tile0 * kScoreTile, min(C, tile1 * kScoreTile));
   phase_last(p.phase, h, 1);
+}
+
+template <int D, bool kEarly>
+__global__ void __launch_bounds__(kScoreWarps * 32) score_kernel(const ScoreParams p) {
+  score_body<D, kEarly, false>(p);
+}
+
+// Run 10 (cooperative launch only: its grid barrier needs every CTA resident).
+template <int D>
+__global__ void __launch_bounds__(kScoreWarps * 32, 6) score_form_kernel(const ScoreParams p) {
+  score_body<D, true, true>(p);
 }
 
 __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams p, bool scores_in_smem) {
@@ -353,9 +434,56 @@ int score_blocks(int num_clusters, int head_dim, int num_heads) {
   return b > 0 ? b : 1;
 }
 
+namespace {
+
+// Run 10: the cooperative launch of score_form_kernel<D> (its grid barrier needs every CTA resident).
+template <int D>
+cudaError_t launch_score_form(const ScoreParams& p, dim3 grid, dim3 block, cudaStream_t s) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, score_form_kernel<D>, p);
+}
+
+template <int D>
+int score_form_ctas_per_sm() {
+  static const int n = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, score_form_kernel<D>, kScoreWarps * 32, 0) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return b;
+  }();
+  return n;
+}
+
+}  // namespace
+
+bool score_form_fits(int num_clusters, int head_dim, int num_heads) {
+  const int per_sm = head_dim == 128 ? score_form_ctas_per_sm<128>()
+                                     : (head_dim == 64 ? score_form_ctas_per_sm<64>() : 0);
+  const int64_t ctas = int64_t{score_blocks(num_clusters, head_dim, num_heads)} * num_heads;
+  return num_heads > 0 && num_heads <= 65535 && ctas <= int64_t{per_sm} * sm_count();
+}
+
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   const dim3 block(kScoreWarps * 32);
+  if (p.scores != nullptr) {  // run 10: the scores formed in the same (cooperative) grid
+    if (!p.early_loads || !score_form_fits(p.num_clusters, p.head_dim, p.num_heads)) return cudaErrorInvalidValue;
+    if (p.head_dim == 128) return launch_score_form<128>(p, grid, block, s);
+    if (p.head_dim == 64) return launch_score_form<64>(p, grid, block, s);
+    return cudaErrorInvalidValue;
+  }
   if (p.head_dim == 128) {
     if (p.early_loads) score_kernel<128, true><<<grid, block, 0, s>>>(p);
     else score_kernel<128, false><<<grid, block, 0, s>>>(p);
