@@ -47,6 +47,8 @@ TEST(CudaDenseSwitch, StreamSplits) {
   EXPECT_EQ(dense_stream_splits(65, 8, 132), 2);
   EXPECT_EQ(dense_stream_splits(4097, 2, 132), 65);
   EXPECT_EQ(dense_stream_splits(0, 0, 132), 1);          // degenerate input still gives one split
+  EXPECT_EQ(dense_stream_splits(131072, 8, 132, 1), 16);  // one CTA per multiprocessor fits: 128 CTAs
+  EXPECT_EQ(dense_stream_splits(131072, 8, 132, 0), 16);  // a failed occupancy (0) counts as 1
   for (int64_t n : {1, 2, 63, 64, 65, 1000, 4097, 32785, 131072})
     for (int h : {1, 2, 8, 24, 128}) {
       const int s = dense_stream_splits(n, h, 132);

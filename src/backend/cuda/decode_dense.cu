@@ -101,22 +101,30 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t by
       "r"(bytes)
       : "memory");
 }
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// A wait longer than this traps: 2^34 cycles, ~9 s at the H200's ~1.8 GHz, against waits of microseconds
+// (milliseconds under compute-sanitizer). A protocol bug then fails the launch instead of hanging the GPU.
+constexpr long long kHangCycles = 1ll << 34;
 // Blocks until the barrier's phase of parity `parity` has completed (acquire: the stage's bytes, or the
 // consumers' reads, are ordered before what follows).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   const uint32_t a = smem_u32(bar);
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(a), "r"(parity)
-        : "memory");
-  } while (done == 0);
+  if (mbar_try_wait(a, parity)) return;
+  const long long t0 = clock64();
+  while (!mbar_try_wait(a, parity))
+    if (clock64() - t0 > kHangCycles) __trap();
 }
 // 1-D bulk copy global -> shared (bytes: a multiple of 16, both addresses 16-byte aligned) completing
 // `bytes` transactions on bar; L2 policy pol.
@@ -354,20 +362,36 @@ __global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_k
                   reinterpret_cast<float*>(stage_ml + kCW * kMaxGroup), nullptr);
 }
 
+// The kernel with its attributes set, once per instantiation (thread-safe static initialisation): > 48 KiB
+// of dynamic shared memory, and the largest shared-memory carveout so that kDenseCtasPerSm CTAs fit on a
+// multiprocessor. Its occupancy (CTAs per multiprocessor, queried once) sizes the splits.
+struct DenseKernelInfo {
+  void (*kernel)(const DenseParams) = nullptr;
+  cudaError_t status = cudaSuccess;
+  int ctas_per_sm = 0;
+};
+template <int D, bool kBulk>
+const DenseKernelInfo& dense_kernel_info() {
+  static const DenseKernelInfo info = [] {
+    DenseKernelInfo k;
+    k.kernel = dense_decode_kernel<D, kBulk>;
+    const int bytes = static_cast<int>(DenseLayout<D>::kBytes);
+    k.status = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (k.status == cudaSuccess)
+      k.status = cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      cudaSharedmemCarveoutMaxShared);
+    if (k.status == cudaSuccess)
+      k.status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.ctas_per_sm, k.kernel, kDenseThreads, bytes);
+    return k;
+  }();
+  return info;
+}
+
 template <int D, bool kBulk>
 cudaError_t launch_dense(const DenseParams& p, cudaStream_t s) {
-  constexpr size_t bytes = DenseLayout<D>::kBytes;
-  void (*kernel)(const DenseParams) = dense_decode_kernel<D, kBulk>;
-  // Once per instantiation (thread-safe static initialisation): > 48 KiB of dynamic shared memory, and the
-  // largest shared-memory carveout so that kDenseCtasPerSm CTAs fit on a multiprocessor.
-  static const cudaError_t attr = [&] {
-    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    return e;
-  }();
-  if (attr != cudaSuccess) return attr;
-  kernel<<<dim3(p.num_splits, p.num_heads), kDenseThreads, bytes, s>>>(p);
+  const DenseKernelInfo& k = dense_kernel_info<D, kBulk>();
+  if (k.status != cudaSuccess) return k.status;
+  k.kernel<<<dim3(p.num_splits, p.num_heads), kDenseThreads, DenseLayout<D>::kBytes, s>>>(p);
   return cudaGetLastError();
 }
 
@@ -386,5 +410,14 @@ cudaError_t launch_dense_dim(const DenseParams& p, cudaStream_t s) {
 
 cudaError_t dense_decode_bulk(const DenseParams& p, cudaStream_t s) { return launch_dense_dim<true>(p, s); }
 cudaError_t dense_decode_async(const DenseParams& p, cudaStream_t s) { return launch_dense_dim<false>(p, s); }
+
+cudaError_t dense_ctas_per_sm(bool bulk, int head_dim, int* ctas) {
+  const DenseKernelInfo* k = nullptr;
+  if (head_dim == 128) k = bulk ? &dense_kernel_info<128, true>() : &dense_kernel_info<128, false>();
+  else if (head_dim == 64) k = bulk ? &dense_kernel_info<64, true>() : &dense_kernel_info<64, false>();
+  else return cudaErrorInvalidValue;
+  *ctas = k->ctas_per_sm;
+  return k->status;
+}
 
 }  // namespace retroinfer::cuda::detail

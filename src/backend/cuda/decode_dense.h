@@ -33,12 +33,17 @@ inline constexpr int kDenseThreads = (kDenseComputeWarps + 1) * 32;  // + one pr
 // in the H200's 228 KiB.
 inline constexpr int kDenseCtasPerSm = 2;
 
-// Splits (CTAs per flat head) of the bulk / async kernels: about kDenseCtasPerSm CTAs per multiprocessor
-// over all heads (floor(kDenseCtasPerSm * sms / num_heads): one wave, no partial second one), at most one
-// per tile of tokens, at least 1. Pure (testable without a device).
-int dense_stream_splits(int64_t num_tokens, int num_heads, int sms);
-// Splits kernel k uses for num_tokens tokens of num_heads flat heads on this device (v1: decode_splits).
-int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads);
+// Splits (CTAs per flat head) of the bulk / async kernels: ctas_per_sm CTAs per multiprocessor over all
+// heads (floor(ctas_per_sm * sms / num_heads): one wave, no partial second one), at most one per tile of
+// tokens, at least 1. Pure (testable without a device).
+int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm = kDenseCtasPerSm);
+// CTAs of the bulk (or async) kernel for head_dim that fit on one multiprocessor (the occupancy query,
+// made once per kernel with its shared-memory attributes set; kDenseCtasPerSm on the H200).
+cudaError_t dense_ctas_per_sm(bool bulk, int head_dim, int* ctas);
+// Splits kernel k uses for num_tokens tokens of num_heads flat heads of head_dim on this device (v1:
+// decode_splits; bulk / async: dense_stream_splits with the device's multiprocessors and the kernel's
+// occupancy, capped at kDenseCtasPerSm). Throws Error if the occupancy query fails.
+int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim);
 
 // Raw launch parameters of the bulk / async kernels. Split s of flat head h covers tokens
 // [s * n / S, (s + 1) * n / S) (integer division; S = num_splits <= n, so no split is empty and the

@@ -31,16 +31,19 @@ const char* dense_kernel_name(DenseKernel k) {
   return "?";
 }
 
-int dense_stream_splits(int64_t num_tokens, int num_heads, int sms) {
-  const int64_t want = int64_t{kDenseCtasPerSm} * sms / (num_heads > 0 ? num_heads : 1);
+int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm) {
+  const int64_t want = int64_t{ctas_per_sm > 0 ? ctas_per_sm : 1} * sms / (num_heads > 0 ? num_heads : 1);
   const int64_t most = ceil_div(num_tokens > 0 ? num_tokens : 1, kDenseTile);
   const int64_t s = want < most ? want : most;
   return static_cast<int>(s > 0 ? s : 1);
 }
 
-int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads) {
+int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim) {
   if (k == DenseKernel::kV1) return decode_splits(num_tokens, num_heads, 1);
-  return dense_stream_splits(num_tokens, num_heads, sm_count());
+  int ctas = 0;
+  RETROINFER_CUDA_CHECK(dense_ctas_per_sm(k == DenseKernel::kBulk, head_dim, &ctas));
+  // Fewer than kDenseCtasPerSm would mean the carveout did not apply: fewer, longer splits keep one wave.
+  return dense_stream_splits(num_tokens, num_heads, sm_count(), ctas < kDenseCtasPerSm ? ctas : kDenseCtasPerSm);
 }
 
 int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
@@ -57,7 +60,7 @@ int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
   // 128 / 256 bytes, so every row then is).
   RETROINFER_CHECK((reinterpret_cast<uintptr_t>(a.k) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.v) & 15) == 0, who,
                    ": dense decode needs 16-byte aligned K and V");
-  int splits = dense_splits(a.kernel, a.num_tokens, a.num_heads);
+  int splits = dense_splits(a.kernel, a.num_tokens, a.num_heads, a.head_dim);
   if (splits > a.max_splits) splits = a.max_splits;
   const int H = a.num_heads, G = a.group, D = a.head_dim;
   bool merged = false;

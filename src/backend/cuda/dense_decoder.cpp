@@ -39,7 +39,8 @@ DenseDecoder& DenseDecoder::operator=(DenseDecoder&&) noexcept = default;
 int DenseDecoder::num_splits(int64_t num_tokens) const {
   // One full wave of CTAs: long splits amortise each CTA's pipeline fill and state merge (run 2: 2.9 TB/s
   // at 128K batch 1 with two waves of shorter splits).
-  return detail::dense_splits(impl_->kernel, num_tokens, impl_->num_seqs * impl_->shape.num_heads_kv);
+  return detail::dense_splits(impl_->kernel, num_tokens, impl_->num_seqs * impl_->shape.num_heads_kv,
+                              impl_->shape.head_dim);
 }
 
 const char* DenseDecoder::kernel() const { return detail::dense_kernel_name(impl_->kernel); }
