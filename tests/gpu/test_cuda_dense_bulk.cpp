@@ -32,8 +32,10 @@ constexpr double kRefMaxAbs = 1e-4;
 // signed), and the merges round differently (f32). The bound of test_cuda_decode_paths.cpp for the same
 // regrouping: an output, a convex combination of value rows |v| <= ~4.5, moves by <= 2^-18 * 4.5 =
 // 1.7e-5 per path, 3.4e-5 between two: max-abs 5e-5; nmse ~(2^-19)^2 = 4e-12 against outputs of rms
-// ~0.3-1: 1e-10.
-constexpr double kV1Nmse = 1e-10;
+// ~0.3-1: 1e-10. The bench shapes (128K random rows) average V down to an output rms of ~0.02, which
+// raises the nmse of the same absolute error by ~(0.3 / 0.02)^2: the H200 measured 1.49e-10 at batch 16
+// (max-abs 2.5e-7), so 1e-9 (max-abs still bounds the error itself).
+constexpr double kV1Nmse = 1e-9;
 constexpr double kV1MaxAbs = 5e-5;
 // bulk against async: the same consumer code, splits and order; only the producer differs, so the outputs
 // are bit-identical unless the compiler contracts a multiply-add differently in the two instantiations
