@@ -243,7 +243,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
             (!want_u.empty() &&
              want_u != cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env())))
           RETROINFER_FAIL("kernel_bench: unknown k-means variant '", var,
-                          "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a,b,c,d,e and UPDATE in v1,fast)");
+                          "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a,b,c,d,e,f and UPDATE in v1,fast)");
         retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // warm-up of this variant
       }
       const std::string tag = std::string(",\"assign_variant\":\"") +

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -299,6 +300,36 @@ TEST(CudaKMeansFast, VariantsMatchV1) {
   };
   uint64_t seed = 4242;
   for (const auto& c : cases) run_case(c, seed++);
+}
+
+// The environment switches (no device needed): names map to the variants, unknown or unset names to the
+// default (v1 until the A/B picks another). (The explicit KMeansParams fields are what VariantsMatchV1 uses.)
+TEST(CudaKMeansFast, VariantSwitches) {
+  const char* saved_a = std::getenv("RETROINFER_KMEANS_ASSIGN");
+  const char* saved_u = std::getenv("RETROINFER_KMEANS_UPDATE");
+  const std::string keep_a = saved_a ? saved_a : "", keep_u = saved_u ? saved_u : "";
+  unsetenv("RETROINFER_KMEANS_ASSIGN");
+  unsetenv("RETROINFER_KMEANS_UPDATE");
+  const int dflt_a = dt::kmeans_assign_variant_from_env(), dflt_u = dt::kmeans_update_variant_from_env();
+  EXPECT_GE(dflt_a, 0);
+  EXPECT_LT(dflt_a, int(dt::kAssignVariants));
+  EXPECT_GE(dflt_u, 0);
+  EXPECT_LT(dflt_u, int(dt::kUpdateVariants));
+  for (int v = 0; v < dt::kAssignVariants; ++v) {
+    setenv("RETROINFER_KMEANS_ASSIGN", dt::kmeans_assign_variant_name(v), 1);
+    EXPECT_EQ(dt::kmeans_assign_variant_from_env(), v) << dt::kmeans_assign_variant_name(v);
+  }
+  setenv("RETROINFER_KMEANS_ASSIGN", "bogus", 1);
+  EXPECT_EQ(dt::kmeans_assign_variant_from_env(), dflt_a);
+  setenv("RETROINFER_KMEANS_UPDATE", "fast", 1);
+  EXPECT_EQ(dt::kmeans_update_variant_from_env(), int(dt::kUpdateFast));
+  setenv("RETROINFER_KMEANS_UPDATE", "v1", 1);
+  EXPECT_EQ(dt::kmeans_update_variant_from_env(), int(dt::kUpdateV1));
+  EXPECT_STREQ(dt::kmeans_assign_variant_name(dt::kAssignVariants), "?");
+  if (saved_a) setenv("RETROINFER_KMEANS_ASSIGN", keep_a.c_str(), 1);
+  else unsetenv("RETROINFER_KMEANS_ASSIGN");
+  if (saved_u) setenv("RETROINFER_KMEANS_UPDATE", keep_u.c_str(), 1);
+  else unsetenv("RETROINFER_KMEANS_UPDATE");
 }
 
 }  // namespace

@@ -71,11 +71,14 @@ inline constexpr int kKMeansVariantEnv = -1;
 //   kC   kB with 4 n-tiles per step (8 independent accumulators per warp), no 2-CTA register cap
 //   kD   kC capped at 128 registers (2 CTAs per multiprocessor)
 //   kE   kB with 3 m-tiles per warp (384 keys per CTA: each centroid fragment feeds 3 MMAs), 1 CTA per SM
-enum KMeansAssignVariant : int { kAssignV1 = 0, kAssignA, kAssignB, kAssignC, kAssignD, kAssignE, kAssignVariants };
+//   kF   kB with v1's argmax epilogue (isolates the max-tree's effect)
+enum KMeansAssignVariant : int {
+  kAssignV1 = 0, kAssignA, kAssignB, kAssignC, kAssignD, kAssignE, kAssignF, kAssignVariants
+};
 // Centroid update / finalize: v1 = one warp per cluster, 2-byte loads per lane; kUpdateFast = D/8 lanes
 // per cluster with 16-byte loads (the same f32 adds in the same member order).
 enum KMeansUpdateVariant : int { kUpdateV1 = 0, kUpdateFast, kUpdateVariants };
-// RETROINFER_KMEANS_ASSIGN = v1|a|b|c|d|e (unset or unknown: kDefaultAssignVariant) and
+// RETROINFER_KMEANS_ASSIGN = v1|a|b|c|d|e|f (unset or unknown: kDefaultAssignVariant) and
 // RETROINFER_KMEANS_UPDATE = v1|fast (unset or unknown: kDefaultUpdateVariant), read at every call.
 int kmeans_assign_variant_from_env();
 int kmeans_update_variant_from_env();

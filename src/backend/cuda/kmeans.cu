@@ -493,7 +493,7 @@ int variant_index(const char* v, const char* const* names, int count, int dflt) 
     if (std::strcmp(v, names[i]) == 0) return i;
   return dflt;
 }
-constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "b", "c", "d", "e"};
+constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "b", "c", "d", "e", "f"};
 constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
 // The defaults until the H200 A/B picks others (every variant gives the same result).
 constexpr int kDefaultAssignVariant = kAssignV1;

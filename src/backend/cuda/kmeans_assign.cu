@@ -254,6 +254,7 @@ cudaError_t launch_variant(const KMeansParams& p, bool global, int variant, cuda
     case kAssignC: return launch<D, 2, 4, 128, 3, true, 1>(p, global, s);   // 102 KiB
     case kAssignD: return launch<D, 2, 4, 128, 3, true, 2>(p, global, s);   // 102 KiB
     case kAssignE: return launch<D, 3, 2, 128, 3, true, 1>(p, global, s);   // 102 KiB
+    case kAssignF: return launch<D, 2, 2, 128, 3, false, 2>(p, global, s);  // 102 KiB
     default: return cudaErrorInvalidValue;
   }
 }
