@@ -1,10 +1,11 @@
 // Run 10's decode path (RETROINFER_DECODE=run10, layer_common.h decode_path: the selection's scores formed by
 // the score grid itself after a grid-wide barrier, select.cu form_own_scores, where the one-wave grid fits
-// at once; the selection's CSR offsets in shared memory, select_bins.cu kSmemOffsets) against run 9 on the
-// same layer and query. Run 10 changes where values are computed, not how: logits, scores, retrieval /
-// estimation ids, token lists and the outputs must all be bit-identical to run 9's (the same expressions in
-// the same order feed the same attention kernels; the fused merge is deterministic), and so must each part
-// alone (run10form, run10select). Also: the selection equals the CPU rule on those scores; outputs are
+// at once; the selection's CSR offsets in shared memory, select_bins.cu kSmemOffsets; the exact attention's
+// token-list entries loaded ahead, decode.cu decode_est_ahead_kernel) against run 9 on the same layer and
+// query. Run 10 changes where and when values are computed, not how: logits, scores, retrieval / estimation
+// ids, token lists and the outputs must all be bit-identical to run 9's (the same expressions in the same
+// order; the fused merge is deterministic), and so must each part alone (run10form, run10select,
+// run10list). Also: the selection equals the CPU rule on those scores; outputs are
 // poisoned before every decode and checked written; two graph replays (a cooperative score kernel with the
 // selection as its programmatic dependent) and an eager decode after them bit-identical to the eager
 // decode; the stage-timing path (phase stamps) bit-identical, with its phase entries.
@@ -155,6 +156,8 @@ void run10_case(const Run10Case& rc, uint64_t seed) {
   expect_same_path(decode_once(layer, dq.as<float>(), q_elems, H), a, "run10form vs run9");
   env.set("run10select");
   expect_same_path(decode_once(layer, dq.as<float>(), q_elems, H), a, "run10select vs run9");
+  env.set("run10list");
+  expect_same_path(decode_once(layer, dq.as<float>(), q_elems, H), a, "run10list vs run9");
   env.set("run10");
 
   // Graph replays of run 10: bit-identical to its eager decode, twice (the merge counters and the grid
@@ -187,7 +190,7 @@ void run10_case(const Run10Case& rc, uint64_t seed) {
     }
   }
   std::printf("[decode run10] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: logits, scores, ids, lists "
-              "and outputs vs run9 identical%s (run10form, run10select too); graph replays identical; %d phase "
+              "and outputs vs run9 identical%s (run10form, run10select, run10list too); graph replays identical; %d phase "
               "entries\n",
               H, G, d, (long long)rc.n, C, layer.n_estimation(), int(rc.estimation), int(rc.outliers),
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "", n_phase);

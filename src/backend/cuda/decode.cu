@@ -180,7 +180,10 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
 // Group sizes up to 8 fill rows 0..7; rows of heads >= G are zero and never written.
 // kEst (run 9, DecodeParams::est_ctas > 0): the grid's CTAs past the exact splits run estimate_cta; a kernel
 // of its own (decode_est_kernel below), so run 8's kernels are the same code as before.
-template <int D, bool kIndirect, int S, bool kEst>
+// kAhead (run 10, DecodeParams::list_ahead; token-list path): the list entries of the warp's first
+// kListAheadTiles tiles (lane l < 16: entry l of tile warp + i kW in register ahead[i]) are loaded together
+// after the count; load_tile takes them by shuffle, later tiles load theirs as before.
+template <int D, bool kIndirect, int S, bool kEst, bool kAhead = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
@@ -238,12 +241,26 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
   const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
   const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
+  static_assert(!kAhead || (kIndirect && kListAheadTiles == 4), "list-ahead: the token-list path, 4 tiles");
+  int ahead[4] = {0, 0, 0, 0};
+  if constexpr (kAhead) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = warp + i * kW;
+      const int64_t p0 = begin + int64_t{t} * kT;
+      if (t < ntiles && lane < kT && p0 + lane < end) ahead[i] = list[p0 + lane];
+    }
+  }
 
   auto load_tile = [&](int t, int buf) {
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
     int tok_lane = 0;
-    if constexpr (kIndirect) {
+    if constexpr (kAhead) {
+      const int i = (t - warp) / kW;  // the warp's i-th tile
+      if (i < 4) tok_lane = i == 0 ? ahead[0] : (i == 1 ? ahead[1] : (i == 2 ? ahead[2] : ahead[3]));
+      else if (lane < valid) tok_lane = list[p0 + lane];
+    } else if constexpr (kIndirect) {
       if (lane < valid) tok_lane = list[p0 + lane];
     }
 #pragma unroll
@@ -390,6 +407,11 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
 template <int D, int S>
 __global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_kernel(const DecodeParams p) {
   decode_body<D, true, S, true>(p);
+}
+// Run 10: run 9's grid with the token-list entries loaded ahead (DecodeParams::list_ahead).
+template <int D, int S>
+__global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_ahead_kernel(const DecodeParams p) {
+  decode_body<D, true, S, true, true>(p);
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
@@ -538,7 +560,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
 }
 
-template <int D, bool kIndirect, int S, bool kEst>
+template <int D, bool kIndirect, int S, bool kEst, bool kAhead = false>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
   static_assert(DecodeSmem<D, S>::kWarpBytes * kW >=
@@ -547,7 +569,8 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   static_assert(DecodeSmem<D, S>::kBytes >= size_t{kEstimateFusedChunk} * (D * 2 + kMaxGroup * 4 + 4),
                 "run 9's estimation CTAs keep their chunk's rows, weights and sizes in the tile buffers");
   void (*kernel)(const DecodeParams);
-  if constexpr (kEst) kernel = decode_est_kernel<D, S>;
+  if constexpr (kEst && kAhead) kernel = decode_est_ahead_kernel<D, S>;
+  else if constexpr (kEst) kernel = decode_est_kernel<D, S>;
   else kernel = decode_kernel<D, kIndirect, S>;
   static bool attr_set = false;  // once per instantiation (host-side; the layers are single-threaded)
   if (!attr_set) {
@@ -576,6 +599,9 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
 template <int D, bool kIndirect>
 cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
   if constexpr (kIndirect) {
+    if (p.est_ctas > 0 && p.list_ahead)  // run 10
+      return decode_stages() == 3 ? launch_decode<D, true, 3, true, true>(p, s)
+                                  : launch_decode<D, true, 2, true, true>(p, s);
     if (p.est_ctas > 0)
       return decode_stages() == 3 ? launch_decode<D, true, 3, true>(p, s) : launch_decode<D, true, 2, true>(p, s);
   }

@@ -269,7 +269,12 @@ struct DecodeParams {
   // of them (num_splits); part_ml / part_o / total_splits / merge / phase are this struct's. 0: none.
   EstimateParams est;
   int est_ctas = 0;
+  // Run 10 (with est_ctas > 0, the token-list path): each warp loads the token-list entries of its first
+  // kListAheadTiles tiles in one round of independent loads right after the count, instead of one
+  // dependent list load at the head of every tile's copy. The same rows in the same order: the same output.
+  bool list_ahead = false;
 };
+inline constexpr int kListAheadTiles = 4;
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);

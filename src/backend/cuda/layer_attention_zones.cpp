@@ -35,10 +35,11 @@ DecodePath decode_path() {
   else if (v == "run9" || (e == nullptr && kRun9IsDefault)) p.form_scores = p.fused_estimate = true;
   else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
   else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
-  else if (v == "run10" || v == "run10form" || v == "run10select") {  // run 9 plus run 10's parts
+  else if (v == "run10" || v == "run10form" || v == "run10select" || v == "run10list") {  // run 9 + run 10's parts
     p.form_scores = p.fused_estimate = true;
-    p.form_in_score = v != "run10select";
-    p.smem_offsets = v != "run10form";
+    p.form_in_score = v == "run10" || v == "run10form";
+    p.smem_offsets = v == "run10" || v == "run10select";
+    p.list_ahead = v == "run10" || v == "run10list";
   }
   return p;
 }
@@ -255,6 +256,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.merge = fm;
   dp.phase = a.phase;
   dp.balance = path.balance;
+  dp.list_ahead = path.list_ahead;  // run 10 (used with est_ctas > 0)
   if (est_ctas > 0) {  // run 9: the estimation CTAs of this grid (slots after the exact splits)
     dp.est_ctas = est_ctas;
     dp.est.logits = sp.logits;

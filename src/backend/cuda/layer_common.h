@@ -115,9 +115,11 @@ struct ZoneDecodeArgs {
 //                   barrier (cooperative launch, ScoreParams::scores; only where score_form_fits, else run
 //                   9's form_scores grid), so the selection is the score kernel's programmatic dependent
 //                   again, and (smem_offsets) the selection's CSR offsets copied into shared memory before
-//                   its PDL wait (SelectParams::smem_offsets, select_bins.cu); logits, scores, ids, token
-//                   lists and outputs bit-identical to run 9 (the same values feed the same kernels);
-//   "run10form" / "run10select": run 9 plus only one of the two (attribution).
+//                   its PDL wait (SelectParams::smem_offsets, select_bins.cu; with a compact compaction),
+//                   and (list_ahead) the exact attention's token-list entries of each warp's first tiles
+//                   loaded in one round (DecodeParams::list_ahead, decode.cu); logits, scores, ids, token
+//                   lists and outputs bit-identical to run 9 (the same values feed the same arithmetic);
+//   "run10form" / "run10select" / "run10list": run 9 plus only one of the three (attribution).
 // All of it applies only where ZoneDecodeArgs::merge_counter is set; the fused merge only when
 // total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs). Every part
 // leaves the logits, scores and selection bit-identical; only the merge's rounding differs (f32), and on
@@ -125,7 +127,7 @@ struct ZoneDecodeArgs {
 struct DecodePath {
   bool fused_merge = true, pdl = true, early_loads = true, prefetch = true, balance = true;
   bool form_scores = false, fused_estimate = false;  // run 9
-  bool form_in_score = false, smem_offsets = false;  // run 10
+  bool form_in_score = false, smem_offsets = false, list_ahead = false;  // run 10
 };
 // The path taken when RETROINFER_DECODE is unset: run 9 since session 10's H200 run (kernel graph 0.82-0.96x
 // run 8's time at 128K, batch 1-16; runner 717 vs 640 tok/s at 128K batch 6; the same GPU tests pass on

@@ -39,6 +39,23 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
   const int parts = static_cast<int>(gridDim.x);
+  constexpr int kB = 2;  // items per thread per round (kB * G loads in flight; registers stay <= 85)
+  const float* lgh = p.logits + int64_t{h} * G * C;
+  float* sch = p.scores + int64_t{h} * C;
+  float lv[kB][kMaxGroup];
+  auto load = [&](int i0) {
+#pragma unroll
+    for (int b = 0; b < kB; ++b)
+#pragma unroll
+      for (int g = 0; g < kMaxGroup; ++g) {
+        const int i = i0 + b * blockDim.x;
+        lv[b][g] = g < G && i < c_end ? __ldcg(lgh + int64_t{g} * C + i) : 0.0f;
+      }
+  };
+  // The first round's logits were written by this CTA (visible since the score kernel's barrier before
+  // the partials): in flight across the grid barrier.
+  const int first = c_begin + static_cast<int>(threadIdx.x);
+  if (first < c_end) load(first);
   cooperative_groups::this_grid().sync();
   for (int g = warp; g < G; g += kScoreWarps) {
     const float2* part = p.norm_partial + (int64_t{h} * G + g) * parts;
@@ -59,18 +76,8 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
     }
   }
   __syncthreads();
-  constexpr int kB = 2;  // items per thread per round (kB * G loads in flight; registers stay <= 85)
-  const float* lgh = p.logits + int64_t{h} * G * C;
-  float* sch = p.scores + int64_t{h} * C;
-  for (int i0 = c_begin + threadIdx.x; i0 < c_end; i0 += kB * blockDim.x) {
-    float lv[kB][kMaxGroup];
-#pragma unroll
-    for (int b = 0; b < kB; ++b)
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        const int i = i0 + b * blockDim.x;
-        lv[b][g] = g < G && i < c_end ? __ldcg(lgh + int64_t{g} * C + i) : 0.0f;
-      }
+  for (int i0 = first; i0 < c_end; i0 += kB * blockDim.x) {
+    if (i0 != first) load(i0);
 #pragma unroll
     for (int b = 0; b < kB; ++b) {
       const int i = i0 + b * blockDim.x;
