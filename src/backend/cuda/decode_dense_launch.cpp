@@ -1,5 +1,6 @@
 // Host side of the dense decode (decode_dense.h): the kernel switch, the split counts and the one launch
 // function of every dense-decode caller.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -32,7 +33,13 @@ const char* dense_kernel_name(DenseKernel k) {
 }
 
 int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm) {
-  const int64_t want = int64_t{ctas_per_sm > 0 ? ctas_per_sm : 1} * sms / (num_heads > 0 ? num_heads : 1);
+  // RETROINFER_FULL_CTAS=N (benchmark sweeps): N CTAs in all instead of ctas_per_sm per multiprocessor.
+  static const int64_t forced = [] {
+    const char* e = std::getenv("RETROINFER_FULL_CTAS");
+    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{0};
+  }();
+  const int64_t total = forced > 0 ? forced : int64_t{ctas_per_sm > 0 ? ctas_per_sm : 1} * sms;
+  const int64_t want = total / (num_heads > 0 ? num_heads : 1);
   const int64_t most = ceil_div(num_tokens > 0 ? num_tokens : 1, kDenseTile);
   const int64_t s = want < most ? want : most;
   return static_cast<int>(s > 0 ? s : 1);
