@@ -303,7 +303,7 @@ TEST(CudaKMeansFast, VariantsMatchV1) {
 }
 
 // The environment switches (no device needed): names map to the variants, unknown or unset names to the
-// default (v1 until the A/B picks another). (The explicit KMeansParams fields are what VariantsMatchV1 uses.)
+// default (kmeans.cu kDefaultAssignVariant: a since run 15). (The explicit KMeansParams fields are what VariantsMatchV1 uses.)
 TEST(CudaKMeansFast, VariantSwitches) {
   const char* saved_a = std::getenv("RETROINFER_KMEANS_ASSIGN");
   const char* saved_u = std::getenv("RETROINFER_KMEANS_UPDATE");
