@@ -6,7 +6,7 @@ every timed call, median. Prefill: causal SDPA over [1, 32|8, n, 128] (the dense
 layer; kernel_bench times our own PrefillAttention in its run, and the summary shows k-means against both).
 One JSON object per line.
 
-  torch_sdpa_bench.py --out FILE [--lengths ...] [--batches ...] [--prefill-lengths ...] [--reps N]
+  torch_sdpa_bench.py --out FILE [--lengths ...] [--batches ...] [--prefill-lengths ...] [--reps N] [--flush read]
   torch_sdpa_bench.py --summarize KERNEL_JSONL TORCH_JSONL   # the markdown table of both runs
 """
 import argparse
@@ -31,6 +31,15 @@ def bench(args):
     props = torch.cuda.get_device_properties(dev)
     l2 = getattr(props, "L2_cache_size", 50 * 2**20)
     flush = torch.empty(2 * l2, dtype=torch.uint8, device=dev)
+    # --flush read: evict L2 by reading twice its size (a reduction; leaves clean lines), like kernel_bench
+    # --flush read; the default (write) memsets it, leaving dirty lines the timed call's reads write back.
+    flush_src = torch.ones(l2, dtype=torch.float16, device=dev) if args.flush == "read" else None
+
+    def evict():
+        if flush_src is not None:
+            flush_src.sum()
+        else:
+            flush.zero_()
     out = open(args.out, "a")
 
     def emit(rec):
@@ -42,7 +51,7 @@ def bench(args):
             fn()
         ts = []
         for _ in range(reps):
-            flush.zero_()
+            evict()
             a = torch.cuda.Event(enable_timing=True)
             b = torch.cuda.Event(enable_timing=True)
             a.record()
@@ -73,7 +82,7 @@ def bench(args):
                 med, mn, p90 = timed(call, 3, args.reps)
                 nbytes = 2.0 * k.numel() * 2 + 2.0 * bsz * hq * d * 2
                 emit({"bench": "torch", "method": "torch_sdpa", "n": n, "batch": bsz, "ms": med, "ms_min": mn,
-                      "ms_p90": p90, "bytes": nbytes, "gbps": nbytes / (med * 1e-3) / 1e9})
+                      "ms_p90": p90, "bytes": nbytes, "gbps": nbytes / (med * 1e-3) / 1e9, "flush": args.flush})
                 del k, v, qs
             except Exception as e:  # OOM or an unsupported path: record and go on
                 emit({"bench": "torch", "method": "torch_sdpa", "n": n, "batch": bsz, "error": str(e)[:200]})
@@ -186,6 +195,8 @@ def main():
     ap.add_argument("--batches", type=ints, default=[1, 4, 16])
     ap.add_argument("--prefill-lengths", type=ints, default=[32768, 131072])
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--flush", choices=["write", "read"], default="write",
+                    help="L2 eviction before each timed call: memset (write, default) or a read of 2x L2 (read)")
     ap.add_argument("--prefill-reps", type=int, default=3)
     ap.add_argument("--summarize", nargs=2, metavar=("KERNEL_JSONL", "TORCH_JSONL"))
     ap.add_argument("--stages", metavar="KERNEL_JSONL", help="print the retro stage table of a kernel_bench run")
