@@ -1,5 +1,5 @@
 // The streaming dense decode kernels (decode_dense.cu: "bulk", the default, "async" and the A/B variants
-// "bulkw", "bulk8", "bulk8w", "bulk12") against the f64 CPU reference and the earlier kernel ("v1",
+// "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d") against the f64 CPU reference and the earlier kernel ("v1",
 // RETROINFER_FULL_DECODE=v1) on the same inputs, through
 // DenseDecoder: tails around the 64-, 128- and 192-token tiles (n = 1, 63, 64, 65, 127, 128, 129, 191, 193,
 // 1000, 4097), head_dim 64/128, GQA
@@ -55,7 +55,8 @@ struct Variant {
   const char* same_as;
 };
 constexpr Variant kVariants[] = {
-    {"async", "bulk"}, {"bulkw", "bulk"}, {"bulk8", nullptr}, {"bulk8w", "bulk8"}, {"bulk12", nullptr}};
+    {"async", "bulk"}, {"bulkw", "bulk"}, {"bulk8", nullptr}, {"bulk8w", "bulk8"}, {"bulk12", nullptr},
+    {"tma2d", nullptr}};
 
 struct Run {
   std::vector<float> out;
@@ -231,7 +232,7 @@ TEST(CudaDenseBulk, EnvironmentSwitch) {
     EnvGuard env("RETROINFER_FULL_DECODE", nullptr);
     EXPECT_STREQ(cuda::DenseDecoder(shape, 1, 100).kernel(), "bulk");
   }
-  for (const char* k : {"bulk", "async", "v1", "bulkw", "bulk8", "bulk8w", "bulk12"}) {
+  for (const char* k : {"bulk", "async", "v1", "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d"}) {
     EnvGuard env("RETROINFER_FULL_DECODE", k);
     EXPECT_STREQ(cuda::DenseDecoder(shape, 1, 100).kernel(), k);
   }

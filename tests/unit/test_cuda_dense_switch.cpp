@@ -30,7 +30,8 @@ TEST(CudaDenseSwitch, EnvironmentSwitch) {
   const std::pair<const char*, DenseKernel> variants[] = {{"bulkw", DenseKernel::kBulkW},
                                                            {"bulk8", DenseKernel::kBulk8},
                                                            {"bulk8w", DenseKernel::kBulk8W},
-                                                           {"bulk12", DenseKernel::kBulk12}};
+                                                           {"bulk12", DenseKernel::kBulk12},
+                                                           {"tma2d", DenseKernel::kTma2d}};
   for (const auto& [name, k] : variants) {
     setenv("RETROINFER_FULL_DECODE", name, 1);
     EXPECT_EQ(dense_kernel(), k) << name;

@@ -16,7 +16,10 @@
 //                   one CTA per multiprocessor (half the CTAs of bulk, twice the tokens per split);
 //   "bulk8w":       bulk8 with bulkw's loads;
 //   "bulk12":       12 compute warps, 192-token tiles, 2 stages (D = 128: 2 x 96.75 KiB), one CTA per
-//                   multiprocessor: 12 compute warps per multiprocessor instead of 8.
+//                   multiprocessor: 12 compute warps per multiprocessor instead of 8;
+//   "tma2d":        bulk's CTA and ring, each tile copied by 2-D tensor-map copies (D / 64 boxes of 64 tokens
+//                   x 64 dims per K or V tile, 128-byte swizzle) instead of 8 skewed 1-D copies; warp w takes
+//                   the consecutive tokens 16w..16w+15.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,12 +30,13 @@
 
 namespace retroinfer::cuda::detail {
 
-enum class DenseKernel { kBulk, kAsync, kV1, kBulkW, kBulk8, kBulk8W, kBulk12 };
+enum class DenseKernel { kBulk, kAsync, kV1, kBulkW, kBulk8, kBulk8W, kBulk12, kTma2d };
 
 // The kernel RETROINFER_FULL_DECODE names, read at each call (a DenseDecoder keeps the one it was made
 // with). Throws Error on any other value.
 DenseKernel dense_kernel();
-const char* dense_kernel_name(DenseKernel k);  // "bulk", "async", "v1", "bulkw", "bulk8", "bulk8w", "bulk12"
+// "bulk", "async", "v1", "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d"
+const char* dense_kernel_name(DenseKernel k);
 
 // bulk's (and async's, bulkw's) figures; bulk8 / bulk12 have twice / three times the warps and tile tokens.
 inline constexpr int kDenseTile = 64;          // tokens per pipeline stage (a K tile and a V tile)
@@ -48,7 +52,7 @@ inline constexpr int kDenseCtasPerSm = 2;
 int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm = kDenseCtasPerSm);
 // CTAs of streaming kernel k (not v1) for head_dim that fit on one multiprocessor (the occupancy query,
 // made once per kernel with its shared-memory attributes set; on the H200 kDenseCtasPerSm for bulk, async
-// and bulkw, 1 for bulk8, bulk8w, bulk12). cudaErrorInvalidValue for v1 or another head_dim.
+// bulkw and tma2d, 1 for bulk8, bulk8w, bulk12). cudaErrorInvalidValue for v1 or another head_dim.
 cudaError_t dense_ctas_per_sm(DenseKernel k, int head_dim, int* ctas);
 // Splits kernel k uses for num_tokens tokens of num_heads flat heads of head_dim on this device (v1:
 // decode_splits; the streaming kernels: dense_stream_splits with the device's multiprocessors and the

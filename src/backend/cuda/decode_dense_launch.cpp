@@ -15,7 +15,7 @@ namespace retroinfer::cuda::detail {
 namespace {
 constexpr DenseKernel kAllKernels[] = {DenseKernel::kBulk,   DenseKernel::kAsync,  DenseKernel::kV1,
                                        DenseKernel::kBulkW,  DenseKernel::kBulk8,  DenseKernel::kBulk8W,
-                                       DenseKernel::kBulk12};
+                                       DenseKernel::kBulk12, DenseKernel::kTma2d};
 }  // namespace
 
 DenseKernel dense_kernel() {
@@ -24,7 +24,7 @@ DenseKernel dense_kernel() {
   for (DenseKernel k : kAllKernels)
     if (std::strcmp(e, dense_kernel_name(k)) == 0) return k;
   RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e,
-                  "' is not a dense decode kernel: use bulk (the default), async, v1, bulkw, bulk8, bulk8w or bulk12");
+                  "' is not a dense decode kernel: use bulk (the default), async, v1, bulkw, bulk8, bulk8w, bulk12 or tma2d");
 }
 
 const char* dense_kernel_name(DenseKernel k) {
@@ -43,6 +43,8 @@ const char* dense_kernel_name(DenseKernel k) {
       return "bulk8w";
     case DenseKernel::kBulk12:
       return "bulk12";
+    case DenseKernel::kTma2d:
+      return "tma2d";
   }
   return "?";
 }
