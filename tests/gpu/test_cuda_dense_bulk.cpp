@@ -181,6 +181,12 @@ TEST(CudaDenseBulk, LongContexts) {
   run_ref_case(1, 2, 4, 128, 32768 + 17, 7200);  // 132 splits of ~248 tokens: 4 tiles, the 3-stage ring wraps
   run_ref_case(1, 1, 8, 128, 131072, 7201);      // 264 splits of 496 tokens: 8 tiles, partial last
   run_ref_case(1, 1, 2, 64, 131072, 7202);       // D = 64: 8 tiles per split through the 6-stage ring
+  // Splits whose one tile ends inside the last 64-token sub-tile of bulk8's and bulk12's wider tiles (small
+  // n gives splits of <= 64 tokens: only their first sub-tile): one KV head, 132 splits of 180 tokens on
+  // the H200 for bulk8 / bulk12 (tiles 128 + 52 / one of 180: the second / third sub-tile partly valid),
+  // 264 of 90 for bulk (64 + 26); D = 64: 150 / 75 tokens.
+  run_ref_case(1, 1, 4, 128, 132 * 180 + 7, 7203);
+  run_ref_case(1, 1, 8, 64, 132 * 150 + 3, 7204);
 }
 
 // kernel_bench's "full" shapes (Llama-3-8B heads) on device-random K/V: against v1 only (an f64 reference
