@@ -360,8 +360,9 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
       unsigned char* vst = smem + s_idx * L::kStageBytes + L::kTileBytes;
       if (t0 < valid) {  // else none of the warp's tokens (>= t0) is in the tile
         if (valid < kT) {
-          // Tail tile (the split's last): zero this warp's V rows past the end (never copied: stale or
-          // uninitialised shared memory). No copy writes this stage again.
+          // Tail tile (the split's last): zero this warp's V rows past the end (bulk: never copied, stale or
+          // uninitialised shared memory; tma2d: the next split's rows, rows past n, or zeros past
+          // kv_stride). No copy writes this stage again.
           for (int c = lane; c < 16 * kChunks; c += 32) {
             const int r = c / kChunks, col = c % kChunks, b = r >> 1, x = r & 1;
             if (V::kTma ? t0 + r >= valid : t0 + 8 * b + x >= valid) {  // tma2d: every chunk of the row
