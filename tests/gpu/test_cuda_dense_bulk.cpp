@@ -1,16 +1,21 @@
-// The streaming dense decode kernels (decode_dense.cu: "bulk", the default, and "async") against the f64
-// CPU reference and the earlier kernel ("v1", RETROINFER_FULL_DECODE=v1) on the same inputs, through
-// DenseDecoder: tails around the 64-token tile (n = 1, 63, 64, 65, 1000, 4097), head_dim 64/128, GQA
+// The streaming dense decode kernels (decode_dense.cu: "bulk", the default, "async" and the A/B variants
+// "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d") against the f64 CPU reference and the earlier kernel ("v1",
+// RETROINFER_FULL_DECODE=v1) on the same inputs, through
+// DenseDecoder: tails around the 64-, 128- and 192-token tiles (n = 1, 63, 64, 65, 127, 128, 129, 191, 193,
+// 1000, 4097), head_dim 64/128, GQA
 // groups 1/4/8, batches 1/3/16, long contexts (32K + 17, 128K: many tiles per CTA, the stage ring wraps),
 // and kernel_bench's shapes (128K x batch 1/4/16, 32 q / 8 kv heads: 33 / 8 / 2 splits per head) against
 // v1 only. Outputs are poisoned with NaN first; K/V rows past n hold NaN (a read past the end shows).
-// One line per case: "[full bulk] D .. G .. B .. n .. splits .. nmse .. maxabs .. v1_nmse .. v1_maxabs ..".
+// One line per case and kernel: "[full <kernel>] D .. G .. B .. n .. splits .. nmse .. maxabs .. v1_nmse ..
+// v1_maxabs .. same_maxabs ..".
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
@@ -37,10 +42,21 @@ constexpr double kRefMaxAbs = 1e-4;
 // (max-abs 2.5e-7), so 1e-9 (max-abs still bounds the error itself).
 constexpr double kV1Nmse = 1e-9;
 constexpr double kV1MaxAbs = 5e-5;
-// bulk against async: the same consumer code, splits and order; only the producer differs, so the outputs
-// are bit-identical unless the compiler contracts a multiply-add differently in the two instantiations
-// (a few f32 ulps of outputs |o| <= ~4.5: 4.5 * 4 * 2^-24 ~ 1e-6).
+// bulk against async and bulkw (bulk8w against bulk8): the same splits, warps, per-token arithmetic and
+// order; only the producer or the load order differs, so the outputs are bit-identical unless the compiler
+// contracts a multiply-add differently in the two instantiations (a few f32 ulps of outputs |o| <= ~4.5:
+// 4.5 * 4 * 2^-24 ~ 1e-6). bulk8 / bulk12 group tokens differently (splits, warps): the v1 bounds.
 constexpr double kAsyncMaxAbs = 2e-6;
+
+// The variants checked besides bulk and v1, each with the kernel it must match to kAsyncMaxAbs (nullptr:
+// none, only the reference and v1 bounds).
+struct Variant {
+  const char* name;
+  const char* same_as;
+};
+constexpr Variant kVariants[] = {
+    {"async", "bulk"}, {"bulkw", "bulk"}, {"bulk8", nullptr}, {"bulk8w", "bulk8"}, {"bulk12", nullptr},
+    {"tma2d", nullptr}};
 
 struct Run {
   std::vector<float> out;
@@ -67,38 +83,58 @@ bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Runs bulk (default), async and v1 on the same inputs; checks bulk against `ref` (when given) and v1,
-// async against bulk (the same math and split, only the copies differ), and prints the line.
+// Checks run r of `name` against `ref` (when given) and v1 and prints its line.
+void check_run(const char* name, const Run& r, const Run& v1, const Run* same, const AttentionShape& shape, int G,
+               int num_seqs, int64_t n, const std::vector<float>* ref) {
+  SCOPED_TRACE(name);
+  const Compare cv = gputest::compare(r.out, v1.out);
+  Compare cr, cs;
+  if (ref != nullptr) cr = gputest::compare(r.out, *ref);
+  if (same != nullptr) cs = gputest::compare(r.out, same->out);
+  std::printf("[full %s] D %d G %d B %d Hkv %d n %lld splits %d nmse %.3g maxabs %.3g v1_nmse %.3g v1_maxabs %.3g "
+              "same_maxabs %.3g%s%s\n",
+              name, shape.head_dim, G, num_seqs, shape.num_heads_kv, static_cast<long long>(n), r.splits,
+              ref != nullptr ? cr.nmse : -1.0, ref != nullptr ? cr.max_abs : -1.0, cv.nmse, cv.max_abs,
+              same != nullptr ? cs.max_abs : -1.0, same != nullptr && bit_equal(r.out, same->out) ? " bit_equal" : "",
+              ref != nullptr ? "" : " (no CPU reference)");
+  EXPECT_EQ(gputest::compare(r.out, r.out).unwritten, 0) << name << " left outputs unwritten (NaN)";
+  EXPECT_LT(cv.nmse, kV1Nmse);
+  EXPECT_LT(cv.max_abs, kV1MaxAbs);
+  if (same != nullptr) {
+    EXPECT_LE(cs.max_abs, kAsyncMaxAbs) << name << " differs from the kernel of the same grouping";
+    EXPECT_EQ(r.splits, same->splits);
+  }
+  if (ref != nullptr) {
+    EXPECT_EQ(cr.unwritten, 0);
+    EXPECT_LT(cr.nmse, kRefNmse);
+    EXPECT_LT(cr.max_abs, kRefMaxAbs);
+  }
+}
+
+// Runs bulk (default), v1 and kVariants on the same inputs; checks each against `ref` (when given) and v1,
+// and the variants of bulk's grouping against bulk (bulk8w against bulk8).
 void check_kernels(const AttentionShape& shape, int num_seqs, int64_t n, int64_t stride, const cuda::DeviceBuffer& dq,
                    const cuda::DeviceBuffer& dk, const cuda::DeviceBuffer& dv, size_t q_elems,
                    const std::vector<float>* ref) {
   const int G = shape.num_heads_q / shape.num_heads_kv;
   const Run bulk = run_kernel(nullptr, shape, num_seqs, n, stride, dq, dk, dv, q_elems);
-  const Run async = run_kernel("async", shape, num_seqs, n, stride, dq, dk, dv, q_elems);
   const Run v1 = run_kernel("v1", shape, num_seqs, n, stride, dq, dk, dv, q_elems);
-  const Compare cv = gputest::compare(bulk.out, v1.out);
-  const Compare ca = gputest::compare(async.out, bulk.out);
-  Compare cr;
-  if (ref != nullptr) cr = gputest::compare(bulk.out, *ref);
-  std::printf("[full bulk] D %d G %d B %d Hkv %d n %lld splits %d nmse %.3g maxabs %.3g v1_nmse %.3g v1_maxabs %.3g "
-              "async_maxabs %.3g%s%s\n",
-              shape.head_dim, G, num_seqs, shape.num_heads_kv, static_cast<long long>(n), bulk.splits,
-              ref != nullptr ? cr.nmse : -1.0, ref != nullptr ? cr.max_abs : -1.0, cv.nmse, cv.max_abs, ca.max_abs,
-              bit_equal(bulk.out, async.out) ? " async_bit_equal" : "", ref != nullptr ? "" : " (no CPU reference)");
-  EXPECT_EQ(gputest::compare(bulk.out, bulk.out).unwritten, 0) << "bulk left outputs unwritten (NaN)";
   EXPECT_EQ(gputest::compare(v1.out, v1.out).unwritten, 0) << "v1 left outputs unwritten (NaN)";
-  EXPECT_EQ(ca.unwritten, 0) << "async left outputs unwritten (NaN)";
-  EXPECT_LE(ca.max_abs, kAsyncMaxAbs) << "bulk and async differ";
-  EXPECT_EQ(bulk.splits, async.splits);
-  EXPECT_LT(cv.nmse, kV1Nmse);
-  EXPECT_LT(cv.max_abs, kV1MaxAbs);
   if (ref != nullptr) {
-    EXPECT_EQ(cr.unwritten, 0);
-    EXPECT_LT(cr.nmse, kRefNmse);
-    EXPECT_LT(cr.max_abs, kRefMaxAbs);
     const Compare cv1 = gputest::compare(v1.out, *ref);  // the reference check of v1 itself
     EXPECT_LT(cv1.nmse, kRefNmse);
     EXPECT_LT(cv1.max_abs, kRefMaxAbs);
+  }
+  check_run("bulk", bulk, v1, nullptr, shape, G, num_seqs, n, ref);
+  std::vector<std::pair<std::string, Run>> runs;
+  for (const Variant& var : kVariants) {
+    Run r = run_kernel(var.name, shape, num_seqs, n, stride, dq, dk, dv, q_elems);
+    const Run* same = nullptr;
+    if (var.same_as != nullptr && std::strcmp(var.same_as, "bulk") == 0) same = &bulk;
+    for (const auto& [nm, rr] : runs)
+      if (var.same_as != nullptr && nm == var.same_as) same = &rr;
+    check_run(var.name, r, v1, same, shape, G, num_seqs, n, ref);
+    runs.emplace_back(var.name, std::move(r));
   }
 }
 
@@ -129,7 +165,7 @@ TEST(CudaDenseBulk, TailsGroupsHeadDims) {
   uint64_t seed = 7000;
   for (int d : {64, 128})
     for (int group : {1, 4, 8})
-      for (int64_t n : {1, 63, 64, 65, 1000, 4097}) run_ref_case(1, 2, group, d, n, seed++);
+      for (int64_t n : {1, 63, 64, 65, 127, 128, 129, 191, 193, 1000, 4097}) run_ref_case(1, 2, group, d, n, seed++);
 }
 
 TEST(CudaDenseBulk, Batches) {
@@ -145,6 +181,12 @@ TEST(CudaDenseBulk, LongContexts) {
   run_ref_case(1, 2, 4, 128, 32768 + 17, 7200);  // 132 splits of ~248 tokens: 4 tiles, the 3-stage ring wraps
   run_ref_case(1, 1, 8, 128, 131072, 7201);      // 264 splits of 496 tokens: 8 tiles, partial last
   run_ref_case(1, 1, 2, 64, 131072, 7202);       // D = 64: 8 tiles per split through the 6-stage ring
+  // Splits whose one tile ends inside the last 64-token sub-tile of bulk8's and bulk12's wider tiles (small
+  // n gives splits of <= 64 tokens: only their first sub-tile): one KV head, 132 splits of 180 tokens on
+  // the H200 for bulk8 / bulk12 (tiles 128 + 52 / one of 180: the second / third sub-tile partly valid),
+  // 264 of 90 for bulk (64 + 26); D = 64: 150 / 75 tokens.
+  run_ref_case(1, 1, 4, 128, 132 * 180 + 7, 7203);
+  run_ref_case(1, 1, 8, 64, 132 * 150 + 3, 7204);
 }
 
 // kernel_bench's "full" shapes (Llama-3-8B heads) on device-random K/V: against v1 only (an f64 reference
@@ -196,7 +238,7 @@ TEST(CudaDenseBulk, EnvironmentSwitch) {
     EnvGuard env("RETROINFER_FULL_DECODE", nullptr);
     EXPECT_STREQ(cuda::DenseDecoder(shape, 1, 100).kernel(), "bulk");
   }
-  for (const char* k : {"bulk", "async", "v1"}) {
+  for (const char* k : {"bulk", "async", "v1", "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d"}) {
     EnvGuard env("RETROINFER_FULL_DECODE", k);
     EXPECT_STREQ(cuda::DenseDecoder(shape, 1, 100).kernel(), k);
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "backend/cuda/decode_dense.h"
 #include "retroinfer/error.h"
@@ -26,6 +27,18 @@ TEST(CudaDenseSwitch, EnvironmentSwitch) {
   EXPECT_EQ(dense_kernel(), DenseKernel::kAsync);
   setenv("RETROINFER_FULL_DECODE", "v1", 1);
   EXPECT_EQ(dense_kernel(), DenseKernel::kV1);
+  const std::pair<const char*, DenseKernel> variants[] = {{"bulkw", DenseKernel::kBulkW},
+                                                           {"bulk8", DenseKernel::kBulk8},
+                                                           {"bulk8w", DenseKernel::kBulk8W},
+                                                           {"bulk12", DenseKernel::kBulk12},
+                                                           {"tma2d", DenseKernel::kTma2d}};
+  for (const auto& [name, k] : variants) {
+    setenv("RETROINFER_FULL_DECODE", name, 1);
+    EXPECT_EQ(dense_kernel(), k) << name;
+    EXPECT_STREQ(dense_kernel_name(k), name);
+  }
+  setenv("RETROINFER_FULL_DECODE", "bulk16", 1);
+  EXPECT_THROW(dense_kernel(), Error);
   setenv("RETROINFER_FULL_DECODE", "V1", 1);
   EXPECT_THROW(dense_kernel(), Error);
   EXPECT_STREQ(dense_kernel_name(DenseKernel::kBulk), "bulk");

@@ -3,12 +3,12 @@
 // Grid (num_splits, H): one CTA per (split, flat head) streams the split's contiguous token range once for
 // all G query heads of the GQA group. Few, long-lived CTAs (kDenseCtasPerSm per multiprocessor over all
 // heads) with many bytes in flight each: a ring of S stages, stage = the K tile and the V tile of
-// kDenseTile = 64 consecutive tokens, filled by a producer warp and drained by kDenseComputeWarps compute
-// warps, each stage with two mbarriers:
+// kDenseTile = 64 consecutive tokens (bulk; see Variants below), filled by a producer warp and drained by
+// kCW = kDenseComputeWarps compute warps, each stage with two mbarriers:
 //   full[s]  completes when the stage's bytes have landed: bulk (kBulk): one arrive.expect_tx(bytes) by
 //            the producer thread, the copies' complete_tx; async: the 32 producer lanes' cp.async, each
 //            lane's cp.async.mbarrier.arrive.noinc (expected count 32);
-//   empty[s] completes when the kDenseComputeWarps warps have read the stage (one arrive per warp).
+//   empty[s] completes when the kCW compute warps have read the stage (one arrive per warp).
 // Tile i uses stage s = i % S for the u-th time, u = i / S: the consumers wait full[s] for parity u & 1;
 // the producer refills it for tile i >= S after empty[s] completed phase u - 1 (parity (u & 1) ^ 1). The
 // producer cannot get a phase ahead of a waiting consumer (it needs that consumer's release first), so
@@ -33,10 +33,17 @@
 // fragments, O^T += P V with P split likewise: both carried to 2^-18 relative), then the warps' states merge
 // in shared memory and the CTA writes one partial state per query head (the softmax_state.h format of the
 // split-K path), merged by the fused merge of the head's last CTA (decode_merge.cuh) or combine_states.
+//
+// Variants (DenseVariant, for A/B runs; decode_dense.h lists their names): the compute warps kCW (4, 8,
+// 12: the tile grows to 16 kCW tokens, kCW / 4 sub-tiles of 64 tokens each read by 4 warps exactly as
+// above; one CTA per multiprocessor beyond 4 warps), the producer (bulk copies or cp.async) and the
+// compute warps' load order (kWide: a tile's K and V fragments all loaded before its first MMA).
+#include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_dense.h"
@@ -47,30 +54,64 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
-constexpr int kT = kDenseTile;
-constexpr int kCW = kDenseComputeWarps;
-constexpr int kBlocks = kT / 8;  // 8-token blocks per tile
-static_assert(kT == kCW * 16, "each compute warp takes 16 tokens (two of each block) of every tile");
+// A kernel variant (decode_dense.h DenseKernel): CW compute warps, each taking 16 tokens of every tile of
+// T = 16 CW tokens (CW / 4 sub-tiles of 64 tokens, each laid out and read as the file comment says for 4
+// warps: warp w reads sub-tile w / 4 as warp w % 4); kBulk: bulk copies (else cp.async); kWide: each warp
+// issues all of a tile's K and V ldmatrix before its first MMA (the V fragments' shared-memory latency then
+// overlaps the QK MMAs and the softmax), at 32 more registers of fragments per thread; kTma (tma2d): the
+// tiles copied by 2-D tensor-map copies (see "tma2d layout" below).
+template <int kComputeWarps, bool kBulkCopies, bool kWideIlp, bool kTmaCopies = false>
+struct DenseVariant {
+  static constexpr int kCW = kComputeWarps;
+  static constexpr bool kBulk = kBulkCopies;
+  static constexpr bool kWide = kWideIlp;
+  static constexpr bool kTma = kTmaCopies;
+  static_assert(!kTma || (kCW == 4 && kBulk), "tma2d: 4 compute warps, the bulk producer's protocol");
+  static constexpr int kT = 16 * kCW;  // tokens per tile
+  static constexpr int kBlocks = kT / 8;
+  static constexpr int kThreads = (kCW + 1) * 32;
+  // Two CTAs per multiprocessor with 4 compute warps (as kDenseCtasPerSm), one with more: by shared memory.
+  static constexpr int kCtasPerSm = kCW == 4 ? kDenseCtasPerSm : 1;
+  static_assert(kCW % 4 == 0 && kCW >= 4 && kCW <= 12, "compute warps: 4, 8 or 12 (sub-tiles of 64 tokens)");
+};
+using VariantBulk = DenseVariant<4, true, false>;
+static_assert(VariantBulk::kT == kDenseTile && VariantBulk::kThreads == kDenseThreads, "decode_dense.h constants");
 
-template <int D>
+// tma2d layout: a K (or V) tile is D / 64 boxes of 64 tokens x 64 dims (128-byte box rows: box b holds
+// dims 64b..64b+63), each box one copy of the tensor map [H][kv_stride][D] with CU_TENSOR_MAP_SWIZZLE_128B:
+// the 16-byte chunk c of box row r lies at chunk c ^ (r % 8) (boxes 1024-byte aligned). Compute warp w
+// takes the consecutive tokens 16w..16w+15; the 8 rows of an ldmatrix matrix are 8 consecutive tokens at
+// one logical chunk, so 8 different physical chunks: conflict-free. Rows past the tensor's kv_stride are
+// zero-filled by the copy and count in its bytes, so every box completes kBoxBytes.
+template <int D, class V>
 struct DenseLayout {
+  static constexpr int kCW = V::kCW;
   static constexpr int kRowBytes = D * 2;                     // one token's K (or V) row, bf16
   static constexpr int kBlockBytes = 8 * kRowBytes + 16;      // 8 rows + the 16-byte skew
-  static constexpr int kTileBytes = kBlocks * kBlockBytes;    // K or V of one tile
+  static constexpr int kSubBytes = 8 * kBlockBytes;           // a 64-token sub-tile (8 blocks)
+  static constexpr int kBoxBytes = 64 * 128;                  // tma2d: one box
+  static constexpr int kAlign = V::kTma ? 1024 : 0;           // tma2d: slack to align the stages to 1 KiB
+  static constexpr int kTileBytes = V::kTma ? D / 64 * kBoxBytes : V::kBlocks * kBlockBytes;  // K or V
   static constexpr int kStageBytes = 2 * kTileBytes;          // K tile, then V tile
-  // Stages: ~97 KiB in all (D = 128: 3 x 32.25 KiB; D = 64: 6 x 16.25 KiB), so that kDenseCtasPerSm = 2
-  // CTAs fit the 227 KiB of shared memory a multiprocessor gives (2 x (97 + 1 reserved) KiB + the static
-  // barriers). While a tile is computed, the other S - 1 stages' copies are in flight: 64 KiB per CTA at
-  // D = 128, 128 KiB per multiprocessor, ~4x what HBM's bandwidth-latency product needs per
-  // multiprocessor (4.8 TB/s x ~1 us / 132 = 36 KB).
-  static constexpr int kStages = D == 128 ? 3 : 6;
-  static constexpr size_t kBytes = size_t{kStages} * kStageBytes;
+  // Stages: as many as fit the shared-memory budget of a CTA: 100,000 bytes with two CTAs per
+  // multiprocessor (4 warps, D = 128: 3 x 32.25 KiB; D = 64: 6 x 16.25 KiB: 2 x (97 + 1 reserved) KiB + the
+  // static barriers fit the 227 KiB a multiprocessor gives), 200,000 with one (8 warps: 3 x 64.5 KiB at
+  // D = 128, 6 x 32.5 KiB at D = 64; 12 warps: 2 x 96.75 KiB, 4 x 48.75 KiB). While a tile is computed, the
+  // other S - 1 stages' copies are in flight: 64 KiB per CTA at D = 128 with 4 warps, 128 KiB per
+  // multiprocessor (8 warps: 129 KiB; 12 warps: 97 KiB), against the ~36 KB HBM's bandwidth-latency
+  // product needs per multiprocessor (4.8 TB/s x ~1 us / 132).
+  static constexpr int kBudget = V::kCtasPerSm == 1 ? 200000 : 100000;
+  static constexpr int kStages = (kBudget - kAlign) / kStageBytes;
+  static constexpr size_t kBytes = size_t{kStages} * kStageBytes + kAlign;  // dynamic shared memory
+  static_assert(kStages >= 2, "at least double buffering");
   static_assert(kBlockBytes % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte addresses and sizes");
   // The warps' state staging and the fused merge's weights reuse the stages after the loop.
   static constexpr size_t kStageO = size_t{kCW} * kMaxGroup * D * 4;
   static constexpr size_t kStageMl = size_t{kCW} * kMaxGroup * 8;
-  static_assert(kStageO + kStageMl + size_t{kMergeMaxStates} * 4 <= kBytes, "staging fits in the stages");
+  static_assert(kStageO + kStageMl + size_t{kMergeMaxStates} * 4 <= kBytes - kAlign, "staging fits in the stages");
 };
+static_assert(DenseLayout<128, VariantBulk>::kStages == 3 && DenseLayout<64, VariantBulk>::kStages == 6,
+              "bulk's ring as measured");
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -136,20 +177,41 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(pol)
       : "memory");
 }
+// tma2d: the box at (dim d, token t, head h) of tensor map `map` (a kernel parameter) -> shared memory,
+// completing the box's bytes on bar; L2 policy pol.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int d, int t, int h, uint64_t* bar,
+                                            uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3, %4}], [%5], %6;\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(d), "r"(t), "r"(h), "r"(smem_u32(bar)), "l"(pol)
+      : "memory");
+}
+// The tensor maps of tma2d (zero for the other variants): K and V as [H][kv_stride][D] bf16, boxes of
+// 64 x 64 x 1, 128-byte swizzle.
+struct DenseMaps {
+  CUtensorMap k, v;
+};
+
 // One arrive on bar when every cp.async this thread issued so far has completed (no pending-count
 // increment: the barrier's expected count includes it).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
-template <int D, bool kBulk>
-__global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_kernel(const DenseParams p) {
-  using L = DenseLayout<D>;
+template <int D, class V>
+__global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
+    dense_decode_kernel(const DenseParams p, const __grid_constant__ DenseMaps maps) {
+  using L = DenseLayout<D, V>;
   constexpr int S = L::kStages;
+  constexpr int kT = V::kT, kCW = V::kCW;
+  constexpr bool kBulk = V::kBulk;
   constexpr int kKs = D / 16;     // QK k-steps
   constexpr int kNt = D / 8;      // PV n-tiles (8 dims each)
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw;  // the stages (tma2d: 1 KiB aligned for the 128-byte swizzle)
+  if constexpr (L::kAlign > 0) smem += (L::kAlign - (smem_u32(smem_raw) & (L::kAlign - 1))) & (L::kAlign - 1);
   __shared__ __align__(8) uint64_t full_bar[S];
   __shared__ __align__(8) uint64_t empty_bar[S];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -188,8 +250,18 @@ __global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_k
           if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);
           const int64_t left = len - int64_t{i} * kT;
           const int rows = static_cast<int>(left < kT ? left : kT);
-          unsigned char* kst = smem_raw + s * L::kStageBytes;
+          unsigned char* kst = smem + s * L::kStageBytes;
           unsigned char* vst = kst + L::kTileBytes;
+          if constexpr (V::kTma) {  // whole boxes (rows past the split: masked / zeroed by the consumers)
+            mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(L::kStageBytes));
+            const int t = static_cast<int>(begin + int64_t{i} * kT);  // < kv_stride <= INT32_MAX (host check)
+#pragma unroll
+            for (int bx = 0; bx < D / 64; ++bx) {
+              tma_load_3d(kst + bx * L::kBoxBytes, &maps.k, 64 * bx, t, h, &full_bar[s], pol);
+              tma_load_3d(vst + bx * L::kBoxBytes, &maps.v, 64 * bx, t, h, &full_bar[s], pol);
+            }
+            continue;
+          }
           mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(2 * rows * L::kRowBytes));
           const uint16_t* ks = kh + int64_t{i} * kT * D;
           const uint16_t* vs = vh + int64_t{i} * kT * D;
@@ -207,7 +279,7 @@ __global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_k
         if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);  // every lane: it writes the stage itself
         const int64_t left = len - int64_t{i} * kT;
         const int rows = static_cast<int>(left < kT ? left : kT);
-        unsigned char* kst = smem_raw + s * L::kStageBytes;
+        unsigned char* kst = smem + s * L::kStageBytes;
         unsigned char* vst = kst + L::kTileBytes;
         const uint16_t* ks = kh + int64_t{i} * kT * D;
         const uint16_t* vs = vh + int64_t{i} * kT * D;
@@ -252,39 +324,76 @@ __global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_k
     //       16-byte column 2k + (mi & 1) at k-step k;
     //   PV, matrices (x 0, dims d0), (x 1, d0), (x 0, d0 + 8), (x 1, d0 + 8): token 8ri + 2w + (mi & 1),
     //       column 2jj + (mi >> 1) for dims d0 = 16jj.
-    const int mi = lane >> 3, ri = lane & 7;
-    const int k_off = ri * L::kBlockBytes + (2 * warp + (mi >> 1)) * L::kRowBytes + (mi & 1) * 16;
-    const int v_off = ri * L::kBlockBytes + (2 * warp + (mi & 1)) * L::kRowBytes + (mi >> 1) * 16;
+    // With more than 4 compute warps, warp w reads the sub-tile w / 4 (64 tokens from token 64 (w / 4),
+    // its 8 blocks from byte sub * kSubBytes) as warp wq = w % 4 of the 4-warp layout.
+    const int mi = lane >> 3, ri = lane & 7, wq = warp & 3, sub = warp >> 2;
+    int k_off = sub * L::kSubBytes + ri * L::kBlockBytes + (2 * wq + (mi >> 1)) * L::kRowBytes + (mi & 1) * 16;
+    int v_off = sub * L::kSubBytes + ri * L::kBlockBytes + (2 * wq + (mi & 1)) * L::kRowBytes + (mi >> 1) * 16;
     // This lane's accumulator tokens: s[0] (x 0, n 2tq), s[1] (x 0, n 2tq + 1), s[2] (x 1, n 2tq),
     // s[3] (x 1, n 2tq + 1).
-    const int tb = 16 * tq + 2 * warp;
-    const int tok[4] = {tb, tb + 8, tb + 1, tb + 9};
+    int t0 = 64 * sub + 2 * wq;  // the warp's first token of a tile
+    int tok[4] = {16 * tq + t0, 16 * tq + t0 + 8, 16 * tq + t0 + 1, 16 * tq + t0 + 9};
+    if constexpr (V::kTma) {
+      // n index j of the QK n-tile x (and k index 8x + j of P.V) is the token 16w + 8x + j. Row parts of the
+      // ldmatrix offsets here; the chunk part (2k + (mi & 1)) ^ ri, i.e. (2k mod 8) ^ k_x, per step below.
+      //   QK matrices (x 0, k lo), (x 0, k hi), (x 1, k lo), (x 1, k hi): token 16w + 8 (mi >> 1) + ri;
+      //   PV matrices (x 0, d0), (x 1, d0), (x 0, d0 + 8), (x 1, d0 + 8): token 16w + 8 (mi & 1) + ri.
+      t0 = 16 * warp;
+      k_off = (t0 + 8 * (mi >> 1) + ri) * 128;
+      v_off = (t0 + 8 * (mi & 1) + ri) * 128;
+      tok[0] = t0 + 2 * tq; tok[1] = t0 + 2 * tq + 1; tok[2] = t0 + 8 + 2 * tq; tok[3] = t0 + 9 + 2 * tq;
+    }
+    const int k_x = (mi & 1) ^ ri, v_x = (mi >> 1) ^ ri;  // tma2d: this lane's chunk swizzle terms
+    // Shared-memory byte offsets of QK step k's and P.V column pair jj's ldmatrix in a tile.
+    auto k_at = [&](int k) {
+      return V::kTma ? (k >> 2) * L::kBoxBytes + k_off + ((((2 * k) & 7) ^ k_x) << 4) : k_off + k * 32;
+    };
+    auto v_at = [&](int jj) {
+      return V::kTma ? (jj >> 2) * L::kBoxBytes + v_off + ((((2 * jj) & 7) ^ v_x) << 4) : v_off + jj * 32;
+    };
     for (int i = 0; i < ntiles; ++i) {
       const int s_idx = i % S;
       mbar_wait(&full_bar[s_idx], (i / S) & 1);
       const int64_t left = len - int64_t{i} * kT;
       const int valid = static_cast<int>(left < kT ? left : kT);
-      const unsigned char* kst = smem_raw + s_idx * L::kStageBytes;
-      unsigned char* vst = smem_raw + s_idx * L::kStageBytes + L::kTileBytes;
-      if (2 * warp < valid) {  // else none of the warp's tokens (>= 2w) is in the tile
+      const unsigned char* kst = smem + s_idx * L::kStageBytes;
+      unsigned char* vst = smem + s_idx * L::kStageBytes + L::kTileBytes;
+      if (t0 < valid) {  // else none of the warp's tokens (>= t0) is in the tile
         if (valid < kT) {
-          // Tail tile (the split's last): zero this warp's V rows past the end (never copied: stale or
-          // uninitialised shared memory). No copy writes this stage again.
+          // Tail tile (the split's last): zero this warp's V rows past the end (bulk: never copied, stale or
+          // uninitialised shared memory; tma2d: the next split's rows, rows past n, or zeros past
+          // kv_stride). No copy writes this stage again.
           for (int c = lane; c < 16 * kChunks; c += 32) {
             const int r = c / kChunks, col = c % kChunks, b = r >> 1, x = r & 1;
-            if (8 * b + 2 * warp + x >= valid)
-              *reinterpret_cast<uint4*>(vst + b * L::kBlockBytes + (2 * warp + x) * L::kRowBytes + col * 16) =
-                  make_uint4(0u, 0u, 0u, 0u);
+            if (V::kTma ? t0 + r >= valid : t0 + 8 * b + x >= valid) {  // tma2d: every chunk of the row
+              const int off = V::kTma ? (col >> 3) * L::kBoxBytes + (t0 + r) * 128 + (col & 7) * 16
+                                      : sub * L::kSubBytes + b * L::kBlockBytes + (2 * wq + x) * L::kRowBytes + col * 16;
+              *reinterpret_cast<uint4*>(vst + off) = make_uint4(0u, 0u, 0u, 0u);
+            }
           }
           __syncwarp();
         }
         float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
+        uint32_t vf[V::kWide ? kNt / 2 : 1][4];  // kWide: the tile's V fragments, loaded before the QK MMAs
+        if constexpr (V::kWide) {
+          uint32_t kf[kKs][4];
 #pragma unroll
-        for (int k = 0; k < kKs; ++k) {
-          uint32_t b[4];
-          ldmatrix_x4(b, kst + k_off + k * 32);
-          mma_bf16_16816(c0, qa[k], b[0], b[1]);
-          mma_bf16_16816(c1, qa[k], b[2], b[3]);
+          for (int k = 0; k < kKs; ++k) ldmatrix_x4(kf[k], kst + k_at(k));
+#pragma unroll
+          for (int jj = 0; jj < kNt / 2; ++jj) ldmatrix_x4_trans(vf[jj], vst + v_at(jj));
+#pragma unroll
+          for (int k = 0; k < kKs; ++k) {
+            mma_bf16_16816(c0, qa[k], kf[k][0], kf[k][1]);
+            mma_bf16_16816(c1, qa[k], kf[k][2], kf[k][3]);
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < kKs; ++k) {
+            uint32_t b[4];
+            ldmatrix_x4(b, kst + k_at(k));
+            mma_bf16_16816(c0, qa[k], b[0], b[1]);
+            mma_bf16_16816(c1, qa[k], b[2], b[3]);
+          }
         }
         float sv[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
         float mx = -INFINITY;
@@ -295,7 +404,7 @@ __global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_k
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m, mx);  // finite: token 2w is valid (the row max covers it)
+        const float m_new = fmaxf(m, mx);  // finite: token t0 is valid (the row max covers it)
         const float alpha = softmax_rescale(m, m_new);
         m = m_new;
         float pr[4];
@@ -314,7 +423,11 @@ __global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_k
 #pragma unroll
         for (int jj = 0; jj < kNt / 2; ++jj) {
           uint32_t b[4];
-          ldmatrix_x4_trans(b, vst + v_off + jj * 32);
+          if constexpr (V::kWide) {
+            b[0] = vf[jj][0]; b[1] = vf[jj][1]; b[2] = vf[jj][2]; b[3] = vf[jj][3];
+          } else {
+            ldmatrix_x4_trans(b, vst + v_at(jj));
+          }
           mma_bf16_16816(o[2 * jj], pa, b[0], b[1]);
           mma_bf16_16816(o[2 * jj + 1], pa, b[2], b[3]);
         }
@@ -329,7 +442,7 @@ __global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_k
   // Merge the compute warps' states: staged in shared memory (the stage buffers: every copy has landed,
   // see the file comment), then one thread per (query head, dimension) merges them in warp order.
   __syncthreads();
-  float* stage_o = reinterpret_cast<float*>(smem_raw);                          // [kCW, kMaxGroup, D]
+  float* stage_o = reinterpret_cast<float*>(smem);                              // [kCW, kMaxGroup, D]
   float2* stage_ml = reinterpret_cast<float2*>(stage_o + kCW * kMaxGroup * D);  // [kCW, kMaxGroup]
   if (warp < kCW && gq < G) {
 #pragma unroll
@@ -363,61 +476,122 @@ __global__ void __launch_bounds__(kDenseThreads, kDenseCtasPerSm) dense_decode_k
 }
 
 // The kernel with its attributes set, once per instantiation (thread-safe static initialisation): > 48 KiB
-// of dynamic shared memory, and the largest shared-memory carveout so that kDenseCtasPerSm CTAs fit on a
+// of dynamic shared memory, and the largest shared-memory carveout so that V::kCtasPerSm CTAs fit on a
 // multiprocessor. Its occupancy (CTAs per multiprocessor, queried once) sizes the splits.
 struct DenseKernelInfo {
-  void (*kernel)(const DenseParams) = nullptr;
+  void (*kernel)(const DenseParams, const DenseMaps) = nullptr;
   cudaError_t status = cudaSuccess;
   int ctas_per_sm = 0;
 };
-template <int D, bool kBulk>
+template <int D, class V>
 const DenseKernelInfo& dense_kernel_info() {
   static const DenseKernelInfo info = [] {
     DenseKernelInfo k;
-    k.kernel = dense_decode_kernel<D, kBulk>;
-    const int bytes = static_cast<int>(DenseLayout<D>::kBytes);
+    k.kernel = dense_decode_kernel<D, V>;
+    const int bytes = static_cast<int>(DenseLayout<D, V>::kBytes);
     k.status = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (k.status == cudaSuccess)
       k.status = cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                       cudaSharedmemCarveoutMaxShared);
     if (k.status == cudaSuccess)
-      k.status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.ctas_per_sm, k.kernel, kDenseThreads, bytes);
+      k.status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k.ctas_per_sm, k.kernel, V::kThreads, bytes);
     return k;
   }();
   return info;
 }
 
-template <int D, bool kBulk>
-cudaError_t launch_dense(const DenseParams& p, cudaStream_t s) {
-  const DenseKernelInfo& k = dense_kernel_info<D, kBulk>();
-  if (k.status != cudaSuccess) return k.status;
-  k.kernel<<<dim3(p.num_splits, p.num_heads), kDenseThreads, DenseLayout<D>::kBytes, s>>>(p);
-  return cudaGetLastError();
+template <class V>
+const DenseKernelInfo* dense_kernel_info_dim(int head_dim) {
+  if (head_dim == 128) return &dense_kernel_info<128, V>();
+  if (head_dim == 64) return &dense_kernel_info<64, V>();
+  return nullptr;
 }
 
-template <bool kBulk>
-cudaError_t launch_dense_dim(const DenseParams& p, cudaStream_t s) {
-  if (p.num_splits < 1 || p.num_splits > p.num_tokens || p.num_heads < 1 || p.num_heads > 65535 || p.group < 1 ||
-      p.group > kMaxGroup || p.kv_stride < p.num_tokens || (reinterpret_cast<uintptr_t>(p.k) & 15) != 0 ||
-      (reinterpret_cast<uintptr_t>(p.v) & 15) != 0)
-    return cudaErrorInvalidValue;
-  if (p.head_dim == 128) return launch_dense<128, kBulk>(p, s);
-  if (p.head_dim == 64) return launch_dense<64, kBulk>(p, s);
+// Calls f(V{}) with the variant of kernel k; cudaErrorInvalidValue for v1 (not a streaming kernel).
+template <class F>
+cudaError_t with_variant(DenseKernel k, F&& f) {
+  switch (k) {
+    case DenseKernel::kBulk:
+      return f(VariantBulk{});
+    case DenseKernel::kAsync:
+      return f(DenseVariant<4, false, false>{});
+    case DenseKernel::kBulkW:
+      return f(DenseVariant<4, true, true>{});
+    case DenseKernel::kBulk8:
+      return f(DenseVariant<8, true, false>{});
+    case DenseKernel::kBulk8W:
+      return f(DenseVariant<8, true, true>{});
+    case DenseKernel::kBulk12:
+      return f(DenseVariant<12, true, false>{});
+    case DenseKernel::kTma2d:
+      return f(DenseVariant<4, true, false, true>{});
+    case DenseKernel::kV1:
+      break;
+  }
   return cudaErrorInvalidValue;
+}
+
+// tma2d: K's and V's tensor maps ([H][kv_stride][D] bf16, boxes 64 dims x 64 tokens x 1 head, 128-byte
+// swizzle, zero fill past the bounds), encoded per launch (the K/V addresses change) by the driver's
+// cuTensorMapEncodeTiled, obtained once through the runtime (no link against libcuda).
+cudaError_t encode_dense_maps(const DenseParams& p, DenseMaps* maps) {
+  using Encode = decltype(&cuTensorMapEncodeTiled);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  if (p.kv_stride > 0x7fffffff) return cudaErrorInvalidValue;  // 32-bit token coordinates
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.kv_stride),
+                              static_cast<cuuint64_t>(p.num_heads)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim) * 2,
+                                 static_cast<cuuint64_t>(p.kv_stride) * p.head_dim * 2};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {64, 64, 1}, elem_strides[3] = {1, 1, 1};
+  for (int t = 0; t < 2; ++t) {
+    const CUresult r = encode(t == 0 ? &maps->k : &maps->v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                              const_cast<uint16_t*>(t == 0 ? p.k : p.v), dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace
 
-cudaError_t dense_decode_bulk(const DenseParams& p, cudaStream_t s) { return launch_dense_dim<true>(p, s); }
-cudaError_t dense_decode_async(const DenseParams& p, cudaStream_t s) { return launch_dense_dim<false>(p, s); }
+cudaError_t dense_decode_stream(DenseKernel kernel, const DenseParams& p, cudaStream_t s) {
+  if (p.num_splits < 1 || p.num_splits > p.num_tokens || p.num_heads < 1 || p.num_heads > 65535 || p.group < 1 ||
+      p.group > kMaxGroup || p.kv_stride < p.num_tokens || (reinterpret_cast<uintptr_t>(p.k) & 15) != 0 ||
+      (reinterpret_cast<uintptr_t>(p.v) & 15) != 0)
+    return cudaErrorInvalidValue;
+  return with_variant(kernel, [&](auto v) -> cudaError_t {
+    using V = decltype(v);
+    const DenseKernelInfo* k = dense_kernel_info_dim<V>(p.head_dim);
+    if (k == nullptr) return cudaErrorInvalidValue;
+    if (k->status != cudaSuccess) return k->status;
+    const size_t bytes = p.head_dim == 128 ? DenseLayout<128, V>::kBytes : DenseLayout<64, V>::kBytes;
+    DenseMaps maps;
+    std::memset(&maps, 0, sizeof(maps));
+    if constexpr (V::kTma) {
+      const cudaError_t e = encode_dense_maps(p, &maps);
+      if (e != cudaSuccess) return e;
+    }
+    k->kernel<<<dim3(p.num_splits, p.num_heads), V::kThreads, bytes, s>>>(p, maps);
+    return cudaGetLastError();
+  });
+}
 
-cudaError_t dense_ctas_per_sm(bool bulk, int head_dim, int* ctas) {
-  const DenseKernelInfo* k = nullptr;
-  if (head_dim == 128) k = bulk ? &dense_kernel_info<128, true>() : &dense_kernel_info<128, false>();
-  else if (head_dim == 64) k = bulk ? &dense_kernel_info<64, true>() : &dense_kernel_info<64, false>();
-  else return cudaErrorInvalidValue;
-  *ctas = k->ctas_per_sm;
-  return k->status;
+cudaError_t dense_ctas_per_sm(DenseKernel kernel, int head_dim, int* ctas) {
+  return with_variant(kernel, [&](auto v) -> cudaError_t {
+    const DenseKernelInfo* k = dense_kernel_info_dim<decltype(v)>(head_dim);
+    if (k == nullptr) return cudaErrorInvalidValue;
+    *ctas = k->ctas_per_sm;
+    return k->status;
+  });
 }
 
 }  // namespace retroinfer::cuda::detail

@@ -8,7 +8,18 @@
 //                   of K/V tile stages filled by one producer thread;
 //   "async":        the same kernel with the stages filled by cp.async of its producer warp (every lane,
 //                   cp.async.mbarrier.arrive), for an A/B of the copy engine alone;
-//   "v1":           decode.cu's decode_kernel<D, false, S> + combine_states (the kernel before this one).
+//   "v1":           decode.cu's decode_kernel<D, false, S> + combine_states (the kernel before this one);
+//   A/B variants of bulk (decode_dense.cu DenseVariant; the same per-token arithmetic):
+//   "bulkw":        bulk whose compute warps issue all of a tile's K and V ldmatrix before the MMAs (more
+//                   shared-memory loads in flight per warp; the same grouping and order: bit-equal to bulk);
+//   "bulk8":        8 compute warps + the producer per CTA, 128-token tiles, 3 stages (D = 128: 3 x 64.5 KiB),
+//                   one CTA per multiprocessor (half the CTAs of bulk, twice the tokens per split);
+//   "bulk8w":       bulk8 with bulkw's loads;
+//   "bulk12":       12 compute warps, 192-token tiles, 2 stages (D = 128: 2 x 96.75 KiB), one CTA per
+//                   multiprocessor: 12 compute warps per multiprocessor instead of 8;
+//   "tma2d":        bulk's CTA and ring, each tile copied by 2-D tensor-map copies (D / 64 boxes of 64 tokens
+//                   x 64 dims per K or V tile, 128-byte swizzle) instead of 8 skewed 1-D copies; warp w takes
+//                   the consecutive tokens 16w..16w+15.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,13 +30,15 @@
 
 namespace retroinfer::cuda::detail {
 
-enum class DenseKernel { kBulk, kAsync, kV1 };
+enum class DenseKernel { kBulk, kAsync, kV1, kBulkW, kBulk8, kBulk8W, kBulk12, kTma2d };
 
 // The kernel RETROINFER_FULL_DECODE names, read at each call (a DenseDecoder keeps the one it was made
 // with). Throws Error on any other value.
 DenseKernel dense_kernel();
-const char* dense_kernel_name(DenseKernel k);  // "bulk", "async", "v1"
+// "bulk", "async", "v1", "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d"
+const char* dense_kernel_name(DenseKernel k);
 
+// bulk's (and async's, bulkw's) figures; bulk8 / bulk12 have twice / three times the warps and tile tokens.
 inline constexpr int kDenseTile = 64;          // tokens per pipeline stage (a K tile and a V tile)
 inline constexpr int kDenseComputeWarps = 4;   // consumer warps: each takes 16 tokens of every tile
 inline constexpr int kDenseThreads = (kDenseComputeWarps + 1) * 32;  // + one producer warp
@@ -37,17 +50,18 @@ inline constexpr int kDenseCtasPerSm = 2;
 // heads (floor(ctas_per_sm * sms / num_heads): one wave, no partial second one), at most one per tile of
 // tokens, at least 1. Pure (testable without a device).
 int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm = kDenseCtasPerSm);
-// CTAs of the bulk (or async) kernel for head_dim that fit on one multiprocessor (the occupancy query,
-// made once per kernel with its shared-memory attributes set; kDenseCtasPerSm on the H200).
-cudaError_t dense_ctas_per_sm(bool bulk, int head_dim, int* ctas);
+// CTAs of streaming kernel k (not v1) for head_dim that fit on one multiprocessor (the occupancy query,
+// made once per kernel with its shared-memory attributes set; on the H200 kDenseCtasPerSm for bulk, async
+// bulkw and tma2d, 1 for bulk8, bulk8w, bulk12). cudaErrorInvalidValue for v1 or another head_dim.
+cudaError_t dense_ctas_per_sm(DenseKernel k, int head_dim, int* ctas);
 // Splits kernel k uses for num_tokens tokens of num_heads flat heads of head_dim on this device (v1:
-// decode_splits; bulk / async: dense_stream_splits with the device's multiprocessors and the kernel's
-// occupancy, capped at kDenseCtasPerSm). Throws Error if the occupancy query fails.
+// decode_splits; the streaming kernels: dense_stream_splits with the device's multiprocessors and the
+// kernel's occupancy, capped at kDenseCtasPerSm). Throws Error if the occupancy query fails.
 int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim);
 
-// Raw launch parameters of the bulk / async kernels. Split s of flat head h covers tokens
+// Raw launch parameters of the streaming kernels. Split s of flat head h covers tokens
 // [s * n / S, (s + 1) * n / S) (integer division; S = num_splits <= n, so no split is empty and the
-// lengths differ by at most one token), streamed in tiles of kDenseTile tokens.
+// lengths differ by at most one token), streamed in tiles of the kernel's tile tokens.
 struct DenseParams {
   const float* q = nullptr;     // [H, G, D] f32 (unscaled)
   const uint16_t* k = nullptr;  // [H, kv_stride, D] bf16, 16-byte aligned
@@ -61,8 +75,8 @@ struct DenseParams {
   float* part_o = nullptr;    // [H, num_splits, G, D] un-normalised numerators
   FusedMerge merge;           // off unless merge.counter is set (then out[h] is written by the last CTA)
 };
-cudaError_t dense_decode_bulk(const DenseParams& p, cudaStream_t s);
-cudaError_t dense_decode_async(const DenseParams& p, cudaStream_t s);
+// Launches streaming kernel k (cudaErrorInvalidValue for v1, a bad shape or unaligned K/V).
+cudaError_t dense_decode_stream(DenseKernel k, const DenseParams& p, cudaStream_t s);
 
 struct DenseDecodeArgs {
   DenseKernel kernel = DenseKernel::kBulk;

@@ -12,12 +12,19 @@
 
 namespace retroinfer::cuda::detail {
 
+namespace {
+constexpr DenseKernel kAllKernels[] = {DenseKernel::kBulk,   DenseKernel::kAsync,  DenseKernel::kV1,
+                                       DenseKernel::kBulkW,  DenseKernel::kBulk8,  DenseKernel::kBulk8W,
+                                       DenseKernel::kBulk12, DenseKernel::kTma2d};
+}  // namespace
+
 DenseKernel dense_kernel() {
   const char* e = std::getenv("RETROINFER_FULL_DECODE");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "bulk") == 0) return DenseKernel::kBulk;
-  if (std::strcmp(e, "async") == 0) return DenseKernel::kAsync;
-  if (std::strcmp(e, "v1") == 0) return DenseKernel::kV1;
-  RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e, "' is not a dense decode kernel: use bulk (the default), async or v1");
+  if (e == nullptr || e[0] == '\0') return DenseKernel::kBulk;
+  for (DenseKernel k : kAllKernels)
+    if (std::strcmp(e, dense_kernel_name(k)) == 0) return k;
+  RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e,
+                  "' is not a dense decode kernel: use bulk (the default), async, v1, bulkw, bulk8, bulk8w, bulk12 or tma2d");
 }
 
 const char* dense_kernel_name(DenseKernel k) {
@@ -28,6 +35,16 @@ const char* dense_kernel_name(DenseKernel k) {
       return "async";
     case DenseKernel::kV1:
       return "v1";
+    case DenseKernel::kBulkW:
+      return "bulkw";
+    case DenseKernel::kBulk8:
+      return "bulk8";
+    case DenseKernel::kBulk8W:
+      return "bulk8w";
+    case DenseKernel::kBulk12:
+      return "bulk12";
+    case DenseKernel::kTma2d:
+      return "tma2d";
   }
   return "?";
 }
@@ -48,8 +65,9 @@ int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per
 int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim) {
   if (k == DenseKernel::kV1) return decode_splits(num_tokens, num_heads, 1);
   int ctas = 0;
-  RETROINFER_CUDA_CHECK(dense_ctas_per_sm(k == DenseKernel::kBulk, head_dim, &ctas));
-  // Fewer than kDenseCtasPerSm would mean the carveout did not apply: fewer, longer splits keep one wave.
+  RETROINFER_CUDA_CHECK(dense_ctas_per_sm(k, head_dim, &ctas));
+  // The kernel's occupancy (bulk8 / bulk12: 1 by design; fewer than kDenseCtasPerSm for bulk would mean the
+  // carveout did not apply): fewer, longer splits keep one wave.
   return dense_stream_splits(num_tokens, num_heads, sm_count(), ctas < kDenseCtasPerSm ? ctas : kDenseCtasPerSm);
 }
 
@@ -109,7 +127,7 @@ int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
       p.merge.counter = a.merge_counter;
       p.merge.out = a.out;
     }
-    launch_check(a.kernel == DenseKernel::kBulk ? dense_decode_bulk(p, st) : dense_decode_async(p, st), who, st);
+    launch_check(dense_decode_stream(a.kernel, p, st), who, st);
   }
   if (!merged) {
     CombineParams c;
