@@ -4,13 +4,14 @@
 // against run 9 on the same layer and query:
 //   - logits, scores, retrieval / estimation ids and token lists bit-identical (run 11 changes only the
 //     attention grid);
-//   - with run 9's split count and 128-cluster chunks (RETROINFER_RUN11_SPLITS=x1, EST_CHUNK=128) the
-//     outputs bit-identical to run 9's in every order (the same terms in the same order: the order only
-//     moves CTAs in time, the wide merge keeps the merge's summation order);
-//   - the default knobs and every other setting swept below within run 9's bounds against run 8
+//   - with run 9's split count and 128-cluster chunks (RETROINFER_RUN11_SPLITS=x1, EST_CHUNK=128; also the
+//     defaults) the outputs bit-identical to run 9's in every order (the same terms in the same order: the
+//     order only moves CTAs in time, the wide merge keeps the merge's summation order);
+//   - every other setting swept below within run 9's bounds against run 8
 //     (decode_path_test_util.h kMaxAbsReorder / kNmseReorder: the splits and chunks regroup the same sums);
 //   - outputs poisoned before every decode and checked written; two graph replays and an eager decode after
-//     them bit-identical to the eager decode; a bad knob value throws before any launch.
+//     them bit-identical to the eager decode; the knobs given in the path name (RETROINFER_DECODE=run11-x1-
+//     c128-ohead, run11-n3-c64-oest) as the variables; a bad knob value throws before any launch.
 // Shapes: batch 1/3/4/16, head_dim 64/128, GQA groups 1/3/4/8, k_e < 64, < 128 and just past 128, no
 // estimation, all steady, 128K x 8 heads, 32K x 32 heads. One "[decode run11]" line per case.
 #include <gtest/gtest.h>
@@ -58,9 +59,10 @@ struct Knobs {
   bool bit_identical;
 };
 constexpr Knobs kSweep[] = {
-    {"x1", "128", "exact", true}, {"x1", "128", "est", true},  {"x1", "128", "head", true},
-    {nullptr, nullptr, nullptr, false}, {"x1", "64", "exact", false}, {"x4", "64", "est", false},
-    {"x3", "128", "head", false}, {"1", "64", "exact", false},   {"100000", nullptr, nullptr, false},
+    {"x1", "128", "exact", true},  {"x1", "128", "est", true},   {"x1", "128", "head", true},
+    {nullptr, nullptr, nullptr, true},                                // the defaults: x1, 128, exact
+    {"x2", "128", "exact", false}, {"x1", "64", "exact", false},  {"x4", "64", "est", false},
+    {"x3", "128", "head", false},  {"1", "64", "exact", false},   {"100000", nullptr, nullptr, false},  // clamped
 };
 
 void run11_case(const Run11Case& rc, uint64_t seed, bool bad_knob = false) {
@@ -101,8 +103,9 @@ void run11_case(const Run11Case& rc, uint64_t seed, bool bad_knob = false) {
   double worst_nmse = 0.0, worst_abs = 0.0;
   PathResult b;  // the default knobs' result
   for (const Knobs& k : kSweep) {
-    SCOPED_TRACE(testing::Message() << "splits=" << (k.splits ? k.splits : "default") << " chunk="
-                                    << (k.chunk ? k.chunk : "default") << " order=" << (k.order ? k.order : "default"));
+    SCOPED_TRACE(testing::Message() << "splits=" << (k.splits ? k.splits : "default")
+                                    << " chunk=" << (k.chunk ? k.chunk : "default")
+                                    << " order=" << (k.order ? k.order : "default"));
     e_splits.set(k.splits);
     e_chunk.set(k.chunk);
     e_order.set(k.order);
@@ -124,11 +127,30 @@ void run11_case(const Run11Case& rc, uint64_t seed, bool bad_knob = false) {
   e_chunk.set(nullptr);
   e_order.set(nullptr);
   const auto cb = gputest::compare(b.out, a.out);
+  {  // the knobs in the path name (kernel_bench --paths run11-x2-c64 ...)
+    SCOPED_TRACE("path-name knobs");
+    env.set("run11-x1-c128-ohead");
+    const PathResult x = decode_once(layer, dq.as<float>(), q_elems, H);
+    expect_same_selection(x, a);
+    for (size_t i = 0; i < a.out.size(); ++i) ASSERT_EQ(x.out[i], a.out[i]) << "run11-x1-c128-ohead, element " << i;
+    env.set("run11-n3-c64-oest");
+    const PathResult y = decode_once(layer, dq.as<float>(), q_elems, H);
+    expect_same_selection(y, a);
+    const auto c = gputest::compare(y.out, a.out);
+    EXPECT_EQ(c.unwritten, 0);
+    EXPECT_LT(c.max_abs, gputest::kMaxAbsReorder);
+    EXPECT_LT(c.nmse, gputest::kNmseReorder);
+    env.set("run11");
+  }
 
   if (bad_knob) {  // rejected before any launch; the next decode is unaffected
-    for (const auto& [name, value] : {std::pair{"RETROINFER_RUN11_SPLITS", "x9"}, std::pair{"RETROINFER_RUN11_SPLITS", "0"},
-                                      std::pair{"RETROINFER_RUN11_EST_CHUNK", "96"},
-                                      std::pair{"RETROINFER_RUN11_ORDER", "random"}}) {
+    const std::pair<const char*, const char*> bad_values[] = {{"RETROINFER_RUN11_SPLITS", "x9"},
+                                                              {"RETROINFER_RUN11_SPLITS", "0"},
+                                                              {"RETROINFER_RUN11_EST_CHUNK", "96"},
+                                                              {"RETROINFER_RUN11_ORDER", "random"},
+                                                              {"RETROINFER_DECODE", "run11-q3"},
+                                                              {"RETROINFER_DECODE", "run11-x2-c32"}};
+    for (const auto& [name, value] : bad_values) {
       EnvGuard bad(name, value);
       auto dout = gputest::poisoned(q_elems);
       EXPECT_THROW(layer.decode(dq.as<float>(), dout.as<float>()), Error) << name << "=" << value;
@@ -155,8 +177,8 @@ void run11_case(const Run11Case& rc, uint64_t seed, bool bad_knob = false) {
   for (size_t i = 0; i < e.out.size(); ++i) ASSERT_EQ(e.out[i], b.out[i]) << "eager after replays, element " << i;
 
   std::printf("[decode run11] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d: ids and lists vs run9 identical%s; "
-              "default knobs vs run9 nmse %.2e max-abs %.2e, worst of the sweep nmse %.2e max-abs %.2e; x1/128 "
-              "bit-identical in 3 orders; graph replays identical%s\n",
+              "default knobs vs run9 nmse %.2e max-abs %.2e (bit-identical), worst of the other settings nmse "
+              "%.2e max-abs %.2e; x1/128 bit-identical in 3 orders; graph replays identical%s\n",
               H, G, d, (long long)rc.n, layer.num_clusters(), layer.n_estimation(), int(rc.estimation),
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "", cb.nmse, cb.max_abs, worst_nmse, worst_abs,
               bad_knob ? "; bad knobs throw" : "");

@@ -47,7 +47,7 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
   const float2* ml = part_ml + int64_t{h} * total * G;  // [total, G]
   for (int g = warp; g < G; g += nw) {
     float M = -INFINITY;
-    [[maybe_unused]] float2 held[kWideMl];  // kWide: splits lane + 32 k (k < kWideMl) from the max pass to the weight pass
+    [[maybe_unused]] float2 held[kWideMl];  // kWide: splits lane + 32 k (k < kWideMl), max pass to weight pass
     const int first = kWide ? lane + 32 * kWideMl : lane;  // the splits the plain loops below take
     if constexpr (kWide) {
 #pragma unroll

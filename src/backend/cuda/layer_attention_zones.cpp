@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/layer_common.h"
+#include "buffer/session_planner.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
@@ -40,35 +42,66 @@ DecodePath decode_path() {
     p.form_in_score = v == "run10" || v == "run10form";
     p.smem_offsets = v == "run10" || v == "run10select";
     p.list_ahead = v == "run10" || v == "run10list";
-  } else if (v == "run11") {
+  } else if (v == "run11" || v.starts_with("run11-")) {  // "run11-x2-c64-oest": knobs in the name
     p.form_scores = p.fused_estimate = p.run11 = true;
   }
   return p;
 }
 
+static_assert(kRun11CtaBound == buffer::kDecodeCtaBound, "run 11's exact slots stay within the planner's bound");
+
+namespace {
+
+// One run 11 knob value (layer_common.h Run11Knobs): `what` names its source in the error.
+void run11_splits(Run11Knobs& k, std::string_view v, int attn_splits, std::string_view what) {
+  const bool times = !v.empty() && v[0] == 'x';
+  const std::string digits(v.substr(times ? 1 : 0));
+  char* end = nullptr;
+  const long x = digits.empty() ? 0 : std::strtol(digits.c_str(), &end, 10);
+  RETROINFER_CHECK(end != nullptr && *end == '\0' && x >= 1 && (times ? x <= kRun11MaxSplitsX : x <= 1 << 20), what,
+                   ": exact splits '", v, "': expected xK (K = 1..", kRun11MaxSplitsX,
+                   ", times run 9's exact splits) or a split count N >= 1");
+  k.splits = times ? static_cast<int>(x) * attn_splits : static_cast<int>(x);
+}
+void run11_chunk(Run11Knobs& k, std::string_view v, std::string_view what) {
+  RETROINFER_CHECK(v == "64" || v == "128", what, ": estimation chunk '", v, "': expected 64 or 128");
+  k.est_chunk = v == "64" ? 64 : 128;
+}
+void run11_order(Run11Knobs& k, std::string_view v, std::string_view what) {
+  RETROINFER_CHECK(v == "exact" || v == "est" || v == "head", what, ": CTA order '", v,
+                   "': expected exact, est or head");
+  k.order = v == "exact" ? kRun11OrderExactFirst : (v == "est" ? kRun11OrderEstFirst : kRun11OrderHead);
+}
+
+}  // namespace
+
 Run11Knobs run11_knobs(int attn_splits) {
   Run11Knobs k;
   k.splits = kRun11DefaultSplitsX * attn_splits;
-  if (const char* e = std::getenv("RETROINFER_RUN11_SPLITS"); e != nullptr && e[0] != '\0') {
-    const std::string_view v(e);
-    const bool times = v[0] == 'x';
-    char* end = nullptr;
-    const long x = std::strtol(e + (times ? 1 : 0), &end, 10);
-    RETROINFER_CHECK(end != nullptr && *end == '\0' && x >= 1 && (times ? x <= kRun11MaxSplitsX : x <= 1 << 20),
-                     "RETROINFER_RUN11_SPLITS='", v, "': expected xK (K = 1..", kRun11MaxSplitsX,
-                     ", times run 9's exact splits) or a split count N >= 1");
-    k.splits = times ? static_cast<int>(x) * attn_splits : static_cast<int>(x);
-  }
-  if (const char* e = std::getenv("RETROINFER_RUN11_EST_CHUNK"); e != nullptr && e[0] != '\0') {
-    const std::string_view v(e);
-    RETROINFER_CHECK(v == "64" || v == "128", "RETROINFER_RUN11_EST_CHUNK='", v, "': expected 64 or 128");
-    k.est_chunk = v == "64" ? 64 : 128;
-  }
-  if (const char* e = std::getenv("RETROINFER_RUN11_ORDER"); e != nullptr && e[0] != '\0') {
-    const std::string_view v(e);
-    RETROINFER_CHECK(v == "exact" || v == "est" || v == "head", "RETROINFER_RUN11_ORDER='", v,
-                     "': expected exact, est or head");
-    k.order = v == "exact" ? kRun11OrderExactFirst : (v == "est" ? kRun11OrderEstFirst : kRun11OrderHead);
+  auto env = [](const char* name) -> std::string_view {
+    const char* e = std::getenv(name);
+    return e != nullptr ? std::string_view(e) : std::string_view();
+  };
+  if (const auto v = env("RETROINFER_RUN11_SPLITS"); !v.empty())
+    run11_splits(k, v, attn_splits, "RETROINFER_RUN11_SPLITS");
+  if (const auto v = env("RETROINFER_RUN11_EST_CHUNK"); !v.empty()) run11_chunk(k, v, "RETROINFER_RUN11_EST_CHUNK");
+  if (const auto v = env("RETROINFER_RUN11_ORDER"); !v.empty()) run11_order(k, v, "RETROINFER_RUN11_ORDER");
+  // The path name's tokens (RETROINFER_DECODE=run11-x2-c64-oest) override the variables.
+  std::string_view path = env("RETROINFER_DECODE");
+  if (path.starts_with("run11-")) {
+    path.remove_prefix(6);
+    while (!path.empty()) {
+      const size_t dash = path.find('-');
+      const std::string_view t = path.substr(0, dash);
+      path = dash == std::string_view::npos ? std::string_view() : path.substr(dash + 1);
+      RETROINFER_CHECK(!t.empty(), "RETROINFER_DECODE: an empty run 11 token (expected run11-xK-nN-cC-oO parts)");
+      if (t[0] == 'x') run11_splits(k, t, attn_splits, "RETROINFER_DECODE");
+      else if (t[0] == 'n') run11_splits(k, t.substr(1), attn_splits, "RETROINFER_DECODE");
+      else if (t[0] == 'c') run11_chunk(k, t.substr(1), "RETROINFER_DECODE");
+      else if (t[0] == 'o') run11_order(k, t.substr(1), "RETROINFER_DECODE");
+      else RETROINFER_FAIL("RETROINFER_DECODE: run 11 token '", t, "': expected xK (splits x run 9's), nN (N splits), "
+                           "c64 / c128 (estimation chunk), oexact / oest / ohead (CTA order)");
+    }
   }
   return k;
 }
@@ -164,8 +197,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 / 11 needs ", est_ctas,
                    " estimation slots per head but the layer sized ", a.est_splits,
                    " (est_splits must be ceil(n_estimation / kEstimateChunk))");
-  const int attn = path.run11 ? std::clamp(k11.splits, 1, zone_state_slots(a.attn_splits, a.est_splits) - est_ctas)
-                              : a.attn_splits;
+  const int slots = zone_state_slots(a.attn_splits, a.est_splits, a.num_heads);  // what the layers allocate
+  const int attn = path.run11 ? std::clamp(k11.splits, 1, slots - est_ctas) : a.attn_splits;
   const int total = attn + (path.fused_estimate ? est_ctas : a.est_splits);
   const bool fused = path.fused_merge && int64_t{total} * a.group <= kMergeMaxStates &&
                      reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
