@@ -19,69 +19,16 @@
 #include <cstdlib>
 #include <string>
 
+#include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 
 namespace retroinfer {
 namespace {
 
-// Sets an environment variable for the scope (the decode path is read at every decode), restoring it after.
-class EnvGuard {
- public:
-  EnvGuard(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      had_ = true;
-      old_ = old;
-    }
-    set(value);
-  }
-  ~EnvGuard() { set(had_ ? old_.c_str() : nullptr); }
-  void set(const char* value) {
-    if (value == nullptr) unsetenv(name_);
-    else setenv(name_, value, 1);
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
-
-// Items sorted by (score desc, id asc), -inf excluded: the first k1, then the next k2 (both ascending).
-void cpu_select(const std::vector<float>& sc, int k1, int k2, std::vector<int32_t>& r, std::vector<int32_t>& e) {
-  std::vector<int32_t> ids;
-  for (int32_t i = 0; i < int32_t(sc.size()); ++i)
-    if (sc[i] != -INFINITY) ids.push_back(i);
-  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return sc[a] > sc[b]; });
-  const size_t n1 = std::min<size_t>(k1, ids.size()), n2 = std::min<size_t>(size_t(k1) + k2, ids.size());
-  r.assign(ids.begin(), ids.begin() + n1);
-  e.assign(ids.begin() + n1, ids.begin() + n2);
-  std::sort(r.begin(), r.end());
-  std::sort(e.begin(), e.end());
-}
-
-struct Run9Case {
-  int num_seqs, hkv, group, d;
-  int64_t n;
-  bool estimation, outliers;
-  bool host_kv;  // clustered K/V from make_kv (small cases, with the f64 reference); else device random
-};
-
-struct PathResult {
-  std::vector<float> out;
-  std::vector<cuda::RetroDebugState> heads;
-};
-
-PathResult decode_once(cuda::RetroLayer& layer, const float* dq, size_t q_elems, int H) {
-  auto dout = gputest::poisoned(q_elems);
-  layer.decode(dq, dout.as<float>());
-  cuda::synchronize();
-  PathResult r;
-  r.out = gputest::download_f32(dout, q_elems);
-  for (int h = 0; h < H; ++h) r.heads.push_back(layer.debug_state(h));
-  return r;
-}
+using gputest::cpu_select;
+using gputest::decode_once;
+using gputest::EnvGuard;
+using gputest::PathResult;
 
 struct Run10Case {
   int num_seqs, hkv, group, d;
