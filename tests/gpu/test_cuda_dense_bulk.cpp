@@ -1,5 +1,5 @@
-// The streaming dense decode kernels (decode_dense.cu: "bulk", the default, "async" and the A/B variants
-// "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d") against the f64 CPU reference and the earlier kernel ("v1",
+// The streaming dense decode kernels (decode_dense.cu: "tma2d", the default, "bulk", "async" and the A/B variants
+// "bulkw", "bulk8", "bulk8w", "bulk12") against the f64 CPU reference and the earlier kernel ("v1",
 // RETROINFER_FULL_DECODE=v1) on the same inputs, through
 // DenseDecoder: tails around the 64-, 128- and 192-token tiles (n = 1, 63, 64, 65, 127, 128, 129, 191, 193,
 // 1000, 4097), head_dim 64/128, GQA
@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/decode_dense.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
 
@@ -69,7 +70,7 @@ Run run_kernel(const char* kernel, const AttentionShape& shape, int num_seqs, in
                size_t q_elems) {
   EnvGuard env("RETROINFER_FULL_DECODE", kernel);
   cuda::DenseDecoder dec(shape, num_seqs, n);
-  EXPECT_STREQ(dec.kernel(), kernel == nullptr ? "bulk" : kernel);
+  EXPECT_STREQ(dec.kernel(), kernel == nullptr ? cuda::detail::dense_kernel_name(cuda::detail::kDefaultDenseKernel) : kernel);
   auto dout = gputest::poisoned(q_elems);
   dec.run(dq.as<float>(), dk.as<uint16_t>(), dv.as<uint16_t>(), n, stride, 0.0f, dout.as<float>());
   cuda::synchronize();
@@ -117,7 +118,7 @@ void check_kernels(const AttentionShape& shape, int num_seqs, int64_t n, int64_t
                    const cuda::DeviceBuffer& dk, const cuda::DeviceBuffer& dv, size_t q_elems,
                    const std::vector<float>* ref) {
   const int G = shape.num_heads_q / shape.num_heads_kv;
-  const Run bulk = run_kernel(nullptr, shape, num_seqs, n, stride, dq, dk, dv, q_elems);
+  const Run bulk = run_kernel("bulk", shape, num_seqs, n, stride, dq, dk, dv, q_elems);
   const Run v1 = run_kernel("v1", shape, num_seqs, n, stride, dq, dk, dv, q_elems);
   EXPECT_EQ(gputest::compare(v1.out, v1.out).unwritten, 0) << "v1 left outputs unwritten (NaN)";
   if (ref != nullptr) {
@@ -236,7 +237,8 @@ TEST(CudaDenseBulk, EnvironmentSwitch) {
   const AttentionShape shape{8, 2, 64};
   {
     EnvGuard env("RETROINFER_FULL_DECODE", nullptr);
-    EXPECT_STREQ(cuda::DenseDecoder(shape, 1, 100).kernel(), "bulk");
+    EXPECT_STREQ(cuda::DenseDecoder(shape, 1, 100).kernel(),
+                 cuda::detail::dense_kernel_name(cuda::detail::kDefaultDenseKernel));
   }
   for (const char* k : {"bulk", "async", "v1", "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d"}) {
     EnvGuard env("RETROINFER_FULL_DECODE", k);

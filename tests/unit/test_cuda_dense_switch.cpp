@@ -18,9 +18,9 @@ TEST(CudaDenseSwitch, EnvironmentSwitch) {
   const char* old = std::getenv("RETROINFER_FULL_DECODE");
   const std::string saved = old ? old : "";
   unsetenv("RETROINFER_FULL_DECODE");
-  EXPECT_EQ(dense_kernel(), DenseKernel::kBulk);
+  EXPECT_EQ(dense_kernel(), kDefaultDenseKernel);
   setenv("RETROINFER_FULL_DECODE", "", 1);
-  EXPECT_EQ(dense_kernel(), DenseKernel::kBulk);
+  EXPECT_EQ(dense_kernel(), kDefaultDenseKernel);
   setenv("RETROINFER_FULL_DECODE", "bulk", 1);
   EXPECT_EQ(dense_kernel(), DenseKernel::kBulk);
   setenv("RETROINFER_FULL_DECODE", "async", 1);

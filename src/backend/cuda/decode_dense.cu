@@ -577,8 +577,9 @@ cudaError_t dense_decode_stream(DenseKernel kernel, const DenseParams& p, cudaSt
     DenseMaps maps;
     std::memset(&maps, 0, sizeof(maps));
     if constexpr (V::kTma) {
-      const cudaError_t e = encode_dense_maps(p, &maps);
-      if (e != cudaSuccess) return e;
+      // No tensor-map encoder in the driver, or token coordinates past 32 bits: the bulk kernel (the same
+      // CTAs per multiprocessor, so the same splits).
+      if (encode_dense_maps(p, &maps) != cudaSuccess) return dense_decode_stream(DenseKernel::kBulk, p, s);
     }
     k->kernel<<<dim3(p.num_splits, p.num_heads), V::kThreads, bytes, s>>>(p, maps);
     return cudaGetLastError();

@@ -4,7 +4,8 @@
 // the streaming kernels of decode_dense.cu. Included only from src/backend/cuda. Notation as kernels.h.
 //
 // Kernels (RETROINFER_FULL_DECODE):
-//   unset / "bulk": decode_dense.cu with Hopper bulk copies (cp.async.bulk, mbarrier completion) into a ring
+//   unset / "tma2d" (the default since run 15: fastest of the A/B, bench/results/run15/call4): see below;
+//   "bulk":         decode_dense.cu with Hopper bulk copies (cp.async.bulk, mbarrier completion) into a ring
 //                   of K/V tile stages filled by one producer thread;
 //   "async":        the same kernel with the stages filled by cp.async of its producer warp (every lane,
 //                   cp.async.mbarrier.arrive), for an A/B of the copy engine alone;
@@ -19,7 +20,8 @@
 //                   multiprocessor: 12 compute warps per multiprocessor instead of 8;
 //   "tma2d":        bulk's CTA and ring, each tile copied by 2-D tensor-map copies (D / 64 boxes of 64 tokens
 //                   x 64 dims per K or V tile, 128-byte swizzle) instead of 8 skewed 1-D copies; warp w takes
-//                   the consecutive tokens 16w..16w+15.
+//                   the consecutive tokens 16w..16w+15. Where the driver has no tensor-map encoder or
+//                   kv_stride >= 2^31, the launch runs bulk instead (dense_decode_stream).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +33,7 @@
 namespace retroinfer::cuda::detail {
 
 enum class DenseKernel { kBulk, kAsync, kV1, kBulkW, kBulk8, kBulk8W, kBulk12, kTma2d };
+inline constexpr DenseKernel kDefaultDenseKernel = DenseKernel::kTma2d;
 
 // The kernel RETROINFER_FULL_DECODE names, read at each call (a DenseDecoder keeps the one it was made
 // with). Throws Error on any other value.
@@ -79,7 +82,7 @@ struct DenseParams {
 cudaError_t dense_decode_stream(DenseKernel k, const DenseParams& p, cudaStream_t s);
 
 struct DenseDecodeArgs {
-  DenseKernel kernel = DenseKernel::kBulk;
+  DenseKernel kernel = kDefaultDenseKernel;
   const float* q = nullptr;     // [H, G, D] f32 (unscaled)
   const uint16_t* k = nullptr;  // [H, kv_stride, D] bf16
   const uint16_t* v = nullptr;  // [H, kv_stride, D] bf16

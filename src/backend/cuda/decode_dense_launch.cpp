@@ -20,11 +20,11 @@ constexpr DenseKernel kAllKernels[] = {DenseKernel::kBulk,   DenseKernel::kAsync
 
 DenseKernel dense_kernel() {
   const char* e = std::getenv("RETROINFER_FULL_DECODE");
-  if (e == nullptr || e[0] == '\0') return DenseKernel::kBulk;
+  if (e == nullptr || e[0] == '\0') return kDefaultDenseKernel;
   for (DenseKernel k : kAllKernels)
     if (std::strcmp(e, dense_kernel_name(k)) == 0) return k;
   RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e,
-                  "' is not a dense decode kernel: use bulk (the default), async, v1, bulkw, bulk8, bulk8w, bulk12 or tma2d");
+                  "' is not a dense decode kernel: use tma2d (the default), bulk, async, v1, bulkw, bulk8, bulk8w or bulk12");
 }
 
 const char* dense_kernel_name(DenseKernel k) {

@@ -11,7 +11,7 @@ struct DenseDecoder::Impl {
   int num_seqs = 1;
   int64_t max_tokens = 0;
   int max_splits = 0;
-  detail::DenseKernel kernel = detail::DenseKernel::kBulk;  // RETROINFER_FULL_DECODE at construction
+  detail::DenseKernel kernel = detail::kDefaultDenseKernel;  // RETROINFER_FULL_DECODE at construction
   DeviceBuffer part_ml;        // [H, max_splits, G] float2
   DeviceBuffer part_o;         // [H, max_splits, G, D] f32
   DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
