@@ -34,7 +34,10 @@ DecodePath decode_path() {
   if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "nopdl") p.pdl = false;
-  else if (v == "run9" || (e == nullptr && kRun9IsDefault)) p.form_scores = p.fused_estimate = true;
+  else if (e == nullptr && kRun9IsDefault) {
+    p.form_scores = p.fused_estimate = true;
+    p.form_in_score = kRun10FormIsDefault;
+  } else if (v == "run9") p.form_scores = p.fused_estimate = true;
   else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
   else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
   else if (v == "run10" || v == "run10form" || v == "run10select" || v == "run10list") {  // run 9 + run 10's parts

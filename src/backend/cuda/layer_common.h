@@ -171,8 +171,12 @@ inline int zone_state_slots(int attn_splits, int est_splits, int num_heads) {
 }
 // The path taken when RETROINFER_DECODE is unset: run 9 since session 10's H200 run (kernel graph 0.82-0.96x
 // run 8's time at 128K, batch 1-16; runner 717 vs 640 tok/s at 128K batch 6; the same GPU tests pass on
-// both); "run8" keeps run 8 reachable.
+// both); "run8" keeps run 8 reachable. Since run 15 (session 12) the default adds run 10's score formation
+// inside the cooperative score grid (kRun10FormIsDefault; "run10form" spelled out): graph replay 86.2 vs
+// 90.1 us at 128K batch 4, 1-2 us less at 32K and 128K batch 1, +2.4 us at 128K batch 16
+// (bench/results/run15/call4/sw11.jsonl); "run9" keeps run 9 alone.
 inline constexpr bool kRun9IsDefault = true;
+inline constexpr bool kRun10FormIsDefault = true;
 DecodePath decode_path();
 
 // Phase summary of the stamps of one decode (kernels.h kPhaseSlots; raw: [H, kPhaseSlots] as downloaded):
