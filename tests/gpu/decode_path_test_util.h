@@ -1,11 +1,15 @@
-// Helpers of the decode-path tests (test_cuda_decode_run9/10/11.cpp): one decode of a RetroLayer with its
-// per-head debug state, the CPU selection rule, and the rounding bounds between paths that sum the same
-// terms in another order.
+// Helpers of the decode-path tests (test_cuda_decode_paths / _run9 / _run10.cpp) and test_cuda_retro.cpp:
+// the CPU selection rule, one layer built for a path case, one decode of it with its per-head debug state,
+// the graph-replay and stage-timing checks every path test runs, and the rounding bounds between paths that
+// sum the same terms in another order.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -26,6 +30,69 @@ inline void cpu_select(const std::vector<float>& sc, int k1, int k2, std::vector
   std::sort(e.begin(), e.end());
 }
 
+// A decode-path case: num_seqs sequences of hkv KV heads (H = num_seqs * hkv flat heads), GQA group,
+// head_dim d, n tokens per head.
+struct PathCase {
+  int num_seqs, hkv, group, d;
+  int64_t n;
+  bool estimation, outliers;  // AttentionConfig::estimation; RetroLayer::set_outlier_zone
+  bool host_kv;  // clustered K/V from make_kv (small cases, with host copies for f64 references); else device
+                 // random (bench-like shapes)
+};
+
+inline std::string describe(const PathCase& pc, uint64_t seed) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "seqs=%d hkv=%d G=%d d=%d n=%lld est=%d outliers=%d seed=%llu", pc.num_seqs, pc.hkv,
+                pc.group, pc.d, (long long)pc.n, int(pc.estimation), int(pc.outliers), (unsigned long long)seed);
+  return buf;
+}
+
+// The inputs and the built layer of one case. kv / q hold the host copies when host_kv (else empty).
+struct PathLayer {
+  int H = 0;
+  size_t q_elems = 0;           // H * G * D
+  KvData kv;                    // host K/V (host_kv only)
+  std::vector<float> q;         // [H, G, D] f32 (host_kv only)
+  cuda::DeviceBuffer dk, dv;    // [H, n, D] bf16
+  cuda::DeviceBuffer dq;        // [H, G, D] f32
+  std::unique_ptr<cuda::RetroLayer> layer;  // built over dk / dv (keeps their pointers)
+};
+
+// K/V and query (clustered host data with a short steady zone and 1024-token segments when host_kv; device
+// random N(0,1)-scale data with the default config otherwise), and the layer built over them.
+inline PathLayer make_path_layer(const PathCase& pc, uint64_t seed) {
+  PathLayer t;
+  const int G = pc.group, d = pc.d;
+  t.H = pc.num_seqs * pc.hkv;
+  const size_t kv_elems = size_t(t.H) * pc.n * d;
+  t.q_elems = size_t(t.H) * G * d;
+  if (pc.host_kv) {
+    t.kv = make_kv(t.H, pc.n, pc.n, d, seed);
+    t.q = make_q(t.kv, G, seed + 1);
+    t.dk = upload(t.kv.k);
+    t.dv = upload(t.kv.v);
+    t.dq = upload(t.q);
+  } else {
+    t.dk = cuda::DeviceBuffer(kv_elems * 2);
+    t.dv = cuda::DeviceBuffer(kv_elems * 2);
+    t.dq = cuda::DeviceBuffer(t.q_elems * 4);
+    cuda::fill_random_bf16(t.dk.as<uint16_t>(), kv_elems, seed, 1.0f);
+    cuda::fill_random_bf16(t.dv.as<uint16_t>(), kv_elems, seed + 1, 1.0f);
+    cuda::fill_random_f32(t.dq.as<float>(), t.q_elems, seed + 2, 1.0f);
+  }
+  AttentionConfig cfg;
+  cfg.estimation = pc.estimation;
+  if (pc.host_kv) {
+    cfg.sink_tokens = 4;
+    cfg.window_tokens = 16;
+    cfg.segment_tokens = 1024;
+  }
+  t.layer = std::make_unique<cuda::RetroLayer>(AttentionShape{pc.hkv * G, pc.hkv, d}, cfg, pc.num_seqs);
+  if (pc.outliers) t.layer->set_outlier_zone(true);
+  t.layer->build(t.dk.as<uint16_t>(), t.dv.as<uint16_t>(), pc.n, pc.n);
+  return t;
+}
+
 struct PathResult {
   std::vector<float> out;                     // [H, G, D]
   std::vector<cuda::RetroDebugState> heads;  // per flat head
@@ -41,15 +108,71 @@ inline PathResult decode_once(cuda::RetroLayer& layer, const float* dq, size_t q
   for (int h = 0; h < H; ++h) r.heads.push_back(layer.debug_state(h));
   return r;
 }
+inline PathResult decode_once(PathLayer& t) { return decode_once(*t.layer, t.dq.as<float>(), t.q_elems, t.H); }
+
+// Two graph replays of the current path into a poisoned output, each bit-identical to `eager` (the merge
+// counters and grid barriers reset themselves), then one more eager decode, returned (the caller compares
+// it with what it needs; its output is checked here).
+inline PathResult expect_graph_replays(PathLayer& t, const std::vector<float>& eager) {
+  cuda::StreamHandle stream;
+  auto dg = poisoned(t.q_elems);
+  cuda::CapturedGraph graph(stream.get(), [&] { t.layer->decode(t.dq.as<float>(), dg.as<float>(), stream.get()); });
+  for (int rep = 0; rep < 2; ++rep) {
+    dg.fill_bytes(0xff);
+    cuda::synchronize();  // the memset runs on the legacy stream, the graph on a non-blocking one
+    graph.launch(stream.get());
+    cuda::synchronize(stream.get());
+    const auto g = download_f32(dg, t.q_elems);
+    for (size_t i = 0; i < g.size(); ++i) {
+      EXPECT_EQ(g[i], eager[i]) << "graph replay " << rep << " element " << i;
+      if (g[i] != eager[i]) break;
+    }
+  }
+  PathResult e = decode_once(t);
+  for (size_t i = 0; i < e.out.size(); ++i) {
+    EXPECT_EQ(e.out[i], eager[i]) << "eager after replays, element " << i;
+    if (e.out[i] != eager[i]) break;
+  }
+  return e;
+}
+
+// The stage-timing decode (one stream, events between the stages, no programmatic launches) with phase
+// stamps (RETROINFER_SELECT_PHASES=1) into a poisoned output, bit-identical to `eager` (the same kernels and
+// merge); where the bins kernel selects (1..40K clusters) it must have stamped its phases.
+struct StageRun {
+  std::vector<float> out;      // [H, G, D]
+  int n_phase = 0;             // "phase.*" entries
+  double select_total = -1.0;  // phase.select_head_total (ms); -1: absent
+};
+inline StageRun expect_stage_path(PathLayer& t, const std::vector<float>& eager) {
+  EnvGuard phases("RETROINFER_SELECT_PHASES", "1");
+  auto ds = poisoned(t.q_elems);
+  const auto st = t.layer->decode_stage_ms(t.dq.as<float>(), ds.as<float>());
+  StageRun r;
+  r.out = download_f32(ds, t.q_elems);
+  for (size_t i = 0; i < r.out.size(); ++i) {
+    EXPECT_EQ(r.out[i], eager[i]) << "stage path, element " << i;
+    if (r.out[i] != eager[i]) break;
+  }
+  for (const auto& [name, ms] : st) {
+    if (name.rfind("phase.", 0) != 0) continue;
+    ++r.n_phase;
+    if (name == "phase.select_head_total") r.select_total = ms;
+  }
+  const int C = t.layer->num_clusters();
+  if (C > 0 && C <= 40 * 1024) {  // the bins kernel stamps
+    EXPECT_GT(r.n_phase, 8);
+  }
+  return r;
+}
 
 // Two decode paths over the same selection and exact tokens that differ by summation order only (run 9 vs
-// run 8; run 11 vs run 9):
+// run 8):
 // (1) Estimation: run 8 forms a partial state per 64 estimated clusters, run 9 per 128, so each weight
 //     e^{l - m} is taken against another chunk max m and rescaled by the merge's e^{m - M}: the argument
 //     l - m carries an f32 rounding of ~2^-24 |l| (|l| <= ~20 here), i.e. a relative error of ~1.2e-6 per
 //     weight, and the sums of up to 128 products (sum order differs) add ~128 * 2^-24 = 7.6e-6 relative
-//     in the worst case, random-signed in practice. The exact splits' boundaries (run 11) regroup the
-//     exact part's sums the same way (per-split maxima, f32 sums of <= the same number of terms).
+//     in the worst case, random-signed in practice.
 // (2) The merge: both paths merge in the last CTA against the global max; different state counts, the same
 //     f32 arithmetic, ~S * 2^-24 relative for S states.
 // An output is a convex combination of value rows (|v| <= ~4.5 for the N(0,1)-like data) and value-sum

@@ -8,34 +8,16 @@
 #include <cstdlib>
 #include <string>
 
+#include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 
 namespace retroinfer {
 namespace {
 
+using gputest::decode_once;
 using gputest::EnvGuard;
-
-struct PathCase {
-  int num_seqs, hkv, group, d;
-  int64_t n;
-  bool estimation, outliers;
-  bool host_kv;  // clustered K/V from make_kv (small cases); else device random (bench-like shapes)
-};
-
-struct PathResult {
-  std::vector<float> out;
-  std::vector<cuda::RetroDebugState> heads;
-};
-
-PathResult decode_once(cuda::RetroLayer& layer, const float* dq, size_t q_elems, int H) {
-  auto dout = gputest::poisoned(q_elems);
-  layer.decode(dq, dout.as<float>());
-  cuda::synchronize();
-  PathResult r;
-  r.out = gputest::download_f32(dout, q_elems);
-  for (int h = 0; h < H; ++h) r.heads.push_back(layer.debug_state(h));
-  return r;
-}
+using gputest::PathCase;
+using gputest::PathResult;
 
 // Outputs of the two paths differ by rounding only. (1) The merge: both form sum_s w_s o_s / sum_s w_s l_s
 // over partial states; combine_states rescales pairwise (an expf and two roundings per split and element),
@@ -50,44 +32,18 @@ constexpr double kMaxAbs = 5e-5;
 constexpr double kNmse = 1e-10;
 
 void run_path_case(const PathCase& pc, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << "seqs=" << pc.num_seqs << " hkv=" << pc.hkv << " G=" << pc.group << " d="
-                                  << pc.d << " n=" << pc.n << " est=" << pc.estimation << " outliers="
-                                  << pc.outliers << " seed=" << seed);
-  const int H = pc.num_seqs * pc.hkv, G = pc.group, d = pc.d;
-  const size_t kv_elems = size_t(H) * pc.n * d, q_elems = size_t(H) * G * d;
-  cuda::DeviceBuffer dk, dv, dq;
-  if (pc.host_kv) {
-    auto kv = gputest::make_kv(H, pc.n, pc.n, d, seed);
-    auto q = gputest::make_q(kv, G, seed + 1);
-    dk = gputest::upload(kv.k);
-    dv = gputest::upload(kv.v);
-    dq = gputest::upload(q);
-  } else {
-    dk = cuda::DeviceBuffer(kv_elems * 2);
-    dv = cuda::DeviceBuffer(kv_elems * 2);
-    dq = cuda::DeviceBuffer(q_elems * 4);
-    cuda::fill_random_bf16(dk.as<uint16_t>(), kv_elems, seed, 1.0f);
-    cuda::fill_random_bf16(dv.as<uint16_t>(), kv_elems, seed + 1, 1.0f);
-    cuda::fill_random_f32(dq.as<float>(), q_elems, seed + 2, 1.0f);
-  }
-  AttentionConfig cfg;
-  cfg.estimation = pc.estimation;
-  if (pc.host_kv) {
-    cfg.sink_tokens = 4;
-    cfg.window_tokens = 16;
-    cfg.segment_tokens = 1024;
-  }
-  cuda::RetroLayer layer(AttentionShape{pc.hkv * G, pc.hkv, d}, cfg, pc.num_seqs);
-  if (pc.outliers) layer.set_outlier_zone(true);
-  layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), pc.n, pc.n);
+  SCOPED_TRACE(gputest::describe(pc, seed));
+  gputest::PathLayer t = gputest::make_path_layer(pc, seed);
+  const int H = t.H, G = pc.group, d = pc.d;
+  cuda::RetroLayer& layer = *t.layer;
 
   EnvGuard env("RETROINFER_DECODE", "run6");
-  const PathResult a = decode_once(layer, dq.as<float>(), q_elems, H);
-  env.set(nullptr);  // run 8: fused merge + programmatic launches
-  const PathResult b = decode_once(layer, dq.as<float>(), q_elems, H);
+  const PathResult a = decode_once(t);
+  env.set("run8");  // fused merge + programmatic launches (the default is run 9 + run 10's formation)
+  const PathResult b = decode_once(t);
   env.set("fused");
-  const PathResult c = decode_once(layer, dq.as<float>(), q_elems, H);
-  env.set(nullptr);
+  const PathResult c = decode_once(t);
+  env.set("run8");
   for (int h = 0; h < H; ++h) {
     SCOPED_TRACE(testing::Message() << "flat head " << h);
     EXPECT_EQ(b.heads[h].retrieval_ids, a.heads[h].retrieval_ids);
@@ -105,42 +61,18 @@ void run_path_case(const PathCase& pc, uint64_t seed) {
   EXPECT_LT(cc.max_abs, kMaxAbs);
   EXPECT_LT(cc.nmse, kNmse);
 
-  // Graph replays of the run 8 path: bit-identical to its eager decode, twice in a row (the per-head
-  // counters are left at zero by each decode), and an eager decode after them still matches.
-  cuda::StreamHandle stream;
-  auto dg = gputest::poisoned(q_elems);
-  cuda::CapturedGraph graph(stream.get(), [&] { layer.decode(dq.as<float>(), dg.as<float>(), stream.get()); });
-  for (int rep = 0; rep < 2; ++rep) {
-    dg.fill_bytes(0xff);
-    cuda::synchronize();  // the memset runs on the legacy stream, the graph on a non-blocking one
-    graph.launch(stream.get());
-    cuda::synchronize(stream.get());
-    const auto g = gputest::download_f32(dg, q_elems);
-    for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], b.out[i]) << "graph replay " << rep << " element " << i;
-  }
-  const PathResult e = decode_once(layer, dq.as<float>(), q_elems, H);
-  for (size_t i = 0; i < e.out.size(); ++i) ASSERT_EQ(e.out[i], b.out[i]) << "eager after replays, element " << i;
-
-  // Stage timing (one stream, events between the stages, no programmatic launches) with phase stamps.
+  // Graph replays of the run 8 path (bit-identical to its eager decode, twice in a row: the per-head
+  // counters are left at zero by each decode), and the stage-timing path with phase stamps: the fused merge
+  // of the same partial states (the estimation inline there), bit-identical to run 8.
+  gputest::expect_graph_replays(t, b.out);
   {
-    EnvGuard phases("RETROINFER_SELECT_PHASES", "1");
-    auto ds = gputest::poisoned(q_elems);
-    const auto st = layer.decode_stage_ms(dq.as<float>(), ds.as<float>());
-    const auto s = gputest::download_f32(ds, q_elems);
-    const auto cs = gputest::compare(s, a.out);
+    const gputest::StageRun sr = gputest::expect_stage_path(t, b.out);
+    const auto cs = gputest::compare(sr.out, a.out);
     EXPECT_EQ(cs.unwritten, 0);
     EXPECT_LT(cs.max_abs, kMaxAbs);
-    int n_phase = 0;
-    double sel_total = -1;
-    for (const auto& [name, ms] : st) {
-      if (name.rfind("phase.", 0) != 0) continue;
-      ++n_phase;
-      if (name == "phase.select_head_total") sel_total = ms;
-    }
-    // The fused merge of the same partial states (the estimation inline here): bit-identical to run 8.
-    for (size_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], b.out[i]) << "stage path, element " << i;
+    const int n_phase = sr.n_phase;
+    const double sel_total = sr.select_total;
     if (layer.num_clusters() > 0 && layer.num_clusters() <= 40 * 1024) {  // the bins kernel stamps
-      EXPECT_GT(n_phase, 8);
       EXPECT_GT(sel_total, 0.0);
     }
     std::printf("[decode paths] H=%d G=%d d=%d n=%lld C=%d est=%d outliers=%d: run8 vs run6 nmse %.2e max-abs %.2e, "

@@ -28,14 +28,8 @@ namespace {
 using gputest::cpu_select;
 using gputest::decode_once;
 using gputest::EnvGuard;
+using gputest::PathCase;
 using gputest::PathResult;
-
-struct Run9Case {
-  int num_seqs, hkv, group, d;
-  int64_t n;
-  bool estimation, outliers;
-  bool host_kv;  // clustered K/V from make_kv (small cases, with the f64 reference); else device random
-};
 
 // Run 9 vs run 8 (same selection, same exact tokens): they differ by rounding only (bounds and their
 // derivation: decode_path_test_util.h).
@@ -46,44 +40,17 @@ constexpr double kNmseVsRun8 = gputest::kNmseReorder;
 constexpr double kNmseVsRef = 1e-9;
 constexpr double kMaxAbsVsRef = 1e-4;
 
-void run9_case(const Run9Case& rc, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << "seqs=" << rc.num_seqs << " hkv=" << rc.hkv << " G=" << rc.group << " d="
-                                  << rc.d << " n=" << rc.n << " est=" << rc.estimation << " outliers="
-                                  << rc.outliers << " seed=" << seed);
-  const int H = rc.num_seqs * rc.hkv, G = rc.group, d = rc.d;
-  const size_t kv_elems = size_t(H) * rc.n * d, q_elems = size_t(H) * G * d;
-  cuda::DeviceBuffer dk, dv, dq;
-  gputest::KvData kv;
-  std::vector<float> q;
-  if (rc.host_kv) {
-    kv = gputest::make_kv(H, rc.n, rc.n, d, seed);
-    q = gputest::make_q(kv, G, seed + 1);
-    dk = gputest::upload(kv.k);
-    dv = gputest::upload(kv.v);
-    dq = gputest::upload(q);
-  } else {
-    dk = cuda::DeviceBuffer(kv_elems * 2);
-    dv = cuda::DeviceBuffer(kv_elems * 2);
-    dq = cuda::DeviceBuffer(q_elems * 4);
-    cuda::fill_random_bf16(dk.as<uint16_t>(), kv_elems, seed, 1.0f);
-    cuda::fill_random_bf16(dv.as<uint16_t>(), kv_elems, seed + 1, 1.0f);
-    cuda::fill_random_f32(dq.as<float>(), q_elems, seed + 2, 1.0f);
-  }
-  AttentionConfig cfg;
-  cfg.estimation = rc.estimation;
-  if (rc.host_kv) {
-    cfg.sink_tokens = 4;
-    cfg.window_tokens = 16;
-    cfg.segment_tokens = 1024;
-  }
-  cuda::RetroLayer layer(AttentionShape{rc.hkv * G, rc.hkv, d}, cfg, rc.num_seqs);
-  if (rc.outliers) layer.set_outlier_zone(true);
-  layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), rc.n, rc.n);
+void run9_case(const PathCase& rc, uint64_t seed) {
+  SCOPED_TRACE(gputest::describe(rc, seed));
+  gputest::PathLayer t = gputest::make_path_layer(rc, seed);
+  const int H = t.H, G = rc.group, d = rc.d;
+  const size_t q_elems = t.q_elems;
+  cuda::RetroLayer& layer = *t.layer;
 
   EnvGuard env("RETROINFER_DECODE", "run8");
-  const PathResult a = decode_once(layer, dq.as<float>(), q_elems, H);
+  const PathResult a = decode_once(t);
   env.set("run9");
-  const PathResult b = decode_once(layer, dq.as<float>(), q_elems, H);
+  const PathResult b = decode_once(t);
   const int C = layer.num_clusters();
   for (int h = 0; h < H; ++h) {
     SCOPED_TRACE(testing::Message() << "flat head " << h);
@@ -101,9 +68,9 @@ void run9_case(const Run9Case& rc, uint64_t seed) {
   // The two parts alone: the formation changes no bit of run 8's output (identical scores feed the same
   // kernels), the estimation alone gives run 9's output bit for bit (run 9's formation changes nothing).
   env.set("run9form");
-  const PathResult pf = decode_once(layer, dq.as<float>(), q_elems, H);
+  const PathResult pf = decode_once(t);
   env.set("run9est");
-  const PathResult pe = decode_once(layer, dq.as<float>(), q_elems, H);
+  const PathResult pe = decode_once(t);
   env.set("run9");
   for (size_t i = 0; i < a.out.size(); ++i) {
     ASSERT_EQ(pf.out[i], a.out[i]) << "run9form vs run8, element " << i;
@@ -124,8 +91,8 @@ void run9_case(const Run9Case& rc, uint64_t seed) {
       const auto& st = b.heads[h];
       for (int g = 0; g < G; ++g) {
         gputest::RefState rs(d);
-        const float* qq = &q[(size_t(h) * G + g) * d];
-        gputest::ref_exact(kv, qq, scale, h, st.token_list, rs);
+        const float* qq = &t.q[(size_t(h) * G + g) * d];
+        gputest::ref_exact(t.kv, qq, scale, h, st.token_list, rs);
         std::vector<float> vsum(d);
         for (int32_t cl : st.estimation_ids) {
           double s = 0;
@@ -142,35 +109,9 @@ void run9_case(const Run9Case& rc, uint64_t seed) {
     EXPECT_LT(cref.max_abs, kMaxAbsVsRef);
   }
 
-  // Graph replays of run 9: bit-identical to its eager decode, twice (the merge counters reset themselves),
-  // and an eager decode after them still matches.
-  cuda::StreamHandle stream;
-  auto dg = gputest::poisoned(q_elems);
-  cuda::CapturedGraph graph(stream.get(), [&] { layer.decode(dq.as<float>(), dg.as<float>(), stream.get()); });
-  for (int rep = 0; rep < 2; ++rep) {
-    dg.fill_bytes(0xff);
-    cuda::synchronize();  // the memset runs on the legacy stream, the graph on a non-blocking one
-    graph.launch(stream.get());
-    cuda::synchronize(stream.get());
-    const auto g = gputest::download_f32(dg, q_elems);
-    for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], b.out[i]) << "graph replay " << rep << " element " << i;
-  }
-  const PathResult e = decode_once(layer, dq.as<float>(), q_elems, H);
-  for (size_t i = 0; i < e.out.size(); ++i) ASSERT_EQ(e.out[i], b.out[i]) << "eager after replays, element " << i;
-
-  // Stage timing (one stream, no programmatic launches) with phase stamps: the same kernels and merge.
-  {
-    EnvGuard phases("RETROINFER_SELECT_PHASES", "1");
-    auto ds = gputest::poisoned(q_elems);
-    const auto st = layer.decode_stage_ms(dq.as<float>(), ds.as<float>());
-    const auto s = gputest::download_f32(ds, q_elems);
-    for (size_t i = 0; i < s.size(); ++i) ASSERT_EQ(s[i], b.out[i]) << "stage path, element " << i;
-    int n_phase = 0;
-    for (const auto& [name, ms] : st) n_phase += name.rfind("phase.", 0) == 0 ? 1 : 0;
-    if (C > 0 && C <= 40 * 1024) {  // the bins kernel stamps
-      EXPECT_GT(n_phase, 8);
-    }
-  }
+  // Graph replays of run 9 and the stage-timing path: bit-identical to the eager decode.
+  gputest::expect_graph_replays(t, b.out);
+  gputest::expect_stage_path(t, b.out);
   std::printf("[decode run9] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: vs run8 nmse %.2e max-abs %.2e; "
               "vs f64 ref nmse %.2e max-abs %.2e%s\n",
               H, G, d, (long long)rc.n, C, layer.n_estimation(), int(rc.estimation), int(rc.outliers), c8.nmse,

@@ -5,27 +5,17 @@
 
 #include <numeric>
 
+#include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 
 namespace retroinfer {
 namespace {
 
+using gputest::cpu_select;
+
 // Output tolerances as in test_cuda_dense.cpp (f32 vs f64 arithmetic on identical inputs).
 constexpr double kNmse = 1e-9;
 constexpr double kMaxAbs = 1e-4;
-
-// Items sorted by (score desc, id asc), -inf excluded: the first k1, then the next k2 (both ascending).
-void cpu_select(const std::vector<float>& sc, int k1, int k2, std::vector<int32_t>& r, std::vector<int32_t>& e) {
-  std::vector<int32_t> ids;
-  for (int32_t i = 0; i < int32_t(sc.size()); ++i)
-    if (sc[i] != -INFINITY) ids.push_back(i);
-  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return sc[a] > sc[b]; });
-  const size_t n1 = std::min<size_t>(k1, ids.size()), n2 = std::min<size_t>(size_t(k1) + k2, ids.size());
-  r.assign(ids.begin(), ids.begin() + n1);
-  e.assign(ids.begin() + n1, ids.begin() + n2);
-  std::sort(r.begin(), r.end());
-  std::sort(e.begin(), e.end());
-}
 
 std::vector<int32_t> steady_tokens(int64_t n, int64_t idx_begin, int64_t n_idx) {
   std::vector<int32_t> s;

@@ -47,10 +47,10 @@ void cpu_select(const float* sc, int n, int k1, int k2, std::vector<int>& r, std
   e.resize(k2, -1);
 }
 
-// kBinsRun10: the bins kernel with run 10's shared-memory CSR offsets (SelectParams::smem_offsets), the
-// pages given as clusters: offsets[h N + c] = h n_idx + min(c P, n_idx), members[h n_idx + j] = j, so the
+// kBinsCsr: run 8's bins kernel on the clusters' path the layers take (CSR offsets and members, not pages),
+// the pages given as clusters: offsets[h N + c] = h n_idx + min(c P, n_idx), members[h n_idx + j] = j, so the
 // expansion must produce the same token list as the pages'.
-enum class Kernel { kRadix, kBins, kCluster, kBinsRun8, kBinsRun10 };
+enum class Kernel { kRadix, kBins, kCluster, kBinsRun8, kBinsCsr };
 
 void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
   SCOPED_TRACE(testing::Message() << "heads=" << sc.heads << " items=" << sc.items << " k_r=" << sc.k_r
@@ -97,9 +97,9 @@ void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
   p.list_stride = list_stride;
   // Run 8's bins kernel: launched with the programmatic-dependent attribute (no kernel before it here: the
   // wait returns at once), half-warp expansion, prefetches.
-  p.pdl = p.prefetch = kernel == Kernel::kBinsRun8 || kernel == Kernel::kBinsRun10;
+  p.pdl = p.prefetch = kernel == Kernel::kBinsRun8 || kernel == Kernel::kBinsCsr;
   cuda::DeviceBuffer d_offsets, d_members;
-  if (kernel == Kernel::kBinsRun10) {
+  if (kernel == Kernel::kBinsCsr) {
     std::vector<int> offsets(size_t(H) * N + 1);
     std::vector<uint32_t> members(size_t(H) * n_idx);
     for (int h = 0; h < H; ++h) {
@@ -114,12 +114,11 @@ void run_select_case(const SelectCase& sc, uint64_t seed, Kernel kernel) {
     p.page_tokens = 0;
     p.offsets = d_offsets.as<int>();
     p.members = d_members.as<uint32_t>();
-    p.smem_offsets = true;
   }
   cuda::StreamHandle stream;  // programmatic launches are used on created streams only
   const auto st = static_cast<cudaStream_t>(stream.get());
   const cudaError_t e = kernel == Kernel::kRadix  ? cuda::detail::select_and_expand_single_cta(p, st)
-                       : kernel == Kernel::kBins || kernel == Kernel::kBinsRun8 || kernel == Kernel::kBinsRun10
+                       : kernel == Kernel::kBins || kernel == Kernel::kBinsRun8 || kernel == Kernel::kBinsCsr
                            ? cuda::detail::select_and_expand_bins(p, st)
                            : cuda::detail::select_and_expand_cluster(p, st);
   ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
@@ -184,12 +183,12 @@ TEST(CudaSelect, BinsKernelRun8MatchesCpuRule) {
     if (c.items <= kBinsMaxItems) run_select_case(c, ++seed, Kernel::kBinsRun8);
 }
 
-// Run 10's offsets in shared memory (up to ~20K items; the 40K cases take run 9's kernel).
-TEST(CudaSelect, BinsKernelRun10MatchesCpuRule) {
+// The clusters' CSR path (run 10's shared-memory offsets over it were removed after run 15).
+TEST(CudaSelect, BinsKernelCsrMatchesCpuRule) {
   RETROINFER_REQUIRE_GPU();
   uint64_t seed = 5000;
   for (const auto& c : kCases)
-    if (c.items <= kBinsMaxItems) run_select_case(c, ++seed, Kernel::kBinsRun10);
+    if (c.items <= kBinsMaxItems) run_select_case(c, ++seed, Kernel::kBinsCsr);
 }
 
 TEST(CudaSelect, SingleCtaKernelMatchesCpuRule) {

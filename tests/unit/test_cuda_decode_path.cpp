@@ -1,5 +1,6 @@
-// Host-side pieces of the run 8 decode path, on the CPU (CUDA builds, no device needed): the
-// RETROINFER_DECODE switch (decode_path) and the phase-stamp summary (summarize_phases) on synthetic stamps.
+// Host-side pieces of the decode paths, on the CPU (CUDA builds, no device needed): the RETROINFER_DECODE
+// switch (decode_path: run 6 / 8 / 9 / 10 and the names removed after run 15) and the phase-stamp summary
+// (summarize_phases) on synthetic stamps.
 #if defined(RETROINFER_WITH_CUDA)
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "backend/cuda/layer_common.h"
+#include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
 namespace {
@@ -18,6 +20,30 @@ TEST(CudaDecodePath, EnvironmentSwitch) {
   unsetenv("RETROINFER_DECODE");
   DecodePath p = decode_path();
   EXPECT_TRUE(p.fused_merge && p.pdl && p.early_loads && p.prefetch && p.balance);
+  // The default: run 9 + run 10's score formation (layer_common.h kRun9IsDefault, kRun10FormIsDefault).
+  EXPECT_EQ(p.form_scores && p.fused_estimate, kRun9IsDefault);
+  EXPECT_EQ(p.form_in_score, kRun9IsDefault && kRun10FormIsDefault);
+  for (const char* name : {"run10", "run10form"}) {
+    setenv("RETROINFER_DECODE", name, 1);
+    p = decode_path();
+    EXPECT_TRUE(p.fused_merge && p.pdl && p.early_loads && p.prefetch && p.balance) << name;
+    EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score) << name;
+  }
+  setenv("RETROINFER_DECODE", "run9", 1);
+  p = decode_path();
+  EXPECT_TRUE(p.form_scores && p.fused_estimate);
+  EXPECT_FALSE(p.form_in_score);
+  setenv("RETROINFER_DECODE", "run8", 1);
+  p = decode_path();
+  EXPECT_TRUE(p.fused_merge && p.pdl && p.early_loads && p.prefetch && p.balance);
+  EXPECT_FALSE(p.form_scores || p.fused_estimate || p.form_in_score);
+  // Removed after run 15: a clear error, not a silent other path.
+  for (const char* name : {"run10select", "run10list", "run11", "run11-x2-c64"}) {
+    setenv("RETROINFER_DECODE", name, 1);
+    EXPECT_THROW(decode_path(), Error) << name;
+  }
+  setenv("RETROINFER_DECODE", "run11x2", 1);  // not one of those names: run 8's flags (as any unknown name)
+  EXPECT_FALSE(decode_path().form_scores);
   setenv("RETROINFER_DECODE", "run6", 1);
   p = decode_path();
   EXPECT_FALSE(p.fused_merge || p.pdl || p.early_loads || p.prefetch || p.balance);

@@ -12,7 +12,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
@@ -35,13 +34,11 @@ struct DecodeSmem {
 };
 
 // Run 9 (DecodeParams::est_ctas): an estimation CTA of the exact-attention grid, estimated clusters
-// [j * kC, min(k_e, (j + 1) * kC)) of flat head h (kC = kEstimateFusedChunk = the CTA's 128 threads; run 11
-// also kC = 64, DecodeParams::est_chunk: warp w then loads rows [w kC / 4, (w + 1) kC / 4), lanes < kC / 4
-// one id each, the rest as for 128). Same
+// [j * kC, min(k_e, (j + 1) * kC)) of flat head h (kC = kEstimateFusedChunk = the CTA's 128 threads). Same
 // state as estimate_kernel's for the same clusters (chunk max m_g of the logits, l_g = sum size e^{l - m_g},
 // o_g = sum e^{l - m_g} VS), formed differently so that the whole chunk is in flight at once:
 //   1. after the PDL wait, thread t loads id t of the chunk (-1: padding) and the cluster's size and G
-//      logits (independent loads); each warp copies its kC / 4 clusters' value-sum rows into shared memory by
+//      logits (independent loads); each warp copies its 32 clusters' value-sum rows into shared memory by
 //      cp.async, lanes over consecutive 16-byte chunks (the ids by shuffle; padding rows zero-filled, so
 //      0 * row never meets stale shared memory);
 //   2. warp w forms the weights of query heads w, w + 4 (max, e^{l - m}, the size-weighted sum) by shuffles
@@ -51,53 +48,46 @@ struct DecodeSmem {
 //      by shuffles, the 4 warps' sums in shared memory in warp order;
 //   4. the partial state into slot est.split_offset + j, then the fused merge like every other CTA.
 // Shared memory (the decode CTA's tile buffers): rows [kC][D] bf16, weights [kMaxGroup][kC], sizes [kC];
-// the warp sums [kW][kMaxGroup][D] f32 reuse the rows after a barrier, the merge weights the whole buffer
-// (after merge_if_last's first barrier). kWide: run 11's merge (decode_merge.cuh).
-template <int D, int kC = kEstimateFusedChunk, bool kWide = false>
+// the warp sums [kW][kMaxGroup][D] f32 and the merge weights reuse the rows after a barrier.
+template <int D>
 __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char* smem) {
-  constexpr int kThreads = kW * 32;
-  constexpr int kRw = kC / kW;                // rows (clusters) per warp in step 1
-  constexpr int kChunks = D / 8;              // 16-byte chunks per value-sum row
-  constexpr int kSlots = kThreads / kChunks;  // rows read at once by the CTA in step 3
-  constexpr int kPerLane = kC / 32;           // clusters per lane in step 2
-  static_assert(kC % kW == 0 && kRw <= 32 && kC <= kThreads, "at most one estimated cluster per thread (step 1)");
-  static_assert((kRw * kChunks) % 32 == 0 && kC % 32 == 0, "whole warps of row copies and of weights");
-  static_assert(kThreads % kChunks == 0 && 32 % kChunks == 0, "row slots of whole warps");
+  constexpr int kC = kEstimateFusedChunk;
+  constexpr int kChunks = D / 8;          // 16-byte chunks per value-sum row
+  constexpr int kSlots = kC / kChunks;    // rows read at once by the CTA in step 3
+  constexpr int kPerLane = kC / 32;       // clusters per lane in step 2
+  static_assert(kC == kW * 32, "one estimated cluster per thread while loading (step 1)");
+  static_assert(kC % kChunks == 0 && 32 % kChunks == 0, "row slots of whole warps");
   static_assert(size_t{kW} * kMaxGroup * D * 4 <= size_t{kC} * D * 2 &&
-                    size_t{kMergeMaxStates} * 4 <= DecodeSmem<D, 2>::kBytes,
-                "the warp sums reuse the rows, the merge weights the tile buffers");
+                    size_t{kMergeMaxStates} * 4 <= size_t{kC} * D * 2,
+                "the warp sums and the merge weights reuse the rows");
   uint16_t* rows = reinterpret_cast<uint16_t*>(smem);     // [kC][D] bf16 value sums
   float* wl = reinterpret_cast<float*>(rows + kC * D);      // [kMaxGroup][kC]: logits, then weights
   float* sz = wl + kMaxGroup * kC;                          // [kC]: cluster sizes
   __shared__ float s_m[kMaxGroup], s_l[kMaxGroup];
   const EstimateParams& e = p.est;
   const int G = p.group, C = e.num_clusters, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int row = warp * kRw + lane;  // this thread's cluster in step 1 (when lane < kRw)
-  const bool has_row = lane < kRw;
   grid_dependency_wait();  // PDL: the ids come from the selection (the logits from the score kernel before it)
   phase_first(p.phase, h, kSlotEst);
   const int begin = j * kC;
   const int cnt = e.k_estimation - begin < kC ? e.k_estimation - begin : kC;  // >= 1: j < ceil(k_e / kC)
   // 1. Ids, sizes, logits; value-sum rows by cp.async.
-  const int c = has_row && row < cnt ? e.estimation_ids[int64_t{h} * e.k_estimation + begin + row] : -1;
+  const int c = tid < cnt ? e.estimation_ids[int64_t{h} * e.k_estimation + begin + tid] : -1;
   const uint16_t* vsh = e.value_sums_bf16 + int64_t{h} * C * D;
 #pragma unroll
-  for (int k = 0; k < kRw * kChunks / 32; ++k) {  // the warp's kRw rows x kChunks chunks, 32 per step
+  for (int k = 0; k < kChunks; ++k) {  // the warp's 32 rows x kChunks chunks, 32 per step
     const int q = k * 32 + lane, r = q / kChunks, col = q % kChunks;
-    const int cr = __shfl_sync(0xffffffffu, c, r);  // r < kRw: lane r holds row warp * kRw + r
-    cp_async16_zfill(rows + (warp * kRw + r) * D + col * 8, vsh + int64_t{cr < 0 ? 0 : cr} * D + col * 8, cr >= 0);
+    const int cr = __shfl_sync(0xffffffffu, c, r);
+    cp_async16_zfill(rows + (warp * 32 + r) * D + col * 8, vsh + int64_t{cr < 0 ? 0 : cr} * D + col * 8, cr >= 0);
   }
   cp_async_commit();
   float lg[kMaxGroup];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g)
     lg[g] = g < G && c >= 0 ? __ldg(e.logits + (int64_t{h} * G + g) * C + c) : -INFINITY;
-  if (has_row) {
-    sz[row] = c < 0 ? 0.0f : static_cast<float>(__ldg(e.sizes + int64_t{h} * C + c));
+  sz[tid] = c < 0 ? 0.0f : static_cast<float>(__ldg(e.sizes + int64_t{h} * C + c));
 #pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G) wl[g * kC + row] = lg[g];
-  }
+  for (int g = 0; g < kMaxGroup; ++g)
+    if (g < G) wl[g * kC + tid] = lg[g];
   __syncthreads();
   // 2. Weights (-inf logits: padding, weight 0; a chunk of padding only keeps m = -inf, l = 0, o = 0).
   for (int g = warp; g < G; g += kW) {
@@ -177,7 +167,7 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
     phase_last(p.phase, h, kSlotEst + 1);
   }
   if (p.merge.counter != nullptr)
-    merge_if_last<kWide>(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, red, p.phase);
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, red, p.phase);
 }
 
 // Tensor-core flash decoding. Per warp and tile of 16 tokens:
@@ -190,12 +180,7 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
 // Group sizes up to 8 fill rows 0..7; rows of heads >= G are zero and never written.
 // kEst (run 9, DecodeParams::est_ctas > 0): the grid's CTAs past the exact splits run estimate_cta; a kernel
 // of its own (decode_est_kernel below), so run 8's kernels are the same code as before.
-// kAhead (run 10, DecodeParams::list_ahead; token-list path): the list entries of the warp's first
-// kListAheadTiles tiles (lane l < 16: entry l of tile warp + i kW in register ahead[i]) are loaded together
-// after the count; load_tile takes them by shuffle, later tiles load theirs as before.
-// kRun11 (DecodeParams::run11): the one-dimensional grid's index mapped to (head, role) by p.run11_order,
-// the estimation CTAs over p.est_chunk clusters, the wide fused merge (decode_merge.cuh kWide).
-template <int D, bool kIndirect, int S, bool kEst, bool kAhead = false, bool kRun11 = false>
+template <int D, bool kIndirect, int S, bool kEst>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
@@ -208,23 +193,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw + warp * DecodeSmem<D, S>::kWarpBytes);  // [S][kT][kRow]
   uint16_t* vs = ks + S * kT * kRow;                                                           // [S][kT][kRow]
 
-  int h = blockIdx.y, split = blockIdx.x;
-  const int G = p.group;
-  if constexpr (kRun11) {  // kernels.h kRun11Order*: role r of head h; split = r's role as in run 9's grid
-    const int L = blockIdx.x, n = p.num_splits + p.est_ctas;
-    if (p.run11_order == kRun11OrderHead) {
-      h = L / n;
-      split = L % n;
-    } else {
-      h = L % p.num_heads;
-      const int r = L / p.num_heads;
-      split = p.run11_order != kRun11OrderEstFirst ? r : (r < p.est_ctas ? p.num_splits + r : r - p.est_ctas);
-    }
-  }
+  const int h = blockIdx.y, split = blockIdx.x, G = p.group;
   if constexpr (kEst && kIndirect) {  // run 9: the CTAs past the exact splits estimate (uniform per CTA)
     if (split >= p.num_splits) {
-      if (kRun11 && p.est_chunk == 64) estimate_cta<D, 64, kRun11>(p, split - p.num_splits, h, smem_raw);
-      else estimate_cta<D, kEstimateFusedChunk, kRun11>(p, split - p.num_splits, h, smem_raw);
+      estimate_cta<D>(p, split - p.num_splits, h, smem_raw);
       return;
     }
   }
@@ -266,26 +238,12 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
   const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
   const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
-  static_assert(!kAhead || (kIndirect && kListAheadTiles == 4), "list-ahead: the token-list path, 4 tiles");
-  int ahead[4] = {0, 0, 0, 0};
-  if constexpr (kAhead) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int t = warp + i * kW;
-      const int64_t p0 = begin + int64_t{t} * kT;
-      if (t < ntiles && lane < kT && p0 + lane < end) ahead[i] = list[p0 + lane];
-    }
-  }
 
   auto load_tile = [&](int t, int buf) {
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
     int tok_lane = 0;
-    if constexpr (kAhead) {
-      const int i = (t - warp) / kW;  // the warp's i-th tile
-      if (i < 4) tok_lane = i == 0 ? ahead[0] : (i == 1 ? ahead[1] : (i == 2 ? ahead[2] : ahead[3]));
-      else if (lane < valid) tok_lane = list[p0 + lane];
-    } else if constexpr (kIndirect) {
+    if constexpr (kIndirect) {
       if (lane < valid) tok_lane = list[p0 + lane];
     }
 #pragma unroll
@@ -418,7 +376,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     phase_last(p.phase, h, kSlotExact + 1);
   }
   if (p.merge.counter != nullptr)  // the staging above is read; the merge weights go after it
-    merge_if_last<kRun11>(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
                   reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
 }
 
@@ -432,17 +390,6 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
 template <int D, int S>
 __global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_kernel(const DecodeParams p) {
   decode_body<D, true, S, true>(p);
-}
-// Run 10: run 9's grid with the token-list entries loaded ahead (DecodeParams::list_ahead).
-template <int D, int S>
-__global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_ahead_kernel(const DecodeParams p) {
-  decode_body<D, true, S, true, true>(p);
-}
-// Run 11: run 9's grid in one dimension, ordered, with 64- or 128-cluster estimation CTAs and the wide merge
-// (DecodeParams::run11). The same bound as run 9's (3 CTAs per multiprocessor with two stages).
-template <int D, int S>
-__global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_run11_kernel(const DecodeParams p) {
-  decode_body<D, true, S, true, false, true>(p);
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
@@ -591,7 +538,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
 }
 
-template <int D, bool kIndirect, int S, bool kEst, bool kAhead = false, bool kRun11 = false>
+template <int D, bool kIndirect, int S, bool kEst>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
   static_assert(DecodeSmem<D, S>::kWarpBytes * kW >=
@@ -600,9 +547,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   static_assert(DecodeSmem<D, S>::kBytes >= size_t{kEstimateFusedChunk} * (D * 2 + kMaxGroup * 4 + 4),
                 "run 9's estimation CTAs keep their chunk's rows, weights and sizes in the tile buffers");
   void (*kernel)(const DecodeParams);
-  if constexpr (kRun11) kernel = decode_run11_kernel<D, S>;
-  else if constexpr (kEst && kAhead) kernel = decode_est_ahead_kernel<D, S>;
-  else if constexpr (kEst) kernel = decode_est_kernel<D, S>;
+  if constexpr (kEst) kernel = decode_est_kernel<D, S>;
   else kernel = decode_kernel<D, kIndirect, S>;
   static bool attr_set = false;  // once per instantiation (host-side; the layers are single-threaded)
   if (!attr_set) {
@@ -611,14 +556,12 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  const dim3 grid = kRun11 ? dim3(static_cast<unsigned>((p.num_splits + p.est_ctas) * p.num_heads))
-                           : dim3(p.num_splits + p.est_ctas, p.num_heads);
   if (!p.pdl) {
-    kernel<<<grid, kW * 32, bytes, s>>>(p);
+    kernel<<<dim3(p.num_splits + p.est_ctas, p.num_heads), kW * 32, bytes, s>>>(p);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
+  cfg.gridDim = dim3(p.num_splits + p.est_ctas, p.num_heads);
   cfg.blockDim = dim3(kW * 32);
   cfg.dynamicSmemBytes = bytes;
   cfg.stream = s;
@@ -633,12 +576,6 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
 template <int D, bool kIndirect>
 cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
   if constexpr (kIndirect) {
-    if (p.run11)
-      return decode_stages() == 3 ? launch_decode<D, true, 3, true, false, true>(p, s)
-                                  : launch_decode<D, true, 2, true, false, true>(p, s);
-    if (p.est_ctas > 0 && p.list_ahead)  // run 10
-      return decode_stages() == 3 ? launch_decode<D, true, 3, true, true>(p, s)
-                                  : launch_decode<D, true, 2, true, true>(p, s);
     if (p.est_ctas > 0)
       return decode_stages() == 3 ? launch_decode<D, true, 3, true>(p, s) : launch_decode<D, true, 2, true>(p, s);
   }
@@ -660,15 +597,9 @@ int decode_ctas_per_sm() { return decode_stages() == 2 ? 3 : 2; }  // 228 KiB / 
 
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
   const bool indirect = p.token_list != nullptr;
-  if (p.est_ctas < 0 || ((p.est_ctas > 0 || p.run11) && !indirect)) return cudaErrorInvalidValue;  // list path only
-  if (p.run11 && ((p.est_chunk != 64 && p.est_chunk != kEstimateFusedChunk) || p.num_splits < 1 ||
-                  (p.run11_order != kRun11OrderExactFirst && p.run11_order != kRun11OrderEstFirst &&
-                   p.run11_order != kRun11OrderHead) ||
-                  int64_t{p.num_splits + p.est_ctas} * p.num_heads > INT32_MAX))
-    return cudaErrorInvalidValue;
-  const int chunk = p.run11 ? p.est_chunk : kEstimateFusedChunk;  // clusters per estimation CTA
-  if (p.est_ctas > 0 && (int64_t{p.est_ctas} * chunk < p.est.k_estimation ||
-                         int64_t{p.est_ctas - 1} * chunk >= p.est.k_estimation ||
+  if (p.est_ctas < 0 || (p.est_ctas > 0 && !indirect)) return cudaErrorInvalidValue;  // run 9: list path only
+  if (p.est_ctas > 0 && (int64_t{p.est_ctas} * kEstimateFusedChunk < p.est.k_estimation ||
+                         int64_t{p.est_ctas - 1} * kEstimateFusedChunk >= p.est.k_estimation ||
                          p.est.split_offset + p.est_ctas > p.total_splits || p.est.head_dim != p.head_dim))
     return cudaErrorInvalidValue;  // every estimation CTA must own >= 1 cluster and a slot
   if (p.head_dim == 128) return indirect ? launch_decode_stages<128, true>(p, s) : launch_decode_stages<128, false>(p, s);

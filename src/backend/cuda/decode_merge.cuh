@@ -21,14 +21,6 @@ namespace {
 // Equal to combine_states' pairwise softmax_merge up to f32 rounding (the same terms, rescaled once
 // instead of step by step); deterministic (no floating-point atomics). wts: >= kMergeMaxStates floats of
 // shared memory this CTA no longer uses.
-// kWide (run 11, DecodeParams::run11): the same values in the same summation order, with fewer round
-// trips to L2: each lane keeps the scalars of its first kWideMl splits (s = lane + 32 k) in registers from
-// the max pass to the weight pass (one load of them, not two), and the numerators are read kWideBatch
-// splits at a time, all loads of a batch issued before its adds (the plain loop leaves that to the
-// compiler's unrolling). Bit-identical to kWide = false.
-inline constexpr int kWideMl = 4;
-inline constexpr int kWideBatch = 16;
-template <bool kWide = false>
 __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const float* part_o, int total,
                               int G, int D, int h, float* wts, uint64_t* phase) {
   __shared__ int s_last;
@@ -47,32 +39,10 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
   const float2* ml = part_ml + int64_t{h} * total * G;  // [total, G]
   for (int g = warp; g < G; g += nw) {
     float M = -INFINITY;
-    [[maybe_unused]] float2 held[kWideMl];  // kWide: splits lane + 32 k (k < kWideMl), max pass to weight pass
-    const int first = kWide ? lane + 32 * kWideMl : lane;  // the splits the plain loops below take
-    if constexpr (kWide) {
-#pragma unroll
-      for (int k = 0; k < kWideMl; ++k) {
-        const int s = lane + 32 * k;
-        held[k] = s < total ? __ldcg(&ml[int64_t{s} * G + g]) : make_float2(-INFINITY, 0.0f);
-        M = fmaxf(M, held[k].x);
-      }
-    }
-    for (int s = first; s < total; s += 32) M = fmaxf(M, __ldcg(&ml[int64_t{s} * G + g]).x);
+    for (int s = lane; s < total; s += 32) M = fmaxf(M, __ldcg(&ml[int64_t{s} * G + g]).x);
     M = warp_max(M);
     float L = 0.0f;
-    if constexpr (kWide) {
-#pragma unroll
-      for (int k = 0; k < kWideMl; ++k) {
-        const int s = lane + 32 * k;
-        if (s < total) {
-          const float2 v = held[k];
-          const float w = v.x == -INFINITY ? 0.0f : expf(v.x - M);
-          wts[s * G + g] = w;
-          L += v.y * w;
-        }
-      }
-    }
-    for (int s = first; s < total; s += 32) {
+    for (int s = lane; s < total; s += 32) {
       const float2 v = __ldcg(&ml[int64_t{s} * G + g]);
       const float w = v.x == -INFINITY ? 0.0f : expf(v.x - M);  // M = -inf only when every m is
       wts[s * G + g] = w;
@@ -87,25 +57,8 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
     const int g = (4 * c) / D, d = (4 * c) % D;
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    int s0 = 0;
-    if constexpr (kWide) {
-      for (; s0 + kWideBatch <= total; s0 += kWideBatch) {
-        float4 o[kWideBatch];
-#pragma unroll
-        for (int k = 0; k < kWideBatch; ++k)
-          o[k] = __ldcg(reinterpret_cast<const float4*>(po + (int64_t{s0 + k} * G + g) * D + d));
-#pragma unroll
-        for (int k = 0; k < kWideBatch; ++k) {
-          const float w = wts[(s0 + k) * G + g];
-          acc.x += w * o[k].x;
-          acc.y += w * o[k].y;
-          acc.z += w * o[k].z;
-          acc.w += w * o[k].w;
-        }
-      }
-    }
 #pragma unroll 8
-    for (int s = s0; s < total; ++s) {
+    for (int s = 0; s < total; ++s) {
       const float w = wts[s * G + g];
       const float4 o = __ldcg(reinterpret_cast<const float4*>(po + (int64_t{s} * G + g) * D + d));
       acc.x += w * o.x;

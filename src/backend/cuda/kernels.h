@@ -173,9 +173,6 @@ struct SelectParams {
   // clusters' members while compacting (the expansion's dependent loads then hit L2), and a half-warp per
   // item in the expansion. The result is the same.
   bool prefetch = false;
-  // Run 10 (bins kernel, clusters, <= ~20K items): the head's CSR offsets copied into shared memory before
-  // the PDL wait; the compaction and expansion read them there. The result is the same.
-  bool smem_offsets = false;
 };
 // Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)
 // while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;
@@ -269,30 +266,7 @@ struct DecodeParams {
   // of them (num_splits); part_ml / part_o / total_splits / merge / phase are this struct's. 0: none.
   EstimateParams est;
   int est_ctas = 0;
-  // Run 10 (with est_ctas > 0, the token-list path): each warp loads the token-list entries of its first
-  // kListAheadTiles tiles in one round of independent loads right after the count, instead of one
-  // dependent list load at the head of every tile's copy. The same rows in the same order: the same output.
-  bool list_ahead = false;
-  // Run 11 (the token-list path; layer_common.h decode_path): a one-dimensional grid of (num_splits +
-  // est_ctas) * num_heads CTAs whose linear index maps to (head, role) by run11_order (kRun11Order*), the
-  // estimation CTAs over est_chunk clusters each (kRun11EstChunks: 64 or 128; est_ctas =
-  // ceil(k_estimation / est_chunk)), and the fused merge with its partial-state loads batched
-  // (decode_merge.cuh, kWide). Roles as run 9's: split < num_splits exact, else estimation CTA
-  // split - num_splits (slot num_splits + that). The same terms summed in the same order as run 9 for equal
-  // num_splits and est_chunk 128 (the order only changes when each CTA runs).
-  bool run11 = false;
-  int run11_order = 0;
-  int est_chunk = 128;
 };
-// Run 11's CTA orders (linear index L, n = num_splits + est_ctas roles per head, H heads):
-//   kRun11OrderExactFirst: role L / H of head L % H, roles 0..num_splits-1 exact: every head's exact
-//                          splits are dispatched before any estimation CTA (longest first);
-//   kRun11OrderEstFirst:   role L / H of head L % H, the est_ctas estimation roles first;
-//   kRun11OrderHead:       role L % n of head L / n, exact first (run 9's order: head by head).
-inline constexpr int kRun11OrderExactFirst = 0;
-inline constexpr int kRun11OrderEstFirst = 1;
-inline constexpr int kRun11OrderHead = 2;
-inline constexpr int kListAheadTiles = 4;
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);

@@ -4,12 +4,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <string>
 #include <string_view>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/layer_common.h"
-#include "buffer/session_planner.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
@@ -40,73 +38,13 @@ DecodePath decode_path() {
   } else if (v == "run9") p.form_scores = p.fused_estimate = true;
   else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
   else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
-  else if (v == "run10" || v == "run10form" || v == "run10select" || v == "run10list") {  // run 9 + run 10's parts
-    p.form_scores = p.fused_estimate = true;
-    p.form_in_score = v == "run10" || v == "run10form";
-    p.smem_offsets = v == "run10" || v == "run10select";
-    p.list_ahead = v == "run10" || v == "run10list";
-  } else if (v == "run11" || v.starts_with("run11-")) {  // "run11-x2-c64-oest": knobs in the name
-    p.form_scores = p.fused_estimate = p.run11 = true;
+  else if (v == "run10" || v == "run10form") {  // run 9 + run 10's score formation (the default spelled out)
+    p.form_scores = p.fused_estimate = p.form_in_score = true;
+  } else if (v == "run10select" || v == "run10list" || v == "run11" || v.starts_with("run11-")) {
+    RETROINFER_FAIL("RETROINFER_DECODE=", v, ": this decode path was removed after run 15 (slower than or no "
+                    "faster than run 9, docs/cuda-kernels.md); use run10 (the default), run9 or run8");
   }
   return p;
-}
-
-static_assert(kRun11CtaBound == buffer::kDecodeCtaBound, "run 11's exact slots stay within the planner's bound");
-
-namespace {
-
-// One run 11 knob value (layer_common.h Run11Knobs): `what` names its source in the error.
-void run11_splits(Run11Knobs& k, std::string_view v, int attn_splits, std::string_view what) {
-  const bool times = !v.empty() && v[0] == 'x';
-  const std::string digits(v.substr(times ? 1 : 0));
-  char* end = nullptr;
-  const long x = digits.empty() ? 0 : std::strtol(digits.c_str(), &end, 10);
-  RETROINFER_CHECK(end != nullptr && *end == '\0' && x >= 1 && (times ? x <= kRun11MaxSplitsX : x <= 1 << 20), what,
-                   ": exact splits '", v, "': expected xK (K = 1..", kRun11MaxSplitsX,
-                   ", times run 9's exact splits) or a split count N >= 1");
-  k.splits = times ? static_cast<int>(x) * attn_splits : static_cast<int>(x);
-}
-void run11_chunk(Run11Knobs& k, std::string_view v, std::string_view what) {
-  RETROINFER_CHECK(v == "64" || v == "128", what, ": estimation chunk '", v, "': expected 64 or 128");
-  k.est_chunk = v == "64" ? 64 : 128;
-}
-void run11_order(Run11Knobs& k, std::string_view v, std::string_view what) {
-  RETROINFER_CHECK(v == "exact" || v == "est" || v == "head", what, ": CTA order '", v,
-                   "': expected exact, est or head");
-  k.order = v == "exact" ? kRun11OrderExactFirst : (v == "est" ? kRun11OrderEstFirst : kRun11OrderHead);
-}
-
-}  // namespace
-
-Run11Knobs run11_knobs(int attn_splits) {
-  Run11Knobs k;
-  k.splits = kRun11DefaultSplitsX * attn_splits;
-  auto env = [](const char* name) -> std::string_view {
-    const char* e = std::getenv(name);
-    return e != nullptr ? std::string_view(e) : std::string_view();
-  };
-  if (const auto v = env("RETROINFER_RUN11_SPLITS"); !v.empty())
-    run11_splits(k, v, attn_splits, "RETROINFER_RUN11_SPLITS");
-  if (const auto v = env("RETROINFER_RUN11_EST_CHUNK"); !v.empty()) run11_chunk(k, v, "RETROINFER_RUN11_EST_CHUNK");
-  if (const auto v = env("RETROINFER_RUN11_ORDER"); !v.empty()) run11_order(k, v, "RETROINFER_RUN11_ORDER");
-  // The path name's tokens (RETROINFER_DECODE=run11-x2-c64-oest) override the variables.
-  std::string_view path = env("RETROINFER_DECODE");
-  if (path.starts_with("run11-")) {
-    path.remove_prefix(6);
-    while (!path.empty()) {
-      const size_t dash = path.find('-');
-      const std::string_view t = path.substr(0, dash);
-      path = dash == std::string_view::npos ? std::string_view() : path.substr(dash + 1);
-      RETROINFER_CHECK(!t.empty(), "RETROINFER_DECODE: an empty run 11 token (expected run11-xK-nN-cC-oO parts)");
-      if (t[0] == 'x') run11_splits(k, t, attn_splits, "RETROINFER_DECODE");
-      else if (t[0] == 'n') run11_splits(k, t.substr(1), attn_splits, "RETROINFER_DECODE");
-      else if (t[0] == 'c') run11_chunk(k, t.substr(1), "RETROINFER_DECODE");
-      else if (t[0] == 'o') run11_order(k, t.substr(1), "RETROINFER_DECODE");
-      else RETROINFER_FAIL("RETROINFER_DECODE: run 11 token '", t, "': expected xK (splits x run 9's), nN (N splits), "
-                           "c64 / c128 (estimation chunk), oexact / oest / ohead (CTA order)");
-    }
-  }
-  return k;
 }
 
 std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads) {
@@ -191,18 +129,13 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   // Run 8 (decode_path()): the merge in the last CTA of each head, programmatic dependent launches.
   const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false, false};
   // Run 9: the estimation as est_ctas CTAs per head of the exact-attention grid (kEstimateFusedChunk
-  // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h). Run 11: est_chunk
-  // clusters each (64 = kEstimateChunk: est_splits slots) and attn exact splits (more slots: zone_state_slots).
-  const Run11Knobs k11 = path.run11 ? run11_knobs(a.attn_splits) : Run11Knobs{};
-  const int est_chunk = path.run11 ? k11.est_chunk : kEstimateFusedChunk;
+  // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h).
   const int est_ctas = path.fused_estimate && a.n_estimation > 0
-                           ? static_cast<int>(ceil_div(a.n_estimation, est_chunk)) : 0;
-  RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 / 11 needs ", est_ctas,
+                           ? static_cast<int>(ceil_div(a.n_estimation, kEstimateFusedChunk)) : 0;
+  RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 needs ", est_ctas,
                    " estimation slots per head but the layer sized ", a.est_splits,
                    " (est_splits must be ceil(n_estimation / kEstimateChunk))");
-  const int slots = zone_state_slots(a.attn_splits, a.est_splits, a.num_heads);  // what the layers allocate
-  const int attn = path.run11 ? std::clamp(k11.splits, 1, slots - est_ctas) : a.attn_splits;
-  const int total = attn + (path.fused_estimate ? est_ctas : a.est_splits);
+  const int total = a.attn_splits + (path.fused_estimate ? est_ctas : a.est_splits);
   const bool fused = path.fused_merge && int64_t{total} * a.group <= kMergeMaxStates &&
                      reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
   // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
@@ -271,7 +204,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.phase = a.phase;
   se.pdl = pdl;
   se.prefetch = path.prefetch;
-  se.smem_offsets = path.smem_offsets;
   launch_check(select_and_expand(se, st), "select_and_expand", st);
   marked("select");
 
@@ -296,7 +228,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     ep.part_ml = a.part_ml;
     ep.part_o = a.part_o;
     ep.total_splits = total;
-    ep.split_offset = attn;
+    ep.split_offset = a.attn_splits;
     ep.merge = fm;
     ep.phase = a.phase;
     launch_check(estimate_attention(ep, es), "estimate_attention", es);
@@ -317,8 +249,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.group = a.group;
   dp.head_dim = a.head_dim;
   dp.scale = a.scale;
-  dp.num_splits = attn;
-  dp.split_tokens = split_tokens(a.exact_capacity, attn);
+  dp.num_splits = a.attn_splits;
+  dp.split_tokens = split_tokens(a.exact_capacity, a.attn_splits);
   dp.part_ml = a.part_ml;
   dp.part_o = a.part_o;
   dp.total_splits = total;
@@ -326,10 +258,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.merge = fm;
   dp.phase = a.phase;
   dp.balance = path.balance;
-  dp.list_ahead = path.list_ahead;  // run 10 (used with est_ctas > 0)
-  dp.run11 = path.run11;
-  dp.run11_order = k11.order;
-  dp.est_chunk = est_chunk;
   if (est_ctas > 0) {  // run 9: the estimation CTAs of this grid (slots after the exact splits)
     dp.est_ctas = est_ctas;
     dp.est.logits = sp.logits;
@@ -342,7 +270,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     dp.est.num_clusters = a.num_clusters;
     dp.est.k_estimation = a.n_estimation;
     dp.est.num_splits = est_ctas;
-    dp.est.split_offset = attn;
+    dp.est.split_offset = a.attn_splits;
   }
   // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.
   dp.pdl = pdl && !after_select;

@@ -1,7 +1,6 @@
 // Helpers shared by the host-side layers of the CUDA backend (src/backend/cuda only).
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -82,8 +81,8 @@ struct ZoneDecodeArgs {
   int64_t exact_list_stride = 0;
   int64_t exact_capacity = 0;  // the most exact rows of any head (sizes the splits)
   int attn_splits = 0, est_splits = 0;
-  float2* part_ml = nullptr;  // [H, zone_state_slots(attn_splits, est_splits, H), G] (or more)
-  float* part_o = nullptr;    // [H, zone_state_slots(attn_splits, est_splits, H), G, D] (or more)
+  float2* part_ml = nullptr;  // [H, attn_splits + est_splits, G]
+  float* part_o = nullptr;    // [H, attn_splits + est_splits, G, D]
   // Side stream for the estimation (null: inline on the main stream).
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
@@ -112,21 +111,15 @@ struct ZoneDecodeArgs {
 //                   estimate_cta; no side stream, no fork / join), sharing its programmatic launch;
 //   "run9est" / "run9form": run 8 plus only run 9's estimation / only its score formation (attribution);
 //   "run8":         run 8 whatever kRun9IsDefault says;
-//   "run10":        run 9 plus (form_in_score) the scores formed by the score grid itself after a grid-wide
-//                   barrier (cooperative launch, ScoreParams::scores; only where score_form_fits, else run
-//                   9's form_scores grid), so the selection is the score kernel's programmatic dependent
-//                   again, and (smem_offsets) the selection's CSR offsets copied into shared memory before
-//                   its PDL wait (SelectParams::smem_offsets, select_bins.cu; with a compact compaction),
-//                   and (list_ahead) the exact attention's token-list entries of each warp's first tiles
-//                   loaded in one round (DecodeParams::list_ahead, decode.cu); logits, scores, ids, token
-//                   lists and outputs bit-identical to run 9 (the same values feed the same arithmetic);
-//   "run10form" / "run10select" / "run10list": run 9 plus only one of the three (attribution);
-//   "run11" / "run11-<knobs>": run 9 plus (run11) the exact-attention grid reshaped (DecodeParams::run11, decode.cu
-//                   decode_run11_kernel): its exact splits per head from RETROINFER_RUN11_SPLITS (run11_splits),
-//                   the estimation CTAs over RETROINFER_RUN11_EST_CHUNK clusters (64 or 128), the CTAs
-//                   ordered by RETROINFER_RUN11_ORDER, and the fused merge's loads batched; logits, scores,
-//                   ids and token lists bit-identical to run 9, the outputs too at the default knobs (x1, 128),
-//                   else within rounding (the splits and the estimation chunks change the summation order).
+//   "run10" / "run10form": run 9 plus (form_in_score) the scores formed by the score grid itself after a
+//                   grid-wide barrier (cooperative launch, ScoreParams::scores; only where score_form_fits,
+//                   else run 9's form_scores grid), so the selection is the score kernel's programmatic
+//                   dependent again; logits, scores, ids, token lists and outputs bit-identical to run 9 (the
+//                   same values feed the same arithmetic, select_common.cuh form_head_score). The default.
+//                   Run 10's other two parts (the selection's CSR offsets in shared memory, "run10select";
+//                   the exact attention's token list loaded ahead, "run10list") and run 11 (the exact grid
+//                   reshaped, "run11*") were removed after run 15 (slower or no gain, docs/cuda-kernels.md):
+//                   those names throw.
 // All of it applies only where ZoneDecodeArgs::merge_counter is set; the fused merge only when
 // total_splits * G <= kMergeMaxStates and out is 16-byte aligned (else combine_states runs). Every part
 // leaves the logits, scores and selection bit-identical; only the merge's rounding differs (f32), and on
@@ -134,41 +127,8 @@ struct ZoneDecodeArgs {
 struct DecodePath {
   bool fused_merge = true, pdl = true, early_loads = true, prefetch = true, balance = true;
   bool form_scores = false, fused_estimate = false;  // run 9
-  bool form_in_score = false, smem_offsets = false, list_ahead = false;  // run 10
-  bool run11 = false;
+  bool form_in_score = false;  // run 10
 };
-// Run 11's knobs, read at every decode (so one process can sweep them):
-//   RETROINFER_RUN11_SPLITS:    exact splits per head: "xK" = K times the layer's attn_splits (run 9's count;
-//                               K = 1..kRun11MaxSplitsX), "N" = N; unset: kRun11DefaultSplitsX times. Clamped to
-//                               [1, the workspace's slots - the estimation CTAs] (zone_state_slots);
-//   RETROINFER_RUN11_EST_CHUNK: clusters per estimation CTA, 64 or 128 (unset: 128, run 9's);
-//   RETROINFER_RUN11_ORDER:     "exact" (unset; kernels.h kRun11OrderExactFirst), "est", "head" (run 9's).
-// RETROINFER_DECODE=run11-<token>-<token>... sets them in the path name instead (overriding the variables), so
-// that kernel_bench --paths run9,run11,run11-x2,run11-c64,run11-oest sweeps them on the same layers: xK (K
-// times run 9's splits), nN (N splits), c64 / c128, oexact / oest / ohead.
-// Throws Error on any other value.
-struct Run11Knobs {
-  int splits = 0;      // exact splits per head before the clamp
-  int est_chunk = 128;
-  int order = 0;       // kernels.h kRun11Order*
-};
-inline constexpr int kRun11MaxSplitsX = 4;
-// Default x1: run 9's splits, so run 11's default differs from run 9 only in the CTA order and the merge's
-// load batching (bit-identical outputs); docs/cuda-kernels.md "Run 11 plan" says why more splits are swept,
-// not assumed.
-inline constexpr int kRun11DefaultSplitsX = 1;
-Run11Knobs run11_knobs(int attn_splits);
-// Partial-state slots per head the layers allocate: run 9's attn_splits + est_splits (est_splits =
-// ceil(n_e / kEstimateChunk) >= run 11's estimation CTAs of 64 clusters), with the exact part widened for
-// run 11's extra splits to up to kRun11MaxSplitsX times attn_splits, but to no more than kRun11CtaBound
-// exact slots over all H flat heads (the memory planner's bound, buffer::kDecodeCtaBound: at most
-// max(H, 1024) exact states per layer; attn_splits is one wave, 396 CTAs on the H200, so run 11 gets up to
-// ~2.6 times run 9's splits there: 1024 / 396).
-inline constexpr int kRun11CtaBound = 1024;
-inline int zone_state_slots(int attn_splits, int est_splits, int num_heads) {
-  const int wide = std::min(kRun11MaxSplitsX * attn_splits, kRun11CtaBound / std::max(num_heads, 1));
-  return std::max(attn_splits, wide) + est_splits;
-}
 // The path taken when RETROINFER_DECODE is unset: run 9 since session 10's H200 run (kernel graph 0.82-0.96x
 // run 8's time at 128K, batch 1-16; runner 717 vs 640 tok/s at 128K batch 6; the same GPU tests pass on
 // both); "run8" keeps run 8 reachable. Since run 15 (session 12) the default adds run 10's score formation

@@ -415,7 +415,7 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   ensure(token_count, Hs * 4);
   const int splits_max = n_idx == 0 ? detail::decode_splits(kv_stride, H, 1) : detail::decode_splits(list_alloc, H, 1);
   est_splits = static_cast<int>(detail::ceil_div(n_e, detail::kEstimateChunk));
-  const int total = detail::zone_state_slots(std::max(splits_max, attn_splits), est_splits, H);  // run 11: more
+  const int total = std::max(splits_max, attn_splits) + est_splits;
   ensure(part_ml, Hs * total * G * 8);
   ensure(part_o, Hs * total * G * D * 4);
   if (merge_counter.bytes() < Hs * 4) {  // zero once: every decode's last CTA per head leaves it zero

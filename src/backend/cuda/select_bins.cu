@@ -44,158 +44,14 @@ struct BinSmem {
   int take[2], eq[2];
 };
 
-// 4-byte cp.async (run 10's offsets copy: a head's offsets start at any 4-byte boundary).
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
-}
-
-// Run 10's dynamic shared memory: the scores (padded to a multiple of 8 floats), then the head's N + 1 CSR
-// offsets.
-__host__ __device__ constexpr int64_t bins_scores_padded(int64_t n) { return (n + 7) / 8 * 8; }
-__host__ __device__ constexpr int64_t bins_run10_smem_bytes(int64_t n) { return 4 * (bins_scores_padded(n) + n + 1); }
-
-// Run 10's compaction (kSmemOffsets): the same result as the kernel's run 9 loop (ids ascending, ties of a
-// threshold taken in id order, the retrieval items' (begin, list position, length) for the expansion) with
-// compact code. Run 9's loop body is unrolled over 8 items per thread with every branch inline (~1300 PTX
-// instructions between the phase stamps, executed once per CTA: its 8.6 us at 128K, where the 64-200
-// instruction phases take ~1 us, points at cold instruction fetch; inferred, not profiled). Here every loop
-// is `unroll 1` and an item is one lane of one round: warp w owns ids [base + 256 w, base + 256 (w + 1)),
-// round j (< 8) lane l the id base + 256 w + 32 j + l, so ascending ids are (warp, round, lane) order; a
-// lane's rank inside its round is a ballot prefix (popc of the lanes below), its warp's base a block scan
-// of the warp totals (lane 0 carries them), the token positions a warp scan of the retrieval lengths.
-// Pass A counts each warp's threshold ties (only when a threshold takes some but not all of its ties), pass
-// B each warp's retrieval / estimation items and tokens, pass C writes. Scores are read from shared memory
-// at consecutive addresses (no bank conflicts), the offsets from shared memory (soff).
-__device__ __forceinline__ void compact_warp_rounds(const SelectParams& p, const float* sc, const int* soff,
-                                                    SelectSmem& sm, BinSmem& bs, int N, int k1, int k2,
-                                                    uint32_t t1, uint32_t t2, int take1, int take2, bool rank_ties,
-                                                    int* ret, int* est, int* pre, int& out1, int& out2, int& running) {
-  constexpr int kRounds = 8, kChunk = kSelThreads * kRounds;  // 8192 items: 16-bit packed counts cannot overflow
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const unsigned below = (1u << lane) - 1u;
-  int ties1 = 0, ties2 = 0;
-  // The item of (round j) for this lane: its order key, whether finite, whether equal to each threshold.
-  struct Item {
-    int i;
-    bool valid, eq1, eq2;
-    uint32_t u;
-  };
-  auto item = [&](int base, int j) {
-    Item it;
-    it.i = base + warp * (32 * kRounds) + 32 * j + lane;
-    const float x = it.i < N ? sc[it.i] : -INFINITY;
-    it.valid = x != -INFINITY;
-    it.u = it.valid ? float_order_key(x) : 0u;
-    it.eq1 = it.valid && k1 > 0 && it.u == t1;
-    it.eq2 = it.valid && k2 > 0 && it.u == t2;
-    return it;
-  };
-  for (int base = 0; base < N; base += kChunk) {
-    // Pass A: ties below each warp (block scan of the warp tie counts), only when ranks matter.
-    int r1w = ties1, r2w = ties2;
-    if (rank_ties) {
-      int c1 = 0, c2 = 0;
-#pragma unroll 1
-      for (int j = 0; j < kRounds; ++j) {
-        const Item it = item(base, j);
-        c1 += __popc(__ballot_sync(0xffffffffu, it.eq1));
-        c2 += __popc(__ballot_sync(0xffffffffu, it.eq2));
-      }
-      int tot1, tot2;
-      const int2 inc = block_scan2(lane == 0 ? c1 : 0, lane == 0 ? c2 : 0, sm, &tot1, &tot2);
-      r1w += __shfl_sync(0xffffffffu, inc.x, 0) - c1;
-      r2w += __shfl_sync(0xffffffffu, inc.y, 0) - c2;
-      ties1 += tot1;
-      ties2 += tot2;
-    }
-    // In the zones? r1 / r2: ties of lower id (only read when rank_ties).
-    auto zones = [&](const Item& it, int r1, int r2, bool& in1, bool& ine) {
-      in1 = it.valid && k1 > 0 && (it.u > t1 || (it.eq1 && (!rank_ties || r1 < take1)));
-      const bool in2 = it.valid && k2 > 0 && (it.u > t2 || (it.eq2 && (!rank_ties || r2 < take2)));
-      ine = in2 && !in1;
-    };
-    // Pass B: the warp's retrieval / estimation items (packed 16 + 16 bits) and retrieval tokens.
-    int c12 = 0, toks = 0;
-    {
-      int q1 = r1w, q2 = r2w;
-#pragma unroll 1
-      for (int j = 0; j < kRounds; ++j) {
-        const Item it = item(base, j);
-        const unsigned b1 = __ballot_sync(0xffffffffu, it.eq1), b2 = __ballot_sync(0xffffffffu, it.eq2);
-        bool in1, ine;
-        zones(it, q1 + __popc(b1 & below), q2 + __popc(b2 & below), in1, ine);
-        q1 += __popc(b1);
-        q2 += __popc(b2);
-        c12 += __popc(__ballot_sync(0xffffffffu, in1)) + (__popc(__ballot_sync(0xffffffffu, ine)) << 16);
-        toks += __reduce_add_sync(0xffffffffu, in1 ? soff[it.i + 1] - soff[it.i] : 0);
-      }
-    }
-    int tot_c, tot_t;
-    const int2 inc = block_scan2(lane == 0 ? c12 : 0, lane == 0 ? toks : 0, sm, &tot_c, &tot_t);
-    const int pos = __shfl_sync(0xffffffffu, inc.x, 0) - c12;
-    int w1 = out1 + (pos & 0xffff), w2 = out2 + (pos >> 16);
-    int at = running + __shfl_sync(0xffffffffu, inc.y, 0) - toks;
-    // Pass C: the same rounds again, writing.
-    {
-      int q1 = r1w, q2 = r2w;
-#pragma unroll 1
-      for (int j = 0; j < kRounds; ++j) {
-        const Item it = item(base, j);
-        const unsigned b1 = __ballot_sync(0xffffffffu, it.eq1), b2 = __ballot_sync(0xffffffffu, it.eq2);
-        bool in1, ine;
-        zones(it, q1 + __popc(b1 & below), q2 + __popc(b2 & below), in1, ine);
-        q1 += __popc(b1);
-        q2 += __popc(b2);
-        const unsigned m1 = __ballot_sync(0xffffffffu, in1), me = __ballot_sync(0xffffffffu, ine);
-        const int beg = in1 ? soff[it.i] : 0, len = in1 ? soff[it.i + 1] - beg : 0;
-        int incl = len;  // inclusive warp scan of the retrieval lengths (lane order = id order)
-#pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-          const int y = __shfl_up_sync(0xffffffffu, incl, off);
-          if (lane >= off) incl += y;
-        }
-        if (in1) {
-          const int w = w1 + __popc(m1 & below), a = at + incl - len;
-          ret[w] = it.i;
-          if (w < kBinExp) {
-            bs.exp_begin[w] = beg;
-            bs.exp_at[w] = a;
-            bs.exp_len[w] = len;
-          } else {
-            pre[w] = a;
-          }
-          if (p.prefetch)
-            for (int o = 0; o < len; o += 32) prefetch_l2(p.members + beg + o);
-        }
-        if (ine) est[w2 + __popc(me & below)] = it.i;
-        w1 += __popc(m1);
-        w2 += __popc(me);
-        at += __shfl_sync(0xffffffffu, incl, 31);
-      }
-    }
-    out1 += tot_c & 0xffff;
-    out2 += tot_c >> 16;
-    running += tot_t;
-  }
-}
-
-// kSmemOffsets (run 10, SelectParams::smem_offsets; clusters only, offsets non-null): the head's CSR
-// offsets are copied into shared memory by cp.async BEFORE the PDL wait (index data, not written by the
-// score kernels: they land while the score grids drain), so the compaction and the expansion read every
-// cluster's (begin, length) from shared memory instead of a dependent global load per retrieval item; and
-// the compaction is compact_warp_rounds (short loops, conflict-free score reads). The same result.
-template <bool kSmemOffsets>
 __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectParams p) {
   __shared__ SelectSmem sm;
   __shared__ BinSmem bs;
-  extern __shared__ __align__(16) float smem_scores[];
+  extern __shared__ float smem_scores[];
   const int h = blockIdx.x, N = p.num_items, G = p.group, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   float* gsc = p.scores + int64_t{h} * N;
   float* sc = smem_scores;
-  // [N + 1] absolute CSR offsets of head h (kSmemOffsets): soff[c] = p.offsets[h * N + c].
-  int* soff = reinterpret_cast<int*>(smem_scores + bins_scores_padded(N));
   unsigned* hist = &sm.hist[0][0];  // kBinBins counters
   for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
   if (tid < 2) bs.cand_n[tid] = 0;
@@ -204,14 +60,8 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   grid_launch_dependents();
   // Run 8: the head's CSR offsets (index data, not written by the score kernel) on their way into L2
   // before the wait; the compaction reads those of the retrieval items.
-  if constexpr (kSmemOffsets) {
-    // Run 10: the copy is waited for (each thread its own) before barrier (1), which publishes it.
-    const int* go = p.offsets + int64_t{h} * N;
-    for (int i = tid; i <= N; i += blockDim.x) cp_async4(soff + i, go + i);
-    cp_async_commit();
-  } else if (p.prefetch && p.page_tokens == 0 && p.offsets != nullptr) {
+  if (p.prefetch && p.page_tokens == 0 && p.offsets != nullptr)
     for (int i = tid * 32; i <= N; i += blockDim.x * 32) prefetch_l2(p.offsets + int64_t{h} * N + i);
-  }
   grid_dependency_wait();
   sel_stamp(p.phase, h, 0);
   uint32_t kmin = 0xffffffffu, kmax = 0u;
@@ -289,7 +139,6 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
       }
     }
   }
-  if constexpr (kSmemOffsets) cp_async_wait<0>();  // this thread's offsets copies (barrier (1) publishes)
   kmin = __reduce_min_sync(0xffffffffu, kmin);
   kmax = __reduce_max_sync(0xffffffffu, kmax);
   if (lane == 0) {
@@ -411,10 +260,6 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   const int64_t w_begin = p.idx_begin + p.n_idx;
   const int steady = static_cast<int>(p.idx_begin + (p.num_tokens - w_begin));
   int ties1 = 0, ties2 = 0, out1 = 0, out2 = 0, running = steady;
-  if constexpr (kSmemOffsets) {
-    compact_warp_rounds(p, sc, soff, sm, bs, N, k1, k2, t1, t2, take1, take2, rank_ties, ret, est, pre, out1, out2,
-                        running);
-  } else {  // run 9
   for (int base = 0; base < N; base += blockDim.x * kPer) {
     const int i0 = base + tid * kPer;
     uint32_t u[kPer];
@@ -490,7 +335,6 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     out2 += tot_c >> 16;
     running += tot_t;
   }
-  }  // run 9
   for (int i = out1 + tid; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
   for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
   int* list = p.token_list + int64_t{h} * p.list_stride;
@@ -516,9 +360,6 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
         const int64_t b64 = int64_t{c} * p.page_tokens;
         b = static_cast<int>(b64);
         n = static_cast<int>(b64 + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b64);
-      } else if constexpr (kSmemOffsets) {
-        b = soff[c];
-        n = soff[c + 1] - b;
       } else {
         const int64_t hc = int64_t{h} * N + c;
         b = p.offsets[hc];
@@ -546,34 +387,28 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
   constexpr size_t kMaxSmemScores = 160 * 1024;
   const size_t bytes = size_t(p.num_items) * 4;
   if (bytes > kMaxSmemScores) return cudaErrorInvalidValue;
-  // Run 10: offsets in shared memory where scores + offsets fit the same 160 KiB (N <= ~20K clusters;
-  // beyond, run 9's kernel).
-  const bool run10 = p.smem_offsets && p.page_tokens == 0 && p.offsets != nullptr &&
-                     size_t(bins_run10_smem_bytes(p.num_items)) <= kMaxSmemScores;
-  auto kernel = run10 ? select_bins_kernel<true> : select_bins_kernel<false>;
-  const size_t dyn = run10 ? size_t(bins_run10_smem_bytes(p.num_items)) : bytes;
-  static bool attr_set[2] = {false, false};
-  if (!attr_set[run10 ? 1 : 0]) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  static bool attr_set = false;
+  if (!attr_set) {
+    const cudaError_t e = cudaFuncSetAttribute(select_bins_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(kMaxSmemScores));
     if (e != cudaSuccess) return e;
-    attr_set[run10 ? 1 : 0] = true;
+    attr_set = true;
   }
   if (!p.pdl) {
-    kernel<<<p.num_heads, kSelThreads, dyn, s>>>(p);
+    select_bins_kernel<<<p.num_heads, kSelThreads, bytes, s>>>(p);
     return cudaGetLastError();
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(p.num_heads);
   cfg.blockDim = dim3(kSelThreads);
-  cfg.dynamicSmemBytes = dyn;
+  cfg.dynamicSmemBytes = bytes;
   cfg.stream = s;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, select_bins_kernel, p);
 }
 
 }  // namespace retroinfer::cuda::detail

@@ -214,7 +214,7 @@ void WaveBufferLayer::Impl::size_decode_workspace() {
   m.token_count = DeviceBuffer(size_t(H) * 4);
   m.attn_splits = detail::decode_splits(m.list_cap, H, 1);
   m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
-  const int total = detail::zone_state_slots(m.attn_splits, m.est_splits, H);  // run 11: room for more splits
+  const int total = m.attn_splits + m.est_splits;
   m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
   m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
   m.seg_row = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
@@ -374,7 +374,7 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
     m.steady_cap = cap;
     m.list_cap = list;
     m.attn_splits = detail::decode_splits(m.list_cap, m.H, 1);
-    const int total = detail::zone_state_slots(m.attn_splits, m.est_splits, m.H);
+    const int total = m.attn_splits + m.est_splits;
     m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
     m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
     m.drop_graph();
