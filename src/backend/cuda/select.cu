@@ -30,51 +30,26 @@ constexpr int kScoreTile = 16;                          // centroids per warp ti
 
 // Run 10: the tail of score_body<.., kForm = true> (score_form_kernel): a grid-wide barrier (all partials
 // written), then the scores of clusters [c_begin, c_end) of head h, bit-identical to form_scores_kernel:
-// query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by one warp (lane-strided ms_merge in
-// index order, then the xor tree; warp w takes g = w, w + kScoreWarps, ...: the same per-g computation as
-// form_scores' warp g), then score = sum over g in order of __expf(l_g - M_g) * (1 / L_g), -inf when a
-// logit is -inf. Everything read here was written by this grid: L2 loads (__ldcg), never the non-coherent
-// path.
+// query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by one warp (select_common.cuh
+// merge_head_normaliser; warp w takes g = w, w + kScoreWarps, ...: the same per-g computation as
+// form_scores' warp g), then each score by the same form_head_score. Everything read here was written by
+// this grid: L2 loads (__ldcg), never the non-coherent path.
 __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
+  const int warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
   const int parts = static_cast<int>(gridDim.x);
   constexpr int kB = 2;  // items per thread per round (kB * G loads in flight; registers stay <= 85)
   const float* lgh = p.logits + int64_t{h} * G * C;
   float* sch = p.scores + int64_t{h} * C;
   float lv[kB][kMaxGroup];
-  auto load = [&](int i0) {
-#pragma unroll
-    for (int b = 0; b < kB; ++b)
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g) {
-        const int i = i0 + b * blockDim.x;
-        lv[b][g] = g < G && i < c_end ? __ldcg(lgh + int64_t{g} * C + i) : 0.0f;
-      }
-  };
+  auto load = [&](int i0) { load_logits<kB, true>(lv, lgh, C, G, i0, blockDim.x, c_end); };
   // The first round's logits were written by this CTA (visible since the score kernel's barrier before
   // the partials): in flight across the grid barrier.
   const int first = c_begin + static_cast<int>(threadIdx.x);
   if (first < c_end) load(first);
   cooperative_groups::this_grid().sync();
-  for (int g = warp; g < G; g += kScoreWarps) {
-    const float2* part = p.norm_partial + (int64_t{h} * G + g) * parts;
-    float m = -INFINITY, s = 0.0f;
-#pragma unroll 4
-    for (int i = lane; i < parts; i += 32) {
-      const float2 v = __ldcg(part + i);
-      ms_merge(m, s, v.x, v.y);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-      ms_merge(m, s, m2, s2);
-    }
-    if (lane == 0) {
-      gmax[g] = m;
-      ginv[g] = s > 0.0f ? 1.0f / s : 0.0f;
-    }
-  }
+  for (int g = warp; g < G; g += kScoreWarps)
+    merge_head_normaliser(p.norm_partial + (int64_t{h} * G + g) * parts, parts, g, gmax, ginv);
   __syncthreads();
   for (int i0 = first; i0 < c_end; i0 += kB * blockDim.x) {
     if (i0 != first) load(i0);
@@ -82,16 +57,7 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
     for (int b = 0; b < kB; ++b) {
       const int i = i0 + b * blockDim.x;
       if (i >= c_end) break;
-      // form_scores_kernel's expression, term for term (the scores must be bit-identical).
-      float s = 0.0f;
-      bool empty = false;
-#pragma unroll
-      for (int g = 0; g < kMaxGroup; ++g)
-        if (g < G) {
-          if (lv[b][g] == -INFINITY) empty = true;
-          else s += __expf(lv[b][g] - gmax[g]) * ginv[g];
-        }
-      sch[i] = empty ? -INFINITY : s;
+      sch[i] = form_head_score(lv[b], G, gmax, ginv);  // form_scores_kernel's, bit for bit
     }
   }
 }
@@ -268,46 +234,18 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
     // Scores from logits: sum over the group of softmax over the non-empty items. Warp g merges the
     // normaliser partials of query head g; one pass over the logits then forms the scores.
     __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp < G) {
-      const float2* part = p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts;
-      float m = -INFINITY, s = 0.0f;
-#pragma unroll 4
-      for (int i = lane; i < p.norm_parts; i += 32) ms_merge(m, s, part[i].x, part[i].y);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-        ms_merge(m, s, m2, s2);
-      }
-      if (lane == 0) {
-        gmax[warp] = m;
-        ginv[warp] = s > 0.0f ? 1.0f / s : 0.0f;
-      }
-    }
+    const int warp = threadIdx.x >> 5;
+    if (warp < G) merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, gmax, ginv);
     __syncthreads();
     const float* lgh = p.logits + int64_t{h} * G * N;
     for (int i0 = threadIdx.x; i0 < N; i0 += 4 * blockDim.x) {
       float lv[4][kMaxGroup];  // the loads of 4 items are issued together
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          const int i = i0 + b * blockDim.x;
-          lv[b][g] = g < G && i < N ? __ldg(lgh + int64_t{g} * N + i) : 0.0f;
-        }
+      load_logits<4, false>(lv, lgh, N, G, i0, blockDim.x, N);
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
         const int i = i0 + b * blockDim.x;
         if (i >= N) break;
-        float s = 0.0f;
-        bool empty = false;
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g)
-          if (g < G) {
-            if (lv[b][g] == -INFINITY) empty = true;
-            else s += __expf(lv[b][g] - gmax[g]) * ginv[g];
-          }
-        s = empty ? -INFINITY : s;
+        const float s = form_head_score(lv[b], G, gmax, ginv);
         gsc[i] = s;
         if (scores_in_smem) sc[i] = s;
       }

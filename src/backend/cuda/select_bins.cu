@@ -67,48 +67,20 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   uint32_t kmin = 0xffffffffu, kmax = 0u;
   if (G > 0) {
     __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
-    if (warp < G) {
-      const float2* part = p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts;
-      float m = -INFINITY, s = 0.0f;
-#pragma unroll 4
-      for (int i = lane; i < p.norm_parts; i += 32) ms_merge(m, s, part[i].x, part[i].y);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-        ms_merge(m, s, m2, s2);
-      }
-      if (lane == 0) {
-        gmax[warp] = m;
-        ginv[warp] = s > 0.0f ? 1.0f / s : 0.0f;
-      }
-    }
+    if (warp < G) merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, gmax, ginv);
     __syncthreads();
     const float* lgh = p.logits + int64_t{h} * G * N;
     for (int i0 = tid; i0 < N; i0 += 4 * blockDim.x) {
       float lv[4][kMaxGroup];
-#pragma unroll
-      for (int b = 0; b < 4; ++b)
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g) {
-          const int i = i0 + b * blockDim.x;
-          lv[b][g] = g < G && i < N ? __ldg(lgh + int64_t{g} * N + i) : 0.0f;
-        }
+      load_logits<4, false>(lv, lgh, N, G, i0, blockDim.x, N);
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
         const int i = i0 + b * blockDim.x;
         if (i >= N) break;
-        float s = 0.0f;
-        bool empty = false;
-#pragma unroll
-        for (int g = 0; g < kMaxGroup; ++g)
-          if (g < G) {
-            if (lv[b][g] == -INFINITY) empty = true;
-            else s += __expf(lv[b][g] - gmax[g]) * ginv[g];
-          }
-        s = empty ? -INFINITY : s;
+        const float s = form_head_score(lv[b], G, gmax, ginv);
         gsc[i] = s;
         sc[i] = s;
-        if (!empty) {
+        if (s != -INFINITY) {  // not an empty cluster (a formed score is a sum of terms >= 0)
           const uint32_t u = float_order_key(s);
           kmin = min(kmin, u);
           kmax = max(kmax, u);

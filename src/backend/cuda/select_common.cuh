@@ -1,6 +1,7 @@
 // Shared pieces of the one-CTA selection kernels (select.cu: the radix kernel; select_bins.cu: the
-// few-barrier kernel): the per-head softmax normaliser merge, the block scans, and the exact radix select of
-// both thresholds (3 passes of 11-bit digits).
+// few-barrier kernel) and of the score formations (those two, select_scores.cu form_scores_kernel and
+// select.cu form_own_scores): the per-head softmax normaliser merge, the logit loads and the score of an
+// item, the block scans, and the exact radix select of both thresholds (3 passes of 11-bit digits).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +21,63 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
   const float mx = fmaxf(m, m2);
   s = s * __expf(m - mx) + s2 * __expf(m2 - mx);
   m = mx;
+}
+
+// Query head g's softmax normaliser (M_g, 1 / L_g) from its parts partial (max, sum of exp) pairs
+// part[0 .. parts), merged by one warp (all lanes call): lane-strided ms_merge in index order, then the xor
+// tree; lane 0 writes gmax[g] = M_g and ginv[g] = 1 / L_g (0 when L_g = 0). Every score formation calls
+// this one function, so all get the same (M_g, 1 / L_g) bit for bit. The partials are read through L2
+// (__ldcg): run 10's cooperative grid reads them after its grid barrier, written by other CTAs of the same
+// kernel (never the non-coherent path).
+__device__ __forceinline__ void merge_head_normaliser(const float2* part, int parts, int g, float* gmax, float* ginv) {
+  const int lane = threadIdx.x & 31;
+  float m = -INFINITY, s = 0.0f;
+#pragma unroll 4
+  for (int i = lane; i < parts; i += 32) {
+    const float2 v = __ldcg(part + i);
+    ms_merge(m, s, v.x, v.y);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+    ms_merge(m, s, m2, s2);
+  }
+  if (lane == 0) {
+    gmax[g] = m;
+    ginv[g] = s > 0.0f ? 1.0f / s : 0.0f;
+  }
+}
+
+// The logits of kB items i0 + b * step (b < kB) of one head, lgh = [G, stride] row-major (query head g's
+// logits at lgh + g * stride), all kB * G loads issued together; items >= end and heads >= G read 0
+// (unused). kL2: through L2 (__ldcg; logits this grid wrote), else the read-only path (__ldg).
+template <int kB, bool kL2>
+__device__ __forceinline__ void load_logits(float (&lv)[kB][kMaxGroup], const float* lgh, int64_t stride, int G,
+                                            int i0, int step, int end) {
+#pragma unroll
+  for (int b = 0; b < kB; ++b)
+#pragma unroll
+    for (int g = 0; g < kMaxGroup; ++g) {
+      const int i = i0 + b * step;
+      if (g < G && i < end) lv[b][g] = kL2 ? __ldcg(lgh + int64_t{g} * stride + i) : __ldg(lgh + int64_t{g} * stride + i);
+      else lv[b][g] = 0.0f;
+    }
+}
+
+// The selection score of one item from its logits lv[g] (g < G): the sum over the group, in order, of the
+// per-head softmax e^{lv[g] - M_g} / L_g; -inf when any logit is -inf (an empty cluster). One expression
+// for every formation: the scores are bit-identical whichever kernel forms them.
+__device__ __forceinline__ float form_head_score(const float (&lv)[kMaxGroup], int G, const float* gmax,
+                                                 const float* ginv) {
+  float s = 0.0f;
+  bool empty = false;
+#pragma unroll
+  for (int g = 0; g < kMaxGroup; ++g)
+    if (g < G) {
+      if (lv[g] == -INFINITY) empty = true;
+      else s += __expf(lv[g] - gmax[g]) * ginv[g];
+    }
+  return empty ? -INFINITY : s;
 }
 
 // Diagnostics (kernels.h kPhaseSlots): %globaltimer in ns (common.cuh global_ns; comparable between

@@ -16,59 +16,31 @@ constexpr int kItemsPerCta = kFormThreads * kFormItemsPerThread;
 
 // CTA (block b, head h): items [b * kItemsPerCta, (b + 1) * kItemsPerCta), thread tid owns items
 // b * kItemsPerCta + tid + j * kFormThreads (j < kFormItemsPerThread: coalesced, all loads issued before
-// any use). Warp g (< G) merges query head g's normaliser partials first, exactly as select_bins_kernel
-// and select_cluster_kernel do (lane-strided ms_merge in index order, then the xor tree), so that every
-// CTA of the head, and the selection kernels on run 8's path, get the same (M_g, 1 / L_g) bit for bit.
+// any use). Warp g (< G) merges query head g's normaliser partials first (select_common.cuh
+// merge_head_normaliser, as select_bins_kernel does; select_cluster_kernel's loop is the same arithmetic), so
+// that every CTA of the head, and the selection kernels on run 8's path, get the same (M_g, 1 / L_g) bit for
+// bit, and forms each score by the same form_head_score.
 __global__ void __launch_bounds__(kFormThreads) form_scores_kernel(const FormScoresParams p) {
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
   const int h = blockIdx.y, N = p.num_items, G = p.group, tid = threadIdx.x;
-  const int warp = tid >> 5, lane = tid & 31;
+  const int warp = tid >> 5;
   // PDL (p.pdl): the selection may launch now (it waits for this grid before reading the scores); the
   // logits and partials are read only after the score kernel has completed.
   grid_launch_dependents();
   grid_dependency_wait();
-  if (warp < G) {
-    const float2* part = p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts;
-    float m = -INFINITY, s = 0.0f;
-#pragma unroll 4
-    for (int i = lane; i < p.norm_parts; i += 32) ms_merge(m, s, part[i].x, part[i].y);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-      ms_merge(m, s, m2, s2);
-    }
-    if (lane == 0) {
-      gmax[warp] = m;
-      ginv[warp] = s > 0.0f ? 1.0f / s : 0.0f;
-    }
-  }
+  if (warp < G) merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, gmax, ginv);
   // The logit loads do not depend on the normaliser: issue them before the barrier.
   const int i0 = blockIdx.x * kItemsPerCta + tid;
   const float* lgh = p.logits + int64_t{h} * G * N;
   float lv[kFormItemsPerThread][kMaxGroup];
-#pragma unroll
-  for (int b = 0; b < kFormItemsPerThread; ++b)
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g) {
-      const int i = i0 + b * kFormThreads;
-      lv[b][g] = g < G && i < N ? __ldg(lgh + int64_t{g} * N + i) : 0.0f;
-    }
+  load_logits<kFormItemsPerThread, false>(lv, lgh, N, G, i0, kFormThreads, N);
   __syncthreads();
   float* gsc = p.scores + int64_t{h} * N;
 #pragma unroll
   for (int b = 0; b < kFormItemsPerThread; ++b) {
     const int i = i0 + b * kFormThreads;
     if (i >= N) break;
-    // select_bins_kernel's expression, term for term (the scores must be bit-identical).
-    float s = 0.0f;
-    bool empty = false;
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G) {
-        if (lv[b][g] == -INFINITY) empty = true;
-        else s += __expf(lv[b][g] - gmax[g]) * ginv[g];
-      }
-    gsc[i] = empty ? -INFINITY : s;
+    gsc[i] = form_head_score(lv[b], G, gmax, ginv);  // select_bins_kernel's, bit for bit
   }
 }
 
