@@ -29,8 +29,8 @@
 //               [--kmeans-phases 1]   after the timed builds, one more build per variant with
 //                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
 //                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
-// RETROINFER_DECODE=run6 / fused / run8 / run9 / run10 / run11 (unset: layer_common.h kRun9IsDefault + kRun10FormIsDefault) picks the
-// decode path (run11 reads RETROINFER_RUN11_SPLITS / _EST_CHUNK / _ORDER at every decode, layer_common.h)
+// RETROINFER_DECODE=run6 / fused / nopdl / run8 / run9 / run9est / run9form / run10 (= run10form; unset: run 9
+// + run 10's score formation, layer_common.h kRun9IsDefault + kRun10FormIsDefault) picks the retro decode path
 // (layer_common.h decode_path); RETROINFER_FULL_DECODE=bulk (unset) / async / v1 the dense decode kernel of
 // "full" (its lines carry it as "full_kernel").
 #include <algorithm>
