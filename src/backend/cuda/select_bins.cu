@@ -366,21 +366,7 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  if (!p.pdl) {
-    select_bins_kernel<<<p.num_heads, kSelThreads, bytes, s>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.num_heads);
-  cfg.blockDim = dim3(kSelThreads);
-  cfg.dynamicSmemBytes = bytes;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, select_bins_kernel, p);
+  return launch_maybe_pdl(select_bins_kernel, dim3(p.num_heads), dim3(kSelThreads), bytes, s, p.pdl, p);
 }
 
 }  // namespace retroinfer::cuda::detail

@@ -51,21 +51,7 @@ cudaError_t form_scores(const FormScoresParams& p, cudaStream_t s) {
   if (p.group < 1 || p.group > kMaxGroup || p.num_items < 0 || p.num_heads < 0) return cudaErrorInvalidValue;
   const dim3 grid((p.num_items + kItemsPerCta - 1) / kItemsPerCta, p.num_heads);
   if (grid.y > 65535u) return cudaErrorInvalidValue;
-  if (!p.pdl) {
-    form_scores_kernel<<<grid, kFormThreads, 0, s>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kFormThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, form_scores_kernel, p);
+  return launch_maybe_pdl(form_scores_kernel, grid, dim3(kFormThreads), 0, s, p.pdl, p);
 }
 
 }  // namespace retroinfer::cuda::detail
