@@ -15,6 +15,7 @@
 #include <random>
 
 #include "backend/cuda/kernels.h"
+#include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 
 namespace retroinfer {
@@ -31,18 +32,10 @@ struct SelectCase {
   int page_tokens;
 };
 
-// Items sorted by (score desc, id asc), -inf excluded: the first k1, then the next k2, both ascending and
-// padded with -1 to k1 / k2 entries.
-void cpu_select(const float* sc, int n, int k1, int k2, std::vector<int>& r, std::vector<int>& e) {
-  std::vector<int> ids;
-  for (int i = 0; i < n; ++i)
-    if (sc[i] != -INFINITY) ids.push_back(i);
-  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return sc[a] > sc[b]; });
-  const size_t n1 = std::min<size_t>(k1, ids.size()), n2 = std::min<size_t>(size_t(k1) + k2, ids.size());
-  r.assign(ids.begin(), ids.begin() + n1);
-  e.assign(ids.begin() + n1, ids.begin() + n2);
-  std::sort(r.begin(), r.end());
-  std::sort(e.begin(), e.end());
+// The CPU rule (decode_path_test_util.h cpu_select) on scores sc[0 .. n), both id lists padded with -1 to
+// k1 / k2 entries as the kernels write them.
+void cpu_select(const float* sc, int n, int k1, int k2, std::vector<int32_t>& r, std::vector<int32_t>& e) {
+  gputest::cpu_select(std::vector<float>(sc, sc + n), k1, k2, r, e);
   r.resize(k1, -1);
   e.resize(k2, -1);
 }
