@@ -3,11 +3,10 @@
 // Grid (num_splits, H): one CTA per (split, flat head) streams the split's contiguous token range once for
 // all G query heads of the GQA group. Few, long-lived CTAs (kDenseCtasPerSm per multiprocessor over all
 // heads) with many bytes in flight each: a ring of S stages, stage = the K tile and the V tile of
-// kDenseTile = 64 consecutive tokens (bulk; see Variants below), filled by a producer warp and drained by
-// kCW = kDenseComputeWarps compute warps, each stage with two mbarriers:
-//   full[s]  completes when the stage's bytes have landed: bulk (kBulk): one arrive.expect_tx(bytes) by
-//            the producer thread, the copies' complete_tx; async: the 32 producer lanes' cp.async, each
-//            lane's cp.async.mbarrier.arrive.noinc (expected count 32);
+// kDenseTile = 64 consecutive tokens, filled by one producer thread and drained by kCW = kDenseComputeWarps
+// compute warps, each stage with two mbarriers:
+//   full[s]  completes when the stage's bytes have landed: one arrive.expect_tx(bytes) by the producer
+//            thread, the copies' complete_tx;
 //   empty[s] completes when the kCW compute warps have read the stage (one arrive per warp).
 // Tile i uses stage s = i % S for the u-th time, u = i / S: the consumers wait full[s] for parity u & 1;
 // the producer refills it for tile i >= S after empty[s] completed phase u - 1 (parity (u & 1) ^ 1). The
@@ -16,7 +15,7 @@
 // copies have landed when the consumers leave the loop; the CTA barrier after it orders the reuse of the
 // stage buffers for the warps' state merge.
 //
-// Shared-memory layout of a tile (K or V): the 64 rows as 8 blocks of 8 consecutive tokens, each block one
+// bulk's shared-memory layout of a tile (K or V; tma2d's: "tma2d layout" below): the 64 rows as 8 blocks of 8 consecutive tokens, each block one
 // contiguous copy of 8 * 2D bytes (the rows are contiguous in global memory), blocks kBlockBytes =
 // 8 * 2D + 16 bytes apart. The 16-byte skew per block makes the ldmatrix reads conflict-free without
 // swizzling the copies: compute warp w takes the tokens 8b + 2w + x (block b = 0..7, x = 0, 1), so the 8
@@ -34,10 +33,7 @@
 // in shared memory and the CTA writes one partial state per query head (the softmax_state.h format of the
 // split-K path), merged by the fused merge of the head's last CTA (decode_merge.cuh) or combine_states.
 //
-// Variants (DenseVariant, for A/B runs; decode_dense.h lists their names): the compute warps kCW (4, 8,
-// 12: the tile grows to 16 kCW tokens, kCW / 4 sub-tiles of 64 tokens each read by 4 warps exactly as
-// above; one CTA per multiprocessor beyond 4 warps), the producer (bulk copies or cp.async) and the
-// compute warps' load order (kWide: a tile's K and V fragments all loaded before its first MMA).
+// The two kernels (DenseVariant: bulk and tma2d) differ only in how a tile is copied and laid out.
 #include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -54,28 +50,22 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
-// A kernel variant (decode_dense.h DenseKernel): CW compute warps, each taking 16 tokens of every tile of
-// T = 16 CW tokens (CW / 4 sub-tiles of 64 tokens, each laid out and read as the file comment says for 4
-// warps: warp w reads sub-tile w / 4 as warp w % 4); kBulk: bulk copies (else cp.async); kWide: each warp
-// issues all of a tile's K and V ldmatrix before its first MMA (the V fragments' shared-memory latency then
-// overlaps the QK MMAs and the softmax), at 32 more registers of fragments per thread; kTma (tma2d): the
-// tiles copied by 2-D tensor-map copies (see "tma2d layout" below).
-template <int kComputeWarps, bool kBulkCopies, bool kWideIlp, bool kTmaCopies = false>
+// A kernel (decode_dense.h DenseKernel): kCW compute warps, each taking 16 tokens of every tile of kT
+// tokens; kTma (tma2d): the tiles copied by 2-D tensor-map copies (see "tma2d layout" below), else (bulk)
+// by 1-D bulk copies into the skewed blocks of the file comment. Both: one producer thread's bulk-copy
+// protocol, kDenseCtasPerSm CTAs per multiprocessor.
+template <bool kTmaCopies>
 struct DenseVariant {
-  static constexpr int kCW = kComputeWarps;
-  static constexpr bool kBulk = kBulkCopies;
-  static constexpr bool kWide = kWideIlp;
+  static constexpr int kCW = kDenseComputeWarps;
   static constexpr bool kTma = kTmaCopies;
-  static_assert(!kTma || (kCW == 4 && kBulk), "tma2d: 4 compute warps, the bulk producer's protocol");
-  static constexpr int kT = 16 * kCW;  // tokens per tile
+  static constexpr int kT = kDenseTile;  // tokens per tile
   static constexpr int kBlocks = kT / 8;
-  static constexpr int kThreads = (kCW + 1) * 32;
-  // Two CTAs per multiprocessor with 4 compute warps (as kDenseCtasPerSm), one with more: by shared memory.
-  static constexpr int kCtasPerSm = kCW == 4 ? kDenseCtasPerSm : 1;
-  static_assert(kCW % 4 == 0 && kCW >= 4 && kCW <= 12, "compute warps: 4, 8 or 12 (sub-tiles of 64 tokens)");
+  static constexpr int kThreads = kDenseThreads;
+  static constexpr int kCtasPerSm = kDenseCtasPerSm;
+  static_assert(kT == 16 * kCW && kThreads == (kCW + 1) * 32, "decode_dense.h constants: 16 tokens per warp");
 };
-using VariantBulk = DenseVariant<4, true, false>;
-static_assert(VariantBulk::kT == kDenseTile && VariantBulk::kThreads == kDenseThreads, "decode_dense.h constants");
+using VariantBulk = DenseVariant<false>;
+using VariantTma2d = DenseVariant<true>;
 
 // tma2d layout: a K (or V) tile is D / 64 boxes of 64 tokens x 64 dims (128-byte box rows: box b holds
 // dims 64b..64b+63), each box one copy of the tensor map [H][kv_stride][D] with CU_TENSOR_MAP_SWIZZLE_128B:
@@ -88,19 +78,18 @@ struct DenseLayout {
   static constexpr int kCW = V::kCW;
   static constexpr int kRowBytes = D * 2;                     // one token's K (or V) row, bf16
   static constexpr int kBlockBytes = 8 * kRowBytes + 16;      // 8 rows + the 16-byte skew
-  static constexpr int kSubBytes = 8 * kBlockBytes;           // a 64-token sub-tile (8 blocks)
   static constexpr int kBoxBytes = 64 * 128;                  // tma2d: one box
   static constexpr int kAlign = V::kTma ? 1024 : 0;           // tma2d: slack to align the stages to 1 KiB
   static constexpr int kTileBytes = V::kTma ? D / 64 * kBoxBytes : V::kBlocks * kBlockBytes;  // K or V
   static constexpr int kStageBytes = 2 * kTileBytes;          // K tile, then V tile
   // Stages: as many as fit the shared-memory budget of a CTA: 100,000 bytes with two CTAs per
-  // multiprocessor (4 warps, D = 128: 3 x 32.25 KiB; D = 64: 6 x 16.25 KiB: 2 x (97 + 1 reserved) KiB + the
-  // static barriers fit the 227 KiB a multiprocessor gives), 200,000 with one (8 warps: 3 x 64.5 KiB at
-  // D = 128, 6 x 32.5 KiB at D = 64; 12 warps: 2 x 96.75 KiB, 4 x 48.75 KiB). While a tile is computed, the
-  // other S - 1 stages' copies are in flight: 64 KiB per CTA at D = 128 with 4 warps, 128 KiB per
-  // multiprocessor (8 warps: 129 KiB; 12 warps: 97 KiB), against the ~36 KB HBM's bandwidth-latency
-  // product needs per multiprocessor (4.8 TB/s x ~1 us / 132).
-  static constexpr int kBudget = V::kCtasPerSm == 1 ? 200000 : 100000;
+  // multiprocessor (bulk, D = 128: 3 x 32.25 KiB; D = 64: 6 x 16.25 KiB: 2 x (97 + 1 reserved) KiB + the
+  // static barriers fit the 227 KiB a multiprocessor gives; tma2d: 3 x 32 KiB + 1 KiB of alignment slack,
+  // 6 x 16 KiB). While a tile is computed, the other S - 1 stages' copies are in flight: 64 KiB per CTA at
+  // D = 128, 128 KiB per multiprocessor, against the ~36 KB HBM's bandwidth-latency product needs per
+  // multiprocessor (4.8 TB/s x ~1 us / 132).
+  static_assert(V::kCtasPerSm == 2, "the budget below is half a multiprocessor's shared memory");
+  static constexpr int kBudget = 100000;
   static constexpr int kStages = (kBudget - kAlign) / kStageBytes;
   static constexpr size_t kBytes = size_t{kStages} * kStageBytes + kAlign;  // dynamic shared memory
   static_assert(kStages >= 2, "at least double buffering");
@@ -187,17 +176,11 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(d), "r"(t), "r"(h), "r"(smem_u32(bar)), "l"(pol)
       : "memory");
 }
-// The tensor maps of tma2d (zero for the other variants): K and V as [H][kv_stride][D] bf16, boxes of
+// The tensor maps of tma2d (zero for bulk): K and V as [H][kv_stride][D] bf16, boxes of
 // 64 x 64 x 1, 128-byte swizzle.
 struct DenseMaps {
   CUtensorMap k, v;
 };
-
-// One arrive on bar when every cp.async this thread issued so far has completed (no pending-count
-// increment: the barrier's expected count includes it).
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
 
 template <int D, class V>
 __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
@@ -205,7 +188,6 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
   using L = DenseLayout<D, V>;
   constexpr int S = L::kStages;
   constexpr int kT = V::kT, kCW = V::kCW;
-  constexpr bool kBulk = V::kBulk;
   constexpr int kKs = D / 16;     // QK k-steps
   constexpr int kNt = D / 8;      // PV n-tiles (8 dims each)
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -225,7 +207,7 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      mbar_init(&full_bar[s], kBulk ? 1 : 32);
+      mbar_init(&full_bar[s], 1);
       mbar_init(&empty_bar[s], kCW);
     }
     mbar_init_fence();
@@ -243,53 +225,33 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
     const uint64_t pol = l2_evict_first_policy();  // K/V are streamed once
     const uint16_t* kh = p.k + (int64_t{h} * p.kv_stride + begin) * D;
     const uint16_t* vh = p.v + (int64_t{h} * p.kv_stride + begin) * D;
-    if constexpr (kBulk) {
-      if (lane == 0) {
-        for (int i = 0; i < ntiles; ++i) {
-          const int s = i % S;
-          if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);
-          const int64_t left = len - int64_t{i} * kT;
-          const int rows = static_cast<int>(left < kT ? left : kT);
-          unsigned char* kst = smem + s * L::kStageBytes;
-          unsigned char* vst = kst + L::kTileBytes;
-          if constexpr (V::kTma) {  // whole boxes (rows past the split: masked / zeroed by the consumers)
-            mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(L::kStageBytes));
-            const int t = static_cast<int>(begin + int64_t{i} * kT);  // < kv_stride <= INT32_MAX (host check)
-#pragma unroll
-            for (int bx = 0; bx < D / 64; ++bx) {
-              tma_load_3d(kst + bx * L::kBoxBytes, &maps.k, 64 * bx, t, h, &full_bar[s], pol);
-              tma_load_3d(vst + bx * L::kBoxBytes, &maps.v, 64 * bx, t, h, &full_bar[s], pol);
-            }
-            continue;
-          }
-          mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(2 * rows * L::kRowBytes));
-          const uint16_t* ks = kh + int64_t{i} * kT * D;
-          const uint16_t* vs = vh + int64_t{i} * kT * D;
-          for (int b = 0; b * 8 < rows; ++b) {
-            const int r = rows - b * 8 < 8 ? rows - b * 8 : 8;
-            const uint32_t bytes = static_cast<uint32_t>(r * L::kRowBytes);
-            bulk_copy_g2s(kst + b * L::kBlockBytes, ks + b * 8 * D, bytes, &full_bar[s], pol);
-            bulk_copy_g2s(vst + b * L::kBlockBytes, vs + b * 8 * D, bytes, &full_bar[s], pol);
-          }
-        }
-      }
-    } else {
+    if (lane == 0) {
       for (int i = 0; i < ntiles; ++i) {
         const int s = i % S;
-        if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);  // every lane: it writes the stage itself
+        if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);
         const int64_t left = len - int64_t{i} * kT;
         const int rows = static_cast<int>(left < kT ? left : kT);
         unsigned char* kst = smem + s * L::kStageBytes;
         unsigned char* vst = kst + L::kTileBytes;
+        if constexpr (V::kTma) {  // whole boxes (rows past the split: masked / zeroed by the consumers)
+          mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(L::kStageBytes));
+          const int t = static_cast<int>(begin + int64_t{i} * kT);  // < kv_stride <= INT32_MAX (host check)
+#pragma unroll
+          for (int bx = 0; bx < D / 64; ++bx) {
+            tma_load_3d(kst + bx * L::kBoxBytes, &maps.k, 64 * bx, t, h, &full_bar[s], pol);
+            tma_load_3d(vst + bx * L::kBoxBytes, &maps.v, 64 * bx, t, h, &full_bar[s], pol);
+          }
+          continue;
+        }
+        mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(2 * rows * L::kRowBytes));
         const uint16_t* ks = kh + int64_t{i} * kT * D;
         const uint16_t* vs = vh + int64_t{i} * kT * D;
-        for (int c = lane; c < rows * kChunks; c += 32) {
-          const int r = c / kChunks, col = c % kChunks;
-          const int off = (r >> 3) * L::kBlockBytes + (r & 7) * L::kRowBytes + col * 16;
-          cp_async16_zfill_hint(kst + off, ks + r * D + col * 8, true, pol);
-          cp_async16_zfill_hint(vst + off, vs + r * D + col * 8, true, pol);
+        for (int b = 0; b * 8 < rows; ++b) {
+          const int r = rows - b * 8 < 8 ? rows - b * 8 : 8;
+          const uint32_t bytes = static_cast<uint32_t>(r * L::kRowBytes);
+          bulk_copy_g2s(kst + b * L::kBlockBytes, ks + b * 8 * D, bytes, &full_bar[s], pol);
+          bulk_copy_g2s(vst + b * L::kBlockBytes, vs + b * 8 * D, bytes, &full_bar[s], pol);
         }
-        cp_async_mbar_arrive(&full_bar[s]);
       }
     }
     __syncwarp();
@@ -324,14 +286,12 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
     //       16-byte column 2k + (mi & 1) at k-step k;
     //   PV, matrices (x 0, dims d0), (x 1, d0), (x 0, d0 + 8), (x 1, d0 + 8): token 8ri + 2w + (mi & 1),
     //       column 2jj + (mi >> 1) for dims d0 = 16jj.
-    // With more than 4 compute warps, warp w reads the sub-tile w / 4 (64 tokens from token 64 (w / 4),
-    // its 8 blocks from byte sub * kSubBytes) as warp wq = w % 4 of the 4-warp layout.
-    const int mi = lane >> 3, ri = lane & 7, wq = warp & 3, sub = warp >> 2;
-    int k_off = sub * L::kSubBytes + ri * L::kBlockBytes + (2 * wq + (mi >> 1)) * L::kRowBytes + (mi & 1) * 16;
-    int v_off = sub * L::kSubBytes + ri * L::kBlockBytes + (2 * wq + (mi & 1)) * L::kRowBytes + (mi >> 1) * 16;
+    const int mi = lane >> 3, ri = lane & 7;
+    int k_off = ri * L::kBlockBytes + (2 * warp + (mi >> 1)) * L::kRowBytes + (mi & 1) * 16;
+    int v_off = ri * L::kBlockBytes + (2 * warp + (mi & 1)) * L::kRowBytes + (mi >> 1) * 16;
     // This lane's accumulator tokens: s[0] (x 0, n 2tq), s[1] (x 0, n 2tq + 1), s[2] (x 1, n 2tq),
     // s[3] (x 1, n 2tq + 1).
-    int t0 = 64 * sub + 2 * wq;  // the warp's first token of a tile
+    int t0 = 2 * warp;  // the warp's first token of a tile
     int tok[4] = {16 * tq + t0, 16 * tq + t0 + 8, 16 * tq + t0 + 1, 16 * tq + t0 + 9};
     if constexpr (V::kTma) {
       // n index j of the QK n-tile x (and k index 8x + j of P.V) is the token 16w + 8x + j. Row parts of the
@@ -367,33 +327,19 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
             const int r = c / kChunks, col = c % kChunks, b = r >> 1, x = r & 1;
             if (V::kTma ? t0 + r >= valid : t0 + 8 * b + x >= valid) {  // tma2d: every chunk of the row
               const int off = V::kTma ? (col >> 3) * L::kBoxBytes + (t0 + r) * 128 + (col & 7) * 16
-                                      : sub * L::kSubBytes + b * L::kBlockBytes + (2 * wq + x) * L::kRowBytes + col * 16;
+                                      : b * L::kBlockBytes + (2 * warp + x) * L::kRowBytes + col * 16;
               *reinterpret_cast<uint4*>(vst + off) = make_uint4(0u, 0u, 0u, 0u);
             }
           }
           __syncwarp();
         }
         float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
-        uint32_t vf[V::kWide ? kNt / 2 : 1][4];  // kWide: the tile's V fragments, loaded before the QK MMAs
-        if constexpr (V::kWide) {
-          uint32_t kf[kKs][4];
 #pragma unroll
-          for (int k = 0; k < kKs; ++k) ldmatrix_x4(kf[k], kst + k_at(k));
-#pragma unroll
-          for (int jj = 0; jj < kNt / 2; ++jj) ldmatrix_x4_trans(vf[jj], vst + v_at(jj));
-#pragma unroll
-          for (int k = 0; k < kKs; ++k) {
-            mma_bf16_16816(c0, qa[k], kf[k][0], kf[k][1]);
-            mma_bf16_16816(c1, qa[k], kf[k][2], kf[k][3]);
-          }
-        } else {
-#pragma unroll
-          for (int k = 0; k < kKs; ++k) {
-            uint32_t b[4];
-            ldmatrix_x4(b, kst + k_at(k));
-            mma_bf16_16816(c0, qa[k], b[0], b[1]);
-            mma_bf16_16816(c1, qa[k], b[2], b[3]);
-          }
+        for (int k = 0; k < kKs; ++k) {
+          uint32_t b[4];
+          ldmatrix_x4(b, kst + k_at(k));
+          mma_bf16_16816(c0, qa[k], b[0], b[1]);
+          mma_bf16_16816(c1, qa[k], b[2], b[3]);
         }
         float sv[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
         float mx = -INFINITY;
@@ -423,11 +369,7 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
 #pragma unroll
         for (int jj = 0; jj < kNt / 2; ++jj) {
           uint32_t b[4];
-          if constexpr (V::kWide) {
-            b[0] = vf[jj][0]; b[1] = vf[jj][1]; b[2] = vf[jj][2]; b[3] = vf[jj][3];
-          } else {
-            ldmatrix_x4_trans(b, vst + v_at(jj));
-          }
+          ldmatrix_x4_trans(b, vst + v_at(jj));
           mma_bf16_16816(o[2 * jj], pa, b[0], b[1]);
           mma_bf16_16816(o[2 * jj + 1], pa, b[2], b[3]);
         }
@@ -513,18 +455,8 @@ cudaError_t with_variant(DenseKernel k, F&& f) {
   switch (k) {
     case DenseKernel::kBulk:
       return f(VariantBulk{});
-    case DenseKernel::kAsync:
-      return f(DenseVariant<4, false, false>{});
-    case DenseKernel::kBulkW:
-      return f(DenseVariant<4, true, true>{});
-    case DenseKernel::kBulk8:
-      return f(DenseVariant<8, true, false>{});
-    case DenseKernel::kBulk8W:
-      return f(DenseVariant<8, true, true>{});
-    case DenseKernel::kBulk12:
-      return f(DenseVariant<12, true, false>{});
     case DenseKernel::kTma2d:
-      return f(DenseVariant<4, true, false, true>{});
+      return f(VariantTma2d{});
     case DenseKernel::kV1:
       break;
   }

@@ -13,9 +13,7 @@
 namespace retroinfer::cuda::detail {
 
 namespace {
-constexpr DenseKernel kAllKernels[] = {DenseKernel::kBulk,   DenseKernel::kAsync,  DenseKernel::kV1,
-                                       DenseKernel::kBulkW,  DenseKernel::kBulk8,  DenseKernel::kBulk8W,
-                                       DenseKernel::kBulk12, DenseKernel::kTma2d};
+constexpr DenseKernel kAllKernels[] = {DenseKernel::kTma2d, DenseKernel::kBulk, DenseKernel::kV1};
 }  // namespace
 
 DenseKernel dense_kernel() {
@@ -24,25 +22,16 @@ DenseKernel dense_kernel() {
   for (DenseKernel k : kAllKernels)
     if (std::strcmp(e, dense_kernel_name(k)) == 0) return k;
   RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e,
-                  "' is not a dense decode kernel: use tma2d (the default), bulk, async, v1, bulkw, bulk8, bulk8w or bulk12");
+                  "' is not a dense decode kernel: use tma2d (the default), bulk or v1 (async, bulkw, bulk8, bulk8w "
+                  "and bulk12 were removed after run 15's A/B)");
 }
 
 const char* dense_kernel_name(DenseKernel k) {
   switch (k) {
     case DenseKernel::kBulk:
       return "bulk";
-    case DenseKernel::kAsync:
-      return "async";
     case DenseKernel::kV1:
       return "v1";
-    case DenseKernel::kBulkW:
-      return "bulkw";
-    case DenseKernel::kBulk8:
-      return "bulk8";
-    case DenseKernel::kBulk8W:
-      return "bulk8w";
-    case DenseKernel::kBulk12:
-      return "bulk12";
     case DenseKernel::kTma2d:
       return "tma2d";
   }
@@ -66,8 +55,8 @@ int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim)
   if (k == DenseKernel::kV1) return decode_splits(num_tokens, num_heads, 1);
   int ctas = 0;
   RETROINFER_CUDA_CHECK(dense_ctas_per_sm(k, head_dim, &ctas));
-  // The kernel's occupancy (bulk8 / bulk12: 1 by design; fewer than kDenseCtasPerSm for bulk would mean the
-  // carveout did not apply): fewer, longer splits keep one wave.
+  // The kernel's occupancy (fewer than kDenseCtasPerSm would mean the carveout did not apply): fewer, longer
+  // splits keep one wave.
   return dense_stream_splits(num_tokens, num_heads, sm_count(), ctas < kDenseCtasPerSm ? ctas : kDenseCtasPerSm);
 }
 
