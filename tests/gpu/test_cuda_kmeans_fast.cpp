@@ -1,5 +1,5 @@
-// The fast k-means kernels (kernels.h KMeansAssignVariant a-d, KMeansUpdateVariant fast) against the v1
-// kernels on the same inputs, through the raw launchers. Every variant does the same f32 arithmetic in the
+// The fast k-means kernels (kernels.h KMeansAssignVariant a, KMeansUpdateVariant fast: the defaults) against
+// the v1 kernels on the same inputs, through the raw launchers. Every variant does the same f32 arithmetic in the
 // same order (assignment: the same mma.sync chain per score, first strict maximum in ascending cluster
 // order; update / finalize: the same f32 adds per dimension in ascending member order, the norm reduced in
 // v1's lane layout), so the outputs must be identical bit for bit: assignments, sort keys, centroids (f32
@@ -319,8 +319,21 @@ TEST(CudaKMeansFast, VariantSwitches) {
     setenv("RETROINFER_KMEANS_ASSIGN", dt::kmeans_assign_variant_name(v), 1);
     EXPECT_EQ(dt::kmeans_assign_variant_from_env(), v) << dt::kmeans_assign_variant_name(v);
   }
-  setenv("RETROINFER_KMEANS_ASSIGN", "bogus", 1);
-  EXPECT_EQ(dt::kmeans_assign_variant_from_env(), dflt_a);
+  EXPECT_EQ(int(dt::kAssignVariants), 2);  // v1 and a (b-f were removed after run 15)
+  for (const char* gone : {"bogus", "b", "c", "d", "e", "f"}) {
+    setenv("RETROINFER_KMEANS_ASSIGN", gone, 1);
+    EXPECT_EQ(dt::kmeans_assign_variant_from_env(), dflt_a) << gone;
+  }
+  EXPECT_EQ(dflt_a, int(dt::kAssignA));
+  EXPECT_EQ(dflt_u, int(dt::kUpdateFast));
+  {  // the raw launcher refuses another variant or head_dim before any CUDA call
+    dt::KMeansParams p;
+    p.head_dim = 128;
+    EXPECT_EQ(dt::kmeans_assign_variant(p, false, dt::kAssignVariants, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(dt::kmeans_assign_variant(p, true, -1, nullptr), cudaErrorInvalidValue);
+    p.head_dim = 96;
+    EXPECT_EQ(dt::kmeans_assign_variant(p, false, dt::kAssignA, nullptr), cudaErrorInvalidValue);
+  }
   setenv("RETROINFER_KMEANS_UPDATE", "fast", 1);
   EXPECT_EQ(dt::kmeans_update_variant_from_env(), int(dt::kUpdateFast));
   setenv("RETROINFER_KMEANS_UPDATE", "v1", 1);
