@@ -43,6 +43,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_dense.h"
+#include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/decode_merge.cuh"
 #include "backend/cuda/kernels.h"
 #include "retroinfer/softmax_state.h"
@@ -257,29 +258,9 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
     __syncwarp();
   } else {
     // ---- compute warps ----
-    // Query A fragments (decode.cu): a[k] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..),
-    // lo(k 2tq+8..)}; rows of heads >= G are zero.
+    // Query A fragments (decode_math.cuh); rows of heads >= G are zero.
     uint32_t qa[kKs][4];
-    {
-      const bool on = gq < G;
-      const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
-#pragma unroll
-      for (int k = 0; k < kKs; ++k) {
-        float x[4] = {0, 0, 0, 0};
-        if (on) {
-          const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
-          const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
-          x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
-        }
-        float hi[4], lo[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
-        qa[k][0] = pack_bf16(hi[0], hi[1]);
-        qa[k][1] = pack_bf16(lo[0], lo[1]);
-        qa[k][2] = pack_bf16(hi[2], hi[3]);
-        qa[k][3] = pack_bf16(lo[2], lo[3]);
-      }
-    }
+    query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
     // ldmatrix row addresses (matrix mi = lane >> 3, row ri = lane & 7 = the block). n index j of the QK
     // n-tile x (and k index j / 8 + j of P.V) is the token 8j + 2w + x of the tile.
     //   QK, matrices (x 0, k lo), (x 0, k hi), (x 1, k lo), (x 1, k hi): token 8ri + 2w + (mi >> 1),
@@ -342,30 +323,9 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
           mma_bf16_16816(c1, qa[k], b[2], b[3]);
         }
         float sv[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          sv[j] = tok[j] < valid ? sv[j] : -INFINITY;  // a select: stale K rows may hold NaN
-          mx = fmaxf(mx, sv[j]);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m, mx);  // finite: token t0 is valid (the row max covers it)
-        const float alpha = softmax_rescale(m, m_new);
-        m = m_new;
-        float pr[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) pr[j] = tok[j] < valid ? __expf(sv[j] - m_new) : 0.0f;
-        l = l * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
-#pragma unroll
-        for (int j = 0; j < kNt; ++j) {
-          o[j][0] *= alpha; o[j][1] *= alpha; o[j][2] *= alpha; o[j][3] *= alpha;
-        }
-        float ph[4], pl[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) split_bf16(pr[j], ph[j], pl[j]);
-        const uint32_t pa[4] = {pack_bf16(ph[0], ph[1]), pack_bf16(pl[0], pl[1]), pack_bf16(ph[2], ph[3]),
-                                pack_bf16(pl[2], pl[3])};
+        // The new running max is finite: token t0 is valid (the quad's max covers it).
+        uint32_t pa[4];
+        softmax_tile<kNt>(sv, tok, valid, m, l, o, pa);
 #pragma unroll
         for (int jj = 0; jj < kNt / 2; ++jj) {
           uint32_t b[4];
@@ -386,32 +346,9 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
   __syncthreads();
   float* stage_o = reinterpret_cast<float*>(smem);                              // [kCW, kMaxGroup, D]
   float2* stage_ml = reinterpret_cast<float2*>(stage_o + kCW * kMaxGroup * D);  // [kCW, kMaxGroup]
-  if (warp < kCW && gq < G) {
-#pragma unroll
-    for (int j = 0; j < kNt; ++j) {
-      float* dst = stage_o + (warp * kMaxGroup + gq) * D + j * 8 + 2 * tq;
-      dst[0] = o[j][0] + o[j][2];
-      dst[1] = o[j][1] + o[j][3];
-    }
-    if (tq == 0) stage_ml[warp * kMaxGroup + gq] = make_float2(m, l);
-  }
+  if (warp < kCW && gq < G) stage_warp_state<D>(stage_o, stage_ml, o, m, l, warp, gq, tq);
   __syncthreads();
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    SoftmaxScalars st;
-    float acc_o = 0.0f;
-    for (int w = 0; w < kCW; ++w) {
-      const float2 ml = stage_ml[w * kMaxGroup + g];
-      SoftmaxScalars b;
-      b.m = ml.x;
-      b.l = ml.y;
-      const float ob = stage_o[(w * kMaxGroup + g) * D + d];
-      softmax_merge(st, &acc_o, b, &ob, 1);
-    }
-    const int64_t base = (int64_t{h} * p.num_splits + split) * G + g;
-    p.part_o[base * D + d] = acc_o;
-    if (d == 0) p.part_ml[base] = make_float2(st.m, st.l);
-  }
+  merge_warp_states<D, kCW>(stage_o, stage_ml, G, int64_t{h} * p.num_splits + split, p.part_ml, p.part_o);
   if (p.merge.counter != nullptr)  // merge_if_last's first barrier ends the reads of the staging above
     merge_if_last(p.merge, p.part_ml, p.part_o, p.num_splits, G, D, h,
                   reinterpret_cast<float*>(stage_ml + kCW * kMaxGroup), nullptr);
