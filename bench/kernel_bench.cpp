@@ -32,7 +32,7 @@
 //                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
 // RETROINFER_DECODE=run6 / fused / run8 / run9 / run10 / run11 (unset: layer_common.h kRun9IsDefault + kRun10FormIsDefault) picks the
 // decode path (run11 reads RETROINFER_RUN11_SPLITS / _EST_CHUNK / _ORDER at every decode, layer_common.h)
-// (layer_common.h decode_path); RETROINFER_FULL_DECODE=tma2d (unset) / bulk / v1 the dense decode kernel of
+// (layer_common.h decode_path); RETROINFER_FULL_DECODE=bulk (unset) / async / v1 the dense decode kernel of
 // "full" (its lines carry it as "full_kernel").
 #include <algorithm>
 #include <chrono>
