@@ -16,6 +16,7 @@
 #include <string>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kmeans_run.h"
 #include "gpu_test_util.h"
 
 namespace retroinfer {
@@ -32,15 +33,14 @@ struct FastCase {
   float spread;      // key noise around 8 centres (0: exact duplicates, many exact score ties)
 };
 
-// Workspace of one k-means run over the keys [idx_begin, idx_begin + n) of `heads` flat heads.
-struct Work {
+// Workspace of one k-means run over the keys [idx_begin, idx_begin + n) of `heads` flat heads: the
+// buffers, sizes and parameters of RetroLayer's runs (kmeans_run.h), over keys with NaN rows around.
+struct Work : dt::KMeansRun {
   FastCase c;
   int64_t idx_begin = 3, stride = 0;
-  int C = 0, S = 0, max_seg = 0;
   std::vector<int> seg_t, seg_c;
   gputest::KvData kv;
-  DeviceBuffer k, v, seg_tb, seg_cb, mean_partial, mean, centred, centroids, centroids_bf16, value_sums,
-      value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota, members, offsets, sort_temp;
+  DeviceBuffer k, v;
   dt::KMeansParams p;
 
   explicit Work(const FastCase& fc, uint64_t seed) : c(fc) {
@@ -51,63 +51,12 @@ struct Work {
       const int64_t L = std::min<int64_t>(c.seg_tokens, c.n - b);
       seg_t.push_back(static_cast<int>(b + L));
       seg_c.push_back(seg_c.back() + static_cast<int>(std::max<int64_t>(1, (L + c.tpc - 1) / c.tpc)));
-      max_seg = std::max(max_seg, static_cast<int>(L));
     }
-    S = static_cast<int>(seg_t.size()) - 1;
-    C = seg_c.back();
     kv = gputest::make_kv(c.heads, idx_begin + c.n, stride, c.d, seed, 8, c.spread);
     k = gputest::upload(kv.k);
     v = gputest::upload(kv.v);
-    seg_tb = gputest::upload(seg_t);
-    seg_cb = gputest::upload(seg_c);
-    const size_t items = size_t(c.heads) * c.n, flat = size_t(c.heads) * C, D = c.d;
-    mean_partial = DeviceBuffer(size_t(c.heads) * dt::kMeanChunks * D * 4);
-    mean = DeviceBuffer(size_t(c.heads) * D * 4);
-    centred = DeviceBuffer(items * D * 2);
-    centroids = DeviceBuffer(flat * D * 4);
-    centroids_bf16 = DeviceBuffer(flat * D * 2);
-    value_sums = DeviceBuffer(flat * D * 4);
-    value_sums_bf16 = DeviceBuffer(flat * D * 2);
-    sizes = DeviceBuffer(flat * 4);
-    assignment = DeviceBuffer(items * 4);
-    sort_keys = DeviceBuffer(items * 4);
-    sort_keys_out = DeviceBuffer(items * 4);
-    members = DeviceBuffer(items * 4);
-    offsets = DeviceBuffer((flat + 1) * 4);
-    std::vector<uint32_t> io(items);
-    for (size_t i = 0; i < items; ++i) io[i] = static_cast<uint32_t>(i % c.n);
-    iota = gputest::upload(io);
-    int bits = 1;
-    while ((size_t{1} << bits) < flat) ++bits;
-    sort_temp = DeviceBuffer(std::max<size_t>(dt::kmeans_sort_temp_bytes(int64_t(items), bits), 16));
-    p.keys = k.as<uint16_t>();
-    p.values = v.as<uint16_t>();
-    p.kv_stride = stride;
-    p.idx_begin = idx_begin;
-    p.n_idx = c.n;
-    p.num_heads = c.heads;
-    p.head_dim = c.d;
-    p.num_clusters = C;
-    p.num_segments = S;
-    p.seg_token_begin = seg_tb.as<int>();
-    p.seg_cluster_begin = seg_cb.as<int>();
-    p.max_seg_tokens = max_seg;
-    p.mean_partial = mean_partial.as<float>();
-    p.mean = mean.as<float>();
-    p.centred = centred.as<uint16_t>();
-    p.centroids = centroids.as<float>();
-    p.centroids_bf16 = centroids_bf16.as<uint16_t>();
-    p.value_sums = value_sums.as<float>();
-    p.value_sums_bf16 = value_sums_bf16.as<uint16_t>();
-    p.sizes = sizes.as<int>();
-    p.assignment = assignment.as<int>();
-    p.sort_keys = sort_keys.as<uint32_t>();
-    p.sort_keys_out = sort_keys_out.as<uint32_t>();
-    p.iota = iota.as<uint32_t>();
-    p.members = members.as<uint32_t>();
-    p.offsets = offsets.as<int>();
-    p.sort_temp = sort_temp.data();
-    p.sort_temp_bytes = sort_temp.bytes();
+    prepare(c.heads, c.d, idx_begin, c.n, seg_t, seg_c, nullptr);  // sets S, C, max_seg
+    p = params(k.as<uint16_t>(), v.as<uint16_t>(), stride, c.heads, c.d);
   }
   std::string shape() const {
     return "H=" + std::to_string(c.heads) + " D=" + std::to_string(c.d) + " n=" + std::to_string(c.n) +

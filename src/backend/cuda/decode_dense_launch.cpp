@@ -14,6 +14,24 @@ namespace retroinfer::cuda::detail {
 
 namespace {
 constexpr DenseKernel kAllKernels[] = {DenseKernel::kTma2d, DenseKernel::kBulk, DenseKernel::kV1};
+
+// The fields DecodeParams (v1) and DenseParams (the streaming kernels) share: the inputs of `a`, `splits`
+// CTAs per head and the split workspace.
+template <class P>
+void fill_shared(P& p, const DenseDecodeArgs& a, int splits) {
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.kv_stride = a.kv_stride;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = a.num_heads;
+  p.group = a.group;
+  p.head_dim = a.head_dim;
+  p.scale = a.scale;
+  p.num_splits = splits;
+  p.part_ml = a.part_ml;
+  p.part_o = a.part_o;
+}
 }  // namespace
 
 DenseKernel dense_kernel() {
@@ -80,36 +98,14 @@ int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
   bool merged = false;
   if (a.kernel == DenseKernel::kV1) {
     DecodeParams p;
-    p.q = a.q;
-    p.k = a.k;
-    p.v = a.v;
-    p.kv_stride = a.kv_stride;
-    p.num_tokens = a.num_tokens;
-    p.num_heads = H;
-    p.group = G;
-    p.head_dim = D;
-    p.scale = a.scale;
-    p.num_splits = splits;
+    fill_shared(p, a, splits);
     p.split_tokens = split_tokens(a.num_tokens, splits);
-    p.part_ml = a.part_ml;
-    p.part_o = a.part_o;
     p.total_splits = splits;
     p.split_offset = 0;
     launch_check(decode_attention(p, st), who, st);
   } else {
     DenseParams p;
-    p.q = a.q;
-    p.k = a.k;
-    p.v = a.v;
-    p.kv_stride = a.kv_stride;
-    p.num_tokens = a.num_tokens;
-    p.num_heads = H;
-    p.group = G;
-    p.head_dim = D;
-    p.scale = a.scale;
-    p.num_splits = splits;
-    p.part_ml = a.part_ml;
-    p.part_o = a.part_o;
+    fill_shared(p, a, splits);
     merged = a.merge_counter != nullptr && int64_t{splits} * G <= kMergeMaxStates &&
              (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
     if (merged) {
