@@ -35,20 +35,38 @@ constexpr int smem_bytes_a() {
   return kStagesA * kChunk * (D + 8) * 2;
 }
 
-// The key range [tb, te) and cluster range [cb, ce) of the CTA: segment blockIdx.y's, or all (global).
+// The CTA's keys and clusters: the key range ends at te, the CTA's kKeys keys start at k0 (k0 >= te: none,
+// the CTA returns at once); cluster range [cb, ce). Segment blockIdx.y's ranges, or all (global).
 struct AssignRange {
-  int64_t tb, te;
+  int64_t k0, te;
   int cb, ce;
 };
 __device__ __forceinline__ AssignRange assign_range(const KMeansParams& p, bool global) {
   AssignRange r;
+  int64_t tb;
   if (global) {
-    r.tb = 0; r.te = p.n_idx; r.cb = 0; r.ce = p.num_clusters;
+    tb = 0; r.te = p.n_idx; r.cb = 0; r.ce = p.num_clusters;
   } else {
-    r.tb = p.seg_token_begin[blockIdx.y]; r.te = p.seg_token_begin[blockIdx.y + 1];
+    tb = p.seg_token_begin[blockIdx.y]; r.te = p.seg_token_begin[blockIdx.y + 1];
     r.cb = p.seg_cluster_begin[blockIdx.y]; r.ce = p.seg_cluster_begin[blockIdx.y + 1];
   }
+  r.k0 = tb + int64_t{blockIdx.x} * kKeys;
   return r;
+}
+
+// The A fragments (PTX m16n8k16 layout) of one 16-key m-tile, all k-steps, for lane tq: rows lo (keys of
+// fragment c0 / c1) and hi = lo + 8 (c2 / c3) of the centred keys, zero where not valid (past the range).
+template <int D>
+__device__ __forceinline__ void load_key_fragments(uint32_t (&a)[D / 16][4], const uint16_t* lo, const uint16_t* hi,
+                                                   bool v_lo, bool v_hi, int tq) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int col = ks * 16 + 2 * tq;
+    a[ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(lo + col) : 0u;
+    a[ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(hi + col) : 0u;
+    a[ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(lo + col + 8) : 0u;
+    a[ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(hi + col + 8) : 0u;
+  }
 }
 
 // The best (score, id) over the 4 lanes of a quad (one row's interleaved columns); ties -> lower id.
@@ -76,9 +94,8 @@ __global__ void __launch_bounds__(kWarps * 32) assign_v1_kernel(const KMeansPara
   const int h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
   const AssignRange rg = assign_range(p, global);
-  const int64_t te = rg.te;
+  const int64_t te = rg.te, k0 = rg.k0;
   const int cb = rg.cb, ce = rg.ce;
-  const int64_t k0 = rg.tb + int64_t{blockIdx.x} * kKeys;
   if (k0 >= te) return;
   const uint16_t* xh = p.centred + int64_t{h} * p.n_idx * D;
   uint32_t a[kMt][D / 16][4];
@@ -87,15 +104,7 @@ __global__ void __launch_bounds__(kWarps * 32) assign_v1_kernel(const KMeansPara
   for (int mt = 0; mt < kMt; ++mt) {
     r_lo[mt] = k0 + (warp * kMt + mt) * 16 + gq;
     r_hi[mt] = r_lo[mt] + 8;
-    const bool v_lo = r_lo[mt] < te, v_hi = r_hi[mt] < te;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int col = ks * 16 + 2 * tq;
-      a[mt][ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo[mt] * D + col) : 0u;
-      a[mt][ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi[mt] * D + col) : 0u;
-      a[mt][ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo[mt] * D + col + 8) : 0u;
-      a[mt][ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi[mt] * D + col + 8) : 0u;
-    }
+    load_key_fragments<D>(a[mt], xh + r_lo[mt] * D, xh + r_hi[mt] * D, r_lo[mt] < te, r_hi[mt] < te, tq);
   }
   float best_lo[kMt], best_hi[kMt];
   int idx_lo[kMt], idx_hi[kMt];
@@ -241,9 +250,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksA) assign_a_kernel(cons
   const int h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
   const AssignRange rg = assign_range(p, global);
-  const int64_t te = rg.te;
+  const int64_t te = rg.te, k0 = rg.k0;
   const int cb = rg.cb, ce = rg.ce;
-  const int64_t k0 = rg.tb + int64_t{blockIdx.x} * kKeys;
   if (k0 >= te) return;  // whole CTA: before any barrier
   uint32_t a[kMt][D / 16][4];  // A fragments (PTX m16n8k16 layout) of the warp's kMt m-tiles, all k-steps
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * p.num_clusters * D;
@@ -274,15 +282,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksA) assign_a_kernel(cons
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt) {
       const int r_lo = mt_row(mt), r_hi = r_lo + 8;
-      const bool v_lo = r_lo < rows, v_hi = r_hi < rows;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const int col = ks * 16 + 2 * tq;
-        a[mt][ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(xk + r_lo * D + col) : 0u;
-        a[mt][ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(xk + r_hi * D + col) : 0u;
-        a[mt][ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(xk + r_lo * D + col + 8) : 0u;
-        a[mt][ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(xk + r_hi * D + col + 8) : 0u;
-      }
+      load_key_fragments<D>(a[mt], xk + r_lo * D, xk + r_hi * D, r_lo < rows, r_hi < rows, tq);
     }
   }
   float best[kMt][2];
