@@ -15,23 +15,23 @@
 // copies have landed when the consumers leave the loop; the CTA barrier after it orders the reuse of the
 // stage buffers for the warps' state merge.
 //
-// bulk's shared-memory layout of a tile (K or V; tma2d's: "tma2d layout" below): the 64 rows as 8 blocks of 8 consecutive tokens, each block one
-// contiguous copy of 8 * 2D bytes (the rows are contiguous in global memory), blocks kBlockBytes =
-// 8 * 2D + 16 bytes apart. The 16-byte skew per block makes the ldmatrix reads conflict-free without
-// swizzling the copies: compute warp w takes the tokens 8b + 2w + x (block b = 0..7, x = 0, 1), so the 8
-// row addresses of every 8x8 ldmatrix matrix are the same row and 16-byte column of the 8 blocks, at
-// byte offsets b * kBlockBytes + c: 16-byte bank groups (b * (D + 1) + c / 16) mod 8 = (b + c / 16) mod 8,
-// all different. (Unskewed, rows 2D bytes apart would put the 8 rows in one bank group: 8-way conflicts,
-// 32 shared-memory wavefronts per ldmatrix.x4 instead of 4, ~2 K cycles of shared-memory traffic per
-// 32 KiB tile per CTA, the same order as the time HBM takes to deliver it; the skew costs 8 copies of
-// 2 KiB per tile instead of one of 16 KiB.) A tail tile copies only its valid rows; the compute warps
-// mask the logits of the rest and zero their V rows before P.V (0 * stale shared memory could be NaN).
+// bulk's shared-memory layout of a tile (K or V; tma2d's: "tma2d layout" below): the 64 rows as 8 blocks of 8
+// consecutive tokens, each block one contiguous copy of 8 * 2D bytes (the rows are contiguous in global memory),
+// blocks kBlockBytes = 8 * 2D + 16 bytes apart. The 16-byte skew per block makes the ldmatrix reads
+// conflict-free without swizzling the copies: compute warp w takes the tokens 8b + 2w + x (block b = 0..7, x =
+// 0, 1), so the 8 row addresses of every 8x8 ldmatrix matrix are the same row and 16-byte column of the 8
+// blocks, at byte offsets b * kBlockBytes + c: 16-byte bank groups (b * (D + 1) + c / 16) mod 8 = (b + c / 16)
+// mod 8, all different. (Unskewed, rows 2D bytes apart would put the 8 rows in one bank group: 8-way conflicts,
+// 32 shared-memory wavefronts per ldmatrix.x4 instead of 4, ~2 K cycles of shared-memory traffic per 32 KiB tile
+// per CTA, the same order as the time HBM takes to deliver it; the skew costs 8 copies of 2 KiB per tile instead
+// of one of 16 KiB.) A tail tile copies only its valid rows; the compute warps mask the logits of the rest and
+// zero their V rows before P.V (0 * stale shared memory could be NaN).
 //
-// Math per compute warp and tile (its 16 tokens): as decode.cu's decode_kernel, tensor-core flash decoding
-// with mma m16n8k16 (S^T = Q K^T with the query split into bf16 hi + lo rows, online softmax on the
-// fragments, O^T += P V with P split likewise: both carried to 2^-18 relative), then the warps' states merge
-// in shared memory and the CTA writes one partial state per query head (the softmax_state.h format of the
-// split-K path), merged by the fused merge of the head's last CTA (decode_merge.cuh) or combine_states.
+// Math per compute warp and tile (its 16 tokens): decode.cu's (decode_math.cuh), tensor-core flash decoding with
+// mma m16n8k16 (S^T = Q K^T with the query split into bf16 hi + lo rows, online softmax on the fragments, O^T +=
+// P V with P split likewise: both carried to 2^-18 relative), then the warps' states merge in shared memory and
+// the CTA writes one partial state per query head (the softmax_state.h format of the split-K path), merged by
+// the fused merge of the head's last CTA (decode_merge.cuh) or combine_states.
 //
 // The two kernels (DenseVariant: bulk and tma2d) differ only in how a tile is copied and laid out.
 #include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
