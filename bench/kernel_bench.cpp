@@ -22,9 +22,10 @@
 //               [--only full,quest,kmeans,retro]   time only these parts of each case (default: all); kmeans
 //                              brings the prefill it is compared with
 //               [--kmeans-variants v1/v1,a/fast,...]   the k-means build timed once per kernel variant
-//                              ASSIGN[/UPDATE] (RETROINFER_KMEANS_ASSIGN / RETROINFER_KMEANS_UPDATE set to
-//                              each in turn, kernels.h KMeansAssignVariant); the "kmeans" lines carry
-//                              "assign_variant" / "update_variant" either way
+//                              ASSIGN[/UPDATE], ASSIGN in v1,a and UPDATE in v1,fast (RETROINFER_KMEANS_ASSIGN /
+//                              RETROINFER_KMEANS_UPDATE set to each in turn, kernels.h KMeansAssignVariant;
+//                              unset: a/fast); the "kmeans" lines carry "assign_variant" / "update_variant"
+//                              either way
 //               [--kmeans-builds 3]   timed builds per k-means line (median)
 //               [--kmeans-phases 1]   after the timed builds, one more build per variant with
 //                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
@@ -244,7 +245,8 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
             (!want_u.empty() &&
              want_u != cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env())))
           RETROINFER_FAIL("kernel_bench: unknown k-means variant '", var,
-                          "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a,b,c,d,e,f and UPDATE in v1,fast)");
+                          "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a and UPDATE in v1,fast; b-f were removed "
+                          "after run 15)");
         retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // warm-up of this variant
       }
       const std::string tag = std::string(",\"assign_variant\":\"") +

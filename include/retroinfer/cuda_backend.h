@@ -123,9 +123,9 @@ class CapturedGraph {
 };
 
 // Exact dense decode attention (flash decoding, split over tokens, GQA-aware): the full-attention
-// baseline on the GPU. The kernel is chosen at construction by RETROINFER_FULL_DECODE (unset / "bulk": the
-// bulk-copy streaming kernel, "async": its cp.async variant, "v1": the earlier split-K kernel; anything
-// else throws).
+// baseline on the GPU. The kernel is chosen at construction by RETROINFER_FULL_DECODE (unset / "tma2d": the
+// streaming kernel with tensor-map copies, "bulk": the same with 1-D bulk copies, "v1": the earlier
+// split-K kernel; anything else throws).
 class DenseDecoder {
  public:
   // max_tokens: the longest num_tokens run() will see (sizes the split workspace).
@@ -138,7 +138,7 @@ class DenseDecoder {
            float scale, float* out, Stream s = nullptr);
   // Splits (CTAs per flat head) run() uses for num_tokens.
   int num_splits(int64_t num_tokens) const;
-  // The kernel run() launches: "bulk", "async" or "v1".
+  // The kernel run() launches: "tma2d", "bulk" or "v1".
   const char* kernel() const;
 
  private:

@@ -1,5 +1,5 @@
-// The fast k-means kernels (kernels.h KMeansAssignVariant a-d, KMeansUpdateVariant fast) against the v1
-// kernels on the same inputs, through the raw launchers. Every variant does the same f32 arithmetic in the
+// The fast k-means kernels (kernels.h KMeansAssignVariant a, KMeansUpdateVariant fast: the defaults) against
+// the v1 kernels on the same inputs, through the raw launchers. Every variant does the same f32 arithmetic in the
 // same order (assignment: the same mma.sync chain per score, first strict maximum in ascending cluster
 // order; update / finalize: the same f32 adds per dimension in ascending member order, the norm reduced in
 // v1's lane layout), so the outputs must be identical bit for bit: assignments, sort keys, centroids (f32
@@ -16,6 +16,7 @@
 #include <string>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kmeans_run.h"
 #include "gpu_test_util.h"
 
 namespace retroinfer {
@@ -32,15 +33,14 @@ struct FastCase {
   float spread;      // key noise around 8 centres (0: exact duplicates, many exact score ties)
 };
 
-// Workspace of one k-means run over the keys [idx_begin, idx_begin + n) of `heads` flat heads.
-struct Work {
+// Workspace of one k-means run over the keys [idx_begin, idx_begin + n) of `heads` flat heads: the
+// buffers, sizes and parameters of RetroLayer's runs (kmeans_run.h), over keys with NaN rows around.
+struct Work : dt::KMeansRun {
   FastCase c;
   int64_t idx_begin = 3, stride = 0;
-  int C = 0, S = 0, max_seg = 0;
   std::vector<int> seg_t, seg_c;
   gputest::KvData kv;
-  DeviceBuffer k, v, seg_tb, seg_cb, mean_partial, mean, centred, centroids, centroids_bf16, value_sums,
-      value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota, members, offsets, sort_temp;
+  DeviceBuffer k, v;
   dt::KMeansParams p;
 
   explicit Work(const FastCase& fc, uint64_t seed) : c(fc) {
@@ -51,63 +51,12 @@ struct Work {
       const int64_t L = std::min<int64_t>(c.seg_tokens, c.n - b);
       seg_t.push_back(static_cast<int>(b + L));
       seg_c.push_back(seg_c.back() + static_cast<int>(std::max<int64_t>(1, (L + c.tpc - 1) / c.tpc)));
-      max_seg = std::max(max_seg, static_cast<int>(L));
     }
-    S = static_cast<int>(seg_t.size()) - 1;
-    C = seg_c.back();
     kv = gputest::make_kv(c.heads, idx_begin + c.n, stride, c.d, seed, 8, c.spread);
     k = gputest::upload(kv.k);
     v = gputest::upload(kv.v);
-    seg_tb = gputest::upload(seg_t);
-    seg_cb = gputest::upload(seg_c);
-    const size_t items = size_t(c.heads) * c.n, flat = size_t(c.heads) * C, D = c.d;
-    mean_partial = DeviceBuffer(size_t(c.heads) * dt::kMeanChunks * D * 4);
-    mean = DeviceBuffer(size_t(c.heads) * D * 4);
-    centred = DeviceBuffer(items * D * 2);
-    centroids = DeviceBuffer(flat * D * 4);
-    centroids_bf16 = DeviceBuffer(flat * D * 2);
-    value_sums = DeviceBuffer(flat * D * 4);
-    value_sums_bf16 = DeviceBuffer(flat * D * 2);
-    sizes = DeviceBuffer(flat * 4);
-    assignment = DeviceBuffer(items * 4);
-    sort_keys = DeviceBuffer(items * 4);
-    sort_keys_out = DeviceBuffer(items * 4);
-    members = DeviceBuffer(items * 4);
-    offsets = DeviceBuffer((flat + 1) * 4);
-    std::vector<uint32_t> io(items);
-    for (size_t i = 0; i < items; ++i) io[i] = static_cast<uint32_t>(i % c.n);
-    iota = gputest::upload(io);
-    int bits = 1;
-    while ((size_t{1} << bits) < flat) ++bits;
-    sort_temp = DeviceBuffer(std::max<size_t>(dt::kmeans_sort_temp_bytes(int64_t(items), bits), 16));
-    p.keys = k.as<uint16_t>();
-    p.values = v.as<uint16_t>();
-    p.kv_stride = stride;
-    p.idx_begin = idx_begin;
-    p.n_idx = c.n;
-    p.num_heads = c.heads;
-    p.head_dim = c.d;
-    p.num_clusters = C;
-    p.num_segments = S;
-    p.seg_token_begin = seg_tb.as<int>();
-    p.seg_cluster_begin = seg_cb.as<int>();
-    p.max_seg_tokens = max_seg;
-    p.mean_partial = mean_partial.as<float>();
-    p.mean = mean.as<float>();
-    p.centred = centred.as<uint16_t>();
-    p.centroids = centroids.as<float>();
-    p.centroids_bf16 = centroids_bf16.as<uint16_t>();
-    p.value_sums = value_sums.as<float>();
-    p.value_sums_bf16 = value_sums_bf16.as<uint16_t>();
-    p.sizes = sizes.as<int>();
-    p.assignment = assignment.as<int>();
-    p.sort_keys = sort_keys.as<uint32_t>();
-    p.sort_keys_out = sort_keys_out.as<uint32_t>();
-    p.iota = iota.as<uint32_t>();
-    p.members = members.as<uint32_t>();
-    p.offsets = offsets.as<int>();
-    p.sort_temp = sort_temp.data();
-    p.sort_temp_bytes = sort_temp.bytes();
+    prepare(c.heads, c.d, idx_begin, c.n, seg_t, seg_c, nullptr);  // sets S, C, max_seg
+    p = params(k.as<uint16_t>(), v.as<uint16_t>(), stride, c.heads, c.d);
   }
   std::string shape() const {
     return "H=" + std::to_string(c.heads) + " D=" + std::to_string(c.d) + " n=" + std::to_string(c.n) +
@@ -319,8 +268,21 @@ TEST(CudaKMeansFast, VariantSwitches) {
     setenv("RETROINFER_KMEANS_ASSIGN", dt::kmeans_assign_variant_name(v), 1);
     EXPECT_EQ(dt::kmeans_assign_variant_from_env(), v) << dt::kmeans_assign_variant_name(v);
   }
-  setenv("RETROINFER_KMEANS_ASSIGN", "bogus", 1);
-  EXPECT_EQ(dt::kmeans_assign_variant_from_env(), dflt_a);
+  EXPECT_EQ(int(dt::kAssignVariants), 2);  // v1 and a (b-f were removed after run 15)
+  for (const char* gone : {"bogus", "b", "c", "d", "e", "f"}) {
+    setenv("RETROINFER_KMEANS_ASSIGN", gone, 1);
+    EXPECT_EQ(dt::kmeans_assign_variant_from_env(), dflt_a) << gone;
+  }
+  EXPECT_EQ(dflt_a, int(dt::kAssignA));
+  EXPECT_EQ(dflt_u, int(dt::kUpdateFast));
+  {  // the raw launcher refuses another variant or head_dim before any CUDA call
+    dt::KMeansParams p;
+    p.head_dim = 128;
+    EXPECT_EQ(dt::kmeans_assign_variant(p, false, dt::kAssignVariants, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(dt::kmeans_assign_variant(p, true, -1, nullptr), cudaErrorInvalidValue);
+    p.head_dim = 96;
+    EXPECT_EQ(dt::kmeans_assign_variant(p, false, dt::kAssignA, nullptr), cudaErrorInvalidValue);
+  }
   setenv("RETROINFER_KMEANS_UPDATE", "fast", 1);
   EXPECT_EQ(dt::kmeans_update_variant_from_env(), int(dt::kUpdateFast));
   setenv("RETROINFER_KMEANS_UPDATE", "v1", 1);

@@ -15,6 +15,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/decode_merge.cuh"
 #include "backend/cuda/kernels.h"
 #include "retroinfer/softmax_state.h"
@@ -201,28 +202,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     }
   }
 
-  // Query A fragments: a[ks] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..), lo(k 2tq+8..)}.
+  // Query A fragments (decode_math.cuh): a[ks] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..),
+  // lo(k 2tq+8..)}.
   uint32_t qa[kKs][4];
-  {
-    const bool on = gq < G;
-    const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
-#pragma unroll
-    for (int k = 0; k < kKs; ++k) {
-      float x[4] = {0, 0, 0, 0};
-      if (on) {
-        const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
-        const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
-        x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
-      }
-      float hi[4], lo[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
-      qa[k][0] = pack_bf16(hi[0], hi[1]);
-      qa[k][1] = pack_bf16(lo[0], lo[1]);
-      qa[k][2] = pack_bf16(hi[2], hi[3]);
-      qa[k][3] = pack_bf16(lo[2], lo[3]);
-    }
-  }
+  query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
   // PDL (p.pdl): q predates the decode; the token list and count come from the kernels just before.
   grid_dependency_wait();
   phase_first(p.phase, h, kSlotExact);
@@ -301,30 +284,8 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     }
     float s[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
     const int tok[4] = {2 * tq, 2 * tq + 1, 8 + 2 * tq, 9 + 2 * tq};
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      s[j] = tok[j] < valid ? s[j] : -INFINITY;
-      mx = fmaxf(mx, s[j]);
-    }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m, mx);
-    const float alpha = softmax_rescale(m, m_new);
-    m = m_new;
-    float pr[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) pr[j] = tok[j] < valid ? __expf(s[j] - m_new) : 0.0f;
-    l = l * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
-#pragma unroll
-    for (int j = 0; j < kNt; ++j) {
-      o[j][0] *= alpha; o[j][1] *= alpha; o[j][2] *= alpha; o[j][3] *= alpha;
-    }
-    float ph[4], pl[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) split_bf16(pr[j], ph[j], pl[j]);
-    const uint32_t pa[4] = {pack_bf16(ph[0], ph[1]), pack_bf16(pl[0], pl[1]), pack_bf16(ph[2], ph[3]),
-                            pack_bf16(pl[2], pl[3])};
+    uint32_t pa[4];  // P's A fragments (decode_math.cuh: masked online softmax, m / l / o updated)
+    softmax_tile<kNt>(s, tok, valid, m, l, o, pa);
     // O += P V. Matrices: (tok 0-7, dims d0..), (tok 8-15, dims d0..), (tok 0-7, d0+8..), (tok 8-15, d0+8..).
     const uint16_t* vb = vs + (buf * kT + (mi & 1) * 8 + ri) * kRow + (mi >> 1) * 8;
 #pragma unroll
@@ -344,33 +305,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   __syncthreads();
   float* stage_o = reinterpret_cast<float*>(smem_raw);                         // [kW, kMaxGroup, D]
   float2* stage_ml = reinterpret_cast<float2*>(stage_o + kW * kMaxGroup * D);  // [kW, kMaxGroup]
-  if (gq < G) {
-#pragma unroll
-    for (int j = 0; j < kNt; ++j) {
-      float* dst = stage_o + (warp * kMaxGroup + gq) * D + j * 8 + 2 * tq;
-      dst[0] = o[j][0] + o[j][2];
-      dst[1] = o[j][1] + o[j][3];
-    }
-    if (tq == 0) stage_ml[warp * kMaxGroup + gq] = make_float2(m, l);
-  }
+  if (gq < G) stage_warp_state<D>(stage_o, stage_ml, o, m, l, warp, gq, tq);
   __syncthreads();
   const int slot = p.split_offset + split;
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    SoftmaxScalars st;
-    float acc_o = 0.0f;
-    for (int w = 0; w < kW; ++w) {
-      const float2 ml = stage_ml[w * kMaxGroup + g];
-      SoftmaxScalars b;
-      b.m = ml.x;
-      b.l = ml.y;
-      const float ob = stage_o[(w * kMaxGroup + g) * D + d];
-      softmax_merge(st, &acc_o, b, &ob, 1);
-    }
-    const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
-    p.part_o[base * D + d] = acc_o;
-    if (d == 0) p.part_ml[base] = make_float2(st.m, st.l);
-  }
+  merge_warp_states<D, kW>(stage_o, stage_ml, G, int64_t{h} * p.total_splits + slot, p.part_ml, p.part_o);
   if (p.phase != nullptr) {
     __syncthreads();
     phase_last(p.phase, h, kSlotExact + 1);

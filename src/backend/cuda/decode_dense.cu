@@ -3,11 +3,10 @@
 // Grid (num_splits, H): one CTA per (split, flat head) streams the split's contiguous token range once for
 // all G query heads of the GQA group. Few, long-lived CTAs (kDenseCtasPerSm per multiprocessor over all
 // heads) with many bytes in flight each: a ring of S stages, stage = the K tile and the V tile of
-// kDenseTile = 64 consecutive tokens (bulk; see Variants below), filled by a producer warp and drained by
-// kCW = kDenseComputeWarps compute warps, each stage with two mbarriers:
-//   full[s]  completes when the stage's bytes have landed: bulk (kBulk): one arrive.expect_tx(bytes) by
-//            the producer thread, the copies' complete_tx; async: the 32 producer lanes' cp.async, each
-//            lane's cp.async.mbarrier.arrive.noinc (expected count 32);
+// kDenseTile = 64 consecutive tokens, filled by one producer thread and drained by kCW = kDenseComputeWarps
+// compute warps, each stage with two mbarriers:
+//   full[s]  completes when the stage's bytes have landed: one arrive.expect_tx(bytes) by the producer
+//            thread, the copies' complete_tx;
 //   empty[s] completes when the kCW compute warps have read the stage (one arrive per warp).
 // Tile i uses stage s = i % S for the u-th time, u = i / S: the consumers wait full[s] for parity u & 1;
 // the producer refills it for tile i >= S after empty[s] completed phase u - 1 (parity (u & 1) ^ 1). The
@@ -16,28 +15,25 @@
 // copies have landed when the consumers leave the loop; the CTA barrier after it orders the reuse of the
 // stage buffers for the warps' state merge.
 //
-// Shared-memory layout of a tile (K or V): the 64 rows as 8 blocks of 8 consecutive tokens, each block one
-// contiguous copy of 8 * 2D bytes (the rows are contiguous in global memory), blocks kBlockBytes =
-// 8 * 2D + 16 bytes apart. The 16-byte skew per block makes the ldmatrix reads conflict-free without
-// swizzling the copies: compute warp w takes the tokens 8b + 2w + x (block b = 0..7, x = 0, 1), so the 8
-// row addresses of every 8x8 ldmatrix matrix are the same row and 16-byte column of the 8 blocks, at
-// byte offsets b * kBlockBytes + c: 16-byte bank groups (b * (D + 1) + c / 16) mod 8 = (b + c / 16) mod 8,
-// all different. (Unskewed, rows 2D bytes apart would put the 8 rows in one bank group: 8-way conflicts,
-// 32 shared-memory wavefronts per ldmatrix.x4 instead of 4, ~2 K cycles of shared-memory traffic per
-// 32 KiB tile per CTA, the same order as the time HBM takes to deliver it; the skew costs 8 copies of
-// 2 KiB per tile instead of one of 16 KiB.) A tail tile copies only its valid rows; the compute warps
-// mask the logits of the rest and zero their V rows before P.V (0 * stale shared memory could be NaN).
+// bulk's shared-memory layout of a tile (K or V; tma2d's: "tma2d layout" below): the 64 rows as 8 blocks of 8
+// consecutive tokens, each block one contiguous copy of 8 * 2D bytes (the rows are contiguous in global memory),
+// blocks kBlockBytes = 8 * 2D + 16 bytes apart. The 16-byte skew per block makes the ldmatrix reads
+// conflict-free without swizzling the copies: compute warp w takes the tokens 8b + 2w + x (block b = 0..7, x =
+// 0, 1), so the 8 row addresses of every 8x8 ldmatrix matrix are the same row and 16-byte column of the 8
+// blocks, at byte offsets b * kBlockBytes + c: 16-byte bank groups (b * (D + 1) + c / 16) mod 8 = (b + c / 16)
+// mod 8, all different. (Unskewed, rows 2D bytes apart would put the 8 rows in one bank group: 8-way conflicts,
+// 32 shared-memory wavefronts per ldmatrix.x4 instead of 4, ~2 K cycles of shared-memory traffic per 32 KiB tile
+// per CTA, the same order as the time HBM takes to deliver it; the skew costs 8 copies of 2 KiB per tile instead
+// of one of 16 KiB.) A tail tile copies only its valid rows; the compute warps mask the logits of the rest and
+// zero their V rows before P.V (0 * stale shared memory could be NaN).
 //
-// Math per compute warp and tile (its 16 tokens): as decode.cu's decode_kernel, tensor-core flash decoding
-// with mma m16n8k16 (S^T = Q K^T with the query split into bf16 hi + lo rows, online softmax on the
-// fragments, O^T += P V with P split likewise: both carried to 2^-18 relative), then the warps' states merge
-// in shared memory and the CTA writes one partial state per query head (the softmax_state.h format of the
-// split-K path), merged by the fused merge of the head's last CTA (decode_merge.cuh) or combine_states.
+// Math per compute warp and tile (its 16 tokens): decode.cu's (decode_math.cuh), tensor-core flash decoding with
+// mma m16n8k16 (S^T = Q K^T with the query split into bf16 hi + lo rows, online softmax on the fragments, O^T +=
+// P V with P split likewise: both carried to 2^-18 relative), then the warps' states merge in shared memory and
+// the CTA writes one partial state per query head (the softmax_state.h format of the split-K path), merged by
+// the fused merge of the head's last CTA (decode_merge.cuh) or combine_states.
 //
-// Variants (DenseVariant, for A/B runs; decode_dense.h lists their names): the compute warps kCW (4, 8,
-// 12: the tile grows to 16 kCW tokens, kCW / 4 sub-tiles of 64 tokens each read by 4 warps exactly as
-// above; one CTA per multiprocessor beyond 4 warps), the producer (bulk copies or cp.async) and the
-// compute warps' load order (kWide: a tile's K and V fragments all loaded before its first MMA).
+// The two kernels (DenseVariant: bulk and tma2d) differ only in how a tile is copied and laid out.
 #include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -47,6 +43,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_dense.h"
+#include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/decode_merge.cuh"
 #include "backend/cuda/kernels.h"
 #include "retroinfer/softmax_state.h"
@@ -54,28 +51,22 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
-// A kernel variant (decode_dense.h DenseKernel): CW compute warps, each taking 16 tokens of every tile of
-// T = 16 CW tokens (CW / 4 sub-tiles of 64 tokens, each laid out and read as the file comment says for 4
-// warps: warp w reads sub-tile w / 4 as warp w % 4); kBulk: bulk copies (else cp.async); kWide: each warp
-// issues all of a tile's K and V ldmatrix before its first MMA (the V fragments' shared-memory latency then
-// overlaps the QK MMAs and the softmax), at 32 more registers of fragments per thread; kTma (tma2d): the
-// tiles copied by 2-D tensor-map copies (see "tma2d layout" below).
-template <int kComputeWarps, bool kBulkCopies, bool kWideIlp, bool kTmaCopies = false>
+// A kernel (decode_dense.h DenseKernel): kCW compute warps, each taking 16 tokens of every tile of kT
+// tokens; kTma (tma2d): the tiles copied by 2-D tensor-map copies (see "tma2d layout" below), else (bulk)
+// by 1-D bulk copies into the skewed blocks of the file comment. Both: one producer thread's bulk-copy
+// protocol, kDenseCtasPerSm CTAs per multiprocessor.
+template <bool kTmaCopies>
 struct DenseVariant {
-  static constexpr int kCW = kComputeWarps;
-  static constexpr bool kBulk = kBulkCopies;
-  static constexpr bool kWide = kWideIlp;
+  static constexpr int kCW = kDenseComputeWarps;
   static constexpr bool kTma = kTmaCopies;
-  static_assert(!kTma || (kCW == 4 && kBulk), "tma2d: 4 compute warps, the bulk producer's protocol");
-  static constexpr int kT = 16 * kCW;  // tokens per tile
+  static constexpr int kT = kDenseTile;  // tokens per tile
   static constexpr int kBlocks = kT / 8;
-  static constexpr int kThreads = (kCW + 1) * 32;
-  // Two CTAs per multiprocessor with 4 compute warps (as kDenseCtasPerSm), one with more: by shared memory.
-  static constexpr int kCtasPerSm = kCW == 4 ? kDenseCtasPerSm : 1;
-  static_assert(kCW % 4 == 0 && kCW >= 4 && kCW <= 12, "compute warps: 4, 8 or 12 (sub-tiles of 64 tokens)");
+  static constexpr int kThreads = kDenseThreads;
+  static constexpr int kCtasPerSm = kDenseCtasPerSm;
+  static_assert(kT == 16 * kCW && kThreads == (kCW + 1) * 32, "decode_dense.h constants: 16 tokens per warp");
 };
-using VariantBulk = DenseVariant<4, true, false>;
-static_assert(VariantBulk::kT == kDenseTile && VariantBulk::kThreads == kDenseThreads, "decode_dense.h constants");
+using VariantBulk = DenseVariant<false>;
+using VariantTma2d = DenseVariant<true>;
 
 // tma2d layout: a K (or V) tile is D / 64 boxes of 64 tokens x 64 dims (128-byte box rows: box b holds
 // dims 64b..64b+63), each box one copy of the tensor map [H][kv_stride][D] with CU_TENSOR_MAP_SWIZZLE_128B:
@@ -88,19 +79,18 @@ struct DenseLayout {
   static constexpr int kCW = V::kCW;
   static constexpr int kRowBytes = D * 2;                     // one token's K (or V) row, bf16
   static constexpr int kBlockBytes = 8 * kRowBytes + 16;      // 8 rows + the 16-byte skew
-  static constexpr int kSubBytes = 8 * kBlockBytes;           // a 64-token sub-tile (8 blocks)
   static constexpr int kBoxBytes = 64 * 128;                  // tma2d: one box
   static constexpr int kAlign = V::kTma ? 1024 : 0;           // tma2d: slack to align the stages to 1 KiB
   static constexpr int kTileBytes = V::kTma ? D / 64 * kBoxBytes : V::kBlocks * kBlockBytes;  // K or V
   static constexpr int kStageBytes = 2 * kTileBytes;          // K tile, then V tile
   // Stages: as many as fit the shared-memory budget of a CTA: 100,000 bytes with two CTAs per
-  // multiprocessor (4 warps, D = 128: 3 x 32.25 KiB; D = 64: 6 x 16.25 KiB: 2 x (97 + 1 reserved) KiB + the
-  // static barriers fit the 227 KiB a multiprocessor gives), 200,000 with one (8 warps: 3 x 64.5 KiB at
-  // D = 128, 6 x 32.5 KiB at D = 64; 12 warps: 2 x 96.75 KiB, 4 x 48.75 KiB). While a tile is computed, the
-  // other S - 1 stages' copies are in flight: 64 KiB per CTA at D = 128 with 4 warps, 128 KiB per
-  // multiprocessor (8 warps: 129 KiB; 12 warps: 97 KiB), against the ~36 KB HBM's bandwidth-latency
-  // product needs per multiprocessor (4.8 TB/s x ~1 us / 132).
-  static constexpr int kBudget = V::kCtasPerSm == 1 ? 200000 : 100000;
+  // multiprocessor (bulk, D = 128: 3 x 32.25 KiB; D = 64: 6 x 16.25 KiB: 2 x (97 + 1 reserved) KiB + the
+  // static barriers fit the 227 KiB a multiprocessor gives; tma2d: 3 x 32 KiB + 1 KiB of alignment slack,
+  // 6 x 16 KiB). While a tile is computed, the other S - 1 stages' copies are in flight: 64 KiB per CTA at
+  // D = 128, 128 KiB per multiprocessor, against the ~36 KB HBM's bandwidth-latency product needs per
+  // multiprocessor (4.8 TB/s x ~1 us / 132).
+  static_assert(V::kCtasPerSm == 2, "the budget below is half a multiprocessor's shared memory");
+  static constexpr int kBudget = 100000;
   static constexpr int kStages = (kBudget - kAlign) / kStageBytes;
   static constexpr size_t kBytes = size_t{kStages} * kStageBytes + kAlign;  // dynamic shared memory
   static_assert(kStages >= 2, "at least double buffering");
@@ -187,17 +177,11 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, i
       "l"(reinterpret_cast<uint64_t>(map)), "r"(d), "r"(t), "r"(h), "r"(smem_u32(bar)), "l"(pol)
       : "memory");
 }
-// The tensor maps of tma2d (zero for the other variants): K and V as [H][kv_stride][D] bf16, boxes of
+// The tensor maps of tma2d (zero for bulk): K and V as [H][kv_stride][D] bf16, boxes of
 // 64 x 64 x 1, 128-byte swizzle.
 struct DenseMaps {
   CUtensorMap k, v;
 };
-
-// One arrive on bar when every cp.async this thread issued so far has completed (no pending-count
-// increment: the barrier's expected count includes it).
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
 
 template <int D, class V>
 __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
@@ -205,7 +189,6 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
   using L = DenseLayout<D, V>;
   constexpr int S = L::kStages;
   constexpr int kT = V::kT, kCW = V::kCW;
-  constexpr bool kBulk = V::kBulk;
   constexpr int kKs = D / 16;     // QK k-steps
   constexpr int kNt = D / 8;      // PV n-tiles (8 dims each)
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
@@ -225,7 +208,7 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      mbar_init(&full_bar[s], kBulk ? 1 : 32);
+      mbar_init(&full_bar[s], 1);
       mbar_init(&empty_bar[s], kCW);
     }
     mbar_init_fence();
@@ -243,95 +226,53 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
     const uint64_t pol = l2_evict_first_policy();  // K/V are streamed once
     const uint16_t* kh = p.k + (int64_t{h} * p.kv_stride + begin) * D;
     const uint16_t* vh = p.v + (int64_t{h} * p.kv_stride + begin) * D;
-    if constexpr (kBulk) {
-      if (lane == 0) {
-        for (int i = 0; i < ntiles; ++i) {
-          const int s = i % S;
-          if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);
-          const int64_t left = len - int64_t{i} * kT;
-          const int rows = static_cast<int>(left < kT ? left : kT);
-          unsigned char* kst = smem + s * L::kStageBytes;
-          unsigned char* vst = kst + L::kTileBytes;
-          if constexpr (V::kTma) {  // whole boxes (rows past the split: masked / zeroed by the consumers)
-            mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(L::kStageBytes));
-            const int t = static_cast<int>(begin + int64_t{i} * kT);  // < kv_stride <= INT32_MAX (host check)
-#pragma unroll
-            for (int bx = 0; bx < D / 64; ++bx) {
-              tma_load_3d(kst + bx * L::kBoxBytes, &maps.k, 64 * bx, t, h, &full_bar[s], pol);
-              tma_load_3d(vst + bx * L::kBoxBytes, &maps.v, 64 * bx, t, h, &full_bar[s], pol);
-            }
-            continue;
-          }
-          mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(2 * rows * L::kRowBytes));
-          const uint16_t* ks = kh + int64_t{i} * kT * D;
-          const uint16_t* vs = vh + int64_t{i} * kT * D;
-          for (int b = 0; b * 8 < rows; ++b) {
-            const int r = rows - b * 8 < 8 ? rows - b * 8 : 8;
-            const uint32_t bytes = static_cast<uint32_t>(r * L::kRowBytes);
-            bulk_copy_g2s(kst + b * L::kBlockBytes, ks + b * 8 * D, bytes, &full_bar[s], pol);
-            bulk_copy_g2s(vst + b * L::kBlockBytes, vs + b * 8 * D, bytes, &full_bar[s], pol);
-          }
-        }
-      }
-    } else {
+    if (lane == 0) {
       for (int i = 0; i < ntiles; ++i) {
         const int s = i % S;
-        if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);  // every lane: it writes the stage itself
+        if (i >= S) mbar_wait(&empty_bar[s], ((i / S) & 1) ^ 1);
         const int64_t left = len - int64_t{i} * kT;
         const int rows = static_cast<int>(left < kT ? left : kT);
         unsigned char* kst = smem + s * L::kStageBytes;
         unsigned char* vst = kst + L::kTileBytes;
+        if constexpr (V::kTma) {  // whole boxes (rows past the split: masked / zeroed by the consumers)
+          mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(L::kStageBytes));
+          const int t = static_cast<int>(begin + int64_t{i} * kT);  // < kv_stride <= INT32_MAX (host check)
+#pragma unroll
+          for (int bx = 0; bx < D / 64; ++bx) {
+            tma_load_3d(kst + bx * L::kBoxBytes, &maps.k, 64 * bx, t, h, &full_bar[s], pol);
+            tma_load_3d(vst + bx * L::kBoxBytes, &maps.v, 64 * bx, t, h, &full_bar[s], pol);
+          }
+          continue;
+        }
+        mbar_arrive_expect_tx(&full_bar[s], static_cast<uint32_t>(2 * rows * L::kRowBytes));
         const uint16_t* ks = kh + int64_t{i} * kT * D;
         const uint16_t* vs = vh + int64_t{i} * kT * D;
-        for (int c = lane; c < rows * kChunks; c += 32) {
-          const int r = c / kChunks, col = c % kChunks;
-          const int off = (r >> 3) * L::kBlockBytes + (r & 7) * L::kRowBytes + col * 16;
-          cp_async16_zfill_hint(kst + off, ks + r * D + col * 8, true, pol);
-          cp_async16_zfill_hint(vst + off, vs + r * D + col * 8, true, pol);
+        for (int b = 0; b * 8 < rows; ++b) {
+          const int r = rows - b * 8 < 8 ? rows - b * 8 : 8;
+          const uint32_t bytes = static_cast<uint32_t>(r * L::kRowBytes);
+          bulk_copy_g2s(kst + b * L::kBlockBytes, ks + b * 8 * D, bytes, &full_bar[s], pol);
+          bulk_copy_g2s(vst + b * L::kBlockBytes, vs + b * 8 * D, bytes, &full_bar[s], pol);
         }
-        cp_async_mbar_arrive(&full_bar[s]);
       }
     }
     __syncwarp();
   } else {
     // ---- compute warps ----
-    // Query A fragments (decode.cu): a[k] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..),
-    // lo(k 2tq+8..)}; rows of heads >= G are zero.
+    // Query A fragments (decode_math.cuh); rows of heads >= G are zero.
     uint32_t qa[kKs][4];
-    {
-      const bool on = gq < G;
-      const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
-#pragma unroll
-      for (int k = 0; k < kKs; ++k) {
-        float x[4] = {0, 0, 0, 0};
-        if (on) {
-          const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
-          const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
-          x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
-        }
-        float hi[4], lo[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
-        qa[k][0] = pack_bf16(hi[0], hi[1]);
-        qa[k][1] = pack_bf16(lo[0], lo[1]);
-        qa[k][2] = pack_bf16(hi[2], hi[3]);
-        qa[k][3] = pack_bf16(lo[2], lo[3]);
-      }
-    }
+    query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
     // ldmatrix row addresses (matrix mi = lane >> 3, row ri = lane & 7 = the block). n index j of the QK
     // n-tile x (and k index j / 8 + j of P.V) is the token 8j + 2w + x of the tile.
     //   QK, matrices (x 0, k lo), (x 0, k hi), (x 1, k lo), (x 1, k hi): token 8ri + 2w + (mi >> 1),
     //       16-byte column 2k + (mi & 1) at k-step k;
     //   PV, matrices (x 0, dims d0), (x 1, d0), (x 0, d0 + 8), (x 1, d0 + 8): token 8ri + 2w + (mi & 1),
     //       column 2jj + (mi >> 1) for dims d0 = 16jj.
-    // With more than 4 compute warps, warp w reads the sub-tile w / 4 (64 tokens from token 64 (w / 4),
-    // its 8 blocks from byte sub * kSubBytes) as warp wq = w % 4 of the 4-warp layout.
-    const int mi = lane >> 3, ri = lane & 7, wq = warp & 3, sub = warp >> 2;
-    int k_off = sub * L::kSubBytes + ri * L::kBlockBytes + (2 * wq + (mi >> 1)) * L::kRowBytes + (mi & 1) * 16;
-    int v_off = sub * L::kSubBytes + ri * L::kBlockBytes + (2 * wq + (mi & 1)) * L::kRowBytes + (mi >> 1) * 16;
+    const int mi = lane >> 3, ri = lane & 7;
+    int k_off = ri * L::kBlockBytes + (2 * warp + (mi >> 1)) * L::kRowBytes + (mi & 1) * 16;
+    int v_off = ri * L::kBlockBytes + (2 * warp + (mi & 1)) * L::kRowBytes + (mi >> 1) * 16;
     // This lane's accumulator tokens: s[0] (x 0, n 2tq), s[1] (x 0, n 2tq + 1), s[2] (x 1, n 2tq),
     // s[3] (x 1, n 2tq + 1).
-    int t0 = 64 * sub + 2 * wq;  // the warp's first token of a tile
+    int t0 = 2 * warp;  // the warp's first token of a tile
     int tok[4] = {16 * tq + t0, 16 * tq + t0 + 8, 16 * tq + t0 + 1, 16 * tq + t0 + 9};
     if constexpr (V::kTma) {
       // n index j of the QK n-tile x (and k index 8x + j of P.V) is the token 16w + 8x + j. Row parts of the
@@ -367,67 +308,28 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
             const int r = c / kChunks, col = c % kChunks, b = r >> 1, x = r & 1;
             if (V::kTma ? t0 + r >= valid : t0 + 8 * b + x >= valid) {  // tma2d: every chunk of the row
               const int off = V::kTma ? (col >> 3) * L::kBoxBytes + (t0 + r) * 128 + (col & 7) * 16
-                                      : sub * L::kSubBytes + b * L::kBlockBytes + (2 * wq + x) * L::kRowBytes + col * 16;
+                                      : b * L::kBlockBytes + (2 * warp + x) * L::kRowBytes + col * 16;
               *reinterpret_cast<uint4*>(vst + off) = make_uint4(0u, 0u, 0u, 0u);
             }
           }
           __syncwarp();
         }
         float c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0};
-        uint32_t vf[V::kWide ? kNt / 2 : 1][4];  // kWide: the tile's V fragments, loaded before the QK MMAs
-        if constexpr (V::kWide) {
-          uint32_t kf[kKs][4];
 #pragma unroll
-          for (int k = 0; k < kKs; ++k) ldmatrix_x4(kf[k], kst + k_at(k));
-#pragma unroll
-          for (int jj = 0; jj < kNt / 2; ++jj) ldmatrix_x4_trans(vf[jj], vst + v_at(jj));
-#pragma unroll
-          for (int k = 0; k < kKs; ++k) {
-            mma_bf16_16816(c0, qa[k], kf[k][0], kf[k][1]);
-            mma_bf16_16816(c1, qa[k], kf[k][2], kf[k][3]);
-          }
-        } else {
-#pragma unroll
-          for (int k = 0; k < kKs; ++k) {
-            uint32_t b[4];
-            ldmatrix_x4(b, kst + k_at(k));
-            mma_bf16_16816(c0, qa[k], b[0], b[1]);
-            mma_bf16_16816(c1, qa[k], b[2], b[3]);
-          }
+        for (int k = 0; k < kKs; ++k) {
+          uint32_t b[4];
+          ldmatrix_x4(b, kst + k_at(k));
+          mma_bf16_16816(c0, qa[k], b[0], b[1]);
+          mma_bf16_16816(c1, qa[k], b[2], b[3]);
         }
         float sv[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          sv[j] = tok[j] < valid ? sv[j] : -INFINITY;  // a select: stale K rows may hold NaN
-          mx = fmaxf(mx, sv[j]);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m, mx);  // finite: token t0 is valid (the row max covers it)
-        const float alpha = softmax_rescale(m, m_new);
-        m = m_new;
-        float pr[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) pr[j] = tok[j] < valid ? __expf(sv[j] - m_new) : 0.0f;
-        l = l * alpha + (pr[0] + pr[1] + pr[2] + pr[3]);
-#pragma unroll
-        for (int j = 0; j < kNt; ++j) {
-          o[j][0] *= alpha; o[j][1] *= alpha; o[j][2] *= alpha; o[j][3] *= alpha;
-        }
-        float ph[4], pl[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) split_bf16(pr[j], ph[j], pl[j]);
-        const uint32_t pa[4] = {pack_bf16(ph[0], ph[1]), pack_bf16(pl[0], pl[1]), pack_bf16(ph[2], ph[3]),
-                                pack_bf16(pl[2], pl[3])};
+        // The new running max is finite: token t0 is valid (the quad's max covers it).
+        uint32_t pa[4];
+        softmax_tile<kNt>(sv, tok, valid, m, l, o, pa);
 #pragma unroll
         for (int jj = 0; jj < kNt / 2; ++jj) {
           uint32_t b[4];
-          if constexpr (V::kWide) {
-            b[0] = vf[jj][0]; b[1] = vf[jj][1]; b[2] = vf[jj][2]; b[3] = vf[jj][3];
-          } else {
-            ldmatrix_x4_trans(b, vst + v_at(jj));
-          }
+          ldmatrix_x4_trans(b, vst + v_at(jj));
           mma_bf16_16816(o[2 * jj], pa, b[0], b[1]);
           mma_bf16_16816(o[2 * jj + 1], pa, b[2], b[3]);
         }
@@ -444,32 +346,9 @@ __global__ void __launch_bounds__(V::kThreads, V::kCtasPerSm)
   __syncthreads();
   float* stage_o = reinterpret_cast<float*>(smem);                              // [kCW, kMaxGroup, D]
   float2* stage_ml = reinterpret_cast<float2*>(stage_o + kCW * kMaxGroup * D);  // [kCW, kMaxGroup]
-  if (warp < kCW && gq < G) {
-#pragma unroll
-    for (int j = 0; j < kNt; ++j) {
-      float* dst = stage_o + (warp * kMaxGroup + gq) * D + j * 8 + 2 * tq;
-      dst[0] = o[j][0] + o[j][2];
-      dst[1] = o[j][1] + o[j][3];
-    }
-    if (tq == 0) stage_ml[warp * kMaxGroup + gq] = make_float2(m, l);
-  }
+  if (warp < kCW && gq < G) stage_warp_state<D>(stage_o, stage_ml, o, m, l, warp, gq, tq);
   __syncthreads();
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
-    const int g = i / D, d = i % D;
-    SoftmaxScalars st;
-    float acc_o = 0.0f;
-    for (int w = 0; w < kCW; ++w) {
-      const float2 ml = stage_ml[w * kMaxGroup + g];
-      SoftmaxScalars b;
-      b.m = ml.x;
-      b.l = ml.y;
-      const float ob = stage_o[(w * kMaxGroup + g) * D + d];
-      softmax_merge(st, &acc_o, b, &ob, 1);
-    }
-    const int64_t base = (int64_t{h} * p.num_splits + split) * G + g;
-    p.part_o[base * D + d] = acc_o;
-    if (d == 0) p.part_ml[base] = make_float2(st.m, st.l);
-  }
+  merge_warp_states<D, kCW>(stage_o, stage_ml, G, int64_t{h} * p.num_splits + split, p.part_ml, p.part_o);
   if (p.merge.counter != nullptr)  // merge_if_last's first barrier ends the reads of the staging above
     merge_if_last(p.merge, p.part_ml, p.part_o, p.num_splits, G, D, h,
                   reinterpret_cast<float*>(stage_ml + kCW * kMaxGroup), nullptr);
@@ -513,18 +392,8 @@ cudaError_t with_variant(DenseKernel k, F&& f) {
   switch (k) {
     case DenseKernel::kBulk:
       return f(VariantBulk{});
-    case DenseKernel::kAsync:
-      return f(DenseVariant<4, false, false>{});
-    case DenseKernel::kBulkW:
-      return f(DenseVariant<4, true, true>{});
-    case DenseKernel::kBulk8:
-      return f(DenseVariant<8, true, false>{});
-    case DenseKernel::kBulk8W:
-      return f(DenseVariant<8, true, true>{});
-    case DenseKernel::kBulk12:
-      return f(DenseVariant<12, true, false>{});
     case DenseKernel::kTma2d:
-      return f(DenseVariant<4, true, false, true>{});
+      return f(VariantTma2d{});
     case DenseKernel::kV1:
       break;
   }

@@ -4,24 +4,18 @@
 // the streaming kernels of decode_dense.cu. Included only from src/backend/cuda. Notation as kernels.h.
 //
 // Kernels (RETROINFER_FULL_DECODE):
-//   unset / "tma2d" (the default since run 15: fastest of the A/B, bench/results/run15/call4): see below;
+//   unset / "tma2d" (the default since run 15: fastest of the A/B, bench/results/run15/call4): bulk's CTA and
+//                   ring, each tile copied by 2-D tensor-map copies (D / 64 boxes of 64 tokens x 64 dims per K
+//                   or V tile, 128-byte swizzle) instead of 8 skewed 1-D copies; warp w takes the consecutive
+//                   tokens 16w..16w+15. Where the driver has no tensor-map encoder or kv_stride >= 2^31, the
+//                   launch runs bulk instead (dense_decode_stream);
 //   "bulk":         decode_dense.cu with Hopper bulk copies (cp.async.bulk, mbarrier completion) into a ring
-//                   of K/V tile stages filled by one producer thread;
-//   "async":        the same kernel with the stages filled by cp.async of its producer warp (every lane,
-//                   cp.async.mbarrier.arrive), for an A/B of the copy engine alone;
-//   "v1":           decode.cu's decode_kernel<D, false, S> + combine_states (the kernel before this one);
-//   A/B variants of bulk (decode_dense.cu DenseVariant; the same per-token arithmetic):
-//   "bulkw":        bulk whose compute warps issue all of a tile's K and V ldmatrix before the MMAs (more
-//                   shared-memory loads in flight per warp; the same grouping and order: bit-equal to bulk);
-//   "bulk8":        8 compute warps + the producer per CTA, 128-token tiles, 3 stages (D = 128: 3 x 64.5 KiB),
-//                   one CTA per multiprocessor (half the CTAs of bulk, twice the tokens per split);
-//   "bulk8w":       bulk8 with bulkw's loads;
-//   "bulk12":       12 compute warps, 192-token tiles, 2 stages (D = 128: 2 x 96.75 KiB), one CTA per
-//                   multiprocessor: 12 compute warps per multiprocessor instead of 8;
-//   "tma2d":        bulk's CTA and ring, each tile copied by 2-D tensor-map copies (D / 64 boxes of 64 tokens
-//                   x 64 dims per K or V tile, 128-byte swizzle) instead of 8 skewed 1-D copies; warp w takes
-//                   the consecutive tokens 16w..16w+15. Where the driver has no tensor-map encoder or
-//                   kv_stride >= 2^31, the launch runs bulk instead (dense_decode_stream).
+//                   of K/V tile stages filled by one producer thread (tma2d's fallback);
+//   "v1":           decode.cu's decode_kernel<D, false, S> + combine_states (the kernel before these; the
+//                   reference the GPU tests compare against).
+// Run 15 also measured "async" (bulk's stages filled by cp.async), "bulkw" (all of a tile's ldmatrix before
+// its MMAs), "bulk8" / "bulk8w" (8 compute warps, 128-token tiles) and "bulk12" (12 warps, 192-token
+// tiles): none beat bulk or tma2d (bench/results/run15/call4, call3), and they were removed after it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -32,16 +26,16 @@
 
 namespace retroinfer::cuda::detail {
 
-enum class DenseKernel { kBulk, kAsync, kV1, kBulkW, kBulk8, kBulk8W, kBulk12, kTma2d };
+enum class DenseKernel { kBulk, kV1, kTma2d };
 inline constexpr DenseKernel kDefaultDenseKernel = DenseKernel::kTma2d;
 
 // The kernel RETROINFER_FULL_DECODE names, read at each call (a DenseDecoder keeps the one it was made
-// with). Throws Error on any other value.
+// with). Throws Error on any other value, naming the valid ones.
 DenseKernel dense_kernel();
-// "bulk", "async", "v1", "bulkw", "bulk8", "bulk8w", "bulk12", "tma2d"
+// "bulk", "v1", "tma2d"
 const char* dense_kernel_name(DenseKernel k);
 
-// bulk's (and async's, bulkw's) figures; bulk8 / bulk12 have twice / three times the warps and tile tokens.
+// The streaming kernels' (bulk's and tma2d's) figures.
 inline constexpr int kDenseTile = 64;          // tokens per pipeline stage (a K tile and a V tile)
 inline constexpr int kDenseComputeWarps = 4;   // consumer warps: each takes 16 tokens of every tile
 inline constexpr int kDenseThreads = (kDenseComputeWarps + 1) * 32;  // + one producer warp
@@ -49,13 +43,13 @@ inline constexpr int kDenseThreads = (kDenseComputeWarps + 1) * 32;  // + one pr
 // in the H200's 228 KiB.
 inline constexpr int kDenseCtasPerSm = 2;
 
-// Splits (CTAs per flat head) of the bulk / async kernels: ctas_per_sm CTAs per multiprocessor over all
+// Splits (CTAs per flat head) of the streaming kernels: ctas_per_sm CTAs per multiprocessor over all
 // heads (floor(ctas_per_sm * sms / num_heads): one wave, no partial second one), at most one per tile of
 // tokens, at least 1. Pure (testable without a device).
 int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm = kDenseCtasPerSm);
 // CTAs of streaming kernel k (not v1) for head_dim that fit on one multiprocessor (the occupancy query,
-// made once per kernel with its shared-memory attributes set; on the H200 kDenseCtasPerSm for bulk, async
-// bulkw and tma2d, 1 for bulk8, bulk8w, bulk12). cudaErrorInvalidValue for v1 or another head_dim.
+// made once per kernel with its shared-memory attributes set; on the H200 kDenseCtasPerSm for both).
+// cudaErrorInvalidValue for v1 or another head_dim.
 cudaError_t dense_ctas_per_sm(DenseKernel k, int head_dim, int* ctas);
 // Splits kernel k uses for num_tokens tokens of num_heads flat heads of head_dim on this device (v1:
 // decode_splits; the streaming kernels: dense_stream_splits with the device's multiprocessors and the
@@ -94,7 +88,7 @@ struct DenseDecodeArgs {
   float2* part_ml = nullptr;
   float* part_o = nullptr;
   int max_splits = 0;
-  // [H] int, zero (and left zero): the bulk / async kernels merge the splits in their last CTA per head
+  // [H] int, zero (and left zero): the streaming kernels merge the splits in their last CTA per head
   // (kernels.h FusedMerge) when set, the splits fit kMergeMaxStates and out is 16-byte aligned; otherwise
   // (and always for v1) combine_states follows.
   int* merge_counter = nullptr;

@@ -13,9 +13,25 @@
 namespace retroinfer::cuda::detail {
 
 namespace {
-constexpr DenseKernel kAllKernels[] = {DenseKernel::kBulk,   DenseKernel::kAsync,  DenseKernel::kV1,
-                                       DenseKernel::kBulkW,  DenseKernel::kBulk8,  DenseKernel::kBulk8W,
-                                       DenseKernel::kBulk12, DenseKernel::kTma2d};
+constexpr DenseKernel kAllKernels[] = {DenseKernel::kTma2d, DenseKernel::kBulk, DenseKernel::kV1};
+
+// The fields DecodeParams (v1) and DenseParams (the streaming kernels) share: the inputs of `a`, `splits`
+// CTAs per head and the split workspace.
+template <class P>
+void fill_shared(P& p, const DenseDecodeArgs& a, int splits) {
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.kv_stride = a.kv_stride;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = a.num_heads;
+  p.group = a.group;
+  p.head_dim = a.head_dim;
+  p.scale = a.scale;
+  p.num_splits = splits;
+  p.part_ml = a.part_ml;
+  p.part_o = a.part_o;
+}
 }  // namespace
 
 DenseKernel dense_kernel() {
@@ -24,25 +40,16 @@ DenseKernel dense_kernel() {
   for (DenseKernel k : kAllKernels)
     if (std::strcmp(e, dense_kernel_name(k)) == 0) return k;
   RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e,
-                  "' is not a dense decode kernel: use tma2d (the default), bulk, async, v1, bulkw, bulk8, bulk8w or bulk12");
+                  "' is not a dense decode kernel: use tma2d (the default), bulk or v1 (async, bulkw, bulk8, bulk8w "
+                  "and bulk12 were removed after run 15's A/B)");
 }
 
 const char* dense_kernel_name(DenseKernel k) {
   switch (k) {
     case DenseKernel::kBulk:
       return "bulk";
-    case DenseKernel::kAsync:
-      return "async";
     case DenseKernel::kV1:
       return "v1";
-    case DenseKernel::kBulkW:
-      return "bulkw";
-    case DenseKernel::kBulk8:
-      return "bulk8";
-    case DenseKernel::kBulk8W:
-      return "bulk8w";
-    case DenseKernel::kBulk12:
-      return "bulk12";
     case DenseKernel::kTma2d:
       return "tma2d";
   }
@@ -66,8 +73,8 @@ int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim)
   if (k == DenseKernel::kV1) return decode_splits(num_tokens, num_heads, 1);
   int ctas = 0;
   RETROINFER_CUDA_CHECK(dense_ctas_per_sm(k, head_dim, &ctas));
-  // The kernel's occupancy (bulk8 / bulk12: 1 by design; fewer than kDenseCtasPerSm for bulk would mean the
-  // carveout did not apply): fewer, longer splits keep one wave.
+  // The kernel's occupancy (fewer than kDenseCtasPerSm would mean the carveout did not apply): fewer, longer
+  // splits keep one wave.
   return dense_stream_splits(num_tokens, num_heads, sm_count(), ctas < kDenseCtasPerSm ? ctas : kDenseCtasPerSm);
 }
 
@@ -91,36 +98,14 @@ int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
   bool merged = false;
   if (a.kernel == DenseKernel::kV1) {
     DecodeParams p;
-    p.q = a.q;
-    p.k = a.k;
-    p.v = a.v;
-    p.kv_stride = a.kv_stride;
-    p.num_tokens = a.num_tokens;
-    p.num_heads = H;
-    p.group = G;
-    p.head_dim = D;
-    p.scale = a.scale;
-    p.num_splits = splits;
+    fill_shared(p, a, splits);
     p.split_tokens = split_tokens(a.num_tokens, splits);
-    p.part_ml = a.part_ml;
-    p.part_o = a.part_o;
     p.total_splits = splits;
     p.split_offset = 0;
     launch_check(decode_attention(p, st), who, st);
   } else {
     DenseParams p;
-    p.q = a.q;
-    p.k = a.k;
-    p.v = a.v;
-    p.kv_stride = a.kv_stride;
-    p.num_tokens = a.num_tokens;
-    p.num_heads = H;
-    p.group = G;
-    p.head_dim = D;
-    p.scale = a.scale;
-    p.num_splits = splits;
-    p.part_ml = a.part_ml;
-    p.part_o = a.part_o;
+    fill_shared(p, a, splits);
     merged = a.merge_counter != nullptr && int64_t{splits} * G <= kMergeMaxStates &&
              (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
     if (merged) {

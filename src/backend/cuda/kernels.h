@@ -23,7 +23,7 @@ namespace retroinfer::cuda::detail {
 
 inline constexpr int kMaxGroup = 8;  // largest GQA group the decode kernels support (register arrays)
 
-// ---- k-means (kmeans.cu, kmeans_sort.cu) ----
+// ---- k-means (kmeans.cu, kmeans_assign.cu, kmeans_sort.cu) ----
 
 struct KMeansParams {
   const uint16_t* keys = nullptr;    // K: [H, kv_stride, D] bf16
@@ -63,22 +63,20 @@ struct KMeansParams {
 inline constexpr int kMeanChunks = 32;  // partial sums per head for the mean key (deterministic two-pass)
 inline constexpr int kKMeansVariantEnv = -1;
 
-// Assignment kernels (kmeans.cu: v1; kmeans_assign.cu: the others). Same scores (the same mma.sync with
-// the same operands in the same k order per output) and the same argmax rule, so the same assignment:
+// Assignment kernels (kmeans.cu: v1; kmeans_assign.cu: a). Same scores (the same mma.sync with the same
+// operands in the same k order per output) and the same argmax rule, so the same assignment:
 //   kV1  run 9's kernel: 2 m-tiles x 2 n-tiles per warp step, 64-centroid chunks, 2 barriers per chunk
+//        (the reference the GPU tests compare against)
 //   kA   as v1 with the independent MMA chains interleaved, one barrier per chunk, unguarded full chunks
-//   kB   kA + 128-centroid chunks in a 3-stage cp.async ring + max-tree argmax (index found on a record)
-//   kC   kB with 4 n-tiles per step (8 independent accumulators per warp), no 2-CTA register cap
-//   kD   kC capped at 128 registers (2 CTAs per multiprocessor)
-//   kE   kB with 3 m-tiles per warp (384 keys per CTA: each centroid fragment feeds 3 MMAs), 1 CTA per SM
-//   kF   kB with v1's argmax epilogue (isolates the max-tree's effect)
-enum KMeansAssignVariant : int {
-  kAssignV1 = 0, kAssignA, kAssignB, kAssignC, kAssignD, kAssignE, kAssignF, kAssignVariants
-};
+//        (the default since run 15)
+// Run 15 also measured b-f (128-centroid chunks in a 3-stage ring, a max-tree argmax, 4 n-tiles or 3
+// m-tiles per step; bench/results/run15/call2, call3): b-e slower than a, f level with it at 128K and
+// slower at 32K; they were removed after it.
+enum KMeansAssignVariant : int { kAssignV1 = 0, kAssignA, kAssignVariants };
 // Centroid update / finalize: v1 = one warp per cluster, 2-byte loads per lane; kUpdateFast = D/8 lanes
 // per cluster with 16-byte loads (the same f32 adds in the same member order).
 enum KMeansUpdateVariant : int { kUpdateV1 = 0, kUpdateFast, kUpdateVariants };
-// RETROINFER_KMEANS_ASSIGN = v1|a|b|c|d|e|f (unset or unknown: kDefaultAssignVariant) and
+// RETROINFER_KMEANS_ASSIGN = v1|a (unset or unknown: kDefaultAssignVariant) and
 // RETROINFER_KMEANS_UPDATE = v1|fast (unset or unknown: kDefaultUpdateVariant), read at every call.
 int kmeans_assign_variant_from_env();
 int kmeans_update_variant_from_env();
@@ -89,8 +87,9 @@ cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s);          // mean
 cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s);          // initial centroids
 // Assigns every index token to its best centroid: within its segment (global = false) or over all C.
 cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s);
-// The variants kAssignA.. (kmeans_assign.cu); kmeans_assign dispatches to it.
-cudaError_t kmeans_assign_fast(const KMeansParams& p, bool global, int variant, cudaStream_t s);
+// The assignment kernel `variant` (KMeansAssignVariant; kmeans_assign.cu); kmeans_assign dispatches to it.
+// cudaErrorInvalidValue for another variant or head_dim.
+cudaError_t kmeans_assign_variant(const KMeansParams& p, bool global, int variant, cudaStream_t s);
 // Groups tokens by cluster (stable radix sort of sort_keys) and writes offsets.
 cudaError_t kmeans_group(const KMeansParams& p, cudaStream_t s);
 size_t kmeans_sort_temp_bytes(int64_t items, int end_bit);

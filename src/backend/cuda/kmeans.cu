@@ -5,7 +5,8 @@
 // of the bf16 keys/values converted to f32 (sum order: fixed, ascending token order inside a cluster);
 // the assignment scores are bf16(key - mean) . bf16(centroid) on the tensor cores (mma.sync m16n8k16,
 // f32 accumulation), so an argmax can differ from the CPU's f32 scores where two centroids score within
-// the bf16 rounding of each other (~2^-8 relative); the GPU tests measure that mismatch rate.
+// the bf16 rounding of each other (~2^-8 relative); the GPU tests measure that mismatch rate. The
+// assignment kernels are in kmeans_assign.cu, the grouping (radix sort) in kmeans_sort.cu.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -110,143 +111,6 @@ __global__ void init_kernel(const KMeansParams p) {
   const float inv = ss > 0.0f ? 1.0f / sqrtf(ss) : 0.0f;
   for (int jj = 0; lane + 32 * jj < D; ++jj) v[jj] *= inv;
   store_centroid(p, hc, v, lane);
-}
-
-constexpr int kAssignWarps = 8;                 // warps per CTA
-constexpr int kAssignMt = 2;                    // 16-key m-tiles per warp (share each centroid fragment)
-constexpr int kAssignKeys = kAssignWarps * 16 * kAssignMt;
-constexpr int kCentChunk = 64;                  // centroids staged in shared memory at a time
-
-// Assignment: argmax over the centroids of [cb, ce) of bf16(key - mean) . bf16(centroid), ties to the
-// lowest cluster id. Warp = 32 keys (A fragments held in registers); centroid chunks double-buffered in
-// shared memory by cp.async (rows padded by 16 bytes so the ldmatrix row reads hit distinct banks).
-//
-// kNp n-tiles of 8 centroids are multiplied per step with independent accumulators: each accumulator is a
-// chain of D/16 dependent mma.sync, so kNp = 2 doubles the MMAs in flight per warp (run 3 used kNp = 1
-// with `unroll 2`, whose early exit at the chunk's end kept the two tiles' chains apart). Rows past the
-// cluster range are zero-filled in shared memory and masked out of the argmax, so every step is whole.
-template <int D, int kNp>
-__global__ void __launch_bounds__(kAssignWarps * 32) assign_kernel(const KMeansParams p, bool global) {
-  constexpr int kRow = D + 8;
-  __shared__ __align__(16) uint16_t cs[2][kCentChunk * kRow];
-  const int h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
-  int64_t tb, te;
-  int cb, ce;
-  if (global) {
-    tb = 0; te = p.n_idx; cb = 0; ce = p.num_clusters;
-  } else {
-    tb = p.seg_token_begin[blockIdx.y]; te = p.seg_token_begin[blockIdx.y + 1];
-    cb = p.seg_cluster_begin[blockIdx.y]; ce = p.seg_cluster_begin[blockIdx.y + 1];
-  }
-  const int64_t k0 = tb + int64_t{blockIdx.x} * kAssignKeys;
-  if (k0 >= te) return;
-  const uint16_t* xh = p.centred + int64_t{h} * p.n_idx * D;
-  uint32_t a[kAssignMt][D / 16][4];
-  int64_t r_lo[kAssignMt], r_hi[kAssignMt];
-#pragma unroll
-  for (int mt = 0; mt < kAssignMt; ++mt) {
-    r_lo[mt] = k0 + (warp * kAssignMt + mt) * 16 + gq;
-    r_hi[mt] = r_lo[mt] + 8;
-    const bool v_lo = r_lo[mt] < te, v_hi = r_hi[mt] < te;
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      const int col = ks * 16 + 2 * tq;
-      a[mt][ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo[mt] * D + col) : 0u;
-      a[mt][ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi[mt] * D + col) : 0u;
-      a[mt][ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(xh + r_lo[mt] * D + col + 8) : 0u;
-      a[mt][ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(xh + r_hi[mt] * D + col + 8) : 0u;
-    }
-  }
-  float best_lo[kAssignMt], best_hi[kAssignMt];
-  int idx_lo[kAssignMt], idx_hi[kAssignMt];
-#pragma unroll
-  for (int mt = 0; mt < kAssignMt; ++mt) {
-    best_lo[mt] = best_hi[mt] = -INFINITY;
-    idx_lo[mt] = idx_hi[mt] = cb;
-  }
-  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * p.num_clusters * D;
-  auto stage = [&](int cc, int buf) {
-    for (int e = threadIdx.x; e < kCentChunk * (D / 8); e += blockDim.x) {
-      const int r = e / (D / 8), col = e % (D / 8);
-      const bool ok = cc + r < ce;
-      cp_async16_zfill(&cs[buf][r * kRow + col * 8], ch + int64_t{ok ? cc + r : cb} * D + col * 8, ok);
-    }
-    cp_async_commit();
-  };
-  stage(cb, 0);
-  for (int cc = cb, it = 0; cc < ce; cc += kCentChunk, ++it) {
-    const int buf = it & 1;
-    if (cc + kCentChunk < ce) {
-      stage(cc + kCentChunk, buf ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const int nt_end = (ce - cc + 7) / 8 < kCentChunk / 8 ? (ce - cc + 7) / 8 : kCentChunk / 8;
-    for (int nt0 = 0; nt0 < nt_end; nt0 += kNp) {
-      float acc[kNp][kAssignMt][4];
-#pragma unroll
-      for (int q = 0; q < kNp; ++q)
-#pragma unroll
-        for (int mt = 0; mt < kAssignMt; ++mt) acc[q][mt][0] = acc[q][mt][1] = acc[q][mt][2] = acc[q][mt][3] = 0.0f;
-#pragma unroll
-      for (int k2 = 0; k2 < D / 32; ++k2) {
-#pragma unroll
-        for (int q = 0; q < kNp; ++q) {
-          uint32_t b[4];  // k-step 2 k2: (b0, b1); k-step 2 k2 + 1: (b2, b3)
-          ldmatrix_x4(b, &cs[buf][((nt0 + q) * 8 + ri) * kRow + mi * 8 + k2 * 32]);
-#pragma unroll
-          for (int mt = 0; mt < kAssignMt; ++mt) {
-            mma_bf16_16816(acc[q][mt], a[mt][2 * k2], b[0], b[1]);
-            mma_bf16_16816(acc[q][mt], a[mt][2 * k2 + 1], b[2], b[3]);
-          }
-        }
-      }
-#pragma unroll
-      for (int q = 0; q < kNp; ++q) {  // ascending columns: ties keep the lower id
-        const int col0 = cc + (nt0 + q) * 8 + 2 * tq;
-#pragma unroll
-        for (int mt = 0; mt < kAssignMt; ++mt) {
-          if (col0 < ce) {
-            if (acc[q][mt][0] > best_lo[mt]) { best_lo[mt] = acc[q][mt][0]; idx_lo[mt] = col0; }
-            if (acc[q][mt][2] > best_hi[mt]) { best_hi[mt] = acc[q][mt][2]; idx_hi[mt] = col0; }
-          }
-          if (col0 + 1 < ce) {
-            if (acc[q][mt][1] > best_lo[mt]) { best_lo[mt] = acc[q][mt][1]; idx_lo[mt] = col0 + 1; }
-            if (acc[q][mt][3] > best_hi[mt]) { best_hi[mt] = acc[q][mt][3]; idx_hi[mt] = col0 + 1; }
-          }
-        }
-      }
-    }
-    __syncthreads();  // the next iteration's stage() overwrites this buffer
-  }
-  const int64_t base = int64_t{h} * p.n_idx;
-  const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
-#pragma unroll
-  for (int mt = 0; mt < kAssignMt; ++mt) {
-    // Reduce over the 4 lanes of the quad (same rows, interleaved columns); ties -> lower id.
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      const float ob_lo = __shfl_xor_sync(0xffffffffu, best_lo[mt], off);
-      const int oi_lo = __shfl_xor_sync(0xffffffffu, idx_lo[mt], off);
-      const float ob_hi = __shfl_xor_sync(0xffffffffu, best_hi[mt], off);
-      const int oi_hi = __shfl_xor_sync(0xffffffffu, idx_hi[mt], off);
-      if (ob_lo > best_lo[mt] || (ob_lo == best_lo[mt] && oi_lo < idx_lo[mt])) { best_lo[mt] = ob_lo; idx_lo[mt] = oi_lo; }
-      if (ob_hi > best_hi[mt] || (ob_hi == best_hi[mt] && oi_hi < idx_hi[mt])) { best_hi[mt] = ob_hi; idx_hi[mt] = oi_hi; }
-    }
-    if (tq == 0) {
-      if (r_lo[mt] < te) {
-        p.assignment[base + r_lo[mt]] = idx_lo[mt];
-        p.sort_keys[base + r_lo[mt]] = hbase + idx_lo[mt];
-      }
-      if (r_hi[mt] < te) {
-        p.assignment[base + r_hi[mt]] = idx_hi[mt];
-        p.sort_keys[base + r_hi[mt]] = hbase + idx_hi[mt];
-      }
-    }
-  }
 }
 
 // Sum over the members of flat cluster hc of (row - shift), lane owns dims lane + 32 j; rows from
@@ -493,9 +357,10 @@ int variant_index(const char* v, const char* const* names, int count, int dflt) 
     if (std::strcmp(v, names[i]) == 0) return i;
   return dflt;
 }
-constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "b", "c", "d", "e", "f"};
+constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a"};
 constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
-// The defaults, picked by the H200 A/B of run 15 (bench/results/run15; every variant gives the same result).
+// The defaults, picked by the H200 A/B of run 15 (bench/results/run15/call2, call3; every variant gives the
+// same result).
 constexpr int kDefaultAssignVariant = kAssignA;  // run 15 (H200): 11.40 ms vs 13.70 (v1) at 128K, 2.28 vs 2.62 at 32K
 constexpr int kDefaultUpdateVariant = kUpdateFast;  // bit-identical sums, 1.19 vs 1.23 ms of updates at 128K
 int assign_variant_of(const KMeansParams& p) {
@@ -520,25 +385,7 @@ const char* kmeans_update_variant_name(int variant) {
 }
 
 cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
-  const int variant = assign_variant_of(p);
-  if (variant != kAssignV1) return kmeans_assign_fast(p, global, variant, s);
-  const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
-  const dim3 grid(static_cast<unsigned>((tokens + kAssignKeys - 1) / kAssignKeys), global ? 1 : p.num_segments,
-                  p.num_heads);
-  // RETROINFER_KMEANS_NP=1 selects one n-tile per step (about run 3's schedule; A/B comparisons).
-  static const bool one = [] {
-    const char* e = std::getenv("RETROINFER_KMEANS_NP");
-    return e != nullptr && e[0] == '1';
-  }();
-  if (p.head_dim == 128) {
-    if (one) assign_kernel<128, 1><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
-    else assign_kernel<128, 2><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
-  } else if (p.head_dim == 64) {
-    if (one) assign_kernel<64, 1><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
-    else assign_kernel<64, 2><<<grid, kAssignWarps * 32, 0, s>>>(p, global);
-  }
-  else return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  return kmeans_assign_variant(p, global, assign_variant_of(p), s);
 }
 
 cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s) {

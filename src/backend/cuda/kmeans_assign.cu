@@ -1,17 +1,19 @@
-// The k-means assignment kernels after v1 (kmeans.cu assign_kernel; variants in kernels.h
-// KMeansAssignVariant). Same result as v1 bit for bit: every score is the same chain of mma.sync m16n8k16
-// (bf16 operands, f32 accumulation, k-steps 0..D/16-1 in ascending order on the same A and B fragments),
-// and the argmax keeps the first strict maximum in ascending cluster order, ties to the lowest id.
+// The k-means assignment kernels (kernels.h KMeansAssignVariant): argmax over the centroids of [cb, ce)
+// of bf16(key - mean) . bf16(centroid), ties to the lowest cluster id. v1 (run 9's kernel, the reference)
+// and a (the default since run 15) give the same result bit for bit: every score is the same chain of
+// mma.sync m16n8k16 (bf16 operands, f32 accumulation, k-steps 0..D/16-1 in ascending order on the same A
+// and B fragments), and the argmax keeps the first strict maximum in ascending cluster order.
 //
 // Why v1 is slow (Nsight Compute, 128K: ~333 TFLOP/s, sm throughput 51%): in v1's program order the two
 // k-steps of one accumulator are adjacent (for k2: for q: for mt: mma(ks), mma(ks + 1)), so a warp waits a
 // full mma latency every other MMA unless ptxas reorders; with 4 warps per scheduler that caps the
-// tensor pipe. Here every k-step first issues the MMAs of all kNp x kMt independent accumulators, then
-// the next k-step. Other changes: a kStages-deep cp.async ring with one barrier per chunk (v1: two), the
-// column guards only in a chunk that crosses the range end, and (kTree) an argmax epilogue of one FMNMX
-// per score plus one compare per row and step; the column of a new record is looked up only then.
+// tensor pipe. a: every k-step first issues the MMAs of all kNp x kMt independent accumulators, then the
+// next k-step (run 15: 421 TFLOP/s in the global pass); one barrier per chunk (v1: two); the column guards
+// only in a chunk that crosses the range end. Run 15 also measured variants b-f (deeper rings of larger
+// chunks, a max-tree argmax, more n- or m-tiles per step): none was faster than a (docs/cuda-kernels.md).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
@@ -20,18 +22,173 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
-constexpr int kWarps = 8;  // warps per CTA
-// kMt: 16-key m-tiles per warp (A fragments in registers; each B fragment feeds kMt MMAs): 2 as v1
-// (256 keys per CTA) or 3 (variant e: 384 keys per CTA, a third fewer shared-memory reads per MMA).
-template <int kMt>
-constexpr int keys_per_cta() {
-  return kWarps * 16 * kMt;
+constexpr int kWarps = 8;                   // warps per CTA
+constexpr int kMt = 2;                      // 16-key m-tiles per warp (share each centroid fragment)
+constexpr int kKeys = kWarps * 16 * kMt;    // keys per CTA
+constexpr int kChunk = 64;                  // centroids staged in shared memory at a time
+// Variant a: kNpA n-tiles (8 centroids each) per step, a kStagesA-deep ring of kChunk-centroid chunks in
+// dynamic shared memory (rows padded by 16 bytes: conflict-free ldmatrix; 34 KiB at D 128), at least
+// kMinBlocksA CTAs per multiprocessor.
+constexpr int kNpA = 2, kStagesA = 2, kMinBlocksA = 2;
+template <int D>
+constexpr int smem_bytes_a() {
+  return kStagesA * kChunk * (D + 8) * 2;
 }
 
-template <int D, int kChunk, int kStages>
-constexpr int smem_bytes() {
-  return kStages * kChunk * (D + 8) * 2;  // rows padded by 16 bytes: conflict-free ldmatrix
+// The CTA's keys and clusters: the key range ends at te, the CTA's kKeys keys start at k0 (k0 >= te: none,
+// the CTA returns at once); cluster range [cb, ce). Segment blockIdx.y's ranges, or all (global).
+struct AssignRange {
+  int64_t k0, te;
+  int cb, ce;
+};
+__device__ __forceinline__ AssignRange assign_range(const KMeansParams& p, bool global) {
+  AssignRange r;
+  int64_t tb;
+  if (global) {
+    tb = 0; r.te = p.n_idx; r.cb = 0; r.ce = p.num_clusters;
+  } else {
+    tb = p.seg_token_begin[blockIdx.y]; r.te = p.seg_token_begin[blockIdx.y + 1];
+    r.cb = p.seg_cluster_begin[blockIdx.y]; r.ce = p.seg_cluster_begin[blockIdx.y + 1];
+  }
+  r.k0 = tb + int64_t{blockIdx.x} * kKeys;
+  return r;
 }
+
+// The A fragments (PTX m16n8k16 layout) of one 16-key m-tile, all k-steps, for lane tq: rows lo (keys of
+// fragment c0 / c1) and hi = lo + 8 (c2 / c3) of the centred keys, zero where not valid (past the range).
+template <int D>
+__device__ __forceinline__ void load_key_fragments(uint32_t (&a)[D / 16][4], const uint16_t* lo, const uint16_t* hi,
+                                                   bool v_lo, bool v_hi, int tq) {
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const int col = ks * 16 + 2 * tq;
+    a[ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(lo + col) : 0u;
+    a[ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(hi + col) : 0u;
+    a[ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(lo + col + 8) : 0u;
+    a[ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(hi + col + 8) : 0u;
+  }
+}
+
+// The best (score, id) over the 4 lanes of a quad (one row's interleaved columns); ties -> lower id.
+__device__ __forceinline__ void quad_argmax(float& best, int& idx) {
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, idx, off);
+    if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
+  }
+}
+
+// Assignment: argmax over the centroids of [cb, ce) of bf16(key - mean) . bf16(centroid), ties to the
+// lowest cluster id. Warp = 32 keys (A fragments held in registers); centroid chunks double-buffered in
+// shared memory by cp.async (rows padded by 16 bytes so the ldmatrix row reads hit distinct banks).
+//
+// kNp n-tiles of 8 centroids are multiplied per step with independent accumulators: each accumulator is a
+// chain of D/16 dependent mma.sync, so kNp = 2 doubles the MMAs in flight per warp (run 3 used kNp = 1
+// with `unroll 2`, whose early exit at the chunk's end kept the two tiles' chains apart). Rows past the
+// cluster range are zero-filled in shared memory and masked out of the argmax, so every step is whole.
+template <int D, int kNp>
+__global__ void __launch_bounds__(kWarps * 32) assign_v1_kernel(const KMeansParams p, bool global) {
+  constexpr int kRow = D + 8;
+  __shared__ __align__(16) uint16_t cs[2][kChunk * kRow];
+  const int h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  const AssignRange rg = assign_range(p, global);
+  const int64_t te = rg.te, k0 = rg.k0;
+  const int cb = rg.cb, ce = rg.ce;
+  if (k0 >= te) return;
+  const uint16_t* xh = p.centred + int64_t{h} * p.n_idx * D;
+  uint32_t a[kMt][D / 16][4];
+  int64_t r_lo[kMt], r_hi[kMt];
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+    r_lo[mt] = k0 + (warp * kMt + mt) * 16 + gq;
+    r_hi[mt] = r_lo[mt] + 8;
+    load_key_fragments<D>(a[mt], xh + r_lo[mt] * D, xh + r_hi[mt] * D, r_lo[mt] < te, r_hi[mt] < te, tq);
+  }
+  float best_lo[kMt], best_hi[kMt];
+  int idx_lo[kMt], idx_hi[kMt];
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+    best_lo[mt] = best_hi[mt] = -INFINITY;
+    idx_lo[mt] = idx_hi[mt] = cb;
+  }
+  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * p.num_clusters * D;
+  auto stage = [&](int cc, int buf) {
+    for (int e = threadIdx.x; e < kChunk * (D / 8); e += blockDim.x) {
+      const int r = e / (D / 8), col = e % (D / 8);
+      const bool ok = cc + r < ce;
+      cp_async16_zfill(&cs[buf][r * kRow + col * 8], ch + int64_t{ok ? cc + r : cb} * D + col * 8, ok);
+    }
+    cp_async_commit();
+  };
+  stage(cb, 0);
+  for (int cc = cb, it = 0; cc < ce; cc += kChunk, ++it) {
+    const int buf = it & 1;
+    if (cc + kChunk < ce) {
+      stage(cc + kChunk, buf ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int nt_end = (ce - cc + 7) / 8 < kChunk / 8 ? (ce - cc + 7) / 8 : kChunk / 8;
+    for (int nt0 = 0; nt0 < nt_end; nt0 += kNp) {
+      float acc[kNp][kMt][4];
+#pragma unroll
+      for (int q = 0; q < kNp; ++q)
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) acc[q][mt][0] = acc[q][mt][1] = acc[q][mt][2] = acc[q][mt][3] = 0.0f;
+#pragma unroll
+      for (int k2 = 0; k2 < D / 32; ++k2) {
+#pragma unroll
+        for (int q = 0; q < kNp; ++q) {
+          uint32_t b[4];  // k-step 2 k2: (b0, b1); k-step 2 k2 + 1: (b2, b3)
+          ldmatrix_x4(b, &cs[buf][((nt0 + q) * 8 + ri) * kRow + mi * 8 + k2 * 32]);
+#pragma unroll
+          for (int mt = 0; mt < kMt; ++mt) {
+            mma_bf16_16816(acc[q][mt], a[mt][2 * k2], b[0], b[1]);
+            mma_bf16_16816(acc[q][mt], a[mt][2 * k2 + 1], b[2], b[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kNp; ++q) {  // ascending columns: ties keep the lower id
+        const int col0 = cc + (nt0 + q) * 8 + 2 * tq;
+#pragma unroll
+        for (int mt = 0; mt < kMt; ++mt) {
+          if (col0 < ce) {
+            if (acc[q][mt][0] > best_lo[mt]) { best_lo[mt] = acc[q][mt][0]; idx_lo[mt] = col0; }
+            if (acc[q][mt][2] > best_hi[mt]) { best_hi[mt] = acc[q][mt][2]; idx_hi[mt] = col0; }
+          }
+          if (col0 + 1 < ce) {
+            if (acc[q][mt][1] > best_lo[mt]) { best_lo[mt] = acc[q][mt][1]; idx_lo[mt] = col0 + 1; }
+            if (acc[q][mt][3] > best_hi[mt]) { best_hi[mt] = acc[q][mt][3]; idx_hi[mt] = col0 + 1; }
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's stage() overwrites this buffer
+  }
+  const int64_t base = int64_t{h} * p.n_idx;
+  const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt) {
+    quad_argmax(best_lo[mt], idx_lo[mt]);  // the two rows' reductions are independent
+    quad_argmax(best_hi[mt], idx_hi[mt]);
+    if (tq == 0) {
+      if (r_lo[mt] < te) {
+        p.assignment[base + r_lo[mt]] = idx_lo[mt];
+        p.sort_keys[base + r_lo[mt]] = hbase + idx_lo[mt];
+      }
+      if (r_hi[mt] < te) {
+        p.assignment[base + r_hi[mt]] = idx_hi[mt];
+        p.sort_keys[base + r_hi[mt]] = hbase + idx_hi[mt];
+      }
+    }
+  }
+}
+
 
 // One step: kNp n-tiles (8 centroids each) from shared row `nt0 * 8` of `cbuf` against the warp's
 // kMt m-tiles. acc is zeroed here.
@@ -58,7 +215,8 @@ __device__ __forceinline__ void step_mma(float (&acc)[kNp][kMt][4], const uint32
   }
 }
 
-// v1's epilogue: every score compared in ascending column order (strict >: the first maximum stays).
+// Variant a's epilogue: every score compared in ascending column order (strict >: the first maximum stays),
+// as v1's.
 template <int kNp, int kMt, bool kFull>
 __device__ __forceinline__ void argmax_plain(const float (&acc)[kNp][kMt][4], int col_base, int ce,
                                              float (&best)[kMt][2], int (&idx)[kMt][2]) {
@@ -79,64 +237,21 @@ __device__ __forceinline__ void argmax_plain(const float (&acc)[kNp][kMt][4], in
   }
 }
 
-// Max-tree epilogue with the same outcome: m = max of the step's scores of a row (columns past ce count
-// as -inf); only when m > best is the first column holding m looked up (that is where the sequential
-// strict-> scan would have ended: m is the largest and the first occurrence wins; NaN scores are skipped
-// by both, fmaxf ignoring them and v == m failing).
-template <int kNp, int kMt, bool kFull>
-__device__ __forceinline__ void argmax_tree(const float (&acc)[kNp][kMt][4], int col_base, int ce,
-                                            float (&best)[kMt][2], int (&idx)[kMt][2]) {
-  constexpr int kV = 2 * kNp;
-#pragma unroll
-  for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float v[kV];
-#pragma unroll
-      for (int i = 0; i < kV; ++i) {  // ascending columns: q = i / 2 (8 apart), c = i % 2 (adjacent)
-        v[i] = acc[i / 2][mt][2 * hf + (i & 1)];
-        if (!kFull && col_base + (i / 2) * 8 + (i & 1) >= ce) v[i] = -INFINITY;
-      }
-      float t[kV];
-#pragma unroll
-      for (int i = 0; i < kV; ++i) t[i] = v[i];
-#pragma unroll
-      for (int w = 1; w < kV; w <<= 1)
-#pragma unroll
-        for (int i = 0; i + w < kV; i += 2 * w) t[i] = fmaxf(t[i], t[i + w]);
-      const float m = t[0];
-      if (m > best[mt][hf]) {
-        int at = 0;
-#pragma unroll
-        for (int i = kV - 1; i >= 0; --i)
-          if (v[i] == m) at = i;
-        best[mt][hf] = m;
-        idx[mt][hf] = col_base + (at / 2) * 8 + (at & 1);
-      }
-    }
-}
-
-// The assignment of kKeys keys (CTA) of flat head blockIdx.z against the clusters [cb, ce) of its segment
-// (blockIdx.y) or of all clusters (global). Centroid chunks of kChunk rows in a kStages-deep ring of
-// dynamic shared memory; rows past ce are zero-filled and masked.
-template <int D, int kMt, int kNp, int kChunk, int kStages, bool kTree, int kMinBlocks>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) assign_fast_kernel(const KMeansParams p, bool global) {
-  constexpr int kKeys = keys_per_cta<kMt>();
+// Variant a: the assignment of kKeys keys (CTA) of flat head blockIdx.z against the clusters [cb, ce) of its
+// segment (blockIdx.y) or of all clusters (global). Centroid chunks of kChunk rows in a kStages-deep ring
+// of dynamic shared memory; rows past ce are zero-filled and masked.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocksA) assign_a_kernel(const KMeansParams p, bool global) {
+  constexpr int kNp = kNpA, kStages = kStagesA;
   static_assert(kChunk % (8 * kNp) == 0, "a chunk is whole steps");
   static_assert(kStages >= 2, "the ring needs a buffer being filled and one being read");
   constexpr int kRow = D + 8;
   extern __shared__ __align__(16) uint16_t cs[];  // [kStages][kChunk][kRow] bf16
   const int h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
-  int64_t tb, te;
-  int cb, ce;
-  if (global) {
-    tb = 0; te = p.n_idx; cb = 0; ce = p.num_clusters;
-  } else {
-    tb = p.seg_token_begin[blockIdx.y]; te = p.seg_token_begin[blockIdx.y + 1];
-    cb = p.seg_cluster_begin[blockIdx.y]; ce = p.seg_cluster_begin[blockIdx.y + 1];
-  }
-  const int64_t k0 = tb + int64_t{blockIdx.x} * kKeys;
+  const AssignRange rg = assign_range(p, global);
+  const int64_t te = rg.te, k0 = rg.k0;
+  const int cb = rg.cb, ce = rg.ce;
   if (k0 >= te) return;  // whole CTA: before any barrier
   uint32_t a[kMt][D / 16][4];  // A fragments (PTX m16n8k16 layout) of the warp's kMt m-tiles, all k-steps
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * p.num_clusters * D;
@@ -167,15 +282,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) assign_fast_kernel(co
 #pragma unroll
     for (int mt = 0; mt < kMt; ++mt) {
       const int r_lo = mt_row(mt), r_hi = r_lo + 8;
-      const bool v_lo = r_lo < rows, v_hi = r_hi < rows;
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const int col = ks * 16 + 2 * tq;
-        a[mt][ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(xk + r_lo * D + col) : 0u;
-        a[mt][ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(xk + r_hi * D + col) : 0u;
-        a[mt][ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(xk + r_lo * D + col + 8) : 0u;
-        a[mt][ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(xk + r_hi * D + col + 8) : 0u;
-      }
+      load_key_fragments<D>(a[mt], xk + r_lo * D, xk + r_hi * D, r_lo < rows, r_hi < rows, tq);
     }
   }
   float best[kMt][2];
@@ -194,8 +301,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) assign_fast_kernel(co
       float acc[kNp][kMt][4];
       step_mma<D, kNp, kMt>(acc, a, cbuf, nt0, mi, ri);
       const int col_base = cc + nt0 * 8 + 2 * tq;
-      if constexpr (kTree) argmax_tree<kNp, kMt, kFull>(acc, col_base, ce, best, idx);
-      else argmax_plain<kNp, kMt, kFull>(acc, col_base, ce, best, idx);
+      argmax_plain<kNp, kMt, kFull>(acc, col_base, ce, best, idx);
     }
   };
 #pragma unroll 1
@@ -216,13 +322,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) assign_fast_kernel(co
   for (int mt = 0; mt < kMt; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      // Reduce over the 4 lanes of the quad (same row, interleaved columns); ties -> lower id.
-#pragma unroll
-      for (int off = 1; off <= 2; off <<= 1) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best[mt][hf], off);
-        const int oi = __shfl_xor_sync(0xffffffffu, idx[mt][hf], off);
-        if (ob > best[mt][hf] || (ob == best[mt][hf] && oi < idx[mt][hf])) { best[mt][hf] = ob; idx[mt][hf] = oi; }
-      }
+      quad_argmax(best[mt][hf], idx[mt][hf]);
       const int r = mt_row(mt) + 8 * hf;
       if (tq == 0 && r < rows) {
         p.assignment[base + r] = idx[mt][hf];
@@ -231,12 +331,12 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) assign_fast_kernel(co
     }
 }
 
-template <int D, int kMt, int kNp, int kChunk, int kStages, bool kTree, int kMinBlocks>
-cudaError_t launch(const KMeansParams& p, bool global, cudaStream_t s) {
-  constexpr int kSmem = smem_bytes<D, kChunk, kStages>();
-  constexpr int kKeys = keys_per_cta<kMt>();
-  auto* kernel = assign_fast_kernel<D, kMt, kNp, kChunk, kStages, kTree, kMinBlocks>;
-  // Past the 48 KiB default for dynamic shared memory; set at every launch (cheap, per current device).
+template <int D>
+cudaError_t launch_a(const KMeansParams& p, bool global, cudaStream_t s) {
+  constexpr int kSmem = smem_bytes_a<D>();
+  auto* kernel = assign_a_kernel<D>;
+  // Dynamic shared memory (34 KiB at D 128: under the 48 KiB default today; set at every launch, cheap, per
+  // current device, so a deeper ring or larger chunk needs no other change).
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
   const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
@@ -246,22 +346,31 @@ cudaError_t launch(const KMeansParams& p, bool global, cudaStream_t s) {
 }
 
 template <int D>
+cudaError_t launch_v1(const KMeansParams& p, bool global, cudaStream_t s) {
+  const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
+  const dim3 grid(static_cast<unsigned>((tokens + kKeys - 1) / kKeys), global ? 1 : p.num_segments, p.num_heads);
+  // RETROINFER_KMEANS_NP=1 selects one n-tile per step (about run 3's schedule; A/B comparisons).
+  static const bool one = [] {
+    const char* e = std::getenv("RETROINFER_KMEANS_NP");
+    return e != nullptr && e[0] == '1';
+  }();
+  if (one) assign_v1_kernel<D, 1><<<grid, kWarps * 32, 0, s>>>(p, global);
+  else assign_v1_kernel<D, 2><<<grid, kWarps * 32, 0, s>>>(p, global);
+  return cudaGetLastError();
+}
+
+template <int D>
 cudaError_t launch_variant(const KMeansParams& p, bool global, int variant, cudaStream_t s) {
   switch (variant) {
-    //                         D kMt kNp kChunk kStages kTree kMinBlocks   shared memory at D 128
-    case kAssignA: return launch<D, 2, 2, 64, 2, false, 2>(p, global, s);   // 34 KiB
-    case kAssignB: return launch<D, 2, 2, 128, 3, true, 2>(p, global, s);   // 102 KiB
-    case kAssignC: return launch<D, 2, 4, 128, 3, true, 1>(p, global, s);   // 102 KiB
-    case kAssignD: return launch<D, 2, 4, 128, 3, true, 2>(p, global, s);   // 102 KiB
-    case kAssignE: return launch<D, 3, 2, 128, 3, true, 1>(p, global, s);   // 102 KiB
-    case kAssignF: return launch<D, 2, 2, 128, 3, false, 2>(p, global, s);  // 102 KiB
+    case kAssignV1: return launch_v1<D>(p, global, s);
+    case kAssignA: return launch_a<D>(p, global, s);
     default: return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
 
-cudaError_t kmeans_assign_fast(const KMeansParams& p, bool global, int variant, cudaStream_t s) {
+cudaError_t kmeans_assign_variant(const KMeansParams& p, bool global, int variant, cudaStream_t s) {
   if (p.head_dim == 128) return launch_variant<128>(p, global, variant, s);
   if (p.head_dim == 64) return launch_variant<64>(p, global, variant, s);
   return cudaErrorInvalidValue;

@@ -16,6 +16,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/select_common.cuh"
 
@@ -124,27 +125,8 @@ __device__ __forceinline__ void score_body(const ScoreParams& p) {
       load_sizes(0, szc);
     }
   }
-  uint32_t qa[kKs][4];
-  {
-    const bool on = gq < G;
-    const float* qh = p.q + (int64_t{h} * G + (on ? gq : 0)) * D;
-#pragma unroll
-    for (int k = 0; k < kKs; ++k) {
-      float x[4] = {0, 0, 0, 0};
-      if (on) {
-        const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
-        const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
-        x[0] = u.x * p.scale; x[1] = u.y * p.scale; x[2] = w.x * p.scale; x[3] = w.y * p.scale;
-      }
-      float hi[4], lo[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) split_bf16(x[j], hi[j], lo[j]);
-      qa[k][0] = pack_bf16(hi[0], hi[1]);
-      qa[k][1] = pack_bf16(lo[0], lo[1]);
-      qa[k][2] = pack_bf16(hi[2], hi[3]);
-      qa[k][3] = pack_bf16(lo[2], lo[3]);
-    }
-  }
+  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as the decode kernels')
+  query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
   float nm = -INFINITY, ns = 0.0f;
   if constexpr (!kEarly) {
     if (ntiles > 0) load_tile(0, 0);
