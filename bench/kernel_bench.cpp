@@ -32,7 +32,7 @@
 //                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
 // RETROINFER_DECODE=run6 / fused / nopdl / run8 / run9 / run9est / run9form / run10 (= run10form; unset: run 9
 // + run 10's score formation, layer_common.h kRun9IsDefault + kRun10FormIsDefault) picks the retro decode path
-// (layer_common.h decode_path); RETROINFER_FULL_DECODE=bulk (unset) / async / v1 the dense decode kernel of
+// (layer_common.h decode_path); RETROINFER_FULL_DECODE=tma2d (unset) / bulk / v1 the dense decode kernel of
 // "full" (its lines carry it as "full_kernel").
 #include <algorithm>
 #include <chrono>
