@@ -42,8 +42,13 @@ TEST(CudaDecodePath, EnvironmentSwitch) {
     setenv("RETROINFER_DECODE", name, 1);
     EXPECT_THROW(decode_path(), Error) << name;
   }
-  setenv("RETROINFER_DECODE", "run11x2", 1);  // not one of those names: run 8's flags (as any unknown name)
-  EXPECT_FALSE(decode_path().form_scores);
+  for (const char* name : {"run11x2", "bogus", "RUN9", "run9 "}) {  // unknown names: a clear error too
+    setenv("RETROINFER_DECODE", name, 1);
+    EXPECT_THROW(decode_path(), Error) << name;
+  }
+  setenv("RETROINFER_DECODE", "", 1);  // empty: the default, as unset
+  p = decode_path();
+  EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score);
   setenv("RETROINFER_DECODE", "run6", 1);
   p = decode_path();
   EXPECT_FALSE(p.fused_merge || p.pdl || p.early_loads || p.prefetch || p.balance);

@@ -32,7 +32,8 @@ DecodePath decode_path() {
   if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "nopdl") p.pdl = false;
-  else if (e == nullptr && kRun9IsDefault) {
+  else if (v == "run8") {  // run 8: DecodePath's defaults
+  } else if (v.empty() && kRun9IsDefault) {  // unset (or empty): the default path
     p.form_scores = p.fused_estimate = true;
     p.form_in_score = kRun10FormIsDefault;
   } else if (v == "run9") p.form_scores = p.fused_estimate = true;
@@ -43,6 +44,9 @@ DecodePath decode_path() {
   } else if (v == "run10select" || v == "run10list" || v == "run11" || v.starts_with("run11-")) {
     RETROINFER_FAIL("RETROINFER_DECODE=", v, ": this decode path was removed after run 15 (slower than or no "
                     "faster than run 9, docs/cuda-kernels.md); use run10 (the default), run9 or run8");
+  } else if (!v.empty()) {
+    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10 / run10form (the default), run9, ",
+                    "run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
   }
   return p;
 }
