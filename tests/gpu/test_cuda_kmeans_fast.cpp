@@ -18,6 +18,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kmeans_run.h"
 #include "gpu_test_util.h"
+#include "retroinfer/error.h"
 
 namespace retroinfer {
 namespace {
@@ -251,8 +252,9 @@ TEST(CudaKMeansFast, VariantsMatchV1) {
   for (const auto& c : cases) run_case(c, seed++);
 }
 
-// The environment switches (no device needed): names map to the variants, unknown or unset names to the
-// default (kmeans.cu kDefaultAssignVariant: a since run 15). (The explicit KMeansParams fields are what VariantsMatchV1 uses.)
+// The environment switches (no device needed): names map to the variants, unset or empty to the default
+// (kmeans.cu kDefaultAssignVariant: a since run 15), unknown names throw. (The explicit KMeansParams fields
+// are what VariantsMatchV1 uses.)
 TEST(CudaKMeansFast, VariantSwitches) {
   const char* saved_a = std::getenv("RETROINFER_KMEANS_ASSIGN");
   const char* saved_u = std::getenv("RETROINFER_KMEANS_UPDATE");
@@ -269,10 +271,14 @@ TEST(CudaKMeansFast, VariantSwitches) {
     EXPECT_EQ(dt::kmeans_assign_variant_from_env(), v) << dt::kmeans_assign_variant_name(v);
   }
   EXPECT_EQ(int(dt::kAssignVariants), 2);  // v1 and a (b-f were removed after run 15)
-  for (const char* gone : {"bogus", "b", "c", "d", "e", "f"}) {
+  for (const char* gone : {"bogus", "b", "c", "d", "e", "f", "A"}) {  // unknown or removed: a clear error
     setenv("RETROINFER_KMEANS_ASSIGN", gone, 1);
-    EXPECT_EQ(dt::kmeans_assign_variant_from_env(), dflt_a) << gone;
+    EXPECT_THROW(dt::kmeans_assign_variant_from_env(), retroinfer::Error) << gone;
   }
+  setenv("RETROINFER_KMEANS_ASSIGN", "", 1);  // empty: the default, as unset
+  EXPECT_EQ(dt::kmeans_assign_variant_from_env(), dflt_a);
+  setenv("RETROINFER_KMEANS_UPDATE", "slow", 1);
+  EXPECT_THROW(dt::kmeans_update_variant_from_env(), retroinfer::Error);
   EXPECT_EQ(dflt_a, int(dt::kAssignA));
   EXPECT_EQ(dflt_u, int(dt::kUpdateFast));
   {  // the raw launcher refuses another variant or head_dim before any CUDA call

@@ -11,9 +11,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
+#include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
 namespace {
@@ -350,12 +352,18 @@ cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s) {
 }
 
 namespace {
-// Index of `v` in `names` (kCount entries), `dflt` when v is null or not listed.
-int variant_index(const char* v, const char* const* names, int count, int dflt) {
-  if (v == nullptr) return dflt;
-  for (int i = 0; i < count; ++i)
+// Index of the value of environment variable `var` in `names` (count entries); `dflt` when it is unset or
+// empty. Throws Error for any other value.
+int variant_index(const char* var, const char* const* names, int count, int dflt) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || v[0] == '\0') return dflt;
+  std::string valid;
+  for (int i = 0; i < count; ++i) {
     if (std::strcmp(v, names[i]) == 0) return i;
-  return dflt;
+    valid += std::string(i ? ", " : "") + names[i];
+  }
+  RETROINFER_FAIL(var, "='", v, "' is not a k-means kernel variant: use ", valid, " or leave it unset (variants b-f ",
+                  "of the assignment were removed after run 15)");
 }
 constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a"};
 constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
@@ -372,10 +380,10 @@ int update_variant_of(const KMeansParams& p) {
 }  // namespace
 
 int kmeans_assign_variant_from_env() {
-  return variant_index(std::getenv("RETROINFER_KMEANS_ASSIGN"), kAssignNames, kAssignVariants, kDefaultAssignVariant);
+  return variant_index("RETROINFER_KMEANS_ASSIGN", kAssignNames, kAssignVariants, kDefaultAssignVariant);
 }
 int kmeans_update_variant_from_env() {
-  return variant_index(std::getenv("RETROINFER_KMEANS_UPDATE"), kUpdateNames, kUpdateVariants, kDefaultUpdateVariant);
+  return variant_index("RETROINFER_KMEANS_UPDATE", kUpdateNames, kUpdateVariants, kDefaultUpdateVariant);
 }
 const char* kmeans_assign_variant_name(int variant) {
   return variant >= 0 && variant < kAssignVariants ? kAssignNames[variant] : "?";
