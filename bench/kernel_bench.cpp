@@ -26,6 +26,8 @@
 //                              RETROINFER_KMEANS_UPDATE set to each in turn, kernels.h KMeansAssignVariant;
 //                              unset: a/fast); the "kmeans" lines carry "assign_variant" / "update_variant"
 //                              either way
+//               [--layout clustered]   retro timed again after RetroLayer::make_cluster_contiguous (each
+//                              cluster's K/V rows contiguous; lines tagged "layout":"token" / "clustered")
 //               [--kmeans-builds 3]   timed builds per k-means line (median)
 //               [--kmeans-phases 1]   after the timed builds, one more build per variant with
 //                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
@@ -82,6 +84,7 @@ long long g_prefill_chunk = 8192;
 // --only full,quest,kmeans,retro: the parts of each case to time (default all). kmeans brings the prefill
 // timing it is compared with; retro builds its index untimed when kmeans is left out.
 std::string g_only;
+bool g_layout_clustered = false;  // --layout clustered
 bool part_on(const char* name) {
   if (g_only.empty()) return true;
   const std::string n = name;
@@ -296,68 +299,74 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
     }
     if (!part_on("retro")) return;
     const size_t num_paths = g_paths.empty() ? 1 : g_paths.size();
-    for (size_t pi = 0; pi < num_paths; ++pi) {
-      std::string tag;  // ,"decode_path":"P" with --paths
-      if (!g_paths.empty()) {
-        setenv("RETROINFER_DECODE", g_paths[pi].first.c_str(), 1);  // read at every decode (decode_path())
-        g_path_only = g_paths[pi].second;
-        tag = ",\"decode_path\":\"" + g_paths[pi].first + "\"";
-      }
-      const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
-      const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
-      std::snprintf(extra, sizeof extra,
-                    ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
-                    "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
-                    retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
-                    static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
-      emit("retro", n, batch, s, req, extra + tag);
-      // Stage breakdown (median over 10 decodes, each after an L2 eviction).
-      std::vector<std::vector<float>> per;
-      std::vector<std::string> names;
-      for (int i = 0; i < 10; ++i) {
-        flush();
-        const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
-        if (per.empty()) {
-          per.resize(st.size());
-          for (const auto& x : st) names.push_back(x.first);
+    // --layout clustered: every path timed on the token-ordered rows, then again after
+    // RetroLayer::make_cluster_contiguous (the same index, each cluster's rows contiguous).
+    for (int pass = 0; pass < (g_layout_clustered ? 2 : 1); ++pass) {
+      if (pass == 1) retro.make_cluster_contiguous(k.as<uint16_t>(), v.as<uint16_t>());
+      for (size_t pi = 0; pi < num_paths; ++pi) {
+        // ,"layout":"token|clustered" with --layout, ,"decode_path":"P" with --paths
+        std::string tag = !g_layout_clustered ? "" : pass == 0 ? ",\"layout\":\"token\"" : ",\"layout\":\"clustered\"";
+        if (!g_paths.empty()) {
+          setenv("RETROINFER_DECODE", g_paths[pi].first.c_str(), 1);  // read at every decode (decode_path())
+          g_path_only = g_paths[pi].second;
+          tag += ",\"decode_path\":\"" + g_paths[pi].first + "\"";
         }
-        for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
-      }
-      // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
-      std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
-      bool any_stage = false, any_phase = false;
-      for (size_t j = 0; j < per.size(); ++j) {
-        const bool ph = names[j].rfind("phase.", 0) == 0;
-        bool& any = ph ? any_phase : any_stage;
-        char b[128];
-        std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
-                      stats(per[j]).median);
-        (ph ? phase_json : stage_json) += b;
-        any = true;
-      }
-      stage_json += "}" + tag;
-      phase_json += "}" + tag;
-      emit("retro_stages", n, batch, s, req, stage_json);
-      if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
-      {
-        // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
-        cuda::StreamHandle stream;
-        std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
-        for (int i = 0; i < kQueries; ++i)
-          graphs.push_back(std::make_unique<cuda::CapturedGraph>(
-              stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
-        cuda::EventTimer timer;
-        std::vector<float> t;
-        for (int i = 0; i < reps + 3; ++i) {
-          flush(stream.get());
-          timer.start(stream.get());
-          graphs[i % kQueries]->launch(stream.get());
-          timer.stop(stream.get());
-          if (i >= 3) t.push_back(timer.elapsed_ms());
+        const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
+        const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
+        std::snprintf(extra, sizeof extra,
+                      ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
+                      "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
+                      retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
+                      static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
+        emit("retro", n, batch, s, req, extra + tag);
+        // Stage breakdown (median over 10 decodes, each after an L2 eviction).
+        std::vector<std::vector<float>> per;
+        std::vector<std::string> names;
+        for (int i = 0; i < 10; ++i) {
+          flush();
+          const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
+          if (per.empty()) {
+            per.resize(st.size());
+            for (const auto& x : st) names.push_back(x.first);
+          }
+          for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
         }
-        emit("retro_graph", n, batch, stats(t), req, tag);
-      }
-    }  // decode paths
+        // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
+        std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
+        bool any_stage = false, any_phase = false;
+        for (size_t j = 0; j < per.size(); ++j) {
+          const bool ph = names[j].rfind("phase.", 0) == 0;
+          bool& any = ph ? any_phase : any_stage;
+          char b[128];
+          std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
+                        stats(per[j]).median);
+          (ph ? phase_json : stage_json) += b;
+          any = true;
+        }
+        stage_json += "}" + tag;
+        phase_json += "}" + tag;
+        emit("retro_stages", n, batch, s, req, stage_json);
+        if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
+        {
+          // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
+          cuda::StreamHandle stream;
+          std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
+          for (int i = 0; i < kQueries; ++i)
+            graphs.push_back(std::make_unique<cuda::CapturedGraph>(
+                stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
+          cuda::EventTimer timer;
+          std::vector<float> t;
+          for (int i = 0; i < reps + 3; ++i) {
+            flush(stream.get());
+            timer.start(stream.get());
+            graphs[i % kQueries]->launch(stream.get());
+            timer.stop(stream.get());
+            if (i >= 3) t.push_back(timer.elapsed_ms());
+          }
+          emit("retro_graph", n, batch, stats(t), req, tag);
+        }
+      }  // decode paths
+    }  // layouts
     g_path_only = nullptr;
     if (!g_paths.empty()) unsetenv("RETROINFER_DECODE");
   }
@@ -393,6 +402,14 @@ int main(int argc, char** argv) {
     else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
     else if (a == "--paths") paths_arg = argv[++i];
     else if (a == "--only") only_arg = argv[++i];
+    else if (a == "--layout") {
+      const std::string l = argv[++i];
+      if (l != "clustered" && l != "token") {
+        std::fprintf(stderr, "kernel_bench: --layout takes token or clustered, not %s\n", l.c_str());
+        return 2;
+      }
+      g_layout_clustered = l == "clustered";
+    }
     else if (a == "--kmeans-variants") kmeans_variants_arg = argv[++i];
     else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
     else if (a == "--kmeans-phases") kmeans_phases = std::atoi(argv[++i]) != 0;

@@ -210,6 +210,14 @@ class RetroLayer {
   // rebuilds it from the CSR (members / offsets; -1 for a token in no cluster: an outlier). Call before
   // build().
   void set_keep_assignment(bool keep);
+  // Experiment (kernel_bench --layout clustered): rewrites each head's indexed K/V rows in cluster order (row
+  // idx_begin + j becomes the j-th member of the head's CSR) and the members to row positions, so that every
+  // cluster's tokens are contiguous rows and the exact attention reads runs of ~tokens_per_cluster rows
+  // instead of scattered ones. k / v: writable aliases of the buffers build() was given. Attention does not
+  // depend on row order (RoPE is in the keys): decode changes only by summation order, the selection not at
+  // all; token ids in debug_state become row positions. Throws before build(), with the outlier zone on (its
+  // tokens keep rows outside the CSR), with other buffers, or after an index update (appended members).
+  void make_cluster_contiguous(uint16_t* k, uint16_t* v, Stream s = nullptr);
   // Sequences per k-means run of build() (default 1; 0 = every sequence in one run): the sequences are
   // indexed in groups through one workspace sized for a group (the index is bit-identical to one batched
   // run: no k-means or outlier kernel mixes flat heads). Applies to the next build().
