@@ -138,4 +138,27 @@ __device__ __forceinline__ void grid_launch_dependents() {
 #endif
 }
 
+// kernel<<<grid, block, smem, s>>>(p), or with pdl the same launch as a programmatic dependent of the work
+// before it on s (cudaLaunchAttributeProgrammaticStreamSerialization: the kernel's CTAs may start while
+// that grid drains and wait in griddepcontrol.wait). Returns the launch status.
+template <typename P>
+cudaError_t launch_maybe_pdl(void (*kernel)(P), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
+                             const P& p) {
+  if (!pdl) {
+    kernel<<<grid, block, smem, s>>>(p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 }  // namespace retroinfer::cuda::detail

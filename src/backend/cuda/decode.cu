@@ -494,21 +494,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  if (!p.pdl) {
-    kernel<<<dim3(p.num_splits + p.est_ctas, p.num_heads), kW * 32, bytes, s>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(p.num_splits + p.est_ctas, p.num_heads);
-  cfg.blockDim = dim3(kW * 32);
-  cfg.dynamicSmemBytes = bytes;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return launch_maybe_pdl(kernel, dim3(p.num_splits + p.est_ctas, p.num_heads), dim3(kW * 32), bytes, s, p.pdl, p);
 }
 
 template <int D, bool kIndirect>

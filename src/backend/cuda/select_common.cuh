@@ -14,29 +14,6 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
-// kernel<<<grid, block, smem, s>>>(p), or with pdl the same launch as a programmatic dependent of the work
-// before it on s (cudaLaunchAttributeProgrammaticStreamSerialization: the kernel's CTAs may start while
-// that grid drains and wait in griddepcontrol.wait). Returns the launch status.
-template <typename P>
-cudaError_t launch_maybe_pdl(void (*kernel)(P), dim3 grid, dim3 block, size_t smem, cudaStream_t s, bool pdl,
-                             const P& p) {
-  if (!pdl) {
-    kernel<<<grid, block, smem, s>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
-}
-
 // Online (max, sum of exp) pair merge for the per-head softmax normaliser.
 __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2) {
   if (m2 == -INFINITY) return;
