@@ -401,8 +401,8 @@ cudaError_t with_variant(DenseKernel k, F&& f) {
 }
 
 // tma2d: K's and V's tensor maps ([H][kv_stride][D] bf16, boxes 64 dims x 64 tokens x 1 head, 128-byte
-// swizzle, zero fill past the bounds), encoded per launch (the K/V addresses change) by the driver's
-// cuTensorMapEncodeTiled, obtained once through the runtime (no link against libcuda).
+// swizzle, zero fill past the bounds), encoded by the driver's cuTensorMapEncodeTiled, obtained once through
+// the runtime (no link against libcuda); cached_dense_maps keeps the recent ones.
 cudaError_t encode_dense_maps(const DenseParams& p, DenseMaps* maps) {
   using Encode = decltype(&cuTensorMapEncodeTiled);
   static const Encode encode = [] {
@@ -430,6 +430,37 @@ cudaError_t encode_dense_maps(const DenseParams& p, DenseMaps* maps) {
   return cudaSuccess;
 }
 
+// encode_dense_maps through a per-thread cache of the last kMapCache encodings: the maps depend only on
+// (K, V, kv_stride, heads, head_dim), which a layer keeps from one decode to the next, and the encoder is host
+// work on every launch (two encodings per layer and step in the model runner).
+constexpr int kMapCache = 64;
+struct MapKey {
+  const uint16_t *k = nullptr, *v = nullptr;
+  int64_t kv_stride = 0;
+  int num_heads = 0, head_dim = 0;
+  bool operator==(const MapKey&) const = default;
+};
+cudaError_t cached_dense_maps(const DenseParams& p, DenseMaps* maps) {
+  struct Entry {
+    MapKey key;
+    DenseMaps maps;
+  };
+  thread_local Entry cache[kMapCache];
+  thread_local int filled = 0, next = 0;
+  const MapKey key{p.k, p.v, p.kv_stride, p.num_heads, p.head_dim};
+  for (int i = 0; i < filled; ++i)
+    if (cache[i].key == key) {
+      *maps = cache[i].maps;
+      return cudaSuccess;
+    }
+  const cudaError_t e = encode_dense_maps(p, maps);
+  if (e != cudaSuccess) return e;
+  cache[next] = Entry{key, *maps};
+  next = (next + 1) % kMapCache;
+  filled = filled < kMapCache ? filled + 1 : kMapCache;
+  return cudaSuccess;
+}
+
 }  // namespace
 
 cudaError_t dense_decode_stream(DenseKernel kernel, const DenseParams& p, cudaStream_t s) {
@@ -448,7 +479,7 @@ cudaError_t dense_decode_stream(DenseKernel kernel, const DenseParams& p, cudaSt
     if constexpr (V::kTma) {
       // No tensor-map encoder in the driver, or token coordinates past 32 bits: the bulk kernel (the same
       // CTAs per multiprocessor, so the same splits).
-      if (encode_dense_maps(p, &maps) != cudaSuccess) return dense_decode_stream(DenseKernel::kBulk, p, s);
+      if (cached_dense_maps(p, &maps) != cudaSuccess) return dense_decode_stream(DenseKernel::kBulk, p, s);
     }
     k->kernel<<<dim3(p.num_splits, p.num_heads), V::kThreads, bytes, s>>>(p, maps);
     return cudaGetLastError();
