@@ -105,6 +105,13 @@ bool g_kmeans_phases = false;                // --kmeans-phases 1
 // "read": a dense decode over 128 MiB of K/V (2.5x the H200's 50 MiB L2) evicts by reading, leaving clean
 // lines: the cold-cache time without the write-back of someone else's data (--flush read; attribution).
 bool g_flush_read = false;
+// K and V of every case live in two buffers allocated once for the whole run, sized for its largest case (an
+// engine allocates its KV cache once). A fresh cudaMalloc per case, inside the address range that a larger
+// case had just freed, measured the dense kernel 5-7% slower at batch 1 than the same allocation in a fresh
+// process, whatever the K / V offset (bench/results/run16/b1_alloc/); --kv-per-case restores that
+// allocation per case (diagnostics).
+cuda::DeviceBuffer g_slab_k, g_slab_v;
+bool g_kv_per_case = false;
 struct ReadFlush {
   static constexpr long long kTokens = 32768;  // 8 heads x 32768 x 128 x 2 B x (K + V) = 128 MiB
   const AttentionShape shape{32, 8, 128};
@@ -197,9 +204,15 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
   const AttentionShape shape{32, 8, 128};
   const int H = static_cast<int>(batch) * shape.num_heads_kv, G = 4, D = shape.head_dim;
   const size_t kv_elems = size_t(H) * n * D;
-  cuda::DeviceBuffer k(kv_elems * 2), v(kv_elems * 2);
-  cuda::fill_random_bf16(k.as<uint16_t>(), kv_elems, 1000 + n + batch, 1.0f);
-  cuda::fill_random_bf16(v.as<uint16_t>(), kv_elems, 2000 + n + batch, 1.0f);
+  cuda::DeviceBuffer case_k(g_kv_per_case ? kv_elems * 2 : 0), case_v(g_kv_per_case ? kv_elems * 2 : 0);
+  cuda::DeviceBuffer& kb = g_kv_per_case ? case_k : g_slab_k;
+  cuda::DeviceBuffer& vb = g_kv_per_case ? case_v : g_slab_v;
+  RETROINFER_CHECK(kb.bytes() >= kv_elems * 2 && vb.bytes() >= kv_elems * 2, "kernel_bench: K/V buffers of ",
+                   kb.bytes(), " bytes for a case of ", kv_elems * 2);
+  uint16_t* const kp = kb.as<uint16_t>();
+  uint16_t* const vp = vb.as<uint16_t>();
+  cuda::fill_random_bf16(kp, kv_elems, 1000 + n + batch, 1.0f);
+  cuda::fill_random_bf16(vp, kv_elems, 2000 + n + batch, 1.0f);
   constexpr int kQueries = 8;  // rotated so that consecutive calls see different queries
   const size_t q_elems = size_t(H) * G * D;
   cuda::DeviceBuffer q(q_elems * 4 * kQueries), out(q_elems * 4);
@@ -210,9 +223,14 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
 
   if (part_on("full")) {
     cuda::DenseDecoder dense(shape, static_cast<int>(batch), n);
-    const Stats s = time_calls([&](int i) { dense.run(qp(i), k.as<uint16_t>(), v.as<uint16_t>(), n, n, 0.0f, out.as<float>()); },
+    const Stats s = time_calls([&](int i) { dense.run(qp(i), kp, vp, n, n, 0.0f, out.as<float>()); },
                                3, reps);
-    std::snprintf(extra, sizeof extra, ",\"splits\":%d,\"full_kernel\":\"%s\"", dense.num_splits(n), dense.kernel());
+    // Where K and V lie (diagnostics: batch 1 after a larger case is slower than in a fresh process).
+    const auto ka = reinterpret_cast<uintptr_t>(kp), va = reinterpret_cast<uintptr_t>(vp);
+    std::snprintf(extra, sizeof extra,
+                  ",\"splits\":%d,\"full_kernel\":\"%s\",\"k_addr\":\"0x%llx\",\"v_minus_k\":%lld%s",
+                  dense.num_splits(n), dense.kernel(), static_cast<unsigned long long>(ka),
+                  static_cast<long long>(va) - static_cast<long long>(ka), g_kv_per_case ? ",\"kv\":\"per_case\"" : "");
     emit("full", n, batch, s, double(kv_elems) * 2 * 2 + io_bytes, extra);
   }
   const double work = double(batch) * double(n) * double(n) / double(1ull << 40);
@@ -221,18 +239,18 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
                  max_index_work);
     return;
   }
-  const double pre_ms = part_on("kmeans") ? prefill_ms(n, shape, k.as<uint16_t>(), v.as<uint16_t>()) : 0.0;
+  const double pre_ms = part_on("kmeans") ? prefill_ms(n, shape, kp, vp) : 0.0;
   AttentionConfig cfg;  // paper defaults
   if (part_on("quest")) {
     cuda::QuestLayer quest(shape, cfg, static_cast<int>(batch));
-    quest.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);
+    quest.build(kp, vp, n, n);
     const Stats s = time_calls([&](int i) { quest.decode(qp(i), out.as<float>()); }, 3, reps);
     std::snprintf(extra, sizeof extra, ",\"pages\":%d,\"selected_pages\":%d", quest.num_pages(), quest.selected_pages());
     emit("quest", n, batch, s, quest.decode_bytes_required(), extra);
   }
   {
     cuda::RetroLayer retro(shape, cfg, static_cast<int>(batch));
-    retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // allocations happen here
+    retro.build(kp, vp, n, n);  // allocations happen here
     // One "kmeans" line per variant (--kmeans-variants; else the environment's), the same index each time.
     std::vector<std::string> variants = g_kmeans_variants;
     if (variants.empty()) variants.emplace_back();
@@ -250,7 +268,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
           RETROINFER_FAIL("kernel_bench: unknown k-means variant '", var,
                           "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a and UPDATE in v1,fast; b-f were removed "
                           "after run 15)");
-        retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // warm-up of this variant
+        retro.build(kp, vp, n, n);  // warm-up of this variant
       }
       const std::string tag = std::string(",\"assign_variant\":\"") +
                               cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) +
@@ -261,7 +279,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       for (int i = 0; i < g_kmeans_builds; ++i) {
         cuda::synchronize();
         const auto t0 = std::chrono::steady_clock::now();
-        retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);  // synchronous at its end
+        retro.build(kp, vp, n, n);  // synchronous at its end
         bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
       const Stats sb = stats(bt);
@@ -276,7 +294,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
         setenv("RETROINFER_KMEANS_PHASES", "1", 1);
         cuda::detail::kmeans_phase_reset();
         cuda::synchronize();
-        retro.build(k.as<uint16_t>(), v.as<uint16_t>(), n, n);
+        retro.build(kp, vp, n, n);
         unsetenv("RETROINFER_KMEANS_PHASES");
         const auto tot = cuda::detail::kmeans_phase_totals();
         std::string ph = ",\"phases_ms\":{";
@@ -302,7 +320,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
     // --layout clustered: every path timed on the token-ordered rows, then again after
     // RetroLayer::make_cluster_contiguous (the same index, each cluster's rows contiguous).
     for (int pass = 0; pass < (g_layout_clustered ? 2 : 1); ++pass) {
-      if (pass == 1) retro.make_cluster_contiguous(k.as<uint16_t>(), v.as<uint16_t>());
+      if (pass == 1) retro.make_cluster_contiguous(kp, vp);
       for (size_t pi = 0; pi < num_paths; ++pi) {
         // ,"layout":"token|clustered" with --layout, ,"decode_path":"P" with --paths
         std::string tag = !g_layout_clustered ? "" : pass == 0 ? ",\"layout\":\"token\"" : ",\"layout\":\"clustered\"";
@@ -382,6 +400,7 @@ int main(int argc, char** argv) {
   const char* out_path = nullptr;
   long long prefill_chunk = 8192;  // the runner's prefill block for the "prefill" timing
   bool flush_read = false;         // --flush read (g_flush_read in a CUDA build)
+  bool kv_per_case = false;        // --kv-per-case (g_kv_per_case)
   std::string paths_arg;           // --paths run8,run9 (needs --out)
   std::string only_arg;            // --only kmeans
   std::string kmeans_variants_arg;  // --kmeans-variants v1/v1,a/fast
@@ -400,6 +419,7 @@ int main(int argc, char** argv) {
     else if (a == "--out") out_path = argv[++i];
     else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
     else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
+    else if (a == "--kv-per-case") kv_per_case = true;
     else if (a == "--paths") paths_arg = argv[++i];
     else if (a == "--only") only_arg = argv[++i];
     else if (a == "--layout") {
@@ -423,6 +443,7 @@ int main(int argc, char** argv) {
   }
 #if defined(RETROINFER_WITH_CUDA)
   g_flush_read = flush_read;
+  g_kv_per_case = kv_per_case;
   if (!retroinfer::cuda::device_available()) {
     std::fprintf(stderr, "kernel_bench: %s\n", retroinfer::cuda::device_description().c_str());
     return 1;
@@ -482,13 +503,21 @@ int main(int argc, char** argv) {
     }
   }
   std::fprintf(stderr, "kernel_bench on %s\n", retroinfer::cuda::device_description().c_str());
+  // K + V of one layer must fit with room for the index workspace (~0.7x K+V at most).
+  auto kv_gib = [](long long n, long long b) { return double(b) * 8 * n * 128 * 2 * 2 / double(1ull << 30); };
   try {
+    if (!g_kv_per_case) {  // one K and one V buffer for the largest case that runs (see g_slab_k)
+      size_t most = 0;
+      for (long long n : lengths)
+        for (long long b : batches)
+          if (kv_gib(n, b) <= 70.0) most = std::max(most, size_t(b) * 8 * size_t(n) * 128 * 2);
+      g_slab_k = cuda::DeviceBuffer(most);
+      g_slab_v = cuda::DeviceBuffer(most);
+    }
     for (long long n : lengths)
       for (long long b : batches) {
-        // K + V of one layer must fit with room for the index workspace (~0.7x K+V at most).
-        const double kv_gib = double(b) * 8 * n * 128 * 2 * 2 / double(1ull << 30);
-        if (kv_gib > 70.0) {
-          std::fprintf(stderr, "skip n=%lld batch=%lld: %.0f GiB of K/V\n", n, b, kv_gib);
+        if (kv_gib(n, b) > 70.0) {
+          std::fprintf(stderr, "skip n=%lld batch=%lld: %.0f GiB of K/V\n", n, b, kv_gib(n, b));
           continue;
         }
         run_case(n, b, reps, max_index_work);
@@ -497,6 +526,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kernel_bench: %s\n", e.what());
     return 1;
   }
+  g_slab_k = cuda::DeviceBuffer();  // freed while the CUDA runtime is up (not by a static destructor)
+  g_slab_v = cuda::DeviceBuffer();
   return 0;
 #else
   (void)reps;
@@ -504,6 +535,7 @@ int main(int argc, char** argv) {
   (void)out_path;
   (void)prefill_chunk;
   (void)flush_read;
+  (void)kv_per_case;
   (void)paths_arg;
   (void)only_arg;
   (void)kmeans_variants_arg;
