@@ -172,9 +172,9 @@ __device__ __forceinline__ uint32_t compact_flags(const float4 v, const CompactC
 // slots >= kBinExp, running = steady + the retrieval items' tokens. The same values as v1 (the caller's
 // padding, steady list and barrier follow).
 template <bool kTies>
-__device__ __forceinline__ void compact_ballot(const SelectParams& p, const float* sc, const CompactCut& cut, BinSmem& bs,
-                                               int* ret, int* est, int* pre, int steady, int& out1, int& out2,
-                                               int& running) {
+__device__ __forceinline__ void compact_ballot(const SelectParams& p, const float* sc, const CompactCut& cut,
+                                               BinSmem& bs, int* ret, int* est, int* pre, int steady, int& out1,
+                                               int& out2, int& running) {
   __shared__ CompactSmem cs;
   const int h = blockIdx.x, N = p.num_items, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int n4 = compact_padded(N);
@@ -235,7 +235,7 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, const floa
     out2 = static_cast<int>(t12 >> 16);
   }
   // Pass 2: the ids at their slots (retrieval slots < kBinExp: the id also into bs.exp_begin for below).
-  if (est == nullptr) {  // k_estimation = 0: then both cuts are the same, no estimation flag is set
+  if (est == nullptr) {  // k_estimation = 0: both cuts are the same (no estimation flag); v1 would not write
     fw0 &= 0x0f0f0f0fu;
     fw1 &= 0x0f0f0f0fu;
     fw2 &= 0x0f0f0f0fu;
@@ -245,7 +245,8 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, const floa
     const uint32_t f = (word >> (16 * (s & 1))) & 0xffffu;
     // Packed counts: retrieval / estimation of the first half, then of the second (8 bits each).
     const unsigned c = static_cast<unsigned>(__popc(f & 0x000fu) | __popc(f & 0x00f0u) << 8 |
-                                             __popc(f & 0x0f00u) << 16) | static_cast<unsigned>(__popc(f & 0xf000u)) << 24;
+                                             __popc(f & 0x0f00u) << 16) |
+                       static_cast<unsigned>(__popc(f & 0xf000u)) << 24;
     const unsigned incl = warp_inclusive_scan(c, lane), excl = incl - c, tot = __shfl_sync(0xffffffffu, incl, 31);
     const int ra = static_cast<int>(tot & 0xffu), ea = static_cast<int>((tot >> 8) & 0xffu);  // the first half's
     int wr = rbase + static_cast<int>(excl & 0xffu), we = ebase + static_cast<int>((excl >> 8) & 0xffu);
