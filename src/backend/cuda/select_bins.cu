@@ -293,7 +293,8 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, const floa
           for (int o = 0; o < n; o += 32) prefetch_l2(p.members + b + o);
       }
     }
-    const int incl = warp_inclusive_scan(n, lane);
+    // Warp-uniform: a warp past the last slot has nothing to scan.
+    const int incl = s0 + 32 * warp < out1 ? warp_inclusive_scan(n, lane) : 0;
     if (lane == 31) chunk_sums[chunk & 1][warp] = incl;
     __syncthreads();  // the parity buffers: chunk c + 2 writes after every thread read chunk c's (barrier c + 1)
     int total;
