@@ -4,9 +4,13 @@
 // ascending, the retrieval items expanded into the head's exact-token list (steady zone first).
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/select_common.cuh"
+#include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
 
@@ -23,7 +27,8 @@ namespace {
 //      (exact: the same k-th key as the radix passes, with `take` = how many of its ties are in);
 //      a bin with more than kBinCand candidates (long runs of exact ties) falls back to the radix passes;
 //   4. one compaction scan of (retrieval, estimation, exact tokens) in ascending id order, the tie-ranking
-//      scan only when a threshold takes some but not all of its ties (the CPU rule: ties in id order);
+//      scan only when a threshold takes some but not all of its ties (the CPU rule: ties in id order)
+//      (v1; RETROINFER_SELECT_COMPACT=ballot: compact_ballot below, the same results);
 //   5. expansion warp by warp from shared memory.
 // About 13 barriers in all. Scores must fit shared memory (<= 40K items).
 constexpr int kBinBins = 4096;
@@ -44,10 +49,278 @@ struct BinSmem {
   int take[2], eq[2];
 };
 
+// ---- The warp-range compaction (RETROINFER_SELECT_COMPACT=ballot) ----
+// Run 6's compaction (v1 in the kernel) gives thread t the 8 items 8t .. 8t + 7: 8-way shared-memory bank
+// conflicts on the scores, ~760 straight-line instructions per warp (8 items' flags, tie ranks, CSR loads
+// and writes, all predicated) and the retrieval items' CSR loads one after another: ~8.5 us at 8188 items,
+// ~7 us at 2044. Here warp w owns the contiguous items [w seg, (w + 1) seg) (seg a multiple of
+// kCompactStep = 256) and walks them in steps of two halves of 128 items, lane l holding the 4 items
+// 4l .. 4l + 3 of each half (one conflict-free float4 load each), so an item's slot is the warp's base +
+// the warp's count so far + (in the second half) the first half's count + the lane's exclusive prefix in
+// the half + its rank among the lane's 4: ascending ids, as v1. One warp scan per step serves both halves
+// and both lists (four 8-bit counts packed in one int: <= 128 each).
+//   pass 0 (only when a threshold takes some but not all of its ties): per warp, the ties of t1 and t2;
+//   pass 1: per warp, the retrieval and estimation counts; each step's 16 flags kept in registers;
+//   pass 2: the ids at their slots (retrieval ids < kBinExp also into the expansion table);
+//   slots: thread s takes retrieval slot s: its CSR offsets (all loads of the block in flight at once),
+//          the members' L2 prefetch, a block scan of the lengths for the token positions.
+// One barrier after each pass and one in the slot scan (each barrier's per-warp sums are scanned by every
+// warp itself), then the kernel's barrier before the expansion. Results bit-identical to v1
+// (tests/gpu/test_cuda_select_compact.cpp).
+constexpr int kCompactHalf = 128;               // items of half a step: 4 per lane
+constexpr int kCompactStep = 2 * kCompactHalf;  // items per warp step
+constexpr int kCompactMaxSteps = 6;             // three 32-bit words of 16 flag bits per step, per lane
+// The bins kernel takes <= 40960 items (160 KiB of scores): seg <= 1280, 5 steps; the per-warp counts
+// (<= seg) fit 16-bit halves, the totals (<= 40960) too.
+static_assert(40960 / kSelWarps <= kCompactMaxSteps * kCompactStep && 40960 < 65536, "compaction layout");
+
+// Items rounded up to whole float4 loads; the kernel sets the scores [N, compact_padded(N)) to -inf.
+__host__ __device__ __forceinline__ int compact_padded(int n) { return (n + 3) & ~3; }
+
+// The cut of the compaction: items with key > t, or == t within the first `take` ties (ascending ids) when
+// ties are ranked (all ties otherwise), of a threshold that is on (k > 0).
+struct CompactCut {
+  uint32_t t1, t2;
+  int take1, take2;
+  bool on1, on2;
+};
+
+struct CompactSmem {
+  unsigned ties[kSelWarps];    // pass 0: per warp, ties of t1 + (ties of t2 << 16)
+  unsigned counts[kSelWarps];  // pass 1: per warp, retrieval items + (estimation items << 16)
+};
+
+// Packed counters are unsigned: a field may reach bit 31.
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_scan(T x, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const T y = __shfl_up_sync(0xffffffffu, x, off);
+    if (lane >= off) x += y;
+  }
+  return x;
+}
+
+// Every warp calls this after the barrier that follows lane 0 of each warp w publishing its value: lane l
+// passes warp l's value x; returns the sum over the warps before `warp`, and *total the sum over all.
+template <typename T>
+__device__ __forceinline__ T warp_base(T x, int warp, int lane, T* total) {
+  const T incl = warp_inclusive_scan(x, lane);
+  *total = __shfl_sync(0xffffffffu, incl, 31);
+  return __shfl_sync(0xffffffffu, incl - x, warp);
+}
+
+// The lane's 4 items i4 .. i4 + 3 of the padded scores (-inf from compact_padded(N) on).
+__device__ __forceinline__ float4 compact_load(const float* sc, int i4, int n4) {
+  return i4 < n4 ? *reinterpret_cast<const float4*>(sc + i4) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+}
+
+// float_order_key in two instructions (shift, one 3-input logic op): the same key.
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
+}
+
+// Flags of one step: bits 0-3 retrieval, 4-7 estimation (item i4 + j at bit j), as v1: retrieval = in the
+// first cut, estimation = in the second and not the first. kTies: r1 / r2 are the warp's tie ranks at the
+// step's first item (warp-uniform), advanced past the step. Without ranked ties every tie is in (v1's
+// !rank_ties) and the -inf test is implied: a threshold that is on is then the key of a candidate, a
+// finite item, above key(-inf) = 0x007fffff (with ranked ties it may come from the radix passes, whose
+// thresholds are 0 when k1 = 0: v1's valid test is kept there).
+template <bool kTies>
+__device__ __forceinline__ uint32_t compact_flags(const float4 v, const CompactCut& c, int lane, int& r1, int& r2) {
+  const float f[4] = {v.x, v.y, v.z, v.w};
+  uint32_t u[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) u[j] = order_key(f[j]);
+  uint32_t m1 = 0u, m2 = 0u;
+  if constexpr (!kTies) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      m1 |= (u[j] >= c.t1 ? 1u : 0u) << j;
+      m2 |= (u[j] >= c.t2 ? 1u : 0u) << j;
+    }
+    if (!c.on1) m1 = 0u;
+    if (!c.on2) m2 = 0u;
+  } else {
+    bool ok[4], q1[4], q2[4];
+    int e12 = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      ok[j] = f[j] != -INFINITY;
+      q1[j] = ok[j] && c.on1 && u[j] == c.t1;
+      q2[j] = ok[j] && c.on2 && u[j] == c.t2;
+      e12 += (q1[j] ? 1 : 0) + (q2[j] ? 1 << 16 : 0);
+    }
+    const int incl = warp_inclusive_scan(e12, lane), excl = incl - e12, tot = __shfl_sync(0xffffffffu, incl, 31);
+    int a = r1 + (excl & 0xffff), b = r2 + (excl >> 16);  // <= 128 per field
+    r1 += tot & 0xffff;
+    r2 += tot >> 16;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      m1 |= (ok[j] && c.on1 && (u[j] > c.t1 || (q1[j] && a < c.take1)) ? 1u : 0u) << j;
+      m2 |= (ok[j] && c.on2 && (u[j] > c.t2 || (q2[j] && b < c.take2)) ? 1u : 0u) << j;
+      a += q1[j];
+      b += q2[j];
+    }
+  }
+  return m1 | ((m2 & ~m1) << 4);
+}
+
+// The compaction of one head (all threads call; the caller stamps before and barriers after): ret / est
+// ids at [0, out1) / [0, out2), the expansion table bs.exp_* of slots < kBinExp, pre[s] = token position of
+// slots >= kBinExp, running = steady + the retrieval items' tokens. The same values as v1 (the caller's
+// padding, steady list and barrier follow).
+template <bool kTies>
+__device__ __forceinline__ void compact_ballot(const SelectParams& p, const float* sc, const CompactCut& cut,
+                                               BinSmem& bs, int* ret, int* est, int* pre, int steady, int& out1,
+                                               int& out2, int& running) {
+  __shared__ CompactSmem cs;
+  const int h = blockIdx.x, N = p.num_items, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n4 = compact_padded(N);
+  // Unsigned: the divisions are shifts.
+  const unsigned seg = ((unsigned(N) + kSelWarps - 1) / kSelWarps + kCompactStep - 1) / kCompactStep * kCompactStep;
+  const int wbeg = static_cast<int>(warp * seg);
+  const int steps = wbeg < n4 ? static_cast<int>((min(seg, unsigned(n4 - wbeg)) + kCompactStep - 1) / kCompactStep)
+                              : 0;  // warp-uniform
+  const int lane_first = wbeg + 4 * lane;  // the lane's first item in step 0
+  // Pass 0 (kTies): the warp's tie ranks r1 / r2 at its first item.
+  int r1 = 0, r2 = 0;
+  if constexpr (kTies) {
+    unsigned e12 = 0u;  // packed: <= seg ties per warp
+    for (int i4 = lane_first; i4 < lane_first + steps * kCompactStep; i4 += kCompactHalf) {
+      const float4 v = compact_load(sc, i4, n4);
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool ok = f[j] != -INFINITY;
+        const uint32_t u = float_order_key(f[j]);
+        e12 += (ok && cut.on1 && u == cut.t1 ? 1u : 0u) + (ok && cut.on2 && u == cut.t2 ? 1u << 16 : 0u);
+      }
+    }
+    e12 = __reduce_add_sync(0xffffffffu, e12);
+    if (lane == 0) cs.ties[warp] = e12;
+    __syncthreads();
+    unsigned unused;
+    const unsigned b12 = warp_base(cs.ties[lane], warp, lane, &unused);  // packed: <= 40960 ties in all
+    r1 = static_cast<int>(b12 & 0xffffu);
+    r2 = static_cast<int>(b12 >> 16);
+  }
+  // Pass 1: the flags of every step (16 bits a step: step s at bit 16 (s % 2) of word s / 2; the first
+  // half's 8 flags below the second's) and the counts.
+  uint32_t fw0 = 0u, fw1 = 0u, fw2 = 0u;
+  unsigned c12 = 0u;  // packed: <= seg items per warp
+  for (int s = 0; s < steps; ++s) {
+    const int i4 = lane_first + s * kCompactStep;
+    const float4 va = compact_load(sc, i4, n4), vb = compact_load(sc, i4 + kCompactHalf, n4);
+    const uint32_t fa = compact_flags<kTies>(va, cut, lane, r1, r2);
+    const uint32_t fb = compact_flags<kTies>(vb, cut, lane, r1, r2);
+    const uint32_t f = fa | fb << 8;
+    c12 += static_cast<unsigned>(__popc(f & 0x0f0fu)) + (static_cast<unsigned>(__popc(f & 0xf0f0u)) << 16);
+    const uint32_t x = f << (16 * (s & 1));
+    if (s < 2) fw0 |= x;
+    else if (s < 4) fw1 |= x;
+    else fw2 |= x;
+  }
+  c12 = __reduce_add_sync(0xffffffffu, c12);
+  if (lane == 0) cs.counts[warp] = c12;
+  __syncthreads();
+  int rbase, ebase;
+  {
+    unsigned t12;
+    const unsigned b12 = warp_base(cs.counts[lane], warp, lane, &t12);  // packed: <= 40960 items in all
+    rbase = static_cast<int>(b12 & 0xffffu);
+    ebase = static_cast<int>(b12 >> 16);
+    out1 = static_cast<int>(t12 & 0xffffu);
+    out2 = static_cast<int>(t12 >> 16);
+  }
+  // Pass 2: the ids at their slots (retrieval slots < kBinExp: the id also into bs.exp_begin for below).
+  if (est == nullptr) {  // k_estimation = 0: both cuts are the same (no estimation flag); v1 would not write
+    fw0 &= 0x0f0f0f0fu;
+    fw1 &= 0x0f0f0f0fu;
+    fw2 &= 0x0f0f0f0fu;
+  }
+  for (int s = 0; s < steps; ++s) {
+    const uint32_t word = s < 2 ? fw0 : (s < 4 ? fw1 : fw2);
+    const uint32_t f = (word >> (16 * (s & 1))) & 0xffffu;
+    // Packed counts: retrieval / estimation of the first half, then of the second (8 bits each).
+    const unsigned c = static_cast<unsigned>(__popc(f & 0x000fu) | __popc(f & 0x00f0u) << 8 |
+                                             __popc(f & 0x0f00u) << 16) |
+                       static_cast<unsigned>(__popc(f & 0xf000u)) << 24;
+    const unsigned incl = warp_inclusive_scan(c, lane), excl = incl - c, tot = __shfl_sync(0xffffffffu, incl, 31);
+    const int ra = static_cast<int>(tot & 0xffu), ea = static_cast<int>((tot >> 8) & 0xffu);  // the first half's
+    int wr = rbase + static_cast<int>(excl & 0xffu), we = ebase + static_cast<int>((excl >> 8) & 0xffu);
+    int wr2 = rbase + ra + static_cast<int>((excl >> 16) & 0xffu), we2 = ebase + ea + static_cast<int>(excl >> 24);
+    rbase += ra + static_cast<int>((tot >> 16) & 0xffu);
+    ebase += ea + static_cast<int>(tot >> 24);
+    const int i4 = lane_first + s * kCompactStep;
+    // Estimation (~23% of the items at the default budgets): predicated stores.
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      int& e = j < 4 ? we : we2;
+      if (f >> (j < 4 ? j + 4 : j + 8) & 1u) est[e++] = i4 + (j < 4 ? j : kCompactHalf + j - 4);
+    }
+    // Retrieval (~2%): a loop over the lane's set flags, about one round per step for the warp.
+    for (uint32_t rb = (f & 0xfu) | ((f >> 4) & 0xf0u); rb != 0u; rb &= rb - 1u) {
+      const int j = __ffs(static_cast<int>(rb)) - 1;
+      const int id = i4 + (j < 4 ? j : kCompactHalf + j - 4);
+      const int r = j < 4 ? wr++ : wr2++;
+      ret[r] = id;
+      if (r < kBinExp) bs.exp_begin[r] = id;
+    }
+  }
+  __syncthreads();
+  // Slot s = chunk + tid: its item's (begin, length), its members prefetched into L2 (as v1, run 8: the
+  // expansion reads them after the barrier), and its token position by a block scan of the lengths in slot
+  // (= id) order. One chunk (one barrier) up to kSelThreads retrieval items.
+  __shared__ int chunk_sums[2][kSelWarps];
+  const bool pages = p.page_tokens > 0;
+  int at0 = steady;
+  for (int s0 = 0, chunk = 0; s0 < out1; s0 += kSelThreads, ++chunk) {
+    const int s = s0 + tid;
+    int b = 0, n = 0;
+    if (s < out1) {
+      const int id = s < kBinExp ? bs.exp_begin[s] : ret[s];
+      if (pages) {
+        const int64_t b64 = int64_t{id} * p.page_tokens;
+        b = static_cast<int>(b64);
+        n = static_cast<int>(b64 + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b64);
+      } else {
+        const int64_t hc = int64_t{h} * N + id;
+        b = p.offsets[hc];
+        n = p.offsets[hc + 1] - b;
+        if (p.prefetch)
+          for (int o = 0; o < n; o += 32) prefetch_l2(p.members + b + o);
+      }
+    }
+    // Warp-uniform: a warp past the last slot has nothing to scan.
+    const int incl = s0 + 32 * warp < out1 ? warp_inclusive_scan(n, lane) : 0;
+    if (lane == 31) chunk_sums[chunk & 1][warp] = incl;
+    __syncthreads();  // the parity buffers: chunk c + 2 writes after every thread read chunk c's (barrier c + 1)
+    int total;
+    const int at = at0 + warp_base(chunk_sums[chunk & 1][lane], warp, lane, &total) + incl - n;
+    if (s < out1) {
+      if (s < kBinExp) {
+        bs.exp_begin[s] = b;
+        bs.exp_at[s] = at;
+        bs.exp_len[s] = n;
+      } else {
+        pre[s] = at;
+      }
+    }
+    at0 += total;
+  }
+  running = at0;
+}
+
+// kBallot (RETROINFER_SELECT_COMPACT=ballot): the compaction by compact_ballot above; else the
+// chunked block-scan compaction of run 6 (v1). Every other phase is the same code in both.
+template <bool kBallot>
 __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectParams p) {
   __shared__ SelectSmem sm;
   __shared__ BinSmem bs;
-  extern __shared__ float smem_scores[];
+  // 16-byte aligned: the ballot compaction reads the scores as float4 (padded with -inf to a multiple of 4).
+  extern __shared__ __align__(16) float smem_scores[];
   const int h = blockIdx.x, N = p.num_items, G = p.group, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   float* gsc = p.scores + int64_t{h} * N;
@@ -55,6 +328,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   unsigned* hist = &sm.hist[0][0];  // kBinBins counters
   for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
   if (tid < 2) bs.cand_n[tid] = 0;
+  if (kBallot && tid < compact_padded(N) - N) sc[N + tid] = -INFINITY;  // read by no phase before the compaction
   // PDL (p.pdl): let the exact-attention CTAs launch (they wait for this grid in turn), then wait for the
   // score kernel's logits and partials. Nothing the score kernel writes is read before the wait.
   grid_launch_dependents();
@@ -225,88 +499,95 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   // Tie ranks are needed only when a threshold takes some but not all of its ties.
   const bool rank_ties = (k1 > 0 && take1 != eqn[0]) || (k2 > 0 && take2 != eqn[1]);
 
-  constexpr int kPer = 8;  // chunk of 8192 items: the packed 16-bit counters cannot overflow
   int* ret = p.retrieval_ids + int64_t{h} * p.k_retrieval;
   int* est = p.k_estimation > 0 ? p.estimation_ids + int64_t{h} * p.k_estimation : nullptr;
   int* pre = p.scan_scratch + int64_t{h} * (p.k_retrieval + 1);
   const int64_t w_begin = p.idx_begin + p.n_idx;
   const int steady = static_cast<int>(p.idx_begin + (p.num_tokens - w_begin));
-  int ties1 = 0, ties2 = 0, out1 = 0, out2 = 0, running = steady;
-  for (int base = 0; base < N; base += blockDim.x * kPer) {
-    const int i0 = base + tid * kPer;
-    uint32_t u[kPer];
-    bool valid[kPer];
-    int e12 = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = i0 + j;
-      valid[j] = i < N && sc[i] != -INFINITY;
-      u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
-      e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
-    }
-    int r1 = 0, r2 = 0;
-    if (rank_ties) {
-      int tot;
-      const int eq_pre = block_exclusive_scan(e12, sm, &tot);
-      r1 = ties1 + (eq_pre & 0xffff);
-      r2 = ties2 + (eq_pre >> 16);
-      ties1 += tot & 0xffff;
-      ties2 += tot >> 16;
-    }
-    bool in1[kPer], ine[kPer];
-    int c12 = 0, toks = 0, len[kPer], beg[kPer];
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const bool eq1 = valid[j] && k1 > 0 && u[j] == t1, eq2 = valid[j] && k2 > 0 && u[j] == t2;
-      in1[j] = valid[j] && k1 > 0 && (u[j] > t1 || (eq1 && (!rank_ties || r1 < take1)));
-      const bool in2 = valid[j] && k2 > 0 && (u[j] > t2 || (eq2 && (!rank_ties || r2 < take2)));
-      r1 += eq1;
-      r2 += eq2;
-      ine[j] = in2 && !in1[j];
-      c12 += (in1[j] ? 1 : 0) + (ine[j] ? 1 << 16 : 0);
-      len[j] = 0;
-      beg[j] = 0;
-      if (in1[j]) {
-        const int c = i0 + j;
-        if (p.page_tokens > 0) {
-          const int64_t b = int64_t{c} * p.page_tokens;
-          beg[j] = static_cast<int>(b);
-          len[j] = static_cast<int>(b + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b);
-        } else {
-          const int64_t hc = int64_t{h} * N + c;
-          beg[j] = p.offsets[hc];
-          len[j] = p.offsets[hc + 1] - beg[j];
-          // Run 8: start the members' way into L2 now; the expansion reads them after two barriers.
-          if (p.prefetch)
-            for (int o = 0; o < len[j]; o += 32) prefetch_l2(p.members + beg[j] + o);
-        }
-        toks += len[j];
+  int out1 = 0, out2 = 0, running = steady;
+  if constexpr (kBallot) {
+    const CompactCut cut{t1, t2, take1, take2, k1 > 0, k2 > 0};
+    if (rank_ties) compact_ballot<true>(p, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+    else compact_ballot<false>(p, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+  } else {
+    constexpr int kPer = 8;  // chunk of 8192 items: the packed 16-bit counters cannot overflow
+    int ties1 = 0, ties2 = 0;
+    for (int base = 0; base < N; base += blockDim.x * kPer) {
+      const int i0 = base + tid * kPer;
+      uint32_t u[kPer];
+      bool valid[kPer];
+      int e12 = 0;
+  #pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const int i = i0 + j;
+        valid[j] = i < N && sc[i] != -INFINITY;
+        u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
+        e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
       }
-    }
-    int tot_c, tot_t;
-    const int2 inc = block_scan2(c12, toks, sm, &tot_c, &tot_t);
-    const int pos = inc.x - c12;
-    int w1 = out1 + (pos & 0xffff), w2 = out2 + (pos >> 16), at = running + (inc.y - toks);
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (in1[j]) {
-        ret[w1] = i0 + j;
-        if (w1 < kBinExp) {
-          bs.exp_begin[w1] = beg[j];
-          bs.exp_at[w1] = at;
-          bs.exp_len[w1] = len[j];
-        } else {
-          pre[w1] = at;
-        }
-        ++w1;
-        at += len[j];
+      int r1 = 0, r2 = 0;
+      if (rank_ties) {
+        int tot;
+        const int eq_pre = block_exclusive_scan(e12, sm, &tot);
+        r1 = ties1 + (eq_pre & 0xffff);
+        r2 = ties2 + (eq_pre >> 16);
+        ties1 += tot & 0xffff;
+        ties2 += tot >> 16;
       }
-      if (ine[j]) est[w2++] = i0 + j;
+      bool in1[kPer], ine[kPer];
+      int c12 = 0, toks = 0, len[kPer], beg[kPer];
+  #pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        const bool eq1 = valid[j] && k1 > 0 && u[j] == t1, eq2 = valid[j] && k2 > 0 && u[j] == t2;
+        in1[j] = valid[j] && k1 > 0 && (u[j] > t1 || (eq1 && (!rank_ties || r1 < take1)));
+        const bool in2 = valid[j] && k2 > 0 && (u[j] > t2 || (eq2 && (!rank_ties || r2 < take2)));
+        r1 += eq1;
+        r2 += eq2;
+        ine[j] = in2 && !in1[j];
+        c12 += (in1[j] ? 1 : 0) + (ine[j] ? 1 << 16 : 0);
+        len[j] = 0;
+        beg[j] = 0;
+        if (in1[j]) {
+          const int c = i0 + j;
+          if (p.page_tokens > 0) {
+            const int64_t b = int64_t{c} * p.page_tokens;
+            beg[j] = static_cast<int>(b);
+            len[j] = static_cast<int>(b + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b);
+          } else {
+            const int64_t hc = int64_t{h} * N + c;
+            beg[j] = p.offsets[hc];
+            len[j] = p.offsets[hc + 1] - beg[j];
+            // Run 8: start the members' way into L2 now; the expansion reads them after two barriers.
+            if (p.prefetch)
+              for (int o = 0; o < len[j]; o += 32) prefetch_l2(p.members + beg[j] + o);
+          }
+          toks += len[j];
+        }
+      }
+      int tot_c, tot_t;
+      const int2 inc = block_scan2(c12, toks, sm, &tot_c, &tot_t);
+      const int pos = inc.x - c12;
+      int w1 = out1 + (pos & 0xffff), w2 = out2 + (pos >> 16), at = running + (inc.y - toks);
+  #pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        if (in1[j]) {
+          ret[w1] = i0 + j;
+          if (w1 < kBinExp) {
+            bs.exp_begin[w1] = beg[j];
+            bs.exp_at[w1] = at;
+            bs.exp_len[w1] = len[j];
+          } else {
+            pre[w1] = at;
+          }
+          ++w1;
+          at += len[j];
+        }
+        if (ine[j]) est[w2++] = i0 + j;
+      }
+      out1 += tot_c & 0xffff;
+      out2 += tot_c >> 16;
+      running += tot_t;
     }
-    out1 += tot_c & 0xffff;
-    out2 += tot_c >> 16;
-    running += tot_t;
-  }
+  }  // v1
   for (int i = out1 + tid; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
   for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
   int* list = p.token_list + int64_t{h} * p.list_stride;
@@ -353,20 +634,40 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
 
 }  // namespace
 
-// The few-barrier selection (select_bins_kernel); the caller keeps it to <= 40K items (scores in shared
-// memory).
-cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
-  constexpr size_t kMaxSmemScores = 160 * 1024;
-  const size_t bytes = size_t(p.num_items) * 4;
-  if (bytes > kMaxSmemScores) return cudaErrorInvalidValue;
+namespace {
+
+// RETROINFER_SELECT_COMPACT, read at every launch (a test runs both in one process): v1 (unset or empty:
+// run 6's compaction) or ballot (compact_ballot).
+bool ballot_compaction() {
+  const char* e = std::getenv("RETROINFER_SELECT_COMPACT");
+  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "v1") == 0) return false;
+  if (std::strcmp(e, "ballot") == 0) return true;
+  RETROINFER_FAIL("RETROINFER_SELECT_COMPACT='", e,
+                  "' is not a compaction of the bins selection kernel: use v1 (the default) or ballot");
+}
+
+template <bool kBallot>
+cudaError_t launch_bins(const SelectParams& p, size_t bytes, size_t max_bytes, cudaStream_t s) {
   static bool attr_set = false;
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(select_bins_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kMaxSmemScores));
+    const cudaError_t e = cudaFuncSetAttribute(select_bins_kernel<kBallot>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(max_bytes));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  return launch_maybe_pdl(select_bins_kernel, dim3(p.num_heads), dim3(kSelThreads), bytes, s, p.pdl, p);
+  return launch_maybe_pdl(select_bins_kernel<kBallot>, dim3(p.num_heads), dim3(kSelThreads), bytes, s, p.pdl, p);
+}
+
+}  // namespace
+
+// The few-barrier selection (select_bins_kernel); the caller keeps it to <= 40K items (scores in shared
+// memory). Throws retroinfer::Error on an unknown RETROINFER_SELECT_COMPACT.
+cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
+  constexpr size_t kMaxSmemScores = 160 * 1024;  // a multiple of 16: the ballot's float4 padding fits too
+  const size_t bytes = size_t(p.num_items) * 4;
+  if (bytes > kMaxSmemScores) return cudaErrorInvalidValue;
+  if (ballot_compaction()) return launch_bins<true>(p, size_t(compact_padded(p.num_items)) * 4, kMaxSmemScores, s);
+  return launch_bins<false>(p, bytes, kMaxSmemScores, s);
 }
 
 }  // namespace retroinfer::cuda::detail

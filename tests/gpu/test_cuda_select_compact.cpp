@@ -1,0 +1,402 @@
+// The bins selection kernel's two compactions (select_bins.cu; RETROINFER_SELECT_COMPACT=v1, run 6's
+// chunked block scan, and =ballot, the warp-range compaction) on the same inputs in one process: retrieval
+// and estimation ids, token lists, token counts and the scan scratch must be bit-identical (every output
+// buffer is poisoned first and compared whole, so an entry one variant leaves unwritten fails too), and
+// equal to the CPU rule "sort by (score desc, id asc), cut at k_r and k_r + k_e" with the exact-token
+// expansion. Inputs: ready scores (group 0) of 1 .. 40960 items with tails around the 128-item halves and
+// 256-item steps, k_r / k_e including 0, k_r + k_e >= the finite items, many and all -inf items, exact ties
+// taken partially at a threshold (few levels; signed zeros; the band that overflows the threshold bin into
+// the radix passes), CSR clusters of random sizes (empty, and longer than one prefetch line) and pages
+// (Quest), steady zones of 0 and > 0 tokens, more than kBinExp (1024) retrieval items, with and without
+// run 8's PDL launch and prefetches and the phase stamps. Then whole layers: RetroLayer decodes (run 9 +
+// run 10's formation, the default; run 8, where the bins kernel forms the scores itself) at small and bench
+// shapes (128K batch 4 = issue #4's, 32K batch 4), graph replays and the stage path under ballot, and a
+// QuestLayer decode: logits, scores, ids, token lists and outputs bit-identical between the variants.
+// An unknown RETROINFER_SELECT_COMPACT throws retroinfer::Error naming the valid values.
+// One "[select compact]" line per case.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "decode_path_test_util.h"
+#include "gpu_test_util.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer {
+namespace {
+
+constexpr char kVar[] = "RETROINFER_SELECT_COMPACT";
+
+struct CompactCase {
+  const char* name;
+  int heads, items, k_r, k_e;
+  // levels > 0: scores from that many values (exact ties); 0: uniform, partly negative (Quest bounds);
+  // -1: log-normal e^{3 N(0,1)}; -2: a band [1, 1 + 2^-10) behind one exact 0 (the threshold bin overflows:
+  // the radix passes); -3: {-1, -0, +0, 1} (ties of signed zeros, which the order key tells apart).
+  int levels;
+  double empty;      // fraction of -inf items
+  int page_tokens;   // > 0: pages; 0: CSR clusters of random sizes
+  bool steady;       // a steady zone of > 0 tokens (else 0)
+  bool run8;         // PDL launch and prefetches (the layers' default)
+  bool phases;       // phase stamps on
+};
+
+// The inputs of one case: host scores and CSR, device copies, the parameters without outputs.
+struct CompactInputs {
+  int H = 0, N = 0;
+  std::vector<float> scores;      // [H, N]
+  std::vector<int> offsets;       // [H N + 1] absolute (clusters)
+  std::vector<uint32_t> members;  // [offsets[H N]]
+  int64_t n_idx = 0, idx_begin = 0, num_tokens = 0, list_stride = 0;
+  cuda::DeviceBuffer d_scores, d_offsets, d_members, d_phase;
+  cuda::detail::SelectParams p;
+};
+
+// All outputs of one launch, downloaded whole (poison included).
+struct CompactOutputs {
+  std::vector<int> ret, est, list, count, scratch;
+};
+
+CompactInputs make_inputs(const CompactCase& c, uint64_t seed) {
+  CompactInputs in;
+  in.H = c.heads;
+  in.N = c.items;
+  const int H = in.H, N = in.N, P = c.page_tokens;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  in.scores.resize(size_t(H) * N);
+  for (size_t i = 0; i < in.scores.size(); ++i) {
+    float& x = in.scores[i];
+    const float v = u01(rng);
+    if (c.levels > 0) x = float(int(v * c.levels)) / c.levels + 1e-3f;
+    else if (c.levels == -1) x = std::exp(3.0f * n01(rng));
+    else if (c.levels == -2) x = i % N == 0 ? 0.0f : 1.0f + v * 0x1p-10f;
+    else if (c.levels == -3) x = v < 0.25f ? -1.0f : (v < 0.5f ? -0.0f : (v < 0.75f ? 0.0f : 1.0f));
+    else x = (v - 0.3f) * 1e-3f;
+    if (u01(rng) < c.empty) x = -INFINITY;
+  }
+  int64_t max_head_tokens = 0;
+  if (P > 0) {
+    in.n_idx = int64_t{N} * P - P / 2;  // the last page is short
+    max_head_tokens = int64_t{std::max(c.k_r, 0)} * P;
+  } else {
+    // Cluster sizes: mostly 0 .. 32 (some empty), one in ten 40 .. 119 (more than one 32-token prefetch).
+    in.offsets.resize(size_t(H) * N + 1);
+    std::uniform_int_distribution<int> small(0, 32), large(40, 119), tenth(0, 9);
+    int total = 0;
+    for (int h = 0; h < H; ++h) {
+      int head = 0;
+      for (int k = 0; k < N; ++k) {
+        in.offsets[size_t(h) * N + k] = total;
+        const int sz = tenth(rng) == 0 ? large(rng) : small(rng);
+        total += sz;
+        head += sz;
+      }
+      max_head_tokens = std::max<int64_t>(max_head_tokens, head);
+    }
+    in.offsets[size_t(H) * N] = total;
+    in.n_idx = std::max<int64_t>(max_head_tokens, 1);
+    std::uniform_int_distribution<uint32_t> tok(0, uint32_t(in.n_idx - 1));
+    in.members.resize(std::max(total, 1));
+    for (auto& m : in.members) m = tok(rng);
+  }
+  in.idx_begin = c.steady ? 4 : 0;
+  in.num_tokens = in.idx_begin + in.n_idx + (c.steady ? 60 : 0);
+  const int64_t steady = in.num_tokens - in.n_idx;
+  in.list_stride = steady + max_head_tokens + 1;  // + 1: a poisoned entry after every full list
+  in.d_scores = gputest::upload(in.scores);
+  auto& p = in.p;
+  p.scores = in.d_scores.as<float>();
+  p.num_heads = H;
+  p.num_items = N;
+  p.k_retrieval = c.k_r;
+  p.k_estimation = c.k_e;
+  p.page_tokens = P;
+  p.n_idx = in.n_idx;
+  p.idx_begin = in.idx_begin;
+  p.num_tokens = in.num_tokens;
+  p.list_stride = in.list_stride;
+  p.pdl = p.prefetch = c.run8;
+  if (P == 0) {
+    in.d_offsets = gputest::upload(in.offsets);
+    in.d_members = gputest::upload(in.members);
+    p.offsets = in.d_offsets.as<int>();
+    p.members = in.d_members.as<uint32_t>();
+  }
+  if (c.phases) {
+    in.d_phase = cuda::DeviceBuffer(size_t(H) * cuda::detail::kPhaseSlots * 8);
+    in.d_phase.fill_bytes(0xff);
+    p.phase = in.d_phase.as<uint64_t>();
+  }
+  return in;
+}
+
+CompactOutputs run_variant(const CompactInputs& in, const char* variant) {
+  gputest::EnvGuard env(kVar, variant);
+  const int H = in.H, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
+  cuda::DeviceBuffer ret(size_t(H) * std::max(k_r, 1) * 4), est(size_t(H) * std::max(k_e, 1) * 4),
+      list(size_t(H) * in.list_stride * 4), count(size_t(H) * 4), scratch(size_t(H) * (k_r + 1) * 4);
+  for (auto* b : {&ret, &est, &list, &count, &scratch}) b->fill_bytes(0x7f);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the memsets (legacy stream) before the created stream
+  cuda::detail::SelectParams p = in.p;
+  p.retrieval_ids = ret.as<int>();
+  p.estimation_ids = k_e > 0 ? est.as<int>() : nullptr;
+  p.token_list = list.as<int>();
+  p.token_count = count.as<int>();
+  p.scan_scratch = scratch.as<int>();
+  cuda::StreamHandle stream;  // programmatic launches on created streams only
+  const cudaError_t e = cuda::detail::select_and_expand_bins(p, static_cast<cudaStream_t>(stream.get()));
+  EXPECT_EQ(e, cudaSuccess) << variant << ": " << cudaGetErrorString(e);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << variant;
+  CompactOutputs o;
+  o.ret.resize(size_t(H) * std::max(k_r, 1));
+  o.est.resize(size_t(H) * std::max(k_e, 1));
+  o.list.resize(size_t(H) * in.list_stride);
+  o.count.resize(H);
+  o.scratch.resize(size_t(H) * (k_r + 1));
+  ret.download(o.ret.data(), o.ret.size() * 4);
+  est.download(o.est.data(), o.est.size() * 4);
+  list.download(o.list.data(), o.list.size() * 4);
+  count.download(o.count.data(), o.count.size() * 4);
+  scratch.download(o.scratch.data(), o.scratch.size() * 4);
+  return o;
+}
+
+// The first index where a and b differ (-1: equal); sizes must match.
+int64_t first_difference(const std::vector<int>& a, const std::vector<int>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return int64_t(i);
+  return -1;
+}
+
+void run_compact_case(const CompactCase& c, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << c.name << " heads=" << c.heads << " items=" << c.items << " k_r=" << c.k_r
+                                  << " k_e=" << c.k_e << " levels=" << c.levels << " empty=" << c.empty
+                                  << " P=" << c.page_tokens << " steady=" << c.steady << " run8=" << c.run8
+                                  << " seed=" << seed);
+  const CompactInputs in = make_inputs(c, seed);
+  const CompactOutputs a = run_variant(in, "v1"), b = run_variant(in, "ballot");
+  const struct {
+    const char* what;
+    const std::vector<int>&x, &y;
+  } bufs[] = {{"retrieval_ids", a.ret, b.ret},   {"estimation_ids", a.est, b.est}, {"token_list", a.list, b.list},
+              {"token_count", a.count, b.count}, {"scan_scratch", a.scratch, b.scratch}};
+  bool same = true;
+  for (const auto& buf : bufs) {
+    const int64_t d = first_difference(buf.x, buf.y);
+    if (d >= 0) {
+      same = false;
+      ADD_FAILURE() << buf.what << " differs at " << d << ": v1 " << buf.x[d] << ", ballot " << buf.y[d];
+    }
+  }
+  // The CPU rule and the expansion, on the ballot outputs (v1's are the same when `same`).
+  const int H = in.H, N = in.N, P = c.page_tokens;
+  int64_t max_out = 0;
+  for (int h = 0; h < H && !::testing::Test::HasFailure(); ++h) {
+    SCOPED_TRACE(testing::Message() << "head " << h);
+    std::vector<int32_t> r, e;
+    gputest::cpu_select(std::vector<float>(in.scores.begin() + size_t(h) * N, in.scores.begin() + size_t(h + 1) * N),
+                        c.k_r, c.k_e, r, e);
+    max_out = std::max<int64_t>(max_out, int64_t(r.size()));
+    r.resize(c.k_r, -1);
+    e.resize(c.k_e, -1);
+    EXPECT_EQ(std::vector<int>(b.ret.begin() + size_t(h) * c.k_r, b.ret.begin() + size_t(h + 1) * c.k_r), r);
+    EXPECT_EQ(std::vector<int>(b.est.begin() + size_t(h) * c.k_e, b.est.begin() + size_t(h + 1) * c.k_e), e);
+    std::vector<int> tokens;
+    for (int64_t t = 0; t < in.idx_begin; ++t) tokens.push_back(int(t));
+    for (int64_t t = in.idx_begin + in.n_idx; t < in.num_tokens; ++t) tokens.push_back(int(t));
+    for (int id : r) {
+      if (id < 0) break;
+      if (P > 0) {
+        for (int64_t t = int64_t{id} * P; t < std::min<int64_t>(int64_t{id + 1} * P, in.n_idx); ++t)
+          tokens.push_back(int(in.idx_begin + t));
+      } else {
+        for (int j = in.offsets[size_t(h) * N + id]; j < in.offsets[size_t(h) * N + id + 1]; ++j)
+          tokens.push_back(int(in.idx_begin + in.members[j]));
+      }
+    }
+    ASSERT_EQ(b.count[h], int(tokens.size()));
+    const auto row = b.list.begin() + size_t(h) * in.list_stride;
+    EXPECT_EQ(std::vector<int>(row, row + tokens.size()), tokens);
+    EXPECT_EQ(row[tokens.size()], 0x7f7f7f7f) << "written past the list";
+  }
+  std::printf("[select compact] %s H=%d N=%d k_r=%d k_e=%d levels=%d empty=%.2f P=%d steady=%d run8=%d: v1 vs "
+              "ballot ids, lists, counts, scratch %s; CPU rule %s; max retrieval items %lld\n",
+              c.name, H, N, c.k_r, c.k_e, c.levels, c.empty, P, int(c.steady), int(c.run8),
+              same ? "identical" : "DIFFER", ::testing::Test::HasFailure() ? "FAILED (see above)" : "ok",
+              (long long)max_out);
+}
+
+// {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
+const CompactCase kCases[] = {
+    {"one item", 3, 1, 1, 0, 0, 0.0, 0, true, true, false},
+    {"two items", 2, 2, 1, 1, 0, 0.0, 4, false, false, false},
+    {"k_r+k_e > finite", 2, 3, 1, 5, 0, 0.3, 0, true, true, false},
+    {"k_r 0", 2, 5, 0, 3, 0, 0.0, 0, false, true, false},
+    {"one warp tail", 2, 31, 2, 10, -1, 0.1, 0, true, true, false},
+    {"half step - 1", 2, 127, 3, 30, 0, 0.0, 0, true, true, false},
+    {"half step", 2, 128, 3, 30, 0, 0.0, 0, false, true, false},
+    {"half step + 1", 2, 129, 3, 30, 0, 0.0, 0, true, false, false},
+    {"step - 1", 1, 255, 5, 60, -1, 0.0, 0, true, true, false},
+    {"step + 1", 1, 257, 5, 60, -1, 0.0, 0, true, true, true},
+    {"1000 all empty", 2, 1000, 10, 100, 0, 1.0, 0, true, true, false},
+    {"32K shape", 3, 2044, 37, 475, -1, 0.0, 0, true, true, true},
+    {"32K ties partly taken", 2, 2044, 37, 475, 50, 0.0, 0, true, true, false},
+    {"signed zero ties (bins)", 2, 2044, 300, 400, -3, 0.1, 0, true, true, false},
+    {"k_r 0 ties (bins)", 2, 2044, 0, 300, 50, 0.0, 0, false, true, false},
+    {"k_r+k_e > finite 2044", 2, 2044, 1000, 1500, 0, 0.2, 0, true, true, false},
+    {"4097 tail", 2, 4097, 74, 950, 5, 0.05, 0, true, true, false},
+    {"128K shape, 32 heads", 32, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
+    {"8188 uniform", 2, 8188, 148, 1900, 0, 0.01, 0, false, true, false},
+    {"8188 ties, radix fallback", 2, 8188, 148, 1900, 5, 0.0, 0, true, true, false},
+    {"8188 signed zeros, radix", 2, 8188, 148, 1900, -3, 0.0, 0, true, true, false},
+    {"8188 band, radix fallback", 2, 8188, 148, 1900, -2, 0.0, 0, true, true, false},
+    {"8188 60% empty", 2, 8188, 148, 1900, -1, 0.6, 0, true, true, false},
+    {"8188 no estimation", 2, 8188, 148, 0, 0, 0.0, 0, true, true, false},
+    {"8188 > kBinExp retrieval", 2, 8188, 1500, 2000, -1, 0.0, 0, true, true, false},
+    {"8192", 2, 8192, 148, 1900, 0, 0.0, 0, false, false, false},
+    {"8193", 2, 8193, 148, 1900, 1000, 0.0, 0, true, true, false},
+    {"pages (Quest)", 2, 8188, 148, 1900, 0, 0.0, 16, true, true, false},
+    {"pages, no estimation", 2, 2044, 37, 0, 0, 0.0, 16, true, false, false},
+    {"pages > kBinExp", 1, 8201, 9000, 10, 50, 0.2, 2, true, false, false},
+    {"20000", 1, 20000, 1500, 4000, -1, 0.0, 0, true, true, false},
+    {"40000", 2, 40000, 720, 9280, 40, 0.0, 0, true, true, false},
+    {"40000 pages", 2, 40000, 720, 0, -1, 0.05, 1, false, true, false},
+    {"40000 > 4 chunks", 1, 40000, 9000, 20000, -1, 0.0, 0, true, true, false},
+    {"40960 (max)", 2, 40960, 738, 9503, 0, 0.0, 0, true, true, true},
+};
+
+TEST(CudaSelectCompact, BallotMatchesV1AndCpuRule) {
+  RETROINFER_REQUIRE_GPU();
+  uint64_t seed = 16000;
+  for (const auto& c : kCases) run_compact_case(c, ++seed);
+}
+
+TEST(CudaSelectCompact, UnknownVariantThrows) {
+  RETROINFER_REQUIRE_GPU();
+  const CompactCase c{"unknown", 1, 100, 2, 10, 0, 0.0, 0, true, false, false};
+  const CompactInputs in = make_inputs(c, 17);
+  cuda::DeviceBuffer ret(8 * 4), est(10 * 4), list(size_t(in.list_stride) * 4), count(4), scratch(3 * 4);
+  cuda::detail::SelectParams p = in.p;
+  p.retrieval_ids = ret.as<int>();
+  p.estimation_ids = est.as<int>();
+  p.token_list = list.as<int>();
+  p.token_count = count.as<int>();
+  p.scan_scratch = scratch.as<int>();
+  gputest::EnvGuard env(kVar, "fast");
+  try {
+    (void)cuda::detail::select_and_expand_bins(p, nullptr);
+    ADD_FAILURE() << "RETROINFER_SELECT_COMPACT=fast did not throw";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("fast"), std::string::npos) << what;
+    EXPECT_NE(what.find("v1"), std::string::npos) << what;
+    EXPECT_NE(what.find("ballot"), std::string::npos) << what;
+  }
+  env.set("");  // empty = unset: v1
+  EXPECT_EQ(cuda::detail::select_and_expand_bins(p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::printf("[select compact] RETROINFER_SELECT_COMPACT=fast throws retroinfer::Error naming v1 and ballot; "
+              "empty runs v1\n");
+}
+
+void expect_same(const gputest::PathResult& x, const gputest::PathResult& ref, const char* what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(x.heads.size(), ref.heads.size());
+  for (size_t h = 0; h < ref.heads.size(); ++h) {
+    SCOPED_TRACE(testing::Message() << "flat head " << h);
+    EXPECT_EQ(x.heads[h].logits, ref.heads[h].logits);
+    EXPECT_EQ(x.heads[h].scores, ref.heads[h].scores);
+    EXPECT_EQ(x.heads[h].retrieval_ids, ref.heads[h].retrieval_ids);
+    EXPECT_EQ(x.heads[h].estimation_ids, ref.heads[h].estimation_ids);
+    EXPECT_EQ(x.heads[h].token_list, ref.heads[h].token_list);
+  }
+  ASSERT_EQ(x.out.size(), ref.out.size());
+  for (size_t i = 0; i < ref.out.size(); ++i) ASSERT_EQ(x.out[i], ref.out[i]) << what << ": output element " << i;
+}
+
+// One layer: v1 and ballot decodes bit-identical under the default decode path and run 8's (where the bins
+// kernel forms the scores itself); under ballot, two graph replays and the stage path (phase stamps)
+// bit-identical to its eager decode.
+void layer_case(const gputest::PathCase& pc, uint64_t seed) {
+  SCOPED_TRACE(gputest::describe(pc, seed));
+  gputest::PathLayer t = gputest::make_path_layer(pc, seed);
+  gputest::EnvGuard path("RETROINFER_DECODE", nullptr);
+  gputest::EnvGuard env(kVar, "v1");
+  const gputest::PathResult a = gputest::decode_once(t);
+  env.set("ballot");
+  const gputest::PathResult b = gputest::decode_once(t);
+  expect_same(b, a, "default path: ballot vs v1");
+  EXPECT_EQ(gputest::compare(b.out, a.out).unwritten, 0);
+  const gputest::PathResult e = gputest::expect_graph_replays(t, b.out);
+  expect_same(e, b, "ballot: eager after graph replays");
+  const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
+  path.set("run8");
+  env.set("v1");
+  const gputest::PathResult a8 = gputest::decode_once(t);
+  env.set("ballot");
+  expect_same(gputest::decode_once(t), a8, "run8: ballot vs v1");
+  size_t retrieval = 0;
+  for (const auto& hd : b.heads) retrieval = std::max(retrieval, hd.retrieval_ids.size());
+  std::printf("[select compact] layer H=%d G=%d d=%d n=%lld C=%d n_r=%d n_e=%d est=%d outliers=%d: ids, lists and "
+              "outputs ballot vs v1 %s (default path and run8); graph replays and stage path (%d phase entries) "
+              "identical; max retrieval ids %zu\n",
+              t.H, pc.group, pc.d, (long long)pc.n, t.layer->num_clusters(), t.layer->n_retrieval(),
+              t.layer->n_estimation(), int(pc.estimation), int(pc.outliers),
+              ::testing::Test::HasFailure() ? "NOT identical (see failures)" : "identical", n_phase, retrieval);
+}
+
+TEST(CudaSelectCompact, RetroLayerDecodesIdentical) {
+  RETROINFER_REQUIRE_GPU();
+  layer_case({1, 2, 4, 128, 5000, true, false, true}, 1601);   // small, host K/V
+  layer_case({2, 1, 3, 64, 4000, true, true, true}, 1602);     // outliers
+  layer_case({1, 4, 1, 128, 2500, false, false, true}, 1603);  // no estimation
+  layer_case({4, 8, 4, 128, 32768, true, false, false}, 1604);   // 32K, batch 4
+  layer_case({4, 8, 4, 128, 131072, true, false, false}, 1605);  // 128K, batch 4 (issue #4's shape)
+}
+
+TEST(CudaSelectCompact, QuestLayerDecodesIdentical) {
+  RETROINFER_REQUIRE_GPU();
+  const int hkv = 2, G = 4, d = 128;
+  const int64_t n = 6000;
+  auto kv = gputest::make_kv(hkv, n, n, d, 1701);
+  auto q = gputest::make_q(kv, G, 1702);
+  AttentionConfig cfg;
+  cfg.sink_tokens = 4;
+  cfg.window_tokens = 16;
+  cfg.budget_tokens = 700;
+  cuda::QuestLayer layer(AttentionShape{hkv * G, hkv, d}, cfg);
+  auto dk = gputest::upload(kv.k), dv = gputest::upload(kv.v), dq = gputest::upload(q);
+  layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), n, n);
+  std::vector<float> out[2];
+  std::vector<std::vector<int32_t>> lists[2];
+  const char* variants[2] = {"v1", "ballot"};
+  for (int v = 0; v < 2; ++v) {
+    gputest::EnvGuard env(kVar, variants[v]);
+    auto dout = gputest::poisoned(q.size());
+    layer.decode(dq.as<float>(), dout.as<float>());
+    cuda::synchronize();
+    out[v] = gputest::download_f32(dout, q.size());
+    for (int h = 0; h < hkv; ++h) lists[v].push_back(layer.token_list(h));
+  }
+  EXPECT_EQ(lists[1], lists[0]);
+  EXPECT_EQ(gputest::compare(out[1], out[0]).unwritten, 0);
+  for (size_t i = 0; i < out[0].size(); ++i) ASSERT_EQ(out[1][i], out[0][i]) << "output element " << i;
+  std::printf("[select compact] quest hkv=%d G=%d d=%d n=%lld pages=%d selected=%d: token lists and outputs "
+              "ballot vs v1 %s\n",
+              hkv, G, d, (long long)n, layer.num_pages(), layer.selected_pages(),
+              ::testing::Test::HasFailure() ? "NOT identical" : "identical");
+}
+
+}  // namespace
+}  // namespace retroinfer
