@@ -261,6 +261,10 @@ const CompactCase kCases[] = {
     {"8188 ties, radix fallback", 2, 8188, 148, 1900, 5, 0.0, 0, true, true, false},
     {"8188 signed zeros, radix", 2, 8188, 148, 1900, -3, 0.0, 0, true, true, false},
     {"8188 band, radix fallback", 2, 8188, 148, 1900, -2, 0.0, 0, true, true, false},
+    // No retrieval budget through the radix fallback: radix_select2 used to stop after its first pass when
+    // k_r = 0 (threshold 0: every finite item went to the estimation list, past its end).
+    {"k_r 0, radix fallback", 2, 8188, 0, 1900, 5, 0.0, 0, true, true, false},
+    {"k_r 0, band radix", 2, 8188, 0, 1900, -2, 0.0, 0, false, true, false},
     {"8188 60% empty", 2, 8188, 148, 1900, -1, 0.6, 0, true, true, false},
     {"8188 no estimation", 2, 8188, 148, 0, 0, 0.0, 0, true, true, false},
     {"8188 > kBinExp retrieval", 2, 8188, 1500, 2000, -1, 0.0, 0, true, true, false},

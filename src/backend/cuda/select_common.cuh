@@ -146,7 +146,7 @@ __device__ int block_exclusive_scan(int v, SelectSmem& sm, int* total) {
 // Both thresholds in one sequence of 3 radix passes: with k[j] = min(budget[j], finite items) (budget[0]
 // <= budget[1]; the first pass's histogram counts the finite items), the k[j]-th largest order key as
 // thr[j] and how many of the items equal to it belong to the top k[j] as take[j]; all zero when no item is
-// finite. While the two prefixes agree, one histogram serves both.
+// finite; with k[0] == 0 < k[1] (no retrieval budget), thr[0] = thr[1] and take[0] = 0. While the two prefixes agree, one histogram serves both.
 __device__ void radix_select2(const float* sc, int n, const int budget[2], SelectSmem& sm, int k[2], uint32_t thr[2],
                               int take[2]) {
   uint32_t prefix[2] = {0u, 0u}, hi_mask = 0u;
@@ -201,7 +201,7 @@ __device__ void radix_select2(const float* sc, int n, const int budget[2], Selec
       k[1] = budget[1] < ta ? budget[1] : ta;
       rem[0] = k[0];
       rem[1] = k[1];
-      if (k[0] == 0) break;
+      if (k[1] == 0) break;  // k[0] <= k[1]: nothing to select (k[0] == 0 < k[1] searches the second only)
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -223,9 +223,11 @@ __device__ void radix_select2(const float* sc, int n, const int budget[2], Selec
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
+      if (k[j] == 0) continue;  // no rank to find: found_digit[j] was not written
       prefix[j] |= static_cast<uint32_t>(sm.found_digit[j]) << shift;
       rem[j] = sm.found_rem[j];
     }
+    if (k[0] == 0) prefix[0] = prefix[1];  // follows the second threshold (one histogram; take[0] stays 0)
     hi_mask |= dmask << shift;
   }
   thr[0] = prefix[0];
