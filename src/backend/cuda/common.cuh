@@ -41,7 +41,8 @@ __device__ __forceinline__ int warp_sum_int(int v) {
 
 // Float -> unsigned key whose unsigned order is the float order (-inf smallest of the non-NaN).
 __device__ __forceinline__ uint32_t float_order_key(float f) {
-  const uint32_t u = __float_as_uint(f);
+  // -0 and +0 get one key: they compare equal, so the CPU rule's sort (score desc, id asc) ties them.
+  const uint32_t u = f == 0.0f ? 0u : __float_as_uint(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
