@@ -51,6 +51,25 @@ DecodePath decode_path() {
   return p;
 }
 
+int exact_variant_from_env() {
+  const char* e = std::getenv("RETROINFER_EXACT");
+  const std::string_view v(e != nullptr ? e : "");
+  if (v.empty()) return kExactDefault;
+  for (int i = 0; i < kExactVariants; ++i)
+    if (v == exact_variant_name(i)) return i;
+  RETROINFER_FAIL("RETROINFER_EXACT=", v, " is not an exact-grid variant: use v1 (the default), split or split64, ",
+                  "or leave it unset");
+}
+
+const char* exact_variant_name(int variant) {
+  switch (variant) {
+    case kExactV1: return "v1";
+    case kExactSplit: return "split";
+    case kExactSplit64: return "split64";
+    default: return "?";
+  }
+}
+
 std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads) {
   constexpr uint64_t kUnset = ~uint64_t{0};
   constexpr int S = kSelPhases;
@@ -133,9 +152,11 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   // Run 8 (decode_path()): the merge in the last CTA of each head, programmatic dependent launches.
   const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false, false};
   // Run 9: the estimation as est_ctas CTAs per head of the exact-attention grid (kEstimateFusedChunk
-  // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h).
+  // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h), or of the estimation
+  // grid chained behind it (RETROINFER_EXACT=split*: exact_est_chunk clusters each, <= a.est_splits slots).
+  const int exact_variant = exact_variant_from_env();  // read (and checked) at every decode
   const int est_ctas = path.fused_estimate && a.n_estimation > 0
-                           ? static_cast<int>(ceil_div(a.n_estimation, kEstimateFusedChunk)) : 0;
+                           ? static_cast<int>(ceil_div(a.n_estimation, exact_est_chunk(exact_variant))) : 0;
   RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 needs ", est_ctas,
                    " estimation slots per head but the layer sized ", a.est_splits,
                    " (est_splits must be ceil(n_estimation / kEstimateChunk))");
@@ -275,6 +296,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     dp.est.k_estimation = a.n_estimation;
     dp.est.num_splits = est_ctas;
     dp.est.split_offset = a.attn_splits;
+    dp.exact_variant = exact_variant;
+    dp.chain_pdl = pdl;  // the estimation grid a programmatic dependent of the exact grid (kernels.h)
   }
   // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.
   dp.pdl = pdl && !after_select;
