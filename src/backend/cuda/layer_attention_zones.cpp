@@ -28,7 +28,8 @@ ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg) {
 DecodePath decode_path() {
   const char* e = std::getenv("RETROINFER_DECODE");
   DecodePath p;
-  const std::string_view v(e != nullptr ? e : "");
+  std::string_view v(e != nullptr ? e : "");
+  v = v.substr(0, std::min(v.size(), v.find('+')));  // "P+X": path P, exact-grid variant X (exact_variant_from_env)
   if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "nopdl") p.pdl = false;
@@ -51,13 +52,19 @@ DecodePath decode_path() {
   return p;
 }
 
+// RETROINFER_EXACT, or the "+X" suffix of RETROINFER_DECODE (kernel_bench --paths run10,run10+split: the
+// variants timed on the same built layer), which takes precedence.
 int exact_variant_from_env() {
+  const char* d = std::getenv("RETROINFER_DECODE");
+  const std::string_view dv(d != nullptr ? d : "");
+  const size_t plus = dv.find('+');
   const char* e = std::getenv("RETROINFER_EXACT");
-  const std::string_view v(e != nullptr ? e : "");
-  if (v.empty()) return kExactDefault;
+  const std::string_view v = plus != std::string_view::npos ? dv.substr(plus + 1) : std::string_view(e != nullptr ? e : "");
+  const char* from = plus != std::string_view::npos ? "the suffix of RETROINFER_DECODE" : "RETROINFER_EXACT";
+  if (v.empty() && plus == std::string_view::npos) return kExactDefault;
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
-  RETROINFER_FAIL("RETROINFER_EXACT=", v, " is not an exact-grid variant: use v1 (the default), split or split64, ",
+  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use v1 (the default), split or split64, ",
                   "or leave it unset");
 }
 
