@@ -68,23 +68,23 @@ __device__ __forceinline__ T est_load(const T* p, bool read_only) {
 //      stale shared memory);
 //   2. warp w forms the weights of query heads w, w + 4 (max, e^{l - m}, the size-weighted sum) by shuffles
 //      while the copies fly;
-//   3. thread = (row slot, 16-byte chunk of the row): sum over its rows of w_g[i] * VS_i for every g of the
-//      group (each row read from shared memory once for all G query heads), the row slots of a warp added
-//      by shuffles, the 4 warps' sums in shared memory in warp order;
+//   3. thread = (row slot, kVec consecutive dims of the row: 8 = a 16-byte chunk, or 4 for split64's lean
+//      CTAs): sum over its rows of w_g[i] * VS_i for every g of the group (each row read from shared memory
+//      once for all G query heads), the row slots of a warp added by shuffles, the 4 warps' sums in shared
+//      memory in warp order;
 //   4. the partial state into slot est.split_offset + j, then the fused merge like every other CTA.
-// For kC = 128 this is run 9's code (the same operations in the same order for any kChained).
+// For kC = 128, kVec = 8 this is run 9's code (the same operations in the same order for any kChained).
 // Shared memory: EstSmem<D, kC> (run 9: the decode CTA's tile buffers, which hold it).
-template <int D, int kC, bool kChained>
+template <int D, int kC, bool kChained, int kVec = 8>
 __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char* smem) {
   constexpr int kThreads = kW * 32;
   constexpr int kChunks = D / 8;                   // 16-byte chunks per value-sum row
   constexpr int kRowsW = kC / kW;                  // clusters (rows) loaded by each warp
   constexpr int kCopies = kRowsW * kChunks / 32;   // 16-byte copies per lane in step 1
-  constexpr int kSlots = kThreads / kChunks;       // rows read at once by the CTA in step 3
   constexpr int kPerLane = kC / 32;                // clusters per lane in step 2
+  static_assert(kVec == 8 || kVec == 4, "8 or 4 dims per thread in step 3");
   static_assert(kC % 32 == 0 && kC % kW == 0 && kRowsW <= 32 && (kRowsW * kChunks) % 32 == 0,
                 "whole warps of ids and copies");
-  static_assert(kThreads % kChunks == 0 && 32 % kChunks == 0, "row slots of whole warps");
   uint16_t* rows = reinterpret_cast<uint16_t*>(smem);     // [kC][D] bf16 value sums
   float* wl = reinterpret_cast<float*>(rows + kC * D);      // [kMaxGroup][kC]: logits, then weights
   float* sz = wl + kMaxGroup * kC;                          // [kC]: cluster sizes
@@ -145,41 +145,52 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
   }
   cp_async_wait<0>();
   __syncthreads();  // rows landed (each thread waited for its own copies), weights written
-  // 3. Numerators.
-  const int dc = tid % kChunks, rs = tid / kChunks;
-  float acc[kMaxGroup][8];
+  // 3. Numerators: thread = (row slot rs, kVec consecutive dims dc * kVec); kVec = 8 (a 16-byte chunk, run 9)
+  // or 4 (8 bytes: half the accumulators, for the 64-cluster CTAs of split64).
+  constexpr int kCols = D / kVec;           // dim groups per row
+  constexpr int kRowSlots = kThreads / kCols;  // rows read at once by the CTA
+  static_assert(32 % kCols == 0, "row slots of whole warps");
+  const int dc = tid % kCols, rs = tid / kCols;
+  float acc[kMaxGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g)
 #pragma unroll
-    for (int k = 0; k < 8; ++k) acc[g][k] = 0.0f;
+    for (int k = 0; k < kVec; ++k) acc[g][k] = 0.0f;
 #pragma unroll 4
-  for (int i = rs; i < cnt; i += kSlots) {
-    float v[8];
-    bf16x8_to_float(*reinterpret_cast<const uint4*>(rows + i * D + dc * 8), v);
+  for (int i = rs; i < cnt; i += kRowSlots) {
+    float v[kVec];
+    if constexpr (kVec == 8) {
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(rows + i * D + dc * 8), v);
+    } else {
+      const uint2 w2 = *reinterpret_cast<const uint2*>(rows + i * D + dc * 4);
+      const float2 x0 = bf16x2_to_float2(w2.x), x1 = bf16x2_to_float2(w2.y);
+      v[0] = x0.x; v[1] = x0.y; v[2] = x1.x; v[3] = x1.y;
+    }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g)
       if (g < G) {
         const float wg = wl[g * kC + i];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc[g][k] += wg * v[k];
+        for (int k = 0; k < kVec; ++k) acc[g][k] += wg * v[k];
       }
   }
 #pragma unroll
-  for (int off = kChunks; off < 32; off <<= 1)  // the warp's row slots (lanes dc, dc + kChunks, ...)
+  for (int off = kCols; off < 32; off <<= 1)  // the warp's row slots (lanes dc, dc + kCols, ...)
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g)
       if (g < G)
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], off);
+        for (int k = 0; k < kVec; ++k) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], off);
   __syncthreads();  // every read of rows and weights is done: the warp sums reuse the rows
   float* red = reinterpret_cast<float*>(smem);  // [kW][kMaxGroup][D]
-  if (lane < kChunks)
+  if (lane < kCols)
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g)
       if (g < G) {
-        float4* dst = reinterpret_cast<float4*>(red + (warp * kMaxGroup + g) * D + dc * 8);
-        dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-        dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+        float4* dst = reinterpret_cast<float4*>(red + (warp * kMaxGroup + g) * D + dc * kVec);
+#pragma unroll
+        for (int k = 0; k < kVec / 4; ++k)
+          dst[k] = make_float4(acc[g][4 * k], acc[g][4 * k + 1], acc[g][4 * k + 2], acc[g][4 * k + 3]);
       }
   __syncthreads();
   // 4. Partial state, then the fused merge (its first barrier ends the reads of red below).
@@ -374,7 +385,8 @@ __global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_kernel(con
 //   estimate_chained_kernel  the estimation CTAs (estimate_cta, kC clusters each), launched right after it as
 //                            a programmatic dependent (p.chain_pdl): its CTAs start once every exact CTA has
 //                            started and passed its wait, and fill the multiprocessors beside them (EstSmem:
-//                            37 KiB at kC = 128, 16.2 KiB at kC = 64, which fits next to 3 exact CTAs).
+//                            36.5 KiB at kC = 128; 18.3 KiB and 64 registers at kC = 64, which fits next to 3
+//                            exact CTAs of 68 KiB and 128 registers, and 8 to a multiprocessor without them).
 // The estimation grid must not call griddepcontrol.wait (that would wait for the whole exact grid). Its
 // inputs: the ids (selection) and logits (score kernel) were complete and flushed when the first exact CTA
 // passed its wait, which every exact CTA did before the trigger; it reads them through L2 (__ldcg, est_load)
@@ -387,10 +399,12 @@ template <int D, int S>
 __global__ void __launch_bounds__(kW * 32) decode_exact_kernel(const DecodeParams p) {
   decode_body<D, true, S, false, true>(p);
 }
+// kC = 64 (split64): 4 dims per thread in step 3 (32 accumulators at G = 8) and at most 64 registers, so 8
+// CTAs fit on a multiprocessor once the exact CTAs have left (shared memory would allow 11).
 template <int D, int kC>
-__global__ void __launch_bounds__(kW * 32) estimate_chained_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kW * 32, kC == kEstimateChunk ? 8 : 1) estimate_chained_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
-  estimate_cta<D, kC, true>(p, blockIdx.x, blockIdx.y, est_smem);
+  estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8>(p, blockIdx.x, blockIdx.y, est_smem);
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one

@@ -277,9 +277,9 @@ struct DecodeParams {
 //   v1       run 9's grid: the exact splits and the estimation CTAs (128 clusters) in one kernel (the default)
 //   split    two grids, the estimation chained behind the exact one (128-cluster CTAs of estimate_cta without
 //            the exact role's registers and shared memory; the same partial states as v1 bit for bit)
-//   split64  as split with 64-cluster estimation CTAs (16 KiB of shared memory: one fits beside three exact
-//            CTAs on a multiprocessor; run 8's chunking, so ceil(n_e / 64) = est_splits slots; within rounding
-//            of v1)
+//   split64  as split with 64-cluster estimation CTAs (18.3 KiB of shared memory and 64 registers at D = 128:
+//            one fits beside three exact CTAs on a multiprocessor, eight without them; run 8's chunking, so
+//            ceil(n_e / 64) = est_splits slots; within rounding of v1)
 enum ExactVariant : int { kExactV1 = 0, kExactSplit, kExactSplit64, kExactVariants };
 inline constexpr int kExactDefault = kExactV1;
 // Estimated clusters per estimation CTA of a variant (its est_ctas = ceil(n_e / this) <= est_splits).
