@@ -387,8 +387,8 @@ __global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_kernel(con
 //                            started and passed its wait, and fill the multiprocessors beside them (EstSmem:
 //                            36.5 KiB at kC = 128; 18.3 KiB and 64 registers at kC = 64, which fits next to 3
 //                            exact CTAs of 68 KiB and 128 registers, and 8 to a multiprocessor without them).
-// The estimation grid must not call griddepcontrol.wait (that would wait for the whole exact grid). Its
-// inputs: the ids (selection) and logits (score kernel) were complete and flushed when the first exact CTA
+// The estimation grid's CTAs must not call griddepcontrol.wait before their work (that would wait for the
+// whole exact grid; only its last CTA waits, at its end, see below). Its inputs: the ids (selection) and logits (score kernel) were complete and flushed when the first exact CTA
 // passed its wait, which every exact CTA did before the trigger; it reads them through L2 (__ldcg, est_load)
 // so that no line an earlier kernel left in L1 can be stale; the value sums by cp.async.cg (L2). Without
 // p.chain_pdl the grids run one after the other (stream order). Both grids' CTAs count into the same fused
@@ -401,10 +401,16 @@ __global__ void __launch_bounds__(kW * 32) decode_exact_kernel(const DecodeParam
 }
 // kC = 64 (split64): 4 dims per thread in step 3 (32 accumulators at G = 8) and at most 64 registers, so 8
 // CTAs fit on a multiprocessor once the exact CTAs have left (shared memory would allow 11).
+// The grid's last CTA (in launch order) waits for the exact grid after its own work: a grid that never
+// waited could complete before the grid it depends on, and whatever follows on the stream (or waits on this
+// grid as its own PDL prerequisite) would then start while exact CTAs still run, read the merged output
+// before the merge, or reuse the token lists and partial states under them. With this one wait, this grid
+// completes only after the exact grid has completed and flushed its writes. One CTA slot is held meanwhile.
 template <int D, int kC>
 __global__ void __launch_bounds__(kW * 32, kC == kEstimateChunk ? 8 : 1) estimate_chained_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
   estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8>(p, blockIdx.x, blockIdx.y, est_smem);
+  if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
