@@ -388,9 +388,10 @@ __global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_kernel(con
 //                            36.5 KiB at kC = 128; 18.3 KiB and 64 registers at kC = 64, which fits next to 3
 //                            exact CTAs of 68 KiB and 128 registers, and 8 to a multiprocessor without them).
 // The estimation grid's CTAs must not call griddepcontrol.wait before their work (that would wait for the
-// whole exact grid; only its last CTA waits, at its end, see below). Its inputs: the ids (selection) and logits (score kernel) were complete and flushed when the first exact CTA
-// passed its wait, which every exact CTA did before the trigger; it reads them through L2 (__ldcg, est_load)
-// so that no line an earlier kernel left in L1 can be stale; the value sums by cp.async.cg (L2). Without
+// whole exact grid; only its last CTA waits, at its end, see below). Their inputs: the ids (selection) and
+// logits (score kernel) were complete and flushed when the first exact CTA passed its wait, which every
+// exact CTA did before the trigger; they are read through L2 (__ldcg, est_load) so that no line an earlier
+// kernel left in L1 can be stale; the value sums by cp.async.cg (L2). Without
 // p.chain_pdl the grids run one after the other (stream order). Both grids' CTAs count into the same fused
 // merge (total_splits = num_splits + est_ctas). The math is estimate_cta's and decode_body's: with kC = 128
 // the partial states are run 9's bit for bit (so the merged output), with kC = 64 the chunks differ (run 8's

@@ -59,9 +59,10 @@ int exact_variant_from_env() {
   const std::string_view dv(d != nullptr ? d : "");
   const size_t plus = dv.find('+');
   const char* e = std::getenv("RETROINFER_EXACT");
-  const std::string_view v = plus != std::string_view::npos ? dv.substr(plus + 1) : std::string_view(e != nullptr ? e : "");
-  const char* from = plus != std::string_view::npos ? "the suffix of RETROINFER_DECODE" : "RETROINFER_EXACT";
-  if (v.empty() && plus == std::string_view::npos) return kExactDefault;
+  const bool suffix = plus != std::string_view::npos;
+  const std::string_view v = suffix ? dv.substr(plus + 1) : std::string_view(e != nullptr ? e : "");
+  const char* from = suffix ? "the suffix of RETROINFER_DECODE" : "RETROINFER_EXACT";
+  if (v.empty() && !suffix) return kExactDefault;
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
   RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use v1 (the default), split or split64, ",
