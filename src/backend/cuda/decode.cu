@@ -34,61 +34,91 @@ struct DecodeSmem {
   static constexpr size_t kBytes = kW * kWarpBytes;
 };
 
+// Shared memory of an estimation CTA of kC clusters (estimate_cta): the value-sum rows [kC][D] bf16, the
+// weights [kMaxGroup][kC] f32 and the sizes [kC] f32 while loading; afterwards the warp sums [kW][kMaxGroup][D]
+// f32 and the fused merge's weights (kMergeMaxStates f32) reuse the buffer from its start (both are written
+// only after a barrier that ends every read of the rows, weights and sizes).
+template <int D, int kC>
+struct EstSmem {
+  static constexpr size_t kLoad = size_t{kC} * D * 2 + size_t{kMaxGroup} * kC * 4 + size_t{kC} * 4;
+  static constexpr size_t kRed = size_t{kW} * kMaxGroup * D * 4;
+  static constexpr size_t kMerge = size_t{kMergeMaxStates} * 4;
+  static constexpr size_t kBytes = kLoad > kRed ? (kLoad > kMerge ? kLoad : kMerge) : (kRed > kMerge ? kRed : kMerge);
+};
+
+// Loads of estimate_cta's inputs written by the kernels before the decode (ids, logits) and of the sizes:
+// as run 9 had them (kL2 false: plain / read-only path), or through L2 (__ldcg) for the chained estimation
+// grid of RETROINFER_EXACT=split*, which does not wait on its own (see estimate_chained_kernel) and so
+// must not meet lines an earlier kernel left in L1.
+template <bool kL2, typename T>
+__device__ __forceinline__ T est_load(const T* p, bool read_only) {
+  if constexpr (kL2) return __ldcg(p);
+  else return read_only ? __ldg(p) : *p;
+}
+
 // Run 9 (DecodeParams::est_ctas): an estimation CTA of the exact-attention grid, estimated clusters
-// [j * kC, min(k_e, (j + 1) * kC)) of flat head h (kC = kEstimateFusedChunk = the CTA's 128 threads). Same
-// state as estimate_kernel's for the same clusters (chunk max m_g of the logits, l_g = sum size e^{l - m_g},
-// o_g = sum e^{l - m_g} VS), formed differently so that the whole chunk is in flight at once:
-//   1. after the PDL wait, thread t loads id t of the chunk (-1: padding) and the cluster's size and G
-//      logits (independent loads); each warp copies its 32 clusters' value-sum rows into shared memory by
-//      cp.async, lanes over consecutive 16-byte chunks (the ids by shuffle; padding rows zero-filled, so
-//      0 * row never meets stale shared memory);
+// [j * kC, min(k_e, (j + 1) * kC)) of flat head h (kC = kEstimateFusedChunk = the CTA's 128 threads; the
+// chained estimation grid of RETROINFER_EXACT=split64 also 64). Same state as estimate_kernel's for the same
+// clusters (chunk max m_g of the logits, l_g = sum size e^{l - m_g}, o_g = sum e^{l - m_g} VS), formed
+// differently so that the whole chunk is in flight at once:
+//   1. after the PDL wait (kChained: none, the exact grid before it waited), lane l < kC / kW of warp w
+//      loads id w * kC / kW + l of the chunk (-1: padding) and the cluster's size and G logits (independent
+//      loads); each warp copies its kC / kW clusters' value-sum rows into shared memory by cp.async, lanes
+//      over consecutive 16-byte chunks (the ids by shuffle; padding rows zero-filled, so 0 * row never meets
+//      stale shared memory);
 //   2. warp w forms the weights of query heads w, w + 4 (max, e^{l - m}, the size-weighted sum) by shuffles
 //      while the copies fly;
-//   3. thread = (row slot, 16-byte chunk of the row): sum over its rows of w_g[i] * VS_i for every g of the
-//      group (each row read from shared memory once for all G query heads), the row slots of a warp added
-//      by shuffles, the 4 warps' sums in shared memory in warp order;
+//   3. thread = (row slot, kVec consecutive dims of the row: 8 = a 16-byte chunk, or 4 for split64's lean
+//      CTAs): sum over its rows of w_g[i] * VS_i for every g of the group (each row read from shared memory
+//      once for all G query heads), the row slots of a warp added by shuffles, the 4 warps' sums in shared
+//      memory in warp order;
 //   4. the partial state into slot est.split_offset + j, then the fused merge like every other CTA.
-// Shared memory (the decode CTA's tile buffers): rows [kC][D] bf16, weights [kMaxGroup][kC], sizes [kC];
-// the warp sums [kW][kMaxGroup][D] f32 and the merge weights reuse the rows after a barrier.
-template <int D>
+// For kC = 128, kVec = 8 this is run 9's code (the same operations in the same order for any kChained).
+// Shared memory: EstSmem<D, kC> (run 9: the decode CTA's tile buffers, which hold it).
+template <int D, int kC, bool kChained, int kVec = 8>
 __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char* smem) {
-  constexpr int kC = kEstimateFusedChunk;
-  constexpr int kChunks = D / 8;          // 16-byte chunks per value-sum row
-  constexpr int kSlots = kC / kChunks;    // rows read at once by the CTA in step 3
-  constexpr int kPerLane = kC / 32;       // clusters per lane in step 2
-  static_assert(kC == kW * 32, "one estimated cluster per thread while loading (step 1)");
-  static_assert(kC % kChunks == 0 && 32 % kChunks == 0, "row slots of whole warps");
-  static_assert(size_t{kW} * kMaxGroup * D * 4 <= size_t{kC} * D * 2 &&
-                    size_t{kMergeMaxStates} * 4 <= size_t{kC} * D * 2,
-                "the warp sums and the merge weights reuse the rows");
+  constexpr int kThreads = kW * 32;
+  constexpr int kChunks = D / 8;                   // 16-byte chunks per value-sum row
+  constexpr int kRowsW = kC / kW;                  // clusters (rows) loaded by each warp
+  constexpr int kCopies = kRowsW * kChunks / 32;   // 16-byte copies per lane in step 1
+  constexpr int kPerLane = kC / 32;                // clusters per lane in step 2
+  static_assert(kVec == 8 || kVec == 4, "8 or 4 dims per thread in step 3");
+  static_assert(kC % 32 == 0 && kC % kW == 0 && kRowsW <= 32 && (kRowsW * kChunks) % 32 == 0,
+                "whole warps of ids and copies");
   uint16_t* rows = reinterpret_cast<uint16_t*>(smem);     // [kC][D] bf16 value sums
   float* wl = reinterpret_cast<float*>(rows + kC * D);      // [kMaxGroup][kC]: logits, then weights
   float* sz = wl + kMaxGroup * kC;                          // [kC]: cluster sizes
   __shared__ float s_m[kMaxGroup], s_l[kMaxGroup];
   const EstimateParams& e = p.est;
   const int G = p.group, C = e.num_clusters, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  grid_dependency_wait();  // PDL: the ids come from the selection (the logits from the score kernel before it)
+  // PDL: the ids come from the selection (the logits from the score kernel before it).
+  if constexpr (!kChained) grid_dependency_wait();
   phase_first(p.phase, h, kSlotEst);
   const int begin = j * kC;
   const int cnt = e.k_estimation - begin < kC ? e.k_estimation - begin : kC;  // >= 1: j < ceil(k_e / kC)
   // 1. Ids, sizes, logits; value-sum rows by cp.async.
-  const int c = tid < cnt ? e.estimation_ids[int64_t{h} * e.k_estimation + begin + tid] : -1;
+  const int ci = kRowsW == 32 ? tid : warp * kRowsW + lane;  // the chunk's cluster this lane loads (lane < kRowsW)
+  const bool own = lane < kRowsW;
+  const int c = own && ci < cnt ? est_load<kChained>(e.estimation_ids + int64_t{h} * e.k_estimation + begin + ci,
+                                                     false)
+                                : -1;
   const uint16_t* vsh = e.value_sums_bf16 + int64_t{h} * C * D;
 #pragma unroll
-  for (int k = 0; k < kChunks; ++k) {  // the warp's 32 rows x kChunks chunks, 32 per step
+  for (int k = 0; k < kCopies; ++k) {  // the warp's kRowsW rows x kChunks chunks, 32 per step
     const int q = k * 32 + lane, r = q / kChunks, col = q % kChunks;
     const int cr = __shfl_sync(0xffffffffu, c, r);
-    cp_async16_zfill(rows + (warp * 32 + r) * D + col * 8, vsh + int64_t{cr < 0 ? 0 : cr} * D + col * 8, cr >= 0);
+    cp_async16_zfill(rows + (warp * kRowsW + r) * D + col * 8, vsh + int64_t{cr < 0 ? 0 : cr} * D + col * 8,
+                     cr >= 0);
   }
   cp_async_commit();
   float lg[kMaxGroup];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g)
-    lg[g] = g < G && c >= 0 ? __ldg(e.logits + (int64_t{h} * G + g) * C + c) : -INFINITY;
-  sz[tid] = c < 0 ? 0.0f : static_cast<float>(__ldg(e.sizes + int64_t{h} * C + c));
+    lg[g] = g < G && c >= 0 ? est_load<kChained>(e.logits + (int64_t{h} * G + g) * C + c, true) : -INFINITY;
+  if (own) sz[ci] = c < 0 ? 0.0f : static_cast<float>(est_load<kChained>(e.sizes + int64_t{h} * C + c, true));
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g)
-    if (g < G) wl[g * kC + tid] = lg[g];
+    if (g < G && own) wl[g * kC + ci] = lg[g];
   __syncthreads();
   // 2. Weights (-inf logits: padding, weight 0; a chunk of padding only keeps m = -inf, l = 0, o = 0).
   for (int g = warp; g < G; g += kW) {
@@ -115,41 +145,52 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
   }
   cp_async_wait<0>();
   __syncthreads();  // rows landed (each thread waited for its own copies), weights written
-  // 3. Numerators.
-  const int dc = tid % kChunks, rs = tid / kChunks;
-  float acc[kMaxGroup][8];
+  // 3. Numerators: thread = (row slot rs, kVec consecutive dims dc * kVec); kVec = 8 (a 16-byte chunk, run 9)
+  // or 4 (8 bytes: half the accumulators, for the 64-cluster CTAs of split64).
+  constexpr int kCols = D / kVec;           // dim groups per row
+  constexpr int kRowSlots = kThreads / kCols;  // rows read at once by the CTA
+  static_assert(32 % kCols == 0, "row slots of whole warps");
+  const int dc = tid % kCols, rs = tid / kCols;
+  float acc[kMaxGroup][kVec];
 #pragma unroll
   for (int g = 0; g < kMaxGroup; ++g)
 #pragma unroll
-    for (int k = 0; k < 8; ++k) acc[g][k] = 0.0f;
+    for (int k = 0; k < kVec; ++k) acc[g][k] = 0.0f;
 #pragma unroll 4
-  for (int i = rs; i < cnt; i += kSlots) {
-    float v[8];
-    bf16x8_to_float(*reinterpret_cast<const uint4*>(rows + i * D + dc * 8), v);
+  for (int i = rs; i < cnt; i += kRowSlots) {
+    float v[kVec];
+    if constexpr (kVec == 8) {
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(rows + i * D + dc * 8), v);
+    } else {
+      const uint2 w2 = *reinterpret_cast<const uint2*>(rows + i * D + dc * 4);
+      const float2 x0 = bf16x2_to_float2(w2.x), x1 = bf16x2_to_float2(w2.y);
+      v[0] = x0.x; v[1] = x0.y; v[2] = x1.x; v[3] = x1.y;
+    }
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g)
       if (g < G) {
         const float wg = wl[g * kC + i];
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc[g][k] += wg * v[k];
+        for (int k = 0; k < kVec; ++k) acc[g][k] += wg * v[k];
       }
   }
 #pragma unroll
-  for (int off = kChunks; off < 32; off <<= 1)  // the warp's row slots (lanes dc, dc + kChunks, ...)
+  for (int off = kCols; off < 32; off <<= 1)  // the warp's row slots (lanes dc, dc + kCols, ...)
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g)
       if (g < G)
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], off);
+        for (int k = 0; k < kVec; ++k) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], off);
   __syncthreads();  // every read of rows and weights is done: the warp sums reuse the rows
   float* red = reinterpret_cast<float*>(smem);  // [kW][kMaxGroup][D]
-  if (lane < kChunks)
+  if (lane < kCols)
 #pragma unroll
     for (int g = 0; g < kMaxGroup; ++g)
       if (g < G) {
-        float4* dst = reinterpret_cast<float4*>(red + (warp * kMaxGroup + g) * D + dc * 8);
-        dst[0] = make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
-        dst[1] = make_float4(acc[g][4], acc[g][5], acc[g][6], acc[g][7]);
+        float4* dst = reinterpret_cast<float4*>(red + (warp * kMaxGroup + g) * D + dc * kVec);
+#pragma unroll
+        for (int k = 0; k < kVec / 4; ++k)
+          dst[k] = make_float4(acc[g][4 * k], acc[g][4 * k + 1], acc[g][4 * k + 2], acc[g][4 * k + 3]);
       }
   __syncthreads();
   // 4. Partial state, then the fused merge (its first barrier ends the reads of red below).
@@ -181,7 +222,9 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
 // Group sizes up to 8 fill rows 0..7; rows of heads >= G are zero and never written.
 // kEst (run 9, DecodeParams::est_ctas > 0): the grid's CTAs past the exact splits run estimate_cta; a kernel
 // of its own (decode_est_kernel below), so run 8's kernels are the same code as before.
-template <int D, bool kIndirect, int S, bool kEst>
+// kTrigger (RETROINFER_EXACT=split*, decode_exact_kernel): every CTA lets the chained estimation grid launch
+// (griddepcontrol.launch_dependents) right after its PDL wait; nothing else changes.
+template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
@@ -197,7 +240,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const int h = blockIdx.y, split = blockIdx.x, G = p.group;
   if constexpr (kEst && kIndirect) {  // run 9: the CTAs past the exact splits estimate (uniform per CTA)
     if (split >= p.num_splits) {
-      estimate_cta<D>(p, split - p.num_splits, h, smem_raw);
+      estimate_cta<D, kEstimateFusedChunk, false>(p, split - p.num_splits, h, smem_raw);
       return;
     }
   }
@@ -208,6 +251,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
   // PDL (p.pdl): q predates the decode; the token list and count come from the kernels just before.
   grid_dependency_wait();
+  // Only after the wait: the chained estimation grid reads the selection's outputs without a wait of its own,
+  // relying on every CTA of this grid having passed it (estimate_chained_kernel).
+  if constexpr (kTrigger) grid_launch_dependents();
   phase_first(p.phase, h, kSlotExact);
   const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
   // p.balance (run 8): the head's actual count split evenly over the CTAs (whole tiles), not the host's
@@ -328,6 +374,44 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
 template <int D, int S>
 __global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_kernel(const DecodeParams p) {
   decode_body<D, true, S, true>(p);
+}
+
+// RETROINFER_EXACT=split / split64 (kernels.h ExactVariant): run 9's grid as two grids, so that the
+// estimation CTAs no longer carry the exact role's registers (166 at D = 128, 3 CTAs per multiprocessor)
+// and shared memory (68 KiB):
+//   decode_exact_kernel      the exact splits only (run 8's list kernel plus the trigger below), launched as
+//                            run 9's grid was (a programmatic dependent of the selection when p.pdl); each
+//                            CTA triggers the launch of the next grid right after its PDL wait;
+//   estimate_chained_kernel  the estimation CTAs (estimate_cta, kC clusters each), launched right after it as
+//                            a programmatic dependent (p.chain_pdl): its CTAs start once every exact CTA has
+//                            started and passed its wait, and fill the multiprocessors beside them (EstSmem:
+//                            36.5 KiB at kC = 128; 18.3 KiB and 64 registers at kC = 64, which fits next to 3
+//                            exact CTAs of 68 KiB and 128 registers, and 8 to a multiprocessor without them).
+// The estimation grid's CTAs must not call griddepcontrol.wait before their work (that would wait for the
+// whole exact grid; only its last CTA waits, at its end, see below). Their inputs: the ids (selection) and
+// logits (score kernel) were complete and flushed when the first exact CTA passed its wait, which every
+// exact CTA did before the trigger; they are read through L2 (__ldcg, est_load) so that no line an earlier
+// kernel left in L1 can be stale; the value sums by cp.async.cg (L2). Without
+// p.chain_pdl the grids run one after the other (stream order). Both grids' CTAs count into the same fused
+// merge (total_splits = num_splits + est_ctas). The math is estimate_cta's and decode_body's: with kC = 128
+// the partial states are run 9's bit for bit (so the merged output), with kC = 64 the chunks differ (run 8's
+// estimation chunking: within rounding of run 9, decode_path_test_util.h).
+template <int D, int S>
+__global__ void __launch_bounds__(kW * 32) decode_exact_kernel(const DecodeParams p) {
+  decode_body<D, true, S, false, true>(p);
+}
+// kC = 64 (split64): 4 dims per thread in step 3 (32 accumulators at G = 8) and at most 64 registers, so 8
+// CTAs fit on a multiprocessor once the exact CTAs have left (shared memory would allow 11).
+// The grid's last CTA (in launch order) waits for the exact grid after its own work: a grid that never
+// waited could complete before the grid it depends on, and whatever follows on the stream (or waits on this
+// grid as its own PDL prerequisite) would then start while exact CTAs still run, read the merged output
+// before the merge, or reuse the token lists and partial states under them. With this one wait, this grid
+// completes only after the exact grid has completed and flushed its writes. One CTA slot is held meanwhile.
+template <int D, int kC>
+__global__ void __launch_bounds__(kW * 32, kC == kEstimateChunk ? 8 : 1) estimate_chained_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char est_smem[];
+  estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8>(p, blockIdx.x, blockIdx.y, est_smem);
+  if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
@@ -482,7 +566,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   static_assert(DecodeSmem<D, S>::kWarpBytes * kW >=
                     size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8 + size_t{kMergeMaxStates} * 4,
                 "the warp-merge staging and the fused merge's weights must fit in the tile buffers");
-  static_assert(DecodeSmem<D, S>::kBytes >= size_t{kEstimateFusedChunk} * (D * 2 + kMaxGroup * 4 + 4),
+  static_assert(DecodeSmem<D, S>::kBytes >= EstSmem<D, kEstimateFusedChunk>::kBytes,
                 "run 9's estimation CTAs keep their chunk's rows, weights and sizes in the tile buffers");
   void (*kernel)(const DecodeParams);
   if constexpr (kEst) kernel = decode_est_kernel<D, S>;
@@ -497,9 +581,48 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
   return launch_maybe_pdl(kernel, dim3(p.num_splits + p.est_ctas, p.num_heads), dim3(kW * 32), bytes, s, p.pdl, p);
 }
 
+// Sets a kernel's dynamic shared memory limit and asks for the largest shared-memory carveout (so that the
+// chained grids' CTAs can share a multiprocessor: CTAs of different carveouts cannot), once per kernel.
+template <typename K>
+cudaError_t set_split_attributes(K kernel, size_t bytes, bool& done) {
+  if (done) return cudaSuccess;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (e == cudaSuccess)
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  done = e == cudaSuccess;
+  return e;
+}
+
+// RETROINFER_EXACT=split*: the exact grid, then the chained estimation grid (decode_exact_kernel).
+template <int D, int kC>
+cudaError_t launch_est_chained(const DecodeParams& p, cudaStream_t s) {
+  constexpr size_t bytes = EstSmem<D, kC>::kBytes;
+  static bool attr_set = false;
+  const cudaError_t e = set_split_attributes(estimate_chained_kernel<D, kC>, bytes, attr_set);
+  if (e != cudaSuccess) return e;
+  return launch_maybe_pdl(estimate_chained_kernel<D, kC>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32), bytes, s,
+                          p.chain_pdl, p);
+}
+template <int D, int S>
+cudaError_t launch_split(const DecodeParams& p, cudaStream_t s) {
+  constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
+  static_assert(DecodeSmem<D, S>::kWarpBytes * kW >=
+                    size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8 + size_t{kMergeMaxStates} * 4,
+                "the warp-merge staging and the fused merge's weights must fit in the tile buffers");
+  static bool attr_set = false;
+  cudaError_t e = set_split_attributes(decode_exact_kernel<D, S>, bytes, attr_set);
+  if (e != cudaSuccess) return e;
+  e = launch_maybe_pdl(decode_exact_kernel<D, S>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s, p.pdl, p);
+  if (e != cudaSuccess) return e;
+  return p.exact_variant == kExactSplit64 ? launch_est_chained<D, kEstimateChunk>(p, s)
+                                          : launch_est_chained<D, kEstimateFusedChunk>(p, s);
+}
+
 template <int D, bool kIndirect>
 cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
   if constexpr (kIndirect) {
+    if (p.est_ctas > 0 && p.exact_variant != kExactV1)
+      return decode_stages() == 3 ? launch_split<D, 3>(p, s) : launch_split<D, 2>(p, s);
     if (p.est_ctas > 0)
       return decode_stages() == 3 ? launch_decode<D, true, 3, true>(p, s) : launch_decode<D, true, 2, true>(p, s);
   }
@@ -522,8 +645,10 @@ int decode_ctas_per_sm() { return decode_stages() == 2 ? 3 : 2; }  // 228 KiB / 
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
   const bool indirect = p.token_list != nullptr;
   if (p.est_ctas < 0 || (p.est_ctas > 0 && !indirect)) return cudaErrorInvalidValue;  // run 9: list path only
-  if (p.est_ctas > 0 && (int64_t{p.est_ctas} * kEstimateFusedChunk < p.est.k_estimation ||
-                         int64_t{p.est_ctas - 1} * kEstimateFusedChunk >= p.est.k_estimation ||
+  if (p.exact_variant < 0 || p.exact_variant >= kExactVariants) return cudaErrorInvalidValue;
+  const int chunk = exact_est_chunk(p.exact_variant);  // clusters per estimation CTA
+  if (p.est_ctas > 0 && (int64_t{p.est_ctas} * chunk < p.est.k_estimation ||
+                         int64_t{p.est_ctas - 1} * chunk >= p.est.k_estimation ||
                          p.est.split_offset + p.est_ctas > p.total_splits || p.est.head_dim != p.head_dim))
     return cudaErrorInvalidValue;  // every estimation CTA must own >= 1 cluster and a slot
   if (p.head_dim == 128) return indirect ? launch_decode_stages<128, true>(p, s) : launch_decode_stages<128, false>(p, s);

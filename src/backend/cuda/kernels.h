@@ -265,7 +265,29 @@ struct DecodeParams {
   // of them (num_splits); part_ml / part_o / total_splits / merge / phase are this struct's. 0: none.
   EstimateParams est;
   int est_ctas = 0;
+  // How the run 9 grid runs when est_ctas > 0 (ExactVariant): kExactV1 = one grid (above); kExactSplit /
+  // kExactSplit64 = the exact splits as one grid, then the est_ctas estimation CTAs (exact_est_chunk clusters
+  // each) as a second grid launched right after it, a programmatic dependent of it when chain_pdl (decode.cu
+  // decode_exact_kernel).
+  int exact_variant = 0;
+  bool chain_pdl = false;
 };
+// RETROINFER_EXACT (exact_variant_from_env, read at every decode; layer_attention_zones.cpp) picks how run 9's
+// exact + estimation grid runs (DecodeParams::exact_variant):
+//   v1       run 9's grid: the exact splits and the estimation CTAs (128 clusters) in one kernel (the default)
+//   split    two grids, the estimation chained behind the exact one (128-cluster CTAs of estimate_cta without
+//            the exact role's registers and shared memory; the same partial states as v1 bit for bit)
+//   split64  as split with 64-cluster estimation CTAs (18.3 KiB of shared memory and 64 registers at D = 128:
+//            one fits beside three exact CTAs on a multiprocessor, eight without them; run 8's chunking, so
+//            ceil(n_e / 64) = est_splits slots; within rounding of v1)
+enum ExactVariant : int { kExactV1 = 0, kExactSplit, kExactSplit64, kExactVariants };
+inline constexpr int kExactDefault = kExactV1;
+// Estimated clusters per estimation CTA of a variant (its est_ctas = ceil(n_e / this) <= est_splits).
+constexpr int exact_est_chunk(int variant) {
+  return variant == kExactSplit64 ? kEstimateChunk : kEstimateFusedChunk;
+}
+int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
+const char* exact_variant_name(int variant);
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);

@@ -28,7 +28,8 @@ ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg) {
 DecodePath decode_path() {
   const char* e = std::getenv("RETROINFER_DECODE");
   DecodePath p;
-  const std::string_view v(e != nullptr ? e : "");
+  std::string_view v(e != nullptr ? e : "");
+  v = v.substr(0, std::min(v.size(), v.find('+')));  // "P+X": path P, exact-grid variant X (exact_variant_from_env)
   if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
   else if (v == "nopdl") p.pdl = false;
@@ -49,6 +50,32 @@ DecodePath decode_path() {
                     "run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
   }
   return p;
+}
+
+// RETROINFER_EXACT, or the "+X" suffix of RETROINFER_DECODE (kernel_bench --paths run10,run10+split: the
+// variants timed on the same built layer), which takes precedence.
+int exact_variant_from_env() {
+  const char* d = std::getenv("RETROINFER_DECODE");
+  const std::string_view dv(d != nullptr ? d : "");
+  const size_t plus = dv.find('+');
+  const char* e = std::getenv("RETROINFER_EXACT");
+  const bool suffix = plus != std::string_view::npos;
+  const std::string_view v = suffix ? dv.substr(plus + 1) : std::string_view(e != nullptr ? e : "");
+  const char* from = suffix ? "the suffix of RETROINFER_DECODE" : "RETROINFER_EXACT";
+  if (v.empty() && !suffix) return kExactDefault;
+  for (int i = 0; i < kExactVariants; ++i)
+    if (v == exact_variant_name(i)) return i;
+  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use v1 (the default), split or split64, ",
+                  "or leave it unset");
+}
+
+const char* exact_variant_name(int variant) {
+  switch (variant) {
+    case kExactV1: return "v1";
+    case kExactSplit: return "split";
+    case kExactSplit64: return "split64";
+    default: return "?";
+  }
 }
 
 std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads) {
@@ -133,9 +160,11 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   // Run 8 (decode_path()): the merge in the last CTA of each head, programmatic dependent launches.
   const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false, false};
   // Run 9: the estimation as est_ctas CTAs per head of the exact-attention grid (kEstimateFusedChunk
-  // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h).
+  // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h), or of the estimation
+  // grid chained behind it (RETROINFER_EXACT=split*: exact_est_chunk clusters each, <= a.est_splits slots).
+  const int exact_variant = exact_variant_from_env();  // read (and checked) at every decode
   const int est_ctas = path.fused_estimate && a.n_estimation > 0
-                           ? static_cast<int>(ceil_div(a.n_estimation, kEstimateFusedChunk)) : 0;
+                           ? static_cast<int>(ceil_div(a.n_estimation, exact_est_chunk(exact_variant))) : 0;
   RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 needs ", est_ctas,
                    " estimation slots per head but the layer sized ", a.est_splits,
                    " (est_splits must be ceil(n_estimation / kEstimateChunk))");
@@ -275,6 +304,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     dp.est.k_estimation = a.n_estimation;
     dp.est.num_splits = est_ctas;
     dp.est.split_offset = a.attn_splits;
+    dp.exact_variant = exact_variant;
+    dp.chain_pdl = pdl;  // the estimation grid a programmatic dependent of the exact grid (kernels.h)
   }
   // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.
   dp.pdl = pdl && !after_select;

@@ -1,0 +1,219 @@
+// The variants of run 9's exact + estimation grid (RETROINFER_EXACT, kernels.h ExactVariant; decode.cu
+// decode_exact_kernel / estimate_chained_kernel) against v1 (the default: one grid) on the same layer and
+// query, switched in one process:
+//   - split    (the estimation CTAs as a second grid chained behind the exact one, the same 128-cluster
+//              chunks and code): selection and outputs bit-identical to v1;
+//   - split64  (64-cluster estimation CTAs): selection identical, outputs within the reordering bounds of
+//              decode_path_test_util.h (max-abs 5e-5, nmse 1e-10: the chunk maxima differ, as run 8 vs run 9);
+//   - every output poisoned before the decode and checked written; two graph replays and an eager decode
+//     after them bit-identical to the variant's eager decode (the merge counters reset themselves across
+//     two grids); the stage-timing path (plain launches, one grid after the other) bit-identical; v1 again
+//     afterwards bit-identical to its first decode (no state left behind);
+//   - WaveBufferLayer (the same launch sequence with the wave buffer's kernels between the selection and the
+//     attention: the exact grid launched plainly, the estimation grid chained to it) under each variant
+//     against v1, and its graph replay;
+//   - unknown values throw retroinfer::Error (at the decode and from exact_variant_from_env).
+// Shapes: batch 1/3/4/16, head_dim 64/128, GQA groups 1/3/4/8, n_e < 128 and just past 128, no estimation,
+// all steady, outliers, 32K x 32 heads and 128K x 8 heads. One "[exact grid]" line per case.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "backend/cuda/kernels.h"
+#include "decode_path_test_util.h"
+#include "gpu_test_util.h"
+#include "retroinfer/error.h"
+#include "retroinfer/wave_buffer.h"
+
+namespace retroinfer {
+namespace {
+
+using gputest::decode_once;
+using gputest::EnvGuard;
+using gputest::PathCase;
+using gputest::PathResult;
+
+// split64 vs v1: the same selection and exact tokens, estimation chunks of 64 instead of 128 clusters (the
+// same difference as run 8 vs run 9; bounds and derivation in decode_path_test_util.h).
+constexpr double kMaxAbsVsV1 = gputest::kMaxAbsReorder;
+constexpr double kNmseVsV1 = gputest::kNmseReorder;
+
+void expect_same_selection(const PathResult& x, const PathResult& ref, const char* what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(x.heads.size(), ref.heads.size());
+  for (size_t h = 0; h < ref.heads.size(); ++h) {
+    SCOPED_TRACE(testing::Message() << "flat head " << h);
+    EXPECT_EQ(x.heads[h].scores, ref.heads[h].scores);
+    EXPECT_EQ(x.heads[h].retrieval_ids, ref.heads[h].retrieval_ids);
+    EXPECT_EQ(x.heads[h].estimation_ids, ref.heads[h].estimation_ids);
+    EXPECT_EQ(x.heads[h].token_list, ref.heads[h].token_list);
+  }
+}
+
+// First differing element, or -1.
+int64_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0) return int64_t(i);
+  return -1;
+}
+
+void exact_grid_case(const PathCase& rc, uint64_t seed) {
+  SCOPED_TRACE(gputest::describe(rc, seed));
+  gputest::PathLayer t = gputest::make_path_layer(rc, seed);
+  cuda::RetroLayer& layer = *t.layer;
+
+  EnvGuard env("RETROINFER_EXACT", "v1");
+  const PathResult a = decode_once(t);
+  EXPECT_EQ(gputest::compare(a.out, a.out).unwritten, 0);  // every element written (poison is NaN)
+
+  env.set("split");
+  const PathResult b = decode_once(t);
+  expect_same_selection(b, a, "split vs v1");
+  const auto cb = gputest::compare(b.out, a.out);
+  EXPECT_EQ(cb.unwritten, 0);
+  EXPECT_EQ(first_difference(b.out, a.out), -1) << "split must give v1's output bit for bit";
+  gputest::expect_graph_replays(t, b.out);
+  gputest::expect_stage_path(t, b.out);
+
+  env.set("split64");
+  const PathResult c = decode_once(t);
+  expect_same_selection(c, a, "split64 vs v1");
+  const auto cc = gputest::compare(c.out, a.out);
+  EXPECT_EQ(cc.unwritten, 0);
+  EXPECT_LT(cc.max_abs, kMaxAbsVsV1);
+  EXPECT_LT(cc.nmse, kNmseVsV1);
+  gputest::expect_graph_replays(t, c.out);
+  gputest::expect_stage_path(t, c.out);
+
+  env.set("v1");  // back to v1 in the same process: its first output again
+  const PathResult a2 = decode_once(t);
+  EXPECT_EQ(first_difference(a2.out, a.out), -1) << "v1 after the split variants";
+  env.set(nullptr);  // unset: the default (kExactDefault)
+  const PathResult d = decode_once(t);
+  if (cuda::detail::kExactDefault == cuda::detail::kExactV1) {
+    EXPECT_EQ(first_difference(d.out, a.out), -1) << "the unset default";
+  }
+  const int n_e = layer.n_estimation();
+  std::printf("[exact grid] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: split vs v1 identical=%d; "
+              "split64 vs v1 nmse %.2e max-abs %.2e; graph replays + stage path identical per variant; "
+              "est CTAs per head v1/split %d split64 %d\n",
+              t.H, rc.group, rc.d, (long long)rc.n, layer.num_clusters(), n_e, int(rc.estimation),
+              int(rc.outliers), int(first_difference(b.out, a.out) == -1), cc.nmse, cc.max_abs,
+              n_e > 0 ? (n_e + 127) / 128 : 0, n_e > 0 ? (n_e + 63) / 64 : 0);
+}
+
+TEST(CudaExactGrid, VariantsMatchV1) {
+  RETROINFER_REQUIRE_GPU();
+  exact_grid_case({1, 2, 4, 128, 5000, true, false, true}, 901);   // n_e < 128: one v1 CTA, split64 two
+  exact_grid_case({3, 2, 8, 64, 9000, true, false, true}, 902);    // batch 3, G 8, d 64: n_e just past 128
+  exact_grid_case({4, 1, 1, 128, 3001, true, false, true}, 903);   // batch 4, G 1
+  exact_grid_case({2, 1, 3, 64, 4000, true, true, true}, 904);     // G 3, outliers: list_append in between
+  exact_grid_case({1, 4, 1, 128, 2500, false, false, true}, 905);  // no estimation: the exact grid only
+  exact_grid_case({1, 2, 4, 128, 30, true, false, true}, 906);     // all steady (dense path, grid unused)
+  exact_grid_case({1, 2, 8, 128, 2700, true, false, true}, 907);   // G 8, d 128
+}
+
+TEST(CudaExactGrid, VariantsMatchV1ManyHeads) {
+  RETROINFER_REQUIRE_GPU();
+  exact_grid_case({16, 2, 4, 128, 3000, true, false, false}, 911);  // batch 16
+  exact_grid_case({16, 1, 8, 64, 2100, true, false, false}, 912);   // batch 16, G 8, d 64
+  exact_grid_case({4, 8, 4, 128, 32768, true, false, false}, 913);  // 32K x 32 heads (batch 4)
+}
+
+TEST(CudaExactGrid, VariantsMatchV1At128K) {
+  RETROINFER_REQUIRE_GPU();
+  exact_grid_case({1, 8, 4, 128, 131072, true, false, false}, 921);  // Llama-3-8B, 128K x 8 heads
+}
+
+// WaveBufferLayer: a cache that holds every cluster, warmed by one step, so each decode reads the same
+// execution buffer; each variant against v1 (split bit-identical, split64 within the bounds), then a graph
+// of the step captured under split64 replayed twice, equal to its direct decode.
+TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
+  RETROINFER_REQUIRE_GPU();
+  const uint64_t seed = 931;
+  const int num_seqs = 2, hkv = 2, group = 4, d = 128;
+  const int64_t n = 9000;
+  AttentionConfig cfg;
+  auto kv = gputest::make_kv(num_seqs * hkv, n, n + 5, d, seed);
+  auto dk = gputest::upload(kv.k), dv = gputest::upload(kv.v);
+  const size_t q_elems = size_t(num_seqs) * hkv * group * d;
+  WaveBufferConfig w;
+  w.cache_pages = n;  // room for every cluster
+  cuda::WaveBufferLayer layer(AttentionShape{hkv * group, hkv, d}, cfg, w, num_seqs);
+  layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), n, n + 5);
+  ASSERT_GT(layer.n_estimation(), 0);
+  auto dq = gputest::upload(gputest::make_q(kv, group, seed + 1));
+  EnvGuard env("RETROINFER_EXACT", "v1");
+  auto run = [&](const char* variant) {
+    env.set(variant);
+    auto out = gputest::poisoned(q_elems);
+    layer.decode(dq.as<float>(), out.as<float>());
+    cuda::synchronize();
+    layer.wait_manager();
+    return gputest::download_f32(out, q_elems);
+  };
+  run("v1");  // warm-up: every selected cluster admitted (applied at the next step)
+  run("v1");
+  layer.set_admission(false);  // the cache content stays as it is
+  const auto v1 = run("v1");
+  EXPECT_EQ(layer.last_step_counts().miss_clusters, 0);
+  const auto s = run("split");
+  const auto s64 = run("split64");
+  EXPECT_EQ(gputest::compare(v1, v1).unwritten, 0);
+  EXPECT_EQ(first_difference(s, v1), -1) << "split vs v1";
+  const auto c64 = gputest::compare(s64, v1);
+  EXPECT_EQ(c64.unwritten, 0);
+  EXPECT_LT(c64.max_abs, kMaxAbsVsV1);
+  EXPECT_LT(c64.nmse, kNmseVsV1);
+  EXPECT_EQ(first_difference(run("v1"), v1), -1) << "v1 again";
+
+  env.set("split64");
+  cuda::StreamHandle stream;
+  auto dg = gputest::poisoned(q_elems);
+  layer.capture_graph(dq.as<float>(), dg.as<float>(), stream.get());
+  for (int rep = 0; rep < 2; ++rep) {
+    dg.fill_bytes(0xff);
+    cuda::synchronize();
+    layer.replay_graph(stream.get());
+    cuda::synchronize(stream.get());
+    layer.wait_manager();
+    EXPECT_EQ(first_difference(gputest::download_f32(dg, q_elems), s64), -1) << "split64 graph replay " << rep;
+  }
+  std::printf("[exact grid] WaveBufferLayer H=%d G=%d d=%d n=%lld C=%d n_e=%d: split vs v1 identical=%d; split64 vs "
+              "v1 nmse %.2e max-abs %.2e; split64 graph replays identical\n",
+              num_seqs * hkv, group, d, (long long)n, layer.num_clusters(), layer.n_estimation(),
+              int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs);
+}
+
+// Bad values: a clear error at the decode (before any launch) and from the parser; the names round-trip.
+TEST(CudaExactGrid, UnknownVariantThrows) {
+  {
+    EnvGuard env("RETROINFER_EXACT", "split32");
+    EXPECT_THROW(cuda::detail::exact_variant_from_env(), Error);
+    env.set("V1");
+    EXPECT_THROW(cuda::detail::exact_variant_from_env(), Error);
+    env.set("");
+    EXPECT_EQ(cuda::detail::exact_variant_from_env(), cuda::detail::kExactDefault);
+    for (int v = 0; v < cuda::detail::kExactVariants; ++v) {
+      env.set(cuda::detail::exact_variant_name(v));
+      EXPECT_EQ(cuda::detail::exact_variant_from_env(), v);
+    }
+  }
+  RETROINFER_REQUIRE_GPU();
+  gputest::PathLayer t = gputest::make_path_layer({1, 2, 4, 128, 5000, true, false, true}, 941);
+  EnvGuard env("RETROINFER_EXACT", "fast");
+  auto out = gputest::poisoned(t.q_elems);
+  EXPECT_THROW(t.layer->decode(t.dq.as<float>(), out.as<float>()), Error);
+  cuda::synchronize();
+  env.set("split");  // the layer still decodes after the error
+  const PathResult r = decode_once(t);
+  EXPECT_EQ(gputest::compare(r.out, r.out).unwritten, 0);
+  std::printf("[exact grid] unknown RETROINFER_EXACT values throw; the layer decodes afterwards\n");
+}
+
+}  // namespace
+}  // namespace retroinfer

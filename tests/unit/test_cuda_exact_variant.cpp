@@ -1,0 +1,97 @@
+// The RETROINFER_EXACT switch of run 9's exact + estimation grid (kernels.h ExactVariant,
+// layer_attention_zones.cpp exact_variant_from_env) on the CPU (CUDA builds, no device needed): the names,
+// the unset / empty default, unknown values throwing, the "+X" suffix of RETROINFER_DECODE taking
+// precedence (kernel_bench --paths run10,run10+split) while decode_path reads the part before it, and the
+// estimation chunk of each variant within the slots the layers size (ceil(n_e / kEstimateChunk)).
+#if defined(RETROINFER_WITH_CUDA)
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/layer_common.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+// Sets (or unsets, nullptr) a variable for the scope, restoring it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    set(value);
+  }
+  ~ScopedEnv() { set(had_ ? old_.c_str() : nullptr); }
+  void set(const char* value) {
+    if (value == nullptr) unsetenv(name_);
+    else setenv(name_, value, 1);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+TEST(CudaExactVariant, EnvironmentSwitch) {
+  ScopedEnv dec("RETROINFER_DECODE", nullptr);
+  ScopedEnv ex("RETROINFER_EXACT", nullptr);
+  EXPECT_EQ(exact_variant_from_env(), kExactDefault);
+  ex.set("");
+  EXPECT_EQ(exact_variant_from_env(), kExactDefault);
+  EXPECT_EQ(kExactDefault, kExactV1);  // the lead picks another default after measuring
+  for (int v = 0; v < kExactVariants; ++v) {
+    ex.set(exact_variant_name(v));
+    EXPECT_EQ(exact_variant_from_env(), v) << exact_variant_name(v);
+  }
+  EXPECT_STREQ(exact_variant_name(kExactV1), "v1");
+  EXPECT_STREQ(exact_variant_name(kExactSplit), "split");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64), "split64");
+  for (const char* bad : {"V1", "split ", "split32", "v2", "run10", "+split"}) {
+    ex.set(bad);
+    EXPECT_THROW(exact_variant_from_env(), Error) << bad;
+  }
+  // The suffix of RETROINFER_DECODE wins over RETROINFER_EXACT; decode_path ignores it.
+  ex.set("bogus");
+  dec.set("run10+split64");
+  EXPECT_EQ(exact_variant_from_env(), kExactSplit64);
+  DecodePath p = decode_path();
+  EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score);
+  dec.set("run9+v1");
+  EXPECT_EQ(exact_variant_from_env(), kExactV1);
+  p = decode_path();
+  EXPECT_TRUE(p.form_scores && p.fused_estimate);
+  EXPECT_FALSE(p.form_in_score);
+  dec.set("+split");  // the default path
+  EXPECT_EQ(exact_variant_from_env(), kExactSplit);
+  p = decode_path();
+  EXPECT_EQ(p.fused_estimate, kRun9IsDefault);
+  for (const char* bad : {"run10+", "run10+splitx", "run10+split+v1"}) {
+    dec.set(bad);
+    EXPECT_THROW(exact_variant_from_env(), Error) << bad;
+  }
+  dec.set("bogus+split");  // a bad path stays an error
+  EXPECT_THROW(decode_path(), Error);
+}
+
+TEST(CudaExactVariant, EstimationChunksFitTheLayersSlots) {
+  for (int v = 0; v < kExactVariants; ++v) {
+    const int chunk = exact_est_chunk(v);
+    EXPECT_EQ(chunk % kEstimateChunk, 0) << exact_variant_name(v);  // ceil(n / chunk) <= ceil(n / 64)
+    for (int n_e = 1; n_e < 5000; n_e += 37)
+      EXPECT_LE(ceil_div(n_e, chunk), ceil_div(n_e, kEstimateChunk)) << exact_variant_name(v) << " n_e " << n_e;
+  }
+  EXPECT_EQ(exact_est_chunk(kExactV1), kEstimateFusedChunk);
+  EXPECT_EQ(exact_est_chunk(kExactSplit), kEstimateFusedChunk);
+  EXPECT_EQ(exact_est_chunk(kExactSplit64), kEstimateChunk);
+}
+
+}  // namespace
+}  // namespace retroinfer::cuda::detail
+#endif  // RETROINFER_WITH_CUDA
