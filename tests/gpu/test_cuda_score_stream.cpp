@@ -1,18 +1,20 @@
-// The stream score kernel (RETROINFER_SCORE=stream, score_stream.cu) against v1 (select.cu score_body) on the
-// same inputs. The two share the grid, the tile partition and the per-tile math, so everything they write
-// must be bit-identical: logits [H, G, C], normaliser partials [H, G, score_blocks] and (run 10's cooperative
-// form) the formed scores [H, C]; downstream, the decode's selection, token lists and outputs.
+// The stream score kernels (RETROINFER_SCORE=stream and =tma, score_stream.cu) against v1 (select.cu
+// score_body) on the same inputs. They share the grid, the tile partition and the per-tile math, so
+// everything they write must be bit-identical: logits [H, G, C], normaliser partials [H, G, score_blocks] and
+// (run 10's cooperative form) the formed scores [H, C]; downstream, the decode's selection, token lists and
+// outputs.
 //   KernelMatchesV1: score_clusters directly, every mode (plain with and without early_loads, the
 //     cooperative formation where it fits), outputs poisoned (NaN bits) first and checked written, logits
-//     also against an f64 CPU dot product (bound below), -inf exactly for empty clusters, and each head's
-//     scores summing to G (a softmax per query head). Shapes: D 64 / 128, G 1/2/3/4/8, C with tails (1, 16,
-//     37, 1000, 2051, 4099, 8188), all-empty heads, 128K's 8188 clusters at batch 1 (8 heads) and 4 (32
-//     heads, issue #4's grid), 900 heads (the formation does not fit: both variants must say so).
-//   DecodeMatchesV1: RetroLayer decodes under RETROINFER_SCORE=v1 and =stream, on run 9's path (plain score
-//     kernel + form_scores) and run 10's (the cooperative formation; the default), bit-identical; graph
-//     replays of the stream path bit-identical to its eager decode. Batch 1/3/4, D 64/128, G 1/3/4/8,
+//     also against an f64 CPU dot product (bound in check_variant), -inf exactly for empty clusters, and each
+//     head's scores summing to G (a softmax per query head). Shapes: D 64 / 128, G 1/2/3/4/8, C with tails
+//     (1, 16, 37, 600, 1000, 2051, 4099, 8188), all-empty heads, 128K's 8188 clusters at batch 1 (8 heads)
+//     and 4 (32 heads, issue #4's grid), 900 heads (the formation does not fit: every variant must say so).
+//   DecodeMatchesV1(BenchShapes): RetroLayer decodes under RETROINFER_SCORE=v1, stream and tma, on run 9's
+//     path (plain score kernel + form_scores) and run 10's (the cooperative formation; the default),
+//     bit-identical; graph replays bit-identical to the eager decode. Batch 1/3/4, D 64/128, G 1/3/4/8,
 //     outliers, 128K x 8 heads at batch 1 and 4.
-//   VariantSwitch: RETROINFER_SCORE read at every call; unknown values throw (score_clusters and a decode).
+//   VariantSwitch / BadVariantThrowsInDecode: RETROINFER_SCORE read at every call; unknown values throw
+//     (directly and from a decode); misaligned centroids refused by the bulk-copy kernels.
 // One "[score stream]" line per case.
 #include <gtest/gtest.h>
 
@@ -126,6 +128,66 @@ float bits_to_f32(uint32_t u) {
   return f;
 }
 
+// `b` (a stream variant's outputs) against `a` (v1's): bit-identical and all written; with form, each head's
+// scores sum to G; in plain mode the logits against f64. Returns the worst |logit - ref| / bound.
+double check_variant(const KernelCase& kc, const KernelInputs& in, float scale, const KernelOut& a,
+                     const KernelOut& b, bool form, bool check_logits) {
+  int64_t unwritten = 0;
+  EXPECT_EQ(first_difference(b.logits, a.logits, &unwritten), -1) << "logits differ";
+  EXPECT_EQ(unwritten, 0) << "logits unwritten";
+  EXPECT_EQ(first_difference(b.partial, a.partial, &unwritten), -1) << "normaliser partials differ";
+  EXPECT_EQ(unwritten, 0) << "normaliser partials unwritten";
+  if (form) {
+    EXPECT_EQ(first_difference(b.scores, a.scores, &unwritten), -1) << "scores differ";
+    EXPECT_EQ(unwritten, 0) << "scores unwritten";
+    // Each query head's softmax over the non-empty clusters sums to 1: a head's scores sum to G (all -inf
+    // when every cluster is empty). f32 terms: relative error ~C * 2^-24 <= 5e-4 at C 8188; bound 1e-3.
+    for (int h = 0; h < kc.H; ++h) {
+      double sum = 0;
+      bool any = false;
+      for (int c = 0; c < kc.C; ++c) {
+        const float x = bits_to_f32(b.scores[size_t(h) * kc.C + c]);
+        if (x == -INFINITY) continue;
+        any = true;
+        sum += x;
+      }
+      if (any) {
+        EXPECT_NEAR(sum, kc.G, 1e-3 * kc.G) << "head " << h;
+      }
+    }
+  }
+  double worst = 0.0;
+  if (!check_logits) return worst;
+  // Logits against f64: logit = scale q . c with q carried as bf16 hi + lo (|q - hi - lo| <= 2^-17 |q|, the
+  // scaled query's f32 rounding 2^-24), bf16 x bf16 products exact in f32, and the tensor cores' f32
+  // accumulation over D terms (<= D 2^-24 relative to sum |terms|: 2^-17 at D = 128): in all < 2^-15 of
+  // scale * sum_i |q_i c_i|, the bound used (about 2x margin).
+  for (int h = 0; h < kc.H; ++h)
+    for (int g = 0; g < kc.G; ++g)
+      for (int c = 0; c < kc.C; ++c) {
+        const float got = bits_to_f32(b.logits[(size_t(h) * kc.G + g) * kc.C + c]);
+        if (in.sizes[size_t(h) * kc.C + c] == 0) {
+          EXPECT_EQ(got, -INFINITY) << "empty cluster " << c << " of head " << h;
+          if (got != -INFINITY) return worst;
+          continue;
+        }
+        double dot = 0, mag = 0;
+        const float* qv = &in.q[(size_t(h) * kc.G + g) * kc.D];
+        const uint16_t* cv = &in.cent[(size_t(h) * kc.C + c) * kc.D];
+        for (int i = 0; i < kc.D; ++i) {
+          const double t = double(qv[i]) * bf16_to_f32(cv[i]);
+          dot += t;
+          mag += std::abs(t);
+        }
+        const double bound = std::ldexp(double(scale) * mag, -15) + 1e-30;
+        const double err = std::abs(double(got) - double(scale) * dot);
+        worst = std::max(worst, err / bound);
+        EXPECT_LE(err, bound) << "logit (" << h << ", " << g << ", " << c << ")";
+        if (!(err <= bound)) return worst;
+      }
+  return worst;
+}
+
 void kernel_case(const KernelCase& kc, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "H=" << kc.H << " G=" << kc.G << " D=" << kc.D << " C=" << kc.C
                                   << " empty=" << kc.empty << " seed=" << seed);
@@ -133,76 +195,31 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   const float scale = 1.0f / std::sqrt(float(kc.D));
   const bool fits_v1 = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreV1);
   const bool fits_stream = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreStream);
+  const bool fits_tma = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTma);
   EXPECT_EQ(fits_stream, fits_v1) << "the stream kernel must keep v1's residency (6 CTAs per multiprocessor)";
+  EXPECT_EQ(fits_tma, fits_v1) << "the tma kernel must keep v1's residency (6 CTAs per multiprocessor)";
 
   struct Mode {
     const char* name;
     bool early, form;
   };
   const Mode modes[] = {{"plain", false, false}, {"early", true, false}, {"form", true, true}};
-  int checked = 0;
-  double worst_ratio = 0.0;  // |logit - ref| / bound over all logits
+  int runs = 0;
+  double worst = 0.0;  // |logit - ref| / bound over all logits
   for (const Mode& m : modes) {
-    if (m.form && !(fits_v1 && fits_stream)) continue;
-    SCOPED_TRACE(m.name);
+    if (m.form && !(fits_v1 && fits_stream && fits_tma)) continue;
     const KernelOut a = run_kernel(kc, in, scale, cd::kScoreV1, m.early, m.form);
-    const KernelOut b = run_kernel(kc, in, scale, cd::kScoreStream, m.early, m.form);
-    int64_t unwritten = 0;
-    EXPECT_EQ(first_difference(b.logits, a.logits, &unwritten), -1) << "logits differ";
-    EXPECT_EQ(unwritten, 0) << "logits unwritten";
-    EXPECT_EQ(first_difference(b.partial, a.partial, &unwritten), -1) << "normaliser partials differ";
-    EXPECT_EQ(unwritten, 0) << "normaliser partials unwritten";
-    if (m.form) {
-      EXPECT_EQ(first_difference(b.scores, a.scores, &unwritten), -1) << "scores differ";
-      EXPECT_EQ(unwritten, 0) << "scores unwritten";
-      // Each query head's softmax over the non-empty clusters sums to 1: a head's scores sum to G (0 when
-      // every cluster is empty: all scores -inf). f32 terms: relative error ~C * 2^-24 <= 5e-4 at C 8188.
-      for (int h = 0; h < kc.H; ++h) {
-        double sum = 0;
-        bool any = false;
-        for (int c = 0; c < kc.C; ++c) {
-          const float s = bits_to_f32(b.scores[size_t(h) * kc.C + c]);
-          if (s == -INFINITY) continue;
-          any = true;
-          sum += s;
-        }
-        if (any) {
-          EXPECT_NEAR(sum, kc.G, 1e-3 * kc.G) << "head " << h;
-        }
-      }
+    for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma)}) {
+      SCOPED_TRACE(testing::Message() << m.name << " " << cd::score_variant_name(variant));
+      const KernelOut b = run_kernel(kc, in, scale, variant, m.early, m.form);
+      worst = std::max(worst, check_variant(kc, in, scale, a, b, m.form, !m.early && !m.form));
+      ++runs;
     }
-    ++checked;
-    if (m.form || m.early) continue;
-    // Logits against f64: logit = scale q . c with q carried as bf16 hi + lo (|q - hi - lo| <= 2^-17 |q|,
-    // the scaled query's f32 rounding 2^-24), bf16 x bf16 products exact in f32, and the tensor cores' f32
-    // accumulation over D terms (<= D 2^-24 relative to sum |terms|: 2^-17 at D = 128): in all < 2^-15 of
-    // scale * sum_i |q_i c_i|, the bound used (about 2x margin).
-    for (int h = 0; h < kc.H; ++h)
-      for (int g = 0; g < kc.G; ++g)
-        for (int c = 0; c < kc.C; ++c) {
-          const float got = bits_to_f32(b.logits[(size_t(h) * kc.G + g) * kc.C + c]);
-          if (in.sizes[size_t(h) * kc.C + c] == 0) {
-            ASSERT_EQ(got, -INFINITY) << "empty cluster " << c << " of head " << h;
-            continue;
-          }
-          double dot = 0, mag = 0;
-          const float* qv = &in.q[(size_t(h) * kc.G + g) * kc.D];
-          const uint16_t* cv = &in.cent[(size_t(h) * kc.C + c) * kc.D];
-          for (int i = 0; i < kc.D; ++i) {
-            const double t = double(qv[i]) * bf16_to_f32(cv[i]);
-            dot += t;
-            mag += std::abs(t);
-          }
-          const double bound = std::ldexp(double(scale) * mag, -15) + 1e-30;
-          const double err = std::abs(double(got) - double(scale) * dot);
-          worst_ratio = std::max(worst_ratio, err / bound);
-          ASSERT_LE(err, bound) << "logit (" << h << ", " << g << ", " << c << ")";
-        }
   }
-  std::printf("[score stream] kernel H=%d G=%d D=%d C=%d empty=%.2f blocks=%d form_fits=%d: %d modes, logits, "
-              "partials%s bit-identical to v1%s; logits vs f64 worst err/bound %.3f\n",
-              kc.H, kc.G, kc.D, kc.C, kc.empty, cd::score_blocks(kc.C, kc.D, kc.H), int(fits_v1), checked,
-              fits_v1 ? ", scores" : "", ::testing::Test::HasFailure() ? " NOT (see failures)" : "", worst_ratio);
+  std::printf("[score stream] kernel H=%d G=%d D=%d C=%d empty=%.2f blocks=%d form_fits=%d: %d runs (modes x "
+              "stream, tma), logits, partials%s bit-identical to v1%s; logits vs f64 worst err/bound %.3f\n",
+              kc.H, kc.G, kc.D, kc.C, kc.empty, cd::score_blocks(kc.C, kc.D, kc.H), int(fits_v1), runs,
+              fits_v1 ? ", scores" : "", ::testing::Test::HasFailure() ? " NOT (see failures)" : "", worst);
 }
 
 TEST(CudaScoreStream, KernelMatchesV1) {
@@ -241,24 +258,24 @@ void decode_case(const gputest::PathCase& pc, uint64_t seed) {
   EnvGuard path("RETROINFER_DECODE", "run9");
   EnvGuard score("RETROINFER_SCORE", "v1");
   const gputest::PathResult a9 = gputest::decode_once(t);
-  score.set("stream");
-  const gputest::PathResult b9 = gputest::decode_once(t);
-  expect_same_decode(b9, a9, "run 9 path (form_scores): stream vs v1");
   path.set("run10");
-  score.set("v1");
   const gputest::PathResult a10 = gputest::decode_once(t);
-  score.set("stream");
-  const gputest::PathResult b10 = gputest::decode_once(t);
-  expect_same_decode(b10, a10, "run 10 path (cooperative formation): stream vs v1");
-  expect_same_decode(b10, a9, "run 10 path stream vs run 9 path v1");
-  const auto cmp = gputest::compare(b10.out, a10.out);
-  EXPECT_EQ(cmp.unwritten, 0);
+  EXPECT_EQ(gputest::compare(a10.out, a10.out).unwritten, 0);
+  for (const char* variant : {"stream", "tma"}) {
+    SCOPED_TRACE(variant);
+    score.set(variant);
+    path.set("run9");
+    expect_same_decode(gputest::decode_once(t), a9, "run 9 path (form_scores) vs v1");
+    path.set("run10");
+    const gputest::PathResult b10 = gputest::decode_once(t);
+    expect_same_decode(b10, a10, "run 10 path (cooperative formation) vs v1");
+    // Graph replays (cooperative score kernel when it fits) bit-identical to the eager decode.
+    const gputest::PathResult e = gputest::expect_graph_replays(t, b10.out);
+    expect_same_decode(e, b10, "eager after replays");
+  }
   const bool fits = C > 0 && cd::score_form_fits(C, pc.d, t.H, cd::kScoreStream);
-  // Graph replays of the stream kernel (cooperative when it fits) bit-identical to its eager decode.
-  const gputest::PathResult e = gputest::expect_graph_replays(t, b10.out);
-  expect_same_decode(e, b10, "eager after replays");
   std::printf("[score stream] decode H=%d G=%d d=%d n=%lld C=%d outliers=%d form_in_score=%d: logits, scores, ids, "
-              "lists and outputs stream vs v1 identical on run9 and run10 paths%s; graph replays identical\n",
+              "lists and outputs of stream and tma vs v1 identical on run9 and run10 paths%s; graph replays identical\n",
               t.H, pc.group, pc.d, (long long)pc.n, C, int(pc.outliers), int(fits),
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }
@@ -286,13 +303,16 @@ TEST(CudaScoreStream, VariantSwitch) {
   EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreV1);
   score.set("stream");
   EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreStream);
+  score.set("tma");
+  EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreTma);
   for (const char* bad : {"V1", "stream2", "bulk", " v1"}) {
     score.set(bad);
     EXPECT_THROW(cd::score_variant_from_env(), Error) << bad;
   }
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreV1), "v1");
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreStream), "stream");
-  std::printf("[score stream] switch: unset / empty -> %s, v1, stream; 4 bad values throw\n",
+  EXPECT_STREQ(cd::score_variant_name(cd::kScoreTma), "tma");
+  std::printf("[score stream] switch: unset / empty -> %s, v1, stream, tma; 4 bad values throw\n",
               cd::score_variant_name(cd::kDefaultScoreVariant));
 }
 
@@ -320,8 +340,10 @@ TEST(CudaScoreStream, BadVariantThrowsInDecode) {
   p.head_dim = 64;
   p.num_clusters = 1;
   p.scale = 1.0f;
-  p.variant = cd::kScoreStream;
-  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue);
+  for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma)}) {
+    p.variant = variant;
+    EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue) << cd::score_variant_name(variant);
+  }
   std::printf("[score stream] bad RETROINFER_SCORE throws in a decode; misaligned centroids refused%s\n",
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }

@@ -43,12 +43,15 @@ __device__ __forceinline__ ScoreTiles score_tiles(int num_clusters, int warp) {
 // bit-identical to form_scores_kernel: query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by
 // one warp (select_common.cuh merge_head_normaliser; warp w takes g = w, w + kScoreWarps, ...: the same
 // per-g computation as form_scores' warp g), then each score by the same form_head_score. Everything read
-// here was written by this grid: L2 loads (__ldcg), never the non-coherent path.
+// here was written by this grid: L2 loads (__ldcg), never the non-coherent path. kB items per thread per
+// round (kB * G loads in flight): v1 takes 2 (its registers stay <= 85); the stream kernels 4, so that at
+// 128K batch 4 (352 clusters per CTA) every logit the CTA forms is loaded before the grid barrier and no
+// L2 round trip follows it. Each score is the same function of the same values whatever kB is.
+template <int kB>
 __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
   const int warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
   const int parts = static_cast<int>(gridDim.x);
-  constexpr int kB = 2;  // items per thread per round (kB * G loads in flight; registers stay <= 85)
   const float* lgh = p.logits + int64_t{h} * G * C;
   float* sch = p.scores + int64_t{h} * C;
   float lv[kB][kMaxGroup];
@@ -75,8 +78,8 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
 // The end of both score kernels: the lane's online (max, sum) nm / ns of query head gq merged over the
 // quad's lanes, then over the warps (red: [kScoreWarps][kMaxGroup], in warp order) into this CTA's
 // normaliser partial of each query head; with kForm, run 10's formation of the CTA's own clusters; the
-// phase stamp. Every thread of the CTA calls it.
-template <bool kForm>
+// phase stamp. Every thread of the CTA calls it. kFormB: form_own_scores' items per thread per round.
+template <bool kForm, int kFormB>
 __device__ __forceinline__ void score_epilogue(const ScoreParams& p, float nm, float ns, int gq, int tq,
                                                const ScoreTiles& tiles, float2 (&red)[kScoreWarps][kMaxGroup]) {
   const int h = blockIdx.y, warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
@@ -92,7 +95,7 @@ __device__ __forceinline__ void score_epilogue(const ScoreParams& p, float nm, f
     for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
     p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
   }
-  if constexpr (kForm) form_own_scores(p, h, tiles.tile0 * kScoreTile, min(C, tiles.tile1 * kScoreTile));
+  if constexpr (kForm) form_own_scores<kFormB>(p, h, tiles.tile0 * kScoreTile, min(C, tiles.tile1 * kScoreTile));
   phase_last(p.phase, h, 1);
 }
 
