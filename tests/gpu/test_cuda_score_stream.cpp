@@ -7,7 +7,8 @@
 //     cooperative formation where it fits), outputs poisoned (NaN bits) first and checked written, logits
 //     also against an f64 CPU dot product (bound in check_variant), -inf exactly for empty clusters, and each
 //     head's scores summing to G (a softmax per query head). Shapes: D 64 / 128, G 1/2/3/4/8, C with tails
-//     (1, 16, 37, 600, 1000, 2051, 4099, 8188), all-empty heads, 128K's 8188 clusters at batch 1 (8 heads)
+//     (1, 16, 20, 37, 600, 1000, 2051, 4099, 8188; both ways of copying the sizes: C % 4 == 0 or not), all-empty
+//     heads, 128K's 8188 clusters at batch 1 (8 heads)
 //     and 4 (32 heads, issue #4's grid), 900 heads (the formation does not fit: every variant must say so).
 //   DecodeMatchesV1(BenchShapes): RetroLayer decodes under RETROINFER_SCORE=v1, stream and tma, on run 9's
 //     path (plain score kernel + form_scores) and run 10's (the cooperative formation; the default),
@@ -224,7 +225,8 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
 
 TEST(CudaScoreStream, KernelMatchesV1) {
   RETROINFER_REQUIRE_GPU();
-  kernel_case({3, 1, 64, 37, 0.2}, 11);     // tail of 5 rows, G 1
+  kernel_case({3, 1, 64, 37, 0.2}, 11);     // tail of 5 rows, G 1 (C % 4 != 0: the sizes by 4-byte cp.async)
+  kernel_case({2, 4, 64, 20, 0.2}, 21);     // tail of 4 rows (C % 4 == 0: the sizes by bulk copy, 16 bytes)
   kernel_case({2, 2, 64, 1, 0.0}, 12);      // one cluster: a 1-row tile
   kernel_case({1, 4, 128, 16, 0.0}, 13);    // exactly one tile
   kernel_case({5, 3, 128, 1000, 0.1}, 14);  // G 3, tail of 8

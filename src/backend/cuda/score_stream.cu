@@ -17,10 +17,12 @@
 // Here each warp owns a 2-stage ring of tile stages (8 stages per CTA, the shared memory v1 uses, so the
 // occupancy and the cooperative launch's residency are v1's: 6 CTAs per multiprocessor). A stage holds the
 // tile's 16 centroid rows and its 16 cluster sizes and has one mbarrier:
-//   lanes 0..15 each issue a 4-byte cp.async of one size (zero-filled past C) and cp.async.mbarrier.arrive
-//   (pending count +1 now, -1 when the lane's copies land: the phase cannot complete before the sizes
-//   have); __syncwarp; lane 0 arrive.expect_tx(the stage's row bytes); then the row copies, completing
-//   their bytes on the barrier (evict-first L2 policy):
+//   sizes: where C % 4 == 0 (8188 at 128K) one cp.async.bulk of the tile's rows * 4 bytes by lane 0, counted
+//   with the rows; else lanes 0..15 each issue a 4-byte cp.async of one size (zero-filled past C) and
+//   cp.async.mbarrier.arrive (pending count +1 now, -1 when the lane's copies land: the phase cannot
+//   complete before the sizes have), then __syncwarp;
+//   lane 0 arrive.expect_tx(the stage's bytes); then the row copies, completing their bytes on the barrier
+//   (evict-first L2 policy):
 //   stream: lanes 0..rows-1 issue one cp.async.bulk each, centroid row r -> stage row r, rows D + 8 bf16
 //           apart as v1's (the ldmatrix reads stay conflict-free); rows past C are neither copied nor
 //           counted, and their stale columns give stale logit columns that the mask (cc < C) replaces by
@@ -206,25 +208,37 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   // logits written here stay in L2 for the selection and the estimation (as v1's early_loads).
   const uint64_t pol = l2_evict_first_policy();
   // Fills stage t % 2 with the warp's tile t (all lanes call; see the file comment for the protocol).
+  // The tile's sizes by one bulk copy with the rows (no L1 path at all) when they are 16-byte aligned for
+  // every tile: C % 4 == 0 (tile starts at multiples of 16 clusters, head rows at multiples of 4) and an
+  // aligned base; then a tail tile's rows * 4 bytes are a multiple of 16 too. Entries past C stay stale:
+  // score_tile_out masks cc >= C before it looks at a size. Else 4-byte cp.async per lane (zero-filled).
+  const bool sizes_bulk = (C & 3) == 0 && (reinterpret_cast<uintptr_t>(p.sizes) & 15) == 0;
   auto issue = [&](int t) {
     const int s = t & 1;
     const int c0 = tiles.first(t, warp);
     const int rows = min(kScoreTile, C - c0);  // >= 1: the tile starts below C
     unsigned char* st = stages + s * L::kStageBytes;
-    if (lane < kScoreTile) {
-      const bool ok = lane < rows;
-      cp_async4_zfill(&ssz[warp][s][lane], sz + (ok ? c0 + lane : 0), ok);
-      cp_async_mbar_arrive(&bar[s]);
+    const uint32_t size_bytes = sizes_bulk ? static_cast<uint32_t>(rows) * 4u : 0u;
+    if (!sizes_bulk) {
+      if (lane < kScoreTile) {
+        const bool ok = lane < rows;
+        cp_async4_zfill(&ssz[warp][s][lane], sz + (ok ? c0 + lane : 0), ok);
+        cp_async_mbar_arrive(&bar[s]);
+      }
+      __syncwarp();  // the 16 pending-count raises before lane 0's arrive
     }
-    __syncwarp();  // the 16 pending-count raises before lane 0's arrive
     if constexpr (kTma) {  // whole boxes: rows past C are zero-filled and counted
       if (lane == 0) {
-        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(L::kStageBytes));
+        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(L::kStageBytes) + size_bytes);
+        if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
 #pragma unroll
         for (int bx = 0; bx < D / 64; ++bx) tma_load_3d(st + bx * L::kBoxBytes, map, 64 * bx, c0, h, &bar[s], pol);
       }
     } else {
-      if (lane == 0) mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(rows) * L::kRowBytes);
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(rows) * L::kRowBytes + size_bytes);
+        if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
+      }
       __syncwarp();  // the expected bytes before any row's complete_tx
       if (lane < rows)
         bulk_copy_g2s(st + lane * L::kRow * 2, ch + int64_t{c0 + lane} * D, L::kRowBytes, &bar[s], pol);
