@@ -1,7 +1,9 @@
 // Cluster scoring and zone selection (DESIGN.md §2 "Scoring"), also used for quest's page selection.
 //
 // score_kernel: logits[h, g, c] = scale * q_g . c_c from the bf16 centroids on the tensor cores (see
-// below); -inf for empty clusters; one wave of CTAs, each a contiguous range of centroid tiles.
+// below); -inf for empty clusters; one wave of CTAs, each a contiguous range of centroid tiles. This is the
+// v1 variant (RETROINFER_SCORE=v1, the default); score_clusters dispatches stream / tma to score_stream.cu
+// (the same grid, partition and math through score_common.cuh: bit-identical outputs).
 // select_kernel: one CTA per flat head. Scores (sum over the group of the per-head softmax over the
 // non-empty clusters), then an exact radix select (3 passes of 11-bit digits over the order-preserving
 // integer image of the float scores) of the k-th best score for k = k_retrieval and k = k_retrieval +
