@@ -12,8 +12,8 @@
 //     and 4 (32 heads, issue #4's grid), 900 heads (the formation does not fit: every variant must say so).
 //   DecodeMatchesV1(BenchShapes): RetroLayer decodes under RETROINFER_SCORE=v1, stream and tma, on run 9's
 //     path (plain score kernel + form_scores) and run 10's (the cooperative formation; the default),
-//     bit-identical; graph replays and the stage-timing decode bit-identical to the eager decode. Batch 1/3/4, D 64/128, G 1/3/4/8,
-//     outliers, 128K x 8 heads at batch 1 and 4.
+//     bit-identical; graph replays and the stage-timing decode bit-identical to the eager decode. Batch
+//     1/3/4, D 64/128, G 1/3/4/8, outliers, 128K x 8 heads at batch 1 and 4.
 //   VariantSwitch / BadVariantThrowsInDecode: RETROINFER_SCORE read at every call; unknown values throw
 //     (directly and from a decode); misaligned centroids refused by the bulk-copy kernels.
 // One "[score stream]" line per case.
@@ -277,9 +277,9 @@ void decode_case(const gputest::PathCase& pc, uint64_t seed) {
     gputest::expect_stage_path(t, b10.out);  // the stage-timing decode (phase stamps) bit-identical too
   }
   const bool fits = C > 0 && cd::score_form_fits(C, pc.d, t.H, cd::kScoreStream);
-  std::printf("[score stream] decode H=%d G=%d d=%d n=%lld C=%d outliers=%d form_in_score=%d: logits, scores, ids, "
-              "lists and outputs of stream and tma vs v1 identical on run9 and run10 paths%s; graph replays and the stage "
-              "path identical\n",
+  std::printf("[score stream] decode H=%d G=%d d=%d n=%lld C=%d outliers=%d form_in_score=%d: logits, scores, "
+              "ids, lists and outputs of stream and tma vs v1 identical on run9 and run10 paths%s; graph replays "
+              "and the stage path identical\n",
               t.H, pc.group, pc.d, (long long)pc.n, C, int(pc.outliers), int(fits),
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }
