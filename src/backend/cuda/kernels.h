@@ -100,6 +100,25 @@ cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
 
 // ---- scoring and selection (select.cu) ----
 
+// Score kernel variants (the same grid, tile partition and per-tile math: logits, normaliser partials and
+// formed scores bit-identical):
+//   kScoreV1      run 8's kernel (select.cu score_body): per warp, a double buffer of 16-byte cp.async
+//                 copies and the tile's cluster sizes loaded a tile ahead into registers (early_loads);
+//   kScoreStream  score_stream.cu: per warp a 2-stage mbarrier ring (8 tile stages per CTA, v1's shared
+//                 memory) filled by one cp.async.bulk per centroid row into v1's padded rows, the tile's
+//                 cluster sizes (4-byte cp.async) completing the same barrier, both stages issued before
+//                 the query fragments are formed, and run 10's formation with all of a CTA's logits
+//                 loaded before the grid barrier; early_loads has no effect on it;
+//   kScoreTma     the same with the rows copied as 2-D tensor-map boxes (64 dims x 16 centroids, 128-byte
+//                 swizzle; D / 64 copies per tile instead of 16); stream where no encoder is available.
+enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreVariants };
+inline constexpr int kScoreVariantEnv = -1;
+inline constexpr ScoreVariant kDefaultScoreVariant = kScoreV1;
+// RETROINFER_SCORE = v1 | stream | tma, read at every call (a test runs both in one process); unset or empty:
+// kDefaultScoreVariant; another value throws retroinfer::Error naming the valid ones.
+ScoreVariant score_variant_from_env();
+const char* score_variant_name(int variant);  // "v1", "stream", "tma"; "?" otherwise
+
 struct ScoreParams {
   const float* q = nullptr;                  // [H, G, D] f32
   const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16
@@ -116,6 +135,8 @@ struct ScoreParams {
   // Run 10 (needs early_loads and score_form_fits): [H, C] f32 out, the selection's scores formed by the
   // same grid after a grid-wide barrier (cooperative launch), bit-identical to form_scores'; null: not.
   float* scores = nullptr;
+  // ScoreVariant of the kernel, or kScoreVariantEnv: RETROINFER_SCORE at the launch (score_variant_from_env).
+  int variant = kScoreVariantEnv;
 };
 // Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
 // graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
@@ -134,11 +155,19 @@ inline constexpr int kSlotExact = 2 + 2 * kSelPhases;
 inline constexpr int kSlotEst = kSlotExact + 2;
 inline constexpr int kSlotMerge = kSlotEst + 2;
 inline constexpr int kPhaseSlots = kSlotMerge + 1;
-int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters
+int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters (any variant)
+// Launches the variant p.variant (kScoreVariantEnv: RETROINFER_SCORE now, which may throw). Returns
+// cudaErrorInvalidValue for a head_dim other than 64 / 128, for p.scores without early_loads or beyond
+// score_form_fits, and (stream, tma) for centroids not 16-byte aligned.
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s);
 // Run 10: whether score_clusters can form the scores in its own grid (ScoreParams::scores): the one-wave
-// grid's CTAs all resident at once by the kernel's occupancy (a cooperative launch's condition).
-bool score_form_fits(int num_clusters, int head_dim, int num_heads);
+// grid's CTAs all resident at once by the kernel's occupancy (a cooperative launch's condition), for the
+// variant that score_clusters will launch (kScoreVariantEnv: RETROINFER_SCORE now).
+bool score_form_fits(int num_clusters, int head_dim, int num_heads, int variant = kScoreVariantEnv);
+// score_stream.cu: the stream / tma variants' launch (score_clusters dispatches to it; same contract) and
+// the CTAs per multiprocessor of their cooperative (form) kernels by occupancy (0 for another head_dim).
+cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_t s);
+int score_stream_form_ctas_per_sm(int variant, int head_dim);
 
 struct SelectParams {
   // Either logits (group > 0: score = sum_g softmax over the items of logits[h, g, :]) or ready scores.

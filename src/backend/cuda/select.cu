@@ -1,7 +1,9 @@
 // Cluster scoring and zone selection (DESIGN.md §2 "Scoring"), also used for quest's page selection.
 //
 // score_kernel: logits[h, g, c] = scale * q_g . c_c from the bf16 centroids on the tensor cores (see
-// below); -inf for empty clusters; one wave of CTAs, each a contiguous range of centroid tiles.
+// below); -inf for empty clusters; one wave of CTAs, each a contiguous range of centroid tiles. This is the
+// v1 variant (RETROINFER_SCORE=v1, the default); score_clusters dispatches stream / tma to score_stream.cu
+// (the same grid, partition and math through score_common.cuh: bit-identical outputs).
 // select_kernel: one CTA per flat head. Scores (sum over the group of the per-head softmax over the
 // non-empty clusters), then an exact radix select (3 passes of 11-bit digits over the order-preserving
 // integer image of the float scores) of the k-th best score for k = k_retrieval and k = k_retrieval +
@@ -10,7 +12,6 @@
 // ascending order, and the retrieval items are expanded into the head's exact-token list (steady zone
 // first). Run 5's default; since run 6 select_bins.cu's few-barrier kernel is (RETROINFER_SELECT=radix
 // restores this one). select_cluster.cu holds the dispatch and the 8-CTA version used past 40K items.
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/score_common.cuh"
 #include "backend/cuda/select_common.cuh"
 
 namespace retroinfer::cuda::detail {
@@ -25,43 +27,6 @@ namespace retroinfer::cuda::detail {
 int sm_count();  // layer_common.h
 
 namespace {
-
-constexpr int kScoreWarps = 4;
-constexpr int kScoreTile = 16;                          // centroids per warp tile
-
-// Run 10: the tail of score_body<.., kForm = true> (score_form_kernel): a grid-wide barrier (all partials
-// written), then the scores of clusters [c_begin, c_end) of head h, bit-identical to form_scores_kernel:
-// query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by one warp (select_common.cuh
-// merge_head_normaliser; warp w takes g = w, w + kScoreWarps, ...: the same per-g computation as
-// form_scores' warp g), then each score by the same form_head_score. Everything read here was written by
-// this grid: L2 loads (__ldcg), never the non-coherent path.
-__device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
-  __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
-  const int warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
-  const int parts = static_cast<int>(gridDim.x);
-  constexpr int kB = 2;  // items per thread per round (kB * G loads in flight; registers stay <= 85)
-  const float* lgh = p.logits + int64_t{h} * G * C;
-  float* sch = p.scores + int64_t{h} * C;
-  float lv[kB][kMaxGroup];
-  auto load = [&](int i0) { load_logits<kB, true>(lv, lgh, C, G, i0, blockDim.x, c_end); };
-  // The first round's logits were written by this CTA (visible since the score kernel's barrier before
-  // the partials): in flight across the grid barrier.
-  const int first = c_begin + static_cast<int>(threadIdx.x);
-  if (first < c_end) load(first);
-  cooperative_groups::this_grid().sync();
-  for (int g = warp; g < G; g += kScoreWarps)
-    merge_head_normaliser(p.norm_partial + (int64_t{h} * G + g) * parts, parts, g, gmax, ginv);
-  __syncthreads();
-  for (int i0 = first; i0 < c_end; i0 += kB * blockDim.x) {
-    if (i0 != first) load(i0);
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      const int i = i0 + b * blockDim.x;
-      if (i >= c_end) break;
-      sch[i] = form_head_score(lv[b], G, gmax, ginv);  // form_scores_kernel's, bit for bit
-    }
-  }
-}
 
 // Logits on the tensor cores, the decode kernel's QK step with centroids for keys: per warp and tile of
 // 16 centroids (cp.async double buffer, rows padded by 16 bytes), logits^T = Q C^T with mma m16n8k16,
@@ -89,10 +54,8 @@ __device__ __forceinline__ void score_body(const ScoreParams& p) {
   const int* sz = p.sizes + int64_t{h} * C;
   float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
   // This CTA's tiles [tile0, tile1) of 16 centroids; warp w takes tiles tile0 + w, tile0 + w + 4, ...
-  const int tiles_all = (C + kScoreTile - 1) / kScoreTile;
-  const int per_cta = (tiles_all + gridDim.x - 1) / gridDim.x;
-  const int tile0 = blockIdx.x * per_cta, tile1 = min(tiles_all, tile0 + per_cta);
-  const int ntiles = tile0 + warp < tile1 ? (tile1 - tile0 - warp + kScoreWarps - 1) / kScoreWarps : 0;
+  const ScoreTiles tiles = score_tiles(C, warp);
+  const int tile0 = tiles.tile0, ntiles = tiles.ntiles;
   // kEarly (run 8): the centroids are streamed once per decode (67 MB at 128K batch 4, more than L2), so
   // their lines are marked evict-first: the logits this kernel writes stay in L2 for the selection and
   // the estimation.
@@ -177,21 +140,9 @@ __device__ __forceinline__ void score_body(const ScoreParams& p) {
     }
     __syncwarp();
   }
-  // Normaliser partial of head gq: the quad's lanes, then the warps.
-#pragma unroll
-  for (int off = 1; off <= 2; off <<= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, nm, off), s2 = __shfl_xor_sync(0xffffffffu, ns, off);
-    ms_merge(nm, ns, m2, s2);
-  }
-  if (tq == 0 && gq < G) red[warp][gq] = make_float2(nm, ns);
-  __syncthreads();
-  if (threadIdx.x < G) {
-    float m = -INFINITY, sum = 0.0f;
-    for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
-    p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
-  }
-  if constexpr (kForm) form_own_scores(p, h, tile0 * kScoreTile, min(C, tile1 * kScoreTile));
-  phase_last(p.phase, h, 1);
+  // Normaliser partial of head gq: the quad's lanes, then the warps (score_common.cuh, shared with the
+  // stream kernel); run 10's formation with kForm.
+  score_epilogue<kForm, 2>(p, nm, ns, gq, tq, tiles, red);
 }
 
 template <int D, bool kEarly>
@@ -395,18 +346,29 @@ int score_form_ctas_per_sm() {
 
 }  // namespace
 
-bool score_form_fits(int num_clusters, int head_dim, int num_heads) {
-  const int per_sm = head_dim == 128 ? score_form_ctas_per_sm<128>()
-                                     : (head_dim == 64 ? score_form_ctas_per_sm<64>() : 0);
+bool score_form_fits(int num_clusters, int head_dim, int num_heads, int variant) {
+  const int v = variant == kScoreVariantEnv ? score_variant_from_env() : variant;
+  int per_sm = 0;
+  if (v == kScoreStream || v == kScoreTma) per_sm = score_stream_form_ctas_per_sm(v, head_dim);
+  else if (v == kScoreV1)
+    per_sm = head_dim == 128 ? score_form_ctas_per_sm<128>() : (head_dim == 64 ? score_form_ctas_per_sm<64>() : 0);
   const int64_t ctas = int64_t{score_blocks(num_clusters, head_dim, num_heads)} * num_heads;
   return num_heads > 0 && num_heads <= 65535 && ctas <= int64_t{per_sm} * sm_count();
 }
 
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
+  const int variant = p.variant == kScoreVariantEnv ? score_variant_from_env() : p.variant;
+  if (variant == kScoreStream || variant == kScoreTma) {
+    if (p.scores != nullptr && (!p.early_loads || !score_form_fits(p.num_clusters, p.head_dim, p.num_heads, variant)))
+      return cudaErrorInvalidValue;
+    return score_clusters_stream(p, variant, s);
+  }
+  if (variant != kScoreV1) return cudaErrorInvalidValue;
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   const dim3 block(kScoreWarps * 32);
   if (p.scores != nullptr) {  // run 10: the scores formed in the same (cooperative) grid
-    if (!p.early_loads || !score_form_fits(p.num_clusters, p.head_dim, p.num_heads)) return cudaErrorInvalidValue;
+    if (!p.early_loads || !score_form_fits(p.num_clusters, p.head_dim, p.num_heads, kScoreV1))
+      return cudaErrorInvalidValue;
     if (p.head_dim == 128) return launch_score_form<128>(p, grid, block, s);
     if (p.head_dim == 64) return launch_score_form<64>(p, grid, block, s);
     return cudaErrorInvalidValue;

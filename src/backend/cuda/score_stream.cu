@@ -1,0 +1,437 @@
+// Cluster scores with the centroids streamed by bulk copies: RETROINFER_SCORE=stream and =tma (kernels.h
+// ScoreVariant; select.cu score_clusters dispatches here).
+//
+// The same grid (score_blocks), the same tile partition (score_common.cuh score_tiles: CTA range
+// [tile0, tile1), warp w the tiles tile0 + w + 4t), the same per-tile math (decode_math.cuh query_fragments,
+// ldmatrix + mma m16n8k16 over D / 16 k-steps; each lane's ldmatrix reads the same 16 bytes of the same
+// centroid row as v1's, so the same registers), the same per-lane online (max, sum) in the same tile order,
+// the same quad / warp merge and run 10's formation (score_common.cuh score_tile_out, score_epilogue):
+// logits, normaliser partials and formed scores bit-identical to select.cu's v1 kernel. Only how a tile
+// reaches shared memory differs.
+//
+// v1 (ncu at 128K batch 4, H200, /work/wt/prof): per warp a double buffer filled by 8 cp.async.cg 16-byte
+// copies per tile (32 lanes x 16 B), plus 4 per-lane __ldg of the tile's cluster sizes a tile ahead; its
+// top stall (22% of the samples) is the wait for those sizes, and the first tile's copy is the only one in
+// flight while the query fragments are formed (a dependent load of q). 29 us for 67 MB, 50% of DRAM peak.
+//
+// Here each warp owns a 2-stage ring of tile stages (8 stages per CTA, the shared memory v1 uses, so the
+// occupancy and the cooperative launch's residency are v1's: 6 CTAs per multiprocessor). A stage holds the
+// tile's 16 centroid rows and its 16 cluster sizes and has one mbarrier:
+//   sizes: where C % 4 == 0 (8188 at 128K) one cp.async.bulk of the tile's rows * 4 bytes by lane 0, counted
+//   with the rows; else lanes 0..15 each issue a 4-byte cp.async of one size (zero-filled past C) and
+//   cp.async.mbarrier.arrive (pending count +1 now, -1 when the lane's copies land: the phase cannot
+//   complete before the sizes have), then __syncwarp;
+//   lane 0 arrive.expect_tx(the stage's bytes); then the row copies, completing their bytes on the barrier
+//   (evict-first L2 policy):
+//   stream: lanes 0..rows-1 issue one cp.async.bulk each, centroid row r -> stage row r, rows D + 8 bf16
+//           apart as v1's (the ldmatrix reads stay conflict-free); rows past C are neither copied nor
+//           counted, and their stale columns give stale logit columns that the mask (cc < C) replaces by
+//           -inf with a select, as v1's zero-filled ones are;
+//   tma:    lane 0 issues D / 64 tensor-map copies of 64 dims x 16 centroids with 128-byte swizzle
+//           (StreamLayout below), rows past C zero-filled by the copy and counted.
+// Tile t of the warp uses stage t % 2 for the (t / 2)-th time: the warp waits for parity (t / 2) & 1. A
+// stage is refilled (tile t + 2) by the warp that read it, right after reading it (ldmatrix + the sizes,
+// then a proxy fence by every lane and __syncwarp: the generic reads are ordered before the async proxy's
+// writes), so no empty barriers and no cross-warp waits. Both stages are issued at the start, before the
+// query fragments' loads of q. Run 10's formation loads all of a CTA's logits (up to 512) before the grid
+// barrier (kStreamFormItems).
+//
+// Why not a producer warp (decode_dense.cu's pattern): a fifth warp at 6 CTAs per multiprocessor caps the
+// registers at 64 per thread (65536 / (6 x 160)), below the compute warps' ~80 (the query fragments alone
+// are 32 at D = 128); 5 CTAs per multiprocessor would not hold the one-wave grid the cooperative launch
+// needs, and the grid (hence the partials' bits) is fixed. With the static tile-to-warp assignment a shared
+// ring of 8 stages refilled in tile order is this per-warp ring. Deeper rings do not fit either: the 8
+// stages are the shared memory of 6 CTAs per multiprocessor.
+#include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/decode_math.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/score_common.cuh"
+#include "backend/cuda/select_common.cuh"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cuda::detail {
+
+int sm_count();  // layer_common.h
+
+namespace {
+
+constexpr int kStreamStages = 2;  // tile stages per warp (8 per CTA: v1's shared memory)
+// Launch bounds: 6 CTAs of 128 threads per multiprocessor (<= 85 registers), the one-wave grid of
+// score_blocks and the cooperative launch's residency.
+constexpr int kStreamCtasPerSm = 6;
+// form_own_scores' items per thread per round (score_common.cuh): 4 x 128 >= the 352 clusters of a CTA at
+// 128K batch 4, all loaded before the grid barrier.
+constexpr int kStreamFormItems = 4;
+
+// mbarrier and bulk-copy helpers (decode_dense.cu has the same in its own file scope).
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+// The initialised barriers visible to the other lanes and to the async proxy (the bulk copies'
+// complete_tx) before the __syncwarp that follows.
+__device__ __forceinline__ void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile(
+      "{\n"
+      ".reg .b64 state;\n"
+      "mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// A wait longer than this traps: 2^34 cycles, ~9 s at ~1.8 GHz, against waits of microseconds. A protocol
+// bug then fails the launch instead of hanging the GPU.
+constexpr long long kHangCycles = 1ll << 34;
+// Blocks until the barrier's phase of parity `parity` has completed (acquire: the stage's rows and sizes
+// are visible to what follows).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t a = smem_addr(bar);
+  if (mbar_try_wait(a, parity)) return;
+  const long long t0 = clock64();
+  while (!mbar_try_wait(a, parity))
+    if (clock64() - t0 > kHangCycles) __trap();
+}
+// 1-D bulk copy global -> shared (bytes a multiple of 16, both addresses 16-byte aligned) completing its
+// bytes on bar; L2 policy pol.
+__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                              uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+      "%4;\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
+      : "memory");
+}
+// cp.async of 4 bytes, zeros when `valid` is false (src-size 0; src must still be a valid address).
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(n)
+               : "memory");
+}
+// An arrive on bar when all of this thread's earlier cp.async copies have landed; the pending count is
+// raised by one now (no .noinc), so the barrier's expected count is unchanged and its phase cannot
+// complete before those copies have.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+// Orders this thread's earlier generic-proxy shared-memory accesses before its later async-proxy ones.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// tma: the box at (dim d, centroid c, head h) of tensor map `map` (a kernel parameter) -> shared memory,
+// completing the box's bytes on bar; L2 policy pol.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int d, int c, int h, uint64_t* bar,
+                                            uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3, %4}], [%5], %6;\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(d), "r"(c), "r"(h), "r"(smem_addr(bar)), "l"(pol)
+      : "memory");
+}
+
+// The centroids' tensor map of the tma variant (zero for stream): [H][C][D] bf16, boxes of 64 dims x 16
+// centroids x 1 head, 128-byte swizzle, zero fill past C.
+struct ScoreMap {
+  CUtensorMap map;
+};
+
+// A stage's layout. stream: 16 rows of D + 8 bf16 (v1's padded rows). tma: D / 64 boxes of 16 rows x 128
+// bytes (box b holds dims 64b..64b+63), the 16-byte chunk c of box row r at chunk c ^ (r % 8) (128-byte
+// swizzle; boxes 1024-byte aligned): the 8 rows of an ldmatrix matrix (8 consecutive centroids at one
+// logical chunk) sit at 8 different chunks, conflict-free as v1's padding.
+template <int D, bool kTma>
+struct StreamLayout {
+  static constexpr int kRow = D + 8;                              // stream: row stride (bf16)
+  static constexpr uint32_t kRowBytes = D * 2;                    // one centroid row in global memory
+  static constexpr int kBoxBytes = kScoreTile * 128;              // tma: one box
+  static constexpr int kStageBytes = kTma ? D / 64 * kBoxBytes : kScoreTile * kRow * 2;
+  static constexpr int kAlign = kTma ? 1024 : 16;                 // tma: the swizzle's alignment
+  // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
+  static constexpr int kBytes = kScoreWarps * kStreamStages * kStageBytes + kAlign;
+  static_assert(kStageBytes % kAlign == 0 || !kTma, "tma stages keep the 1 KiB alignment");
+  static_assert((kRow * 2) % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte rows and addresses");
+};
+
+template <int D, bool kTma, bool kForm>
+__device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CUtensorMap* map) {
+  using L = StreamLayout<D, kTma>;
+  constexpr int kKs = D / 16;
+  __shared__ __align__(128) unsigned char stage_raw[L::kBytes];
+  __shared__ __align__(16) int ssz[kScoreWarps][kStreamStages][kScoreTile];
+  __shared__ __align__(8) uint64_t full[kScoreWarps][kStreamStages];
+  __shared__ float2 red[kScoreWarps][kMaxGroup];
+  const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  phase_first(p.phase, h, 0);
+  grid_launch_dependents();  // a selection launched with PDL may start its CTAs (they wait for this grid)
+  // This warp's stages, L::kAlign aligned.
+  unsigned char* stages = stage_raw + ((L::kAlign - (smem_addr(stage_raw) & (L::kAlign - 1))) & (L::kAlign - 1)) +
+                          warp * kStreamStages * L::kStageBytes;
+  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
+  const int* sz = p.sizes + int64_t{h} * C;
+  float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
+  const ScoreTiles tiles = score_tiles(C, warp);
+  const int ntiles = tiles.ntiles;
+  uint64_t* bar = full[warp];
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < kStreamStages; ++s) mbar_init(&bar[s], 1);
+    mbar_init_fence();
+  }
+  __syncwarp();
+  // The centroids are read once per decode (67 MB at 128K batch 4, more than L2): evict-first, so the
+  // logits written here stay in L2 for the selection and the estimation (as v1's early_loads).
+  const uint64_t pol = l2_evict_first_policy();
+  // Fills stage t % 2 with the warp's tile t (all lanes call; see the file comment for the protocol).
+  // The tile's sizes by one bulk copy with the rows (no L1 path at all) when they are 16-byte aligned for
+  // every tile: C % 4 == 0 (tile starts at multiples of 16 clusters, head rows at multiples of 4) and an
+  // aligned base; then a tail tile's rows * 4 bytes are a multiple of 16 too. Entries past C stay stale:
+  // score_tile_out masks cc >= C before it looks at a size. Else 4-byte cp.async per lane (zero-filled).
+  const bool sizes_bulk = (C & 3) == 0 && (reinterpret_cast<uintptr_t>(p.sizes) & 15) == 0;
+  auto issue = [&](int t) {
+    const int s = t & 1;
+    const int c0 = tiles.first(t, warp);
+    const int rows = min(kScoreTile, C - c0);  // >= 1: the tile starts below C
+    unsigned char* st = stages + s * L::kStageBytes;
+    const uint32_t size_bytes = sizes_bulk ? static_cast<uint32_t>(rows) * 4u : 0u;
+    if (!sizes_bulk) {
+      if (lane < kScoreTile) {
+        const bool ok = lane < rows;
+        cp_async4_zfill(&ssz[warp][s][lane], sz + (ok ? c0 + lane : 0), ok);
+        cp_async_mbar_arrive(&bar[s]);
+      }
+      __syncwarp();  // the 16 pending-count raises before lane 0's arrive
+    }
+    if constexpr (kTma) {  // whole boxes: rows past C are zero-filled and counted
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(L::kStageBytes) + size_bytes);
+        if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
+#pragma unroll
+        for (int bx = 0; bx < D / 64; ++bx) tma_load_3d(st + bx * L::kBoxBytes, map, 64 * bx, c0, h, &bar[s], pol);
+      }
+    } else {
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(rows) * L::kRowBytes + size_bytes);
+        if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
+      }
+      __syncwarp();  // the expected bytes before any row's complete_tx
+      if (lane < rows)
+        bulk_copy_g2s(st + lane * L::kRow * 2, ch + int64_t{c0 + lane} * D, L::kRowBytes, &bar[s], pol);
+    }
+  };
+  if (ntiles > 0) issue(0);
+  if (ntiles > 1) issue(1);
+  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
+  query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
+  float nm = -INFINITY, ns = 0.0f;
+  // ldmatrix: matrix mi = lane >> 3 (centroid half mi >> 1, k half mi & 1), row ri = lane & 7, i.e. v1's
+  // centroid row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
+  const int row = (mi >> 1) * 8 + ri;
+  auto at = [&](int k) {
+    if constexpr (kTma) return (k >> 2) * L::kBoxBytes + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
+    else return (row * L::kRow + (mi & 1) * 8 + k * 16) * 2;
+  };
+  for (int t = 0; t < ntiles; ++t) {
+    const int s = t & 1;
+    mbar_wait(&bar[s], static_cast<uint32_t>(t >> 1) & 1u);
+    const int c0 = tiles.first(t, warp);
+    float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
+    const unsigned char* st = stages + s * L::kStageBytes;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) {
+      uint32_t b[4];
+      ldmatrix_x4(b, st + at(k));
+      mma_bf16_16816(a0, qa[k], b[0], b[1]);
+      mma_bf16_16816(a1, qa[k], b[2], b[3]);
+    }
+    const float sv[4] = {a0[0] + a0[2], a0[1] + a0[3], a1[0] + a1[2], a1[1] + a1[3]};
+    const int* zs = ssz[warp][s];
+    const int size[4] = {zs[2 * tq], zs[2 * tq + 1], zs[8 + 2 * tq], zs[9 + 2 * tq]};
+    if (t + kStreamStages < ntiles) {
+      // Every lane's reads of stage s (ldmatrix, the sizes: generic proxy) ordered before the refill's
+      // writes (async proxy for the bulk copies): a proxy fence by each reader, then the warp barrier.
+      fence_proxy_async_smem();
+      __syncwarp();
+      issue(t + kStreamStages);
+    }
+    score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);  // v1's tile epilogue, bit for bit
+  }
+  score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
+}
+
+template <int D, bool kTma>
+__global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
+    score_stream_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
+  score_stream_body<D, kTma, false>(p, &m.map);
+}
+
+// Run 10's formation in the grid (cooperative launch only: its grid barrier needs every CTA resident).
+template <int D, bool kTma>
+__global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
+    score_stream_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
+  score_stream_body<D, kTma, true>(p, &m.map);
+}
+
+// tma: the centroids' tensor map ([H][C][D] bf16, boxes 64 dims x 16 centroids x 1 head, 128-byte swizzle,
+// zero fill past C), encoded by the driver's cuTensorMapEncodeTiled obtained once through the runtime (no
+// link against libcuda), as decode_dense.cu's; cached per thread by (centroids, H, C, D), which a layer
+// keeps from one decode to the next.
+cudaError_t encode_score_map(const ScoreParams& p, ScoreMap* m) {
+  using Encode = decltype(&cuTensorMapEncodeTiled);
+  static const Encode encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<Encode>(fn);
+  }();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.num_clusters),
+                              static_cast<cuuint64_t>(p.num_heads)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim) * 2,
+                                 static_cast<cuuint64_t>(p.num_clusters) * p.head_dim * 2};  // bytes, dims 1, 2
+  const cuuint32_t box[3] = {64, kScoreTile, 1}, elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(&m->map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(p.centroids_bf16),
+                            dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+constexpr int kMapCache = 64;
+struct MapKey {
+  const uint16_t* centroids = nullptr;
+  int num_heads = 0, num_clusters = 0, head_dim = 0;
+  bool operator==(const MapKey&) const = default;
+};
+cudaError_t cached_score_map(const ScoreParams& p, ScoreMap* m) {
+  struct Entry {
+    MapKey key;
+    ScoreMap map;
+  };
+  thread_local Entry cache[kMapCache];
+  thread_local int filled = 0, next = 0;
+  const MapKey key{p.centroids_bf16, p.num_heads, p.num_clusters, p.head_dim};
+  for (int i = 0; i < filled; ++i)
+    if (cache[i].key == key) {
+      *m = cache[i].map;
+      return cudaSuccess;
+    }
+  const cudaError_t e = encode_score_map(p, m);
+  if (e != cudaSuccess) return e;
+  cache[next] = Entry{key, *m};
+  next = (next + 1) % kMapCache;
+  filled = filled < kMapCache ? filled + 1 : kMapCache;
+  return cudaSuccess;
+}
+
+template <int D, bool kTma>
+cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, dim3 block, cudaStream_t s) {
+  if (p.scores == nullptr) {
+    score_stream_kernel<D, kTma><<<grid, block, 0, s>>>(p, m);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, score_stream_form_kernel<D, kTma>, p, m);
+}
+
+template <int D, bool kTma>
+int stream_form_ctas_per_sm() {
+  static const int n = [] {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, score_stream_form_kernel<D, kTma>, kScoreWarps * 32, 0) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return b;
+  }();
+  return n;
+}
+
+}  // namespace
+
+const char* score_variant_name(int variant) {
+  switch (variant) {
+    case kScoreV1:
+      return "v1";
+    case kScoreStream:
+      return "stream";
+    case kScoreTma:
+      return "tma";
+    default:
+      return "?";
+  }
+}
+
+ScoreVariant score_variant_from_env() {
+  const char* e = std::getenv("RETROINFER_SCORE");
+  if (e == nullptr || e[0] == '\0') return kDefaultScoreVariant;
+  for (int v = 0; v < kScoreVariants; ++v)
+    if (std::strcmp(e, score_variant_name(v)) == 0) return static_cast<ScoreVariant>(v);
+  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use v1 (the default), stream or tma");
+}
+
+int score_stream_form_ctas_per_sm(int variant, int head_dim) {
+  if (variant == kScoreStream)
+    return head_dim == 128 ? stream_form_ctas_per_sm<128, false>()
+                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, false>() : 0);
+  if (variant == kScoreTma)
+    return head_dim == 128 ? stream_form_ctas_per_sm<128, true>()
+                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, true>() : 0);
+  return 0;
+}
+
+cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_t s) {
+  // Bulk copies need 16-byte aligned rows: the base (cudaMalloc gives 256) and 2D-byte rows (D = 64, 128).
+  if (reinterpret_cast<uintptr_t>(p.centroids_bf16) % 16 != 0 || (p.head_dim != 64 && p.head_dim != 128) ||
+      (variant != kScoreStream && variant != kScoreTma))
+    return cudaErrorInvalidValue;
+  const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
+  const dim3 block(kScoreWarps * 32);
+  ScoreMap m;
+  std::memset(&m, 0, sizeof(m));
+  // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
+  // per multiprocessor and the same bits.
+  const bool tma = variant == kScoreTma && p.num_clusters > 0 && cached_score_map(p, &m) == cudaSuccess;
+  if (p.head_dim == 128) return tma ? launch_stream<128, true>(p, m, grid, block, s)
+                                    : launch_stream<128, false>(p, m, grid, block, s);
+  return tma ? launch_stream<64, true>(p, m, grid, block, s) : launch_stream<64, false>(p, m, grid, block, s);
+}
+
+}  // namespace retroinfer::cuda::detail
