@@ -1,6 +1,6 @@
 // The variants of run 9's exact + estimation grid (RETROINFER_EXACT, kernels.h ExactVariant; decode.cu
-// decode_exact_kernel / estimate_chained_kernel) against v1 (the default: one grid) on the same layer and
-// query, switched in one process:
+// decode_exact_kernel / estimate_chained_kernel) against v1 (run 9's one grid; split64 is the default since
+// run 16) on the same layer and query, switched in one process:
 //   - split    (the estimation CTAs as a second grid chained behind the exact one, the same 128-cluster
 //              chunks and code): selection and outputs bit-identical to v1;
 //   - split64  (64-cluster estimation CTAs): selection identical, outputs within the reordering bounds of

@@ -45,7 +45,7 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_EQ(exact_variant_from_env(), kExactDefault);
   ex.set("");
   EXPECT_EQ(exact_variant_from_env(), kExactDefault);
-  EXPECT_EQ(kExactDefault, kExactV1);  // the lead picks another default after measuring
+  EXPECT_EQ(kExactDefault, kExactSplit64);  // run 16's measured default
   for (int v = 0; v < kExactVariants; ++v) {
     ex.set(exact_variant_name(v));
     EXPECT_EQ(exact_variant_from_env(), v) << exact_variant_name(v);

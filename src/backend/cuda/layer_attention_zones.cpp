@@ -65,7 +65,7 @@ int exact_variant_from_env() {
   if (v.empty() && !suffix) return kExactDefault;
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
-  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use v1 (the default), split or split64, ",
+  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64 (the default), split or v1, ",
                   "or leave it unset");
 }
 

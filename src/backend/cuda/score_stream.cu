@@ -404,7 +404,7 @@ ScoreVariant score_variant_from_env() {
   if (e == nullptr || e[0] == '\0') return kDefaultScoreVariant;
   for (int v = 0; v < kScoreVariants; ++v)
     if (std::strcmp(e, score_variant_name(v)) == 0) return static_cast<ScoreVariant>(v);
-  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use v1 (the default), stream or tma");
+  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use tma (the default), stream or v1");
 }
 
 int score_stream_form_ctas_per_sm(int variant, int head_dim) {

@@ -115,9 +115,9 @@ __device__ __forceinline__ float4 compact_load(const float* sc, int i4, int n4) 
   return i4 < n4 ? *reinterpret_cast<const float4*>(sc + i4) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
 }
 
-// float_order_key in two instructions (shift, one 3-input logic op): the same key.
+// float_order_key in a shift and one 3-input logic op after -0 -> +0 (the same key, -0 and +0 tied).
 __device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t b = __float_as_uint(f);
+  const uint32_t b = f == 0.0f ? 0u : __float_as_uint(f);
   return b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
 }
 
