@@ -1,4 +1,4 @@
-// The stream score kernels (RETROINFER_SCORE=stream, =tma and =tmahead, score_stream.cu) against v1 (select.cu
+// The stream score kernels (RETROINFER_SCORE=stream and =tma, score_stream.cu) against v1 (select.cu
 // score_body) on the same inputs. They share the grid, the tile partition and the per-tile math, so
 // everything they write must be bit-identical: logits [H, G, C], normaliser partials [H, G, score_blocks] and
 // (run 10's cooperative form) the formed scores [H, C]; downstream, the decode's selection, token lists and
@@ -10,9 +10,7 @@
 //     (1, 16, 20, 37, 600, 1000, 2051, 4099, 8188; both ways of copying the sizes: C % 4 == 0 or not), all-empty
 //     heads, 128K's 8188 clusters at batch 1 (8 heads)
 //     and 4 (32 heads, issue #4's grid), 900 heads (the formation does not fit: every variant must say so).
-//     tmahead (per-head barriers before the formation) also twice in a row and after other grid shapes, so
-//     its counters (left as found) serve any launch.
-//   DecodeMatchesV1(BenchShapes): RetroLayer decodes under RETROINFER_SCORE=v1, stream, tma and tmahead, on run 9's
+//   DecodeMatchesV1(BenchShapes): RetroLayer decodes under RETROINFER_SCORE=v1, stream and tma, on run 9's
 //     path (plain score kernel + form_scores) and run 10's (the cooperative formation; the default),
 //     bit-identical; graph replays and the stage-timing decode bit-identical to the eager decode. Batch
 //     1/3/4, D 64/128, G 1/3/4/8, outliers, 128K x 8 heads at batch 1 and 4.
@@ -199,10 +197,8 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   const bool fits_v1 = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreV1);
   const bool fits_stream = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreStream);
   const bool fits_tma = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTma);
-  const bool fits_head = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTmaHead);
   EXPECT_EQ(fits_stream, fits_v1) << "the stream kernel must keep v1's residency (6 CTAs per multiprocessor)";
   EXPECT_EQ(fits_tma, fits_v1) << "the tma kernel must keep v1's residency (6 CTAs per multiprocessor)";
-  EXPECT_EQ(fits_head, fits_v1) << "the tmahead kernel must keep v1's residency (6 CTAs per multiprocessor)";
 
   struct Mode {
     const char* name;
@@ -212,11 +208,9 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   int runs = 0;
   double worst = 0.0;  // |logit - ref| / bound over all logits
   for (const Mode& m : modes) {
-    if (m.form && !(fits_v1 && fits_stream && fits_tma && fits_head)) continue;
+    if (m.form && !(fits_v1 && fits_stream && fits_tma)) continue;
     const KernelOut a = run_kernel(kc, in, scale, cd::kScoreV1, m.early, m.form);
-    // tmahead twice: its second launch finds the per-head counters as the first left them.
-    for (const int variant :
-         {int(cd::kScoreStream), int(cd::kScoreTma), int(cd::kScoreTmaHead), int(cd::kScoreTmaHead)}) {
+    for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma)}) {
       SCOPED_TRACE(testing::Message() << m.name << " " << cd::score_variant_name(variant));
       const KernelOut b = run_kernel(kc, in, scale, variant, m.early, m.form);
       worst = std::max(worst, check_variant(kc, in, scale, a, b, m.form, !m.early && !m.form));
@@ -224,8 +218,7 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
     }
   }
   std::printf("[score stream] kernel H=%d G=%d D=%d C=%d empty=%.2f blocks=%d form_fits=%d: %d runs (modes x "
-              "stream, tma, tmahead x2), logits, partials%s bit-identical to v1%s; logits vs f64 worst "
-              "err/bound %.3f\n",
+              "stream, tma), logits, partials%s bit-identical to v1%s; logits vs f64 worst err/bound %.3f\n",
               kc.H, kc.G, kc.D, kc.C, kc.empty, cd::score_blocks(kc.C, kc.D, kc.H), int(fits_v1), runs,
               fits_v1 ? ", scores" : "", ::testing::Test::HasFailure() ? " NOT (see failures)" : "", worst);
 }
@@ -270,7 +263,7 @@ void decode_case(const gputest::PathCase& pc, uint64_t seed) {
   path.set("run10");
   const gputest::PathResult a10 = gputest::decode_once(t);
   EXPECT_EQ(gputest::compare(a10.out, a10.out).unwritten, 0);
-  for (const char* variant : {"stream", "tma", "tmahead"}) {
+  for (const char* variant : {"stream", "tma"}) {
     SCOPED_TRACE(variant);
     score.set(variant);
     path.set("run9");
@@ -285,8 +278,8 @@ void decode_case(const gputest::PathCase& pc, uint64_t seed) {
   }
   const bool fits = C > 0 && cd::score_form_fits(C, pc.d, t.H, cd::kScoreStream);
   std::printf("[score stream] decode H=%d G=%d d=%d n=%lld C=%d outliers=%d form_in_score=%d: logits, scores, "
-              "ids, lists and outputs of stream, tma and tmahead vs v1 identical on run9 and run10 paths%s; graph "
-              "replays and the stage path identical\n",
+              "ids, lists and outputs of stream and tma vs v1 identical on run9 and run10 paths%s; graph replays "
+              "and the stage path identical\n",
               t.H, pc.group, pc.d, (long long)pc.n, C, int(pc.outliers), int(fits),
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }
@@ -316,17 +309,14 @@ TEST(CudaScoreStream, VariantSwitch) {
   EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreStream);
   score.set("tma");
   EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreTma);
-  score.set("tmahead");
-  EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreTmaHead);
-  for (const char* bad : {"V1", "stream2", "bulk", " v1", "tmahead2"}) {
+  for (const char* bad : {"V1", "stream2", "bulk", " v1"}) {
     score.set(bad);
     EXPECT_THROW(cd::score_variant_from_env(), Error) << bad;
   }
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreV1), "v1");
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreStream), "stream");
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreTma), "tma");
-  EXPECT_STREQ(cd::score_variant_name(cd::kScoreTmaHead), "tmahead");
-  std::printf("[score stream] switch: unset / empty -> %s, v1, stream, tma, tmahead; 5 bad values throw\n",
+  std::printf("[score stream] switch: unset / empty -> %s, v1, stream, tma; 4 bad values throw\n",
               cd::score_variant_name(cd::kDefaultScoreVariant));
 }
 
@@ -354,7 +344,7 @@ TEST(CudaScoreStream, BadVariantThrowsInDecode) {
   p.head_dim = 64;
   p.num_clusters = 1;
   p.scale = 1.0f;
-  for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma), int(cd::kScoreTmaHead)}) {
+  for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma)}) {
     p.variant = variant;
     EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue) << cd::score_variant_name(variant);
   }

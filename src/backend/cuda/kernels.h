@@ -110,17 +110,14 @@ cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
 //                 the query fragments are formed, and run 10's formation with all of a CTA's logits
 //                 loaded before the grid barrier; early_loads has no effect on it;
 //   kScoreTma     the same with the rows copied as 2-D tensor-map boxes (64 dims x 16 centroids, 128-byte
-//                 swizzle; D / 64 copies per tile instead of 16); stream where no encoder is available;
-//   kScoreTmaHead tma with run 10's formation behind per-head barriers (an arrival counter per head,
-//                 score_stream.cu) instead of the grid barrier: a head's formation waits only for its own
-//                 CTAs; up to 1024 heads (more: tma's grid barrier). Same bits.
-enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreTmaHead, kScoreVariants };
+//                 swizzle; D / 64 copies per tile instead of 16); stream where no encoder is available.
+enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreVariants };
 inline constexpr int kScoreVariantEnv = -1;
 inline constexpr ScoreVariant kDefaultScoreVariant = kScoreTma;  // run 16: fastest of the three, bit-identical
-// RETROINFER_SCORE = v1 | stream | tma | tmahead, read at every call (a test runs both in one process); unset or empty:
+// RETROINFER_SCORE = v1 | stream | tma, read at every call (a test runs both in one process); unset or empty:
 // kDefaultScoreVariant; another value throws retroinfer::Error naming the valid ones.
 ScoreVariant score_variant_from_env();
-const char* score_variant_name(int variant);  // "v1", "stream", "tma", "tmahead"; "?" otherwise
+const char* score_variant_name(int variant);  // "v1", "stream", "tma"; "?" otherwise
 
 struct ScoreParams {
   const float* q = nullptr;                  // [H, G, D] f32

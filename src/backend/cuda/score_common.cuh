@@ -38,37 +38,6 @@ __device__ __forceinline__ ScoreTiles score_tiles(int num_clusters, int warp) {
   return r;
 }
 
-// A wait longer than this traps: 2^34 cycles, ~9 s at ~1.8 GHz, against waits of microseconds. A protocol
-// bug then fails the launch instead of hanging the GPU.
-constexpr long long kHangCycles = 1ll << 34;
-
-// The barrier of the gridDim.x CTAs of one head (RETROINFER_SCORE=tmahead; cooperative launch: all of them
-// resident), on that head's 32-bit arrival counter `bar` (global memory, in no other use while the grid
-// runs), cooperative_groups' grid barrier protocol on a per-head counter: CTA 0 adds 2^31 - (gridDim.x - 1),
-// the others 1, so the last arrival flips bit 31 and the low 31 bits return to what they were (0 from the
-// start: any launch shape, graph replays, no reset). Every thread of the CTA calls it; the CTA's earlier
-// global writes (logits, partial) are visible to the other CTAs of the head after theirs, and theirs to
-// this one (bar.sync, then thread 0's fence.acq_rel.gpu before its atomic and after its acquiring poll).
-// Against the grid barrier: gridDim.x arrivals and pollers per counter (24 at 128K batch 4) instead of all
-// the grid's CTAs (768) on one address, and a head's formation starts when its own CTAs are done.
-__device__ __forceinline__ void head_barrier(unsigned int* bar) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned int add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1u) : 1u;
-    __threadfence();
-    const unsigned int old = atomicAdd(bar, add);
-    const long long t0 = clock64();
-    for (;;) {
-      unsigned int cur;
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(cur) : "l"(bar) : "memory");
-      if (((cur ^ old) & 0x80000000u) != 0) break;
-      if (clock64() - t0 > kHangCycles) __trap();
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
 // Run 10: the tail of the score kernels with kForm (ScoreParams::scores set; cooperative launch): a
 // grid-wide barrier (all partials written), then the scores of clusters [c_begin, c_end) of head h,
 // bit-identical to form_scores_kernel: query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by
@@ -78,12 +47,8 @@ __device__ __forceinline__ void head_barrier(unsigned int* bar) {
 // round (kB * G loads in flight): v1 takes 2 (its registers stay <= 85); the stream kernels 4, so that at
 // 128K batch 4 (352 clusters per CTA) every logit the CTA forms is loaded before the grid barrier and no
 // L2 round trip follows it. Each score is the same function of the same values whatever kB is.
-//
-// kHeadBar (RETROINFER_SCORE=tmahead): head_barrier on head h's arrival counter `bar` instead of the grid
-// barrier; the formation reads only head h's partials, so it needs only head h's CTAs to have written them.
-template <int kB, bool kHeadBar = false>
-__device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end,
-                                                unsigned int* bar = nullptr) {
+template <int kB>
+__device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
   const int warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
   const int parts = static_cast<int>(gridDim.x);
@@ -95,8 +60,7 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
   // the partials): in flight across the grid barrier.
   const int first = c_begin + static_cast<int>(threadIdx.x);
   if (first < c_end) load(first);
-  if constexpr (kHeadBar) head_barrier(bar);
-  else cooperative_groups::this_grid().sync();
+  cooperative_groups::this_grid().sync();
   for (int g = warp; g < G; g += kScoreWarps)
     merge_head_normaliser(p.norm_partial + (int64_t{h} * G + g) * parts, parts, g, gmax, ginv);
   __syncthreads();
@@ -115,11 +79,9 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
 // quad's lanes, then over the warps (red: [kScoreWarps][kMaxGroup], in warp order) into this CTA's
 // normaliser partial of each query head; with kForm, run 10's formation of the CTA's own clusters; the
 // phase stamp. Every thread of the CTA calls it. kFormB: form_own_scores' items per thread per round.
-// kHeadBar, bar: form_own_scores'.
-template <bool kForm, int kFormB, bool kHeadBar = false>
+template <bool kForm, int kFormB>
 __device__ __forceinline__ void score_epilogue(const ScoreParams& p, float nm, float ns, int gq, int tq,
-                                               const ScoreTiles& tiles, float2 (&red)[kScoreWarps][kMaxGroup],
-                                               unsigned int* bar = nullptr) {
+                                               const ScoreTiles& tiles, float2 (&red)[kScoreWarps][kMaxGroup]) {
   const int h = blockIdx.y, warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
 #pragma unroll
   for (int off = 1; off <= 2; off <<= 1) {
@@ -133,8 +95,7 @@ __device__ __forceinline__ void score_epilogue(const ScoreParams& p, float nm, f
     for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
     p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
   }
-  if constexpr (kForm)
-    form_own_scores<kFormB, kHeadBar>(p, h, tiles.tile0 * kScoreTile, min(C, tiles.tile1 * kScoreTile), bar);
+  if constexpr (kForm) form_own_scores<kFormB>(p, h, tiles.tile0 * kScoreTile, min(C, tiles.tile1 * kScoreTile));
   phase_last(p.phase, h, 1);
 }
 

@@ -69,14 +69,6 @@ constexpr int kStreamCtasPerSm = 6;
 // form_own_scores' items per thread per round (score_common.cuh): 4 x 128 >= the 352 clusters of a CTA at
 // 128K batch 4, all loaded before the grid barrier.
 constexpr int kStreamFormItems = 4;
-// tmahead: per-head arrival counters (score_common.cuh head_barrier) for up to kHeadBarHeads heads (batch 16
-// of 8 KV heads is 128), one 128-byte line each (kHeadBarStride words) so that no two heads' pollers share an
-// L2 line; more heads: tma's grid barrier (the same bits). Zero at module load; the barrier leaves the low
-// 31 bits as it found them. One set per device: two tmahead formation grids must not run at the same time
-// on one device (a cooperative one-wave grid fills the device; same-stream launches are ordered anyway).
-constexpr int kHeadBarHeads = 1024;
-constexpr int kHeadBarStride = 32;
-__device__ unsigned int g_head_bar[kHeadBarHeads * kHeadBarStride];
 
 // mbarrier and bulk-copy helpers (decode_dense.cu has the same in its own file scope).
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -113,7 +105,9 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
       : "memory");
   return done != 0;
 }
-// kHangCycles: score_common.cuh.
+// A wait longer than this traps: 2^34 cycles, ~9 s at ~1.8 GHz, against waits of microseconds. A protocol
+// bug then fails the launch instead of hanging the GPU.
+constexpr long long kHangCycles = 1ll << 34;
 // Blocks until the barrier's phase of parity `parity` has completed (acquire: the stage's rows and sizes
 // are visible to what follows).
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
@@ -183,7 +177,7 @@ struct StreamLayout {
   static_assert((kRow * 2) % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte rows and addresses");
 };
 
-template <int D, bool kTma, bool kForm, bool kHeadBar = false>
+template <int D, bool kTma, bool kForm>
 __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CUtensorMap* map) {
   using L = StreamLayout<D, kTma>;
   constexpr int kKs = D / 16;
@@ -287,8 +281,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
     }
     score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);  // v1's tile epilogue, bit for bit
   }
-  score_epilogue<kForm, kStreamFormItems, kHeadBar>(p, nm, ns, gq, tq, tiles, red,
-                                                    kHeadBar ? g_head_bar + h * kHeadBarStride : nullptr);
+  score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
 }
 
 template <int D, bool kTma>
@@ -298,11 +291,10 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
 }
 
 // Run 10's formation in the grid (cooperative launch only: its grid barrier needs every CTA resident).
-// kHeadBar (tmahead, gridDim.y <= kHeadBarHeads): per-head barriers instead of the grid barrier.
-template <int D, bool kTma, bool kHeadBar = false>
+template <int D, bool kTma>
 __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
     score_stream_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
-  score_stream_body<D, kTma, true, kHeadBar>(p, &m.map);
+  score_stream_body<D, kTma, true>(p, &m.map);
 }
 
 // tma: the centroids' tensor map ([H][C][D] bf16, boxes 64 dims x 16 centroids x 1 head, 128-byte swizzle,
@@ -359,7 +351,7 @@ cudaError_t cached_score_map(const ScoreParams& p, ScoreMap* m) {
   return cudaSuccess;
 }
 
-template <int D, bool kTma, bool kHeadBar = false>
+template <int D, bool kTma>
 cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, dim3 block, cudaStream_t s) {
   if (p.scores == nullptr) {
     score_stream_kernel<D, kTma><<<grid, block, 0, s>>>(p, m);
@@ -375,15 +367,14 @@ cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, di
   attr[0].val.cooperative = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, score_stream_form_kernel<D, kTma, kHeadBar>, p, m);
+  return cudaLaunchKernelEx(&cfg, score_stream_form_kernel<D, kTma>, p, m);
 }
 
-template <int D, bool kTma, bool kHeadBar = false>
+template <int D, bool kTma>
 int stream_form_ctas_per_sm() {
   static const int n = [] {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, score_stream_form_kernel<D, kTma, kHeadBar>,
-                                                      kScoreWarps * 32, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, score_stream_form_kernel<D, kTma>, kScoreWarps * 32, 0) !=
         cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
@@ -403,8 +394,6 @@ const char* score_variant_name(int variant) {
       return "stream";
     case kScoreTma:
       return "tma";
-    case kScoreTmaHead:
-      return "tmahead";
     default:
       return "?";
   }
@@ -415,8 +404,7 @@ ScoreVariant score_variant_from_env() {
   if (e == nullptr || e[0] == '\0') return kDefaultScoreVariant;
   for (int v = 0; v < kScoreVariants; ++v)
     if (std::strcmp(e, score_variant_name(v)) == 0) return static_cast<ScoreVariant>(v);
-  RETROINFER_FAIL("RETROINFER_SCORE='", e,
-                  "' is not a score kernel variant: use tma (the default), tmahead, stream or v1");
+  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use tma (the default), stream or v1");
 }
 
 int score_stream_form_ctas_per_sm(int variant, int head_dim) {
@@ -426,22 +414,13 @@ int score_stream_form_ctas_per_sm(int variant, int head_dim) {
   if (variant == kScoreTma)
     return head_dim == 128 ? stream_form_ctas_per_sm<128, true>()
                            : (head_dim == 64 ? stream_form_ctas_per_sm<64, true>() : 0);
-  if (variant == kScoreTmaHead) {  // the head-barrier kernel and its fallbacks (tma's, stream's) all fit
-    const auto both = [](int a, int b) { return a < b ? a : b; };
-    if (head_dim == 128)
-      return both(stream_form_ctas_per_sm<128, true, true>(),
-                  both(stream_form_ctas_per_sm<128, true>(), stream_form_ctas_per_sm<128, false>()));
-    if (head_dim == 64)
-      return both(stream_form_ctas_per_sm<64, true, true>(),
-                  both(stream_form_ctas_per_sm<64, true>(), stream_form_ctas_per_sm<64, false>()));
-  }
   return 0;
 }
 
 cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_t s) {
   // Bulk copies need 16-byte aligned rows: the base (cudaMalloc gives 256) and 2D-byte rows (D = 64, 128).
   if (reinterpret_cast<uintptr_t>(p.centroids_bf16) % 16 != 0 || (p.head_dim != 64 && p.head_dim != 128) ||
-      (variant != kScoreStream && variant != kScoreTma && variant != kScoreTmaHead))
+      (variant != kScoreStream && variant != kScoreTma))
     return cudaErrorInvalidValue;
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   const dim3 block(kScoreWarps * 32);
@@ -449,16 +428,9 @@ cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_
   std::memset(&m, 0, sizeof(m));
   // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
   // per multiprocessor and the same bits.
-  const bool tma = (variant == kScoreTma || variant == kScoreTmaHead) && p.num_clusters > 0 &&
-                   cached_score_map(p, &m) == cudaSuccess;
-  // tmahead: the per-head barriers up to kHeadBarHeads heads, else tma's grid barrier (the same bits); its
-  // plain kernel (no formation, no barrier) is tma's.
-  const bool head_bar = tma && variant == kScoreTmaHead && p.scores != nullptr && p.num_heads <= kHeadBarHeads;
-  if (p.head_dim == 128) {
-    if (head_bar) return launch_stream<128, true, true>(p, m, grid, block, s);
-    return tma ? launch_stream<128, true>(p, m, grid, block, s) : launch_stream<128, false>(p, m, grid, block, s);
-  }
-  if (head_bar) return launch_stream<64, true, true>(p, m, grid, block, s);
+  const bool tma = variant == kScoreTma && p.num_clusters > 0 && cached_score_map(p, &m) == cudaSuccess;
+  if (p.head_dim == 128) return tma ? launch_stream<128, true>(p, m, grid, block, s)
+                                    : launch_stream<128, false>(p, m, grid, block, s);
   return tma ? launch_stream<64, true>(p, m, grid, block, s) : launch_stream<64, false>(p, m, grid, block, s);
 }
 
