@@ -26,7 +26,9 @@ namespace {
 constexpr int kW = kDecodeWarps;
 constexpr int kT = kDecodeTile;
 // Numerators per load batch of the wide fused merge (merge_if_last_wide): 16 (64 registers) in the exact CTAs
-// and split64w's estimation CTAs (128-register budget), 8 under split64m's 64-register estimation bound.
+// and split64w's estimation CTAs (128-register bounds) and in split64m's estimation CTAs, whose bound is
+// raised from split64's 8 CTAs per multiprocessor (64 registers) to kWideEstCtas (96 registers, ptxas: no
+// spills; with an 8-wide batch under the 64 or 80 register bound ptxas spilled).
 constexpr int kWideBatchExact = 16;
 constexpr int kWideBatchEst = 16;
 constexpr int kWideEstCtas = 5;
@@ -429,7 +431,8 @@ __global__ void __launch_bounds__(kW * 32, 4) decode_exact_wide_kernel(const Dec
 // grid as its own PDL prerequisite) would then start while exact CTAs still run, read the merged output
 // before the merge, or reuse the token lists and partial states under them. With this one wait, this grid
 // completes only after the exact grid has completed and flushed its writes. One CTA slot is held meanwhile.
-// kWide (split64m): the wide fused merge with kWideBatchEst numerators per batch (the 64-register bound).
+// kWide (split64m): the wide fused merge with kWideBatchEst numerators per batch, kWideEstCtas CTAs per
+// multiprocessor (96 registers at kC = 64).
 template <int D, int kC, bool kWide = false>
 __global__ void __launch_bounds__(kW * 32, kC != kEstimateChunk ? 1 : kWide ? kWideEstCtas : 8) estimate_chained_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];

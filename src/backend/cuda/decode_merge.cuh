@@ -85,25 +85,28 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
 //   - each lane loads its splits' (m, l) pairs once (registers for the first 32 * kMl splits; merge_if_last
 //     reads them twice: once for the max, once for l and the weights);
 //   - the numerators go in batches of kB independent loads (merge_if_last: unroll 8, so ceil(total / 8)
-//     round trips; here ceil(total / kB), the first overlapping the weights).
+//     round trips; here ceil(total / kB), the first overlapping the weights);
+//   - one fence per CTA on each side instead of one per thread (cooperative groups' grid-barrier pattern:
+//     the CTA's stores ordered before thread 0 by the barrier, thread 0's fence then its atomic as the
+//     release; the atomic, then its fence, then the barrier as the acquire), and the counter's reset
+//     store at the end, so that the acquire fence has no store of its own to wait for.
 // count: how many partial states this CTA wrote (split64w's estimation CTAs write two); the CTA whose count
-// completes total merges. kB: 16 where the kernel may use 128 registers, 8 under a 64-register bound.
+// completes total merges. kB: numerators per batch (16: 64 registers; the callers' bounds allow 96-128).
 template <int kB>
 __device__ void merge_if_last_wide(const FusedMerge& fm, const float2* part_ml, const float* part_o, int total,
                                    int G, int D, int h, int count, float* wts, uint64_t* phase) {
   constexpr int kMl = 2;  // (m, l) pairs per lane kept in registers: totals up to 64 read once
   __shared__ int s_last_w;
   __shared__ float s_inv_w[kMaxGroup];
-  __threadfence();  // release: this thread's partial-state stores before the CTA's count
-  __syncthreads();
+  __syncthreads();  // every thread's partial-state stores before thread 0's fence
   if (threadIdx.x == 0) {
+    __threadfence();  // release: the CTA's stores before its count
     const int done = atomicAdd(fm.counter + h, count) + count;
     s_last_w = done == total;
-    if (done == total) fm.counter[h] = 0;  // every CTA of head h has counted: ready for the next decode
+    if (done == total) __threadfence();  // acquire: the other CTAs' states (read through L2 below)
   }
   __syncthreads();
   if (!s_last_w) return;
-  __threadfence();  // acquire: the other CTAs' states (read through L2 below)
   const int tid = threadIdx.x, nt = blockDim.x, warp = tid >> 5, lane = tid & 31, nw = nt >> 5;
   const int cols = G * D / 4;
   const float2* ml = part_ml + int64_t{h} * total * G;  // [total, G]
@@ -178,6 +181,9 @@ __device__ void merge_if_last_wide(const FusedMerge& fm, const float2* part_ml, 
     *reinterpret_cast<float4*>(fm.out + (int64_t{h} * G + g) * D + d) =
         make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
   }
+  // Every CTA of head h has counted: ready for the next decode (whose CTAs count only after this grid has
+  // completed: stream order, or their PDL wait).
+  if (tid == 0) fm.counter[h] = 0;
   if (phase != nullptr) {
     __syncthreads();
     phase_last(phase, h, kSlotMerge);
