@@ -8,6 +8,9 @@
 //   - split64m (split64 with the wide fused merge, decode_merge.cuh merge_if_last_wide) and split64w (also
 //              two 64-cluster chunks per estimation CTA, decode_est_pair.cuh): the same partial states and
 //              the same merge arithmetic in the same order as split64, so split64's output bit for bit;
+//   - split128w (split64w's CTAs over 128-cluster slots, the halves' states joined in the CTA): selection
+//              identical, outputs within split64's bounds of v1 (the halves' maxima, the sum order and one
+//              more rescale differ; the same derivation);
 //   - every output poisoned before the decode and checked written; two graph replays and an eager decode
 //     after them bit-identical to the variant's eager decode (the merge counters reset themselves across
 //     two grids); the stage-timing path (plain launches, one grid after the other) bit-identical; v1 again
@@ -107,6 +110,15 @@ void exact_grid_case(const PathCase& rc, uint64_t seed) {
     gputest::expect_graph_replays(t, x.out);
     gputest::expect_stage_path(t, x.out);
   }
+  env.set("split128w");
+  const PathResult j = decode_once(t);
+  expect_same_selection(j, a, "split128w vs v1");
+  const auto cj = gputest::compare(j.out, a.out);
+  EXPECT_EQ(cj.unwritten, 0);
+  EXPECT_LT(cj.max_abs, kMaxAbsVsV1);
+  EXPECT_LT(cj.nmse, kNmseVsV1);
+  gputest::expect_graph_replays(t, j.out);
+  gputest::expect_stage_path(t, j.out);
 
   env.set("v1");  // back to v1 in the same process: its first output again
   const PathResult a2 = decode_once(t);
@@ -118,13 +130,13 @@ void exact_grid_case(const PathCase& rc, uint64_t seed) {
   }
   const int n_e = layer.n_estimation();
   std::printf("[exact grid] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: split vs v1 identical=%d; "
-              "split64 vs v1 nmse %.2e max-abs %.2e; split64m / split64w vs split64 identical=%d/%d; graph "
-              "replays + stage path identical per variant; est CTAs per head v1/split %d split64(m) %d split64w "
-              "%d\n",
+              "split64 vs v1 nmse %.2e max-abs %.2e; split64m / split64w vs split64 identical=%d/%d; split128w "
+              "vs v1 nmse %.2e max-abs %.2e; graph replays + stage path identical per variant; est CTAs per head "
+              "v1/split/split128w %d split64(m) %d split64w %d\n",
               t.H, rc.group, rc.d, (long long)rc.n, layer.num_clusters(), n_e, int(rc.estimation),
               int(rc.outliers), int(first_difference(b.out, a.out) == -1), cc.nmse, cc.max_abs, int(diff_m == -1),
-              int(diff_w == -1), n_e > 0 ? (n_e + 127) / 128 : 0, n_e > 0 ? (n_e + 63) / 64 : 0,
-              n_e > 0 ? ((n_e + 63) / 64 + 1) / 2 : 0);
+              int(diff_w == -1), cj.nmse, cj.max_abs, n_e > 0 ? (n_e + 127) / 128 : 0,
+              n_e > 0 ? (n_e + 63) / 64 : 0, n_e > 0 ? ((n_e + 63) / 64 + 1) / 2 : 0);
 }
 
 TEST(CudaExactGrid, VariantsMatchV1) {
@@ -151,8 +163,8 @@ TEST(CudaExactGrid, VariantsMatchV1At128K) {
 }
 
 // WaveBufferLayer: a cache that holds every cluster, warmed by one step, so each decode reads the same
-// execution buffer; each variant against v1 (split bit-identical, split64 within the bounds, split64m / w
-// bit-identical to split64), then graphs of the step captured under split64 and under split64w, each
+// execution buffer; each variant against v1 (split bit-identical, split64 and split128w within the bounds,
+// split64m / w bit-identical to split64), then graphs of the step captured under split64 and under split64w, each
 // replayed twice, equal to the direct decode.
 TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
   RETROINFER_REQUIRE_GPU();
@@ -189,6 +201,10 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
   const auto s64w = run("split64w");
   EXPECT_EQ(first_difference(s64m, s64), -1) << "split64m vs split64";
   EXPECT_EQ(first_difference(s64w, s64), -1) << "split64w vs split64";
+  const auto c128 = gputest::compare(run("split128w"), v1);
+  EXPECT_EQ(c128.unwritten, 0);
+  EXPECT_LT(c128.max_abs, kMaxAbsVsV1);
+  EXPECT_LT(c128.nmse, kNmseVsV1);
   EXPECT_EQ(gputest::compare(v1, v1).unwritten, 0);
   EXPECT_EQ(first_difference(s, v1), -1) << "split vs v1";
   const auto c64 = gputest::compare(s64, v1);
@@ -213,11 +229,11 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
     }
   }
   std::printf("[exact grid] WaveBufferLayer H=%d G=%d d=%d n=%lld C=%d n_e=%d: split vs v1 identical=%d; split64 vs "
-              "v1 nmse %.2e max-abs %.2e; split64m / split64w vs split64 identical=%d/%d; split64 and split64w graph "
-              "replays identical\n",
+              "v1 nmse %.2e max-abs %.2e; split64m / split64w vs split64 identical=%d/%d; split128w vs v1 nmse %.2e "
+              "max-abs %.2e; split64 and split64w graph replays identical\n",
               num_seqs * hkv, group, d, (long long)n, layer.num_clusters(), layer.n_estimation(),
               int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs, int(first_difference(s64m, s64) == -1),
-              int(first_difference(s64w, s64) == -1));
+              int(first_difference(s64w, s64) == -1), c128.nmse, c128.max_abs);
 }
 
 // Bad values: a clear error at the decode (before any launch) and from the parser; the names round-trip.
@@ -227,7 +243,7 @@ TEST(CudaExactGrid, UnknownVariantThrows) {
     EXPECT_THROW(cuda::detail::exact_variant_from_env(), Error);
     env.set("V1");
     EXPECT_THROW(cuda::detail::exact_variant_from_env(), Error);
-    for (const char* bad : {"split64M", "split64x", "split64mw", "split128"}) {
+    for (const char* bad : {"split64M", "split64x", "split64mw", "split128", "split128m"}) {
       env.set(bad);
       EXPECT_THROW(cuda::detail::exact_variant_from_env(), Error) << bad;
     }

@@ -55,13 +55,14 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_STREQ(exact_variant_name(kExactSplit64), "split64");
   EXPECT_STREQ(exact_variant_name(kExactSplit64m), "split64m");
   EXPECT_STREQ(exact_variant_name(kExactSplit64w), "split64w");
+  EXPECT_STREQ(exact_variant_name(kExactSplit128w), "split128w");
   EXPECT_STREQ(exact_variant_name(kExactVariants), "?");
   // The wide-merge variants keep split64's 64-cluster chunks (the layers' est_splits slots).
   EXPECT_EQ(exact_est_chunk(kExactSplit64m), kEstimateChunk);
   EXPECT_EQ(exact_est_chunk(kExactSplit64w), kEstimateChunk);
-  EXPECT_EQ(exact_est_chunk(kExactSplit), kEstimateFusedChunk);
+  EXPECT_EQ(exact_est_chunk(kExactSplit128w), kEstimateFusedChunk);  // 128-cluster slots, as split
   for (const char* bad : {"V1", "split ", "split32", "v2", "run10", "+split", "split64M", "split64mw", "split64w ",
-                          "split64x"}) {
+                          "split64x", "split128", "split128W"}) {
     ex.set(bad);
     EXPECT_THROW(exact_variant_from_env(), Error) << bad;
   }

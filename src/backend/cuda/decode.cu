@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(kW * 32, kC != kEstimateChunk ? 1 : kWide ? kW
 
 }  // namespace
 }  // namespace retroinfer::cuda::detail
-#include "backend/cuda/decode_est_pair.cuh"  // split64w's estimation kernel (uses the definitions above)
+#include "backend/cuda/decode_est_pair.cuh"  // split64w's / split128w's estimation kernel (uses the above)
 namespace retroinfer::cuda::detail {
 namespace {
 
@@ -635,14 +635,16 @@ cudaError_t launch_est_chained(const DecodeParams& p, cudaStream_t s) {
   return launch_maybe_pdl(estimate_chained_kernel<D, kC, kWide>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32), bytes,
                           s, p.chain_pdl, p);
 }
-// split64w: ceil(est_ctas / 2) CTAs of two chunks each (the last one alone when est_ctas is odd).
-template <int D>
+// split64w: ceil(est_ctas / 2) CTAs of two 64-cluster chunks each (the last one alone when est_ctas is odd);
+// split128w (kJoin): est_ctas CTAs of one 128-cluster slot each.
+template <int D, bool kJoin>
 cudaError_t launch_est_pair(const DecodeParams& p, cudaStream_t s) {
   constexpr size_t bytes = EstSmem<D, kEstimateChunk>::kBytes;
   static bool attr_set = false;
-  const cudaError_t e = set_split_attributes(estimate_pair_kernel<D>, bytes, attr_set);
+  const cudaError_t e = set_split_attributes(estimate_pair_kernel<D, kJoin>, bytes, attr_set);
   if (e != cudaSuccess) return e;
-  return launch_maybe_pdl(estimate_pair_kernel<D>, dim3((p.est_ctas + 1) / 2, p.num_heads), dim3(kW * 32), bytes, s,
+  const int ctas = kJoin ? p.est_ctas : (p.est_ctas + 1) / 2;
+  return launch_maybe_pdl(estimate_pair_kernel<D, kJoin>, dim3(ctas, p.num_heads), dim3(kW * 32), bytes, s,
                           p.chain_pdl, p);
 }
 template <int D, int S>
@@ -651,7 +653,8 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t s) {
   static_assert(DecodeSmem<D, S>::kWarpBytes * kW >=
                     size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8 + size_t{kMergeMaxStates} * 4,
                 "the warp-merge staging and the fused merge's weights must fit in the tile buffers");
-  const bool wide = p.exact_variant == kExactSplit64m || p.exact_variant == kExactSplit64w;
+  const bool wide = p.exact_variant == kExactSplit64m || p.exact_variant == kExactSplit64w ||
+                    p.exact_variant == kExactSplit128w;
   static bool attr_set = false, attr_set_wide = false;
   cudaError_t e = wide ? set_split_attributes(decode_exact_wide_kernel<D, S>, bytes, attr_set_wide)
                        : set_split_attributes(decode_exact_kernel<D, S>, bytes, attr_set);
@@ -664,7 +667,8 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t s) {
   switch (p.exact_variant) {
     case kExactSplit64: return launch_est_chained<D, kEstimateChunk>(p, s);
     case kExactSplit64m: return launch_est_chained<D, kEstimateChunk, true>(p, s);
-    case kExactSplit64w: return launch_est_pair<D>(p, s);
+    case kExactSplit64w: return launch_est_pair<D, false>(p, s);
+    case kExactSplit128w: return launch_est_pair<D, true>(p, s);
     default: return launch_est_chained<D, kEstimateFusedChunk>(p, s);
   }
 }

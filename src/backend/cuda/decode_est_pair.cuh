@@ -15,12 +15,19 @@
 // Registers: the second chunk's rows and logits stay live through the first chunk's reduction (~100 at
 // D = 128): __launch_bounds__(128, 4) (128 registers: one CTA still fits beside three exact CTAs of 128, and
 // four to a multiprocessor without them, i.e. eight chunks as split64's eight CTAs).
+//
+// kJoin (RETROINFER_EXACT=split128w): the same CTA over the 128 clusters [128 b, 128 b + 128) of one slot
+// (split_offset + b; ceil(n_e / 128) slots, as split / v1), its two 64-cluster halves reduced as above and
+// their states joined in the CTA before the one write: M = max(m_A, m_B), o = o_A e^{m_A - M} + o_B e^{m_B - M},
+// l likewise (softmax_merge's arithmetic; the first half's sums kept in registers, its m and l in shared
+// memory). 27 states per head at 128K batch 4 instead of 42, so the fused merge reads 2 batches of 16 instead
+// of 3; within rounding of v1 (the halves' maxima and sum order differ: decode_path_test_util.h's bounds).
 #pragma once
 
 namespace retroinfer::cuda::detail {
 namespace {
 
-template <int D>
+template <int D, bool kJoin>
 __device__ void estimate_pair(const DecodeParams& p, int b, int h, unsigned char* smem) {
   constexpr int kC = kEstimateChunk;             // clusters per chunk
   constexpr int kVec = 4;                        // dims per thread in the sums (split64's kVec)
@@ -39,12 +46,13 @@ __device__ void estimate_pair(const DecodeParams& p, int b, int h, unsigned char
   float* wl = reinterpret_cast<float*>(rows + kC * D);   // [kMaxGroup][kC]: logits, then weights
   float* sz = wl + kMaxGroup * kC;                       // [kC]: cluster sizes
   __shared__ float s_m[kMaxGroup], s_l[kMaxGroup];
+  __shared__ float s_ma[kMaxGroup], s_la[kMaxGroup];  // kJoin: the first half's m, l
   const EstimateParams& e = p.est;
   const int G = p.group, C = e.num_clusters, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   phase_first(p.phase, h, kSlotEst);  // no PDL wait: see estimate_chained_kernel
-  const int j0 = 2 * b, j1 = 2 * b + 1;
-  const bool has_b = j1 < p.est_ctas;  // uniform per CTA
+  const int j0 = 2 * b, j1 = 2 * b + 1;  // 64-cluster chunks (kJoin: the halves of slot b)
   const int begin_a = j0 * kC, begin_b = j1 * kC;
+  const bool has_b = kJoin ? begin_b < e.k_estimation : j1 < p.est_ctas;  // uniform per CTA
   const int cnt_a = e.k_estimation - begin_a < kC ? e.k_estimation - begin_a : kC;  // >= 1 (host checks)
   const int cnt_b = !has_b ? 0 : (e.k_estimation - begin_b < kC ? e.k_estimation - begin_b : kC);
   const int* ids = e.estimation_ids + int64_t{h} * e.k_estimation;
@@ -136,7 +144,7 @@ __device__ void estimate_pair(const DecodeParams& p, int b, int h, unsigned char
   // 4. The chunk's partial state into slot (estimate_cta's steps 3 end and 4): the warp's row slots by
   // shuffles, the warps' sums in shared memory (over the rows, whose reads the first barrier ends), in
   // warp order.
-  auto write_state = [&](int slot) {
+  auto reduce_to_red = [&]() {
 #pragma unroll
     for (int off = kCols; off < 32; off <<= 1)
 #pragma unroll
@@ -153,6 +161,10 @@ __device__ void estimate_pair(const DecodeParams& p, int b, int h, unsigned char
           *reinterpret_cast<float4*>(red + (warp * kMaxGroup + g) * D + dc * kVec) =
               make_float4(acc[g][0], acc[g][1], acc[g][2], acc[g][3]);
     __syncthreads();
+  };
+  float* red = reinterpret_cast<float*>(smem);  // [kW][kMaxGroup][D] (after reduce_to_red)
+  auto write_state = [&](int slot) {
+    reduce_to_red();
     for (int x = tid; x < G * D; x += blockDim.x) {
       const int g = x / D, d = x % D;
       float sum = 0.0f;
@@ -171,7 +183,27 @@ __device__ void estimate_pair(const DecodeParams& p, int b, int h, unsigned char
   zero_acc();
 #pragma unroll 4
   for (int i = rs; i < cnt_a; i += kRowSlots) add_row(*reinterpret_cast<const uint2*>(rows + i * D + dc * 4), i);
-  write_state(e.split_offset + j0);
+  constexpr int kKeep = kMaxGroup * D / kThreads;  // kJoin: the first half's sums per thread (x = tid + k * 128)
+  float keep[kKeep];
+  if (!kJoin || !has_b) {
+    write_state(e.split_offset + (kJoin ? b : j0));
+  } else {
+    reduce_to_red();
+#pragma unroll
+    for (int k = 0; k < kKeep; ++k) {
+      const int x = tid + k * kThreads;
+      keep[k] = 0.0f;
+      if (x < G * D) {
+        const int g = x / D, d = x % D;
+#pragma unroll
+        for (int w = 0; w < kW; ++w) keep[k] += red[(w * kMaxGroup + g) * D + d];
+      }
+    }
+    if (tid < G) {
+      s_ma[tid] = s_m[tid];
+      s_la[tid] = s_l[tid];
+    }
+  }
   // Second chunk: its logits and sizes into wl / sz once the first state's reads (red, s_m, s_l) are done.
   if (has_b) {
     __syncthreads();
@@ -186,24 +218,45 @@ __device__ void estimate_pair(const DecodeParams& p, int b, int h, unsigned char
 #pragma unroll
     for (int k = 0; k < kRowsB; ++k)
       if (rs + kRowSlots * k < cnt_b) add_row(rb[k], rs + kRowSlots * k);
-    write_state(e.split_offset + j1);
+    if constexpr (!kJoin) {
+      write_state(e.split_offset + j1);
+    } else {  // join the halves (s_ma / s_la were written before the barriers above)
+      reduce_to_red();
+#pragma unroll
+      for (int k = 0; k < kKeep; ++k) {
+        const int x = tid + k * kThreads;
+        if (x < G * D) {
+          const int g = x / D, d = x % D;
+          float sum = 0.0f;
+#pragma unroll
+          for (int w = 0; w < kW; ++w) sum += red[(w * kMaxGroup + g) * D + d];
+          const float ma = s_ma[g], mb = s_m[g];
+          const float mx = ma > mb ? ma : mb;
+          const float sa = softmax_rescale(ma, mx), sb = softmax_rescale(mb, mx);  // 0 for an empty half
+          const int64_t base = (int64_t{h} * p.total_splits + e.split_offset + b) * G + g;
+          p.part_o[base * D + d] = keep[k] * sa + sum * sb;
+          if (d == 0) p.part_ml[base] = make_float2(mx, s_la[g] * sa + s_l[g] * sb);
+        }
+      }
+    }
   }
   if (p.phase != nullptr) {
     __syncthreads();
     phase_last(p.phase, h, kSlotEst + 1);
   }
   if (p.merge.counter != nullptr)  // its first barrier ends the reads of red above
-    merge_if_last_wide<kWideBatchExact>(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, has_b ? 2 : 1,
+    merge_if_last_wide<kWideBatchExact>(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
+                                        !kJoin && has_b ? 2 : 1,
                                         reinterpret_cast<float*>(smem), p.phase);
 }
 
-// The grid: x = chunk pair b (ceil(est_ctas / 2)), y = flat head. Launched as estimate_chained_kernel is
+// The grid: x = chunk pair b (ceil(est_ctas / 2); kJoin: slot b, est_ctas), y = flat head. Launched as estimate_chained_kernel is
 // (a programmatic dependent of the exact grid, no wait before its work); its last CTA waits for the exact
 // grid at its end for the same reason.
-template <int D>
+template <int D, bool kJoin>
 __global__ void __launch_bounds__(kW * 32, 4) estimate_pair_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
-  estimate_pair<D>(p, blockIdx.x, blockIdx.y, est_smem);
+  estimate_pair<D, kJoin>(p, blockIdx.x, blockIdx.y, est_smem);
   if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
 }
 
