@@ -434,7 +434,8 @@ __global__ void __launch_bounds__(kW * 32, 4) decode_exact_wide_kernel(const Dec
 // kWide (split64m): the wide fused merge with kWideBatchEst numerators per batch, kWideEstCtas CTAs per
 // multiprocessor (96 registers at kC = 64).
 template <int D, int kC, bool kWide = false>
-__global__ void __launch_bounds__(kW * 32, kC != kEstimateChunk ? 1 : kWide ? kWideEstCtas : 8) estimate_chained_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kW * 32, kC != kEstimateChunk ? 1 : kWide ? kWideEstCtas : 8)
+    estimate_chained_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
   estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8, kWide>(p, blockIdx.x, blockIdx.y, est_smem);
   if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();

@@ -250,9 +250,9 @@ __device__ void estimate_pair(const DecodeParams& p, int b, int h, unsigned char
                                         reinterpret_cast<float*>(smem), p.phase);
 }
 
-// The grid: x = chunk pair b (ceil(est_ctas / 2); kJoin: slot b, est_ctas), y = flat head. Launched as estimate_chained_kernel is
-// (a programmatic dependent of the exact grid, no wait before its work); its last CTA waits for the exact
-// grid at its end for the same reason.
+// The grid: x = chunk pair b (ceil(est_ctas / 2); kJoin: slot b, est_ctas), y = flat head. Launched as
+// estimate_chained_kernel is (a programmatic dependent of the exact grid, no wait before its work); its last
+// CTA waits for the exact grid at its end for the same reason.
 template <int D, bool kJoin>
 __global__ void __launch_bounds__(kW * 32, 4) estimate_pair_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
