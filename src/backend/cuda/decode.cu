@@ -416,10 +416,11 @@ __global__ void __launch_bounds__(kW * 32) decode_exact_kernel(const DecodeParam
   decode_body<D, true, S, false, true>(p);
 }
 // split64m / split64w / split128w: the wide fused merge (decode_merge.cuh merge_if_last_wide), else the same
-// code, under a 128-register bound (ptxas, D = 128: 128 as decode_exact_kernel, no spills). The bound matters: ptxas took
-// 155 for this kernel without it, and three exact CTAs of 160 registers leave 4096 of a multiprocessor's
-// 65536, too few for any estimation CTA beside them; at 128, 16384 are left (one estimation CTA of up to 128
-// registers; shared memory also allows one, 18.3 KiB). At D = 64: 128 against 94 (4 CTAs instead of 5).
+// code, under a 128-register bound (ptxas, D = 128: 128 as decode_exact_kernel, no spills). The bound
+// matters: ptxas took 155 for this kernel without it, and three exact CTAs of 160 registers leave 4096 of a
+// multiprocessor's 65536, too few for any estimation CTA beside them; at 128, 16384 are left (one estimation
+// CTA of up to 128 registers; shared memory also allows one, 18.3 KiB). At D = 64: 128 against 94 (4 CTAs
+// instead of 5).
 template <int D, int S>
 __global__ void __launch_bounds__(kW * 32, 4) decode_exact_wide_kernel(const DecodeParams p) {
   decode_body<D, true, S, false, true, true>(p);
