@@ -5,12 +5,6 @@
 //              chunks and code): selection and outputs bit-identical to v1;
 //   - split64  (64-cluster estimation CTAs): selection identical, outputs within the reordering bounds of
 //              decode_path_test_util.h (max-abs 5e-5, nmse 1e-10: the chunk maxima differ, as run 8 vs run 9);
-//   - split64m (split64 with the wide fused merge, decode_merge.cuh merge_if_last_wide) and split64w (also
-//              two 64-cluster chunks per estimation CTA, decode_est_pair.cuh): the same partial states and
-//              the same merge arithmetic in the same order as split64, so split64's output bit for bit;
-//   - split128w (split64w's CTAs over 128-cluster slots, the halves' states joined in the CTA): selection
-//              identical, outputs within split64's bounds of v1 (the halves' maxima, the sum order and one
-//              more rescale differ; the same derivation);
 //   - every output poisoned before the decode and checked written; two graph replays and an eager decode
 //     after them bit-identical to the variant's eager decode (the merge counters reset themselves across
 //     two grids); the stage-timing path (plain launches, one grid after the other) bit-identical; v1 again
@@ -19,9 +13,8 @@
 //     attention: the exact grid launched plainly, the estimation grid chained to it) under each variant
 //     against v1, and its graph replay;
 //   - unknown values throw retroinfer::Error (at the decode and from exact_variant_from_env).
-// Shapes: batch 1/3/4/16, head_dim 64/128, GQA groups 1/3/4/8, n_e < 128 and just past 128 (odd and even
-// 64-cluster chunk counts: split64w's lone last chunk and full pairs; the lines print the counts), no
-// estimation, all steady, outliers, 32K x 32 heads and 128K x 8 heads. One "[exact grid]" line per case.
+// Shapes: batch 1/3/4/16, head_dim 64/128, GQA groups 1/3/4/8, n_e < 128 and just past 128, no estimation,
+// all steady, outliers, 32K x 32 heads and 128K x 8 heads. One "[exact grid]" line per case.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -96,30 +89,6 @@ void exact_grid_case(const PathCase& rc, uint64_t seed) {
   gputest::expect_graph_replays(t, c.out);
   gputest::expect_stage_path(t, c.out);
 
-  // The wide-merge variants: split64's partial states and merge order, so its output bit for bit.
-  int64_t diff_m = -1, diff_w = -1;
-  for (const char* v : {"split64m", "split64w"}) {
-    SCOPED_TRACE(v);
-    env.set(v);
-    const PathResult x = decode_once(t);
-    expect_same_selection(x, a, v);
-    EXPECT_EQ(gputest::compare(x.out, a.out).unwritten, 0);
-    const int64_t diff = first_difference(x.out, c.out);
-    EXPECT_EQ(diff, -1) << v << " must give split64's output bit for bit";
-    (std::string(v) == "split64m" ? diff_m : diff_w) = diff;
-    gputest::expect_graph_replays(t, x.out);
-    gputest::expect_stage_path(t, x.out);
-  }
-  env.set("split128w");
-  const PathResult j = decode_once(t);
-  expect_same_selection(j, a, "split128w vs v1");
-  const auto cj = gputest::compare(j.out, a.out);
-  EXPECT_EQ(cj.unwritten, 0);
-  EXPECT_LT(cj.max_abs, kMaxAbsVsV1);
-  EXPECT_LT(cj.nmse, kNmseVsV1);
-  gputest::expect_graph_replays(t, j.out);
-  gputest::expect_stage_path(t, j.out);
-
   env.set("v1");  // back to v1 in the same process: its first output again
   const PathResult a2 = decode_once(t);
   EXPECT_EQ(first_difference(a2.out, a.out), -1) << "v1 after the split variants";
@@ -130,13 +99,11 @@ void exact_grid_case(const PathCase& rc, uint64_t seed) {
   }
   const int n_e = layer.n_estimation();
   std::printf("[exact grid] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: split vs v1 identical=%d; "
-              "split64 vs v1 nmse %.2e max-abs %.2e; split64m / split64w vs split64 identical=%d/%d; split128w "
-              "vs v1 nmse %.2e max-abs %.2e; graph replays + stage path identical per variant; est CTAs per head "
-              "v1/split/split128w %d split64(m) %d split64w %d\n",
+              "split64 vs v1 nmse %.2e max-abs %.2e; graph replays + stage path identical per variant; "
+              "est CTAs per head v1/split %d split64 %d\n",
               t.H, rc.group, rc.d, (long long)rc.n, layer.num_clusters(), n_e, int(rc.estimation),
-              int(rc.outliers), int(first_difference(b.out, a.out) == -1), cc.nmse, cc.max_abs, int(diff_m == -1),
-              int(diff_w == -1), cj.nmse, cj.max_abs, n_e > 0 ? (n_e + 127) / 128 : 0,
-              n_e > 0 ? (n_e + 63) / 64 : 0, n_e > 0 ? ((n_e + 63) / 64 + 1) / 2 : 0);
+              int(rc.outliers), int(first_difference(b.out, a.out) == -1), cc.nmse, cc.max_abs,
+              n_e > 0 ? (n_e + 127) / 128 : 0, n_e > 0 ? (n_e + 63) / 64 : 0);
 }
 
 TEST(CudaExactGrid, VariantsMatchV1) {
@@ -163,9 +130,8 @@ TEST(CudaExactGrid, VariantsMatchV1At128K) {
 }
 
 // WaveBufferLayer: a cache that holds every cluster, warmed by one step, so each decode reads the same
-// execution buffer; each variant against v1 (split bit-identical, split64 and split128w within the bounds,
-// split64m / w bit-identical to split64), then graphs of the step captured under split64 and under split64w, each
-// replayed twice, equal to the direct decode.
+// execution buffer; each variant against v1 (split bit-identical, split64 within the bounds), then a graph
+// of the step captured under split64 replayed twice, equal to its direct decode.
 TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
   RETROINFER_REQUIRE_GPU();
   const uint64_t seed = 931;
@@ -197,14 +163,6 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
   EXPECT_EQ(layer.last_step_counts().miss_clusters, 0);
   const auto s = run("split");
   const auto s64 = run("split64");
-  const auto s64m = run("split64m");
-  const auto s64w = run("split64w");
-  EXPECT_EQ(first_difference(s64m, s64), -1) << "split64m vs split64";
-  EXPECT_EQ(first_difference(s64w, s64), -1) << "split64w vs split64";
-  const auto c128 = gputest::compare(run("split128w"), v1);
-  EXPECT_EQ(c128.unwritten, 0);
-  EXPECT_LT(c128.max_abs, kMaxAbsVsV1);
-  EXPECT_LT(c128.nmse, kNmseVsV1);
   EXPECT_EQ(gputest::compare(v1, v1).unwritten, 0);
   EXPECT_EQ(first_difference(s, v1), -1) << "split vs v1";
   const auto c64 = gputest::compare(s64, v1);
@@ -213,27 +171,22 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
   EXPECT_LT(c64.nmse, kNmseVsV1);
   EXPECT_EQ(first_difference(run("v1"), v1), -1) << "v1 again";
 
+  env.set("split64");
   cuda::StreamHandle stream;
-  for (const char* variant : {"split64", "split64w"}) {
-    env.set(variant);
-    auto dg = gputest::poisoned(q_elems);
-    layer.capture_graph(dq.as<float>(), dg.as<float>(), stream.get());  // drops the previous graph
-    for (int rep = 0; rep < 2; ++rep) {
-      dg.fill_bytes(0xff);
-      cuda::synchronize();
-      layer.replay_graph(stream.get());
-      cuda::synchronize(stream.get());
-      layer.wait_manager();
-      EXPECT_EQ(first_difference(gputest::download_f32(dg, q_elems), s64), -1)
-          << variant << " graph replay " << rep;
-    }
+  auto dg = gputest::poisoned(q_elems);
+  layer.capture_graph(dq.as<float>(), dg.as<float>(), stream.get());
+  for (int rep = 0; rep < 2; ++rep) {
+    dg.fill_bytes(0xff);
+    cuda::synchronize();
+    layer.replay_graph(stream.get());
+    cuda::synchronize(stream.get());
+    layer.wait_manager();
+    EXPECT_EQ(first_difference(gputest::download_f32(dg, q_elems), s64), -1) << "split64 graph replay " << rep;
   }
   std::printf("[exact grid] WaveBufferLayer H=%d G=%d d=%d n=%lld C=%d n_e=%d: split vs v1 identical=%d; split64 vs "
-              "v1 nmse %.2e max-abs %.2e; split64m / split64w vs split64 identical=%d/%d; split128w vs v1 nmse %.2e "
-              "max-abs %.2e; split64 and split64w graph replays identical\n",
+              "v1 nmse %.2e max-abs %.2e; split64 graph replays identical\n",
               num_seqs * hkv, group, d, (long long)n, layer.num_clusters(), layer.n_estimation(),
-              int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs, int(first_difference(s64m, s64) == -1),
-              int(first_difference(s64w, s64) == -1), c128.nmse, c128.max_abs);
+              int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs);
 }
 
 // Bad values: a clear error at the decode (before any launch) and from the parser; the names round-trip.
@@ -243,10 +196,6 @@ TEST(CudaExactGrid, UnknownVariantThrows) {
     EXPECT_THROW(cuda::detail::exact_variant_from_env(), Error);
     env.set("V1");
     EXPECT_THROW(cuda::detail::exact_variant_from_env(), Error);
-    for (const char* bad : {"split64M", "split64x", "split64mw", "split128", "split128m"}) {
-      env.set(bad);
-      EXPECT_THROW(cuda::detail::exact_variant_from_env(), Error) << bad;
-    }
     env.set("");
     EXPECT_EQ(cuda::detail::exact_variant_from_env(), cuda::detail::kExactDefault);
     for (int v = 0; v < cuda::detail::kExactVariants; ++v) {
@@ -260,10 +209,7 @@ TEST(CudaExactGrid, UnknownVariantThrows) {
   auto out = gputest::poisoned(t.q_elems);
   EXPECT_THROW(t.layer->decode(t.dq.as<float>(), out.as<float>()), Error);
   cuda::synchronize();
-  env.set("split64w_");
-  EXPECT_THROW(t.layer->decode(t.dq.as<float>(), out.as<float>()), Error);
-  cuda::synchronize();
-  env.set("split64w");  // the layer still decodes after the errors
+  env.set("split");  // the layer still decodes after the error
   const PathResult r = decode_once(t);
   EXPECT_EQ(gputest::compare(r.out, r.out).unwritten, 0);
   std::printf("[exact grid] unknown RETROINFER_EXACT values throw; the layer decodes afterwards\n");

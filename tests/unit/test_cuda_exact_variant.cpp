@@ -53,16 +53,7 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_STREQ(exact_variant_name(kExactV1), "v1");
   EXPECT_STREQ(exact_variant_name(kExactSplit), "split");
   EXPECT_STREQ(exact_variant_name(kExactSplit64), "split64");
-  EXPECT_STREQ(exact_variant_name(kExactSplit64m), "split64m");
-  EXPECT_STREQ(exact_variant_name(kExactSplit64w), "split64w");
-  EXPECT_STREQ(exact_variant_name(kExactSplit128w), "split128w");
-  EXPECT_STREQ(exact_variant_name(kExactVariants), "?");
-  // The wide-merge variants keep split64's 64-cluster chunks (the layers' est_splits slots).
-  EXPECT_EQ(exact_est_chunk(kExactSplit64m), kEstimateChunk);
-  EXPECT_EQ(exact_est_chunk(kExactSplit64w), kEstimateChunk);
-  EXPECT_EQ(exact_est_chunk(kExactSplit128w), kEstimateFusedChunk);  // 128-cluster slots, as split
-  for (const char* bad : {"V1", "split ", "split32", "v2", "run10", "+split", "split64M", "split64mw", "split64w ",
-                          "split64x", "split128", "split128W"}) {
+  for (const char* bad : {"V1", "split ", "split32", "v2", "run10", "+split"}) {
     ex.set(bad);
     EXPECT_THROW(exact_variant_from_env(), Error) << bad;
   }
@@ -72,10 +63,6 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_EQ(exact_variant_from_env(), kExactSplit64);
   DecodePath p = decode_path();
   EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score);
-  dec.set("run10+split64w");
-  EXPECT_EQ(exact_variant_from_env(), kExactSplit64w);
-  dec.set("run10+split64m");
-  EXPECT_EQ(exact_variant_from_env(), kExactSplit64m);
   dec.set("run9+v1");
   EXPECT_EQ(exact_variant_from_env(), kExactV1);
   p = decode_path();

@@ -25,13 +25,6 @@ namespace {
 
 constexpr int kW = kDecodeWarps;
 constexpr int kT = kDecodeTile;
-// Numerators per load batch of the wide fused merge (merge_if_last_wide): 16 (64 registers) in the exact CTAs
-// and split64w's estimation CTAs (128-register bounds) and in split64m's estimation CTAs, whose bound is
-// raised from split64's 8 CTAs per multiprocessor (64 registers) to kWideEstCtas (96 registers, ptxas: no
-// spills; with an 8-wide batch under the 64 or 80 register bound ptxas spilled).
-constexpr int kWideBatchExact = 16;
-constexpr int kWideBatchEst = 16;
-constexpr int kWideEstCtas = 5;
 static_assert(kT == 16, "the QK mapping uses lane & 15 as the token of the tile");
 
 template <int D, int S>
@@ -82,7 +75,7 @@ __device__ __forceinline__ T est_load(const T* p, bool read_only) {
 //   4. the partial state into slot est.split_offset + j, then the fused merge like every other CTA.
 // For kC = 128, kVec = 8 this is run 9's code (the same operations in the same order for any kChained).
 // Shared memory: EstSmem<D, kC> (run 9: the decode CTA's tile buffers, which hold it).
-template <int D, int kC, bool kChained, int kVec = 8, bool kWide = false>
+template <int D, int kC, bool kChained, int kVec = 8>
 __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char* smem) {
   constexpr int kThreads = kW * 32;
   constexpr int kChunks = D / 8;                   // 16-byte chunks per value-sum row
@@ -215,11 +208,8 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
     __syncthreads();
     phase_last(p.phase, h, kSlotEst + 1);
   }
-  if (p.merge.counter != nullptr) {
-    if constexpr (kWide) merge_if_last_wide<kWideBatchEst>(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, 1,
-                                                            red, p.phase);
-    else merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, red, p.phase);
-  }
+  if (p.merge.counter != nullptr)
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, red, p.phase);
 }
 
 // Tensor-core flash decoding. Per warp and tile of 16 tokens:
@@ -234,7 +224,7 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
 // of its own (decode_est_kernel below), so run 8's kernels are the same code as before.
 // kTrigger (RETROINFER_EXACT=split*, decode_exact_kernel): every CTA lets the chained estimation grid launch
 // (griddepcontrol.launch_dependents) right after its PDL wait; nothing else changes.
-template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kWide = false>
+template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
@@ -369,14 +359,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     __syncthreads();
     phase_last(p.phase, h, kSlotExact + 1);
   }
-  if (p.merge.counter != nullptr) {  // the staging above is read; the merge weights go after it
-    if constexpr (kWide)
-      merge_if_last_wide<kWideBatchExact>(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, 1,
-                                          reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
-    else
-      merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
-                    reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
-  }
+  if (p.merge.counter != nullptr)  // the staging above is read; the merge weights go after it
+    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
+                  reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
 }
 
 template <int D, bool kIndirect, int S>
@@ -415,16 +400,6 @@ template <int D, int S>
 __global__ void __launch_bounds__(kW * 32) decode_exact_kernel(const DecodeParams p) {
   decode_body<D, true, S, false, true>(p);
 }
-// split64m / split64w / split128w: the wide fused merge (decode_merge.cuh merge_if_last_wide), else the same
-// code, under a 128-register bound (ptxas, D = 128: 128 as decode_exact_kernel, no spills). The bound
-// matters: ptxas took 155 for this kernel without it, and three exact CTAs of 160 registers leave 4096 of a
-// multiprocessor's 65536, too few for any estimation CTA beside them; at 128, 16384 are left (one estimation
-// CTA of up to 128 registers; shared memory also allows one, 18.3 KiB). At D = 64: 128 against 94 (4 CTAs
-// instead of 5).
-template <int D, int S>
-__global__ void __launch_bounds__(kW * 32, 4) decode_exact_wide_kernel(const DecodeParams p) {
-  decode_body<D, true, S, false, true, true>(p);
-}
 // kC = 64 (split64): 4 dims per thread in step 3 (32 accumulators at G = 8) and at most 64 registers, so 8
 // CTAs fit on a multiprocessor once the exact CTAs have left (shared memory would allow 11).
 // The grid's last CTA (in launch order) waits for the exact grid after its own work: a grid that never
@@ -432,21 +407,12 @@ __global__ void __launch_bounds__(kW * 32, 4) decode_exact_wide_kernel(const Dec
 // grid as its own PDL prerequisite) would then start while exact CTAs still run, read the merged output
 // before the merge, or reuse the token lists and partial states under them. With this one wait, this grid
 // completes only after the exact grid has completed and flushed its writes. One CTA slot is held meanwhile.
-// kWide (split64m): the wide fused merge with kWideBatchEst numerators per batch, kWideEstCtas CTAs per
-// multiprocessor (96 registers at kC = 64).
-template <int D, int kC, bool kWide = false>
-__global__ void __launch_bounds__(kW * 32, kC != kEstimateChunk ? 1 : kWide ? kWideEstCtas : 8)
-    estimate_chained_kernel(const DecodeParams p) {
+template <int D, int kC>
+__global__ void __launch_bounds__(kW * 32, kC == kEstimateChunk ? 8 : 1) estimate_chained_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
-  estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8, kWide>(p, blockIdx.x, blockIdx.y, est_smem);
+  estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8>(p, blockIdx.x, blockIdx.y, est_smem);
   if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
 }
-
-}  // namespace
-}  // namespace retroinfer::cuda::detail
-#include "backend/cuda/decode_est_pair.cuh"  // split64w's / split128w's estimation kernel (uses the above)
-namespace retroinfer::cuda::detail {
-namespace {
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
 // output dimension. Cluster j contributes weight size_j * e^{logit_j} to the denominator and
@@ -628,25 +594,13 @@ cudaError_t set_split_attributes(K kernel, size_t bytes, bool& done) {
 }
 
 // RETROINFER_EXACT=split*: the exact grid, then the chained estimation grid (decode_exact_kernel).
-template <int D, int kC, bool kWide = false>
+template <int D, int kC>
 cudaError_t launch_est_chained(const DecodeParams& p, cudaStream_t s) {
   constexpr size_t bytes = EstSmem<D, kC>::kBytes;
   static bool attr_set = false;
-  const cudaError_t e = set_split_attributes(estimate_chained_kernel<D, kC, kWide>, bytes, attr_set);
+  const cudaError_t e = set_split_attributes(estimate_chained_kernel<D, kC>, bytes, attr_set);
   if (e != cudaSuccess) return e;
-  return launch_maybe_pdl(estimate_chained_kernel<D, kC, kWide>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32), bytes,
-                          s, p.chain_pdl, p);
-}
-// split64w: ceil(est_ctas / 2) CTAs of two 64-cluster chunks each (the last one alone when est_ctas is odd);
-// split128w (kJoin): est_ctas CTAs of one 128-cluster slot each.
-template <int D, bool kJoin>
-cudaError_t launch_est_pair(const DecodeParams& p, cudaStream_t s) {
-  constexpr size_t bytes = EstSmem<D, kEstimateChunk>::kBytes;
-  static bool attr_set = false;
-  const cudaError_t e = set_split_attributes(estimate_pair_kernel<D, kJoin>, bytes, attr_set);
-  if (e != cudaSuccess) return e;
-  const int ctas = kJoin ? p.est_ctas : (p.est_ctas + 1) / 2;
-  return launch_maybe_pdl(estimate_pair_kernel<D, kJoin>, dim3(ctas, p.num_heads), dim3(kW * 32), bytes, s,
+  return launch_maybe_pdl(estimate_chained_kernel<D, kC>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32), bytes, s,
                           p.chain_pdl, p);
 }
 template <int D, int S>
@@ -655,24 +609,13 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t s) {
   static_assert(DecodeSmem<D, S>::kWarpBytes * kW >=
                     size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8 + size_t{kMergeMaxStates} * 4,
                 "the warp-merge staging and the fused merge's weights must fit in the tile buffers");
-  const bool wide = p.exact_variant == kExactSplit64m || p.exact_variant == kExactSplit64w ||
-                    p.exact_variant == kExactSplit128w;
-  static bool attr_set = false, attr_set_wide = false;
-  cudaError_t e = wide ? set_split_attributes(decode_exact_wide_kernel<D, S>, bytes, attr_set_wide)
-                       : set_split_attributes(decode_exact_kernel<D, S>, bytes, attr_set);
+  static bool attr_set = false;
+  cudaError_t e = set_split_attributes(decode_exact_kernel<D, S>, bytes, attr_set);
   if (e != cudaSuccess) return e;
-  e = wide ? launch_maybe_pdl(decode_exact_wide_kernel<D, S>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes,
-                              s, p.pdl, p)
-           : launch_maybe_pdl(decode_exact_kernel<D, S>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s,
-                              p.pdl, p);
+  e = launch_maybe_pdl(decode_exact_kernel<D, S>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s, p.pdl, p);
   if (e != cudaSuccess) return e;
-  switch (p.exact_variant) {
-    case kExactSplit64: return launch_est_chained<D, kEstimateChunk>(p, s);
-    case kExactSplit64m: return launch_est_chained<D, kEstimateChunk, true>(p, s);
-    case kExactSplit64w: return launch_est_pair<D, false>(p, s);
-    case kExactSplit128w: return launch_est_pair<D, true>(p, s);
-    default: return launch_est_chained<D, kEstimateFusedChunk>(p, s);
-  }
+  return p.exact_variant == kExactSplit64 ? launch_est_chained<D, kEstimateChunk>(p, s)
+                                          : launch_est_chained<D, kEstimateFusedChunk>(p, s);
 }
 
 template <int D, bool kIndirect>

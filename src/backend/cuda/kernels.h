@@ -295,9 +295,9 @@ struct DecodeParams {
   EstimateParams est;
   int est_ctas = 0;
   // How the run 9 grid runs when est_ctas > 0 (ExactVariant): kExactV1 = one grid (above); kExactSplit /
-  // kExactSplit64 (m / w), kExactSplit128w = the exact splits as one grid, then the est_ctas estimation chunks
-  // (exact_est_chunk clusters each; split64w: two chunks per CTA, ceil(est_ctas / 2) CTAs) as a second grid
-  // launched right after it, a programmatic dependent of it when chain_pdl (decode.cu decode_exact_kernel).
+  // kExactSplit64 = the exact splits as one grid, then the est_ctas estimation CTAs (exact_est_chunk clusters
+  // each) as a second grid launched right after it, a programmatic dependent of it when chain_pdl (decode.cu
+  // decode_exact_kernel).
   int exact_variant = 0;
   bool chain_pdl = false;
 };
@@ -309,21 +309,11 @@ struct DecodeParams {
 //   split64  as split with 64-cluster estimation CTAs (18.3 KiB of shared memory and 64 registers at D = 128:
 //            one fits beside three exact CTAs on a multiprocessor, eight without them; run 8's chunking, so
 //            ceil(n_e / 64) = est_splits slots; within rounding of v1)
-//   split64m split64 with the wide fused merge in both grids (decode_merge.cuh merge_if_last_wide: the last
-//            CTA's loads issued up front, 16 / 8 numerators per batch): split64's output bit for bit
-//   split64w split64m with estimation CTAs of two 64-cluster chunks each (decode_est_pair.cuh: the second
-//            chunk's value-sum rows in registers, so 32 KiB in flight per CTA in split64's 18.3 KiB of shared
-//            memory, one count per CTA): the same partial states as split64, so its output bit for bit
-//   split128w split64w's CTAs over 128-cluster slots (ceil(n_e / 128), as split), the two halves' states
-//            joined in the CTA before the one write: fewer states to merge; within rounding of v1
-enum ExactVariant : int {
-  kExactV1 = 0, kExactSplit, kExactSplit64, kExactSplit64m, kExactSplit64w, kExactSplit128w, kExactVariants
-};
+enum ExactVariant : int { kExactV1 = 0, kExactSplit, kExactSplit64, kExactVariants };
 inline constexpr int kExactDefault = kExactSplit64;  // run 16: 79.9 vs 81.3 us at 128K batch 4, 193.8 vs 206.3 at batch 16
 // Estimated clusters per estimation CTA of a variant (its est_ctas = ceil(n_e / this) <= est_splits).
 constexpr int exact_est_chunk(int variant) {
-  return variant == kExactSplit64 || variant == kExactSplit64m || variant == kExactSplit64w ? kEstimateChunk
-                                                                                            : kEstimateFusedChunk;
+  return variant == kExactSplit64 ? kEstimateChunk : kEstimateFusedChunk;
 }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);

@@ -65,8 +65,8 @@ int exact_variant_from_env() {
   if (v.empty() && !suffix) return kExactDefault;
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
-  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64 (the default), split64m, ",
-                  "split64w, split128w, split or v1, or leave it unset");
+  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64 (the default), split or v1, ",
+                  "or leave it unset");
 }
 
 const char* exact_variant_name(int variant) {
@@ -74,9 +74,6 @@ const char* exact_variant_name(int variant) {
     case kExactV1: return "v1";
     case kExactSplit: return "split";
     case kExactSplit64: return "split64";
-    case kExactSplit64m: return "split64m";
-    case kExactSplit64w: return "split64w";
-    case kExactSplit128w: return "split128w";
     default: return "?";
   }
 }
