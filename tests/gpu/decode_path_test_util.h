@@ -110,6 +110,23 @@ inline PathResult decode_once(cuda::RetroLayer& layer, const float* dq, size_t q
 }
 inline PathResult decode_once(PathLayer& t) { return decode_once(*t.layer, t.dq.as<float>(), t.q_elems, t.H); }
 
+// Two decodes of one layer that must agree bit for bit: per flat head the logits, scores, ids and token list,
+// then every output element.
+inline void expect_identical(const PathResult& x, const PathResult& ref, const char* what) {
+  SCOPED_TRACE(what);
+  ASSERT_EQ(x.heads.size(), ref.heads.size());
+  for (size_t h = 0; h < ref.heads.size(); ++h) {
+    SCOPED_TRACE(testing::Message() << "flat head " << h);
+    EXPECT_EQ(x.heads[h].logits, ref.heads[h].logits);
+    EXPECT_EQ(x.heads[h].scores, ref.heads[h].scores);
+    EXPECT_EQ(x.heads[h].retrieval_ids, ref.heads[h].retrieval_ids);
+    EXPECT_EQ(x.heads[h].estimation_ids, ref.heads[h].estimation_ids);
+    EXPECT_EQ(x.heads[h].token_list, ref.heads[h].token_list);
+  }
+  ASSERT_EQ(x.out.size(), ref.out.size());
+  for (size_t i = 0; i < ref.out.size(); ++i) ASSERT_EQ(x.out[i], ref.out[i]) << what << ": output element " << i;
+}
+
 // Two graph replays of the current path into a poisoned output, each bit-identical to `eager` (the merge
 // counters and grid barriers reset themselves), then one more eager decode, returned (the caller compares
 // it with what it needs; its output is checked here).

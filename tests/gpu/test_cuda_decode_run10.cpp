@@ -30,21 +30,6 @@ using gputest::EnvGuard;
 using gputest::PathCase;
 using gputest::PathResult;
 
-void expect_same_path(const PathResult& x, const PathResult& ref, const char* what) {
-  SCOPED_TRACE(what);
-  ASSERT_EQ(x.heads.size(), ref.heads.size());
-  for (size_t h = 0; h < ref.heads.size(); ++h) {
-    SCOPED_TRACE(testing::Message() << "flat head " << h);
-    EXPECT_EQ(x.heads[h].logits, ref.heads[h].logits);
-    EXPECT_EQ(x.heads[h].scores, ref.heads[h].scores);
-    EXPECT_EQ(x.heads[h].retrieval_ids, ref.heads[h].retrieval_ids);
-    EXPECT_EQ(x.heads[h].estimation_ids, ref.heads[h].estimation_ids);
-    EXPECT_EQ(x.heads[h].token_list, ref.heads[h].token_list);
-  }
-  ASSERT_EQ(x.out.size(), ref.out.size());
-  for (size_t i = 0; i < ref.out.size(); ++i) ASSERT_EQ(x.out[i], ref.out[i]) << what << ": output element " << i;
-}
-
 void run10_case(const PathCase& rc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(rc, seed));
   gputest::PathLayer t = gputest::make_path_layer(rc, seed);
@@ -55,7 +40,7 @@ void run10_case(const PathCase& rc, uint64_t seed) {
   const PathResult a = decode_once(t);
   env.set("run10");
   const PathResult b = decode_once(t);
-  expect_same_path(b, a, "run10 vs run9");
+  gputest::expect_identical(b, a, "run10 vs run9");
   const int C = layer.num_clusters();
   for (int h = 0; h < H && C > 0; ++h) {  // the CPU rule on the GPU's scores
     SCOPED_TRACE(testing::Message() << "flat head " << h);
@@ -67,14 +52,14 @@ void run10_case(const PathCase& rc, uint64_t seed) {
   const auto c9 = gputest::compare(b.out, a.out);
   EXPECT_EQ(c9.unwritten, 0);
   env.set("run10form");
-  expect_same_path(decode_once(t), a, "run10form vs run9");
+  gputest::expect_identical(decode_once(t), a, "run10form vs run9");
   env.set(nullptr);  // the default: run 9 + run 10's formation (layer_common.h kRun10FormIsDefault)
-  expect_same_path(decode_once(t), a, "default vs run9");
+  gputest::expect_identical(decode_once(t), a, "default vs run9");
   env.set("run10");
 
   // Graph replays of run 10 and the stage-timing path: bit-identical to its eager decode.
   const PathResult e = gputest::expect_graph_replays(t, b.out);
-  expect_same_path(e, b, "eager after replays");
+  gputest::expect_identical(e, b, "eager after replays");
   const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
   std::printf("[decode run10] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: logits, scores, ids, lists "
               "and outputs vs run9 identical%s (run10form and the default too); graph replays identical; %d phase "

@@ -238,21 +238,6 @@ TEST(CudaScoreStream, KernelMatchesV1) {
   kernel_case({900, 1, 64, 40, 0.1}, 20);     // 900 one-CTA heads: the formation does not fit
 }
 
-void expect_same_decode(const gputest::PathResult& x, const gputest::PathResult& ref, const char* what) {
-  SCOPED_TRACE(what);
-  ASSERT_EQ(x.heads.size(), ref.heads.size());
-  for (size_t h = 0; h < ref.heads.size(); ++h) {
-    SCOPED_TRACE(testing::Message() << "flat head " << h);
-    EXPECT_EQ(x.heads[h].logits, ref.heads[h].logits);
-    EXPECT_EQ(x.heads[h].scores, ref.heads[h].scores);
-    EXPECT_EQ(x.heads[h].retrieval_ids, ref.heads[h].retrieval_ids);
-    EXPECT_EQ(x.heads[h].estimation_ids, ref.heads[h].estimation_ids);
-    EXPECT_EQ(x.heads[h].token_list, ref.heads[h].token_list);
-  }
-  ASSERT_EQ(x.out.size(), ref.out.size());
-  for (size_t i = 0; i < ref.out.size(); ++i) ASSERT_EQ(x.out[i], ref.out[i]) << what << ": output element " << i;
-}
-
 void decode_case(const gputest::PathCase& pc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(pc, seed));
   gputest::PathLayer t = gputest::make_path_layer(pc, seed);
@@ -267,13 +252,13 @@ void decode_case(const gputest::PathCase& pc, uint64_t seed) {
     SCOPED_TRACE(variant);
     score.set(variant);
     path.set("run9");
-    expect_same_decode(gputest::decode_once(t), a9, "run 9 path (form_scores) vs v1");
+    gputest::expect_identical(gputest::decode_once(t), a9, "run 9 path (form_scores) vs v1");
     path.set("run10");
     const gputest::PathResult b10 = gputest::decode_once(t);
-    expect_same_decode(b10, a10, "run 10 path (cooperative formation) vs v1");
+    gputest::expect_identical(b10, a10, "run 10 path (cooperative formation) vs v1");
     // Graph replays (cooperative score kernel when it fits) bit-identical to the eager decode.
     const gputest::PathResult e = gputest::expect_graph_replays(t, b10.out);
-    expect_same_decode(e, b10, "eager after replays");
+    gputest::expect_identical(e, b10, "eager after replays");
     gputest::expect_stage_path(t, b10.out);  // the stage-timing decode (phase stamps) bit-identical too
   }
   const bool fits = C > 0 && cd::score_form_fits(C, pc.d, t.H, cd::kScoreStream);

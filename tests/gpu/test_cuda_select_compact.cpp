@@ -307,26 +307,11 @@ TEST(CudaSelectCompact, UnknownVariantThrows) {
     EXPECT_NE(what.find("v1"), std::string::npos) << what;
     EXPECT_NE(what.find("ballot"), std::string::npos) << what;
   }
-  env.set("");  // empty = unset: v1
+  env.set("");  // empty = unset: the default (ballot)
   EXPECT_EQ(cuda::detail::select_and_expand_bins(p, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::printf("[select compact] RETROINFER_SELECT_COMPACT=fast throws retroinfer::Error naming v1 and ballot; "
-              "empty runs v1\n");
-}
-
-void expect_same(const gputest::PathResult& x, const gputest::PathResult& ref, const char* what) {
-  SCOPED_TRACE(what);
-  ASSERT_EQ(x.heads.size(), ref.heads.size());
-  for (size_t h = 0; h < ref.heads.size(); ++h) {
-    SCOPED_TRACE(testing::Message() << "flat head " << h);
-    EXPECT_EQ(x.heads[h].logits, ref.heads[h].logits);
-    EXPECT_EQ(x.heads[h].scores, ref.heads[h].scores);
-    EXPECT_EQ(x.heads[h].retrieval_ids, ref.heads[h].retrieval_ids);
-    EXPECT_EQ(x.heads[h].estimation_ids, ref.heads[h].estimation_ids);
-    EXPECT_EQ(x.heads[h].token_list, ref.heads[h].token_list);
-  }
-  ASSERT_EQ(x.out.size(), ref.out.size());
-  for (size_t i = 0; i < ref.out.size(); ++i) ASSERT_EQ(x.out[i], ref.out[i]) << what << ": output element " << i;
+              "empty runs the default (ballot)\n");
 }
 
 // One layer: v1 and ballot decodes bit-identical under the default decode path and run 8's (where the bins
@@ -340,16 +325,16 @@ void layer_case(const gputest::PathCase& pc, uint64_t seed) {
   const gputest::PathResult a = gputest::decode_once(t);
   env.set("ballot");
   const gputest::PathResult b = gputest::decode_once(t);
-  expect_same(b, a, "default path: ballot vs v1");
+  gputest::expect_identical(b, a, "default path: ballot vs v1");
   EXPECT_EQ(gputest::compare(b.out, a.out).unwritten, 0);
   const gputest::PathResult e = gputest::expect_graph_replays(t, b.out);
-  expect_same(e, b, "ballot: eager after graph replays");
+  gputest::expect_identical(e, b, "ballot: eager after graph replays");
   const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
   path.set("run8");
   env.set("v1");
   const gputest::PathResult a8 = gputest::decode_once(t);
   env.set("ballot");
-  expect_same(gputest::decode_once(t), a8, "run8: ballot vs v1");
+  gputest::expect_identical(gputest::decode_once(t), a8, "run8: ballot vs v1");
   size_t retrieval = 0;
   for (const auto& hd : b.heads) retrieval = std::max(retrieval, hd.retrieval_ids.size());
   std::printf("[select compact] layer H=%d G=%d d=%d n=%lld C=%d n_r=%d n_e=%d est=%d outliers=%d: ids, lists and "

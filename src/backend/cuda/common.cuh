@@ -162,4 +162,23 @@ cudaError_t launch_maybe_pdl(void (*kernel)(P), dim3 grid, dim3 block, size_t sm
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
+// kernel<<<grid, block, smem, s>>>(args...) as a cooperative launch (cudaLaunchAttributeCooperative: every CTA
+// resident at once, so a grid-wide barrier inside the kernel cannot deadlock; the caller checks the grid
+// fits). Returns the launch status.
+template <typename... P, typename... A>
+cudaError_t launch_cooperative(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                               const A&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 }  // namespace retroinfer::cuda::detail

@@ -49,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/kernels.h"
@@ -69,90 +70,6 @@ constexpr int kStreamCtasPerSm = 6;
 // form_own_scores' items per thread per round (score_common.cuh): 4 x 128 >= the 352 clusters of a CTA at
 // 128K batch 4, all loaded before the grid barrier.
 constexpr int kStreamFormItems = 4;
-
-// mbarrier and bulk-copy helpers (decode_dense.cu has the same in its own file scope).
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-// The initialised barriers visible to the other lanes and to the async proxy (the bulk copies'
-// complete_tx) before the __syncwarp that follows.
-__device__ __forceinline__ void mbar_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile(
-      "{\n"
-      ".reg .b64 state;\n"
-      "mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(bytes)
-      : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// A wait longer than this traps: 2^34 cycles, ~9 s at ~1.8 GHz, against waits of microseconds. A protocol
-// bug then fails the launch instead of hanging the GPU.
-constexpr long long kHangCycles = 1ll << 34;
-// Blocks until the barrier's phase of parity `parity` has completed (acquire: the stage's rows and sizes
-// are visible to what follows).
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t a = smem_addr(bar);
-  if (mbar_try_wait(a, parity)) return;
-  const long long t0 = clock64();
-  while (!mbar_try_wait(a, parity))
-    if (clock64() - t0 > kHangCycles) __trap();
-}
-// 1-D bulk copy global -> shared (bytes a multiple of 16, both addresses 16-byte aligned) completing its
-// bytes on bar; L2 policy pol.
-__device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                              uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
-      "%4;\n" ::"r"(smem_addr(dst)),
-      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
-      : "memory");
-}
-// cp.async of 4 bytes, zeros when `valid` is false (src-size 0; src must still be a valid address).
-__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool valid) {
-  const int n = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(n)
-               : "memory");
-}
-// An arrive on bar when all of this thread's earlier cp.async copies have landed; the pending count is
-// raised by one now (no .noinc), so the barrier's expected count is unchanged and its phase cannot
-// complete before those copies have.
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-// Orders this thread's earlier generic-proxy shared-memory accesses before its later async-proxy ones.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// tma: the box at (dim d, centroid c, head h) of tensor map `map` (a kernel parameter) -> shared memory,
-// completing the box's bytes on bar; L2 policy pol.
-__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, int d, int c, int h, uint64_t* bar,
-                                            uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-      "%3, %4}], [%5], %6;\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(d), "r"(c), "r"(h), "r"(smem_addr(bar)), "l"(pol)
-      : "memory");
-}
 
 // The centroids' tensor map of the tma variant (zero for stream): [H][C][D] bf16, boxes of 64 dims x 16
 // centroids x 1 head, 128-byte swizzle, zero fill past C.
@@ -190,7 +107,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   phase_first(p.phase, h, 0);
   grid_launch_dependents();  // a selection launched with PDL may start its CTAs (they wait for this grid)
   // This warp's stages, L::kAlign aligned.
-  unsigned char* stages = stage_raw + ((L::kAlign - (smem_addr(stage_raw) & (L::kAlign - 1))) & (L::kAlign - 1)) +
+  unsigned char* stages = stage_raw + ((L::kAlign - (smem_u32(stage_raw) & (L::kAlign - 1))) & (L::kAlign - 1)) +
                           warp * kStreamStages * L::kStageBytes;
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
   const int* sz = p.sizes + int64_t{h} * C;
@@ -357,17 +274,7 @@ cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, di
     score_stream_kernel<D, kTma><<<grid, block, 0, s>>>(p, m);
     return cudaGetLastError();
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, score_stream_form_kernel<D, kTma>, p, m);
+  return launch_cooperative(score_stream_form_kernel<D, kTma>, grid, block, 0, s, p, m);
 }
 
 template <int D, bool kTma>

@@ -317,17 +317,7 @@ namespace {
 // Run 10: the cooperative launch of score_form_kernel<D> (its grid barrier needs every CTA resident).
 template <int D>
 cudaError_t launch_score_form(const ScoreParams& p, dim3 grid, dim3 block, cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, score_form_kernel<D>, p);
+  return launch_cooperative(score_form_kernel<D>, grid, block, 0, s, p);
 }
 
 template <int D>
