@@ -139,6 +139,20 @@ __device__ __forceinline__ void grid_launch_dependents() {
 #endif
 }
 
+// kernel<<<grid, block, smem, s>>>(args...) through cudaLaunchKernelEx with one launch attribute.
+template <typename... P, typename... A>
+cudaError_t launch_with(cudaLaunchAttribute attr, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                        cudaStream_t s, const A&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 // kernel<<<grid, block, smem, s>>>(p), or with pdl the same launch as a programmatic dependent of the work
 // before it on s (cudaLaunchAttributeProgrammaticStreamSerialization: the kernel's CTAs may start while
 // that grid drains and wait in griddepcontrol.wait). Returns the launch status.
@@ -149,17 +163,10 @@ cudaError_t launch_maybe_pdl(void (*kernel)(P), dim3 grid, dim3 block, size_t sm
     kernel<<<grid, block, smem, s>>>(p);
     return cudaGetLastError();
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  return launch_with(attr, kernel, grid, block, smem, s, p);
 }
 
 // kernel<<<grid, block, smem, s>>>(args...) as a cooperative launch (cudaLaunchAttributeCooperative: every CTA
@@ -168,17 +175,22 @@ cudaError_t launch_maybe_pdl(void (*kernel)(P), dim3 grid, dim3 block, size_t sm
 template <typename... P, typename... A>
 cudaError_t launch_cooperative(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                                const A&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, args...);
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  return launch_with(attr, kernel, grid, block, smem, s, args...);
+}
+
+// The most CTAs of `threads` threads (and `smem` bytes of dynamic shared memory) one multiprocessor holds,
+// 0 where the query fails (its error cleared). Callers cache it per kernel.
+template <typename... P>
+int max_ctas_per_sm(void (*kernel)(P...), int threads, size_t smem = 0) {
+  int b = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, threads, smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return b;
 }
 
 }  // namespace retroinfer::cuda::detail

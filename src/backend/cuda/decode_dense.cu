@@ -47,6 +47,7 @@
 #include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/decode_merge.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tensor_map.h"
 #include "retroinfer/softmax_state.h"
 
 namespace retroinfer::cuda::detail {
@@ -331,15 +332,7 @@ cudaError_t with_variant(DenseKernel k, F&& f) {
 // swizzle, zero fill past the bounds), encoded by the driver's cuTensorMapEncodeTiled, obtained once through
 // the runtime (no link against libcuda); cached_dense_maps keeps the recent ones.
 cudaError_t encode_dense_maps(const DenseParams& p, DenseMaps* maps) {
-  using Encode = decltype(&cuTensorMapEncodeTiled);
-  static const Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<Encode>(fn);
-  }();
+  const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   if (p.kv_stride > 0x7fffffff) return cudaErrorInvalidValue;  // 32-bit token coordinates
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.kv_stride),

@@ -53,6 +53,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/tensor_map.h"
 #include "backend/cuda/score_common.cuh"
 #include "backend/cuda/select_common.cuh"
 #include "retroinfer/error.h"
@@ -219,15 +220,7 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
 // link against libcuda), as decode_dense.cu's; cached per thread by (centroids, H, C, D), which a layer
 // keeps from one decode to the next.
 cudaError_t encode_score_map(const ScoreParams& p, ScoreMap* m) {
-  using Encode = decltype(&cuTensorMapEncodeTiled);
-  static const Encode encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      fn = nullptr;
-    return reinterpret_cast<Encode>(fn);
-  }();
+  const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.num_clusters),
                               static_cast<cuuint64_t>(p.num_heads)};
@@ -279,15 +272,7 @@ cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, di
 
 template <int D, bool kTma>
 int stream_form_ctas_per_sm() {
-  static const int n = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, score_stream_form_kernel<D, kTma>, kScoreWarps * 32, 0) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return b;
-  }();
+  static const int n = max_ctas_per_sm(score_stream_form_kernel<D, kTma>, kScoreWarps * 32);
   return n;
 }
 

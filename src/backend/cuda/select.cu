@@ -322,15 +322,7 @@ cudaError_t launch_score_form(const ScoreParams& p, dim3 grid, dim3 block, cudaS
 
 template <int D>
 int score_form_ctas_per_sm() {
-  static const int n = [] {
-    int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, score_form_kernel<D>, kScoreWarps * 32, 0) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return b;
-  }();
+  static const int n = max_ctas_per_sm(score_form_kernel<D>, kScoreWarps * 32);
   return n;
 }
 
