@@ -210,6 +210,7 @@ struct SelectParams {
   int prefetch_ctas = 0;
   const uint16_t* value_sums_bf16 = nullptr;  // [H, N, head_dim] bf16: the rows to prefetch
   int head_dim = 0;                           // D of value_sums_bf16
+  int* prefetch_rows = nullptr;  // [H] (null: not counted): rows prefetched per head, added to (tests)
 };
 // RETROINFER_SELECT_PREFETCH (read at every call; a test runs both in one process): prefetch CTAs per head
 // for SelectParams::prefetch_ctas: off (unset or empty: the default) = 0, on = 2, or a number 0 .. 16.
