@@ -319,7 +319,7 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, const floa
 // most SMs and the DRAM are idle. Prefetch CTA r = blockIdx.x - num_heads (after the num_heads selection
 // CTAs) serves head r / P and the items [N (r % P) / P, N (r % P + 1) / P) of P = p.prefetch_ctas:
 //   1. after the PDL wait, a histogram of the head's (ready, non-negative) scores over kPfBins bins of
-//      their top bits (8 exponent + 4 mantissa bits: a bin spans a factor <= 2^(1/16) ~ 1.044; monotone,
+//      their top bits (8 exponent + 4 mantissa bits: a bin spans a factor 32/31 .. 17/16 of scores; monotone,
 //      higher bins hold strictly higher scores), the scores kept in the shared memory;
 //   2. one block scan (descending bins) gives each bin the count of items in higher bins (above) and
 //      above + its own (cum); a bin is taken when above < k_r + k_e (it holds an item of rank <= k_r + k_e),
@@ -327,8 +327,9 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, const floa
 //      cum <= select_prefetch_max_rows (the bound the byte accounting uses; bins are descending, so the
 //      taken items number <= that bound);
 //   3. each item of the slice whose bin is taken: its row's 128-byte lines prefetched into L2.
-// Issue only (nothing waits on the prefetches) and nothing written outside the CTA's shared memory, so the
-// selection's results are the same; the CTA ends a few microseconds after the wait.
+// Issue only (nothing waits on the prefetches) and nothing written outside the CTA's shared memory (but the
+// tests' optional row counter), so the selection's results are the same; the CTA ends a few microseconds
+// after the wait.
 constexpr int kPfBins = 4096;
 constexpr int kPfShift = 19;  // 31 - 19 = 12 bits: 8 exponent + 4 mantissa bits of a non-negative float
 constexpr int kPfBinsPerThread = kPfBins / kSelThreads;
@@ -337,7 +338,9 @@ static_assert(kPfBins == 1 << (31 - kPfShift) && kPfBins % kSelThreads == 0 && k
               "the prefetch histogram reuses SelectSmem::hist");
 
 // Bin of a score s >= 0 (-0 in bin 0 with +0).
-__device__ __forceinline__ int pf_bin(float s) { return static_cast<int>((__float_as_uint(s) & 0x7fffffffu) >> kPfShift); }
+__device__ __forceinline__ int pf_bin(float s) {
+  return static_cast<int>((__float_as_uint(s) & 0x7fffffffu) >> kPfShift);
+}
 
 __device__ __forceinline__ void prefetch_estimation_rows(const SelectParams& p, SelectSmem& sm, float* sc) {
   const int P = p.prefetch_ctas, r = static_cast<int>(blockIdx.x) - p.num_heads;
