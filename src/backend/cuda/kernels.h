@@ -201,26 +201,7 @@ struct SelectParams {
   // clusters' members while compacting (the expansion's dependent loads then hit L2), and a half-warp per
   // item in the expansion. The result is the same.
   bool prefetch = false;
-  // Issue #4 (bins kernel, ready scores: group == 0, clusters: page_tokens == 0, k_estimation > 0): while
-  // the selection CTAs work, prefetch_ctas extra CTAs per head put the value-sum rows of the clusters that
-  // will probably be in the estimation zone into L2 (prefetch.global.L2, issue only; the estimation grid
-  // then hits L2). At most select_prefetch_max_rows(k_retrieval, k_estimation) rows per head. The selection's
-  // results are the same; 0 (or any other case) launches no prefetch CTA. Capped to the multiprocessors
-  // the selection CTAs leave idle: (SMs - H) / H per head (none once H > SMs / 2).
-  int prefetch_ctas = 0;
-  const uint16_t* value_sums_bf16 = nullptr;  // [H, N, head_dim] bf16: the rows to prefetch
-  int head_dim = 0;                           // D of value_sums_bf16
-  int* prefetch_rows = nullptr;  // [H] (null: not counted): rows prefetched per head, added to (tests)
 };
-// RETROINFER_SELECT_PREFETCH (read at every call; a test runs both in one process): prefetch CTAs per head
-// for SelectParams::prefetch_ctas: off (unset or empty: the default) = 0, on = 2, or a number 0 .. 16.
-// Throws retroinfer::Error on any other value.
-int select_prefetch_ctas();
-// Upper bound on the value-sum rows one head's prefetch CTAs prefetch (select_bins.cu): the retrieval and
-// estimation budgets plus a slack of k_estimation / 4 for the threshold bin's extra items.
-constexpr int64_t select_prefetch_max_rows(int k_retrieval, int k_estimation) {
-  return int64_t{k_retrieval} + k_estimation + k_estimation / 4;
-}
 // Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)
 // while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;
 // RETROINFER_SELECT=radix (or single) / cluster forces run 5's one-CTA radix kernel / the cluster kernel.

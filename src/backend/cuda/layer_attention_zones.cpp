@@ -237,11 +237,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.phase = a.phase;
   se.pdl = pdl;
   se.prefetch = path.prefetch;
-  // Issue #4 (RETROINFER_SELECT_PREFETCH, off by default): the estimation zone's value-sum rows into L2
-  // by extra CTAs of the bins selection (it uses them only with ready scores and an estimation zone).
-  se.prefetch_ctas = a.n_estimation > 0 && a.value_sums_bf16 != nullptr ? select_prefetch_ctas() : 0;
-  se.value_sums_bf16 = a.value_sums_bf16;
-  se.head_dim = a.head_dim;
   launch_check(select_and_expand(se, st), "select_and_expand", st);
   marked("select");
 

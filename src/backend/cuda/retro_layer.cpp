@@ -706,11 +706,6 @@ double RetroLayer::decode_bytes_moved() {
   b += H * (m.n_r + m.n_e) * 4 * 2 + H * G * m.n_e * 4;  // ids written and read, estimation logits
   b += H * m.n_r * 8 * 2;                                  // CSR offsets and scan scratch
   b += 2.0 * H * total * G * (D + 2) * 4;                  // partial states written and merged
-  // Issue #4 (RETROINFER_SELECT_PREFETCH): the value-sum rows the selection's prefetch CTAs put into L2, at
-  // their bound per head (select_bins.cu; counted whenever the switch is on: an upper bound), plus their
-  // histogram's reads of the scores.
-  if (const int pf = detail::select_prefetch_ctas(); pf > 0 && m.n_e > 0)
-    b += H * double(detail::select_prefetch_max_rows(m.n_r, m.n_e)) * D * 2 + H * pf * C * 4;
   return b;
 }
 

@@ -313,99 +313,6 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, const floa
   running = at0;
 }
 
-// ---- Issue #4: the estimation zone's value-sum rows into L2 during the selection ----
-// The estimation grid reads the value-sum rows of k_estimation clusters per head (256 B each at D = 128)
-// in dependent chains (ids -> logits and sizes -> rows), from DRAM; during the selection (one CTA per head)
-// most SMs and the DRAM are idle. Prefetch CTA r = blockIdx.x - num_heads (after the num_heads selection
-// CTAs) serves head r / P and the items [N (r % P) / P, N (r % P + 1) / P) of P = p.prefetch_ctas:
-//   1. after the PDL wait, a histogram of the head's (ready, non-negative) scores over kPfBins bins of
-//      their top bits (8 exponent + 4 mantissa bits: a bin spans a factor 32/31 .. 17/16 of scores; monotone,
-//      higher bins hold strictly higher scores), the scores kept in the shared memory;
-//   2. one block scan (descending bins) gives each bin the count of items in higher bins (above) and
-//      above + its own (cum); a bin is taken when above < k_r + k_e (it holds an item of rank <= k_r + k_e),
-//      cum > k_r (not every item of it is a retrieval item: those are few and the expansion's) and
-//      cum <= select_prefetch_max_rows (the bound the byte accounting uses; bins are descending, so the
-//      taken items number <= that bound);
-//   3. each item of the slice whose bin is taken: its row's 128-byte lines prefetched into L2.
-// Issue only (nothing waits on the prefetches) and nothing written outside the CTA's shared memory (but the
-// tests' optional row counter), so the selection's results are the same; the CTA ends a few microseconds
-// after the wait.
-constexpr int kPfBins = 4096;
-constexpr int kPfShift = 19;  // 31 - 19 = 12 bits: 8 exponent + 4 mantissa bits of a non-negative float
-constexpr int kPfBinsPerThread = kPfBins / kSelThreads;
-constexpr int kPfLine = 128;  // bytes per prefetch_l2 (one L2 line)
-static_assert(kPfBins == 1 << (31 - kPfShift) && kPfBins % kSelThreads == 0 && kPfBins <= 2 * kRadixBins,
-              "the prefetch histogram reuses SelectSmem::hist");
-
-// Bin of a score s >= 0 (-0 in bin 0 with +0).
-__device__ __forceinline__ int pf_bin(float s) {
-  return static_cast<int>((__float_as_uint(s) & 0x7fffffffu) >> kPfShift);
-}
-
-__device__ __forceinline__ void prefetch_estimation_rows(const SelectParams& p, SelectSmem& sm, float* sc) {
-  const int P = p.prefetch_ctas, r = static_cast<int>(blockIdx.x) - p.num_heads;
-  const int h = r / P, part = r % P, N = p.num_items, tid = threadIdx.x;
-  unsigned* hist = &sm.hist[0][0];  // kPfBins counters, then flags
-  for (int i = tid; i < kPfBins; i += blockDim.x) hist[i] = 0u;
-  grid_launch_dependents();  // as the selection CTAs: the exact grid's launch is not held back
-  grid_dependency_wait();    // the scores are the score grid's
-  __syncthreads();           // zeroed histogram
-  const float* gsc = p.scores + int64_t{h} * N;
-  constexpr int kB = 4;  // independent loads in flight per thread
-  for (int i0 = tid; i0 < N; i0 += kB * blockDim.x) {
-    float sv[kB];
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      const int i = i0 + b * static_cast<int>(blockDim.x);
-      sv[b] = i < N ? gsc[i] : -INFINITY;
-    }
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      const int i = i0 + b * static_cast<int>(blockDim.x);
-      if (i >= N) break;
-      sc[i] = sv[b];
-      if (sv[b] >= 0.0f) atomicAdd(&hist[pf_bin(sv[b])], 1u);  // -inf (empty) and NaN never taken
-    }
-  }
-  __syncthreads();  // histogram and scores
-  // Thread t owns bins kPfBins-1-4t ... kPfBins-4-4t (descending), as the selection's histogram.
-  unsigned cnt[kPfBinsPerThread];
-  int own = 0;
-#pragma unroll
-  for (int jj = 0; jj < kPfBinsPerThread; ++jj) {
-    cnt[jj] = hist[kPfBins - 1 - kPfBinsPerThread * tid - jj];
-    own += static_cast<int>(cnt[jj]);
-  }
-  int total, unused;
-  // block_scan2 ends with a barrier: every thread has read its bins before any flag overwrites one.
-  const int incl = block_scan2(own, 0, sm, &total, &unused).x;
-  const int k_lo = p.k_retrieval, k_all = p.k_retrieval + p.k_estimation;
-  const int64_t cap = select_prefetch_max_rows(p.k_retrieval, p.k_estimation);
-  int cum = incl - own;
-#pragma unroll
-  for (int jj = 0; jj < kPfBinsPerThread; ++jj) {
-    const int above = cum;
-    cum += static_cast<int>(cnt[jj]);
-    hist[kPfBins - 1 - kPfBinsPerThread * tid - jj] = above < k_all && cum > k_lo && cum <= cap ? 1u : 0u;
-  }
-  __syncthreads();  // flags
-  const int beg = static_cast<int>(int64_t{N} * part / P), end = static_cast<int>(int64_t{N} * (part + 1) / P);
-  const int64_t row_bytes = int64_t{p.head_dim} * 2;
-  const char* rows = reinterpret_cast<const char*>(p.value_sums_bf16) + int64_t{h} * N * row_bytes;
-  int taken = 0;
-  for (int i = beg + tid; i < end; i += blockDim.x) {
-    const float s = sc[i];
-    if (s >= 0.0f && hist[pf_bin(s)] != 0u) {
-      for (int64_t o = 0; o < row_bytes; o += kPfLine) prefetch_l2(rows + i * row_bytes + o);
-      ++taken;
-    }
-  }
-  if (p.prefetch_rows != nullptr) {  // the tests' count (the layers pass none)
-    taken = __reduce_add_sync(0xffffffffu, taken);
-    if ((tid & 31) == 0 && taken > 0) atomicAdd(p.prefetch_rows + h, taken);
-  }
-}
-
 // kBallot (RETROINFER_SELECT_COMPACT=ballot): the compaction by compact_ballot above; else the
 // chunked block-scan compaction of run 6 (v1). Every other phase is the same code in both.
 template <bool kBallot>
@@ -414,10 +321,6 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   __shared__ BinSmem bs;
   // 16-byte aligned: the ballot compaction reads the scores as float4 (padded with -inf to a multiple of 4).
   extern __shared__ __align__(16) float smem_scores[];
-  if (static_cast<int>(blockIdx.x) >= p.num_heads) {  // issue #4: a prefetch CTA (p.prefetch_ctas > 0)
-    prefetch_estimation_rows(p, sm, smem_scores);
-    return;
-  }
   const int h = blockIdx.x, N = p.num_items, G = p.group, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   float* gsc = p.scores + int64_t{h} * N;
@@ -736,11 +639,6 @@ namespace {
 // RETROINFER_SELECT_COMPACT, read at every launch (a test runs both in one process): ballot (unset or
 // empty: compact_ballot, the default since run 16: 3.7 against 8.5 us at 128K batch 4, bit-identical) or v1
 // (run 6's compaction).
-// RETROINFER_SELECT_PREFETCH=on: 2 prefetch CTAs per head (64 at 128K batch 4, next to the 32 selection
-// CTAs on the 132 SMs); at most 16 (the grid stays small, each CTA's histogram reads the head's scores).
-constexpr int kDefaultPrefetchCtas = 2;
-constexpr int kMaxPrefetchCtas = 16;
-
 bool ballot_compaction() {
   const char* e = std::getenv("RETROINFER_SELECT_COMPACT");
   if (e == nullptr || e[0] == '\0' || std::strcmp(e, "ballot") == 0) return true;
@@ -758,53 +656,19 @@ cudaError_t launch_bins(const SelectParams& p, size_t bytes, size_t max_bytes, c
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  // Issue #4: prefetch_ctas CTAs per head after the num_heads selection CTAs (0 unless
-  // select_and_expand_bins found the prefetch applicable).
-  const unsigned grid = static_cast<unsigned>(p.num_heads) * (1u + static_cast<unsigned>(p.prefetch_ctas));
-  return launch_maybe_pdl(select_bins_kernel<kBallot>, dim3(grid), dim3(kSelThreads), bytes, s, p.pdl, p);
+  return launch_maybe_pdl(select_bins_kernel<kBallot>, dim3(p.num_heads), dim3(kSelThreads), bytes, s, p.pdl, p);
 }
 
 }  // namespace
 
 // The few-barrier selection (select_bins_kernel); the caller keeps it to <= 40K items (scores in shared
 // memory). Throws retroinfer::Error on an unknown RETROINFER_SELECT_COMPACT.
-cudaError_t select_and_expand_bins(const SelectParams& p_in, cudaStream_t s) {
+cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
   constexpr size_t kMaxSmemScores = 160 * 1024;  // a multiple of 16: the ballot's float4 padding fits too
-  const size_t bytes = size_t(p_in.num_items) * 4;
+  const size_t bytes = size_t(p.num_items) * 4;
   if (bytes > kMaxSmemScores) return cudaErrorInvalidValue;
-  if (p_in.prefetch_ctas > kMaxPrefetchCtas) return cudaErrorInvalidValue;
-  // Issue #4: the prefetch CTAs only for ready scores (group 0: the prefetch CTAs read them after the PDL
-  // wait), clusters (not pages) with an estimation zone and its value sums; no CTA otherwise.
-  SelectParams p = p_in;
-  const bool prefetch = p.prefetch_ctas > 0 && p.group == 0 && p.scores != nullptr && p.page_tokens == 0 &&
-                        p.k_estimation > 0 && p.value_sums_bf16 != nullptr && p.head_dim > 0 && p.num_items > 0;
-  if (!prefetch) p.prefetch_ctas = 0;
-  if (p.prefetch_ctas > 0) {
-    // Only on the multiprocessors the selection CTAs leave idle: a prefetch CTA queued behind a selection
-    // CTA would end the grid (which the exact grid waits for) after the selection (batch 16: none).
-    int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return e;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    const int fit = sms > p.num_heads ? (sms - p.num_heads) / p.num_heads : 0;
-    p.prefetch_ctas = p.prefetch_ctas < fit ? p.prefetch_ctas : fit;
-  }
   if (ballot_compaction()) return launch_bins<true>(p, size_t(compact_padded(p.num_items)) * 4, kMaxSmemScores, s);
   return launch_bins<false>(p, bytes, kMaxSmemScores, s);
-}
-
-int select_prefetch_ctas() {
-  const char* e = std::getenv("RETROINFER_SELECT_PREFETCH");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "off") == 0) return 0;
-  if (std::strcmp(e, "on") == 0) return kDefaultPrefetchCtas;
-  int v = 0, digits = 0;  // plain decimal digits only (no sign, no spaces)
-  for (const char* c = e; *c >= '0' && *c <= '9' && digits < 3; ++c, ++digits) v = 10 * v + (*c - '0');
-  if (digits > 0 && e[digits] == '\0' && v <= kMaxPrefetchCtas) return v;
-  RETROINFER_FAIL("RETROINFER_SELECT_PREFETCH='", e,
-                  "' is not a setting of the selection's value-sum prefetch: use off (the default), on (",
-                  kDefaultPrefetchCtas, " prefetch CTAs per head) or a number of prefetch CTAs per head in 0 .. ",
-                  kMaxPrefetchCtas);
 }
 
 }  // namespace retroinfer::cuda::detail
