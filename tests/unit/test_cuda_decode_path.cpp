@@ -84,6 +84,11 @@ TEST(CudaDecodePath, PhaseSummary) {
     r[kSlotEst] = t0 + 34500;
     r[kSlotEst + 1] = ~(t0 + 44000);
     r[kSlotMerge] = ~(t0 + 47000);
+    r[kSlotScore + 4] = t0 + 2000 + 100 * h;      // first tile landed: earliest
+    r[kSlotScore] = ~(t0 + 4000 + 300 * h);       // ... latest
+    r[kSlotScore + 1] = t0 + 15000 + 1000 * h;    // tile loops done: earliest
+    r[kSlotScore + 2] = ~(t0 + 18000 + 1000 * h); // ... latest
+    r[kSlotScore + 3] = ~(t0 + 19000 + 200 * h);  // past the grid barrier: latest
   }
   const auto out = summarize_phases(raw, 2);
   std::map<std::string, double> us;
@@ -96,6 +101,11 @@ TEST(CudaDecodePath, PhaseSummary) {
   EXPECT_NEAR(us.at("phase.estimate_start"), 34.5, 1e-3);
   EXPECT_NEAR(us.at("phase.estimate_end"), 44.0, 1e-3);
   EXPECT_NEAR(us.at("phase.merge_end"), 47.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.score_first_tile_first"), 2.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.score_first_tile_last"), 4.3, 1e-3);
+  EXPECT_NEAR(us.at("phase.score_loop_end_first"), 15.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.score_loop_end_last"), 19.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.score_barrier_last"), 19.2, 1e-3);
   // Per-head totals 10 and 12 us: the median of two is the upper one; each of the 7 phases is 1/7 of it
   // (cycles converted at the heads' mean ratio, 2 ns per cycle).
   EXPECT_NEAR(us.at("phase.select_head_total"), 12.0, 1e-3);

@@ -148,13 +148,17 @@ struct ScoreParams {
 //   3 threshold bins, 4 candidates, 5 thresholds, 6 compaction, 7 expansion = end);
 //   [kSlotExact] exact attention first start (after the PDL wait), [kSlotExact + 1] ~its last end (partial
 //   states written); [kSlotEst], [kSlotEst + 1] the same for the estimation;
-//   [kSlotMerge] ~(end of the merge): the fused merge's last CTA, or the last combine_states CTA.
+//   [kSlotMerge] ~(end of the merge): the fused merge's last CTA, or the last combine_states CTA;
+//   [kSlotScore .. + 4] inside the score grid (thread 0 of each CTA): ~latest first tile landed (stream /
+//   tma kernels only), earliest and ~latest end of a CTA's tile loop (all its warps), ~latest pass of the
+//   grid barrier before the formation (run 10 path), earliest first tile landed.
 // Kernels that do not stamp (radix, cluster selection) leave their slots at ~0.
 inline constexpr int kSelPhases = 8;
 inline constexpr int kSlotExact = 2 + 2 * kSelPhases;
 inline constexpr int kSlotEst = kSlotExact + 2;
 inline constexpr int kSlotMerge = kSlotEst + 2;
-inline constexpr int kPhaseSlots = kSlotMerge + 1;
+inline constexpr int kSlotScore = kSlotMerge + 1;
+inline constexpr int kPhaseSlots = kSlotScore + 5;
 int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters (any variant)
 // Launches the variant p.variant (kScoreVariantEnv: RETROINFER_SCORE now, which may throw). Returns
 // cudaErrorInvalidValue for a head_dim other than 64 / 128, for p.scores without early_loads or beyond

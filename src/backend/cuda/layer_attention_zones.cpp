@@ -92,7 +92,7 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     void end(uint64_t t) { if (t != kUnset) last = std::max(last, t); }
     bool ok() const { return first != kUnset && last != 0; }
   };
-  Span score, select, exact, est, merge;
+  Span score, select, exact, est, merge, first_tile, loop_end, barrier;
   std::vector<std::vector<double>> ph(S + 1);
   double ratio_sum = 0.0;
   int ratio_n = 0;
@@ -107,6 +107,11 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     est.start(r[kSlotEst]);
     if (r[kSlotEst + 1] != kUnset) est.end(~r[kSlotEst + 1]);
     if (r[kSlotMerge] != kUnset) merge.end(~r[kSlotMerge]);
+    first_tile.start(r[kSlotScore + 4]);
+    if (r[kSlotScore] != kUnset) first_tile.end(~r[kSlotScore]);
+    loop_end.start(r[kSlotScore + 1]);
+    if (r[kSlotScore + 2] != kUnset) loop_end.end(~r[kSlotScore + 2]);
+    if (r[kSlotScore + 3] != kUnset) barrier.end(~r[kSlotScore + 3]);
     if (ns[0] == kUnset || ns[S - 1] == kUnset || clk[S - 1] <= clk[0]) continue;
     select.start(ns[0]);
     select.end(ns[S - 1]);
@@ -119,6 +124,16 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
   auto add = [&](const std::string& name, double ns) { out.emplace_back("phase." + name, float(ns * 1e-6)); };
   auto rel = [&](uint64_t t) { return double(int64_t(t - t0)); };
   add("score_end", rel(score.last));
+  // Inside the score grid (the stream / tma kernels stamp the first tile; every kernel the loop end).
+  if (first_tile.ok()) {
+    add("score_first_tile_first", rel(first_tile.first));
+    add("score_first_tile_last", rel(first_tile.last));
+  }
+  if (loop_end.ok()) {
+    add("score_loop_end_first", rel(loop_end.first));
+    add("score_loop_end_last", rel(loop_end.last));
+  }
+  if (barrier.last != 0) add("score_barrier_last", rel(barrier.last));
   if (select.ok()) {
     add("select_start", rel(select.first));
     add("select_end", rel(select.last));

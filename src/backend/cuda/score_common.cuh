@@ -61,6 +61,7 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
   const int first = c_begin + static_cast<int>(threadIdx.x);
   if (first < c_end) load(first);
   cooperative_groups::this_grid().sync();
+  phase_last(p.phase, h, kSlotScore + 3);  // diagnostics: past the grid barrier
   for (int g = warp; g < G; g += kScoreWarps)
     merge_head_normaliser(p.norm_partial + (int64_t{h} * G + g) * parts, parts, g, gmax, ginv);
   __syncthreads();
@@ -90,6 +91,8 @@ __device__ __forceinline__ void score_epilogue(const ScoreParams& p, float nm, f
   }
   if (tq == 0 && gq < G) red[warp][gq] = make_float2(nm, ns);
   __syncthreads();
+  phase_first(p.phase, h, kSlotScore + 1);  // diagnostics: this CTA's tile loops are done
+  phase_last(p.phase, h, kSlotScore + 2);
   if (threadIdx.x < G) {
     float m = -INFINITY, sum = 0.0f;
     for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);

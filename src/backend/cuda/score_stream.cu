@@ -177,6 +177,10 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   for (int t = 0; t < ntiles; ++t) {
     const int s = t & 1;
     mbar_wait(&bar[s], static_cast<uint32_t>(t >> 1) & 1u);
+    if (t == 0) {  // diagnostics (thread 0 only): when the CTA's first tile landed
+      phase_last(p.phase, h, kSlotScore);
+      phase_first(p.phase, h, kSlotScore + 4);
+    }
     const int c0 = tiles.first(t, warp);
     float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
     const unsigned char* st = stages + s * L::kStageBytes;
