@@ -116,28 +116,14 @@ __device__ __forceinline__ void score_body(const ScoreParams& p) {
     }
     const float s[4] = {a0[0] + a0[2], a0[1] + a0[3], a1[0] + a1[2], a1[1] + a1[3]};
     const int cc[4] = {c0 + 2 * tq, c0 + 2 * tq + 1, c0 + 8 + 2 * tq, c0 + 9 + 2 * tq};
-    float out[4], tm = -INFINITY;
+    int size[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const bool nonempty = kEarly ? szc[j] > 0 : sz[cc[j] < C ? cc[j] : 0] > 0;
-      out[j] = cc[j] < C && nonempty ? s[j] : -INFINITY;
-      tm = fmaxf(tm, out[j]);
-    }
+    for (int j = 0; j < 4; ++j) size[j] = kEarly ? szc[j] : sz[cc[j] < C ? cc[j] : 0];
     if constexpr (kEarly) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) szc[j] = szn[j];
     }
-    if (gq < G) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (cc[j] < C) lg[cc[j]] = out[j];
-      if (tm != -INFINITY) {
-        float ts = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) ts += out[j] == -INFINITY ? 0.0f : __expf(out[j] - tm);
-        ms_merge(nm, ns, tm, ts);
-      }
-    }
+    score_tile_out(s, size, c0, tq, gq, G, C, lg, nm, ns);  // the stream kernels' tile epilogue (score_common.cuh)
     __syncwarp();
   }
   // Normaliser partial of head gq: the quad's lanes, then the warps (score_common.cuh, shared with the
