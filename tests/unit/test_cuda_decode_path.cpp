@@ -89,6 +89,12 @@ TEST(CudaDecodePath, PhaseSummary) {
     r[kSlotScore + 1] = t0 + 15000 + 1000 * h;    // tile loops done: earliest
     r[kSlotScore + 2] = ~(t0 + 18000 + 1000 * h); // ... latest
     r[kSlotScore + 3] = ~(t0 + 19000 + 200 * h);  // past the grid barrier: latest
+    // CTA spans: exact CTAs of head h start at the latest at 35 + h us, end first at 40 + h us; the sums and
+    // counts are stored minus 1 (added to ~0): head 0 three CTAs of 6 us in all, head 1 one CTA of 10 us.
+    r[kSlotSpan] = ~(t0 + 35000 + 1000 * h);
+    r[kSlotSpan + 1] = t0 + 40000 + 1000 * h;
+    r[kSlotSpan + 2] = (h == 0 ? 6000 : 10000) - 1;
+    r[kSlotSpan + 3] = (h == 0 ? 3 : 1) - 1;
   }
   const auto out = summarize_phases(raw, 2);
   std::map<std::string, double> us;
@@ -106,6 +112,11 @@ TEST(CudaDecodePath, PhaseSummary) {
   EXPECT_NEAR(us.at("phase.score_loop_end_first"), 15.0, 1e-3);
   EXPECT_NEAR(us.at("phase.score_loop_end_last"), 19.0, 1e-3);
   EXPECT_NEAR(us.at("phase.score_barrier_last"), 19.2, 1e-3);
+  EXPECT_NEAR(us.at("phase.exact_start_last"), 36.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.exact_end_first"), 40.0, 1e-3);
+  EXPECT_NEAR(us.at("phase.exact_cta_mean"), 4.0, 1e-3);  // 16 us over 4 CTAs
+  EXPECT_NEAR(us.at("phase.exact_ctas"), 4e3, 1e-3);       // a count (x 1e3 by the conversion above)
+  EXPECT_EQ(us.count("phase.estimate_cta_mean"), 0u);      // no estimation CTA stamped its span
   // Per-head totals 10 and 12 us: the median of two is the upper one; each of the 7 phases is 1/7 of it
   // (cycles converted at the heads' mean ratio, 2 ns per cycle).
   EXPECT_NEAR(us.at("phase.select_head_total"), 12.0, 1e-3);

@@ -122,6 +122,19 @@ __device__ __forceinline__ void phase_last(uint64_t* phase, int h, int slot) {
     atomicMin(reinterpret_cast<unsigned long long*>(phase + int64_t{h} * kPhaseSlots + slot), ~global_ns());
 }
 
+// One CTA's span into slots base .. base + 3 (kernels.h kSlotSpan): ~latest start, earliest end, the sum
+// of the durations and the count (both added to the slots' ~0, so the reader adds 1). t0: this CTA's start
+// (global_ns by thread 0). Thread 0 only; phase may be null (off).
+__device__ __forceinline__ void phase_span(uint64_t* phase, int h, int base, uint64_t t0) {
+  if (phase == nullptr || threadIdx.x != 0) return;
+  const uint64_t t1 = global_ns();
+  unsigned long long* s = reinterpret_cast<unsigned long long*>(phase + int64_t{h} * kPhaseSlots + base);
+  atomicMin(s, ~t0);
+  atomicMin(s + 1, t1);
+  atomicAdd(s + 2, t1 - t0);
+  atomicAdd(s + 3, 1ull);
+}
+
 // Hint: bring the line holding `p` into L2 (no register result, no wait).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 

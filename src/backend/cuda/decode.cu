@@ -94,6 +94,7 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
   // PDL: the ids come from the selection (the logits from the score kernel before it).
   if constexpr (!kChained) grid_dependency_wait();
   phase_first(p.phase, h, kSlotEst);
+  const uint64_t t_start = p.phase != nullptr ? global_ns() : 0;
   const int begin = j * kC;
   const int cnt = e.k_estimation - begin < kC ? e.k_estimation - begin : kC;  // >= 1: j < ceil(k_e / kC)
   // 1. Ids, sizes, logits; value-sum rows by cp.async.
@@ -207,6 +208,7 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
   if (p.phase != nullptr) {
     __syncthreads();
     phase_last(p.phase, h, kSlotEst + 1);
+    phase_span(p.phase, h, kSlotSpan + 4, t_start);
   }
   if (p.merge.counter != nullptr)
     merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, red, p.phase);
@@ -255,6 +257,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // relying on every CTA of this grid having passed it (estimate_chained_kernel).
   if constexpr (kTrigger) grid_launch_dependents();
   phase_first(p.phase, h, kSlotExact);
+  const uint64_t t_start = p.phase != nullptr ? global_ns() : 0;
   const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
   // p.balance (run 8): the head's actual count split evenly over the CTAs (whole tiles), not the host's
   // split of the list capacity (at 128K the lists fill ~64% of it: 8 of 12 CTAs did all the work).
@@ -358,6 +361,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   if (p.phase != nullptr) {
     __syncthreads();
     phase_last(p.phase, h, kSlotExact + 1);
+    phase_span(p.phase, h, kSlotSpan, t_start);
   }
   if (p.merge.counter != nullptr)  // the staging above is read; the merge weights go after it
     merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,

@@ -151,14 +151,18 @@ struct ScoreParams {
 //   [kSlotMerge] ~(end of the merge): the fused merge's last CTA, or the last combine_states CTA;
 //   [kSlotScore .. + 4] inside the score grid (thread 0 of each CTA): ~latest first tile landed (stream /
 //   tma kernels only), earliest and ~latest end of a CTA's tile loop (all its warps), ~latest pass of the
-//   grid barrier before the formation (run 10 path), earliest first tile landed.
+//   grid barrier before the formation (run 10 path), earliest first tile landed;
+//   [kSlotSpan + 4 k .. + 3] per-CTA spans of the exact (k = 0) and estimation (k = 1) CTAs of decode.cu:
+//   ~latest start, earliest end, and (added to the ~0 start value, so raw + 1) the sum of the CTAs'
+//   durations in ns and their count.
 // Kernels that do not stamp (radix, cluster selection) leave their slots at ~0.
 inline constexpr int kSelPhases = 8;
 inline constexpr int kSlotExact = 2 + 2 * kSelPhases;
 inline constexpr int kSlotEst = kSlotExact + 2;
 inline constexpr int kSlotMerge = kSlotEst + 2;
 inline constexpr int kSlotScore = kSlotMerge + 1;
-inline constexpr int kPhaseSlots = kSlotScore + 5;
+inline constexpr int kSlotSpan = kSlotScore + 5;
+inline constexpr int kPhaseSlots = kSlotSpan + 8;
 int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters (any variant)
 // Launches the variant p.variant (kScoreVariantEnv: RETROINFER_SCORE now, which may throw). Returns
 // cudaErrorInvalidValue for a head_dim other than 64 / 128, for p.scores without early_loads or beyond

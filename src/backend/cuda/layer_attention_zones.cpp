@@ -93,6 +93,10 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     bool ok() const { return first != kUnset && last != 0; }
   };
   Span score, select, exact, est, merge, first_tile, loop_end, barrier;
+  struct CtaSpans {  // kSlotSpan: exact (0) and estimation (1) CTAs
+    uint64_t start_last = 0, end_first = kUnset;
+    double dur_ns = 0.0, ctas = 0.0;
+  } span[2];
   std::vector<std::vector<double>> ph(S + 1);
   double ratio_sum = 0.0;
   int ratio_n = 0;
@@ -112,6 +116,14 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     loop_end.start(r[kSlotScore + 1]);
     if (r[kSlotScore + 2] != kUnset) loop_end.end(~r[kSlotScore + 2]);
     if (r[kSlotScore + 3] != kUnset) barrier.end(~r[kSlotScore + 3]);
+    for (int k = 0; k < 2; ++k) {
+      const uint64_t* sp = r + kSlotSpan + 4 * k;
+      if (sp[3] == kUnset) continue;  // no CTA stamped
+      if (sp[0] != kUnset) span[k].start_last = std::max(span[k].start_last, ~sp[0]);
+      span[k].end_first = std::min(span[k].end_first, sp[1]);
+      span[k].dur_ns += double(sp[2] + 1);
+      span[k].ctas += double(sp[3] + 1);
+    }
     if (ns[0] == kUnset || ns[S - 1] == kUnset || clk[S - 1] <= clk[0]) continue;
     select.start(ns[0]);
     select.end(ns[S - 1]);
@@ -147,6 +159,15 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     add("estimate_end", rel(est.last));
   }
   if (merge.last != 0) add("merge_end", rel(merge.last));
+  static const char* const kSpanNames[2] = {"exact", "estimate"};
+  for (int k = 0; k < 2; ++k) {
+    if (span[k].ctas <= 0.0) continue;
+    const std::string n = kSpanNames[k];
+    add(n + "_start_last", rel(span[k].start_last));
+    add(n + "_end_first", rel(span[k].end_first));
+    add(n + "_cta_mean", span[k].dur_ns / span[k].ctas);
+    out.emplace_back("phase." + n + "_ctas", float(span[k].ctas));
+  }
   if (ratio_n > 0) {
     const double ns_per_cycle = ratio_sum / ratio_n;
     for (int h = 0; h < num_heads; ++h) {
