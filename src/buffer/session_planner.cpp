@@ -96,7 +96,8 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
                           : static_cast<int64_t>(std::ceil(kExecSlack * a.retrieval_fraction * double(n_idx)));
   const int64_t outl = C == 0 ? 0 : r.outlier_tokens >= 0 ? r.outlier_tokens : out_build;
   const int64_t ctas = std::max(H, r.decode_ctas);
-  b.decode = H * (steady + ret + outl) * 4 + H * 4 + H * 4 + H * 4;     // token lists, counts, merge / score counters
+  // Token lists, counts, the merge counters, the score grid's tile counters (kernels.h kScoreCounterStride: 128 B).
+  b.decode = H * (steady + ret + outl) * 4 + H * 4 + H * 4 + H * 128;
   b.decode += (ctas + H * ceil_div(ne, kRetroEstimateChunk)) * G * (8 + 4 * D);  // split states (m, l), o
   if (C > 0)
     // Norm partials: per score CTA (<= ctas) or, RETROINFER_SCORE=tmadyn, per 16-cluster tile (kernels.h

@@ -130,9 +130,11 @@ double check_partials(const KernelCase& kc, const KernelOut& o) {
   return worst;
 }
 
+// Head h's tile counter of a [H, kScoreCounterStride] buffer, for every head.
 std::vector<int32_t> download_counter(const cuda::DeviceBuffer& b, int H) {
-  std::vector<int32_t> v(H);
-  b.download(v.data(), size_t(H) * 4);
+  std::vector<int32_t> all(size_t(H) * cd::kScoreCounterStride), v(H);
+  b.download(all.data(), all.size() * 4);
+  for (int h = 0; h < H; ++h) v[h] = all[size_t(h) * cd::kScoreCounterStride];
   return v;
 }
 
@@ -155,7 +157,7 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   EXPECT_EQ(cd::score_norm_parts(kc.C, kc.D, kc.H, cd::kScoreTmaDyn), T);
   EXPECT_EQ(cd::score_norm_parts(kc.C, kc.D, kc.H, cd::kScoreTma), cd::score_blocks(kc.C, kc.D, kc.H));
   EXPECT_EQ(cd::score_norm_parts_max(kc.C, kc.D, kc.H), std::max(T, cd::score_blocks(kc.C, kc.D, kc.H)));
-  cuda::DeviceBuffer counter(size_t(kc.H) * 4);
+  cuda::DeviceBuffer counter(size_t(kc.H) * cd::kScoreCounterStride * 4);
   counter.fill_bytes(0);
   int* ctr = counter.as<int>();
 
@@ -262,7 +264,7 @@ void graph_case(const KernelCase& kc, uint64_t seed) {
   const KernelInputs in = gputest::make_inputs(kc, seed);
   const float scale = 1.0f / std::sqrt(float(kc.D));
   ASSERT_TRUE(cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTmaDyn));
-  cuda::DeviceBuffer counter(size_t(kc.H) * 4);
+  cuda::DeviceBuffer counter(size_t(kc.H) * cd::kScoreCounterStride * 4);
   counter.fill_bytes(0);
   const KernelOut eager = gputest::run_kernel(kc, in, scale, cd::kScoreTmaDyn, true, true, counter.as<int>());
   const int T = (kc.C + 15) / 16;

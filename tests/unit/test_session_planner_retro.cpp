@@ -130,7 +130,7 @@ TEST(SessionPlannerRetro, Llama3Batch7At128KFitsRun13Memory) {
   // 32 x 3758813184 B of K/V (7 x 8 heads x 131097 x 128 x 2 x 2) = 120.28e9 of the 131.33e9: what remains
   // must hold the index, its decode workspace, one build group's workspace and the activations.
   EXPECT_EQ(p.kv_layer_bytes, int64_t{2} * 7 * 8 * 131097 * 128 * 2);
-  EXPECT_GT(margin, int64_t{900} << 20);  // measured by this formula: 997637756 B (with tmadyn's per-tile partials)
+  EXPECT_GT(margin, int64_t{900} << 20);  // measured by this formula: 997415548 B (with tmadyn's per-tile partials)
   EXPECT_EQ(largest_batch(bench_request(1)), 7);
 }
 

@@ -145,11 +145,14 @@ struct ScoreParams {
   float* scores = nullptr;
   // ScoreVariant of the kernel, or kScoreVariantEnv: RETROINFER_SCORE at the launch (score_variant_from_env).
   int variant = kScoreVariantEnv;
-  // tmadyn: [H] int, zero before the launch: head h's count of claimed dynamic tiles; the kernel's CTA 0 of
-  // each head sets it back to zero after the grid barrier (a graph replays without a memset). Null: the
-  // static assignment (the same outputs). Other variants ignore it.
+  // tmadyn: [H, kScoreCounterStride] int (entry [h, 0] used), zero before the launch: head h's count of
+  // claimed dynamic tiles; the kernel's CTA 0 of each head sets it back to zero after the grid barrier (a
+  // graph replays without a memset). Null: the static assignment (the same outputs). Others ignore it.
   int* tile_counter = nullptr;
 };
+// Ints between two heads' tile counters: 128 bytes, one L2 line each, so that the heads' claims (all warps
+// of the grid, the first ones at once at the start) spread over L2 slices instead of queueing on one line.
+inline constexpr int kScoreCounterStride = 32;
 // Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
 // graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
 // the decode; "first" = earliest CTA (%globaltimer ns, atomicMin), "last" = latest, kept as its complement

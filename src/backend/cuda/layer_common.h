@@ -90,8 +90,8 @@ struct ZoneDecodeArgs {
   // allocation; the kernels leave them zero). Null keeps run 6's launches (separate combine_states, no
   // programmatic dependent launch) whatever RETROINFER_DECODE says.
   int* merge_counter = nullptr;
-  // [H] int, zero before the decode (zeroed once at allocation; the tmadyn score kernel leaves it zero):
-  // ScoreParams::tile_counter. Null: tmadyn takes its tiles statically.
+  // [H, kScoreCounterStride] int, zero before the decode (zeroed once at allocation; the tmadyn score kernel
+  // leaves it zero): ScoreParams::tile_counter. Null: tmadyn takes its tiles statically.
   int* score_counter = nullptr;
   bool timing = false;         // events between the stages (decode_stage_ms): no programmatic launches
   uint64_t* phase = nullptr;   // [H, kPhaseSlots] diagnostics (kernels.h), slots set to ~0; null: off

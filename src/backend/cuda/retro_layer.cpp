@@ -92,7 +92,7 @@ struct RetroLayer::Impl {
   // Decode workspace.
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
-  DeviceBuffer score_counter;  // [H] int: tmadyn's claimed tiles per head (ScoreParams::tile_counter; kept zero)
+  DeviceBuffer score_counter;  // [H, kScoreCounterStride] int: tmadyn's tile counters (ScoreParams::tile_counter; kept zero)
   DeviceBuffer phase;          // [H, kPhaseSlots] u64: phase stamps (decode_stage_ms, RETROINFER_SELECT_PHASES=1)
   bool phase_on = false;       // decode_impl passes `phase` (decode_stage_ms's phase graph)
 
@@ -310,9 +310,9 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
     merge_counter = DeviceBuffer(Hs * 4);
     RETROINFER_CUDA_CHECK(cudaMemsetAsync(merge_counter.data(), 0, Hs * 4, st));
   }
-  if (score_counter.bytes() < Hs * 4) {  // zero once: the tmadyn score grid sets it back to zero
-    score_counter = DeviceBuffer(Hs * 4);
-    RETROINFER_CUDA_CHECK(cudaMemsetAsync(score_counter.data(), 0, Hs * 4, st));
+  if (score_counter.bytes() < Hs * detail::kScoreCounterStride * 4) {  // zero once: the tmadyn grid leaves it zero
+    score_counter = DeviceBuffer(Hs * detail::kScoreCounterStride * 4);
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(score_counter.data(), 0, Hs * detail::kScoreCounterStride * 4, st));
   }
   if (C > 0) {
     ensure(logits, Hs * G * C * 4);

@@ -68,7 +68,7 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
   cooperative_groups::this_grid().sync();
   phase_last(p.phase, h, kSlotScore + 3);  // diagnostics: past the grid barrier
   if constexpr (kDyn) {
-    if (blockIdx.x == 0 && threadIdx.x == 0 && p.tile_counter != nullptr) p.tile_counter[h] = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0 && p.tile_counter != nullptr) p.tile_counter[int64_t{h} * kScoreCounterStride] = 0;
     if (first < c_end) load(first);
     for (int g = warp; g < G; g += kScoreWarps)
       merge_head_normaliser_wide<8>(p.norm_partial + (int64_t{h} * G + g) * parts, parts, g, gmax, ginv);

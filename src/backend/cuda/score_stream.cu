@@ -191,7 +191,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
     const bool dyn = kForm && p.tile_counter != nullptr;
     const int S = dyn ? take.static_tiles : T, K = take.claim;
     const int d0 = dyn && int64_t{S} * nw < T ? S * nw : T;
-    int* const ctr = dyn ? p.tile_counter + h : nullptr;
+    int* const ctr = dyn ? p.tile_counter + int64_t{h} * kScoreCounterStride : nullptr;
     float2* const part = p.norm_partial + int64_t{h} * G * T;  // head h's [G, T] per-tile partials
     int pend = 0;          // lane 0: the outstanding claim's atomicAdd result (read a claim later)
     int cb = 0, cr = 0;    // the current claim: next tile cb, cr tiles of it left

@@ -184,7 +184,7 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
 
   m.merge_counter = DeviceBuffer(size_t(H) * 4);
   m.merge_counter.fill_bytes(0);
-  m.score_counter = DeviceBuffer(size_t(H) * 4);
+  m.score_counter = DeviceBuffer(size_t(H) * detail::kScoreCounterStride * 4);
   m.score_counter.fill_bytes(0);
   m.exec_count = DeviceBuffer(size_t(H) * 4);
   m.counts = DeviceBuffer(size_t(H) * 4 * 8);
