@@ -100,8 +100,8 @@ cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
 
 // ---- scoring and selection (select.cu) ----
 
-// Score kernel variants (the same grid, tile partition and per-tile math: logits, normaliser partials and
-// formed scores bit-identical):
+// Score kernel variants (the same grid and per-tile math; v1, stream and tma also the same tile partition:
+// logits, normaliser partials and formed scores bit-identical; tmadyn: the same logits):
 //   kScoreV1      run 8's kernel (select.cu score_body): per warp, a double buffer of 16-byte cp.async
 //                 copies and the tile's cluster sizes loaded a tile ahead into registers (early_loads);
 //   kScoreStream  score_stream.cu: per warp a 2-stage mbarrier ring (8 tile stages per CTA, v1's shared
@@ -112,8 +112,9 @@ cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
 //   kScoreTma     the same with the rows copied as 2-D tensor-map boxes (64 dims x 16 centroids, 128-byte
 //                 swizzle; D / 64 copies per tile instead of 16); stream where no encoder is available;
 //   kScoreTmaDyn  tma's copies and per-tile math with the tiles handed out dynamically per head (issue #4):
-//                 each warp's first tiles by a static share, the rest by claims of kScoreDynClaim tiles
-//                 from ScoreParams::tile_counter issued a claim ahead (score_stream.cu); one normaliser
+//                 each warp's first tiles by a static share, the rest by claims of 2 tiles (env
+//                 RETROINFER_SCORE_DYN_STATIC / _CLAIM) on ScoreParams::tile_counter, each claim's atomic
+//                 issued a claim before its result is read (score_stream.cu); one normaliser
 //                 partial per TILE ([H, G, ceil(C / 16)], merged in tile order), so the logits are tma's
 //                 bit for bit and the formed scores differ from tma's only in the normaliser's rounding.
 //                 Dynamic only on the cooperative (form) path with a tile_counter; else the same kernel

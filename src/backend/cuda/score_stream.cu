@@ -36,6 +36,39 @@
 // query fragments' loads of q. Run 10's formation loads all of a CTA's logits (up to 512) before the grid
 // barrier (kStreamFormItems).
 //
+// tmadyn (RETROINFER_SCORE=tmadyn, issue #4): the tma kernel with the tiles handed out per head at run
+// time. With the static partition every CTA streams the same number of tiles, yet at 128K batch 4 their
+// first tiles land 4.2..11.5 us in and their loops end 7.4..24.0 us in (launch skew, uneven bandwidth per
+// multiprocessor; bench/results/run16/README.md score_phases/): the early multiprocessors then idle.
+// Run 16's try took every tile by an atomicAdd right before the refill that needed it: a synchronous L2
+// round trip per tile on each warp's chain, slower (91 vs 80 us). Here no warp waits on a take:
+//   positions: a warp's tiles are its positions q = 0, 1, ... (position q in stage q % 2, as above);
+//   static share: positions q < S take tile wg + nw q of the head (wg: the warp's index among the head's nw
+//     warps), no atomic; S >= 2 (the ring filled at the start), by default half the average tiles per warp
+//     (RETROINFER_SCORE_DYN_STATIC), so [0, S nw) is static and [d0 = S nw, T) dynamic;
+//   claims: K = 2 tiles (RETROINFER_SCORE_DYN_CLAIM: 1 or 2) of the dynamic range by lane 0's atomicAdd(K)
+//     on the head's counter (ScoreParams::tile_counter, its own 128-byte line per head). The atomic for the
+//     next claim is issued when the current claim's first tile is taken (the first claim's when position
+//     S - K is), and its returned register is read (a shuffle from lane 0) only when that claim's first tile
+//     is needed, K tile iterations later: the L2 round trip overlaps the warp's tile waits and MMAs;
+//   end: a claim whose base is at or past T gives nothing and ends the warp's takes; a claim reaching T is
+//     the last one (no further atomic); a partial one gives only its tiles below T; every issued atomic is
+//     read (the warp always asks for one more position after a claim's first tile), so no warp ends with a
+//     take in flight, and no tile past T is ever copied;
+//   reset: every take happens before the grid barrier of the cooperative (form) kernel, after which CTA 0
+//     of each head stores 0 to the head's counter: consecutive decodes and graph replays start from zero
+//     without a memset. Off the cooperative path (no barrier to reset after) or without a counter, all
+//     positions are static (S = T): the same tiles, the same outputs.
+// Determinism: which warp takes a tile is not, so no normaliser state is carried across tiles: each tile
+// writes its own partial (score_common.cuh score_tile_part: the lane's (max, sum) of score_tile_out merged
+// over the quad) into norm_partial [H, G, T], and the formation merges the T partials per query head in tile
+// order (select_common.cuh merge_head_normaliser_wide: 8 loads per lane in flight, the same order as
+// merge_head_normaliser, so run 9's form_scores and the selections get the same bits). The logits are tma's
+// bit for bit; the scores differ from tma's only by the normaliser's merge order (tests: 1e-4 relative bound,
+// test_cuda_score_dyn.cpp). The formation loads its cluster range's logits after the grid barrier (other
+// CTAs wrote them). Same shared memory and launch bounds as tma: 80 registers at D = 128, no spills, 6 CTAs
+// per multiprocessor.
+//
 // Why not a producer warp (decode_dense.cu's pattern): a fifth warp at 6 CTAs per multiprocessor caps the
 // registers at 64 per thread (65536 / (6 x 160)), below the compute warps' ~80 (the query fragments alone
 // are 32 at D = 128); 5 CTAs per multiprocessor would not hold the one-wave grid the cooperative launch
