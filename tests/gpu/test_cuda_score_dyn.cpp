@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
@@ -145,6 +146,15 @@ KernelOut run_dyn(const KernelCase& kc, const KernelInputs& in, float scale, boo
   return gputest::run_kernel(kc, in, scale, cd::kScoreTmaDyn, early, form, counter);
 }
 
+// The default take split of one head (score_stream.cu score_dyn_take, for the summary line): tiles from the
+// static share and claimed, on the cooperative path with a counter.
+std::pair<int, int> default_split(const KernelCase& kc) {
+  const int T = (kc.C + 15) / 16, nw = 4 * cd::score_blocks(kc.C, kc.D, kc.H);
+  const int S = std::max(2, T / nw / 2);
+  const int d0 = int64_t{S} * nw < T ? S * nw : T;
+  return {d0, T - d0};
+}
+
 void kernel_case(const KernelCase& kc, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "H=" << kc.H << " G=" << kc.G << " D=" << kc.D << " C=" << kc.C
                                   << " empty=" << kc.empty << " seed=" << seed);
@@ -230,10 +240,13 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
       EXPECT_EQ(first_difference(o.scores, first_form.scores, &unwritten), -1) << "scores differ between takes";
     }
   }
-  std::printf("[score dyn] kernel H=%d G=%d D=%d C=%d empty=%.2f blocks=%d tiles=%d form_fits=%d: %d tmadyn runs "
-              "(takes dynamic / static, settings), logits = tma's, per-tile partials identical (sum vs f64 worst "
-              "rel %.2e, bound %.0e)%s; scores vs tma worst rel %.2e (bound %.0e), near-tie selections %d%s\n",
-              kc.H, kc.G, kc.D, kc.C, kc.empty, cd::score_blocks(kc.C, kc.D, kc.H), T, int(fits), n_runs, worst_part,
+  const auto [n_static, n_claimed] = default_split(kc);
+  std::printf("[score dyn] kernel H=%d G=%d D=%d C=%d empty=%.2f blocks=%d tiles=%d (default: %d static, %d claimed) "
+              "form_fits=%d: %d tmadyn runs (takes dynamic / static, settings), logits = tma's, per-tile partials "
+              "identical (sum vs f64 worst rel %.2e, bound %.0e)%s; scores vs tma worst rel %.2e (bound %.0e), "
+              "near-tie selections %d%s\n",
+              kc.H, kc.G, kc.D, kc.C, kc.empty, cd::score_blocks(kc.C, kc.D, kc.H), T, n_static, n_claimed, int(fits),
+              n_runs, worst_part,
               kPartRel, fits ? ", scores identical between runs" : "", worst_score, kScoreRel, near_ties,
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }
@@ -255,6 +268,11 @@ TEST(CudaScoreDyn, KernelMatchesTma) {
   kernel_case({32, 4, 128, 8188, 0.02}, 43);  // 128K batch 4: 24 CTAs per head, 2 static + 320 claimed tiles
   kernel_case({128, 4, 128, 8188, 0.02}, 44);  // 128K batch 16: 6 CTAs per head, 10 static per warp
   kernel_case({900, 1, 64, 40, 0.1}, 45);     // 900 one-CTA heads: no cooperative formation (static takes)
+  // Many heads, few CTAs each: dynamic takes with tails (the small shapes above are all static by default;
+  // the splits below are the H200's, 132 multiprocessors).
+  kernel_case({128, 4, 128, 1000, 0.1}, 46);  // 6 CTAs per head, 63 tiles: 48 static, 15 claimed; tail of 8
+  kernel_case({200, 3, 64, 2051, 0.05}, 47);  // 3 CTAs per head, 129 tiles: 60 static, 69 claimed; C % 4 != 0
+  kernel_case({160, 8, 128, 4099, 0.3}, 48);  // G 8, 4 CTAs per head, 257 tiles: 128 static, 129 claimed
 }
 
 // Graph replays of the cooperative tmadyn launch (the counter reset in the kernel is what lets a graph
@@ -300,7 +318,7 @@ void graph_case(const KernelCase& kc, uint64_t seed) {
 
 TEST(CudaScoreDyn, GraphReplays) {
   RETROINFER_REQUIRE_GPU();
-  graph_case({5, 3, 64, 1000, 0.1}, 51);
+  graph_case({200, 3, 64, 2051, 0.05}, 51);  // dynamic takes with a tail of 3
   graph_case({32, 4, 128, 8188, 0.02}, 52);  // 128K batch 4
 }
 
@@ -368,6 +386,7 @@ TEST(CudaScoreDyn, DecodeMatchesTma) {
   decode_case({3, 2, 8, 64, 9000, true, false, true}, 932);   // batch 3, G 8, d 64
   decode_case({4, 1, 1, 128, 3001, true, false, true}, 933);  // batch 4, G 1
   decode_case({2, 1, 3, 64, 4000, true, true, true}, 934);    // G 3, outliers
+  decode_case({16, 8, 4, 64, 20000, true, false, false}, 935);  // 128 heads, 6 CTAs each: dynamic takes
 }
 
 TEST(CudaScoreDyn, DecodeMatchesTmaBenchShapes) {

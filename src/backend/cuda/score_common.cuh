@@ -1,4 +1,4 @@
-// Shared pieces of the two cluster-score kernels (select.cu score_body: v1, run 8's per-warp cp.async double
+// Shared pieces of the cluster-score kernels (select.cu score_body: v1, run 8's per-warp cp.async double
 // buffer; score_stream.cu: the bulk-copy stream, RETROINFER_SCORE=stream): the CTA's and warp's share of the
 // centroid tiles, the normaliser partial's epilogue and run 10's score formation after the grid barrier.
 // Both kernels call these, so the partition, the merge order and the formation are one piece of code: the
@@ -50,7 +50,7 @@ __device__ __forceinline__ ScoreTiles score_tiles(int num_clusters, int warp) {
 //
 // kDyn (tmadyn): the partials are one per tile (parts = the head's tiles), and the logits of the CTA's
 // cluster range were written by whichever warps took those tiles (other CTAs), so they are loaded after
-// the grid barrier (in flight while the normalisers are merged, kW = 16 partials per lane at a time); CTA 0
+// the grid barrier (in flight while the normalisers are merged, 8 partials per lane at a time); CTA 0
 // of the head sets its tile counter back to zero there (every take of this grid happened before the barrier).
 template <int kB, bool kDyn = false>
 __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
