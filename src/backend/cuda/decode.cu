@@ -75,7 +75,9 @@ __device__ __forceinline__ T est_load(const T* p, bool read_only) {
 //   4. the partial state into slot est.split_offset + j, then the fused merge like every other CTA.
 // For kC = 128, kVec = 8 this is run 9's code (the same operations in the same order for any kChained).
 // Shared memory: EstSmem<D, kC> (run 9: the decode CTA's tile buffers, which hold it).
-template <int D, int kC, bool kChained, int kVec = 8>
+// kTrigger (the est-first variants, estimate_first_kernel): griddepcontrol.launch_dependents right after the
+// PDL wait, so that the chained exact grid may launch; nothing else changes.
+template <int D, int kC, bool kChained, int kVec = 8, bool kTrigger = false>
 __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char* smem) {
   constexpr int kThreads = kW * 32;
   constexpr int kChunks = D / 8;                   // 16-byte chunks per value-sum row
@@ -93,6 +95,7 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
   const int G = p.group, C = e.num_clusters, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // PDL: the ids come from the selection (the logits from the score kernel before it).
   if constexpr (!kChained) grid_dependency_wait();
+  if constexpr (kTrigger) grid_launch_dependents();  // after the wait: see estimate_first_kernel
   phase_first(p.phase, h, kSlotEst);
   const uint64_t t_start = p.phase != nullptr ? global_ns() : 0;
   const int begin = j * kC;
@@ -226,7 +229,13 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
 // of its own (decode_est_kernel below), so run 8's kernels are the same code as before.
 // kTrigger (RETROINFER_EXACT=split*, decode_exact_kernel): every CTA lets the chained estimation grid launch
 // (griddepcontrol.launch_dependents) right after its PDL wait; nothing else changes.
-template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false>
+// kIds (run 17, split64i / ri / eri): each warp loads the token ids of kIdsAhead of its tiles in one batch
+// (before the first of them, then every kIdsAhead tiles), so a tile's copies wait on no L2 round trip of
+// their own. kAfterEst (run 17, split64e / eri): the grid is the programmatic dependent of the estimation
+// grid (estimate_first_kernel): no PDL wait before the work (that would wait for the whole estimation grid),
+// the selection's outputs (count, list) read through L2, and the grid's last CTA waits at its end. Both keep
+// the same tokens in the same tiles and the same math: the same partial states bit for bit.
+template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
@@ -252,13 +261,14 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   uint32_t qa[kKs][4];
   query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
   // PDL (p.pdl): q predates the decode; the token list and count come from the kernels just before.
-  grid_dependency_wait();
+  // kAfterEst: every estimation CTA passed its wait before it triggered this grid's launch.
+  if constexpr (!kAfterEst) grid_dependency_wait();
   // Only after the wait: the chained estimation grid reads the selection's outputs without a wait of its own,
   // relying on every CTA of this grid having passed it (estimate_chained_kernel).
   if constexpr (kTrigger) grid_launch_dependents();
   phase_first(p.phase, h, kSlotExact);
   const uint64_t t_start = p.phase != nullptr ? global_ns() : 0;
-  const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
+  const int64_t count = !kIndirect ? p.num_tokens : kAfterEst ? __ldcg(p.token_count + h) : p.token_count[h];
   // p.balance (run 8): the head's actual count split evenly over the CTAs (whole tiles), not the host's
   // split of the list capacity (at 128K the lists fill ~64% of it: 8 of 12 CTAs did all the work).
   const int64_t split_len =
@@ -271,12 +281,33 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
   const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
 
+  // kIds: the ids of the warp's iterations [b * kIdsAhead, (b + 1) * kIdsAhead) (its tiles warp + i * kW):
+  // register r, lane l holds token l & 15 of iteration b * kIdsAhead + 2r + (l >> 4) (0 past the split's end).
+  constexpr int kIdsAhead = 8;
+  int ids[kIds ? kIdsAhead / 2 : 1];
+  auto load_ids = [&](int it0) {
+#pragma unroll
+    for (int r = 0; r < kIdsAhead / 2; ++r) {
+      const int64_t q = begin + int64_t{warp + (it0 + 2 * r + (lane >> 4)) * kW} * kT + (lane & 15);
+      ids[r] = q < end ? (kAfterEst ? __ldcg(list + q) : list[q]) : 0;
+    }
+  };
+  // Tile t of the warp (t = warp + it * kW) into stage buf.
   auto load_tile = [&](int t, int buf) {
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
-    int tok_lane = 0;
-    if constexpr (kIndirect) {
-      if (lane < valid) tok_lane = list[p0 + lane];
+    int tok_lane = 0, src_base = 0;  // the lane of row 0's id
+    if constexpr (kIndirect && kIds) {
+      const int it = (t - warp) / kW;
+      if (it % kIdsAhead == 0) load_ids(it);  // warp-uniform: one batch every kIdsAhead tiles
+      const int r = (it % kIdsAhead) >> 1;
+      tok_lane = ids[0];
+#pragma unroll
+      for (int k = 1; k < kIdsAhead / 2; ++k)
+        if (r == k) tok_lane = ids[k];
+      src_base = (it & 1) << 4;
+    } else if constexpr (kIndirect) {
+      if (lane < valid) tok_lane = kAfterEst ? __ldcg(list + p0 + lane) : list[p0 + lane];
     }
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
@@ -284,7 +315,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       const int row = c / kChunks, col = c % kChunks;
       int64_t tok;
       if constexpr (kIndirect) {
-        tok = __shfl_sync(0xffffffffu, tok_lane, row);
+        tok = __shfl_sync(0xffffffffu, tok_lane, src_base + row);
       } else {
         tok = row < valid ? p0 + row : p0;
       }
@@ -366,6 +397,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   if (p.merge.counter != nullptr)  // the staging above is read; the merge weights go after it
     merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
                   reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
+  // kAfterEst: the grid's last CTA (launch order) waits for the estimation grid, so that this grid completes
+  // only after it (see estimate_chained_kernel for why a grid that never waits must not be the last one).
+  if constexpr (kAfterEst)
+    if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
 }
 
 template <int D, bool kIndirect, int S>
@@ -416,6 +451,41 @@ __global__ void __launch_bounds__(kW * 32, kC == kEstimateChunk ? 8 : 1) estimat
   extern __shared__ __align__(16) unsigned char est_smem[];
   estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8>(p, blockIdx.x, blockIdx.y, est_smem);
   if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
+}
+
+// Run 17 exact-grid variants (RETROINFER_EXACT=split64r / i / ri / e / eri; kernels.h ExactVariant). The run
+// 17 profile of split64 at 128K batch 4: decode_exact_kernel<128, 2> holds 155 registers (3 x 20,480 of the
+// 65,536 of a multiprocessor), so no 64-register estimation CTA (8,192) fits beside three exact CTAs and the
+// estimation grid ran mostly after the exact grid (~9.6 us of it after the last exact CTA).
+//   decode_exact_capped_kernel  (r) the exact kernel under __launch_bounds__(128, 4): at most 128 registers,
+//                               3 x 16,384 + 8,192 <= 65,536. Shared memory then admits one estimation CTA:
+//                               228 KiB - 3 x (68 KiB + 1 KiB reserved + static) leaves 20.9 KiB, an
+//                               estimation CTA takes 18.25 KiB + 0.1 KiB static + 1 KiB (two would need
+//                               <= 9.4 KiB each).
+//   kIds                        (i) decode_body's ids ahead (8 tiles per warp per batch).
+//   estimate_first_kernel +     (e) the estimation grid first: its CTAs wait for the selection (PDL) and then
+//   kAfterEst                   trigger; the exact grid, their programmatic dependent (p.chain_pdl), starts
+//                               once every estimation CTA has passed its wait and takes the room they leave
+//                               (8 estimation CTAs fill a multiprocessor's registers; 960 at 128K batch 4 fit
+//                               in one wave). The exact CTAs do not wait (their inputs were complete when the
+//                               first estimation CTA passed its wait) and read the count and list through L2;
+//                               the exact grid's last CTA waits at its end, so the exact grid, the last on
+//                               the stream, completes only after the estimation grid.
+// Each variant's partial states are split64's bit for bit: the same chunks, tiles and operations (loads and
+// launch bounds differ, not the arithmetic), and the fused merge sums the states in slot order whichever CTA
+// counts last.
+template <int D, int S, bool kIds, bool kAfterEst>
+__global__ void __launch_bounds__(kW * 32) decode_exact_x_kernel(const DecodeParams p) {
+  decode_body<D, true, S, false, !kAfterEst, kIds, kAfterEst>(p);
+}
+template <int D, int S, bool kIds, bool kAfterEst>
+__global__ void __launch_bounds__(kW * 32, 4) decode_exact_capped_kernel(const DecodeParams p) {
+  decode_body<D, true, S, false, !kAfterEst, kIds, kAfterEst>(p);
+}
+template <int D>
+__global__ void __launch_bounds__(kW * 32, 8) estimate_first_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char est_smem[];
+  estimate_cta<D, kEstimateChunk, false, 4, true>(p, blockIdx.x, blockIdx.y, est_smem);
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
@@ -618,15 +688,55 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t s) {
   if (e != cudaSuccess) return e;
   e = launch_maybe_pdl(decode_exact_kernel<D, S>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s, p.pdl, p);
   if (e != cudaSuccess) return e;
-  return p.exact_variant == kExactSplit64 ? launch_est_chained<D, kEstimateChunk>(p, s)
-                                          : launch_est_chained<D, kEstimateFusedChunk>(p, s);
+  return exact_est_chunk(p.exact_variant) == kEstimateChunk ? launch_est_chained<D, kEstimateChunk>(p, s)
+                                                             : launch_est_chained<D, kEstimateFusedChunk>(p, s);
+}
+
+// Run 17: the exact grid of a variant (K: decode_exact_x_kernel or decode_exact_capped_kernel), launched as a
+// programmatic dependent when pdl.
+template <int D, int S, typename K>
+cudaError_t launch_exact_grid(K kernel, const DecodeParams& p, cudaStream_t s, bool pdl, bool& attr_set) {
+  constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
+  const cudaError_t e = set_split_attributes(kernel, bytes, attr_set);
+  if (e != cudaSuccess) return e;
+  return launch_maybe_pdl(kernel, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s, pdl, p);
+}
+template <int D, int S, bool kIds, bool kAfterEst>
+cudaError_t launch_exact_variant(const DecodeParams& p, cudaStream_t s, bool pdl) {
+  static bool x_set = false, capped_set = false;
+  return exact_caps_registers(p.exact_variant)
+             ? launch_exact_grid<D, S>(decode_exact_capped_kernel<D, S, kIds, kAfterEst>, p, s, pdl, capped_set)
+             : launch_exact_grid<D, S>(decode_exact_x_kernel<D, S, kIds, kAfterEst>, p, s, pdl, x_set);
+}
+// split64r / i / ri: the exact grid as split64's (a dependent of the selection when p.pdl), then split64's
+// estimation grid chained behind it; split64e / eri: the estimation grid first (estimate_first_kernel, a
+// dependent of the selection when p.pdl), then the exact grid chained behind it (p.chain_pdl).
+template <int D, int S>
+cudaError_t launch_run17(const DecodeParams& p, cudaStream_t s) {
+  const bool ids = exact_ids_ahead(p.exact_variant);
+  if (!exact_est_first(p.exact_variant)) {
+    const cudaError_t e = ids ? launch_exact_variant<D, S, true, false>(p, s, p.pdl)
+                              : launch_exact_variant<D, S, false, false>(p, s, p.pdl);
+    if (e != cudaSuccess) return e;
+    return launch_est_chained<D, kEstimateChunk>(p, s);
+  }
+  constexpr size_t est_bytes = EstSmem<D, kEstimateChunk>::kBytes;
+  static bool est_set = false;
+  cudaError_t e = set_split_attributes(estimate_first_kernel<D>, est_bytes, est_set);
+  if (e != cudaSuccess) return e;
+  e = launch_maybe_pdl(estimate_first_kernel<D>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32), est_bytes, s, p.pdl, p);
+  if (e != cudaSuccess) return e;
+  return ids ? launch_exact_variant<D, S, true, true>(p, s, p.chain_pdl)
+             : launch_exact_variant<D, S, false, true>(p, s, p.chain_pdl);
 }
 
 template <int D, bool kIndirect>
 cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
   if constexpr (kIndirect) {
     if (p.est_ctas > 0 && p.exact_variant != kExactV1)
-      return decode_stages() == 3 ? launch_split<D, 3>(p, s) : launch_split<D, 2>(p, s);
+      return p.exact_variant == kExactSplit || p.exact_variant == kExactSplit64
+                 ? (decode_stages() == 3 ? launch_split<D, 3>(p, s) : launch_split<D, 2>(p, s))
+                 : (decode_stages() == 3 ? launch_run17<D, 3>(p, s) : launch_run17<D, 2>(p, s));
     if (p.est_ctas > 0)
       return decode_stages() == 3 ? launch_decode<D, true, 3, true>(p, s) : launch_decode<D, true, 2, true>(p, s);
   }
