@@ -13,11 +13,13 @@
 //     attention: the exact grid launched plainly, the estimation grid chained to it) under each variant
 //     against v1, and its graph replay;
 //   - unknown values throw retroinfer::Error (at the decode and from exact_variant_from_env);
-//   - run 17's variants (split64r / i / ri / e / eri: register cap, token ids ahead, estimation grid first;
-//     kernels.h): selection identical, outputs bit-identical to split64's (the same chunks, tiles and
-//     arithmetic; the fused merge sums in slot order), graph replays and the stage path bit-identical, and,
-//     for the clustered host-side K/V, within the f64 reference's bounds (test_cuda_decode_run9.cpp's); a
-//     case with one exact CTA per head and > 8 tiles per warp (the ids reloaded batch by batch).
+//   - run 17's variants (split64r / i / ri / rh / rih / e / eri: register cap, token ids ahead, half-staged
+//     estimation CTAs, estimation grid first; kernels.h): selection identical, outputs bit-identical to
+//     split64's (the same chunks, tiles and arithmetic; the fused merge sums in slot order), graph replays
+//     and the stage path bit-identical, and, for the clustered host-side K/V, within the f64 reference's
+//     bounds (test_cuda_decode_run9.cpp's); a case with one exact CTA per head and > 8 tiles per warp (the
+//     ids reloaded batch by batch); the kernels' footprints (registers, shared memory) against the
+//     co-residency each variant is built for.
 // Shapes: batch 1/3/4/16/~50, head_dim 64/128, GQA groups 1/3/4/8, n_e < 128 and just past 128, no
 // estimation, all steady, outliers, 32K x 32 heads, 128K x 8 heads and 128K x 32 heads (batch 4). One
 // "[exact grid]" line per case.
@@ -55,7 +57,8 @@ constexpr double kNmseVsV1 = gputest::kNmseReorder;
 constexpr double kNmseVsRef = 1e-9;
 constexpr double kMaxAbsVsRef = 1e-4;
 // Run 17's variants: each must give split64's output bit for bit.
-constexpr const char* kRun17[] = {"split64r", "split64i", "split64ri", "split64e", "split64eri"};
+constexpr const char* kRun17[] = {"split64r",  "split64i",  "split64ri", "split64rh",
+                                  "split64rih", "split64e", "split64eri"};
 
 void expect_same_selection(const PathResult& x, const PathResult& ref, const char* what) {
   SCOPED_TRACE(what);
@@ -321,6 +324,56 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
               "replays identical\n",
               num_seqs * hkv, group, d, (long long)n, layer.num_clusters(), layer.n_estimation(),
               int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs, run17_identical, int(std::size(kRun17)));
+}
+
+// The footprints the run 17 variants are built on (kernels.h exact_grid_footprint; decode.cu "Run 17
+// exact-grid variants"), at the 128K batch 4 shape (D 128, G 4, 12 exact + 30 estimation states per head) and
+// G 8, with the default two stages: how many estimation CTAs fit on a multiprocessor beside three exact CTAs
+// (registers allocated per warp in units of 256, i.e. per thread rounded up to a multiple of 8; shared
+// memory with the device's reservation per CTA). r / ri / e / eri: the exact kernel at <= 128 registers and one
+// estimation CTA beside three exact ones; rh / rih: two at G <= 4; every 64-cluster estimation kernel: eight
+// to a multiprocessor alone. One "[exact grid] footprint" line per variant and group.
+TEST(CudaExactGrid, Run17Footprints) {
+  RETROINFER_REQUIRE_GPU();
+  namespace d = cuda::detail;
+  auto regs_of = [](int per_thread) { return int64_t{(per_thread + 7) / 8 * 8} * 128; };  // one 128-thread CTA
+  for (const int G : {4, 8}) {
+    for (int v = d::kExactSplit64; v < d::kExactVariants; ++v) {
+      SCOPED_TRACE(testing::Message() << d::exact_variant_name(v) << " G " << G);
+      d::ExactGridFootprint f;
+      ASSERT_EQ(d::exact_grid_footprint(v, 128, G, 42, &f), cudaSuccess);
+      auto fits = [&](int exact_ctas, int est_ctas) {
+        const int64_t smem = int64_t(exact_ctas) * int64_t(f.exact_smem + f.cta_reserved) +
+                             int64_t(est_ctas) * int64_t(f.est_smem + f.cta_reserved);
+        const int64_t regs = exact_ctas * regs_of(f.exact_regs) + est_ctas * regs_of(f.est_regs);
+        return smem <= int64_t(f.sm_smem) && regs <= f.sm_regs;
+      };
+      int beside = 0;
+      while (beside < 8 && fits(3, beside + 1)) ++beside;
+      int alone = 0;
+      while (alone < 16 && fits(0, alone + 1)) ++alone;
+      std::printf("[exact grid] footprint %s D=128 G=%d (stages %d): exact CTA %d registers %zu bytes, "
+                  "estimation CTA %d registers %zu bytes (+%zu reserved each; %d registers, %zu bytes per SM): "
+                  "three exact CTAs fit=%d, estimation CTAs beside them %d, alone %d\n",
+                  d::exact_variant_name(v), G, d::decode_stages(), f.exact_regs, f.exact_smem, f.est_regs, f.est_smem,
+                  f.cta_reserved, f.sm_regs, f.sm_smem, int(fits(3, 0)), beside, alone);
+      if (d::decode_stages() != 2) continue;  // the arithmetic below is the two-stage one
+      EXPECT_TRUE(fits(3, 0));
+      EXPECT_LE(f.est_regs, 64);
+      EXPECT_GE(alone, 8);
+      if (d::exact_caps_registers(v)) {
+        EXPECT_LE(f.exact_regs, 128);
+        EXPECT_GE(beside, 1);
+      }
+      if (d::exact_est_halves(v) && G <= 4) {
+        EXPECT_GE(beside, 2);
+      }
+    }
+  }
+  d::ExactGridFootprint f;
+  EXPECT_EQ(d::exact_grid_footprint(d::kExactV1, 128, 4, 42, &f), cudaErrorInvalidValue);
+  EXPECT_EQ(d::exact_grid_footprint(d::kExactSplit64, 96, 4, 42, &f), cudaErrorInvalidValue);
+  EXPECT_EQ(d::exact_grid_footprint(d::kExactSplit64, 128, 9, 42, &f), cudaErrorInvalidValue);
 }
 
 // Bad values: a clear error at the decode (before any launch) and from the parser; the names round-trip.

@@ -57,6 +57,8 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_STREQ(exact_variant_name(kExactSplit64R), "split64r");
   EXPECT_STREQ(exact_variant_name(kExactSplit64I), "split64i");
   EXPECT_STREQ(exact_variant_name(kExactSplit64RI), "split64ri");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64RH), "split64rh");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64RIH), "split64rih");
   EXPECT_STREQ(exact_variant_name(kExactSplit64E), "split64e");
   EXPECT_STREQ(exact_variant_name(kExactSplit64ERI), "split64eri");
   EXPECT_STREQ(exact_variant_name(kExactVariants), "?");
@@ -106,16 +108,18 @@ TEST(CudaExactVariant, EstimationChunksFitTheLayersSlots) {
 TEST(CudaExactVariant, Run17Properties) {
   struct Row {
     int v;
-    bool cap, ids, first;
+    bool cap, ids, halves, first;
   };
-  const Row rows[] = {{kExactV1, false, false, false},        {kExactSplit, false, false, false},
-                      {kExactSplit64, false, false, false},   {kExactSplit64R, true, false, false},
-                      {kExactSplit64I, false, true, false},   {kExactSplit64RI, true, true, false},
-                      {kExactSplit64E, false, false, true},   {kExactSplit64ERI, true, true, true}};
+  const Row rows[] = {{kExactV1, false, false, false, false},       {kExactSplit, false, false, false, false},
+                      {kExactSplit64, false, false, false, false},  {kExactSplit64R, true, false, false, false},
+                      {kExactSplit64I, false, true, false, false},  {kExactSplit64RI, true, true, false, false},
+                      {kExactSplit64RH, true, false, true, false},  {kExactSplit64RIH, true, true, true, false},
+                      {kExactSplit64E, false, false, false, true},  {kExactSplit64ERI, true, true, false, true}};
   static_assert(std::size(rows) == kExactVariants, "one row per variant");
   for (const Row& r : rows) {
     EXPECT_EQ(exact_caps_registers(r.v), r.cap) << exact_variant_name(r.v);
     EXPECT_EQ(exact_ids_ahead(r.v), r.ids) << exact_variant_name(r.v);
+    EXPECT_EQ(exact_est_halves(r.v), r.halves) << exact_variant_name(r.v);
     EXPECT_EQ(exact_est_first(r.v), r.first) << exact_variant_name(r.v);
   }
 }

@@ -327,6 +327,10 @@ struct DecodeParams {
 //   split64i    the exact kernel's token ids loaded ahead: each warp loads the ids of its next 8 tiles in one
 //               batch (4 registers per lane), so no tile's copies wait on an L2 round trip of their own
 //   split64ri   both
+//   split64rh   split64r with estimation CTAs that stage their rows half a chunk at a time and lay out their
+//               weights and sums for G query heads (9.25 KiB at D = 128, G = 4): two fit beside three capped
+//               exact CTAs, for one more round trip each
+//   split64rih  split64ri with split64rh's estimation CTAs
 //   split64e    the estimation grid first (it waits for the selection and triggers), the exact grid chained
 //               behind it as its programmatic dependent (no wait of its own; its last CTA waits at its end)
 //   split64eri  split64e with split64ri's exact kernel
@@ -337,6 +341,8 @@ enum ExactVariant : int {
   kExactSplit64R,
   kExactSplit64I,
   kExactSplit64RI,
+  kExactSplit64RH,
+  kExactSplit64RIH,
   kExactSplit64E,
   kExactSplit64ERI,
   kExactVariants
@@ -348,11 +354,14 @@ constexpr int exact_est_chunk(int variant) {
 }
 // The run 17 properties of a variant (all false for v1, split, split64).
 constexpr bool exact_caps_registers(int variant) {
-  return variant == kExactSplit64R || variant == kExactSplit64RI || variant == kExactSplit64ERI;
+  return variant == kExactSplit64R || variant == kExactSplit64RI || variant == kExactSplit64RH ||
+         variant == kExactSplit64RIH || variant == kExactSplit64ERI;
 }
 constexpr bool exact_ids_ahead(int variant) {
-  return variant == kExactSplit64I || variant == kExactSplit64RI || variant == kExactSplit64ERI;
+  return variant == kExactSplit64I || variant == kExactSplit64RI || variant == kExactSplit64RIH ||
+         variant == kExactSplit64ERI;
 }
+constexpr bool exact_est_halves(int variant) { return variant == kExactSplit64RH || variant == kExactSplit64RIH; }
 constexpr bool exact_est_first(int variant) { return variant == kExactSplit64E || variant == kExactSplit64ERI; }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);
@@ -364,6 +373,18 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);
 // shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
 int decode_stages();
 int decode_ctas_per_sm();
+// Run 17 diagnostics: the per-CTA resources of the exact and estimation kernels that a split* variant
+// launches now (decode_stages()) at head_dim, group and total_splits (cudaFuncGetAttributes: registers per
+// thread; shared memory = the launch's dynamic bytes + the kernel's static bytes, without the shared memory
+// the device reserves per CTA), and the current device's limits per multiprocessor. cudaErrorInvalidValue for
+// v1, another head_dim or group.
+struct ExactGridFootprint {
+  int exact_regs = 0, est_regs = 0;
+  size_t exact_smem = 0, est_smem = 0;
+  int sm_regs = 0;                        // registers per multiprocessor
+  size_t sm_smem = 0, cta_reserved = 0;   // shared memory per multiprocessor, reserved per CTA (bytes)
+};
+cudaError_t exact_grid_footprint(int variant, int head_dim, int group, int total_splits, ExactGridFootprint* out);
 
 struct CombineParams {
   const float2* part_ml = nullptr;
