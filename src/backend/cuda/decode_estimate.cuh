@@ -180,15 +180,40 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
   for (int g = 0; g < kMaxGroup; ++g)
 #pragma unroll
     for (int k = 0; k < kVec; ++k) acc[g][k] = 0.0f;
-  // Rows i in [i0, i1) of the chunk (step kRowSlots), row i at buffer row i - base.
-  auto add_rows = [&](int i0, int i1, int base) {
+  if constexpr (kHalves) {
+    // Rows i in [i0, i1) of the chunk (step kRowSlots), row i at buffer row i - base: the loop below.
+    auto add_rows = [&](int i0, int i1, int base) {
 #pragma unroll 4
-    for (int i = i0; i < i1; i += kRowSlots) {
+      for (int i = i0; i < i1; i += kRowSlots) {
+        const uint2 w2 = *reinterpret_cast<const uint2*>(rows + (i - base) * D + dc * 4);
+        const float2 x0 = bf16x2_to_float2(w2.x), x1 = bf16x2_to_float2(w2.y);
+        const float v[4] = {x0.x, x0.y, x1.x, x1.y};
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g)
+          if (g < G) {
+            const float wg = wl[g * kC + i];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) acc[g][k] += wg * v[k];
+          }
+      }
+    };
+    static_assert(kVec == 4 && (kC / 2) % kRowSlots == 0, "the second half continues each thread's row sequence");
+    add_rows(rs, cnt < kC / 2 ? cnt : kC / 2, 0);
+    if (cnt > kC / 2) {  // CTA-uniform
+      __syncthreads();   // every read of the first half's rows is done
+      copy_half(1);
+      cp_async_wait<0>();
+      __syncthreads();
+      add_rows(rs + kC / 2, cnt, kC / 2);
+    }
+  } else {
+#pragma unroll 4
+    for (int i = rs; i < cnt; i += kRowSlots) {
       float v[kVec];
       if constexpr (kVec == 8) {
-        bf16x8_to_float(*reinterpret_cast<const uint4*>(rows + (i - base) * D + dc * 8), v);
+        bf16x8_to_float(*reinterpret_cast<const uint4*>(rows + i * D + dc * 8), v);
       } else {
-        const uint2 w2 = *reinterpret_cast<const uint2*>(rows + (i - base) * D + dc * 4);
+        const uint2 w2 = *reinterpret_cast<const uint2*>(rows + i * D + dc * 4);
         const float2 x0 = bf16x2_to_float2(w2.x), x1 = bf16x2_to_float2(w2.y);
         v[0] = x0.x; v[1] = x0.y; v[2] = x1.x; v[3] = x1.y;
       }
@@ -200,19 +225,6 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
           for (int k = 0; k < kVec; ++k) acc[g][k] += wg * v[k];
         }
     }
-  };
-  if constexpr (kHalves) {
-    static_assert((kC / 2) % kRowSlots == 0, "the second half continues each thread's row sequence");
-    add_rows(rs, cnt < kC / 2 ? cnt : kC / 2, 0);
-    if (cnt > kC / 2) {  // CTA-uniform
-      __syncthreads();   // every read of the first half's rows is done
-      copy_half(1);
-      cp_async_wait<0>();
-      __syncthreads();
-      add_rows(rs + kC / 2, cnt, kC / 2);
-    }
-  } else {
-    add_rows(rs, cnt, 0);
   }
 #pragma unroll
   for (int off = kCols; off < 32; off <<= 1)  // the warp's row slots (lanes dc, dc + kCols, ...)
