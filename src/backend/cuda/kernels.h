@@ -312,7 +312,8 @@ struct DecodeParams {
 };
 // RETROINFER_EXACT (exact_variant_from_env, read at every decode; layer_attention_zones.cpp) picks how run 9's
 // exact + estimation grid runs (DecodeParams::exact_variant):
-//   v1       run 9's grid: the exact splits and the estimation CTAs (128 clusters) in one kernel (the default)
+//   v1       run 9's grid: the exact splits and the estimation CTAs (128 clusters) in one kernel (the default
+//            before run 16)
 //   split    two grids, the estimation chained behind the exact one (128-cluster CTAs of estimate_cta without
 //            the exact role's registers and shared memory; the same partial states as v1 bit for bit)
 //   split64  as split with 64-cluster estimation CTAs (18.3 KiB of shared memory and 64 registers at D = 128:
