@@ -12,17 +12,29 @@
 //   - WaveBufferLayer (the same launch sequence with the wave buffer's kernels between the selection and the
 //     attention: the exact grid launched plainly, the estimation grid chained to it) under each variant
 //     against v1, and its graph replay;
-//   - unknown values throw retroinfer::Error (at the decode and from exact_variant_from_env).
-// Shapes: batch 1/3/4/16, head_dim 64/128, GQA groups 1/3/4/8, n_e < 128 and just past 128, no estimation,
-// all steady, outliers, 32K x 32 heads and 128K x 8 heads. One "[exact grid]" line per case.
+//   - unknown values throw retroinfer::Error (at the decode and from exact_variant_from_env);
+//   - run 17's variants (split64r / i / ri / rh / rih / e / eri: register cap, token ids ahead, half-staged
+//     estimation CTAs, estimation grid first; kernels.h): selection identical, outputs bit-identical to
+//     split64's (the same chunks, tiles and arithmetic; the fused merge sums in slot order), graph replays
+//     and the stage path bit-identical, and, for the clustered host-side K/V, within the f64 reference's
+//     bounds (test_cuda_decode_run9.cpp's); a case with one exact CTA per head and > 8 tiles per warp (the
+//     ids reloaded batch by batch); the kernels' footprints (registers, shared memory) against the
+//     co-residency each variant is built for.
+// Shapes: batch 1/3/4/16/~50, head_dim 64/128, GQA groups 1/3/4/8, n_e < 128 and just past 128, no
+// estimation, all steady, outliers, 32K x 32 heads, 128K x 8 heads and 128K x 32 heads (batch 4). One
+// "[exact grid]" line per case.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <memory>
 #include <string>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/layer_common.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
@@ -40,6 +52,13 @@ using gputest::PathResult;
 // same difference as run 8 vs run 9; bounds and derivation in decode_path_test_util.h).
 constexpr double kMaxAbsVsV1 = gputest::kMaxAbsReorder;
 constexpr double kNmseVsV1 = gputest::kNmseReorder;
+// Against the f64 reference (test_cuda_decode_run9.cpp's tolerances: f32 arithmetic on identical inputs, the
+// exact part's P carried to 2^-18 by the hi/lo split).
+constexpr double kNmseVsRef = 1e-9;
+constexpr double kMaxAbsVsRef = 1e-4;
+// Run 17's variants: each must give split64's output bit for bit.
+constexpr const char* kRun17[] = {"split64r",  "split64i",  "split64ri", "split64rh",
+                                  "split64rih", "split64e", "split64eri"};
 
 void expect_same_selection(const PathResult& x, const PathResult& ref, const char* what) {
   SCOPED_TRACE(what);
@@ -59,6 +78,56 @@ int64_t first_difference(const std::vector<float>& a, const std::vector<float>& 
   for (size_t i = 0; i < a.size(); ++i)
     if (std::memcmp(&a[i], &b[i], 4) != 0) return int64_t(i);
   return -1;
+}
+
+// f64 reference of the zones a decode selected (host-side K/V only): exact tokens = the list, estimation = the
+// estimated clusters' (logit from the bf16 centroid, weight = size, value = bf16 value sum).
+std::vector<float> f64_reference(const gputest::PathLayer& t, const PathResult& r, int G, int d) {
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<float> ref(t.q_elems);
+  for (int h = 0; h < t.H; ++h) {
+    const auto& st = r.heads[h];
+    for (int g = 0; g < G; ++g) {
+      gputest::RefState rs(d);
+      const float* qq = &t.q[(size_t(h) * G + g) * d];
+      gputest::ref_exact(t.kv, qq, scale, h, st.token_list, rs);
+      std::vector<float> vsum(d);
+      for (int32_t cl : st.estimation_ids) {
+        double sc = 0;
+        for (int i = 0; i < d; ++i) sc += double(qq[i]) * bf16_to_f32(st.centroids_bf16[size_t(cl) * d + i]);
+        for (int i = 0; i < d; ++i) vsum[i] = bf16_to_f32(st.value_sums_bf16[size_t(cl) * d + i]);
+        rs.push(sc * scale, double(st.sizes[cl]), vsum.data(), d);
+      }
+      rs.finish(&ref[(size_t(h) * G + g) * d], d);
+    }
+  }
+  return ref;
+}
+
+// Run 17's variants against split64's decode `s64` (taken with `v1` as the selection reference): selection
+// identical, outputs bit-identical and written, graph replays and the stage path; with host K/V also against
+// the f64 reference. Returns the number of variants that matched bit for bit.
+int run17_variants(gputest::PathLayer& t, const PathCase& rc, EnvGuard& env, const PathResult& v1,
+                   const PathResult& s64) {
+  int identical = 0;
+  for (const char* name : kRun17) {
+    SCOPED_TRACE(name);
+    env.set(name);
+    const PathResult x = decode_once(t);
+    expect_same_selection(x, v1, name);
+    EXPECT_EQ(gputest::compare(x.out, x.out).unwritten, 0);
+    const int64_t diff = first_difference(x.out, s64.out);
+    EXPECT_EQ(diff, -1) << name << " must give split64's output bit for bit";
+    identical += diff == -1;
+    if (rc.host_kv) {
+      const auto cr = gputest::compare(x.out, f64_reference(t, x, rc.group, rc.d));
+      EXPECT_LT(cr.nmse, kNmseVsRef);
+      EXPECT_LT(cr.max_abs, kMaxAbsVsRef);
+    }
+    gputest::expect_graph_replays(t, x.out);
+    gputest::expect_stage_path(t, x.out);
+  }
+  return identical;
 }
 
 void exact_grid_case(const PathCase& rc, uint64_t seed) {
@@ -88,6 +157,13 @@ void exact_grid_case(const PathCase& rc, uint64_t seed) {
   EXPECT_LT(cc.nmse, kNmseVsV1);
   gputest::expect_graph_replays(t, c.out);
   gputest::expect_stage_path(t, c.out);
+  gputest::Compare cref;  // split64 vs the f64 reference (host K/V only)
+  if (rc.host_kv) {
+    cref = gputest::compare(c.out, f64_reference(t, c, rc.group, rc.d));
+    EXPECT_LT(cref.nmse, kNmseVsRef);
+    EXPECT_LT(cref.max_abs, kMaxAbsVsRef);
+  }
+  const int run17_identical = run17_variants(t, rc, env, a, c);
 
   env.set("v1");  // back to v1 in the same process: its first output again
   const PathResult a2 = decode_once(t);
@@ -99,10 +175,12 @@ void exact_grid_case(const PathCase& rc, uint64_t seed) {
   }
   const int n_e = layer.n_estimation();
   std::printf("[exact grid] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: split vs v1 identical=%d; "
-              "split64 vs v1 nmse %.2e max-abs %.2e; graph replays + stage path identical per variant; "
-              "est CTAs per head v1/split %d split64 %d\n",
+              "split64 vs v1 nmse %.2e max-abs %.2e; split64 vs f64 ref nmse %.2e max-abs %.2e%s; run17 variants "
+              "identical to split64 %d/%d; graph replays + stage path identical per variant; est CTAs per head "
+              "v1/split %d split64* %d\n",
               t.H, rc.group, rc.d, (long long)rc.n, layer.num_clusters(), n_e, int(rc.estimation),
-              int(rc.outliers), int(first_difference(b.out, a.out) == -1), cc.nmse, cc.max_abs,
+              int(rc.outliers), int(first_difference(b.out, a.out) == -1), cc.nmse, cc.max_abs, cref.nmse,
+              cref.max_abs, rc.host_kv ? "" : " (no ref: device K/V)", run17_identical, int(std::size(kRun17)),
               n_e > 0 ? (n_e + 127) / 128 : 0, n_e > 0 ? (n_e + 63) / 64 : 0);
 }
 
@@ -127,6 +205,54 @@ TEST(CudaExactGrid, VariantsMatchV1ManyHeads) {
 TEST(CudaExactGrid, VariantsMatchV1At128K) {
   RETROINFER_REQUIRE_GPU();
   exact_grid_case({1, 8, 4, 128, 131072, true, false, false}, 921);  // Llama-3-8B, 128K x 8 heads
+  exact_grid_case({4, 8, 4, 128, 131072, true, false, false}, 922);  // 128K batch 4: issue #4's shape
+}
+
+// One exact CTA per head (H > decode_ctas_per_sm() * sm_count() / 2 flat heads, so decode_splits gives 1) and
+// a retrieval zone of ~30% of the clusters: each warp walks > 8 tiles, so split64i / ri / eri reload the
+// warp's ids (8 tiles per batch) at least once, with tails. Device random K/V (no f64 reference): run 17's
+// variants bit-identical to split64, graph replays included.
+TEST(CudaExactGrid, Run17VariantsManyTilesPerWarp) {
+  RETROINFER_REQUIRE_GPU();
+  const int hkv = 4, G = 4, d = 128;
+  const int64_t n = 4000;
+  const int per_sm = cuda::detail::decode_ctas_per_sm(), sms = cuda::detail::sm_count();
+  const int num_seqs = (per_sm * sms / 2) / hkv + 1;  // H = 4 * num_seqs > per_sm * sms / 2
+  const int H = num_seqs * hkv;
+  const int splits = std::max(1, per_sm * sms / H);  // decode_splits' bound (waves = 1)
+  gputest::PathLayer t;
+  t.H = H;
+  t.q_elems = size_t(H) * G * d;
+  const size_t kv_elems = size_t(H) * n * d;
+  t.dk = cuda::DeviceBuffer(kv_elems * 2);
+  t.dv = cuda::DeviceBuffer(kv_elems * 2);
+  t.dq = cuda::DeviceBuffer(t.q_elems * 4);
+  cuda::fill_random_bf16(t.dk.as<uint16_t>(), kv_elems, 951, 1.0f);
+  cuda::fill_random_bf16(t.dv.as<uint16_t>(), kv_elems, 952, 1.0f);
+  cuda::fill_random_f32(t.dq.as<float>(), t.q_elems, 953, 1.0f);
+  AttentionConfig cfg;
+  cfg.retrieval_fraction = 0.3;
+  cfg.estimation_fraction = 0.232;
+  t.layer = std::make_unique<cuda::RetroLayer>(AttentionShape{hkv * G, hkv, d}, cfg, num_seqs);
+  t.layer->build(t.dk.as<uint16_t>(), t.dv.as<uint16_t>(), n, n);
+  ASSERT_GT(t.layer->n_estimation(), 0);
+
+  EnvGuard env("RETROINFER_EXACT", "v1");
+  const PathResult a = decode_once(t);
+  env.set("split64");
+  const PathResult c = decode_once(t);
+  expect_same_selection(c, a, "split64 vs v1");
+  EXPECT_EQ(gputest::compare(c.out, c.out).unwritten, 0);
+  size_t most = 0;
+  for (const auto& hs : a.heads) most = std::max(most, hs.token_list.size());
+  const int64_t tiles_per_warp = (int64_t(most) / splits + 63) / 64;  // tiles of 16 over 4 warps
+  ASSERT_GT(tiles_per_warp, 8) << "the case must reload the ids: " << most << " tokens, " << splits << " splits";
+  const PathCase rc{num_seqs, hkv, G, d, n, true, false, false};
+  const int identical = run17_variants(t, rc, env, a, c);
+  std::printf("[exact grid] many tiles per warp: H=%d G=%d d=%d n=%lld C=%d n_e=%d, <= %d splits, longest list %zu "
+              "(~%lld tiles per warp): run17 variants identical to split64 %d/%d\n",
+              H, G, d, (long long)n, t.layer->num_clusters(), t.layer->n_estimation(), splits, most,
+              (long long)tiles_per_warp, identical, int(std::size(kRun17)));
 }
 
 // WaveBufferLayer: a cache that holds every cluster, warmed by one step, so each decode reads the same
@@ -163,6 +289,12 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
   EXPECT_EQ(layer.last_step_counts().miss_clusters, 0);
   const auto s = run("split");
   const auto s64 = run("split64");
+  int run17_identical = 0;
+  for (const char* name : kRun17) {
+    const auto x = run(name);
+    EXPECT_EQ(first_difference(x, s64), -1) << name << " vs split64";
+    run17_identical += first_difference(x, s64) == -1;
+  }
   EXPECT_EQ(gputest::compare(v1, v1).unwritten, 0);
   EXPECT_EQ(first_difference(s, v1), -1) << "split vs v1";
   const auto c64 = gputest::compare(s64, v1);
@@ -171,22 +303,77 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
   EXPECT_LT(c64.nmse, kNmseVsV1);
   EXPECT_EQ(first_difference(run("v1"), v1), -1) << "v1 again";
 
-  env.set("split64");
-  cuda::StreamHandle stream;
-  auto dg = gputest::poisoned(q_elems);
-  layer.capture_graph(dq.as<float>(), dg.as<float>(), stream.get());
-  for (int rep = 0; rep < 2; ++rep) {
-    dg.fill_bytes(0xff);
-    cuda::synchronize();
-    layer.replay_graph(stream.get());
-    cuda::synchronize(stream.get());
-    layer.wait_manager();
-    EXPECT_EQ(first_difference(gputest::download_f32(dg, q_elems), s64), -1) << "split64 graph replay " << rep;
+  // Graphs of the step under split64 and under split64eri (the estimation grid launched plainly after the
+  // wave buffer's kernels, the exact grid chained to it), each replayed twice.
+  for (const char* name : {"split64", "split64eri"}) {
+    env.set(name);
+    cuda::StreamHandle stream;
+    auto dg = gputest::poisoned(q_elems);
+    layer.capture_graph(dq.as<float>(), dg.as<float>(), stream.get());
+    for (int rep = 0; rep < 2; ++rep) {
+      dg.fill_bytes(0xff);
+      cuda::synchronize();
+      layer.replay_graph(stream.get());
+      cuda::synchronize(stream.get());
+      layer.wait_manager();
+      EXPECT_EQ(first_difference(gputest::download_f32(dg, q_elems), s64), -1) << name << " graph replay " << rep;
+    }
   }
   std::printf("[exact grid] WaveBufferLayer H=%d G=%d d=%d n=%lld C=%d n_e=%d: split vs v1 identical=%d; split64 vs "
-              "v1 nmse %.2e max-abs %.2e; split64 graph replays identical\n",
+              "v1 nmse %.2e max-abs %.2e; run17 variants identical to split64 %d/%d; split64 and split64eri graph "
+              "replays identical\n",
               num_seqs * hkv, group, d, (long long)n, layer.num_clusters(), layer.n_estimation(),
-              int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs);
+              int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs, run17_identical, int(std::size(kRun17)));
+}
+
+// The footprints the run 17 variants are built on (kernels.h exact_grid_footprint; decode.cu "Run 17
+// exact-grid variants"), at the 128K batch 4 shape (D 128, G 4, 12 exact + 30 estimation states per head) and
+// G 8, with the default two stages: how many estimation CTAs fit on a multiprocessor beside three exact CTAs
+// (registers allocated per warp in units of 256, i.e. per thread rounded up to a multiple of 8; shared
+// memory with the device's reservation per CTA). r / ri / e / eri: the exact kernel at <= 128 registers and one
+// estimation CTA beside three exact ones; rh / rih: two at G <= 4; every 64-cluster estimation kernel: eight
+// to a multiprocessor alone. One "[exact grid] footprint" line per variant and group.
+TEST(CudaExactGrid, Run17Footprints) {
+  RETROINFER_REQUIRE_GPU();
+  namespace d = cuda::detail;
+  auto regs_of = [](int per_thread) { return int64_t{(per_thread + 7) / 8 * 8} * 128; };  // one 128-thread CTA
+  for (const int G : {4, 8}) {
+    for (int v = d::kExactSplit64; v < d::kExactVariants; ++v) {
+      SCOPED_TRACE(testing::Message() << d::exact_variant_name(v) << " G " << G);
+      d::ExactGridFootprint f;
+      ASSERT_EQ(d::exact_grid_footprint(v, 128, G, 42, &f), cudaSuccess);
+      auto fits = [&](int exact_ctas, int est_ctas) {
+        const int64_t smem = int64_t(exact_ctas) * int64_t(f.exact_smem + f.cta_reserved) +
+                             int64_t(est_ctas) * int64_t(f.est_smem + f.cta_reserved);
+        const int64_t regs = exact_ctas * regs_of(f.exact_regs) + est_ctas * regs_of(f.est_regs);
+        return smem <= int64_t(f.sm_smem) && regs <= f.sm_regs;
+      };
+      int beside = 0;
+      while (beside < 8 && fits(3, beside + 1)) ++beside;
+      int alone = 0;
+      while (alone < 16 && fits(0, alone + 1)) ++alone;
+      std::printf("[exact grid] footprint %s D=128 G=%d (stages %d): exact CTA %d registers %zu bytes, "
+                  "estimation CTA %d registers %zu bytes (+%zu reserved each; %d registers, %zu bytes per SM): "
+                  "three exact CTAs fit=%d, estimation CTAs beside them %d, alone %d\n",
+                  d::exact_variant_name(v), G, d::decode_stages(), f.exact_regs, f.exact_smem, f.est_regs, f.est_smem,
+                  f.cta_reserved, f.sm_regs, f.sm_smem, int(fits(3, 0)), beside, alone);
+      if (d::decode_stages() != 2) continue;  // the arithmetic below is the two-stage one
+      EXPECT_TRUE(fits(3, 0));
+      EXPECT_LE(f.est_regs, 64);
+      EXPECT_GE(alone, 8);
+      if (d::exact_caps_registers(v)) {
+        EXPECT_LE(f.exact_regs, 128);
+        EXPECT_GE(beside, 1);
+      }
+      if (d::exact_est_halves(v) && G <= 4) {
+        EXPECT_GE(beside, 2);
+      }
+    }
+  }
+  d::ExactGridFootprint f;
+  EXPECT_EQ(d::exact_grid_footprint(d::kExactV1, 128, 4, 42, &f), cudaErrorInvalidValue);
+  EXPECT_EQ(d::exact_grid_footprint(d::kExactSplit64, 96, 4, 42, &f), cudaErrorInvalidValue);
+  EXPECT_EQ(d::exact_grid_footprint(d::kExactSplit64, 128, 9, 42, &f), cudaErrorInvalidValue);
 }
 
 // Bad values: a clear error at the decode (before any launch) and from the parser; the names round-trip.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <iterator>
 #include <string>
 
 #include "backend/cuda/layer_common.h"
@@ -53,7 +54,15 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_STREQ(exact_variant_name(kExactV1), "v1");
   EXPECT_STREQ(exact_variant_name(kExactSplit), "split");
   EXPECT_STREQ(exact_variant_name(kExactSplit64), "split64");
-  for (const char* bad : {"V1", "split ", "split32", "v2", "run10", "+split"}) {
+  EXPECT_STREQ(exact_variant_name(kExactSplit64R), "split64r");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64I), "split64i");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64RI), "split64ri");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64RH), "split64rh");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64RIH), "split64rih");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64E), "split64e");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64ERI), "split64eri");
+  EXPECT_STREQ(exact_variant_name(kExactVariants), "?");
+  for (const char* bad : {"V1", "split ", "split32", "v2", "run10", "+split", "split64ir", "split64R", "split64er"}) {
     ex.set(bad);
     EXPECT_THROW(exact_variant_from_env(), Error) << bad;
   }
@@ -63,6 +72,8 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_EQ(exact_variant_from_env(), kExactSplit64);
   DecodePath p = decode_path();
   EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score);
+  dec.set("run10+split64eri");  // kernel_bench --paths run10+split64,run10+split64eri
+  EXPECT_EQ(exact_variant_from_env(), kExactSplit64ERI);
   dec.set("run9+v1");
   EXPECT_EQ(exact_variant_from_env(), kExactV1);
   p = decode_path();
@@ -90,6 +101,27 @@ TEST(CudaExactVariant, EstimationChunksFitTheLayersSlots) {
   EXPECT_EQ(exact_est_chunk(kExactV1), kEstimateFusedChunk);
   EXPECT_EQ(exact_est_chunk(kExactSplit), kEstimateFusedChunk);
   EXPECT_EQ(exact_est_chunk(kExactSplit64), kEstimateChunk);
+  for (int v = kExactSplit64R; v < kExactVariants; ++v) EXPECT_EQ(exact_est_chunk(v), kEstimateChunk) << v;
+}
+
+// Run 17's variants: which of the three changes each carries (decode.cu dispatches on these).
+TEST(CudaExactVariant, Run17Properties) {
+  struct Row {
+    int v;
+    bool cap, ids, halves, first;
+  };
+  const Row rows[] = {{kExactV1, false, false, false, false},       {kExactSplit, false, false, false, false},
+                      {kExactSplit64, false, false, false, false},  {kExactSplit64R, true, false, false, false},
+                      {kExactSplit64I, false, true, false, false},  {kExactSplit64RI, true, true, false, false},
+                      {kExactSplit64RH, true, false, true, false},  {kExactSplit64RIH, true, true, true, false},
+                      {kExactSplit64E, false, false, false, true},  {kExactSplit64ERI, true, true, false, true}};
+  static_assert(std::size(rows) == kExactVariants, "one row per variant");
+  for (const Row& r : rows) {
+    EXPECT_EQ(exact_caps_registers(r.v), r.cap) << exact_variant_name(r.v);
+    EXPECT_EQ(exact_ids_ahead(r.v), r.ids) << exact_variant_name(r.v);
+    EXPECT_EQ(exact_est_halves(r.v), r.halves) << exact_variant_name(r.v);
+    EXPECT_EQ(exact_est_first(r.v), r.first) << exact_variant_name(r.v);
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/decode_estimate.cuh"
 #include "backend/cuda/decode_math.cuh"
 #include "backend/cuda/decode_merge.cuh"
 #include "backend/cuda/kernels.h"
@@ -23,7 +24,6 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
-constexpr int kW = kDecodeWarps;
 constexpr int kT = kDecodeTile;
 static_assert(kT == 16, "the QK mapping uses lane & 15 as the token of the tile");
 
@@ -33,186 +33,6 @@ struct DecodeSmem {
   static constexpr size_t kWarpBytes = size_t{S} * 2 * kT * kRow * 2;  // S stages of K and V tiles
   static constexpr size_t kBytes = kW * kWarpBytes;
 };
-
-// Shared memory of an estimation CTA of kC clusters (estimate_cta): the value-sum rows [kC][D] bf16, the
-// weights [kMaxGroup][kC] f32 and the sizes [kC] f32 while loading; afterwards the warp sums [kW][kMaxGroup][D]
-// f32 and the fused merge's weights (kMergeMaxStates f32) reuse the buffer from its start (both are written
-// only after a barrier that ends every read of the rows, weights and sizes).
-template <int D, int kC>
-struct EstSmem {
-  static constexpr size_t kLoad = size_t{kC} * D * 2 + size_t{kMaxGroup} * kC * 4 + size_t{kC} * 4;
-  static constexpr size_t kRed = size_t{kW} * kMaxGroup * D * 4;
-  static constexpr size_t kMerge = size_t{kMergeMaxStates} * 4;
-  static constexpr size_t kBytes = kLoad > kRed ? (kLoad > kMerge ? kLoad : kMerge) : (kRed > kMerge ? kRed : kMerge);
-};
-
-// Loads of estimate_cta's inputs written by the kernels before the decode (ids, logits) and of the sizes:
-// as run 9 had them (kL2 false: plain / read-only path), or through L2 (__ldcg) for the chained estimation
-// grid of RETROINFER_EXACT=split*, which does not wait on its own (see estimate_chained_kernel) and so
-// must not meet lines an earlier kernel left in L1.
-template <bool kL2, typename T>
-__device__ __forceinline__ T est_load(const T* p, bool read_only) {
-  if constexpr (kL2) return __ldcg(p);
-  else return read_only ? __ldg(p) : *p;
-}
-
-// Run 9 (DecodeParams::est_ctas): an estimation CTA of the exact-attention grid, estimated clusters
-// [j * kC, min(k_e, (j + 1) * kC)) of flat head h (kC = kEstimateFusedChunk = the CTA's 128 threads; the
-// chained estimation grid of RETROINFER_EXACT=split64 also 64). Same state as estimate_kernel's for the same
-// clusters (chunk max m_g of the logits, l_g = sum size e^{l - m_g}, o_g = sum e^{l - m_g} VS), formed
-// differently so that the whole chunk is in flight at once:
-//   1. after the PDL wait (kChained: none, the exact grid before it waited), lane l < kC / kW of warp w
-//      loads id w * kC / kW + l of the chunk (-1: padding) and the cluster's size and G logits (independent
-//      loads); each warp copies its kC / kW clusters' value-sum rows into shared memory by cp.async, lanes
-//      over consecutive 16-byte chunks (the ids by shuffle; padding rows zero-filled, so 0 * row never meets
-//      stale shared memory);
-//   2. warp w forms the weights of query heads w, w + 4 (max, e^{l - m}, the size-weighted sum) by shuffles
-//      while the copies fly;
-//   3. thread = (row slot, kVec consecutive dims of the row: 8 = a 16-byte chunk, or 4 for split64's lean
-//      CTAs): sum over its rows of w_g[i] * VS_i for every g of the group (each row read from shared memory
-//      once for all G query heads), the row slots of a warp added by shuffles, the 4 warps' sums in shared
-//      memory in warp order;
-//   4. the partial state into slot est.split_offset + j, then the fused merge like every other CTA.
-// For kC = 128, kVec = 8 this is run 9's code (the same operations in the same order for any kChained).
-// Shared memory: EstSmem<D, kC> (run 9: the decode CTA's tile buffers, which hold it).
-template <int D, int kC, bool kChained, int kVec = 8>
-__device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char* smem) {
-  constexpr int kThreads = kW * 32;
-  constexpr int kChunks = D / 8;                   // 16-byte chunks per value-sum row
-  constexpr int kRowsW = kC / kW;                  // clusters (rows) loaded by each warp
-  constexpr int kCopies = kRowsW * kChunks / 32;   // 16-byte copies per lane in step 1
-  constexpr int kPerLane = kC / 32;                // clusters per lane in step 2
-  static_assert(kVec == 8 || kVec == 4, "8 or 4 dims per thread in step 3");
-  static_assert(kC % 32 == 0 && kC % kW == 0 && kRowsW <= 32 && (kRowsW * kChunks) % 32 == 0,
-                "whole warps of ids and copies");
-  uint16_t* rows = reinterpret_cast<uint16_t*>(smem);     // [kC][D] bf16 value sums
-  float* wl = reinterpret_cast<float*>(rows + kC * D);      // [kMaxGroup][kC]: logits, then weights
-  float* sz = wl + kMaxGroup * kC;                          // [kC]: cluster sizes
-  __shared__ float s_m[kMaxGroup], s_l[kMaxGroup];
-  const EstimateParams& e = p.est;
-  const int G = p.group, C = e.num_clusters, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  // PDL: the ids come from the selection (the logits from the score kernel before it).
-  if constexpr (!kChained) grid_dependency_wait();
-  phase_first(p.phase, h, kSlotEst);
-  const uint64_t t_start = p.phase != nullptr ? global_ns() : 0;
-  const int begin = j * kC;
-  const int cnt = e.k_estimation - begin < kC ? e.k_estimation - begin : kC;  // >= 1: j < ceil(k_e / kC)
-  // 1. Ids, sizes, logits; value-sum rows by cp.async.
-  const int ci = kRowsW == 32 ? tid : warp * kRowsW + lane;  // the chunk's cluster this lane loads (lane < kRowsW)
-  const bool own = lane < kRowsW;
-  const int c = own && ci < cnt ? est_load<kChained>(e.estimation_ids + int64_t{h} * e.k_estimation + begin + ci,
-                                                     false)
-                                : -1;
-  const uint16_t* vsh = e.value_sums_bf16 + int64_t{h} * C * D;
-#pragma unroll
-  for (int k = 0; k < kCopies; ++k) {  // the warp's kRowsW rows x kChunks chunks, 32 per step
-    const int q = k * 32 + lane, r = q / kChunks, col = q % kChunks;
-    const int cr = __shfl_sync(0xffffffffu, c, r);
-    cp_async16_zfill(rows + (warp * kRowsW + r) * D + col * 8, vsh + int64_t{cr < 0 ? 0 : cr} * D + col * 8,
-                     cr >= 0);
-  }
-  cp_async_commit();
-  float lg[kMaxGroup];
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
-    lg[g] = g < G && c >= 0 ? est_load<kChained>(e.logits + (int64_t{h} * G + g) * C + c, true) : -INFINITY;
-  if (own) sz[ci] = c < 0 ? 0.0f : static_cast<float>(est_load<kChained>(e.sizes + int64_t{h} * C + c, true));
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
-    if (g < G && own) wl[g * kC + ci] = lg[g];
-  __syncthreads();
-  // 2. Weights (-inf logits: padding, weight 0; a chunk of padding only keeps m = -inf, l = 0, o = 0).
-  for (int g = warp; g < G; g += kW) {
-    float x[kPerLane];
-    float mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      x[k] = wl[g * kC + lane + 32 * k];
-      mx = fmaxf(mx, x[k]);
-    }
-    mx = warp_max(mx);
-    float l = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kPerLane; ++k) {
-      const float ev = x[k] == -INFINITY ? 0.0f : __expf(x[k] - mx);
-      wl[g * kC + lane + 32 * k] = ev;
-      l += sz[lane + 32 * k] * ev;
-    }
-    l = warp_sum(l);
-    if (lane == 0) {
-      s_m[g] = mx;
-      s_l[g] = l;
-    }
-  }
-  cp_async_wait<0>();
-  __syncthreads();  // rows landed (each thread waited for its own copies), weights written
-  // 3. Numerators: thread = (row slot rs, kVec consecutive dims dc * kVec); kVec = 8 (a 16-byte chunk, run 9)
-  // or 4 (8 bytes: half the accumulators, for the 64-cluster CTAs of split64).
-  constexpr int kCols = D / kVec;           // dim groups per row
-  constexpr int kRowSlots = kThreads / kCols;  // rows read at once by the CTA
-  static_assert(32 % kCols == 0, "row slots of whole warps");
-  const int dc = tid % kCols, rs = tid / kCols;
-  float acc[kMaxGroup][kVec];
-#pragma unroll
-  for (int g = 0; g < kMaxGroup; ++g)
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) acc[g][k] = 0.0f;
-#pragma unroll 4
-  for (int i = rs; i < cnt; i += kRowSlots) {
-    float v[kVec];
-    if constexpr (kVec == 8) {
-      bf16x8_to_float(*reinterpret_cast<const uint4*>(rows + i * D + dc * 8), v);
-    } else {
-      const uint2 w2 = *reinterpret_cast<const uint2*>(rows + i * D + dc * 4);
-      const float2 x0 = bf16x2_to_float2(w2.x), x1 = bf16x2_to_float2(w2.y);
-      v[0] = x0.x; v[1] = x0.y; v[2] = x1.x; v[3] = x1.y;
-    }
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G) {
-        const float wg = wl[g * kC + i];
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) acc[g][k] += wg * v[k];
-      }
-  }
-#pragma unroll
-  for (int off = kCols; off < 32; off <<= 1)  // the warp's row slots (lanes dc, dc + kCols, ...)
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G)
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) acc[g][k] += __shfl_xor_sync(0xffffffffu, acc[g][k], off);
-  __syncthreads();  // every read of rows and weights is done: the warp sums reuse the rows
-  float* red = reinterpret_cast<float*>(smem);  // [kW][kMaxGroup][D]
-  if (lane < kCols)
-#pragma unroll
-    for (int g = 0; g < kMaxGroup; ++g)
-      if (g < G) {
-        float4* dst = reinterpret_cast<float4*>(red + (warp * kMaxGroup + g) * D + dc * kVec);
-#pragma unroll
-        for (int k = 0; k < kVec / 4; ++k)
-          dst[k] = make_float4(acc[g][4 * k], acc[g][4 * k + 1], acc[g][4 * k + 2], acc[g][4 * k + 3]);
-      }
-  __syncthreads();
-  // 4. Partial state, then the fused merge (its first barrier ends the reads of red below).
-  const int slot = e.split_offset + j;
-  for (int x = tid; x < G * D; x += blockDim.x) {
-    const int g = x / D, d = x % D;
-    float sum = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kW; ++w) sum += red[(w * kMaxGroup + g) * D + d];
-    const int64_t base = (int64_t{h} * p.total_splits + slot) * G + g;
-    p.part_o[base * D + d] = sum;
-    if (d == 0) p.part_ml[base] = make_float2(s_m[g], s_l[g]);
-  }
-  if (p.phase != nullptr) {
-    __syncthreads();
-    phase_last(p.phase, h, kSlotEst + 1);
-    phase_span(p.phase, h, kSlotSpan + 4, t_start);
-  }
-  if (p.merge.counter != nullptr)
-    merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h, red, p.phase);
-}
 
 // Tensor-core flash decoding. Per warp and tile of 16 tokens:
 //   S^T[16 x 16 tok] = Q[16 x D] K^T   with mma m16n8k16: A = the query rows (row g: bf16 hi part of the
@@ -226,7 +46,13 @@ __device__ void estimate_cta(const DecodeParams& p, int j, int h, unsigned char*
 // of its own (decode_est_kernel below), so run 8's kernels are the same code as before.
 // kTrigger (RETROINFER_EXACT=split*, decode_exact_kernel): every CTA lets the chained estimation grid launch
 // (griddepcontrol.launch_dependents) right after its PDL wait; nothing else changes.
-template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false>
+// kIds (run 17, split64i / ri / eri): each warp loads the token ids of kIdsAhead of its tiles in one batch
+// (before the first of them, then every kIdsAhead tiles), so a tile's copies wait on no L2 round trip of
+// their own. kAfterEst (run 17, split64e / eri): the grid is the programmatic dependent of the estimation
+// grid (estimate_first_kernel): no PDL wait before the work (that would wait for the whole estimation grid),
+// the selection's outputs (count, list) read through L2, and the grid's last CTA waits at its end. Both keep
+// the same tokens in the same tiles and the same math: the same partial states bit for bit.
+template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
@@ -252,13 +78,14 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   uint32_t qa[kKs][4];
   query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
   // PDL (p.pdl): q predates the decode; the token list and count come from the kernels just before.
-  grid_dependency_wait();
+  // kAfterEst: every estimation CTA passed its wait before it triggered this grid's launch.
+  if constexpr (!kAfterEst) grid_dependency_wait();
   // Only after the wait: the chained estimation grid reads the selection's outputs without a wait of its own,
   // relying on every CTA of this grid having passed it (estimate_chained_kernel).
   if constexpr (kTrigger) grid_launch_dependents();
   phase_first(p.phase, h, kSlotExact);
   const uint64_t t_start = p.phase != nullptr ? global_ns() : 0;
-  const int64_t count = kIndirect ? p.token_count[h] : p.num_tokens;
+  const int64_t count = !kIndirect ? p.num_tokens : kAfterEst ? __ldcg(p.token_count + h) : p.token_count[h];
   // p.balance (run 8): the head's actual count split evenly over the CTAs (whole tiles), not the host's
   // split of the list capacity (at 128K the lists fill ~64% of it: 8 of 12 CTAs did all the work).
   const int64_t split_len =
@@ -271,12 +98,33 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
   const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
 
+  // kIds: the ids of the warp's iterations [b * kIdsAhead, (b + 1) * kIdsAhead) (its tiles warp + i * kW):
+  // register r, lane l holds token l & 15 of iteration b * kIdsAhead + 2r + (l >> 4) (0 past the split's end).
+  constexpr int kIdsAhead = 8;
+  int ids[kIds ? kIdsAhead / 2 : 1];
+  auto load_ids = [&](int it0) {
+#pragma unroll
+    for (int r = 0; r < kIdsAhead / 2; ++r) {
+      const int64_t q = begin + int64_t{warp + (it0 + 2 * r + (lane >> 4)) * kW} * kT + (lane & 15);
+      ids[r] = q < end ? (kAfterEst ? __ldcg(list + q) : list[q]) : 0;
+    }
+  };
+  // Tile t of the warp (t = warp + it * kW) into stage buf.
   auto load_tile = [&](int t, int buf) {
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
-    int tok_lane = 0;
-    if constexpr (kIndirect) {
-      if (lane < valid) tok_lane = list[p0 + lane];
+    int tok_lane = 0, src_base = 0;  // the lane of row 0's id
+    if constexpr (kIndirect && kIds) {
+      const int it = (t - warp) / kW;
+      if (it % kIdsAhead == 0) load_ids(it);  // warp-uniform: one batch every kIdsAhead tiles
+      const int r = (it % kIdsAhead) >> 1;
+      tok_lane = ids[0];
+#pragma unroll
+      for (int k = 1; k < kIdsAhead / 2; ++k)
+        if (r == k) tok_lane = ids[k];
+      src_base = (it & 1) << 4;
+    } else if constexpr (kIndirect) {
+      if (lane < valid) tok_lane = kAfterEst ? __ldcg(list + p0 + lane) : list[p0 + lane];
     }
 #pragma unroll
     for (int i = 0; i < kLoads; ++i) {
@@ -284,7 +132,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       const int row = c / kChunks, col = c % kChunks;
       int64_t tok;
       if constexpr (kIndirect) {
-        tok = __shfl_sync(0xffffffffu, tok_lane, row);
+        tok = __shfl_sync(0xffffffffu, tok_lane, src_base + row);
       } else {
         tok = row < valid ? p0 + row : p0;
       }
@@ -366,6 +214,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   if (p.merge.counter != nullptr)  // the staging above is read; the merge weights go after it
     merge_if_last(p.merge, p.part_ml, p.part_o, p.total_splits, G, D, h,
                   reinterpret_cast<float*>(stage_ml + kW * kMaxGroup), p.phase);
+  // kAfterEst: the grid's last CTA (launch order) waits for the estimation grid, so that this grid completes
+  // only after it (see estimate_chained_kernel for why a grid that never waits must not be the last one).
+  if constexpr (kAfterEst)
+    if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
 }
 
 template <int D, bool kIndirect, int S>
@@ -411,11 +263,53 @@ __global__ void __launch_bounds__(kW * 32) decode_exact_kernel(const DecodeParam
 // grid as its own PDL prerequisite) would then start while exact CTAs still run, read the merged output
 // before the merge, or reuse the token lists and partial states under them. With this one wait, this grid
 // completes only after the exact grid has completed and flushed its writes. One CTA slot is held meanwhile.
-template <int D, int kC>
+// kHalves (run 17, split64rh / rih): estimate_cta's half-staged rows (est_half_bytes of shared memory).
+template <int D, int kC, bool kHalves = false>
 __global__ void __launch_bounds__(kW * 32, kC == kEstimateChunk ? 8 : 1) estimate_chained_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
-  estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8>(p, blockIdx.x, blockIdx.y, est_smem);
+  estimate_cta<D, kC, true, kC == kEstimateChunk ? 4 : 8, false, kHalves>(p, blockIdx.x, blockIdx.y, est_smem);
   if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
+}
+
+// Run 17 exact-grid variants (RETROINFER_EXACT=split64r / i / ri / rh / rih / e / eri; kernels.h ExactVariant). The run
+// 17 profile of split64 at 128K batch 4: decode_exact_kernel<128, 2> holds 155 registers (3 x 20,480 of the
+// 65,536 of a multiprocessor), so no 64-register estimation CTA (8,192) fits beside three exact CTAs and the
+// estimation grid ran mostly after the exact grid (~9.6 us of it after the last exact CTA).
+//   decode_exact_capped_kernel  (r) the exact kernel under __launch_bounds__(128, 4): at most 128 registers,
+//                               3 x 16,384 + 8,192 <= 65,536. Shared memory then admits one estimation CTA:
+//                               228 KiB - 3 x (68 KiB + 1 KiB reserved + static) leaves 20.9 KiB, an
+//                               estimation CTA takes 18.25 KiB + 0.1 KiB static + 1 KiB (two would need
+//                               <= 9.4 KiB each).
+//   kIds                        (i) decode_body's ids ahead (8 tiles per warp per batch).
+//   estimate_chained_kernel     (h, with r) the estimation CTAs with half-staged rows and G-sized layouts
+//   <D, 64, true>               (estimate_cta kHalves, est_half_bytes: 9,472 bytes at D = 128, G = 4), so that
+//                               two fit beside three capped exact CTAs: 3 x (69,632 + 48 static + 1,024) +
+//                               2 x (9,472 + 112 static + 1,024) = 233,328 <= 233,472 bytes, and 3 x 16,384 +
+//                               2 x 8,192 = 65,536 registers (at G <= 4; at G = 8 one fits). The price: a
+//                               second round trip per estimation CTA (the second half's rows).
+//   estimate_first_kernel +     (e) the estimation grid first: its CTAs wait for the selection (PDL) and then
+//   kAfterEst                   trigger; the exact grid, their programmatic dependent (p.chain_pdl), starts
+//                               once every estimation CTA has passed its wait and takes the room they leave
+//                               (8 estimation CTAs fill a multiprocessor's registers; 960 at 128K batch 4 fit
+//                               in one wave). The exact CTAs do not wait (their inputs were complete when the
+//                               first estimation CTA passed its wait) and read the count and list through L2;
+//                               the exact grid's last CTA waits at its end, so the exact grid, the last on
+//                               the stream, completes only after the estimation grid.
+// Each variant's partial states are split64's bit for bit: the same chunks, tiles and operations (loads and
+// launch bounds differ, not the arithmetic), and the fused merge sums the states in slot order whichever CTA
+// counts last.
+template <int D, int S, bool kIds, bool kAfterEst>
+__global__ void __launch_bounds__(kW * 32) decode_exact_x_kernel(const DecodeParams p) {
+  decode_body<D, true, S, false, !kAfterEst, kIds, kAfterEst>(p);
+}
+template <int D, int S, bool kIds, bool kAfterEst>
+__global__ void __launch_bounds__(kW * 32, 4) decode_exact_capped_kernel(const DecodeParams p) {
+  decode_body<D, true, S, false, !kAfterEst, kIds, kAfterEst>(p);
+}
+template <int D>
+__global__ void __launch_bounds__(kW * 32, 8) estimate_first_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char est_smem[];
+  estimate_cta<D, kEstimateChunk, false, 4, true>(p, blockIdx.x, blockIdx.y, est_smem);
 }
 
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
@@ -598,14 +492,17 @@ cudaError_t set_split_attributes(K kernel, size_t bytes, bool& done) {
 }
 
 // RETROINFER_EXACT=split*: the exact grid, then the chained estimation grid (decode_exact_kernel).
-template <int D, int kC>
+// kHalves: the dynamic shared memory of the launch is est_half_bytes (<= EstSmem's kBytes, the attribute).
+template <int D, int kC, bool kHalves = false>
 cudaError_t launch_est_chained(const DecodeParams& p, cudaStream_t s) {
-  constexpr size_t bytes = EstSmem<D, kC>::kBytes;
+  constexpr size_t most = EstSmem<D, kC>::kBytes;
+  const size_t bytes = kHalves ? est_half_bytes<D, kC>(p.group, p.total_splits) : most;
+  if (bytes > most) return cudaErrorInvalidValue;  // total * G > kMergeMaxStates: the host checks it before
   static bool attr_set = false;
-  const cudaError_t e = set_split_attributes(estimate_chained_kernel<D, kC>, bytes, attr_set);
+  const cudaError_t e = set_split_attributes(estimate_chained_kernel<D, kC, kHalves>, most, attr_set);
   if (e != cudaSuccess) return e;
-  return launch_maybe_pdl(estimate_chained_kernel<D, kC>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32), bytes, s,
-                          p.chain_pdl, p);
+  return launch_maybe_pdl(estimate_chained_kernel<D, kC, kHalves>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32),
+                          bytes, s, p.chain_pdl, p);
 }
 template <int D, int S>
 cudaError_t launch_split(const DecodeParams& p, cudaStream_t s) {
@@ -618,15 +515,56 @@ cudaError_t launch_split(const DecodeParams& p, cudaStream_t s) {
   if (e != cudaSuccess) return e;
   e = launch_maybe_pdl(decode_exact_kernel<D, S>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s, p.pdl, p);
   if (e != cudaSuccess) return e;
-  return p.exact_variant == kExactSplit64 ? launch_est_chained<D, kEstimateChunk>(p, s)
-                                          : launch_est_chained<D, kEstimateFusedChunk>(p, s);
+  return exact_est_chunk(p.exact_variant) == kEstimateChunk ? launch_est_chained<D, kEstimateChunk>(p, s)
+                                                             : launch_est_chained<D, kEstimateFusedChunk>(p, s);
+}
+
+// Run 17: the exact grid of a variant (K: decode_exact_x_kernel or decode_exact_capped_kernel), launched as a
+// programmatic dependent when pdl.
+template <int D, int S, typename K>
+cudaError_t launch_exact_grid(K kernel, const DecodeParams& p, cudaStream_t s, bool pdl, bool& attr_set) {
+  constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
+  const cudaError_t e = set_split_attributes(kernel, bytes, attr_set);
+  if (e != cudaSuccess) return e;
+  return launch_maybe_pdl(kernel, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s, pdl, p);
+}
+template <int D, int S, bool kIds, bool kAfterEst>
+cudaError_t launch_exact_variant(const DecodeParams& p, cudaStream_t s, bool pdl) {
+  static bool x_set = false, capped_set = false;
+  return exact_caps_registers(p.exact_variant)
+             ? launch_exact_grid<D, S>(decode_exact_capped_kernel<D, S, kIds, kAfterEst>, p, s, pdl, capped_set)
+             : launch_exact_grid<D, S>(decode_exact_x_kernel<D, S, kIds, kAfterEst>, p, s, pdl, x_set);
+}
+// split64r / i / ri / rh / rih: the exact grid as split64's (a dependent of the selection when p.pdl), then split64's
+// estimation grid chained behind it; split64e / eri: the estimation grid first (estimate_first_kernel, a
+// dependent of the selection when p.pdl), then the exact grid chained behind it (p.chain_pdl).
+template <int D, int S>
+cudaError_t launch_run17(const DecodeParams& p, cudaStream_t s) {
+  const bool ids = exact_ids_ahead(p.exact_variant);
+  if (!exact_est_first(p.exact_variant)) {
+    const cudaError_t e = ids ? launch_exact_variant<D, S, true, false>(p, s, p.pdl)
+                              : launch_exact_variant<D, S, false, false>(p, s, p.pdl);
+    if (e != cudaSuccess) return e;
+    return exact_est_halves(p.exact_variant) ? launch_est_chained<D, kEstimateChunk, true>(p, s)
+                                             : launch_est_chained<D, kEstimateChunk>(p, s);
+  }
+  constexpr size_t est_bytes = EstSmem<D, kEstimateChunk>::kBytes;
+  static bool est_set = false;
+  cudaError_t e = set_split_attributes(estimate_first_kernel<D>, est_bytes, est_set);
+  if (e != cudaSuccess) return e;
+  e = launch_maybe_pdl(estimate_first_kernel<D>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32), est_bytes, s, p.pdl, p);
+  if (e != cudaSuccess) return e;
+  return ids ? launch_exact_variant<D, S, true, true>(p, s, p.chain_pdl)
+             : launch_exact_variant<D, S, false, true>(p, s, p.chain_pdl);
 }
 
 template <int D, bool kIndirect>
 cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
   if constexpr (kIndirect) {
     if (p.est_ctas > 0 && p.exact_variant != kExactV1)
-      return decode_stages() == 3 ? launch_split<D, 3>(p, s) : launch_split<D, 2>(p, s);
+      return p.exact_variant == kExactSplit || p.exact_variant == kExactSplit64
+                 ? (decode_stages() == 3 ? launch_split<D, 3>(p, s) : launch_split<D, 2>(p, s))
+                 : (decode_stages() == 3 ? launch_run17<D, 3>(p, s) : launch_run17<D, 2>(p, s));
     if (p.est_ctas > 0)
       return decode_stages() == 3 ? launch_decode<D, true, 3, true>(p, s) : launch_decode<D, true, 2, true>(p, s);
   }
@@ -634,7 +572,70 @@ cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
                               : launch_decode<D, kIndirect, 2, false>(p, s);
 }
 
+// exact_grid_footprint: the attributes of one kernel.
+template <typename K>
+cudaError_t kernel_footprint(K kernel, size_t dynamic_bytes, int& regs, size_t& smem) {
+  cudaFuncAttributes a{};
+  const cudaError_t e = cudaFuncGetAttributes(&a, kernel);
+  if (e != cudaSuccess) return e;
+  regs = a.numRegs;
+  smem = dynamic_bytes + a.sharedSizeBytes;
+  return cudaSuccess;
+}
+template <int D, int S>
+cudaError_t footprint_of(int v, int group, int total, ExactGridFootprint& f) {
+  constexpr size_t xb = DecodeSmem<D, S>::kBytes;
+  const bool ids = exact_ids_ahead(v), first = exact_est_first(v);
+  auto exact_fp = [&](void (*k)(const DecodeParams)) { return kernel_footprint(k, xb, f.exact_regs, f.exact_smem); };
+  cudaError_t e;
+  if (v == kExactSplit || v == kExactSplit64)
+    e = exact_fp(decode_exact_kernel<D, S>);
+  else if (exact_caps_registers(v))
+    e = ids ? (first ? exact_fp(decode_exact_capped_kernel<D, S, true, true>)
+                     : exact_fp(decode_exact_capped_kernel<D, S, true, false>))
+            : (first ? exact_fp(decode_exact_capped_kernel<D, S, false, true>)
+                     : exact_fp(decode_exact_capped_kernel<D, S, false, false>));
+  else
+    e = ids ? (first ? exact_fp(decode_exact_x_kernel<D, S, true, true>)
+                     : exact_fp(decode_exact_x_kernel<D, S, true, false>))
+            : (first ? exact_fp(decode_exact_x_kernel<D, S, false, true>)
+                     : exact_fp(decode_exact_x_kernel<D, S, false, false>));
+  if (e != cudaSuccess) return e;
+  constexpr size_t eb = EstSmem<D, kEstimateChunk>::kBytes;
+  if (v == kExactSplit)
+    return kernel_footprint(estimate_chained_kernel<D, kEstimateFusedChunk>, EstSmem<D, kEstimateFusedChunk>::kBytes,
+                            f.est_regs, f.est_smem);
+  if (first) return kernel_footprint(estimate_first_kernel<D>, eb, f.est_regs, f.est_smem);
+  if (exact_est_halves(v))
+    return kernel_footprint(estimate_chained_kernel<D, kEstimateChunk, true>,
+                            est_half_bytes<D, kEstimateChunk>(group, total), f.est_regs, f.est_smem);
+  return kernel_footprint(estimate_chained_kernel<D, kEstimateChunk>, eb, f.est_regs, f.est_smem);
+}
+
 }  // namespace
+
+cudaError_t exact_grid_footprint(int variant, int head_dim, int group, int total_splits, ExactGridFootprint* out) {
+  if (out == nullptr || variant <= kExactV1 || variant >= kExactVariants || group < 1 || group > kMaxGroup ||
+      total_splits < 1 || int64_t{total_splits} * group > kMergeMaxStates)
+    return cudaErrorInvalidValue;
+  int dev = 0, regs = 0, smem = 0, reserved = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev);
+  if (e != cudaSuccess) return e;
+  out->sm_regs = regs;
+  out->sm_smem = static_cast<size_t>(smem);
+  out->cta_reserved = static_cast<size_t>(reserved);
+  const bool three = decode_stages() == 3;
+  if (head_dim == 128)
+    return three ? footprint_of<128, 3>(variant, group, total_splits, *out)
+                 : footprint_of<128, 2>(variant, group, total_splits, *out);
+  if (head_dim == 64)
+    return three ? footprint_of<64, 3>(variant, group, total_splits, *out)
+                 : footprint_of<64, 2>(variant, group, total_splits, *out);
+  return cudaErrorInvalidValue;
+}
 
 int decode_stages() {
   static const int stages = [] {

@@ -326,24 +326,65 @@ struct DecodeParams {
   // How the run 9 grid runs when est_ctas > 0 (ExactVariant): kExactV1 = one grid (above); kExactSplit /
   // kExactSplit64 = the exact splits as one grid, then the est_ctas estimation CTAs (exact_est_chunk clusters
   // each) as a second grid launched right after it, a programmatic dependent of it when chain_pdl (decode.cu
-  // decode_exact_kernel).
+  // decode_exact_kernel); the est-first variants (exact_est_first) launch the estimation grid first and the
+  // exact grid as its programmatic dependent when chain_pdl.
   int exact_variant = 0;
   bool chain_pdl = false;
 };
 // RETROINFER_EXACT (exact_variant_from_env, read at every decode; layer_attention_zones.cpp) picks how run 9's
 // exact + estimation grid runs (DecodeParams::exact_variant):
-//   v1       run 9's grid: the exact splits and the estimation CTAs (128 clusters) in one kernel (the default)
+//   v1       run 9's grid: the exact splits and the estimation CTAs (128 clusters) in one kernel (the default
+//            before run 16)
 //   split    two grids, the estimation chained behind the exact one (128-cluster CTAs of estimate_cta without
 //            the exact role's registers and shared memory; the same partial states as v1 bit for bit)
 //   split64  as split with 64-cluster estimation CTAs (18.3 KiB of shared memory and 64 registers at D = 128:
-//            one fits beside three exact CTAs on a multiprocessor, eight without them; run 8's chunking, so
-//            ceil(n_e / 64) = est_splits slots; within rounding of v1)
-enum ExactVariant : int { kExactV1 = 0, kExactSplit, kExactSplit64, kExactVariants };
+//            eight to a multiprocessor without exact CTAs; meant to fit beside three exact CTAs, which it does
+//            not by registers, see run 17 below; run 8's chunking, so ceil(n_e / 64) = est_splits slots; within
+//            rounding of v1; the default since run 16)
+// Run 17 (issue #4: the estimation grid ran mostly after the exact grid, whose CTAs hold 155 registers, so no
+// 64-cluster estimation CTA fit beside three of them), each split64's chunks, code and partial states bit for
+// bit (decode.cu "Run 17 exact-grid variants"):
+//   split64r    the exact kernel capped at 128 registers (__launch_bounds__(128, 4)): one estimation CTA fits
+//               beside three exact CTAs (shared memory then limits it to one)
+//   split64i    the exact kernel's token ids loaded ahead: each warp loads the ids of its next 8 tiles in one
+//               batch (4 registers per lane), so no tile's copies wait on an L2 round trip of their own
+//   split64ri   both
+//   split64rh   split64r with estimation CTAs that stage their rows half a chunk at a time and lay out their
+//               weights and sums for G query heads (9.25 KiB at D = 128, G = 4): two fit beside three capped
+//               exact CTAs, for one more round trip each
+//   split64rih  split64ri with split64rh's estimation CTAs
+//   split64e    the estimation grid first (it waits for the selection and triggers), the exact grid chained
+//               behind it as its programmatic dependent (no wait of its own; its last CTA waits at its end)
+//   split64eri  split64e with split64ri's exact kernel
+enum ExactVariant : int {
+  kExactV1 = 0,
+  kExactSplit,
+  kExactSplit64,
+  kExactSplit64R,
+  kExactSplit64I,
+  kExactSplit64RI,
+  kExactSplit64RH,
+  kExactSplit64RIH,
+  kExactSplit64E,
+  kExactSplit64ERI,
+  kExactVariants
+};
 inline constexpr int kExactDefault = kExactSplit64;  // run 16: 79.9 vs 81.3 us at 128K batch 4, 193.8 vs 206.3 at batch 16
 // Estimated clusters per estimation CTA of a variant (its est_ctas = ceil(n_e / this) <= est_splits).
 constexpr int exact_est_chunk(int variant) {
-  return variant == kExactSplit64 ? kEstimateChunk : kEstimateFusedChunk;
+  return variant == kExactV1 || variant == kExactSplit ? kEstimateFusedChunk : kEstimateChunk;
 }
+// The run 17 properties of a variant (all false for v1, split, split64).
+constexpr bool exact_caps_registers(int variant) {
+  return variant == kExactSplit64R || variant == kExactSplit64RI || variant == kExactSplit64RH ||
+         variant == kExactSplit64RIH || variant == kExactSplit64ERI;
+}
+constexpr bool exact_ids_ahead(int variant) {
+  return variant == kExactSplit64I || variant == kExactSplit64RI || variant == kExactSplit64RIH ||
+         variant == kExactSplit64ERI;
+}
+constexpr bool exact_est_halves(int variant) { return variant == kExactSplit64RH || variant == kExactSplit64RIH; }
+constexpr bool exact_est_first(int variant) { return variant == kExactSplit64E || variant == kExactSplit64ERI; }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
@@ -354,6 +395,18 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);
 // shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
 int decode_stages();
 int decode_ctas_per_sm();
+// Run 17 diagnostics: the per-CTA resources of the exact and estimation kernels that a split* variant
+// launches now (decode_stages()) at head_dim, group and total_splits (cudaFuncGetAttributes: registers per
+// thread; shared memory = the launch's dynamic bytes + the kernel's static bytes, without the shared memory
+// the device reserves per CTA), and the current device's limits per multiprocessor. cudaErrorInvalidValue for
+// v1, another head_dim or group.
+struct ExactGridFootprint {
+  int exact_regs = 0, est_regs = 0;
+  size_t exact_smem = 0, est_smem = 0;
+  int sm_regs = 0;                        // registers per multiprocessor
+  size_t sm_smem = 0, cta_reserved = 0;   // shared memory per multiprocessor, reserved per CTA (bytes)
+};
+cudaError_t exact_grid_footprint(int variant, int head_dim, int group, int total_splits, ExactGridFootprint* out);
 
 struct CombineParams {
   const float2* part_ml = nullptr;

@@ -65,8 +65,8 @@ int exact_variant_from_env() {
   if (v.empty() && !suffix) return kExactDefault;
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
-  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64 (the default), split or v1, ",
-                  "or leave it unset");
+  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64 (the default), split, v1, ",
+                  "split64r, split64i, split64ri, split64rh, split64rih, split64e or split64eri, or leave it unset");
 }
 
 const char* exact_variant_name(int variant) {
@@ -74,6 +74,13 @@ const char* exact_variant_name(int variant) {
     case kExactV1: return "v1";
     case kExactSplit: return "split";
     case kExactSplit64: return "split64";
+    case kExactSplit64R: return "split64r";
+    case kExactSplit64I: return "split64i";
+    case kExactSplit64RI: return "split64ri";
+    case kExactSplit64RH: return "split64rh";
+    case kExactSplit64RIH: return "split64rih";
+    case kExactSplit64E: return "split64e";
+    case kExactSplit64ERI: return "split64eri";
     default: return "?";
   }
 }
