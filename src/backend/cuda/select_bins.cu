@@ -342,7 +342,6 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
   if constexpr (kRole != kCompactEstimation) compact_slots(p, h, bs, ret, pre, steady, out1, running);
 }
 
-
 // kBallot (RETROINFER_SELECT_COMPACT=ballot): the compaction by compact_ballot above; else the
 // chunked block-scan compaction of run 6 (v1). Every other phase is the same code in both.
 // kSplit (RETROINFER_SELECT_SPLIT=1, ballot only): two CTAs per head (role CTA-uniform), blockIdx.x = 2 h
@@ -479,9 +478,14 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   }
   __syncthreads();  // (6) threshold bins
   sel_stamp(phase, h, 3);
-  const int bin0 = k[0] > 0 ? bs.found_bin[0] : -1, bin1 = k[1] > 0 ? bs.found_bin[1] : -1;
+  // The retrieval CTA of the split needs only the first threshold: no candidates of the second bin (at the
+  // default budgets the dense one: most of the candidate atomics and of the threshold phase's pairs), no
+  // second threshold. Its t1 / take1 are the same values (the k1-th largest key and how many of its ties
+  // are in, by either path: bins or radix), so its cut is the same.
+  const bool need_t2 = role != kCompactRetrieval;  // CTA-uniform
+  const int bin0 = k[0] > 0 ? bs.found_bin[0] : -1, bin1 = need_t2 && k[1] > 0 ? bs.found_bin[1] : -1;
   const bool shared_bin = bin1 == bin0;  // then list 0 serves both thresholds
-  if (k[1] > 0) {  // k[1] >= k[0]
+  if (need_t2 ? k[1] > 0 : k[0] > 0) {  // k[1] >= k[0]
     for (int i = tid; i < N; i += blockDim.x) {
       const float s = sc[i];
       if (s == -INFINITY) continue;
@@ -503,7 +507,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   if (bs.cand_n[0] <= kBinCand && bs.cand_n[1] <= kBinCand) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      if (k[j] == 0) continue;
+      if (k[j] == 0 || (j == 1 && !need_t2)) continue;
       const int L = j == 1 && shared_bin ? 0 : j, m = bs.cand_n[L], rem = bs.found_rem[j];
       const uint32_t* cl = bs.cand[L];
       for (int x = tid; x < m; x += blockDim.x) {
@@ -524,7 +528,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     __syncthreads();  // (8) thresholds
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      if (k[j] > 0) {
+      if (k[j] > 0 && (j == 0 || need_t2)) {
         thr[j] = bs.thr[j];
         take[j] = bs.take[j];
         eqn[j] = bs.eq[j];
@@ -534,7 +538,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     radix_select2(sc, N, budget, sm, kk, thr, take);
   }
   sel_stamp(phase, h, 5);  // after the barrier (8) or the radix passes' last one
-  const int k1 = k[0], k2 = k[1];
+  const int k1 = k[0], k2 = need_t2 ? k[1] : 0;  // the retrieval CTA: the second cut off
   const uint32_t t1 = thr[0], t2 = thr[1];
   const int take1 = take[0], take2 = take[1];
   // Tie ranks are needed only when a threshold takes some but not all of its ties.
