@@ -770,8 +770,7 @@ cudaError_t split_fits(int num_heads, size_t bytes, bool* fits) {
 }  // namespace
 
 // The few-barrier selection (select_bins_kernel); the caller keeps it to <= 40K items (scores in shared
-// memory). Throws retroinfer::Error on an unknown RETROINFER_SELECT_COMPACT or RETROINFER_SELECT_SPLIT, and
-// on RETROINFER_SELECT_SPLIT=1|force with RETROINFER_SELECT_COMPACT=v1.
+// memory). Throws retroinfer::Error on an unknown RETROINFER_SELECT_COMPACT or RETROINFER_SELECT_SPLIT.
 cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
   int per_head = 0;
   const cudaError_t e = select_bins_ctas_per_head(p, &per_head);
@@ -785,19 +784,16 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
 
 // The CTAs per head select_and_expand_bins launches for p under the current environment: 2 when
 // RETROINFER_SELECT_SPLIT=force, or =1 and all 2 H CTAs fit at once; 1 otherwise, and always 1 without an
-// estimation budget (the estimation CTA would have nothing to write).
+// estimation budget (the estimation CTA would have nothing to write) and under RETROINFER_SELECT_COMPACT=v1
+// (the split compacts with compact_ballot; v1 stays run 6's one-CTA kernel, so A/B runs of the compaction
+// keep working with the split switched on).
 cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head) {
   *per_head = 1;
   const size_t bytes = size_t(p.num_items) * 4;
   if (bytes > kMaxSmemScores) return cudaErrorInvalidValue;
-  const bool ballot = ballot_compaction();
+  const bool ballot = ballot_compaction();  // both switches parsed (and checked) at every launch
   const SplitMode mode = split_mode();
-  if (mode == SplitMode::kOff) return cudaSuccess;
-  if (!ballot)
-    RETROINFER_FAIL("RETROINFER_SELECT_SPLIT=", mode == SplitMode::kFit ? "1" : "force",
-                    " needs the ballot compaction: unset RETROINFER_SELECT_COMPACT (or set it to ballot), or unset "
-                    "RETROINFER_SELECT_SPLIT");
-  if (p.k_estimation <= 0) return cudaSuccess;
+  if (mode == SplitMode::kOff || !ballot || p.k_estimation <= 0) return cudaSuccess;
   bool fits = true;
   if (mode == SplitMode::kFit) {
     const cudaError_t e = split_fits(p.num_heads, size_t(compact_padded(p.num_items)) * 4, &fits);
