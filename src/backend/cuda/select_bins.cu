@@ -30,6 +30,9 @@ namespace {
 //      scan only when a threshold takes some but not all of its ties (the CPU rule: ties in id order)
 //      (v1; RETROINFER_SELECT_COMPACT=ballot: compact_ballot below, the same results);
 //   5. expansion warp by warp from shared memory.
+// RETROINFER_SELECT_SPLIT=1 (select_bins_kernel<true, true>): two CTAs per head run 1-3 each; the retrieval
+// CTA (first threshold only) compacts the retrieval list and expands it, the estimation CTA compacts the
+// estimation list. The same outputs (tests/gpu/test_cuda_select_split.cpp).
 // About 13 barriers in all. Scores must fit shared memory (<= 40K items).
 constexpr int kBinBins = 4096;
 constexpr int kBinBits = 12;  // log2(kBinBins)
