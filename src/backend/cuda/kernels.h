@@ -236,6 +236,8 @@ struct SelectParams {
 // RETROINFER_SELECT=radix (or single) / cluster forces run 5's one-CTA radix kernel / the cluster kernel.
 cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // select.cu; <= 40K items
+// CTAs per head select_and_expand_bins launches for p (RETROINFER_SELECT_SPLIT: 1 or 2; select_bins.cu).
+cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head);
 cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
 

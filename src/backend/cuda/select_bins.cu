@@ -30,6 +30,9 @@ namespace {
 //      scan only when a threshold takes some but not all of its ties (the CPU rule: ties in id order)
 //      (v1; RETROINFER_SELECT_COMPACT=ballot: compact_ballot below, the same results);
 //   5. expansion warp by warp from shared memory.
+// RETROINFER_SELECT_SPLIT=1 (select_bins_kernel<true, true>): two CTAs per head run 1-3 each; the retrieval
+// CTA (first threshold only) compacts the retrieval list and expands it, the estimation CTA compacts the
+// estimation list. The same outputs (tests/gpu/test_cuda_select_split.cpp).
 // About 13 barriers in all. Scores must fit shared memory (<= 40K items).
 constexpr int kBinBins = 4096;
 constexpr int kBinBits = 12;  // log2(kBinBins)
@@ -167,108 +170,10 @@ __device__ __forceinline__ uint32_t compact_flags(const float4 v, const CompactC
   return m1 | ((m2 & ~m1) << 4);
 }
 
-// The compaction of one head (all threads call; the caller stamps before and barriers after): ret / est
-// ids at [0, out1) / [0, out2), the expansion table bs.exp_* of slots < kBinExp, pre[s] = token position of
-// slots >= kBinExp, running = steady + the retrieval items' tokens. The same values as v1 (the caller's
-// padding, steady list and barrier follow).
-template <bool kTies>
-__device__ __forceinline__ void compact_ballot(const SelectParams& p, const float* sc, const CompactCut& cut,
-                                               BinSmem& bs, int* ret, int* est, int* pre, int steady, int& out1,
-                                               int& out2, int& running) {
-  __shared__ CompactSmem cs;
-  const int h = blockIdx.x, N = p.num_items, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int n4 = compact_padded(N);
-  // Unsigned: the divisions are shifts.
-  const unsigned seg = ((unsigned(N) + kSelWarps - 1) / kSelWarps + kCompactStep - 1) / kCompactStep * kCompactStep;
-  const int wbeg = static_cast<int>(warp * seg);
-  const int steps = wbeg < n4 ? static_cast<int>((min(seg, unsigned(n4 - wbeg)) + kCompactStep - 1) / kCompactStep)
-                              : 0;  // warp-uniform
-  const int lane_first = wbeg + 4 * lane;  // the lane's first item in step 0
-  // Pass 0 (kTies): the warp's tie ranks r1 / r2 at its first item.
-  int r1 = 0, r2 = 0;
-  if constexpr (kTies) {
-    unsigned e12 = 0u;  // packed: <= seg ties per warp
-    for (int i4 = lane_first; i4 < lane_first + steps * kCompactStep; i4 += kCompactHalf) {
-      const float4 v = compact_load(sc, i4, n4);
-      const float f[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool ok = f[j] != -INFINITY;
-        const uint32_t u = float_order_key(f[j]);
-        e12 += (ok && cut.on1 && u == cut.t1 ? 1u : 0u) + (ok && cut.on2 && u == cut.t2 ? 1u << 16 : 0u);
-      }
-    }
-    e12 = __reduce_add_sync(0xffffffffu, e12);
-    if (lane == 0) cs.ties[warp] = e12;
-    __syncthreads();
-    unsigned unused;
-    const unsigned b12 = warp_base(cs.ties[lane], warp, lane, &unused);  // packed: <= 40960 ties in all
-    r1 = static_cast<int>(b12 & 0xffffu);
-    r2 = static_cast<int>(b12 >> 16);
-  }
-  // Pass 1: the flags of every step (16 bits a step: step s at bit 16 (s % 2) of word s / 2; the first
-  // half's 8 flags below the second's) and the counts.
-  uint32_t fw0 = 0u, fw1 = 0u, fw2 = 0u;
-  unsigned c12 = 0u;  // packed: <= seg items per warp
-  for (int s = 0; s < steps; ++s) {
-    const int i4 = lane_first + s * kCompactStep;
-    const float4 va = compact_load(sc, i4, n4), vb = compact_load(sc, i4 + kCompactHalf, n4);
-    const uint32_t fa = compact_flags<kTies>(va, cut, lane, r1, r2);
-    const uint32_t fb = compact_flags<kTies>(vb, cut, lane, r1, r2);
-    const uint32_t f = fa | fb << 8;
-    c12 += static_cast<unsigned>(__popc(f & 0x0f0fu)) + (static_cast<unsigned>(__popc(f & 0xf0f0u)) << 16);
-    const uint32_t x = f << (16 * (s & 1));
-    if (s < 2) fw0 |= x;
-    else if (s < 4) fw1 |= x;
-    else fw2 |= x;
-  }
-  c12 = __reduce_add_sync(0xffffffffu, c12);
-  if (lane == 0) cs.counts[warp] = c12;
-  __syncthreads();
-  int rbase, ebase;
-  {
-    unsigned t12;
-    const unsigned b12 = warp_base(cs.counts[lane], warp, lane, &t12);  // packed: <= 40960 items in all
-    rbase = static_cast<int>(b12 & 0xffffu);
-    ebase = static_cast<int>(b12 >> 16);
-    out1 = static_cast<int>(t12 & 0xffffu);
-    out2 = static_cast<int>(t12 >> 16);
-  }
-  // Pass 2: the ids at their slots (retrieval slots < kBinExp: the id also into bs.exp_begin for below).
-  if (est == nullptr) {  // k_estimation = 0: both cuts are the same (no estimation flag); v1 would not write
-    fw0 &= 0x0f0f0f0fu;
-    fw1 &= 0x0f0f0f0fu;
-    fw2 &= 0x0f0f0f0fu;
-  }
-  for (int s = 0; s < steps; ++s) {
-    const uint32_t word = s < 2 ? fw0 : (s < 4 ? fw1 : fw2);
-    const uint32_t f = (word >> (16 * (s & 1))) & 0xffffu;
-    // Packed counts: retrieval / estimation of the first half, then of the second (8 bits each).
-    const unsigned c = static_cast<unsigned>(__popc(f & 0x000fu) | __popc(f & 0x00f0u) << 8 |
-                                             __popc(f & 0x0f00u) << 16) |
-                       static_cast<unsigned>(__popc(f & 0xf000u)) << 24;
-    const unsigned incl = warp_inclusive_scan(c, lane), excl = incl - c, tot = __shfl_sync(0xffffffffu, incl, 31);
-    const int ra = static_cast<int>(tot & 0xffu), ea = static_cast<int>((tot >> 8) & 0xffu);  // the first half's
-    int wr = rbase + static_cast<int>(excl & 0xffu), we = ebase + static_cast<int>((excl >> 8) & 0xffu);
-    int wr2 = rbase + ra + static_cast<int>((excl >> 16) & 0xffu), we2 = ebase + ea + static_cast<int>(excl >> 24);
-    rbase += ra + static_cast<int>((tot >> 16) & 0xffu);
-    ebase += ea + static_cast<int>(tot >> 24);
-    const int i4 = lane_first + s * kCompactStep;
-    // Estimation (~23% of the items at the default budgets): predicated stores.
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      int& e = j < 4 ? we : we2;
-      if (f >> (j < 4 ? j + 4 : j + 8) & 1u) est[e++] = i4 + (j < 4 ? j : kCompactHalf + j - 4);
-    }
-    // Retrieval (~2%): a loop over the lane's set flags, about one round per step for the warp.
-    for (uint32_t rb = (f & 0xfu) | ((f >> 4) & 0xf0u); rb != 0u; rb &= rb - 1u) {
-      const int j = __ffs(static_cast<int>(rb)) - 1;
-      const int id = i4 + (j < 4 ? j : kCompactHalf + j - 4);
-      const int r = j < 4 ? wr++ : wr2++;
-      ret[r] = id;
-      if (r < kBinExp) bs.exp_begin[r] = id;
-    }
-  }
+// The retrieval slots of compact_ballot (after its pass 2; not for the estimation role).
+__device__ __forceinline__ void compact_slots(const SelectParams& p, int h, BinSmem& bs, const int* ret, int* pre,
+                                              int steady, int out1, int& running) {
+  const int N = p.num_items, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   __syncthreads();
   // Slot s = chunk + tid: its item's (begin, length), its members prefetched into L2 (as v1, run 8: the
   // expansion reads them after the barrier), and its token position by a block scan of the lengths in slot
@@ -313,15 +218,153 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, const floa
   running = at0;
 }
 
+// Which lists a compaction writes: both (the one-CTA-per-head kernel), or one of them
+// (RETROINFER_SELECT_SPLIT: the retrieval CTA / the estimation CTA of a head).
+enum CompactRole : int { kCompactBoth = 0, kCompactRetrieval = 1, kCompactEstimation = 2 };
+
+// The compaction of head h (all threads call; the caller stamps before and barriers after): ret / est
+// ids at [0, out1) / [0, out2), the expansion table bs.exp_* of slots < kBinExp, pre[s] = token position of
+// slots >= kBinExp, running = steady + the retrieval items' tokens. The same values as v1 (the caller's
+// padding, steady list and barrier follow). kRole = kCompactRetrieval: only the retrieval list, its
+// expansion table, pre and running (out2 = 0, est unused); kCompactEstimation: only the estimation list
+// (out1 = 0; ret, bs.exp_*, pre, running untouched). Each list's slots are the same as with kCompactBoth:
+// the packed counters keep the two lists in separate fields, so zeroing one list's flags leaves the other's
+// counts, bases and slots unchanged.
+template <bool kTies, int kRole>
+__device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, const float* sc, const CompactCut& cut,
+                                               BinSmem& bs, int* ret, int* est, int* pre, int steady, int& out1,
+                                               int& out2, int& running) {
+  __shared__ CompactSmem cs;
+  const int N = p.num_items, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n4 = compact_padded(N);
+  // Unsigned: the divisions are shifts.
+  const unsigned seg = ((unsigned(N) + kSelWarps - 1) / kSelWarps + kCompactStep - 1) / kCompactStep * kCompactStep;
+  const int wbeg = static_cast<int>(warp * seg);
+  const int steps = wbeg < n4 ? static_cast<int>((min(seg, unsigned(n4 - wbeg)) + kCompactStep - 1) / kCompactStep)
+                              : 0;  // warp-uniform
+  const int lane_first = wbeg + 4 * lane;  // the lane's first item in step 0
+  // Pass 0 (kTies): the warp's tie ranks r1 / r2 at its first item.
+  int r1 = 0, r2 = 0;
+  if constexpr (kTies) {
+    unsigned e12 = 0u;  // packed: <= seg ties per warp
+    for (int i4 = lane_first; i4 < lane_first + steps * kCompactStep; i4 += kCompactHalf) {
+      const float4 v = compact_load(sc, i4, n4);
+      const float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool ok = f[j] != -INFINITY;
+        const uint32_t u = float_order_key(f[j]);
+        e12 += (ok && cut.on1 && u == cut.t1 ? 1u : 0u) + (ok && cut.on2 && u == cut.t2 ? 1u << 16 : 0u);
+      }
+    }
+    e12 = __reduce_add_sync(0xffffffffu, e12);
+    if (lane == 0) cs.ties[warp] = e12;
+    __syncthreads();
+    unsigned unused;
+    const unsigned b12 = warp_base(cs.ties[lane], warp, lane, &unused);  // packed: <= 40960 ties in all
+    r1 = static_cast<int>(b12 & 0xffffu);
+    r2 = static_cast<int>(b12 >> 16);
+  }
+  // Pass 1: the flags of every step (16 bits a step: step s at bit 16 (s % 2) of word s / 2; the first
+  // half's 8 flags below the second's) and the counts.
+  uint32_t fw0 = 0u, fw1 = 0u, fw2 = 0u;
+  unsigned c12 = 0u;  // packed: <= seg items per warp
+  for (int s = 0; s < steps; ++s) {
+    const int i4 = lane_first + s * kCompactStep;
+    const float4 va = compact_load(sc, i4, n4), vb = compact_load(sc, i4 + kCompactHalf, n4);
+    const uint32_t fa = compact_flags<kTies>(va, cut, lane, r1, r2);
+    const uint32_t fb = compact_flags<kTies>(vb, cut, lane, r1, r2);
+    uint32_t f = fa | fb << 8;
+    if constexpr (kRole == kCompactRetrieval) f &= 0x0f0fu;  // the retrieval flags only
+    if constexpr (kRole == kCompactEstimation) f &= 0xf0f0u;  // the estimation flags only
+    c12 += static_cast<unsigned>(__popc(f & 0x0f0fu)) + (static_cast<unsigned>(__popc(f & 0xf0f0u)) << 16);
+    const uint32_t x = f << (16 * (s & 1));
+    if (s < 2) fw0 |= x;
+    else if (s < 4) fw1 |= x;
+    else fw2 |= x;
+  }
+  c12 = __reduce_add_sync(0xffffffffu, c12);
+  if (lane == 0) cs.counts[warp] = c12;
+  __syncthreads();
+  int rbase, ebase;
+  {
+    unsigned t12;
+    const unsigned b12 = warp_base(cs.counts[lane], warp, lane, &t12);  // packed: <= 40960 items in all
+    rbase = static_cast<int>(b12 & 0xffffu);
+    ebase = static_cast<int>(b12 >> 16);
+    out1 = static_cast<int>(t12 & 0xffffu);
+    out2 = static_cast<int>(t12 >> 16);
+  }
+  // Pass 2: the ids at their slots (retrieval slots < kBinExp: the id also into bs.exp_begin for below).
+  if (est == nullptr) {  // k_estimation = 0: both cuts are the same (no estimation flag); v1 would not write
+    fw0 &= 0x0f0f0f0fu;
+    fw1 &= 0x0f0f0f0fu;
+    fw2 &= 0x0f0f0f0fu;
+  }
+  for (int s = 0; s < steps; ++s) {
+    const uint32_t word = s < 2 ? fw0 : (s < 4 ? fw1 : fw2);
+    const uint32_t f = (word >> (16 * (s & 1))) & 0xffffu;
+    // The retrieval CTA's lists are sparse (~2% of the items at the default budgets, ~5 per 256-item step):
+    // a step without any flag in the warp moves no base and writes nothing (warp-uniform skip).
+    if constexpr (kRole == kCompactRetrieval)
+      if (__ballot_sync(0xffffffffu, f != 0u) == 0u) continue;
+    // Packed counts: retrieval / estimation of the first half, then of the second (8 bits each).
+    const unsigned c = static_cast<unsigned>(__popc(f & 0x000fu) | __popc(f & 0x00f0u) << 8 |
+                                             __popc(f & 0x0f00u) << 16) |
+                       static_cast<unsigned>(__popc(f & 0xf000u)) << 24;
+    const unsigned incl = warp_inclusive_scan(c, lane), excl = incl - c, tot = __shfl_sync(0xffffffffu, incl, 31);
+    const int ra = static_cast<int>(tot & 0xffu), ea = static_cast<int>((tot >> 8) & 0xffu);  // the first half's
+    int wr = rbase + static_cast<int>(excl & 0xffu), we = ebase + static_cast<int>((excl >> 8) & 0xffu);
+    int wr2 = rbase + ra + static_cast<int>((excl >> 16) & 0xffu), we2 = ebase + ea + static_cast<int>(excl >> 24);
+    rbase += ra + static_cast<int>((tot >> 16) & 0xffu);
+    ebase += ea + static_cast<int>(tot >> 24);
+    const int i4 = lane_first + s * kCompactStep;
+    // Estimation (~23% of the items at the default budgets): predicated stores.
+    if constexpr (kRole != kCompactRetrieval) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        int& e = j < 4 ? we : we2;
+        if (f >> (j < 4 ? j + 4 : j + 8) & 1u) est[e++] = i4 + (j < 4 ? j : kCompactHalf + j - 4);
+      }
+    }
+    // Retrieval (~2%): a loop over the lane's set flags, about one round per step for the warp.
+    if constexpr (kRole != kCompactEstimation) {
+      for (uint32_t rb = (f & 0xfu) | ((f >> 4) & 0xf0u); rb != 0u; rb &= rb - 1u) {
+        const int j = __ffs(static_cast<int>(rb)) - 1;
+        const int id = i4 + (j < 4 ? j : kCompactHalf + j - 4);
+        const int r = j < 4 ? wr++ : wr2++;
+        ret[r] = id;
+        if (r < kBinExp) bs.exp_begin[r] = id;
+      }
+    }
+    (void)wr;  // unused by the estimation role (its loop compiled out)
+    (void)wr2;
+    (void)we;  // unused by the retrieval role
+    (void)we2;
+  }
+  if constexpr (kRole != kCompactEstimation) compact_slots(p, h, bs, ret, pre, steady, out1, running);
+}
+
 // kBallot (RETROINFER_SELECT_COMPACT=ballot): the compaction by compact_ballot above; else the
 // chunked block-scan compaction of run 6 (v1). Every other phase is the same code in both.
-template <bool kBallot>
+// kSplit (RETROINFER_SELECT_SPLIT=1, ballot only): two CTAs per head (role CTA-uniform), blockIdx.x = 2 h
+// the retrieval CTA, 2 h + 1 the estimation CTA. Both run every phase up to the thresholds (the same code
+// on the same scores: the same t1, t2, take); then the retrieval CTA compacts the retrieval list only and
+// expands it (steady zone, token_list, token_count, scan_scratch), the estimation CTA compacts the
+// estimation list only and exits. Only the retrieval CTA stamps phases, writes the formed scores and
+// prefetches the CSR offsets. Both signal the PDL dependents and wait at the same points as kSplit = false.
+template <bool kBallot, bool kSplit>
 __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectParams p) {
+  static_assert(kBallot || !kSplit, "the split selection compacts with compact_ballot");
   __shared__ SelectSmem sm;
   __shared__ BinSmem bs;
   // 16-byte aligned: the ballot compaction reads the scores as float4 (padded with -inf to a multiple of 4).
   extern __shared__ __align__(16) float smem_scores[];
-  const int h = blockIdx.x, N = p.num_items, G = p.group, tid = threadIdx.x;
+  const int h = kSplit ? static_cast<int>(blockIdx.x >> 1) : static_cast<int>(blockIdx.x);
+  const int role = kSplit ? ((blockIdx.x & 1u) != 0u ? kCompactEstimation : kCompactRetrieval) : kCompactBoth;
+  const bool lead = role != kCompactEstimation;  // the CTA that stamps, writes scores and expands
+  uint64_t* const phase = lead ? p.phase : nullptr;
+  const int N = p.num_items, G = p.group, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   float* gsc = p.scores + int64_t{h} * N;
   float* sc = smem_scores;
@@ -334,10 +377,10 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   grid_launch_dependents();
   // Run 8: the head's CSR offsets (index data, not written by the score kernel) on their way into L2
   // before the wait; the compaction reads those of the retrieval items.
-  if (p.prefetch && p.page_tokens == 0 && p.offsets != nullptr)
+  if (lead && p.prefetch && p.page_tokens == 0 && p.offsets != nullptr)
     for (int i = tid * 32; i <= N; i += blockDim.x * 32) prefetch_l2(p.offsets + int64_t{h} * N + i);
   grid_dependency_wait();
-  sel_stamp(p.phase, h, 0);
+  sel_stamp(phase, h, 0);
   uint32_t kmin = 0xffffffffu, kmax = 0u;
   if (G > 0) {
     __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
@@ -352,7 +395,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
         const int i = i0 + b * blockDim.x;
         if (i >= N) break;
         const float s = form_head_score(lv[b], G, gmax, ginv);
-        gsc[i] = s;
+        if (lead) gsc[i] = s;
         sc[i] = s;
         if (s != -INFINITY) {  // not an empty cluster (a formed score is a sum of terms >= 0)
           const uint32_t u = float_order_key(s);
@@ -392,7 +435,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     bs.wmax[warp] = kmax;
   }
   __syncthreads();  // (1) scores, range, zeroed histogram
-  sel_stamp(p.phase, h, 1);
+  sel_stamp(phase, h, 1);
   uint32_t lo = 0xffffffffu, hi = 0u;
 #pragma unroll 8
   for (int w = 0; w < kSelWarps; ++w) {
@@ -407,7 +450,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     if (s != -INFINITY) atomicAdd(&hist[(float_order_key(s) - lo) >> shift], 1u);
   }
   __syncthreads();  // (2) histogram
-  sel_stamp(p.phase, h, 2);
+  sel_stamp(phase, h, 2);
   // Thread t owns bins kBinBins-1-4t ... kBinBins-4-4t (descending).
   unsigned cnt[kBinBinsPerThread];
   int own = 0;
@@ -437,10 +480,15 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   __syncthreads();  // (6) threshold bins
-  sel_stamp(p.phase, h, 3);
-  const int bin0 = k[0] > 0 ? bs.found_bin[0] : -1, bin1 = k[1] > 0 ? bs.found_bin[1] : -1;
+  sel_stamp(phase, h, 3);
+  // The retrieval CTA of the split needs only the first threshold: no candidates of the second bin (at the
+  // default budgets the dense one: most of the candidate atomics and of the threshold phase's pairs), no
+  // second threshold. Its t1 / take1 are the same values (the k1-th largest key and how many of its ties
+  // are in, by either path: bins or radix), so its cut is the same.
+  const bool need_t2 = role != kCompactRetrieval;  // CTA-uniform
+  const int bin0 = k[0] > 0 ? bs.found_bin[0] : -1, bin1 = need_t2 && k[1] > 0 ? bs.found_bin[1] : -1;
   const bool shared_bin = bin1 == bin0;  // then list 0 serves both thresholds
-  if (k[1] > 0) {  // k[1] >= k[0]
+  if (need_t2 ? k[1] > 0 : k[0] > 0) {  // k[1] >= k[0]
     for (int i = tid; i < N; i += blockDim.x) {
       const float s = sc[i];
       if (s == -INFINITY) continue;
@@ -456,13 +504,13 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   __syncthreads();  // (7) candidates
-  sel_stamp(p.phase, h, 4);
+  sel_stamp(phase, h, 4);
   uint32_t thr[2] = {0u, 0u};
   int take[2] = {0, 0}, eqn[2] = {-1, -1};
   if (bs.cand_n[0] <= kBinCand && bs.cand_n[1] <= kBinCand) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      if (k[j] == 0) continue;
+      if (k[j] == 0 || (j == 1 && !need_t2)) continue;
       const int L = j == 1 && shared_bin ? 0 : j, m = bs.cand_n[L], rem = bs.found_rem[j];
       const uint32_t* cl = bs.cand[L];
       for (int x = tid; x < m; x += blockDim.x) {
@@ -483,7 +531,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     __syncthreads();  // (8) thresholds
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      if (k[j] > 0) {
+      if (k[j] > 0 && (j == 0 || need_t2)) {
         thr[j] = bs.thr[j];
         take[j] = bs.take[j];
         eqn[j] = bs.eq[j];
@@ -492,8 +540,8 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     int kk[2];
     radix_select2(sc, N, budget, sm, kk, thr, take);
   }
-  sel_stamp(p.phase, h, 5);  // after the barrier (8) or the radix passes' last one
-  const int k1 = k[0], k2 = k[1];
+  sel_stamp(phase, h, 5);  // after the barrier (8) or the radix passes' last one
+  const int k1 = k[0], k2 = need_t2 ? k[1] : 0;  // the retrieval CTA: the second cut off
   const uint32_t t1 = thr[0], t2 = thr[1];
   const int take1 = take[0], take2 = take[1];
   // Tie ranks are needed only when a threshold takes some but not all of its ties.
@@ -507,8 +555,18 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   int out1 = 0, out2 = 0, running = steady;
   if constexpr (kBallot) {
     const CompactCut cut{t1, t2, take1, take2, k1 > 0, k2 > 0};
-    if (rank_ties) compact_ballot<true>(p, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
-    else compact_ballot<false>(p, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+    if constexpr (kSplit) {
+      if (role == kCompactRetrieval) {
+        if (rank_ties) compact_ballot<true, kCompactRetrieval>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+        else compact_ballot<false, kCompactRetrieval>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+      } else {
+        if (rank_ties) compact_ballot<true, kCompactEstimation>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+        else compact_ballot<false, kCompactEstimation>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+      }
+    } else {
+      if (rank_ties) compact_ballot<true, kCompactBoth>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+      else compact_ballot<false, kCompactBoth>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+    }
   } else {
     constexpr int kPer = 8;  // chunk of 8192 items: the packed 16-bit counters cannot overflow
     int ties1 = 0, ties2 = 0;
@@ -588,13 +646,16 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
       running += tot_t;
     }
   }  // v1
-  for (int i = out1 + tid; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
-  for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
+  if (role != kCompactEstimation)
+    for (int i = out1 + tid; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
+  if (role != kCompactRetrieval)
+    for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
+  if (role == kCompactEstimation) return;  // CTA-uniform: the estimation CTA's work ends here
   int* list = p.token_list + int64_t{h} * p.list_stride;
   for (int i = tid; i < steady; i += blockDim.x)
     list[i] = static_cast<int>(i < p.idx_begin ? i : w_begin + (i - p.idx_begin));
   __syncthreads();  // expansion table
-  sel_stamp(p.phase, h, 6);
+  sel_stamp(phase, h, 6);
   // Run 8 (p.prefetch): a half-warp per retrieval item (clusters hold ~tokens_per_cluster = 16 tokens, so a
   // whole warp leaves half its lanes idle): 64 items per round instead of 32 (148 items at 128K: 3 dependent
   // rounds instead of 5). Run 6: a warp per item. The same list either way.
@@ -626,9 +687,9 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   if (tid == 0) p.token_count[h] = running;
-  if (p.phase != nullptr) {  // diagnostics: the end of the slowest warp's expansion
+  if (phase != nullptr) {  // diagnostics: the end of the slowest warp's expansion
     __syncthreads();
-    sel_stamp(p.phase, h, 7);
+    sel_stamp(phase, h, 7);
   }
 }
 
@@ -647,28 +708,102 @@ bool ballot_compaction() {
                   "' is not a compaction of the bins selection kernel: use ballot (the default) or v1");
 }
 
-template <bool kBallot>
-cudaError_t launch_bins(const SelectParams& p, size_t bytes, size_t max_bytes, cudaStream_t s) {
-  static bool attr_set = false;
+// RETROINFER_SELECT_SPLIT, read at every launch: unset, empty or 0 (one CTA per head, the default), 1
+// (two CTAs per head when all 2 H CTAs fit on the device at once, else one per head) or force (two CTAs
+// per head in any case: tests of a grid of more than one wave).
+enum class SplitMode { kOff, kFit, kForce };
+
+SplitMode split_mode() {
+  const char* e = std::getenv("RETROINFER_SELECT_SPLIT");
+  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "0") == 0) return SplitMode::kOff;
+  if (std::strcmp(e, "1") == 0) return SplitMode::kFit;
+  if (std::strcmp(e, "force") == 0) return SplitMode::kForce;
+  RETROINFER_FAIL("RETROINFER_SELECT_SPLIT='", e,
+                  "' is not a mode of the bins selection kernel: use 0 (one CTA per head, the default), 1 (two CTAs "
+                  "per head when they all fit at once) or force");
+}
+
+template <bool kBallot, bool kSplit>
+cudaError_t set_smem_attr(size_t max_bytes) {
+  static bool attr_set = false;  // per instantiation (the attribute is per function)
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(select_bins_kernel<kBallot>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(max_bytes));
+    const cudaError_t e = cudaFuncSetAttribute(select_bins_kernel<kBallot, kSplit>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_bytes));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  return launch_maybe_pdl(select_bins_kernel<kBallot>, dim3(p.num_heads), dim3(kSelThreads), bytes, s, p.pdl, p);
+  return cudaSuccess;
+}
+
+template <bool kBallot, bool kSplit>
+cudaError_t launch_bins(const SelectParams& p, size_t bytes, size_t max_bytes, cudaStream_t s) {
+  const cudaError_t e = set_smem_attr<kBallot, kSplit>(max_bytes);
+  if (e != cudaSuccess) return e;
+  const unsigned ctas = static_cast<unsigned>(p.num_heads) * (kSplit ? 2u : 1u);
+  return launch_maybe_pdl(select_bins_kernel<kBallot, kSplit>, dim3(ctas), dim3(kSelThreads), bytes, s, p.pdl, p);
+}
+
+constexpr size_t kMaxSmemScores = 160 * 1024;  // a multiple of 16: the ballot's float4 padding fits too
+
+// Whether 2 * num_heads split CTAs with `bytes` of dynamic shared memory are resident at once on the current
+// device (occupancy of the split kernel x multiprocessors). The last answer is kept per thread for the
+// same (device, bytes): a decode asks with the same shape every step.
+cudaError_t split_fits(int num_heads, size_t bytes, bool* fits) {
+  thread_local int last_device = -1, last_capacity = 0;
+  thread_local size_t last_bytes = 0;
+  int device = 0;
+  cudaError_t e = cudaGetDevice(&device);
+  if (e != cudaSuccess) return e;
+  if (device != last_device || bytes != last_bytes) {
+    e = set_smem_attr<true, true>(kMaxSmemScores);
+    if (e != cudaSuccess) return e;
+    int sms = 0, per_sm = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) return e;
+    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_bins_kernel<true, true>, kSelThreads, bytes);
+    if (e != cudaSuccess) return e;
+    last_device = device;
+    last_bytes = bytes;
+    last_capacity = sms * per_sm;
+  }
+  *fits = int64_t{2} * num_heads <= last_capacity;
+  return cudaSuccess;
 }
 
 }  // namespace
 
 // The few-barrier selection (select_bins_kernel); the caller keeps it to <= 40K items (scores in shared
-// memory). Throws retroinfer::Error on an unknown RETROINFER_SELECT_COMPACT.
+// memory). Throws retroinfer::Error on an unknown RETROINFER_SELECT_COMPACT or RETROINFER_SELECT_SPLIT.
 cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
-  constexpr size_t kMaxSmemScores = 160 * 1024;  // a multiple of 16: the ballot's float4 padding fits too
+  int per_head = 0;
+  const cudaError_t e = select_bins_ctas_per_head(p, &per_head);
+  if (e != cudaSuccess) return e;
+  const size_t bytes = size_t(p.num_items) * 4;
+  if (!ballot_compaction()) return launch_bins<false, false>(p, bytes, kMaxSmemScores, s);
+  const size_t padded = size_t(compact_padded(p.num_items)) * 4;
+  if (per_head == 2) return launch_bins<true, true>(p, padded, kMaxSmemScores, s);
+  return launch_bins<true, false>(p, padded, kMaxSmemScores, s);
+}
+
+// The CTAs per head select_and_expand_bins launches for p under the current environment: 2 when
+// RETROINFER_SELECT_SPLIT=force, or =1 and all 2 H CTAs fit at once; 1 otherwise, and always 1 without an
+// estimation budget (the estimation CTA would have nothing to write) and under RETROINFER_SELECT_COMPACT=v1
+// (the split compacts with compact_ballot; v1 stays run 6's one-CTA kernel, so A/B runs of the compaction
+// keep working with the split switched on).
+cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head) {
+  *per_head = 1;
   const size_t bytes = size_t(p.num_items) * 4;
   if (bytes > kMaxSmemScores) return cudaErrorInvalidValue;
-  if (ballot_compaction()) return launch_bins<true>(p, size_t(compact_padded(p.num_items)) * 4, kMaxSmemScores, s);
-  return launch_bins<false>(p, bytes, kMaxSmemScores, s);
+  const bool ballot = ballot_compaction();  // both switches parsed (and checked) at every launch
+  const SplitMode mode = split_mode();
+  if (mode == SplitMode::kOff || !ballot || p.k_estimation <= 0) return cudaSuccess;
+  bool fits = true;
+  if (mode == SplitMode::kFit) {
+    const cudaError_t e = split_fits(p.num_heads, size_t(compact_padded(p.num_items)) * 4, &fits);
+    if (e != cudaSuccess) return e;
+  }
+  *per_head = fits ? 2 : 1;
+  return cudaSuccess;
 }
 
 }  // namespace retroinfer::cuda::detail

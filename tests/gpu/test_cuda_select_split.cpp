@@ -1,0 +1,401 @@
+// The bins selection kernel with two CTAs per head (select_bins.cu, RETROINFER_SELECT_SPLIT: the retrieval
+// CTA compacts and expands the retrieval list, the estimation CTA compacts the estimation list) against the
+// default one CTA per head, on the same inputs in one process: retrieval and estimation ids, token lists,
+// token counts and the scan scratch bit-identical (every output buffer is poisoned first and compared
+// whole, so an entry one variant leaves unwritten fails too), the ids equal to the CPU rule "sort by
+// (score desc, id asc), cut at k_r and k_r + k_e", and with stamps on, every head's selection phases stamped
+// (by its retrieval CTA). Modes: 0 (the default), 1 (split when all 2 H CTAs fit at once, else one CTA per
+// head) and force (split always: grids of more than one wave at 128 heads). Inputs as
+// test_cuda_select_compact.cpp: ready scores of 1 .. 40960 items, k_r / k_e including 0 and beyond the
+// finite items, all -inf items, exact ties taken partially (few levels, signed zeros, the band that sends
+// the threshold bin to the radix passes), CSR clusters and pages, steady zones, more than kBinExp retrieval
+// items, with and without run 8's PDL launch and prefetches. Then RetroLayer decodes at 128K batch 4 (issue
+// #4's shape) and small shapes (outliers, no estimation) under the switch: logits, scores, ids, token
+// lists and outputs bit-identical, graph replays and the stage path too. The parse of the switch: unknown
+// values throw retroinfer::Error; with RETROINFER_SELECT_COMPACT=v1 the kernel stays one CTA per head.
+// One "[select split]" line per case.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "decode_path_test_util.h"
+#include "gpu_test_util.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer {
+namespace {
+
+constexpr char kVar[] = "RETROINFER_SELECT_SPLIT";
+
+struct SplitCase {
+  const char* name;
+  int heads, items, k_r, k_e;
+  // levels > 0: scores from that many values (exact ties); 0: uniform, partly negative (Quest bounds);
+  // -1: log-normal e^{3 N(0,1)}; -2: a band [1, 1 + 2^-10) behind one exact 0 (the threshold bin overflows:
+  // the radix passes); -3: {-1, -0, +0, 1} (ties of signed zeros, which the order key tells apart).
+  int levels;
+  double empty;     // fraction of -inf items
+  int page_tokens;  // > 0: pages; 0: CSR clusters of random sizes
+  bool steady;      // a steady zone of > 0 tokens (else 0)
+  bool run8;        // PDL launch and prefetches (the layers' default)
+  bool phases;      // phase stamps on
+};
+
+// The inputs of one case: host scores and CSR, device copies, the parameters without outputs.
+struct SplitInputs {
+  int H = 0, N = 0;
+  std::vector<float> scores;      // [H, N]
+  std::vector<int> offsets;       // [H N + 1] absolute (clusters)
+  std::vector<uint32_t> members;  // [offsets[H N]]
+  int64_t n_idx = 0, idx_begin = 0, num_tokens = 0, list_stride = 0;
+  cuda::DeviceBuffer d_scores, d_offsets, d_members;
+  cuda::detail::SelectParams p;
+};
+
+// All outputs of one launch, downloaded whole (poison included); phase: [H, kPhaseSlots] (stamps on).
+struct SplitOutputs {
+  std::vector<int> ret, est, list, count, scratch;
+  std::vector<uint64_t> phase;
+  int per_head = 0;  // CTAs per head the launch used
+};
+
+SplitInputs make_inputs(const SplitCase& c, uint64_t seed) {
+  SplitInputs in;
+  in.H = c.heads;
+  in.N = c.items;
+  const int H = in.H, N = in.N, P = c.page_tokens;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  in.scores.resize(size_t(H) * N);
+  for (size_t i = 0; i < in.scores.size(); ++i) {
+    float& x = in.scores[i];
+    const float v = u01(rng);
+    if (c.levels > 0) x = float(int(v * c.levels)) / c.levels + 1e-3f;
+    else if (c.levels == -1) x = std::exp(3.0f * n01(rng));
+    else if (c.levels == -2) x = i % N == 0 ? 0.0f : 1.0f + v * 0x1p-10f;
+    else if (c.levels == -3) x = v < 0.25f ? -1.0f : (v < 0.5f ? -0.0f : (v < 0.75f ? 0.0f : 1.0f));
+    else x = (v - 0.3f) * 1e-3f;
+    if (u01(rng) < c.empty) x = -INFINITY;
+  }
+  int64_t max_head_tokens = 0;
+  if (P > 0) {
+    in.n_idx = int64_t{N} * P - P / 2;  // the last page is short
+    max_head_tokens = int64_t{std::max(c.k_r, 0)} * P;
+  } else {
+    // Cluster sizes: mostly 0 .. 32 (some empty), one in ten 40 .. 119 (more than one 32-token prefetch).
+    in.offsets.resize(size_t(H) * N + 1);
+    std::uniform_int_distribution<int> small(0, 32), large(40, 119), tenth(0, 9);
+    int total = 0;
+    for (int h = 0; h < H; ++h) {
+      int head = 0;
+      for (int k = 0; k < N; ++k) {
+        in.offsets[size_t(h) * N + k] = total;
+        const int sz = tenth(rng) == 0 ? large(rng) : small(rng);
+        total += sz;
+        head += sz;
+      }
+      max_head_tokens = std::max<int64_t>(max_head_tokens, head);
+    }
+    in.offsets[size_t(H) * N] = total;
+    in.n_idx = std::max<int64_t>(max_head_tokens, 1);
+    std::uniform_int_distribution<uint32_t> tok(0, uint32_t(in.n_idx - 1));
+    in.members.resize(std::max(total, 1));
+    for (auto& m : in.members) m = tok(rng);
+  }
+  in.idx_begin = c.steady ? 4 : 0;
+  in.num_tokens = in.idx_begin + in.n_idx + (c.steady ? 60 : 0);
+  const int64_t steady = in.num_tokens - in.n_idx;
+  in.list_stride = steady + max_head_tokens + 1;  // + 1: a poisoned entry after every full list
+  in.d_scores = gputest::upload(in.scores);
+  auto& p = in.p;
+  p.scores = in.d_scores.as<float>();
+  p.num_heads = H;
+  p.num_items = N;
+  p.k_retrieval = c.k_r;
+  p.k_estimation = c.k_e;
+  p.page_tokens = P;
+  p.n_idx = in.n_idx;
+  p.idx_begin = in.idx_begin;
+  p.num_tokens = in.num_tokens;
+  p.list_stride = in.list_stride;
+  p.pdl = p.prefetch = c.run8;
+  if (P == 0) {
+    in.d_offsets = gputest::upload(in.offsets);
+    in.d_members = gputest::upload(in.members);
+    p.offsets = in.d_offsets.as<int>();
+    p.members = in.d_members.as<uint32_t>();
+  }
+  return in;
+}
+
+SplitOutputs run_mode(const SplitInputs& in, const char* mode, bool phases) {
+  gputest::EnvGuard env(kVar, mode);
+  gputest::EnvGuard compact("RETROINFER_SELECT_COMPACT", nullptr);  // the default (ballot)
+  const int H = in.H, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
+  cuda::DeviceBuffer ret(size_t(H) * std::max(k_r, 1) * 4), est(size_t(H) * std::max(k_e, 1) * 4),
+      list(size_t(H) * in.list_stride * 4), count(size_t(H) * 4), scratch(size_t(H) * (k_r + 1) * 4),
+      phase(size_t(H) * cuda::detail::kPhaseSlots * 8);
+  for (auto* b : {&ret, &est, &list, &count, &scratch}) b->fill_bytes(0x7f);
+  phase.fill_bytes(0xff);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the memsets (legacy stream) before the created stream
+  cuda::detail::SelectParams p = in.p;
+  p.retrieval_ids = ret.as<int>();
+  p.estimation_ids = k_e > 0 ? est.as<int>() : nullptr;
+  p.token_list = list.as<int>();
+  p.token_count = count.as<int>();
+  p.scan_scratch = scratch.as<int>();
+  p.phase = phases ? phase.as<uint64_t>() : nullptr;
+  SplitOutputs o;
+  EXPECT_EQ(cuda::detail::select_bins_ctas_per_head(p, &o.per_head), cudaSuccess) << mode;
+  cuda::StreamHandle stream;  // programmatic launches on created streams only
+  const cudaError_t e = cuda::detail::select_and_expand_bins(p, static_cast<cudaStream_t>(stream.get()));
+  EXPECT_EQ(e, cudaSuccess) << mode << ": " << cudaGetErrorString(e);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << mode;
+  o.ret.resize(size_t(H) * std::max(k_r, 1));
+  o.est.resize(size_t(H) * std::max(k_e, 1));
+  o.list.resize(size_t(H) * in.list_stride);
+  o.count.resize(H);
+  o.scratch.resize(size_t(H) * (k_r + 1));
+  o.phase.resize(size_t(H) * cuda::detail::kPhaseSlots);
+  ret.download(o.ret.data(), o.ret.size() * 4);
+  est.download(o.est.data(), o.est.size() * 4);
+  list.download(o.list.data(), o.list.size() * 4);
+  count.download(o.count.data(), o.count.size() * 4);
+  scratch.download(o.scratch.data(), o.scratch.size() * 4);
+  phase.download(o.phase.data(), o.phase.size() * 8);
+  return o;
+}
+
+// The first index where a and b differ (-1: equal); sizes must match.
+int64_t first_difference(const std::vector<int>& a, const std::vector<int>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return int64_t(i);
+  return -1;
+}
+
+// Whether every head has all its selection phase stamps (slots 2 .. 2 + 2 kSelPhases; 0xff.. = unwritten).
+bool all_phases_stamped(const std::vector<uint64_t>& phase, int H) {
+  using cuda::detail::kPhaseSlots;
+  using cuda::detail::kSelPhases;
+  for (int h = 0; h < H; ++h)
+    for (int j = 2; j < 2 + 2 * kSelPhases; ++j)
+      if (phase[size_t(h) * kPhaseSlots + j] == ~uint64_t{0}) return false;
+  return true;
+}
+
+void run_split_case(const SplitCase& c, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << c.name << " heads=" << c.heads << " items=" << c.items << " k_r=" << c.k_r
+                                  << " k_e=" << c.k_e << " levels=" << c.levels << " empty=" << c.empty
+                                  << " P=" << c.page_tokens << " steady=" << c.steady << " run8=" << c.run8
+                                  << " seed=" << seed);
+  const SplitInputs in = make_inputs(c, seed);
+  const SplitOutputs a = run_mode(in, "0", c.phases);
+  EXPECT_EQ(a.per_head, 1);
+  const char* modes[2] = {"1", "force"};
+  SplitOutputs b[2];
+  bool same = true;
+  for (int m = 0; m < 2; ++m) {
+    b[m] = run_mode(in, modes[m], c.phases);
+    if (m == 1) {
+      EXPECT_EQ(b[m].per_head, c.k_e > 0 ? 2 : 1) << "force";
+    }
+    const struct {
+      const char* what;
+      const std::vector<int>&x, &y;
+    } bufs[] = {{"retrieval_ids", a.ret, b[m].ret},
+                {"estimation_ids", a.est, b[m].est},
+                {"token_list", a.list, b[m].list},
+                {"token_count", a.count, b[m].count},
+                {"scan_scratch", a.scratch, b[m].scratch}};
+    for (const auto& buf : bufs) {
+      const int64_t d = first_difference(buf.x, buf.y);
+      if (d >= 0) {
+        same = false;
+        ADD_FAILURE() << "mode " << modes[m] << ": " << buf.what << " differs at " << d << ": default " << buf.x[d]
+                      << ", split " << buf.y[d];
+      }
+    }
+    if (c.phases) {
+      EXPECT_TRUE(all_phases_stamped(b[m].phase, in.H)) << "mode " << modes[m];
+    }
+  }
+  if (c.phases) {
+    EXPECT_TRUE(all_phases_stamped(a.phase, in.H)) << "default";
+  }
+  // The CPU rule on the forced split's ids (the default's are the same when `same`).
+  const int H = in.H, N = in.N;
+  for (int h = 0; h < H && !::testing::Test::HasFailure(); ++h) {
+    SCOPED_TRACE(testing::Message() << "head " << h);
+    std::vector<int32_t> r, e;
+    gputest::cpu_select(std::vector<float>(in.scores.begin() + size_t(h) * N, in.scores.begin() + size_t(h + 1) * N),
+                        c.k_r, c.k_e, r, e);
+    r.resize(c.k_r, -1);
+    e.resize(c.k_e, -1);
+    EXPECT_EQ(std::vector<int>(b[1].ret.begin() + size_t(h) * c.k_r, b[1].ret.begin() + size_t(h + 1) * c.k_r), r);
+    EXPECT_EQ(std::vector<int>(b[1].est.begin() + size_t(h) * c.k_e, b[1].est.begin() + size_t(h + 1) * c.k_e), e);
+  }
+  std::printf("[select split] %s H=%d N=%d k_r=%d k_e=%d levels=%d empty=%.2f P=%d steady=%d run8=%d phases=%d: "
+              "CTAs per head mode 1 %d, force %d; ids, lists, counts, scratch vs default %s; CPU rule %s\n",
+              c.name, H, N, c.k_r, c.k_e, c.levels, c.empty, c.page_tokens, int(c.steady), int(c.run8),
+              int(c.phases), b[0].per_head, b[1].per_head, same ? "identical" : "DIFFER",
+              ::testing::Test::HasFailure() ? "FAILED (see above)" : "ok");
+}
+
+// {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
+const SplitCase kCases[] = {
+    {"one item", 3, 1, 1, 0, 0, 0.0, 0, true, true, false},
+    {"one item, estimation", 3, 1, 0, 1, 0, 0.0, 0, true, true, true},
+    {"two items", 2, 2, 1, 1, 0, 0.0, 4, false, false, false},
+    {"k_r+k_e > finite", 2, 3, 1, 5, 0, 0.3, 0, true, true, false},
+    {"k_r 0", 2, 5, 0, 3, 0, 0.0, 0, false, true, false},
+    {"one warp tail", 2, 31, 2, 10, -1, 0.1, 0, true, true, false},
+    {"half step - 1", 2, 127, 3, 30, 0, 0.0, 0, true, true, false},
+    {"half step + 1", 2, 129, 3, 30, 0, 0.0, 0, true, false, false},
+    {"step + 1", 1, 257, 5, 60, -1, 0.0, 0, true, true, true},
+    {"1000 all empty", 2, 1000, 10, 100, 0, 1.0, 0, true, true, false},
+    {"32K shape", 3, 2044, 37, 475, -1, 0.0, 0, true, true, true},
+    {"32K ties partly taken", 2, 2044, 37, 475, 50, 0.0, 0, true, true, false},
+    {"signed zero ties (bins)", 2, 2044, 300, 400, -3, 0.1, 0, true, true, false},
+    {"k_r 0 ties (bins)", 2, 2044, 0, 300, 50, 0.0, 0, false, true, false},
+    {"k_r+k_e > finite 2044", 2, 2044, 1000, 1500, 0, 0.2, 0, true, true, false},
+    {"4097 tail", 2, 4097, 74, 950, 5, 0.05, 0, true, true, false},
+    {"128K shape, 32 heads", 32, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
+    {"128K shape, 128 heads (batch 16)", 128, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
+    {"8188 ties, radix fallback", 2, 8188, 148, 1900, 5, 0.0, 0, true, true, false},
+    {"8188 signed zeros, radix", 2, 8188, 148, 1900, -3, 0.0, 0, true, true, false},
+    {"8188 band, radix fallback", 2, 8188, 148, 1900, -2, 0.0, 0, true, true, false},
+    {"k_r 0, radix fallback", 2, 8188, 0, 1900, 5, 0.0, 0, true, true, false},
+    {"k_r 0, band radix", 2, 8188, 0, 1900, -2, 0.0, 0, false, true, false},
+    {"8188 60% empty", 2, 8188, 148, 1900, -1, 0.6, 0, true, true, false},
+    {"8188 no estimation", 2, 8188, 148, 0, 0, 0.0, 0, true, true, false},
+    {"8188 > kBinExp retrieval", 2, 8188, 1500, 2000, -1, 0.0, 0, true, true, false},
+    {"8193", 2, 8193, 148, 1900, 1000, 0.0, 0, true, true, false},
+    {"pages (Quest)", 2, 8188, 148, 1900, 0, 0.0, 16, true, true, false},
+    {"pages > kBinExp", 1, 8201, 9000, 10, 50, 0.2, 2, true, false, false},
+    {"20000", 1, 20000, 1500, 4000, -1, 0.0, 0, true, true, false},
+    {"40000", 2, 40000, 720, 9280, 40, 0.0, 0, true, true, false},
+    {"40000 > 4 chunks", 1, 40000, 9000, 20000, -1, 0.0, 0, true, true, false},
+    {"40960 (max)", 2, 40960, 738, 9503, 0, 0.0, 0, true, true, true},
+};
+
+TEST(CudaSelectSplit, MatchesDefaultAndCpuRule) {
+  RETROINFER_REQUIRE_GPU();
+  uint64_t seed = 18000;
+  for (const auto& c : kCases) run_split_case(c, ++seed);
+}
+
+// The parse needs no device (it throws before any CUDA call); the CTA counts do.
+TEST(CudaSelectSplit, SwitchParse) {
+  cuda::detail::SelectParams p;
+  p.num_heads = 1;
+  p.num_items = 100;
+  p.k_retrieval = 2;
+  p.k_estimation = 10;
+  int per_head = 0;
+  gputest::EnvGuard compact("RETROINFER_SELECT_COMPACT", nullptr);
+  gputest::EnvGuard env(kVar, "2");
+  for (const char* bad : {"2", "yes", "on", " 1"}) {
+    env.set(bad);
+    try {
+      (void)cuda::detail::select_bins_ctas_per_head(p, &per_head);
+      ADD_FAILURE() << "RETROINFER_SELECT_SPLIT='" << bad << "' did not throw";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
+      EXPECT_NE(what.find("force"), std::string::npos) << what;
+    }
+  }
+  // v1 (run 6's compaction) has no split: one CTA per head under any mode (no CUDA call on that path).
+  compact.set("v1");
+  for (const char* mode : {"1", "force"}) {
+    env.set(mode);
+    per_head = -1;
+    EXPECT_EQ(cuda::detail::select_bins_ctas_per_head(p, &per_head), cudaSuccess);
+    EXPECT_EQ(per_head, 1) << "RETROINFER_SELECT_SPLIT=" << mode << " with RETROINFER_SELECT_COMPACT=v1";
+  }
+  compact.set("fast");  // an unknown compaction still throws with the split on
+  EXPECT_THROW((void)cuda::detail::select_bins_ctas_per_head(p, &per_head), Error);
+  compact.set(nullptr);
+  std::printf("[select split] RETROINFER_SELECT_SPLIT=2|yes|on|' 1' throw retroinfer::Error naming 0, 1, force; "
+              "1 / force with RETROINFER_SELECT_COMPACT=v1 -> one CTA per head %s\n",
+              ::testing::Test::HasFailure() ? "FAILED" : "ok");
+  RETROINFER_REQUIRE_GPU();
+  const struct {
+    const char* mode;
+    int heads, k_e, want;
+  } rows[] = {{"", 1, 10, 1},   {"0", 1, 10, 1},    {"1", 1, 10, 2},      {"force", 1, 10, 2},
+              {"1", 1, 0, 1},   {"force", 1, 0, 1}, {"1", 1 << 20, 10, 1}, {"force", 1 << 20, 10, 2}};
+  for (const auto& r : rows) {
+    env.set(r.mode);
+    p.num_heads = r.heads;
+    p.k_estimation = r.k_e;
+    per_head = -1;
+    EXPECT_EQ(cuda::detail::select_bins_ctas_per_head(p, &per_head), cudaSuccess);
+    EXPECT_EQ(per_head, r.want) << "mode '" << r.mode << "' heads " << r.heads << " k_e " << r.k_e;
+  }
+  // The batch 16 shape of issue #4 (128 flat heads of 8188 clusters): what mode 1 picks on this device.
+  env.set("1");
+  p.num_heads = 128;
+  p.num_items = 8188;
+  p.k_estimation = 1900;
+  EXPECT_EQ(cuda::detail::select_bins_ctas_per_head(p, &per_head), cudaSuccess);
+  int sms = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::printf("[select split] CTAs per head: unset/0 -> 1; 1 -> 2 (1 head), 1 (2^20 heads, or k_e = 0); force -> 2 "
+              "(1 when k_e = 0) %s; mode 1 at H=128 N=8188 on %d SMs: %d\n",
+              ::testing::Test::HasFailure() ? "FAILED" : "ok", sms, per_head);
+}
+
+// One layer: decodes under RETROINFER_SELECT_SPLIT=1 and =force bit-identical to the default (logits,
+// scores, ids, token lists, outputs), under the default decode path and run 8's (where the bins kernel
+// forms the scores itself: only the retrieval CTA writes them); under force, two graph replays and the
+// stage path (phase stamps by the retrieval CTAs) bit-identical to its eager decode.
+void layer_case(const gputest::PathCase& pc, uint64_t seed) {
+  SCOPED_TRACE(gputest::describe(pc, seed));
+  gputest::PathLayer t = gputest::make_path_layer(pc, seed);
+  gputest::EnvGuard path("RETROINFER_DECODE", nullptr);
+  gputest::EnvGuard compact("RETROINFER_SELECT_COMPACT", nullptr);
+  gputest::EnvGuard env(kVar, "0");
+  const gputest::PathResult a = gputest::decode_once(t);
+  env.set("1");
+  gputest::expect_identical(gputest::decode_once(t), a, "default path: split=1 vs default");
+  env.set("force");
+  const gputest::PathResult b = gputest::decode_once(t);
+  gputest::expect_identical(b, a, "default path: split=force vs default");
+  EXPECT_EQ(gputest::compare(b.out, a.out).unwritten, 0);
+  const gputest::PathResult e = gputest::expect_graph_replays(t, b.out);
+  gputest::expect_identical(e, b, "split=force: eager after graph replays");
+  const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
+  path.set("run8");
+  env.set("0");
+  const gputest::PathResult a8 = gputest::decode_once(t);
+  env.set("force");
+  gputest::expect_identical(gputest::decode_once(t), a8, "run8: split=force vs default");
+  std::printf("[select split] layer H=%d G=%d d=%d n=%lld C=%d n_r=%d n_e=%d est=%d outliers=%d: ids, lists and "
+              "outputs split (1 and force) vs default %s (default path and run8); graph replays and stage path (%d "
+              "phase entries) identical\n",
+              t.H, pc.group, pc.d, (long long)pc.n, t.layer->num_clusters(), t.layer->n_retrieval(),
+              t.layer->n_estimation(), int(pc.estimation), int(pc.outliers),
+              ::testing::Test::HasFailure() ? "NOT identical (see failures)" : "identical", n_phase);
+}
+
+TEST(CudaSelectSplit, RetroLayerDecodesIdentical) {
+  RETROINFER_REQUIRE_GPU();
+  layer_case({1, 2, 4, 128, 5000, true, false, true}, 1801);     // small, host K/V
+  layer_case({2, 1, 3, 64, 4000, true, true, true}, 1802);       // outliers
+  layer_case({1, 4, 1, 128, 2500, false, false, true}, 1803);    // no estimation
+  layer_case({4, 8, 4, 128, 131072, true, false, false}, 1804);  // 128K, batch 4 (issue #4's shape)
+}
+
+}  // namespace
+}  // namespace retroinfer
