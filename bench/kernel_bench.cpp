@@ -446,6 +446,8 @@ int main(int argc, char** argv) {
   }
 #if defined(RETROINFER_WITH_CUDA)
   g_flush_read = flush_read;
+  // The phase stamps' replay inside RetroLayer::decode_stage_ms flushes L2 the same way.
+  if (flush_read) setenv("RETROINFER_PHASE_FLUSH", "read", 1);
   g_kv_per_case = kv_per_case;
   if (!retroinfer::cuda::device_available()) {
     std::fprintf(stderr, "kernel_bench: %s\n", retroinfer::cuda::device_description().c_str());

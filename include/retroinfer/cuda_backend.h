@@ -70,6 +70,10 @@ void fill_random_bf16(uint16_t* dst, size_t count, uint64_t seed, float stddev, 
 void fill_random_f32(float* dst, size_t count, uint64_t seed, float stddev, Stream s = nullptr);
 // Evicts the L2 cache (writes a buffer of twice its size) so the next kernel starts cold.
 void flush_l2(Stream s = nullptr);
+// Evicts L2 by reading twice its size (no writes): L2 is left holding clean lines, as after a decode step's
+// weight reads (benchmarks: the "read" flush; RetroLayer::decode_stage_ms uses it when
+// RETROINFER_PHASE_FLUSH=read).
+void flush_l2_read(Stream s = nullptr);
 
 // CUDA-event timer: start() and stop() record on the stream; elapsed_ms() waits for stop.
 class EventTimer {
