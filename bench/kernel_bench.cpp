@@ -336,10 +336,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
                       "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
                       retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
                       static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
-        // The score kernel in use (RETROINFER_SCORE, read at every decode): tma / tmadyn A/B files say which.
-        const std::string score_tag = std::string(",\"score_variant\":\"") +
-                                      cuda::detail::score_variant_name(cuda::detail::score_variant_from_env()) + "\"";
-        emit("retro", n, batch, s, req, extra + tag + score_tag);
+        emit("retro", n, batch, s, req, extra + tag);
         // Stage breakdown (median over 10 decodes, each after an L2 eviction).
         std::vector<std::vector<float>> per;
         std::vector<std::string> names;

@@ -96,13 +96,10 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
                           : static_cast<int64_t>(std::ceil(kExecSlack * a.retrieval_fraction * double(n_idx)));
   const int64_t outl = C == 0 ? 0 : r.outlier_tokens >= 0 ? r.outlier_tokens : out_build;
   const int64_t ctas = std::max(H, r.decode_ctas);
-  // Token lists, counts, the merge counters, the score grid's tile counters (kernels.h kScoreCounterStride: 128 B).
-  b.decode = H * (steady + ret + outl) * 4 + H * 4 + H * 4 + H * 128;
+  b.decode = H * (steady + ret + outl) * 4 + H * 4 + H * 4;              // token lists, counts, merge counter
   b.decode += (ctas + H * ceil_div(ne, kRetroEstimateChunk)) * G * (8 + 4 * D);  // split states (m, l), o
   if (C > 0)
-    // Norm partials: per score CTA (<= ctas) or, RETROINFER_SCORE=tmadyn, per 16-cluster tile (kernels.h
-    // score_norm_parts_max); the layer holds the larger.
-    b.decode += H * G * C * 4 + std::max(ctas, H * ceil_div(C, int64_t{16})) * G * 8 + H * C * 4 +  // logits, partials, scores
+    b.decode += H * G * C * 4 + ctas * G * 8 + H * C * 4 +                // logits, norm partials, scores
                 H * std::max<int64_t>(nr, 1) * 4 + H * std::max<int64_t>(ne, 1) * 4 + H * (nr + 1) * 4;
   if (n_idx == 0) return b;
   // build(): groups of build_group_seqs sequences through one workspace; a single group (the whole

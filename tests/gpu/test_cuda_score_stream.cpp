@@ -33,20 +33,101 @@
 #include "gpu_test_util.h"
 #include "retroinfer/dtype.h"
 #include "retroinfer/error.h"
-#include "score_kernel_test_util.h"
 
 namespace retroinfer {
 namespace {
 
 namespace cd = cuda::detail;
-using gputest::bits_to_f32;
 using gputest::EnvGuard;
-using gputest::first_difference;
-using gputest::KernelCase;
-using gputest::KernelInputs;
-using gputest::KernelOut;
-using gputest::make_inputs;
-using gputest::run_kernel;
+
+struct KernelCase {
+  int H, G, D, C;
+  double empty;  // fraction of clusters with size 0 (1.0: every cluster of every head)
+};
+
+struct KernelInputs {
+  std::vector<float> q;         // [H, G, D] f32
+  std::vector<uint16_t> cent;   // [H, C, D] bf16
+  std::vector<int32_t> sizes;   // [H, C]
+  cuda::DeviceBuffer dq, dc, ds;
+};
+
+KernelInputs make_inputs(const KernelCase& kc, uint64_t seed) {
+  KernelInputs in;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  std::uniform_int_distribution<int> su(1, 60);
+  in.q.resize(size_t(kc.H) * kc.G * kc.D);
+  for (auto& x : in.q) x = n01(rng);
+  in.cent.resize(size_t(kc.H) * kc.C * kc.D);
+  for (auto& x : in.cent) x = f32_to_bf16(n01(rng));
+  in.sizes.resize(size_t(kc.H) * kc.C);
+  for (auto& s : in.sizes) s = u01(rng) < kc.empty ? 0 : su(rng);
+  in.dq = gputest::upload(in.q);
+  in.dc = gputest::upload(in.cent);
+  in.ds = gputest::upload(in.sizes);
+  return in;
+}
+
+struct KernelOut {
+  std::vector<uint32_t> logits, partial, scores;  // raw bits; partial: (max, sum) pairs
+};
+
+std::vector<uint32_t> download_bits(const cuda::DeviceBuffer& b, size_t count) {
+  std::vector<uint32_t> out(count);
+  b.download(out.data(), count * 4);
+  return out;
+}
+
+// One score_clusters launch of `variant` into poisoned outputs (form: the cooperative formation).
+KernelOut run_kernel(const KernelCase& kc, const KernelInputs& in, float scale, int variant, bool early, bool form) {
+  const int blocks = cd::score_blocks(kc.C, kc.D, kc.H);
+  const size_t n_logits = size_t(kc.H) * kc.G * kc.C, n_partial = size_t(kc.H) * kc.G * blocks * 2,
+               n_scores = size_t(kc.H) * kc.C;
+  auto dl = gputest::poisoned(n_logits), dp = gputest::poisoned(n_partial), dsc = gputest::poisoned(n_scores);
+  cd::ScoreParams p;
+  p.q = in.dq.as<float>();
+  p.centroids_bf16 = in.dc.as<uint16_t>();
+  p.sizes = in.ds.as<int>();
+  p.logits = dl.as<float>();
+  p.norm_partial = dp.as<float2>();
+  p.num_heads = kc.H;
+  p.group = kc.G;
+  p.head_dim = kc.D;
+  p.num_clusters = kc.C;
+  p.scale = scale;
+  p.early_loads = early;
+  p.scores = form ? dsc.as<float>() : nullptr;
+  p.variant = variant;
+  cuda::synchronize();  // the poison memsets
+  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaSuccess) << cd::score_variant_name(variant);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cd::score_variant_name(variant);
+  KernelOut o;
+  o.logits = download_bits(dl, n_logits);
+  o.partial = download_bits(dp, n_partial);
+  if (form) o.scores = download_bits(dsc, n_scores);
+  return o;
+}
+
+constexpr uint32_t kPoisonBits = 0xffffffffu;  // poisoned(): 0xff bytes (a NaN no kernel writes)
+
+// Bitwise equality of two outputs, and none of `a` left poisoned; returns the first mismatch or -1.
+int64_t first_difference(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b, int64_t* unwritten) {
+  *unwritten = 0;
+  int64_t first = -1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    *unwritten += a[i] == kPoisonBits;
+    if (first < 0 && a[i] != b[i]) first = int64_t(i);
+  }
+  return first;
+}
+
+float bits_to_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 
 // `b` (a stream variant's outputs) against `a` (v1's): bit-identical and all written; with form, each head's
 // scores sum to G; in plain mode the logits against f64. Returns the worst |logit - ref| / bound.
@@ -213,17 +294,14 @@ TEST(CudaScoreStream, VariantSwitch) {
   EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreStream);
   score.set("tma");
   EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreTma);
-  score.set("tmadyn");
-  EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreTmaDyn);
-  for (const char* bad : {"V1", "stream2", "bulk", " v1", "tmadyn2", "dyn"}) {
+  for (const char* bad : {"V1", "stream2", "bulk", " v1"}) {
     score.set(bad);
     EXPECT_THROW(cd::score_variant_from_env(), Error) << bad;
   }
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreV1), "v1");
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreStream), "stream");
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreTma), "tma");
-  EXPECT_STREQ(cd::score_variant_name(cd::kScoreTmaDyn), "tmadyn");
-  std::printf("[score stream] switch: unset / empty -> %s, v1, stream, tma, tmadyn; 6 bad values throw\n",
+  std::printf("[score stream] switch: unset / empty -> %s, v1, stream, tma; 4 bad values throw\n",
               cd::score_variant_name(cd::kDefaultScoreVariant));
 }
 
@@ -251,7 +329,7 @@ TEST(CudaScoreStream, BadVariantThrowsInDecode) {
   p.head_dim = 64;
   p.num_clusters = 1;
   p.scale = 1.0f;
-  for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma), int(cd::kScoreTmaDyn)}) {
+  for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma)}) {
     p.variant = variant;
     EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue) << cd::score_variant_name(variant);
   }

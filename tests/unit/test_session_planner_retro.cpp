@@ -130,7 +130,7 @@ TEST(SessionPlannerRetro, Llama3Batch7At128KFitsRun13Memory) {
   // 32 x 3758813184 B of K/V (7 x 8 heads x 131097 x 128 x 2 x 2) = 120.28e9 of the 131.33e9: what remains
   // must hold the index, its decode workspace, one build group's workspace and the activations.
   EXPECT_EQ(p.kv_layer_bytes, int64_t{2} * 7 * 8 * 131097 * 128 * 2);
-  EXPECT_GT(margin, int64_t{900} << 20);  // measured by this formula: 997415548 B (with tmadyn's per-tile partials)
+  EXPECT_GT(margin, int64_t{900} << 20);  // measured by this formula: 1025956476 B
   EXPECT_EQ(largest_batch(bench_request(1)), 7);
 }
 
@@ -141,7 +141,7 @@ TEST(SessionPlannerRetro, Llama3Batch8At128KIsRefusedWithNeededAndFree) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("8 sequence(s) x 131097 tokens"), std::string::npos) << m;
-    EXPECT_NE(m.find("need 138.59 GiB of GPU memory"), std::string::npos) << m;
+    EXPECT_NE(m.find("need 138.56 GiB of GPU memory"), std::string::npos) << m;
     EXPECT_NE(m.find("122.31 GiB free (does not fit)"), std::string::npos) << m;
   }
 }

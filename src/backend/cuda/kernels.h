@@ -100,8 +100,8 @@ cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
 
 // ---- scoring and selection (select.cu) ----
 
-// Score kernel variants (the same grid and per-tile math; v1, stream and tma also the same tile partition:
-// logits, normaliser partials and formed scores bit-identical; tmadyn: the same logits):
+// Score kernel variants (the same grid, tile partition and per-tile math: logits, normaliser partials and
+// formed scores bit-identical):
 //   kScoreV1      run 8's kernel (select.cu score_body): per warp, a double buffer of 16-byte cp.async
 //                 copies and the tile's cluster sizes loaded a tile ahead into registers (early_loads);
 //   kScoreStream  score_stream.cu: per warp a 2-stage mbarrier ring (8 tile stages per CTA, v1's shared
@@ -110,30 +110,21 @@ cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
 //                 the query fragments are formed, and run 10's formation with all of a CTA's logits
 //                 loaded before the grid barrier; early_loads has no effect on it;
 //   kScoreTma     the same with the rows copied as 2-D tensor-map boxes (64 dims x 16 centroids, 128-byte
-//                 swizzle; D / 64 copies per tile instead of 16); stream where no encoder is available;
-//   kScoreTmaDyn  tma's copies and per-tile math with the tiles handed out dynamically per head (issue #4):
-//                 each warp's first tiles by a static share, the rest by claims of 2 tiles (env
-//                 RETROINFER_SCORE_DYN_STATIC / _CLAIM) on ScoreParams::tile_counter, each claim's atomic
-//                 issued a claim before its result is read (score_stream.cu); one normaliser
-//                 partial per TILE ([H, G, ceil(C / 16)], merged in tile order), so the logits are tma's
-//                 bit for bit and the formed scores differ from tma's only in the normaliser's rounding.
-//                 Dynamic only on the cooperative (form) path with a tile_counter; else the same kernel
-//                 with a static tile assignment (the same bits: the outputs do not depend on who took a tile).
-enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreTmaDyn, kScoreVariants };
+//                 swizzle; D / 64 copies per tile instead of 16); stream where no encoder is available.
+enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreVariants };
 inline constexpr int kScoreVariantEnv = -1;
 inline constexpr ScoreVariant kDefaultScoreVariant = kScoreTma;  // run 16: fastest of the three, bit-identical
-// RETROINFER_SCORE = v1 | stream | tma | tmadyn, read at every call (a test runs both in one process); unset or empty:
+// RETROINFER_SCORE = v1 | stream | tma, read at every call (a test runs both in one process); unset or empty:
 // kDefaultScoreVariant; another value throws retroinfer::Error naming the valid ones.
 ScoreVariant score_variant_from_env();
-const char* score_variant_name(int variant);  // "v1", "stream", "tma", "tmadyn"; "?" otherwise
+const char* score_variant_name(int variant);  // "v1", "stream", "tma"; "?" otherwise
 
 struct ScoreParams {
   const float* q = nullptr;                  // [H, G, D] f32
   const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16
   const int* sizes = nullptr;                // [H, C]
   float* logits = nullptr;                   // [H, G, C] f32 out: q . c * scale; -inf for empty clusters
-  // [H, G, score_norm_parts(C, D, H, variant)] out: (max logit, sum of e^{logit - max}) per CTA over its
-  // clusters (v1, stream, tma), per 16-cluster tile (tmadyn).
+  // [H, G, score_blocks(C, D, H)] out: per CTA (max logit, sum of e^{logit - max}) over its clusters.
   float2* norm_partial = nullptr;
   int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0;
   float scale = 0.0f;
@@ -146,14 +137,7 @@ struct ScoreParams {
   float* scores = nullptr;
   // ScoreVariant of the kernel, or kScoreVariantEnv: RETROINFER_SCORE at the launch (score_variant_from_env).
   int variant = kScoreVariantEnv;
-  // tmadyn: [H, kScoreCounterStride] int (entry [h, 0] used), zero before the launch: head h's count of
-  // claimed dynamic tiles; the kernel's CTA 0 of each head sets it back to zero after the grid barrier (a
-  // graph replays without a memset). Null: the static assignment (the same outputs). Others ignore it.
-  int* tile_counter = nullptr;
 };
-// Ints between two heads' tile counters: 128 bytes, one L2 line each, so that the heads' claims (all warps
-// of the grid, the first ones at once at the start) spread over L2 slices instead of queueing on one line.
-inline constexpr int kScoreCounterStride = 32;
 // Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
 // graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
 // the decode; "first" = earliest CTA (%globaltimer ns, atomicMin), "last" = latest, kept as its complement
@@ -180,11 +164,6 @@ inline constexpr int kSlotScore = kSlotMerge + 1;
 inline constexpr int kSlotSpan = kSlotScore + 5;
 inline constexpr int kPhaseSlots = kSlotSpan + 8;
 int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters (any variant)
-// Normaliser partials per (head, query head) that `variant` writes (ScoreParams::norm_partial; the readers'
-// norm_parts): score_blocks for v1 / stream / tma, ceil(C / 16) (one per tile) for tmadyn. kScoreVariantEnv:
-// RETROINFER_SCORE now. score_norm_parts_max: the most over the variants (what a workspace allocates).
-int score_norm_parts(int num_clusters, int head_dim, int num_heads, int variant);
-int score_norm_parts_max(int num_clusters, int head_dim, int num_heads);
 // Launches the variant p.variant (kScoreVariantEnv: RETROINFER_SCORE now, which may throw). Returns
 // cudaErrorInvalidValue for a head_dim other than 64 / 128, for p.scores without early_loads or beyond
 // score_form_fits, and (stream, tma) for centroids not 16-byte aligned.

@@ -222,12 +222,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     fm.counter = a.merge_counter;
     fm.out = a.out;
   }
-  // The score variant, read once per decode: the kernel and the readers of its normaliser partials (their
-  // count depends on it) must agree.
-  const int score_variant = score_variant_from_env();
   ScoreParams sp;
-  sp.variant = score_variant;
-  sp.tile_counter = a.score_counter;
   sp.q = a.q;
   sp.centroids_bf16 = a.centroids_bf16;
   sp.sizes = a.sizes;
@@ -243,12 +238,12 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   // Run 10: the scores formed by the score grid itself when all its CTAs fit at once (else run 9's
   // form_scores grid below).
   const bool form_in_score = path.form_scores && path.form_in_score && path.early_loads && a.num_clusters > 0 &&
-                             score_form_fits(a.num_clusters, a.head_dim, a.num_heads, score_variant);
+                             score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
   sp.scores = form_in_score ? a.scores : nullptr;
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 
-  const int norm_parts = score_norm_parts(a.num_clusters, a.head_dim, a.num_heads, score_variant);
+  const int norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
   if (path.form_scores && !form_in_score) {  // run 9: the scores by their own grid; the selection reads them (group 0)
     FormScoresParams fp;
     fp.logits = sp.logits;

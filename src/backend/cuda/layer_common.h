@@ -63,7 +63,7 @@ struct ZoneDecodeArgs {
   int64_t n_idx = 0, idx_begin = 0, num_tokens = 0;
   // Selection workspace.
   float* logits = nullptr;        // [H, G, C]
-  float2* norm_partial = nullptr;  // [H, G, score_norm_parts_max(C, D, H)] (the variant's count used)
+  float2* norm_partial = nullptr;  // [H, G, score_blocks(C, D, H)]
   float* scores = nullptr;        // [H, C]
   int* retrieval_ids = nullptr;   // [H, max(n_r, 1)]
   int* estimation_ids = nullptr;  // [H, max(n_e, 1)]
@@ -90,9 +90,6 @@ struct ZoneDecodeArgs {
   // allocation; the kernels leave them zero). Null keeps run 6's launches (separate combine_states, no
   // programmatic dependent launch) whatever RETROINFER_DECODE says.
   int* merge_counter = nullptr;
-  // [H, kScoreCounterStride] int, zero before the decode (zeroed once at allocation; the tmadyn score kernel
-  // leaves it zero): ScoreParams::tile_counter. Null: tmadyn takes its tiles statically.
-  int* score_counter = nullptr;
   bool timing = false;         // events between the stages (decode_stage_ms): no programmatic launches
   uint64_t* phase = nullptr;   // [H, kPhaseSlots] diagnostics (kernels.h), slots set to ~0; null: off
 };
@@ -188,7 +185,6 @@ void fill_index_args(ZoneDecodeArgs& a, const M& m, const int* offsets, const fl
   a.part_ml = m.part_ml.template as<float2>();
   a.part_o = m.part_o.template as<float>();
   a.merge_counter = m.merge_counter.template as<int>();
-  a.score_counter = m.score_counter.template as<int>();
 }
 
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t s, const std::function<void(const char*)>& mark,

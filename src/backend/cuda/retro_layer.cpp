@@ -92,7 +92,6 @@ struct RetroLayer::Impl {
   // Decode workspace.
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
-  DeviceBuffer score_counter;  // [H, kScoreCounterStride] int: tmadyn's tile counters (ScoreParams::tile_counter; kept zero)
   DeviceBuffer phase;          // [H, kPhaseSlots] u64: phase stamps (decode_stage_ms, RETROINFER_SELECT_PHASES=1)
   bool phase_on = false;       // decode_impl passes `phase` (decode_stage_ms's phase graph)
 
@@ -310,13 +309,9 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
     merge_counter = DeviceBuffer(Hs * 4);
     RETROINFER_CUDA_CHECK(cudaMemsetAsync(merge_counter.data(), 0, Hs * 4, st));
   }
-  if (score_counter.bytes() < Hs * detail::kScoreCounterStride * 4) {  // zero once: the tmadyn grid leaves it zero
-    score_counter = DeviceBuffer(Hs * detail::kScoreCounterStride * 4);
-    RETROINFER_CUDA_CHECK(cudaMemsetAsync(score_counter.data(), 0, Hs * detail::kScoreCounterStride * 4, st));
-  }
   if (C > 0) {
     ensure(logits, Hs * G * C * 4);
-    ensure(norm_partial, Hs * G * detail::score_norm_parts_max(C, D, H) * 8);  // any RETROINFER_SCORE
+    ensure(norm_partial, Hs * G * detail::score_blocks(C, D, H) * 8);
     ensure(scores, Hs * C * 4);
     ensure(ret_ids, Hs * std::max(n_r, 1) * 4);
     ensure(est_ids, Hs * std::max(n_e, 1) * 4);
@@ -610,7 +605,6 @@ int64_t RetroLayer::device_bytes() const {
                                 &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
-                                &m.score_counter,
                                 &m.phase, &w.seg_tokens,
                                 &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
                                 &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,

@@ -1,4 +1,4 @@
-// Shared pieces of the cluster-score kernels (select.cu score_body: v1, run 8's per-warp cp.async double
+// Shared pieces of the two cluster-score kernels (select.cu score_body: v1, run 8's per-warp cp.async double
 // buffer; score_stream.cu: the bulk-copy stream, RETROINFER_SCORE=stream): the CTA's and warp's share of the
 // centroid tiles, the normaliser partial's epilogue and run 10's score formation after the grid barrier.
 // Both kernels call these, so the partition, the merge order and the formation are one piece of code: the
@@ -47,35 +47,23 @@ __device__ __forceinline__ ScoreTiles score_tiles(int num_clusters, int warp) {
 // round (kB * G loads in flight): v1 takes 2 (its registers stay <= 85); the stream kernels 4, so that at
 // 128K batch 4 (352 clusters per CTA) every logit the CTA forms is loaded before the grid barrier and no
 // L2 round trip follows it. Each score is the same function of the same values whatever kB is.
-//
-// kDyn (tmadyn): the partials are one per tile (parts = the head's tiles), and the logits of the CTA's
-// cluster range were written by whichever warps took those tiles (other CTAs), so they are loaded after
-// the grid barrier (in flight while the normalisers are merged, 8 partials per lane at a time); CTA 0
-// of the head sets its tile counter back to zero there (every take of this grid happened before the barrier).
-template <int kB, bool kDyn = false>
+template <int kB>
 __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
   const int warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
-  const int parts = kDyn ? (C + kScoreTile - 1) / kScoreTile : static_cast<int>(gridDim.x);
+  const int parts = static_cast<int>(gridDim.x);
   const float* lgh = p.logits + int64_t{h} * G * C;
   float* sch = p.scores + int64_t{h} * C;
   float lv[kB][kMaxGroup];
   auto load = [&](int i0) { load_logits<kB, true>(lv, lgh, C, G, i0, blockDim.x, c_end); };
-  // Static tiles: the first round's logits were written by this CTA (visible since the score kernel's
-  // barrier before the partials), in flight across the grid barrier.
+  // The first round's logits were written by this CTA (visible since the score kernel's barrier before
+  // the partials): in flight across the grid barrier.
   const int first = c_begin + static_cast<int>(threadIdx.x);
-  if (!kDyn && first < c_end) load(first);
+  if (first < c_end) load(first);
   cooperative_groups::this_grid().sync();
   phase_last(p.phase, h, kSlotScore + 3);  // diagnostics: past the grid barrier
-  if constexpr (kDyn) {
-    if (blockIdx.x == 0 && threadIdx.x == 0 && p.tile_counter != nullptr) p.tile_counter[int64_t{h} * kScoreCounterStride] = 0;
-    if (first < c_end) load(first);
-    for (int g = warp; g < G; g += kScoreWarps)
-      merge_head_normaliser_wide<8>(p.norm_partial + (int64_t{h} * G + g) * parts, parts, g, gmax, ginv);
-  } else {
-    for (int g = warp; g < G; g += kScoreWarps)
-      merge_head_normaliser(p.norm_partial + (int64_t{h} * G + g) * parts, parts, g, gmax, ginv);
-  }
+  for (int g = warp; g < G; g += kScoreWarps)
+    merge_head_normaliser(p.norm_partial + (int64_t{h} * G + g) * parts, parts, g, gmax, ginv);
   __syncthreads();
   for (int i0 = first; i0 < c_end; i0 += kB * blockDim.x) {
     if (i0 != first) load(i0);
@@ -137,36 +125,6 @@ __device__ __forceinline__ void score_tile_out(const float (&s)[4], const int (&
       ms_merge(nm, ns, tm, ts);
     }
   }
-}
-
-// tmadyn's tile epilogue: score_tile_out's logits (the same values and stores) and the tile's own
-// normaliser partial per query head, written to part[gq * tiles + tile] (part: head h's [G, tiles] slice of
-// norm_partial): each lane's (max, sum) over its 4 logits exactly as score_tile_out folds them (into a
-// fresh (-inf, 0): the pair itself), merged over the quad (xor 1 then 2, all lanes), written by tq == 0.
-__device__ __forceinline__ void score_tile_part(const float (&s)[4], const int (&size)[4], int c0, int tq, int gq,
-                                                int G, int C, float* lg, float2* part, int tiles, int tile) {
-  float nm = -INFINITY, ns = 0.0f;
-  score_tile_out(s, size, c0, tq, gq, G, C, lg, nm, ns);
-#pragma unroll
-  for (int off = 1; off <= 2; off <<= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, nm, off), s2 = __shfl_xor_sync(0xffffffffu, ns, off);
-    ms_merge(nm, ns, m2, s2);
-  }
-  if (tq == 0 && gq < G) part[int64_t{gq} * tiles + tile] = make_float2(nm, ns);
-}
-
-// tmadyn's end (score_epilogue without the per-CTA partial: each tile wrote its own): the phase stamps
-// of the CTA's tile loops and, with kForm, run 10's formation of the CTA's static cluster range (the tma
-// kernel's: score_tiles' [tile0, tile1)) with the per-tile partials. Every thread of the CTA calls it.
-template <bool kForm, int kFormB>
-__device__ __forceinline__ void score_dyn_epilogue(const ScoreParams& p, const ScoreTiles& tiles) {
-  const int h = blockIdx.y, C = p.num_clusters;
-  __syncthreads();
-  phase_first(p.phase, h, kSlotScore + 1);  // diagnostics: this CTA's tile loops are done
-  phase_last(p.phase, h, kSlotScore + 2);
-  if constexpr (kForm)
-    form_own_scores<kFormB, true>(p, h, tiles.tile0 * kScoreTile, min(C, tiles.tile1 * kScoreTile));
-  phase_last(p.phase, h, 1);
 }
 
 }  // namespace

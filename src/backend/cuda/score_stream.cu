@@ -36,39 +36,6 @@
 // query fragments' loads of q. Run 10's formation loads all of a CTA's logits (up to 512) before the grid
 // barrier (kStreamFormItems).
 //
-// tmadyn (RETROINFER_SCORE=tmadyn, issue #4): the tma kernel with the tiles handed out per head at run
-// time. With the static partition every CTA streams the same number of tiles, yet at 128K batch 4 their
-// first tiles land 4.2..11.5 us in and their loops end 7.4..24.0 us in (launch skew, uneven bandwidth per
-// multiprocessor; bench/results/run16/README.md score_phases/): the early multiprocessors then idle.
-// Run 16's try took every tile by an atomicAdd right before the refill that needed it: a synchronous L2
-// round trip per tile on each warp's chain, slower (91 vs 80 us). Here no warp waits on a take:
-//   positions: a warp's tiles are its positions q = 0, 1, ... (position q in stage q % 2, as above);
-//   static share: positions q < S take tile wg + nw q of the head (wg: the warp's index among the head's nw
-//     warps), no atomic; S >= 2 (the ring filled at the start), by default half the average tiles per warp
-//     (RETROINFER_SCORE_DYN_STATIC), so [0, S nw) is static and [d0 = S nw, T) dynamic;
-//   claims: K = 2 tiles (RETROINFER_SCORE_DYN_CLAIM: 1 or 2) of the dynamic range by lane 0's atomicAdd(K)
-//     on the head's counter (ScoreParams::tile_counter, its own 128-byte line per head). The atomic for the
-//     next claim is issued when the current claim's first tile is taken (the first claim's when position
-//     S - K is), and its returned register is read (a shuffle from lane 0) only when that claim's first tile
-//     is needed, K tile iterations later: the L2 round trip overlaps the warp's tile waits and MMAs;
-//   end: a claim whose base is at or past T gives nothing and ends the warp's takes; a claim reaching T is
-//     the last one (no further atomic); a partial one gives only its tiles below T; every issued atomic is
-//     read (the warp always asks for one more position after a claim's first tile), so no warp ends with a
-//     take in flight, and no tile past T is ever copied;
-//   reset: every take happens before the grid barrier of the cooperative (form) kernel, after which CTA 0
-//     of each head stores 0 to the head's counter: consecutive decodes and graph replays start from zero
-//     without a memset. Off the cooperative path (no barrier to reset after) or without a counter, all
-//     positions are static (S = T): the same tiles, the same outputs.
-// Determinism: which warp takes a tile is not, so no normaliser state is carried across tiles: each tile
-// writes its own partial (score_common.cuh score_tile_part: the lane's (max, sum) of score_tile_out merged
-// over the quad) into norm_partial [H, G, T], and the formation merges the T partials per query head in tile
-// order (select_common.cuh merge_head_normaliser_wide: 8 loads per lane in flight, the same order as
-// merge_head_normaliser, so run 9's form_scores and the selections get the same bits). The logits are tma's
-// bit for bit; the scores differ from tma's only by the normaliser's merge order (tests: 1e-4 relative bound,
-// test_cuda_score_dyn.cpp). The formation loads its cluster range's logits after the grid barrier (other
-// CTAs wrote them). Same shared memory and launch bounds as tma: 80 registers at D = 128, no spills, 6 CTAs
-// per multiprocessor.
-//
 // Why not a producer warp (decode_dense.cu's pattern): a fifth warp at 6 CTAs per multiprocessor caps the
 // registers at 64 per thread (65536 / (6 x 160)), below the compute warps' ~80 (the query fragments alone
 // are 32 at D = 128); 5 CTAs per multiprocessor would not hold the one-wave grid the cooperative launch
@@ -128,14 +95,8 @@ struct StreamLayout {
   static_assert((kRow * 2) % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte rows and addresses");
 };
 
-// tmadyn's takes (score_dyn_take; see the file comment): the first static_tiles positions of each warp
-// from the static share, the rest by claims of `claim` tiles (1 or 2; static_tiles >= kStreamStages >= claim).
-struct DynTake {
-  int static_tiles = kStreamStages, claim = 2;
-};
-
-template <int D, bool kTma, bool kForm, bool kDyn = false>
-__device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CUtensorMap* map, DynTake take = {}) {
+template <int D, bool kTma, bool kForm>
+__device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CUtensorMap* map) {
   using L = StreamLayout<D, kTma>;
   constexpr int kKs = D / 16;
   __shared__ __align__(128) unsigned char stage_raw[L::kBytes];
@@ -170,7 +131,9 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   // aligned base; then a tail tile's rows * 4 bytes are a multiple of 16 too. Entries past C stay stale:
   // score_tile_out masks cc >= C before it looks at a size. Else 4-byte cp.async per lane (zero-filled).
   const bool sizes_bulk = (C & 3) == 0 && (reinterpret_cast<uintptr_t>(p.sizes) & 15) == 0;
-  auto issue_at = [&](int s, int c0) {  // stage s <- the tile of centroids [c0, c0 + 16)
+  auto issue = [&](int t) {
+    const int s = t & 1;
+    const int c0 = tiles.first(t, warp);
     const int rows = min(kScoreTile, C - c0);  // >= 1: the tile starts below C
     unsigned char* st = stages + s * L::kStageBytes;
     const uint32_t size_bytes = sizes_bulk ? static_cast<uint32_t>(rows) * 4u : 0u;
@@ -199,7 +162,11 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
         bulk_copy_g2s(st + lane * L::kRow * 2, ch + int64_t{c0 + lane} * D, L::kRowBytes, &bar[s], pol);
     }
   };
-  auto issue = [&](int t) { issue_at(t & 1, tiles.first(t, warp)); };  // the warp's static tile t
+  if (ntiles > 0) issue(0);
+  if (ntiles > 1) issue(1);
+  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
+  query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
+  float nm = -INFINITY, ns = 0.0f;
   // ldmatrix: matrix mi = lane >> 3 (centroid half mi >> 1, k half mi & 1), row ri = lane & 7, i.e. v1's
   // centroid row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
   const int row = (mi >> 1) * 8 + ri;
@@ -207,117 +174,36 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
     if constexpr (kTma) return (k >> 2) * L::kBoxBytes + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
     else return (row * L::kRow + (mi & 1) * 8 + k * 16) * 2;
   };
-  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
-  if constexpr (kDyn) {
-    // tmadyn (see the file comment): the warp's tile positions q = 0, 1, ... (position q in stage q % 2 for
-    // the (q / 2)-th time, as above). Positions q < S: the static share, tile wg + nw q of the head (wg: the
-    // warp's index among its head's nw warps) while below T. Positions from S on: claims of K tiles of the
-    // dynamic range [d0, T) by an atomicAdd of K on the head's counter (lane 0; the base broadcast when the
-    // claim's first tile is needed). Claim j + 1 is issued when claim j's first tile is taken (claim 0 when
-    // position S - K is), i.e. K tile iterations before its result is read: the warp never waits on it.
-    // A claim at or past T gives nothing and ends the warp's takes; a claim reaching T (the last one that
-    // can give tiles) issues no further claim; a partial claim gives only the tiles below T. Without the
-    // counter (or off the cooperative path, where no grid barrier precedes the reset): everything static.
-    const int T = (C + kScoreTile - 1) / kScoreTile;
-    const int nw = static_cast<int>(gridDim.x) * kScoreWarps;
-    const int wg = static_cast<int>(blockIdx.x) * kScoreWarps + warp;
-    const bool dyn = kForm && p.tile_counter != nullptr;
-    const int S = dyn ? take.static_tiles : T, K = take.claim;
-    const int d0 = dyn && int64_t{S} * nw < T ? S * nw : T;
-    int* const ctr = dyn ? p.tile_counter + int64_t{h} * kScoreCounterStride : nullptr;
-    float2* const part = p.norm_partial + int64_t{h} * G * T;  // head h's [G, T] per-tile partials
-    int pend = 0;          // lane 0: the outstanding claim's atomicAdd result (read a claim later)
-    int cb = 0, cr = 0;    // the current claim: next tile cb, cr tiles of it left
-    bool more = d0 < T;    // a claim may still give tiles
-    auto next_tile = [&](int q) -> int {  // all lanes, positions in order; -1: no more (then not called again)
-      if (q < S) {
-        if (more && q == S - K && lane == 0) pend = atomicAdd(ctr, K);
-        const int64_t tile = wg + int64_t{nw} * q;
-        return tile < T ? static_cast<int>(tile) : -1;
-      }
-      if (cr == 0) {
-        if (!more) return -1;
-        cb = d0 + __shfl_sync(0xffffffffu, pend, 0);
-        cr = max(0, min(K, T - cb));
-        more = cb + K < T;
-        if (more && lane == 0) pend = atomicAdd(ctr, K);
-        if (cr == 0) return -1;
-      }
-      --cr;
-      return cb++;
-    };
-    int cur = next_tile(0);
-    int nxt = cur >= 0 ? next_tile(1) : -1;
-    if (cur >= 0) issue_at(0, cur * kScoreTile);
-    if (nxt >= 0) issue_at(1, nxt * kScoreTile);
-    query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
-    for (int t = 0; cur >= 0; ++t) {
-      const int s = t & 1;
-      mbar_wait(&bar[s], static_cast<uint32_t>(t >> 1) & 1u);
-      if (t == 0) {  // diagnostics (thread 0 only): when the CTA's first tile landed
-        phase_last(p.phase, h, kSlotScore);
-        phase_first(p.phase, h, kSlotScore + 4);
-      }
-      const int c0 = cur * kScoreTile;
-      float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
-      const unsigned char* st = stages + s * L::kStageBytes;
-#pragma unroll
-      for (int k = 0; k < kKs; ++k) {
-        uint32_t b[4];
-        ldmatrix_x4(b, st + at(k));
-        mma_bf16_16816(a0, qa[k], b[0], b[1]);
-        mma_bf16_16816(a1, qa[k], b[2], b[3]);
-      }
-      const float sv[4] = {a0[0] + a0[2], a0[1] + a0[3], a1[0] + a1[2], a1[1] + a1[3]};
-      const int* zs = ssz[warp][s];
-      const int size[4] = {zs[2 * tq], zs[2 * tq + 1], zs[8 + 2 * tq], zs[9 + 2 * tq]};
-      const int nn = nxt >= 0 ? next_tile(t + kStreamStages) : -1;
-      if (nn >= 0) {  // stage s's reads before its refill: as the static loop
-        fence_proxy_async_smem();
-        __syncwarp();
-        issue_at(s, nn * kScoreTile);
-      }
-      score_tile_part(sv, size, c0, tq, gq, G, C, lg, part, T, cur);  // tma's logits; the tile's partial
-      cur = nxt;
-      nxt = nn;
+  for (int t = 0; t < ntiles; ++t) {
+    const int s = t & 1;
+    mbar_wait(&bar[s], static_cast<uint32_t>(t >> 1) & 1u);
+    if (t == 0) {  // diagnostics (thread 0 only): when the CTA's first tile landed
+      phase_last(p.phase, h, kSlotScore);
+      phase_first(p.phase, h, kSlotScore + 4);
     }
-    score_dyn_epilogue<kForm, kStreamFormItems>(p, tiles);
-  } else {
-    if (ntiles > 0) issue(0);
-    if (ntiles > 1) issue(1);
-    query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
-    float nm = -INFINITY, ns = 0.0f;
-    for (int t = 0; t < ntiles; ++t) {
-      const int s = t & 1;
-      mbar_wait(&bar[s], static_cast<uint32_t>(t >> 1) & 1u);
-      if (t == 0) {  // diagnostics (thread 0 only): when the CTA's first tile landed
-        phase_last(p.phase, h, kSlotScore);
-        phase_first(p.phase, h, kSlotScore + 4);
-      }
-      const int c0 = tiles.first(t, warp);
-      float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
-      const unsigned char* st = stages + s * L::kStageBytes;
+    const int c0 = tiles.first(t, warp);
+    float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
+    const unsigned char* st = stages + s * L::kStageBytes;
 #pragma unroll
-      for (int k = 0; k < kKs; ++k) {
-        uint32_t b[4];
-        ldmatrix_x4(b, st + at(k));
-        mma_bf16_16816(a0, qa[k], b[0], b[1]);
-        mma_bf16_16816(a1, qa[k], b[2], b[3]);
-      }
-      const float sv[4] = {a0[0] + a0[2], a0[1] + a0[3], a1[0] + a1[2], a1[1] + a1[3]};
-      const int* zs = ssz[warp][s];
-      const int size[4] = {zs[2 * tq], zs[2 * tq + 1], zs[8 + 2 * tq], zs[9 + 2 * tq]};
-      if (t + kStreamStages < ntiles) {
-        // Every lane's reads of stage s (ldmatrix, the sizes: generic proxy) ordered before the refill's
-        // writes (async proxy for the bulk copies): a proxy fence by each reader, then the warp barrier.
-        fence_proxy_async_smem();
-        __syncwarp();
-        issue(t + kStreamStages);
-      }
-      score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);  // v1's tile epilogue, bit for bit
+    for (int k = 0; k < kKs; ++k) {
+      uint32_t b[4];
+      ldmatrix_x4(b, st + at(k));
+      mma_bf16_16816(a0, qa[k], b[0], b[1]);
+      mma_bf16_16816(a1, qa[k], b[2], b[3]);
     }
-    score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
+    const float sv[4] = {a0[0] + a0[2], a0[1] + a0[3], a1[0] + a1[2], a1[1] + a1[3]};
+    const int* zs = ssz[warp][s];
+    const int size[4] = {zs[2 * tq], zs[2 * tq + 1], zs[8 + 2 * tq], zs[9 + 2 * tq]};
+    if (t + kStreamStages < ntiles) {
+      // Every lane's reads of stage s (ldmatrix, the sizes: generic proxy) ordered before the refill's
+      // writes (async proxy for the bulk copies): a proxy fence by each reader, then the warp barrier.
+      fence_proxy_async_smem();
+      __syncwarp();
+      issue(t + kStreamStages);
+    }
+    score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);  // v1's tile epilogue, bit for bit
   }
+  score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
 }
 
 template <int D, bool kTma>
@@ -331,13 +217,6 @@ template <int D, bool kTma>
 __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
     score_stream_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
   score_stream_body<D, kTma, true>(p, &m.map);
-}
-
-// tmadyn (tma copies only): kForm, the cooperative formation with dynamic takes; else the static takes.
-template <int D, bool kForm>
-__global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
-    score_dyn_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m, const DynTake take) {
-  score_stream_body<D, true, kForm, true>(p, &m.map, take);
 }
 
 // tma: the centroids' tensor map ([H][C][D] bf16, boxes 64 dims x 16 centroids x 1 head, 128-byte swizzle,
@@ -401,51 +280,6 @@ int stream_form_ctas_per_sm() {
   return n;
 }
 
-template <int D>
-cudaError_t launch_dyn(const ScoreParams& p, const ScoreMap& m, const DynTake& take, dim3 grid, dim3 block,
-                       cudaStream_t s) {
-  if (p.scores == nullptr) {
-    score_dyn_kernel<D, false><<<grid, block, 0, s>>>(p, m, take);
-    return cudaGetLastError();
-  }
-  return launch_cooperative(score_dyn_kernel<D, true>, grid, block, 0, s, p, m, take);
-}
-
-template <int D>
-int dyn_form_ctas_per_sm() {
-  static const int n = max_ctas_per_sm(score_dyn_kernel<D, true>, kScoreWarps * 32);
-  return n;
-}
-
-// A non-negative integer from the environment variable `name` (unset or empty: fallback); anything else
-// throws.
-int env_int(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  if (e == nullptr || e[0] == '\0') return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  RETROINFER_CHECK(*end == '\0' && v >= 0 && v <= (1 << 20), name, "='", e,
-                   "' is not a tile count: use a non-negative integer (or unset it for the default)");
-  return static_cast<int>(v);
-}
-
-// tmadyn's takes for a head of `tiles` tiles over `warps` warps (read at every launch, so a benchmark can
-// sweep them): RETROINFER_SCORE_DYN_CLAIM tiles per claim (1 or 2; default 2: half the atomics, each
-// claim read 2 tile iterations after it was issued), RETROINFER_SCORE_DYN_STATIC positions per warp from the
-// static share (>= 2, the ring filled at the start; default: half the average tiles per warp, at least 2;
-// 128K batch 4: 512 tiles over 96 warps, 2 static positions, the other 320 tiles claimed).
-DynTake score_dyn_take(int tiles, int warps) {
-  DynTake t;
-  t.claim = env_int("RETROINFER_SCORE_DYN_CLAIM", 2);
-  RETROINFER_CHECK(t.claim == 1 || t.claim == 2, "RETROINFER_SCORE_DYN_CLAIM=", t.claim,
-                   ": tmadyn claims 1 or 2 tiles at a time");
-  const int avg_half = warps > 0 ? tiles / warps / 2 : 0;
-  t.static_tiles = env_int("RETROINFER_SCORE_DYN_STATIC", avg_half > kStreamStages ? avg_half : kStreamStages);
-  RETROINFER_CHECK(t.static_tiles >= kStreamStages, "RETROINFER_SCORE_DYN_STATIC=", t.static_tiles,
-                   ": each warp's first ", kStreamStages, " tiles (its ring at the start) are static");
-  return t;
-}
-
 }  // namespace
 
 const char* score_variant_name(int variant) {
@@ -456,8 +290,6 @@ const char* score_variant_name(int variant) {
       return "stream";
     case kScoreTma:
       return "tma";
-    case kScoreTmaDyn:
-      return "tmadyn";
     default:
       return "?";
   }
@@ -468,7 +300,7 @@ ScoreVariant score_variant_from_env() {
   if (e == nullptr || e[0] == '\0') return kDefaultScoreVariant;
   for (int v = 0; v < kScoreVariants; ++v)
     if (std::strcmp(e, score_variant_name(v)) == 0) return static_cast<ScoreVariant>(v);
-  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use tma (the default), tmadyn, stream or v1");
+  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use tma (the default), stream or v1");
 }
 
 int score_stream_form_ctas_per_sm(int variant, int head_dim) {
@@ -478,31 +310,18 @@ int score_stream_form_ctas_per_sm(int variant, int head_dim) {
   if (variant == kScoreTma)
     return head_dim == 128 ? stream_form_ctas_per_sm<128, true>()
                            : (head_dim == 64 ? stream_form_ctas_per_sm<64, true>() : 0);
-  if (variant == kScoreTmaDyn)
-    return head_dim == 128 ? dyn_form_ctas_per_sm<128>() : (head_dim == 64 ? dyn_form_ctas_per_sm<64>() : 0);
   return 0;
 }
 
 cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_t s) {
   // Bulk copies need 16-byte aligned rows: the base (cudaMalloc gives 256) and 2D-byte rows (D = 64, 128).
   if (reinterpret_cast<uintptr_t>(p.centroids_bf16) % 16 != 0 || (p.head_dim != 64 && p.head_dim != 128) ||
-      (variant != kScoreStream && variant != kScoreTma && variant != kScoreTmaDyn))
+      (variant != kScoreStream && variant != kScoreTma))
     return cudaErrorInvalidValue;
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   const dim3 block(kScoreWarps * 32);
   ScoreMap m;
   std::memset(&m, 0, sizeof(m));
-  if (variant == kScoreTmaDyn) {
-    // No clusters: no tile is copied, the map stays zero (the grid only passes its barrier). Else the
-    // encoder must take the map: tmadyn has no bulk-copy fallback (its partials are per tile, stream's per CTA).
-    if (p.num_clusters > 0) {
-      const cudaError_t e = cached_score_map(p, &m);
-      if (e != cudaSuccess) return e;
-    }
-    const int tiles = (p.num_clusters + kScoreTile - 1) / kScoreTile;
-    const DynTake take = score_dyn_take(tiles, static_cast<int>(grid.x) * kScoreWarps);
-    return p.head_dim == 128 ? launch_dyn<128>(p, m, take, grid, block, s) : launch_dyn<64>(p, m, take, grid, block, s);
-  }
   // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
   // per multiprocessor and the same bits.
   const bool tma = variant == kScoreTma && p.num_clusters > 0 && cached_score_map(p, &m) == cudaSuccess;

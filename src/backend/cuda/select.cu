@@ -298,21 +298,6 @@ int score_blocks(int num_clusters, int head_dim, int num_heads) {
   return b > 0 ? b : 1;
 }
 
-int score_norm_parts(int num_clusters, int head_dim, int num_heads, int variant) {
-  const int v = variant == kScoreVariantEnv ? score_variant_from_env() : variant;
-  if (v == kScoreTmaDyn) return (num_clusters + kScoreTile - 1) / kScoreTile;  // one per tile
-  return score_blocks(num_clusters, head_dim, num_heads);
-}
-
-int score_norm_parts_max(int num_clusters, int head_dim, int num_heads) {
-  int most = 1;
-  for (int v = 0; v < kScoreVariants; ++v) {
-    const int n = score_norm_parts(num_clusters, head_dim, num_heads, v);
-    most = n > most ? n : most;
-  }
-  return most;
-}
-
 namespace {
 
 // Run 10: the cooperative launch of score_form_kernel<D> (its grid barrier needs every CTA resident).
@@ -332,7 +317,7 @@ int score_form_ctas_per_sm() {
 bool score_form_fits(int num_clusters, int head_dim, int num_heads, int variant) {
   const int v = variant == kScoreVariantEnv ? score_variant_from_env() : variant;
   int per_sm = 0;
-  if (v == kScoreStream || v == kScoreTma || v == kScoreTmaDyn) per_sm = score_stream_form_ctas_per_sm(v, head_dim);
+  if (v == kScoreStream || v == kScoreTma) per_sm = score_stream_form_ctas_per_sm(v, head_dim);
   else if (v == kScoreV1)
     per_sm = head_dim == 128 ? score_form_ctas_per_sm<128>() : (head_dim == 64 ? score_form_ctas_per_sm<64>() : 0);
   const int64_t ctas = int64_t{score_blocks(num_clusters, head_dim, num_heads)} * num_heads;
@@ -341,7 +326,7 @@ bool score_form_fits(int num_clusters, int head_dim, int num_heads, int variant)
 
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
   const int variant = p.variant == kScoreVariantEnv ? score_variant_from_env() : p.variant;
-  if (variant == kScoreStream || variant == kScoreTma || variant == kScoreTmaDyn) {
+  if (variant == kScoreStream || variant == kScoreTma) {
     if (p.scores != nullptr && (!p.early_loads || !score_form_fits(p.num_clusters, p.head_dim, p.num_heads, variant)))
       return cudaErrorInvalidValue;
     return score_clusters_stream(p, variant, s);

@@ -29,19 +29,6 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
 // this one function, so all get the same (M_g, 1 / L_g) bit for bit. The partials are read through L2
 // (__ldcg): run 10's cooperative grid reads them after its grid barrier, written by other CTAs of the same
 // kernel (never the non-coherent path).
-// The end of merge_head_normaliser(_wide): the lanes' (m, s) merged by the xor tree, lane 0 writes (M_g, 1 / L_g).
-__device__ __forceinline__ void finish_head_normaliser(float m, float s, int g, float* gmax, float* ginv) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-    ms_merge(m, s, m2, s2);
-  }
-  if ((threadIdx.x & 31) == 0) {
-    gmax[g] = m;
-    ginv[g] = s > 0.0f ? 1.0f / s : 0.0f;
-  }
-}
-
 __device__ __forceinline__ void merge_head_normaliser(const float2* part, int parts, int g, float* gmax, float* ginv) {
   const int lane = threadIdx.x & 31;
   float m = -INFINITY, s = 0.0f;
@@ -50,27 +37,15 @@ __device__ __forceinline__ void merge_head_normaliser(const float2* part, int pa
     const float2 v = __ldcg(part + i);
     ms_merge(m, s, v.x, v.y);
   }
-  finish_head_normaliser(m, s, g, gmax, ginv);
-}
-
-// merge_head_normaliser bit for bit (the same ms_merge calls in the same order: lane-strided in index
-// order, then the xor tree; a missing partial reads as (-inf, 0), which ms_merge skips as it skips a real
-// one) with kW of the lane's partials loaded before any is merged: kW L2 loads in flight instead of ~4.
-// tmadyn's formation after its grid barrier merges one partial per tile (512 per query head at 128K: 16 per
-// lane, one round trip with kW = 16).
-template <int kW>
-__device__ __forceinline__ void merge_head_normaliser_wide(const float2* part, int parts, int g, float* gmax,
-                                                           float* ginv) {
-  const int lane = threadIdx.x & 31;
-  float m = -INFINITY, s = 0.0f;
-  for (int i0 = lane; i0 < parts; i0 += 32 * kW) {
-    float2 v[kW];
 #pragma unroll
-    for (int j = 0; j < kW; ++j) v[j] = i0 + 32 * j < parts ? __ldcg(part + i0 + 32 * j) : make_float2(-INFINITY, 0.0f);
-#pragma unroll
-    for (int j = 0; j < kW; ++j) ms_merge(m, s, v[j].x, v[j].y);
+  for (int off = 16; off > 0; off >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+    ms_merge(m, s, m2, s2);
   }
-  finish_head_normaliser(m, s, g, gmax, ginv);
+  if (lane == 0) {
+    gmax[g] = m;
+    ginv[g] = s > 0.0f ? 1.0f / s : 0.0f;
+  }
 }
 
 // The logits of kB items i0 + b * step (b < kB) of one head, lgh = [G, stride] row-major (query head g's

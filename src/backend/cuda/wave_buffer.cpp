@@ -184,8 +184,6 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
 
   m.merge_counter = DeviceBuffer(size_t(H) * 4);
   m.merge_counter.fill_bytes(0);
-  m.score_counter = DeviceBuffer(size_t(H) * detail::kScoreCounterStride * 4);
-  m.score_counter.fill_bytes(0);
   m.exec_count = DeviceBuffer(size_t(H) * 4);
   m.counts = DeviceBuffer(size_t(H) * 4 * 8);
   m.counts.fill_bytes(0);
@@ -207,7 +205,7 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
 void WaveBufferLayer::Impl::size_decode_workspace() {
   auto& m = *this;
   m.logits = DeviceBuffer(size_t(H) * m.G * C * 4);
-  m.norm_partial = DeviceBuffer(size_t(H) * m.G * detail::score_norm_parts_max(C, D, H) * 8);  // any RETROINFER_SCORE
+  m.norm_partial = DeviceBuffer(size_t(H) * m.G * detail::score_blocks(C, D, H) * 8);
   m.scores = DeviceBuffer(size_t(H) * C * 4);
   m.ret_ids = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
   m.est_ids = DeviceBuffer(size_t(H) * std::max(m.n_e, 1) * 4);
@@ -413,7 +411,7 @@ int64_t WaveBufferLayer::device_bytes() const {
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,
-                                &m.merge_counter, &m.score_counter};
+                                &m.merge_counter};
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
   return b;
