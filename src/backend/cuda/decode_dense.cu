@@ -350,10 +350,9 @@ cudaError_t encode_dense_maps(const DenseParams& p, DenseMaps* maps) {
   return cudaSuccess;
 }
 
-// encode_dense_maps through a per-thread cache of the last kMapCache encodings: the maps depend only on
+// encode_dense_maps through a per-thread cache (tensor_map.h TensorMapCache): the maps depend only on
 // (K, V, kv_stride, heads, head_dim), which a layer keeps from one decode to the next, and the encoder is host
 // work on every launch (two encodings per layer and step in the model runner).
-constexpr int kMapCache = 64;
 struct MapKey {
   const uint16_t *k = nullptr, *v = nullptr;
   int64_t kv_stride = 0;
@@ -361,24 +360,9 @@ struct MapKey {
   bool operator==(const MapKey&) const = default;
 };
 cudaError_t cached_dense_maps(const DenseParams& p, DenseMaps* maps) {
-  struct Entry {
-    MapKey key;
-    DenseMaps maps;
-  };
-  thread_local Entry cache[kMapCache];
-  thread_local int filled = 0, next = 0;
-  const MapKey key{p.k, p.v, p.kv_stride, p.num_heads, p.head_dim};
-  for (int i = 0; i < filled; ++i)
-    if (cache[i].key == key) {
-      *maps = cache[i].maps;
-      return cudaSuccess;
-    }
-  const cudaError_t e = encode_dense_maps(p, maps);
-  if (e != cudaSuccess) return e;
-  cache[next] = Entry{key, *maps};
-  next = (next + 1) % kMapCache;
-  filled = filled < kMapCache ? filled + 1 : kMapCache;
-  return cudaSuccess;
+  thread_local TensorMapCache<MapKey, DenseMaps> cache;
+  return cache.get(MapKey{p.k, p.v, p.kv_stride, p.num_heads, p.head_dim}, maps,
+                   [&](DenseMaps* m) { return encode_dense_maps(p, m); });
 }
 
 }  // namespace

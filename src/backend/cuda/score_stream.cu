@@ -238,31 +238,16 @@ cudaError_t encode_score_map(const ScoreParams& p, ScoreMap* m) {
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
-constexpr int kMapCache = 64;
+// encode_score_map through a per-thread cache (tensor_map.h TensorMapCache).
 struct MapKey {
   const uint16_t* centroids = nullptr;
   int num_heads = 0, num_clusters = 0, head_dim = 0;
   bool operator==(const MapKey&) const = default;
 };
 cudaError_t cached_score_map(const ScoreParams& p, ScoreMap* m) {
-  struct Entry {
-    MapKey key;
-    ScoreMap map;
-  };
-  thread_local Entry cache[kMapCache];
-  thread_local int filled = 0, next = 0;
-  const MapKey key{p.centroids_bf16, p.num_heads, p.num_clusters, p.head_dim};
-  for (int i = 0; i < filled; ++i)
-    if (cache[i].key == key) {
-      *m = cache[i].map;
-      return cudaSuccess;
-    }
-  const cudaError_t e = encode_score_map(p, m);
-  if (e != cudaSuccess) return e;
-  cache[next] = Entry{key, *m};
-  next = (next + 1) % kMapCache;
-  filled = filled < kMapCache ? filled + 1 : kMapCache;
-  return cudaSuccess;
+  thread_local TensorMapCache<MapKey, ScoreMap> cache;
+  return cache.get(MapKey{p.centroids_bf16, p.num_heads, p.num_clusters, p.head_dim}, m,
+                   [&](ScoreMap* out) { return encode_score_map(p, out); });
 }
 
 template <int D, bool kTma>

@@ -52,6 +52,28 @@ struct BinSmem {
   int take[2], eq[2];
 };
 
+// A retrieval item's tokens: (begin, length) in the index (pages: item id covers index tokens
+// [id * page_tokens, ...) up to n_idx; clusters: head h's CSR range of members), and with `prefetch` the
+// cluster's members started on their way into L2 (the expansion reads them later).
+struct ItemTokens {
+  int begin = 0, length = 0;
+};
+__device__ __forceinline__ ItemTokens item_tokens(const SelectParams& p, int h, int id, bool prefetch) {
+  ItemTokens r;
+  if (p.page_tokens > 0) {
+    const int64_t b64 = int64_t{id} * p.page_tokens;
+    r.begin = static_cast<int>(b64);
+    r.length = static_cast<int>(b64 + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b64);
+  } else {
+    const int64_t hc = int64_t{h} * p.num_items + id;
+    r.begin = p.offsets[hc];
+    r.length = p.offsets[hc + 1] - r.begin;
+    if (prefetch)
+      for (int o = 0; o < r.length; o += 32) prefetch_l2(p.members + r.begin + o);
+  }
+  return r;
+}
+
 // ---- The warp-range compaction (RETROINFER_SELECT_COMPACT=ballot) ----
 // Run 6's compaction (v1 in the kernel) gives thread t the 8 items 8t .. 8t + 7: 8-way shared-memory bank
 // conflicts on the scores, ~760 straight-line instructions per warp (8 items' flags, tie ranks, CSR loads
@@ -173,30 +195,20 @@ __device__ __forceinline__ uint32_t compact_flags(const float4 v, const CompactC
 // The retrieval slots of compact_ballot (after its pass 2; not for the estimation role).
 __device__ __forceinline__ void compact_slots(const SelectParams& p, int h, BinSmem& bs, const int* ret, int* pre,
                                               int steady, int out1, int& running) {
-  const int N = p.num_items, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   __syncthreads();
   // Slot s = chunk + tid: its item's (begin, length), its members prefetched into L2 (as v1, run 8: the
   // expansion reads them after the barrier), and its token position by a block scan of the lengths in slot
   // (= id) order. One chunk (one barrier) up to kSelThreads retrieval items.
   __shared__ int chunk_sums[2][kSelWarps];
-  const bool pages = p.page_tokens > 0;
   int at0 = steady;
   for (int s0 = 0, chunk = 0; s0 < out1; s0 += kSelThreads, ++chunk) {
     const int s = s0 + tid;
     int b = 0, n = 0;
     if (s < out1) {
-      const int id = s < kBinExp ? bs.exp_begin[s] : ret[s];
-      if (pages) {
-        const int64_t b64 = int64_t{id} * p.page_tokens;
-        b = static_cast<int>(b64);
-        n = static_cast<int>(b64 + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b64);
-      } else {
-        const int64_t hc = int64_t{h} * N + id;
-        b = p.offsets[hc];
-        n = p.offsets[hc + 1] - b;
-        if (p.prefetch)
-          for (int o = 0; o < n; o += 32) prefetch_l2(p.members + b + o);
-      }
+      const ItemTokens it = item_tokens(p, h, s < kBinExp ? bs.exp_begin[s] : ret[s], p.prefetch);
+      b = it.begin;
+      n = it.length;
     }
     // Warp-uniform: a warp past the last slot has nothing to scan.
     const int incl = s0 + 32 * warp < out1 ? warp_inclusive_scan(n, lane) : 0;
@@ -605,19 +617,10 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
         len[j] = 0;
         beg[j] = 0;
         if (in1[j]) {
-          const int c = i0 + j;
-          if (p.page_tokens > 0) {
-            const int64_t b = int64_t{c} * p.page_tokens;
-            beg[j] = static_cast<int>(b);
-            len[j] = static_cast<int>(b + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b);
-          } else {
-            const int64_t hc = int64_t{h} * N + c;
-            beg[j] = p.offsets[hc];
-            len[j] = p.offsets[hc + 1] - beg[j];
-            // Run 8: start the members' way into L2 now; the expansion reads them after two barriers.
-            if (p.prefetch)
-              for (int o = 0; o < len[j]; o += 32) prefetch_l2(p.members + beg[j] + o);
-          }
+          // Run 8: the members start their way into L2 now; the expansion reads them after two barriers.
+          const ItemTokens it = item_tokens(p, h, i0 + j, p.prefetch);
+          beg[j] = it.begin;
+          len[j] = it.length;
           toks += len[j];
         }
       }
@@ -668,17 +671,10 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
       at = bs.exp_at[i];
       n = bs.exp_len[i];
     } else {
-      const int c = ret[i];
       at = pre[i];
-      if (p.page_tokens > 0) {
-        const int64_t b64 = int64_t{c} * p.page_tokens;
-        b = static_cast<int>(b64);
-        n = static_cast<int>(b64 + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b64);
-      } else {
-        const int64_t hc = int64_t{h} * N + c;
-        b = p.offsets[hc];
-        n = p.offsets[hc + 1] - b;
-      }
+      const ItemTokens it = item_tokens(p, h, ret[i], false);
+      b = it.begin;
+      n = it.length;
     }
     if (p.page_tokens > 0) {
       for (int t = sl; t < n; t += sub) list[at + t] = static_cast<int>(p.idx_begin + b + t);
