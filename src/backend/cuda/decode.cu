@@ -312,10 +312,10 @@ __global__ void __launch_bounds__(kW * 32, 8) estimate_first_kernel(const Decode
   estimate_cta<D, kEstimateChunk, false, 4, true>(p, blockIdx.x, blockIdx.y, est_smem);
 }
 
-// Run 17 pre-merge (RETROINFER_EXACT=split64ep / erp; kernels.h EstPremerge). Measured under split64e at 128K batch
-// 4 (12 exact + 30 estimation states per head): the estimation grid ends at 55.1 us, the exact grid at 70.4, and
-// the fused merge by the last exact CTA of each head over 42 states ends at 76.5. Here the estimation states are
-// merged into one while the exact grid still runs, so the final merge reads num_splits + 1 states:
+// Run 17 pre-merge (RETROINFER_EXACT=split64ep / erp; kernels.h EstPremerge). The lead's phase stamps of split64e at
+// 128K batch 4 (12 exact + 30 estimation states per head): the estimation grid ends at 55.1 us, the exact grid at
+// 70.4, and the fused merge by the last exact CTA of each head over 42 states ends at 76.5. Here the estimation
+// states are merged into one while the exact grid still runs, so the final merge reads num_splits + 1 states:
 //   estimate_premerge_kernel  estimate_first_kernel's CTA (the same estimate_cta, the same partial state), then
 //                             premerge_if_last (decode_merge.cuh): the head's last estimation CTA (per-head
 //                             counter EstPremerge::counter, reset by it) merges the head's est_ctas states in
