@@ -19,7 +19,12 @@
 //     and the stage path bit-identical, and, for the clustered host-side K/V, within the f64 reference's
 //     bounds (test_cuda_decode_run9.cpp's); a case with one exact CTA per head and > 8 tiles per warp (the
 //     ids reloaded batch by batch); the kernels' footprints (registers, shared memory) against the
-//     co-residency each variant is built for.
+//     co-residency each variant is built for;
+//   - the pre-merging variants (split64ep / erp: the estimation states merged into one by each head's last
+//     estimation CTA, kernels.h EstPremerge): selection identical, outputs within the reordering bounds of
+//     split64's (another merge tree), bit-identical to each other, between repeats, across graph replays (the
+//     estimation counters reset themselves) and on the stage path; at 128K batch 4 some output must differ from
+//     split64's (the pre-merge ran).
 // Shapes: batch 1/3/4/16/~50, head_dim 64/128, GQA groups 1/3/4/8, n_e < 128 and just past 128, no
 // estimation, all steady, outliers, 32K x 32 heads, 128K x 8 heads and 128K x 32 heads (batch 4). One
 // "[exact grid]" line per case.
@@ -59,6 +64,17 @@ constexpr double kMaxAbsVsRef = 1e-4;
 // Run 17's variants: each must give split64's output bit for bit.
 constexpr const char* kRun17[] = {"split64r",  "split64i",  "split64ri", "split64rh",
                                   "split64rih", "split64e", "split64eri"};
+// The pre-merging variants (kernels.h EstPremerge): the estimation states merged into one by the head's last
+// estimation CTA, then the final merge over num_splits + 1 states. Against split64 (the same partial states, every
+// state weighted against one global max) only the merge tree differs: an estimation weight is e^{m_s - M_e}
+// e^{M_e - M} instead of e^{m_s - M} (two f32 exponent arguments and one more product: ~1.2e-6 relative per weight
+// at |logit| <= ~20, as (1) of decode_path_test_util.h) and the states are added in another order (~S * 2^-24
+// relative for S states, (2) there), so decode_path_test_util.h's reordering bounds apply (max-abs 5e-5, nmse
+// 1e-10). split64ep and split64erp have the same partial states (the exact kernels differ in registers only) and
+// the same merge tree: bit-identical to each other, and each bit-identical between repeats and graph replays.
+constexpr const char* kPremerged[] = {"split64ep", "split64erp"};
+constexpr double kMaxAbsPremerge = gputest::kMaxAbsReorder;
+constexpr double kNmsePremerge = gputest::kNmseReorder;
 
 void expect_same_selection(const PathResult& x, const PathResult& ref, const char* what) {
   SCOPED_TRACE(what);
@@ -130,7 +146,52 @@ int run17_variants(gputest::PathLayer& t, const PathCase& rc, EnvGuard& env, con
   return identical;
 }
 
-void exact_grid_case(const PathCase& rc, uint64_t seed) {
+// The pre-merging variants against split64's decode `s64` (v1: the selection reference): selection identical,
+// outputs written and within the reordering bounds of s64, a repeat, two graph replays and the stage path
+// bit-identical to the variant's first decode, split64ep and split64erp bit-identical to each other; with host
+// K/V also the f64 reference's bounds.
+struct PremergeStats {
+  int within = 0;           // variants within the bounds of split64 and bit-identical on repeats
+  int64_t differing = 0;    // output elements of split64ep that differ from split64's (> 0: the pre-merge ran)
+  double nmse = 0.0, max_abs = 0.0;  // the worst over the variants, against split64
+};
+PremergeStats premerge_variants(gputest::PathLayer& t, const PathCase& rc, EnvGuard& env, const PathResult& v1,
+                                const PathResult& s64) {
+  PremergeStats st;
+  std::vector<float> first;
+  for (const char* name : kPremerged) {
+    SCOPED_TRACE(name);
+    env.set(name);
+    const PathResult x = decode_once(t);
+    expect_same_selection(x, v1, name);
+    const auto c = gputest::compare(x.out, s64.out);
+    EXPECT_EQ(c.unwritten, 0);
+    EXPECT_LT(c.max_abs, kMaxAbsPremerge);
+    EXPECT_LT(c.nmse, kNmsePremerge);
+    st.nmse = std::max(st.nmse, c.nmse);
+    st.max_abs = std::max(st.max_abs, c.max_abs);
+    const PathResult again = decode_once(t);
+    const int64_t repeat = first_difference(again.out, x.out);
+    EXPECT_EQ(repeat, -1) << name << " must repeat bit for bit";
+    if (first.empty()) {
+      first = x.out;
+      for (size_t i = 0; i < x.out.size(); ++i) st.differing += std::memcmp(&x.out[i], &s64.out[i], 4) != 0;
+    } else {
+      EXPECT_EQ(first_difference(x.out, first), -1) << name << " vs " << kPremerged[0];
+    }
+    st.within += c.unwritten == 0 && c.max_abs < kMaxAbsPremerge && c.nmse < kNmsePremerge && repeat == -1;
+    if (rc.host_kv) {
+      const auto cr = gputest::compare(x.out, f64_reference(t, x, rc.group, rc.d));
+      EXPECT_LT(cr.nmse, kNmseVsRef);
+      EXPECT_LT(cr.max_abs, kMaxAbsVsRef);
+    }
+    gputest::expect_graph_replays(t, x.out);
+    gputest::expect_stage_path(t, x.out);
+  }
+  return st;
+}
+
+PremergeStats exact_grid_case(const PathCase& rc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(rc, seed));
   gputest::PathLayer t = gputest::make_path_layer(rc, seed);
   cuda::RetroLayer& layer = *t.layer;
@@ -164,6 +225,7 @@ void exact_grid_case(const PathCase& rc, uint64_t seed) {
     EXPECT_LT(cref.max_abs, kMaxAbsVsRef);
   }
   const int run17_identical = run17_variants(t, rc, env, a, c);
+  const PremergeStats pm = premerge_variants(t, rc, env, a, c);
 
   env.set("v1");  // back to v1 in the same process: its first output again
   const PathResult a2 = decode_once(t);
@@ -176,12 +238,15 @@ void exact_grid_case(const PathCase& rc, uint64_t seed) {
   const int n_e = layer.n_estimation();
   std::printf("[exact grid] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: split vs v1 identical=%d; "
               "split64 vs v1 nmse %.2e max-abs %.2e; split64 vs f64 ref nmse %.2e max-abs %.2e%s; run17 variants "
-              "identical to split64 %d/%d; graph replays + stage path identical per variant; est CTAs per head "
-              "v1/split %d split64* %d\n",
+              "identical to split64 %d/%d; pre-merged (ep, erp) within bounds + repeatable %d/%d, vs split64 nmse "
+              "%.2e max-abs %.2e, %lld of %zu elements differ; graph replays + stage path identical per variant; "
+              "est CTAs per head v1/split %d split64* %d\n",
               t.H, rc.group, rc.d, (long long)rc.n, layer.num_clusters(), n_e, int(rc.estimation),
               int(rc.outliers), int(first_difference(b.out, a.out) == -1), cc.nmse, cc.max_abs, cref.nmse,
               cref.max_abs, rc.host_kv ? "" : " (no ref: device K/V)", run17_identical, int(std::size(kRun17)),
+              pm.within, int(std::size(kPremerged)), pm.nmse, pm.max_abs, (long long)pm.differing, c.out.size(),
               n_e > 0 ? (n_e + 127) / 128 : 0, n_e > 0 ? (n_e + 63) / 64 : 0);
+  return pm;
 }
 
 TEST(CudaExactGrid, VariantsMatchV1) {
@@ -205,7 +270,11 @@ TEST(CudaExactGrid, VariantsMatchV1ManyHeads) {
 TEST(CudaExactGrid, VariantsMatchV1At128K) {
   RETROINFER_REQUIRE_GPU();
   exact_grid_case({1, 8, 4, 128, 131072, true, false, false}, 921);  // Llama-3-8B, 128K x 8 heads
-  exact_grid_case({4, 8, 4, 128, 131072, true, false, false}, 922);  // 128K batch 4: issue #4's shape
+  // 128K batch 4: issue #4's shape. 16,384 outputs from 12 exact + 30 estimation states per head: under another
+  // merge tree some of them round differently, so split64ep must differ from split64 somewhere, else the
+  // pre-merge did not run (the variant fell back to split64e, which is split64 bit for bit).
+  const PremergeStats pm = exact_grid_case({4, 8, 4, 128, 131072, true, false, false}, 922);
+  EXPECT_GT(pm.differing, 0) << "split64ep gave split64's output bit for bit: was the pre-merge skipped?";
 }
 
 // One exact CTA per head (H > decode_ctas_per_sm() * sm_count() / 2 flat heads, so decode_splits gives 1) and
@@ -249,10 +318,13 @@ TEST(CudaExactGrid, Run17VariantsManyTilesPerWarp) {
   ASSERT_GT(tiles_per_warp, 8) << "the case must reload the ids: " << most << " tokens, " << splits << " splits";
   const PathCase rc{num_seqs, hkv, G, d, n, true, false, false};
   const int identical = run17_variants(t, rc, env, a, c);
+  const PremergeStats pm = premerge_variants(t, rc, env, a, c);
   std::printf("[exact grid] many tiles per warp: H=%d G=%d d=%d n=%lld C=%d n_e=%d, <= %d splits, longest list %zu "
-              "(~%lld tiles per warp): run17 variants identical to split64 %d/%d\n",
+              "(~%lld tiles per warp): run17 variants identical to split64 %d/%d; pre-merged within bounds + "
+              "repeatable %d/%d (nmse %.2e max-abs %.2e, %lld elements differ)\n",
               H, G, d, (long long)n, t.layer->num_clusters(), t.layer->n_estimation(), splits, most,
-              (long long)tiles_per_warp, identical, int(std::size(kRun17)));
+              (long long)tiles_per_warp, identical, int(std::size(kRun17)), pm.within, int(std::size(kPremerged)),
+              pm.nmse, pm.max_abs, (long long)pm.differing);
 }
 
 // WaveBufferLayer: a cache that holds every cluster, warmed by one step, so each decode reads the same
@@ -295,6 +367,19 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
     EXPECT_EQ(first_difference(x, s64), -1) << name << " vs split64";
     run17_identical += first_difference(x, s64) == -1;
   }
+  std::vector<std::vector<float>> pre;  // kPremerged's outputs
+  int pre_within = 0;
+  for (const char* name : kPremerged) {
+    pre.push_back(run(name));
+    const auto cp = gputest::compare(pre.back(), s64);
+    EXPECT_EQ(cp.unwritten, 0) << name;
+    EXPECT_LT(cp.max_abs, kMaxAbsPremerge) << name;
+    EXPECT_LT(cp.nmse, kNmsePremerge) << name;
+    const int64_t repeat = first_difference(run(name), pre.back());
+    EXPECT_EQ(repeat, -1) << name << " repeated";
+    EXPECT_EQ(first_difference(pre.back(), pre.front()), -1) << name << " vs " << kPremerged[0];
+    pre_within += cp.unwritten == 0 && cp.max_abs < kMaxAbsPremerge && cp.nmse < kNmsePremerge && repeat == -1;
+  }
   EXPECT_EQ(gputest::compare(v1, v1).unwritten, 0);
   EXPECT_EQ(first_difference(s, v1), -1) << "split vs v1";
   const auto c64 = gputest::compare(s64, v1);
@@ -303,9 +388,12 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
   EXPECT_LT(c64.nmse, kNmseVsV1);
   EXPECT_EQ(first_difference(run("v1"), v1), -1) << "v1 again";
 
-  // Graphs of the step under split64 and under split64eri (the estimation grid launched plainly after the
-  // wave buffer's kernels, the exact grid chained to it), each replayed twice.
-  for (const char* name : {"split64", "split64eri"}) {
+  // Graphs of the step under split64, split64eri and the pre-merging variants (the estimation grid launched
+  // plainly after the wave buffer's kernels, the exact grid chained to it), each replayed twice: split64's output,
+  // or the pre-merging variant's eager output.
+  for (const char* name : {"split64", "split64eri", "split64ep", "split64erp"}) {
+    const bool premerged = std::string(name) == "split64ep" || std::string(name) == "split64erp";
+    const std::vector<float>& expected = premerged ? pre[std::string(name) == "split64ep" ? 0 : 1] : s64;
     env.set(name);
     cuda::StreamHandle stream;
     auto dg = gputest::poisoned(q_elems);
@@ -316,21 +404,22 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
       layer.replay_graph(stream.get());
       cuda::synchronize(stream.get());
       layer.wait_manager();
-      EXPECT_EQ(first_difference(gputest::download_f32(dg, q_elems), s64), -1) << name << " graph replay " << rep;
+      EXPECT_EQ(first_difference(gputest::download_f32(dg, q_elems), expected), -1) << name << " graph replay " << rep;
     }
   }
   std::printf("[exact grid] WaveBufferLayer H=%d G=%d d=%d n=%lld C=%d n_e=%d: split vs v1 identical=%d; split64 vs "
-              "v1 nmse %.2e max-abs %.2e; run17 variants identical to split64 %d/%d; split64 and split64eri graph "
-              "replays identical\n",
+              "v1 nmse %.2e max-abs %.2e; run17 variants identical to split64 %d/%d; pre-merged within bounds + "
+              "repeatable %d/%d; split64, split64eri, split64ep and split64erp graph replays identical\n",
               num_seqs * hkv, group, d, (long long)n, layer.num_clusters(), layer.n_estimation(),
-              int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs, run17_identical, int(std::size(kRun17)));
+              int(first_difference(s, v1) == -1), c64.nmse, c64.max_abs, run17_identical, int(std::size(kRun17)),
+              pre_within, int(std::size(kPremerged)));
 }
 
 // The footprints the run 17 variants are built on (kernels.h exact_grid_footprint; decode.cu "Run 17
 // exact-grid variants"), at the 128K batch 4 shape (D 128, G 4, 12 exact + 30 estimation states per head) and
 // G 8, with the default two stages: how many estimation CTAs fit on a multiprocessor beside three exact CTAs
 // (registers allocated per warp in units of 256, i.e. per thread rounded up to a multiple of 8; shared
-// memory with the device's reservation per CTA). r / ri / e / eri: the exact kernel at <= 128 registers and one
+// memory with the device's reservation per CTA). r / ri / eri / erp: the exact kernel at <= 128 registers and one
 // estimation CTA beside three exact ones; rh / rih: two at G <= 4; every 64-cluster estimation kernel: eight
 // to a multiprocessor alone. One "[exact grid] footprint" line per variant and group.
 TEST(CudaExactGrid, Run17Footprints) {

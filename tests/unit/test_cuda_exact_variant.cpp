@@ -61,8 +61,11 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_STREQ(exact_variant_name(kExactSplit64RIH), "split64rih");
   EXPECT_STREQ(exact_variant_name(kExactSplit64E), "split64e");
   EXPECT_STREQ(exact_variant_name(kExactSplit64ERI), "split64eri");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64EP), "split64ep");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64ERP), "split64erp");
   EXPECT_STREQ(exact_variant_name(kExactVariants), "?");
-  for (const char* bad : {"V1", "split ", "split32", "v2", "run10", "+split", "split64ir", "split64R", "split64er"}) {
+  for (const char* bad : {"V1", "split ", "split32", "v2", "run10", "+split", "split64ir", "split64R", "split64er",
+                          "split64pe", "split64eip", "split64p"}) {
     ex.set(bad);
     EXPECT_THROW(exact_variant_from_env(), Error) << bad;
   }
@@ -74,6 +77,8 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score);
   dec.set("run10+split64eri");  // kernel_bench --paths run10+split64,run10+split64eri
   EXPECT_EQ(exact_variant_from_env(), kExactSplit64ERI);
+  dec.set("run10+split64erp");  // kernel_bench --paths ...,run10+split64ep,run10+split64erp
+  EXPECT_EQ(exact_variant_from_env(), kExactSplit64ERP);
   dec.set("run9+v1");
   EXPECT_EQ(exact_variant_from_env(), kExactV1);
   p = decode_path();
@@ -104,24 +109,37 @@ TEST(CudaExactVariant, EstimationChunksFitTheLayersSlots) {
   for (int v = kExactSplit64R; v < kExactVariants; ++v) EXPECT_EQ(exact_est_chunk(v), kEstimateChunk) << v;
 }
 
-// Run 17's variants: which of the three changes each carries (decode.cu dispatches on these).
+// Run 17's variants: which of the changes each carries (decode.cu dispatches on these). The pre-merge (p) only
+// on est-first grids (the estimation must finish before the exact grid for it to leave the critical path).
 TEST(CudaExactVariant, Run17Properties) {
   struct Row {
     int v;
-    bool cap, ids, halves, first;
+    bool cap, ids, halves, first, premerge;
   };
-  const Row rows[] = {{kExactV1, false, false, false, false},       {kExactSplit, false, false, false, false},
-                      {kExactSplit64, false, false, false, false},  {kExactSplit64R, true, false, false, false},
-                      {kExactSplit64I, false, true, false, false},  {kExactSplit64RI, true, true, false, false},
-                      {kExactSplit64RH, true, false, true, false},  {kExactSplit64RIH, true, true, true, false},
-                      {kExactSplit64E, false, false, false, true},  {kExactSplit64ERI, true, true, false, true}};
+  const Row rows[] = {{kExactV1, false, false, false, false, false},
+                      {kExactSplit, false, false, false, false, false},
+                      {kExactSplit64, false, false, false, false, false},
+                      {kExactSplit64R, true, false, false, false, false},
+                      {kExactSplit64I, false, true, false, false, false},
+                      {kExactSplit64RI, true, true, false, false, false},
+                      {kExactSplit64RH, true, false, true, false, false},
+                      {kExactSplit64RIH, true, true, true, false, false},
+                      {kExactSplit64E, false, false, false, true, false},
+                      {kExactSplit64ERI, true, true, false, true, false},
+                      {kExactSplit64EP, false, false, false, true, true},
+                      {kExactSplit64ERP, true, false, false, true, true}};
   static_assert(std::size(rows) == kExactVariants, "one row per variant");
   for (const Row& r : rows) {
     EXPECT_EQ(exact_caps_registers(r.v), r.cap) << exact_variant_name(r.v);
     EXPECT_EQ(exact_ids_ahead(r.v), r.ids) << exact_variant_name(r.v);
     EXPECT_EQ(exact_est_halves(r.v), r.halves) << exact_variant_name(r.v);
     EXPECT_EQ(exact_est_first(r.v), r.first) << exact_variant_name(r.v);
+    EXPECT_EQ(exact_premerges(r.v), r.premerge) << exact_variant_name(r.v);
+    if (exact_premerges(r.v)) {
+      EXPECT_TRUE(exact_est_first(r.v)) << exact_variant_name(r.v);
+    }
   }
+  EXPECT_EQ(kPremergeSlots, 1);  // one pre-merged estimation state per head
 }
 
 }  // namespace

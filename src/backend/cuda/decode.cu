@@ -312,6 +312,34 @@ __global__ void __launch_bounds__(kW * 32, 8) estimate_first_kernel(const Decode
   estimate_cta<D, kEstimateChunk, false, 4, true>(p, blockIdx.x, blockIdx.y, est_smem);
 }
 
+// Run 17 pre-merge (RETROINFER_EXACT=split64ep / erp; kernels.h EstPremerge). The lead's phase stamps of split64e at
+// 128K batch 4 (12 exact + 30 estimation states per head): the estimation grid ends at 55.1 us, the exact grid at
+// 70.4, and the fused merge by the last exact CTA of each head over 42 states ends at 76.5. Here the estimation
+// states are merged into one while the exact grid still runs, so the final merge reads num_splits + 1 states:
+//   estimate_premerge_kernel  estimate_first_kernel's CTA (the same estimate_cta, the same partial state), then
+//                             premerge_if_last (decode_merge.cuh): the head's last estimation CTA (per-head
+//                             counter EstPremerge::counter, reset by it) merges the head's est_ctas states in
+//                             slot order into one unnormalised state and counts into the main merge counter;
+//   the exact grid            split64e's / split64eri's kernels without ids (decode_exact_x_kernel /
+//                             decode_exact_capped_kernel <D, S, false, true>), unchanged: its CTAs count into the
+//                             main counter as before, whose total is now num_splits + 1.
+// Partial-state layout (launch_premerged): the host sizes total_splits = num_splits + 1 + est_ctas slots per head;
+// decode.cu uses the [H, total, G] (m, l) / [H, total, G, D] buffers as two head-major regions, the final merge's
+// states [H, num_splits + 1, G] (exact slots 0 .. num_splits - 1, the pre-merged estimation state in slot
+// num_splits), then the estimation chunk states [H, est_ctas, G] (slot j = estimation CTA j). So the exact kernels
+// and merge_if_last keep one stride per region and run unchanged. The final merge adds the exact states and then
+// the pre-merged one in slot order, whichever CTA counts last: deterministic, bit-identical run to run and across
+// graph replays. Against split64 (every state against one global max) the estimation weights are e^{m_s - M_e}
+// e^{M_e - M} instead of e^{m_s - M} and the sums are taken in another order: within rounding (the reordering
+// bounds of decode_path_test_util.h).
+template <int D>
+__global__ void __launch_bounds__(kW * 32, 8) estimate_premerge_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char est_smem[];
+  estimate_cta<D, kEstimateChunk, false, 4, true>(p, blockIdx.x, blockIdx.y, est_smem);  // p.merge.counter: null
+  premerge_if_last(p.premerge, p.part_ml, p.part_o, p.total_splits, p.group, D, blockIdx.y,
+                   reinterpret_cast<float*>(est_smem), p.phase);
+}
+
 // Estimation zone (DESIGN.md §2): CTA = kEstChunk estimated clusters of one flat head, thread = one
 // output dimension. Cluster j contributes weight size_j * e^{logit_j} to the denominator and
 // e^{logit_j} * VS_j to the numerator (softmax_push with weight = size and value = the value sum); the
@@ -535,11 +563,45 @@ cudaError_t launch_exact_variant(const DecodeParams& p, cudaStream_t s, bool pdl
              ? launch_exact_grid<D, S>(decode_exact_capped_kernel<D, S, kIds, kAfterEst>, p, s, pdl, capped_set)
              : launch_exact_grid<D, S>(decode_exact_x_kernel<D, S, kIds, kAfterEst>, p, s, pdl, x_set);
 }
+// Whether a decode runs the pre-merge (decode_attention has checked the layout then).
+bool premerge_on(const DecodeParams& p) {
+  return exact_premerges(p.exact_variant) && p.premerge.counter != nullptr && p.merge.counter != nullptr;
+}
+// split64ep / erp with the pre-merge: the estimation grid (estimate_premerge_kernel) over the estimation region, then
+// the exact grid chained behind it over the final merge's region (see estimate_premerge_kernel for the layout).
+template <int D, int S>
+cudaError_t launch_premerged(const DecodeParams& p, cudaStream_t s) {
+  DecodeParams px = p;  // the exact grid: the final merge's states [H, num_splits + 1, G]
+  px.total_splits = p.num_splits + 1;
+  DecodeParams pe = p;  // the estimation grid: its chunk states [H, est_ctas, G] after that region
+  const int64_t final_states = int64_t{p.num_heads} * px.total_splits * p.group;
+  pe.part_ml = p.part_ml + final_states;
+  pe.part_o = p.part_o + final_states * D;
+  pe.total_splits = p.est_ctas;
+  pe.est.split_offset = 0;
+  pe.merge.counter = nullptr;  // no final merge of its own: premerge_if_last counts into the main counter
+  pe.premerge.part_ml = p.part_ml;
+  pe.premerge.part_o = p.part_o;
+  pe.premerge.total = px.total_splits;
+  pe.premerge.slot = p.num_splits;
+  pe.premerge.merge = p.merge;
+  constexpr size_t est_bytes = EstSmem<D, kEstimateChunk>::kBytes;
+  static bool est_set = false;
+  cudaError_t e = set_split_attributes(estimate_premerge_kernel<D>, est_bytes, est_set);
+  if (e != cudaSuccess) return e;
+  e = launch_maybe_pdl(estimate_premerge_kernel<D>, dim3(p.est_ctas, p.num_heads), dim3(kW * 32), est_bytes, s,
+                       pe.pdl, pe);
+  if (e != cudaSuccess) return e;
+  return launch_exact_variant<D, S, false, true>(px, s, px.chain_pdl);
+}
+
 // split64r / i / ri / rh / rih: the exact grid as split64's (a dependent of the selection when p.pdl), then split64's
 // estimation grid chained behind it; split64e / eri: the estimation grid first (estimate_first_kernel, a
-// dependent of the selection when p.pdl), then the exact grid chained behind it (p.chain_pdl).
+// dependent of the selection when p.pdl), then the exact grid chained behind it (p.chain_pdl);
+// split64ep / erp: launch_premerged when premerge_on, else as split64e / its capped form.
 template <int D, int S>
 cudaError_t launch_run17(const DecodeParams& p, cudaStream_t s) {
+  if (premerge_on(p)) return launch_premerged<D, S>(p, s);
   const bool ids = exact_ids_ahead(p.exact_variant);
   if (!exact_est_first(p.exact_variant)) {
     const cudaError_t e = ids ? launch_exact_variant<D, S, true, false>(p, s, p.pdl)
@@ -605,6 +667,7 @@ cudaError_t footprint_of(int v, int group, int total, ExactGridFootprint& f) {
   if (v == kExactSplit)
     return kernel_footprint(estimate_chained_kernel<D, kEstimateFusedChunk>, EstSmem<D, kEstimateFusedChunk>::kBytes,
                             f.est_regs, f.est_smem);
+  if (exact_premerges(v)) return kernel_footprint(estimate_premerge_kernel<D>, eb, f.est_regs, f.est_smem);
   if (first) return kernel_footprint(estimate_first_kernel<D>, eb, f.est_regs, f.est_smem);
   if (exact_est_halves(v))
     return kernel_footprint(estimate_chained_kernel<D, kEstimateChunk, true>,
@@ -656,6 +719,10 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
                          int64_t{p.est_ctas - 1} * chunk >= p.est.k_estimation ||
                          p.est.split_offset + p.est_ctas > p.total_splits || p.est.head_dim != p.head_dim))
     return cudaErrorInvalidValue;  // every estimation CTA must own >= 1 cluster and a slot
+  if (premerge_on(p) && (p.est_ctas < 1 || p.total_splits != p.num_splits + 1 + p.est_ctas ||
+                         p.est.split_offset != p.num_splits + 1 ||
+                         int64_t{p.total_splits} * p.group > kMergeMaxStates))
+    return cudaErrorInvalidValue;  // the pre-merge's layout (estimate_premerge_kernel)
   if (p.head_dim == 128) return indirect ? launch_decode_stages<128, true>(p, s) : launch_decode_stages<128, false>(p, s);
   if (p.head_dim == 64) return indirect ? launch_decode_stages<64, true>(p, s) : launch_decode_stages<64, false>(p, s);
   return cudaErrorInvalidValue;

@@ -76,5 +76,68 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
   }
 }
 
+// Run 17 pre-merge (kernels.h EstPremerge; RETROINFER_EXACT=split64ep / erp), called by every estimation CTA after
+// it has written its partial state (all threads, uniform control flow). est_ml / est_o: the estimation states
+// [H, n, G] (m, l) / [H, n, G, D] (n = estimation CTAs per head). The CTA that counts last on pm.counter for head h
+// resets the count and merges the head's n states in slot order with merge_if_last's arithmetic (M = max m_s,
+// w_s = e^{m_s - M}, 0 for empty states; L = sum_s l_s w_s by the same fixed-order warp reduction; numerator
+// sum_s w_s o_s, 4 dims per thread, slots in order) into ONE unnormalised state (M, L, numerator) at slot
+// pm.slot of the final merge's states (the empty state, m = -inf, l = 0, o = 0, when every chunk is empty), then
+// counts once into pm.merge's counter as an exact CTA does (merge_if_last over pm.total states, so it also runs
+// the final merge when it counts last). Deterministic: the states it reads and the order it adds them in do not
+// depend on which CTA counts last. wts: >= kMergeMaxStates floats of shared memory the CTA no longer uses.
+__device__ void premerge_if_last(const EstPremerge& pm, const float2* est_ml, const float* est_o, int n, int G,
+                                 int D, int h, float* wts, uint64_t* phase) {
+  __shared__ int s_last;
+  __shared__ float2 s_ml[kMaxGroup];
+  __threadfence();  // release: this thread's partial-state stores before the CTA's count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int done = atomicAdd(pm.counter + h, 1);
+    s_last = done == n - 1;
+    if (done == n - 1) pm.counter[h] = 0;  // every estimation CTA of head h has counted: ready for the next decode
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // acquire: the other estimation CTAs' states (read through L2 below)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  const float2* ml = est_ml + int64_t{h} * n * G;  // [n, G]
+  for (int g = warp; g < G; g += nw) {
+    float M = -INFINITY;
+    for (int s = lane; s < n; s += 32) M = fmaxf(M, __ldcg(&ml[int64_t{s} * G + g]).x);
+    M = warp_max(M);
+    float L = 0.0f;
+    for (int s = lane; s < n; s += 32) {
+      const float2 v = __ldcg(&ml[int64_t{s} * G + g]);
+      const float w = v.x == -INFINITY ? 0.0f : expf(v.x - M);  // M = -inf only when every m is
+      wts[s * G + g] = w;
+      L += v.y * w;
+    }
+    L = warp_sum(L);
+    if (lane == 0) s_ml[g] = make_float2(M, L);
+  }
+  __syncthreads();
+  const int cols = G * D / 4;
+  const float* po = est_o + int64_t{h} * n * G * D;  // [n, G, D]
+  const int64_t dst = int64_t{h} * pm.total + pm.slot;  // the pre-merged state's slot of head h
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const int g = (4 * c) / D, d = (4 * c) % D;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+    for (int s = 0; s < n; ++s) {
+      const float w = wts[s * G + g];
+      const float4 o = __ldcg(reinterpret_cast<const float4*>(po + (int64_t{s} * G + g) * D + d));
+      acc.x += w * o.x;
+      acc.y += w * o.y;
+      acc.z += w * o.z;
+      acc.w += w * o.w;
+    }
+    *reinterpret_cast<float4*>(pm.part_o + (dst * G + g) * D + d) = acc;
+  }
+  if (threadIdx.x < G) pm.part_ml[dst * G + threadIdx.x] = s_ml[threadIdx.x];
+  // merge_if_last's first barrier ends the reads of wts above and releases the pre-merged state.
+  merge_if_last(pm.merge, pm.part_ml, pm.part_o, pm.total, G, D, h, wts, phase);
+}
+
 }  // namespace
 }  // namespace retroinfer::cuda::detail

@@ -272,6 +272,21 @@ cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s);
 inline constexpr int kEstimateFusedChunk = 128;
 static_assert(kEstimateFusedChunk % kEstimateChunk == 0, "run 9 must need no more slots than run 8");
 
+// Run 17 pre-merge (split64ep / erp): the estimation CTAs of head h count into counter[h] after writing their
+// partial states; the last one merges the head's est_ctas states (fixed slot order, merge_if_last's arithmetic)
+// into one unnormalised state (m, l, o: softmax_state.h) in slot `slot` of the final merge's states and counts
+// into merge.counter like an exact CTA, so the final merge sums num_splits + 1 states. counter: [H] int, zero
+// before the decode; the last estimation CTA of a head resets its entry (graph replays need no memset).
+struct EstPremerge {
+  int* counter = nullptr;     // [H]: estimation CTAs counted per head (null: off)
+  float2* part_ml = nullptr;  // the final merge's states [H, total, G] (m, l) ...
+  float* part_o = nullptr;    // ... and [H, total, G, D] numerators
+  int total = 0, slot = 0;    // states of the final merge per head; the slot of the pre-merged state
+  FusedMerge merge;           // the final merge's counter and output
+};
+
+inline constexpr int kPremergeSlots = 1;  // partial-state slots per head a layer sizes beyond attn + est splits
+
 struct DecodeParams {
   const float* q = nullptr;   // [H, G, D] f32 (unscaled)
   const uint16_t* k = nullptr;  // K
@@ -311,6 +326,12 @@ struct DecodeParams {
   // exact grid as its programmatic dependent when chain_pdl.
   int exact_variant = 0;
   bool chain_pdl = false;
+  // Run 17 pre-merge (exact_premerges: split64ep / erp; decode.cu estimate_premerge_kernel): the estimation
+  // CTAs' states pre-merged into one by the last estimation CTA of each head. The host sets premerge.counter
+  // only (null: the variant runs its est-first grids without the pre-merge, the usual layout), and then
+  // total_splits = num_splits + 1 + est_ctas and est.split_offset = num_splits + 1; decode.cu fills the rest for
+  // the estimation grid (launch_premerged).
+  EstPremerge premerge;
 };
 // RETROINFER_EXACT (exact_variant_from_env, read at every decode; layer_attention_zones.cpp) picks how run 9's
 // exact + estimation grid runs (DecodeParams::exact_variant):
@@ -337,6 +358,12 @@ struct DecodeParams {
 //   split64e    the estimation grid first (it waits for the selection and triggers), the exact grid chained
 //               behind it as its programmatic dependent (no wait of its own; its last CTA waits at its end)
 //   split64eri  split64e with split64ri's exact kernel
+// Run 17 pre-merge (issue #4: under split64e at 128K batch 4 the final merge over 42 states per head ended ~6 us
+// after the exact grid), the est-first grids with the estimation states pre-merged (DecodeParams::premerge):
+//   split64ep   split64e whose last estimation CTA of each head merges the head's estimation states into one,
+//               off the critical path; the final merge sums num_splits + 1 states (exact slots, then the
+//               pre-merged one). Within rounding of split64 (another merge tree), bit-identical run to run
+//   split64erp  split64ep with split64r's exact kernel (128 registers)
 enum ExactVariant : int {
   kExactV1 = 0,
   kExactSplit,
@@ -348,6 +375,8 @@ enum ExactVariant : int {
   kExactSplit64RIH,
   kExactSplit64E,
   kExactSplit64ERI,
+  kExactSplit64EP,
+  kExactSplit64ERP,
   kExactVariants
 };
 inline constexpr int kExactDefault = kExactSplit64;  // run 16: 79.9 vs 81.3 us at 128K batch 4, 193.8 vs 206.3 at batch 16
@@ -358,14 +387,18 @@ constexpr int exact_est_chunk(int variant) {
 // The run 17 properties of a variant (all false for v1, split, split64).
 constexpr bool exact_caps_registers(int variant) {
   return variant == kExactSplit64R || variant == kExactSplit64RI || variant == kExactSplit64RH ||
-         variant == kExactSplit64RIH || variant == kExactSplit64ERI;
+         variant == kExactSplit64RIH || variant == kExactSplit64ERI || variant == kExactSplit64ERP;
 }
 constexpr bool exact_ids_ahead(int variant) {
   return variant == kExactSplit64I || variant == kExactSplit64RI || variant == kExactSplit64RIH ||
          variant == kExactSplit64ERI;
 }
 constexpr bool exact_est_halves(int variant) { return variant == kExactSplit64RH || variant == kExactSplit64RIH; }
-constexpr bool exact_est_first(int variant) { return variant == kExactSplit64E || variant == kExactSplit64ERI; }
+constexpr bool exact_est_first(int variant) {
+  return variant == kExactSplit64E || variant == kExactSplit64ERI || variant == kExactSplit64EP ||
+         variant == kExactSplit64ERP;
+}
+constexpr bool exact_premerges(int variant) { return variant == kExactSplit64EP || variant == kExactSplit64ERP; }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);
 inline constexpr int kDecodeWarps = 4;   // warps per CTA

@@ -66,7 +66,8 @@ int exact_variant_from_env() {
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
   RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64 (the default), split, v1, ",
-                  "split64r, split64i, split64ri, split64rh, split64rih, split64e or split64eri, or leave it unset");
+                  "split64r, split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep or ",
+                  "split64erp, or leave it unset");
 }
 
 const char* exact_variant_name(int variant) {
@@ -81,6 +82,8 @@ const char* exact_variant_name(int variant) {
     case kExactSplit64RIH: return "split64rih";
     case kExactSplit64E: return "split64e";
     case kExactSplit64ERI: return "split64eri";
+    case kExactSplit64EP: return "split64ep";
+    case kExactSplit64ERP: return "split64erp";
     default: return "?";
   }
 }
@@ -211,9 +214,15 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 needs ", est_ctas,
                    " estimation slots per head but the layer sized ", a.est_splits,
                    " (est_splits must be ceil(n_estimation / kEstimateChunk))");
-  const int total = a.attn_splits + (path.fused_estimate ? est_ctas : a.est_splits);
-  const bool fused = path.fused_merge && int64_t{total} * a.group <= kMergeMaxStates &&
+  const int states = a.attn_splits + (path.fused_estimate ? est_ctas : a.est_splits);
+  const bool fused = path.fused_merge && int64_t{states} * a.group <= kMergeMaxStates &&
                      reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+  // split64ep / erp (kernels.h EstPremerge): one more slot per head for the pre-merged estimation state (the
+  // layers size kPremergeSlots extra); only with the fused merge and the layer's estimation counter, else the
+  // variant runs as split64e / its register-capped form without the pre-merge.
+  const bool premerge = fused && est_ctas > 0 && exact_premerges(exact_variant) && a.est_counter != nullptr &&
+                        int64_t{states + kPremergeSlots} * a.group <= kMergeMaxStates;
+  const int total = states + (premerge ? kPremergeSlots : 0);
   // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
   // stream's implicit synchronisation is left as it is.
   const bool pdl = path.pdl && !a.timing && st != nullptr && st != cudaStreamLegacy;
@@ -346,8 +355,9 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     dp.est.num_clusters = a.num_clusters;
     dp.est.k_estimation = a.n_estimation;
     dp.est.num_splits = est_ctas;
-    dp.est.split_offset = a.attn_splits;
+    dp.est.split_offset = a.attn_splits + (premerge ? kPremergeSlots : 0);
     dp.exact_variant = exact_variant;
+    if (premerge) dp.premerge.counter = a.est_counter;
     dp.chain_pdl = pdl;  // the estimation grid a programmatic dependent of the exact grid (kernels.h)
   }
   // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.

@@ -81,8 +81,8 @@ struct ZoneDecodeArgs {
   int64_t exact_list_stride = 0;
   int64_t exact_capacity = 0;  // the most exact rows of any head (sizes the splits)
   int attn_splits = 0, est_splits = 0;
-  float2* part_ml = nullptr;  // [H, attn_splits + est_splits, G]
-  float* part_o = nullptr;    // [H, attn_splits + est_splits, G, D]
+  float2* part_ml = nullptr;  // [H, attn_splits + est_splits + kPremergeSlots, G]
+  float* part_o = nullptr;    // [H, attn_splits + est_splits + kPremergeSlots, G, D]
   // Side stream for the estimation (null: inline on the main stream).
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
@@ -90,6 +90,10 @@ struct ZoneDecodeArgs {
   // allocation; the kernels leave them zero). Null keeps run 6's launches (separate combine_states, no
   // programmatic dependent launch) whatever RETROINFER_DECODE says.
   int* merge_counter = nullptr;
+  // [H] int, zero before the decode (zeroed once at allocation; the last estimation CTA of each head leaves it
+  // zero): the estimation CTAs' count of split64ep / erp (kernels.h EstPremerge). Null: those variants run
+  // without the pre-merge. part_ml / part_o then hold kPremergeSlots more slots per head.
+  int* est_counter = nullptr;
   bool timing = false;         // events between the stages (decode_stage_ms): no programmatic launches
   uint64_t* phase = nullptr;   // [H, kPhaseSlots] diagnostics (kernels.h), slots set to ~0; null: off
 };
@@ -185,6 +189,7 @@ void fill_index_args(ZoneDecodeArgs& a, const M& m, const int* offsets, const fl
   a.part_ml = m.part_ml.template as<float2>();
   a.part_o = m.part_o.template as<float>();
   a.merge_counter = m.merge_counter.template as<int>();
+  a.est_counter = m.est_counter.template as<int>();
 }
 
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t s, const std::function<void(const char*)>& mark,

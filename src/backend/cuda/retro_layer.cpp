@@ -92,6 +92,7 @@ struct RetroLayer::Impl {
   // Decode workspace.
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
+  DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge; zeroed once; kept zero)
   DeviceBuffer phase;          // [H, kPhaseSlots] u64: phase stamps (decode_stage_ms, RETROINFER_SELECT_PHASES=1)
   bool phase_on = false;       // decode_impl passes `phase` (decode_stage_ms's phase graph)
 
@@ -302,12 +303,16 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   ensure(token_count, Hs * 4);
   const int splits_max = n_idx == 0 ? detail::decode_splits(kv_stride, H, 1) : detail::decode_splits(list_alloc, H, 1);
   est_splits = static_cast<int>(detail::ceil_div(n_e, detail::kEstimateChunk));
-  const int total = std::max(splits_max, attn_splits) + est_splits;
+  const int total = std::max(splits_max, attn_splits) + est_splits + detail::kPremergeSlots;
   ensure(part_ml, Hs * total * G * 8);
   ensure(part_o, Hs * total * G * D * 4);
   if (merge_counter.bytes() < Hs * 4) {  // zero once: every decode's last CTA per head leaves it zero
     merge_counter = DeviceBuffer(Hs * 4);
     RETROINFER_CUDA_CHECK(cudaMemsetAsync(merge_counter.data(), 0, Hs * 4, st));
+  }
+  if (est_counter.bytes() < Hs * 4) {  // zero once: each head's last estimation CTA leaves it zero
+    est_counter = DeviceBuffer(Hs * 4);
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(est_counter.data(), 0, Hs * 4, st));
   }
   if (C > 0) {
     ensure(logits, Hs * G * C * 4);
@@ -605,6 +610,7 @@ int64_t RetroLayer::device_bytes() const {
                                 &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
+                                &m.est_counter,
                                 &m.phase, &w.seg_tokens,
                                 &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
                                 &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,

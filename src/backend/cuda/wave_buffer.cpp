@@ -184,6 +184,8 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
 
   m.merge_counter = DeviceBuffer(size_t(H) * 4);
   m.merge_counter.fill_bytes(0);
+  m.est_counter = DeviceBuffer(size_t(H) * 4);
+  m.est_counter.fill_bytes(0);
   m.exec_count = DeviceBuffer(size_t(H) * 4);
   m.counts = DeviceBuffer(size_t(H) * 4 * 8);
   m.counts.fill_bytes(0);
@@ -214,7 +216,7 @@ void WaveBufferLayer::Impl::size_decode_workspace() {
   m.token_count = DeviceBuffer(size_t(H) * 4);
   m.attn_splits = detail::decode_splits(m.list_cap, H, 1);
   m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
-  const int total = m.attn_splits + m.est_splits;
+  const int total = m.attn_splits + m.est_splits + detail::kPremergeSlots;
   m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
   m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
   m.seg_row = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
@@ -374,7 +376,7 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
     m.steady_cap = cap;
     m.list_cap = list;
     m.attn_splits = detail::decode_splits(m.list_cap, m.H, 1);
-    const int total = m.attn_splits + m.est_splits;
+    const int total = m.attn_splits + m.est_splits + detail::kPremergeSlots;
     m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
     m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
     m.drop_graph();
@@ -411,7 +413,7 @@ int64_t WaveBufferLayer::device_bytes() const {
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,
-                                &m.merge_counter};
+                                &m.merge_counter, &m.est_counter};
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
   return b;

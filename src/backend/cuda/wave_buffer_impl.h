@@ -45,6 +45,7 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
   DeviceBuffer merge_counter;  // [H] int: run 8's fused merge (layer_common.h decode_path), zero between steps
+  DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge), zero between steps
   PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
   const uint16_t* store = nullptr;
   int64_t store_cap_rows = 0;  // store rows allocated (>= tab.store_rows; the rest is tail room)
