@@ -46,7 +46,7 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_EQ(exact_variant_from_env(), kExactDefault);
   ex.set("");
   EXPECT_EQ(exact_variant_from_env(), kExactDefault);
-  EXPECT_EQ(kExactDefault, kExactSplit64);  // run 16's measured default
+  EXPECT_EQ(kExactDefault, kExactSplit64R);  // run 17's measured default
   for (int v = 0; v < kExactVariants; ++v) {
     ex.set(exact_variant_name(v));
     EXPECT_EQ(exact_variant_from_env(), v) << exact_variant_name(v);

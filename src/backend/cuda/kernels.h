@@ -379,7 +379,10 @@ enum ExactVariant : int {
   kExactSplit64ERP,
   kExactVariants
 };
-inline constexpr int kExactDefault = kExactSplit64;  // run 16: 79.9 vs 81.3 us at 128K batch 4, 193.8 vs 206.3 at batch 16
+// run 17: split64r (the exact kernel at <= 128 registers) took 0.3-3.1 us off split64 at every shape of
+// bench/results/run17/ab2-ab4 (32K-1M, batch 1/4/16, both flushes); run 16: split64 79.9 vs 81.3 us at 128K
+// batch 4, 193.8 vs 206.3 at batch 16.
+inline constexpr int kExactDefault = kExactSplit64R;
 // Estimated clusters per estimation CTA of a variant (its est_ctas = ceil(n_e / this) <= est_splits).
 constexpr int exact_est_chunk(int variant) {
   return variant == kExactV1 || variant == kExactSplit ? kEstimateFusedChunk : kEstimateChunk;

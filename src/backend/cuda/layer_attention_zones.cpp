@@ -65,8 +65,8 @@ int exact_variant_from_env() {
   if (v.empty() && !suffix) return kExactDefault;
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
-  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64 (the default), split, v1, ",
-                  "split64r, split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep or ",
+  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64r (the default), split64, split, v1, ",
+                  "split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep or ",
                   "split64erp, or leave it unset");
 }
 
