@@ -1,7 +1,7 @@
 // Helpers of the decode-path tests (test_cuda_decode_paths / _run9 / _run10.cpp) and test_cuda_retro.cpp:
 // the CPU selection rule, one layer built for a path case, one decode of it with its per-head debug state,
 // the graph-replay and stage-timing checks every path test runs, and the rounding bounds between paths that
-// sum the same terms in another order.
+// sum the same terms in another order, and the f64 reference of the zones a decode selected.
 #pragma once
 
 #include <algorithm>
@@ -181,6 +181,30 @@ inline StageRun expect_stage_path(PathLayer& t, const std::vector<float>& eager)
     EXPECT_GT(r.n_phase, 8);
   }
   return r;
+}
+
+// f64 reference of the zones a decode selected (host-side K/V only): exact tokens = the list, estimation = the
+// estimated clusters' (logit from the bf16 centroid, weight = size, value = bf16 value sum).
+inline std::vector<float> f64_reference(const PathLayer& t, const PathResult& r, int G, int d) {
+  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<float> ref(t.q_elems);
+  for (int h = 0; h < t.H; ++h) {
+    const auto& st = r.heads[h];
+    for (int g = 0; g < G; ++g) {
+      RefState rs(d);
+      const float* qq = &t.q[(size_t(h) * G + g) * d];
+      ref_exact(t.kv, qq, scale, h, st.token_list, rs);
+      std::vector<float> vsum(d);
+      for (int32_t cl : st.estimation_ids) {
+        double sc = 0;
+        for (int i = 0; i < d; ++i) sc += double(qq[i]) * bf16_to_f32(st.centroids_bf16[size_t(cl) * d + i]);
+        for (int i = 0; i < d; ++i) vsum[i] = bf16_to_f32(st.value_sums_bf16[size_t(cl) * d + i]);
+        rs.push(sc * scale, double(st.sizes[cl]), vsum.data(), d);
+      }
+      rs.finish(&ref[(size_t(h) * G + g) * d], d);
+    }
+  }
+  return ref;
 }
 
 // Two decode paths over the same selection and exact tokens that differ by summation order only (run 9 vs

@@ -44,7 +44,6 @@ void run9_case(const PathCase& rc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(rc, seed));
   gputest::PathLayer t = gputest::make_path_layer(rc, seed);
   const int H = t.H, G = rc.group, d = rc.d;
-  const size_t q_elems = t.q_elems;
   cuda::RetroLayer& layer = *t.layer;
 
   EnvGuard env("RETROINFER_DECODE", "run8");
@@ -81,28 +80,10 @@ void run9_case(const PathCase& rc, uint64_t seed) {
   EXPECT_LT(c8.max_abs, kMaxAbsVsRun8);
   EXPECT_LT(c8.nmse, kNmseVsRun8);
 
-  // f64 reference of the zones run 9 selected (host-side K/V only): exact tokens = the list, estimation =
-  // the estimated clusters' (logit from the bf16 centroid, weight = size, value = bf16 value sum).
+  // f64 reference of the zones run 9 selected (host-side K/V only; decode_path_test_util.h f64_reference).
   gputest::Compare cref;
   if (rc.host_kv) {
-    const float scale = 1.0f / std::sqrt(float(d));
-    std::vector<float> ref(q_elems);
-    for (int h = 0; h < H; ++h) {
-      const auto& st = b.heads[h];
-      for (int g = 0; g < G; ++g) {
-        gputest::RefState rs(d);
-        const float* qq = &t.q[(size_t(h) * G + g) * d];
-        gputest::ref_exact(t.kv, qq, scale, h, st.token_list, rs);
-        std::vector<float> vsum(d);
-        for (int32_t cl : st.estimation_ids) {
-          double s = 0;
-          for (int i = 0; i < d; ++i) s += double(qq[i]) * bf16_to_f32(st.centroids_bf16[size_t(cl) * d + i]);
-          for (int i = 0; i < d; ++i) vsum[i] = bf16_to_f32(st.value_sums_bf16[size_t(cl) * d + i]);
-          rs.push(s * scale, double(st.sizes[cl]), vsum.data(), d);
-        }
-        rs.finish(&ref[(size_t(h) * G + g) * d], d);
-      }
-    }
+    const std::vector<float> ref = gputest::f64_reference(t, b, G, d);
     cref = gputest::compare(b.out, ref);
     EXPECT_EQ(cref.unwritten, 0);
     EXPECT_LT(cref.nmse, kNmseVsRef);

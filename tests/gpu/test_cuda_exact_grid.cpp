@@ -51,6 +51,7 @@ namespace {
 using gputest::decode_once;
 using gputest::EnvGuard;
 using gputest::PathCase;
+using gputest::f64_reference;
 using gputest::PathResult;
 
 // split64 vs v1: the same selection and exact tokens, estimation chunks of 64 instead of 128 clusters (the
@@ -96,28 +97,16 @@ int64_t first_difference(const std::vector<float>& a, const std::vector<float>& 
   return -1;
 }
 
-// f64 reference of the zones a decode selected (host-side K/V only): exact tokens = the list, estimation = the
-// estimated clusters' (logit from the bf16 centroid, weight = size, value = bf16 value sum).
-std::vector<float> f64_reference(const gputest::PathLayer& t, const PathResult& r, int G, int d) {
-  const float scale = 1.0f / std::sqrt(float(d));
-  std::vector<float> ref(t.q_elems);
-  for (int h = 0; h < t.H; ++h) {
-    const auto& st = r.heads[h];
-    for (int g = 0; g < G; ++g) {
-      gputest::RefState rs(d);
-      const float* qq = &t.q[(size_t(h) * G + g) * d];
-      gputest::ref_exact(t.kv, qq, scale, h, st.token_list, rs);
-      std::vector<float> vsum(d);
-      for (int32_t cl : st.estimation_ids) {
-        double sc = 0;
-        for (int i = 0; i < d; ++i) sc += double(qq[i]) * bf16_to_f32(st.centroids_bf16[size_t(cl) * d + i]);
-        for (int i = 0; i < d; ++i) vsum[i] = bf16_to_f32(st.value_sums_bf16[size_t(cl) * d + i]);
-        rs.push(sc * scale, double(st.sizes[cl]), vsum.data(), d);
-      }
-      rs.finish(&ref[(size_t(h) * G + g) * d], d);
-    }
+// A variant's decode x: with host K/V within the f64 reference's bounds; graph replays and the stage path
+// bit-identical to it.
+void expect_reference_and_replays(gputest::PathLayer& t, const PathCase& rc, const PathResult& x) {
+  if (rc.host_kv) {
+    const auto cr = gputest::compare(x.out, f64_reference(t, x, rc.group, rc.d));
+    EXPECT_LT(cr.nmse, kNmseVsRef);
+    EXPECT_LT(cr.max_abs, kMaxAbsVsRef);
   }
-  return ref;
+  gputest::expect_graph_replays(t, x.out);
+  gputest::expect_stage_path(t, x.out);
 }
 
 // Run 17's variants against split64's decode `s64` (taken with `v1` as the selection reference): selection
@@ -135,13 +124,7 @@ int run17_variants(gputest::PathLayer& t, const PathCase& rc, EnvGuard& env, con
     const int64_t diff = first_difference(x.out, s64.out);
     EXPECT_EQ(diff, -1) << name << " must give split64's output bit for bit";
     identical += diff == -1;
-    if (rc.host_kv) {
-      const auto cr = gputest::compare(x.out, f64_reference(t, x, rc.group, rc.d));
-      EXPECT_LT(cr.nmse, kNmseVsRef);
-      EXPECT_LT(cr.max_abs, kMaxAbsVsRef);
-    }
-    gputest::expect_graph_replays(t, x.out);
-    gputest::expect_stage_path(t, x.out);
+    expect_reference_and_replays(t, rc, x);
   }
   return identical;
 }
@@ -180,13 +163,7 @@ PremergeStats premerge_variants(gputest::PathLayer& t, const PathCase& rc, EnvGu
       EXPECT_EQ(first_difference(x.out, first), -1) << name << " vs " << kPremerged[0];
     }
     st.within += c.unwritten == 0 && c.max_abs < kMaxAbsPremerge && c.nmse < kNmsePremerge && repeat == -1;
-    if (rc.host_kv) {
-      const auto cr = gputest::compare(x.out, f64_reference(t, x, rc.group, rc.d));
-      EXPECT_LT(cr.nmse, kNmseVsRef);
-      EXPECT_LT(cr.max_abs, kMaxAbsVsRef);
-    }
-    gputest::expect_graph_replays(t, x.out);
-    gputest::expect_stage_path(t, x.out);
+    expect_reference_and_replays(t, rc, x);
   }
   return st;
 }
