@@ -1,9 +1,9 @@
 // Helpers of the bins selection kernel's variant tests (test_cuda_select_compact.cpp: RETROINFER_SELECT_COMPACT,
 // test_cuda_select_split.cpp: RETROINFER_SELECT_SPLIT): one case of ready scores with its CSR clusters or
 // pages (the same generator for both, draw for draw), one launch of select_and_expand_bins into poisoned
-// outputs downloaded whole, the whole-buffer comparison of two launches and the CPU rule on the ids. What
-// differs between the tests (the switch each sets, the phase buffers, the CTAs per head, the expansion
-// check) stays in the tests.
+// outputs downloaded whole, the whole-buffer comparison of two launches and the CPU rule on the ids; then one
+// RetroLayer decoded under each value of the switch. What differs between the tests (the switch each sets,
+// the phase buffers, the CTAs per head, the expansion check) stays in the tests.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
@@ -239,6 +240,47 @@ inline std::vector<int32_t> expect_cpu_rule_ids(const SelectInputs& in, const Se
   e.resize(k_e, -1);
   EXPECT_EQ(std::vector<int>(o.ret.begin() + size_t(h) * k_r, o.ret.begin() + size_t(h + 1) * k_r), r);
   EXPECT_EQ(std::vector<int>(o.est.begin() + size_t(h) * k_e, o.est.begin() + size_t(h + 1) * k_e), e);
+  return r;
+}
+
+// A value of a selection switch and its name in failure messages ("v1", "split=force").
+struct SwitchValue {
+  const char* value;
+  const char* label;
+};
+
+struct SwitchDecodes {
+  PathResult last;  // the eager decode under the last variant (default path)
+  int n_phase = 0;  // its stage path's "phase.*" entries
+};
+
+// One layer decoded under the switch `var` = ref, then = each of variants in order, each bit-identical to
+// ref's (logits, scores, ids, token lists, outputs), under the default decode path; the last variant's
+// output fully written; under it, two graph replays and the stage path (phase stamps) bit-identical to its
+// eager decode; then under run 8's path (where the bins kernel forms the scores itself) ref and the last
+// variant bit-identical. Failure labels "<path>: <variant> vs <ref>".
+inline SwitchDecodes expect_switch_decodes_identical(PathLayer& t, const char* var, SwitchValue ref,
+                                                     std::initializer_list<SwitchValue> variants) {
+  EnvGuard path("RETROINFER_DECODE", nullptr);
+  EnvGuard env(var, ref.value);
+  const PathResult a = decode_once(t);
+  SwitchDecodes r;
+  SwitchValue last = ref;
+  for (const SwitchValue& v : variants) {
+    env.set(v.value);
+    r.last = decode_once(t);
+    expect_identical(r.last, a, (std::string("default path: ") + v.label + " vs " + ref.label).c_str());
+    last = v;
+  }
+  EXPECT_EQ(compare(r.last.out, a.out).unwritten, 0);
+  const PathResult e = expect_graph_replays(t, r.last.out);
+  expect_identical(e, r.last, (std::string(last.label) + ": eager after graph replays").c_str());
+  r.n_phase = expect_stage_path(t, r.last.out).n_phase;
+  path.set("run8");
+  env.set(ref.value);
+  const PathResult a8 = decode_once(t);
+  env.set(last.value);
+  expect_identical(decode_once(t), a8, (std::string("run8: ") + last.label + " vs " + ref.label).c_str());
   return r;
 }
 

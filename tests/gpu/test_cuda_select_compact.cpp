@@ -172,29 +172,16 @@ TEST(CudaSelectCompact, UnknownVariantThrows) {
 void layer_case(const gputest::PathCase& pc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(pc, seed));
   gputest::PathLayer t = gputest::make_path_layer(pc, seed);
-  gputest::EnvGuard path("RETROINFER_DECODE", nullptr);
-  gputest::EnvGuard env(kVar, "v1");
-  const gputest::PathResult a = gputest::decode_once(t);
-  env.set("ballot");
-  const gputest::PathResult b = gputest::decode_once(t);
-  gputest::expect_identical(b, a, "default path: ballot vs v1");
-  EXPECT_EQ(gputest::compare(b.out, a.out).unwritten, 0);
-  const gputest::PathResult e = gputest::expect_graph_replays(t, b.out);
-  gputest::expect_identical(e, b, "ballot: eager after graph replays");
-  const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
-  path.set("run8");
-  env.set("v1");
-  const gputest::PathResult a8 = gputest::decode_once(t);
-  env.set("ballot");
-  gputest::expect_identical(gputest::decode_once(t), a8, "run8: ballot vs v1");
+  const gputest::SwitchDecodes d =
+      gputest::expect_switch_decodes_identical(t, kVar, {"v1", "v1"}, {{"ballot", "ballot"}});
   size_t retrieval = 0;
-  for (const auto& hd : b.heads) retrieval = std::max(retrieval, hd.retrieval_ids.size());
+  for (const auto& hd : d.last.heads) retrieval = std::max(retrieval, hd.retrieval_ids.size());
   std::printf("[select compact] layer H=%d G=%d d=%d n=%lld C=%d n_r=%d n_e=%d est=%d outliers=%d: ids, lists and "
               "outputs ballot vs v1 %s (default path and run8); graph replays and stage path (%d phase entries) "
               "identical; max retrieval ids %zu\n",
               t.H, pc.group, pc.d, (long long)pc.n, t.layer->num_clusters(), t.layer->n_retrieval(),
               t.layer->n_estimation(), int(pc.estimation), int(pc.outliers),
-              ::testing::Test::HasFailure() ? "NOT identical (see failures)" : "identical", n_phase, retrieval);
+              ::testing::Test::HasFailure() ? "NOT identical (see failures)" : "identical", d.n_phase, retrieval);
 }
 
 TEST(CudaSelectCompact, RetroLayerDecodesIdentical) {

@@ -202,24 +202,10 @@ TEST(CudaSelectSplit, SwitchParse) {
 void layer_case(const gputest::PathCase& pc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(pc, seed));
   gputest::PathLayer t = gputest::make_path_layer(pc, seed);
-  gputest::EnvGuard path("RETROINFER_DECODE", nullptr);
   gputest::EnvGuard compact("RETROINFER_SELECT_COMPACT", nullptr);
-  gputest::EnvGuard env(kVar, "0");
-  const gputest::PathResult a = gputest::decode_once(t);
-  env.set("1");
-  gputest::expect_identical(gputest::decode_once(t), a, "default path: split=1 vs default");
-  env.set("force");
-  const gputest::PathResult b = gputest::decode_once(t);
-  gputest::expect_identical(b, a, "default path: split=force vs default");
-  EXPECT_EQ(gputest::compare(b.out, a.out).unwritten, 0);
-  const gputest::PathResult e = gputest::expect_graph_replays(t, b.out);
-  gputest::expect_identical(e, b, "split=force: eager after graph replays");
-  const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
-  path.set("run8");
-  env.set("0");
-  const gputest::PathResult a8 = gputest::decode_once(t);
-  env.set("force");
-  gputest::expect_identical(gputest::decode_once(t), a8, "run8: split=force vs default");
+  const int n_phase = gputest::expect_switch_decodes_identical(t, kVar, {"0", "default"},
+                                                               {{"1", "split=1"}, {"force", "split=force"}})
+                          .n_phase;
   std::printf("[select split] layer H=%d G=%d d=%d n=%lld C=%d n_r=%d n_e=%d est=%d outliers=%d: ids, lists and "
               "outputs split (1 and force) vs default %s (default path and run8); graph replays and stage path (%d "
               "phase entries) identical\n",
