@@ -19,9 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -29,189 +27,43 @@
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
+#include "select_test_util.h"
 
 namespace retroinfer {
 namespace {
 
 constexpr char kVar[] = "RETROINFER_SELECT_COMPACT";
 
-struct CompactCase {
-  const char* name;
-  int heads, items, k_r, k_e;
-  // levels > 0: scores from that many values (exact ties); 0: uniform, partly negative (Quest bounds);
-  // -1: log-normal e^{3 N(0,1)}; -2: a band [1, 1 + 2^-10) behind one exact 0 (the threshold bin overflows:
-  // the radix passes); -3: {-1, -0, +0, 1} (ties of signed zeros, which the order key tells apart).
-  int levels;
-  double empty;      // fraction of -inf items
-  int page_tokens;   // > 0: pages; 0: CSR clusters of random sizes
-  bool steady;       // a steady zone of > 0 tokens (else 0)
-  bool run8;         // PDL launch and prefetches (the layers' default)
-  bool phases;       // phase stamps on
-};
-
-// The inputs of one case: host scores and CSR, device copies, the parameters without outputs.
-struct CompactInputs {
-  int H = 0, N = 0;
-  std::vector<float> scores;      // [H, N]
-  std::vector<int> offsets;       // [H N + 1] absolute (clusters)
-  std::vector<uint32_t> members;  // [offsets[H N]]
-  int64_t n_idx = 0, idx_begin = 0, num_tokens = 0, list_stride = 0;
-  cuda::DeviceBuffer d_scores, d_offsets, d_members, d_phase;
-  cuda::detail::SelectParams p;
-};
-
-// All outputs of one launch, downloaded whole (poison included).
-struct CompactOutputs {
-  std::vector<int> ret, est, list, count, scratch;
-};
-
-CompactInputs make_inputs(const CompactCase& c, uint64_t seed) {
-  CompactInputs in;
-  in.H = c.heads;
-  in.N = c.items;
-  const int H = in.H, N = in.N, P = c.page_tokens;
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
-  std::normal_distribution<float> n01(0.0f, 1.0f);
-  in.scores.resize(size_t(H) * N);
-  for (size_t i = 0; i < in.scores.size(); ++i) {
-    float& x = in.scores[i];
-    const float v = u01(rng);
-    if (c.levels > 0) x = float(int(v * c.levels)) / c.levels + 1e-3f;
-    else if (c.levels == -1) x = std::exp(3.0f * n01(rng));
-    else if (c.levels == -2) x = i % N == 0 ? 0.0f : 1.0f + v * 0x1p-10f;
-    else if (c.levels == -3) x = v < 0.25f ? -1.0f : (v < 0.5f ? -0.0f : (v < 0.75f ? 0.0f : 1.0f));
-    else x = (v - 0.3f) * 1e-3f;
-    if (u01(rng) < c.empty) x = -INFINITY;
-  }
-  int64_t max_head_tokens = 0;
-  if (P > 0) {
-    in.n_idx = int64_t{N} * P - P / 2;  // the last page is short
-    max_head_tokens = int64_t{std::max(c.k_r, 0)} * P;
-  } else {
-    // Cluster sizes: mostly 0 .. 32 (some empty), one in ten 40 .. 119 (more than one 32-token prefetch).
-    in.offsets.resize(size_t(H) * N + 1);
-    std::uniform_int_distribution<int> small(0, 32), large(40, 119), tenth(0, 9);
-    int total = 0;
-    for (int h = 0; h < H; ++h) {
-      int head = 0;
-      for (int k = 0; k < N; ++k) {
-        in.offsets[size_t(h) * N + k] = total;
-        const int sz = tenth(rng) == 0 ? large(rng) : small(rng);
-        total += sz;
-        head += sz;
-      }
-      max_head_tokens = std::max<int64_t>(max_head_tokens, head);
-    }
-    in.offsets[size_t(H) * N] = total;
-    in.n_idx = std::max<int64_t>(max_head_tokens, 1);
-    std::uniform_int_distribution<uint32_t> tok(0, uint32_t(in.n_idx - 1));
-    in.members.resize(std::max(total, 1));
-    for (auto& m : in.members) m = tok(rng);
-  }
-  in.idx_begin = c.steady ? 4 : 0;
-  in.num_tokens = in.idx_begin + in.n_idx + (c.steady ? 60 : 0);
-  const int64_t steady = in.num_tokens - in.n_idx;
-  in.list_stride = steady + max_head_tokens + 1;  // + 1: a poisoned entry after every full list
-  in.d_scores = gputest::upload(in.scores);
-  auto& p = in.p;
-  p.scores = in.d_scores.as<float>();
-  p.num_heads = H;
-  p.num_items = N;
-  p.k_retrieval = c.k_r;
-  p.k_estimation = c.k_e;
-  p.page_tokens = P;
-  p.n_idx = in.n_idx;
-  p.idx_begin = in.idx_begin;
-  p.num_tokens = in.num_tokens;
-  p.list_stride = in.list_stride;
-  p.pdl = p.prefetch = c.run8;
-  if (P == 0) {
-    in.d_offsets = gputest::upload(in.offsets);
-    in.d_members = gputest::upload(in.members);
-    p.offsets = in.d_offsets.as<int>();
-    p.members = in.d_members.as<uint32_t>();
-  }
+// The shared inputs (select_test_util.h) and, with c.phases, a phase buffer ([H, kPhaseSlots] u64, 0xff =
+// unstamped) attached to p.phase: both variants stamp into it (the stamps are times, never compared).
+gputest::SelectInputs make_inputs(const gputest::SelectCase& c, uint64_t seed) {
+  gputest::SelectInputs in = gputest::make_select_inputs(c, seed);
   if (c.phases) {
-    in.d_phase = cuda::DeviceBuffer(size_t(H) * cuda::detail::kPhaseSlots * 8);
+    in.d_phase = cuda::DeviceBuffer(size_t(in.H) * cuda::detail::kPhaseSlots * 8);
     in.d_phase.fill_bytes(0xff);
-    p.phase = in.d_phase.as<uint64_t>();
+    in.p.phase = in.d_phase.as<uint64_t>();
   }
   return in;
 }
 
-CompactOutputs run_variant(const CompactInputs& in, const char* variant) {
+gputest::SelectOutputs run_variant(const gputest::SelectInputs& in, const char* variant) {
   gputest::EnvGuard env(kVar, variant);
-  const int H = in.H, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
-  cuda::DeviceBuffer ret(size_t(H) * std::max(k_r, 1) * 4), est(size_t(H) * std::max(k_e, 1) * 4),
-      list(size_t(H) * in.list_stride * 4), count(size_t(H) * 4), scratch(size_t(H) * (k_r + 1) * 4);
-  for (auto* b : {&ret, &est, &list, &count, &scratch}) b->fill_bytes(0x7f);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the memsets (legacy stream) before the created stream
-  cuda::detail::SelectParams p = in.p;
-  p.retrieval_ids = ret.as<int>();
-  p.estimation_ids = k_e > 0 ? est.as<int>() : nullptr;
-  p.token_list = list.as<int>();
-  p.token_count = count.as<int>();
-  p.scan_scratch = scratch.as<int>();
-  cuda::StreamHandle stream;  // programmatic launches on created streams only
-  const cudaError_t e = cuda::detail::select_and_expand_bins(p, static_cast<cudaStream_t>(stream.get()));
-  EXPECT_EQ(e, cudaSuccess) << variant << ": " << cudaGetErrorString(e);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << variant;
-  CompactOutputs o;
-  o.ret.resize(size_t(H) * std::max(k_r, 1));
-  o.est.resize(size_t(H) * std::max(k_e, 1));
-  o.list.resize(size_t(H) * in.list_stride);
-  o.count.resize(H);
-  o.scratch.resize(size_t(H) * (k_r + 1));
-  ret.download(o.ret.data(), o.ret.size() * 4);
-  est.download(o.est.data(), o.est.size() * 4);
-  list.download(o.list.data(), o.list.size() * 4);
-  count.download(o.count.data(), o.count.size() * 4);
-  scratch.download(o.scratch.data(), o.scratch.size() * 4);
-  return o;
+  return gputest::run_select(in, variant, /*own_phase=*/false);
 }
 
-// The first index where a and b differ (-1: equal); sizes must match.
-int64_t first_difference(const std::vector<int>& a, const std::vector<int>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return int64_t(i);
-  return -1;
-}
-
-void run_compact_case(const CompactCase& c, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << c.name << " heads=" << c.heads << " items=" << c.items << " k_r=" << c.k_r
-                                  << " k_e=" << c.k_e << " levels=" << c.levels << " empty=" << c.empty
-                                  << " P=" << c.page_tokens << " steady=" << c.steady << " run8=" << c.run8
-                                  << " seed=" << seed);
-  const CompactInputs in = make_inputs(c, seed);
-  const CompactOutputs a = run_variant(in, "v1"), b = run_variant(in, "ballot");
-  const struct {
-    const char* what;
-    const std::vector<int>&x, &y;
-  } bufs[] = {{"retrieval_ids", a.ret, b.ret},   {"estimation_ids", a.est, b.est}, {"token_list", a.list, b.list},
-              {"token_count", a.count, b.count}, {"scan_scratch", a.scratch, b.scratch}};
-  bool same = true;
-  for (const auto& buf : bufs) {
-    const int64_t d = first_difference(buf.x, buf.y);
-    if (d >= 0) {
-      same = false;
-      ADD_FAILURE() << buf.what << " differs at " << d << ": v1 " << buf.x[d] << ", ballot " << buf.y[d];
-    }
-  }
+void run_compact_case(const gputest::SelectCase& c, uint64_t seed) {
+  SCOPED_TRACE(gputest::describe(c, seed));
+  const gputest::SelectInputs in = make_inputs(c, seed);
+  const gputest::SelectOutputs a = run_variant(in, "v1"), b = run_variant(in, "ballot");
+  const bool same = gputest::expect_same_outputs(a, b, "", "v1", "ballot");
   // The CPU rule and the expansion, on the ballot outputs (v1's are the same when `same`).
   const int H = in.H, N = in.N, P = c.page_tokens;
   int64_t max_out = 0;
   for (int h = 0; h < H && !::testing::Test::HasFailure(); ++h) {
     SCOPED_TRACE(testing::Message() << "head " << h);
-    std::vector<int32_t> r, e;
-    gputest::cpu_select(std::vector<float>(in.scores.begin() + size_t(h) * N, in.scores.begin() + size_t(h + 1) * N),
-                        c.k_r, c.k_e, r, e);
-    max_out = std::max<int64_t>(max_out, int64_t(r.size()));
-    r.resize(c.k_r, -1);
-    e.resize(c.k_e, -1);
-    EXPECT_EQ(std::vector<int>(b.ret.begin() + size_t(h) * c.k_r, b.ret.begin() + size_t(h + 1) * c.k_r), r);
-    EXPECT_EQ(std::vector<int>(b.est.begin() + size_t(h) * c.k_e, b.est.begin() + size_t(h + 1) * c.k_e), e);
+    int64_t n_r = 0;
+    const std::vector<int32_t> r = gputest::expect_cpu_rule_ids(in, b, h, &n_r);
+    max_out = std::max(max_out, n_r);
     std::vector<int> tokens;
     for (int64_t t = 0; t < in.idx_begin; ++t) tokens.push_back(int(t));
     for (int64_t t = in.idx_begin + in.n_idx; t < in.num_tokens; ++t) tokens.push_back(int(t));
@@ -238,7 +90,7 @@ void run_compact_case(const CompactCase& c, uint64_t seed) {
 }
 
 // {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
-const CompactCase kCases[] = {
+const gputest::SelectCase kCases[] = {
     {"one item", 3, 1, 1, 0, 0, 0.0, 0, true, true, false},
     {"two items", 2, 2, 1, 1, 0, 0.0, 4, false, false, false},
     {"k_r+k_e > finite", 2, 3, 1, 5, 0, 0.3, 0, true, true, false},
@@ -288,8 +140,8 @@ TEST(CudaSelectCompact, BallotMatchesV1AndCpuRule) {
 
 TEST(CudaSelectCompact, UnknownVariantThrows) {
   RETROINFER_REQUIRE_GPU();
-  const CompactCase c{"unknown", 1, 100, 2, 10, 0, 0.0, 0, true, false, false};
-  const CompactInputs in = make_inputs(c, 17);
+  const gputest::SelectCase c{"unknown", 1, 100, 2, 10, 0, 0.0, 0, true, false, false};
+  const gputest::SelectInputs in = make_inputs(c, 17);
   cuda::DeviceBuffer ret(8 * 4), est(10 * 4), list(size_t(in.list_stride) * 4), count(4), scratch(3 * 4);
   cuda::detail::SelectParams p = in.p;
   p.retrieval_ids = ret.as<int>();
@@ -320,29 +172,16 @@ TEST(CudaSelectCompact, UnknownVariantThrows) {
 void layer_case(const gputest::PathCase& pc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(pc, seed));
   gputest::PathLayer t = gputest::make_path_layer(pc, seed);
-  gputest::EnvGuard path("RETROINFER_DECODE", nullptr);
-  gputest::EnvGuard env(kVar, "v1");
-  const gputest::PathResult a = gputest::decode_once(t);
-  env.set("ballot");
-  const gputest::PathResult b = gputest::decode_once(t);
-  gputest::expect_identical(b, a, "default path: ballot vs v1");
-  EXPECT_EQ(gputest::compare(b.out, a.out).unwritten, 0);
-  const gputest::PathResult e = gputest::expect_graph_replays(t, b.out);
-  gputest::expect_identical(e, b, "ballot: eager after graph replays");
-  const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
-  path.set("run8");
-  env.set("v1");
-  const gputest::PathResult a8 = gputest::decode_once(t);
-  env.set("ballot");
-  gputest::expect_identical(gputest::decode_once(t), a8, "run8: ballot vs v1");
+  const gputest::SwitchDecodes d =
+      gputest::expect_switch_decodes_identical(t, kVar, {"v1", "v1"}, {{"ballot", "ballot"}});
   size_t retrieval = 0;
-  for (const auto& hd : b.heads) retrieval = std::max(retrieval, hd.retrieval_ids.size());
+  for (const auto& hd : d.last.heads) retrieval = std::max(retrieval, hd.retrieval_ids.size());
   std::printf("[select compact] layer H=%d G=%d d=%d n=%lld C=%d n_r=%d n_e=%d est=%d outliers=%d: ids, lists and "
               "outputs ballot vs v1 %s (default path and run8); graph replays and stage path (%d phase entries) "
               "identical; max retrieval ids %zu\n",
               t.H, pc.group, pc.d, (long long)pc.n, t.layer->num_clusters(), t.layer->n_retrieval(),
               t.layer->n_estimation(), int(pc.estimation), int(pc.outliers),
-              ::testing::Test::HasFailure() ? "NOT identical (see failures)" : "identical", n_phase, retrieval);
+              ::testing::Test::HasFailure() ? "NOT identical (see failures)" : "identical", d.n_phase, retrieval);
 }
 
 TEST(CudaSelectCompact, RetroLayerDecodesIdentical) {

@@ -19,9 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -29,158 +27,21 @@
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
+#include "select_test_util.h"
 
 namespace retroinfer {
 namespace {
 
 constexpr char kVar[] = "RETROINFER_SELECT_SPLIT";
 
-struct SplitCase {
-  const char* name;
-  int heads, items, k_r, k_e;
-  // levels > 0: scores from that many values (exact ties); 0: uniform, partly negative (Quest bounds);
-  // -1: log-normal e^{3 N(0,1)}; -2: a band [1, 1 + 2^-10) behind one exact 0 (the threshold bin overflows:
-  // the radix passes); -3: {-1, -0, +0, 1} (ties of signed zeros, which the order key tells apart).
-  int levels;
-  double empty;     // fraction of -inf items
-  int page_tokens;  // > 0: pages; 0: CSR clusters of random sizes
-  bool steady;      // a steady zone of > 0 tokens (else 0)
-  bool run8;        // PDL launch and prefetches (the layers' default)
-  bool phases;      // phase stamps on
-};
-
-// The inputs of one case: host scores and CSR, device copies, the parameters without outputs.
-struct SplitInputs {
-  int H = 0, N = 0;
-  std::vector<float> scores;      // [H, N]
-  std::vector<int> offsets;       // [H N + 1] absolute (clusters)
-  std::vector<uint32_t> members;  // [offsets[H N]]
-  int64_t n_idx = 0, idx_begin = 0, num_tokens = 0, list_stride = 0;
-  cuda::DeviceBuffer d_scores, d_offsets, d_members;
-  cuda::detail::SelectParams p;
-};
-
-// All outputs of one launch, downloaded whole (poison included); phase: [H, kPhaseSlots] (stamps on).
-struct SplitOutputs {
-  std::vector<int> ret, est, list, count, scratch;
-  std::vector<uint64_t> phase;
-  int per_head = 0;  // CTAs per head the launch used
-};
-
-SplitInputs make_inputs(const SplitCase& c, uint64_t seed) {
-  SplitInputs in;
-  in.H = c.heads;
-  in.N = c.items;
-  const int H = in.H, N = in.N, P = c.page_tokens;
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
-  std::normal_distribution<float> n01(0.0f, 1.0f);
-  in.scores.resize(size_t(H) * N);
-  for (size_t i = 0; i < in.scores.size(); ++i) {
-    float& x = in.scores[i];
-    const float v = u01(rng);
-    if (c.levels > 0) x = float(int(v * c.levels)) / c.levels + 1e-3f;
-    else if (c.levels == -1) x = std::exp(3.0f * n01(rng));
-    else if (c.levels == -2) x = i % N == 0 ? 0.0f : 1.0f + v * 0x1p-10f;
-    else if (c.levels == -3) x = v < 0.25f ? -1.0f : (v < 0.5f ? -0.0f : (v < 0.75f ? 0.0f : 1.0f));
-    else x = (v - 0.3f) * 1e-3f;
-    if (u01(rng) < c.empty) x = -INFINITY;
-  }
-  int64_t max_head_tokens = 0;
-  if (P > 0) {
-    in.n_idx = int64_t{N} * P - P / 2;  // the last page is short
-    max_head_tokens = int64_t{std::max(c.k_r, 0)} * P;
-  } else {
-    // Cluster sizes: mostly 0 .. 32 (some empty), one in ten 40 .. 119 (more than one 32-token prefetch).
-    in.offsets.resize(size_t(H) * N + 1);
-    std::uniform_int_distribution<int> small(0, 32), large(40, 119), tenth(0, 9);
-    int total = 0;
-    for (int h = 0; h < H; ++h) {
-      int head = 0;
-      for (int k = 0; k < N; ++k) {
-        in.offsets[size_t(h) * N + k] = total;
-        const int sz = tenth(rng) == 0 ? large(rng) : small(rng);
-        total += sz;
-        head += sz;
-      }
-      max_head_tokens = std::max<int64_t>(max_head_tokens, head);
-    }
-    in.offsets[size_t(H) * N] = total;
-    in.n_idx = std::max<int64_t>(max_head_tokens, 1);
-    std::uniform_int_distribution<uint32_t> tok(0, uint32_t(in.n_idx - 1));
-    in.members.resize(std::max(total, 1));
-    for (auto& m : in.members) m = tok(rng);
-  }
-  in.idx_begin = c.steady ? 4 : 0;
-  in.num_tokens = in.idx_begin + in.n_idx + (c.steady ? 60 : 0);
-  const int64_t steady = in.num_tokens - in.n_idx;
-  in.list_stride = steady + max_head_tokens + 1;  // + 1: a poisoned entry after every full list
-  in.d_scores = gputest::upload(in.scores);
-  auto& p = in.p;
-  p.scores = in.d_scores.as<float>();
-  p.num_heads = H;
-  p.num_items = N;
-  p.k_retrieval = c.k_r;
-  p.k_estimation = c.k_e;
-  p.page_tokens = P;
-  p.n_idx = in.n_idx;
-  p.idx_begin = in.idx_begin;
-  p.num_tokens = in.num_tokens;
-  p.list_stride = in.list_stride;
-  p.pdl = p.prefetch = c.run8;
-  if (P == 0) {
-    in.d_offsets = gputest::upload(in.offsets);
-    in.d_members = gputest::upload(in.members);
-    p.offsets = in.d_offsets.as<int>();
-    p.members = in.d_members.as<uint32_t>();
-  }
-  return in;
-}
-
-SplitOutputs run_mode(const SplitInputs& in, const char* mode, bool phases) {
+// One launch under RETROINFER_SELECT_SPLIT=mode (the default compaction, ballot), with fresh phase stamps
+// when `phases`; per_head: the CTAs per head select_bins_ctas_per_head reports for the launch's parameters.
+gputest::SelectOutputs run_mode(const gputest::SelectInputs& in, const char* mode, bool phases) {
   gputest::EnvGuard env(kVar, mode);
   gputest::EnvGuard compact("RETROINFER_SELECT_COMPACT", nullptr);  // the default (ballot)
-  const int H = in.H, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
-  cuda::DeviceBuffer ret(size_t(H) * std::max(k_r, 1) * 4), est(size_t(H) * std::max(k_e, 1) * 4),
-      list(size_t(H) * in.list_stride * 4), count(size_t(H) * 4), scratch(size_t(H) * (k_r + 1) * 4),
-      phase(size_t(H) * cuda::detail::kPhaseSlots * 8);
-  for (auto* b : {&ret, &est, &list, &count, &scratch}) b->fill_bytes(0x7f);
-  phase.fill_bytes(0xff);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the memsets (legacy stream) before the created stream
-  cuda::detail::SelectParams p = in.p;
-  p.retrieval_ids = ret.as<int>();
-  p.estimation_ids = k_e > 0 ? est.as<int>() : nullptr;
-  p.token_list = list.as<int>();
-  p.token_count = count.as<int>();
-  p.scan_scratch = scratch.as<int>();
-  p.phase = phases ? phase.as<uint64_t>() : nullptr;
-  SplitOutputs o;
-  EXPECT_EQ(cuda::detail::select_bins_ctas_per_head(p, &o.per_head), cudaSuccess) << mode;
-  cuda::StreamHandle stream;  // programmatic launches on created streams only
-  const cudaError_t e = cuda::detail::select_and_expand_bins(p, static_cast<cudaStream_t>(stream.get()));
-  EXPECT_EQ(e, cudaSuccess) << mode << ": " << cudaGetErrorString(e);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << mode;
-  o.ret.resize(size_t(H) * std::max(k_r, 1));
-  o.est.resize(size_t(H) * std::max(k_e, 1));
-  o.list.resize(size_t(H) * in.list_stride);
-  o.count.resize(H);
-  o.scratch.resize(size_t(H) * (k_r + 1));
-  o.phase.resize(size_t(H) * cuda::detail::kPhaseSlots);
-  ret.download(o.ret.data(), o.ret.size() * 4);
-  est.download(o.est.data(), o.est.size() * 4);
-  list.download(o.list.data(), o.list.size() * 4);
-  count.download(o.count.data(), o.count.size() * 4);
-  scratch.download(o.scratch.data(), o.scratch.size() * 4);
-  phase.download(o.phase.data(), o.phase.size() * 8);
-  return o;
-}
-
-// The first index where a and b differ (-1: equal); sizes must match.
-int64_t first_difference(const std::vector<int>& a, const std::vector<int>& b) {
-  if (a.size() != b.size()) return 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (a[i] != b[i]) return int64_t(i);
-  return -1;
+  return gputest::run_select(in, mode, phases, [&](const cuda::detail::SelectParams& p, gputest::SelectOutputs& o) {
+    EXPECT_EQ(cuda::detail::select_bins_ctas_per_head(p, &o.per_head), cudaSuccess) << mode;
+  });
 }
 
 // Whether every head has all its selection phase stamps (slots 2 .. 2 + 2 kSelPhases; 0xff.. = unwritten).
@@ -193,37 +54,21 @@ bool all_phases_stamped(const std::vector<uint64_t>& phase, int H) {
   return true;
 }
 
-void run_split_case(const SplitCase& c, uint64_t seed) {
-  SCOPED_TRACE(testing::Message() << c.name << " heads=" << c.heads << " items=" << c.items << " k_r=" << c.k_r
-                                  << " k_e=" << c.k_e << " levels=" << c.levels << " empty=" << c.empty
-                                  << " P=" << c.page_tokens << " steady=" << c.steady << " run8=" << c.run8
-                                  << " seed=" << seed);
-  const SplitInputs in = make_inputs(c, seed);
-  const SplitOutputs a = run_mode(in, "0", c.phases);
+void run_split_case(const gputest::SelectCase& c, uint64_t seed) {
+  SCOPED_TRACE(gputest::describe(c, seed));
+  const gputest::SelectInputs in = gputest::make_select_inputs(c, seed);
+  const gputest::SelectOutputs a = run_mode(in, "0", c.phases);
   EXPECT_EQ(a.per_head, 1);
   const char* modes[2] = {"1", "force"};
-  SplitOutputs b[2];
+  gputest::SelectOutputs b[2];
   bool same = true;
   for (int m = 0; m < 2; ++m) {
     b[m] = run_mode(in, modes[m], c.phases);
     if (m == 1) {
       EXPECT_EQ(b[m].per_head, c.k_e > 0 ? 2 : 1) << "force";
     }
-    const struct {
-      const char* what;
-      const std::vector<int>&x, &y;
-    } bufs[] = {{"retrieval_ids", a.ret, b[m].ret},
-                {"estimation_ids", a.est, b[m].est},
-                {"token_list", a.list, b[m].list},
-                {"token_count", a.count, b[m].count},
-                {"scan_scratch", a.scratch, b[m].scratch}};
-    for (const auto& buf : bufs) {
-      const int64_t d = first_difference(buf.x, buf.y);
-      if (d >= 0) {
-        same = false;
-        ADD_FAILURE() << "mode " << modes[m] << ": " << buf.what << " differs at " << d << ": default " << buf.x[d]
-                      << ", split " << buf.y[d];
-      }
+    if (!gputest::expect_same_outputs(a, b[m], std::string("mode ") + modes[m] + ": ", "default", "split")) {
+      same = false;
     }
     if (c.phases) {
       EXPECT_TRUE(all_phases_stamped(b[m].phase, in.H)) << "mode " << modes[m];
@@ -236,13 +81,7 @@ void run_split_case(const SplitCase& c, uint64_t seed) {
   const int H = in.H, N = in.N;
   for (int h = 0; h < H && !::testing::Test::HasFailure(); ++h) {
     SCOPED_TRACE(testing::Message() << "head " << h);
-    std::vector<int32_t> r, e;
-    gputest::cpu_select(std::vector<float>(in.scores.begin() + size_t(h) * N, in.scores.begin() + size_t(h + 1) * N),
-                        c.k_r, c.k_e, r, e);
-    r.resize(c.k_r, -1);
-    e.resize(c.k_e, -1);
-    EXPECT_EQ(std::vector<int>(b[1].ret.begin() + size_t(h) * c.k_r, b[1].ret.begin() + size_t(h + 1) * c.k_r), r);
-    EXPECT_EQ(std::vector<int>(b[1].est.begin() + size_t(h) * c.k_e, b[1].est.begin() + size_t(h + 1) * c.k_e), e);
+    (void)gputest::expect_cpu_rule_ids(in, b[1], h);
   }
   std::printf("[select split] %s H=%d N=%d k_r=%d k_e=%d levels=%d empty=%.2f P=%d steady=%d run8=%d phases=%d: "
               "CTAs per head mode 1 %d, force %d; ids, lists, counts, scratch vs default %s; CPU rule %s\n",
@@ -252,7 +91,7 @@ void run_split_case(const SplitCase& c, uint64_t seed) {
 }
 
 // {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
-const SplitCase kCases[] = {
+const gputest::SelectCase kCases[] = {
     {"one item", 3, 1, 1, 0, 0, 0.0, 0, true, true, false},
     {"one item, estimation", 3, 1, 0, 1, 0, 0.0, 0, true, true, true},
     {"two items", 2, 2, 1, 1, 0, 0.0, 4, false, false, false},
@@ -363,24 +202,10 @@ TEST(CudaSelectSplit, SwitchParse) {
 void layer_case(const gputest::PathCase& pc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(pc, seed));
   gputest::PathLayer t = gputest::make_path_layer(pc, seed);
-  gputest::EnvGuard path("RETROINFER_DECODE", nullptr);
   gputest::EnvGuard compact("RETROINFER_SELECT_COMPACT", nullptr);
-  gputest::EnvGuard env(kVar, "0");
-  const gputest::PathResult a = gputest::decode_once(t);
-  env.set("1");
-  gputest::expect_identical(gputest::decode_once(t), a, "default path: split=1 vs default");
-  env.set("force");
-  const gputest::PathResult b = gputest::decode_once(t);
-  gputest::expect_identical(b, a, "default path: split=force vs default");
-  EXPECT_EQ(gputest::compare(b.out, a.out).unwritten, 0);
-  const gputest::PathResult e = gputest::expect_graph_replays(t, b.out);
-  gputest::expect_identical(e, b, "split=force: eager after graph replays");
-  const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
-  path.set("run8");
-  env.set("0");
-  const gputest::PathResult a8 = gputest::decode_once(t);
-  env.set("force");
-  gputest::expect_identical(gputest::decode_once(t), a8, "run8: split=force vs default");
+  const int n_phase = gputest::expect_switch_decodes_identical(t, kVar, {"0", "default"},
+                                                               {{"1", "split=1"}, {"force", "split=force"}})
+                          .n_phase;
   std::printf("[select split] layer H=%d G=%d d=%d n=%lld C=%d n_r=%d n_e=%d est=%d outliers=%d: ids, lists and "
               "outputs split (1 and force) vs default %s (default path and run8); graph replays and stage path (%d "
               "phase entries) identical\n",

@@ -1,0 +1,287 @@
+// Helpers of the bins selection kernel's variant tests (test_cuda_select_compact.cpp: RETROINFER_SELECT_COMPACT,
+// test_cuda_select_split.cpp: RETROINFER_SELECT_SPLIT): one case of ready scores with its CSR clusters or
+// pages (the same generator for both, draw for draw), one launch of select_and_expand_bins into poisoned
+// outputs downloaded whole, the whole-buffer comparison of two launches and the CPU rule on the ids; then one
+// RetroLayer decoded under each value of the switch. What differs between the tests (the switch each sets,
+// the phase buffers, the CTAs per head, the expansion check) stays in the tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "decode_path_test_util.h"
+#include "gpu_test_util.h"
+
+namespace retroinfer::gputest {
+
+struct SelectCase {
+  const char* name;
+  int heads, items, k_r, k_e;
+  // levels > 0: scores from that many values (exact ties); 0: uniform, partly negative (Quest bounds);
+  // -1: log-normal e^{3 N(0,1)}; -2: a band [1, 1 + 2^-10) behind one exact 0 (the threshold bin overflows:
+  // the radix passes); -3: {-1, -0, +0, 1} (ties of signed zeros, which the order key tells apart).
+  int levels;
+  double empty;      // fraction of -inf items
+  int page_tokens;   // > 0: pages; 0: CSR clusters of random sizes
+  bool steady;       // a steady zone of > 0 tokens (else 0)
+  bool run8;         // PDL launch and prefetches (the layers' default)
+  bool phases;       // phase stamps on
+};
+
+// The case and seed for SCOPED_TRACE.
+inline std::string describe(const SelectCase& c, uint64_t seed) {
+  return (testing::Message() << c.name << " heads=" << c.heads << " items=" << c.items << " k_r=" << c.k_r
+                             << " k_e=" << c.k_e << " levels=" << c.levels << " empty=" << c.empty
+                             << " P=" << c.page_tokens << " steady=" << c.steady << " run8=" << c.run8
+                             << " seed=" << seed)
+      .GetString();
+}
+
+// The inputs of one case: host scores and CSR, device copies, the parameters without outputs (p.phase
+// nullptr unless the test attaches d_phase).
+struct SelectInputs {
+  int H = 0, N = 0;
+  std::vector<float> scores;      // [H, N]
+  std::vector<int> offsets;       // [H N + 1] absolute (clusters)
+  std::vector<uint32_t> members;  // [offsets[H N]]
+  int64_t n_idx = 0, idx_begin = 0, num_tokens = 0, list_stride = 0;
+  cuda::DeviceBuffer d_scores, d_offsets, d_members;
+  cuda::DeviceBuffer d_phase;  // [H, kPhaseSlots] u64 when a test attaches one to p.phase (else empty)
+  cuda::detail::SelectParams p;
+};
+
+// All outputs of one launch, downloaded whole (poison included).
+struct SelectOutputs {
+  std::vector<int> ret;      // [H, max(k_r, 1)] retrieval ids
+  std::vector<int> est;      // [H, max(k_e, 1)] estimation ids
+  std::vector<int> list;     // [H, list_stride] token lists
+  std::vector<int> count;    // [H] token counts
+  std::vector<int> scratch;  // [H, k_r + 1] scan scratch
+  std::vector<uint64_t> phase;  // [H, kPhaseSlots] with own_phase (else empty)
+  int per_head = 0;             // CTAs per head the launch used, where the before hook asks (else 0)
+};
+
+// Scores (one u01 draw per item, then one n01 draw for levels -1, then one u01 draw for the -inf test),
+// then for clusters the sizes (head by head) and the members, all from one mt19937_64(seed): the order of
+// the draws fixes the inputs of every case and seed.
+inline SelectInputs make_select_inputs(const SelectCase& c, uint64_t seed) {
+  SelectInputs in;
+  in.H = c.heads;
+  in.N = c.items;
+  const int H = in.H, N = in.N, P = c.page_tokens;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  in.scores.resize(size_t(H) * N);
+  for (size_t i = 0; i < in.scores.size(); ++i) {
+    float& x = in.scores[i];
+    const float v = u01(rng);
+    if (c.levels > 0) x = float(int(v * c.levels)) / c.levels + 1e-3f;
+    else if (c.levels == -1) x = std::exp(3.0f * n01(rng));
+    else if (c.levels == -2) x = i % N == 0 ? 0.0f : 1.0f + v * 0x1p-10f;
+    else if (c.levels == -3) x = v < 0.25f ? -1.0f : (v < 0.5f ? -0.0f : (v < 0.75f ? 0.0f : 1.0f));
+    else x = (v - 0.3f) * 1e-3f;
+    if (u01(rng) < c.empty) x = -INFINITY;
+  }
+  int64_t max_head_tokens = 0;
+  if (P > 0) {
+    in.n_idx = int64_t{N} * P - P / 2;  // the last page is short
+    max_head_tokens = int64_t{std::max(c.k_r, 0)} * P;
+  } else {
+    // Cluster sizes: mostly 0 .. 32 (some empty), one in ten 40 .. 119 (more than one 32-token prefetch).
+    in.offsets.resize(size_t(H) * N + 1);
+    std::uniform_int_distribution<int> small(0, 32), large(40, 119), tenth(0, 9);
+    int total = 0;
+    for (int h = 0; h < H; ++h) {
+      int head = 0;
+      for (int k = 0; k < N; ++k) {
+        in.offsets[size_t(h) * N + k] = total;
+        const int sz = tenth(rng) == 0 ? large(rng) : small(rng);
+        total += sz;
+        head += sz;
+      }
+      max_head_tokens = std::max<int64_t>(max_head_tokens, head);
+    }
+    in.offsets[size_t(H) * N] = total;
+    in.n_idx = std::max<int64_t>(max_head_tokens, 1);
+    std::uniform_int_distribution<uint32_t> tok(0, uint32_t(in.n_idx - 1));
+    in.members.resize(std::max(total, 1));
+    for (auto& m : in.members) m = tok(rng);
+  }
+  in.idx_begin = c.steady ? 4 : 0;
+  in.num_tokens = in.idx_begin + in.n_idx + (c.steady ? 60 : 0);
+  const int64_t steady = in.num_tokens - in.n_idx;
+  in.list_stride = steady + max_head_tokens + 1;  // + 1: a poisoned entry after every full list
+  in.d_scores = upload(in.scores);
+  auto& p = in.p;
+  p.scores = in.d_scores.as<float>();
+  p.num_heads = H;
+  p.num_items = N;
+  p.k_retrieval = c.k_r;
+  p.k_estimation = c.k_e;
+  p.page_tokens = P;
+  p.n_idx = in.n_idx;
+  p.idx_begin = in.idx_begin;
+  p.num_tokens = in.num_tokens;
+  p.list_stride = in.list_stride;
+  p.pdl = p.prefetch = c.run8;
+  if (P == 0) {
+    in.d_offsets = upload(in.offsets);
+    in.d_members = upload(in.members);
+    p.offsets = in.d_offsets.as<int>();
+    p.members = in.d_members.as<uint32_t>();
+  }
+  return in;
+}
+
+// One select_and_expand_bins launch on in.p (under whatever switches are set now) on a created stream
+// (programmatic launches need one), into fresh output buffers filled with 0x7f bytes, each downloaded whole.
+// own_phase: a fresh phase buffer ([H, kPhaseSlots] u64, 0xff = unstamped) replaces p.phase and is downloaded
+// into phase; else p.phase is in.p.phase. before (optional): called with the full parameters and the outputs
+// right before the launch. what names the launch in failure messages.
+inline SelectOutputs run_select(const SelectInputs& in, const char* what, bool own_phase,
+                                const std::function<void(const cuda::detail::SelectParams&, SelectOutputs&)>& before = {}) {
+  using cuda::detail::kPhaseSlots;
+  const int H = in.H, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
+  cuda::DeviceBuffer ret(size_t(H) * std::max(k_r, 1) * 4), est(size_t(H) * std::max(k_e, 1) * 4),
+      list(size_t(H) * in.list_stride * 4), count(size_t(H) * 4), scratch(size_t(H) * (k_r + 1) * 4), phase;
+  for (auto* b : {&ret, &est, &list, &count, &scratch}) b->fill_bytes(0x7f);
+  if (own_phase) {
+    phase = cuda::DeviceBuffer(size_t(H) * kPhaseSlots * 8);
+    phase.fill_bytes(0xff);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the memsets (legacy stream) before the created stream
+  cuda::detail::SelectParams p = in.p;
+  p.retrieval_ids = ret.as<int>();
+  p.estimation_ids = k_e > 0 ? est.as<int>() : nullptr;
+  p.token_list = list.as<int>();
+  p.token_count = count.as<int>();
+  p.scan_scratch = scratch.as<int>();
+  if (own_phase) p.phase = phase.as<uint64_t>();
+  SelectOutputs o;
+  if (before) before(p, o);
+  cuda::StreamHandle stream;  // programmatic launches on created streams only
+  const cudaError_t e = cuda::detail::select_and_expand_bins(p, static_cast<cudaStream_t>(stream.get()));
+  EXPECT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  o.ret.resize(size_t(H) * std::max(k_r, 1));
+  o.est.resize(size_t(H) * std::max(k_e, 1));
+  o.list.resize(size_t(H) * in.list_stride);
+  o.count.resize(H);
+  o.scratch.resize(size_t(H) * (k_r + 1));
+  ret.download(o.ret.data(), o.ret.size() * 4);
+  est.download(o.est.data(), o.est.size() * 4);
+  list.download(o.list.data(), o.list.size() * 4);
+  count.download(o.count.data(), o.count.size() * 4);
+  scratch.download(o.scratch.data(), o.scratch.size() * 4);
+  if (own_phase) {
+    o.phase.resize(size_t(H) * kPhaseSlots);
+    phase.download(o.phase.data(), o.phase.size() * 8);
+  }
+  return o;
+}
+
+// The first index where a and b differ (-1: equal); sizes must match.
+inline int64_t first_difference(const std::vector<int>& a, const std::vector<int>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i] != b[i]) return int64_t(i);
+  return -1;
+}
+
+// The five int output buffers of two launches compared whole (poison included, so an entry one leaves
+// unwritten differs too): one failure per differing buffer, "<prefix><buffer> differs at <i>: <x_name> <x[i]>,
+// <y_name> <y[i]>". Returns whether all are identical.
+inline bool expect_same_outputs(const SelectOutputs& x, const SelectOutputs& y, const std::string& prefix,
+                                const char* x_name, const char* y_name) {
+  const struct {
+    const char* what;
+    const std::vector<int>&x, &y;
+  } bufs[] = {{"retrieval_ids", x.ret, y.ret},
+              {"estimation_ids", x.est, y.est},
+              {"token_list", x.list, y.list},
+              {"token_count", x.count, y.count},
+              {"scan_scratch", x.scratch, y.scratch}};
+  bool same = true;
+  for (const auto& buf : bufs) {
+    const int64_t d = first_difference(buf.x, buf.y);
+    if (d >= 0) {
+      same = false;
+      ADD_FAILURE() << prefix << buf.what << " differs at " << d << ": " << x_name << " " << buf.x[d] << ", "
+                    << y_name << " " << buf.y[d];
+    }
+  }
+  return same;
+}
+
+// Head h's ids in o against the CPU rule (cpu_select: sort by (score desc, id asc), cut at k_r and k_r + k_e)
+// on in.scores[h]: o's retrieval row [k_r] and estimation row [k_e] equal the rule's lists padded with -1.
+// Returns the rule's retrieval ids padded with -1 to k_r; *n_retrieval (optional): how many before the
+// padding.
+inline std::vector<int32_t> expect_cpu_rule_ids(const SelectInputs& in, const SelectOutputs& o, int h,
+                                                int64_t* n_retrieval = nullptr) {
+  const int N = in.N, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
+  std::vector<int32_t> r, e;
+  cpu_select(std::vector<float>(in.scores.begin() + size_t(h) * N, in.scores.begin() + size_t(h + 1) * N), k_r,
+             k_e, r, e);
+  if (n_retrieval != nullptr) *n_retrieval = int64_t(r.size());
+  r.resize(k_r, -1);
+  e.resize(k_e, -1);
+  EXPECT_EQ(std::vector<int>(o.ret.begin() + size_t(h) * k_r, o.ret.begin() + size_t(h + 1) * k_r), r);
+  EXPECT_EQ(std::vector<int>(o.est.begin() + size_t(h) * k_e, o.est.begin() + size_t(h + 1) * k_e), e);
+  return r;
+}
+
+// A value of a selection switch and its name in failure messages ("v1", "split=force").
+struct SwitchValue {
+  const char* value;
+  const char* label;
+};
+
+struct SwitchDecodes {
+  PathResult last;  // the eager decode under the last variant (default path)
+  int n_phase = 0;  // its stage path's "phase.*" entries
+};
+
+// One layer decoded under the switch `var` = ref, then = each of variants in order, each bit-identical to
+// ref's (logits, scores, ids, token lists, outputs), under the default decode path; the last variant's
+// output fully written; under it, two graph replays and the stage path (phase stamps) bit-identical to its
+// eager decode; then under run 8's path (where the bins kernel forms the scores itself) ref and the last
+// variant bit-identical. Failure labels "<path>: <variant> vs <ref>".
+inline SwitchDecodes expect_switch_decodes_identical(PathLayer& t, const char* var, SwitchValue ref,
+                                                     std::initializer_list<SwitchValue> variants) {
+  EnvGuard path("RETROINFER_DECODE", nullptr);
+  EnvGuard env(var, ref.value);
+  const PathResult a = decode_once(t);
+  SwitchDecodes r;
+  SwitchValue last = ref;
+  for (const SwitchValue& v : variants) {
+    env.set(v.value);
+    r.last = decode_once(t);
+    expect_identical(r.last, a, (std::string("default path: ") + v.label + " vs " + ref.label).c_str());
+    last = v;
+  }
+  EXPECT_EQ(compare(r.last.out, a.out).unwritten, 0);
+  const PathResult e = expect_graph_replays(t, r.last.out);
+  expect_identical(e, r.last, (std::string(last.label) + ": eager after graph replays").c_str());
+  r.n_phase = expect_stage_path(t, r.last.out).n_phase;
+  path.set("run8");
+  env.set(ref.value);
+  const PathResult a8 = decode_once(t);
+  env.set(last.value);
+  expect_identical(decode_once(t), a8, (std::string("run8: ") + last.label + " vs " + ref.label).c_str());
+  return r;
+}
+
+}  // namespace retroinfer::gputest
