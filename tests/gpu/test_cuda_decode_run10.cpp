@@ -10,7 +10,9 @@
 // with its phase entries. (Run 10's other parts, run10select / run10list, were removed after run 15.)
 // Shapes as test_cuda_decode_run9.cpp: batch 1/3/4/16, head_dim 64/128, GQA groups 1/3/4/8, estimation
 // tails, no estimation, outliers, all steady, 128K x 8 heads, 32K x 32 heads, ~700K tokens (> 40K clusters:
-// the cluster selection, with run 10's formation). One "[decode run10]" line per case.
+// the cluster selection, with run 10's formation). Run 17's run10c (combine_states by PDL instead of the
+// fused merge): the same zones, outputs within the reordering bounds, repeats and graph replays bit-identical.
+// One "[decode run10]" line per case.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/layer_common.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 
@@ -53,8 +56,27 @@ void run10_case(const PathCase& rc, uint64_t seed) {
   EXPECT_EQ(c9.unwritten, 0);
   env.set("run10form");
   gputest::expect_identical(decode_once(t), a, "run10form vs run9");
-  env.set(nullptr);  // the default: run 9 + run 10's formation (layer_common.h kRun10FormIsDefault)
-  gputest::expect_identical(decode_once(t), a, "default vs run9");
+  const PathResult dflt = [&] {
+    env.set(nullptr);  // the default: run 9 + run 10's formation and, since run 17, run10c's merge
+    return decode_once(t);
+  }();
+  // Run 17's run10c: the same zones, the partial states merged by combine_states (pairwise softmax_merge,
+  // chained by PDL) instead of the fused merge: the same terms in another order, so within the reordering
+  // bounds of decode_path_test_util.h; written, repeated bit for bit, graph replays and the stage path too.
+  env.set("run10c");
+  const PathResult c = decode_once(t);
+  for (int h = 0; h < H; ++h) {
+    EXPECT_EQ(c.heads[h].token_list, b.heads[h].token_list) << "run10c flat head " << h;
+    EXPECT_EQ(c.heads[h].estimation_ids, b.heads[h].estimation_ids) << "run10c flat head " << h;
+  }
+  const auto cc = gputest::compare(c.out, b.out);
+  EXPECT_EQ(cc.unwritten, 0);
+  EXPECT_LT(cc.max_abs, gputest::kMaxAbsReorder) << "run10c vs run10";
+  EXPECT_LT(cc.nmse, gputest::kNmseReorder) << "run10c vs run10";
+  gputest::expect_identical(decode_once(t), c, "run10c repeat");
+  gputest::expect_identical(dflt, cuda::detail::kRun10CombineIsDefault ? c : b, "default vs run10c / run10");
+  gputest::expect_identical(gputest::expect_graph_replays(t, c.out), c, "run10c eager after replays");
+  gputest::expect_stage_path(t, c.out);
   env.set("run10");
 
   // Graph replays of run 10 and the stage-timing path: bit-identical to its eager decode.
@@ -62,10 +84,10 @@ void run10_case(const PathCase& rc, uint64_t seed) {
   gputest::expect_identical(e, b, "eager after replays");
   const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
   std::printf("[decode run10] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: logits, scores, ids, lists "
-              "and outputs vs run9 identical%s (run10form and the default too); graph replays identical; %d phase "
-              "entries\n",
+              "and outputs vs run9 identical%s (run10form too, the default as run10c); graph replays identical; %d phase "
+              "entries; run10c vs run10 nmse %.2e max-abs %.2e\n",
               H, G, d, (long long)rc.n, C, layer.n_estimation(), int(rc.estimation), int(rc.outliers),
-              ::testing::Test::HasFailure() ? " NOT (see failures)" : "", n_phase);
+              ::testing::Test::HasFailure() ? " NOT (see failures)" : "", n_phase, cc.nmse, cc.max_abs);
 }
 
 TEST(CudaDecodeRun10, MatchesRun9) {

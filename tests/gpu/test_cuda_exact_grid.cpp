@@ -140,6 +140,8 @@ struct PremergeStats {
 };
 PremergeStats premerge_variants(gputest::PathLayer& t, const PathCase& rc, EnvGuard& env, const PathResult& v1,
                                 const PathResult& s64) {
+  // The pre-merge counts into the fused merge: run 10's path (the default merges by combine_states since run 17).
+  EnvGuard path("RETROINFER_DECODE", "run10");
   PremergeStats st;
   std::vector<float> first;
   for (const char* name : kPremerged) {

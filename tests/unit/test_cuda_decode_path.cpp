@@ -19,15 +19,26 @@ TEST(CudaDecodePath, EnvironmentSwitch) {
   const std::string saved = old ? old : "";
   unsetenv("RETROINFER_DECODE");
   DecodePath p = decode_path();
-  EXPECT_TRUE(p.fused_merge && p.pdl && p.early_loads && p.prefetch && p.balance);
-  // The default: run 9 + run 10's score formation (layer_common.h kRun9IsDefault, kRun10FormIsDefault).
+  EXPECT_TRUE(p.pdl && p.early_loads && p.prefetch && p.balance);
+  // The default: run 9 + run 10's score formation (layer_common.h kRun9IsDefault, kRun10FormIsDefault) and,
+  // since run 17, combine_states chained by PDL instead of the fused merge (kRun10CombineIsDefault).
   EXPECT_EQ(p.form_scores && p.fused_estimate, kRun9IsDefault);
   EXPECT_EQ(p.form_in_score, kRun9IsDefault && kRun10FormIsDefault);
+  EXPECT_EQ(p.combine_pdl, kRun9IsDefault && kRun10FormIsDefault && kRun10CombineIsDefault);
+  EXPECT_EQ(p.fused_merge, !p.combine_pdl);
   for (const char* name : {"run10", "run10form"}) {
     setenv("RETROINFER_DECODE", name, 1);
     p = decode_path();
     EXPECT_TRUE(p.fused_merge && p.pdl && p.early_loads && p.prefetch && p.balance) << name;
     EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score) << name;
+  }
+  EXPECT_FALSE(p.combine_pdl);  // run10 keeps the fused merge
+  // Run 17's run10c: run 10 with combine_states chained by PDL instead of the fused merge.
+  for (const char* name : {"run10c", "run10c+split64"}) {
+    setenv("RETROINFER_DECODE", name, 1);
+    p = decode_path();
+    EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score && p.combine_pdl && p.pdl) << name;
+    EXPECT_FALSE(p.fused_merge) << name;
   }
   setenv("RETROINFER_DECODE", "run9", 1);
   p = decode_path();
@@ -49,6 +60,7 @@ TEST(CudaDecodePath, EnvironmentSwitch) {
   setenv("RETROINFER_DECODE", "", 1);  // empty: the default, as unset
   p = decode_path();
   EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score);
+  EXPECT_EQ(p.combine_pdl, kRun10CombineIsDefault);
   setenv("RETROINFER_DECODE", "run6", 1);
   p = decode_path();
   EXPECT_FALSE(p.fused_merge || p.pdl || p.early_loads || p.prefetch || p.balance);

@@ -442,6 +442,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   __shared__ float2 stage_ml[kWarps];
   const int h = blockIdx.x, g = blockIdx.y, D = p.head_dim, G = p.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dl = D / 32;
+  grid_dependency_wait();  // p.pdl: the partial states come from the grids before (a no-op without PDL)
   SoftmaxScalars st;
   float acc[kMaxDl] = {0, 0, 0, 0};
   for (int s0 = warp; s0 < p.total_splits; s0 += kWarps * kBatch) {
@@ -738,8 +739,7 @@ cudaError_t estimate_attention(const EstimateParams& p, cudaStream_t s) {
 }
 
 cudaError_t combine_states(const CombineParams& p, cudaStream_t s) {
-  combine_kernel<<<dim3(p.num_heads, p.group), kCombineThreads, 0, s>>>(p);
-  return cudaGetLastError();
+  return launch_maybe_pdl(combine_kernel, dim3(p.num_heads, p.group), dim3(kCombineThreads), 0, s, p.pdl, p);
 }
 
 }  // namespace retroinfer::cuda::detail

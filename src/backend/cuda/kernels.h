@@ -431,6 +431,9 @@ struct CombineParams {
   int num_heads = 0, group = 0, head_dim = 0, total_splits = 0;
   float* out = nullptr;  // [H, G, D] f32
   uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off)
+  // Run 17 (RETROINFER_DECODE=run10c): launched as a programmatic dependent of the grid before it (created
+  // streams only); its CTAs wait for that grid (griddepcontrol.wait) before reading the partial states.
+  bool pdl = false;
 };
 cudaError_t combine_states(const CombineParams& p, cudaStream_t s);
 

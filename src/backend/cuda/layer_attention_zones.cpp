@@ -37,17 +37,22 @@ DecodePath decode_path() {
   } else if (v.empty() && kRun9IsDefault) {  // unset (or empty): the default path
     p.form_scores = p.fused_estimate = true;
     p.form_in_score = kRun10FormIsDefault;
+    p.combine_pdl = kRun10FormIsDefault && kRun10CombineIsDefault;
+    p.fused_merge = !p.combine_pdl;
   } else if (v == "run9") p.form_scores = p.fused_estimate = true;
   else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
   else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
   else if (v == "run10" || v == "run10form") {  // run 9 + run 10's score formation (the default spelled out)
     p.form_scores = p.fused_estimate = p.form_in_score = true;
+  } else if (v == "run10c") {  // run 17: run 10 without the fused merge, combine_states chained by PDL
+    p.form_scores = p.fused_estimate = p.form_in_score = p.combine_pdl = true;
+    p.fused_merge = false;
   } else if (v == "run10select" || v == "run10list" || v == "run11" || v.starts_with("run11-")) {
     RETROINFER_FAIL("RETROINFER_DECODE=", v, ": this decode path was removed after run 15 (slower than or no "
-                    "faster than run 9, docs/cuda-kernels.md); use run10 (the default), run9 or run8");
+                    "faster than run 9, docs/cuda-kernels.md); use run10c (the default), run10, run9 or run8");
   } else if (!v.empty()) {
-    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10 / run10form (the default), run9, ",
-                    "run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
+    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10c (the default), run10 / run10form, ",
+                    "run9, run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
   }
   return p;
 }
@@ -378,6 +383,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   c.total_splits = total;
   c.out = a.out;
   c.phase = a.phase;
+  // run10c: straight after the decode grids (PDL), unless a side-stream join stands between them.
+  c.pdl = pdl && path.combine_pdl && !fork;
   launch_check(combine_states(c, st), "combine_states", st);
   marked("combine");
 }

@@ -132,6 +132,7 @@ struct DecodePath {
   bool fused_merge = true, pdl = true, early_loads = true, prefetch = true, balance = true;
   bool form_scores = false, fused_estimate = false;  // run 9
   bool form_in_score = false;  // run 10
+  bool combine_pdl = false;    // run 17 (run10c): no fused merge; combine_states as a programmatic dependent
 };
 // The path taken when RETROINFER_DECODE is unset: run 9 since session 10's H200 run (kernel graph 0.82-0.96x
 // run 8's time at 128K, batch 1-16; runner 717 vs 640 tok/s at 128K batch 6; the same GPU tests pass on
@@ -141,6 +142,11 @@ struct DecodePath {
 // (bench/results/run15/call4/sw11.jsonl); "run9" keeps run 9 alone.
 inline constexpr bool kRun9IsDefault = true;
 inline constexpr bool kRun10FormIsDefault = true;
+// Since run 17 (session 14) the default merges the partial states with combine_states chained by PDL
+// (DecodePath::combine_pdl, "run10c" spelled out) instead of the fused merge in the last CTA of each head:
+// 1.5-4.1 us less at 128K batch 1-16, 7-16 us at 512K / 1M (bench/results/run17/ab5); "run10" keeps the
+// fused merge.
+inline constexpr bool kRun10CombineIsDefault = true;
 DecodePath decode_path();
 
 // Phase summary of the stamps of one decode (kernels.h kPhaseSlots; raw: [H, kPhaseSlots] as downloaded):
