@@ -331,6 +331,13 @@ void RetroLayer::Impl::set_caps() {
   list_cap = grown ? list_alloc : steady_now + most_retrieval + max_outliers;
   // Splits: about one wave of CTAs for the exact part (its lists are short), a fraction for estimation.
   attn_splits = detail::decode_splits(n_idx == 0 ? n : list_cap, H, 1);
+  // Run 17 experiment (A/B only, unset = the above): RETROINFER_EXACT_CTAS_PER_SM=1..3 caps the indexed
+  // layer's exact grid at that many CTAs per multiprocessor, leaving room for the estimation CTAs beside it.
+  if (const char* e = std::getenv("RETROINFER_EXACT_CTAS_PER_SM"); e != nullptr && n_idx > 0 && e[0] >= '1' &&
+                                                                    e[0] <= '3' && e[1] == '\0') {
+    const int cap = std::max(1, (e[0] - '0') * detail::sm_count() / H);
+    attn_splits = std::min(attn_splits, cap);
+  }
 }
 
 void RetroLayer::append(int64_t num_tokens, Stream s) {
