@@ -434,10 +434,12 @@ __global__ void __launch_bounds__(128) estimate_kernel(const EstimateParams p) {
 }
 
 // CTA = one query head (flat head h, member g); warp w merges splits w, w + 8, ... (lane = 4 dims per
-// 128, loads of 4 splits issued together), then the 8 warp states merge in shared memory in warp order.
+// 128, loads of 8 splits issued together: up to 64 states in one round of loads, e.g. the 8 exact + 30
+// estimation + 1 states of the retro step at 128K batch 4; run 18, before: 4, the same merge order), then the
+// 8 warp states merge in shared memory in warp order.
 constexpr int kCombineThreads = 256;
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineParams p) {
-  constexpr int kWarps = kCombineThreads / 32, kBatch = 4, kMaxDl = 4;
+  constexpr int kWarps = kCombineThreads / 32, kBatch = 8, kMaxDl = 4;
   __shared__ float stage_o[kWarps][128];
   __shared__ float2 stage_ml[kWarps];
   const int h = blockIdx.x, g = blockIdx.y, D = p.head_dim, G = p.group;

@@ -25,6 +25,15 @@ ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg) {
   return z;
 }
 
+int exact_splits(int64_t list_tokens, int num_heads) {
+  static const int per_sm = [] {
+    const char* e = std::getenv("RETROINFER_EXACT_CTAS_PER_SM");
+    return e != nullptr && e[0] >= '1' && e[0] <= '3' && e[1] == '\0' ? e[0] - '0' : kExactCtasPerSm;
+  }();
+  const int cap = std::max(1, per_sm * sm_count() / std::max(num_heads, 1));
+  return std::min(decode_splits(list_tokens, num_heads, 1), cap);
+}
+
 DecodePath decode_path() {
   const char* e = std::getenv("RETROINFER_DECODE");
   DecodePath p;

@@ -32,6 +32,14 @@ inline int decode_splits(int64_t tokens, int num_heads, int waves) {
   const int64_t s = want < most ? want : most;
   return static_cast<int>(s > 0 ? s : 1);
 }
+// The exact grid of the indexed layers (RetroLayer, WaveBufferLayer: one rule, so that a wave buffer whose cache
+// holds everything gives the index's output bit for bit): decode_splits capped at kExactCtasPerSm CTAs per
+// multiprocessor over all heads, so that the estimation CTAs run beside the exact ones instead of after them
+// (3 exact CTAs fit by shared memory; with 2 the retro step at 128K batch 1 / 4 took 2.1-2.4 / 1.0-1.3 us less,
+// batch 16 +1.4 / -0.3 us, write / read flush: bench/results/run18/ab2, run17/ab7). RETROINFER_EXACT_CTAS_PER_SM=1..3
+// overrides it (read once; anything else is ignored).
+inline constexpr int kExactCtasPerSm = 2;
+int exact_splits(int64_t list_tokens, int num_heads);
 inline int64_t split_tokens(int64_t tokens, int splits) {
   const int64_t round = int64_t{kDecodeTile} * kDecodeWarps;
   return ceil_div(ceil_div(tokens, splits), round) * round;

@@ -329,15 +329,9 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
 void RetroLayer::Impl::set_caps() {
   const int64_t steady_now = n_idx == 0 ? n : idx_begin + (n - idx_end());
   list_cap = grown ? list_alloc : steady_now + most_retrieval + max_outliers;
-  // Splits: about one wave of CTAs for the exact part (its lists are short), a fraction for estimation.
-  attn_splits = detail::decode_splits(n_idx == 0 ? n : list_cap, H, 1);
-  // Run 17 experiment (A/B only, unset = the above): RETROINFER_EXACT_CTAS_PER_SM=1..3 caps the indexed
-  // layer's exact grid at that many CTAs per multiprocessor, leaving room for the estimation CTAs beside it.
-  if (const char* e = std::getenv("RETROINFER_EXACT_CTAS_PER_SM"); e != nullptr && n_idx > 0 && e[0] >= '1' &&
-                                                                    e[0] <= '3' && e[1] == '\0') {
-    const int cap = std::max(1, (e[0] - '0') * detail::sm_count() / H);
-    attn_splits = std::min(attn_splits, cap);
-  }
+  // Splits: about one wave of CTAs for the exact part (its lists are short; layer_common.h exact_splits), a
+  // fraction for estimation; the dense decode of an unindexed layer as DenseDecoder's.
+  attn_splits = n_idx == 0 ? detail::decode_splits(n, H, 1) : detail::exact_splits(list_cap, H);
 }
 
 void RetroLayer::append(int64_t num_tokens, Stream s) {

@@ -214,7 +214,7 @@ void WaveBufferLayer::Impl::size_decode_workspace() {
   m.scan_scratch = DeviceBuffer(size_t(H) * (m.n_r + 1) * 4);
   m.token_list = DeviceBuffer(size_t(H) * m.list_cap * 4);
   m.token_count = DeviceBuffer(size_t(H) * 4);
-  m.attn_splits = detail::decode_splits(m.list_cap, H, 1);
+  m.attn_splits = detail::exact_splits(m.list_cap, H);  // RetroLayer's rule (layer_common.h)
   m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
   const int total = m.attn_splits + m.est_splits + detail::kPremergeSlots;
   m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
@@ -375,7 +375,7 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
     m.token_list = DeviceBuffer(size_t(m.H) * list * 4);
     m.steady_cap = cap;
     m.list_cap = list;
-    m.attn_splits = detail::decode_splits(m.list_cap, m.H, 1);
+    m.attn_splits = detail::exact_splits(m.list_cap, m.H);
     const int total = m.attn_splits + m.est_splits + detail::kPremergeSlots;
     m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
     m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
