@@ -191,33 +191,15 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(const SelectParams 
   int ties1 = 0, ties2 = 0, out1 = 0, out2 = 0;
   for (int base = 0; base < N; base += blockDim.x * kPer) {
     const int i0 = base + threadIdx.x * kPer;
-    uint32_t u[kPer];
-    bool valid[kPer];
-    int e12 = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = i0 + j;
-      valid[j] = i < N && sc[i] != -INFINITY;
-      u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
-      e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
-    }
+    CompactChunk<kPer> ch;
+    const int e12 = ch.load(sc, i0, N, k1, k2, t1, t2);
     int tot;
     const int eq_pre = block_exclusive_scan(e12, sm, &tot);
-    int r1 = ties1 + (eq_pre & 0xffff), r2 = ties2 + (eq_pre >> 16);
+    const int r1 = ties1 + (eq_pre & 0xffff), r2 = ties2 + (eq_pre >> 16);
     ties1 += tot & 0xffff;
     ties2 += tot >> 16;
     bool in1[kPer], ine[kPer];
-    int c12 = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const bool eq1 = valid[j] && k1 > 0 && u[j] == t1, eq2 = valid[j] && k2 > 0 && u[j] == t2;
-      in1[j] = valid[j] && k1 > 0 && (u[j] > t1 || (eq1 && r1 < take1));
-      const bool in2 = valid[j] && k2 > 0 && (u[j] > t2 || (eq2 && r2 < take2));
-      r1 += eq1;
-      r2 += eq2;
-      ine[j] = in2 && !in1[j];
-      c12 += (in1[j] ? 1 : 0) + (ine[j] ? 1 << 16 : 0);
-    }
+    const int c12 = ch.mark(k1, k2, t1, t2, take1, take2, true, r1, r2, in1, ine);
     int tot2;
     const int pos = block_exclusive_scan(c12, sm, &tot2);
     int w1 = out1 + (pos & 0xffff), w2 = out2 + (pos >> 16);

@@ -584,16 +584,8 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     int ties1 = 0, ties2 = 0;
     for (int base = 0; base < N; base += blockDim.x * kPer) {
       const int i0 = base + tid * kPer;
-      uint32_t u[kPer];
-      bool valid[kPer];
-      int e12 = 0;
-  #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = i0 + j;
-        valid[j] = i < N && sc[i] != -INFINITY;
-        u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
-        e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
-      }
+      CompactChunk<kPer> ch;
+      const int e12 = ch.load(sc, i0, N, k1, k2, t1, t2);
       int r1 = 0, r2 = 0;
       if (rank_ties) {
         int tot;
@@ -604,16 +596,10 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
         ties2 += tot >> 16;
       }
       bool in1[kPer], ine[kPer];
-      int c12 = 0, toks = 0, len[kPer], beg[kPer];
+      const int c12 = ch.mark(k1, k2, t1, t2, take1, take2, rank_ties, r1, r2, in1, ine);
+      int toks = 0, len[kPer], beg[kPer];
   #pragma unroll
       for (int j = 0; j < kPer; ++j) {
-        const bool eq1 = valid[j] && k1 > 0 && u[j] == t1, eq2 = valid[j] && k2 > 0 && u[j] == t2;
-        in1[j] = valid[j] && k1 > 0 && (u[j] > t1 || (eq1 && (!rank_ties || r1 < take1)));
-        const bool in2 = valid[j] && k2 > 0 && (u[j] > t2 || (eq2 && (!rank_ties || r2 < take2)));
-        r1 += eq1;
-        r2 += eq2;
-        ine[j] = in2 && !in1[j];
-        c12 += (in1[j] ? 1 : 0) + (ine[j] ? 1 << 16 : 0);
         len[j] = 0;
         beg[j] = 0;
         if (in1[j]) {

@@ -236,5 +236,45 @@ __device__ void radix_select2(const float* sc, int n, const int budget[2], Selec
   take[1] = rem[1];
 }
 
+// One chunk of kPer consecutive items (i0 .. i0 + kPer - 1) of the ascending-id compaction shared by the radix
+// kernel (select.cu) and the bins kernel's v1 compaction (select_bins.cu): the CPU rule's membership, "the key
+// beats the threshold, or ties it with fewer than `take` lower-id ties before it".
+template <int kPer>
+struct CompactChunk {
+  uint32_t u[kPer];  // order keys (0 where not valid)
+  bool valid[kPer];  // inside [0, N) and finite
+  // Loads the chunk's keys from sc; returns its ties of t1 (low 16 bits) and t2 (high 16 bits) for the
+  // block scan of tie ranks (kPer * blockDim.x <= 65535 items per chunk: the fields cannot overflow).
+  __device__ __forceinline__ int load(const float* sc, int i0, int N, int k1, int k2, uint32_t t1, uint32_t t2) {
+    int e12 = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = i0 + j;
+      valid[j] = i < N && sc[i] != -INFINITY;
+      u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
+      e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
+    }
+    return e12;
+  }
+  // Membership given the tie ranks r1 / r2 at the chunk's first item (used only when rank_ties: a threshold
+  // that takes some but not all of its ties): in1 = the first list (rank < k1), ine = the second list's items
+  // not in the first. Returns the packed counts (first list low 16 bits, second high).
+  __device__ __forceinline__ int mark(int k1, int k2, uint32_t t1, uint32_t t2, int take1, int take2, bool rank_ties,
+                                      int r1, int r2, bool (&in1)[kPer], bool (&ine)[kPer]) const {
+    int c12 = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const bool eq1 = valid[j] && k1 > 0 && u[j] == t1, eq2 = valid[j] && k2 > 0 && u[j] == t2;
+      in1[j] = valid[j] && k1 > 0 && (u[j] > t1 || (eq1 && (!rank_ties || r1 < take1)));
+      const bool in2 = valid[j] && k2 > 0 && (u[j] > t2 || (eq2 && (!rank_ties || r2 < take2)));
+      r1 += eq1;
+      r2 += eq2;
+      ine[j] = in2 && !in1[j];
+      c12 += (in1[j] ? 1 : 0) + (ine[j] ? 1 << 16 : 0);
+    }
+    return c12;
+  }
+};
+
 }  // namespace
 }  // namespace retroinfer::cuda::detail
