@@ -19,7 +19,7 @@ struct ServeCliOptions {
   std::string host = "127.0.0.1", attention = "full", served_name;
   int port = 8080;
   int max_batch = 8;
-  int64_t max_context = 0, default_max_tokens = 256;
+  int64_t max_context = 0, default_max_tokens = 256, prefill_step = 2048;
 };
 
 server::HttpServer* g_server = nullptr;  // for the SIGINT/SIGTERM handler
@@ -37,6 +37,7 @@ void run_serve(const ServeCliOptions& o) {
   so.max_context = o.max_context;
   so.default_max_tokens = o.default_max_tokens;
   so.max_batch = o.max_batch;
+  so.prefill_step_tokens = o.prefill_step;
   so.model_name = o.served_name.empty() ? o.model.model : o.served_name;
   server::ServerHandler handler(*m.engine, *m.tokenizer, so);
   server::HttpServer http(handler);
@@ -76,6 +77,11 @@ void setup_serve(CLI::App& app) {
                   "Requests generating at once (continuous batching: new requests join between decode steps)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--prefill-step", o->prefill_step,
+                  "Prompt tokens prefilled per iteration while other requests decode (whole --prefill-chunk chunks, at "
+                  "least one; CPU sessions; 0 = each prompt at once)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--served-model-name", o->served_name, "Model id in /v1/models and responses (default: --model)");
   cmd->callback([o] { run_serve(*o); });
 }

@@ -1,11 +1,14 @@
 // Continuous batching (iteration-level scheduling) of generation requests over one EngineModel.
 //
 // A worker thread runs iterations. Each iteration:
-//   1. admits waiting requests (first come, first served) while fewer than max_batch run: for each it makes
-//      the session (make_generation_session: context and memory checks), prefills the prompt and samples
-//      the first token. Prefill of a new request runs between decode steps, on the worker thread, so it
-//      delays the running sequences by its duration (no chunked interleaving yet);
-//   2. ends the requests whose cancel flag is set (StopReason::kCallback);
+//   1. admits waiting requests (first come, first served) while fewer than max_batch run or prefill: for each
+//      it makes the session (make_generation_session: context and memory checks) and prefills the prompt,
+//      either at once (prefill_step_tokens = 0: the whole prompt delays the running sequences by its duration)
+//      or prefill_step_tokens at a time (whole prefill chunks, at least one, per iteration: the running
+//      sequences decode between the parts; SequenceSession::begin_prefill / prefill_step). When its prompt is
+//      done it samples the first token and joins the running sequences;
+//   2. ends the requests whose cancel flag is set (StopReason::kCallback; one still prefilling fails with an
+//      Error saying it was cancelled before it started);
 //   3. runs ONE decode step for every running sequence:
 //        cpu:  one Session::decode_batch call over all of them (every weight read once per step for the
 //              whole batch, the point of batching);
@@ -52,7 +55,12 @@ struct BatchRequest {
 };
 
 struct BatchSchedulerOptions {
-  int max_batch = 8;       // sequences decoding at once (>= 1)
+  int max_batch = 8;       // sequences decoding or prefilling at once (>= 1)
+  // > 0: a new request's prompt is prefilled about this many tokens per iteration (whole chunks of
+  // session.prefill_chunk, at least one), interleaved with the running sequences' decode steps; 0: the whole
+  // prompt at admission. The tokens are the same either way. CUDA sessions prefill the whole prompt in their
+  // first part (SequenceSession's default). Must be >= 0.
+  int64_t prefill_step_tokens = 0;
   SessionOptions session;  // attention method, KV dtype, prefill chunk; max_context is set per request
 };
 

@@ -108,6 +108,10 @@ class Session final : public SequenceSession {
   // logits: [n, vocab] for every position when all_logits, else [vocab] of the last position.
   std::vector<float> prefill(std::span<const int32_t> tokens, bool all_logits = false,
                              const PrefillProgress& progress = {}) override;
+  // Stepped prefill (SequenceSession): prefill's chunks, whole chunks per step (at least one), the same
+  // forward passes as prefill(tokens).
+  void begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress = {}) override;
+  bool prefill_step(int64_t max_tokens) override;
   // One decode step: feeds `token` at position position(), appends its K/V, runs the attention method.
   // logits: [vocab] written.
   void decode(int32_t token, std::span<float> logits) override;

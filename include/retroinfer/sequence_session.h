@@ -45,6 +45,33 @@ class SequenceSession {
   // Attention statistics of the last decode step, summed over layers.
   virtual const AttentionStats& last_stats() const = 0;
   virtual Device device() const = 0;
+
+  // Prefill in steps, so that a caller can interleave a long prompt with other work (the batch scheduler's
+  // prefill_step_tokens):
+  //   begin_prefill(tokens, progress)  checks the prompt (non-empty, nothing prefilled or stepping yet) and
+  //                                    keeps a copy;
+  //   prefill_step(max_tokens)         runs at least one more part of it, at most about max_tokens tokens
+  //                                    (>= 1) when the prompt goes on, and returns true once it is done;
+  //   take_prefill_logits()            then returns what prefill(tokens) returns ([vocab] of the last
+  //                                    position) and ends the stepping.
+  // The session is then in the state prefill(tokens) leaves; progress is called as prefill's. The default runs
+  // the whole prompt through prefill() in the first step (the CUDA session). The CPU session (Session) runs
+  // prefill's own chunks (SessionOptions::prefill_chunk) a few per step: bit-identical to one prefill call.
+  // Misuse (a step without begin, a take before the last step, begin twice) throws Error.
+  virtual void begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress = {});
+  virtual bool prefill_step(int64_t max_tokens);
+  std::vector<float> take_prefill_logits();
+  bool prefill_stepping() const { return steps_.active; }  // between begin_prefill and take_prefill_logits
+
+ protected:
+  struct PrefillSteps {
+    std::vector<int32_t> tokens;
+    PrefillProgress progress;
+    std::vector<float> logits;  // [vocab] once done
+    int64_t done = 0;           // tokens prefilled so far
+    bool active = false, finished = false;
+  };
+  PrefillSteps steps_;
 };
 
 }  // namespace retroinfer

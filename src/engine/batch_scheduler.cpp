@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <limits>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -27,6 +28,7 @@ struct Running {
   std::unique_ptr<SequenceSession> session;
   std::unique_ptr<GenerationStepper> stepper;
   std::vector<float> logits;  // [vocab]: the per-sequence decode path (non-CPU)
+  double prefill_s = 0.0;     // time in prefill (summed over the parts of a stepped prefill)
 };
 
 void done(Pending& p) {
@@ -53,6 +55,7 @@ struct BatchScheduler::Impl {
   bool stop = false;                             // guarded by mu
   Stats stats;                                   // guarded by mu
   std::vector<std::unique_ptr<Running>> running; // worker thread only
+  std::vector<std::unique_ptr<Running>> prefilling;  // stepped prefills in progress (worker thread only)
   std::vector<float> batch_logits;               // [running, vocab]: the batched decode's output (worker only)
   std::thread worker;
 
@@ -75,7 +78,8 @@ struct BatchScheduler::Impl {
     done(*r.p);
   }
 
-  // Session, prefill and first token of a new request; it joins `running` unless already finished.
+  // Session and prefill of a new request: at once, then its first token (generation_starts), or, with
+  // prefill_step_tokens, its first part now and the rest in prefill_steps().
   void start(std::unique_ptr<Pending> p) {
     if (p->cancel->load()) {
       fail(*p, std::make_exception_ptr(Error("batch scheduler: the request was cancelled before it started")));
@@ -85,21 +89,54 @@ struct BatchScheduler::Impl {
     try {
       const BatchRequest& q = p->req;
       r->session = make_generation_session(model, opt.session, q.prompt, q.options, q.callbacks);
-      const auto t0 = std::chrono::steady_clock::now();
-      r->logits = r->session->prefill(q.prompt, false, q.callbacks.on_prefill);
-      const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      r->stepper = std::make_unique<GenerationStepper>(*r->session, q.options, q.callbacks);
-      r->stepper->set_prefill(static_cast<int64_t>(q.prompt.size()), prefill_s);
-      const bool go_on = r->stepper->step(r->logits);
+      r->session->begin_prefill(q.prompt, q.callbacks.on_prefill);
       r->p = std::move(p);
-      if (go_on) {
+    } catch (...) {
+      fail(r->p ? *r->p : *p, std::current_exception());
+      return;
+    }
+    if (opt.prefill_step_tokens > 0) {
+      prefilling.push_back(std::move(r));
+    } else {
+      prefill_part(std::move(r), std::numeric_limits<int64_t>::max());
+    }
+  }
+
+  // The next part of r's prefill; when its prompt is done, its first token: it joins `running` unless
+  // already finished. Returns r while its prefill goes on (null otherwise).
+  std::unique_ptr<Running> prefill_part(std::unique_ptr<Running> r, int64_t max_tokens) {
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      const bool done = r->session->prefill_step(max_tokens);
+      r->prefill_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!done) return r;
+      r->logits = r->session->take_prefill_logits();
+      const BatchRequest& q = r->p->req;
+      r->stepper = std::make_unique<GenerationStepper>(*r->session, q.options, q.callbacks);
+      r->stepper->set_prefill(static_cast<int64_t>(q.prompt.size()), r->prefill_s);
+      if (r->stepper->step(r->logits)) {
         running.push_back(std::move(r));
       } else {
         finish(*r);
       }
     } catch (...) {
-      fail(r->p ? *r->p : *p, std::current_exception());
+      fail(*r->p, std::current_exception());
     }
+    return nullptr;
+  }
+
+  // One part of every stepped prefill in progress (cancelled ones fail: they never started generating).
+  void prefill_steps() {
+    std::vector<std::unique_ptr<Running>> next;
+    for (auto& r : prefilling) {
+      if (r->p->cancel->load()) {
+        fail(*r->p, std::make_exception_ptr(Error("batch scheduler: the request was cancelled before it started "
+                                                  "(during its prefill)")));
+        continue;
+      }
+      if (auto rest = prefill_part(std::move(r), opt.prefill_step_tokens)) next.push_back(std::move(rest));
+    }
+    prefilling = std::move(next);
   }
 
   // One decode step of every running sequence, then each one's next token; finished ones leave `running`.
@@ -185,7 +222,7 @@ struct BatchScheduler::Impl {
       std::vector<std::unique_ptr<Pending>> admit, dropped;
       {
         std::unique_lock<std::mutex> lk(mu);
-        cv.wait(lk, [&] { return stop || !waiting.empty() || !running.empty(); });
+        cv.wait(lk, [&] { return stop || !waiting.empty() || !running.empty() || !prefilling.empty(); });
         if (stop) break;
         // Cancelled while waiting (e.g. a streaming client gone while the batch was full): out at once.
         for (auto it = waiting.begin(); it != waiting.end();) {
@@ -196,7 +233,8 @@ struct BatchScheduler::Impl {
             ++it;
           }
         }
-        while (static_cast<int>(running.size() + admit.size()) < opt.max_batch && !waiting.empty()) {
+        while (static_cast<int>(running.size() + prefilling.size() + admit.size()) < opt.max_batch &&
+               !waiting.empty()) {
           admit.push_back(std::move(waiting.front()));
           waiting.pop_front();
         }
@@ -204,10 +242,13 @@ struct BatchScheduler::Impl {
       for (auto& p : dropped)
         fail(*p, std::make_exception_ptr(Error("batch scheduler: the request was cancelled before it started")));
       for (auto& p : admit) start(std::move(p));
+      prefill_steps();
       decode_step();
     }
     for (auto& r : running) fail(*r->p, shutdown_error("before"));
     running.clear();
+    for (auto& r : prefilling) fail(*r->p, shutdown_error("before"));
+    prefilling.clear();
     std::deque<std::unique_ptr<Pending>> left;
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -220,6 +261,8 @@ struct BatchScheduler::Impl {
 BatchScheduler::BatchScheduler(const EngineModel& model, const BatchSchedulerOptions& opt)
     : opt_(opt), impl_(std::make_unique<Impl>(model, opt)) {
   RETROINFER_CHECK(opt.max_batch >= 1, "batch scheduler: max_batch must be >= 1, got ", opt.max_batch);
+  RETROINFER_CHECK(opt.prefill_step_tokens >= 0, "batch scheduler: prefill_step_tokens must be >= 0, got ",
+                   opt.prefill_step_tokens);
   // omp_set_num_threads is per thread: the worker takes the constructing thread's setting (--threads).
   const int threads = num_threads();
   impl_->worker = std::thread([this, threads] {

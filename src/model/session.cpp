@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <limits>
 #include <cmath>
 
 #include "model/prefill_attention.h"
@@ -237,6 +238,12 @@ const KvCache& Session::kv(int layer) const {
 
 std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_logits,
                                     const PrefillProgress& progress) {
+  if (!all_logits) {  // the stepped prefill in one step: the same chunks
+    begin_prefill(tokens, progress);
+    prefill_step(std::numeric_limits<int64_t>::max());
+    return take_prefill_logits();
+  }
+  RETROINFER_CHECK(!steps_.active, "session: prefill while a stepped prefill is in progress");
   RETROINFER_CHECK(!prefilled_, "session: prefill may run only once per session");
   RETROINFER_CHECK(!tokens.empty(), "session: empty prompt; prefill needs at least one token");
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -244,16 +251,11 @@ std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_lo
                    max_context_);
   const int64_t vocab = model_.config().vocab_size;
   for (auto& kv : kv_) kv.reserve(opt_.max_context > 0 ? max_context_ : n);
-  std::vector<float> logits((all_logits ? n : 1) * vocab);
+  std::vector<float> logits(n * vocab);
   const int64_t chunk = opt_.prefill_chunk;
   for (int64_t start = 0; start < n; start += chunk) {
     const int64_t m = std::min(chunk, n - start);
-    const bool last = start + m == n;
-    if (all_logits) {
-      forward(tokens.data() + start, m, n, false, 0, logits.data() + start * vocab);
-    } else {
-      forward(tokens.data() + start, m, n, false, last ? m - 1 : m, logits.data());
-    }
+    forward(tokens.data() + start, m, n, false, 0, logits.data() + start * vocab);
     if (progress) progress(start + m, n);
   }
   for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
@@ -261,10 +263,43 @@ std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_lo
   return logits;
 }
 
+void Session::begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress) {
+  RETROINFER_CHECK(!steps_.active, "session: begin_prefill while a stepped prefill is in progress");
+  RETROINFER_CHECK(!prefilled_, "session: prefill may run only once per session");
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  RETROINFER_CHECK(n <= max_context_, "session: the prompt has ", n, " tokens but the session holds at most ",
+                   max_context_);
+  SequenceSession::begin_prefill(tokens, progress);  // checks non-empty, keeps the copy
+  for (auto& kv : kv_) kv.reserve(opt_.max_context > 0 ? max_context_ : n);
+  steps_.logits.assign(model_.config().vocab_size, 0.0f);
+}
+
+bool Session::prefill_step(int64_t max_tokens) {
+  RETROINFER_CHECK(steps_.active && !steps_.finished, "session: prefill_step without a prefill in progress");
+  RETROINFER_CHECK(max_tokens >= 1, "session: prefill_step needs max_tokens >= 1, got ", max_tokens);
+  const int64_t n = static_cast<int64_t>(steps_.tokens.size()), chunk = opt_.prefill_chunk;
+  int64_t ran = 0;
+  while (steps_.done < n) {
+    const int64_t m = std::min(chunk, n - steps_.done);
+    if (ran > 0 && ran + m > max_tokens) break;  // at least one chunk per step
+    const bool last = steps_.done + m == n;
+    forward(steps_.tokens.data() + steps_.done, m, n, false, last ? m - 1 : m, steps_.logits.data());
+    steps_.done += m;
+    ran += m;
+    if (steps_.progress) steps_.progress(steps_.done, n);
+  }
+  if (steps_.done < n) return false;
+  for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
+  prefilled_ = true;
+  steps_.finished = true;
+  return true;
+}
+
 void Session::decode(int32_t token, std::span<float> logits) {
   RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == model_.config().vocab_size,
                    "session: decode needs a logits buffer of vocab_size = ", model_.config().vocab_size);
   RETROINFER_CHECK(pos_ + 1 <= max_context_, "session: the context is full (", max_context_, " tokens)");
+  RETROINFER_CHECK(!steps_.active, "session: decode while a stepped prefill is in progress (take_prefill_logits ends it)");
   prefilled_ = true;  // decode without prefill: every token is steady zone for the methods
   last_stats_ = AttentionStats{};
   forward(&token, 1, pos_ + 1, true, 0, logits.data());
@@ -292,6 +327,7 @@ void Session::decode_batch(std::span<Session* const> sessions, std::span<const i
                        " are the same object; each sequence may appear once per step");
     RETROINFER_CHECK(s.pos_ + 1 <= s.max_context_, "session: decode_batch: the context of session ", i,
                      " is full (", s.max_context_, " tokens)");
+    RETROINFER_CHECK(!s.steps_.active, "session: decode_batch: session ", i, " is in a stepped prefill");
     RETROINFER_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "session: decode_batch: token id ", tokens[i],
                      " of session ", i, " is outside the vocabulary [0, ", vocab, ")");
   }
@@ -375,6 +411,31 @@ namespace retroinfer {
 const ModelConfig& Session::model_config() const { return model_.config(); }
 
 std::string_view device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+void SequenceSession::begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress) {
+  RETROINFER_CHECK(!steps_.active, "session: begin_prefill while a stepped prefill is in progress");
+  RETROINFER_CHECK(!tokens.empty(), "session: empty prompt; prefill needs at least one token");
+  steps_ = PrefillSteps{};
+  steps_.tokens.assign(tokens.begin(), tokens.end());
+  steps_.progress = progress;
+  steps_.active = true;
+}
+
+bool SequenceSession::prefill_step(int64_t max_tokens) {
+  RETROINFER_CHECK(steps_.active && !steps_.finished, "session: prefill_step without a prefill in progress");
+  RETROINFER_CHECK(max_tokens >= 1, "session: prefill_step needs max_tokens >= 1, got ", max_tokens);
+  steps_.logits = prefill(steps_.tokens, false, steps_.progress);
+  steps_.done = static_cast<int64_t>(steps_.tokens.size());
+  steps_.finished = true;
+  return true;
+}
+
+std::vector<float> SequenceSession::take_prefill_logits() {
+  RETROINFER_CHECK(steps_.active && steps_.finished, "session: take_prefill_logits before the prefill is done");
+  std::vector<float> out = std::move(steps_.logits);
+  steps_ = PrefillSteps{};
+  return out;
+}
 
 Device parse_device(std::string_view s) {
   if (s == "cpu") return Device::kCpu;

@@ -83,8 +83,10 @@ ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenize
   // End of generation: the tokenizer's end tokens and the model config's eos ids (as `retroinfer generate`).
   eos_ids_ = end_of_generation_ids(model_.config(), &tok_);  // {-1} when none is known
   RETROINFER_CHECK(opt_.max_batch >= 1, "serve: --max-batch must be >= 1, got ", opt_.max_batch);
+  RETROINFER_CHECK(opt_.prefill_step_tokens >= 0, "serve: --prefill-step must be >= 0, got ", opt_.prefill_step_tokens);
   BatchSchedulerOptions bo;
   bo.max_batch = opt_.max_batch;
+  bo.prefill_step_tokens = opt_.prefill_step_tokens;
   bo.session = opt_.session;
   scheduler_ = std::make_unique<BatchScheduler>(model_, bo);
 }

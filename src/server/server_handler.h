@@ -34,6 +34,9 @@ struct ServerOptions {
   int64_t max_context = 0;                // prompt + generated tokens per request; 0 = the model's maximum
   int64_t default_max_tokens = 256;       // when a request gives none (capped by what the context leaves)
   int max_batch = 8;                      // sequences generating at once (continuous batching; >= 1)
+  // Tokens of a new request's prompt prefilled per scheduler iteration, between the running requests' decode
+  // steps (BatchSchedulerOptions::prefill_step_tokens; 0: the whole prompt at once; >= 0).
+  int64_t prefill_step_tokens = 0;
 };
 
 // Writes one chunk of a streamed body; returns false when the client is gone (generation then stops).

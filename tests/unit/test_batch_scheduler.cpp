@@ -275,3 +275,93 @@ TEST(BatchScheduler, ShutdownFailsUnfinishedRequests) {
 
 }  // namespace
 }  // namespace retroinfer
+
+namespace retroinfer {
+namespace {
+
+// prefill_step_tokens: a long prompt prefilled one chunk (32 tokens) per iteration while another request
+// decodes; the running request gets tokens between the long prompt's parts (the order of the events on one
+// clock), and both requests' tokens equal generate() alone; the prefill progress reaches the prompt length.
+TEST(BatchScheduler, SteppedPrefillInterleavesWithDecode) {
+  TINY_ENGINE(e);
+  BatchSchedulerOptions so = sched_options(4, AttentionKind::kRetro);
+  so.prefill_step_tokens = 32;
+  BatchScheduler sched(*e, so);
+  std::atomic<int> clock{0};
+  std::promise<void> a_at_3, b_submitted;
+  std::shared_future<void> b_in = b_submitted.get_future().share();
+  std::vector<int> a_events, b_progress_events;
+  std::vector<int64_t> b_progress;
+  int b_first = -1, a_count = 0;
+  GenerateCallbacks ca;
+  ca.on_token = [&](int32_t, std::string_view) {
+    a_events.push_back(clock.fetch_add(1));
+    if (++a_count == 3) {
+      a_at_3.set_value();
+      b_in.wait();  // B is queued before A's next step
+    }
+    return true;
+  };
+  GenerateCallbacks cb;
+  cb.on_prefill = [&](int64_t done, int64_t total) {
+    EXPECT_EQ(total, 300);
+    b_progress.push_back(done);
+    b_progress_events.push_back(clock.fetch_add(1));
+  };
+  cb.on_token = [&](int32_t, std::string_view) {
+    if (b_first < 0) b_first = clock.fetch_add(1);
+    return true;
+  };
+  const auto pa = test::token_stream(20, 31), pb = test::token_stream(300, 32);
+  BatchHandle a = sched.submit(request(pa, gen_options(40), ca));
+  a_at_3.get_future().wait();
+  BatchHandle b = sched.submit(request(pb, gen_options(5), cb));
+  b_submitted.set_value();
+  const GenerateSummary sa = a.result.get(), sb = b.result.get();
+  EXPECT_EQ(sa.tokens, generate(*e, so.session, pa, gen_options(40)).tokens);
+  EXPECT_EQ(sb.tokens, generate(*e, so.session, pb, gen_options(5)).tokens);
+  EXPECT_EQ(sb.prompt_tokens, 300);
+  // 300 tokens in chunks of 32: 10 parts, each reported once.
+  ASSERT_EQ(b_progress.size(), 10u);
+  EXPECT_EQ(b_progress.back(), 300);
+  ASSERT_GE(b_first, 0);
+  // A decoded between B's first and last prefill parts.
+  int between = 0;
+  for (int t : a_events) between += t > b_progress_events.front() && t < b_progress_events.back();
+  EXPECT_GE(between, 8) << "A did not decode while B's prompt was prefilled";
+  EXPECT_GT(b_first, b_progress_events.back());
+}
+
+TEST(BatchScheduler, CancelDuringSteppedPrefillFails) {
+  TINY_ENGINE(e);
+  BatchSchedulerOptions so = sched_options(2, AttentionKind::kFull);
+  so.prefill_step_tokens = 32;
+  EXPECT_NE(test::error_of([&] {
+              BatchSchedulerOptions bad = so;
+              bad.prefill_step_tokens = -1;
+              BatchScheduler s(*e, bad);
+            }).find("prefill_step_tokens"),
+            std::string::npos);
+  BatchScheduler sched(*e, so);
+  std::shared_ptr<BatchHandle> hb;
+  std::promise<void> assigned;
+  std::shared_future<void> ready = assigned.get_future().share();
+  GenerateCallbacks cb;
+  cb.on_prefill = [&hb, ready](int64_t done, int64_t) {
+    if (done == 32) ready.wait();  // hb is set before the second part
+    if (done == 64) hb->cancel();  // the second part: cancel; the third never runs
+  };
+  hb = std::make_shared<BatchHandle>(sched.submit(request(test::token_stream(300, 41), gen_options(5), cb)));
+  assigned.set_value();
+  EXPECT_NE(test::error_of([&] { hb->result.get(); }).find("cancelled before it started"), std::string::npos);
+  // The scheduler goes on with the next request.
+  const auto p = test::token_stream(30, 42);
+  EXPECT_EQ(sched.submit(request(p, gen_options(6))).result.get().tokens,
+            generate(*e, so.session, p, gen_options(6)).tokens);
+  const BatchScheduler::Stats st = sched.stats();
+  EXPECT_EQ(st.failed, 1);
+  EXPECT_EQ(st.completed, 1);
+}
+
+}  // namespace
+}  // namespace retroinfer

@@ -9,6 +9,7 @@
 
 #include "server/openai_api.h"
 #include "server/server_handler.h"
+#include "error_of.h"
 #include "test_server_util.h"
 
 namespace retroinfer {
@@ -355,6 +356,23 @@ TEST(Server, Utf8Validation) {
   EXPECT_FALSE(server::is_valid_utf8("\xed\xa0\x80"));                              // surrogate U+D800
   EXPECT_FALSE(server::is_valid_utf8("\xf4\x90\x80\x80"));                          // above U+10FFFF
   EXPECT_FALSE(server::is_valid_utf8("\xff"));
+}
+
+}  // namespace
+}  // namespace retroinfer
+
+namespace retroinfer {
+namespace {
+
+TEST(Server, NegativePrefillStepIsRefused) {
+  const Model* m = test::server_tiny_model();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const EngineModel engine(*m);
+  const auto tok = test::byte_tokenizer();
+  server::ServerOptions o;
+  o.prefill_step_tokens = -5;
+  EXPECT_NE(test::error_of([&] { server::ServerHandler h(engine, *tok, o); }).find("--prefill-step"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ inline server::ServerHandler* tiny_handler(AttentionKind kind = AttentionKind::k
     o.session.attention.kind = kind;
     o.session.attention.window_tokens = 16;  // a steady zone well under the test prompts' length
     o.session.prefill_chunk = 128;
+    o.prefill_step_tokens = 128;  // prompts over 128 tokens prefill over several iterations (as `serve` does)
     o.default_max_tokens = 8;
     h = std::make_unique<server::ServerHandler>(engine, *tok, o);
   }
