@@ -57,7 +57,8 @@ class SequenceSession {
   // The session is then in the state prefill(tokens) leaves; progress is called as prefill's. The default runs
   // the whole prompt through prefill() in the first step (the CUDA session). The CPU session (Session) runs
   // prefill's own chunks (SessionOptions::prefill_chunk) a few per step: bit-identical to one prefill call.
-  // Misuse (a step without begin, a take before the last step, begin twice) throws Error.
+  // Misuse (a step without begin, a take before the last step, begin twice) throws Error. A step that throws
+  // (e.g. a token outside the vocabulary) ends the stepping, as a failed prefill() ends.
   virtual void begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress = {});
   virtual bool prefill_step(int64_t max_tokens);
   std::vector<float> take_prefill_logits();

@@ -279,14 +279,19 @@ bool Session::prefill_step(int64_t max_tokens) {
   RETROINFER_CHECK(max_tokens >= 1, "session: prefill_step needs max_tokens >= 1, got ", max_tokens);
   const int64_t n = static_cast<int64_t>(steps_.tokens.size()), chunk = opt_.prefill_chunk;
   int64_t ran = 0;
-  while (steps_.done < n) {
-    const int64_t m = std::min(chunk, n - steps_.done);
-    if (ran > 0 && ran + m > max_tokens) break;  // at least one chunk per step
-    const bool last = steps_.done + m == n;
-    forward(steps_.tokens.data() + steps_.done, m, n, false, last ? m - 1 : m, steps_.logits.data());
-    steps_.done += m;
-    ran += m;
-    if (steps_.progress) steps_.progress(steps_.done, n);
+  try {
+    while (steps_.done < n) {
+      const int64_t m = std::min(chunk, n - steps_.done);
+      if (ran > 0 && ran + m > max_tokens) break;  // at least one chunk per step
+      const bool last = steps_.done + m == n;
+      forward(steps_.tokens.data() + steps_.done, m, n, false, last ? m - 1 : m, steps_.logits.data());
+      steps_.done += m;
+      ran += m;
+      if (steps_.progress) steps_.progress(steps_.done, n);
+    }
+  } catch (...) {
+    steps_ = PrefillSteps{};  // the stepping ends with the error (as a failed prefill(): it may be retried)
+    throw;
   }
   if (steps_.done < n) return false;
   for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
@@ -424,7 +429,12 @@ void SequenceSession::begin_prefill(std::span<const int32_t> tokens, const Prefi
 bool SequenceSession::prefill_step(int64_t max_tokens) {
   RETROINFER_CHECK(steps_.active && !steps_.finished, "session: prefill_step without a prefill in progress");
   RETROINFER_CHECK(max_tokens >= 1, "session: prefill_step needs max_tokens >= 1, got ", max_tokens);
-  steps_.logits = prefill(steps_.tokens, false, steps_.progress);
+  try {
+    steps_.logits = prefill(steps_.tokens, false, steps_.progress);
+  } catch (...) {
+    steps_ = PrefillSteps{};  // the stepping ends with the error
+    throw;
+  }
   steps_.done = static_cast<int64_t>(steps_.tokens.size());
   steps_.finished = true;
   return true;

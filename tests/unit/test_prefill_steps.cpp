@@ -107,6 +107,25 @@ TEST(PrefillSteps, MisuseThrows) {
   EXPECT_THROW(s.begin_prefill(prompt), Error);  // prefilled: only once per session
 }
 
+// A step that throws ends the stepping: prefill() after a refused prompt works (the Python bindings' order).
+TEST(PrefillSteps, FailedStepEndsTheStepping) {
+  const Model* m = test::tiny_llama3();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const int64_t vocab = m->config().vocab_size;
+  Session s(*m, options(AttentionKind::kFull));
+  EXPECT_NE(test::error_of([&] { s.prefill(std::vector<int32_t>{1, static_cast<int32_t>(vocab)}); })
+                .find("outside the vocabulary"),
+            std::string::npos);
+  EXPECT_FALSE(s.prefill_stepping());
+  EXPECT_NE(test::error_of([&] { s.prefill(std::vector<int32_t>{}); }).find("empty"), std::string::npos);
+  s.begin_prefill(std::vector<int32_t>{1, 2, 3, -1});
+  EXPECT_THROW(s.prefill_step(100), Error);
+  EXPECT_FALSE(s.prefill_stepping());
+  const auto prompt = test::token_stream(40, 5);
+  Session ref(*m, options(AttentionKind::kFull));
+  EXPECT_TRUE(same_bits(s.prefill(prompt), ref.prefill(prompt)));
+}
+
 // The default stepped prefill (the CUDA session's): the whole prompt through prefill() in the first step.
 class FakeSession final : public SequenceSession {
  public:
