@@ -78,7 +78,7 @@ struct BatchScheduler::Impl {
     done(*r.p);
   }
 
-  // Session and prefill of a new request: at once, then its first token (generation_starts), or, with
+  // Session and prefill of a new request: at once, then its first token (prefill_part), or, with
   // prefill_step_tokens, its first part now and the rest in prefill_steps().
   void start(std::unique_ptr<Pending> p) {
     if (p->cancel->load()) {
