@@ -154,6 +154,9 @@ class Session final : public SequenceSession {
   // the RoPE frequencies are computed for (only `dynamic` uses it). decode: attention through the method.
   void forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bool decode, int64_t keep_from,
                float* logits);
+  // A new prompt of these tokens may start (no stepped prefill in progress, not prefilled, non-empty, within
+  // max_context; throws Error otherwise), and the caches are reserved for it.
+  void ready_for_prompt(std::span<const int32_t> tokens);
   // (Re)computes the RoPE frequencies for rope_seq_len when they depend on it (`dynamic`) or are unset.
   void ensure_rope(int64_t rope_seq_len);
   // Decode attention of one layer for this session's token (q [hq, d] post-RoPE -> out [hq, d]), its K/V

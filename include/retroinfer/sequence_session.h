@@ -73,6 +73,8 @@ class SequenceSession {
     bool active = false, finished = false;
   };
   PrefillSteps steps_;
+  // prefill_step's preconditions (a stepping begun and not done, max_tokens >= 1); throws Error.
+  void check_prefill_step(int64_t max_tokens) const;
 };
 
 }  // namespace retroinfer

@@ -3,8 +3,8 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <limits>
 #include <cmath>
+#include <limits>
 
 #include "model/prefill_attention.h"
 #include "model/rope.h"
@@ -243,14 +243,8 @@ std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_lo
     prefill_step(std::numeric_limits<int64_t>::max());
     return take_prefill_logits();
   }
-  RETROINFER_CHECK(!steps_.active, "session: prefill while a stepped prefill is in progress");
-  RETROINFER_CHECK(!prefilled_, "session: prefill may run only once per session");
-  RETROINFER_CHECK(!tokens.empty(), "session: empty prompt; prefill needs at least one token");
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  RETROINFER_CHECK(n <= max_context_, "session: the prompt has ", n, " tokens but the session holds at most ",
-                   max_context_);
-  const int64_t vocab = model_.config().vocab_size;
-  for (auto& kv : kv_) kv.reserve(opt_.max_context > 0 ? max_context_ : n);
+  ready_for_prompt(tokens);
+  const int64_t n = static_cast<int64_t>(tokens.size()), vocab = model_.config().vocab_size;
   std::vector<float> logits(n * vocab);
   const int64_t chunk = opt_.prefill_chunk;
   for (int64_t start = 0; start < n; start += chunk) {
@@ -263,20 +257,24 @@ std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_lo
   return logits;
 }
 
-void Session::begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress) {
-  RETROINFER_CHECK(!steps_.active, "session: begin_prefill while a stepped prefill is in progress");
+void Session::ready_for_prompt(std::span<const int32_t> tokens) {
+  RETROINFER_CHECK(!steps_.active, "session: a stepped prefill is in progress");
   RETROINFER_CHECK(!prefilled_, "session: prefill may run only once per session");
+  RETROINFER_CHECK(!tokens.empty(), "session: empty prompt; prefill needs at least one token");
   const int64_t n = static_cast<int64_t>(tokens.size());
   RETROINFER_CHECK(n <= max_context_, "session: the prompt has ", n, " tokens but the session holds at most ",
                    max_context_);
-  SequenceSession::begin_prefill(tokens, progress);  // checks non-empty, keeps the copy
   for (auto& kv : kv_) kv.reserve(opt_.max_context > 0 ? max_context_ : n);
+}
+
+void Session::begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress) {
+  ready_for_prompt(tokens);
+  SequenceSession::begin_prefill(tokens, progress);  // keeps the copy
   steps_.logits.assign(model_.config().vocab_size, 0.0f);
 }
 
 bool Session::prefill_step(int64_t max_tokens) {
-  RETROINFER_CHECK(steps_.active && !steps_.finished, "session: prefill_step without a prefill in progress");
-  RETROINFER_CHECK(max_tokens >= 1, "session: prefill_step needs max_tokens >= 1, got ", max_tokens);
+  check_prefill_step(max_tokens);
   const int64_t n = static_cast<int64_t>(steps_.tokens.size()), chunk = opt_.prefill_chunk;
   int64_t ran = 0;
   try {
@@ -418,7 +416,7 @@ const ModelConfig& Session::model_config() const { return model_.config(); }
 std::string_view device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
 
 void SequenceSession::begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress) {
-  RETROINFER_CHECK(!steps_.active, "session: begin_prefill while a stepped prefill is in progress");
+  RETROINFER_CHECK(!steps_.active, "session: a stepped prefill is in progress");
   RETROINFER_CHECK(!tokens.empty(), "session: empty prompt; prefill needs at least one token");
   steps_ = PrefillSteps{};
   steps_.tokens.assign(tokens.begin(), tokens.end());
@@ -426,9 +424,13 @@ void SequenceSession::begin_prefill(std::span<const int32_t> tokens, const Prefi
   steps_.active = true;
 }
 
-bool SequenceSession::prefill_step(int64_t max_tokens) {
+void SequenceSession::check_prefill_step(int64_t max_tokens) const {
   RETROINFER_CHECK(steps_.active && !steps_.finished, "session: prefill_step without a prefill in progress");
   RETROINFER_CHECK(max_tokens >= 1, "session: prefill_step needs max_tokens >= 1, got ", max_tokens);
+}
+
+bool SequenceSession::prefill_step(int64_t max_tokens) {
+  check_prefill_step(max_tokens);
   try {
     steps_.logits = prefill(steps_.tokens, false, steps_.progress);
   } catch (...) {
