@@ -39,6 +39,52 @@ struct SelectCase {
   bool phases;       // phase stamps on
 };
 
+// The selection kernels' shared cases ({name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8,
+// phases}): ready scores of 1 .. 40960 items, k_r / k_e including 0 and beyond the finite items, all -inf
+// items, exact ties taken partially (few levels, signed zeros, the band that sends the bins kernel's threshold
+// bin to its radix passes), CSR clusters and pages, steady zones, more than 1024 retrieval items.
+inline const SelectCase kSelectCases[] = {
+    {"one item", 3, 1, 1, 0, 0, 0.0, 0, true, true, false},
+    {"two items", 2, 2, 1, 1, 0, 0.0, 4, false, false, false},
+    {"k_r+k_e > finite", 2, 3, 1, 5, 0, 0.3, 0, true, true, false},
+    {"k_r 0", 2, 5, 0, 3, 0, 0.0, 0, false, true, false},
+    {"one warp tail", 2, 31, 2, 10, -1, 0.1, 0, true, true, false},
+    {"half step - 1", 2, 127, 3, 30, 0, 0.0, 0, true, true, false},
+    {"half step", 2, 128, 3, 30, 0, 0.0, 0, false, true, false},
+    {"half step + 1", 2, 129, 3, 30, 0, 0.0, 0, true, false, false},
+    {"step - 1", 1, 255, 5, 60, -1, 0.0, 0, true, true, false},
+    {"step + 1", 1, 257, 5, 60, -1, 0.0, 0, true, true, true},
+    {"1000 all empty", 2, 1000, 10, 100, 0, 1.0, 0, true, true, false},
+    {"32K shape", 3, 2044, 37, 475, -1, 0.0, 0, true, true, true},
+    {"32K ties partly taken", 2, 2044, 37, 475, 50, 0.0, 0, true, true, false},
+    {"signed zero ties (bins)", 2, 2044, 300, 400, -3, 0.1, 0, true, true, false},
+    {"k_r 0 ties (bins)", 2, 2044, 0, 300, 50, 0.0, 0, false, true, false},
+    {"k_r+k_e > finite 2044", 2, 2044, 1000, 1500, 0, 0.2, 0, true, true, false},
+    {"4097 tail", 2, 4097, 74, 950, 5, 0.05, 0, true, true, false},
+    {"128K shape, 32 heads", 32, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
+    {"8188 uniform", 2, 8188, 148, 1900, 0, 0.01, 0, false, true, false},
+    {"8188 ties, radix fallback", 2, 8188, 148, 1900, 5, 0.0, 0, true, true, false},
+    {"8188 signed zeros, radix", 2, 8188, 148, 1900, -3, 0.0, 0, true, true, false},
+    {"8188 band, radix fallback", 2, 8188, 148, 1900, -2, 0.0, 0, true, true, false},
+    // No retrieval budget through the radix fallback: radix_select2 used to stop after its first pass when
+    // k_r = 0 (threshold 0: every finite item went to the estimation list, past its end).
+    {"k_r 0, radix fallback", 2, 8188, 0, 1900, 5, 0.0, 0, true, true, false},
+    {"k_r 0, band radix", 2, 8188, 0, 1900, -2, 0.0, 0, false, true, false},
+    {"8188 60% empty", 2, 8188, 148, 1900, -1, 0.6, 0, true, true, false},
+    {"8188 no estimation", 2, 8188, 148, 0, 0, 0.0, 0, true, true, false},
+    {"8188 > kBinExp retrieval", 2, 8188, 1500, 2000, -1, 0.0, 0, true, true, false},
+    {"8192", 2, 8192, 148, 1900, 0, 0.0, 0, false, false, false},
+    {"8193", 2, 8193, 148, 1900, 1000, 0.0, 0, true, true, false},
+    {"pages (Quest)", 2, 8188, 148, 1900, 0, 0.0, 16, true, true, false},
+    {"pages, no estimation", 2, 2044, 37, 0, 0, 0.0, 16, true, false, false},
+    {"pages > kBinExp", 1, 8201, 9000, 10, 50, 0.2, 2, true, false, false},
+    {"20000", 1, 20000, 1500, 4000, -1, 0.0, 0, true, true, false},
+    {"40000", 2, 40000, 720, 9280, 40, 0.0, 0, true, true, false},
+    {"40000 pages", 2, 40000, 720, 0, -1, 0.05, 1, false, true, false},
+    {"40000 > 4 chunks", 1, 40000, 9000, 20000, -1, 0.0, 0, true, true, false},
+    {"40960 (max)", 2, 40960, 738, 9503, 0, 0.0, 0, true, true, true},
+};
+
 // The case and seed for SCOPED_TRACE.
 inline std::string describe(const SelectCase& c, uint64_t seed) {
   return (testing::Message() << c.name << " heads=" << c.heads << " items=" << c.items << " k_r=" << c.k_r
@@ -149,9 +195,11 @@ inline SelectInputs make_select_inputs(const SelectCase& c, uint64_t seed) {
 // (programmatic launches need one), into fresh output buffers filled with 0x7f bytes, each downloaded whole.
 // own_phase: a fresh phase buffer ([H, kPhaseSlots] u64, 0xff = unstamped) replaces p.phase and is downloaded
 // into phase; else p.phase is in.p.phase. before (optional): called with the full parameters and the outputs
-// right before the launch. what names the launch in failure messages.
+// right before the launch. what names the launch in failure messages. launch (optional): the launch itself
+// (default: select_and_expand_bins).
 inline SelectOutputs run_select(const SelectInputs& in, const char* what, bool own_phase,
-                                const std::function<void(const cuda::detail::SelectParams&, SelectOutputs&)>& before = {}) {
+                                const std::function<void(const cuda::detail::SelectParams&, SelectOutputs&)>& before = {},
+                                const std::function<cudaError_t(const cuda::detail::SelectParams&, cudaStream_t)>& launch = {}) {
   using cuda::detail::kPhaseSlots;
   const int H = in.H, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
   cuda::DeviceBuffer ret(size_t(H) * std::max(k_r, 1) * 4), est(size_t(H) * std::max(k_e, 1) * 4),
@@ -172,7 +220,8 @@ inline SelectOutputs run_select(const SelectInputs& in, const char* what, bool o
   SelectOutputs o;
   if (before) before(p, o);
   cuda::StreamHandle stream;  // programmatic launches on created streams only
-  const cudaError_t e = cuda::detail::select_and_expand_bins(p, static_cast<cudaStream_t>(stream.get()));
+  const cudaError_t e = launch ? launch(p, static_cast<cudaStream_t>(stream.get()))
+                                : cuda::detail::select_and_expand_bins(p, static_cast<cudaStream_t>(stream.get()));
   EXPECT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
   o.ret.resize(size_t(H) * std::max(k_r, 1));
@@ -241,6 +290,30 @@ inline std::vector<int32_t> expect_cpu_rule_ids(const SelectInputs& in, const Se
   EXPECT_EQ(std::vector<int>(o.ret.begin() + size_t(h) * k_r, o.ret.begin() + size_t(h + 1) * k_r), r);
   EXPECT_EQ(std::vector<int>(o.est.begin() + size_t(h) * k_e, o.est.begin() + size_t(h + 1) * k_e), e);
   return r;
+}
+
+// Head h's token list and count in o: the steady zone (the first idx_begin tokens, then those past the index)
+// followed by the members of the retrieval ids r (ascending, -1 padded) in order, and the entry after the
+// list still poisoned.
+inline void expect_token_list(const SelectInputs& in, const SelectOutputs& o, int h, const std::vector<int32_t>& r) {
+  const int N = in.N, P = in.p.page_tokens;
+  std::vector<int> tokens;
+  for (int64_t t = 0; t < in.idx_begin; ++t) tokens.push_back(int(t));
+  for (int64_t t = in.idx_begin + in.n_idx; t < in.num_tokens; ++t) tokens.push_back(int(t));
+  for (int id : r) {
+    if (id < 0) break;
+    if (P > 0) {
+      for (int64_t t = int64_t{id} * P; t < std::min<int64_t>(int64_t{id + 1} * P, in.n_idx); ++t)
+        tokens.push_back(int(in.idx_begin + t));
+    } else {
+      for (int j = in.offsets[size_t(h) * N + id]; j < in.offsets[size_t(h) * N + id + 1]; ++j)
+        tokens.push_back(int(in.idx_begin + in.members[j]));
+    }
+  }
+  ASSERT_EQ(o.count[h], int(tokens.size()));
+  const auto row = o.list.begin() + size_t(h) * in.list_stride;
+  EXPECT_EQ(std::vector<int>(row, row + tokens.size()), tokens);
+  EXPECT_EQ(row[tokens.size()], 0x7f7f7f7f) << "written past the list";
 }
 
 // A value of a selection switch and its name in failure messages ("v1", "split=force").

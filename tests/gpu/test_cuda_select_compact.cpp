@@ -64,23 +64,7 @@ void run_compact_case(const gputest::SelectCase& c, uint64_t seed) {
     int64_t n_r = 0;
     const std::vector<int32_t> r = gputest::expect_cpu_rule_ids(in, b, h, &n_r);
     max_out = std::max(max_out, n_r);
-    std::vector<int> tokens;
-    for (int64_t t = 0; t < in.idx_begin; ++t) tokens.push_back(int(t));
-    for (int64_t t = in.idx_begin + in.n_idx; t < in.num_tokens; ++t) tokens.push_back(int(t));
-    for (int id : r) {
-      if (id < 0) break;
-      if (P > 0) {
-        for (int64_t t = int64_t{id} * P; t < std::min<int64_t>(int64_t{id + 1} * P, in.n_idx); ++t)
-          tokens.push_back(int(in.idx_begin + t));
-      } else {
-        for (int j = in.offsets[size_t(h) * N + id]; j < in.offsets[size_t(h) * N + id + 1]; ++j)
-          tokens.push_back(int(in.idx_begin + in.members[j]));
-      }
-    }
-    ASSERT_EQ(b.count[h], int(tokens.size()));
-    const auto row = b.list.begin() + size_t(h) * in.list_stride;
-    EXPECT_EQ(std::vector<int>(row, row + tokens.size()), tokens);
-    EXPECT_EQ(row[tokens.size()], 0x7f7f7f7f) << "written past the list";
+    gputest::expect_token_list(in, b, h, r);
   }
   std::printf("[select compact] %s H=%d N=%d k_r=%d k_e=%d levels=%d empty=%.2f P=%d steady=%d run8=%d: v1 vs "
               "ballot ids, lists, counts, scratch %s; CPU rule %s; max retrieval items %lld\n",
@@ -89,53 +73,10 @@ void run_compact_case(const gputest::SelectCase& c, uint64_t seed) {
               (long long)max_out);
 }
 
-// {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
-const gputest::SelectCase kCases[] = {
-    {"one item", 3, 1, 1, 0, 0, 0.0, 0, true, true, false},
-    {"two items", 2, 2, 1, 1, 0, 0.0, 4, false, false, false},
-    {"k_r+k_e > finite", 2, 3, 1, 5, 0, 0.3, 0, true, true, false},
-    {"k_r 0", 2, 5, 0, 3, 0, 0.0, 0, false, true, false},
-    {"one warp tail", 2, 31, 2, 10, -1, 0.1, 0, true, true, false},
-    {"half step - 1", 2, 127, 3, 30, 0, 0.0, 0, true, true, false},
-    {"half step", 2, 128, 3, 30, 0, 0.0, 0, false, true, false},
-    {"half step + 1", 2, 129, 3, 30, 0, 0.0, 0, true, false, false},
-    {"step - 1", 1, 255, 5, 60, -1, 0.0, 0, true, true, false},
-    {"step + 1", 1, 257, 5, 60, -1, 0.0, 0, true, true, true},
-    {"1000 all empty", 2, 1000, 10, 100, 0, 1.0, 0, true, true, false},
-    {"32K shape", 3, 2044, 37, 475, -1, 0.0, 0, true, true, true},
-    {"32K ties partly taken", 2, 2044, 37, 475, 50, 0.0, 0, true, true, false},
-    {"signed zero ties (bins)", 2, 2044, 300, 400, -3, 0.1, 0, true, true, false},
-    {"k_r 0 ties (bins)", 2, 2044, 0, 300, 50, 0.0, 0, false, true, false},
-    {"k_r+k_e > finite 2044", 2, 2044, 1000, 1500, 0, 0.2, 0, true, true, false},
-    {"4097 tail", 2, 4097, 74, 950, 5, 0.05, 0, true, true, false},
-    {"128K shape, 32 heads", 32, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
-    {"8188 uniform", 2, 8188, 148, 1900, 0, 0.01, 0, false, true, false},
-    {"8188 ties, radix fallback", 2, 8188, 148, 1900, 5, 0.0, 0, true, true, false},
-    {"8188 signed zeros, radix", 2, 8188, 148, 1900, -3, 0.0, 0, true, true, false},
-    {"8188 band, radix fallback", 2, 8188, 148, 1900, -2, 0.0, 0, true, true, false},
-    // No retrieval budget through the radix fallback: radix_select2 used to stop after its first pass when
-    // k_r = 0 (threshold 0: every finite item went to the estimation list, past its end).
-    {"k_r 0, radix fallback", 2, 8188, 0, 1900, 5, 0.0, 0, true, true, false},
-    {"k_r 0, band radix", 2, 8188, 0, 1900, -2, 0.0, 0, false, true, false},
-    {"8188 60% empty", 2, 8188, 148, 1900, -1, 0.6, 0, true, true, false},
-    {"8188 no estimation", 2, 8188, 148, 0, 0, 0.0, 0, true, true, false},
-    {"8188 > kBinExp retrieval", 2, 8188, 1500, 2000, -1, 0.0, 0, true, true, false},
-    {"8192", 2, 8192, 148, 1900, 0, 0.0, 0, false, false, false},
-    {"8193", 2, 8193, 148, 1900, 1000, 0.0, 0, true, true, false},
-    {"pages (Quest)", 2, 8188, 148, 1900, 0, 0.0, 16, true, true, false},
-    {"pages, no estimation", 2, 2044, 37, 0, 0, 0.0, 16, true, false, false},
-    {"pages > kBinExp", 1, 8201, 9000, 10, 50, 0.2, 2, true, false, false},
-    {"20000", 1, 20000, 1500, 4000, -1, 0.0, 0, true, true, false},
-    {"40000", 2, 40000, 720, 9280, 40, 0.0, 0, true, true, false},
-    {"40000 pages", 2, 40000, 720, 0, -1, 0.05, 1, false, true, false},
-    {"40000 > 4 chunks", 1, 40000, 9000, 20000, -1, 0.0, 0, true, true, false},
-    {"40960 (max)", 2, 40960, 738, 9503, 0, 0.0, 0, true, true, true},
-};
-
 TEST(CudaSelectCompact, BallotMatchesV1AndCpuRule) {
   RETROINFER_REQUIRE_GPU();
   uint64_t seed = 16000;
-  for (const auto& c : kCases) run_compact_case(c, ++seed);
+  for (const auto& c : gputest::kSelectCases) run_compact_case(c, ++seed);
 }
 
 TEST(CudaSelectCompact, UnknownVariantThrows) {

@@ -209,7 +209,33 @@ struct SelectParams {
   // clusters' members while compacting (the expansion's dependent loads then hit L2), and a half-warp per
   // item in the expansion. The result is the same.
   bool prefetch = false;
+  // Run 19 (select_grid.cu): the multi-CTA selection's workspace, [num_heads, kSelectGridWsWords] u32, zero
+  // when first used (every launch leaves it zero). Null: the one-CTA / cluster kernels.
+  unsigned* grid_ws = nullptr;
 };
+inline constexpr int kSelectGridMaxChunks = 64;     // CTAs per head of the grid selection, at most
+inline constexpr int kSelectGridWsWords = 13312;    // per head: three histograms, chunk counts, a barrier
+inline size_t select_grid_ws_bytes(int64_t num_heads) { return size_t(num_heads) * kSelectGridWsWords * 4; }
+// Of each head's words: [0, kSelectGridWsZeroWords) (the histograms) and the barrier count at
+// kSelectGridWsBarWord are zero between launches; the rest (chunk counts, the barrier generation) is scratch.
+inline constexpr int kSelectGridWsZeroWords = 12800;
+inline constexpr int kSelectGridWsBarWord = 13184;
+// The grid selection (select_grid.cu): RETROINFER_SELECT_GRID (unset or 1: past kSelectGridMinItems items;
+// force: wherever it fits; 0: off; other values throw retroinfer::Error), read at every launch.
+enum class SelectGridMode { kOff, kLarge, kForce };
+// Items past which RETROINFER_SELECT_GRID=1 takes the grid kernel: the one-CTA kernels' limit, so the grid
+// kernel replaces the cluster kernel (1M tokens, batch 1: 29 against 76 us per head). Run 19 (read flush, µs per
+// head): the bins kernel 12.3 / 18.7 / 32.0 at 8188 / 16380 / 32764 items, the grid kernel 23.7 / 24.0 / 25.6 at
+// batch 1 and 23.7 / 26.7 / 32.7 at batch 4, so the bins kernel stays up to here.
+inline constexpr int kSelectGridMinItems = 40960;
+SelectGridMode select_grid_mode();
+// Its plan for p: *ipt items per thread and *chunks CTAs per head (256 threads each), or 0 / 0 where it does
+// not apply (no workspace, scores to form (group > 0), or the CTAs would not all be resident at once).
+cudaError_t select_grid_plan(const SelectParams& p, int* ipt, int* chunks);
+// Launches with ipt items per thread and `chunks` CTAs per head: cudaErrorInvalidConfiguration when the
+// num_heads * chunks CTAs would not all be resident at once (select_grid_capacity: how many are).
+cudaError_t select_and_expand_grid(const SelectParams& p, int ipt, int chunks, cudaStream_t s);
+cudaError_t select_grid_capacity(int ipt, int k_retrieval, int* ctas);
 // Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)
 // while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;
 // RETROINFER_SELECT=radix (or single) / cluster forces run 5's one-CTA radix kernel / the cluster kernel.

@@ -299,6 +299,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.token_list = a.token_list;
   se.token_count = a.token_count;
   se.scan_scratch = a.scan_scratch;
+  se.grid_ws = a.grid_ws;
   se.list_stride = a.list_stride;
   se.phase = a.phase;
   se.pdl = pdl;

@@ -76,6 +76,7 @@ struct ZoneDecodeArgs {
   int* retrieval_ids = nullptr;   // [H, max(n_r, 1)]
   int* estimation_ids = nullptr;  // [H, max(n_e, 1)]
   int* scan_scratch = nullptr;    // [H, n_r + 1]
+  unsigned* grid_ws = nullptr;    // [H, kSelectGridWsWords] zero (run 19's grid selection; null: the one-CTA kernels)
   int* token_list = nullptr;      // [H, list_stride]: written by the selection (steady + retrieval tokens)
   int* token_count = nullptr;     // [H]
   int64_t list_stride = 0;
@@ -203,6 +204,7 @@ void fill_index_args(ZoneDecodeArgs& a, const M& m, const int* offsets, const fl
   a.part_ml = m.part_ml.template as<float2>();
   a.part_o = m.part_o.template as<float>();
   a.merge_counter = m.merge_counter.template as<int>();
+  a.grid_ws = m.sel_ws.template as<unsigned>();
   a.est_counter = m.est_counter.template as<int>();
 }
 

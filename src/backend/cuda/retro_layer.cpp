@@ -92,6 +92,7 @@ struct RetroLayer::Impl {
   // Decode workspace.
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
+  DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace (zeroed once; kept zero)
   DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge; zeroed once; kept zero)
   DeviceBuffer phase;          // [H, kPhaseSlots] u64: phase stamps (decode_stage_ms, RETROINFER_SELECT_PHASES=1)
   bool phase_on = false;       // decode_impl passes `phase` (decode_stage_ms's phase graph)
@@ -309,6 +310,10 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   if (merge_counter.bytes() < Hs * 4) {  // zero once: every decode's last CTA per head leaves it zero
     merge_counter = DeviceBuffer(Hs * 4);
     RETROINFER_CUDA_CHECK(cudaMemsetAsync(merge_counter.data(), 0, Hs * 4, st));
+  }
+  if (sel_ws.bytes() < detail::select_grid_ws_bytes(H)) {  // zero once: every grid selection leaves it zero
+    sel_ws = DeviceBuffer(detail::select_grid_ws_bytes(H));
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(sel_ws.data(), 0, sel_ws.bytes(), st));
   }
   if (est_counter.bytes() < Hs * 4) {  // zero once: each head's last estimation CTA leaves it zero
     est_counter = DeviceBuffer(Hs * 4);
@@ -611,7 +616,7 @@ int64_t RetroLayer::device_bytes() const {
                                 &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
-                                &m.est_counter,
+                                &m.est_counter, &m.sel_ws,
                                 &m.phase, &w.seg_tokens,
                                 &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
                                 &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,

@@ -425,9 +425,20 @@ cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
   static const int forced = [] {
     const char* e = std::getenv("RETROINFER_SELECT");
     if (e == nullptr) return 0;
-    return e[0] == 's' || e[0] == 'r' ? 1 : (e[0] == 'c' ? 2 : 0);
+    return e[0] == 's' || e[0] == 'r' ? 1 : (e[0] == 'c' ? 2 : (e[0] == 'b' ? 3 : 0));
   }();
-  const bool cluster = forced == 2 || (forced == 0 && p.num_items > kSingleSmemItems);
+  // Run 19: the grid selection (several CTAs per head) past kSelectGridMinItems = 40960 items (kernels.h) instead
+  // of the cluster kernel (1M tokens, batch 1: 29 against 76 us), where the caller gives it a workspace and it
+  // fits; below, the one-CTA bins kernel stays (128K batch 4: 12.3 against 23.7 us: the per-head barriers cost
+  // more than one multiprocessor's work). RETROINFER_SELECT forces a kernel; RETROINFER_SELECT_GRID=0 / force.
+  const SelectGridMode grid = p.grid_ws != nullptr ? select_grid_mode() : SelectGridMode::kOff;
+  if (forced == 0 && (grid == SelectGridMode::kForce || (grid == SelectGridMode::kLarge && p.num_items > kSelectGridMinItems))) {
+    int ipt = 0, chunks = 0;
+    const cudaError_t e = select_grid_plan(p, &ipt, &chunks);
+    if (e != cudaSuccess) return e;
+    if (ipt > 0) return select_and_expand_grid(p, ipt, chunks, s);
+  }
+  const bool cluster = forced == 2 || ((forced == 0 || forced == 3) && p.num_items > kSingleSmemItems);
   if (cluster) return select_and_expand_cluster(p, s);
   return forced == 1 ? select_and_expand_single_cta(p, s) : select_and_expand_bins(p, s);
 }

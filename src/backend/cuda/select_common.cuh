@@ -91,6 +91,28 @@ __device__ __forceinline__ void sel_stamp(uint64_t* phase, int h, int j) {
   }
 }
 
+// A retrieval item's tokens: (begin, length) in the index (pages: item id covers index tokens
+// [id * page_tokens, ...) up to n_idx; clusters: head h's CSR range of members), and with `prefetch` the
+// cluster's members started on their way into L2 (the expansion reads them later).
+struct ItemTokens {
+  int begin = 0, length = 0;
+};
+__device__ __forceinline__ ItemTokens item_tokens(const SelectParams& p, int h, int id, bool prefetch) {
+  ItemTokens r;
+  if (p.page_tokens > 0) {
+    const int64_t b64 = int64_t{id} * p.page_tokens;
+    r.begin = static_cast<int>(b64);
+    r.length = static_cast<int>(b64 + p.page_tokens < p.n_idx ? p.page_tokens : p.n_idx - b64);
+  } else {
+    const int64_t hc = int64_t{h} * p.num_items + id;
+    r.begin = p.offsets[hc];
+    r.length = p.offsets[hc + 1] - r.begin;
+    if (prefetch)
+      for (int o = 0; o < r.length; o += 32) prefetch_l2(p.members + r.begin + o);
+  }
+  return r;
+}
+
 constexpr int kSelThreads = 1024;
 constexpr int kSelWarps = kSelThreads / 32;
 

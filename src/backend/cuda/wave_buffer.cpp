@@ -184,6 +184,8 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
 
   m.merge_counter = DeviceBuffer(size_t(H) * 4);
   m.merge_counter.fill_bytes(0);
+  m.sel_ws = DeviceBuffer(detail::select_grid_ws_bytes(H));  // the grid selection leaves it zero
+  m.sel_ws.fill_bytes(0);
   m.est_counter = DeviceBuffer(size_t(H) * 4);
   m.est_counter.fill_bytes(0);
   m.exec_count = DeviceBuffer(size_t(H) * 4);
@@ -413,7 +415,7 @@ int64_t WaveBufferLayer::device_bytes() const {
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,
-                                &m.merge_counter, &m.est_counter};
+                                &m.merge_counter, &m.est_counter, &m.sel_ws};
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
   return b;

@@ -44,6 +44,7 @@ struct WaveBufferLayer::Impl {
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
+  DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: run 19's grid selection (zeroed once; kept zero)
   DeviceBuffer merge_counter;  // [H] int: run 8's fused merge (layer_common.h decode_path), zero between steps
   DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge), zero between steps
   PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
