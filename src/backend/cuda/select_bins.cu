@@ -395,10 +395,9 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
       }
     }
   } else {
-    // Ready scores (quest, outliers, oracle; run 9's form_scores and the default path's score grid): 8
-    // independent loads in flight per thread (a plain strided loop leaves one L2 round trip per item of the
-    // thread on the critical path; run 19: 8 instead of 4, so 8188 items take one round trip instead of two).
-    constexpr int kB = 8;
+    // Ready scores (quest, outliers, oracle; run 9's form_scores): 4 independent loads in flight per thread
+    // (a plain strided loop leaves one L2 round trip per item of the thread on the critical path).
+    constexpr int kB = 4;
     for (int i0 = tid; i0 < N; i0 += kB * blockDim.x) {
       float sv[kB];
 #pragma unroll
@@ -625,24 +624,28 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   __syncthreads();  // expansion table
   sel_stamp(phase, h, 6);
   // Run 8 (p.prefetch): a half-warp per retrieval item (clusters hold ~tokens_per_cluster = 16 tokens, so a
-  // whole warp leaves half its lanes idle): 64 items per round instead of 32 (148 items at 128K: 3 rounds
-  // instead of 5). Run 6: a warp per item. Run 19: kExpRounds rounds' first member loads are all issued before
-  // their stores (the compiler may not move a load above a store to the list: they could alias), so 148 items
-  // take one dependent L2 round trip instead of 3 (590 at 512K: 3 instead of 10). The same list either way.
+  // whole warp leaves half its lanes idle): 64 items per round instead of 32 (148 items at 128K: 3 dependent
+  // rounds instead of 5). Run 6: a warp per item. The same list either way.
   const int sub = p.prefetch ? 16 : 32, per_warp = 32 / sub;
-  expand_items(p, list, out1, warp * per_warp + lane / sub, kSelWarps * per_warp, lane % sub, sub,
-               [&](int i, int& b, int& at, int& n) {
-                 if (i < kBinExp) {
-                   b = bs.exp_begin[i];
-                   at = bs.exp_at[i];
-                   n = bs.exp_len[i];
-                 } else {
-                   at = pre[i];
-                   const ItemTokens it = item_tokens(p, h, ret[i], false);
-                   b = it.begin;
-                   n = it.length;
-                 }
-               });
+  const int slot = warp * per_warp + lane / sub, sl = lane % sub;
+  for (int i = slot; i < out1; i += kSelWarps * per_warp) {
+    int b, at, n;
+    if (i < kBinExp) {
+      b = bs.exp_begin[i];
+      at = bs.exp_at[i];
+      n = bs.exp_len[i];
+    } else {
+      at = pre[i];
+      const ItemTokens it = item_tokens(p, h, ret[i], false);
+      b = it.begin;
+      n = it.length;
+    }
+    if (p.page_tokens > 0) {
+      for (int t = sl; t < n; t += sub) list[at + t] = static_cast<int>(p.idx_begin + b + t);
+    } else {
+      for (int t = sl; t < n; t += sub) list[at + t] = static_cast<int>(p.idx_begin + p.members[b + t]);
+    }
+  }
   if (tid == 0) p.token_count[h] = running;
   if (phase != nullptr) {  // diagnostics: the end of the slowest warp's expansion
     __syncthreads();

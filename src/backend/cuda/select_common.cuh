@@ -113,39 +113,6 @@ __device__ __forceinline__ ItemTokens item_tokens(const SelectParams& p, int h, 
   return r;
 }
 
-// The expansion of retrieval items [0, count) into a head's token list: item i's index tokens (its CSR
-// members b .. b + n, or the page's tokens) at list positions at .. at + n, from get(i, b, at, n). A group of
-// `sub` lanes per item, lane sl of the group at slot `slot`, `stride` items per round of all groups. The first
-// member loads of kExpRounds rounds are issued before their stores (the compiler may not move a load above a
-// store to the list: they could alias), so up to kExpRounds rounds cost one dependent L2 round trip (run 19).
-constexpr int kExpRounds = 4;
-template <typename Get>
-__device__ __forceinline__ void expand_items(const SelectParams& p, int* list, int count, int slot, int stride, int sl,
-                                             int sub, Get get) {
-  for (int i0 = slot; i0 < count; i0 += kExpRounds * stride) {
-    int b[kExpRounds], at[kExpRounds], n[kExpRounds];
-    uint32_t first[kExpRounds];  // index token sl of each round's item
-#pragma unroll
-    for (int r = 0; r < kExpRounds; ++r) {
-      const int i = i0 + r * stride;
-      b[r] = 0;
-      at[r] = 0;
-      n[r] = 0;
-      if (i < count) get(i, b[r], at[r], n[r]);
-      first[r] = sl < n[r] ? (p.page_tokens > 0 ? static_cast<uint32_t>(b[r] + sl) : p.members[b[r] + sl]) : 0u;
-    }
-#pragma unroll
-    for (int r = 0; r < kExpRounds; ++r) {
-      if (sl < n[r]) list[at[r] + sl] = static_cast<int>(p.idx_begin + first[r]);
-      if (p.page_tokens > 0) {
-        for (int t = sl + sub; t < n[r]; t += sub) list[at[r] + t] = static_cast<int>(p.idx_begin + b[r] + t);
-      } else {
-        for (int t = sl + sub; t < n[r]; t += sub) list[at[r] + t] = static_cast<int>(p.idx_begin + p.members[b[r] + t]);
-      }
-    }
-  }
-}
-
 constexpr int kSelThreads = 1024;
 constexpr int kSelWarps = kSelThreads / 32;
 

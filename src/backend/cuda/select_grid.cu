@@ -519,11 +519,15 @@ __global__ void __launch_bounds__(kGThreads) select_grid_kernel(const GridArgs a
   __syncthreads();  // the table's absolute positions
   sel_stamp(phase, h, 6);
   // Expansion: a half-warp per retrieval item of the chunk.
-  expand_items(p, list, tr, warp * 2 + lane / 16, kGWarps * 2, lane % 16, 16, [&](int i, int& b, int& at, int& n) {
-    b = tab_b[i];
-    at = tab_at[i];
-    n = tab_len[i];
-  });
+  const int sub = 16, slot0 = warp * 2 + lane / sub, sl = lane % sub;
+  for (int i = slot0; i < tr; i += kGWarps * 2) {
+    const int b = tab_b[i], at = tab_at[i], n = tab_len[i];
+    if (p.page_tokens > 0) {
+      for (int x = sl; x < n; x += sub) list[at + x] = static_cast<int>(p.idx_begin + b + x);
+    } else {
+      for (int x = sl; x < n; x += sub) list[at + x] = static_cast<int>(p.idx_begin + p.members[b + x]);
+    }
+  }
   if (phase != nullptr) {
     __syncthreads();
     sel_stamp(phase, h, 7);
