@@ -5,8 +5,9 @@
 // whole, so an entry one variant leaves unwritten fails too), the ids equal to the CPU rule "sort by
 // (score desc, id asc), cut at k_r and k_r + k_e", and with stamps on, every head's selection phases stamped
 // (by its retrieval CTA). Modes: 0 (the default), 1 (split when all 2 H CTAs fit at once, else one CTA per
-// head) and force (split always: grids of more than one wave at 128 heads). Inputs as
-// test_cuda_select_compact.cpp: ready scores of 1 .. 40960 items, k_r / k_e including 0 and beyond the
+// head) and force (split always: grids of more than one wave at 128 heads). Inputs: the selection kernels'
+// shared table (select_test_util.h kSelectCases, also test_cuda_select_compact.cpp's and
+// test_cuda_select_grid.cpp's) and two more cases: ready scores of 1 .. 40960 items, k_r / k_e including 0 and beyond the
 // finite items, all -inf items, exact ties taken partially (few levels, signed zeros, the band that sends
 // the threshold bin to the radix passes), CSR clusters and pages, steady zones, more than kBinExp retrieval
 // items, with and without run 8's PDL launch and prefetches. Then RetroLayer decodes at 128K batch 4 (issue
@@ -90,47 +91,18 @@ void run_split_case(const gputest::SelectCase& c, uint64_t seed) {
               ::testing::Test::HasFailure() ? "FAILED (see above)" : "ok");
 }
 
+// The cases the shared table (select_test_util.h kSelectCases) does not hold.
 // {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
-const gputest::SelectCase kCases[] = {
-    {"one item", 3, 1, 1, 0, 0, 0.0, 0, true, true, false},
+const gputest::SelectCase kExtraCases[] = {
     {"one item, estimation", 3, 1, 0, 1, 0, 0.0, 0, true, true, true},
-    {"two items", 2, 2, 1, 1, 0, 0.0, 4, false, false, false},
-    {"k_r+k_e > finite", 2, 3, 1, 5, 0, 0.3, 0, true, true, false},
-    {"k_r 0", 2, 5, 0, 3, 0, 0.0, 0, false, true, false},
-    {"one warp tail", 2, 31, 2, 10, -1, 0.1, 0, true, true, false},
-    {"half step - 1", 2, 127, 3, 30, 0, 0.0, 0, true, true, false},
-    {"half step + 1", 2, 129, 3, 30, 0, 0.0, 0, true, false, false},
-    {"step + 1", 1, 257, 5, 60, -1, 0.0, 0, true, true, true},
-    {"1000 all empty", 2, 1000, 10, 100, 0, 1.0, 0, true, true, false},
-    {"32K shape", 3, 2044, 37, 475, -1, 0.0, 0, true, true, true},
-    {"32K ties partly taken", 2, 2044, 37, 475, 50, 0.0, 0, true, true, false},
-    {"signed zero ties (bins)", 2, 2044, 300, 400, -3, 0.1, 0, true, true, false},
-    {"k_r 0 ties (bins)", 2, 2044, 0, 300, 50, 0.0, 0, false, true, false},
-    {"k_r+k_e > finite 2044", 2, 2044, 1000, 1500, 0, 0.2, 0, true, true, false},
-    {"4097 tail", 2, 4097, 74, 950, 5, 0.05, 0, true, true, false},
-    {"128K shape, 32 heads", 32, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
     {"128K shape, 128 heads (batch 16)", 128, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
-    {"8188 ties, radix fallback", 2, 8188, 148, 1900, 5, 0.0, 0, true, true, false},
-    {"8188 signed zeros, radix", 2, 8188, 148, 1900, -3, 0.0, 0, true, true, false},
-    {"8188 band, radix fallback", 2, 8188, 148, 1900, -2, 0.0, 0, true, true, false},
-    {"k_r 0, radix fallback", 2, 8188, 0, 1900, 5, 0.0, 0, true, true, false},
-    {"k_r 0, band radix", 2, 8188, 0, 1900, -2, 0.0, 0, false, true, false},
-    {"8188 60% empty", 2, 8188, 148, 1900, -1, 0.6, 0, true, true, false},
-    {"8188 no estimation", 2, 8188, 148, 0, 0, 0.0, 0, true, true, false},
-    {"8188 > kBinExp retrieval", 2, 8188, 1500, 2000, -1, 0.0, 0, true, true, false},
-    {"8193", 2, 8193, 148, 1900, 1000, 0.0, 0, true, true, false},
-    {"pages (Quest)", 2, 8188, 148, 1900, 0, 0.0, 16, true, true, false},
-    {"pages > kBinExp", 1, 8201, 9000, 10, 50, 0.2, 2, true, false, false},
-    {"20000", 1, 20000, 1500, 4000, -1, 0.0, 0, true, true, false},
-    {"40000", 2, 40000, 720, 9280, 40, 0.0, 0, true, true, false},
-    {"40000 > 4 chunks", 1, 40000, 9000, 20000, -1, 0.0, 0, true, true, false},
-    {"40960 (max)", 2, 40960, 738, 9503, 0, 0.0, 0, true, true, true},
 };
 
 TEST(CudaSelectSplit, MatchesDefaultAndCpuRule) {
   RETROINFER_REQUIRE_GPU();
   uint64_t seed = 18000;
-  for (const auto& c : kCases) run_split_case(c, ++seed);
+  for (const auto& c : gputest::kSelectCases) run_split_case(c, ++seed);
+  for (const auto& c : kExtraCases) run_split_case(c, ++seed);
 }
 
 // The parse needs no device (it throws before any CUDA call); the CTA counts do.
