@@ -13,7 +13,7 @@ build=${1:-$root/build/cuda-release}
 stage=${2:-$root/.gpu-stage/run}
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/scripts"
-for b in retroinfer gpu_tests kernel_bench prefill_bench wave_buffer_bench model_ops_bench; do
+for b in retroinfer gpu_tests kernel_bench prefill_bench wave_buffer_bench model_ops_bench joined_decode_bench; do
   if [ -x "$build/bin/$b" ]; then
     strip -o "$stage/bin/$b" "$build/bin/$b"
     xz -9 -T2 "$stage/bin/$b"

@@ -12,13 +12,17 @@
 //   3. runs ONE decode step for every running sequence:
 //        cpu:  one Session::decode_batch call over all of them (every weight read once per step for the
 //              whole batch, the point of batching);
-//        cuda (or any non-CPU session): no batched kernel yet; each sequence decodes in turn (decode()),
-//              so a batch there only interleaves the requests, it does not share the weight reads;
+//        cuda: one JoinedDecode call (sequence_session.h; CudaJoinedDecoder, cuda_model.h) over all of them
+//              when two or more run and all can join (one model, every layer's KV on the GPU): every
+//              product reads its weights once per step for the whole batch, each sequence keeps its own
+//              position, KV and attention; otherwise (host-tier layers) each sequence decodes in turn;
 //      then samples each sequence's next token with its own options (GenerationStepper: its own Sampler,
 //      EOS, stop strings, max_new_tokens) and retires the finished ones; their slots are refilled at the
 //      next iteration.
-// Each request's tokens equal what generate() gives it alone with the same options (batched decode
-// reproduces single decode; sampling is per request).
+// Each request's tokens equal what generate() gives it alone with the same options (on the CPU batched decode
+// reproduces single decode bit for bit; on CUDA the joined step's logits equal single decode's up to the
+// products' summation order, which a greedy choice between two logits that close could tell apart;
+// sampling is per request).
 //
 // Threading contract: submit(), stats() and shutdown() may be called from any thread at once. A request's
 // callbacks (token_text, on_token, on_prefill) run on the worker thread, one request's at a time; they must
@@ -92,6 +96,7 @@ class BatchScheduler {
     int64_t completed = 0;     // futures fulfilled with a summary
     int64_t failed = 0;        // futures fulfilled with an exception
     int64_t decode_steps = 0;  // iterations that decoded (one batched step each on the CPU)
+    int64_t joined_steps = 0;  // of those, steps of non-CPU sessions run as one JoinedDecode call (CUDA)
     int64_t decoded_tokens = 0;  // sum of the batch sizes of those steps
     int max_running = 0;       // the most sequences that decoded in one step (<= max_batch)
   };

@@ -242,6 +242,36 @@ class CudaSession {
   CudaWaveCounts last_wave_counts();
 
  private:
+  friend class CudaJoinedDecoder;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Continuous batching on the GPU: one decode step of several one-sequence sessions of one model, prefilled
+// apart and holding different positions, in one call. The embedding, the norms, every product and the LM head
+// run once over all their rows (each weight read once per step, instead of once per session); each session's
+// RoPE position, KV append and decode attention stay its own (its LayerAttention objects, its K/V). Logits
+// equal each session's own decode() up to the products' summation order (the tuned kernels depend on the row
+// count). Runs eagerly on the decoder's own stream, ordered after and before each session's stream; it grows
+// its row buffers (~(hidden + qkv + 3 intermediate + vocab) x 4 bytes per row, plus a Gemm workspace) to the
+// largest batch seen. One caller at a time.
+class CudaJoinedDecoder {
+ public:
+  explicit CudaJoinedDecoder(const CudaModel& model);
+  ~CudaJoinedDecoder();
+  CudaJoinedDecoder(const CudaJoinedDecoder&) = delete;
+  CudaJoinedDecoder& operator=(const CudaJoinedDecoder&) = delete;
+
+  // Whether `s` can join: of this decoder's model (takes) or of any model (joinable), one sequence,
+  // prefilled, every layer GPU-tier.
+  bool takes(const CudaSession& s) const;
+  static bool joinable(const CudaSession& s);
+  // tokens [n], logits [n, vocab] (host); sessions distinct. Throws Error (before any work) for a session it
+  // does not take, a duplicate, a full session or a token outside the vocabulary.
+  void decode(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens, std::span<float> logits);
+  const CudaModel& model() const;
+
+ private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -262,6 +292,9 @@ class CudaSequenceSession final : public SequenceSession {
   const AttentionConfig& attention_config() const override;
   const AttentionStats& last_stats() const override;
   Device device() const override { return Device::kCuda; }
+  // The model when session() can join a CudaJoinedDecoder (CudaJoinedDecoder::takes), else null.
+  const void* join_key() const override;
+  std::unique_ptr<JoinedDecode> make_joined_decode() const override;
   CudaSession& session() { return *session_; }
 
  private:

@@ -25,6 +25,24 @@ enum class Device : uint8_t { kCpu, kCuda };
 std::string_view device_name(Device d);   // "cpu" | "cuda"
 Device parse_device(std::string_view s);  // "cpu" | "cuda" (throws Error otherwise)
 
+class SequenceSession;
+
+// One decode step of several sessions in one call, every weight read once for all of them (continuous
+// batching across sessions that joined at different times and hold different positions): the batch
+// scheduler's path for sessions that are not CPU sessions (those batch through Session::decode_batch).
+// Made by a session (SequenceSession::make_joined_decode); takes the sessions whose join_key() is key().
+class JoinedDecode {
+ public:
+  virtual ~JoinedDecode() = default;
+  virtual const void* key() const = 0;
+  // tokens [n] (one per session), logits [n, vocab]: each session advances as decode(tokens[i]) advances it,
+  // its logits equal to that call's up to the products' summation order. Throws Error for a session it does
+  // not take, a duplicate, a full session or a token outside the vocabulary (checked before any work); a
+  // failure after that fails the step of every session in it.
+  virtual void decode(std::span<SequenceSession* const> sessions, std::span<const int32_t> tokens,
+                      std::span<float> logits) = 0;
+};
+
 class SequenceSession {
  public:
   virtual ~SequenceSession() = default;
@@ -45,6 +63,12 @@ class SequenceSession {
   // Attention statistics of the last decode step, summed over layers.
   virtual const AttentionStats& last_stats() const = 0;
   virtual Device device() const = 0;
+
+  // Continuous batching (JoinedDecode above): sessions with the same non-null join_key() can decode one
+  // token each in one make_joined_decode()->decode() call. Default: null (decode alone). The CUDA session: its
+  // model when it holds one sequence, is prefilled and keeps every layer's KV on the GPU.
+  virtual const void* join_key() const { return nullptr; }
+  virtual std::unique_ptr<JoinedDecode> make_joined_decode() const { return nullptr; }
 
   // Prefill in steps, so that a caller can interleave a long prompt with other work (the batch scheduler's
   // prefill_step_tokens):

@@ -57,6 +57,7 @@ struct BatchScheduler::Impl {
   std::vector<std::unique_ptr<Running>> running; // worker thread only
   std::vector<std::unique_ptr<Running>> prefilling;  // stepped prefills in progress (worker thread only)
   std::vector<float> batch_logits;               // [running, vocab]: the batched decode's output (worker only)
+  std::unique_ptr<JoinedDecode> joiner;          // the non-CPU sessions' batched decode (worker only; dropped idle)
   std::thread worker;
 
   Impl(const EngineModel& m, const BatchSchedulerOptions& o) : model(m), opt(o) {}
@@ -197,8 +198,33 @@ struct BatchScheduler::Impl {
       }
       for (int64_t i = 0; i < n; ++i)
         go_on[i] = advance(*running[i], std::span<const float>(batch_logits.data() + i * vocab, vocab));
+    } else if (joinable()) {
+      // Continuous batching across non-CPU sessions (CUDA: one model, one sequence each, every layer on the
+      // GPU): one JoinedDecode call, every weight read once for all of them.
+      std::vector<SequenceSession*> ss(n);
+      std::vector<int32_t> tokens(n);
+      for (int64_t i = 0; i < n; ++i) {
+        ss[i] = running[i]->session.get();
+        tokens[i] = running[i]->stepper->next_token();
+      }
+      batch_logits.resize(n * vocab);
+      try {
+        joiner->decode(ss, tokens, batch_logits);
+      } catch (...) {
+        const std::exception_ptr e = std::current_exception();
+        for (auto& r : running) fail(*r->p, e);
+        running.clear();
+        joiner.reset();
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        ++stats.joined_steps;
+      }
+      for (int64_t i = 0; i < n; ++i)
+        go_on[i] = advance(*running[i], std::span<const float>(batch_logits.data() + i * vocab, vocab));
     } else {
-      // No batched decode for this device yet: one sequence after the other.
+      // No batched decode for these sessions: one sequence after the other.
       for (int64_t i = 0; i < n; ++i) {
         Running& r = *running[i];
         try {
@@ -215,6 +241,18 @@ struct BatchScheduler::Impl {
     for (int64_t i = 0; i < n; ++i)
       if (go_on[i]) next.push_back(std::move(running[i]));
     running = std::move(next);
+    if (running.empty()) joiner.reset();  // its row buffers are not kept while nothing runs
+  }
+
+  // Whether the running sessions (two or more) share one non-null join key; makes or keeps `joiner` for it.
+  bool joinable() {
+    if (running.size() < 2) return false;
+    const void* key = running[0]->session->join_key();
+    if (key == nullptr) return false;
+    for (const auto& r : running)
+      if (r->session->join_key() != key) return false;
+    if (!joiner || joiner->key() != key) joiner = running[0]->session->make_joined_decode();
+    return joiner != nullptr && joiner->key() == key;
   }
 
   void loop() {

@@ -119,13 +119,9 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   RETROINFER_CHECK(im.max_context < (int64_t{1} << 31), "CudaSession: max_context ", im.max_context,
                    " exceeds the 2^31 positions the kernels index");
 
-  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
-  const int64_t inter = c.intermediate_size;
   im.rows_cap = session_rows(opt, im.max_context, num_seqs);
   im.logit_rows = session_logit_rows(im.rows_cap, num_seqs);
-  const bool bf16 = model.weight_type() == WeightType::kBf16;
-  // The Gemm's own bf16 copy serves the one f32 input of a bf16 product: the attention output [rows, Hq D].
-  im.gemm = std::make_unique<model::Gemm>(bf16, bf16 ? im.rows_cap * hq * d : 0);
+  const int64_t d = c.head_dim;
   const int group = c.num_heads_q / c.num_heads_kv;
   if ((d == 64 || d == 128) && group <= detail::kMaxGroup) im.prefill_attention.emplace(im.shape);
 
@@ -141,27 +137,7 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
     im.stage_k = DeviceBuffer(kv_bytes);
     im.stage_v = DeviceBuffer(kv_bytes);
   }
-  const int64_t R = im.rows_cap;
-  Activations& a = im.a;
-  a.x = DeviceBuffer(R * h * 4);
-  if (bf16) {
-    a.xb = DeviceBuffer(R * h * 2);
-    a.actb = DeviceBuffer(R * inter * 2);
-  } else {
-    a.xn = DeviceBuffer(R * h * 4);
-  }
-  a.qkv = DeviceBuffer(R * (hq + 2 * hkv) * d * 4);
-  a.q = DeviceBuffer(R * hq * d * 4);
-  a.att = DeviceBuffer(R * hq * d * 4);
-  a.gu = DeviceBuffer(R * 2 * inter * 4);
-  if (!bf16) a.act = DeviceBuffer(R * inter * 4);
-  a.k_new = DeviceBuffer(R * hkv * d * 2);
-  a.v_new = DeviceBuffer(R * hkv * d * 2);
-  a.rope = DeviceBuffer(R * d * 4);  // [2, R, d / 2]
-  a.rows = DeviceBuffer(R * 3 * 4);
-  a.logits = DeviceBuffer(im.logit_rows * c.vocab_size * 4);
-  a.next = DeviceBuffer(static_cast<size_t>(num_seqs) * 4);
-  im.staging = std::make_unique<RowStaging>(R, c.head_dim);
+  im.allocate_activations();
   im.pos.assign(num_seqs, 0);
   im.tune_decode_gemms();
   // RETROINFER_CUDA_SYNC=1 synchronises after every launch, which a stream capture forbids.

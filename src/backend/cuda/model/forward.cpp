@@ -74,6 +74,34 @@ const ::retroinfer::model::RopeFrequencies& CudaSession::Impl::frequencies(int64
   return freqs;
 }
 
+void CudaSession::Impl::allocate_activations() {
+  const ModelConfig& c = model.config();
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
+  const int64_t inter = c.intermediate_size, R = rows_cap;
+  const bool bf16 = model.weight_type() == WeightType::kBf16;
+  // The Gemm's own bf16 copy serves the one f32 input of a bf16 product: the attention output [rows, Hq D].
+  gemm = std::make_unique<model::Gemm>(bf16, bf16 ? R * hq * d : 0);
+  a.x = DeviceBuffer(R * h * 4);
+  if (bf16) {
+    a.xb = DeviceBuffer(R * h * 2);
+    a.actb = DeviceBuffer(R * inter * 2);
+  } else {
+    a.xn = DeviceBuffer(R * h * 4);
+  }
+  a.qkv = DeviceBuffer(R * (hq + 2 * hkv) * d * 4);
+  a.q = DeviceBuffer(R * hq * d * 4);
+  a.att = DeviceBuffer(R * hq * d * 4);
+  a.gu = DeviceBuffer(R * 2 * inter * 4);
+  if (!bf16) a.act = DeviceBuffer(R * inter * 4);
+  a.k_new = DeviceBuffer(R * hkv * d * 2);
+  a.v_new = DeviceBuffer(R * hkv * d * 2);
+  a.rope = DeviceBuffer(R * d * 4);  // [2, R, d / 2]
+  a.rows = DeviceBuffer(R * 3 * 4);
+  a.logits = DeviceBuffer(logit_rows * c.vocab_size * 4);
+  a.next = DeviceBuffer(static_cast<size_t>(num_seqs) * 4);
+  staging = std::make_unique<RowStaging>(R, c.head_dim);
+}
+
 void CudaSession::Impl::upload_rows(int64_t rows) {
   upload_rows_to(a.rows.as<int32_t>(), a.rope.as<float>(), rows_cap, 0, rows);
 }
@@ -178,8 +206,8 @@ void CudaSession::Impl::layer_pre_attention(int l, int64_t rows, const RowView& 
   const bool host = host_tier(l);
   norm_rows(x, L.attn_norm, rows);
   product(L.wqkv, rows, h, qkvw, a.qkv.as<float>(), 0.0f, a.xb.as<uint16_t>(), a.xn.as<float>());
-  uint16_t* kc = decode && host ? nullptr : prefill_k(l);
-  uint16_t* vc = decode && host ? nullptr : prefill_v(l);
+  uint16_t* kc = decode && (host || joint) ? nullptr : prefill_k(l);
+  uint16_t* vc = decode && (host || joint) ? nullptr : prefill_v(l);
   model::QkvPostParams qp;
   qp.qkv = a.qkv.as<float>();
   qp.bias = L.bqkv;

@@ -163,6 +163,18 @@ __global__ void qkv_post_kernel(QkvPostParams p) {
   }
 }
 
+__global__ void kv_append_kernel(KvAppendParams p) {
+  const int64_t per_row = int64_t{p.num_heads_kv} * p.head_dim, total = p.rows * per_row;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / per_row, rem = e % per_row;
+    const int64_t h = rem / p.head_dim, i = rem % p.head_dim;
+    const KvAppendRow d = p.dst[r];
+    const int64_t at = (h * d.kv_stride + d.pos) * p.head_dim + i;
+    d.k[at] = p.k_new[e];
+    d.v[at] = p.v_new[e];
+  }
+}
+
 __global__ void swiglu_kernel(SwiGluParams p) {
   const int64_t total = p.rows * p.inter;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
@@ -313,6 +325,11 @@ cudaError_t rms_norm(const RmsNormParams& p, cudaStream_t s) {
 cudaError_t qkv_post(const QkvPostParams& p, cudaStream_t s) {
   const int64_t total = p.rows * (p.num_heads_q + 2 * p.num_heads_kv) * (p.head_dim / 2);
   qkv_post_kernel<<<grid_for(total), kThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t kv_append_rows(const KvAppendParams& p, cudaStream_t s) {
+  kv_append_kernel<<<grid_for(p.rows * p.num_heads_kv * p.head_dim), kThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 

@@ -64,6 +64,23 @@ struct QkvPostParams {
 };
 cudaError_t qkv_post(const QkvPostParams& p, cudaStream_t s);
 
+// Row r's K/V (k_new / v_new [rows, Hkv, D] bf16, as qkv_post writes them) into its own cache: dst[r].k / .v
+// [Hkv, kv_stride, D] at position dst[r].pos (the joined decode of several sessions, whose caches are separate
+// allocations: CudaJoinedDecoder). The same bits qkv_post writes into a cache.
+struct KvAppendRow {
+  uint16_t* k = nullptr;
+  uint16_t* v = nullptr;
+  int64_t kv_stride = 0, pos = 0;
+};
+struct KvAppendParams {
+  const uint16_t* k_new = nullptr;
+  const uint16_t* v_new = nullptr;
+  const KvAppendRow* dst = nullptr;  // [rows] device
+  int64_t rows = 0;
+  int num_heads_kv = 0, head_dim = 0;
+};
+cudaError_t kv_append_rows(const KvAppendParams& p, cudaStream_t s);
+
 // act[r, i] = silu(gu[r, i]) * gu[r, inter + i], in f32 (act) and / or rounded to bf16 (act_bf16: the input
 // of the bf16 down projection; bit-identical to converting act). Four elements per thread when inter % 4 ==
 // 0 and gu is 16-byte aligned, act 16-byte and act_bf16 8-byte aligned; else one.

@@ -118,6 +118,10 @@ struct CudaSession::Impl {
 
   std::vector<int64_t> pos;  // [num_seqs]: tokens held
   bool prefilled = false;
+  // The rows of a CudaJoinedDecoder (joined_decode.cpp): no KV and no attention objects of its own; row s is
+  // another session's token. qkv_post then writes k_new / v_new only (the decoder appends them to each
+  // session's cache).
+  bool joint = false;
   // Decode attention: one object per layer over the whole batch (attn_per_seq false: every sequence holds
   // the same number of tokens), or one per (sequence, layer), index s * num_layers + l, with num_seqs = 1.
   std::vector<std::unique_ptr<LayerAttention>> attn;
@@ -166,6 +170,8 @@ struct CudaSession::Impl {
   uint16_t* prefill_k(int l);
   uint16_t* prefill_v(int l);
   const ::retroinfer::model::RopeFrequencies& frequencies(int64_t seq_len);
+  // The activation buffers (a.*), the row staging and the Gemm for rows_cap / logit_rows rows.
+  void allocate_activations();
   // Copies the staged rows [0, rows) to the device (asynchronous on `stream`): into a.rows / a.rope, or
   // with dst_rows / dst_rope into buffers of `stride` rows ([3, stride] int32, [2, stride, D / 2] f32) at
   // row `offset`.
