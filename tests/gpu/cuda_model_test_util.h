@@ -18,11 +18,24 @@
 #include <vector>
 
 #include "retroinfer/dtype.h"
+#include "retroinfer/error.h"
 #include "retroinfer/model.h"
 #include "retroinfer/model_file.h"
 #include "retroinfer/sampler.h"
 
 namespace retroinfer::gputest {
+
+// f() throws retroinfer::Error whose message contains `needle`; `what` names the case in failures.
+template <typename F>
+void expect_error(F&& f, const std::string& needle, const std::string& what) {
+  try {
+    f();
+    ADD_FAILURE() << what << ": no Error thrown";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
+        << what << ": message '" << e.what() << "' lacks '" << needle << "'";
+  }
+}
 
 inline std::filesystem::path fixture_dir(const std::string& name) {
   return std::filesystem::path(RETROINFER_TEST_DATA) / "models" / name;

@@ -140,17 +140,6 @@ TEST(CudaJoined, MatchesAloneF32Full) { joined_case(cuda::WeightType::kF32, Atte
 TEST(CudaJoined, MatchesAloneF32Retro) { joined_case(cuda::WeightType::kF32, AttentionKind::kRetro); }
 TEST(CudaJoined, MatchesAloneBf16Retro) { joined_case(cuda::WeightType::kBf16, AttentionKind::kRetro); }
 
-template <typename F>
-void expect_error(F&& f, const std::string& needle, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << what << ": no Error thrown";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)
-        << what << ": message '" << e.what() << "' lacks '" << needle << "'";
-  }
-}
-
 TEST(CudaJoined, RefusesWhatCannotJoin) {
   RETROINFER_REQUIRE_GPU();
   const ModelConfig c = gputest::synthetic_config(128);
@@ -183,22 +172,24 @@ TEST(CudaJoined, RefusesWhatCannotJoin) {
   auto run = [&](std::vector<CudaSession*> ss, std::vector<int32_t> tk, std::vector<float>& out) {
     dec.decode(ss, tk, out);
   };
-  expect_error([&] { run({&a.session(), &unfilled.session()}, t2, out2); }, "not prefilled", "unfilled");
-  expect_error([&] { run({&a.session(), &foreign.session()}, t2, out2); }, "another model", "foreign");
-  expect_error([&] { run({&a.session(), &h.session()}, t2, out2); }, "host memory", "host tier");
-  expect_error([&] { run({&a.session(), &two}, t2, out2); }, "2 sequences", "two sequences");
-  expect_error([&] { run({&a.session(), &a.session()}, t2, out2); }, "same session", "duplicate");
-  expect_error([&] { run({&a.session(), &b.session()}, {1, int32_t(V)}, out2); }, "outside the vocabulary", "token");
-  expect_error([&] { run({&a.session(), &b.session()}, {1}, out2); }, "one token per session", "token count");
-  expect_error([&] { run({&a.session(), &b.session()}, t2, out1); }, "logits span", "logits size");
-  expect_error([&] { run({}, {}, out1); }, "no sessions", "empty");
+  gputest::expect_error([&] { run({&a.session(), &unfilled.session()}, t2, out2); }, "not prefilled", "unfilled");
+  gputest::expect_error([&] { run({&a.session(), &foreign.session()}, t2, out2); }, "another model", "foreign");
+  gputest::expect_error([&] { run({&a.session(), &h.session()}, t2, out2); }, "host memory", "host tier");
+  gputest::expect_error([&] { run({&a.session(), &two}, t2, out2); }, "2 sequences", "two sequences");
+  gputest::expect_error([&] { run({&a.session(), &a.session()}, t2, out2); }, "same session", "duplicate");
+  gputest::expect_error([&] { run({&a.session(), &b.session()}, {1, int32_t(V)}, out2); },
+                        "outside the vocabulary", "token");
+  gputest::expect_error([&] { run({&a.session(), &b.session()}, {1}, out2); }, "one token per session", "token count");
+  gputest::expect_error([&] { run({&a.session(), &b.session()}, t2, out1); }, "logits span", "logits size");
+  gputest::expect_error([&] { run({}, {}, out1); }, "no sessions", "empty");
   EXPECT_EQ(a.position(), 300) << "a refused step advanced a session";
   // The SequenceSession side: a decoder from a session takes only sessions of its key.
   auto jd = a.make_joined_decode();
   ASSERT_NE(jd, nullptr);
   EXPECT_EQ(jd->key(), a.join_key());
   std::vector<SequenceSession*> mixed = {&a, &foreign};
-  expect_error([&] { jd->decode(mixed, t2, out2); }, "not a CUDA session of this decoder", "foreign via JoinedDecode");
+  gputest::expect_error([&] { jd->decode(mixed, t2, out2); },
+                        "not a CUDA session of this decoder", "foreign via JoinedDecode");
   std::vector<SequenceSession*> ok = {&a, &b};
   jd->decode(ok, t2, out2);
   EXPECT_EQ(a.position(), 301);

@@ -27,17 +27,6 @@ CudaSessionOptions full_options(int64_t max_context, int chunk) {
   return o;
 }
 
-template <typename F>
-void expect_error(F&& f, const std::string& needle, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << what << ": no Error thrown";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << what << ": message '" << e.what()
-                                                                      << "' lacks '" << needle << "'";
-  }
-}
-
 TEST(CudaModelApi, BadInputThrowsClearErrors) {
   RETROINFER_REQUIRE_GPU();
   const ModelConfig c = gputest::synthetic_config(64);
@@ -45,43 +34,47 @@ TEST(CudaModelApi, BadInputThrowsClearErrors) {
   auto m = Model::load(f);
   auto gm = CudaModel::upload(*m, cuda::WeightType::kBf16);
   const int64_t vocab = c.vocab_size;
-  expect_error([&] { CudaSession s(*gm, full_options(64, 16), 0); }, "num_seqs", "num_seqs 0");
-  expect_error([&] { CudaSession s(*gm, full_options(c.max_position_embeddings + 1, 16), 1); }, "exceeds the model's",
-               "max_context beyond the model");
+  gputest::expect_error([&] { CudaSession s(*gm, full_options(64, 16), 0); }, "num_seqs", "num_seqs 0");
+  gputest::expect_error([&] { CudaSession s(*gm, full_options(c.max_position_embeddings + 1, 16), 1); },
+                        "exceeds the model's",
+                        "max_context beyond the model");
   CudaSession s(*gm, full_options(64, 16), 2);
   std::vector<float> logits(2 * vocab);
   std::vector<int32_t> two{1, 2}, next(2);
-  expect_error([&] { s.decode(two, logits); }, "before prefill", "decode before prefill");
-  expect_error([&] { s.fork(s.options().attention); }, "prefilled", "fork before prefill");
-  expect_error([&] { s.prefill({{1, 2, 3}}); }, "prompts", "one prompt for two sequences");
-  expect_error([&] { s.prefill({{1, 2, 3}, {}}); }, "empty", "empty prompt");
-  expect_error([&] { s.prefill({{1, 2, 3}, std::vector<int32_t>(65, 1)}); }, "at most 64", "prompt too long");
-  expect_error([&] { s.prefill({{1, 2, 3}, {4, static_cast<int32_t>(vocab)}}); }, "vocabulary", "token == vocab");
-  expect_error([&] { s.prefill({{-1}, {4}}); }, "vocabulary", "negative token");
-  expect_error([&] { s.prefill({{1, 2}, {3, 4}}, true); }, "all_logits", "all_logits with two sequences");
+  gputest::expect_error([&] { s.decode(two, logits); }, "before prefill", "decode before prefill");
+  gputest::expect_error([&] { s.fork(s.options().attention); }, "prefilled", "fork before prefill");
+  gputest::expect_error([&] { s.prefill({{1, 2, 3}}); }, "prompts", "one prompt for two sequences");
+  gputest::expect_error([&] { s.prefill({{1, 2, 3}, {}}); }, "empty", "empty prompt");
+  gputest::expect_error([&] { s.prefill({{1, 2, 3}, std::vector<int32_t>(65, 1)}); }, "at most 64", "prompt too long");
+  gputest::expect_error([&] { s.prefill({{1, 2, 3}, {4, static_cast<int32_t>(vocab)}}); },
+                        "vocabulary", "token == vocab");
+  gputest::expect_error([&] { s.prefill({{-1}, {4}}); }, "vocabulary", "negative token");
+  gputest::expect_error([&] { s.prefill({{1, 2}, {3, 4}}, true); }, "all_logits", "all_logits with two sequences");
   const auto first = s.prefill({{1, 2, 3}, {4, 5}});
   ASSERT_EQ(static_cast<int64_t>(first.size()), 2 * vocab);
-  expect_error([&] { s.prefill({{1}, {2}}); }, "only once", "second prefill");
+  gputest::expect_error([&] { s.prefill({{1}, {2}}); }, "only once", "second prefill");
   std::vector<int32_t> one{1};
-  expect_error([&] { s.decode(one, logits); }, "one token per sequence", "one token for two sequences");
+  gputest::expect_error([&] { s.decode(one, logits); }, "one token per sequence", "one token for two sequences");
   std::vector<float> short_logits(vocab);
-  expect_error([&] { s.decode(two, short_logits); }, "logits span", "logits span too short");
+  gputest::expect_error([&] { s.decode(two, short_logits); }, "logits span", "logits span too short");
   std::vector<int32_t> bad{1, static_cast<int32_t>(vocab) + 5};
-  expect_error([&] { s.decode(bad, logits); }, "vocabulary", "decode token out of vocab");
+  gputest::expect_error([&] { s.decode(bad, logits); }, "vocabulary", "decode token out of vocab");
   std::vector<int32_t> one_next(1);
-  expect_error([&] { s.decode_greedy(two, one_next); }, "next span", "next span too short");
+  gputest::expect_error([&] { s.decode_greedy(two, one_next); }, "next span", "next span too short");
   // The session still works after the rejected calls; a full sequence is refused.
   for (int i = 0; i < 61; ++i) s.decode_greedy(two, next);
   EXPECT_EQ(s.positions(), (std::vector<int64_t>{64, 63}));
-  expect_error([&] { s.decode_greedy(two, next); }, "is full", "context full");
+  gputest::expect_error([&] { s.decode_greedy(two, next); }, "is full", "context full");
   // Host-tier layers are retro only; a second fill is refused; synthetic K/V needs its minimum length.
   CudaSessionOptions host = full_options(64, 16);
   host.placement = cuda::KvPlacement::kHost;
-  expect_error([&] { CudaSession h(*gm, host, 1); }, "only the retro method", "host placement with full attention");
-  expect_error([&] { s.fill_synthetic(16, 1); }, "already holds tokens", "fill_synthetic after prefill");
+  gputest::expect_error([&] { CudaSession h(*gm, host, 1); },
+                        "only the retro method", "host placement with full attention");
+  gputest::expect_error([&] { s.fill_synthetic(16, 1); }, "already holds tokens", "fill_synthetic after prefill");
   CudaSession fresh(*gm, full_options(64, 16), 1);
-  expect_error([&] { fresh.fill_synthetic(65, 1); }, "do not fit", "fill_synthetic beyond max_context");
-  expect_error([&] { fresh.fill_synthetic(16, 1); }, "context_tokens must be", "fill_synthetic shorter than the generator's minimum");
+  gputest::expect_error([&] { fresh.fill_synthetic(65, 1); }, "do not fit", "fill_synthetic beyond max_context");
+  gputest::expect_error([&] { fresh.fill_synthetic(16, 1); },
+                        "context_tokens must be", "fill_synthetic shorter than the generator's minimum");
   std::printf("[cuda_model api] errors: 20 bad calls rejected with clear messages\n");
 }
 
@@ -97,7 +90,7 @@ TEST(CudaModelApi, PlanRefusesWhatDoesNotFit) {
   EXPECT_EQ(gm->weight_bytes(), 4 * (int64_t{c.vocab_size} * h + h + c.num_layers * per_layer));  // tied
   CudaSessionOptions o = full_options(4096, 256);
   o.gpu_memory_limit = 1 << 20;  // 1 MiB: the KV alone needs 2 * 2 layers * 2 heads * 4096 * 128 * 2 B = 8 MiB
-  expect_error([&] { CudaSession s(*gm, o, 1); }, "GiB of GPU memory", "1 MiB limit");
+  gputest::expect_error([&] { CudaSession s(*gm, o, 1); }, "GiB of GPU memory", "1 MiB limit");
   o.gpu_memory_limit = int64_t{1} << 30;
   CudaSession s(*gm, o, 3);
   const auto& p = s.memory_plan();
