@@ -401,6 +401,7 @@ int main(int argc, char** argv) {
   long long prefill_chunk = 8192;  // the runner's prefill block for the "prefill" timing
   bool flush_read = false;         // --flush read (g_flush_read in a CUDA build)
   bool kv_per_case = false;        // --kv-per-case (g_kv_per_case)
+  bool layout_clustered = false;   // --layout clustered (g_layout_clustered)
   std::string paths_arg;           // --paths run8,run9 (needs --out)
   std::string only_arg;            // --only kmeans
   std::string kmeans_variants_arg;  // --kmeans-variants v1/v1,a/fast
@@ -428,7 +429,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "kernel_bench: --layout takes token or clustered, not %s\n", l.c_str());
         return 2;
       }
-      g_layout_clustered = l == "clustered";
+      layout_clustered = l == "clustered";
     }
     else if (a == "--kmeans-variants") kmeans_variants_arg = argv[++i];
     else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
@@ -446,6 +447,7 @@ int main(int argc, char** argv) {
   // The phase stamps' replay inside RetroLayer::decode_stage_ms flushes L2 the same way.
   if (flush_read) setenv("RETROINFER_PHASE_FLUSH", "read", 1);
   g_kv_per_case = kv_per_case;
+  g_layout_clustered = layout_clustered;
   if (!retroinfer::cuda::device_available()) {
     std::fprintf(stderr, "kernel_bench: %s\n", retroinfer::cuda::device_description().c_str());
     return 1;
@@ -538,6 +540,7 @@ int main(int argc, char** argv) {
   (void)prefill_chunk;
   (void)flush_read;
   (void)kv_per_case;
+  (void)layout_clustered;
   (void)paths_arg;
   (void)only_arg;
   (void)kmeans_variants_arg;
