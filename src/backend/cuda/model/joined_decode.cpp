@@ -8,7 +8,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,14 @@ struct CudaJoinedDecoder::Impl {
   model::KvAppendRow* host_dst = nullptr;  // pinned [layers, cap]: every row's cache and position per layer
   DeviceBuffer dev_dst;                    // the same on the device
   int cap = 0;
+  // CUDA graphs of a step's non-attention work per row count n (as a session's decode graphs: graph i = the
+  // work between layer i - 1's attention and layer i's; i = 0 starts with the embedding, i = L ends with the
+  // LM head), captured at the second step of an n (the first, eager, settles the products' lazy tuning);
+  // every session's attention launches eagerly between them. Dropped when the rows are reallocated.
+  std::map<int, std::vector<void*>> graphs;
+  std::set<int> eager_once;  // row counts that ran one eager step since the rows were (re)allocated
+  bool graphs_wanted = detail::env_switch("RETROINFER_DECODE_GRAPHS", true) && !detail::sync_after_launch();
+  bool graphs_failed = false;
 
   explicit Impl(const CudaModel& m) : model(m) {}
 
@@ -44,8 +55,82 @@ struct CudaJoinedDecoder::Impl {
   }
 
   ~Impl() {
+    drop_graphs();
     if (order != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(order));
     if (host_dst != nullptr) cudaFreeHost(host_dst);
+  }
+
+  void drop_graphs() {
+    for (auto& [n, g] : graphs)
+      for (void* e : g)
+        if (e != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e));  // no throw: also from ~Impl
+    graphs.clear();
+    eager_once.clear();
+  }
+
+  // Segment i of a step over n rows (see graphs): what runs between two layers' attention.
+  void segment(int i, int n) {
+    CudaSession::Impl& J = *j;
+    const ModelConfig& c = model.config();
+    const int L = c.num_layers;
+    const RowView rv = J.staged_rows();
+    float* x = J.a.x.as<float>();
+    auto js = static_cast<cudaStream_t>(J.stream);
+    if (i == 0) J.embed(n, rv, x);
+    else J.layer_post_attention(i - 1, n, x);
+    if (i == L) {
+      J.lm_head(0, n);
+      return;
+    }
+    J.layer_pre_attention(i, n, rv, x, true);
+    model::KvAppendParams kp;
+    kp.k_new = J.a.k_new.as<uint16_t>();
+    kp.v_new = J.a.v_new.as<uint16_t>();
+    kp.dst = dev_dst.as<model::KvAppendRow>() + size_t(i) * n;
+    kp.rows = n;
+    kp.num_heads_kv = c.num_heads_kv;
+    kp.head_dim = c.head_dim;
+    detail::launch_check(model::kv_append_rows(kp, js), "kv_append_rows", js);
+  }
+
+  // The graphs of n rows, captured now if they are due and missing; null when the step runs eagerly.
+  const std::vector<void*>* graphs_for(int n) {
+    if (!graphs_wanted || graphs_failed) return nullptr;
+    if (auto it = graphs.find(n); it != graphs.end()) return &it->second;
+    if (eager_once.count(n) == 0) return nullptr;
+    auto js = static_cast<cudaStream_t>(j->stream);
+    const int L = model.config().num_layers;
+    std::vector<void*> g;
+    std::string why;
+    for (int i = 0; i <= L && why.empty(); ++i) {
+      cudaError_t e = cudaStreamBeginCapture(js, cudaStreamCaptureModeThreadLocal);
+      if (e != cudaSuccess) {
+        why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e);
+        break;
+      }
+      try {
+        segment(i, n);
+      } catch (const std::exception& ex) {
+        why = ex.what();
+      }
+      cudaGraph_t gr = nullptr;
+      e = cudaStreamEndCapture(js, &gr);
+      if (why.empty() && e != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e);
+      cudaGraphExec_t ex = nullptr;
+      if (why.empty()) {
+        e = cudaGraphInstantiate(&ex, gr, 0);
+        if (e != cudaSuccess) why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e);
+      }
+      if (gr != nullptr) cudaGraphDestroy(gr);
+      if (why.empty()) g.push_back(ex);
+    }
+    if (why.empty()) return &(graphs[n] = std::move(g));
+    for (void* e : g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e));
+    (void)cudaGetLastError();  // a failed capture may leave a sticky launch error of the capture itself
+    graphs_failed = true;
+    std::fprintf(stderr, "[retroinfer] joined decode CUDA graphs off (capture failed: %s); launching eagerly\n",
+                 why.c_str());
+    return nullptr;
   }
 
   // Buffers for at least n rows (grown to twice the old size or n, whichever is larger).
@@ -53,7 +138,8 @@ struct CudaJoinedDecoder::Impl {
     if (n <= cap) return;
     const ModelConfig& c = model.config();
     const int new_cap = std::max(n, 2 * cap);
-    j.reset();  // nothing pending: every decode synchronises before it returns
+    drop_graphs();  // they hold the old rows' pointers
+    j.reset();      // nothing pending: every decode synchronises before it returns
     CudaSessionOptions o;
     o.decode_graphs = false;
     auto ji = std::make_unique<CudaSession::Impl>(model, o, new_cap);
@@ -144,28 +230,19 @@ void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span
   J.upload_rows(n);
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(im.dev_dst.data(), im.host_dst, size_t(L) * n * sizeof(model::KvAppendRow),
                                         cudaMemcpyHostToDevice, js));
-  const RowView rv = J.staged_rows();
-  float* x = J.a.x.as<float>();
-  J.embed(n, rv, x);
-  for (int l = 0; l < L; ++l) {
-    J.layer_pre_attention(l, n, rv, x, true);
-    model::KvAppendParams kp;
-    kp.k_new = J.a.k_new.as<uint16_t>();
-    kp.v_new = J.a.v_new.as<uint16_t>();
-    kp.dst = im.dev_dst.as<model::KvAppendRow>() + size_t(l) * n;
-    kp.rows = n;
-    kp.num_heads_kv = c.num_heads_kv;
-    kp.head_dim = c.head_dim;
-    detail::launch_check(model::kv_append_rows(kp, js), "kv_append_rows", js);
+  const std::vector<void*>* graphs = im.graphs_for(n);
+  for (int l = 0; l <= L; ++l) {
+    if (graphs != nullptr) RETROINFER_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>((*graphs)[l]), js));
+    else im.segment(l, n);
+    if (l == L) break;
     for (int i = 0; i < n; ++i) {
       LayerAttention& la = *s[i]->attn[static_cast<size_t>(l)];
       la.decode(J.a.q.as<float>() + i * hq * d, J.a.k_new.as<uint16_t>() + i * hkv * d,
                 J.a.v_new.as<uint16_t>() + i * hkv * d, s[i]->pos[0] + 1, J.a.att.as<float>() + i * hq * d, J.stream);
       s[i]->last_stats += la.last_stats();
     }
-    J.layer_post_attention(l, n, x);
   }
-  J.lm_head(0, n);
+  if (graphs == nullptr) im.eager_once.insert(n);
   RETROINFER_CUDA_CHECK(
       cudaMemcpyAsync(logits.data(), J.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost, js));
   synchronize(J.stream);
