@@ -252,7 +252,9 @@ class CudaSession {
 // run once over all their rows (each weight read once per step, instead of once per session); each session's
 // RoPE position, KV append and decode attention stay its own (its LayerAttention objects, its K/V). Logits
 // equal each session's own decode() up to the products' summation order (the tuned kernels depend on the row
-// count). Runs eagerly on the decoder's own stream, ordered after and before each session's stream; it grows
+// count). Runs on the decoder's own stream, after each session's pending work: the non-attention work from CUDA
+// graphs per batch size (captured at that size's second step; RETROINFER_DECODE_GRAPHS=0: eager), each
+// session's attention launched eagerly between them. It grows
 // its row buffers (~(hidden + qkv + 3 intermediate + vocab) x 4 bytes per row, plus a Gemm workspace) to the
 // largest batch seen. One caller at a time.
 class CudaJoinedDecoder {
