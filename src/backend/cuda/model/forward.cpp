@@ -310,23 +310,35 @@ void CudaSession::Impl::drop_decode_graphs() {
 
 bool CudaSession::Impl::capture_decode_graphs() {
   drop_decode_graphs();
-  auto st = static_cast<cudaStream_t>(stream);
   const int L = num_layers();
   const int64_t rows = num_seqs;
   const RowView rv = staged_rows();
   float* x = a.x.as<float>();
+  const std::string why = capture_graphs(stream, L + 1, [&](int i) {
+    if (i == 0) embed(rows, rv, x);
+    else layer_post_attention(i - 1, rows, x);
+    if (i < L) layer_pre_attention(i, rows, rv, x, true);
+    else lm_head(0, rows);
+  }, graph_exec);
+  if (why.empty()) return true;
+  drop_decode_graphs();
+  graphs_failed = true;
+  std::fprintf(stderr, "[retroinfer] decode CUDA graphs off for this session (capture failed: %s); launching eagerly\n",
+               why.c_str());
+  return false;
+}
+
+std::string capture_graphs(Stream stream, int count, const std::function<void(int)>& segment, std::vector<void*>& out) {
+  auto st = static_cast<cudaStream_t>(stream);
   std::string why;
-  for (int i = 0; i <= L && why.empty(); ++i) {
+  for (int i = 0; i < count && why.empty(); ++i) {
     cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
       why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e);
       break;
     }
     try {
-      if (i == 0) embed(rows, rv, x);
-      else layer_post_attention(i - 1, rows, x);
-      if (i < L) layer_pre_attention(i, rows, rv, x, true);
-      else lm_head(0, rows);
+      segment(i);
     } catch (const std::exception& ex) {
       why = ex.what();
     }
@@ -339,15 +351,10 @@ bool CudaSession::Impl::capture_decode_graphs() {
       if (e != cudaSuccess) why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e);
     }
     if (g != nullptr) cudaGraphDestroy(g);
-    if (why.empty()) graph_exec.push_back(ex);
+    if (why.empty()) out.push_back(ex);
   }
-  if (why.empty()) return true;
-  (void)cudaGetLastError();  // a failed capture may leave a sticky launch error of the capture itself
-  drop_decode_graphs();
-  graphs_failed = true;
-  std::fprintf(stderr, "[retroinfer] decode CUDA graphs off for this session (capture failed: %s); launching eagerly\n",
-               why.c_str());
-  return false;
+  if (!why.empty()) (void)cudaGetLastError();  // a failed capture may leave a sticky launch error of the capture
+  return why;
 }
 
 void CudaSession::Impl::decode_forward_graphs() {

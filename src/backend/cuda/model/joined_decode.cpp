@@ -98,35 +98,11 @@ struct CudaJoinedDecoder::Impl {
     if (!graphs_wanted || graphs_failed) return nullptr;
     if (auto it = graphs.find(n); it != graphs.end()) return &it->second;
     if (eager_once.count(n) == 0) return nullptr;
-    auto js = static_cast<cudaStream_t>(j->stream);
-    const int L = model.config().num_layers;
     std::vector<void*> g;
-    std::string why;
-    for (int i = 0; i <= L && why.empty(); ++i) {
-      cudaError_t e = cudaStreamBeginCapture(js, cudaStreamCaptureModeThreadLocal);
-      if (e != cudaSuccess) {
-        why = std::string("cudaStreamBeginCapture: ") + cudaGetErrorString(e);
-        break;
-      }
-      try {
-        segment(i, n);
-      } catch (const std::exception& ex) {
-        why = ex.what();
-      }
-      cudaGraph_t gr = nullptr;
-      e = cudaStreamEndCapture(js, &gr);
-      if (why.empty() && e != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e);
-      cudaGraphExec_t ex = nullptr;
-      if (why.empty()) {
-        e = cudaGraphInstantiate(&ex, gr, 0);
-        if (e != cudaSuccess) why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e);
-      }
-      if (gr != nullptr) cudaGraphDestroy(gr);
-      if (why.empty()) g.push_back(ex);
-    }
+    const std::string why =
+        capture_graphs(j->stream, model.config().num_layers + 1, [&](int i) { segment(i, n); }, g);
     if (why.empty()) return &(graphs[n] = std::move(g));
     for (void* e : g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e));
-    (void)cudaGetLastError();  // a failed capture may leave a sticky launch error of the capture itself
     graphs_failed = true;
     std::fprintf(stderr, "[retroinfer] joined decode CUDA graphs off (capture failed: %s); launching eagerly\n",
                  why.c_str());

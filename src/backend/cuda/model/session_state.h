@@ -15,6 +15,7 @@
 // append k_new / v_new to their own steady zone.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -94,6 +95,11 @@ struct RowView {
   const float* cos = nullptr;       // [rows, D / 2]
   const float* sin = nullptr;       // [rows, D / 2]
 };
+
+// Captures count CUDA graphs on `stream`, graph i of what segment(i) launches, instantiated into `out`
+// (cudaGraphExec_t). Returns "" on success, else why it failed (out then holds the graphs made before, for the
+// caller to destroy; the sticky error of a failed capture is cleared).
+std::string capture_graphs(Stream stream, int count, const std::function<void(int)>& segment, std::vector<void*>& out);
 
 struct CudaSession::Impl {
   Impl(const CudaModel& m, const CudaSessionOptions& o, int n) : model(m), opt(o), num_seqs(n) {}
