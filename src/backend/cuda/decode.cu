@@ -52,7 +52,10 @@ struct DecodeSmem {
 // grid (estimate_first_kernel): no PDL wait before the work (that would wait for the whole estimation grid),
 // the selection's outputs (count, list) read through L2, and the grid's last CTA waits at its end. Both keep
 // the same tokens in the same tiles and the same math: the same partial states bit for bit.
-template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false>
+// kFlags (RETROINFER_EXACT=split64f, with kAfterEst): the CTA waits for its head's kHeadFlagList (the selection
+// wrote the list and count) before reading them, and counts into kHeadFlagStates after writing its state.
+template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false,
+          bool kFlags = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
@@ -83,6 +86,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // Only after the wait: the chained estimation grid reads the selection's outputs without a wait of its own,
   // relying on every CTA of this grid having passed it (estimate_chained_kernel).
   if constexpr (kTrigger) grid_launch_dependents();
+  if constexpr (kFlags) head_flag_wait(p.head_flags + int64_t{h} * kHeadFlagWords + kHeadFlagList, 1u);
   phase_first(p.phase, h, kSlotExact);
   const uint64_t t_start = p.phase != nullptr ? global_ns() : 0;
   const int64_t count = !kIndirect ? p.num_tokens : kAfterEst ? __ldcg(p.token_count + h) : p.token_count[h];
@@ -206,6 +210,10 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   __syncthreads();
   const int slot = p.split_offset + split;
   merge_warp_states<D, kW>(stage_o, stage_ml, G, int64_t{h} * p.total_splits + slot, p.part_ml, p.part_o);
+  if constexpr (kFlags) {  // the state is written: count it for the head's merge
+    __syncthreads();
+    head_flag_add(p.head_flags + int64_t{h} * kHeadFlagWords + kHeadFlagStates);
+  }
   if (p.phase != nullptr) {
     __syncthreads();
     phase_last(p.phase, h, kSlotExact + 1);
@@ -310,6 +318,44 @@ template <int D>
 __global__ void __launch_bounds__(kW * 32, 8) estimate_first_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
   estimate_cta<D, kEstimateChunk, false, 4, true>(p, blockIdx.x, blockIdx.y, est_smem);
+}
+
+// Flag-chained grids (RETROINFER_EXACT=split64f, DecodeParams::head_flags; kernels.h kHeadFlag*). The run 19
+// timeline at 128K batch 4 (read flush): the selection ends at 39.1 us, the exact and estimation grids run
+// 39.8-61.6, the merge ends at 65.6; every grid waits for the whole grid before it (griddepcontrol.wait:
+// its slowest CTA, then the completion and flush), and the estimation waits for the selection's expansion,
+// which it does not read. Here each grid is launched early and each CTA waits for its own head only:
+//   estimate_flag_kernel    a programmatic dependent of the selection that triggers at its start; est_grid
+//                           CTAs per head (sized by the host to fit beside the selection and two exact CTAs
+//                           per multiprocessor), CTA x taking the chunks x, x + est_grid, ... of the head's
+//                           est_ctas; it waits for kHeadFlagEst, which the selection raises once the
+//                           estimation ids are written (before its retrieval slots and expansion);
+//   decode_exact_flag_kernel split64r's capped exact kernel as the estimation grid's programmatic dependent
+//                           (kAfterEst: no wait before its work; its last CTA waits for the estimation grid at
+//                           its end) that triggers at its start and waits for kHeadFlagList;
+//   combine_kernel          (CombineParams::head_flags) the exact grid's dependent, waiting for kHeadFlagStates
+//                           = the head's exact and estimation CTAs; the head's last merge CTA zeroes its flags.
+// Each grid's last CTA (launch order) waits for the grid before it at its end, so every grid completes after
+// the one it depends on (see estimate_chained_kernel). Every CTA a flag waits for is resident or done: a
+// dependent launches only once every CTA of the grid before it has started. The data behind a flag is read
+// through L2 (__ldcg, cp.async.cg). The chunks, tiles and merge order are split64r's: bit-identical states.
+template <int D>
+__global__ void __launch_bounds__(kW * 32, 8) estimate_flag_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char est_smem[];
+  const int h = blockIdx.y;
+  grid_launch_dependents();  // the exact grid may launch (its CTAs wait for their own flag)
+  unsigned* f = p.head_flags + int64_t{h} * kHeadFlagWords;
+  head_flag_wait(f + kHeadFlagEst, 1u);
+  for (int j = blockIdx.x; j < p.est_ctas; j += gridDim.x) {
+    estimate_cta<D, kEstimateChunk, true, 4>(p, j, h, est_smem);  // kChained: loads through L2, no PDL wait
+    __syncthreads();  // the next chunk reuses the shared memory
+  }
+  head_flag_add(f + kHeadFlagStates);
+  if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
+}
+template <int D, int S>
+__global__ void __launch_bounds__(kW * 32, 4) decode_exact_flag_kernel(const DecodeParams p) {
+  decode_body<D, true, S, false, true, false, true, true>(p);
 }
 
 // Run 17 pre-merge (RETROINFER_EXACT=split64ep / erp; kernels.h EstPremerge). The lead's phase stamps of split64e at
@@ -444,7 +490,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   __shared__ float2 stage_ml[kWarps];
   const int h = blockIdx.x, g = blockIdx.y, D = p.head_dim, G = p.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dl = D / 32;
-  grid_dependency_wait();  // p.pdl: the partial states come from the grids before (a no-op without PDL)
+  if (p.head_flags != nullptr)  // split64f: this head's states only (read through L2 below)
+    head_flag_wait(p.head_flags + int64_t{h} * kHeadFlagWords + kHeadFlagStates, static_cast<unsigned>(p.flag_states));
+  else
+    grid_dependency_wait();  // p.pdl: the partial states come from the grids before (a no-op without PDL)
   SoftmaxScalars st;
   float acc[kMaxDl] = {0, 0, 0, 0};
   for (int s0 = warp; s0 < p.total_splits; s0 += kWarps * kBatch) {
@@ -455,9 +504,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
       const int sp = s0 + j * kWarps;
       const int64_t base = (int64_t{h} * p.total_splits + sp) * G + g;
       const bool ok = sp < p.total_splits;
-      ml[j] = ok ? p.part_ml[base] : make_float2(-INFINITY, 0.0f);
+      ml[j] = ok ? __ldcg(p.part_ml + base) : make_float2(-INFINITY, 0.0f);
 #pragma unroll
-      for (int k = 0; k < kMaxDl; ++k) ob[j][k] = ok && k < dl ? p.part_o[base * D + lane * dl + k] : 0.0f;
+      for (int k = 0; k < kMaxDl; ++k) ob[j][k] = ok && k < dl ? __ldcg(p.part_o + base * D + lane * dl + k) : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
@@ -486,6 +535,17 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   if (p.phase != nullptr) {
     __syncthreads();
     phase_last(p.phase, h, kSlotMerge);
+  }
+  if (p.head_flags != nullptr) {
+    // The head's last merge CTA zeroes its flags for the next decode: every CTA that waits on them has
+    // passed its wait (all exact and estimation CTAs counted, all G merge CTAs are here).
+    if (threadIdx.x == 0) {
+      unsigned* f = p.head_flags + int64_t{h} * kHeadFlagWords;
+      if (atomicAdd(f + kHeadFlagDone, 1u) == static_cast<unsigned>(G) - 1u)
+        for (int w = 0; w < kHeadFlagWords; ++w) atomicExch(f + w, 0u);
+    }
+    // The grid completes only after the exact grid (whose last CTA waited for the estimation grid).
+    if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
   }
 }
 
@@ -602,9 +662,23 @@ cudaError_t launch_premerged(const DecodeParams& p, cudaStream_t s) {
 // estimation grid chained behind it; split64e / eri: the estimation grid first (estimate_first_kernel, a
 // dependent of the selection when p.pdl), then the exact grid chained behind it (p.chain_pdl);
 // split64ep / erp: launch_premerged when premerge_on, else as split64e / its capped form.
+// split64f with the layer's flags: the flag-chained grids (estimate_flag_kernel, decode_exact_flag_kernel).
+template <int D, int S>
+cudaError_t launch_flagged(const DecodeParams& p, cudaStream_t s) {
+  if (p.est_grid < 1 || p.est_grid > p.est_ctas) return cudaErrorInvalidValue;
+  constexpr size_t est_bytes = EstSmem<D, kEstimateChunk>::kBytes;
+  static bool est_set = false, x_set = false;
+  cudaError_t e = set_split_attributes(estimate_flag_kernel<D>, est_bytes, est_set);
+  if (e != cudaSuccess) return e;
+  e = launch_maybe_pdl(estimate_flag_kernel<D>, dim3(p.est_grid, p.num_heads), dim3(kW * 32), est_bytes, s, p.pdl, p);
+  if (e != cudaSuccess) return e;
+  return launch_exact_grid<D, S>(decode_exact_flag_kernel<D, S>, p, s, p.chain_pdl, x_set);
+}
+
 template <int D, int S>
 cudaError_t launch_run17(const DecodeParams& p, cudaStream_t s) {
   if (premerge_on(p)) return launch_premerged<D, S>(p, s);
+  if (exact_head_flags(p.exact_variant) && p.head_flags != nullptr) return launch_flagged<D, S>(p, s);
   const bool ids = exact_ids_ahead(p.exact_variant);
   if (!exact_est_first(p.exact_variant)) {
     const cudaError_t e = ids ? launch_exact_variant<D, S, true, false>(p, s, p.pdl)
@@ -653,6 +727,11 @@ cudaError_t footprint_of(int v, int group, int total, ExactGridFootprint& f) {
   const bool ids = exact_ids_ahead(v), first = exact_est_first(v);
   auto exact_fp = [&](void (*k)(const DecodeParams)) { return kernel_footprint(k, xb, f.exact_regs, f.exact_smem); };
   cudaError_t e;
+  if (exact_head_flags(v)) {
+    e = exact_fp(decode_exact_flag_kernel<D, S>);
+    if (e != cudaSuccess) return e;
+    return kernel_footprint(estimate_flag_kernel<D>, EstSmem<D, kEstimateChunk>::kBytes, f.est_regs, f.est_smem);
+  }
   if (v == kExactSplit || v == kExactSplit64)
     e = exact_fp(decode_exact_kernel<D, S>);
   else if (exact_caps_registers(v))
