@@ -66,7 +66,7 @@ constexpr double kMaxAbsVsRef = 1e-4;
 // split64f (run 20, the flag-chained grids) too: its eager decodes on the legacy stream take its fallback (no
 // programmatic launches there), the graph replays the flag-chained grids, both bit for bit.
 constexpr const char* kRun17[] = {"split64r",  "split64i", "split64ri", "split64rh",
-                                  "split64rih", "split64e", "split64eri", "split64f"};
+                                  "split64rih", "split64e", "split64eri", "split64f", "split64b"};
 // The pre-merging variants (kernels.h EstPremerge): the estimation states merged into one by the head's last
 // estimation CTA, then the final merge over num_splits + 1 states. Against split64 (the same partial states, every
 // state weighted against one global max) only the merge tree differs: an estimation weight is e^{m_s - M_e}

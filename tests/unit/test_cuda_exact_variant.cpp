@@ -59,6 +59,9 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_STREQ(exact_variant_name(kExactSplit64RI), "split64ri");
   EXPECT_STREQ(exact_variant_name(kExactSplit64RH), "split64rh");
   EXPECT_STREQ(exact_variant_name(kExactSplit64F), "split64f");
+  EXPECT_STREQ(exact_variant_name(kExactSplit64B), "split64b");
+  EXPECT_TRUE(exact_bulk_rows(kExactSplit64B));
+  EXPECT_FALSE(exact_bulk_rows(kExactSplit64R));
   EXPECT_STREQ(exact_variant_name(kExactSplit64RIH), "split64rih");
   EXPECT_STREQ(exact_variant_name(kExactSplit64E), "split64e");
   EXPECT_STREQ(exact_variant_name(kExactSplit64ERI), "split64eri");
@@ -129,7 +132,8 @@ TEST(CudaExactVariant, Run17Properties) {
                       {kExactSplit64ERI, true, true, false, true, false},
                       {kExactSplit64EP, false, false, false, true, true},
                       {kExactSplit64ERP, true, false, false, true, true},
-                      {kExactSplit64F, true, false, false, true, false, true}};
+                      {kExactSplit64F, true, false, false, true, false, true},
+                      {kExactSplit64B, true, false, false, false, false}};
   static_assert(std::size(rows) == kExactVariants, "one row per variant");
   for (const Row& r : rows) {
     EXPECT_EQ(exact_caps_registers(r.v), r.cap) << exact_variant_name(r.v);

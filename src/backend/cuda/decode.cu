@@ -14,6 +14,7 @@
 
 #include <cstdlib>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_estimate.cuh"
 #include "backend/cuda/decode_math.cuh"
@@ -54,9 +55,15 @@ struct DecodeSmem {
 // the same tokens in the same tiles and the same math: the same partial states bit for bit.
 // kFlags (RETROINFER_EXACT=split64f, with kAfterEst): the CTA waits for its head's kHeadFlagList (the selection
 // wrote the list and count) before reading them, and counts into kHeadFlagStates after writing its state.
+// kBulk (RETROINFER_EXACT=split64b): a tile's K and V rows by one cp.async.bulk each (lanes 0..15, one row
+// each, completing on the stage's mbarrier) instead of 16-byte cp.async copies by every lane (8 + 8 per lane
+// with a shuffle of the row's token id each); rows past the end are zeroed by plain stores. The ncu profile of
+// split64r at 128K batch 4 (run 20): 3.4 M warp instructions, ~700 per tile, one issued every ~8 cycles at 8
+// warps per multiprocessor; the copy path is ~220 of them. The same smem layout, tiles and math: the same state.
 template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false,
-          bool kFlags = false>
+          bool kFlags = false, bool kBulk = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
+  static_assert(!(kBulk && kIds), "kBulk loads each tile's ids itself");
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
   constexpr int kLoads = kT * kChunks / 32;  // chunks per lane per tile (K or V)
@@ -101,6 +108,18 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
   const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
   const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
+  // kBulk: one mbarrier per warp and stage (a stage's k-th fill completes phase k).
+  __shared__ __align__(8) uint64_t bulk_bar[kBulk ? kW : 1][kBulk ? S : 1];
+  uint64_t bulk_pol = 0;
+  if constexpr (kBulk) {
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < S; ++i) mbar_init(&bulk_bar[warp][i], 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+    bulk_pol = l2_evict_first_policy();  // each K / V row is read once per decode
+  }
 
   // kIds: the ids of the warp's iterations [b * kIdsAhead, (b + 1) * kIdsAhead) (its tiles warp + i * kW):
   // register r, lane l holds token l & 15 of iteration b * kIdsAhead + 2r + (l >> 4) (0 past the split's end).
@@ -117,6 +136,32 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   auto load_tile = [&](int t, int buf) {
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
+    if constexpr (kBulk) {
+      // The stage's last reads (ldmatrix, generic proxy) before the bulk copies' writes (async proxy).
+      fence_proxy_async_smem();
+      __syncwarp();
+      int tok = 0;
+      if (lane < valid) {
+        if constexpr (kIndirect) tok = kAfterEst ? __ldcg(list + p0 + lane) : list[p0 + lane];
+        else tok = static_cast<int>(p0 + lane);
+      }
+      uint64_t* bar = &bulk_bar[warp][buf];
+      if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(valid) * 2u * D * 2u);
+      __syncwarp();  // the expected bytes before any copy's complete_tx
+      uint16_t* kr = ks + (buf * kT + lane) * kRow;
+      uint16_t* vr = vs + (buf * kT + lane) * kRow;
+      if (lane < valid) {
+        bulk_copy_g2s(kr, kh + int64_t{tok} * D, D * 2, bar, bulk_pol);
+        bulk_copy_g2s(vr, vh + int64_t{tok} * D, D * 2, bar, bulk_pol);
+      } else if (lane < kT) {  // rows past the end: zeros (P is 0 there; 0 * NaN would poison)
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          reinterpret_cast<uint4*>(kr)[c] = make_uint4(0u, 0u, 0u, 0u);
+          reinterpret_cast<uint4*>(vr)[c] = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+      return;
+    }
     int tok_lane = 0, src_base = 0;  // the lane of row 0's id
     if constexpr (kIndirect && kIds) {
       const int it = (t - warp) / kW;
@@ -159,15 +204,16 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
     if (warp + i * kW < ntiles) load_tile(warp + i * kW, i);
-    else cp_async_commit();
+    else if constexpr (!kBulk) cp_async_commit();
   }
   for (int it = 0;; ++it) {
     const int t = warp + it * kW;
     if (t >= ntiles) break;
     const int buf = it % S;
     if (t + (S - 1) * kW < ntiles) load_tile(t + (S - 1) * kW, (it + S - 1) % S);
-    else cp_async_commit();
-    cp_async_wait<S - 1>();
+    else if constexpr (!kBulk) cp_async_commit();
+    if constexpr (kBulk) mbar_wait(&bulk_bar[warp][buf], static_cast<uint32_t>(it / S) & 1u);
+    else cp_async_wait<S - 1>();
     __syncwarp();
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
@@ -356,6 +402,11 @@ __global__ void __launch_bounds__(kW * 32, 8) estimate_flag_kernel(const DecodeP
 template <int D, int S>
 __global__ void __launch_bounds__(kW * 32, 4) decode_exact_flag_kernel(const DecodeParams p) {
   decode_body<D, true, S, false, true, false, true, true>(p);
+}
+// split64b: split64r's exact kernel with kBulk's row copies (the estimation grid chained behind it as split64r's).
+template <int D, int S>
+__global__ void __launch_bounds__(kW * 32, 4) decode_exact_bulk_kernel(const DecodeParams p) {
+  decode_body<D, true, S, false, true, false, false, false, true>(p);
 }
 
 // Run 17 pre-merge (RETROINFER_EXACT=split64ep / erp; kernels.h EstPremerge). The lead's phase stamps of split64e at
@@ -680,6 +731,12 @@ cudaError_t launch_run17(const DecodeParams& p, cudaStream_t s) {
   if (premerge_on(p)) return launch_premerged<D, S>(p, s);
   if (exact_head_flags(p.exact_variant) && p.head_flags != nullptr) return launch_flagged<D, S>(p, s);
   const bool ids = exact_ids_ahead(p.exact_variant);
+  if (exact_bulk_rows(p.exact_variant)) {
+    static bool b_set = false;
+    const cudaError_t e = launch_exact_grid<D, S>(decode_exact_bulk_kernel<D, S>, p, s, p.pdl, b_set);
+    if (e != cudaSuccess) return e;
+    return launch_est_chained<D, kEstimateChunk>(p, s);
+  }
   if (!exact_est_first(p.exact_variant)) {
     const cudaError_t e = ids ? launch_exact_variant<D, S, true, false>(p, s, p.pdl)
                               : launch_exact_variant<D, S, false, false>(p, s, p.pdl);
@@ -727,6 +784,12 @@ cudaError_t footprint_of(int v, int group, int total, ExactGridFootprint& f) {
   const bool ids = exact_ids_ahead(v), first = exact_est_first(v);
   auto exact_fp = [&](void (*k)(const DecodeParams)) { return kernel_footprint(k, xb, f.exact_regs, f.exact_smem); };
   cudaError_t e;
+  if (exact_bulk_rows(v)) {
+    e = exact_fp(decode_exact_bulk_kernel<D, S>);
+    if (e != cudaSuccess) return e;
+    return kernel_footprint(estimate_chained_kernel<D, kEstimateChunk>, EstSmem<D, kEstimateChunk>::kBytes, f.est_regs,
+                            f.est_smem);
+  }
   if (exact_head_flags(v)) {
     e = exact_fp(decode_exact_flag_kernel<D, S>);
     if (e != cudaSuccess) return e;

@@ -422,6 +422,8 @@ struct DecodeParams {
 //               once its states are. The same chunks, tiles and merge order as split64r: bit-identical
 //               outputs. Needs the layer's flags, PDL and the bins selection; else it runs as split64e with
 //               split64r's exact kernel.
+//   split64b    split64r whose exact kernel copies each K / V row by one cp.async.bulk (decode.cu kBulk) instead
+//               of 16-byte cp.async copies by every lane: the same tiles and math, bit-identical states.
 enum ExactVariant : int {
   kExactV1 = 0,
   kExactSplit,
@@ -436,6 +438,7 @@ enum ExactVariant : int {
   kExactSplit64EP,
   kExactSplit64ERP,
   kExactSplit64F,
+  kExactSplit64B,
   kExactVariants
 };
 // run 17: split64r (the exact kernel at <= 128 registers) took 0.3-3.1 us off split64 at every shape of
@@ -450,7 +453,7 @@ constexpr int exact_est_chunk(int variant) {
 constexpr bool exact_caps_registers(int variant) {
   return variant == kExactSplit64R || variant == kExactSplit64RI || variant == kExactSplit64RH ||
          variant == kExactSplit64RIH || variant == kExactSplit64ERI || variant == kExactSplit64ERP ||
-         variant == kExactSplit64F;
+         variant == kExactSplit64F || variant == kExactSplit64B;
 }
 constexpr bool exact_ids_ahead(int variant) {
   return variant == kExactSplit64I || variant == kExactSplit64RI || variant == kExactSplit64RIH ||
@@ -462,6 +465,7 @@ constexpr bool exact_est_first(int variant) {
          variant == kExactSplit64ERP || variant == kExactSplit64F;
 }
 constexpr bool exact_head_flags(int variant) { return variant == kExactSplit64F; }
+constexpr bool exact_bulk_rows(int variant) { return variant == kExactSplit64B; }
 constexpr bool exact_premerges(int variant) { return variant == kExactSplit64EP || variant == kExactSplit64ERP; }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);

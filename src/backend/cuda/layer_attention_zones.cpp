@@ -81,7 +81,7 @@ int exact_variant_from_env() {
     if (v == exact_variant_name(i)) return i;
   RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64r (the default), split64, split, v1, ",
                   "split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep, ",
-                  "split64erp or split64f, or leave it unset");
+                  "split64erp, split64f or split64b, or leave it unset");
 }
 
 const char* exact_variant_name(int variant) {
@@ -99,6 +99,7 @@ const char* exact_variant_name(int variant) {
     case kExactSplit64EP: return "split64ep";
     case kExactSplit64ERP: return "split64erp";
     case kExactSplit64F: return "split64f";
+    case kExactSplit64B: return "split64b";
     default: return "?";
   }
 }
