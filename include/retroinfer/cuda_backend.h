@@ -168,7 +168,6 @@ struct RetroDebugState {
   std::vector<int32_t> retrieval_ids;   // ascending, without padding
   std::vector<int32_t> estimation_ids;  // ascending, without padding
   std::vector<int32_t> token_list;      // KV positions attended exactly: steady zone, then retrieval tokens
-  std::vector<uint32_t> head_flags;     // RETROINFER_EXACT=split64f's per-head flags: all zero between decodes
 };
 
 // Retro (wave index) decode attention over GPU-resident K/V: build() clusters the indexed tokens of every

@@ -63,10 +63,8 @@ constexpr double kNmseVsV1 = gputest::kNmseReorder;
 constexpr double kNmseVsRef = 1e-9;
 constexpr double kMaxAbsVsRef = 1e-4;
 // Run 17's variants: each must give split64's output bit for bit.
-// split64f (run 20, the flag-chained grids) too: its eager decodes on the legacy stream take its fallback (no
-// programmatic launches there), the graph replays the flag-chained grids, both bit for bit.
-constexpr const char* kRun17[] = {"split64r",  "split64i", "split64ri", "split64rh",
-                                  "split64rih", "split64e", "split64eri", "split64f", "split64b"};
+constexpr const char* kRun17[] = {"split64r",  "split64i",  "split64ri", "split64rh",
+                                  "split64rih", "split64e", "split64eri"};
 // The pre-merging variants (kernels.h EstPremerge): the estimation states merged into one by the head's last
 // estimation CTA, then the final merge over num_splits + 1 states. Against split64 (the same partial states, every
 // state weighted against one global max) only the merge tree differs: an estimation weight is e^{m_s - M_e}
@@ -444,67 +442,6 @@ TEST(CudaExactGrid, Run17Footprints) {
   EXPECT_EQ(d::exact_grid_footprint(d::kExactV1, 128, 4, 42, &f), cudaErrorInvalidValue);
   EXPECT_EQ(d::exact_grid_footprint(d::kExactSplit64, 96, 4, 42, &f), cudaErrorInvalidValue);
   EXPECT_EQ(d::exact_grid_footprint(d::kExactSplit64, 128, 9, 42, &f), cudaErrorInvalidValue);
-}
-
-// split64f's flag-chained grids (kernels.h kHeadFlag*) on a created stream, where they run (programmatic
-// launches): two queries decoded alternately four times each way, eagerly and from graphs, each bit-identical to
-// split64r's decode of that query (the same chunks, tiles and merge order), every head's flags zero after each
-// decode (the merge resets them), and the flagged path counted for every decode. Shapes: a small batch-1 case with
-// clustered host K/V, batch 3 with G 8 and d 64, and issue #4's 128K batch 4.
-void flag_chain_case(const PathCase& rc, uint64_t seed) {
-  SCOPED_TRACE(gputest::describe(rc, seed));
-  gputest::PathLayer t = gputest::make_path_layer(rc, seed);
-  ASSERT_GT(t.layer->n_estimation(), 0);
-  cuda::DeviceBuffer q2(t.q_elems * 4);
-  cuda::fill_random_f32(q2.as<float>(), t.q_elems, seed + 7, 1.0f);
-  const float* qs[2] = {t.dq.as<float>(), q2.as<float>()};
-  EnvGuard env("RETROINFER_EXACT", "split64r");
-  std::vector<float> ref[2];
-  for (int i = 0; i < 2; ++i) ref[i] = decode_once(*t.layer, qs[i], t.q_elems, t.H).out;
-  EXPECT_NE(first_difference(ref[0], ref[1]), -1) << "the two queries must give different outputs";
-  env.set("split64f");
-  cuda::StreamHandle stream;
-  auto out = gputest::poisoned(t.q_elems);
-  std::unique_ptr<cuda::CapturedGraph> graphs[2];
-  for (int i = 0; i < 2; ++i)
-    graphs[i] = std::make_unique<cuda::CapturedGraph>(
-        stream.get(), [&] { t.layer->decode(qs[i], out.as<float>(), stream.get()); });
-  const int64_t before = cuda::detail::flag_chained_decodes();
-  int identical = 0, zero_flags = 0;
-  for (int rep = 0; rep < 8; ++rep) {
-    const int i = rep % 2;
-    const bool graph = (rep / 2) % 2 == 1;
-    out.fill_bytes(0xff);
-    cuda::synchronize();
-    if (graph) graphs[i]->launch(stream.get());
-    else t.layer->decode(qs[i], out.as<float>(), stream.get());
-    cuda::synchronize(stream.get());
-    const auto got = gputest::download_f32(out, t.q_elems);
-    const int64_t diff = first_difference(got, ref[i]);
-    EXPECT_EQ(diff, -1) << "decode " << rep << (graph ? " (graph)" : " (eager)") << ", query " << i;
-    identical += diff == -1;
-    bool zero = true;
-    for (int h = 0; h < t.H; ++h) {
-      const auto st = t.layer->debug_state(h);
-      ASSERT_EQ(st.head_flags.size(), size_t(cuda::detail::kHeadFlagWords));
-      for (uint32_t w : st.head_flags) zero = zero && w == 0u;
-    }
-    EXPECT_TRUE(zero) << "flags left set after decode " << rep;
-    zero_flags += zero;
-  }
-  // The graphs were captured through the flagged path too (2), then 4 eager decodes.
-  EXPECT_EQ(cuda::detail::flag_chained_decodes() - before, 4) << "eager split64f decodes that ran flag-chained";
-  std::printf("[exact grid] split64f flag-chained, H=%d G=%d d=%d n=%lld C=%d n_e=%d: %d/8 decodes (eager and graph, "
-              "two queries) bit-identical to split64r, flags zero after %d/8\n",
-              t.H, rc.group, rc.d, (long long)rc.n, t.layer->num_clusters(), t.layer->n_estimation(), identical,
-              zero_flags);
-}
-
-TEST(CudaExactGrid, FlagChainedGrids) {
-  RETROINFER_REQUIRE_GPU();
-  flag_chain_case({1, 2, 4, 128, 5000, true, false, true}, 961);
-  flag_chain_case({3, 2, 8, 64, 9000, true, false, true}, 962);
-  flag_chain_case({4, 8, 4, 128, 131072, true, false, false}, 963);
 }
 
 // Bad values: a clear error at the decode (before any launch) and from the parser; the names round-trip.

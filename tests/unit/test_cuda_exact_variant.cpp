@@ -58,10 +58,6 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_STREQ(exact_variant_name(kExactSplit64I), "split64i");
   EXPECT_STREQ(exact_variant_name(kExactSplit64RI), "split64ri");
   EXPECT_STREQ(exact_variant_name(kExactSplit64RH), "split64rh");
-  EXPECT_STREQ(exact_variant_name(kExactSplit64F), "split64f");
-  EXPECT_STREQ(exact_variant_name(kExactSplit64B), "split64b");
-  EXPECT_TRUE(exact_bulk_rows(kExactSplit64B));
-  EXPECT_FALSE(exact_bulk_rows(kExactSplit64R));
   EXPECT_STREQ(exact_variant_name(kExactSplit64RIH), "split64rih");
   EXPECT_STREQ(exact_variant_name(kExactSplit64E), "split64e");
   EXPECT_STREQ(exact_variant_name(kExactSplit64ERI), "split64eri");
@@ -118,7 +114,7 @@ TEST(CudaExactVariant, EstimationChunksFitTheLayersSlots) {
 TEST(CudaExactVariant, Run17Properties) {
   struct Row {
     int v;
-    bool cap, ids, halves, first, premerge, flags = false;
+    bool cap, ids, halves, first, premerge;
   };
   const Row rows[] = {{kExactV1, false, false, false, false, false},
                       {kExactSplit, false, false, false, false, false},
@@ -131,9 +127,7 @@ TEST(CudaExactVariant, Run17Properties) {
                       {kExactSplit64E, false, false, false, true, false},
                       {kExactSplit64ERI, true, true, false, true, false},
                       {kExactSplit64EP, false, false, false, true, true},
-                      {kExactSplit64ERP, true, false, false, true, true},
-                      {kExactSplit64F, true, false, false, true, false, true},
-                      {kExactSplit64B, true, false, false, false, false}};
+                      {kExactSplit64ERP, true, false, false, true, true}};
   static_assert(std::size(rows) == kExactVariants, "one row per variant");
   for (const Row& r : rows) {
     EXPECT_EQ(exact_caps_registers(r.v), r.cap) << exact_variant_name(r.v);
@@ -141,13 +135,11 @@ TEST(CudaExactVariant, Run17Properties) {
     EXPECT_EQ(exact_est_halves(r.v), r.halves) << exact_variant_name(r.v);
     EXPECT_EQ(exact_est_first(r.v), r.first) << exact_variant_name(r.v);
     EXPECT_EQ(exact_premerges(r.v), r.premerge) << exact_variant_name(r.v);
-    EXPECT_EQ(exact_head_flags(r.v), r.flags) << exact_variant_name(r.v);
     if (exact_premerges(r.v)) {
       EXPECT_TRUE(exact_est_first(r.v)) << exact_variant_name(r.v);
     }
   }
   EXPECT_EQ(kPremergeSlots, 1);  // one pre-merged estimation state per head
-  EXPECT_EQ(kHeadFlagWords, 4);  // split64f: est ready, list ready, states, merge CTAs done
 }
 
 }  // namespace

@@ -152,35 +152,6 @@ __device__ __forceinline__ void grid_launch_dependents() {
 #endif
 }
 
-// Release / acquire fences at GPU scope (lighter than __threadfence's sequentially consistent fence; the
-// per-head barriers and flags below are message passing, which they order).
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
-__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Per-head flags of the flag-chained decode (kernels.h kHeadFlag*, RETROINFER_EXACT=split64f). The caller
-// has made the CTA's writes thread 0's by __syncthreads (fences are cumulative).
-// head_flag_add: thread 0 adds 1 to *f with release semantics (what the CTA wrote before is visible to whoever
-// acquires the new value).
-__device__ __forceinline__ void head_flag_add(unsigned* f) {
-  if (threadIdx.x == 0) {
-    fence_acq_rel_gpu();
-    atomicAdd(f, 1u);
-  }
-}
-// head_flag_wait: thread 0 polls *f until it reaches `target` (acquire), then the CTA meets: every load after
-// the call sees what the CTAs that counted wrote before counting. Loads of such data must go through L2
-// (__ldcg, cp.async.cg): no kernel boundary has invalidated this multiprocessor's L1.
-__device__ __forceinline__ void head_flag_wait(const unsigned* f, unsigned target) {
-  if (threadIdx.x == 0) {
-    while (ld_acquire_gpu(f) < target) __nanosleep(32);
-  }
-  __syncthreads();
-}
-
 // kernel<<<grid, block, smem, s>>>(args...) through cudaLaunchKernelEx with one launch attribute.
 template <typename... P, typename... A>
 cudaError_t launch_with(cudaLaunchAttribute attr, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,

@@ -14,7 +14,6 @@
 
 #include <cstdlib>
 
-#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_estimate.cuh"
 #include "backend/cuda/decode_math.cuh"
@@ -53,17 +52,8 @@ struct DecodeSmem {
 // grid (estimate_first_kernel): no PDL wait before the work (that would wait for the whole estimation grid),
 // the selection's outputs (count, list) read through L2, and the grid's last CTA waits at its end. Both keep
 // the same tokens in the same tiles and the same math: the same partial states bit for bit.
-// kFlags (RETROINFER_EXACT=split64f, with kAfterEst): the CTA waits for its head's kHeadFlagList (the selection
-// wrote the list and count) before reading them, and counts into kHeadFlagStates after writing its state.
-// kBulk (RETROINFER_EXACT=split64b): a tile's K and V rows by one cp.async.bulk each (lanes 0..15, one row
-// each, completing on the stage's mbarrier) instead of 16-byte cp.async copies by every lane (8 + 8 per lane
-// with a shuffle of the row's token id each); rows past the end are zeroed by plain stores. The ncu profile of
-// split64r at 128K batch 4 (run 20): 3.4 M warp instructions, ~700 per tile, one issued every ~8 cycles at 8
-// warps per multiprocessor; the copy path is ~220 of them. The same smem layout, tiles and math: the same state.
-template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false,
-          bool kFlags = false, bool kBulk = false>
+template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
-  static_assert(!(kBulk && kIds), "kBulk loads each tile's ids itself");
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
   constexpr int kLoads = kT * kChunks / 32;  // chunks per lane per tile (K or V)
@@ -93,7 +83,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // Only after the wait: the chained estimation grid reads the selection's outputs without a wait of its own,
   // relying on every CTA of this grid having passed it (estimate_chained_kernel).
   if constexpr (kTrigger) grid_launch_dependents();
-  if constexpr (kFlags) head_flag_wait(p.head_flags + int64_t{h} * kHeadFlagWords + kHeadFlagList, 1u);
   phase_first(p.phase, h, kSlotExact);
   const uint64_t t_start = p.phase != nullptr ? global_ns() : 0;
   const int64_t count = !kIndirect ? p.num_tokens : kAfterEst ? __ldcg(p.token_count + h) : p.token_count[h];
@@ -108,18 +97,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
   const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
   const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
-  // kBulk: one mbarrier per warp and stage (a stage's k-th fill completes phase k).
-  __shared__ __align__(8) uint64_t bulk_bar[kBulk ? kW : 1][kBulk ? S : 1];
-  uint64_t bulk_pol = 0;
-  if constexpr (kBulk) {
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < S; ++i) mbar_init(&bulk_bar[warp][i], 1);
-      mbar_init_fence();
-    }
-    __syncwarp();
-    bulk_pol = l2_evict_first_policy();  // each K / V row is read once per decode
-  }
 
   // kIds: the ids of the warp's iterations [b * kIdsAhead, (b + 1) * kIdsAhead) (its tiles warp + i * kW):
   // register r, lane l holds token l & 15 of iteration b * kIdsAhead + 2r + (l >> 4) (0 past the split's end).
@@ -136,32 +113,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   auto load_tile = [&](int t, int buf) {
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
-    if constexpr (kBulk) {
-      // The stage's last reads (ldmatrix, generic proxy) before the bulk copies' writes (async proxy).
-      fence_proxy_async_smem();
-      __syncwarp();
-      int tok = 0;
-      if (lane < valid) {
-        if constexpr (kIndirect) tok = kAfterEst ? __ldcg(list + p0 + lane) : list[p0 + lane];
-        else tok = static_cast<int>(p0 + lane);
-      }
-      uint64_t* bar = &bulk_bar[warp][buf];
-      if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(valid) * 2u * D * 2u);
-      __syncwarp();  // the expected bytes before any copy's complete_tx
-      uint16_t* kr = ks + (buf * kT + lane) * kRow;
-      uint16_t* vr = vs + (buf * kT + lane) * kRow;
-      if (lane < valid) {
-        bulk_copy_g2s(kr, kh + int64_t{tok} * D, D * 2, bar, bulk_pol);
-        bulk_copy_g2s(vr, vh + int64_t{tok} * D, D * 2, bar, bulk_pol);
-      } else if (lane < kT) {  // rows past the end: zeros (P is 0 there; 0 * NaN would poison)
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          reinterpret_cast<uint4*>(kr)[c] = make_uint4(0u, 0u, 0u, 0u);
-          reinterpret_cast<uint4*>(vr)[c] = make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-      return;
-    }
     int tok_lane = 0, src_base = 0;  // the lane of row 0's id
     if constexpr (kIndirect && kIds) {
       const int it = (t - warp) / kW;
@@ -204,16 +155,15 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
     if (warp + i * kW < ntiles) load_tile(warp + i * kW, i);
-    else if constexpr (!kBulk) cp_async_commit();
+    else cp_async_commit();
   }
   for (int it = 0;; ++it) {
     const int t = warp + it * kW;
     if (t >= ntiles) break;
     const int buf = it % S;
     if (t + (S - 1) * kW < ntiles) load_tile(t + (S - 1) * kW, (it + S - 1) % S);
-    else if constexpr (!kBulk) cp_async_commit();
-    if constexpr (kBulk) mbar_wait(&bulk_bar[warp][buf], static_cast<uint32_t>(it / S) & 1u);
-    else cp_async_wait<S - 1>();
+    else cp_async_commit();
+    cp_async_wait<S - 1>();
     __syncwarp();
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
@@ -256,10 +206,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   __syncthreads();
   const int slot = p.split_offset + split;
   merge_warp_states<D, kW>(stage_o, stage_ml, G, int64_t{h} * p.total_splits + slot, p.part_ml, p.part_o);
-  if constexpr (kFlags) {  // the state is written: count it for the head's merge
-    __syncthreads();
-    head_flag_add(p.head_flags + int64_t{h} * kHeadFlagWords + kHeadFlagStates);
-  }
   if (p.phase != nullptr) {
     __syncthreads();
     phase_last(p.phase, h, kSlotExact + 1);
@@ -364,49 +310,6 @@ template <int D>
 __global__ void __launch_bounds__(kW * 32, 8) estimate_first_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char est_smem[];
   estimate_cta<D, kEstimateChunk, false, 4, true>(p, blockIdx.x, blockIdx.y, est_smem);
-}
-
-// Flag-chained grids (RETROINFER_EXACT=split64f, DecodeParams::head_flags; kernels.h kHeadFlag*). The run 19
-// timeline at 128K batch 4 (read flush): the selection ends at 39.1 us, the exact and estimation grids run
-// 39.8-61.6, the merge ends at 65.6; every grid waits for the whole grid before it (griddepcontrol.wait:
-// its slowest CTA, then the completion and flush), and the estimation waits for the selection's expansion,
-// which it does not read. Here each grid is launched early and each CTA waits for its own head only:
-//   estimate_flag_kernel    a programmatic dependent of the selection that triggers at its start; est_grid
-//                           CTAs per head (sized by the host to fit beside the selection and two exact CTAs
-//                           per multiprocessor), CTA x taking the chunks x, x + est_grid, ... of the head's
-//                           est_ctas; it waits for kHeadFlagEst, which the selection raises once the
-//                           estimation ids are written (before its retrieval slots and expansion);
-//   decode_exact_flag_kernel split64r's capped exact kernel as the estimation grid's programmatic dependent
-//                           (kAfterEst: no wait before its work; its last CTA waits for the estimation grid at
-//                           its end) that triggers at its start and waits for kHeadFlagList;
-//   combine_kernel          (CombineParams::head_flags) the exact grid's dependent, waiting for kHeadFlagStates
-//                           = the head's exact and estimation CTAs; the head's last merge CTA zeroes its flags.
-// Each grid's last CTA (launch order) waits for the grid before it at its end, so every grid completes after
-// the one it depends on (see estimate_chained_kernel). Every CTA a flag waits for is resident or done: a
-// dependent launches only once every CTA of the grid before it has started. The data behind a flag is read
-// through L2 (__ldcg, cp.async.cg). The chunks, tiles and merge order are split64r's: bit-identical states.
-template <int D>
-__global__ void __launch_bounds__(kW * 32, 8) estimate_flag_kernel(const DecodeParams p) {
-  extern __shared__ __align__(16) unsigned char est_smem[];
-  const int h = blockIdx.y;
-  grid_launch_dependents();  // the exact grid may launch (its CTAs wait for their own flag)
-  unsigned* f = p.head_flags + int64_t{h} * kHeadFlagWords;
-  head_flag_wait(f + kHeadFlagEst, 1u);
-  for (int j = blockIdx.x; j < p.est_ctas; j += gridDim.x) {
-    estimate_cta<D, kEstimateChunk, true, 4>(p, j, h, est_smem);  // kChained: loads through L2, no PDL wait
-    __syncthreads();  // the next chunk reuses the shared memory
-  }
-  head_flag_add(f + kHeadFlagStates);
-  if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
-}
-template <int D, int S>
-__global__ void __launch_bounds__(kW * 32, 4) decode_exact_flag_kernel(const DecodeParams p) {
-  decode_body<D, true, S, false, true, false, true, true>(p);
-}
-// split64b: split64r's exact kernel with kBulk's row copies (the estimation grid chained behind it as split64r's).
-template <int D, int S>
-__global__ void __launch_bounds__(kW * 32, 4) decode_exact_bulk_kernel(const DecodeParams p) {
-  decode_body<D, true, S, false, true, false, false, false, true>(p);
 }
 
 // Run 17 pre-merge (RETROINFER_EXACT=split64ep / erp; kernels.h EstPremerge). The lead's phase stamps of split64e at
@@ -541,10 +444,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   __shared__ float2 stage_ml[kWarps];
   const int h = blockIdx.x, g = blockIdx.y, D = p.head_dim, G = p.group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, dl = D / 32;
-  if (p.head_flags != nullptr)  // split64f: this head's states only (read through L2 below)
-    head_flag_wait(p.head_flags + int64_t{h} * kHeadFlagWords + kHeadFlagStates, static_cast<unsigned>(p.flag_states));
-  else
-    grid_dependency_wait();  // p.pdl: the partial states come from the grids before (a no-op without PDL)
+  grid_dependency_wait();  // p.pdl: the partial states come from the grids before (a no-op without PDL)
   SoftmaxScalars st;
   float acc[kMaxDl] = {0, 0, 0, 0};
   for (int s0 = warp; s0 < p.total_splits; s0 += kWarps * kBatch) {
@@ -555,9 +455,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
       const int sp = s0 + j * kWarps;
       const int64_t base = (int64_t{h} * p.total_splits + sp) * G + g;
       const bool ok = sp < p.total_splits;
-      ml[j] = ok ? __ldcg(p.part_ml + base) : make_float2(-INFINITY, 0.0f);
+      ml[j] = ok ? p.part_ml[base] : make_float2(-INFINITY, 0.0f);
 #pragma unroll
-      for (int k = 0; k < kMaxDl; ++k) ob[j][k] = ok && k < dl ? __ldcg(p.part_o + base * D + lane * dl + k) : 0.0f;
+      for (int k = 0; k < kMaxDl; ++k) ob[j][k] = ok && k < dl ? p.part_o[base * D + lane * dl + k] : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
@@ -586,17 +486,6 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   if (p.phase != nullptr) {
     __syncthreads();
     phase_last(p.phase, h, kSlotMerge);
-  }
-  if (p.head_flags != nullptr) {
-    // The head's last merge CTA zeroes its flags for the next decode: every CTA that waits on them has
-    // passed its wait (all exact and estimation CTAs counted, all G merge CTAs are here).
-    if (threadIdx.x == 0) {
-      unsigned* f = p.head_flags + int64_t{h} * kHeadFlagWords;
-      if (atomicAdd(f + kHeadFlagDone, 1u) == static_cast<unsigned>(G) - 1u)
-        for (int w = 0; w < kHeadFlagWords; ++w) atomicExch(f + w, 0u);
-    }
-    // The grid completes only after the exact grid (whose last CTA waited for the estimation grid).
-    if (blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1) grid_dependency_wait();
   }
 }
 
@@ -713,30 +602,10 @@ cudaError_t launch_premerged(const DecodeParams& p, cudaStream_t s) {
 // estimation grid chained behind it; split64e / eri: the estimation grid first (estimate_first_kernel, a
 // dependent of the selection when p.pdl), then the exact grid chained behind it (p.chain_pdl);
 // split64ep / erp: launch_premerged when premerge_on, else as split64e / its capped form.
-// split64f with the layer's flags: the flag-chained grids (estimate_flag_kernel, decode_exact_flag_kernel).
-template <int D, int S>
-cudaError_t launch_flagged(const DecodeParams& p, cudaStream_t s) {
-  if (p.est_grid < 1 || p.est_grid > p.est_ctas) return cudaErrorInvalidValue;
-  constexpr size_t est_bytes = EstSmem<D, kEstimateChunk>::kBytes;
-  static bool est_set = false, x_set = false;
-  cudaError_t e = set_split_attributes(estimate_flag_kernel<D>, est_bytes, est_set);
-  if (e != cudaSuccess) return e;
-  e = launch_maybe_pdl(estimate_flag_kernel<D>, dim3(p.est_grid, p.num_heads), dim3(kW * 32), est_bytes, s, p.pdl, p);
-  if (e != cudaSuccess) return e;
-  return launch_exact_grid<D, S>(decode_exact_flag_kernel<D, S>, p, s, p.chain_pdl, x_set);
-}
-
 template <int D, int S>
 cudaError_t launch_run17(const DecodeParams& p, cudaStream_t s) {
   if (premerge_on(p)) return launch_premerged<D, S>(p, s);
-  if (exact_head_flags(p.exact_variant) && p.head_flags != nullptr) return launch_flagged<D, S>(p, s);
   const bool ids = exact_ids_ahead(p.exact_variant);
-  if (exact_bulk_rows(p.exact_variant)) {
-    static bool b_set = false;
-    const cudaError_t e = launch_exact_grid<D, S>(decode_exact_bulk_kernel<D, S>, p, s, p.pdl, b_set);
-    if (e != cudaSuccess) return e;
-    return launch_est_chained<D, kEstimateChunk>(p, s);
-  }
   if (!exact_est_first(p.exact_variant)) {
     const cudaError_t e = ids ? launch_exact_variant<D, S, true, false>(p, s, p.pdl)
                               : launch_exact_variant<D, S, false, false>(p, s, p.pdl);
@@ -784,17 +653,6 @@ cudaError_t footprint_of(int v, int group, int total, ExactGridFootprint& f) {
   const bool ids = exact_ids_ahead(v), first = exact_est_first(v);
   auto exact_fp = [&](void (*k)(const DecodeParams)) { return kernel_footprint(k, xb, f.exact_regs, f.exact_smem); };
   cudaError_t e;
-  if (exact_bulk_rows(v)) {
-    e = exact_fp(decode_exact_bulk_kernel<D, S>);
-    if (e != cudaSuccess) return e;
-    return kernel_footprint(estimate_chained_kernel<D, kEstimateChunk>, EstSmem<D, kEstimateChunk>::kBytes, f.est_regs,
-                            f.est_smem);
-  }
-  if (exact_head_flags(v)) {
-    e = exact_fp(decode_exact_flag_kernel<D, S>);
-    if (e != cudaSuccess) return e;
-    return kernel_footprint(estimate_flag_kernel<D>, EstSmem<D, kEstimateChunk>::kBytes, f.est_regs, f.est_smem);
-  }
   if (v == kExactSplit || v == kExactSplit64)
     e = exact_fp(decode_exact_kernel<D, S>);
   else if (exact_caps_registers(v))

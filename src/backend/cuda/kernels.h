@@ -212,20 +212,7 @@ struct SelectParams {
   // Run 19 (select_grid.cu): the multi-CTA selection's workspace, [num_heads, kSelectGridWsWords] u32, zero
   // when first used (every launch leaves it zero). Null: the one-CTA / cluster kernels.
   unsigned* grid_ws = nullptr;
-  // RETROINFER_EXACT=split64f (the flag-chained decode, kHeadFlag* below): [num_heads, kHeadFlagWords], the
-  // bins kernel (one CTA per head, ballot compaction) publishes kHeadFlagEst once the estimation ids are
-  // written and kHeadFlagList once the token list and count are. Null: no flags (every other kernel).
-  unsigned* head_flags = nullptr;
 };
-// The flag-chained decode (RETROINFER_EXACT=split64f, decode.cu "Flag-chained grids"): per head, words
-//   kHeadFlagEst    1 once the selection has written the estimation ids (the estimation CTAs wait for it),
-//   kHeadFlagList   1 once it has written the token list and count (the exact CTAs wait for it),
-//   kHeadFlagStates the exact and estimation CTAs that have written their partial states (the merge waits
-//                   for all of them),
-//   kHeadFlagDone   the merge CTAs done with the head; the last one sets all four words back to zero.
-// Zero between decodes (the layer zeroes them once at allocation).
-inline constexpr int kHeadFlagEst = 0, kHeadFlagList = 1, kHeadFlagStates = 2, kHeadFlagDone = 3;
-inline constexpr int kHeadFlagWords = 4;
 inline constexpr int kSelectGridMaxChunks = 64;     // CTAs per head of the grid selection, at most
 inline constexpr int kSelectGridWsWords = 13312;    // per head: three histograms, chunk counts, a barrier
 inline size_t select_grid_ws_bytes(int64_t num_heads) { return size_t(num_heads) * kSelectGridWsWords * 4; }
@@ -256,11 +243,6 @@ cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // select.cu; <= 40K items
 // CTAs per head select_and_expand_bins launches for p (RETROINFER_SELECT_SPLIT: 1 or 2; select_bins.cu).
 cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head);
-// Whether the selection select_and_expand (select_bins.cu: select_and_expand_bins) runs for p publishes
-// SelectParams::head_flags (the one-CTA bins kernel with the ballot compaction); both refuse head_flags
-// (cudaErrorInvalidValue) where it would not, rather than leave the flag-chained grids waiting.
-cudaError_t select_publishes_head_flags(const SelectParams& p, bool* publishes);
-cudaError_t select_bins_publishes_head_flags(const SelectParams& p, bool* publishes);
 cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
 
@@ -363,12 +345,6 @@ struct DecodeParams {
   // of them (num_splits); part_ml / part_o / total_splits / merge / phase are this struct's. 0: none.
   EstimateParams est;
   int est_ctas = 0;
-  // RETROINFER_EXACT=split64f with head_flags set ([H, kHeadFlagWords], kernels.h kHeadFlag*): the estimation
-  // grid of est_grid CTAs per head (each taking chunks x, x + est_grid, ... of the est_ctas chunks) launched
-  // right behind the selection, its CTAs waiting for their head's kHeadFlagEst, the exact grid behind it
-  // waiting for kHeadFlagList; both count into kHeadFlagStates. Null: split64f runs as the est-first grids.
-  unsigned* head_flags = nullptr;
-  int est_grid = 0;
   // How the run 9 grid runs when est_ctas > 0 (ExactVariant): kExactV1 = one grid (above); kExactSplit /
   // kExactSplit64 = the exact splits as one grid, then the est_ctas estimation CTAs (exact_est_chunk clusters
   // each) as a second grid launched right after it, a programmatic dependent of it when chain_pdl (decode.cu
@@ -414,16 +390,6 @@ struct DecodeParams {
 //               off the critical path; the final merge sums num_splits + 1 states (exact slots, then the
 //               pre-merged one). Within rounding of split64 (another merge tree), bit-identical run to run
 //   split64erp  split64ep with split64r's exact kernel (128 registers)
-// Run 20 (issue #4: grid boundaries on the step's critical path), the flag-chained grids (decode.cu):
-//   split64f    split64e's order with split64r's exact kernel, each grid launched early (programmatic
-//               dependents that trigger at their start) and waiting per head on flags in memory instead of
-//               on the whole grid before it: the estimation CTAs start once their head's estimation ids are
-//               written (before the selection's expansion), the exact CTAs once its token list is, the merge
-//               once its states are. The same chunks, tiles and merge order as split64r: bit-identical
-//               outputs. Needs the layer's flags, PDL and the bins selection; else it runs as split64e with
-//               split64r's exact kernel.
-//   split64b    split64r whose exact kernel copies each K / V row by one cp.async.bulk (decode.cu kBulk) instead
-//               of 16-byte cp.async copies by every lane: the same tiles and math, bit-identical states.
 enum ExactVariant : int {
   kExactV1 = 0,
   kExactSplit,
@@ -437,8 +403,6 @@ enum ExactVariant : int {
   kExactSplit64ERI,
   kExactSplit64EP,
   kExactSplit64ERP,
-  kExactSplit64F,
-  kExactSplit64B,
   kExactVariants
 };
 // run 17: split64r (the exact kernel at <= 128 registers) took 0.3-3.1 us off split64 at every shape of
@@ -452,8 +416,7 @@ constexpr int exact_est_chunk(int variant) {
 // The run 17 properties of a variant (all false for v1, split, split64).
 constexpr bool exact_caps_registers(int variant) {
   return variant == kExactSplit64R || variant == kExactSplit64RI || variant == kExactSplit64RH ||
-         variant == kExactSplit64RIH || variant == kExactSplit64ERI || variant == kExactSplit64ERP ||
-         variant == kExactSplit64F || variant == kExactSplit64B;
+         variant == kExactSplit64RIH || variant == kExactSplit64ERI || variant == kExactSplit64ERP;
 }
 constexpr bool exact_ids_ahead(int variant) {
   return variant == kExactSplit64I || variant == kExactSplit64RI || variant == kExactSplit64RIH ||
@@ -462,10 +425,8 @@ constexpr bool exact_ids_ahead(int variant) {
 constexpr bool exact_est_halves(int variant) { return variant == kExactSplit64RH || variant == kExactSplit64RIH; }
 constexpr bool exact_est_first(int variant) {
   return variant == kExactSplit64E || variant == kExactSplit64ERI || variant == kExactSplit64EP ||
-         variant == kExactSplit64ERP || variant == kExactSplit64F;
+         variant == kExactSplit64ERP;
 }
-constexpr bool exact_head_flags(int variant) { return variant == kExactSplit64F; }
-constexpr bool exact_bulk_rows(int variant) { return variant == kExactSplit64B; }
 constexpr bool exact_premerges(int variant) { return variant == kExactSplit64EP || variant == kExactSplit64ERP; }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);
@@ -499,10 +460,6 @@ struct CombineParams {
   // Run 17 (RETROINFER_DECODE=run10c): launched as a programmatic dependent of the grid before it (created
   // streams only); its CTAs wait for that grid (griddepcontrol.wait) before reading the partial states.
   bool pdl = false;
-  // RETROINFER_EXACT=split64f: each CTA waits for its head's kHeadFlagStates to reach flag_states (instead of
-  // the grid before it) and the head's last merge CTA zeroes the head's flags (kernels.h kHeadFlag*).
-  unsigned* head_flags = nullptr;
-  int flag_states = 0;
 };
 cudaError_t combine_states(const CombineParams& p, cudaStream_t s);
 

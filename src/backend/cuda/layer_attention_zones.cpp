@@ -80,8 +80,8 @@ int exact_variant_from_env() {
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
   RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64r (the default), split64, split, v1, ",
-                  "split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep, ",
-                  "split64erp, split64f or split64b, or leave it unset");
+                  "split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep or ",
+                  "split64erp, or leave it unset");
 }
 
 const char* exact_variant_name(int variant) {
@@ -98,8 +98,6 @@ const char* exact_variant_name(int variant) {
     case kExactSplit64ERI: return "split64eri";
     case kExactSplit64EP: return "split64ep";
     case kExactSplit64ERP: return "split64erp";
-    case kExactSplit64F: return "split64f";
-    case kExactSplit64B: return "split64b";
     default: return "?";
   }
 }
@@ -214,11 +212,6 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
   return out;
 }
 
-int64_t& flag_chained_decodes() {
-  thread_local int64_t n = 0;
-  return n;
-}
-
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::function<void(const char*)>& mark,
                         const std::function<void()>& after_select) {
   auto marked = [&](const char* name) {
@@ -311,25 +304,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.phase = a.phase;
   se.pdl = pdl;
   se.prefetch = path.prefetch;
-  // split64f (kernels.h kHeadFlag*): the flag-chained grids where everything they rely on holds: the layer's
-  // flags, programmatic launches, estimation CTAs, the separate merge (which resets the flags), no kernel
-  // between the selection and the exact grid, and a selection that publishes the flags. Else split64e's grids.
-  bool flags_on = exact_head_flags(exact_variant) && a.head_flags != nullptr && pdl && est_ctas > 0 && !fused &&
-                  !premerge && !after_select && path.combine_pdl;
-  if (flags_on) {
-    se.head_flags = a.head_flags;
-    RETROINFER_CUDA_CHECK(select_publishes_head_flags(se, &flags_on));
-    if (!flags_on) se.head_flags = nullptr;
-  }
-  // Estimation CTAs per head of the flag-chained grid: those that fit beside the selection's CTAs (one
-  // multiprocessor each) at kFlagEstPerSm per multiprocessor (beside two exact CTAs), at least a third of the
-  // chunks (each CTA takes every est_grid-th chunk), at most all of them.
-  constexpr int kFlagEstPerSm = 4;
-  const int est_grid =
-      flags_on ? static_cast<int>(std::clamp<int64_t>(int64_t{kFlagEstPerSm} * (sm_count() - a.num_heads) / a.num_heads,
-                                                      ceil_div(est_ctas, 3), est_ctas))
-               : 0;
-  if (flags_on) ++flag_chained_decodes();
   launch_check(select_and_expand(se, st), "select_and_expand", st);
   marked("select");
 
@@ -400,10 +374,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     dp.exact_variant = exact_variant;
     if (premerge) dp.premerge.counter = a.est_counter;
     dp.chain_pdl = pdl;  // the estimation grid a programmatic dependent of the exact grid (kernels.h)
-    if (flags_on) {
-      dp.head_flags = a.head_flags;
-      dp.est_grid = est_grid;
-    }
   }
   // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.
   dp.pdl = pdl && !after_select;
@@ -425,10 +395,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   c.phase = a.phase;
   // run10c: straight after the decode grids (PDL), unless a side-stream join stands between them.
   c.pdl = pdl && path.combine_pdl && !fork;
-  if (flags_on) {
-    c.head_flags = a.head_flags;
-    c.flag_states = a.attn_splits + est_grid;
-  }
   launch_check(combine_states(c, st), "combine_states", st);
   marked("combine");
 }

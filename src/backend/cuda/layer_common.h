@@ -103,9 +103,6 @@ struct ZoneDecodeArgs {
   // zero): the estimation CTAs' count of split64ep / erp (kernels.h EstPremerge). Null: those variants run
   // without the pre-merge. part_ml / part_o then hold kPremergeSlots more slots per head.
   int* est_counter = nullptr;
-  // [H, kHeadFlagWords] zero before the decode (zeroed once at allocation; the merge leaves them zero): the
-  // flag-chained grids of RETROINFER_EXACT=split64f (kernels.h kHeadFlag*). Null: split64f runs without them.
-  unsigned* head_flags = nullptr;
   bool timing = false;         // events between the stages (decode_stage_ms): no programmatic launches
   uint64_t* phase = nullptr;   // [H, kPhaseSlots] diagnostics (kernels.h), slots set to ~0; null: off
 };
@@ -209,13 +206,9 @@ void fill_index_args(ZoneDecodeArgs& a, const M& m, const int* offsets, const fl
   a.merge_counter = m.merge_counter.template as<int>();
   a.grid_ws = m.sel_ws.template as<unsigned>();
   a.est_counter = m.est_counter.template as<int>();
-  a.head_flags = m.head_flags.template as<unsigned>();
 }
 
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t s, const std::function<void(const char*)>& mark,
                         const std::function<void()>& after_select);
-// How many decodes of this thread launch_zone_decode ran as split64f's flag-chained grids (tests: that the
-// path under test was the flagged one, not its fallback).
-int64_t& flag_chained_decodes();
 
 }  // namespace retroinfer::cuda::detail

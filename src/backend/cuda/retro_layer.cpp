@@ -94,7 +94,6 @@ struct RetroLayer::Impl {
   DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
   DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace (zeroed once; kept zero)
   DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge; zeroed once; kept zero)
-  DeviceBuffer head_flags;     // [H, kHeadFlagWords] u32: split64f's flags (zeroed once; each decode's merge re-zeroes)
   DeviceBuffer phase;          // [H, kPhaseSlots] u64: phase stamps (decode_stage_ms, RETROINFER_SELECT_PHASES=1)
   bool phase_on = false;       // decode_impl passes `phase` (decode_stage_ms's phase graph)
 
@@ -319,10 +318,6 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   if (est_counter.bytes() < Hs * 4) {  // zero once: each head's last estimation CTA leaves it zero
     est_counter = DeviceBuffer(Hs * 4);
     RETROINFER_CUDA_CHECK(cudaMemsetAsync(est_counter.data(), 0, Hs * 4, st));
-  }
-  if (head_flags.bytes() < Hs * detail::kHeadFlagWords * 4) {  // zero once: each decode's merge leaves them zero
-    head_flags = DeviceBuffer(Hs * detail::kHeadFlagWords * 4);
-    RETROINFER_CUDA_CHECK(cudaMemsetAsync(head_flags.data(), 0, head_flags.bytes(), st));
   }
   if (C > 0) {
     ensure(logits, Hs * G * C * 4);
@@ -621,7 +616,7 @@ int64_t RetroLayer::device_bytes() const {
                                 &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
-                                &m.est_counter, &m.sel_ws, &m.head_flags,
+                                &m.est_counter, &m.sel_ws,
                                 &m.phase, &w.seg_tokens,
                                 &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
                                 &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,
@@ -782,7 +777,6 @@ RetroDebugState RetroLayer::debug_state(int flat_head) const {
   int32_t cnt = 0;
   m.token_count.download(&cnt, 4, h * 4);
   get(d.token_list, m.token_list, cnt, h * m.list_cap);
-  get(d.head_flags, m.head_flags, detail::kHeadFlagWords, h * detail::kHeadFlagWords);
   return d;
 }
 

@@ -175,9 +175,6 @@ __device__ __forceinline__ void compact_slots(const SelectParams& p, int h, BinS
                                               int steady, int out1, int& running) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   __syncthreads();
-  // The estimation ids (and their -1 padding) are all written: the flag-chained estimation CTAs of this head
-  // may start (kernels.h kHeadFlagEst) while the retrieval items are still being expanded.
-  if (p.head_flags != nullptr) head_flag_add(p.head_flags + int64_t{h} * kHeadFlagWords + kHeadFlagEst);
   // Slot s = chunk + tid: its item's (begin, length), its members prefetched into L2 (as v1, run 8: the
   // expansion reads them after the barrier), and its token position by a block scan of the lengths in slot
   // (= id) order. One chunk (one barrier) up to kSelThreads retrieval items.
@@ -288,11 +285,6 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
     out1 = static_cast<int>(t12 & 0xffffu);
     out2 = static_cast<int>(t12 >> 16);
   }
-  // The estimation list's padding (fewer finite items than the budget) before compact_slots' barrier, so that
-  // the list is whole when the flag-chained decode's kHeadFlagEst goes up there.
-  if constexpr (kRole != kCompactRetrieval)
-    if (est != nullptr)
-      for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
   // Pass 2: the ids at their slots (retrieval slots < kBinExp: the id also into bs.exp_begin for below).
   if (est == nullptr) {  // k_estimation = 0: both cuts are the same (no estimation flag); v1 would not write
     fw0 &= 0x0f0f0f0fu;
@@ -623,7 +615,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   }  // v1
   if (role != kCompactEstimation)
     for (int i = out1 + tid; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
-  if (!kBallot && role != kCompactRetrieval)  // (compact_ballot pads its estimation list itself)
+  if (role != kCompactRetrieval)
     for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
   if (role == kCompactEstimation) return;  // CTA-uniform: the estimation CTA's work ends here
   int* list = p.token_list + int64_t{h} * p.list_stride;
@@ -655,10 +647,6 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     }
   }
   if (tid == 0) p.token_count[h] = running;
-  if (p.head_flags != nullptr) {  // the list and count are whole: the flag-chained exact CTAs may start
-    __syncthreads();
-    head_flag_add(p.head_flags + int64_t{h} * kHeadFlagWords + kHeadFlagList);
-  }
   if (phase != nullptr) {  // diagnostics: the end of the slowest warp's expansion
     __syncthreads();
     sel_stamp(phase, h, 7);
@@ -751,20 +739,10 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
   const cudaError_t e = select_bins_ctas_per_head(p, &per_head);
   if (e != cudaSuccess) return e;
   const size_t bytes = size_t(p.num_items) * 4;
-  if (p.head_flags != nullptr && (per_head != 1 || !ballot_compaction())) return cudaErrorInvalidValue;
   if (!ballot_compaction()) return launch_bins<false, false>(p, bytes, kMaxSmemScores, s);
   const size_t padded = size_t(compact_padded(p.num_items)) * 4;
   if (per_head == 2) return launch_bins<true, true>(p, padded, kMaxSmemScores, s);
   return launch_bins<true, false>(p, padded, kMaxSmemScores, s);
-}
-
-// Whether select_and_expand_bins publishes SelectParams::head_flags for p under the current environment: the
-// one-CTA-per-head kernel with the ballot compaction (the split and v1 compactions do not).
-cudaError_t select_bins_publishes_head_flags(const SelectParams& p, bool* publishes) {
-  int per_head = 0;
-  const cudaError_t e = select_bins_ctas_per_head(p, &per_head);
-  *publishes = e == cudaSuccess && per_head == 1 && ballot_compaction();
-  return e;
 }
 
 // The CTAs per head select_and_expand_bins launches for p under the current environment: 2 when

@@ -414,10 +414,7 @@ cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s) {
   return chunk <= kMaxChunk ? launch_cluster<true>(p, chunk, s) : launch_cluster<false>(p, chunk, s);
 }
 
-namespace {
-enum class SelectKernel { kGrid, kCluster, kSingle, kBins };
-// Which kernel select_and_expand runs for p (ipt / chunks: the grid kernel's plan).
-cudaError_t pick_select_kernel(const SelectParams& p, SelectKernel* k, int* ipt, int* chunks) {
+cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
   // Runs 4 and 5 (bench/results): the cluster kernel takes ~47 us at 32K batch 1 whatever the size below
   // (a chain of ~50 barrier phases, several through distributed shared memory) and grows with the batch
   // (117 / 364 us at batch 4 / 16), so it loses to a one-CTA kernel while the scores fit that kernel's
@@ -436,46 +433,14 @@ cudaError_t pick_select_kernel(const SelectParams& p, SelectKernel* k, int* ipt,
   // more than one multiprocessor's work). RETROINFER_SELECT forces a kernel; RETROINFER_SELECT_GRID=0 / force.
   const SelectGridMode grid = p.grid_ws != nullptr ? select_grid_mode() : SelectGridMode::kOff;
   if (forced == 0 && (grid == SelectGridMode::kForce || (grid == SelectGridMode::kLarge && p.num_items > kSelectGridMinItems))) {
-    const cudaError_t e = select_grid_plan(p, ipt, chunks);
+    int ipt = 0, chunks = 0;
+    const cudaError_t e = select_grid_plan(p, &ipt, &chunks);
     if (e != cudaSuccess) return e;
-    if (*ipt > 0) {
-      *k = SelectKernel::kGrid;
-      return cudaSuccess;
-    }
+    if (ipt > 0) return select_and_expand_grid(p, ipt, chunks, s);
   }
   const bool cluster = forced == 2 || ((forced == 0 || forced == 3) && p.num_items > kSingleSmemItems);
-  *k = cluster ? SelectKernel::kCluster : (forced == 1 ? SelectKernel::kSingle : SelectKernel::kBins);
-  return cudaSuccess;
-}
-}  // namespace
-
-cudaError_t select_publishes_head_flags(const SelectParams& p, bool* publishes) {
-  *publishes = false;
-  SelectKernel k;
-  int ipt = 0, chunks = 0;
-  cudaError_t e = pick_select_kernel(p, &k, &ipt, &chunks);
-  if (e != cudaSuccess || k != SelectKernel::kBins) return e;
-  return select_bins_publishes_head_flags(p, publishes);
-}
-
-cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
-  SelectKernel k;
-  int ipt = 0, chunks = 0;
-  cudaError_t e = pick_select_kernel(p, &k, &ipt, &chunks);
-  if (e != cudaSuccess) return e;
-  if (p.head_flags != nullptr) {  // only the one-CTA ballot bins kernel publishes them: refuse rather than hang
-    bool publishes = false;
-    e = k == SelectKernel::kBins ? select_bins_publishes_head_flags(p, &publishes) : cudaSuccess;
-    if (e != cudaSuccess) return e;
-    if (!publishes) return cudaErrorInvalidValue;
-  }
-  switch (k) {
-    case SelectKernel::kGrid: return select_and_expand_grid(p, ipt, chunks, s);
-    case SelectKernel::kCluster: return select_and_expand_cluster(p, s);
-    case SelectKernel::kSingle: return select_and_expand_single_cta(p, s);
-    case SelectKernel::kBins: break;
-  }
-  return select_and_expand_bins(p, s);
+  if (cluster) return select_and_expand_cluster(p, s);
+  return forced == 1 ? select_and_expand_single_cta(p, s) : select_and_expand_bins(p, s);
 }
 
 }  // namespace retroinfer::cuda::detail

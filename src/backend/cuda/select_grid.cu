@@ -64,6 +64,15 @@ struct GridSmem {
   int base_ret, base_est, base_tok, tot_ret, tot_est, tot_tok, tie_base[2];
 };
 
+// Release / acquire fences at GPU scope (lighter than __threadfence's sequentially consistent fence; the
+// barrier below is message passing, which they order).
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // The CTAs of one head meet: every CTA's writes before the call are visible to every CTA of the head after
 // it (a grid barrier per head: count and generation; the last arriver resets the count and bumps the
 // generation). __syncthreads makes the CTA's writes thread 0's to release (fences are cumulative).

@@ -47,9 +47,6 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: run 19's grid selection (zeroed once; kept zero)
   DeviceBuffer merge_counter;  // [H] int: run 8's fused merge (layer_common.h decode_path), zero between steps
   DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge), zero between steps
-  // The flag-chained grids' flags (RETROINFER_EXACT=split64f): left empty, so the wave buffer's decode (its
-  // lookup and gather run between the selection and the exact grid) takes split64f as split64e.
-  DeviceBuffer head_flags;
   PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
   const uint16_t* store = nullptr;
   int64_t store_cap_rows = 0;  // store rows allocated (>= tab.store_rows; the rest is tail room)
