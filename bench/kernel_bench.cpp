@@ -28,6 +28,11 @@
 //                              either way
 //               [--layout clustered]   retro timed again after RetroLayer::make_cluster_contiguous (each
 //                              cluster's K/V rows contiguous; lines tagged "layout":"token" / "clustered")
+//               [--stack L]   also time L layers back to back in one CUDA graph, each with its own K / V (and
+//                              for retro its own index), L2 evicted once before the graph: "full_stack" and
+//                              "retro_stack" lines, "ms" = graph time / L (per layer inside a decode step,
+//                              without the per-call launch and completion latency a single-layer call pays;
+//                              each layer's data is larger than L2, so every layer starts cold)
 //               [--kmeans-builds 3]   timed builds per k-means line (median)
 //               [--kmeans-phases 1]   after the timed builds, one more build per variant with
 //                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
@@ -99,6 +104,7 @@ bool part_on(const char* name) {
 std::vector<std::string> g_kmeans_variants;  // --kmeans-variants: "ASSIGN" or "ASSIGN/UPDATE" entries
 int g_kmeans_builds = 3;                     // --kmeans-builds
 bool g_kmeans_phases = false;                // --kmeans-phases 1
+int g_stack = 1;                             // --stack L
 
 // L2 eviction before each timed call. "write" (default, as runs 3-7): cuda::flush_l2, a memset of twice
 // the L2 size, which leaves L2 full of dirty lines that the timed kernels' first reads must write back.
@@ -198,6 +204,67 @@ double prefill_ms(long long n, const AttentionShape& shape, const uint16_t* k, c
   emit("prefill", n, 1, s, double(n) * shape.num_heads_kv * shape.head_dim * 2 * 2, extra);
   done[n] = s.median;
   return s.median;
+}
+
+// --stack L: L layers back to back in one graph (layer 0 on the case's K / V, the others on their own random
+// K / V), the L2 evicted once before each replay; per-layer time = graph time / L. Full and retro, each after its
+// own warm-up replays.
+void stack_case(long long n, long long batch, int reps, const uint16_t* k0, const uint16_t* v0, const float* q,
+                float* out) {
+  const AttentionShape shape{32, 8, 128};
+  const size_t kv_elems = size_t(batch) * shape.num_heads_kv * size_t(n) * shape.head_dim;
+  const int L = g_stack;
+  std::vector<cuda::DeviceBuffer> ks, vs;
+  std::vector<const uint16_t*> kl{k0}, vl{v0};
+  for (int l = 1; l < L; ++l) {
+    ks.emplace_back(kv_elems * 2);
+    vs.emplace_back(kv_elems * 2);
+    cuda::fill_random_bf16(ks.back().as<uint16_t>(), kv_elems, 5000 + 17 * l + n, 1.0f);
+    cuda::fill_random_bf16(vs.back().as<uint16_t>(), kv_elems, 6000 + 17 * l + n, 1.0f);
+    kl.push_back(ks.back().as<uint16_t>());
+    vl.push_back(vs.back().as<uint16_t>());
+  }
+  cuda::StreamHandle stream;
+  auto time_graph = [&](cuda::CapturedGraph& g) {
+    std::vector<float> t;
+    cuda::EventTimer timer;
+    for (int i = 0; i < reps + 3; ++i) {
+      flush(stream.get());
+      timer.start(stream.get());
+      g.launch(stream.get());
+      timer.stop(stream.get());
+      if (i >= 3) t.push_back(timer.elapsed_ms() / float(L));
+    }
+    return stats(t);
+  };
+  char extra[128];
+  std::snprintf(extra, sizeof extra, ",\"layers\":%d", L);
+  const double kv_bytes = double(kv_elems) * 2 * 2;
+  if (part_on("full")) {
+    std::vector<std::unique_ptr<cuda::DenseDecoder>> dense;
+    for (int l = 0; l < L; ++l)
+      dense.push_back(std::make_unique<cuda::DenseDecoder>(shape, static_cast<int>(batch), n));
+    for (int l = 0; l < L; ++l) dense[l]->run(q, kl[l], vl[l], n, n, 0.0f, out, stream.get());  // workspaces
+    cuda::synchronize(stream.get());
+    cuda::CapturedGraph g(stream.get(), [&] {
+      for (int l = 0; l < L; ++l) dense[l]->run(q, kl[l], vl[l], n, n, 0.0f, out, stream.get());
+    });
+    emit("full_stack", n, batch, time_graph(g), kv_bytes, extra);
+  }
+  if (part_on("retro")) {
+    AttentionConfig cfg;
+    std::vector<std::unique_ptr<cuda::RetroLayer>> retro;
+    for (int l = 0; l < L; ++l) {
+      retro.push_back(std::make_unique<cuda::RetroLayer>(shape, cfg, static_cast<int>(batch)));
+      retro.back()->build(kl[l], vl[l], n, n);
+      retro.back()->decode(q, out, stream.get());  // allocations before the capture
+    }
+    cuda::synchronize(stream.get());
+    cuda::CapturedGraph g(stream.get(), [&] {
+      for (int l = 0; l < L; ++l) retro[l]->decode(q, out, stream.get());
+    });
+    emit("retro_stack", n, batch, time_graph(g), retro[0]->decode_bytes_required(), extra);
+  }
 }
 
 void run_case(long long n, long long batch, int reps, double max_index_work) {
@@ -315,79 +382,81 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       unsetenv("RETROINFER_KMEANS_ASSIGN");
       unsetenv("RETROINFER_KMEANS_UPDATE");
     }
-    if (!part_on("retro")) return;
-    const size_t num_paths = g_paths.empty() ? 1 : g_paths.size();
-    // --layout clustered: every path timed on the token-ordered rows, then again after
-    // RetroLayer::make_cluster_contiguous (the same index, each cluster's rows contiguous).
-    for (int pass = 0; pass < (g_layout_clustered ? 2 : 1); ++pass) {
-      if (pass == 1) retro.make_cluster_contiguous(kp, vp);
-      for (size_t pi = 0; pi < num_paths; ++pi) {
-        // ,"layout":"token|clustered" with --layout, ,"decode_path":"P" with --paths
-        std::string tag = !g_layout_clustered ? "" : pass == 0 ? ",\"layout\":\"token\"" : ",\"layout\":\"clustered\"";
-        if (!g_paths.empty()) {
-          setenv("RETROINFER_DECODE", g_paths[pi].first.c_str(), 1);  // read at every decode (decode_path())
-          g_path_only = g_paths[pi].second;
-          tag += ",\"decode_path\":\"" + g_paths[pi].first + "\"";
-        }
-        const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
-        const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
-        std::snprintf(extra, sizeof extra,
-                      ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
-                      "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
-                      retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
-                      static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
-        emit("retro", n, batch, s, req, extra + tag);
-        // Stage breakdown (median over 10 decodes, each after an L2 eviction).
-        std::vector<std::vector<float>> per;
-        std::vector<std::string> names;
-        for (int i = 0; i < 10; ++i) {
-          flush();
-          const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
-          if (per.empty()) {
-            per.resize(st.size());
-            for (const auto& x : st) names.push_back(x.first);
+    if (part_on("retro")) {
+      const size_t num_paths = g_paths.empty() ? 1 : g_paths.size();
+      // --layout clustered: every path timed on the token-ordered rows, then again after
+      // RetroLayer::make_cluster_contiguous (the same index, each cluster's rows contiguous).
+      for (int pass = 0; pass < (g_layout_clustered ? 2 : 1); ++pass) {
+        if (pass == 1) retro.make_cluster_contiguous(kp, vp);
+        for (size_t pi = 0; pi < num_paths; ++pi) {
+          // ,"layout":"token|clustered" with --layout, ,"decode_path":"P" with --paths
+          std::string tag = !g_layout_clustered ? "" : pass == 0 ? ",\"layout\":\"token\"" : ",\"layout\":\"clustered\"";
+          if (!g_paths.empty()) {
+            setenv("RETROINFER_DECODE", g_paths[pi].first.c_str(), 1);  // read at every decode (decode_path())
+            g_path_only = g_paths[pi].second;
+            tag += ",\"decode_path\":\"" + g_paths[pi].first + "\"";
           }
-          for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
-        }
-        // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
-        std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
-        bool any_stage = false, any_phase = false;
-        for (size_t j = 0; j < per.size(); ++j) {
-          const bool ph = names[j].rfind("phase.", 0) == 0;
-          bool& any = ph ? any_phase : any_stage;
-          char b[128];
-          std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
-                        stats(per[j]).median);
-          (ph ? phase_json : stage_json) += b;
-          any = true;
-        }
-        stage_json += "}" + tag;
-        phase_json += "}" + tag;
-        emit("retro_stages", n, batch, s, req, stage_json);
-        if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
-        {
-          // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
-          cuda::StreamHandle stream;
-          std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
-          for (int i = 0; i < kQueries; ++i)
-            graphs.push_back(std::make_unique<cuda::CapturedGraph>(
-                stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
-          cuda::EventTimer timer;
-          std::vector<float> t;
-          for (int i = 0; i < reps + 3; ++i) {
-            flush(stream.get());
-            timer.start(stream.get());
-            graphs[i % kQueries]->launch(stream.get());
-            timer.stop(stream.get());
-            if (i >= 3) t.push_back(timer.elapsed_ms());
+          const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
+          const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
+          std::snprintf(extra, sizeof extra,
+                        ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
+                        "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
+                        retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
+                        static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
+          emit("retro", n, batch, s, req, extra + tag);
+          // Stage breakdown (median over 10 decodes, each after an L2 eviction).
+          std::vector<std::vector<float>> per;
+          std::vector<std::string> names;
+          for (int i = 0; i < 10; ++i) {
+            flush();
+            const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
+            if (per.empty()) {
+              per.resize(st.size());
+              for (const auto& x : st) names.push_back(x.first);
+            }
+            for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
           }
-          emit("retro_graph", n, batch, stats(t), req, tag);
-        }
-      }  // decode paths
-    }  // layouts
-    g_path_only = nullptr;
-    if (!g_paths.empty()) unsetenv("RETROINFER_DECODE");
+          // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
+          std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
+          bool any_stage = false, any_phase = false;
+          for (size_t j = 0; j < per.size(); ++j) {
+            const bool ph = names[j].rfind("phase.", 0) == 0;
+            bool& any = ph ? any_phase : any_stage;
+            char b[128];
+            std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
+                          stats(per[j]).median);
+            (ph ? phase_json : stage_json) += b;
+            any = true;
+          }
+          stage_json += "}" + tag;
+          phase_json += "}" + tag;
+          emit("retro_stages", n, batch, s, req, stage_json);
+          if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
+          {
+            // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
+            cuda::StreamHandle stream;
+            std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
+            for (int i = 0; i < kQueries; ++i)
+              graphs.push_back(std::make_unique<cuda::CapturedGraph>(
+                  stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
+            cuda::EventTimer timer;
+            std::vector<float> t;
+            for (int i = 0; i < reps + 3; ++i) {
+              flush(stream.get());
+              timer.start(stream.get());
+              graphs[i % kQueries]->launch(stream.get());
+              timer.stop(stream.get());
+              if (i >= 3) t.push_back(timer.elapsed_ms());
+            }
+            emit("retro_graph", n, batch, stats(t), req, tag);
+          }
+        }  // decode paths
+      }  // layouts
+      g_path_only = nullptr;
+      if (!g_paths.empty()) unsetenv("RETROINFER_DECODE");
+    }  // part_on("retro")
   }
+  if (g_stack > 1) stack_case(n, batch, reps, kp, vp, qp(0), out.as<float>());
 }
 
 }  // namespace
@@ -402,6 +471,7 @@ int main(int argc, char** argv) {
   bool flush_read = false;         // --flush read (g_flush_read in a CUDA build)
   bool kv_per_case = false;        // --kv-per-case (g_kv_per_case)
   bool layout_clustered = false;   // --layout clustered (g_layout_clustered)
+  int stack_layers = 1;            // --stack L (g_stack)
   std::string paths_arg;           // --paths run8,run9 (needs --out)
   std::string only_arg;            // --only kmeans
   std::string kmeans_variants_arg;  // --kmeans-variants v1/v1,a/fast
@@ -423,7 +493,13 @@ int main(int argc, char** argv) {
     else if (a == "--kv-per-case") kv_per_case = true;
     else if (a == "--paths") paths_arg = argv[++i];
     else if (a == "--only") only_arg = argv[++i];
-    else if (a == "--layout") {
+    else if (a == "--stack") {
+      stack_layers = std::atoi(argv[++i]);
+      if (stack_layers < 1 || stack_layers > 64) {
+        std::fprintf(stderr, "kernel_bench: --stack takes 1..64 layers, not %s\n", argv[i]);
+        return 2;
+      }
+    } else if (a == "--layout") {
       const std::string l = argv[++i];
       if (l != "clustered" && l != "token") {
         std::fprintf(stderr, "kernel_bench: --layout takes token or clustered, not %s\n", l.c_str());
@@ -448,6 +524,7 @@ int main(int argc, char** argv) {
   if (flush_read) setenv("RETROINFER_PHASE_FLUSH", "read", 1);
   g_kv_per_case = kv_per_case;
   g_layout_clustered = layout_clustered;
+  g_stack = stack_layers;
   if (!retroinfer::cuda::device_available()) {
     std::fprintf(stderr, "kernel_bench: %s\n", retroinfer::cuda::device_description().c_str());
     return 1;
@@ -541,6 +618,7 @@ int main(int argc, char** argv) {
   (void)flush_read;
   (void)kv_per_case;
   (void)layout_clustered;
+  (void)stack_layers;
   (void)paths_arg;
   (void)only_arg;
   (void)kmeans_variants_arg;
