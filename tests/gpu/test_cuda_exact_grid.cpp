@@ -170,25 +170,6 @@ PremergeStats premerge_variants(gputest::PathLayer& t, const PathCase& rc, EnvGu
   return st;
 }
 
-// split64u (run 20: the estimation clusters as virtual tokens of the exact grid's tile loop, one grid, one state
-// per CTA): selection identical, outputs written and within the reordering bounds of split64 (the estimation
-// terms summed by tensor-core products in another order: P split hi / lo as the exact tokens' P, so each term to
-// ~2^-17 relative, then decode_path_test_util.h's bounds), a repeat, two graph replays and the stage path
-// bit-identical to its first decode; with host K/V the f64 reference's bounds. Returns its nmse against split64.
-double unified_variant(gputest::PathLayer& t, const PathCase& rc, EnvGuard& env, const PathResult& v1,
-                       const PathResult& s64) {
-  env.set("split64u");
-  const PathResult x = decode_once(t);
-  expect_same_selection(x, v1, "split64u");
-  const auto c = gputest::compare(x.out, s64.out);
-  EXPECT_EQ(c.unwritten, 0);
-  EXPECT_LT(c.max_abs, gputest::kMaxAbsReorder) << "split64u vs split64";
-  EXPECT_LT(c.nmse, gputest::kNmseReorder) << "split64u vs split64";
-  EXPECT_EQ(first_difference(decode_once(t).out, x.out), -1) << "split64u must repeat bit for bit";
-  expect_reference_and_replays(t, rc, x);
-  return c.nmse;
-}
-
 PremergeStats exact_grid_case(const PathCase& rc, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(rc, seed));
   gputest::PathLayer t = gputest::make_path_layer(rc, seed);
@@ -224,8 +205,6 @@ PremergeStats exact_grid_case(const PathCase& rc, uint64_t seed) {
   }
   const int run17_identical = run17_variants(t, rc, env, a, c);
   const PremergeStats pm = premerge_variants(t, rc, env, a, c);
-  const double unified_nmse = unified_variant(t, rc, env, a, c);
-  std::printf("[exact grid] split64u vs split64: nmse %.2e (H=%d n=%lld)\n", unified_nmse, t.H, (long long)rc.n);
 
   env.set("v1");  // back to v1 in the same process: its first output again
   const PathResult a2 = decode_once(t);
@@ -380,14 +359,6 @@ TEST(CudaExactGrid, WaveBufferLayerUnderEachVariant) {
     EXPECT_EQ(first_difference(pre.back(), pre.front()), -1) << name << " vs " << kPremerged[0];
     pre_within += cp.unwritten == 0 && cp.max_abs < kMaxAbsPremerge && cp.nmse < kNmsePremerge && repeat == -1;
   }
-  {
-    const auto u = run("split64u");
-    const auto cu = gputest::compare(u, s64);
-    EXPECT_EQ(cu.unwritten, 0) << "split64u";
-    EXPECT_LT(cu.max_abs, gputest::kMaxAbsReorder) << "split64u vs split64";
-    EXPECT_LT(cu.nmse, gputest::kNmseReorder) << "split64u vs split64";
-    EXPECT_EQ(first_difference(run("split64u"), u), -1) << "split64u repeated";
-  }
   EXPECT_EQ(gputest::compare(v1, v1).unwritten, 0);
   EXPECT_EQ(first_difference(s, v1), -1) << "split vs v1";
   const auto c64 = gputest::compare(s64, v1);
@@ -437,7 +408,6 @@ TEST(CudaExactGrid, Run17Footprints) {
   for (const int G : {4, 8}) {
     for (int v = d::kExactSplit64; v < d::kExactVariants; ++v) {
       SCOPED_TRACE(testing::Message() << d::exact_variant_name(v) << " G " << G);
-      if (d::exact_unified(v)) continue;  // one grid of 2 CTAs per multiprocessor, no estimation CTAs: below
       d::ExactGridFootprint f;
       ASSERT_EQ(d::exact_grid_footprint(v, 128, G, 42, &f), cudaSuccess);
       auto fits = [&](int exact_ctas, int est_ctas) {

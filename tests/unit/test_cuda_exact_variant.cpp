@@ -58,9 +58,6 @@ TEST(CudaExactVariant, EnvironmentSwitch) {
   EXPECT_STREQ(exact_variant_name(kExactSplit64I), "split64i");
   EXPECT_STREQ(exact_variant_name(kExactSplit64RI), "split64ri");
   EXPECT_STREQ(exact_variant_name(kExactSplit64RH), "split64rh");
-  EXPECT_STREQ(exact_variant_name(kExactSplit64U), "split64u");
-  EXPECT_TRUE(exact_unified(kExactSplit64U));
-  EXPECT_FALSE(exact_unified(kExactSplit64R));
   EXPECT_STREQ(exact_variant_name(kExactSplit64RIH), "split64rih");
   EXPECT_STREQ(exact_variant_name(kExactSplit64E), "split64e");
   EXPECT_STREQ(exact_variant_name(kExactSplit64ERI), "split64eri");
@@ -130,8 +127,7 @@ TEST(CudaExactVariant, Run17Properties) {
                       {kExactSplit64E, false, false, false, true, false},
                       {kExactSplit64ERI, true, true, false, true, false},
                       {kExactSplit64EP, false, false, false, true, true},
-                      {kExactSplit64ERP, true, false, false, true, true},
-                      {kExactSplit64U, false, false, false, false, false}};
+                      {kExactSplit64ERP, true, false, false, true, true}};
   static_assert(std::size(rows) == kExactVariants, "one row per variant");
   for (const Row& r : rows) {
     EXPECT_EQ(exact_caps_registers(r.v), r.cap) << exact_variant_name(r.v);

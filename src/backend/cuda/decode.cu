@@ -14,7 +14,6 @@
 
 #include <cstdlib>
 
-#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/decode_estimate.cuh"
 #include "backend/cuda/decode_math.cuh"
@@ -53,18 +52,8 @@ struct DecodeSmem {
 // grid (estimate_first_kernel): no PDL wait before the work (that would wait for the whole estimation grid),
 // the selection's outputs (count, list) read through L2, and the grid's last CTA waits at its end. Both keep
 // the same tokens in the same tiles and the same math: the same partial states bit for bit.
-// kUnified (RETROINFER_EXACT=split64u, DecodeParams::unified): the estimation zone in the same tile loop as the
-// exact tokens. An estimation cluster is a "virtual token" of the tile: its score is the score grid's logit
-// (scale q . c, no QK product), its V row the value sum, and it adds size * p to the denominator and p * VS to
-// the numerator (DESIGN.md §2 "Estimation"). Each CTA takes a contiguous range of the head's tiles, the exact
-// tiles (steady + retrieval tokens, 16 each, 2 cost units) followed by the estimation tiles (16 clusters, 1
-// unit: a V row only), split evenly by units. One grid, one state per CTA: no estimation CTAs, no estimation
-// slots to merge; the estimation terms are summed in another order than split64's estimation CTAs (within the
-// reordering bounds).
-template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false,
-          bool kUnified = false>
+template <int D, bool kIndirect, int S, bool kEst, bool kTrigger = false, bool kIds = false, bool kAfterEst = false>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
-  static_assert(!kUnified || (kIndirect && !kIds && !kEst && !kAfterEst), "kUnified: the list path alone");
   constexpr int kRow = DecodeSmem<D, S>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
   constexpr int kLoads = kT * kChunks / 32;  // chunks per lane per tile (K or V)
@@ -101,34 +90,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // split of the list capacity (at 128K the lists fill ~64% of it: 8 of 12 CTAs did all the work).
   const int64_t split_len =
       p.balance ? (((count + p.num_splits - 1) / p.num_splits + kT - 1) / kT) * kT : p.split_tokens;
-  int64_t begin = int64_t{split} * split_len;
-  int64_t end = begin + split_len < count ? begin + split_len : count;
-  // kUnified: exact tiles [e0, e1) and estimation tiles [v0, v1) of this CTA (see above).
-  int n_exact_tiles = 0, v0 = 0, n_est_tiles = 0;
-  if constexpr (kUnified) {
-    const int te = static_cast<int>((count + kT - 1) / kT), tv = (p.est.k_estimation + kT - 1) / kT;
-    const int units = 2 * te + tv, per = (units + p.num_splits - 1) / p.num_splits;
-    const int u0 = min(units, split * per), u1 = min(units, u0 + per);
-    const int e0 = (u0 + 1) / 2, e1 = (min(u1, 2 * te) + 1) / 2;  // exact tile i belongs to the CTA of unit 2 i
-    n_exact_tiles = e1 > e0 ? e1 - e0 : 0;
-    v0 = max(u0, 2 * te) - 2 * te;
-    n_est_tiles = u1 > 2 * te + v0 ? u1 - 2 * te - v0 : 0;
-    begin = int64_t{e0} * kT;
-    end = min(count, int64_t{e1} * kT);
-  }
+  const int64_t begin = int64_t{split} * split_len;
+  const int64_t end = begin + split_len < count ? begin + split_len : count;
 
   const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
   const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
-  const int ntiles = kUnified ? n_exact_tiles + n_est_tiles : end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
-  // kUnified: per warp and stage, the estimation tile's cluster ids, sizes and G logits (cp.async into shared
-  // memory with the rows; ids by plain stores, read after the warp's wait and __syncwarp).
-  constexpr int kEs = kUnified ? S : 1, kEw = kUnified ? kW : 1;
-  __shared__ int est_id[kEw][kEs][kT];
-  __shared__ int est_sz[kEw][kEs][kT];
-  __shared__ float est_lg[kEw][kEs][kMaxGroup][kT];
-  const int* est_list = kUnified ? p.est.estimation_ids + int64_t{h} * p.est.k_estimation : nullptr;
-  const uint16_t* vsh = kUnified ? p.est.value_sums_bf16 + int64_t{h} * p.est.num_clusters * D : nullptr;
+  const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
 
   // kIds: the ids of the warp's iterations [b * kIdsAhead, (b + 1) * kIdsAhead) (its tiles warp + i * kW):
   // register r, lane l holds token l & 15 of iteration b * kIdsAhead + 2r + (l >> 4) (0 past the split's end).
@@ -143,31 +111,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   };
   // Tile t of the warp (t = warp + it * kW) into stage buf.
   auto load_tile = [&](int t, int buf) {
-    if constexpr (kUnified) {
-      if (t >= n_exact_tiles) {  // estimation tile: V rows = value sums, ids / sizes / logits into shared memory
-        const int c0 = (v0 + t - n_exact_tiles) * kT;
-        int cid = -1;
-        if (lane < kT) {
-          cid = c0 + lane < p.est.k_estimation ? est_list[c0 + lane] : -1;
-          est_id[warp][buf][lane] = cid;
-          const int cc = cid < 0 ? 0 : cid;
-          cp_async4_zfill(&est_sz[warp][buf][lane], p.est.sizes + int64_t{h} * p.est.num_clusters + cc, cid >= 0);
-          for (int g = 0; g < G; ++g)
-            cp_async4_zfill(&est_lg[warp][buf][g][lane],
-                            p.est.logits + (int64_t{h} * G + g) * p.est.num_clusters + cc, cid >= 0);
-        }
-#pragma unroll
-        for (int i = 0; i < kLoads; ++i) {
-          const int c = lane + 32 * i;
-          const int row = c / kChunks, col = c % kChunks;
-          const int rc = __shfl_sync(0xffffffffu, cid, row);
-          cp_async16_zfill(vs + (buf * kT + row) * kRow + col * 8, vsh + int64_t{rc < 0 ? 0 : rc} * D + col * 8,
-                           rc >= 0);
-        }
-        cp_async_commit();
-        return;
-      }
-    }
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
     int tok_lane = 0, src_base = 0;  // the lane of row 0's id
@@ -222,31 +165,6 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     else cp_async_commit();
     cp_async_wait<S - 1>();
     __syncwarp();
-    if constexpr (kUnified) {
-      if (t >= n_exact_tiles) {  // warp-uniform: an estimation tile (no QK product)
-        const int pos[4] = {2 * tq, 2 * tq + 1, 8 + 2 * tq, 9 + 2 * tq};
-        float s[4], w[4];
-        bool ok[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          ok[j] = est_id[warp][buf][pos[j]] >= 0;
-          s[j] = gq < G ? est_lg[warp][buf][gq][pos[j]] : 0.0f;
-          w[j] = static_cast<float>(est_sz[warp][buf][pos[j]]);
-        }
-        uint32_t pa[4];
-        softmax_tile_weighted<kNt>(s, ok, w, m, l, o, pa);
-        const uint16_t* vb = vs + (buf * kT + (mi & 1) * 8 + ri) * kRow + (mi >> 1) * 8;
-#pragma unroll
-        for (int jj = 0; jj < kNt / 2; ++jj) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, vb + jj * 16);
-          mma_bf16_16816(o[2 * jj], pa, b[0], b[1]);
-          mma_bf16_16816(o[2 * jj + 1], pa, b[2], b[3]);
-        }
-        __syncwarp();
-        continue;
-      }
-    }
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
 
@@ -337,12 +255,6 @@ __global__ void __launch_bounds__(kW * 32, S == 2 ? 3 : 2) decode_est_kernel(con
 template <int D, int S>
 __global__ void __launch_bounds__(kW * 32) decode_exact_kernel(const DecodeParams p) {
   decode_body<D, true, S, false, true>(p);
-}
-// split64u: the exact and the estimation zone in one grid (decode_body's kUnified); S stages per warp and
-// 5 - S CTAs per multiprocessor (S = 1: 16 warps at <= 128 registers; RETROINFER_UNIFIED_STAGES).
-template <int D, int S>
-__global__ void __launch_bounds__(kW * 32, 5 - S) decode_unified_kernel(const DecodeParams p) {
-  decode_body<D, true, S, false, false, false, false, true>(p);
 }
 // kC = 64 (split64): 4 dims per thread in step 3 (32 accumulators at G = 8) and at most 64 registers, so 8
 // CTAs fit on a multiprocessor once the exact CTAs have left (shared memory would allow 11).
@@ -711,28 +623,9 @@ cudaError_t launch_run17(const DecodeParams& p, cudaStream_t s) {
              : launch_exact_variant<D, S, false, true>(p, s, p.chain_pdl);
 }
 
-template <int D, int S>
-cudaError_t launch_unified_s(const DecodeParams& p, cudaStream_t s) {
-  constexpr size_t bytes = DecodeSmem<D, S>::kBytes;
-  static bool attr_set = false;
-  const cudaError_t e = set_split_attributes(decode_unified_kernel<D, S>, bytes, attr_set);
-  if (e != cudaSuccess) return e;
-  return launch_maybe_pdl(decode_unified_kernel<D, S>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s, p.pdl,
-                          p);
-}
-template <int D>
-cudaError_t launch_unified(const DecodeParams& p, cudaStream_t s) {
-  switch (unified_stages()) {
-    case 1: return launch_unified_s<D, 1>(p, s);
-    case 2: return launch_unified_s<D, 2>(p, s);
-    default: return launch_unified_s<D, 3>(p, s);
-  }
-}
-
 template <int D, bool kIndirect>
 cudaError_t launch_decode_stages(const DecodeParams& p, cudaStream_t s) {
   if constexpr (kIndirect) {
-    if (p.unified) return launch_unified<D>(p, s);
     if (p.est_ctas > 0 && p.exact_variant != kExactV1)
       return p.exact_variant == kExactSplit || p.exact_variant == kExactSplit64
                  ? (decode_stages() == 3 ? launch_split<D, 3>(p, s) : launch_split<D, 2>(p, s))
@@ -760,11 +653,6 @@ cudaError_t footprint_of(int v, int group, int total, ExactGridFootprint& f) {
   const bool ids = exact_ids_ahead(v), first = exact_est_first(v);
   auto exact_fp = [&](void (*k)(const DecodeParams)) { return kernel_footprint(k, xb, f.exact_regs, f.exact_smem); };
   cudaError_t e;
-  if (exact_unified(v)) {  // one grid, no estimation CTAs
-    f.est_regs = 0;
-    f.est_smem = 0;
-    return kernel_footprint(decode_unified_kernel<D, 1>, DecodeSmem<D, 1>::kBytes, f.exact_regs, f.exact_smem);
-  }
   if (v == kExactSplit || v == kExactSplit64)
     e = exact_fp(decode_exact_kernel<D, S>);
   else if (exact_caps_registers(v))
@@ -815,14 +703,6 @@ cudaError_t exact_grid_footprint(int variant, int head_dim, int group, int total
   return cudaErrorInvalidValue;
 }
 
-int unified_stages() {
-  static const int s = [] {
-    const char* e = std::getenv("RETROINFER_UNIFIED_STAGES");
-    return e != nullptr && e[0] >= '1' && e[0] <= '3' && e[1] == '\0' ? e[0] - '0' : 1;
-  }();
-  return s;
-}
-
 int decode_stages() {
   static const int stages = [] {
     const char* e = std::getenv("RETROINFER_DECODE_STAGES");
@@ -842,10 +722,6 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
                          int64_t{p.est_ctas - 1} * chunk >= p.est.k_estimation ||
                          p.est.split_offset + p.est_ctas > p.total_splits || p.est.head_dim != p.head_dim))
     return cudaErrorInvalidValue;  // every estimation CTA must own >= 1 cluster and a slot
-  if (p.unified && (!indirect || p.est_ctas != 0 || p.est.k_estimation < 1 || p.est.logits == nullptr ||
-                   p.est.value_sums_bf16 == nullptr || p.est.sizes == nullptr || p.est.estimation_ids == nullptr ||
-                   p.est.num_clusters < 1 || p.group > kMaxGroup))
-    return cudaErrorInvalidValue;  // split64u: the estimation zone's inputs
   if (premerge_on(p) && (p.est_ctas < 1 || p.total_splits != p.num_splits + 1 + p.est_ctas ||
                          p.est.split_offset != p.num_splits + 1 ||
                          int64_t{p.total_splits} * p.group > kMergeMaxStates))

@@ -79,39 +79,6 @@ __device__ __forceinline__ void softmax_tile(float (&s)[4], const int (&tok)[4],
   pa[3] = pack_bf16(pl[2], pl[3]);
 }
 
-// softmax_tile for a tile of estimation clusters (decode.cu kUnified): ok[j] marks real clusters, w[j] their
-// sizes; the denominator adds w * p, the numerator (O += P VS) takes p. Otherwise softmax_tile's steps.
-template <int kNt>
-__device__ __forceinline__ void softmax_tile_weighted(float (&s)[4], const bool (&ok)[4], const float (&w)[4],
-                                                      float& m, float& l, float (&o)[kNt][4], uint32_t (&pa)[4]) {
-  float mx = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    s[j] = ok[j] ? s[j] : -INFINITY;
-    mx = fmaxf(mx, s[j]);
-  }
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float m_new = fmaxf(m, mx);
-  const float alpha = softmax_rescale(m, m_new);
-  m = m_new;
-  float pr[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) pr[j] = ok[j] ? __expf(s[j] - m_new) : 0.0f;
-  l = l * alpha + (w[0] * pr[0] + w[1] * pr[1] + w[2] * pr[2] + w[3] * pr[3]);
-#pragma unroll
-  for (int j = 0; j < kNt; ++j) {
-    o[j][0] *= alpha; o[j][1] *= alpha; o[j][2] *= alpha; o[j][3] *= alpha;
-  }
-  float ph[4], pl[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) split_bf16(pr[j], ph[j], pl[j]);
-  pa[0] = pack_bf16(ph[0], ph[1]);
-  pa[1] = pack_bf16(pl[0], pl[1]);
-  pa[2] = pack_bf16(ph[2], ph[3]);
-  pa[3] = pack_bf16(pl[2], pl[3]);
-}
-
 // The CTA's merge of its warps' states (after the token loop, l already summed over the quad): each warp
 // stages its state in shared memory, then one thread per (query head, dimension) merges the kW warps'
 // states in warp order into one partial state. stage_o: [kW, kMaxGroup, D] f32, stage_ml: [kW, kMaxGroup]

@@ -345,9 +345,6 @@ struct DecodeParams {
   // of them (num_splits); part_ml / part_o / total_splits / merge / phase are this struct's. 0: none.
   EstimateParams est;
   int est_ctas = 0;
-  // RETROINFER_EXACT=split64u: the estimation zone (est: logits, value sums, sizes, ids, k_estimation,
-  // num_clusters) in the exact grid's own tile loop (decode.cu kUnified), est_ctas = 0, one state per CTA.
-  bool unified = false;
   // How the run 9 grid runs when est_ctas > 0 (ExactVariant): kExactV1 = one grid (above); kExactSplit /
   // kExactSplit64 = the exact splits as one grid, then the est_ctas estimation CTAs (exact_est_chunk clusters
   // each) as a second grid launched right after it, a programmatic dependent of it when chain_pdl (decode.cu
@@ -393,11 +390,6 @@ struct DecodeParams {
 //               off the critical path; the final merge sums num_splits + 1 states (exact slots, then the
 //               pre-merged one). Within rounding of split64 (another merge tree), bit-identical run to run
 //   split64erp  split64ep with split64r's exact kernel (128 registers)
-// Run 20 (issue #4):
-//   split64u    one grid for both zones (decode.cu kUnified): the estimation clusters as virtual tokens of the
-//               exact tile loop (scores from the score grid's logits, value sums as V rows, the denominator
-//               weighted by size), three stages per warp at two CTAs per multiprocessor, no estimation CTAs
-//               and one state per CTA. Within the reordering bounds of split64 (another summation order).
 enum ExactVariant : int {
   kExactV1 = 0,
   kExactSplit,
@@ -411,7 +403,6 @@ enum ExactVariant : int {
   kExactSplit64ERI,
   kExactSplit64EP,
   kExactSplit64ERP,
-  kExactSplit64U,
   kExactVariants
 };
 // run 17: split64r (the exact kernel at <= 128 registers) took 0.3-3.1 us off split64 at every shape of
@@ -437,7 +428,6 @@ constexpr bool exact_est_first(int variant) {
          variant == kExactSplit64ERP;
 }
 constexpr bool exact_premerges(int variant) { return variant == kExactSplit64EP || variant == kExactSplit64ERP; }
-constexpr bool exact_unified(int variant) { return variant == kExactSplit64U; }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
@@ -447,9 +437,6 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);
 // flight per warp (run 4, bench/results/run4: no gain at batch 4). CTAs that fit on one multiprocessor by
 // shared memory: 3 with 2 stages (68 KiB each), 2 with 3 stages (102 KiB each).
 int decode_stages();
-// split64u's stages per warp (RETROINFER_UNIFIED_STAGES 1 / 2 / 3, default 1): its grid runs 5 - S CTAs per
-// multiprocessor (layer_attention_zones.cpp sizes it so).
-int unified_stages();
 int decode_ctas_per_sm();
 // Run 17 diagnostics: the per-CTA resources of the exact and estimation kernels that a split* variant
 // launches now (decode_stages()) at head_dim, group and total_splits (cudaFuncGetAttributes: registers per

@@ -80,8 +80,8 @@ int exact_variant_from_env() {
   for (int i = 0; i < kExactVariants; ++i)
     if (v == exact_variant_name(i)) return i;
   RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64r (the default), split64, split, v1, ",
-                  "split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep, ",
-                  "split64erp or split64u, or leave it unset");
+                  "split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep or ",
+                  "split64erp, or leave it unset");
 }
 
 const char* exact_variant_name(int variant) {
@@ -98,7 +98,6 @@ const char* exact_variant_name(int variant) {
     case kExactSplit64ERI: return "split64eri";
     case kExactSplit64EP: return "split64ep";
     case kExactSplit64ERP: return "split64erp";
-    case kExactSplit64U: return "split64u";
     default: return "?";
   }
 }
@@ -224,10 +223,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h), or of the estimation
   // grid chained behind it (RETROINFER_EXACT=split*: exact_est_chunk clusters each, <= a.est_splits slots).
   const int exact_variant = exact_variant_from_env();  // read (and checked) at every decode
-  // split64u: the estimation inside the exact grid's tile loop (no estimation CTAs, no estimation slots); with
-  // combine_states (the fused merge's CTA count is sized for the other grids), else it runs as split64.
-  const bool unified = exact_unified(exact_variant) && path.fused_estimate && !path.fused_merge && a.n_estimation > 0;
-  const int est_ctas = path.fused_estimate && a.n_estimation > 0 && !unified
+  const int est_ctas = path.fused_estimate && a.n_estimation > 0
                            ? static_cast<int>(ceil_div(a.n_estimation, exact_est_chunk(exact_variant))) : 0;
   RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 needs ", est_ctas,
                    " estimation slots per head but the layer sized ", a.est_splits,
@@ -362,22 +358,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.merge = fm;
   dp.phase = a.phase;
   dp.balance = path.balance;
-  if (unified) {  // split64u: the estimation zone's inputs for the exact grid's own estimation tiles
-    dp.unified = true;
-    // 5 - S CTAs per multiprocessor, within the partial-state slots the layer sized per head.
-    const int slots = a.attn_splits + a.est_splits + kPremergeSlots;
-    dp.num_splits = std::max(1, std::min(slots, (5 - unified_stages()) * sm_count() / std::max(a.num_heads, 1)));
-    dp.total_splits = dp.num_splits;
-    dp.est.logits = sp.logits;
-    dp.est.value_sums_bf16 = a.value_sums_bf16;
-    dp.est.sizes = a.sizes;
-    dp.est.estimation_ids = a.estimation_ids;
-    dp.est.num_heads = a.num_heads;
-    dp.est.group = a.group;
-    dp.est.head_dim = a.head_dim;
-    dp.est.num_clusters = a.num_clusters;
-    dp.est.k_estimation = a.n_estimation;
-  }
   if (est_ctas > 0) {  // run 9: the estimation CTAs of this grid (slots after the exact splits)
     dp.est_ctas = est_ctas;
     dp.est.logits = sp.logits;
@@ -410,7 +390,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   c.num_heads = a.num_heads;
   c.group = a.group;
   c.head_dim = a.head_dim;
-  c.total_splits = dp.total_splits;
+  c.total_splits = total;
   c.out = a.out;
   c.phase = a.phase;
   // run10c: straight after the decode grids (PDL), unless a side-stream join stands between them.
