@@ -165,18 +165,19 @@ void emit(const char* method, long long n, long long batch, const Stats& s, doub
     }
 }
 
-// Times fn() `reps` times after `warm` untimed calls, evicting L2 before each.
+// Times fn(i) (i = 0 .. reps - 1) on stream s after `warm` untimed calls, evicting L2 before each; each time divided
+// by `per` (the layers of a --stack graph).
 template <typename F>
-Stats time_calls(F&& fn, int warm, int reps) {
+Stats time_calls(F&& fn, int warm, int reps, cuda::Stream s = nullptr, int per = 1) {
   cuda::EventTimer timer;
   for (int i = 0; i < warm; ++i) fn(i);
   std::vector<float> t;
   for (int i = 0; i < reps; ++i) {
-    flush();
-    timer.start();
+    flush(s);
+    timer.start(s);
     fn(i);
-    timer.stop();
-    t.push_back(timer.elapsed_ms());
+    timer.stop(s);
+    t.push_back(timer.elapsed_ms() / float(per));
   }
   return stats(t);
 }
@@ -226,16 +227,7 @@ void stack_case(long long n, long long batch, int reps, const uint16_t* k0, cons
   }
   cuda::StreamHandle stream;
   auto time_graph = [&](cuda::CapturedGraph& g) {
-    std::vector<float> t;
-    cuda::EventTimer timer;
-    for (int i = 0; i < reps + 3; ++i) {
-      flush(stream.get());
-      timer.start(stream.get());
-      g.launch(stream.get());
-      timer.stop(stream.get());
-      if (i >= 3) t.push_back(timer.elapsed_ms() / float(L));
-    }
-    return stats(t);
+    return time_calls([&](int) { g.launch(stream.get()); }, 3, reps, stream.get(), L);
   };
   char extra[128];
   std::snprintf(extra, sizeof extra, ",\"layers\":%d", L);
@@ -439,16 +431,9 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
             for (int i = 0; i < kQueries; ++i)
               graphs.push_back(std::make_unique<cuda::CapturedGraph>(
                   stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
-            cuda::EventTimer timer;
-            std::vector<float> t;
-            for (int i = 0; i < reps + 3; ++i) {
-              flush(stream.get());
-              timer.start(stream.get());
-              graphs[i % kQueries]->launch(stream.get());
-              timer.stop(stream.get());
-              if (i >= 3) t.push_back(timer.elapsed_ms());
-            }
-            emit("retro_graph", n, batch, stats(t), req, tag);
+            const Stats sg = time_calls([&](int i) { graphs[(i + 3) % kQueries]->launch(stream.get()); }, 3, reps,
+                                        stream.get());
+            emit("retro_graph", n, batch, sg, req, tag);
           }
         }  // decode paths
       }  // layouts
@@ -494,11 +479,14 @@ int main(int argc, char** argv) {
     else if (a == "--paths") paths_arg = argv[++i];
     else if (a == "--only") only_arg = argv[++i];
     else if (a == "--stack") {
-      stack_layers = std::atoi(argv[++i]);
-      if (stack_layers < 1 || stack_layers > 64) {
-        std::fprintf(stderr, "kernel_bench: --stack takes 1..64 layers, not %s\n", argv[i]);
+      const char* v = argv[++i];  // present: checked above
+      char* endp = nullptr;
+      const long l = std::strtol(v, &endp, 10);
+      if (endp == v || *endp != '\0' || l < 1 || l > 64) {
+        std::fprintf(stderr, "kernel_bench: --stack takes 1..64 layers, not '%s'\n", v);
         return 2;
       }
+      stack_layers = static_cast<int>(l);
     } else if (a == "--layout") {
       const std::string l = argv[++i];
       if (l != "clustered" && l != "token") {
