@@ -245,6 +245,19 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // s
 cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head);
 cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
+// Run 21 (select_cl.cu): one thread-block cluster of kSelectClCtas CTAs per head, the scores formed by the
+// selection itself when group > 0 (the score grid then skips its grid barrier and formation); the bins
+// kernel's outputs bit for bit, up to kSelectClMaxItems items. RETROINFER_SELECT_CL (select_cl_on): 1 takes it
+// in the zone decode where it applies, unset / empty / 0 not; other values throw retroinfer::Error.
+inline constexpr int kSelectClCtas = 4;
+inline constexpr int kSelectClMaxItems = 40960;
+bool select_cl_on();
+// Items per thread of its launch for p, 0 where it does not apply (no items, too many, no heads, no scores buffer).
+int select_cl_ipt(const SelectParams& p);
+// Whether p's clusters are all resident at once on the current device (the zone decode takes the kernel only
+// then: at 128K batch 16 the bins kernel's one wave of 128 CTAs beats four waves of clusters).
+bool select_cl_one_wave(const SelectParams& p);
+cudaError_t select_and_expand_cl(const SelectParams& p, cudaStream_t s);
 
 // Run 9 (select_scores.cu): the selection's scores formed by a grid of (item blocks x heads) instead of
 // inside the one-CTA-per-head selection: score[h, i] = sum_g e^{logits[h, g, i] - M_g} / L_g with (M_g, L_g)
