@@ -48,15 +48,19 @@ constexpr int kClThreads = 512;
 constexpr int kClWarps = kClThreads / 32;
 constexpr int kClBins = 4096;  // the bins kernel's histogram
 constexpr int kClBinBits = 12;
-constexpr int kClBinsPerThread = kClBins / kClThreads;  // 8 consecutive bins: two 16-byte loads per rank
+constexpr int kClFine = 64;                     // fine bins per coarse bin of the two-level merge
+constexpr int kClCoarse = kClBins / kClFine;    // 64 coarse bins
 constexpr int kClCand = 1024;       // candidates of one threshold bin over the cluster (else the counting search)
 constexpr int kClMaxIpt = 20;       // items per thread: 4 x 512 x 20 = 40960 items
 constexpr int kClExpLimit = 1024;   // the bins kernel's kBinExp: its scan scratch holds positions of slots >= this
 static_assert(kClR * kClThreads * kClMaxIpt == kSelectClMaxItems, "kernels.h's item limit");
-static_assert(kClBinsPerThread == 8, "two uint4 loads per rank");
 
 struct __align__(16) ClSmem {
   unsigned hist[kClBins];     // this CTA's histogram (read by the whole cluster after barrier 2)
+  unsigned coarse[kClCoarse];  // its sums of kClFine bins (read by the whole cluster after barrier 2)
+  unsigned mcoarse[kClCoarse];  // the cluster's coarse histogram
+  unsigned mfine[2][kClFine];   // the cluster's fine bins of the coarse bin holding rank k[j]
+  int cbin[2], cabove[2], finite;
   uint32_t cand[2][kClCand];  // this CTA's candidates of threshold bin j (read after barrier 3)
   int cand_n[2];              // may exceed kClCand (then only the count is meaningful)
   uint32_t all[kClCand];      // the cluster's candidates of one bin, rank after rank
@@ -190,24 +194,48 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
     }
   };
   if (G > 0) {
+    const float* lgh = p.logits + int64_t{h} * G * N;
+    // Four consecutive items per thread and round: one 16-byte load per query head where the rows are
+    // 16-byte aligned (N % 4 == 0) and the four items are the CTA's, else four scalar loads. The first
+    // round's loads are issued before the normalisers' (one L2 round trip for both).
+    const bool vec = (N & 3) == 0;
+    auto load = [&](int q0, float (&lv)[4][kMaxGroup]) {
+      const int i0 = cbase + q0;
+      if (vec && q0 + 4 <= n) {
+#pragma unroll
+        for (int g = 0; g < kMaxGroup; ++g) {
+          const float4 x = g < G ? __ldg(reinterpret_cast<const float4*>(lgh + int64_t{g} * N + i0))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          lv[0][g] = x.x;
+          lv[1][g] = x.y;
+          lv[2][g] = x.z;
+          lv[3][g] = x.w;
+        }
+      } else {
+        load_logits<4, false>(lv, lgh, N, G, i0, 1, cbase + n);
+      }
+    };
+    float lv[4][kMaxGroup];
+    load(4 * tid, lv);
     if (warp < G)
       merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, s.gmax, s.ginv);
     __syncthreads();
-    const float* lgh = p.logits + int64_t{h} * G * N;
-    for (int i0 = cbase + tid; i0 < cbase + chunk; i0 += 4 * kClThreads) {
-      float lv[4][kMaxGroup];
-      load_logits<4, false>(lv, lgh, N, G, i0, kClThreads, cbase + n);
+    for (int q0 = 4 * tid; q0 < chunk; q0 += 4 * kClThreads) {
+      if (q0 != 4 * tid) load(q0, lv);
+      const int i0 = cbase + q0;
+      float v[4];
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
-        const int i = i0 + b * kClThreads;
-        if (i >= cbase + chunk) break;
-        float v = -INFINITY;
-        if (i < cbase + n) {
-          v = form_head_score(lv[b], G, s.gmax, s.ginv);
-          gsc[i] = v;
+        v[b] = -INFINITY;
+        if (q0 + b < n) {
+          v[b] = form_head_score(lv[b], G, s.gmax, s.ginv);
+          if (!vec) gsc[i0 + b] = v[b];
         }
-        keep(i - cbase, v);
+        keep(q0 + b, v[b]);
       }
+      if (vec && q0 + 4 <= n) *reinterpret_cast<float4*>(gsc + i0) = make_float4(v[0], v[1], v[2], v[3]);
+      else if (vec)
+        for (int b = 0; b < 4 && q0 + b < n; ++b) gsc[i0 + b] = v[b];
     }
   } else {
     constexpr int kB = 4;  // independent loads in flight per thread
@@ -259,51 +287,80 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
     const float v = sc[i];
     if (v != -INFINITY) atomicAdd(&s.hist[(float_order_key(v) - lo) >> shift], 1u);
   }
+  __syncthreads();
+  {  // the coarse histogram: kClCoarse sums of kClFine bins (8 threads per coarse bin, 8 bins each)
+    const uint4 x = *reinterpret_cast<const uint4*>(&s.hist[8 * tid]), y = *reinterpret_cast<const uint4*>(&s.hist[8 * tid + 4]);
+    unsigned c = x.x + x.y + x.z + x.w + y.x + y.y + y.z + y.w;
+    c += __shfl_xor_sync(0xffffffffu, c, 1);
+    c += __shfl_xor_sync(0xffffffffu, c, 2);
+    c += __shfl_xor_sync(0xffffffffu, c, 4);
+    if ((tid & 7) == 0) s.coarse[tid >> 3] = c;
+  }
   cluster.sync();  // (2) histograms
   sel_stamp(phase, h, 2);
 
-  // 3. The cluster's histogram: thread t owns bins kClBins-1-8t .. kClBins-8-8t (descending).
-  unsigned cnt[kClBinsPerThread] = {};
-  {
-    const int b0 = kClBins - kClBinsPerThread * (tid + 1);  // 8 consecutive bins b0 .. b0 + 7
+  // 3. The cluster's histogram in two levels (few distributed-shared-memory loads): the coarse bins summed
+  // over the ranks and scanned (descending) for the coarse bins holding rank k1 and k2, then the fine bins of
+  // those two summed and scanned. Every CTA reads the same counts, so finds the same bins.
+  if (tid < kClCoarse) {
+    unsigned c = 0u;
 #pragma unroll
-    for (int r = 0; r < kClR; ++r) {
-      const unsigned* hr = cluster.map_shared_rank(&s.hist[0], r);
-      const uint4 x = *reinterpret_cast<const uint4*>(hr + b0), y = *reinterpret_cast<const uint4*>(hr + b0 + 4);
-      cnt[7] += x.x;
-      cnt[6] += x.y;
-      cnt[5] += x.z;
-      cnt[4] += x.w;
-      cnt[3] += y.x;
-      cnt[2] += y.y;
-      cnt[1] += y.z;
-      cnt[0] += y.w;
-    }
+    for (int r = 0; r < kClR; ++r) c += cluster.map_shared_rank(&s, r)->coarse[tid];
+    s.mcoarse[tid] = c;
   }
-  int own = 0;
-#pragma unroll
-  for (int jj = 0; jj < kClBinsPerThread; ++jj) own += static_cast<int>(cnt[jj]);
-  int finite = 0, incl = own;
-  {
-    int u0 = 0, u1 = 0, t0 = 0, t1 = 0;
-    cl_scan3(incl, u0, u1, s, &finite, &t0, &t1);
-  }
+  __syncthreads();
   const int budget[2] = {p.k_retrieval, p.k_retrieval + p.k_estimation};
-  const int k[2] = {budget[0] < finite ? budget[0] : finite, budget[1] < finite ? budget[1] : finite};
+  if (warp == 0) {  // lane l: coarse bins kClCoarse-1-2l and kClCoarse-2-2l (descending)
+    const unsigned c0 = s.mcoarse[kClCoarse - 1 - 2 * lane], c1 = s.mcoarse[kClCoarse - 2 - 2 * lane];
+    const int own = static_cast<int>(c0 + c1);
+    int incl = own;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    if (k[j] > 0 && incl - own < k[j] && k[j] <= incl) {
-      int cum = incl - own;
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    const int finite = __shfl_sync(0xffffffffu, incl, 31);
 #pragma unroll
-      for (int jj = 0; jj < kClBinsPerThread; ++jj) {
-        const int c = static_cast<int>(cnt[jj]);
-        if (cum + c >= k[j]) {
-          s.found_bin[j] = kClBins - 1 - kClBinsPerThread * tid - jj;
-          s.found_rem[j] = k[j] - cum;
-          break;
-        }
-        cum += c;
+    for (int j = 0; j < 2; ++j) {
+      const int kj = budget[j] < finite ? budget[j] : finite;
+      const int above = incl - own;
+      if (kj > 0 && above < kj && kj <= incl) {
+        const bool first_bin = above + static_cast<int>(c0) >= kj;
+        s.cbin[j] = first_bin ? kClCoarse - 1 - 2 * lane : kClCoarse - 2 - 2 * lane;
+        s.cabove[j] = first_bin ? above : above + static_cast<int>(c0);
       }
+    }
+    if (lane == 0) s.finite = finite;
+  }
+  __syncthreads();
+  const int finite = s.finite;
+  const int k[2] = {budget[0] < finite ? budget[0] : finite, budget[1] < finite ? budget[1] : finite};
+  if (tid < 2 * kClFine) {  // fine bins of coarse bin cbin[j], j = tid / kClFine
+    const int j = tid / kClFine, f = tid % kClFine;
+    unsigned c = 0u;
+    if (k[j] > 0) {
+      const int bin = s.cbin[j] * kClFine + f;
+#pragma unroll
+      for (int r = 0; r < kClR; ++r) c += cluster.map_shared_rank(&s.hist[0], r)[bin];
+    }
+    s.mfine[j][f] = c;
+  }
+  __syncthreads();
+  if (warp < 2 && k[warp] > 0) {  // warp j: lane l holds fine bins kClFine-1-2l and kClFine-2-2l of cbin[j]
+    const int j = warp;
+    const unsigned c0 = s.mfine[j][kClFine - 1 - 2 * lane], c1 = s.mfine[j][kClFine - 2 - 2 * lane];
+    const int own = static_cast<int>(c0 + c1);
+    int incl = own;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    const int above = s.cabove[j] + incl - own, kj = k[j];
+    if (above < kj && kj <= above + own) {
+      const bool first_bin = above + static_cast<int>(c0) >= kj;
+      s.found_bin[j] = s.cbin[j] * kClFine + (first_bin ? kClFine - 1 - 2 * lane : kClFine - 2 - 2 * lane);
+      s.found_rem[j] = kj - (first_bin ? above : above + static_cast<int>(c0));
     }
   }
   __syncthreads();
@@ -510,6 +567,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
     s.pub[1] = te;
     s.pub[2] = tt;
   }
+  sel_stamp(phase, h, 6);  // the compaction's local work (the wait for the other ranks counts as expansion)
   cluster.sync();  // (4) counts
   // 6. Bases from the lower ranks, totals from all.
   const int64_t w_begin = p.idx_begin + p.n_idx;
@@ -570,7 +628,6 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
     if (tid == 0) p.token_count[h] = steady + s.tot_tok;
   }
   __syncthreads();  // the table's absolute positions
-  sel_stamp(phase, h, 6);
   // Expansion: a half-warp per retrieval item of the CTA.
   constexpr int kSub = 16;
   const int slot0 = warp * 2 + lane / kSub, sl = lane % kSub;
