@@ -1,5 +1,5 @@
 // The 4-CTA cluster selection (select_cl.cu, RETROINFER_SELECT_CL) against the one-CTA bins kernel
-// (select_bins.cu) on the same inputs in one process: retrieval and estimation ids, token lists, token counts
+// (select_bins.cu; past 40960 items it reads its scores from global memory) on the same inputs in one process: retrieval and estimation ids, token lists, token counts
 // and the scan scratch bit-identical (every output buffer poisoned first and compared whole), the ids equal to
 // the CPU rule "sort by (score desc, id asc), cut at k_r and k_r + k_e", and with stamps on, every head's
 // selection phases stamped (by rank 0).
@@ -12,7 +12,7 @@
 // - RetroLayer decodes at 128K batch 4 (issue #4's shape) and small shapes (outliers, no estimation) under
 //   RETROINFER_SELECT_CL=1 bit-identical to 0 (logits, scores, ids, token lists, outputs), graph replays and
 //   the stage path too, and under run 8's path.
-// - The switch's parse and the launch's refusals (no items, too many).
+// - The switch's parse, the plans (4 CTAs per head up to 40960 items, 8 beyond) and the launch's refusals.
 // One "[select cl]" line per case.
 #include <gtest/gtest.h>
 
@@ -46,6 +46,24 @@ bool all_phases_stamped(const std::vector<uint64_t>& phase, int H) {
   return true;
 }
 
+// The reference: the bins kernel up to 40960 items, beyond them select_and_expand's 8-CTA cluster kernel
+// (select_cluster.cu; no grid workspace here), whose scan scratch holds other (local) positions.
+constexpr int kBinsMaxItems = 40960;
+
+gputest::SelectOutputs run_reference(const gputest::SelectInputs& in) {
+  if (in.N <= kBinsMaxItems) return gputest::run_select(in, "bins", false);
+  return gputest::run_select(in, "cluster", false, {}, [](const SelectParams& p, cudaStream_t s) {
+    return cuda::detail::select_and_expand(p, s);
+  });
+}
+
+// The outputs of the reference and of the cluster selection compared whole (poison included); past 40960 items
+// without the scan scratch (see run_reference).
+bool expect_same(const gputest::SelectInputs& in, gputest::SelectOutputs a, const gputest::SelectOutputs& b) {
+  if (in.N > kBinsMaxItems) a.scratch = b.scratch;
+  return gputest::expect_same_outputs(a, b, "", in.N > kBinsMaxItems ? "cluster" : "bins", "cl");
+}
+
 gputest::SelectOutputs run_cl(const gputest::SelectInputs& in, bool phases) {
   return gputest::run_select(in, "cl", phases, {}, [](const SelectParams& p, cudaStream_t s) {
     return cuda::detail::select_and_expand_cl(p, s);
@@ -57,9 +75,9 @@ void run_ready_case(const gputest::SelectCase& c, uint64_t seed) {
   gputest::EnvGuard compact("RETROINFER_SELECT_COMPACT", nullptr);
   gputest::EnvGuard split("RETROINFER_SELECT_SPLIT", nullptr);
   const gputest::SelectInputs in = gputest::make_select_inputs(c, seed);
-  const gputest::SelectOutputs a = gputest::run_select(in, "bins", false);
+  const gputest::SelectOutputs a = run_reference(in);
   const gputest::SelectOutputs b = run_cl(in, c.phases);
-  const bool same = gputest::expect_same_outputs(a, b, "", "bins", "cl");
+  const bool same = expect_same(in, a, b);
   if (c.phases) {
     EXPECT_TRUE(all_phases_stamped(b.phase, in.H));
   }
@@ -69,7 +87,7 @@ void run_ready_case(const gputest::SelectCase& c, uint64_t seed) {
     gputest::expect_token_list(in, b, h, r);
   }
   std::printf("[select cl] %s H=%d N=%d k_r=%d k_e=%d levels=%d empty=%.2f P=%d steady=%d run8=%d: ids, lists, "
-              "counts, scratch vs bins %s; CPU rule and expansion %s\n",
+              "counts, scratch vs reference %s; CPU rule and expansion %s\n",
               c.name, in.H, in.N, c.k_r, c.k_e, c.levels, c.empty, c.page_tokens, int(c.steady), int(c.run8),
               same ? "identical" : "DIFFER", ::testing::Test::HasFailure() ? "FAILED (see above)" : "ok");
 }
@@ -83,6 +101,12 @@ TEST(CudaSelectCl, ReadyScoresMatchBinsAndCpuRule) {
       {"128K shape, 128 heads (batch 16)", 128, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
       {"one item, estimation", 3, 1, 0, 1, 0, 0.0, 0, true, true, true},
       {"40960 band, both thresholds searched", 2, 40960, 738, 9503, -2, 0.0, 0, true, true, false},
+      // 8 CTAs per head (past 40960 items; the bins kernel reads these scores from global memory).
+      {"40961 (8 CTAs)", 2, 40961, 738, 9503, -1, 0.01, 0, true, true, true},
+      {"1M shape 65532", 8, 65532, 1180, 15200, -1, 0.01, 0, true, true, true},
+      {"65532 ties", 2, 65532, 1180, 15200, 7, 0.0, 0, true, true, false},
+      {"65532 band", 1, 65532, 1180, 15200, -2, 0.0, 0, false, true, false},
+      {"81920 (max), pages", 1, 81920, 1475, 0, 0, 0.1, 2, true, false, false},
   };
   for (const auto& c : extra) run_ready_case(c, ++seed);
 }
@@ -134,10 +158,10 @@ void run_form_case(const FormCase& fc, uint64_t seed) {
   sa.fill_bytes(0x7f);
   sb.fill_bytes(0x7f);
   in.p.scores = sa.as<float>();
-  const gputest::SelectOutputs a = gputest::run_select(in, "bins", false);
+  const gputest::SelectOutputs a = run_reference(in);
   in.p.scores = sb.as<float>();
   const gputest::SelectOutputs b = run_cl(in, true);
-  const bool same = gputest::expect_same_outputs(a, b, "", "bins", "cl");
+  const bool same = expect_same(in, a, b);
   std::vector<float> fa(size_t(H) * N), fb(size_t(H) * N);
   sa.download(fa.data(), fa.size() * 4);
   sb.download(fb.data(), fb.size() * 4);
@@ -166,6 +190,7 @@ TEST(CudaSelectCl, FormedScoresMatchBins) {
       {"d64 G=3 tail", 2, 3, 4097, 74, 950, 17, 0.05},
       {"G=8, 40960", 2, 8, 40960, 738, 9503, 128, 0.02},
       {"few items", 2, 2, 7, 1, 3, 1, 0.3},
+      {"1M batch 1 shape (8 CTAs)", 8, 4, 65532, 1180, 15200, 132, 0.01},
   };
   uint64_t seed = 21500;
   for (const auto& fc : cases) run_form_case(fc, ++seed);
@@ -191,21 +216,24 @@ TEST(CudaSelectCl, RetroLayerDecodesIdentical) {
   layer_case({2, 1, 3, 64, 4000, true, true, true}, 2102);       // outliers
   layer_case({1, 4, 1, 128, 2500, false, false, true}, 2103);    // no estimation
   layer_case({4, 8, 4, 128, 131072, true, false, false}, 2104);  // 128K, batch 4 (issue #4's shape)
+  layer_case({1, 8, 4, 128, 524288, true, false, false}, 2105);  // 512K, batch 1 (4 CTAs, 16 items per thread)
+  layer_case({1, 8, 4, 128, 1048576, true, false, false}, 2106); // 1M, batch 1 (8 CTAs per head)
 }
 
 TEST(CudaSelectCl, SwitchAndRefusals) {
+  using cuda::detail::SelectClMode;
   gputest::EnvGuard env("RETROINFER_SELECT_CL", nullptr);
-  EXPECT_FALSE(cuda::detail::select_cl_on());
-  for (const char* off : {"", "0"}) {
-    env.set(off);
-    EXPECT_FALSE(cuda::detail::select_cl_on()) << "'" << off << "'";
-  }
+  EXPECT_EQ(cuda::detail::select_cl_mode(), SelectClMode::kAuto);
+  env.set("");
+  EXPECT_EQ(cuda::detail::select_cl_mode(), SelectClMode::kAuto);
+  env.set("0");
+  EXPECT_EQ(cuda::detail::select_cl_mode(), SelectClMode::kOff);
   env.set("1");
-  EXPECT_TRUE(cuda::detail::select_cl_on());
-  for (const char* bad : {"2", "on", "yes", " 1"}) {
+  EXPECT_EQ(cuda::detail::select_cl_mode(), SelectClMode::kOn);
+  for (const char* bad : {"2", "on", "yes", " 1", "auto"}) {
     env.set(bad);
     try {
-      (void)cuda::detail::select_cl_on();
+      (void)cuda::detail::select_cl_mode();
       ADD_FAILURE() << "RETROINFER_SELECT_CL='" << bad << "' did not throw";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
@@ -218,15 +246,20 @@ TEST(CudaSelectCl, SwitchAndRefusals) {
   p.scores = &dummy;
   for (const int n : {0, -1, cuda::detail::kSelectClMaxItems + 1}) {
     p.num_items = n;
+    EXPECT_EQ(cuda::detail::select_cl_ctas(n), 0) << n;
     EXPECT_EQ(cuda::detail::select_cl_ipt(p), 0) << n;
     EXPECT_EQ(cuda::detail::select_and_expand_cl(p, nullptr), cudaErrorInvalidValue) << n;
   }
-  p.num_items = cuda::detail::kSelectClMaxItems;
-  EXPECT_EQ(cuda::detail::select_cl_ipt(p), 20);
-  p.num_items = 8188;
-  EXPECT_EQ(cuda::detail::select_cl_ipt(p), 4);
-  std::printf("[select cl] RETROINFER_SELECT_CL parse (unset/''/0 off, 1 on, 2|on|yes|' 1' throw) and refusals "
-              "(0, -1, 40961 items) %s\n",
+  const struct {
+    int items, ctas, ipt;
+  } rows[] = {{1, 4, 1}, {8188, 4, 4}, {40960, 4, 20}, {40961, 8, 11}, {65532, 8, 16}, {81920, 8, 20}};
+  for (const auto& r : rows) {
+    p.num_items = r.items;
+    EXPECT_EQ(cuda::detail::select_cl_ctas(r.items), r.ctas) << r.items;
+    EXPECT_EQ(cuda::detail::select_cl_ipt(p), r.ipt) << r.items;
+  }
+  std::printf("[select cl] RETROINFER_SELECT_CL parse (unset/'' auto, 0 off, 1 on, 2|on|yes|' 1'|auto throw), "
+              "refusals (0, -1, 81921 items) and plans (4 CTAs up to 40960 items, 8 beyond) %s\n",
               ::testing::Test::HasFailure() ? "FAILED" : "ok");
 }
 

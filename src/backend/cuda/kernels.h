@@ -245,13 +245,21 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // s
 cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head);
 cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
-// Run 21 (select_cl.cu): one thread-block cluster of kSelectClCtas CTAs per head, the scores formed by the
-// selection itself when group > 0 (the score grid then skips its grid barrier and formation); the bins
-// kernel's outputs bit for bit, up to kSelectClMaxItems items. RETROINFER_SELECT_CL (select_cl_on): 1 takes it
-// in the zone decode where it applies, unset / empty / 0 not; other values throw retroinfer::Error.
-inline constexpr int kSelectClCtas = 4;
-inline constexpr int kSelectClMaxItems = 40960;
-bool select_cl_on();
+// Run 21 (select_cl.cu): one thread-block cluster of 4 CTAs per head (8 past 4 x kSelectClCtaItems items),
+// the scores formed by the selection itself when group > 0 (the score grid then skips its grid barrier and
+// formation); the bins kernel's outputs bit for bit, up to kSelectClMaxItems items.
+inline constexpr int kSelectClCtaItems = 10240;  // items of one CTA (512 threads x 20)
+inline constexpr int kSelectClMaxCtas = 8;
+inline constexpr int kSelectClMaxItems = kSelectClMaxCtas * kSelectClCtaItems;
+// Items from which the zone decode takes it by default (run 21: slower than the bins kernel after the score
+// grid's formation at 8188 items, faster from 16380 on).
+inline constexpr int kSelectClMinItems = 16380;
+// RETROINFER_SELECT_CL: unset / empty auto (from kSelectClMinItems items), 1 wherever it applies, 0 off; other
+// values throw retroinfer::Error. Read at every decode.
+enum class SelectClMode { kOff, kAuto, kOn };
+SelectClMode select_cl_mode();
+// CTAs per head for num_items (4 or 8), 0 where the kernel does not apply (no items or too many).
+int select_cl_ctas(int num_items);
 // Items per thread of its launch for p, 0 where it does not apply (no items, too many, no heads, no scores buffer).
 int select_cl_ipt(const SelectParams& p);
 // Whether p's clusters are all resident at once on the current device (the zone decode takes the kernel only

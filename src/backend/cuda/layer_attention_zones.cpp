@@ -260,9 +260,11 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   sp.early_loads = path.early_loads;
   // Run 10: the scores formed by the score grid itself when all its CTAs fit at once (else run 9's
   // form_scores grid below).
-  // Run 21 (RETROINFER_SELECT_CL=1): the 4-CTA cluster selection forms the scores itself from the logits and
+  // Run 21 (RETROINFER_SELECT_CL): the cluster selection forms the scores itself from the logits and
   // normaliser partials, so the score grid neither forms them nor needs its grid barrier.
-  bool cl_select = select_cl_on() && a.num_clusters > 0 && a.num_clusters <= kSelectClMaxItems && a.group <= kMaxGroup;
+  const SelectClMode cl_mode = select_cl_mode();
+  bool cl_select = cl_mode != SelectClMode::kOff && select_cl_ctas(a.num_clusters) > 0 && a.group <= kMaxGroup &&
+                   (cl_mode == SelectClMode::kOn || a.num_clusters >= kSelectClMinItems);
   if (cl_select) {  // all clusters resident at once (batch 16 at 128K keeps the bins kernel)
     SelectParams probe;
     probe.num_heads = a.num_heads;

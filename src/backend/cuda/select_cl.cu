@@ -43,7 +43,6 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kClR = kSelectClCtas;  // CTAs per head (the cluster)
 constexpr int kClThreads = 512;
 constexpr int kClWarps = kClThreads / 32;
 constexpr int kClBins = 4096;  // the bins kernel's histogram
@@ -53,7 +52,8 @@ constexpr int kClCoarse = kClBins / kClFine;    // 64 coarse bins
 constexpr int kClCand = 1024;       // candidates of one threshold bin over the cluster (else the counting search)
 constexpr int kClMaxIpt = 20;       // items per thread: 4 x 512 x 20 = 40960 items
 constexpr int kClExpLimit = 1024;   // the bins kernel's kBinExp: its scan scratch holds positions of slots >= this
-static_assert(kClR * kClThreads * kClMaxIpt == kSelectClMaxItems, "kernels.h's item limit");
+static_assert(kSelectClMaxCtas * kClThreads * kClMaxIpt == kSelectClMaxItems && kClThreads * kClMaxIpt == kSelectClCtaItems,
+              "kernels.h's item limits");
 
 struct __align__(16) ClSmem {
   unsigned hist[kClBins];     // this CTA's histogram (read by the whole cluster after barrier 2)
@@ -119,6 +119,7 @@ __device__ __forceinline__ void cl_scan3(int& a, int& b, int& c, ClSmem& s, int*
 
 // Items with key >= x0 (c0) and >= x1 (c1) over the cluster (every thread of every CTA calls, the same
 // x0, x1 and iteration parity `it`): the CTA's count published, a cluster barrier, the ranks' sum.
+template <int R>
 __device__ __forceinline__ void cl_count_ge(const float* sc, int first, int last, uint32_t x0, uint32_t x1, int it,
                                             ClSmem& s, cg::cluster_group& cluster, int* c0, int* c1) {
   int a = 0, b = 0;
@@ -138,7 +139,7 @@ __device__ __forceinline__ void cl_count_ge(const float* sc, int first, int last
   cluster.sync();
   int r0 = 0, r1 = 0;
 #pragma unroll
-  for (int r = 0; r < kClR; ++r) {
+  for (int r = 0; r < R; ++r) {
     const ClSmem* o = cluster.map_shared_rank(&s, r);
     r0 += o->srch[it & 1][0];
     r1 += o->srch[it & 1][1];
@@ -152,7 +153,8 @@ struct ClArgs {
   int ipt;  // items per thread
 };
 
-__global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) select_cl_kernel(const ClArgs args) {
+template <int R>
+__global__ void __cluster_dims__(R, 1, 1) __launch_bounds__(kClThreads, 2) select_cl_kernel(const ClArgs args) {
   const SelectParams& p = args.p;
   const int ipt = args.ipt;
   cg::cluster_group cluster = cg::this_cluster();
@@ -166,7 +168,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
   int* tab_len = tab_b + tab_n;                                                       // [tab_n] length
   int* tab_at = tab_len + tab_n;                                                      // [tab_n] list position
   const int rank = static_cast<int>(cluster.block_rank());
-  const int h = static_cast<int>(blockIdx.x) / kClR, N = p.num_items, G = p.group;
+  const int h = static_cast<int>(blockIdx.x) / R, N = p.num_items, G = p.group;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cbase = rank * chunk;  // the CTA's first item
   const int n = N - cbase < 0 ? 0 : (N - cbase < chunk ? N - cbase : chunk);
@@ -275,7 +277,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
   // 2. The histogram of the CTA's items over the cluster's range (the bins kernel's bins).
   uint32_t lo = 0xffffffffu, hi = 0u;
 #pragma unroll
-  for (int r = 0; r < kClR; ++r) {
+  for (int r = 0; r < R; ++r) {
     const ClSmem* o = cluster.map_shared_rank(&s, r);
     lo = min(lo, o->kmin);
     hi = max(hi, o->kmax);
@@ -305,7 +307,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
   if (tid < kClCoarse) {
     unsigned c = 0u;
 #pragma unroll
-    for (int r = 0; r < kClR; ++r) c += cluster.map_shared_rank(&s, r)->coarse[tid];
+    for (int r = 0; r < R; ++r) c += cluster.map_shared_rank(&s, r)->coarse[tid];
     s.mcoarse[tid] = c;
   }
   __syncthreads();
@@ -341,7 +343,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
     if (k[j] > 0) {
       const int bin = s.cbin[j] * kClFine + f;
 #pragma unroll
-      for (int r = 0; r < kClR; ++r) c += cluster.map_shared_rank(&s.hist[0], r)[bin];
+      for (int r = 0; r < R; ++r) c += cluster.map_shared_rank(&s.hist[0], r)[bin];
     }
     s.mfine[j][f] = c;
   }
@@ -394,9 +396,9 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
   for (int j = 0; j < 2; ++j) {
     if (k[j] == 0) continue;
     const int L = j == 1 && shared_bin ? 0 : j, rem = s.found_rem[j];
-    int nr[kClR], total = 0;
+    int nr[R], total = 0;
 #pragma unroll
-    for (int r = 0; r < kClR; ++r) {
+    for (int r = 0; r < R; ++r) {
       nr[r] = cluster.map_shared_rank(&s, r)->cand_n[L];
       total += nr[r];
     }
@@ -408,7 +410,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
       __syncthreads();              // the previous list's readers are done with s.all
       int off = 0;
 #pragma unroll
-      for (int r = 0; r < kClR; ++r) {
+      for (int r = 0; r < R; ++r) {
         const uint32_t* cr = cluster.map_shared_rank(&s.cand[L][0], r);
         for (int x = tid; x < nr[r]; x += kClThreads) s.all[off + x] = cr[x];
         off += nr[r];
@@ -435,7 +437,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
     eq[j] = s.eq[j];
     int below = 0;
 #pragma unroll
-    for (int r = 0; r < kClR; ++r) below += r < rank ? nr[r] : 0;
+    for (int r = 0; r < R; ++r) below += r < rank ? nr[r] : 0;
     tie_below[j] = __syncthreads_count(tid < below && s.all[tid] == t[j]) +
                    (below > kClThreads ? __syncthreads_count(tid + kClThreads < below && s.all[tid + kClThreads] == t[j]) : 0);
   }
@@ -455,7 +457,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
 #pragma unroll
       for (int j = 0; j < 2; ++j) mid[j] = search[j] && a[j] < b[j] ? a[j] + (b[j] - a[j] + 1u) / 2u : 0u;
       int c[2];
-      cl_count_ge(sc, first, last, mid[0], mid[1], it++, s, cluster, &c[0], &c[1]);
+      cl_count_ge<R>(sc, first, last, mid[0], mid[1], it++, s, cluster, &c[0], &c[1]);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         if (!search[j] || a[j] >= b[j]) continue;
@@ -468,7 +470,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
 #pragma unroll
     for (int j = 0; j < 2; ++j) above[j] = search[j] && a[j] != 0xffffffffu ? a[j] + 1u : 0xffffffffu;
     int c[2];
-    cl_count_ge(sc, first, last, above[0], above[1], it++, s, cluster, &c[0], &c[1]);
+    cl_count_ge<R>(sc, first, last, above[0], above[1], it++, s, cluster, &c[0], &c[1]);
     int e0 = 0, e1 = 0;
     for (int i = first; i < last; ++i) {
       const float v = sc[i];
@@ -486,7 +488,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
     cluster.sync();
     int bl[2] = {0, 0};
 #pragma unroll
-    for (int r = 0; r < kClR; ++r) {
+    for (int r = 0; r < R; ++r) {
       if (r >= rank) break;
       const ClSmem* o = cluster.map_shared_rank(&s, r);
       bl[0] += o->srch[it & 1][0];
@@ -575,7 +577,7 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
   if (tid == 0) {
     int br = 0, be = 0, bt = 0, sr = 0, se = 0, st = 0;
 #pragma unroll
-    for (int r = 0; r < kClR; ++r) {
+    for (int r = 0; r < R; ++r) {
       const ClSmem* o = cluster.map_shared_rank(&s, r);
       const int x = o->pub[0], y = o->pub[1], z = o->pub[2];
       if (r < rank) {
@@ -618,9 +620,9 @@ __global__ void __cluster_dims__(kClR, 1, 1) __launch_bounds__(kClThreads, 2) se
     }
   }
   // Padding (-1) past the head's lists, spread over the cluster.
-  for (int i = s.tot_ret + rank * kClThreads + tid; i < p.k_retrieval; i += kClR * kClThreads) ret[i] = -1;
+  for (int i = s.tot_ret + rank * kClThreads + tid; i < p.k_retrieval; i += R * kClThreads) ret[i] = -1;
   if (est != nullptr)
-    for (int i = s.tot_est + rank * kClThreads + tid; i < p.k_estimation; i += kClR * kClThreads) est[i] = -1;
+    for (int i = s.tot_est + rank * kClThreads + tid; i < p.k_estimation; i += R * kClThreads) est[i] = -1;
   int* list = p.token_list + int64_t{h} * p.list_stride;
   if (rank == 0) {
     for (int i = tid; i < steady; i += kClThreads)
@@ -655,30 +657,56 @@ size_t cl_smem_bytes(int ipt, int k_retrieval) {
   return ((size_t(chunk) * 5 + 15) & ~size_t(15)) + size_t(tab_n) * 12;
 }
 
+// The kernel for R CTAs per head with its shared-memory attribute set (once per instantiation).
+template <int R>
+cudaError_t cl_kernel(void (**k)(const ClArgs)) {
+  static bool attr_set = false;
+  if (!attr_set) {
+    const cudaError_t e = cudaFuncSetAttribute(select_cl_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kClMaxSmem));
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  *k = select_cl_kernel<R>;
+  return cudaSuccess;
+}
+
+cudaError_t cl_kernel_for(int R, void (**k)(const ClArgs)) {
+  return R == 8 ? cl_kernel<8>(k) : cl_kernel<4>(k);
+}
+
 }  // namespace
 
-// RETROINFER_SELECT_CL, read at every decode: unset, empty or 0 (off: the bins kernel after the score grid's
-// formation) or 1 (on where it applies). Other values throw retroinfer::Error.
-bool select_cl_on() {
+// RETROINFER_SELECT_CL, read at every decode: unset or empty (auto: past kSelectClMinItems items), 1 (wherever
+// it applies), 0 (off: the bins / grid kernels after the score grid's formation). Other values throw
+// retroinfer::Error.
+SelectClMode select_cl_mode() {
   const char* e = std::getenv("RETROINFER_SELECT_CL");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "0") == 0) return false;
-  if (std::strcmp(e, "1") == 0) return true;
+  if (e == nullptr || e[0] == '\0') return SelectClMode::kAuto;
+  if (std::strcmp(e, "0") == 0) return SelectClMode::kOff;
+  if (std::strcmp(e, "1") == 0) return SelectClMode::kOn;
   RETROINFER_FAIL("RETROINFER_SELECT_CL='", e,
-                  "' is not a selection switch: use 1 (the 4-CTA cluster selection forming its own scores) or 0 (off, "
-                  "the default)");
+                  "' is not a selection switch: use 1 (the cluster selection forming its own scores wherever it "
+                  "applies), 0 (off) or leave it unset (past ", kSelectClMinItems, " items)");
+}
+
+int select_cl_ctas(int num_items) {
+  if (num_items <= 0 || num_items > kSelectClMaxItems) return 0;
+  return num_items <= 4 * kSelectClCtaItems ? 4 : kSelectClMaxCtas;
 }
 
 int select_cl_ipt(const SelectParams& p) {
-  if (p.num_items <= 0 || p.num_items > kSelectClMaxItems || p.num_heads <= 0 || p.scores == nullptr) return 0;
-  const int per_cta = (p.num_items + kClR - 1) / kClR;
+  const int R = select_cl_ctas(p.num_items);
+  if (R == 0 || p.num_heads <= 0 || p.scores == nullptr) return 0;
+  const int per_cta = (p.num_items + R - 1) / R;
   const int ipt = (per_cta + kClThreads - 1) / kClThreads;
   return ipt < 1 ? 1 : ipt;
 }
 
 bool select_cl_one_wave(const SelectParams& p) {
-  const int ipt = select_cl_ipt(p);
+  const int ipt = select_cl_ipt(p), R = select_cl_ctas(p.num_items);
   if (ipt <= 0 || ipt > kClMaxIpt) return false;
-  thread_local int last_device = -1, last_clusters = 0;
+  thread_local int last_device = -1, last_clusters = 0, last_r = 0;
   thread_local size_t last_bytes = 0;
   const size_t smem = cl_smem_bytes(ipt, p.k_retrieval);
   int device = 0;
@@ -686,44 +714,37 @@ bool select_cl_one_wave(const SelectParams& p) {
     (void)cudaGetLastError();
     return false;
   }
-  if (device != last_device || smem != last_bytes) {
-    if (cudaFuncSetAttribute(select_cl_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kClMaxSmem)) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(static_cast<unsigned>(kClR * p.num_heads));
-    cfg.blockDim = dim3(kClThreads);
-    cfg.dynamicSmemBytes = smem;
+  if (device != last_device || smem != last_bytes || R != last_r) {
+    void (*k)(const ClArgs) = nullptr;
     int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, select_cl_kernel, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();
-      clusters = 0;
+    if (cl_kernel_for(R, &k) == cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(static_cast<unsigned>(R * p.num_heads));
+      cfg.blockDim = dim3(kClThreads);
+      cfg.dynamicSmemBytes = smem;
+      if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess) clusters = 0;
     }
+    (void)cudaGetLastError();
     last_device = device;
     last_bytes = smem;
+    last_r = R;
     last_clusters = clusters;
   }
   return p.num_heads <= last_clusters;
 }
 
 cudaError_t select_and_expand_cl(const SelectParams& p, cudaStream_t s) {
-  const int ipt = select_cl_ipt(p);
+  const int ipt = select_cl_ipt(p), R = select_cl_ctas(p.num_items);
   if (ipt <= 0 || ipt > kClMaxIpt) return cudaErrorInvalidValue;
   if (p.group > 0 && (p.logits == nullptr || p.norm_partial == nullptr || p.group > kMaxGroup))
     return cudaErrorInvalidValue;
-  static bool attr_set = false;
-  if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(select_cl_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kClMaxSmem));
-    if (e != cudaSuccess) return e;
-    attr_set = true;
-  }
+  void (*k)(const ClArgs) = nullptr;
+  const cudaError_t e = cl_kernel_for(R, &k);
+  if (e != cudaSuccess) return e;
   const size_t smem = cl_smem_bytes(ipt, p.k_retrieval);
   if (smem > kClMaxSmem) return cudaErrorInvalidConfiguration;
-  return launch_maybe_pdl(select_cl_kernel, dim3(static_cast<unsigned>(kClR * p.num_heads)), dim3(kClThreads), smem, s,
-                          p.pdl, ClArgs{p, ipt});
+  return launch_maybe_pdl(k, dim3(static_cast<unsigned>(R * p.num_heads)), dim3(kClThreads), smem, s, p.pdl,
+                          ClArgs{p, ipt});
 }
 
 }  // namespace retroinfer::cuda::detail
