@@ -245,27 +245,6 @@ cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // s
 cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head);
 cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
 cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
-// Run 21 (select_cl.cu): one thread-block cluster of 4 CTAs per head (8 past 4 x kSelectClCtaItems items),
-// the scores formed by the selection itself when group > 0 (the score grid then skips its grid barrier and
-// formation); the bins kernel's outputs bit for bit, up to kSelectClMaxItems items.
-inline constexpr int kSelectClCtaItems = 10240;  // items of one CTA (512 threads x 20)
-inline constexpr int kSelectClMaxCtas = 8;
-inline constexpr int kSelectClMaxItems = kSelectClMaxCtas * kSelectClCtaItems;
-// Items from which the zone decode takes it by default (run 21: slower than the bins kernel after the score
-// grid's formation at 8188 items, faster from 16380 on).
-inline constexpr int kSelectClMinItems = 16380;
-// RETROINFER_SELECT_CL: unset / empty auto (from kSelectClMinItems items), 1 wherever it applies, 0 off; other
-// values throw retroinfer::Error. Read at every decode.
-enum class SelectClMode { kOff, kAuto, kOn };
-SelectClMode select_cl_mode();
-// CTAs per head for num_items (4 or 8), 0 where the kernel does not apply (no items or too many).
-int select_cl_ctas(int num_items);
-// Items per thread of its launch for p, 0 where it does not apply (no items, too many, no heads, no scores buffer).
-int select_cl_ipt(const SelectParams& p);
-// Whether p's clusters are all resident at once on the current device (the zone decode takes the kernel only
-// then: at 128K batch 16 the bins kernel's one wave of 128 CTAs beats four waves of clusters).
-bool select_cl_one_wave(const SelectParams& p);
-cudaError_t select_and_expand_cl(const SelectParams& p, cudaStream_t s);
 
 // Run 9 (select_scores.cu): the selection's scores formed by a grid of (item blocks x heads) instead of
 // inside the one-CTA-per-head selection: score[h, i] = sum_g e^{logits[h, g, i] - M_g} / L_g with (M_g, L_g)

@@ -260,27 +260,14 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   sp.early_loads = path.early_loads;
   // Run 10: the scores formed by the score grid itself when all its CTAs fit at once (else run 9's
   // form_scores grid below).
-  // Run 21 (RETROINFER_SELECT_CL): the cluster selection forms the scores itself from the logits and
-  // normaliser partials, so the score grid neither forms them nor needs its grid barrier.
-  const SelectClMode cl_mode = select_cl_mode();
-  bool cl_select = cl_mode != SelectClMode::kOff && select_cl_ctas(a.num_clusters) > 0 && a.group <= kMaxGroup &&
-                   (cl_mode == SelectClMode::kOn || a.num_clusters >= kSelectClMinItems);
-  if (cl_select) {  // all clusters resident at once (batch 16 at 128K keeps the bins kernel)
-    SelectParams probe;
-    probe.num_heads = a.num_heads;
-    probe.num_items = a.num_clusters;
-    probe.k_retrieval = a.n_retrieval;
-    probe.scores = a.scores;
-    cl_select = select_cl_one_wave(probe);
-  }
-  const bool form_in_score = !cl_select && path.form_scores && path.form_in_score && path.early_loads &&
-                             a.num_clusters > 0 && score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
+  const bool form_in_score = path.form_scores && path.form_in_score && path.early_loads && a.num_clusters > 0 &&
+                             score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
   sp.scores = form_in_score ? a.scores : nullptr;
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 
   const int norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
-  if (path.form_scores && !form_in_score && !cl_select) {  // run 9: the scores by their own grid; the selection reads them (group 0)
+  if (path.form_scores && !form_in_score) {  // run 9: the scores by their own grid; the selection reads them (group 0)
     FormScoresParams fp;
     fp.logits = sp.logits;
     fp.norm_partial = sp.norm_partial;
@@ -298,7 +285,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.norm_parts = norm_parts;
   se.scores = a.scores;
   se.num_heads = a.num_heads;
-  se.group = path.form_scores && !cl_select ? 0 : a.group;
+  se.group = path.form_scores ? 0 : a.group;
   se.num_items = a.num_clusters;
   se.k_retrieval = a.n_retrieval;
   se.k_estimation = a.n_estimation;
@@ -317,7 +304,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.phase = a.phase;
   se.pdl = pdl;
   se.prefetch = path.prefetch;
-  launch_check(cl_select ? select_and_expand_cl(se, st) : select_and_expand(se, st), "select_and_expand", st);
+  launch_check(select_and_expand(se, st), "select_and_expand", st);
   marked("select");
 
   const bool fork = a.n_estimation > 0 && a.side != nullptr && !path.fused_estimate;
