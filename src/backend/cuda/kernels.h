@@ -137,10 +137,6 @@ struct ScoreParams {
   float* scores = nullptr;
   // ScoreVariant of the kernel, or kScoreVariantEnv: RETROINFER_SCORE at the launch (score_variant_from_env).
   int variant = kScoreVariantEnv;
-  // Run 21 (with scores): the formed scores' histogram over the selection's fixed bins (select_fixed_bin) added
-  // into fixed_hist[h * kSelectGridWsWords + bin] (the grid selection's workspace, zero before; the bins
-  // selection reads it and leaves it zero again); null: not built.
-  unsigned* fixed_hist = nullptr;
 };
 // Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
 // graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
@@ -216,21 +212,7 @@ struct SelectParams {
   // Run 19 (select_grid.cu): the multi-CTA selection's workspace, [num_heads, kSelectGridWsWords] u32, zero
   // when first used (every launch leaves it zero). Null: the one-CTA / cluster kernels.
   unsigned* grid_ws = nullptr;
-  // Run 21 (bins kernel, ready scores): grid_ws[h * kSelectGridWsWords + b], b < kSelectFixedBins, holds the
-  // histogram of head h's scores over the fixed bins (select_fixed_bin), built by the score grid's formation;
-  // the kernel takes it instead of building its own (range-adapted) one when every finite score is >= +0, and
-  // zeroes it in any case.
-  bool fixed_bins = false;
 };
-// The fixed bins of a formed score (a sum of softmax terms, >= +0): its top 12 bits past the sign (8 exponent and
-// 4 mantissa bits), i.e. (order key - key(+0)) >> 19 for every score >= +0 (NaN with the sign bit clear included).
-inline constexpr int kSelectFixedBins = 4096;
-inline constexpr int kSelectFixedShift = 19;
-#ifdef __CUDACC__
-__device__ __forceinline__ unsigned select_fixed_bin(float s) {
-  return (__float_as_uint(s) & 0x7fffffffu) >> kSelectFixedShift;
-}
-#endif
 inline constexpr int kSelectGridMaxChunks = 64;     // CTAs per head of the grid selection, at most
 inline constexpr int kSelectGridWsWords = 13312;    // per head: three histograms, chunk counts, a barrier
 inline size_t select_grid_ws_bytes(int64_t num_heads) { return size_t(num_heads) * kSelectGridWsWords * 4; }
@@ -258,17 +240,6 @@ cudaError_t select_grid_capacity(int ipt, int k_retrieval, int* ctas);
 // while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;
 // RETROINFER_SELECT=radix (or single) / cluster forces run 5's one-CTA radix kernel / the cluster kernel.
 cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s);
-// The kernel select_and_expand launches for p under the current environment (kGrid with its plan in *ipt, *chunks).
-enum class SelectChoice { kBins, kRadix, kCluster, kGrid };
-cudaError_t select_choice(const SelectParams& p, SelectChoice* choice, int* ipt, int* chunks);
-// Whether select_and_expand on p (ready scores, clusters, with a grid workspace) launches the bins kernel with
-// one CTA per head, which reads and zeroes the fixed-bin histogram (SelectParams::fixed_bins): only then may
-// the score grid build it.
-cudaError_t select_takes_fixed_bins(const SelectParams& p, bool* takes);
-// RETROINFER_SELECT_FIXED_BINS, read at every decode: unset, empty or 1 (the score grid's fixed-bin histogram
-// where the bins kernel takes it, run 21's default) or 0 (the bins kernel's own histogram); other values throw
-// retroinfer::Error.
-bool select_fixed_bins_on();
 cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // select.cu; <= 40K items
 // CTAs per head select_and_expand_bins launches for p (RETROINFER_SELECT_SPLIT: 1 or 2; select_bins.cu).
 cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head);

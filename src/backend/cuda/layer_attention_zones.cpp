@@ -263,24 +263,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   const bool form_in_score = path.form_scores && path.form_in_score && path.early_loads && a.num_clusters > 0 &&
                              score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
   sp.scores = form_in_score ? a.scores : nullptr;
-  SelectParams se;
-  se.logits = sp.logits;
-  se.norm_partial = sp.norm_partial;
-  se.scores = a.scores;
-  se.num_heads = a.num_heads;
-  se.group = path.form_scores ? 0 : a.group;
-  se.num_items = a.num_clusters;
-  se.k_retrieval = a.n_retrieval;
-  se.k_estimation = a.n_estimation;
-  se.grid_ws = a.grid_ws;
-  // Run 21: the score grid's formation also builds the selection's histogram over fixed bins, where the bins
-  // kernel (one CTA per head) will read it and leave it zero (RETROINFER_SELECT_FIXED_BINS=0: not).
-  if (form_in_score && select_fixed_bins_on()) {
-    bool takes = false;
-    RETROINFER_CUDA_CHECK(select_takes_fixed_bins(se, &takes));
-    se.fixed_bins = takes;
-    sp.fixed_hist = takes ? a.grid_ws : nullptr;
-  }
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 
@@ -297,7 +279,16 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
     fp.pdl = pdl;
     launch_check(form_scores(fp, st), "form_scores", st);
   }
+  SelectParams se;
+  se.logits = sp.logits;
+  se.norm_partial = sp.norm_partial;
   se.norm_parts = norm_parts;
+  se.scores = a.scores;
+  se.num_heads = a.num_heads;
+  se.group = path.form_scores ? 0 : a.group;
+  se.num_items = a.num_clusters;
+  se.k_retrieval = a.n_retrieval;
+  se.k_estimation = a.n_estimation;
   se.retrieval_ids = a.retrieval_ids;
   se.estimation_ids = a.estimation_ids;
   se.offsets = a.offsets;
@@ -308,6 +299,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.token_list = a.token_list;
   se.token_count = a.token_count;
   se.scan_scratch = a.scan_scratch;
+  se.grid_ws = a.grid_ws;
   se.list_stride = a.list_stride;
   se.phase = a.phase;
   se.pdl = pdl;

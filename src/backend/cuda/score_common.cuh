@@ -71,11 +71,7 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
     for (int b = 0; b < kB; ++b) {
       const int i = i0 + b * blockDim.x;
       if (i >= c_end) break;
-      const float v = form_head_score(lv[b], G, gmax, ginv);  // form_scores_kernel's, bit for bit
-      sch[i] = v;
-      // Run 21: the selection's fixed-bin histogram of the finite scores (the bins kernel reads it).
-      if (p.fixed_hist != nullptr && v != -INFINITY)
-        atomicAdd(p.fixed_hist + int64_t{h} * kSelectGridWsWords + select_fixed_bin(v), 1u);
+      sch[i] = form_head_score(lv[b], G, gmax, ginv);  // form_scores_kernel's, bit for bit
     }
   }
 }

@@ -359,13 +359,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   float* gsc = p.scores + int64_t{h} * N;
   float* sc = smem_scores;
   unsigned* hist = &sm.hist[0][0];  // kBinBins counters
-  // Run 21 (p.fixed_bins, ready scores, one CTA per head): the score grid's fixed-bin histogram taken as it is
-  // (loaded after the PDL wait with the scores, the workspace zeroed for the next decode) when every finite score
-  // is >= +0; else (checked after the range: a negative score or NaN) this kernel's own histogram as without it.
-  const bool fixed = p.fixed_bins && G == 0 && !kSplit;  // CTA-uniform
-  static_assert(kSelectFixedBins == kBinBins, "the fixed bins fill the bins kernel's histogram");
-  if (!fixed)
-    for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
+  for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
   if (tid < 2) bs.cand_n[tid] = 0;
   if (kBallot && tid < compact_padded(N) - N) sc[N + tid] = -INFINITY;  // read by no phase before the compaction
   // PDL (p.pdl): let the exact-attention CTAs launch (they wait for this grid in turn), then wait for the
@@ -377,17 +371,6 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     for (int i = tid * 32; i <= N; i += blockDim.x * 32) prefetch_l2(p.offsets + int64_t{h} * N + i);
   grid_dependency_wait();
   sel_stamp(phase, h, 0);
-  if (fixed) {  // written by the score grid: only after the wait
-    uint4* gh = reinterpret_cast<uint4*>(p.grid_ws + int64_t{h} * kSelectGridWsWords);  // 16-byte aligned rows
-    for (int i = tid; i < kBinBins / 4; i += blockDim.x) {
-      const uint4 v = __ldcg(gh + i);
-      gh[i] = make_uint4(0u, 0u, 0u, 0u);
-      hist[4 * i] = v.x;  // SelectSmem::hist is only 8-byte aligned
-      hist[4 * i + 1] = v.y;
-      hist[4 * i + 2] = v.z;
-      hist[4 * i + 3] = v.w;
-    }
-  }
   uint32_t kmin = 0xffffffffu, kmax = 0u;
   if (G > 0) {
     __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
@@ -449,27 +432,14 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     lo = min(lo, bs.wmin[w]);
     hi = max(hi, bs.wmax[w]);
   }
-  // The fixed bins hold every finite score when none is below +0 (key(+0) = 0x80000000; no finite score: the
-  // histogram is empty either way).
-  const bool use_fixed = fixed && (lo > hi || lo >= 0x80000000u);  // CTA-uniform: every thread read the same lo, hi
-  int shift;
-  if (use_fixed) {
-    lo = 0x80000000u;
-    shift = kSelectFixedShift;
-  } else {
-    if (fixed) {  // the loaded histogram does not apply: this kernel's own
-      for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
-      __syncthreads();
-    }
-    const uint32_t range = lo <= hi ? hi - lo : 0u;
-    const int bitlen = 32 - __clz(static_cast<int>(range));
-    shift = bitlen > kBinBits ? bitlen - kBinBits : 0;
-    for (int i = tid; i < N; i += blockDim.x) {
-      const float s = sc[i];
-      if (s != -INFINITY) atomicAdd(&hist[(float_order_key(s) - lo) >> shift], 1u);
-    }
-    __syncthreads();  // (2) histogram
+  const uint32_t range = lo <= hi ? hi - lo : 0u;
+  const int bitlen = 32 - __clz(static_cast<int>(range));
+  const int shift = bitlen > kBinBits ? bitlen - kBinBits : 0;
+  for (int i = tid; i < N; i += blockDim.x) {
+    const float s = sc[i];
+    if (s != -INFINITY) atomicAdd(&hist[(float_order_key(s) - lo) >> shift], 1u);
   }
+  __syncthreads();  // (2) histogram
   sel_stamp(phase, h, 2);
   // Thread t owns bins kBinBins-1-4t ... kBinBins-4-4t (descending).
   unsigned cnt[kBinBinsPerThread];
@@ -761,15 +731,6 @@ cudaError_t split_fits(int num_heads, size_t bytes, bool* fits) {
 }
 
 }  // namespace
-
-bool select_fixed_bins_on() {
-  const char* e = std::getenv("RETROINFER_SELECT_FIXED_BINS");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "1") == 0) return true;
-  if (std::strcmp(e, "0") == 0) return false;
-  RETROINFER_FAIL("RETROINFER_SELECT_FIXED_BINS='", e,
-                  "' is not a switch of the bins selection: use 1 (the score grid's fixed-bin histogram, the default) "
-                  "or 0 (the kernel's own histogram)");
-}
 
 // The few-barrier selection (select_bins_kernel); the caller keeps it to <= 40K items (scores in shared
 // memory). Throws retroinfer::Error on an unknown RETROINFER_SELECT_COMPACT or RETROINFER_SELECT_SPLIT.

@@ -414,74 +414,33 @@ cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s) {
   return chunk <= kMaxChunk ? launch_cluster<true>(p, chunk, s) : launch_cluster<false>(p, chunk, s);
 }
 
-namespace {
-
-// RETROINFER_SELECT, read once: 0 unset (the default choice), 1 radix (or single), 2 cluster, 3 bins.
-int forced_select() {
+cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
+  // Runs 4 and 5 (bench/results): the cluster kernel takes ~47 us at 32K batch 1 whatever the size below
+  // (a chain of ~50 barrier phases, several through distributed shared memory) and grows with the batch
+  // (117 / 364 us at batch 4 / 16), so it loses to a one-CTA kernel while the scores fit that kernel's
+  // shared memory, and wins beyond (1M tokens, batch 1: 87 us against 416 us). Run 6: the one-CTA kernel
+  // is the few-barrier one (select_and_expand_bins). RETROINFER_SELECT=radix (or single) / cluster / bins
+  // forces run 5's one-CTA radix kernel / the cluster kernel / the bins kernel up to 40K items.
+  constexpr int kSingleSmemItems = 40 * 1024;  // select.cu: scores in shared memory up to 160 KiB
   static const int forced = [] {
     const char* e = std::getenv("RETROINFER_SELECT");
     if (e == nullptr) return 0;
     return e[0] == 's' || e[0] == 'r' ? 1 : (e[0] == 'c' ? 2 : (e[0] == 'b' ? 3 : 0));
   }();
-  return forced;
-}
-
-constexpr int kSingleSmemItems = 40 * 1024;  // select.cu: scores in shared memory up to 160 KiB
-
-}  // namespace
-
-// Runs 4 and 5 (bench/results): the cluster kernel takes ~47 us at 32K batch 1 whatever the size below
-// (a chain of ~50 barrier phases, several through distributed shared memory) and grows with the batch
-// (117 / 364 us at batch 4 / 16), so it loses to a one-CTA kernel while the scores fit that kernel's
-// shared memory, and wins beyond (1M tokens, batch 1: 87 us against 416 us). Run 6: the one-CTA kernel
-// is the few-barrier one (select_and_expand_bins). RETROINFER_SELECT=radix (or single) / cluster / bins
-// forces run 5's one-CTA radix kernel / the cluster kernel / the bins kernel up to 40K items.
-// Run 19: the grid selection (several CTAs per head) past kSelectGridMinItems = 40960 items (kernels.h) instead
-// of the cluster kernel (1M tokens, batch 1: 29 against 76 us), where the caller gives it a workspace and it
-// fits; below, the one-CTA bins kernel stays (128K batch 4: 12.3 against 23.7 us: the per-head barriers cost
-// more than one multiprocessor's work). RETROINFER_SELECT forces a kernel; RETROINFER_SELECT_GRID=0 / force.
-cudaError_t select_choice(const SelectParams& p, SelectChoice* choice, int* ipt, int* chunks) {
-  *ipt = 0;
-  *chunks = 0;
-  const int forced = forced_select();
+  // Run 19: the grid selection (several CTAs per head) past kSelectGridMinItems = 40960 items (kernels.h) instead
+  // of the cluster kernel (1M tokens, batch 1: 29 against 76 us), where the caller gives it a workspace and it
+  // fits; below, the one-CTA bins kernel stays (128K batch 4: 12.3 against 23.7 us: the per-head barriers cost
+  // more than one multiprocessor's work). RETROINFER_SELECT forces a kernel; RETROINFER_SELECT_GRID=0 / force.
   const SelectGridMode grid = p.grid_ws != nullptr ? select_grid_mode() : SelectGridMode::kOff;
   if (forced == 0 && (grid == SelectGridMode::kForce || (grid == SelectGridMode::kLarge && p.num_items > kSelectGridMinItems))) {
-    const cudaError_t e = select_grid_plan(p, ipt, chunks);
+    int ipt = 0, chunks = 0;
+    const cudaError_t e = select_grid_plan(p, &ipt, &chunks);
     if (e != cudaSuccess) return e;
-    if (*ipt > 0) {
-      *choice = SelectChoice::kGrid;
-      return cudaSuccess;
-    }
+    if (ipt > 0) return select_and_expand_grid(p, ipt, chunks, s);
   }
   const bool cluster = forced == 2 || ((forced == 0 || forced == 3) && p.num_items > kSingleSmemItems);
-  *choice = cluster ? SelectChoice::kCluster : (forced == 1 ? SelectChoice::kRadix : SelectChoice::kBins);
-  return cudaSuccess;
-}
-
-cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s) {
-  SelectChoice choice = SelectChoice::kBins;
-  int ipt = 0, chunks = 0;
-  const cudaError_t e = select_choice(p, &choice, &ipt, &chunks);
-  if (e != cudaSuccess) return e;
-  switch (choice) {
-    case SelectChoice::kGrid: return select_and_expand_grid(p, ipt, chunks, s);
-    case SelectChoice::kCluster: return select_and_expand_cluster(p, s);
-    case SelectChoice::kRadix: return select_and_expand_single_cta(p, s);
-    default: return select_and_expand_bins(p, s);
-  }
-}
-
-cudaError_t select_takes_fixed_bins(const SelectParams& p, bool* takes) {
-  *takes = false;
-  if (p.grid_ws == nullptr || p.group != 0 || p.page_tokens != 0) return cudaSuccess;
-  SelectChoice choice = SelectChoice::kBins;
-  int ipt = 0, chunks = 0, per_head = 0;
-  cudaError_t e = select_choice(p, &choice, &ipt, &chunks);
-  if (e != cudaSuccess || choice != SelectChoice::kBins) return e;
-  e = select_bins_ctas_per_head(p, &per_head);
-  if (e != cudaSuccess) return e;
-  *takes = per_head == 1;
-  return cudaSuccess;
+  if (cluster) return select_and_expand_cluster(p, s);
+  return forced == 1 ? select_and_expand_single_cta(p, s) : select_and_expand_bins(p, s);
 }
 
 }  // namespace retroinfer::cuda::detail
