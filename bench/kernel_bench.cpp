@@ -150,12 +150,17 @@ std::vector<std::pair<std::string, FILE*>> g_paths;
 FILE* g_path_only = nullptr;  // while one path's retro lines are timed: its file
 
 void emit(const char* method, long long n, long long batch, const Stats& s, double bytes, const std::string& extra) {
+  // Retro lines say which centroids the clusters were scored against (RETROINFER_SCORE_CENTROIDS, read by
+  // each RetroLayer at construction).
+  const bool retro = std::strncmp(method, "retro", 5) == 0;
+  const char* centroids = !retro ? "" : cuda::int8_scoring_from_env() ? ",\"score_centroids\":\"int8\""
+                                                                      : ",\"score_centroids\":\"bf16\"";
   char line[2048];
   std::snprintf(line, sizeof line,
                 "{\"bench\":\"kernel\",\"method\":\"%s\",\"n\":%lld,\"batch\":%lld,\"ms\":%.5f,\"ms_min\":%.5f,"
-                "\"ms_p90\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f%s%s}\n",
+                "\"ms_p90\":%.5f,\"bytes\":%.0f,\"gbps\":%.1f%s%s%s}\n",
                 method, n, batch, s.median, s.min, s.p90, bytes, bytes / (s.median * 1e-3) / 1e9, extra.c_str(),
-                g_flush_read ? ",\"flush\":\"read\"" : "");
+                g_flush_read ? ",\"flush\":\"read\"" : "", centroids);
   std::fputs(line, g_out);
   std::fflush(g_out);
   for (auto& [name, f] : g_paths)

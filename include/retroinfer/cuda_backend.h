@@ -151,11 +151,19 @@ class DenseDecoder {
 };
 
 // One (sequence, KV head)'s wave index and last decode selection, copied to the host (synchronous).
+// RETROINFER_SCORE_CENTROIDS: "int8" -> true; "bf16", empty or unset -> false; anything else throws Error.
+// RetroLayer's int8-scoring default, and what a CudaSession's memory plan counts.
+bool int8_scoring_from_env();
+
 struct RetroDebugState {
   int num_clusters = 0;
   std::vector<float> mean;              // [head_dim]: mean indexed key
   std::vector<float> centroids;         // [num_clusters, head_dim] f32: de-centred (empty: not kept)
-  std::vector<uint16_t> centroids_bf16;  // [num_clusters, head_dim] bf16: what scoring reads
+  std::vector<uint16_t> centroids_bf16;  // [num_clusters, head_dim] bf16 (scored when int8 scoring is off)
+  // Int8 scoring (RetroLayer::set_int8_scoring): what scoring reads, centroid c's dim i being
+  // (centroids_q8[c * head_dim + i] - 128) * centroid_scale[c]; both empty when off.
+  std::vector<uint8_t> centroids_q8;    // [num_clusters, head_dim]
+  std::vector<float> centroid_scale;    // [num_clusters]
   std::vector<float> value_sums;        // [num_clusters, head_dim] f32 (empty: not kept)
   std::vector<uint16_t> value_sums_bf16;  // [num_clusters, head_dim] bf16: what estimation reads
   std::vector<int32_t> sizes;           // [num_clusters]
@@ -163,7 +171,7 @@ struct RetroDebugState {
   std::vector<int32_t> offsets;         // [num_clusters + 1]: CSR offsets into members (from 0)
   std::vector<int32_t> members;         // [indexed_tokens]: index tokens grouped by cluster, ascending
   // Last decode (empty before the first decode):
-  std::vector<float> logits;            // [group, num_clusters]: scale * q_g . c (bf16 centroids), -inf empty
+  std::vector<float> logits;            // [group, num_clusters]: scale * q_g . c (scored centroids), -inf empty
   std::vector<float> scores;            // [num_clusters]
   std::vector<int32_t> retrieval_ids;   // ascending, without padding
   std::vector<int32_t> estimation_ids;  // ascending, without padding
@@ -208,6 +216,14 @@ class RetroLayer {
   // per cluster and flat head: ~67 MB per layer of a 128K Llama-3-8B sequence) and debug_state leaves
   // centroids / value_sums empty. Call before build().
   void set_keep_f32_index(bool keep);
+  // Score the clusters against int8 copies of the centroids (per-row scale, 1 + 4 / head_dim bytes per
+  // dimension instead of 2; docs/cuda-kernels.md "Run 22") rather than the bf16 centroids. Default off;
+  // the default is RETROINFER_SCORE_CENTROIDS at construction (int8: on; bf16, empty or unset: off; another
+  // value throws, see int8_scoring_from_env).
+  // Call before build(). Only the tma score kernel reads int8 (RETROINFER_SCORE=v1 / stream, or no
+  // tensor-map encoder: the bf16 centroids are scored whatever this says).
+  void set_int8_scoring(bool on);
+  bool int8_scoring() const;
   // Keep each indexed token's cluster id ([flat heads, indexed tokens] int32) on the device (default on).
   // Decode never reads it; off, it is dropped after the build and not kept by index updates (4 bytes per
   // indexed token and flat head: 134 MB per 128K Llama-3-8B sequence over 32 layers) and debug_state

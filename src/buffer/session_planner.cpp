@@ -81,7 +81,10 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   const int64_t arrays = n_idx == 0 ? 4  // the empty CSR: offsets[0]
                                     : H * C * D * ((2 + 2) + (r.keep_f32_index ? 8 : 0)) + H * C * 4 +
                                           (H * C + 1) * 4 + H * n_idx * 4 * (r.keep_assignment ? 2 : 1);
-  b.index = arrays + (n_idx > 0 ? H * D * 4 : 0) + std::max<int64_t>(H * out_stride * 4, 16) + H * 4;
+  // Int8 scoring: the centroids' int8 copies and row scales (quantized again after every update, into a
+  // buffer regrown while the old one is still held).
+  const int64_t q8 = r.int8_scoring && C > 0 ? H * C * (D + 4) : 0;
+  b.index = arrays + q8 + (n_idx > 0 ? H * D * 4 : 0) + std::max<int64_t>(H * out_stride * 4, 16) + H * 4;
   // Decode workspace (RetroLayer::Impl::size_workspace).
   const auto [nr, ne] = zone_counts(a, C);
   const int64_t idx_end = n_idx == 0 ? std::max<int64_t>(idx_begin, a.sink_tokens) : idx_begin + n_idx;
@@ -111,7 +114,7 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   if (gs == r.num_seqs) b.build -= arrays + H * D * 4;
   // An update (one layer at a time): its workspace (U tokens, update_clusters clusters), the grown copies
   // of the index arrays while the old ones wait for the sync, and a regrown logits / token list.
-  b.update = kmeans_work_bytes(a, r.outlier_zone, H, U, a.update_clusters, 1, D) + arrays + H * G * C * 4 +
+  b.update = kmeans_work_bytes(a, r.outlier_zone, H, U, a.update_clusters, 1, D) + arrays + q8 + H * G * C * 4 +
              H * (steady + ret + outl) * 4;
   return b;
 }
@@ -151,6 +154,7 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       q.kv_stride = n;
       q.outlier_zone = true;  // the runner's RetroLayerAttention and WaveLayerAttention
       q.keep_f32_index = r.retro_keeps_f32_index;
+      q.int8_scoring = r.retro_int8_scoring;
       q.keep_assignment = r.retro_keeps_assignment;
       q.build_group_seqs = r.retro_build_group_seqs;
       q.growth_bound = true;

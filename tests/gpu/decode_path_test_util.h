@@ -184,7 +184,8 @@ inline StageRun expect_stage_path(PathLayer& t, const std::vector<float>& eager)
 }
 
 // f64 reference of the zones a decode selected (host-side K/V only): exact tokens = the list, estimation = the
-// estimated clusters' (logit from the bf16 centroid, weight = size, value = bf16 value sum).
+// estimated clusters' (logit from the scored centroid: gpu_test_util.h scored_centroid, weight = size, value =
+// bf16 value sum).
 inline std::vector<float> f64_reference(const PathLayer& t, const PathResult& r, int G, int d) {
   const float scale = 1.0f / std::sqrt(float(d));
   std::vector<float> ref(t.q_elems);
@@ -197,7 +198,7 @@ inline std::vector<float> f64_reference(const PathLayer& t, const PathResult& r,
       std::vector<float> vsum(d);
       for (int32_t cl : st.estimation_ids) {
         double sc = 0;
-        for (int i = 0; i < d; ++i) sc += double(qq[i]) * bf16_to_f32(st.centroids_bf16[size_t(cl) * d + i]);
+        for (int i = 0; i < d; ++i) sc += double(qq[i]) * scored_centroid(st, d, cl, i);
         for (int i = 0; i < d; ++i) vsum[i] = bf16_to_f32(st.value_sums_bf16[size_t(cl) * d + i]);
         rs.push(sc * scale, double(st.sizes[cl]), vsum.data(), d);
       }

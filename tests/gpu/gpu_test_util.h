@@ -178,6 +178,14 @@ inline Compare compare(const std::vector<float>& got, const std::vector<float>& 
   return c;
 }
 
+// Dimension i of centroid c as the decode scored it: the int8 copy (u - 128) * scale when the layer scores
+// int8 (RetroLayer::set_int8_scoring, the default), else the bf16 centroid.
+inline double scored_centroid(const cuda::RetroDebugState& st, int d, int c, int i) {
+  if (!st.centroids_q8.empty())
+    return (double(st.centroids_q8[size_t(c) * d + i]) - 128.0) * double(st.centroid_scale[size_t(c)]);
+  return bf16_to_f32(st.centroids_bf16[size_t(c) * d + i]);
+}
+
 inline double jaccard_distance(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   std::set<int32_t> sa(a.begin(), a.end()), sb(b.begin(), b.end());
   size_t inter = 0;

@@ -64,7 +64,8 @@ void run_retro_case(const RetroCase& rc, uint64_t seed) {
     std::vector<int32_t> est;
     std::vector<std::vector<double>> logit_ref(G, std::vector<double>(C, -INFINITY));
     if (C > 0) {
-      // Logits from the bf16 centroids the GPU scores with.
+      // Logits from the centroids the GPU scores with (int8 copies by default, else bf16).
+      EXPECT_EQ(st.centroids_q8.size(), layer.int8_scoring() ? size_t(C) * d : 0);
       for (int g = 0; g < G; ++g)
         for (int c = 0; c < C; ++c) {
           if (st.sizes[c] == 0) {
@@ -73,7 +74,7 @@ void run_retro_case(const RetroCase& rc, uint64_t seed) {
           }
           double s = 0, mag = 0;
           for (int i = 0; i < d; ++i) {
-            const double x = double(q[(size_t(h) * G + g) * d + i]) * bf16_to_f32(st.centroids_bf16[size_t(c) * d + i]);
+            const double x = double(q[(size_t(h) * G + g) * d + i]) * gputest::scored_centroid(st, d, c, i);
             s += x;
             mag += std::abs(x);
           }

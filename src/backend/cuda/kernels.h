@@ -122,6 +122,12 @@ const char* score_variant_name(int variant);  // "v1", "stream", "tma"; "?" othe
 struct ScoreParams {
   const float* q = nullptr;                  // [H, G, D] f32
   const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16
+  // Run 22: int8 copies of the centroids (quantize_centroids), scored instead of the bf16 ones by the tma
+  // variant (half the bytes): logit = (q . (u - 128)) * centroid_scale[c] * scale, the dot product on f16
+  // tensor cores (the query split into f16 hi + lo parts). Null (or another variant, or no tensor-map
+  // encoder): the bf16 centroids. Both or neither.
+  const uint8_t* centroids_q8 = nullptr;     // [H, C, D] u8: round(c / centroid_scale) + 128
+  const float* centroid_scale = nullptr;     // [H, C] f32: max |c| / 127 of the row (0 for a zero row)
   const int* sizes = nullptr;                // [H, C]
   float* logits = nullptr;                   // [H, G, C] f32 out: q . c * scale; -inf for empty clusters
   // [H, G, score_blocks(C, D, H)] out: per CTA (max logit, sum of e^{logit - max}) over its clusters.
@@ -163,6 +169,10 @@ inline constexpr int kSlotMerge = kSlotEst + 2;
 inline constexpr int kSlotScore = kSlotMerge + 1;
 inline constexpr int kSlotSpan = kSlotScore + 5;
 inline constexpr int kPhaseSlots = kSlotSpan + 8;
+// Run 22: the int8 copies of rows bf16 centroid rows (ScoreParams::centroids_q8): per row s = max |c| / 127
+// (f32), u = rint(c / s) + 128 (all 128 for a zero row, s = 0). head_dim a multiple of 8.
+cudaError_t quantize_centroids(const uint16_t* centroids_bf16, int64_t rows, int head_dim, uint8_t* q8, float* scale,
+                               cudaStream_t s);
 int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters (any variant)
 // Launches the variant p.variant (kScoreVariantEnv: RETROINFER_SCORE now, which may throw). Returns
 // cudaErrorInvalidValue for a head_dim other than 64 / 128, for p.scores without early_loads or beyond

@@ -248,6 +248,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   ScoreParams sp;
   sp.q = a.q;
   sp.centroids_bf16 = a.centroids_bf16;
+  sp.centroids_q8 = a.centroids_q8;
+  sp.centroid_scale = a.centroid_scale;
   sp.sizes = a.sizes;
   sp.logits = a.logits;
   sp.norm_partial = a.norm_partial;

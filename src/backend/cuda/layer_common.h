@@ -64,6 +64,8 @@ struct ZoneDecodeArgs {
   float scale = 0.0f;
   // Index (kernels.h KMeansParams shapes).
   const uint16_t* centroids_bf16 = nullptr;   // [H, C, D]
+  const uint8_t* centroids_q8 = nullptr;      // [H, C, D] int8 copies (RetroLayer's int8 scoring; null: off)
+  const float* centroid_scale = nullptr;      // [H, C] their row scales
   const uint16_t* value_sums_bf16 = nullptr;  // [H, C, D]
   const int* sizes = nullptr;                 // [H, C]
   const int* offsets = nullptr;               // [H * C + 1] absolute CSR offsets into members

@@ -2,6 +2,7 @@
 // sparse attention / merge at decode).
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <vector>
@@ -28,6 +29,13 @@ int phases_requested() {
   return e == nullptr ? 0 : (e[0] == '1' ? 1 : (e[0] == '2' ? 2 : 0));
 }
 }  // namespace
+
+bool int8_scoring_from_env() {
+  const char* e = std::getenv("RETROINFER_SCORE_CENTROIDS");
+  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "bf16") == 0) return false;
+  if (std::strcmp(e, "int8") == 0) return true;
+  RETROINFER_FAIL("RETROINFER_SCORE_CENTROIDS='", e, "' is not a centroid format for scoring: use bf16 (the default) or int8");
+}
 
 // The estimation zone runs on a side stream, concurrently with the exact attention (both only read the
 // selection): fork after select_and_expand, join before combine_states. Capturable into a graph.
@@ -73,12 +81,15 @@ struct RetroLayer::Impl {
   bool outliers_on = false;  // set_outlier_zone(true): cfg.outlier_fraction applies
   bool keep_f32 = true;      // set_keep_f32_index: f32 centroids / value sums kept after build and update
   bool keep_assignment = true;  // set_keep_assignment: the per-token cluster ids kept on the device
+  bool int8_on = false;         // set_int8_scoring: clusters scored against centroids_q8 (run 22)
   int build_group = 1;       // set_build_group_seqs: sequences per k-means run of build() (0: all)
   KMeansWork work;
   // The index (compact CSR over flat heads: head h's members are [offsets[h*C], offsets[(h+1)*C])).
   DeviceBuffer mean;            // [H, D] f32: mean key of the prefill build
   DeviceBuffer centroids;       // [H, C, D] f32, de-centred
   DeviceBuffer centroids_bf16;  // [H, C, D] bf16
+  DeviceBuffer centroids_q8;    // [H, C, D] u8: int8 copies of centroids_bf16 (int8_on; quantize_centroids)
+  DeviceBuffer centroid_scale;  // [H, C] f32: their row scales
   DeviceBuffer value_sums;      // [H, C, D] f32
   DeviceBuffer value_sums_bf16;  // [H, C, D] bf16
   DeviceBuffer sizes;           // [H, C] int
@@ -126,6 +137,7 @@ RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, 
   auto& m = *impl_;
   m.shape = shape;
   m.cfg = cfg;
+  m.int8_on = int8_scoring_from_env();
   m.num_seqs = num_seqs;
   m.H = num_seqs * shape.num_heads_kv;
   m.G = shape.num_heads_q / shape.num_heads_kv;
@@ -272,6 +284,16 @@ void RetroLayer::Impl::build_grouped(const std::vector<int>& seg_t, const std::v
 // Budgets, token-list capacity and decode workspace for the current index. Synchronous when the index is
 // non-empty (the capacity needs the cluster sizes).
 void RetroLayer::Impl::size_workspace(cudaStream_t st) {
+  // The int8 copies of every centroid (an update appends clusters: all rows are quantized again; ~C D H
+  // bytes, once per build or update).
+  if (int8_on && C > 0) {
+    const size_t rows = size_t(H) * size_t(C);
+    ensure(centroids_q8, rows * size_t(D));
+    ensure(centroid_scale, rows * 4);
+    detail::launch_check(detail::quantize_centroids(centroids_bf16.as<uint16_t>(), int64_t(rows), D,
+                                                    centroids_q8.as<uint8_t>(), centroid_scale.as<float>(), st),
+                         "quantize_centroids", st);
+  }
   const detail::ZoneCounts z = detail::zone_counts(C, cfg);
   n_r = z.n_retrieval;
   n_e = z.n_estimation;
@@ -556,6 +578,10 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
   } else {
     detail::ZoneDecodeArgs a;
     detail::fill_index_args(a, m, m.offsets.as<int>(), q, out);
+    if (m.int8_on) {
+      a.centroids_q8 = m.centroids_q8.as<uint8_t>();
+      a.centroid_scale = m.centroid_scale.as<float>();
+    }
     a.k = m.k;
     a.v = m.v;
     a.kv_stride = m.kv_stride;
@@ -612,8 +638,8 @@ int64_t RetroLayer::retrieval_capacity() const { return impl_->most_retrieval; }
 int64_t RetroLayer::device_bytes() const {
   const auto& m = *impl_;
   const KMeansWork& w = m.work;
-  const DeviceBuffer* bufs[] = {&m.mean, &m.centroids, &m.centroids_bf16, &m.value_sums, &m.value_sums_bf16,
-                                &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
+  const DeviceBuffer* bufs[] = {&m.mean, &m.centroids, &m.centroids_bf16, &m.centroids_q8, &m.centroid_scale,
+                                &m.value_sums, &m.value_sums_bf16, &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
                                 &m.est_counter, &m.sel_ws,
@@ -635,6 +661,11 @@ void RetroLayer::set_keep_f32_index(bool keep) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_f32_index: call before build()");
   impl_->keep_f32 = keep;
 }
+void RetroLayer::set_int8_scoring(bool on) {
+  RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_int8_scoring: call before build()");
+  impl_->int8_on = on;
+}
+bool RetroLayer::int8_scoring() const { return impl_->int8_on; }
 void RetroLayer::set_keep_assignment(bool keep) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_assignment: call before build()");
   impl_->keep_assignment = keep;
@@ -706,7 +737,11 @@ double RetroLayer::decode_bytes_required() {
   std::vector<int32_t> cnt(m.H);
   m.token_count.download(cnt.data(), cnt.size() * 4);
   const double exact = std::accumulate(cnt.begin(), cnt.end(), 0.0);
-  return H * m.C * (D * 2 + 4) + H * m.n_e * D * 2 + exact * (D * 2 * 2 + 4) + io;
+  // Per cluster the scored centroid (int8 row + f32 scale with int8 scoring on the tma kernel, else bf16)
+  // and its size.
+  const bool q8 = m.int8_on && detail::score_variant_from_env() == detail::kScoreTma;
+  const double centroid = q8 ? D + 4 : D * 2;
+  return H * m.C * (centroid + 4) + H * m.n_e * D * 2 + exact * (D * 2 * 2 + 4) + io;
 }
 
 double RetroLayer::decode_bytes_moved() {
@@ -745,6 +780,10 @@ RetroDebugState RetroLayer::debug_state(int flat_head) const {
   get(d.mean, m.mean, D, h * D);
   if (m.keep_f32) get(d.centroids, m.centroids, C * D, h * C * D);
   get(d.centroids_bf16, m.centroids_bf16, C * D, h * C * D);
+  if (m.int8_on) {
+    get(d.centroids_q8, m.centroids_q8, C * D, h * C * D);
+    get(d.centroid_scale, m.centroid_scale, C, h * C);
+  }
   if (m.keep_f32) get(d.value_sums, m.value_sums, C * D, h * C * D);
   get(d.value_sums_bf16, m.value_sums_bf16, C * D, h * C * D);
   get(d.sizes, m.sizes, C, h * C);

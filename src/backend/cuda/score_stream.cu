@@ -42,7 +42,18 @@
 // needs, and the grid (hence the partials' bits) is fixed. With the static tile-to-warp assignment a shared
 // ring of 8 stages refilled in tile order is this per-warp ring. Deeper rings do not fit either: the 8
 // stages are the shared memory of 6 CTAs per multiprocessor.
+//
+// Run 22, int8 centroids (tma only, ScoreParams::centroids_q8): the same grid, partition, ring and epilogue
+// with a tile of 16 rows of D bytes (one box of D x 16 u8; D = 128: 128-byte swizzle, D = 64: none) and the
+// tile's 16 row scales copied with its sizes. Lane (gq, tq) reads bytes [tq D / 4, (tq + 1) D / 4) of
+// centroid rows gq and gq + 8 (16-byte loads; with the swizzle the two rows of a quarter warp hit disjoint
+// banks), and k-step kk takes its 4-byte word kk: u0, u1 as the B fragment's k 2tq, 2tq + 1 and u2, u3 as
+// 2tq + 8, 2tq + 9, converted exactly to f16 (0x64 as the high byte gives 1024 + u; minus 1152 gives
+// u - 128). The query's A fragments follow that order (dims tq D / 4 + 4 kk + 0..3), split into f16 hi + lo
+// rows after a per-row power of two 2^-e that keeps them below 2^15 (e = 0 unless |q scale| >= 2^15); the
+// tile's logits are the f32 dot times the row's scale times 2^e.
 #include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -65,6 +76,9 @@ int sm_count();  // layer_common.h
 namespace {
 
 constexpr int kStreamStages = 2;  // tile stages per warp (8 per CTA: v1's shared memory)
+// Run 22: the int8 tiles' ring. Their tiles are half as large, so 4 fit v1's shared memory, but 4 measured
+// slower than 2 at 128K batch 4 (71.7 against 68.5 us, read flush; run 22 calls 1-2): 2.
+constexpr int kStreamStagesQ8 = 2;
 // Launch bounds: 6 CTAs of 128 threads per multiprocessor (<= 85 registers), the one-wave grid of
 // score_blocks and the cooperative launch's residency.
 constexpr int kStreamCtasPerSm = 6;
@@ -82,26 +96,98 @@ struct ScoreMap {
 // bytes (box b holds dims 64b..64b+63), the 16-byte chunk c of box row r at chunk c ^ (r % 8) (128-byte
 // swizzle; boxes 1024-byte aligned): the 8 rows of an ldmatrix matrix (8 consecutive centroids at one
 // logical chunk) sit at 8 different chunks, conflict-free as v1's padding.
-template <int D, bool kTma>
+// kQ8 (tma only): one box of 16 rows x D bytes.
+template <int D, bool kTma, bool kQ8 = false>
 struct StreamLayout {
+  static_assert(kTma || !kQ8, "int8 centroids: tma only");
   static constexpr int kRow = D + 8;                              // stream: row stride (bf16)
   static constexpr uint32_t kRowBytes = D * 2;                    // one centroid row in global memory
   static constexpr int kBoxBytes = kScoreTile * 128;              // tma: one box
-  static constexpr int kStageBytes = kTma ? D / 64 * kBoxBytes : kScoreTile * kRow * 2;
+  static constexpr int kStageBytes = kQ8 ? kScoreTile * D : (kTma ? D / 64 * kBoxBytes : kScoreTile * kRow * 2);
   static constexpr int kAlign = kTma ? 1024 : 16;                 // tma: the swizzle's alignment
   // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
-  static constexpr int kBytes = kScoreWarps * kStreamStages * kStageBytes + kAlign;
+  static constexpr int kStages = kQ8 ? kStreamStagesQ8 : kStreamStages;  // per warp
+  static constexpr int kBytes = kScoreWarps * kStages * kStageBytes + kAlign;
   static_assert(kStageBytes % kAlign == 0 || !kTma, "tma stages keep the 1 KiB alignment");
   static_assert((kRow * 2) % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte rows and addresses");
 };
 
-template <int D, bool kTma, bool kForm>
+// D += A B, m16n8k16, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_f16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Bytes (sel & 0xf) and (sel >> 8 & 0xf) of w (each u in 0..255) as f16x2 (u - 128), exactly.
+template <uint32_t kSel>
+__device__ __forceinline__ uint32_t u8x2_to_f16x2(uint32_t w) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(w), "r"(0x64646464u), "n"(kSel));
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&r), __halves2half2(__ushort_as_half(0x6480),
+                                                                                   __ushort_as_half(0x6480)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// The int8 path's query A fragments (file comment): k-step kk's k 2tq, 2tq + 1, 2tq + 8, 2tq + 9 are dims
+// tq D / 4 + 4 kk + 0..3 of x = q scale 2^-e, rows gq (f16 hi) and gq + 8 (f16 lo = x - hi); returns 2^e.
+// The quad's lanes (one query head) call it together. Rows of heads >= G are zero.
+template <int D>
+__device__ __forceinline__ float query_fragments_q8(uint32_t (&qa)[D / 16][4], const float* q, int h, int G, int gq,
+                                                    int tq, float scale) {
+  const bool on = gq < G;
+  const float* qh = q + (int64_t{h} * G + (on ? gq : 0)) * D + tq * (D / 4);
+  // Two passes over the lane's D / 4 query values (the second from L1), so that no array of them stays live
+  // next to the fragments.
+  auto load = [&](int kk, float (&x)[4]) {
+    const float4 u = on ? *reinterpret_cast<const float4*>(qh + 4 * kk) : make_float4(0, 0, 0, 0);
+    x[0] = u.x * scale; x[1] = u.y * scale; x[2] = u.z * scale; x[3] = u.w * scale;
+  };
+  float mx = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    float x[4];
+    load(kk, x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(x[j]));
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  int ex = 0;
+  frexpf(mx, &ex);  // mx < 2^ex
+  const int e = ex > 15 ? ex - 15 : 0;
+  const float down = exp2f(static_cast<float>(-e));
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    float x[4], hi[4], lo[4];
+    load(kk, x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float v = x[j] * down;
+      hi[j] = __half2float(__float2half_rn(v));
+      lo[j] = v - hi[j];
+    }
+    qa[kk][0] = pack_f16(hi[0], hi[1]);
+    qa[kk][1] = pack_f16(lo[0], lo[1]);
+    qa[kk][2] = pack_f16(hi[2], hi[3]);
+    qa[kk][3] = pack_f16(lo[2], lo[3]);
+  }
+  return exp2f(static_cast<float>(e));
+}
+
+template <int D, bool kTma, bool kForm, bool kQ8 = false>
 __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CUtensorMap* map) {
-  using L = StreamLayout<D, kTma>;
+  using L = StreamLayout<D, kTma, kQ8>;
   constexpr int kKs = D / 16;
   __shared__ __align__(128) unsigned char stage_raw[L::kBytes];
-  __shared__ __align__(16) int ssz[kScoreWarps][kStreamStages][kScoreTile];
-  __shared__ __align__(8) uint64_t full[kScoreWarps][kStreamStages];
+  constexpr int kS = L::kStages;
+  __shared__ __align__(16) int ssz[kScoreWarps][kS][kScoreTile];
+  __shared__ __align__(16) float sscl[kQ8 ? kScoreWarps : 1][kS][kScoreTile];  // kQ8: row scales
+  __shared__ __align__(8) uint64_t full[kScoreWarps][kS];
   __shared__ float2 red[kScoreWarps][kMaxGroup];
   const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
   const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
@@ -109,7 +195,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   grid_launch_dependents();  // a selection launched with PDL may start its CTAs (they wait for this grid)
   // This warp's stages, L::kAlign aligned.
   unsigned char* stages = stage_raw + ((L::kAlign - (smem_u32(stage_raw) & (L::kAlign - 1))) & (L::kAlign - 1)) +
-                          warp * kStreamStages * L::kStageBytes;
+                          warp * kS * L::kStageBytes;
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
   const int* sz = p.sizes + int64_t{h} * C;
   float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
@@ -118,21 +204,23 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   uint64_t* bar = full[warp];
   if (lane == 0) {
 #pragma unroll
-    for (int s = 0; s < kStreamStages; ++s) mbar_init(&bar[s], 1);
+    for (int s = 0; s < kS; ++s) mbar_init(&bar[s], 1);
     mbar_init_fence();
   }
   __syncwarp();
   // The centroids are read once per decode (67 MB at 128K batch 4, more than L2): evict-first, so the
   // logits written here stay in L2 for the selection and the estimation (as v1's early_loads).
   const uint64_t pol = l2_evict_first_policy();
-  // Fills stage t % 2 with the warp's tile t (all lanes call; see the file comment for the protocol).
+  // Fills stage t % kS with the warp's tile t (all lanes call; see the file comment for the protocol).
   // The tile's sizes by one bulk copy with the rows (no L1 path at all) when they are 16-byte aligned for
   // every tile: C % 4 == 0 (tile starts at multiples of 16 clusters, head rows at multiples of 4) and an
   // aligned base; then a tail tile's rows * 4 bytes are a multiple of 16 too. Entries past C stay stale:
   // score_tile_out masks cc >= C before it looks at a size. Else 4-byte cp.async per lane (zero-filled).
-  const bool sizes_bulk = (C & 3) == 0 && (reinterpret_cast<uintptr_t>(p.sizes) & 15) == 0;
+  const bool sizes_bulk = (C & 3) == 0 && (reinterpret_cast<uintptr_t>(p.sizes) & 15) == 0 &&
+                          (!kQ8 || (reinterpret_cast<uintptr_t>(p.centroid_scale) & 15) == 0);
+  const float* scl = kQ8 ? p.centroid_scale + int64_t{h} * C : nullptr;
   auto issue = [&](int t) {
-    const int s = t & 1;
+    const int s = t % kS;
     const int c0 = tiles.first(t, warp);
     const int rows = min(kScoreTile, C - c0);  // >= 1: the tile starts below C
     unsigned char* st = stages + s * L::kStageBytes;
@@ -141,16 +229,22 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
       if (lane < kScoreTile) {
         const bool ok = lane < rows;
         cp_async4_zfill(&ssz[warp][s][lane], sz + (ok ? c0 + lane : 0), ok);
+        if constexpr (kQ8) cp_async4_zfill(&sscl[warp][s][lane], scl + (ok ? c0 + lane : 0), ok);
         cp_async_mbar_arrive(&bar[s]);
       }
       __syncwarp();  // the 16 pending-count raises before lane 0's arrive
     }
     if constexpr (kTma) {  // whole boxes: rows past C are zero-filled and counted
       if (lane == 0) {
-        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(L::kStageBytes) + size_bytes);
+        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(L::kStageBytes) + (kQ8 ? 2 : 1) * size_bytes);
         if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
+        if constexpr (kQ8) {
+          if (sizes_bulk) bulk_copy_g2s(&sscl[warp][s][0], scl + c0, size_bytes, &bar[s], pol);
+          tma_load_3d(st, map, 0, c0, h, &bar[s], pol);
+        } else {
 #pragma unroll
-        for (int bx = 0; bx < D / 64; ++bx) tma_load_3d(st + bx * L::kBoxBytes, map, 64 * bx, c0, h, &bar[s], pol);
+          for (int bx = 0; bx < D / 64; ++bx) tma_load_3d(st + bx * L::kBoxBytes, map, 64 * bx, c0, h, &bar[s], pol);
+        }
       }
     } else {
       if (lane == 0) {
@@ -162,10 +256,13 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
         bulk_copy_g2s(st + lane * L::kRow * 2, ch + int64_t{c0 + lane} * D, L::kRowBytes, &bar[s], pol);
     }
   };
-  if (ntiles > 0) issue(0);
-  if (ntiles > 1) issue(1);
+#pragma unroll
+  for (int t = 0; t < kS; ++t)
+    if (t < ntiles) issue(t);
   uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
-  query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
+  float qe = 1.0f;      // kQ8: the query row's 2^e
+  if constexpr (kQ8) qe = query_fragments_q8<D>(qa, p.q, h, G, gq, tq, p.scale);
+  else query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
   float nm = -INFINITY, ns = 0.0f;
   // ldmatrix: matrix mi = lane >> 3 (centroid half mi >> 1, k half mi & 1), row ri = lane & 7, i.e. v1's
   // centroid row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
@@ -175,8 +272,8 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
     else return (row * L::kRow + (mi & 1) * 8 + k * 16) * 2;
   };
   for (int t = 0; t < ntiles; ++t) {
-    const int s = t & 1;
-    mbar_wait(&bar[s], static_cast<uint32_t>(t >> 1) & 1u);
+    const int s = t % kS;
+    mbar_wait(&bar[s], static_cast<uint32_t>(t / kS) & 1u);
     if (t == 0) {  // diagnostics (thread 0 only): when the CTA's first tile landed
       phase_last(p.phase, h, kSlotScore);
       phase_first(p.phase, h, kSlotScore + 4);
@@ -184,48 +281,87 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
     const int c0 = tiles.first(t, warp);
     float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
     const unsigned char* st = stages + s * L::kStageBytes;
+    float sv[4];
+    if constexpr (kQ8) {
+      // Rows gq, gq + 8 of the tile, 16-byte chunks c of the lane's D / 64: chunk (tq D / 64 + c), swizzled
+      // (D = 128: chunk ^ row % 8) or not (D = 64).
+      auto ld = [&](int r, int c) {
+        const int ch = tq * (D / 64) + c;
+        return *reinterpret_cast<const uint4*>(st + r * D + (D == 128 ? (ch ^ (r & 7)) : ch) * 16);
+      };
 #pragma unroll
-    for (int k = 0; k < kKs; ++k) {
-      uint32_t b[4];
-      ldmatrix_x4(b, st + at(k));
-      mma_bf16_16816(a0, qa[k], b[0], b[1]);
-      mma_bf16_16816(a1, qa[k], b[2], b[3]);
+      for (int c = 0; c < D / 64; ++c) {
+        const uint4 w0 = ld(gq, c), w1 = ld(gq + 8, c);
+        const uint32_t u0[4] = {w0.x, w0.y, w0.z, w0.w}, u1[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          mma_f16_16816(a0, qa[4 * c + j], u8x2_to_f16x2<0x4140>(u0[j]), u8x2_to_f16x2<0x4342>(u0[j]));
+          mma_f16_16816(a1, qa[4 * c + j], u8x2_to_f16x2<0x4140>(u1[j]), u8x2_to_f16x2<0x4342>(u1[j]));
+        }
+      }
+      const float* zc = sscl[warp][s];
+      sv[0] = (a0[0] + a0[2]) * zc[2 * tq] * qe;
+      sv[1] = (a0[1] + a0[3]) * zc[2 * tq + 1] * qe;
+      sv[2] = (a1[0] + a1[2]) * zc[8 + 2 * tq] * qe;
+      sv[3] = (a1[1] + a1[3]) * zc[9 + 2 * tq] * qe;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kKs; ++k) {
+        uint32_t b[4];
+        ldmatrix_x4(b, st + at(k));
+        mma_bf16_16816(a0, qa[k], b[0], b[1]);
+        mma_bf16_16816(a1, qa[k], b[2], b[3]);
+      }
+      sv[0] = a0[0] + a0[2]; sv[1] = a0[1] + a0[3]; sv[2] = a1[0] + a1[2]; sv[3] = a1[1] + a1[3];
     }
-    const float sv[4] = {a0[0] + a0[2], a0[1] + a0[3], a1[0] + a1[2], a1[1] + a1[3]};
     const int* zs = ssz[warp][s];
     const int size[4] = {zs[2 * tq], zs[2 * tq + 1], zs[8 + 2 * tq], zs[9 + 2 * tq]};
-    if (t + kStreamStages < ntiles) {
+    if (t + kS < ntiles) {
       // Every lane's reads of stage s (ldmatrix, the sizes: generic proxy) ordered before the refill's
       // writes (async proxy for the bulk copies): a proxy fence by each reader, then the warp barrier.
       fence_proxy_async_smem();
       __syncwarp();
-      issue(t + kStreamStages);
+      issue(t + kS);
     }
     score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);  // v1's tile epilogue, bit for bit
   }
   score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
 }
 
-template <int D, bool kTma>
+template <int D, bool kTma, bool kQ8 = false>
 __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
     score_stream_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
-  score_stream_body<D, kTma, false>(p, &m.map);
+  score_stream_body<D, kTma, false, kQ8>(p, &m.map);
 }
 
 // Run 10's formation in the grid (cooperative launch only: its grid barrier needs every CTA resident).
-template <int D, bool kTma>
+template <int D, bool kTma, bool kQ8 = false>
 __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
     score_stream_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
-  score_stream_body<D, kTma, true>(p, &m.map);
+  score_stream_body<D, kTma, true, kQ8>(p, &m.map);
 }
 
 // tma: the centroids' tensor map ([H][C][D] bf16, boxes 64 dims x 16 centroids x 1 head, 128-byte swizzle,
 // zero fill past C), encoded by the driver's cuTensorMapEncodeTiled obtained once through the runtime (no
 // link against libcuda), as decode_dense.cu's; cached per thread by (centroids, H, C, D), which a layer
 // keeps from one decode to the next.
-cudaError_t encode_score_map(const ScoreParams& p, ScoreMap* m) {
+// q8: the int8 centroids' map ([H][C][D] u8, boxes of D x 16 x 1: D = 128 with the 128-byte swizzle, 64
+// without).
+cudaError_t encode_score_map(const ScoreParams& p, bool q8, ScoreMap* m) {
   const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
+  if (q8) {
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.num_clusters),
+                                static_cast<cuuint64_t>(p.num_heads)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim),
+                                   static_cast<cuuint64_t>(p.num_clusters) * p.head_dim};
+    const cuuint32_t box[3] = {static_cast<cuuint32_t>(p.head_dim), kScoreTile, 1}, elem_strides[3] = {1, 1, 1};
+    const CUresult r = encode(&m->map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(p.centroids_q8), dims,
+                              strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              p.head_dim == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+  }
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.num_clusters),
                               static_cast<cuuint64_t>(p.num_heads)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim) * 2,
@@ -240,23 +376,25 @@ cudaError_t encode_score_map(const ScoreParams& p, ScoreMap* m) {
 
 // encode_score_map through a per-thread cache (tensor_map.h TensorMapCache).
 struct MapKey {
-  const uint16_t* centroids = nullptr;
+  const void* centroids = nullptr;
   int num_heads = 0, num_clusters = 0, head_dim = 0;
+  bool q8 = false;
   bool operator==(const MapKey&) const = default;
 };
-cudaError_t cached_score_map(const ScoreParams& p, ScoreMap* m) {
+cudaError_t cached_score_map(const ScoreParams& p, bool q8, ScoreMap* m) {
   thread_local TensorMapCache<MapKey, ScoreMap> cache;
-  return cache.get(MapKey{p.centroids_bf16, p.num_heads, p.num_clusters, p.head_dim}, m,
-                   [&](ScoreMap* out) { return encode_score_map(p, out); });
+  const void* c = q8 ? static_cast<const void*>(p.centroids_q8) : static_cast<const void*>(p.centroids_bf16);
+  return cache.get(MapKey{c, p.num_heads, p.num_clusters, p.head_dim, q8}, m,
+                   [&](ScoreMap* out) { return encode_score_map(p, q8, out); });
 }
 
-template <int D, bool kTma>
+template <int D, bool kTma, bool kQ8 = false>
 cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, dim3 block, cudaStream_t s) {
   if (p.scores == nullptr) {
-    score_stream_kernel<D, kTma><<<grid, block, 0, s>>>(p, m);
+    score_stream_kernel<D, kTma, kQ8><<<grid, block, 0, s>>>(p, m);
     return cudaGetLastError();
   }
-  return launch_cooperative(score_stream_form_kernel<D, kTma>, grid, block, 0, s, p, m);
+  return launch_cooperative(score_stream_form_kernel<D, kTma, kQ8>, grid, block, 0, s, p, m);
 }
 
 template <int D, bool kTma>
@@ -307,12 +445,49 @@ cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_
   const dim3 block(kScoreWarps * 32);
   ScoreMap m;
   std::memset(&m, 0, sizeof(m));
+  // Run 22: the int8 centroids where given (tma with an encoder only; else the bf16 ones below).
+  if ((p.centroids_q8 == nullptr) != (p.centroid_scale == nullptr)) return cudaErrorInvalidValue;
+  if (variant == kScoreTma && p.centroids_q8 != nullptr && p.num_clusters > 0 &&
+      reinterpret_cast<uintptr_t>(p.centroids_q8) % 16 == 0 && cached_score_map(p, true, &m) == cudaSuccess)
+    return p.head_dim == 128 ? launch_stream<128, true, true>(p, m, grid, block, s)
+                             : launch_stream<64, true, true>(p, m, grid, block, s);
   // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
   // per multiprocessor and the same bits.
-  const bool tma = variant == kScoreTma && p.num_clusters > 0 && cached_score_map(p, &m) == cudaSuccess;
+  const bool tma = variant == kScoreTma && p.num_clusters > 0 && cached_score_map(p, false, &m) == cudaSuccess;
   if (p.head_dim == 128) return tma ? launch_stream<128, true>(p, m, grid, block, s)
                                     : launch_stream<128, false>(p, m, grid, block, s);
   return tma ? launch_stream<64, true>(p, m, grid, block, s) : launch_stream<64, false>(p, m, grid, block, s);
+}
+
+namespace {
+// One warp per row: s = max |c| / 127, u = rint(c / s) + 128 (IEEE division, so the host can repeat it bit
+// for bit); a zero row: s = 0, u = 128.
+__global__ void quantize_centroids_kernel(const uint16_t* c, int64_t rows, int D, uint8_t* q8, float* scale) {
+  const int64_t r = int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const uint16_t* row = c + r * D;
+  float mx = 0.0f;
+  for (int i = lane; i < D; i += 32) mx = fmaxf(mx, fabsf(__uint_as_float(uint32_t{row[i]} << 16)));
+  mx = warp_max(mx);
+  const float s = __fdiv_rn(mx, 127.0f);
+  for (int i = lane; i < D; i += 32) {
+    const float v = __uint_as_float(uint32_t{row[i]} << 16);
+    const float x = s > 0.0f ? fminf(127.0f, fmaxf(-127.0f, rintf(__fdiv_rn(v, s)))) : 0.0f;
+    q8[r * D + i] = static_cast<uint8_t>(static_cast<int>(x) + 128);
+  }
+  if (lane == 0) scale[r] = s;
+}
+}  // namespace
+
+cudaError_t quantize_centroids(const uint16_t* centroids_bf16, int64_t rows, int head_dim, uint8_t* q8, float* scale,
+                               cudaStream_t s) {
+  if (rows < 0 || head_dim <= 0 || head_dim % 8 != 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  constexpr int kWarps = 8;
+  quantize_centroids_kernel<<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
+      centroids_bf16, rows, head_dim, q8, scale);
+  return cudaGetLastError();
 }
 
 }  // namespace retroinfer::cuda::detail

@@ -91,12 +91,21 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.outliers_on = m.index->outlier_zone();
   m.updates = 0;
   std::vector<uint16_t> cent(size_t(H) * C * D), vsum(size_t(H) * C * D);
+  m.int8_on = m.index->int8_scoring();
+  std::vector<uint8_t> cq8(m.int8_on ? size_t(H) * C * D : 0);
+  std::vector<float> cscl(m.int8_on ? size_t(H) * C : 0);
   std::vector<int32_t> sizes_all(size_t(H) * C);
   std::vector<uint32_t> mem(size_t(H) * m.per_head);
   std::vector<std::vector<int32_t>> offs(static_cast<size_t>(H));
   for (int h = 0; h < H; ++h) {
     const RetroDebugState st = m.index->debug_state(h);
     std::copy(st.centroids_bf16.begin(), st.centroids_bf16.end(), cent.begin() + size_t(h) * C * D);
+    if (m.int8_on) {
+      RETROINFER_CHECK(st.centroids_q8.size() == size_t(C) * D && st.centroid_scale.size() == size_t(C),
+                       "WaveBufferLayer::build: flat head ", h, " has no int8 centroids (internal error)");
+      std::copy(st.centroids_q8.begin(), st.centroids_q8.end(), cq8.begin() + size_t(h) * C * D);
+      std::copy(st.centroid_scale.begin(), st.centroid_scale.end(), cscl.begin() + size_t(h) * C);
+    }
     std::copy(st.value_sums_bf16.begin(), st.value_sums_bf16.end(), vsum.begin() + size_t(h) * C * D);
     std::copy(st.sizes.begin(), st.sizes.end(), sizes_all.begin() + size_t(h) * C);
     RETROINFER_CHECK(int64_t(st.members.size()) == m.per_head, "WaveBufferLayer::build: flat head ", h, " has ",
@@ -111,6 +120,10 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
                      "(internal error)");
   m.slot_stride = m.tab.slot_stride;
   m.centroids_bf16 = upload_vec(cent);
+  if (m.int8_on) {
+    m.centroids_q8 = upload_vec(cq8);
+    m.centroid_scale = upload_vec(cscl);
+  }
   m.value_sums_bf16 = upload_vec(vsum);
   m.sizes = upload_vec(m.tab.sizes);
   m.offsets_head = upload_vec(m.tab.offsets);
@@ -282,6 +295,10 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
 
   detail::ZoneDecodeArgs a;
   detail::fill_index_args(a, m, m.offsets_abs.as<int>(), q, out);
+  if (m.int8_on) {
+    a.centroids_q8 = m.centroids_q8.as<uint8_t>();
+    a.centroid_scale = m.centroid_scale.as<float>();
+  }
   // Exact attention over the execution buffer: every head reads the same identity list.
   a.k = m.exec_k.as<uint16_t>();
   a.v = m.exec_v.as<uint16_t>();
@@ -409,7 +426,7 @@ int64_t WaveBufferLayer::outlier_rows() const { return impl_->n_out; }
 int64_t WaveBufferLayer::retrieval_capacity() const { return impl_->list_cap - impl_->steady_cap; }
 int64_t WaveBufferLayer::device_bytes() const {
   const auto& m = *impl_;
-  const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.value_sums_bf16, &m.sizes, &m.offsets_abs, &m.members,
+  const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.centroids_q8, &m.centroid_scale, &m.value_sums_bf16, &m.sizes, &m.offsets_abs, &m.members,
                                 &m.offsets_head, &m.slot_begin, &m.store_at, &m.cluster_pages, &m.resident, &m.cache_k,
                                 &m.cache_v, &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v, &m.identity,
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,

@@ -64,6 +64,8 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   bc.window_tokens = 0;
   bc.tokens_per_cluster = 2;  // build() over 1 token indexes nothing; append(U) then runs one update
   std::vector<uint16_t> cent(size_t(H) * Cu * D), vsum(size_t(H) * Cu * D);
+  std::vector<uint8_t> cq8(m.int8_on ? size_t(H) * Cu * D : 0);
+  std::vector<float> cscl(m.int8_on ? size_t(H) * Cu : 0);
   std::vector<int32_t> bsizes(size_t(H) * Cu), boffs(size_t(H) * (Cu + 1)), bout;
   std::vector<uint32_t> bmem;
   int64_t o_blk = -1;
@@ -73,6 +75,7 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
     blk.set_keep_assignment(false);
     blk.set_outlier_zone(m.outliers_on);
     blk.set_build_group_seqs(0);
+    blk.set_int8_scoring(m.int8_on);
     const uint16_t* bk = m.steady_k.as<uint16_t>() + size_t(row0) * D;
     const uint16_t* bv = m.steady_v.as<uint16_t>() + size_t(row0) * D;
     blk.build(bk, bv, 1, m.steady_cap, st);
@@ -98,6 +101,12 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
                        "WaveBufferLayer: index update: flat head ", h, " block index of ", s.members.size(),
                        " members / ", s.sizes.size(), " clusters (internal error)");
       std::copy(s.centroids_bf16.begin(), s.centroids_bf16.end(), cent.begin() + size_t(h) * Cu * D);
+      if (m.int8_on) {
+        RETROINFER_CHECK(s.centroids_q8.size() == size_t(Cu) * D && s.centroid_scale.size() == size_t(Cu),
+                         "WaveBufferLayer: index update: flat head ", h, " has no int8 centroids (internal error)");
+        std::copy(s.centroids_q8.begin(), s.centroids_q8.end(), cq8.begin() + size_t(h) * Cu * D);
+        std::copy(s.centroid_scale.begin(), s.centroid_scale.end(), cscl.begin() + size_t(h) * Cu);
+      }
       std::copy(s.value_sums_bf16.begin(), s.value_sums_bf16.end(), vsum.begin() + size_t(h) * Cu * D);
       std::copy(s.sizes.begin(), s.sizes.end(), bsizes.begin() + size_t(h) * Cu);
       std::copy(s.offsets.begin(), s.offsets.end(), boffs.begin() + size_t(h) * (Cu + 1));
@@ -148,6 +157,10 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   };
   put_cols(m.centroids_bf16, cent.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
   put_cols(m.value_sums_bf16, vsum.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
+  if (m.int8_on) {
+    put_cols(m.centroids_q8, cq8.data(), size_t(C0) * D, size_t(Cu) * D);
+    put_cols(m.centroid_scale, cscl.data(), size_t(C0) * 4, size_t(Cu) * 4);
+  }
   // Members: the block's tokens relative to idx_begin (the block starts nidx0 tokens after it).
   std::vector<uint32_t> bmem_abs(bmem);
   for (auto& x : bmem_abs) x += static_cast<uint32_t>(nidx0);

@@ -1,0 +1,397 @@
+// Run 22: cluster scoring against int8 copies of the centroids (kernels.h quantize_centroids,
+// ScoreParams::centroids_q8; score_stream.cu's tma kernel; RetroLayer::set_int8_scoring, opt-in).
+//   QuantizeMatchesHostRule: quantize_centroids bit for bit against the host rule (s = max |c| / 127 in f32,
+//     u = rint(c / s) + 128), rows of D 64 / 128 with zero rows, one-element rows and +-127 saturation.
+//   KernelMatchesDequantized: score_clusters (tma) on the int8 copies, every mode (plain, early, the
+//     cooperative formation where it fits), outputs poisoned first and checked written: logits against f64
+//     dot products with the dequantized centroids (bound below), -inf exactly for empty clusters, the three
+//     modes' logits and partials bit-identical, each head's formed scores summing to G; the stream variant
+//     given the same int8 copies scores the bf16 centroids (bit-identical to no copies). Shapes as
+//     test_cuda_score_stream's (tails, G 1-8, D 64 / 128, all-empty heads, 128K batch 1 and 4) plus queries
+//     of ~1e6 (the per-row power of two that keeps the f16 query parts finite).
+//   DecodeInt8: RetroLayer decodes with int8 scoring: the debug state's int8 copies are the host rule applied
+//     to its bf16 centroids; run 9 and run 10 paths identical, graph replays and the stage path identical
+//     to the eager decode; the output against the f64 reference of the zones it selected; against full
+//     attention no worse than the bf16-scoring layer's (RETROINFER_SCORE_CENTROIDS=bf16) over the same K/V.
+//   ScoringSwitch: RETROINFER_SCORE_CENTROIDS read at construction (int8 / bf16 / unset; others throw),
+//     set_int8_scoring refused after build(). The default is bf16 scoring (run 22: int8 scoring is faster
+//     only at batch 4 and up, and its accuracy on a real model is not measured yet).
+// One "[score q8]" line per case.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/kernels.h"
+#include "decode_path_test_util.h"
+#include "gpu_test_util.h"
+#include "retroinfer/dtype.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer {
+namespace {
+
+namespace cd = cuda::detail;
+using gputest::EnvGuard;
+
+// The host rule of quantize_centroids (IEEE f32 division and round-to-nearest-even, as the kernel's).
+void host_quantize(const uint16_t* row, int D, uint8_t* q, float* s) {
+  float mx = 0.0f;
+  for (int i = 0; i < D; ++i) mx = std::max(mx, std::fabs(bf16_to_f32(row[i])));
+  const float sc = mx / 127.0f;
+  for (int i = 0; i < D; ++i) {
+    const float x = sc > 0.0f ? std::min(127.0f, std::max(-127.0f, std::nearbyint(bf16_to_f32(row[i]) / sc))) : 0.0f;
+    q[i] = static_cast<uint8_t>(static_cast<int>(x) + 128);
+  }
+  *s = sc;
+}
+
+struct Q8 {
+  cuda::DeviceBuffer q8, scale;
+};
+Q8 quantize_on_device(const cuda::DeviceBuffer& dc, int64_t rows, int D) {
+  Q8 r;
+  r.q8 = cuda::DeviceBuffer(std::max<size_t>(size_t(rows) * D, 16));
+  r.scale = gputest::poisoned(std::max<size_t>(size_t(rows), 4));
+  cudaMemset(r.q8.data(), 0xff, r.q8.bytes());
+  EXPECT_EQ(cd::quantize_centroids(dc.as<uint16_t>(), rows, D, r.q8.as<uint8_t>(), r.scale.as<float>(), nullptr),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return r;
+}
+
+TEST(CudaScoreQ8, QuantizeMatchesHostRule) {
+  RETROINFER_REQUIRE_GPU();
+  for (const int D : {64, 128}) {
+    const int rows = 1003;
+    std::mt19937_64 rng(7 + D);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    std::vector<uint16_t> c(size_t(rows) * D);
+    for (int r = 0; r < rows; ++r) {
+      const float gain = std::ldexp(1.0f, int(r % 41) - 20);  // 2^-20 .. 2^20
+      for (int i = 0; i < D; ++i) c[size_t(r) * D + i] = f32_to_bf16(n01(rng) * gain);
+    }
+    for (int i = 0; i < D; ++i) c[size_t(5) * D + i] = 0;                       // a zero row
+    for (int i = 0; i < D; ++i) c[size_t(6) * D + i] = i == 17 ? f32_to_bf16(-3.0f) : 0;  // one element
+    for (int i = 0; i < D; ++i) c[size_t(7) * D + i] = f32_to_bf16(i % 2 ? 1.0f : -1.0f);  // all at +-max
+    auto dc = gputest::upload(c);
+    const Q8 d = quantize_on_device(dc, rows, D);
+    std::vector<uint8_t> got(size_t(rows) * D);
+    std::vector<float> got_s(rows);
+    d.q8.download(got.data(), got.size());
+    d.scale.download(got_s.data(), got_s.size() * 4);
+    std::vector<uint8_t> want(D);
+    int64_t bad = 0;
+    for (int r = 0; r < rows; ++r) {
+      float s = 0;
+      host_quantize(&c[size_t(r) * D], D, want.data(), &s);
+      EXPECT_EQ(std::memcmp(&s, &got_s[r], 4), 0) << "scale of row " << r;
+      for (int i = 0; i < D; ++i) bad += want[i] != got[size_t(r) * D + i];
+    }
+    EXPECT_EQ(bad, 0) << "D " << D;
+    EXPECT_EQ(got_s[5], 0.0f);
+    for (int i = 0; i < D; ++i) EXPECT_EQ(got[size_t(5) * D + i], 128);
+    EXPECT_EQ(got[size_t(6) * D + 17], 1);  // -127 + 128
+    EXPECT_EQ(got[size_t(7) * D + 0], 1);
+    EXPECT_EQ(got[size_t(7) * D + 1], 255);
+    std::printf("[score q8] quantize D=%d rows=%d: bit-identical to the host rule (%lld bytes differ)\n", D, rows,
+                (long long)bad);
+  }
+  // Refusals.
+  EXPECT_EQ(cd::quantize_centroids(nullptr, 1, 12, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cd::quantize_centroids(nullptr, -1, 64, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cd::quantize_centroids(nullptr, 0, 64, nullptr, nullptr, nullptr), cudaSuccess);
+}
+
+struct KernelCase {
+  int H, G, D, C;
+  double empty;      // fraction of clusters with size 0
+  float q_gain = 1;  // query magnitude
+};
+
+std::vector<uint32_t> bits_of(const cuda::DeviceBuffer& b, size_t count) {
+  std::vector<uint32_t> out(count);
+  b.download(out.data(), count * 4);
+  return out;
+}
+float f32_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+struct KernelOut {
+  std::vector<uint32_t> logits, partial, scores;
+};
+
+KernelOut run_scores(const KernelCase& kc, const cuda::DeviceBuffer& dq, const cuda::DeviceBuffer& dc,
+                     const cuda::DeviceBuffer& ds, const Q8* q8, float scale, int variant, bool early, bool form) {
+  const int blocks = cd::score_blocks(kc.C, kc.D, kc.H);
+  const size_t n_logits = size_t(kc.H) * kc.G * kc.C, n_partial = size_t(kc.H) * kc.G * blocks * 2,
+               n_scores = size_t(kc.H) * kc.C;
+  auto dl = gputest::poisoned(n_logits), dp = gputest::poisoned(n_partial), dsc = gputest::poisoned(n_scores);
+  cd::ScoreParams p;
+  p.q = dq.as<float>();
+  p.centroids_bf16 = dc.as<uint16_t>();
+  if (q8 != nullptr) {
+    p.centroids_q8 = q8->q8.as<uint8_t>();
+    p.centroid_scale = q8->scale.as<float>();
+  }
+  p.sizes = ds.as<int>();
+  p.logits = dl.as<float>();
+  p.norm_partial = dp.as<float2>();
+  p.num_heads = kc.H;
+  p.group = kc.G;
+  p.head_dim = kc.D;
+  p.num_clusters = kc.C;
+  p.scale = scale;
+  p.early_loads = early;
+  p.scores = form ? dsc.as<float>() : nullptr;
+  p.variant = variant;
+  cuda::synchronize();
+  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  KernelOut o;
+  o.logits = bits_of(dl, n_logits);
+  o.partial = bits_of(dp, n_partial);
+  if (form) o.scores = bits_of(dsc, n_scores);
+  return o;
+}
+
+int64_t count_diff(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b, int64_t* unwritten) {
+  int64_t d = 0;
+  *unwritten = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    d += a[i] != b[i];
+    *unwritten += a[i] == 0xffffffffu;
+  }
+  return d;
+}
+
+void kernel_case(const KernelCase& kc, uint64_t seed) {
+  SCOPED_TRACE(testing::Message() << "H=" << kc.H << " G=" << kc.G << " D=" << kc.D << " C=" << kc.C
+                                  << " empty=" << kc.empty << " q_gain=" << kc.q_gain << " seed=" << seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> n01(0.0f, 1.0f);
+  std::uniform_real_distribution<double> u01(0.0, 1.0);
+  std::uniform_int_distribution<int> su(1, 60);
+  std::vector<float> q(size_t(kc.H) * kc.G * kc.D);
+  for (auto& x : q) x = n01(rng) * kc.q_gain;
+  std::vector<uint16_t> cent(size_t(kc.H) * kc.C * kc.D);
+  for (auto& x : cent) x = f32_to_bf16(n01(rng));
+  std::vector<int32_t> sizes(size_t(kc.H) * kc.C);
+  for (auto& s : sizes) s = u01(rng) < kc.empty ? 0 : su(rng);
+  auto dq = gputest::upload(q), dc = gputest::upload(cent), ds = gputest::upload(sizes);
+  const Q8 q8 = quantize_on_device(dc, int64_t(kc.H) * kc.C, kc.D);
+  std::vector<uint8_t> hq(size_t(kc.H) * kc.C * kc.D);
+  std::vector<float> hs(size_t(kc.H) * kc.C);
+  if (!hq.empty()) q8.q8.download(hq.data(), hq.size());
+  if (!hs.empty()) q8.scale.download(hs.data(), hs.size() * 4);
+  const float scale = 1.0f / std::sqrt(float(kc.D));
+  const bool fits = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTma);
+
+  const KernelOut plain = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, false, false);
+  int64_t unwritten = 0;
+  EXPECT_EQ(count_diff(plain.logits, plain.logits, &unwritten), 0);
+  EXPECT_EQ(unwritten, 0) << "logits unwritten";
+  count_diff(plain.partial, plain.partial, &unwritten);
+  EXPECT_EQ(unwritten, 0) << "partials unwritten";
+  // Logits against f64 with the dequantized centroids: the query's f16 hi + lo parts carry x = q scale 2^-e
+  // to 2^-22 |x| (plus 2^-25 absolute where lo is subnormal), the f16 x int products are exact in f32, the
+  // f32 accumulation over D terms adds <= D 2^-24 of sum |terms| (2^-17 at D 128), then two f32 products
+  // (scale, 2^e exact): bound 2^-15 of scale sum |q_i c_i| plus 2^-24 scale sum |c_i| for the subnormal parts.
+  double worst = 0.0;
+  for (int h = 0; h < kc.H; ++h)
+    for (int g = 0; g < kc.G; ++g)
+      for (int c = 0; c < kc.C; ++c) {
+        const size_t hc = size_t(h) * kc.C + c;
+        const float got = f32_of(plain.logits[(size_t(h) * kc.G + g) * kc.C + c]);
+        if (sizes[hc] == 0) {
+          EXPECT_EQ(got, -INFINITY) << "empty cluster " << c << " of head " << h;
+          continue;
+        }
+        double dot = 0, mag = 0, cmag = 0;
+        for (int i = 0; i < kc.D; ++i) {
+          const double cv = (double(hq[hc * kc.D + i]) - 128.0) * double(hs[hc]);
+          const double t = double(q[(size_t(h) * kc.G + g) * kc.D + i]) * cv;
+          dot += t;
+          mag += std::abs(t);
+          cmag += std::abs(cv);
+        }
+        const double bound = std::ldexp(double(scale) * mag, -15) + std::ldexp(double(scale) * cmag, -24) + 1e-30;
+        const double err = std::abs(double(got) - double(scale) * dot);
+        worst = std::max(worst, err / bound);
+        EXPECT_LE(err, bound) << "logit (" << h << ", " << g << ", " << c << ")";
+        if (!(err <= bound)) return;
+      }
+  // The other modes: the same per-tile math, so the same bits.
+  const KernelOut early = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, true, false);
+  EXPECT_EQ(count_diff(early.logits, plain.logits, &unwritten), 0) << "early vs plain logits";
+  EXPECT_EQ(count_diff(early.partial, plain.partial, &unwritten), 0) << "early vs plain partials";
+  if (fits) {
+    const KernelOut form = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, true, true);
+    EXPECT_EQ(count_diff(form.logits, plain.logits, &unwritten), 0) << "form vs plain logits";
+    count_diff(form.scores, form.scores, &unwritten);
+    EXPECT_EQ(unwritten, 0) << "scores unwritten";
+    for (int h = 0; h < kc.H; ++h) {
+      double sum = 0;
+      bool any = false;
+      for (int c = 0; c < kc.C; ++c) {
+        const float x = f32_of(form.scores[size_t(h) * kc.C + c]);
+        if (x == -INFINITY) continue;
+        any = true;
+        sum += x;
+      }
+      if (any) {
+        EXPECT_NEAR(sum, kc.G, 1e-3 * kc.G) << "head " << h;
+      }
+    }
+  }
+  // The stream variant has no int8 path: it scores the bf16 centroids whatever the copies say.
+  const KernelOut s8 = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreStream, false, false);
+  const KernelOut s16 = run_scores(kc, dq, dc, ds, nullptr, scale, cd::kScoreStream, false, false);
+  EXPECT_EQ(count_diff(s8.logits, s16.logits, &unwritten), 0) << "stream with int8 copies vs without";
+  std::printf("[score q8] kernel H=%d G=%d D=%d C=%d empty=%.2f q_gain=%g blocks=%d form_fits=%d: logits vs f64 "
+              "(dequantized) worst err/bound %.3f; plain / early / form identical%s\n",
+              kc.H, kc.G, kc.D, kc.C, kc.empty, double(kc.q_gain), cd::score_blocks(kc.C, kc.D, kc.H), int(fits),
+              worst, ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
+}
+
+TEST(CudaScoreQ8, KernelMatchesDequantized) {
+  RETROINFER_REQUIRE_GPU();
+  kernel_case({3, 1, 64, 37, 0.2}, 31);      // tail of 5 rows, G 1 (sizes / scales by 4-byte cp.async)
+  kernel_case({2, 4, 64, 20, 0.2}, 32);      // tail of 4 (C % 4 == 0: by bulk copy)
+  kernel_case({2, 2, 64, 1, 0.0}, 33);       // one cluster
+  kernel_case({1, 4, 128, 16, 0.0}, 34);     // one tile
+  kernel_case({5, 3, 128, 1000, 0.1}, 35);   // G 3, tail of 8
+  kernel_case({2, 8, 128, 4099, 0.3}, 36);   // G 8, tail of 3
+  kernel_case({7, 4, 64, 2051, 0.05}, 37);   // D 64, tail of 3
+  kernel_case({3, 4, 128, 600, 1.0}, 38);    // every cluster empty
+  kernel_case({8, 4, 128, 8188, 0.02}, 39);  // 128K batch 1
+  kernel_case({32, 4, 128, 8188, 0.02}, 40);  // 128K batch 4
+  kernel_case({2, 4, 128, 300, 0.0, 1e6f}, 41);  // |q scale| ~ 1e5 > f16's range: 2^-e
+  kernel_case({2, 2, 64, 100, 0.0, 3e7f}, 42);
+}
+
+TEST(CudaScoreQ8, DecodeInt8) {
+  RETROINFER_REQUIRE_GPU();
+  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", "int8");
+  const gputest::PathCase cases[] = {{1, 2, 4, 128, 5000, true, false, true},
+                                     {3, 2, 8, 64, 9000, true, false, true},
+                                     {2, 1, 3, 64, 4000, true, true, true}};
+  uint64_t seed = 950;
+  for (const auto& pc : cases) {
+    SCOPED_TRACE(gputest::describe(pc, seed));
+    gputest::PathLayer t = gputest::make_path_layer(pc, seed);
+    ASSERT_TRUE(t.layer->int8_scoring());
+    const int C = t.layer->num_clusters(), d = pc.d;
+    EnvGuard path("RETROINFER_DECODE", "run9");
+    const gputest::PathResult a9 = gputest::decode_once(t);
+    path.set("run10");
+    const gputest::PathResult a = gputest::decode_once(t);
+    gputest::expect_identical(a9, a, "run 9 path vs run 10");
+    gputest::expect_identical(gputest::expect_graph_replays(t, a.out), a, "eager after replays");
+    gputest::expect_stage_path(t, a.out);
+    // The int8 copies are the host rule applied to the bf16 centroids.
+    int64_t bad = 0;
+    for (const auto& st : a.heads) {
+      ASSERT_EQ(st.centroids_q8.size(), size_t(C) * d);
+      ASSERT_EQ(st.centroid_scale.size(), size_t(C));
+      std::vector<uint8_t> want(d);
+      for (int c = 0; c < C; ++c) {
+        float s = 0;
+        host_quantize(&st.centroids_bf16[size_t(c) * d], d, want.data(), &s);
+        bad += std::memcmp(&s, &st.centroid_scale[c], 4) != 0;
+        for (int i = 0; i < d; ++i) bad += want[i] != st.centroids_q8[size_t(c) * d + i];
+      }
+    }
+    EXPECT_EQ(bad, 0) << "int8 copies differ from the host rule";
+    const auto cref = gputest::compare(a.out, gputest::f64_reference(t, a, pc.group, d));
+    EXPECT_EQ(cref.unwritten, 0);
+    EXPECT_LT(cref.nmse, 1e-9);  // test_cuda_decode_run9's bounds against the same reference
+    EXPECT_LT(cref.max_abs, 1e-4);
+    // The bf16-scoring layer over the same K/V: nearly the same retrieval clusters.
+    EnvGuard fmt16("RETROINFER_SCORE_CENTROIDS", "bf16");
+    gputest::PathLayer u = gputest::make_path_layer(pc, seed);
+    ASSERT_FALSE(u.layer->int8_scoring());
+    const gputest::PathResult b = gputest::decode_once(u);
+    double jacc = 0;
+    for (size_t h = 0; h < a.heads.size(); ++h) {
+      EXPECT_TRUE(b.heads[h].centroids_q8.empty());
+      jacc = std::max(jacc, gputest::jaccard_distance(a.heads[h].retrieval_ids, b.heads[h].retrieval_ids));
+    }
+    // Both against full attention (f64): the int8 scores' selection is no worse. On these small clustered
+    // cases a few retrieval clusters change (n_r is 6 to 11: one swap is a Jaccard distance of 0.15 to 0.29)
+    // and the two outputs differ as much as either differs from full; the bound is on the error.
+    const float scale = 1.0f / std::sqrt(float(d));
+    std::vector<int32_t> all(size_t(pc.n));
+    for (int64_t i = 0; i < pc.n; ++i) all[size_t(i)] = int32_t(i);
+    std::vector<float> full(t.q_elems);
+    for (int h = 0; h < t.H; ++h)
+      for (int g = 0; g < pc.group; ++g) {
+        gputest::RefState rs(d);
+        gputest::ref_exact(t.kv, &t.q[(size_t(h) * pc.group + g) * d], scale, h, all, rs);
+        rs.finish(&full[(size_t(h) * pc.group + g) * d], d);
+      }
+    const auto e8 = gputest::compare(a.out, full), e16 = gputest::compare(b.out, full);
+    EXPECT_LT(jacc, 0.5);
+    EXPECT_LE(e8.nmse, 2.0 * e16.nmse + 1e-3);
+    std::printf("[score q8] decode H=%d G=%d d=%d n=%lld C=%d: copies = host rule; run9 = run10, graphs and stage "
+                "path identical; vs f64 ref nmse %.2e max-abs %.2e; vs bf16 scoring: retrieval Jaccard max %.3f; "
+                "nmse vs full attention int8 %.3e, bf16 %.3e\n",
+                t.H, pc.group, d, (long long)pc.n, C, cref.nmse, cref.max_abs, jacc, e8.nmse, e16.nmse);
+    ++seed;
+  }
+}
+
+TEST(CudaScoreQ8, ScoringSwitch) {
+  RETROINFER_REQUIRE_GPU();
+  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", nullptr);
+  AttentionConfig cfg;
+  const AttentionShape shape{4, 2, 64};
+  EXPECT_FALSE(cuda::RetroLayer(shape, cfg).int8_scoring());
+  fmt.set("");
+  EXPECT_FALSE(cuda::RetroLayer(shape, cfg).int8_scoring());
+  fmt.set("bf16");
+  EXPECT_FALSE(cuda::RetroLayer(shape, cfg).int8_scoring());
+  fmt.set("int8");
+  EXPECT_TRUE(cuda::RetroLayer(shape, cfg).int8_scoring());
+  EXPECT_TRUE(cuda::int8_scoring_from_env());
+  for (const char* bad : {"INT8", "fp8", "bf16 ", "16"}) {
+    fmt.set(bad);
+    EXPECT_THROW(cuda::RetroLayer(shape, cfg), Error) << bad;
+    EXPECT_THROW(cuda::int8_scoring_from_env(), Error) << bad;
+  }
+  fmt.set(nullptr);
+  cuda::RetroLayer layer(shape, cfg);
+  layer.set_int8_scoring(false);
+  EXPECT_FALSE(layer.int8_scoring());
+  layer.set_int8_scoring(true);
+  EXPECT_TRUE(layer.int8_scoring());
+  std::printf("[score q8] switch: unset / empty / bf16 -> bf16, int8 -> int8; 4 bad values throw\n");
+}
+
+TEST(CudaScoreQ8, SwitchRefusedAfterBuild) {
+  RETROINFER_REQUIRE_GPU();
+  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", "int8");
+  gputest::PathLayer t = gputest::make_path_layer({1, 2, 4, 128, 3000, true, false, true}, 960);
+  EXPECT_THROW(t.layer->set_int8_scoring(false), Error);
+  // Mismatched int8 arguments are refused by the kernel launch.
+  cd::ScoreParams p;
+  p.centroids_q8 = reinterpret_cast<const uint8_t*>(16);
+  p.head_dim = 64;
+  p.num_heads = 1;
+  p.num_clusters = 1;
+  p.group = 1;
+  p.variant = cd::kScoreTma;
+  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace retroinfer
