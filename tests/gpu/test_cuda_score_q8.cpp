@@ -38,6 +38,8 @@ namespace retroinfer {
 namespace {
 
 namespace cd = cuda::detail;
+using gputest::bits_to_f32;
+using gputest::download_bits;
 using gputest::EnvGuard;
 
 // The host rule of quantize_centroids (IEEE f32 division and round-to-nearest-even, as the kernel's).
@@ -115,16 +117,6 @@ struct KernelCase {
   float q_gain = 1;  // query magnitude
 };
 
-std::vector<uint32_t> bits_of(const cuda::DeviceBuffer& b, size_t count) {
-  std::vector<uint32_t> out(count);
-  b.download(out.data(), count * 4);
-  return out;
-}
-float f32_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 struct KernelOut {
   std::vector<uint32_t> logits, partial, scores;
@@ -158,9 +150,9 @@ KernelOut run_scores(const KernelCase& kc, const cuda::DeviceBuffer& dq, const c
   EXPECT_EQ(cd::score_clusters(p, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   KernelOut o;
-  o.logits = bits_of(dl, n_logits);
-  o.partial = bits_of(dp, n_partial);
-  if (form) o.scores = bits_of(dsc, n_scores);
+  o.logits = download_bits(dl, n_logits);
+  o.partial = download_bits(dp, n_partial);
+  if (form) o.scores = download_bits(dsc, n_scores);
   return o;
 }
 
@@ -211,7 +203,7 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
     for (int g = 0; g < kc.G; ++g)
       for (int c = 0; c < kc.C; ++c) {
         const size_t hc = size_t(h) * kc.C + c;
-        const float got = f32_of(plain.logits[(size_t(h) * kc.G + g) * kc.C + c]);
+        const float got = bits_to_f32(plain.logits[(size_t(h) * kc.G + g) * kc.C + c]);
         if (sizes[hc] == 0) {
           EXPECT_EQ(got, -INFINITY) << "empty cluster " << c << " of head " << h;
           continue;
@@ -239,19 +231,7 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
     EXPECT_EQ(count_diff(form.logits, plain.logits, &unwritten), 0) << "form vs plain logits";
     count_diff(form.scores, form.scores, &unwritten);
     EXPECT_EQ(unwritten, 0) << "scores unwritten";
-    for (int h = 0; h < kc.H; ++h) {
-      double sum = 0;
-      bool any = false;
-      for (int c = 0; c < kc.C; ++c) {
-        const float x = f32_of(form.scores[size_t(h) * kc.C + c]);
-        if (x == -INFINITY) continue;
-        any = true;
-        sum += x;
-      }
-      if (any) {
-        EXPECT_NEAR(sum, kc.G, 1e-3 * kc.G) << "head " << h;
-      }
-    }
+    gputest::expect_scores_sum_to_group(form.scores, kc.H, kc.C, kc.G);
   }
   // The stream variant has no int8 path: it scores the bf16 centroids whatever the copies say.
   const KernelOut s8 = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreStream, false, false);

@@ -38,6 +38,8 @@ namespace retroinfer {
 namespace {
 
 namespace cd = cuda::detail;
+using gputest::bits_to_f32;
+using gputest::download_bits;
 using gputest::EnvGuard;
 
 struct KernelCase {
@@ -74,11 +76,6 @@ struct KernelOut {
   std::vector<uint32_t> logits, partial, scores;  // raw bits; partial: (max, sum) pairs
 };
 
-std::vector<uint32_t> download_bits(const cuda::DeviceBuffer& b, size_t count) {
-  std::vector<uint32_t> out(count);
-  b.download(out.data(), count * 4);
-  return out;
-}
 
 // One score_clusters launch of `variant` into poisoned outputs (form: the cooperative formation).
 KernelOut run_kernel(const KernelCase& kc, const KernelInputs& in, float scale, int variant, bool early, bool form) {
@@ -123,11 +120,6 @@ int64_t first_difference(const std::vector<uint32_t>& a, const std::vector<uint3
   return first;
 }
 
-float bits_to_f32(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // `b` (a stream variant's outputs) against `a` (v1's): bit-identical and all written; with form, each head's
 // scores sum to G; in plain mode the logits against f64. Returns the worst |logit - ref| / bound.
@@ -141,21 +133,7 @@ double check_variant(const KernelCase& kc, const KernelInputs& in, float scale, 
   if (form) {
     EXPECT_EQ(first_difference(b.scores, a.scores, &unwritten), -1) << "scores differ";
     EXPECT_EQ(unwritten, 0) << "scores unwritten";
-    // Each query head's softmax over the non-empty clusters sums to 1: a head's scores sum to G (all -inf
-    // when every cluster is empty). f32 terms: relative error ~C * 2^-24 <= 5e-4 at C 8188; bound 1e-3.
-    for (int h = 0; h < kc.H; ++h) {
-      double sum = 0;
-      bool any = false;
-      for (int c = 0; c < kc.C; ++c) {
-        const float x = bits_to_f32(b.scores[size_t(h) * kc.C + c]);
-        if (x == -INFINITY) continue;
-        any = true;
-        sum += x;
-      }
-      if (any) {
-        EXPECT_NEAR(sum, kc.G, 1e-3 * kc.G) << "head " << h;
-      }
-    }
+    gputest::expect_scores_sum_to_group(b.scores, kc.H, kc.C, kc.G);
   }
   double worst = 0.0;
   if (!check_logits) return worst;
