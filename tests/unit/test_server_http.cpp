@@ -99,7 +99,12 @@ TEST(ServerHttp, EndToEnd) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 200);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (h->stats().generations < before.generations + 2 && std::chrono::steady_clock::now() < deadline)
+    // ServerHandler::count adds the generation before the cancellation: wait for both counters.
+    auto counted = [&] {
+      const auto s = h->stats();
+      return s.generations >= before.generations + 2 && s.cancelled_streams >= before.cancelled_streams + 1;
+    };
+    while (!counted() && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     const auto after = h->stats();
     EXPECT_EQ(after.generations, before.generations + 2);
