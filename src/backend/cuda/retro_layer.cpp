@@ -639,7 +639,8 @@ int64_t RetroLayer::device_bytes() const {
   const auto& m = *impl_;
   const KMeansWork& w = m.work;
   const DeviceBuffer* bufs[] = {&m.mean, &m.centroids, &m.centroids_bf16, &m.centroids_q8, &m.centroid_scale,
-                                &m.value_sums, &m.value_sums_bf16, &m.sizes, &m.assignment, &m.members, &m.offsets, &m.outliers, &m.outlier_count,
+                                &m.value_sums, &m.value_sums_bf16, &m.sizes, &m.assignment, &m.members, &m.offsets,
+                                &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
                                 &m.est_counter, &m.sel_ws,

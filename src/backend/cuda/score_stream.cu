@@ -76,9 +76,8 @@ int sm_count();  // layer_common.h
 namespace {
 
 constexpr int kStreamStages = 2;  // tile stages per warp (8 per CTA: v1's shared memory)
-// Run 22: the int8 tiles' ring. Their tiles are half as large, so 4 fit v1's shared memory, but 4 measured
-// slower than 2 at 128K batch 4 (71.7 against 68.5 us, read flush; run 22 calls 1-2): 2.
-constexpr int kStreamStagesQ8 = 2;
+// (Run 22: the int8 tiles are half as large, so 4 would fit v1's shared memory, but 4 measured slower than 2
+// at 128K batch 4: 71.7 against 68.5 us, read flush, run 22 calls 1-2. Both element types use 2.)
 // Launch bounds: 6 CTAs of 128 threads per multiprocessor (<= 85 registers), the one-wave grid of
 // score_blocks and the cooperative launch's residency.
 constexpr int kStreamCtasPerSm = 6;
@@ -106,8 +105,7 @@ struct StreamLayout {
   static constexpr int kStageBytes = kQ8 ? kScoreTile * D : (kTma ? D / 64 * kBoxBytes : kScoreTile * kRow * 2);
   static constexpr int kAlign = kTma ? 1024 : 16;                 // tma: the swizzle's alignment
   // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
-  static constexpr int kStages = kQ8 ? kStreamStagesQ8 : kStreamStages;  // per warp
-  static constexpr int kBytes = kScoreWarps * kStages * kStageBytes + kAlign;
+  static constexpr int kBytes = kScoreWarps * kStreamStages * kStageBytes + kAlign;
   static_assert(kStageBytes % kAlign == 0 || !kTma, "tma stages keep the 1 KiB alignment");
   static_assert((kRow * 2) % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte rows and addresses");
 };
@@ -184,7 +182,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   using L = StreamLayout<D, kTma, kQ8>;
   constexpr int kKs = D / 16;
   __shared__ __align__(128) unsigned char stage_raw[L::kBytes];
-  constexpr int kS = L::kStages;
+  constexpr int kS = kStreamStages;
   __shared__ __align__(16) int ssz[kScoreWarps][kS][kScoreTile];
   __shared__ __align__(16) float sscl[kQ8 ? kScoreWarps : 1][kS][kScoreTile];  // kQ8: row scales
   __shared__ __align__(8) uint64_t full[kScoreWarps][kS];
@@ -350,27 +348,19 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
 cudaError_t encode_score_map(const ScoreParams& p, bool q8, ScoreMap* m) {
   const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
-  if (q8) {
-    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.num_clusters),
-                                static_cast<cuuint64_t>(p.num_heads)};
-    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim),
-                                   static_cast<cuuint64_t>(p.num_clusters) * p.head_dim};
-    const cuuint32_t box[3] = {static_cast<cuuint32_t>(p.head_dim), kScoreTile, 1}, elem_strides[3] = {1, 1, 1};
-    const CUresult r = encode(&m->map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(p.centroids_q8), dims,
-                              strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              p.head_dim == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
-  }
+  const cuuint64_t es = q8 ? 1 : 2;  // bytes per element
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.num_clusters),
                               static_cast<cuuint64_t>(p.num_heads)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim) * 2,
-                                 static_cast<cuuint64_t>(p.num_clusters) * p.head_dim * 2};  // bytes, dims 1, 2
-  const cuuint32_t box[3] = {64, kScoreTile, 1}, elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(&m->map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<uint16_t*>(p.centroids_bf16),
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim) * es,
+                                 static_cast<cuuint64_t>(p.num_clusters) * p.head_dim * es};  // bytes, dims 1, 2
+  const cuuint32_t box[3] = {q8 ? static_cast<cuuint32_t>(p.head_dim) : 64u, kScoreTile, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  void* base = q8 ? static_cast<void*>(const_cast<uint8_t*>(p.centroids_q8))
+                  : static_cast<void*>(const_cast<uint16_t*>(p.centroids_bf16));
+  const CUresult r = encode(&m->map, q8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base,
                             dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                            q8 && p.head_dim != 128 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 

@@ -100,12 +100,7 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   for (int h = 0; h < H; ++h) {
     const RetroDebugState st = m.index->debug_state(h);
     std::copy(st.centroids_bf16.begin(), st.centroids_bf16.end(), cent.begin() + size_t(h) * C * D);
-    if (m.int8_on) {
-      RETROINFER_CHECK(st.centroids_q8.size() == size_t(C) * D && st.centroid_scale.size() == size_t(C),
-                       "WaveBufferLayer::build: flat head ", h, " has no int8 centroids (internal error)");
-      std::copy(st.centroids_q8.begin(), st.centroids_q8.end(), cq8.begin() + size_t(h) * C * D);
-      std::copy(st.centroid_scale.begin(), st.centroid_scale.end(), cscl.begin() + size_t(h) * C);
-    }
+    if (m.int8_on) copy_int8_centroids(st, h, C, D, cq8, cscl, "WaveBufferLayer::build");
     std::copy(st.value_sums_bf16.begin(), st.value_sums_bf16.end(), vsum.begin() + size_t(h) * C * D);
     std::copy(st.sizes.begin(), st.sizes.end(), sizes_all.begin() + size_t(h) * C);
     RETROINFER_CHECK(int64_t(st.members.size()) == m.per_head, "WaveBufferLayer::build: flat head ", h, " has ",

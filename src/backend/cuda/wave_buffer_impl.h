@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "buffer/index_update.h"
 #include "buffer/wave_protocol.h"
 #include "retroinfer/cuda_backend.h"
+#include "retroinfer/error.h"
 #include "retroinfer/wave_buffer.h"
 
 namespace retroinfer::cuda {
@@ -110,5 +112,16 @@ struct WaveBufferLayer::Impl {
   // update_clusters clusters, as RetroLayer::append). Synchronous.
   void index_update(cudaStream_t st);
 };
+
+// Head h's int8 centroid copies and row scales (RetroLayer int8 scoring) from its debug state into the host
+// arrays q8 [H, C, D] and scale [H, C] (build: the index's C clusters; update: the block's). `what` names the
+// caller in the error.
+inline void copy_int8_centroids(const RetroDebugState& st, int h, int C, int D, std::vector<uint8_t>& q8,
+                                std::vector<float>& scale, const char* what) {
+  RETROINFER_CHECK(st.centroids_q8.size() == size_t(C) * D && st.centroid_scale.size() == size_t(C), what,
+                   ": flat head ", h, " has no int8 centroids (internal error)");
+  std::copy(st.centroids_q8.begin(), st.centroids_q8.end(), q8.begin() + size_t(h) * C * D);
+  std::copy(st.centroid_scale.begin(), st.centroid_scale.end(), scale.begin() + size_t(h) * C);
+}
 
 }  // namespace retroinfer::cuda

@@ -101,12 +101,7 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
                        "WaveBufferLayer: index update: flat head ", h, " block index of ", s.members.size(),
                        " members / ", s.sizes.size(), " clusters (internal error)");
       std::copy(s.centroids_bf16.begin(), s.centroids_bf16.end(), cent.begin() + size_t(h) * Cu * D);
-      if (m.int8_on) {
-        RETROINFER_CHECK(s.centroids_q8.size() == size_t(Cu) * D && s.centroid_scale.size() == size_t(Cu),
-                         "WaveBufferLayer: index update: flat head ", h, " has no int8 centroids (internal error)");
-        std::copy(s.centroids_q8.begin(), s.centroids_q8.end(), cq8.begin() + size_t(h) * Cu * D);
-        std::copy(s.centroid_scale.begin(), s.centroid_scale.end(), cscl.begin() + size_t(h) * Cu);
-      }
+      if (m.int8_on) copy_int8_centroids(s, h, Cu, D, cq8, cscl, "WaveBufferLayer: index update");
       std::copy(s.value_sums_bf16.begin(), s.value_sums_bf16.end(), vsum.begin() + size_t(h) * Cu * D);
       std::copy(s.sizes.begin(), s.sizes.end(), bsizes.begin() + size_t(h) * Cu);
       std::copy(s.offsets.begin(), s.offsets.end(), boffs.begin() + size_t(h) * (Cu + 1));
