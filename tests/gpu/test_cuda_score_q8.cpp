@@ -233,12 +233,25 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
     EXPECT_EQ(unwritten, 0) << "scores unwritten";
     gputest::expect_scores_sum_to_group(form.scores, kc.H, kc.C, kc.G);
   }
+  // The wide variant (CTA-wide stages, run 23): the same tiles per warp and math, so tma's bits in each mode.
+  {
+    const KernelOut w = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTmaWide, false, false);
+    EXPECT_EQ(count_diff(w.logits, plain.logits, &unwritten), 0) << "wide vs tma logits";
+    EXPECT_EQ(count_diff(w.partial, plain.partial, &unwritten), 0) << "wide vs tma partials";
+    if (fits) {
+      EXPECT_TRUE(cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTmaWide));
+      const KernelOut wf = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTmaWide, true, true);
+      const KernelOut tf = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, true, true);
+      EXPECT_EQ(count_diff(wf.logits, plain.logits, &unwritten), 0) << "wide form vs tma logits";
+      EXPECT_EQ(count_diff(wf.scores, tf.scores, &unwritten), 0) << "wide form vs tma form scores";
+    }
+  }
   // The stream variant has no int8 path: it scores the bf16 centroids whatever the copies say.
   const KernelOut s8 = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreStream, false, false);
   const KernelOut s16 = run_scores(kc, dq, dc, ds, nullptr, scale, cd::kScoreStream, false, false);
   EXPECT_EQ(count_diff(s8.logits, s16.logits, &unwritten), 0) << "stream with int8 copies vs without";
   std::printf("[score q8] kernel H=%d G=%d D=%d C=%d empty=%.2f q_gain=%g blocks=%d form_fits=%d: logits vs f64 "
-              "(dequantized) worst err/bound %.3f; plain / early / form identical%s\n",
+              "(dequantized) worst err/bound %.3f; plain / early / form and wide identical%s\n",
               kc.H, kc.G, kc.D, kc.C, kc.empty, double(kc.q_gain), cd::score_blocks(kc.C, kc.D, kc.H), int(fits),
               worst, ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }
@@ -257,6 +270,7 @@ TEST(CudaScoreQ8, KernelMatchesDequantized) {
   kernel_case({32, 4, 128, 8188, 0.02}, 40);  // 128K batch 4
   kernel_case({2, 4, 128, 300, 0.0, 1e6f}, 41);  // |q scale| ~ 1e5 > f16's range: 2^-e
   kernel_case({2, 2, 64, 100, 0.0, 3e7f}, 42);
+  kernel_case({3, 4, 64, 2052, 0.1}, 43);    // D 64, C % 4 == 0: wide stages with whole and tail groups
 }
 
 TEST(CudaScoreQ8, DecodeInt8) {

@@ -175,8 +175,10 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   const bool fits_v1 = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreV1);
   const bool fits_stream = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreStream);
   const bool fits_tma = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTma);
+  const bool fits_wide = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTmaWide);
   EXPECT_EQ(fits_stream, fits_v1) << "the stream kernel must keep v1's residency (6 CTAs per multiprocessor)";
   EXPECT_EQ(fits_tma, fits_v1) << "the tma kernel must keep v1's residency (6 CTAs per multiprocessor)";
+  EXPECT_EQ(fits_wide, fits_v1) << "the wide kernel must keep v1's residency (6 CTAs per multiprocessor)";
 
   struct Mode {
     const char* name;
@@ -186,9 +188,9 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   int runs = 0;
   double worst = 0.0;  // |logit - ref| / bound over all logits
   for (const Mode& m : modes) {
-    if (m.form && !(fits_v1 && fits_stream && fits_tma)) continue;
+    if (m.form && !(fits_v1 && fits_stream && fits_tma && fits_wide)) continue;
     const KernelOut a = run_kernel(kc, in, scale, cd::kScoreV1, m.early, m.form);
-    for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma)}) {
+    for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma), int(cd::kScoreTmaWide)}) {
       SCOPED_TRACE(testing::Message() << m.name << " " << cd::score_variant_name(variant));
       const KernelOut b = run_kernel(kc, in, scale, variant, m.early, m.form);
       worst = std::max(worst, check_variant(kc, in, scale, a, b, m.form, !m.early && !m.form));
@@ -196,7 +198,7 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
     }
   }
   std::printf("[score stream] kernel H=%d G=%d D=%d C=%d empty=%.2f blocks=%d form_fits=%d: %d runs (modes x "
-              "stream, tma), logits, partials%s bit-identical to v1%s; logits vs f64 worst err/bound %.3f\n",
+              "stream, tma, wide), logits, partials%s bit-identical to v1%s; logits vs f64 worst err/bound %.3f\n",
               kc.H, kc.G, kc.D, kc.C, kc.empty, cd::score_blocks(kc.C, kc.D, kc.H), int(fits_v1), runs,
               fits_v1 ? ", scores" : "", ::testing::Test::HasFailure() ? " NOT (see failures)" : "", worst);
 }
@@ -205,6 +207,8 @@ TEST(CudaScoreStream, KernelMatchesV1) {
   RETROINFER_REQUIRE_GPU();
   kernel_case({3, 1, 64, 37, 0.2}, 11);     // tail of 5 rows, G 1 (C % 4 != 0: the sizes by 4-byte cp.async)
   kernel_case({2, 4, 64, 20, 0.2}, 21);     // tail of 4 rows (C % 4 == 0: the sizes by bulk copy, 16 bytes)
+  kernel_case({3, 2, 128, 2052, 0.1}, 22);  // C % 4 == 0, tail of 4 rows: wide stages, a tail group per CTA
+  kernel_case({4, 5, 64, 1284, 0.1}, 23);   // D 64, G 5: wide stages with whole and tail groups
   kernel_case({2, 2, 64, 1, 0.0}, 12);      // one cluster: a 1-row tile
   kernel_case({1, 4, 128, 16, 0.0}, 13);    // exactly one tile
   kernel_case({5, 3, 128, 1000, 0.1}, 14);  // G 3, tail of 8
@@ -229,7 +233,7 @@ void decode_case(const gputest::PathCase& pc, uint64_t seed) {
   path.set("run10");
   const gputest::PathResult a10 = gputest::decode_once(t);
   EXPECT_EQ(gputest::compare(a10.out, a10.out).unwritten, 0);
-  for (const char* variant : {"stream", "tma"}) {
+  for (const char* variant : {"stream", "tma", "wide"}) {
     SCOPED_TRACE(variant);
     score.set(variant);
     path.set("run9");
@@ -244,7 +248,7 @@ void decode_case(const gputest::PathCase& pc, uint64_t seed) {
   }
   const bool fits = C > 0 && cd::score_form_fits(C, pc.d, t.H, cd::kScoreStream);
   std::printf("[score stream] decode H=%d G=%d d=%d n=%lld C=%d outliers=%d form_in_score=%d: logits, scores, "
-              "ids, lists and outputs of stream and tma vs v1 identical on run9 and run10 paths%s; graph replays "
+              "ids, lists and outputs of stream, tma and wide vs v1 identical on run9 and run10 paths%s; graph replays "
               "and the stage path identical\n",
               t.H, pc.group, pc.d, (long long)pc.n, C, int(pc.outliers), int(fits),
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
@@ -275,14 +279,17 @@ TEST(CudaScoreStream, VariantSwitch) {
   EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreStream);
   score.set("tma");
   EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreTma);
-  for (const char* bad : {"V1", "stream2", "bulk", " v1"}) {
+  score.set("wide");
+  EXPECT_EQ(cd::score_variant_from_env(), cd::kScoreTmaWide);
+  for (const char* bad : {"V1", "stream2", "bulk", " v1", "Wide"}) {
     score.set(bad);
     EXPECT_THROW(cd::score_variant_from_env(), Error) << bad;
   }
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreV1), "v1");
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreStream), "stream");
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreTma), "tma");
-  std::printf("[score stream] switch: unset / empty -> %s, v1, stream, tma; 4 bad values throw\n",
+  EXPECT_STREQ(cd::score_variant_name(cd::kScoreTmaWide), "wide");
+  std::printf("[score stream] switch: unset / empty -> %s, v1, stream, tma, wide; 5 bad values throw\n",
               cd::score_variant_name(cd::kDefaultScoreVariant));
 }
 
@@ -310,7 +317,7 @@ TEST(CudaScoreStream, BadVariantThrowsInDecode) {
   p.head_dim = 64;
   p.num_clusters = 1;
   p.scale = 1.0f;
-  for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma)}) {
+  for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma), int(cd::kScoreTmaWide)}) {
     p.variant = variant;
     EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue) << cd::score_variant_name(variant);
   }

@@ -111,20 +111,24 @@ cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
 //                 loaded before the grid barrier; early_loads has no effect on it;
 //   kScoreTma     the same with the rows copied as 2-D tensor-map boxes (64 dims x 16 centroids, 128-byte
 //                 swizzle; D / 64 copies per tile instead of 16); stream where no encoder is available.
-enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreVariants };
+//   kScoreTmaWide run 23: the tma kernel with CTA-wide stages: a stage holds the kScoreWarps warps' tiles
+//                 of one round (64 consecutive centroids) copied by D / 64 boxes of 64 centroids (int8: one)
+//                 and one bulk copy of their sizes (and scales), refilled by the last warp done with it (4x
+//                 fewer copies); tma where C % 4 != 0 or the sizes are not 16-byte aligned.
+enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreTmaWide, kScoreVariants };
 inline constexpr int kScoreVariantEnv = -1;
 inline constexpr ScoreVariant kDefaultScoreVariant = kScoreTma;  // run 16: fastest of the three, bit-identical
-// RETROINFER_SCORE = v1 | stream | tma, read at every call (a test runs both in one process); unset or empty:
+// RETROINFER_SCORE = v1 | stream | tma | wide, read at every call (a test runs both in one process); unset or empty:
 // kDefaultScoreVariant; another value throws retroinfer::Error naming the valid ones.
 ScoreVariant score_variant_from_env();
-const char* score_variant_name(int variant);  // "v1", "stream", "tma"; "?" otherwise
+const char* score_variant_name(int variant);  // "v1", "stream", "tma", "wide"; "?" otherwise
 
 struct ScoreParams {
   const float* q = nullptr;                  // [H, G, D] f32
   const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16
   // Run 22: int8 copies of the centroids (quantize_centroids), scored instead of the bf16 ones by the tma
-  // variant (half the bytes): logit = (q . (u - 128)) * centroid_scale[c] * scale, the dot product on f16
-  // tensor cores (the query split into f16 hi + lo parts). Null (or another variant, or no tensor-map
+  // and wide variants (half the bytes): logit = (q . (u - 128)) * centroid_scale[c] * scale, the dot product on f16
+  // tensor cores (the query split into f16 hi + lo parts). Null (or not a tma variant, or no tensor-map
   // encoder): the bf16 centroids. Both or neither.
   const uint8_t* centroids_q8 = nullptr;     // [H, C, D] u8: round(c / centroid_scale) + 128
   const float* centroid_scale = nullptr;     // [H, C] f32: max |c| / 127 of the row (0 for a zero row)

@@ -740,7 +740,8 @@ double RetroLayer::decode_bytes_required() {
   const double exact = std::accumulate(cnt.begin(), cnt.end(), 0.0);
   // Per cluster the scored centroid (int8 row + f32 scale with int8 scoring on the tma kernel, else bf16)
   // and its size.
-  const bool q8 = m.int8_on && detail::score_variant_from_env() == detail::kScoreTma;
+  const int variant = detail::score_variant_from_env();
+  const bool q8 = m.int8_on && (variant == detail::kScoreTma || variant == detail::kScoreTmaWide);
   const double centroid = q8 ? D + 4 : D * 2;
   return H * m.C * (centroid + 4) + H * m.n_e * D * 2 + exact * (D * 2 * 2 + 4) + io;
 }

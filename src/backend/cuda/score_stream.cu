@@ -56,6 +56,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -87,8 +88,11 @@ constexpr int kStreamFormItems = 4;
 
 // The centroids' tensor map of the tma variant (zero for stream): [H][C][D] bf16, boxes of 64 dims x 16
 // centroids x 1 head, 128-byte swizzle, zero fill past C.
+// wide (kScoreTmaWide): a second map of the same tensor with boxes of kScoreWarps x 16 = 64 centroids (one
+// CTA stage); `map` (16 centroids) then copies the tail stages.
 struct ScoreMap {
   CUtensorMap map;
+  CUtensorMap wide;
 };
 
 // A stage's layout. stream: 16 rows of D + 8 bf16 (v1's padded rows). tma: D / 64 boxes of 16 rows x 128
@@ -102,6 +106,11 @@ struct StreamLayout {
   static constexpr int kRow = D + 8;                              // stream: row stride (bf16)
   static constexpr uint32_t kRowBytes = D * 2;                    // one centroid row in global memory
   static constexpr int kBoxBytes = kScoreTile * 128;              // tma: one box
+  // wide: a CTA stage = the kScoreWarps tiles of one tile group, box b of it at b * kWideBoxBytes holding
+  // the group's 64 rows x 128 bytes (int8: one box of 64 rows x D bytes); tile w of the group at
+  // w * kTileInBox within each box (1024-byte aligned, so the 128-byte swizzle's pattern is the narrow one's).
+  static constexpr int kWideBoxBytes = kScoreWarps * kBoxBytes;
+  static constexpr int kTileInBox = kQ8 ? kScoreTile * D : kBoxBytes;
   static constexpr int kStageBytes = kQ8 ? kScoreTile * D : (kTma ? D / 64 * kBoxBytes : kScoreTile * kRow * 2);
   static constexpr int kAlign = kTma ? 1024 : 16;                 // tma: the swizzle's alignment
   // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
@@ -177,35 +186,48 @@ __device__ __forceinline__ float query_fragments_q8(uint32_t (&qa)[D / 16][4], c
   return exp2f(static_cast<float>(e));
 }
 
-template <int D, bool kTma, bool kForm, bool kQ8 = false>
-__device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CUtensorMap* map) {
+template <int D, bool kTma, bool kForm, bool kQ8 = false, bool kWide = false>
+__device__ __forceinline__ void score_stream_body(const ScoreParams& p, const ScoreMap* maps) {
+  static_assert(kTma || !kWide, "wide stages: tma only");
   using L = StreamLayout<D, kTma, kQ8>;
   constexpr int kKs = D / 16;
   __shared__ __align__(128) unsigned char stage_raw[L::kBytes];
   constexpr int kS = kStreamStages;
-  __shared__ __align__(16) int ssz[kScoreWarps][kS][kScoreTile];
-  __shared__ __align__(16) float sscl[kQ8 ? kScoreWarps : 1][kS][kScoreTile];  // kQ8: row scales
-  __shared__ __align__(8) uint64_t full[kScoreWarps][kS];
+  // Per warp (kWide: per CTA, one row of the kScoreWarps tiles of a group) the stages' sizes, scales (kQ8)
+  // and barriers.
+  constexpr int kOwners = kWide ? 1 : kScoreWarps, kRows = kWide ? kScoreWarps * kScoreTile : kScoreTile;
+  __shared__ __align__(16) int ssz[kOwners][kS][kRows];
+  __shared__ __align__(16) float sscl[kQ8 ? kOwners : 1][kS][kRows];  // kQ8: row scales
+  __shared__ __align__(8) uint64_t full[kOwners][kS];
+  __shared__ unsigned done_count[kS];  // kWide: warps done with each stage (monotonic)
   __shared__ float2 red[kScoreWarps][kMaxGroup];
+  const CUtensorMap* map = &maps->map;
   const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
   const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
   phase_first(p.phase, h, 0);
   grid_launch_dependents();  // a selection launched with PDL may start its CTAs (they wait for this grid)
-  // This warp's stages, L::kAlign aligned.
+  // This warp's stages (kWide: the CTA's), L::kAlign aligned.
   unsigned char* stages = stage_raw + ((L::kAlign - (smem_u32(stage_raw) & (L::kAlign - 1))) & (L::kAlign - 1)) +
-                          warp * kS * L::kStageBytes;
+                          (kWide ? 0 : warp * kS * L::kStageBytes);
+  constexpr int kStageStride = kWide ? kScoreWarps * L::kStageBytes : L::kStageBytes;
+  const int own = kWide ? 0 : warp;                         // the stage owner's index
+  const int tile_at = kWide ? warp * L::kTileInBox : 0;     // this warp's tile within a stage's box
+  const int row_at = kWide ? warp * kScoreTile : 0;         // its rows within a stage's sizes / scales
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
   const int* sz = p.sizes + int64_t{h} * C;
   float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
   const ScoreTiles tiles = score_tiles(C, warp);
   const int ntiles = tiles.ntiles;
-  uint64_t* bar = full[warp];
-  if (lane == 0) {
+  uint64_t* bar = full[own];
+  if (kWide ? threadIdx.x == 0 : lane == 0) {
 #pragma unroll
-    for (int s = 0; s < kS; ++s) mbar_init(&bar[s], 1);
+    for (int s = 0; s < kS; ++s) {
+      mbar_init(&bar[s], 1);
+      if constexpr (kWide) done_count[s] = 0;
+    }
     mbar_init_fence();
   }
-  __syncwarp();
+  if constexpr (!kWide) __syncwarp();
   // The centroids are read once per decode (67 MB at 128K batch 4, more than L2): evict-first, so the
   // logits written here stay in L2 for the selection and the estimation (as v1's early_loads).
   const uint64_t pol = l2_evict_first_policy();
@@ -254,9 +276,42 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
         bulk_copy_g2s(st + lane * L::kRow * 2, ch + int64_t{c0 + lane} * D, L::kRowBytes, &bar[s], pol);
     }
   };
+  // kWide (sizes_bulk only, checked at the launch): tile group g (the warps' g-th tiles, rows
+  // [(tile0 + kScoreWarps g) 16, + 64) in global memory) into CTA stage g % kS by one thread: the sizes (and
+  // scales) by one bulk copy each, the rows by D / 64 boxes of 64 rows (int8: one), or for a group of fewer
+  // than kScoreWarps tiles (the CTA's last) by the narrow boxes of each tile.
+  const int groups = (tiles.tile1 - tiles.tile0 + kScoreWarps - 1) / kScoreWarps;
+  auto issue_group = [&](int g) {
+    const int s = g % kS;
+    const int c0 = (tiles.tile0 + g * kScoreWarps) * kScoreTile;
+    const int nt = min(kScoreWarps, tiles.tile1 - tiles.tile0 - g * kScoreWarps);
+    const int rows = min(nt * kScoreTile, C - c0);
+    unsigned char* st = stages + s * kStageStride;
+    const uint32_t size_bytes = static_cast<uint32_t>(rows) * 4u;
+    mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(nt * L::kStageBytes) + (kQ8 ? 2 : 1) * size_bytes);
+    bulk_copy_g2s(&ssz[0][s][0], sz + c0, size_bytes, &bar[s], pol);
+    if constexpr (kQ8) bulk_copy_g2s(&sscl[0][s][0], scl + c0, size_bytes, &bar[s], pol);
+    constexpr int kBoxes = kQ8 ? 1 : D / 64;
+    if (nt == kScoreWarps) {
 #pragma unroll
-  for (int t = 0; t < kS; ++t)
-    if (t < ntiles) issue(t);
+      for (int bx = 0; bx < kBoxes; ++bx) tma_load_3d(st + bx * L::kWideBoxBytes, &maps->wide, 64 * bx, c0, h, &bar[s], pol);
+    } else {
+      for (int i = 0; i < nt; ++i)
+#pragma unroll
+        for (int bx = 0; bx < kBoxes; ++bx)
+          tma_load_3d(st + bx * L::kWideBoxBytes + i * L::kTileInBox, map, 64 * bx, c0 + i * kScoreTile, h, &bar[s],
+                      pol);
+    }
+  };
+  if constexpr (kWide) {
+    if (threadIdx.x == 0)
+      for (int g = 0; g < kS && g < groups; ++g) issue_group(g);
+    __syncthreads();  // the barriers' initialisation before any wait
+  } else {
+#pragma unroll
+    for (int t = 0; t < kS; ++t)
+      if (t < ntiles) issue(t);
+  }
   uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
   float qe = 1.0f;      // kQ8: the query row's 2^e
   if constexpr (kQ8) qe = query_fragments_q8<D>(qa, p.q, h, G, gq, tq, p.scale);
@@ -266,7 +321,8 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   // centroid row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
   const int row = (mi >> 1) * 8 + ri;
   auto at = [&](int k) {
-    if constexpr (kTma) return (k >> 2) * L::kBoxBytes + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
+    if constexpr (kTma)
+      return (k >> 2) * (kWide ? L::kWideBoxBytes : L::kBoxBytes) + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
     else return (row * L::kRow + (mi & 1) * 8 + k * 16) * 2;
   };
   for (int t = 0; t < ntiles; ++t) {
@@ -278,7 +334,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
     }
     const int c0 = tiles.first(t, warp);
     float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
-    const unsigned char* st = stages + s * L::kStageBytes;
+    const unsigned char* st = stages + s * kStageStride + tile_at;
     float sv[4];
     if constexpr (kQ8) {
       // Rows gq, gq + 8 of the tile, 16-byte chunks c of the lane's D / 64: chunk (tq D / 64 + c), swizzled
@@ -297,7 +353,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
           mma_f16_16816(a1, qa[4 * c + j], u8x2_to_f16x2<0x4140>(u1[j]), u8x2_to_f16x2<0x4342>(u1[j]));
         }
       }
-      const float* zc = sscl[warp][s];
+      const float* zc = &sscl[kQ8 ? own : 0][s][row_at];
       sv[0] = (a0[0] + a0[2]) * zc[2 * tq] * qe;
       sv[1] = (a0[1] + a0[3]) * zc[2 * tq + 1] * qe;
       sv[2] = (a1[0] + a1[2]) * zc[8 + 2 * tq] * qe;
@@ -312,9 +368,26 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
       }
       sv[0] = a0[0] + a0[2]; sv[1] = a0[1] + a0[3]; sv[2] = a1[0] + a1[2]; sv[3] = a1[1] + a1[3];
     }
-    const int* zs = ssz[warp][s];
+    const int* zs = &ssz[own][s][row_at];
     const int size[4] = {zs[2 * tq], zs[2 * tq + 1], zs[8 + 2 * tq], zs[9 + 2 * tq]};
-    if (t + kS < ntiles) {
+    if constexpr (kWide) {
+      // Group t + kS exists: then group t was whole, read by all kScoreWarps warps, and the last of them to
+      // finish (the fourth count of this use of the stage) refills it. Each warp's reads (generic proxy)
+      // before the copy's writes: a proxy fence by every lane, the warp barrier, then the count (CTA-scope
+      // release / acquire).
+      if (t + kS < groups) {
+        fence_proxy_async_smem();
+        __syncwarp();
+        if (lane == 0) {
+          __threadfence_block();
+          const unsigned old = atomicAdd(&done_count[s], 1u);
+          if ((old & (kScoreWarps - 1)) == kScoreWarps - 1) {
+            __threadfence_block();
+            issue_group(t + kS);
+          }
+        }
+      }
+    } else if (t + kS < ntiles) {
       // Every lane's reads of stage s (ldmatrix, the sizes: generic proxy) ordered before the refill's
       // writes (async proxy for the bulk copies): a proxy fence by each reader, then the warp barrier.
       fence_proxy_async_smem();
@@ -326,17 +399,17 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const CU
   score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
 }
 
-template <int D, bool kTma, bool kQ8 = false>
+template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
 __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
     score_stream_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
-  score_stream_body<D, kTma, false, kQ8>(p, &m.map);
+  score_stream_body<D, kTma, false, kQ8, kWide>(p, &m);
 }
 
 // Run 10's formation in the grid (cooperative launch only: its grid barrier needs every CTA resident).
-template <int D, bool kTma, bool kQ8 = false>
+template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
 __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
     score_stream_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
-  score_stream_body<D, kTma, true, kQ8>(p, &m.map);
+  score_stream_body<D, kTma, true, kQ8, kWide>(p, &m);
 }
 
 // tma: the centroids' tensor map ([H][C][D] bf16, boxes 64 dims x 16 centroids x 1 head, 128-byte swizzle,
@@ -345,7 +418,8 @@ __global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
 // keeps from one decode to the next.
 // q8: the int8 centroids' map ([H][C][D] u8, boxes of D x 16 x 1: D = 128 with the 128-byte swizzle, 64
 // without).
-cudaError_t encode_score_map(const ScoreParams& p, bool q8, ScoreMap* m) {
+// rows: the box's centroids (kScoreTile, or kScoreWarps x kScoreTile for the wide map).
+cudaError_t encode_score_map(const ScoreParams& p, bool q8, uint32_t rows, CUtensorMap* m) {
   const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   const cuuint64_t es = q8 ? 1 : 2;  // bytes per element
@@ -353,11 +427,11 @@ cudaError_t encode_score_map(const ScoreParams& p, bool q8, ScoreMap* m) {
                               static_cast<cuuint64_t>(p.num_heads)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim) * es,
                                  static_cast<cuuint64_t>(p.num_clusters) * p.head_dim * es};  // bytes, dims 1, 2
-  const cuuint32_t box[3] = {q8 ? static_cast<cuuint32_t>(p.head_dim) : 64u, kScoreTile, 1};
+  const cuuint32_t box[3] = {q8 ? static_cast<cuuint32_t>(p.head_dim) : 64u, rows, 1};
   const cuuint32_t elem_strides[3] = {1, 1, 1};
   void* base = q8 ? static_cast<void*>(const_cast<uint8_t*>(p.centroids_q8))
                   : static_cast<void*>(const_cast<uint16_t*>(p.centroids_bf16));
-  const CUresult r = encode(&m->map, q8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base,
+  const CUresult r = encode(m, q8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base,
                             dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             q8 && p.head_dim != 128 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -365,31 +439,39 @@ cudaError_t encode_score_map(const ScoreParams& p, bool q8, ScoreMap* m) {
 }
 
 // encode_score_map through a per-thread cache (tensor_map.h TensorMapCache).
+// (wide: both maps, the narrow one for the tail groups.)
 struct MapKey {
   const void* centroids = nullptr;
   int num_heads = 0, num_clusters = 0, head_dim = 0;
-  bool q8 = false;
+  bool q8 = false, wide = false;
   bool operator==(const MapKey&) const = default;
 };
-cudaError_t cached_score_map(const ScoreParams& p, bool q8, ScoreMap* m) {
+cudaError_t cached_score_map(const ScoreParams& p, bool q8, bool wide, ScoreMap* m) {
   thread_local TensorMapCache<MapKey, ScoreMap> cache;
   const void* c = q8 ? static_cast<const void*>(p.centroids_q8) : static_cast<const void*>(p.centroids_bf16);
-  return cache.get(MapKey{c, p.num_heads, p.num_clusters, p.head_dim, q8}, m,
-                   [&](ScoreMap* out) { return encode_score_map(p, q8, out); });
+  return cache.get(MapKey{c, p.num_heads, p.num_clusters, p.head_dim, q8, wide}, m, [&](ScoreMap* out) {
+    const cudaError_t e = encode_score_map(p, q8, kScoreTile, &out->map);
+    return e != cudaSuccess || !wide ? e : encode_score_map(p, q8, kScoreWarps * kScoreTile, &out->wide);
+  });
 }
 
-template <int D, bool kTma, bool kQ8 = false>
+template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
 cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, dim3 block, cudaStream_t s) {
   if (p.scores == nullptr) {
-    score_stream_kernel<D, kTma, kQ8><<<grid, block, 0, s>>>(p, m);
+    score_stream_kernel<D, kTma, kQ8, kWide><<<grid, block, 0, s>>>(p, m);
     return cudaGetLastError();
   }
-  return launch_cooperative(score_stream_form_kernel<D, kTma, kQ8>, grid, block, 0, s, p, m);
+  return launch_cooperative(score_stream_form_kernel<D, kTma, kQ8, kWide>, grid, block, 0, s, p, m);
 }
 
-template <int D, bool kTma>
+// (tma: the fewer of the bf16 and int8 kernels'.)
+template <int D, bool kTma, bool kWide = false>
 int stream_form_ctas_per_sm() {
-  static const int n = max_ctas_per_sm(score_stream_form_kernel<D, kTma>, kScoreWarps * 32);
+  static const int n = [] {
+    const int b = max_ctas_per_sm(score_stream_form_kernel<D, kTma, false, kWide>, kScoreWarps * 32);
+    if constexpr (kTma) return std::min(b, max_ctas_per_sm(score_stream_form_kernel<D, true, true, kWide>, kScoreWarps * 32));
+    return b;
+  }();
   return n;
 }
 
@@ -403,6 +485,8 @@ const char* score_variant_name(int variant) {
       return "stream";
     case kScoreTma:
       return "tma";
+    case kScoreTmaWide:
+      return "wide";
     default:
       return "?";
   }
@@ -413,7 +497,8 @@ ScoreVariant score_variant_from_env() {
   if (e == nullptr || e[0] == '\0') return kDefaultScoreVariant;
   for (int v = 0; v < kScoreVariants; ++v)
     if (std::strcmp(e, score_variant_name(v)) == 0) return static_cast<ScoreVariant>(v);
-  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use tma (the default), stream or v1");
+  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use ", score_variant_name(kDefaultScoreVariant),
+                  " (the default), wide, tma, stream or v1");
 }
 
 int score_stream_form_ctas_per_sm(int variant, int head_dim) {
@@ -423,27 +508,45 @@ int score_stream_form_ctas_per_sm(int variant, int head_dim) {
   if (variant == kScoreTma)
     return head_dim == 128 ? stream_form_ctas_per_sm<128, true>()
                            : (head_dim == 64 ? stream_form_ctas_per_sm<64, true>() : 0);
+  if (variant == kScoreTmaWide)  // min over the wide and the tma kernels (the wide launch may fall back)
+    return head_dim == 128
+               ? std::min(stream_form_ctas_per_sm<128, true, true>(), stream_form_ctas_per_sm<128, true>())
+               : (head_dim == 64 ? std::min(stream_form_ctas_per_sm<64, true, true>(), stream_form_ctas_per_sm<64, true>())
+                                 : 0);
   return 0;
 }
 
 cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_t s) {
   // Bulk copies need 16-byte aligned rows: the base (cudaMalloc gives 256) and 2D-byte rows (D = 64, 128).
   if (reinterpret_cast<uintptr_t>(p.centroids_bf16) % 16 != 0 || (p.head_dim != 64 && p.head_dim != 128) ||
-      (variant != kScoreStream && variant != kScoreTma))
+      (variant != kScoreStream && variant != kScoreTma && variant != kScoreTmaWide))
     return cudaErrorInvalidValue;
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   const dim3 block(kScoreWarps * 32);
   ScoreMap m;
   std::memset(&m, 0, sizeof(m));
-  // Run 22: the int8 centroids where given (tma with an encoder only; else the bf16 ones below).
   if ((p.centroids_q8 == nullptr) != (p.centroid_scale == nullptr)) return cudaErrorInvalidValue;
-  if (variant == kScoreTma && p.centroids_q8 != nullptr && p.num_clusters > 0 &&
-      reinterpret_cast<uintptr_t>(p.centroids_q8) % 16 == 0 && cached_score_map(p, true, &m) == cudaSuccess)
+  auto aligned16 = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
+  const bool tma_kind = variant == kScoreTma || variant == kScoreTmaWide;
+  // Run 22: the int8 centroids where given (tma kinds with an encoder only; else the bf16 ones below).
+  const bool q8 = tma_kind && p.centroids_q8 != nullptr && p.num_clusters > 0 && aligned16(p.centroids_q8);
+  // wide: a stage's sizes (and scales) by one bulk copy, so C % 4 == 0 and 16-byte aligned bases; else the
+  // tma kernel's per-warp stages (the same bits).
+  const bool wide = variant == kScoreTmaWide && (p.num_clusters & 3) == 0 && aligned16(p.sizes) &&
+                    (!q8 || aligned16(p.centroid_scale));
+  if (q8 && cached_score_map(p, true, wide, &m) == cudaSuccess) {
+    if (wide)
+      return p.head_dim == 128 ? launch_stream<128, true, true, true>(p, m, grid, block, s)
+                               : launch_stream<64, true, true, true>(p, m, grid, block, s);
     return p.head_dim == 128 ? launch_stream<128, true, true>(p, m, grid, block, s)
                              : launch_stream<64, true, true>(p, m, grid, block, s);
+  }
   // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
   // per multiprocessor and the same bits.
-  const bool tma = variant == kScoreTma && p.num_clusters > 0 && cached_score_map(p, false, &m) == cudaSuccess;
+  const bool tma = tma_kind && p.num_clusters > 0 && cached_score_map(p, false, wide, &m) == cudaSuccess;
+  if (tma && wide)
+    return p.head_dim == 128 ? launch_stream<128, true, false, true>(p, m, grid, block, s)
+                             : launch_stream<64, true, false, true>(p, m, grid, block, s);
   if (p.head_dim == 128) return tma ? launch_stream<128, true>(p, m, grid, block, s)
                                     : launch_stream<128, false>(p, m, grid, block, s);
   return tma ? launch_stream<64, true>(p, m, grid, block, s) : launch_stream<64, false>(p, m, grid, block, s);
