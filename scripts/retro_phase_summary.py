@@ -9,8 +9,8 @@ the exact / estimation CTAs' mean durations and the score loops' first / last en
 import json
 import sys
 
-KEYS = ["score_loop_end_first", "score_loop_end_last", "score_end", "select_end", "exact_start", "exact_end",
-        "exact_cta_mean", "estimate_start_last", "estimate_end", "estimate_cta_mean", "merge_end"]
+KEYS = ["score_start_last", "score_first_tile_last", "score_loop_end_first", "score_loop_end_last", "score_end",
+        "select_end", "exact_start", "exact_end", "exact_cta_mean", "estimate_start_last", "estimate_end", "estimate_cta_mean", "merge_end"]
 
 
 def main():

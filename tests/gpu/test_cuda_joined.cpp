@@ -111,13 +111,17 @@ void joined_case(cuda::WeightType wt, AttentionKind kind) {
       const double e = rel_err(row, want);
       worst = std::max(worst, e);
       EXPECT_LE(e, tol) << "step " << st << " session " << i;
+      next[i] = argmax_of(want);
+      // Greedy choices within the logit tolerance may differ only on a near tie: a top-2 margin below twice
+      // tol (run 23: with int8 centroid scoring one bf16 step of 16 was such a tie). Clear winners must agree.
+      if (gputest::top2_margin_rel(want) <= 2 * tol) continue;
       ++greedy_total;
       greedy_equal += argmax_of(row) == argmax_of(want);
-      next[i] = argmax_of(want);
     }
     for (int i = 0; i < S; ++i) ASSERT_EQ(joined[i]->position(), alone[i]->position()) << "step " << st;
   }
   EXPECT_EQ(greedy_equal, greedy_total);
+  EXPECT_GE(greedy_total, 4) << "too few clear-margin steps (of 16) for the greedy check";
   // Afterwards every session decodes alone from where the joined steps left it.
   double after = 0.0;
   for (int k = 0; k < 3; ++k)
@@ -131,7 +135,7 @@ void joined_case(cuda::WeightType wt, AttentionKind kind) {
   EXPECT_LE(after, tol);
   EXPECT_GT(joined[0]->last_stats().exact_tokens, 0);
   std::printf("[cuda_joined] %s weights, %s, prompts 300/520/180, 6 joined steps (3, 3, 2, 3, 3, 2 sessions): max "
-              "rel logit err vs alone %.2e (bound %.0e), greedy %d/%d equal; 3 alone steps after: %.2e\n",
+              "rel logit err vs alone %.2e (bound %.0e), greedy %d/%d clear-margin steps equal; 3 alone steps after: %.2e\n",
               f32 ? "f32" : "bf16", kind == AttentionKind::kFull ? "full" : "retro", worst, tol, greedy_equal,
               greedy_total, after);
 }

@@ -1,9 +1,9 @@
 // Run 22: cluster scoring against int8 copies of the centroids (kernels.h quantize_centroids,
-// ScoreParams::centroids_q8; score_stream.cu's tma kernel; RetroLayer::set_int8_scoring, opt-in).
+// ScoreParams::centroids_q8; score_stream.cu's tma and wide kernels; RetroLayer::set_int8_scoring, opt-in).
 //   QuantizeMatchesHostRule: quantize_centroids bit for bit against the host rule (s = max |c| / 127 in f32,
 //     u = rint(c / s) + 128), rows of D 64 / 128 with zero rows, one-element rows and +-127 saturation.
-//   KernelMatchesDequantized: score_clusters (tma) on the int8 copies, every mode (plain, early, the
-//     cooperative formation where it fits), outputs poisoned first and checked written: logits against f64
+//   KernelMatchesDequantized: score_clusters (tma; wide bit for bit) on the int8 copies, every mode (plain,
+//     early, the cooperative formation where it fits), outputs poisoned first and checked written: logits against f64
 //     dot products with the dequantized centroids (bound below), -inf exactly for empty clusters, the three
 //     modes' logits and partials bit-identical, each head's formed scores summing to G; the stream variant
 //     given the same int8 copies scores the bf16 centroids (bit-identical to no copies). Shapes as
@@ -14,8 +14,9 @@
 //     to the eager decode; the output against the f64 reference of the zones it selected; against full
 //     attention no worse than the bf16-scoring layer's (RETROINFER_SCORE_CENTROIDS=bf16) over the same K/V.
 //   ScoringSwitch: RETROINFER_SCORE_CENTROIDS read at construction (int8 / bf16 / unset; others throw),
-//     set_int8_scoring refused after build(). The default is bf16 scoring (run 22: int8 scoring is faster
-//     only at batch 4 and up, and its accuracy on a real model is not measured yet).
+//     set_int8_scoring refused after build(). The default is bf16 scoring: int8 is faster from 128K batch 4
+//     up (run 23: with the wide kernel) and as accurate on SmolLM2 (run 22), but 128K batch 1 is slower and
+//     its copies add ~1.6% of the KV bytes (run 13's 128K batch-7 Llama-3-8B plan no longer fits).
 // One "[score q8]" line per case.
 #include <gtest/gtest.h>
 

@@ -117,7 +117,8 @@ cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
 //                 fewer copies); tma where C % 4 != 0 or the sizes are not 16-byte aligned.
 enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreTmaWide, kScoreVariants };
 inline constexpr int kScoreVariantEnv = -1;
-inline constexpr ScoreVariant kDefaultScoreVariant = kScoreTma;  // run 16: fastest of the three, bit-identical
+// run 16: tma, the fastest of the first three; run 23: wide (the same kernel for bf16 centroids)
+inline constexpr ScoreVariant kDefaultScoreVariant = kScoreTmaWide;
 // RETROINFER_SCORE = v1 | stream | tma | wide, read at every call (a test runs both in one process); unset or empty:
 // kDefaultScoreVariant; another value throws retroinfer::Error naming the valid ones.
 ScoreVariant score_variant_from_env();
@@ -164,7 +165,8 @@ struct ScoreParams {
 //   grid barrier before the formation (run 10 path), earliest first tile landed;
 //   [kSlotSpan + 4 k .. + 3] per-CTA spans of the exact (k = 0) and estimation (k = 1) CTAs of decode.cu:
 //   ~latest start, earliest end, and (added to the ~0 start value, so raw + 1) the sum of the CTAs'
-//   durations in ns and their count.
+//   durations in ns and their count;
+//   [kSlotScoreStart] ~latest start of a score CTA (stream / tma kernels).
 // Kernels that do not stamp (radix, cluster selection) leave their slots at ~0.
 inline constexpr int kSelPhases = 8;
 inline constexpr int kSlotExact = 2 + 2 * kSelPhases;
@@ -172,7 +174,8 @@ inline constexpr int kSlotEst = kSlotExact + 2;
 inline constexpr int kSlotMerge = kSlotEst + 2;
 inline constexpr int kSlotScore = kSlotMerge + 1;
 inline constexpr int kSlotSpan = kSlotScore + 5;
-inline constexpr int kPhaseSlots = kSlotSpan + 8;
+inline constexpr int kSlotScoreStart = kSlotSpan + 8;  // run 23: ~latest start of a score CTA (stream / tma)
+inline constexpr int kPhaseSlots = kSlotScoreStart + 1;
 // Run 22: the int8 copies of rows bf16 centroid rows (ScoreParams::centroids_q8): per row s = max |c| / 127
 // (f32), u = rint(c / s) + 128 (all 128 for a zero row, s = 0). head_dim a multiple of 8.
 cudaError_t quantize_centroids(const uint16_t* centroids_bf16, int64_t rows, int head_dim, uint8_t* q8, float* scale,

@@ -116,7 +116,7 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     void end(uint64_t t) { if (t != kUnset) last = std::max(last, t); }
     bool ok() const { return first != kUnset && last != 0; }
   };
-  Span score, select, exact, est, merge, first_tile, loop_end, barrier;
+  Span score, select, exact, est, merge, first_tile, loop_end, barrier, score_start;
   struct CtaSpans {  // kSlotSpan: exact (0) and estimation (1) CTAs
     uint64_t start_last = 0, end_first = kUnset;
     double dur_ns = 0.0, ctas = 0.0;
@@ -140,6 +140,7 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     loop_end.start(r[kSlotScore + 1]);
     if (r[kSlotScore + 2] != kUnset) loop_end.end(~r[kSlotScore + 2]);
     if (r[kSlotScore + 3] != kUnset) barrier.end(~r[kSlotScore + 3]);
+    if (r[kSlotScoreStart] != kUnset) score_start.end(~r[kSlotScoreStart]);
     for (int k = 0; k < 2; ++k) {
       const uint64_t* sp = r + kSlotSpan + 4 * k;
       if (sp[3] == kUnset) continue;  // no CTA stamped
@@ -160,7 +161,9 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
   auto add = [&](const std::string& name, double ns) { out.emplace_back("phase." + name, float(ns * 1e-6)); };
   auto rel = [&](uint64_t t) { return double(int64_t(t - t0)); };
   add("score_end", rel(score.last));
-  // Inside the score grid (the stream / tma kernels stamp the first tile; every kernel the loop end).
+  // Inside the score grid (the stream / tma kernels stamp the last CTA's start and the first tile; every
+  // kernel the loop end).
+  if (score_start.last != 0) add("score_start_last", rel(score_start.last));
   if (first_tile.ok()) {
     add("score_first_tile_first", rel(first_tile.first));
     add("score_first_tile_last", rel(first_tile.last));

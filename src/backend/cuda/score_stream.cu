@@ -88,8 +88,8 @@ constexpr int kStreamFormItems = 4;
 
 // The centroids' tensor map of the tma variant (zero for stream): [H][C][D] bf16, boxes of 64 dims x 16
 // centroids x 1 head, 128-byte swizzle, zero fill past C.
-// wide (kScoreTmaWide): a second map of the same tensor with boxes of kScoreWarps x 16 = 64 centroids (one
-// CTA stage); `map` (16 centroids) then copies the tail stages.
+// wide (kScoreTmaWide, int8 only): a second map of the same tensor with boxes of kScoreWarps x 16 = 64
+// centroids (one CTA stage); `map` (16 centroids) then copies the tail stages.
 struct ScoreMap {
   CUtensorMap map;
   CUtensorMap wide;
@@ -106,15 +106,10 @@ struct StreamLayout {
   static constexpr int kRow = D + 8;                              // stream: row stride (bf16)
   static constexpr uint32_t kRowBytes = D * 2;                    // one centroid row in global memory
   static constexpr int kBoxBytes = kScoreTile * 128;              // tma: one box
-  // wide: a CTA stage = the kScoreWarps tiles of one tile group, box b of it at b * kWideBoxBytes holding
-  // the group's 64 rows x 128 bytes (int8: one box of 64 rows x D bytes); tile w of the group at
-  // w * kTileInBox within each box (1024-byte aligned, so the 128-byte swizzle's pattern is the narrow one's).
-  static constexpr int kWideBoxBytes = kScoreWarps * kBoxBytes;
-  static constexpr int kTileInBox = kQ8 ? kScoreTile * D : kBoxBytes;
+  // wide (int8): a CTA stage = the kScoreWarps tiles of one tile group, one box of 64 rows x D bytes; tile w
+  // of the group at w * kStageBytes (1024-byte aligned, so the 128-byte swizzle's pattern is the narrow one's).
   static constexpr int kStageBytes = kQ8 ? kScoreTile * D : (kTma ? D / 64 * kBoxBytes : kScoreTile * kRow * 2);
   static constexpr int kAlign = kTma ? 1024 : 16;                 // tma: the swizzle's alignment
-  // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
-  static constexpr int kBytes = kScoreWarps * kStreamStages * kStageBytes + kAlign;
   static_assert(kStageBytes % kAlign == 0 || !kTma, "tma stages keep the 1 KiB alignment");
   static_assert((kRow * 2) % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte rows and addresses");
 };
@@ -188,11 +183,12 @@ __device__ __forceinline__ float query_fragments_q8(uint32_t (&qa)[D / 16][4], c
 
 template <int D, bool kTma, bool kForm, bool kQ8 = false, bool kWide = false>
 __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const ScoreMap* maps) {
-  static_assert(kTma || !kWide, "wide stages: tma only");
+  static_assert(kQ8 || !kWide, "wide stages: the int8 tiles only");
   using L = StreamLayout<D, kTma, kQ8>;
   constexpr int kKs = D / 16;
-  __shared__ __align__(128) unsigned char stage_raw[L::kBytes];
-  constexpr int kS = kStreamStages;
+  constexpr int kS = kStreamStages;  // (run 23: 4 CTA-wide int8 stages were slower than 2)
+  // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
+  __shared__ __align__(128) unsigned char stage_raw[kScoreWarps * kS * L::kStageBytes + L::kAlign];
   // Per warp (kWide: per CTA, one row of the kScoreWarps tiles of a group) the stages' sizes, scales (kQ8)
   // and barriers.
   constexpr int kOwners = kWide ? 1 : kScoreWarps, kRows = kWide ? kScoreWarps * kScoreTile : kScoreTile;
@@ -205,13 +201,14 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
   const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
   const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
   phase_first(p.phase, h, 0);
+  phase_last(p.phase, h, kSlotScoreStart);  // diagnostics: the launch ramp of the one-wave grid
   grid_launch_dependents();  // a selection launched with PDL may start its CTAs (they wait for this grid)
   // This warp's stages (kWide: the CTA's), L::kAlign aligned.
   unsigned char* stages = stage_raw + ((L::kAlign - (smem_u32(stage_raw) & (L::kAlign - 1))) & (L::kAlign - 1)) +
                           (kWide ? 0 : warp * kS * L::kStageBytes);
   constexpr int kStageStride = kWide ? kScoreWarps * L::kStageBytes : L::kStageBytes;
   const int own = kWide ? 0 : warp;                         // the stage owner's index
-  const int tile_at = kWide ? warp * L::kTileInBox : 0;     // this warp's tile within a stage's box
+  const int tile_at = kWide ? warp * L::kStageBytes : 0;    // this warp's tile within a stage's box
   const int row_at = kWide ? warp * kScoreTile : 0;         // its rows within a stage's sizes / scales
   const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
   const int* sz = p.sizes + int64_t{h} * C;
@@ -277,9 +274,9 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
     }
   };
   // kWide (sizes_bulk only, checked at the launch): tile group g (the warps' g-th tiles, rows
-  // [(tile0 + kScoreWarps g) 16, + 64) in global memory) into CTA stage g % kS by one thread: the sizes (and
-  // scales) by one bulk copy each, the rows by D / 64 boxes of 64 rows (int8: one), or for a group of fewer
-  // than kScoreWarps tiles (the CTA's last) by the narrow boxes of each tile.
+  // [(tile0 + kScoreWarps g) 16, + 64) in global memory) into CTA stage g % kS by one thread: the sizes and
+  // scales by one bulk copy each, the rows by one box of 64 rows, or for a group of fewer than kScoreWarps
+  // tiles (the CTA's last) by the narrow box of each tile.
   const int groups = (tiles.tile1 - tiles.tile0 + kScoreWarps - 1) / kScoreWarps;
   auto issue_group = [&](int g) {
     const int s = g % kS;
@@ -288,19 +285,13 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
     const int rows = min(nt * kScoreTile, C - c0);
     unsigned char* st = stages + s * kStageStride;
     const uint32_t size_bytes = static_cast<uint32_t>(rows) * 4u;
-    mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(nt * L::kStageBytes) + (kQ8 ? 2 : 1) * size_bytes);
+    mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(nt * L::kStageBytes) + 2 * size_bytes);
     bulk_copy_g2s(&ssz[0][s][0], sz + c0, size_bytes, &bar[s], pol);
-    if constexpr (kQ8) bulk_copy_g2s(&sscl[0][s][0], scl + c0, size_bytes, &bar[s], pol);
-    constexpr int kBoxes = kQ8 ? 1 : D / 64;
+    bulk_copy_g2s(&sscl[0][s][0], scl + c0, size_bytes, &bar[s], pol);
     if (nt == kScoreWarps) {
-#pragma unroll
-      for (int bx = 0; bx < kBoxes; ++bx) tma_load_3d(st + bx * L::kWideBoxBytes, &maps->wide, 64 * bx, c0, h, &bar[s], pol);
+      tma_load_3d(st, &maps->wide, 0, c0, h, &bar[s], pol);
     } else {
-      for (int i = 0; i < nt; ++i)
-#pragma unroll
-        for (int bx = 0; bx < kBoxes; ++bx)
-          tma_load_3d(st + bx * L::kWideBoxBytes + i * L::kTileInBox, map, 64 * bx, c0 + i * kScoreTile, h, &bar[s],
-                      pol);
+      for (int i = 0; i < nt; ++i) tma_load_3d(st + i * L::kStageBytes, map, 0, c0 + i * kScoreTile, h, &bar[s], pol);
     }
   };
   if constexpr (kWide) {
@@ -321,8 +312,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
   // centroid row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
   const int row = (mi >> 1) * 8 + ri;
   auto at = [&](int k) {
-    if constexpr (kTma)
-      return (k >> 2) * (kWide ? L::kWideBoxBytes : L::kBoxBytes) + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
+    if constexpr (kTma) return (k >> 2) * L::kBoxBytes + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
     else return (row * L::kRow + (mi & 1) * 8 + k * 16) * 2;
   };
   for (int t = 0; t < ntiles; ++t) {
@@ -464,13 +454,17 @@ cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, di
   return launch_cooperative(score_stream_form_kernel<D, kTma, kQ8, kWide>, grid, block, 0, s, p, m);
 }
 
-// (tma: the fewer of the bf16 and int8 kernels'.)
+// (tma: the fewer of the bf16 and int8 kernels'; wide: of those and the wide int8 kernel's.)
 template <int D, bool kTma, bool kWide = false>
 int stream_form_ctas_per_sm() {
   static const int n = [] {
-    const int b = max_ctas_per_sm(score_stream_form_kernel<D, kTma, false, kWide>, kScoreWarps * 32);
-    if constexpr (kTma) return std::min(b, max_ctas_per_sm(score_stream_form_kernel<D, true, true, kWide>, kScoreWarps * 32));
-    return b;
+    const int b = max_ctas_per_sm(score_stream_form_kernel<D, kTma, false>, kScoreWarps * 32);
+    if constexpr (!kTma) return b;
+    else {
+      const int t = std::min(b, max_ctas_per_sm(score_stream_form_kernel<D, true, true>, kScoreWarps * 32));
+      if constexpr (!kWide) return t;
+      else return std::min(t, max_ctas_per_sm(score_stream_form_kernel<D, true, true, true>, kScoreWarps * 32));
+    }
   }();
   return n;
 }
@@ -508,11 +502,9 @@ int score_stream_form_ctas_per_sm(int variant, int head_dim) {
   if (variant == kScoreTma)
     return head_dim == 128 ? stream_form_ctas_per_sm<128, true>()
                            : (head_dim == 64 ? stream_form_ctas_per_sm<64, true>() : 0);
-  if (variant == kScoreTmaWide)  // min over the wide and the tma kernels (the wide launch may fall back)
-    return head_dim == 128
-               ? std::min(stream_form_ctas_per_sm<128, true, true>(), stream_form_ctas_per_sm<128, true>())
-               : (head_dim == 64 ? std::min(stream_form_ctas_per_sm<64, true, true>(), stream_form_ctas_per_sm<64, true>())
-                                 : 0);
+  if (variant == kScoreTmaWide)  // (its launch may take the tma kernels)
+    return head_dim == 128 ? stream_form_ctas_per_sm<128, true, true>()
+                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, true, true>() : 0);
   return 0;
 }
 
@@ -530,10 +522,11 @@ cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_
   const bool tma_kind = variant == kScoreTma || variant == kScoreTmaWide;
   // Run 22: the int8 centroids where given (tma kinds with an encoder only; else the bf16 ones below).
   const bool q8 = tma_kind && p.centroids_q8 != nullptr && p.num_clusters > 0 && aligned16(p.centroids_q8);
-  // wide: a stage's sizes (and scales) by one bulk copy, so C % 4 == 0 and 16-byte aligned bases; else the
-  // tma kernel's per-warp stages (the same bits).
-  const bool wide = variant == kScoreTmaWide && (p.num_clusters & 3) == 0 && aligned16(p.sizes) &&
-                    (!q8 || aligned16(p.centroid_scale));
+  // wide (int8 only): a stage's sizes and scales by one bulk copy each, so C % 4 == 0 and 16-byte aligned
+  // bases; else the tma kernel's per-warp stages (the same bits). bf16 centroids: the tma kernel (run 23:
+  // CTA-wide bf16 stages were 0.5 us slower at 128K batch 1 and 4 and level at 16).
+  const bool wide = q8 && variant == kScoreTmaWide && (p.num_clusters & 3) == 0 && aligned16(p.sizes) &&
+                    aligned16(p.centroid_scale);
   if (q8 && cached_score_map(p, true, wide, &m) == cudaSuccess) {
     if (wide)
       return p.head_dim == 128 ? launch_stream<128, true, true, true>(p, m, grid, block, s)
@@ -543,10 +536,7 @@ cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_
   }
   // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
   // per multiprocessor and the same bits.
-  const bool tma = tma_kind && p.num_clusters > 0 && cached_score_map(p, false, wide, &m) == cudaSuccess;
-  if (tma && wide)
-    return p.head_dim == 128 ? launch_stream<128, true, false, true>(p, m, grid, block, s)
-                             : launch_stream<64, true, false, true>(p, m, grid, block, s);
+  const bool tma = tma_kind && p.num_clusters > 0 && cached_score_map(p, false, false, &m) == cudaSuccess;
   if (p.head_dim == 128) return tma ? launch_stream<128, true>(p, m, grid, block, s)
                                     : launch_stream<128, false>(p, m, grid, block, s);
   return tma ? launch_stream<64, true>(p, m, grid, block, s) : launch_stream<64, false>(p, m, grid, block, s);
