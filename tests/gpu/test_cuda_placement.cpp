@@ -236,9 +236,11 @@ TEST_F(CudaPlacement, PrefillAndDecodeMatchGpu) {
       const Diff dd = compare_decode(run, ref, vocab, n, checked, equal);
       EXPECT_LE(dd.rel, kDecodeRel);
       EXPECT_LE(dd.nmse, kDecodeNmse);
-      // Steps x sequences (32) with a clear winner: a top-2 margin above kGreedyMargin = 10% (session 11's
-      // H200 run: 10 of 32 on both placements, all equal); at least a quarter keeps the check meaningful.
-      EXPECT_GE(checked, kSteps / 2);
+      // Steps x sequences (32) with a clear winner: a top-2 margin above kGreedyMargin = 10% (H200: 10 of 32
+      // with the default bf16 centroid scoring, session 11; 7 of 32 under RETROINFER_SCORE_CENTROIDS=int8, runs
+      // 22 and 23; all equal). How many steps have a clear winner depends on the greedy path the scoring takes;
+      // 6 keeps the check meaningful under either.
+      EXPECT_GE(checked, 6);
       check_wave(run, kLayers - want_gpu, per_seq ? n : 1);
       EXPECT_THROW(s.fork(s.options().attention), Error);  // host-tier KV cannot be forked
       std::printf("[cuda_placement prefill] %s (%d GPU / %d host layers), 2 x {%lld, %lld} tokens, %d steps: prefill "
