@@ -52,6 +52,14 @@
 // u - 128). The query's A fragments follow that order (dims tq D / 4 + 4 kk + 0..3), split into f16 hi + lo
 // rows after a per-row power of two 2^-e that keeps them below 2^15 (e = 0 unless |q scale| >= 2^15); the
 // tile's logits are the f32 dot times the row's scale times 2^e.
+//
+// Run 23, wide (kScoreTmaWide, RETROINFER_SCORE=wide, the default; int8 centroids only, bf16 ones keep the tma
+// kernel): the same tiles per warp and math with CTA-wide stages. Stage s holds the kScoreWarps warps' tiles of
+// one round g (64 consecutive centroids): one 64-row box of a second tensor map (a CTA's last, shorter round:
+// the 16-row boxes of its tiles) and one bulk copy each of the 64 sizes and scales, issued by one thread; the
+// warp whose count makes the stage's done_count a multiple of kScoreWarps refills it with round g + kS (its
+// lanes' reads fenced to the async proxy first). 3 copies per 64 centroids instead of 12: at 128K batch 16
+// 160 against 169 us, batch 4 68.1 against 68.8 (bench/results/run23/a).
 #include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
