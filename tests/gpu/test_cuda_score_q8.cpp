@@ -272,6 +272,8 @@ TEST(CudaScoreQ8, KernelMatchesDequantized) {
   kernel_case({2, 4, 128, 300, 0.0, 1e6f}, 41);  // |q scale| ~ 1e5 > f16's range: 2^-e
   kernel_case({2, 2, 64, 100, 0.0, 3e7f}, 42);
   kernel_case({3, 4, 64, 2052, 0.1}, 43);    // D 64, C % 4 == 0: wide stages with whole and tail groups
+  kernel_case({2, 8, 128, 4100, 0.3}, 45);   // G 8 on wide stages
+  kernel_case({3, 1, 128, 2048, 0.1}, 46);   // G 1 on wide stages, whole groups only
 }
 
 TEST(CudaScoreQ8, DecodeInt8) {
