@@ -32,6 +32,7 @@
 #include "backend/cuda/kernels.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
+#include "score_test_util.h"
 #include "retroinfer/dtype.h"
 #include "retroinfer/error.h"
 
@@ -40,7 +41,6 @@ namespace {
 
 namespace cd = cuda::detail;
 using gputest::bits_to_f32;
-using gputest::download_bits;
 using gputest::EnvGuard;
 
 // The host rule of quantize_centroids (IEEE f32 division and round-to-nearest-even, as the kernel's).
@@ -119,42 +119,19 @@ struct KernelCase {
 };
 
 
-struct KernelOut {
-  std::vector<uint32_t> logits, partial, scores;
-};
+using KernelOut = gputest::ScoreOut;
 
 KernelOut run_scores(const KernelCase& kc, const cuda::DeviceBuffer& dq, const cuda::DeviceBuffer& dc,
                      const cuda::DeviceBuffer& ds, const Q8* q8, float scale, int variant, bool early, bool form) {
-  const int blocks = cd::score_blocks(kc.C, kc.D, kc.H);
-  const size_t n_logits = size_t(kc.H) * kc.G * kc.C, n_partial = size_t(kc.H) * kc.G * blocks * 2,
-               n_scores = size_t(kc.H) * kc.C;
-  auto dl = gputest::poisoned(n_logits), dp = gputest::poisoned(n_partial), dsc = gputest::poisoned(n_scores);
-  cd::ScoreParams p;
-  p.q = dq.as<float>();
-  p.centroids_bf16 = dc.as<uint16_t>();
+  gputest::ScoreInputs in;
+  in.q = dq.as<float>();
+  in.centroids = dc.as<uint16_t>();
+  in.sizes = ds.as<int>();
   if (q8 != nullptr) {
-    p.centroids_q8 = q8->q8.as<uint8_t>();
-    p.centroid_scale = q8->scale.as<float>();
+    in.q8 = q8->q8.as<uint8_t>();
+    in.q8_scale = q8->scale.as<float>();
   }
-  p.sizes = ds.as<int>();
-  p.logits = dl.as<float>();
-  p.norm_partial = dp.as<float2>();
-  p.num_heads = kc.H;
-  p.group = kc.G;
-  p.head_dim = kc.D;
-  p.num_clusters = kc.C;
-  p.scale = scale;
-  p.early_loads = early;
-  p.scores = form ? dsc.as<float>() : nullptr;
-  p.variant = variant;
-  cuda::synchronize();
-  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  KernelOut o;
-  o.logits = download_bits(dl, n_logits);
-  o.partial = download_bits(dp, n_partial);
-  if (form) o.scores = download_bits(dsc, n_scores);
-  return o;
+  return gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, in, scale, variant, early, form);
 }
 
 int64_t count_diff(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b, int64_t* unwritten) {

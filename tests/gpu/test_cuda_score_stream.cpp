@@ -31,6 +31,7 @@
 #include "backend/cuda/kernels.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
+#include "score_test_util.h"
 #include "retroinfer/dtype.h"
 #include "retroinfer/error.h"
 
@@ -39,7 +40,6 @@ namespace {
 
 namespace cd = cuda::detail;
 using gputest::bits_to_f32;
-using gputest::download_bits;
 using gputest::EnvGuard;
 
 struct KernelCase {
@@ -72,39 +72,15 @@ KernelInputs make_inputs(const KernelCase& kc, uint64_t seed) {
   return in;
 }
 
-struct KernelOut {
-  std::vector<uint32_t> logits, partial, scores;  // raw bits; partial: (max, sum) pairs
-};
-
+using KernelOut = gputest::ScoreOut;
 
 // One score_clusters launch of `variant` into poisoned outputs (form: the cooperative formation).
 KernelOut run_kernel(const KernelCase& kc, const KernelInputs& in, float scale, int variant, bool early, bool form) {
-  const int blocks = cd::score_blocks(kc.C, kc.D, kc.H);
-  const size_t n_logits = size_t(kc.H) * kc.G * kc.C, n_partial = size_t(kc.H) * kc.G * blocks * 2,
-               n_scores = size_t(kc.H) * kc.C;
-  auto dl = gputest::poisoned(n_logits), dp = gputest::poisoned(n_partial), dsc = gputest::poisoned(n_scores);
-  cd::ScoreParams p;
-  p.q = in.dq.as<float>();
-  p.centroids_bf16 = in.dc.as<uint16_t>();
-  p.sizes = in.ds.as<int>();
-  p.logits = dl.as<float>();
-  p.norm_partial = dp.as<float2>();
-  p.num_heads = kc.H;
-  p.group = kc.G;
-  p.head_dim = kc.D;
-  p.num_clusters = kc.C;
-  p.scale = scale;
-  p.early_loads = early;
-  p.scores = form ? dsc.as<float>() : nullptr;
-  p.variant = variant;
-  cuda::synchronize();  // the poison memsets
-  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaSuccess) << cd::score_variant_name(variant);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cd::score_variant_name(variant);
-  KernelOut o;
-  o.logits = download_bits(dl, n_logits);
-  o.partial = download_bits(dp, n_partial);
-  if (form) o.scores = download_bits(dsc, n_scores);
-  return o;
+  gputest::ScoreInputs si;
+  si.q = in.dq.as<float>();
+  si.centroids = in.dc.as<uint16_t>();
+  si.sizes = in.ds.as<int>();
+  return gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, si, scale, variant, early, form);
 }
 
 constexpr uint32_t kPoisonBits = 0xffffffffu;  // poisoned(): 0xff bytes (a NaN no kernel writes)

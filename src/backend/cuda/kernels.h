@@ -122,6 +122,9 @@ inline constexpr ScoreVariant kDefaultScoreVariant = kScoreTmaWide;
 // RETROINFER_SCORE = v1 | stream | tma | wide, read at every call (a test runs both in one process); unset or empty:
 // kDefaultScoreVariant; another value throws retroinfer::Error naming the valid ones.
 ScoreVariant score_variant_from_env();
+// score_stream.cu's variants (stream, tma, wide), and those that score the int8 copies where given (tma, wide).
+inline constexpr bool score_variant_streams(int v) { return v == kScoreStream || v == kScoreTma || v == kScoreTmaWide; }
+inline constexpr bool score_variant_reads_int8(int v) { return v == kScoreTma || v == kScoreTmaWide; }
 const char* score_variant_name(int variant);  // "v1", "stream", "tma", "wide"; "?" otherwise
 
 struct ScoreParams {

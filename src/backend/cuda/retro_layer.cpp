@@ -34,7 +34,8 @@ bool int8_scoring_from_env() {
   const char* e = std::getenv("RETROINFER_SCORE_CENTROIDS");
   if (e == nullptr || e[0] == '\0' || std::strcmp(e, "bf16") == 0) return false;
   if (std::strcmp(e, "int8") == 0) return true;
-  RETROINFER_FAIL("RETROINFER_SCORE_CENTROIDS='", e, "' is not a centroid format for scoring: use bf16 (the default) or int8");
+  RETROINFER_FAIL("RETROINFER_SCORE_CENTROIDS='", e,
+                  "' is not a centroid format for scoring: use bf16 (the default) or int8");
 }
 
 // The estimation zone runs on a side stream, concurrently with the exact attention (both only read the
@@ -738,10 +739,9 @@ double RetroLayer::decode_bytes_required() {
   std::vector<int32_t> cnt(m.H);
   m.token_count.download(cnt.data(), cnt.size() * 4);
   const double exact = std::accumulate(cnt.begin(), cnt.end(), 0.0);
-  // Per cluster the scored centroid (int8 row + f32 scale with int8 scoring on the tma kernel, else bf16)
+  // Per cluster the scored centroid (int8 row + f32 scale with int8 scoring on the tma / wide kernels, else bf16)
   // and its size.
-  const int variant = detail::score_variant_from_env();
-  const bool q8 = m.int8_on && (variant == detail::kScoreTma || variant == detail::kScoreTmaWide);
+  const bool q8 = m.int8_on && detail::score_variant_reads_int8(detail::score_variant_from_env());
   const double centroid = q8 ? D + 4 : D * 2;
   return H * m.C * (centroid + 4) + H * m.n_e * D * 2 + exact * (D * 2 * 2 + 4) + io;
 }

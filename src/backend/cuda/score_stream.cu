@@ -499,8 +499,7 @@ ScoreVariant score_variant_from_env() {
   if (e == nullptr || e[0] == '\0') return kDefaultScoreVariant;
   for (int v = 0; v < kScoreVariants; ++v)
     if (std::strcmp(e, score_variant_name(v)) == 0) return static_cast<ScoreVariant>(v);
-  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use ", score_variant_name(kDefaultScoreVariant),
-                  " (the default), wide, tma, stream or v1");
+  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use wide (the default), tma, stream or v1");
 }
 
 int score_stream_form_ctas_per_sm(int variant, int head_dim) {
@@ -519,7 +518,7 @@ int score_stream_form_ctas_per_sm(int variant, int head_dim) {
 cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_t s) {
   // Bulk copies need 16-byte aligned rows: the base (cudaMalloc gives 256) and 2D-byte rows (D = 64, 128).
   if (reinterpret_cast<uintptr_t>(p.centroids_bf16) % 16 != 0 || (p.head_dim != 64 && p.head_dim != 128) ||
-      (variant != kScoreStream && variant != kScoreTma && variant != kScoreTmaWide))
+      !score_variant_streams(variant))
     return cudaErrorInvalidValue;
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   const dim3 block(kScoreWarps * 32);
@@ -527,7 +526,7 @@ cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_
   std::memset(&m, 0, sizeof(m));
   if ((p.centroids_q8 == nullptr) != (p.centroid_scale == nullptr)) return cudaErrorInvalidValue;
   auto aligned16 = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
-  const bool tma_kind = variant == kScoreTma || variant == kScoreTmaWide;
+  const bool tma_kind = score_variant_reads_int8(variant);
   // Run 22: the int8 centroids where given (tma kinds with an encoder only; else the bf16 ones below).
   const bool q8 = tma_kind && p.centroids_q8 != nullptr && p.num_clusters > 0 && aligned16(p.centroids_q8);
   // wide (int8 only): a stage's sizes and scales by one bulk copy each, so C % 4 == 0 and 16-byte aligned

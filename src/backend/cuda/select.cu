@@ -299,7 +299,7 @@ int score_form_ctas_per_sm() {
 bool score_form_fits(int num_clusters, int head_dim, int num_heads, int variant) {
   const int v = variant == kScoreVariantEnv ? score_variant_from_env() : variant;
   int per_sm = 0;
-  if (v == kScoreStream || v == kScoreTma || v == kScoreTmaWide) per_sm = score_stream_form_ctas_per_sm(v, head_dim);
+  if (score_variant_streams(v)) per_sm = score_stream_form_ctas_per_sm(v, head_dim);
   else if (v == kScoreV1)
     per_sm = head_dim == 128 ? score_form_ctas_per_sm<128>() : (head_dim == 64 ? score_form_ctas_per_sm<64>() : 0);
   const int64_t ctas = int64_t{score_blocks(num_clusters, head_dim, num_heads)} * num_heads;
@@ -308,7 +308,7 @@ bool score_form_fits(int num_clusters, int head_dim, int num_heads, int variant)
 
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
   const int variant = p.variant == kScoreVariantEnv ? score_variant_from_env() : p.variant;
-  if (variant == kScoreStream || variant == kScoreTma || variant == kScoreTmaWide) {
+  if (score_variant_streams(variant)) {
     if (p.scores != nullptr && (!p.early_loads || !score_form_fits(p.num_clusters, p.head_dim, p.num_heads, variant)))
       return cudaErrorInvalidValue;
     return score_clusters_stream(p, variant, s);

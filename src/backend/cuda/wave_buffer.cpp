@@ -421,7 +421,8 @@ int64_t WaveBufferLayer::outlier_rows() const { return impl_->n_out; }
 int64_t WaveBufferLayer::retrieval_capacity() const { return impl_->list_cap - impl_->steady_cap; }
 int64_t WaveBufferLayer::device_bytes() const {
   const auto& m = *impl_;
-  const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.centroids_q8, &m.centroid_scale, &m.value_sums_bf16, &m.sizes, &m.offsets_abs, &m.members,
+  const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.centroids_q8, &m.centroid_scale, &m.value_sums_bf16, &m.sizes,
+                                &m.offsets_abs, &m.members,
                                 &m.offsets_head, &m.slot_begin, &m.store_at, &m.cluster_pages, &m.resident, &m.cache_k,
                                 &m.cache_v, &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v, &m.identity,
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
