@@ -9,7 +9,7 @@ the exact / estimation CTAs' mean durations and the score loops' first / last en
 import json
 import sys
 
-KEYS = ["score_start_last", "score_first_tile_last", "score_loop_end_first", "score_loop_end_last", "score_end",
+KEYS = ["score_start_last", "score_issued_last", "score_q_first", "score_q_last", "score_first_tile_first", "score_first_tile_last", "score_loop_end_first", "score_loop_end_last", "score_end",
         "select_end", "exact_start", "exact_end", "exact_cta_mean", "estimate_start_last", "estimate_end", "estimate_cta_mean", "merge_end"]
 
 

@@ -27,9 +27,10 @@ struct ScoreOut {
   std::vector<uint32_t> logits, partial, scores;  // raw bits; partial: (max, sum) pairs; scores: form only
 };
 
-// score_clusters of `variant` (early: early loads; form: the cooperative formation, scores returned).
+// score_clusters of `variant` (early: early loads; form: the cooperative formation, scores returned; query_smem:
+// ScoreParams::query_smem, the query staged in shared memory by the stream / tma / wide kernels).
 inline ScoreOut run_score_kernel(const ScoreShape& s, const ScoreInputs& in, float scale, int variant, bool early,
-                                 bool form) {
+                                 bool form, bool query_smem = true) {
   namespace cd = cuda::detail;
   const int blocks = cd::score_blocks(s.C, s.D, s.H);
   const size_t n_logits = size_t(s.H) * s.G * s.C, n_partial = size_t(s.H) * s.G * blocks * 2,
@@ -51,6 +52,7 @@ inline ScoreOut run_score_kernel(const ScoreShape& s, const ScoreInputs& in, flo
   p.early_loads = early;
   p.scores = form ? dsc.as<float>() : nullptr;
   p.variant = variant;
+  p.query_smem = query_smem;
   cuda::synchronize();  // the poison memsets
   EXPECT_EQ(cd::score_clusters(p, nullptr), cudaSuccess) << cd::score_variant_name(variant);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cd::score_variant_name(variant);

@@ -122,7 +122,8 @@ struct KernelCase {
 using KernelOut = gputest::ScoreOut;
 
 KernelOut run_scores(const KernelCase& kc, const cuda::DeviceBuffer& dq, const cuda::DeviceBuffer& dc,
-                     const cuda::DeviceBuffer& ds, const Q8* q8, float scale, int variant, bool early, bool form) {
+                     const cuda::DeviceBuffer& ds, const Q8* q8, float scale, int variant, bool early, bool form,
+                     bool query_smem = true) {
   gputest::ScoreInputs in;
   in.q = dq.as<float>();
   in.centroids = dc.as<uint16_t>();
@@ -131,7 +132,7 @@ KernelOut run_scores(const KernelCase& kc, const cuda::DeviceBuffer& dq, const c
     in.q8 = q8->q8.as<uint8_t>();
     in.q8_scale = q8->scale.as<float>();
   }
-  return gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, in, scale, variant, early, form);
+  return gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, in, scale, variant, early, form, query_smem);
 }
 
 int64_t count_diff(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b, int64_t* unwritten) {
@@ -224,12 +225,25 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
       EXPECT_EQ(count_diff(wf.scores, tf.scores, &unwritten), 0) << "wide form vs tma form scores";
     }
   }
+  // Run 24: the query read from global after the issue (the query_smem switch off) gives the same bits, tma and
+  // wide, plain and formed.
+  for (const int variant : {int(cd::kScoreTma), int(cd::kScoreTmaWide)}) {
+    SCOPED_TRACE(cd::score_variant_name(variant));
+    const KernelOut g = run_scores(kc, dq, dc, ds, &q8, scale, variant, false, false, /*query_smem=*/false);
+    EXPECT_EQ(count_diff(g.logits, plain.logits, &unwritten), 0) << "query global vs smem logits";
+    EXPECT_EQ(count_diff(g.partial, plain.partial, &unwritten), 0) << "query global vs smem partials";
+    if (fits) {
+      const KernelOut gf = run_scores(kc, dq, dc, ds, &q8, scale, variant, true, true, false);
+      const KernelOut sf = run_scores(kc, dq, dc, ds, &q8, scale, variant, true, true, true);
+      EXPECT_EQ(count_diff(gf.scores, sf.scores, &unwritten), 0) << "query global vs smem scores";
+    }
+  }
   // The stream variant has no int8 path: it scores the bf16 centroids whatever the copies say.
   const KernelOut s8 = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreStream, false, false);
   const KernelOut s16 = run_scores(kc, dq, dc, ds, nullptr, scale, cd::kScoreStream, false, false);
   EXPECT_EQ(count_diff(s8.logits, s16.logits, &unwritten), 0) << "stream with int8 copies vs without";
   std::printf("[score q8] kernel H=%d G=%d D=%d C=%d empty=%.2f q_gain=%g blocks=%d form_fits=%d: logits vs f64 "
-              "(dequantized) worst err/bound %.3f; plain / early / form and wide identical%s\n",
+              "(dequantized) worst err/bound %.3f; plain / early / form, wide and the query from global identical%s\n",
               kc.H, kc.G, kc.D, kc.C, kc.empty, double(kc.q_gain), cd::score_blocks(kc.C, kc.D, kc.H), int(fits),
               worst, ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }

@@ -16,6 +16,8 @@
 //     1/3/4, D 64/128, G 1/3/4/8, outliers, 128K x 8 heads at batch 1 and 4.
 //   VariantSwitch / BadVariantThrowsInDecode: RETROINFER_SCORE read at every call; unknown values throw
 //     (directly and from a decode); misaligned centroids refused by the bulk-copy kernels.
+//   KernelMatchesV1 runs every stream variant with the query staged in shared memory (run 24, the default) and
+//     read from global; QueryFromSharedMemory: RETROINFER_SCORE_QUERY, decodes both ways, a misaligned query.
 // One "[score stream]" line per case.
 #include <gtest/gtest.h>
 
@@ -75,12 +77,13 @@ KernelInputs make_inputs(const KernelCase& kc, uint64_t seed) {
 using KernelOut = gputest::ScoreOut;
 
 // One score_clusters launch of `variant` into poisoned outputs (form: the cooperative formation).
-KernelOut run_kernel(const KernelCase& kc, const KernelInputs& in, float scale, int variant, bool early, bool form) {
+KernelOut run_kernel(const KernelCase& kc, const KernelInputs& in, float scale, int variant, bool early, bool form,
+                     bool query_smem = true) {
   gputest::ScoreInputs si;
   si.q = in.dq.as<float>();
   si.centroids = in.dc.as<uint16_t>();
   si.sizes = in.ds.as<int>();
-  return gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, si, scale, variant, early, form);
+  return gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, si, scale, variant, early, form, query_smem);
 }
 
 constexpr uint32_t kPoisonBits = 0xffffffffu;  // poisoned(): 0xff bytes (a NaN no kernel writes)
@@ -166,15 +169,18 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   for (const Mode& m : modes) {
     if (m.form && !(fits_v1 && fits_stream && fits_tma && fits_wide)) continue;
     const KernelOut a = run_kernel(kc, in, scale, cd::kScoreV1, m.early, m.form);
-    for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma), int(cd::kScoreTmaWide)}) {
-      SCOPED_TRACE(testing::Message() << m.name << " " << cd::score_variant_name(variant));
-      const KernelOut b = run_kernel(kc, in, scale, variant, m.early, m.form);
-      worst = std::max(worst, check_variant(kc, in, scale, a, b, m.form, !m.early && !m.form));
-      ++runs;
-    }
+    for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma), int(cd::kScoreTmaWide)})
+      for (const bool query_smem : {true, false}) {  // run 24: the query from shared memory or from global
+        SCOPED_TRACE(testing::Message() << m.name << " " << cd::score_variant_name(variant)
+                                        << (query_smem ? " query smem" : " query global"));
+        const KernelOut b = run_kernel(kc, in, scale, variant, m.early, m.form, query_smem);
+        worst = std::max(worst, check_variant(kc, in, scale, a, b, m.form, !m.early && !m.form));
+        ++runs;
+      }
   }
   std::printf("[score stream] kernel H=%d G=%d D=%d C=%d empty=%.2f blocks=%d form_fits=%d: %d runs (modes x "
-              "stream, tma, wide), logits, partials%s bit-identical to v1%s; logits vs f64 worst err/bound %.3f\n",
+              "stream, tma, wide x query smem / global), logits, partials%s bit-identical to v1%s; logits vs f64 worst "
+              "err/bound %.3f\n",
               kc.H, kc.G, kc.D, kc.C, kc.empty, cd::score_blocks(kc.C, kc.D, kc.H), int(fits_v1), runs,
               fits_v1 ? ", scores" : "", ::testing::Test::HasFailure() ? " NOT (see failures)" : "", worst);
 }
@@ -267,6 +273,73 @@ TEST(CudaScoreStream, VariantSwitch) {
   EXPECT_STREQ(cd::score_variant_name(cd::kScoreTmaWide), "wide");
   std::printf("[score stream] switch: unset / empty -> %s, v1, stream, tma, wide; 5 bad values throw\n",
               cd::score_variant_name(cd::kDefaultScoreVariant));
+}
+
+// Run 24: RETROINFER_SCORE_QUERY (ScoreParams::query_smem) parsed at every decode; decodes with the query staged
+// in shared memory (the default) and read from global bit-identical, bf16 and int8 centroids; a query base that
+// is 8- but not 16-byte aligned falls back to global (no error, the same bits as asking for global).
+TEST(CudaScoreStream, QueryFromSharedMemory) {
+  RETROINFER_REQUIRE_GPU();
+  EnvGuard query("RETROINFER_SCORE_QUERY", nullptr);
+  EXPECT_TRUE(cd::score_query_smem_from_env());
+  query.set("");
+  EXPECT_TRUE(cd::score_query_smem_from_env());
+  query.set("smem");
+  EXPECT_TRUE(cd::score_query_smem_from_env());
+  query.set("global");
+  EXPECT_FALSE(cd::score_query_smem_from_env());
+  for (const char* bad : {"SMEM", "shared", "1", " global"}) {
+    query.set(bad);
+    EXPECT_THROW(cd::score_query_smem_from_env(), Error) << bad;
+  }
+  int decodes = 0;
+  for (const char* fmt : {"bf16", "int8"}) {
+    SCOPED_TRACE(fmt);
+    EnvGuard centroids("RETROINFER_SCORE_CENTROIDS", fmt);
+    for (const gputest::PathCase& pc : {gputest::PathCase{1, 2, 4, 128, 5000, true, false, true},
+                                        gputest::PathCase{3, 2, 8, 64, 9000, true, false, true},
+                                        gputest::PathCase{2, 1, 3, 64, 4000, true, true, true}}) {
+      gputest::PathLayer t = gputest::make_path_layer(pc, 931 + decodes);
+      query.set("global");
+      const gputest::PathResult a = gputest::decode_once(t);
+      query.set(nullptr);
+      const gputest::PathResult b = gputest::decode_once(t);
+      gputest::expect_identical(b, a, "query smem vs global");
+      const gputest::PathResult e = gputest::expect_graph_replays(t, b.out);
+      gputest::expect_identical(e, b, "eager after replays");
+      query.set("bogus");
+      auto dout = gputest::poisoned(t.q_elems);
+      EXPECT_THROW(t.layer->decode(t.dq.as<float>(), dout.as<float>()), Error);
+      query.set(nullptr);
+      ++decodes;
+    }
+  }
+  // A query base 8 bytes past a 16-byte aligned one (the bf16 kernels' float2 loads need 8): they read it from
+  // global whatever query_smem says, with the same bits as the aligned query.
+  KernelCase kc{3, 4, 128, 1000, 0.1};
+  const KernelInputs in = make_inputs(kc, 939);
+  std::vector<float> shifted(in.q.size() + 2, 0.0f);
+  std::copy(in.q.begin(), in.q.end(), shifted.begin() + 2);
+  auto dqs = gputest::upload(shifted);
+  gputest::ScoreInputs si;
+  si.q = dqs.as<float>() + 2;
+  si.centroids = in.dc.as<uint16_t>();
+  si.sizes = in.ds.as<int>();
+  const float scale = 1.0f / std::sqrt(float(kc.D));
+  for (const int variant : {int(cd::kScoreStream), int(cd::kScoreTma), int(cd::kScoreTmaWide)}) {
+    SCOPED_TRACE(cd::score_variant_name(variant));
+    const KernelOut g = gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, si, scale, variant, true, false, false);
+    const KernelOut m = gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, si, scale, variant, true, false, true);
+    const KernelOut aligned = run_kernel(kc, in, scale, variant, true, false, true);
+    int64_t unwritten = 0;
+    EXPECT_EQ(first_difference(m.logits, g.logits, &unwritten), -1) << "misaligned query: smem asked vs global";
+    EXPECT_EQ(unwritten, 0);
+    EXPECT_EQ(first_difference(m.logits, aligned.logits, &unwritten), -1) << "misaligned vs aligned query";
+  }
+  std::printf("[score stream] query switch: unset / empty / smem -> shared memory, global; 4 bad values throw; "
+              "%d layers (bf16 and int8 centroids) decode bit-identically with the query in shared memory and "
+              "from global, graph replays too; a query base not 16-byte aligned falls back to global%s\n",
+              decodes, ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }
 
 TEST(CudaScoreStream, BadVariantThrowsInDecode) {

@@ -151,6 +151,11 @@ struct ScoreParams {
   float* scores = nullptr;
   // ScoreVariant of the kernel, or kScoreVariantEnv: RETROINFER_SCORE at the launch (score_variant_from_env).
   int variant = kScoreVariantEnv;
+  // Run 24 (stream / tma / wide kernels): the head's query copied into shared memory before the first centroid
+  // copies are issued, the fragments formed from there (the same fragments); false: formed from global after
+  // the issue (run 23). Up to 4 query heads for bf16 centroids, 8 for int8; a base not 16-byte aligned: off.
+  // RetroLayer sets it from RETROINFER_SCORE_QUERY (smem, the default, or global).
+  bool query_smem = true;
 };
 // Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
 // graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
@@ -169,7 +174,8 @@ struct ScoreParams {
 //   [kSlotSpan + 4 k .. + 3] per-CTA spans of the exact (k = 0) and estimation (k = 1) CTAs of decode.cu:
 //   ~latest start, earliest end, and (added to the ~0 start value, so raw + 1) the sum of the CTAs'
 //   durations in ns and their count;
-//   [kSlotScoreStart] ~latest start of a score CTA (stream / tma kernels).
+//   [kSlotScoreStart] ~latest start of a score CTA (stream / tma kernels); [kSlotScoreIssued] ~latest CTA past
+//   the issue of its first stages, [kSlotScoreQ], [kSlotScoreQ + 1] earliest / ~latest with its query fragments.
 // Kernels that do not stamp (radix, cluster selection) leave their slots at ~0.
 inline constexpr int kSelPhases = 8;
 inline constexpr int kSlotExact = 2 + 2 * kSelPhases;
@@ -178,7 +184,11 @@ inline constexpr int kSlotMerge = kSlotEst + 2;
 inline constexpr int kSlotScore = kSlotMerge + 1;
 inline constexpr int kSlotSpan = kSlotScore + 5;
 inline constexpr int kSlotScoreStart = kSlotSpan + 8;  // run 23: ~latest start of a score CTA (stream / tma)
-inline constexpr int kPhaseSlots = kSlotScoreStart + 1;
+// Run 24 (stream / tma kernels, thread 0 of each CTA): ~latest CTA past the issue of its first stages,
+// earliest / ~latest CTA with its query fragments formed.
+inline constexpr int kSlotScoreIssued = kSlotScoreStart + 1;
+inline constexpr int kSlotScoreQ = kSlotScoreIssued + 1;
+inline constexpr int kPhaseSlots = kSlotScoreQ + 2;
 // Run 22: the int8 copies of rows bf16 centroid rows (ScoreParams::centroids_q8): per row s = max |c| / 127
 // (f32), u = rint(c / s) + 128 (all 128 for a zero row, s = 0). head_dim a multiple of 8.
 cudaError_t quantize_centroids(const uint16_t* centroids_bf16, int64_t rows, int head_dim, uint8_t* q8, float* scale,
@@ -450,6 +460,9 @@ constexpr bool exact_est_first(int variant) {
 constexpr bool exact_premerges(int variant) { return variant == kExactSplit64EP || variant == kExactSplit64ERP; }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);
+// RETROINFER_SCORE_QUERY (read at every decode; layer_attention_zones.cpp): ScoreParams::query_smem, true for
+// smem (the default: unset or empty), false for global; anything else throws retroinfer::Error.
+bool score_query_smem_from_env();
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <string_view>
 
 #include "backend/cuda/cuda_check.h"
@@ -84,6 +85,14 @@ int exact_variant_from_env() {
                   "split64erp, or leave it unset");
 }
 
+bool score_query_smem_from_env() {
+  const char* e = std::getenv("RETROINFER_SCORE_QUERY");
+  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "smem") == 0) return true;
+  if (std::strcmp(e, "global") == 0) return false;
+  RETROINFER_FAIL("RETROINFER_SCORE_QUERY='", e,
+                  "' is not a way for the score kernels to read the query: use smem (the default) or global");
+}
+
 const char* exact_variant_name(int variant) {
   switch (variant) {
     case kExactV1: return "v1";
@@ -116,7 +125,7 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     void end(uint64_t t) { if (t != kUnset) last = std::max(last, t); }
     bool ok() const { return first != kUnset && last != 0; }
   };
-  Span score, select, exact, est, merge, first_tile, loop_end, barrier, score_start;
+  Span score, select, exact, est, merge, first_tile, loop_end, barrier, score_start, score_issued, score_q;
   struct CtaSpans {  // kSlotSpan: exact (0) and estimation (1) CTAs
     uint64_t start_last = 0, end_first = kUnset;
     double dur_ns = 0.0, ctas = 0.0;
@@ -141,6 +150,9 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
     if (r[kSlotScore + 2] != kUnset) loop_end.end(~r[kSlotScore + 2]);
     if (r[kSlotScore + 3] != kUnset) barrier.end(~r[kSlotScore + 3]);
     if (r[kSlotScoreStart] != kUnset) score_start.end(~r[kSlotScoreStart]);
+    if (r[kSlotScoreIssued] != kUnset) score_issued.end(~r[kSlotScoreIssued]);
+    score_q.start(r[kSlotScoreQ]);
+    if (r[kSlotScoreQ + 1] != kUnset) score_q.end(~r[kSlotScoreQ + 1]);
     for (int k = 0; k < 2; ++k) {
       const uint64_t* sp = r + kSlotSpan + 4 * k;
       if (sp[3] == kUnset) continue;  // no CTA stamped
@@ -164,6 +176,11 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
   // Inside the score grid (the stream / tma kernels stamp the last CTA's start and the first tile; every
   // kernel the loop end).
   if (score_start.last != 0) add("score_start_last", rel(score_start.last));
+  if (score_issued.last != 0) add("score_issued_last", rel(score_issued.last));
+  if (score_q.ok()) {
+    add("score_q_first", rel(score_q.first));
+    add("score_q_last", rel(score_q.last));
+  }
   if (first_tile.ok()) {
     add("score_first_tile_first", rel(first_tile.first));
     add("score_first_tile_last", rel(first_tile.last));
@@ -263,6 +280,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   sp.scale = a.scale;
   sp.phase = a.phase;
   sp.early_loads = path.early_loads;
+  sp.query_smem = score_query_smem_from_env();
   // Run 10: the scores formed by the score grid itself when all its CTAs fit at once (else run 9's
   // form_scores grid below).
   const bool form_in_score = path.form_scores && path.form_in_score && path.early_loads && a.num_clusters > 0 &&

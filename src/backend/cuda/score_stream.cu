@@ -60,6 +60,13 @@
 // warp whose count makes the stage's done_count a multiple of kScoreWarps refills it with round g + kS (its
 // lanes' reads fenced to the async proxy first). 3 copies per 64 centroids instead of 12: at 128K batch 16
 // 160 against 169 us, batch 4 68.1 against 68.8 (bench/results/run23/a).
+//
+// Run 24, the query in shared memory (ScoreParams::query_smem, RETROINFER_SCORE_QUERY=smem, the default): the head's
+// query copied by cp.async before the first stages are issued and the fragments formed from there, instead of
+// loaded from global after the issue, where its loads queued behind the grid's first burst of centroid copies
+// (the last CTA had its query 9.3 us in at 128K batch 4, 6.0 now). The same fragments, so the same bits. int8
+// scoring at 128K batch 1 / 4 / 16: 44.9 / 66.8 / 159.7 against 45.9 / 68.5 / 162.8 us; bf16 unchanged (its own
+// first burst, twice the bytes, lands later than the query anyway) (bench/results/run24/g).
 #include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -302,6 +309,27 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
       for (int i = 0; i < nt; ++i) tma_load_3d(st + i * L::kStageBytes, map, 0, c0 + i * kScoreTile, h, &bar[s], pol);
     }
   };
+  // Run 24 (ScoreParams::query_smem): the head's query [G][D] f32 copied into shared memory by cp.async before the
+  // first stages are issued, the fragments formed from there after the issue (query_fragments / _q8 on the same
+  // values: the same fragments). Formed from global after the issue, the query's loads queued behind the grid's
+  // first burst of centroid copies: at 128K batch 4 the last CTA had its query 9.3 us in, 5.7 with the copy
+  // first (bench/results/run24/e, f). Up to kQRows query heads (bf16: 4, so that 6 CTAs still fit a
+  // multiprocessor's shared memory; int8: kMaxGroup); more: from global.
+  constexpr int kQRows = kQ8 ? kMaxGroup : 4;
+  __shared__ __align__(16) float qs[kQRows * D];
+  const bool q_smem = p.query_smem && G <= kQRows;  // CTA-uniform (the launch checks the 16-byte alignment)
+  if (q_smem) {
+    const float* qh = p.q + int64_t{h} * G * D;
+    for (int i = 4 * static_cast<int>(threadIdx.x); i < G * D; i += 4 * static_cast<int>(blockDim.x))
+      cp_async16(qs + i, qh + i);
+    cp_async_commit();
+  }
+  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
+  float qe = 1.0f;      // kQ8: the query row's 2^e
+  auto form_query = [&](const float* q, int head) {
+    if constexpr (kQ8) qe = query_fragments_q8<D>(qa, q, head, G, gq, tq, p.scale);
+    else query_fragments<D>(qa, q, head, G, gq, tq, p.scale);
+  };
   if constexpr (kWide) {
     if (threadIdx.x == 0)
       for (int g = 0; g < kS && g < groups; ++g) issue_group(g);
@@ -311,10 +339,16 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
     for (int t = 0; t < kS; ++t)
       if (t < ntiles) issue(t);
   }
-  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
-  float qe = 1.0f;      // kQ8: the query row's 2^e
-  if constexpr (kQ8) qe = query_fragments_q8<D>(qa, p.q, h, G, gq, tq, p.scale);
-  else query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
+  phase_last(p.phase, h, kSlotScoreIssued);  // diagnostics (run 24)
+  if (q_smem) {
+    cp_async_wait<0>();
+    __syncthreads();  // every thread's copies of the query
+    form_query(qs, 0);
+  } else {
+    form_query(p.q, h);
+  }
+  phase_first(p.phase, h, kSlotScoreQ);  // diagnostics (run 24): the query fragments formed
+  phase_last(p.phase, h, kSlotScoreQ + 1);
   float nm = -INFINITY, ns = 0.0f;
   // ldmatrix: matrix mi = lane >> 3 (centroid half mi >> 1, k half mi & 1), row ri = lane & 7, i.e. v1's
   // centroid row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
@@ -515,7 +549,10 @@ int score_stream_form_ctas_per_sm(int variant, int head_dim) {
   return 0;
 }
 
-cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_t s) {
+cudaError_t score_clusters_stream(const ScoreParams& params, int variant, cudaStream_t s) {
+  ScoreParams p = params;
+  // The query's 16-byte copies (run 24) need a 16-byte aligned base (G D floats per head: rows stay aligned).
+  if (reinterpret_cast<uintptr_t>(p.q) % 16 != 0) p.query_smem = false;
   // Bulk copies need 16-byte aligned rows: the base (cudaMalloc gives 256) and 2D-byte rows (D = 64, 128).
   if (reinterpret_cast<uintptr_t>(p.centroids_bf16) % 16 != 0 || (p.head_dim != 64 && p.head_dim != 128) ||
       !score_variant_streams(variant))
