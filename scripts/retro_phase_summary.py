@@ -3,13 +3,17 @@
 
     python3 scripts/retro_phase_summary.py FILE.jsonl [...]
 
-One line per (file, path, n, batch): graph us, then score_end, select_end, exact_end, estimate_end, merge_end,
-the exact / estimation CTAs' mean durations and the score loops' first / last ends (us), where present.
+One line per (file, path, n, batch): graph us, then, where present (us from the first score CTA's start): inside the
+score grid the last CTA's start, the last CTA past the issue of its first stages, the first / last CTA with its
+query fragments, the first / last CTA's first tile, the score loops' first / last ends and the grid's end; then
+select_end, exact_start / _end, estimate_end, merge_end and the exact / estimation CTAs' mean durations.
 """
+
 import json
 import sys
 
-KEYS = ["score_start_last", "score_issued_last", "score_q_first", "score_q_last", "score_first_tile_first", "score_first_tile_last", "score_loop_end_first", "score_loop_end_last", "score_end",
+KEYS = ["score_start_last", "score_issued_last", "score_q_first", "score_q_last", "score_first_tile_first",
+        "score_first_tile_last", "score_loop_end_first", "score_loop_end_last", "score_end",
         "select_end", "exact_start", "exact_end", "exact_cta_mean", "estimate_start_last", "estimate_end", "estimate_cta_mean", "merge_end"]
 
 
