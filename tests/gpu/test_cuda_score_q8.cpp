@@ -2,7 +2,8 @@
 // ScoreParams::centroids_q8; score_stream.cu's tma and wide kernels; RetroLayer::set_int8_scoring, opt-in).
 //   QuantizeMatchesHostRule: quantize_centroids bit for bit against the host rule (s = max |c| / 127 in f32,
 //     u = rint(c / s) + 128), rows of D 64 / 128 with zero rows, one-element rows and +-127 saturation.
-//   KernelMatchesDequantized: score_clusters (tma; wide bit for bit) on the int8 copies, every mode (plain,
+//   KernelMatchesDequantized: score_clusters (tma; wide: logits bit for bit, partial sums and scores within
+//     1e-5 since run 24's half-tile tails) on the int8 copies, every mode (plain,
 //     early, the cooperative formation where it fits), outputs poisoned first and checked written: logits against f64
 //     dot products with the dequantized centroids (bound below), -inf exactly for empty clusters, the three
 //     modes' logits and partials bit-identical, each head's formed scores summing to G; the stream variant
@@ -145,6 +146,19 @@ int64_t count_diff(const std::vector<uint32_t>& a, const std::vector<uint32_t>& 
   return d;
 }
 
+// Entries of a (float bits) that differ from b's by more than rel of the larger magnitude (equal bits, -inf
+// included, always agree; a NaN never does). pairs: the arrays are (max, sum) pairs whose maxima must be equal.
+int64_t count_close(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b, double rel, bool pairs) {
+  int64_t bad = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    const double x = gputest::bits_to_f32(a[i]), y = gputest::bits_to_f32(b[i]);
+    const bool must_equal = pairs && i % 2 == 0;
+    bad += must_equal || !(std::abs(x - y) <= rel * std::max(std::abs(x), std::abs(y)));
+  }
+  return bad + static_cast<int64_t>(a.size() != b.size());
+}
+
 void kernel_case(const KernelCase& kc, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "H=" << kc.H << " G=" << kc.G << " D=" << kc.D << " C=" << kc.C
                                   << " empty=" << kc.empty << " q_gain=" << kc.q_gain << " seed=" << seed);
@@ -212,17 +226,22 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
     EXPECT_EQ(unwritten, 0) << "scores unwritten";
     gputest::expect_scores_sum_to_group(form.scores, kc.H, kc.C, kc.G);
   }
-  // The wide variant (CTA-wide stages, run 23): the same tiles per warp and math, so tma's bits in each mode.
+  // The wide variant (CTA-wide stages, run 23): the same per-row math, so tma's logits bit for bit. Since run 24
+  // a CTA's last group of fewer than 4 tiles goes to the warps in half tiles, so the normaliser partials' sums
+  // add the same terms in another order: the maxima bit for bit, the sums and the formed scores within 1e-5.
   {
     const KernelOut w = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTmaWide, false, false);
     EXPECT_EQ(count_diff(w.logits, plain.logits, &unwritten), 0) << "wide vs tma logits";
-    EXPECT_EQ(count_diff(w.partial, plain.partial, &unwritten), 0) << "wide vs tma partials";
+    EXPECT_EQ(count_close(w.partial, plain.partial, 1e-5, true), 0) << "wide vs tma partials";
     if (fits) {
       EXPECT_TRUE(cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTmaWide));
       const KernelOut wf = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTmaWide, true, true);
       const KernelOut tf = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, true, true);
       EXPECT_EQ(count_diff(wf.logits, plain.logits, &unwritten), 0) << "wide form vs tma logits";
-      EXPECT_EQ(count_diff(wf.scores, tf.scores, &unwritten), 0) << "wide form vs tma form scores";
+      EXPECT_EQ(count_close(wf.scores, tf.scores, 1e-5, false), 0) << "wide form vs tma form scores";
+      count_diff(wf.scores, wf.scores, &unwritten);
+      EXPECT_EQ(unwritten, 0) << "wide form scores unwritten";
+      gputest::expect_scores_sum_to_group(wf.scores, kc.H, kc.C, kc.G);
     }
   }
   // Run 24: the query read from global after the issue (the query_smem switch off) gives the same bits, tma and
@@ -230,8 +249,9 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   for (const int variant : {int(cd::kScoreTma), int(cd::kScoreTmaWide)}) {
     SCOPED_TRACE(cd::score_variant_name(variant));
     const KernelOut g = run_scores(kc, dq, dc, ds, &q8, scale, variant, false, false, /*query_smem=*/false);
-    EXPECT_EQ(count_diff(g.logits, plain.logits, &unwritten), 0) << "query global vs smem logits";
-    EXPECT_EQ(count_diff(g.partial, plain.partial, &unwritten), 0) << "query global vs smem partials";
+    const KernelOut m = run_scores(kc, dq, dc, ds, &q8, scale, variant, false, false, /*query_smem=*/true);
+    EXPECT_EQ(count_diff(g.logits, m.logits, &unwritten), 0) << "query global vs smem logits";
+    EXPECT_EQ(count_diff(g.partial, m.partial, &unwritten), 0) << "query global vs smem partials";
     if (fits) {
       const KernelOut gf = run_scores(kc, dq, dc, ds, &q8, scale, variant, true, true, false);
       const KernelOut sf = run_scores(kc, dq, dc, ds, &q8, scale, variant, true, true, true);

@@ -127,5 +127,29 @@ __device__ __forceinline__ void score_tile_out(const float (&s)[4], const int (&
   }
 }
 
+// score_tile_out for half a tile (run 24, the wide kernel's last group): the lane's 2 logits s of centroids
+// c0 + 2tq, c0 + 2tq + 1 (c0: the half's first centroid), masked and folded the same way.
+__device__ __forceinline__ void score_half_tile_out(const float (&s)[2], const int (&size)[2], int c0, int tq, int gq,
+                                                    int G, int C, float* lg, float& nm, float& ns) {
+  const int cc[2] = {c0 + 2 * tq, c0 + 2 * tq + 1};
+  float out[2], tm = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    out[j] = cc[j] < C && size[j] > 0 ? s[j] : -INFINITY;
+    tm = fmaxf(tm, out[j]);
+  }
+  if (gq < G) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (cc[j] < C) lg[cc[j]] = out[j];
+    if (tm != -INFINITY) {
+      float ts = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) ts += out[j] == -INFINITY ? 0.0f : __expf(out[j] - tm);
+      ms_merge(nm, ns, tm, ts);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace retroinfer::cuda::detail

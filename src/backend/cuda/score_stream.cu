@@ -357,7 +357,14 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
     if constexpr (kTma) return (k >> 2) * L::kBoxBytes + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
     else return (row * L::kRow + (mi & 1) * 8 + k * 16) * 2;
   };
-  for (int t = 0; t < ntiles; ++t) {
+  // Run 24 (kWide): a last group of fewer than kScoreWarps tiles is taken in half tiles (8 centroids) by every
+  // warp, so that the warps of the CTA end together (at 128K batch 4 each CTA has 22 tiles: warps 0-1 took 6,
+  // warps 2-3 five, and waited for them at the CTA barrier; Nsight: 22% of the samples, run 24 n/). The
+  // logits are the same bits (the same MMA per row); the normaliser partials sum in another order.
+  const int nt_last = kWide ? (tiles.tile1 - tiles.tile0) - (groups - 1) * kScoreWarps : kScoreWarps;
+  const bool half_tail = kWide && groups > 0 && nt_last < kScoreWarps;  // CTA-uniform
+  const int full_iters = half_tail ? groups - 1 : ntiles;
+  for (int t = 0; t < full_iters; ++t) {
     const int s = t % kS;
     mbar_wait(&bar[s], static_cast<uint32_t>(t / kS) & 1u);
     if (t == 0) {  // diagnostics (thread 0 only): when the CTA's first tile landed
@@ -428,18 +435,53 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
     }
     score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);  // v1's tile epilogue, bit for bit
   }
+  if constexpr (kWide) {
+    if (half_tail) {  // the last group (no refill follows): half tile hf = tile hf / 2, rows 8 (hf % 2) + 0..7
+      const int t = groups - 1, s = t % kS;
+      mbar_wait(&bar[s], static_cast<uint32_t>(t / kS) & 1u);
+      if (t == 0) {
+        phase_last(p.phase, h, kSlotScore);
+        phase_first(p.phase, h, kSlotScore + 4);
+      }
+      for (int hf = warp; hf < 2 * nt_last; hf += kScoreWarps) {
+        const int ti = hf >> 1, r0 = 8 * (hf & 1);
+        const unsigned char* st = stages + s * kStageStride + ti * L::kStageBytes;
+        float a0[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) {
+          const int ch = tq * (D / 64) + c, r = r0 + gq;
+          const uint4 w0 = *reinterpret_cast<const uint4*>(st + r * D + (D == 128 ? (ch ^ (r & 7)) : ch) * 16);
+          const uint32_t u0[4] = {w0.x, w0.y, w0.z, w0.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            mma_f16_16816(a0, qa[4 * c + j], u8x2_to_f16x2<0x4140>(u0[j]), u8x2_to_f16x2<0x4342>(u0[j]));
+        }
+        const int at = ti * kScoreTile + r0;  // the half's first row in the stage's sizes / scales
+        const float* zc = &sscl[0][s][at];
+        const int* zs = &ssz[0][s][at];
+        const float sv[2] = {(a0[0] + a0[2]) * zc[2 * tq] * qe, (a0[1] + a0[3]) * zc[2 * tq + 1] * qe};
+        const int size[2] = {zs[2 * tq], zs[2 * tq + 1]};
+        score_half_tile_out(sv, size, (tiles.tile0 + t * kScoreWarps + ti) * kScoreTile + r0, tq, gq, G, C, lg, nm, ns);
+      }
+    }
+  }
   score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
 }
 
+// The wide kernel at D = 64 held to 72 registers (7 CTAs per multiprocessor, v1's residency; the half-tile
+// tail would take it to 76 and 6 CTAs).
+template <int D, bool kWide>
+inline constexpr int kStreamMinCtas = D == 64 && kWide ? 7 : kStreamCtasPerSm;
+
 template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
-__global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
+__global__ void __launch_bounds__(kScoreWarps * 32, kStreamMinCtas<D, kWide>)
     score_stream_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
   score_stream_body<D, kTma, false, kQ8, kWide>(p, &m);
 }
 
 // Run 10's formation in the grid (cooperative launch only: its grid barrier needs every CTA resident).
 template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
-__global__ void __launch_bounds__(kScoreWarps * 32, kStreamCtasPerSm)
+__global__ void __launch_bounds__(kScoreWarps * 32, kStreamMinCtas<D, kWide>)
     score_stream_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
   score_stream_body<D, kTma, true, kQ8, kWide>(p, &m);
 }
