@@ -12,6 +12,7 @@
 // tails, no estimation, outliers, all steady, 128K x 8 heads, 32K x 32 heads, ~700K tokens (> 40K clusters:
 // the cluster selection, with run 10's formation). Run 17's run10c (combine_states by PDL instead of the
 // fused merge): the same zones, outputs within the reordering bounds, repeats and graph replays bit-identical.
+// Run 25's run10s (run10c with the scores formed by the bins selection): bit-identical to run10c.
 // One "[decode run10]" line per case.
 #include <gtest/gtest.h>
 
@@ -77,6 +78,14 @@ void run10_case(const PathCase& rc, uint64_t seed) {
   gputest::expect_identical(dflt, cuda::detail::kRun10CombineIsDefault ? c : b, "default vs run10c / run10");
   gputest::expect_identical(gputest::expect_graph_replays(t, c.out), c, "run10c eager after replays");
   gputest::expect_stage_path(t, c.out);
+  // Run 25's run10s: run10c with the scores formed by the bins selection from the logits and partials (no grid
+  // barrier in the score grid): the same formation function on the same values, so bit-identical to run10c,
+  // eagerly, in graph replays and on the stage path.
+  env.set("run10s");
+  const PathResult sel = decode_once(t);
+  gputest::expect_identical(sel, c, "run10s vs run10c");
+  gputest::expect_identical(gputest::expect_graph_replays(t, sel.out), c, "run10s eager after replays");
+  gputest::expect_stage_path(t, sel.out);
   env.set("run10");
 
   // Graph replays of run 10 and the stage-timing path: bit-identical to its eager decode.
@@ -84,7 +93,7 @@ void run10_case(const PathCase& rc, uint64_t seed) {
   gputest::expect_identical(e, b, "eager after replays");
   const int n_phase = gputest::expect_stage_path(t, b.out).n_phase;
   std::printf("[decode run10] H=%d G=%d d=%d n=%lld C=%d n_e=%d est=%d outliers=%d: logits, scores, ids, lists "
-              "and outputs vs run9 identical%s (run10form too, the default as run10c); graph replays identical; %d phase "
+              "and outputs vs run9 identical%s (run10form too, the default as run10c, run10s as run10c); graph replays identical; %d phase "
               "entries; run10c vs run10 nmse %.2e max-abs %.2e\n",
               H, G, d, (long long)rc.n, C, layer.n_estimation(), int(rc.estimation), int(rc.outliers),
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "", n_phase, cc.nmse, cc.max_abs);
@@ -107,6 +116,39 @@ TEST(CudaDecodeRun10, MatchesRun9ManyHeads) {
   run10_case({16, 1, 8, 64, 2100, true, false, false}, 702);   // batch 16, G 8, d 64
   run10_case({1, 4, 8, 64, 16420, true, false, false}, 703);   // C ~ 1025
   run10_case({3, 2, 1, 128, 20011, true, false, false}, 704);  // batch 3, G 1
+}
+
+// Run 25: run10s's formation in the selection takes MUFU.EX2 alone for terms whose exponent is >= -126 and __expf's
+// own path item by item below. A query scaled up so that most cluster logits fall far (> 87) below their head's
+// largest: the exact path is taken for most items, and the scores, ids, lists and outputs stay run10c's bits.
+TEST(CudaDecodeRun10, SelectionFormationTinyTerms) {
+  RETROINFER_REQUIRE_GPU();
+  for (const float gain : {30.0f, 300.0f}) {
+    const gputest::PathCase pc{2, 2, 4, 128, 20000, true, false, false};
+    SCOPED_TRACE(testing::Message() << "query gain " << gain);
+    gputest::PathLayer t = gputest::make_path_layer(pc, 905);
+    std::vector<float> q(t.q_elems);
+    t.dq.download(q.data(), q.size() * 4);
+    for (float& x : q) x *= gain;
+    t.dq.upload(q.data(), q.size() * 4);
+    EnvGuard env("RETROINFER_DECODE", "run10c");
+    const PathResult c = decode_once(t);
+    env.set("run10s");
+    const PathResult sel = decode_once(t);
+    gputest::expect_identical(sel, c, "run10s vs run10c, scaled query");
+    // The case must reach the exact path: finite scores below 2^-100 (terms far below the head's largest).
+    int tiny = 0, finite = 0;
+    for (const auto& hd : c.heads)
+      for (const float x : hd.scores) {
+        finite += std::isfinite(x) ? 1 : 0;
+        tiny += std::isfinite(x) && x < 0x1p-100f ? 1 : 0;
+      }
+    if (gain > 100.0f) {
+      EXPECT_GT(tiny, finite / 10) << "the scaled query leaves too few tiny scores to test the exact path";
+    }
+    std::printf("[decode run10] selection formation, query gain %.0f: %d of %d finite scores below 2^-100; run10s "
+                "identical to run10c%s\n", gain, tiny, finite, ::testing::Test::HasFailure() ? " NOT" : "");
+  }
 }
 
 // Bench shapes (the one-wave score grid at 6 CTAs per multiprocessor) and > 40K clusters.

@@ -57,11 +57,14 @@ DecodePath decode_path() {
   } else if (v == "run10c") {  // run 17: run 10 without the fused merge, combine_states chained by PDL
     p.form_scores = p.fused_estimate = p.form_in_score = p.combine_pdl = true;
     p.fused_merge = false;
+  } else if (v == "run10s") {  // run 25: run10c with the scores formed by the bins selection (group > 0)
+    p.form_scores = p.fused_estimate = p.form_in_score = p.combine_pdl = p.select_forms = true;
+    p.fused_merge = false;
   } else if (v == "run10select" || v == "run10list" || v == "run11" || v.starts_with("run11-")) {
     RETROINFER_FAIL("RETROINFER_DECODE=", v, ": this decode path was removed after run 15 (slower than or no "
                     "faster than run 9, docs/cuda-kernels.md); use run10c (the default), run10, run9 or run8");
   } else if (!v.empty()) {
-    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10c (the default), run10 / run10form, ",
+    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10c (the default), run10s, run10 / run10form, ",
                     "run9, run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
   }
   return p;
@@ -283,14 +286,18 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   sp.query_smem = score_query_smem_from_env();
   // Run 10: the scores formed by the score grid itself when all its CTAs fit at once (else run 9's
   // form_scores grid below).
-  const bool form_in_score = path.form_scores && path.form_in_score && path.early_loads && a.num_clusters > 0 &&
-                             score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
+  // run10s: the bins selection forms the scores from the logits and partials itself (its group > 0 path), so the
+  // score grid needs no grid barrier; only where the bins kernel runs (the grid selection reads ready scores).
+  const bool select_forms = path.select_forms && a.num_clusters > 0 && a.num_clusters <= kSelectGridMinItems &&
+                            select_grid_mode() != SelectGridMode::kForce;
+  const bool form_in_score = !select_forms && path.form_scores && path.form_in_score && path.early_loads &&
+                             a.num_clusters > 0 && score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
   sp.scores = form_in_score ? a.scores : nullptr;
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 
   const int norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
-  if (path.form_scores && !form_in_score) {  // run 9: the scores by their own grid; the selection reads them (group 0)
+  if (path.form_scores && !form_in_score && !select_forms) {  // run 9: the scores by their own grid; the selection reads them (group 0)
     FormScoresParams fp;
     fp.logits = sp.logits;
     fp.norm_partial = sp.norm_partial;
@@ -308,7 +315,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.norm_parts = norm_parts;
   se.scores = a.scores;
   se.num_heads = a.num_heads;
-  se.group = path.form_scores ? 0 : a.group;
+  se.group = path.form_scores && !select_forms ? 0 : a.group;
   se.num_items = a.num_clusters;
   se.k_retrieval = a.n_retrieval;
   se.k_estimation = a.n_estimation;

@@ -4,6 +4,7 @@
 // ascending, the retrieval items expanded into the head's exact-token list (steady zone first).
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -343,6 +344,100 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
 // expands it (steady zone, token_list, token_count, scan_scratch), the estimation CTA compacts the
 // estimation list only and exits. Only the retrieval CTA stamps phases, writes the formed scores and
 // prefetches the CSR offsets. Both signal the PDL dependents and wait at the same points as kSplit = false.
+// Run 25 (RETROINFER_DECODE=run10s: the selection forms the scores): head h's scores from its logits lgh [G][N] and
+// the score grid's normaliser partials, where N % 4 == 0 and the logits / scores are 16-byte aligned. Thread t
+// takes the item quads t, t + blockDim.x, ... by one float4 load per query head, kQ quads in flight (kGM >= G
+// query heads loaded); the first loads are issued before the normaliser merge (independent of it). The per-item
+// scalar loads of the general path below left ~2 in flight per thread (9 us for 8188 items at G = 4, run 25
+// call 2). Each score is form_head_score of the same logits, so the same bits; the kernel's range reduction
+// (kmin / kmax) and the scores in shared memory (sc) and global memory (gsc, the lead CTA) as the general path.
+// Run 25 call 3 (SASS): the phase was instruction-bound, not load-bound: the general path's form_head_score
+// branches per head and reloads M_g, 1 / L_g from shared memory per term (~80 instructions per item, 8188 items
+// on one multiprocessor: 7 us with float4 loads, 9 with scalar ones).
+// log2(e) in f32, the factor __expf applies before its MUFU.EX2; ex2_fast: that instruction (ex2.approx.ftz), which
+// equals __expf's for arguments >= -126 (normal results).
+constexpr float kLog2eF = 1.4426950408889634f;
+__device__ __forceinline__ float ex2_fast(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+template <int kGM, int kQ>
+__device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, int h, const float* lgh, float* gmax,
+                                                        float* ginv, float* gsc, float* sc, bool lead, uint32_t& kmin,
+                                                        uint32_t& kmax) {
+  const int N = p.num_items, G = p.group, tid = static_cast<int>(threadIdx.x), warp = tid >> 5;
+  const int nq = N >> 2, step = static_cast<int>(blockDim.x);
+  float4 v[kQ][kGM];
+  auto load = [&](int q0) {
+#pragma unroll
+    for (int b = 0; b < kQ; ++b)
+#pragma unroll
+      for (int g = 0; g < kGM; ++g) {
+        const int q = q0 + b * step;
+        v[b][g] = g < G && q < nq ? __ldg(reinterpret_cast<const float4*>(lgh + int64_t{g} * N) + q)
+                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+  };
+  if (tid < nq) load(tid);
+  if (warp < G) merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, gmax, ginv);
+  __syncthreads();
+  // The normaliser in registers, heads >= G padded with (0, 0): with their logits read as 0 a padded head adds
+  // e^0 * 0 = 0 to the sum, which leaves it bit for bit (s + 0 == s for the sums >= 0 formed here).
+  float gm[kGM], gi[kGM];
+#pragma unroll
+  for (int g = 0; g < kGM; ++g) {
+    gm[g] = g < G ? gmax[g] : 0.0f;
+    gi[g] = g < G ? ginv[g] : 0.0f;
+  }
+  for (int q0 = tid; q0 < nq; q0 += kQ * step) {
+    if (q0 != tid) load(q0);
+#pragma unroll
+    for (int b = 0; b < kQ; ++b) {
+      const int q = q0 + b * step;
+      if (q >= nq) break;
+      float s4[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // form_head_score without its per-head branches and shared-memory loads: the same terms added in the
+        // same order (FFMA, as form_head_score's s += e * (1 / L) compiles), the result -inf for an empty item.
+        // __expf(x) is MUFU.EX2 of x log2(e) where x log2(e) >= -126 (call 4's SASS: else it halves, exponentiates
+        // and squares, the non-ftz path): ex2_fast is that instruction alone, so the same bits there. A term
+        // below (a denormal e) takes the exact path for the item; a -inf logit gives ex2(-inf) = +0, an exact
+        // no-op term, and the item is empty anyway.
+        float sum = 0.0f;
+        bool empty = false, exact = false;
+#pragma unroll
+        for (int g = 0; g < kGM; ++g) {
+          const float l = (&v[b][g].x)[j];
+          const float x = (l - gm[g]) * kLog2eF;
+          empty = empty || l == -INFINITY;
+          exact = exact || (x < -126.0f && l != -INFINITY);
+          sum = fmaf(ex2_fast(x), gi[g], sum);
+        }
+        if (exact) {  // rare (a logit ~87 below its head's largest): __expf's own denormal path, term by term
+          sum = 0.0f;
+#pragma unroll
+          for (int g = 0; g < kGM; ++g) {
+            const float l = (&v[b][g].x)[j];
+            if (l != -INFINITY) sum = fmaf(__expf(l - gm[g]), gi[g], sum);
+          }
+        }
+        s4[j] = empty ? -INFINITY : sum;
+        if (s4[j] != -INFINITY) {
+          const uint32_t u = float_order_key(s4[j]);
+          kmin = min(kmin, u);
+          kmax = max(kmax, u);
+        }
+      }
+      const float4 s = make_float4(s4[0], s4[1], s4[2], s4[3]);
+      *reinterpret_cast<float4*>(sc + 4 * q) = s;
+      if (lead) *reinterpret_cast<float4*>(gsc + 4 * q) = s;
+    }
+  }
+}
+
 template <bool kBallot, bool kSplit>
 __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectParams p) {
   static_assert(kBallot || !kSplit, "the split selection compacts with compact_ballot");
@@ -374,9 +469,15 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   uint32_t kmin = 0xffffffffu, kmax = 0u;
   if (G > 0) {
     __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
+    const float* lgh = p.logits + int64_t{h} * G * N;
+    const bool quads = (N & 3) == 0 && (reinterpret_cast<uintptr_t>(p.logits) & 15) == 0 &&
+                       (reinterpret_cast<uintptr_t>(p.scores) & 15) == 0;  // CTA-uniform
+    // (G > 4: the general path; a kGM = 8 instance would take the kernel past its 64 registers into spills.)
+    if (quads && G <= 4) {
+      scores_from_logit_quads<4, 2>(p, h, lgh, gmax, ginv, gsc, sc, lead, kmin, kmax);
+    } else {
     if (warp < G) merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, gmax, ginv);
     __syncthreads();
-    const float* lgh = p.logits + int64_t{h} * G * N;
     for (int i0 = tid; i0 < N; i0 += 4 * blockDim.x) {
       float lv[4][kMaxGroup];
       load_logits<4, false>(lv, lgh, N, G, i0, blockDim.x, N);
@@ -393,6 +494,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
           kmax = max(kmax, u);
         }
       }
+    }
     }
   } else {
     // Ready scores (quest, outliers, oracle; run 9's form_scores): 4 independent loads in flight per thread
