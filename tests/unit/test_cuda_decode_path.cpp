@@ -26,6 +26,9 @@ TEST(CudaDecodePath, EnvironmentSwitch) {
   EXPECT_EQ(p.form_in_score, kRun9IsDefault && kRun10FormIsDefault);
   EXPECT_EQ(p.combine_pdl, kRun9IsDefault && kRun10FormIsDefault && kRun10CombineIsDefault);
   EXPECT_EQ(p.fused_merge, !p.combine_pdl);
+  // Since run 25 the bins selection forms the scores (kRun25SelectFormsIsDefault; launch_zone_decode keeps the
+  // score grid's formation where that does not apply).
+  EXPECT_EQ(p.select_forms, p.combine_pdl && kRun25SelectFormsIsDefault);
   for (const char* name : {"run10", "run10form"}) {
     setenv("RETROINFER_DECODE", name, 1);
     p = decode_path();
@@ -38,6 +41,13 @@ TEST(CudaDecodePath, EnvironmentSwitch) {
     setenv("RETROINFER_DECODE", name, 1);
     p = decode_path();
     EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score && p.combine_pdl && p.pdl) << name;
+    EXPECT_FALSE(p.fused_merge || p.select_forms) << name;
+  }
+  // Run 25's run10s: run10c with the scores formed by the bins selection.
+  for (const char* name : {"run10s", "run10s+split64"}) {
+    setenv("RETROINFER_DECODE", name, 1);
+    p = decode_path();
+    EXPECT_TRUE(p.form_scores && p.fused_estimate && p.combine_pdl && p.select_forms && p.pdl) << name;
     EXPECT_FALSE(p.fused_merge) << name;
   }
   setenv("RETROINFER_DECODE", "run9", 1);
@@ -61,6 +71,7 @@ TEST(CudaDecodePath, EnvironmentSwitch) {
   p = decode_path();
   EXPECT_TRUE(p.form_scores && p.fused_estimate && p.form_in_score);
   EXPECT_EQ(p.combine_pdl, kRun10CombineIsDefault);
+  EXPECT_EQ(p.select_forms, kRun10CombineIsDefault && kRun25SelectFormsIsDefault);
   setenv("RETROINFER_DECODE", "run6", 1);
   p = decode_path();
   EXPECT_FALSE(p.fused_merge || p.pdl || p.early_loads || p.prefetch || p.balance);

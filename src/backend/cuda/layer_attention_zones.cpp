@@ -49,6 +49,7 @@ DecodePath decode_path() {
     p.form_in_score = kRun10FormIsDefault;
     p.combine_pdl = kRun10FormIsDefault && kRun10CombineIsDefault;
     p.fused_merge = !p.combine_pdl;
+    p.select_forms = p.combine_pdl && kRun25SelectFormsIsDefault;
   } else if (v == "run9") p.form_scores = p.fused_estimate = true;
   else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
   else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
@@ -62,9 +63,9 @@ DecodePath decode_path() {
     p.fused_merge = false;
   } else if (v == "run10select" || v == "run10list" || v == "run11" || v.starts_with("run11-")) {
     RETROINFER_FAIL("RETROINFER_DECODE=", v, ": this decode path was removed after run 15 (slower than or no "
-                    "faster than run 9, docs/cuda-kernels.md); use run10c (the default), run10, run9 or run8");
+                    "faster than run 9, docs/cuda-kernels.md); use run10s (the default), run10c, run10, run9 or run8");
   } else if (!v.empty()) {
-    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10c (the default), run10s, run10 / run10form, ",
+    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10s (the default), run10c, run10 / run10form, ",
                     "run9, run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
   }
   return p;
@@ -288,8 +289,10 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   // form_scores grid below).
   // run10s: the bins selection forms the scores from the logits and partials itself (its group > 0 path), so the
   // score grid needs no grid barrier; only where the bins kernel runs (the grid selection reads ready scores).
+  // Only where the selection's fast formation applies (select_bins.cu scores_from_logit_quads: G <= 4 and whole item
+  // quads; its general path is ~5x slower on one multiprocessor than the score grid's formation over ~24 CTAs).
   const bool select_forms = path.select_forms && a.num_clusters > 0 && a.num_clusters <= kSelectGridMinItems &&
-                            select_grid_mode() != SelectGridMode::kForce;
+                            a.group <= 4 && a.num_clusters % 4 == 0 && select_grid_mode() != SelectGridMode::kForce;
   const bool form_in_score = !select_forms && path.form_scores && path.form_in_score && path.early_loads &&
                              a.num_clusters > 0 && score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
   sp.scores = form_in_score ? a.scores : nullptr;

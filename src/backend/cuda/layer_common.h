@@ -126,11 +126,15 @@ struct ZoneDecodeArgs {
 //                   estimate_cta; no side stream, no fork / join), sharing its programmatic launch;
 //   "run9est" / "run9form": run 8 plus only run 9's estimation / only its score formation (attribution);
 //   "run8":         run 8 whatever kRun9IsDefault says;
+//   "run10c":       run 10 with combine_states chained by PDL instead of the fused merge (run 17);
+//   "run10s":       run10c with the scores formed by the bins selection from the logits and the normaliser
+//                   partials (select_bins.cu scores_from_logit_quads; run 25), where G <= 4, C % 4 == 0 and the
+//                   bins kernel runs (else run10c): the score grid ends without a grid barrier. The default.
 //   "run10" / "run10form": run 9 plus (form_in_score) the scores formed by the score grid itself after a
 //                   grid-wide barrier (cooperative launch, ScoreParams::scores; only where score_form_fits,
 //                   else run 9's form_scores grid), so the selection is the score kernel's programmatic
 //                   dependent again; logits, scores, ids, token lists and outputs bit-identical to run 9 (the
-//                   same values feed the same arithmetic, select_common.cuh form_head_score). The default.
+//                   same values feed the same arithmetic, select_common.cuh form_head_score).
 //                   Run 10's other two parts (the selection's CSR offsets in shared memory, "run10select";
 //                   the exact attention's token list loaded ahead, "run10list") and run 11 (the exact grid
 //                   reshaped, "run11*") were removed after run 15 (slower or no gain, docs/cuda-kernels.md):
@@ -159,6 +163,12 @@ inline constexpr bool kRun10FormIsDefault = true;
 // 1.5-4.1 us less at 128K batch 1-16, 7-16 us at 512K / 1M (bench/results/run17/ab5); "run10" keeps the
 // fused merge.
 inline constexpr bool kRun10CombineIsDefault = true;
+// Since run 25 (session 22) the default forms the selection's scores in the bins selection itself (DecodePath::
+// select_forms, "run10s" spelled out: no grid barrier and formation in the score grid) where G <= 4 and C % 4 == 0
+// and the bins kernel runs; elsewhere run10c. Bit-identical to run10c; 128K batch 4, int8 scoring, read flush:
+// 63.5-64.1 against 66.0-66.4 us, batch 16 152.5-153.2 against 159.7-160.6, 32K 1.8-3.2 us less
+// (bench/results/run25/e). "run10c" keeps the formation in the score grid.
+inline constexpr bool kRun25SelectFormsIsDefault = true;
 DecodePath decode_path();
 
 // Phase summary of the stamps of one decode (kernels.h kPhaseSlots; raw: [H, kPhaseSlots] as downloaded):
