@@ -78,11 +78,13 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   b.n_idx = n_idx;
   b.clusters = C;
   // Index arrays (what build() leaves, and an update regrows to the same shapes).
+  // bf16 value sums, bf16 centroids (not kept with int8 scoring: run 25), f32 copies, sizes, CSR, members.
+  const int64_t bf16_per = r.int8_scoring ? 2 : 2 + 2;
   const int64_t arrays = n_idx == 0 ? 4  // the empty CSR: offsets[0]
-                                    : H * C * D * ((2 + 2) + (r.keep_f32_index ? 8 : 0)) + H * C * 4 +
+                                    : H * C * D * (bf16_per + (r.keep_f32_index ? 8 : 0)) + H * C * 4 +
                                           (H * C + 1) * 4 + H * n_idx * 4 * (r.keep_assignment ? 2 : 1);
-  // Int8 scoring: the centroids' int8 copies and row scales (quantized again after every update, into a
-  // buffer regrown while the old one is still held).
+  // Int8 scoring: the centroids' int8 copies and row scales (an update appends the block's rows, regrown
+  // while the old ones are still held), in place of the bf16 centroids.
   const int64_t q8 = r.int8_scoring && C > 0 ? H * C * (D + 4) : 0;
   b.index = arrays + q8 + (n_idx > 0 ? H * D * 4 : 0) + std::max<int64_t>(H * out_stride * 4, 16) + H * 4;
   // Decode workspace (RetroLayer::Impl::size_workspace).

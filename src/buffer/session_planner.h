@@ -13,7 +13,7 @@
 //     oracle    as full + H * n * (4 G + 8)              logits per query head, score and list per token
 //     retro     what one RetroLayer holds after build() and release_build_workspace(), buffer by buffer
 //               (retro_layer_bytes below): the index (mean key, bf16 centroids and value sums 4 D per
-//               cluster, size and CSR offset 8, members 4 per indexed token, outlier lists; f32 copies
+//               cluster, or int8 centroid copies + bf16 value sums 3 D + 4 with int8 scoring, size and CSR offset 8, members 4 per indexed token, outlier lists; f32 copies
 //               8 D more per cluster with retro_keeps_f32_index, the per-token cluster ids 4 more per token
 //               with retro_keeps_assignment) and the decode workspace (logits 4 G, score 4 and zone ids
 //               ~1 per cluster, estimation split states, token lists H * (steady + kExecSlack * retrieval
@@ -78,7 +78,8 @@ struct RetroLayerBytesRequest {
   bool keep_f32_index = false;   // set_keep_f32_index (the runner: off)
   bool keep_assignment = false;  // set_keep_assignment (the runner: off)
   int build_group_seqs = 1;      // set_build_group_seqs (0: every sequence in one k-means run)
-  bool int8_scoring = false;     // set_int8_scoring (default off): int8 centroid copies + row scales
+  bool int8_scoring = false;     // set_int8_scoring (the GPU layer's default on since run 25; callers pass it):
+                                 // int8 centroid copies + row scales instead of the bf16 centroids
   // true (the session plan): token and outlier lists sized for any prompt of <= tokens tokens that grows
   // to kv_stride; false: exactly as build(tokens, kv_stride) sizes them.
   bool growth_bound = false;
@@ -117,7 +118,7 @@ struct SessionPlanRequest {
   // are released (counted once, as a transient workspace).
   bool retro_keeps_build_buffers = false;
   bool retro_keeps_f32_index = false;  // the runner's RetroLayerAttention frees the f32 index copies
-  bool retro_int8_scoring = false;     // RetroLayer::set_int8_scoring (RETROINFER_SCORE_CENTROIDS=int8)
+  bool retro_int8_scoring = false;     // RetroLayer::set_int8_scoring (RETROINFER_SCORE_CENTROIDS, int8 unless bf16)
   bool retro_keeps_assignment = false;  // ... and keeps no per-token cluster ids
   int retro_build_group_seqs = 1;       // ... and builds one sequence's index at a time
 };

@@ -73,6 +73,8 @@ void expect_identical(const Snapshot& a, const Snapshot& b) {
     EXPECT_TRUE(same_bits(x.mean, y.mean));
     EXPECT_TRUE(same_bits(x.centroids, y.centroids));
     EXPECT_TRUE(same_bits(x.centroids_bf16, y.centroids_bf16));
+    EXPECT_TRUE(same_bits(x.centroids_q8, y.centroids_q8));  // int8 scoring (the default): the copies instead
+    EXPECT_TRUE(same_bits(x.centroid_scale, y.centroid_scale));
     EXPECT_TRUE(same_bits(x.value_sums, y.value_sums));
     EXPECT_TRUE(same_bits(x.value_sums_bf16, y.value_sums_bf16));
     EXPECT_EQ(x.sizes, y.sizes);

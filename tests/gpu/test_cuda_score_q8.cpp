@@ -1,5 +1,6 @@
 // Run 22: cluster scoring against int8 copies of the centroids (kernels.h quantize_centroids,
-// ScoreParams::centroids_q8; score_stream.cu's tma and wide kernels; RetroLayer::set_int8_scoring, opt-in).
+// ScoreParams::centroids_q8; score_stream.cu's tma and wide kernels; RetroLayer::set_int8_scoring, the default
+// since run 25, when the layer keeps no bf16 centroids).
 //   QuantizeMatchesHostRule: quantize_centroids bit for bit against the host rule (s = max |c| / 127 in f32,
 //     u = rint(c / s) + 128), rows of D 64 / 128 with zero rows, one-element rows and +-127 saturation.
 //   KernelMatchesDequantized: score_clusters (tma; wide: logits bit for bit, partial sums and scores within
@@ -10,14 +11,14 @@
 //     given the same int8 copies scores the bf16 centroids (bit-identical to no copies). Shapes as
 //     test_cuda_score_stream's (tails, G 1-8, D 64 / 128, all-empty heads, 128K batch 1 and 4) plus queries
 //     of ~1e6 (the per-row power of two that keeps the f16 query parts finite).
-//   DecodeInt8: RetroLayer decodes with int8 scoring: the debug state's int8 copies are the host rule applied
-//     to its bf16 centroids; run 9 and run 10 paths identical, graph replays and the stage path identical
+//   DecodeInt8: RetroLayer decodes with int8 scoring: the debug state has no bf16 centroids and its int8 copies
+//     are the host rule applied to the bf16 centroids of the bf16-scoring layer over the same K/V; run 9 and run 10 paths identical, graph replays and the stage path identical
 //     to the eager decode; the output against the f64 reference of the zones it selected; against full
 //     attention no worse than the bf16-scoring layer's (RETROINFER_SCORE_CENTROIDS=bf16) over the same K/V.
 //   ScoringSwitch: RETROINFER_SCORE_CENTROIDS read at construction (int8 / bf16 / unset; others throw),
-//     set_int8_scoring refused after build(). The default is bf16 scoring: int8 is faster from 128K batch 4
-//     up (run 23: with the wide kernel) and as accurate on SmolLM2 (run 22), but 128K batch 1 is slower and
-//     its copies add ~1.6% of the KV bytes (run 13's 128K batch-7 Llama-3-8B plan no longer fits).
+//     set_int8_scoring refused after build(). The default is int8 scoring since run 25 (faster from 128K batch
+//     4 up since run 23, as accurate on SmolLM2 since run 22; the bf16 centroids are no longer kept beside the
+//     copies, so the index is smaller than with bf16 scoring).
 // One "[score q8]" line per case.
 #include <gtest/gtest.h>
 
@@ -28,6 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/kernels.h"
@@ -306,29 +308,33 @@ TEST(CudaScoreQ8, DecodeInt8) {
     gputest::expect_identical(a9, a, "run 9 path vs run 10");
     gputest::expect_identical(gputest::expect_graph_replays(t, a.out), a, "eager after replays");
     gputest::expect_stage_path(t, a.out);
-    // The int8 copies are the host rule applied to the bf16 centroids.
+    const auto cref = gputest::compare(a.out, gputest::f64_reference(t, a, pc.group, d));
+    EXPECT_EQ(cref.unwritten, 0);
+    EXPECT_LT(cref.nmse, 1e-9);  // test_cuda_decode_run9's bounds against the same reference
+    EXPECT_LT(cref.max_abs, 1e-4);
+    // The bf16-scoring layer over the same K/V (the same k-means: nearly the same retrieval clusters).
+    EnvGuard fmt16("RETROINFER_SCORE_CENTROIDS", "bf16");
+    gputest::PathLayer u = gputest::make_path_layer(pc, seed);
+    ASSERT_FALSE(u.layer->int8_scoring());
+    const gputest::PathResult b = gputest::decode_once(u);
+    // The int8 copies are the host rule applied to the bf16 centroids (the bf16 layer's: the int8 layer keeps
+    // none since run 25).
     int64_t bad = 0;
-    for (const auto& st : a.heads) {
+    for (size_t h = 0; h < a.heads.size(); ++h) {
+      const auto &st = a.heads[h], &sb = b.heads[h];
+      EXPECT_TRUE(st.centroids_bf16.empty());
       ASSERT_EQ(st.centroids_q8.size(), size_t(C) * d);
       ASSERT_EQ(st.centroid_scale.size(), size_t(C));
+      ASSERT_EQ(sb.centroids_bf16.size(), size_t(C) * d);
       std::vector<uint8_t> want(d);
       for (int c = 0; c < C; ++c) {
         float s = 0;
-        host_quantize(&st.centroids_bf16[size_t(c) * d], d, want.data(), &s);
+        host_quantize(&sb.centroids_bf16[size_t(c) * d], d, want.data(), &s);
         bad += std::memcmp(&s, &st.centroid_scale[c], 4) != 0;
         for (int i = 0; i < d; ++i) bad += want[i] != st.centroids_q8[size_t(c) * d + i];
       }
     }
     EXPECT_EQ(bad, 0) << "int8 copies differ from the host rule";
-    const auto cref = gputest::compare(a.out, gputest::f64_reference(t, a, pc.group, d));
-    EXPECT_EQ(cref.unwritten, 0);
-    EXPECT_LT(cref.nmse, 1e-9);  // test_cuda_decode_run9's bounds against the same reference
-    EXPECT_LT(cref.max_abs, 1e-4);
-    // The bf16-scoring layer over the same K/V: nearly the same retrieval clusters.
-    EnvGuard fmt16("RETROINFER_SCORE_CENTROIDS", "bf16");
-    gputest::PathLayer u = gputest::make_path_layer(pc, seed);
-    ASSERT_FALSE(u.layer->int8_scoring());
-    const gputest::PathResult b = gputest::decode_once(u);
     double jacc = 0;
     for (size_t h = 0; h < a.heads.size(); ++h) {
       EXPECT_TRUE(b.heads[h].centroids_q8.empty());
@@ -363,9 +369,9 @@ TEST(CudaScoreQ8, ScoringSwitch) {
   EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", nullptr);
   AttentionConfig cfg;
   const AttentionShape shape{4, 2, 64};
-  EXPECT_FALSE(cuda::RetroLayer(shape, cfg).int8_scoring());
+  EXPECT_TRUE(cuda::RetroLayer(shape, cfg).int8_scoring());  // the default since run 25
   fmt.set("");
-  EXPECT_FALSE(cuda::RetroLayer(shape, cfg).int8_scoring());
+  EXPECT_TRUE(cuda::RetroLayer(shape, cfg).int8_scoring());
   fmt.set("bf16");
   EXPECT_FALSE(cuda::RetroLayer(shape, cfg).int8_scoring());
   fmt.set("int8");
@@ -382,7 +388,33 @@ TEST(CudaScoreQ8, ScoringSwitch) {
   EXPECT_FALSE(layer.int8_scoring());
   layer.set_int8_scoring(true);
   EXPECT_TRUE(layer.int8_scoring());
-  std::printf("[score q8] switch: unset / empty / bf16 -> bf16, int8 -> int8; 4 bad values throw\n");
+  std::printf("[score q8] switch: unset / empty / int8 -> int8, bf16 -> bf16; 4 bad values throw\n");
+}
+
+// Run 25: a layer with int8 scoring keeps no bf16 centroids, so the score variants that read only bf16 ones
+// (v1, stream) refuse its decode with an Error naming the way out; tma and wide decode it, bit-identically.
+TEST(CudaScoreQ8, Bf16VariantsRefuseAnInt8Layer) {
+  RETROINFER_REQUIRE_GPU();
+  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", nullptr);  // the default: int8
+  gputest::PathLayer t = gputest::make_path_layer({1, 2, 4, 128, 3000, true, false, true}, 962);
+  ASSERT_TRUE(t.layer->int8_scoring());
+  EnvGuard score("RETROINFER_SCORE", "tma");
+  EXPECT_EQ(gputest::compare(gputest::decode_once(t).out, gputest::decode_once(t).out).unwritten, 0);
+  score.set("wide");
+  const gputest::PathResult a = gputest::decode_once(t);
+  for (const char* v : {"v1", "stream"}) {
+    score.set(v);
+    auto dout = gputest::poisoned(t.q_elems);
+    try {
+      t.layer->decode(t.dq.as<float>(), dout.as<float>());
+      ADD_FAILURE() << v << " decoded a layer without bf16 centroids";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("RETROINFER_SCORE_CENTROIDS=bf16"), std::string::npos) << e.what();
+    }
+  }
+  score.set("wide");
+  gputest::expect_identical(gputest::decode_once(t), a, "wide again after the refusals");
+  std::printf("[score q8] int8-only layer: v1 and stream refused with a clear error; tma and wide decode it\n");
 }
 
 TEST(CudaScoreQ8, SwitchRefusedAfterBuild) {

@@ -344,6 +344,7 @@ TEST(CudaScoreStream, QueryFromSharedMemory) {
 
 TEST(CudaScoreStream, BadVariantThrowsInDecode) {
   RETROINFER_REQUIRE_GPU();
+  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", "bf16");  // the stream variant below reads bf16 centroids
   gputest::PathLayer t = gputest::make_path_layer({1, 2, 4, 128, 3000, true, false, true}, 921);
   EnvGuard score("RETROINFER_SCORE", "nope");
   auto dout = gputest::poisoned(t.q_elems);

@@ -296,6 +296,12 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   const bool form_in_score = !select_forms && path.form_scores && path.form_in_score && path.early_loads &&
                              a.num_clusters > 0 && score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
   sp.scores = form_in_score ? a.scores : nullptr;
+  // A layer with int8 scoring keeps only the int8 copies (run 25): the kernels that read bf16 centroids cannot run.
+  RETROINFER_CHECK(a.centroids_bf16 != nullptr || a.num_clusters == 0 ||
+                       (a.centroids_q8 != nullptr && score_variant_reads_int8(score_variant_from_env())),
+                   "decode: this layer scores clusters against int8 centroid copies only (int8 scoring, the default), "
+                   "which RETROINFER_SCORE=v1 / stream cannot read; use tma or wide (the default), or build the layer "
+                   "with RETROINFER_SCORE_CENTROIDS=bf16");
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 

@@ -32,10 +32,10 @@ int phases_requested() {
 
 bool int8_scoring_from_env() {
   const char* e = std::getenv("RETROINFER_SCORE_CENTROIDS");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "bf16") == 0) return false;
-  if (std::strcmp(e, "int8") == 0) return true;
+  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "int8") == 0) return true;
+  if (std::strcmp(e, "bf16") == 0) return false;
   RETROINFER_FAIL("RETROINFER_SCORE_CENTROIDS='", e,
-                  "' is not a centroid format for scoring: use bf16 (the default) or int8");
+                  "' is not a centroid format for scoring: use int8 (the default) or bf16");
 }
 
 // The estimation zone runs on a side stream, concurrently with the exact attention (both only read the
@@ -82,14 +82,15 @@ struct RetroLayer::Impl {
   bool outliers_on = false;  // set_outlier_zone(true): cfg.outlier_fraction applies
   bool keep_f32 = true;      // set_keep_f32_index: f32 centroids / value sums kept after build and update
   bool keep_assignment = true;  // set_keep_assignment: the per-token cluster ids kept on the device
-  bool int8_on = false;         // set_int8_scoring: clusters scored against centroids_q8 (run 22)
+  bool int8_on = false;         // set_int8_scoring: clusters scored against centroids_q8 (run 22; the default since
+                                // run 25, and then the index keeps no bf16 centroids)
   int build_group = 1;       // set_build_group_seqs: sequences per k-means run of build() (0: all)
   KMeansWork work;
   // The index (compact CSR over flat heads: head h's members are [offsets[h*C], offsets[(h+1)*C])).
   DeviceBuffer mean;            // [H, D] f32: mean key of the prefill build
   DeviceBuffer centroids;       // [H, C, D] f32, de-centred
-  DeviceBuffer centroids_bf16;  // [H, C, D] bf16
-  DeviceBuffer centroids_q8;    // [H, C, D] u8: int8 copies of centroids_bf16 (int8_on; quantize_centroids)
+  DeviceBuffer centroids_bf16;  // [H, C, D] bf16 (int8_on: empty; the k-means result's are quantized and dropped)
+  DeviceBuffer centroids_q8;    // [H, C, D] u8: int8 copies of the bf16 centroids (int8_on; quantize_centroids)
   DeviceBuffer centroid_scale;  // [H, C] f32: their row scales
   DeviceBuffer value_sums;      // [H, C, D] f32
   DeviceBuffer value_sums_bf16;  // [H, C, D] bf16
@@ -116,6 +117,14 @@ struct RetroLayer::Impl {
   void update(cudaStream_t st);
   void split_outliers(cudaStream_t st, int64_t head0, int heads);
   void build_grouped(const std::vector<int>& seg_t, const std::vector<int>& seg_c, int group, cudaStream_t st);
+  // int8_on: rows [row0, row0 + rows) of (q8, scale) from `rows` bf16 centroid rows (quantize_centroids).
+  void quantize_rows(const DeviceBuffer& bf16, DeviceBuffer& q8, DeviceBuffer& scale, size_t row0, size_t rows,
+                     cudaStream_t st) const {
+    if (rows == 0) return;
+    detail::launch_check(detail::quantize_centroids(bf16.as<uint16_t>(), int64_t(rows), D, q8.as<uint8_t>() + row0 * D,
+                                                    scale.as<float>() + row0, st),
+                         "quantize_centroids", st);
+  }
 };
 
 RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs) : impl_(new Impl) {
@@ -208,6 +217,14 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
         m.value_sums = DeviceBuffer{};
       }
       if (!m.keep_assignment) m.assignment = DeviceBuffer{};
+      if (m.int8_on) {  // scored against int8 copies only: quantize the bf16 centroids, then drop them
+        const size_t rows = size_t(H) * size_t(m.C);
+        ensure(m.centroids_q8, rows * size_t(D));
+        ensure(m.centroid_scale, rows * 4);
+        m.quantize_rows(m.centroids_bf16, m.centroids_q8, m.centroid_scale, 0, rows, st);
+        RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));  // the copy is read before its buffer is freed
+        m.centroids_bf16 = DeviceBuffer{};
+      }
     }
   }
   m.size_workspace(st);
@@ -227,7 +244,13 @@ void RetroLayer::Impl::build_grouped(const std::vector<int>& seg_t, const std::v
                    " indexed tokens exceed the int32 CSR offsets; use fewer sequences per layer");
   C = seg_c.back();
   ensure(mean, Hs * Ds * 4);
-  ensure(centroids_bf16, Hs * Cs * Ds * 2);
+  if (int8_on) {  // each group's bf16 centroids are quantized into the index; no bf16 copy is kept
+    centroids_bf16 = DeviceBuffer{};
+    ensure(centroids_q8, Hs * Cs * Ds);
+    ensure(centroid_scale, Hs * Cs * 4);
+  } else {
+    ensure(centroids_bf16, Hs * Cs * Ds * 2);
+  }
   ensure(value_sums_bf16, Hs * Cs * Ds * 2);
   if (keep_f32) {
     ensure(centroids, Hs * Cs * Ds * 4);
@@ -255,7 +278,8 @@ void RetroLayer::Impl::build_grouped(const std::vector<int>& seg_t, const std::v
                                             size_t(Hg) * per_head, cudaMemcpyDeviceToDevice, st));
     };
     put(mean, work.mean, Ds * 4);
-    put(centroids_bf16, work.centroids_bf16, Cs * Ds * 2);
+    if (int8_on) quantize_rows(work.centroids_bf16, centroids_q8, centroid_scale, h0 * Cs, size_t(Hg) * Cs, st);
+    else put(centroids_bf16, work.centroids_bf16, Cs * Ds * 2);
     put(value_sums_bf16, work.value_sums_bf16, Cs * Ds * 2);
     if (keep_f32) {
       put(centroids, work.centroids, Cs * Ds * 4);
@@ -285,16 +309,7 @@ void RetroLayer::Impl::build_grouped(const std::vector<int>& seg_t, const std::v
 // Budgets, token-list capacity and decode workspace for the current index. Synchronous when the index is
 // non-empty (the capacity needs the cluster sizes).
 void RetroLayer::Impl::size_workspace(cudaStream_t st) {
-  // The int8 copies of every centroid (an update appends clusters: all rows are quantized again; ~C D H
-  // bytes, once per build or update).
-  if (int8_on && C > 0) {
-    const size_t rows = size_t(H) * size_t(C);
-    ensure(centroids_q8, rows * size_t(D));
-    ensure(centroid_scale, rows * 4);
-    detail::launch_check(detail::quantize_centroids(centroids_bf16.as<uint16_t>(), int64_t(rows), D,
-                                                    centroids_q8.as<uint8_t>(), centroid_scale.as<float>(), st),
-                         "quantize_centroids", st);
-  }
+  // (int8_on: the int8 copies are made where the bf16 centroids come from: build, build_grouped, update.)
   const detail::ZoneCounts z = detail::zone_counts(C, cfg);
   n_r = z.n_retrieval;
   n_e = z.n_estimation;
@@ -399,7 +414,16 @@ void RetroLayer::Impl::update(cudaStream_t st) {
     buf = std::move(nb);
   };
   if (m.keep_f32) grow(m.centroids, m.work.centroids, size_t(Co) * D * 4, size_t(Cu) * D * 4);
-  grow(m.centroids_bf16, m.work.centroids_bf16, size_t(Co) * D * 2, size_t(Cu) * D * 2);
+  if (m.int8_on) {  // the block's int8 copies, appended as the other arrays (no bf16 centroids are kept)
+    DeviceBuffer bq8(std::max<size_t>(size_t(H) * Cu * D, 16)), bscl(std::max<size_t>(size_t(H) * Cu * 4, 16));
+    m.quantize_rows(m.work.centroids_bf16, bq8, bscl, 0, size_t(H) * Cu, st);
+    grow(m.centroids_q8, bq8, size_t(Co) * D, size_t(Cu) * D);
+    grow(m.centroid_scale, bscl, size_t(Co) * 4, size_t(Cu) * 4);
+    m.retired.push_back(std::move(bq8));  // read by the copies above until the sync
+    m.retired.push_back(std::move(bscl));
+  } else {
+    grow(m.centroids_bf16, m.work.centroids_bf16, size_t(Co) * D * 2, size_t(Cu) * D * 2);
+  }
   if (m.keep_f32) grow(m.value_sums, m.work.value_sums, size_t(Co) * D * 4, size_t(Cu) * D * 4);
   grow(m.value_sums_bf16, m.work.value_sums_bf16, size_t(Co) * D * 2, size_t(Cu) * D * 2);
   grow(m.sizes, m.work.sizes, size_t(Co) * 4, size_t(Cu) * 4);
@@ -781,7 +805,7 @@ RetroDebugState RetroLayer::debug_state(int flat_head) const {
   synchronize();
   get(d.mean, m.mean, D, h * D);
   if (m.keep_f32) get(d.centroids, m.centroids, C * D, h * C * D);
-  get(d.centroids_bf16, m.centroids_bf16, C * D, h * C * D);
+  if (!m.int8_on) get(d.centroids_bf16, m.centroids_bf16, C * D, h * C * D);  // int8_on: none kept
   if (m.int8_on) {
     get(d.centroids_q8, m.centroids_q8, C * D, h * C * D);
     get(d.centroid_scale, m.centroid_scale, C, h * C);

@@ -620,6 +620,8 @@ cudaError_t score_clusters_stream(const ScoreParams& params, int variant, cudaSt
     return p.head_dim == 128 ? launch_stream<128, true, true>(p, m, grid, block, s)
                              : launch_stream<64, true, true>(p, m, grid, block, s);
   }
+  // Only int8 copies (a RetroLayer with int8 scoring keeps no bf16 centroids) but no tensor-map kernel for them.
+  if (p.centroids_bf16 == nullptr && p.num_clusters > 0) return cudaErrorNotSupported;
   // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
   // per multiprocessor and the same bits.
   const bool tma = tma_kind && p.num_clusters > 0 && cached_score_map(p, false, false, &m) == cudaSuccess;

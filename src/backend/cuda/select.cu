@@ -314,6 +314,7 @@ cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
     return score_clusters_stream(p, variant, s);
   }
   if (variant != kScoreV1) return cudaErrorInvalidValue;
+  if (p.centroids_bf16 == nullptr && p.num_clusters > 0) return cudaErrorNotSupported;  // v1 reads bf16 only
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   const dim3 block(kScoreWarps * 32);
   if (p.scores != nullptr) {  // run 10: the scores formed in the same (cooperative) grid

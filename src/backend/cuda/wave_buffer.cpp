@@ -90,8 +90,9 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   // The index, head by head (synchronous downloads; a one-time cost of the build).
   m.outliers_on = m.index->outlier_zone();
   m.updates = 0;
-  std::vector<uint16_t> cent(size_t(H) * C * D), vsum(size_t(H) * C * D);
   m.int8_on = m.index->int8_scoring();
+  // int8 scoring: the index keeps (and the buffer uploads) only the centroids' int8 copies, no bf16 ones.
+  std::vector<uint16_t> cent(m.int8_on ? 0 : size_t(H) * C * D), vsum(size_t(H) * C * D);
   std::vector<uint8_t> cq8(m.int8_on ? size_t(H) * C * D : 0);
   std::vector<float> cscl(m.int8_on ? size_t(H) * C : 0);
   std::vector<int32_t> sizes_all(size_t(H) * C);
@@ -99,8 +100,8 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   std::vector<std::vector<int32_t>> offs(static_cast<size_t>(H));
   for (int h = 0; h < H; ++h) {
     const RetroDebugState st = m.index->debug_state(h);
-    std::copy(st.centroids_bf16.begin(), st.centroids_bf16.end(), cent.begin() + size_t(h) * C * D);
     if (m.int8_on) copy_int8_centroids(st, h, C, D, cq8, cscl, "WaveBufferLayer::build");
+    else std::copy(st.centroids_bf16.begin(), st.centroids_bf16.end(), cent.begin() + size_t(h) * C * D);
     std::copy(st.value_sums_bf16.begin(), st.value_sums_bf16.end(), vsum.begin() + size_t(h) * C * D);
     std::copy(st.sizes.begin(), st.sizes.end(), sizes_all.begin() + size_t(h) * C);
     RETROINFER_CHECK(int64_t(st.members.size()) == m.per_head, "WaveBufferLayer::build: flat head ", h, " has ",
@@ -114,7 +115,7 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
                      "WaveBufferLayer::build: flat head ", h, "'s CSR offsets are not the prefix sums of its sizes ",
                      "(internal error)");
   m.slot_stride = m.tab.slot_stride;
-  m.centroids_bf16 = upload_vec(cent);
+  if (!m.int8_on) m.centroids_bf16 = upload_vec(cent);
   if (m.int8_on) {
     m.centroids_q8 = upload_vec(cq8);
     m.centroid_scale = upload_vec(cscl);

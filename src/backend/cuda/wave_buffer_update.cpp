@@ -63,7 +63,7 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   bc.sink_tokens = 0;
   bc.window_tokens = 0;
   bc.tokens_per_cluster = 2;  // build() over 1 token indexes nothing; append(U) then runs one update
-  std::vector<uint16_t> cent(size_t(H) * Cu * D), vsum(size_t(H) * Cu * D);
+  std::vector<uint16_t> cent(m.int8_on ? 0 : size_t(H) * Cu * D), vsum(size_t(H) * Cu * D);  // int8: no bf16 centroids
   std::vector<uint8_t> cq8(m.int8_on ? size_t(H) * Cu * D : 0);
   std::vector<float> cscl(m.int8_on ? size_t(H) * Cu : 0);
   std::vector<int32_t> bsizes(size_t(H) * Cu), boffs(size_t(H) * (Cu + 1)), bout;
@@ -100,8 +100,8 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
                            int64_t(s.offsets.size()) == Cu + 1,
                        "WaveBufferLayer: index update: flat head ", h, " block index of ", s.members.size(),
                        " members / ", s.sizes.size(), " clusters (internal error)");
-      std::copy(s.centroids_bf16.begin(), s.centroids_bf16.end(), cent.begin() + size_t(h) * Cu * D);
       if (m.int8_on) copy_int8_centroids(s, h, Cu, D, cq8, cscl, "WaveBufferLayer: index update");
+      else std::copy(s.centroids_bf16.begin(), s.centroids_bf16.end(), cent.begin() + size_t(h) * Cu * D);
       std::copy(s.value_sums_bf16.begin(), s.value_sums_bf16.end(), vsum.begin() + size_t(h) * Cu * D);
       std::copy(s.sizes.begin(), s.sizes.end(), bsizes.begin() + size_t(h) * Cu);
       std::copy(s.offsets.begin(), s.offsets.end(), boffs.begin() + size_t(h) * (Cu + 1));
@@ -150,7 +150,7 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
     retired.push_back(std::move(buf));
     buf = std::move(nb);
   };
-  put_cols(m.centroids_bf16, cent.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
+  if (!m.int8_on) put_cols(m.centroids_bf16, cent.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
   put_cols(m.value_sums_bf16, vsum.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
   if (m.int8_on) {
     put_cols(m.centroids_q8, cq8.data(), size_t(C0) * D, size_t(Cu) * D);
