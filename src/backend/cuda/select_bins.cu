@@ -391,6 +391,7 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
     gm[g] = g < G ? gmax[g] : 0.0f;
     gi[g] = g < G ? ginv[g] : 0.0f;
   }
+  uint32_t bmin = 0xffffffffu, bmax = 0u;  // the bits of this thread's finite scores
   for (int q0 = tid; q0 < nq; q0 += kQ * step) {
     if (q0 != tid) load(q0);
 #pragma unroll
@@ -406,35 +407,39 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
         // and squares, the non-ftz path): ex2_fast is that instruction alone, so the same bits there. A term
         // below (a denormal e) takes the exact path for the item; a -inf logit gives ex2(-inf) = +0, an exact
         // no-op term, and the item is empty anyway.
-        float sum = 0.0f;
-        bool empty = false, exact = false;
+        // Per term 6 instructions (FADD, FMUL, FMNMX, MUFU, FFMA and the -inf test); the exact path is taken
+        // when the smallest exponent of a non-empty item is below -126.
+        float sum = 0.0f, xmin = 0.0f;
+        bool empty = false;
 #pragma unroll
         for (int g = 0; g < kGM; ++g) {
           const float l = (&v[b][g].x)[j];
           const float x = (l - gm[g]) * kLog2eF;
-          empty = empty || l == -INFINITY;
-          exact = exact || (x < -126.0f && l != -INFINITY);
+          empty = empty | (l == -INFINITY);
+          xmin = fminf(xmin, x);
           sum = fmaf(ex2_fast(x), gi[g], sum);
         }
-        if (exact) {  // rare (a logit ~87 below its head's largest): __expf's own denormal path, term by term
+        if (!empty && xmin < -126.0f) {  // rare (a logit ~87 below its head's largest): __expf's own denormal path
           sum = 0.0f;
 #pragma unroll
-          for (int g = 0; g < kGM; ++g) {
-            const float l = (&v[b][g].x)[j];
-            if (l != -INFINITY) sum = fmaf(__expf(l - gm[g]), gi[g], sum);
-          }
+          for (int g = 0; g < kGM; ++g) sum = fmaf(__expf((&v[b][g].x)[j] - gm[g]), gi[g], sum);
         }
         s4[j] = empty ? -INFINITY : sum;
-        if (s4[j] != -INFINITY) {
-          const uint32_t u = float_order_key(s4[j]);
-          kmin = min(kmin, u);
-          kmax = max(kmax, u);
+        // The range reduction on the raw bits: a formed score is +0 or positive (a sum of terms >= 0 from +0),
+        // where float_order_key is the bits | 2^31, so the min / max of the bits give the keys' (set below).
+        if (!empty) {
+          bmin = min(bmin, __float_as_uint(sum));
+          bmax = max(bmax, __float_as_uint(sum));
         }
       }
       const float4 s = make_float4(s4[0], s4[1], s4[2], s4[3]);
       *reinterpret_cast<float4*>(sc + 4 * q) = s;
       if (lead) *reinterpret_cast<float4*>(gsc + 4 * q) = s;
     }
+  }
+  if (bmin <= bmax) {  // some finite score: float_order_key of a non-negative float (+0 included: bits 0)
+    kmin = min(kmin, bmin | 0x80000000u);
+    kmax = max(kmax, bmax | 0x80000000u);
   }
 }
 
