@@ -29,6 +29,18 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
 // this one function, so all get the same (M_g, 1 / L_g) bit for bit. The partials are read through L2
 // (__ldcg): run 10's cooperative grid reads them after its grid barrier, written by other CTAs of the same
 // kernel (never the non-coherent path).
+// The xor tree and lane 0's writes of merge_head_normaliser (the lanes' merged (m, s)).
+__device__ __forceinline__ void merge_head_normaliser_tree(float m, float s, int g, float* gmax, float* ginv) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+    ms_merge(m, s, m2, s2);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    gmax[g] = m;
+    ginv[g] = s > 0.0f ? 1.0f / s : 0.0f;
+  }
+}
 __device__ __forceinline__ void merge_head_normaliser(const float2* part, int parts, int g, float* gmax, float* ginv) {
   const int lane = threadIdx.x & 31;
   float m = -INFINITY, s = 0.0f;
@@ -37,15 +49,21 @@ __device__ __forceinline__ void merge_head_normaliser(const float2* part, int pa
     const float2 v = __ldcg(part + i);
     ms_merge(m, s, v.x, v.y);
   }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
-    ms_merge(m, s, m2, s2);
+  merge_head_normaliser_tree(m, s, g, gmax, ginv);
+}
+// merge_head_normaliser with the lane's first partial (part[lane], when lane < parts) loaded by the caller, so
+// that it can be issued ahead of other loads (run 25: the bins selection's formation issues it before its
+// 128 KiB of logit loads, behind which it otherwise waited ~1 us). The same ms_merge sequence, so the same bits.
+__device__ __forceinline__ void merge_head_normaliser_first(const float2* part, int parts, float2 first, int g,
+                                                            float* gmax, float* ginv) {
+  const int lane = threadIdx.x & 31;
+  float m = -INFINITY, s = 0.0f;
+  if (lane < parts) ms_merge(m, s, first.x, first.y);
+  for (int i = lane + 32; i < parts; i += 32) {
+    const float2 v = __ldcg(part + i);
+    ms_merge(m, s, v.x, v.y);
   }
-  if (lane == 0) {
-    gmax[g] = m;
-    ginv[g] = s > 0.0f ? 1.0f / s : 0.0f;
-  }
+  merge_head_normaliser_tree(m, s, g, gmax, ginv);
 }
 
 // The logits of kB items i0 + b * step (b < kB) of one head, lgh = [G, stride] row-major (query head g's
