@@ -102,50 +102,30 @@ __device__ __forceinline__ void score_epilogue(const ScoreParams& p, float nm, f
   phase_last(p.phase, h, 1);
 }
 
-// One tile's epilogue, the same in both kernels: the lane's 4 logits s (centroids c0 + 2tq, c0 + 2tq + 1,
-// c0 + 8 + 2tq, c0 + 9 + 2tq), masked to -inf past C and for empty clusters (size[j] <= 0), written to lg
-// (query head gq's logits row) and folded into the lane's online (max, sum) nm / ns.
-__device__ __forceinline__ void score_tile_out(const float (&s)[4], const int (&size)[4], int c0, int tq, int gq,
+// One tile's epilogue, the same in both kernels: the lane's kN logits s (kN = 4: centroids c0 + 2tq, c0 + 2tq + 1,
+// c0 + 8 + 2tq, c0 + 9 + 2tq; kN = 2, run 24's half tile of the wide kernel's last group: the first two, c0 the
+// half's first centroid), masked to -inf past C and for empty clusters (size[j] <= 0), written to lg (query head
+// gq's logits row) and folded into the lane's online (max, sum) nm / ns.
+template <int kN>
+__device__ __forceinline__ void score_tile_out(const float (&s)[kN], const int (&size)[kN], int c0, int tq, int gq,
                                                int G, int C, float* lg, float& nm, float& ns) {
-  const int cc[4] = {c0 + 2 * tq, c0 + 2 * tq + 1, c0 + 8 + 2 * tq, c0 + 9 + 2 * tq};
-  float out[4], tm = -INFINITY;
+  static_assert(kN == 2 || kN == 4, "a tile's 4 logits per lane or a half tile's 2");
+  int cc[kN];
+  float out[kN], tm = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
+  for (int j = 0; j < kN; ++j) {
+    cc[j] = c0 + (j >> 1) * 8 + 2 * tq + (j & 1);
     out[j] = cc[j] < C && size[j] > 0 ? s[j] : -INFINITY;
     tm = fmaxf(tm, out[j]);
   }
   if (gq < G) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < kN; ++j)
       if (cc[j] < C) lg[cc[j]] = out[j];
     if (tm != -INFINITY) {
       float ts = 0.0f;
 #pragma unroll
-      for (int j = 0; j < 4; ++j) ts += out[j] == -INFINITY ? 0.0f : __expf(out[j] - tm);
-      ms_merge(nm, ns, tm, ts);
-    }
-  }
-}
-
-// score_tile_out for half a tile (run 24, the wide kernel's last group): the lane's 2 logits s of centroids
-// c0 + 2tq, c0 + 2tq + 1 (c0: the half's first centroid), masked and folded the same way.
-__device__ __forceinline__ void score_half_tile_out(const float (&s)[2], const int (&size)[2], int c0, int tq, int gq,
-                                                    int G, int C, float* lg, float& nm, float& ns) {
-  const int cc[2] = {c0 + 2 * tq, c0 + 2 * tq + 1};
-  float out[2], tm = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    out[j] = cc[j] < C && size[j] > 0 ? s[j] : -INFINITY;
-    tm = fmaxf(tm, out[j]);
-  }
-  if (gq < G) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      if (cc[j] < C) lg[cc[j]] = out[j];
-    if (tm != -INFINITY) {
-      float ts = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) ts += out[j] == -INFINITY ? 0.0f : __expf(out[j] - tm);
+      for (int j = 0; j < kN; ++j) ts += out[j] == -INFINITY ? 0.0f : __expf(out[j] - tm);
       ms_merge(nm, ns, tm, ts);
     }
   }

@@ -461,7 +461,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
         const int* zs = &ssz[0][s][at];
         const float sv[2] = {(a0[0] + a0[2]) * zc[2 * tq] * qe, (a0[1] + a0[3]) * zc[2 * tq + 1] * qe};
         const int size[2] = {zs[2 * tq], zs[2 * tq + 1]};
-        score_half_tile_out(sv, size, (tiles.tile0 + t * kScoreWarps + ti) * kScoreTile + r0, tq, gq, G, C, lg, nm, ns);
+        score_tile_out<2>(sv, size, (tiles.tile0 + t * kScoreWarps + ti) * kScoreTile + r0, tq, gq, G, C, lg, nm, ns);
       }
     }
   }
