@@ -65,8 +65,8 @@ DecodePath decode_path() {
     RETROINFER_FAIL("RETROINFER_DECODE=", v, ": this decode path was removed after run 15 (slower than or no "
                     "faster than run 9, docs/cuda-kernels.md); use run10s (the default), run10c, run10, run9 or run8");
   } else if (!v.empty()) {
-    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10s (the default), run10c, run10 / run10form, ",
-                    "run9, run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
+    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10s (the default), run10c, ",
+                    "run10 / run10form, run9, run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
   }
   return p;
 }
@@ -306,7 +306,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   marked("score");
 
   const int norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
-  if (path.form_scores && !form_in_score && !select_forms) {  // run 9: the scores by their own grid; the selection reads them (group 0)
+  // run 9: the scores by their own grid; the selection reads them (group 0)
+  if (path.form_scores && !form_in_score && !select_forms) {
     FormScoresParams fp;
     fp.logits = sp.logits;
     fp.norm_partial = sp.norm_partial;

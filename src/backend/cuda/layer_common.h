@@ -148,7 +148,8 @@ struct DecodePath {
   bool form_scores = false, fused_estimate = false;  // run 9
   bool form_in_score = false;  // run 10
   bool combine_pdl = false;    // run 17 (run10c): no fused merge; combine_states as a programmatic dependent
-  bool select_forms = false;   // run 25 (run10s): the bins selection forms the scores (no grid barrier in the score grid)
+  bool select_forms = false;   // run 25 (run10s): the bins selection forms the scores (no grid barrier in the
+                               // score grid)
 };
 // The path taken when RETROINFER_DECODE is unset: run 9 since session 10's H200 run (kernel graph 0.82-0.96x
 // run 8's time at 128K, batch 1-16; runner 717 vs 640 tok/s at 128K batch 6; the same GPU tests pass on

@@ -338,22 +338,15 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
 
 // kBallot (RETROINFER_SELECT_COMPACT=ballot): the compaction by compact_ballot above; else the
 // chunked block-scan compaction of run 6 (v1). Every other phase is the same code in both.
-// kSplit (RETROINFER_SELECT_SPLIT=1, ballot only): two CTAs per head (role CTA-uniform), blockIdx.x = 2 h
-// the retrieval CTA, 2 h + 1 the estimation CTA. Both run every phase up to the thresholds (the same code
-// on the same scores: the same t1, t2, take); then the retrieval CTA compacts the retrieval list only and
-// expands it (steady zone, token_list, token_count, scan_scratch), the estimation CTA compacts the
-// estimation list only and exits. Only the retrieval CTA stamps phases, writes the formed scores and
-// prefetches the CSR offsets. Both signal the PDL dependents and wait at the same points as kSplit = false.
-// Run 25 (RETROINFER_DECODE=run10s: the selection forms the scores): head h's scores from its logits lgh [G][N] and
-// the score grid's normaliser partials, where N % 4 == 0 and the logits / scores are 16-byte aligned. Thread t
-// takes the item quads t, t + blockDim.x, ... by one float4 load per query head, kQ quads in flight (kGM >= G
-// query heads loaded); the first loads are issued before the normaliser merge (independent of it). The per-item
-// scalar loads of the general path below left ~2 in flight per thread (9 us for 8188 items at G = 4, run 25
-// call 2). Each score is form_head_score of the same logits, so the same bits; the kernel's range reduction
-// (kmin / kmax) and the scores in shared memory (sc) and global memory (gsc, the lead CTA) as the general path.
-// Run 25 call 3 (SASS): the phase was instruction-bound, not load-bound: the general path's form_head_score
-// branches per head and reloads M_g, 1 / L_g from shared memory per term (~80 instructions per item, 8188 items
-// on one multiprocessor: 7 us with float4 loads, 9 with scalar ones).
+// Run 25 (RETROINFER_DECODE=run10s, the default: the selection forms the scores): head h's scores from its logits
+// lgh [G][N] and the score grid's normaliser partials, where G <= 4, N % 4 == 0 and the logits / scores are 16-byte
+// aligned. Thread t takes the item quads t, t + blockDim.x, ... by one float4 load per query head, kQ quads in
+// flight, the normaliser's first partials issued before them. Each score is form_head_score's sum of the same
+// terms in the same order, so the same bits; the kernel's range reduction (kmin / kmax) and the scores in shared
+// memory (sc) and global memory (gsc, the lead CTA) as the general path. The general path (form_head_score per
+// item, below) took 9 us for 8188 items on this one multiprocessor (run 25 calls 2-3, SASS: per item a branch per
+// query head, M_g and 1 / L_g reloaded from shared memory per term, __expf's denormal path); this one ~4.2, of
+// which ~1 is the normaliser merge's round trip and tree (call 11).
 // log2(e) in f32, the factor __expf applies before its MUFU.EX2; ex2_fast: that instruction (ex2.approx.ftz), which
 // equals __expf's for arguments >= -126 (normal results).
 constexpr float kLog2eF = 1.4426950408889634f;
@@ -406,14 +399,11 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
       float s4[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        // form_head_score without its per-head branches and shared-memory loads: the same terms added in the
-        // same order (FFMA, as form_head_score's s += e * (1 / L) compiles), the result -inf for an empty item.
-        // __expf(x) is MUFU.EX2 of x log2(e) where x log2(e) >= -126 (call 4's SASS: else it halves, exponentiates
-        // and squares, the non-ftz path): ex2_fast is that instruction alone, so the same bits there. A term
-        // below (a denormal e) takes the exact path for the item; a -inf logit gives ex2(-inf) = +0, an exact
-        // no-op term, and the item is empty anyway.
-        // Per term 6 instructions (FADD, FMUL, FMNMX, MUFU, FFMA and the -inf test); the exact path is taken
-        // when the smallest exponent of a non-empty item is below -126.
+        // The same terms in the same order (FFMA, as form_head_score's s += e * (1 / L) compiles), -inf for an
+        // empty item. __expf(x) is MUFU.EX2 of x log2(e) where that is >= -126 (else it halves, exponentiates and
+        // squares: its non-ftz path), so ex2_fast gives its bits there; an item whose smallest exponent is below
+        // takes __expf itself. A -inf logit gives ex2(-inf) = +0, an exact no-op term (and an empty item).
+        // Per term 6 instructions: FADD, FMUL, FMNMX, MUFU, FFMA and the -inf test.
         float sum = 0.0f, xmin = 0.0f;
         bool empty = false;
 #pragma unroll
@@ -448,6 +438,12 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
   }
 }
 
+// kSplit (RETROINFER_SELECT_SPLIT=1, ballot only): two CTAs per head (role CTA-uniform), blockIdx.x = 2 h
+// the retrieval CTA, 2 h + 1 the estimation CTA. Both run every phase up to the thresholds (the same code
+// on the same scores: the same t1, t2, take); then the retrieval CTA compacts the retrieval list only and
+// expands it (steady zone, token_list, token_count, scan_scratch), the estimation CTA compacts the
+// estimation list only and exits. Only the retrieval CTA stamps phases, writes the formed scores and
+// prefetches the CSR offsets. Both signal the PDL dependents and wait at the same points as kSplit = false.
 template <bool kBallot, bool kSplit>
 __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectParams p) {
   static_assert(kBallot || !kSplit, "the split selection compacts with compact_ballot");
@@ -486,25 +482,26 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     if (quads && G <= 4) {
       scores_from_logit_quads<4, 2>(p, h, lgh, gmax, ginv, gsc, sc, lead, kmin, kmax);
     } else {
-    if (warp < G) merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, gmax, ginv);
-    __syncthreads();
-    for (int i0 = tid; i0 < N; i0 += 4 * blockDim.x) {
-      float lv[4][kMaxGroup];
-      load_logits<4, false>(lv, lgh, N, G, i0, blockDim.x, N);
+      if (warp < G)
+        merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, gmax, ginv);
+      __syncthreads();
+      for (int i0 = tid; i0 < N; i0 += 4 * blockDim.x) {
+        float lv[4][kMaxGroup];
+        load_logits<4, false>(lv, lgh, N, G, i0, blockDim.x, N);
 #pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int i = i0 + b * blockDim.x;
-        if (i >= N) break;
-        const float s = form_head_score(lv[b], G, gmax, ginv);
-        if (lead) gsc[i] = s;
-        sc[i] = s;
-        if (s != -INFINITY) {  // not an empty cluster (a formed score is a sum of terms >= 0)
-          const uint32_t u = float_order_key(s);
-          kmin = min(kmin, u);
-          kmax = max(kmax, u);
+        for (int b = 0; b < 4; ++b) {
+          const int i = i0 + b * blockDim.x;
+          if (i >= N) break;
+          const float s = form_head_score(lv[b], G, gmax, ginv);
+          if (lead) gsc[i] = s;
+          sc[i] = s;
+          if (s != -INFINITY) {  // not an empty cluster (a formed score is a sum of terms >= 0)
+            const uint32_t u = float_order_key(s);
+            kmin = min(kmin, u);
+            kmax = max(kmax, u);
+          }
         }
       }
-    }
     }
   } else {
     // Ready scores (quest, outliers, oracle; run 9's form_scores): 4 independent loads in flight per thread
