@@ -37,9 +37,9 @@
 //               [--kmeans-phases 1]   after the timed builds, one more build per variant with
 //                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
 //                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
-// RETROINFER_DECODE=run6 / fused / nopdl / run8 / run9 / run9est / run9form / run10 (= run10form; unset: run 9
-// + run 10's score formation, layer_common.h kRun9IsDefault + kRun10FormIsDefault) picks the retro decode path
-// (layer_common.h decode_path); RETROINFER_FULL_DECODE=tma2d (unset) / bulk / v1 the dense decode kernel of
+// RETROINFER_DECODE=run6 / fused / nopdl / run8 / run9 / run9est / run9form / run10 (= run10form) / run10c /
+// run10s (unset: run10s since run 25, layer_common.h kRun25SelectFormsIsDefault) picks the retro decode path
+// (layer_common.h decode_path); RETROINFER_SCORE_CENTROIDS=int8 (unset) / bf16 the centroids retro scores; RETROINFER_FULL_DECODE=tma2d (unset) / bulk / v1 the dense decode kernel of
 // "full" (its lines carry it as "full_kernel").
 #include <algorithm>
 #include <chrono>

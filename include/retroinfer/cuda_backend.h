@@ -151,7 +151,8 @@ class DenseDecoder {
 };
 
 // One (sequence, KV head)'s wave index and last decode selection, copied to the host (synchronous).
-// RETROINFER_SCORE_CENTROIDS: "int8" -> true; "bf16", empty or unset -> false; anything else throws Error.
+// RETROINFER_SCORE_CENTROIDS: "int8", empty or unset -> true (the default since run 25); "bf16" -> false;
+// anything else throws Error.
 // RetroLayer's int8-scoring default, and what a CudaSession's memory plan counts.
 bool int8_scoring_from_env();
 
@@ -159,7 +160,8 @@ struct RetroDebugState {
   int num_clusters = 0;
   std::vector<float> mean;              // [head_dim]: mean indexed key
   std::vector<float> centroids;         // [num_clusters, head_dim] f32: de-centred (empty: not kept)
-  std::vector<uint16_t> centroids_bf16;  // [num_clusters, head_dim] bf16 (scored when int8 scoring is off)
+  std::vector<uint16_t> centroids_bf16;  // [num_clusters, head_dim] bf16 (int8 scoring off only: scored then;
+                                         // with int8 scoring the layer keeps none and this is empty)
   // Int8 scoring (RetroLayer::set_int8_scoring): what scoring reads, centroid c's dim i being
   // (centroids_q8[c * head_dim + i] - 128) * centroid_scale[c]; both empty when off.
   std::vector<uint8_t> centroids_q8;    // [num_clusters, head_dim]
@@ -217,11 +219,11 @@ class RetroLayer {
   // centroids / value_sums empty. Call before build().
   void set_keep_f32_index(bool keep);
   // Score the clusters against int8 copies of the centroids (per-row scale, 1 + 4 / head_dim bytes per
-  // dimension instead of 2; docs/cuda-kernels.md "Run 22") rather than the bf16 centroids. Default off;
-  // the default is RETROINFER_SCORE_CENTROIDS at construction (int8: on; bf16, empty or unset: off; another
-  // value throws, see int8_scoring_from_env).
-  // Call before build(). Only the tma score kernel reads int8 (RETROINFER_SCORE=v1 / stream, or no
-  // tensor-map encoder: the bf16 centroids are scored whatever this says).
+  // dimension instead of 2; docs/cuda-kernels.md "Run 22") rather than the bf16 centroids. The default is
+  // RETROINFER_SCORE_CENTROIDS at construction (int8, empty or unset: on, since run 25; bf16: off; another
+  // value throws, see int8_scoring_from_env). On, the layer keeps only the int8 copies (no bf16 centroids:
+  // "Run 25"), which the tma / wide score kernels read; RETROINFER_SCORE=v1 / stream (bf16 only) then refuse
+  // its decode with an Error. Call before build().
   void set_int8_scoring(bool on);
   bool int8_scoring() const;
   // Keep each indexed token's cluster id ([flat heads, indexed tokens] int32) on the device (default on).
@@ -269,7 +271,8 @@ class RetroLayer {
   // outliers (synchronous: reads the per-head list lengths back). num_tokens() x heads when nothing is
   // indexed. Call after decode().
   int64_t last_exact_tokens() const;
-  // Bytes one decode must read from device memory: bf16 centroids and sizes of every cluster, the value
+  // Bytes one decode must read from device memory: the scored centroids (int8 rows + scales with int8 scoring,
+  // else bf16) and sizes of every cluster, the value
   // sums of the estimation zone, the K/V rows and ids of the exact tokens (from the last decode: a sync),
   // q and out.
   double decode_bytes_required();
