@@ -13,7 +13,8 @@
 //     oracle    as full + H * n * (4 G + 8)              logits per query head, score and list per token
 //     retro     what one RetroLayer holds after build() and release_build_workspace(), buffer by buffer
 //               (retro_layer_bytes below): the index (mean key, bf16 centroids and value sums 4 D per
-//               cluster, or int8 centroid copies + bf16 value sums 3 D + 4 with int8 scoring, size and CSR offset 8, members 4 per indexed token, outlier lists; f32 copies
+//               cluster, or int8 centroid copies + bf16 value sums 3 D + 4 with int8 scoring, size and CSR
+//               offset 8, members 4 per indexed token, outlier lists; f32 copies
 //               8 D more per cluster with retro_keeps_f32_index, the per-token cluster ids 4 more per token
 //               with retro_keeps_assignment) and the decode workspace (logits 4 G, score 4 and zone ids
 //               ~1 per cluster, estimation split states, token lists H * (steady + kExecSlack * retrieval
