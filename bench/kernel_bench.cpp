@@ -22,10 +22,10 @@
 //               [--only full,quest,kmeans,retro]   time only these parts of each case (default: all); kmeans
 //                              brings the prefill it is compared with
 //               [--kmeans-variants v1/v1,a/fast,...]   the k-means build timed once per kernel variant
-//                              ASSIGN[/UPDATE], ASSIGN in v1,a and UPDATE in v1,fast (RETROINFER_KMEANS_ASSIGN /
+//                              ASSIGN[/UPDATE], ASSIGN in v1,a,q8 and UPDATE in v1,fast (RETROINFER_KMEANS_ASSIGN /
 //                              RETROINFER_KMEANS_UPDATE set to each in turn, kernels.h KMeansAssignVariant;
-//                              unset: a/fast); the "kmeans" lines carry "assign_variant" / "update_variant"
-//                              either way
+//                              unset: q8/fast); the "kmeans" lines carry "assign_variant" / "update_variant" /
+//                              "group_variant" (RETROINFER_KMEANS_GROUP, radix|count) either way
 //               [--layout clustered]   retro timed again after RetroLayer::make_cluster_contiguous (each
 //                              cluster's K/V rows contiguous; lines tagged "layout":"token" / "clustered")
 //               [--stack L]   also time L layers back to back in one CUDA graph, each with its own K / V (and
@@ -330,7 +330,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
             (!want_u.empty() &&
              want_u != cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env())))
           RETROINFER_FAIL("kernel_bench: unknown k-means variant '", var,
-                          "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a and UPDATE in v1,fast; b-f were removed "
+                          "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a,q8 and UPDATE in v1,fast; b-f were removed "
                           "after run 15)");
         retro.build(kp, vp, n, n);  // warm-up of this variant
       }
@@ -338,6 +338,8 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
                               cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) +
                               "\",\"update_variant\":\"" +
                               cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env()) +
+                              "\",\"group_variant\":\"" +
+                              cuda::detail::kmeans_group_variant_name(cuda::detail::kmeans_group_variant_from_env()) +
                               "\"";
       std::vector<float> bt;
       for (int i = 0; i < g_kmeans_builds; ++i) {

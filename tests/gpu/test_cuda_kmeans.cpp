@@ -179,6 +179,7 @@ AttentionConfig small_cfg(int seg_tokens, int iters, int giters) {
 // (|gap| < 1e-4 * sum |x_i c_i|), which the test counts as ties.
 TEST(CudaKMeans, InitialAssignmentMatchesBf16Reference) {
   RETROINFER_REQUIRE_GPU();
+  const gputest::EnvGuard bf16_scores("RETROINFER_KMEANS_ASSIGN", "a");  // this test's reference is the bf16 arithmetic
   for (int d : {64, 128}) {
     const int64_t n = 1000;
     auto kv = gputest::make_kv(2, n, n, d, 7 + d);
@@ -243,36 +244,41 @@ TEST(CudaKMeans, InitialAssignmentMatchesBf16Reference) {
   }
 }
 
-// Full k-means (9 spherical + 1 global iteration) against the f32 CPU loops. Assignments may diverge
-// (bf16 scores on the GPU, then the iterations amplify a flip), so the test measures the mismatch rate and
-// compares the quality of the clustering (spherical objective) instead of demanding equality.
+// Full k-means (9 spherical + 1 global iteration) against the f32 CPU loops, with the bf16 (a) and the int8
+// (q8, the default) assignment. Assignments may diverge (bf16 or int8 scores on the GPU, then the
+// iterations amplify a flip), so the test measures the mismatch rate and compares the quality of the
+// clustering (spherical objective) instead of demanding equality.
 TEST(CudaKMeans, FullIterationsCloseToCpu) {
   RETROINFER_REQUIRE_GPU();
   const int d = 128, heads = 2;
   const int64_t n = 2000;
   auto kv = gputest::make_kv(heads, n, n + 16, d, 99, 12, 0.6f);
   auto cfg = small_cfg(512, 9, 1);
-  cuda::RetroLayer layer(AttentionShape{8, heads, d}, cfg);
   auto dk = gputest::upload(kv.k), dv = gputest::upload(kv.v);
-  layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), n, n + 16);
-  for (int h = 0; h < heads; ++h) {
-    const auto st = layer.debug_state(h);
-    const int64_t begin = layer.indexed_begin();
-    check_index(kv, h, begin, st, true);
-    const auto ref = cpu_kmeans(kv, h, begin, layer.indexed_tokens(), cfg);
-    int64_t mism = 0;
-    for (size_t t = 0; t < ref.assignment.size(); ++t) mism += ref.assignment[t] != st.assignment[t];
-    std::vector<float> gpu_centred(st.centroids.size());
-    for (size_t i = 0; i < gpu_centred.size(); ++i) gpu_centred[i] = st.centroids[i] - st.mean[i % d];
-    const double og = objective(kv, h, begin, st.mean, st.assignment, gpu_centred);
-    const double oc = objective(kv, h, begin, st.mean, ref.assignment, ref.centroids);
-    const double rate = double(mism) / double(ref.assignment.size());
-    std::printf("[kmeans parity] head %d: assignment mismatch %.4f, objective gpu %.3f cpu %.3f (rel %.2e)\n", h,
-                rate, og, oc, (og - oc) / std::abs(oc));
-    // Measured bound: the same-arithmetic test above shows flips only at ties; here they compound over
-    // 10 iterations. A clustering of equal quality is what matters: objective within 1%.
-    EXPECT_LT(rate, 0.25);
-    EXPECT_NEAR(og, oc, 0.01 * std::abs(oc));
+  for (const char* variant : {"a", "q8"}) {
+    const gputest::EnvGuard assign("RETROINFER_KMEANS_ASSIGN", variant);
+    cuda::RetroLayer layer(AttentionShape{8, heads, d}, cfg);
+    layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), n, n + 16);
+    for (int h = 0; h < heads; ++h) {
+      SCOPED_TRACE(testing::Message() << variant << " head " << h);
+      const auto st = layer.debug_state(h);
+      const int64_t begin = layer.indexed_begin();
+      check_index(kv, h, begin, st, true);
+      const auto ref = cpu_kmeans(kv, h, begin, layer.indexed_tokens(), cfg);
+      int64_t mism = 0;
+      for (size_t t = 0; t < ref.assignment.size(); ++t) mism += ref.assignment[t] != st.assignment[t];
+      std::vector<float> gpu_centred(st.centroids.size());
+      for (size_t i = 0; i < gpu_centred.size(); ++i) gpu_centred[i] = st.centroids[i] - st.mean[i % d];
+      const double og = objective(kv, h, begin, st.mean, st.assignment, gpu_centred);
+      const double oc = objective(kv, h, begin, st.mean, ref.assignment, ref.centroids);
+      const double rate = double(mism) / double(ref.assignment.size());
+      std::printf("[kmeans parity] %s head %d: assignment mismatch %.4f, objective gpu %.3f cpu %.3f (rel %.2e)\n",
+                  variant, h, rate, og, oc, (og - oc) / std::abs(oc));
+      // Measured bound: the same-arithmetic test above shows flips only at ties; here they compound over
+      // 10 iterations. A clustering of equal quality is what matters: objective within 1%.
+      EXPECT_LT(rate, 0.25);
+      EXPECT_NEAR(og, oc, 0.01 * std::abs(oc));
+    }
   }
 }
 

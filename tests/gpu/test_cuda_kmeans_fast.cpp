@@ -11,6 +11,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -56,6 +58,7 @@ struct Work : dt::KMeansRun {
     kv = gputest::make_kv(c.heads, idx_begin + c.n, stride, c.d, seed, 8, c.spread);
     k = gputest::upload(kv.k);
     v = gputest::upload(kv.v);
+    all_operands = true;  // bf16 and int8 assignment operands: the tests switch variants
     prepare(c.heads, c.d, idx_begin, c.n, seg_t, seg_c, nullptr);  // sets S, C, max_seg
     p = params(k.as<uint16_t>(), v.as<uint16_t>(), stride, c.heads, c.d);
   }
@@ -108,7 +111,7 @@ void compare_assign(Work& w, Summary& sum) {
           ASSERT_GE(x, global ? 0 : w.seg_c[s]) << "head " << h << " token " << t;
           ASSERT_LT(x, global ? w.C : w.seg_c[s + 1]) << "head " << h << " token " << t;
         }
-    for (int v = dt::kAssignA; v < dt::kAssignVariants; ++v) {
+    for (int v = dt::kAssignA; v < dt::kAssignBf16Variants; ++v) {
       w.p.assign_variant = v;
       w.assignment.fill_bytes(0xff);
       w.sort_keys.fill_bytes(0xff);
@@ -218,7 +221,7 @@ void run_case(const FastCase& fc, uint64_t seed) {
   compare_assign(w, sum);  // iterated centroids
   compare_update(w, sum);
   const auto ref = full_run(w, dt::kAssignV1, dt::kUpdateV1);
-  for (int v = dt::kAssignA; v < dt::kAssignVariants; ++v) {
+  for (int v = dt::kAssignA; v < dt::kAssignBf16Variants; ++v) {
     const auto got = full_run(w, v, dt::kUpdateFast);
     int64_t d = 0;
     for (size_t i = 0; i < ref.size(); ++i) d += differing(got[i], ref[i], 2);
@@ -227,11 +230,11 @@ void run_case(const FastCase& fc, uint64_t seed) {
   }
   std::string line = "[kmeans fast] " + w.shape() + ": differing from v1: assign (4 passes x " +
                      std::to_string(int64_t(fc.heads) * fc.n) + " tokens)";
-  for (int v = dt::kAssignA; v < dt::kAssignVariants; ++v)
+  for (int v = dt::kAssignA; v < dt::kAssignBf16Variants; ++v)
     line += std::string(" ") + dt::kmeans_assign_variant_name(v) + " " + std::to_string(sum.assign[v]);
   line += "; update fast " + std::to_string(sum.update) + ", finalize fast " + std::to_string(sum.finalize) +
           "; full run (3+1 iterations, update fast)";
-  for (int v = dt::kAssignA; v < dt::kAssignVariants; ++v)
+  for (int v = dt::kAssignA; v < dt::kAssignBf16Variants; ++v)
     line += std::string(" ") + dt::kmeans_assign_variant_name(v) + " " + std::to_string(sum.full[v]);
   std::printf("%s\n", line.c_str());
 }
@@ -253,7 +256,7 @@ TEST(CudaKMeansFast, VariantsMatchV1) {
 }
 
 // The environment switches (no device needed): names map to the variants, unset or empty to the default
-// (kmeans.cu kDefaultAssignVariant: a since run 15), unknown names throw. (The explicit KMeansParams fields
+// (kmeans.cu kDefaultAssignVariant: q8 since run 26, a in runs 15-25), unknown names throw. (The explicit KMeansParams fields
 // are what VariantsMatchV1 uses.)
 TEST(CudaKMeansFast, VariantSwitches) {
   const char* saved_a = std::getenv("RETROINFER_KMEANS_ASSIGN");
@@ -270,7 +273,7 @@ TEST(CudaKMeansFast, VariantSwitches) {
     setenv("RETROINFER_KMEANS_ASSIGN", dt::kmeans_assign_variant_name(v), 1);
     EXPECT_EQ(dt::kmeans_assign_variant_from_env(), v) << dt::kmeans_assign_variant_name(v);
   }
-  EXPECT_EQ(int(dt::kAssignVariants), 2);  // v1 and a (b-f were removed after run 15)
+  EXPECT_EQ(int(dt::kAssignVariants), 3);  // v1, a and q8 (b-f were removed after run 15)
   for (const char* gone : {"bogus", "b", "c", "d", "e", "f", "A"}) {  // unknown or removed: a clear error
     setenv("RETROINFER_KMEANS_ASSIGN", gone, 1);
     EXPECT_THROW(dt::kmeans_assign_variant_from_env(), retroinfer::Error) << gone;
@@ -279,8 +282,22 @@ TEST(CudaKMeansFast, VariantSwitches) {
   EXPECT_EQ(dt::kmeans_assign_variant_from_env(), dflt_a);
   setenv("RETROINFER_KMEANS_UPDATE", "slow", 1);
   EXPECT_THROW(dt::kmeans_update_variant_from_env(), retroinfer::Error);
-  EXPECT_EQ(dflt_a, int(dt::kAssignA));
+  EXPECT_EQ(dflt_a, int(dt::kAssignQ8));
   EXPECT_EQ(dflt_u, int(dt::kUpdateFast));
+  {
+    const char* saved_g = std::getenv("RETROINFER_KMEANS_GROUP");
+    const std::string keep_g = saved_g ? saved_g : "";
+    unsetenv("RETROINFER_KMEANS_GROUP");
+    EXPECT_EQ(dt::kmeans_group_variant_from_env(), int(dt::kGroupCount));
+    setenv("RETROINFER_KMEANS_GROUP", "radix", 1);
+    EXPECT_EQ(dt::kmeans_group_variant_from_env(), int(dt::kGroupRadix));
+    setenv("RETROINFER_KMEANS_GROUP", "sort", 1);
+    EXPECT_THROW(dt::kmeans_group_variant_from_env(), retroinfer::Error);
+    EXPECT_STREQ(dt::kmeans_group_variant_name(dt::kGroupCount), "count");
+    EXPECT_STREQ(dt::kmeans_group_variant_name(dt::kGroupVariants), "?");
+    if (saved_g) setenv("RETROINFER_KMEANS_GROUP", keep_g.c_str(), 1);
+    else unsetenv("RETROINFER_KMEANS_GROUP");
+  }
   {  // the raw launcher refuses another variant or head_dim before any CUDA call
     dt::KMeansParams p;
     p.head_dim = 128;
@@ -288,6 +305,11 @@ TEST(CudaKMeansFast, VariantSwitches) {
     EXPECT_EQ(dt::kmeans_assign_variant(p, true, -1, nullptr), cudaErrorInvalidValue);
     p.head_dim = 96;
     EXPECT_EQ(dt::kmeans_assign_variant(p, false, dt::kAssignA, nullptr), cudaErrorInvalidValue);
+    p.head_dim = 128;  // q8 without its int8 operands
+    EXPECT_EQ(dt::kmeans_assign_variant(p, false, dt::kAssignQ8, nullptr), cudaErrorInvalidValue);
+    p.max_seg_clusters = dt::kGroupCountMaxBins + 1;  // the counting sort refuses more bins than it holds
+    p.num_segments = 1;
+    EXPECT_EQ(dt::kmeans_group_segments(p, nullptr), cudaErrorInvalidValue);
   }
   setenv("RETROINFER_KMEANS_UPDATE", "fast", 1);
   EXPECT_EQ(dt::kmeans_update_variant_from_env(), int(dt::kUpdateFast));
@@ -298,6 +320,164 @@ TEST(CudaKMeansFast, VariantSwitches) {
   else unsetenv("RETROINFER_KMEANS_ASSIGN");
   if (saved_u) setenv("RETROINFER_KMEANS_UPDATE", keep_u.c_str(), 1);
   else unsetenv("RETROINFER_KMEANS_UPDATE");
+}
+
+// ---- q8 (kernels.h kAssignQ8) and the counting-sort grouping (kGroupCount) ----
+
+// The kernels' per-row quantization on the host (the same IEEE operations: m = max |x|, inv = 127 / m,
+// rint of x * inv; scale m / 127). Returns the scale.
+float quantize_host(const float* x, int d, int8_t* q) {
+  float mx = 0.0f;
+  for (int i = 0; i < d; ++i) mx = std::max(mx, std::fabs(x[i]));
+  const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+  for (int i = 0; i < d; ++i)
+    q[i] = static_cast<int8_t>(static_cast<int>(std::min(127.0f, std::max(-127.0f, std::nearbyint(x[i] * inv)))));
+  return mx / 127.0f;
+}
+
+template <typename T>
+std::vector<T> download_as(const DeviceBuffer& b, size_t count) {
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<T> h(count);
+  b.download(h.data(), count * sizeof(T));
+  return h;
+}
+
+// The int8 operands made by kmeans_mean (keys) and store_centroid (centroids) equal the host's
+// quantization of the device's own f32 inputs (mean key, f32 centroids), element for element.
+void check_q8_operands(Work& w) {
+  const int H = w.c.heads, D = w.c.d;
+  const int64_t n = w.c.n;
+  const auto mean = download_as<float>(w.mean, size_t(H) * D);
+  const auto kq = download_as<int8_t>(w.centred_q8, size_t(H) * n * D);
+  const auto cf = download_as<float>(w.centroids, size_t(H) * w.C * D);
+  const auto cq = download_as<int8_t>(w.centroids_q8, size_t(H) * w.C * D);
+  const auto cs = download_as<float>(w.centroid_scale, size_t(H) * w.C);
+  std::vector<float> x(D);
+  std::vector<int8_t> q(D);
+  int64_t bad_k = 0, bad_c = 0, nonzero = 0;
+  for (int h = 0; h < H; ++h)
+    for (int64_t t = 0; t < n; ++t) {
+      for (int j = 0; j < D; ++j) x[j] = w.kv.key(h, w.idx_begin + t, j) - mean[size_t(h) * D + j];
+      quantize_host(x.data(), D, q.data());
+      for (int j = 0; j < D; ++j) {
+        bad_k += q[j] != kq[(size_t(h) * n + t) * D + j];
+        nonzero += q[j] != 0;
+      }
+    }
+  for (int64_t r = 0; r < int64_t(H) * w.C; ++r) {
+    const float s = quantize_host(&cf[size_t(r) * D], D, q.data());
+    bad_c += std::memcmp(&s, &cs[r], 4) != 0;
+    for (int j = 0; j < D; ++j) bad_c += q[j] != cq[size_t(r) * D + j];
+  }
+  EXPECT_EQ(bad_k, 0) << "int8 keys differing from the host quantization";
+  EXPECT_EQ(bad_c, 0) << "int8 centroids / scales differing from the host quantization";
+  EXPECT_GT(nonzero, int64_t(H) * n * D / 4) << "almost all-zero int8 keys: a vacuous comparison";
+}
+
+// The q8 assignment equals the host argmax over the same int8 operands (exact int dot, f32(dot) * scale,
+// first strict maximum in ascending cluster order), bit for bit; segment and global passes. Returns the
+// count of tokens whose best two scores tie exactly (the ties-to-lowest-id rule at work).
+int64_t check_q8_assign(Work& w) {
+  const int H = w.c.heads, D = w.c.d;
+  const int64_t n = w.c.n;
+  const auto kq = download_as<int8_t>(w.centred_q8, size_t(H) * n * D);
+  const auto cq = download_as<int8_t>(w.centroids_q8, size_t(H) * w.C * D);
+  const auto cs = download_as<float>(w.centroid_scale, size_t(H) * w.C);
+  int64_t ties = 0;
+  for (bool global : {false, true}) {
+    w.p.assign_variant = dt::kAssignQ8;
+    w.assignment.fill_bytes(0xff);
+    w.sort_keys.fill_bytes(0xff);
+    check(dt::kmeans_assign(w.p, global, nullptr), "assign q8");
+    const auto a = download_as<int32_t>(w.assignment, size_t(H) * n);
+    const auto k = download_as<uint32_t>(w.sort_keys, size_t(H) * n);
+    int64_t bad = 0;
+    for (int h = 0; h < H; ++h)
+      for (int s = 0; s < w.S; ++s)
+        for (int64_t t = w.seg_t[s]; t < w.seg_t[s + 1]; ++t) {
+          const int c0 = global ? 0 : w.seg_c[s], c1 = global ? w.C : w.seg_c[s + 1];
+          float best = -INFINITY;
+          int bi = c0, at_best = 0;
+          for (int c = c0; c < c1; ++c) {
+            int dot = 0;
+            for (int j = 0; j < D; ++j)
+              dot += int(kq[(size_t(h) * n + t) * D + j]) * int(cq[(size_t(h) * w.C + c) * D + j]);
+            const float v = static_cast<float>(dot) * cs[size_t(h) * w.C + c];
+            if (v > best) {
+              best = v;
+              bi = c;
+              at_best = 1;
+            } else if (v == best) {
+              ++at_best;
+            }
+          }
+          ties += at_best > 1;
+          const size_t at = size_t(h) * n + t;
+          bad += a[at] != bi || k[at] != uint32_t(h) * uint32_t(w.C) + uint32_t(bi);
+        }
+    EXPECT_EQ(bad, 0) << (global ? "global" : "segment") << " pass: q8 assignments differing from the host";
+  }
+  return ties;
+}
+
+// Counting-sort grouping (segment pass) against the radix sort: identical members and offsets.
+void check_group_count(Work& w) {
+  w.p.assign_variant = dt::kAssignQ8;
+  check(dt::kmeans_assign(w.p, false, nullptr), "assign q8");
+  w.members.fill_bytes(0xff);
+  w.offsets.fill_bytes(0xff);
+  check(dt::kmeans_group(w.p, nullptr), "group radix");
+  const auto m_ref = bytes_of(w.members), o_ref = bytes_of(w.offsets);
+  w.members.fill_bytes(0xff);
+  w.offsets.fill_bytes(0xff);
+  if (w.max_seg_c > dt::kGroupCountMaxBins) {
+    EXPECT_EQ(dt::kmeans_group_segments(w.p, nullptr), cudaErrorInvalidValue);
+    w.p.group_variant = dt::kGroupCount;  // the pass falls back to the radix sort
+    check(dt::kmeans_group_pass(w.p, false, nullptr), "group pass (fallback)");
+  } else {
+    check(dt::kmeans_group_segments(w.p, nullptr), "group count");
+  }
+  const size_t items = size_t(w.c.heads) * w.c.n, flat = size_t(w.c.heads) * w.C;
+  const auto m = bytes_of(w.members), o = bytes_of(w.offsets);
+  EXPECT_EQ(std::memcmp(m.data(), m_ref.data(), items * 4), 0) << "members";
+  EXPECT_EQ(std::memcmp(o.data(), o_ref.data(), (flat + 1) * 4), 0) << "offsets";
+}
+
+TEST(CudaKMeansQ8, OperandsAssignmentAndGroupingExact) {
+  RETROINFER_REQUIRE_GPU();
+  const FastCase cases[] = {
+      {1, 128, 100, 64, 16, 0.5f},      // n < 256: segments of 64 + 36 tokens
+      {1, 64, 100, 64, 16, 0.5f},
+      {8, 128, 9192, 8192, 16, 0.5f},   // 512 clusters + a tail segment (63): C 575
+      {2, 64, 9192, 8192, 16, 0.5f},
+      {8, 64, 3000, 1000, 16, 0.5f},    // 63 clusters per segment
+      {2, 128, 5000, 2048, 16, 0.0f},   // exact duplicate keys: exact score ties
+      {3, 128, 300, 300, 5, 0.5f},      // 60 clusters, a partial CTA
+      {1, 128, 20000, 8192, 8, 0.5f},   // 1024 clusters per segment: the counting sort's largest
+      {1, 128, 9000, 8192, 7, 0.5f},    // 1171 clusters: past it (the radix sort takes the pass)
+  };
+  uint64_t seed = 777;
+  for (const auto& fc : cases) {
+    SCOPED_TRACE(testing::Message() << "heads=" << fc.heads << " d=" << fc.d << " n=" << fc.n << " seg="
+                                    << fc.seg_tokens << " tpc=" << fc.tpc << " spread=" << fc.spread);
+    Work w(fc, seed++);
+    w.centred_q8.fill_bytes(0x55);
+    w.centroids_q8.fill_bytes(0x55);
+    w.centroid_scale.fill_bytes(0xff);
+    check(dt::kmeans_mean(w.p, nullptr), "mean");
+    check(dt::kmeans_init(w.p, nullptr), "init");
+    check_q8_operands(w);
+    int64_t ties = check_q8_assign(w);  // initial centroids
+    check_group_count(w);
+    w.p.update_variant = dt::kUpdateFast;
+    check(dt::kmeans_update(w.p, true, nullptr), "update");  // iterated centroids (from the count grouping)
+    check_q8_operands(w);
+    ties += check_q8_assign(w);
+    check_group_count(w);
+    std::printf("[kmeans q8] %s: operands, assignments and grouping exact (%lld exact ties)\n", w.shape().c_str(),
+                static_cast<long long>(ties));
+  }
 }
 
 }  // namespace

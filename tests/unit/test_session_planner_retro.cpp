@@ -58,11 +58,12 @@ TEST(RetroLayerBytes, BuildWorkspaceIsOneGroupNotTheBatch) {
   const RetroLayerBytes one = retro_layer_bytes(q);  // build_group_seqs = 1 (the runner's)
   q.num_seqs = 8;
   EXPECT_EQ(retro_layer_bytes(q).build, one.build);  // independent of the batch
-  // Per flat head of the group: centred bf16 keys 2 D, assignment / sort keys in and out / iota / members
-  // 20, residual 4, sort temporary <= 9 per token; f32 + bf16 centroids and value sums 12 D, size 4,
-  // offset 4, touched 1 per cluster; plus the mean partial sums and the sort's fixed 1 MiB.
+  // Per flat head of the group: int8 centred keys D, assignment / sort keys in and out / iota / members
+  // 20, residual 4, sort temporary <= 9 per token; f32 + bf16 centroids and value sums 12 D, int8 centroid
+  // copies and scales D + 4, size 4, offset 4, touched 1 per cluster; plus the mean partial sums and the
+  // sort's fixed 1 MiB.
   const int64_t H = 8, C = 8188, N = 131004, D = 128;
-  const int64_t per_head = N * (2 * D + 20 + 4 + 9) + C * (12 * D + 9);
+  const int64_t per_head = N * (D + 20 + 4 + 9) + C * (13 * D + 13);
   EXPECT_GE(one.build, H * per_head);
   EXPECT_LT(one.build, H * per_head + (int64_t{3} << 20));
   q.num_seqs = 7;
@@ -75,10 +76,14 @@ TEST(RetroLayerBytes, BuildWorkspaceIsOneGroupNotTheBatch) {
               double(one.build) / 1e9, double(all.build) / 1e9, double(one.held()) / 7 / 1e6);
 }
 
-TEST(RetroLayerBytes, UpdateTransientBelowTheBuildAt128K) {
+TEST(RetroLayerBytes, UpdateTransientNearTheBuildAt128K) {
   const RetroLayerBytes b = retro_layer_bytes(llama_layer(7, 131072));
   EXPECT_GT(b.update, 0);
-  EXPECT_LT(b.update, b.build);  // the plan's transient is the build's at this shape
+  // Since run 26 the build's k-means works on int8 keys (D + 4 bytes per token, not 2 D), which puts one
+  // sequence's build workspace (284.0e6 B) just under an update's transient (293.7e6 B: the update's own
+  // workspace plus the regrown index arrays); the plan's transient is the larger.
+  EXPECT_GT(b.update, b.build);
+  EXPECT_LT(b.update, b.build + b.build / 10);
 }
 
 TEST(RetroLayerBytes, ShortContextHasNoIndex) {
@@ -141,20 +146,22 @@ TEST(SessionPlannerRetro, Llama3Batch8At128KIsRefusedWithNeededAndFree) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("8 sequence(s) x 131097 tokens"), std::string::npos) << m;
-    EXPECT_NE(m.find("need 138.56 GiB of GPU memory"), std::string::npos) << m;
+    EXPECT_NE(m.find("need 138.49 GiB of GPU memory"), std::string::npos) << m;
     EXPECT_NE(m.find("122.31 GiB free (does not fit)"), std::string::npos) << m;
   }
 }
 
 TEST(SessionPlannerRetro, BatchedBuildWouldNotFitBatch7) {
   // The batched k-means workspace (7 sequences at once, ~2.6e9 bytes) breaks the plan; the kept per-token
-  // cluster ids cost exactly 32 layers x 7 x 8 heads x 131029 indexed tokens x 4 bytes = 0.94e9 bytes.
+  // cluster ids cost exactly 33 x 7 x 8 heads x 131029 indexed tokens x 4 bytes = 0.97e9 bytes: 32 layers
+  // hold them, and the transient (an update's, the larger since run 26's int8 k-means operands) regrows
+  // one layer's index arrays.
   SessionPlanRequest batched = bench_request(7);
   batched.retro_build_group_seqs = 0;
   EXPECT_THROW(plan_session(batched), Error);
   SessionPlanRequest kept = bench_request(7);
   kept.retro_keeps_assignment = true;
-  EXPECT_EQ(plan_session(kept).gpu_bytes - plan_session(bench_request(7)).gpu_bytes, int64_t{32} * 7 * 8 * 131029 * 4);
+  EXPECT_EQ(plan_session(kept).gpu_bytes - plan_session(bench_request(7)).gpu_bytes, int64_t{33} * 7 * 8 * 131029 * 4);
 }
 
 }  // namespace

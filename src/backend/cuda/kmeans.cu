@@ -81,12 +81,68 @@ __global__ void centre_kernel(const KMeansParams p) {
   }
 }
 
-// Writes centroid (f32 and bf16) of flat cluster hc from per-lane values (lane owns dims lane + 32 j).
+// Per-row int8 quantization (kernels.h centred_q8): with m = max |x| of the row, inv = 127 / m (0 for a zero
+// row), x_q = clamp(rint(x * inv), -127, 127); the row's scale is m / 127 (IEEE operations throughout, so
+// the host tests repeat them exactly).
+__device__ __forceinline__ float q8_inv(float m) { return m > 0.0f ? __fdiv_rn(127.0f, m) : 0.0f; }
+__device__ __forceinline__ int8_t quantize_q8(float x, float inv) {
+  return static_cast<int8_t>(static_cast<int>(fminf(127.0f, fmaxf(-127.0f, rintf(__fmul_rn(x, inv))))));
+}
+
+// centred_q8[h, i, :] = the f32 key - mean quantized per row (and centred = its bf16 where not null):
+// kPerRow = D / 8 lanes per row (8 elements each), 32 / kPerRow rows per warp, warp-uniform trip counts.
+template <int D>
+__global__ void centre_q8_kernel(const KMeansParams p) {
+  constexpr int kPerRow = D / 8, kRowsPerWarp = 32 / kPerRow;
+  const int lane = threadIdx.x & 31, col = lane % kPerRow;
+  const int64_t rows = int64_t{p.num_heads} * p.n_idx;
+  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
+  for (int64_t r0 = (int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kRowsPerWarp; r0 < rows;
+       r0 += warps * kRowsPerWarp) {
+    const int64_t hi = r0 + lane / kPerRow;
+    const bool ok = hi < rows;
+    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (ok) {
+      const int64_t h = hi / p.n_idx, i = hi % p.n_idx;
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(p.keys + (h * p.kv_stride + p.idx_begin + i) * D + col * 8), f);
+      const float* mu = p.mean + h * D + col * 8;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] -= mu[j];
+    }
+    float mx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fabsf(f[j]));
+#pragma unroll
+    for (int o = 1; o < kPerRow; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (!ok) continue;  // no shuffle follows in this trip
+    const float inv = q8_inv(mx);
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j / 4] |= uint32_t{static_cast<uint8_t>(quantize_q8(f[j], inv))} << (8 * (j % 4));
+    *reinterpret_cast<uint2*>(p.centred_q8 + hi * D + col * 8) = make_uint2(w[0], w[1]);
+    if (p.centred != nullptr) {
+      uint32_t b[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = uint32_t{f32_to_bf16(f[2 * j])} | (uint32_t{f32_to_bf16(f[2 * j + 1])} << 16);
+      *reinterpret_cast<uint4*>(p.centred + hi * D + col * 8) = make_uint4(b[0], b[1], b[2], b[3]);
+    }
+  }
+}
+
+// Writes centroid (f32 and bf16; the int8 copy and its scale where centroids_q8 is set) of flat cluster hc
+// from per-lane values (lane owns dims lane + 32 j). The whole warp calls it.
 __device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc, const float* c, int lane) {
+  float mx = 0.0f;
   for (int j = 0; lane + 32 * j < p.head_dim; ++j) {
     p.centroids[hc * p.head_dim + lane + 32 * j] = c[j];
     p.centroids_bf16[hc * p.head_dim + lane + 32 * j] = f32_to_bf16(c[j]);
+    mx = fmaxf(mx, fabsf(c[j]));
   }
+  if (p.centroids_q8 == nullptr) return;  // uniform
+  mx = warp_max(mx);
+  const float inv = q8_inv(mx);
+  for (int j = 0; lane + 32 * j < p.head_dim; ++j) p.centroids_q8[hc * p.head_dim + lane + 32 * j] = quantize_q8(c[j], inv);
+  if (lane == 0) p.centroid_scale[hc] = __fdiv_rn(mx, 127.0f);
 }
 
 // Initial centroids: the centred key at index floor(j * L / k) of the segment, L2-normalised (a zero
@@ -342,7 +398,12 @@ cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
   mean_finish_kernel<<<p.num_heads, 128, 0, s>>>(p);
   const int64_t work = int64_t{p.num_heads} * p.n_idx * (p.head_dim / 8);
   const int blocks = static_cast<int>(work / kThreads + 1 < 8192 ? work / kThreads + 1 : 8192);
-  centre_kernel<<<blocks, kThreads, 0, s>>>(p);
+  if (p.centred_q8 != nullptr) {
+    if (p.head_dim == 128) centre_q8_kernel<128><<<blocks, kThreads, 0, s>>>(p);
+    else centre_q8_kernel<64><<<blocks, kThreads, 0, s>>>(p);
+  } else {
+    centre_kernel<<<blocks, kThreads, 0, s>>>(p);
+  }
   return cudaGetLastError();
 }
 
@@ -365,14 +426,19 @@ int variant_index(const char* var, const char* const* names, int count, int dflt
   RETROINFER_FAIL(var, "='", v, "' is not a k-means kernel variant: use ", valid, " or leave it unset (variants b-f ",
                   "of the assignment were removed after run 15)");
 }
-constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a"};
+constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "q8"};
 constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
+constexpr const char* kGroupNames[kGroupVariants] = {"radix", "count"};
 // The defaults, picked by the H200 A/B of run 15 (bench/results/run15/call2, call3; every variant gives the
 // same result).
-constexpr int kDefaultAssignVariant = kAssignA;  // run 15 (H200): 11.40 ms vs 13.70 (v1) at 128K, 2.28 vs 2.62 at 32K
+constexpr int kDefaultAssignVariant = kAssignQ8;  // run 26 (H200; a: run 15, 11.40 ms vs 13.70 (v1) at 128K)
 constexpr int kDefaultUpdateVariant = kUpdateFast;  // bit-identical sums, 1.19 vs 1.23 ms of updates at 128K
 int assign_variant_of(const KMeansParams& p) {
   return p.assign_variant >= 0 && p.assign_variant < kAssignVariants ? p.assign_variant : kmeans_assign_variant_from_env();
+}
+constexpr int kDefaultGroupVariant = kGroupCount;  // run 26 (H200): identical members / offsets
+int group_variant_of(const KMeansParams& p) {
+  return p.group_variant >= 0 && p.group_variant < kGroupVariants ? p.group_variant : kmeans_group_variant_from_env();
 }
 int update_variant_of(const KMeansParams& p) {
   return p.update_variant >= 0 && p.update_variant < kUpdateVariants ? p.update_variant : kmeans_update_variant_from_env();
@@ -381,6 +447,19 @@ int update_variant_of(const KMeansParams& p) {
 
 int kmeans_assign_variant_from_env() {
   return variant_index("RETROINFER_KMEANS_ASSIGN", kAssignNames, kAssignVariants, kDefaultAssignVariant);
+}
+int kmeans_group_variant_from_env() {
+  return variant_index("RETROINFER_KMEANS_GROUP", kGroupNames, kGroupVariants, kDefaultGroupVariant);
+}
+const char* kmeans_group_variant_name(int variant) {
+  return variant >= 0 && variant < kGroupVariants ? kGroupNames[variant] : "?";
+}
+int kmeans_assign_variant_of(const KMeansParams& p) { return assign_variant_of(p); }
+cudaError_t kmeans_group_pass(const KMeansParams& p, bool global, cudaStream_t s) {
+  if (!global && group_variant_of(p) == kGroupCount && p.max_seg_clusters <= kGroupCountMaxBins &&
+      p.max_seg_tokens <= kGroupCountMaxTokens)
+    return kmeans_group_segments(p, s);
+  return kmeans_group(p, s);
 }
 int kmeans_update_variant_from_env() {
   return variant_index("RETROINFER_KMEANS_UPDATE", kUpdateNames, kUpdateVariants, kDefaultUpdateVariant);

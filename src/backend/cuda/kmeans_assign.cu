@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
@@ -41,7 +42,7 @@ struct AssignRange {
   int64_t k0, te;
   int cb, ce;
 };
-__device__ __forceinline__ AssignRange assign_range(const KMeansParams& p, bool global) {
+__device__ __forceinline__ AssignRange assign_range(const KMeansParams& p, bool global, int keys_per_cta = kKeys) {
   AssignRange r;
   int64_t tb;
   if (global) {
@@ -50,7 +51,7 @@ __device__ __forceinline__ AssignRange assign_range(const KMeansParams& p, bool 
     tb = p.seg_token_begin[blockIdx.y]; r.te = p.seg_token_begin[blockIdx.y + 1];
     r.cb = p.seg_cluster_begin[blockIdx.y]; r.ce = p.seg_cluster_begin[blockIdx.y + 1];
   }
-  r.k0 = tb + int64_t{blockIdx.x} * kKeys;
+  r.k0 = tb + int64_t{blockIdx.x} * keys_per_cta;
   return r;
 }
 
@@ -331,6 +332,183 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksA) assign_a_kernel(cons
     }
 }
 
+// ---- Variant q8: int8 operands (kernels.h kAssignQ8). Score of key x against centroid c:
+// f32(sum_d xq_d cq_d) * scale_c, the integer dot exact in int32 (|dot| <= D * 127^2 < 2^22). The
+// accumulators start at the bit pattern of 1.5 * 2^23 (kQ8Bias), so that after the MMAs
+// __int_as_float(acc) is exactly 1.5 * 2^23 + dot: f32(dot) costs one FADD instead of an I2F (a quarter-rate
+// conversion on sm_90). Ties keep the lowest cluster id, as a.
+constexpr int kQ8Bias = 0x4B400000;
+constexpr float kQ8BiasF = 12582912.0f;  // 1.5 * 2^23
+constexpr int kStagesQ = 3;
+template <int D>
+constexpr int smem_bytes_q8() {
+  return kStagesQ * kChunk * (D + 16) + kStagesQ * kChunk * 4;  // int8 rows padded by 16 bytes, then scales
+}
+
+// cp.async of 4 bytes (zeros when `valid` is false).
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool valid) {
+  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+}
+
+// D += A B, m16n8k32, s8 inputs, s32 accumulators (PTX fragment layouts).
+__device__ __forceinline__ void mma_s8_16832(int* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// kMtQ 16-key m-tiles and kNpQ 8-centroid n-tiles per warp step, at least kMinBlocksQ CTAs per SM.
+template <int D, int kMtQ, int kNpQ, int kMinBlocksQ>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocksQ) assign_q8_kernel(const KMeansParams p, bool global) {
+  constexpr int kKeysQ = kWarps * 16 * kMtQ;
+  constexpr int kRow = D + 16;  // bytes
+  constexpr int kKs = D / 32;   // k-steps
+  extern __shared__ __align__(16) uint8_t smq[];  // [kStages][kChunk][kRow] int8, then [kStages][kChunk] f32
+  float* ssc = reinterpret_cast<float*>(smq + kStagesQ * kChunk * kRow);
+  const int h = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  const AssignRange rg = assign_range(p, global, kKeysQ);
+  const int64_t te = rg.te, k0 = rg.k0;
+  const int cb = rg.cb, ce = rg.ce;
+  if (k0 >= te) return;  // whole CTA: before any barrier
+  const int8_t* ch = p.centroids_q8 + int64_t{h} * p.num_clusters * D;
+  const float* sh = p.centroid_scale + int64_t{h} * p.num_clusters;
+  constexpr int kCopies = kChunk * (D / 16);  // 16-byte copies per chunk
+  auto stage = [&](int cc, int buf) {
+    uint8_t* dst = smq + buf * (kChunk * kRow);
+    for (int e = threadIdx.x; e < kCopies; e += kWarps * 32) {
+      const int r = e / (D / 16), col = e % (D / 16);
+      const bool ok = cc + r < ce;
+      cp_async16_zfill(dst + r * kRow + col * 16, ch + int64_t{ok ? cc + r : cb} * D + col * 16, ok);
+    }
+    if (threadIdx.x < kChunk) {  // the chunk's scales (zeros past ce); 4-byte copies: cc may be unaligned
+      const int r = threadIdx.x;
+      const bool ok = cc + r < ce;
+      cp_async4_zfill(ssc + buf * kChunk + r, sh + (ok ? cc + r : cb), ok);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kStagesQ - 1; ++s) {
+    if (cb + s * kChunk < ce) stage(cb + s * kChunk, s);
+    cp_async_commit();
+  }
+  const int rows = te - k0 < kKeysQ ? static_cast<int>(te - k0) : kKeysQ;
+  auto mt_row = [&](int mt) { return (warp * kMtQ + mt) * 16 + gq; };
+  uint32_t a[kMtQ][kKs][4];
+  {
+    const int8_t* xk = p.centred_q8 + (int64_t{h} * p.n_idx + k0) * D;
+#pragma unroll
+    for (int mt = 0; mt < kMtQ; ++mt) {
+      const int r_lo = mt_row(mt), r_hi = r_lo + 8;
+      const bool v_lo = r_lo < rows, v_hi = r_hi < rows;
+#pragma unroll
+      for (int ks = 0; ks < kKs; ++ks) {
+        const int col = ks * 32 + 4 * tq;
+        a[mt][ks][0] = v_lo ? *reinterpret_cast<const uint32_t*>(xk + r_lo * D + col) : 0u;
+        a[mt][ks][1] = v_hi ? *reinterpret_cast<const uint32_t*>(xk + r_hi * D + col) : 0u;
+        a[mt][ks][2] = v_lo ? *reinterpret_cast<const uint32_t*>(xk + r_lo * D + col + 16) : 0u;
+        a[mt][ks][3] = v_hi ? *reinterpret_cast<const uint32_t*>(xk + r_hi * D + col + 16) : 0u;
+      }
+    }
+  }
+  float best[kMtQ][2];
+  int idx[kMtQ][2];
+#pragma unroll
+  for (int mt = 0; mt < kMtQ; ++mt) {
+    best[mt][0] = best[mt][1] = -INFINITY;
+    idx[mt][0] = idx[mt][1] = cb;
+  }
+  auto steps = [&](int buf, int cc, auto full_tag) {
+    constexpr bool kFull = decltype(full_tag)::value;
+    const uint8_t* cbuf = smq + buf * (kChunk * kRow);
+    const float* sbuf = ssc + buf * kChunk;
+    const int nt_end = kFull ? kChunk / 8 : (ce - cc + 7) / 8;
+#pragma unroll 1
+    for (int nt0 = 0; nt0 < nt_end; nt0 += kNpQ) {
+      int acc[kNpQ][kMtQ][4];
+#pragma unroll
+      for (int q = 0; q < kNpQ; ++q)
+#pragma unroll
+        for (int mt = 0; mt < kMtQ; ++mt) acc[q][mt][0] = acc[q][mt][1] = acc[q][mt][2] = acc[q][mt][3] = kQ8Bias;
+#pragma unroll
+      for (int k2 = 0; k2 < kKs / 2; ++k2) {
+        uint32_t b[kNpQ][4];  // k-step 2 k2: (b0, b1); 2 k2 + 1: (b2, b3)
+#pragma unroll
+        for (int q = 0; q < kNpQ; ++q) ldmatrix_x4(b[q], cbuf + ((nt0 + q) * 8 + ri) * kRow + mi * 16 + k2 * 64);
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int q = 0; q < kNpQ; ++q)
+#pragma unroll
+            for (int mt = 0; mt < kMtQ; ++mt)
+              mma_s8_16832(acc[q][mt], a[mt][2 * k2 + half], b[q][2 * half], b[q][2 * half + 1]);
+      }
+#pragma unroll
+      for (int q = 0; q < kNpQ; ++q) {
+        const int lc = (nt0 + q) * 8 + 2 * tq;  // chunk-local column of c0 / c2
+        const int col0 = cc + lc;
+        const float s0 = sbuf[lc], s1 = sbuf[lc + 1];
+#pragma unroll
+        for (int mt = 0; mt < kMtQ; ++mt)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const float v0 = (__int_as_float(acc[q][mt][2 * hf]) - kQ8BiasF) * s0;
+            const float v1 = (__int_as_float(acc[q][mt][2 * hf + 1]) - kQ8BiasF) * s1;
+            if (kFull || col0 < ce) {
+              if (v0 > best[mt][hf]) { best[mt][hf] = v0; idx[mt][hf] = col0; }
+            }
+            if (kFull || col0 + 1 < ce) {
+              if (v1 > best[mt][hf]) { best[mt][hf] = v1; idx[mt][hf] = col0 + 1; }
+            }
+          }
+      }
+    }
+  };
+  // The k-steps of a D = 64 row are 2: the loop over k2 is one step of two halves (kKs / 2 = 1).
+  static_assert(kKs % 2 == 0, "D = 64 or 128");
+#pragma unroll 1
+  for (int cc = cb, it = 0; cc < ce; cc += kChunk, ++it) {
+    cp_async_wait<kStagesQ - 2>();
+    __syncthreads();
+    const int nxt = cc + (kStagesQ - 1) * kChunk;
+    if (nxt < ce) stage(nxt, (it + kStagesQ - 1) % kStagesQ);
+    cp_async_commit();
+    const int buf = it % kStagesQ;
+    if (cc + kChunk <= ce) steps(buf, cc, std::true_type{});
+    else steps(buf, cc, std::false_type{});
+  }
+  const int64_t base = int64_t{h} * p.n_idx + k0;
+  const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
+#pragma unroll
+  for (int mt = 0; mt < kMtQ; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      quad_argmax(best[mt][hf], idx[mt][hf]);
+      const int r = mt_row(mt) + 8 * hf;
+      if (tq == 0 && r < rows) {
+        p.assignment[base + r] = idx[mt][hf];
+        p.sort_keys[base + r] = hbase + idx[mt][hf];
+      }
+    }
+}
+
+template <int D, int kMtQ, int kNpQ, int kMinBlocksQ>
+cudaError_t launch_q8_tile(const KMeansParams& p, bool global, cudaStream_t s) {
+  constexpr int kKeysQ = kWarps * 16 * kMtQ;
+  constexpr int kSmem = smem_bytes_q8<D>();
+  auto* kernel = assign_q8_kernel<D, kMtQ, kNpQ, kMinBlocksQ>;
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  if (e != cudaSuccess) return e;
+  const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
+  const dim3 grid(static_cast<unsigned>((tokens + kKeysQ - 1) / kKeysQ), global ? 1 : p.num_segments, p.num_heads);
+  kernel<<<grid, kWarps * 32, kSmem, s>>>(p, global);
+  return cudaGetLastError();
+}
+
 template <int D>
 cudaError_t launch_a(const KMeansParams& p, bool global, cudaStream_t s) {
   constexpr int kSmem = smem_bytes_a<D>();
@@ -343,6 +521,31 @@ cudaError_t launch_a(const KMeansParams& p, bool global, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((tokens + kKeys - 1) / kKeys), global ? 1 : p.num_segments, p.num_heads);
   kernel<<<grid, kWarps * 32, kSmem, s>>>(p, global);
   return cudaGetLastError();
+}
+
+// RETROINFER_KMEANS_Q8_TILE (run 26 A/B): m4n1b2 (the default: 0.72 ms of segment passes at 32K against
+// 0.77 for m2n2b2), m2n2b2, m2n2b3, m4n2b1.
+int q8_tile_from_env() {
+  static const int tile = [] {
+    const char* e = std::getenv("RETROINFER_KMEANS_Q8_TILE");
+    if (e == nullptr || e[0] == '\0' || std::strcmp(e, "m4n1b2") == 0) return 2;
+    if (std::strcmp(e, "m2n2b2") == 0) return 0;
+    if (std::strcmp(e, "m2n2b3") == 0) return 1;
+    if (std::strcmp(e, "m4n2b1") == 0) return 3;
+    return 2;
+  }();
+  return tile;
+}
+
+template <int D>
+cudaError_t launch_q8(const KMeansParams& p, bool global, cudaStream_t s) {
+  if (p.centred_q8 == nullptr || p.centroids_q8 == nullptr || p.centroid_scale == nullptr) return cudaErrorInvalidValue;
+  switch (q8_tile_from_env()) {
+    case 1: return launch_q8_tile<D, 2, 2, 3>(p, global, s);
+    case 2: return launch_q8_tile<D, 4, 1, 2>(p, global, s);
+    case 3: return launch_q8_tile<D, 4, 2, 1>(p, global, s);
+    default: return launch_q8_tile<D, 2, 2, 2>(p, global, s);
+  }
 }
 
 template <int D>
@@ -364,6 +567,7 @@ cudaError_t launch_variant(const KMeansParams& p, bool global, int variant, cuda
   switch (variant) {
     case kAssignV1: return launch_v1<D>(p, global, s);
     case kAssignA: return launch_a<D>(p, global, s);
+    case kAssignQ8: return launch_q8<D>(p, global, s);
     default: return cudaErrorInvalidValue;
   }
 }

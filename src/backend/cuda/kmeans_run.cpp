@@ -21,8 +21,13 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
   n = count;
   S = static_cast<int>(seg_t.size()) - 1;
   C = seg_c.back();
-  max_seg = 0;
-  for (int i = 0; i < S; ++i) max_seg = std::max(max_seg, seg_t[i + 1] - seg_t[i]);
+  max_seg = max_seg_c = 0;
+  for (int i = 0; i < S; ++i) {
+    max_seg = std::max(max_seg, seg_t[i + 1] - seg_t[i]);
+    max_seg_c = std::max(max_seg_c, seg_c[i + 1] - seg_c[i]);
+  }
+  assign_variant = kmeans_assign_variant_from_env();
+  const bool q8 = all_operands || assign_variant == kAssignQ8, bf16 = all_operands || assign_variant != kAssignQ8;
   const size_t items = size_t(H) * n, flat = size_t(H) * C;
   ensure(seg_tokens, seg_t.size() * 4);
   ensure(seg_clusters, seg_c.size() * 4);
@@ -31,7 +36,12 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_clusters.data(), seg_c.data(), seg_c.size() * 4, cudaMemcpyHostToDevice, st));
   ensure(mean_partial, size_t(H) * kMeanChunks * D * 4);
   ensure(mean, size_t(H) * D * 4);
-  ensure(centred, items * D * 2);
+  if (bf16) ensure(centred, items * D * 2);
+  if (q8) {
+    ensure(centred_q8, items * D);
+    ensure(centroids_q8, flat * D);
+    ensure(centroid_scale, flat * 4);
+  }
   ensure(centroids, flat * D * 4);
   ensure(centroids_bf16, flat * D * 2);
   ensure(value_sums, flat * D * 4);
@@ -70,9 +80,16 @@ KMeansParams KMeansRun::params(const uint16_t* k, const uint16_t* v, int64_t kv_
   p.seg_token_begin = seg_tokens.as<int>();
   p.seg_cluster_begin = seg_clusters.as<int>();
   p.max_seg_tokens = max_seg;
+  p.max_seg_clusters = max_seg_c;
+  p.assign_variant = assign_variant;
+  const bool q8 = all_operands || assign_variant == kAssignQ8, bf16 = all_operands || assign_variant != kAssignQ8;
   p.mean_partial = mean_partial.as<float>();
   p.mean = mean.as<float>();
-  p.centred = centred.as<uint16_t>();
+  p.centred = bf16 ? centred.as<uint16_t>() : nullptr;
+  p.centred_q8 = q8 ? centred_q8.as<int8_t>() : nullptr;
+  p.centroids_q8 = q8 ? centroids_q8.as<int8_t>() : nullptr;
+  p.centroid_scale = q8 ? centroid_scale.as<float>() : nullptr;
+
   p.centroids = centroids.as<float>();
   p.centroids_bf16 = centroids_bf16.as<uint16_t>();
   p.value_sums = value_sums.as<float>();
@@ -101,13 +118,13 @@ void KMeansRun::run(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int
   if (cfg.kmeans_segment_iters + cfg.kmeans_global_iters == 0) {
     launch_check(kmeans_assign(p, false, st), "kmeans_assign", st);
     ev.mark(kKmAssignSegment);
-    launch_check(kmeans_group(p, st), "kmeans_group", st);
+    launch_check(kmeans_group_pass(p, false, st), "kmeans_group", st);
     ev.mark(kKmGroup);
   }
   for (int it = 0; it < cfg.kmeans_segment_iters; ++it) {
     launch_check(kmeans_assign(p, false, st), "kmeans_assign(segment)", st);
     ev.mark(kKmAssignSegment);
-    launch_check(kmeans_group(p, st), "kmeans_group", st);
+    launch_check(kmeans_group_pass(p, false, st), "kmeans_group", st);
     ev.mark(kKmGroup);
     launch_check(kmeans_update(p, true, st), "kmeans_update(spherical)", st);
     ev.mark(kKmUpdate);

@@ -20,10 +20,16 @@ namespace retroinfer::cuda::detail {
 // prepare / run until that work completes.
 struct KMeansRun {
   // Shapes as KMeansParams' fields of the same names (C = the run's clusters, n_idx = n).
-  DeviceBuffer seg_tokens, seg_clusters, mean_partial, mean, centred, centroids, centroids_bf16, value_sums,
-      value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota, members, offsets, sort_temp;
+  DeviceBuffer seg_tokens, seg_clusters, mean_partial, mean, centred, centred_q8, centroids, centroids_bf16,
+      centroids_q8, centroid_scale, value_sums, value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota,
+      members, offsets, sort_temp;
   int64_t iota_items = -1, iota_n = -1;  // the iota's contents (rebuilt when the shape changes)
-  int C = 0, S = 0, max_seg = 0;
+  int C = 0, S = 0, max_seg = 0, max_seg_c = 0;
+  // The assignment variant of the run (kernels.h KMeansAssignVariant), resolved by prepare from the
+  // environment; its operands only are allocated (bf16 centred keys for v1 / a, int8 keys and centroids for
+  // q8) unless all_operands (the kernel tests, which switch variants on one workspace).
+  int assign_variant = kAssignA;
+  bool all_operands = false;
   int64_t begin = 0, n = 0;  // first KV token and token count of the run
 
   // Sizes every buffer (grow only) for a run over tokens [first, first + count) of H flat heads of head_dim

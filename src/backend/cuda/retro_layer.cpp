@@ -222,8 +222,13 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
         ensure(m.centroids_q8, rows * size_t(D));
         ensure(m.centroid_scale, rows * 4);
         m.quantize_rows(m.centroids_bf16, m.centroids_q8, m.centroid_scale, 0, rows, st);
-        RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));  // the copy is read before its buffer is freed
-        m.centroids_bf16 = DeviceBuffer{};
+        // The bf16 rows go back to the workspace (the next build's buffer: no free, no allocation, no
+        // wait); the index keeps none. Work queued after this on st reads them before any reuse.
+        std::swap(m.centroids_bf16, m.work.centroids_bf16);
+        if (m.centroids_bf16.bytes() > 0) {  // the former index copy (a build with int8 scoring off)
+          RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+          m.centroids_bf16 = DeviceBuffer{};
+        }
       }
     }
   }
@@ -670,7 +675,7 @@ int64_t RetroLayer::device_bytes() const {
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
                                 &m.est_counter, &m.sel_ws,
                                 &m.phase, &w.seg_tokens,
-                                &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centroids,
+                                &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centred_q8, &w.centroids_q8, &w.centroid_scale, &w.centroids,
                                 &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,
                                 &w.sort_keys, &w.sort_keys_out, &w.iota, &w.members, &w.offsets, &w.sort_temp,
                                 &w.residual, &w.picked_ids, &w.picked_list, &w.picked_count, &w.picked_scratch,
