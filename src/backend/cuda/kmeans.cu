@@ -3,10 +3,13 @@
 //
 // Arithmetic against the CPU reference: the mean key, the centroid sums and the value sums are f32 sums
 // of the bf16 keys/values converted to f32 (sum order: fixed, ascending token order inside a cluster);
-// the assignment scores are bf16(key - mean) . bf16(centroid) on the tensor cores (mma.sync m16n8k16,
-// f32 accumulation), so an argmax can differ from the CPU's f32 scores where two centroids score within
-// the bf16 rounding of each other (~2^-8 relative); the GPU tests measure that mismatch rate. The
-// assignment kernels are in kmeans_assign.cu, the grouping (radix sort) in kmeans_sort.cu.
+// the assignment scores are, by default (q8, run 26), exact integer dots of per-row int8 copies of the
+// centred keys and centroids times the centroid's scale (kernels.h centred_q8), else bf16(key - mean) .
+// bf16(centroid) on the tensor cores (v1 / a: mma.sync m16n8k16, f32 accumulation). Either way an argmax
+// can differ from the CPU's f32 scores where two centroids score within the rounding of each other
+// (int8: ~2^-8 of the row's largest element; bf16: ~2^-8 relative); the GPU tests measure that mismatch
+// rate and the objective. The assignment kernels are in kmeans_assign.cu, the grouping in kmeans_group.cu
+// (counting sort, segment passes) and kmeans_sort.cu (radix sort).
 #include <cuda_runtime.h>
 
 #include <cstdlib>

@@ -1,6 +1,7 @@
-// The k-means assignment kernels (kernels.h KMeansAssignVariant): argmax over the centroids of [cb, ce)
-// of bf16(key - mean) . bf16(centroid), ties to the lowest cluster id. v1 (run 9's kernel, the reference)
-// and a (the default since run 15) give the same result bit for bit: every score is the same chain of
+// The k-means assignment kernels (kernels.h KMeansAssignVariant): argmax over the centroids of [cb, ce),
+// ties to the lowest cluster id. q8 (the default since run 26, at the end of this file) scores int8 copies
+// exactly in integers. v1 (run 9's kernel, the reference) and a (the default of runs 15-25) score
+// bf16(key - mean) . bf16(centroid) and give the same result bit for bit: every score is the same chain of
 // mma.sync m16n8k16 (bf16 operands, f32 accumulation, k-steps 0..D/16-1 in ascending order on the same A
 // and B fragments), and the argmax keeps the first strict maximum in ascending cluster order.
 //
@@ -14,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
@@ -336,7 +336,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksA) assign_a_kernel(cons
 // f32(sum_d xq_d cq_d) * scale_c, the integer dot exact in int32 (|dot| <= D * 127^2 < 2^22). The
 // accumulators start at the bit pattern of 1.5 * 2^23 (kQ8Bias), so that after the MMAs
 // __int_as_float(acc) is exactly 1.5 * 2^23 + dot: f32(dot) costs one FADD instead of an I2F (a quarter-rate
-// conversion on sm_90). Ties keep the lowest cluster id, as a.
+// conversion on sm_90). Ties keep the lowest cluster id, as a. Same structure as a (centroid chunks of
+// kChunk rows in a ring of kStagesQ cp.async stages with their scales, A fragments in registers); the
+// MMAs issue every independent accumulator of a k-step before the next k-step.
+//
+// Nsight Compute (run 26, 32K segment pass, the 2 x 2 tile): 53% issue slots, ALU the busiest pipe (44%:
+// the argmax's compare and two selects per score), stalls mostly short-scoreboard (the ldmatrix / scale
+// loads), 16 warps per SM (registers). 408-470 TOPS against a's 315-380 TFLOP/s: the argmax, not the
+// tensor pipe, bounds it (3 ALU operations per (key, centroid) pair: ~0.35 ms of ALU work alone for the
+// 1.74e9 pairs of a 32K layer's 9 + 1 iterations on 132 SMs).
 constexpr int kQ8Bias = 0x4B400000;
 constexpr float kQ8BiasF = 12582912.0f;  // 1.5 * 2^23
 constexpr int kStagesQ = 3;
@@ -523,29 +531,12 @@ cudaError_t launch_a(const KMeansParams& p, bool global, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-// RETROINFER_KMEANS_Q8_TILE (run 26 A/B): m4n1b2 (the default: 0.72 ms of segment passes at 32K against
-// 0.77 for m2n2b2), m2n2b2, m2n2b3, m4n2b1.
-int q8_tile_from_env() {
-  static const int tile = [] {
-    const char* e = std::getenv("RETROINFER_KMEANS_Q8_TILE");
-    if (e == nullptr || e[0] == '\0' || std::strcmp(e, "m4n1b2") == 0) return 2;
-    if (std::strcmp(e, "m2n2b2") == 0) return 0;
-    if (std::strcmp(e, "m2n2b3") == 0) return 1;
-    if (std::strcmp(e, "m4n2b1") == 0) return 3;
-    return 2;
-  }();
-  return tile;
-}
-
+// The tile: 4 m-tiles x 1 n-tile per warp step, 2 CTAs per SM (run 26's A/B at 32K, segment passes: 0.722
+// ms against 0.771 for 2 x 2, 0.753 for 2 x 2 at 3 CTAs per SM, 0.846 for 4 x 2 at 1).
 template <int D>
 cudaError_t launch_q8(const KMeansParams& p, bool global, cudaStream_t s) {
   if (p.centred_q8 == nullptr || p.centroids_q8 == nullptr || p.centroid_scale == nullptr) return cudaErrorInvalidValue;
-  switch (q8_tile_from_env()) {
-    case 1: return launch_q8_tile<D, 2, 2, 3>(p, global, s);
-    case 2: return launch_q8_tile<D, 4, 1, 2>(p, global, s);
-    case 3: return launch_q8_tile<D, 4, 2, 1>(p, global, s);
-    default: return launch_q8_tile<D, 2, 2, 2>(p, global, s);
-  }
+  return launch_q8_tile<D, 4, 1, 2>(p, global, s);
 }
 
 template <int D>
