@@ -80,6 +80,27 @@ __device__ __forceinline__ void quad_argmax(float& best, int& idx) {
   }
 }
 
+// The end of a warp's assignment (variants a and q8): each row's best over its quad, written by lane tq 0
+// as the token's cluster and sort key (h * C + cluster); m-tile mt holds rows mt_row(mt) and mt_row(mt) + 8
+// of the CTA's keys from k0 (rows valid ones).
+template <int kMt, typename RowOf>
+__device__ __forceinline__ void write_assignments(const KMeansParams& p, int h, int64_t k0, int rows, int tq,
+                                                  float (&best)[kMt][2], int (&idx)[kMt][2], RowOf mt_row) {
+  const int64_t base = int64_t{h} * p.n_idx + k0;
+  const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
+#pragma unroll
+  for (int mt = 0; mt < kMt; ++mt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      quad_argmax(best[mt][hf], idx[mt][hf]);
+      const int r = mt_row(mt) + 8 * hf;
+      if (tq == 0 && r < rows) {
+        p.assignment[base + r] = idx[mt][hf];
+        p.sort_keys[base + r] = hbase + idx[mt][hf];
+      }
+    }
+}
+
 // Assignment: argmax over the centroids of [cb, ce) of bf16(key - mean) . bf16(centroid), ties to the
 // lowest cluster id. Warp = 32 keys (A fragments held in registers); centroid chunks double-buffered in
 // shared memory by cp.async (rows padded by 16 bytes so the ldmatrix row reads hit distinct banks).
@@ -317,19 +338,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksA) assign_a_kernel(cons
     if (cc + kChunk <= ce) steps(cbuf, cc, std::true_type{});
     else steps(cbuf, cc, std::false_type{});
   }
-  const int64_t base = int64_t{h} * p.n_idx + k0;
-  const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
-#pragma unroll
-  for (int mt = 0; mt < kMt; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      quad_argmax(best[mt][hf], idx[mt][hf]);
-      const int r = mt_row(mt) + 8 * hf;
-      if (tq == 0 && r < rows) {
-        p.assignment[base + r] = idx[mt][hf];
-        p.sort_keys[base + r] = hbase + idx[mt][hf];
-      }
-    }
+  write_assignments<kMt>(p, h, k0, rows, tq, best, idx, mt_row);
 }
 
 // ---- Variant q8: int8 operands (kernels.h kAssignQ8). Score of key x against centroid c:
@@ -489,46 +498,33 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksQ) assign_q8_kernel(con
     if (cc + kChunk <= ce) steps(buf, cc, std::true_type{});
     else steps(buf, cc, std::false_type{});
   }
-  const int64_t base = int64_t{h} * p.n_idx + k0;
-  const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
-#pragma unroll
-  for (int mt = 0; mt < kMtQ; ++mt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      quad_argmax(best[mt][hf], idx[mt][hf]);
-      const int r = mt_row(mt) + 8 * hf;
-      if (tq == 0 && r < rows) {
-        p.assignment[base + r] = idx[mt][hf];
-        p.sort_keys[base + r] = hbase + idx[mt][hf];
-      }
-    }
+  write_assignments<kMtQ>(p, h, k0, rows, tq, best, idx, mt_row);
+}
+
+// Launches an assignment kernel with `smem` bytes of dynamic shared memory (set at every launch: cheap, per
+// current device) over key tiles of keys_per_cta x segments (or 1, global) x heads.
+template <typename Kernel>
+cudaError_t launch_assign(Kernel kernel, int smem, int keys_per_cta, const KMeansParams& p, bool global,
+                          cudaStream_t s) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
+  const dim3 grid(static_cast<unsigned>((tokens + keys_per_cta - 1) / keys_per_cta), global ? 1 : p.num_segments,
+                  p.num_heads);
+  kernel<<<grid, kWarps * 32, smem, s>>>(p, global);
+  return cudaGetLastError();
 }
 
 template <int D, int kMtQ, int kNpQ, int kMinBlocksQ>
 cudaError_t launch_q8_tile(const KMeansParams& p, bool global, cudaStream_t s) {
-  constexpr int kKeysQ = kWarps * 16 * kMtQ;
-  constexpr int kSmem = smem_bytes_q8<D>();
-  auto* kernel = assign_q8_kernel<D, kMtQ, kNpQ, kMinBlocksQ>;
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (e != cudaSuccess) return e;
-  const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
-  const dim3 grid(static_cast<unsigned>((tokens + kKeysQ - 1) / kKeysQ), global ? 1 : p.num_segments, p.num_heads);
-  kernel<<<grid, kWarps * 32, kSmem, s>>>(p, global);
-  return cudaGetLastError();
+  return launch_assign(assign_q8_kernel<D, kMtQ, kNpQ, kMinBlocksQ>, smem_bytes_q8<D>(), kWarps * 16 * kMtQ, p,
+                       global, s);
 }
 
 template <int D>
 cudaError_t launch_a(const KMeansParams& p, bool global, cudaStream_t s) {
-  constexpr int kSmem = smem_bytes_a<D>();
-  auto* kernel = assign_a_kernel<D>;
-  // Dynamic shared memory (34 KiB at D 128: under the 48 KiB default today; set at every launch, cheap, per
-  // current device, so a deeper ring or larger chunk needs no other change).
-  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  if (e != cudaSuccess) return e;
-  const int64_t tokens = global ? p.n_idx : p.max_seg_tokens;
-  const dim3 grid(static_cast<unsigned>((tokens + kKeys - 1) / kKeys), global ? 1 : p.num_segments, p.num_heads);
-  kernel<<<grid, kWarps * 32, kSmem, s>>>(p, global);
-  return cudaGetLastError();
+  // 34 KiB of dynamic shared memory at D 128 (under the 48 KiB default; a deeper ring needs no other change).
+  return launch_assign(assign_a_kernel<D>, smem_bytes_a<D>(), kKeys, p, global, s);
 }
 
 // The tile: 4 m-tiles x 1 n-tile per warp step, 2 CTAs per SM (run 26's A/B at 32K, segment passes: 0.722
