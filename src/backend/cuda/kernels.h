@@ -104,8 +104,6 @@ int kmeans_group_variant_from_env();
 const char* kmeans_assign_variant_name(int variant);
 const char* kmeans_update_variant_name(int variant);
 const char* kmeans_group_variant_name(int variant);
-// The assignment variant a run with these parameters uses (p.assign_variant, or the environment's).
-int kmeans_assign_variant_of(const KMeansParams& p);
 
 cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s);          // mean, centred
 cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s);          // initial centroids

@@ -144,7 +144,8 @@ __device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc
   if (p.centroids_q8 == nullptr) return;  // uniform
   mx = warp_max(mx);
   const float inv = q8_inv(mx);
-  for (int j = 0; lane + 32 * j < p.head_dim; ++j) p.centroids_q8[hc * p.head_dim + lane + 32 * j] = quantize_q8(c[j], inv);
+  for (int j = 0; lane + 32 * j < p.head_dim; ++j)
+    p.centroids_q8[hc * p.head_dim + lane + 32 * j] = quantize_q8(c[j], inv);
   if (lane == 0) p.centroid_scale[hc] = __fdiv_rn(mx, 127.0f);
 }
 
@@ -432,8 +433,9 @@ int variant_index(const char* var, const char* const* names, int count, int dflt
 constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "q8"};
 constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
 constexpr const char* kGroupNames[kGroupVariants] = {"radix", "count"};
-// The defaults, picked by the H200 A/B of run 15 (bench/results/run15/call2, call3; every variant gives the
-// same result).
+// The defaults, picked by the H200 A/Bs of run 15 (bench/results/run15/call2, call3) and run 26
+// (bench/results/run26/: q8 is other arithmetic, tested against its own host reference; the other variants
+// of one kind give the same results).
 constexpr int kDefaultAssignVariant = kAssignQ8;  // run 26 (H200; a: run 15, 11.40 ms vs 13.70 (v1) at 128K)
 constexpr int kDefaultUpdateVariant = kUpdateFast;  // bit-identical sums, 1.19 vs 1.23 ms of updates at 128K
 int assign_variant_of(const KMeansParams& p) {
@@ -457,7 +459,6 @@ int kmeans_group_variant_from_env() {
 const char* kmeans_group_variant_name(int variant) {
   return variant >= 0 && variant < kGroupVariants ? kGroupNames[variant] : "?";
 }
-int kmeans_assign_variant_of(const KMeansParams& p) { return assign_variant_of(p); }
 cudaError_t kmeans_group_pass(const KMeansParams& p, bool global, cudaStream_t s) {
   if (!global && group_variant_of(p) == kGroupCount && p.max_seg_clusters <= kGroupCountMaxBins &&
       p.max_seg_tokens <= kGroupCountMaxTokens)

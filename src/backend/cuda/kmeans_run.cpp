@@ -27,7 +27,6 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
     max_seg_c = std::max(max_seg_c, seg_c[i + 1] - seg_c[i]);
   }
   assign_variant = kmeans_assign_variant_from_env();
-  const bool q8 = all_operands || assign_variant == kAssignQ8, bf16 = all_operands || assign_variant != kAssignQ8;
   const size_t items = size_t(H) * n, flat = size_t(H) * C;
   ensure(seg_tokens, seg_t.size() * 4);
   ensure(seg_clusters, seg_c.size() * 4);
@@ -36,8 +35,8 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_clusters.data(), seg_c.data(), seg_c.size() * 4, cudaMemcpyHostToDevice, st));
   ensure(mean_partial, size_t(H) * kMeanChunks * D * 4);
   ensure(mean, size_t(H) * D * 4);
-  if (bf16) ensure(centred, items * D * 2);
-  if (q8) {
+  if (uses_bf16()) ensure(centred, items * D * 2);
+  if (uses_q8()) {
     ensure(centred_q8, items * D);
     ensure(centroids_q8, flat * D);
     ensure(centroid_scale, flat * 4);
@@ -82,14 +81,12 @@ KMeansParams KMeansRun::params(const uint16_t* k, const uint16_t* v, int64_t kv_
   p.max_seg_tokens = max_seg;
   p.max_seg_clusters = max_seg_c;
   p.assign_variant = assign_variant;
-  const bool q8 = all_operands || assign_variant == kAssignQ8, bf16 = all_operands || assign_variant != kAssignQ8;
   p.mean_partial = mean_partial.as<float>();
   p.mean = mean.as<float>();
-  p.centred = bf16 ? centred.as<uint16_t>() : nullptr;
-  p.centred_q8 = q8 ? centred_q8.as<int8_t>() : nullptr;
-  p.centroids_q8 = q8 ? centroids_q8.as<int8_t>() : nullptr;
-  p.centroid_scale = q8 ? centroid_scale.as<float>() : nullptr;
-
+  p.centred = uses_bf16() ? centred.as<uint16_t>() : nullptr;
+  p.centred_q8 = uses_q8() ? centred_q8.as<int8_t>() : nullptr;
+  p.centroids_q8 = uses_q8() ? centroids_q8.as<int8_t>() : nullptr;
+  p.centroid_scale = uses_q8() ? centroid_scale.as<float>() : nullptr;
   p.centroids = centroids.as<float>();
   p.centroids_bf16 = centroids_bf16.as<uint16_t>();
   p.value_sums = value_sums.as<float>();

@@ -30,6 +30,8 @@ struct KMeansRun {
   // q8) unless all_operands (the kernel tests, which switch variants on one workspace).
   int assign_variant = kAssignA;
   bool all_operands = false;
+  bool uses_q8() const { return all_operands || assign_variant == kAssignQ8; }     // int8 operands allocated
+  bool uses_bf16() const { return all_operands || assign_variant != kAssignQ8; }   // bf16 centred keys allocated
   int64_t begin = 0, n = 0;  // first KV token and token count of the run
 
   // Sizes every buffer (grow only) for a run over tokens [first, first + count) of H flat heads of head_dim
