@@ -44,9 +44,9 @@ struct KMeansParams {
   float* mean = nullptr;           // [H, D] f32: mean indexed key
   uint16_t* centred = nullptr;     // [H, n_idx, D] bf16: key - mean (assignment operand of v1 / a; may be null
                                    // under q8)
-  // Assignment operands of variant q8 (null under v1 / a): per row r, scale_r = max |x| / 127 (IEEE) and
-  // x_q = clamp(rint(x / scale_r), -127, 127); the key scale is not kept (a positive factor per key does
-  // not move its argmax).
+  // Assignment operands of variant q8 (null under v1 / a): per row with m = max |x|, x_q = clamp(rint(x *
+  // (127 / m)), -127, 127) and scale m / 127 (IEEE operations, kmeans.cu quantize_q8); the key scale is not
+  // kept (a positive factor per key does not move its argmax).
   int8_t* centred_q8 = nullptr;    // [H, n_idx, D] int8: key - mean (f32 difference) quantized per row
   int8_t* centroids_q8 = nullptr;  // [H, C, D] int8: the iterating (centred) centroids quantized per row
   float* centroid_scale = nullptr; // [H, C] f32: their scales
@@ -81,7 +81,7 @@ inline constexpr int kKMeansVariantEnv = -1;
 //        (the default of runs 15-25)
 //   kQ8  other arithmetic: int8 operands (centred_q8 . centroids_q8, mma.sync m16n8k32, exact int32 dot),
 //        score = f32(dot) * centroid_scale; ties to the lowest id. Exact: a host reference computes the same
-//        argmax bit for bit from the same int8 operands (tests/gpu/test_cuda_kmeans_q8.cpp).
+//        argmax bit for bit from the same int8 operands (tests/gpu/test_cuda_kmeans_fast.cpp CudaKMeansQ8).
 // Run 15 also measured b-f (128-centroid chunks in a 3-stage ring, a max-tree argmax, 4 n-tiles or 3
 // m-tiles per step; bench/results/run15/call2, call3): b-e slower than a, f level with it at 128K and
 // slower at 32K; they were removed after it.
