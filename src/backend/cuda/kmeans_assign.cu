@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "backend/cuda/async_copy.cuh"
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -360,13 +361,6 @@ constexpr int kStagesQ = 3;
 template <int D>
 constexpr int smem_bytes_q8() {
   return kStagesQ * kChunk * (D + 16) + kStagesQ * kChunk * 4;  // int8 rows padded by 16 bytes, then scales
-}
-
-// cp.async of 4 bytes (zeros when `valid` is false).
-__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem, bool valid) {
-  const uint32_t sa = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int n = valid ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
 }
 
 // D += A B, m16n8k32, s8 inputs, s32 accumulators (PTX fragment layouts).
