@@ -34,6 +34,7 @@
 //                              without the per-call launch and completion latency a single-layer call pays;
 //                              each layer's data is larger than L2, so every layer starts cold)
 //               [--kmeans-builds 3]   timed builds per k-means line (median)
+//               [--kmeans-iters 9,2,1]   the k-means lines once per spherical segment-iteration count
 //               [--kmeans-phases 1]   after the timed builds, one more build per variant with
 //                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
 //                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
@@ -104,6 +105,7 @@ bool part_on(const char* name) {
 std::vector<std::string> g_kmeans_variants;  // --kmeans-variants: "ASSIGN" or "ASSIGN/UPDATE" entries
 int g_kmeans_builds = 3;                     // --kmeans-builds
 bool g_kmeans_phases = false;                // --kmeans-phases 1
+std::vector<int> g_kmeans_iters;             // --kmeans-iters 9,2,1: the k-means lines per segment-iteration count
 int g_stack = 1;                             // --stack L
 
 // L2 eviction before each timed call. "write" (default, as runs 3-7): cuda::flush_l2, a memset of twice
@@ -319,64 +321,82 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
     std::vector<std::string> variants = g_kmeans_variants;
     if (variants.empty()) variants.emplace_back();
     if (!part_on("kmeans")) variants.clear();
-    for (const std::string& var : variants) {
-      if (!var.empty()) {
-        const size_t slash = var.find('/');
-        setenv("RETROINFER_KMEANS_ASSIGN", var.substr(0, slash).c_str(), 1);
-        if (slash != std::string::npos) setenv("RETROINFER_KMEANS_UPDATE", var.substr(slash + 1).c_str(), 1);
-        else unsetenv("RETROINFER_KMEANS_UPDATE");
-        const std::string want_u = slash == std::string::npos ? "" : var.substr(slash + 1);
-        if (var.substr(0, slash) != cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) ||
-            (!want_u.empty() &&
-             want_u != cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env())))
-          RETROINFER_FAIL("kernel_bench: unknown k-means variant '", var,
-                          "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a,q8 and UPDATE in v1,fast; b-f were removed "
-                          "after run 15)");
-        retro.build(kp, vp, n, n);  // warm-up of this variant
+    // --kmeans-iters: the lines again per segment-iteration count, each on its own layer (this one for the
+    // default count).
+    std::vector<int> iters_list = g_kmeans_iters;
+    if (iters_list.empty() || !part_on("kmeans")) iters_list = {cfg.kmeans_segment_iters};
+    for (const int iters : iters_list) {
+      std::unique_ptr<cuda::RetroLayer> own;
+      if (iters != cfg.kmeans_segment_iters) {
+        AttentionConfig c2 = cfg;
+        c2.kmeans_segment_iters = iters;
+        own = std::make_unique<cuda::RetroLayer>(shape, c2, static_cast<int>(batch));
+        own->build(kp, vp, n, n);  // allocations
       }
-      const std::string tag = std::string(",\"assign_variant\":\"") +
-                              cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) +
-                              "\",\"update_variant\":\"" +
-                              cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env()) +
-                              "\",\"group_variant\":\"" +
-                              cuda::detail::kmeans_group_variant_name(cuda::detail::kmeans_group_variant_from_env()) +
-                              "\"";
-      std::vector<float> bt;
-      for (int i = 0; i < g_kmeans_builds; ++i) {
-        cuda::synchronize();
-        const auto t0 = std::chrono::steady_clock::now();
-        retro.build(kp, vp, n, n);  // synchronous at its end
-        bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
-      }
-      const Stats sb = stats(bt);
-      std::snprintf(extra, sizeof extra,
-                    ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f,"
-                    "\"builds\":%d%s",
-                    retro.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms,
-                    g_kmeans_builds, tag.c_str());
-      emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
-      if (g_kmeans_phases) {
-        // One more build with an event after every phase (kmeans_phases.h): ms per sequence of each phase.
-        setenv("RETROINFER_KMEANS_PHASES", "1", 1);
-        cuda::detail::kmeans_phase_reset();
-        cuda::synchronize();
-        retro.build(kp, vp, n, n);
-        unsetenv("RETROINFER_KMEANS_PHASES");
-        const auto tot = cuda::detail::kmeans_phase_totals();
-        std::string ph = ",\"phases_ms\":{";
-        double sum = 0;
-        for (int i = 0; i < cuda::detail::kKmPhases; ++i) {
-          char b[96];
-          std::snprintf(b, sizeof b, "%s\"%s\":%.4f", i ? "," : "", cuda::detail::kmeans_phase_name(i),
-                        tot.ms[i] / double(batch));
-          ph += b;
-          sum += tot.ms[i] / double(batch);
+      cuda::RetroLayer& layer = own ? *own : retro;
+      for (const std::string& var : variants) {
+        if (!var.empty()) {
+          const size_t slash = var.find('/');
+          setenv("RETROINFER_KMEANS_ASSIGN", var.substr(0, slash).c_str(), 1);
+          if (slash != std::string::npos) setenv("RETROINFER_KMEANS_UPDATE", var.substr(slash + 1).c_str(), 1);
+          else unsetenv("RETROINFER_KMEANS_UPDATE");
+          const std::string want_u = slash == std::string::npos ? "" : var.substr(slash + 1);
+          if (var.substr(0, slash) != cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) ||
+              (!want_u.empty() &&
+               want_u != cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env())))
+            RETROINFER_FAIL("kernel_bench: unknown k-means variant '", var,
+                            "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a,q8 and UPDATE in v1,fast; b-f were removed "
+                            "after run 15)");
+          layer.build(kp, vp, n, n);  // warm-up of this variant
         }
-        char b[96];
-        std::snprintf(b, sizeof b, "},\"phases_sum_ms\":%.4f,\"runs\":%lld", sum, static_cast<long long>(tot.runs));
-        emit("kmeans_phases", n, batch, sb, double(kv_elems) * 2 * 2, ph + b + tag);
+        const std::string tag = std::string(",\"assign_variant\":\"") +
+                                cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) +
+                                "\",\"update_variant\":\"" +
+                                cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env()) +
+                                "\",\"group_variant\":\"" +
+                                cuda::detail::kmeans_group_variant_name(cuda::detail::kmeans_group_variant_from_env()) +
+                                "\",\"segment_iters\":" + std::to_string(iters);
+        std::vector<float> bt, h_enq, h_wait, h_after;  // + the host split of each build (kmeans_phases.h)
+        for (int i = 0; i < g_kmeans_builds; ++i) {
+          cuda::synchronize();
+          const auto t0 = std::chrono::steady_clock::now();
+          layer.build(kp, vp, n, n);  // synchronous at its end
+          bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          const auto ht = cuda::detail::build_host_times_last();
+          h_enq.push_back(float(ht.enqueue_ms));
+          h_wait.push_back(float(ht.wait_ms));
+          h_after.push_back(float(ht.after_ms));
+        }
+        const Stats sb = stats(bt);
+        std::snprintf(extra, sizeof extra,
+                      ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f,"
+                      "\"builds\":%d,\"host_enqueue_ms\":%.4f,\"host_wait_ms\":%.4f,\"host_after_ms\":%.4f%s",
+                      layer.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms,
+                      g_kmeans_builds, stats(h_enq).median, stats(h_wait).median, stats(h_after).median, tag.c_str());
+        emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
+        if (g_kmeans_phases) {
+          // One more build with an event after every phase (kmeans_phases.h): ms per sequence of each phase.
+          setenv("RETROINFER_KMEANS_PHASES", "1", 1);
+          cuda::detail::kmeans_phase_reset();
+          cuda::synchronize();
+          layer.build(kp, vp, n, n);
+          unsetenv("RETROINFER_KMEANS_PHASES");
+          const auto tot = cuda::detail::kmeans_phase_totals();
+          std::string ph = ",\"phases_ms\":{";
+          double sum = 0;
+          for (int i = 0; i < cuda::detail::kKmPhases; ++i) {
+            char b[96];
+            std::snprintf(b, sizeof b, "%s\"%s\":%.4f", i ? "," : "", cuda::detail::kmeans_phase_name(i),
+                          tot.ms[i] / double(batch));
+            ph += b;
+            sum += tot.ms[i] / double(batch);
+          }
+          char b[96];
+          std::snprintf(b, sizeof b, "},\"phases_sum_ms\":%.4f,\"runs\":%lld", sum, static_cast<long long>(tot.runs));
+          emit("kmeans_phases", n, batch, sb, double(kv_elems) * 2 * 2, ph + b + tag);
+        }
       }
-    }
+    }  // iters
     if (!g_kmeans_variants.empty()) {
       unsetenv("RETROINFER_KMEANS_ASSIGN");
       unsetenv("RETROINFER_KMEANS_UPDATE");
@@ -505,6 +525,20 @@ int main(int argc, char** argv) {
     else if (a == "--kmeans-variants") kmeans_variants_arg = argv[++i];
     else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
     else if (a == "--kmeans-phases") kmeans_phases = std::atoi(argv[++i]) != 0;
+    else if (a == "--kmeans-iters") {
+      const std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t e = std::min(list.find(',', at), list.size());
+        const std::string w = list.substr(at, e - at);
+        at = e + 1;
+        const int v = std::atoi(w.c_str());
+        if (w.empty() || w.size() > 3 || w.find_first_not_of("0123456789") != std::string::npos) {
+          std::fprintf(stderr, "kernel_bench: --kmeans-iters takes non-negative integers; not '%s'\n", w.c_str());
+          return 2;
+        }
+        g_kmeans_iters.push_back(v);
+      }
+    }
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
       if (const int st = std::atoi(argv[++i]); st != 0) setenv("RETROINFER_SELECT_PHASES", st == 2 ? "2" : "1", 1);
     }

@@ -34,7 +34,7 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
   cmd->add_option("--estimation-fraction", o.estimation_fraction, "retro: share of clusters estimated (0.232)");
   cmd->add_option("--outlier-fraction", o.outlier_fraction,
                   "retro: share of indexed tokens kept out of the clusters and read exactly (0.001)");
-  cmd->add_option("--kmeans-iters", o.kmeans_segment_iters, "retro: spherical k-means iterations per segment (9)")
+  cmd->add_option("--kmeans-iters", o.kmeans_segment_iters, "retro: spherical k-means iterations per segment (1)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--segment-tokens", o.segment_tokens, "retro: k-means segment length in tokens (8192)")
       ->check(CLI::PositiveNumber);

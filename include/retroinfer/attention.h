@@ -39,7 +39,7 @@ struct AttentionConfig {
   // Wave index (retro).
   int tokens_per_cluster = 16;        // average cluster size
   int segment_tokens = 8192;          // k-means segment length
-  int kmeans_segment_iters = 9;       // spherical iterations per segment
+  int kmeans_segment_iters = 1;       // spherical iterations per segment (the paper's 9: docs/wave-index.md)
   int kmeans_global_iters = 1;        // final global iterations (plain means)
   double retrieval_fraction = 0.018;  // share of clusters attended exactly
   double estimation_fraction = 0.232; // share of clusters estimated from centroid and value sum

@@ -87,7 +87,8 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   // Int8 scoring: the centroids' int8 copies and row scales (an update appends the block's rows, regrown
   // while the old ones are still held), in place of the bf16 centroids.
   const int64_t q8 = r.int8_scoring && C > 0 ? H * C * (D + 4) : 0;
-  b.index = arrays + q8 + (n_idx > 0 ? H * D * 4 : 0) + std::max<int64_t>(H * out_stride * 4, 16) + H * 4;
+  // ... + the mean key and the retrieval-capacity sums (H int64, retro_layer.cpp size_workspace) when indexed
+  b.index = arrays + q8 + (n_idx > 0 ? H * D * 4 + H * 8 : 0) + std::max<int64_t>(H * out_stride * 4, 16) + H * 4;
   // Decode workspace (RetroLayer::Impl::size_workspace).
   const auto [nr, ne] = zone_counts(a, C);
   const int64_t idx_end = n_idx == 0 ? std::max<int64_t>(idx_begin, a.sink_tokens) : idx_begin + n_idx;

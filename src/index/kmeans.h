@@ -35,7 +35,7 @@ namespace retroinfer::index {
 struct KMeansParams {
   int tokens_per_cluster = 16;  // average cluster size: a segment of L tokens gets ceil(L / this) clusters
   int segment_tokens = 8192;    // segment length (the last segment may be shorter)
-  int segment_iters = 9;        // spherical iterations inside each segment
+  int segment_iters = 1;        // spherical iterations inside each segment (docs/wave-index.md: the paper's 9)
   int global_iters = 1;         // final iterations over all clusters (plain means)
 };
 

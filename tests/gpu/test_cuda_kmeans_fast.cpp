@@ -15,6 +15,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
 #include <string>
 
 #include "backend/cuda/kernels.h"
@@ -182,6 +185,30 @@ void compare_update(Work& w, Summary& sum) {
       total += d;
     }
     sum.finalize += total;
+  }
+  // The finalize with the last plain-mean update fused in (fast, kmeans_run's order after a global pass)
+  // against v1's update then finalize, from the same grouping and spherical centroids: the same outputs.
+  ref.clear();
+  for (int u : {int(dt::kUpdateV1), int(dt::kUpdateFast)}) {
+    restore(w.centroids, c1);
+    restore(w.centroids_bf16, cb1);
+    for (auto* b : {&w.value_sums, &w.value_sums_bf16, &w.sizes}) b->fill_bytes(0xff);
+    w.p.update_variant = u;
+    check(dt::kmeans_finalize(w.p, nullptr, true), "finalize with mean");
+    std::vector<std::vector<uint8_t>> got{bytes_of(w.value_sums), bytes_of(w.value_sums_bf16), bytes_of(w.sizes),
+                                          bytes_of(w.centroids), bytes_of(w.centroids_bf16)};
+    if (u == dt::kUpdateV1) {
+      EXPECT_NE(differing(got[3], c1, 4), 0) << "the fused mean changed nothing: a vacuous comparison";
+      ref = std::move(got);
+      continue;
+    }
+    const size_t words[] = {4, 2, 4, 4, 2};
+    const char* names[] = {"value_sums", "value_sums_bf16", "sizes", "centroids", "centroids_bf16"};
+    for (int i = 0; i < 5; ++i) {
+      const int64_t d = differing(got[i], ref[i], words[i]);
+      EXPECT_EQ(d, 0) << "finalize with mean: " << names[i];
+      sum.finalize += d;
+    }
   }
 }
 
@@ -480,5 +507,46 @@ TEST(CudaKMeansQ8, OperandsAssignmentAndGroupingExact) {
   }
 }
 
+}  // namespace
+}  // namespace retroinfer
+
+namespace retroinfer {
+namespace {
+// top_sizes_sum (RetroLayer's retrieval capacity) against the host's sum of the k largest, on sizes that
+// take one histogram pass (all below 4096), two or three (spreads up to 2^24), all-equal sizes, zeros, k = 1
+// and k = C; bad arguments are refused before any launch.
+TEST(CudaTopSizes, SumOfLargestMatchesHost) {
+  RETROINFER_REQUIRE_GPU();
+  struct Case {
+    int heads, clusters, k, spread;
+  };
+  const Case cases[] = {{8, 2044, 37, 40}, {3, 100, 100, 4000}, {2, 5000, 1, 1 << 24}, {1, 1, 1, 7},
+                        {4, 8188, 148, 1 << 20}, {2, 3000, 55, 0}, {5, 777, 300, 5000}};
+  std::mt19937_64 rng(99);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "heads=" << c.heads << " C=" << c.clusters << " k=" << c.k);
+    std::vector<int32_t> sz(size_t(c.heads) * c.clusters);
+    std::uniform_int_distribution<int> small(0, 40), big(0, std::max(c.spread, 1));
+    for (size_t i = 0; i < sz.size(); ++i) sz[i] = c.spread == 0 ? 16 : (i % 7 == 0 ? big(rng) : small(rng));
+    cuda::DeviceBuffer d(sz.size() * 4), out(size_t(c.heads) * 8);
+    d.upload(sz.data(), sz.size() * 4);
+    out.fill_bytes(0xff);
+    ASSERT_EQ(cuda::detail::top_sizes_sum(d.as<int>(), c.heads, c.clusters, c.k, out.as<long long>(), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<long long> got(c.heads);
+    out.download(got.data(), got.size() * 8);
+    for (int h = 0; h < c.heads; ++h) {
+      std::vector<int32_t> one(sz.begin() + int64_t(h) * c.clusters, sz.begin() + int64_t(h + 1) * c.clusters);
+      std::sort(one.begin(), one.end(), std::greater<>());
+      const long long want = std::accumulate(one.begin(), one.begin() + c.k, 0LL);
+      EXPECT_EQ(got[h], want) << "head " << h;
+    }
+  }
+  cuda::DeviceBuffer d(64), out(64);
+  EXPECT_EQ(cuda::detail::top_sizes_sum(d.as<int>(), 1, 4, 5, out.as<long long>(), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::detail::top_sizes_sum(d.as<int>(), 1, 4, 0, out.as<long long>(), nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::detail::top_sizes_sum(d.as<int>(), 0, 4, 1, out.as<long long>(), nullptr), cudaErrorInvalidValue);
+}
 }  // namespace
 }  // namespace retroinfer

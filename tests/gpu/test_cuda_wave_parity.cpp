@@ -89,6 +89,11 @@ TEST(CudaWaveParity, RetroAgainstCpuRetro) {
   cfg.retrieval_fraction = 0.05;
   cfg.estimation_fraction = 0.25;
   cfg.outlier_fraction = 0.0;  // the CUDA RetroLayer has no outlier zone (yet): compare like with like
+  // The paper's 9 segment iterations, not the default 1: each query here is one key plus noise, and only
+  // the noise directions tell that key's cluster from the 30 others around its centre, so with 1 iteration
+  // both backends miss the dominant token for some queries (run 27: error against full 1.12 on the CPU,
+  // 1.11 on the GPU) and the comparison below says nothing; converged clusters keep it sharp.
+  cfg.kmeans_segment_iters = 9;
   // CPU: a bf16 KvCache holding exactly the GPU's bf16 values.
   KvCache cache(hkv, d, DType::kBF16);
   {

@@ -48,9 +48,9 @@ TEST(RetroLayerBytes, IndexTermsPerClusterAndToken) {
   const RetroLayerBytes b = retro_layer_bytes(llama_layer(1, 131072));
   const int64_t H = 8, C = 8188, N = 131004, D = 128;
   // bf16 centroids + value sums (4 D), size (4), CSR offset (4, + 1 entry), members (4 per token), the
-  // mean key (4 D per head), outlier lists: round(0.001 x 131004) = 131 + (0 / 1024 + 1) x round(1.024) = 132
-  // entries per head, and their counts.
-  EXPECT_EQ(b.index, H * C * (4 * D + 8) + 4 + H * N * 4 + H * D * 4 + H * 132 * 4 + H * 4);
+  // mean key (4 D per head), the retrieval-capacity sum (8 per head, run 27), outlier lists: round(0.001 x
+  // 131004) = 131 + (0 / 1024 + 1) x round(1.024) = 132 entries per head, and their counts.
+  EXPECT_EQ(b.index, H * C * (4 * D + 8) + 4 + H * N * 4 + H * D * 4 + H * 8 + H * 132 * 4 + H * 4);
 }
 
 TEST(RetroLayerBytes, BuildWorkspaceIsOneGroupNotTheBatch) {

@@ -123,8 +123,14 @@ cudaError_t kmeans_group_pass(const KMeansParams& p, bool global, cudaStream_t s
 size_t kmeans_sort_temp_bytes(int64_t items, int end_bit);
 // Recomputes centroids from the grouping: spherical (normalised sum) or plain mean; empty keeps.
 cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s);
-// Final outputs: de-centred centroids, value sums, sizes and their bf16 copies.
-cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s);
+// Final outputs: de-centred centroids, value sums, sizes and their bf16 copies. with_mean: the plain-mean
+// update of the last global iteration first (fused into the same pass over the members under the fast
+// update variant; the same centroids as kmeans_update(p, false) then kmeans_finalize, bit for bit).
+cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s, bool with_mean = false);
+// out[h] = the sum of the k largest of sizes[h, 0 .. clusters) (int, >= 0), for each of `heads` heads: the
+// retrieval zone's largest token count (RetroLayer's token-list capacity) without downloading the sizes.
+// 1 <= k <= clusters, else cudaErrorInvalidValue.
+cudaError_t top_sizes_sum(const int* sizes, int heads, int clusters, int k, long long* out, cudaStream_t s);
 
 // ---- scoring and selection (select.cu) ----
 

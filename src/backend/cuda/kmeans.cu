@@ -12,6 +12,7 @@
 // (counting sort, segment passes) and kmeans_sort.cu (radix sort).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -94,21 +95,27 @@ __device__ __forceinline__ int8_t quantize_q8(float x, float inv) {
 
 // centred_q8[h, i, :] = the f32 key - mean quantized per row (and centred = its bf16 where not null):
 // kPerRow = D / 8 lanes per row (8 elements each), 32 / kPerRow rows per warp, warp-uniform trip counts.
+// Grid (x, heads): blockIdx.y is the head, rows are 32-bit within it (run 27: the former flat row index
+// cost a 64-bit division and modulo per row; Nsight Compute had the kernel at 68 us for 96 MiB at 32K).
 template <int D>
 __global__ void centre_q8_kernel(const KMeansParams p) {
   constexpr int kPerRow = D / 8, kRowsPerWarp = 32 / kPerRow;
   const int lane = threadIdx.x & 31, col = lane % kPerRow;
-  const int64_t rows = int64_t{p.num_heads} * p.n_idx;
-  const int64_t warps = int64_t{gridDim.x} * (blockDim.x >> 5);
-  for (int64_t r0 = (int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kRowsPerWarp; r0 < rows;
+  const int h = blockIdx.y;
+  const int rows = static_cast<int>(p.n_idx);
+  const int warps = gridDim.x * (blockDim.x >> 5);
+  const uint16_t* kh = p.keys + (int64_t{h} * p.kv_stride + p.idx_begin) * D + col * 8;
+  int8_t* qh = p.centred_q8 + int64_t{h} * p.n_idx * D + col * 8;
+  float mu[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mu[j] = p.mean[h * D + col * 8 + j];
+  for (int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kRowsPerWarp; r0 < rows;
        r0 += warps * kRowsPerWarp) {
-    const int64_t hi = r0 + lane / kPerRow;
-    const bool ok = hi < rows;
+    const int i = r0 + lane / kPerRow;
+    const bool ok = i < rows;
     float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (ok) {
-      const int64_t h = hi / p.n_idx, i = hi % p.n_idx;
-      bf16x8_to_float(*reinterpret_cast<const uint4*>(p.keys + (h * p.kv_stride + p.idx_begin + i) * D + col * 8), f);
-      const float* mu = p.mean + h * D + col * 8;
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(kh + int64_t{i} * D), f);
 #pragma unroll
       for (int j = 0; j < 8; ++j) f[j] -= mu[j];
     }
@@ -122,12 +129,12 @@ __global__ void centre_q8_kernel(const KMeansParams p) {
     uint32_t w[2] = {0u, 0u};
 #pragma unroll
     for (int j = 0; j < 8; ++j) w[j / 4] |= uint32_t{static_cast<uint8_t>(quantize_q8(f[j], inv))} << (8 * (j % 4));
-    *reinterpret_cast<uint2*>(p.centred_q8 + hi * D + col * 8) = make_uint2(w[0], w[1]);
+    *reinterpret_cast<uint2*>(qh + int64_t{i} * D) = make_uint2(w[0], w[1]);
     if (p.centred != nullptr) {
       uint32_t b[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) b[j] = uint32_t{f32_to_bf16(f[2 * j])} | (uint32_t{f32_to_bf16(f[2 * j + 1])} << 16);
-      *reinterpret_cast<uint4*>(p.centred + hi * D + col * 8) = make_uint4(b[0], b[1], b[2], b[3]);
+      *reinterpret_cast<uint4*>(p.centred + (int64_t{h} * p.n_idx + i) * D + col * 8) = make_uint4(b[0], b[1], b[2], b[3]);
     }
   }
 }
@@ -347,7 +354,10 @@ __global__ void __launch_bounds__(kThreads) update_fast_kernel(const KMeansParam
   }
 }
 
-template <int D>
+// kMean: the last global iteration's plain-mean update fused in (run 27): the same member sums of the
+// centred keys as update_fast_kernel, times the same 1 / n, so the centroid is the one update + finalize
+// would write, bit for bit (an empty cluster keeps its centroid); one pass over the members instead of two.
+template <int D, bool kMean>
 __global__ void __launch_bounds__(kThreads) finalize_fast_kernel(const KMeansParams p) {
   using L = FastLayout<D>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
@@ -362,6 +372,8 @@ __global__ void __launch_bounds__(kThreads) finalize_fast_kernel(const KMeansPar
     b = p.offsets[hc];
     n = p.offsets[hc + 1] - b;
   }
+  float sk[8];
+  if constexpr (kMean) member_sum_fast<D>(p, b, n, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, sk, sub);
   float s[8];
   member_sum_fast<D>(p, b, n, p.values + (h * p.kv_stride + p.idx_begin) * D, nullptr, s, sub);
   if (!valid) return;
@@ -369,8 +381,14 @@ __global__ void __launch_bounds__(kThreads) finalize_fast_kernel(const KMeansPar
   const int64_t at = hc * D + 8 * sub;
   float c[8];
   uint32_t vb[4], cw[4];
+  if (kMean && n > 0) {
+    const float inv = 1.0f / static_cast<float>(n);  // update_centroid's plain mean
 #pragma unroll
-  for (int j = 0; j < 8; ++j) c[j] = p.centroids[at + j] + p.mean[h * D + 8 * sub + j];
+    for (int j = 0; j < 8; ++j) c[j] = __fadd_rn(__fmul_rn(sk[j], inv), p.mean[h * D + 8 * sub + j]);  // no FMA
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) c[j] = p.centroids[at + j] + p.mean[h * D + 8 * sub + j];
+  }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     vb[j] = uint32_t{f32_to_bf16(s[2 * j])} | (uint32_t{f32_to_bf16(s[2 * j + 1])} << 16);
@@ -403,8 +421,12 @@ cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
   const int64_t work = int64_t{p.num_heads} * p.n_idx * (p.head_dim / 8);
   const int blocks = static_cast<int>(work / kThreads + 1 < 8192 ? work / kThreads + 1 : 8192);
   if (p.centred_q8 != nullptr) {
-    if (p.head_dim == 128) centre_q8_kernel<128><<<blocks, kThreads, 0, s>>>(p);
-    else centre_q8_kernel<64><<<blocks, kThreads, 0, s>>>(p);
+    // Per head: one row per kPerRow lanes, up to 8192 / heads CTAs per head (at least one).
+    const int64_t per_head = p.n_idx * (p.head_dim / 8) / kThreads + 1;
+    const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(per_head, 8192 / p.num_heads))),
+                    p.num_heads);
+    if (p.head_dim == 128) centre_q8_kernel<128><<<grid, kThreads, 0, s>>>(p);
+    else centre_q8_kernel<64><<<grid, kThreads, 0, s>>>(p);
   } else {
     centre_kernel<<<blocks, kThreads, 0, s>>>(p);
   }
@@ -475,6 +497,80 @@ const char* kmeans_update_variant_name(int variant) {
   return variant >= 0 && variant < kUpdateVariants ? kUpdateNames[variant] : "?";
 }
 
+namespace {
+// top_sizes_sum: one 1024-thread CTA per head. Radix-select by histogram: each pass bins the sizes of the
+// current value range [lo, hi] into 4096 bins of width 2^shift, walks the bins from the top until k sizes
+// are reached, adds every size above the threshold bin exactly (a block sum), and narrows the range to
+// that bin; the pass with width 1 adds the threshold value times the sizes still wanted. Sizes >= 0.
+constexpr int kTopBins = 4096, kTopThreads = 1024;
+__device__ long long block_sum_ll(long long v, long long* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  long long t = 0;
+  for (int w = 0; w < kTopThreads / 32; ++w) t += red[w];
+  return t;
+}
+__global__ void __launch_bounds__(kTopThreads) top_sizes_sum_kernel(const int* sizes, int C, int k, long long* out) {
+  __shared__ int hist[kTopBins];
+  __shared__ long long red[kTopThreads / 32];
+  __shared__ int s_tb, s_need;
+  const int* sz = sizes + int64_t{blockIdx.x} * C;
+  int mx = 0;
+  for (int i = threadIdx.x; i < C; i += kTopThreads) mx = max(mx, sz[i]);
+  for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  int hi = 0;
+  for (int w = 0; w < kTopThreads / 32; ++w) hi = max(hi, static_cast<int>(red[w]));
+  int lo = 0, need = k;
+  long long acc = 0;
+  while (need > 0) {
+    int shift = 0;
+    while (((hi - lo) >> shift) >= kTopBins) ++shift;
+    __syncthreads();
+    for (int b = threadIdx.x; b < kTopBins; b += kTopThreads) hist[b] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += kTopThreads) {
+      const int v = sz[i];
+      if (v >= lo && v <= hi) atomicAdd(&hist[(v - lo) >> shift], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int b = (hi - lo) >> shift, left = need;
+      while (b >= 0 && hist[b] < left) left -= hist[b--];
+      s_tb = b;       // -1: every size in range is wanted
+      s_need = left;  // wanted from bin b
+    }
+    __syncthreads();
+    const int tb = s_tb, left = s_need;
+    long long part = 0;
+    for (int i = threadIdx.x; i < C; i += kTopThreads) {
+      const int v = sz[i];
+      if (v >= lo && v <= hi && (tb < 0 || ((v - lo) >> shift) > tb)) part += v;
+    }
+    acc += block_sum_ll(part, red);
+    if (tb < 0) break;
+    if (shift == 0) {
+      acc += static_cast<long long>(left) * (lo + tb);
+      break;
+    }
+    const int nlo = lo + (tb << shift);
+    hi = min(hi, nlo + (1 << shift) - 1);
+    lo = nlo;
+    need = left;
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}
+}  // namespace
+
+cudaError_t top_sizes_sum(const int* sizes, int heads, int clusters, int k, long long* out, cudaStream_t s) {
+  if (heads <= 0 || clusters <= 0 || k <= 0 || k > clusters) return cudaErrorInvalidValue;
+  top_sizes_sum_kernel<<<heads, kTopThreads, 0, s>>>(sizes, clusters, k, out);
+  return cudaGetLastError();
+}
+
 cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
   return kmeans_assign_variant(p, global, assign_variant_of(p), s);
 }
@@ -494,13 +590,24 @@ cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s)
   return cudaGetLastError();
 }
 
-cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s) {
+cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s, bool with_mean) {
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
   if (update_variant_of(p) == kUpdateFast) {
-    if (p.head_dim == 128) finalize_fast_kernel<128><<<fast_blocks(total, FastLayout<128>::kGroups), kThreads, 0, s>>>(p);
-    else if (p.head_dim == 64) finalize_fast_kernel<64><<<fast_blocks(total, FastLayout<64>::kGroups), kThreads, 0, s>>>(p);
-    else return cudaErrorInvalidValue;
+    const int blocks128 = fast_blocks(total, FastLayout<128>::kGroups), blocks64 = fast_blocks(total, FastLayout<64>::kGroups);
+    if (p.head_dim == 128) {
+      if (with_mean) finalize_fast_kernel<128, true><<<blocks128, kThreads, 0, s>>>(p);
+      else finalize_fast_kernel<128, false><<<blocks128, kThreads, 0, s>>>(p);
+    } else if (p.head_dim == 64) {
+      if (with_mean) finalize_fast_kernel<64, true><<<blocks64, kThreads, 0, s>>>(p);
+      else finalize_fast_kernel<64, false><<<blocks64, kThreads, 0, s>>>(p);
+    } else {
+      return cudaErrorInvalidValue;
+    }
     return cudaGetLastError();
+  }
+  if (with_mean) {  // v1: the update, then the finalize (the same results)
+    const cudaError_t e = kmeans_update(p, false, s);
+    if (e != cudaSuccess) return e;
   }
   const int blocks = warp_blocks(total);
   if (p.head_dim == 128) finalize_kernel<128><<<blocks, kThreads, 0, s>>>(p);

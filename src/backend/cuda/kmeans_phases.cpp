@@ -22,6 +22,18 @@ KMeansPhaseTotals kmeans_phase_totals() {
   return g_totals;
 }
 
+namespace {
+BuildHostTimes g_host;
+}  // namespace
+void build_host_times_set(const BuildHostTimes& t) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_host = t;
+}
+BuildHostTimes build_host_times_last() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_host;
+}
+
 void kmeans_phase_reset() {
   std::lock_guard<std::mutex> lock(g_mutex);
   g_totals = KMeansPhaseTotals{};

@@ -30,6 +30,16 @@ struct KMeansPhaseTotals {
 KMeansPhaseTotals kmeans_phase_totals();  // thread-safe copy
 void kmeans_phase_reset();
 
+// Host-side split of the latest RetroLayer::build (every build records it; kernel_bench reads it after each
+// timed build): enqueue = build start until the k-means launches return, wait = from then until the
+// stream synchronisation of size_workspace returns (the GPU still working), after = the rest (the host's
+// capacity computation and buffer sizing). Milliseconds.
+struct BuildHostTimes {
+  double enqueue_ms = 0, wait_ms = 0, after_ms = 0;
+};
+void build_host_times_set(const BuildHostTimes& t);
+BuildHostTimes build_host_times_last();
+
 // Events of one run: the constructor records the start, mark(phase) follows the launches of `phase`,
 // finish() after the last (waits for it, adds to the totals). Inactive (every call a no-op) unless
 // RETROINFER_KMEANS_PHASES=1 when constructed and `st` is not capturing a graph.

@@ -28,11 +28,18 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
   }
   assign_variant = kmeans_assign_variant_from_env();
   const size_t items = size_t(H) * n, flat = size_t(H) * C;
-  ensure(seg_tokens, seg_t.size() * 4);
-  ensure(seg_clusters, seg_c.size() * 4);
-  // Upload through the stream (pageable source: the copy completes before the call returns).
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_tokens.data(), seg_t.data(), seg_t.size() * 4, cudaMemcpyHostToDevice, st));
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_clusters.data(), seg_c.data(), seg_c.size() * 4, cudaMemcpyHostToDevice, st));
+  // Upload through the stream (pageable source: the copy completes before the call returns), only when the
+  // tables differ from the device's (a rebuild of the same length skips both copies and their host time).
+  if (seg_tokens.bytes() < seg_t.size() * 4 || seg_t != seg_t_dev) {
+    ensure(seg_tokens, seg_t.size() * 4);
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_tokens.data(), seg_t.data(), seg_t.size() * 4, cudaMemcpyHostToDevice, st));
+    seg_t_dev = seg_t;
+  }
+  if (seg_clusters.bytes() < seg_c.size() * 4 || seg_c != seg_c_dev) {
+    ensure(seg_clusters, seg_c.size() * 4);
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_clusters.data(), seg_c.data(), seg_c.size() * 4, cudaMemcpyHostToDevice, st));
+    seg_c_dev = seg_c;
+  }
   ensure(mean_partial, size_t(H) * kMeanChunks * D * 4);
   ensure(mean, size_t(H) * D * 4);
   if (uses_bf16()) ensure(centred, items * D * 2);
@@ -131,10 +138,12 @@ void KMeansRun::run(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int
     ev.mark(kKmAssignGlobal);
     launch_check(kmeans_group(p, st), "kmeans_group", st);
     ev.mark(kKmGroup);
+    if (it + 1 == cfg.kmeans_global_iters) break;  // the last mean update runs inside the finalize
     launch_check(kmeans_update(p, false, st), "kmeans_update(mean)", st);
     ev.mark(kKmUpdate);
   }
-  launch_check(kmeans_finalize(p, st), "kmeans_finalize", st);
+  // After a global iteration its plain-mean update is fused into the finalize (one pass over the members).
+  launch_check(kmeans_finalize(p, st, cfg.kmeans_global_iters > 0), "kmeans_finalize", st);
   ev.mark(kKmFinalize);
   ev.finish();
 }

@@ -24,6 +24,7 @@ struct KMeansRun {
       centroids_q8, centroid_scale, value_sums, value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota,
       members, offsets, sort_temp;
   int64_t iota_items = -1, iota_n = -1;  // the iota's contents (rebuilt when the shape changes)
+  std::vector<int> seg_t_dev, seg_c_dev;  // the segment tables on the device (uploaded when they change)
   int C = 0, S = 0, max_seg = 0, max_seg_c = 0;
   // The assignment variant of the run (kernels.h KMeansAssignVariant), resolved by prepare from the
   // environment; its operands only are allocated (bf16 centred keys for v1 / a, int8 keys and centroids for

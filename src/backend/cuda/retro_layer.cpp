@@ -1,6 +1,7 @@
 // RetroLayer: the wave index built and used on the GPU (k-means at build, score / select / estimate /
 // sparse attention / merge at decode).
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -9,6 +10,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/decode_dense.h"
+#include "backend/cuda/kmeans_phases.h"
 #include "backend/cuda/kmeans_run.h"
 #include "backend/cuda/layer_common.h"
 #include "retroinfer/cuda_backend.h"
@@ -113,6 +115,10 @@ struct RetroLayer::Impl {
   int64_t idx_end() const { return n_idx == 0 ? std::max<int64_t>(idx_begin, cfg.sink_tokens) : idx_begin + n_idx; }
   std::vector<DeviceBuffer> retired;  // index buffers replaced by an update, freed after its sync
   void size_workspace(cudaStream_t st);
+  DeviceBuffer top_sum;               // [H] int64: size_workspace's per-head retrieval capacity (top_sizes_sum)
+  std::vector<long long> host_top;    // its download
+  std::vector<int32_t> host_outliers;  // the outlier counts' download
+  std::chrono::steady_clock::time_point t_enqueued, t_synced;  // the latest build's (kmeans_phases.h)
   void set_caps();
   void update(cudaStream_t st);
   void split_outliers(cudaStream_t st, int64_t head0, int heads);
@@ -159,8 +165,10 @@ RetroLayer::RetroLayer(RetroLayer&&) noexcept = default;
 RetroLayer& RetroLayer::operator=(RetroLayer&&) noexcept = default;
 
 void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s) {
+  const auto t_begin = std::chrono::steady_clock::now();
   detail::validate_kv(k, v, num_tokens, kv_stride, "RetroLayer::build");
   auto& m = *impl_;
+  m.t_enqueued = m.t_synced = t_begin;
   auto st = static_cast<cudaStream_t>(s);
   m.k = k;
   m.v = v;
@@ -200,6 +208,7 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
       m.build_grouped(seg_t, seg_c, group, st);
     } else {
       m.work.run(k, v, kv_stride, H, D, m.cfg, m.idx_begin, m.n_idx, seg_t, seg_c, st);
+      m.t_enqueued = std::chrono::steady_clock::now();
       m.split_outliers(st, 0, H);
       // The run's result becomes the index (its buffers; the index's old ones become the next workspace).
       m.C = m.work.C;
@@ -233,6 +242,11 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
     }
   }
   m.size_workspace(st);
+  const auto t_end = std::chrono::steady_clock::now();
+  using Ms = std::chrono::duration<double, std::milli>;
+  if (m.t_synced < m.t_enqueued) m.t_synced = m.t_enqueued;
+  detail::build_host_times_set({Ms(m.t_enqueued - t_begin).count(), Ms(m.t_synced - m.t_enqueued).count(),
+                                Ms(t_end - m.t_synced).count()});
 }
 
 // The prefill build in groups of `group` sequences through one workspace sized for a group. Neither the
@@ -321,18 +335,25 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   most_retrieval = 0;
   if (C > 0) {
     // Token-list capacity: the steady zone plus the largest n_r clusters of any head (plus its outliers).
-    const size_t flat = size_t(H) * C;
-    std::vector<int32_t> sz(flat), oc(H);
-    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(sz.data(), sizes.data(), flat * 4, cudaMemcpyDeviceToHost, st));
-    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(oc.data(), outlier_count.data(), size_t(H) * 4, cudaMemcpyDeviceToHost, st));
-    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
-    retired.clear();
-    for (int h = 0; h < H; ++h) {
-      std::vector<int32_t> one(sz.begin() + int64_t(h) * C, sz.begin() + int64_t(h + 1) * C);
-      std::partial_sort(one.begin(), one.begin() + n_r, one.end(), std::greater<>());
-      most_retrieval = std::max<int64_t>(most_retrieval, std::accumulate(one.begin(), one.begin() + n_r, int64_t{0}));
+    // Per head, the sum of its n_r largest cluster sizes, computed on the device (top_sizes_sum): only
+    // H + H / 2 words come back (run 27: downloading the H x C sizes and sorting them per head on the host
+    // took ~0.1 ms of a 32K build and ~0.5 ms at 128K, longer than some of its kernels).
+    ensure(top_sum, size_t(H) * 8);
+    host_top.resize(size_t(H));
+    host_outliers.resize(size_t(H));
+    long long* top = host_top.data();
+    int32_t* oc = host_outliers.data();
+    if (n_r > 0) {
+      detail::launch_check(detail::top_sizes_sum(sizes.as<int>(), H, C, n_r, top_sum.as<long long>(), st),
+                           "top_sizes_sum", st);
+      RETROINFER_CUDA_CHECK(cudaMemcpyAsync(top, top_sum.data(), size_t(H) * 8, cudaMemcpyDeviceToHost, st));
     }
-    max_outliers = *std::max_element(oc.begin(), oc.end());
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(oc, outlier_count.data(), size_t(H) * 4, cudaMemcpyDeviceToHost, st));
+    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+    t_synced = std::chrono::steady_clock::now();
+    retired.clear();
+    for (int h = 0; h < H && n_r > 0; ++h) most_retrieval = std::max<int64_t>(most_retrieval, top[h]);
+    max_outliers = *std::max_element(oc, oc + H);
   }
   // Exact tokens per head: steady zone [0, idx_begin) + [idx_end, n) (while tokens are appended its tail
   // grows to at most window + update_tokens - 1 tokens before an update takes update_tokens of them, and
@@ -668,7 +689,7 @@ int64_t RetroLayer::retrieval_capacity() const { return impl_->most_retrieval; }
 int64_t RetroLayer::device_bytes() const {
   const auto& m = *impl_;
   const KMeansWork& w = m.work;
-  const DeviceBuffer* bufs[] = {&m.mean, &m.centroids, &m.centroids_bf16, &m.centroids_q8, &m.centroid_scale,
+  const DeviceBuffer* bufs[] = {&m.mean, &m.top_sum, &m.centroids, &m.centroids_bf16, &m.centroids_q8, &m.centroid_scale,
                                 &m.value_sums, &m.value_sums_bf16, &m.sizes, &m.assignment, &m.members, &m.offsets,
                                 &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
