@@ -158,16 +158,32 @@ __device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc
 
 // Initial centroids: the centred key at index floor(j * L / k) of the segment, L2-normalised (a zero
 // key stays zero). One warp per flat cluster.
+// One warp per cluster; grid (cluster blocks, heads). The segment cluster table is staged in shared memory
+// (up to kInitSegs + 1 entries, else read from global memory) and binary-searched: run 27 replaced a linear
+// walk of dependent global loads per warp (one per segment before the cluster's: 16 at 128K).
+constexpr int kInitSegs = 1023;
 __global__ void init_kernel(const KMeansParams p) {
+  __shared__ int seg_c[kInitSegs + 1];
+  const bool staged = p.num_segments <= kInitSegs;
+  if (staged)
+    for (int i = threadIdx.x; i <= p.num_segments; i += blockDim.x) seg_c[i] = p.seg_cluster_begin[i];
+  __syncthreads();
+  const int* sc = staged ? seg_c : p.seg_cluster_begin;
   const int lane = threadIdx.x & 31;
-  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
-  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
-  const int h = static_cast<int>(hc / p.num_clusters), c = static_cast<int>(hc % p.num_clusters);
-  int s = 0;
-  while (p.seg_cluster_begin[s + 1] <= c) ++s;
+  const int h = blockIdx.y;
+  const int c = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  if (c >= p.num_clusters) return;
+  const int64_t hc = int64_t{h} * p.num_clusters + c;
+  int lo = 0, hi = p.num_segments - 1;  // the segment s with sc[s] <= c < sc[s + 1]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (sc[mid] <= c) lo = mid;
+    else hi = mid - 1;
+  }
+  const int s = lo;
   const int64_t L = p.seg_token_begin[s + 1] - p.seg_token_begin[s];
-  const int64_t k = p.seg_cluster_begin[s + 1] - p.seg_cluster_begin[s];
-  const int64_t j = c - p.seg_cluster_begin[s];
+  const int64_t k = sc[s + 1] - sc[s];
+  const int64_t j = c - sc[s];
   const int64_t src = p.seg_token_begin[s] + j * L / k;
   const int D = p.head_dim;
   float v[4], ss = 0.0f;
@@ -434,7 +450,8 @@ cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
 }
 
 cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s) {
-  init_kernel<<<warp_blocks(int64_t{p.num_heads} * p.num_clusters), kThreads, 0, s>>>(p);
+  const dim3 grid(static_cast<unsigned>(warp_blocks(p.num_clusters)), p.num_heads);
+  init_kernel<<<grid, kThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 
