@@ -488,6 +488,7 @@ int main(int argc, char** argv) {
   std::string only_arg;            // --only kmeans
   std::string kmeans_variants_arg;  // --kmeans-variants v1/v1,a/fast
   int kmeans_builds = 3;
+  std::vector<int> kmeans_iters;  // --kmeans-iters
   bool kmeans_phases = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -536,7 +537,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "kernel_bench: --kmeans-iters takes non-negative integers; not '%s'\n", w.c_str());
           return 2;
         }
-        g_kmeans_iters.push_back(v);
+        kmeans_iters.push_back(v);
       }
     }
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
@@ -580,6 +581,7 @@ int main(int argc, char** argv) {
     }
   }
   g_kmeans_builds = kmeans_builds;
+  g_kmeans_iters = kmeans_iters;
   g_kmeans_phases = kmeans_phases;
   if (!kmeans_variants_arg.empty()) {
     g_kmeans_variants.emplace_back();
@@ -653,6 +655,7 @@ int main(int argc, char** argv) {
   (void)kmeans_variants_arg;
   (void)kmeans_builds;
   (void)kmeans_phases;
+  (void)kmeans_iters;
   std::fprintf(stderr, "kernel_bench: built without the CUDA backend (configure with -DRETROINFER_CUDA=ON)\n");
   return 0;
 #endif
