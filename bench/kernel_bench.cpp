@@ -526,18 +526,13 @@ int main(int argc, char** argv) {
     else if (a == "--kmeans-variants") kmeans_variants_arg = argv[++i];
     else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
     else if (a == "--kmeans-phases") kmeans_phases = std::atoi(argv[++i]) != 0;
-    else if (a == "--kmeans-iters") {
+    else if (a == "--kmeans-iters") {  // a comma list of counts 0..999
       const std::string list = argv[++i];
-      for (size_t at = 0; at <= list.size();) {
-        const size_t e = std::min(list.find(',', at), list.size());
-        const std::string w = list.substr(at, e - at);
-        at = e + 1;
-        const int v = std::atoi(w.c_str());
-        if (w.empty() || w.size() > 3 || w.find_first_not_of("0123456789") != std::string::npos) {
-          std::fprintf(stderr, "kernel_bench: --kmeans-iters takes non-negative integers; not '%s'\n", w.c_str());
-          return 2;
-        }
-        kmeans_iters.push_back(v);
+      kmeans_iters = retroinfer::bench::parse_list<int>(list.c_str());
+      if (list.find_first_not_of("0123456789,") != std::string::npos || kmeans_iters.empty() ||
+          std::any_of(kmeans_iters.begin(), kmeans_iters.end(), [](int v) { return v > 999; })) {
+        std::fprintf(stderr, "kernel_bench: --kmeans-iters takes non-negative integers (0..999); not '%s'\n", list.c_str());
+        return 2;
       }
     }
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)

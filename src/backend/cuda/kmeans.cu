@@ -434,8 +434,6 @@ cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
   else if (p.head_dim == 64) mean_partial_kernel<64><<<grid, kThreads, 0, s>>>(p);
   else return cudaErrorInvalidValue;
   mean_finish_kernel<<<p.num_heads, 128, 0, s>>>(p);
-  const int64_t work = int64_t{p.num_heads} * p.n_idx * (p.head_dim / 8);
-  const int blocks = static_cast<int>(work / kThreads + 1 < 8192 ? work / kThreads + 1 : 8192);
   if (p.centred_q8 != nullptr) {
     // Per head: one row per kPerRow lanes, up to 8192 / heads CTAs per head (at least one).
     const int64_t per_head = p.n_idx * (p.head_dim / 8) / kThreads + 1;
@@ -444,6 +442,8 @@ cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
     if (p.head_dim == 128) centre_q8_kernel<128><<<grid, kThreads, 0, s>>>(p);
     else centre_q8_kernel<64><<<grid, kThreads, 0, s>>>(p);
   } else {
+    const int64_t work = int64_t{p.num_heads} * p.n_idx * (p.head_dim / 8);
+    const int blocks = static_cast<int>(work / kThreads + 1 < 8192 ? work / kThreads + 1 : 8192);
     centre_kernel<<<blocks, kThreads, 0, s>>>(p);
   }
   return cudaGetLastError();
@@ -610,17 +610,17 @@ cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s)
 cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s, bool with_mean) {
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
   if (update_variant_of(p) == kUpdateFast) {
-    const int blocks128 = fast_blocks(total, FastLayout<128>::kGroups), blocks64 = fast_blocks(total, FastLayout<64>::kGroups);
-    if (p.head_dim == 128) {
-      if (with_mean) finalize_fast_kernel<128, true><<<blocks128, kThreads, 0, s>>>(p);
-      else finalize_fast_kernel<128, false><<<blocks128, kThreads, 0, s>>>(p);
-    } else if (p.head_dim == 64) {
-      if (with_mean) finalize_fast_kernel<64, true><<<blocks64, kThreads, 0, s>>>(p);
-      else finalize_fast_kernel<64, false><<<blocks64, kThreads, 0, s>>>(p);
-    } else {
-      return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
+    auto launch = [&](auto kernel, int groups) {
+      kernel<<<fast_blocks(total, groups), kThreads, 0, s>>>(p);
+      return cudaGetLastError();
+    };
+    if (p.head_dim == 128)
+      return with_mean ? launch(finalize_fast_kernel<128, true>, FastLayout<128>::kGroups)
+                       : launch(finalize_fast_kernel<128, false>, FastLayout<128>::kGroups);
+    if (p.head_dim == 64)
+      return with_mean ? launch(finalize_fast_kernel<64, true>, FastLayout<64>::kGroups)
+                       : launch(finalize_fast_kernel<64, false>, FastLayout<64>::kGroups);
+    return cudaErrorInvalidValue;
   }
   if (with_mean) {  // v1: the update, then the finalize (the same results)
     const cudaError_t e = kmeans_update(p, false, s);

@@ -28,18 +28,16 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
   }
   assign_variant = kmeans_assign_variant_from_env();
   const size_t items = size_t(H) * n, flat = size_t(H) * C;
-  // Upload through the stream (pageable source: the copy completes before the call returns), only when the
-  // tables differ from the device's (a rebuild of the same length skips both copies and their host time).
-  if (seg_tokens.bytes() < seg_t.size() * 4 || seg_t != seg_t_dev) {
-    ensure(seg_tokens, seg_t.size() * 4);
-    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_tokens.data(), seg_t.data(), seg_t.size() * 4, cudaMemcpyHostToDevice, st));
-    seg_t_dev = seg_t;
-  }
-  if (seg_clusters.bytes() < seg_c.size() * 4 || seg_c != seg_c_dev) {
-    ensure(seg_clusters, seg_c.size() * 4);
-    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(seg_clusters.data(), seg_c.data(), seg_c.size() * 4, cudaMemcpyHostToDevice, st));
-    seg_c_dev = seg_c;
-  }
+  // Upload through the stream (pageable source: the copy completes before the call returns), only when a
+  // table differs from the device's (a rebuild of the same length skips both copies and their host time).
+  auto upload = [&](DeviceBuffer& buf, const std::vector<int>& table, std::vector<int>& on_device) {
+    if (buf.bytes() >= table.size() * 4 && table == on_device) return;
+    ensure(buf, table.size() * 4);
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(buf.data(), table.data(), table.size() * 4, cudaMemcpyHostToDevice, st));
+    on_device = table;
+  };
+  upload(seg_tokens, seg_t, seg_t_dev);
+  upload(seg_clusters, seg_c, seg_c_dev);
   ensure(mean_partial, size_t(H) * kMeanChunks * D * 4);
   ensure(mean, size_t(H) * D * 4);
   if (uses_bf16()) ensure(centred, items * D * 2);
