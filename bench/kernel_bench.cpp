@@ -57,8 +57,8 @@
 #include "retroinfer/error.h"
 
 #if defined(RETROINFER_WITH_CUDA)
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/kmeans_phases.h"
+#include "kernels/kernels.h"
+#include "index/cuda/kmeans_phases.h"
 #include "retroinfer/cuda_backend.h"
 #include "retroinfer/cuda_model.h"
 #endif

@@ -30,10 +30,10 @@
 #if defined(RETROINFER_WITH_CUDA)
 #include <cuda_runtime.h>
 
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/model/gemm.h"
-#include "backend/cuda/model/gemv.h"
-#include "backend/cuda/model/model_kernels.h"
+#include "kernels/cuda_check.h"
+#include "model/cuda/gemm.h"
+#include "kernels/gemv.h"
+#include "kernels/model_kernels.h"
 #include "retroinfer/cuda_backend.h"
 #endif
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "bindings.h"
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "retroinfer/error.h"
-#include "tokenizer/utf8.h"
+#include "retroinfer/tokenizer.h"
 
 namespace retroinfer::python {
 

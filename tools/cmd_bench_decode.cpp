@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "buffer/memory_planner.h"
-#include "buffer/session_planner.h"
+#include "retroinfer/memory_planner.h"
+#include "retroinfer/session_planner.h"
 #include "command.h"
 #include "retroinfer/attention.h"
 #include "retroinfer/error.h"
@@ -29,7 +29,7 @@
 #include "retroinfer/model_file.h"
 #include "retroinfer/model_shapes.h"
 #if RETROINFER_WITH_CUDA
-#include "backend/cuda/bandwidth.h"
+#include "retroinfer/cuda_device.h"
 #include "retroinfer/cuda_backend.h"
 #include "retroinfer/cuda_model.h"
 #include "retroinfer/wave_buffer.h"

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 
 namespace retroinfer::cli {
 namespace {

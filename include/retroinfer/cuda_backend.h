@@ -1,5 +1,4 @@
-// Host-only view of the CUDA backend (no CUDA headers here): device discovery, an owning device buffer,
-// and the decode-attention layers that run on K/V already resident in GPU memory.
+// Host-only view of the CUDA attention layers (no CUDA headers here) that run on K/V already resident in GPU memory.
 //
 // Layout convention of every layer below (batch = num_seqs sequences of equal length):
 //   K, V  device [num_seqs, num_heads_kv, kv_stride, head_dim] bf16 (raw uint16 bits), row-major; the
@@ -22,109 +21,10 @@
 #include <vector>
 
 #include "retroinfer/attention.h"
+#include "retroinfer/cuda_device.h"
+#include "retroinfer/wave_buffer.h"
 
 namespace retroinfer::cuda {
-
-// True when this build has the CUDA backend and a usable device is present. Any CUDA error while
-// asking (no driver, no device, a static runtime on a machine with no GPU) counts as "no GPU".
-bool device_available();
-// "NVIDIA H200 (sm_90, 139 GiB)" or why none is usable.
-std::string device_description();
-
-using Stream = void*;  // a cudaStream_t; nullptr is the default stream
-
-// Blocks until all work on `s` is done; throws Error on an asynchronous fault.
-void synchronize(Stream s = nullptr);
-
-// Owning device allocation (cudaMalloc). Move-only. Copies are synchronous.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void* data() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  // Host -> device / device -> host of `bytes` at byte `offset`; throws if out of range.
-  void upload(const void* src, size_t bytes, size_t offset = 0);
-  void download(void* dst, size_t bytes, size_t offset = 0) const;
-  // Sets every byte (0xff makes f32 and bf16 NaN: a sentinel for "never written").
-  void fill_bytes(uint8_t value);
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Device-side test and benchmark data: fills count elements with pseudo-random values (counter-based
-// hash, reproducible for a seed) of mean 0 and standard deviation `stddev` (sum of 4 uniforms).
-void fill_random_bf16(uint16_t* dst, size_t count, uint64_t seed, float stddev, Stream s = nullptr);
-void fill_random_f32(float* dst, size_t count, uint64_t seed, float stddev, Stream s = nullptr);
-// Evicts the L2 cache (writes a buffer of twice its size) so the next kernel starts cold.
-void flush_l2(Stream s = nullptr);
-// Evicts L2 by reading twice its size (no writes): L2 is left holding clean lines, as after a decode step's
-// weight reads (benchmarks: the "read" flush; RetroLayer::decode_stage_ms uses it when
-// RETROINFER_PHASE_FLUSH=read).
-void flush_l2_read(Stream s = nullptr);
-
-// CUDA-event timer: start() and stop() record on the stream; elapsed_ms() waits for stop.
-class EventTimer {
- public:
-  EventTimer();
-  ~EventTimer();
-  EventTimer(const EventTimer&) = delete;
-  EventTimer& operator=(const EventTimer&) = delete;
-  void start(Stream s = nullptr);
-  void stop(Stream s = nullptr);
-  float elapsed_ms() const;
-
- private:
-  void* start_ = nullptr;  // cudaEvent_t
-  void* stop_ = nullptr;
-};
-
-// A non-blocking CUDA stream owned by the caller (capture into graphs needs one).
-class StreamHandle {
- public:
-  StreamHandle();
-  ~StreamHandle();
-  StreamHandle(const StreamHandle&) = delete;
-  StreamHandle& operator=(const StreamHandle&) = delete;
-  Stream get() const { return stream_; }
-
- private:
-  Stream stream_ = nullptr;
-};
-
-// A CUDA graph captured from the work that `record` issues on `s` (e.g. one RetroLayer::decode), replayed
-// with launch(): one launch instead of one per kernel. The captured pointers must stay valid.
-class CapturedGraph {
- public:
-  template <typename F>
-  CapturedGraph(Stream s, F&& record) {
-    begin_capture(s);
-    record();
-    end_capture(s);
-  }
-  ~CapturedGraph();
-  CapturedGraph(const CapturedGraph&) = delete;
-  CapturedGraph& operator=(const CapturedGraph&) = delete;
-  void launch(Stream s);
-
- private:
-  void begin_capture(Stream s);
-  void end_capture(Stream s);
-  void* graph_ = nullptr;  // cudaGraph_t
-  void* exec_ = nullptr;   // cudaGraphExec_t
-};
 
 // Exact dense decode attention (flash decoding, split over tokens, GQA-aware): the full-attention
 // baseline on the GPU. The kernel is chosen at construction by RETROINFER_FULL_DECODE (unset / "tma2d": the
@@ -311,5 +211,159 @@ class QuestLayer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// ---------------------------------------------------------------------------------------------------
+// The wave buffer's layer: retro with its KV in a tiered store (wave_buffer.h, docs/wave-buffer.md).
+
+class WaveBufferLayer {
+ public:
+  // Shapes and zone budgets as RetroLayer (cuda_backend.h); num_seqs sequences of equal length.
+  WaveBufferLayer(const AttentionShape& shape, const AttentionConfig& cfg, const WaveBufferConfig& wcfg,
+                  int num_seqs = 1);
+  ~WaveBufferLayer();
+  WaveBufferLayer(const WaveBufferLayer&) = delete;
+  WaveBufferLayer& operator=(const WaveBufferLayer&) = delete;
+
+  // Builds the wave index over GPU-resident K/V (layout of cuda_backend.h: [num_seqs, Hkv, kv_stride, D]
+  // bf16), then the cluster-ordered store on wcfg.tier, the steady zone, an empty block cache, the
+  // execution buffer and the protocol region, and starts the manager thread. k / v may be freed after
+  // build() unless index() is used for decoding (it keeps the pointers). Synchronous.
+  void build(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride);
+
+  // Decode-time growth: appends one token per flat head to the steady zone's tail (k_new, v_new device
+  // [num_seqs, Hkv, D] bf16, post-RoPE), asynchronous on `s` unless an index update or a capacity growth
+  // runs. The tail's GPU capacity starts at window + update_tokens rows and doubles when full (that append
+  // synchronises the device, reallocates the steady and execution buffers and drops a captured graph).
+  // Index update (wcfg.index_updates, default on): when the tail after the indexed region holds
+  // window + update_tokens tokens (RetroLayer::append's rule), its oldest update_tokens tokens are
+  // clustered into update_clusters clusters by RetroLayer's own update code (a block-sized RetroLayer over
+  // the steady rows: identical k-means and outlier split), their K/V rows copied in cluster order into the
+  // store's tail, the device tables (centroids, value sums, sizes, CSR, page slots, residency) extended,
+  // the manager told (CacheManager::add_clusters) and the rows dropped from the steady zone (which keeps
+  // sinks, outliers, the block's outliers and the tail past the block). Synchronous: the append
+  // synchronises the device once before and once after (an update runs every update_tokens steps), drops a
+  // captured graph (capture again), and may reallocate the store (no tail room: wcfg.max_tokens) or the
+  // execution buffer (rows kept for the manager's pending admissions). Owner thread only; the manager
+  // thread keeps running (its additions are queued, wave_buffer.h threading contract). index() is not
+  // updated: it keeps the prompt's index.
+  void append(const uint16_t* k_new, const uint16_t* v_new, Stream s = nullptr);
+  int64_t num_updates() const;         // index updates run by append() since build()
+  int64_t indexed_begin() const;       // first indexed token (RetroLayer::indexed_begin)
+  int64_t indexed_tokens() const;      // tokens in the index (clustered + outliers; RetroLayer::indexed_tokens)
+  int64_t outlier_rows() const;        // outlier tokens per flat head (steady rows after the sinks)
+  int64_t num_tokens() const;          // tokens per sequence (build + appended)
+  int64_t steady_rows() const;         // steady-zone rows per flat head
+  int num_clusters() const;
+  int n_retrieval() const;
+  int n_estimation() const;
+  int64_t retrieval_capacity() const;  // execution-buffer rows per flat head beyond the steady capacity
+  int64_t device_bytes() const;        // GPU memory held (index copies, cache, buffers, a GPU-tier store)
+  int64_t host_bytes() const;          // pinned host memory held (a host-tier store, the protocol region)
+
+  // One decode step: q [num_seqs, Hq, D] f32 device, out [num_seqs, Hq, D] f32 device (every element
+  // written). Asynchronous on `s`; launches kernels only (graph-capturable).
+  void decode(const float* q, float* out, Stream s = nullptr);
+  // decode() on the default stream with events between the stages: (stage, ms) pairs for apply, select
+  // (score + select + estimate), lookup (+ ring), gather, attention (+ merge). Synchronous.
+  std::vector<std::pair<std::string, float>> decode_stage_ms(const float* q, float* out);
+  // Captures one decode(q, out) into a CUDA graph (q and out are baked in: write new queries into q);
+  // replay_graph() launches it. Each replay is one decode step. `s` must not be the legacy default
+  // stream (cuda::StreamHandle gives one).
+  void capture_graph(const float* q, float* out, Stream s);
+  void replay_graph(Stream s);
+
+  // Blocks until the manager has consumed every step issued so far and published its decisions (the
+  // next step will apply them). For deterministic tests and benchmarks; rethrows a manager error.
+  void wait_manager();
+  void check();
+  // Cache admissions on (default) or off (the cache keeps its content; benchmarks of the miss path).
+  void set_admission(bool on);
+  WaveBufferStats stats();
+  WaveStepCounts last_step_counts();  // synchronous
+  // The wave index built by build() (decodes on the GPU-resident K/V it was given); index updates of
+  // append() do not reach it: it keeps the prompt's index.
+  RetroLayer& index();
+  int64_t cache_pages_per_head() const;
+  int64_t exec_capacity() const;   // execution-buffer rows per flat head
+  int64_t store_bytes() const;     // K + V of every flat head
+  int64_t steps_issued() const;
+  bool store_on_host() const;
+
+ private:
+  void launch_step(const float* q, float* out, void* stream, std::vector<void*>* marks);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+
+// ---------------------------------------------------------------------------------------------------
+// Causal prefill attention (GQA): query positions [pos0, pos0 + n) of one sequence attend to tokens
+// [0, pos0 + i] of k, v (the chunk's own K/V already written at rows [pos0, pos0 + n)).
+//   q    device [n, num_heads_q, head_dim] f32 (post-RoPE, unscaled)
+//   k, v device [num_heads_kv, kv_stride, head_dim] bf16 (one sequence's slice of the layout above)
+//   out  device [n, num_heads_q, head_dim] f32, every element written
+// scale 0 means 1/sqrt(head_dim). head_dim 64 or 128, group 1..8.
+class PrefillAttention {
+ public:
+  explicit PrefillAttention(const AttentionShape& shape);
+  ~PrefillAttention();
+  PrefillAttention(PrefillAttention&&) noexcept;
+  PrefillAttention& operator=(PrefillAttention&&) noexcept;
+  void run(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0, int64_t n,
+           float scale, float* out, Stream s = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// One layer's decode attention for a batch of num_seqs sequences that all hold the same number of tokens
+// (the seam between the runner and the attention methods). The runner owns the GPU K/V buffers of
+// GPU-resident layers; a host-resident layer (KvTier::kHost, retro only, through the wave buffer) moves
+// the KV into its own store at prefill_done() and keeps newly appended tokens itself.
+enum class KvTier : uint8_t { kGpu, kHost };
+
+class LayerAttention {
+ public:
+  virtual ~LayerAttention() = default;
+  // Prefill finished: tokens [0, num_tokens) are in k, v (device, layout above). Builds the method's
+  // index. GPU tier: k, v stay owned by the runner and valid until destruction; new tokens are written
+  // there by the runner. Host tier: the layer copies what it needs, k, v may be freed afterwards.
+  // May synchronise.
+  virtual void prefill_done(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride,
+                            Stream s) = 0;
+  // One decode step. k_new, v_new: device [num_seqs, num_heads_kv, head_dim] bf16, the current token's
+  // post-RoPE K/V (GPU tier: already written by the runner at row num_tokens - 1 of its buffers; the host
+  // tier appends them itself). num_tokens: tokens after the append. q [num_seqs, Hq, D] f32 device,
+  // out [num_seqs, Hq, D] f32 device. Asynchronous, except when an index update falls due (every
+  // cfg.update_tokens generated tokens), which may synchronise.
+  virtual void decode(const float* q, const uint16_t* k_new, const uint16_t* v_new, int64_t num_tokens,
+                      float* out, Stream s) = 0;
+  // Exact-token accounting of the last decode, summed over sequences and KV heads (host-side, no sync).
+  // retro's retrieval zone is counted at its capacity there (the n_r largest clusters: an upper bound).
+  virtual AttentionStats last_stats() const = 0;
+  // The same with the tokens the device actually attended exactly (synchronous: retro reads the per-head
+  // list lengths of the last decode back). Default: last_stats(), exact for methods whose budget the host
+  // knows (full, quest, streaming, oracle).
+  virtual AttentionStats exact_stats() { return last_stats(); }
+  virtual int64_t device_bytes() const = 0;  // GPU memory this object holds (not the runner's K/V)
+  virtual int64_t host_bytes() const = 0;    // pinned host memory this object holds
+  // Host tier only (wave buffer): adds the block cache's counts of the last decode step (device counts,
+  // read synchronously) to `step` and the manager's counters since prefill_done (they may lag the issued
+  // steps by the manager's queue) to `totals`; returns true. Other tiers and methods: false, untouched.
+  virtual bool add_wave_counts(WaveStepCounts& step, WaveBufferStats& totals) {
+    (void)step;
+    (void)totals;
+    return false;
+  }
+};
+
+// full (DenseDecoder), retro (RetroLayer; KvTier::kHost: WaveBufferLayer), quest, streaming, oracle.
+// max_tokens: the most tokens a sequence will hold (sizes workspaces). Throws Error for a method or tier
+// this backend does not provide.
+std::unique_ptr<LayerAttention> make_layer_attention(const AttentionShape& shape, const AttentionConfig& cfg,
+                                                     int num_seqs, int64_t max_tokens, KvTier tier,
+                                                     const WaveBufferConfig& wave = {});
 
 }  // namespace retroinfer::cuda

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "retroinfer/cuda_backend.h"
+#include "retroinfer/cuda_device.h"
 
 namespace retroinfer::cuda {
 

@@ -151,4 +151,11 @@ class StreamingDecoder {
   std::string pending_;  // bytes received but not yet returned (a UTF-8 prefix of at most 3 bytes)
 };
 
+namespace tokenizer {
+// True when s is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool is_valid_utf8(std::string_view s);
+// Length of the well-formed UTF-8 sequence that starts at s[pos], or 0 when the bytes there are not one.
+size_t utf8_valid_prefix_len(std::string_view s, size_t pos);
+}  // namespace tokenizer
+
 }  // namespace retroinfer

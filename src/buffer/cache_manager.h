@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "buffer/page_lru.h"
-#include "buffer/wave_protocol.h"
+#include "kernels/wave_protocol.h"
 #include "retroinfer/wave_buffer.h"
 
 namespace retroinfer::buffer {

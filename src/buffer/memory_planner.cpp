@@ -1,4 +1,4 @@
-#include "buffer/memory_planner.h"
+#include "retroinfer/memory_planner.h"
 
 #include <algorithm>
 #include <cmath>

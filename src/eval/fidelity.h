@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "eval/synthetic.h"
+#include "core/synthetic.h"
 #include "retroinfer/attention.h"
 #include "retroinfer/dtype.h"
 

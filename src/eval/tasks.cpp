@@ -11,7 +11,7 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "eval/splitmix.h"
+#include "core/splitmix.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::eval {

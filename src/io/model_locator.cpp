@@ -1,4 +1,4 @@
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -7,18 +7,18 @@
 #include <string>
 #include <string_view>
 
+#include "retroinfer/tokenizer.h"
+
 namespace retroinfer::tokenizer {
 
-// Length of the valid UTF-8 sequence starting at s[pos] (1..4), or 0 if the bytes there are not a valid,
-// complete sequence (bad lead byte, bad continuation, overlong form, surrogate, > U+10FFFF, truncated).
-size_t utf8_valid_prefix_len(std::string_view s, size_t pos);
+// utf8_valid_prefix_len (1..4, or 0 for a bad lead byte, bad continuation, overlong form, surrogate,
+// > U+10FFFF or a truncated sequence) and is_valid_utf8: include/retroinfer/tokenizer.h.
 
 // Length of the longest prefix of s[pos..] that could still become a valid sequence with more bytes:
 // 0 if s[pos] cannot start one, else the number of bytes present (1..3) when the sequence is incomplete.
 // Returns 0 also when the sequence is already complete (use utf8_valid_prefix_len first).
 size_t utf8_incomplete_len(std::string_view s, size_t pos);
 
-bool is_valid_utf8(std::string_view s);
 void append_utf8(std::string& out, uint32_t codepoint);
 
 // GPT-2 byte-level mapping: every byte b maps to one printable code point (bytes that are printable

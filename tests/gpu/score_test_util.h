@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/cuda/kernels.h"
+#include "kernels/kernels.h"
 #include "gpu_test_util.h"
 
 namespace retroinfer::gputest {

@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <string>
 
-#include "backend/cuda/bandwidth.h"
-#include "buffer/session_planner.h"
+#include "retroinfer/cuda_device.h"
+#include "retroinfer/session_planner.h"
 #include "gpu_test_util.h"
 #include "retroinfer/cuda_model.h"
 #include "retroinfer/error.h"

@@ -21,7 +21,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "backend/cuda/layer_common.h"
+#include "attention/cuda/layer_common.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 

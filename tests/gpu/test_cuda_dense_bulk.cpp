@@ -13,7 +13,7 @@
 #include <numeric>
 #include <vector>
 
-#include "backend/cuda/decode_dense.h"
+#include "kernels/decode_dense.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
 

@@ -38,8 +38,8 @@
 #include <memory>
 #include <string>
 
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/layer_common.h"
+#include "kernels/kernels.h"
+#include "attention/cuda/layer_common.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"

@@ -20,8 +20,8 @@
 #include <random>
 #include <string>
 
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/kmeans_run.h"
+#include "kernels/kernels.h"
+#include "index/cuda/kmeans_run.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
 

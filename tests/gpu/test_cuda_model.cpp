@@ -34,7 +34,7 @@
 
 #include "cuda_model_test_util.h"
 #include "gpu_test_util.h"
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "retroinfer/cuda_model.h"
 #include "retroinfer/error.h"
 

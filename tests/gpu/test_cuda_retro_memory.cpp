@@ -12,8 +12,8 @@
 
 #include <cstring>
 
-#include "backend/cuda/kernels.h"
-#include "buffer/session_planner.h"
+#include "kernels/kernels.h"
+#include "retroinfer/session_planner.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
 

@@ -30,7 +30,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/kernels.h"
+#include "kernels/kernels.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 #include "score_test_util.h"

@@ -14,7 +14,7 @@
 #include <cmath>
 #include <random>
 
-#include "backend/cuda/kernels.h"
+#include "kernels/kernels.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/kernels.h"
+#include "kernels/kernels.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"

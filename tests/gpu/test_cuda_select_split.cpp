@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/kernels.h"
+#include "kernels/kernels.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"

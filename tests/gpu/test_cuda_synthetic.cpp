@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "backend/cuda/synthetic_kv.h"
+#include "kernels/synthetic_kv.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
 #include "retroinfer/kv_cache.h"

@@ -33,9 +33,9 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/model/gemv.h"
-#include "backend/cuda/model/model_kernels.h"
+#include "kernels/cuda_check.h"
+#include "kernels/gemv.h"
+#include "kernels/model_kernels.h"
 #include "gpu_test_util.h"
 #include "retroinfer/cuda_backend.h"
 #include "retroinfer/dtype.h"

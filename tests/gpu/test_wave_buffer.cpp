@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "backend/cuda/pinned_host.h"
+#include "buffer/cuda/pinned_host.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
 #include "retroinfer/wave_buffer.h"

@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "backend/cuda/layer_common.h"
+#include "attention/cuda/layer_common.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {

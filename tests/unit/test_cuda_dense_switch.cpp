@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-#include "backend/cuda/decode_dense.h"
+#include "kernels/decode_dense.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {

@@ -10,7 +10,7 @@
 #include <iterator>
 #include <string>
 
-#include "backend/cuda/layer_common.h"
+#include "attention/cuda/layer_common.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "io/gguf_names.h"
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "io_test_files.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model_file.h"

@@ -2,7 +2,7 @@
 // refusals (bytes needed and free) before anything is allocated; /proc/meminfo parsing.
 #include <gtest/gtest.h>
 
-#include "buffer/memory_planner.h"
+#include "retroinfer/memory_planner.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::buffer {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/model_tokenizer.h"
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "model/prefill_attention.h"
 #include "model/weights.h"
 #include "retroinfer/error.h"

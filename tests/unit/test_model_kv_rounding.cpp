@@ -10,7 +10,7 @@
 #include <functional>
 
 #include "../gpu/cuda_model_test_util.h"
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "model/weights.h"
 #include "retroinfer/error.h"
 

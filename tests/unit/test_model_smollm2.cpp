@@ -11,7 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model.h"
 #include "retroinfer/sampler.h"

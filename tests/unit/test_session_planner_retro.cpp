@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <string>
 
-#include "buffer/session_planner.h"
+#include "retroinfer/session_planner.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model_shapes.h"
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "eval/synthetic.h"
+#include "core/synthetic.h"
 #include "retroinfer/error.h"
 
 using namespace retroinfer;

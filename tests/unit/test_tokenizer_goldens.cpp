@@ -11,7 +11,7 @@
 #include "retroinfer/error.h"
 #include "retroinfer/tokenizer.h"
 #include "test_tokenizer_util.h"
-#include "io/model_locator.h"
+#include "retroinfer/model_file.h"
 #include "retroinfer/model_file.h"
 #include "tokenizer/normalizer.h"
 

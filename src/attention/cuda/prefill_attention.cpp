@@ -1,0 +1,67 @@
+// PrefillAttention: causal GQA prefill attention over GPU-resident bf16 K/V (kernel: prefill_attention.cu).
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda_check.h"
+#include "attention/cuda/layer_common.h"
+#include "kernels/prefill_kernels.h"
+#include "retroinfer/cuda_backend.h"
+
+namespace retroinfer::cuda {
+
+struct PrefillAttention::Impl {
+  AttentionShape shape;
+};
+
+PrefillAttention::PrefillAttention(const AttentionShape& shape) : impl_(new Impl) {
+  detail::validate_layer_shape(shape, 1, "PrefillAttention");
+  impl_->shape = shape;
+}
+PrefillAttention::~PrefillAttention() = default;
+PrefillAttention::PrefillAttention(PrefillAttention&&) noexcept = default;
+PrefillAttention& PrefillAttention::operator=(PrefillAttention&&) noexcept = default;
+
+namespace {
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+}  // namespace
+
+void PrefillAttention::run(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0,
+                           int64_t n, float scale, float* out, Stream s) {
+  RETROINFER_CHECK(impl_ != nullptr, "PrefillAttention::run on a moved-from object");
+  const AttentionShape& sh = impl_->shape;
+  const int group = sh.num_heads_q / sh.num_heads_kv;
+  RETROINFER_CHECK(pos0 >= 0 && n >= 0, "PrefillAttention::run: pos0 (", pos0, ") and n (", n,
+                   ") must be >= 0");
+  if (n == 0) return;
+  RETROINFER_CHECK(q != nullptr && k != nullptr && v != nullptr && out != nullptr,
+                   "PrefillAttention::run: null q, k, v or out pointer");
+  RETROINFER_CHECK(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out),
+                   "PrefillAttention::run: q, k, v and out must be 16-byte aligned (device allocations are)");
+  RETROINFER_CHECK(kv_stride >= pos0 + n, "PrefillAttention::run: kv_stride (", kv_stride,
+                   ") must hold the positions [0, pos0 + n) = [0, ", pos0 + n, ")");
+  RETROINFER_CHECK(pos0 + n < (int64_t{1} << 31) - detail::kPrefillKeys, "PrefillAttention::run: pos0 + n = ",
+                   pos0 + n, " exceeds the 2^31 token positions the kernel indexes");
+  RETROINFER_CHECK(n * group < (int64_t{1} << 31) - detail::kPrefillRows, "PrefillAttention::run: n * group = ",
+                   n * group, " query rows exceed 2^31; split the prefill into smaller chunks");
+  RETROINFER_CHECK(scale >= 0.0f && std::isfinite(scale), "PrefillAttention::run: scale must be finite and >= 0 "
+                   "(0 means 1/sqrt(head_dim)), got ", scale);
+  detail::PrefillParams p;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  p.kv_stride = kv_stride;
+  p.pos0 = static_cast<int>(pos0);
+  p.n = static_cast<int>(n);
+  p.num_heads_q = sh.num_heads_q;
+  p.num_heads_kv = sh.num_heads_kv;
+  p.group = group;
+  p.head_dim = sh.head_dim;
+  p.scale_log2 = detail::effective_scale(scale, sh.head_dim) * 1.4426950408889634f;  // log2(e)
+  RETROINFER_CHECK(detail::prefill_ctas(p) < (int64_t{1} << 31), "PrefillAttention::run: ",
+                   detail::prefill_ctas(p), " CTAs exceed the grid limit; split the prefill into smaller chunks");
+  auto st = static_cast<cudaStream_t>(s);
+  detail::launch_check(detail::prefill_attention(p, st), "prefill_attention", st);
+}
+
+}  // namespace retroinfer::cuda

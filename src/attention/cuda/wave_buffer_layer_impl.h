@@ -1,0 +1,127 @@
+// WaveBufferLayer's state (include/retroinfer/wave_buffer.h), shared by wave_buffer.cpp (build, decode
+// step) and wave_buffer_update.cpp (index updates during decode). Included only from src/backend/cuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "buffer/cuda/pinned_host.h"
+#include "kernels/wave_buffer_kernels.h"
+#include "buffer/cache_manager.h"
+#include "buffer/index_update.h"
+#include "kernels/wave_protocol.h"
+#include "retroinfer/cuda_backend.h"
+#include "retroinfer/error.h"
+#include "retroinfer/wave_buffer.h"
+
+namespace retroinfer::cuda {
+
+struct WaveBufferLayer::Impl {
+  AttentionShape shape;
+  AttentionConfig cfg;
+  WaveBufferConfig wcfg;
+  int num_seqs = 1, H = 0, G = 0, D = 0;
+  float scale = 0.0f;
+  std::unique_ptr<RetroLayer> index;
+
+  int64_t n = 0, n_idx = 0, idx_begin = 0, list_cap = 0, P = 0, slot_stride = 0;
+  int C = 0, n_r = 0, n_e = 0, steady_rows = 0, attn_splits = 0, est_splits = 0;
+  int64_t steady_cap = 0;  // rows of steady_k / steady_v per flat head (>= steady_rows)
+  // Clustered tokens per flat head (indexed minus the index's outlier tokens): the stride of the store and
+  // of members. The outliers (the same count for every head) are steady rows after the sinks.
+  int64_t per_head = 0, n_out = 0;
+
+  // Meta index copies (decode reads these) and tables; shapes in detail::WaveTables / kernels.h.
+  DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
+  // The index's int8 copies of the centroids and their row scales (RetroLayer::set_int8_scoring: scored
+  // instead of the bf16 ones when the index scores int8; empty otherwise).
+  DeviceBuffer centroids_q8, centroid_scale;
+  bool int8_on = false;
+  DeviceBuffer store_at;  // [H, C] int64: first store row of each cluster (tab.store_at)
+  DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
+  DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
+  // Estimation runs on a side stream, forked after selection and joined before the merge, so it
+  // overlaps the lookup, the gather (whose zero-copy reads leave the SMs mostly waiting) and attention.
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
+  DeviceBuffer store_dev;
+  DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: run 19's grid selection (zeroed once; kept zero)
+  DeviceBuffer merge_counter;  // [H] int: run 8's fused merge (layer_common.h decode_path), zero between steps
+  DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge), zero between steps
+  PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
+  const uint16_t* store = nullptr;
+  int64_t store_cap_rows = 0;  // store rows allocated (>= tab.store_rows; the rest is tail room)
+  buffer::WaveProtocolLayout layout;
+  buffer::WaveIndexTables tab;  // host mirror of sizes, CSR, page slots, store rows (index_update.h)
+  bool outliers_on = false;     // the index's outlier zone (updates split the block's outliers as the build)
+  int64_t updates = 0;          // index updates since build()
+  // Protocol rebuilds (an update grew n_r past the ring's width): the manager's counters before the
+  // rebuild and the steps issued to earlier managers (wait_manager waits for steps - steps_base).
+  buffer::CacheManagerStats stats_base;
+  uint64_t steps_base = 0;
+  std::unique_ptr<buffer::CacheManager> manager;
+  uint64_t steps = 0;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;
+
+  ~Impl() {
+    manager.reset();  // stop the thread before the region goes
+    if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (fork_ev != nullptr) cudaEventDestroy(fork_ev);
+    if (join_ev != nullptr) cudaEventDestroy(join_ev);
+    if (side != nullptr) cudaStreamDestroy(side);
+  }
+
+  detail::WaveTables tables() const {
+    detail::WaveTables t;
+    t.num_heads = H;
+    t.head_dim = D;
+    t.num_clusters = C;
+    t.page_tokens = wcfg.page_tokens;
+    t.n_idx = per_head;
+    t.sizes = sizes.as<int>();
+    t.offsets = offsets_head.as<int>();
+    t.store_at = store_at.as<int64_t>();
+    t.slot_begin = slot_begin.as<int>();
+    t.slot_stride = slot_stride;
+    t.cluster_pages = cluster_pages.as<int>();
+    t.resident = resident.as<uint8_t>();
+    t.pages_per_head = P;
+    t.store = store;
+    t.cache_k = cache_k.as<uint16_t>();
+    t.cache_v = cache_v.as<uint16_t>();
+    t.exec_k = exec_k.as<uint16_t>();
+    t.exec_v = exec_v.as<uint16_t>();
+    t.exec_cap = list_cap;
+    return t;
+  }
+
+  // wave_buffer.cpp: the decode workspace for the current C, n_r, n_e, list_cap (reallocated; the merge
+  // counter is kept); the protocol region and a started manager whose ring holds k_cap clusters per head
+  // (>= n_r; an empty cache: the device page table is reset).
+  void size_decode_workspace();
+  void start_manager(int k_cap);
+  void drop_graph();
+  // wave_buffer_update.cpp: one index update (the oldest update_tokens tokens of the steady tail become
+  // update_clusters clusters, as RetroLayer::append). Synchronous.
+  void index_update(cudaStream_t st);
+};
+
+// Head h's int8 centroid copies and row scales (RetroLayer int8 scoring) from its debug state into the host
+// arrays q8 [H, C, D] and scale [H, C] (build: the index's C clusters; update: the block's). `what` names the
+// caller in the error.
+inline void copy_int8_centroids(const RetroDebugState& st, int h, int C, int D, std::vector<uint8_t>& q8,
+                                std::vector<float>& scale, const char* what) {
+  RETROINFER_CHECK(st.centroids_q8.size() == size_t(C) * D && st.centroid_scale.size() == size_t(C), what,
+                   ": flat head ", h, " has no int8 centroids (internal error)");
+  std::copy(st.centroids_q8.begin(), st.centroids_q8.end(), q8.begin() + size_t(h) * C * D);
+  std::copy(st.centroid_scale.begin(), st.centroid_scale.end(), scale.begin() + size_t(h) * C);
+}
+
+}  // namespace retroinfer::cuda

@@ -1,0 +1,33 @@
+// Launch checking and the RETROINFER_CUDA_SYNC debug switch.
+#include "kernels/cuda_check.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace retroinfer::cuda::detail {
+
+bool env_switch(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return dflt;
+  if (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0) return false;
+  if (std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0) return true;
+  return dflt;
+}
+
+bool sync_after_launch() {
+  static const bool on = [] {
+    const char* s = std::getenv("RETROINFER_CUDA_SYNC");
+    return s != nullptr && std::strcmp(s, "1") == 0;
+  }();
+  return on;
+}
+
+void launch_check(cudaError_t status, const char* kernel, cudaStream_t stream) {
+  if (status == cudaSuccess) status = cudaGetLastError();
+  if (status == cudaSuccess && sync_after_launch()) status = cudaStreamSynchronize(stream);
+  if (status != cudaSuccess)
+    RETROINFER_FAIL("CUDA kernel ", kernel, " failed: ", cudaGetErrorString(status),
+                    " (rerun with RETROINFER_CUDA_SYNC=1 to report faults at the launch that caused them)");
+}
+
+}  // namespace retroinfer::cuda::detail

@@ -1,0 +1,131 @@
+// Host side of the dense decode (decode_dense.h): the kernel switch, the split counts and the one launch
+// function of every dense-decode caller.
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/cuda_check.h"
+#include "kernels/decode_dense.h"
+#include "kernels/kernels.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cuda::detail {
+
+namespace {
+constexpr DenseKernel kAllKernels[] = {DenseKernel::kTma2d, DenseKernel::kBulk, DenseKernel::kV1};
+
+// The fields DecodeParams (v1) and DenseParams (the streaming kernels) share: the inputs of `a`, `splits`
+// CTAs per head and the split workspace.
+template <class P>
+void fill_shared(P& p, const DenseDecodeArgs& a, int splits) {
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.kv_stride = a.kv_stride;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = a.num_heads;
+  p.group = a.group;
+  p.head_dim = a.head_dim;
+  p.scale = a.scale;
+  p.num_splits = splits;
+  p.part_ml = a.part_ml;
+  p.part_o = a.part_o;
+}
+}  // namespace
+
+DenseKernel dense_kernel() {
+  const char* e = std::getenv("RETROINFER_FULL_DECODE");
+  if (e == nullptr || e[0] == '\0') return kDefaultDenseKernel;
+  for (DenseKernel k : kAllKernels)
+    if (std::strcmp(e, dense_kernel_name(k)) == 0) return k;
+  RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e,
+                  "' is not a dense decode kernel: use tma2d (the default), bulk or v1 (async, bulkw, bulk8, bulk8w "
+                  "and bulk12 were removed after run 15's A/B)");
+}
+
+const char* dense_kernel_name(DenseKernel k) {
+  switch (k) {
+    case DenseKernel::kBulk:
+      return "bulk";
+    case DenseKernel::kV1:
+      return "v1";
+    case DenseKernel::kTma2d:
+      return "tma2d";
+  }
+  return "?";
+}
+
+int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm) {
+  // RETROINFER_FULL_CTAS=N (benchmark sweeps): N CTAs in all instead of ctas_per_sm per multiprocessor.
+  static const int64_t forced = [] {
+    const char* e = std::getenv("RETROINFER_FULL_CTAS");
+    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{0};
+  }();
+  const int64_t total = forced > 0 ? forced : int64_t{ctas_per_sm > 0 ? ctas_per_sm : 1} * sms;
+  const int64_t want = total / (num_heads > 0 ? num_heads : 1);
+  const int64_t most = ceil_div(num_tokens > 0 ? num_tokens : 1, kDenseTile);
+  const int64_t s = want < most ? want : most;
+  return static_cast<int>(s > 0 ? s : 1);
+}
+
+int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim) {
+  if (k == DenseKernel::kV1) return decode_splits(num_tokens, num_heads, 1);
+  int ctas = 0;
+  RETROINFER_CUDA_CHECK(dense_ctas_per_sm(k, head_dim, &ctas));
+  // The kernel's occupancy (fewer than kDenseCtasPerSm would mean the carveout did not apply): fewer, longer
+  // splits keep one wave.
+  return dense_stream_splits(num_tokens, num_heads, sm_count(), ctas < kDenseCtasPerSm ? ctas : kDenseCtasPerSm);
+}
+
+int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
+  RETROINFER_CHECK(a.q != nullptr && a.k != nullptr && a.v != nullptr && a.out != nullptr && a.part_ml != nullptr &&
+                       a.part_o != nullptr,
+                   who, ": dense decode with a null q, K, V, out or split workspace");
+  RETROINFER_CHECK(a.num_tokens >= 1 && a.kv_stride >= a.num_tokens, who, ": dense decode of ", a.num_tokens,
+                   " tokens in rows of stride ", a.kv_stride, " (need 1 <= tokens <= stride)");
+  RETROINFER_CHECK(a.num_heads >= 1 && a.group >= 1 && a.group <= kMaxGroup && (a.head_dim == 64 || a.head_dim == 128),
+                   who, ": dense decode shape H=", a.num_heads, " G=", a.group, " D=", a.head_dim,
+                   " (need G in [1, ", kMaxGroup, "], D 64 or 128)");
+  RETROINFER_CHECK(a.max_splits >= 1, who, ": dense decode with a split workspace of ", a.max_splits, " slots");
+  // 16-byte copies (cp.async, bulk copies) of whole rows: the K/V bases must be 16-byte aligned (rows are
+  // 128 / 256 bytes, so every row then is).
+  RETROINFER_CHECK((reinterpret_cast<uintptr_t>(a.k) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.v) & 15) == 0, who,
+                   ": dense decode needs 16-byte aligned K and V");
+  int splits = dense_splits(a.kernel, a.num_tokens, a.num_heads, a.head_dim);
+  if (splits > a.max_splits) splits = a.max_splits;
+  const int H = a.num_heads, G = a.group, D = a.head_dim;
+  bool merged = false;
+  if (a.kernel == DenseKernel::kV1) {
+    DecodeParams p;
+    fill_shared(p, a, splits);
+    p.split_tokens = split_tokens(a.num_tokens, splits);
+    p.total_splits = splits;
+    p.split_offset = 0;
+    launch_check(decode_attention(p, st), who, st);
+  } else {
+    DenseParams p;
+    fill_shared(p, a, splits);
+    merged = a.merge_counter != nullptr && int64_t{splits} * G <= kMergeMaxStates &&
+             (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
+    if (merged) {
+      p.merge.counter = a.merge_counter;
+      p.merge.out = a.out;
+    }
+    launch_check(dense_decode_stream(a.kernel, p, st), who, st);
+  }
+  if (!merged) {
+    CombineParams c;
+    c.part_ml = a.part_ml;
+    c.part_o = a.part_o;
+    c.num_heads = H;
+    c.group = G;
+    c.head_dim = D;
+    c.total_splits = splits;
+    c.out = a.out;
+    launch_check(combine_states(c, st), who, st);
+  }
+  return splits;
+}
+
+}  // namespace retroinfer::cuda::detail

@@ -1,0 +1,636 @@
+// Segmented spherical k-means on the GPU (DESIGN.md §2; the CPU specification is src/index/kmeans.h),
+// batched over flat heads and segments.
+//
+// Arithmetic against the CPU reference: the mean key, the centroid sums and the value sums are f32 sums
+// of the bf16 keys/values converted to f32 (sum order: fixed, ascending token order inside a cluster);
+// the assignment scores are, by default (q8, run 26), exact integer dots of per-row int8 copies of the
+// centred keys and centroids times the centroid's scale (kernels.h centred_q8), else bf16(key - mean) .
+// bf16(centroid) on the tensor cores (v1 / a: mma.sync m16n8k16, f32 accumulation). Either way an argmax
+// can differ from the CPU's f32 scores where two centroids score within the rounding of each other
+// (int8: ~2^-8 of the row's largest element; bf16: ~2^-8 relative); the GPU tests measure that mismatch
+// rate and the objective. The assignment kernels are in kmeans_assign.cu, the grouping in kmeans_group.cu
+// (counting sort, segment passes) and kmeans_sort.cu (radix sort).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernels/common.cuh"
+#include "kernels/kernels.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Partial sums of the indexed keys: CTA (chunk, h) sums rows of one chunk with D/8 threads per row.
+template <int D>
+__global__ void __launch_bounds__(kThreads) mean_partial_kernel(const KMeansParams p) {
+  constexpr int kPerRow = D / 8, kRows = kThreads / kPerRow;
+  __shared__ float red[kThreads][8 + 1];
+  const int h = blockIdx.y, chunk = blockIdx.x;
+  const int64_t per = (p.n_idx + kMeanChunks - 1) / kMeanChunks;
+  const int64_t r0 = chunk * per, r1 = r0 + per < p.n_idx ? r0 + per : p.n_idx;
+  const int col = threadIdx.x % kPerRow, rsub = threadIdx.x / kPerRow;
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  const uint16_t* kh = p.keys + (int64_t{h} * p.kv_stride + p.idx_begin) * D;
+  for (int64_t r = r0 + rsub; r < r1; r += kRows) {
+    float f[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(kh + r * D + col * 8), f);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += f[j];
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[threadIdx.x][j] = acc[j];
+  __syncthreads();
+  if (threadIdx.x < kPerRow) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int rs = 0; rs < kRows; ++rs)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[j] += red[rs * kPerRow + threadIdx.x][j];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p.mean_partial[(int64_t{h} * kMeanChunks + chunk) * D + threadIdx.x * 8 + j] = s[j];
+  }
+}
+
+__global__ void mean_finish_kernel(const KMeansParams p) {
+  const int h = blockIdx.x, D = p.head_dim;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float s = 0.0f;
+    for (int c = 0; c < kMeanChunks; ++c) s += p.mean_partial[(int64_t{h} * kMeanChunks + c) * D + d];
+    p.mean[int64_t{h} * D + d] = s / static_cast<float>(p.n_idx);
+  }
+}
+
+// centred[h, i, :] = bf16(key - mean), 8 elements per thread.
+__global__ void centre_kernel(const KMeansParams p) {
+  const int D = p.head_dim, per_row = D / 8;
+  const int64_t total = int64_t{p.num_heads} * p.n_idx * per_row;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int col = static_cast<int>(e % per_row);
+    const int64_t hi = e / per_row;
+    const int64_t h = hi / p.n_idx, i = hi % p.n_idx;
+    float f[8];
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(p.keys + (h * p.kv_stride + p.idx_begin + i) * D + col * 8), f);
+    const float* mu = p.mean + h * D + col * 8;
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      w[j] = uint32_t{f32_to_bf16(f[2 * j] - mu[2 * j])} | (uint32_t{f32_to_bf16(f[2 * j + 1] - mu[2 * j + 1])} << 16);
+    *reinterpret_cast<uint4*>(p.centred + hi * D + col * 8) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// Per-row int8 quantization (kernels.h centred_q8): with m = max |x| of the row, inv = 127 / m (0 for a zero
+// row), x_q = clamp(rint(x * inv), -127, 127); the row's scale is m / 127 (IEEE operations throughout, so
+// the host tests repeat them exactly).
+__device__ __forceinline__ float q8_inv(float m) { return m > 0.0f ? __fdiv_rn(127.0f, m) : 0.0f; }
+__device__ __forceinline__ int8_t quantize_q8(float x, float inv) {
+  return static_cast<int8_t>(static_cast<int>(fminf(127.0f, fmaxf(-127.0f, rintf(__fmul_rn(x, inv))))));
+}
+
+// centred_q8[h, i, :] = the f32 key - mean quantized per row (and centred = its bf16 where not null):
+// kPerRow = D / 8 lanes per row (8 elements each), 32 / kPerRow rows per warp, warp-uniform trip counts.
+// Grid (x, heads): blockIdx.y is the head, rows are 32-bit within it (run 27: the former flat row index
+// cost a 64-bit division and modulo per row; Nsight Compute had the kernel at 68 us for 96 MiB at 32K).
+template <int D>
+__global__ void centre_q8_kernel(const KMeansParams p) {
+  constexpr int kPerRow = D / 8, kRowsPerWarp = 32 / kPerRow;
+  const int lane = threadIdx.x & 31, col = lane % kPerRow;
+  const int h = blockIdx.y;
+  const int rows = static_cast<int>(p.n_idx);
+  const int warps = gridDim.x * (blockDim.x >> 5);
+  const uint16_t* kh = p.keys + (int64_t{h} * p.kv_stride + p.idx_begin) * D + col * 8;
+  int8_t* qh = p.centred_q8 + int64_t{h} * p.n_idx * D + col * 8;
+  float mu[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) mu[j] = p.mean[h * D + col * 8 + j];
+  for (int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * kRowsPerWarp; r0 < rows;
+       r0 += warps * kRowsPerWarp) {
+    const int i = r0 + lane / kPerRow;
+    const bool ok = i < rows;
+    float f[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (ok) {
+      bf16x8_to_float(*reinterpret_cast<const uint4*>(kh + int64_t{i} * D), f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) f[j] -= mu[j];
+    }
+    float mx = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) mx = fmaxf(mx, fabsf(f[j]));
+#pragma unroll
+    for (int o = 1; o < kPerRow; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (!ok) continue;  // no shuffle follows in this trip
+    const float inv = q8_inv(mx);
+    uint32_t w[2] = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) w[j / 4] |= uint32_t{static_cast<uint8_t>(quantize_q8(f[j], inv))} << (8 * (j % 4));
+    *reinterpret_cast<uint2*>(qh + int64_t{i} * D) = make_uint2(w[0], w[1]);
+    if (p.centred != nullptr) {
+      uint32_t b[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) b[j] = uint32_t{f32_to_bf16(f[2 * j])} | (uint32_t{f32_to_bf16(f[2 * j + 1])} << 16);
+      *reinterpret_cast<uint4*>(p.centred + (int64_t{h} * p.n_idx + i) * D + col * 8) = make_uint4(b[0], b[1], b[2], b[3]);
+    }
+  }
+}
+
+// Writes centroid (f32 and bf16; the int8 copy and its scale where centroids_q8 is set) of flat cluster hc
+// from per-lane values (lane owns dims lane + 32 j). The whole warp calls it.
+__device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc, const float* c, int lane) {
+  float mx = 0.0f;
+  for (int j = 0; lane + 32 * j < p.head_dim; ++j) {
+    p.centroids[hc * p.head_dim + lane + 32 * j] = c[j];
+    p.centroids_bf16[hc * p.head_dim + lane + 32 * j] = f32_to_bf16(c[j]);
+    mx = fmaxf(mx, fabsf(c[j]));
+  }
+  if (p.centroids_q8 == nullptr) return;  // uniform
+  mx = warp_max(mx);
+  const float inv = q8_inv(mx);
+  for (int j = 0; lane + 32 * j < p.head_dim; ++j)
+    p.centroids_q8[hc * p.head_dim + lane + 32 * j] = quantize_q8(c[j], inv);
+  if (lane == 0) p.centroid_scale[hc] = __fdiv_rn(mx, 127.0f);
+}
+
+// Initial centroids: the centred key at index floor(j * L / k) of the segment, L2-normalised (a zero
+// key stays zero). One warp per flat cluster.
+// One warp per cluster; grid (cluster blocks, heads). The segment cluster table is staged in shared memory
+// (up to kInitSegs + 1 entries, else read from global memory) and binary-searched: run 27 replaced a linear
+// walk of dependent global loads per warp (one per segment before the cluster's: 16 at 128K).
+constexpr int kInitSegs = 1023;
+__global__ void init_kernel(const KMeansParams p) {
+  __shared__ int seg_c[kInitSegs + 1];
+  const bool staged = p.num_segments <= kInitSegs;
+  if (staged)
+    for (int i = threadIdx.x; i <= p.num_segments; i += blockDim.x) seg_c[i] = p.seg_cluster_begin[i];
+  __syncthreads();
+  const int* sc = staged ? seg_c : p.seg_cluster_begin;
+  const int lane = threadIdx.x & 31;
+  const int h = blockIdx.y;
+  const int c = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+  if (c >= p.num_clusters) return;
+  const int64_t hc = int64_t{h} * p.num_clusters + c;
+  int lo = 0, hi = p.num_segments - 1;  // the segment s with sc[s] <= c < sc[s + 1]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (sc[mid] <= c) lo = mid;
+    else hi = mid - 1;
+  }
+  const int s = lo;
+  const int64_t L = p.seg_token_begin[s + 1] - p.seg_token_begin[s];
+  const int64_t k = sc[s + 1] - sc[s];
+  const int64_t j = c - sc[s];
+  const int64_t src = p.seg_token_begin[s] + j * L / k;
+  const int D = p.head_dim;
+  float v[4], ss = 0.0f;
+  for (int jj = 0; lane + 32 * jj < D; ++jj) {
+    const int d = lane + 32 * jj;
+    v[jj] = bf16_to_f32(p.keys[(h * p.kv_stride + p.idx_begin + src) * D + d]) - p.mean[int64_t{h} * D + d];
+    ss += v[jj] * v[jj];
+  }
+  ss = warp_sum(ss);
+  const float inv = ss > 0.0f ? 1.0f / sqrtf(ss) : 0.0f;
+  for (int jj = 0; lane + 32 * jj < D; ++jj) v[jj] *= inv;
+  store_centroid(p, hc, v, lane);
+}
+
+// Sum over the members of flat cluster hc of (row - shift), lane owns dims lane + 32 j; rows from
+// `base` ([n, D] bf16, member i at row i). shift may be null.
+template <int D>
+__device__ __forceinline__ int member_sum(const KMeansParams& p, int64_t hc, const uint16_t* base,
+                                          const float* shift, float* s, int lane) {
+  constexpr int kJ = D / 32;
+  const int b = p.offsets[hc], e = p.offsets[hc + 1];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) s[j] = 0.0f;
+  float sh[kJ];
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) sh[j] = shift ? shift[lane + 32 * j] : 0.0f;
+  for (int i0 = b; i0 < e; i0 += 32) {
+    // The lanes fetch 32 member ids at once; rows are then summed in ascending member order.
+    const uint32_t mine = i0 + lane < e ? p.members[i0 + lane] : 0u;
+    const int cnt = e - i0 < 32 ? e - i0 : 32;
+#pragma unroll 4
+    for (int t = 0; t < cnt; ++t) {
+      const int64_t row = __shfl_sync(0xffffffffu, mine, t);
+#pragma unroll
+      for (int j = 0; j < kJ; ++j) s[j] += bf16_to_f32(base[row * D + lane + 32 * j]) - sh[j];
+    }
+  }
+  return e - b;
+}
+
+// The new centroid of flat cluster hc from its n members' sum (lane owns dims lane + 32 j; whole warp):
+// spherical = normalised sum of centred members, else plain mean; an empty cluster (or a zero sum,
+// spherical) keeps its previous centroid.
+template <int D>
+__device__ __forceinline__ void update_centroid(const KMeansParams& p, int64_t hc, int n, float* s, bool spherical,
+                                                int lane) {
+  constexpr int kJ = D / 32;
+  if (n == 0) return;
+  if (spherical) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) ss += s[j] * s[j];
+    ss = warp_sum(ss);
+    if (!(ss > 0.0f)) return;
+    const float inv = 1.0f / sqrtf(ss);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) s[j] *= inv;
+  } else {
+    const float inv = 1.0f / static_cast<float>(n);
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) s[j] *= inv;
+  }
+  store_centroid(p, hc, s, lane);
+}
+
+// Centroid update, one warp per flat cluster.
+template <int D>
+__global__ void update_kernel(const KMeansParams p, bool spherical) {
+  constexpr int kJ = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
+  const int64_t h = hc / p.num_clusters;
+  float s[kJ];
+  const int n = member_sum<D>(p, hc, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, s, lane);
+  update_centroid<D>(p, hc, n, s, spherical, lane);
+}
+
+// Final outputs, one warp per flat cluster: sizes, value sums, de-centred centroids and bf16 copies.
+template <int D>
+__global__ void finalize_kernel(const KMeansParams p) {
+  constexpr int kJ = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
+  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
+  const int64_t h = hc / p.num_clusters;
+  float s[kJ];
+  const int n = member_sum<D>(p, hc, p.values + (h * p.kv_stride + p.idx_begin) * D, nullptr, s, lane);
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    const int64_t at = hc * D + lane + 32 * j;
+    p.value_sums[at] = s[j];
+    p.value_sums_bf16[at] = f32_to_bf16(s[j]);
+    const float c = p.centroids[at] + p.mean[h * D + lane + 32 * j];
+    p.centroids[at] = c;
+    p.centroids_bf16[at] = f32_to_bf16(c);
+  }
+  if (lane == 0) p.sizes[hc] = n;
+}
+
+// ---- kUpdateFast: kLanes = D / 8 lanes per flat cluster (32 / kLanes clusters per warp), each lane
+// owning 8 consecutive dims read with one 16-byte load per member row (v1: D / 32 loads of 2 bytes). Per
+// dim the sum is the same chain of f32 operations as v1's member_sum (s += x - shift, ascending member
+// order), so it is bit-identical; the spherical norm is then reduced in v1's lane layout (through shared
+// memory) so that update_centroid's warp_sum adds in the same order too.
+template <int D>
+struct FastLayout {
+  static constexpr int kLanes = D / 8;               // lanes per cluster
+  static constexpr int kGroups = 32 / kLanes;        // clusters per warp
+  static_assert(32 % kLanes == 0 && kLanes >= 8, "D = 64 or 128");
+};
+
+// Sum over the n members (CSR entries [b, b + n)) of (row - shift) for the lane's dims 8 sub .. 8 sub + 7
+// of rows from `base` ([n_idx, D] bf16, member i at row i); shift ([D] f32) may be null. The whole warp
+// calls it (n may differ per group: the trip count is the warp's largest n, rows past n are skipped).
+template <int D>
+__device__ __forceinline__ void member_sum_fast(const KMeansParams& p, int b, int n, const uint16_t* base,
+                                                const float* shift, float (&s)[8], int sub) {
+  using L = FastLayout<D>;
+  int nmax = n;
+#pragma unroll
+  for (int o = L::kLanes; o < 32; o <<= 1) nmax = max(nmax, __shfl_xor_sync(0xffffffffu, nmax, o));
+  float sh[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    s[j] = 0.0f;
+    sh[j] = shift ? shift[8 * sub + j] : 0.0f;
+  }
+  for (int i0 = 0; i0 < nmax; i0 += L::kLanes) {
+    // The group's lanes fetch kLanes member ids at once, load those kLanes rows (all in flight), then sum
+    // them in ascending member order. Trip counts are warp-uniform (nmax); rows past n are neither
+    // loaded nor added.
+    const uint32_t mine = i0 + sub < n ? p.members[b + i0 + sub] : 0u;
+    uint4 x[L::kLanes];
+#pragma unroll
+    for (int t = 0; t < L::kLanes; ++t) {
+      const int64_t row = __shfl_sync(0xffffffffu, mine, t, L::kLanes);
+      x[t] = i0 + t < n ? __ldg(reinterpret_cast<const uint4*>(base + row * D + 8 * sub)) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int t = 0; t < L::kLanes; ++t) {
+      if (i0 + t < n) {
+        float f[8];
+        bf16x8_to_float(x[t], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) s[j] += f[j] - sh[j];
+      }
+    }
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreads) update_fast_kernel(const KMeansParams p, bool spherical) {
+  using L = FastLayout<D>;
+  __shared__ float red[kThreads / 32][L::kGroups][D];  // v1 layout hand-over: 8 KiB
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
+  const int64_t total = int64_t{p.num_heads} * p.num_clusters;
+  const int64_t hc0 = (blockIdx.x * int64_t{kThreads / 32} + warp) * L::kGroups;  // the warp's first cluster
+  if (hc0 >= total) return;  // whole warp
+  const int64_t hc = hc0 + grp;
+  int b = 0, n = 0;
+  const uint16_t* base = p.keys;
+  const float* shift = nullptr;
+  if (hc < total) {
+    const int64_t h = hc / p.num_clusters;
+    b = p.offsets[hc];
+    n = p.offsets[hc + 1] - b;
+    base = p.keys + (h * p.kv_stride + p.idx_begin) * D;
+    shift = p.mean + h * D;
+  }
+  float s[8];
+  member_sum_fast<D>(p, b, n, base, shift, s, sub);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red[warp][grp][8 * sub + j] = s[j];
+  __syncwarp();
+  constexpr int kJ = D / 32;
+#pragma unroll 1
+  for (int g = 0; g < L::kGroups && hc0 + g < total; ++g) {  // warp-uniform
+    const int ng = __shfl_sync(0xffffffffu, n, g * L::kLanes);
+    float so[kJ];
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) so[j] = red[warp][g][lane + 32 * j];
+    update_centroid<D>(p, hc0 + g, ng, so, spherical, lane);
+  }
+}
+
+// kMean: the last global iteration's plain-mean update fused in (run 27): the same member sums of the
+// centred keys as update_fast_kernel, times the same 1 / n, so the centroid is the one update + finalize
+// would write, bit for bit (an empty cluster keeps its centroid); one pass over the members instead of two.
+template <int D, bool kMean>
+__global__ void __launch_bounds__(kThreads) finalize_fast_kernel(const KMeansParams p) {
+  using L = FastLayout<D>;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
+  const int64_t total = int64_t{p.num_heads} * p.num_clusters;
+  const int64_t hc0 = (blockIdx.x * int64_t{kThreads / 32} + warp) * L::kGroups;
+  if (hc0 >= total) return;  // whole warp
+  const int64_t hc = hc0 + grp;
+  const bool valid = hc < total;
+  const int64_t h = valid ? hc / p.num_clusters : 0;
+  int b = 0, n = 0;
+  if (valid) {
+    b = p.offsets[hc];
+    n = p.offsets[hc + 1] - b;
+  }
+  float sk[8];
+  if constexpr (kMean) member_sum_fast<D>(p, b, n, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, sk, sub);
+  float s[8];
+  member_sum_fast<D>(p, b, n, p.values + (h * p.kv_stride + p.idx_begin) * D, nullptr, s, sub);
+  if (!valid) return;
+  // Element-wise outputs: the same values as finalize_kernel whatever the lane layout.
+  const int64_t at = hc * D + 8 * sub;
+  float c[8];
+  uint32_t vb[4], cw[4];
+  if (kMean && n > 0) {
+    const float inv = 1.0f / static_cast<float>(n);  // update_centroid's plain mean
+#pragma unroll
+    for (int j = 0; j < 8; ++j) c[j] = __fadd_rn(__fmul_rn(sk[j], inv), p.mean[h * D + 8 * sub + j]);  // no FMA
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) c[j] = p.centroids[at + j] + p.mean[h * D + 8 * sub + j];
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    vb[j] = uint32_t{f32_to_bf16(s[2 * j])} | (uint32_t{f32_to_bf16(s[2 * j + 1])} << 16);
+    cw[j] = uint32_t{f32_to_bf16(c[2 * j])} | (uint32_t{f32_to_bf16(c[2 * j + 1])} << 16);
+  }
+  reinterpret_cast<float4*>(p.value_sums + at)[0] = make_float4(s[0], s[1], s[2], s[3]);
+  reinterpret_cast<float4*>(p.value_sums + at)[1] = make_float4(s[4], s[5], s[6], s[7]);
+  reinterpret_cast<float4*>(p.centroids + at)[0] = make_float4(c[0], c[1], c[2], c[3]);
+  reinterpret_cast<float4*>(p.centroids + at)[1] = make_float4(c[4], c[5], c[6], c[7]);
+  *reinterpret_cast<uint4*>(p.value_sums_bf16 + at) = make_uint4(vb[0], vb[1], vb[2], vb[3]);
+  *reinterpret_cast<uint4*>(p.centroids_bf16 + at) = make_uint4(cw[0], cw[1], cw[2], cw[3]);
+  if (sub == 0) p.sizes[hc] = n;
+}
+
+int fast_blocks(int64_t clusters, int per_warp) {
+  const int64_t per_cta = int64_t{kThreads / 32} * per_warp;
+  return static_cast<int>((clusters + per_cta - 1) / per_cta);
+}
+
+int warp_blocks(int64_t warps) { return static_cast<int>((warps * 32 + kThreads - 1) / kThreads); }
+
+}  // namespace
+
+cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
+  const dim3 grid(kMeanChunks, p.num_heads);
+  if (p.head_dim == 128) mean_partial_kernel<128><<<grid, kThreads, 0, s>>>(p);
+  else if (p.head_dim == 64) mean_partial_kernel<64><<<grid, kThreads, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  mean_finish_kernel<<<p.num_heads, 128, 0, s>>>(p);
+  if (p.centred_q8 != nullptr) {
+    // Per head: one row per kPerRow lanes, up to 8192 / heads CTAs per head (at least one).
+    const int64_t per_head = p.n_idx * (p.head_dim / 8) / kThreads + 1;
+    const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(per_head, 8192 / p.num_heads))),
+                    p.num_heads);
+    if (p.head_dim == 128) centre_q8_kernel<128><<<grid, kThreads, 0, s>>>(p);
+    else centre_q8_kernel<64><<<grid, kThreads, 0, s>>>(p);
+  } else {
+    const int64_t work = int64_t{p.num_heads} * p.n_idx * (p.head_dim / 8);
+    const int blocks = static_cast<int>(work / kThreads + 1 < 8192 ? work / kThreads + 1 : 8192);
+    centre_kernel<<<blocks, kThreads, 0, s>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(warp_blocks(p.num_clusters)), p.num_heads);
+  init_kernel<<<grid, kThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+namespace {
+// Index of the value of environment variable `var` in `names` (count entries); `dflt` when it is unset or
+// empty. Throws Error for any other value.
+int variant_index(const char* var, const char* const* names, int count, int dflt) {
+  const char* v = std::getenv(var);
+  if (v == nullptr || v[0] == '\0') return dflt;
+  std::string valid;
+  for (int i = 0; i < count; ++i) {
+    if (std::strcmp(v, names[i]) == 0) return i;
+    valid += std::string(i ? ", " : "") + names[i];
+  }
+  RETROINFER_FAIL(var, "='", v, "' is not a k-means kernel variant: use ", valid, " or leave it unset (variants b-f ",
+                  "of the assignment were removed after run 15)");
+}
+constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "q8"};
+constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
+constexpr const char* kGroupNames[kGroupVariants] = {"radix", "count"};
+// The defaults, picked by the H200 A/Bs of run 15 (bench/results/run15/call2, call3) and run 26
+// (bench/results/run26/: q8 is other arithmetic, tested against its own host reference; the other variants
+// of one kind give the same results).
+constexpr int kDefaultAssignVariant = kAssignQ8;  // run 26 (H200; a: run 15, 11.40 ms vs 13.70 (v1) at 128K)
+constexpr int kDefaultUpdateVariant = kUpdateFast;  // bit-identical sums, 1.19 vs 1.23 ms of updates at 128K
+int assign_variant_of(const KMeansParams& p) {
+  return p.assign_variant >= 0 && p.assign_variant < kAssignVariants ? p.assign_variant : kmeans_assign_variant_from_env();
+}
+constexpr int kDefaultGroupVariant = kGroupCount;  // run 26 (H200): identical members / offsets
+int group_variant_of(const KMeansParams& p) {
+  return p.group_variant >= 0 && p.group_variant < kGroupVariants ? p.group_variant : kmeans_group_variant_from_env();
+}
+int update_variant_of(const KMeansParams& p) {
+  return p.update_variant >= 0 && p.update_variant < kUpdateVariants ? p.update_variant : kmeans_update_variant_from_env();
+}
+}  // namespace
+
+int kmeans_assign_variant_from_env() {
+  return variant_index("RETROINFER_KMEANS_ASSIGN", kAssignNames, kAssignVariants, kDefaultAssignVariant);
+}
+int kmeans_group_variant_from_env() {
+  return variant_index("RETROINFER_KMEANS_GROUP", kGroupNames, kGroupVariants, kDefaultGroupVariant);
+}
+const char* kmeans_group_variant_name(int variant) {
+  return variant >= 0 && variant < kGroupVariants ? kGroupNames[variant] : "?";
+}
+cudaError_t kmeans_group_pass(const KMeansParams& p, bool global, cudaStream_t s) {
+  if (!global && group_variant_of(p) == kGroupCount && p.max_seg_clusters <= kGroupCountMaxBins &&
+      p.max_seg_tokens <= kGroupCountMaxTokens)
+    return kmeans_group_segments(p, s);
+  return kmeans_group(p, s);
+}
+int kmeans_update_variant_from_env() {
+  return variant_index("RETROINFER_KMEANS_UPDATE", kUpdateNames, kUpdateVariants, kDefaultUpdateVariant);
+}
+const char* kmeans_assign_variant_name(int variant) {
+  return variant >= 0 && variant < kAssignVariants ? kAssignNames[variant] : "?";
+}
+const char* kmeans_update_variant_name(int variant) {
+  return variant >= 0 && variant < kUpdateVariants ? kUpdateNames[variant] : "?";
+}
+
+namespace {
+// top_sizes_sum: one 1024-thread CTA per head. Radix-select by histogram: each pass bins the sizes of the
+// current value range [lo, hi] into 4096 bins of width 2^shift, walks the bins from the top until k sizes
+// are reached, adds every size above the threshold bin exactly (a block sum), and narrows the range to
+// that bin; the pass with width 1 adds the threshold value times the sizes still wanted. Sizes >= 0.
+constexpr int kTopBins = 4096, kTopThreads = 1024;
+__device__ long long block_sum_ll(long long v, long long* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  long long t = 0;
+  for (int w = 0; w < kTopThreads / 32; ++w) t += red[w];
+  return t;
+}
+__global__ void __launch_bounds__(kTopThreads) top_sizes_sum_kernel(const int* sizes, int C, int k, long long* out) {
+  __shared__ int hist[kTopBins];
+  __shared__ long long red[kTopThreads / 32];
+  __shared__ int s_tb, s_need;
+  const int* sz = sizes + int64_t{blockIdx.x} * C;
+  int mx = 0;
+  for (int i = threadIdx.x; i < C; i += kTopThreads) mx = max(mx, sz[i]);
+  for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+  __syncthreads();
+  int hi = 0;
+  for (int w = 0; w < kTopThreads / 32; ++w) hi = max(hi, static_cast<int>(red[w]));
+  int lo = 0, need = k;
+  long long acc = 0;
+  while (need > 0) {
+    int shift = 0;
+    while (((hi - lo) >> shift) >= kTopBins) ++shift;
+    __syncthreads();
+    for (int b = threadIdx.x; b < kTopBins; b += kTopThreads) hist[b] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += kTopThreads) {
+      const int v = sz[i];
+      if (v >= lo && v <= hi) atomicAdd(&hist[(v - lo) >> shift], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int b = (hi - lo) >> shift, left = need;
+      while (b >= 0 && hist[b] < left) left -= hist[b--];
+      s_tb = b;       // -1: every size in range is wanted
+      s_need = left;  // wanted from bin b
+    }
+    __syncthreads();
+    const int tb = s_tb, left = s_need;
+    long long part = 0;
+    for (int i = threadIdx.x; i < C; i += kTopThreads) {
+      const int v = sz[i];
+      if (v >= lo && v <= hi && (tb < 0 || ((v - lo) >> shift) > tb)) part += v;
+    }
+    acc += block_sum_ll(part, red);
+    if (tb < 0) break;
+    if (shift == 0) {
+      acc += static_cast<long long>(left) * (lo + tb);
+      break;
+    }
+    const int nlo = lo + (tb << shift);
+    hi = min(hi, nlo + (1 << shift) - 1);
+    lo = nlo;
+    need = left;
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}
+}  // namespace
+
+cudaError_t top_sizes_sum(const int* sizes, int heads, int clusters, int k, long long* out, cudaStream_t s) {
+  if (heads <= 0 || clusters <= 0 || k <= 0 || k > clusters) return cudaErrorInvalidValue;
+  top_sizes_sum_kernel<<<heads, kTopThreads, 0, s>>>(sizes, clusters, k, out);
+  return cudaGetLastError();
+}
+
+cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
+  return kmeans_assign_variant(p, global, assign_variant_of(p), s);
+}
+
+cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s) {
+  const int64_t total = int64_t{p.num_heads} * p.num_clusters;
+  if (update_variant_of(p) == kUpdateFast) {
+    if (p.head_dim == 128) update_fast_kernel<128><<<fast_blocks(total, FastLayout<128>::kGroups), kThreads, 0, s>>>(p, spherical);
+    else if (p.head_dim == 64) update_fast_kernel<64><<<fast_blocks(total, FastLayout<64>::kGroups), kThreads, 0, s>>>(p, spherical);
+    else return cudaErrorInvalidValue;
+    return cudaGetLastError();
+  }
+  const int blocks = warp_blocks(total);
+  if (p.head_dim == 128) update_kernel<128><<<blocks, kThreads, 0, s>>>(p, spherical);
+  else if (p.head_dim == 64) update_kernel<64><<<blocks, kThreads, 0, s>>>(p, spherical);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s, bool with_mean) {
+  const int64_t total = int64_t{p.num_heads} * p.num_clusters;
+  if (update_variant_of(p) == kUpdateFast) {
+    auto launch = [&](auto kernel, int groups) {
+      kernel<<<fast_blocks(total, groups), kThreads, 0, s>>>(p);
+      return cudaGetLastError();
+    };
+    if (p.head_dim == 128)
+      return with_mean ? launch(finalize_fast_kernel<128, true>, FastLayout<128>::kGroups)
+                       : launch(finalize_fast_kernel<128, false>, FastLayout<128>::kGroups);
+    if (p.head_dim == 64)
+      return with_mean ? launch(finalize_fast_kernel<64, true>, FastLayout<64>::kGroups)
+                       : launch(finalize_fast_kernel<64, false>, FastLayout<64>::kGroups);
+    return cudaErrorInvalidValue;
+  }
+  if (with_mean) {  // v1: the update, then the finalize (the same results)
+    const cudaError_t e = kmeans_update(p, false, s);
+    if (e != cudaSuccess) return e;
+  }
+  const int blocks = warp_blocks(total);
+  if (p.head_dim == 128) finalize_kernel<128><<<blocks, kThreads, 0, s>>>(p);
+  else if (p.head_dim == 64) finalize_kernel<64><<<blocks, kThreads, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+}  // namespace retroinfer::cuda::detail

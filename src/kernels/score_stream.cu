@@ -1,0 +1,664 @@
+// Cluster scores with the centroids streamed by bulk copies: RETROINFER_SCORE=stream and =tma (kernels.h
+// ScoreVariant; select.cu score_clusters dispatches here).
+//
+// The same grid (score_blocks), the same tile partition (score_common.cuh score_tiles: CTA range
+// [tile0, tile1), warp w the tiles tile0 + w + 4t), the same per-tile math (decode_math.cuh query_fragments,
+// ldmatrix + mma m16n8k16 over D / 16 k-steps; each lane's ldmatrix reads the same 16 bytes of the same
+// centroid row as v1's, so the same registers), the same per-lane online (max, sum) in the same tile order,
+// the same quad / warp merge and run 10's formation (score_common.cuh score_tile_out, score_epilogue):
+// logits, normaliser partials and formed scores bit-identical to select.cu's v1 kernel. Only how a tile
+// reaches shared memory differs.
+//
+// v1 (ncu at 128K batch 4, H200, /work/wt/prof): per warp a double buffer filled by 8 cp.async.cg 16-byte
+// copies per tile (32 lanes x 16 B), plus 4 per-lane __ldg of the tile's cluster sizes a tile ahead; its
+// top stall (22% of the samples) is the wait for those sizes, and the first tile's copy is the only one in
+// flight while the query fragments are formed (a dependent load of q). 29 us for 67 MB, 50% of DRAM peak.
+//
+// Here each warp owns a 2-stage ring of tile stages (8 stages per CTA, the shared memory v1 uses, so the
+// occupancy and the cooperative launch's residency are v1's: 6 CTAs per multiprocessor). A stage holds the
+// tile's 16 centroid rows and its 16 cluster sizes and has one mbarrier:
+//   sizes: where C % 4 == 0 (8188 at 128K) one cp.async.bulk of the tile's rows * 4 bytes by lane 0, counted
+//   with the rows; else lanes 0..15 each issue a 4-byte cp.async of one size (zero-filled past C) and
+//   cp.async.mbarrier.arrive (pending count +1 now, -1 when the lane's copies land: the phase cannot
+//   complete before the sizes have), then __syncwarp;
+//   lane 0 arrive.expect_tx(the stage's bytes); then the row copies, completing their bytes on the barrier
+//   (evict-first L2 policy):
+//   stream: lanes 0..rows-1 issue one cp.async.bulk each, centroid row r -> stage row r, rows D + 8 bf16
+//           apart as v1's (the ldmatrix reads stay conflict-free); rows past C are neither copied nor
+//           counted, and their stale columns give stale logit columns that the mask (cc < C) replaces by
+//           -inf with a select, as v1's zero-filled ones are;
+//   tma:    lane 0 issues D / 64 tensor-map copies of 64 dims x 16 centroids with 128-byte swizzle
+//           (StreamLayout below), rows past C zero-filled by the copy and counted.
+// Tile t of the warp uses stage t % 2 for the (t / 2)-th time: the warp waits for parity (t / 2) & 1. A
+// stage is refilled (tile t + 2) by the warp that read it, right after reading it (ldmatrix + the sizes,
+// then a proxy fence by every lane and __syncwarp: the generic reads are ordered before the async proxy's
+// writes), so no empty barriers and no cross-warp waits. Both stages are issued at the start, before the
+// query fragments' loads of q. Run 10's formation loads all of a CTA's logits (up to 512) before the grid
+// barrier (kStreamFormItems).
+//
+// Why not a producer warp (decode_dense.cu's pattern): a fifth warp at 6 CTAs per multiprocessor caps the
+// registers at 64 per thread (65536 / (6 x 160)), below the compute warps' ~80 (the query fragments alone
+// are 32 at D = 128); 5 CTAs per multiprocessor would not hold the one-wave grid the cooperative launch
+// needs, and the grid (hence the partials' bits) is fixed. With the static tile-to-warp assignment a shared
+// ring of 8 stages refilled in tile order is this per-warp ring. Deeper rings do not fit either: the 8
+// stages are the shared memory of 6 CTAs per multiprocessor.
+//
+// Run 22, int8 centroids (tma only, ScoreParams::centroids_q8): the same grid, partition, ring and epilogue
+// with a tile of 16 rows of D bytes (one box of D x 16 u8; D = 128: 128-byte swizzle, D = 64: none) and the
+// tile's 16 row scales copied with its sizes. Lane (gq, tq) reads bytes [tq D / 4, (tq + 1) D / 4) of
+// centroid rows gq and gq + 8 (16-byte loads; with the swizzle the two rows of a quarter warp hit disjoint
+// banks), and k-step kk takes its 4-byte word kk: u0, u1 as the B fragment's k 2tq, 2tq + 1 and u2, u3 as
+// 2tq + 8, 2tq + 9, converted exactly to f16 (0x64 as the high byte gives 1024 + u; minus 1152 gives
+// u - 128). The query's A fragments follow that order (dims tq D / 4 + 4 kk + 0..3), split into f16 hi + lo
+// rows after a per-row power of two 2^-e that keeps them below 2^15 (e = 0 unless |q scale| >= 2^15); the
+// tile's logits are the f32 dot times the row's scale times 2^e.
+//
+// Run 23, wide (kScoreTmaWide, RETROINFER_SCORE=wide, the default; int8 centroids only, bf16 ones keep the tma
+// kernel): the same tiles per warp and math with CTA-wide stages. Stage s holds the kScoreWarps warps' tiles of
+// one round g (64 consecutive centroids): one 64-row box of a second tensor map (a CTA's last, shorter round:
+// the 16-row boxes of its tiles) and one bulk copy each of the 64 sizes and scales, issued by one thread; the
+// warp whose count makes the stage's done_count a multiple of kScoreWarps refills it with round g + kS (its
+// lanes' reads fenced to the async proxy first). 3 copies per 64 centroids instead of 12: at 128K batch 16
+// 160 against 169 us, batch 4 68.1 against 68.8 (bench/results/run23/a).
+//
+// Run 24, the query in shared memory (ScoreParams::query_smem, RETROINFER_SCORE_QUERY=smem, the default): the head's
+// query copied by cp.async before the first stages are issued and the fragments formed from there, instead of
+// loaded from global after the issue, where its loads queued behind the grid's first burst of centroid copies
+// (the last CTA had its query 9.3 us in at 128K batch 4, 6.0 now). The same fragments, so the same bits. int8
+// scoring at 128K batch 1 / 4 / 16: 44.9 / 66.8 / 159.7 against 45.9 / 68.5 / 162.8 us; bf16 unchanged (its own
+// first burst, twice the bytes, lands later than the query anyway) (bench/results/run24/g).
+#include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/async_copy.cuh"
+#include "kernels/common.cuh"
+#include "kernels/decode_math.cuh"
+#include "kernels/kernels.h"
+#include "kernels/tensor_map.h"
+#include "kernels/score_common.cuh"
+#include "kernels/select_common.cuh"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cuda::detail {
+
+int sm_count();  // layer_common.h
+
+namespace {
+
+constexpr int kStreamStages = 2;  // tile stages per warp (8 per CTA: v1's shared memory)
+// (Run 22: the int8 tiles are half as large, so 4 would fit v1's shared memory, but 4 measured slower than 2
+// at 128K batch 4: 71.7 against 68.5 us, read flush, run 22 calls 1-2. Both element types use 2.)
+// Launch bounds: 6 CTAs of 128 threads per multiprocessor (<= 85 registers), the one-wave grid of
+// score_blocks and the cooperative launch's residency.
+constexpr int kStreamCtasPerSm = 6;
+// form_own_scores' items per thread per round (score_common.cuh): 4 x 128 >= the 352 clusters of a CTA at
+// 128K batch 4, all loaded before the grid barrier.
+constexpr int kStreamFormItems = 4;
+
+// The centroids' tensor map of the tma variant (zero for stream): [H][C][D] bf16, boxes of 64 dims x 16
+// centroids x 1 head, 128-byte swizzle, zero fill past C.
+// wide (kScoreTmaWide, int8 only): a second map of the same tensor with boxes of kScoreWarps x 16 = 64
+// centroids (one CTA stage); `map` (16 centroids) then copies the tail stages.
+struct ScoreMap {
+  CUtensorMap map;
+  CUtensorMap wide;
+};
+
+// A stage's layout. stream: 16 rows of D + 8 bf16 (v1's padded rows). tma: D / 64 boxes of 16 rows x 128
+// bytes (box b holds dims 64b..64b+63), the 16-byte chunk c of box row r at chunk c ^ (r % 8) (128-byte
+// swizzle; boxes 1024-byte aligned): the 8 rows of an ldmatrix matrix (8 consecutive centroids at one
+// logical chunk) sit at 8 different chunks, conflict-free as v1's padding.
+// kQ8 (tma only): one box of 16 rows x D bytes.
+template <int D, bool kTma, bool kQ8 = false>
+struct StreamLayout {
+  static_assert(kTma || !kQ8, "int8 centroids: tma only");
+  static constexpr int kRow = D + 8;                              // stream: row stride (bf16)
+  static constexpr uint32_t kRowBytes = D * 2;                    // one centroid row in global memory
+  static constexpr int kBoxBytes = kScoreTile * 128;              // tma: one box
+  // wide (int8): a CTA stage = the kScoreWarps tiles of one tile group, one box of 64 rows x D bytes; tile w
+  // of the group at w * kStageBytes (1024-byte aligned, so the 128-byte swizzle's pattern is the narrow one's).
+  static constexpr int kStageBytes = kQ8 ? kScoreTile * D : (kTma ? D / 64 * kBoxBytes : kScoreTile * kRow * 2);
+  static constexpr int kAlign = kTma ? 1024 : 16;                 // tma: the swizzle's alignment
+  static_assert(kStageBytes % kAlign == 0 || !kTma, "tma stages keep the 1 KiB alignment");
+  static_assert((kRow * 2) % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte rows and addresses");
+};
+
+// D += A B, m16n8k16, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_f16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Bytes (sel & 0xf) and (sel >> 8 & 0xf) of w (each u in 0..255) as f16x2 (u - 128), exactly.
+template <uint32_t kSel>
+__device__ __forceinline__ uint32_t u8x2_to_f16x2(uint32_t w) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(w), "r"(0x64646464u), "n"(kSel));
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&r), __halves2half2(__ushort_as_half(0x6480),
+                                                                                   __ushort_as_half(0x6480)));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+// The int8 path's query A fragments (file comment): k-step kk's k 2tq, 2tq + 1, 2tq + 8, 2tq + 9 are dims
+// tq D / 4 + 4 kk + 0..3 of x = q scale 2^-e, rows gq (f16 hi) and gq + 8 (f16 lo = x - hi); returns 2^e.
+// The quad's lanes (one query head) call it together. Rows of heads >= G are zero.
+template <int D>
+__device__ __forceinline__ float query_fragments_q8(uint32_t (&qa)[D / 16][4], const float* q, int h, int G, int gq,
+                                                    int tq, float scale) {
+  const bool on = gq < G;
+  const float* qh = q + (int64_t{h} * G + (on ? gq : 0)) * D + tq * (D / 4);
+  // Two passes over the lane's D / 4 query values (the second from L1), so that no array of them stays live
+  // next to the fragments.
+  auto load = [&](int kk, float (&x)[4]) {
+    const float4 u = on ? *reinterpret_cast<const float4*>(qh + 4 * kk) : make_float4(0, 0, 0, 0);
+    x[0] = u.x * scale; x[1] = u.y * scale; x[2] = u.z * scale; x[3] = u.w * scale;
+  };
+  float mx = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    float x[4];
+    load(kk, x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) mx = fmaxf(mx, fabsf(x[j]));
+  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  int ex = 0;
+  frexpf(mx, &ex);  // mx < 2^ex
+  const int e = ex > 15 ? ex - 15 : 0;
+  const float down = exp2f(static_cast<float>(-e));
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    float x[4], hi[4], lo[4];
+    load(kk, x);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float v = x[j] * down;
+      hi[j] = __half2float(__float2half_rn(v));
+      lo[j] = v - hi[j];
+    }
+    qa[kk][0] = pack_f16(hi[0], hi[1]);
+    qa[kk][1] = pack_f16(lo[0], lo[1]);
+    qa[kk][2] = pack_f16(hi[2], hi[3]);
+    qa[kk][3] = pack_f16(lo[2], lo[3]);
+  }
+  return exp2f(static_cast<float>(e));
+}
+
+template <int D, bool kTma, bool kForm, bool kQ8 = false, bool kWide = false>
+__device__ __forceinline__ void score_stream_body(const ScoreParams& p, const ScoreMap* maps) {
+  static_assert(kQ8 || !kWide, "wide stages: the int8 tiles only");
+  using L = StreamLayout<D, kTma, kQ8>;
+  constexpr int kKs = D / 16;
+  constexpr int kS = kStreamStages;  // (run 23: 4 CTA-wide int8 stages were slower than 2)
+  // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
+  __shared__ __align__(128) unsigned char stage_raw[kScoreWarps * kS * L::kStageBytes + L::kAlign];
+  // Per warp (kWide: per CTA, one row of the kScoreWarps tiles of a group) the stages' sizes, scales (kQ8)
+  // and barriers.
+  constexpr int kOwners = kWide ? 1 : kScoreWarps, kRows = kWide ? kScoreWarps * kScoreTile : kScoreTile;
+  __shared__ __align__(16) int ssz[kOwners][kS][kRows];
+  __shared__ __align__(16) float sscl[kQ8 ? kOwners : 1][kS][kRows];  // kQ8: row scales
+  __shared__ __align__(8) uint64_t full[kOwners][kS];
+  __shared__ unsigned done_count[kS];  // kWide: warps done with each stage (monotonic)
+  __shared__ float2 red[kScoreWarps][kMaxGroup];
+  const CUtensorMap* map = &maps->map;
+  const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = p.group, C = p.num_clusters;
+  const int gq = lane >> 2, tq = lane & 3, mi = lane >> 3, ri = lane & 7;
+  phase_first(p.phase, h, 0);
+  phase_last(p.phase, h, kSlotScoreStart);  // diagnostics: the launch ramp of the one-wave grid
+  grid_launch_dependents();  // a selection launched with PDL may start its CTAs (they wait for this grid)
+  // This warp's stages (kWide: the CTA's), L::kAlign aligned.
+  unsigned char* stages = stage_raw + ((L::kAlign - (smem_u32(stage_raw) & (L::kAlign - 1))) & (L::kAlign - 1)) +
+                          (kWide ? 0 : warp * kS * L::kStageBytes);
+  constexpr int kStageStride = kWide ? kScoreWarps * L::kStageBytes : L::kStageBytes;
+  const int own = kWide ? 0 : warp;                         // the stage owner's index
+  const int tile_at = kWide ? warp * L::kStageBytes : 0;    // this warp's tile within a stage's box
+  const int row_at = kWide ? warp * kScoreTile : 0;         // its rows within a stage's sizes / scales
+  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
+  const int* sz = p.sizes + int64_t{h} * C;
+  float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
+  const ScoreTiles tiles = score_tiles(C, warp);
+  const int ntiles = tiles.ntiles;
+  uint64_t* bar = full[own];
+  if (kWide ? threadIdx.x == 0 : lane == 0) {
+#pragma unroll
+    for (int s = 0; s < kS; ++s) {
+      mbar_init(&bar[s], 1);
+      if constexpr (kWide) done_count[s] = 0;
+    }
+    mbar_init_fence();
+  }
+  if constexpr (!kWide) __syncwarp();
+  // The centroids are read once per decode (67 MB at 128K batch 4, more than L2): evict-first, so the
+  // logits written here stay in L2 for the selection and the estimation (as v1's early_loads).
+  const uint64_t pol = l2_evict_first_policy();
+  // Fills stage t % kS with the warp's tile t (all lanes call; see the file comment for the protocol).
+  // The tile's sizes by one bulk copy with the rows (no L1 path at all) when they are 16-byte aligned for
+  // every tile: C % 4 == 0 (tile starts at multiples of 16 clusters, head rows at multiples of 4) and an
+  // aligned base; then a tail tile's rows * 4 bytes are a multiple of 16 too. Entries past C stay stale:
+  // score_tile_out masks cc >= C before it looks at a size. Else 4-byte cp.async per lane (zero-filled).
+  const bool sizes_bulk = (C & 3) == 0 && (reinterpret_cast<uintptr_t>(p.sizes) & 15) == 0 &&
+                          (!kQ8 || (reinterpret_cast<uintptr_t>(p.centroid_scale) & 15) == 0);
+  const float* scl = kQ8 ? p.centroid_scale + int64_t{h} * C : nullptr;
+  auto issue = [&](int t) {
+    const int s = t % kS;
+    const int c0 = tiles.first(t, warp);
+    const int rows = min(kScoreTile, C - c0);  // >= 1: the tile starts below C
+    unsigned char* st = stages + s * L::kStageBytes;
+    const uint32_t size_bytes = sizes_bulk ? static_cast<uint32_t>(rows) * 4u : 0u;
+    if (!sizes_bulk) {
+      if (lane < kScoreTile) {
+        const bool ok = lane < rows;
+        cp_async4_zfill(&ssz[warp][s][lane], sz + (ok ? c0 + lane : 0), ok);
+        if constexpr (kQ8) cp_async4_zfill(&sscl[warp][s][lane], scl + (ok ? c0 + lane : 0), ok);
+        cp_async_mbar_arrive(&bar[s]);
+      }
+      __syncwarp();  // the 16 pending-count raises before lane 0's arrive
+    }
+    if constexpr (kTma) {  // whole boxes: rows past C are zero-filled and counted
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(L::kStageBytes) + (kQ8 ? 2 : 1) * size_bytes);
+        if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
+        if constexpr (kQ8) {
+          if (sizes_bulk) bulk_copy_g2s(&sscl[warp][s][0], scl + c0, size_bytes, &bar[s], pol);
+          tma_load_3d(st, map, 0, c0, h, &bar[s], pol);
+        } else {
+#pragma unroll
+          for (int bx = 0; bx < D / 64; ++bx) tma_load_3d(st + bx * L::kBoxBytes, map, 64 * bx, c0, h, &bar[s], pol);
+        }
+      }
+    } else {
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(rows) * L::kRowBytes + size_bytes);
+        if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
+      }
+      __syncwarp();  // the expected bytes before any row's complete_tx
+      if (lane < rows)
+        bulk_copy_g2s(st + lane * L::kRow * 2, ch + int64_t{c0 + lane} * D, L::kRowBytes, &bar[s], pol);
+    }
+  };
+  // kWide (sizes_bulk only, checked at the launch): tile group g (the warps' g-th tiles, rows
+  // [(tile0 + kScoreWarps g) 16, + 64) in global memory) into CTA stage g % kS by one thread: the sizes and
+  // scales by one bulk copy each, the rows by one box of 64 rows, or for a group of fewer than kScoreWarps
+  // tiles (the CTA's last) by the narrow box of each tile.
+  const int groups = (tiles.tile1 - tiles.tile0 + kScoreWarps - 1) / kScoreWarps;
+  auto issue_group = [&](int g) {
+    const int s = g % kS;
+    const int c0 = (tiles.tile0 + g * kScoreWarps) * kScoreTile;
+    const int nt = min(kScoreWarps, tiles.tile1 - tiles.tile0 - g * kScoreWarps);
+    const int rows = min(nt * kScoreTile, C - c0);
+    unsigned char* st = stages + s * kStageStride;
+    const uint32_t size_bytes = static_cast<uint32_t>(rows) * 4u;
+    mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(nt * L::kStageBytes) + 2 * size_bytes);
+    bulk_copy_g2s(&ssz[0][s][0], sz + c0, size_bytes, &bar[s], pol);
+    bulk_copy_g2s(&sscl[0][s][0], scl + c0, size_bytes, &bar[s], pol);
+    if (nt == kScoreWarps) {
+      tma_load_3d(st, &maps->wide, 0, c0, h, &bar[s], pol);
+    } else {
+      for (int i = 0; i < nt; ++i) tma_load_3d(st + i * L::kStageBytes, map, 0, c0 + i * kScoreTile, h, &bar[s], pol);
+    }
+  };
+  // Run 24 (ScoreParams::query_smem): the head's query [G][D] f32 copied into shared memory by cp.async before the
+  // first stages are issued, the fragments formed from there after the issue (query_fragments / _q8 on the same
+  // values: the same fragments). Formed from global after the issue, the query's loads queued behind the grid's
+  // first burst of centroid copies: at 128K batch 4 the last CTA had its query 9.3 us in, 5.7 with the copy
+  // first (bench/results/run24/e, f). Up to kQRows query heads (bf16: 4, so that 6 CTAs still fit a
+  // multiprocessor's shared memory; int8: kMaxGroup); more: from global.
+  constexpr int kQRows = kQ8 ? kMaxGroup : 4;
+  __shared__ __align__(16) float qs[kQRows * D];
+  const bool q_smem = p.query_smem && G <= kQRows;  // CTA-uniform (the launch checks the 16-byte alignment)
+  if (q_smem) {
+    const float* qh = p.q + int64_t{h} * G * D;
+    for (int i = 4 * static_cast<int>(threadIdx.x); i < G * D; i += 4 * static_cast<int>(blockDim.x))
+      cp_async16(qs + i, qh + i);
+    cp_async_commit();
+  }
+  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
+  float qe = 1.0f;      // kQ8: the query row's 2^e
+  auto form_query = [&](const float* q, int head) {
+    if constexpr (kQ8) qe = query_fragments_q8<D>(qa, q, head, G, gq, tq, p.scale);
+    else query_fragments<D>(qa, q, head, G, gq, tq, p.scale);
+  };
+  if constexpr (kWide) {
+    if (threadIdx.x == 0)
+      for (int g = 0; g < kS && g < groups; ++g) issue_group(g);
+    __syncthreads();  // the barriers' initialisation before any wait
+  } else {
+#pragma unroll
+    for (int t = 0; t < kS; ++t)
+      if (t < ntiles) issue(t);
+  }
+  phase_last(p.phase, h, kSlotScoreIssued);  // diagnostics (run 24)
+  if (q_smem) {
+    cp_async_wait<0>();
+    __syncthreads();  // every thread's copies of the query
+    form_query(qs, 0);
+  } else {
+    form_query(p.q, h);
+  }
+  phase_first(p.phase, h, kSlotScoreQ);  // diagnostics (run 24): the query fragments formed
+  phase_last(p.phase, h, kSlotScoreQ + 1);
+  float nm = -INFINITY, ns = 0.0f;
+  // ldmatrix: matrix mi = lane >> 3 (centroid half mi >> 1, k half mi & 1), row ri = lane & 7, i.e. v1's
+  // centroid row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
+  const int row = (mi >> 1) * 8 + ri;
+  auto at = [&](int k) {
+    if constexpr (kTma) return (k >> 2) * L::kBoxBytes + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
+    else return (row * L::kRow + (mi & 1) * 8 + k * 16) * 2;
+  };
+  // Run 24 (kWide): a last group of fewer than kScoreWarps tiles is taken in half tiles (8 centroids) by every
+  // warp, so that the warps of the CTA end together (at 128K batch 4 each CTA has 22 tiles: warps 0-1 took 6,
+  // warps 2-3 five, and waited for them at the CTA barrier; Nsight: 22% of the samples, run 24 n/). The
+  // logits are the same bits (the same MMA per row); the normaliser partials sum in another order.
+  const int nt_last = kWide ? (tiles.tile1 - tiles.tile0) - (groups - 1) * kScoreWarps : kScoreWarps;
+  const bool half_tail = kWide && groups > 0 && nt_last < kScoreWarps;  // CTA-uniform
+  const int full_iters = half_tail ? groups - 1 : ntiles;
+  for (int t = 0; t < full_iters; ++t) {
+    const int s = t % kS;
+    mbar_wait(&bar[s], static_cast<uint32_t>(t / kS) & 1u);
+    if (t == 0) {  // diagnostics (thread 0 only): when the CTA's first tile landed
+      phase_last(p.phase, h, kSlotScore);
+      phase_first(p.phase, h, kSlotScore + 4);
+    }
+    const int c0 = tiles.first(t, warp);
+    float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
+    const unsigned char* st = stages + s * kStageStride + tile_at;
+    float sv[4];
+    if constexpr (kQ8) {
+      // Rows gq, gq + 8 of the tile, 16-byte chunks c of the lane's D / 64: chunk (tq D / 64 + c), swizzled
+      // (D = 128: chunk ^ row % 8) or not (D = 64).
+      auto ld = [&](int r, int c) {
+        const int ch = tq * (D / 64) + c;
+        return *reinterpret_cast<const uint4*>(st + r * D + (D == 128 ? (ch ^ (r & 7)) : ch) * 16);
+      };
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        const uint4 w0 = ld(gq, c), w1 = ld(gq + 8, c);
+        const uint32_t u0[4] = {w0.x, w0.y, w0.z, w0.w}, u1[4] = {w1.x, w1.y, w1.z, w1.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          mma_f16_16816(a0, qa[4 * c + j], u8x2_to_f16x2<0x4140>(u0[j]), u8x2_to_f16x2<0x4342>(u0[j]));
+          mma_f16_16816(a1, qa[4 * c + j], u8x2_to_f16x2<0x4140>(u1[j]), u8x2_to_f16x2<0x4342>(u1[j]));
+        }
+      }
+      const float* zc = &sscl[kQ8 ? own : 0][s][row_at];
+      sv[0] = (a0[0] + a0[2]) * zc[2 * tq] * qe;
+      sv[1] = (a0[1] + a0[3]) * zc[2 * tq + 1] * qe;
+      sv[2] = (a1[0] + a1[2]) * zc[8 + 2 * tq] * qe;
+      sv[3] = (a1[1] + a1[3]) * zc[9 + 2 * tq] * qe;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kKs; ++k) {
+        uint32_t b[4];
+        ldmatrix_x4(b, st + at(k));
+        mma_bf16_16816(a0, qa[k], b[0], b[1]);
+        mma_bf16_16816(a1, qa[k], b[2], b[3]);
+      }
+      sv[0] = a0[0] + a0[2]; sv[1] = a0[1] + a0[3]; sv[2] = a1[0] + a1[2]; sv[3] = a1[1] + a1[3];
+    }
+    const int* zs = &ssz[own][s][row_at];
+    const int size[4] = {zs[2 * tq], zs[2 * tq + 1], zs[8 + 2 * tq], zs[9 + 2 * tq]};
+    if constexpr (kWide) {
+      // Group t + kS exists: then group t was whole, read by all kScoreWarps warps, and the last of them to
+      // finish (the fourth count of this use of the stage) refills it. Each warp's reads (generic proxy)
+      // before the copy's writes: a proxy fence by every lane, the warp barrier, then the count (CTA-scope
+      // release / acquire).
+      if (t + kS < groups) {
+        fence_proxy_async_smem();
+        __syncwarp();
+        if (lane == 0) {
+          __threadfence_block();
+          const unsigned old = atomicAdd(&done_count[s], 1u);
+          if ((old & (kScoreWarps - 1)) == kScoreWarps - 1) {
+            __threadfence_block();
+            issue_group(t + kS);
+          }
+        }
+      }
+    } else if (t + kS < ntiles) {
+      // Every lane's reads of stage s (ldmatrix, the sizes: generic proxy) ordered before the refill's
+      // writes (async proxy for the bulk copies): a proxy fence by each reader, then the warp barrier.
+      fence_proxy_async_smem();
+      __syncwarp();
+      issue(t + kS);
+    }
+    score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);  // v1's tile epilogue, bit for bit
+  }
+  if constexpr (kWide) {
+    if (half_tail) {  // the last group (no refill follows): half tile hf = tile hf / 2, rows 8 (hf % 2) + 0..7
+      const int t = groups - 1, s = t % kS;
+      mbar_wait(&bar[s], static_cast<uint32_t>(t / kS) & 1u);
+      if (t == 0) {
+        phase_last(p.phase, h, kSlotScore);
+        phase_first(p.phase, h, kSlotScore + 4);
+      }
+      for (int hf = warp; hf < 2 * nt_last; hf += kScoreWarps) {
+        const int ti = hf >> 1, r0 = 8 * (hf & 1);
+        const unsigned char* st = stages + s * kStageStride + ti * L::kStageBytes;
+        float a0[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int c = 0; c < D / 64; ++c) {
+          const int ch = tq * (D / 64) + c, r = r0 + gq;
+          const uint4 w0 = *reinterpret_cast<const uint4*>(st + r * D + (D == 128 ? (ch ^ (r & 7)) : ch) * 16);
+          const uint32_t u0[4] = {w0.x, w0.y, w0.z, w0.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            mma_f16_16816(a0, qa[4 * c + j], u8x2_to_f16x2<0x4140>(u0[j]), u8x2_to_f16x2<0x4342>(u0[j]));
+        }
+        const int at = ti * kScoreTile + r0;  // the half's first row in the stage's sizes / scales
+        const float* zc = &sscl[0][s][at];
+        const int* zs = &ssz[0][s][at];
+        const float sv[2] = {(a0[0] + a0[2]) * zc[2 * tq] * qe, (a0[1] + a0[3]) * zc[2 * tq + 1] * qe};
+        const int size[2] = {zs[2 * tq], zs[2 * tq + 1]};
+        score_tile_out<2>(sv, size, (tiles.tile0 + t * kScoreWarps + ti) * kScoreTile + r0, tq, gq, G, C, lg, nm, ns);
+      }
+    }
+  }
+  score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
+}
+
+// The wide kernel at D = 64 held to 72 registers (7 CTAs per multiprocessor, v1's residency; the half-tile
+// tail would take it to 76 and 6 CTAs).
+template <int D, bool kWide>
+inline constexpr int kStreamMinCtas = D == 64 && kWide ? 7 : kStreamCtasPerSm;
+
+template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
+__global__ void __launch_bounds__(kScoreWarps * 32, kStreamMinCtas<D, kWide>)
+    score_stream_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
+  score_stream_body<D, kTma, false, kQ8, kWide>(p, &m);
+}
+
+// Run 10's formation in the grid (cooperative launch only: its grid barrier needs every CTA resident).
+template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
+__global__ void __launch_bounds__(kScoreWarps * 32, kStreamMinCtas<D, kWide>)
+    score_stream_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
+  score_stream_body<D, kTma, true, kQ8, kWide>(p, &m);
+}
+
+// tma: the centroids' tensor map ([H][C][D] bf16, boxes 64 dims x 16 centroids x 1 head, 128-byte swizzle,
+// zero fill past C), encoded by the driver's cuTensorMapEncodeTiled obtained once through the runtime (no
+// link against libcuda), as decode_dense.cu's; cached per thread by (centroids, H, C, D), which a layer
+// keeps from one decode to the next.
+// q8: the int8 centroids' map ([H][C][D] u8, boxes of D x 16 x 1: D = 128 with the 128-byte swizzle, 64
+// without).
+// rows: the box's centroids (kScoreTile, or kScoreWarps x kScoreTile for the wide map).
+cudaError_t encode_score_map(const ScoreParams& p, bool q8, uint32_t rows, CUtensorMap* m) {
+  const TensorMapEncode encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t es = q8 ? 1 : 2;  // bytes per element
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.head_dim), static_cast<cuuint64_t>(p.num_clusters),
+                              static_cast<cuuint64_t>(p.num_heads)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.head_dim) * es,
+                                 static_cast<cuuint64_t>(p.num_clusters) * p.head_dim * es};  // bytes, dims 1, 2
+  const cuuint32_t box[3] = {q8 ? static_cast<cuuint32_t>(p.head_dim) : 64u, rows, 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  void* base = q8 ? static_cast<void*>(const_cast<uint8_t*>(p.centroids_q8))
+                  : static_cast<void*>(const_cast<uint16_t*>(p.centroids_bf16));
+  const CUresult r = encode(m, q8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, base,
+                            dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            q8 && p.head_dim != 128 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// encode_score_map through a per-thread cache (tensor_map.h TensorMapCache).
+// (wide: both maps, the narrow one for the tail groups.)
+struct MapKey {
+  const void* centroids = nullptr;
+  int num_heads = 0, num_clusters = 0, head_dim = 0;
+  bool q8 = false, wide = false;
+  bool operator==(const MapKey&) const = default;
+};
+cudaError_t cached_score_map(const ScoreParams& p, bool q8, bool wide, ScoreMap* m) {
+  thread_local TensorMapCache<MapKey, ScoreMap> cache;
+  const void* c = q8 ? static_cast<const void*>(p.centroids_q8) : static_cast<const void*>(p.centroids_bf16);
+  return cache.get(MapKey{c, p.num_heads, p.num_clusters, p.head_dim, q8, wide}, m, [&](ScoreMap* out) {
+    const cudaError_t e = encode_score_map(p, q8, kScoreTile, &out->map);
+    return e != cudaSuccess || !wide ? e : encode_score_map(p, q8, kScoreWarps * kScoreTile, &out->wide);
+  });
+}
+
+template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
+cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, dim3 block, cudaStream_t s) {
+  if (p.scores == nullptr) {
+    score_stream_kernel<D, kTma, kQ8, kWide><<<grid, block, 0, s>>>(p, m);
+    return cudaGetLastError();
+  }
+  return launch_cooperative(score_stream_form_kernel<D, kTma, kQ8, kWide>, grid, block, 0, s, p, m);
+}
+
+// (tma: the fewer of the bf16 and int8 kernels'; wide: of those and the wide int8 kernel's.)
+template <int D, bool kTma, bool kWide = false>
+int stream_form_ctas_per_sm() {
+  static const int n = [] {
+    const int b = max_ctas_per_sm(score_stream_form_kernel<D, kTma, false>, kScoreWarps * 32);
+    if constexpr (!kTma) return b;
+    else {
+      const int t = std::min(b, max_ctas_per_sm(score_stream_form_kernel<D, true, true>, kScoreWarps * 32));
+      if constexpr (!kWide) return t;
+      else return std::min(t, max_ctas_per_sm(score_stream_form_kernel<D, true, true, true>, kScoreWarps * 32));
+    }
+  }();
+  return n;
+}
+
+}  // namespace
+
+const char* score_variant_name(int variant) {
+  switch (variant) {
+    case kScoreV1:
+      return "v1";
+    case kScoreStream:
+      return "stream";
+    case kScoreTma:
+      return "tma";
+    case kScoreTmaWide:
+      return "wide";
+    default:
+      return "?";
+  }
+}
+
+ScoreVariant score_variant_from_env() {
+  const char* e = std::getenv("RETROINFER_SCORE");
+  if (e == nullptr || e[0] == '\0') return kDefaultScoreVariant;
+  for (int v = 0; v < kScoreVariants; ++v)
+    if (std::strcmp(e, score_variant_name(v)) == 0) return static_cast<ScoreVariant>(v);
+  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use wide (the default), tma, stream or v1");
+}
+
+int score_stream_form_ctas_per_sm(int variant, int head_dim) {
+  if (variant == kScoreStream)
+    return head_dim == 128 ? stream_form_ctas_per_sm<128, false>()
+                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, false>() : 0);
+  if (variant == kScoreTma)
+    return head_dim == 128 ? stream_form_ctas_per_sm<128, true>()
+                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, true>() : 0);
+  if (variant == kScoreTmaWide)  // (its launch may take the tma kernels)
+    return head_dim == 128 ? stream_form_ctas_per_sm<128, true, true>()
+                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, true, true>() : 0);
+  return 0;
+}
+
+cudaError_t score_clusters_stream(const ScoreParams& params, int variant, cudaStream_t s) {
+  ScoreParams p = params;
+  // The query's 16-byte copies (run 24) need a 16-byte aligned base (G D floats per head: rows stay aligned).
+  if (reinterpret_cast<uintptr_t>(p.q) % 16 != 0) p.query_smem = false;
+  // Bulk copies need 16-byte aligned rows: the base (cudaMalloc gives 256) and 2D-byte rows (D = 64, 128).
+  if (reinterpret_cast<uintptr_t>(p.centroids_bf16) % 16 != 0 || (p.head_dim != 64 && p.head_dim != 128) ||
+      !score_variant_streams(variant))
+    return cudaErrorInvalidValue;
+  const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
+  const dim3 block(kScoreWarps * 32);
+  ScoreMap m;
+  std::memset(&m, 0, sizeof(m));
+  if ((p.centroids_q8 == nullptr) != (p.centroid_scale == nullptr)) return cudaErrorInvalidValue;
+  auto aligned16 = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
+  const bool tma_kind = score_variant_reads_int8(variant);
+  // Run 22: the int8 centroids where given (tma kinds with an encoder only; else the bf16 ones below).
+  const bool q8 = tma_kind && p.centroids_q8 != nullptr && p.num_clusters > 0 && aligned16(p.centroids_q8);
+  // wide (int8 only): a stage's sizes and scales by one bulk copy each, so C % 4 == 0 and 16-byte aligned
+  // bases; else the tma kernel's per-warp stages (the same bits). bf16 centroids: the tma kernel (run 23:
+  // CTA-wide bf16 stages were 0.5 us slower at 128K batch 1 and 4 and level at 16).
+  const bool wide = q8 && variant == kScoreTmaWide && (p.num_clusters & 3) == 0 && aligned16(p.sizes) &&
+                    aligned16(p.centroid_scale);
+  if (q8 && cached_score_map(p, true, wide, &m) == cudaSuccess) {
+    if (wide)
+      return p.head_dim == 128 ? launch_stream<128, true, true, true>(p, m, grid, block, s)
+                               : launch_stream<64, true, true, true>(p, m, grid, block, s);
+    return p.head_dim == 128 ? launch_stream<128, true, true>(p, m, grid, block, s)
+                             : launch_stream<64, true, true>(p, m, grid, block, s);
+  }
+  // Only int8 copies (a RetroLayer with int8 scoring keeps no bf16 centroids) but no tensor-map kernel for them.
+  if (p.centroids_bf16 == nullptr && p.num_clusters > 0) return cudaErrorNotSupported;
+  // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
+  // per multiprocessor and the same bits.
+  const bool tma = tma_kind && p.num_clusters > 0 && cached_score_map(p, false, false, &m) == cudaSuccess;
+  if (p.head_dim == 128) return tma ? launch_stream<128, true>(p, m, grid, block, s)
+                                    : launch_stream<128, false>(p, m, grid, block, s);
+  return tma ? launch_stream<64, true>(p, m, grid, block, s) : launch_stream<64, false>(p, m, grid, block, s);
+}
+
+namespace {
+// One warp per row: s = max |c| / 127, u = rint(c / s) + 128 (IEEE division, so the host can repeat it bit
+// for bit); a zero row: s = 0, u = 128.
+__global__ void quantize_centroids_kernel(const uint16_t* c, int64_t rows, int D, uint8_t* q8, float* scale) {
+  const int64_t r = int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  const uint16_t* row = c + r * D;
+  float mx = 0.0f;
+  for (int i = lane; i < D; i += 32) mx = fmaxf(mx, fabsf(__uint_as_float(uint32_t{row[i]} << 16)));
+  mx = warp_max(mx);
+  const float s = __fdiv_rn(mx, 127.0f);
+  for (int i = lane; i < D; i += 32) {
+    const float v = __uint_as_float(uint32_t{row[i]} << 16);
+    const float x = s > 0.0f ? fminf(127.0f, fmaxf(-127.0f, rintf(__fdiv_rn(v, s)))) : 0.0f;
+    q8[r * D + i] = static_cast<uint8_t>(static_cast<int>(x) + 128);
+  }
+  if (lane == 0) scale[r] = s;
+}
+}  // namespace
+
+cudaError_t quantize_centroids(const uint16_t* centroids_bf16, int64_t rows, int head_dim, uint8_t* q8, float* scale,
+                               cudaStream_t s) {
+  if (rows < 0 || head_dim <= 0 || head_dim % 8 != 0) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  constexpr int kWarps = 8;
+  quantize_centroids_kernel<<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kWarps * 32, 0, s>>>(
+      centroids_bf16, rows, head_dim, q8, scale);
+  return cudaGetLastError();
+}
+
+}  // namespace retroinfer::cuda::detail

@@ -1,0 +1,393 @@
+// Wave-buffer kernels (wave_buffer_kernels.h): store fill, mailbox apply, lookup, selection ring, gather.
+//
+// Row copies: one warp moves a run of rows of K and V, 16-byte chunks with consecutive lanes on
+// consecutive chunks and 4 chunks per lane in flight before the stores (2 KiB per warp per round). For a
+// missed cluster the source is its store block [K rows | V rows], one contiguous run of size * 4 * D
+// bytes, so the zero-copy reads of pinned host memory come in pieces of >= 2 KiB for clusters of >= 4
+// tokens at d = 128 (GPU.md: 51 GB/s at >= 2 KiB pieces, 17 GB/s at 512 B).
+#include <cuda_runtime.h>
+
+#include "kernels/wave_buffer_kernels.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+constexpr int kWarps = 8;  // warps per CTA of the copy kernels
+constexpr int kUnroll = 4;  // 16-byte chunks in flight per lane
+
+// Copies `rows` rows of K and V: chunk q of the run is K row q / CPR for q < rows * CPR, else V row.
+// src(kv, r) / dst(kv, r) give the row pointers (kv: 0 = K, 1 = V).
+template <int D, typename Src, typename Dst>
+__device__ __forceinline__ void warp_copy_rows(int lane, int rows, Src src, Dst dst) {
+  constexpr int kCpr = D / 8;  // 16-byte chunks per row
+  const int half = rows * kCpr, total = 2 * half;
+  for (int base = 0; base < total; base += 32 * kUnroll) {
+    uint4 buf[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int q = base + u * 32 + lane;
+      if (q < total) {
+        const int kv = q >= half ? 1 : 0, qq = q - kv * half;
+        buf[u] = *reinterpret_cast<const uint4*>(src(kv, qq / kCpr) + (qq % kCpr) * 8);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int q = base + u * 32 + lane;
+      if (q < total) {
+        const int kv = q >= half ? 1 : 0, qq = q - kv * half;
+        *reinterpret_cast<uint4*>(dst(kv, qq / kCpr) + (qq % kCpr) * 8) = buf[u];
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ int64_t store_block(const WaveTables& t, int h, int c) {
+  return t.store_at[int64_t{h} * t.num_clusters + c] * 2 * t.head_dim;
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) store_fill_kernel(const StoreFillParams p) {
+  const int h = blockIdx.y, lane = threadIdx.x & 31;
+  const int c = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const WaveTables& t = p.t;
+  if (c >= t.num_clusters) return;
+  const int s = t.sizes[int64_t{h} * t.num_clusters + c];
+  const int64_t o = t.offsets[int64_t{h} * (t.num_clusters + 1) + c];
+  uint16_t* blk = p.store + store_block(t, h, c);
+  const uint32_t* mem = p.members + int64_t{h} * t.n_idx + o;
+  const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
+  const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
+  warp_copy_rows<D>(
+      lane, s,
+      [&](int kv, int r) { return (kv ? vh : kh) + (p.idx_begin + int64_t{mem[r]}) * D; },
+      [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; });
+}
+
+// ---- apply ----
+
+__device__ __forceinline__ uint64_t volatile_load(const uint64_t* x) { return *reinterpret_cast<const volatile uint64_t*>(x); }
+__device__ __forceinline__ int32_t volatile_load(const int32_t* x) { return *reinterpret_cast<const volatile int32_t*>(x); }
+
+__device__ __forceinline__ int32_t ld(const int32_t* x) { return *x; }
+
+__global__ void apply_snapshot_kernel(const WaveApplyParams p) {
+  WaveDeviceState* st = p.state;
+  const buffer::MailboxHeader* mb = p.layout.mailbox(p.region);
+  const uint64_t seq = volatile_load(&mb->seq);
+  st->active = 0;
+  if (seq != st->last_seq) {
+    __threadfence_system();  // the header fields and payload were written before seq (release on the host)
+    const uint64_t src = volatile_load(&mb->src_step);
+    st->active = 1;
+    st->in_time = src + 1 == st->step ? 1 : 0;
+    st->seq = seq;
+    st->num_evictions = volatile_load(&mb->num_evictions);
+    st->num_admissions = volatile_load(&mb->num_admissions);
+    st->num_pages = volatile_load(&mb->num_pages);
+    st->last_seq = seq;
+    // A count beyond the region's capacity would overrun the mirror: apply nothing of it, flag it.
+    if (st->num_evictions < 0 || st->num_evictions > p.layout.max_evictions || st->num_admissions < 0 ||
+        st->num_admissions > p.layout.max_admissions || st->num_pages < 0 || st->num_pages > p.layout.max_admit_pages) {
+      st->num_evictions = st->num_admissions = st->num_pages = 0;
+      st->error |= 4;
+    }
+  }
+}
+
+// Copies the used part of the payload (4-byte words, uncached loads: the host rewrites it between
+// updates) from pinned memory into the device mirror.
+__global__ void apply_fetch_kernel(const WaveApplyParams p) {
+  const WaveDeviceState* st = p.state;
+  if (st->active == 0) return;
+  const int gtid = blockIdx.x * blockDim.x + threadIdx.x, nthreads = gridDim.x * blockDim.x;
+  char* base = static_cast<char*>(p.mirror) - p.layout.evictions_offset;  // mirror as if it were the region
+  const size_t ranges[3][2] = {
+      {p.layout.evictions_offset, sizeof(buffer::MailboxEviction) * size_t(st->num_evictions)},
+      {p.layout.admissions_offset, sizeof(buffer::MailboxAdmission) * size_t(st->num_admissions)},
+      {p.layout.pages_offset, sizeof(int32_t) * size_t(st->num_pages)}};
+  for (int r = 0; r < 3; ++r) {
+    const int32_t* src = reinterpret_cast<const int32_t*>(static_cast<const char*>(p.region) + ranges[r][0]);
+    int32_t* dst = reinterpret_cast<int32_t*>(base + ranges[r][0]);
+    const int64_t words = static_cast<int64_t>(ranges[r][1] / 4);
+    for (int64_t i = gtid; i < words; i += nthreads) dst[i] = __ldcv(src + i);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) apply_kernel(const WaveApplyParams p) {
+  const WaveDeviceState* st = p.state;
+  if (st->active == 0) return;
+  const WaveTables& t = p.t;
+  const int gtid = blockIdx.x * blockDim.x + threadIdx.x, nthreads = gridDim.x * blockDim.x;
+  void* mbase = static_cast<char*>(p.mirror) - p.layout.evictions_offset;
+  const buffer::MailboxEviction* ev = p.layout.evictions(mbase);
+  for (int i = gtid; i < st->num_evictions; i += nthreads) {
+    const int h = ld(&ev[i].head), c = ld(&ev[i].cluster);
+    if (h < 0 || h >= t.num_heads || c < 0 || c >= t.num_clusters) {
+      atomicOr(reinterpret_cast<unsigned long long*>(&p.state->error), 1ull);
+      continue;
+    }
+    t.resident[int64_t{h} * t.num_clusters + c] = 0;
+  }
+  if (st->in_time == 0) return;
+  const buffer::MailboxAdmission* ad = p.layout.admissions(mbase);
+  const int32_t* pages = p.layout.pages(mbase);
+  const int lane = threadIdx.x & 31, gwarp = gtid >> 5, nwarps = nthreads >> 5;
+  for (int i = gwarp; i < st->num_admissions; i += nwarps) {
+    const int h = ld(&ad[i].head), c = ld(&ad[i].cluster);
+    const int row = ld(&ad[i].exec_row), n = ld(&ad[i].num_rows);
+    const int pb = ld(&ad[i].page_begin);
+    const bool ok = h >= 0 && h < t.num_heads && c >= 0 && c < t.num_clusters && row >= 0 && n >= 1 &&
+                    row + int64_t{n} <= t.exec_cap && n == t.sizes[int64_t{h} * t.num_clusters + c] && pb >= 0 &&
+                    pb + (n + t.page_tokens - 1) / t.page_tokens <= st->num_pages;
+    if (!ok) {
+      if (lane == 0) atomicOr(reinterpret_cast<unsigned long long*>(&p.state->error), 2ull);
+      continue;
+    }
+    const int npages = (n + t.page_tokens - 1) / t.page_tokens;
+    bool pages_ok = true;
+    for (int j = 0; j < npages; ++j) {
+      const int pg = ld(&pages[pb + j]);
+      pages_ok = pages_ok && pg >= 0 && pg < t.pages_per_head;
+    }
+    if (!pages_ok) {
+      if (lane == 0) atomicOr(reinterpret_cast<unsigned long long*>(&p.state->error), 2ull);
+      continue;
+    }
+    const uint16_t* ek = t.exec_k + (int64_t{h} * t.exec_cap + row) * D;
+    const uint16_t* evv = t.exec_v + (int64_t{h} * t.exec_cap + row) * D;
+    const int pt = t.page_tokens;
+    uint16_t* ck = t.cache_k + int64_t{h} * t.pages_per_head * pt * D;
+    uint16_t* cv = t.cache_v + int64_t{h} * t.pages_per_head * pt * D;
+    warp_copy_rows<D>(
+        lane, n, [&](int kv, int r) { return (kv ? evv : ek) + int64_t{r} * D; },
+        [&](int kv, int r) {
+          const int pg = ld(&pages[pb + r / pt]);
+          return (kv ? cv : ck) + (int64_t{pg} * pt + r % pt) * D;
+        });
+    const int64_t slot0 = int64_t{h} * t.slot_stride + t.slot_begin[int64_t{h} * (t.num_clusters + 1) + c];
+    for (int j = lane; j < npages; j += 32) t.cluster_pages[slot0 + j] = ld(&pages[pb + j]);
+    if (lane == 0) t.resident[int64_t{h} * t.num_clusters + c] = 1;
+  }
+}
+
+// ---- lookup ----
+
+constexpr int kLookupThreads = 256;
+
+__global__ void __launch_bounds__(kLookupThreads) lookup_kernel(const WaveLookupParams p) {
+  __shared__ int scan_m[kLookupThreads], scan_h[kLookupThreads];
+  __shared__ unsigned long long cnt[4];
+  const int h = blockIdx.x, tid = threadIdx.x, K = p.k;
+  const WaveTables& t = p.t;
+  const int per = (K + kLookupThreads - 1) / kLookupThreads;
+  const int b = tid * per, e = b + per < K ? b + per : K;
+  const int* ids = p.retrieval_ids + int64_t{h} * K;
+  if (tid < 4) cnt[tid] = 0;
+  int miss_rows = 0, hit_rows = 0, miss_n = 0, hit_n = 0;
+  for (int j = b; j < e; ++j) {
+    const int c = ids[j];
+    if (c < 0) continue;
+    const int s = t.sizes[int64_t{h} * t.num_clusters + c];
+    if (t.resident[int64_t{h} * t.num_clusters + c]) hit_rows += s, ++hit_n;
+    else miss_rows += s, ++miss_n;
+  }
+  scan_m[tid] = miss_rows;
+  scan_h[tid] = hit_rows;
+  __syncthreads();
+  for (int off = 1; off < kLookupThreads; off <<= 1) {  // inclusive Hillis-Steele scan
+    const int am = tid >= off ? scan_m[tid - off] : 0, ah = tid >= off ? scan_h[tid - off] : 0;
+    __syncthreads();
+    scan_m[tid] += am;
+    scan_h[tid] += ah;
+    __syncthreads();
+  }
+  const int total_m = scan_m[kLookupThreads - 1], total_h = scan_h[kLookupThreads - 1];
+  int mrow = p.steady_rows + scan_m[tid] - miss_rows;
+  int hrow = p.steady_rows + total_m + scan_h[tid] - hit_rows;
+  for (int j = b; j < e; ++j) {
+    const int c = ids[j];
+    int row = -1;
+    uint8_t hit = 0;
+    if (c >= 0) {
+      const int s = t.sizes[int64_t{h} * t.num_clusters + c];
+      hit = t.resident[int64_t{h} * t.num_clusters + c];
+      if (hit) row = hrow, hrow += s;
+      else row = mrow, mrow += s;
+    }
+    p.seg_row[int64_t{h} * K + j] = row;
+    p.seg_hit[int64_t{h} * K + j] = hit;
+  }
+  atomicAdd(&cnt[0], static_cast<unsigned long long>(hit_n));
+  atomicAdd(&cnt[1], static_cast<unsigned long long>(miss_n));
+  __syncthreads();
+  if (tid == 0) {
+    p.exec_count[h] = p.steady_rows + total_m + total_h;
+    p.counts[int64_t{h} * 4 + 0] = static_cast<int64_t>(cnt[0]);
+    p.counts[int64_t{h} * 4 + 1] = static_cast<int64_t>(cnt[1]);
+    p.counts[int64_t{h} * 4 + 2] = total_h;
+    p.counts[int64_t{h} * 4 + 3] = total_m;
+  }
+}
+
+// ---- ring ----
+
+constexpr int kRingThreads = 1024;
+
+__global__ void __launch_bounds__(kRingThreads) ring_kernel(const WaveRingParams p) {
+  WaveDeviceState* st = p.state;
+  const uint64_t step = st->step;
+  const int slot = static_cast<int>(step % uint64_t(p.layout.ring_slots));
+  buffer::RingSlotHeader* hdr = p.layout.ring_header(p.region, slot);
+  if (threadIdx.x == 0) {
+    if (st->active) {  // ack the update applied at the start of this step
+      buffer::AckRecord* ack = p.layout.ack(p.region);
+      ack->step = step;
+      ack->admitted = st->in_time;
+      __threadfence_system();
+      *reinterpret_cast<volatile uint64_t*>(&ack->seq) = st->seq;
+    }
+    *reinterpret_cast<volatile uint64_t*>(&hdr->begin) = step + 1;
+    __threadfence_system();
+  }
+  __syncthreads();
+  const int K = p.layout.k, ks = p.k_src;
+  const int64_t n = int64_t{p.layout.heads} * K;
+  int32_t* ids = p.layout.ring_ids(p.region, slot);
+  int32_t* rows = p.layout.ring_rows(p.region, slot);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t h = i / K;
+    const int j = static_cast<int>(i - h * K);
+    if (j < ks) {  // the ring may be wider than this step's selection (index updates grow n_r): -1 pad
+      const int64_t x = h * ks + j;
+      ids[i] = p.retrieval_ids[x];
+      rows[i] = p.seg_hit[x] ? -1 : p.seg_row[x];
+    } else {
+      ids[i] = -1;
+      rows[i] = -1;
+    }
+  }
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *reinterpret_cast<volatile uint64_t*>(&hdr->end) = step + 1;
+    st->step = step + 1;
+  }
+}
+
+// ---- gather ----
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherParams p) {
+  const WaveTables& t = p.t;
+  const int h = blockIdx.y, lane = threadIdx.x & 31;
+  const int steady_items = (p.steady_rows + 7) / 8;
+  const int items = steady_items + p.k;
+  uint16_t* xk = t.exec_k + int64_t{h} * t.exec_cap * D;
+  uint16_t* xv = t.exec_v + int64_t{h} * t.exec_cap * D;
+  for (int it = blockIdx.x * kWarps + (threadIdx.x >> 5); it < items; it += gridDim.x * kWarps) {
+    if (it < steady_items) {
+      const int r0 = it * 8, n = p.steady_rows - r0 < 8 ? p.steady_rows - r0 : 8;
+      const uint16_t* sk = p.steady_k + (int64_t{h} * p.steady_cap + r0) * D;
+      const uint16_t* sv = p.steady_v + (int64_t{h} * p.steady_cap + r0) * D;
+      warp_copy_rows<D>(
+          lane, n, [&](int kv, int r) { return (kv ? sv : sk) + int64_t{r} * D; },
+          [&](int kv, int r) { return (kv ? xv : xk) + int64_t{r0 + r} * D; });
+      continue;
+    }
+    const int j = it - steady_items;
+    const int c = p.retrieval_ids[int64_t{h} * p.k + j];
+    if (c < 0) continue;
+    const int s = t.sizes[int64_t{h} * t.num_clusters + c];
+    const int row0 = p.seg_row[int64_t{h} * p.k + j];
+    auto dst = [&](int kv, int r) { return (kv ? xv : xk) + int64_t{row0 + r} * D; };
+    if (p.seg_hit[int64_t{h} * p.k + j]) {
+      const int pt = t.page_tokens;
+      const int* pages = t.cluster_pages + int64_t{h} * t.slot_stride + t.slot_begin[int64_t{h} * (t.num_clusters + 1) + c];
+      const uint16_t* ck = t.cache_k + int64_t{h} * t.pages_per_head * pt * D;
+      const uint16_t* cv = t.cache_v + int64_t{h} * t.pages_per_head * pt * D;
+      warp_copy_rows<D>(
+          lane, s, [&](int kv, int r) { return (kv ? cv : ck) + (int64_t{pages[r / pt]} * pt + r % pt) * D; }, dst);
+    } else {
+      const uint16_t* blk = t.store + store_block(t, h, c);
+      warp_copy_rows<D>(lane, s, [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; }, dst);
+    }
+  }
+}
+
+// ---- row gather ----
+
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) rows_gather_kernel(const RowGatherParams p) {
+  const int h = blockIdx.y, lane = threadIdx.x & 31;
+  const int64_t r = int64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
+  if (r >= p.rows) return;
+  const int64_t src = p.map[int64_t{h} * p.rows + r];
+  const uint16_t* sk = p.src_k + (int64_t{h} * p.src_cap + src) * D;
+  const uint16_t* sv = p.src_v + (int64_t{h} * p.src_cap + src) * D;
+  uint16_t* dk = p.dst_k + (int64_t{h} * p.dst_cap + r) * D;
+  uint16_t* dv = p.dst_v + (int64_t{h} * p.dst_cap + r) * D;
+  warp_copy_rows<D>(
+      lane, 1, [&](int kv, int) { return kv ? sv : sk; }, [&](int kv, int) { return kv ? dv : dk; });
+}
+
+int copy_blocks(int64_t items) {
+  const int64_t b = (items + kWarps - 1) / kWarps;
+  return static_cast<int>(b < 1 ? 1 : b);
+}
+
+}  // namespace
+
+cudaError_t wave_store_fill(const StoreFillParams& p, cudaStream_t s) {
+  const dim3 grid(copy_blocks(p.t.num_clusters), p.t.num_heads);
+  if (p.t.head_dim == 128) store_fill_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
+  else if (p.t.head_dim == 64) store_fill_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t wave_apply(const WaveApplyParams& p, cudaStream_t s) {
+  apply_snapshot_kernel<<<1, 1, 0, s>>>(p);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  apply_fetch_kernel<<<64, 256, 0, s>>>(p);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  // Enough warps for the largest update (one warp per admission), capped at a few waves.
+  const int blocks = copy_blocks(p.layout.max_admissions) < 1024 ? copy_blocks(p.layout.max_admissions) : 1024;
+  if (p.t.head_dim == 128) apply_kernel<128><<<blocks, kWarps * 32, 0, s>>>(p);
+  else if (p.t.head_dim == 64) apply_kernel<64><<<blocks, kWarps * 32, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t wave_lookup(const WaveLookupParams& p, cudaStream_t s) {
+  lookup_kernel<<<p.t.num_heads, kLookupThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t wave_ring(const WaveRingParams& p, cudaStream_t s) {
+  ring_kernel<<<1, kRingThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s) {
+  const int items = (p.steady_rows + 7) / 8 + p.k;
+  const dim3 grid(copy_blocks(items), p.t.num_heads);
+  if (p.t.head_dim == 128) gather_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
+  else if (p.t.head_dim == 64) gather_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+cudaError_t wave_rows_gather(const RowGatherParams& p, cudaStream_t s) {
+  if (p.rows <= 0) return cudaSuccess;
+  const dim3 grid(copy_blocks(p.rows), p.num_heads);
+  if (p.head_dim == 128) rows_gather_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
+  else if (p.head_dim == 64) rows_gather_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
+  else return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+}  // namespace retroinfer::cuda::detail

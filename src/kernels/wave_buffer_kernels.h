@@ -1,0 +1,130 @@
+// Kernels of the wave buffer (wave_buffer_kernels.cu): store fill, update apply, lookup, selection ring,
+// gather. Included only from src/backend/cuda. Launchers validate nothing and return the launch status;
+// wave_buffer.cpp validates and checks.
+//
+// Notation as kernels.h: H flat heads, C clusters per head, D head_dim, K = n_r retrieval clusters per head.
+// Store: cluster c of flat head h (size s_c) is the contiguous block [K rows | V rows] at element
+// store_at[h, c] * 2 * D: K row r at + r * D, V row r at + (s_c + r) * D. At build store_at[h, c] =
+// h * n_idx + o_c (o_c its CSR offset within the head: the prompt's clusters in cluster order, head by
+// head); the clusters of an index update follow in the store's tail (buffer/index_update.h WaveIndexTables). Cache: cache_k / cache_v [H, P, page_tokens, D] bf16. Execution buffer: exec_k /
+// exec_v [H, exec_cap, D] bf16.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/wave_protocol.h"
+
+namespace retroinfer::cuda::detail {
+
+struct WaveTables {
+  int num_heads = 0, head_dim = 0, num_clusters = 0, page_tokens = 0;
+  int64_t n_idx = 0;
+  const int* sizes = nullptr;        // [H, C]
+  const int* offsets = nullptr;      // [H, C + 1] member CSR within the head (from 0 per head): store fill only
+  const int64_t* store_at = nullptr; // [H, C]: first store row of each cluster's block (element * 2 * D)
+  const int* slot_begin = nullptr;   // [H, C + 1]: first page slot of each cluster within the head's slots
+  int64_t slot_stride = 0;           // page slots per head
+  int* cluster_pages = nullptr;      // [H, slot_stride]: cache page of each (cluster, page) while resident
+  uint8_t* resident = nullptr;       // [H, C]
+  int64_t pages_per_head = 0;        // P
+  const uint16_t* store = nullptr;   // cluster blocks at store_at (device or mapped host pointer)
+  uint16_t* cache_k = nullptr;       // [H, P, page_tokens, D]
+  uint16_t* cache_v = nullptr;
+  uint16_t* exec_k = nullptr;        // [H, exec_cap, D]
+  uint16_t* exec_v = nullptr;
+  int64_t exec_cap = 0;
+};
+
+// Fills the store from GPU K/V: for cluster c of head h, row r is K/V row idx_begin + members[h * n_idx +
+// offsets[h, c] + r] of head h (the build: the index's tokens; an index update: the block's rows of the
+// steady zone, with t a view of the block's clusters).
+struct StoreFillParams {
+  WaveTables t;
+  uint16_t* store = nullptr;          // writable view of t.store
+  const uint16_t* k = nullptr;        // [H, kv_stride, D]
+  const uint16_t* v = nullptr;
+  int64_t kv_stride = 0, idx_begin = 0;
+  const uint32_t* members = nullptr;  // [H * n_idx]: index tokens grouped by cluster (absolute CSR)
+};
+cudaError_t wave_store_fill(const StoreFillParams& p, cudaStream_t s);
+
+// Per-step device state of the update protocol.
+struct WaveDeviceState {
+  uint64_t step;          // decode steps of this layer so far (the current step while one runs)
+  uint64_t last_seq;      // last mailbox update applied
+  uint64_t active;        // this step applies an update (snapshot below)
+  uint64_t in_time;       // ... and its admissions (src_step + 1 == step)
+  uint64_t seq;
+  int32_t num_evictions, num_admissions, num_pages, pad;
+  uint64_t error;         // nonzero: a mailbox entry was out of range and skipped (bit 0 eviction, 1 admission)
+};
+
+struct WaveApplyParams {
+  WaveTables t;
+  buffer::WaveProtocolLayout layout;
+  void* region = nullptr;             // device pointer of the mapped protocol region
+  // Device copy of the region's bytes [evictions_offset, ack_offset): the payload is fetched from pinned
+  // memory once, coalesced, instead of field by field over PCIe.
+  void* mirror = nullptr;
+  WaveDeviceState* state = nullptr;   // device
+};
+// Snapshot of the mailbox header (1 thread), payload fetch into the mirror (grid, only the used entries),
+// then evictions and admissions (grid).
+cudaError_t wave_apply(const WaveApplyParams& p, cudaStream_t s);
+
+struct WaveLookupParams {
+  WaveTables t;
+  const int* retrieval_ids = nullptr;  // [H, K] ascending, -1 padded
+  int k = 0;
+  int steady_rows = 0;                 // rows [0, steady_rows) of each head's execution buffer
+  int* seg_row = nullptr;              // [H, K] out: execution-buffer row of the cluster's first token, -1 pad
+  uint8_t* seg_hit = nullptr;          // [H, K] out
+  int* exec_count = nullptr;           // [H] out: rows used
+  int64_t* counts = nullptr;           // [H, 4] out: hit clusters, miss clusters, hit rows, miss rows
+};
+cudaError_t wave_lookup(const WaveLookupParams& p, cudaStream_t s);
+
+// Ack of an applied update, then the step's selection into the ring (seqlock), then step + 1. One block.
+struct WaveRingParams {
+  buffer::WaveProtocolLayout layout;
+  void* region = nullptr;
+  WaveDeviceState* state = nullptr;
+  const int* retrieval_ids = nullptr;  // [H, k_src]
+  const int* seg_row = nullptr;        // [H, k_src]
+  const uint8_t* seg_hit = nullptr;    // [H, k_src]
+  int k_src = 0;                       // retrieval clusters per head this step (<= layout.k; the rest: -1 pad)
+};
+cudaError_t wave_ring(const WaveRingParams& p, cudaStream_t s);
+
+struct WaveGatherParams {
+  WaveTables t;
+  const int* retrieval_ids = nullptr;  // [H, K]
+  const int* seg_row = nullptr;
+  const uint8_t* seg_hit = nullptr;
+  int k = 0;
+  const uint16_t* steady_k = nullptr;  // [H, steady_cap, D]
+  const uint16_t* steady_v = nullptr;
+  int64_t steady_cap = 0;
+  int steady_rows = 0;
+};
+cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s);
+
+// Row gather of K and V (the steady zone's compaction after an index update): dst row r of head h is src
+// row map[h * rows + r] of head h.
+struct RowGatherParams {
+  const uint16_t* src_k = nullptr;  // [H, src_cap, D]
+  const uint16_t* src_v = nullptr;
+  int64_t src_cap = 0;
+  uint16_t* dst_k = nullptr;        // [H, dst_cap, D]
+  uint16_t* dst_v = nullptr;
+  int64_t dst_cap = 0;
+  const int* map = nullptr;         // [H, rows]: source rows, each in [0, src_cap)
+  int64_t rows = 0;
+  int num_heads = 0, head_dim = 0;
+};
+cudaError_t wave_rows_gather(const RowGatherParams& p, cudaStream_t s);
+
+
+}  // namespace retroinfer::cuda::detail

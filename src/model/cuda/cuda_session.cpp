@@ -1,0 +1,361 @@
+// CudaSession: allocation, prefill, decode steps, fork and accessors (the layers are in forward.cpp, the
+// layer-major prefill of sessions with host-tier layers in prefill_layers.cpp, the memory plan and the
+// synthetic fill in session_plan.cpp).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/cuda_check.h"
+#include "kernels/kernels.h"
+#include "kernels/model_kernels.h"
+#include "model/cuda/model_weights.h"
+#include "kernels/prefill_attention_ref.h"
+#include "model/cuda/session_state.h"
+#include "retroinfer/error.h"
+
+namespace retroinfer::cuda {
+namespace {
+
+void check_tokens(std::span<const int32_t> tokens, int64_t vocab, const char* where, int seq) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    RETROINFER_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "CudaSession::", where, ": token id ", tokens[i],
+                     " (sequence ", seq, ", index ", i, ") is outside the vocabulary [0, ", vocab, ")");
+}
+
+}  // namespace
+
+void CudaSession::Impl::decode_step(std::span<const int32_t> tokens) {
+  Impl& im = *this;
+  const ModelConfig& c = im.model.config();
+  RETROINFER_CHECK(im.prefilled, "CudaSession::decode before prefill: run prefill (or fill_synthetic) first");
+  RETROINFER_CHECK(static_cast<int>(tokens.size()) == im.num_seqs, "CudaSession::decode: ", tokens.size(),
+                   " tokens for ", im.num_seqs, " sequences; pass one token per sequence");
+  for (int s = 0; s < im.num_seqs; ++s) {
+    check_tokens(tokens.subspan(s, 1), c.vocab_size, "decode", s);
+    RETROINFER_CHECK(im.pos[s] + 1 <= im.max_context, "CudaSession::decode: sequence ", s, " is full (",
+                     im.max_context, " tokens, the session's max_context); create the session with a longer context");
+  }
+  const int64_t half = c.head_dim / 2;
+  im.staging->wait();
+  for (int s = 0; s < im.num_seqs; ++s) {
+    im.staging->tokens[s] = tokens[s];
+    im.staging->seq[s] = s;
+    im.staging->pos[s] = static_cast<int32_t>(im.pos[s]);
+    // As the CPU runner: a decode step at position p uses the frequencies for sequence length p + 1.
+    ::retroinfer::model::rope_table(im.frequencies(im.pos[s] + 1), im.pos[s], 1, im.staging->cos + s * half,
+                      im.staging->sin + s * half);
+  }
+  im.upload_rows(im.num_seqs);
+  im.last_stats = AttentionStats{};
+  im.exact_stats_pending = true;
+  im.exact_stats_valid = false;
+  im.recording = im.timing;
+  im.record_event(0);
+  try {
+    // Graphs from the second step after a (re)fill on: the first settles whatever the products tune lazily.
+    const bool graphs = im.graphs_wanted && !im.graphs_failed && !im.recording && im.eager_decode_steps >= 1 &&
+                        (!im.graph_exec.empty() || im.capture_decode_graphs());
+    if (graphs) {
+      im.decode_forward_graphs();
+    } else {
+      im.forward(im.num_seqs, true, 0, 0);
+      im.lm_head(0, im.num_seqs);
+      ++im.eager_decode_steps;
+    }
+  } catch (...) {
+    im.recording = false;
+    throw;
+  }
+  im.record_event(1);
+  im.recording = false;
+  for (auto& p : im.pos) ++p;
+}
+
+void CudaSession::Impl::collect_timing() {
+  Impl& im = *this;
+  im.last_ms.clear();
+  if (!im.timing) return;
+  auto ms = [&](int a, int b) {
+    float t = 0.0f;
+    RETROINFER_CUDA_CHECK(cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(im.events[a]),
+                                               static_cast<cudaEvent_t>(im.events[b])));
+    return t;
+  };
+  float attention = 0.0f;
+  for (int l = 0; l < im.model.config().num_layers; ++l) attention += ms(2 + 2 * l, 3 + 2 * l);
+  const float total = ms(0, 1);
+  im.last_ms = {{"attention", attention}, {"other", total - attention}};
+}
+
+OwnedStream::OwnedStream() {
+  cudaStream_t st = nullptr;
+  RETROINFER_CUDA_CHECK(cudaStreamCreate(&st));
+  stream = st;
+}
+
+OwnedStream::~OwnedStream() {
+  if (stream != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // no throw from a destructor
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+  }
+}
+
+CudaSession::Impl::~Impl() {
+  if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // before freeing anything
+  for (void* e : events) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  drop_decode_graphs();
+}
+
+CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, int num_seqs)
+    : impl_(new Impl(model, opt, num_seqs)) {
+  Impl& im = *impl_;
+  const ModelConfig& c = model.config();
+  validate(opt.attention);
+  im.plan = plan(c, opt, num_seqs, model.weight_bytes());  // throws when it does not fit
+  im.max_context = im.plan.max_context;
+  im.shape = AttentionShape{c.num_heads_q, c.num_heads_kv, c.head_dim};
+  RETROINFER_CHECK(c.head_dim % 2 == 0 && c.head_dim <= model::kRefMaxHeadDim, "CudaSession: head_dim ",
+                   c.head_dim, " is not supported (even, <= ", model::kRefMaxHeadDim, ")");
+  RETROINFER_CHECK(im.max_context < (int64_t{1} << 31), "CudaSession: max_context ", im.max_context,
+                   " exceeds the 2^31 positions the kernels index");
+
+  im.rows_cap = session_rows(opt, im.max_context, num_seqs);
+  im.logit_rows = session_logit_rows(im.rows_cap, num_seqs);
+  const int64_t d = c.head_dim;
+  const int group = c.num_heads_q / c.num_heads_kv;
+  if ((d == 64 || d == 128) && group <= detail::kMaxGroup) im.prefill_attention.emplace(im.shape);
+
+  // K/V for the GPU-tier layers; one staging layer for the host-tier ones (the plan counts both).
+  RETROINFER_CHECK(im.plan.gpu_layers >= 0 && im.plan.gpu_layers <= c.num_layers, "CudaSession: the plan placed ",
+                   im.plan.gpu_layers, " of ", c.num_layers, " layers on the GPU");
+  const size_t kv_bytes = static_cast<size_t>(num_seqs) * im.seq_elems() * 2;
+  for (int l = 0; l < im.plan.gpu_layers; ++l) {
+    im.k.emplace_back(kv_bytes);
+    im.v.emplace_back(kv_bytes);
+  }
+  if (im.any_host_tier()) {
+    im.stage_k = DeviceBuffer(kv_bytes);
+    im.stage_v = DeviceBuffer(kv_bytes);
+  }
+  im.allocate_activations();
+  im.pos.assign(num_seqs, 0);
+  im.tune_decode_gemms();
+  // RETROINFER_CUDA_SYNC=1 synchronises after every launch, which a stream capture forbids.
+  im.graphs_wanted = opt.decode_graphs && detail::env_switch("RETROINFER_DECODE_GRAPHS", true) &&
+                     !detail::sync_after_launch();
+}
+
+bool CudaSession::decode_graphs_active() const { return !impl_->graph_exec.empty(); }
+
+CudaSession::~CudaSession() = default;
+
+std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>& prompts, bool all_logits,
+                                        const PrefillProgress& progress) {
+  Impl& im = *impl_;
+  const ModelConfig& c = im.model.config();
+  RETROINFER_CHECK(!im.prefilled, "CudaSession::prefill may run only once per session");
+  RETROINFER_CHECK(static_cast<int>(prompts.size()) == im.num_seqs, "CudaSession::prefill: ", prompts.size(),
+                   " prompts for a session of ", im.num_seqs, " sequences");
+  RETROINFER_CHECK(!all_logits || im.num_seqs == 1, "CudaSession::prefill: all_logits needs num_seqs == 1, got ",
+                   im.num_seqs);
+  int64_t total = 0;
+  for (int s = 0; s < im.num_seqs; ++s) {
+    const int64_t n = static_cast<int64_t>(prompts[s].size());
+    RETROINFER_CHECK(n >= 1, "CudaSession::prefill: prompt ", s, " is empty; prefill needs at least one token");
+    RETROINFER_CHECK(n <= im.max_context, "CudaSession::prefill: prompt ", s, " has ", n,
+                     " tokens but the session holds at most ", im.max_context,
+                     " per sequence; shorten the prompt or raise max_context");
+    check_tokens(prompts[s], c.vocab_size, "prefill", s);
+    im.check_host_tier_length(n, "prefill");
+    total += n;
+  }
+  if (im.any_host_tier()) {  // host-tier layers need their whole K/V at once: layer-major
+    std::vector<float> out = im.prefill_layer_major(prompts, all_logits, progress);
+    im.prefilled = true;
+  im.drop_decode_graphs();  // a (re)fill may have reallocated buffers the graphs captured
+    return out;
+  }
+  const int64_t vocab = c.vocab_size;
+  auto st = static_cast<cudaStream_t>(im.stream);
+  std::vector<float> out(static_cast<size_t>((all_logits ? total : im.num_seqs) * vocab));
+  int64_t done = 0;
+  for (int s = 0; s < im.num_seqs; ++s) {
+    const std::vector<int32_t>& p = prompts[s];
+    const int64_t n = static_cast<int64_t>(p.size());
+    for (int64_t start = 0; start < n; start += im.opt.prefill_chunk) {
+      const int64_t m = std::min<int64_t>(im.opt.prefill_chunk, n - start);
+      im.staging->wait();
+      for (int64_t i = 0; i < m; ++i) {
+        im.staging->tokens[i] = p[start + i];
+        im.staging->seq[i] = s;
+        im.staging->pos[i] = static_cast<int32_t>(start + i);
+      }
+      // As the CPU runner: prefill uses the frequencies for the whole prompt's length (dynamic RoPE).
+      ::retroinfer::model::rope_table(im.frequencies(n), start, m, im.staging->cos, im.staging->sin);
+      im.upload_rows(m);
+      im.forward(m, false, s, start);
+      if (all_logits) {
+        for (int64_t b0 = 0; b0 < m; b0 += im.logit_rows) {
+          const int64_t cnt = std::min(im.logit_rows, m - b0);
+          im.lm_head(b0, cnt);
+          RETROINFER_CUDA_CHECK(cudaMemcpyAsync(out.data() + (start + b0) * vocab, im.a.logits.data(),
+                                                cnt * vocab * 4, cudaMemcpyDeviceToHost, st));
+          synchronize(im.stream);
+        }
+      } else if (start + m == n) {
+        im.lm_head(m - 1, 1);
+        RETROINFER_CUDA_CHECK(cudaMemcpyAsync(out.data() + s * vocab, im.a.logits.data(), vocab * 4,
+                                              cudaMemcpyDeviceToHost, st));
+      }
+      done += m;
+      if (progress) {
+        synchronize(im.stream);
+        progress(done, total);
+      }
+    }
+    im.pos[s] = n;
+  }
+  im.build_attention();
+  synchronize(im.stream);
+  im.prefilled = true;
+  im.drop_decode_graphs();  // a (re)fill may have reallocated buffers the graphs captured
+  return out;
+}
+
+void CudaSession::Impl::make_attention() {
+  attn.clear();
+  const int L = num_layers();
+  attn_per_seq = std::any_of(pos.begin(), pos.end(), [&](int64_t p) { return p != pos[0]; });
+  auto tier = [&](int l) { return host_tier(l) ? KvTier::kHost : KvTier::kGpu; };
+  if (!attn_per_seq) {
+    for (int l = 0; l < L; ++l)
+      attn.push_back(make_layer_attention(shape, opt.attention, num_seqs, max_context, tier(l), opt.wave));
+  } else {
+    for (int s = 0; s < num_seqs; ++s)
+      for (int l = 0; l < L; ++l)
+        attn.push_back(make_layer_attention(shape, opt.attention, 1, max_context, tier(l), opt.wave));
+  }
+}
+
+void CudaSession::Impl::attention_prefill_done(int l) {
+  const int L = num_layers();
+  RETROINFER_CHECK(static_cast<int64_t>(attn.size()) == (attn_per_seq ? int64_t{num_seqs} * L : L),
+                   "CudaSession: attention objects missing for layer ", l);
+  if (!attn_per_seq) {
+    attn[static_cast<size_t>(l)]->prefill_done(prefill_k(l), prefill_v(l), pos[0], max_context, stream);
+  } else {
+    for (int s = 0; s < num_seqs; ++s)
+      attn[static_cast<size_t>(s) * L + l]->prefill_done(prefill_k(l) + s * seq_elems(), prefill_v(l) + s * seq_elems(),
+                                                         pos[s], max_context, stream);
+  }
+  // A host-tier layer has copied the staging buffer when prefill_done returns (its build is synchronous);
+  // the sync also orders a GPU-tier index build before whatever the caller does next.
+  synchronize(stream);
+}
+
+void CudaSession::Impl::build_attention() {
+  make_attention();
+  for (int l = 0; l < num_layers(); ++l) attention_prefill_done(l);
+}
+
+void CudaSession::decode(std::span<const int32_t> tokens, std::span<float> logits) {
+  Impl& im = *impl_;
+  const int64_t vocab = im.model.config().vocab_size;
+  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == im.num_seqs * vocab, "CudaSession::decode: logits span of ",
+                   logits.size(), " floats, expected num_seqs * vocab = ", im.num_seqs * vocab);
+  im.decode_step(tokens);
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(logits.data(), im.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost,
+                                        static_cast<cudaStream_t>(im.stream)));
+  synchronize(im.stream);
+  im.collect_timing();
+}
+
+void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32_t> next) {
+  Impl& im = *impl_;
+  RETROINFER_CHECK(static_cast<int>(next.size()) == im.num_seqs, "CudaSession::decode_greedy: next span of ",
+                   next.size(), " tokens, expected num_seqs = ", im.num_seqs);
+  im.decode_step(tokens);
+  auto st = static_cast<cudaStream_t>(im.stream);
+  model::ArgmaxParams p;
+  p.logits = im.a.logits.as<float>();
+  p.next = im.a.next.as<int32_t>();
+  p.rows = im.num_seqs;
+  p.vocab = im.model.config().vocab_size;
+  detail::launch_check(model::argmax_rows(p, st), "argmax_rows", st);
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(next.data(), im.a.next.data(), next.size() * 4, cudaMemcpyDeviceToHost, st));
+  synchronize(im.stream);
+  im.collect_timing();
+  for (size_t s = 0; s < next.size(); ++s)
+    RETROINFER_CHECK(next[s] >= 0, "CudaSession::decode_greedy: every logit of sequence ", s,
+                     " is NaN; the forward pass diverged");
+}
+
+std::unique_ptr<CudaSession> CudaSession::fork(const AttentionConfig& attention) const {
+  const Impl& im = *impl_;
+  RETROINFER_CHECK(im.prefilled, "CudaSession::fork needs a prefilled session");
+  RETROINFER_CHECK(!im.any_host_tier(), "CudaSession::fork: ", im.num_layers() - im.plan.gpu_layers,
+                   " layer(s) of this session keep their KV in host memory (wave buffer), which fork cannot copy; "
+                   "fork a session with every layer on the GPU (placement gpu)");
+  CudaSessionOptions o = im.opt;
+  o.attention = attention;
+  o.max_context = im.max_context;
+  o.placement = KvPlacement::kGpu;  // as this session (kAuto could re-plan a split with less memory free now)
+  auto f = std::make_unique<CudaSession>(im.model, o, im.num_seqs);
+  Impl& fi = *f->impl_;
+  auto st = static_cast<cudaStream_t>(fi.stream);
+  for (size_t l = 0; l < im.k.size(); ++l) {
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(fi.k[l].data(), im.k[l].data(), im.k[l].bytes(), cudaMemcpyDeviceToDevice, st));
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(fi.v[l].data(), im.v[l].data(), im.v[l].bytes(), cudaMemcpyDeviceToDevice, st));
+  }
+  fi.pos = im.pos;
+  fi.build_attention();
+  fi.prefilled = true;
+  fi.drop_decode_graphs();
+  return f;
+}
+
+int CudaSession::num_seqs() const { return impl_->num_seqs; }
+std::vector<int64_t> CudaSession::positions() const { return impl_->pos; }
+int64_t CudaSession::max_context() const { return impl_->max_context; }
+const CudaSessionPlan& CudaSession::memory_plan() const { return impl_->plan; }
+const CudaSessionOptions& CudaSession::options() const { return impl_->opt; }
+const CudaModel& CudaSession::model() const { return impl_->model; }
+const AttentionStats& CudaSession::last_stats() const {
+  Impl& im = *impl_;
+  if (im.opt.exact_stats && im.exact_stats_pending) {
+    synchronize(im.stream);
+    AttentionStats sum;
+    for (auto& la : im.attn) sum += la->exact_stats();
+    im.exact_last_stats = sum;
+    im.exact_stats_pending = false;
+    im.exact_stats_valid = true;
+  }
+  return im.exact_stats_valid ? im.exact_last_stats : im.last_stats;
+}
+
+void CudaSession::set_step_timing(bool on) {
+  Impl& im = *impl_;
+  if (on && im.events.empty()) {
+    const int n = 2 + 2 * im.model.config().num_layers;
+    for (int i = 0; i < n; ++i) {
+      cudaEvent_t e = nullptr;
+      RETROINFER_CUDA_CHECK(cudaEventCreate(&e));
+      im.events.push_back(e);
+    }
+  }
+  im.timing = on;
+  im.last_ms.clear();
+}
+
+std::vector<std::pair<std::string, float>> CudaSession::last_step_ms() const { return impl_->last_ms; }
+
+CudaWaveCounts CudaSession::last_wave_counts() {
+  Impl& im = *impl_;
+  CudaWaveCounts r;
+  synchronize(im.stream);
+  for (auto& la : im.attn)
+    if (la->add_wave_counts(r.step, r.totals)) ++r.objects;
+  return r;
+}
+
+}  // namespace retroinfer::cuda
