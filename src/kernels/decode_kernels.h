@@ -215,4 +215,20 @@ struct CombineParams {
 };
 cudaError_t combine_states(const CombineParams& p, cudaStream_t s);
 
+
+// Splits of a token range over CTAs: enough CTAs for ~`waves` full waves of the chip (decode_ctas_per_sm()
+// CTAs of the decode kernel fit on one multiprocessor by shared memory), each split a multiple of a CTA's
+// tile round.
+inline int decode_splits(int64_t tokens, int num_heads, int waves) {
+  const int64_t round = int64_t{kDecodeTile} * kDecodeWarps;
+  const int64_t want = int64_t{decode_ctas_per_sm()} * sm_count() * waves / num_heads;  // floor: no partial extra wave
+  const int64_t most = ceil_div(tokens, round);
+  const int64_t s = want < most ? want : most;
+  return static_cast<int>(s > 0 ? s : 1);
+}
+inline int64_t split_tokens(int64_t tokens, int splits) {
+  const int64_t round = int64_t{kDecodeTile} * kDecodeWarps;
+  return ceil_div(ceil_div(tokens, splits), round) * round;
+}
+
 }  // namespace retroinfer::cuda::detail

@@ -15,16 +15,7 @@ namespace retroinfer::cuda::detail {
 
 // sm_count, validate_layer_shape, validate_kv, effective_scale, ceil_div: kernels/kernel_common.h.
 
-// Splits of a token range over CTAs: enough CTAs for ~`waves` full waves of the chip (decode_ctas_per_sm()
-// CTAs of the decode kernel fit on one multiprocessor by shared memory), each split a multiple of a CTA's
-// tile round.
-inline int decode_splits(int64_t tokens, int num_heads, int waves) {
-  const int64_t round = int64_t{kDecodeTile} * kDecodeWarps;
-  const int64_t want = int64_t{decode_ctas_per_sm()} * sm_count() * waves / num_heads;  // floor: no partial extra wave
-  const int64_t most = ceil_div(tokens, round);
-  const int64_t s = want < most ? want : most;
-  return static_cast<int>(s > 0 ? s : 1);
-}
+// decode_splits, split_tokens: kernels/decode_kernels.h.
 // The exact grid of the indexed layers (RetroLayer, WaveBufferLayer: one rule, so that a wave buffer whose cache
 // holds everything gives the index's output bit for bit): decode_splits capped at kExactCtasPerSm CTAs per
 // multiprocessor over all heads, so that the estimation CTAs run beside the exact ones instead of after them
@@ -33,10 +24,6 @@ inline int decode_splits(int64_t tokens, int num_heads, int waves) {
 // overrides it (read once; anything else is ignored).
 inline constexpr int kExactCtasPerSm = 2;
 int exact_splits(int64_t list_tokens, int num_heads);
-inline int64_t split_tokens(int64_t tokens, int splits) {
-  const int64_t round = int64_t{kDecodeTile} * kDecodeWarps;
-  return ceil_div(ceil_div(tokens, splits), round) * round;
-}
 
 // Zone budgets of the wave index for C clusters (index/wave_index.h zone_budget: ceil with a 1e-9 slack,
 // retrieval at least 1 when its fraction is > 0; estimation capped by what remains, 0 when cfg.estimation
