@@ -271,6 +271,59 @@ void axpy(float a, const float* x, float* y, int d) {
   for (int i = 0; i < d; ++i) y[i] += a * x[i];
 }
 
+// The decode queries of every step (out.queries), from the heads' directions and the topic centres the keys
+// pass at decode positions and recall positions.
+void write_queries(const SyntheticConfig& c, const std::vector<HeadDirections>& dirs,
+                   const std::vector<std::vector<float>>& centre_at_step,
+                   const std::vector<std::vector<float>>& centre_recall, const std::vector<double>& freqs,
+                   SyntheticData& out) {
+  const int d = c.head_dim, hkv = c.num_heads_kv, group = c.num_heads_q / c.num_heads_kv, half = d / 2;
+  const int64_t ctx = c.context_tokens;
+  const double sqrt_d = std::sqrt(static_cast<double>(d));
+  // Queries. Amplitudes turn logit targets into norms: a component a_q * u in the query against
+  // a_k * u in a key adds a_q * a_k / sqrt(d) to the scaled logit.
+  const double key_rms = std::sqrt(c.key_bias_norm * c.key_bias_norm + c.topic_key_norm * c.topic_key_norm +
+                                   c.word_key_norm * c.word_key_norm + c.local_key_norm * c.local_key_norm +
+                                   d * c.key_noise * c.key_noise);
+  const double a_topic = c.topic_logit * sqrt_d / c.topic_key_norm;
+  const double a_recall = c.recall_logit * sqrt_d / c.topic_key_norm;
+  const double a_needle = c.needle_logit * sqrt_d / c.needle_key_norm;
+  const double a_local = c.local_logit * sqrt_d / c.local_key_norm;
+  const double a_sink = c.sink_logit * sqrt_d / c.sink_key_norm;
+  const double q_noise = c.query_noise_logit * sqrt_d / key_rms;  // logit std = q_noise * |k| / sqrt(d)
+  const double rho = 1.0 - c.query_drift, innov = std::sqrt(1.0 - rho * rho);
+  for (int h = 0; h < hkv; ++h) {
+    Rng r(stream_seed(c.seed, 3000 + h));
+    const HeadDirections& hd = dirs[h];
+    for (int j = 0; j < group; ++j) {
+      // Per-head gains, log-normal with mean 1.
+      auto gain = [&] { return std::exp(c.head_spread * r.normal() - 0.5 * c.head_spread * c.head_spread); };
+      const double g_sink = gain(), g_topic = gain(), g_recall = gain(), g_needle = gain();
+      std::vector<double> n(d), w(c.num_needles);
+      for (auto& x : n) x = r.normal();
+      for (auto& x : w) x = r.normal();
+      for (int s = 0; s < c.decode_steps; ++s) {
+        if (s > 0) {
+          for (auto& x : n) x = rho * x + innov * r.normal();
+          for (auto& x : w) x = rho * x + innov * r.normal();
+        }
+        float* q = &out.queries[(static_cast<size_t>(s) * c.num_heads_q + static_cast<size_t>(h) * group + j) * d];
+        for (int x = 0; x < d; ++x) q[x] = static_cast<float>(q_noise * n[x]);
+        q[half - 1] = q[d - 1] = 0.0f;  // the sink pair carries only the sink part
+        axpy(static_cast<float>(g_topic * a_topic), &centre_at_step[h][static_cast<size_t>(s) * d], q, d);
+        for (int k = 0; k < c.recall_topics; ++k)
+          axpy(static_cast<float>(g_recall * a_recall), &centre_recall[h][static_cast<size_t>(k) * d], q, d);
+        for (int k = 0; k < c.num_needles; ++k)  // needle weight 1 +- 0.3, drifting with the steps
+          axpy(static_cast<float>(g_needle * a_needle * std::max(0.0, 1.0 + 0.3 * w[k])),
+               &hd.needle[static_cast<size_t>(k) * d], q, d);
+        axpy(static_cast<float>(a_local), hd.local.data(), q, d);
+        axpy(static_cast<float>(g_sink * a_sink), hd.sink.data(), q, d);
+        apply_rope(q, ctx + s, freqs);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 SyntheticData generate_synthetic(const SyntheticConfig& c, KvCache& kv) {
@@ -278,9 +331,8 @@ SyntheticData generate_synthetic(const SyntheticConfig& c, KvCache& kv) {
   RETROINFER_CHECK(kv.size() == 0 && kv.num_heads_kv() == c.num_heads_kv && kv.head_dim() == c.head_dim,
                    "synthetic: the KV cache must be empty with ", c.num_heads_kv, " heads of dim ", c.head_dim,
                    ", got ", kv.size(), " tokens of ", kv.num_heads_kv(), " heads of dim ", kv.head_dim());
-  const int d = c.head_dim, hkv = c.num_heads_kv, group = c.num_heads_q / c.num_heads_kv;
+  const int d = c.head_dim, hkv = c.num_heads_kv;
   const int64_t ctx = c.context_tokens, total = ctx + c.decode_steps;
-  const double sqrt_d = std::sqrt(static_cast<double>(d));
   const std::vector<double> freqs = rope_freqs(c);
 
   Rng text_rng(stream_seed(c.seed, 1));
@@ -384,48 +436,7 @@ SyntheticData generate_synthetic(const SyntheticConfig& c, KvCache& kv) {
     if (n_ctx > 0) kv.append(kbuf.data(), vbuf.data(), n_ctx);
   }
 
-  // Queries. Amplitudes turn logit targets into norms: a component a_q * u in the query against
-  // a_k * u in a key adds a_q * a_k / sqrt(d) to the scaled logit.
-  const double key_rms = std::sqrt(c.key_bias_norm * c.key_bias_norm + c.topic_key_norm * c.topic_key_norm +
-                                   c.word_key_norm * c.word_key_norm + c.local_key_norm * c.local_key_norm +
-                                   d * c.key_noise * c.key_noise);
-  const double a_topic = c.topic_logit * sqrt_d / c.topic_key_norm;
-  const double a_recall = c.recall_logit * sqrt_d / c.topic_key_norm;
-  const double a_needle = c.needle_logit * sqrt_d / c.needle_key_norm;
-  const double a_local = c.local_logit * sqrt_d / c.local_key_norm;
-  const double a_sink = c.sink_logit * sqrt_d / c.sink_key_norm;
-  const double q_noise = c.query_noise_logit * sqrt_d / key_rms;  // logit std = q_noise * |k| / sqrt(d)
-  const double rho = 1.0 - c.query_drift, innov = std::sqrt(1.0 - rho * rho);
-  for (int h = 0; h < hkv; ++h) {
-    Rng r(stream_seed(c.seed, 3000 + h));
-    const HeadDirections& hd = dirs[h];
-    for (int j = 0; j < group; ++j) {
-      // Per-head gains, log-normal with mean 1.
-      auto gain = [&] { return std::exp(c.head_spread * r.normal() - 0.5 * c.head_spread * c.head_spread); };
-      const double g_sink = gain(), g_topic = gain(), g_recall = gain(), g_needle = gain();
-      std::vector<double> n(d), w(c.num_needles);
-      for (auto& x : n) x = r.normal();
-      for (auto& x : w) x = r.normal();
-      for (int s = 0; s < c.decode_steps; ++s) {
-        if (s > 0) {
-          for (auto& x : n) x = rho * x + innov * r.normal();
-          for (auto& x : w) x = rho * x + innov * r.normal();
-        }
-        float* q = &out.queries[(static_cast<size_t>(s) * c.num_heads_q + static_cast<size_t>(h) * group + j) * d];
-        for (int x = 0; x < d; ++x) q[x] = static_cast<float>(q_noise * n[x]);
-        q[half - 1] = q[d - 1] = 0.0f;  // the sink pair carries only the sink part
-        axpy(static_cast<float>(g_topic * a_topic), &centre_at_step[h][static_cast<size_t>(s) * d], q, d);
-        for (int k = 0; k < c.recall_topics; ++k)
-          axpy(static_cast<float>(g_recall * a_recall), &centre_recall[h][static_cast<size_t>(k) * d], q, d);
-        for (int k = 0; k < c.num_needles; ++k)  // needle weight 1 +- 0.3, drifting with the steps
-          axpy(static_cast<float>(g_needle * a_needle * std::max(0.0, 1.0 + 0.3 * w[k])),
-               &hd.needle[static_cast<size_t>(k) * d], q, d);
-        axpy(static_cast<float>(a_local), hd.local.data(), q, d);
-        axpy(static_cast<float>(g_sink * a_sink), hd.sink.data(), q, d);
-        apply_rope(q, ctx + s, freqs);
-      }
-    }
-  }
+  write_queries(c, dirs, centre_at_step, centre_recall, freqs, out);
   return out;
 }
 

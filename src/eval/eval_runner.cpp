@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -219,27 +220,29 @@ TokenCounter token_counter(const Tokenizer& tok) {
   return [&tok](std::string_view p) { return static_cast<int64_t>(tok.encode(p, false, true).size()); };
 }
 
-int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt,
-                 EvalRunStats* stats) {
-  validate(opt);
-  const auto t_run = std::chrono::steady_clock::now();
-  const auto say = [&](const std::string& s) {
-    if (opt.progress) opt.progress(s);
-  };
-  const std::string device(device_name(model.device()));
+namespace {
+
+// What a results file already holds: the lines done, each sample's prompt hash and retro's exact-token count
+// (the matched baselines' budget). Checks the file was made on this device and cuts off a truncated last line
+// left by an interrupted run.
+struct ResumeState {
+  std::set<std::string> done;                      // result keys (task|context|index|method) already written
+  std::map<std::string, std::string> old_hash;     // task|context|index -> prompt hash
+  std::map<std::string, double> old_retro_exact;   // task|context|index -> retro's exact tokens per head
+};
+
+ResumeState load_resume_state(const EvalOptions& opt, const std::string& device,
+                              const std::function<void(const std::string&)>& say) {
   const std::vector<nlohmann::json> old = load_results(opt.results_path);
-  std::set<std::string> done = result_keys(old);
-  std::map<std::string, std::string> old_hash;  // task|context|index -> prompt hash
-  std::map<std::string, double> old_retro_exact;  // task|context|index -> retro's exact tokens per head
-  const bool matched = opt.baseline_budget == BaselineBudget::kMatched;
-  const std::vector<std::string> methods = matched ? matched_order(opt.methods) : opt.methods;
+  ResumeState rs;
+  rs.done = result_keys(old);
   for (size_t i = 0; i < old.size(); ++i) {
     const nlohmann::json& j = old[i];
     if (j.at("method") == "retro" && j.contains("exact_tokens_per_head"))
-      old_retro_exact[result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(),
+      rs.old_retro_exact[result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(),
                                  j.at("index").get<int>(), "")] = j.at("exact_tokens_per_head").get<double>();
     if (j.contains("prompt_hash"))
-      old_hash[result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(), j.at("index").get<int>(), "")] =
+      rs.old_hash[result_key(j.at("task").get<std::string>(), j.at("context").get<int64_t>(), j.at("index").get<int>(), "")] =
           j.at("prompt_hash").get<std::string>();
     // Lines written before the device field existed came from the CPU runner.
     const std::string d = j.contains("device") ? j.at("device").get<std::string>() : "cpu";
@@ -259,6 +262,23 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
       say("dropped an incomplete last line of " + opt.results_path + " (interrupted write)");
     }
   }
+  return rs;
+}
+
+}  // namespace
+
+int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGenerator& gen, const EvalOptions& opt,
+                 EvalRunStats* stats) {
+  validate(opt);
+  const auto t_run = std::chrono::steady_clock::now();
+  const auto say = [&](const std::string& s) {
+    if (opt.progress) opt.progress(s);
+  };
+  const std::string device(device_name(model.device()));
+  ResumeState rs = load_resume_state(opt, device, say);
+  std::set<std::string>& done = rs.done;
+  const bool matched = opt.baseline_budget == BaselineBudget::kMatched;
+  const std::vector<std::string> methods = matched ? matched_order(opt.methods) : opt.methods;
   std::ofstream out(opt.results_path, std::ios::app | std::ios::binary);
   RETROINFER_CHECK(out.good(), "eval: cannot append to '", opt.results_path, "'");
   const std::vector<int32_t> eos = end_of_generation_ids(model.config(), &tok);
@@ -286,8 +306,8 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
         }
         const auto t_sample = std::chrono::steady_clock::now();
         const TaskSample s = gen.make(task, ctx, i);
-        const auto h = old_hash.find(result_key(task, ctx, i, ""));
-        RETROINFER_CHECK(h == old_hash.end() || h->second == hex_hash(s.prompt), "eval: sample ", task, " ", ctx,
+        const auto h = rs.old_hash.find(result_key(task, ctx, i, ""));
+        RETROINFER_CHECK(h == rs.old_hash.end() || h->second == hex_hash(s.prompt), "eval: sample ", task, " ", ctx,
                          " #", i, " differs from the one in '", opt.results_path,
                          "' (another seed, tokenizer or version?); use a new results file");
         const std::vector<int32_t> ids = tok.encode(s.prompt, false, true);
@@ -309,8 +329,8 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
         const int32_t first = argmax(logits);
         std::string line_scores;
         // Matched budgets: retro's exact-token count on this sample (run just before, or resumed).
-        const auto old_retro = old_retro_exact.find(result_key(task, ctx, i, ""));
-        double retro_exact = old_retro != old_retro_exact.end() ? old_retro->second : -1.0;
+        const auto old_retro = rs.old_retro_exact.find(result_key(task, ctx, i, ""));
+        double retro_exact = old_retro != rs.old_retro_exact.end() ? old_retro->second : -1.0;
         for (const auto& m : todo) {
           const auto t1 = std::chrono::steady_clock::now();
           AttentionConfig cfg = method_config(m, opt.attention);

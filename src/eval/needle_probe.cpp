@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <memory>
 
@@ -244,6 +245,186 @@ nlohmann::json coverage_json(const HeadCoverage& c, double head_steps) {
           {"mass_retro_estimation", c.mass_retro_est / hs}};
 }
 
+// What one probed sample gives every variant: the prompt's KV (in `base`), the needle's tokens and full
+// attention's greedy answer, which the variants are teacher-forced to predict.
+struct ProbeSample {
+  std::vector<int64_t> needle;    // token positions of the needle's value
+  std::vector<int32_t> answer;    // full's greedy tokens (answer[0] from the prefill)
+  double full_nll = 0.0;          // full's NLL of answer[1..]
+};
+
+// Full attention's greedy answer from base's prefill logits, stopped at an end token, max_steps, or once every
+// reference is in the text; records the sample's summary into `samples`.
+ProbeSample full_answer(const Session& base, const Tokenizer& tok, const TaskSample& s, const NeedleProbeOptions& opt,
+                        std::vector<float>& logits, int64_t nb, int64_t ne, size_t prompt_tokens, int idx,
+                        nlohmann::json& samples, const std::function<void(const std::string&)>& say) {
+  ProbeSample ps;
+  for (int64_t t = nb; t < ne; ++t) ps.needle.push_back(t);
+  auto has_all = [&](const std::string& text) {
+    return std::all_of(s.references.begin(), s.references.end(),
+                       [&](const std::string& r) { return text.find(r) != std::string::npos; });
+  };
+  ps.answer = {argmax(logits)};
+  AttentionConfig full_cfg = opt.attention;
+  full_cfg.kind = AttentionKind::kFull;
+  std::unique_ptr<Session> full = base.fork(full_cfg);
+  std::string text;
+  for (int i = 0; i + 1 < opt.max_steps && !tok.is_eog(ps.answer.back()); ++i) {
+    text = tok.decode(ps.answer, true);
+    if (has_all(text)) break;
+    full->decode(ps.answer.back(), logits);
+    ps.answer.push_back(argmax(logits));
+    ps.full_nll -= log_prob(logits, ps.answer.back());
+  }
+  full.reset();
+  text = tok.decode(ps.answer, true);
+  const bool full_correct = has_all(text);
+  say("eval needle: sample " + std::to_string(idx) + " (" + std::to_string(prompt_tokens) + " tokens, needle tokens [" +
+      std::to_string(nb) + ", " + std::to_string(ne) + ")): full answers '" + text + "'" +
+      (full_correct ? " (correct)" : " (wrong)"));
+  // The oracle end to end (at retro's default-budget token count), teacher-forced the same way.
+  AttentionConfig oracle_cfg = opt.attention;
+  oracle_cfg.kind = AttentionKind::kOracle;
+  const auto [oracle_agree, oracle_nll] = teacher_force(base, oracle_cfg, ps.answer, logits);
+  samples.push_back({{"index", idx}, {"oracle_top1_agree", oracle_agree}, {"oracle_answer_nll", oracle_nll},
+                     {"full_answer_nll", ps.full_nll}, {"prompt_tokens", prompt_tokens}, {"depth", s.depth},
+                     {"needle_begin", nb}, {"needle_end", ne}, {"reference", s.references[0]}, {"full_output", text},
+                     {"full_correct", full_correct}, {"answer_tokens", ps.answer.size()}});
+  return ps;
+}
+
+// The model's shape as the probe reads it.
+struct ProbeShape {
+  AttentionShape shape;
+  int num_layers = 0, group = 0, d = 0;
+  float scale = 0.0f;
+};
+
+// Zones of one decode step of one layer: the needle's coverage by the probe's retro and oracle per KV head,
+// and the rank of each needle token the oracle reads exactly and retro misses.
+void observe_layer(VariantAcc& va, const ProbeShape& ps, attention::RetroAttention& retro, AttentionMethod& oracle,
+                   int layer, const KvCache& kv, const float* q, const float* out, std::span<const int64_t> needle,
+                   std::vector<float>& tmp) {
+  std::vector<float> probs;
+  std::vector<uint8_t> oz, rz;
+  retro.decode(kv, q, tmp.data());
+  for (size_t i = 0; i < tmp.size(); ++i)
+    va.max_out_diff = std::max(va.max_out_diff, static_cast<double>(std::fabs(tmp[i] - out[i])));
+  oracle.decode(kv, q, tmp.data());
+  const index::WaveIndex& wi = retro.wave_index();
+  for (int h = 0; h < ps.shape.num_heads_kv; ++h) {
+    const float* qg = q + static_cast<size_t>(h) * ps.group * ps.d;
+    retro.last_zones(h, rz);
+    oracle.last_zones(h, oz);
+    attention_probs(kv, h, qg, ps.group, ps.scale, probs);
+    const HeadCoverage c = head_coverage(probs, ps.group, needle, oz, rz);
+    va.total += c;
+    va.per_layer[layer] += c;
+    ++va.head_steps;
+    const index::HeadIndex& hi = wi.heads[h];
+    const index::ZoneBudget b = index::zone_budget(hi.num_clusters(), va.cfg.retrieval_fraction, va.cfg.estimation_fraction);
+    va.n_retrieval += b.n_retrieval;
+    va.clusters += hi.num_clusters();
+    std::vector<int64_t> missed;
+    for (int64_t t : needle)
+      if (oz[t] == AttentionMethod::kZoneExact && rz[t] != AttentionMethod::kZoneExact) missed.push_back(t);
+    if (missed.empty()) continue;
+    const std::vector<ClusterRank> ranks = cluster_ranks(hi, kv, h, qg, ps.group, ps.scale, missed);
+    for (size_t i = 0; i < missed.size(); ++i) {
+      ++va.missed;
+      va.missed_est += rz[missed[i]] == AttentionMethod::kZoneEstimated;
+      if (ranks[i].cluster < 0) continue;
+      ++va.missed_clustered;
+      va.missed_size += ranks[i].size;
+      va.missed_rank += ranks[i].rank_sum;
+      va.missed_rank_max += ranks[i].rank_max;
+      va.missed_gap += ranks[i].centroid_gap;
+      va.missed_ret_by_max += ranks[i].rank_max < b.n_retrieval;
+    }
+  }
+}
+
+// Mean size of the clusters retro retrieves at the last step, over layers and heads.
+double retrieved_cluster_size(const std::vector<std::unique_ptr<attention::RetroAttention>>& retro, int num_heads_kv) {
+  double rsize = 0.0, rcount = 0.0;
+  std::vector<uint8_t> rz;
+  for (const auto& r : retro)
+    for (int h = 0; h < num_heads_kv; ++h) {
+      r->last_zones(h, rz);
+      const index::HeadIndex& hi = r->wave_index().heads[h];
+      // Members are never steady or outliers, so a cluster with an exact member is a retrieved one.
+      for (int j = 0; j < hi.num_clusters(); ++j)
+        if (hi.sizes[j] > 0 && rz[hi.members[hi.offsets[j]]] == AttentionMethod::kZoneExact) {
+          rsize += hi.sizes[j];
+          rcount += 1.0;
+        }
+    }
+  return rcount > 0 ? rsize / rcount : 0.0;
+}
+
+// One variant on one sample: a fork of base with the variant's config, teacher-forced through full's answer,
+// with the probe's own retro and oracle per layer (built on the same prompt KV as the fork's, so the index is the
+// same) decoding the fork's queries to read their zones.
+void probe_variant(VariantAcc& va, const Session& base, const ProbeShape& ps, const ProbeSample& sample, int idx,
+                   std::vector<float>& logits, const std::function<void(const std::string&)>& say) {
+  AttentionConfig oc = va.cfg;
+  oc.kind = AttentionKind::kOracle;
+  std::unique_ptr<Session> f = base.fork(va.cfg);
+  std::vector<std::unique_ptr<attention::RetroAttention>> retro;
+  std::vector<std::unique_ptr<AttentionMethod>> oracle;
+  for (int l = 0; l < ps.num_layers; ++l) {
+    retro.push_back(std::make_unique<attention::RetroAttention>(va.cfg, ps.shape));
+    retro.back()->on_prefill(base.kv(l));
+    oracle.push_back(make_attention(oc, ps.shape));
+  }
+  std::vector<float> tmp(static_cast<size_t>(ps.shape.num_heads_q) * ps.d);
+  f->set_attention_observer([&](int layer, const KvCache& kv, const float* q, const float* out) {
+    observe_layer(va, ps, *retro[layer], *oracle[layer], layer, kv, q, out, sample.needle, tmp);
+  });
+  int64_t agree = 0;
+  double nll = 0.0;
+  const int64_t steps = static_cast<int64_t>(sample.answer.size()) - 1;
+  for (int64_t i = 0; i < steps; ++i) {
+    f->decode(sample.answer[i], logits);
+    nll -= log_prob(logits, sample.answer[i + 1]);
+    agree += argmax(logits) == sample.answer[i + 1];
+  }
+  va.retrieved_cluster_size += retrieved_cluster_size(retro, ps.shape.num_heads_kv);
+  say("eval needle: sample " + std::to_string(idx) + " retro " + va.spec + ": top-1 agreement " +
+      std::to_string(agree) + "/" + std::to_string(steps) + ", answer NLL " + std::to_string(nll) + " (full " +
+      std::to_string(sample.full_nll) + ")");
+  va.samples.push_back({{"index", idx}, {"steps", steps}, {"top1_agree", agree}, {"answer_nll", nll},
+                        {"full_answer_nll", sample.full_nll}, {"all_agree", agree == steps}});
+}
+
+nlohmann::json variant_json(const VariantAcc& va, int num_layers) {
+  const double hs = static_cast<double>(va.head_steps);
+  const double hl = hs / std::max(1, num_layers);
+  nlohmann::json layers = nlohmann::json::array();
+  for (int l = 0; l < num_layers; ++l) layers.push_back(coverage_json(va.per_layer[l], hl));
+  const double mc = std::max<double>(1.0, static_cast<double>(va.missed_clustered));
+  return {{"variant", va.spec},
+          {"tokens_per_cluster", va.cfg.tokens_per_cluster},
+          {"retrieval_fraction", va.cfg.retrieval_fraction},
+          {"estimation", va.cfg.estimation},
+          {"coverage", coverage_json(va.total, hs)},
+          {"per_layer", layers},
+          {"missed", {{"tokens", va.missed},
+                      {"in_estimation", va.missed_est},
+                      {"clustered", va.missed_clustered},
+                      {"mean_cluster_size", va.missed_size / mc},
+                      {"mean_rank_sum", va.missed_rank / mc},
+                      {"mean_rank_max", va.missed_rank_max / mc},
+                      {"retrieved_if_max_over_group", va.missed_ret_by_max},
+                      {"mean_centroid_gap_logit", va.missed_gap / mc}}},
+          {"mean_clusters_per_head", va.clusters / std::max(hs, 1.0)},
+          {"mean_n_retrieval", va.n_retrieval / std::max(hs, 1.0)},
+          {"mean_retrieved_cluster_size",
+           va.retrieved_cluster_size / std::max<double>(1.0, static_cast<double>(va.samples.size()))},
+          {"max_abs_diff_vs_session", va.max_out_diff},
+          {"samples", va.samples}};
+}
+
 }  // namespace
 
 nlohmann::json run_needle_probe(const Model& model, const Tokenizer& tok, const TaskGenerator& gen,
@@ -251,10 +432,12 @@ nlohmann::json run_needle_probe(const Model& model, const Tokenizer& tok, const 
   RETROINFER_CHECK(!opt.variants.empty() && !opt.samples.empty() && opt.max_steps > 0,
                    "eval needle: give at least one sample, one --variants item and --max-steps > 0");
   const ModelConfig& mc = model.config();
-  const AttentionShape shape{mc.num_heads_q, mc.num_heads_kv, mc.head_dim};
-  const int group = mc.num_heads_q / mc.num_heads_kv;
-  const int d = mc.head_dim;
-  const float scale = default_scale(opt.attention, d);
+  ProbeShape ps;
+  ps.shape = AttentionShape{mc.num_heads_q, mc.num_heads_kv, mc.head_dim};
+  ps.num_layers = mc.num_layers;
+  ps.group = mc.num_heads_q / mc.num_heads_kv;
+  ps.d = mc.head_dim;
+  ps.scale = default_scale(opt.attention, ps.d);
   auto say = [&](const std::string& s) {
     if (opt.progress) opt.progress(s);
   };
@@ -275,8 +458,6 @@ nlohmann::json run_needle_probe(const Model& model, const Tokenizer& tok, const 
     RETROINFER_CHECK(vb != std::string::npos, "eval needle: the reference '", value, "' is not in the prompt after ",
                      "the needle's offset (sample ", idx, ")");
     const auto [nb, ne] = token_span(tok, s.prompt, vb, vb + value.size());
-    std::vector<int64_t> needle;
-    for (int64_t t = nb; t < ne; ++t) needle.push_back(t);
 
     SessionOptions so;
     so.attention = opt.attention;
@@ -286,147 +467,11 @@ nlohmann::json run_needle_probe(const Model& model, const Tokenizer& tok, const 
     so.max_context = static_cast<int64_t>(ids.size()) + opt.max_steps + 1;
     Session base(model, so);
     std::vector<float> logits = base.prefill(ids);
-    // Full's greedy answer: the teacher-forced sequence for every variant.
-    std::vector<int32_t> answer{argmax(logits)};
-    double full_nll = 0.0;  // of answer[1..], the tokens the variants are teacher-forced to predict
-    std::unique_ptr<Session> full = base.fork(so.attention);
-    std::string text;
-    for (int i = 0; i + 1 < opt.max_steps && !tok.is_eog(answer.back()); ++i) {
-      text = tok.decode(answer, true);
-      if (std::all_of(s.references.begin(), s.references.end(),
-                      [&](const std::string& r) { return text.find(r) != std::string::npos; }))
-        break;
-      full->decode(answer.back(), logits);
-      answer.push_back(argmax(logits));
-      full_nll -= log_prob(logits, answer.back());
-    }
-    full.reset();
-    text = tok.decode(answer, true);
-    const bool full_correct = std::all_of(s.references.begin(), s.references.end(),
-                                          [&](const std::string& r) { return text.find(r) != std::string::npos; });
-    say("eval needle: sample " + std::to_string(idx) + " (" + std::to_string(ids.size()) + " tokens, needle tokens [" +
-        std::to_string(nb) + ", " + std::to_string(ne) + ")): full answers '" + text + "'" +
-        (full_correct ? " (correct)" : " (wrong)"));
-    // The oracle end to end (at retro's default-budget token count), teacher-forced the same way.
-    AttentionConfig oracle_cfg = opt.attention;
-    oracle_cfg.kind = AttentionKind::kOracle;
-    const auto [oracle_agree, oracle_nll] = teacher_force(base, oracle_cfg, answer, logits);
-    samples.push_back({{"index", idx}, {"oracle_top1_agree", oracle_agree}, {"oracle_answer_nll", oracle_nll},
-                       {"full_answer_nll", full_nll}, {"prompt_tokens", ids.size()}, {"depth", s.depth}, {"needle_begin", nb},
-                       {"needle_end", ne}, {"reference", value}, {"full_output", text}, {"full_correct", full_correct},
-                       {"answer_tokens", answer.size()}});
-
-    for (VariantAcc& va : acc) {
-      const AttentionConfig rc = va.cfg;
-      AttentionConfig oc = rc;
-      oc.kind = AttentionKind::kOracle;
-      std::unique_ptr<Session> f = base.fork(rc);
-      // The probe's own retro and oracle per layer: built on the same prompt KV as the fork's (so the index
-      // is the same), decoded on the fork's q to read their zones.
-      std::vector<std::unique_ptr<attention::RetroAttention>> retro;
-      std::vector<std::unique_ptr<AttentionMethod>> oracle;
-      for (int l = 0; l < mc.num_layers; ++l) {
-        retro.push_back(std::make_unique<attention::RetroAttention>(rc, shape));
-        retro.back()->on_prefill(base.kv(l));
-        oracle.push_back(make_attention(oc, shape));
-      }
-      std::vector<float> tmp(static_cast<size_t>(mc.num_heads_q) * d), probs;
-      std::vector<uint8_t> oz, rz;
-      f->set_attention_observer([&](int layer, const KvCache& kv, const float* q, const float* out) {
-        retro[layer]->decode(kv, q, tmp.data());
-        for (size_t i = 0; i < tmp.size(); ++i)
-          va.max_out_diff = std::max(va.max_out_diff, static_cast<double>(std::fabs(tmp[i] - out[i])));
-        oracle[layer]->decode(kv, q, tmp.data());
-        const index::WaveIndex& wi = retro[layer]->wave_index();
-        for (int h = 0; h < mc.num_heads_kv; ++h) {
-          const float* qg = q + static_cast<size_t>(h) * group * d;
-          retro[layer]->last_zones(h, rz);
-          oracle[layer]->last_zones(h, oz);
-          attention_probs(kv, h, qg, group, scale, probs);
-          const HeadCoverage c = head_coverage(probs, group, needle, oz, rz);
-          va.total += c;
-          va.per_layer[layer] += c;
-          ++va.head_steps;
-          const index::HeadIndex& hi = wi.heads[h];
-          const index::ZoneBudget b = index::zone_budget(hi.num_clusters(), rc.retrieval_fraction, rc.estimation_fraction);
-          va.n_retrieval += b.n_retrieval;
-          va.clusters += hi.num_clusters();
-          std::vector<int64_t> missed;
-          for (int64_t t : needle)
-            if (oz[t] == AttentionMethod::kZoneExact && rz[t] != AttentionMethod::kZoneExact) missed.push_back(t);
-          if (missed.empty()) continue;
-          const std::vector<ClusterRank> ranks = cluster_ranks(hi, kv, h, qg, group, scale, missed);
-          for (size_t i = 0; i < missed.size(); ++i) {
-            ++va.missed;
-            va.missed_est += rz[missed[i]] == AttentionMethod::kZoneEstimated;
-            if (ranks[i].cluster < 0) continue;
-            ++va.missed_clustered;
-            va.missed_size += ranks[i].size;
-            va.missed_rank += ranks[i].rank_sum;
-            va.missed_rank_max += ranks[i].rank_max;
-            va.missed_gap += ranks[i].centroid_gap;
-            va.missed_ret_by_max += ranks[i].rank_max < b.n_retrieval;
-          }
-        }
-      });
-      int64_t agree = 0;
-      double nll = 0.0;
-      const int64_t steps = static_cast<int64_t>(answer.size()) - 1;
-      for (int64_t i = 0; i < steps; ++i) {
-        f->decode(answer[i], logits);
-        nll -= log_prob(logits, answer[i + 1]);
-        agree += argmax(logits) == answer[i + 1];
-      }
-      // Mean size of the clusters retro retrieves at the last step, over layers and heads.
-      double rsize = 0.0, rcount = 0.0;
-      for (int l = 0; l < mc.num_layers; ++l)
-        for (int h = 0; h < mc.num_heads_kv; ++h) {
-          retro[l]->last_zones(h, rz);
-          const index::HeadIndex& hi = retro[l]->wave_index().heads[h];
-          // Members are never steady or outliers, so a cluster with an exact member is a retrieved one.
-          for (int j = 0; j < hi.num_clusters(); ++j)
-            if (hi.sizes[j] > 0 && rz[hi.members[hi.offsets[j]]] == AttentionMethod::kZoneExact) {
-              rsize += hi.sizes[j];
-              rcount += 1.0;
-            }
-        }
-      va.retrieved_cluster_size += rcount > 0 ? rsize / rcount : 0.0;
-      const std::string line = "eval needle: sample " + std::to_string(idx) + " retro " + va.spec + ": top-1 agreement " + std::to_string(agree) +
-                               "/" + std::to_string(steps) + ", answer NLL " + std::to_string(nll) + " (full " +
-                               std::to_string(full_nll) + ")";
-      say(line);
-      va.samples.push_back({{"index", idx}, {"steps", steps}, {"top1_agree", agree}, {"answer_nll", nll},
-                            {"full_answer_nll", full_nll}, {"all_agree", agree == steps}});
-    }
+    const ProbeSample sample = full_answer(base, tok, s, opt, logits, nb, ne, ids.size(), idx, samples, say);
+    for (VariantAcc& va : acc) probe_variant(va, base, ps, sample, idx, logits, say);
   }
   nlohmann::json variants = nlohmann::json::array();
-  for (const VariantAcc& va : acc) {
-    const double hs = static_cast<double>(va.head_steps);
-    const double hl = hs / std::max(1, mc.num_layers);
-    nlohmann::json layers = nlohmann::json::array();
-    for (int l = 0; l < mc.num_layers; ++l) layers.push_back(coverage_json(va.per_layer[l], hl));
-    const double mc_ = std::max<double>(1.0, static_cast<double>(va.missed_clustered));
-    variants.push_back({{"variant", va.spec},
-                        {"tokens_per_cluster", va.cfg.tokens_per_cluster},
-                        {"retrieval_fraction", va.cfg.retrieval_fraction},
-                        {"estimation", va.cfg.estimation},
-                        {"coverage", coverage_json(va.total, hs)},
-                        {"per_layer", layers},
-                        {"missed", {{"tokens", va.missed},
-                                    {"in_estimation", va.missed_est},
-                                    {"clustered", va.missed_clustered},
-                                    {"mean_cluster_size", va.missed_size / mc_},
-                                    {"mean_rank_sum", va.missed_rank / mc_},
-                                    {"mean_rank_max", va.missed_rank_max / mc_},
-                                    {"retrieved_if_max_over_group", va.missed_ret_by_max},
-                                    {"mean_centroid_gap_logit", va.missed_gap / mc_}}},
-                        {"mean_clusters_per_head", va.clusters / std::max(hs, 1.0)},
-                        {"mean_n_retrieval", va.n_retrieval / std::max(hs, 1.0)},
-                        {"mean_retrieved_cluster_size",
-                         va.retrieved_cluster_size / std::max<double>(1.0, static_cast<double>(va.samples.size()))},
-                        {"max_abs_diff_vs_session", va.max_out_diff},
-                        {"samples", va.samples}});
-  }
+  for (const VariantAcc& va : acc) variants.push_back(variant_json(va, mc.num_layers));
   return {{"task", opt.task}, {"context", opt.context}, {"samples", samples}, {"variants", variants}};
 }
 
