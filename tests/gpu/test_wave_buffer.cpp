@@ -87,14 +87,14 @@ TEST(WaveBuffer, FullCacheGivesTheUncachedOutputBitForBit) {
   EXPECT_EQ(st.evicted, 0u);
 }
 
-// The host store through the fast pinning path (mmap + parallel first touch + cudaHostRegister, used from
+// The host store through the registered pinning path (mmap + parallel first touch + cudaHostRegister, used from
 // 64 MiB up) gives the GPU store's output bit for bit, as cudaHostAlloc memory does.
 TEST(WaveBuffer, RegisteredHostStoreMatchesGpuStoreBitForBit) {
   RETROINFER_REQUIRE_GPU();
   struct Threshold {
-    size_t old = cuda::fast_pin_threshold();
-    Threshold() { cuda::set_fast_pin_threshold(1); }
-    ~Threshold() { cuda::set_fast_pin_threshold(old); }
+    size_t old = cuda::register_pin_threshold();
+    Threshold() { cuda::set_register_pin_threshold(1); }
+    ~Threshold() { cuda::set_register_pin_threshold(old); }
   } guard;
   const uint64_t seed = 212;
   WaveRig su(seed);
@@ -127,29 +127,29 @@ TEST(WaveBuffer, PinnedHostRegisteredPathRoundTrips) {
   RETROINFER_REQUIRE_GPU();
   const size_t n = size_t{256} << 20;
   const auto t0 = std::chrono::steady_clock::now();
-  cuda::PinnedHost fast(n);
-  const double fast_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cuda::PinnedHost registered(n);
+  const double registered_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto t1 = std::chrono::steady_clock::now();
-  cuda::PinnedHost slow(n, /*allow_fast=*/false);
+  cuda::PinnedHost slow(n, /*allow_register=*/false);
   const double slow_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-  EXPECT_TRUE(fast.registered());
+  EXPECT_TRUE(registered.registered());
   EXPECT_FALSE(slow.registered());
-  ASSERT_NE(fast.device(), nullptr);
-  auto* h = static_cast<uint32_t*>(fast.host());
+  ASSERT_NE(registered.device(), nullptr);
+  auto* h = static_cast<uint32_t*>(registered.host());
   for (size_t i = 0; i < n / 4; i += 1021) h[i] = static_cast<uint32_t>(i * 2654435761u);
   cuda::DeviceBuffer d(n);
-  d.upload(fast.host(), n);
+  d.upload(registered.host(), n);
   std::memset(slow.host(), 0, n);
   d.download(slow.host(), n);
   const auto* back = static_cast<const uint32_t*>(slow.host());
   size_t bad = 0;
   for (size_t i = 0; i < n / 4; i += 1021) bad += back[i] != static_cast<uint32_t>(i * 2654435761u);
   EXPECT_EQ(bad, 0u);
-  cuda::PinnedHost moved(std::move(fast));
-  EXPECT_EQ(fast.host(), nullptr);
+  cuda::PinnedHost moved(std::move(registered));
+  EXPECT_EQ(registered.host(), nullptr);
   EXPECT_TRUE(moved.registered());
   std::printf("[pinned host] 256 MiB: mmap + parallel touch + register %.3f s (%.1f GB/s), cudaHostAlloc %.3f s "
-              "(%.1f GB/s)\n", fast_s, n / fast_s / 1e9, slow_s, n / slow_s / 1e9);
+              "(%.1f GB/s)\n", registered_s, n / registered_s / 1e9, slow_s, n / slow_s / 1e9);
 }
 
 TEST(WaveBuffer, HostStoreMatchesGpuStoreBitForBit) {

@@ -246,7 +246,7 @@ void WaveBufferLayer::Impl::start_manager(int k_cap) {
   const int64_t max_pages = int64_t{H} * (detail::ceil_div(ret_rows, pt) + k_cap);
   m.layout = buffer::WaveProtocolLayout::make(H, k_cap, m.wcfg.ring_slots, static_cast<int>(max_pages), H * k_cap,
                                               static_cast<int>(max_pages));
-  m.region = PinnedHost(m.layout.total_bytes, /*allow_fast=*/false);
+  m.region = PinnedHost(m.layout.total_bytes, /*allow_register=*/false);
   m.mirror = DeviceBuffer(m.layout.ack_offset - m.layout.evictions_offset);
   std::memset(m.region.host(), 0, m.layout.total_bytes);
   // A fresh manager knows no resident cluster: the device's page table starts empty too.

@@ -17,7 +17,7 @@
 namespace retroinfer::cuda {
 namespace {
 
-std::atomic<size_t> g_fast_pin_threshold{kFastPinBytes};
+std::atomic<size_t> g_register_pin_threshold{kRegisterPinBytes};
 
 // Faults [p, p + n) in from `threads` workers, each zeroing a contiguous, 2 MiB-aligned slice (so that a
 // huge page is touched by one worker only).
@@ -37,12 +37,12 @@ void touch_parallel(char* p, size_t n, int threads) {
 
 }  // namespace
 
-size_t fast_pin_threshold() { return g_fast_pin_threshold.load(); }
-void set_fast_pin_threshold(size_t bytes) { g_fast_pin_threshold.store(bytes); }
+size_t register_pin_threshold() { return g_register_pin_threshold.load(); }
+void set_register_pin_threshold(size_t bytes) { g_register_pin_threshold.store(bytes); }
 
-PinnedHost::PinnedHost(size_t bytes, bool allow_fast, int threads) : bytes_(bytes) {
+PinnedHost::PinnedHost(size_t bytes, bool allow_register, int threads) : bytes_(bytes) {
   if (bytes == 0) return;
-  if (allow_fast && bytes >= fast_pin_threshold()) {
+  if (allow_register && bytes >= register_pin_threshold()) {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p != MAP_FAILED) {
 #ifdef MADV_HUGEPAGE
