@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Runs the main job's prompt through every attention method and keeps each run's JSON summary (answer
-# text, KV read share, speeds) in OUT_DIR (default bench/results/cpu). Assumes scripts/main_job.sh ran once
+# text, KV read share, speeds) in OUT_DIR (default bench/results/cpu-smollm2). Assumes scripts/main_job.sh ran once
 # (dependencies installed, build/cpu-release built).
 #   scripts/main_job_compare.sh [OUT_DIR] [METHODS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-bench/results/cpu}
+out=${1:-bench/results/cpu-smollm2}
 methods=${2:-full retro quest streaming oracle}
 mkdir -p "$out"
 scripts/make_long_prompt.sh /tmp/retroinfer_main_job_prompt.txt 3000 60

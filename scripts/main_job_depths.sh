@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The main-job question with the fact at several depths: full attention and retro with the outlier zone
-# on (0.1%) and off. One JSON line per run in OUT (default bench/results/cpu/main_job_depths.jsonl).
+# on (0.1%) and off. One JSON line per run in OUT (default bench/results/cpu-smollm2/main_job_depths.jsonl).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-bench/results/cpu/main_job_depths.jsonl}
+out=${1:-bench/results/cpu-smollm2/main_job_depths.jsonl}
 : > "$out"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 tmp=$(mktemp -d)
