@@ -60,6 +60,22 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.manager.reset();
   m.drop_graph();  // a graph captured before bakes in the buffers this build replaces
   m.index->build(k, v, num_tokens, kv_stride);  // validates k, v, sizes; synchronous
+  m.take_index_counts(num_tokens);
+  const std::vector<int32_t> out_tokens = m.outlier_tokens();
+  m.per_head = m.n_idx - m.n_out;
+  m.steady_rows = static_cast<int>(num_tokens - m.n_idx + m.n_out);
+  m.steady_cap = m.steady_rows;
+  m.copy_index_tables();
+  m.allocate_cache_and_rows(num_tokens);
+  m.copy_steady_zone(k, v, num_tokens, kv_stride, out_tokens);
+  m.fill_store(k, v, num_tokens, kv_stride);
+  m.reset_decode_state();
+  m.start_manager(m.ring_width(num_tokens));
+}
+
+// The built index's token and cluster counts, zone sizes and token-list capacity.
+void WaveBufferLayer::Impl::take_index_counts(int64_t num_tokens) {
+  auto& m = *this;
   m.n = num_tokens;
   m.n_idx = m.index->indexed_tokens();
   m.idx_begin = m.index->indexed_begin();
@@ -70,9 +86,14 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.n_r = m.index->n_retrieval();
   m.n_e = m.index->n_estimation();
   m.list_cap = m.index->token_list_capacity();
-  // Outlier zone (when the index has one: the seam's host tier turns it on): read exactly every step, so
-  // its rows join the steady zone after the sinks; one row count serves every head, so the heads must
-  // hold equally many (round(f * n) each unless a head has fewer tokens off their centroid).
+}
+
+// Outlier zone (when the index has one: the seam's host tier turns it on): read exactly every step, so
+// its rows join the steady zone after the sinks; one row count serves every head, so the heads must
+// hold equally many (round(f * n) each unless a head has fewer tokens off their centroid). Sets n_out;
+// returns the outlier tokens, [H, n_out].
+std::vector<int32_t> WaveBufferLayer::Impl::outlier_tokens() {
+  auto& m = *this;
   m.n_out = m.index->max_outliers();
   std::vector<int32_t> out_tokens(size_t(m.H) * m.n_out);
   for (int h = 0; h < m.H && m.n_out > 0; ++h) {
@@ -82,12 +103,14 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
                      "(set outlier_fraction 0 for such K/V)");
     std::copy(o.begin(), o.end(), out_tokens.begin() + size_t(h) * m.n_out);
   }
-  m.per_head = m.n_idx - m.n_out;
-  m.steady_rows = static_cast<int>(num_tokens - m.n_idx + m.n_out);
-  m.steady_cap = m.steady_rows;
-  const int H = m.H, C = m.C, D = m.D, pt = m.wcfg.page_tokens;
+  return out_tokens;
+}
 
-  // The index, head by head (synchronous downloads; a one-time cost of the build).
+// The index, head by head (synchronous downloads; a one-time cost of the build), into the host tables
+// (tab) and the device copies that decode reads.
+void WaveBufferLayer::Impl::copy_index_tables() {
+  auto& m = *this;
+  const int pt = m.wcfg.page_tokens;
   m.outliers_on = m.index->outlier_zone();
   m.updates = 0;
   m.int8_on = m.index->int8_scoring();
@@ -127,7 +150,13 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.members = upload_vec(mem);
   m.slot_begin = upload_vec(m.tab.slot_begin);
   m.store_at = upload_vec(m.tab.store_at);
+}
 
+// The block cache (P pages per flat head, from cache_pages or cache_fraction of num_tokens), the execution
+// buffer with its identity token list, and the steady zone's buffers (steady_rows rows per flat head).
+void WaveBufferLayer::Impl::allocate_cache_and_rows(int64_t num_tokens) {
+  auto& m = *this;
+  const int pt = m.wcfg.page_tokens;
   // Block cache: pages per flat head.
   m.P = m.wcfg.cache_pages >= 0
             ? m.wcfg.cache_pages
@@ -144,6 +173,14 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.identity = upload_vec(iota);
   m.steady_k = DeviceBuffer(size_t(H) * m.steady_rows * row_bytes);
   m.steady_v = DeviceBuffer(size_t(H) * m.steady_rows * row_bytes);
+}
+
+// The steady zone's rows from the layer's K/V (synchronous copies): per head [sinks | its outlier tokens
+// out_tokens[h] | the tokens after the indexed region].
+void WaveBufferLayer::Impl::copy_steady_zone(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
+                                             int64_t kv_stride, const std::vector<int32_t>& out_tokens) {
+  auto& m = *this;
+  const size_t row_bytes = size_t(D) * 2;
   const int64_t w_begin = m.idx_begin + m.n_idx;
   for (int kv = 0; kv < 2; ++kv) {
     const uint16_t* src = kv == 0 ? k : v;
@@ -163,10 +200,14 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
                                          reinterpret_cast<const char*>(src) + size_t(w_begin) * row_bytes, spitch,
                                          size_t(num_tokens - w_begin) * row_bytes, size_t(H), cudaMemcpyDeviceToDevice));
   }
+}
 
-  // The store, cluster-ordered, on its tier; with index updates on and wcfg.max_tokens set, tail room for
-  // every token up to max_tokens (each update's clusters go there; without it the store grows by
-  // reallocation at an update, wave_buffer_update.cpp).
+// The store, cluster-ordered, on its tier; with index updates on and wcfg.max_tokens set, tail room for
+// every token up to max_tokens (each update's clusters go there; without it the store grows by
+// reallocation at an update, wave_buffer_layer_update.cpp).
+void WaveBufferLayer::Impl::fill_store(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride) {
+  auto& m = *this;
+  const size_t row_bytes = size_t(D) * 2;
   const int64_t room = m.wcfg.index_updates && m.wcfg.max_tokens > num_tokens ? m.wcfg.max_tokens - num_tokens : 0;
   m.store_cap_rows = m.tab.store_rows + int64_t{H} * room;
   const size_t store_bytes = std::max<size_t>(size_t(m.store_cap_rows) * 2 * row_bytes, 16);
@@ -179,18 +220,20 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
     m.store_host = PinnedHost(store_bytes);
     m.store = static_cast<const uint16_t*>(m.store_host.device());
   }
-  {
-    detail::StoreFillParams fp;
-    fp.t = m.tables();
-    fp.store = const_cast<uint16_t*>(m.store);
-    fp.k = k;
-    fp.v = v;
-    fp.kv_stride = kv_stride;
-    fp.idx_begin = m.idx_begin;
-    fp.members = m.members.as<uint32_t>();
-    detail::launch_check(detail::wave_store_fill(fp, nullptr), "wave_store_fill", nullptr);
-  }
+  detail::StoreFillParams fp;
+  fp.t = m.tables();
+  fp.store = const_cast<uint16_t*>(m.store);
+  fp.k = k;
+  fp.v = v;
+  fp.kv_stride = kv_stride;
+  fp.idx_begin = m.idx_begin;
+  fp.members = m.members.as<uint32_t>();
+  detail::launch_check(detail::wave_store_fill(fp, nullptr), "wave_store_fill", nullptr);
+}
 
+// The decode's counters and workspaces, zeroed and sized; the step counts and the manager's stats restart.
+void WaveBufferLayer::Impl::reset_decode_state() {
+  auto& m = *this;
   m.merge_counter = DeviceBuffer(size_t(H) * 4);
   m.merge_counter.fill_bytes(0);
   m.sel_ws = DeviceBuffer(detail::select_grid_ws_bytes(H));  // the grid selection leaves it zero
@@ -204,14 +247,18 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   m.size_decode_workspace();
   m.steps = m.steps_base = 0;
   m.stats_base = {};
-  // The ring's width: n_r, or with index updates on and wcfg.max_tokens set, n_r of the most clusters the
-  // session can reach (an update past the width rebuilds the protocol with an empty cache).
+}
+
+// The ring's width: n_r, or with index updates on and wcfg.max_tokens set, n_r of the most clusters the
+// session can reach (an update past the width rebuilds the protocol with an empty cache).
+int WaveBufferLayer::Impl::ring_width(int64_t num_tokens) const {
+  const auto& m = *this;
   int k_cap = m.n_r;
   if (m.wcfg.index_updates && m.wcfg.max_tokens > num_tokens) {
     const int64_t blocks = detail::ceil_div(m.wcfg.max_tokens - num_tokens, int64_t{m.cfg.update_tokens});
     k_cap = std::max(k_cap, detail::zone_counts(static_cast<int>(C + blocks * m.cfg.update_clusters), m.cfg).n_retrieval);
   }
-  m.start_manager(k_cap);
+  return k_cap;
 }
 
 // Decode workspace (as RetroLayer's, so that the splits and hence the results agree bit for bit).
@@ -302,9 +349,8 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   a.exact_list = m.identity.as<int>();
   a.exact_count = m.exec_count.as<int>();
   a.exact_list_stride = 0;
-  // fill_index_args sets the merge counter: the same decode path as RetroLayer (run 8 unless
-  // RETROINFER_DECODE says otherwise), so that a cache holding everything still gives the index's output
-  // bit for bit.
+  // fill_index_args sets the merge counter, so the decode takes RetroLayer's path and a cache holding
+  // everything gives the index's output bit for bit.
   a.timing = marks != nullptr;
   // Stage timing (marks) keeps estimation inline so that each stage's time is its own.
   if (marks == nullptr) {
@@ -357,7 +403,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
       lookup_gather);
 }
 
-// Decode-time growth of the steady tail, then the index updates that fall due (wave_buffer_update.cpp).
+// Decode-time growth of the steady tail, then the index updates that fall due (wave_buffer_layer_update.cpp).
 // The tail's capacity starts at window + update_tokens rows beyond the build's steady zone and doubles
 // when full (one synchronisation, steady and execution buffers reallocated with their rows copied, the
 // splits resized, a captured graph dropped).

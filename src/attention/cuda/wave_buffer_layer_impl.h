@@ -1,5 +1,6 @@
-// WaveBufferLayer's state (include/retroinfer/wave_buffer.h), shared by wave_buffer.cpp (build, decode
-// step) and wave_buffer_update.cpp (index updates during decode). Included only from src/backend/cuda.
+// WaveBufferLayer's state (include/retroinfer/wave_buffer.h), shared by wave_buffer_layer.cpp (build, decode
+// step) and wave_buffer_layer_update.cpp (index updates during decode). Included only from
+// src/attention/cuda.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -50,16 +51,17 @@ struct WaveBufferLayer::Impl {
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
-  DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: run 19's grid selection (zeroed once; kept zero)
-  DeviceBuffer merge_counter;  // [H] int: run 8's fused merge (layer_common.h decode_path), zero between steps
-  DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge), zero between steps
+  // Zeroed at build; each decode's kernels leave them zero again (layer_common.h ZoneDecodeArgs).
+  DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace
+  DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count
+  DeviceBuffer est_counter;    // [H] int: the estimation CTAs' per-head count for the pre-merge
   PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
   const uint16_t* store = nullptr;
   int64_t store_cap_rows = 0;  // store rows allocated (>= tab.store_rows; the rest is tail room)
   buffer::WaveProtocolLayout layout;
   buffer::WaveIndexTables tab;  // host mirror of sizes, CSR, page slots, store rows (index_update.h)
   bool outliers_on = false;     // the index's outlier zone (updates split the block's outliers as the build)
-  int64_t updates = 0;          // index updates since build()
+  int64_t updates = 0;          // index updates after the last build()
   // Protocol rebuilds (an update grew n_r past the ring's width): the manager's counters before the
   // rebuild and the steps issued to earlier managers (wait_manager waits for steps - steps_base).
   buffer::CacheManagerStats stats_base;
@@ -102,15 +104,51 @@ struct WaveBufferLayer::Impl {
     return t;
   }
 
-  // wave_buffer.cpp: the decode workspace for the current C, n_r, n_e, list_cap (reallocated; the merge
+  // wave_buffer_layer.cpp: the decode workspace for the current C, n_r, n_e, list_cap (reallocated; the merge
   // counter is kept); the protocol region and a started manager whose ring holds k_cap clusters per head
   // (>= n_r; an empty cache: the device page table is reset).
   void size_decode_workspace();
   void start_manager(int k_cap);
   void drop_graph();
-  // wave_buffer_update.cpp: one index update (the oldest update_tokens tokens of the steady tail become
+  // wave_buffer_layer.cpp: the steps of WaveBufferLayer::build after the index's build, in order (each
+  // described at its definition).
+  void take_index_counts(int64_t num_tokens);
+  std::vector<int32_t> outlier_tokens();
+  void copy_index_tables();
+  void allocate_cache_and_rows(int64_t num_tokens);
+  void copy_steady_zone(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride,
+                        const std::vector<int32_t>& out_tokens);
+  void fill_store(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride);
+  void reset_decode_state();
+  int ring_width(int64_t num_tokens) const;
+
+  // wave_buffer_layer_update.cpp: one index update (the oldest update_tokens tokens of the steady tail become
   // update_clusters clusters, as RetroLayer::append). Synchronous.
   void index_update(cudaStream_t st);
+  // The block of one index update, clustered: host arrays laid out as the layer's tables, with the block's
+  // Cu = update_clusters clusters per head and its U = update_tokens tokens numbered from 0.
+  struct BlockIndex {
+    std::vector<uint16_t> cent;     // [H, Cu, D] bf16 centroids (empty with int8 scoring)
+    std::vector<uint16_t> vsum;     // [H, Cu, D] bf16 value sums
+    std::vector<uint8_t> cq8;       // [H, Cu, D] int8 centroids (int8 scoring; empty otherwise)
+    std::vector<float> cscl;        // [H, Cu] their row scales (int8 scoring; empty otherwise)
+    std::vector<int32_t> bsizes;    // [H, Cu] cluster sizes
+    std::vector<int32_t> boffs;     // [H, Cu + 1] CSR offsets per head
+    std::vector<int32_t> bout;      // [H, o_blk] the block's outlier tokens
+    std::vector<uint32_t> bmem;     // [H, U - o_blk] members, grouped by cluster
+    int64_t o_blk = -1;             // outlier tokens per head (the same in every head)
+  };
+  // index_update's steps, in order (each described at its definition).
+  BlockIndex cluster_block(int64_t row0, cudaStream_t st);
+  void grow_store(int64_t store_rows0);
+  void widen_cluster_tables(const BlockIndex& b, int C0, int64_t per0, int64_t nidx0, int64_t slots0,
+                            std::vector<DeviceBuffer>& retired, cudaStream_t st);
+  void upload_index_tables(std::vector<DeviceBuffer>& retired, cudaStream_t st);
+  void fill_store_tail(const BlockIndex& b, int C0, int64_t row0, std::vector<DeviceBuffer>& retired,
+                       cudaStream_t st);
+  void remove_block_rows(const BlockIndex& b, std::vector<DeviceBuffer>& retired, cudaStream_t st);
+  void grow_execution_buffer(std::vector<DeviceBuffer>& retired, cudaStream_t st);
+  void add_block_to_manager(const BlockIndex& b);
 };
 
 // Head h's int8 centroid copies and row scales (RetroLayer int8 scoring) from its debug state into the host

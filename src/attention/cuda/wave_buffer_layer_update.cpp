@@ -44,11 +44,12 @@ DeviceBuffer upload_async(const std::vector<T>& v, cudaStream_t st) {
 
 }  // namespace
 
+// One index update: the steps below in the order they run (each described at its definition; the
+// asynchronous ones on st, whose buffers the synchronisation after step 7 retires).
 void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   auto& m = *this;
   const int64_t U = m.cfg.update_tokens;
   const int Cu = m.cfg.update_clusters;
-  const size_t row_bytes = size_t(D) * 2;
   // Steady row of token idx_end (the block's first token): after the sinks and the outliers.
   const int64_t row0 = m.idx_begin + m.n_out;
   RETROINFER_CHECK(m.steady_rows >= row0 + U, "WaveBufferLayer: index update with ", m.steady_rows,
@@ -59,69 +60,119 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   m.manager->check();
 
   // 1. The block's clusters, by RetroLayer's update code over the block's steady rows.
-  AttentionConfig bc = m.cfg;
-  bc.sink_tokens = 0;
-  bc.window_tokens = 0;
-  bc.tokens_per_cluster = 2;  // build() over 1 token indexes nothing; append(U) then runs one update
-  std::vector<uint16_t> cent(m.int8_on ? 0 : size_t(H) * Cu * D), vsum(size_t(H) * Cu * D);  // int8: no bf16 centroids
-  std::vector<uint8_t> cq8(m.int8_on ? size_t(H) * Cu * D : 0);
-  std::vector<float> cscl(m.int8_on ? size_t(H) * Cu : 0);
-  std::vector<int32_t> bsizes(size_t(H) * Cu), boffs(size_t(H) * (Cu + 1)), bout;
-  std::vector<uint32_t> bmem;
-  int64_t o_blk = -1;
-  {
-    RetroLayer blk(shape, bc, num_seqs);
-    blk.set_keep_f32_index(false);
-    blk.set_keep_assignment(false);
-    blk.set_outlier_zone(m.outliers_on);
-    blk.set_build_group_seqs(0);
-    blk.set_int8_scoring(m.int8_on);
-    const uint16_t* bk = m.steady_k.as<uint16_t>() + size_t(row0) * D;
-    const uint16_t* bv = m.steady_v.as<uint16_t>() + size_t(row0) * D;
-    blk.build(bk, bv, 1, m.steady_cap, st);
-    blk.append(U, st);
-    RETROINFER_CHECK(blk.num_updates() == 1 && blk.num_clusters() == Cu && blk.indexed_begin() == 0 &&
-                         blk.indexed_tokens() == U,
-                     "WaveBufferLayer: the block's clustering made ", blk.num_clusters(), " clusters over ",
-                     blk.indexed_tokens(), " tokens in ", blk.num_updates(), " updates, expected ", Cu, " over ", U,
-                     " in 1 (internal error)");
-    for (int h = 0; h < H; ++h) {
-      const RetroDebugState s = blk.debug_state(h);
-      const std::vector<int32_t> out = blk.outliers(h);
-      if (o_blk < 0) {
-        o_blk = int64_t(out.size());
-        bmem.resize(size_t(H) * size_t(U - o_blk));
-        bout.resize(size_t(H) * size_t(o_blk));
-      }
-      RETROINFER_CHECK(int64_t(out.size()) == o_blk, "WaveBufferLayer: index update: flat head ", h, " has ",
-                       out.size(), " outlier tokens in the block, head 0 ", o_blk, "; the wave buffer needs the same ",
-                       "count in every head (set outlier_fraction 0 for such K/V)");
-      RETROINFER_CHECK(int64_t(s.members.size()) == U - o_blk && int64_t(s.sizes.size()) == Cu &&
-                           int64_t(s.offsets.size()) == Cu + 1,
-                       "WaveBufferLayer: index update: flat head ", h, " block index of ", s.members.size(),
-                       " members / ", s.sizes.size(), " clusters (internal error)");
-      if (m.int8_on) copy_int8_centroids(s, h, Cu, D, cq8, cscl, "WaveBufferLayer: index update");
-      else std::copy(s.centroids_bf16.begin(), s.centroids_bf16.end(), cent.begin() + size_t(h) * Cu * D);
-      std::copy(s.value_sums_bf16.begin(), s.value_sums_bf16.end(), vsum.begin() + size_t(h) * Cu * D);
-      std::copy(s.sizes.begin(), s.sizes.end(), bsizes.begin() + size_t(h) * Cu);
-      std::copy(s.offsets.begin(), s.offsets.end(), boffs.begin() + size_t(h) * (Cu + 1));
-      for (size_t j = 0; j < s.members.size(); ++j) {
-        RETROINFER_CHECK(s.members[j] >= 0 && s.members[j] < U, "WaveBufferLayer: index update: member ",
-                         s.members[j], " outside the block of ", U, " (internal error)");
-        bmem[size_t(h) * size_t(U - o_blk) + j] = static_cast<uint32_t>(s.members[j]);
-      }
-      std::copy(out.begin(), out.end(), bout.begin() + size_t(h) * size_t(o_blk));
-    }
-  }  // the block layer's buffers are freed here (its work is done: debug_state synchronised)
+  const BlockIndex b = m.cluster_block(row0, st);
 
   // 2. Host tables (throws, changing nothing, when the heads cluster different token counts).
   const int C0 = m.C;
   const int64_t per0 = m.per_head, nidx0 = m.n_idx, slots0 = m.slot_stride, store_rows0 = m.tab.store_rows;
-  m.tab.append_block(Cu, bsizes);
+  m.tab.append_block(Cu, b.bsizes);
   const int C1 = m.tab.clusters;
   const int64_t per1 = m.tab.per_head;
 
   // 3. The store's tail: grow it if the tail room is short (synchronous copy of the rows in use).
+  m.grow_store(store_rows0);
+
+  // 4. Device tables, widened from [H, C0] to [H, C1] (old columns copied, new ones uploaded).
+  std::vector<DeviceBuffer> retired;  // read by the copies below until the final synchronisation
+  m.widen_cluster_tables(b, C0, per0, nidx0, slots0, retired, st);
+  m.upload_index_tables(retired, st);
+
+  // 5. The block's clusters into the store's tail, in cluster order, from the block's steady rows.
+  m.fill_store_tail(b, C0, row0, retired, st);
+
+  // 6. The steady zone without the block: [sinks | outliers | block outliers | tail past the block].
+  m.remove_block_rows(b, retired, st);
+
+  // 7. Counts and budgets of the grown index (RetroLayer::Impl::update / size_workspace).
+  m.C = C1;
+  m.n_idx = nidx0 + U;
+  m.n_out += b.o_blk;
+  m.per_head = per1;
+  const detail::ZoneCounts z = detail::zone_counts(C1, m.cfg);
+  m.n_r = z.n_retrieval;
+  m.n_e = z.n_estimation;
+  m.grow_execution_buffer(retired, st);
+  RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));  // the uploads' sources and the retired buffers
+  retired.clear();
+  m.size_decode_workspace();
+
+  // 8. The manager: the new clusters, before the first step that can select them; a ring too narrow for
+  // the grown n_r is rebuilt (the manager and the device page table restart empty).
+  m.add_block_to_manager(b);
+  m.drop_graph();
+  ++m.updates;
+  RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// 1. The block's clusters: a RetroLayer of no sinks and no window over the block's steady rows (a view of
+// steady_k / steady_v), built over one token and appended to U, so that it runs one update; its index is
+// downloaded head by head. The block layer's buffers are freed on return (its work is done: debug_state
+// synchronised).
+WaveBufferLayer::Impl::BlockIndex WaveBufferLayer::Impl::cluster_block(int64_t row0, cudaStream_t st) {
+  auto& m = *this;
+  const int64_t U = m.cfg.update_tokens;
+  const int Cu = m.cfg.update_clusters;
+  AttentionConfig bc = m.cfg;
+  bc.sink_tokens = 0;
+  bc.window_tokens = 0;
+  bc.tokens_per_cluster = 2;  // build() over 1 token indexes nothing; append(U) then runs one update
+  BlockIndex b;
+  b.cent.resize(m.int8_on ? 0 : size_t(H) * Cu * D);  // int8: no bf16 centroids
+  b.vsum.resize(size_t(H) * Cu * D);
+  b.cq8.resize(m.int8_on ? size_t(H) * Cu * D : 0);
+  b.cscl.resize(m.int8_on ? size_t(H) * Cu : 0);
+  b.bsizes.resize(size_t(H) * Cu);
+  b.boffs.resize(size_t(H) * (Cu + 1));
+  RetroLayer blk(shape, bc, num_seqs);
+  blk.set_keep_f32_index(false);
+  blk.set_keep_assignment(false);
+  blk.set_outlier_zone(m.outliers_on);
+  blk.set_build_group_seqs(0);
+  blk.set_int8_scoring(m.int8_on);
+  const uint16_t* bk = m.steady_k.as<uint16_t>() + size_t(row0) * D;
+  const uint16_t* bv = m.steady_v.as<uint16_t>() + size_t(row0) * D;
+  blk.build(bk, bv, 1, m.steady_cap, st);
+  blk.append(U, st);
+  RETROINFER_CHECK(blk.num_updates() == 1 && blk.num_clusters() == Cu && blk.indexed_begin() == 0 &&
+                       blk.indexed_tokens() == U,
+                   "WaveBufferLayer: the block's clustering made ", blk.num_clusters(), " clusters over ",
+                   blk.indexed_tokens(), " tokens in ", blk.num_updates(), " updates, expected ", Cu, " over ", U,
+                   " in 1 (internal error)");
+  for (int h = 0; h < H; ++h) {
+    const RetroDebugState s = blk.debug_state(h);
+    const std::vector<int32_t> out = blk.outliers(h);
+    if (b.o_blk < 0) {
+      b.o_blk = int64_t(out.size());
+      b.bmem.resize(size_t(H) * size_t(U - b.o_blk));
+      b.bout.resize(size_t(H) * size_t(b.o_blk));
+    }
+    RETROINFER_CHECK(int64_t(out.size()) == b.o_blk, "WaveBufferLayer: index update: flat head ", h, " has ",
+                     out.size(), " outlier tokens in the block, head 0 ", b.o_blk, "; the wave buffer needs the same ",
+                     "count in every head (set outlier_fraction 0 for such K/V)");
+    RETROINFER_CHECK(int64_t(s.members.size()) == U - b.o_blk && int64_t(s.sizes.size()) == Cu &&
+                         int64_t(s.offsets.size()) == Cu + 1,
+                     "WaveBufferLayer: index update: flat head ", h, " block index of ", s.members.size(),
+                     " members / ", s.sizes.size(), " clusters (internal error)");
+    if (m.int8_on) copy_int8_centroids(s, h, Cu, D, b.cq8, b.cscl, "WaveBufferLayer: index update");
+    else std::copy(s.centroids_bf16.begin(), s.centroids_bf16.end(), b.cent.begin() + size_t(h) * Cu * D);
+    std::copy(s.value_sums_bf16.begin(), s.value_sums_bf16.end(), b.vsum.begin() + size_t(h) * Cu * D);
+    std::copy(s.sizes.begin(), s.sizes.end(), b.bsizes.begin() + size_t(h) * Cu);
+    std::copy(s.offsets.begin(), s.offsets.end(), b.boffs.begin() + size_t(h) * (Cu + 1));
+    for (size_t j = 0; j < s.members.size(); ++j) {
+      RETROINFER_CHECK(s.members[j] >= 0 && s.members[j] < U, "WaveBufferLayer: index update: member ",
+                       s.members[j], " outside the block of ", U, " (internal error)");
+      b.bmem[size_t(h) * size_t(U - b.o_blk) + j] = static_cast<uint32_t>(s.members[j]);
+    }
+    std::copy(out.begin(), out.end(), b.bout.begin() + size_t(h) * size_t(b.o_blk));
+  }
+  return b;
+}
+
+// 3. The store reallocated with 1/4 more rows (at least tab.store_rows) when tab.store_rows outgrew it; the
+// store_rows0 rows in use before the block are copied synchronously.
+void WaveBufferLayer::Impl::grow_store(int64_t store_rows0) {
+  auto& m = *this;
+  const size_t row_bytes = size_t(D) * 2;
   if (m.tab.store_rows > m.store_cap_rows) {
     const int64_t cap = std::max(m.tab.store_rows, m.store_cap_rows + m.store_cap_rows / 4);
     const size_t old_bytes = size_t(store_rows0) * 2 * row_bytes;  // the rows in use before this block
@@ -140,9 +191,19 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
     }
     m.store_cap_rows = cap;
   }
+}
 
-  // 4. Device tables, widened from [H, C0] to [H, C1] (old columns copied, new ones uploaded).
-  std::vector<DeviceBuffer> retired;  // read by the copies below until the final synchronisation
+// 4a. The per-cluster device tables widened from C0 to tab.clusters columns per head (the old columns copied
+// on the device, the block's uploaded): centroids, value sums, members (per0 to tab.per_head; the block's
+// tokens relative to idx_begin, nidx0 tokens after it), residency (the new clusters not resident) and, when
+// the slot stride grew from slots0, the page slots. Asynchronous on st; the old buffers go to `retired`.
+void WaveBufferLayer::Impl::widen_cluster_tables(const BlockIndex& b, int C0, int64_t per0, int64_t nidx0,
+                                                 int64_t slots0, std::vector<DeviceBuffer>& retired,
+                                                 cudaStream_t st) {
+  auto& m = *this;
+  const int Cu = m.cfg.update_clusters;
+  const int C1 = m.tab.clusters;
+  const int64_t per1 = m.tab.per_head;
   auto put_cols = [&](DeviceBuffer& buf, const void* blk, size_t old_row, size_t blk_row) {
     DeviceBuffer nb = widen(buf, H, old_row, old_row + blk_row, st);
     RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(nb.data()) + old_row, old_row + blk_row, blk, blk_row,
@@ -150,14 +211,14 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
     retired.push_back(std::move(buf));
     buf = std::move(nb);
   };
-  if (!m.int8_on) put_cols(m.centroids_bf16, cent.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
-  put_cols(m.value_sums_bf16, vsum.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
+  if (!m.int8_on) put_cols(m.centroids_bf16, b.cent.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
+  put_cols(m.value_sums_bf16, b.vsum.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
   if (m.int8_on) {
-    put_cols(m.centroids_q8, cq8.data(), size_t(C0) * D, size_t(Cu) * D);
-    put_cols(m.centroid_scale, cscl.data(), size_t(C0) * 4, size_t(Cu) * 4);
+    put_cols(m.centroids_q8, b.cq8.data(), size_t(C0) * D, size_t(Cu) * D);
+    put_cols(m.centroid_scale, b.cscl.data(), size_t(C0) * 4, size_t(Cu) * 4);
   }
   // Members: the block's tokens relative to idx_begin (the block starts nidx0 tokens after it).
-  std::vector<uint32_t> bmem_abs(bmem);
+  std::vector<uint32_t> bmem_abs(b.bmem);
   for (auto& x : bmem_abs) x += static_cast<uint32_t>(nidx0);
   put_cols(m.members, bmem_abs.data(), size_t(per0) * 4, size_t(per1 - per0) * 4);
   {  // residency: the new clusters are not resident
@@ -177,6 +238,12 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
     m.cluster_pages = std::move(nb);
   }
   m.slot_stride = m.tab.slot_stride;
+}
+
+// 4b. The tables derived from the grown host tables (sizes, CSR offsets per head and absolute, slot
+// starts, store rows) uploaded anew. Asynchronous on st; the old buffers go to `retired`.
+void WaveBufferLayer::Impl::upload_index_tables(std::vector<DeviceBuffer>& retired, cudaStream_t st) {
+  auto& m = *this;
   retired.push_back(std::move(m.sizes));
   retired.push_back(std::move(m.offsets_head));
   retired.push_back(std::move(m.offsets_abs));
@@ -188,72 +255,82 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   m.offsets_abs = upload_async(offs_abs, st);
   m.slot_begin = upload_async(m.tab.slot_begin, st);
   m.store_at = upload_async(m.tab.store_at, st);
+}
 
-  // 5. The block's clusters into the store's tail, in cluster order, from the block's steady rows.
-  {
-    std::vector<int64_t> bat(size_t(H) * Cu);
-    for (int h = 0; h < H; ++h)
-      for (int j = 0; j < Cu; ++j) bat[size_t(h) * Cu + j] = m.tab.store_at[size_t(h) * C1 + C0 + j];
-    DeviceBuffer d_sizes = upload_async(bsizes, st), d_offs = upload_async(boffs, st), d_at = upload_async(bat, st);
-    DeviceBuffer d_mem = upload_async(bmem, st);
-    detail::StoreFillParams fp;
-    fp.t = m.tables();
-    fp.t.num_clusters = Cu;  // a view of the block's clusters
-    fp.t.n_idx = U - o_blk;
-    fp.t.sizes = d_sizes.as<int>();
-    fp.t.offsets = d_offs.as<int>();
-    fp.t.store_at = d_at.as<int64_t>();
-    fp.store = const_cast<uint16_t*>(m.store);
-    fp.k = m.steady_k.as<uint16_t>();
-    fp.v = m.steady_v.as<uint16_t>();
-    fp.kv_stride = m.steady_cap;
-    fp.idx_begin = row0;
-    fp.members = d_mem.as<uint32_t>();
-    detail::launch_check(detail::wave_store_fill(fp, st), "wave_store_fill(update)", st);
-    retired.push_back(std::move(d_sizes));
-    retired.push_back(std::move(d_offs));
-    retired.push_back(std::move(d_at));
-    retired.push_back(std::move(d_mem));
-  }
+// 5. The block's clusters (store rows from tab.store_at past the C0 old clusters) filled into the store by
+// wave_store_fill from the block's steady rows, which start at row0. Asynchronous on st; the uploaded
+// block tables go to `retired`.
+void WaveBufferLayer::Impl::fill_store_tail(const BlockIndex& b, int C0, int64_t row0,
+                                            std::vector<DeviceBuffer>& retired, cudaStream_t st) {
+  auto& m = *this;
+  const int64_t U = m.cfg.update_tokens;
+  const int Cu = m.cfg.update_clusters;
+  const int C1 = m.tab.clusters;
+  std::vector<int64_t> bat(size_t(H) * Cu);
+  for (int h = 0; h < H; ++h)
+    for (int j = 0; j < Cu; ++j) bat[size_t(h) * Cu + j] = m.tab.store_at[size_t(h) * C1 + C0 + j];
+  DeviceBuffer d_sizes = upload_async(b.bsizes, st), d_offs = upload_async(b.boffs, st), d_at = upload_async(bat, st);
+  DeviceBuffer d_mem = upload_async(b.bmem, st);
+  detail::StoreFillParams fp;
+  fp.t = m.tables();
+  fp.t.num_clusters = Cu;  // a view of the block's clusters
+  fp.t.n_idx = U - b.o_blk;
+  fp.t.sizes = d_sizes.as<int>();
+  fp.t.offsets = d_offs.as<int>();
+  fp.t.store_at = d_at.as<int64_t>();
+  fp.store = const_cast<uint16_t*>(m.store);
+  fp.k = m.steady_k.as<uint16_t>();
+  fp.v = m.steady_v.as<uint16_t>();
+  fp.kv_stride = m.steady_cap;
+  fp.idx_begin = row0;
+  fp.members = d_mem.as<uint32_t>();
+  detail::launch_check(detail::wave_store_fill(fp, st), "wave_store_fill(update)", st);
+  retired.push_back(std::move(d_sizes));
+  retired.push_back(std::move(d_offs));
+  retired.push_back(std::move(d_at));
+  retired.push_back(std::move(d_mem));
+}
 
-  // 6. The steady zone without the block: [sinks | outliers | block outliers | tail past the block].
-  {
-    const std::vector<int32_t> map =
-        buffer::steady_rows_after_update(H, m.idx_begin, m.n_out, m.steady_rows, U, o_blk, bout);
-    const int64_t rows1 = m.steady_rows - U + o_blk;
-    DeviceBuffer nk(std::max<size_t>(size_t(H) * m.steady_cap * row_bytes, 16));
-    DeviceBuffer nv(std::max<size_t>(size_t(H) * m.steady_cap * row_bytes, 16));
-    DeviceBuffer d_map = upload_async(map, st);
-    detail::RowGatherParams gp;
-    gp.src_k = m.steady_k.as<uint16_t>();
-    gp.src_v = m.steady_v.as<uint16_t>();
-    gp.src_cap = m.steady_cap;
-    gp.dst_k = nk.as<uint16_t>();
-    gp.dst_v = nv.as<uint16_t>();
-    gp.dst_cap = m.steady_cap;
-    gp.map = d_map.as<int>();
-    gp.rows = rows1;
-    gp.num_heads = H;
-    gp.head_dim = D;
-    detail::launch_check(detail::wave_rows_gather(gp, st), "wave_rows_gather", st);
-    retired.push_back(std::move(d_map));
-    retired.push_back(std::move(m.steady_k));
-    retired.push_back(std::move(m.steady_v));
-    m.steady_k = std::move(nk);
-    m.steady_v = std::move(nv);
-    m.steady_rows = static_cast<int>(rows1);
-  }
+// 6. The steady zone rebuilt without the block's clustered rows (wave_rows_gather into new buffers of the
+// same capacity): [sinks | outliers | block outliers | tail past the block]. Asynchronous on st; the old
+// buffers go to `retired`.
+void WaveBufferLayer::Impl::remove_block_rows(const BlockIndex& b, std::vector<DeviceBuffer>& retired,
+                                              cudaStream_t st) {
+  auto& m = *this;
+  const int64_t U = m.cfg.update_tokens;
+  const size_t row_bytes = size_t(D) * 2;
+  const std::vector<int32_t> map =
+      buffer::steady_rows_after_update(H, m.idx_begin, m.n_out, m.steady_rows, U, b.o_blk, b.bout);
+  const int64_t rows1 = m.steady_rows - U + b.o_blk;
+  DeviceBuffer nk(std::max<size_t>(size_t(H) * m.steady_cap * row_bytes, 16));
+  DeviceBuffer nv(std::max<size_t>(size_t(H) * m.steady_cap * row_bytes, 16));
+  DeviceBuffer d_map = upload_async(map, st);
+  detail::RowGatherParams gp;
+  gp.src_k = m.steady_k.as<uint16_t>();
+  gp.src_v = m.steady_v.as<uint16_t>();
+  gp.src_cap = m.steady_cap;
+  gp.dst_k = nk.as<uint16_t>();
+  gp.dst_v = nv.as<uint16_t>();
+  gp.dst_cap = m.steady_cap;
+  gp.map = d_map.as<int>();
+  gp.rows = rows1;
+  gp.num_heads = H;
+  gp.head_dim = D;
+  detail::launch_check(detail::wave_rows_gather(gp, st), "wave_rows_gather", st);
+  retired.push_back(std::move(d_map));
+  retired.push_back(std::move(m.steady_k));
+  retired.push_back(std::move(m.steady_v));
+  m.steady_k = std::move(nk);
+  m.steady_v = std::move(nv);
+  m.steady_rows = static_cast<int>(rows1);
+}
 
-  // 7. Counts and budgets of the grown index (RetroLayer::Impl::update / size_workspace).
-  m.C = C1;
-  m.n_idx = nidx0 + U;
-  m.n_out += o_blk;
-  m.per_head = per1;
-  const detail::ZoneCounts z = detail::zone_counts(C1, m.cfg);
-  m.n_r = z.n_retrieval;
-  m.n_e = z.n_estimation;
-  // Execution buffer: the steady capacity plus the n_r largest clusters of any head; its rows are kept (the
-  // manager's pending admissions copy from the last step's rows).
+// 7. Execution buffer: the steady capacity plus the n_r largest clusters of any head; its rows are kept (the
+// manager's pending admissions copy from the last step's rows), the identity list grown with it.
+// Asynchronous on st; the old buffers go to `retired`.
+void WaveBufferLayer::Impl::grow_execution_buffer(std::vector<DeviceBuffer>& retired, cudaStream_t st) {
+  auto& m = *this;
+  const size_t row_bytes = size_t(D) * 2;
   const int64_t need = m.steady_cap + m.tab.retrieval_capacity(m.n_r);
   if (need > m.list_cap) {
     for (DeviceBuffer* b : {&m.exec_k, &m.exec_v}) {
@@ -267,12 +344,13 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
     m.identity = upload_async(ids, st);
     m.list_cap = need;
   }
-  RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));  // the uploads' sources and the retired buffers
-  retired.clear();
-  m.size_decode_workspace();
+}
 
-  // 8. The manager: the new clusters, before the first step that can select them; a ring too narrow for
-  // the grown n_r is rebuilt (the manager and the device page table restart empty).
+// 8. The block's clusters added to the manager; a ring too narrow for the grown n_r is rebuilt instead
+// (the manager and the device page table restart empty).
+void WaveBufferLayer::Impl::add_block_to_manager(const BlockIndex& b) {
+  auto& m = *this;
+  const int Cu = m.cfg.update_clusters;
   if (m.n_r > m.layout.k) {
     m.manager->stop();  // rethrows its error
     m.stats_base += m.manager->stats();
@@ -280,11 +358,8 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
     m.start_manager(std::max(m.n_r, 2 * m.layout.k));
   } else {
     for (int h = 0; h < H; ++h)
-      m.manager->add_clusters(h, std::span<const int32_t>(bsizes.data() + size_t(h) * Cu, size_t(Cu)));
+      m.manager->add_clusters(h, std::span<const int32_t>(b.bsizes.data() + size_t(h) * Cu, size_t(Cu)));
   }
-  m.drop_graph();
-  ++m.updates;
-  RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace retroinfer::cuda
