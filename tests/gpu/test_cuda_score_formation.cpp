@@ -93,13 +93,25 @@ void formation_case(const FormCase& fc, uint64_t seed) {
   fp.num_items = C;
   ASSERT_EQ(cd::form_scores(fp, st), cudaSuccess);
 
-  // The bins selection (pages of 16 tokens as the items; only its scores are compared here).
+  // The bins selection, over clusters of kPer index tokens each as the layers give them (CSR offsets and
+  // members); only its scores are compared here.
   const bool select_forms = G <= 4 && C % 4 == 0 && C <= cd::kSelectGridMinItems;
-  constexpr int kPage = 16;
+  constexpr int kPer = 16;
+  const int64_t n_idx = int64_t{C} * kPer;
   const int k_r = std::max(1, C / 20), k_e = std::max(1, C / 5);
-  cuda::DeviceBuffer ret(size_t(H) * k_r * 4), est(size_t(H) * k_e * 4), list(size_t(H) * k_r * kPage * 4),
-      count(size_t(H) * 4), scratch(size_t(H) * (k_r + 1) * 4);
+  cuda::DeviceBuffer ret(size_t(H) * k_r * 4), est(size_t(H) * k_e * 4), list(size_t(H) * k_r * kPer * 4),
+      count(size_t(H) * 4), scratch(size_t(H) * (k_r + 1) * 4), d_offsets, d_members;
   if (select_forms) {
+    std::vector<int> offsets(items + 1);
+    std::vector<uint32_t> members(size_t(H) * n_idx);
+    for (int h = 0; h < H; ++h) {
+      for (int c = 0; c < C; ++c) offsets[size_t(h) * C + c] = int(h * n_idx + int64_t{c} * kPer);
+      for (int64_t j = 0; j < n_idx; ++j) members[size_t(h) * n_idx + j] = uint32_t(j);
+    }
+    offsets[items] = int(H * n_idx);
+    d_offsets = gputest::upload(offsets);
+    d_members = gputest::upload(members);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the uploads before the created stream's kernels
     cd::SelectParams se;
     se.logits = sp.logits;
     se.norm_partial = sp.norm_partial;
@@ -112,14 +124,15 @@ void formation_case(const FormCase& fc, uint64_t seed) {
     se.k_estimation = k_e;
     se.retrieval_ids = ret.as<int>();
     se.estimation_ids = est.as<int>();
-    se.page_tokens = kPage;
-    se.n_idx = int64_t{C} * kPage;
+    se.offsets = d_offsets.as<int>();
+    se.members = d_members.as<uint32_t>();
+    se.n_idx = n_idx;
     se.idx_begin = 0;
-    se.num_tokens = se.n_idx;
+    se.num_tokens = n_idx;
     se.token_list = list.as<int>();
     se.token_count = count.as<int>();
     se.scan_scratch = scratch.as<int>();
-    se.list_stride = int64_t{k_r} * kPage;
+    se.list_stride = int64_t{k_r} * kPer;
     ASSERT_EQ(cd::select_and_expand_bins(se, st), cudaSuccess);
   }
   ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);

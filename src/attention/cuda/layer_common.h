@@ -35,9 +35,10 @@ ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg);
 // The decode launch sequence of the wave index, shared by RetroLayer and WaveBufferLayer:
 //   score_clusters -> select_and_expand -> after_select() -> decode_attention over the exact list, with the
 //   estimation zone as a second grid chained behind the exact one -> combine_states.
-// On a created stream every kernel after the score kernel is a programmatic dependent of the one before
-// (except the exact grid when after_select runs kernels between it and the selection), so that each starts
-// while the previous one drains. The selection's scores are formed, by shape:
+// On a created stream the kernels after the score kernel launch as programmatic dependents of the one before
+// (the selection where its kernel takes it; the exact grid only straight after the selection, not after
+// after_select's kernels), so that each starts while the previous one drains.
+// The selection's scores are formed, by shape:
 //   - in the bins selection from the logits and the normaliser partials, where G <= 4, C % 4 == 0 and the bins
 //     kernel selects (C <= kSelectGridMinItems, the grid selection not forced): no grid barrier in the score
 //     grid (select_bins.cu scores_from_logit_quads; its general formation would be ~5x slower on one
@@ -45,8 +46,8 @@ ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg);
 //   - else in the score grid after a grid-wide barrier (cooperative launch, ScoreParams::scores), where its
 //     one-wave grid fits at once (score_form_fits);
 //   - else by their own grid (form_scores) between the score kernel and the selection.
-// All three call the same formation (select_common.cuh form_head_score): the scores, hence the selection, are
-// the same bit for bit.
+// All three compute form_head_score's arithmetic (select_common.cuh): the scores, hence the selection, are the
+// same bit for bit wherever they are formed.
 // Shapes as kernels.h (H flat heads, G group, D head_dim, C clusters per head).
 struct ZoneDecodeArgs {
   const float* q = nullptr;  // [H, G, D] f32
