@@ -8,7 +8,8 @@
 //     decode after them bit-identical to the first decode (nothing left behind between decodes); the
 //     stage-timing path (plain launches, events between the stages, phase stamps) bit-identical too;
 //   - WaveBufferLayer whose cache holds every cluster (the lookup and gather between the selection and the exact
-//     grid, the estimation grid chained behind it): RetroLayer's output bit for bit, also from graph replays.
+//     grid, the estimation grid chained behind it): RetroLayer's output bit for bit, also from graph replays;
+//   - the exact and estimation kernels' registers and shared memory against the co-residency they are built for.
 // Shapes: batch 1/3/4/16/~34, head_dim 64/128, GQA groups 1/3/4/8 (so every score formation of
 // layer_common.h: in the selection, in the score grid, by its own grid), estimation chunks with tails
 // (k_e < 64, just past 128), score blocks with tails (C ~ 1025), no estimation, outliers (list_append between
@@ -193,6 +194,46 @@ TEST(CudaZoneDecode, WaveBufferHoldingEverythingMatchesRetroLayer) {
               "output bit for bit, a second step and two graph replays identical%s\n",
               num_seqs * hkv, group, d, (long long)n, layer.num_clusters(), layer.n_estimation(),
               ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
+}
+
+// The co-residency the exact and estimation grids are built for (kernels.h exact_grid_footprint; decode.cu
+// decode_exact_kernel), at D 128 and G 4 / 8: registers allocated per warp in units of 256 (per thread rounded
+// up to a multiple of 8), shared memory with the device's reservation per CTA. The exact kernel at <= 128
+// registers and three of its CTAs on a multiprocessor with room for an estimation CTA beside them; the
+// estimation kernel at <= 64 registers, eight to a multiprocessor alone. One "[zone decode] footprint" line per
+// group.
+TEST(CudaZoneDecode, ExactGridFootprint) {
+  RETROINFER_REQUIRE_GPU();
+  namespace d = cuda::detail;
+  auto regs_of = [](int per_thread) { return int64_t{(per_thread + 7) / 8 * 8} * 128; };  // one 128-thread CTA
+  for (const int G : {4, 8}) {
+    SCOPED_TRACE(testing::Message() << "G " << G);
+    d::ExactGridFootprint f;
+    ASSERT_EQ(d::exact_grid_footprint(128, G, &f), cudaSuccess);
+    auto fits = [&](int exact_ctas, int est_ctas) {
+      const int64_t smem = int64_t(exact_ctas) * int64_t(f.exact_smem + f.cta_reserved) +
+                           int64_t(est_ctas) * int64_t(f.est_smem + f.cta_reserved);
+      const int64_t regs = exact_ctas * regs_of(f.exact_regs) + est_ctas * regs_of(f.est_regs);
+      return smem <= int64_t(f.sm_smem) && regs <= f.sm_regs;
+    };
+    int beside = 0;
+    while (beside < 8 && fits(3, beside + 1)) ++beside;
+    int alone = 0;
+    while (alone < 16 && fits(0, alone + 1)) ++alone;
+    std::printf("[zone decode] footprint D=128 G=%d: exact CTA %d registers %zu bytes, estimation CTA %d registers "
+                "%zu bytes (+%zu reserved each; %d registers, %zu bytes per SM): three exact CTAs fit=%d, estimation "
+                "CTAs beside them %d, alone %d\n",
+                G, f.exact_regs, f.exact_smem, f.est_regs, f.est_smem, f.cta_reserved, f.sm_regs, f.sm_smem,
+                int(fits(3, 0)), beside, alone);
+    EXPECT_LE(f.exact_regs, 128);
+    EXPECT_LE(f.est_regs, 64);
+    EXPECT_TRUE(fits(3, 0));
+    EXPECT_GE(beside, 1);
+    EXPECT_GE(alone, 8);
+  }
+  d::ExactGridFootprint f;
+  EXPECT_EQ(d::exact_grid_footprint(96, 4, &f), cudaErrorInvalidValue);
+  EXPECT_EQ(d::exact_grid_footprint(128, 9, &f), cudaErrorInvalidValue);
 }
 
 }  // namespace
