@@ -15,10 +15,6 @@
 //                              "retro_phases" line per case (medians over heads and the 10 stage decodes);
 //                              --stages 2: the phases of a graph replay straight after another, without the
 //                              L2 flush (warm caches; diagnostics: cold-cache cost = phases(1) - phases(2))
-//               [--paths run8,run9]   with --out FILE: the retro decode timed once per decode path on the
-//                              same layer (RETROINFER_DECODE set to each in turn); path P's lines (with the
-//                              path-independent ones) also go to FILE.P.jsonl (FILE without its .jsonl) for
-//                              torch_sdpa_bench.py --compare
 //               [--only full,quest,kmeans,retro]   time only these parts of each case (default: all); kmeans
 //                              brings the prefill it is compared with
 //               [--kmeans-variants v1/v1,a/fast,...]   the k-means build timed once per kernel variant
@@ -38,10 +34,7 @@
 //               [--kmeans-phases 1]   after the timed builds, one more build per variant with
 //                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
 //                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
-// RETROINFER_DECODE=run6 / fused / nopdl / run8 / run9 / run9est / run9form / run10 (= run10form) / run10c /
-// run10s (unset: run10s since run 25, layer_common.h kRun25SelectFormsIsDefault) picks the retro decode path
-// (layer_common.h decode_path); RETROINFER_SCORE_CENTROIDS=int8 (unset) / bf16 the centroids retro scores; RETROINFER_FULL_DECODE=tma2d (unset) / bulk / v1 the dense decode kernel of
-// "full" (its lines carry it as "full_kernel").
+// RETROINFER_SCORE_CENTROIDS=int8 (unset) / bf16 picks the centroids retro scores.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -144,12 +137,7 @@ void flush(cuda::Stream s = nullptr) {
   rf.run(s);
 }
 
-// --paths A,B (with --out STEM.jsonl): the retro decode of each case timed once per decode path
-// (RETROINFER_DECODE set to each in turn, on the same built layer); path P's lines also go to STEM.P.jsonl
-// together with the path-independent lines (full, quest, kmeans, prefill), so that `torch_sdpa_bench.py
-// --compare STEM.A.jsonl STEM.B.jsonl` is a same-run A/B. Its retro lines in STEM.jsonl carry "decode_path".
-std::vector<std::pair<std::string, FILE*>> g_paths;
-FILE* g_path_only = nullptr;  // while one path's retro lines are timed: its file
+constexpr int kQueries = 8;  // query buffers per case, rotated so that consecutive calls see different queries
 
 void emit(const char* method, long long n, long long batch, const Stats& s, double bytes, const std::string& extra) {
   // Retro lines say which centroids the clusters were scored against (RETROINFER_SCORE_CENTROIDS, read by
@@ -165,11 +153,6 @@ void emit(const char* method, long long n, long long batch, const Stats& s, doub
                 g_flush_read ? ",\"flush\":\"read\"" : "", centroids);
   std::fputs(line, g_out);
   std::fflush(g_out);
-  for (auto& [name, f] : g_paths)
-    if (g_path_only == nullptr || g_path_only == f) {
-      std::fputs(line, f);
-      std::fflush(f);
-    }
 }
 
 // Times fn(i) (i = 0 .. reps - 1) on stream s after `warm` untimed calls, evicting L2 before each; each time divided
@@ -266,6 +249,61 @@ void stack_case(long long n, long long batch, int reps, const uint16_t* k0, cons
   }
 }
 
+// The retro decode of one case: eager calls, the stage breakdown (and with --stages the phase stamps), and graph
+// replays; every line tagged with `tag`. qp(i): the i-th query buffer (kQueries of them).
+template <typename Q>
+void time_retro(cuda::RetroLayer& retro, long long n, long long batch, int reps, Q&& qp, cuda::DeviceBuffer& out,
+                const std::string& tag) {
+  char extra[512];
+  const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
+  const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
+  std::snprintf(extra, sizeof extra,
+                ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
+                "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
+                retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
+                static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
+  emit("retro", n, batch, s, req, extra + tag);
+  // Stage breakdown (median over 10 decodes, each after an L2 eviction).
+  std::vector<std::vector<float>> per;
+  std::vector<std::string> names;
+  for (int i = 0; i < 10; ++i) {
+    flush();
+    const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
+    if (per.empty()) {
+      per.resize(st.size());
+      for (const auto& x : st) names.push_back(x.first);
+    }
+    for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
+  }
+  // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
+  std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
+  bool any_stage = false, any_phase = false;
+  for (size_t j = 0; j < per.size(); ++j) {
+    const bool ph = names[j].rfind("phase.", 0) == 0;
+    bool& any = ph ? any_phase : any_stage;
+    char b[128];
+    std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
+                  stats(per[j]).median);
+    (ph ? phase_json : stage_json) += b;
+    any = true;
+  }
+  stage_json += "}" + tag;
+  phase_json += "}" + tag;
+  emit("retro_stages", n, batch, s, req, stage_json);
+  if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
+  {
+    // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
+    cuda::StreamHandle stream;
+    std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
+    for (int i = 0; i < kQueries; ++i)
+      graphs.push_back(std::make_unique<cuda::CapturedGraph>(
+          stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
+    const Stats sg = time_calls([&](int i) { graphs[(i + 3) % kQueries]->launch(stream.get()); }, 3, reps,
+                                stream.get());
+    emit("retro_graph", n, batch, sg, req, tag);
+  }
+}
+
 void run_case(long long n, long long batch, int reps, double max_index_work) {
   const AttentionShape shape{32, 8, 128};
   const int H = static_cast<int>(batch) * shape.num_heads_kv, G = 4, D = shape.head_dim;
@@ -279,7 +317,6 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
   uint16_t* const vp = vb.as<uint16_t>();
   cuda::fill_random_bf16(kp, kv_elems, 1000 + n + batch, 1.0f);
   cuda::fill_random_bf16(vp, kv_elems, 2000 + n + batch, 1.0f);
-  constexpr int kQueries = 8;  // rotated so that consecutive calls see different queries
   const size_t q_elems = size_t(H) * G * D;
   cuda::DeviceBuffer q(q_elems * 4 * kQueries), out(q_elems * 4);
   cuda::fill_random_f32(q.as<float>(), q_elems * kQueries, 3000 + n, 1.0f);
@@ -293,9 +330,8 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
                                3, reps);
     // Where K and V lie (diagnostics: batch 1 after a larger case is slower than in a fresh process).
     const auto ka = reinterpret_cast<uintptr_t>(kp), va = reinterpret_cast<uintptr_t>(vp);
-    std::snprintf(extra, sizeof extra,
-                  ",\"splits\":%d,\"full_kernel\":\"%s\",\"k_addr\":\"0x%llx\",\"v_minus_k\":%lld%s",
-                  dense.num_splits(n), dense.kernel(), static_cast<unsigned long long>(ka),
+    std::snprintf(extra, sizeof extra, ",\"splits\":%d,\"k_addr\":\"0x%llx\",\"v_minus_k\":%lld%s",
+                  dense.num_splits(n), static_cast<unsigned long long>(ka),
                   static_cast<long long>(va) - static_cast<long long>(ka), g_kv_per_case ? ",\"kv\":\"per_case\"" : "");
     emit("full", n, batch, s, double(kv_elems) * 2 * 2 + io_bytes, extra);
   }
@@ -402,70 +438,15 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       unsetenv("RETROINFER_KMEANS_UPDATE");
     }
     if (part_on("retro")) {
-      const size_t num_paths = g_paths.empty() ? 1 : g_paths.size();
-      // --layout clustered: every path timed on the token-ordered rows, then again after
-      // RetroLayer::make_cluster_contiguous (the same index, each cluster's rows contiguous).
+      // --layout clustered: timed on the token-ordered rows, then again after RetroLayer::make_cluster_contiguous
+      // (the same index, each cluster's rows contiguous).
       for (int pass = 0; pass < (g_layout_clustered ? 2 : 1); ++pass) {
         if (pass == 1) retro.make_cluster_contiguous(kp, vp);
-        for (size_t pi = 0; pi < num_paths; ++pi) {
-          // ,"layout":"token|clustered" with --layout, ,"decode_path":"P" with --paths
-          std::string tag = !g_layout_clustered ? "" : pass == 0 ? ",\"layout\":\"token\"" : ",\"layout\":\"clustered\"";
-          if (!g_paths.empty()) {
-            setenv("RETROINFER_DECODE", g_paths[pi].first.c_str(), 1);  // read at every decode (decode_path())
-            g_path_only = g_paths[pi].second;
-            tag += ",\"decode_path\":\"" + g_paths[pi].first + "\"";
-          }
-          const Stats s = time_calls([&](int i) { retro.decode(qp(i), out.as<float>()); }, 3, reps);
-          const double req = retro.decode_bytes_required(), moved = retro.decode_bytes_moved();
-          std::snprintf(extra, sizeof extra,
-                        ",\"clusters\":%d,\"n_retrieval\":%d,\"n_estimation\":%d,\"list_capacity\":%lld,"
-                        "\"bytes_moved\":%.0f,\"moved_over_required\":%.3f",
-                        retro.num_clusters(), retro.n_retrieval(), retro.n_estimation(),
-                        static_cast<long long>(retro.token_list_capacity()), moved, moved / req);
-          emit("retro", n, batch, s, req, extra + tag);
-          // Stage breakdown (median over 10 decodes, each after an L2 eviction).
-          std::vector<std::vector<float>> per;
-          std::vector<std::string> names;
-          for (int i = 0; i < 10; ++i) {
-            flush();
-            const auto st = retro.decode_stage_ms(qp(i), out.as<float>());
-            if (per.empty()) {
-              per.resize(st.size());
-              for (const auto& x : st) names.push_back(x.first);
-            }
-            for (size_t j = 0; j < st.size() && j < per.size(); ++j) per[j].push_back(st[j].second);
-          }
-          // Stages, then (--stages: RETROINFER_SELECT_PHASES=1) the "phase.*" entries on a line of their own.
-          std::string stage_json = ",\"stages_ms\":{", phase_json = ",\"phases_ms\":{";
-          bool any_stage = false, any_phase = false;
-          for (size_t j = 0; j < per.size(); ++j) {
-            const bool ph = names[j].rfind("phase.", 0) == 0;
-            bool& any = ph ? any_phase : any_stage;
-            char b[128];
-            std::snprintf(b, sizeof b, "%s\"%s\":%.5f", any ? "," : "", names[j].c_str() + (ph ? 6 : 0),
-                          stats(per[j]).median);
-            (ph ? phase_json : stage_json) += b;
-            any = true;
-          }
-          stage_json += "}" + tag;
-          phase_json += "}" + tag;
-          emit("retro_stages", n, batch, s, req, stage_json);
-          if (any_phase) emit("retro_phases", n, batch, s, req, phase_json);
-          {
-            // The same decode replayed from CUDA graphs (one per query buffer): no per-kernel launch gaps.
-            cuda::StreamHandle stream;
-            std::vector<std::unique_ptr<cuda::CapturedGraph>> graphs;
-            for (int i = 0; i < kQueries; ++i)
-              graphs.push_back(std::make_unique<cuda::CapturedGraph>(
-                  stream.get(), [&] { retro.decode(qp(i), out.as<float>(), stream.get()); }));
-            const Stats sg = time_calls([&](int i) { graphs[(i + 3) % kQueries]->launch(stream.get()); }, 3, reps,
-                                        stream.get());
-            emit("retro_graph", n, batch, sg, req, tag);
-          }
-        }  // decode paths
+        // ,"layout":"token|clustered" with --layout
+        const std::string tag =
+            !g_layout_clustered ? "" : pass == 0 ? ",\"layout\":\"token\"" : ",\"layout\":\"clustered\"";
+        time_retro(retro, n, batch, reps, qp, out, tag);
       }  // layouts
-      g_path_only = nullptr;
-      if (!g_paths.empty()) unsetenv("RETROINFER_DECODE");
     }  // part_on("retro")
   }
   if (g_stack > 1) stack_case(n, batch, reps, kp, vp, qp(0), out.as<float>());
@@ -484,7 +465,6 @@ int main(int argc, char** argv) {
   bool kv_per_case = false;        // --kv-per-case (g_kv_per_case)
   bool layout_clustered = false;   // --layout clustered (g_layout_clustered)
   int stack_layers = 1;            // --stack L (g_stack)
-  std::string paths_arg;           // --paths run8,run9 (needs --out)
   std::string only_arg;            // --only kmeans
   std::string kmeans_variants_arg;  // --kmeans-variants v1/v1,a/fast
   int kmeans_builds = 3;
@@ -504,7 +484,6 @@ int main(int argc, char** argv) {
     else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
     else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
     else if (a == "--kv-per-case") kv_per_case = true;
-    else if (a == "--paths") paths_arg = argv[++i];
     else if (a == "--only") only_arg = argv[++i];
     else if (a == "--stack") {
       const char* v = argv[++i];  // present: checked above
@@ -586,29 +565,6 @@ int main(int argc, char** argv) {
     }
     std::erase(g_kmeans_variants, std::string());
   }
-  if (!paths_arg.empty()) {
-    if (out_path == nullptr) {
-      std::fprintf(stderr, "kernel_bench: --paths needs --out FILE (each path also writes FILE.<path>.jsonl)\n");
-      return 2;
-    }
-    std::vector<std::string> names{""};
-    for (const char c : paths_arg) {
-      if (c == ',') names.emplace_back();
-      else names.back() += c;
-    }
-    for (const std::string& name : names) {
-      if (name.empty()) continue;
-      std::string stem = out_path;  // ab.jsonl -> ab.run8.jsonl
-      if (stem.size() > 6 && stem.compare(stem.size() - 6, 6, ".jsonl") == 0) stem.resize(stem.size() - 6);
-      const std::string file = stem + "." + name + ".jsonl";
-      FILE* f = std::fopen(file.c_str(), "a");
-      if (f == nullptr) {
-        std::fprintf(stderr, "kernel_bench: cannot open %s\n", file.c_str());
-        return 1;
-      }
-      g_paths.emplace_back(name, f);
-    }
-  }
   std::fprintf(stderr, "kernel_bench on %s\n", retroinfer::cuda::device_description().c_str());
   // K + V of one layer must fit with room for the index workspace (~0.7x K+V at most).
   auto kv_gib = [](long long n, long long b) { return double(b) * 8 * n * 128 * 2 * 2 / double(1ull << 30); };
@@ -645,7 +601,6 @@ int main(int argc, char** argv) {
   (void)kv_per_case;
   (void)layout_clustered;
   (void)stack_layers;
-  (void)paths_arg;
   (void)only_arg;
   (void)kmeans_variants_arg;
   (void)kmeans_builds;

@@ -27,9 +27,8 @@
 namespace retroinfer::cuda {
 
 // Exact dense decode attention (flash decoding, split over tokens, GQA-aware): the full-attention
-// baseline on the GPU. The kernel is chosen at construction by RETROINFER_FULL_DECODE (unset / "tma2d": the
-// streaming kernel with tensor-map copies, "bulk": the same with 1-D bulk copies, "v1": the earlier
-// split-K kernel; anything else throws).
+// baseline on the GPU. A streaming kernel with tensor-map copies of the K/V tiles (1-D bulk copies where no
+// tensor map can be made).
 class DenseDecoder {
  public:
   // max_tokens: the longest num_tokens run() will see (sizes the split workspace).
@@ -42,8 +41,6 @@ class DenseDecoder {
            float scale, float* out, Stream s = nullptr);
   // Splits (CTAs per flat head) run() uses for num_tokens.
   int num_splits(int64_t num_tokens) const;
-  // The kernel run() launches: "tma2d", "bulk" or "v1".
-  const char* kernel() const;
 
  private:
   struct Impl;

@@ -33,7 +33,8 @@
 // the CTA writes one partial state per query head (the softmax_state.h format of the split-K path), merged by
 // the fused merge of the head's last CTA (decode_merge.cuh) or combine_states.
 //
-// The two kernels (DenseVariant: bulk and tma2d) differ only in how a tile is copied and laid out.
+// The two kernels (DenseVariant: bulk and tma2d, decode_dense.h DenseKernel kBulkCopy and kTensorMap) differ only
+// in how a tile is copied and laid out.
 #include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -314,16 +315,14 @@ const DenseKernelInfo* dense_kernel_info_dim(int head_dim) {
   return nullptr;
 }
 
-// Calls f(V{}) with the variant of kernel k; cudaErrorInvalidValue for v1 (not a streaming kernel).
+// Calls f(V{}) with the variant of kernel k.
 template <class F>
 cudaError_t with_variant(DenseKernel k, F&& f) {
   switch (k) {
-    case DenseKernel::kBulk:
+    case DenseKernel::kBulkCopy:
       return f(VariantBulk{});
-    case DenseKernel::kTma2d:
+    case DenseKernel::kTensorMap:
       return f(VariantTma2d{});
-    case DenseKernel::kV1:
-      break;
   }
   return cudaErrorInvalidValue;
 }
@@ -383,7 +382,7 @@ cudaError_t dense_decode_stream(DenseKernel kernel, const DenseParams& p, cudaSt
     if constexpr (V::kTma) {
       // No tensor-map encoder in the driver, or token coordinates past 32 bits: the bulk kernel (the same
       // CTAs per multiprocessor, so the same splits).
-      if (cached_dense_maps(p, &maps) != cudaSuccess) return dense_decode_stream(DenseKernel::kBulk, p, s);
+      if (cached_dense_maps(p, &maps) != cudaSuccess) return dense_decode_stream(DenseKernel::kBulkCopy, p, s);
     }
     k->kernel<<<dim3(p.num_splits, p.num_heads), V::kThreads, bytes, s>>>(p, maps);
     return cudaGetLastError();

@@ -1,21 +1,14 @@
 // Dense decode attention (exact attention of one decode query over every cached token): the one launch
 // function every dense-decode caller goes through (DenseDecoder, i.e. the model runner's full attention and
-// kernel_bench's "full"; RetroLayer while nothing is indexed), the kernel choice, and the raw launchers of
-// the streaming kernels of decode_dense.cu. Included only from src/backend/cuda. Notation as kernels.h.
+// kernel_bench's "full"; RetroLayer while nothing is indexed), and the raw launchers of the streaming kernels
+// of decode_dense.cu. Internal (src and the tests). Notation as kernels.h.
 //
-// Kernels (RETROINFER_FULL_DECODE):
-//   unset / "tma2d" (the default since run 15: fastest of the A/B, bench/results/run15/call4): bulk's CTA and
-//                   ring, each tile copied by 2-D tensor-map copies (D / 64 boxes of 64 tokens x 64 dims per K
-//                   or V tile, 128-byte swizzle) instead of 8 skewed 1-D copies; warp w takes the consecutive
-//                   tokens 16w..16w+15. Where the driver has no tensor-map encoder or kv_stride >= 2^31, the
-//                   launch runs bulk instead (dense_decode_stream);
-//   "bulk":         decode_dense.cu with Hopper bulk copies (cp.async.bulk, mbarrier completion) into a ring
-//                   of K/V tile stages filled by one producer thread (tma2d's fallback);
-//   "v1":           decode.cu's decode_kernel<D, false, S> + combine_states (the kernel before these; the
-//                   reference the GPU tests compare against).
-// Run 15 also measured "async" (bulk's stages filled by cp.async), "bulkw" (all of a tile's ldmatrix before
-// its MMAs), "bulk8" / "bulk8w" (8 compute warps, 128-token tiles) and "bulk12" (12 warps, 192-token
-// tiles): none beat bulk or tma2d (bench/results/run15/call4, call3), and they were removed after it.
+// Kernels (DenseKernel), the same CTA, ring of K/V tile stages and math, the tiles copied differently:
+//   kTensorMap  each K or V tile copied by 2-D tensor-map copies (D / 64 boxes of 64 tokens x 64 dims, 128-byte
+//               swizzle); warp w takes the consecutive tokens 16w..16w+15. The kernel every caller gets.
+//   kBulkCopy   each tile copied by 8 skewed 1-D bulk copies (cp.async.bulk, mbarrier completion). Where no
+//               tensor map can be made (the driver has no tensor-map encoder, or kv_stride >= 2^31),
+//               dense_decode_stream runs it in kTensorMap's place; the tests ask for it to cover that case.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,16 +19,9 @@
 
 namespace retroinfer::cuda::detail {
 
-enum class DenseKernel { kBulk, kV1, kTma2d };
-inline constexpr DenseKernel kDefaultDenseKernel = DenseKernel::kTma2d;
+enum class DenseKernel { kTensorMap, kBulkCopy };
 
-// The kernel RETROINFER_FULL_DECODE names, read at each call (a DenseDecoder keeps the one it was made
-// with). Throws Error on any other value, naming the valid ones.
-DenseKernel dense_kernel();
-// "bulk", "v1", "tma2d"
-const char* dense_kernel_name(DenseKernel k);
-
-// The streaming kernels' (bulk's and tma2d's) figures.
+// The streaming kernels' figures.
 inline constexpr int kDenseTile = 64;          // tokens per pipeline stage (a K tile and a V tile)
 inline constexpr int kDenseComputeWarps = 4;   // consumer warps: each takes 16 tokens of every tile
 inline constexpr int kDenseThreads = (kDenseComputeWarps + 1) * 32;  // + one producer warp
@@ -47,13 +33,13 @@ inline constexpr int kDenseCtasPerSm = 2;
 // heads (floor(ctas_per_sm * sms / num_heads): one wave, no partial second one), at most one per tile of
 // tokens, at least 1. Pure (testable without a device).
 int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm = kDenseCtasPerSm);
-// CTAs of streaming kernel k (not v1) for head_dim that fit on one multiprocessor (the occupancy query,
-// made once per kernel with its shared-memory attributes set; on the H200 kDenseCtasPerSm for both).
-// cudaErrorInvalidValue for v1 or another head_dim.
+// CTAs of streaming kernel k for head_dim that fit on one multiprocessor (the occupancy query, made once per
+// kernel with its shared-memory attributes set; on the H200 kDenseCtasPerSm for both). cudaErrorInvalidValue
+// for another head_dim.
 cudaError_t dense_ctas_per_sm(DenseKernel k, int head_dim, int* ctas);
-// Splits kernel k uses for num_tokens tokens of num_heads flat heads of head_dim on this device (v1:
-// decode_splits; the streaming kernels: dense_stream_splits with the device's multiprocessors and the
-// kernel's occupancy, capped at kDenseCtasPerSm). Throws Error if the occupancy query fails.
+// Splits kernel k uses for num_tokens tokens of num_heads flat heads of head_dim on this device
+// (dense_stream_splits with the device's multiprocessors and the kernel's occupancy, capped at
+// kDenseCtasPerSm). Throws Error if the occupancy query fails.
 int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim);
 
 // Raw launch parameters of the streaming kernels. Split s of flat head h covers tokens
@@ -72,11 +58,12 @@ struct DenseParams {
   float* part_o = nullptr;    // [H, num_splits, G, D] un-normalised numerators
   FusedMerge merge;           // off unless merge.counter is set (then out[h] is written by the last CTA)
 };
-// Launches streaming kernel k (cudaErrorInvalidValue for v1, a bad shape or unaligned K/V).
+// Launches streaming kernel k (kTensorMap: kBulkCopy where no tensor map can be made); cudaErrorInvalidValue
+// for a bad shape or unaligned K/V.
 cudaError_t dense_decode_stream(DenseKernel k, const DenseParams& p, cudaStream_t s);
 
 struct DenseDecodeArgs {
-  DenseKernel kernel = kDefaultDenseKernel;
+  DenseKernel kernel = DenseKernel::kTensorMap;  // kBulkCopy: the fallback's kernel forced (tests)
   const float* q = nullptr;     // [H, G, D] f32 (unscaled)
   const uint16_t* k = nullptr;  // [H, kv_stride, D] bf16
   const uint16_t* v = nullptr;  // [H, kv_stride, D] bf16
@@ -90,7 +77,7 @@ struct DenseDecodeArgs {
   int max_splits = 0;
   // [H] int, zero (and left zero): the streaming kernels merge the splits in their last CTA per head
   // (kernels.h FusedMerge) when set, the splits fit kMergeMaxStates and out is 16-byte aligned; otherwise
-  // (and always for v1) combine_states follows.
+  // combine_states follows.
   int* merge_counter = nullptr;
   float* out = nullptr;  // [H, G, D] f32
 };

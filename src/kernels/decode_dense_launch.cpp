@@ -1,9 +1,7 @@
-// Host side of the dense decode (decode_dense.h): the kernel switch, the split counts and the one launch
-// function of every dense-decode caller.
+// Host side of the dense decode (decode_dense.h): the split counts and the one launch function of every
+// dense-decode caller.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/cuda_check.h"
 #include "kernels/decode_dense.h"
@@ -12,57 +10,8 @@
 
 namespace retroinfer::cuda::detail {
 
-namespace {
-constexpr DenseKernel kAllKernels[] = {DenseKernel::kTma2d, DenseKernel::kBulk, DenseKernel::kV1};
-
-// The fields DecodeParams (v1) and DenseParams (the streaming kernels) share: the inputs of `a`, `splits`
-// CTAs per head and the split workspace.
-template <class P>
-void fill_shared(P& p, const DenseDecodeArgs& a, int splits) {
-  p.q = a.q;
-  p.k = a.k;
-  p.v = a.v;
-  p.kv_stride = a.kv_stride;
-  p.num_tokens = a.num_tokens;
-  p.num_heads = a.num_heads;
-  p.group = a.group;
-  p.head_dim = a.head_dim;
-  p.scale = a.scale;
-  p.num_splits = splits;
-  p.part_ml = a.part_ml;
-  p.part_o = a.part_o;
-}
-}  // namespace
-
-DenseKernel dense_kernel() {
-  const char* e = std::getenv("RETROINFER_FULL_DECODE");
-  if (e == nullptr || e[0] == '\0') return kDefaultDenseKernel;
-  for (DenseKernel k : kAllKernels)
-    if (std::strcmp(e, dense_kernel_name(k)) == 0) return k;
-  RETROINFER_FAIL("RETROINFER_FULL_DECODE='", e,
-                  "' is not a dense decode kernel: use tma2d (the default), bulk or v1 (async, bulkw, bulk8, bulk8w "
-                  "and bulk12 were removed after run 15's A/B)");
-}
-
-const char* dense_kernel_name(DenseKernel k) {
-  switch (k) {
-    case DenseKernel::kBulk:
-      return "bulk";
-    case DenseKernel::kV1:
-      return "v1";
-    case DenseKernel::kTma2d:
-      return "tma2d";
-  }
-  return "?";
-}
-
 int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per_sm) {
-  // RETROINFER_FULL_CTAS=N (benchmark sweeps): N CTAs in all instead of ctas_per_sm per multiprocessor.
-  static const int64_t forced = [] {
-    const char* e = std::getenv("RETROINFER_FULL_CTAS");
-    return e != nullptr ? std::max<int64_t>(0, std::atoll(e)) : int64_t{0};
-  }();
-  const int64_t total = forced > 0 ? forced : int64_t{ctas_per_sm > 0 ? ctas_per_sm : 1} * sms;
+  const int64_t total = int64_t{ctas_per_sm > 0 ? ctas_per_sm : 1} * sms;
   const int64_t want = total / (num_heads > 0 ? num_heads : 1);
   const int64_t most = ceil_div(num_tokens > 0 ? num_tokens : 1, kDenseTile);
   const int64_t s = want < most ? want : most;
@@ -70,7 +19,6 @@ int dense_stream_splits(int64_t num_tokens, int num_heads, int sms, int ctas_per
 }
 
 int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim) {
-  if (k == DenseKernel::kV1) return decode_splits(num_tokens, num_heads, 1);
   int ctas = 0;
   RETROINFER_CUDA_CHECK(dense_ctas_per_sm(k, head_dim, &ctas));
   // The kernel's occupancy (fewer than kDenseCtasPerSm would mean the carveout did not apply): fewer, longer
@@ -95,25 +43,26 @@ int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
   int splits = dense_splits(a.kernel, a.num_tokens, a.num_heads, a.head_dim);
   if (splits > a.max_splits) splits = a.max_splits;
   const int H = a.num_heads, G = a.group, D = a.head_dim;
-  bool merged = false;
-  if (a.kernel == DenseKernel::kV1) {
-    DecodeParams p;
-    fill_shared(p, a, splits);
-    p.split_tokens = split_tokens(a.num_tokens, splits);
-    p.total_splits = splits;
-    p.split_offset = 0;
-    launch_check(decode_attention(p, st), who, st);
-  } else {
-    DenseParams p;
-    fill_shared(p, a, splits);
-    merged = a.merge_counter != nullptr && int64_t{splits} * G <= kMergeMaxStates &&
-             (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
-    if (merged) {
-      p.merge.counter = a.merge_counter;
-      p.merge.out = a.out;
-    }
-    launch_check(dense_decode_stream(a.kernel, p, st), who, st);
+  DenseParams p;
+  p.q = a.q;
+  p.k = a.k;
+  p.v = a.v;
+  p.kv_stride = a.kv_stride;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = H;
+  p.group = G;
+  p.head_dim = D;
+  p.scale = a.scale;
+  p.num_splits = splits;
+  p.part_ml = a.part_ml;
+  p.part_o = a.part_o;
+  const bool merged = a.merge_counter != nullptr && int64_t{splits} * G <= kMergeMaxStates &&
+                      (reinterpret_cast<uintptr_t>(a.out) & 15) == 0;
+  if (merged) {
+    p.merge.counter = a.merge_counter;
+    p.merge.out = a.out;
   }
+  launch_check(dense_decode_stream(a.kernel, p, st), who, st);
   if (!merged) {
     CombineParams c;
     c.part_ml = a.part_ml;

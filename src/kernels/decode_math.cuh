@@ -3,8 +3,8 @@
 // (gq = lane / 4, tq = lane % 4) of the mma m16n8k16 fragment layouts, query head gq of the GQA group in
 // A rows gq (bf16 hi part) and gq + 8 (lo part), so that S^T = Q K^T carries the f32 query to ~2^-18
 // relative (the row pair's products are summed: s = c[0] + c[2], ...); P is split the same way for
-// O^T += P V. These are the exact operations the kernels had inline, moved here unchanged (same
-// expressions in the same order: the outputs are bit-identical). Included only from .cu files.
+// O^T += P V. One copy serves every kernel, so that they all compute the same expressions in the same
+// order. Included only from .cu files.
 #pragma once
 
 #include <cuda_runtime.h>

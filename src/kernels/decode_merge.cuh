@@ -1,5 +1,5 @@
-// The fused merge of split-K decode attention (kernels.h FusedMerge), shared by the decode kernels of
-// decode.cu and the dense decode kernels of decode_dense.cu. Included only from .cu files.
+// The fused merge of split-K decode attention (kernels.h FusedMerge), taken by the dense decode kernels of
+// decode_dense.cu. Included only from .cu files.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,7 +12,7 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
-// The pieces of the two merges below (all threads of the CTA call each, uniform control flow).
+// The pieces of the merge below (all threads of the CTA call each, uniform control flow).
 
 // Counts this CTA into counter[h] after its partial-state stores (release fence, one atomic by thread 0)
 // and tells the CTA that counted last (total CTAs of head h count), which resets the counter for the next
@@ -76,8 +76,8 @@ __device__ __forceinline__ void merge_numerators(const float* po, int n, int G, 
   }
 }
 
-// Fused merge (kernels.h FusedMerge), called by every CTA of the decode and estimate kernels after it has
-// written its partial states (all threads, uniform control flow). The CTA that counts last for head h
+// Fused merge (kernels.h FusedMerge), called by every CTA of a dense decode kernel after it has written its
+// partial states (all threads, uniform control flow). The CTA that counts last for head h
 // merges the head's total splits: per query head g the max M over the splits' m, weights w_s = e^{m_s - M}
 // (0 for empty states), L = sum_s l_s w_s (warp g, lanes over the splits, a fixed-order shuffle
 // reduction), then out = sum_s w_s o_s / L with thread = 4 consecutive dims of one query head and the
@@ -101,29 +101,6 @@ __device__ void merge_if_last(const FusedMerge& fm, const float2* part_ml, const
     __syncthreads();
     phase_last(phase, h, kSlotMerge);
   }
-}
-
-// Run 17 pre-merge (kernels.h EstPremerge; RETROINFER_EXACT=split64ep / erp), called by every estimation CTA after
-// it has written its partial state (all threads, uniform control flow). est_ml / est_o: the estimation states
-// [H, n, G] (m, l) / [H, n, G, D] (n = estimation CTAs per head). The CTA that counts last on pm.counter for head h
-// resets the count and merges the head's n states in slot order with merge_if_last's arithmetic (the same
-// count_last / merge_weights / merge_numerators) into ONE unnormalised state (M, L, numerator) at slot
-// pm.slot of the final merge's states (the empty state, m = -inf, l = 0, o = 0, when every chunk is empty), then
-// counts once into pm.merge's counter as an exact CTA does (merge_if_last over pm.total states, so it also runs
-// the final merge when it counts last). Deterministic: the states it reads and the order it adds them in do not
-// depend on which CTA counts last. wts: >= kMergeMaxStates floats of shared memory the CTA no longer uses.
-__device__ void premerge_if_last(const EstPremerge& pm, const float2* est_ml, const float* est_o, int n, int G,
-                                 int D, int h, float* wts, uint64_t* phase) {
-  __shared__ float2 s_ml[kMaxGroup];
-  if (!count_last(pm.counter, h, n)) return;
-  merge_weights(est_ml + int64_t{h} * n * G, n, G, wts, [&](int g, float M, float L) { s_ml[g] = make_float2(M, L); });
-  const int64_t dst = int64_t{h} * pm.total + pm.slot;  // the pre-merged state's slot of head h
-  merge_numerators(est_o + int64_t{h} * n * G * D, n, G, D, wts, [&](int g, int d, const float4& acc) {
-    *reinterpret_cast<float4*>(pm.part_o + (dst * G + g) * D + d) = acc;
-  });
-  if (threadIdx.x < G) pm.part_ml[dst * G + threadIdx.x] = s_ml[threadIdx.x];
-  // merge_if_last's first barrier ends the reads of wts above and releases the pre-merged state.
-  merge_if_last(pm.merge, pm.part_ml, pm.part_o, pm.total, G, D, h, wts, phase);
 }
 
 }  // namespace

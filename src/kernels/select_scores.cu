@@ -1,8 +1,9 @@
-// Run 9: the selection's score formation as its own grid (kernels.h form_scores). Run 8's selection formed
-// the scores inside its one CTA per head (every logit of the head's G query heads read, exponentiated and
-// summed by 1024 threads of one multiprocessor: ~12 us per head at 128K in run 8's phase stamps); here
-// ceil(N / 1024) CTAs per head do it in one round of independent loads each, and the selection reads the
-// finished scores (N floats instead of G * N logits).
+// The selection's score formation as its own grid (kernels.h form_scores): the decode's formation where neither
+// the bins selection nor the score grid can form the scores (layer_common.h ZoneDecodeArgs: G > 4, C % 4 != 0
+// or past the bins kernel's items, with a score grid too large to be resident at once). A selection that formed
+// them inside its one CTA per head would read, exponentiate and sum every logit of the head's G query heads on
+// one multiprocessor (~12 us per head at 128K); here ceil(N / 1024) CTAs per head do it in one round of
+// independent loads each, and the selection reads the finished scores (N floats instead of G * N logits).
 #include <cuda_runtime.h>
 
 #include "kernels/common.cuh"
@@ -18,8 +19,8 @@ constexpr int kItemsPerCta = kFormThreads * kFormItemsPerThread;
 // b * kItemsPerCta + tid + j * kFormThreads (j < kFormItemsPerThread: coalesced, all loads issued before
 // any use). Warp g (< G) merges query head g's normaliser partials first (select_common.cuh
 // merge_head_normaliser, as select_bins_kernel does; select_cluster_kernel's loop is the same arithmetic), so
-// that every CTA of the head, and the selection kernels on run 8's path, get the same (M_g, 1 / L_g) bit for
-// bit, and forms each score by the same form_head_score.
+// that every CTA of the head, and the selection kernels that form the scores themselves, get the same
+// (M_g, 1 / L_g) bit for bit, and forms each score by the same form_head_score.
 __global__ void __launch_bounds__(kFormThreads) form_scores_kernel(const FormScoresParams p) {
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
   const int h = blockIdx.y, N = p.num_items, G = p.group, tid = threadIdx.x;

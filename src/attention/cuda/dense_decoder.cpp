@@ -11,7 +11,6 @@ struct DenseDecoder::Impl {
   int num_seqs = 1;
   int64_t max_tokens = 0;
   int max_splits = 0;
-  detail::DenseKernel kernel = detail::kDefaultDenseKernel;  // RETROINFER_FULL_DECODE at construction
   DeviceBuffer part_ml;        // [H, max_splits, G] float2
   DeviceBuffer part_o;         // [H, max_splits, G, D] f32
   DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
@@ -23,7 +22,6 @@ DenseDecoder::DenseDecoder(const AttentionShape& shape, int num_seqs, int64_t ma
   impl_->shape = shape;
   impl_->num_seqs = num_seqs;
   impl_->max_tokens = max_tokens;
-  impl_->kernel = detail::dense_kernel();
   const int H = num_seqs * shape.num_heads_kv, G = shape.num_heads_q / shape.num_heads_kv;
   impl_->max_splits = num_splits(max_tokens);  // the splits grow with the tokens
   impl_->part_ml = DeviceBuffer(size_t(H) * impl_->max_splits * G * 8);
@@ -37,13 +35,11 @@ DenseDecoder::DenseDecoder(DenseDecoder&&) noexcept = default;
 DenseDecoder& DenseDecoder::operator=(DenseDecoder&&) noexcept = default;
 
 int DenseDecoder::num_splits(int64_t num_tokens) const {
-  // One full wave of CTAs: long splits amortise each CTA's pipeline fill and state merge (run 2: 2.9 TB/s
-  // at 128K batch 1 with two waves of shorter splits).
-  return detail::dense_splits(impl_->kernel, num_tokens, impl_->num_seqs * impl_->shape.num_heads_kv,
+  // One full wave of CTAs: long splits amortise each CTA's pipeline fill and state merge (two waves of
+  // shorter splits leave HBM bandwidth unused).
+  return detail::dense_splits(detail::DenseKernel::kTensorMap, num_tokens, impl_->num_seqs * impl_->shape.num_heads_kv,
                               impl_->shape.head_dim);
 }
-
-const char* DenseDecoder::kernel() const { return detail::dense_kernel_name(impl_->kernel); }
 
 void DenseDecoder::run(const float* q, const uint16_t* k, const uint16_t* v, int64_t num_tokens,
                        int64_t kv_stride, float scale, float* out, Stream s) {
@@ -53,7 +49,6 @@ void DenseDecoder::run(const float* q, const uint16_t* k, const uint16_t* v, int
                    " exceeds the max_tokens ", impl_->max_tokens, " the decoder was made for");
   const auto& sh = impl_->shape;
   detail::DenseDecodeArgs a;
-  a.kernel = impl_->kernel;
   a.q = q;
   a.k = k;
   a.v = v;

@@ -1,11 +1,10 @@
-// The decode launch sequence of the wave index (score -> select -> estimate -> exact -> combine), shared by
+// The decode launch sequence of the wave index (score -> select -> exact + estimation -> combine), shared by
 // RetroLayer and WaveBufferLayer (layer_common.h), and the zone budgets.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
 
 #include "kernels/cuda_check.h"
 #include "attention/cuda/layer_common.h"
@@ -27,66 +26,8 @@ ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg) {
 }
 
 int exact_splits(int64_t list_tokens, int num_heads) {
-  static const int per_sm = [] {
-    const char* e = std::getenv("RETROINFER_EXACT_CTAS_PER_SM");
-    return e != nullptr && e[0] >= '1' && e[0] <= '3' && e[1] == '\0' ? e[0] - '0' : kExactCtasPerSm;
-  }();
-  const int cap = std::max(1, per_sm * sm_count() / std::max(num_heads, 1));
+  const int cap = std::max(1, kExactCtasPerSm * sm_count() / std::max(num_heads, 1));
   return std::min(decode_splits(list_tokens, num_heads, 1), cap);
-}
-
-DecodePath decode_path() {
-  const char* e = std::getenv("RETROINFER_DECODE");
-  DecodePath p;
-  std::string_view v(e != nullptr ? e : "");
-  v = v.substr(0, std::min(v.size(), v.find('+')));  // "P+X": path P, exact-grid variant X (exact_variant_from_env)
-  if (v == "run6") p.fused_merge = p.pdl = p.early_loads = p.prefetch = p.balance = false;
-  else if (v == "fused") p.pdl = p.early_loads = p.prefetch = p.balance = false;
-  else if (v == "nopdl") p.pdl = false;
-  else if (v == "run8") {  // run 8: DecodePath's defaults
-  } else if (v.empty() && kRun9IsDefault) {  // unset (or empty): the default path
-    p.form_scores = p.fused_estimate = true;
-    p.form_in_score = kRun10FormIsDefault;
-    p.combine_pdl = kRun10FormIsDefault && kRun10CombineIsDefault;
-    p.fused_merge = !p.combine_pdl;
-    p.select_forms = p.combine_pdl && kRun25SelectFormsIsDefault;
-  } else if (v == "run9") p.form_scores = p.fused_estimate = true;
-  else if (v == "run9est") p.fused_estimate = true;  // attribution: run 9's estimation part alone
-  else if (v == "run9form") p.form_scores = true;    // attribution: run 9's score formation alone
-  else if (v == "run10" || v == "run10form") {  // run 9 + run 10's score formation (the default spelled out)
-    p.form_scores = p.fused_estimate = p.form_in_score = true;
-  } else if (v == "run10c") {  // run 17: run 10 without the fused merge, combine_states chained by PDL
-    p.form_scores = p.fused_estimate = p.form_in_score = p.combine_pdl = true;
-    p.fused_merge = false;
-  } else if (v == "run10s") {  // run 25: run10c with the scores formed by the bins selection (group > 0)
-    p.form_scores = p.fused_estimate = p.form_in_score = p.combine_pdl = p.select_forms = true;
-    p.fused_merge = false;
-  } else if (v == "run10select" || v == "run10list" || v == "run11" || v.starts_with("run11-")) {
-    RETROINFER_FAIL("RETROINFER_DECODE=", v, ": this decode path was removed after run 15 (slower than or no "
-                    "faster than run 9, docs/cuda-kernels.md); use run10s (the default), run10c, run10, run9 or run8");
-  } else if (!v.empty()) {
-    RETROINFER_FAIL("RETROINFER_DECODE=", v, " is not a decode path: use run10s (the default), run10c, ",
-                    "run10 / run10form, run9, run9est, run9form, run8, nopdl, fused or run6, or leave it unset");
-  }
-  return p;
-}
-
-// RETROINFER_EXACT, or the "+X" suffix of RETROINFER_DECODE (kernel_bench --paths run10,run10+split: the
-// variants timed on the same built layer), which takes precedence.
-int exact_variant_from_env() {
-  const char* d = std::getenv("RETROINFER_DECODE");
-  const std::string_view dv(d != nullptr ? d : "");
-  const size_t plus = dv.find('+');
-  const char* e = std::getenv("RETROINFER_EXACT");
-  const bool suffix = plus != std::string_view::npos;
-  const std::string_view v = suffix ? dv.substr(plus + 1) : std::string_view(e != nullptr ? e : "");
-  const char* from = suffix ? "the suffix of RETROINFER_DECODE" : "RETROINFER_EXACT";
-  if (v.empty() && !suffix) return kExactDefault;
-  for (int i = 0; i < kExactVariants; ++i)
-    if (v == exact_variant_name(i)) return i;
-  RETROINFER_FAIL(from, ": \"", v, "\" is not an exact-grid variant: use split64r (the default), split64, split, v1, ",
-                  "split64i, split64ri, split64rh, split64rih, split64e, split64eri, split64ep or ",
-                  "split64erp, or leave it unset");
 }
 
 bool score_query_smem_from_env() {
@@ -95,24 +36,6 @@ bool score_query_smem_from_env() {
   if (std::strcmp(e, "global") == 0) return false;
   RETROINFER_FAIL("RETROINFER_SCORE_QUERY='", e,
                   "' is not a way for the score kernels to read the query: use smem (the default) or global");
-}
-
-const char* exact_variant_name(int variant) {
-  switch (variant) {
-    case kExactV1: return "v1";
-    case kExactSplit: return "split";
-    case kExactSplit64: return "split64";
-    case kExactSplit64R: return "split64r";
-    case kExactSplit64I: return "split64i";
-    case kExactSplit64RI: return "split64ri";
-    case kExactSplit64RH: return "split64rh";
-    case kExactSplit64RIH: return "split64rih";
-    case kExactSplit64E: return "split64e";
-    case kExactSplit64ERI: return "split64eri";
-    case kExactSplit64EP: return "split64ep";
-    case kExactSplit64ERP: return "split64erp";
-    default: return "?";
-  }
 }
 
 std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads) {
@@ -236,39 +159,19 @@ std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<ui
   return out;
 }
 
-void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::function<void(const char*)>& mark,
-                        const std::function<void()>& after_select) {
-  auto marked = [&](const char* name) {
-    if (mark) mark(name);
-  };
-  // Run 8 (decode_path()): the merge in the last CTA of each head, programmatic dependent launches.
-  const DecodePath path = a.merge_counter != nullptr ? decode_path() : DecodePath{false, false, false, false, false};
-  // Run 9: the estimation as est_ctas CTAs per head of the exact-attention grid (kEstimateFusedChunk
-  // clusters each; fewer slots than the a.est_splits the layer sized, see kernels.h), or of the estimation
-  // grid chained behind it (RETROINFER_EXACT=split*: exact_est_chunk clusters each, <= a.est_splits slots).
-  const int exact_variant = exact_variant_from_env();  // read (and checked) at every decode
-  const int est_ctas = path.fused_estimate && a.n_estimation > 0
-                           ? static_cast<int>(ceil_div(a.n_estimation, exact_est_chunk(exact_variant))) : 0;
-  RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: run 9 needs ", est_ctas,
-                   " estimation slots per head but the layer sized ", a.est_splits,
-                   " (est_splits must be ceil(n_estimation / kEstimateChunk))");
-  const int states = a.attn_splits + (path.fused_estimate ? est_ctas : a.est_splits);
-  const bool fused = path.fused_merge && int64_t{states} * a.group <= kMergeMaxStates &&
-                     reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
-  // split64ep / erp (kernels.h EstPremerge): one more slot per head for the pre-merged estimation state (the
-  // layers size kPremergeSlots extra); only with the fused merge and the layer's estimation counter, else the
-  // variant runs as split64e / its register-capped form without the pre-merge.
-  const bool premerge = fused && est_ctas > 0 && exact_premerges(exact_variant) && a.est_counter != nullptr &&
-                        int64_t{states + kPremergeSlots} * a.group <= kMergeMaxStates;
-  const int total = states + (premerge ? kPremergeSlots : 0);
-  // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
-  // stream's implicit synchronisation is left as it is.
-  const bool pdl = path.pdl && !a.timing && st != nullptr && st != cudaStreamLegacy;
-  FusedMerge fm;
-  if (fused) {
-    fm.counter = a.merge_counter;
-    fm.out = a.out;
-  }
+namespace {
+
+// Where the selection's scores are formed (layer_common.h ZoneDecodeArgs: by shape, the same scores bit for bit).
+enum class ScoreFormation { kInSelection, kInScoreGrid, kOwnGrid };
+ScoreFormation score_formation(const ZoneDecodeArgs& a) {
+  const int C = a.num_clusters;
+  if (C > 0 && C <= kSelectGridMinItems && a.group <= 4 && C % 4 == 0 && select_grid_mode() != SelectGridMode::kForce)
+    return ScoreFormation::kInSelection;
+  if (C > 0 && score_form_fits(C, a.head_dim, a.num_heads)) return ScoreFormation::kInScoreGrid;
+  return ScoreFormation::kOwnGrid;
+}
+
+ScoreParams score_params(const ZoneDecodeArgs& a, ScoreFormation form) {
   ScoreParams sp;
   sp.q = a.q;
   sp.centroids_bf16 = a.centroids_bf16;
@@ -283,49 +186,20 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   sp.num_clusters = a.num_clusters;
   sp.scale = a.scale;
   sp.phase = a.phase;
-  sp.early_loads = path.early_loads;
+  sp.early_loads = true;
   sp.query_smem = score_query_smem_from_env();
-  // Run 10: the scores formed by the score grid itself when all its CTAs fit at once (else run 9's
-  // form_scores grid below).
-  // run10s: the bins selection forms the scores from the logits and partials itself (its group > 0 path), so the
-  // score grid needs no grid barrier; only where the bins kernel runs (the grid selection reads ready scores).
-  // Only where the selection's fast formation applies (select_bins.cu scores_from_logit_quads: G <= 4 and whole item
-  // quads; its general path is ~5x slower on one multiprocessor than the score grid's formation over ~24 CTAs).
-  const bool select_forms = path.select_forms && a.num_clusters > 0 && a.num_clusters <= kSelectGridMinItems &&
-                            a.group <= 4 && a.num_clusters % 4 == 0 && select_grid_mode() != SelectGridMode::kForce;
-  const bool form_in_score = !select_forms && path.form_scores && path.form_in_score && path.early_loads &&
-                             a.num_clusters > 0 && score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
-  sp.scores = form_in_score ? a.scores : nullptr;
-  // A layer with int8 scoring keeps only the int8 copies (run 25): the kernels that read bf16 centroids cannot run.
-  RETROINFER_CHECK(a.centroids_bf16 != nullptr || a.num_clusters == 0 ||
-                       (a.centroids_q8 != nullptr && score_variant_reads_int8(score_variant_from_env())),
-                   "decode: this layer scores clusters against int8 centroid copies only (int8 scoring, the default), "
-                   "which RETROINFER_SCORE=v1 / stream cannot read; use tma or wide (the default), or build the layer "
-                   "with RETROINFER_SCORE_CENTROIDS=bf16");
-  launch_check(score_clusters(sp, st), "score_clusters", st);
-  marked("score");
+  sp.scores = form == ScoreFormation::kInScoreGrid ? a.scores : nullptr;
+  return sp;
+}
 
-  const int norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
-  // run 9: the scores by their own grid; the selection reads them (group 0)
-  if (path.form_scores && !form_in_score && !select_forms) {
-    FormScoresParams fp;
-    fp.logits = sp.logits;
-    fp.norm_partial = sp.norm_partial;
-    fp.norm_parts = norm_parts;
-    fp.scores = a.scores;
-    fp.num_heads = a.num_heads;
-    fp.group = a.group;
-    fp.num_items = a.num_clusters;
-    fp.pdl = pdl;
-    launch_check(form_scores(fp, st), "form_scores", st);
-  }
+SelectParams select_params(const ZoneDecodeArgs& a, ScoreFormation form, int norm_parts, bool pdl) {
   SelectParams se;
-  se.logits = sp.logits;
-  se.norm_partial = sp.norm_partial;
+  se.logits = a.logits;
+  se.norm_partial = a.norm_partial;
   se.norm_parts = norm_parts;
   se.scores = a.scores;
   se.num_heads = a.num_heads;
-  se.group = path.form_scores && !select_forms ? 0 : a.group;
+  se.group = form == ScoreFormation::kInSelection ? a.group : 0;  // 0: ready scores
   se.num_items = a.num_clusters;
   se.k_retrieval = a.n_retrieval;
   se.k_estimation = a.n_estimation;
@@ -343,40 +217,13 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   se.list_stride = a.list_stride;
   se.phase = a.phase;
   se.pdl = pdl;
-  se.prefetch = path.prefetch;
-  launch_check(select_and_expand(se, st), "select_and_expand", st);
-  marked("select");
+  se.prefetch = true;
+  return se;
+}
 
-  const bool fork = a.n_estimation > 0 && a.side != nullptr && !path.fused_estimate;
-  if (fork) {
-    RETROINFER_CUDA_CHECK(cudaEventRecord(a.fork, st));
-    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(a.side, a.fork, 0));
-  }
-  if (a.n_estimation > 0 && !path.fused_estimate) {
-    cudaStream_t es = fork ? a.side : st;
-    EstimateParams ep;
-    ep.logits = sp.logits;
-    ep.value_sums_bf16 = a.value_sums_bf16;
-    ep.sizes = a.sizes;
-    ep.estimation_ids = a.estimation_ids;
-    ep.num_heads = a.num_heads;
-    ep.group = a.group;
-    ep.head_dim = a.head_dim;
-    ep.num_clusters = a.num_clusters;
-    ep.k_estimation = a.n_estimation;
-    ep.num_splits = a.est_splits;
-    ep.part_ml = a.part_ml;
-    ep.part_o = a.part_o;
-    ep.total_splits = total;
-    ep.split_offset = a.attn_splits;
-    ep.merge = fm;
-    ep.phase = a.phase;
-    launch_check(estimate_attention(ep, es), "estimate_attention", es);
-    if (fork) RETROINFER_CUDA_CHECK(cudaEventRecord(a.join, es));
-    marked("estimate");
-  }
-  if (after_select) after_select();
-
+// The exact grid over the exact list and, when n_e > 0, the estimation grid of est_ctas CTAs per head chained
+// behind it (kernels.h DecodeParams::est).
+DecodeParams decode_params(const ZoneDecodeArgs& a, int est_ctas, int total, bool pdl) {
   DecodeParams dp;
   dp.q = a.q;
   dp.k = a.k;
@@ -395,35 +242,70 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.part_o = a.part_o;
   dp.total_splits = total;
   dp.split_offset = 0;
-  dp.merge = fm;
   dp.phase = a.phase;
-  dp.balance = path.balance;
-  if (est_ctas > 0) {  // run 9: the estimation CTAs of this grid (slots after the exact splits)
+  dp.balance = true;
+  if (est_ctas > 0) {  // the estimation CTAs' slots follow the exact splits
     dp.est_ctas = est_ctas;
-    dp.est.logits = sp.logits;
+    dp.est.logits = a.logits;
     dp.est.value_sums_bf16 = a.value_sums_bf16;
     dp.est.sizes = a.sizes;
     dp.est.estimation_ids = a.estimation_ids;
-    dp.est.num_heads = a.num_heads;
-    dp.est.group = a.group;
-    dp.est.head_dim = a.head_dim;
     dp.est.num_clusters = a.num_clusters;
     dp.est.k_estimation = a.n_estimation;
-    dp.est.num_splits = est_ctas;
-    dp.est.split_offset = a.attn_splits + (premerge ? kPremergeSlots : 0);
-    dp.exact_variant = exact_variant;
-    if (premerge) dp.premerge.counter = a.est_counter;
-    dp.chain_pdl = pdl;  // the estimation grid a programmatic dependent of the exact grid (kernels.h)
+    dp.est.split_offset = a.attn_splits;
+    dp.chain_pdl = pdl;
   }
+  return dp;
+}
+
+}  // namespace
+
+void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::function<void(const char*)>& mark,
+                        const std::function<void()>& after_select) {
+  auto marked = [&](const char* name) {
+    if (mark) mark(name);
+  };
+  const int est_ctas = a.n_estimation > 0 ? static_cast<int>(ceil_div(a.n_estimation, kEstimateChunk)) : 0;
+  RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: the estimation needs ", est_ctas,
+                   " slots per head but the layer sized ", a.est_splits,
+                   " (est_splits must be ceil(n_estimation / kEstimateChunk))");
+  const int total = a.attn_splits + est_ctas;
+  // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
+  // stream's implicit synchronisation is left as it is. Stage timing records events between the kernels.
+  const bool pdl = !a.timing && st != nullptr && st != cudaStreamLegacy;
+  const ScoreFormation form = score_formation(a);
+  const ScoreParams sp = score_params(a, form);
+  // A layer with int8 scoring keeps only the int8 copies: the kernels that read bf16 centroids cannot run.
+  RETROINFER_CHECK(a.centroids_bf16 != nullptr || a.num_clusters == 0 ||
+                       (a.centroids_q8 != nullptr && score_variant_reads_int8(score_variant_from_env())),
+                   "decode: this layer scores clusters against int8 centroid copies only (int8 scoring, the default), "
+                   "which RETROINFER_SCORE=v1 / stream cannot read; use tma or wide (the default), or build the layer "
+                   "with RETROINFER_SCORE_CENTROIDS=bf16");
+  launch_check(score_clusters(sp, st), "score_clusters", st);
+  marked("score");
+
+  const int norm_parts = score_blocks(a.num_clusters, a.head_dim, a.num_heads);
+  if (form == ScoreFormation::kOwnGrid) {  // the selection then reads ready scores
+    FormScoresParams fp;
+    fp.logits = a.logits;
+    fp.norm_partial = a.norm_partial;
+    fp.norm_parts = norm_parts;
+    fp.scores = a.scores;
+    fp.num_heads = a.num_heads;
+    fp.group = a.group;
+    fp.num_items = a.num_clusters;
+    fp.pdl = pdl;
+    launch_check(form_scores(fp, st), "form_scores", st);
+  }
+  launch_check(select_and_expand(select_params(a, form, norm_parts, pdl), st), "select_and_expand", st);
+  marked("select");
+  if (after_select) after_select();
+
+  DecodeParams dp = decode_params(a, est_ctas, total, pdl);
   // PDL only straight after the selection: the wave buffer's / outliers' kernels between keep plain order.
   dp.pdl = pdl && !after_select;
   launch_check(decode_attention(dp, st), "decode_attention(sparse)", st);
   marked("exact_attention");
-  if (fork) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, a.join, 0));
-  if (fused) {  // the last CTA of each head has merged; the join above orders the estimation's CTAs
-    marked("combine");
-    return;
-  }
   CombineParams c;
   c.part_ml = a.part_ml;
   c.part_o = a.part_o;
@@ -433,8 +315,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   c.total_splits = total;
   c.out = a.out;
   c.phase = a.phase;
-  // run10c: straight after the decode grids (PDL), unless a side-stream join stands between them.
-  c.pdl = pdl && path.combine_pdl && !fork;
+  c.pdl = pdl;  // straight after the decode grids
   launch_check(combine_states(c, st), "combine_states", st);
   marked("combine");
 }

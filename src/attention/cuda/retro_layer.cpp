@@ -40,25 +40,6 @@ bool int8_scoring_from_env() {
                   "' is not a centroid format for scoring: use int8 (the default) or bf16");
 }
 
-// The estimation zone runs on a side stream, concurrently with the exact attention (both only read the
-// selection): fork after select_and_expand, join before combine_states. Capturable into a graph.
-struct SideStream {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr, join = nullptr;
-  SideStream() {
-    RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  }
-  ~SideStream() {
-    cudaEventDestroy(fork);
-    cudaEventDestroy(join);
-    cudaStreamDestroy(stream);
-  }
-  SideStream(const SideStream&) = delete;
-  SideStream& operator=(const SideStream&) = delete;
-};
-
 // Workspace and result of one k-means run (the prefill build or one index update; kmeans_run.h) and the
 // outlier split of its result.
 struct KMeansWork : detail::KMeansRun {
@@ -67,7 +48,6 @@ struct KMeansWork : detail::KMeansRun {
 };
 
 struct RetroLayer::Impl {
-  std::unique_ptr<SideStream> side;
   AttentionShape shape;
   AttentionConfig cfg;
   int num_seqs = 1, H = 0, G = 0, D = 0;
@@ -106,9 +86,8 @@ struct RetroLayer::Impl {
   int64_t outlier_stride = 0;
   // Decode workspace.
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
-  DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count (zeroed once; kept zero)
+  DeviceBuffer merge_counter;  // [H] int: the dense decode's fused merge per-head CTA count (zeroed once; kept zero)
   DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace (zeroed once; kept zero)
-  DeviceBuffer est_counter;    // [H] int: split64ep / erp's estimation CTA count (EstPremerge; zeroed once; kept zero)
   DeviceBuffer phase;          // [H, kPhaseSlots] u64: phase stamps (decode_stage_ms, RETROINFER_SELECT_PHASES=1)
   bool phase_on = false;       // decode_impl passes `phase` (decode_stage_ms's phase graph)
 
@@ -368,7 +347,7 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   ensure(token_count, Hs * 4);
   const int splits_max = n_idx == 0 ? detail::decode_splits(kv_stride, H, 1) : detail::decode_splits(list_alloc, H, 1);
   est_splits = static_cast<int>(detail::ceil_div(n_e, detail::kEstimateChunk));
-  const int total = std::max(splits_max, attn_splits) + est_splits + detail::kPremergeSlots;
+  const int total = std::max(splits_max, attn_splits) + est_splits;
   ensure(part_ml, Hs * total * G * 8);
   ensure(part_o, Hs * total * G * D * 4);
   if (merge_counter.bytes() < Hs * 4) {  // zero once: every decode's last CTA per head leaves it zero
@@ -378,10 +357,6 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   if (sel_ws.bytes() < detail::select_grid_ws_bytes(H)) {  // zero once: every grid selection leaves it zero
     sel_ws = DeviceBuffer(detail::select_grid_ws_bytes(H));
     RETROINFER_CUDA_CHECK(cudaMemsetAsync(sel_ws.data(), 0, sel_ws.bytes(), st));
-  }
-  if (est_counter.bytes() < Hs * 4) {  // zero once: each head's last estimation CTA leaves it zero
-    est_counter = DeviceBuffer(Hs * 4);
-    RETROINFER_CUDA_CHECK(cudaMemsetAsync(est_counter.data(), 0, Hs * 4, st));
   }
   if (C > 0) {
     ensure(logits, Hs * G * C * 4);
@@ -559,10 +534,9 @@ std::vector<std::pair<std::string, float>> RetroLayer::decode_stage_ms(const flo
   decode_impl(q, out, nullptr, &stages);
   auto& m = *impl_;
   if (m.n_idx > 0 && phases_requested()) {
-    // Phase stamps from one graph replay of the decode (the timed path: side stream, programmatic
-    // launches), cold L2 as in the benchmark; nothing is allocated during the capture.
+    // Phase stamps from one graph replay of the decode (the timed path: programmatic launches), cold L2 as
+    // in the benchmark; nothing is allocated during the capture.
     ensure(m.phase, size_t(m.H) * detail::kPhaseSlots * 8);
-    if (m.n_e > 0 && !m.side) m.side = std::make_unique<SideStream>();
     StreamHandle stream;
     struct On {
       bool& b;
@@ -608,7 +582,6 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
   auto st = static_cast<cudaStream_t>(s);
   if (m.n_idx == 0) {  // everything is steady zone: exact attention (the dense decode of DenseDecoder)
     detail::DenseDecodeArgs a;
-    a.kernel = detail::dense_kernel();
     a.q = q;
     a.k = m.k;
     a.v = m.v;
@@ -643,12 +616,6 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
     if (m.phase_on) {  // decode_stage_ms's phase graph (the buffer is allocated before the capture)
       RETROINFER_CUDA_CHECK(cudaMemsetAsync(m.phase.data(), 0xff, size_t(m.H) * detail::kPhaseSlots * 8, st));
       a.phase = m.phase.as<uint64_t>();
-    }
-    if (m.n_e > 0 && stages == nullptr) {  // stage timing keeps one stream
-      if (!m.side) m.side = std::make_unique<SideStream>();
-      a.side = m.side->stream;
-      a.fork = m.side->fork;
-      a.join = m.side->join;
     }
     std::function<void()> add_outliers;
     if (m.max_outliers > 0)
@@ -694,7 +661,7 @@ int64_t RetroLayer::device_bytes() const {
                                 &m.outliers, &m.outlier_count,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
-                                &m.est_counter, &m.sel_ws,
+                                &m.sel_ws,
                                 &m.phase, &w.seg_tokens,
                                 &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centred_q8,
                                 &w.centroids_q8, &w.centroid_scale, &w.centroids, &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,

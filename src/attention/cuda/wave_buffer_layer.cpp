@@ -48,9 +48,6 @@ WaveBufferLayer::WaveBufferLayer(const AttentionShape& shape, const AttentionCon
   m.scale = detail::effective_scale(cfg.scale, shape.head_dim);
   m.index = std::make_unique<RetroLayer>(shape, cfg, num_seqs);
   m.index->set_keep_f32_index(false);  // only the bf16 index is read (decode, the store's copies)
-  RETROINFER_CUDA_CHECK(cudaStreamCreateWithFlags(&m.side, cudaStreamNonBlocking));
-  RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&m.fork_ev, cudaEventDisableTiming));
-  RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&m.join_ev, cudaEventDisableTiming));
 }
 
 WaveBufferLayer::~WaveBufferLayer() = default;
@@ -234,12 +231,8 @@ void WaveBufferLayer::Impl::fill_store(const uint16_t* k, const uint16_t* v, int
 // The decode's counters and workspaces, zeroed and sized; the step counts and the manager's stats restart.
 void WaveBufferLayer::Impl::reset_decode_state() {
   auto& m = *this;
-  m.merge_counter = DeviceBuffer(size_t(H) * 4);
-  m.merge_counter.fill_bytes(0);
   m.sel_ws = DeviceBuffer(detail::select_grid_ws_bytes(H));  // the grid selection leaves it zero
   m.sel_ws.fill_bytes(0);
-  m.est_counter = DeviceBuffer(size_t(H) * 4);
-  m.est_counter.fill_bytes(0);
   m.exec_count = DeviceBuffer(size_t(H) * 4);
   m.counts = DeviceBuffer(size_t(H) * 4 * 8);
   m.counts.fill_bytes(0);
@@ -274,7 +267,7 @@ void WaveBufferLayer::Impl::size_decode_workspace() {
   m.token_count = DeviceBuffer(size_t(H) * 4);
   m.attn_splits = detail::exact_splits(m.list_cap, H);  // RetroLayer's rule (layer_common.h)
   m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
-  const int total = m.attn_splits + m.est_splits + detail::kPremergeSlots;
+  const int total = m.attn_splits + m.est_splits;
   m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
   m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
   m.seg_row = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
@@ -349,15 +342,9 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   a.exact_list = m.identity.as<int>();
   a.exact_count = m.exec_count.as<int>();
   a.exact_list_stride = 0;
-  // fill_index_args sets the merge counter, so the decode takes RetroLayer's path and a cache holding
-  // everything gives the index's output bit for bit.
+  // The same launch sequence as RetroLayer's (with the lookup and gather between the selection and the exact
+  // attention), so that a cache holding everything gives the index's output bit for bit.
   a.timing = marks != nullptr;
-  // Stage timing (marks) keeps estimation inline so that each stage's time is its own.
-  if (marks == nullptr) {
-    a.side = m.side;
-    a.fork = m.fork_ev;
-    a.join = m.join_ev;
-  }
   // Between the selection and the exact attention: lookup (+ ring), gather.
   auto lookup_gather = [&] {
     mark();
@@ -437,7 +424,7 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
     m.steady_cap = cap;
     m.list_cap = list;
     m.attn_splits = detail::exact_splits(m.list_cap, m.H);
-    const int total = m.attn_splits + m.est_splits + detail::kPremergeSlots;
+    const int total = m.attn_splits + m.est_splits;
     m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
     m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
     m.drop_graph();
@@ -475,7 +462,7 @@ int64_t WaveBufferLayer::device_bytes() const {
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,
-                                &m.merge_counter, &m.est_counter, &m.sel_ws};
+                                &m.sel_ws};
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
   return b;

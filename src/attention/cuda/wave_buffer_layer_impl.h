@@ -45,16 +45,9 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer store_at;  // [H, C] int64: first store row of each cluster (tab.store_at)
   DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
   DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
-  // Estimation runs on a side stream, forked after selection and joined before the merge, so it
-  // overlaps the lookup, the gather (whose zero-copy reads leave the SMs mostly waiting) and attention.
-  cudaStream_t side = nullptr;
-  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
-  // Zeroed at build; each decode's kernels leave them zero again (layer_common.h ZoneDecodeArgs).
-  DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace
-  DeviceBuffer merge_counter;  // [H] int: the fused merge's per-head CTA count
-  DeviceBuffer est_counter;    // [H] int: the estimation CTAs' per-head count for the pre-merge
+  DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace (zeroed once; kept zero)
   PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
   const uint16_t* store = nullptr;
   int64_t store_cap_rows = 0;  // store rows allocated (>= tab.store_rows; the rest is tail room)
@@ -75,9 +68,6 @@ struct WaveBufferLayer::Impl {
     manager.reset();  // stop the thread before the region goes
     if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
-    if (fork_ev != nullptr) cudaEventDestroy(fork_ev);
-    if (join_ev != nullptr) cudaEventDestroy(join_ev);
-    if (side != nullptr) cudaStreamDestroy(side);
   }
 
   detail::WaveTables tables() const {
