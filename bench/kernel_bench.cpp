@@ -17,11 +17,6 @@
 //                              L2 flush (warm caches; diagnostics: cold-cache cost = phases(1) - phases(2))
 //               [--only full,quest,kmeans,retro]   time only these parts of each case (default: all); kmeans
 //                              brings the prefill it is compared with
-//               [--kmeans-variants v1/v1,a/fast,...]   the k-means build timed once per kernel variant
-//                              ASSIGN[/UPDATE], ASSIGN in v1,a,q8 and UPDATE in v1,fast (RETROINFER_KMEANS_ASSIGN /
-//                              RETROINFER_KMEANS_UPDATE set to each in turn, kernels.h KMeansAssignVariant;
-//                              unset: q8/fast); the "kmeans" lines carry "assign_variant" / "update_variant" /
-//                              "group_variant" (RETROINFER_KMEANS_GROUP, radix|count) either way
 //               [--layout clustered]   retro timed again after RetroLayer::make_cluster_contiguous (each
 //                              cluster's K/V rows contiguous; lines tagged "layout":"token" / "clustered")
 //               [--stack L]   also time L layers back to back in one CUDA graph, each with its own K / V (and
@@ -31,9 +26,10 @@
 //                              each layer's data is larger than L2, so every layer starts cold)
 //               [--kmeans-builds 3]   timed builds per k-means line (median)
 //               [--kmeans-iters 9,2,1]   the k-means lines once per spherical segment-iteration count
-//               [--kmeans-phases 1]   after the timed builds, one more build per variant with
-//                              RETROINFER_KMEANS_PHASES=1: a "kmeans_phases" line (ms per sequence of each
-//                              phase: mean_init, assign_segment, assign_global, group, update, finalize)
+//               [--kmeans-phases 1]   after the timed builds, one more build with the phase timing on
+//                              (kmeans_phases.h set_kmeans_phase_timing): a "kmeans_phases" line (ms per
+//                              sequence of each phase: mean_init, assign_segment, assign_global, group,
+//                              update, finalize)
 // RETROINFER_SCORE_CENTROIDS=int8 (unset) / bf16 picks the centroids retro scores.
 #include <algorithm>
 #include <chrono>
@@ -95,7 +91,6 @@ bool part_on(const char* name) {
   }
   return false;
 }
-std::vector<std::string> g_kmeans_variants;  // --kmeans-variants: "ASSIGN" or "ASSIGN/UPDATE" entries
 int g_kmeans_builds = 3;                     // --kmeans-builds
 bool g_kmeans_phases = false;                // --kmeans-phases 1
 std::vector<int> g_kmeans_iters;             // --kmeans-iters 9,2,1: the k-means lines per segment-iteration count
@@ -353,14 +348,11 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
   {
     cuda::RetroLayer retro(shape, cfg, static_cast<int>(batch));
     retro.build(kp, vp, n, n);  // allocations happen here
-    // One "kmeans" line per variant (--kmeans-variants; else the environment's), the same index each time.
-    std::vector<std::string> variants = g_kmeans_variants;
-    if (variants.empty()) variants.emplace_back();
-    if (!part_on("kmeans")) variants.clear();
-    // --kmeans-iters: the lines again per segment-iteration count, each on its own layer (this one for the
-    // default count).
+    // --kmeans-iters: the "kmeans" line again per segment-iteration count, each on its own layer (this one
+    // for the default count).
     std::vector<int> iters_list = g_kmeans_iters;
-    if (iters_list.empty() || !part_on("kmeans")) iters_list = {cfg.kmeans_segment_iters};
+    if (iters_list.empty()) iters_list = {cfg.kmeans_segment_iters};
+    if (!part_on("kmeans")) iters_list.clear();
     for (const int iters : iters_list) {
       std::unique_ptr<cuda::RetroLayer> own;
       if (iters != cfg.kmeans_segment_iters) {
@@ -370,73 +362,47 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
         own->build(kp, vp, n, n);  // allocations
       }
       cuda::RetroLayer& layer = own ? *own : retro;
-      for (const std::string& var : variants) {
-        if (!var.empty()) {
-          const size_t slash = var.find('/');
-          setenv("RETROINFER_KMEANS_ASSIGN", var.substr(0, slash).c_str(), 1);
-          if (slash != std::string::npos) setenv("RETROINFER_KMEANS_UPDATE", var.substr(slash + 1).c_str(), 1);
-          else unsetenv("RETROINFER_KMEANS_UPDATE");
-          const std::string want_u = slash == std::string::npos ? "" : var.substr(slash + 1);
-          if (var.substr(0, slash) != cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) ||
-              (!want_u.empty() &&
-               want_u != cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env())))
-            RETROINFER_FAIL("kernel_bench: unknown k-means variant '", var,
-                            "' (--kmeans-variants takes ASSIGN[/UPDATE], ASSIGN in v1,a,q8 and UPDATE in v1,fast; b-f were removed "
-                            "after run 15)");
-          layer.build(kp, vp, n, n);  // warm-up of this variant
-        }
-        const std::string tag = std::string(",\"assign_variant\":\"") +
-                                cuda::detail::kmeans_assign_variant_name(cuda::detail::kmeans_assign_variant_from_env()) +
-                                "\",\"update_variant\":\"" +
-                                cuda::detail::kmeans_update_variant_name(cuda::detail::kmeans_update_variant_from_env()) +
-                                "\",\"group_variant\":\"" +
-                                cuda::detail::kmeans_group_variant_name(cuda::detail::kmeans_group_variant_from_env()) +
-                                "\",\"segment_iters\":" + std::to_string(iters);
-        std::vector<float> bt, h_enq, h_wait, h_after;  // + the host split of each build (kmeans_phases.h)
-        for (int i = 0; i < g_kmeans_builds; ++i) {
-          cuda::synchronize();
-          const auto t0 = std::chrono::steady_clock::now();
-          layer.build(kp, vp, n, n);  // synchronous at its end
-          bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
-          const auto ht = cuda::detail::build_host_times_last();
-          h_enq.push_back(float(ht.enqueue_ms));
-          h_wait.push_back(float(ht.wait_ms));
-          h_after.push_back(float(ht.after_ms));
-        }
-        const Stats sb = stats(bt);
-        std::snprintf(extra, sizeof extra,
-                      ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f,"
-                      "\"builds\":%d,\"host_enqueue_ms\":%.4f,\"host_wait_ms\":%.4f,\"host_after_ms\":%.4f%s",
-                      layer.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms,
-                      g_kmeans_builds, stats(h_enq).median, stats(h_wait).median, stats(h_after).median, tag.c_str());
-        emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
-        if (g_kmeans_phases) {
-          // One more build with an event after every phase (kmeans_phases.h): ms per sequence of each phase.
-          setenv("RETROINFER_KMEANS_PHASES", "1", 1);
-          cuda::detail::kmeans_phase_reset();
-          cuda::synchronize();
-          layer.build(kp, vp, n, n);
-          unsetenv("RETROINFER_KMEANS_PHASES");
-          const auto tot = cuda::detail::kmeans_phase_totals();
-          std::string ph = ",\"phases_ms\":{";
-          double sum = 0;
-          for (int i = 0; i < cuda::detail::kKmPhases; ++i) {
-            char b[96];
-            std::snprintf(b, sizeof b, "%s\"%s\":%.4f", i ? "," : "", cuda::detail::kmeans_phase_name(i),
-                          tot.ms[i] / double(batch));
-            ph += b;
-            sum += tot.ms[i] / double(batch);
-          }
+      const std::string tag = ",\"segment_iters\":" + std::to_string(iters);
+      std::vector<float> bt, h_enq, h_wait, h_after;  // + the host split of each build (kmeans_phases.h)
+      for (int i = 0; i < g_kmeans_builds; ++i) {
+        cuda::synchronize();
+        const auto t0 = std::chrono::steady_clock::now();
+        layer.build(kp, vp, n, n);  // synchronous at its end
+        bt.push_back(std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        const auto ht = cuda::detail::build_host_times_last();
+        h_enq.push_back(float(ht.enqueue_ms));
+        h_wait.push_back(float(ht.wait_ms));
+        h_after.push_back(float(ht.after_ms));
+      }
+      const Stats sb = stats(bt);
+      std::snprintf(extra, sizeof extra,
+                    ",\"clusters\":%d,\"per_sequence_ms\":%.4f,\"prefill_ms\":%.4f,\"kmeans_over_prefill\":%.4f,"
+                    "\"builds\":%d,\"host_enqueue_ms\":%.4f,\"host_wait_ms\":%.4f,\"host_after_ms\":%.4f%s",
+                    layer.num_clusters(), sb.median / double(batch), pre_ms, sb.median / double(batch) / pre_ms,
+                    g_kmeans_builds, stats(h_enq).median, stats(h_wait).median, stats(h_after).median, tag.c_str());
+      emit("kmeans", n, batch, sb, double(kv_elems) * 2 * 2, extra);
+      if (g_kmeans_phases) {
+        // One more build with an event after every phase (kmeans_phases.h): ms per sequence of each phase.
+        cuda::detail::set_kmeans_phase_timing(true);
+        cuda::detail::kmeans_phase_reset();
+        cuda::synchronize();
+        layer.build(kp, vp, n, n);
+        cuda::detail::set_kmeans_phase_timing(false);
+        const auto tot = cuda::detail::kmeans_phase_totals();
+        std::string ph = ",\"phases_ms\":{";
+        double sum = 0;
+        for (int i = 0; i < cuda::detail::kKmPhases; ++i) {
           char b[96];
-          std::snprintf(b, sizeof b, "},\"phases_sum_ms\":%.4f,\"runs\":%lld", sum, static_cast<long long>(tot.runs));
-          emit("kmeans_phases", n, batch, sb, double(kv_elems) * 2 * 2, ph + b + tag);
+          std::snprintf(b, sizeof b, "%s\"%s\":%.4f", i ? "," : "", cuda::detail::kmeans_phase_name(i),
+                        tot.ms[i] / double(batch));
+          ph += b;
+          sum += tot.ms[i] / double(batch);
         }
+        char b[96];
+        std::snprintf(b, sizeof b, "},\"phases_sum_ms\":%.4f,\"runs\":%lld", sum, static_cast<long long>(tot.runs));
+        emit("kmeans_phases", n, batch, sb, double(kv_elems) * 2 * 2, ph + b + tag);
       }
     }  // iters
-    if (!g_kmeans_variants.empty()) {
-      unsetenv("RETROINFER_KMEANS_ASSIGN");
-      unsetenv("RETROINFER_KMEANS_UPDATE");
-    }
     if (part_on("retro")) {
       // --layout clustered: timed on the token-ordered rows, then again after RetroLayer::make_cluster_contiguous
       // (the same index, each cluster's rows contiguous).
@@ -466,7 +432,6 @@ int main(int argc, char** argv) {
   bool layout_clustered = false;   // --layout clustered (g_layout_clustered)
   int stack_layers = 1;            // --stack L (g_stack)
   std::string only_arg;            // --only kmeans
-  std::string kmeans_variants_arg;  // --kmeans-variants v1/v1,a/fast
   int kmeans_builds = 3;
   std::vector<int> kmeans_iters;  // --kmeans-iters
   bool kmeans_phases = false;
@@ -502,7 +467,6 @@ int main(int argc, char** argv) {
       }
       layout_clustered = l == "clustered";
     }
-    else if (a == "--kmeans-variants") kmeans_variants_arg = argv[++i];
     else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
     else if (a == "--kmeans-phases") kmeans_phases = std::atoi(argv[++i]) != 0;
     else if (a == "--kmeans-iters") {  // a comma list of counts 0..999
@@ -557,14 +521,6 @@ int main(int argc, char** argv) {
   g_kmeans_builds = kmeans_builds;
   g_kmeans_iters = kmeans_iters;
   g_kmeans_phases = kmeans_phases;
-  if (!kmeans_variants_arg.empty()) {
-    g_kmeans_variants.emplace_back();
-    for (const char c : kmeans_variants_arg) {
-      if (c == ',') g_kmeans_variants.emplace_back();
-      else g_kmeans_variants.back() += c;
-    }
-    std::erase(g_kmeans_variants, std::string());
-  }
   std::fprintf(stderr, "kernel_bench on %s\n", retroinfer::cuda::device_description().c_str());
   // K + V of one layer must fit with room for the index workspace (~0.7x K+V at most).
   auto kv_gib = [](long long n, long long b) { return double(b) * 8 * n * 128 * 2 * 2 / double(1ull << 30); };
@@ -602,7 +558,6 @@ int main(int argc, char** argv) {
   (void)layout_clustered;
   (void)stack_layers;
   (void)only_arg;
-  (void)kmeans_variants_arg;
   (void)kmeans_builds;
   (void)kmeans_phases;
   (void)kmeans_iters;

@@ -1,4 +1,4 @@
-// Micro-benchmark of the CUDA model runner's non-attention decode operations (src/backend/cuda/model): RMSNorm
+// Micro-benchmark of the CUDA model runner's non-attention decode operations (src/model/cuda): RMSNorm
 // (f32 in, bf16 out), SwiGLU alone (bf16 out), and the products of a Llama layer + LM head through model::Gemm
 // as the runner calls them (autotuned for rows <= 16; the tuning log goes to stderr and names the best
 // cuBLASLt and cublasGemmEx times next to the choice): QKV, O (f32 attention output: the f32 -> bf16 copy
@@ -12,8 +12,7 @@
 // With --variants 1 (default), for rows <= 8 every tensor-core GEMV variant (gemv.h: mma_gemv, fused
 // mma_gemv_swiglu for gate/up) is also timed directly in a graph the same way: op "variant_<product>".
 // A last line per row count sums one layer's operations (attention excluded) against the weight-read floor
-// at --hbm-gbps. RETROINFER_GEMM_MMA=0 in the environment leaves the tensor-core GEMV out of the autotune
-// (the choice without it, for an A/B comparison in graph timing).
+// at --hbm-gbps.
 //
 //   model_ops_bench [--rows 1,2,4,8,16] [--hidden 4096] [--heads-q 32] [--heads-kv 8] [--head-dim 128]
 //                   [--inter 14336] [--vocab 128256] [--layers 4] [--reps 20] [--hbm-gbps 4218] [--variants 1]

@@ -67,13 +67,12 @@ void run_case(FILE* out, const AttentionShape& shape, long long n, long long chu
   std::sort(t.begin(), t.end());
   const double med = t[t.size() / 2];
   const double flops = 4.0 * d * hq * (double(n) * double(n + 1) / 2.0);
-  const char* keys_env = std::getenv("RETROINFER_PREFILL_KEYS");  // the kernel's tile variant (A/B)
   std::fprintf(out,
                "{\"bench\":\"prefill\",\"impl\":\"retroinfer\",\"n\":%lld,\"chunk\":%lld,\"chunks\":%lld,"
                "\"hq\":%d,\"hkv\":%d,\"d\":%d,\"ms\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"reps\":%d,"
-               "\"flops\":%.4e,\"tflops\":%.1f,\"keys_env\":\"%s\"}\n",
+               "\"flops\":%.4e,\"tflops\":%.1f}\n",
                n, max_chunk, (n + chunk - 1) / chunk, hq, hkv, d, med, double(t.front()), double(t.back()), reps,
-               flops, flops / (med * 1e-3) / 1e12, keys_env != nullptr ? keys_env : "");
+               flops, flops / (med * 1e-3) / 1e12);
   std::fflush(out);
 }
 

@@ -73,8 +73,9 @@ struct CudaSessionOptions {
   int64_t host_memory_limit = 0;    // pinned bytes; 0 = a share of MemAvailable
   // Decode runs the model's non-attention work (embedding, norms, products, RoPE / KV append, LM head) as
   // CUDA graphs captured once per session, one per gap between two layers' attention; the attention runs
-  // eagerly between them (its launch arguments change every step). false, or RETROINFER_DECODE_GRAPHS=0 in
-  // the environment: every kernel launched eagerly. Step timing (set_step_timing) always runs eagerly.
+  // eagerly between them (its launch arguments change every step). false: every kernel launched eagerly.
+  // Step timing (set_step_timing) and RETROINFER_CUDA_SYNC=1 (a synchronisation after every launch, which a
+  // capture forbids) always run eagerly. A CudaJoinedDecoder made by make_joined_decode() follows this too.
   bool decode_graphs = true;
   // last_stats() with the device's exact-token counts (LayerAttention::exact_stats: a synchronisation and a
   // small read-back per layer, on the first call after a decode); false: the host-side counts, where
@@ -183,13 +184,14 @@ class CudaSession {
 // RoPE position, KV append and decode attention stay its own (its LayerAttention objects, its K/V). Logits
 // equal each session's own decode() up to the products' summation order (the tuned kernels depend on the row
 // count). Runs on the decoder's own stream, after each session's pending work: the non-attention work from CUDA
-// graphs per batch size (captured at that size's second step; RETROINFER_DECODE_GRAPHS=0: eager), each
+// graphs per batch size (captured at that size's second step; decode_graphs false: eager), each
 // session's attention launched eagerly between them. It grows
 // its row buffers (~(hidden + qkv + 3 intermediate + vocab) x 4 bytes per row, plus a Gemm workspace) to the
 // largest batch seen. One caller at a time.
 class CudaJoinedDecoder {
  public:
-  explicit CudaJoinedDecoder(const CudaModel& model);
+  // decode_graphs: as CudaSessionOptions::decode_graphs, for the decoder's own non-attention work.
+  explicit CudaJoinedDecoder(const CudaModel& model, bool decode_graphs = true);
   ~CudaJoinedDecoder();
   CudaJoinedDecoder(const CudaJoinedDecoder&) = delete;
   CudaJoinedDecoder& operator=(const CudaJoinedDecoder&) = delete;

@@ -3,7 +3,7 @@
 // contract: gemv_bf16 (gemv.cu, FMA on the CUDA cores) and mma_gemv_bf16 (gemv_mma.cu, tensor cores).
 // W streams from HBM once with 16-byte loads (evict-first); x (tiny) is re-read through L1; products are
 // exact in f32 (bf16 x bf16) and accumulated in f32, so gemv_bf16's result differs from cuBLAS's only by
-// summation order. Included only from src/backend/cuda.
+// summation order. Included only from src/model/cuda, tests/gpu and bench.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,8 +24,6 @@ struct GemvParams {
   uint16_t* act_bf16 = nullptr; // [rows, out] bf16 row-major (gemv_swiglu_bf16)
   int64_t rows = 0, in = 0, out = 0;
   float beta = 0.0f;            // 0: y is overwritten (not read); else y = product + beta * y
-  bool pdl = false;             // mma_gemv only: launch as a programmatic dependent of the stream's previous
-                                // kernel (sm_90; W loads start before its end, x and y are read after it)
 };
 
 // True when gemv_bf16 takes this shape: 1 <= rows <= kGemvMaxRows, in % 8 == 0, w and x (or x_f32) 16-byte

@@ -25,9 +25,6 @@
 // one fixed summation order per (kTiles, kWarps, K), independent of timing). Rows past out (out % 16 != 0)
 // load the last row and are not written.
 //
-// Programmatic dependent launch (GemvParams::pdl): the CTAs may start while the previous kernel drains; each
-// thread issues its first batch's W loads, then waits (griddepcontrol.wait) before touching x or y.
-//
 // SwiGLU: a tile's A rows 0-7 are the gate rows n0 + g and rows 8-15 the matching up rows out + n0 + g, so
 // that c0 / c2 (gate / up of x row 2t) and c1 / c3 (x row 2t + 1) meet in one thread: act = bf16(silu_mul).
 #include <cuda_runtime.h>
@@ -88,7 +85,7 @@ struct Batch {
     load_w(wlo, whi, chunks, s0, t);
     load_x(xp, chunks, s0, t);
   }
-  // The W loads alone (a programmatic dependent issues them before its dependency wait: W is never written).
+  // The W loads (streamed, evict-first), then the x loads (re-read through L1).
   __device__ __forceinline__ void load_w(const uint4* const (&wlo)[kTiles], const uint4* const (&whi)[kTiles],
                                          int64_t chunks, int64_t s0, int t) {
 #pragma unroll
@@ -199,9 +196,7 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps >= 16 ? 1 : 16 / kWarps) m
   int64_t s = s_begin;
   if (full > 0) {
     Batch<kSteps, kTiles, kMode> a, b;
-    a.load_w(wlo, whi, chunks, s, t);
-    detail::grid_dependency_wait();  // p.pdl: the previous kernel's x and y are ready (a no-op otherwise)
-    a.load_x(xp, chunks, s, t);
+    a.load(wlo, whi, xp, chunks, s, t);
     int64_t j = 0;
 #pragma unroll 1
     for (; j + 2 < full; j += 2) {  // batches j + 1 and j + 2 exist
@@ -221,8 +216,6 @@ __global__ void __launch_bounds__(kWarps * 32, kWarps >= 16 ? 1 : 16 / kWarps) m
       a.mma(acc, x_row, chunks, s, t);
     }
     s += kSteps;
-  } else {
-    detail::grid_dependency_wait();
   }
 #pragma unroll 1
   for (; s < s_end; ++s) {
@@ -278,17 +271,8 @@ cudaError_t launch_warps(const GemvParams& p, int warps, cudaStream_t s) {
     case 16: kernel = mma_gemv_kernel<kTiles, 16, kMode>; break;
     default: return cudaErrorInvalidValue;
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(warps * 32));
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = p.pdl ? attr : nullptr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(warps * 32), 0, s>>>(p);
+  return cudaGetLastError();
 }
 
 template <Mode kMode>

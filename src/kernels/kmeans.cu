@@ -3,23 +3,18 @@
 //
 // Arithmetic against the CPU reference: the mean key, the centroid sums and the value sums are f32 sums
 // of the bf16 keys/values converted to f32 (sum order: fixed, ascending token order inside a cluster);
-// the assignment scores are, by default (q8, run 26), exact integer dots of per-row int8 copies of the
-// centred keys and centroids times the centroid's scale (kernels.h centred_q8), else bf16(key - mean) .
-// bf16(centroid) on the tensor cores (v1 / a: mma.sync m16n8k16, f32 accumulation). Either way an argmax
-// can differ from the CPU's f32 scores where two centroids score within the rounding of each other
-// (int8: ~2^-8 of the row's largest element; bf16: ~2^-8 relative); the GPU tests measure that mismatch
-// rate and the objective. The assignment kernels are in kmeans_assign.cu, the grouping in kmeans_group.cu
-// (counting sort, segment passes) and kmeans_sort.cu (radix sort).
+// the assignment scores are exact integer dots of per-row int8 copies of the centred keys and centroids
+// times the centroid's scale (kmeans_kernels.h centred_q8). An argmax can therefore differ from the CPU's
+// f32 scores where two centroids score within the int8 rounding of each other (~2^-8 of the row's largest
+// element); the GPU tests measure that mismatch rate and the objective. The assignment kernel is in
+// kmeans_assign.cu, the grouping in kmeans_group.cu (counting sort, segment passes) and kmeans_sort.cu
+// (radix sort).
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
-#include <string>
 
 #include "kernels/common.cuh"
 #include "kernels/kernels.h"
-#include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
 namespace {
@@ -65,27 +60,7 @@ __global__ void mean_finish_kernel(const KMeansParams p) {
   }
 }
 
-// centred[h, i, :] = bf16(key - mean), 8 elements per thread.
-__global__ void centre_kernel(const KMeansParams p) {
-  const int D = p.head_dim, per_row = D / 8;
-  const int64_t total = int64_t{p.num_heads} * p.n_idx * per_row;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
-       e += int64_t{gridDim.x} * blockDim.x) {
-    const int col = static_cast<int>(e % per_row);
-    const int64_t hi = e / per_row;
-    const int64_t h = hi / p.n_idx, i = hi % p.n_idx;
-    float f[8];
-    bf16x8_to_float(*reinterpret_cast<const uint4*>(p.keys + (h * p.kv_stride + p.idx_begin + i) * D + col * 8), f);
-    const float* mu = p.mean + h * D + col * 8;
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      w[j] = uint32_t{f32_to_bf16(f[2 * j] - mu[2 * j])} | (uint32_t{f32_to_bf16(f[2 * j + 1] - mu[2 * j + 1])} << 16);
-    *reinterpret_cast<uint4*>(p.centred + hi * D + col * 8) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
-
-// Per-row int8 quantization (kernels.h centred_q8): with m = max |x| of the row, inv = 127 / m (0 for a zero
+// Per-row int8 quantization (kmeans_kernels.h centred_q8): with m = max |x| of the row, inv = 127 / m (0 for a zero
 // row), x_q = clamp(rint(x * inv), -127, 127); the row's scale is m / 127 (IEEE operations throughout, so
 // the host tests repeat them exactly).
 __device__ __forceinline__ float q8_inv(float m) { return m > 0.0f ? __fdiv_rn(127.0f, m) : 0.0f; }
@@ -93,10 +68,9 @@ __device__ __forceinline__ int8_t quantize_q8(float x, float inv) {
   return static_cast<int8_t>(static_cast<int>(fminf(127.0f, fmaxf(-127.0f, rintf(__fmul_rn(x, inv))))));
 }
 
-// centred_q8[h, i, :] = the f32 key - mean quantized per row (and centred = its bf16 where not null):
-// kPerRow = D / 8 lanes per row (8 elements each), 32 / kPerRow rows per warp, warp-uniform trip counts.
-// Grid (x, heads): blockIdx.y is the head, rows are 32-bit within it (run 27: the former flat row index
-// cost a 64-bit division and modulo per row; Nsight Compute had the kernel at 68 us for 96 MiB at 32K).
+// centred_q8[h, i, :] = the f32 key - mean quantized per row: kPerRow = D / 8 lanes per row (8 elements
+// each), 32 / kPerRow rows per warp, warp-uniform trip counts. Grid (x, heads): blockIdx.y is the head and
+// rows are 32-bit within it, so no row costs a 64-bit division or modulo.
 template <int D>
 __global__ void centre_q8_kernel(const KMeansParams p) {
   constexpr int kPerRow = D / 8, kRowsPerWarp = 32 / kPerRow;
@@ -130,17 +104,11 @@ __global__ void centre_q8_kernel(const KMeansParams p) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) w[j / 4] |= uint32_t{static_cast<uint8_t>(quantize_q8(f[j], inv))} << (8 * (j % 4));
     *reinterpret_cast<uint2*>(qh + int64_t{i} * D) = make_uint2(w[0], w[1]);
-    if (p.centred != nullptr) {
-      uint32_t b[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) b[j] = uint32_t{f32_to_bf16(f[2 * j])} | (uint32_t{f32_to_bf16(f[2 * j + 1])} << 16);
-      *reinterpret_cast<uint4*>(p.centred + (int64_t{h} * p.n_idx + i) * D + col * 8) = make_uint4(b[0], b[1], b[2], b[3]);
-    }
   }
 }
 
-// Writes centroid (f32 and bf16; the int8 copy and its scale where centroids_q8 is set) of flat cluster hc
-// from per-lane values (lane owns dims lane + 32 j). The whole warp calls it.
+// Writes centroid (f32, bf16, and the int8 copy with its scale) of flat cluster hc from per-lane values (lane
+// owns dims lane + 32 j). The whole warp calls it.
 __device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc, const float* c, int lane) {
   float mx = 0.0f;
   for (int j = 0; lane + 32 * j < p.head_dim; ++j) {
@@ -148,7 +116,6 @@ __device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc
     p.centroids_bf16[hc * p.head_dim + lane + 32 * j] = f32_to_bf16(c[j]);
     mx = fmaxf(mx, fabsf(c[j]));
   }
-  if (p.centroids_q8 == nullptr) return;  // uniform
   mx = warp_max(mx);
   const float inv = q8_inv(mx);
   for (int j = 0; lane + 32 * j < p.head_dim; ++j)
@@ -157,10 +124,9 @@ __device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc
 }
 
 // Initial centroids: the centred key at index floor(j * L / k) of the segment, L2-normalised (a zero
-// key stays zero). One warp per flat cluster.
-// One warp per cluster; grid (cluster blocks, heads). The segment cluster table is staged in shared memory
-// (up to kInitSegs + 1 entries, else read from global memory) and binary-searched: run 27 replaced a linear
-// walk of dependent global loads per warp (one per segment before the cluster's: 16 at 128K).
+// key stays zero). One warp per flat cluster; grid (cluster blocks, heads). The segment cluster table is
+// staged in shared memory (up to kInitSegs + 1 entries, else read from global memory) and binary-searched
+// (a linear walk would be one dependent global load per segment before the cluster's).
 constexpr int kInitSegs = 1023;
 __global__ void init_kernel(const KMeansParams p) {
   __shared__ int seg_c[kInitSegs + 1];
@@ -198,32 +164,6 @@ __global__ void init_kernel(const KMeansParams p) {
   store_centroid(p, hc, v, lane);
 }
 
-// Sum over the members of flat cluster hc of (row - shift), lane owns dims lane + 32 j; rows from
-// `base` ([n, D] bf16, member i at row i). shift may be null.
-template <int D>
-__device__ __forceinline__ int member_sum(const KMeansParams& p, int64_t hc, const uint16_t* base,
-                                          const float* shift, float* s, int lane) {
-  constexpr int kJ = D / 32;
-  const int b = p.offsets[hc], e = p.offsets[hc + 1];
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) s[j] = 0.0f;
-  float sh[kJ];
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) sh[j] = shift ? shift[lane + 32 * j] : 0.0f;
-  for (int i0 = b; i0 < e; i0 += 32) {
-    // The lanes fetch 32 member ids at once; rows are then summed in ascending member order.
-    const uint32_t mine = i0 + lane < e ? p.members[i0 + lane] : 0u;
-    const int cnt = e - i0 < 32 ? e - i0 : 32;
-#pragma unroll 4
-    for (int t = 0; t < cnt; ++t) {
-      const int64_t row = __shfl_sync(0xffffffffu, mine, t);
-#pragma unroll
-      for (int j = 0; j < kJ; ++j) s[j] += bf16_to_f32(base[row * D + lane + 32 * j]) - sh[j];
-    }
-  }
-  return e - b;
-}
-
 // The new centroid of flat cluster hc from its n members' sum (lane owns dims lane + 32 j; whole warp):
 // spherical = normalised sum of centred members, else plain mean; an empty cluster (or a zero sum,
 // spherical) keeps its previous centroid.
@@ -249,48 +189,13 @@ __device__ __forceinline__ void update_centroid(const KMeansParams& p, int64_t h
   store_centroid(p, hc, s, lane);
 }
 
-// Centroid update, one warp per flat cluster.
+// ---- Update and finalize: kLanes = D / 8 lanes per flat cluster (32 / kLanes clusters per warp), each
+// lane owning 8 consecutive dims read with one 16-byte load per member row. Per dim the sum is one chain of
+// f32 operations (s += x - shift, ascending member order); the spherical norm is reduced after handing the
+// sums over (through shared memory) to update_centroid's layout of one warp per cluster, lane owning dims
+// lane + 32 j, whose warp_sum fixes the order of the adds.
 template <int D>
-__global__ void update_kernel(const KMeansParams p, bool spherical) {
-  constexpr int kJ = D / 32;
-  const int lane = threadIdx.x & 31;
-  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
-  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
-  const int64_t h = hc / p.num_clusters;
-  float s[kJ];
-  const int n = member_sum<D>(p, hc, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, s, lane);
-  update_centroid<D>(p, hc, n, s, spherical, lane);
-}
-
-// Final outputs, one warp per flat cluster: sizes, value sums, de-centred centroids and bf16 copies.
-template <int D>
-__global__ void finalize_kernel(const KMeansParams p) {
-  constexpr int kJ = D / 32;
-  const int lane = threadIdx.x & 31;
-  const int64_t hc = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) >> 5;
-  if (hc >= int64_t{p.num_heads} * p.num_clusters) return;
-  const int64_t h = hc / p.num_clusters;
-  float s[kJ];
-  const int n = member_sum<D>(p, hc, p.values + (h * p.kv_stride + p.idx_begin) * D, nullptr, s, lane);
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) {
-    const int64_t at = hc * D + lane + 32 * j;
-    p.value_sums[at] = s[j];
-    p.value_sums_bf16[at] = f32_to_bf16(s[j]);
-    const float c = p.centroids[at] + p.mean[h * D + lane + 32 * j];
-    p.centroids[at] = c;
-    p.centroids_bf16[at] = f32_to_bf16(c);
-  }
-  if (lane == 0) p.sizes[hc] = n;
-}
-
-// ---- kUpdateFast: kLanes = D / 8 lanes per flat cluster (32 / kLanes clusters per warp), each lane
-// owning 8 consecutive dims read with one 16-byte load per member row (v1: D / 32 loads of 2 bytes). Per
-// dim the sum is the same chain of f32 operations as v1's member_sum (s += x - shift, ascending member
-// order), so it is bit-identical; the spherical norm is then reduced in v1's lane layout (through shared
-// memory) so that update_centroid's warp_sum adds in the same order too.
-template <int D>
-struct FastLayout {
+struct ClusterLanes {
   static constexpr int kLanes = D / 8;               // lanes per cluster
   static constexpr int kGroups = 32 / kLanes;        // clusters per warp
   static_assert(32 % kLanes == 0 && kLanes >= 8, "D = 64 or 128");
@@ -300,9 +205,9 @@ struct FastLayout {
 // of rows from `base` ([n_idx, D] bf16, member i at row i); shift ([D] f32) may be null. The whole warp
 // calls it (n may differ per group: the trip count is the warp's largest n, rows past n are skipped).
 template <int D>
-__device__ __forceinline__ void member_sum_fast(const KMeansParams& p, int b, int n, const uint16_t* base,
+__device__ __forceinline__ void member_sum(const KMeansParams& p, int b, int n, const uint16_t* base,
                                                 const float* shift, float (&s)[8], int sub) {
-  using L = FastLayout<D>;
+  using L = ClusterLanes<D>;
   int nmax = n;
 #pragma unroll
   for (int o = L::kLanes; o < 32; o <<= 1) nmax = max(nmax, __shfl_xor_sync(0xffffffffu, nmax, o));
@@ -336,9 +241,9 @@ __device__ __forceinline__ void member_sum_fast(const KMeansParams& p, int b, in
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) update_fast_kernel(const KMeansParams p, bool spherical) {
-  using L = FastLayout<D>;
-  __shared__ float red[kThreads / 32][L::kGroups][D];  // v1 layout hand-over: 8 KiB
+__global__ void __launch_bounds__(kThreads) update_kernel(const KMeansParams p, bool spherical) {
+  using L = ClusterLanes<D>;
+  __shared__ float red[kThreads / 32][L::kGroups][D];  // hand-over to update_centroid's layout: 8 KiB
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
   const int64_t hc0 = (blockIdx.x * int64_t{kThreads / 32} + warp) * L::kGroups;  // the warp's first cluster
@@ -355,7 +260,7 @@ __global__ void __launch_bounds__(kThreads) update_fast_kernel(const KMeansParam
     shift = p.mean + h * D;
   }
   float s[8];
-  member_sum_fast<D>(p, b, n, base, shift, s, sub);
+  member_sum<D>(p, b, n, base, shift, s, sub);
 #pragma unroll
   for (int j = 0; j < 8; ++j) red[warp][grp][8 * sub + j] = s[j];
   __syncwarp();
@@ -370,12 +275,13 @@ __global__ void __launch_bounds__(kThreads) update_fast_kernel(const KMeansParam
   }
 }
 
-// kMean: the last global iteration's plain-mean update fused in (run 27): the same member sums of the
-// centred keys as update_fast_kernel, times the same 1 / n, so the centroid is the one update + finalize
-// would write, bit for bit (an empty cluster keeps its centroid); one pass over the members instead of two.
+// Final outputs of each flat cluster: sizes, value sums, de-centred centroids and bf16 copies. kMean: the
+// last global iteration's plain-mean update first, from the same member sums of the centred keys as
+// update_kernel times the same 1 / n, so the centroid is the one update + finalize would write, bit for bit
+// (an empty cluster keeps its centroid); one pass over the members instead of two.
 template <int D, bool kMean>
-__global__ void __launch_bounds__(kThreads) finalize_fast_kernel(const KMeansParams p) {
-  using L = FastLayout<D>;
+__global__ void __launch_bounds__(kThreads) finalize_kernel(const KMeansParams p) {
+  using L = ClusterLanes<D>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
   const int64_t hc0 = (blockIdx.x * int64_t{kThreads / 32} + warp) * L::kGroups;
@@ -389,11 +295,10 @@ __global__ void __launch_bounds__(kThreads) finalize_fast_kernel(const KMeansPar
     n = p.offsets[hc + 1] - b;
   }
   float sk[8];
-  if constexpr (kMean) member_sum_fast<D>(p, b, n, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, sk, sub);
+  if constexpr (kMean) member_sum<D>(p, b, n, p.keys + (h * p.kv_stride + p.idx_begin) * D, p.mean + h * D, sk, sub);
   float s[8];
-  member_sum_fast<D>(p, b, n, p.values + (h * p.kv_stride + p.idx_begin) * D, nullptr, s, sub);
+  member_sum<D>(p, b, n, p.values + (h * p.kv_stride + p.idx_begin) * D, nullptr, s, sub);
   if (!valid) return;
-  // Element-wise outputs: the same values as finalize_kernel whatever the lane layout.
   const int64_t at = hc * D + 8 * sub;
   float c[8];
   uint32_t vb[4], cw[4];
@@ -419,99 +324,38 @@ __global__ void __launch_bounds__(kThreads) finalize_fast_kernel(const KMeansPar
   if (sub == 0) p.sizes[hc] = n;
 }
 
-int fast_blocks(int64_t clusters, int per_warp) {
+int cluster_blocks(int64_t clusters, int per_warp) {
   const int64_t per_cta = int64_t{kThreads / 32} * per_warp;
   return static_cast<int>((clusters + per_cta - 1) / per_cta);
 }
 
 int warp_blocks(int64_t warps) { return static_cast<int>((warps * 32 + kThreads - 1) / kThreads); }
 
+bool has_q8_centroids(const KMeansParams& p) { return p.centroids_q8 != nullptr && p.centroid_scale != nullptr; }
+bool head_dim_ok(const KMeansParams& p) { return p.head_dim == 128 || p.head_dim == 64; }
+
 }  // namespace
 
 cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
+  if (!head_dim_ok(p) || p.centred_q8 == nullptr) return cudaErrorInvalidValue;
   const dim3 grid(kMeanChunks, p.num_heads);
   if (p.head_dim == 128) mean_partial_kernel<128><<<grid, kThreads, 0, s>>>(p);
-  else if (p.head_dim == 64) mean_partial_kernel<64><<<grid, kThreads, 0, s>>>(p);
-  else return cudaErrorInvalidValue;
+  else mean_partial_kernel<64><<<grid, kThreads, 0, s>>>(p);
   mean_finish_kernel<<<p.num_heads, 128, 0, s>>>(p);
-  if (p.centred_q8 != nullptr) {
-    // Per head: one row per kPerRow lanes, up to 8192 / heads CTAs per head (at least one).
-    const int64_t per_head = p.n_idx * (p.head_dim / 8) / kThreads + 1;
-    const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(per_head, 8192 / p.num_heads))),
-                    p.num_heads);
-    if (p.head_dim == 128) centre_q8_kernel<128><<<grid, kThreads, 0, s>>>(p);
-    else centre_q8_kernel<64><<<grid, kThreads, 0, s>>>(p);
-  } else {
-    const int64_t work = int64_t{p.num_heads} * p.n_idx * (p.head_dim / 8);
-    const int blocks = static_cast<int>(work / kThreads + 1 < 8192 ? work / kThreads + 1 : 8192);
-    centre_kernel<<<blocks, kThreads, 0, s>>>(p);
-  }
+  // Per head: one row per kPerRow lanes, up to 8192 / heads CTAs per head (at least one).
+  const int64_t per_head = p.n_idx * (p.head_dim / 8) / kThreads + 1;
+  const dim3 q8_grid(static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(per_head, 8192 / p.num_heads))),
+                     p.num_heads);
+  if (p.head_dim == 128) centre_q8_kernel<128><<<q8_grid, kThreads, 0, s>>>(p);
+  else centre_q8_kernel<64><<<q8_grid, kThreads, 0, s>>>(p);
   return cudaGetLastError();
 }
 
 cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s) {
+  if (!head_dim_ok(p) || !has_q8_centroids(p)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(warp_blocks(p.num_clusters)), p.num_heads);
   init_kernel<<<grid, kThreads, 0, s>>>(p);
   return cudaGetLastError();
-}
-
-namespace {
-// Index of the value of environment variable `var` in `names` (count entries); `dflt` when it is unset or
-// empty. Throws Error for any other value.
-int variant_index(const char* var, const char* const* names, int count, int dflt) {
-  const char* v = std::getenv(var);
-  if (v == nullptr || v[0] == '\0') return dflt;
-  std::string valid;
-  for (int i = 0; i < count; ++i) {
-    if (std::strcmp(v, names[i]) == 0) return i;
-    valid += std::string(i ? ", " : "") + names[i];
-  }
-  RETROINFER_FAIL(var, "='", v, "' is not a k-means kernel variant: use ", valid, " or leave it unset (variants b-f ",
-                  "of the assignment were removed after run 15)");
-}
-constexpr const char* kAssignNames[kAssignVariants] = {"v1", "a", "q8"};
-constexpr const char* kUpdateNames[kUpdateVariants] = {"v1", "fast"};
-constexpr const char* kGroupNames[kGroupVariants] = {"radix", "count"};
-// The defaults, picked by the H200 A/Bs of run 15 (bench/results/run15/call2, call3) and run 26
-// (bench/results/run26/: q8 is other arithmetic, tested against its own host reference; the other variants
-// of one kind give the same results).
-constexpr int kDefaultAssignVariant = kAssignQ8;  // run 26 (H200; a: run 15, 11.40 ms vs 13.70 (v1) at 128K)
-constexpr int kDefaultUpdateVariant = kUpdateFast;  // bit-identical sums, 1.19 vs 1.23 ms of updates at 128K
-int assign_variant_of(const KMeansParams& p) {
-  return p.assign_variant >= 0 && p.assign_variant < kAssignVariants ? p.assign_variant : kmeans_assign_variant_from_env();
-}
-constexpr int kDefaultGroupVariant = kGroupCount;  // run 26 (H200): identical members / offsets
-int group_variant_of(const KMeansParams& p) {
-  return p.group_variant >= 0 && p.group_variant < kGroupVariants ? p.group_variant : kmeans_group_variant_from_env();
-}
-int update_variant_of(const KMeansParams& p) {
-  return p.update_variant >= 0 && p.update_variant < kUpdateVariants ? p.update_variant : kmeans_update_variant_from_env();
-}
-}  // namespace
-
-int kmeans_assign_variant_from_env() {
-  return variant_index("RETROINFER_KMEANS_ASSIGN", kAssignNames, kAssignVariants, kDefaultAssignVariant);
-}
-int kmeans_group_variant_from_env() {
-  return variant_index("RETROINFER_KMEANS_GROUP", kGroupNames, kGroupVariants, kDefaultGroupVariant);
-}
-const char* kmeans_group_variant_name(int variant) {
-  return variant >= 0 && variant < kGroupVariants ? kGroupNames[variant] : "?";
-}
-cudaError_t kmeans_group_pass(const KMeansParams& p, bool global, cudaStream_t s) {
-  if (!global && group_variant_of(p) == kGroupCount && p.max_seg_clusters <= kGroupCountMaxBins &&
-      p.max_seg_tokens <= kGroupCountMaxTokens)
-    return kmeans_group_segments(p, s);
-  return kmeans_group(p, s);
-}
-int kmeans_update_variant_from_env() {
-  return variant_index("RETROINFER_KMEANS_UPDATE", kUpdateNames, kUpdateVariants, kDefaultUpdateVariant);
-}
-const char* kmeans_assign_variant_name(int variant) {
-  return variant >= 0 && variant < kAssignVariants ? kAssignNames[variant] : "?";
-}
-const char* kmeans_update_variant_name(int variant) {
-  return variant >= 0 && variant < kUpdateVariants ? kUpdateNames[variant] : "?";
 }
 
 namespace {
@@ -588,49 +432,31 @@ cudaError_t top_sizes_sum(const int* sizes, int heads, int clusters, int k, long
   return cudaGetLastError();
 }
 
-cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
-  return kmeans_assign_variant(p, global, assign_variant_of(p), s);
-}
-
 cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s) {
+  if (!has_q8_centroids(p)) return cudaErrorInvalidValue;
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
-  if (update_variant_of(p) == kUpdateFast) {
-    if (p.head_dim == 128) update_fast_kernel<128><<<fast_blocks(total, FastLayout<128>::kGroups), kThreads, 0, s>>>(p, spherical);
-    else if (p.head_dim == 64) update_fast_kernel<64><<<fast_blocks(total, FastLayout<64>::kGroups), kThreads, 0, s>>>(p, spherical);
-    else return cudaErrorInvalidValue;
-    return cudaGetLastError();
-  }
-  const int blocks = warp_blocks(total);
-  if (p.head_dim == 128) update_kernel<128><<<blocks, kThreads, 0, s>>>(p, spherical);
-  else if (p.head_dim == 64) update_kernel<64><<<blocks, kThreads, 0, s>>>(p, spherical);
-  else return cudaErrorInvalidValue;
+  if (p.head_dim == 128)
+    update_kernel<128><<<cluster_blocks(total, ClusterLanes<128>::kGroups), kThreads, 0, s>>>(p, spherical);
+  else if (p.head_dim == 64)
+    update_kernel<64><<<cluster_blocks(total, ClusterLanes<64>::kGroups), kThreads, 0, s>>>(p, spherical);
+  else
+    return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
 cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s, bool with_mean) {
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
-  if (update_variant_of(p) == kUpdateFast) {
-    auto launch = [&](auto kernel, int groups) {
-      kernel<<<fast_blocks(total, groups), kThreads, 0, s>>>(p);
-      return cudaGetLastError();
-    };
-    if (p.head_dim == 128)
-      return with_mean ? launch(finalize_fast_kernel<128, true>, FastLayout<128>::kGroups)
-                       : launch(finalize_fast_kernel<128, false>, FastLayout<128>::kGroups);
-    if (p.head_dim == 64)
-      return with_mean ? launch(finalize_fast_kernel<64, true>, FastLayout<64>::kGroups)
-                       : launch(finalize_fast_kernel<64, false>, FastLayout<64>::kGroups);
-    return cudaErrorInvalidValue;
-  }
-  if (with_mean) {  // v1: the update, then the finalize (the same results)
-    const cudaError_t e = kmeans_update(p, false, s);
-    if (e != cudaSuccess) return e;
-  }
-  const int blocks = warp_blocks(total);
-  if (p.head_dim == 128) finalize_kernel<128><<<blocks, kThreads, 0, s>>>(p);
-  else if (p.head_dim == 64) finalize_kernel<64><<<blocks, kThreads, 0, s>>>(p);
-  else return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  auto launch = [&](auto kernel, int groups) {
+    kernel<<<cluster_blocks(total, groups), kThreads, 0, s>>>(p);
+    return cudaGetLastError();
+  };
+  if (p.head_dim == 128)
+    return with_mean ? launch(finalize_kernel<128, true>, ClusterLanes<128>::kGroups)
+                     : launch(finalize_kernel<128, false>, ClusterLanes<128>::kGroups);
+  if (p.head_dim == 64)
+    return with_mean ? launch(finalize_kernel<64, true>, ClusterLanes<64>::kGroups)
+                     : launch(finalize_kernel<64, false>, ClusterLanes<64>::kGroups);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace retroinfer::cuda::detail

@@ -1,5 +1,5 @@
-// Grouping by cluster after a segment pass of the k-means (kernels.h kGroupCount): a stable counting sort
-// per (segment, head) in one CTA, giving the same members and CSR offsets as the radix sort of
+// Grouping by cluster after a segment pass of the k-means (kmeans_kernels.h kmeans_group_pass): a stable
+// counting sort per (segment, head) in one CTA, giving the same members and CSR offsets as the radix sort of
 // kmeans_sort.cu (members of a cluster in ascending token order; cluster c of segment s of head h starts at
 // h * n_idx + seg_token_begin[s] + the count of the segment's tokens in clusters before c).
 //
@@ -8,8 +8,8 @@
 // holds its histograms in shared memory: 32 warps each own a contiguous run of the segment's tokens (their
 // bins loaded once into registers); pass 1 counts per warp, pass 2 turns the counts into each warp's first
 // position per bin (bins' exclusive scan plus the earlier warps' counts), pass 3 scatters each warp's run
-// in token order (__match_any_sync ranks the lanes with the same bin). Replaces ~40 us of radix sort per
-// iteration at 32K tokens x 8 heads.
+// in token order (__match_any_sync ranks the lanes with the same bin). At 32K tokens x 8 heads it saves
+// ~40 us of radix sort per iteration.
 #include <cuda_runtime.h>
 
 #include "kernels/kernels.h"
@@ -126,6 +126,12 @@ __global__ void __launch_bounds__(kThreads) group_segment_kernel(const KMeansPar
 }
 
 }  // namespace
+
+cudaError_t kmeans_group_pass(const KMeansParams& p, bool global, cudaStream_t s) {
+  if (!global && p.max_seg_clusters <= kGroupCountMaxBins && p.max_seg_tokens <= kGroupCountMaxTokens)
+    return kmeans_group_segments(p, s);
+  return kmeans_group(p, s);
+}
 
 cudaError_t kmeans_group_segments(const KMeansParams& p, cudaStream_t s) {
   if (p.max_seg_clusters <= 0 || p.max_seg_clusters > kGroupCountMaxBins || p.num_segments <= 0 ||

@@ -1,4 +1,4 @@
-// Causal GQA prefill attention: kernel parameters and raw launcher (src/backend/cuda only). The host class
+// Causal GQA prefill attention: kernel parameters and raw launcher (src/attention/cuda only). The host class
 // retroinfer::cuda::PrefillAttention (prefill_attention.cpp, declared in cuda_model.h) validates shapes and
 // turns failures into exceptions; the launcher validates nothing.
 //
@@ -11,11 +11,12 @@
 // Kernel (flash-attention-2 style, tensor cores through mma.sync m16n8k16 bf16 with f32 accumulators):
 // one CTA of 4 warps owns kPrefillRows = 128 "packed" query rows of one KV head, where packed row r is
 // (token r / G, group member r % G): every query head of a GQA group shares each K/V tile the CTA loads.
-// Each warp owns 32 consecutive packed rows (two m16 tiles). K/V tiles of 64 (or 32) tokens stream
+// Each warp owns 32 consecutive packed rows (two m16 tiles). K/V tiles of kPrefillKeys = 64 tokens stream
 // through two or three shared-memory stages (three where two CTAs still fit a multiprocessor; cp.async,
 // XOR-swizzled 16-byte chunks, conflict-free ldmatrix); the softmax is online (running max and sum per
 // row, f32, exp2 with the scale folded in); causal masking is applied only on the tiles that cross the
-// diagonal, and tiles beyond a row range's last key are never loaded. CTAs are issued heaviest first (largest query positions) to balance the causal triangle.
+// diagonal, and tiles beyond a row range's last key are never loaded. CTAs are issued heaviest first
+// (largest query positions) to balance the causal triangle.
 //
 // Precision: q is rounded to bf16 for the QK^T product (the K/V are bf16 already) and the probabilities P
 // are rounded to bf16 for the PV product; logits, the running max/sum and the output accumulate in f32.
@@ -41,13 +42,11 @@ struct PrefillParams {
 };
 
 inline constexpr int kPrefillRows = 128;  // packed query rows per CTA (4 warps x 32)
-inline constexpr int kPrefillKeys = 64;   // most keys per K/V tile (prefill_tile_keys: what is used)
+inline constexpr int kPrefillKeys = 64;   // keys per K/V tile
 inline constexpr int kPrefillWarps = 4;
 
 // CTAs the launch uses: ceil(n * G / kPrefillRows) * Hkv.
 int64_t prefill_ctas(const PrefillParams& p);
-// Keys per K/V tile the kernel uses for head_dim (64; RETROINFER_PREFILL_KEYS=32 selects 32 at D=128).
-int prefill_tile_keys(int head_dim);
 cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s);
 
 }  // namespace retroinfer::cuda::detail

@@ -3,10 +3,12 @@
 // logits of eager launches: the graphs hold the same kernels with the same arguments, in the same order, on
 // the same buffers. Every attention method the runner serves, KV on the GPU and split with host-tier layers,
 // sequences of equal and of different lengths (one attention object per layer vs per sequence and layer).
+// The same for CudaJoinedDecoder's decode_graphs (one step over several one-sequence sessions).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,7 +20,9 @@
 namespace retroinfer {
 namespace {
 
+using cuda::CudaJoinedDecoder;
 using cuda::CudaModel;
+using cuda::CudaSequenceSession;
 using cuda::CudaSession;
 using cuda::CudaSessionOptions;
 using cuda::KvPlacement;
@@ -110,6 +114,60 @@ TEST(CudaDecodeGraphs, ReplayEqualsEagerLaunches) {
                 case_name(tc).c_str(), kSteps, int(graph_active), (long long)differing,
                 size_t(kSteps) * eager[0].size());
     EXPECT_EQ(differing, 0);
+  }
+}
+
+// Joined decode steps of three one-sequence sessions (different prompt lengths) through a decoder with and
+// without decode graphs, greedy tokens of the eager run fed to both: the same logits bit for bit.
+TEST(CudaDecodeGraphs, JoinedReplayEqualsEagerLaunches) {
+  RETROINFER_REQUIRE_GPU();
+  ModelConfig c = gputest::synthetic_config(128);
+  c.num_layers = kLayers;
+  c.max_position_embeddings = 1024;
+  gputest::MemoryModelFile f(c, 37);
+  auto m = Model::load(f);
+  auto gm = CudaModel::upload(*m, cuda::WeightType::kBf16);
+  const std::vector<int64_t> lengths = {300, 520, 180};
+  const int n = static_cast<int>(lengths.size());
+  std::vector<std::vector<int32_t>> feed;  // [step][session], recorded by the eager run
+  std::vector<std::vector<float>> eager;
+  for (const bool graphs : {false, true}) {
+    CudaSessionOptions o;
+    o.attention.kind = AttentionKind::kRetro;
+    o.max_context = 1024;
+    o.prefill_chunk = 256;
+    o.decode_graphs = graphs;
+    std::vector<std::unique_ptr<CudaSequenceSession>> sessions;
+    std::vector<CudaSession*> ptrs;
+    std::vector<int32_t> cur(n);
+    for (int i = 0; i < n; ++i) {
+      sessions.push_back(std::make_unique<CudaSequenceSession>(*gm, o));
+      const auto first = sessions.back()->prefill(gputest::random_tokens(lengths[i], c.vocab_size, 500 + i));
+      cur[i] = static_cast<int32_t>(std::max_element(first.begin(), first.end()) - first.begin());
+      ptrs.push_back(&sessions.back()->session());
+    }
+    CudaJoinedDecoder dec(*gm, graphs);
+    std::vector<float> logits(static_cast<size_t>(n) * c.vocab_size);
+    int64_t differing = 0;
+    for (int step = 0; step < kSteps; ++step) {
+      if (graphs) cur = feed[step];
+      else feed.push_back(cur);
+      dec.decode(ptrs, cur, logits);
+      if (graphs) {
+        for (size_t j = 0; j < logits.size(); ++j) differing += !(logits[j] == eager[step][j]);
+      } else {
+        eager.push_back(logits);
+      }
+      for (int i = 0; i < n; ++i) {
+        const float* row = logits.data() + static_cast<size_t>(i) * c.vocab_size;
+        cur[i] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
+      }
+    }
+    if (graphs) {
+      std::printf("[decode_graphs] joined retro %d sessions: %d steps, logits differing from eager %lld of %zu\n", n,
+                  kSteps, (long long)differing, size_t(kSteps) * logits.size());
+      EXPECT_EQ(differing, 0);
+    }
   }
 }
 

@@ -1,5 +1,5 @@
 // cuda::PrefillAttention (causal GQA prefill, mma.sync bf16) against the CPU retroinfer::prefill_attention
-// on the same bf16 K/V: query counts with tails of the 128-row and 32/64-key tiles, a prefix (pos0 > 0),
+// on the same bf16 K/V: query counts with tails of the 128-row and 64-key tiles, a prefix (pos0 > 0),
 // head_dim 64 and 128, GQA groups 1, 3, 4, 8, a kv_stride past the tokens (NaN-poisoned rows), a long
 // prefix, and the argument checks. Outputs are poisoned (0xff) first: every element must be written.
 //
@@ -121,7 +121,7 @@ void run_case(const Case& c, uint64_t seed) {
 TEST(CudaPrefill, TailsWithoutPrefix) {
   RETROINFER_REQUIRE_GPU();
   uint64_t seed = 1000;
-  // n * group around the 128-row CTA tile and the 32/64-key tiles.
+  // n * group around the 128-row CTA tile and the 64-key tiles.
   for (int64_t n : {1, 3, 17, 31, 33, 64, 127, 129, 200}) run_case({2, 4, 128, 0, n}, seed++);
   for (int64_t n : {1, 33, 129}) run_case({2, 4, 64, 0, n}, seed++);
 }

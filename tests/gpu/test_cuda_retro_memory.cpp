@@ -202,7 +202,6 @@ TEST(CudaRetroMemory, DeviceBytesMatchThePlannerFormula) {
     r.retrieval_tokens = layer.retrieval_capacity();
     r.outlier_tokens = layer.max_outliers();
     r.int8_scoring = layer.int8_scoring();
-    r.kmeans_int8 = cuda::detail::kmeans_assign_variant_from_env() == cuda::detail::kAssignQ8;
     const buffer::RetroLayerBytes f = buffer::retro_layer_bytes(r);
     ASSERT_EQ(f.clusters, layer.num_clusters());
     ASSERT_EQ(f.n_idx, layer.indexed_tokens());

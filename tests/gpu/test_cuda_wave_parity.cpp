@@ -117,10 +117,7 @@ TEST(CudaWaveParity, RetroAgainstCpuRetro) {
   full->decode(cache, q.data(), out_full.data());
 
   auto dk = gputest::upload(kv.k), dv = gputest::upload(kv.v), dq = gputest::upload(q);
-  // The k-means' bf16 (a) and int8 (q8, the default) assignment arithmetic.
-  for (const char* variant : {"a", "q8"}) {
-    SCOPED_TRACE(variant);
-    const gputest::EnvGuard assign("RETROINFER_KMEANS_ASSIGN", variant);
+  {
     cuda::RetroLayer layer(shape, cfg);
     auto dout = gputest::poisoned(q.size());
     layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), n, n);
@@ -139,18 +136,18 @@ TEST(CudaWaveParity, RetroAgainstCpuRetro) {
         if (zones[t] == AttentionMethod::kZoneExact) cpu_exact.push_back(int32_t(t));
       jacc = std::max(jacc, gputest::jaccard_distance(cpu_exact, layer.debug_state(h).token_list));
     }
-    std::printf("[wave parity] retro n=%lld, k-means %s: nmse vs full gpu %.3e cpu %.3e, gpu vs cpu %.3e; exact-token "
+    std::printf("[wave parity] retro n=%lld: nmse vs full gpu %.3e cpu %.3e, gpu vs cpu %.3e; exact-token "
                 "Jaccard distance %.3f\n",
-                (long long)n, variant, g_vs_full.nmse, c_vs_full.nmse, g_vs_c.nmse, jacc);
+                (long long)n, g_vs_full.nmse, c_vs_full.nmse, g_vs_c.nmse, jacc);
     // Derivation: both methods miss the same kind of mass (ignored clusters, Jensen's lower bound in the
     // estimation zone); with different but equally good clusters their errors are of one size. 2x plus
     // an absolute floor of 1e-4 (below which both are "exact enough" and the ratio is noise).
     EXPECT_LT(g_vs_full.nmse, 2.0 * c_vs_full.nmse + 1e-4);
-    // Most exact tokens in common. The int8 assignment moves about twice the tokens the bf16 one does away
-    // from the CPU's f32 clusters (test_cuda_kmeans.cpp FullIterationsCloseToCpu: 9-12% against 4-6%, at an
-    // equal objective), so its selected tokens overlap the CPU's less (run 26: 0.53 at n = 8000, with
-    // the GPU's error against full attention below the CPU's: 0.256 against 0.265).
-    EXPECT_LT(jacc, std::strcmp(variant, "a") == 0 ? 0.5 : 0.6);
+    // Most exact tokens in common. The k-means' int8 assignment moves 9-12% of the tokens away from the CPU's
+    // f32 clusters (test_cuda_kmeans.cpp FullIterationsCloseToCpu), at an equal objective, so the selected
+    // tokens overlap the CPU's only in part (0.53 at n = 8000, with the GPU's error against full attention
+    // below the CPU's: 0.256 against 0.265).
+    EXPECT_LT(jacc, 0.6);
   }
 }
 

@@ -1,4 +1,4 @@
-// The tensor-core GEMV (src/backend/cuda/model/gemv_mma.cu: mma_gemv_bf16, mma_gemv_swiglu_bf16) against f64 CPU
+// The tensor-core GEMV (src/kernels/gemv_mma.cu: mma_gemv_bf16, mma_gemv_swiglu_bf16) against f64 CPU
 // references on bf16-rounded inputs, every variant (tiles 1, 2 x warps 4, 8, 16), rows 1..8, beta 0 and 1,
 // tails (out % 16 != 0, in % 32 != 0, in = 8), outputs poisoned first. One summary line per case.
 //
@@ -283,75 +283,6 @@ TEST(GemvMma, SwiGluAgainstCpu) {
                   (long long)rows);
     }
   }
-}
-
-// A programmatic dependent launch (GemvParams::pdl) right after the kernel that writes x (f32_to_bf16_array,
-// same stream), plain and captured into a CUDA graph: bitwise equal to the plain launch (the dependency wait
-// precedes every read of x and y). Every variant, beta 1 (y read after the wait too), a fresh x each time.
-TEST(GemvMma, ProgrammaticLaunchAfterProducer) {
-  RETROINFER_REQUIRE_GPU();
-  const int64_t in = 4096, out = 1000, rows = 6;
-  const std::vector<uint16_t> w = to_bf16(normal_f32(static_cast<size_t>(out * in), 81, 0.05f));
-  const std::vector<float> xf = normal_f32(static_cast<size_t>(rows * in), 82);
-  const std::vector<float> y0 = normal_f32(static_cast<size_t>(rows * out), 83);
-  DeviceBuffer dw = gputest::upload(w), dxf = gputest::upload(xf), dx(xf.size() * 2), dy(y0.size() * 4);
-  cudaStream_t st = nullptr;
-  // A blocking stream: it orders after the legacy-stream memsets and copies of DeviceBuffer.
-  ASSERT_EQ(cudaStreamCreate(&st), cudaSuccess);
-  int64_t differ = 0;
-  for (int tiles : cuda::model::kMmaGemvTiles)
-    for (int warps : cuda::model::kMmaGemvWarps) {
-      SCOPED_TRACE(testing::Message() << "tiles " << tiles << " warps " << warps);
-      cuda::model::GemvParams p;
-      p.w = dw.as<uint16_t>();
-      p.x = dx.as<uint16_t>();
-      p.y = dy.as<float>();
-      p.rows = rows;
-      p.in = in;
-      p.out = out;
-      p.beta = 1.0f;
-      auto run = [&](bool pdl) {
-        dx.fill_bytes(0xff);  // NaN until the producer runs
-        dy.upload(y0.data(), y0.size() * 4);
-        cuda::synchronize();
-        cuda::detail::launch_check(cuda::model::f32_to_bf16_array(dxf.as<float>(), dx.as<uint16_t>(), xf.size(), st),
-                                   "f32_to_bf16_array", st);
-        p.pdl = pdl;
-        cuda::detail::launch_check(cuda::model::mma_gemv_bf16(p, tiles, warps, st), "mma_gemv_bf16", st);
-        EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-        return fetch<float>(dy, y0.size());
-      };
-      const std::vector<float> plain = run(false), pdl = run(true);
-      // The same pair captured into a graph (programmatic edge), replayed.
-      dx.fill_bytes(0xff);
-      dy.upload(y0.data(), y0.size() * 4);
-      cuda::synchronize();
-      cudaGraph_t g = nullptr;
-      cudaGraphExec_t ge = nullptr;
-      ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      const cudaError_t e1 = cuda::model::f32_to_bf16_array(dxf.as<float>(), dx.as<uint16_t>(), xf.size(), st);
-      p.pdl = true;
-      const cudaError_t e2 = cuda::model::mma_gemv_bf16(p, tiles, warps, st);
-      ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
-      ASSERT_EQ(e1, cudaSuccess);
-      ASSERT_EQ(e2, cudaSuccess);
-      ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
-      ASSERT_EQ(cudaGraphLaunch(ge, st), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      const std::vector<float> graph = fetch<float>(dy, y0.size());
-      cudaGraphExecDestroy(ge);
-      cudaGraphDestroy(g);
-      for (size_t i = 0; i < plain.size(); ++i) {
-        differ += std::memcmp(&plain[i], &pdl[i], 4) != 0;
-        differ += std::memcmp(&plain[i], &graph[i], 4) != 0;
-      }
-      EXPECT_TRUE(std::isfinite(plain[0]));
-    }
-  cudaStreamDestroy(st);
-  EXPECT_EQ(differ, 0) << "a programmatic launch read x or y before the producer finished";
-  std::printf("[mma_gemv] pdl after a producer (stream and graph), in %lld out %lld rows %lld, every variant: %lld "
-              "elements differ from the plain launch\n",
-              (long long)in, (long long)out, (long long)rows, (long long)differ);
 }
 
 TEST(GemvMma, RefusesBadArguments) {

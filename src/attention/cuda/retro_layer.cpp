@@ -663,7 +663,7 @@ int64_t RetroLayer::device_bytes() const {
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.merge_counter,
                                 &m.sel_ws,
                                 &m.phase, &w.seg_tokens,
-                                &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred, &w.centred_q8,
+                                &w.seg_clusters, &w.mean_partial, &w.mean, &w.centred_q8,
                                 &w.centroids_q8, &w.centroid_scale, &w.centroids, &w.centroids_bf16, &w.value_sums, &w.value_sums_bf16, &w.sizes, &w.assignment,
                                 &w.sort_keys, &w.sort_keys_out, &w.iota, &w.members, &w.offsets, &w.sort_temp,
                                 &w.residual, &w.picked_ids, &w.picked_list, &w.picked_count, &w.picked_scratch,

@@ -1,6 +1,7 @@
 // Phase split of the GPU k-means builds (kmeans_phases.h).
 #include "index/cuda/kmeans_phases.h"
 
+#include <atomic>
 #include <mutex>
 
 #include "kernels/cuda_check.h"
@@ -9,7 +10,11 @@ namespace retroinfer::cuda::detail {
 namespace {
 std::mutex g_mutex;
 KMeansPhaseTotals g_totals;
+std::atomic<bool> g_timing{false};
 }  // namespace
+
+void set_kmeans_phase_timing(bool on) { g_timing.store(on); }
+bool kmeans_phase_timing() { return g_timing.load(); }
 
 const char* kmeans_phase_name(int phase) {
   static constexpr const char* kNames[kKmPhases] = {"mean_init", "assign_segment", "assign_global",
@@ -39,7 +44,7 @@ void kmeans_phase_reset() {
   g_totals = KMeansPhaseTotals{};
 }
 
-KMeansPhaseEvents::KMeansPhaseEvents(cudaStream_t st) : st_(st), on_(env_switch("RETROINFER_KMEANS_PHASES", false)) {
+KMeansPhaseEvents::KMeansPhaseEvents(cudaStream_t st, bool on) : st_(st), on_(on) {
   if (!on_) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   RETROINFER_CUDA_CHECK(cudaStreamIsCapturing(st_, &capture));

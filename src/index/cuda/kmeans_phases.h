@@ -1,7 +1,8 @@
-// Phase split of the GPU k-means builds (bench diagnostics). With RETROINFER_KMEANS_PHASES=1 each k-means
-// run (retro_layer.cpp KMeansWork::run) records a CUDA event after every phase on its stream, waits for the
-// last one and adds the elapsed times to process-wide totals, which kernel_bench reads (its "kmeans_phases"
-// lines). Unset: no event is created and nothing waits. Included only from src/backend/cuda and bench.
+// Phase split of the GPU k-means builds (bench diagnostics). While set_kmeans_phase_timing(true) is in force
+// (kernel_bench --kmeans-phases 1 sets it around one build), each k-means run (kmeans_run.h KMeansRun::run)
+// records a CUDA event after every phase on its stream, waits for the last one and adds the elapsed times to
+// process-wide totals, which kernel_bench reads (its "kmeans_phases" lines). Off (the default): no event is
+// created and nothing waits. Included only from src/index/cuda, src/attention/cuda and bench.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,6 +24,11 @@ enum KMeansPhase : int {
 };
 const char* kmeans_phase_name(int phase);
 
+// The process-wide switch of the phase timing (off by default; thread-safe). The k-means runs live inside
+// RetroLayer, so the benchmark turns the timing on around a build rather than per run.
+void set_kmeans_phase_timing(bool on);
+bool kmeans_phase_timing();
+
 struct KMeansPhaseTotals {
   double ms[kKmPhases] = {};  // summed over the runs
   int64_t runs = 0;
@@ -41,11 +47,11 @@ void build_host_times_set(const BuildHostTimes& t);
 BuildHostTimes build_host_times_last();
 
 // Events of one run: the constructor records the start, mark(phase) follows the launches of `phase`,
-// finish() after the last (waits for it, adds to the totals). Inactive (every call a no-op) unless
-// RETROINFER_KMEANS_PHASES=1 when constructed and `st` is not capturing a graph.
+// finish() after the last (waits for it, adds to the totals). Inactive (every call a no-op) unless `on` and
+// `st` is not capturing a graph.
 class KMeansPhaseEvents {
  public:
-  explicit KMeansPhaseEvents(cudaStream_t st);
+  KMeansPhaseEvents(cudaStream_t st, bool on);
   ~KMeansPhaseEvents();
   KMeansPhaseEvents(const KMeansPhaseEvents&) = delete;
   KMeansPhaseEvents& operator=(const KMeansPhaseEvents&) = delete;

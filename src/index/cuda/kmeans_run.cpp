@@ -26,7 +26,6 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
     max_seg = std::max(max_seg, seg_t[i + 1] - seg_t[i]);
     max_seg_c = std::max(max_seg_c, seg_c[i + 1] - seg_c[i]);
   }
-  assign_variant = kmeans_assign_variant_from_env();
   const size_t items = size_t(H) * n, flat = size_t(H) * C;
   // Upload through the stream (pageable source: the copy completes before the call returns), only when a
   // table differs from the device's (a rebuild of the same length skips both copies and their host time).
@@ -40,12 +39,9 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
   upload(seg_clusters, seg_c, seg_c_dev);
   ensure(mean_partial, size_t(H) * kMeanChunks * D * 4);
   ensure(mean, size_t(H) * D * 4);
-  if (uses_bf16()) ensure(centred, items * D * 2);
-  if (uses_q8()) {
-    ensure(centred_q8, items * D);
-    ensure(centroids_q8, flat * D);
-    ensure(centroid_scale, flat * 4);
-  }
+  ensure(centred_q8, items * D);
+  ensure(centroids_q8, flat * D);
+  ensure(centroid_scale, flat * 4);
   ensure(centroids, flat * D * 4);
   ensure(centroids_bf16, flat * D * 2);
   ensure(value_sums, flat * D * 4);
@@ -85,13 +81,11 @@ KMeansParams KMeansRun::params(const uint16_t* k, const uint16_t* v, int64_t kv_
   p.seg_cluster_begin = seg_clusters.as<int>();
   p.max_seg_tokens = max_seg;
   p.max_seg_clusters = max_seg_c;
-  p.assign_variant = assign_variant;
   p.mean_partial = mean_partial.as<float>();
   p.mean = mean.as<float>();
-  p.centred = uses_bf16() ? centred.as<uint16_t>() : nullptr;
-  p.centred_q8 = uses_q8() ? centred_q8.as<int8_t>() : nullptr;
-  p.centroids_q8 = uses_q8() ? centroids_q8.as<int8_t>() : nullptr;
-  p.centroid_scale = uses_q8() ? centroid_scale.as<float>() : nullptr;
+  p.centred_q8 = centred_q8.as<int8_t>();
+  p.centroids_q8 = centroids_q8.as<int8_t>();
+  p.centroid_scale = centroid_scale.as<float>();
   p.centroids = centroids.as<float>();
   p.centroids_bf16 = centroids_bf16.as<uint16_t>();
   p.value_sums = value_sums.as<float>();
@@ -113,7 +107,7 @@ void KMeansRun::run(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int
                     cudaStream_t st) {
   prepare(H, D, first, count, seg_t, seg_c, st);
   const KMeansParams p = params(k, v, kv_stride, H, D);
-  KMeansPhaseEvents ev(st);  // RETROINFER_KMEANS_PHASES=1 only (kernel_bench's phase split)
+  KMeansPhaseEvents ev(st, kmeans_phase_timing());  // kernel_bench --kmeans-phases only
   launch_check(kmeans_mean(p, st), "kmeans_mean", st);
   launch_check(kmeans_init(p, st), "kmeans_init", st);
   ev.mark(kKmMeanInit);

@@ -141,8 +141,7 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   im.pos.assign(num_seqs, 0);
   im.tune_decode_gemms();
   // RETROINFER_CUDA_SYNC=1 synchronises after every launch, which a stream capture forbids.
-  im.graphs_wanted = opt.decode_graphs && detail::env_switch("RETROINFER_DECODE_GRAPHS", true) &&
-                     !detail::sync_after_launch();
+  im.graphs_wanted = opt.decode_graphs && !detail::sync_after_launch();
 }
 
 bool CudaSession::decode_graphs_active() const { return !impl_->graph_exec.empty(); }

@@ -89,27 +89,6 @@ TuneCache& tune_cache() {
   return c;
 }
 
-// False when the environment sets RETROINFER_GEMM_TUNE=0 (or off): every product then runs cublasGemmEx and
-// gate/up + SwiGLU stays unfused, as before the autotune (an A/B and safety switch; read once).
-bool tuning_enabled() {
-  static const bool on = detail::env_switch("RETROINFER_GEMM_TUNE", true);
-  return on;
-}
-
-// True when the environment sets RETROINFER_GEMM_PDL=1 (or on): the tensor-core GEMV launches as a
-// programmatic dependent of the stream's previous kernel (gemv.h GemvParams::pdl; off by default; read once).
-bool mma_pdl() {
-  static const bool on = detail::env_switch("RETROINFER_GEMM_PDL", false);
-  return on;
-}
-
-// False when the environment sets RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are not
-// candidates (an A/B switch for the benchmark and a safety switch; read once).
-bool mma_enabled() {
-  static const bool on = detail::env_switch("RETROINFER_GEMM_MMA", true);
-  return on;
-}
-
 // cuBLASLt descriptors of one (n, out, in): op(A) = W^T as [out, in] of column-major A [in, out] (lda = in),
 // B = x^T column-major [in, n] (ldb = in), C = D = y^T column-major [out, n] (ldc = out).
 struct LtDescs {
@@ -234,7 +213,6 @@ struct Gemm::Impl {
       GemvParams p = gemv_params(x, n, in, w, out);
       p.y = y;
       p.beta = beta;
-      p.pdl = c.kind == Kind::kMmaGemv && mma_pdl();
       return (c.kind == Kind::kGemv ? gemv_bf16(p, c.cols, st) : mma_gemv_bf16(p, c.tiles, c.warps, st)) == cudaSuccess;
     }
     if (c.kind != Kind::kLt) return false;  // a SwiGLU kind: run_swiglu's
@@ -286,7 +264,7 @@ struct Gemm::Impl {
     gp.rows = k.n;
     gp.in = k.in;
     gp.out = k.out;
-    if (mma_enabled() && gemv_supported(gp)) {
+    if (gemv_supported(gp)) {
       std::vector<Choice> mma = mma_candidates(Kind::kMmaGemv, "mma_gemv");
       out.insert(out.begin() + (out.empty() ? 0 : 1), mma.begin(), mma.end());
     }
@@ -401,7 +379,6 @@ struct Gemm::Impl {
       GemvParams p = gemv_params(x, n, in, w, inter);
       p.act_bf16 = act;
       if (c.kind == Kind::kSwiGluGemv) return gemv_swiglu_bf16(p, c.cols, st) == cudaSuccess;
-      p.pdl = mma_pdl();
       return mma_gemv_swiglu_bf16(p, c.tiles, c.warps, st) == cudaSuccess;
     }
     if (n > kGemmTuneMaxRows) {
@@ -423,12 +400,6 @@ struct Gemm::Impl {
   // columns per CTA). gu and act are clobbered.
   Choice resolve_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws_list,
                         int64_t inter, float* gu, uint16_t* act, cudaStream_t st) {
-    if (!tuning_enabled()) {
-      Choice unfused;
-      unfused.kind = Kind::kSwiGluUnfused;
-      unfused.name = "gemm_ex + swiglu";
-      return unfused;
-    }
     Key k = key(x, n, in, ws_list[0], inter, reinterpret_cast<const float*>(act), 0.0f);
     k.swiglu = true;
     TuneCache& tc = tune_cache();
@@ -449,10 +420,8 @@ struct Gemm::Impl {
     p.in = in;
     p.out = inter;
     if (gemv_swiglu_supported(p)) {
-      if (mma_enabled()) {
-        const std::vector<Choice> mma = mma_candidates(Kind::kSwiGluMma, "mma_gemv_swiglu");
-        cands.insert(cands.end(), mma.begin(), mma.end());
-      }
+      const std::vector<Choice> mma = mma_candidates(Kind::kSwiGluMma, "mma_gemv_swiglu");
+      cands.insert(cands.end(), mma.begin(), mma.end());
       for (int cols : {1, 2}) {
         Choice c;
         c.kind = Kind::kSwiGluGemv;
@@ -473,7 +442,6 @@ struct Gemm::Impl {
   // The cached choice for key k, tuned now if new (y_scratch: an [n, out] f32 buffer the tuning may clobber).
   Choice resolve(const Key& k, const uint16_t* x, std::span<const void* const> ws_list, float* y_scratch, float beta,
                  cudaStream_t st) {
-    if (!tuning_enabled()) return Choice{};  // cublasGemmEx
     TuneCache& tc = tune_cache();
     std::lock_guard<std::recursive_mutex> lock(tc.mu);
     auto it = tc.choices.find(k);
@@ -484,7 +452,6 @@ struct Gemm::Impl {
   }
 
   Choice resolve_for_call(const Key& k, const uint16_t* x, const void* w, float* y, float beta, cudaStream_t st) {
-    if (!tuning_enabled()) return Choice{};  // cublasGemmEx
     {
       TuneCache& tc = tune_cache();
       std::lock_guard<std::recursive_mutex> lock(tc.mu);
@@ -546,7 +513,6 @@ void Gemm::linear(const float* x, int64_t n, int64_t in, const void* w, int64_t 
         return;
       }
       if (c.kind == Kind::kMmaGemv && gemv_supported(p)) {
-        p.pdl = mma_pdl();
         detail::launch_check(mma_gemv_bf16(p, c.tiles, c.warps, st), "mma_gemv_bf16(f32 x)", st);
         return;
       }

@@ -1,5 +1,5 @@
 // The runner's matrix products: y[n, out] = x[n, in] @ W[out, in]^T + beta * y, y f32 row-major, W row-major
-// in bf16 or f32, x f32 or (bf16 weights only) bf16. Included only from src/backend/cuda.
+// in bf16 or f32, x f32 or (bf16 weights only) bf16. Included only from src/model/cuda, tests/gpu and bench.
 //
 // bf16 weights: the product takes bf16 x (linear(const uint16_t*...), written directly by the producer:
 // RMSNorm, SwiGLU) or f32 x, rounded to bf16 into a workspace first (or, when the tuned choice for that
@@ -16,10 +16,6 @@
 //   (kGemmTuneBudgetS per row count per process; past it a new shape times only its first candidate,
 //   cuBLASLt's heuristic pick) and logged once per shape to stderr.
 //   n > kGemmTuneMaxRows (prefill): cublasGemmEx with CUBLAS_GEMM_DEFAULT.
-//   RETROINFER_GEMM_TUNE=0 (or off) in the environment: no autotune, every product cublasGemmEx (A/B switch).
-//   RETROINFER_GEMM_MMA=0 (or off): the tensor-core GEMV variants are left out of the autotune (A/B switch).
-//   RETROINFER_GEMM_PDL=1 (or on): the tensor-core GEMV launches as a programmatic dependent of the stream's
-//   previous kernel (its first W loads overlap that kernel's end; off by default, not measured yet).
 //   Tuning synchronises the stream: tune a shape (tune(), or one call) before capturing a CUDA graph over it.
 // f32 weights: cublasGemmEx with f32 inputs and CUBLAS_COMPUTE_32F_PEDANTIC, so that neither the math mode
 // nor NVIDIA_TF32_OVERRIDE can switch to TF32: the f32 path differs from the CPU's cblas_sgemm only in

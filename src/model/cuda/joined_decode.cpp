@@ -37,10 +37,11 @@ struct CudaJoinedDecoder::Impl {
   // every session's attention launches eagerly between them. Dropped when the rows are reallocated.
   std::map<int, std::vector<void*>> graphs;
   std::set<int> eager_once;  // row counts that ran one eager step since the rows were (re)allocated
-  bool graphs_wanted = detail::env_switch("RETROINFER_DECODE_GRAPHS", true) && !detail::sync_after_launch();
+  bool graphs_wanted = false;  // the decoder's decode_graphs, unless RETROINFER_CUDA_SYNC forbids capture
   bool graphs_failed = false;
 
-  explicit Impl(const CudaModel& m) : model(m) {}
+  Impl(const CudaModel& m, bool decode_graphs)
+      : model(m), graphs_wanted(decode_graphs && !detail::sync_after_launch()) {}
 
   // Why session s cannot join a decoder of `m` (empty: it can).
   static std::string refusal(const CudaSession::Impl& s, const CudaModel& m) {
@@ -146,7 +147,8 @@ struct CudaJoinedDecoder::Impl {
   }
 };
 
-CudaJoinedDecoder::CudaJoinedDecoder(const CudaModel& model) : impl_(std::make_unique<Impl>(model)) {}
+CudaJoinedDecoder::CudaJoinedDecoder(const CudaModel& model, bool decode_graphs)
+    : impl_(std::make_unique<Impl>(model, decode_graphs)) {}
 CudaJoinedDecoder::~CudaJoinedDecoder() = default;
 
 const CudaModel& CudaJoinedDecoder::model() const { return impl_->model; }
@@ -231,7 +233,7 @@ namespace {
 
 class JoinedDecodeCuda final : public JoinedDecode {
  public:
-  explicit JoinedDecodeCuda(const CudaModel& model) : dec_(model) {}
+  JoinedDecodeCuda(const CudaModel& model, bool decode_graphs) : dec_(model, decode_graphs) {}
   const void* key() const override { return &dec_.model(); }
   void decode(std::span<SequenceSession* const> sessions, std::span<const int32_t> tokens,
               std::span<float> logits) override {
@@ -257,7 +259,7 @@ const void* CudaSequenceSession::join_key() const {
 
 std::unique_ptr<JoinedDecode> CudaSequenceSession::make_joined_decode() const {
   if (join_key() == nullptr) return nullptr;
-  return std::make_unique<JoinedDecodeCuda>(session_->model());
+  return std::make_unique<JoinedDecodeCuda>(session_->model(), session_->options().decode_graphs);
 }
 
 bool CudaJoinedDecoder::joinable(const CudaSession& s) { return Impl::refusal(*s.impl_, s.impl_->model).empty(); }

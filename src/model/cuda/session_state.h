@@ -115,7 +115,7 @@ struct CudaSession::Impl {
 
   Stream stream = owned_stream.get();
   std::unique_ptr<model::Gemm> gemm;
-  std::optional<PrefillAttention> prefill_attention;  // shapes the fast kernel takes; else the reference
+  std::optional<PrefillAttention> prefill_attention;  // shapes the tensor-core kernel takes; else the reference
   std::vector<DeviceBuffer> k, v;                     // [plan.gpu_layers]: the GPU-tier layers' K/V
   DeviceBuffer stage_k, stage_v;                      // host-tier layers' staging (empty when none)
   int64_t rows_cap = 0, logit_rows = 0;
