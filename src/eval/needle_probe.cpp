@@ -348,7 +348,7 @@ nlohmann::json run_needle_probe(const Model& model, const Tokenizer& tok, const 
           va.per_layer[layer] += c;
           ++va.head_steps;
           const index::HeadIndex& hi = wi.heads[h];
-          const index::ZoneBudget b = index::zone_budget(hi.num_clusters(), rc.retrieval_fraction, rc.estimation_fraction);
+          const ZoneCounts b = zone_counts(hi.num_clusters(), rc);
           va.n_retrieval += b.n_retrieval;
           va.clusters += hi.num_clusters();
           std::vector<int64_t> missed;

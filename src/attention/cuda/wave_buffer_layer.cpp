@@ -209,7 +209,7 @@ void WaveBufferLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_to
   int k_cap = m.n_r;
   if (m.wcfg.index_updates && m.wcfg.max_tokens > num_tokens) {
     const int64_t blocks = detail::ceil_div(m.wcfg.max_tokens - num_tokens, int64_t{m.cfg.update_tokens});
-    k_cap = std::max(k_cap, detail::zone_counts(static_cast<int>(C + blocks * m.cfg.update_clusters), m.cfg).n_retrieval);
+    k_cap = std::max(k_cap, zone_counts(static_cast<int>(C + blocks * m.cfg.update_clusters), m.cfg).n_retrieval);
   }
   m.start_manager(k_cap);
 }
