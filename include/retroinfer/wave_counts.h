@@ -16,7 +16,11 @@
 //                   when budget_tokens < 0, round(retrieval_fraction * indexable tokens): the expected size of
 //                   retro's retrieval zone at the same fraction. Quest reads floor(budget / page) pages, at
 //                   least one when the budget is > 0.
-//   outliers        round(outlier_fraction * n) of n clustered tokens are kept out of the clusters.
+//   index updates   while the tokens after the indexed region number at least window + update_tokens, the
+//                   oldest update_tokens of them are indexed (update_clusters clusters): that tail holds at
+//                   most window + update_tokens - 1 tokens between decode steps.
+//   outliers        round(outlier_fraction * n) of n clustered tokens are kept out of the clusters; an
+//                   outlier list holds the build's and those of every update that appending can trigger.
 //   retrieval rows  a planner's bound on the retrieval zone's tokens: ceil(kRetrievalRowSlack *
 //                   retrieval_fraction * indexed tokens) (the selected clusters may be larger than average).
 // Every function assumes its inputs passed validate(AttentionConfig) (attention_config.h); none throws.
@@ -116,6 +120,17 @@ RETROINFER_HD ZoneCounts zone_counts(int num_clusters, const AttentionConfig& c)
   return zone_counts(num_clusters, c.retrieval_fraction, c.estimation_fraction, c.estimation);
 }
 
+// ---- Index updates -------------------------------------------------------------------------------------
+
+// Whether an index update is due with `tail_tokens` tokens after the indexed region.
+RETROINFER_HD bool index_update_due(int64_t tail_tokens, const AttentionConfig& c) {
+  return tail_tokens >= int64_t{c.window_tokens} + c.update_tokens;
+}
+// The most tokens after the indexed region once the due updates ran.
+RETROINFER_HD int64_t steady_tail_max(const AttentionConfig& c) {
+  return int64_t{c.window_tokens} + c.update_tokens - 1;
+}
+
 // ---- Budgets and capacities ----------------------------------------------------------------------------
 
 // Exact tokens of quest / streaming / oracle beyond the steady zone, for `indexable` tokens outside it.
@@ -134,6 +149,14 @@ RETROINFER_HD int64_t quest_budget_pages(int64_t budget, int page_tokens) {
 // Outlier tokens split off n clustered tokens: round(outlier_fraction * n).
 RETROINFER_HD int64_t outlier_split_count(double outlier_fraction, int64_t num_tokens) {
   return static_cast<int64_t>(llround(outlier_fraction * double(num_tokens)));
+}
+
+// Outlier-list rows of one head: the build's outliers over `indexed_tokens` plus update_tokens' worth for every
+// update that appending `appendable` tokens can trigger, and one more.
+RETROINFER_HD int64_t outlier_capacity(double outlier_fraction, int64_t indexed_tokens, int64_t appendable,
+                                       int update_tokens) {
+  return outlier_split_count(outlier_fraction, indexed_tokens) +
+         (appendable / update_tokens + 1) * outlier_split_count(outlier_fraction, update_tokens);
 }
 
 // A planner's bound on one head's retrieval-zone tokens over n indexed tokens.

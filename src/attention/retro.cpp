@@ -55,7 +55,7 @@ void RetroAttention::sync(const KvCache& kv) {
                    kv.size(), " tokens but the index covers up to token ", index_.indexed_end,
                    "; call on_prefill again after clearing or replacing the cache");
   const index::KMeansParams p = kmeans_params();
-  while (kv.size() - index_.indexed_end >= int64_t{cfg_.window_tokens} + cfg_.update_tokens) {
+  while (index_update_due(kv.size() - index_.indexed_end, cfg_)) {
     const int64_t b = index_.indexed_end, e = b + cfg_.update_tokens;
     for (int h = 0; h < shape_.num_heads_kv; ++h)
       index::index_block(kv, h, b, e, cfg_.update_clusters, p, index_.heads[h], cfg_.outlier_fraction);

@@ -54,9 +54,9 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   const int64_t C = index_clusters(n_idx, a);
   RETROINFER_CHECK(C <= INT32_MAX, "retro_layer_bytes: ", C, " clusters per head exceed the index's int range");
   const double f = r.outlier_zone ? a.outlier_fraction : 0.0;
-  const int64_t out_build = outlier_split_count(f, n_idx), out_update = outlier_split_count(f, U);
-  const int64_t out_stride =
-      out_build + ((r.growth_bound ? r.kv_stride : r.kv_stride - n) / U + 1) * out_update;
+  const int64_t out_build = outlier_split_count(f, n_idx);
+  const int64_t appendable = r.growth_bound ? r.kv_stride : r.kv_stride - n;
+  const int64_t out_stride = outlier_capacity(f, n_idx, appendable, a.update_tokens);
   RetroLayerBytes b;
   b.n_idx = n_idx;
   b.clusters = C;
@@ -76,7 +76,7 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   const int64_t nr = z.n_retrieval, ne = z.n_estimation;
   const int64_t idx_end = n_idx == 0 ? std::max<int64_t>(idx_begin, a.sink_tokens) : idx_begin + n_idx;
   const int64_t steady_now = n_idx == 0 ? n : idx_begin + (n - idx_end);
-  const int64_t tail_max = std::min<int64_t>(int64_t{a.window_tokens} + U - 1, r.kv_stride - idx_end);
+  const int64_t tail_max = std::min<int64_t>(steady_tail_max(a), r.kv_stride - idx_end);
   const int64_t steady = r.growth_bound ? std::min<int64_t>(r.kv_stride, int64_t{a.sink_tokens} + a.window_tokens +
                                                                              std::max<int64_t>(U, a.tokens_per_cluster))
                                         : std::max(steady_now, idx_begin + tail_max);

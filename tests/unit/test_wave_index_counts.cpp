@@ -131,6 +131,19 @@ TEST(WaveIndexCounts, BaselineBudgetsMatchRetro) {
   EXPECT_EQ(quest_budget_pages(32, 16), 2);
 }
 
+TEST(WaveIndexCounts, IndexUpdatesKeepTheTailShort) {
+  AttentionConfig c;  // window 64, update_tokens 1024
+  EXPECT_FALSE(index_update_due(64 + 1023, c));
+  EXPECT_TRUE(index_update_due(64 + 1024, c));
+  EXPECT_EQ(steady_tail_max(c), 64 + 1023);
+  EXPECT_FALSE(index_update_due(steady_tail_max(c), c));
+  EXPECT_TRUE(index_update_due(steady_tail_max(c) + 1, c));
+  // Outlier rows: round(0.01 * 1000) = 10 of the build, then round(0.01 * 1024) = 10 for each of the
+  // 5000 / 1024 = 4 updates appending can trigger, and one more.
+  EXPECT_EQ(outlier_capacity(0.01, 1000, 5000, 1024), 10 + 5 * 10);
+  EXPECT_EQ(outlier_capacity(0.0, 1000, 5000, 1024), 0);
+}
+
 TEST(WaveIndexCounts, OutliersAndTheRetrievalBound) {
   EXPECT_EQ(outlier_split_count(0.001, 131004), 131);
   EXPECT_EQ(outlier_split_count(0.0, 131004), 0);

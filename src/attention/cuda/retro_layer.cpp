@@ -172,8 +172,7 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
   RETROINFER_CUDA_CHECK(cudaMemsetAsync(m.outlier_count.data(), 0, size_t(H) * 4, st));
   // Outlier lists: round(f * n) of the build's tokens and of each update's block, for growth to kv_stride.
   const double f = m.outliers_on ? m.cfg.outlier_fraction : 0.0;
-  m.outlier_stride = outlier_split_count(f, m.n_idx) + ((kv_stride - num_tokens) / m.cfg.update_tokens + 1) *
-                                                         outlier_split_count(f, m.cfg.update_tokens);
+  m.outlier_stride = outlier_capacity(f, m.n_idx, kv_stride - num_tokens, m.cfg.update_tokens);
   ensure(m.outliers, std::max<size_t>(size_t(H) * m.outlier_stride * 4, 16));
   if (m.n_idx == 0) {
     m.C = 0;
@@ -343,7 +342,7 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   // grows to at most window + update_tokens - 1 tokens before an update takes update_tokens of them, and
   // never past kv_stride), the retrieval clusters and the outliers.
   const int64_t steady_now = n_idx == 0 ? n : idx_begin + (n - idx_end());
-  const int64_t tail_max = std::min<int64_t>(int64_t{cfg.window_tokens} + cfg.update_tokens - 1, kv_stride - idx_end());
+  const int64_t tail_max = std::min<int64_t>(steady_tail_max(cfg), kv_stride - idx_end());
   const int64_t steady_grow = std::max(steady_now, idx_begin + tail_max);
   list_alloc = steady_grow + most_retrieval + max_outliers;
   set_caps();
@@ -399,7 +398,7 @@ void RetroLayer::append(int64_t num_tokens, Stream s) {
   m.set_caps();
   // CPU rule (attention/retro.cpp sync()): while the tokens after the indexed region number at least
   // window + update_tokens, the oldest update_tokens of them become update_clusters new clusters.
-  while (m.n - m.idx_end() >= int64_t{m.cfg.window_tokens} + m.cfg.update_tokens) m.update(static_cast<cudaStream_t>(s));
+  while (index_update_due(m.n - m.idx_end(), m.cfg)) m.update(static_cast<cudaStream_t>(s));
 }
 
 // One index update: block k-means over [idx_end, idx_end + update_tokens) into the workspace, its outliers,
