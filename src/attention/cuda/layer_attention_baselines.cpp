@@ -241,7 +241,6 @@ class QuestLayerAttention final : public Baseline {
  public:
   QuestLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs, int64_t max_tokens)
       : Baseline(shape, cfg, num_seqs, max_tokens, "QuestLayerAttention") {
-    RETROINFER_CHECK(cfg.quest_page_tokens >= 1, "QuestLayerAttention: quest_page_tokens must be >= 1");
     pt_ = cfg.quest_page_tokens;
     const SteadySplit sp = steady_split(max_tokens, cfg);
     p_max_ = sp.indexed() / pt_;
