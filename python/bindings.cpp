@@ -319,11 +319,11 @@ PYBIND11_MODULE(_retroinfer, m) {
            py::arg("seed") = 0, py::arg("stop") = py::none(), py::arg("chat") = false, py::arg("system") = "",
            py::arg("ignore_eos") = false, py::arg("on_token") = py::none(), py::arg("kv_dtype") = py::none(),
            py::arg("prefill_chunk") = py::none(),
-           "Generates from a prompt (str: encoded as `retroinfer generate` does, or a list of token ids) on a fresh "
-           "session of max_context = prompt + max_tokens. temperature 0 is greedy. stop: a string or a list of "
-           "strings (not emitted). on_token(token_id, text) is called per token with the text that may be shown "
-           "now; returning False stops. Further keywords are AttentionConfig fields (tokens_per_cluster, "
-           "retrieval_fraction, estimation_fraction, sink_tokens, window_tokens, ...). Returns a GenerateResult.")
+           with_keywords("Generates from a prompt (str: encoded as `retroinfer generate` does, or a list of token "
+                         "ids) on a fresh session of max_context = prompt + max_tokens. temperature 0 is greedy. "
+                         "stop: a string or a list of strings (not emitted). on_token(token_id, text) is called per "
+                         "token with the text that may be shown now; returning False stops. Further keywords are "
+                         "the attention keywords below. Returns a GenerateResult."))
       .def(
           "session",
           [](const PyModel& self, const std::string& attention, int64_t max_context, const py::object& kv_dtype,
@@ -336,9 +336,9 @@ PYBIND11_MODULE(_retroinfer, m) {
           },
           py::kw_only(), py::arg("attention") = "full", py::arg("max_context") = 0, py::arg("kv_dtype") = py::none(),
           py::arg("prefill_chunk") = py::none(),
-          "A Session for research use: prefill(tokens) and decode(token) return logits. max_context 0 = the "
-          "model's maximum (the memory check then counts it in full); further keywords are AttentionConfig "
-          "fields.")
+          with_keywords("A Session for research use: prefill(tokens) and decode(token) return logits. max_context 0 "
+                        "= the model's maximum (the memory check then counts it in full); further keywords are the "
+                        "attention keywords below."))
       .def("__repr__", [](const PyModel& self) {
         const ModelConfig& c = self.m->model->config();
         return "<retroinfer.Model " + self.m->model->path() + ": " + c.architecture + ", " +

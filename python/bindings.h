@@ -49,14 +49,17 @@ std::vector<int32_t> token_list(const py::handle& obj, const char* what);
 
 // Session options for `attention` on the model's device: default_session_options, then kv_dtype
 // ("f32" | "bf16" | None = the device's), prefill_chunk (None = the device's), max_context (0 = the model's
-// maximum), then the AttentionConfig fields named in `kwargs` (unknown names raise TypeError); validated
-// (retroinfer.Error with the C++ message).
+// maximum), then the AttentionConfig fields named in `kwargs` (unknown names raise TypeError). Validated
+// where the session is made (make_session: retroinfer.Error with the C++ message).
 SessionOptions session_options(const LoadedModel& m, const std::string& attention, const py::object& kv_dtype,
                                const py::object& prefill_chunk, int64_t max_context, const py::kwargs& kwargs);
 // The AttentionConfig fields as a dict (kind as its name).
 py::dict attention_config_dict(const AttentionConfig& c);
 // Applies the AttentionConfig fields named in kwargs to c (no validation).
 void apply_attention_kwargs(AttentionConfig& c, const py::kwargs& kwargs);
+// doc followed by the attention keywords with their help and defaults (retroinfer/attention_params.h); the
+// text lives as long as the module.
+const char* with_keywords(const char* doc);
 
 void bind_session(py::module_& m);
 

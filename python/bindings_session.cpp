@@ -3,48 +3,42 @@
 #include <pybind11/stl.h>
 
 #include <climits>
+#include <deque>
 #include <optional>
 #include <string>
 #include <variant>
 
 #include "bindings.h"
+#include "retroinfer/attention_params.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::python {
 namespace {
 
-// An AttentionConfig field reachable by keyword. `seed` is spelled attention_seed: generate's `seed` is the
-// sampler's.
-using Member = std::variant<int AttentionConfig::*, int64_t AttentionConfig::*, uint64_t AttentionConfig::*,
-                            float AttentionConfig::*, double AttentionConfig::*, bool AttentionConfig::*>;
-struct Field {
-  const char* name;
-  Member member;
-};
-const Field kFields[] = {
-    {"scale", &AttentionConfig::scale},
-    {"sink_tokens", &AttentionConfig::sink_tokens},
-    {"window_tokens", &AttentionConfig::window_tokens},
-    {"tokens_per_cluster", &AttentionConfig::tokens_per_cluster},
-    {"segment_tokens", &AttentionConfig::segment_tokens},
-    {"kmeans_segment_iters", &AttentionConfig::kmeans_segment_iters},
-    {"kmeans_global_iters", &AttentionConfig::kmeans_global_iters},
-    {"retrieval_fraction", &AttentionConfig::retrieval_fraction},
-    {"estimation_fraction", &AttentionConfig::estimation_fraction},
-    {"estimation", &AttentionConfig::estimation},
-    {"outlier_fraction", &AttentionConfig::outlier_fraction},
-    {"update_tokens", &AttentionConfig::update_tokens},
-    {"update_clusters", &AttentionConfig::update_clusters},
-    {"quest_page_tokens", &AttentionConfig::quest_page_tokens},
-    {"budget_tokens", &AttentionConfig::budget_tokens},
-    {"attention_seed", &AttentionConfig::seed},
-};
-
+// The AttentionConfig fields reachable by keyword: the table of retroinfer/attention_params.h (the keyword
+// of `seed` is attention_seed: generate's `seed` is the sampler's).
 std::string field_names() {
   std::string s;
-  for (const Field& f : kFields) s += (s.empty() ? "" : ", ") + std::string(f.name);
+  for (const AttentionParam& p : attention_params()) s += (s.empty() ? "" : ", ") + std::string(p.keyword);
   return s;
 }
+
+}  // namespace
+
+const char* with_keywords(const char* doc) {
+  static const std::string keywords = [] {
+    std::string s = "\n\nAttention keywords (AttentionConfig fields):";
+    for (const AttentionParam& p : attention_params())
+      s += "\n  " + std::string(p.keyword) + ": " + attention_param_help(p) +
+           (std::holds_alternative<bool AttentionConfig::*>(p.field) ? " (when False)" : "");
+    return s;
+  }();
+  // Docstrings live as long as the module: one string per call site, kept.
+  static std::deque<std::string> docs;
+  return docs.emplace_back(std::string(doc) + keywords).c_str();
+}
+
+namespace {
 
 // A Python int (not a bool) within [lo, hi].
 long long int_value(const char* name, const py::handle& v, long long lo, long long hi) {
@@ -65,24 +59,25 @@ double float_value(const char* name, const py::handle& v) {
   return py::cast<double>(v);
 }
 
-void set_field(AttentionConfig& c, const Field& f, const py::handle& v) {
+void set_field(AttentionConfig& c, const AttentionParam& p, const py::handle& v) {
+  const std::string name(p.keyword);
   std::visit(
       [&](auto member) {
         using T = std::remove_reference_t<decltype(c.*member)>;
         if constexpr (std::is_same_v<T, bool>) {
-          if (!PyBool_Check(v.ptr())) throw py::type_error(std::string("attention parameter ") + f.name + " takes a bool");
+          if (!PyBool_Check(v.ptr())) throw py::type_error("attention parameter " + name + " takes a bool");
           c.*member = v.ptr() == Py_True;
         } else if constexpr (std::is_same_v<T, int>) {
-          c.*member = static_cast<int>(int_value(f.name, v, INT_MIN, INT_MAX));
+          c.*member = static_cast<int>(int_value(name.c_str(), v, INT_MIN, INT_MAX));
         } else if constexpr (std::is_same_v<T, int64_t>) {
-          c.*member = int_value(f.name, v, LLONG_MIN, LLONG_MAX);
+          c.*member = int_value(name.c_str(), v, LLONG_MIN, LLONG_MAX);
         } else if constexpr (std::is_same_v<T, uint64_t>) {
-          c.*member = static_cast<uint64_t>(int_value(f.name, v, 0, LLONG_MAX));
+          c.*member = static_cast<uint64_t>(int_value(name.c_str(), v, 0, LLONG_MAX));
         } else {
-          c.*member = static_cast<T>(float_value(f.name, v));
+          c.*member = static_cast<T>(float_value(name.c_str(), v));
         }
       },
-      f.member);
+      p.field);
 }
 
 // logits ([n] or [rows, cols]) handed to numpy without a copy: the vector moves into the array's owner.
@@ -110,19 +105,19 @@ py::dict stats_dict(const AttentionStats& s) {
 void apply_attention_kwargs(AttentionConfig& c, const py::kwargs& kwargs) {
   for (const auto& [key, value] : kwargs) {
     const std::string name = py::cast<std::string>(key);
-    const Field* field = nullptr;
-    for (const Field& f : kFields)
-      if (name == f.name) field = &f;
-    if (!field)
-      throw py::type_error("unknown attention parameter '" + name + "'; known: " + field_names());
-    set_field(c, *field, value);
+    const AttentionParam* p = nullptr;
+    for (const AttentionParam& q : attention_params())
+      if (name == q.keyword) p = &q;
+    if (!p) throw py::type_error("unknown attention parameter '" + name + "'; known: " + field_names());
+    set_field(c, *p, value);
   }
 }
 
 py::dict attention_config_dict(const AttentionConfig& c) {
   py::dict d;
   d["attention"] = std::string(attention_kind_name(c.kind));
-  for (const Field& f : kFields) std::visit([&](auto member) { d[f.name] = c.*member; }, f.member);
+  for (const AttentionParam& p : attention_params())
+    std::visit([&](auto member) { d[py::str(std::string(p.keyword))] = c.*member; }, p.field);
   return d;
 }
 
@@ -134,8 +129,7 @@ SessionOptions session_options(const LoadedModel& m, const std::string& attentio
   if (!prefill_chunk.is_none()) so.prefill_chunk = static_cast<int>(int_value("prefill_chunk", prefill_chunk, 1, INT_MAX));
   RETROINFER_CHECK(max_context >= 0, "session: max_context must be >= 0 (0 = the model's maximum), got ", max_context);
   so.max_context = max_context;
-  apply_attention_kwargs(so.attention, kwargs);
-  validate(so.attention);
+  apply_attention_kwargs(so.attention, kwargs);  // validated where the session is made (make_session)
   return so;
 }
 
@@ -180,8 +174,7 @@ void bind_session(py::module_& m) {
           [](const PySession& self, const std::optional<std::string>& attention, const py::kwargs& kwargs) {
             AttentionConfig c = self.s->attention_config();
             if (attention) c.kind = parse_attention_kind(*attention);
-            apply_attention_kwargs(c, kwargs);
-            validate(c);
+            apply_attention_kwargs(c, kwargs);  // validated by fork_session
             PySession out{self.m, nullptr};
             {
               py::gil_scoped_release nogil;
@@ -191,8 +184,9 @@ void bind_session(py::module_& m) {
             return out;
           },
           py::arg("attention") = py::none(),
-          "A new session over a copy of this prefilled session's KV cache with another attention method (and "
-          "parameters: the AttentionConfig keywords, starting from this session's), its index built.")
+          with_keywords("A new session over a copy of this prefilled session's KV cache with another attention "
+                        "method (and parameters: the attention keywords, starting from this session's), its index "
+                        "built."))
       .def_property_readonly("num_tokens", [](const PySession& self) { return self.s->position(); },
                              "Tokens in the cache.")
       .def_property_readonly("max_context", [](const PySession& self) { return self.s->max_context(); },
@@ -224,8 +218,9 @@ void bind_session(py::module_& m) {
         return attention_config_dict(c);
       },
       py::arg("attention") = "retro", py::arg("head_dim") = 0,
-      "The attention parameters a session would use (defaults, head_dim's cluster size when head_dim > 0, then "
-      "the given keywords), validated: raises retroinfer.Error with the C++ message on a bad value.");
+      with_keywords("The attention parameters a session would use (defaults, head_dim's cluster size when "
+                    "head_dim > 0, then the given keywords), validated: raises retroinfer.Error with the C++ "
+                    "message on a bad value."));
 }
 
 }  // namespace retroinfer::python

@@ -7,7 +7,8 @@ that goes the wrong way; exits 0 otherwise.
     scripts/check_layers.py --self-test   plants back edges in a copy of the tree and checks that each fails
 
 Layers, lowest first (a file may include its own layer and any lower one):
-    core      src/core, the public headers of errors, dtypes, the KV cache and the softmax state
+    core      src/core, the public headers of errors, dtypes, the KV cache, the softmax state, the attention
+              parameters (attention_config.h, attention_params.h) and the wave index's counts (wave_counts.h)
     kernels   src/kernels (bare CUDA kernels and launchers), include/retroinfer/cuda_device.h
     io        src/io, src/tokenizer, the public model-file, config and tokenizer headers
     index     src/index (+ cuda/)
@@ -31,6 +32,7 @@ PEERS = {frozenset(("kernels", "io")), frozenset(("index", "buffer")), frozenset
 
 PUBLIC = {
     "error.h": "core", "attention_config.h": "core", "dtype.h": "core", "kv_cache.h": "core", "softmax_state.h": "core",
+    "wave_counts.h": "core", "attention_params.h": "core",
     "cuda_device.h": "kernels",
     "model_config.h": "io", "model_file.h": "io", "tokenizer.h": "io",
     "wave_buffer.h": "buffer", "memory_planner.h": "buffer",

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_cli.h"
 #include "command.h"
 #include "eval/fidelity.h"
 #include "retroinfer/error.h"
@@ -46,6 +47,7 @@ struct Args {
   std::string json;
   std::string data;
   bool no_estimation_variant = false;
+  retroinfer::cli::AttentionCliValues attention;  // over opt.attention
   retroinfer::eval::FidelityOptions opt;
 };
 
@@ -56,6 +58,7 @@ void run(const Args& a) {
   o.methods = split(a.methods);
   o.dtype = retroinfer::parse_dtype(a.dtype);
   o.estimation_variant = !a.no_estimation_variant;
+  retroinfer::cli::apply_attention_options(a.attention, o.attention);
   for (const auto& kv : split(a.data)) {
     const size_t eq = kv.find('=');
     RETROINFER_CHECK(eq != std::string::npos && eq > 0, "fidelity: bad --data item '", kv,
@@ -100,16 +103,7 @@ void setup_fidelity(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", args->opt.seed, "Seed of the synthetic data")->capture_default_str();
   cmd->add_option("--dtype", args->dtype, "KV storage: f32 or bf16")->capture_default_str();
-  cmd->add_option("--retrieval-fraction", args->opt.attention.retrieval_fraction,
-                  "Retro's retrieval budget (share of clusters); the baselines read the same share of tokens")
-      ->capture_default_str();
-  cmd->add_option("--outlier-fraction", args->opt.attention.outlier_fraction,
-                  "Retro's outlier zone: share of the indexed tokens kept out of the clusters and read exactly")
-      ->capture_default_str();
-  cmd->add_option("--budget-tokens", args->opt.attention.budget_tokens,
-                  "Exact-token budget of quest/streaming/oracle beyond the steady zone; < 0 derives it from "
-                  "--retrieval-fraction (the expected size of retro's retrieval zone)")
-      ->capture_default_str();
+  retroinfer::cli::add_attention_options(cmd, args->attention);
   cmd->add_option("--data", args->data,
                   "Synthetic-data knobs to change, comma-separated knob=value (field names of SyntheticConfig in "
                   "src/eval/synthetic.h, e.g. needle_span=16,num_needles=0)");

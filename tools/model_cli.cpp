@@ -30,20 +30,7 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "Tokens per prefill block; 0 = the device's default (cpu 512, cuda 2048)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--retrieval-fraction", o.retrieval_fraction, "retro: share of clusters attended exactly (0.018)");
-  cmd->add_option("--estimation-fraction", o.estimation_fraction, "retro: share of clusters estimated (0.232)");
-  cmd->add_option("--outlier-fraction", o.outlier_fraction,
-                  "retro: share of indexed tokens kept out of the clusters and read exactly (0.001)");
-  cmd->add_option("--kmeans-iters", o.kmeans_segment_iters, "retro: spherical k-means iterations per segment (1)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--segment-tokens", o.segment_tokens, "retro: k-means segment length in tokens (8192)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--sink", o.sink_tokens, "Steady zone: first tokens always attended (4)");
-  cmd->add_option("--window", o.window_tokens, "Steady zone: last prompt tokens always attended (64)");
-  cmd->add_option("--tokens-per-cluster", o.tokens_per_cluster, "retro: average cluster size (default: 16 from head_dim 128 on, 2 below)");
-  cmd->add_option("--budget-tokens", o.budget_tokens,
-                  "quest/streaming/oracle: exact tokens beyond the steady zone (-1: retrieval_fraction of the context)");
-  cmd->add_flag("--no-estimation", o.no_estimation, "retro: ignore the estimation zone");
+  add_attention_options(cmd, o.attention);
 }
 
 Device cli_device(const ModelCliOptions& o) {
@@ -57,18 +44,8 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
   SessionOptions so = default_session_options(device, kind, head_dim);
   if (o.kv_dtype != "auto") so.kv_dtype = parse_dtype(o.kv_dtype);
   if (o.prefill_chunk > 0) so.prefill_chunk = o.prefill_chunk;
-  AttentionConfig& a = so.attention;
-  if (o.retrieval_fraction >= 0) a.retrieval_fraction = o.retrieval_fraction;
-  if (o.estimation_fraction >= 0) a.estimation_fraction = o.estimation_fraction;
-  if (o.outlier_fraction >= 0) a.outlier_fraction = o.outlier_fraction;
-  if (o.kmeans_segment_iters >= 0) a.kmeans_segment_iters = o.kmeans_segment_iters;
-  if (o.segment_tokens > 0) a.segment_tokens = o.segment_tokens;
-  if (o.sink_tokens >= 0) a.sink_tokens = o.sink_tokens;
-  if (o.window_tokens >= 0) a.window_tokens = o.window_tokens;
-  if (o.tokens_per_cluster > 0) a.tokens_per_cluster = o.tokens_per_cluster;
-  if (o.budget_tokens >= -1) a.budget_tokens = o.budget_tokens;
-  if (o.no_estimation) a.estimation = false;
-  validate(a);
+  apply_attention_options(o.attention, so.attention);
+  validate(so.attention);
   return so;
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "attention_cli.h"
 #include "retroinfer/engine_model.h"
 #include "retroinfer/model.h"
 #include "retroinfer/model_file.h"
@@ -26,21 +27,11 @@ struct ModelCliOptions {
   int threads = 0;                // 0: OpenMP default
   std::string kv_dtype = "auto";  // f32 | bf16 | auto (f32 on cpu, bf16 on cuda)
   int prefill_chunk = 0;          // 0: the device's default (512 cpu, 2048 cuda)
-  // AttentionConfig passthrough; a negative value keeps the default.
-  double retrieval_fraction = -1.0;
-  double estimation_fraction = -1.0;
-  double outlier_fraction = -1.0;
-  int kmeans_segment_iters = -1;  // < 0: AttentionConfig's default
-  int segment_tokens = -1;
-  int sink_tokens = -1;
-  int window_tokens = -1;
-  int64_t budget_tokens = -2;  // -1 derives it from retrieval_fraction; -2 keeps the default
-  int tokens_per_cluster = -1;
-  bool no_estimation = false;
+  AttentionCliValues attention;  // the attention parameters given (attention_cli.h); the rest keep their defaults
 };
 
 // Adds --model, --device, --weights, --threads, --kv-dtype, --prefill-chunk and the attention parameters
-// to cmd.
+// (add_attention_options) to cmd.
 void add_model_options(CLI::App* cmd, ModelCliOptions& o);
 
 // --device resolved (auto decided here) and checked: throws Error when the device cannot run in this
@@ -49,7 +40,8 @@ Device cli_device(const ModelCliOptions& o);
 
 // Session options for `kind` on the device of --device: --kv-dtype and --prefill-chunk "auto" resolved
 // per device (default_kv_dtype, default_prefill_chunk). head_dim > 0 (the loaded model's): without
-// --tokens-per-cluster, the cluster size is default_tokens_per_cluster(head_dim).
+// --tokens-per-cluster, the cluster size is default_tokens_per_cluster(head_dim). The attention parameters
+// are validated here (validate(AttentionConfig)): a bad flag fails before any model is read.
 SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind, int head_dim = 0);
 
 // Applies --threads, checks --device, locates, opens and loads the model and its tokenizer, and puts the

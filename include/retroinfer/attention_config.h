@@ -23,7 +23,8 @@ struct AttentionShape {
 // Throws Error unless the shape is positive and the GQA grouping divides.
 void validate(const AttentionShape& s);
 
-// Every field has the paper's default; all configurable.
+// Every field has the paper's default, stated here once; all configurable. The CLI flags, the Python
+// keywords and the ranges validate checks come from the table in attention_params.h.
 struct AttentionConfig {
   AttentionKind kind = AttentionKind::kRetro;
   float scale = 0.0f;  // logit scale; 0 means 1/sqrt(head_dim)
@@ -54,11 +55,13 @@ struct AttentionConfig {
 
   uint64_t seed = 0;  // for any randomised choice (none by default)
 };
-// Throws Error on out-of-range values (negative sizes, fractions outside [0, 1], their sum > 1, ...).
+// Throws Error on out-of-range values: each field outside its range in attention_params.h (negative sizes,
+// fractions outside [0, 1], ...), segment_tokens < tokens_per_cluster, update_clusters > update_tokens, and
+// retrieval_fraction + estimation_fraction > 1 while the estimation zone is on.
 void validate(const AttentionConfig& c);
 
 // The cluster size a model of this head dimension should use when none is given: the paper's 16 from
-// head_dim 128 on, 4 below (SmolLM2, head_dim 64: at the same share of clusters retrieved, smaller clusters
+// head_dim 128 on, 2 below (SmolLM2, head_dim 64: at the same share of clusters retrieved, smaller clusters
 // bring retro's answers and perplexity close to full's; docs/accuracy.md, "Adopted default"). AttentionConfig's
 // own default stays 16; the CLI, the server and the Python bindings apply this once the model is known.
 // Throws Error for head_dim < 1.

@@ -6,10 +6,14 @@
 // Per (sequence, layer) with n context tokens (D = head_dim, Hkv = KV heads, e = bytes per element, 2):
 //   store      n * Hkv * 2 * D * e                   K and V, cluster-ordered; GPU or pinned host
 //   meta       C * Hkv * (2 * D * e + 2 * D * 4 + 16) bf16 and f32 centroids and value sums, size,
-//                                                   CSR offset, page-table entries; C = ceil(n_idx / 16)
+//                                                   CSR offset, page-table entries; C = the index's
+//                                                   clusters over n_idx tokens (wave_counts.h index_clusters:
+//                                                   per segment of segment_tokens, ceil(L / tokens_per_cluster))
 //   steady     (sink + window + update) * Hkv * 2 * D * e
 //   cache      cache_pages * page_tokens * Hkv * 2 * D * e, cache_pages = ceil(cache_fraction * n / page)
-//   exec       (steady + exec_slack * retrieval_fraction * n_idx) * Hkv * 2 * D * e
+//   exec       (min(n, sink + window) + ceil(exec_slack * retrieval_fraction * n_idx)) * Hkv * 2 * D * e
+// with n_idx the tokens retro indexes (wave_counts.h retro_indexed_tokens: n - sink - window, 0 below one
+// cluster's worth).
 // meta, steady, cache and exec always live on the GPU (the decode step reads them every step); the
 // index build needs one transient workspace on the GPU for the largest layer of the batch:
 //   workspace  n_idx * Hkv * B * (D * e + 20)          centred keys, assignment, sort keys, members.
@@ -25,7 +29,9 @@
 #include <string_view>
 #include <vector>
 
+#include "retroinfer/attention_config.h"
 #include "retroinfer/wave_buffer.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::buffer {
 
@@ -44,17 +50,15 @@ struct PlannerShape {
 };
 
 struct PlannerSettings {
-  int page_tokens = 8;              // block-cache page size
-  double cache_fraction = 0.05;     // block cache, share of each sequence's context
-  int tokens_per_cluster = 16;
-  double retrieval_fraction = 0.018;
-  // Execution-buffer rows per retrieval token expected from the fraction: the retrieval zone holds the
-  // n_r selected clusters, which can be larger than average; 2x is a planning margin (not a measured
-  // bound). The layer sizes its buffer exactly after the index is built (the n_r largest clusters).
-  double exec_slack = 2.0;
-  int sink_tokens = 4;
-  int window_tokens = 64;
-  int update_tokens = 1024;          // steady-zone room for tokens generated between index updates
+  int page_tokens = WaveBufferConfig{}.page_tokens;           // block-cache page size
+  double cache_fraction = WaveBufferConfig{}.cache_fraction;  // block cache, share of each sequence's context
+  // The wave index's parameters: sink_tokens, window_tokens, tokens_per_cluster, segment_tokens,
+  // retrieval_fraction and update_tokens (steady-zone room for tokens generated between index updates).
+  AttentionConfig attention;
+  // Execution-buffer rows per retrieval token expected from the fraction (wave_counts.h
+  // retrieval_rows_bound). The layer sizes its buffer exactly after the index is built (the n_r largest
+  // clusters).
+  double exec_slack = kRetrievalRowSlack;
   int64_t gpu_reserve_bytes = 0;     // kept free on the GPU (weights, activations, allocator slack)
   double host_usable_fraction = 0.8; // share of MemAvailable that pinned stores may take
   std::optional<StoreTier> force_tier; // place every store on this tier (tests, benchmarks)

@@ -17,8 +17,8 @@
 //               offset 8, members 4 per indexed token, outlier lists; f32 copies
 //               8 D more per cluster with retro_keeps_f32_index, the per-token cluster ids 4 more per token
 //               with retro_keeps_assignment) and the decode workspace (logits 4 G, score 4 and zone ids
-//               ~1 per cluster, estimation split states, token lists H * (steady + kExecSlack * retrieval
-//               * n_idx + outliers) * 4, attention split states bounded by kDecodeCtaBound); plus, when
+//               ~1 per cluster, estimation split states, token lists H * (steady + kRetrievalRowSlack *
+//               retrieval * n_idx + outliers) * 4, attention split states bounded by kDecodeCtaBound); plus, when
 //               retro_keeps_build_buffers, the k-means build workspace per layer.
 //   host-tier layer (retro through the wave buffer, buffer/memory_planner.h per sequence): on the GPU
 //     the GPU tier's retro method bytes above (the layer's wave index is a RetroLayer kept on the GPU)
@@ -43,6 +43,7 @@
 #include "retroinfer/attention.h"
 #include "retroinfer/model_config.h"
 #include "retroinfer/wave_buffer.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::buffer {
 
@@ -54,13 +55,8 @@ SessionPlacement parse_session_placement(std::string_view s);  // throws Error o
 // CTAs a flash-decoding launch may split one layer into, all flat heads together: one wave of 3 CTAs per
 // multiprocessor (layer_common.h) is 396 on the H200's 132 SMs; 1024 leaves room for larger GPUs.
 constexpr int64_t kDecodeCtaBound = 1024;
-// Token-list rows per expected retrieval token (as PlannerSettings::exec_slack: selected clusters may be
-// larger than average; a planning margin, not a measured bound).
-constexpr double kExecSlack = 2.0;
-
-// Clusters of one flat head for n_idx indexed tokens: max(1, ceil(L / tokens_per_cluster)) per segment of
-// segment_tokens (RetroLayer::build, index/kmeans.h).
-int64_t retro_cluster_count(const AttentionConfig& a, int64_t n_idx);
+// The index's clusters, zone counts, outlier counts and the retrieval zone's planning bound (token-list
+// rows per expected retrieval token: kRetrievalRowSlack): retroinfer/wave_counts.h.
 // Estimated clusters per estimation CTA (kernels.h kEstimateChunk): one split state per 64 clusters.
 constexpr int64_t kRetroEstimateChunk = 64;
 // CUB's radix-sort temporary storage per sorted item, bounded: the alternate key and value buffers (8 B)
@@ -88,7 +84,7 @@ struct RetroLayerBytesRequest {
   // to kv_stride; false: exactly as build(tokens, kv_stride) sizes them.
   bool growth_bound = false;
   // Data-dependent terms; -1: the planning bound.
-  int64_t retrieval_tokens = -1;  // RetroLayer::retrieval_capacity(); bound ceil(kExecSlack * retrieval * n_idx)
+  int64_t retrieval_tokens = -1;  // RetroLayer::retrieval_capacity(); bound retrieval_rows_bound(retrieval, n_idx)
   int64_t outlier_tokens = -1;    // RetroLayer::max_outliers(); bound round(outlier_fraction * n_idx)
   // Flat heads x attention splits (and x score CTAs): about one wave of the GPU, at least one per head.
   int64_t decode_ctas = kDecodeCtaBound;

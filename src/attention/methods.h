@@ -18,8 +18,6 @@ class MethodBase : public AttentionMethod {
   int group() const { return shape_.num_heads_q / shape_.num_heads_kv; }
   // Checks that kv matches the shape (heads, head_dim) and is non-empty; throws Error otherwise.
   void check_kv(const KvCache& kv) const;
-  // Exact-token budget beyond the steady zone for `indexed` tokens outside it (see AttentionConfig).
-  int64_t baseline_budget(int64_t indexed) const;
 
   AttentionConfig cfg_;
   AttentionShape shape_;

@@ -20,10 +20,10 @@ class OracleAttention final : public SelectiveMethod {
  protected:
   void select(const KvCache& kv, int kvh, const float* q, float scale, TokenRanges& out) const override {
     const int64_t size = kv.size();
-    const SteadySplit sp = steady_split(size, cfg_.sink_tokens, cfg_.window_tokens);
+    const SteadySplit sp = steady_split(size, cfg_);
     out.add(0, sp.sink_end);
     out.add(sp.recent_begin, size);
-    const int64_t k = std::min(baseline_budget(sp.indexed()), sp.indexed());
+    const int64_t k = std::min(baseline_budget(cfg_, sp.indexed()), sp.indexed());
     if (k <= 0) return;
     if (k == sp.indexed()) {
       out.add(sp.sink_end, sp.recent_begin);

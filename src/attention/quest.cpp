@@ -8,7 +8,8 @@
 // yet in a full page (< P of them) are attended exactly like the steady zone.
 //
 // Budget: indexed = max(0, size - sink - window), budget = baseline_budget(indexed); the method reads
-// floor(budget / P) pages (at least one when budget > 0, at most all built pages).
+// quest_budget_pages(budget, P) = floor(budget / P) pages (at least one when budget > 0, at most all built
+// pages; retroinfer/wave_counts.h).
 //
 // GQA: one selection per KV head; a page's group score is the MAX of its bound over the group's query
 // heads (a page that may matter to any head of the group is kept; a sum would let one head's large
@@ -39,14 +40,12 @@ class QuestAttention final : public SelectiveMethod {
   void select(const KvCache& kv, int kvh, const float* q, float scale, TokenRanges& out) const override {
     const int64_t size = kv.size();
     const int64_t p_tok = cfg_.quest_page_tokens;
-    const SteadySplit sp = steady_split(size, cfg_.sink_tokens, cfg_.window_tokens);
+    const SteadySplit sp = steady_split(size, cfg_);
     const int64_t paged_end = sp.sink_end + num_pages_ * p_tok;  // == sink_tokens + pages * P
     out.add(0, sp.sink_end);
     out.add(paged_end, size);  // partial page + recent window
-    const int64_t budget = baseline_budget(sp.indexed());
-    int64_t k = budget / p_tok;
-    if (budget > 0 && k == 0) k = 1;
-    k = std::min(k, num_pages_);
+    const int64_t budget = baseline_budget(cfg_, sp.indexed());
+    const int64_t k = std::min(quest_budget_pages(budget, cfg_.quest_page_tokens), num_pages_);
     if (k <= 0) return;
     if (k == num_pages_) {
       out.add(sp.sink_end, paged_end);
@@ -78,7 +77,7 @@ class QuestAttention final : public SelectiveMethod {
   void build_pages(const KvCache& kv) {
     const int64_t p_tok = cfg_.quest_page_tokens;
     const int d = shape_.head_dim;
-    const SteadySplit sp = steady_split(kv.size(), cfg_.sink_tokens, cfg_.window_tokens);
+    const SteadySplit sp = steady_split(kv.size(), cfg_);
     // Pages start at token sink_tokens; a cache shorter than the sinks has no region yet.
     const int64_t full = sp.sink_end == cfg_.sink_tokens ? sp.indexed() / p_tok : 0;
     if (full < num_pages_) {  // the cache shrank: start over

@@ -5,6 +5,7 @@
 
 #include "attention/exact.h"
 #include "retroinfer/error.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::attention {
 
@@ -32,8 +33,9 @@ void RetroAttention::build(const KvCache& kv) {
   last_size_ = -1;
   last_sel_.assign(shape_.num_heads_kv, index::ZoneSelection{});
   built_ = true;
-  const int64_t end = kv.size() - cfg_.window_tokens;
-  if (end - sink < cfg_.tokens_per_cluster) return;  // not one cluster's worth: everything stays steady
+  const SteadySplit sp = steady_split(kv.size(), cfg_);
+  if (retro_indexed_tokens(sp, cfg_.tokens_per_cluster) == 0) return;  // not one cluster's worth: all steady
+  const int64_t end = sp.recent_begin;
   const index::KMeansParams p = kmeans_params();
   // Heads one after another: the k-means is parallel inside (OpenBLAS threads its sgemm calls).
   for (int h = 0; h < shape_.num_heads_kv; ++h)
@@ -53,7 +55,7 @@ void RetroAttention::sync(const KvCache& kv) {
                    kv.size(), " tokens but the index covers up to token ", index_.indexed_end,
                    "; call on_prefill again after clearing or replacing the cache");
   const index::KMeansParams p = kmeans_params();
-  while (kv.size() - index_.indexed_end >= int64_t{cfg_.window_tokens} + cfg_.update_tokens) {
+  while (index_update_due(kv.size() - index_.indexed_end, cfg_)) {
     const int64_t b = index_.indexed_end, e = b + cfg_.update_tokens;
     for (int h = 0; h < shape_.num_heads_kv; ++h)
       index::index_block(kv, h, b, e, cfg_.update_clusters, p, index_.heads[h], cfg_.outlier_fraction);
@@ -69,9 +71,7 @@ void RetroAttention::plan_head(int h, const float* qg, HeadPlan& plan) const {
   plan.scores.resize(k);
   index::score_clusters(hi, qg, group(), effective_scale(cfg_.scale, shape_.head_dim), plan.logits.data(),
                         plan.scores.data());
-  index::ZoneBudget budget = index::zone_budget(k, cfg_.retrieval_fraction, cfg_.estimation_fraction);
-  if (!cfg_.estimation) budget.n_estimation = 0;
-  index::select_zones(plan.scores.data(), k, budget, plan.sel);
+  index::select_zones(plan.scores.data(), k, zone_counts(k, cfg_), plan.sel);
 }
 
 AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* out) {

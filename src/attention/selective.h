@@ -12,6 +12,7 @@
 #include "attention/exact.h"
 #include "attention/methods.h"
 #include "retroinfer/error.h"
+#include "retroinfer/wave_counts.h"  // steady_split, baseline_budget
 
 namespace retroinfer::attention {
 
@@ -28,21 +29,6 @@ struct TokenRanges {
     return n;
   }
 };
-
-// The steady zone of the baselines for a cache of `size` tokens: [0, sink_end) ∪ [recent_begin, size).
-// The non-steady ("indexed") region is [sink_end, recent_begin), of recent_begin - sink_end tokens
-// = max(0, size - sink - window).
-struct SteadySplit {
-  int64_t sink_end = 0;
-  int64_t recent_begin = 0;
-  int64_t indexed() const { return recent_begin - sink_end; }
-};
-inline SteadySplit steady_split(int64_t size, int sink_tokens, int window_tokens) {
-  SteadySplit s;
-  s.sink_end = std::min<int64_t>(sink_tokens, size);
-  s.recent_begin = std::max<int64_t>(s.sink_end, size - window_tokens);
-  return s;
-}
 
 // Indices (ascending) of the k largest scores; ties go to the lower index so the choice is deterministic.
 inline std::vector<int64_t> top_k_indices(const std::vector<float>& score, int64_t k) {

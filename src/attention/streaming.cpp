@@ -18,8 +18,8 @@ class StreamingAttention final : public SelectiveMethod {
     (void)kvh;
     (void)q;
     (void)scale;
-    const SteadySplit sp = steady_split(kv.size(), cfg_.sink_tokens, cfg_.window_tokens);
-    const int64_t extra = std::min(baseline_budget(sp.indexed()), sp.indexed());
+    const SteadySplit sp = steady_split(kv.size(), cfg_);
+    const int64_t extra = std::min(baseline_budget(cfg_, sp.indexed()), sp.indexed());
     out.add(0, sp.sink_end);
     out.add(sp.recent_begin - extra, kv.size());
   }

@@ -23,17 +23,18 @@ std::string_view store_tier_name(StoreTier t) { return t == StoreTier::kGpu ? "g
 
 StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int64_t n) {
   const int64_t row = int64_t{shape.num_heads_kv} * 2 * shape.head_dim * shape.bytes_per_element;  // K+V, all heads
-  const int64_t steady_cap = int64_t{s.sink_tokens} + s.window_tokens + s.update_tokens;
-  const int64_t n_idx = std::max<int64_t>(0, n - s.sink_tokens - s.window_tokens);
-  const int64_t clusters = ceil_div(n_idx, s.tokens_per_cluster);
+  const AttentionConfig& a = s.attention;
+  const int64_t steady_cap = int64_t{a.sink_tokens} + a.window_tokens + a.update_tokens;
+  const int64_t n_idx = retro_indexed_tokens(steady_split(n, a), a.tokens_per_cluster);
+  const int64_t clusters = index_clusters(n_idx, a);
   StoreBytes b;
   b.store = n * row;
   b.meta = clusters * shape.num_heads_kv *
            (int64_t{2} * shape.head_dim * shape.bytes_per_element + int64_t{2} * shape.head_dim * 4 + 16);
   b.steady = steady_cap * row;
   b.cache = ceil_div(static_cast<int64_t>(std::ceil(s.cache_fraction * double(n))), s.page_tokens) * s.page_tokens * row;
-  b.exec = (std::min<int64_t>(n, s.sink_tokens + s.window_tokens) +
-            static_cast<int64_t>(std::ceil(s.exec_slack * s.retrieval_fraction * double(n_idx)))) * row;
+  b.exec = (std::min<int64_t>(n, a.sink_tokens + a.window_tokens) +
+            retrieval_rows_bound(a.retrieval_fraction, n_idx, s.exec_slack)) * row;
   b.workspace = n_idx * shape.num_heads_kv * (int64_t{shape.head_dim} * shape.bytes_per_element + 20);
   return b;
 }
@@ -44,10 +45,10 @@ MemoryPlan plan_memory(const PlannerShape& shape, const PlannerSettings& s, cons
                        shape.bytes_per_element >= 1,
                    "plan_memory: the model shape must be positive (layers ", shape.num_layers, ", KV heads ",
                    shape.num_heads_kv, ", head_dim ", shape.head_dim, ")");
-  RETROINFER_CHECK(s.page_tokens >= 1 && s.tokens_per_cluster >= 1 && s.cache_fraction >= 0.0 &&
-                       s.cache_fraction <= 1.0 && s.host_usable_fraction >= 0.0 && s.host_usable_fraction <= 1.0,
-                   "plan_memory: page_tokens and tokens_per_cluster must be >= 1, cache_fraction and "
-                   "host_usable_fraction in [0, 1]");
+  RETROINFER_CHECK(s.page_tokens >= 1 && s.cache_fraction >= 0.0 && s.cache_fraction <= 1.0 &&
+                       s.host_usable_fraction >= 0.0 && s.host_usable_fraction <= 1.0,
+                   "plan_memory: page_tokens must be >= 1, cache_fraction and host_usable_fraction in [0, 1]");
+  validate(s.attention);
   RETROINFER_CHECK(gpu_free >= 0 && host_free >= 0, "plan_memory: negative free memory");
   RETROINFER_CHECK(!contexts.empty(), "plan_memory: empty batch");
   for (size_t i = 0; i < contexts.size(); ++i)

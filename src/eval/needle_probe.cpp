@@ -322,7 +322,7 @@ void observe_layer(VariantAcc& va, const ProbeShape& ps, attention::RetroAttenti
     va.per_layer[layer] += c;
     ++va.head_steps;
     const index::HeadIndex& hi = wi.heads[h];
-    const index::ZoneBudget b = index::zone_budget(hi.num_clusters(), va.cfg.retrieval_fraction, va.cfg.estimation_fraction);
+    const ZoneCounts b = zone_counts(hi.num_clusters(), va.cfg);
     va.n_retrieval += b.n_retrieval;
     va.clusters += hi.num_clusters();
     std::vector<int64_t> missed;

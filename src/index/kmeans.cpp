@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "retroinfer/error.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::index {
 namespace {
@@ -252,10 +253,10 @@ ClusterIndex segmented_kmeans(const float* keys, const float* values, int64_t n,
   check_params(keys, values, n, head_dim, p, "segmented_kmeans");
   std::vector<int64_t> starts{0};
   std::vector<int> clusters;
-  for (int64_t b = 0; b < n; b += p.segment_tokens) {
-    const int64_t len = std::min<int64_t>(p.segment_tokens, n - b);
-    clusters.push_back(static_cast<int>(std::max<int64_t>(1, (len + p.tokens_per_cluster - 1) / p.tokens_per_cluster)));
-    starts.push_back(b + len);
+  for (int64_t seg = 0; seg < segment_count(n, p.segment_tokens); ++seg) {
+    const int64_t len = segment_length(n, p.segment_tokens, seg);
+    clusters.push_back(segment_clusters(len, p.tokens_per_cluster));
+    starts.push_back(starts.back() + len);
   }
   return run_kmeans(keys, values, n, head_dim, starts, clusters, p.segment_iters, p.global_iters);
 }

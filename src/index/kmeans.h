@@ -30,13 +30,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "retroinfer/attention_config.h"
+
 namespace retroinfer::index {
 
+// Defaults: AttentionConfig's (tokens_per_cluster, segment_tokens, kmeans_segment_iters, kmeans_global_iters).
 struct KMeansParams {
-  int tokens_per_cluster = 16;  // average cluster size: a segment of L tokens gets ceil(L / this) clusters
-  int segment_tokens = 8192;    // segment length (the last segment may be shorter)
-  int segment_iters = 1;        // spherical iterations inside each segment (docs/wave-index.md: the paper's 9)
-  int global_iters = 1;         // final iterations over all clusters (plain means)
+  int tokens_per_cluster = AttentionConfig{}.tokens_per_cluster;  // average cluster size: a segment of L tokens
+                                                                  // gets max(1, ceil(L / this)) clusters
+  int segment_tokens = AttentionConfig{}.segment_tokens;  // segment length (the last segment may be shorter)
+  int segment_iters = AttentionConfig{}.kmeans_segment_iters;  // spherical iterations inside each segment
+  int global_iters = AttentionConfig{}.kmeans_global_iters;    // final iterations over all clusters (plain means)
 };
 
 // The clusters of one KV head over n indexed tokens (token i = the i-th indexed token).

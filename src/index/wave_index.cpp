@@ -48,24 +48,6 @@ void HeadIndex::clear() {
   outliers.clear();
 }
 
-ZoneBudget zone_budget(int num_clusters, double retrieval_fraction, double estimation_fraction) {
-  RETROINFER_CHECK(num_clusters >= 0, "zone_budget: negative cluster count ", num_clusters);
-  RETROINFER_CHECK(retrieval_fraction >= 0.0 && retrieval_fraction <= 1.0 && estimation_fraction >= 0.0 &&
-                       estimation_fraction <= 1.0,
-                   "zone_budget: fractions must be in [0, 1], got ", retrieval_fraction, " and ",
-                   estimation_fraction);
-  constexpr double kSlack = 1e-9;  // ceil(0.3 * 10) must be 3, not 4
-  auto share = [&](double f) {
-    return static_cast<int>(std::min<double>(num_clusters, std::ceil(f * num_clusters - kSlack)));
-  };
-  ZoneBudget b;
-  b.n_retrieval = share(retrieval_fraction);
-  if (retrieval_fraction > 0.0 && num_clusters > 0) b.n_retrieval = std::max(b.n_retrieval, 1);
-  b.n_estimation = std::min(share(estimation_fraction), num_clusters - b.n_retrieval);
-  return b;
-}
-
-
 void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores) {
   const int k = hi.num_clusters();
   const int d = hi.head_dim;
@@ -93,7 +75,7 @@ void score_clusters(const HeadIndex& hi, const float* q, int group, float scale,
   }
 }
 
-void select_zones(const float* scores, int num_clusters, const ZoneBudget& budget, ZoneSelection& out) {
+void select_zones(const float* scores, int num_clusters, const ZoneCounts& counts, ZoneSelection& out) {
   out.retrieval.clear();
   out.estimation.clear();
   std::vector<int32_t> ids;
@@ -102,8 +84,8 @@ void select_zones(const float* scores, int num_clusters, const ZoneBudget& budge
     if (scores[j] > -std::numeric_limits<float>::infinity()) ids.push_back(j);  // drops empty and NaN
   auto better = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
   const int64_t n_ids = static_cast<int64_t>(ids.size());
-  const int64_t n_ret = std::min<int64_t>(budget.n_retrieval, n_ids);
-  const int64_t n_sel = std::min<int64_t>(int64_t{budget.n_retrieval} + budget.n_estimation, n_ids);
+  const int64_t n_ret = std::min<int64_t>(counts.n_retrieval, n_ids);
+  const int64_t n_sel = std::min<int64_t>(int64_t{counts.n_retrieval} + counts.n_estimation, n_ids);
   if (n_sel < n_ids) std::nth_element(ids.begin(), ids.begin() + n_sel, ids.end(), better);
   if (n_ret < n_sel) std::nth_element(ids.begin(), ids.begin() + n_ret, ids.begin() + n_sel, better);
   out.retrieval.assign(ids.begin(), ids.begin() + n_ret);
@@ -139,7 +121,7 @@ std::vector<int32_t> split_outliers(ClusterIndex& ci, const float* keys, const f
   RETROINFER_CHECK(static_cast<int64_t>(ci.assignment.size()) == n, "split_outliers: the index holds ",
                    ci.assignment.size(), " tokens, not ", n);
   const int d = ci.head_dim;
-  const int64_t want = std::llround(fraction * static_cast<double>(n));
+  const int64_t want = outlier_split_count(fraction, n);
   if (want == 0 || n == 0) return {};
   // Squared residual of every token against its cluster's centroid, in double. A token whose residual is
   // within f32 rounding of the centroid counts as represented exactly and is never taken: a one-member

@@ -9,6 +9,7 @@
 
 #include "index/kmeans.h"
 #include "retroinfer/kv_cache.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::index {
 
@@ -38,15 +39,6 @@ struct HeadIndex {
   void clear();
 };
 
-// Clusters of the retrieval and estimation zones for a cluster count: n_retrieval = ceil(retrieval *
-// num_clusters) (at least 1 when retrieval > 0), n_estimation = ceil(estimation * num_clusters) capped by
-// what remains. A 1e-9 slack inside ceil absorbs the rounding of products like 0.3 * 10.
-struct ZoneBudget {
-  int n_retrieval = 0;
-  int n_estimation = 0;
-};
-ZoneBudget zone_budget(int num_clusters, double retrieval_fraction, double estimation_fraction);
-
 // Scores the clusters of hi for the `group` query heads of its KV head.
 // q:      [group, head_dim] f32 (already post-RoPE).
 // logits: [group, num_clusters] out: q_g . c_j * scale (the estimation logits).
@@ -54,13 +46,14 @@ ZoneBudget zone_budget(int num_clusters, double retrieval_fraction, double estim
 void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores);
 
 // Picks the best n_retrieval clusters (retrieval zone) and the next n_estimation (estimation zone) by
-// score, ties broken by the lower cluster id; empty clusters (-inf) are never picked, so a zone may come
-// out smaller than its budget. Both lists are returned in ascending cluster id.
+// score (the counts: zone_counts, retroinfer/wave_counts.h), ties broken by the lower cluster id; empty
+// clusters (-inf) are never picked, so a zone may come out smaller than its count. Both lists are returned
+// in ascending cluster id.
 struct ZoneSelection {
   std::vector<int32_t> retrieval;
   std::vector<int32_t> estimation;
 };
-void select_zones(const float* scores, int num_clusters, const ZoneBudget& budget, ZoneSelection& out);
+void select_zones(const float* scores, int num_clusters, const ZoneCounts& counts, ZoneSelection& out);
 
 // Index of one (sequence, layer): the tokens [indexed_begin, indexed_end) are clustered (per KV head, every
 // head over the same tokens); the steady zone is [0, indexed_begin) and [indexed_end, size).

@@ -9,23 +9,13 @@
 
 #include "retroinfer/memory_planner.h"
 #include "retroinfer/error.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::buffer {
 
 namespace {
 
 std::string gib(int64_t bytes) { return format_gib(bytes); }
-
-// Zone budgets for C clusters (layer_common.h zone_counts: ceil with a 1e-9 slack, retrieval at least 1
-// when its fraction is > 0, estimation capped by what remains).
-std::pair<int64_t, int64_t> zone_counts(const AttentionConfig& a, int64_t c) {
-  if (c <= 0) return {0, 0};
-  auto share = [&](double f) { return std::min<int64_t>(c, static_cast<int64_t>(std::ceil(f * double(c) - 1e-9))); };
-  int64_t nr = share(a.retrieval_fraction);
-  if (a.retrieval_fraction > 0.0) nr = std::max<int64_t>(nr, 1);
-  const int64_t ne = a.estimation ? std::min(share(a.estimation_fraction), c - nr) : 0;
-  return {nr, ne};
-}
 
 // KMeansWork::run (retro_layer.cpp) for h flat heads, n tokens, c clusters in s segments, plus the outlier
 // split's buffers (split_outliers): every buffer the run allocates.
@@ -40,19 +30,12 @@ int64_t kmeans_work_bytes(const AttentionConfig& a, bool outliers, bool int8, in
   b += (flat + 1) * 4;                           // CSR offsets
   b += items * 4 * 5;                            // assignment, sort keys in / out, iota, members
   b += std::max<int64_t>(items * kRetroSortBytesPerItem + kRetroSortFixedBytes, 16);  // radix-sort temp
-  const int64_t want = outliers ? std::llround(a.outlier_fraction * double(n)) : 0;
+  const int64_t want = outliers ? outlier_split_count(a.outlier_fraction, n) : 0;
   if (want > 0) b += items * 4 + h * want * 4 * 2 + h * 4 + h * (want + 1) * 4 + flat;  // residual, picks, touched
   return b;
 }
 
 }  // namespace
-
-int64_t retro_cluster_count(const AttentionConfig& a, int64_t n_idx) {
-  int64_t c = 0;
-  for (int64_t b = 0; b < n_idx; b += a.segment_tokens)
-    c += std::max<int64_t>(1, ceil_div(std::min<int64_t>(a.segment_tokens, n_idx - b), a.tokens_per_cluster));
-  return c;
-}
 
 RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   const AttentionConfig& a = r.attention;
@@ -61,20 +44,19 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
                    "retro_layer_bytes: need positive sequences (", r.num_seqs, "), KV heads (", r.num_heads_kv,
                    "), group (", r.group, "), head_dim (", r.head_dim, ") and tokens (", r.tokens,
                    ") <= kv_stride (", r.kv_stride, "), build_group_seqs >= 0 (", r.build_group_seqs, ")");
-  RETROINFER_CHECK(a.tokens_per_cluster >= 1 && a.segment_tokens >= 1 && a.update_tokens >= 1 && a.update_clusters >= 1,
-                   "retro_layer_bytes: tokens_per_cluster, segment_tokens, update_tokens and update_clusters must be >= 1");
+  validate(a);
   const int64_t H = int64_t{r.num_seqs} * r.num_heads_kv, G = r.group, D = r.head_dim, n = r.tokens;
   const int64_t U = a.update_tokens;
   // Zones as RetroLayer::build.
-  const int64_t idx_begin = std::min<int64_t>(a.sink_tokens, n);
-  const int64_t w_begin = std::max<int64_t>(idx_begin, n - a.window_tokens);
-  int64_t n_idx = w_begin - idx_begin;
-  if (n_idx < a.tokens_per_cluster) n_idx = 0;
-  const int64_t C = n_idx > 0 ? retro_cluster_count(a, n_idx) : 0;
+  const SteadySplit split = steady_split(n, a);
+  const int64_t idx_begin = split.sink_end;
+  const int64_t n_idx = retro_indexed_tokens(split, a.tokens_per_cluster);
+  const int64_t C = index_clusters(n_idx, a);
+  RETROINFER_CHECK(C <= INT32_MAX, "retro_layer_bytes: ", C, " clusters per head exceed the index's int range");
   const double f = r.outlier_zone ? a.outlier_fraction : 0.0;
-  const int64_t out_build = std::llround(f * double(n_idx)), out_update = std::llround(f * double(U));
-  const int64_t out_stride =
-      out_build + ((r.growth_bound ? r.kv_stride : r.kv_stride - n) / U + 1) * out_update;
+  const int64_t out_build = outlier_split_count(f, n_idx);
+  const int64_t appendable = r.growth_bound ? r.kv_stride : r.kv_stride - n;
+  const int64_t out_stride = outlier_capacity(f, n_idx, appendable, a.update_tokens);
   RetroLayerBytes b;
   b.n_idx = n_idx;
   b.clusters = C;
@@ -90,17 +72,18 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   // ... + the mean key and the retrieval-capacity sums (H int64, retro_layer.cpp size_workspace) when indexed
   b.index = arrays + q8 + (n_idx > 0 ? H * D * 4 + H * 8 : 0) + std::max<int64_t>(H * out_stride * 4, 16) + H * 4;
   // Decode workspace (RetroLayer::Impl::size_workspace).
-  const auto [nr, ne] = zone_counts(a, C);
+  const ZoneCounts z = zone_counts(static_cast<int>(C), a);
+  const int64_t nr = z.n_retrieval, ne = z.n_estimation;
   const int64_t idx_end = n_idx == 0 ? std::max<int64_t>(idx_begin, a.sink_tokens) : idx_begin + n_idx;
   const int64_t steady_now = n_idx == 0 ? n : idx_begin + (n - idx_end);
-  const int64_t tail_max = std::min<int64_t>(int64_t{a.window_tokens} + U - 1, r.kv_stride - idx_end);
+  const int64_t tail_max = std::min<int64_t>(steady_tail_max(a), r.kv_stride - idx_end);
   const int64_t steady = r.growth_bound ? std::min<int64_t>(r.kv_stride, int64_t{a.sink_tokens} + a.window_tokens +
                                                                              std::max<int64_t>(U, a.tokens_per_cluster))
                                         : std::max(steady_now, idx_begin + tail_max);
   const int64_t ret = C == 0 ? 0
                       : r.retrieval_tokens >= 0
                           ? r.retrieval_tokens
-                          : static_cast<int64_t>(std::ceil(kExecSlack * a.retrieval_fraction * double(n_idx)));
+                          : retrieval_rows_bound(a.retrieval_fraction, n_idx);
   const int64_t outl = C == 0 ? 0 : r.outlier_tokens >= 0 ? r.outlier_tokens : out_build;
   const int64_t ctas = std::max(H, r.decode_ctas);
   b.decode = H * (steady + ret + outl) * 4 + H * 4 + H * 4;              // token lists, counts, merge counter
@@ -111,7 +94,7 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   if (n_idx == 0) return b;
   // build(): groups of build_group_seqs sequences through one workspace; a single group (the whole
   // batch) hands its result arrays to the index, so only the rest is transient.
-  const int64_t S = ceil_div(n_idx, a.segment_tokens);
+  const int64_t S = segment_count(n_idx, a.segment_tokens);
   const int64_t gs = r.build_group_seqs == 0 ? r.num_seqs : std::min<int64_t>(r.build_group_seqs, r.num_seqs);
   const int64_t Hg = gs * r.num_heads_kv;
   b.build = kmeans_work_bytes(a, r.outlier_zone, r.kmeans_int8, Hg, n_idx, C, S, D);
@@ -174,12 +157,7 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       PlannerSettings st;
       st.page_tokens = r.wave.page_tokens;
       st.cache_fraction = r.wave.cache_fraction;
-      st.tokens_per_cluster = a.tokens_per_cluster;
-      st.retrieval_fraction = a.retrieval_fraction;
-      st.exec_slack = kExecSlack;
-      st.sink_tokens = a.sink_tokens;
-      st.window_tokens = a.window_tokens;
-      st.update_tokens = a.update_tokens;
+      st.attention = a;
       StoreBytes b = store_bytes(ps, st, n);
       if (r.wave.cache_pages >= 0)
         b.cache = r.wave.cache_pages * r.wave.page_tokens * int64_t{r.num_heads_kv} * 2 * d * 2;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "retroinfer/memory_planner.h"
+#include "retroinfer/session_planner.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::buffer {
@@ -23,6 +24,32 @@ TEST(MemoryPlanner, StoreBytesFollowTheShape) {
   EXPECT_EQ(b.meta, clusters * 8 * (2 * 128 * 2 + 2 * 128 * 4 + 16));
   EXPECT_GT(b.exec, 0);
   EXPECT_LT(b.exec, b.store / 10);
+}
+
+// The index's clusters come in segments: a segment of L tokens gets ceil(L / tokens_per_cluster) clusters,
+// so where tokens_per_cluster does not divide segment_tokens every segment rounds up on its own. Counting
+// ceil(n_idx / tokens_per_cluster) over the whole index under-planned the meta bytes.
+TEST(MemoryPlanner, MetaCountsTheClustersOfEverySegment) {
+  PlannerSettings s;
+  s.attention.tokens_per_cluster = 24;  // 8192 / 24 = 341.3: 342 clusters per full segment
+  const int64_t n = 131072, n_idx = n - 68;
+  const StoreBytes b = store_bytes(llama8b(), s, n);
+  const int64_t per_cluster = 8 * (2 * 128 * 2 + 2 * 128 * 4 + 16);
+  const int64_t clusters = 15 * 342 + (8124 + 23) / 24;  // 15 full segments and one of 8124 tokens
+  EXPECT_GT(clusters, (n_idx + 23) / 24);               // more than the whole index divided at once
+  EXPECT_EQ(b.meta, clusters * per_cluster);
+  // The session planner's RetroLayer counts the same clusters.
+  RetroLayerBytesRequest q;
+  q.attention = s.attention;
+  q.attention.kind = AttentionKind::kRetro;
+  q.num_heads_kv = 8;
+  q.group = 4;
+  q.head_dim = 128;
+  q.tokens = q.kv_stride = n;
+  EXPECT_EQ(retro_layer_bytes(q).clusters, clusters);
+  // Fewer indexable tokens than one cluster: the index is empty (every token steady), no meta.
+  EXPECT_EQ(store_bytes(llama8b(), s, 68 + 23).meta, 0);
+  EXPECT_EQ(store_bytes(llama8b(), s, 68 + 24).meta, per_cluster);
 }
 
 TEST(MemoryPlanner, EverythingOnTheGpuWhenItFits) {
@@ -89,6 +116,9 @@ TEST(MemoryPlanner, RefusesWithNeededAndFreeBytes) {
   EXPECT_THROW(plan_memory(llama8b(), s, {0}, kGiB, kGiB), Error);
   EXPECT_THROW(plan_memory(PlannerShape{0, 8, 128, 2}, s, {10}, kGiB, kGiB), Error);
   s.cache_fraction = 1.5;
+  EXPECT_THROW(plan_memory(llama8b(), s, {10}, kGiB, kGiB), Error);
+  s.cache_fraction = 0.05;
+  s.attention.tokens_per_cluster = 0;  // the attention parameters are validate(AttentionConfig)'s
   EXPECT_THROW(plan_memory(llama8b(), s, {10}, kGiB, kGiB), Error);
 }
 

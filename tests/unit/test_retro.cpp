@@ -383,25 +383,6 @@ TEST(Retro, BadArgumentsThrow) {
   EXPECT_NO_THROW(r.decode(kv, q.data(), out.data()));
 }
 
-TEST(Retro, ZoneBudgets) {
-  using retroinfer::index::zone_budget;
-  auto b = zone_budget(8192, 0.018, 0.232);  // paper defaults at 128K tokens
-  EXPECT_EQ(b.n_retrieval, 148);             // ceil(147.456)
-  EXPECT_EQ(b.n_estimation, 1901);           // ceil(1900.544)
-  b = zone_budget(10, 0.3, 0.7);             // 0.3 * 10 = 3.0000000000000004 in double: still 3
-  EXPECT_EQ(b.n_retrieval, 3);
-  EXPECT_EQ(b.n_estimation, 7);
-  b = zone_budget(10, 0.01, 0.0);  // a positive fraction retrieves at least one cluster
-  EXPECT_EQ(b.n_retrieval, 1);
-  EXPECT_EQ(b.n_estimation, 0);
-  b = zone_budget(5, 1.0, 0.5);  // estimation capped by what retrieval left
-  EXPECT_EQ(b.n_retrieval, 5);
-  EXPECT_EQ(b.n_estimation, 0);
-  b = zone_budget(0, 0.5, 0.5);
-  EXPECT_EQ(b.n_retrieval + b.n_estimation, 0);
-  EXPECT_THROW(zone_budget(10, 1.5, 0.0), retroinfer::Error);
-}
-
 TEST(Retro, FirstDecodeBuildsTheIndexWithoutPrefill) {
   const AttentionShape shape{4, 2, 64};
   KvCache kv(2, 64, DType::kF32);

@@ -31,10 +31,7 @@ std::unique_ptr<LayerAttention> make_streaming_layer_attention(const AttentionSh
                                                                int64_t max_tokens);
 std::unique_ptr<LayerAttention> make_oracle_layer_attention(const AttentionShape& shape, const AttentionConfig& cfg,
                                                             int num_seqs, int64_t max_tokens);
-
-// The baselines' exact-token budget beyond the steady zone for `indexed` tokens outside it
-// (attention/attention.cpp MethodBase::baseline_budget).
-int64_t baseline_budget(const AttentionConfig& cfg, int64_t indexed);
+// The baselines' exact-token budget: baseline_budget (retroinfer/wave_counts.h).
 }  // namespace detail
 
 }  // namespace retroinfer::cuda

@@ -13,28 +13,10 @@
 namespace retroinfer::cuda {
 namespace detail {
 
-int64_t baseline_budget(const AttentionConfig& cfg, int64_t indexed) {
-  if (cfg.budget_tokens >= 0) return cfg.budget_tokens;
-  return static_cast<int64_t>(std::llround(cfg.retrieval_fraction * static_cast<double>(indexed)));
-}
-
 namespace {
 
 void ensure(DeviceBuffer& buf, size_t bytes) {
   if (buf.bytes() < bytes) buf = DeviceBuffer(std::max<size_t>(bytes, 16));
-}
-
-// The steady zone of the baselines (attention/selective.h steady_split): [0, sink_end) and
-// [recent_begin, size); the non-steady region [sink_end, recent_begin).
-struct Split {
-  int64_t sink_end = 0, recent_begin = 0;
-  int64_t indexed() const { return recent_begin - sink_end; }
-};
-Split steady_split(int64_t size, const AttentionConfig& cfg) {
-  Split s;
-  s.sink_end = std::min<int64_t>(cfg.sink_tokens, size);
-  s.recent_begin = std::max<int64_t>(s.sink_end, size - cfg.window_tokens);
-  return s;
 }
 
 // What every baseline shares: shapes, the runner's K/V, the token lists and the sparse exact attention.
@@ -167,7 +149,7 @@ class StreamingLayerAttention final : public Baseline {
 
  private:
   void step(const float* q, float* out, cudaStream_t st) override {
-    const Split sp = steady_split(n_, cfg_);
+    const SteadySplit sp = steady_split(n_, cfg_);
     const int64_t extra = std::min(baseline_budget(cfg_, sp.indexed()), sp.indexed());
     attend_ranges(q, out, sp.sink_end, sp.recent_begin - extra, st);
   }
@@ -186,7 +168,7 @@ class OracleLayerAttention final : public Baseline {
     list_ = DeviceBuffer(Hs * max_tokens * 4);
     list_count_ = DeviceBuffer(Hs * 4);
     // Selection buffers for the largest k (the budget grows with the cache): no allocation while decoding.
-    const Split sp = steady_split(max_tokens, cfg);
+    const SteadySplit sp = steady_split(max_tokens, cfg);
     const int64_t k_max = std::max<int64_t>(1, std::min(baseline_budget(cfg, sp.indexed()), sp.indexed()));
     ids_ = DeviceBuffer(Hs * k_max * 4);
     scan_ = DeviceBuffer(Hs * (k_max + 1) * 4);
@@ -194,7 +176,7 @@ class OracleLayerAttention final : public Baseline {
 
  private:
   void step(const float* q, float* out, cudaStream_t st) override {
-    const Split sp = steady_split(n_, cfg_);
+    const SteadySplit sp = steady_split(n_, cfg_);
     const int64_t k = std::min(baseline_budget(cfg_, sp.indexed()), sp.indexed());
     if (k <= 0) return attend_ranges(q, out, sp.sink_end, sp.recent_begin, st);
     if (k == sp.indexed()) return attend_ranges(q, out, n_, n_, st);  // everything
@@ -259,9 +241,8 @@ class QuestLayerAttention final : public Baseline {
  public:
   QuestLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs, int64_t max_tokens)
       : Baseline(shape, cfg, num_seqs, max_tokens, "QuestLayerAttention") {
-    RETROINFER_CHECK(cfg.quest_page_tokens >= 1, "QuestLayerAttention: quest_page_tokens must be >= 1");
     pt_ = cfg.quest_page_tokens;
-    const Split sp = steady_split(max_tokens, cfg);
+    const SteadySplit sp = steady_split(max_tokens, cfg);
     p_max_ = sp.indexed() / pt_;
     const size_t Hs = H_, pages = std::max<int64_t>(p_max_, 1);
     for (auto* b : {&min_[0], &max_[0], &min_[1], &max_[1]}) *b = DeviceBuffer(Hs * pages * D_ * 2);
@@ -278,18 +259,14 @@ class QuestLayerAttention final : public Baseline {
   }
 
  private:
-  int64_t pages_for(int64_t budget) const {
-    int64_t k = budget / pt_;
-    if (budget > 0 && k == 0) k = 1;
-    return k;
-  }
+  int64_t pages_for(int64_t budget) const { return quest_budget_pages(budget, pt_); }
   void on_prefill(cudaStream_t st) override {
     pages_ = 0;
     grow_pages(st);
   }
   // Extends the page bounds to every full page of [sink, size - window).
   void grow_pages(cudaStream_t st) {
-    const Split sp = steady_split(n_, cfg_);
+    const SteadySplit sp = steady_split(n_, cfg_);
     // Pages start at token sink_tokens; a cache shorter than the sinks has no region yet.
     const int64_t full = sp.sink_end == cfg_.sink_tokens ? sp.indexed() / pt_ : 0;
     if (full <= pages_) return;
@@ -333,7 +310,7 @@ class QuestLayerAttention final : public Baseline {
 
   void step(const float* q, float* out, cudaStream_t st) override {
     grow_pages(st);
-    const Split sp = steady_split(n_, cfg_);
+    const SteadySplit sp = steady_split(n_, cfg_);
     const int64_t paged_end = sp.sink_end + pages_ * pt_;
     const int64_t k = std::min(pages_for(baseline_budget(cfg_, sp.indexed())), pages_);
     if (k <= 0) return attend_ranges(q, out, sp.sink_end, paged_end, st);

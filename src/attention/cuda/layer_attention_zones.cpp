@@ -1,5 +1,5 @@
 // The decode launch sequence of the wave index (score -> select -> exact + estimation -> combine), shared by
-// RetroLayer and WaveBufferLayer (layer_common.h), and the zone budgets.
+// RetroLayer and WaveBufferLayer (layer_common.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -11,19 +11,6 @@
 #include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
-
-ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg) {
-  ZoneCounts z;
-  if (num_clusters <= 0) return z;
-  constexpr double kSlack = 1e-9;  // ceil(0.3 * 10) must be 3, not 4 (index/wave_index.cpp)
-  auto share = [&](double f) {
-    return static_cast<int>(std::min<double>(num_clusters, std::ceil(f * num_clusters - kSlack)));
-  };
-  z.n_retrieval = share(cfg.retrieval_fraction);
-  if (cfg.retrieval_fraction > 0.0) z.n_retrieval = std::max(z.n_retrieval, 1);
-  z.n_estimation = cfg.estimation ? std::min(share(cfg.estimation_fraction), num_clusters - z.n_retrieval) : 0;
-  return z;
-}
 
 int exact_splits(int64_t list_tokens, int num_heads) {
   const int cap = std::max(1, kExactCtasPerSm * sm_count() / std::max(num_heads, 1));

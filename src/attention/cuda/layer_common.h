@@ -10,6 +10,7 @@
 
 #include "kernels/kernels.h"
 #include "retroinfer/attention.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::cuda::detail {
 
@@ -24,13 +25,7 @@ namespace retroinfer::cuda::detail {
 inline constexpr int kExactCtasPerSm = 2;
 int exact_splits(int64_t list_tokens, int num_heads);
 
-// Zone budgets of the wave index for C clusters (index/wave_index.h zone_budget: ceil with a 1e-9 slack,
-// retrieval at least 1 when its fraction is > 0; estimation capped by what remains, 0 when cfg.estimation
-// is off).
-struct ZoneCounts {
-  int n_retrieval = 0, n_estimation = 0;
-};
-ZoneCounts zone_counts(int num_clusters, const AttentionConfig& cfg);
+// Zone counts of the wave index for C clusters: zone_counts (retroinfer/wave_counts.h).
 
 // The decode launch sequence of the wave index, shared by RetroLayer and WaveBufferLayer:
 //   score_clusters -> select_and_expand -> after_select() -> decode_attention over the exact list, with the

@@ -28,9 +28,7 @@ struct QuestLayer::Impl {
 
 QuestLayer::QuestLayer(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs) : impl_(new Impl) {
   detail::validate_layer_shape(shape, num_seqs, "QuestLayer");
-  RETROINFER_CHECK(cfg.quest_page_tokens >= 1, "QuestLayer: quest_page_tokens must be >= 1, got ",
-                   cfg.quest_page_tokens);
-  RETROINFER_CHECK(cfg.sink_tokens >= 0 && cfg.window_tokens >= 0, "QuestLayer: negative sink or window");
+  validate(cfg);
   auto& m = *impl_;
   m.shape = shape;
   m.cfg = cfg;
@@ -52,15 +50,12 @@ void QuestLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
   m.v = v;
   m.n = num_tokens;
   m.kv_stride = kv_stride;
-  const int64_t s_end = std::min<int64_t>(m.cfg.sink_tokens, num_tokens);
-  const int64_t w_begin = std::max<int64_t>(s_end, num_tokens - m.cfg.window_tokens);
-  m.idx_begin = s_end;
-  m.n_idx = w_begin - s_end;
+  const SteadySplit split = steady_split(num_tokens, m.cfg);
+  m.idx_begin = split.sink_end;
+  m.n_idx = split.indexed();
   const int pt = m.cfg.quest_page_tokens;
   m.P = static_cast<int>(detail::ceil_div(m.n_idx, pt));
-  const int64_t budget = m.cfg.budget_tokens >= 0
-                             ? m.cfg.budget_tokens
-                             : static_cast<int64_t>(std::llround(m.cfg.retrieval_fraction * double(m.n_idx)));
+  const int64_t budget = baseline_budget(m.cfg, m.n_idx);
   m.k_pages = static_cast<int>(std::min<int64_t>(m.P, detail::ceil_div(budget, pt)));
   m.list_cap = (num_tokens - m.n_idx) + int64_t{m.k_pages} * pt;
   const size_t H = m.H;

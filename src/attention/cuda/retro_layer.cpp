@@ -114,21 +114,7 @@ struct RetroLayer::Impl {
 
 RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs) : impl_(new Impl) {
   detail::validate_layer_shape(shape, num_seqs, "RetroLayer");
-  RETROINFER_CHECK(cfg.sink_tokens >= 0 && cfg.window_tokens >= 0, "RetroLayer: negative sink (",
-                   cfg.sink_tokens, ") or window (", cfg.window_tokens, ") tokens");
-  RETROINFER_CHECK(cfg.tokens_per_cluster >= 1 && cfg.segment_tokens >= 1, "RetroLayer: tokens_per_cluster (",
-                   cfg.tokens_per_cluster, ") and segment_tokens (", cfg.segment_tokens, ") must be >= 1");
-  RETROINFER_CHECK(cfg.kmeans_segment_iters >= 0 && cfg.kmeans_global_iters >= 0,
-                   "RetroLayer: negative k-means iteration counts");
-  RETROINFER_CHECK(cfg.retrieval_fraction >= 0.0 && cfg.retrieval_fraction <= 1.0 &&
-                       cfg.estimation_fraction >= 0.0 && cfg.estimation_fraction <= 1.0,
-                   "RetroLayer: retrieval / estimation fractions must be in [0, 1], got ", cfg.retrieval_fraction,
-                   " and ", cfg.estimation_fraction);
-  RETROINFER_CHECK(cfg.update_tokens >= 1 && cfg.update_clusters >= 1 && cfg.update_clusters <= cfg.update_tokens,
-                   "RetroLayer: need 1 <= update_clusters <= update_tokens, got ", cfg.update_clusters, " and ",
-                   cfg.update_tokens);
-  RETROINFER_CHECK(cfg.outlier_fraction >= 0.0 && cfg.outlier_fraction <= 1.0,
-                   "RetroLayer: outlier_fraction must be in [0, 1], got ", cfg.outlier_fraction);
+  validate(cfg);
   auto& m = *impl_;
   m.shape = shape;
   m.cfg = cfg;
@@ -156,31 +142,28 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
   m.decoded = m.grown = false;
   m.updates = 0;
   m.max_outliers = 0;
-  const int64_t s_end = std::min<int64_t>(m.cfg.sink_tokens, num_tokens);
-  const int64_t w_begin = std::max<int64_t>(s_end, num_tokens - m.cfg.window_tokens);
-  m.idx_begin = s_end;
-  m.n_idx = w_begin - s_end;
   // As the CPU method (attention/retro.cpp): less than one cluster's worth of tokens stays steady.
-  if (m.n_idx < m.cfg.tokens_per_cluster) m.n_idx = 0;
+  const SteadySplit split = steady_split(num_tokens, m.cfg);
+  m.idx_begin = split.sink_end;
+  m.n_idx = retro_indexed_tokens(split, m.cfg.tokens_per_cluster);
   const int H = m.H, D = m.D;
   ensure(m.outlier_count, size_t(H) * 4);
   RETROINFER_CUDA_CHECK(cudaMemsetAsync(m.outlier_count.data(), 0, size_t(H) * 4, st));
   // Outlier lists: round(f * n) of the build's tokens and of each update's block, for growth to kv_stride.
   const double f = m.outliers_on ? m.cfg.outlier_fraction : 0.0;
-  m.outlier_stride = std::llround(f * double(m.n_idx)) +
-                     ((kv_stride - num_tokens) / m.cfg.update_tokens + 1) * std::llround(f * m.cfg.update_tokens);
+  m.outlier_stride = outlier_capacity(f, m.n_idx, kv_stride - num_tokens, m.cfg.update_tokens);
   ensure(m.outliers, std::max<size_t>(size_t(H) * m.outlier_stride * 4, 16));
   if (m.n_idx == 0) {
     m.C = 0;
     ensure(m.offsets, 4);
     RETROINFER_CUDA_CHECK(cudaMemsetAsync(m.offsets.data(), 0, 4, st));  // the empty CSR: offsets[0] = 0
   } else {
-    // Segments and their cluster counts (kmeans.h: max(1, ceil(L / tokens_per_cluster)) per segment).
+    // Segments and their cluster counts (wave_counts.h, as kmeans.h).
     std::vector<int> seg_t{0}, seg_c{0};
-    for (int64_t b = 0; b < m.n_idx; b += m.cfg.segment_tokens) {
-      const int64_t L = std::min<int64_t>(m.cfg.segment_tokens, m.n_idx - b);
-      seg_t.push_back(static_cast<int>(b + L));
-      seg_c.push_back(seg_c.back() + static_cast<int>(std::max<int64_t>(1, detail::ceil_div(L, m.cfg.tokens_per_cluster))));
+    for (int64_t seg = 0; seg < segment_count(m.n_idx, m.cfg.segment_tokens); ++seg) {
+      const int64_t L = segment_length(m.n_idx, m.cfg.segment_tokens, seg);
+      seg_t.push_back(seg_t.back() + static_cast<int>(L));
+      seg_c.push_back(seg_c.back() + segment_clusters(L, m.cfg.tokens_per_cluster));
     }
     const int group = m.build_group <= 0 ? m.num_seqs : std::min(m.build_group, m.num_seqs);
     if (group < m.num_seqs) {
@@ -308,7 +291,7 @@ void RetroLayer::Impl::build_grouped(const std::vector<int>& seg_t, const std::v
 // non-empty (the capacity needs the cluster sizes).
 void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   // (int8_on: the int8 copies are made where the bf16 centroids come from: build, build_grouped, update.)
-  const detail::ZoneCounts z = detail::zone_counts(C, cfg);
+  const ZoneCounts z = zone_counts(C, cfg);
   n_r = z.n_retrieval;
   n_e = z.n_estimation;
   most_retrieval = 0;
@@ -338,7 +321,7 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   // grows to at most window + update_tokens - 1 tokens before an update takes update_tokens of them, and
   // never past kv_stride), the retrieval clusters and the outliers.
   const int64_t steady_now = n_idx == 0 ? n : idx_begin + (n - idx_end());
-  const int64_t tail_max = std::min<int64_t>(int64_t{cfg.window_tokens} + cfg.update_tokens - 1, kv_stride - idx_end());
+  const int64_t tail_max = std::min<int64_t>(steady_tail_max(cfg), kv_stride - idx_end());
   const int64_t steady_grow = std::max(steady_now, idx_begin + tail_max);
   list_alloc = steady_grow + most_retrieval + max_outliers;
   set_caps();
@@ -390,7 +373,7 @@ void RetroLayer::append(int64_t num_tokens, Stream s) {
   m.set_caps();
   // CPU rule (attention/retro.cpp sync()): while the tokens after the indexed region number at least
   // window + update_tokens, the oldest update_tokens of them become update_clusters new clusters.
-  while (m.n - m.idx_end() >= int64_t{m.cfg.window_tokens} + m.cfg.update_tokens) m.update(static_cast<cudaStream_t>(s));
+  while (index_update_due(m.n - m.idx_end(), m.cfg)) m.update(static_cast<cudaStream_t>(s));
 }
 
 // One index update: block k-means over [idx_end, idx_end + update_tokens) into the workspace, its outliers,
@@ -467,7 +450,7 @@ void RetroLayer::Impl::update(cudaStream_t st) {
 // their clusters and compaction; their KV tokens go to the outlier lists.
 void RetroLayer::Impl::split_outliers(cudaStream_t st, int64_t head0, int heads) {
   if (!outliers_on) return;
-  const int64_t want = std::llround(cfg.outlier_fraction * double(work.n));
+  const int64_t want = outlier_split_count(cfg.outlier_fraction, work.n);
   if (want == 0 || work.n == 0) return;
   const size_t Hs = heads;  // flat heads [head0, head0 + heads) of the layer are the run's heads 0 ..
   const size_t kv_at = size_t(head0) * size_t(kv_stride) * size_t(D);

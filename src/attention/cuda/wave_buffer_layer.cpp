@@ -249,7 +249,7 @@ int WaveBufferLayer::Impl::ring_width(int64_t num_tokens) const {
   int k_cap = m.n_r;
   if (m.wcfg.index_updates && m.wcfg.max_tokens > num_tokens) {
     const int64_t blocks = detail::ceil_div(m.wcfg.max_tokens - num_tokens, int64_t{m.cfg.update_tokens});
-    k_cap = std::max(k_cap, detail::zone_counts(static_cast<int>(C + blocks * m.cfg.update_clusters), m.cfg).n_retrieval);
+    k_cap = std::max(k_cap, zone_counts(static_cast<int>(C + blocks * m.cfg.update_clusters), m.cfg).n_retrieval);
   }
   return k_cap;
 }
@@ -438,9 +438,7 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
   // CPU rule (attention/retro.cpp sync(), RetroLayer::append): while the tokens after the indexed region
   // number at least window + update_tokens, the oldest update_tokens of them become update_clusters
   // clusters.
-  while (m.wcfg.index_updates &&
-         m.n - (m.idx_begin + m.n_idx) >= int64_t{m.cfg.window_tokens} + m.cfg.update_tokens)
-    m.index_update(st);
+  while (m.wcfg.index_updates && index_update_due(m.n - (m.idx_begin + m.n_idx), m.cfg)) m.index_update(st);
 }
 
 int64_t WaveBufferLayer::num_tokens() const { return impl_->n; }

@@ -88,7 +88,7 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   m.n_idx = nidx0 + U;
   m.n_out += b.o_blk;
   m.per_head = per1;
-  const detail::ZoneCounts z = detail::zone_counts(C1, m.cfg);
+  const ZoneCounts z = zone_counts(C1, m.cfg);
   m.n_r = z.n_retrieval;
   m.n_e = z.n_estimation;
   m.grow_execution_buffer(retired, st);
