@@ -179,9 +179,6 @@ constexpr bool exact_est_first(int variant) {
 constexpr bool exact_premerges(int variant) { return variant == kExactSplit64EP || variant == kExactSplit64ERP; }
 int exact_variant_from_env();  // throws retroinfer::Error for a value that names no variant
 const char* exact_variant_name(int variant);
-// RETROINFER_SCORE_QUERY (read at every decode; layer_attention_zones.cpp): ScoreParams::query_smem, true for
-// smem (the default: unset or empty), false for global; anything else throws retroinfer::Error.
-bool score_query_smem_from_env();
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s);

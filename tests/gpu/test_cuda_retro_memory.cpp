@@ -201,7 +201,6 @@ TEST(CudaRetroMemory, DeviceBytesMatchThePlannerFormula) {
     r.kv_stride = mc.stride;
     r.retrieval_tokens = layer.retrieval_capacity();
     r.outlier_tokens = layer.max_outliers();
-    r.int8_scoring = layer.int8_scoring();
     r.kmeans_int8 = cuda::detail::kmeans_assign_variant_from_env() == cuda::detail::kAssignQ8;
     const buffer::RetroLayerBytes f = buffer::retro_layer_bytes(r);
     ASSERT_EQ(f.clusters, layer.num_clusters());

@@ -89,14 +89,6 @@ int exact_variant_from_env() {
                   "split64erp, or leave it unset");
 }
 
-bool score_query_smem_from_env() {
-  const char* e = std::getenv("RETROINFER_SCORE_QUERY");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "smem") == 0) return true;
-  if (std::strcmp(e, "global") == 0) return false;
-  RETROINFER_FAIL("RETROINFER_SCORE_QUERY='", e,
-                  "' is not a way for the score kernels to read the query: use smem (the default) or global");
-}
-
 const char* exact_variant_name(int variant) {
   switch (variant) {
     case kExactV1: return "v1";
@@ -283,8 +275,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   sp.num_clusters = a.num_clusters;
   sp.scale = a.scale;
   sp.phase = a.phase;
-  sp.early_loads = path.early_loads;
-  sp.query_smem = score_query_smem_from_env();
   // Run 10: the scores formed by the score grid itself when all its CTAs fit at once (else run 9's
   // form_scores grid below).
   // run10s: the bins selection forms the scores from the logits and partials itself (its group > 0 path), so the
@@ -292,16 +282,10 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   // Only where the selection's fast formation applies (select_bins.cu scores_from_logit_quads: G <= 4 and whole item
   // quads; its general path is ~5x slower on one multiprocessor than the score grid's formation over ~24 CTAs).
   const bool select_forms = path.select_forms && a.num_clusters > 0 && a.num_clusters <= kSelectGridMinItems &&
-                            a.group <= 4 && a.num_clusters % 4 == 0 && select_grid_mode() != SelectGridMode::kForce;
+                            a.group <= 4 && a.num_clusters % 4 == 0;
   const bool form_in_score = !select_forms && path.form_scores && path.form_in_score && path.early_loads &&
                              a.num_clusters > 0 && score_form_fits(a.num_clusters, a.head_dim, a.num_heads);
   sp.scores = form_in_score ? a.scores : nullptr;
-  // A layer with int8 scoring keeps only the int8 copies (run 25): the kernels that read bf16 centroids cannot run.
-  RETROINFER_CHECK(a.centroids_bf16 != nullptr || a.num_clusters == 0 ||
-                       (a.centroids_q8 != nullptr && score_variant_reads_int8(score_variant_from_env())),
-                   "decode: this layer scores clusters against int8 centroid copies only (int8 scoring, the default), "
-                   "which RETROINFER_SCORE=v1 / stream cannot read; use tma or wide (the default), or build the layer "
-                   "with RETROINFER_SCORE_CENTROIDS=bf16");
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 

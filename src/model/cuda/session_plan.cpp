@@ -47,7 +47,6 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   buffer::set_model_shape(r, cfg);
   r.attention = opt.attention;
   r.wave = opt.wave;
-  r.retro_int8_scoring = int8_scoring_from_env();  // what the session's RetroLayers will do
   r.retro_kmeans_int8 = detail::kmeans_assign_variant_from_env() == detail::kAssignQ8;
   const int64_t model_max = model_max_context(cfg);
   r.max_context = opt.max_context > 0 ? opt.max_context : model_max;
