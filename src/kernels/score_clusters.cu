@@ -18,7 +18,7 @@
 //   cp.async.mbarrier.arrive (pending count +1 now, -1 when the lane's copies land: the phase cannot
 //   complete before the sizes have), then __syncwarp;
 //   lane 0 arrive.expect_tx(the stage's bytes), then D / 64 tensor-map copies of 64 dims x 16 centroids with
-//   128-byte swizzle (StreamLayout below), rows past C zero-filled by the copy and counted (evict-first L2
+//   128-byte swizzle (StageLayout below), rows past C zero-filled by the copy and counted (evict-first L2
 //   policy: the centroids are read once per decode, so the logits written here stay in L2 for the
 //   selection and the estimation).
 // Each warp owns a 2-stage ring (8 stages per CTA: the shared memory of 6 CTAs per multiprocessor, the
@@ -79,9 +79,10 @@ namespace retroinfer::cuda::detail {
 
 namespace {
 
-// Tile stages per warp (8 per CTA). The int8 tiles are half as large, so 4 would fit the same shared memory,
-// but 4 are slower than 2 at 128K batch 4 (71.7 against 68.5 us), and so are 4 CTA-wide int8 stages.
-constexpr int kStreamStages = 2;
+// Tile stages per warp (8 per CTA; the wide stages: per CTA). The int8 tiles are half as large, so 4 would fit
+// the same shared memory, but 4 are slower than 2 at 128K batch 4 (71.7 against 68.5 us), and so are 4 CTA-wide
+// int8 stages.
+constexpr int kStages = 2;
 // Launch bounds: 6 CTAs of 128 threads per multiprocessor (<= 85 registers), the one-wave grid of
 // score_blocks and the cooperative launch's residency.
 constexpr int kScoreCtasPerSm = 6;
@@ -100,7 +101,7 @@ struct ScoreMap {
 // matrix (8 consecutive centroids at one logical chunk) sit at 8 different chunks, conflict-free.
 // kQ8: one box of 16 rows x D bytes.
 template <int D, bool kQ8 = false>
-struct StreamLayout {
+struct StageLayout {
   static constexpr int kBoxBytes = kScoreTile * 128;  // one bf16 box
   // Wide stages (int8): a CTA stage = the kScoreWarps tiles of one tile group, one box of 64 rows x D bytes;
   // tile w of the group at w * kStageBytes (1024-byte aligned, so the 128-byte swizzle's pattern is the
@@ -180,9 +181,9 @@ __device__ __forceinline__ float query_fragments_q8(uint32_t (&qa)[D / 16][4], c
 template <int D, bool kForm, bool kQ8 = false, bool kWide = false>
 __device__ __forceinline__ void score_body(const ScoreParams& p, const ScoreMap* maps) {
   static_assert(kQ8 || !kWide, "wide stages: the int8 tiles only");
-  using L = StreamLayout<D, kQ8>;
+  using L = StageLayout<D, kQ8>;
   constexpr int kKs = D / 16;
-  constexpr int kS = kStreamStages;
+  constexpr int kS = kStages;
   // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
   __shared__ __align__(128) unsigned char stage_raw[kScoreWarps * kS * L::kStageBytes + L::kAlign];
   // Per warp (kWide: per CTA, one row of the kScoreWarps tiles of a group) the stages' sizes, scales (kQ8)
