@@ -1,4 +1,4 @@
-// Cluster scoring and zone selection kernels (select*.cu, score_stream.cu): parameters and launchers.
+// Cluster scoring and zone selection kernels (score_clusters.cu, select*.cu): parameters and launchers.
 // Shared notation: kernels/kernel_common.h. Launchers validate nothing and return the launch status.
 #pragma once
 
@@ -110,7 +110,7 @@ struct SelectParams {
   int* token_count = nullptr;  // [H] out
   int* scan_scratch = nullptr;  // [H, k_retrieval + 1]
   int64_t list_stride = 0;
-  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off); select_bins.cu stamps
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off); the bins and grid kernels stamp
   // Launch the bins kernel as a programmatic dependent of the score kernel: its CTAs start while the score
   // grid drains and wait (griddepcontrol.wait) before reading anything it wrote. Only the bins kernel takes
   // it (the grid kernel as a cooperative launch where the driver allows both); the cluster kernel launches

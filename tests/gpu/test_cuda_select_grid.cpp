@@ -109,7 +109,7 @@ void run_grid_case(const gputest::SelectCase& c, uint64_t seed) {
               ::testing::Test::HasFailure() ? "FAILED (see above)" : "ok");
 }
 
-// Past the one-CTA kernel: issue #4's 512K and 1M shapes and a batch-16 head count.
+// Past the one-CTA kernel: Llama-3-8B's 512K and 1M shapes and a batch-16 head count.
 // {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
 const gputest::SelectCase kLargeCases[] = {
     {"128K shape, 128 heads (batch 16)", 128, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
@@ -132,7 +132,7 @@ TEST(CudaSelectGrid, LargeShapesMatchCpuRule) {
   for (const auto& c : kLargeCases) run_grid_case(c, ++seed);
 }
 
-// The plan: no workspace or scores to form -> not applicable; issue #4's shapes -> 8 items per thread.
+// The plan: no workspace or scores to form -> not applicable; Llama-3-8B at 128K batch 4 -> 8 items per thread.
 TEST(CudaSelectGrid, Plan) {
   RETROINFER_REQUIRE_GPU();
   cuda::DeviceBuffer ws(cuda::detail::select_grid_ws_bytes(32));
