@@ -11,6 +11,9 @@
 //               [--max-index-work T]   skip retro/quest when batch * n^2 > T * 2^40 (k-means global step cost)
 //               [--prefill-chunk 8192]
 //               [--flush write|read]  L2 eviction before each timed call (see g_flush_read)
+//               [--score-centroids int8|bf16]   the centroids retro scores the clusters against
+//                              (AttentionConfig::int8_centroid_scoring; default int8); retro lines carry it
+//                              as "score_centroids"
 //               [--stages 1]   also stamp the score / selection phases (RETROINFER_SELECT_PHASES=1): one
 //                              "retro_phases" line per case (medians over heads and the 10 stage decodes);
 //                              --stages 2: the phases of a graph replay straight after another, without the
@@ -30,7 +33,6 @@
 //                              (kmeans_phases.h set_kmeans_phase_timing): a "kmeans_phases" line (ms per
 //                              sequence of each phase: mean_init, assign_segment, assign_global, group,
 //                              update, finalize)
-// RETROINFER_SCORE_CENTROIDS=int8 (unset) / bf16 picks the centroids retro scores.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -95,6 +97,7 @@ int g_kmeans_builds = 3;                     // --kmeans-builds
 bool g_kmeans_phases = false;                // --kmeans-phases 1
 std::vector<int> g_kmeans_iters;             // --kmeans-iters 9,2,1: the k-means lines per segment-iteration count
 int g_stack = 1;                             // --stack L
+bool g_int8_scoring = true;                  // --score-centroids int8 (default) / bf16
 
 // L2 eviction before each timed call. "write" (default, as runs 3-7): cuda::flush_l2, a memset of twice
 // the L2 size, which leaves L2 full of dirty lines that the timed kernels' first reads must write back.
@@ -135,11 +138,10 @@ void flush(cuda::Stream s = nullptr) {
 constexpr int kQueries = 8;  // query buffers per case, rotated so that consecutive calls see different queries
 
 void emit(const char* method, long long n, long long batch, const Stats& s, double bytes, const std::string& extra) {
-  // Retro lines say which centroids the clusters were scored against (RETROINFER_SCORE_CENTROIDS, read by
-  // each RetroLayer at construction).
+  // Retro lines say which centroids the clusters were scored against (--score-centroids).
   const bool retro = std::strncmp(method, "retro", 5) == 0;
-  const char* centroids = !retro ? "" : cuda::int8_scoring_from_env() ? ",\"score_centroids\":\"int8\""
-                                                                      : ",\"score_centroids\":\"bf16\"";
+  const char* centroids = !retro ? "" : g_int8_scoring ? ",\"score_centroids\":\"int8\""
+                                                       : ",\"score_centroids\":\"bf16\"";
   char line[2048];
   std::snprintf(line, sizeof line,
                 "{\"bench\":\"kernel\",\"method\":\"%s\",\"n\":%lld,\"batch\":%lld,\"ms\":%.5f,\"ms_min\":%.5f,"
@@ -230,6 +232,7 @@ void stack_case(long long n, long long batch, int reps, const uint16_t* k0, cons
   }
   if (part_on("retro")) {
     AttentionConfig cfg;
+    cfg.int8_centroid_scoring = g_int8_scoring;
     std::vector<std::unique_ptr<cuda::RetroLayer>> retro;
     for (int l = 0; l < L; ++l) {
       retro.push_back(std::make_unique<cuda::RetroLayer>(shape, cfg, static_cast<int>(batch)));
@@ -338,6 +341,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
   }
   const double pre_ms = part_on("kmeans") ? prefill_ms(n, shape, kp, vp) : 0.0;
   AttentionConfig cfg;  // paper defaults
+  cfg.int8_centroid_scoring = g_int8_scoring;
   if (part_on("quest")) {
     cuda::QuestLayer quest(shape, cfg, static_cast<int>(batch));
     quest.build(kp, vp, n, n);
@@ -431,6 +435,7 @@ int main(int argc, char** argv) {
   bool kv_per_case = false;        // --kv-per-case (g_kv_per_case)
   bool layout_clustered = false;   // --layout clustered (g_layout_clustered)
   int stack_layers = 1;            // --stack L (g_stack)
+  bool scoring_int8 = true;        // --score-centroids (g_int8_scoring)
   std::string only_arg;            // --only kmeans
   int kmeans_builds = 3;
   std::vector<int> kmeans_iters;  // --kmeans-iters
@@ -478,6 +483,14 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    else if (a == "--score-centroids") {
+      const std::string c = argv[++i];
+      if (c != "int8" && c != "bf16") {
+        std::fprintf(stderr, "kernel_bench: --score-centroids takes int8 or bf16, not %s\n", c.c_str());
+        return 2;
+      }
+      scoring_int8 = c == "int8";
+    }
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
       if (const int st = std::atoi(argv[++i]); st != 0) setenv("RETROINFER_SELECT_PHASES", st == 2 ? "2" : "1", 1);
     }
@@ -488,6 +501,7 @@ int main(int argc, char** argv) {
   }
 #if defined(RETROINFER_WITH_CUDA)
   g_flush_read = flush_read;
+  g_int8_scoring = scoring_int8;
   // The phase stamps' replay inside RetroLayer::decode_stage_ms flushes L2 the same way.
   if (flush_read) setenv("RETROINFER_PHASE_FLUSH", "read", 1);
   g_kv_per_case = kv_per_case;

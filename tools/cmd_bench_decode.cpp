@@ -110,9 +110,6 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   r.gpu_layers = placement == buffer::SessionPlacement::kSplit ? o.gpu_layers : -1;
   r.gpu_free_bytes = gpu_free;
   r.host_free_bytes = host_free;
-#if RETROINFER_WITH_CUDA
-  r.retro_int8_scoring = cuda::int8_scoring_from_env();  // as CudaSession::plan: what the session's layers will do
-#endif
   return r;
 }
 

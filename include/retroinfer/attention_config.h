@@ -46,6 +46,12 @@ struct AttentionConfig {
   double outlier_fraction = 0.001;
   int update_tokens = 1024;           // generated tokens per index update
   int update_clusters = 64;           // clusters made per index update
+  // The GPU layers score the clusters against int8 copies of the centroids (one f32 scale per row: D + 4
+  // bytes per cluster instead of bf16's 2 D, and no bf16 centroids kept) rather than bf16 centroids: less
+  // memory and faster scoring from 128K tokens at batch 4 on; the logits carry the centroids' int8 rounding
+  // (task accuracy on SmolLM2 the same within noise: docs/accuracy.md). The CPU method scores its f32
+  // centroids either way.
+  bool int8_centroid_scoring = true;
 
   // Baselines.
   int quest_page_tokens = 16;  // quest page size

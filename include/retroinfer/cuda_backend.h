@@ -48,18 +48,13 @@ class DenseDecoder {
 };
 
 // One (sequence, KV head)'s wave index and last decode selection, copied to the host (synchronous).
-// RETROINFER_SCORE_CENTROIDS: "int8", empty or unset -> true (the default since run 25); "bf16" -> false;
-// anything else throws Error.
-// RetroLayer's int8-scoring default, and what a CudaSession's memory plan counts.
-bool int8_scoring_from_env();
-
 struct RetroDebugState {
   int num_clusters = 0;
   std::vector<float> mean;              // [head_dim]: mean indexed key
   std::vector<float> centroids;         // [num_clusters, head_dim] f32: de-centred (empty: not kept)
   std::vector<uint16_t> centroids_bf16;  // [num_clusters, head_dim] bf16 (int8 scoring off only: scored then;
                                          // with int8 scoring the layer keeps none and this is empty)
-  // Int8 scoring (RetroLayer::set_int8_scoring): what scoring reads, centroid c's dim i being
+  // Int8 scoring (AttentionConfig::int8_centroid_scoring): what scoring reads, centroid c's dim i being
   // (centroids_q8[c * head_dim + i] - 128) * centroid_scale[c]; both empty when off.
   std::vector<uint8_t> centroids_q8;    // [num_clusters, head_dim]
   std::vector<float> centroid_scale;    // [num_clusters]
@@ -115,13 +110,9 @@ class RetroLayer {
   // per cluster and flat head: ~67 MB per layer of a 128K Llama-3-8B sequence) and debug_state leaves
   // centroids / value_sums empty. Call before build().
   void set_keep_f32_index(bool keep);
-  // Score the clusters against int8 copies of the centroids (per-row scale, 1 + 4 / head_dim bytes per
-  // dimension instead of 2; docs/cuda-kernels.md "Run 22") rather than the bf16 centroids. The default is
-  // RETROINFER_SCORE_CENTROIDS at construction (int8, empty or unset: on, since run 25; bf16: off; another
-  // value throws, see int8_scoring_from_env). On, the layer keeps only the int8 copies (no bf16 centroids:
-  // "Run 25"), which the tma / wide score kernels read; RETROINFER_SCORE=v1 / stream (bf16 only) then refuse
-  // its decode with an Error. Call before build().
-  void set_int8_scoring(bool on);
+  // Whether the clusters are scored against int8 copies of the centroids (AttentionConfig::
+  // int8_centroid_scoring at construction; per-row scale, 1 + 4 / head_dim bytes per dimension instead of 2).
+  // On, the layer keeps only the int8 copies, no bf16 centroids.
   bool int8_scoring() const;
   // Keep each indexed token's cluster id ([flat heads, indexed tokens] int32) on the device (default on).
   // Decode never reads it; off, it is dropped after the build and not kept by index updates (4 bytes per

@@ -75,8 +75,6 @@ struct RetroLayerBytesRequest {
   bool keep_f32_index = false;   // set_keep_f32_index (the runner: off)
   bool keep_assignment = false;  // set_keep_assignment (the runner: off)
   int build_group_seqs = 1;      // set_build_group_seqs (0: every sequence in one k-means run)
-  bool int8_scoring = false;     // set_int8_scoring (the GPU layer's default on since run 25; callers pass it):
-                                 // int8 centroid copies + row scales instead of the bf16 centroids
   bool kmeans_int8 = true;       // the k-means' int8 assignment (RETROINFER_KMEANS_ASSIGN unset or q8, the
                                  // default since run 26; callers pass it): int8 centred keys D and int8
                                  // centroid copies + scales D + 4 per cluster instead of bf16 centred keys 2 D
@@ -118,7 +116,6 @@ struct SessionPlanRequest {
   // are released (counted once, as a transient workspace).
   bool retro_keeps_build_buffers = false;
   bool retro_keeps_f32_index = false;  // the runner's RetroLayerAttention frees the f32 index copies
-  bool retro_int8_scoring = false;     // RetroLayer::set_int8_scoring (RETROINFER_SCORE_CENTROIDS, int8 unless bf16)
   bool retro_kmeans_int8 = true;       // the k-means' int8 assignment (RETROINFER_KMEANS_ASSIGN, q8 unless a / v1)
   bool retro_keeps_assignment = false;  // ... and keeps no per-token cluster ids
   int retro_build_group_seqs = 1;       // ... and builds one sequence's index at a time

@@ -1,5 +1,5 @@
 // Shared-memory mbarriers and Hopper bulk / tensor-map copies (cp.async.bulk), shared by the dense decode
-// kernel (decode_dense.cu) and the streaming score kernels (score_stream.cu). Device code only.
+// kernel (decode_dense.cu) and the cluster-score kernels (score_clusters.cu). Device code only.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap

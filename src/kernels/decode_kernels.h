@@ -76,9 +76,6 @@ struct DecodeParams {
   int est_ctas = 0;
   bool chain_pdl = false;
 };
-// RETROINFER_SCORE_QUERY (read at every decode; layer_attention_zones.cpp): ScoreParams::query_smem, true for
-// smem (the default: unset or empty), false for global; anything else throws retroinfer::Error.
-bool score_query_smem_from_env();
 inline constexpr int kDecodeWarps = 4;   // warps per CTA
 inline constexpr int kDecodeTile = 16;   // tokens per warp tile
 // CTAs of the decode kernels that fit on one multiprocessor by shared memory: two cp.async stages of K and V

@@ -1,9 +1,6 @@
-// Shared pieces of the two cluster-score kernels (select.cu score_body: v1, run 8's per-warp cp.async double
-// buffer; score_stream.cu: the bulk-copy stream, RETROINFER_SCORE=stream): the CTA's and warp's share of the
-// centroid tiles, the normaliser partial's epilogue and run 10's score formation after the grid barrier.
-// Both kernels call these, so the partition, the merge order and the formation are one piece of code: the
-// logits, partials and scores of the two are bit-identical when their per-tile math is (it is the same
-// query_fragments / ldmatrix / mma sequence and the same per-lane online merge). Included only from .cu files.
+// Pieces of the cluster-score kernels (score_clusters.cu) apart from how a tile reaches shared memory: the
+// CTA's and warp's share of the centroid tiles, a tile's epilogue, the normaliser partial's epilogue and the
+// formation of the selection's scores after the grid barrier. Included only from .cu files.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -18,7 +15,7 @@
 namespace retroinfer::cuda::detail {
 namespace {
 
-constexpr int kScoreWarps = 4;   // warps per CTA (both kernels; no producer warp: see score_stream.cu)
+constexpr int kScoreWarps = 4;   // warps per CTA (no producer warp: see score_clusters.cu)
 constexpr int kScoreTile = 16;   // centroids per warp tile
 
 // This CTA's tiles [tile0, tile1) of 16 centroids of its head (gridDim.x CTAs per head, contiguous ranges
@@ -38,17 +35,19 @@ __device__ __forceinline__ ScoreTiles score_tiles(int num_clusters, int warp) {
   return r;
 }
 
-// Run 10: the tail of the score kernels with kForm (ScoreParams::scores set; cooperative launch): a
-// grid-wide barrier (all partials written), then the scores of clusters [c_begin, c_end) of head h,
-// bit-identical to form_scores_kernel: query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by
-// one warp (select_common.cuh merge_head_normaliser; warp w takes g = w, w + kScoreWarps, ...: the same
-// per-g computation as form_scores' warp g), then each score by the same form_head_score. Everything read
-// here was written by this grid: L2 loads (__ldcg), never the non-coherent path. kB items per thread per
-// round (kB * G loads in flight): v1 takes 2 (its registers stay <= 85); the stream kernels 4, so that at
-// 128K batch 4 (352 clusters per CTA) every logit the CTA forms is loaded before the grid barrier and no
-// L2 round trip follows it. Each score is the same function of the same values whatever kB is.
-template <int kB>
+// Items per thread per round of form_own_scores (kFormRound * G loads in flight): 4 x 128 threads >= the 352
+// clusters of a CTA at 128K batch 4, so every logit the CTA forms is loaded before the grid barrier and no L2
+// round trip follows it.
+constexpr int kFormRound = 4;
+
+// The tail of the score kernels with kForm (ScoreParams::scores set; cooperative launch): a grid-wide barrier
+// (all partials written), then the scores of clusters [c_begin, c_end) of head h, bit-identical to
+// form_scores_kernel: query head g's (M_g, 1 / L_g) merged from the gridDim.x partials by one warp
+// (select_common.cuh merge_head_normaliser; warp w takes g = w, w + kScoreWarps, ...: the same per-g
+// computation as form_scores' warp g), then each score by the same form_head_score. Everything read here was
+// written by this grid: L2 loads (__ldcg), never the non-coherent path.
 __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int c_begin, int c_end) {
+  constexpr int kB = kFormRound;
   __shared__ float gmax[kMaxGroup], ginv[kMaxGroup];
   const int warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
   const int parts = static_cast<int>(gridDim.x);
@@ -76,11 +75,11 @@ __device__ __forceinline__ void form_own_scores(const ScoreParams& p, int h, int
   }
 }
 
-// The end of both score kernels: the lane's online (max, sum) nm / ns of query head gq merged over the
-// quad's lanes, then over the warps (red: [kScoreWarps][kMaxGroup], in warp order) into this CTA's
-// normaliser partial of each query head; with kForm, run 10's formation of the CTA's own clusters; the
-// phase stamp. Every thread of the CTA calls it. kFormB: form_own_scores' items per thread per round.
-template <bool kForm, int kFormB>
+// The end of the score kernels: the lane's online (max, sum) nm / ns of query head gq merged over the quad's
+// lanes, then over the warps (red: [kScoreWarps][kMaxGroup], in warp order) into this CTA's normaliser
+// partial of each query head; with kForm, the formation of the CTA's own clusters' scores; the phase stamp.
+// Every thread of the CTA calls it.
+template <bool kForm>
 __device__ __forceinline__ void score_epilogue(const ScoreParams& p, float nm, float ns, int gq, int tq,
                                                const ScoreTiles& tiles, float2 (&red)[kScoreWarps][kMaxGroup]) {
   const int h = blockIdx.y, warp = threadIdx.x >> 5, G = p.group, C = p.num_clusters;
@@ -98,14 +97,14 @@ __device__ __forceinline__ void score_epilogue(const ScoreParams& p, float nm, f
     for (int w = 0; w < kScoreWarps; ++w) ms_merge(m, sum, red[w][threadIdx.x].x, red[w][threadIdx.x].y);
     p.norm_partial[(int64_t{h} * G + threadIdx.x) * gridDim.x + blockIdx.x] = make_float2(m, sum);
   }
-  if constexpr (kForm) form_own_scores<kFormB>(p, h, tiles.tile0 * kScoreTile, min(C, tiles.tile1 * kScoreTile));
+  if constexpr (kForm) form_own_scores(p, h, tiles.tile0 * kScoreTile, min(C, tiles.tile1 * kScoreTile));
   phase_last(p.phase, h, 1);
 }
 
-// One tile's epilogue, the same in both kernels: the lane's kN logits s (kN = 4: centroids c0 + 2tq, c0 + 2tq + 1,
-// c0 + 8 + 2tq, c0 + 9 + 2tq; kN = 2, run 24's half tile of the wide kernel's last group: the first two, c0 the
-// half's first centroid), masked to -inf past C and for empty clusters (size[j] <= 0), written to lg (query head
-// gq's logits row) and folded into the lane's online (max, sum) nm / ns.
+// One tile's epilogue: the lane's kN logits s (kN = 4: centroids c0 + 2tq, c0 + 2tq + 1, c0 + 8 + 2tq,
+// c0 + 9 + 2tq; kN = 2, a half tile of the wide stages' last group: the first two, c0 the half's first
+// centroid), masked to -inf past C and for empty clusters (size[j] <= 0), written to lg (query head gq's
+// logits row) and folded into the lane's online (max, sum) nm / ns.
 template <int kN>
 __device__ __forceinline__ void score_tile_out(const float (&s)[kN], const int (&size)[kN], int c0, int tq, int gq,
                                                int G, int C, float* lg, float& nm, float& ns) {

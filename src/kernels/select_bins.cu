@@ -1,25 +1,24 @@
-// Zone selection with a handful of barriers (DESIGN.md §2 "Scoring"; run 6 of docs/cuda-kernels.md), the
-// default one-CTA-per-head selection up to 40K items. Same result as select.cu's radix kernel and
-// select_cluster.cu's cluster kernel: "sort by (score desc, id asc) and cut at k_r and k_r + k_e", ids
-// ascending, the retrieval items expanded into the head's exact-token list (steady zone first).
+// Zone selection with a handful of barriers (DESIGN.md §2 "Scoring"), the one-CTA-per-head selection up to
+// kSelectBinsMaxItems = 40960 items (select.cu). Same result as the other selection kernels: "sort by (score
+// desc, id asc) and cut at k_r and k_r + k_e", ids ascending, the retrieval items expanded into the head's
+// exact-token list (steady zone first).
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/common.cuh"
 #include "kernels/kernels.h"
 #include "kernels/select_common.cuh"
-#include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
 
 namespace {
 
-// The radix kernel (select.cu) is a chain of ~30 block barriers plus three warp-aggregated histogram passes
-// (__match_any_sync per item and threshold). This one finds both thresholds with ONE histogram:
-//   1. scores as in the radix kernel (sum over the group of the per-head softmax), and the smallest / largest order key of the finite scores (one block reduction);
+// An exact radix select (select_common.cuh radix_select2) is a chain of ~30 block barriers plus three
+// warp-aggregated histogram passes (__match_any_sync per item and threshold). This kernel finds both
+// thresholds with ONE histogram:
+//   1. scores (sum over the group of the per-head softmax), and the smallest / largest order key of the
+//      finite scores (one block reduction);
 //   2. one histogram of kBinBins bins over the key adapted to that range, bin = (key - lo) >> shift with the
 //      smallest shift that fits the range into the bins (monotone in the key, so higher bins hold strictly
 //      higher keys); one block scan finds the bins holding rank k1 and rank k2 and the ranks inside them;
@@ -27,14 +26,10 @@ namespace {
 //      candidates above and equal to it, and the one whose (>, >=) counts bracket the rank is the threshold
 //      (exact: the same k-th key as the radix passes, with `take` = how many of its ties are in);
 //      a bin with more than kBinCand candidates (long runs of exact ties) falls back to the radix passes;
-//   4. one compaction scan of (retrieval, estimation, exact tokens) in ascending id order, the tie-ranking
-//      scan only when a threshold takes some but not all of its ties (the CPU rule: ties in id order)
-//      (v1; RETROINFER_SELECT_COMPACT=ballot: compact_ballot below, the same results);
+//   4. one compaction in ascending id order (compact_ballot), the tie-ranking pass only when a threshold
+//      takes some but not all of its ties (the CPU rule: ties in id order);
 //   5. expansion warp by warp from shared memory.
-// RETROINFER_SELECT_SPLIT=1 (select_bins_kernel<true, true>): two CTAs per head run 1-3 each; the retrieval
-// CTA (first threshold only) compacts the retrieval list and expands it, the estimation CTA compacts the
-// estimation list. The same outputs (tests/gpu/test_cuda_select_split.cpp).
-// About 13 barriers in all. Scores must fit shared memory (<= 40K items).
+// About 13 barriers in all. Scores must fit shared memory (<= 40960 items).
 constexpr int kBinBins = 4096;
 constexpr int kBinBits = 12;  // log2(kBinBins)
 constexpr int kBinBinsPerThread = kBinBins / kSelThreads;
@@ -53,24 +48,22 @@ struct BinSmem {
   int take[2], eq[2];
 };
 
-// ---- The warp-range compaction (RETROINFER_SELECT_COMPACT=ballot) ----
-// Run 6's compaction (v1 in the kernel) gives thread t the 8 items 8t .. 8t + 7: 8-way shared-memory bank
-// conflicts on the scores, ~760 straight-line instructions per warp (8 items' flags, tie ranks, CSR loads
-// and writes, all predicated) and the retrieval items' CSR loads one after another: ~8.5 us at 8188 items,
-// ~7 us at 2044. Here warp w owns the contiguous items [w seg, (w + 1) seg) (seg a multiple of
-// kCompactStep = 256) and walks them in steps of two halves of 128 items, lane l holding the 4 items
-// 4l .. 4l + 3 of each half (one conflict-free float4 load each), so an item's slot is the warp's base +
-// the warp's count so far + (in the second half) the first half's count + the lane's exclusive prefix in
-// the half + its rank among the lane's 4: ascending ids, as v1. One warp scan per step serves both halves
-// and both lists (four 8-bit counts packed in one int: <= 128 each).
+// ---- The warp-range compaction ----
+// Warp w owns the contiguous items [w seg, (w + 1) seg) (seg a multiple of kCompactStep = 256) and walks
+// them in steps of two halves of 128 items, lane l holding the 4 items 4l .. 4l + 3 of each half (one
+// conflict-free float4 load each), so an item's slot is the warp's base + the warp's count so far + (in the
+// second half) the first half's count + the lane's exclusive prefix in the half + its rank among the lane's
+// 4: ascending ids. One warp scan per step serves both halves and both lists (four 8-bit counts packed in
+// one int: <= 128 each). (Giving thread t the 8 items 8t .. 8t + 7 instead costs 8-way shared-memory bank
+// conflicts on the scores, ~760 straight-line instructions per warp and the retrieval items' CSR loads one
+// after another: ~8.5 against ~3.7 us at 8188 items.)
 //   pass 0 (only when a threshold takes some but not all of its ties): per warp, the ties of t1 and t2;
 //   pass 1: per warp, the retrieval and estimation counts; each step's 16 flags kept in registers;
 //   pass 2: the ids at their slots (retrieval ids < kBinExp also into the expansion table);
 //   slots: thread s takes retrieval slot s: its CSR offsets (all loads of the block in flight at once),
 //          the members' L2 prefetch, a block scan of the lengths for the token positions.
 // One barrier after each pass and one in the slot scan (each barrier's per-warp sums are scanned by every
-// warp itself), then the kernel's barrier before the expansion. Results bit-identical to v1
-// (tests/gpu/test_cuda_select_compact.cpp).
+// warp itself), then the kernel's barrier before the expansion.
 constexpr int kCompactHalf = 128;               // items of half a step: 4 per lane
 constexpr int kCompactStep = 2 * kCompactHalf;  // items per warp step
 constexpr int kCompactMaxSteps = 6;             // three 32-bit words of 16 flag bits per step, per lane
@@ -125,12 +118,12 @@ __device__ __forceinline__ uint32_t order_key(float f) {
   return b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
 }
 
-// Flags of one step: bits 0-3 retrieval, 4-7 estimation (item i4 + j at bit j), as v1: retrieval = in the
-// first cut, estimation = in the second and not the first. kTies: r1 / r2 are the warp's tie ranks at the
-// step's first item (warp-uniform), advanced past the step. Without ranked ties every tie is in (v1's
-// !rank_ties) and the -inf test is implied: a threshold that is on is then the key of a candidate, a
-// finite item, above key(-inf) = 0x007fffff (with ranked ties it may come from the radix passes, whose
-// thresholds are 0 when k1 = 0: v1's valid test is kept there).
+// Flags of one step: bits 0-3 retrieval, 4-7 estimation (item i4 + j at bit j): retrieval = in the first
+// cut, estimation = in the second and not the first. kTies: r1 / r2 are the warp's tie ranks at the step's
+// first item (warp-uniform), advanced past the step. Without ranked ties every tie is in and the -inf test is
+// implied: a threshold that is on is then the key of a candidate, a finite item, above key(-inf) = 0x007fffff
+// (with ranked ties it may come from the radix passes, whose thresholds are 0 when k1 = 0: the -inf test is
+// kept there).
 template <bool kTies>
 __device__ __forceinline__ uint32_t compact_flags(const float4 v, const CompactCut& c, int lane, int& r1, int& r2) {
   const float f[4] = {v.x, v.y, v.z, v.w};
@@ -171,12 +164,12 @@ __device__ __forceinline__ uint32_t compact_flags(const float4 v, const CompactC
   return m1 | ((m2 & ~m1) << 4);
 }
 
-// The retrieval slots of compact_ballot (after its pass 2; not for the estimation role).
+// The retrieval slots of compact_ballot (after its pass 2).
 __device__ __forceinline__ void compact_slots(const SelectParams& p, int h, BinSmem& bs, const int* ret, int* pre,
                                               int steady, int out1, int& running) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   __syncthreads();
-  // Slot s = chunk + tid: its item's (begin, length), its members prefetched into L2 (as v1, run 8: the
+  // Slot s = chunk + tid: its item's (begin, length), with p.prefetch its members on their way into L2 (the
   // expansion reads them after the barrier), and its token position by a block scan of the lengths in slot
   // (= id) order. One chunk (one barrier) up to kSelThreads retrieval items.
   __shared__ int chunk_sums[2][kSelWarps];
@@ -209,19 +202,11 @@ __device__ __forceinline__ void compact_slots(const SelectParams& p, int h, BinS
   running = at0;
 }
 
-// Which lists a compaction writes: both (the one-CTA-per-head kernel), or one of them
-// (RETROINFER_SELECT_SPLIT: the retrieval CTA / the estimation CTA of a head).
-enum CompactRole : int { kCompactBoth = 0, kCompactRetrieval = 1, kCompactEstimation = 2 };
-
 // The compaction of head h (all threads call; the caller stamps before and barriers after): ret / est
 // ids at [0, out1) / [0, out2), the expansion table bs.exp_* of slots < kBinExp, pre[s] = token position of
-// slots >= kBinExp, running = steady + the retrieval items' tokens. The same values as v1 (the caller's
-// padding, steady list and barrier follow). kRole = kCompactRetrieval: only the retrieval list, its
-// expansion table, pre and running (out2 = 0, est unused); kCompactEstimation: only the estimation list
-// (out1 = 0; ret, bs.exp_*, pre, running untouched). Each list's slots are the same as with kCompactBoth:
-// the packed counters keep the two lists in separate fields, so zeroing one list's flags leaves the other's
-// counts, bases and slots unchanged.
-template <bool kTies, int kRole>
+// slots >= kBinExp, running = steady + the retrieval items' tokens (the caller's padding, steady list and
+// barrier follow).
+template <bool kTies>
 __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, const float* sc, const CompactCut& cut,
                                                BinSmem& bs, int* ret, int* est, int* pre, int steady, int& out1,
                                                int& out2, int& running) {
@@ -265,9 +250,7 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
     const float4 va = compact_load(sc, i4, n4), vb = compact_load(sc, i4 + kCompactHalf, n4);
     const uint32_t fa = compact_flags<kTies>(va, cut, lane, r1, r2);
     const uint32_t fb = compact_flags<kTies>(vb, cut, lane, r1, r2);
-    uint32_t f = fa | fb << 8;
-    if constexpr (kRole == kCompactRetrieval) f &= 0x0f0fu;  // the retrieval flags only
-    if constexpr (kRole == kCompactEstimation) f &= 0xf0f0u;  // the estimation flags only
+    const uint32_t f = fa | fb << 8;
     c12 += static_cast<unsigned>(__popc(f & 0x0f0fu)) + (static_cast<unsigned>(__popc(f & 0xf0f0u)) << 16);
     const uint32_t x = f << (16 * (s & 1));
     if (s < 2) fw0 |= x;
@@ -287,7 +270,7 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
     out2 = static_cast<int>(t12 >> 16);
   }
   // Pass 2: the ids at their slots (retrieval slots < kBinExp: the id also into bs.exp_begin for below).
-  if (est == nullptr) {  // k_estimation = 0: both cuts are the same (no estimation flag); v1 would not write
+  if (est == nullptr) {  // k_estimation = 0: both cuts are the same (no estimation flag to write)
     fw0 &= 0x0f0f0f0fu;
     fw1 &= 0x0f0f0f0fu;
     fw2 &= 0x0f0f0f0fu;
@@ -295,10 +278,6 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
   for (int s = 0; s < steps; ++s) {
     const uint32_t word = s < 2 ? fw0 : (s < 4 ? fw1 : fw2);
     const uint32_t f = (word >> (16 * (s & 1))) & 0xffffu;
-    // The retrieval CTA's lists are sparse (~2% of the items at the default budgets, ~5 per 256-item step):
-    // a step without any flag in the warp moves no base and writes nothing (warp-uniform skip).
-    if constexpr (kRole == kCompactRetrieval)
-      if (__ballot_sync(0xffffffffu, f != 0u) == 0u) continue;
     // Packed counts: retrieval / estimation of the first half, then of the second (8 bits each).
     const unsigned c = static_cast<unsigned>(__popc(f & 0x000fu) | __popc(f & 0x00f0u) << 8 |
                                              __popc(f & 0x0f00u) << 16) |
@@ -311,42 +290,32 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
     ebase += ea + static_cast<int>(tot >> 24);
     const int i4 = lane_first + s * kCompactStep;
     // Estimation (~23% of the items at the default budgets): predicated stores.
-    if constexpr (kRole != kCompactRetrieval) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        int& e = j < 4 ? we : we2;
-        if (f >> (j < 4 ? j + 4 : j + 8) & 1u) est[e++] = i4 + (j < 4 ? j : kCompactHalf + j - 4);
-      }
+    for (int j = 0; j < 8; ++j) {
+      int& e = j < 4 ? we : we2;
+      if (f >> (j < 4 ? j + 4 : j + 8) & 1u) est[e++] = i4 + (j < 4 ? j : kCompactHalf + j - 4);
     }
     // Retrieval (~2%): a loop over the lane's set flags, about one round per step for the warp.
-    if constexpr (kRole != kCompactEstimation) {
-      for (uint32_t rb = (f & 0xfu) | ((f >> 4) & 0xf0u); rb != 0u; rb &= rb - 1u) {
-        const int j = __ffs(static_cast<int>(rb)) - 1;
-        const int id = i4 + (j < 4 ? j : kCompactHalf + j - 4);
-        const int r = j < 4 ? wr++ : wr2++;
-        ret[r] = id;
-        if (r < kBinExp) bs.exp_begin[r] = id;
-      }
+    for (uint32_t rb = (f & 0xfu) | ((f >> 4) & 0xf0u); rb != 0u; rb &= rb - 1u) {
+      const int j = __ffs(static_cast<int>(rb)) - 1;
+      const int id = i4 + (j < 4 ? j : kCompactHalf + j - 4);
+      const int r = j < 4 ? wr++ : wr2++;
+      ret[r] = id;
+      if (r < kBinExp) bs.exp_begin[r] = id;
     }
-    (void)wr;  // unused by the estimation role (its loop compiled out)
-    (void)wr2;
-    (void)we;  // unused by the retrieval role
-    (void)we2;
   }
-  if constexpr (kRole != kCompactEstimation) compact_slots(p, h, bs, ret, pre, steady, out1, running);
+  compact_slots(p, h, bs, ret, pre, steady, out1, running);
 }
 
-// kBallot (RETROINFER_SELECT_COMPACT=ballot): the compaction by compact_ballot above; else the
-// chunked block-scan compaction of run 6 (v1). Every other phase is the same code in both.
-// Run 25 (RETROINFER_DECODE=run10s, the default: the selection forms the scores): head h's scores from its logits
-// lgh [G][N] and the score grid's normaliser partials, where G <= 4, N % 4 == 0 and the logits / scores are 16-byte
-// aligned. Thread t takes the item quads t, t + blockDim.x, ... by one float4 load per query head, kQ quads in
-// flight, the normaliser's first partials issued before them. Each score is form_head_score's sum of the same
-// terms in the same order, so the same bits; the kernel's range reduction (kmin / kmax) and the scores in shared
-// memory (sc) and global memory (gsc, the lead CTA) as the general path. The general path (form_head_score per
-// item, below) took 9 us for 8188 items on this one multiprocessor (run 25 calls 2-3, SASS: per item a branch per
-// query head, M_g and 1 / L_g reloaded from shared memory per term, __expf's denormal path); this one ~4.2, of
-// which ~1 is the normaliser merge's round trip and tree (call 11).
+// Head h's scores formed by the selection itself (group > 0) from its logits lgh [G][N] and the score grid's
+// normaliser partials, where G <= 4, N % 4 == 0 and the logits / scores are 16-byte aligned. Thread t takes
+// the item quads t, t + blockDim.x, ... by one float4 load per query head, kQ quads in flight, the
+// normaliser's first partials issued before them. Each score is form_head_score's sum of the same terms in
+// the same order, so the same bits; the kernel's range reduction (kmin / kmax) and the scores in shared
+// memory (sc) and global memory (gsc) as the general path. The general path (form_head_score per item, below)
+// takes ~9 us for 8188 items on this one multiprocessor (per item a branch per query head, M_g and 1 / L_g
+// reloaded from shared memory per term, __expf's denormal path); this one ~4.2, of which ~1 is the
+// normaliser merge's round trip and tree.
 // log2(e) in f32, the factor __expf applies before its MUFU.EX2; ex2_fast: that instruction (ex2.approx.ftz), which
 // equals __expf's for arguments >= -126 (normal results).
 constexpr float kLog2eF = 1.4426950408889634f;
@@ -358,7 +327,7 @@ __device__ __forceinline__ float ex2_fast(float x) {
 
 template <int kGM, int kQ>
 __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, int h, const float* lgh, float* gmax,
-                                                        float* ginv, float* gsc, float* sc, bool lead, uint32_t& kmin,
+                                                        float* ginv, float* gsc, float* sc, uint32_t& kmin,
                                                         uint32_t& kmax) {
   const int N = p.num_items, G = p.group, tid = static_cast<int>(threadIdx.x), warp = tid >> 5;
   const int nq = N >> 2, step = static_cast<int>(blockDim.x);
@@ -373,8 +342,7 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
                                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
   };
-  // The normaliser's first partials before the logit loads (behind them they arrived ~1 us later: run 25 call 11
-  // measured the merge's share of this phase at 1.1 us).
+  // The normaliser's first partials before the logit loads (behind them they would arrive ~1 us later).
   const float2* part = p.norm_partial + (int64_t{h} * G + (warp < G ? warp : 0)) * p.norm_parts;
   const int lane = tid & 31;
   const float2 first = warp < G && lane < p.norm_parts ? __ldcg(part + lane) : make_float2(-INFINITY, 0.0f);
@@ -429,7 +397,7 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
       }
       const float4 s = make_float4(s4[0], s4[1], s4[2], s4[3]);
       *reinterpret_cast<float4*>(sc + 4 * q) = s;
-      if (lead) *reinterpret_cast<float4*>(gsc + 4 * q) = s;
+      *reinterpret_cast<float4*>(gsc + 4 * q) = s;
     }
   }
   if (bmin <= bmax) {  // some finite score: float_order_key of a non-negative float (+0 included: bits 0)
@@ -438,23 +406,13 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
   }
 }
 
-// kSplit (RETROINFER_SELECT_SPLIT=1, ballot only): two CTAs per head (role CTA-uniform), blockIdx.x = 2 h
-// the retrieval CTA, 2 h + 1 the estimation CTA. Both run every phase up to the thresholds (the same code
-// on the same scores: the same t1, t2, take); then the retrieval CTA compacts the retrieval list only and
-// expands it (steady zone, token_list, token_count, scan_scratch), the estimation CTA compacts the
-// estimation list only and exits. Only the retrieval CTA stamps phases, writes the formed scores and
-// prefetches the CSR offsets. Both signal the PDL dependents and wait at the same points as kSplit = false.
-template <bool kBallot, bool kSplit>
 __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectParams p) {
-  static_assert(kBallot || !kSplit, "the split selection compacts with compact_ballot");
   __shared__ SelectSmem sm;
   __shared__ BinSmem bs;
-  // 16-byte aligned: the ballot compaction reads the scores as float4 (padded with -inf to a multiple of 4).
+  // 16-byte aligned: the compaction reads the scores as float4 (padded with -inf to a multiple of 4).
   extern __shared__ __align__(16) float smem_scores[];
-  const int h = kSplit ? static_cast<int>(blockIdx.x >> 1) : static_cast<int>(blockIdx.x);
-  const int role = kSplit ? ((blockIdx.x & 1u) != 0u ? kCompactEstimation : kCompactRetrieval) : kCompactBoth;
-  const bool lead = role != kCompactEstimation;  // the CTA that stamps, writes scores and expands
-  uint64_t* const phase = lead ? p.phase : nullptr;
+  const int h = static_cast<int>(blockIdx.x);
+  uint64_t* const phase = p.phase;
   const int N = p.num_items, G = p.group, tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   float* gsc = p.scores + int64_t{h} * N;
@@ -462,13 +420,13 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   unsigned* hist = &sm.hist[0][0];  // kBinBins counters
   for (int i = tid; i < kBinBins; i += blockDim.x) hist[i] = 0u;
   if (tid < 2) bs.cand_n[tid] = 0;
-  if (kBallot && tid < compact_padded(N) - N) sc[N + tid] = -INFINITY;  // read by no phase before the compaction
+  if (tid < compact_padded(N) - N) sc[N + tid] = -INFINITY;  // read by no phase before the compaction
   // PDL (p.pdl): let the exact-attention CTAs launch (they wait for this grid in turn), then wait for the
   // score kernel's logits and partials. Nothing the score kernel writes is read before the wait.
   grid_launch_dependents();
-  // Run 8: the head's CSR offsets (index data, not written by the score kernel) on their way into L2
-  // before the wait; the compaction reads those of the retrieval items.
-  if (lead && p.prefetch && p.page_tokens == 0 && p.offsets != nullptr)
+  // With p.prefetch: the head's CSR offsets (index data, not written by the score kernel) on their way into
+  // L2 before the wait; the compaction reads those of the retrieval items.
+  if (p.prefetch && p.page_tokens == 0 && p.offsets != nullptr)
     for (int i = tid * 32; i <= N; i += blockDim.x * 32) prefetch_l2(p.offsets + int64_t{h} * N + i);
   grid_dependency_wait();
   sel_stamp(phase, h, 0);
@@ -480,7 +438,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
                        (reinterpret_cast<uintptr_t>(p.scores) & 15) == 0;  // CTA-uniform
     // (G > 4: the general path; a kGM = 8 instance would take the kernel past its 64 registers into spills.)
     if (quads && G <= 4) {
-      scores_from_logit_quads<4, 2>(p, h, lgh, gmax, ginv, gsc, sc, lead, kmin, kmax);
+      scores_from_logit_quads<4, 2>(p, h, lgh, gmax, ginv, gsc, sc, kmin, kmax);
     } else {
       if (warp < G)
         merge_head_normaliser(p.norm_partial + (int64_t{h} * G + warp) * p.norm_parts, p.norm_parts, warp, gmax, ginv);
@@ -493,7 +451,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
           const int i = i0 + b * blockDim.x;
           if (i >= N) break;
           const float s = form_head_score(lv[b], G, gmax, ginv);
-          if (lead) gsc[i] = s;
+          gsc[i] = s;
           sc[i] = s;
           if (s != -INFINITY) {  // not an empty cluster (a formed score is a sum of terms >= 0)
             const uint32_t u = float_order_key(s);
@@ -504,7 +462,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
       }
     }
   } else {
-    // Ready scores (quest, outliers, oracle; run 9's form_scores): 4 independent loads in flight per thread
+    // Ready scores (quest, outliers, oracle; form_scores'): 4 independent loads in flight per thread
     // (a plain strided loop leaves one L2 round trip per item of the thread on the critical path).
     constexpr int kB = 4;
     for (int i0 = tid; i0 < N; i0 += kB * blockDim.x) {
@@ -559,7 +517,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     own += static_cast<int>(cnt[jj]);
   }
   int finite, unused;
-  const int incl = block_scan2(own, 0, sm, &finite, &unused).x;  // (3-5)
+  const int incl = block_scan2(own, 0, sm.scan, &finite, &unused).x;  // (3-5)
   const int budget[2] = {p.k_retrieval, p.k_retrieval + p.k_estimation};
   const int k[2] = {budget[0] < finite ? budget[0] : finite, budget[1] < finite ? budget[1] : finite};
 #pragma unroll
@@ -580,14 +538,9 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   }
   __syncthreads();  // (6) threshold bins
   sel_stamp(phase, h, 3);
-  // The retrieval CTA of the split needs only the first threshold: no candidates of the second bin (at the
-  // default budgets the dense one: most of the candidate atomics and of the threshold phase's pairs), no
-  // second threshold. Its t1 / take1 are the same values (the k1-th largest key and how many of its ties
-  // are in, by either path: bins or radix), so its cut is the same.
-  const bool need_t2 = role != kCompactRetrieval;  // CTA-uniform
-  const int bin0 = k[0] > 0 ? bs.found_bin[0] : -1, bin1 = need_t2 && k[1] > 0 ? bs.found_bin[1] : -1;
+  const int bin0 = k[0] > 0 ? bs.found_bin[0] : -1, bin1 = k[1] > 0 ? bs.found_bin[1] : -1;
   const bool shared_bin = bin1 == bin0;  // then list 0 serves both thresholds
-  if (need_t2 ? k[1] > 0 : k[0] > 0) {  // k[1] >= k[0]
+  if (k[1] > 0) {  // k[1] >= k[0]
     for (int i = tid; i < N; i += blockDim.x) {
       const float s = sc[i];
       if (s == -INFINITY) continue;
@@ -609,7 +562,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   if (bs.cand_n[0] <= kBinCand && bs.cand_n[1] <= kBinCand) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      if (k[j] == 0 || (j == 1 && !need_t2)) continue;
+      if (k[j] == 0) continue;
       const int L = j == 1 && shared_bin ? 0 : j, m = bs.cand_n[L], rem = bs.found_rem[j];
       const uint32_t* cl = bs.cand[L];
       for (int x = tid; x < m; x += blockDim.x) {
@@ -630,7 +583,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     __syncthreads();  // (8) thresholds
 #pragma unroll
     for (int j = 0; j < 2; ++j)
-      if (k[j] > 0 && (j == 0 || need_t2)) {
+      if (k[j] > 0) {
         thr[j] = bs.thr[j];
         take[j] = bs.take[j];
         eqn[j] = bs.eq[j];
@@ -640,7 +593,7 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
     radix_select2(sc, N, budget, sm, kk, thr, take);
   }
   sel_stamp(phase, h, 5);  // after the barrier (8) or the radix passes' last one
-  const int k1 = k[0], k2 = need_t2 ? k[1] : 0;  // the retrieval CTA: the second cut off
+  const int k1 = k[0], k2 = k[1];
   const uint32_t t1 = thr[0], t2 = thr[1];
   const int take1 = take[0], take2 = take[1];
   // Tie ranks are needed only when a threshold takes some but not all of its ties.
@@ -652,89 +605,19 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   const int64_t w_begin = p.idx_begin + p.n_idx;
   const int steady = static_cast<int>(p.idx_begin + (p.num_tokens - w_begin));
   int out1 = 0, out2 = 0, running = steady;
-  if constexpr (kBallot) {
-    const CompactCut cut{t1, t2, take1, take2, k1 > 0, k2 > 0};
-    if constexpr (kSplit) {
-      if (role == kCompactRetrieval) {
-        if (rank_ties) compact_ballot<true, kCompactRetrieval>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
-        else compact_ballot<false, kCompactRetrieval>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
-      } else {
-        if (rank_ties) compact_ballot<true, kCompactEstimation>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
-        else compact_ballot<false, kCompactEstimation>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
-      }
-    } else {
-      if (rank_ties) compact_ballot<true, kCompactBoth>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
-      else compact_ballot<false, kCompactBoth>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
-    }
-  } else {
-    constexpr int kPer = 8;  // chunk of 8192 items: the packed 16-bit counters cannot overflow
-    int ties1 = 0, ties2 = 0;
-    for (int base = 0; base < N; base += blockDim.x * kPer) {
-      const int i0 = base + tid * kPer;
-      CompactChunk<kPer> ch;
-      const int e12 = ch.load(sc, i0, N, k1, k2, t1, t2);
-      int r1 = 0, r2 = 0;
-      if (rank_ties) {
-        int tot;
-        const int eq_pre = block_exclusive_scan(e12, sm, &tot);
-        r1 = ties1 + (eq_pre & 0xffff);
-        r2 = ties2 + (eq_pre >> 16);
-        ties1 += tot & 0xffff;
-        ties2 += tot >> 16;
-      }
-      bool in1[kPer], ine[kPer];
-      const int c12 = ch.mark(k1, k2, t1, t2, take1, take2, rank_ties, r1, r2, in1, ine);
-      int toks = 0, len[kPer], beg[kPer];
-  #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        len[j] = 0;
-        beg[j] = 0;
-        if (in1[j]) {
-          // Run 8: the members start their way into L2 now; the expansion reads them after two barriers.
-          const ItemTokens it = item_tokens(p, h, i0 + j, p.prefetch);
-          beg[j] = it.begin;
-          len[j] = it.length;
-          toks += len[j];
-        }
-      }
-      int tot_c, tot_t;
-      const int2 inc = block_scan2(c12, toks, sm, &tot_c, &tot_t);
-      const int pos = inc.x - c12;
-      int w1 = out1 + (pos & 0xffff), w2 = out2 + (pos >> 16), at = running + (inc.y - toks);
-  #pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        if (in1[j]) {
-          ret[w1] = i0 + j;
-          if (w1 < kBinExp) {
-            bs.exp_begin[w1] = beg[j];
-            bs.exp_at[w1] = at;
-            bs.exp_len[w1] = len[j];
-          } else {
-            pre[w1] = at;
-          }
-          ++w1;
-          at += len[j];
-        }
-        if (ine[j]) est[w2++] = i0 + j;
-      }
-      out1 += tot_c & 0xffff;
-      out2 += tot_c >> 16;
-      running += tot_t;
-    }
-  }  // v1
-  if (role != kCompactEstimation)
-    for (int i = out1 + tid; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
-  if (role != kCompactRetrieval)
-    for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
-  if (role == kCompactEstimation) return;  // CTA-uniform: the estimation CTA's work ends here
+  const CompactCut cut{t1, t2, take1, take2, k1 > 0, k2 > 0};
+  if (rank_ties) compact_ballot<true>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+  else compact_ballot<false>(p, h, sc, cut, bs, ret, est, pre, steady, out1, out2, running);
+  for (int i = out1 + tid; i < p.k_retrieval; i += blockDim.x) ret[i] = -1;
+  for (int i = out2 + tid; i < p.k_estimation; i += blockDim.x) est[i] = -1;
   int* list = p.token_list + int64_t{h} * p.list_stride;
   for (int i = tid; i < steady; i += blockDim.x)
     list[i] = static_cast<int>(i < p.idx_begin ? i : w_begin + (i - p.idx_begin));
   __syncthreads();  // expansion table
   sel_stamp(phase, h, 6);
-  // Run 8 (p.prefetch): a half-warp per retrieval item (clusters hold ~tokens_per_cluster = 16 tokens, so a
-  // whole warp leaves half its lanes idle): 64 items per round instead of 32 (148 items at 128K: 3 dependent
-  // rounds instead of 5). Run 6: a warp per item. The same list either way.
+  // With p.prefetch a half-warp per retrieval item (clusters hold ~tokens_per_cluster = 16 tokens, so a whole
+  // warp leaves half its lanes idle): 64 items per round instead of 32 (148 items at 128K: 3 dependent rounds
+  // instead of 5); else a warp per item. The same list either way.
   const int sub = p.prefetch ? 16 : 32, per_warp = 32 / sub;
   const int slot = warp * per_warp + lane / sub, sl = lane % sub;
   for (int i = slot; i < out1; i += kSelWarps * per_warp) {
@@ -762,117 +645,24 @@ __global__ void __launch_bounds__(kSelThreads) select_bins_kernel(const SelectPa
   }
 }
 
+constexpr size_t kMaxSmemScores = size_t(kSelectBinsMaxItems) * 4;  // 160 KiB: the padding to 4 items fits too
+static_assert(kMaxSmemScores % 16 == 0, "the float4 padding of the scores");
+
 }  // namespace
 
-namespace {
-
-// RETROINFER_SELECT_COMPACT, read at every launch (a test runs both in one process): ballot (unset or
-// empty: compact_ballot, the default since run 16: 3.7 against 8.5 us at 128K batch 4, bit-identical) or v1
-// (run 6's compaction).
-bool ballot_compaction() {
-  const char* e = std::getenv("RETROINFER_SELECT_COMPACT");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "ballot") == 0) return true;
-  if (std::strcmp(e, "v1") == 0) return false;
-  RETROINFER_FAIL("RETROINFER_SELECT_COMPACT='", e,
-                  "' is not a compaction of the bins selection kernel: use ballot (the default) or v1");
-}
-
-// RETROINFER_SELECT_SPLIT, read at every launch: unset, empty or 0 (one CTA per head, the default), 1
-// (two CTAs per head when all 2 H CTAs fit on the device at once, else one per head) or force (two CTAs
-// per head in any case: tests of a grid of more than one wave).
-enum class SplitMode { kOff, kFit, kForce };
-
-SplitMode split_mode() {
-  const char* e = std::getenv("RETROINFER_SELECT_SPLIT");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "0") == 0) return SplitMode::kOff;
-  if (std::strcmp(e, "1") == 0) return SplitMode::kFit;
-  if (std::strcmp(e, "force") == 0) return SplitMode::kForce;
-  RETROINFER_FAIL("RETROINFER_SELECT_SPLIT='", e,
-                  "' is not a mode of the bins selection kernel: use 0 (one CTA per head, the default), 1 (two CTAs "
-                  "per head when they all fit at once) or force");
-}
-
-template <bool kBallot, bool kSplit>
-cudaError_t set_smem_attr(size_t max_bytes) {
-  static bool attr_set = false;  // per instantiation (the attribute is per function)
+// The few-barrier selection (select_bins_kernel); <= kSelectBinsMaxItems items (scores in shared memory).
+cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
+  if (size_t(p.num_items) * 4 > kMaxSmemScores) return cudaErrorInvalidValue;
+  static bool attr_set = false;
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(select_bins_kernel<kBallot, kSplit>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(max_bytes));
+    const cudaError_t e = cudaFuncSetAttribute(select_bins_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kMaxSmemScores));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  return cudaSuccess;
-}
-
-template <bool kBallot, bool kSplit>
-cudaError_t launch_bins(const SelectParams& p, size_t bytes, size_t max_bytes, cudaStream_t s) {
-  const cudaError_t e = set_smem_attr<kBallot, kSplit>(max_bytes);
-  if (e != cudaSuccess) return e;
-  const unsigned ctas = static_cast<unsigned>(p.num_heads) * (kSplit ? 2u : 1u);
-  return launch_maybe_pdl(select_bins_kernel<kBallot, kSplit>, dim3(ctas), dim3(kSelThreads), bytes, s, p.pdl, p);
-}
-
-constexpr size_t kMaxSmemScores = 160 * 1024;  // a multiple of 16: the ballot's float4 padding fits too
-
-// Whether 2 * num_heads split CTAs with `bytes` of dynamic shared memory are resident at once on the current
-// device (occupancy of the split kernel x multiprocessors). The last answer is kept per thread for the
-// same (device, bytes): a decode asks with the same shape every step.
-cudaError_t split_fits(int num_heads, size_t bytes, bool* fits) {
-  thread_local int last_device = -1, last_capacity = 0;
-  thread_local size_t last_bytes = 0;
-  int device = 0;
-  cudaError_t e = cudaGetDevice(&device);
-  if (e != cudaSuccess) return e;
-  if (device != last_device || bytes != last_bytes) {
-    e = set_smem_attr<true, true>(kMaxSmemScores);
-    if (e != cudaSuccess) return e;
-    int sms = 0, per_sm = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) return e;
-    e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, select_bins_kernel<true, true>, kSelThreads, bytes);
-    if (e != cudaSuccess) return e;
-    last_device = device;
-    last_bytes = bytes;
-    last_capacity = sms * per_sm;
-  }
-  *fits = int64_t{2} * num_heads <= last_capacity;
-  return cudaSuccess;
-}
-
-}  // namespace
-
-// The few-barrier selection (select_bins_kernel); the caller keeps it to <= 40K items (scores in shared
-// memory). Throws retroinfer::Error on an unknown RETROINFER_SELECT_COMPACT or RETROINFER_SELECT_SPLIT.
-cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s) {
-  int per_head = 0;
-  const cudaError_t e = select_bins_ctas_per_head(p, &per_head);
-  if (e != cudaSuccess) return e;
-  const size_t bytes = size_t(p.num_items) * 4;
-  if (!ballot_compaction()) return launch_bins<false, false>(p, bytes, kMaxSmemScores, s);
   const size_t padded = size_t(compact_padded(p.num_items)) * 4;
-  if (per_head == 2) return launch_bins<true, true>(p, padded, kMaxSmemScores, s);
-  return launch_bins<true, false>(p, padded, kMaxSmemScores, s);
-}
-
-// The CTAs per head select_and_expand_bins launches for p under the current environment: 2 when
-// RETROINFER_SELECT_SPLIT=force, or =1 and all 2 H CTAs fit at once; 1 otherwise, and always 1 without an
-// estimation budget (the estimation CTA would have nothing to write) and under RETROINFER_SELECT_COMPACT=v1
-// (the split compacts with compact_ballot; v1 stays run 6's one-CTA kernel, so A/B runs of the compaction
-// keep working with the split switched on).
-cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head) {
-  *per_head = 1;
-  const size_t bytes = size_t(p.num_items) * 4;
-  if (bytes > kMaxSmemScores) return cudaErrorInvalidValue;
-  const bool ballot = ballot_compaction();  // both switches parsed (and checked) at every launch
-  const SplitMode mode = split_mode();
-  if (mode == SplitMode::kOff || !ballot || p.k_estimation <= 0) return cudaSuccess;
-  bool fits = true;
-  if (mode == SplitMode::kFit) {
-    const cudaError_t e = split_fits(p.num_heads, size_t(compact_padded(p.num_items)) * 4, &fits);
-    if (e != cudaSuccess) return e;
-  }
-  *per_head = fits ? 2 : 1;
-  return cudaSuccess;
+  return launch_maybe_pdl(select_bins_kernel, dim3(static_cast<unsigned>(p.num_heads)), dim3(kSelThreads), padded, s,
+                          p.pdl, p);
 }
 
 }  // namespace retroinfer::cuda::detail

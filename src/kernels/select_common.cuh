@@ -1,7 +1,7 @@
-// Shared pieces of the one-CTA selection kernels (select.cu: the radix kernel; select_bins.cu: the
-// few-barrier kernel) and of the score formations (those two, select_scores.cu form_scores_kernel and
-// select.cu form_own_scores): the per-head softmax normaliser merge, the logit loads and the score of an
-// item, the block scans, and the exact radix select of both thresholds (3 passes of 11-bit digits).
+// Shared pieces of the zone selection kernels (select_bins.cu, select_cluster.cu, select_grid.cu) and of the
+// score formations (select_bins.cu, select_cluster.cu, select_scores.cu form_scores_kernel, score_common.cuh
+// form_own_scores): the per-head softmax normaliser merge, the logit loads and the score of an item, the block
+// scan, and the exact radix select of both thresholds (3 passes of 11-bit digits).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,8 +27,8 @@ __device__ __forceinline__ void ms_merge(float& m, float& s, float m2, float s2)
 // part[0 .. parts), merged by one warp (all lanes call): lane-strided ms_merge in index order, then the xor
 // tree; lane 0 writes gmax[g] = M_g and ginv[g] = 1 / L_g (0 when L_g = 0). Every score formation calls
 // this one function, so all get the same (M_g, 1 / L_g) bit for bit. The partials are read through L2
-// (__ldcg): run 10's cooperative grid reads them after its grid barrier, written by other CTAs of the same
-// kernel (never the non-coherent path).
+// (__ldcg): the score grid's own formation reads them after its grid barrier, written by other CTAs of the
+// same kernel (never the non-coherent path).
 // The xor tree and lane 0's writes of merge_head_normaliser (the lanes' merged (m, s)).
 __device__ __forceinline__ void merge_head_normaliser_tree(float m, float s, int g, float* gmax, float* ginv) {
 #pragma unroll
@@ -52,8 +52,8 @@ __device__ __forceinline__ void merge_head_normaliser(const float2* part, int pa
   merge_head_normaliser_tree(m, s, g, gmax, ginv);
 }
 // merge_head_normaliser with the lane's first partial (part[lane], when lane < parts) loaded by the caller, so
-// that it can be issued ahead of other loads (run 25: the bins selection's formation issues it before its
-// 128 KiB of logit loads, behind which it otherwise waited ~1 us). The same ms_merge sequence, so the same bits.
+// that it can be issued ahead of other loads (the bins selection's formation issues it before its 128 KiB of
+// logit loads, behind which it would wait ~1 us). The same ms_merge sequence, so the same bits.
 __device__ __forceinline__ void merge_head_normaliser_first(const float2* part, int parts, float2 first, int g,
                                                             float* gmax, float* ginv) {
   const int lane = threadIdx.x & 31;
@@ -131,23 +131,20 @@ __device__ __forceinline__ ItemTokens item_tokens(const SelectParams& p, int h, 
   return r;
 }
 
-constexpr int kSelThreads = 1024;
+constexpr int kSelThreads = 1024;  // threads of the one-CTA-per-head selection (select_bins.cu)
 constexpr int kSelWarps = kSelThreads / 32;
 
-constexpr int kRadixBins = 2048;  // 11-bit digits: 3 passes (bits 31..21, 20..10, 9..0)
-constexpr int kBinsPerThread = kRadixBins / kSelThreads;
-static_assert(kRadixBins % kSelThreads == 0 && kSelWarps == 32, "scan layout");
-
-struct SelectSmem {
-  int warp_sums[kSelWarps + 1];
-  int warp_sums_b[kSelWarps + 1];
-  unsigned hist[2][kRadixBins];  // threshold 1, threshold 2 (16 KiB)
-  int found_digit[2];
-  int found_rem[2];
+// Shared memory of block_scan2 for a CTA of kWarps warps (<= 32).
+template <int kWarps>
+struct ScanSmem {
+  int a[kWarps + 1], b[kWarps + 1];
 };
 
-// Inclusive scan of the pair (a, b) over the block; *ta, *tb receive the block sums.
-__device__ int2 block_scan2(int a, int b, SelectSmem& sm, int* ta, int* tb) {
+// Inclusive scan of the pair (a, b) over the CTA of kWarps warps (all threads call); *ta, *tb receive the CTA
+// sums.
+template <int kWarps>
+__device__ int2 block_scan2(int a, int b, ScanSmem<kWarps>& sm, int* ta, int* tb) {
+  static_assert(kWarps >= 1 && kWarps <= 32, "one warp scans the warp sums");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   int ia = a, ib = b;
 #pragma unroll
@@ -155,40 +152,64 @@ __device__ int2 block_scan2(int a, int b, SelectSmem& sm, int* ta, int* tb) {
     const int ya = __shfl_up_sync(0xffffffffu, ia, off), yb = __shfl_up_sync(0xffffffffu, ib, off);
     if (lane >= off) { ia += ya; ib += yb; }
   }
-  if (lane == 31) { sm.warp_sums[warp] = ia; sm.warp_sums_b[warp] = ib; }
+  if (lane == 31) { sm.a[warp] = ia; sm.b[warp] = ib; }
   __syncthreads();
   if (warp == 0) {
-    const int x = sm.warp_sums[lane], y = sm.warp_sums_b[lane];
+    const int x = lane < kWarps ? sm.a[lane] : 0, y = lane < kWarps ? sm.b[lane] : 0;
     int xi = x, yi = y;
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
       const int u = __shfl_up_sync(0xffffffffu, xi, off), v = __shfl_up_sync(0xffffffffu, yi, off);
       if (lane >= off) { xi += u; yi += v; }
     }
-    sm.warp_sums[lane] = xi - x;
-    sm.warp_sums_b[lane] = yi - y;
-    if (lane == 31) { sm.warp_sums[kSelWarps] = xi; sm.warp_sums_b[kSelWarps] = yi; }
+    if (lane < kWarps) { sm.a[lane] = xi - x; sm.b[lane] = yi - y; }
+    if (lane == 31) { sm.a[kWarps] = xi; sm.b[kWarps] = yi; }
   }
   __syncthreads();
-  const int2 r = make_int2(sm.warp_sums[warp] + ia, sm.warp_sums_b[warp] + ib);
-  *ta = sm.warp_sums[kSelWarps];
-  *tb = sm.warp_sums_b[kSelWarps];
+  const int2 r = make_int2(sm.a[warp] + ia, sm.b[warp] + ib);
+  *ta = sm.a[kWarps];
+  *tb = sm.b[kWarps];
   __syncthreads();
   return r;
 }
 
-// Exclusive scan over the block; *total receives the block sum.
-__device__ int block_exclusive_scan(int v, SelectSmem& sm, int* total) {
-  int unused;
-  return block_scan2(v, 0, sm, total, &unused).x - v;
-}
+constexpr int kRadixBins = 2048;  // 11-bit digits: 3 passes (bits 31..21, 20..10, 9..0)
 
-// Both thresholds in one sequence of 3 radix passes: with k[j] = min(budget[j], finite items) (budget[0]
-// <= budget[1]; the first pass's histogram counts the finite items), the k[j]-th largest order key as
-// thr[j] and how many of the items equal to it belong to the top k[j] as take[j]; all zero when no item is
-// finite; with k[0] == 0 < k[1] (no retrieval budget), thr[0] = thr[1] and take[0] = 0. While the two prefixes agree, one histogram serves both.
-__device__ void radix_select2(const float* sc, int n, const int budget[2], SelectSmem& sm, int k[2], uint32_t thr[2],
-                              int take[2]) {
+// Shared memory of radix_select2 in a CTA of kThreads threads.
+template <int kThreads>
+struct RadixSmem {
+  ScanSmem<kThreads / 32> scan;
+  unsigned hist[2][kRadixBins];  // threshold 1, threshold 2 (16 KiB)
+  int found_digit[2];
+  int found_rem[2];
+};
+using SelectSmem = RadixSmem<kSelThreads>;
+
+// The histograms of one radix pass as every thread then reads them, for a selection whose items are all in
+// this CTA: the CTA's own (already complete after the barrier that follows their counting). The cluster
+// selection (select_cluster.cu) passes one that adds every CTA's counts into one histogram first.
+struct CtaHistograms {
+  __device__ __forceinline__ const unsigned* operator()(const unsigned* local, int /*pass*/, int /*words*/) const {
+    return local;
+  }
+};
+
+// Both thresholds of "sort by (score desc, id asc) and cut at budget[0] and budget[1]" (budget[0] <= budget[1])
+// in one sequence of 3 radix passes over the order keys of the finite scores sc[0, n) of this CTA: with k[j] =
+// min(budget[j], finite items) (the first pass's histogram counts them), the k[j]-th largest key as thr[j] and
+// how many of the items equal to it belong to the top k[j] as take[j]. All zero when k[1] == 0 (no item
+// finite, or no budget at all); with k[0] == 0 < k[1] (no retrieval budget) the second threshold is searched
+// alone, thr[0] = thr[1] and take[0] = 0, so the first cut takes nothing and the second its k[1] items. While
+// the two prefixes agree one histogram serves both. Warp-aggregated histograms: the scores share their high
+// bits, so plain atomics would serialise on one bin; lanes with the same digit add once through their leader.
+// merge(local, pass, words) returns the histograms [2][kRadixBins] every thread reads after the CTA counted
+// its items into `local` (its first `words` counters are in use): the CTA's own (CtaHistograms) or, where
+// the items are spread over several CTAs, their sum (every CTA then finds the same digits).
+template <int kThreads, typename Merge = CtaHistograms>
+__device__ void radix_select2(const float* sc, int n, const int budget[2], RadixSmem<kThreads>& sm, int k[2],
+                              uint32_t thr[2], int take[2], const Merge& merge = Merge()) {
+  constexpr int kBinsPerThread = kRadixBins / kThreads;
+  static_assert(kRadixBins % kThreads == 0, "each thread scans whole bins");
   uint32_t prefix[2] = {0u, 0u}, hi_mask = 0u;
   int rem[2] = {0, 0};
   k[0] = k[1] = 0;
@@ -197,12 +218,9 @@ __device__ void radix_select2(const float* sc, int n, const int budget[2], Selec
     const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
     const uint32_t dmask = pass == 2 ? 1023u : 2047u;
     const bool same = prefix[0] == prefix[1];
-    unsigned* h0 = sm.hist[0];
-    unsigned* h1 = same ? sm.hist[0] : sm.hist[1];
-    for (int i = tid; i < (same ? kRadixBins : 2 * kRadixBins); i += blockDim.x) (&sm.hist[0][0])[i] = 0u;
+    const int words = same ? kRadixBins : 2 * kRadixBins;
+    for (int i = tid; i < words; i += blockDim.x) (&sm.hist[0][0])[i] = 0u;
     __syncthreads();
-    // Warp-aggregated histogram: the scores share their high bits, so plain atomics would serialise on one
-    // bin; lanes with the same digit add once through their leader.
     for (int i0 = 0; i0 < n; i0 += blockDim.x) {
       const int i = i0 + tid;
       uint32_t u = 0u;
@@ -223,7 +241,9 @@ __device__ void radix_select2(const float* sc, int n, const int budget[2], Selec
       }
     }
     __syncthreads();
-    // Thread t owns bins kRadixBins-1-2t, kRadixBins-2-2t (descending).
+    const unsigned* h0 = merge(&sm.hist[0][0], pass, words);
+    const unsigned* h1 = same ? h0 : h0 + kRadixBins;
+    // Thread t owns bins kRadixBins-1-kBinsPerThread t .. (descending).
     unsigned ca[kBinsPerThread], cb[kBinsPerThread];
     int a = 0, b = 0;
 #pragma unroll
@@ -235,7 +255,7 @@ __device__ void radix_select2(const float* sc, int n, const int budget[2], Selec
       b += static_cast<int>(cb[jj]);
     }
     int ta, tb;
-    const int2 inc = block_scan2(a, b, sm, &ta, &tb);
+    const int2 inc = block_scan2(a, b, sm.scan, &ta, &tb);
     if (pass == 0) {  // ta: the finite items (the same in every thread)
       k[0] = budget[0] < ta ? budget[0] : ta;
       k[1] = budget[1] < ta ? budget[1] : ta;
@@ -275,46 +295,6 @@ __device__ void radix_select2(const float* sc, int n, const int budget[2], Selec
   take[0] = rem[0];
   take[1] = rem[1];
 }
-
-// One chunk of kPer consecutive items (i0 .. i0 + kPer - 1) of the ascending-id compaction shared by the radix
-// kernel (select.cu) and the bins kernel's v1 compaction (select_bins.cu): the CPU rule's membership, "the key
-// beats the threshold, or ties it with fewer than `take` lower-id ties before it".
-template <int kPer>
-struct CompactChunk {
-  uint32_t u[kPer];  // order keys (0 where not valid)
-  bool valid[kPer];  // inside [0, N) and finite
-  // Loads the chunk's keys from sc; returns its ties of t1 (low 16 bits) and t2 (high 16 bits) for the
-  // block scan of tie ranks (kPer * blockDim.x <= 65535 items per chunk: the fields cannot overflow).
-  __device__ __forceinline__ int load(const float* sc, int i0, int N, int k1, int k2, uint32_t t1, uint32_t t2) {
-    int e12 = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = i0 + j;
-      valid[j] = i < N && sc[i] != -INFINITY;
-      u[j] = valid[j] ? float_order_key(sc[i]) : 0u;
-      e12 += (valid[j] && k1 > 0 && u[j] == t1 ? 1 : 0) + (valid[j] && k2 > 0 && u[j] == t2 ? 1 << 16 : 0);
-    }
-    return e12;
-  }
-  // Membership given the tie ranks r1 / r2 at the chunk's first item (used only when rank_ties: a threshold
-  // that takes some but not all of its ties): in1 = the first list (rank < k1), ine = the second list's items
-  // not in the first. Returns the packed counts (first list low 16 bits, second high).
-  __device__ __forceinline__ int mark(int k1, int k2, uint32_t t1, uint32_t t2, int take1, int take2, bool rank_ties,
-                                      int r1, int r2, bool (&in1)[kPer], bool (&ine)[kPer]) const {
-    int c12 = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const bool eq1 = valid[j] && k1 > 0 && u[j] == t1, eq2 = valid[j] && k2 > 0 && u[j] == t2;
-      in1[j] = valid[j] && k1 > 0 && (u[j] > t1 || (eq1 && (!rank_ties || r1 < take1)));
-      const bool in2 = valid[j] && k2 > 0 && (u[j] > t2 || (eq2 && (!rank_ties || r2 < take2)));
-      r1 += eq1;
-      r2 += eq2;
-      ine[j] = in2 && !in1[j];
-      c12 += (in1[j] ? 1 : 0) + (ine[j] ? 1 << 16 : 0);
-    }
-    return c12;
-  }
-};
 
 }  // namespace
 }  // namespace retroinfer::cuda::detail

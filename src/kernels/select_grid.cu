@@ -1,11 +1,11 @@
-// Zone selection spread over several CTAs per head (run 19; DESIGN.md §2 "Scoring"): the same result as the
+// Zone selection spread over several CTAs per head (DESIGN.md §2 "Scoring"): the same result as the
 // one-CTA bins kernel (select_bins.cu) and the cluster kernel (select_cluster.cu) — "sort by (score desc,
 // id asc) and cut at k_r and k_r + k_e", ids ascending, the retrieval items expanded into the head's
 // exact-token list after the steady zone — but each head's items split into C chunks of 256 * ipt items,
 // one 256-thread CTA per (chunk, head), all CTAs resident at once (a cooperative launch, after a capacity
 // check), and the CTAs of a head meeting at four barriers of their own (a count and a generation per head in
-// global memory). The default past 40960 items (kernels.h kSelectGridMinItems: 1M tokens), in place of the
-// cluster kernel; below, the one-CTA bins kernel is faster (each barrier phase costs ~3-5 us).
+// global memory). Used past 40960 items (select_kernels.h kSelectGridMinItems: 1M tokens) where it applies, in
+// place of the cluster kernel; below, the one-CTA bins kernel is faster (each barrier phase costs ~3-5 us).
 //   0. the chunk's ready scores into shared memory (the CSR offsets of the chunk prefetched into L2 before
 //      the PDL wait);
 //   1. level 1 of an exact radix select of both thresholds: a shared histogram of the order key's bits 31..20,
@@ -21,17 +21,14 @@
 //      positions, and expands its own retrieval items; CTA 0 writes the steady zone and the token count.
 // Each histogram is zeroed by the CTAs once all of them have read it (after the next barrier), so the
 // histograms are all zero again when the grid ends (the layers zero the workspace once at allocation); the
-// barrier counts return to zero too (the chunk counts and the barrier generation are scratch). The exact-attention grid (a programmatic dependent) is let launch only after the last
-// barrier, so it never holds a multiprocessor that a CTA still waiting at a barrier needs.
+// barrier counts return to zero too (the chunk counts and the barrier generation are scratch). The
+// exact-attention grid (a programmatic dependent) is let launch only after the last barrier, so it never
+// holds a multiprocessor that a CTA still waiting at a barrier needs.
 #include <cuda_runtime.h>
-
-#include <cstdlib>
-#include <cstring>
 
 #include "kernels/common.cuh"
 #include "kernels/kernels.h"
 #include "kernels/select_common.cuh"
-#include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
 
@@ -575,19 +572,6 @@ cudaError_t grid_capacity(size_t smem, int* capacity) {
 }
 
 }  // namespace
-
-// RETROINFER_SELECT_GRID, read at every launch: unset, empty or 1 (the grid kernel past kSelectGridMinItems
-// items, instead of the bins and cluster kernels; the default since run 19), force (wherever its plan fits: tests,
-// A/B runs) or 0 (the one-CTA / cluster kernels as before).
-SelectGridMode select_grid_mode() {
-  const char* e = std::getenv("RETROINFER_SELECT_GRID");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "1") == 0) return SelectGridMode::kLarge;
-  if (std::strcmp(e, "0") == 0) return SelectGridMode::kOff;
-  if (std::strcmp(e, "force") == 0) return SelectGridMode::kForce;
-  RETROINFER_FAIL("RETROINFER_SELECT_GRID='", e,
-                  "' is not a selection mode: use 1 (the multi-CTA grid kernel past 40960 items, the default), force "
-                  "(wherever it fits) or 0 (off)");
-}
 
 cudaError_t select_grid_capacity(int ipt, int k_retrieval, int* ctas) {
   return grid_capacity(grid_smem_bytes(ipt, k_retrieval), ctas);

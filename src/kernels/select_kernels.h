@@ -1,4 +1,4 @@
-// Cluster scoring and zone selection kernels (select*.cu, score_stream.cu): parameters and launchers.
+// Cluster scoring and zone selection kernels (score_clusters.cu, select*.cu): parameters and launchers.
 // Shared notation: kernels/kernel_common.h. Launchers validate nothing and return the launch status.
 #pragma once
 
@@ -11,42 +11,23 @@
 
 namespace retroinfer::cuda::detail {
 
-// ---- scoring and selection (select.cu) ----
+// ---- cluster scores (score_clusters.cu) ----
 
-// Score kernel variants (the same grid, tile partition and per-tile math: logits, normaliser partials and
-// formed scores bit-identical):
-//   kScoreV1      run 8's kernel (select.cu score_body): per warp, a double buffer of 16-byte cp.async
-//                 copies and the tile's cluster sizes loaded a tile ahead into registers (early_loads);
-//   kScoreStream  score_stream.cu: per warp a 2-stage mbarrier ring (8 tile stages per CTA, v1's shared
-//                 memory) filled by one cp.async.bulk per centroid row into v1's padded rows, the tile's
-//                 cluster sizes (4-byte cp.async) completing the same barrier, both stages issued before
-//                 the query fragments are formed, and run 10's formation with all of a CTA's logits
-//                 loaded before the grid barrier; early_loads has no effect on it;
-//   kScoreTma     the same with the rows copied as 2-D tensor-map boxes (64 dims x 16 centroids, 128-byte
-//                 swizzle; D / 64 copies per tile instead of 16); stream where no encoder is available.
-//   kScoreTmaWide run 23: the tma kernel with CTA-wide stages: a stage holds the kScoreWarps warps' tiles
-//                 of one round (64 consecutive centroids) copied by D / 64 boxes of 64 centroids (int8: one)
-//                 and one bulk copy of their sizes (and scales), refilled by the last warp done with it (4x
-//                 fewer copies); tma where C % 4 != 0 or the sizes are not 16-byte aligned.
-enum ScoreVariant : int { kScoreV1 = 0, kScoreStream, kScoreTma, kScoreTmaWide, kScoreVariants };
-inline constexpr int kScoreVariantEnv = -1;
-// run 16: tma, the fastest of the first three; run 23: wide (the same kernel for bf16 centroids)
-inline constexpr ScoreVariant kDefaultScoreVariant = kScoreTmaWide;
-// RETROINFER_SCORE = v1 | stream | tma | wide, read at every call (a test runs both in one process); unset or empty:
-// kDefaultScoreVariant; another value throws retroinfer::Error naming the valid ones.
-ScoreVariant score_variant_from_env();
-// score_stream.cu's variants (stream, tma, wide), and those that score the int8 copies where given (tma, wide).
-inline constexpr bool score_variant_streams(int v) { return v == kScoreStream || v == kScoreTma || v == kScoreTmaWide; }
-inline constexpr bool score_variant_reads_int8(int v) { return v == kScoreTma || v == kScoreTmaWide; }
-const char* score_variant_name(int variant);  // "v1", "stream", "tma", "wide"; "?" otherwise
-
+// score_clusters chooses the kernel by the centroids it is given; all share the grid (score_blocks), the tile
+// partition, the per-lane online (max, sum) and its merge, and the formation (score_common.cuh):
+//   int8 copies (ScoreParams::centroids_q8): CTA-wide stages, a stage holding the 4 warps' tiles of one
+//     round (64 consecutive centroids) copied by one 64-row tensor-map box and one bulk copy each of their
+//     sizes and scales, refilled by the last warp done with it; where C % 4 != 0 or the sizes / scales are
+//     not 16-byte aligned (one bulk copy per stage needs both), per-warp 2-stage rings of one 16-row box per
+//     tile: the same logits bit for bit, the normaliser partials' sums in another order (within 1e-5);
+//   bf16 centroids: per-warp 2-stage rings of D / 64 tensor-map boxes (64 dims x 16 centroids, 128-byte
+//     swizzle) per tile.
 struct ScoreParams {
   const float* q = nullptr;                  // [H, G, D] f32
-  const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16
-  // Run 22: int8 copies of the centroids (quantize_centroids), scored instead of the bf16 ones by the tma
-  // and wide variants (half the bytes): logit = (q . (u - 128)) * centroid_scale[c] * scale, the dot product on f16
-  // tensor cores (the query split into f16 hi + lo parts). Null (or not a tma variant, or no tensor-map
-  // encoder): the bf16 centroids. Both or neither.
+  const uint16_t* centroids_bf16 = nullptr;  // [H, C, D] bf16 (not read where int8 copies are given)
+  // Int8 copies of the centroids (quantize_centroids), scored instead of the bf16 ones (half the bytes):
+  // logit = (q . (u - 128)) * centroid_scale[c] * scale, the dot product on f16 tensor cores (the query split
+  // into f16 hi + lo parts). Both or neither; null: the bf16 centroids.
   const uint8_t* centroids_q8 = nullptr;     // [H, C, D] u8: round(c / centroid_scale) + 128
   const float* centroid_scale = nullptr;     // [H, C] f32: max |c| / 127 of the row (0 for a zero row)
   const int* sizes = nullptr;                // [H, C]
@@ -56,19 +37,9 @@ struct ScoreParams {
   int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0;
   float scale = 0.0f;
   uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off); see kPhaseSlots
-  // Run 8: the first tile's copy issued before the query fragments are formed, and the cluster sizes
-  // loaded a tile ahead into registers (run 6: a dependent load after each tile's MMAs). Same logits.
-  bool early_loads = false;
-  // Run 10 (needs early_loads and score_form_fits): [H, C] f32 out, the selection's scores formed by the
-  // same grid after a grid-wide barrier (cooperative launch), bit-identical to form_scores'; null: not.
+  // [H, C] f32 out (only where score_form_fits): the selection's scores formed by the same grid after a
+  // grid-wide barrier (cooperative launch), bit-identical to form_scores'; null: not formed.
   float* scores = nullptr;
-  // ScoreVariant of the kernel, or kScoreVariantEnv: RETROINFER_SCORE at the launch (score_variant_from_env).
-  int variant = kScoreVariantEnv;
-  // Run 24 (stream / tma / wide kernels): the head's query copied into shared memory before the first centroid
-  // copies are issued, the fragments formed from there (the same fragments); false: formed from global after
-  // the issue (run 23). Up to 4 query heads for bf16 centroids, 8 for int8; a base not 16-byte aligned: off.
-  // RetroLayer sets it from RETROINFER_SCORE_QUERY (smem, the default, or global).
-  bool query_smem = true;
 };
 // Phase stamps (diagnostics, RetroLayer::decode_stage_ms with RETROINFER_SELECT_PHASES=1, taken from one
 // graph replay of the decode): per flat head h, phase[h * kPhaseSlots + j], all slots set to ~0 before
@@ -81,44 +52,40 @@ struct ScoreParams {
 //   [kSlotExact] exact attention first start (after the PDL wait), [kSlotExact + 1] ~its last end (partial
 //   states written); [kSlotEst], [kSlotEst + 1] the same for the estimation;
 //   [kSlotMerge] ~(end of the merge): the fused merge's last CTA, or the last combine_states CTA;
-//   [kSlotScore .. + 4] inside the score grid (thread 0 of each CTA): ~latest first tile landed (stream /
-//   tma kernels only), earliest and ~latest end of a CTA's tile loop (all its warps), ~latest pass of the
-//   grid barrier before the formation (run 10 path), earliest first tile landed;
+//   [kSlotScore .. + 4] inside the score grid (thread 0 of each CTA): ~latest first tile landed, earliest and
+//   ~latest end of a CTA's tile loop (all its warps), ~latest pass of the grid barrier before the formation
+//   (ScoreParams::scores), earliest first tile landed;
 //   [kSlotSpan + 4 k .. + 3] per-CTA spans of the exact (k = 0) and estimation (k = 1) CTAs of decode.cu:
 //   ~latest start, earliest end, and (added to the ~0 start value, so raw + 1) the sum of the CTAs'
 //   durations in ns and their count;
-//   [kSlotScoreStart] ~latest start of a score CTA (stream / tma kernels); [kSlotScoreIssued] ~latest CTA past
-//   the issue of its first stages, [kSlotScoreQ], [kSlotScoreQ + 1] earliest / ~latest with its query fragments.
-// Kernels that do not stamp (radix, cluster selection) leave their slots at ~0.
+//   [kSlotScoreStart] ~latest start of a score CTA; [kSlotScoreIssued] ~latest CTA past the issue of its
+//   first stages, [kSlotScoreQ], [kSlotScoreQ + 1] earliest / ~latest with its query fragments.
+// The cluster selection kernel does not stamp and leaves its slots at ~0.
 inline constexpr int kSelPhases = 8;
 inline constexpr int kSlotExact = 2 + 2 * kSelPhases;
 inline constexpr int kSlotEst = kSlotExact + 2;
 inline constexpr int kSlotMerge = kSlotEst + 2;
 inline constexpr int kSlotScore = kSlotMerge + 1;
 inline constexpr int kSlotSpan = kSlotScore + 5;
-inline constexpr int kSlotScoreStart = kSlotSpan + 8;  // run 23: ~latest start of a score CTA (stream / tma)
-// Run 24 (stream / tma kernels, thread 0 of each CTA): ~latest CTA past the issue of its first stages,
-// earliest / ~latest CTA with its query fragments formed.
+inline constexpr int kSlotScoreStart = kSlotSpan + 8;
 inline constexpr int kSlotScoreIssued = kSlotScoreStart + 1;
 inline constexpr int kSlotScoreQ = kSlotScoreIssued + 1;
 inline constexpr int kPhaseSlots = kSlotScoreQ + 2;
-// Run 22: the int8 copies of rows bf16 centroid rows (ScoreParams::centroids_q8): per row s = max |c| / 127
-// (f32), u = rint(c / s) + 128 (all 128 for a zero row, s = 0). head_dim a multiple of 8.
+// The int8 copies of `rows` bf16 centroid rows (ScoreParams::centroids_q8): per row s = max |c| / 127 (f32),
+// u = rint(c / s) + 128 (all 128 for a zero row, s = 0). head_dim a multiple of 8.
 cudaError_t quantize_centroids(const uint16_t* centroids_bf16, int64_t rows, int head_dim, uint8_t* q8, float* scale,
                                cudaStream_t s);
-int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters (any variant)
-// Launches the variant p.variant (kScoreVariantEnv: RETROINFER_SCORE now, which may throw). Returns
-// cudaErrorInvalidValue for a head_dim other than 64 / 128, for p.scores without early_loads or beyond
-// score_form_fits, and (stream, tma) for centroids not 16-byte aligned.
+int score_blocks(int num_clusters, int head_dim, int num_heads);  // CTAs per head of score_clusters
+// Returns cudaErrorInvalidValue for a head_dim other than 64 / 128, for p.scores beyond score_form_fits, for
+// centroids not 16-byte aligned, for int8 copies without scales (or scales without copies) and for int8
+// copies with a query not 16-byte aligned;
+// cudaErrorNotSupported where no tensor map of the centroids can be encoded (a driver without the encoder).
 cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s);
-// Run 10: whether score_clusters can form the scores in its own grid (ScoreParams::scores): the one-wave
-// grid's CTAs all resident at once by the kernel's occupancy (a cooperative launch's condition), for the
-// variant that score_clusters will launch (kScoreVariantEnv: RETROINFER_SCORE now).
-bool score_form_fits(int num_clusters, int head_dim, int num_heads, int variant = kScoreVariantEnv);
-// score_stream.cu: the stream / tma variants' launch (score_clusters dispatches to it; same contract) and
-// the CTAs per multiprocessor of their cooperative (form) kernels by occupancy (0 for another head_dim).
-cudaError_t score_clusters_stream(const ScoreParams& p, int variant, cudaStream_t s);
-int score_stream_form_ctas_per_sm(int variant, int head_dim);
+// Whether score_clusters can form the scores in its own grid (ScoreParams::scores): the one-wave grid's CTAs
+// all resident at once by the occupancy of every kernel it may launch (a cooperative launch's condition).
+bool score_form_fits(int num_clusters, int head_dim, int num_heads);
+
+// ---- zone selection (select.cu, select_bins.cu, select_grid.cu, select_cluster.cu) ----
 
 struct SelectParams {
   // Either logits (group > 0: score = sum_g softmax over the items of logits[h, g, :]) or ready scores.
@@ -143,17 +110,18 @@ struct SelectParams {
   int* token_count = nullptr;  // [H] out
   int* scan_scratch = nullptr;  // [H, k_retrieval + 1]
   int64_t list_stride = 0;
-  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off); select_bins.cu stamps
-  // Launch the bins kernel as a programmatic dependent of the score kernel (run 8): its CTAs start while
-  // the score grid drains and wait (griddepcontrol.wait) before reading anything it wrote. Only the
-  // bins kernel takes it; the others launch plainly.
+  uint64_t* phase = nullptr;  // [H, kPhaseSlots] diagnostics (null: off); the bins and grid kernels stamp
+  // Launch the bins kernel as a programmatic dependent of the score kernel: its CTAs start while the score
+  // grid drains and wait (griddepcontrol.wait) before reading anything it wrote. Only the bins kernel takes
+  // it (the grid kernel as a cooperative launch where the driver allows both); the cluster kernel launches
+  // plainly.
   bool pdl = false;
-  // Run 8 (bins kernel): the head's CSR offsets prefetched into L2 before the PDL wait, the retrieval
+  // Bins and grid kernels: the head's CSR offsets prefetched into L2 before the PDL wait, the retrieval
   // clusters' members while compacting (the expansion's dependent loads then hit L2), and a half-warp per
   // item in the expansion. The result is the same.
   bool prefetch = false;
-  // Run 19 (select_grid.cu): the multi-CTA selection's workspace, [num_heads, kSelectGridWsWords] u32, zero
-  // when first used (every launch leaves it zero). Null: the one-CTA / cluster kernels.
+  // The grid selection's workspace, [num_heads, kSelectGridWsWords] u32, zero when first used (every launch
+  // leaves it zero). Null: the one-CTA / cluster kernels.
   unsigned* grid_ws = nullptr;
 };
 inline constexpr int kSelectGridMaxChunks = 64;     // CTAs per head of the grid selection, at most
@@ -163,15 +131,13 @@ inline size_t select_grid_ws_bytes(int64_t num_heads) { return size_t(num_heads)
 // kSelectGridWsBarWord are zero between launches; the rest (chunk counts, the barrier generation) is scratch.
 inline constexpr int kSelectGridWsZeroWords = 12800;
 inline constexpr int kSelectGridWsBarWord = 13184;
-// The grid selection (select_grid.cu): RETROINFER_SELECT_GRID (unset or 1: past kSelectGridMinItems items;
-// force: wherever it fits; 0: off; other values throw retroinfer::Error), read at every launch.
-enum class SelectGridMode { kOff, kLarge, kForce };
-// Items past which RETROINFER_SELECT_GRID=1 takes the grid kernel: the one-CTA kernels' limit, so the grid
-// kernel replaces the cluster kernel (1M tokens, batch 1: 29 against 76 us per head). Run 19 (read flush, µs per
-// head): the bins kernel 12.3 / 18.7 / 32.0 at 8188 / 16380 / 32764 items, the grid kernel 23.7 / 24.0 / 25.6 at
-// batch 1 and 23.7 / 26.7 / 32.7 at batch 4, so the bins kernel stays up to here.
-inline constexpr int kSelectGridMinItems = 40960;
-SelectGridMode select_grid_mode();
+// The bins kernel's limit: its scores live in its shared memory (160 KiB).
+inline constexpr int kSelectBinsMaxItems = 40960;
+// Items past which select_and_expand takes the grid kernel where it applies: the bins kernel's limit, so the
+// grid kernel replaces the cluster kernel (1M tokens, batch 1: 29 against 76 us per head). Below, the bins
+// kernel is faster (read flush, us per head: 12.3 / 18.7 / 32.0 at 8188 / 16380 / 32764 items, the grid
+// kernel 23.7 / 24.0 / 25.6 at batch 1 and 23.7 / 26.7 / 32.7 at batch 4).
+inline constexpr int kSelectGridMinItems = kSelectBinsMaxItems;
 // Its plan for p: *ipt items per thread and *chunks CTAs per head (256 threads each), or 0 / 0 where it does
 // not apply (no workspace, scores to form (group > 0), or the CTAs would not all be resident at once).
 cudaError_t select_grid_plan(const SelectParams& p, int* ipt, int* chunks);
@@ -179,18 +145,17 @@ cudaError_t select_grid_plan(const SelectParams& p, int* ipt, int* chunks);
 // num_heads * chunks CTAs would not all be resident at once (select_grid_capacity: how many are).
 cudaError_t select_and_expand_grid(const SelectParams& p, int ipt, int chunks, cudaStream_t s);
 cudaError_t select_grid_capacity(int ipt, int k_retrieval, int* ctas);
-// Zone selection (select_cluster.cu): the one-CTA-per-head few-barrier kernel (one adapted histogram, run 6)
-// while the scores fit its shared memory (<= 40K items), the 8-CTA thread-block-cluster kernel beyond;
-// RETROINFER_SELECT=radix (or single) / cluster forces run 5's one-CTA radix kernel / the cluster kernel.
+// Zone selection (select.cu): the bins kernel up to kSelectBinsMaxItems items; beyond, the grid kernel where
+// p.grid_ws is given and its plan applies, else the cluster kernel.
 cudaError_t select_and_expand(const SelectParams& p, cudaStream_t s);
-cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);  // select.cu; <= 40K items
-// CTAs per head select_and_expand_bins launches for p (RETROINFER_SELECT_SPLIT: 1 or 2; select_bins.cu).
-cudaError_t select_bins_ctas_per_head(const SelectParams& p, int* per_head);
+// The one-CTA-per-head few-barrier kernel (select_bins.cu): <= kSelectBinsMaxItems items, else
+// cudaErrorInvalidValue.
+cudaError_t select_and_expand_bins(const SelectParams& p, cudaStream_t s);
+// The 8-CTA thread-block cluster per head (select_cluster.cu): any number of items.
 cudaError_t select_and_expand_cluster(const SelectParams& p, cudaStream_t s);
-cudaError_t select_and_expand_single_cta(const SelectParams& p, cudaStream_t s);  // select.cu
 
-// Run 9 (select_scores.cu): the selection's scores formed by a grid of (item blocks x heads) instead of
-// inside the one-CTA-per-head selection: score[h, i] = sum_g e^{logits[h, g, i] - M_g} / L_g with (M_g, L_g)
+// The selection's scores formed by a grid of (item blocks x heads) (select_scores.cu) instead of inside the
+// selection or the score grid: score[h, i] = sum_g e^{logits[h, g, i] - M_g} / L_g with (M_g, L_g)
 // merged from score_clusters' per-CTA partials, -inf when the cluster is empty (logit -inf). The same
 // expressions in the same order as the selection kernels' own formation, so the scores are bit-identical;
 // the selection then runs on them with group = 0.

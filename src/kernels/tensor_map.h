@@ -1,5 +1,5 @@
 // The driver's tensor-map encoder for the 2-D / 3-D tensor-map copies (TMA) of decode_dense.cu and
-// score_stream.cu, without linking against libcuda, and the per-thread cache of their encodings.
+// score_clusters.cu, without linking against libcuda, and the per-thread cache of their encodings.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap, cuTensorMapEncodeTiled's declaration

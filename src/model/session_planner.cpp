@@ -61,14 +61,15 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   b.n_idx = n_idx;
   b.clusters = C;
   // Index arrays (what build() leaves, and an update regrows to the same shapes).
-  // bf16 value sums, bf16 centroids (not kept with int8 scoring: run 25), f32 copies, sizes, CSR, members.
-  const int64_t bf16_per = r.int8_scoring ? 2 : 2 + 2;
+  // bf16 value sums, bf16 centroids (not kept with int8 scoring), f32 copies, sizes, CSR, members.
+  const bool int8_scoring = a.int8_centroid_scoring;  // RetroLayer::int8_scoring
+  const int64_t bf16_per = int8_scoring ? 2 : 2 + 2;
   const int64_t arrays = n_idx == 0 ? 4  // the empty CSR: offsets[0]
                                     : H * C * D * (bf16_per + (r.keep_f32_index ? 8 : 0)) + H * C * 4 +
                                           (H * C + 1) * 4 + H * n_idx * 4 * (r.keep_assignment ? 2 : 1);
   // Int8 scoring: the centroids' int8 copies and row scales (an update appends the block's rows, regrown
   // while the old ones are still held), in place of the bf16 centroids.
-  const int64_t q8 = r.int8_scoring && C > 0 ? H * C * (D + 4) : 0;
+  const int64_t q8 = int8_scoring && C > 0 ? H * C * (D + 4) : 0;
   // ... + the mean key and the retrieval-capacity sums (H int64, retro_layer.cpp size_workspace) when indexed
   b.index = arrays + q8 + (n_idx > 0 ? H * D * 4 + H * 8 : 0) + std::max<int64_t>(H * out_stride * 4, 16) + H * 4;
   // Decode workspace (RetroLayer::Impl::size_workspace).
@@ -141,7 +142,6 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       q.kv_stride = n;
       q.outlier_zone = true;  // the runner's RetroLayerAttention and WaveLayerAttention
       q.keep_f32_index = r.retro_keeps_f32_index;
-      q.int8_scoring = r.retro_int8_scoring;
       q.kmeans_int8 = r.retro_kmeans_int8;
       q.keep_assignment = r.retro_keeps_assignment;
       q.build_group_seqs = r.retro_build_group_seqs;

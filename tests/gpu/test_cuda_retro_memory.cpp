@@ -201,7 +201,6 @@ TEST(CudaRetroMemory, DeviceBytesMatchThePlannerFormula) {
     r.kv_stride = mc.stride;
     r.retrieval_tokens = layer.retrieval_capacity();
     r.outlier_tokens = layer.max_outliers();
-    r.int8_scoring = layer.int8_scoring();
     const buffer::RetroLayerBytes f = buffer::retro_layer_bytes(r);
     ASSERT_EQ(f.clusters, layer.num_clusters());
     ASSERT_EQ(f.n_idx, layer.indexed_tokens());

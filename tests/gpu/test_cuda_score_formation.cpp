@@ -78,7 +78,6 @@ void formation_case(const FormCase& fc, uint64_t seed) {
   sp.head_dim = D;
   sp.num_clusters = C;
   sp.scale = 1.0f / std::sqrt(float(D));
-  sp.early_loads = true;
   sp.scores = grid_forms ? in_grid.as<float>() : nullptr;
   ASSERT_EQ(cd::score_clusters(sp, st), cudaSuccess);
 

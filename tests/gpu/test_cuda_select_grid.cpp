@@ -1,13 +1,12 @@
-// The grid selection (select_grid.cu, run 19: C CTAs per head meeting at per-head barriers, an exact radix
-// select of both thresholds through three global histograms) against the one-CTA bins kernel on the same
-// inputs in one process: retrieval and estimation ids, token lists, token counts and the scan scratch
-// bit-identical (every output poisoned first and compared whole), the ids equal to the CPU rule "sort by
-// (score desc, id asc), cut at k_r and k_r + k_e", the token lists equal to the host expansion, and the
-// workspace all zero again after every launch (the layers zero it once). Each case runs at every chunk size
-// that fits (8, 16, 32, 64 items per thread: one to 64 CTAs per head) and twice on one workspace. Past the
-// bins kernel's 40960 items (1M tokens: 65536 clusters) the CPU rule and the expansion are the reference.
-// Then RetroLayer decodes under RETROINFER_SELECT_GRID=0 / 1: logits, scores, ids, token lists and outputs
-// bit-identical, graph replays and the stage path too; and the switch's parse. One "[select grid]" line per case.
+// The grid selection (select_grid.cu: C CTAs per head meeting at per-head barriers, an exact radix select of
+// both thresholds through three global histograms; the selection past 40960 items where it applies) against
+// the one-CTA bins kernel on the same inputs in one process: retrieval and estimation ids, token lists, token
+// counts and the scan scratch bit-identical (every output poisoned first and compared whole), the ids equal to
+// the CPU rule "sort by (score desc, id asc), cut at k_r and k_r + k_e", the token lists equal to the host
+// expansion, and the workspace all zero again after every launch (the layers zero it once). Each case runs at
+// every chunk size that fits (8, 16, 32, 64 items per thread: one to 64 CTAs per head) and twice on one
+// workspace. Past the bins kernel's 40960 items (1M tokens: 65536 clusters) the CPU rule and the expansion are
+// the reference. Then the plan: where the kernel applies. One "[select grid]" line per case.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -18,15 +17,11 @@
 #include <vector>
 
 #include "kernels/kernels.h"
-#include "decode_path_test_util.h"
 #include "gpu_test_util.h"
-#include "retroinfer/error.h"
 #include "select_test_util.h"
 
 namespace retroinfer {
 namespace {
-
-constexpr char kVar[] = "RETROINFER_SELECT_GRID";
 
 // One grid launch with `ipt` items per thread (0: the plan's choice) on the zeroed workspace ws; *used: the
 // ipt the launch took (0 when the plan does not apply).
@@ -69,13 +64,9 @@ void run_grid_case(const gputest::SelectCase& c, uint64_t seed) {
   SCOPED_TRACE(gputest::describe(c, seed));
   const gputest::SelectInputs in = gputest::make_select_inputs(c, seed);
   const int H = in.H, N = in.N;
-  const bool bins_ref = N <= 40960;  // the one-CTA kernel's limit
+  const bool bins_ref = N <= cuda::detail::kSelectBinsMaxItems;  // the one-CTA kernel's limit
   gputest::SelectOutputs ref;
-  if (bins_ref) {
-    gputest::EnvGuard split("RETROINFER_SELECT_SPLIT", nullptr);
-    gputest::EnvGuard compact("RETROINFER_SELECT_COMPACT", nullptr);
-    ref = gputest::run_select(in, "bins", false);
-  }
+  if (bins_ref) ref = gputest::run_select(in, "bins", false);
   cuda::DeviceBuffer ws(cuda::detail::select_grid_ws_bytes(H));
   ws.fill_bytes(0);
   std::string sizes;
@@ -111,14 +102,14 @@ void run_grid_case(const gputest::SelectCase& c, uint64_t seed) {
     const std::vector<int32_t> r = gputest::expect_cpu_rule_ids(in, last, h);
     gputest::expect_token_list(in, last, h, r);
   }
-  std::printf("[select grid] %s H=%d N=%d k_r=%d k_e=%d levels=%d empty=%.2f P=%d steady=%d run8=%d: items per "
+  std::printf("[select grid] %s H=%d N=%d k_r=%d k_e=%d levels=%d empty=%.2f P=%d steady=%d pdl=%d: items per "
               "thread %s; vs %s %s; CPU rule and expansion %s; workspace zero after each launch\n",
               c.name, H, N, c.k_r, c.k_e, c.levels, c.empty, c.page_tokens, int(c.steady), int(c.run8), sizes.c_str(),
               bins_ref ? "bins kernel" : "each other", same ? "identical" : "DIFFER",
               ::testing::Test::HasFailure() ? "FAILED (see above)" : "ok");
 }
 
-// Past the one-CTA kernel: issue #4's 512K and 1M shapes and a batch-16 head count.
+// Past the one-CTA kernel: Llama-3-8B's 512K and 1M shapes and a batch-16 head count.
 // {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
 const gputest::SelectCase kLargeCases[] = {
     {"128K shape, 128 heads (batch 16)", 128, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
@@ -141,7 +132,7 @@ TEST(CudaSelectGrid, LargeShapesMatchCpuRule) {
   for (const auto& c : kLargeCases) run_grid_case(c, ++seed);
 }
 
-// The plan: no workspace or scores to form -> not applicable; issue #4's shapes -> 8 items per thread.
+// The plan: no workspace or scores to form -> not applicable; Llama-3-8B at 128K batch 4 -> 8 items per thread.
 TEST(CudaSelectGrid, Plan) {
   RETROINFER_REQUIRE_GPU();
   cuda::DeviceBuffer ws(cuda::detail::select_grid_ws_bytes(32));
@@ -169,62 +160,6 @@ TEST(CudaSelectGrid, Plan) {
   std::printf("[select grid] plan: no workspace / group > 0 / too many heads -> not applicable; 32 heads x 8188 "
               "items -> 8 items per thread, 4 CTAs per head %s\n",
               ::testing::Test::HasFailure() ? "FAILED" : "ok");
-}
-
-// The parse needs no device (it throws before any CUDA call).
-TEST(CudaSelectGrid, SwitchParse) {
-  using cuda::detail::SelectGridMode;
-  gputest::EnvGuard env(kVar, nullptr);
-  EXPECT_EQ(cuda::detail::select_grid_mode(), SelectGridMode::kLarge);
-  env.set("");
-  EXPECT_EQ(cuda::detail::select_grid_mode(), SelectGridMode::kLarge);
-  env.set("1");
-  EXPECT_EQ(cuda::detail::select_grid_mode(), SelectGridMode::kLarge);
-  env.set("0");
-  EXPECT_EQ(cuda::detail::select_grid_mode(), SelectGridMode::kOff);
-  env.set("force");
-  EXPECT_EQ(cuda::detail::select_grid_mode(), SelectGridMode::kForce);
-  for (const char* bad : {"2", "yes", "on", " 1", "Force"}) {
-    env.set(bad);
-    try {
-      (void)cuda::detail::select_grid_mode();
-      ADD_FAILURE() << "RETROINFER_SELECT_GRID='" << bad << "' did not throw";
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
-    }
-  }
-  std::printf("[select grid] RETROINFER_SELECT_GRID unset/''/1 -> past 40960 items, force, 0 -> off, "
-              "2|yes|on|' 1'|Force throw %s\n",
-              ::testing::Test::HasFailure() ? "FAILED" : "ok");
-}
-
-// One layer: decodes under RETROINFER_SELECT_GRID=1 (the default: the grid kernel past 40960 clusters) and
-// =force (the grid kernel at any size) bit-identical to =0 (the one-CTA or cluster kernel) (logits, scores,
-// ids, token lists, outputs) under the default decode path, two graph replays and the stage path under force;
-// under run 8's path (the selection forms its scores: the grid does not apply) the same.
-void layer_case(const gputest::PathCase& pc, uint64_t seed) {
-  SCOPED_TRACE(gputest::describe(pc, seed));
-  gputest::PathLayer t = gputest::make_path_layer(pc, seed);
-  gputest::EnvGuard split("RETROINFER_SELECT_SPLIT", nullptr);
-  const int n_phase = gputest::expect_switch_decodes_identical(t, kVar, {"0", "grid off"},
-                                                               {{"1", "grid default"}, {"force", "grid force"}})
-                          .n_phase;
-  std::printf("[select grid] layer H=%d G=%d d=%d n=%lld C=%d n_r=%d n_e=%d est=%d outliers=%d: ids, lists and "
-              "outputs grid (1 and force) vs off %s (default path and run8); graph replays and stage path (%d "
-              "phase entries) identical\n",
-              t.H, pc.group, pc.d, (long long)pc.n, t.layer->num_clusters(), t.layer->n_retrieval(),
-              t.layer->n_estimation(), int(pc.estimation), int(pc.outliers),
-              ::testing::Test::HasFailure() ? "NOT identical (see failures)" : "identical", n_phase);
-}
-
-TEST(CudaSelectGrid, RetroLayerDecodesIdentical) {
-  RETROINFER_REQUIRE_GPU();
-  layer_case({1, 2, 4, 128, 5000, true, false, true}, 1901);      // small, host K/V
-  layer_case({2, 1, 3, 64, 4000, true, true, true}, 1902);        // outliers
-  layer_case({1, 4, 1, 128, 2500, false, false, true}, 1903);     // no estimation
-  layer_case({4, 8, 4, 128, 131072, true, false, false}, 1904);   // 128K, batch 4 (issue #4's shape)
-  layer_case({1, 8, 4, 128, 1048576, true, false, false}, 1905);  // 1M, batch 1 (65536 clusters: was the cluster kernel)
 }
 
 }  // namespace

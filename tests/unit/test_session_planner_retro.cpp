@@ -14,10 +14,12 @@
 namespace retroinfer::buffer {
 namespace {
 
-// The runner's RetroLayer of Llama-3-8B (8 KV heads, GQA group 4, head_dim 128), default AttentionConfig.
+// The runner's RetroLayer of Llama-3-8B (8 KV heads, GQA group 4, head_dim 128), default AttentionConfig but
+// for bf16 centroid scoring (the terms below; int8 scoring: IndexTermsWithInt8Scoring).
 RetroLayerBytesRequest llama_layer(int seqs, int64_t tokens) {
   RetroLayerBytesRequest q;
   q.attention.kind = AttentionKind::kRetro;
+  q.attention.int8_centroid_scoring = false;
   q.num_seqs = seqs;
   q.num_heads_kv = 8;
   q.group = 4;
@@ -51,6 +53,24 @@ TEST(RetroLayerBytes, IndexTermsPerClusterAndToken) {
   // mean key (4 D per head), the retrieval-capacity sum (8 per head, run 27), outlier lists: round(0.001 x
   // 131004) = 131 + (0 / 1024 + 1) x round(1.024) = 132 entries per head, and their counts.
   EXPECT_EQ(b.index, H * C * (4 * D + 8) + 4 + H * N * 4 + H * D * 4 + H * 8 + H * 132 * 4 + H * 4);
+}
+
+// Int8 centroid scoring (AttentionConfig's default): the index keeps the centroids' int8 copies and row scales
+// (D + 4 bytes per cluster and flat head) instead of the bf16 centroids (2 D); the rest is the same.
+TEST(RetroLayerBytes, IndexTermsWithInt8Scoring) {
+  EXPECT_TRUE(AttentionConfig{}.int8_centroid_scoring);
+  const RetroLayerBytesRequest bf16 = llama_layer(1, 131072);
+  RetroLayerBytesRequest int8 = bf16;
+  int8.attention.int8_centroid_scoring = true;
+  const RetroLayerBytes a = retro_layer_bytes(bf16), b = retro_layer_bytes(int8);
+  const int64_t H = 8, C = 8188, D = 128;
+  EXPECT_EQ(a.index - b.index, H * C * (2 * D - (D + 4)));
+  EXPECT_EQ(b.decode, a.decode);
+  // One sequence's build hands its arrays to the index; with int8 scoring its bf16 centroids are not among them
+  // (quantized, then dropped), so they count as the build's transient.
+  EXPECT_EQ(b.build - a.build, H * C * 2 * D);
+  // An update regrows the index arrays, the int8 copies among them.
+  EXPECT_EQ(a.update - b.update, H * C * (2 * D - (D + 4)));
 }
 
 TEST(RetroLayerBytes, BuildWorkspaceIsOneGroupNotTheBatch) {
@@ -106,7 +126,8 @@ TEST(RetroLayerBytes, BadRequestsAreErrors) {
   EXPECT_THROW(retro_layer_bytes(q), Error);
 }
 
-// As `retroinfer bench decode --model llama3-8b --contexts 131072 --methods retro --placement gpu` plans:
+// As `retroinfer bench decode --model llama3-8b --contexts 131072 --methods retro --placement gpu` plans with
+// bf16 centroid scoring (int8 scoring, the default, holds less: IndexTermsWithInt8Scoring):
 // max_context = 131072 + 3 warm-up + 20 timed + 2 = 131097 tokens, prefill chunk 2048, the session limit
 // of run 13 on the H200 (free memory after the 16.06e9 bytes of weights, less the 2 GiB reserve).
 constexpr int64_t kRun13GpuFree = 131326935040;
@@ -114,6 +135,7 @@ SessionPlanRequest bench_request(int seqs) {
   SessionPlanRequest r;
   set_model_shape(r, model_shape("llama3-8b"));
   r.attention.kind = AttentionKind::kRetro;
+  r.attention.int8_centroid_scoring = false;
   r.max_context = 131097;
   r.prefill_chunk = 2048;
   r.num_seqs = seqs;

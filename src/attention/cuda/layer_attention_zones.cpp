@@ -17,14 +17,6 @@ int exact_splits(int64_t list_tokens, int num_heads) {
   return std::min(decode_splits(list_tokens, num_heads, 1), cap);
 }
 
-bool score_query_smem_from_env() {
-  const char* e = std::getenv("RETROINFER_SCORE_QUERY");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "smem") == 0) return true;
-  if (std::strcmp(e, "global") == 0) return false;
-  RETROINFER_FAIL("RETROINFER_SCORE_QUERY='", e,
-                  "' is not a way for the score kernels to read the query: use smem (the default) or global");
-}
-
 std::vector<std::pair<std::string, float>> summarize_phases(const std::vector<uint64_t>& raw, int num_heads) {
   constexpr uint64_t kUnset = ~uint64_t{0};
   constexpr int S = kSelPhases;
@@ -152,7 +144,7 @@ namespace {
 enum class ScoreFormation { kInSelection, kInScoreGrid, kOwnGrid };
 ScoreFormation score_formation(const ZoneDecodeArgs& a) {
   const int C = a.num_clusters;
-  if (C > 0 && C <= kSelectGridMinItems && a.group <= 4 && C % 4 == 0 && select_grid_mode() != SelectGridMode::kForce)
+  if (C > 0 && C <= kSelectBinsMaxItems && a.group <= 4 && C % 4 == 0)
     return ScoreFormation::kInSelection;
   if (C > 0 && score_form_fits(C, a.head_dim, a.num_heads)) return ScoreFormation::kInScoreGrid;
   return ScoreFormation::kOwnGrid;
@@ -173,8 +165,6 @@ ScoreParams score_params(const ZoneDecodeArgs& a, ScoreFormation form) {
   sp.num_clusters = a.num_clusters;
   sp.scale = a.scale;
   sp.phase = a.phase;
-  sp.early_loads = true;
-  sp.query_smem = score_query_smem_from_env();
   sp.scores = form == ScoreFormation::kInScoreGrid ? a.scores : nullptr;
   return sp;
 }
@@ -262,12 +252,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   const bool pdl = !a.timing && st != nullptr && st != cudaStreamLegacy;
   const ScoreFormation form = score_formation(a);
   const ScoreParams sp = score_params(a, form);
-  // A layer with int8 scoring keeps only the int8 copies: the kernels that read bf16 centroids cannot run.
-  RETROINFER_CHECK(a.centroids_bf16 != nullptr || a.num_clusters == 0 ||
-                       (a.centroids_q8 != nullptr && score_variant_reads_int8(score_variant_from_env())),
-                   "decode: this layer scores clusters against int8 centroid copies only (int8 scoring, the default), "
-                   "which RETROINFER_SCORE=v1 / stream cannot read; use tma or wide (the default), or build the layer "
-                   "with RETROINFER_SCORE_CENTROIDS=bf16");
   launch_check(score_clusters(sp, st), "score_clusters", st);
   marked("score");
 

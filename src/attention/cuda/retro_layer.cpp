@@ -32,13 +32,6 @@ int phases_requested() {
 }
 }  // namespace
 
-bool int8_scoring_from_env() {
-  const char* e = std::getenv("RETROINFER_SCORE_CENTROIDS");
-  if (e == nullptr || e[0] == '\0' || std::strcmp(e, "int8") == 0) return true;
-  if (std::strcmp(e, "bf16") == 0) return false;
-  RETROINFER_FAIL("RETROINFER_SCORE_CENTROIDS='", e,
-                  "' is not a centroid format for scoring: use int8 (the default) or bf16");
-}
 
 // Workspace and result of one k-means run (the prefill build or one index update; kmeans_run.h) and the
 // outlier split of its result.
@@ -64,8 +57,8 @@ struct RetroLayer::Impl {
   bool outliers_on = false;  // set_outlier_zone(true): cfg.outlier_fraction applies
   bool keep_f32 = true;      // set_keep_f32_index: f32 centroids / value sums kept after build and update
   bool keep_assignment = true;  // set_keep_assignment: the per-token cluster ids kept on the device
-  bool int8_on = false;         // set_int8_scoring: clusters scored against centroids_q8 (run 22; the default since
-                                // run 25, and then the index keeps no bf16 centroids)
+  bool int8_on = false;         // cfg.int8_centroid_scoring: clusters scored against centroids_q8 (the index then
+                                // keeps no bf16 centroids)
   int build_group = 1;       // set_build_group_seqs: sequences per k-means run of build() (0: all)
   KMeansWork work;
   // The index (compact CSR over flat heads: head h's members are [offsets[h*C], offsets[(h+1)*C])).
@@ -118,7 +111,7 @@ RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, 
   auto& m = *impl_;
   m.shape = shape;
   m.cfg = cfg;
-  m.int8_on = int8_scoring_from_env();
+  m.int8_on = cfg.int8_centroid_scoring;
   m.num_seqs = num_seqs;
   m.H = num_seqs * shape.num_heads_kv;
   m.G = shape.num_heads_q / shape.num_heads_kv;
@@ -663,10 +656,6 @@ void RetroLayer::set_keep_f32_index(bool keep) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_f32_index: call before build()");
   impl_->keep_f32 = keep;
 }
-void RetroLayer::set_int8_scoring(bool on) {
-  RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_int8_scoring: call before build()");
-  impl_->int8_on = on;
-}
 bool RetroLayer::int8_scoring() const { return impl_->int8_on; }
 void RetroLayer::set_keep_assignment(bool keep) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_assignment: call before build()");
@@ -739,10 +728,8 @@ double RetroLayer::decode_bytes_required() {
   std::vector<int32_t> cnt(m.H);
   m.token_count.download(cnt.data(), cnt.size() * 4);
   const double exact = std::accumulate(cnt.begin(), cnt.end(), 0.0);
-  // Per cluster the scored centroid (int8 row + f32 scale with int8 scoring on the tma / wide kernels, else bf16)
-  // and its size.
-  const bool q8 = m.int8_on && detail::score_variant_reads_int8(detail::score_variant_from_env());
-  const double centroid = q8 ? D + 4 : D * 2;
+  // Per cluster the scored centroid (int8 row + f32 scale with int8 scoring, else bf16) and its size.
+  const double centroid = m.int8_on ? D + 4 : D * 2;
   return H * m.C * (centroid + 4) + H * m.n_e * D * 2 + exact * (D * 2 * 2 + 4) + io;
 }
 

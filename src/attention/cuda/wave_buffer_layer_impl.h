@@ -38,8 +38,8 @@ struct WaveBufferLayer::Impl {
 
   // Meta index copies (decode reads these) and tables; shapes in detail::WaveTables / kernels.h.
   DeviceBuffer centroids_bf16, value_sums_bf16, sizes, offsets_abs, members, offsets_head, slot_begin;
-  // The index's int8 copies of the centroids and their row scales (RetroLayer::set_int8_scoring: scored
-  // instead of the bf16 ones when the index scores int8; empty otherwise).
+  // The index's int8 copies of the centroids and their row scales (RetroLayer::int8_scoring: scored instead
+  // of the bf16 ones when the index scores int8; empty otherwise).
   DeviceBuffer centroids_q8, centroid_scale;
   bool int8_on = false;
   DeviceBuffer store_at;  // [H, C] int64: first store row of each cluster (tab.store_at)

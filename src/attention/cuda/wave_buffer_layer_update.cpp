@@ -128,7 +128,6 @@ WaveBufferLayer::Impl::BlockIndex WaveBufferLayer::Impl::cluster_block(int64_t r
   blk.set_keep_assignment(false);
   blk.set_outlier_zone(m.outliers_on);
   blk.set_build_group_seqs(0);
-  blk.set_int8_scoring(m.int8_on);
   const uint16_t* bk = m.steady_k.as<uint16_t>() + size_t(row0) * D;
   const uint16_t* bv = m.steady_v.as<uint16_t>() + size_t(row0) * D;
   blk.build(bk, bv, 1, m.steady_cap, st);

@@ -47,7 +47,6 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   buffer::set_model_shape(r, cfg);
   r.attention = opt.attention;
   r.wave = opt.wave;
-  r.retro_int8_scoring = int8_scoring_from_env();  // what the session's RetroLayers will do
   const int64_t model_max = model_max_context(cfg);
   r.max_context = opt.max_context > 0 ? opt.max_context : model_max;
   RETROINFER_CHECK(r.max_context < std::numeric_limits<int32_t>::max(), "CudaSession: max_context is not set and ",

@@ -1,25 +1,24 @@
-// Run 22: cluster scoring against int8 copies of the centroids (kernels.h quantize_centroids,
-// ScoreParams::centroids_q8; score_stream.cu's tma and wide kernels; RetroLayer::set_int8_scoring, the default
-// since run 25, when the layer keeps no bf16 centroids).
+// Cluster scoring against int8 copies of the centroids (select_kernels.h quantize_centroids,
+// ScoreParams::centroids_q8; AttentionConfig::int8_centroid_scoring, the layers' default, when they keep no bf16
+// centroids) against the bf16 centroids' scoring.
 //   QuantizeMatchesHostRule: quantize_centroids bit for bit against the host rule (s = max |c| / 127 in f32,
 //     u = rint(c / s) + 128), rows of D 64 / 128 with zero rows, one-element rows and +-127 saturation.
-//   KernelMatchesDequantized: score_clusters (tma; wide: logits bit for bit, partial sums and scores within
-//     1e-5 since run 24's half-tile tails) on the int8 copies, every mode (plain,
-//     early, the cooperative formation where it fits), outputs poisoned first and checked written: logits against f64
-//     dot products with the dequantized centroids (bound below), -inf exactly for empty clusters, the three
-//     modes' logits and partials bit-identical, each head's formed scores summing to G; the stream variant
-//     given the same int8 copies scores the bf16 centroids (bit-identical to no copies). Shapes as
-//     test_cuda_score_stream's (tails, G 1-8, D 64 / 128, all-empty heads, 128K batch 1 and 4) plus queries
-//     of ~1e6 (the per-row power of two that keeps the f16 query parts finite).
-//   DecodeInt8: RetroLayer decodes with int8 scoring: the debug state has no bf16 centroids and its int8 copies
-//     are the host rule applied to the bf16 centroids of the bf16-scoring layer over the same K/V; run 9 and run 10 paths identical, graph replays and the stage path identical
-//     to the eager decode; the output against the f64 reference of the zones it selected; against full
-//     attention no worse than the bf16-scoring layer's (RETROINFER_SCORE_CENTROIDS=bf16) over the same K/V.
-//   ScoringSwitch: RETROINFER_SCORE_CENTROIDS read at construction (int8 / bf16 / unset; others throw),
-//     set_int8_scoring refused after build(). The default is int8 scoring since run 25 (faster from 128K batch
-//     4 up since run 23, as accurate on SmolLM2 since run 22; the bf16 centroids are no longer kept beside the
-//     copies, so the index is smaller than with bf16 scoring).
-// One "[score q8]" line per case.
+//   KernelMatchesDequantized: score_clusters on the int8 copies, outputs poisoned first and checked written:
+//     logits against f64 dot products with the dequantized centroids (bound below), -inf exactly for empty
+//     clusters, each CTA's normaliser partial against its own logits; the scores formed by the same grid
+//     (where score_form_fits) with the same logits, each head's scores summing to G. Where C % 4 == 0 the
+//     CTA-wide stages run; the per-warp stages (sizes and scales not 16-byte aligned) then give the same
+//     logits bit for bit and the partial sums and formed scores within 1e-5 (a CTA's last group in half tiles
+//     sums in another order); where C % 4 != 0 both are the per-warp stages, bit for bit. Given bf16 centroids
+//     too, the copies are scored (the same bits). Shapes: tails, G 1-8, D 64 / 128, all-empty heads, 128K
+//     batch 1 and 4, queries of ~1e6 (the per-row power of two that keeps the f16 query parts finite).
+//   DecodeInt8: a RetroLayer with int8 scoring: the debug state has no bf16 centroids and its int8 copies are
+//     the host rule applied to the bf16 centroids of the bf16-scoring layer over the same K/V; graph replays
+//     and the stage path identical to the eager decode; the output against the f64 reference of the zones it
+//     selected; against full attention no worse than the bf16-scoring layer's.
+//   OptionAtConstruction: int8 scoring is the default and AttentionConfig::int8_centroid_scoring = false turns
+//     it off.
+// One "[score int8]" line per case.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -28,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -44,7 +44,6 @@ namespace {
 
 namespace cd = cuda::detail;
 using gputest::bits_to_f32;
-using gputest::EnvGuard;
 
 // The host rule of quantize_centroids (IEEE f32 division and round-to-nearest-even, as the kernel's).
 void host_quantize(const uint16_t* row, int D, uint8_t* q, float* s) {
@@ -72,7 +71,7 @@ Q8 quantize_on_device(const cuda::DeviceBuffer& dc, int64_t rows, int D) {
   return r;
 }
 
-TEST(CudaScoreQ8, QuantizeMatchesHostRule) {
+TEST(CudaScoreInt8, QuantizeMatchesHostRule) {
   RETROINFER_REQUIRE_GPU();
   for (const int D : {64, 128}) {
     const int rows = 1003;
@@ -106,7 +105,7 @@ TEST(CudaScoreQ8, QuantizeMatchesHostRule) {
     EXPECT_EQ(got[size_t(6) * D + 17], 1);  // -127 + 128
     EXPECT_EQ(got[size_t(7) * D + 0], 1);
     EXPECT_EQ(got[size_t(7) * D + 1], 255);
-    std::printf("[score q8] quantize D=%d rows=%d: bit-identical to the host rule (%lld bytes differ)\n", D, rows,
+    std::printf("[score int8] quantize D=%d rows=%d: bit-identical to the host rule (%lld bytes differ)\n", D, rows,
                 (long long)bad);
   }
   // Refusals.
@@ -124,18 +123,16 @@ struct KernelCase {
 
 using KernelOut = gputest::ScoreOut;
 
-KernelOut run_scores(const KernelCase& kc, const cuda::DeviceBuffer& dq, const cuda::DeviceBuffer& dc,
-                     const cuda::DeviceBuffer& ds, const Q8* q8, float scale, int variant, bool early, bool form,
-                     bool query_smem = true) {
+// score_clusters on the int8 copies (sizes and scales as given; centroids: the bf16 centroids too, or none).
+KernelOut run_scores(const KernelCase& kc, const cuda::DeviceBuffer& dq, const uint16_t* centroids, const int* sizes,
+                     const uint8_t* q8, const float* q8_scale, float scale, bool form) {
   gputest::ScoreInputs in;
   in.q = dq.as<float>();
-  in.centroids = dc.as<uint16_t>();
-  in.sizes = ds.as<int>();
-  if (q8 != nullptr) {
-    in.q8 = q8->q8.as<uint8_t>();
-    in.q8_scale = q8->scale.as<float>();
-  }
-  return gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, in, scale, variant, early, form, query_smem);
+  in.centroids = centroids;
+  in.sizes = sizes;
+  in.q8 = q8;
+  in.q8_scale = q8_scale;
+  return gputest::run_score_kernel({kc.H, kc.G, kc.D, kc.C}, in, scale, form);
 }
 
 int64_t count_diff(const std::vector<uint32_t>& a, const std::vector<uint32_t>& b, int64_t* unwritten) {
@@ -181,9 +178,13 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
   if (!hq.empty()) q8.q8.download(hq.data(), hq.size());
   if (!hs.empty()) q8.scale.download(hs.data(), hs.size() * 4);
   const float scale = 1.0f / std::sqrt(float(kc.D));
-  const bool fits = cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTma);
+  const bool fits = cd::score_form_fits(kc.C, kc.D, kc.H);
+  const gputest::ScoreShape shape{kc.H, kc.G, kc.D, kc.C};
+  const bool wide = kc.C % 4 == 0;  // the CTA-wide stages (the sizes and scales below are 16-byte aligned)
+  const uint8_t* dq8 = q8.q8.as<uint8_t>();
+  const float* dsc = q8.scale.as<float>();
 
-  const KernelOut plain = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, false, false);
+  const KernelOut plain = run_scores(kc, dq, nullptr, ds.as<int>(), dq8, dsc, scale, false);
   int64_t unwritten = 0;
   EXPECT_EQ(count_diff(plain.logits, plain.logits, &unwritten), 0);
   EXPECT_EQ(unwritten, 0) << "logits unwritten";
@@ -217,60 +218,49 @@ void kernel_case(const KernelCase& kc, uint64_t seed) {
         EXPECT_LE(err, bound) << "logit (" << h << ", " << g << ", " << c << ")";
         if (!(err <= bound)) return;
       }
-  // The other modes: the same per-tile math, so the same bits.
-  const KernelOut early = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, true, false);
-  EXPECT_EQ(count_diff(early.logits, plain.logits, &unwritten), 0) << "early vs plain logits";
-  EXPECT_EQ(count_diff(early.partial, plain.partial, &unwritten), 0) << "early vs plain partials";
+  const double worst_sum = gputest::expect_partials_match_logits(shape, plain, 1e-4);
+  KernelOut form;
   if (fits) {
-    const KernelOut form = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, true, true);
+    form = run_scores(kc, dq, nullptr, ds.as<int>(), dq8, dsc, scale, true);
     EXPECT_EQ(count_diff(form.logits, plain.logits, &unwritten), 0) << "form vs plain logits";
+    EXPECT_EQ(count_diff(form.partial, plain.partial, &unwritten), 0) << "form vs plain partials";
     count_diff(form.scores, form.scores, &unwritten);
     EXPECT_EQ(unwritten, 0) << "scores unwritten";
     gputest::expect_scores_sum_to_group(form.scores, kc.H, kc.C, kc.G);
   }
-  // The wide variant (CTA-wide stages, run 23): the same per-row math, so tma's logits bit for bit. Since run 24
-  // a CTA's last group of fewer than 4 tiles goes to the warps in half tiles, so the normaliser partials' sums
-  // add the same terms in another order: the maxima bit for bit, the sums and the formed scores within 1e-5.
+  // The per-warp stages: the sizes and scales 4 bytes past a 16-byte aligned base (then every tile's sizes
+  // and scales come by 4-byte copies). The same per-row math, so the same logits; with the CTA-wide stages on
+  // the other side, a CTA's last group of fewer than 4 tiles went to the warps in half tiles, so the partials'
+  // sums add the same terms in another order: the maxima bit for bit, the sums and formed scores within 1e-5.
   {
-    const KernelOut w = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTmaWide, false, false);
-    EXPECT_EQ(count_diff(w.logits, plain.logits, &unwritten), 0) << "wide vs tma logits";
-    EXPECT_EQ(count_close(w.partial, plain.partial, 1e-5, true), 0) << "wide vs tma partials";
+    cuda::DeviceBuffer ds4, dsc4;
+    const int* sizes4 = gputest::upload_at(sizes, 4, &ds4);
+    const float* scales4 = gputest::upload_at(hs, 4, &dsc4);
+    const KernelOut w = run_scores(kc, dq, nullptr, sizes4, dq8, scales4, scale, false);
+    EXPECT_EQ(count_diff(w.logits, plain.logits, &unwritten), 0) << "per-warp vs default logits";
+    if (wide) {
+      EXPECT_EQ(count_close(w.partial, plain.partial, 1e-5, true), 0) << "per-warp vs CTA-wide partials";
+    } else {
+      EXPECT_EQ(count_diff(w.partial, plain.partial, &unwritten), 0) << "per-warp partials (both per-warp)";
+    }
     if (fits) {
-      EXPECT_TRUE(cd::score_form_fits(kc.C, kc.D, kc.H, cd::kScoreTmaWide));
-      const KernelOut wf = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTmaWide, true, true);
-      const KernelOut tf = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreTma, true, true);
-      EXPECT_EQ(count_diff(wf.logits, plain.logits, &unwritten), 0) << "wide form vs tma logits";
-      EXPECT_EQ(count_close(wf.scores, tf.scores, 1e-5, false), 0) << "wide form vs tma form scores";
-      count_diff(wf.scores, wf.scores, &unwritten);
-      EXPECT_EQ(unwritten, 0) << "wide form scores unwritten";
+      const KernelOut wf = run_scores(kc, dq, nullptr, sizes4, dq8, scales4, scale, true);
+      EXPECT_EQ(count_diff(wf.logits, plain.logits, &unwritten), 0) << "per-warp form logits";
+      EXPECT_EQ(count_close(wf.scores, form.scores, 1e-5, false), 0) << "per-warp vs default formed scores";
       gputest::expect_scores_sum_to_group(wf.scores, kc.H, kc.C, kc.G);
     }
   }
-  // Run 24: the query read from global after the issue (the query_smem switch off) gives the same bits, tma and
-  // wide, plain and formed.
-  for (const int variant : {int(cd::kScoreTma), int(cd::kScoreTmaWide)}) {
-    SCOPED_TRACE(cd::score_variant_name(variant));
-    const KernelOut g = run_scores(kc, dq, dc, ds, &q8, scale, variant, false, false, /*query_smem=*/false);
-    const KernelOut m = run_scores(kc, dq, dc, ds, &q8, scale, variant, false, false, /*query_smem=*/true);
-    EXPECT_EQ(count_diff(g.logits, m.logits, &unwritten), 0) << "query global vs smem logits";
-    EXPECT_EQ(count_diff(g.partial, m.partial, &unwritten), 0) << "query global vs smem partials";
-    if (fits) {
-      const KernelOut gf = run_scores(kc, dq, dc, ds, &q8, scale, variant, true, true, false);
-      const KernelOut sf = run_scores(kc, dq, dc, ds, &q8, scale, variant, true, true, true);
-      EXPECT_EQ(count_diff(gf.scores, sf.scores, &unwritten), 0) << "query global vs smem scores";
-    }
-  }
-  // The stream variant has no int8 path: it scores the bf16 centroids whatever the copies say.
-  const KernelOut s8 = run_scores(kc, dq, dc, ds, &q8, scale, cd::kScoreStream, false, false);
-  const KernelOut s16 = run_scores(kc, dq, dc, ds, nullptr, scale, cd::kScoreStream, false, false);
-  EXPECT_EQ(count_diff(s8.logits, s16.logits, &unwritten), 0) << "stream with int8 copies vs without";
-  std::printf("[score q8] kernel H=%d G=%d D=%d C=%d empty=%.2f q_gain=%g blocks=%d form_fits=%d: logits vs f64 "
-              "(dequantized) worst err/bound %.3f; plain / early / form, wide and the query from global identical%s\n",
+  // Given the bf16 centroids too, the int8 copies are what is scored.
+  const KernelOut both = run_scores(kc, dq, dc.as<uint16_t>(), ds.as<int>(), dq8, dsc, scale, false);
+  EXPECT_EQ(count_diff(both.logits, plain.logits, &unwritten), 0) << "with bf16 centroids too vs copies only";
+  std::printf("[score int8] kernel H=%d G=%d D=%d C=%d empty=%.2f q_gain=%g blocks=%d form_fits=%d wide=%d: logits "
+              "vs f64 (dequantized) worst err/bound %.3f; partial sums vs host worst rel %.2e; formed scores and "
+              "the per-warp stages identical or within 1e-5%s\n",
               kc.H, kc.G, kc.D, kc.C, kc.empty, double(kc.q_gain), cd::score_blocks(kc.C, kc.D, kc.H), int(fits),
-              worst, ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
+              int(wide), worst, worst_sum, ::testing::Test::HasFailure() ? " NOT (see failures)" : "");
 }
 
-TEST(CudaScoreQ8, KernelMatchesDequantized) {
+TEST(CudaScoreInt8, KernelMatchesDequantized) {
   RETROINFER_REQUIRE_GPU();
   kernel_case({3, 1, 64, 37, 0.2}, 31);      // tail of 5 rows, G 1 (sizes / scales by 4-byte cp.async)
   kernel_case({2, 4, 64, 20, 0.2}, 32);      // tail of 4 (C % 4 == 0: by bulk copy)
@@ -289,9 +279,24 @@ TEST(CudaScoreQ8, KernelMatchesDequantized) {
   kernel_case({3, 1, 128, 2048, 0.1}, 46);   // G 1 on wide stages, whole groups only
 }
 
-TEST(CudaScoreQ8, DecodeInt8) {
+// A RetroLayer over t's K/V as make_path_layer builds one for pc, scoring the clusters against bf16 centroids.
+std::unique_ptr<cuda::RetroLayer> bf16_scoring_layer(const gputest::PathLayer& t, const gputest::PathCase& pc) {
+  AttentionConfig cfg;
+  cfg.estimation = pc.estimation;
+  if (pc.host_kv) {
+    cfg.sink_tokens = 4;
+    cfg.window_tokens = 16;
+    cfg.segment_tokens = 1024;
+  }
+  cfg.int8_centroid_scoring = false;
+  auto layer = std::make_unique<cuda::RetroLayer>(AttentionShape{pc.hkv * pc.group, pc.hkv, pc.d}, cfg, pc.num_seqs);
+  if (pc.outliers) layer->set_outlier_zone(true);
+  layer->build(t.dk.as<uint16_t>(), t.dv.as<uint16_t>(), pc.n, pc.n);
+  return layer;
+}
+
+TEST(CudaScoreInt8, DecodeInt8) {
   RETROINFER_REQUIRE_GPU();
-  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", "int8");
   const gputest::PathCase cases[] = {{1, 2, 4, 128, 5000, true, false, true},
                                      {3, 2, 8, 64, 9000, true, false, true},
                                      {2, 1, 3, 64, 4000, true, true, true}};
@@ -301,24 +306,19 @@ TEST(CudaScoreQ8, DecodeInt8) {
     gputest::PathLayer t = gputest::make_path_layer(pc, seed);
     ASSERT_TRUE(t.layer->int8_scoring());
     const int C = t.layer->num_clusters(), d = pc.d;
-    EnvGuard path("RETROINFER_DECODE", "run9");
-    const gputest::PathResult a9 = gputest::decode_once(t);
-    path.set("run10");
     const gputest::PathResult a = gputest::decode_once(t);
-    gputest::expect_identical(a9, a, "run 9 path vs run 10");
     gputest::expect_identical(gputest::expect_graph_replays(t, a.out), a, "eager after replays");
     gputest::expect_stage_path(t, a.out);
     const auto cref = gputest::compare(a.out, gputest::f64_reference(t, a, pc.group, d));
     EXPECT_EQ(cref.unwritten, 0);
-    EXPECT_LT(cref.nmse, 1e-9);  // test_cuda_decode_run9's bounds against the same reference
+    EXPECT_LT(cref.nmse, 1e-9);  // the decode path tests' bounds against the same reference
     EXPECT_LT(cref.max_abs, 1e-4);
     // The bf16-scoring layer over the same K/V (the same k-means: nearly the same retrieval clusters).
-    EnvGuard fmt16("RETROINFER_SCORE_CENTROIDS", "bf16");
-    gputest::PathLayer u = gputest::make_path_layer(pc, seed);
-    ASSERT_FALSE(u.layer->int8_scoring());
-    const gputest::PathResult b = gputest::decode_once(u);
+    const std::unique_ptr<cuda::RetroLayer> u = bf16_scoring_layer(t, pc);
+    ASSERT_FALSE(u->int8_scoring());
+    const gputest::PathResult b = gputest::decode_once(*u, t.dq.as<float>(), t.q_elems, t.H);
     // The int8 copies are the host rule applied to the bf16 centroids (the bf16 layer's: the int8 layer keeps
-    // none since run 25).
+    // none).
     int64_t bad = 0;
     for (size_t h = 0; h < a.heads.size(); ++h) {
       const auto &st = a.heads[h], &sb = b.heads[h];
@@ -356,81 +356,42 @@ TEST(CudaScoreQ8, DecodeInt8) {
     const auto e8 = gputest::compare(a.out, full), e16 = gputest::compare(b.out, full);
     EXPECT_LT(jacc, 0.5);
     EXPECT_LE(e8.nmse, 2.0 * e16.nmse + 1e-3);
-    std::printf("[score q8] decode H=%d G=%d d=%d n=%lld C=%d: copies = host rule; run9 = run10, graphs and stage "
-                "path identical; vs f64 ref nmse %.2e max-abs %.2e; vs bf16 scoring: retrieval Jaccard max %.3f; "
+    std::printf("[score int8] decode H=%d G=%d d=%d n=%lld C=%d: copies = host rule; graphs and stage path "
+                "identical; vs f64 ref nmse %.2e max-abs %.2e; vs bf16 scoring: retrieval Jaccard max %.3f; "
                 "nmse vs full attention int8 %.3e, bf16 %.3e\n",
                 t.H, pc.group, d, (long long)pc.n, C, cref.nmse, cref.max_abs, jacc, e8.nmse, e16.nmse);
     ++seed;
   }
 }
 
-TEST(CudaScoreQ8, ScoringSwitch) {
+TEST(CudaScoreInt8, OptionAtConstruction) {
   RETROINFER_REQUIRE_GPU();
-  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", nullptr);
   AttentionConfig cfg;
   const AttentionShape shape{4, 2, 64};
-  EXPECT_TRUE(cuda::RetroLayer(shape, cfg).int8_scoring());  // the default since run 25
-  fmt.set("");
+  EXPECT_TRUE(cfg.int8_centroid_scoring);
   EXPECT_TRUE(cuda::RetroLayer(shape, cfg).int8_scoring());
-  fmt.set("bf16");
+  cfg.int8_centroid_scoring = false;
   EXPECT_FALSE(cuda::RetroLayer(shape, cfg).int8_scoring());
-  fmt.set("int8");
-  EXPECT_TRUE(cuda::RetroLayer(shape, cfg).int8_scoring());
-  EXPECT_TRUE(cuda::int8_scoring_from_env());
-  for (const char* bad : {"INT8", "fp8", "bf16 ", "16"}) {
-    fmt.set(bad);
-    EXPECT_THROW(cuda::RetroLayer(shape, cfg), Error) << bad;
-    EXPECT_THROW(cuda::int8_scoring_from_env(), Error) << bad;
-  }
-  fmt.set(nullptr);
-  cuda::RetroLayer layer(shape, cfg);
-  layer.set_int8_scoring(false);
-  EXPECT_FALSE(layer.int8_scoring());
-  layer.set_int8_scoring(true);
-  EXPECT_TRUE(layer.int8_scoring());
-  std::printf("[score q8] switch: unset / empty / int8 -> int8, bf16 -> bf16; 4 bad values throw\n");
 }
 
-// Run 25: a layer with int8 scoring keeps no bf16 centroids, so the score variants that read only bf16 ones
-// (v1, stream) refuse its decode with an Error naming the way out; tma and wide decode it, bit-identically.
-TEST(CudaScoreQ8, Bf16VariantsRefuseAnInt8Layer) {
+// Mismatched int8 arguments, and a query the int8 kernels cannot read, are refused by the launch.
+TEST(CudaScoreInt8, Refusals) {
   RETROINFER_REQUIRE_GPU();
-  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", nullptr);  // the default: int8
-  gputest::PathLayer t = gputest::make_path_layer({1, 2, 4, 128, 3000, true, false, true}, 962);
-  ASSERT_TRUE(t.layer->int8_scoring());
-  EnvGuard score("RETROINFER_SCORE", "tma");
-  EXPECT_EQ(gputest::compare(gputest::decode_once(t).out, gputest::decode_once(t).out).unwritten, 0);
-  score.set("wide");
-  const gputest::PathResult a = gputest::decode_once(t);
-  for (const char* v : {"v1", "stream"}) {
-    score.set(v);
-    auto dout = gputest::poisoned(t.q_elems);
-    try {
-      t.layer->decode(t.dq.as<float>(), dout.as<float>());
-      ADD_FAILURE() << v << " decoded a layer without bf16 centroids";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("RETROINFER_SCORE_CENTROIDS=bf16"), std::string::npos) << e.what();
-    }
-  }
-  score.set("wide");
-  gputest::expect_identical(gputest::decode_once(t), a, "wide again after the refusals");
-  std::printf("[score q8] int8-only layer: v1 and stream refused with a clear error; tma and wide decode it\n");
-}
-
-TEST(CudaScoreQ8, SwitchRefusedAfterBuild) {
-  RETROINFER_REQUIRE_GPU();
-  EnvGuard fmt("RETROINFER_SCORE_CENTROIDS", "int8");
-  gputest::PathLayer t = gputest::make_path_layer({1, 2, 4, 128, 3000, true, false, true}, 960);
-  EXPECT_THROW(t.layer->set_int8_scoring(false), Error);
-  // Mismatched int8 arguments are refused by the kernel launch.
+  cuda::DeviceBuffer buf(4096);
   cd::ScoreParams p;
-  p.centroids_q8 = reinterpret_cast<const uint8_t*>(16);
+  p.q = buf.as<float>();
+  p.centroids_q8 = buf.as<uint8_t>();
   p.head_dim = 64;
   p.num_heads = 1;
   p.num_clusters = 1;
   p.group = 1;
-  p.variant = cd::kScoreTma;
-  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue) << "copies without scales";
+  p.centroids_q8 = nullptr;
+  p.centroid_scale = buf.as<float>();
+  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue) << "scales without copies";
+  p.centroids_q8 = buf.as<uint8_t>();
+  p.q = buf.as<float>() + 1;
+  EXPECT_EQ(cd::score_clusters(p, nullptr), cudaErrorInvalidValue) << "query not 16-byte aligned";
 }
 
 }  // namespace

@@ -1,40 +1,33 @@
-// Cluster scores with the centroids streamed by bulk copies: RETROINFER_SCORE=stream and =tma (kernels.h
-// ScoreVariant; select.cu score_clusters dispatches here).
+// Cluster scores (DESIGN.md §2 "Scoring"): logits[h, g, c] = scale * q_g . c_c for every cluster c of head h
+// (-inf for empty clusters) on the tensor cores, and per CTA the softmax normaliser partial (max logit, sum
+// of e^{logit - max}) of each query head; optionally the selection's scores formed by the same grid
+// (ScoreParams::scores). select_kernels.h lists the kernels score_clusters chooses from.
 //
-// The same grid (score_blocks), the same tile partition (score_common.cuh score_tiles: CTA range
-// [tile0, tile1), warp w the tiles tile0 + w + 4t), the same per-tile math (decode_math.cuh query_fragments,
-// ldmatrix + mma m16n8k16 over D / 16 k-steps; each lane's ldmatrix reads the same 16 bytes of the same
-// centroid row as v1's, so the same registers), the same per-lane online (max, sum) in the same tile order,
-// the same quad / warp merge and run 10's formation (score_common.cuh score_tile_out, score_epilogue):
-// logits, normaliser partials and formed scores bit-identical to select.cu's v1 kernel. Only how a tile
-// reaches shared memory differs.
+// Grid (score_blocks): one wave, kScoreCtasPerSm CTAs of 4 warps per multiprocessor spread over the heads, each
+// CTA a contiguous range of 16-centroid tiles, warp w the tiles tile0 + w + 4t (score_common.cuh score_tiles).
+// Per tile the decode kernels' QK step with centroids for keys: logits^T = Q C^T with mma m16n8k16 over D / 16
+// k-steps, A = the scaled queries split into hi (row g) and lo (row g + 8) parts, so logit = c[g] + c[g + 8]
+// carries the f32 query to 2^-18 (bf16) or 2^-22 (f16 for the int8 tiles); each lane then holds query head
+// gq's logits of centroids 2tq, 2tq + 1, 8 + 2tq, 9 + 2tq, writes them and folds them into an online (max,
+// sum) that becomes the CTA's normaliser partial (score_common.cuh score_tile_out, score_epilogue).
 //
-// v1 (ncu at 128K batch 4, H200, /work/wt/prof): per warp a double buffer filled by 8 cp.async.cg 16-byte
-// copies per tile (32 lanes x 16 B), plus 4 per-lane __ldg of the tile's cluster sizes a tile ahead; its
-// top stall (22% of the samples) is the wait for those sizes, and the first tile's copy is the only one in
-// flight while the query fragments are formed (a dependent load of q). 29 us for 67 MB, 50% of DRAM peak.
-//
-// Here each warp owns a 2-stage ring of tile stages (8 stages per CTA, the shared memory v1 uses, so the
-// occupancy and the cooperative launch's residency are v1's: 6 CTAs per multiprocessor). A stage holds the
-// tile's 16 centroid rows and its 16 cluster sizes and has one mbarrier:
+// The centroids reach shared memory by tensor-map copies completing on mbarriers; a stage holds a tile's 16
+// centroid rows and its 16 cluster sizes (and for int8 its 16 row scales):
 //   sizes: where C % 4 == 0 (8188 at 128K) one cp.async.bulk of the tile's rows * 4 bytes by lane 0, counted
 //   with the rows; else lanes 0..15 each issue a 4-byte cp.async of one size (zero-filled past C) and
 //   cp.async.mbarrier.arrive (pending count +1 now, -1 when the lane's copies land: the phase cannot
 //   complete before the sizes have), then __syncwarp;
-//   lane 0 arrive.expect_tx(the stage's bytes); then the row copies, completing their bytes on the barrier
-//   (evict-first L2 policy):
-//   stream: lanes 0..rows-1 issue one cp.async.bulk each, centroid row r -> stage row r, rows D + 8 bf16
-//           apart as v1's (the ldmatrix reads stay conflict-free); rows past C are neither copied nor
-//           counted, and their stale columns give stale logit columns that the mask (cc < C) replaces by
-//           -inf with a select, as v1's zero-filled ones are;
-//   tma:    lane 0 issues D / 64 tensor-map copies of 64 dims x 16 centroids with 128-byte swizzle
-//           (StreamLayout below), rows past C zero-filled by the copy and counted.
-// Tile t of the warp uses stage t % 2 for the (t / 2)-th time: the warp waits for parity (t / 2) & 1. A
-// stage is refilled (tile t + 2) by the warp that read it, right after reading it (ldmatrix + the sizes,
-// then a proxy fence by every lane and __syncwarp: the generic reads are ordered before the async proxy's
-// writes), so no empty barriers and no cross-warp waits. Both stages are issued at the start, before the
-// query fragments' loads of q. Run 10's formation loads all of a CTA's logits (up to 512) before the grid
-// barrier (kStreamFormItems).
+//   lane 0 arrive.expect_tx(the stage's bytes), then D / 64 tensor-map copies of 64 dims x 16 centroids with
+//   128-byte swizzle (StageLayout below), rows past C zero-filled by the copy and counted (evict-first L2
+//   policy: the centroids are read once per decode, so the logits written here stay in L2 for the
+//   selection and the estimation).
+// Each warp owns a 2-stage ring (8 stages per CTA: the shared memory of 6 CTAs per multiprocessor, the
+// one-wave grid's residency that the cooperative launch of the formation needs). Tile t of the warp uses
+// stage t % 2 for the (t / 2)-th time: the warp waits for parity (t / 2) & 1. A stage is refilled (tile t + 2)
+// by the warp that read it, right after reading it (ldmatrix + the sizes, then a proxy fence by every lane and
+// __syncwarp: the generic reads are ordered before the async proxy's writes), so no empty barriers and no
+// cross-warp waits. Both stages are issued at the start, before the query fragments are formed. The
+// formation loads all of a CTA's logits (up to 512) before its grid barrier (score_common.cuh kFormRound).
 //
 // Why not a producer warp (decode_dense.cu's pattern): a fifth warp at 6 CTAs per multiprocessor caps the
 // registers at 64 per thread (65536 / (6 x 160)), below the compute warps' ~80 (the query fragments alone
@@ -43,37 +36,35 @@
 // ring of 8 stages refilled in tile order is this per-warp ring. Deeper rings do not fit either: the 8
 // stages are the shared memory of 6 CTAs per multiprocessor.
 //
-// Run 22, int8 centroids (tma only, ScoreParams::centroids_q8): the same grid, partition, ring and epilogue
-// with a tile of 16 rows of D bytes (one box of D x 16 u8; D = 128: 128-byte swizzle, D = 64: none) and the
-// tile's 16 row scales copied with its sizes. Lane (gq, tq) reads bytes [tq D / 4, (tq + 1) D / 4) of
-// centroid rows gq and gq + 8 (16-byte loads; with the swizzle the two rows of a quarter warp hit disjoint
-// banks), and k-step kk takes its 4-byte word kk: u0, u1 as the B fragment's k 2tq, 2tq + 1 and u2, u3 as
-// 2tq + 8, 2tq + 9, converted exactly to f16 (0x64 as the high byte gives 1024 + u; minus 1152 gives
-// u - 128). The query's A fragments follow that order (dims tq D / 4 + 4 kk + 0..3), split into f16 hi + lo
-// rows after a per-row power of two 2^-e that keeps them below 2^15 (e = 0 unless |q scale| >= 2^15); the
-// tile's logits are the f32 dot times the row's scale times 2^e.
+// Int8 centroids (ScoreParams::centroids_q8): the same grid, partition, ring and epilogue with a tile of 16
+// rows of D bytes (one box of D x 16 u8; D = 128: 128-byte swizzle, D = 64: none) and the tile's 16 row
+// scales copied with its sizes. Lane (gq, tq) reads bytes [tq D / 4, (tq + 1) D / 4) of centroid rows gq and
+// gq + 8 (16-byte loads; with the swizzle the two rows of a quarter warp hit disjoint banks), and k-step kk
+// takes its 4-byte word kk: u0, u1 as the B fragment's k 2tq, 2tq + 1 and u2, u3 as 2tq + 8, 2tq + 9,
+// converted exactly to f16 (0x64 as the high byte gives 1024 + u; minus 1152 gives u - 128). The query's A
+// fragments follow that order (dims tq D / 4 + 4 kk + 0..3), split into f16 hi + lo rows after a per-row
+// power of two 2^-e that keeps them below 2^15 (e = 0 unless |q scale| >= 2^15); the tile's logits are the
+// f32 dot times the row's scale times 2^e.
 //
-// Run 23, wide (kScoreTmaWide, RETROINFER_SCORE=wide, the default; int8 centroids only, bf16 ones keep the tma
-// kernel): the same tiles per warp and math with CTA-wide stages. Stage s holds the kScoreWarps warps' tiles of
-// one round g (64 consecutive centroids): one 64-row box of a second tensor map (a CTA's last, shorter round:
-// the 16-row boxes of its tiles) and one bulk copy each of the 64 sizes and scales, issued by one thread; the
-// warp whose count makes the stage's done_count a multiple of kScoreWarps refills it with round g + kS (its
-// lanes' reads fenced to the async proxy first). 3 copies per 64 centroids instead of 12: at 128K batch 16
-// 160 against 169 us, batch 4 68.1 against 68.8 (bench/results/run23/a).
+// Wide stages (kWide, int8 only): the same tiles per warp and math with CTA-wide stages. Stage s holds the
+// kScoreWarps warps' tiles of one round g (64 consecutive centroids): one 64-row box of a second tensor map (a
+// CTA's last, shorter round: the 16-row boxes of its tiles) and one bulk copy each of the 64 sizes and
+// scales, issued by one thread; the warp whose count makes the stage's done_count a multiple of kScoreWarps
+// refills it with round g + kS (its lanes' reads fenced to the async proxy first). 3 copies per 64 centroids
+// instead of 12: at 128K batch 16 160 against 169 us, batch 4 68.1 against 68.8. (bf16 tiles keep per-warp
+// stages: CTA-wide ones are 0.5 us slower at 128K batch 1 and 4 and level at 16.)
 //
-// Run 24, the query in shared memory (ScoreParams::query_smem, RETROINFER_SCORE_QUERY=smem, the default): the head's
-// query copied by cp.async before the first stages are issued and the fragments formed from there, instead of
-// loaded from global after the issue, where its loads queued behind the grid's first burst of centroid copies
-// (the last CTA had its query 9.3 us in at 128K batch 4, 6.0 now). The same fragments, so the same bits. int8
-// scoring at 128K batch 1 / 4 / 16: 44.9 / 66.8 / 159.7 against 45.9 / 68.5 / 162.8 us; bf16 unchanged (its own
-// first burst, twice the bytes, lands later than the query anyway) (bench/results/run24/g).
+// The query in shared memory: the head's query is copied by cp.async before the first stages are issued and
+// the fragments are formed from there; loaded from global after the issue, its loads would queue behind the
+// grid's first burst of centroid copies (the last CTA of 128K batch 4 has its query 6.0 us in, 9.3 from
+// global). The same fragments either way, so the same bits: up to 4 query heads for bf16 centroids (6 CTAs
+// per multiprocessor must still fit), 8 for int8; more, or a query base not 16-byte aligned, from global.
 #include <cuda.h>  // CUtensorMap and its encoder's declaration (the encoder itself: cudaGetDriverEntryPoint)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 
 #include "kernels/async_copy.cuh"
@@ -83,50 +74,41 @@
 #include "kernels/tensor_map.h"
 #include "kernels/score_common.cuh"
 #include "kernels/select_common.cuh"
-#include "retroinfer/error.h"
 
 namespace retroinfer::cuda::detail {
 
-int sm_count();  // layer_common.h
-
 namespace {
 
-constexpr int kStreamStages = 2;  // tile stages per warp (8 per CTA: v1's shared memory)
-// (Run 22: the int8 tiles are half as large, so 4 would fit v1's shared memory, but 4 measured slower than 2
-// at 128K batch 4: 71.7 against 68.5 us, read flush, run 22 calls 1-2. Both element types use 2.)
+// Tile stages per warp (8 per CTA; the wide stages: per CTA). The int8 tiles are half as large, so 4 would fit
+// the same shared memory, but 4 are slower than 2 at 128K batch 4 (71.7 against 68.5 us), and so are 4 CTA-wide
+// int8 stages.
+constexpr int kStages = 2;
 // Launch bounds: 6 CTAs of 128 threads per multiprocessor (<= 85 registers), the one-wave grid of
 // score_blocks and the cooperative launch's residency.
-constexpr int kStreamCtasPerSm = 6;
-// form_own_scores' items per thread per round (score_common.cuh): 4 x 128 >= the 352 clusters of a CTA at
-// 128K batch 4, all loaded before the grid barrier.
-constexpr int kStreamFormItems = 4;
+constexpr int kScoreCtasPerSm = 6;
 
-// The centroids' tensor map of the tma variant (zero for stream): [H][C][D] bf16, boxes of 64 dims x 16
-// centroids x 1 head, 128-byte swizzle, zero fill past C.
-// wide (kScoreTmaWide, int8 only): a second map of the same tensor with boxes of kScoreWarps x 16 = 64
-// centroids (one CTA stage); `map` (16 centroids) then copies the tail stages.
+// The centroids' tensor maps: [H][C][D] bf16, boxes of 64 dims x 16 centroids x 1 head, 128-byte swizzle,
+// zero fill past C (int8: [H][C][D] u8, boxes of D x 16 x 1). Wide stages (int8 only): `wide`, a second map
+// of the same tensor with boxes of kScoreWarps x 16 = 64 centroids (one CTA stage); `map` (16 centroids) then
+// copies the tail stages.
 struct ScoreMap {
   CUtensorMap map;
   CUtensorMap wide;
 };
 
-// A stage's layout. stream: 16 rows of D + 8 bf16 (v1's padded rows). tma: D / 64 boxes of 16 rows x 128
-// bytes (box b holds dims 64b..64b+63), the 16-byte chunk c of box row r at chunk c ^ (r % 8) (128-byte
-// swizzle; boxes 1024-byte aligned): the 8 rows of an ldmatrix matrix (8 consecutive centroids at one
-// logical chunk) sit at 8 different chunks, conflict-free as v1's padding.
-// kQ8 (tma only): one box of 16 rows x D bytes.
-template <int D, bool kTma, bool kQ8 = false>
-struct StreamLayout {
-  static_assert(kTma || !kQ8, "int8 centroids: tma only");
-  static constexpr int kRow = D + 8;                              // stream: row stride (bf16)
-  static constexpr uint32_t kRowBytes = D * 2;                    // one centroid row in global memory
-  static constexpr int kBoxBytes = kScoreTile * 128;              // tma: one box
-  // wide (int8): a CTA stage = the kScoreWarps tiles of one tile group, one box of 64 rows x D bytes; tile w
-  // of the group at w * kStageBytes (1024-byte aligned, so the 128-byte swizzle's pattern is the narrow one's).
-  static constexpr int kStageBytes = kQ8 ? kScoreTile * D : (kTma ? D / 64 * kBoxBytes : kScoreTile * kRow * 2);
-  static constexpr int kAlign = kTma ? 1024 : 16;                 // tma: the swizzle's alignment
-  static_assert(kStageBytes % kAlign == 0 || !kTma, "tma stages keep the 1 KiB alignment");
-  static_assert((kRow * 2) % 16 == 0 && kRowBytes % 16 == 0, "bulk copies need 16-byte rows and addresses");
+// A stage's layout: D / 64 boxes of 16 rows x 128 bytes (box b holds dims 64b..64b+63), the 16-byte chunk c
+// of box row r at chunk c ^ (r % 8) (128-byte swizzle; boxes 1024-byte aligned): the 8 rows of an ldmatrix
+// matrix (8 consecutive centroids at one logical chunk) sit at 8 different chunks, conflict-free.
+// kQ8: one box of 16 rows x D bytes.
+template <int D, bool kQ8 = false>
+struct StageLayout {
+  static constexpr int kBoxBytes = kScoreTile * 128;  // one bf16 box
+  // Wide stages (int8): a CTA stage = the kScoreWarps tiles of one tile group, one box of 64 rows x D bytes;
+  // tile w of the group at w * kStageBytes (1024-byte aligned, so the 128-byte swizzle's pattern is the
+  // narrow one's).
+  static constexpr int kStageBytes = kQ8 ? kScoreTile * D : D / 64 * kBoxBytes;
+  static constexpr int kAlign = 1024;  // the swizzle's alignment
+  static_assert(kStageBytes % kAlign == 0, "stages keep the 1 KiB alignment");
 };
 
 // D += A B, m16n8k16, f16 inputs, f32 accumulators.
@@ -196,12 +178,12 @@ __device__ __forceinline__ float query_fragments_q8(uint32_t (&qa)[D / 16][4], c
   return exp2f(static_cast<float>(e));
 }
 
-template <int D, bool kTma, bool kForm, bool kQ8 = false, bool kWide = false>
-__device__ __forceinline__ void score_stream_body(const ScoreParams& p, const ScoreMap* maps) {
+template <int D, bool kForm, bool kQ8 = false, bool kWide = false>
+__device__ __forceinline__ void score_body(const ScoreParams& p, const ScoreMap* maps) {
   static_assert(kQ8 || !kWide, "wide stages: the int8 tiles only");
-  using L = StreamLayout<D, kTma, kQ8>;
+  using L = StageLayout<D, kQ8>;
   constexpr int kKs = D / 16;
-  constexpr int kS = kStreamStages;  // (run 23: 4 CTA-wide int8 stages were slower than 2)
+  constexpr int kS = kStages;
   // All stages of the CTA plus the slack to align them (static shared memory is only 16-byte aligned).
   __shared__ __align__(128) unsigned char stage_raw[kScoreWarps * kS * L::kStageBytes + L::kAlign];
   // Per warp (kWide: per CTA, one row of the kScoreWarps tiles of a group) the stages' sizes, scales (kQ8)
@@ -225,7 +207,6 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
   const int own = kWide ? 0 : warp;                         // the stage owner's index
   const int tile_at = kWide ? warp * L::kStageBytes : 0;    // this warp's tile within a stage's box
   const int row_at = kWide ? warp * kScoreTile : 0;         // its rows within a stage's sizes / scales
-  const uint16_t* ch = p.centroids_bf16 + int64_t{h} * C * D;
   const int* sz = p.sizes + int64_t{h} * C;
   float* lg = p.logits + (int64_t{h} * G + (gq < G ? gq : 0)) * C;
   const ScoreTiles tiles = score_tiles(C, warp);
@@ -241,7 +222,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
   }
   if constexpr (!kWide) __syncwarp();
   // The centroids are read once per decode (67 MB at 128K batch 4, more than L2): evict-first, so the
-  // logits written here stay in L2 for the selection and the estimation (as v1's early_loads).
+  // logits written here stay in L2 for the selection and the estimation.
   const uint64_t pol = l2_evict_first_policy();
   // Fills stage t % kS with the warp's tile t (all lanes call; see the file comment for the protocol).
   // The tile's sizes by one bulk copy with the rows (no L1 path at all) when they are 16-byte aligned for
@@ -266,26 +247,16 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
       }
       __syncwarp();  // the 16 pending-count raises before lane 0's arrive
     }
-    if constexpr (kTma) {  // whole boxes: rows past C are zero-filled and counted
-      if (lane == 0) {
-        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(L::kStageBytes) + (kQ8 ? 2 : 1) * size_bytes);
-        if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
-        if constexpr (kQ8) {
-          if (sizes_bulk) bulk_copy_g2s(&sscl[warp][s][0], scl + c0, size_bytes, &bar[s], pol);
-          tma_load_3d(st, map, 0, c0, h, &bar[s], pol);
-        } else {
+    if (lane == 0) {  // whole boxes: rows past C are zero-filled and counted
+      mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(L::kStageBytes) + (kQ8 ? 2 : 1) * size_bytes);
+      if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
+      if constexpr (kQ8) {
+        if (sizes_bulk) bulk_copy_g2s(&sscl[warp][s][0], scl + c0, size_bytes, &bar[s], pol);
+        tma_load_3d(st, map, 0, c0, h, &bar[s], pol);
+      } else {
 #pragma unroll
-          for (int bx = 0; bx < D / 64; ++bx) tma_load_3d(st + bx * L::kBoxBytes, map, 64 * bx, c0, h, &bar[s], pol);
-        }
+        for (int bx = 0; bx < D / 64; ++bx) tma_load_3d(st + bx * L::kBoxBytes, map, 64 * bx, c0, h, &bar[s], pol);
       }
-    } else {
-      if (lane == 0) {
-        mbar_arrive_expect_tx(&bar[s], static_cast<uint32_t>(rows) * L::kRowBytes + size_bytes);
-        if (sizes_bulk) bulk_copy_g2s(&ssz[warp][s][0], sz + c0, size_bytes, &bar[s], pol);
-      }
-      __syncwarp();  // the expected bytes before any row's complete_tx
-      if (lane < rows)
-        bulk_copy_g2s(st + lane * L::kRow * 2, ch + int64_t{c0 + lane} * D, L::kRowBytes, &bar[s], pol);
     }
   };
   // kWide (sizes_bulk only, checked at the launch): tile group g (the warps' g-th tiles, rows
@@ -309,22 +280,21 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
       for (int i = 0; i < nt; ++i) tma_load_3d(st + i * L::kStageBytes, map, 0, c0 + i * kScoreTile, h, &bar[s], pol);
     }
   };
-  // Run 24 (ScoreParams::query_smem): the head's query [G][D] f32 copied into shared memory by cp.async before the
-  // first stages are issued, the fragments formed from there after the issue (query_fragments / _q8 on the same
-  // values: the same fragments). Formed from global after the issue, the query's loads queued behind the grid's
-  // first burst of centroid copies: at 128K batch 4 the last CTA had its query 9.3 us in, 5.7 with the copy
-  // first (bench/results/run24/e, f). Up to kQRows query heads (bf16: 4, so that 6 CTAs still fit a
-  // multiprocessor's shared memory; int8: kMaxGroup); more: from global.
+  // The head's query [G][D] f32 copied into shared memory by cp.async before the first stages are issued, the
+  // fragments formed from there after the issue (query_fragments / _q8 on the same values: the same fragments;
+  // file comment). Up to kQRows query heads (bf16: 4, so that 6 CTAs still fit a multiprocessor's shared
+  // memory; int8: kMaxGroup) and a 16-byte aligned base (G D floats per head: every head's rows stay
+  // aligned); else from global.
   constexpr int kQRows = kQ8 ? kMaxGroup : 4;
   __shared__ __align__(16) float qs[kQRows * D];
-  const bool q_smem = p.query_smem && G <= kQRows;  // CTA-uniform (the launch checks the 16-byte alignment)
+  const bool q_smem = G <= kQRows && (reinterpret_cast<uintptr_t>(p.q) & 15) == 0;  // CTA-uniform
   if (q_smem) {
     const float* qh = p.q + int64_t{h} * G * D;
     for (int i = 4 * static_cast<int>(threadIdx.x); i < G * D; i += 4 * static_cast<int>(blockDim.x))
       cp_async16(qs + i, qh + i);
     cp_async_commit();
   }
-  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as v1's and the decode kernels')
+  uint32_t qa[kKs][4];  // the query's A fragments (decode_math.cuh, as the decode kernels')
   float qe = 1.0f;      // kQ8: the query row's 2^e
   auto form_query = [&](const float* q, int head) {
     if constexpr (kQ8) qe = query_fragments_q8<D>(qa, q, head, G, gq, tq, p.scale);
@@ -339,7 +309,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
     for (int t = 0; t < kS; ++t)
       if (t < ntiles) issue(t);
   }
-  phase_last(p.phase, h, kSlotScoreIssued);  // diagnostics (run 24)
+  phase_last(p.phase, h, kSlotScoreIssued);  // diagnostics: the first stages issued
   if (q_smem) {
     cp_async_wait<0>();
     __syncthreads();  // every thread's copies of the query
@@ -347,20 +317,17 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
   } else {
     form_query(p.q, h);
   }
-  phase_first(p.phase, h, kSlotScoreQ);  // diagnostics (run 24): the query fragments formed
+  phase_first(p.phase, h, kSlotScoreQ);  // diagnostics: the query fragments formed
   phase_last(p.phase, h, kSlotScoreQ + 1);
   float nm = -INFINITY, ns = 0.0f;
-  // ldmatrix: matrix mi = lane >> 3 (centroid half mi >> 1, k half mi & 1), row ri = lane & 7, i.e. v1's
-  // centroid row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
+  // ldmatrix: matrix mi = lane >> 3 (centroid half mi >> 1, k half mi & 1), row ri = lane & 7, i.e. centroid
+  // row 8 (mi >> 1) + ri and 16-byte column 2k + (mi & 1) at k-step k. Byte offsets in a stage:
   const int row = (mi >> 1) * 8 + ri;
-  auto at = [&](int k) {
-    if constexpr (kTma) return (k >> 2) * L::kBoxBytes + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16;
-    else return (row * L::kRow + (mi & 1) * 8 + k * 16) * 2;
-  };
-  // Run 24 (kWide): a last group of fewer than kScoreWarps tiles is taken in half tiles (8 centroids) by every
-  // warp, so that the warps of the CTA end together (at 128K batch 4 each CTA has 22 tiles: warps 0-1 took 6,
-  // warps 2-3 five, and waited for them at the CTA barrier; Nsight: 22% of the samples, run 24 n/). The
-  // logits are the same bits (the same MMA per row); the normaliser partials sum in another order.
+  auto at = [&](int k) { return (k >> 2) * L::kBoxBytes + row * 128 + ((((2 * k) & 7) | (mi & 1)) ^ ri) * 16; };
+  // kWide: a last group of fewer than kScoreWarps tiles is taken in half tiles (8 centroids) by every warp, so
+  // that the warps of the CTA end together (at 128K batch 4 each CTA has 22 tiles: whole tiles would give warps
+  // 0-1 six and warps 2-3 five, waiting for them at the CTA barrier). The logits are the same bits (the same
+  // MMA per row); the normaliser partials sum in another order.
   const int nt_last = kWide ? (tiles.tile1 - tiles.tile0) - (groups - 1) * kScoreWarps : kScoreWarps;
   const bool half_tail = kWide && groups > 0 && nt_last < kScoreWarps;  // CTA-uniform
   const int full_iters = half_tail ? groups - 1 : ntiles;
@@ -433,7 +400,7 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
       __syncwarp();
       issue(t + kS);
     }
-    score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);  // v1's tile epilogue, bit for bit
+    score_tile_out(sv, size, c0, tq, gq, G, C, lg, nm, ns);
   }
   if constexpr (kWide) {
     if (half_tail) {  // the last group (no refill follows): half tile hf = tile hf / 2, rows 8 (hf % 2) + 0..7
@@ -465,31 +432,31 @@ __device__ __forceinline__ void score_stream_body(const ScoreParams& p, const Sc
       }
     }
   }
-  score_epilogue<kForm, kStreamFormItems>(p, nm, ns, gq, tq, tiles, red);
+  score_epilogue<kForm>(p, nm, ns, gq, tq, tiles, red);
 }
 
-// The wide kernel at D = 64 held to 72 registers (7 CTAs per multiprocessor, v1's residency; the half-tile
-// tail would take it to 76 and 6 CTAs).
+// The wide kernel at D = 64 held to 72 registers (7 CTAs per multiprocessor; the half-tile tail would take it
+// to 76 and 6 CTAs).
 template <int D, bool kWide>
-inline constexpr int kStreamMinCtas = D == 64 && kWide ? 7 : kStreamCtasPerSm;
+inline constexpr int kScoreMinCtas = D == 64 && kWide ? 7 : kScoreCtasPerSm;
 
-template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
-__global__ void __launch_bounds__(kScoreWarps * 32, kStreamMinCtas<D, kWide>)
-    score_stream_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
-  score_stream_body<D, kTma, false, kQ8, kWide>(p, &m);
+template <int D, bool kQ8 = false, bool kWide = false>
+__global__ void __launch_bounds__(kScoreWarps * 32, kScoreMinCtas<D, kWide>)
+    score_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
+  score_body<D, false, kQ8, kWide>(p, &m);
 }
 
-// Run 10's formation in the grid (cooperative launch only: its grid barrier needs every CTA resident).
-template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
-__global__ void __launch_bounds__(kScoreWarps * 32, kStreamMinCtas<D, kWide>)
-    score_stream_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
-  score_stream_body<D, kTma, true, kQ8, kWide>(p, &m);
+// The scores formed in the same grid (cooperative launch only: its grid barrier needs every CTA resident).
+template <int D, bool kQ8 = false, bool kWide = false>
+__global__ void __launch_bounds__(kScoreWarps * 32, kScoreMinCtas<D, kWide>)
+    score_form_kernel(const ScoreParams p, const __grid_constant__ ScoreMap m) {
+  score_body<D, true, kQ8, kWide>(p, &m);
 }
 
-// tma: the centroids' tensor map ([H][C][D] bf16, boxes 64 dims x 16 centroids x 1 head, 128-byte swizzle,
-// zero fill past C), encoded by the driver's cuTensorMapEncodeTiled obtained once through the runtime (no
-// link against libcuda), as decode_dense.cu's; cached per thread by (centroids, H, C, D), which a layer
-// keeps from one decode to the next.
+// The centroids' tensor map ([H][C][D] bf16, boxes 64 dims x 16 centroids x 1 head, 128-byte swizzle, zero
+// fill past C), encoded by the driver's cuTensorMapEncodeTiled obtained once through the runtime (no link
+// against libcuda), as decode_dense.cu's; cached per thread by (centroids, H, C, D), which a layer keeps from
+// one decode to the next.
 // q8: the int8 centroids' map ([H][C][D] u8, boxes of D x 16 x 1: D = 128 with the 128-byte swizzle, 64
 // without).
 // rows: the box's centroids (kScoreTile, or kScoreWarps x kScoreTile for the wide map).
@@ -529,105 +496,81 @@ cudaError_t cached_score_map(const ScoreParams& p, bool q8, bool wide, ScoreMap*
   });
 }
 
-template <int D, bool kTma, bool kQ8 = false, bool kWide = false>
-cudaError_t launch_stream(const ScoreParams& p, const ScoreMap& m, dim3 grid, dim3 block, cudaStream_t s) {
+template <int D, bool kQ8 = false, bool kWide = false>
+cudaError_t launch_score(const ScoreParams& p, const ScoreMap& m, dim3 grid, dim3 block, cudaStream_t s) {
   if (p.scores == nullptr) {
-    score_stream_kernel<D, kTma, kQ8, kWide><<<grid, block, 0, s>>>(p, m);
+    score_kernel<D, kQ8, kWide><<<grid, block, 0, s>>>(p, m);
     return cudaGetLastError();
   }
-  return launch_cooperative(score_stream_form_kernel<D, kTma, kQ8, kWide>, grid, block, 0, s, p, m);
+  return launch_cooperative(score_form_kernel<D, kQ8, kWide>, grid, block, 0, s, p, m);
 }
 
-// (tma: the fewer of the bf16 and int8 kernels'; wide: of those and the wide int8 kernel's.)
-template <int D, bool kTma, bool kWide = false>
-int stream_form_ctas_per_sm() {
+// The CTAs per multiprocessor of the formation that score_clusters may launch at head dimension D: the fewest
+// of the bf16, int8 and wide int8 kernels' (the same 6, or 7 for wide at D = 64).
+template <int D>
+int form_ctas_per_sm() {
   static const int n = [] {
-    const int b = max_ctas_per_sm(score_stream_form_kernel<D, kTma, false>, kScoreWarps * 32);
-    if constexpr (!kTma) return b;
-    else {
-      const int t = std::min(b, max_ctas_per_sm(score_stream_form_kernel<D, true, true>, kScoreWarps * 32));
-      if constexpr (!kWide) return t;
-      else return std::min(t, max_ctas_per_sm(score_stream_form_kernel<D, true, true, true>, kScoreWarps * 32));
-    }
+    const int b = max_ctas_per_sm(score_form_kernel<D>, kScoreWarps * 32);
+    const int q = max_ctas_per_sm(score_form_kernel<D, true>, kScoreWarps * 32);
+    const int w = max_ctas_per_sm(score_form_kernel<D, true, true>, kScoreWarps * 32);
+    return std::min(b, std::min(q, w));
   }();
   return n;
 }
 
 }  // namespace
 
-const char* score_variant_name(int variant) {
-  switch (variant) {
-    case kScoreV1:
-      return "v1";
-    case kScoreStream:
-      return "stream";
-    case kScoreTma:
-      return "tma";
-    case kScoreTmaWide:
-      return "wide";
-    default:
-      return "?";
-  }
+int score_blocks(int num_clusters, int head_dim, int num_heads) {
+  // One wave: kScoreCtasPerSm CTAs per multiprocessor (34 KiB of shared memory each), spread over the heads,
+  // each CTA streaming a contiguous range of tiles (a grid of 256 centroids per CTA takes 1.3 waves at 128K
+  // batch 4, the last one mostly idle). At least one tile per warp.
+  (void)head_dim;
+  const int tiles = (num_clusters + kScoreTile - 1) / kScoreTile;
+  const int most = (tiles + kScoreWarps - 1) / kScoreWarps;
+  const int want = kScoreCtasPerSm * sm_count() / (num_heads > 0 ? num_heads : 1);
+  const int b = want < most ? want : most;
+  return b > 0 ? b : 1;
 }
 
-ScoreVariant score_variant_from_env() {
-  const char* e = std::getenv("RETROINFER_SCORE");
-  if (e == nullptr || e[0] == '\0') return kDefaultScoreVariant;
-  for (int v = 0; v < kScoreVariants; ++v)
-    if (std::strcmp(e, score_variant_name(v)) == 0) return static_cast<ScoreVariant>(v);
-  RETROINFER_FAIL("RETROINFER_SCORE='", e, "' is not a score kernel variant: use wide (the default), tma, stream or v1");
+bool score_form_fits(int num_clusters, int head_dim, int num_heads) {
+  const int per_sm = head_dim == 128 ? form_ctas_per_sm<128>() : (head_dim == 64 ? form_ctas_per_sm<64>() : 0);
+  const int64_t ctas = int64_t{score_blocks(num_clusters, head_dim, num_heads)} * num_heads;
+  return num_heads > 0 && num_heads <= 65535 && ctas <= int64_t{per_sm} * sm_count();
 }
 
-int score_stream_form_ctas_per_sm(int variant, int head_dim) {
-  if (variant == kScoreStream)
-    return head_dim == 128 ? stream_form_ctas_per_sm<128, false>()
-                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, false>() : 0);
-  if (variant == kScoreTma)
-    return head_dim == 128 ? stream_form_ctas_per_sm<128, true>()
-                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, true>() : 0);
-  if (variant == kScoreTmaWide)  // (its launch may take the tma kernels)
-    return head_dim == 128 ? stream_form_ctas_per_sm<128, true, true>()
-                           : (head_dim == 64 ? stream_form_ctas_per_sm<64, true, true>() : 0);
-  return 0;
-}
-
-cudaError_t score_clusters_stream(const ScoreParams& params, int variant, cudaStream_t s) {
-  ScoreParams p = params;
-  // The query's 16-byte copies (run 24) need a 16-byte aligned base (G D floats per head: rows stay aligned).
-  if (reinterpret_cast<uintptr_t>(p.q) % 16 != 0) p.query_smem = false;
+cudaError_t score_clusters(const ScoreParams& p, cudaStream_t s) {
+  auto aligned16 = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
   // Bulk copies need 16-byte aligned rows: the base (cudaMalloc gives 256) and 2D-byte rows (D = 64, 128).
-  if (reinterpret_cast<uintptr_t>(p.centroids_bf16) % 16 != 0 || (p.head_dim != 64 && p.head_dim != 128) ||
-      !score_variant_streams(variant))
+  if (!aligned16(p.centroids_bf16) || (p.head_dim != 64 && p.head_dim != 128) ||
+      (p.centroids_q8 == nullptr) != (p.centroid_scale == nullptr))
     return cudaErrorInvalidValue;
+  if (p.scores != nullptr && !score_form_fits(p.num_clusters, p.head_dim, p.num_heads)) return cudaErrorInvalidValue;
   const dim3 grid(score_blocks(p.num_clusters, p.head_dim, p.num_heads), p.num_heads);
   const dim3 block(kScoreWarps * 32);
   ScoreMap m;
   std::memset(&m, 0, sizeof(m));
-  if ((p.centroids_q8 == nullptr) != (p.centroid_scale == nullptr)) return cudaErrorInvalidValue;
-  auto aligned16 = [](const void* x) { return reinterpret_cast<uintptr_t>(x) % 16 == 0; };
-  const bool tma_kind = score_variant_reads_int8(variant);
-  // Run 22: the int8 centroids where given (tma kinds with an encoder only; else the bf16 ones below).
-  const bool q8 = tma_kind && p.centroids_q8 != nullptr && p.num_clusters > 0 && aligned16(p.centroids_q8);
-  // wide (int8 only): a stage's sizes and scales by one bulk copy each, so C % 4 == 0 and 16-byte aligned
-  // bases; else the tma kernel's per-warp stages (the same bits). bf16 centroids: the tma kernel (run 23:
-  // CTA-wide bf16 stages were 0.5 us slower at 128K batch 1 and 4 and level at 16).
-  const bool wide = q8 && variant == kScoreTmaWide && (p.num_clusters & 3) == 0 && aligned16(p.sizes) &&
-                    aligned16(p.centroid_scale);
+  // The int8 copies where given (and 16-byte aligned); else the bf16 centroids below. Their query fragments
+  // are read as float4 (a 16-byte aligned query).
+  const bool q8 = p.centroids_q8 != nullptr && p.num_clusters > 0 && aligned16(p.centroids_q8);
+  if (q8 && !aligned16(p.q)) return cudaErrorInvalidValue;
+  // Wide stages copy a stage's sizes and scales by one bulk copy each, so C % 4 == 0 and 16-byte aligned
+  // bases; else per-warp stages (the same logits).
+  const bool wide = q8 && (p.num_clusters & 3) == 0 && aligned16(p.sizes) && aligned16(p.centroid_scale);
   if (q8 && cached_score_map(p, true, wide, &m) == cudaSuccess) {
     if (wide)
-      return p.head_dim == 128 ? launch_stream<128, true, true, true>(p, m, grid, block, s)
-                               : launch_stream<64, true, true, true>(p, m, grid, block, s);
-    return p.head_dim == 128 ? launch_stream<128, true, true>(p, m, grid, block, s)
-                             : launch_stream<64, true, true>(p, m, grid, block, s);
+      return p.head_dim == 128 ? launch_score<128, true, true>(p, m, grid, block, s)
+                               : launch_score<64, true, true>(p, m, grid, block, s);
+    return p.head_dim == 128 ? launch_score<128, true>(p, m, grid, block, s)
+                             : launch_score<64, true>(p, m, grid, block, s);
   }
-  // Only int8 copies (a RetroLayer with int8 scoring keeps no bf16 centroids) but no tensor-map kernel for them.
-  if (p.centroids_bf16 == nullptr && p.num_clusters > 0) return cudaErrorNotSupported;
-  // tma without a tensor-map encoder (or with a shape it refuses, e.g. no clusters): stream, the same CTAs
-  // per multiprocessor and the same bits.
-  const bool tma = tma_kind && p.num_clusters > 0 && cached_score_map(p, false, false, &m) == cudaSuccess;
-  if (p.head_dim == 128) return tma ? launch_stream<128, true>(p, m, grid, block, s)
-                                    : launch_stream<128, false>(p, m, grid, block, s);
-  return tma ? launch_stream<64, true>(p, m, grid, block, s) : launch_stream<64, false>(p, m, grid, block, s);
+  if (p.num_clusters > 0) {
+    // Only int8 copies (a RetroLayer with int8 scoring keeps no bf16 centroids) but no map of them, or no map
+    // of the bf16 centroids: no kernel can read them.
+    if (p.centroids_bf16 == nullptr || cached_score_map(p, false, false, &m) != cudaSuccess)
+      return cudaErrorNotSupported;
+  }
+  // (No clusters: the grid only writes its empty normaliser partials and never reads the map.)
+  return p.head_dim == 128 ? launch_score<128>(p, m, grid, block, s) : launch_score<64>(p, m, grid, block, s);
 }
 
 namespace {
