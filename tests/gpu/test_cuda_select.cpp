@@ -17,6 +17,7 @@
 #include "kernels/kernels.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
+#include "index/wave_index.h"
 
 namespace retroinfer {
 namespace {
@@ -32,10 +33,13 @@ struct SelectCase {
   int page_tokens;
 };
 
-// The CPU rule (decode_path_test_util.h cpu_select) on scores sc[0 .. n), both id lists padded with -1 to
-// k1 / k2 entries as the kernels write them.
+// The production rule (index::select_zones) on scores sc[0 .. n), both id lists padded with -1 to k1 / k2
+// entries as the kernels write them.
 void cpu_select(const float* sc, int n, int k1, int k2, std::vector<int32_t>& r, std::vector<int32_t>& e) {
-  gputest::cpu_select(std::vector<float>(sc, sc + n), k1, k2, r, e);
+  index::ZoneSelection sel;
+  index::select_zones(sc, n, index::ZoneBudget{k1, k2}, sel);
+  r = std::move(sel.retrieval);
+  e = std::move(sel.estimation);
   r.resize(k1, -1);
   e.resize(k2, -1);
 }
