@@ -13,8 +13,8 @@
 #include "gpu_test_util.h"
 #include "index/kmeans.h"
 #include "index/wave_index.h"
-#include "retroinfer/kv_cache.h"
 #include "parity/parity_harness.h"
+#include "retroinfer/kv_cache.h"
 
 namespace retroinfer::parity {
 
@@ -105,10 +105,11 @@ struct RetroCase {
   float spread = 0.5f;       // make_kv: noise around them (0: exact duplicate keys, hence empty clusters)
   std::string describe() const {
     char b[200];
-    std::snprintf(b, sizeof b, "seqs %d hkv %d G %d d %d n %lld sink %d window %d seg %d r %.3g e %.3g%s%s%s",
-                  num_seqs, hkv, group, d, (long long)n, cfg.sink_tokens, cfg.window_tokens, cfg.segment_tokens,
+    std::snprintf(b, sizeof b, "seqs %d hkv %d G %d d %d n %lld sink %d window %d seg %d r %.3g e %.3g%s%s%s", num_seqs,
+                  hkv, group, d, (long long)n, cfg.sink_tokens, cfg.window_tokens, cfg.segment_tokens,
                   cfg.retrieval_fraction, cfg.estimation ? cfg.estimation_fraction : 0.0,
-                  int8_scoring ? "" : " bf16-scoring", outliers ? " outliers" : "", spread == 0.0f ? " duplicates" : "");
+                  int8_scoring ? "" : " bf16-scoring", outliers ? " outliers" : "",
+                  spread == 0.0f ? " duplicates" : "");
     return b;
   }
 };
@@ -117,9 +118,9 @@ struct RetroRun {
   int H = 0, G = 0, d = 0, C = 0, n_r = 0, n_e = 0;
   int64_t n = 0, idx_begin = 0, n_idx = 0;
   float scale = 0.0f;
-  KvData kv;                                // [H, n + 3, d]
-  std::vector<float> q, out;                // [H, G, d]
-  std::vector<cuda::RetroDebugState> heads;  // per flat head, after the decode
+  KvData kv;                                   // [H, n + 3, d]
+  std::vector<float> q, out;                   // [H, G, d]
+  std::vector<cuda::RetroDebugState> heads;    // per flat head, after the decode
   std::vector<std::vector<int32_t>> outliers;  // per flat head (outlier zone on)
 };
 

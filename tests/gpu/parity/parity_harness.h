@@ -7,7 +7,7 @@
 // Comparison rules (each bound's derivation sits beside the bound):
 //   floats: normalised MSE sum (got - ref)^2 / sum ref^2 and max |got - ref|, every output element written
 //     (outputs are filled with a NaN sentinel first: an element left unwritten stays non-finite);
-//   id sets: Jaccard distance 1 - |A n B| / |A u B|, and only near-ties may differ;
+//   id sets: Jaccard distance 1 - |A n B| / |A u B| (gputest::jaccard_distance), and only near-ties may differ;
 //   exact equality wherever the GPU promises the CPU's rule on the same inputs (ids from the GPU's own scores,
 //   budgets, cluster counts, token lists).
 #pragma once
@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
-#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -66,14 +65,18 @@ class CaseReport {
     std::vector<Check> worst;
     for (const Check& c : checks_) {
       auto it = std::find_if(worst.begin(), worst.end(), [&](const Check& w) { return w.what == c.what; });
-      if (it == worst.end()) worst.push_back(c);
-      else if (!c.pass || (it->pass && c.value - c.bound > it->value - it->bound)) *it = c;
+      if (it == worst.end())
+        worst.push_back(c);
+      else if (!c.pass || (it->pass && c.value - c.bound > it->value - it->bound))
+        *it = c;
     }
     std::ostringstream s;
     for (const Check& c : worst) {
       s << ' ' << c.what << ' ';
-      if (c.bound == 0.0) s << (c.pass ? "ok" : "MISMATCH");
-      else s << fmt(c.value) << (c.pass ? "<=" : ">") << fmt(c.bound);
+      if (c.bound == 0.0)
+        s << (c.pass ? "ok" : "MISMATCH");
+      else
+        s << fmt(c.value) << (c.pass ? "<=" : ">") << fmt(c.bound);
       s << ';';
     }
     for (const auto& [what, v] : notes_) s << ' ' << what << ' ' << fmt(v) << ';';
@@ -84,8 +87,10 @@ class CaseReport {
     for (const Check& c : checks_) {
       if (c.pass) continue;
       s << "\n  " << c.what << ": ";
-      if (c.bound == 0.0) s << c.value << " mismatch(es)";
-      else s << fmt(c.value) << " > bound " << fmt(c.bound);
+      if (c.bound == 0.0)
+        s << c.value << " mismatch(es)";
+      else
+        s << fmt(c.value) << " > bound " << fmt(c.bound);
       if (!c.detail.empty()) s << " (" << c.detail << ")";
     }
     return s.str();
@@ -151,54 +156,28 @@ inline void run_family(const std::string& name) {
 }
 
 // Registers family `test_name` (cases_fn: () -> std::vector<ParityCase>) and its gtest GpuParity.test_name.
-#define RETROINFER_PARITY_FAMILY(test_name, what, cases_fn)                                             \
+#define RETROINFER_PARITY_FAMILY(test_name, what, cases_fn)                                                \
   static const ::retroinfer::parity::Registrar parity_registrar_##test_name({#test_name, what, cases_fn}); \
-  TEST(GpuParity, test_name) {                                                                          \
-    RETROINFER_REQUIRE_GPU();                                                                           \
-    ::retroinfer::parity::run_family(#test_name);                                                       \
+  TEST(GpuParity, test_name) {                                                                             \
+    RETROINFER_REQUIRE_GPU();                                                                              \
+    ::retroinfer::parity::run_family(#test_name);                                                          \
   }
 
 // ---- comparisons ----
 
-// got against ref, elementwise: nmse, max-abs and the elements left non-finite (unwritten: the sentinel)
-// where ref is finite.
-struct FloatDiff {
-  double nmse = 0.0, max_abs = 0.0;
-  int64_t unwritten = 0, first_unwritten = -1, worst = -1;
-};
-inline FloatDiff float_diff(const std::vector<float>& got, const std::vector<float>& ref) {
-  FloatDiff d;
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < got.size() && i < ref.size(); ++i) {
-    if (!std::isfinite(got[i])) {
-      if (std::isfinite(ref[i])) {
-        if (d.unwritten++ == 0) d.first_unwritten = int64_t(i);
-      }
-      continue;
-    }
-    const double e = double(got[i]) - double(ref[i]);
-    num += e * e;
-    den += double(ref[i]) * ref[i];
-    if (std::abs(e) > d.max_abs) {
-      d.max_abs = std::abs(e);
-      d.worst = int64_t(i);
-    }
-  }
-  d.nmse = den > 0.0 ? num / den : num;
-  return d;
-}
-
 // The float checks of one output: sizes equal, every element written, nmse <= nmse_bound, max-abs <=
 // max_abs_bound (checks "<what> written", "<what> nmse", "<what> max-abs").
-inline FloatDiff expect_close(CaseReport& r, const std::string& what, const std::vector<float>& got,
-                              const std::vector<float>& ref, double nmse_bound, double max_abs_bound) {
+inline gputest::Compare expect_close(CaseReport& r, const std::string& what, const std::vector<float>& got,
+                                     const std::vector<float>& ref, double nmse_bound, double max_abs_bound) {
   r.eq(what + " size", got.size(), ref.size());
-  const FloatDiff d = float_diff(got, ref);
+  if (got.size() != ref.size()) return {};
+  const gputest::Compare d = gputest::compare(got, ref);
   r.none(what + " written", d.unwritten, d.unwritten ? "element " + std::to_string(d.first_unwritten) : "");
   r.le(what + " nmse", d.nmse, nmse_bound);
   std::string worst;
-  if (d.worst >= 0) worst = "element " + std::to_string(d.worst) + ": got " + std::to_string(got[d.worst]) +
-                            ", want " + std::to_string(ref[d.worst]);
+  if (d.worst >= 0)
+    worst = "element " + std::to_string(d.worst) + ": got " + std::to_string(got[d.worst]) + ", want " +
+            std::to_string(ref[d.worst]);
   r.le(what + " max-abs", d.max_abs, max_abs_bound, worst);
   return d;
 }
@@ -216,15 +195,6 @@ void expect_same(CaseReport& r, const std::string& what, const std::vector<A>& g
               std::to_string(int64_t(want[i]));
   }
   r.none(what, diff, first);
-}
-
-template <typename T>
-double jaccard(const std::vector<T>& a, const std::vector<T>& b) {
-  std::set<T> sa(a.begin(), a.end()), sb(b.begin(), b.end());
-  size_t inter = 0;
-  for (const T& x : sa) inter += sb.count(x);
-  const size_t uni = sa.size() + sb.size() - inter;
-  return uni == 0 ? 0.0 : 1.0 - double(inter) / double(uni);
 }
 
 // The tail and edge sizes every family draws its short cases from.

@@ -20,14 +20,20 @@
 namespace retroinfer::parity {
 namespace {
 
-// Bound on |objective_gpu - objective_cpu| / |objective_cpu|. Equal clusterings give equal objectives; the
-// near-tie flips above change a token's term by at most its tie gap and move a centroid by ~1 / size of a
-// member, and measure ~1e-4 of the objective (9 + 1 iterations, 2000 tokens); a structural error (a token in
-// another segment's cluster, a stale or unnormalised centroid, a lost member) costs > 10%. 1% separates them.
-constexpr double kObjectiveRel = 0.01;
+// Bound on |objective_gpu - objective_cpu| / |objective_cpu|: kObjectiveRel + 1 / n for n clustered tokens.
+// Equal clusterings give equal objectives; the near-tie flips above move it by measured ~4e-5 after
+// convergence (9 + 1 iterations on 2000 tokens, 1 + 1 on 6000), ~1e-2 after 2 spherical iterations from the
+// start (not converged: an early flip moves the later states more) and, on a few dozen tokens, by about one
+// token's share of the objective per flip (2.9% with one flip among 21 tokens, 2.6% in a 64-token block). A
+// structural error (a token in another segment's cluster, a stale or unnormalised centroid, a lost member)
+// costs > 10%.
+constexpr double kObjectiveRel = 0.03;
+double objective_bound(int64_t n) { return kObjectiveRel + 1.0 / double(std::max<int64_t>(n, 1)); }
 // Bound on the share of tokens whose final cluster differs after iterating: the flips compound over the
-// iterations into different but equally good clusterings (measured 4-6% with bf16, 9-12% with int8
-// assignment); 30% still fails an assignment that ignores the keys or the segments.
+// iterations into different but equally good clusterings (measured 4-6% with bf16, up to 13% with int8
+// assignment); 30% still fails an assignment that ignores the keys or the segments. Not checked where keys
+// repeat: equal centroids of different ids tie there, each side taking the lowest id under its own
+// rounding, so ids differ while the clustering (objective) is the same.
 constexpr double kIteratedMismatch = 0.3;
 
 struct KMeansCase {
@@ -116,13 +122,15 @@ void check_index(CaseReport& r, const KvData& kv, int h, int64_t idx_begin, int6
       vs_ratio = std::max(vs_ratio, std::abs(st.value_sums[size_t(c) * d + i] - vs[i]) / bound);
       if (plain_mean && size > 0) {
         const double cen = st.centroids[size_t(c) * d + i];
-        const double cb = 2.0 * ((size + 1) * kU * kabs[i] / size + kU * (std::abs(cen) + std::abs(st.mean[i]))) + 1e-30;
+        const double cb =
+            2.0 * ((size + 1) * kU * kabs[i] / size + kU * (std::abs(cen) + std::abs(st.mean[i]))) + 1e-30;
         c_ratio = std::max(c_ratio, std::abs(cen - ks[i] / size) / cb);
       }
     }
   }
   for (int64_t t = 0; t < n_idx && bad == 0; ++t)
-    if (seen[t] != (st.assignment[t] >= 0 ? 1 : 0)) flag("token " + std::to_string(t) + " in " + std::to_string(seen[t]) + " clusters");
+    if (seen[t] != (st.assignment[t] >= 0 ? 1 : 0))
+      flag("token " + std::to_string(t) + " in " + std::to_string(seen[t]) + " clusters");
   r.none("CSR / sizes / assignment", bad, first);
   r.le("value sums err/bound", vs_ratio, 1.0);
   if (plain_mean) r.le("centroid = member mean err/bound", c_ratio, 1.0);
@@ -195,7 +203,8 @@ void run_kmeans_case(const KMeansCase& kc, CaseReport& r, uint64_t seed) {
   const index::KMeansParams kp = kmeans_params(cfg);
   double worst_rel = 0.0, mism = 0.0;
   for (int h = 0; h < H; ++h) {
-    const std::vector<float> keys = rows(kv, h, region.begin, n_idx, true), values = rows(kv, h, region.begin, n_idx, false);
+    const std::vector<float> keys = rows(kv, h, region.begin, n_idx, true),
+                             values = rows(kv, h, region.begin, n_idx, false);
     const index::ClusterIndex cpu = index::segmented_kmeans(keys.data(), values.data(), n_idx, d, kp);
     const cuda::RetroDebugState st = layer.debug_state(h);
     r.eq("clusters", st.num_clusters, cpu.num_clusters);
@@ -206,14 +215,19 @@ void run_kmeans_case(const KMeansCase& kc, CaseReport& r, uint64_t seed) {
     const double oc = index::kmeans_objective(keys.data(), n_idx, d, cpu);
     const double rel = std::abs(og - oc) / std::max(std::abs(oc), 1e-30);
     worst_rel = std::max(worst_rel, rel);
-    r.le("objective |gpu - cpu| / cpu", rel, kObjectiveRel, "gpu " + std::to_string(og) + ", cpu " + std::to_string(oc));
+    r.le("objective |gpu - cpu| / cpu", rel, objective_bound(n_idx),
+         "gpu " + std::to_string(og) + ", cpu " + std::to_string(oc));
     int64_t differ = 0;
     for (int64_t t = 0; t < n_idx; ++t) differ += st.assignment[t] != cpu.assignment[t];
     mism = std::max(mism, double(differ) / double(n_idx));
     if (kc.segment_iters + kc.global_iters == 0) check_initial_assignment(r, keys, n_idx, d, cpu, st);
   }
   r.note("clusters per head", layer.num_clusters());
-  if (kc.segment_iters + kc.global_iters > 0) r.le("assignment mismatch share", mism, kIteratedMismatch);
+  if (kc.segment_iters + kc.global_iters == 0) return;
+  if (kc.spread > 0.0f)
+    r.le("assignment mismatch share", mism, kIteratedMismatch);
+  else
+    r.note("assignment mismatch share (repeated keys)", mism);
 }
 
 std::vector<ParityCase> kmeans_cases() {
@@ -265,7 +279,7 @@ struct UpdateCase {
 // 4, window 32): after every step where an update falls due, the same number of updates, the same indexed
 // region and cluster count; per head the outliers (when on) as many as the CPU's, every indexed token in
 // exactly one cluster or the outliers; the appended block's clusters (outliers off) as good as
-// index::block_kmeans's on the block's tokens (kObjectiveRel), with the block's CSR and sums checked as
+// index::block_kmeans's on the block's tokens (objective_bound), with the block's CSR and sums checked as
 // check_index does.
 void run_update_case(const UpdateCase& uc, CaseReport& r, uint64_t seed) {
   AttentionConfig cfg;
@@ -340,8 +354,8 @@ void run_update_case(const UpdateCase& uc, CaseReport& r, uint64_t seed) {
       const int64_t nb0 = ni - cfg.update_tokens;
       const std::vector<float> keys = rows(kv, h, ib + nb0, cfg.update_tokens, true),
                                values = rows(kv, h, ib + nb0, cfg.update_tokens, false);
-      const index::ClusterIndex ref =
-          index::block_kmeans(keys.data(), values.data(), cfg.update_tokens, d, cfg.update_clusters, kmeans_params(cfg));
+      const index::ClusterIndex ref = index::block_kmeans(keys.data(), values.data(), cfg.update_tokens, d,
+                                                          cfg.update_clusters, kmeans_params(cfg));
       index::ClusterIndex blk;
       blk.num_clusters = cfg.update_clusters;
       blk.head_dim = d;
@@ -353,7 +367,8 @@ void run_update_case(const UpdateCase& uc, CaseReport& r, uint64_t seed) {
       if (outside > 0) continue;
       const double og = index::kmeans_objective(keys.data(), cfg.update_tokens, d, blk);
       const double oc = index::kmeans_objective(keys.data(), cfg.update_tokens, d, ref);
-      r.le("block objective |gpu - cpu| / cpu", std::abs(og - oc) / std::max(std::abs(oc), 1e-30), kObjectiveRel);
+      r.le("block objective |gpu - cpu| / cpu", std::abs(og - oc) / std::max(std::abs(oc), 1e-30),
+           objective_bound(cfg.update_tokens));
       ++checked_updates;
     }
   }

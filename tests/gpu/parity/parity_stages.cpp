@@ -208,8 +208,10 @@ int64_t swaps_beyond_ties(const std::vector<float>& cpu_scores, const std::vecto
   double cut = INFINITY, next = -INFINITY;  // the CPU's weakest selected and strongest unselected score
   for (size_t c = 0; c < cpu_scores.size(); ++c) {
     if (cpu_scores[c] == -INFINITY) continue;
-    if (in_cpu[c]) cut = std::min<double>(cut, cpu_scores[c]);
-    else next = std::max<double>(next, cpu_scores[c]);
+    if (in_cpu[c])
+      cut = std::min<double>(cut, cpu_scores[c]);
+    else
+      next = std::max<double>(next, cpu_scores[c]);
   }
   int64_t bad = 0;
   for (size_t c = 0; c < cpu_scores.size(); ++c) {
@@ -260,7 +262,7 @@ void check_selection(const RetroCase& rc, const RetroRun& run, CaseReport& r) {
     const double rel = 2.0 * lmax + 2.0 * (4.0 + 1.2 * x_max) * 0x1p-23 + (C + G + 4.0) * kU;
     r.none("cpu-score retrieval differs beyond near-ties",
            swaps_beyond_ties(cpu_scores, cpu_sel.retrieval, st.retrieval_ids, rel), head);
-    jac = std::max(jac, jaccard(cpu_sel.retrieval, st.retrieval_ids));
+    jac = std::max(jac, gputest::jaccard_distance(cpu_sel.retrieval, st.retrieval_ids));
   }
   r.note("retrieval Jaccard vs cpu-score selection", jac);
 }
@@ -313,16 +315,16 @@ void check_output(const RetroCase& rc, const RetroRun& run, CaseReport& r) {
 }
 
 std::vector<ParityCase> output_cases() { return stage_family(check_output, 300); }
-RETROINFER_PARITY_FAMILY(EstimationZoneAndMergeMatchCpu,
-                         "RetroLayer::decode output vs accumulate_tokens + softmax_push + GroupState::merge on its zones",
-                         output_cases)
+RETROINFER_PARITY_FAMILY(
+    EstimationZoneAndMergeMatchCpu,
+    "RetroLayer::decode output vs accumulate_tokens + softmax_push + GroupState::merge on its zones", output_cases)
 
 // ---- combine_states ----
 
 struct MergeCase {
   int heads = 3, group = 4, d = 128, splits = 8;
-  double empty = 0.3;     // share of empty states (m = -inf, l = 0, o = 0)
-  float m_range = 30.0f;  // maxima uniform in [-m_range, m_range]
+  double empty = 0.3;       // share of empty states (m = -inf, l = 0, o = 0)
+  float m_range = 30.0f;    // maxima uniform in [-m_range, m_range]
   bool empty_head = false;  // head 1 has only empty states
 };
 
@@ -390,10 +392,11 @@ void run_merge_case(const MergeCase& mc, CaseReport& r, uint64_t seed) {
       for (int i = 0; i < D; ++i) {
         const double b = L > 0 ? 2.0 * (4.0 * S + 16.0) * kU * A[i] / L : 0.0;
         const double err = std::abs(double(got[(size_t(h) * G + g) * D + i]) - out[i]);
-        if (std::isfinite(got[(size_t(h) * G + g) * D + i])) worst = std::max(worst, b > 0 ? err / b : (err > 0 ? INFINITY : 0.0));
+        if (std::isfinite(got[(size_t(h) * G + g) * D + i]))
+          worst = std::max(worst, b > 0 ? err / b : (err > 0 ? INFINITY : 0.0));
       }
     }
-  const FloatDiff fd = float_diff(got, ref);
+  const gputest::Compare fd = gputest::compare(got, ref);
   r.none("output written", fd.unwritten, fd.unwritten ? "element " + std::to_string(fd.first_unwritten) : "");
   r.le("output err/bound", worst, 1.0);
   r.note("max-abs", fd.max_abs);
