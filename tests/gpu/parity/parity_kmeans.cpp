@@ -5,7 +5,7 @@
 //   IndexUpdateMatchesBlockKMeans: RetroLayer::append's index updates against attention::RetroAttention's
 //     (index::index_block: block_kmeans + split_outliers) on the same tokens.
 //
-// Assignments cannot agree exactly: the GPU scores assignments with bf16 or int8 operands, the CPU in f32
+// Assignments cannot agree exactly: the GPU scores assignments with int8 operands, the CPU in f32
 // (sgemm), and where two centroids score within that rounding the argmax can differ; iterations then carry a
 // flip on. So the clustering is compared through its quality (index::kmeans_objective, the spherical
 // objective both maximise) and exact structure (cluster counts, CSR, sizes, sums), and, with no iteration
@@ -30,8 +30,8 @@ namespace {
 constexpr double kObjectiveRel = 0.03;
 double objective_bound(int64_t n) { return kObjectiveRel + 1.0 / double(std::max<int64_t>(n, 1)); }
 // Bound on the share of tokens whose final cluster differs after iterating: the flips compound over the
-// iterations into different but equally good clusterings (measured 4-6% with bf16, up to 13% with int8
-// assignment); 30% still fails an assignment that ignores the keys or the segments. Not checked where keys
+// iterations into different but equally good clusterings (measured up to 13%); 30% still fails an
+// assignment that ignores the keys or the segments. Not checked where keys
 // repeat: equal centroids of different ids tie there, each side taking the lowest id under its own
 // rounding, so ids differ while the clustering (objective) is the same.
 constexpr double kIteratedMismatch = 0.3;
@@ -138,14 +138,16 @@ void check_index(CaseReport& r, const KvData& kv, int h, int64_t idx_begin, int6
 
 // Iterations 0: every token assigned once, within its segment, to the initial centroids (normalised
 // centred keys). With x the centred key and u_j a unit centroid (both the CPU's: the CPU's mean, the CPU's
-// centroid minus it), the GPU's score of centroid j is off from x . u_j by at most
-//   bf16 operands (each of x_i, u_ji rounded by 2^-9 relative): 2^-8 sum_i |x_i u_ji|;
-//   int8 operands (per-row scales s_x = max|x| / 127, s_u = max|u_j| / 127, half a step each):
+// centroid minus it), the GPU's score of centroid j (in units of the key's scale, which the argmax drops) is
+// off from x . u_j by at most
+//   the int8 operands (per-row scales s_x = max|x| / 127, s_u = max|u_j| / 127, half a step each):
 //     s_x / 2 ||u_j||_1 + s_u / 2 (||x||_1 + d s_x / 2);
 //   the GPU's own mean (two-pass f32 sums, relative error ~1e-6) shifting x and u_j: 1e-5 ||x||_1 max|u_j|;
-// summed (the bound holds whichever operands the build uses). A token whose GPU cluster a differs from the
-// CPU's b must be a tie within that rounding: |x . u_b - x . u_a| <= e_a + e_b (b is the best of its segment,
-// so a much better a would be a cluster of another segment).
+//   the f32 normalisation of its initial centroid and the f32 conversion and scaling of the integer dot
+//   (a few u relative): covered by a margin of 2^-8 sum_i |x_i u_ji|.
+// A token whose GPU cluster a differs from the CPU's b must be a tie within that rounding:
+// |x . u_b - x . u_a| <= e_a + e_b (b is the best of its segment, so a much better a would be a cluster of
+// another segment).
 void check_initial_assignment(CaseReport& r, const std::vector<float>& keys, int64_t n, int d,
                               const index::ClusterIndex& cpu, const cuda::RetroDebugState& st) {
   std::vector<double> acc(d, 0.0);
