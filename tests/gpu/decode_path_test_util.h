@@ -23,7 +23,7 @@ namespace retroinfer::gputest {
 inline void cpu_select(const std::vector<float>& sc, int k1, int k2, std::vector<int32_t>& r,
                        std::vector<int32_t>& e) {
   index::ZoneSelection sel;
-  index::select_zones(sc.data(), int(sc.size()), index::ZoneBudget{k1, k2}, sel);
+  index::select_zones(sc.data(), int(sc.size()), ZoneCounts{k1, k2}, sel);
   r = std::move(sel.retrieval);
   e = std::move(sel.estimation);
 }

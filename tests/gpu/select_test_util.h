@@ -283,7 +283,7 @@ inline std::vector<int32_t> expect_cpu_rule_ids(const SelectInputs& in, const Se
                                                 int64_t* n_retrieval = nullptr) {
   const int N = in.N, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
   index::ZoneSelection sel;
-  index::select_zones(in.scores.data() + size_t(h) * N, N, index::ZoneBudget{k_r, k_e}, sel);
+  index::select_zones(in.scores.data() + size_t(h) * N, N, ZoneCounts{k_r, k_e}, sel);
   std::vector<int32_t> r = std::move(sel.retrieval), e = std::move(sel.estimation);
   if (n_retrieval != nullptr) *n_retrieval = int64_t(r.size());
   r.resize(k_r, -1);

@@ -37,7 +37,7 @@ struct SelectCase {
 // entries as the kernels write them.
 void cpu_select(const float* sc, int n, int k1, int k2, std::vector<int32_t>& r, std::vector<int32_t>& e) {
   index::ZoneSelection sel;
-  index::select_zones(sc, n, index::ZoneBudget{k1, k2}, sel);
+  index::select_zones(sc, n, ZoneCounts{k1, k2}, sel);
   r = std::move(sel.retrieval);
   e = std::move(sel.estimation);
   r.resize(k1, -1);

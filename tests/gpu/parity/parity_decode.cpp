@@ -26,6 +26,7 @@
 #include "attention/selective.h"
 #include "parity/parity_data.h"
 #include "retroinfer/attention.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::parity {
 namespace {
@@ -436,7 +437,8 @@ void run_quest_layer_case(int hkv, int G, int d, int64_t n, int64_t budget, Case
   layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), n, n);
   layer.decode(dq.as<float>(), dout.as<float>());
   const std::vector<float> got = gputest::download_f32(dout, q.size());
-  const int64_t ib = std::min<int64_t>(cfg.sink_tokens, n), ie = std::max<int64_t>(ib, n - cfg.window_tokens);
+  const SteadySplit split = steady_split(n, cfg);
+  const int64_t ib = split.sink_end, ie = split.recent_begin;
   const int P = int((ie - ib + kPage - 1) / kPage);
   r.eq("pages", layer.num_pages(), P);
   if (layer.num_pages() != P) return;

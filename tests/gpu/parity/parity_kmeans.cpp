@@ -1,7 +1,7 @@
 // The wave index's k-means on the GPU against the CPU's:
 //   KMeansBuildMatchesSegmentedKMeans: RetroLayer::build's index (downloaded with debug_state) against
-//     index::segmented_kmeans on the same bf16 keys, and the indexed region against
-//     attention::initial_indexed_region;
+//     index::segmented_kmeans on the same bf16 keys, and the indexed region against wave_counts.h's
+//     steady_split / retro_indexed_tokens;
 //   IndexUpdateMatchesBlockKMeans: RetroLayer::append's index updates against attention::RetroAttention's
 //     (index::index_block: block_kmeans + split_outliers) on the same tokens.
 //
@@ -16,6 +16,7 @@
 
 #include "attention/retro.h"
 #include "parity/parity_data.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::parity {
 namespace {
@@ -194,24 +195,25 @@ void run_kmeans_case(const KMeansCase& kc, CaseReport& r, uint64_t seed) {
   cuda::RetroLayer layer(AttentionShape{kc.hkv * 2, kc.hkv, d}, cfg, kc.num_seqs);
   auto dk = gputest::upload(kv.k), dv = gputest::upload(kv.v);
   layer.build(dk.as<uint16_t>(), dv.as<uint16_t>(), kc.n, kc.n + 3);
-  const attention::IndexedRegion region = attention::initial_indexed_region(kc.n, cfg);
-  const int64_t n_idx = region.end - region.begin;
+  const SteadySplit split = steady_split(kc.n, cfg);
+  const int64_t n_idx = retro_indexed_tokens(split, cfg.tokens_per_cluster);
   r.eq("indexed tokens", layer.indexed_tokens(), n_idx);
   if (n_idx == 0 || layer.indexed_tokens() != n_idx) {
     r.eq("clusters", layer.num_clusters(), 0);
     return;
   }
-  r.eq("indexed begin", layer.indexed_begin(), region.begin);
+  const int64_t begin = split.sink_end;
+  r.eq("indexed begin", layer.indexed_begin(), begin);
   const index::KMeansParams kp = kmeans_params(cfg);
   double worst_rel = 0.0, mism = 0.0;
   for (int h = 0; h < H; ++h) {
-    const std::vector<float> keys = rows(kv, h, region.begin, n_idx, true),
-                             values = rows(kv, h, region.begin, n_idx, false);
+    const std::vector<float> keys = rows(kv, h, begin, n_idx, true),
+                             values = rows(kv, h, begin, n_idx, false);
     const index::ClusterIndex cpu = index::segmented_kmeans(keys.data(), values.data(), n_idx, d, kp);
     const cuda::RetroDebugState st = layer.debug_state(h);
     r.eq("clusters", st.num_clusters, cpu.num_clusters);
     if (st.num_clusters != cpu.num_clusters) continue;
-    check_index(r, kv, h, region.begin, n_idx, st, kc.global_iters > 0);
+    check_index(r, kv, h, begin, n_idx, st, kc.global_iters > 0);
     if (!r.ok()) continue;
     const double og = index::kmeans_objective(keys.data(), n_idx, d, cluster_index(st, d));
     const double oc = index::kmeans_objective(keys.data(), n_idx, d, cpu);

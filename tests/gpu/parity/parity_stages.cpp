@@ -2,7 +2,7 @@
 // built, downloaded with debug_state), so that each stage is compared on identical inputs:
 //   ClusterScoringMatchesScoreClusters: logits against index::score_clusters on the scored centroids, scores
 //     against index::scores_from_logits on the GPU's logits;
-//   ZoneSelectionMatchesSelectZones: budgets against index::zone_budget, ids against index::select_zones on
+//   ZoneSelectionMatchesSelectZones: budgets against wave_counts.h zone_counts, ids against index::select_zones on
 //     the GPU's scores (exact), token lists against the steady zone + the retrieval clusters' members +
 //     the outliers (exact), and the selection from the CPU's own scores (near-ties only);
 //   EstimationZoneAndMergeMatchCpu: the output against RetroAttention::decode's arithmetic on the GPU's
@@ -18,6 +18,7 @@
 
 #include "kernels/decode_kernels.h"
 #include "parity/parity_data.h"
+#include "retroinfer/wave_counts.h"
 
 namespace retroinfer::parity {
 namespace {
@@ -225,10 +226,9 @@ int64_t swaps_beyond_ties(const std::vector<float>& cpu_scores, const std::vecto
 
 void check_selection(const RetroCase& rc, const RetroRun& run, CaseReport& r) {
   const int C = run.C, G = run.G, d = run.d;
-  index::ZoneBudget budget = index::zone_budget(C, rc.cfg.retrieval_fraction, rc.cfg.estimation_fraction);
-  if (!rc.cfg.estimation) budget.n_estimation = 0;
-  r.eq("n_retrieval = zone_budget", run.n_r, budget.n_retrieval);
-  r.eq("n_estimation = zone_budget", run.n_e, budget.n_estimation);
+  const ZoneCounts budget = zone_counts(C, rc.cfg);
+  r.eq("n_retrieval = zone_counts", run.n_r, budget.n_retrieval);
+  r.eq("n_estimation = zone_counts", run.n_e, budget.n_estimation);
   double jac = 0;
   for (int h = 0; h < run.H; ++h) {
     const cuda::RetroDebugState& st = run.heads[h];
@@ -269,7 +269,7 @@ void check_selection(const RetroCase& rc, const RetroRun& run, CaseReport& r) {
 
 std::vector<ParityCase> selection_cases() { return stage_family(check_selection, 200); }
 RETROINFER_PARITY_FAMILY(ZoneSelectionMatchesSelectZones,
-                         "RetroLayer::decode budgets / ids / token lists vs index::zone_budget / select_zones",
+                         "RetroLayer::decode budgets / ids / token lists vs zone_counts / index::select_zones",
                          selection_cases)
 
 // ---- estimation zone and merge ----
