@@ -55,17 +55,8 @@ class QuestAttention final : public SelectiveMethod {
     const int d = shape_.head_dim;
     const float* mn = min_[kvh].data();
     const float* mx = max_[kvh].data();
-    std::vector<float> score(static_cast<size_t>(num_pages_), -INFINITY);  // [num_pages]
-    for (int64_t p = 0; p < num_pages_; ++p) {
-      const float* pmn = mn + p * d;
-      const float* pmx = mx + p * d;
-      for (int j = 0; j < g; ++j) {
-        const float* qj = q + static_cast<size_t>(j) * d;
-        float bound = 0.0f;
-        for (int i = 0; i < d; ++i) bound += qj[i] >= 0.0f ? qj[i] * pmx[i] : qj[i] * pmn[i];
-        score[p] = std::max(score[p], bound * scale);
-      }
-    }
+    std::vector<float> score(static_cast<size_t>(num_pages_));  // [num_pages]
+    for (int64_t p = 0; p < num_pages_; ++p) score[p] = quest_page_bound(q, g, d, mn + p * d, mx + p * d, scale);
     for (int64_t p : top_k_indices(score, k)) {
       const int64_t b = sp.sink_end + p * p_tok;
       out.add(b, b + p_tok);

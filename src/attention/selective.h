@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -41,6 +42,21 @@ inline std::vector<int64_t> top_k_indices(const std::vector<float>& score, int64
   idx.resize(k);
   std::sort(idx.begin(), idx.end());
   return idx;
+}
+
+// quest's page score for the group's query heads q ([group, head_dim] f32): the largest over the group of
+// the upper bound sum_i max(q_i min_i, q_i max_i) of q . k over every key k with page_min <= k <= page_max
+// (element-wise), times the logit scale. page_min, page_max: [head_dim] f32.
+inline float quest_page_bound(const float* q, int group, int head_dim, const float* page_min, const float* page_max,
+                              float scale) {
+  float score = -INFINITY;
+  for (int j = 0; j < group; ++j) {
+    const float* qj = q + static_cast<size_t>(j) * head_dim;
+    float bound = 0.0f;
+    for (int i = 0; i < head_dim; ++i) bound += qj[i] >= 0.0f ? qj[i] * page_max[i] : qj[i] * page_min[i];
+    score = std::max(score, bound * scale);
+  }
+  return score;
 }
 
 class SelectiveMethod : public MethodBase {

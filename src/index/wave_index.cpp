@@ -51,23 +51,28 @@ void HeadIndex::clear() {
 void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores) {
   const int k = hi.num_clusters();
   const int d = hi.head_dim;
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   for (int j = 0; j < k; ++j) {
     const float* c = hi.centroids.data() + static_cast<int64_t>(j) * d;
     for (int g = 0; g < group; ++g)
       logits[static_cast<int64_t>(g) * k + j] = core::dot_f32(q + static_cast<int64_t>(g) * d, c, d) * scale;
-    scores[j] = hi.sizes[j] > 0 ? 0.0f : kNegInf;
   }
+  scores_from_logits(hi.sizes.data(), k, logits, group, scores);
+}
+
+void scores_from_logits(const int32_t* sizes, int num_clusters, const float* logits, int group, float* scores) {
+  const int k = num_clusters;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < k; ++j) scores[j] = sizes[j] > 0 ? 0.0f : kNegInf;
   std::vector<float> p(k);  // [num_clusters] unnormalised softmax of one query head
   for (int g = 0; g < group; ++g) {
     const float* lg = logits + static_cast<int64_t>(g) * k;
     float m = kNegInf;
     for (int j = 0; j < k; ++j)
-      if (hi.sizes[j] > 0) m = std::max(m, lg[j]);
+      if (sizes[j] > 0) m = std::max(m, lg[j]);
     if (!(m > kNegInf)) continue;  // no non-empty cluster (or NaN logits)
     double sum = 0.0;
     for (int j = 0; j < k; ++j) {
-      p[j] = hi.sizes[j] > 0 ? std::exp(lg[j] - m) : 0.0f;
+      p[j] = sizes[j] > 0 ? std::exp(lg[j] - m) : 0.0f;
       sum += p[j];
     }
     const float inv = static_cast<float>(1.0 / sum);

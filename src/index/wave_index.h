@@ -44,6 +44,9 @@ struct HeadIndex {
 // logits: [group, num_clusters] out: q_g . c_j * scale (the estimation logits).
 // scores: [num_clusters] out: sum_g softmax_j(logits_g)[j] over the non-empty clusters; -inf if empty.
 void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores);
+// The scores step of score_clusters on given logits ([group, num_clusters]; those of empty clusters are not
+// read): scores[j] = sum_g softmax_j(logits_g)[j] over the clusters with sizes[j] > 0, -inf where sizes[j] == 0.
+void scores_from_logits(const int32_t* sizes, int num_clusters, const float* logits, int group, float* scores);
 
 // Picks the best n_retrieval clusters (retrieval zone) and the next n_estimation (estimation zone) by
 // score (the counts: zone_counts, retroinfer/wave_counts.h), ties broken by the lower cluster id; empty

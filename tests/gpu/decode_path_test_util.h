@@ -1,7 +1,8 @@
 // Helpers of the RetroLayer decode tests (test_cuda_zone_decode.cpp, the selection and scoring tests,
-// test_cuda_retro.cpp): the CPU selection rule, one layer built for a case, one decode of it with its per-head
-// debug state, the graph-replay and stage-timing checks, the f64 reference of the zones a decode selected, and
-// the rounding bounds between two decodes that group the same terms differently.
+// test_cuda_retro.cpp): the production selection rule (index::select_zones) in vector form, one layer built for
+// a case, one decode of it with its per-head debug state, the graph-replay and stage-timing checks, the f64
+// reference of the zones a decode selected, and the rounding bounds between two decodes that group the same
+// terms differently.
 #pragma once
 
 #include <algorithm>
@@ -13,21 +14,18 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "index/wave_index.h"
 
 namespace retroinfer::gputest {
 
-// Items sorted by (score desc, id asc), -inf excluded: the first k1, then the next k2 (both ascending).
+// The production zone rule (index::select_zones: by score desc, id asc, -inf never picked) on scores sc:
+// the first k1 ids in r, the next k2 in e (both ascending).
 inline void cpu_select(const std::vector<float>& sc, int k1, int k2, std::vector<int32_t>& r,
                        std::vector<int32_t>& e) {
-  std::vector<int32_t> ids;
-  for (int32_t i = 0; i < int32_t(sc.size()); ++i)
-    if (sc[i] != -INFINITY) ids.push_back(i);
-  std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return sc[a] > sc[b]; });
-  const size_t n1 = std::min<size_t>(k1, ids.size()), n2 = std::min<size_t>(size_t(k1) + k2, ids.size());
-  r.assign(ids.begin(), ids.begin() + n1);
-  e.assign(ids.begin() + n1, ids.begin() + n2);
-  std::sort(r.begin(), r.end());
-  std::sort(e.begin(), e.end());
+  index::ZoneSelection sel;
+  index::select_zones(sc.data(), int(sc.size()), ZoneCounts{k1, k2}, sel);
+  r = std::move(sel.retrieval);
+  e = std::move(sel.estimation);
 }
 
 // A decode case: num_seqs sequences of hkv KV heads (H = num_seqs * hkv flat heads), GQA group,

@@ -160,20 +160,25 @@ inline void ref_exact(const KvData& kv, const float* q, float scale, int h, cons
 
 struct Compare {
   double nmse = 0, max_abs = 0;
-  int64_t unwritten = 0;  // NaN / Inf outputs
+  int64_t unwritten = 0;         // NaN / Inf outputs
+  int64_t first_unwritten = -1;  // the first of them
+  int64_t worst = -1;            // where max_abs is
 };
 inline Compare compare(const std::vector<float>& got, const std::vector<float>& ref) {
   Compare c;
   double num = 0, den = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     if (!std::isfinite(got[i])) {
-      ++c.unwritten;
+      if (c.unwritten++ == 0) c.first_unwritten = int64_t(i);
       continue;
     }
     const double e = double(got[i]) - ref[i];
     num += e * e;
     den += double(ref[i]) * ref[i];
-    c.max_abs = std::max(c.max_abs, std::abs(e));
+    if (std::abs(e) > c.max_abs) {
+      c.max_abs = std::abs(e);
+      c.worst = int64_t(i);
+    }
   }
   c.nmse = den > 0 ? num / den : num;
   return c;
@@ -211,7 +216,7 @@ inline void expect_scores_sum_to_group(const std::vector<uint32_t>& scores, int 
 }
 
 // Dimension i of centroid c as the decode scored it: the int8 copy (u - 128) * scale when the layer scores
-// int8 (RetroLayer::set_int8_scoring, the default), else the bf16 centroid.
+// int8 (AttentionConfig::int8_centroid_scoring, the default), else the bf16 centroid.
 inline double scored_centroid(const cuda::RetroDebugState& st, int d, int c, int i) {
   if (!st.centroids_q8.empty())
     return (double(st.centroids_q8[size_t(c) * d + i]) - 128.0) * double(st.centroid_scale[size_t(c)]);

@@ -22,6 +22,7 @@
 #include "kernels/kernels.h"
 #include "decode_path_test_util.h"
 #include "gpu_test_util.h"
+#include "index/wave_index.h"
 
 namespace retroinfer::gputest {
 
@@ -274,16 +275,16 @@ inline bool expect_same_outputs(const SelectOutputs& x, const SelectOutputs& y, 
   return same;
 }
 
-// Head h's ids in o against the CPU rule (cpu_select: sort by (score desc, id asc), cut at k_r and k_r + k_e)
-// on in.scores[h]: o's retrieval row [k_r] and estimation row [k_e] equal the rule's lists padded with -1.
-// Returns the rule's retrieval ids padded with -1 to k_r; *n_retrieval (optional): how many before the
-// padding.
+// Head h's ids in o against the production rule (index::select_zones: by (score desc, id asc), cut at k_r and
+// k_r + k_e) on in.scores[h]: o's retrieval row [k_r] and estimation row [k_e] equal the rule's lists padded
+// with -1. Returns the rule's retrieval ids padded with -1 to k_r; *n_retrieval (optional): how many before
+// the padding.
 inline std::vector<int32_t> expect_cpu_rule_ids(const SelectInputs& in, const SelectOutputs& o, int h,
                                                 int64_t* n_retrieval = nullptr) {
   const int N = in.N, k_r = in.p.k_retrieval, k_e = in.p.k_estimation;
-  std::vector<int32_t> r, e;
-  cpu_select(std::vector<float>(in.scores.begin() + size_t(h) * N, in.scores.begin() + size_t(h + 1) * N), k_r,
-             k_e, r, e);
+  index::ZoneSelection sel;
+  index::select_zones(in.scores.data() + size_t(h) * N, N, ZoneCounts{k_r, k_e}, sel);
+  std::vector<int32_t> r = std::move(sel.retrieval), e = std::move(sel.estimation);
   if (n_retrieval != nullptr) *n_retrieval = int64_t(r.size());
   r.resize(k_r, -1);
   e.resize(k_e, -1);
