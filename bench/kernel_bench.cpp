@@ -20,8 +20,6 @@
 //                              L2 flush (warm caches; diagnostics: cold-cache cost = phases(1) - phases(2))
 //               [--only full,quest,kmeans,retro]   time only these parts of each case (default: all); kmeans
 //                              brings the prefill it is compared with
-//               [--layout clustered]   retro timed again after RetroLayer::make_cluster_contiguous (each
-//                              cluster's K/V rows contiguous; lines tagged "layout":"token" / "clustered")
 //               [--stack L]   also time L layers back to back in one CUDA graph, each with its own K / V (and
 //                              for retro its own index), L2 evicted once before the graph: "full_stack" and
 //                              "retro_stack" lines, "ms" = graph time / L (per layer inside a decode step,
@@ -81,7 +79,6 @@ long long g_prefill_chunk = 8192;
 // --only full,quest,kmeans,retro: the parts of each case to time (default all). kmeans brings the prefill
 // timing it is compared with; retro builds its index untimed when kmeans is left out.
 std::string g_only;
-bool g_layout_clustered = false;  // --layout clustered
 bool part_on(const char* name) {
   if (g_only.empty()) return true;
   const std::string n = name;
@@ -408,15 +405,7 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
       }
     }  // iters
     if (part_on("retro")) {
-      // --layout clustered: timed on the token-ordered rows, then again after RetroLayer::make_cluster_contiguous
-      // (the same index, each cluster's rows contiguous).
-      for (int pass = 0; pass < (g_layout_clustered ? 2 : 1); ++pass) {
-        if (pass == 1) retro.make_cluster_contiguous(kp, vp);
-        // ,"layout":"token|clustered" with --layout
-        const std::string tag =
-            !g_layout_clustered ? "" : pass == 0 ? ",\"layout\":\"token\"" : ",\"layout\":\"clustered\"";
-        time_retro(retro, n, batch, reps, qp, out, tag);
-      }  // layouts
+      time_retro(retro, n, batch, reps, qp, out, "");
     }  // part_on("retro")
   }
   if (g_stack > 1) stack_case(n, batch, reps, kp, vp, qp(0), out.as<float>());
@@ -433,7 +422,6 @@ int main(int argc, char** argv) {
   long long prefill_chunk = 8192;  // the runner's prefill block for the "prefill" timing
   bool flush_read = false;         // --flush read (g_flush_read in a CUDA build)
   bool kv_per_case = false;        // --kv-per-case (g_kv_per_case)
-  bool layout_clustered = false;   // --layout clustered (g_layout_clustered)
   int stack_layers = 1;            // --stack L (g_stack)
   bool scoring_int8 = true;        // --score-centroids (g_int8_scoring)
   std::string only_arg;            // --only kmeans
@@ -464,13 +452,6 @@ int main(int argc, char** argv) {
         return 2;
       }
       stack_layers = static_cast<int>(l);
-    } else if (a == "--layout") {
-      const std::string l = argv[++i];
-      if (l != "clustered" && l != "token") {
-        std::fprintf(stderr, "kernel_bench: --layout takes token or clustered, not %s\n", l.c_str());
-        return 2;
-      }
-      layout_clustered = l == "clustered";
     }
     else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
     else if (a == "--kmeans-phases") kmeans_phases = std::atoi(argv[++i]) != 0;
@@ -505,7 +486,6 @@ int main(int argc, char** argv) {
   // The phase stamps' replay inside RetroLayer::decode_stage_ms flushes L2 the same way.
   if (flush_read) setenv("RETROINFER_PHASE_FLUSH", "read", 1);
   g_kv_per_case = kv_per_case;
-  g_layout_clustered = layout_clustered;
   g_stack = stack_layers;
   if (!retroinfer::cuda::device_available()) {
     std::fprintf(stderr, "kernel_bench: %s\n", retroinfer::cuda::device_description().c_str());
@@ -569,7 +549,6 @@ int main(int argc, char** argv) {
   (void)prefill_chunk;
   (void)flush_read;
   (void)kv_per_case;
-  (void)layout_clustered;
   (void)stack_layers;
   (void)only_arg;
   (void)kmeans_builds;

@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
   using namespace retroinfer;
   int64_t length = 131072;
   std::vector<double> batches{1, 4, 8, 16}, drifts{0.05, 0.2, 0.4, 0.7, 1.0};
-  std::vector<StoreTier> tiers{StoreTier::kHost};
+  std::vector<KvTier> tiers{KvTier::kHost};
   int steps = 40, stage_steps = 8;
   const int warmup = 10;
   FILE* out = stdout;
@@ -79,8 +79,8 @@ int main(int argc, char** argv) {
     else if (a == "--tiers") {
       tiers.clear();
       const std::string t = next();
-      if (t.find("host") != std::string::npos) tiers.push_back(StoreTier::kHost);
-      if (t.find("gpu") != std::string::npos) tiers.push_back(StoreTier::kGpu);
+      if (t.find("host") != std::string::npos) tiers.push_back(KvTier::kHost);
+      if (t.find("gpu") != std::string::npos) tiers.push_back(KvTier::kGpu);
     } else if (a == "--out") {
       out = std::fopen(next(), "w");
       if (out == nullptr) {
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
       const size_t q_elems = size_t(B) * shape.num_heads_q * shape.head_dim;
       cuda::DeviceBuffer dq(q_elems * 4), dout(q_elems * 4), dref(q_elems * 4);
       cuda::synchronize();
-      for (StoreTier tier : tiers) {
+      for (KvTier tier : tiers) {
         WaveBufferConfig w;
         w.tier = tier;
         cuda::WaveBufferLayer layer(shape, cfg, w, B);
@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
                        "\"free_step_ms\":%.4f,\"free_hit_ratio\":%.4f,\"free_updates_dropped\":%llu,"
                        "\"gpu_resident_score_ms\":%.4f,\"gpu_resident_select_ms\":%.4f,\"gpu_resident_estimate_ms\":%.4f,"
                        "\"gpu_resident_attention_ms\":%.4f,\"gpu_resident_combine_ms\":%.4f}\n",
-                       name, (long long)length, B, tier == StoreTier::kHost ? "host" : "gpu", drift,
+                       name, (long long)length, B, tier == KvTier::kHost ? "host" : "gpu", drift,
                        (long long)layer.cache_pages_per_head(), (long long)layer.exec_capacity(), step_ms.size(),
                        median(hit), step, ref, ref > 0 ? step / ref : 0.0, median(st[0]), median(st[1]), median(st[2]),
                        gather_ms, median(st[4]), pcie_b, gbps, step > 0 ? pcie_b / (step * 1e-3) / 1e9 : 0.0,
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
                        median(rst[1]), median(rst[2]), median(rst[3]), median(rst[4]));
           std::fflush(out);
           std::fprintf(stderr, "| %d | %s | %s %.3f | %.3f | %.4f | %.4f | %.2f | %.4f | %.4f | %.4f | %.4f | %.4f | %.2f | %.1f | %.4f (%.3f) |\n", B,
-                       tier == StoreTier::kHost ? "host" : "gpu", name, drift, median(hit), step, ref,
+                       tier == KvTier::kHost ? "host" : "gpu", name, drift, median(hit), step, ref,
                        ref > 0 ? step / ref : 0.0, median(st[1]), median(st[2]), gather_ms, median(st[4]), median(st[0]),
                        pcie_b / 1e6, gbps, free_ms, free_hit);
         };

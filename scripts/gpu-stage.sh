@@ -13,10 +13,11 @@ build=${1:-$root/build/cuda-release}
 stage=${2:-$root/.gpu-stage/run}
 rm -rf "$stage"
 mkdir -p "$stage/bin" "$stage/lib" "$stage/scripts"
-for b in retroinfer gpu_tests kernel_bench prefill_bench wave_buffer_bench model_ops_bench joined_decode_bench; do
+# BINARIES (default: all of them) names the binaries to stage.
+for b in ${BINARIES:-retroinfer gpu_tests kernel_bench prefill_bench wave_buffer_bench model_ops_bench joined_decode_bench}; do
   if [ -x "$build/bin/$b" ]; then
     strip -o "$stage/bin/$b" "$build/bin/$b"
-    xz -9 -T2 "$stage/bin/$b"
+    xz -${XZ_LEVEL:-9} -T2 "$stage/bin/$b"
   fi
 done
 # Runtime libraries of this machine that the GPU machine's image lacks (OpenBLAS, OpenMP, ICU, PCRE2, cpp-httplib

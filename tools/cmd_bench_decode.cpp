@@ -98,7 +98,7 @@ ModelConfig resolve_model(const std::string& name, std::string& label) {
 
 // Everything the plan needs besides the model.
 buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecodeOptions& o, AttentionKind kind,
-                                        buffer::SessionPlacement placement, int64_t max_context, int num_seqs,
+                                        KvPlacement placement, int64_t max_context, int num_seqs,
                                         int64_t gpu_free, int64_t host_free) {
   buffer::SessionPlanRequest r;
   buffer::set_model_shape(r, cfg);
@@ -107,14 +107,14 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   r.prefill_chunk = o.prefill_chunk;
   r.num_seqs = num_seqs;
   r.placement = placement;
-  r.gpu_layers = placement == buffer::SessionPlacement::kSplit ? o.gpu_layers : -1;
+  r.gpu_layers = placement == KvPlacement::kSplit ? o.gpu_layers : -1;
   r.gpu_free_bytes = gpu_free;
   r.host_free_bytes = host_free;
   return r;
 }
 
 json plan_json(const buffer::SessionPlanBreakdown& p) {
-  return {{"placement", buffer::session_placement_name(p.placement)},
+  return {{"placement", buffer::kv_placement_name(p.placement)},
           {"gpu_layers", p.gpu_layers},
           {"host_layers", p.host_layers},
           {"gpu_bytes", p.gpu_bytes},
@@ -163,7 +163,7 @@ int64_t bf16_weight_bytes(const ModelConfig& c) {
 struct Config {
   int64_t context = 0;
   AttentionKind kind = AttentionKind::kFull;
-  buffer::SessionPlacement placement = buffer::SessionPlacement::kGpu;
+  KvPlacement placement = KvPlacement::kGpu;
   int batch = 0;  // resolved
   bool batch_max = false;
 };
@@ -180,14 +180,14 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-cuda::KvPlacement to_cuda(buffer::SessionPlacement p) {
+KvPlacement to_cuda(KvPlacement p) {
   switch (p) {
-    case buffer::SessionPlacement::kGpu: return cuda::KvPlacement::kGpu;
-    case buffer::SessionPlacement::kHost: return cuda::KvPlacement::kHost;
-    case buffer::SessionPlacement::kSplit: return cuda::KvPlacement::kSplit;
-    case buffer::SessionPlacement::kAuto: return cuda::KvPlacement::kAuto;
+    case KvPlacement::kGpu: return KvPlacement::kGpu;
+    case KvPlacement::kHost: return KvPlacement::kHost;
+    case KvPlacement::kSplit: return KvPlacement::kSplit;
+    case KvPlacement::kAuto: return KvPlacement::kAuto;
   }
-  return cuda::KvPlacement::kGpu;
+  return KvPlacement::kGpu;
 }
 
 // One configuration on the GPU: session, fill, warm-up, timed steps, one timed-breakdown step.
@@ -373,8 +373,8 @@ void run_bench_decode(const BenchDecodeOptions& o) {
     if (b != "max") parse_count(b, "batch");
   std::vector<AttentionKind> kinds;
   for (const auto& m : split_list(o.methods)) kinds.push_back(parse_attention_kind(m));
-  std::vector<buffer::SessionPlacement> placements;
-  for (const auto& p : split_list(o.placements)) placements.push_back(buffer::parse_session_placement(p));
+  std::vector<KvPlacement> placements;
+  for (const auto& p : split_list(o.placements)) placements.push_back(buffer::parse_kv_placement(p));
   RETROINFER_CHECK(!contexts.empty() && !batch_specs.empty() && !kinds.empty() && !placements.empty(),
                    "bench decode: --contexts, --batches, --methods and --placement must each name at least one value");
   std::string label;
@@ -435,17 +435,17 @@ void run_bench_decode(const BenchDecodeOptions& o) {
 
   for (int64_t ctx : contexts)
     for (AttentionKind kind : kinds)
-      for (buffer::SessionPlacement placement : placements) {
-        if (kind != AttentionKind::kRetro && placement != buffer::SessionPlacement::kGpu &&
-            placement != buffer::SessionPlacement::kAuto) {
+      for (KvPlacement placement : placements) {
+        if (kind != AttentionKind::kRetro && placement != KvPlacement::kGpu &&
+            placement != KvPlacement::kAuto) {
           std::fprintf(stderr, "bench decode: skipping %s with placement %s (host-tier layers are retro only)\n",
                        std::string(attention_kind_name(kind)).c_str(),
-                       std::string(buffer::session_placement_name(placement)).c_str());
+                       std::string(buffer::kv_placement_name(placement)).c_str());
           continue;
         }
         for (const std::string& spec : batch_specs) {
           json j = {{"bench", "decode"}, {"model", label}, {"context", ctx}, {"method", attention_kind_name(kind)},
-                    {"placement", buffer::session_placement_name(placement)}, {"batch_spec", spec}};
+                    {"placement", buffer::kv_placement_name(placement)}, {"batch_spec", spec}};
           try {
             const int64_t host_free =
                 buffer::resolve_host_limit(host_limit, [] { return buffer::host_memory_available(); });
@@ -457,7 +457,7 @@ void run_bench_decode(const BenchDecodeOptions& o) {
             req.num_seqs = std::max(1, c.batch);
             std::fprintf(stderr, "bench decode: context %lld, %s, placement %s, batch %d\n",
                          static_cast<long long>(ctx), std::string(attention_kind_name(kind)).c_str(),
-                         std::string(buffer::session_placement_name(placement)).c_str(), c.batch);
+                         std::string(buffer::kv_placement_name(placement)).c_str(), c.batch);
             const buffer::SessionPlanBreakdown plan = buffer::plan_session(req);  // throws: refused
             j["plan"] = plan_json(plan);
             if (o.plan_only) {

@@ -120,14 +120,6 @@ class RetroLayer {
   // rebuilds it from the CSR (members / offsets; -1 for a token in no cluster: an outlier). Call before
   // build().
   void set_keep_assignment(bool keep);
-  // Experiment (kernel_bench --layout clustered): rewrites each head's indexed K/V rows in cluster order (row
-  // idx_begin + j becomes the j-th member of the head's CSR) and the members to row positions, so that every
-  // cluster's tokens are contiguous rows and the exact attention reads runs of ~tokens_per_cluster rows
-  // instead of scattered ones. k / v: writable aliases of the buffers build() was given. Attention does not
-  // depend on row order (RoPE is in the keys): decode changes only by summation order, the selection not at
-  // all; token ids in debug_state become row positions. Throws before build(), with the outlier zone on (its
-  // tokens keep rows outside the CSR), with other buffers, or after an index update (appended members).
-  void make_cluster_contiguous(uint16_t* k, uint16_t* v, Stream s = nullptr);
   // Sequences per k-means run of build() (default 1; 0 = every sequence in one run): the sequences are
   // indexed in groups through one workspace sized for a group (the index is bit-identical to one batched
   // run: no k-means or outlier kernel mixes flat heads). Applies to the next build().
@@ -309,8 +301,7 @@ class PrefillAttention {
 // One layer's decode attention for a batch of num_seqs sequences that all hold the same number of tokens
 // (the seam between the runner and the attention methods). The runner owns the GPU K/V buffers of
 // GPU-resident layers; a host-resident layer (KvTier::kHost, retro only, through the wave buffer) moves
-// the KV into its own store at prefill_done() and keeps newly appended tokens itself.
-enum class KvTier : uint8_t { kGpu, kHost };
+// the KV into its own store at prefill_done() and keeps newly appended tokens itself (KvTier: wave_buffer.h).
 
 class LayerAttention {
  public:

@@ -19,6 +19,7 @@
 #include "retroinfer/cuda_backend.h"
 #include "retroinfer/model_config.h"
 #include "retroinfer/sequence_session.h"
+#include "retroinfer/session_planner.h"
 #include "retroinfer/wave_buffer.h"
 
 namespace retroinfer {
@@ -52,14 +53,6 @@ class CudaModel {
   CudaModel();
   struct Impl;
   std::unique_ptr<Impl> impl_;
-};
-
-// KV placement of a session's layers.
-enum class KvPlacement : uint8_t {
-  kGpu,    // every layer's KV in GPU memory
-  kHost,   // every layer's KV in pinned host memory (retro through the wave buffer)
-  kSplit,  // the first gpu_layers layers on the GPU, the rest on the host (retro)
-  kAuto,   // the memory planner decides: kGpu when it fits, else kSplit, else refuse
 };
 
 struct CudaSessionOptions {

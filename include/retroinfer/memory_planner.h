@@ -35,8 +35,8 @@
 
 namespace retroinfer::buffer {
 
-using StoreTier = ::retroinfer::StoreTier;
-std::string_view store_tier_name(StoreTier t);
+using KvTier = ::retroinfer::KvTier;
+std::string_view kv_tier_name(KvTier t);
 
 // Shared by the planners' messages and arithmetic: "12.34 GiB" and ceil(a / b) for a >= 0, b > 0.
 std::string format_gib(int64_t bytes);
@@ -61,12 +61,12 @@ struct PlannerSettings {
   double exec_slack = kRetrievalRowSlack;
   int64_t gpu_reserve_bytes = 0;     // kept free on the GPU (weights, activations, allocator slack)
   double host_usable_fraction = 0.8; // share of MemAvailable that pinned stores may take
-  std::optional<StoreTier> force_tier; // place every store on this tier (tests, benchmarks)
+  std::optional<KvTier> force_tier; // place every store on this tier (tests, benchmarks)
 };
 
 struct MemoryPlan {
   // [num_seqs, num_layers]: where each (sequence, layer) store lives.
-  std::vector<std::vector<StoreTier>> tier;
+  std::vector<std::vector<KvTier>> tier;
   int64_t gpu_fixed_bytes = 0;   // meta + steady + cache + exec + workspace
   int64_t gpu_store_bytes = 0;
   int64_t host_store_bytes = 0;

@@ -45,12 +45,22 @@
 #include "retroinfer/wave_buffer.h"
 #include "retroinfer/wave_counts.h"
 
+namespace retroinfer {
+
+// KV placement of a session's layers (the CUDA runner's CudaSessionOptions, the planner's requests).
+enum class KvPlacement : uint8_t {
+  kGpu,    // every layer's KV in GPU memory
+  kHost,   // every layer's KV in pinned host memory (retro through the wave buffer)
+  kSplit,  // the first gpu_layers layers on the GPU, the rest on the host (retro)
+  kAuto,   // the memory planner decides: kGpu when it fits, else kSplit, else refuse
+};
+
+}  // namespace retroinfer
+
 namespace retroinfer::buffer {
 
-// Mirrors cuda::KvPlacement (cuda_model.h) without the CUDA runner's header.
-enum class SessionPlacement : uint8_t { kGpu, kHost, kSplit, kAuto };
-std::string_view session_placement_name(SessionPlacement p);  // "gpu" | "host" | "split" | "auto"
-SessionPlacement parse_session_placement(std::string_view s);  // throws Error on other names
+std::string_view kv_placement_name(KvPlacement p);  // "gpu" | "host" | "split" | "auto"
+KvPlacement parse_kv_placement(std::string_view s);  // throws Error on other names
 
 // CTAs a flash-decoding launch may split one layer into, all flat heads together: one wave of 3 CTAs per
 // multiprocessor (layer_common.h) is 396 on the H200's 132 SMs; 1024 leaves room for larger GPUs.
@@ -105,7 +115,7 @@ struct SessionPlanRequest {
   int64_t max_context = 0;   // tokens per sequence (> 0)
   int prefill_chunk = 2048;  // tokens per prefill block
   int num_seqs = 1;
-  SessionPlacement placement = SessionPlacement::kGpu;
+  KvPlacement placement = KvPlacement::kGpu;
   int gpu_layers = -1;       // kSplit: layers on the GPU; -1 = as many as fit
   int64_t weight_bytes = 0;  // weights to count against gpu_free_bytes (0 when it already excludes them)
   // >= 0: the runner's activation, logits and GEMM workspace bytes, replacing the estimate here.
@@ -124,7 +134,7 @@ struct SessionPlanRequest {
 void set_model_shape(SessionPlanRequest& r, const ModelConfig& cfg);
 
 struct SessionPlanBreakdown {
-  SessionPlacement placement = SessionPlacement::kGpu;  // resolved (never kAuto)
+  KvPlacement placement = KvPlacement::kGpu;  // resolved (never kAuto)
   int num_seqs = 0;
   int64_t max_context = 0;
   int gpu_layers = 0, host_layers = 0;

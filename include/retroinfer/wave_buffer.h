@@ -37,10 +37,10 @@
 
 namespace retroinfer {
 
-enum class StoreTier : uint8_t { kGpu, kHost };  // where a KV store lives
+enum class KvTier : uint8_t { kGpu, kHost };  // where a KV store, or a layer's KV, lives
 
 struct WaveBufferConfig {
-  StoreTier tier = StoreTier::kHost;  // store placement (the memory planner decides it in an engine)
+  KvTier tier = KvTier::kHost;  // store placement (the memory planner decides it in an engine)
   int page_tokens = 8;                // block-cache page: 8 tokens = 2 KiB of K (or V) at d=128 bf16
   double cache_fraction = 0.05;       // block-cache pages per flat head: ceil(fraction * tokens / page)
   int64_t cache_pages = -1;           // >= 0: pages per flat head, overriding cache_fraction

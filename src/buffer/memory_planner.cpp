@@ -19,7 +19,7 @@ namespace {
 std::string gib(int64_t bytes) { return format_gib(bytes); }
 }  // namespace
 
-std::string_view store_tier_name(StoreTier t) { return t == StoreTier::kGpu ? "gpu" : "host"; }
+std::string_view kv_tier_name(KvTier t) { return t == KvTier::kGpu ? "gpu" : "host"; }
 
 StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int64_t n) {
   const int64_t row = int64_t{shape.num_heads_kv} * 2 * shape.head_dim * shape.bytes_per_element;  // K+V, all heads
@@ -77,17 +77,17 @@ MemoryPlan plan_memory(const PlannerShape& shape, const PlannerSettings& s, cons
   const int64_t host_budget = static_cast<int64_t>(double(host_free) * s.host_usable_fraction);
   int64_t host_left = host_budget;
   int64_t host_needed = 0;
-  plan.tier.assign(contexts.size(), std::vector<StoreTier>(size_t(L), StoreTier::kGpu));
+  plan.tier.assign(contexts.size(), std::vector<KvTier>(size_t(L), KvTier::kGpu));
   for (size_t i = 0; i < contexts.size(); ++i) {
     const int64_t bytes = store_bytes(shape, s, contexts[i]).store;
     for (int l = 0; l < L; ++l) {
-      const bool gpu_ok = s.force_tier ? *s.force_tier == StoreTier::kGpu : bytes <= gpu_left;
+      const bool gpu_ok = s.force_tier ? *s.force_tier == KvTier::kGpu : bytes <= gpu_left;
       if (gpu_ok) {
         gpu_left -= bytes;
         plan.gpu_store_bytes += bytes;
         ++plan.gpu_stores;
       } else {
-        plan.tier[i][size_t(l)] = StoreTier::kHost;
+        plan.tier[i][size_t(l)] = KvTier::kHost;
         host_needed += bytes;
         host_left -= bytes;
         plan.host_store_bytes += bytes;

@@ -71,13 +71,6 @@ struct RangeListParams {
   int* count = nullptr;  // [H]
 };
 cudaError_t range_list(const RangeListParams& p, cudaStream_t s);
-// retro_layout.cu (RetroLayer::make_cluster_contiguous): dst[j] = src[members[j]] for n rows of row_elems
-// bf16 (row_elems % 8 == 0, 16-byte aligned rows); members[h * n_idx + j] = j for every head, and (when
-// assignment is not null) assignment[p] = the cluster whose CSR range holds position p.
-cudaError_t gather_rows(const uint16_t* src, const uint32_t* members, uint16_t* dst, int64_t n, int row_elems,
-                        cudaStream_t s);
-cudaError_t members_to_rows(uint32_t* members, int* assignment, const int* offsets, int64_t num_heads,
-                            int64_t n_idx, int num_clusters, cudaStream_t s);
 
 // Oracle scores: for flat head h and every query head g of its group, logits l_g[t] = scale * q_g . k_t
 // over the whole cache t in [0, num_tokens), lse_g their log-sum-exp; score[h, t - idx_begin] =

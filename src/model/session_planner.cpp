@@ -175,21 +175,21 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
 
 }  // namespace
 
-std::string_view session_placement_name(SessionPlacement p) {
+std::string_view kv_placement_name(KvPlacement p) {
   switch (p) {
-    case SessionPlacement::kGpu: return "gpu";
-    case SessionPlacement::kHost: return "host";
-    case SessionPlacement::kSplit: return "split";
-    case SessionPlacement::kAuto: return "auto";
+    case KvPlacement::kGpu: return "gpu";
+    case KvPlacement::kHost: return "host";
+    case KvPlacement::kSplit: return "split";
+    case KvPlacement::kAuto: return "auto";
   }
   return "?";
 }
 
-SessionPlacement parse_session_placement(std::string_view s) {
-  if (s == "gpu") return SessionPlacement::kGpu;
-  if (s == "host") return SessionPlacement::kHost;
-  if (s == "split") return SessionPlacement::kSplit;
-  if (s == "auto") return SessionPlacement::kAuto;
+KvPlacement parse_kv_placement(std::string_view s) {
+  if (s == "gpu") return KvPlacement::kGpu;
+  if (s == "host") return KvPlacement::kHost;
+  if (s == "split") return KvPlacement::kSplit;
+  if (s == "auto") return KvPlacement::kAuto;
   RETROINFER_FAIL("unknown KV placement '", s, "' (known: gpu, host, split, auto)");
 }
 
@@ -205,7 +205,7 @@ void set_model_shape(SessionPlanRequest& r, const ModelConfig& c) {
 
 std::string SessionPlanBreakdown::summary() const {
   std::ostringstream os;
-  os << num_seqs << " x " << max_context << " tokens, placement " << session_placement_name(placement) << " ("
+  os << num_seqs << " x " << max_context << " tokens, placement " << kv_placement_name(placement) << " ("
      << gpu_layers << " GPU / " << host_layers << " host layers): GPU " << gib(gpu_bytes) << " of "
      << gib(gpu_free_bytes) << " (weights " << gib(weight_bytes) << ", KV " << gib(kv_layer_bytes * gpu_layers)
      << ", method " << gib(method_layer_bytes * gpu_layers) << ", host-tier layers "
@@ -231,11 +231,11 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   validate(r.attention);
   const bool retro = r.attention.kind == AttentionKind::kRetro;
   const int L = r.num_layers;
-  RETROINFER_CHECK(retro || r.placement == SessionPlacement::kGpu || r.placement == SessionPlacement::kAuto ||
-                       (r.placement == SessionPlacement::kSplit && r.gpu_layers == L),
-                   "session plan: KV placement '", session_placement_name(r.placement), "' keeps layers in host ",
+  RETROINFER_CHECK(retro || r.placement == KvPlacement::kGpu || r.placement == KvPlacement::kAuto ||
+                       (r.placement == KvPlacement::kSplit && r.gpu_layers == L),
+                   "session plan: KV placement '", kv_placement_name(r.placement), "' keeps layers in host ",
                    "memory, which only the retro method supports (wave buffer); use placement gpu or method retro");
-  RETROINFER_CHECK(r.placement != SessionPlacement::kSplit || (r.gpu_layers >= -1 && r.gpu_layers <= L),
+  RETROINFER_CHECK(r.placement != KvPlacement::kSplit || (r.gpu_layers >= -1 && r.gpu_layers <= L),
                    "session plan: gpu_layers = ", r.gpu_layers, " is out of range [-1, ", L, "]");
 
   const LayerSizes ls = layer_sizes(r);
@@ -266,26 +266,26 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   auto host_need = [&](int g) { return (L - g) * ls.host_host; };
 
   int g = L;
-  SessionPlacement placed = r.placement;
+  KvPlacement placed = r.placement;
   switch (r.placement) {
-    case SessionPlacement::kGpu: g = L; break;
-    case SessionPlacement::kHost: g = 0; break;
-    case SessionPlacement::kSplit:
-    case SessionPlacement::kAuto: {
-      if (r.placement == SessionPlacement::kSplit && r.gpu_layers >= 0) {
+    case KvPlacement::kGpu: g = L; break;
+    case KvPlacement::kHost: g = 0; break;
+    case KvPlacement::kSplit:
+    case KvPlacement::kAuto: {
+      if (r.placement == KvPlacement::kSplit && r.gpu_layers >= 0) {
         g = r.gpu_layers;
         break;
       }
-      if (r.placement == SessionPlacement::kAuto && (gpu_need(L) <= r.gpu_free_bytes || !retro)) {
-        placed = SessionPlacement::kGpu;
+      if (r.placement == KvPlacement::kAuto && (gpu_need(L) <= r.gpu_free_bytes || !retro)) {
+        placed = KvPlacement::kGpu;
         g = L;
         break;
       }
       // The most GPU layers that fit on the GPU (fewer GPU layers only move more to the host).
       g = L;
       while (g > 0 && gpu_need(g) > r.gpu_free_bytes) --g;
-      placed = g == L ? SessionPlacement::kGpu : g == 0 ? SessionPlacement::kHost : SessionPlacement::kSplit;
-      if (r.placement == SessionPlacement::kSplit) placed = SessionPlacement::kSplit;
+      placed = g == L ? KvPlacement::kGpu : g == 0 ? KvPlacement::kHost : KvPlacement::kSplit;
+      if (r.placement == KvPlacement::kSplit) placed = KvPlacement::kSplit;
       break;
     }
   }
@@ -300,7 +300,7 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
     std::ostringstream what;
     what << "session plan: " << r.num_seqs << " sequence(s) x " << r.max_context << " tokens with "
          << attention_kind_name(r.attention.kind) << " attention, KV placement "
-         << session_placement_name(r.placement) << " (" << g << " GPU / " << (L - g) << " host layers), need "
+         << kv_placement_name(r.placement) << " (" << g << " GPU / " << (L - g) << " host layers), need "
          << gib(p.gpu_bytes) << " of GPU memory (weights " << gib(p.weight_bytes) << ", KV + method "
          << gib(g * (ls.kv + ls.method)) << ", host-tier layers' GPU part " << gib((L - g) * ls.host_gpu)
          << ", staging " << gib(p.staging_bytes) << ", activations, logits and build workspace "

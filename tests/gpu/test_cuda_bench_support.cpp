@@ -53,7 +53,7 @@ TEST(CudaBenchSupport, SessionPlanUsesTheDevicesFreeMemory) {
   opt.gpu_memory_limit = 0;
   opt.max_context = 1 << 20;
   opt.attention.kind = AttentionKind::kRetro;
-  opt.placement = cuda::KvPlacement::kSplit;
+  opt.placement = KvPlacement::kSplit;
   try {
     cuda::CudaSession::plan(cfg, opt, 64, 0);
     FAIL() << "expected a refusal";

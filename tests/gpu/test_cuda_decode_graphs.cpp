@@ -25,7 +25,6 @@ using cuda::CudaModel;
 using cuda::CudaSequenceSession;
 using cuda::CudaSession;
 using cuda::CudaSessionOptions;
-using cuda::KvPlacement;
 
 constexpr int kLayers = 3;
 constexpr int kSteps = 8;

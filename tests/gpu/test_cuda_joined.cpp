@@ -160,7 +160,7 @@ TEST(CudaJoined, RefusesWhatCannotJoin) {
   b.prefill(prompt);
   foreign.prefill(prompt);
   CudaSessionOptions host = options(AttentionKind::kRetro);
-  host.placement = cuda::KvPlacement::kHost;
+  host.placement = KvPlacement::kHost;
   CudaSequenceSession h(*gm, host);
   h.prefill(prompt);
   CudaSession two(*gm, options(AttentionKind::kFull), 2);

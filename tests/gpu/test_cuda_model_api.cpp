@@ -67,7 +67,7 @@ TEST(CudaModelApi, BadInputThrowsClearErrors) {
   gputest::expect_error([&] { s.decode_greedy(two, next); }, "is full", "context full");
   // Host-tier layers are retro only; a second fill is refused; synthetic K/V needs its minimum length.
   CudaSessionOptions host = full_options(64, 16);
-  host.placement = cuda::KvPlacement::kHost;
+  host.placement = KvPlacement::kHost;
   gputest::expect_error([&] { CudaSession h(*gm, host, 1); },
                         "only the retro method", "host placement with full attention");
   gputest::expect_error([&] { s.fill_synthetic(16, 1); }, "already holds tokens", "fill_synthetic after prefill");

@@ -44,7 +44,6 @@ namespace {
 using cuda::CudaModel;
 using cuda::CudaSession;
 using cuda::CudaSessionOptions;
-using cuda::KvPlacement;
 
 constexpr int kLayers = 3;
 constexpr double kPrefillRel = 1e-6;     // see the header: same kernels on the same chunks

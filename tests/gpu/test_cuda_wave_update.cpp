@@ -29,7 +29,7 @@ namespace {
 
 struct UpdateCase {
   const char* name;
-  StoreTier tier = StoreTier::kHost;
+  KvTier tier = KvTier::kHost;
   bool tail_room = false;     // WaveBufferConfig::max_tokens set (no store reallocation, ring sized ahead)
   int64_t cache_pages = 12;   // per flat head: small, so clusters are evicted
   double outlier_fraction = 0.01;
@@ -148,7 +148,7 @@ void run_case(const UpdateCase& uc) {
   std::printf("[wave update] %s tier=%s tail_room=%d seqs=%d H=%d n0=%lld steps=%d cache=%lld pages/head: %lld updates, "
               "%d clusters/head, n_r %d -> %d, %lld outliers/head, nmse max %.3e max-abs %.3e, hits %lld misses %lld (selected %lld), "
               "admitted %llu evicted %llu, max hit rows %lld\n",
-              uc.name, uc.tier == StoreTier::kHost ? "host" : "gpu", int(uc.tail_room), uc.num_seqs, H, (long long)n0,
+              uc.name, uc.tier == KvTier::kHost ? "host" : "gpu", int(uc.tail_room), uc.num_seqs, H, (long long)n0,
               steps, (long long)uc.cache_pages, (long long)wb.num_updates(), wb.num_clusters(), n_r0,
               wb.n_retrieval(), (long long)wb.outlier_rows(), nmse_max, abs_max, (long long)device_hits, (long long)device_misses,
               (long long)selected_total, (unsigned long long)s.admitted, (unsigned long long)s.evicted,
@@ -178,7 +178,7 @@ TEST(WaveBufferUpdate, GpuStoreWithoutOutliersMatchesGpuTier) {
   RETROINFER_REQUIRE_GPU();
   UpdateCase uc;
   uc.name = "gpu-store no-outliers";
-  uc.tier = StoreTier::kGpu;
+  uc.tier = KvTier::kGpu;
   uc.outlier_fraction = 0.0;
   uc.num_seqs = 1;
   run_case(uc);

@@ -54,7 +54,7 @@ TEST(WaveBuffer, FullCacheGivesTheUncachedOutputBitForBit) {
   const uint64_t seed = 101;
   WaveRig su(seed);
   WaveBufferConfig w;
-  w.tier = StoreTier::kHost;
+  w.tier = KvTier::kHost;
   w.cache_pages = su.n;  // room for every cluster
   cuda::WaveBufferLayer layer(su.shape(), su.cfg, w, su.num_seqs);
   layer.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
@@ -99,8 +99,8 @@ TEST(WaveBuffer, RegisteredHostStoreMatchesGpuStoreBitForBit) {
   const uint64_t seed = 212;
   WaveRig su(seed);
   WaveBufferConfig wh, wg;
-  wh.tier = StoreTier::kHost;
-  wg.tier = StoreTier::kGpu;
+  wh.tier = KvTier::kHost;
+  wg.tier = KvTier::kGpu;
   wh.cache_fraction = wg.cache_fraction = 0.03;
   cuda::WaveBufferLayer host(su.shape(), su.cfg, wh, su.num_seqs), gpu(su.shape(), su.cfg, wg, su.num_seqs);
   host.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
@@ -157,8 +157,8 @@ TEST(WaveBuffer, HostStoreMatchesGpuStoreBitForBit) {
   const uint64_t seed = 202;
   WaveRig su(seed);
   WaveBufferConfig wh, wg;
-  wh.tier = StoreTier::kHost;
-  wg.tier = StoreTier::kGpu;
+  wh.tier = KvTier::kHost;
+  wg.tier = KvTier::kGpu;
   wh.cache_fraction = wg.cache_fraction = 0.03;  // smaller than the retrieval zone: misses and evictions
   cuda::WaveBufferLayer host(su.shape(), su.cfg, wh, su.num_seqs), gpu(su.shape(), su.cfg, wg, su.num_seqs);
   host.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);

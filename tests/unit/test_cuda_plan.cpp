@@ -15,7 +15,6 @@ namespace {
 
 using cuda::CudaSession;
 using cuda::CudaSessionOptions;
-using cuda::KvPlacement;
 
 ModelConfig llama3_8b() { return model_shape("llama3-8b"); }
 

@@ -74,8 +74,8 @@ TEST(MemoryPlanner, SpillsToHostInSequenceThenLayerOrder) {
   // GPU-first: once a store went to the host, every later one (sequence-major) did too.
   bool spilled = false;
   for (const auto& seq : plan.tier)
-    for (StoreTier t : seq) {
-      if (t == StoreTier::kHost) spilled = true;
+    for (KvTier t : seq) {
+      if (t == KvTier::kHost) spilled = true;
       else EXPECT_FALSE(spilled) << "a GPU store after a host store";
     }
   EXPECT_EQ(plan.host_store_bytes, plan.host_stores * 512 * (int64_t{1} << 20));
@@ -83,11 +83,11 @@ TEST(MemoryPlanner, SpillsToHostInSequenceThenLayerOrder) {
 
 TEST(MemoryPlanner, ForcedTier) {
   PlannerSettings s;
-  s.force_tier = StoreTier::kHost;
+  s.force_tier = KvTier::kHost;
   const auto plan = plan_memory(llama8b(), s, {32768}, 139 * kGiB, 100 * kGiB);
   EXPECT_EQ(plan.host_stores, 32);
   EXPECT_EQ(plan.gpu_stores, 0);
-  s.force_tier = StoreTier::kGpu;
+  s.force_tier = KvTier::kGpu;
   EXPECT_THROW(plan_memory(llama8b(), s, std::vector<int64_t>(16, 131072), 100 * kGiB, 400 * kGiB), Error);
 }
 

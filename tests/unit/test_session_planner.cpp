@@ -16,7 +16,7 @@ namespace {
 
 constexpr int64_t kGiB = int64_t{1} << 30;
 
-SessionPlanRequest llama(AttentionKind kind, int64_t ctx, int seqs, SessionPlacement placement, int64_t gpu_free,
+SessionPlanRequest llama(AttentionKind kind, int64_t ctx, int seqs, KvPlacement placement, int64_t gpu_free,
                          int64_t host_free) {
   SessionPlanRequest r;
   set_model_shape(r, model_shape("llama3-8b"));
@@ -48,14 +48,14 @@ std::string gib(int64_t bytes) {  // the planner's formatting
 
 TEST(SessionPlanner, FullOnGpuFitsWithExactKv) {
   const SessionPlanBreakdown p =
-      plan_session(llama(AttentionKind::kFull, 32768, 2, SessionPlacement::kGpu, 100 * kGiB, 0));
+      plan_session(llama(AttentionKind::kFull, 32768, 2, KvPlacement::kGpu, 100 * kGiB, 0));
   // One layer, 2 sequences: 2 (K, V) x 2 x 8 heads x 32768 x 128 x 2 bytes = 256 MiB.
   EXPECT_EQ(p.kv_layer_bytes, int64_t{256} << 20);
   EXPECT_EQ(p.gpu_layers, 32);
   EXPECT_EQ(p.host_layers, 0);
   EXPECT_EQ(p.host_bytes, 0);
   EXPECT_EQ(p.staging_bytes, 0);
-  EXPECT_EQ(p.placement, SessionPlacement::kGpu);
+  EXPECT_EQ(p.placement, KvPlacement::kGpu);
   // Everything else is small beside the KV (8 GiB): the f32 activations of a 2048-token chunk are
   // 2048 x (2 x 4096 + 48 x 128 + 32 x 128 + 3 x 14336) x 4 B = 0.47 GiB, split workspaces 32 x 2 MiB.
   EXPECT_GE(p.gpu_bytes, 32 * p.kv_layer_bytes);
@@ -68,10 +68,10 @@ TEST(SessionPlanner, FullOnGpuFitsWithExactKv) {
 TEST(SessionPlanner, FullKvGrowsExactlyWithContext) {
   // 32K more tokens of 4 sequences: 2 (K, V) x 32 layers x 4 x 8 heads x 32768 x 128 x 2 bytes = 16 GiB; the
   // activations depend on the chunk, the decoders' workspaces on nothing.
-  const auto a = plan_session(llama(AttentionKind::kFull, 32768, 4, SessionPlacement::kGpu, 100 * kGiB, 0));
-  const auto b = plan_session(llama(AttentionKind::kFull, 65536, 4, SessionPlacement::kGpu, 100 * kGiB, 0));
+  const auto a = plan_session(llama(AttentionKind::kFull, 32768, 4, KvPlacement::kGpu, 100 * kGiB, 0));
+  const auto b = plan_session(llama(AttentionKind::kFull, 65536, 4, KvPlacement::kGpu, 100 * kGiB, 0));
   EXPECT_EQ(b.gpu_bytes - a.gpu_bytes, 16 * kGiB);
-  SessionPlanRequest r = llama(AttentionKind::kFull, 32768, 4, SessionPlacement::kGpu, 100 * kGiB, 0);
+  SessionPlanRequest r = llama(AttentionKind::kFull, 32768, 4, KvPlacement::kGpu, 100 * kGiB, 0);
   r.activation_bytes_override = 12345;  // the runner's own figure replaces activations and logits
   const auto o = plan_session(r);
   EXPECT_EQ(o.activation_bytes, 12345);
@@ -80,15 +80,15 @@ TEST(SessionPlanner, FullKvGrowsExactlyWithContext) {
 }
 
 TEST(SessionPlanner, WeightsNotYetLoadedCount) {
-  SessionPlanRequest r = llama(AttentionKind::kFull, 4096, 1, SessionPlacement::kGpu, 100 * kGiB, 0);
+  SessionPlanRequest r = llama(AttentionKind::kFull, 4096, 1, KvPlacement::kGpu, 100 * kGiB, 0);
   const int64_t without = plan_session(r).gpu_bytes;
   r.weight_bytes = 15 * kGiB;
   EXPECT_EQ(plan_session(r).gpu_bytes, without + 15 * kGiB);
 }
 
 TEST(SessionPlanner, RetroGpuTierCostsMoreThanFullButLessThanTwice) {
-  const auto full = plan_session(llama(AttentionKind::kFull, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0));
-  const auto retro = plan_session(llama(AttentionKind::kRetro, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0));
+  const auto full = plan_session(llama(AttentionKind::kFull, 131072, 1, KvPlacement::kGpu, 200 * kGiB, 0));
+  const auto retro = plan_session(llama(AttentionKind::kRetro, 131072, 1, KvPlacement::kGpu, 200 * kGiB, 0));
   EXPECT_GT(retro.method_layer_bytes, full.method_layer_bytes);
   // Metadata per indexed token and head with int8 centroid scoring (the default): (3 D + 16 + 4 G) / 16 + 8 +
   // lists ~ 33 B vs 512 B of K/V.
@@ -96,13 +96,13 @@ TEST(SessionPlanner, RetroGpuTierCostsMoreThanFullButLessThanTwice) {
   EXPECT_GT(retro.method_layer_bytes, retro.kv_layer_bytes / 16);
   // Keeping the f32 copies of centroids and value sums (RetroLayer's default outside the runner): 8 D more
   // per cluster, (8 x 128) / 16 = 64 B more per token and head.
-  SessionPlanRequest f32 = llama(AttentionKind::kRetro, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0);
+  SessionPlanRequest f32 = llama(AttentionKind::kRetro, 131072, 1, KvPlacement::kGpu, 200 * kGiB, 0);
   f32.retro_keeps_f32_index = true;
   const auto f = plan_session(f32);
   EXPECT_NEAR(static_cast<double>(f.method_layer_bytes - retro.method_layer_bytes),
               64.0 * 8 * (131072 - 68), 8.0 * 8 * 128 * 4 * 16);
   EXPECT_GT(retro.build_workspace_bytes, 0);  // transient, once
-  SessionPlanRequest kept = llama(AttentionKind::kRetro, 131072, 1, SessionPlacement::kGpu, 200 * kGiB, 0);
+  SessionPlanRequest kept = llama(AttentionKind::kRetro, 131072, 1, KvPlacement::kGpu, 200 * kGiB, 0);
   kept.retro_keeps_build_buffers = true;
   const auto k = plan_session(kept);
   // Kept per layer, the build workspace moves into the method bytes; the transient is then one update's.
@@ -115,7 +115,7 @@ TEST(SessionPlanner, RetroGpuTierCostsMoreThanFullButLessThanTwice) {
 }
 
 TEST(SessionPlanner, HostPlacementPutsEveryStoreOnTheHost) {
-  const auto p = plan_session(llama(AttentionKind::kRetro, 131072, 2, SessionPlacement::kHost, 100 * kGiB, 100 * kGiB));
+  const auto p = plan_session(llama(AttentionKind::kRetro, 131072, 2, KvPlacement::kHost, 100 * kGiB, 100 * kGiB));
   EXPECT_EQ(p.gpu_layers, 0);
   EXPECT_EQ(p.host_layers, 32);
   // Store: every token's K and V: 2 x 8 x 131072 x 128 x 2 bytes x 2 sequences = 1 GiB per layer.
@@ -133,11 +133,11 @@ TEST(SessionPlanner, HostPlacementPutsEveryStoreOnTheHost) {
 TEST(SessionPlanner, SplitTakesTheMostGpuLayersThatFit) {
   // 1M tokens x 128 KiB = 128 GiB of K/V: neither 100 GiB of GPU nor 100 GiB of host holds it alone.
   const SessionPlanRequest r =
-      llama(AttentionKind::kRetro, 1 << 20, 1, SessionPlacement::kSplit, 100 * kGiB, 100 * kGiB);
+      llama(AttentionKind::kRetro, 1 << 20, 1, KvPlacement::kSplit, 100 * kGiB, 100 * kGiB);
   const auto p = plan_session(r);
   ASSERT_GT(p.gpu_layers, 0);
   ASSERT_LT(p.gpu_layers, 32);
-  EXPECT_EQ(p.placement, SessionPlacement::kSplit);
+  EXPECT_EQ(p.placement, KvPlacement::kSplit);
   EXPECT_LE(p.gpu_bytes, r.gpu_free_bytes);
   EXPECT_LE(p.host_bytes, r.host_free_bytes);
   EXPECT_EQ(p.host_bytes, p.host_layers * p.host_layer_host_bytes);
@@ -150,20 +150,20 @@ TEST(SessionPlanner, SplitTakesTheMostGpuLayersThatFit) {
 }
 
 TEST(SessionPlanner, AutoChoosesGpuWhenItFitsElseSplit) {
-  auto a = plan_session(llama(AttentionKind::kRetro, 32768, 1, SessionPlacement::kAuto, 100 * kGiB, 100 * kGiB));
-  EXPECT_EQ(a.placement, SessionPlacement::kGpu);
+  auto a = plan_session(llama(AttentionKind::kRetro, 32768, 1, KvPlacement::kAuto, 100 * kGiB, 100 * kGiB));
+  EXPECT_EQ(a.placement, KvPlacement::kGpu);
   EXPECT_EQ(a.gpu_layers, 32);
-  a = plan_session(llama(AttentionKind::kRetro, 1 << 20, 1, SessionPlacement::kAuto, 100 * kGiB, 100 * kGiB));
-  EXPECT_EQ(a.placement, SessionPlacement::kSplit);
+  a = plan_session(llama(AttentionKind::kRetro, 1 << 20, 1, KvPlacement::kAuto, 100 * kGiB, 100 * kGiB));
+  EXPECT_EQ(a.placement, KvPlacement::kSplit);
   EXPECT_GT(a.host_layers, 0);
   // A method without a host tier refuses instead of splitting.
-  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 1 << 20, 1, SessionPlacement::kAuto, 100 * kGiB, 100 * kGiB)),
+  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 1 << 20, 1, KvPlacement::kAuto, 100 * kGiB, 100 * kGiB)),
                Error);
 }
 
 TEST(SessionPlanner, RefusalNamesNeededAndFreeOnBothSides) {
   // Full attention at 1M needs 128 GiB of K/V on the GPU; 80 GiB free.
-  SessionPlanRequest r = llama(AttentionKind::kFull, 1 << 20, 1, SessionPlacement::kGpu, 80 * kGiB, 64 * kGiB);
+  SessionPlanRequest r = llama(AttentionKind::kFull, 1 << 20, 1, KvPlacement::kGpu, 80 * kGiB, 64 * kGiB);
   SessionPlanRequest big = r;
   big.gpu_free_bytes = 1000 * kGiB;
   const int64_t needed = plan_session(big).gpu_bytes;
@@ -178,7 +178,7 @@ TEST(SessionPlanner, RefusalNamesNeededAndFreeOnBothSides) {
     EXPECT_NE(m.find("nothing was allocated"), std::string::npos) << m;
   }
   // The host side: every layer on the host, 64 GiB usable for 128 GiB of stores.
-  SessionPlanRequest h = llama(AttentionKind::kRetro, 1 << 20, 1, SessionPlacement::kHost, 80 * kGiB, 64 * kGiB);
+  SessionPlanRequest h = llama(AttentionKind::kRetro, 1 << 20, 1, KvPlacement::kHost, 80 * kGiB, 64 * kGiB);
   try {
     plan_session(h);
     FAIL() << "expected a refusal";
@@ -192,7 +192,7 @@ TEST(SessionPlanner, RefusalNamesNeededAndFreeOnBothSides) {
 }
 
 TEST(SessionPlanner, LargestBatchIsTheEdgeOfThePlan) {
-  SessionPlanRequest r = llama(AttentionKind::kFull, 131072, 1, SessionPlacement::kGpu, 120 * kGiB, 0);
+  SessionPlanRequest r = llama(AttentionKind::kFull, 131072, 1, KvPlacement::kGpu, 120 * kGiB, 0);
   const int b = largest_batch(r);
   // 16 GiB of K/V per 128K sequence (+ small extras): 7 sequences fit in 120 GiB, 8 do not.
   EXPECT_EQ(b, 7);
@@ -203,23 +203,23 @@ TEST(SessionPlanner, LargestBatchIsTheEdgeOfThePlan) {
   EXPECT_EQ(largest_batch(r, 3), 3);  // capped by the limit
   r.gpu_free_bytes = kGiB;
   EXPECT_EQ(largest_batch(r), 0);  // not even one
-  SessionPlanRequest tiny = llama(AttentionKind::kFull, 16, 1, SessionPlacement::kGpu, 1000 * kGiB, 0);
+  SessionPlanRequest tiny = llama(AttentionKind::kFull, 16, 1, KvPlacement::kGpu, 1000 * kGiB, 0);
   EXPECT_EQ(largest_batch(tiny, 100), 100);
   EXPECT_EQ(largest_batch(tiny, 1), 1);
 }
 
 TEST(SessionPlanner, BadRequestsAreErrors) {
-  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 4096, 1, SessionPlacement::kHost, 100 * kGiB, 100 * kGiB)),
+  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 4096, 1, KvPlacement::kHost, 100 * kGiB, 100 * kGiB)),
                Error);  // host tier needs retro
-  EXPECT_THROW(plan_session(llama(AttentionKind::kQuest, 4096, 1, SessionPlacement::kSplit, 100 * kGiB, 100 * kGiB)),
+  EXPECT_THROW(plan_session(llama(AttentionKind::kQuest, 4096, 1, KvPlacement::kSplit, 100 * kGiB, 100 * kGiB)),
                Error);
-  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 0, 1, SessionPlacement::kGpu, kGiB, kGiB)), Error);
-  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 4096, 0, SessionPlacement::kGpu, kGiB, kGiB)), Error);
-  SessionPlanRequest r = llama(AttentionKind::kRetro, 4096, 1, SessionPlacement::kSplit, kGiB, kGiB);
+  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 0, 1, KvPlacement::kGpu, kGiB, kGiB)), Error);
+  EXPECT_THROW(plan_session(llama(AttentionKind::kFull, 4096, 0, KvPlacement::kGpu, kGiB, kGiB)), Error);
+  SessionPlanRequest r = llama(AttentionKind::kRetro, 4096, 1, KvPlacement::kSplit, kGiB, kGiB);
   r.gpu_layers = 33;
   EXPECT_THROW(plan_session(r), Error);
-  EXPECT_EQ(parse_session_placement("split"), SessionPlacement::kSplit);
-  EXPECT_THROW(parse_session_placement("disk"), Error);
+  EXPECT_EQ(parse_kv_placement("split"), KvPlacement::kSplit);
+  EXPECT_THROW(parse_kv_placement("disk"), Error);
 }
 
 TEST(SessionPlanner, LimitsFromInjectedQueries) {

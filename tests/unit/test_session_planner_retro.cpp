@@ -139,7 +139,7 @@ SessionPlanRequest bench_request(int seqs) {
   r.max_context = 131097;
   r.prefill_chunk = 2048;
   r.num_seqs = seqs;
-  r.placement = SessionPlacement::kGpu;
+  r.placement = KvPlacement::kGpu;
   r.gpu_free_bytes = kRun13GpuFree;
   r.host_free_bytes = int64_t{100} << 30;
   return r;

@@ -661,33 +661,6 @@ void RetroLayer::set_keep_assignment(bool keep) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_assignment: call before build()");
   impl_->keep_assignment = keep;
 }
-void RetroLayer::make_cluster_contiguous(uint16_t* k, uint16_t* v, Stream s) {
-  auto& m = *impl_;
-  RETROINFER_CHECK(m.n > 0 && m.n_idx > 0, "RetroLayer::make_cluster_contiguous: nothing indexed yet (call build())");
-  RETROINFER_CHECK(k == m.k && v == m.v, "RetroLayer::make_cluster_contiguous: k / v must be the buffers build() was given");
-  RETROINFER_CHECK(!m.outliers_on, "RetroLayer::make_cluster_contiguous: not with the outlier zone on (its tokens keep "
-                                   "their rows outside the clusters)");
-  RETROINFER_CHECK(m.updates == 0, "RetroLayer::make_cluster_contiguous: only before the first index update");
-  const auto st = static_cast<cudaStream_t>(s);
-  int total = 0;  // every index token in a cluster: head h's members are [h * n_idx, (h + 1) * n_idx)
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(&total, m.offsets.as<int>() + int64_t{m.H} * m.C, 4, cudaMemcpyDeviceToHost, st));
-  RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
-  RETROINFER_CHECK(total == int64_t{m.H} * m.n_idx, "RetroLayer::make_cluster_contiguous: ", total,
-                   " members for ", int64_t{m.H} * m.n_idx, " index tokens");
-  DeviceBuffer tmp(size_t(m.n_idx) * m.D * 2);
-  const uint32_t* mem = m.members.as<uint32_t>();
-  for (int h = 0; h < m.H; ++h)
-    for (uint16_t* base : {k, v}) {
-      uint16_t* rows = base + (int64_t{h} * m.kv_stride + m.idx_begin) * m.D;
-      detail::launch_check(detail::gather_rows(rows, mem + int64_t{h} * m.n_idx, tmp.as<uint16_t>(), m.n_idx, m.D, st),
-                           "gather_rows", st);
-      RETROINFER_CUDA_CHECK(cudaMemcpyAsync(rows, tmp.data(), tmp.bytes(), cudaMemcpyDeviceToDevice, st));
-    }
-  detail::launch_check(detail::members_to_rows(m.members.as<uint32_t>(), m.keep_assignment ? m.assignment.as<int>() : nullptr,
-                                               m.offsets.as<int>(), m.H, m.n_idx, m.C, st),
-                       "members_to_rows", st);
-  RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));  // tmp is freed on return
-}
 void RetroLayer::set_build_group_seqs(int seqs) {
   RETROINFER_CHECK(seqs >= 0, "RetroLayer::set_build_group_seqs: sequences per k-means run must be >= 0 (0: all), got ",
                    seqs);

@@ -210,7 +210,7 @@ void WaveBufferLayer::Impl::fill_store(const uint16_t* k, const uint16_t* v, int
   const size_t store_bytes = std::max<size_t>(size_t(m.store_cap_rows) * 2 * row_bytes, 16);
   m.store_dev = DeviceBuffer();
   m.store_host = PinnedHost();
-  if (m.wcfg.tier == StoreTier::kGpu) {
+  if (m.wcfg.tier == KvTier::kGpu) {
     m.store_dev = DeviceBuffer(store_bytes);
     m.store = m.store_dev.as<uint16_t>();
   } else {
@@ -566,7 +566,7 @@ int64_t WaveBufferLayer::cache_pages_per_head() const { return impl_->P; }
 int64_t WaveBufferLayer::exec_capacity() const { return impl_->list_cap; }
 int64_t WaveBufferLayer::store_bytes() const { return int64_t{impl_->H} * impl_->per_head * 4 * impl_->D; }
 int64_t WaveBufferLayer::steps_issued() const { return static_cast<int64_t>(impl_->steps); }
-bool WaveBufferLayer::store_on_host() const { return impl_->wcfg.tier == StoreTier::kHost; }
+bool WaveBufferLayer::store_on_host() const { return impl_->wcfg.tier == KvTier::kHost; }
 
 std::pair<int64_t, int64_t> device_memory_info() {
   size_t free_b = 0, total_b = 0;

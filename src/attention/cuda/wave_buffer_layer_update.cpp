@@ -176,7 +176,7 @@ void WaveBufferLayer::Impl::grow_store(int64_t store_rows0) {
     const int64_t cap = std::max(m.tab.store_rows, m.store_cap_rows + m.store_cap_rows / 4);
     const size_t old_bytes = size_t(store_rows0) * 2 * row_bytes;  // the rows in use before this block
     const size_t new_bytes = size_t(cap) * 2 * row_bytes;
-    if (m.wcfg.tier == StoreTier::kGpu) {
+    if (m.wcfg.tier == KvTier::kGpu) {
       DeviceBuffer nb(new_bytes);
       if (old_bytes > 0)
         RETROINFER_CUDA_CHECK(cudaMemcpy(nb.data(), m.store_dev.data(), old_bytes, cudaMemcpyDeviceToDevice));

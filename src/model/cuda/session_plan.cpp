@@ -25,17 +25,6 @@
 
 namespace retroinfer::cuda {
 
-namespace {
-buffer::SessionPlacement to_buffer(KvPlacement p) {
-  switch (p) {
-    case KvPlacement::kGpu: return buffer::SessionPlacement::kGpu;
-    case KvPlacement::kHost: return buffer::SessionPlacement::kHost;
-    case KvPlacement::kSplit: return buffer::SessionPlacement::kSplit;
-    case KvPlacement::kAuto: return buffer::SessionPlacement::kAuto;
-  }
-  return buffer::SessionPlacement::kGpu;
-}
-}  // namespace
 
 CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptions& opt, int num_seqs,
                                   int64_t weight_bytes) {
@@ -55,7 +44,7 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
                    model_max, " positions; use a shorter context");
   r.prefill_chunk = opt.prefill_chunk;
   r.num_seqs = num_seqs;
-  r.placement = to_buffer(opt.placement);
+  r.placement = opt.placement;
   r.gpu_layers = opt.gpu_layers;
   r.weight_bytes = weight_bytes;
   r.gpu_free_bytes =

@@ -45,7 +45,7 @@ struct DecodeCase {
   std::string name;
   AttentionConfig cfg;
   Expect expect = Expect::kSameTokens;
-  cuda::KvTier tier = cuda::KvTier::kGpu;
+  KvTier tier = KvTier::kGpu;
   int num_seqs = 2, hkv = 2, group = 4, d = 128;
   int64_t n0 = 2000;
   int steps = 150;
@@ -138,7 +138,7 @@ Trace run_steps(const DecodeCase& dc, uint64_t seed) {
   Trace tr;
   for (int i = 0; i < dc.steps; ++i) {
     const int64_t t = dc.n0 + i;
-    if (dc.tier == cuda::KvTier::kGpu) in.write_token(t);
+    if (dc.tier == KvTier::kGpu) in.write_token(t);
     const auto kn = in.token_rows(t, true), vn = in.token_rows(t, false);
     dkn.upload(kn.data(), kn.size() * 2);
     dvn.upload(vn.data(), vn.size() * 2);
@@ -240,7 +240,7 @@ void run_decode_case(const DecodeCase& dc, CaseReport& r, uint64_t seed) {
 std::string describe(const DecodeCase& dc) {
   char b[240];
   std::snprintf(b, sizeof b, "%s (%s tier, seqs %d hkv %d G %d d %d n0 %lld steps %d sink %d window %d)",
-                dc.name.c_str(), dc.tier == cuda::KvTier::kGpu ? "gpu" : "host", dc.num_seqs, dc.hkv, dc.group, dc.d,
+                dc.name.c_str(), dc.tier == KvTier::kGpu ? "gpu" : "host", dc.num_seqs, dc.hkv, dc.group, dc.d,
                 (long long)dc.n0, dc.steps, dc.cfg.sink_tokens, dc.cfg.window_tokens);
   return b;
 }
@@ -375,7 +375,7 @@ std::vector<ParityCase> retro_cases() {
   // Every cluster retrieved, no estimation: exact attention through every index update (a member lost or
   // duplicated by an update, or a steady-tail row missed, shows at once), on both tiers, and from prompts
   // too short to index (the first update builds the index).
-  for (cuda::KvTier tier : {cuda::KvTier::kGpu, cuda::KvTier::kHost}) {
+  for (KvTier tier : {KvTier::kGpu, KvTier::kHost}) {
     DecodeCase dc = decode_case("everything retrieved", AttentionKind::kRetro, Expect::kExactFull, 2000, 150);
     dc.cfg.retrieval_fraction = 1.0;
     dc.cfg.estimation_fraction = 0.0;
@@ -401,7 +401,7 @@ std::vector<ParityCase> retro_cases() {
       {"host tier vs gpu tier, 63 steps (seqs 2 hkv 2 G 4 d 128 n0 2000)", 1451, [](CaseReport& r, uint64_t s) {
          DecodeCase dc = decode_case("tiers", AttentionKind::kRetro, Expect::kSameTokens, 2000, 63);
          const Trace gpu = run_steps(dc, s);
-         dc.tier = cuda::KvTier::kHost;
+         dc.tier = KvTier::kHost;
          const Trace host = run_steps(dc, s);
          const StepSummary d = summarize(host.gpu, gpu.gpu, 1e-10);
          r.none("host tier outputs written", d.unwritten);
