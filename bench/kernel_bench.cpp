@@ -104,7 +104,7 @@ bool g_flush_read = false;
 // K and V of every case live in two buffers allocated once for the whole run, sized for its largest case (an
 // engine allocates its KV cache once). A fresh cudaMalloc per case, inside the address range that a larger
 // case had just freed, measured the dense kernel 5-7% slower at batch 1 than the same allocation in a fresh
-// process, whatever the K / V offset (bench/results/run16/b1_alloc/); --kv-per-case restores that
+// process, whatever the K / V offset (measured on the H200); --kv-per-case restores that
 // allocation per case (diagnostics).
 cuda::DeviceBuffer g_slab_k, g_slab_v;
 bool g_kv_per_case = false;

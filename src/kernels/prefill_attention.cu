@@ -23,7 +23,7 @@ __device__ __forceinline__ int swz(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
+__device__ __forceinline__ float approx_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));  // ex2(-inf) = +0
   return y;
@@ -276,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
         // A row with no visible key yet keeps max -inf: subtract 0 instead (every exponent is then -inf -> 0).
         const float base = new_max == -INFINITY ? 0.0f : new_max;
         const bool up = new_max != row_max[mt][hf];
-        alpha[mt][hf] = up ? fast_exp2(row_max[mt][hf] - base) : 1.0f;
+        alpha[mt][hf] = up ? approx_exp2(row_max[mt][hf] - base) : 1.0f;
         raised |= up;
         row_max[mt][hf] = new_max;
         row_sum[mt][hf] *= alpha[mt][hf];
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
         for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
           for (int e = hf * 2; e < hf * 2 + 2; ++e) {
-            const float pr = fast_exp2(fmaf(s[mt][nt][e], p.scale_log2, -base));
+            const float pr = approx_exp2(fmaf(s[mt][nt][e], p.scale_log2, -base));
             s[mt][nt][e] = pr;
             sum += pr;
           }

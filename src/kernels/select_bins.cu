@@ -316,10 +316,10 @@ __device__ __forceinline__ void compact_ballot(const SelectParams& p, int h, con
 // takes ~9 us for 8188 items on this one multiprocessor (per item a branch per query head, M_g and 1 / L_g
 // reloaded from shared memory per term, __expf's denormal path); this one ~4.2, of which ~1 is the
 // normaliser merge's round trip and tree.
-// log2(e) in f32, the factor __expf applies before its MUFU.EX2; ex2_fast: that instruction (ex2.approx.ftz), which
+// log2(e) in f32, the factor __expf applies before its MUFU.EX2; ex2_approx: that instruction (ex2.approx.ftz), which
 // equals __expf's for arguments >= -126 (normal results).
 constexpr float kLog2eF = 1.4426950408889634f;
-__device__ __forceinline__ float ex2_fast(float x) {
+__device__ __forceinline__ float ex2_approx(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
@@ -369,7 +369,7 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
       for (int j = 0; j < 4; ++j) {
         // The same terms in the same order (FFMA, as form_head_score's s += e * (1 / L) compiles), -inf for an
         // empty item. __expf(x) is MUFU.EX2 of x log2(e) where that is >= -126 (else it halves, exponentiates and
-        // squares: its non-ftz path), so ex2_fast gives its bits there; an item whose smallest exponent is below
+        // squares: its non-ftz path), so ex2_approx gives its bits there; an item whose smallest exponent is below
         // takes __expf itself. A -inf logit gives ex2(-inf) = +0, an exact no-op term (and an empty item).
         // Per term 6 instructions: FADD, FMUL, FMNMX, MUFU, FFMA and the -inf test.
         float sum = 0.0f, xmin = 0.0f;
@@ -380,7 +380,7 @@ __device__ __forceinline__ void scores_from_logit_quads(const SelectParams& p, i
           const float x = (l - gm[g]) * kLog2eF;
           empty = empty | (l == -INFINITY);
           xmin = fminf(xmin, x);
-          sum = fmaf(ex2_fast(x), gi[g], sum);
+          sum = fmaf(ex2_approx(x), gi[g], sum);
         }
         if (!empty && xmin < -126.0f) {  // rare (a logit ~87 below its head's largest): __expf's own denormal path
           sum = 0.0f;

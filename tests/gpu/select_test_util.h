@@ -1,9 +1,7 @@
-// Helpers of the bins selection kernel's variant tests (test_cuda_select_compact.cpp: RETROINFER_SELECT_COMPACT,
-// test_cuda_select_split.cpp: RETROINFER_SELECT_SPLIT): one case of ready scores with its CSR clusters or
-// pages (the same generator for both, draw for draw), one launch of select_and_expand_bins into poisoned
-// outputs downloaded whole, the whole-buffer comparison of two launches and the CPU rule on the ids; then one
-// RetroLayer decoded under each value of the switch. What differs between the tests (the switch each sets,
-// the phase buffers, the CTAs per head, the expansion check) stays in the tests.
+// Helpers of the selection kernels' tests (test_cuda_select_bins.cpp, test_cuda_select_cluster.cpp,
+// test_cuda_select_grid.cpp): the shared cases of ready scores with their CSR clusters or pages (one generator,
+// draw for draw), one launch into poisoned outputs downloaded whole, the whole-buffer comparison of two
+// launches and the CPU rule (index::select_zones) on the ids.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -36,11 +34,11 @@ struct SelectCase {
   double empty;      // fraction of -inf items
   int page_tokens;   // > 0: pages; 0: CSR clusters of random sizes
   bool steady;       // a steady zone of > 0 tokens (else 0)
-  bool run8;         // PDL launch and prefetches (the layers' default)
+  bool pdl_prefetch;         // PDL launch and prefetches (the layers' default)
   bool phases;       // phase stamps on
 };
 
-// The selection kernels' shared cases ({name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8,
+// The selection kernels' shared cases ({name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, pdl_prefetch,
 // phases}): ready scores of 1 .. 40960 items, k_r / k_e including 0 and beyond the finite items, all -inf
 // items, exact ties taken partially (few levels, signed zeros, the band that sends the bins kernel's threshold
 // bin to its radix passes), CSR clusters and pages, steady zones, more than 1024 retrieval items.
@@ -90,7 +88,7 @@ inline const SelectCase kSelectCases[] = {
 inline std::string describe(const SelectCase& c, uint64_t seed) {
   return (testing::Message() << c.name << " heads=" << c.heads << " items=" << c.items << " k_r=" << c.k_r
                              << " k_e=" << c.k_e << " levels=" << c.levels << " empty=" << c.empty
-                             << " P=" << c.page_tokens << " steady=" << c.steady << " run8=" << c.run8
+                             << " P=" << c.page_tokens << " steady=" << c.steady << " pdl_prefetch=" << c.pdl_prefetch
                              << " seed=" << seed)
       .GetString();
 }
@@ -182,7 +180,7 @@ inline SelectInputs make_select_inputs(const SelectCase& c, uint64_t seed) {
   p.idx_begin = in.idx_begin;
   p.num_tokens = in.num_tokens;
   p.list_stride = in.list_stride;
-  p.pdl = p.prefetch = c.run8;
+  p.pdl = p.prefetch = c.pdl_prefetch;
   if (P == 0) {
     in.d_offsets = upload(in.offsets);
     in.d_members = upload(in.members);
@@ -317,45 +315,5 @@ inline void expect_token_list(const SelectInputs& in, const SelectOutputs& o, in
   EXPECT_EQ(row[tokens.size()], 0x7f7f7f7f) << "written past the list";
 }
 
-// A value of a selection switch and its name in failure messages ("v1", "split=force").
-struct SwitchValue {
-  const char* value;
-  const char* label;
-};
-
-struct SwitchDecodes {
-  PathResult last;  // the eager decode under the last variant (default path)
-  int n_phase = 0;  // its stage path's "phase.*" entries
-};
-
-// One layer decoded under the switch `var` = ref, then = each of variants in order, each bit-identical to
-// ref's (logits, scores, ids, token lists, outputs), under the default decode path; the last variant's
-// output fully written; under it, two graph replays and the stage path (phase stamps) bit-identical to its
-// eager decode; then under run 8's path (where the bins kernel forms the scores itself) ref and the last
-// variant bit-identical. Failure labels "<path>: <variant> vs <ref>".
-inline SwitchDecodes expect_switch_decodes_identical(PathLayer& t, const char* var, SwitchValue ref,
-                                                     std::initializer_list<SwitchValue> variants) {
-  EnvGuard path("RETROINFER_DECODE", nullptr);
-  EnvGuard env(var, ref.value);
-  const PathResult a = decode_once(t);
-  SwitchDecodes r;
-  SwitchValue last = ref;
-  for (const SwitchValue& v : variants) {
-    env.set(v.value);
-    r.last = decode_once(t);
-    expect_identical(r.last, a, (std::string("default path: ") + v.label + " vs " + ref.label).c_str());
-    last = v;
-  }
-  EXPECT_EQ(compare(r.last.out, a.out).unwritten, 0);
-  const PathResult e = expect_graph_replays(t, r.last.out);
-  expect_identical(e, r.last, (std::string(last.label) + ": eager after graph replays").c_str());
-  r.n_phase = expect_stage_path(t, r.last.out).n_phase;
-  path.set("run8");
-  env.set(ref.value);
-  const PathResult a8 = decode_once(t);
-  env.set(last.value);
-  expect_identical(decode_once(t), a8, (std::string("run8: ") + last.label + " vs " + ref.label).c_str());
-  return r;
-}
 
 }  // namespace retroinfer::gputest

@@ -113,8 +113,8 @@ void joined_case(cuda::WeightType wt, AttentionKind kind) {
       EXPECT_LE(e, tol) << "step " << st << " session " << i;
       next[i] = argmax_of(want);
       // Greedy choices may differ only on a near tie: a top-2 margin (relative to max |logit|, as e) below
-      // twice this step's measured error e (run 23: with int8 centroid scoring one bf16 step of 16 was such
-      // a tie; run 26: with the int8 k-means only 2 of 16 steps cleared twice tol, so the margin is held
+      // twice this step's measured error e (with int8 centroid scoring one bf16 step of 16 can be such a
+      // tie, and with the int8 k-means only 2 of 16 steps clear twice tol, so the margin is held
       // against e, 2-6e-3, rather than the bound tol). Clear winners must agree.
       if (gputest::top2_margin_rel(want) <= 2 * e) continue;
       ++greedy_total;

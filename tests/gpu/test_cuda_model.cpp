@@ -23,7 +23,7 @@
 // * Synthetic head_dim 64 / 128 shapes run the tensor-core PrefillAttention, which rounds q and the
 //   probabilities to bf16 for the MMA (relative 2^-9 each; test_cuda_prefill.cpp: attention-output nmse
 //   ~1e-5 against f32 q). With f32 weights that rounding, not the weights, dominates the prefill rows:
-//   measured on the H200 (run 7) row max 1.2e-2 for both shapes, above kF32Tol, so those shapes use the
+//   measured on the H200: row max 1.2e-2 for both shapes, above kF32Tol, so those shapes use the
 //   bf16-weight bounds (kBf16Tol, kBf16Nmse), whose rounding is of the same size (2^-9 relative on a GEMM
 //   input).
 // Greedy tokens must be equal unless the CPU's top-2 margin is below twice the row bound (a near tie).

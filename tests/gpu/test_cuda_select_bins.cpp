@@ -61,7 +61,7 @@ void run_bins_case(const gputest::SelectCase& c, uint64_t seed) {
               (long long)max_out);
 }
 
-// {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
+// {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, pdl_prefetch, phases}
 const gputest::SelectCase kExtraCases[] = {
     {"one item, estimation only", 3, 1, 0, 1, 0, 0.0, 0, true, true, true},
     {"128K shape, 128 heads (batch 16)", 128, 8188, 148, 1900, -1, 0.01, 0, true, true, true},

@@ -42,7 +42,7 @@ void run_cluster_case(const gputest::SelectCase& c, uint64_t seed) {
               ::testing::Test::HasFailure() ? "FAILED (see above)" : "ok", (long long)max_out);
 }
 
-// Past the bins kernel's 40960 items. {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8,
+// Past the bins kernel's 40960 items. {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, pdl_prefetch,
 // phases}
 const gputest::SelectCase kLargeCases[] = {
     {"1M shape", 8, 65532, 1180, 15204, -1, 0.01, 0, true, false, false},

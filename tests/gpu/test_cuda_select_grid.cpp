@@ -104,13 +104,13 @@ void run_grid_case(const gputest::SelectCase& c, uint64_t seed) {
   }
   std::printf("[select grid] %s H=%d N=%d k_r=%d k_e=%d levels=%d empty=%.2f P=%d steady=%d pdl=%d: items per "
               "thread %s; vs %s %s; CPU rule and expansion %s; workspace zero after each launch\n",
-              c.name, H, N, c.k_r, c.k_e, c.levels, c.empty, c.page_tokens, int(c.steady), int(c.run8), sizes.c_str(),
+              c.name, H, N, c.k_r, c.k_e, c.levels, c.empty, c.page_tokens, int(c.steady), int(c.pdl_prefetch), sizes.c_str(),
               bins_ref ? "bins kernel" : "each other", same ? "identical" : "DIFFER",
               ::testing::Test::HasFailure() ? "FAILED (see above)" : "ok");
 }
 
 // Past the one-CTA kernel: Llama-3-8B's 512K and 1M shapes and a batch-16 head count.
-// {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, run8, phases}
+// {name, heads, items, k_r, k_e, levels, empty, page_tokens, steady, pdl_prefetch, phases}
 const gputest::SelectCase kLargeCases[] = {
     {"128K shape, 128 heads (batch 16)", 128, 8188, 148, 1900, -1, 0.01, 0, true, true, true},
     {"512K shape", 8, 32764, 590, 7602, -1, 0.01, 0, true, true, true},

@@ -85,10 +85,10 @@ TEST(CudaSessionPlan, PlacementsOfThisBuild) {
   }
 }
 
-// The runner's own check (its activation, logits and GEMM workspace figure) for run 13's 128K Llama-3-8B
+// The runner's own check (its activation, logits and GEMM workspace figure) for a 128K Llama-3-8B
 // retro session on the H200: `bench decode` extends the positions to 131072 + 25 decoded tokens; the
 // session limit is the free memory after the weights less the 2 GiB reserve (131326935040 bytes).
-TEST(CudaSessionPlan, RetroBatch7At128KFitsRun13Memory) {
+TEST(CudaSessionPlan, RetroBatch7At128KFitsH200FreeMemory) {
   const ModelConfig c = with_max_context(llama3_8b(), 131097);
   CudaSessionOptions o = options(131097, 131326935040);
   o.attention.kind = AttentionKind::kRetro;

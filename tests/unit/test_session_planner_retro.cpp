@@ -1,6 +1,6 @@
 // retro_layer_bytes (buffer/session_planner.h): the RetroLayer's device bytes term by term, the build
 // workspace of one build group instead of the batch, and what that buys at 128K on the H200: Llama-3-8B
-// batch 7 fits the memory run 13 had free, batch 8 is refused with the bytes needed and free. Pure host
+// batch 7 fits the H200's free memory after the weights, batch 8 is refused with the bytes needed and free. Pure host
 // arithmetic (the GPU tests check the same formula against RetroLayer::device_bytes()).
 #include <gtest/gtest.h>
 
@@ -50,7 +50,7 @@ TEST(RetroLayerBytes, IndexTermsPerClusterAndToken) {
   const RetroLayerBytes b = retro_layer_bytes(llama_layer(1, 131072));
   const int64_t H = 8, C = 8188, N = 131004, D = 128;
   // bf16 centroids + value sums (4 D), size (4), CSR offset (4, + 1 entry), members (4 per token), the
-  // mean key (4 D per head), the retrieval-capacity sum (8 per head, run 27), outlier lists: round(0.001 x
+  // mean key (4 D per head), the retrieval-capacity sum (8 per head), outlier lists: round(0.001 x
   // 131004) = 131 + (0 / 1024 + 1) x round(1.024) = 132 entries per head, and their counts.
   EXPECT_EQ(b.index, H * C * (4 * D + 8) + 4 + H * N * 4 + H * D * 4 + H * 8 + H * 132 * 4 + H * 4);
 }
@@ -99,7 +99,7 @@ TEST(RetroLayerBytes, BuildWorkspaceIsOneGroupNotTheBatch) {
 TEST(RetroLayerBytes, UpdateTransientNearTheBuildAt128K) {
   const RetroLayerBytes b = retro_layer_bytes(llama_layer(7, 131072));
   EXPECT_GT(b.update, 0);
-  // Since run 26 the build's k-means works on int8 keys (D + 4 bytes per token, not 2 D), which puts one
+  // The build's k-means works on int8 keys (D + 4 bytes per token, not 2 D), which puts one
   // sequence's build workspace (284.0e6 B) just under an update's transient (293.7e6 B: the update's own
   // workspace plus the regrown index arrays); the plan's transient is the larger.
   EXPECT_GT(b.update, b.build);
@@ -129,8 +129,8 @@ TEST(RetroLayerBytes, BadRequestsAreErrors) {
 // As `retroinfer bench decode --model llama3-8b --contexts 131072 --methods retro --placement gpu` plans with
 // bf16 centroid scoring (int8 scoring, the default, holds less: IndexTermsWithInt8Scoring):
 // max_context = 131072 + 3 warm-up + 20 timed + 2 = 131097 tokens, prefill chunk 2048, the session limit
-// of run 13 on the H200 (free memory after the 16.06e9 bytes of weights, less the 2 GiB reserve).
-constexpr int64_t kRun13GpuFree = 131326935040;
+// of the H200 (free memory after the 16.06e9 bytes of weights, less the 2 GiB reserve).
+constexpr int64_t kH200GpuFree = 131326935040;
 SessionPlanRequest bench_request(int seqs) {
   SessionPlanRequest r;
   set_model_shape(r, model_shape("llama3-8b"));
@@ -140,12 +140,12 @@ SessionPlanRequest bench_request(int seqs) {
   r.prefill_chunk = 2048;
   r.num_seqs = seqs;
   r.placement = KvPlacement::kGpu;
-  r.gpu_free_bytes = kRun13GpuFree;
+  r.gpu_free_bytes = kH200GpuFree;
   r.host_free_bytes = int64_t{100} << 30;
   return r;
 }
 
-TEST(SessionPlannerRetro, Llama3Batch7At128KFitsRun13Memory) {
+TEST(SessionPlannerRetro, Llama3Batch7At128KFitsH200FreeMemory) {
   const SessionPlanBreakdown p = plan_session(bench_request(7));
   const int64_t margin = p.gpu_free_bytes - p.gpu_bytes;
   std::printf("[plan 128K llama3-8b retro batch 7] gpu %lld of %lld (margin %lld B), kv/layer %lld, method/layer "
@@ -164,7 +164,7 @@ TEST(SessionPlannerRetro, Llama3Batch7At128KFitsRun13Memory) {
 TEST(SessionPlannerRetro, Llama3Batch8At128KIsRefusedWithNeededAndFree) {
   try {
     plan_session(bench_request(8));
-    FAIL() << "batch 8 at 128K fitted " << kRun13GpuFree << " bytes";
+    FAIL() << "batch 8 at 128K fitted " << kH200GpuFree << " bytes";
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("8 sequence(s) x 131097 tokens"), std::string::npos) << m;
@@ -176,7 +176,7 @@ TEST(SessionPlannerRetro, Llama3Batch8At128KIsRefusedWithNeededAndFree) {
 TEST(SessionPlannerRetro, BatchedBuildWouldNotFitBatch7) {
   // The batched k-means workspace (7 sequences at once, ~2.6e9 bytes) breaks the plan; the kept per-token
   // cluster ids cost exactly 33 x 7 x 8 heads x 131029 indexed tokens x 4 bytes = 0.97e9 bytes: 32 layers
-  // hold them, and the transient (an update's, the larger since run 26's int8 k-means operands) regrows
+  // hold them, and the transient (an update's, the larger with the int8 k-means operands) regrows
   // one layer's index arrays.
   SessionPlanRequest batched = bench_request(7);
   batched.retro_build_group_seqs = 0;

@@ -291,8 +291,8 @@ void RetroLayer::Impl::size_workspace(cudaStream_t st) {
   if (C > 0) {
     // Token-list capacity: the steady zone plus the largest n_r clusters of any head (plus its outliers).
     // Per head, the sum of its n_r largest cluster sizes, computed on the device (top_sizes_sum): only H
-    // sums and H outlier counts come back (run 27: downloading the H x C sizes and sorting them per head on the host
-    // took ~0.1 ms of a 32K build and ~0.5 ms at 128K, longer than some of its kernels).
+    // sums and H outlier counts come back (downloading the H x C sizes and sorting them per head on the host
+    // takes ~0.1 ms of a 32K build and ~0.5 ms at 128K, longer than some of its kernels).
     ensure(top_sum, size_t(H) * 8);
     host_top.resize(size_t(H));
     host_outliers.resize(size_t(H));
