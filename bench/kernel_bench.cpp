@@ -414,7 +414,8 @@ void run_case(long long n, long long batch, int reps, double max_index_work) {
 }  // namespace
 #endif
 
-int main(int argc, char** argv) {
+// The command line; false (after a message on stderr) on a bad option.
+struct BenchOptions {
   std::vector<long long> lengths{32768, 131072, 524288, 1048576}, batches{1, 4, 16};
   int reps = 30;
   double max_index_work = 1.0;  // batch * n^2 <= 2^40: 1M x 1, 512K x 4, 128K x 16 ...
@@ -428,58 +429,81 @@ int main(int argc, char** argv) {
   int kmeans_builds = 3;
   std::vector<int> kmeans_iters;  // --kmeans-iters
   bool kmeans_phases = false;
+};
+
+bool parse_options(int argc, char** argv, BenchOptions& o) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
       std::fprintf(stderr, "kernel_bench: %s needs a value\n", argv[i]);
-      return 2;
+      return false;
     }
-    if (a == "--lengths") lengths = retroinfer::bench::parse_list<long long>(argv[++i]);
-    else if (a == "--batches") batches = retroinfer::bench::parse_list<long long>(argv[++i]);
-    else if (a == "--reps") reps = std::atoi(argv[++i]);
-    else if (a == "--max-index-work") max_index_work = std::atof(argv[++i]);
-    else if (a == "--out") out_path = argv[++i];
-    else if (a == "--prefill-chunk") prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
-    else if (a == "--flush") flush_read = std::string(argv[++i]) == "read";
-    else if (a == "--kv-per-case") kv_per_case = true;
-    else if (a == "--only") only_arg = argv[++i];
+    if (a == "--lengths") o.lengths = retroinfer::bench::parse_list<long long>(argv[++i]);
+    else if (a == "--batches") o.batches = retroinfer::bench::parse_list<long long>(argv[++i]);
+    else if (a == "--reps") o.reps = std::atoi(argv[++i]);
+    else if (a == "--max-index-work") o.max_index_work = std::atof(argv[++i]);
+    else if (a == "--out") o.out_path = argv[++i];
+    else if (a == "--prefill-chunk") o.prefill_chunk = std::max(1LL, std::atoll(argv[++i]));
+    else if (a == "--flush") o.flush_read = std::string(argv[++i]) == "read";
+    else if (a == "--kv-per-case") o.kv_per_case = true;
+    else if (a == "--only") o.only_arg = argv[++i];
     else if (a == "--stack") {
       const char* v = argv[++i];  // present: checked above
       char* endp = nullptr;
       const long l = std::strtol(v, &endp, 10);
       if (endp == v || *endp != '\0' || l < 1 || l > 64) {
         std::fprintf(stderr, "kernel_bench: --stack takes 1..64 layers, not '%s'\n", v);
-        return 2;
+        return false;
       }
-      stack_layers = static_cast<int>(l);
+      o.stack_layers = static_cast<int>(l);
     }
-    else if (a == "--kmeans-builds") kmeans_builds = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--kmeans-phases") kmeans_phases = std::atoi(argv[++i]) != 0;
+    else if (a == "--kmeans-builds") o.kmeans_builds = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--kmeans-phases") o.kmeans_phases = std::atoi(argv[++i]) != 0;
     else if (a == "--kmeans-iters") {  // a comma list of counts 0..999
       const std::string list = argv[++i];
-      kmeans_iters = retroinfer::bench::parse_list<int>(list.c_str());
-      if (list.find_first_not_of("0123456789,") != std::string::npos || kmeans_iters.empty() ||
-          std::any_of(kmeans_iters.begin(), kmeans_iters.end(), [](int v) { return v > 999; })) {
+      o.kmeans_iters = retroinfer::bench::parse_list<int>(list.c_str());
+      if (list.find_first_not_of("0123456789,") != std::string::npos || o.kmeans_iters.empty() ||
+          std::any_of(o.kmeans_iters.begin(), o.kmeans_iters.end(), [](int v) { return v > 999; })) {
         std::fprintf(stderr, "kernel_bench: --kmeans-iters takes non-negative integers (0..999); not '%s'\n", list.c_str());
-        return 2;
+        return false;
       }
     }
     else if (a == "--score-centroids") {
       const std::string c = argv[++i];
       if (c != "int8" && c != "bf16") {
         std::fprintf(stderr, "kernel_bench: --score-centroids takes int8 or bf16, not %s\n", c.c_str());
-        return 2;
+        return false;
       }
-      scoring_int8 = c == "int8";
+      o.scoring_int8 = c == "int8";
     }
     else if (a == "--stages") {  // phase stamps inside the score / selection kernels (retro_phases lines)
       if (const int st = std::atoi(argv[++i]); st != 0) setenv("RETROINFER_SELECT_PHASES", st == 2 ? "2" : "1", 1);
     }
     else {
       std::fprintf(stderr, "kernel_bench: unknown option %s\n", argv[i]);
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+int main(int argc, char** argv) {
+  BenchOptions o;
+  if (!parse_options(argc, argv, o)) return 2;
+  auto& lengths = o.lengths;
+  auto& batches = o.batches;
+  auto& reps = o.reps;
+  auto& max_index_work = o.max_index_work;
+  auto& out_path = o.out_path;
+  auto& prefill_chunk = o.prefill_chunk;
+  auto& flush_read = o.flush_read;
+  auto& kv_per_case = o.kv_per_case;
+  auto& stack_layers = o.stack_layers;
+  auto& scoring_int8 = o.scoring_int8;
+  auto& only_arg = o.only_arg;
+  auto& kmeans_builds = o.kmeans_builds;
+  auto& kmeans_iters = o.kmeans_iters;
+  auto& kmeans_phases = o.kmeans_phases;
 #if defined(RETROINFER_WITH_CUDA)
   g_flush_read = flush_read;
   g_int8_scoring = scoring_int8;

@@ -46,6 +46,152 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// One batch on one tier: the cold phase, then one drift phase per drift (file comment). k, v: the batch's
+// K/V; dq / dout / dref: its query, output and GPU-resident reference output buffers.
+struct BatchCase {
+  retroinfer::AttentionShape shape;
+  retroinfer::AttentionConfig cfg;
+  int B = 0;
+  int64_t length = 0;
+  size_t q_elems = 0;
+  int steps = 0, warmup = 0, stage_steps = 0;
+  std::vector<double> drifts;
+  double kZeroCopyPeak = 0.0;
+  FILE* out = nullptr;
+};
+
+void bench_tier(const BatchCase& bc, retroinfer::KvTier tier, retroinfer::cuda::DeviceBuffer& k,
+                retroinfer::cuda::DeviceBuffer& v, retroinfer::cuda::DeviceBuffer& dq,
+                retroinfer::cuda::DeviceBuffer& dout, retroinfer::cuda::DeviceBuffer& dref) {
+  using namespace retroinfer;
+  const AttentionShape& shape = bc.shape;
+  const AttentionConfig& cfg = bc.cfg;
+  const int B = bc.B;
+  const int64_t length = bc.length;
+  const size_t q_elems = bc.q_elems;
+  const int steps = bc.steps, warmup = bc.warmup, stage_steps = bc.stage_steps;
+  const std::vector<double>& drifts = bc.drifts;
+  const double kZeroCopyPeak = bc.kZeroCopyPeak;
+  FILE* out = bc.out;
+  WaveBufferConfig w;
+  w.tier = tier;
+  cuda::WaveBufferLayer layer(shape, cfg, w, B);
+  layer.build(k.as<uint16_t>(), v.as<uint16_t>(), length, length);
+  cuda::StreamHandle stream_handle;
+  cuda::Stream s = stream_handle.get();
+  std::mt19937_64 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> q(q_elems);
+  for (auto& x : q) x = nd(rng);
+  auto step_q = [&](double drift) {
+    const float a = 1.0f / std::sqrt(1.0f + float(drift * drift));
+    for (auto& x : q) x = (x + float(drift) * nd(rng)) * a;
+    dq.upload(q.data(), q.size() * 4);
+  };
+  dq.upload(q.data(), q.size() * 4);
+  layer.index().decode(dq.as<float>(), dref.as<float>());  // warm-up: one-time kernel attributes
+  cuda::synchronize();
+  layer.capture_graph(dq.as<float>(), dout.as<float>(), s);
+  cuda::EventTimer timer, ref_timer;
+  const double row_bytes = 2.0 * shape.head_dim * 2;  // K + V of one token
+  auto run_phase = [&](const char* name, double drift, bool admit) {
+    layer.set_admission(admit);
+    std::vector<double> step_ms, ref_ms, hit, pcie;
+    for (int t = 0; t < steps; ++t) {
+      step_q(drift);
+      timer.start(s);
+      layer.replay_graph(s);
+      timer.stop(s);
+      const float ms = timer.elapsed_ms();
+      const auto c = layer.last_step_counts();
+      ref_timer.start(nullptr);
+      layer.index().decode(dq.as<float>(), dref.as<float>());
+      ref_timer.stop(nullptr);
+      const float rms = ref_timer.elapsed_ms();
+      layer.wait_manager();
+      if (t < warmup) continue;
+      step_ms.push_back(ms);
+      ref_ms.push_back(rms);
+      const double all = double(c.hit_clusters + c.miss_clusters);
+      hit.push_back(all > 0 ? double(c.hit_clusters) / all : 0.0);
+      pcie.push_back(double(c.miss_rows) * row_bytes);
+    }
+    // Stage split (default stream, events between stages).
+    std::vector<std::vector<double>> st(5);
+    std::vector<std::string> names(5);
+    std::vector<double> gather_bytes;
+    for (int t = 0; t < stage_steps; ++t) {
+      step_q(drift);
+      const auto sm = layer.decode_stage_ms(dq.as<float>(), dout.as<float>());
+      const auto c = layer.last_step_counts();
+      layer.wait_manager();
+      for (size_t i = 0; i < sm.size() && i < 5; ++i) {
+        names[i] = sm[i].first;
+        st[i].push_back(sm[i].second);
+      }
+      gather_bytes.push_back(double(c.miss_rows) * row_bytes / std::max(1e-9, double(sm[3].second) * 1e-3) / 1e9);
+    }
+    // GPU-resident step by stage (RetroLayer::decode_stage_ms), for attribution.
+    std::vector<std::vector<double>> rst(5);
+    for (int t = 0; t < 3; ++t) {
+      const auto sm = layer.index().decode_stage_ms(dq.as<float>(), dref.as<float>());
+      for (size_t i = 0; i < sm.size() && i < 5; ++i) rst[i].push_back(sm[i].second);
+    }
+    // Free-running: `steps` graph replays back to back, no host wait between them; the manager
+    // keeps up or not (late updates are dropped). Hit ratio from the manager's counters.
+    const auto before = layer.stats();
+    const double free_drift = drift;
+    std::vector<std::vector<float>> qs(static_cast<size_t>(steps));
+    for (auto& qq : qs) {
+      step_q(free_drift);
+      qq = q;
+    }
+    cuda::DeviceBuffer qtrace(size_t(steps) * q_elems * 4);
+    for (int t = 0; t < steps; ++t) qtrace.upload(qs[size_t(t)].data(), q_elems * 4, size_t(t) * q_elems * 4);
+    cuda::synchronize();
+    timer.start(s);
+    for (int t = 0; t < steps; ++t) {
+      cuda::copy_device_async(dq.data(), static_cast<const char*>(qtrace.data()) + size_t(t) * q_elems * 4, q_elems * 4, s);
+      layer.replay_graph(s);
+    }
+    timer.stop(s);
+    const double free_ms = timer.elapsed_ms() / steps;
+    layer.wait_manager();
+    const auto after = layer.stats();
+    const double fh = double(after.hits - before.hits), fm = double(after.misses - before.misses);
+    const double free_hit = fh + fm > 0 ? fh / (fh + fm) : 0.0;
+    const double step = median(step_ms), ref = median(ref_ms), pcie_b = median(pcie);
+    const double gather_ms = median(st[3]);
+    const double gbps = median(gather_bytes);
+    const auto ws = layer.stats();
+    std::fprintf(out,
+                 "{\"bench\":\"wave_buffer\",\"phase\":\"%s\",\"n\":%lld,\"batch\":%d,\"tier\":\"%s\",\"drift\":%.3f,"
+                 "\"cache_pages_per_head\":%lld,\"exec_rows_per_head\":%lld,\"steps\":%zu,\"hit_ratio\":%.4f,"
+                 "\"step_ms\":%.4f,\"gpu_resident_ms\":%.4f,\"ratio\":%.3f,\"apply_ms\":%.4f,\"select_ms\":%.4f,"
+                 "\"lookup_ms\":%.4f,\"gather_ms\":%.4f,\"attention_ms\":%.4f,\"pcie_bytes_per_step\":%.0f,"
+                 "\"pcie_gbps_in_gather\":%.2f,\"pcie_gbps_over_step\":%.2f,\"zero_copy_peak_gbps\":%.1f,"
+                 "\"updates\":%llu,\"updates_dropped\":%llu,\"evicted\":%llu,\"steps_lost\":%llu,"
+                 "\"free_step_ms\":%.4f,\"free_hit_ratio\":%.4f,\"free_updates_dropped\":%llu,"
+                 "\"gpu_resident_score_ms\":%.4f,\"gpu_resident_select_ms\":%.4f,\"gpu_resident_estimate_ms\":%.4f,"
+                 "\"gpu_resident_attention_ms\":%.4f,\"gpu_resident_combine_ms\":%.4f}\n",
+                 name, (long long)length, B, tier == KvTier::kHost ? "host" : "gpu", drift,
+                 (long long)layer.cache_pages_per_head(), (long long)layer.exec_capacity(), step_ms.size(),
+                 median(hit), step, ref, ref > 0 ? step / ref : 0.0, median(st[0]), median(st[1]), median(st[2]),
+                 gather_ms, median(st[4]), pcie_b, gbps, step > 0 ? pcie_b / (step * 1e-3) / 1e9 : 0.0,
+                 kZeroCopyPeak, (unsigned long long)ws.updates, (unsigned long long)ws.updates_dropped,
+                 (unsigned long long)ws.evicted, (unsigned long long)ws.steps_lost, free_ms, free_hit,
+                 (unsigned long long)(after.updates_dropped - before.updates_dropped), median(rst[0]),
+                 median(rst[1]), median(rst[2]), median(rst[3]), median(rst[4]));
+    std::fflush(out);
+    std::fprintf(stderr, "| %d | %s | %s %.3f | %.3f | %.4f | %.4f | %.2f | %.4f | %.4f | %.4f | %.4f | %.4f | %.2f | %.1f | %.4f (%.3f) |\n", B,
+                 tier == KvTier::kHost ? "host" : "gpu", name, drift, median(hit), step, ref,
+                 ref > 0 ? step / ref : 0.0, median(st[1]), median(st[2]), gather_ms, median(st[4]), median(st[0]),
+                 pcie_b / 1e6, gbps, free_ms, free_hit);
+  };
+  run_phase("cold", 0.05, false);
+  for (double d : drifts) run_phase("drift", d, true);
+}
+
 }  // namespace
 #endif
 
@@ -113,125 +259,8 @@ int main(int argc, char** argv) {
       const size_t q_elems = size_t(B) * shape.num_heads_q * shape.head_dim;
       cuda::DeviceBuffer dq(q_elems * 4), dout(q_elems * 4), dref(q_elems * 4);
       cuda::synchronize();
-      for (KvTier tier : tiers) {
-        WaveBufferConfig w;
-        w.tier = tier;
-        cuda::WaveBufferLayer layer(shape, cfg, w, B);
-        layer.build(k.as<uint16_t>(), v.as<uint16_t>(), length, length);
-        cuda::StreamHandle stream_handle;
-        cuda::Stream s = stream_handle.get();
-        std::mt19937_64 rng(1);
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        std::vector<float> q(q_elems);
-        for (auto& x : q) x = nd(rng);
-        auto step_q = [&](double drift) {
-          const float a = 1.0f / std::sqrt(1.0f + float(drift * drift));
-          for (auto& x : q) x = (x + float(drift) * nd(rng)) * a;
-          dq.upload(q.data(), q.size() * 4);
-        };
-        dq.upload(q.data(), q.size() * 4);
-        layer.index().decode(dq.as<float>(), dref.as<float>());  // warm-up: one-time kernel attributes
-        cuda::synchronize();
-        layer.capture_graph(dq.as<float>(), dout.as<float>(), s);
-        cuda::EventTimer timer, ref_timer;
-        const double row_bytes = 2.0 * shape.head_dim * 2;  // K + V of one token
-        auto run_phase = [&](const char* name, double drift, bool admit) {
-          layer.set_admission(admit);
-          std::vector<double> step_ms, ref_ms, hit, pcie;
-          for (int t = 0; t < steps; ++t) {
-            step_q(drift);
-            timer.start(s);
-            layer.replay_graph(s);
-            timer.stop(s);
-            const float ms = timer.elapsed_ms();
-            const auto c = layer.last_step_counts();
-            ref_timer.start(nullptr);
-            layer.index().decode(dq.as<float>(), dref.as<float>());
-            ref_timer.stop(nullptr);
-            const float rms = ref_timer.elapsed_ms();
-            layer.wait_manager();
-            if (t < warmup) continue;
-            step_ms.push_back(ms);
-            ref_ms.push_back(rms);
-            const double all = double(c.hit_clusters + c.miss_clusters);
-            hit.push_back(all > 0 ? double(c.hit_clusters) / all : 0.0);
-            pcie.push_back(double(c.miss_rows) * row_bytes);
-          }
-          // Stage split (default stream, events between stages).
-          std::vector<std::vector<double>> st(5);
-          std::vector<std::string> names(5);
-          std::vector<double> gather_bytes;
-          for (int t = 0; t < stage_steps; ++t) {
-            step_q(drift);
-            const auto sm = layer.decode_stage_ms(dq.as<float>(), dout.as<float>());
-            const auto c = layer.last_step_counts();
-            layer.wait_manager();
-            for (size_t i = 0; i < sm.size() && i < 5; ++i) {
-              names[i] = sm[i].first;
-              st[i].push_back(sm[i].second);
-            }
-            gather_bytes.push_back(double(c.miss_rows) * row_bytes / std::max(1e-9, double(sm[3].second) * 1e-3) / 1e9);
-          }
-          // GPU-resident step by stage (RetroLayer::decode_stage_ms), for attribution.
-          std::vector<std::vector<double>> rst(5);
-          for (int t = 0; t < 3; ++t) {
-            const auto sm = layer.index().decode_stage_ms(dq.as<float>(), dref.as<float>());
-            for (size_t i = 0; i < sm.size() && i < 5; ++i) rst[i].push_back(sm[i].second);
-          }
-          // Free-running: `steps` graph replays back to back, no host wait between them; the manager
-          // keeps up or not (late updates are dropped). Hit ratio from the manager's counters.
-          const auto before = layer.stats();
-          const double free_drift = drift;
-          std::vector<std::vector<float>> qs(static_cast<size_t>(steps));
-          for (auto& qq : qs) {
-            step_q(free_drift);
-            qq = q;
-          }
-          cuda::DeviceBuffer qtrace(size_t(steps) * q_elems * 4);
-          for (int t = 0; t < steps; ++t) qtrace.upload(qs[size_t(t)].data(), q_elems * 4, size_t(t) * q_elems * 4);
-          cuda::synchronize();
-          timer.start(s);
-          for (int t = 0; t < steps; ++t) {
-            cuda::copy_device_async(dq.data(), static_cast<const char*>(qtrace.data()) + size_t(t) * q_elems * 4, q_elems * 4, s);
-            layer.replay_graph(s);
-          }
-          timer.stop(s);
-          const double free_ms = timer.elapsed_ms() / steps;
-          layer.wait_manager();
-          const auto after = layer.stats();
-          const double fh = double(after.hits - before.hits), fm = double(after.misses - before.misses);
-          const double free_hit = fh + fm > 0 ? fh / (fh + fm) : 0.0;
-          const double step = median(step_ms), ref = median(ref_ms), pcie_b = median(pcie);
-          const double gather_ms = median(st[3]);
-          const double gbps = median(gather_bytes);
-          const auto ws = layer.stats();
-          std::fprintf(out,
-                       "{\"bench\":\"wave_buffer\",\"phase\":\"%s\",\"n\":%lld,\"batch\":%d,\"tier\":\"%s\",\"drift\":%.3f,"
-                       "\"cache_pages_per_head\":%lld,\"exec_rows_per_head\":%lld,\"steps\":%zu,\"hit_ratio\":%.4f,"
-                       "\"step_ms\":%.4f,\"gpu_resident_ms\":%.4f,\"ratio\":%.3f,\"apply_ms\":%.4f,\"select_ms\":%.4f,"
-                       "\"lookup_ms\":%.4f,\"gather_ms\":%.4f,\"attention_ms\":%.4f,\"pcie_bytes_per_step\":%.0f,"
-                       "\"pcie_gbps_in_gather\":%.2f,\"pcie_gbps_over_step\":%.2f,\"zero_copy_peak_gbps\":%.1f,"
-                       "\"updates\":%llu,\"updates_dropped\":%llu,\"evicted\":%llu,\"steps_lost\":%llu,"
-                       "\"free_step_ms\":%.4f,\"free_hit_ratio\":%.4f,\"free_updates_dropped\":%llu,"
-                       "\"gpu_resident_score_ms\":%.4f,\"gpu_resident_select_ms\":%.4f,\"gpu_resident_estimate_ms\":%.4f,"
-                       "\"gpu_resident_attention_ms\":%.4f,\"gpu_resident_combine_ms\":%.4f}\n",
-                       name, (long long)length, B, tier == KvTier::kHost ? "host" : "gpu", drift,
-                       (long long)layer.cache_pages_per_head(), (long long)layer.exec_capacity(), step_ms.size(),
-                       median(hit), step, ref, ref > 0 ? step / ref : 0.0, median(st[0]), median(st[1]), median(st[2]),
-                       gather_ms, median(st[4]), pcie_b, gbps, step > 0 ? pcie_b / (step * 1e-3) / 1e9 : 0.0,
-                       kZeroCopyPeak, (unsigned long long)ws.updates, (unsigned long long)ws.updates_dropped,
-                       (unsigned long long)ws.evicted, (unsigned long long)ws.steps_lost, free_ms, free_hit,
-                       (unsigned long long)(after.updates_dropped - before.updates_dropped), median(rst[0]),
-                       median(rst[1]), median(rst[2]), median(rst[3]), median(rst[4]));
-          std::fflush(out);
-          std::fprintf(stderr, "| %d | %s | %s %.3f | %.3f | %.4f | %.4f | %.2f | %.4f | %.4f | %.4f | %.4f | %.4f | %.2f | %.1f | %.4f (%.3f) |\n", B,
-                       tier == KvTier::kHost ? "host" : "gpu", name, drift, median(hit), step, ref,
-                       ref > 0 ? step / ref : 0.0, median(st[1]), median(st[2]), gather_ms, median(st[4]), median(st[0]),
-                       pcie_b / 1e6, gbps, free_ms, free_hit);
-        };
-        run_phase("cold", 0.05, false);
-        for (double d : drifts) run_phase("drift", d, true);
-            }
+      const BatchCase bc{shape, cfg, B, length, q_elems, steps, warmup, stage_steps, drifts, kZeroCopyPeak, out};
+      for (KvTier tier : tiers) bench_tier(bc, tier, k, v, dq, dout, dref);
     }
   } catch (const Error& e) {
     std::fprintf(stderr, "wave_buffer_bench: %s\n", e.what());

@@ -208,13 +208,8 @@ GenerateSummary run_generate(const PyModel& self, const py::object& prompt, int 
   return s;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_retroinfer, m) {
-  m.doc() = "retroinfer: long-context LLM inference with the KV cache as a vector store (RetroInfer).";
-  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  m.attr("__version__") = "0.1.0";
-
+// The module in parts: the tokenizer, the generation result, the model; bindings_session.cpp the session.
+void bind_tokenizer(py::module_& m) {
   py::class_<PyTokenizer>(m, "Tokenizer",
                           "Byte-level BPE tokenizer (Model.tokenizer, or Tokenizer.from_file for a tokenizer.json).")
       .def_static(
@@ -272,7 +267,9 @@ PYBIND11_MODULE(_retroinfer, m) {
         return "<retroinfer.Tokenizer vocab " + std::to_string(self.tok->vocab_size()) + ", chat format " +
                std::string(chat_format_name(self.tok->chat_format())) + ">";
       });
+}
 
+void bind_generate_result(py::module_& m) {
   py::class_<GenerateSummary>(m, "GenerateResult", "What Model.generate produced, with its timing and KV-read figures.")
       .def_readonly("text", &GenerateSummary::text, "The generated text (stop string excluded).")
       .def_readonly("tokens", &GenerateSummary::tokens, "Generated token ids (the end token included).")
@@ -299,7 +296,9 @@ PYBIND11_MODULE(_retroinfer, m) {
         return "<retroinfer.GenerateResult " + std::to_string(s.generated_tokens) + " tokens, " +
                std::string(stop_reason_name(s.stop_reason)) + ", " + s.attention + " attention>";
       });
+}
 
+void bind_model(py::module_& m) {
   py::class_<PyModel>(m, "Model", "A model loaded on a device (retroinfer.load).")
       .def_property_readonly("config", [](const PyModel& self) { return config_dict(self.m->model->config()); },
                              "The model's hyper-parameters (a dict; max_context is the longest context it supports).")
@@ -345,7 +344,18 @@ PYBIND11_MODULE(_retroinfer, m) {
                std::to_string(c.num_layers) + " layers, vocab " + std::to_string(c.vocab_size) + ", on " +
                self.m->engine->description() + ">";
       });
+}
 
+}  // namespace
+
+PYBIND11_MODULE(_retroinfer, m) {
+  m.doc() = "retroinfer: long-context LLM inference with the KV cache as a vector store (RetroInfer).";
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  m.attr("__version__") = "0.1.0";
+
+  bind_tokenizer(m);
+  bind_generate_result(m);
+  bind_model(m);
   bind_session(m);
 
   m.def(
