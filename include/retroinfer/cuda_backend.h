@@ -244,7 +244,7 @@ class WaveBufferLayer {
   // written). Asynchronous on `s`; launches kernels only (graph-capturable).
   void decode(const float* q, float* out, Stream s = nullptr);
   // decode() on the default stream with events between the stages: (stage, ms) pairs for apply, select
-  // (score + select + estimate), lookup (+ ring), gather, attention (+ merge). Synchronous.
+  // (score + select), lookup (+ ring), gather, attention (exact + estimation grids + merge). Synchronous.
   std::vector<std::pair<std::string, float>> decode_stage_ms(const float* q, float* out);
   // Captures one decode(q, out) into a CUDA graph (q and out are baked in: write new queries into q);
   // replay_graph() launches it. Each replay is one decode step. `s` must not be the legacy default

@@ -6,14 +6,6 @@
 
 namespace retroinfer::cuda::detail {
 
-bool env_switch(const char* name, bool dflt) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return dflt;
-  if (std::strcmp(v, "0") == 0 || std::strcmp(v, "off") == 0) return false;
-  if (std::strcmp(v, "1") == 0 || std::strcmp(v, "on") == 0) return true;
-  return dflt;
-}
-
 bool sync_after_launch() {
   static const bool on = [] {
     const char* s = std::getenv("RETROINFER_CUDA_SYNC");

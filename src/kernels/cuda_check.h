@@ -23,10 +23,6 @@ namespace retroinfer::cuda::detail {
 // True when RETROINFER_CUDA_SYNC=1 (read once).
 bool sync_after_launch();
 
-// An on/off switch from the environment variable `name`: "0" / "off" is off, "1" / "on" is on, anything
-// else (or unset) is `dflt`. Read at each call: callers that need it once keep the value.
-bool env_switch(const char* name, bool dflt);
-
 // Throws Error naming `kernel` if `status` (a launcher's return) or the last launch failed; synchronises
 // `stream` first when the debug switch is on.
 void launch_check(cudaError_t status, const char* kernel, cudaStream_t stream);

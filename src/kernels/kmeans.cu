@@ -23,7 +23,7 @@ constexpr int kThreads = 256;
 
 // Partial sums of the indexed keys: CTA (chunk, h) sums rows of one chunk with D/8 threads per row.
 template <int D>
-__global__ void __launch_bounds__(kThreads) mean_partial_kernel(const KMeansParams p) {
+__global__ void __launch_bounds__(kThreads) mean_partial_kernel(const KMeansKernelParams p) {
   constexpr int kPerRow = D / 8, kRows = kThreads / kPerRow;
   __shared__ float red[kThreads][8 + 1];
   const int h = blockIdx.y, chunk = blockIdx.x;
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) mean_partial_kernel(const KMeansPara
   }
 }
 
-__global__ void mean_finish_kernel(const KMeansParams p) {
+__global__ void mean_finish_kernel(const KMeansKernelParams p) {
   const int h = blockIdx.x, D = p.head_dim;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float s = 0.0f;
@@ -72,7 +72,7 @@ __device__ __forceinline__ int8_t quantize_q8(float x, float inv) {
 // each), 32 / kPerRow rows per warp, warp-uniform trip counts. Grid (x, heads): blockIdx.y is the head and
 // rows are 32-bit within it, so no row costs a 64-bit division or modulo.
 template <int D>
-__global__ void centre_q8_kernel(const KMeansParams p) {
+__global__ void centre_q8_kernel(const KMeansKernelParams p) {
   constexpr int kPerRow = D / 8, kRowsPerWarp = 32 / kPerRow;
   const int lane = threadIdx.x & 31, col = lane % kPerRow;
   const int h = blockIdx.y;
@@ -109,7 +109,7 @@ __global__ void centre_q8_kernel(const KMeansParams p) {
 
 // Writes centroid (f32, bf16, and the int8 copy with its scale) of flat cluster hc from per-lane values (lane
 // owns dims lane + 32 j). The whole warp calls it.
-__device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc, const float* c, int lane) {
+__device__ __forceinline__ void store_centroid(const KMeansKernelParams& p, int64_t hc, const float* c, int lane) {
   float mx = 0.0f;
   for (int j = 0; lane + 32 * j < p.head_dim; ++j) {
     p.centroids[hc * p.head_dim + lane + 32 * j] = c[j];
@@ -128,7 +128,7 @@ __device__ __forceinline__ void store_centroid(const KMeansParams& p, int64_t hc
 // staged in shared memory (up to kInitSegs + 1 entries, else read from global memory) and binary-searched
 // (a linear walk would be one dependent global load per segment before the cluster's).
 constexpr int kInitSegs = 1023;
-__global__ void init_kernel(const KMeansParams p) {
+__global__ void init_kernel(const KMeansKernelParams p) {
   __shared__ int seg_c[kInitSegs + 1];
   const bool staged = p.num_segments <= kInitSegs;
   if (staged)
@@ -168,7 +168,7 @@ __global__ void init_kernel(const KMeansParams p) {
 // spherical = normalised sum of centred members, else plain mean; an empty cluster (or a zero sum,
 // spherical) keeps its previous centroid.
 template <int D>
-__device__ __forceinline__ void update_centroid(const KMeansParams& p, int64_t hc, int n, float* s, bool spherical,
+__device__ __forceinline__ void update_centroid(const KMeansKernelParams& p, int64_t hc, int n, float* s, bool spherical,
                                                 int lane) {
   constexpr int kJ = D / 32;
   if (n == 0) return;
@@ -205,7 +205,7 @@ struct ClusterLanes {
 // of rows from `base` ([n_idx, D] bf16, member i at row i); shift ([D] f32) may be null. The whole warp
 // calls it (n may differ per group: the trip count is the warp's largest n, rows past n are skipped).
 template <int D>
-__device__ __forceinline__ void member_sum(const KMeansParams& p, int b, int n, const uint16_t* base,
+__device__ __forceinline__ void member_sum(const KMeansKernelParams& p, int b, int n, const uint16_t* base,
                                                 const float* shift, float (&s)[8], int sub) {
   using L = ClusterLanes<D>;
   int nmax = n;
@@ -241,7 +241,7 @@ __device__ __forceinline__ void member_sum(const KMeansParams& p, int b, int n, 
 }
 
 template <int D>
-__global__ void __launch_bounds__(kThreads) update_kernel(const KMeansParams p, bool spherical) {
+__global__ void __launch_bounds__(kThreads) update_kernel(const KMeansKernelParams p, bool spherical) {
   using L = ClusterLanes<D>;
   __shared__ float red[kThreads / 32][L::kGroups][D];  // hand-over to update_centroid's layout: 8 KiB
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) update_kernel(const KMeansParams p, 
 // update_kernel times the same 1 / n, so the centroid is the one update + finalize would write, bit for bit
 // (an empty cluster keeps its centroid); one pass over the members instead of two.
 template <int D, bool kMean>
-__global__ void __launch_bounds__(kThreads) finalize_kernel(const KMeansParams p) {
+__global__ void __launch_bounds__(kThreads) finalize_kernel(const KMeansKernelParams p) {
   using L = ClusterLanes<D>;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % L::kLanes, grp = lane / L::kLanes;
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
@@ -331,12 +331,12 @@ int cluster_blocks(int64_t clusters, int per_warp) {
 
 int warp_blocks(int64_t warps) { return static_cast<int>((warps * 32 + kThreads - 1) / kThreads); }
 
-bool has_q8_centroids(const KMeansParams& p) { return p.centroids_q8 != nullptr && p.centroid_scale != nullptr; }
-bool head_dim_ok(const KMeansParams& p) { return p.head_dim == 128 || p.head_dim == 64; }
+bool has_q8_centroids(const KMeansKernelParams& p) { return p.centroids_q8 != nullptr && p.centroid_scale != nullptr; }
+bool head_dim_ok(const KMeansKernelParams& p) { return p.head_dim == 128 || p.head_dim == 64; }
 
 }  // namespace
 
-cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
+cudaError_t kmeans_mean(const KMeansKernelParams& p, cudaStream_t s) {
   if (!head_dim_ok(p) || p.centred_q8 == nullptr) return cudaErrorInvalidValue;
   const dim3 grid(kMeanChunks, p.num_heads);
   if (p.head_dim == 128) mean_partial_kernel<128><<<grid, kThreads, 0, s>>>(p);
@@ -351,7 +351,7 @@ cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s) {
+cudaError_t kmeans_init(const KMeansKernelParams& p, cudaStream_t s) {
   if (!head_dim_ok(p) || !has_q8_centroids(p)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(warp_blocks(p.num_clusters)), p.num_heads);
   init_kernel<<<grid, kThreads, 0, s>>>(p);
@@ -432,7 +432,7 @@ cudaError_t top_sizes_sum(const int* sizes, int heads, int clusters, int k, long
   return cudaGetLastError();
 }
 
-cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s) {
+cudaError_t kmeans_update(const KMeansKernelParams& p, bool spherical, cudaStream_t s) {
   if (!has_q8_centroids(p)) return cudaErrorInvalidValue;
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
   if (p.head_dim == 128)
@@ -444,7 +444,7 @@ cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s)
   return cudaGetLastError();
 }
 
-cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s, bool with_mean) {
+cudaError_t kmeans_finalize(const KMeansKernelParams& p, cudaStream_t s, bool with_mean) {
   const int64_t total = int64_t{p.num_heads} * p.num_clusters;
   auto launch = [&](auto kernel, int groups) {
     kernel<<<cluster_blocks(total, groups), kThreads, 0, s>>>(p);

@@ -23,7 +23,7 @@ struct AssignRange {
   int64_t k0, te;
   int cb, ce;
 };
-__device__ __forceinline__ AssignRange assign_range(const KMeansParams& p, bool global, int keys_per_cta) {
+__device__ __forceinline__ AssignRange assign_range(const KMeansKernelParams& p, bool global, int keys_per_cta) {
   AssignRange r;
   int64_t tb;
   if (global) {
@@ -50,7 +50,7 @@ __device__ __forceinline__ void quad_argmax(float& best, int& idx) {
 // cluster and sort key (h * C + cluster); m-tile mt holds rows mt_row(mt) and mt_row(mt) + 8 of the CTA's
 // keys from k0 (rows valid ones).
 template <int kMt, typename RowOf>
-__device__ __forceinline__ void write_assignments(const KMeansParams& p, int h, int64_t k0, int rows, int tq,
+__device__ __forceinline__ void write_assignments(const KMeansKernelParams& p, int h, int64_t k0, int rows, int tq,
                                                   float (&best)[kMt][2], int (&idx)[kMt][2], RowOf mt_row) {
   const int64_t base = int64_t{h} * p.n_idx + k0;
   const uint32_t hbase = static_cast<uint32_t>(h) * static_cast<uint32_t>(p.num_clusters);
@@ -96,7 +96,7 @@ __device__ __forceinline__ void mma_s8_16832(int* c, const uint32_t* a, uint32_t
 
 // kMtQ 16-key m-tiles and kNpQ 8-centroid n-tiles per warp step, at least kMinBlocksQ CTAs per SM.
 template <int D, int kMtQ, int kNpQ, int kMinBlocksQ>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocksQ) assign_q8_kernel(const KMeansParams p, bool global) {
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocksQ) assign_q8_kernel(const KMeansKernelParams p, bool global) {
   constexpr int kKeysQ = kWarps * 16 * kMtQ;
   constexpr int kRow = D + 16;  // bytes
   constexpr int kKs = D / 32;   // k-steps
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocksQ) assign_q8_kernel(con
 // Launches an assignment kernel with `smem` bytes of dynamic shared memory (set at every launch: cheap, per
 // current device) over key tiles of keys_per_cta x segments (or 1, global) x heads.
 template <typename Kernel>
-cudaError_t launch_assign(Kernel kernel, int smem, int keys_per_cta, const KMeansParams& p, bool global,
+cudaError_t launch_assign(Kernel kernel, int smem, int keys_per_cta, const KMeansKernelParams& p, bool global,
                           cudaStream_t s) {
   cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
@@ -232,7 +232,7 @@ cudaError_t launch_assign(Kernel kernel, int smem, int keys_per_cta, const KMean
 }
 
 template <int D, int kMtQ, int kNpQ, int kMinBlocksQ>
-cudaError_t launch_q8_tile(const KMeansParams& p, bool global, cudaStream_t s) {
+cudaError_t launch_q8_tile(const KMeansKernelParams& p, bool global, cudaStream_t s) {
   return launch_assign(assign_q8_kernel<D, kMtQ, kNpQ, kMinBlocksQ>, smem_bytes_q8<D>(), kWarps * 16 * kMtQ, p,
                        global, s);
 }
@@ -240,13 +240,13 @@ cudaError_t launch_q8_tile(const KMeansParams& p, bool global, cudaStream_t s) {
 // The tile: 4 m-tiles x 1 n-tile per warp step, 2 CTAs per SM (segment passes at 32K: 0.722 ms against
 // 0.771 for 2 x 2, 0.753 for 2 x 2 at 3 CTAs per SM, 0.846 for 4 x 2 at 1).
 template <int D>
-cudaError_t launch_q8(const KMeansParams& p, bool global, cudaStream_t s) {
+cudaError_t launch_q8(const KMeansKernelParams& p, bool global, cudaStream_t s) {
   return launch_q8_tile<D, 4, 1, 2>(p, global, s);
 }
 
 }  // namespace
 
-cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s) {
+cudaError_t kmeans_assign(const KMeansKernelParams& p, bool global, cudaStream_t s) {
   if (p.centred_q8 == nullptr || p.centroids_q8 == nullptr || p.centroid_scale == nullptr) return cudaErrorInvalidValue;
   if (p.head_dim == 128) return launch_q8<128>(p, global, s);
   if (p.head_dim == 64) return launch_q8<64>(p, global, s);

@@ -61,7 +61,7 @@ __device__ void block_exclusive_scan(int* v, int n, int* wsum) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) group_segment_kernel(const KMeansParams p) {
+__global__ void __launch_bounds__(kThreads) group_segment_kernel(const KMeansKernelParams p) {
   extern __shared__ int smg[];  // hist [kWarps][bins], then excl [bins], then wsum [kWarps]
   const int s = blockIdx.x, h = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -127,13 +127,13 @@ __global__ void __launch_bounds__(kThreads) group_segment_kernel(const KMeansPar
 
 }  // namespace
 
-cudaError_t kmeans_group_pass(const KMeansParams& p, bool global, cudaStream_t s) {
+cudaError_t kmeans_group_pass(const KMeansKernelParams& p, bool global, cudaStream_t s) {
   if (!global && p.max_seg_clusters <= kGroupCountMaxBins && p.max_seg_tokens <= kGroupCountMaxTokens)
     return kmeans_group_segments(p, s);
   return kmeans_group(p, s);
 }
 
-cudaError_t kmeans_group_segments(const KMeansParams& p, cudaStream_t s) {
+cudaError_t kmeans_group_segments(const KMeansKernelParams& p, cudaStream_t s) {
   if (p.max_seg_clusters <= 0 || p.max_seg_clusters > kGroupCountMaxBins || p.num_segments <= 0 ||
       p.max_seg_tokens > kMaxSegTokens)
     return cudaErrorInvalidValue;

@@ -14,7 +14,7 @@ namespace retroinfer::cuda::detail {
 
 // ---- k-means (kmeans.cu, kmeans_assign.cu, kmeans_sort.cu) ----
 
-struct KMeansParams {
+struct KMeansKernelParams {
   const uint16_t* keys = nullptr;    // K: [H, kv_stride, D] bf16
   const uint16_t* values = nullptr;  // V: [H, kv_stride, D] bf16
   int64_t kv_stride = 0;
@@ -61,32 +61,32 @@ inline constexpr int kGroupCountMaxTokens = 16384;  // ... and tokens per segmen
 
 // The launchers that read keys or values take head_dim 64 or 128 (else cudaErrorInvalidValue).
 // Mean key and int8 centred keys (centred_q8 required).
-cudaError_t kmeans_mean(const KMeansParams& p, cudaStream_t s);
+cudaError_t kmeans_mean(const KMeansKernelParams& p, cudaStream_t s);
 // Initial centroids (f32, bf16 and int8 copies; centroids_q8 and centroid_scale required).
-cudaError_t kmeans_init(const KMeansParams& p, cudaStream_t s);
+cudaError_t kmeans_init(const KMeansKernelParams& p, cudaStream_t s);
 // Assigns every index token to its best centroid, within its segment (global = false) or over all C
 // (kmeans_assign.cu): the argmax of f32(centred_q8 . centroids_q8) * centroid_scale (mma.sync m16n8k32,
 // exact int32 dots), ties to the lowest cluster id. Exact: a host computes the same argmax bit for bit
 // from the same int8 operands (tests/gpu/test_cuda_kmeans_kernels.cpp). cudaErrorInvalidValue without the
 // int8 operands.
-cudaError_t kmeans_assign(const KMeansParams& p, bool global, cudaStream_t s);
+cudaError_t kmeans_assign(const KMeansKernelParams& p, bool global, cudaStream_t s);
 // Groups tokens by cluster (stable radix sort of sort_keys) and writes offsets.
-cudaError_t kmeans_group(const KMeansParams& p, cudaStream_t s);
+cudaError_t kmeans_group(const KMeansKernelParams& p, cudaStream_t s);
 // The same after a segment pass (every token's cluster inside its segment): one CTA per (segment, head)
 // sorts by counting (kmeans_group.cu); cudaErrorInvalidValue where a segment has more than
 // kGroupCountMaxBins clusters or kGroupCountMaxTokens tokens.
-cudaError_t kmeans_group_segments(const KMeansParams& p, cudaStream_t s);
+cudaError_t kmeans_group_segments(const KMeansKernelParams& p, cudaStream_t s);
 // The grouping of a pass: kmeans_group_segments after a segment pass whose segments it takes, else
 // kmeans_group.
-cudaError_t kmeans_group_pass(const KMeansParams& p, bool global, cudaStream_t s);
+cudaError_t kmeans_group_pass(const KMeansKernelParams& p, bool global, cudaStream_t s);
 size_t kmeans_sort_temp_bytes(int64_t items, int end_bit);
 // Recomputes centroids from the grouping: spherical (normalised sum) or plain mean; empty keeps
 // (centroids_q8 and centroid_scale required).
-cudaError_t kmeans_update(const KMeansParams& p, bool spherical, cudaStream_t s);
+cudaError_t kmeans_update(const KMeansKernelParams& p, bool spherical, cudaStream_t s);
 // Final outputs: de-centred centroids, value sums, sizes and their bf16 copies. with_mean: the plain-mean
 // update of the last global iteration first, in the same pass over the members (the same centroids as
 // kmeans_update(p, false) then kmeans_finalize, bit for bit).
-cudaError_t kmeans_finalize(const KMeansParams& p, cudaStream_t s, bool with_mean = false);
+cudaError_t kmeans_finalize(const KMeansKernelParams& p, cudaStream_t s, bool with_mean = false);
 // out[h] = the sum of the k largest of sizes[h, 0 .. clusters) (int, >= 0), for each of `heads` heads: the
 // retrieval zone's largest token count (RetroLayer's token-list capacity) without downloading the sizes.
 // 1 <= k <= clusters, else cudaErrorInvalidValue.

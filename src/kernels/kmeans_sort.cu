@@ -37,7 +37,7 @@ size_t kmeans_sort_temp_bytes(int64_t items, int end_bit) {
   return bytes;
 }
 
-cudaError_t kmeans_group(const KMeansParams& p, cudaStream_t s) {
+cudaError_t kmeans_group(const KMeansKernelParams& p, cudaStream_t s) {
   const int64_t items = int64_t{p.num_heads} * p.n_idx;
   const int64_t num_flat = int64_t{p.num_heads} * p.num_clusters;
   size_t bytes = p.sort_temp_bytes;

@@ -50,7 +50,7 @@ struct Work : dt::KMeansRun {
   std::vector<int> seg_t, seg_c;
   gputest::KvData kv;
   DeviceBuffer k, v;
-  dt::KMeansParams p;
+  dt::KMeansKernelParams p;
 
   explicit Work(const KMeansCase& kc, uint64_t seed) : c(kc) {
     stride = idx_begin + c.n + 5;  // rows past idx_begin + n are NaN (make_kv): a read past the range poisons
@@ -532,7 +532,7 @@ TEST(CudaKMeansKernels, RunEqualsStepByStep) {
 TEST(CudaKMeansKernels, LaunchersRefuseBadArguments) {
   RETROINFER_REQUIRE_GPU();
   Work w({1, 128, 100, 64, 16, 0.5f}, 5);
-  dt::KMeansParams p = w.p;
+  dt::KMeansKernelParams p = w.p;
   p.head_dim = 96;
   EXPECT_EQ(dt::kmeans_mean(p, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(dt::kmeans_init(p, nullptr), cudaErrorInvalidValue);

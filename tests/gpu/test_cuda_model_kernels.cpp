@@ -324,7 +324,7 @@ int64_t swiglu_mismatches(const std::vector<uint16_t>& got, const std::vector<do
   for (double v : want) ss += v * v;
   // Relative 2^-7 (2 bf16 ulps) plus an absolute floor 3e-3 x rms: near g = 0 or u = 0 the product's
   // relative error is the f32 sums' error over a small value (cuBLAS products measured 2 bf16 ulps, 7.2e-3
-  // relative, on 1-2 elements of 1536 x 16 in session 11's H200 run, above the floor). A wrong column or
+  // relative, on 1-2 elements of 1536 x 16 on the H200, above the floor). A wrong column or
   // row is off by ~rms; a missing 8-element chunk of K = 2048 by ~sqrt(8 / 2048) = 6e-2 x rms.
   const double floor = 3e-3 * std::sqrt(ss / std::max<size_t>(1, want.size()));
   int64_t bad = 0;

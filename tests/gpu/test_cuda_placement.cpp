@@ -51,13 +51,13 @@ constexpr double kPrefillRel = 1e-6;     // see the header: same kernels on the 
 // model amplifies those differences through the layers, the bf16 KV of later tokens (a rounding flip of one
 // K/V element moves it by 2^-8) and retro's cluster selection (a flipped cluster moves a layer's output by a
 // few percent). How far that goes depends on the trajectory, i.e. on the products' rounding: measured on the
-// H200, decode max rel 5.7e-3 / nmse 2.9e-5 with cublasGemmEx products (RETROINFER_GEMM_TUNE=0) and 3.2e-2
-// / 1.0e-3 for kHost with the autotuned GEMV products (session 10; kSplit 3.9e-3 / 1.4e-5), with every greedy
-// token equal in both. With the tensor-core GEMV among the tuned candidates (session 11) the same test gave
+// H200, decode max rel 5.7e-3 / nmse 2.9e-5 with plain cublasGemmEx products and 3.2e-2 / 1.0e-3 for kHost
+// with the autotuned GEMV products (kSplit 3.9e-3 / 1.4e-5), with every greedy token equal in both. With the
+// tensor-core GEMV among the tuned candidates the same test gave
 // kHost 5.0e-3 / 3.4e-5 in one H200 process and 2.8e-1 / 3.9e-2 in another (the whole GPU suite before it:
 // other choices for the products' shapes, then a flipped cluster early in the trajectory), greedy tokens all
 // equal each time. The bounds sit above that: a wrong layer, sequence or step is off by O(1) with nmse ~1;
-// the tiers' exactness itself is pinned per layer (test_cuda_layers.cpp, test_cuda_wave_parity.cpp).
+// the tiers' exactness itself is pinned per layer (tests/gpu/parity: GpuParity.DecodeRetroMatchesCpu and the wave-buffer tests).
 constexpr double kDecodeRel = 0.5;  // row max |diff| / logit scale
 constexpr double kDecodeNmse = 0.1;
 // Greedy tokens are compared where the reference's top-2 margin exceeds this share of the logit scale
@@ -236,8 +236,7 @@ TEST_F(CudaPlacement, PrefillAndDecodeMatchGpu) {
       EXPECT_LE(dd.rel, kDecodeRel);
       EXPECT_LE(dd.nmse, kDecodeNmse);
       // Steps x sequences (32) with a clear winner: a top-2 margin above kGreedyMargin = 10% (H200: 10 of 32
-      // with the default bf16 centroid scoring, session 11; 7 of 32 under RETROINFER_SCORE_CENTROIDS=int8, runs
-      // 22 and 23; all equal). How many steps have a clear winner depends on the greedy path the scoring takes;
+      // with bf16 centroid scoring, 7 of 32 with int8 scoring, the default; all equal). How many steps have a clear winner depends on the greedy path the scoring takes;
       // 6 keeps the check meaningful under either.
       EXPECT_GE(checked, 6);
       check_wave(run, kLayers - want_gpu, per_seq ? n : 1);

@@ -210,7 +210,7 @@ TEST(CudaRetroMemory, DeviceBytesMatchThePlannerFormula) {
     EXPECT_LE(held, f.held());
     EXPECT_GE(held, f.held() - split_slack);
     // Build workspace (one sequence's): the formula bounds CUB's temporary storage by 9 bytes per item
-    // plus 1 MiB, an upper bound; CUB may take less (session 11's H200 run: 23.7 KB under "formula - 1 MiB -
+    // plus 1 MiB, an upper bound; CUB may take less (on the H200: 23.7 KB under "formula - 1 MiB -
     // 1 byte per item" at 3000 items), so the lower check takes the whole sort term off.
     const int64_t items = int64_t{mc.hkv} * f.n_idx;
     EXPECT_LE(built - held, f.build);

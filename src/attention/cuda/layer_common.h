@@ -35,7 +35,7 @@ int exact_splits(int64_t list_tokens, int num_heads);
 // after_select's kernels), so that each starts while the previous one drains.
 // The selection's scores are formed, by shape:
 //   - in the bins selection from the logits and the normaliser partials, where G <= 4, C % 4 == 0 and the bins
-//     kernel selects (C <= kSelectGridMinItems, the grid selection not forced): no grid barrier in the score
+//     kernel selects (C <= kSelectBinsMaxItems): no grid barrier in the score
 //     grid (select_bins.cu scores_from_logit_quads; its general formation would be ~5x slower on one
 //     multiprocessor than the score grid's over ~24 CTAs);
 //   - else in the score grid after a grid-wide barrier (cooperative launch, ScoreParams::scores), where its
@@ -49,7 +49,7 @@ struct ZoneDecodeArgs {
   float* out = nullptr;      // [H, G, D] f32
   int num_heads = 0, group = 0, head_dim = 0, num_clusters = 0, n_retrieval = 0, n_estimation = 0;
   float scale = 0.0f;
-  // Index (kernels.h KMeansParams shapes).
+  // Index (kernels.h KMeansKernelParams shapes).
   const uint16_t* centroids_bf16 = nullptr;   // [H, C, D]
   const uint8_t* centroids_q8 = nullptr;      // [H, C, D] int8 copies (RetroLayer's int8 scoring; null: off)
   const float* centroid_scale = nullptr;      // [H, C] their row scales

@@ -66,8 +66,8 @@ void KMeansRun::prepare(int H, int D, int64_t first, int64_t count, const std::v
   ensure(sort_temp, std::max<size_t>(kmeans_sort_temp_bytes(int64_t(items), bits), 16));
 }
 
-KMeansParams KMeansRun::params(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int H, int D) const {
-  KMeansParams p;
+KMeansKernelParams KMeansRun::params(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int H, int D) const {
+  KMeansKernelParams p;
   p.keys = k;
   p.values = v;
   p.kv_stride = kv_stride;
@@ -106,7 +106,7 @@ void KMeansRun::run(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int
                     int64_t first, int64_t count, const std::vector<int>& seg_t, const std::vector<int>& seg_c,
                     cudaStream_t st) {
   prepare(H, D, first, count, seg_t, seg_c, st);
-  const KMeansParams p = params(k, v, kv_stride, H, D);
+  const KMeansKernelParams p = params(k, v, kv_stride, H, D);
   KMeansPhaseEvents ev(st, kmeans_phase_timing());  // kernel_bench --kmeans-phases only
   launch_check(kmeans_mean(p, st), "kmeans_mean", st);
   launch_check(kmeans_init(p, st), "kmeans_init", st);

@@ -1,5 +1,5 @@
 // One GPU k-means run (DESIGN.md §2; kernels in kmeans.cu, kmeans_assign.cu, kmeans_group.cu,
-// kmeans_sort.cu): the device workspace and result of kmeans_kernels.h KMeansParams, sized for a run over
+// kmeans_sort.cu): the device workspace and result of kmeans_kernels.h KMeansKernelParams, sized for a run over
 // the index tokens [begin, begin + n) of H flat heads with C clusters in S segments, and the launch sequence
 // of the algorithm. RetroLayer's builds and index updates (retro_layer.cpp KMeansWork) and the k-means GPU
 // tests use it. Included only from src/attention/cuda and tests/gpu.
@@ -19,7 +19,7 @@ namespace retroinfer::cuda::detail {
 // Threading: one host thread at a time; the buffers are used by the work queued on the stream given to
 // prepare / run until that work completes.
 struct KMeansRun {
-  // Shapes as KMeansParams' fields of the same names (C = the run's clusters, n_idx = n).
+  // Shapes as KMeansKernelParams' fields of the same names (C = the run's clusters, n_idx = n).
   DeviceBuffer seg_tokens, seg_clusters, mean_partial, mean, centred_q8, centroids, centroids_bf16,
       centroids_q8, centroid_scale, value_sums, value_sums_bf16, sizes, assignment, sort_keys, sort_keys_out, iota,
       members, offsets, sort_temp;
@@ -35,7 +35,7 @@ struct KMeansRun {
                cudaStream_t st);
   // The parameters of a run over keys k and values v ([H, kv_stride, D] bf16) into these buffers (after
   // prepare).
-  KMeansParams params(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int H, int D) const;
+  KMeansKernelParams params(const uint16_t* k, const uint16_t* v, int64_t kv_stride, int H, int D) const;
   // prepare, then the segmented k-means of cfg (kmeans_segment_iters spherical segment iterations,
   // kmeans_global_iters plain-mean global ones; with none, one segment assignment) and its final outputs.
   // Asynchronous on st; while set_kmeans_phase_timing(true) is in force (kmeans_phases.h) it also times
