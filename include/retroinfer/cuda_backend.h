@@ -73,7 +73,7 @@ struct RetroDebugState {
 };
 
 // Retro (wave index) decode attention over GPU-resident K/V: build() clusters the indexed tokens of every
-// (sequence, KV head) with segmented spherical k-means (DESIGN.md §2); decode() scores the clusters,
+// (sequence, KV head) with segmented spherical k-means (docs/design.md §2); decode() scores the clusters,
 // selects the retrieval and estimation zones, estimates the estimation zone from the cluster summaries,
 // attends exactly to the steady zone plus the retrieval clusters' tokens, and merges the two states.
 // Zones: steady = the first cfg.sink_tokens and the last cfg.window_tokens tokens; the rest is indexed

@@ -1,4 +1,4 @@
-// The wave buffer (DESIGN.md §3): the configuration and counters of the KV tiers:
+// The wave buffer (docs/design.md §3): the configuration and counters of the KV tiers:
 // the full KV of every (sequence, layer, KV head) in
 // a cluster-ordered store in GPU or pinned host memory, a GPU block cache of page_tokens-token pages with
 // LRU replacement kept by a CPU manager thread, and an execution buffer that one gather kernel fills with

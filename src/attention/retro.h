@@ -1,4 +1,4 @@
-// retro: decode attention through the wave index (DESIGN.md §2) on the CPU. Per KV head: exact attention
+// retro: decode attention through the wave index (docs/design.md §2) on the CPU. Per KV head: exact attention
 // over the steady zone (sinks + everything after the indexed region) and the tokens of the top-scoring
 // clusters (retrieval zone), an estimate of the next clusters from centroid and value sum (estimation
 // zone), merged by log-sum-exp; the remaining clusters are ignored. The outlier tokens (indexed tokens

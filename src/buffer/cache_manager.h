@@ -1,5 +1,5 @@
 // The wave buffer's cache manager: a CPU thread that keeps the block cache's LRU state off the GPU's
-// critical path (DESIGN.md §3, step 7).
+// critical path (docs/design.md §3, step 7).
 //
 // It reads each decode step's selected clusters and their hit / miss outcome from the selection ring
 // (written by the GPU), updates one PageLru per flat head, decides admissions (the step's misses, in

@@ -1,4 +1,4 @@
-// When each layer folds generated tokens into its wave index during decode (DESIGN.md §3; the wave
+// When each layer folds generated tokens into its wave index during decode (docs/design.md §3; the wave
 // buffer's index updates, docs/wave-buffer.md).
 //
 // Token layout of one (sequence, layer) at `total` tokens: sinks [0, sinks), indexed tokens

@@ -1,4 +1,4 @@
-// Segmented spherical k-means over the keys of one KV head (DESIGN.md §2, "Clustering"): the CPU
+// Segmented spherical k-means over the keys of one KV head (docs/design.md §2, "Clustering"): the CPU
 // specification of the wave index's clustering, which the CUDA kernels are tested against.
 //
 // Algorithm (deterministic, no randomness):

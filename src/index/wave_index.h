@@ -1,4 +1,4 @@
-// Wave index of one (sequence, layer) (DESIGN.md §2): per KV head, the clusters of the indexed tokens,
+// Wave index of one (sequence, layer) (docs/design.md §2): per KV head, the clusters of the indexed tokens,
 // cluster scoring against a GQA group of queries, and the split of the clusters into the retrieval,
 // estimation and ignored zones. The steady zone is every token outside the indexed region.
 #pragma once

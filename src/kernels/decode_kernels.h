@@ -27,7 +27,7 @@ struct FusedMerge {
 inline constexpr int kMergeMaxStates = 4096;  // 16 KiB of f32 weights in the CTA's spent shared memory
 
 // The estimation zone of a decode (DecodeParams::est): per estimated cluster j of head h, weight
-// size_j * e^{logit_j} in the denominator and e^{logit_j} * VS_j in the numerator (DESIGN.md section 2).
+// size_j * e^{logit_j} in the denominator and e^{logit_j} * VS_j in the numerator (docs/design.md §2).
 struct EstimationZone {
   const float* logits = nullptr;              // [H, G, C] f32 (scaled, from score_clusters)
   const uint16_t* value_sums_bf16 = nullptr;  // [H, C, D]

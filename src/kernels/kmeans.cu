@@ -1,4 +1,4 @@
-// Segmented spherical k-means on the GPU (DESIGN.md §2; the CPU specification is src/index/kmeans.h),
+// Segmented spherical k-means on the GPU (docs/design.md §2; the CPU specification is src/index/kmeans.h),
 // batched over flat heads and segments.
 //
 // Arithmetic against the CPU reference: the mean key, the centroid sums and the value sums are f32 sums

@@ -1,4 +1,4 @@
-// Quest baseline (per-page key bounds, DESIGN.md §4): page min / max keys at build time, and the upper
+// Quest baseline (per-page key bounds, docs/design.md §4): page min / max keys at build time, and the upper
 // bound of each page's logit at decode time. The selection and the exact attention reuse
 // select_and_expand (pages as items) and decode_attention.
 #include <cuda_runtime.h>

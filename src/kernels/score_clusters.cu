@@ -1,4 +1,4 @@
-// Cluster scores (DESIGN.md §2 "Scoring"): logits[h, g, c] = scale * q_g . c_c for every cluster c of head h
+// Cluster scores (docs/design.md §2 "Scoring"): logits[h, g, c] = scale * q_g . c_c for every cluster c of head h
 // (-inf for empty clusters) on the tensor cores, and per CTA the softmax normaliser partial (max logit, sum
 // of e^{logit - max}) of each query head; optionally the selection's scores formed by the same grid
 // (ScoreParams::scores). select_kernels.h lists the kernels score_clusters chooses from.

@@ -1,4 +1,4 @@
-// Zone selection (DESIGN.md §2 "Scoring"; also Quest's page selection): the kernel for a launch is chosen by
+// Zone selection (docs/design.md §2 "Scoring"; also Quest's page selection): the kernel for a launch is chosen by
 // the number of items per head, each kernel giving the same result ("sort by (score desc, id asc) and cut at
 // k_r and k_r + k_e", ids ascending, the retrieval items expanded into the head's exact-token list after the
 // steady zone):

@@ -1,4 +1,4 @@
-// Zone selection with a handful of barriers (DESIGN.md §2 "Scoring"), the one-CTA-per-head selection up to
+// Zone selection with a handful of barriers (docs/design.md §2 "Scoring"), the one-CTA-per-head selection up to
 // kSelectBinsMaxItems = 40960 items (select.cu). Same result as the other selection kernels: "sort by (score
 // desc, id asc) and cut at k_r and k_r + k_e", ids ascending, the retrieval items expanded into the head's
 // exact-token list (steady zone first).

@@ -1,4 +1,4 @@
-// Zone selection split over a thread-block cluster (DESIGN.md §2 "Scoring"; also Quest's page selection): the
+// Zone selection split over a thread-block cluster (docs/design.md §2 "Scoring"; also Quest's page selection): the
 // selection past the bins kernel's 40960 items where the grid selection does not apply (no workspace, scores
 // still to form, or its CTAs would not all be resident at once).
 //

@@ -1,4 +1,4 @@
-// Zone selection spread over several CTAs per head (DESIGN.md §2 "Scoring"): the same result as the
+// Zone selection spread over several CTAs per head (docs/design.md §2 "Scoring"): the same result as the
 // one-CTA bins kernel (select_bins.cu) and the cluster kernel (select_cluster.cu) — "sort by (score desc,
 // id asc) and cut at k_r and k_r + k_e", ids ascending, the retrieval items expanded into the head's
 // exact-token list after the steady zone — but each head's items split into C chunks of 256 * ipt items,

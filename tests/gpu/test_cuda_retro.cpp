@@ -11,7 +11,7 @@ namespace {
 // Same tokens, summed in another order (f32 on both sides, as test_cuda_dense.cpp).
 constexpr double kNmse = 1e-9;
 
-// Exactness invariant (DESIGN.md §2): retrieval over all clusters with no estimation is dense attention.
+// Exactness invariant (docs/design.md §2): retrieval over all clusters with no estimation is dense attention.
 TEST(CudaRetro, AllClustersRetrievedIsDense) {
   RETROINFER_REQUIRE_GPU();
   const int H = 2, G = 4, d = 128;

@@ -25,7 +25,7 @@ TEST(ModelShapes, Llama3_8b) {
   EXPECT_EQ(c.max_position_embeddings, 131072);
   EXPECT_FALSE(c.attention_bias);
   EXPECT_FALSE(c.tie_word_embeddings);
-  // KV bytes per token at bf16: 32 layers x 8 heads x 128 x 2 (K, V) x 2 bytes = 128 KiB (DESIGN.md §1).
+  // KV bytes per token at bf16: 32 layers x 8 heads x 128 x 2 (K, V) x 2 bytes = 128 KiB (docs/design.md §1).
   EXPECT_EQ(int64_t{c.num_layers} * c.num_heads_kv * c.head_dim * 2 * 2, 128 * 1024);
 }
 

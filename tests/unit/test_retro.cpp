@@ -1,4 +1,4 @@
-// retro attention (src/attention/retro.h): the exactness invariants of DESIGN.md §2 against full attention,
+// retro attention (src/attention/retro.h): the exactness invariants of docs/design.md §2 against full attention,
 // zone coverage and index updates while decoding, estimation quality, and bad arguments.
 #include <gtest/gtest.h>
 

@@ -139,12 +139,11 @@ TEST_F(RealTokenizer, Llama3JsonMatchesGoldens) {
   EXPECT_EQ(tok->bos_id(), 128000);                                 // tokenizer_config.json bos_token
   EXPECT_TRUE(tok->is_eog(*tok->token_to_id("<|eot_id|>")));
   EXPECT_EQ(tok->chat_format(), ChatFormat::kLlama3);
-  // Speed on real prose with a cold word cache (so before the goldens): this repository's Markdown, plus
-  // shared/docs when present.
+  // Speed on real prose with a cold word cache (so before the goldens): this repository's Markdown.
   namespace fs = std::filesystem;
   std::string text;
   const fs::path src(RETROINFER_SOURCE_DIR);
-  for (const fs::path& dir : {src / "docs", src / ".." / "shared" / "docs", src / ".." / ".." / "shared" / "docs"}) {
+  for (const fs::path& dir : {src / "docs"}) {
     if (!fs::is_directory(dir)) continue;
     for (const auto& e : fs::directory_iterator(dir)) {
       if (e.path().extension() == ".md") {

@@ -1,4 +1,4 @@
-// One GPU k-means run (DESIGN.md §2; kernels in kmeans.cu, kmeans_assign.cu, kmeans_group.cu,
+// One GPU k-means run (docs/design.md §2; kernels in kmeans.cu, kmeans_assign.cu, kmeans_group.cu,
 // kmeans_sort.cu): the device workspace and result of kmeans_kernels.h KMeansKernelParams, sized for a run over
 // the index tokens [begin, begin + n) of H flat heads with C clusters in S segments, and the launch sequence
 // of the algorithm. RetroLayer's builds and index updates (retro_layer.cpp KMeansWork) and the k-means GPU
