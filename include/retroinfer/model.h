@@ -2,7 +2,8 @@
 // embeddings, RMSNorm, RoPE (default / linear / dynamic / llama3 / yarn), GQA attention through the
 // attention interface (include/retroinfer/attention.h), SwiGLU MLP, final norm, tied or untied LM head.
 //
-// Weights are converted to f32 at load (any type ModelFile reads: f32/f16/bf16/Q8_0/Q4_0/Q4_1).
+// Weights are converted to f32 at load (any type ModelFile reads: f32/f16/bf16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/
+// Q4_K/Q5_K/Q6_K).
 // Prefill runs in chunks through cblas_sgemm; decode runs one token through an OpenMP matvec, or one token
 // of each of several sequences at once (Session::decode_batch: the weights read once for all of them).
 #pragma once

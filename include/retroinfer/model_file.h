@@ -16,10 +16,12 @@
 
 namespace retroinfer {
 
-enum class WeightType : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1 };
+enum class WeightType : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ4_K, kQ5_K, kQ6_K };
 
-std::string_view weight_type_name(WeightType t);  // "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1"
-// Elements per block (1 for float types, 32 for the quantized ones) and bytes per block.
+std::string_view weight_type_name(WeightType t);  // "f32" | "f16" | "bf16" | "q8_0" | "q4_0" | "q4_1" | "q5_0" |
+                                                   // "q5_1" | "q4_k" | "q5_k" | "q6_k"
+// Elements per block (1 for float types, 32 for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1, 256 for the K-quants) and
+// bytes per block.
 int weight_type_block_elems(WeightType t);
 int weight_type_block_bytes(WeightType t);
 // Bytes of a row of n elements; throws Error unless n is a multiple of the block size.

@@ -176,9 +176,14 @@ GgufContents Parser::run() {
       case GgmlType::kQ8_0: t.type = WeightType::kQ8_0; break;
       case GgmlType::kQ4_0: t.type = WeightType::kQ4_0; break;
       case GgmlType::kQ4_1: t.type = WeightType::kQ4_1; break;
+      case GgmlType::kQ5_0: t.type = WeightType::kQ5_0; break;
+      case GgmlType::kQ5_1: t.type = WeightType::kQ5_1; break;
+      case GgmlType::kQ4_K: t.type = WeightType::kQ4_K; break;
+      case GgmlType::kQ5_K: t.type = WeightType::kQ5_K; break;
+      case GgmlType::kQ6_K: t.type = WeightType::kQ6_K; break;
       default:
         RETROINFER_FAIL(file_, ": ", what, " has ggml type ", ggml_type_name(t.ggml_type), " (", t.ggml_type,
-                        "), not supported: use F32, F16, BF16, Q8_0, Q4_0 or Q4_1");
+                        "), not supported: use F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K");
     }
     const int block = weight_type_block_elems(t.type);
     RETROINFER_CHECK(t.dims[0] % block == 0, file_, ": ", what, " of type ", weight_type_name(t.type),

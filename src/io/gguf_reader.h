@@ -22,7 +22,10 @@ inline constexpr int kGgufMaxArrayDepth = 8;    // nested arrays deeper than thi
 inline constexpr uint64_t kGgufMaxMetadataElements = uint64_t{1} << 23;
 
 // ggml type codes of the supported tensor types.
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kBF16 = 30 };
+enum class GgmlType : uint32_t {
+  kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+  kBF16 = 30
+};
 // Name of any ggml type code ("Q6_K", ...) for messages; "type N" when unknown.
 std::string ggml_type_name(uint32_t code);
 

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "io/ggml_quants.h"
 #include "io/model_file_impl.h"
 #include "retroinfer/dtype.h"
 #include "retroinfer/error.h"
@@ -16,6 +17,11 @@ std::string_view weight_type_name(WeightType t) {
     case WeightType::kQ8_0: return "q8_0";
     case WeightType::kQ4_0: return "q4_0";
     case WeightType::kQ4_1: return "q4_1";
+    case WeightType::kQ5_0: return "q5_0";
+    case WeightType::kQ5_1: return "q5_1";
+    case WeightType::kQ4_K: return "q4_k";
+    case WeightType::kQ5_K: return "q5_k";
+    case WeightType::kQ6_K: return "q6_k";
   }
   return "?";
 }
@@ -25,9 +31,12 @@ std::string_view weight_type_name(WeightType t) {
 //   Q4_0: f16 d, uint8 qs[16] (nibbles)            -> 2 + 16 = 18 bytes, x = (q - 8) * d
 //   Q4_1: f16 d, f16 m, uint8 qs[16] (nibbles)     -> 4 + 16 = 20 bytes, x = q * d + m
 // Nibbles: element j < 16 is the low nibble of qs[j], element j + 16 the high nibble of qs[j].
+// Q5_0 / Q5_1 and the K-quants (256-element super-blocks): src/io/ggml_quants.cpp.
 int weight_type_block_elems(WeightType t) {
   switch (t) {
-    case WeightType::kQ8_0: case WeightType::kQ4_0: case WeightType::kQ4_1: return 32;
+    case WeightType::kQ8_0: case WeightType::kQ4_0: case WeightType::kQ4_1: case WeightType::kQ5_0:
+    case WeightType::kQ5_1: return 32;
+    case WeightType::kQ4_K: case WeightType::kQ5_K: case WeightType::kQ6_K: return 256;
     default: return 1;
   }
 }
@@ -39,6 +48,11 @@ int weight_type_block_bytes(WeightType t) {
     case WeightType::kQ8_0: return 34;
     case WeightType::kQ4_0: return 18;
     case WeightType::kQ4_1: return 20;
+    case WeightType::kQ5_0: return 22;
+    case WeightType::kQ5_1: return 24;
+    case WeightType::kQ4_K: return 144;
+    case WeightType::kQ5_K: return 176;
+    case WeightType::kQ6_K: return 210;
   }
   return 1;
 }
@@ -98,6 +112,10 @@ void dequantize(WeightType t, const uint8_t* src, int64_t n, float* dst) {
           dst[j + 16] = static_cast<float>(src[4 + j] >> 4) * d + m;
         }
       }
+      return;
+    case WeightType::kQ5_0: case WeightType::kQ5_1: case WeightType::kQ4_K: case WeightType::kQ5_K:
+    case WeightType::kQ6_K:
+      dequantize_ggml_blocks(t, src, n / block, dst);
       return;
   }
   RETROINFER_FAIL("dequantize: unknown weight type ", static_cast<int>(t));

@@ -357,7 +357,9 @@ TEST(Gguf, RejectsBadTensorInfos) {
   expect_parse_error(one({1, 1, 1, 1, 1}, kGgmlF32, 4), {"n_dims 5"});
   expect_parse_error(one({4, 0}, kGgmlF32, 4), {"dim 1 is 0"});
   expect_parse_error(one({1ull << 40, 1ull << 40}, kGgmlF32, 4), {"overflows"});
-  expect_parse_error(one({32}, 14, 210), {"Q6_K", "not supported"});
+  expect_parse_error(one({256}, 10, 84), {"Q2_K", "not supported"});
+  expect_parse_error(one({32}, 14, 210), {"innermost dim 32", "block size 256"});  // Q6_K: 256-element blocks
+  expect_parse_error(one({256, 4}, 12, 100), {"data [offset", "extends past end of file"});  // truncated Q4_K
   expect_parse_error(one({32}, 99, 4), {"type 99", "not supported"});
   expect_parse_error(one({33}, kGgmlQ8_0, 34), {"innermost dim 33", "block size 32"});
   expect_parse_error(one({64, 64}, kGgmlF32, 100), {"'blk.3.attn_q.weight' data [offset", "16384 bytes",
