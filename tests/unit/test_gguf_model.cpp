@@ -390,3 +390,33 @@ TEST(ModelLocator, EnvOverrideAndErrors) {
     EXPECT_NE(std::string(e.what()).find("missing.gguf"), std::string::npos) << e.what();
   }
 }
+
+TEST(ModelLocator, QwenByNameFromModelDirOrTheCommandThatInstallsIt) {
+  TempDir d, home;
+  const std::string file = d.file("qwen2.5-coder-0.5b-instruct.gguf");
+  write_text(file, "GGUF");
+  auto restore = [](const char* name, const char* old, const std::string& saved) {
+    if (old) ::setenv(name, saved.c_str(), 1);
+    else ::unsetenv(name);
+  };
+  const char* old_dir = std::getenv("RETROINFER_MODEL_DIR");
+  const char* old_home = std::getenv("HOME");
+  const char* old_xdg = std::getenv("XDG_CACHE_HOME");
+  const std::string saved_dir = old_dir ? old_dir : "", saved_home = old_home ? old_home : "",
+                    saved_xdg = old_xdg ? old_xdg : "";
+  ::setenv("RETROINFER_MODEL_DIR", d.path().c_str(), 1);
+  EXPECT_EQ(locate_model("qwen2.5-coder-0.5b"), file);
+  // Nowhere to be found: the error names the setup command.
+  ::setenv("RETROINFER_MODEL_DIR", home.path().c_str(), 1);
+  ::setenv("HOME", home.path().c_str(), 1);
+  ::unsetenv("XDG_CACHE_HOME");
+  try {
+    locate_model("qwen2.5-coder-0.5b");
+    ADD_FAILURE() << "found a model in an empty directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scripts/setup.sh --with-qwen"), std::string::npos) << e.what();
+  }
+  restore("RETROINFER_MODEL_DIR", old_dir, saved_dir);
+  restore("HOME", old_home, saved_home);
+  restore("XDG_CACHE_HOME", old_xdg, saved_xdg);
+}
