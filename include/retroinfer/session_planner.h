@@ -85,9 +85,6 @@ struct RetroLayerBytesRequest {
   bool keep_f32_index = false;   // set_keep_f32_index (the runner: off)
   bool keep_assignment = false;  // set_keep_assignment (the runner: off)
   int build_group_seqs = 1;      // set_build_group_seqs (0: every sequence in one k-means run)
-  bool kmeans_int8 = true;       // the k-means' int8 assignment (the GPU build's only arithmetic): int8
-                                 // centred keys D and int8 centroid copies + scales D + 4 per cluster instead
-                                 // of bf16 centred keys 2 D
   // true (the session plan): token and outlier lists sized for any prompt of <= tokens tokens that grows
   // to kv_stride; false: exactly as build(tokens, kv_stride) sizes them.
   bool growth_bound = false;
@@ -126,7 +123,6 @@ struct SessionPlanRequest {
   // are released (counted once, as a transient workspace).
   bool retro_keeps_build_buffers = false;
   bool retro_keeps_f32_index = false;  // the runner's RetroLayerAttention frees the f32 index copies
-  bool retro_kmeans_int8 = true;       // the k-means' int8 assignment (RetroLayerBytesRequest::kmeans_int8)
   bool retro_keeps_assignment = false;  // ... and keeps no per-token cluster ids
   int retro_build_group_seqs = 1;       // ... and builds one sequence's index at a time
 };

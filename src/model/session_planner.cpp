@@ -19,13 +19,12 @@ std::string gib(int64_t bytes) { return format_gib(bytes); }
 
 // KMeansWork::run (retro_layer.cpp) for h flat heads, n tokens, c clusters in s segments, plus the outlier
 // split's buffers (split_outliers): every buffer the run allocates.
-int64_t kmeans_work_bytes(const AttentionConfig& a, bool outliers, bool int8, int64_t h, int64_t n, int64_t c,
+int64_t kmeans_work_bytes(const AttentionConfig& a, bool outliers, int64_t h, int64_t n, int64_t c,
                           int64_t s, int64_t d) {
   const int64_t items = h * n, flat = h * c;
   int64_t b = 2 * (s + 1) * 4;                   // segment token / cluster prefix sums
   b += h * 32 * d * 4 + h * d * 4;               // mean partial sums (kMeanChunks = 32) and the mean
-  b += int8 ? items * d + flat * (d + 4)         // int8 centred keys, int8 centroid copies and scales
-              : items * d * 2;                   // centred bf16 keys
+  b += items * d + flat * (d + 4);               // int8 centred keys, int8 centroid copies and scales
   b += flat * d * (4 + 2 + 4 + 2) + flat * 4;    // f32 / bf16 centroids and value sums, sizes
   b += (flat + 1) * 4;                           // CSR offsets
   b += items * 4 * 5;                            // assignment, sort keys in / out, iota, members
@@ -98,11 +97,11 @@ RetroLayerBytes retro_layer_bytes(const RetroLayerBytesRequest& r) {
   const int64_t S = segment_count(n_idx, a.segment_tokens);
   const int64_t gs = r.build_group_seqs == 0 ? r.num_seqs : std::min<int64_t>(r.build_group_seqs, r.num_seqs);
   const int64_t Hg = gs * r.num_heads_kv;
-  b.build = kmeans_work_bytes(a, r.outlier_zone, r.kmeans_int8, Hg, n_idx, C, S, D);
+  b.build = kmeans_work_bytes(a, r.outlier_zone, Hg, n_idx, C, S, D);
   if (gs == r.num_seqs) b.build -= arrays + H * D * 4;
   // An update (one layer at a time): its workspace (U tokens, update_clusters clusters), the grown copies
   // of the index arrays while the old ones wait for the sync, and a regrown logits / token list.
-  b.update = kmeans_work_bytes(a, r.outlier_zone, r.kmeans_int8, H, U, a.update_clusters, 1, D) + arrays + q8 + H * G * C * 4 +
+  b.update = kmeans_work_bytes(a, r.outlier_zone, H, U, a.update_clusters, 1, D) + arrays + q8 + H * G * C * 4 +
              H * (steady + ret + outl) * 4;
   return b;
 }
@@ -142,7 +141,6 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       q.kv_stride = n;
       q.outlier_zone = true;  // the runner's RetroLayerAttention and WaveLayerAttention
       q.keep_f32_index = r.retro_keeps_f32_index;
-      q.kmeans_int8 = r.retro_kmeans_int8;
       q.keep_assignment = r.retro_keeps_assignment;
       q.build_group_seqs = r.retro_build_group_seqs;
       q.growth_bound = true;

@@ -22,42 +22,6 @@ json error_json(const ApiError& e) {
             {"code", e.code().empty() ? json(nullptr) : json(e.code())}}}};
 }
 
-bool is_valid_utf8(std::string_view s) {
-  size_t i = 0;
-  const size_t n = s.size();
-  while (i < n) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len = 0;
-    uint32_t cp = 0;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4;
-      cp = c & 0x07;
-    } else {
-      return false;  // a continuation byte or 0xF8..0xFF as a lead byte
-    }
-    if (i + len > n) return false;
-    for (int k = 1; k < len; ++k) {
-      const auto d = static_cast<unsigned char>(s[i + k]);
-      if ((d & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};  // shortest form of each length
-    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += len;
-  }
-  return true;
-}
-
 namespace {
 
 ApiError bad(std::string message, std::string param, std::string code = "invalid_value") {

@@ -32,8 +32,8 @@ class ApiError : public std::runtime_error {
 // {"error": {"message", "type", "param", "code"}} (param and code are null when empty).
 nlohmann::json error_json(const ApiError& e);
 
-// True when `s` is well-formed UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF).
-bool is_valid_utf8(std::string_view s);
+// True when `s` is well-formed UTF-8 (no overlongs, no surrogates, nothing above U+10FFFF): the tokenizer's check.
+using tokenizer::is_valid_utf8;
 
 // Limits on a request's fields: the largest stop-string list and max_tokens accepted before the context
 // check (OpenAI allows 4 stop strings).
