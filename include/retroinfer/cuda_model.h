@@ -199,9 +199,14 @@ class CudaJoinedDecoder {
   // tokens [n], logits [n, vocab] (host); sessions distinct. Throws Error (before any work) for a session it
   // does not take, a duplicate, a full session or a token outside the vocabulary.
   void decode(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens, std::span<float> logits);
+  // The same step with greedy selection on the GPU: next [n] written (host), 4 bytes per session back.
+  void decode_greedy(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens, std::span<int32_t> next);
   const CudaModel& model() const;
 
  private:
+  // One step up to the logits (the decoder's a.logits rows [0, n)), on the decoder's stream; not synchronised,
+  // positions not advanced. Throws Error before any work for what decode refuses.
+  void step(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

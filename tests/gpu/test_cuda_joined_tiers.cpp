@@ -26,7 +26,7 @@
 //     per step, updates at the same tokens); the last step's retrieval clusters (hits + misses) > 0, and with the
 //     f32 case's empty cache all misses.
 //   greedy tokens: equal wherever the top-2 margin exceeds twice that step's measured error (as
-//     test_cuda_joined.cpp).
+//     test_cuda_joined.cpp); decode_greedy's device argmax: equal wherever the margin exceeds twice the bound.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -184,6 +184,21 @@ void tiers_case(const TierCase& tc, const char* name) {
   // A quarter of the rows, as test_cuda_joined.cpp's 4 of 16 (bf16: errors of a few 1e-3 hide near ties).
   EXPECT_GE(4 * greedy_total, joined_rows) << "too few clear-margin rows (" << greedy_total << " of " << joined_rows
                                            << ") for the greedy check";
+  // One greedy joined step (argmax on the device) of all four, against each twin's own decode.
+  {
+    cuda::CudaJoinedDecoder dec(*gm);
+    std::vector<CudaSession*> ss;
+    for (auto& j : joined) ss.push_back(&j->session());
+    std::vector<int32_t> got(S);
+    dec.decode_greedy(ss, next, got);
+    for (int i = 0; i < S; ++i) {
+      std::vector<float> want(V);
+      alone[i]->decode(next[i], want);
+      if (gputest::top2_margin_rel(want) > 2 * tc.tol) EXPECT_EQ(got[i], argmax_of(want)) << "greedy, session " << i;
+      next[i] = argmax_of(want);
+      ASSERT_EQ(joined[i]->position(), alone[i]->position()) << "greedy step, session " << i;
+    }
+  }
   // Afterwards every session decodes alone from where the joined steps left it.
   double after = 0.0;
   for (int k = 0; k < 3; ++k)

@@ -55,6 +55,11 @@ struct CudaJoinedDecoder::Impl {
   Impl(const CudaModel& m, bool decode_graphs)
       : model(m), graphs_wanted(decode_graphs && !detail::sync_after_launch()) {}
 
+  // After a step's results were downloaded (synchronised): every session holds one token more.
+  static void advance(std::span<CudaSession* const> sessions) {
+    for (CudaSession* x : sessions) ++x->impl_->pos[0];
+  }
+
   // Why session s cannot join a decoder of `m` (empty: it can).
   static std::string refusal(const CudaSession::Impl& s, const CudaModel& m) {
     if (&s.model != &m) return "it belongs to another model";
@@ -170,6 +175,39 @@ bool CudaJoinedDecoder::takes(const CudaSession& s) const { return Impl::refusal
 
 void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens,
                                std::span<float> logits) {
+  const int64_t n = static_cast<int64_t>(sessions.size()), vocab = impl_->model.config().vocab_size;
+  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == n * vocab, "CudaJoinedDecoder::decode: logits span of ",
+                   logits.size(), " floats, expected sessions * vocab = ", n * vocab);
+  step(sessions, tokens);
+  CudaSession::Impl& J = *impl_->j;
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(logits.data(), J.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost,
+                                        static_cast<cudaStream_t>(J.stream)));
+  synchronize(J.stream);
+  impl_->advance(sessions);
+}
+
+void CudaJoinedDecoder::decode_greedy(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens,
+                                      std::span<int32_t> next) {
+  RETROINFER_CHECK(next.size() == sessions.size(), "CudaJoinedDecoder::decode_greedy: next span of ", next.size(),
+                   " tokens, expected one per session = ", sessions.size());
+  step(sessions, tokens);
+  CudaSession::Impl& J = *impl_->j;
+  auto js = static_cast<cudaStream_t>(J.stream);
+  model::ArgmaxParams p;
+  p.logits = J.a.logits.as<float>();
+  p.next = J.a.next.as<int32_t>();
+  p.rows = static_cast<int64_t>(next.size());
+  p.vocab = impl_->model.config().vocab_size;
+  detail::launch_check(model::argmax_rows(p, js), "argmax_rows", js);
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(next.data(), J.a.next.data(), next.size() * 4, cudaMemcpyDeviceToHost, js));
+  synchronize(J.stream);
+  impl_->advance(sessions);
+  for (size_t i = 0; i < next.size(); ++i)
+    RETROINFER_CHECK(next[i] >= 0, "CudaJoinedDecoder::decode_greedy: every logit of session ", i,
+                     " is NaN; the forward pass diverged");
+}
+
+void CudaJoinedDecoder::step(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens) {
   Impl& im = *impl_;
   const ModelConfig& c = im.model.config();
   const int64_t vocab = c.vocab_size;
@@ -177,8 +215,6 @@ void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span
   RETROINFER_CHECK(n >= 1, "CudaJoinedDecoder::decode: no sessions");
   RETROINFER_CHECK(static_cast<int64_t>(tokens.size()) == n, "CudaJoinedDecoder::decode: ", tokens.size(),
                    " tokens for ", n, " sessions; pass one token per session");
-  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == n * vocab, "CudaJoinedDecoder::decode: logits span of ",
-                   logits.size(), " floats, expected sessions * vocab = ", n * vocab);
   std::vector<CudaSession::Impl*> s(n);
   for (int i = 0; i < n; ++i) {
     RETROINFER_CHECK(sessions[i] != nullptr, "CudaJoinedDecoder::decode: session ", i, " is null");
@@ -254,10 +290,6 @@ void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span
         RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(js, static_cast<cudaEvent_t>(im.attn_done[static_cast<size_t>(i)]), 0));
   }
   if (graphs == nullptr) im.eager_once.insert(n);
-  RETROINFER_CUDA_CHECK(
-      cudaMemcpyAsync(logits.data(), J.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost, js));
-  synchronize(J.stream);
-  for (int i = 0; i < n; ++i) ++s[i]->pos[0];
 }
 
 // ---- CudaSequenceSession's side (sequence_session.h JoinedDecode) ----
