@@ -174,11 +174,14 @@ class CudaSession {
 // Continuous batching on the GPU: one decode step of several one-sequence sessions of one model, prefilled
 // apart and holding different positions, in one call. The embedding, the norms, every product and the LM head
 // run once over all their rows (each weight read once per step, instead of once per session); each session's
-// RoPE position, KV append and decode attention stay its own (its LayerAttention objects, its K/V). Logits
-// equal each session's own decode() up to the products' summation order (the tuned kernels depend on the row
-// count). Runs on the decoder's own stream, after each session's pending work: the non-attention work from CUDA
-// graphs per batch size (captured at that size's second step; decode_graphs false: eager), each
-// session's attention launched eagerly between them. It grows
+// RoPE position, KV append and decode attention stay its own (its LayerAttention objects, its K/V), whatever
+// its placement: a host-tier layer (wave buffer) appends the row's K/V to its own steady zone as in the
+// session's own decode. Logits equal each session's own decode() up to the products' summation order (the
+// tuned kernels depend on the row count). Runs on the decoder's own stream, after each session's pending work:
+// the non-attention work from CUDA graphs per batch size (captured at that size's second step; decode_graphs
+// false: eager), each session's attention launched eagerly between them: a host-tier layer's on the session's
+// own stream, ordered by events, so that its gather over PCIe overlaps the GPU-tier layers' attention on the
+// decoder's stream (no host synchronisation inside a layer). It grows
 // its row buffers (~(hidden + qkv + 3 intermediate + vocab) x 4 bytes per row, plus a Gemm workspace) to the
 // largest batch seen. One caller at a time.
 class CudaJoinedDecoder {
@@ -190,15 +193,20 @@ class CudaJoinedDecoder {
   CudaJoinedDecoder& operator=(const CudaJoinedDecoder&) = delete;
 
   // Whether `s` can join: of this decoder's model (takes) or of any model (joinable), one sequence,
-  // prefilled, every layer GPU-tier.
+  // prefilled (any KV placement).
   bool takes(const CudaSession& s) const;
   static bool joinable(const CudaSession& s);
   // tokens [n], logits [n, vocab] (host); sessions distinct. Throws Error (before any work) for a session it
   // does not take, a duplicate, a full session or a token outside the vocabulary.
   void decode(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens, std::span<float> logits);
+  // The same step with greedy selection on the GPU: next [n] written (host), 4 bytes per session back.
+  void decode_greedy(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens, std::span<int32_t> next);
   const CudaModel& model() const;
 
  private:
+  // One step up to the logits (the decoder's a.logits rows [0, n)), on the decoder's stream; not synchronised,
+  // positions not advanced. Throws Error before any work for what decode refuses.
+  void step(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

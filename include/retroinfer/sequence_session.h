@@ -66,7 +66,7 @@ class SequenceSession {
 
   // Continuous batching (JoinedDecode above): sessions with the same non-null join_key() can decode one
   // token each in one make_joined_decode()->decode() call. Default: null (decode alone). The CUDA session: its
-  // model when it holds one sequence, is prefilled and keeps every layer's KV on the GPU.
+  // model when it holds one sequence and is prefilled, whatever its KV placement (host-tier layers join).
   virtual const void* join_key() const { return nullptr; }
   virtual std::unique_ptr<JoinedDecode> make_joined_decode() const { return nullptr; }
 
