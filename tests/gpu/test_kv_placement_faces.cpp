@@ -82,15 +82,15 @@ SessionOptions retro_options(const Smol& s, KvPlacement placement, int gpu_layer
   return so;
 }
 
-struct Run {
+struct GreedyRun {
   std::vector<int32_t> tokens;
   std::vector<std::vector<float>> logits;  // [kGreedy][vocab]: the row each token was chosen from
   std::optional<KvPlacementReport> report;
 };
 
-Run greedy(const Smol& s, const SessionOptions& so) {
+GreedyRun greedy(const Smol& s, const SessionOptions& so) {
   const std::unique_ptr<SequenceSession> session = make_session(s.engine(), so);
-  Run r;
+  GreedyRun r;
   std::vector<float> logits = session->prefill(s.prompt);
   for (int i = 0; i < kGreedy; ++i) {
     r.tokens.push_back(argmax(logits));
@@ -102,7 +102,7 @@ Run greedy(const Smol& s, const SessionOptions& so) {
 }
 
 // Tokens equal to the GPU run's, token for token, unless at the first difference the GPU row is a near tie.
-void expect_same_tokens(const Run& gpu, const Run& got, const char* what) {
+void expect_same_tokens(const GreedyRun& gpu, const GreedyRun& got, const char* what) {
   int equal = 0;
   for (int i = 0; i < kGreedy; ++i) {
     if (got.tokens[i] != gpu.tokens[i]) {
@@ -119,7 +119,7 @@ void expect_same_tokens(const Run& gpu, const Run& got, const char* what) {
               equal, kGreedy, e.rel);
 }
 
-void expect_host_tier(const Run& r, KvPlacement placement, int gpu_layers, int layers, const char* what) {
+void expect_host_tier(const GreedyRun& r, KvPlacement placement, int gpu_layers, int layers, const char* what) {
   ASSERT_TRUE(r.report.has_value()) << what;
   const KvPlacementReport& p = *r.report;
   EXPECT_EQ(p.placement, placement) << what;
@@ -144,17 +144,17 @@ TEST(KvPlacementFaces, SmolLM2HostAndSplitGreedyEqualGpu) {
   const Smol* s = smol(why);
   if (!s) GTEST_SKIP() << why;
   const int layers = s->model().config().num_layers;
-  const Run gpu = greedy(*s, retro_options(*s, KvPlacement::kGpu));
+  const GreedyRun gpu = greedy(*s, retro_options(*s, KvPlacement::kGpu));
   ASSERT_TRUE(gpu.report.has_value());
   EXPECT_EQ(gpu.report->placement, KvPlacement::kGpu);
   EXPECT_EQ(gpu.report->host_layers, 0);
   EXPECT_EQ(gpu.report->pcie_bytes, 0);
 
-  const Run split = greedy(*s, retro_options(*s, KvPlacement::kSplit, layers / 2));
+  const GreedyRun split = greedy(*s, retro_options(*s, KvPlacement::kSplit, layers / 2));
   expect_same_tokens(gpu, split, "split");
   expect_host_tier(split, KvPlacement::kSplit, layers / 2, layers, "split");
 
-  const Run host = greedy(*s, retro_options(*s, KvPlacement::kHost));
+  const GreedyRun host = greedy(*s, retro_options(*s, KvPlacement::kHost));
   expect_same_tokens(gpu, host, "host");
   expect_host_tier(host, KvPlacement::kHost, 0, layers, "host");
 
