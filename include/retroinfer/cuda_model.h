@@ -74,6 +74,10 @@ struct CudaSessionOptions {
   // small read-back per layer, on the first call after a decode); false: the host-side counts, where
   // retro's retrieval zone is an upper bound (no extra work on the decode path).
   bool exact_stats = false;
+  // After every decode step (the session's own or a CudaJoinedDecoder's), add the host-tier layers' missed
+  // rows to wave_traffic(): a small synchronous read of the wave-buffer counters per step (off in `bench
+  // decode`, whose timing must not include it; on in the engine's sessions, which report it).
+  bool count_wave_traffic = false;
 };
 
 // Memory a session would take, computed before anything is allocated.
@@ -95,6 +99,14 @@ struct CudaWaveCounts {
     const int64_t n = step.hit_clusters + step.miss_clusters;
     return n > 0 ? double(step.hit_clusters) / double(n) : -1.0;
   }
+};
+
+// PCIe traffic of a session's host-tier misses (CudaSessionOptions::count_wave_traffic): each missed row is
+// one K and one V row of head_dim bf16 values read from pinned host memory.
+struct CudaWaveTraffic {
+  int64_t step_bytes = 0;   // the last decode step
+  int64_t total_bytes = 0;  // every step counted since prefill
+  int64_t steps = 0;        // decode steps counted
 };
 
 // A batch of sequences decoded in lockstep (one token each per step). Sequences of different prompt
@@ -164,6 +176,8 @@ class CudaSession {
   // first decode the hit / miss counts are zero (steady_rows is the steady zone's size). PCIe bytes of the
   // last step's misses: step.miss_rows * 2 * head_dim * 2 (K and V, bf16).
   CudaWaveCounts last_wave_counts();
+  // Host-tier PCIe traffic since prefill (all zero unless count_wave_traffic is on and a layer is host-tier).
+  const CudaWaveTraffic& wave_traffic() const;
 
  private:
   friend class CudaJoinedDecoder;
@@ -239,7 +253,6 @@ class CudaSequenceSession final : public SequenceSession {
   std::unique_ptr<CudaSession> session_;
   // Host tier only: miss bytes of the last decode step and their sum (decode reads the step's counts after
   // its logits are back, so the read adds no wait of its own).
-  int64_t step_pcie_bytes_ = 0, pcie_bytes_ = 0, pcie_steps_ = 0;
 };
 
 }  // namespace retroinfer::cuda

@@ -22,13 +22,6 @@ std::vector<float> CudaSequenceSession::prefill(std::span<const int32_t> tokens,
 
 void CudaSequenceSession::decode(int32_t token, std::span<float> logits) {
   session_->decode(std::span<const int32_t>(&token, 1), logits);
-  if (session_->memory_plan().host_layers > 0) {
-    const CudaWaveCounts c = session_->last_wave_counts();
-    // Each missed row is one K and one V row of head_dim bf16 values read over PCIe.
-    step_pcie_bytes_ = c.step.miss_rows * 2 * int64_t{session_->model().config().head_dim} * 2;
-    pcie_bytes_ += step_pcie_bytes_;
-    ++pcie_steps_;
-  }
 }
 
 std::optional<KvPlacementReport> CudaSequenceSession::kv_placement_report() {
@@ -41,9 +34,11 @@ std::optional<KvPlacementReport> CudaSequenceSession::kv_placement_report() {
     const CudaWaveCounts c = session_->last_wave_counts();
     r.cache_hits = c.totals.hits;
     r.cache_misses = c.totals.misses;
-    r.step_pcie_bytes = step_pcie_bytes_;
-    r.pcie_bytes = pcie_bytes_;
-    r.decode_steps = pcie_steps_;
+    // Counted by the session after each step, its own or a joined one (CudaSessionOptions::count_wave_traffic).
+    const CudaWaveTraffic& t = session_->wave_traffic();
+    r.step_pcie_bytes = t.step_bytes;
+    r.pcie_bytes = t.total_bytes;
+    r.decode_steps = t.steps;
   }
   return r;
 }

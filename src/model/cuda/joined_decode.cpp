@@ -57,7 +57,10 @@ struct CudaJoinedDecoder::Impl {
 
   // After a step's results were downloaded (synchronised): every session holds one token more.
   static void advance(std::span<CudaSession* const> sessions) {
-    for (CudaSession* x : sessions) ++x->impl_->pos[0];
+    for (CudaSession* x : sessions) {
+      ++x->impl_->pos[0];
+      x->impl_->count_wave_traffic();  // the step's work finished: the decoder synchronised its stream
+    }
   }
 
   // Why session s cannot join a decoder of `m` (empty: it can).
