@@ -48,6 +48,7 @@ struct BenchDecodeOptions {
   std::string methods = "full,retro";
   std::string placements = "gpu";
   int gpu_layers = -1;
+  double cache_fraction = WaveBufferConfig{}.cache_fraction;  // host-tier layers' block cache
   int steps = 20;
   int warmup = 3;
   std::string synthetic = "auto";
@@ -114,6 +115,7 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   r.placement = placement;
   r.gpu_layers = placement == KvPlacement::kSplit ? o.gpu_layers : -1;
   r.wave.store_dtype = parse_store_dtype(o.host_store);
+  r.wave.cache_fraction = o.cache_fraction;
   r.gpu_free_bytes = gpu_free;
   r.host_free_bytes = host_free;
   return r;
@@ -207,6 +209,7 @@ cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Conf
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
   opt.wave.store_dtype = parse_store_dtype(o.host_store);
+  opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
   return opt;
@@ -457,6 +460,7 @@ json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, in
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
   opt.wave.store_dtype = parse_store_dtype(o.host_store);
+  opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
   const int64_t free0 = cuda::device_memory_info().first;
@@ -620,9 +624,13 @@ void setup_bench_decode(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--methods", o->methods, "Comma-separated: full, retro, quest, streaming, oracle")
       ->capture_default_str();
-  cmd->add_option("--placement", o->placements, "Comma-separated KV placements: gpu, host, split, auto")
+  cmd->add_option("--kv-placement,--placement", o->placements, "Comma-separated KV placements: gpu, host, split, auto")
       ->capture_default_str();
   cmd->add_option("--gpu-layers", o->gpu_layers, "split: layers on the GPU (-1: as many as fit)")
+      ->capture_default_str();
+  cmd->add_option("--cache-fraction", o->cache_fraction,
+                  "Host-tier layers: GPU block cache per KV head as a fraction of the context")
+      ->check(CLI::Range(1e-9, 1.0))
       ->capture_default_str();
   // The last value wins (scripts pass a default, then a part may override it).
   cmd->add_option("--steps", o->steps, "Timed decode steps per configuration (the last one given counts)")

@@ -230,10 +230,16 @@ class CudaSequenceSession final : public SequenceSession {
   // The model when session() can join a CudaJoinedDecoder (CudaJoinedDecoder::takes), else null.
   const void* join_key() const override;
   std::unique_ptr<JoinedDecode> make_joined_decode() const override;
+  // The plan's placement and layer split; with host-tier layers the managers' hit / miss totals
+  // (last_wave_counts, synchronous) and the PCIe bytes of the misses summed over this object's decode calls.
+  std::optional<KvPlacementReport> kv_placement_report() override;
   CudaSession& session() { return *session_; }
 
  private:
   std::unique_ptr<CudaSession> session_;
+  // Host tier only: miss bytes of the last decode step and their sum (decode reads the step's counts after
+  // its logits are back, so the read adds no wait of its own).
+  int64_t step_pcie_bytes_ = 0, pcie_bytes_ = 0, pcie_steps_ = 0;
 };
 
 }  // namespace retroinfer::cuda

@@ -88,6 +88,7 @@ struct SessionOptions {
   // read back with a synchronisation per layer after each decode; eval and benchmarks) instead of the
   // host-side bound (no extra synchronisation; generation). The CPU runner always counts exactly.
   bool exact_attention_stats = false;
+  KvPlacementOptions kv_placement;  // CUDA runner: where the KV lives (sequence_session.h); CPU: kAuto only
 };
 
 // Evaluation hook, called by Session::decode for every layer right after its attention method ran:

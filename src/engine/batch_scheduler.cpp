@@ -74,6 +74,7 @@ struct BatchScheduler::Impl {
   }
   void finish(Running& r) {
     GenerateSummary s = r.stepper->finish();
+    s.kv_placement = r.session->kv_placement_report();
     count(true);
     r.p->promise.set_value(std::move(s));
     done(*r.p);

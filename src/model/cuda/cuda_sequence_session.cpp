@@ -22,6 +22,30 @@ std::vector<float> CudaSequenceSession::prefill(std::span<const int32_t> tokens,
 
 void CudaSequenceSession::decode(int32_t token, std::span<float> logits) {
   session_->decode(std::span<const int32_t>(&token, 1), logits);
+  if (session_->memory_plan().host_layers > 0) {
+    const CudaWaveCounts c = session_->last_wave_counts();
+    // Each missed row is one K and one V row of head_dim bf16 values read over PCIe.
+    step_pcie_bytes_ = c.step.miss_rows * 2 * int64_t{session_->model().config().head_dim} * 2;
+    pcie_bytes_ += step_pcie_bytes_;
+    ++pcie_steps_;
+  }
+}
+
+std::optional<KvPlacementReport> CudaSequenceSession::kv_placement_report() {
+  const CudaSessionPlan& p = session_->memory_plan();
+  KvPlacementReport r;
+  r.gpu_layers = p.gpu_layers;
+  r.host_layers = p.host_layers;
+  r.placement = p.host_layers == 0 ? KvPlacement::kGpu : p.gpu_layers == 0 ? KvPlacement::kHost : KvPlacement::kSplit;
+  if (p.host_layers > 0) {
+    const CudaWaveCounts c = session_->last_wave_counts();
+    r.cache_hits = c.totals.hits;
+    r.cache_misses = c.totals.misses;
+    r.step_pcie_bytes = step_pcie_bytes_;
+    r.pcie_bytes = pcie_bytes_;
+    r.decode_steps = pcie_steps_;
+  }
+  return r;
 }
 
 std::unique_ptr<SequenceSession> CudaSequenceSession::fork_session(const AttentionConfig& attention) const {
