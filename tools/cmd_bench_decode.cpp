@@ -64,6 +64,7 @@ struct BenchDecodeOptions {
   // continuous batching) instead of one session of the batch in lockstep.
   bool joined = false;
   int joined_gpu_sessions = 0;  // joined: the first this many sessions with every layer on the GPU
+  std::string host_store = "bf16";  // host-tier layers' store element type (WaveBufferConfig::store_dtype)
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -113,6 +114,7 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   r.num_seqs = num_seqs;
   r.placement = placement;
   r.gpu_layers = placement == KvPlacement::kSplit ? o.gpu_layers : -1;
+  r.wave.store_dtype = parse_store_dtype(o.host_store);
   r.wave.cache_fraction = o.cache_fraction;
   r.gpu_free_bytes = gpu_free;
   r.host_free_bytes = host_free;
@@ -206,6 +208,7 @@ cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Conf
   opt.exact_stats = true;  // the report's exact-KV-read figures (read back after the timed steps)
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
+  opt.wave.store_dtype = parse_store_dtype(o.host_store);
   opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
@@ -305,8 +308,9 @@ void add_step_figures(json& j, const cuda::CudaModel& model, const Config& c, co
   // exceed the least the step needs. exact_tokens: the tokens the device attended exactly in that step (read
   // back).
   const int64_t row = int64_t{cfg.head_dim} * 2;  // one K (or V) row, bf16
-  const int64_t pcie_bytes = wave.step.miss_rows * 2 * row;
-  const int64_t kv_bytes = std::max<int64_t>(0, st.exact_tokens * 2 * row - pcie_bytes);
+  // A miss row (one token of one head) reads its K and V from the store: bf16 4 D bytes, int8 2 D + 8.
+  const int64_t pcie_bytes = wave.step.miss_rows * store_token_bytes(opt.wave.store_dtype, cfg.head_dim);
+  const int64_t kv_bytes = std::max<int64_t>(0, (st.exact_tokens - wave.step.miss_rows) * 2 * row);
   const int64_t index_bytes =
       c.kind == AttentionKind::kRetro
           ? (st.context_tokens / std::max(1, opt.attention.tokens_per_cluster) + st.estimated_clusters) * row
@@ -455,6 +459,7 @@ json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, in
   opt.prefill_chunk = o.prefill_chunk;
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
+  opt.wave.store_dtype = parse_store_dtype(o.host_store);
   opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
@@ -558,7 +563,8 @@ void run_bench_decode(const BenchDecodeOptions& o) {
         }
         for (const std::string& spec : batch_specs) {
           json j = {{"bench", "decode"}, {"model", label}, {"context", ctx}, {"method", attention_kind_name(kind)},
-                    {"placement", buffer::kv_placement_name(placement)}, {"batch_spec", spec}};
+                    {"placement", buffer::kv_placement_name(placement)}, {"batch_spec", spec},
+                    {"host_store", o.host_store}};
           try {
             const int64_t host_free =
                 buffer::resolve_host_limit(host_limit, [] { return buffer::host_memory_available(); });
@@ -656,6 +662,11 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--joined-gpu-sessions", o->joined_gpu_sessions,
                   "With --joined: the first N sessions keep every layer on the GPU, the others use --placement "
                   "(a batch mixing tiers)")
+      ->capture_default_str();
+  cmd->add_option("--host-store", o->host_store,
+                  "Element type of the host-tier layers' KV store: bf16, or int8 (per-row scales, widened on the "
+                  "GPU; about half the bytes per miss)")
+      ->check(CLI::IsMember({"bf16", "int8"}))
       ->capture_default_str();
   cmd->callback([o] { run_bench_decode(*o); });
 }
