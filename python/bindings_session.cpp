@@ -129,6 +129,7 @@ const char* const kKvPlacementKeywordsDoc =
     "\n  gpu_layers: split: layers whose KV stays on the GPU (-1: as many as fit)"
     "\n  cache_fraction: host-tier layers' GPU block cache per KV head, a fraction of the context (0.05)"
     "\n  cache_page_tokens: tokens per block-cache page (8)"
+    "\n  host_store: host-tier layers' store, \"bf16\" or \"int8\" (one scale per token row; half the PCIe bytes)"
     "\n  gpu_memory_limit, host_memory_limit: bytes the session may use (0: what is free)";
 
 py::object kv_placement_dict(const std::optional<KvPlacementReport>& r) {
@@ -140,6 +141,7 @@ py::object kv_placement_dict(const std::optional<KvPlacementReport>& r) {
   if (r->host_layers > 0) {
     d["cache_hits"] = r->cache_hits;
     d["cache_misses"] = r->cache_misses;
+    d["host_store"] = std::string(store_dtype_name(r->host_store));
     const double ratio = r->cache_hit_ratio();
     d["cache_hit_ratio"] = ratio >= 0.0 ? py::object(py::float_(ratio)) : py::object(py::none());
     d["step_pcie_bytes"] = r->step_pcie_bytes;
@@ -165,6 +167,9 @@ py::kwargs take_kv_placement_kwargs(KvPlacementOptions& kv, const py::kwargs& kw
       kv.cache_fraction = float_value("cache_fraction", value);
     } else if (name == "cache_page_tokens") {
       kv.page_tokens = static_cast<int>(int_value("cache_page_tokens", value, INT_MIN, INT_MAX));
+    } else if (name == "host_store") {
+      if (!PyUnicode_Check(value.ptr())) throw py::type_error("host_store takes a str: bf16 or int8");
+      kv.host_store = parse_store_dtype(py::cast<std::string>(value));
     } else if (name == "gpu_memory_limit") {
       kv.gpu_memory_limit = int_value("gpu_memory_limit", value, LLONG_MIN, LLONG_MAX);
     } else if (name == "host_memory_limit") {

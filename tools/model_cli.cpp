@@ -49,6 +49,11 @@ void add_kv_placement_options(CLI::App* cmd, KvPlacementCliValues& v) {
       ->capture_default_str();
   cmd->add_option("--cache-page-tokens", v.cache_page_tokens, "Host-tier layers: tokens per block-cache page")
       ->capture_default_str();
+  cmd->add_option("--host-store", v.host_store,
+                  "Host-tier layers: the store's element type, bf16 or int8 (one scale per token row: half the PCIe "
+                  "bytes per miss, error <= half a quantisation step per element)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"bf16", "int8"}));
   cmd->add_option("--gpu-memory-limit", v.gpu_memory_gib,
                   "cuda: GiB of GPU memory for the session, weights excluded (0: free memory - 2 GiB)")
       ->check(CLI::Range(0.0, 1.0e6))  // GiB; the byte count must fit in int64
@@ -66,6 +71,7 @@ KvPlacementOptions kv_placement_options(const KvPlacementCliValues& v, Device de
   kv.gpu_layers = v.gpu_layers;
   kv.cache_fraction = v.cache_fraction;
   kv.page_tokens = v.cache_page_tokens;
+  kv.host_store = parse_store_dtype(v.host_store);
   kv.gpu_memory_limit = static_cast<int64_t>(v.gpu_memory_gib * kGiB);
   kv.host_memory_limit = static_cast<int64_t>(v.host_memory_gib * kGiB);
   validate_kv_placement(kv, device);

@@ -24,12 +24,13 @@ struct KvPlacementCliValues {
   int gpu_layers = -1;             // split: layers on the GPU (-1: as many as fit)
   double cache_fraction = WaveBufferConfig{}.cache_fraction;
   int cache_page_tokens = WaveBufferConfig{}.page_tokens;
+  std::string host_store = "bf16";  // bf16 | int8
   double gpu_memory_gib = 0.0;   // 0: free memory minus the reserve
   double host_memory_gib = 0.0;  // 0: a share of MemAvailable
 };
 
-// Adds --kv-placement, --gpu-layers, --cache-fraction, --cache-page-tokens, --gpu-memory-limit and
-// --host-memory-limit to cmd.
+// Adds --kv-placement, --gpu-layers, --cache-fraction, --cache-page-tokens, --host-store, --gpu-memory-limit
+// and --host-memory-limit to cmd.
 void add_kv_placement_options(CLI::App* cmd, KvPlacementCliValues& v);
 // The options for a session on `device`, checked (validate_kv_placement: an explicit gpu, split or host
 // placement on the CPU is an Error naming --kv-placement).

@@ -102,7 +102,7 @@ struct CudaWaveCounts {
 };
 
 // PCIe traffic of a session's host-tier misses (CudaSessionOptions::count_wave_traffic): each missed row is
-// one K and one V row of head_dim bf16 values read from pinned host memory.
+// one K and one V row read from pinned host memory (store_token_bytes of the store's element type).
 struct CudaWaveTraffic {
   int64_t step_bytes = 0;   // the last decode step
   int64_t total_bytes = 0;  // every step counted since prefill

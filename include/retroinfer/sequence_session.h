@@ -40,6 +40,8 @@ struct KvPlacementOptions {
   // Host-tier layers' GPU block cache: ceil(cache_fraction * tokens / page_tokens) pages per flat head.
   double cache_fraction = WaveBufferConfig{}.cache_fraction;
   int page_tokens = WaveBufferConfig{}.page_tokens;
+  // Host-tier layers' store: bf16, or int8 with one scale per token row (half the PCIe bytes per miss).
+  StoreDtype host_store = WaveBufferConfig{}.store_dtype;
   int64_t gpu_memory_limit = 0;   // bytes the session may use on the GPU; 0 = free memory minus a reserve
   int64_t host_memory_limit = 0;  // pinned host bytes; 0 = a share of MemAvailable (kHostUsableFraction)
 };
@@ -52,8 +54,9 @@ struct KvPlacementReport {
   // cache (hits) or read from the host store (misses): the cache managers' totals since prefill, summed over
   // layers and KV heads.
   uint64_t cache_hits = 0, cache_misses = 0;
-  // PCIe bytes of the misses: rows read from the host store x 2 (K and V) x head_dim x 2 (bf16), of the last
-  // decode step and summed over the decode steps since prefill.
+  StoreDtype host_store = StoreDtype::kBf16;  // the host store's element type
+  // PCIe bytes of the misses: rows read from the host store x its bytes per row (K and V: 4 x head_dim in
+  // bf16, 2 x head_dim + 8 in int8), of the last decode step and summed over the decode steps since prefill.
   int64_t step_pcie_bytes = 0;
   int64_t pcie_bytes = 0;
   int64_t decode_steps = 0;  // the steps pcie_bytes sums

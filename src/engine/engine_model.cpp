@@ -136,6 +136,7 @@ std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const Se
   co.gpu_layers = opt.kv_placement.gpu_layers;
   co.wave.cache_fraction = opt.kv_placement.cache_fraction;
   co.wave.page_tokens = opt.kv_placement.page_tokens;
+  co.wave.store_dtype = opt.kv_placement.host_store;
   co.gpu_memory_limit = opt.kv_placement.gpu_memory_limit;
   co.host_memory_limit = opt.kv_placement.host_memory_limit;
   return std::make_unique<cuda::CudaSequenceSession>(*model.impl().cuda, co);

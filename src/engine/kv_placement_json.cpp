@@ -10,6 +10,7 @@ void add_kv_placement_json(nlohmann::json& j, const std::optional<KvPlacementRep
   if (r->host_layers == 0) return;
   j["cache_hits"] = r->cache_hits;
   j["cache_misses"] = r->cache_misses;
+  j["host_store"] = std::string(store_dtype_name(r->host_store));
   const double ratio = r->cache_hit_ratio();
   j["cache_hit_ratio"] = ratio >= 0.0 ? nlohmann::json(ratio) : nlohmann::json(nullptr);
   j["step_pcie_bytes"] = r->step_pcie_bytes;

@@ -34,6 +34,7 @@ std::optional<KvPlacementReport> CudaSequenceSession::kv_placement_report() {
     const CudaWaveCounts c = session_->last_wave_counts();
     r.cache_hits = c.totals.hits;
     r.cache_misses = c.totals.misses;
+    r.host_store = session_->options().wave.store_dtype;
     // Counted by the session after each step, its own or a joined one (CudaSessionOptions::count_wave_traffic).
     const CudaWaveTraffic& t = session_->wave_traffic();
     r.step_pcie_bytes = t.step_bytes;

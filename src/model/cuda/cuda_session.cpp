@@ -355,7 +355,7 @@ void CudaSession::Impl::count_wave_traffic() {
   WaveStepCounts step;
   WaveBufferStats totals;
   for (auto& la : attn) la->add_wave_counts(step, totals);
-  traffic.step_bytes = step.miss_rows * 2 * int64_t{shape.head_dim} * 2;
+  traffic.step_bytes = step.miss_rows * store_token_bytes(opt.wave.store_dtype, shape.head_dim);
   traffic.total_bytes += traffic.step_bytes;
   ++traffic.steps;
 }
