@@ -1,11 +1,43 @@
 // Writes seed corpora for the fuzz targets: make_seeds <dir> creates <dir>/gguf, <dir>/safetensors and
 // <dir>/config with small valid files (built by the same writers as the unit tests).
+#include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <random>
 
 #include "io_test_files.h"
 
 using namespace retroinfer::testing;
+
+namespace {
+
+// The ggml block layouts of the types with no test-side quantizer: bytes per block, elements per block and the
+// byte offsets of the block's f16 scale fields (d, and dmin / m where the type has one).
+struct BlockLayout {
+  uint32_t type;
+  size_t bytes, elems;
+  std::vector<size_t> f16_fields;
+};
+// The first two are the tiny models' variants 3 and 4; all of them go into block_types.gguf.
+const BlockLayout kRandomBlockTypes[] = {
+    {kGgmlQ5_0, 22, 32, {0}},      {kGgmlQ5_1, 24, 32, {0, 2}}, {kGgmlQ4_K, 144, 256, {0, 2}},
+    {kGgmlQ5_K, 176, 256, {0, 2}}, {kGgmlQ6_K, 210, 256, {208}}, {kGgmlQ4_0, 18, 32, {0}},
+    {kGgmlF16, 2, 1, {}},          {kGgmlBF16, 2, 1, {}},
+};
+
+// n blocks of random bytes (seeded) with every f16 scale field set to a small finite value, so the seed
+// dequantizes to finite numbers and mutations start from a valid block (as scripts/make_quant_fixtures.py).
+std::vector<uint8_t> random_blocks(const BlockLayout& t, size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> b(n * t.bytes);
+  for (uint8_t& x : b) x = static_cast<uint8_t>(rng());
+  const uint16_t scale = retroinfer::f32_to_f16(0.01f);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t off : t.f16_fields) std::memcpy(b.data() + i * t.bytes + off, &scale, 2);
+  return b;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -23,7 +55,8 @@ int main(int argc, char** argv) {
   m.ffn = 32;
   m.heads_q = 2;
   m.heads_kv = 1;
-  for (int variant = 0; variant < 3; ++variant) {
+  // Variants: 0 llama q8_0, 1 llama tied q4_1, 2 qwen2 q4_1, 3 llama q5_0, 4 llama q5_1 (matrices; the rest f32).
+  for (int variant = 0; variant < 5; ++variant) {
     TinyLlama v = m;
     v.qwen2 = variant == 2;
     v.tie = variant == 1;
@@ -57,15 +90,31 @@ int main(int argc, char** argv) {
         if (name.rfind(pre, 0) == 0) g = "blk.0." + std::string(gg) + name.substr(pre.size());
       }
       const std::vector<uint64_t> dims(sv.first.rbegin(), sv.first.rend());
-      if (sv.first.size() == 2)
+      if (sv.first.size() == 2 && variant >= 3) {
+        const BlockLayout& t = kRandomBlockTypes[variant - 3];
+        w.tensor(g, dims, t.type, random_blocks(t, sv.second.size() / t.elems, static_cast<uint32_t>(sv.second.size())));
+      } else if (sv.first.size() == 2) {
         w.tensor(g, dims, variant == 0 ? kGgmlQ8_0 : kGgmlQ4_1, variant == 0 ? quantize_q8_0(sv.second) : quantize_q4_1(sv.second));
-      else
+      } else {
         w.tensor(g, dims, kGgmlF32, f32_bytes(sv.second));
+      }
       s.tensor(name, "F32", sv.first, f32_bytes(sv.second));
     }
     write_file((root / "gguf" / ("tiny" + std::to_string(variant) + ".gguf")).string(), w.bytes());
+    if (variant >= 3) continue;  // their safetensors and config equal variant 0's
     write_file((root / "safetensors" / ("tiny" + std::to_string(variant) + ".safetensors")).string(), s.bytes());
     write_text((root / "config" / ("config" + std::to_string(variant) + ".json")).string(), v.config_json());
+  }
+  // Every type without a tiny-model seed above, and Q5_0 / Q5_1 again, as bare tensors (no model metadata): two
+  // rows each, which fuzz_gguf's first stage (parse + dequantize every tensor) decodes.
+  {
+    GgufWriter w;
+    uint32_t seed = 1;
+    for (const BlockLayout& t : kRandomBlockTypes) {
+      const size_t blocks_per_row = t.elems == 256 ? 1 : 64 / t.elems;  // rows of 64 or 256 elements
+      w.tensor("t" + std::to_string(t.type), {t.elems * blocks_per_row, 2}, t.type, random_blocks(t, 2 * blocks_per_row, seed++));
+    }
+    write_file((root / "gguf" / "block_types.gguf").string(), w.bytes());
   }
   std::cout << "seeds written under " << root << "\n";
   return 0;

@@ -68,7 +68,10 @@ inline std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
 }
 
 // ggml type codes (gguf spec), written independently of the reader's enum.
-enum : uint32_t { kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3, kGgmlQ8_0 = 8, kGgmlBF16 = 30 };
+enum : uint32_t {
+  kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ4_0 = 2, kGgmlQ4_1 = 3, kGgmlQ5_0 = 6, kGgmlQ5_1 = 7, kGgmlQ8_0 = 8,
+  kGgmlQ4_K = 12, kGgmlQ5_K = 13, kGgmlQ6_K = 14, kGgmlBF16 = 30
+};
 // GGUF value type codes.
 enum : uint32_t { kGU8 = 0, kGI8, kGU16, kGI16, kGU32, kGI32, kGF32, kGBool, kGStr, kGArr, kGU64, kGI64, kGF64 };
 
