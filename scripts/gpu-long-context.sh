@@ -100,6 +100,61 @@ EOF
   tar -czf "$OUT/tests.tar.gz" -C "$work" tests
 }
 
+# Greedy tokens of each placement against the GPU placement (same binary), then the block cache's hit ratio
+# over task samples at three cache sizes.
+section_hosttier() {
+  local d=$work/hosttier
+  mkdir -p "$d"
+  local -a runs=("smollm2 $STAGE/prompts/smollm2_8k.txt" "$QWEN $STAGE/prompts/qwen_32k.txt")
+  for r in "${runs[@]}"; do
+    local m=${r% *} prompt=${r#* } tag
+    tag=$(basename "$prompt" .txt)
+    for pl in gpu split host; do
+      local extra=()
+      [ "$pl" = split ] && extra=(--gpu-layers 8)
+      timeout 300 "$BIN/retroinfer" generate --model "$m" --device cuda --prompt-file "$prompt" --chat \
+        --attention retro --max-new-tokens 64 --ignore-eos --kv-placement "$pl" "${extra[@]}" \
+        --json "$d/${tag}_$pl.json" > "$d/${tag}_$pl.txt" 2> "$d/${tag}_$pl.log" || note "hosttier: $tag $pl failed"
+    done
+  done
+  python3 - "$d" >> "$summary" <<'EOF2'
+import json, os, sys
+d = sys.argv[1]
+for tag in ("smollm2_8k", "qwen_32k"):
+    got = {}
+    for pl in ("gpu", "split", "host"):
+        p = os.path.join(d, f"{tag}_{pl}.json")
+        if os.path.exists(p):
+            got[pl] = json.load(open(p))
+    if "gpu" not in got:
+        print(f"hosttier {tag}: no gpu run"); continue
+    ref = got["gpu"].get("tokens")
+    for pl, j in got.items():
+        toks = j.get("tokens")
+        same = sum(1 for a, b in zip(toks or [], ref or []) if a == b)
+        first = next((i for i, (a, b) in enumerate(zip(toks or [], ref or [])) if a != b), None)
+        kv = {k: j.get(k) for k in ("prompt_tokens", "kv_placement", "gpu_layers", "host_layers", "cache_hit_ratio",
+                                    "pcie_bytes", "decode_tokens_per_s")}
+        print(f"hosttier {tag} {pl}: tokens equal to gpu {same}/{len(ref or [])} (first difference {first}) {kv} "
+              f"text {j.get('text', '')[:60]!r}")
+EOF2
+  # Hit ratio over task samples (retro, every layer on the host tier), three cache sizes in parallel.
+  local pids=()
+  for f in 0.02 0.05 0.10; do
+    timeout 400 "$BIN/retroinfer" eval tasks --model "$QWEN" --device cuda --threads 1 --methods retro \
+      --kv-placement host --cache-fraction "$f" --contexts 16384,32768 --samples "${HIT_SAMPLES:-2}" \
+      --haystack-file "$STAGE/data/haystack.txt" --word-list "$STAGE/data/words.txt" \
+      --results "$d/hits_$f.jsonl" --summary "$d/hits_$f.json" --table "$d/hits_$f.md" > "$d/hits_$f.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || note "hosttier: an eval tasks run failed"; done
+  for f in 0.02 0.05 0.10; do
+    echo "hosttier eval, cache fraction $f:" >> "$summary"
+    grep -i "hit" "$d/hits_$f.md" 2>/dev/null | head -4 >> "$summary"
+  done
+  tar -czf "$OUT/hosttier.tar.gz" -C "$work" hosttier
+}
+
 for s in ${SECTIONS:-accuracy tests}; do
   note "== $s ($(date +%T))"
   if declare -F "section_$s" > /dev/null; then "section_$s"; else note "unknown section $s"; status=1; fi
