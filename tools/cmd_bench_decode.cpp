@@ -24,6 +24,7 @@
 #include "retroinfer/session_planner.h"
 #include "command.h"
 #include "retroinfer/attention.h"
+#include "retroinfer/cluster_trace.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model_config.h"
 #include "retroinfer/model_file.h"
@@ -59,6 +60,8 @@ struct BenchDecodeOptions {
   uint64_t seed = 1;
   bool plan_only = false;
   bool check_refusal = false;  // on a refused plan, also call the CudaSession constructor
+  std::string query_trace;     // --query-trace: host-tier retrieval clusters follow this cluster trace
+  std::shared_ptr<const ClusterTraceSchedule> query_schedule;  // read from query_trace before the runs
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -205,6 +208,10 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   opt.gpu_layers = o.gpu_layers;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
+  opt.query_trace = o.query_schedule;
+  // Which queries choose the host-tier layers' retrieval clusters (the GPU-tier layers always use their own).
+  j["query_source"] = o.query_trace.empty() ? "synthetic" : "trace:" + o.query_trace;
+  if (o.query_schedule) j["query_trace_rule"] = o.query_schedule->rule();
   const int64_t gpu_free0 = cuda::device_memory_info().first, rss0 = rss_bytes();
   double t0 = now_s();
   auto session = std::make_unique<cuda::CudaSession>(model, opt, c.batch);
@@ -532,7 +539,14 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_flag("--plan-only", o->plan_only, "Print the memory plans only (no GPU work)");
   cmd->add_flag("--check-refusal", o->check_refusal,
                 "On a refused plan also call the CudaSession constructor and record its refusal and free memory");
-  cmd->callback([o] { run_bench_decode(*o); });
+  cmd->add_option("--query-trace", o->query_trace,
+                  "Cluster trace (generate --record-trace): the host-tier layers' retrieval clusters follow it "
+                  "instead of the random-weight queries' selection (docs/wave-buffer.md#cluster-traces)");
+  cmd->callback([o] {
+    if (!o->query_trace.empty())
+      o->query_schedule = std::make_shared<const ClusterTraceSchedule>(read_cluster_trace(o->query_trace));
+    run_bench_decode(*o);
+  });
 }
 RETROINFER_COMMAND(setup_bench_decode);
 

@@ -100,6 +100,7 @@ std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const Se
   co.max_context = opt.max_context;
   co.prefill_chunk = opt.prefill_chunk;
   co.exact_stats = opt.exact_attention_stats;
+  co.cluster_trace = opt.cluster_trace;
   return std::make_unique<cuda::CudaSequenceSession>(*model.impl().cuda, co);
 #else
   check_device(Device::kCuda);  // throws: no CUDA backend in this build
