@@ -56,8 +56,6 @@ nlohmann::json summary_json(const GenerateSummary& s, const std::string& model, 
 // --record-trace: a cluster trace of every decode step's retrieval selections (retro only).
 std::shared_ptr<ClusterTraceWriter> open_cluster_trace(const GenerateCliOptions& o, const LoadedModel& m,
                                                        size_t prompt_tokens) {
-  RETROINFER_CHECK(o.attention == "retro", "generate: --record-trace records retro's cluster selections; use "
-                   "--attention retro (got '", o.attention, "')");
   const ModelConfig& c = m.model->config();
   ClusterTraceHeader h;
   h.num_layers = c.num_layers;
@@ -80,6 +78,8 @@ void run_generate(const GenerateCliOptions& o) {
   }
   const AttentionKind kind = parse_attention_kind(o.attention);
   make_session_options(o.model, kind);  // bad attention flags fail before the model is read
+  RETROINFER_CHECK(o.record_trace.empty() || kind == AttentionKind::kRetro, "generate: --record-trace records retro's "
+                   "cluster selections; use --attention retro (got '", o.attention, "')");
   LoadedModel m = load_model(o.model);
   const SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
   const Tokenizer& tok = *m.tokenizer;
