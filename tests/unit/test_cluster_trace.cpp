@@ -16,7 +16,9 @@
 #include "error_of.h"
 #include "retroinfer/cache_replay.h"
 #include "retroinfer/cluster_trace.h"
+#include "retroinfer/model.h"
 #include "retroinfer/wave_counts.h"
+#include "tiny_model_util.h"
 
 using retroinfer::CacheReplayOptions;
 using retroinfer::CacheReplayResult;
@@ -338,4 +340,39 @@ TEST(ClusterTraceSchedule, MapsLayersHeadsStepsAndClusters) {
   ClusterTrace missing = t;
   std::erase_if(missing.records, [](const ClusterTraceRecord& r) { return r.layer == 1 && r.head == 1; });
   EXPECT_NE(error_of([&] { retroinfer::ClusterTraceSchedule{missing}; }).find("layer 1 head 1"), std::string::npos);
+}
+
+// The CPU runner: SessionOptions::cluster_trace reaches every layer's method; a fork does not record.
+TEST(ClusterTrace, CpuSessionRecordsEveryLayer) {
+  const retroinfer::Model* m = retroinfer::test::tiny_llama3();
+  if (m == nullptr) GTEST_SKIP() << "tests/data/models/tiny-llama3 missing";
+  const std::string path = temp_path("session");
+  const auto& c = m->config();
+  retroinfer::SessionOptions so;
+  so.attention.kind = retroinfer::AttentionKind::kRetro;
+  so.attention.sink_tokens = 4;
+  so.attention.window_tokens = 16;
+  so.attention.tokens_per_cluster = 4;
+  so.cluster_trace = std::make_shared<ClusterTraceWriter>(path, header(c.num_layers, c.num_heads_kv));
+  const int S = 4;
+  {
+    retroinfer::Session s(*m, so);
+    std::vector<float> logits(size_t(c.vocab_size));
+    s.prefill(retroinfer::test::token_stream(300, 5));
+    for (int i = 0; i < S; ++i) s.decode(7 + i, logits);
+    auto f = s.fork(so.attention);
+    f->decode(3, logits);
+  }
+  so.cluster_trace->flush();
+  const ClusterTrace t = read_cluster_trace(path);
+  ASSERT_EQ(t.records.size(), size_t(S) * c.num_layers * c.num_heads_kv);
+  for (size_t i = 0; i < t.records.size(); ++i) {
+    const ClusterTraceRecord& r = t.records[i];
+    SCOPED_TRACE(i);
+    EXPECT_EQ(r.step, int(i) / (c.num_layers * c.num_heads_kv));
+    EXPECT_EQ(r.layer, int(i / c.num_heads_kv) % c.num_layers);
+    EXPECT_EQ(r.context_tokens, 301 + r.step);
+    EXPECT_GT(r.ids.size(), 0u);
+  }
+  std::remove(path.c_str());
 }
