@@ -71,7 +71,7 @@ TEST(CudaClusterTrace, RecorderWritesTheRetroLayerSelection) {
       layer.decode(dq.as<float>(), out.as<float>());
       rec.after_decode(layer, su.n, nullptr);
       for (int f = 0; f < su.flat_heads(); ++f) {
-        const RetroDebugState ds = layer.debug_state(f);
+        const cuda::RetroDebugState ds = layer.debug_state(f);
         want[size_t(s)].push_back(ds.retrieval_ids);
         sizes[size_t(f)] = ds.sizes;
       }
@@ -118,7 +118,7 @@ TEST(CudaClusterTrace, WaveBufferOverrideReplacesTheSelection) {
   });
   int64_t picked_rows = 0;
   for (int f = 0; f < su.flat_heads(); ++f) {
-    const RetroDebugState ds = layer.index().debug_state(f);
+    const cuda::RetroDebugState ds = layer.index().debug_state(f);
     for (int32_t c : pick) picked_rows += ds.sizes[size_t(c)];
   }
   const auto q = gputest::make_q(su.kv, su.group, seed + 1);
