@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include "attention/cuda/selection_recorder.h"
+#include "cuda_model_test_util.h"
 #include "gpu_test_util.h"
+#include "retroinfer/cuda_model.h"
 #include "retroinfer/cluster_trace.h"
 #include "retroinfer/error.h"
 #include "retroinfer/wave_buffer.h"
@@ -143,6 +145,67 @@ TEST(CudaClusterTrace, WaveBufferOverrideReplacesTheSelection) {
     for (int j = 0; j < n_r; ++j) ids[j] = n_r - j;
   });
   EXPECT_THROW(layer.decode(dq.as<float>(), out.as<float>()), Error);
+}
+
+// Through the runner: a GPU-tier session records every layer, sequence and KV head of every step; a host-tier
+// session of the same model and prompts that follows that trace selects exactly the trace's clusters (same
+// index, so the mapping is the identity up to the per-sequence step offset).
+TEST(CudaClusterTrace, SessionRecordsAndAHostTierSessionFollowsTheTrace) {
+  RETROINFER_REQUIRE_GPU();
+  ModelConfig c = gputest::synthetic_config(128);
+  c.num_layers = 3;
+  c.max_position_embeddings = 4096;
+  gputest::MemoryModelFile f(c, 21);
+  auto m = Model::load(f);
+  auto gm = cuda::CudaModel::upload(*m, cuda::WeightType::kBf16);
+  const int n = 2, S = 5;
+  const std::vector<std::vector<int32_t>> prompts = {gputest::random_tokens(3000, c.vocab_size, 1),
+                                                     gputest::random_tokens(3000, c.vocab_size, 2)};
+  auto options = [&](KvPlacement p) {
+    cuda::CudaSessionOptions o;
+    o.attention.kind = AttentionKind::kRetro;
+    o.max_context = 4096;
+    o.placement = p;
+    return o;
+  };
+  const std::string path = temp_path("session");
+  ClusterTraceHeader h;
+  h.num_layers = c.num_layers;
+  h.num_heads_kv = c.num_heads_kv;
+  h.head_dim = c.head_dim;
+  std::vector<float> logits(size_t(n) * c.vocab_size);
+  const std::vector<int32_t> feed = {5, 9};
+  {
+    cuda::CudaSessionOptions o = options(KvPlacement::kGpu);
+    o.cluster_trace = std::make_shared<ClusterTraceWriter>(path, h);
+    cuda::CudaSession s(*gm, o, n);
+    s.prefill(prompts);
+    for (int i = 0; i < S; ++i) s.decode(feed, logits);
+  }  // the last step's records are written when the session closes
+  const ClusterTrace t = read_cluster_trace(path);
+  ASSERT_EQ(t.records.size(), size_t(S) * c.num_layers * n * c.num_heads_kv);
+  for (const ClusterTraceRecord& r : t.records) {
+    EXPECT_LT(r.step, S);
+    EXPECT_LT(r.seq, n);
+    EXPECT_EQ(r.context_tokens, 3001 + r.step);
+    EXPECT_GT(r.ids.size(), 0u);
+  }
+  auto schedule = std::make_shared<const ClusterTraceSchedule>(t);
+  cuda::CudaSessionOptions o = options(KvPlacement::kHost);
+  o.query_trace = schedule;
+  cuda::CudaSession s(*gm, o, n);
+  s.prefill(prompts);
+  for (int i = 0; i < S; ++i) s.decode(feed, logits);
+  const cuda::CudaWaveCounts w = s.last_wave_counts();
+  ASSERT_EQ(w.objects, c.num_layers);
+  // The last step (4): flat head f of layer l follows sequence 0's head f % H at step (4 + 16 * (f / H)) % S.
+  int64_t want = 0;
+  for (const ClusterTraceRecord& r : t.records)
+    if (r.seq == 0)
+      for (int q = 0; q < n; ++q)
+        if (r.step == (S - 1 + ClusterTraceSchedule::kHeadStepOffset * q) % S) want += int64_t(r.ids.size());
+  EXPECT_EQ(w.step.hit_clusters + w.step.miss_clusters, want);
+  std::remove(path.c_str());
 }
 
 }  // namespace
