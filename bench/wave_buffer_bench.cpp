@@ -3,7 +3,7 @@
 // (RetroLayer on the same index). JSON lines on stdout (or --out FILE), a table on stderr.
 //
 //   wave_buffer_bench [--length 131072] [--batches 1,4,8,16] [--steps 40] [--drifts 0.05,0.2,0.4,0.7,1]
-//                     [--tiers host] [--out FILE]
+//                     [--tiers host] [--store bf16|int8] [--out FILE]
 //
 // Data: K, V ~ bf16 of N(0, 1) (fill_random_bf16); q_0 ~ N(0, 1) per element.
 // Query trace with temporal locality: q_{t+1} = (q_t + s * xi_t) / sqrt(1 + s^2), xi_t ~ N(0, 1) i.i.d.
@@ -18,7 +18,9 @@
 //          from `stage_steps` steps of decode_stage_ms (events between the stages, no graph, estimation
 //          inline); then `steps` replays back to back with no host wait at all ("free-running": the
 //          manager keeps up or its late updates are dropped), timed as a whole.
-// PCIe bytes per step = missed rows * 2 (K, V) * d * 2 bytes; achieved GB/s = those bytes / the gather
+// --store int8: the store in int8 with per-row scales (WaveBufferConfig::store_dtype), widened by the gather.
+// PCIe bytes per step = missed rows * the store's bytes per token and head (bf16 2 (K, V) * d * 2; int8
+// 2 * d + 8); achieved GB/s = those bytes / the gather
 // time (the kernel that reads them) and against the 51 GB/s measured for zero-copy reads (GPU.md).
 #include <algorithm>
 #include <cmath>
@@ -57,6 +59,7 @@ struct BatchCase {
   int steps = 0, warmup = 0, stage_steps = 0;
   std::vector<double> drifts;
   double kZeroCopyPeak = 0.0;
+  retroinfer::StoreDtype store_dtype = retroinfer::StoreDtype::kBf16;
   FILE* out = nullptr;
 };
 
@@ -75,6 +78,7 @@ void bench_tier(const BatchCase& bc, retroinfer::KvTier tier, retroinfer::cuda::
   FILE* out = bc.out;
   WaveBufferConfig w;
   w.tier = tier;
+  w.store_dtype = bc.store_dtype;
   cuda::WaveBufferLayer layer(shape, cfg, w, B);
   layer.build(k.as<uint16_t>(), v.as<uint16_t>(), length, length);
   cuda::StreamHandle stream_handle;
@@ -93,7 +97,7 @@ void bench_tier(const BatchCase& bc, retroinfer::KvTier tier, retroinfer::cuda::
   cuda::synchronize();
   layer.capture_graph(dq.as<float>(), dout.as<float>(), s);
   cuda::EventTimer timer, ref_timer;
-  const double row_bytes = 2.0 * shape.head_dim * 2;  // K + V of one token
+  const double row_bytes = double(store_token_bytes(bc.store_dtype, shape.head_dim));  // K + V of one token
   auto run_phase = [&](const char* name, double drift, bool admit) {
     layer.set_admission(admit);
     std::vector<double> step_ms, ref_ms, hit, pcie;
@@ -165,7 +169,7 @@ void bench_tier(const BatchCase& bc, retroinfer::KvTier tier, retroinfer::cuda::
     const double gbps = median(gather_bytes);
     const auto ws = layer.stats();
     std::fprintf(out,
-                 "{\"bench\":\"wave_buffer\",\"phase\":\"%s\",\"n\":%lld,\"batch\":%d,\"tier\":\"%s\",\"drift\":%.3f,"
+                 "{\"bench\":\"wave_buffer\",\"phase\":\"%s\",\"n\":%lld,\"batch\":%d,\"tier\":\"%s\",\"store\":\"%s\",\"drift\":%.3f,"
                  "\"cache_pages_per_head\":%lld,\"exec_rows_per_head\":%lld,\"steps\":%zu,\"hit_ratio\":%.4f,"
                  "\"step_ms\":%.4f,\"gpu_resident_ms\":%.4f,\"ratio\":%.3f,\"apply_ms\":%.4f,\"select_ms\":%.4f,"
                  "\"lookup_ms\":%.4f,\"gather_ms\":%.4f,\"attention_ms\":%.4f,\"pcie_bytes_per_step\":%.0f,"
@@ -174,7 +178,8 @@ void bench_tier(const BatchCase& bc, retroinfer::KvTier tier, retroinfer::cuda::
                  "\"free_step_ms\":%.4f,\"free_hit_ratio\":%.4f,\"free_updates_dropped\":%llu,"
                  "\"gpu_resident_score_ms\":%.4f,\"gpu_resident_select_ms\":%.4f,\"gpu_resident_estimate_ms\":%.4f,"
                  "\"gpu_resident_attention_ms\":%.4f,\"gpu_resident_combine_ms\":%.4f}\n",
-                 name, (long long)length, B, tier == KvTier::kHost ? "host" : "gpu", drift,
+                 name, (long long)length, B, tier == KvTier::kHost ? "host" : "gpu",
+                 std::string(store_dtype_name(bc.store_dtype)).c_str(), drift,
                  (long long)layer.cache_pages_per_head(), (long long)layer.exec_capacity(), step_ms.size(),
                  median(hit), step, ref, ref > 0 ? step / ref : 0.0, median(st[0]), median(st[1]), median(st[2]),
                  gather_ms, median(st[4]), pcie_b, gbps, step > 0 ? pcie_b / (step * 1e-3) / 1e9 : 0.0,
@@ -206,6 +211,7 @@ int main(int argc, char** argv) {
   int64_t length = 131072;
   std::vector<double> batches{1, 4, 8, 16}, drifts{0.05, 0.2, 0.4, 0.7, 1.0};
   std::vector<KvTier> tiers{KvTier::kHost};
+  StoreDtype store_dtype = StoreDtype::kBf16;
   int steps = 40, stage_steps = 8;
   const int warmup = 10;
   FILE* out = stdout;
@@ -227,6 +233,13 @@ int main(int argc, char** argv) {
       const std::string t = next();
       if (t.find("host") != std::string::npos) tiers.push_back(KvTier::kHost);
       if (t.find("gpu") != std::string::npos) tiers.push_back(KvTier::kGpu);
+    } else if (a == "--store") {
+      const std::string t = next();
+      if (t != "bf16" && t != "int8") {
+        std::fprintf(stderr, "--store: bf16 or int8, not %s\n", t.c_str());
+        return 2;
+      }
+      store_dtype = parse_store_dtype(t);
     } else if (a == "--out") {
       out = std::fopen(next(), "w");
       if (out == nullptr) {
@@ -234,7 +247,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: wave_buffer_bench [--length N] [--batches 1,4,8,16] [--steps S] [--drifts d,..] [--tiers host,gpu] [--out F]\n");
+      std::fprintf(stderr, "usage: wave_buffer_bench [--length N] [--batches 1,4,8,16] [--steps S] [--drifts d,..] [--tiers host,gpu] [--store bf16|int8] [--out F]\n");
       return 2;
     }
   }
@@ -259,7 +272,7 @@ int main(int argc, char** argv) {
       const size_t q_elems = size_t(B) * shape.num_heads_q * shape.head_dim;
       cuda::DeviceBuffer dq(q_elems * 4), dout(q_elems * 4), dref(q_elems * 4);
       cuda::synchronize();
-      const BatchCase bc{shape, cfg, B, length, q_elems, steps, warmup, stage_steps, drifts, kZeroCopyPeak, out};
+      const BatchCase bc{shape, cfg, B, length, q_elems, steps, warmup, stage_steps, drifts, kZeroCopyPeak, store_dtype, out};
       for (KvTier tier : tiers) bench_tier(bc, tier, k, v, dq, dout, dref);
     }
   } catch (const Error& e) {

@@ -125,6 +125,11 @@ std::shared_ptr<const Tokenizer> need_tokenizer(const SharedModel& m, const char
   return {m, m->tokenizer.get()};  // aliasing: keeps the whole model alive
 }
 
+// with_keywords(doc) with the KV placement keywords between doc and the attention keywords.
+const char* with_placement_keywords(const char* doc) {
+  return with_keywords((std::string(doc) + kKvPlacementKeywordsDoc).c_str());
+}
+
 py::dict summary_stats(const GenerateSummary& s) {
   py::dict d;
   d["prompt_tokens"] = s.prompt_tokens;
@@ -139,6 +144,7 @@ py::dict summary_stats(const GenerateSummary& s) {
   d["context_tokens"] = s.context_tokens;
   d["kv_read_share"] = s.kv_read_share;
   d["mean_exact_tokens_per_head"] = s.mean_exact_tokens_per_head;
+  if (s.kv_placement) d.attr("update")(kv_placement_dict(s.kv_placement));
   return d;
 }
 
@@ -291,6 +297,9 @@ void bind_generate_result(py::module_& m) {
       .def_property_readonly("stop_reason",
                              [](const GenerateSummary& s) { return std::string(stop_reason_name(s.stop_reason)); },
                              "max_tokens | eos | stop_string | callback | context_full")
+      .def_property_readonly("kv_placement",
+                             [](const GenerateSummary& s) { return kv_placement_dict(s.kv_placement); },
+                             "Where the KV lived (Session.kv_placement's dict; None on the CPU).")
       .def_property_readonly("stats", &summary_stats, "The figures as a dict (the keys of `retroinfer generate --json`).")
       .def("__repr__", [](const GenerateSummary& s) {
         return "<retroinfer.GenerateResult " + std::to_string(s.generated_tokens) + " tokens, " +
@@ -318,10 +327,10 @@ void bind_model(py::module_& m) {
            py::arg("seed") = 0, py::arg("stop") = py::none(), py::arg("chat") = false, py::arg("system") = "",
            py::arg("ignore_eos") = false, py::arg("on_token") = py::none(), py::arg("kv_dtype") = py::none(),
            py::arg("prefill_chunk") = py::none(),
-           with_keywords("Generates from a prompt (str: encoded as `retroinfer generate` does, or a list of token "
+           with_placement_keywords("Generates from a prompt (str: encoded as `retroinfer generate` does, or a list of token "
                          "ids) on a fresh session of max_context = prompt + max_tokens. temperature 0 is greedy. "
                          "stop: a string or a list of strings (not emitted). on_token(token_id, text) is called per "
-                         "token with the text that may be shown now; returning False stops. Further keywords are "
+                         "token with the text that may be shown now; returning False stops. Further keywords are the KV placement and "
                          "the attention keywords below. Returns a GenerateResult."))
       .def(
           "session",
@@ -335,8 +344,8 @@ void bind_model(py::module_& m) {
           },
           py::kw_only(), py::arg("attention") = "full", py::arg("max_context") = 0, py::arg("kv_dtype") = py::none(),
           py::arg("prefill_chunk") = py::none(),
-          with_keywords("A Session for research use: prefill(tokens) and decode(token) return logits. max_context 0 "
-                        "= the model's maximum (the memory check then counts it in full); further keywords are the "
+          with_placement_keywords("A Session for research use: prefill(tokens) and decode(token) return logits. max_context 0 "
+                        "= the model's maximum (the memory check then counts it in full); further keywords are the KV placement and "
                         "attention keywords below."))
       .def("__repr__", [](const PyModel& self) {
         const ModelConfig& c = self.m->model->config();

@@ -49,10 +49,19 @@ std::vector<int32_t> token_list(const py::handle& obj, const char* what);
 
 // Session options for `attention` on the model's device: default_session_options, then kv_dtype
 // ("f32" | "bf16" | None = the device's), prefill_chunk (None = the device's), max_context (0 = the model's
-// maximum), then the AttentionConfig fields named in `kwargs` (unknown names raise TypeError). Validated
-// where the session is made (make_session: retroinfer.Error with the C++ message).
+// maximum), the KV placement keywords in `kwargs` (kv_placement "auto" | "gpu" | "split" | "host",
+// gpu_layers, cache_fraction, cache_page_tokens, gpu_memory_limit and host_memory_limit in bytes: the
+// KvPlacementOptions fields, checked against the device by validate_kv_placement), then the AttentionConfig
+// fields named in the other kwargs (unknown names raise TypeError). The attention fields are validated where
+// the session is made (make_session: retroinfer.Error with the C++ message).
 SessionOptions session_options(const LoadedModel& m, const std::string& attention, const py::object& kv_dtype,
                                const py::object& prefill_chunk, int64_t max_context, const py::kwargs& kwargs);
+// The KV placement report (SequenceSession::kv_placement_report) as a dict, or None (the CPU runner): the
+// keys of add_kv_placement_json (kv_placement, gpu_layers, host_layers, and with host-tier layers cache_hits,
+// cache_misses, cache_hit_ratio, step_pcie_bytes, pcie_bytes, pcie_decode_steps).
+py::object kv_placement_dict(const std::optional<KvPlacementReport>& r);
+// The KV placement keywords, listed for docstrings.
+extern const char* const kKvPlacementKeywordsDoc;
 // The AttentionConfig fields as a dict (kind as its name).
 py::dict attention_config_dict(const AttentionConfig& c);
 // Applies the AttentionConfig fields named in kwargs to c (no validation).

@@ -121,6 +121,63 @@ py::dict attention_config_dict(const AttentionConfig& c) {
   return d;
 }
 
+const char* const kKvPlacementKeywordsDoc =
+    "\n\nKV placement keywords (the CUDA runner; the CPU runner takes kv_placement=\"auto\" only):"
+    "\n  kv_placement: \"auto\" (the GPU when it fits, else retro's layers split between the GPU and pinned host "
+    "memory, else refused), \"gpu\", \"split\" (gpu_layers on the GPU, the rest on the host) or \"host\" (every "
+    "layer's KV in host memory, the GPU keeping a block cache); split and host are retro only"
+    "\n  gpu_layers: split: layers whose KV stays on the GPU (-1: as many as fit)"
+    "\n  cache_fraction: host-tier layers' GPU block cache per KV head, a fraction of the context (0.05)"
+    "\n  cache_page_tokens: tokens per block-cache page (8)"
+    "\n  gpu_memory_limit, host_memory_limit: bytes the session may use (0: what is free)";
+
+py::object kv_placement_dict(const std::optional<KvPlacementReport>& r) {
+  if (!r) return py::none();
+  py::dict d;
+  d["kv_placement"] = std::string(buffer::kv_placement_name(r->placement));
+  d["gpu_layers"] = r->gpu_layers;
+  d["host_layers"] = r->host_layers;
+  if (r->host_layers > 0) {
+    d["cache_hits"] = r->cache_hits;
+    d["cache_misses"] = r->cache_misses;
+    const double ratio = r->cache_hit_ratio();
+    d["cache_hit_ratio"] = ratio >= 0.0 ? py::object(py::float_(ratio)) : py::object(py::none());
+    d["step_pcie_bytes"] = r->step_pcie_bytes;
+    d["pcie_bytes"] = r->pcie_bytes;
+    d["pcie_decode_steps"] = r->decode_steps;
+  }
+  return d;
+}
+
+namespace {
+
+// Takes the KV placement keywords out of kwargs into kv; returns the rest (the attention keywords).
+py::kwargs take_kv_placement_kwargs(KvPlacementOptions& kv, const py::kwargs& kwargs) {
+  py::kwargs rest;
+  for (const auto& [key, value] : kwargs) {
+    const std::string name = py::cast<std::string>(key);
+    if (name == "kv_placement") {
+      if (!PyUnicode_Check(value.ptr())) throw py::type_error("kv_placement takes a str: auto, gpu, split or host");
+      kv.placement = buffer::parse_kv_placement(py::cast<std::string>(value));
+    } else if (name == "gpu_layers") {
+      kv.gpu_layers = static_cast<int>(int_value("gpu_layers", value, INT_MIN, INT_MAX));
+    } else if (name == "cache_fraction") {
+      kv.cache_fraction = float_value("cache_fraction", value);
+    } else if (name == "cache_page_tokens") {
+      kv.page_tokens = static_cast<int>(int_value("cache_page_tokens", value, INT_MIN, INT_MAX));
+    } else if (name == "gpu_memory_limit") {
+      kv.gpu_memory_limit = int_value("gpu_memory_limit", value, LLONG_MIN, LLONG_MAX);
+    } else if (name == "host_memory_limit") {
+      kv.host_memory_limit = int_value("host_memory_limit", value, LLONG_MIN, LLONG_MAX);
+    } else {
+      rest[key] = value;
+    }
+  }
+  return rest;
+}
+
+}  // namespace
+
 SessionOptions session_options(const LoadedModel& m, const std::string& attention, const py::object& kv_dtype,
                                const py::object& prefill_chunk, int64_t max_context, const py::kwargs& kwargs) {
   SessionOptions so = default_session_options(m.engine->device(), parse_attention_kind(attention),
@@ -129,7 +186,9 @@ SessionOptions session_options(const LoadedModel& m, const std::string& attentio
   if (!prefill_chunk.is_none()) so.prefill_chunk = static_cast<int>(int_value("prefill_chunk", prefill_chunk, 1, INT_MAX));
   RETROINFER_CHECK(max_context >= 0, "session: max_context must be >= 0 (0 = the model's maximum), got ", max_context);
   so.max_context = max_context;
-  apply_attention_kwargs(so.attention, kwargs);  // validated where the session is made (make_session)
+  const py::kwargs attention_kwargs = take_kv_placement_kwargs(so.kv_placement, kwargs);
+  validate_kv_placement(so.kv_placement, m.engine->device());
+  apply_attention_kwargs(so.attention, attention_kwargs);  // validated where the session is made (make_session)
   return so;
 }
 
@@ -198,6 +257,21 @@ void bind_session(py::module_& m) {
       .def_property_readonly("attention_config",
                              [](const PySession& self) { return attention_config_dict(self.s->attention_config()); },
                              "The attention parameters in force (a dict).")
+      .def_property_readonly(
+          "kv_placement",
+          [](const PySession& self) {
+            std::optional<KvPlacementReport> r;
+            {
+              py::gil_scoped_release nogil;
+              std::lock_guard<std::mutex> lock(*self.mu);
+              r = self.s->kv_placement_report();
+            }
+            return kv_placement_dict(r);
+          },
+          "Where the KV lives (CUDA runner; None on the CPU): kv_placement (gpu | split | host), gpu_layers, "
+          "host_layers and, with host-tier layers, cache_hits, cache_misses, cache_hit_ratio (the GPU block "
+          "cache's share of retrieved clusters since prefill), step_pcie_bytes and pcie_bytes (the misses' K/V "
+          "bytes read from host memory: last step, all steps), pcie_decode_steps.")
       .def_property_readonly("last_stats", [](const PySession& self) { return stats_dict(self.s->last_stats()); },
                              "What the last decode step read, summed over layers: context_tokens, exact_tokens, "
                              "retrieved_clusters, estimated_clusters, exact_token_share.")

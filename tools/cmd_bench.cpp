@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "command.h"
+#include "engine/kv_placement_json.h"
 #include "model_cli.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
@@ -95,30 +96,55 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                std::filesystem::path(m.model->path()).filename().c_str(), static_cast<long long>(o.context),
                o.new_tokens, m.engine->description().c_str(), sysconf(_SC_NPROCESSORS_ONLN), load_average());
   // One dense prefill (identical for every method: prefill attention is exact), then per method a fork of
-  // the session (KV copy + the method's on_prefill, timed as index_s) and the decode loop.
+  // the session (KV copy + the method's on_prefill, timed as index_s) and the decode loop. Retro with a host
+  // or split placement prefills alone instead (prefills_alone: a host-tier session cannot be forked); its
+  // index_s is then 0 and its prefill_s its own.
   SessionOptions base_opt = make_session_options(o.model, AttentionKind::kFull, m.model->config().head_dim);
   base_opt.max_context = o.context + o.new_tokens;
-  const std::unique_ptr<SequenceSession> base = make_session(*m.engine, base_opt);
-  ProgressBar bar("prefill");
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<float> logits = base->prefill(prompt, false, [&](int64_t done, int64_t total) {
-    bar.update(done, total);
-    if (done == total) bar.finish();
-  });
-  const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("prefill   %8.1f tok/s (%.2f s, %lld tokens, shared by every method)\n", o.context / prefill_s,
-              prefill_s, static_cast<long long>(o.context));
+  base_opt.kv_placement = method_kv_placement(base_opt.kv_placement, AttentionKind::kFull);
+  const auto timed_prefill = [&](SequenceSession& session, double& seconds) {
+    ProgressBar bar("prefill");
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<float> out = session.prefill(prompt, false, [&](int64_t done, int64_t total) {
+      bar.update(done, total);
+      if (done == total) bar.finish();
+    });
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  };
+  std::unique_ptr<SequenceSession> base;
+  std::vector<float> logits;
+  double shared_prefill_s = 0.0;
   std::vector<int32_t> full_tokens;  // greedy tokens of full attention, when it ran before the others
   for (AttentionKind kind : kinds) {
-    const SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
+    SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
+    so.max_context = base_opt.max_context;
+    const bool alone = prefills_alone(so.kv_placement, kind);
+    if (!alone && !base) {
+      base = make_session(*m.engine, base_opt);
+      logits = timed_prefill(*base, shared_prefill_s);
+      std::printf("prefill   %8.1f tok/s (%.2f s, %lld tokens, shared by the forked methods)\n",
+                  o.context / shared_prefill_s, shared_prefill_s, static_cast<long long>(o.context));
+    }
     const double load0 = load_average();
-    const auto t1 = std::chrono::steady_clock::now();
-    std::unique_ptr<SequenceSession> session = base->fork_session(so.attention);
-    const double index_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    std::unique_ptr<SequenceSession> session;
+    std::vector<float> own_logits;
+    double prefill_s = shared_prefill_s, index_s = 0.0;
+    if (alone) {
+      session = make_session(*m.engine, so);
+      own_logits = timed_prefill(*session, prefill_s);
+      std::printf("prefill   %8.1f tok/s (%.2f s, %s alone: KV placement %s)\n", o.context / prefill_s, prefill_s,
+                  std::string(attention_kind_name(kind)).c_str(),
+                  std::string(buffer::kv_placement_name(so.kv_placement.placement)).c_str());
+    } else {
+      const auto t1 = std::chrono::steady_clock::now();
+      session = base->fork_session(so.attention);
+      index_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    }
     GenerateOptions go;
     go.max_new_tokens = o.new_tokens;
     go.ignore_eos = true;
-    const GenerateSummary s = continue_generation(*session, logits, go);
+    const GenerateSummary s = continue_generation(*session, alone ? own_logits : logits, go);
     session.reset();
     if (kind == AttentionKind::kFull) full_tokens = s.tokens;
     // Leading greedy tokens identical to full attention's (-1: full did not run first).
@@ -132,6 +158,11 @@ void run_bench_generate(const BenchGenerateOptions& o) {
     std::printf("%-9s index %6.2f s  decode %7.2f tok/s (%lld steps, %.2f s)  KV read %6.2f%%  same as full: %lld/%d\n",
                 s.attention.c_str(), index_s, s.decode_tokens_per_s, static_cast<long long>(s.decode_steps),
                 s.decode_seconds, 100.0 * s.kv_read_share, static_cast<long long>(same), o.new_tokens);
+    if (s.kv_placement && s.kv_placement->host_layers > 0)
+      std::printf("%-9s KV placement %s (%d GPU / %d host layers): block-cache hit ratio %.3f, %.1f MiB over PCIe\n", "",
+                  std::string(buffer::kv_placement_name(s.kv_placement->placement)).c_str(),
+                  s.kv_placement->gpu_layers, s.kv_placement->host_layers, s.kv_placement->cache_hit_ratio(),
+                  double(s.kv_placement->pcie_bytes) / double(1 << 20));
     std::fflush(stdout);
     if (jf.is_open()) {
       nlohmann::json j = {{"bench", "generate"},
@@ -158,6 +189,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                           {"load_avg_before", load0},
                           {"load_avg_after", load_average()},
                           {"unix_time", static_cast<int64_t>(std::time(nullptr))}};
+      add_kv_placement_json(j, s.kv_placement);
       jf << j.dump() << "\n";
       jf.flush();
     }

@@ -49,6 +49,7 @@ struct BenchDecodeOptions {
   std::string methods = "full,retro";
   std::string placements = "gpu";
   int gpu_layers = -1;
+  double cache_fraction = WaveBufferConfig{}.cache_fraction;  // host-tier layers' block cache
   int steps = 20;
   int warmup = 3;
   std::string synthetic = "auto";
@@ -60,6 +61,11 @@ struct BenchDecodeOptions {
   uint64_t seed = 1;
   bool plan_only = false;
   bool check_refusal = false;  // on a refused plan, also call the CudaSession constructor
+  // The batch as one-sequence sessions decoded through one CudaJoinedDecoder step per token (the server's
+  // continuous batching) instead of one session of the batch in lockstep.
+  bool joined = false;
+  int joined_gpu_sessions = 0;  // joined: the first this many sessions with every layer on the GPU
+  std::string host_store = "bf16";  // host-tier layers' store element type (WaveBufferConfig::store_dtype)
   std::string query_trace;     // --query-trace: host-tier retrieval clusters follow this cluster trace
   std::shared_ptr<const ClusterTraceSchedule> query_schedule;  // read from query_trace before the runs
 };
@@ -111,6 +117,8 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   r.num_seqs = num_seqs;
   r.placement = placement;
   r.gpu_layers = placement == KvPlacement::kSplit ? o.gpu_layers : -1;
+  r.wave.store_dtype = parse_store_dtype(o.host_store);
+  r.wave.cache_fraction = o.cache_fraction;
   r.gpu_free_bytes = gpu_free;
   r.host_free_bytes = host_free;
   return r;
@@ -193,12 +201,15 @@ KvPlacement to_cuda(KvPlacement p) {
   return KvPlacement::kGpu;
 }
 
+// Which queries choose the host-tier layers' retrieval clusters (the GPU-tier layers always use their own).
+void add_query_source(json& j, const BenchDecodeOptions& o) {
+  j["query_source"] = o.query_trace.empty() ? "synthetic" : "trace:" + o.query_trace;
+  if (o.query_schedule) j["query_trace_rule"] = o.query_schedule->rule();
+}
+
 // One configuration on the GPU: session, fill, warm-up, timed steps, one timed-breakdown step.
-json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const Config& c,
-                const buffer::SessionPlanBreakdown& plan, const cuda::BandwidthFigures& bw, int64_t gpu_limit,
-                int64_t host_limit) {
-  const ModelConfig& cfg = model.config();
-  json j;
+cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Config& c,
+                                         const buffer::SessionPlanBreakdown& plan, int64_t gpu_limit, int64_t host_limit) {
   cuda::CudaSessionOptions opt;
   opt.attention.kind = c.kind;
   opt.max_context = plan.max_context;
@@ -206,12 +217,27 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   opt.exact_stats = true;  // the report's exact-KV-read figures (read back after the timed steps)
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
+  opt.wave.store_dtype = parse_store_dtype(o.host_store);
+  opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
   opt.query_trace = o.query_schedule;
-  // Which queries choose the host-tier layers' retrieval clusters (the GPU-tier layers always use their own).
-  j["query_source"] = o.query_trace.empty() ? "synthetic" : "trace:" + o.query_trace;
-  if (o.query_schedule) j["query_trace_rule"] = o.query_schedule->rule();
+  return opt;
+}
+
+void add_step_figures(json& j, const cuda::CudaModel& model, const Config& c, const BenchDecodeOptions& o,
+                      const cuda::CudaSessionOptions& opt, double decode_s, const AttentionStats& st,
+                      const cuda::CudaWaveCounts& wave0, const cuda::CudaWaveCounts& wave1,
+                      const cuda::CudaWaveCounts& wave, const cuda::BandwidthFigures& bw);
+
+json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const Config& c,
+                const buffer::SessionPlanBreakdown& plan, const cuda::BandwidthFigures& bw, int64_t gpu_limit,
+                int64_t host_limit) {
+  const ModelConfig& cfg = model.config();
+  json j;
+  j["mode"] = "lockstep";
+  add_query_source(j, o);
+  const cuda::CudaSessionOptions opt = session_options(o, c, plan, gpu_limit, host_limit);
   const int64_t gpu_free0 = cuda::device_memory_info().first, rss0 = rss_bytes();
   double t0 = now_s();
   auto session = std::make_unique<cuda::CudaSession>(model, opt, c.batch);
@@ -261,7 +287,6 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   }
   const double decode_s = now_s() - t0;
   const cuda::CudaWaveCounts wave1 = session->last_wave_counts();
-  const double ms_step = 1e3 * decode_s / o.steps;
   const bool graphs_active = session->decode_graphs_active();
   session->set_step_timing(true);
   session->decode_greedy(cur, next);
@@ -270,15 +295,33 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   session->set_step_timing(false);
   const AttentionStats st = session->last_stats();
   const cuda::CudaWaveCounts wave = session->last_wave_counts();  // the breakdown step's counts
+  j["breakdown_ms"] = breakdown;  // an eager step with events (graphs are not used while timing)
+  j["decode_graphs"] = graphs_active;  // the timed steps replayed the non-attention work from CUDA graphs
+  add_step_figures(j, model, c, o, opt, decode_s, st, wave0, wave1, wave, bw);
+  session.reset();
+  return j;
+}
 
+// The step figures: throughput of the timed steps, the attention stats and wave counts of the last step
+// (`st`, `wave`), the hit ratio between wave0 and wave1 (before and after the timed steps), the bytes-moved
+// floor.
+void add_step_figures(json& j, const cuda::CudaModel& model, const Config& c, const BenchDecodeOptions& o,
+                      const cuda::CudaSessionOptions& opt, double decode_s, const AttentionStats& st,
+                      const cuda::CudaWaveCounts& wave0, const cuda::CudaWaveCounts& wave1,
+                      const cuda::CudaWaveCounts& wave, const cuda::BandwidthFigures& bw) {
+  const ModelConfig& cfg = model.config();
+  const double ms_step = 1e3 * decode_s / o.steps;
   // Floor: bytes one step must read (bf16 weights; K and V of every exactly attended token; retro's bf16
   // centroids of every cluster and value sums of the estimated ones) at the measured HBM copy rate, plus
   // the host-tier misses (K and V rows read from pinned host memory by the gather kernel, last step's
-  // device counts) at the measured host->device rate. Everything runs on one stream, so the PCIe reads add
-  // to the step. exact_tokens: the tokens the device attended exactly in that step (read back).
+  // device counts) at the measured host->device rate. In lockstep everything runs on one stream, so the PCIe
+  // reads add to the step; in a joined step they may overlap the GPU-tier sessions' attention, so the sum can
+  // exceed the least the step needs. exact_tokens: the tokens the device attended exactly in that step (read
+  // back).
   const int64_t row = int64_t{cfg.head_dim} * 2;  // one K (or V) row, bf16
-  const int64_t pcie_bytes = wave.step.miss_rows * 2 * row;
-  const int64_t kv_bytes = std::max<int64_t>(0, st.exact_tokens * 2 * row - pcie_bytes);
+  // A miss row (one token of one head) reads its K and V from the store: bf16 4 D bytes, int8 2 D + 8.
+  const int64_t pcie_bytes = wave.step.miss_rows * store_token_bytes(opt.wave.store_dtype, cfg.head_dim);
+  const int64_t kv_bytes = std::max<int64_t>(0, (st.exact_tokens - wave.step.miss_rows) * 2 * row);
   const int64_t index_bytes =
       c.kind == AttentionKind::kRetro
           ? (st.context_tokens / std::max(1, opt.attention.tokens_per_cluster) + st.estimated_clusters) * row
@@ -296,8 +339,6 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   j["decode_s"] = decode_s;
   j["ms_per_step"] = ms_step;
   j["tok_s"] = double(c.batch) * o.steps / decode_s;
-  j["breakdown_ms"] = breakdown;  // an eager step with events (graphs are not used while timing)
-  j["decode_graphs"] = graphs_active;  // the timed steps replayed the non-attention work from CUDA graphs
   j["context_tokens"] = st.context_tokens;
   j["exact_tokens"] = st.exact_tokens;
   j["kv_read_share"] = st.context_tokens > 0 ? double(st.exact_tokens) / double(st.context_tokens) : 0.0;
@@ -339,7 +380,85 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
                 {"note", "HBM read floor plus the host-tier misses' K/V rows at the pinned host->device rate "
                          "(last step's device counts)"}};
   j["status"] = "ok";
-  session.reset();
+}
+
+// --joined: the batch as c.batch one-sequence sessions (the first o.joined_gpu_sessions with every layer on the
+// GPU, the others with c.placement), each prefilled or filled alone, decoded through one CudaJoinedDecoder step
+// per token with greedy selection on the device (the server's continuous batching; a host-tier layer's
+// attention overlaps the GPU-tier sessions' on its session's stream). No per-layer breakdown (the joined step
+// has no step timing).
+json run_joined_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const Config& c,
+                       const buffer::SessionPlanBreakdown& plan, const cuda::BandwidthFigures& bw, int64_t gpu_limit,
+                       int64_t host_limit) {
+  const ModelConfig& cfg = model.config();
+  json j;
+  j["mode"] = "joined";
+  add_query_source(j, o);  // every one-sequence session follows the trace as sequence 0
+  const int gpu_sessions = std::min(c.batch, o.joined_gpu_sessions);
+  j["joined_gpu_sessions"] = gpu_sessions;
+  const cuda::CudaSessionOptions opt = session_options(o, c, plan, gpu_limit, host_limit);
+  const int64_t gpu_free0 = cuda::device_memory_info().first, rss0 = rss_bytes();
+  const bool synthetic = o.synthetic == "always" || (o.synthetic == "auto" && c.context > o.max_real_prefill);
+  std::mt19937_64 rng(o.seed);
+  std::uniform_int_distribution<int32_t> token(0, cfg.vocab_size - 1);
+  std::vector<std::unique_ptr<cuda::CudaSession>> sessions;
+  std::vector<cuda::CudaSession*> ss;
+  double session_s = 0.0, fill_s = 0.0;
+  for (int i = 0; i < c.batch; ++i) {
+    cuda::CudaSessionOptions oi = opt;
+    if (i < gpu_sessions) oi.placement = KvPlacement::kGpu;
+    double t0 = now_s();
+    sessions.push_back(std::make_unique<cuda::CudaSession>(model, oi, 1));
+    ss.push_back(sessions.back().get());
+    session_s += now_s() - t0;
+    std::fprintf(stderr, "  session %d of %d (%s)\n", i + 1, c.batch,
+                 std::string(buffer::kv_placement_name(oi.placement)).c_str());
+    t0 = now_s();
+    if (synthetic) {
+      sessions.back()->fill_synthetic(c.context, o.seed);
+    } else {
+      std::vector<std::vector<int32_t>> prompt(1, std::vector<int32_t>(size_t(c.context)));
+      for (auto& t : prompt[0]) t = token(rng);
+      sessions.back()->prefill(prompt);
+    }
+    fill_s += now_s() - t0;
+  }
+  j["session_s"] = session_s;
+  j["kv_source"] = synthetic ? "synthetic" : "prefill";
+  j["fill_s"] = fill_s;
+  if (!synthetic) j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+  j["gpu_used_bytes"] = gpu_free0 - cuda::device_memory_info().first;
+  j["host_rss_growth_bytes"] = rss_bytes() - rss0;
+  j["host_rss_bytes"] = rss_bytes();
+
+  auto wave_sum = [&] {
+    cuda::CudaWaveCounts r;
+    for (auto& s : sessions) {
+      const cuda::CudaWaveCounts w = s->last_wave_counts();  // synchronous
+      r.objects += w.objects;
+      r.step += w.step;
+      r.totals += w.totals;
+    }
+    return r;
+  };
+  cuda::CudaJoinedDecoder dec(model);
+  std::vector<int32_t> cur(static_cast<size_t>(c.batch)), next(cur.size());
+  for (auto& t : cur) t = token(rng);
+  for (int i = 0; i < o.warmup; ++i) {  // the second step of a batch size captures the decoder's graphs
+    dec.decode_greedy(ss, cur, next);
+    cur.swap(next);
+  }
+  const cuda::CudaWaveCounts wave0 = wave_sum();
+  const double t0 = now_s();
+  for (int i = 0; i < o.steps; ++i) {  // decode_greedy returns host tokens: each step ends synchronised
+    dec.decode_greedy(ss, cur, next);
+    cur.swap(next);
+  }
+  const double decode_s = now_s() - t0;
+  const cuda::CudaWaveCounts wave1 = wave_sum();
+  AttentionStats st;
+  for (auto& s : sessions) st += s->last_stats();
+  add_step_figures(j, model, c, o, opt, decode_s, st, wave0, wave1, wave1, bw);
   return j;
 }
 
@@ -352,6 +471,8 @@ json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, in
   opt.prefill_chunk = o.prefill_chunk;
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
+  opt.wave.store_dtype = parse_store_dtype(o.host_store);
+  opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
   const int64_t free0 = cuda::device_memory_info().first;
@@ -373,6 +494,8 @@ void run_bench_decode(const BenchDecodeOptions& o) {
   RETROINFER_CHECK(o.synthetic == "auto" || o.synthetic == "always" || o.synthetic == "never",
                    "bench decode: --synthetic must be auto, always or never, got '", o.synthetic, "'");
   RETROINFER_CHECK(o.gpu_layers >= -1, "bench decode: --gpu-layers must be >= -1");
+  RETROINFER_CHECK(o.joined_gpu_sessions >= 0 && (o.joined || o.joined_gpu_sessions == 0),
+                   "bench decode: --joined-gpu-sessions must be >= 0 and needs --joined");
   std::vector<int64_t> contexts;
   for (const auto& s : split_list(o.contexts)) contexts.push_back(parse_count(s, "context"));
   std::vector<std::string> batch_specs = split_list(o.batches);
@@ -452,7 +575,8 @@ void run_bench_decode(const BenchDecodeOptions& o) {
         }
         for (const std::string& spec : batch_specs) {
           json j = {{"bench", "decode"}, {"model", label}, {"context", ctx}, {"method", attention_kind_name(kind)},
-                    {"placement", buffer::kv_placement_name(placement)}, {"batch_spec", spec}};
+                    {"placement", buffer::kv_placement_name(placement)}, {"batch_spec", spec},
+                    {"host_store", o.host_store}};
           try {
             const int64_t host_free =
                 buffer::resolve_host_limit(host_limit, [] { return buffer::host_memory_available(); });
@@ -471,7 +595,8 @@ void run_bench_decode(const BenchDecodeOptions& o) {
               j["status"] = "planned";
             } else {
 #if RETROINFER_WITH_CUDA
-              j.update(run_config(*model, o, c, plan, bw, gpu_limit, host_limit));
+              j.update(o.joined ? run_joined_config(*model, o, c, plan, bw, gpu_limit, host_limit)
+                                : run_config(*model, o, c, plan, bw, gpu_limit, host_limit));
 #endif
             }
           } catch (const std::exception& e) {  // Error, or bad_alloc of a host buffer: record and go on
@@ -511,9 +636,13 @@ void setup_bench_decode(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--methods", o->methods, "Comma-separated: full, retro, quest, streaming, oracle")
       ->capture_default_str();
-  cmd->add_option("--placement", o->placements, "Comma-separated KV placements: gpu, host, split, auto")
+  cmd->add_option("--kv-placement,--placement", o->placements, "Comma-separated KV placements: gpu, host, split, auto")
       ->capture_default_str();
   cmd->add_option("--gpu-layers", o->gpu_layers, "split: layers on the GPU (-1: as many as fit)")
+      ->capture_default_str();
+  cmd->add_option("--cache-fraction", o->cache_fraction,
+                  "Host-tier layers: GPU block cache per KV head as a fraction of the context")
+      ->check(CLI::Range(1e-9, 1.0))
       ->capture_default_str();
   // The last value wins (scripts pass a default, then a part may override it).
   cmd->add_option("--steps", o->steps, "Timed decode steps per configuration (the last one given counts)")
@@ -539,6 +668,18 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_flag("--plan-only", o->plan_only, "Print the memory plans only (no GPU work)");
   cmd->add_flag("--check-refusal", o->check_refusal,
                 "On a refused plan also call the CudaSession constructor and record its refusal and free memory");
+  cmd->add_flag("--joined", o->joined,
+                "Decode each batch as that many one-sequence sessions through one joined step per token (the "
+                "server's continuous batching, CudaJoinedDecoder) instead of one session of the batch in lockstep");
+  cmd->add_option("--joined-gpu-sessions", o->joined_gpu_sessions,
+                  "With --joined: the first N sessions keep every layer on the GPU, the others use --placement "
+                  "(a batch mixing tiers)")
+      ->capture_default_str();
+  cmd->add_option("--host-store", o->host_store,
+                  "Element type of the host-tier layers' KV store: bf16, or int8 (per-row scales, widened on the "
+                  "GPU; about half the bytes per miss)")
+      ->check(CLI::IsMember({"bf16", "int8"}))
+      ->capture_default_str();
   cmd->add_option("--query-trace", o->query_trace,
                   "Cluster trace (generate --record-trace): the host-tier layers' retrieval clusters follow it "
                   "instead of the random-weight queries' selection (docs/wave-buffer.md#cluster-traces)");

@@ -115,6 +115,7 @@ void run_tasks(const EvalCliOptions& o) {
   eo.attention = so.attention;
   eo.kv_dtype = so.kv_dtype;
   eo.prefill_chunk = so.prefill_chunk;
+  eo.kv_placement = so.kv_placement;
   eo.results_path = o.results;
   eo.progress = progress;
   eo.time_budget_s = o.time_budget;
@@ -168,6 +169,7 @@ void run_ppl(const EvalCliOptions& o) {
   po.attention = so.attention;
   po.kv_dtype = so.kv_dtype;
   po.prefill_chunk = so.prefill_chunk;
+  po.kv_placement = so.kv_placement;
   po.progress = progress;
   po.time_budget_s = o.time_budget;
   po.baseline_budget = eval::parse_baseline_budget(o.baseline_budget);

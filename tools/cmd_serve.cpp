@@ -49,7 +49,11 @@ void run_serve(const ServeCliOptions& o) {
                so.model_name.c_str(), m.engine->description().c_str(), o.attention.c_str(),
                static_cast<long long>(handler.context_limit()), m.load_seconds, o.host.c_str(), port, o.max_batch,
                m.engine->device() == Device::kCpu ? " (one batched decode step each)"
-                                                  : " (decoded one after the other on this device)");
+                                                  : " (one joined decode step each: the products run once over all of them)");
+  if (m.engine->device() == Device::kCuda)
+    std::fprintf(stderr, "KV placement %s per request (the plan of each request's session decides: auto puts a "
+                 "context that does not fit on the GPU onto the GPU / host split); responses report it\n",
+                 std::string(buffer::kv_placement_name(so.session.kv_placement.placement)).c_str());
   g_server = &http;
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);

@@ -31,6 +31,45 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   add_attention_options(cmd, o.attention);
+  add_kv_placement_options(cmd, o.kv_placement);
+}
+
+void add_kv_placement_options(CLI::App* cmd, KvPlacementCliValues& v) {
+  cmd->add_option("--kv-placement", v.placement,
+                  "cuda: where the KV lives: auto (the GPU when it fits, else retro's layers split between the GPU "
+                  "and pinned host memory, else refused), gpu, split (--gpu-layers on the GPU, the rest on the "
+                  "host) or host (every layer's KV in host memory, the GPU keeping a block cache); host and split "
+                  "are retro only. cpu: auto")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "gpu", "split", "host"}));
+  cmd->add_option("--gpu-layers", v.gpu_layers, "split: layers whose KV stays on the GPU (-1: as many as fit)")
+      ->capture_default_str();
+  cmd->add_option("--cache-fraction", v.cache_fraction,
+                  "Host-tier layers: GPU block cache per KV head as a fraction of the context")
+      ->capture_default_str();
+  cmd->add_option("--cache-page-tokens", v.cache_page_tokens, "Host-tier layers: tokens per block-cache page")
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-limit", v.gpu_memory_gib,
+                  "cuda: GiB of GPU memory for the session, weights excluded (0: free memory - 2 GiB)")
+      ->check(CLI::Range(0.0, 1.0e6))  // GiB; the byte count must fit in int64
+      ->capture_default_str();
+  cmd->add_option("--host-memory-limit", v.host_memory_gib,
+                  "cuda: GiB of pinned host memory for host-tier layers (0: 80% of MemAvailable)")
+      ->check(CLI::Range(0.0, 1.0e6))
+      ->capture_default_str();
+}
+
+KvPlacementOptions kv_placement_options(const KvPlacementCliValues& v, Device device) {
+  constexpr double kGiB = double(int64_t{1} << 30);
+  KvPlacementOptions kv;
+  kv.placement = buffer::parse_kv_placement(v.placement);
+  kv.gpu_layers = v.gpu_layers;
+  kv.cache_fraction = v.cache_fraction;
+  kv.page_tokens = v.cache_page_tokens;
+  kv.gpu_memory_limit = static_cast<int64_t>(v.gpu_memory_gib * kGiB);
+  kv.host_memory_limit = static_cast<int64_t>(v.host_memory_gib * kGiB);
+  validate_kv_placement(kv, device);
+  return kv;
 }
 
 Device cli_device(const ModelCliOptions& o) {
@@ -46,6 +85,7 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
   if (o.prefill_chunk > 0) so.prefill_chunk = o.prefill_chunk;
   apply_attention_options(o.attention, so.attention);
   validate(so.attention);
+  so.kv_placement = kv_placement_options(o.kv_placement, device);
   return so;
 }
 

@@ -18,6 +18,23 @@ class App;
 
 namespace retroinfer::cli {
 
+// Where the CUDA runner keeps the KV (KvPlacementOptions, sequence_session.h), as given on the command line.
+struct KvPlacementCliValues {
+  std::string placement = "auto";  // auto | gpu | split | host
+  int gpu_layers = -1;             // split: layers on the GPU (-1: as many as fit)
+  double cache_fraction = WaveBufferConfig{}.cache_fraction;
+  int cache_page_tokens = WaveBufferConfig{}.page_tokens;
+  double gpu_memory_gib = 0.0;   // 0: free memory minus the reserve
+  double host_memory_gib = 0.0;  // 0: a share of MemAvailable
+};
+
+// Adds --kv-placement, --gpu-layers, --cache-fraction, --cache-page-tokens, --gpu-memory-limit and
+// --host-memory-limit to cmd.
+void add_kv_placement_options(CLI::App* cmd, KvPlacementCliValues& v);
+// The options for a session on `device`, checked (validate_kv_placement: an explicit gpu, split or host
+// placement on the CPU is an Error naming --kv-placement).
+KvPlacementOptions kv_placement_options(const KvPlacementCliValues& v, Device device);
+
 struct ModelCliOptions {
   std::string model = "smollm2";  // path or short name (see locate_model)
   // cpu | cuda | auto (auto: cuda when this build has the backend and a GPU is present). The default is
@@ -28,10 +45,11 @@ struct ModelCliOptions {
   std::string kv_dtype = "auto";  // f32 | bf16 | auto (f32 on cpu, bf16 on cuda)
   int prefill_chunk = 0;          // 0: the device's default (512 cpu, 2048 cuda)
   AttentionCliValues attention;  // the attention parameters given (attention_cli.h); the rest keep their defaults
+  KvPlacementCliValues kv_placement;
 };
 
-// Adds --model, --device, --weights, --threads, --kv-dtype, --prefill-chunk and the attention parameters
-// (add_attention_options) to cmd.
+// Adds --model, --device, --weights, --threads, --kv-dtype, --prefill-chunk, the attention parameters
+// (add_attention_options) and the KV placement (add_kv_placement_options) to cmd.
 void add_model_options(CLI::App* cmd, ModelCliOptions& o);
 
 // --device resolved (auto decided here) and checked: throws Error when the device cannot run in this
@@ -39,7 +57,8 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o);
 Device cli_device(const ModelCliOptions& o);
 
 // Session options for `kind` on the device of --device: --kv-dtype and --prefill-chunk "auto" resolved
-// per device (default_kv_dtype, default_prefill_chunk). head_dim > 0 (the loaded model's): without
+// per device (default_kv_dtype, default_prefill_chunk), the KV placement checked against the device
+// (kv_placement_options). head_dim > 0 (the loaded model's): without
 // --tokens-per-cluster, the cluster size is default_tokens_per_cluster(head_dim). The attention parameters
 // are validated here (validate(AttentionConfig)): a bad flag fails before any model is read.
 SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind, int head_dim = 0);

@@ -80,6 +80,10 @@ struct CudaSessionOptions {
   // Benchmarks: the host-tier layers' retrieval clusters follow this recorded trace instead of the queries'
   // selection (LayerAttention::set_query_trace; bench decode --query-trace). nullptr: the queries select.
   std::shared_ptr<const ClusterTraceSchedule> query_trace;
+  // After every decode step (the session's own or a CudaJoinedDecoder's), add the host-tier layers' missed
+  // rows to wave_traffic(): a small synchronous read of the wave-buffer counters per step (off in `bench
+  // decode`, whose timing must not include it; on in the engine's sessions, which report it).
+  bool count_wave_traffic = false;
 };
 
 // Memory a session would take, computed before anything is allocated.
@@ -101,6 +105,14 @@ struct CudaWaveCounts {
     const int64_t n = step.hit_clusters + step.miss_clusters;
     return n > 0 ? double(step.hit_clusters) / double(n) : -1.0;
   }
+};
+
+// PCIe traffic of a session's host-tier misses (CudaSessionOptions::count_wave_traffic): each missed row is
+// one K and one V row of head_dim bf16 values read from pinned host memory.
+struct CudaWaveTraffic {
+  int64_t step_bytes = 0;   // the last decode step
+  int64_t total_bytes = 0;  // every step counted since prefill
+  int64_t steps = 0;        // decode steps counted
 };
 
 // A batch of sequences decoded in lockstep (one token each per step). Sequences of different prompt
@@ -170,6 +182,8 @@ class CudaSession {
   // first decode the hit / miss counts are zero (steady_rows is the steady zone's size). PCIe bytes of the
   // last step's misses: step.miss_rows * 2 * head_dim * 2 (K and V, bf16).
   CudaWaveCounts last_wave_counts();
+  // Host-tier PCIe traffic since prefill (all zero unless count_wave_traffic is on and a layer is host-tier).
+  const CudaWaveTraffic& wave_traffic() const;
 
  private:
   friend class CudaJoinedDecoder;
@@ -180,11 +194,14 @@ class CudaSession {
 // Continuous batching on the GPU: one decode step of several one-sequence sessions of one model, prefilled
 // apart and holding different positions, in one call. The embedding, the norms, every product and the LM head
 // run once over all their rows (each weight read once per step, instead of once per session); each session's
-// RoPE position, KV append and decode attention stay its own (its LayerAttention objects, its K/V). Logits
-// equal each session's own decode() up to the products' summation order (the tuned kernels depend on the row
-// count). Runs on the decoder's own stream, after each session's pending work: the non-attention work from CUDA
-// graphs per batch size (captured at that size's second step; decode_graphs false: eager), each
-// session's attention launched eagerly between them. It grows
+// RoPE position, KV append and decode attention stay its own (its LayerAttention objects, its K/V), whatever
+// its placement: a host-tier layer (wave buffer) appends the row's K/V to its own steady zone as in the
+// session's own decode. Logits equal each session's own decode() up to the products' summation order (the
+// tuned kernels depend on the row count). Runs on the decoder's own stream, after each session's pending work:
+// the non-attention work from CUDA graphs per batch size (captured at that size's second step; decode_graphs
+// false: eager), each session's attention launched eagerly between them: a host-tier layer's on the session's
+// own stream, ordered by events, so that its gather over PCIe overlaps the GPU-tier layers' attention on the
+// decoder's stream (no host synchronisation inside a layer). It grows
 // its row buffers (~(hidden + qkv + 3 intermediate + vocab) x 4 bytes per row, plus a Gemm workspace) to the
 // largest batch seen. One caller at a time.
 class CudaJoinedDecoder {
@@ -196,15 +213,20 @@ class CudaJoinedDecoder {
   CudaJoinedDecoder& operator=(const CudaJoinedDecoder&) = delete;
 
   // Whether `s` can join: of this decoder's model (takes) or of any model (joinable), one sequence,
-  // prefilled, every layer GPU-tier.
+  // prefilled (any KV placement).
   bool takes(const CudaSession& s) const;
   static bool joinable(const CudaSession& s);
   // tokens [n], logits [n, vocab] (host); sessions distinct. Throws Error (before any work) for a session it
   // does not take, a duplicate, a full session or a token outside the vocabulary.
   void decode(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens, std::span<float> logits);
+  // The same step with greedy selection on the GPU: next [n] written (host), 4 bytes per session back.
+  void decode_greedy(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens, std::span<int32_t> next);
   const CudaModel& model() const;
 
  private:
+  // One step up to the logits (the decoder's a.logits rows [0, n)), on the decoder's stream; not synchronised,
+  // positions not advanced. Throws Error before any work for what decode refuses.
+  void step(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -228,10 +250,15 @@ class CudaSequenceSession final : public SequenceSession {
   // The model when session() can join a CudaJoinedDecoder (CudaJoinedDecoder::takes), else null.
   const void* join_key() const override;
   std::unique_ptr<JoinedDecode> make_joined_decode() const override;
+  // The plan's placement and layer split; with host-tier layers the managers' hit / miss totals
+  // (last_wave_counts, synchronous) and the PCIe bytes of the misses summed over this object's decode calls.
+  std::optional<KvPlacementReport> kv_placement_report() override;
   CudaSession& session() { return *session_; }
 
  private:
   std::unique_ptr<CudaSession> session_;
+  // Host tier only: miss bytes of the last decode step and their sum (decode reads the step's counts after
+  // its logits are back, so the read adds no wait of its own).
 };
 
 }  // namespace retroinfer::cuda

@@ -78,11 +78,29 @@ class EngineModel {
   std::unique_ptr<Impl> impl_;
 };
 
+// Throws Error when the KV placement options are out of range (gpu_layers < -1, or given without kSplit;
+// cache_fraction outside (0, 1]; page_tokens < 1; negative memory limits) or do not apply to `device`: the
+// CPU runner keeps its KV in host memory and takes kAuto only, so an explicit gpu, split or host placement
+// on the CPU is refused, naming the flag (--kv-placement) and the keyword (kv_placement=).
+void validate_kv_placement(const KvPlacementOptions& kv, Device device);
+
+// Commands that run several methods on one prompt (eval, bench generate) prefill once with full attention
+// and fork a session per method (fork_session), which needs every layer's KV on the GPU; only retro has a
+// host tier (the planner refuses the other methods off the GPU). So:
+//   method_kv_placement  the placement a method's session takes: kv as given for retro; for the other
+//                        methods kGpu (gpu_layers -1) when kv asks for host or split, else kv;
+//   prefills_alone       true for retro with an explicit host or split placement: its session prefills the
+//                        prompt itself (a host-tier session cannot be forked from the GPU prefill).
+KvPlacementOptions method_kv_placement(const KvPlacementOptions& kv, AttentionKind kind);
+bool prefills_alone(const KvPlacementOptions& kv, AttentionKind kind);
+
 // A fresh session of one sequence on the model's device.
 //   opt.attention      the decode attention method (validated);
 //   opt.max_context    tokens it will hold (prompt + generated; 0 = the model's maximum);
 //   opt.prefill_chunk  tokens per prefill block (>= 1);
-//   opt.kv_dtype       cpu: f32 or bf16; cuda: must be bf16 (throws Error otherwise: default_kv_dtype).
+//   opt.kv_dtype       cpu: f32 or bf16; cuda: must be bf16 (throws Error otherwise: default_kv_dtype);
+//   opt.kv_placement   cuda: where the KV lives (validate_kv_placement; kAuto: the GPU when it fits, else a
+//                      GPU / host split for retro, else refused with the numbers); cpu: kAuto only.
 // Memory and context checks of the device's runner apply (Error before allocating when it cannot fit).
 std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const SessionOptions& opt);
 

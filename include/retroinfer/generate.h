@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -64,6 +65,9 @@ struct GenerateSummary {
   double kv_read_share = 0.0;
   double mean_exact_tokens_per_head = 0.0;  // exact_tokens / (decode_steps * layers * kv heads)
   StopReason stop_reason = StopReason::kMaxTokens;
+  // The session's KV placement and host-tier traffic at the end (SequenceSession::kv_placement_report;
+  // nullopt on the CPU runner).
+  std::optional<KvPlacementReport> kv_placement;
   std::vector<int32_t> tokens;         // generated ids
   std::string text;                    // emitted text (stop string excluded)
 };

@@ -5,6 +5,8 @@
 //
 // Per (sequence, layer) with n context tokens (D = head_dim, Hkv = KV heads, e = bytes per element, 2):
 //   store      n * Hkv * 2 * D * e                   K and V, cluster-ordered; GPU or pinned host
+//              n * Hkv * (2 * D + 8)                 the same with store_dtype int8 (D int8 values and
+//                                                   an f32 scale per K and per V row)
 //   meta       C * Hkv * (2 * D * e + 2 * D * 4 + 16) bf16 and f32 centroids and value sums, size,
 //                                                   CSR offset, page-table entries; C = the index's
 //                                                   clusters over n_idx tokens (wave_counts.h index_clusters:
@@ -52,6 +54,7 @@ struct PlannerShape {
 struct PlannerSettings {
   int page_tokens = WaveBufferConfig{}.page_tokens;           // block-cache page size
   double cache_fraction = WaveBufferConfig{}.cache_fraction;  // block cache, share of each sequence's context
+  StoreDtype store_dtype = WaveBufferConfig{}.store_dtype;    // the stores' element type (bytes per token)
   // The wave index's parameters: sink_tokens, window_tokens, tokens_per_cluster, segment_tokens,
   // retrieval_fraction and update_tokens (steady-zone room for tokens generated between index updates).
   AttentionConfig attention;

@@ -92,6 +92,7 @@ struct SessionOptions {
   // `generate --record-trace`); nullptr: none. The CUDA runner reads the ids back at the next step (a small
   // device-to-host copy per retro layer and step). A fork() does not record.
   std::shared_ptr<ClusterTraceWriter> cluster_trace;
+  KvPlacementOptions kv_placement;  // CUDA runner: where the KV lives (sequence_session.h); CPU: kAuto only
 };
 
 // Evaluation hook, called by Session::decode for every layer right after its attention method ran:

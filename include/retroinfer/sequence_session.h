@@ -9,12 +9,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "retroinfer/attention.h"
 #include "retroinfer/model_config.h"
+#include "retroinfer/session_planner.h"
+#include "retroinfer/wave_buffer.h"
 
 namespace retroinfer {
 
@@ -26,6 +29,40 @@ std::string_view device_name(Device d);   // "cpu" | "cuda"
 Device parse_device(std::string_view s);  // "cpu" | "cuda" (throws Error otherwise)
 
 class SequenceSession;
+
+// Where the CUDA runner keeps a session's KV (KvPlacement, session_planner.h: the plan resolves kAuto to the
+// GPU when it fits, else a GPU / host split, else refuses with the numbers) and the wave buffer of its
+// host-tier layers (retro only; wave-buffer.md). The CPU runner keeps its whole KV cache in host memory and
+// takes kAuto only (validate_kv_placement, engine_model.h).
+struct KvPlacementOptions {
+  KvPlacement placement = KvPlacement::kAuto;
+  int gpu_layers = -1;  // kSplit: the first gpu_layers layers on the GPU (-1: as many as fit); others: -1
+  // Host-tier layers' GPU block cache: ceil(cache_fraction * tokens / page_tokens) pages per flat head.
+  double cache_fraction = WaveBufferConfig{}.cache_fraction;
+  int page_tokens = WaveBufferConfig{}.page_tokens;
+  int64_t gpu_memory_limit = 0;   // bytes the session may use on the GPU; 0 = free memory minus a reserve
+  int64_t host_memory_limit = 0;  // pinned host bytes; 0 = a share of MemAvailable (kHostUsableFraction)
+};
+
+// Where a session keeps its KV and what its host tier moved (SequenceSession::kv_placement_report).
+struct KvPlacementReport {
+  KvPlacement placement = KvPlacement::kGpu;  // resolved: kGpu, kSplit or kHost
+  int gpu_layers = 0, host_layers = 0;
+  // Host tier only (host_layers > 0). Retrieval clusters of the host-tier layers served from the GPU block
+  // cache (hits) or read from the host store (misses): the cache managers' totals since prefill, summed over
+  // layers and KV heads.
+  uint64_t cache_hits = 0, cache_misses = 0;
+  // PCIe bytes of the misses: rows read from the host store x 2 (K and V) x head_dim x 2 (bf16), of the last
+  // decode step and summed over the decode steps since prefill.
+  int64_t step_pcie_bytes = 0;
+  int64_t pcie_bytes = 0;
+  int64_t decode_steps = 0;  // the steps pcie_bytes sums
+  // hits / (hits + misses); -1 before any retrieval.
+  double cache_hit_ratio() const {
+    const uint64_t n = cache_hits + cache_misses;
+    return n > 0 ? double(cache_hits) / double(n) : -1.0;
+  }
+};
 
 // One decode step of several sessions in one call, every weight read once for all of them (continuous
 // batching across sessions that joined at different times and hold different positions): the batch
@@ -63,10 +100,14 @@ class SequenceSession {
   // Attention statistics of the last decode step, summed over layers.
   virtual const AttentionStats& last_stats() const = 0;
   virtual Device device() const = 0;
+  // Where the KV lives and, with a host tier, the block cache's hits and the PCIe bytes of its misses.
+  // Default: nullopt (the CPU runner: the KV cache is in host memory, no tiers). The CUDA session reports its
+  // plan's placement; reading the host tier's counters synchronises with the device.
+  virtual std::optional<KvPlacementReport> kv_placement_report() { return std::nullopt; }
 
   // Continuous batching (JoinedDecode above): sessions with the same non-null join_key() can decode one
   // token each in one make_joined_decode()->decode() call. Default: null (decode alone). The CUDA session: its
-  // model when it holds one sequence, is prefilled and keeps every layer's KV on the GPU.
+  // model when it holds one sequence and is prefilled, whatever its KV placement (host-tier layers join).
   virtual const void* join_key() const { return nullptr; }
   virtual std::unique_ptr<JoinedDecode> make_joined_decode() const { return nullptr; }
 

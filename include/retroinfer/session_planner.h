@@ -23,7 +23,7 @@
 //   host-tier layer (retro through the wave buffer, buffer/memory_planner.h per sequence): on the GPU
 //     the GPU tier's retro method bytes above (the layer's wave index is a RetroLayer kept on the GPU)
 //     plus meta + steady + cache + exec of every sequence (the wave buffer's own copies and buffers); on
-//     the host the cluster-ordered store (K and V of every token).
+//     the host the cluster-ordered store (K and V of every token; about half with wave.store_dtype int8).
 //   once: weights (weight_bytes), the activation rows of the larger of a prefill chunk and the decode
 //     batch, max(chunk, B) * (2 hidden + (Hq + 2 Hkv) D + Hq D + 3 ffn) * 4, logits B * vocab * 4 (or the
 //     runner's own figure, activation_bytes_override), retro's transient (one layer at a time) the larger

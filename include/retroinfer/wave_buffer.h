@@ -31,13 +31,33 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "retroinfer/error.h"
 
 namespace retroinfer {
 
 enum class KvTier : uint8_t { kGpu, kHost };  // where a KV store, or a layer's KV, lives
+
+// Element type of a KV store (docs/wave-buffer.md "Compressed store"). kBf16: the K/V rows as the model
+// writes them. kInt8: each K and each V row of a token as D int8 values and one f32 scale (absmax / 127),
+// widened back to bf16 by the gather kernel; the block cache, the execution buffer and attention stay bf16.
+enum class StoreDtype : uint8_t { kBf16, kInt8 };
+
+inline std::string_view store_dtype_name(StoreDtype t) { return t == StoreDtype::kInt8 ? "int8" : "bf16"; }
+// "bf16" | "int8"; anything else: Error naming the accepted values.
+inline StoreDtype parse_store_dtype(std::string_view s) {
+  if (s == "bf16") return StoreDtype::kBf16;
+  if (s == "int8") return StoreDtype::kInt8;
+  throw Error("unknown KV store dtype '" + std::string(s) + "' (use bf16 or int8)");
+}
+// Store bytes of one token of one KV head, K and V together: bf16 2 * D * 2; int8 2 * D values plus the K
+// and V row scales (2 * 4).
+inline int64_t store_token_bytes(StoreDtype t, int head_dim) {
+  return t == StoreDtype::kInt8 ? int64_t{2} * head_dim + 8 : int64_t{4} * head_dim;
+}
 
 struct WaveBufferConfig {
   KvTier tier = KvTier::kHost;  // store placement (the memory planner decides it in an engine)
@@ -54,6 +74,9 @@ struct WaveBufferConfig {
   // clusters; a ring too narrow for a grown n_r is rebuilt at that update with an empty block cache).
   // 0: no tail room (the first update reallocates the store, growing it by a quarter or more each time).
   int64_t max_tokens = 0;
+  // Element type of the store (kInt8: about half the bytes per miss and of pinned host memory; outputs
+  // within the int8 rounding of the rows, docs/wave-buffer.md "Compressed store").
+  StoreDtype store_dtype = StoreDtype::kBf16;
 };
 
 // Manager-side counters (clusters), summed over flat heads since build() (also the cache manager's own

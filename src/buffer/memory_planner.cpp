@@ -28,7 +28,9 @@ StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int6
   const int64_t n_idx = retro_indexed_tokens(steady_split(n, a), a.tokens_per_cluster);
   const int64_t clusters = index_clusters(n_idx, a);
   StoreBytes b;
-  b.store = n * row;
+  // An int8 store: D int8 values per K and V row plus two f32 row scales (wave_buffer.h store_token_bytes).
+  b.store = s.store_dtype == StoreDtype::kInt8 ? n * shape.num_heads_kv * store_token_bytes(s.store_dtype, shape.head_dim)
+                                               : n * row;
   b.meta = clusters * shape.num_heads_kv *
            (int64_t{2} * shape.head_dim * shape.bytes_per_element + int64_t{2} * shape.head_dim * 4 + 16);
   b.steady = steady_cap * row;

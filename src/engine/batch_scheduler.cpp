@@ -74,6 +74,7 @@ struct BatchScheduler::Impl {
   }
   void finish(Running& r) {
     GenerateSummary s = r.stepper->finish();
+    s.kv_placement = r.session->kv_placement_report();
     count(true);
     r.p->promise.set_value(std::move(s));
     done(*r.p);
@@ -199,8 +200,8 @@ struct BatchScheduler::Impl {
       for (int64_t i = 0; i < n; ++i)
         go_on[i] = advance(*running[i], std::span<const float>(batch_logits.data() + i * vocab, vocab));
     } else if (joinable()) {
-      // Continuous batching across non-CPU sessions (CUDA: one model, one sequence each, every layer on the
-      // GPU): one JoinedDecode call, every weight read once for all of them.
+      // Continuous batching across non-CPU sessions (CUDA: one model, one sequence each, any KV placement):
+      // one JoinedDecode call, every weight read once for all of them.
       std::vector<SequenceSession*> ss(n);
       std::vector<int32_t> tokens(n);
       for (int64_t i = 0; i < n; ++i) {

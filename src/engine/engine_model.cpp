@@ -86,8 +86,39 @@ std::string EngineModel::description() const {
   return "cpu (" + std::to_string(num_threads()) + " threads)";
 }
 
+void validate_kv_placement(const KvPlacementOptions& kv, Device device) {
+  const std::string_view name = buffer::kv_placement_name(kv.placement);
+  RETROINFER_CHECK(device == Device::kCuda || kv.placement == KvPlacement::kAuto, "--kv-placement ", name,
+                   " (kv_placement='", name, "') places the KV of the CUDA runner; the CPU runner keeps its whole ",
+                   "KV cache in host memory. Use --device cuda, or --kv-placement auto (the default) on the CPU");
+  RETROINFER_CHECK(kv.gpu_layers >= -1, "--gpu-layers (gpu_layers=) must be >= -1 (-1: as many as fit), got ",
+                   kv.gpu_layers);
+  RETROINFER_CHECK(kv.gpu_layers == -1 || kv.placement == KvPlacement::kSplit, "--gpu-layers ", kv.gpu_layers,
+                   " (gpu_layers=) applies to --kv-placement split only, not ", name);
+  RETROINFER_CHECK(kv.cache_fraction > 0.0 && kv.cache_fraction <= 1.0,
+                   "--cache-fraction (cache_fraction=) must be in (0, 1], got ", kv.cache_fraction);
+  RETROINFER_CHECK(kv.page_tokens >= 1, "--cache-page-tokens (cache_page_tokens=) must be >= 1, got ",
+                   kv.page_tokens);
+  RETROINFER_CHECK(kv.gpu_memory_limit >= 0 && kv.host_memory_limit >= 0,
+                   "--gpu-memory-limit / --host-memory-limit must be >= 0 (0: what is free)");
+}
+
+KvPlacementOptions method_kv_placement(const KvPlacementOptions& kv, AttentionKind kind) {
+  KvPlacementOptions out = kv;
+  if (kind != AttentionKind::kRetro && (kv.placement == KvPlacement::kHost || kv.placement == KvPlacement::kSplit)) {
+    out.placement = KvPlacement::kGpu;
+    out.gpu_layers = -1;
+  }
+  return out;
+}
+
+bool prefills_alone(const KvPlacementOptions& kv, AttentionKind kind) {
+  return kind == AttentionKind::kRetro && (kv.placement == KvPlacement::kHost || kv.placement == KvPlacement::kSplit);
+}
+
 std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const SessionOptions& opt) {
   validate(opt.attention);
+  validate_kv_placement(opt.kv_placement, model.device());
   RETROINFER_CHECK(opt.prefill_chunk >= 1, "session: prefill_chunk must be >= 1, got ", opt.prefill_chunk);
   RETROINFER_CHECK(opt.max_context >= 0, "session: max_context must be >= 0, got ", opt.max_context);
   if (model.device() == Device::kCpu) return std::make_unique<Session>(model.cpu_model(), opt);
@@ -101,6 +132,13 @@ std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const Se
   co.prefill_chunk = opt.prefill_chunk;
   co.exact_stats = opt.exact_attention_stats;
   co.cluster_trace = opt.cluster_trace;
+  co.count_wave_traffic = true;  // the faces report the host tier's PCIe bytes (kv_placement_report)
+  co.placement = opt.kv_placement.placement;
+  co.gpu_layers = opt.kv_placement.gpu_layers;
+  co.wave.cache_fraction = opt.kv_placement.cache_fraction;
+  co.wave.page_tokens = opt.kv_placement.page_tokens;
+  co.gpu_memory_limit = opt.kv_placement.gpu_memory_limit;
+  co.host_memory_limit = opt.kv_placement.host_memory_limit;
   return std::make_unique<cuda::CudaSequenceSession>(*model.impl().cuda, co);
 #else
   check_device(Device::kCuda);  // throws: no CUDA backend in this build

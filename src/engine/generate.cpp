@@ -108,7 +108,9 @@ GenerateSummary continue_generation(SequenceSession& session, std::vector<float>
     session.decode(g.next_token(), logits);
     g.count_decode(session.last_stats());
   }
-  return g.finish();
+  GenerateSummary sum = g.finish();
+  sum.kv_placement = session.kv_placement_report();
+  return sum;
 }
 
 std::unique_ptr<SequenceSession> make_generation_session(const EngineModel& model, const SessionOptions& session_opt,
@@ -138,7 +140,9 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
     session->decode(g.next_token(), logits);
     g.count_decode(session->last_stats());
   }
-  return g.finish();
+  GenerateSummary sum = g.finish();
+  sum.kv_placement = session->kv_placement_report();
+  return sum;
 }
 
 GenerateSummary generate(const Model& model, const SessionOptions& session, std::span<const int32_t> prompt,

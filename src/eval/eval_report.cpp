@@ -16,12 +16,30 @@ void add_unique(std::vector<T>& v, const T& x) {
   if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
 }
 
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+// The host-tier figures of a cell or an average, when any of its lines had host-tier layers.
+void add_host_tier(nlohmann::json& j, const CellStats& s) {
+  if (s.host_tier_samples == 0) return;
+  const uint64_t n = s.cache_hits + s.cache_misses;
+  j["host_tier_samples"] = s.host_tier_samples;
+  j["cache_hits"] = s.cache_hits;
+  j["cache_misses"] = s.cache_misses;
+  j["cache_hit_ratio"] = n > 0 ? nlohmann::json(double(s.cache_hits) / double(n)) : nlohmann::json(nullptr);
+  j["pcie_bytes_per_sample"] = s.pcie_bytes / static_cast<double>(s.host_tier_samples);
+}
+
 }  // namespace
 
 nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
   std::vector<std::string> methods, tasks;
   std::vector<int64_t> contexts;
   std::map<std::tuple<std::string, std::string, int64_t>, CellStats> cells;
+  std::map<std::string, std::vector<std::string>> placements;  // method -> the KV placements of its lines
   for (const auto& j : lines) {
     const std::string m = j.at("method").get<std::string>(), t = j.at("task").get<std::string>();
     const int64_t c = j.at("context").get<int64_t>();
@@ -33,6 +51,13 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
     s.score += 100.0 * j.at("score_all").get<double>();
     s.exact_tokens_per_head += j.value("exact_tokens_per_head", 0.0);
     s.context_tokens_per_head += j.value("context_tokens_per_head", 0.0);
+    if (j.contains("kv_placement")) add_unique(placements[m], j.at("kv_placement").get<std::string>());
+    if (j.contains("cache_hits")) {
+      ++s.host_tier_samples;
+      s.cache_hits += j.at("cache_hits").get<uint64_t>();
+      s.cache_misses += j.at("cache_misses").get<uint64_t>();
+      s.pcie_bytes += j.value("pcie_bytes", 0.0);
+    }
   }
   std::sort(contexts.begin(), contexts.end());
   // Tasks in the generator's table order (unknown names after, in order of appearance).
@@ -51,6 +76,7 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
     for (const auto& m : methods) {
       double sum = 0, exact = 0, ctx_tokens = 0;
       int64_t n_tasks = 0, n_samples = 0;
+      CellStats host;  // the host-tier figures summed over the method's tasks
       for (const auto& t : tasks) {
         auto it = cells.find({m, t, c});
         if (it == cells.end()) continue;
@@ -59,9 +85,15 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
         s.score /= n;
         s.exact_tokens_per_head /= n;
         s.context_tokens_per_head /= n;
-        out["cells"].push_back({{"method", m}, {"task", t}, {"context", c}, {"samples", s.samples},
-                                {"score", s.score}, {"exact_tokens_per_head", s.exact_tokens_per_head},
-                                {"context_tokens_per_head", s.context_tokens_per_head}});
+        nlohmann::json cell = {{"method", m}, {"task", t}, {"context", c}, {"samples", s.samples},
+                               {"score", s.score}, {"exact_tokens_per_head", s.exact_tokens_per_head},
+                               {"context_tokens_per_head", s.context_tokens_per_head}};
+        add_host_tier(cell, s);
+        out["cells"].push_back(cell);
+        host.host_tier_samples += s.host_tier_samples;
+        host.cache_hits += s.cache_hits;
+        host.cache_misses += s.cache_misses;
+        host.pcie_bytes += s.pcie_bytes;
         sum += s.score;
         exact += s.exact_tokens_per_head * n;
         ctx_tokens += s.context_tokens_per_head * n;
@@ -69,10 +101,13 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
         n_samples += s.samples;
       }
       if (n_tasks == 0) continue;
-      out["averages"].push_back({{"method", m}, {"context", c}, {"score", sum / n_tasks}, {"tasks", n_tasks},
-                                 {"samples", n_samples},
-                                 {"exact_tokens_per_head", exact / static_cast<double>(n_samples)},
-                                 {"context_tokens_per_head", ctx_tokens / static_cast<double>(n_samples)}});
+      nlohmann::json avg = {{"method", m}, {"context", c}, {"score", sum / n_tasks}, {"tasks", n_tasks},
+                            {"samples", n_samples},
+                            {"exact_tokens_per_head", exact / static_cast<double>(n_samples)},
+                            {"context_tokens_per_head", ctx_tokens / static_cast<double>(n_samples)}};
+      if (placements.count(m)) avg["kv_placement"] = join(placements.at(m));
+      add_host_tier(avg, host);
+      out["averages"].push_back(avg);
     }
   }
   return out;
@@ -88,7 +123,7 @@ std::string markdown_table(const nlohmann::json& summary) {
   for (const auto& a : summary.at("averages"))
     avg[{a.at("method").get<std::string>(), a.at("context").get<int64_t>()}] = a;
   std::string md;
-  char buf[128];
+  char buf[256];
   for (int64_t c : summary.at("contexts").get<std::vector<int64_t>>()) {
     md += "Context " + std::to_string(c) + " tokens (score: string_match_all, %):\n\n| method |";
     for (const auto& t : tasks) md += " " + t + " |";
@@ -119,6 +154,15 @@ std::string markdown_table(const nlohmann::json& summary) {
       md += " " + cnt + " |\n";
     }
     md += "\n";
+    for (const auto& m : methods) {
+      auto a = avg.find({m, c});
+      if (a == avg.end() || !a->second.contains("cache_hits")) continue;
+      const nlohmann::json& r = a->second.at("cache_hit_ratio");
+      std::snprintf(buf, sizeof buf, "%s: KV placement %s, GPU block-cache hit ratio %.3f, %.1f MiB over PCIe per sample\n\n",
+                    m.c_str(), a->second.value("kv_placement", std::string("?")).c_str(), r.is_null() ? -1.0 : r.get<double>(),
+                    a->second.at("pcie_bytes_per_sample").get<double>() / double(1 << 20));
+      md += buf;
+    }
   }
   return md;
 }

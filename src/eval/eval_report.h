@@ -14,10 +14,18 @@ struct CellStats {
   double score = 0.0;                  // mean string_match_all, in percent
   double exact_tokens_per_head = 0.0;  // mean over samples
   double context_tokens_per_head = 0.0;
+  // Lines from sessions with host-tier layers (cuda, kv placement host or split): the block cache's
+  // retrieval hits and misses and the PCIe bytes of the misses, summed over those lines.
+  int64_t host_tier_samples = 0;
+  uint64_t cache_hits = 0, cache_misses = 0;
+  double pcie_bytes = 0.0;
 };
 
 // {"cells": [{method, task, context, samples, score, exact_tokens_per_head, context_tokens_per_head}...],
 //  "averages": [{method, context, score (mean of the task means), tasks, samples}...]}
+// Cells and averages of a method whose lines ran with host-tier layers also hold kv_placement (the lines'
+// placements, comma-joined), host_tier_samples, cache_hits, cache_misses, cache_hit_ratio (hits / (hits +
+// misses) over those samples) and pcie_bytes_per_sample.
 nlohmann::json summarize(const std::vector<nlohmann::json>& lines);
 // One table per context length: rows = methods (in order of first appearance), columns = tasks (in
 // task_names() order), the

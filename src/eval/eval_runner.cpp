@@ -8,8 +8,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
+#include "engine/kv_placement_json.h"
 #include "eval/scoring.h"
 #include "retroinfer/error.h"
 #include "retroinfer/sampler.h"
@@ -322,11 +324,18 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
         const int64_t wanted = static_cast<int64_t>(ids.size()) + s.max_new_tokens;
         const int64_t model_limit = model_max_context(model.config());
         so.max_context = model_limit > 0 ? std::min(wanted, model_limit) : wanted;
-        const std::unique_ptr<SequenceSession> base = make_session(model, so);
-        const auto t0 = std::chrono::steady_clock::now();
-        const std::vector<float> logits = base->prefill(ids);
-        const double prefill_s = seconds_since(t0);
-        const int32_t first = argmax(logits);
+        so.kv_placement = method_kv_placement(opt.kv_placement, AttentionKind::kFull);
+        // The shared prefill (full attention, every layer on the GPU or the CPU), made when the first method
+        // that forks it needs it: retro with a host or split placement prefills its own session instead.
+        std::unique_ptr<SequenceSession> base;
+        double prefill_s = 0.0;
+        int32_t first = -1;
+        const auto timed_prefill = [&](SequenceSession& session, double& seconds) {
+          const auto t0 = std::chrono::steady_clock::now();
+          const int32_t next = argmax(session.prefill(ids));
+          seconds = seconds_since(t0);
+          return next;
+        };
         std::string line_scores;
         // Matched budgets: retro's exact-token count on this sample (run just before, or resumed).
         const auto old_retro = rs.old_retro_exact.find(result_key(task, ctx, i, ""));
@@ -339,12 +348,30 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
                              " to match the baselines' budget to (resumed file without retro lines?)");
             cfg.budget_tokens = matched_budget_tokens(retro_exact, cfg);
           }
-          std::unique_ptr<SequenceSession> f = base->fork_session(cfg);
-          SampleOutcome o = decode_answer(*f, tok, first, s.max_new_tokens, eos);
+          std::unique_ptr<SequenceSession> f;
+          int32_t f_first = first;
+          double f_prefill_s = prefill_s;
+          if (prefills_alone(opt.kv_placement, cfg.kind)) {
+            SessionOptions own = so;
+            own.attention = cfg;
+            own.kv_placement = method_kv_placement(opt.kv_placement, cfg.kind);
+            f = make_session(model, own);
+            f_first = timed_prefill(*f, f_prefill_s);
+          } else {
+            if (!base) {
+              base = make_session(model, so);
+              first = f_first = timed_prefill(*base, prefill_s);
+              f_prefill_s = prefill_s;
+            }
+            f = base->fork_session(cfg);
+          }
+          SampleOutcome o = decode_answer(*f, tok, f_first, s.max_new_tokens, eos);
+          const std::optional<KvPlacementReport> placement = f->kv_placement_report();
           if (m == "retro") retro_exact = o.exact_tokens_per_head;
           f.reset();  // the fork's memory (a copy of the prompt's KV) is freed before the next method
           o.seconds = seconds_since(t1);
-          nlohmann::json j = result_line(s, m, o, prefill_s);
+          nlohmann::json j = result_line(s, m, o, f_prefill_s);
+          add_kv_placement_json(j, placement);
           j["device"] = device;
           j["kv_dtype"] = std::string(dtype_name(opt.kv_dtype));
           j["gen_s"] = gen_s;

@@ -7,6 +7,9 @@
 // with full attention; then, per method, SequenceSession::fork_session copies the prompt's KV caches,
 // builds that method's index and decodes the answer greedily (at most the task's max_new_tokens, stopping
 // at an end-of-generation token). The first answer token comes from the shared prefill logits.
+// Retro with a host or split KV placement (EvalOptions::kv_placement) cannot be forked from that prefill
+// (its KV lives in its wave buffers): it prefills the sample in its own session, and its line's prefill_s is
+// its own.
 //
 // Order: sample index outermost, then context length, then task, so that a run stopped early (its time
 // budget spent, or interrupted) holds about as many samples of every task and length.
@@ -63,6 +66,10 @@ struct EvalOptions {
   BaselineBudget baseline_budget = BaselineBudget::kMatched;
   DType kv_dtype = DType::kF32;                  // cuda: must be bf16 (default_kv_dtype)
   int prefill_chunk = 512;
+  // cuda: where the KV lives. host / split apply to retro (and retro-noest), which then prefills each sample
+  // in its own session (prefills_alone, engine_model.h); the other methods fork the shared prefill with every
+  // layer on the GPU. auto / gpu: every method forks the shared full-attention prefill, whose plan decides.
+  KvPlacementOptions kv_placement;
   std::string results_path;                      // JSON lines, appended; required
   // Wall-clock budget in seconds for the whole call (0 = none): a sample is not started when, at the
   // slowest pace seen so far for its context length, it would end past the budget; the run then stops
@@ -83,8 +90,10 @@ std::set<std::string> result_keys(const std::vector<nlohmann::json>& lines);
 
 // One result line: task, context, index, method, depth, prompt_tokens, prompt_hash, references, output,
 // score_all, score_part, generated_tokens, exact_tokens_per_head (mean over decode steps, layers and KV
-// heads), context_tokens_per_head, prefill_s (shared), method_s (fork + index + decode); run_eval adds
-// device, kv_dtype and gen_s (task generation + tokenization of the sample, shared).
+// heads), context_tokens_per_head, prefill_s (shared), method_s (fork + index + decode, or with its own
+// prefill prefill + index + decode); run_eval adds device, kv_dtype, gen_s (task generation + tokenization of
+// the sample, shared) and the CUDA session's KV placement (add_kv_placement_json: kv_placement, gpu_layers,
+// host_layers, and with host-tier layers cache_hits, cache_misses, cache_hit_ratio, pcie_bytes, ...).
 struct SampleOutcome {
   std::string output;
   int64_t generated_tokens = 0;

@@ -95,6 +95,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
     so.prefill_chunk = opt.prefill_chunk;
     so.max_context = P + T;
     so.exact_attention_stats = true;  // exact-token column and matched budgets (forks inherit it)
+    so.kv_placement = method_kv_placement(opt.kv_placement, AttentionKind::kFull);
     const std::unique_ptr<SequenceSession> base = make_session(model, so);
     const auto t0 = std::chrono::steady_clock::now();
     base->prefill(win.first(P));
@@ -110,7 +111,17 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
         r.budget_tokens = (r.budget_tokens < 0 ? 0.0 : r.budget_tokens) + static_cast<double>(cfg.budget_tokens);
       }
       const double exact_before = r.exact_tokens_per_head;
-      std::unique_ptr<SequenceSession> s = base->fork_session(cfg);
+      std::unique_ptr<SequenceSession> s;
+      if (prefills_alone(opt.kv_placement, cfg.kind)) {
+        // A host-tier session cannot be forked from the GPU prefill: it prefills the prefix itself.
+        SessionOptions own = so;
+        own.attention = cfg;
+        own.kv_placement = method_kv_placement(opt.kv_placement, cfg.kind);
+        s = make_session(model, own);
+        s->prefill(win.first(P));
+      } else {
+        s = base->fork_session(cfg);
+      }
       // Exact attention on the method's own inputs, per layer (full keeps no state between calls); the
       // observer exists on the CPU runner only.
       std::vector<std::unique_ptr<AttentionMethod>> exact;
@@ -148,6 +159,13 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
         ++r.steps;
       }
       r.seconds += seconds_since(t1);
+      if (const std::optional<KvPlacementReport> kv = s->kv_placement_report()) {
+        r.kv_placement = std::string(buffer::kv_placement_name(kv->placement));
+        r.host_layers = kv->host_layers;
+        r.cache_hits += kv->cache_hits;
+        r.cache_misses += kv->cache_misses;
+        r.pcie_bytes += kv->pcie_bytes;
+      }
       if (methods[mi] == "retro")
         retro_exact = (r.exact_tokens_per_head - exact_before) / (static_cast<double>(T) * c.num_layers * c.num_heads_kv);
       if (opt.progress) {
@@ -198,8 +216,20 @@ nlohmann::json to_json(const PplReport& r) {
                             {"top1_agreement", m.top1_agreement}, {"layer_rel_err", m.layer_rel_err},
                             {"exact_tokens_per_head", m.exact_tokens_per_head},
                             {"context_tokens_per_head", m.context_tokens_per_head}, {"seconds", m.seconds}});
-  for (size_t i = 0; i < r.methods.size(); ++i)
-    if (r.methods[i].budget_tokens >= 0) j["methods"][i]["budget_tokens"] = r.methods[i].budget_tokens;
+  for (size_t i = 0; i < r.methods.size(); ++i) {
+    const PplMethodResult& m = r.methods[i];
+    nlohmann::json& mj = j["methods"][i];
+    if (m.budget_tokens >= 0) mj["budget_tokens"] = m.budget_tokens;
+    if (!m.kv_placement.empty()) mj["kv_placement"] = m.kv_placement;
+    if (m.host_layers > 0) {
+      mj["host_layers"] = m.host_layers;
+      mj["cache_hits"] = m.cache_hits;
+      mj["cache_misses"] = m.cache_misses;
+      const uint64_t n = m.cache_hits + m.cache_misses;
+      mj["cache_hit_ratio"] = n > 0 ? nlohmann::json(double(m.cache_hits) / double(n)) : nlohmann::json(nullptr);
+      mj["pcie_bytes"] = m.pcie_bytes;
+    }
+  }
   j["baseline_budget"] = std::string(baseline_budget_name(r.options.baseline_budget));
   return j;
 }

@@ -39,6 +39,9 @@ struct PplOptions {
   BaselineBudget baseline_budget = BaselineBudget::kMatched;
   DType kv_dtype = DType::kF32;  // cuda: must be bf16 (default_kv_dtype)
   int prefill_chunk = 512;
+  // cuda: as EvalOptions::kv_placement (eval_runner.h): host / split apply to retro, which prefills each
+  // window's prefix in its own session; the other methods fork the full-attention prefill on the GPU.
+  KvPlacementOptions kv_placement;
   // Wall-clock budget in seconds (0 = none): a window after the first is not started when, at the pace of
   // the slowest window so far, it would end past the budget (PplReport::windows_run says how many ran).
   double time_budget_s = 0.0;
@@ -59,6 +62,12 @@ struct PplMethodResult {
   double budget_tokens = -1.0;         // baselines: mean budget beyond the steady zone over windows (-1: derived)
   double context_tokens_per_head = 0.0;
   double seconds = 0.0;                // fork + index + decode, all windows
+  // cuda: the session's KV placement ("" on the CPU); with host-tier layers the block cache's hits and
+  // misses and the PCIe bytes of the misses, summed over windows.
+  std::string kv_placement;
+  int host_layers = 0;
+  uint64_t cache_hits = 0, cache_misses = 0;
+  int64_t pcie_bytes = 0;
 };
 
 struct PplReport {

@@ -169,6 +169,7 @@ __global__ void kv_append_kernel(KvAppendParams p) {
     const int64_t r = e / per_row, rem = e % per_row;
     const int64_t h = rem / p.head_dim, i = rem % p.head_dim;
     const KvAppendRow d = p.dst[r];
+    if (d.k == nullptr) continue;  // a host-tier layer of that row's session
     const int64_t at = (h * d.kv_stride + d.pos) * p.head_dim + i;
     d.k[at] = p.k_new[e];
     d.v[at] = p.v_new[e];

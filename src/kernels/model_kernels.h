@@ -66,9 +66,10 @@ cudaError_t qkv_post(const QkvPostParams& p, cudaStream_t s);
 
 // Row r's K/V (k_new / v_new [rows, Hkv, D] bf16, as qkv_post writes them) into its own cache: dst[r].k / .v
 // [Hkv, kv_stride, D] at position dst[r].pos (the joined decode of several sessions, whose caches are separate
-// allocations: CudaJoinedDecoder). The same bits qkv_post writes into a cache.
+// allocations: CudaJoinedDecoder). The same bits qkv_post writes into a cache. A row whose dst[r].k is null is
+// skipped: its session keeps that layer on the host tier, whose attention appends k_new / v_new itself.
 struct KvAppendRow {
-  uint16_t* k = nullptr;
+  uint16_t* k = nullptr;  // null: skip the row
   uint16_t* v = nullptr;
   int64_t kv_stride = 0, pos = 0;
 };

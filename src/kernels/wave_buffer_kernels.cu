@@ -4,9 +4,12 @@
 // consecutive chunks and 4 chunks per lane in flight before the stores (2 KiB per warp per round). For a
 // missed cluster the source is its store block [K rows | V rows], one contiguous run of size * 4 * D
 // bytes, so the zero-copy reads of pinned host memory come in pieces of >= 2 KiB for clusters of >= 4
-// tokens at d = 128 (GPU.md: 51 GB/s at >= 2 KiB pieces, 17 GB/s at 512 B).
+// tokens at d = 128 (GPU.md: 51 GB/s at >= 2 KiB pieces, 17 GB/s at 512 B). An int8 store halves that run
+// (size * 2 * D bytes, >= 1 KiB from 4 tokens up at d = 128) plus its row scales (size * 8 bytes, read once
+// per 32 rows by the lanes together); the gather widens it to bf16 on the way into the execution buffer.
 #include <cuda_runtime.h>
 
+#include "core/row_quant.h"
 #include "kernels/wave_buffer_kernels.h"
 
 namespace retroinfer::cuda::detail {
@@ -62,6 +65,105 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_kernel(const StoreFill
       lane, s,
       [&](int kv, int r) { return (kv ? vh : kh) + (p.idx_begin + int64_t{mem[r]}) * D; },
       [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; });
+}
+
+// An int8 store's fill: one warp per cluster, one row (D values, D / 32 per lane) at a time: the row's
+// absmax over the warp, then each lane quantises its values and writes them (a coalesced D-byte row); lane 0
+// writes the scale. core/row_quant.h does the arithmetic, as the CPU reference.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) store_fill_q8_kernel(const StoreFillParams p) {
+  constexpr int kPer = D / 32;  // values per lane
+  static_assert(kPer == 2 || kPer == 4, "store_fill_q8_kernel: D = 64 or 128");
+  const int h = blockIdx.y, lane = threadIdx.x & 31;
+  const int c = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const WaveTables& t = p.t;
+  if (c >= t.num_clusters) return;
+  const int s = t.sizes[int64_t{h} * t.num_clusters + c];
+  const int64_t o = t.offsets[int64_t{h} * (t.num_clusters + 1) + c];
+  const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
+  int8_t* blk = p.store_q8 + at * 2 * D;
+  float* scl = p.store_scale + at * 2;
+  const uint32_t* mem = p.members + int64_t{h} * t.n_idx + o;
+  const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
+  const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
+  for (int i = 0; i < 2 * s; ++i) {
+    const int kv = i >= s ? 1 : 0, r = i - kv * s;
+    const uint16_t* src = (kv ? vh : kh) + (p.idx_begin + int64_t{mem[r]}) * D + lane * kPer;
+    float x[kPer];
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      x[e] = bf16_to_f32(src[e]);
+      amax = fmaxf(amax, fabsf(x[e]));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float inv = int8_row_inverse(amax);
+    int8_t* dst = blk + int64_t{i} * D + lane * kPer;  // row i of [K rows | V rows]
+    uint32_t packed = 0;  // the lane's kPer bytes in one store (host memory: no partial-word writes)
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) packed |= uint32_t{static_cast<uint8_t>(int8_quantize(x[e], inv))} << (8 * e);
+    if constexpr (kPer == 4) *reinterpret_cast<uint32_t*>(dst) = packed;
+    else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(packed);
+    if (lane == 0) scl[i] = int8_row_scale(amax);
+  }
+}
+
+// 16 int8 values (one 16-byte chunk) widened to 16 bf16 (two 16-byte chunks) with one scale.
+__device__ __forceinline__ void widen_chunk(const uint4& in, float scale, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int8_t q0 = static_cast<int8_t>((w[j] >> (16 * b)) & 0xffu);
+      const int8_t q1 = static_cast<int8_t>((w[j] >> (16 * b + 8)) & 0xffu);
+      o[2 * j + b] = uint32_t{int8_widen_bf16(q0, scale)} | (uint32_t{int8_widen_bf16(q1, scale)} << 16);
+    }
+  }
+  lo = make_uint4(o[0], o[1], o[2], o[3]);
+  hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// Widens one int8 cluster block of s rows ([K rows | V rows], D bytes a row; scales [K s | V s]) into bf16
+// rows dst(kv, r). Rows go in groups of 32: lane i loads the K and V scales of the group's row i (one
+// 128-byte read each), and the lane that widens a chunk takes its row's scale from that lane by shuffle.
+// Chunks are 16 bytes of int8 (16 values), 4 per lane in flight as in warp_copy_rows. Warp-uniform s.
+template <int D, typename Dst>
+__device__ __forceinline__ void warp_widen_rows(int lane, int s, const int8_t* blk, const float* scl, Dst dst) {
+  constexpr int kCpr = D / 16;  // 16-byte int8 chunks per row
+  for (int g0 = 0; g0 < s; g0 += 32) {
+    const int rows = s - g0 < 32 ? s - g0 : 32;
+    const float sk = lane < rows ? scl[g0 + lane] : 0.0f;
+    const float sv = lane < rows ? scl[s + g0 + lane] : 0.0f;
+    const int half = rows * kCpr, total = 2 * half;
+    for (int base = 0; base < total; base += 32 * kUnroll) {
+      uint4 buf[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int q = base + u * 32 + lane;
+        if (q < total) {
+          const int kv = q >= half ? 1 : 0, qq = q - kv * half;
+          buf[u] = *reinterpret_cast<const uint4*>(blk + int64_t{kv * s + g0 + qq / kCpr} * D + (qq % kCpr) * 16);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int q = base + u * 32 + lane;
+        const int kv = q >= half ? 1 : 0, qq = q - kv * half;
+        const int r = (qq / kCpr) & 31;  // past the end (q >= total) any lane: the result is not used
+        const float a = __shfl_sync(0xffffffffu, sk, r), b = __shfl_sync(0xffffffffu, sv, r);
+        if (q < total) {
+          uint4 lo, hi;
+          widen_chunk(buf[u], kv ? b : a, lo, hi);
+          uint16_t* d = dst(kv, g0 + qq / kCpr) + (qq % kCpr) * 16;
+          reinterpret_cast<uint4*>(d)[0] = lo;
+          reinterpret_cast<uint4*>(d)[1] = hi;
+        }
+      }
+    }
+  }
 }
 
 // ---- apply ----
@@ -309,6 +411,9 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
       const uint16_t* cv = t.cache_v + int64_t{h} * t.pages_per_head * pt * D;
       warp_copy_rows<D>(
           lane, s, [&](int kv, int r) { return (kv ? cv : ck) + (int64_t{pages[r / pt]} * pt + r % pt) * D; }, dst);
+    } else if (t.store_q8 != nullptr) {  // int8 store: widened to bf16
+      const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
+      warp_widen_rows<D>(lane, s, t.store_q8 + at * 2 * D, t.store_scale + at * 2, dst);
     } else {
       const uint16_t* blk = t.store + store_block(t, h, c);
       warp_copy_rows<D>(lane, s, [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; }, dst);
@@ -341,9 +446,17 @@ int copy_blocks(int64_t items) {
 
 cudaError_t wave_store_fill(const StoreFillParams& p, cudaStream_t s) {
   const dim3 grid(copy_blocks(p.t.num_clusters), p.t.num_heads);
-  if (p.t.head_dim == 128) store_fill_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
-  else if (p.t.head_dim == 64) store_fill_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
-  else return cudaErrorInvalidValue;
+  const bool q8 = p.store_q8 != nullptr;
+  if (q8 && p.store_scale == nullptr) return cudaErrorInvalidValue;
+  if (p.t.head_dim == 128) {
+    if (q8) store_fill_q8_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
+    else store_fill_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
+  } else if (p.t.head_dim == 64) {
+    if (q8) store_fill_q8_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
+    else store_fill_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
+  } else {
+    return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

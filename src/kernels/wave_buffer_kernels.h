@@ -6,8 +6,11 @@
 // Store: cluster c of flat head h (size s_c) is the contiguous block [K rows | V rows] at element
 // store_at[h, c] * 2 * D: K row r at + r * D, V row r at + (s_c + r) * D. At build store_at[h, c] =
 // h * n_idx + o_c (o_c its CSR offset within the head: the prompt's clusters in cluster order, head by
-// head); the clusters of an index update follow in the store's tail (buffer/index_update.h WaveIndexTables). Cache: cache_k / cache_v [H, P, page_tokens, D] bf16. Execution buffer: exec_k /
-// exec_v [H, exec_cap, D] bf16.
+// head); the clusters of an index update follow in the store's tail (buffer/index_update.h WaveIndexTables).
+// An int8 store (store_q8 set instead of store) has the same blocks in int8 elements ([K rows | V rows], D
+// bytes a row, at byte store_at[h, c] * 2 * D) and a parallel f32 scale array: the block's scales [K scales
+// (s_c) | V scales (s_c)] at store_scale + store_at[h, c] * 2 (core/row_quant.h: per-row absmax / 127).
+// Cache: cache_k / cache_v [H, P, page_tokens, D] bf16. Execution buffer: exec_k / exec_v [H, exec_cap, D] bf16.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,7 +32,11 @@ struct WaveTables {
   int* cluster_pages = nullptr;      // [H, slot_stride]: cache page of each (cluster, page) while resident
   uint8_t* resident = nullptr;       // [H, C]
   int64_t pages_per_head = 0;        // P
-  const uint16_t* store = nullptr;   // cluster blocks at store_at (device or mapped host pointer)
+  // The store (device or mapped host pointers), exactly one of: bf16 cluster blocks at store_at, or int8
+  // blocks plus their row scales (the gather widens them to bf16).
+  const uint16_t* store = nullptr;     // bf16 blocks
+  const int8_t* store_q8 = nullptr;    // int8 blocks
+  const float* store_scale = nullptr;  // int8 store: [store rows, 2] row scales (K then V per block)
   uint16_t* cache_k = nullptr;       // [H, P, page_tokens, D]
   uint16_t* cache_v = nullptr;
   uint16_t* exec_k = nullptr;        // [H, exec_cap, D]
@@ -39,10 +46,13 @@ struct WaveTables {
 
 // Fills the store from GPU K/V: for cluster c of head h, row r is K/V row idx_begin + members[h * n_idx +
 // offsets[h, c] + r] of head h (the build: the index's tokens; an index update: the block's rows of the
-// steady zone, with t a view of the block's clusters).
+// steady zone, with t a view of the block's clusters). An int8 store (store_q8 set) gets each row quantised
+// on the device (core/row_quant.h) before it is written.
 struct StoreFillParams {
   WaveTables t;
-  uint16_t* store = nullptr;          // writable view of t.store
+  uint16_t* store = nullptr;          // writable view of t.store (bf16 store), or
+  int8_t* store_q8 = nullptr;         // ... of t.store_q8 and t.store_scale (int8 store)
+  float* store_scale = nullptr;
   const uint16_t* k = nullptr;        // [H, kv_stride, D]
   const uint16_t* v = nullptr;
   int64_t kv_stride = 0, idx_begin = 0;

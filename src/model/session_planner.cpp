@@ -155,6 +155,7 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       PlannerSettings st;
       st.page_tokens = r.wave.page_tokens;
       st.cache_fraction = r.wave.cache_fraction;
+      st.store_dtype = r.wave.store_dtype;  // host bytes of the compressed store
       st.attention = a;
       StoreBytes b = store_bytes(ps, st, n);
       if (r.wave.cache_pages >= 0)

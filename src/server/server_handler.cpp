@@ -7,6 +7,7 @@
 #include <exception>
 #include <mutex>
 
+#include "engine/kv_placement_json.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/text_generate.h"
@@ -54,9 +55,11 @@ json usage_json(const GenerateSummary& s) {
           {"total_tokens", s.prompt_tokens + s.generated_tokens}};
 }
 
-// The retroinfer extension: the attention method and the share of the cached KV read exactly.
+// The retroinfer extension: the attention method, the share of the cached KV read exactly and, on the CUDA
+// runner, where the request's KV lived (add_kv_placement_json: with host-tier layers the block cache's hit
+// ratio and the PCIe bytes of its misses).
 json extension_json(const GenerateSummary& s, const EngineModel& model) {
-  return {{"attention", s.attention},
+  json j = {{"attention", s.attention},
           {"device", std::string(device_name(model.device()))},
           {"kv_read_share", s.kv_read_share},
           {"exact_tokens", s.exact_tokens},
@@ -66,6 +69,8 @@ json extension_json(const GenerateSummary& s, const EngineModel& model) {
           {"prefill_seconds", s.prefill_seconds},
           {"decode_seconds", s.decode_seconds},
           {"time_to_first_token_s", s.time_to_first_token_s}};
+  add_kv_placement_json(j, s.kv_placement);
+  return j;
 }
 
 std::string sse(const json& j) { return "data: " + dump(j) + "\n\n"; }

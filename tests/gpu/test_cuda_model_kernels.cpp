@@ -519,5 +519,53 @@ TEST(CudaModelKernels, ArgmaxRowsAgainstCpu) {
   }
 }
 
+
+// kv_append_rows (CudaJoinedDecoder): row r's K/V into its own cache at its position, bit for bit; a row with a
+// null destination (its session keeps that layer on the host tier) writes nothing. Caches poisoned first.
+TEST(CudaModelKernels, KvAppendRowsSkipsNullRows) {
+  RETROINFER_REQUIRE_GPU();
+  const int hkv = 2, d = 128, rows = 4;
+  const int64_t stride = 37;
+  const std::vector<int64_t> pos = {0, 36, 5, 17};
+  const std::vector<bool> skip = {false, true, false, false};
+  const std::vector<uint16_t> kn = random_bf16(size_t(rows) * hkv * d, 91), vn = random_bf16(size_t(rows) * hkv * d, 92);
+  DeviceBuffer dk = upload(kn), dv = upload(vn);
+  const size_t cache_elems = size_t(hkv) * stride * d;
+  std::vector<DeviceBuffer> kc, vc;
+  std::vector<cuda::model::KvAppendRow> dst(rows);
+  for (int r = 0; r < rows; ++r) {
+    kc.emplace_back(cache_elems * 2);
+    vc.emplace_back(cache_elems * 2);
+    kc.back().fill_bytes(0xff);
+    vc.back().fill_bytes(0xff);
+    if (!skip[r]) dst[r] = cuda::model::KvAppendRow{kc.back().as<uint16_t>(), vc.back().as<uint16_t>(), stride, pos[r]};
+    else dst[r] = cuda::model::KvAppendRow{nullptr, nullptr, 0, pos[r]};
+  }
+  DeviceBuffer ddst = upload(dst);
+  cuda::model::KvAppendParams p;
+  p.k_new = dk.as<uint16_t>();
+  p.v_new = dv.as<uint16_t>();
+  p.dst = ddst.as<cuda::model::KvAppendRow>();
+  p.rows = rows;
+  p.num_heads_kv = hkv;
+  p.head_dim = d;
+  cuda::detail::launch_check(cuda::model::kv_append_rows(p, nullptr), "kv_append_rows", nullptr);
+  cuda::synchronize();
+  int64_t wrong = 0;
+  for (int r = 0; r < rows; ++r) {
+    const std::vector<uint16_t> gk = download<uint16_t>(kc[r], cache_elems), gv = download<uint16_t>(vc[r], cache_elems);
+    for (int h = 0; h < hkv; ++h)
+      for (int64_t t = 0; t < stride; ++t)
+        for (int i = 0; i < d; ++i) {
+          const size_t at = (size_t(h) * stride + t) * d + i, src = (size_t(r) * hkv + h) * d + i;
+          const bool written = !skip[r] && t == pos[r];
+          wrong += gk[at] != (written ? kn[src] : uint16_t{0xffff});
+          wrong += gv[at] != (written ? vn[src] : uint16_t{0xffff});
+        }
+  }
+  EXPECT_EQ(wrong, 0) << "elements other than the appended rows' bits (or the poison where nothing is appended)";
+  std::printf("[kv_append_rows] %d rows (one skipped), Hkv %d, d %d: %s\n", rows, hkv, d,
+              wrong == 0 ? "every row at its position, the skipped row's cache untouched" : "WRONG");
+}
 }  // namespace
 }  // namespace retroinfer

@@ -41,3 +41,12 @@ def test_cuda_session_and_generate(cuda_model):
     r = cuda_model.generate(ids, max_tokens=12, ignore_eos=True, attention="retro", sink_tokens=4,
                             window_tokens=16, tokens_per_cluster=8)
     assert len(r.tokens) == 12 and 0 < r.kv_read_share < 1
+
+
+def test_cuda_kv_placement_is_reported(cuda_model):
+    ids = [(i * 37 + 11) % 500 for i in range(100)]
+    s = cuda_model.session(attention="full", max_context=128, kv_placement="auto")
+    s.prefill(ids)
+    assert s.kv_placement == {"kv_placement": "gpu", "gpu_layers": cuda_model.config["num_layers"], "host_layers": 0}
+    r = cuda_model.generate(ids, max_tokens=4, ignore_eos=True, attention="full", kv_placement="gpu")
+    assert r.kv_placement["kv_placement"] == "gpu" and r.stats["kv_placement"] == "gpu"

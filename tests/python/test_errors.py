@@ -130,3 +130,19 @@ def test_bad_attention_parameters(tiny_text_model):
     assert cfg["tokens_per_cluster"] == 2 and cfg["window_tokens"] == 32 and cfg["attention"] == "retro"
     with pytest.raises(retroinfer.Error):
         retroinfer.attention_config("retro", estimation_fraction=0.9, retrieval_fraction=0.5)
+
+
+def test_kv_placement_on_the_cpu():
+    m = retroinfer.load(model_dir("tiny-llama3"), device="cpu", tokenizer="")
+    assert m.session(attention="retro", max_context=64, kv_placement="auto").kv_placement is None
+    for p in ("gpu", "split", "host"):
+        with pytest.raises(retroinfer.Error, match=f"--kv-placement {p} \\(kv_placement='{p}'\\)"):
+            m.session(attention="retro", max_context=64, kv_placement=p)
+    with pytest.raises(retroinfer.Error, match="unknown|placement"):
+        m.session(attention="retro", max_context=64, kv_placement="disk")
+    with pytest.raises(TypeError, match="kv_placement takes a str"):
+        m.session(attention="retro", max_context=64, kv_placement=1)
+    with pytest.raises(retroinfer.Error, match="--cache-fraction"):
+        m.session(attention="retro", max_context=64, cache_fraction=0.0)
+    with pytest.raises(retroinfer.Error, match="--kv-placement host"):
+        m.generate([1, 2, 3], max_tokens=2, attention="retro", kv_placement="host")

@@ -26,6 +26,26 @@ TEST(MemoryPlanner, StoreBytesFollowTheShape) {
   EXPECT_LT(b.exec, b.store / 10);
 }
 
+// An int8 store: D int8 values and one f32 scale per K and per V row (wave_buffer.h store_token_bytes);
+// everything on the GPU stays bf16.
+TEST(MemoryPlanner, Int8StoreBytes) {
+  PlannerSettings s;
+  const auto b = store_bytes(llama8b(), s, 131072);
+  s.store_dtype = StoreDtype::kInt8;
+  const auto q = store_bytes(llama8b(), s, 131072);
+  EXPECT_EQ(q.store, int64_t{131072} * 8 * (2 * 128 + 2 * 4));  // 264 MiB per layer against 512
+  EXPECT_EQ(q.cache, b.cache);
+  EXPECT_EQ(q.exec, b.exec);
+  EXPECT_EQ(q.steady, b.steady);
+  EXPECT_EQ(q.meta, b.meta);
+  EXPECT_EQ(store_token_bytes(StoreDtype::kBf16, 64), 256);
+  EXPECT_EQ(store_token_bytes(StoreDtype::kInt8, 64), 136);
+  EXPECT_EQ(parse_store_dtype("int8"), StoreDtype::kInt8);
+  EXPECT_EQ(parse_store_dtype("bf16"), StoreDtype::kBf16);
+  EXPECT_EQ(store_dtype_name(StoreDtype::kInt8), "int8");
+  EXPECT_THROW(parse_store_dtype("fp8"), Error);
+}
+
 // The index's clusters come in segments: a segment of L tokens gets ceil(L / tokens_per_cluster) clusters,
 // so where tokens_per_cluster does not divide segment_tokens every segment rounds up on its own. Counting
 // ceil(n_idx / tokens_per_cluster) over the whole index under-planned the meta bytes.

@@ -130,6 +130,21 @@ TEST(SessionPlanner, HostPlacementPutsEveryStoreOnTheHost) {
   EXPECT_GT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 33 / 100);
 }
 
+// An int8 store (wave.store_dtype): per token and head 2 D int8 values plus 2 f32 row scales, 264 bytes
+// at D = 128 against bf16's 512: host bytes x 264 / 512; the GPU part is unchanged (the cache, the
+// execution buffer and the steady zone stay bf16).
+TEST(SessionPlanner, Int8HostStoreHalvesTheHostBytes) {
+  SessionPlanRequest r = llama(AttentionKind::kRetro, 131072, 2, KvPlacement::kHost, 100 * kGiB, 100 * kGiB);
+  const auto bf16 = plan_session(r);
+  r.wave.store_dtype = StoreDtype::kInt8;
+  const auto int8 = plan_session(r);
+  EXPECT_EQ(int8.host_layers, 32);
+  EXPECT_EQ(int8.host_layer_host_bytes, int64_t{2} * 8 * 131072 * (2 * 128 + 8));  // 2 sequences
+  EXPECT_EQ(int8.host_layer_host_bytes * 512, bf16.host_layer_host_bytes * 264);
+  EXPECT_EQ(int8.host_bytes, 32 * int8.host_layer_host_bytes);
+  EXPECT_EQ(int8.host_layer_gpu_bytes, bf16.host_layer_gpu_bytes);
+}
+
 TEST(SessionPlanner, SplitTakesTheMostGpuLayersThatFit) {
   // 1M tokens x 128 KiB = 128 GiB of K/V: neither 100 GiB of GPU nor 100 GiB of host holds it alone.
   const SessionPlanRequest r =

@@ -204,22 +204,21 @@ void WaveBufferLayer::Impl::copy_steady_zone(const uint16_t* k, const uint16_t* 
 // reallocation at an update, wave_buffer_layer_update.cpp).
 void WaveBufferLayer::Impl::fill_store(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride) {
   auto& m = *this;
-  const size_t row_bytes = size_t(D) * 2;
   const int64_t room = m.wcfg.index_updates && m.wcfg.max_tokens > num_tokens ? m.wcfg.max_tokens - num_tokens : 0;
   m.store_cap_rows = m.tab.store_rows + int64_t{H} * room;
-  const size_t store_bytes = std::max<size_t>(size_t(m.store_cap_rows) * 2 * row_bytes, 16);
+  const size_t store_bytes = m.store_alloc_bytes(m.store_cap_rows);
   m.store_dev = DeviceBuffer();
   m.store_host = PinnedHost();
   if (m.wcfg.tier == KvTier::kGpu) {
     m.store_dev = DeviceBuffer(store_bytes);
-    m.store = m.store_dev.as<uint16_t>();
+    m.point_store(m.store_dev.data(), m.store_cap_rows);
   } else {
     m.store_host = PinnedHost(store_bytes);
-    m.store = static_cast<const uint16_t*>(m.store_host.device());
+    m.point_store(m.store_host.device(), m.store_cap_rows);
   }
   detail::StoreFillParams fp;
   fp.t = m.tables();
-  fp.store = const_cast<uint16_t*>(m.store);
+  m.set_fill_store(fp);
   fp.k = k;
   fp.v = v;
   fp.kv_stride = kv_stride;
@@ -597,7 +596,9 @@ WaveStepCounts WaveBufferLayer::last_step_counts() {
 RetroLayer& WaveBufferLayer::index() { return *impl_->index; }
 int64_t WaveBufferLayer::cache_pages_per_head() const { return impl_->P; }
 int64_t WaveBufferLayer::exec_capacity() const { return impl_->list_cap; }
-int64_t WaveBufferLayer::store_bytes() const { return int64_t{impl_->H} * impl_->per_head * 4 * impl_->D; }
+int64_t WaveBufferLayer::store_bytes() const {
+  return int64_t{impl_->H} * impl_->per_head * store_token_bytes(impl_->wcfg.store_dtype, impl_->D);
+}
 int64_t WaveBufferLayer::steps_issued() const { return static_cast<int64_t>(impl_->steps); }
 bool WaveBufferLayer::store_on_host() const { return impl_->wcfg.tier == KvTier::kHost; }
 

@@ -171,25 +171,40 @@ WaveBufferLayer::Impl::BlockIndex WaveBufferLayer::Impl::cluster_block(int64_t r
 // store_rows0 rows in use before the block are copied synchronously.
 void WaveBufferLayer::Impl::grow_store(int64_t store_rows0) {
   auto& m = *this;
-  const size_t row_bytes = size_t(D) * 2;
-  if (m.tab.store_rows > m.store_cap_rows) {
-    const int64_t cap = std::max(m.tab.store_rows, m.store_cap_rows + m.store_cap_rows / 4);
-    const size_t old_bytes = size_t(store_rows0) * 2 * row_bytes;  // the rows in use before this block
-    const size_t new_bytes = size_t(cap) * 2 * row_bytes;
-    if (m.wcfg.tier == KvTier::kGpu) {
-      DeviceBuffer nb(new_bytes);
-      if (old_bytes > 0)
-        RETROINFER_CUDA_CHECK(cudaMemcpy(nb.data(), m.store_dev.data(), old_bytes, cudaMemcpyDeviceToDevice));
-      m.store_dev = std::move(nb);
-      m.store = m.store_dev.as<uint16_t>();
-    } else {
-      PinnedHost nb(new_bytes);
-      if (old_bytes > 0) std::memcpy(nb.host(), m.store_host.host(), old_bytes);
-      m.store_host = std::move(nb);
-      m.store = static_cast<const uint16_t*>(m.store_host.device());
-    }
-    m.store_cap_rows = cap;
+  if (m.tab.store_rows <= m.store_cap_rows) return;
+  const int64_t cap = std::max(m.tab.store_rows, m.store_cap_rows + m.store_cap_rows / 4);
+  // The rows in use before this block: one range for a bf16 store; for an int8 store the int8 rows at the
+  // start and their scales after the cap * 2 * D int8 bytes (which move with the cap).
+  struct Range {
+    size_t src, dst, bytes;
+  };
+  std::vector<Range> ranges;
+  if (m.wcfg.store_dtype == StoreDtype::kInt8) {
+    ranges.push_back({0, 0, size_t(store_rows0) * 2 * D});
+    ranges.push_back({size_t(m.store_cap_rows) * 2 * D, size_t(cap) * 2 * D, size_t(store_rows0) * 8});
+  } else {
+    ranges.push_back({0, 0, size_t(store_rows0) * 4 * D});
   }
+  const size_t new_bytes = m.store_alloc_bytes(cap);
+  if (m.wcfg.tier == KvTier::kGpu) {
+    DeviceBuffer nb(new_bytes);
+    for (const Range& r : ranges)
+      if (r.bytes > 0)
+        RETROINFER_CUDA_CHECK(cudaMemcpy(static_cast<char*>(nb.data()) + r.dst,
+                                         static_cast<const char*>(m.store_dev.data()) + r.src, r.bytes,
+                                         cudaMemcpyDeviceToDevice));
+    m.store_dev = std::move(nb);
+    m.point_store(m.store_dev.data(), cap);
+  } else {
+    PinnedHost nb(new_bytes);
+    for (const Range& r : ranges)
+      if (r.bytes > 0)
+        std::memcpy(static_cast<char*>(nb.host()) + r.dst, static_cast<const char*>(m.store_host.host()) + r.src,
+                    r.bytes);
+    m.store_host = std::move(nb);
+    m.point_store(m.store_host.device(), cap);
+  }
+  m.store_cap_rows = cap;
 }
 
 // 4a. The per-cluster device tables widened from C0 to tab.clusters columns per head (the old columns copied
@@ -277,7 +292,7 @@ void WaveBufferLayer::Impl::fill_store_tail(const BlockIndex& b, int C0, int64_t
   fp.t.sizes = d_sizes.as<int>();
   fp.t.offsets = d_offs.as<int>();
   fp.t.store_at = d_at.as<int64_t>();
-  fp.store = const_cast<uint16_t*>(m.store);
+  m.set_fill_store(fp);
   fp.k = m.steady_k.as<uint16_t>();
   fp.v = m.steady_v.as<uint16_t>();
   fp.kv_stride = m.steady_cap;

@@ -24,6 +24,25 @@ void CudaSequenceSession::decode(int32_t token, std::span<float> logits) {
   session_->decode(std::span<const int32_t>(&token, 1), logits);
 }
 
+std::optional<KvPlacementReport> CudaSequenceSession::kv_placement_report() {
+  const CudaSessionPlan& p = session_->memory_plan();
+  KvPlacementReport r;
+  r.gpu_layers = p.gpu_layers;
+  r.host_layers = p.host_layers;
+  r.placement = p.host_layers == 0 ? KvPlacement::kGpu : p.gpu_layers == 0 ? KvPlacement::kHost : KvPlacement::kSplit;
+  if (p.host_layers > 0) {
+    const CudaWaveCounts c = session_->last_wave_counts();
+    r.cache_hits = c.totals.hits;
+    r.cache_misses = c.totals.misses;
+    // Counted by the session after each step, its own or a joined one (CudaSessionOptions::count_wave_traffic).
+    const CudaWaveTraffic& t = session_->wave_traffic();
+    r.step_pcie_bytes = t.step_bytes;
+    r.pcie_bytes = t.total_bytes;
+    r.decode_steps = t.steps;
+  }
+  return r;
+}
+
 std::unique_ptr<SequenceSession> CudaSequenceSession::fork_session(const AttentionConfig& attention) const {
   return std::make_unique<CudaSequenceSession>(session_->fork(attention));
 }

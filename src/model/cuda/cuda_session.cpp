@@ -274,6 +274,7 @@ void CudaSession::decode(std::span<const int32_t> tokens, std::span<float> logit
                                         static_cast<cudaStream_t>(im.stream)));
   synchronize(im.stream);
   im.collect_timing();
+  im.count_wave_traffic();
 }
 
 void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32_t> next) {
@@ -291,6 +292,7 @@ void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(next.data(), im.a.next.data(), next.size() * 4, cudaMemcpyDeviceToHost, st));
   synchronize(im.stream);
   im.collect_timing();
+  im.count_wave_traffic();
   for (size_t s = 0; s < next.size(); ++s)
     RETROINFER_CHECK(next[s] >= 0, "CudaSession::decode_greedy: every logit of sequence ", s,
                      " is NaN; the forward pass diverged");
@@ -354,6 +356,18 @@ void CudaSession::set_step_timing(bool on) {
 }
 
 std::vector<std::pair<std::string, float>> CudaSession::last_step_ms() const { return impl_->last_ms; }
+
+void CudaSession::Impl::count_wave_traffic() {
+  if (!opt.count_wave_traffic || !any_host_tier()) return;
+  WaveStepCounts step;
+  WaveBufferStats totals;
+  for (auto& la : attn) la->add_wave_counts(step, totals);
+  traffic.step_bytes = step.miss_rows * 2 * int64_t{shape.head_dim} * 2;
+  traffic.total_bytes += traffic.step_bytes;
+  ++traffic.steps;
+}
+
+const CudaWaveTraffic& CudaSession::wave_traffic() const { return impl_->traffic; }
 
 CudaWaveCounts CudaSession::last_wave_counts() {
   Impl& im = *impl_;

@@ -3,8 +3,18 @@
 // with `joint` set: activation buffers, row staging, a Gemm and a stream for up to `cap` rows, but no KV and
 // no attention objects. Row i is session i's token: the embedding, norms, products and LM head run over all
 // rows through the same Impl methods as a session's decode (forward.cpp); qkv_post writes each row's K/V to
-// k_new / v_new only, kv_append_rows copies them into each session's cache at its position, and each
-// session's own LayerAttention attends from the decoder's q rows into the decoder's attention rows.
+// k_new / v_new only, kv_append_rows copies them into each session's cache at its position (GPU-tier layers),
+// and each session's own LayerAttention attends from the decoder's q rows into the decoder's attention rows
+// (a host-tier layer's WaveLayerAttention appends the row's k_new / v_new to its own steady zone first, as in
+// the session's own decode).
+//
+// Streams within one layer: the decoder's stream runs the segment (norms, products, RoPE, KV append), then
+// records `layer_ready`. Each session whose layer is host-tier waits for it on its own stream, launches its
+// attention there (the wave buffer's gather reads the misses over PCIe) and records its `attn_done` event;
+// the GPU-tier sessions' attention then launches on the decoder's stream, so the gathers overlap it. The
+// decoder's stream waits for every `attn_done` before the next segment reads the attention rows and
+// overwrites q / k_new / v_new. No host synchronisation inside a layer (a wave buffer's index update, due
+// every update_tokens steps, synchronises as in the session's own decode); the segments stay graphs.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +38,8 @@ struct CudaJoinedDecoder::Impl {
   const CudaModel& model;
   std::unique_ptr<CudaSession::Impl> j;  // the joint rows: j->rows_cap of them (0 before the first decode)
   void* order = nullptr;                 // cudaEvent_t: each session's stream before the decoder's
+  void* layer_ready = nullptr;           // cudaEvent_t: the decoder's stream after a layer's segment
+  std::vector<void*> attn_done;          // cudaEvent_t [cap]: row i's host-tier attention on its session's stream
   model::KvAppendRow* host_dst = nullptr;  // pinned [layers, cap]: every row's cache and position per layer
   DeviceBuffer dev_dst;                    // the same on the device
   int cap = 0;
@@ -43,21 +55,27 @@ struct CudaJoinedDecoder::Impl {
   Impl(const CudaModel& m, bool decode_graphs)
       : model(m), graphs_wanted(decode_graphs && !detail::sync_after_launch()) {}
 
+  // After a step's results were downloaded (synchronised): every session holds one token more.
+  static void advance(std::span<CudaSession* const> sessions) {
+    for (CudaSession* x : sessions) {
+      ++x->impl_->pos[0];
+      x->impl_->count_wave_traffic();  // the step's work finished: the decoder synchronised its stream
+    }
+  }
+
   // Why session s cannot join a decoder of `m` (empty: it can).
   static std::string refusal(const CudaSession::Impl& s, const CudaModel& m) {
     if (&s.model != &m) return "it belongs to another model";
     if (s.num_seqs != 1) return "it holds " + std::to_string(s.num_seqs) + " sequences (one per session joins)";
     if (!s.prefilled) return "it is not prefilled";
-    if (s.any_host_tier())
-      return std::to_string(s.num_layers() - s.plan.gpu_layers) +
-             " of its layers keep their KV in host memory (wave buffer); only sessions with every layer on the GPU "
-             "join";
     return {};
   }
 
   ~Impl() {
     drop_graphs();
     if (order != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(order));
+    if (layer_ready != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(layer_ready));
+    for (void* e : attn_done) cudaEventDestroy(static_cast<cudaEvent_t>(e));
     if (host_dst != nullptr) cudaFreeHost(host_dst);
   }
 
@@ -137,11 +155,14 @@ struct CudaJoinedDecoder::Impl {
     const size_t dst_bytes = size_t(c.num_layers) * new_cap * sizeof(model::KvAppendRow);
     RETROINFER_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_dst), dst_bytes));
     dev_dst = DeviceBuffer(dst_bytes);
-    if (order == nullptr) {
+    auto make_event = [] {
       cudaEvent_t e = nullptr;
       RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      order = e;
-    }
+      return static_cast<void*>(e);
+    };
+    if (order == nullptr) order = make_event();
+    if (layer_ready == nullptr) layer_ready = make_event();
+    while (static_cast<int>(attn_done.size()) < new_cap) attn_done.push_back(make_event());
     j = std::move(ji);
     cap = new_cap;
   }
@@ -157,6 +178,39 @@ bool CudaJoinedDecoder::takes(const CudaSession& s) const { return Impl::refusal
 
 void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens,
                                std::span<float> logits) {
+  const int64_t n = static_cast<int64_t>(sessions.size()), vocab = impl_->model.config().vocab_size;
+  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == n * vocab, "CudaJoinedDecoder::decode: logits span of ",
+                   logits.size(), " floats, expected sessions * vocab = ", n * vocab);
+  step(sessions, tokens);
+  CudaSession::Impl& J = *impl_->j;
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(logits.data(), J.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost,
+                                        static_cast<cudaStream_t>(J.stream)));
+  synchronize(J.stream);
+  impl_->advance(sessions);
+}
+
+void CudaJoinedDecoder::decode_greedy(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens,
+                                      std::span<int32_t> next) {
+  RETROINFER_CHECK(next.size() == sessions.size(), "CudaJoinedDecoder::decode_greedy: next span of ", next.size(),
+                   " tokens, expected one per session = ", sessions.size());
+  step(sessions, tokens);
+  CudaSession::Impl& J = *impl_->j;
+  auto js = static_cast<cudaStream_t>(J.stream);
+  model::ArgmaxParams p;
+  p.logits = J.a.logits.as<float>();
+  p.next = J.a.next.as<int32_t>();
+  p.rows = static_cast<int64_t>(next.size());
+  p.vocab = impl_->model.config().vocab_size;
+  detail::launch_check(model::argmax_rows(p, js), "argmax_rows", js);
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(next.data(), J.a.next.data(), next.size() * 4, cudaMemcpyDeviceToHost, js));
+  synchronize(J.stream);
+  impl_->advance(sessions);
+  for (size_t i = 0; i < next.size(); ++i)
+    RETROINFER_CHECK(next[i] >= 0, "CudaJoinedDecoder::decode_greedy: every logit of session ", i,
+                     " is NaN; the forward pass diverged");
+}
+
+void CudaJoinedDecoder::step(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens) {
   Impl& im = *impl_;
   const ModelConfig& c = im.model.config();
   const int64_t vocab = c.vocab_size;
@@ -164,8 +218,6 @@ void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span
   RETROINFER_CHECK(n >= 1, "CudaJoinedDecoder::decode: no sessions");
   RETROINFER_CHECK(static_cast<int64_t>(tokens.size()) == n, "CudaJoinedDecoder::decode: ", tokens.size(),
                    " tokens for ", n, " sessions; pass one token per session");
-  RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == n * vocab, "CudaJoinedDecoder::decode: logits span of ",
-                   logits.size(), " floats, expected sessions * vocab = ", n * vocab);
   std::vector<CudaSession::Impl*> s(n);
   for (int i = 0; i < n; ++i) {
     RETROINFER_CHECK(sessions[i] != nullptr, "CudaJoinedDecoder::decode: session ", i, " is null");
@@ -198,9 +250,11 @@ void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span
     J.staging->seq[i] = i;
     J.staging->pos[i] = static_cast<int32_t>(p);
     ::retroinfer::model::rope_table(si.frequencies(p + 1), p, 1, J.staging->cos + i * half, J.staging->sin + i * half);
-    for (int l = 0; l < L; ++l)
-      im.host_dst[size_t(l) * n + i] = model::KvAppendRow{si.k[static_cast<size_t>(l)].as<uint16_t>(),
-                                                          si.v[static_cast<size_t>(l)].as<uint16_t>(), si.max_context, p};
+    for (int l = 0; l < L; ++l)  // a host-tier layer's row is skipped (null): its attention appends it
+      im.host_dst[size_t(l) * n + i] =
+          si.host_tier(l) ? model::KvAppendRow{nullptr, nullptr, 0, p}
+                          : model::KvAppendRow{si.k[static_cast<size_t>(l)].as<uint16_t>(),
+                                               si.v[static_cast<size_t>(l)].as<uint16_t>(), si.max_context, p};
     si.last_stats = AttentionStats{};
     si.exact_stats_pending = true;
     si.exact_stats_valid = false;
@@ -213,18 +267,32 @@ void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span
     if (graphs != nullptr) RETROINFER_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>((*graphs)[l]), js));
     else im.segment(l, n);
     if (l == L) break;
-    for (int i = 0; i < n; ++i) {
+    // Row i's attention of layer l on `stream`: from q row i (after appending k_new / v_new row i on the host
+    // tier) into attention row i.
+    auto attend = [&](int i, Stream stream) {
       LayerAttention& la = *s[i]->attn[static_cast<size_t>(l)];
       la.decode(J.a.q.as<float>() + i * hq * d, J.a.k_new.as<uint16_t>() + i * hkv * d,
-                J.a.v_new.as<uint16_t>() + i * hkv * d, s[i]->pos[0] + 1, J.a.att.as<float>() + i * hq * d, J.stream);
+                J.a.v_new.as<uint16_t>() + i * hkv * d, s[i]->pos[0] + 1, J.a.att.as<float>() + i * hq * d, stream);
       s[i]->last_stats += la.last_stats();
+    };
+    // Host-tier rows first, each on its session's stream after the segment; then the GPU-tier rows on the
+    // decoder's stream, overlapping the host-tier gathers; the decoder's stream then waits for all of them.
+    const bool any_host = std::any_of(s.begin(), s.end(), [&](const CudaSession::Impl* si) { return si->host_tier(l); });
+    if (any_host) RETROINFER_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(im.layer_ready), js));
+    for (int i = 0; i < n; ++i) {
+      if (!s[i]->host_tier(l)) continue;
+      auto ss = static_cast<cudaStream_t>(s[i]->stream);
+      RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(ss, static_cast<cudaEvent_t>(im.layer_ready), 0));
+      attend(i, s[i]->stream);
+      RETROINFER_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(im.attn_done[static_cast<size_t>(i)]), ss));
     }
+    for (int i = 0; i < n; ++i)
+      if (!s[i]->host_tier(l)) attend(i, J.stream);
+    for (int i = 0; i < n; ++i)
+      if (s[i]->host_tier(l))
+        RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(js, static_cast<cudaEvent_t>(im.attn_done[static_cast<size_t>(i)]), 0));
   }
   if (graphs == nullptr) im.eager_once.insert(n);
-  RETROINFER_CUDA_CHECK(
-      cudaMemcpyAsync(logits.data(), J.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost, js));
-  synchronize(J.stream);
-  for (int i = 0; i < n; ++i) ++s[i]->pos[0];
 }
 
 // ---- CudaSequenceSession's side (sequence_session.h JoinedDecode) ----

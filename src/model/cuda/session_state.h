@@ -212,6 +212,10 @@ struct CudaSession::Impl {
   // Fills last_ms from the step's events (after the step's results were downloaded).
   void collect_timing();
   void record_event(int i);
+  // After a decode step whose work has finished (the caller synchronised): adds the host-tier layers'
+  // missed rows to traffic when opt.count_wave_traffic is on.
+  void count_wave_traffic();
+  CudaWaveTraffic traffic;
 };
 
 }  // namespace retroinfer::cuda

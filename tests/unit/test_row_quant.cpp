@@ -1,0 +1,113 @@
+// The int8 store's row quantisation (core/row_quant.h), the CPU reference of the CUDA store fill and
+// gather: the per-element error bound, exact cases (zero rows, the absmax element, rows already on the
+// int8 grid), symmetry and the clamp, over head dims with tails.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/row_quant.h"
+#include "retroinfer/dtype.h"
+
+namespace retroinfer {
+namespace {
+
+std::vector<uint16_t> random_row(std::mt19937& rng, int d, float sigma, int outliers) {
+  std::normal_distribution<float> nd(0.0f, sigma);
+  std::vector<uint16_t> x(d);
+  for (auto& v : x) v = f32_to_bf16(nd(rng));
+  // Keys carry a few outlier channels (tens of times the rest): the case per-row scales must survive.
+  for (int i = 0; i < outliers && i < d; ++i) x[(i * 37) % d] = f32_to_bf16(40.0f * sigma * (i % 2 ? -1.0f : 1.0f));
+  return x;
+}
+
+// Every element: |x - q * scale| <= scale * (1/2 + 2^-15), and after the bf16 widening at most
+// |q * scale| * 2^-8 more (row_quant.h derives both); |q| <= 127; the absmax element maps to +-127.
+TEST(RowQuant, ErrorBoundPerElement) {
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::mt19937 rng(seed);
+    for (int d : {1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 64, 127, 128, 129}) {
+      for (int outliers : {0, 1, 3}) {
+        for (float sigma : {1e-3f, 0.5f, 30.0f}) {
+          const std::vector<uint16_t> x = random_row(rng, d, sigma, outliers);
+          std::vector<int8_t> q(d, 99);
+          const float scale = int8_quantize_row(x.data(), d, q.data());
+          std::vector<uint16_t> w(d, 0xffff);  // sentinel: NaN in bf16
+          int8_widen_row(q.data(), scale, d, w.data());
+          float amax = 0.0f;
+          for (uint16_t v : x) amax = std::fmax(amax, std::fabs(bf16_to_f32(v)));
+          ASSERT_EQ(scale, amax / 127.0f);
+          bool saw_max = false;
+          for (int i = 0; i < d; ++i) {
+            SCOPED_TRACE("seed " + std::to_string(seed) + " d " + std::to_string(d) + " i " + std::to_string(i));
+            const double xi = bf16_to_f32(x[i]), qs = double(q[i]) * double(scale);
+            ASSERT_LE(std::abs(q[i]), 127);
+            ASSERT_LE(std::abs(xi - qs), double(scale) * (0.5 + std::ldexp(1.0, -15)));
+            const double wi = bf16_to_f32(w[i]);
+            ASSERT_TRUE(std::isfinite(wi));
+            ASSERT_LE(std::abs(xi - wi), double(scale) * (0.5 + std::ldexp(1.0, -15)) + std::abs(qs) * std::ldexp(1.0, -8));
+            if (std::fabs(float(xi)) == amax) {
+              ASSERT_EQ(std::abs(q[i]), 127);
+              saw_max = true;
+            }
+          }
+          ASSERT_TRUE(saw_max);
+        }
+      }
+    }
+  }
+}
+
+TEST(RowQuant, ZeroRowIsExact) {
+  std::vector<uint16_t> x(128, f32_to_bf16(0.0f));
+  x[5] = f32_to_bf16(-0.0f);
+  std::vector<int8_t> q(128, 7);
+  EXPECT_EQ(int8_quantize_row(x.data(), 128, q.data()), 0.0f);
+  std::vector<uint16_t> w(128, 0xffff);
+  int8_widen_row(q.data(), 0.0f, 128, w.data());
+  for (int i = 0; i < 128; ++i) {
+    EXPECT_EQ(q[i], 0);
+    EXPECT_EQ(bf16_to_f32(w[i]), 0.0f);
+  }
+}
+
+// A row whose values are small integers times a power of two (all exactly representable in bf16, absmax
+// 127 * 2^e): scale is 2^e (exact) and the round trip returns every value bit for bit.
+TEST(RowQuant, RowsOnTheGridRoundTripExactly) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> ui(-127, 127);
+  for (int e : {-12, -3, 0, 5}) {
+    std::vector<uint16_t> x(64);
+    for (auto& v : x) v = f32_to_bf16(std::ldexp(float(ui(rng)), e));
+    x[11] = f32_to_bf16(std::ldexp(-127.0f, e));
+    std::vector<int8_t> q(64);
+    const float scale = int8_quantize_row(x.data(), 64, q.data());
+    // absmax / 127 = 2^e exactly (127 * 2^e / 127 is exact in f32).
+    EXPECT_EQ(scale, std::ldexp(1.0f, e));
+    std::vector<uint16_t> w(64);
+    int8_widen_row(q.data(), scale, 64, w.data());
+    EXPECT_EQ(w, x) << "e " << e;
+  }
+}
+
+// x and -x quantise to q and -q (round half even is symmetric); ties go to the even integer.
+TEST(RowQuant, SymmetricWithTiesToEven) {
+  const float inv = 1.0f;
+  EXPECT_EQ(int8_quantize(2.5f, inv), 2);
+  EXPECT_EQ(int8_quantize(-2.5f, inv), -2);
+  EXPECT_EQ(int8_quantize(3.5f, inv), 4);
+  EXPECT_EQ(int8_quantize(200.0f, inv), 127);   // clamped (only reachable through f32 rounding of inv)
+  EXPECT_EQ(int8_quantize(-200.0f, inv), -127);
+  std::mt19937 rng(3);
+  const std::vector<uint16_t> x = random_row(rng, 128, 1.0f, 2);
+  std::vector<uint16_t> nx(128);
+  for (int i = 0; i < 128; ++i) nx[i] = x[i] ^ 0x8000u;
+  std::vector<int8_t> q(128), nq(128);
+  EXPECT_EQ(int8_quantize_row(x.data(), 128, q.data()), int8_quantize_row(nx.data(), 128, nq.data()));
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(q[i], -nq[i]) << i;
+}
+
+}  // namespace
+}  // namespace retroinfer
