@@ -24,6 +24,7 @@
 #include "retroinfer/session_planner.h"
 #include "command.h"
 #include "retroinfer/attention.h"
+#include "retroinfer/cluster_trace.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model_config.h"
 #include "retroinfer/model_file.h"
@@ -65,6 +66,8 @@ struct BenchDecodeOptions {
   bool joined = false;
   int joined_gpu_sessions = 0;  // joined: the first this many sessions with every layer on the GPU
   std::string host_store = "bf16";  // host-tier layers' store element type (WaveBufferConfig::store_dtype)
+  std::string query_trace;     // --query-trace: host-tier retrieval clusters follow this cluster trace
+  std::shared_ptr<const ClusterTraceSchedule> query_schedule;  // read from query_trace before the runs
 };
 
 std::vector<std::string> split_list(const std::string& s) {
@@ -198,6 +201,12 @@ KvPlacement to_cuda(KvPlacement p) {
   return KvPlacement::kGpu;
 }
 
+// Which queries choose the host-tier layers' retrieval clusters (the GPU-tier layers always use their own).
+void add_query_source(json& j, const BenchDecodeOptions& o) {
+  j["query_source"] = o.query_trace.empty() ? "synthetic" : "trace:" + o.query_trace;
+  if (o.query_schedule) j["query_trace_rule"] = o.query_schedule->rule();
+}
+
 // One configuration on the GPU: session, fill, warm-up, timed steps, one timed-breakdown step.
 cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Config& c,
                                          const buffer::SessionPlanBreakdown& plan, int64_t gpu_limit, int64_t host_limit) {
@@ -212,6 +221,7 @@ cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Conf
   opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
+  opt.query_trace = o.query_schedule;
   return opt;
 }
 
@@ -226,6 +236,7 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   const ModelConfig& cfg = model.config();
   json j;
   j["mode"] = "lockstep";
+  add_query_source(j, o);
   const cuda::CudaSessionOptions opt = session_options(o, c, plan, gpu_limit, host_limit);
   const int64_t gpu_free0 = cuda::device_memory_info().first, rss0 = rss_bytes();
   double t0 = now_s();
@@ -382,6 +393,7 @@ json run_joined_config(const cuda::CudaModel& model, const BenchDecodeOptions& o
   const ModelConfig& cfg = model.config();
   json j;
   j["mode"] = "joined";
+  add_query_source(j, o);  // every one-sequence session follows the trace as sequence 0
   const int gpu_sessions = std::min(c.batch, o.joined_gpu_sessions);
   j["joined_gpu_sessions"] = gpu_sessions;
   const cuda::CudaSessionOptions opt = session_options(o, c, plan, gpu_limit, host_limit);
@@ -668,7 +680,14 @@ void setup_bench_decode(CLI::App& app) {
                   "GPU; about half the bytes per miss)")
       ->check(CLI::IsMember({"bf16", "int8"}))
       ->capture_default_str();
-  cmd->callback([o] { run_bench_decode(*o); });
+  cmd->add_option("--query-trace", o->query_trace,
+                  "Cluster trace (generate --record-trace): the host-tier layers' retrieval clusters follow it "
+                  "instead of the random-weight queries' selection (docs/wave-buffer.md#cluster-traces)");
+  cmd->callback([o] {
+    if (!o->query_trace.empty())
+      o->query_schedule = std::make_shared<const ClusterTraceSchedule>(read_cluster_trace(o->query_trace));
+    run_bench_decode(*o);
+  });
 }
 RETROINFER_COMMAND(setup_bench_decode);
 

@@ -12,6 +12,7 @@
 #include "command.h"
 #include "engine/kv_placement_json.h"
 #include "model_cli.h"
+#include "retroinfer/cluster_trace.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/text_generate.h"
@@ -22,6 +23,7 @@ namespace {
 struct GenerateCliOptions {
   ModelCliOptions model;
   std::string prompt, prompt_file, system, attention = "full", json_path;
+  std::string record_trace;  // --record-trace: cluster trace file (retro only)
   bool chat = false, ignore_eos = false;
   int max_new_tokens = 128;
   float temperature = 0.0f, top_p = 1.0f;
@@ -66,6 +68,19 @@ void print_kv_placement(const std::optional<KvPlacementReport>& r) {
   std::fprintf(stderr, "\n");
 }
 
+// --record-trace: a cluster trace of every decode step's retrieval selections (retro only).
+std::shared_ptr<ClusterTraceWriter> open_cluster_trace(const GenerateCliOptions& o, const LoadedModel& m,
+                                                       size_t prompt_tokens) {
+  const ModelConfig& c = m.model->config();
+  ClusterTraceHeader h;
+  h.num_layers = c.num_layers;
+  h.num_heads_kv = c.num_heads_kv;
+  h.head_dim = c.head_dim;
+  h.source = "model=" + m.model->path() + " device=" + m.engine->description() +
+             " prompt_tokens=" + std::to_string(prompt_tokens) + " max_new_tokens=" + std::to_string(o.max_new_tokens);
+  return std::make_shared<ClusterTraceWriter>(o.record_trace, h);
+}
+
 void run_generate(const GenerateCliOptions& o) {
   RETROINFER_CHECK(o.prompt.empty() != o.prompt_file.empty(), "generate: give exactly one of --prompt and --prompt-file");
   std::string prompt = o.prompt;
@@ -78,12 +93,16 @@ void run_generate(const GenerateCliOptions& o) {
   }
   const AttentionKind kind = parse_attention_kind(o.attention);
   make_session_options(o.model, kind);  // bad attention flags fail before the model is read
+  RETROINFER_CHECK(o.record_trace.empty() || kind == AttentionKind::kRetro, "generate: --record-trace records retro's "
+                   "cluster selections; use --attention retro (got '", o.attention, "')");
   LoadedModel m = load_model(o.model);
   const SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
   const Tokenizer& tok = *m.tokenizer;
 
   const std::vector<int32_t> ids = encode_prompt(tok, prompt, o.chat, o.system);
   RETROINFER_CHECK(!ids.empty(), "generate: the prompt encodes to no tokens");
+  SessionOptions session_opt = so;
+  if (!o.record_trace.empty()) session_opt.cluster_trace = open_cluster_trace(o, m, ids.size());
 
   GenerateOptions go;
   go.max_new_tokens = o.max_new_tokens;
@@ -103,7 +122,7 @@ void run_generate(const GenerateCliOptions& o) {
     bar.update(done, total);
     if (done == total) bar.finish();
   };
-  const GenerateSummary s = generate_text(*m.engine, tok, so, ids, go, cb);
+  const GenerateSummary s = generate_text(*m.engine, tok, session_opt, ids, go, cb);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   std::fprintf(stderr,
@@ -115,10 +134,18 @@ void run_generate(const GenerateCliOptions& o) {
                std::string(stop_reason_name(s.stop_reason)).c_str(), s.decode_seconds, s.decode_tokens_per_s,
                s.time_to_first_token_s, 100.0 * s.kv_read_share, s.mean_exact_tokens_per_head);
   print_kv_placement(s.kv_placement);
+  if (session_opt.cluster_trace) {
+    session_opt.cluster_trace->flush();
+    std::fprintf(stderr, "--- cluster trace: %s (%lld records; replay: retroinfer trace replay --trace %s)\n",
+                 o.record_trace.c_str(), static_cast<long long>(session_opt.cluster_trace->records_written()),
+                 o.record_trace.c_str());
+  }
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
     RETROINFER_CHECK(f.good(), "generate: cannot write --json '", o.json_path, "'");
-    f << summary_json(s, m.model->path(), *m.engine, m.load_seconds).dump(2) << "\n";
+    nlohmann::json j = summary_json(s, m.model->path(), *m.engine, m.load_seconds);
+    if (!o.record_trace.empty()) j["cluster_trace"] = o.record_trace;
+    f << j.dump(2) << "\n";
   }
 }
 
@@ -141,6 +168,9 @@ void setup_generate(CLI::App& app) {
   cmd->add_option("--stop", o->stops, "Stop string (repeatable); not printed");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at end-of-sequence tokens");
   cmd->add_option("--json", o->json_path, "Write the summary as JSON to this file");
+  cmd->add_option("--record-trace", o->record_trace,
+                  "Record retro's retrieval clusters per decode step, layer and KV head to this file "
+                  "(replay: retroinfer trace replay)");
   cmd->callback([o] { run_generate(*o); });
 }
 RETROINFER_COMMAND(setup_generate);

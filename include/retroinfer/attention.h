@@ -14,6 +14,9 @@
 
 namespace retroinfer {
 
+class ClusterTraceWriter;    // retroinfer/cluster_trace.h
+class ClusterTraceSchedule;  // retroinfer/cluster_trace.h
+
 // One attention method instance serves one (sequence, layer), i.e. every KV head of that layer, and
 // holds that pair's index state.
 // Threading contract: one thread at a time per instance (instances are independent); the instance may
@@ -44,6 +47,14 @@ class AttentionMethod {
     (void)zones;
     return false;
   }
+  // Recording hook (optional): after each decode() the method writes its retrieval-zone selection of every
+  // KV head to `trace` as layer `layer`, sequence 0 (retro; other methods select no clusters and ignore it).
+  // nullptr stops recording. The writer must outlive the method or the next call.
+  virtual void set_cluster_trace(ClusterTraceWriter* trace, int layer) {
+    (void)trace;
+    (void)layer;
+  }
+
   static constexpr uint8_t kZoneIgnored = 0;
   static constexpr uint8_t kZoneExact = 1;
   static constexpr uint8_t kZoneEstimated = 2;

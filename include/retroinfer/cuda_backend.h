@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -151,6 +152,11 @@ class RetroLayer {
   // outliers (synchronous: reads the per-head list lengths back). num_tokens() x heads when nothing is
   // indexed. Call after decode().
   int64_t last_exact_tokens() const;
+  // Cluster traces: enqueues on `s` copies of the last decode's retrieval cluster ids, ids [flat heads,
+  // n_retrieval()] (ascending, -1 past the selection), and the cluster sizes, sizes [flat heads,
+  // num_clusters()] (tokens), into host memory (pinned for the copies to be asynchronous). Valid once `s`
+  // has passed them. The decode must have been issued on `s` (or before it in stream order).
+  void copy_selection_async(int32_t* ids, int32_t* sizes, Stream s) const;
   // Bytes one decode must read from device memory: the scored centroids (int8 rows + scales with int8 scoring,
   // else bf16) and sizes of every cluster, the value
   // sums of the estimation zone, the K/V rows and ids of the exact tokens (from the last decode: a sync),
@@ -258,6 +264,15 @@ class WaveBufferLayer {
   void check();
   // Cache admissions on (default) or off (the cache keeps its content; benchmarks of the miss path).
   void set_admission(bool on);
+  // Benchmarks (bench decode --query-trace): `fill(step, num_clusters, n_r, ids)` writes each step's retrieval
+  // clusters, ids [flat heads, n_r] (per head strictly ascending in [0, num_clusters), then -1), which replace
+  // the selection's before the lookup, so the cache sees a recorded decode's selections; the estimation zone
+  // stays the selection's (a cluster may then be both retrieved and estimated: the output is not attention,
+  // the traffic is). Called on the owner thread in each decode (step: decodes since build()); the ids reach
+  // the device by an asynchronous copy from pinned memory (a slot is reused after its copy's event, 4 steps
+  // later: no host synchronisation in practice). Empty: off. capture_graph throws while it is set.
+  using RetrievalOverride = std::function<void(int64_t step, int num_clusters, int n_r, int32_t* ids)>;
+  void set_retrieval_override(RetrievalOverride fill);
   WaveBufferStats stats();
   WaveStepCounts last_step_counts();  // synchronous
   // The wave index built by build() (decodes on the GPU-resident K/V it was given); index updates of
@@ -331,6 +346,24 @@ class LayerAttention {
   // Host tier only (wave buffer): adds the block cache's counts of the last decode step (device counts,
   // read synchronously) to `step` and the manager's counters since prefill_done (they may lag the issued
   // steps by the manager's queue) to `totals`; returns true. Other tiers and methods: false, untouched.
+  // Cluster traces (retroinfer/cluster_trace.h): retro on the GPU tier records each decode's retrieval
+  // clusters of every flat head as `layer`, sequences first_seq + s (read back at its next decode, behind an
+  // event; see src/attention/cuda/selection_recorder.h); nullptr stops. Other methods and the host tier
+  // ignore it. The writer must outlive this object or the next call.
+  // Benchmarks: host-tier retro layers (wave buffer) take their retrieval clusters from `schedule` as target
+  // layer `layer`, flat heads from first_seq * KV heads (WaveBufferLayer::set_retrieval_override); nullptr
+  // stops. Returns false (and ignores it) where the method or tier has no such seam.
+  virtual bool set_query_trace(const ClusterTraceSchedule* schedule, int layer, int first_seq) {
+    (void)schedule;
+    (void)layer;
+    (void)first_seq;
+    return false;
+  }
+  virtual void set_cluster_trace(ClusterTraceWriter* trace, int layer, int first_seq) {
+    (void)trace;
+    (void)layer;
+    (void)first_seq;
+  }
   virtual bool add_wave_counts(WaveStepCounts& step, WaveBufferStats& totals) {
     (void)step;
     (void)totals;

@@ -74,6 +74,12 @@ struct CudaSessionOptions {
   // small read-back per layer, on the first call after a decode); false: the host-side counts, where
   // retro's retrieval zone is an upper bound (no extra work on the decode path).
   bool exact_stats = false;
+  // Records retro's retrieval clusters per decode step, layer and flat head (GPU-tier retro layers; the
+  // host tier does not record). nullptr: none. See SessionOptions::cluster_trace.
+  std::shared_ptr<ClusterTraceWriter> cluster_trace;
+  // Benchmarks: the host-tier layers' retrieval clusters follow this recorded trace instead of the queries'
+  // selection (LayerAttention::set_query_trace; bench decode --query-trace). nullptr: the queries select.
+  std::shared_ptr<const ClusterTraceSchedule> query_trace;
   // After every decode step (the session's own or a CudaJoinedDecoder's), add the host-tier layers' missed
   // rows to wave_traffic(): a small synchronous read of the wave-buffer counters per step (off in `bench
   // decode`, whose timing must not include it; on in the engine's sessions, which report it).

@@ -88,6 +88,10 @@ struct SessionOptions {
   // read back with a synchronisation per layer after each decode; eval and benchmarks) instead of the
   // host-side bound (no extra synchronisation; generation). The CPU runner always counts exactly.
   bool exact_attention_stats = false;
+  // Records retro's retrieval clusters of every decode step, layer and KV head (retroinfer/cluster_trace.h;
+  // `generate --record-trace`); nullptr: none. The CUDA runner reads the ids back at the next step (a small
+  // device-to-host copy per retro layer and step). A fork() does not record.
+  std::shared_ptr<ClusterTraceWriter> cluster_trace;
   KvPlacementOptions kv_placement;  // CUDA runner: where the KV lives (sequence_session.h); CPU: kAuto only
 };
 

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "attention/exact.h"
+#include "retroinfer/cluster_trace.h"
 #include "retroinfer/error.h"
 #include "retroinfer/wave_counts.h"
 
@@ -30,6 +31,7 @@ void RetroAttention::build(const KvCache& kv) {
   index_.indexed_begin = sink;
   index_.indexed_end = sink;
   num_updates_ = 0;
+  steps_since_build_ = 0;
   last_size_ = -1;
   last_sel_.assign(shape_.num_heads_kv, index::ZoneSelection{});
   built_ = true;
@@ -132,10 +134,29 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
   last_size_ = size;
   last_steady_a_ = steady_a;
   last_steady_b_ = steady_b;
+  if (trace_ != nullptr) record_selection(size);
+  ++steps_since_build_;
   AttentionStats s;
   for (const auto& st : per_head) s += st;
   s.context_tokens = size * nh;
   return s;
+}
+
+void RetroAttention::record_selection(int64_t size) {
+  ClusterTraceRecord r;
+  r.step = static_cast<int32_t>(steps_since_build_);
+  r.layer = trace_layer_;
+  r.context_tokens = size;
+  for (int h = 0; h < shape_.num_heads_kv; ++h) {
+    const index::HeadIndex& hi = index_.heads[h];
+    r.head = h;
+    r.num_clusters = hi.num_clusters();
+    r.ids = last_sel_[h].retrieval;
+    std::sort(r.ids.begin(), r.ids.end());
+    r.sizes.resize(r.ids.size());
+    for (size_t j = 0; j < r.ids.size(); ++j) r.sizes[j] = hi.sizes[r.ids[j]];
+    trace_->write(r);
+  }
 }
 
 template <typename Code>

@@ -43,6 +43,12 @@ class RetroAttention final : public MethodBase {
   // kZoneEstimated, the rest kZoneIgnored). False before the first decode and after on_prefill.
   bool last_zones(int kvh, std::vector<uint8_t>& zones) const override;
 
+  // Records each decode's retrieval clusters per KV head (step = decodes since the index was built).
+  void set_cluster_trace(ClusterTraceWriter* trace, int layer) override {
+    trace_ = trace;
+    trace_layer_ = layer;
+  }
+
   const index::WaveIndex& wave_index() const { return index_; }
   int64_t num_updates() const { return num_updates_; }  // index updates run since the index was built
 
@@ -71,6 +77,11 @@ class RetroAttention final : public MethodBase {
   int64_t last_steady_a_ = 0, last_steady_b_ = 0;
   bool built_ = false;
   int64_t num_updates_ = 0;
+  int64_t steps_since_build_ = 0;
+  ClusterTraceWriter* trace_ = nullptr;  // not owned; nullptr: not recording
+  int trace_layer_ = 0;
+
+  void record_selection(int64_t size);  // writes last_sel_ of every head to trace_
 };
 
 }  // namespace retroinfer::attention

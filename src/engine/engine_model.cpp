@@ -131,6 +131,7 @@ std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const Se
   co.max_context = opt.max_context;
   co.prefill_chunk = opt.prefill_chunk;
   co.exact_stats = opt.exact_attention_stats;
+  co.cluster_trace = opt.cluster_trace;
   co.count_wave_traffic = true;  // the faces report the host tier's PCIe bytes (kv_placement_report)
   co.placement = opt.kv_placement.placement;
   co.gpu_layers = opt.kv_placement.gpu_layers;

@@ -213,6 +213,7 @@ Session::Session(const Model& model, const SessionOptions& opt) : model_(model),
   for (int l = 0; l < c.num_layers; ++l) {
     kv_.emplace_back(c.num_heads_kv, c.head_dim, opt.kv_dtype);
     attn_.push_back(make_attention(opt.attention, shape));
+    if (opt.cluster_trace) attn_.back()->set_cluster_trace(opt.cluster_trace.get(), l);
   }
 }
 
@@ -222,6 +223,7 @@ std::unique_ptr<Session> Session::fork(const AttentionConfig& attention) const {
   RETROINFER_CHECK(prefilled_, "session: fork needs a prefilled session");
   SessionOptions o = opt_;
   o.attention = attention;
+  o.cluster_trace = nullptr;  // the fork's steps would repeat the parent's step numbers
   o.max_context = max_context_;
   auto s = std::make_unique<Session>(model_, o);
   s->kv_ = kv_;

@@ -5,6 +5,8 @@
 
 #include "attention/cuda/layer_attention.h"
 #include "attention/cuda/layer_common.h"
+#include "attention/cuda/selection_recorder.h"
+#include "retroinfer/cluster_trace.h"
 #include "retroinfer/cuda_backend.h"
 #include "retroinfer/error.h"
 #include "retroinfer/wave_buffer.h"
@@ -17,7 +19,8 @@ namespace {
 class RetroLayerAttention final : public LayerAttention {
  public:
   RetroLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs, int64_t max_tokens)
-      : layer_(shape, cfg, num_seqs), max_tokens_(max_tokens), H_(num_seqs * shape.num_heads_kv) {
+      : layer_(shape, cfg, num_seqs), max_tokens_(max_tokens), H_(num_seqs * shape.num_heads_kv),
+        num_heads_kv_(shape.num_heads_kv) {
     validate(cfg);
     RETROINFER_CHECK(max_tokens >= 1, "RetroLayerAttention: max_tokens must be >= 1, got ", max_tokens);
     layer_.set_outlier_zone(true);
@@ -30,8 +33,13 @@ class RetroLayerAttention final : public LayerAttention {
     RETROINFER_CHECK(num_tokens <= max_tokens_ && kv_stride >= max_tokens_, "RetroLayerAttention: ", num_tokens,
                      " tokens in K/V rows of stride ", kv_stride, " for max_tokens ", max_tokens_,
                      " (need num_tokens <= max_tokens <= kv_stride)");
+    recorder_.restart();
     layer_.build(k, v, num_tokens, kv_stride, s);
     layer_.release_build_workspace();
+  }
+
+  void set_cluster_trace(ClusterTraceWriter* trace, int layer, int first_seq) override {
+    recorder_.set_trace(trace, layer, first_seq, H_ / num_heads_kv_, num_heads_kv_);
   }
 
   void decode(const float* q, const uint16_t* k_new, const uint16_t* v_new, int64_t num_tokens, float* out,
@@ -42,6 +50,7 @@ class RetroLayerAttention final : public LayerAttention {
                      " tokens exceed max_tokens ", max_tokens_);
     layer_.append(num_tokens, s);
     layer_.decode(q, out, s);
+    if (recorder_.active()) recorder_.after_decode(layer_, num_tokens, s);
     // Host-side accounting: steady zone and outliers exact; the retrieval zone bounded by the n_r largest
     // clusters (an upper bound: the device's selection is not read back).
     const int64_t n = layer_.num_tokens(), steady = n - layer_.indexed_tokens();
@@ -68,8 +77,9 @@ class RetroLayerAttention final : public LayerAttention {
  private:
   RetroLayer layer_;
   int64_t max_tokens_;
-  int H_;
+  int H_, num_heads_kv_;
   AttentionStats stats_;
+  SelectionRecorder recorder_;  // cluster traces; inactive unless set_cluster_trace
 };
 
 // retro with the KV in the wave buffer's store (pinned host memory by default): prefill_done builds the
@@ -89,7 +99,7 @@ class WaveLayerAttention final : public LayerAttention {
   WaveLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, const WaveBufferConfig& wave,
                      int num_seqs, int64_t max_tokens)
       : layer_(shape, cfg, sized(wave, max_tokens), num_seqs), max_tokens_(max_tokens),
-        H_(num_seqs * shape.num_heads_kv) {
+        H_(num_seqs * shape.num_heads_kv), num_heads_kv_(shape.num_heads_kv) {
     validate(cfg);
     RETROINFER_CHECK(max_tokens >= 1, "WaveLayerAttention: max_tokens must be >= 1, got ", max_tokens);
     layer_.index().set_outlier_zone(true);  // as the GPU tier and the CPU method
@@ -121,6 +131,19 @@ class WaveLayerAttention final : public LayerAttention {
     stats_.estimated_clusters = int64_t{layer_.n_estimation()} * H_;
   }
 
+  bool set_query_trace(const ClusterTraceSchedule* schedule, int layer, int first_seq) override {
+    if (schedule == nullptr) {
+      layer_.set_retrieval_override({});
+      return true;
+    }
+    const int head0 = first_seq * num_heads_kv_, heads = H_;
+    layer_.set_retrieval_override([schedule, layer, head0, heads](int64_t step, int num_clusters, int n_r, int32_t* ids) {
+      for (int f = 0; f < heads; ++f)
+        schedule->retrieval_ids(layer, head0 + f, step, num_clusters, n_r, ids + size_t(f) * n_r);
+    });
+    return true;
+  }
+
   AttentionStats last_stats() const override { return stats_; }
   AttentionStats exact_stats() override {  // the execution buffer's rows of the last step (device counts)
     AttentionStats s = stats_;
@@ -139,7 +162,7 @@ class WaveLayerAttention final : public LayerAttention {
  private:
   WaveBufferLayer layer_;
   int64_t max_tokens_;
-  int H_;
+  int H_, num_heads_kv_;
   AttentionStats stats_;
 };
 

@@ -693,6 +693,17 @@ int64_t RetroLayer::last_exact_tokens() const {
   return std::accumulate(cnt.begin(), cnt.end(), int64_t{0});
 }
 
+void RetroLayer::copy_selection_async(int32_t* ids, int32_t* sizes, Stream s) const {
+  const auto& m = *impl_;
+  RETROINFER_CHECK(m.decoded, "RetroLayer::copy_selection_async: call decode() first");
+  RETROINFER_CHECK(ids != nullptr && sizes != nullptr, "RetroLayer::copy_selection_async: null destination");
+  auto st = static_cast<cudaStream_t>(s);
+  if (m.n_r > 0)
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(ids, m.ret_ids.data(), size_t(m.H) * m.n_r * 4, cudaMemcpyDeviceToHost, st));
+  if (m.C > 0)
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(sizes, m.sizes.data(), size_t(m.H) * m.C * 4, cudaMemcpyDeviceToHost, st));
+}
+
 double RetroLayer::decode_bytes_required() {
   auto& m = *impl_;
   const double H = m.H, D = m.D, io = 2.0 * H * m.G * D * 4;  // q and out

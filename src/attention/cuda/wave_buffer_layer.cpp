@@ -346,6 +346,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   a.timing = marks != nullptr;
   // Between the selection and the exact attention: lookup (+ ring), gather.
   auto lookup_gather = [&] {
+    if (m.override_fill) m.copy_override_ids(st);
     mark();
     detail::WaveLookupParams lp;
     lp.t = t;
@@ -491,6 +492,8 @@ std::vector<std::pair<std::string, float>> WaveBufferLayer::decode_stage_ms(cons
 
 void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
   auto& m = *impl_;
+  RETROINFER_CHECK(!m.override_fill, "WaveBufferLayer::capture_graph: a retrieval override is set (its ids change "
+                   "every step); decode eagerly");
   RETROINFER_CHECK(s != nullptr, "WaveBufferLayer::capture_graph: needs a stream other than the default (cuda::StreamHandle)");
   auto st = static_cast<cudaStream_t>(s);
   m.drop_graph();
@@ -505,6 +508,36 @@ void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
   }
   RETROINFER_CUDA_CHECK(cudaStreamEndCapture(st, &m.graph));
   RETROINFER_CUDA_CHECK(cudaGraphInstantiate(&m.graph_exec, m.graph, 0));
+}
+
+void WaveBufferLayer::set_retrieval_override(RetrievalOverride fill) {
+  RETROINFER_CHECK(impl_->graph_exec == nullptr || !fill, "WaveBufferLayer::set_retrieval_override: a graph is "
+                   "captured (it would keep the selection's ids); set the override before capture_graph");
+  impl_->override_fill = std::move(fill);
+}
+
+void WaveBufferLayer::Impl::copy_override_ids(cudaStream_t st) {
+  const size_t count = size_t(H) * size_t(n_r);
+  if (count == 0) return;
+  const int slot = int(steps % kOverrideSlots);
+  if (override_done[slot] == nullptr) {
+    RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(&override_done[slot], cudaEventDisableTiming));
+  } else {
+    RETROINFER_CUDA_CHECK(cudaEventSynchronize(override_done[slot]));  // its copy of 4 steps ago
+  }
+  if (override_host[slot].bytes() < count * 4) override_host[slot] = PinnedHost(count * 4, /*allow_register=*/false);
+  auto* ids = static_cast<int32_t*>(override_host[slot].host());
+  override_fill(static_cast<int64_t>(steps), C, n_r, ids);
+  for (int h = 0; h < H; ++h) {  // the lookup and gather trust these: check them on the host (H * n_r ints)
+    const int32_t* r = ids + size_t(h) * n_r;
+    for (int j = 0; j < n_r; ++j)
+      RETROINFER_CHECK(r[j] == -1 ? (j + 1 == n_r || r[j + 1] == -1)
+                                  : (r[j] >= 0 && r[j] < C && (j == 0 || (r[j - 1] >= 0 && r[j] > r[j - 1]))),
+                       "WaveBufferLayer: the retrieval override gave head ", h, " ids that are not ascending in [0, ",
+                       C, ") followed by -1 (position ", j, ": ", r[j], ")");
+  }
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(ret_ids.data(), ids, count * 4, cudaMemcpyHostToDevice, st));
+  RETROINFER_CUDA_CHECK(cudaEventRecord(override_done[slot], st));
 }
 
 void WaveBufferLayer::replay_graph(Stream s) {

@@ -68,8 +68,16 @@ struct WaveBufferLayer::Impl {
   uint64_t steps = 0;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t graph_exec = nullptr;
+  // set_retrieval_override: the host's ids go through kOverrideSlots pinned slots in turn, each reused after
+  // the event of its previous copy.
+  WaveBufferLayer::RetrievalOverride override_fill;
+  static constexpr int kOverrideSlots = 4;
+  PinnedHost override_host[kOverrideSlots];
+  cudaEvent_t override_done[kOverrideSlots] = {};
 
   ~Impl() {
+    for (cudaEvent_t e : override_done)
+      if (e != nullptr) cudaEventDestroy(e);  // (destroying an event with work pending is allowed)
     manager.reset();  // stop the thread before the region goes
     if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
@@ -131,6 +139,7 @@ struct WaveBufferLayer::Impl {
   void size_decode_workspace();
   void start_manager(int k_cap);
   void drop_graph();
+  void copy_override_ids(cudaStream_t st);  // set_retrieval_override: this step's ids over ret_ids
   // wave_buffer_layer.cpp: the steps of WaveBufferLayer::build after the index's build, in order (each
   // described at its definition).
   void take_index_counts(int64_t num_tokens);

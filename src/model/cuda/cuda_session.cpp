@@ -226,13 +226,20 @@ void CudaSession::Impl::make_attention() {
   const int L = num_layers();
   attn_per_seq = std::any_of(pos.begin(), pos.end(), [&](int64_t p) { return p != pos[0]; });
   auto tier = [&](int l) { return host_tier(l) ? KvTier::kHost : KvTier::kGpu; };
+  ClusterTraceWriter* trace = opt.cluster_trace.get();
   if (!attn_per_seq) {
-    for (int l = 0; l < L; ++l)
+    for (int l = 0; l < L; ++l) {
       attn.push_back(make_layer_attention(shape, opt.attention, num_seqs, max_context, tier(l), opt.wave));
+      if (trace != nullptr) attn.back()->set_cluster_trace(trace, l, 0);
+      if (opt.query_trace) attn.back()->set_query_trace(opt.query_trace.get(), l, 0);
+    }
   } else {
     for (int s = 0; s < num_seqs; ++s)
-      for (int l = 0; l < L; ++l)
+      for (int l = 0; l < L; ++l) {
         attn.push_back(make_layer_attention(shape, opt.attention, 1, max_context, tier(l), opt.wave));
+        if (trace != nullptr) attn.back()->set_cluster_trace(trace, l, s);
+        if (opt.query_trace) attn.back()->set_query_trace(opt.query_trace.get(), l, s);
+      }
   }
 }
 
