@@ -128,7 +128,7 @@ const char* const kKvPlacementKeywordsDoc =
     "layer's KV in host memory, the GPU keeping a block cache); split and host are retro only"
     "\n  gpu_layers: split: layers whose KV stays on the GPU (-1: as many as fit)"
     "\n  cache_fraction: host-tier layers' GPU block cache per KV head, a fraction of the context (0.05)"
-    "\n  cache_page_tokens: tokens per block-cache page (8)"
+    "\n  cache_page_tokens: tokens per block-cache page (0: retro's tokens per cluster, at most 8)"
     "\n  host_store: host-tier layers' store, \"bf16\" or \"int8\" (one scale per token row; half the PCIe bytes)"
     "\n  gpu_memory_limit, host_memory_limit: bytes the session may use (0: what is free)";
 

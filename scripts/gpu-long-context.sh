@@ -233,6 +233,40 @@ EOF2
 }
 
 t0=$(date +%s)
+# The teacher-forced fidelity of retro at two retrieval budgets (the default 1.8% of the clusters and twice
+# that) against full, at 4K and 8K prefixes, and every method at a 32K prefix (the largest that, with 128
+# forced tokens, fits Qwen's 32768 positions); the hit ratios of the default block-cache pages alongside.
+section_fidelity() {
+  local d=$work/fidelity pids=()
+  mkdir -p "$d"
+  local ppl=("$BIN/retroinfer" eval ppl --model "$QWEN" --device cuda --threads 1 --forced 128
+             --text-file "$STAGE/data/ppl_text.txt")
+  for p in 4032 8128; do
+    for rf in 0.018 0.036; do
+      timeout 420 "${ppl[@]}" --methods full,retro --retrieval-fraction $rf --prefix $p --windows 8 \
+        --json "$d/ppl_${p}_rf$rf.json" > "$d/ppl_${p}_rf$rf.md" 2> "$d/ppl_${p}_rf$rf.log" &
+      pids+=($!)
+    done
+  done
+  timeout 420 "${ppl[@]}" --prefix 32576 --windows 2 --json "$d/ppl_32576.json" > "$d/ppl_32576.md" \
+    2> "$d/ppl_32576.log" &
+  pids+=($!)
+  for f in 0.02 0.05 0.10; do
+    timeout 300 "$BIN/retroinfer" eval tasks --model "$QWEN" --device cuda --threads 1 --methods retro \
+      --kv-placement host --cache-fraction "$f" --contexts 16384,32768 --samples "${HIT_SAMPLES:-2}" \
+      --haystack-file "$STAGE/data/haystack.txt" --word-list "$STAGE/data/words.txt" --time-budget 250 \
+      --results "$d/hits_$f.jsonl" --table "$d/hits_$f.md" > "$d/hits_$f.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || note "fidelity: a run failed"; done
+  for f in "$d"/ppl_*.md; do { echo "## $(basename "$f")"; cat "$f"; } >> "$summary"; done
+  for f in 0.02 0.05 0.10; do
+    echo "hits, cache fraction $f, default pages:" >> "$summary"
+    grep -i "hit" "$d/hits_$f.md" | head -3 >> "$summary"
+  done
+  tar -czf "$OUT/fidelity.tar.gz" -C "$work" fidelity
+}
+
 for s in ${SECTIONS:-accuracy tests}; do
   # A section that would start past DEADLINE seconds is left out (the call has a hard limit).
   if [ $(( $(date +%s) - t0 )) -gt "${DEADLINE:-100000}" ]; then note "== $s skipped: past the deadline"; continue; fi

@@ -47,7 +47,9 @@ void add_kv_placement_options(CLI::App* cmd, KvPlacementCliValues& v) {
   cmd->add_option("--cache-fraction", v.cache_fraction,
                   "Host-tier layers: GPU block cache per KV head as a fraction of the context")
       ->capture_default_str();
-  cmd->add_option("--cache-page-tokens", v.cache_page_tokens, "Host-tier layers: tokens per block-cache page")
+  cmd->add_option("--cache-page-tokens", v.cache_page_tokens,
+                  "Host-tier layers: tokens per block-cache page; 0 = retro's tokens per cluster, at most 8 (a "
+                  "cluster takes whole pages)")
       ->capture_default_str();
   cmd->add_option("--host-store", v.host_store,
                   "Host-tier layers: the store's element type, bf16 or int8 (one scale per token row: half the PCIe "

@@ -1,5 +1,7 @@
 #include "retroinfer/engine_model.h"
 
+#include <algorithm>
+
 #include "retroinfer/error.h"
 
 #if RETROINFER_WITH_CUDA
@@ -97,7 +99,7 @@ void validate_kv_placement(const KvPlacementOptions& kv, Device device) {
                    " (gpu_layers=) applies to --kv-placement split only, not ", name);
   RETROINFER_CHECK(kv.cache_fraction > 0.0 && kv.cache_fraction <= 1.0,
                    "--cache-fraction (cache_fraction=) must be in (0, 1], got ", kv.cache_fraction);
-  RETROINFER_CHECK(kv.page_tokens >= 1, "--cache-page-tokens (cache_page_tokens=) must be >= 1, got ",
+  RETROINFER_CHECK(kv.page_tokens >= 0, "--cache-page-tokens (cache_page_tokens=) must be >= 0 (0: the cluster size), got ",
                    kv.page_tokens);
   RETROINFER_CHECK(kv.gpu_memory_limit >= 0 && kv.host_memory_limit >= 0,
                    "--gpu-memory-limit / --host-memory-limit must be >= 0 (0: what is free)");
@@ -136,7 +138,9 @@ std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const Se
   co.placement = opt.kv_placement.placement;
   co.gpu_layers = opt.kv_placement.gpu_layers;
   co.wave.cache_fraction = opt.kv_placement.cache_fraction;
-  co.wave.page_tokens = opt.kv_placement.page_tokens;
+  co.wave.page_tokens = opt.kv_placement.page_tokens > 0
+                            ? opt.kv_placement.page_tokens
+                            : std::clamp(opt.attention.tokens_per_cluster, 1, WaveBufferConfig{}.page_tokens);
   co.wave.store_dtype = opt.kv_placement.host_store;
   co.gpu_memory_limit = opt.kv_placement.gpu_memory_limit;
   co.host_memory_limit = opt.kv_placement.host_memory_limit;

@@ -178,17 +178,31 @@ TEST(KvPlacementFaces, AutoSpillsToTheHostTierWhenTheGpuLimitIsTooSmall) {
   const Smol* s = smol(why);
   if (!s) GTEST_SKIP() << why;
   SessionOptions so = retro_options(*s, KvPlacement::kAuto);
-  // SmolLM2's own maximum: long enough that a host-tier layer takes less GPU memory than its K/V.
   so.max_context = model_max_context(s->model().config());
   cuda::CudaSessionOptions co;
   co.attention = so.attention;
   co.max_context = so.max_context;
   co.prefill_chunk = so.prefill_chunk;
-  co.placement = KvPlacement::kGpu;
   co.gpu_memory_limit = int64_t{1} << 40;
   const int64_t weights = s->engine().device_weight_bytes();
+  co.placement = KvPlacement::kGpu;
   const cuda::CudaSessionPlan all_gpu = cuda::CudaSession::plan(s->model().config(), co, 1, weights);
-  so.kv_placement.gpu_memory_limit = all_gpu.gpu_bytes - weights - 1;  // one byte short of the GPU placement
+  co.placement = KvPlacement::kHost;
+  const cuda::CudaSessionPlan all_host = cuda::CudaSession::plan(s->model().config(), co, 1, weights);
+  std::printf("[kv_placement_faces] %lld-token plans: GPU bytes %lld with every layer on the GPU, %lld with every "
+              "layer on the host tier\n",
+              static_cast<long long>(so.max_context), static_cast<long long>(all_gpu.gpu_bytes),
+              static_cast<long long>(all_host.gpu_bytes));
+  // One byte short of the GPU placement: auto spills when a host-tier plan fits under that limit; when even
+  // the all-host plan needs more GPU memory (a host-tier layer's block cache, index and execution buffer
+  // outweigh its K/V: short contexts with 2-token clusters), auto refuses with the numbers.
+  so.kv_placement.gpu_memory_limit = all_gpu.gpu_bytes - weights - 1;
+  if (all_host.gpu_bytes >= all_gpu.gpu_bytes) {
+    gputest::expect_error([&] { make_session(s->engine(), so); }, "does not fit", "auto, limit below every plan");
+    gputest::expect_error([&] { make_session(s->engine(), so); }, "nothing was allocated", "auto, refusal");
+    // Room for the all-host plan (between it and the GPU plan there is none here): the session spills.
+    so.kv_placement.gpu_memory_limit = all_host.gpu_bytes - weights;
+  }
   const std::unique_ptr<SequenceSession> session = make_session(s->engine(), so);
   const std::optional<KvPlacementReport> r = session->kv_placement_report();
   ASSERT_TRUE(r.has_value());

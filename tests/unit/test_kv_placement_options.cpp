@@ -27,7 +27,7 @@ TEST(KvPlacementOptions, DefaultsAreAutoAndTheWaveBufferDefaults) {
   EXPECT_EQ(kv.placement, KvPlacement::kAuto);
   EXPECT_EQ(kv.gpu_layers, -1);
   EXPECT_EQ(kv.cache_fraction, WaveBufferConfig{}.cache_fraction);
-  EXPECT_EQ(kv.page_tokens, WaveBufferConfig{}.page_tokens);
+  EXPECT_EQ(kv.page_tokens, 0);  // the cluster size, at most WaveBufferConfig{}.page_tokens
   EXPECT_EQ(SessionOptions{}.kv_placement.placement, KvPlacement::kAuto);
   // auto is what the CPU runner takes, and any placement passes on the CUDA side of the check.
   EXPECT_NO_THROW(validate_kv_placement(kv, Device::kCpu));
@@ -68,7 +68,8 @@ TEST(KvPlacementOptions, OutOfRangeValuesAreRefused) {
   EXPECT_TRUE(has(err([](KvPlacementOptions& k) { k.cache_fraction = 0.0; }), "--cache-fraction"));
   EXPECT_TRUE(has(err([](KvPlacementOptions& k) { k.cache_fraction = 1.5; }), "--cache-fraction"));
   EXPECT_EQ(err([](KvPlacementOptions& k) { k.cache_fraction = 1.0; }), "<no error>");
-  EXPECT_TRUE(has(err([](KvPlacementOptions& k) { k.page_tokens = 0; }), "--cache-page-tokens"));
+  EXPECT_TRUE(has(err([](KvPlacementOptions& k) { k.page_tokens = -1; }), "--cache-page-tokens"));
+  EXPECT_EQ(err([](KvPlacementOptions& k) { k.page_tokens = 0; }), "<no error>");
   EXPECT_TRUE(has(err([](KvPlacementOptions& k) { k.host_memory_limit = -1; }), "--host-memory-limit"));
 }
 

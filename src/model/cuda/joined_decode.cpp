@@ -179,6 +179,7 @@ bool CudaJoinedDecoder::takes(const CudaSession& s) const { return Impl::refusal
 void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span<const int32_t> tokens,
                                std::span<float> logits) {
   const int64_t n = static_cast<int64_t>(sessions.size()), vocab = impl_->model.config().vocab_size;
+  RETROINFER_CHECK(n >= 1, "CudaJoinedDecoder::decode: no sessions");
   RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == n * vocab, "CudaJoinedDecoder::decode: logits span of ",
                    logits.size(), " floats, expected sessions * vocab = ", n * vocab);
   step(sessions, tokens);
