@@ -49,6 +49,11 @@ struct KvPlacementOptions {
   int64_t host_memory_limit = 0;  // pinned host bytes; 0 = a share of MemAvailable (kHostUsableFraction)
 };
 
+// hits / (hits + misses) of the block cache's retrieval clusters; -1 before any retrieval.
+inline double block_cache_hit_ratio(uint64_t hits, uint64_t misses) {
+  return hits + misses > 0 ? double(hits) / double(hits + misses) : -1.0;
+}
+
 // Where a session keeps its KV and what its host tier moved (SequenceSession::kv_placement_report).
 struct KvPlacementReport {
   KvPlacement placement = KvPlacement::kGpu;  // resolved: kGpu, kSplit or kHost
@@ -63,11 +68,7 @@ struct KvPlacementReport {
   int64_t step_pcie_bytes = 0;
   int64_t pcie_bytes = 0;
   int64_t decode_steps = 0;  // the steps pcie_bytes sums
-  // hits / (hits + misses); -1 before any retrieval.
-  double cache_hit_ratio() const {
-    const uint64_t n = cache_hits + cache_misses;
-    return n > 0 ? double(cache_hits) / double(n) : -1.0;
-  }
+  double cache_hit_ratio() const { return block_cache_hit_ratio(cache_hits, cache_misses); }
 };
 
 // One decode step of several sessions in one call, every weight read once for all of them (continuous

@@ -14,5 +14,7 @@ namespace retroinfer {
 // layers cache_hits, cache_misses, cache_hit_ratio (null before any retrieval), step_pcie_bytes, pcie_bytes and
 // pcie_decode_steps. Adds nothing for nullopt (the CPU runner).
 void add_kv_placement_json(nlohmann::json& j, const std::optional<KvPlacementReport>& r);
+// block_cache_hit_ratio as JSON: null before any retrieval (summed counts of several sessions too).
+nlohmann::json hit_ratio_json(uint64_t hits, uint64_t misses);
 
 }  // namespace retroinfer

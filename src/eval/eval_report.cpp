@@ -1,5 +1,6 @@
 #include "eval/eval_report.h"
 
+#include "engine/kv_placement_json.h"
 #include "eval/tasks.h"
 
 #include <algorithm>
@@ -25,11 +26,10 @@ std::string join(const std::vector<std::string>& v) {
 // The host-tier figures of a cell or an average, when any of its lines had host-tier layers.
 void add_host_tier(nlohmann::json& j, const CellStats& s) {
   if (s.host_tier_samples == 0) return;
-  const uint64_t n = s.cache_hits + s.cache_misses;
   j["host_tier_samples"] = s.host_tier_samples;
   j["cache_hits"] = s.cache_hits;
   j["cache_misses"] = s.cache_misses;
-  j["cache_hit_ratio"] = n > 0 ? nlohmann::json(double(s.cache_hits) / double(n)) : nlohmann::json(nullptr);
+  j["cache_hit_ratio"] = hit_ratio_json(s.cache_hits, s.cache_misses);
   j["pcie_bytes_per_sample"] = s.pcie_bytes / static_cast<double>(s.host_tier_samples);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "engine/kv_placement_json.h"
 #include "eval/eval_runner.h"
 #include "retroinfer/error.h"
 #include "retroinfer/sampler.h"
@@ -225,8 +226,7 @@ nlohmann::json to_json(const PplReport& r) {
       mj["host_layers"] = m.host_layers;
       mj["cache_hits"] = m.cache_hits;
       mj["cache_misses"] = m.cache_misses;
-      const uint64_t n = m.cache_hits + m.cache_misses;
-      mj["cache_hit_ratio"] = n > 0 ? nlohmann::json(double(m.cache_hits) / double(n)) : nlohmann::json(nullptr);
+      mj["cache_hit_ratio"] = hit_ratio_json(m.cache_hits, m.cache_misses);
       mj["pcie_bytes"] = m.pcie_bytes;
     }
   }
