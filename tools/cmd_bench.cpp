@@ -159,10 +159,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                 s.attention.c_str(), index_s, s.decode_tokens_per_s, static_cast<long long>(s.decode_steps),
                 s.decode_seconds, 100.0 * s.kv_read_share, static_cast<long long>(same), o.new_tokens);
     if (s.kv_placement && s.kv_placement->host_layers > 0)
-      std::printf("%-9s KV placement %s (%d GPU / %d host layers): block-cache hit ratio %.3f, %.1f MiB over PCIe\n", "",
-                  std::string(buffer::kv_placement_name(s.kv_placement->placement)).c_str(),
-                  s.kv_placement->gpu_layers, s.kv_placement->host_layers, s.kv_placement->cache_hit_ratio(),
-                  double(s.kv_placement->pcie_bytes) / double(1 << 20));
+      std::printf("%-9s %s\n", "", kv_placement_line(*s.kv_placement).c_str());
     std::fflush(stdout);
     if (jf.is_open()) {
       nlohmann::json j = {{"bench", "generate"},

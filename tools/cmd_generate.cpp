@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -55,17 +54,6 @@ nlohmann::json summary_json(const GenerateSummary& s, const std::string& model, 
           {"tokens", s.tokens}};
   add_kv_placement_json(j, s.kv_placement);
   return j;
-}
-
-// One stderr line on where the KV lived; with a host tier, the block cache's hit ratio and the PCIe bytes.
-void print_kv_placement(const std::optional<KvPlacementReport>& r) {
-  if (!r) return;
-  std::fprintf(stderr, "--- KV placement %s (%d GPU / %d host layers)", std::string(buffer::kv_placement_name(r->placement)).c_str(),
-               r->gpu_layers, r->host_layers);
-  if (r->host_layers > 0)
-    std::fprintf(stderr, ": block-cache hit ratio %.3f, %.1f MiB over PCIe in %lld decode steps",
-                 r->cache_hit_ratio(), double(r->pcie_bytes) / double(1 << 20), static_cast<long long>(r->decode_steps));
-  std::fprintf(stderr, "\n");
 }
 
 // --record-trace: a cluster trace of every decode step's retrieval selections (retro only).
@@ -133,7 +121,7 @@ void run_generate(const GenerateCliOptions& o) {
                s.prefill_tokens_per_s, static_cast<long long>(s.generated_tokens),
                std::string(stop_reason_name(s.stop_reason)).c_str(), s.decode_seconds, s.decode_tokens_per_s,
                s.time_to_first_token_s, 100.0 * s.kv_read_share, s.mean_exact_tokens_per_head);
-  print_kv_placement(s.kv_placement);
+  if (s.kv_placement) std::fprintf(stderr, "--- %s\n", kv_placement_line(*s.kv_placement).c_str());
   if (session_opt.cluster_trace) {
     session_opt.cluster_trace->flush();
     std::fprintf(stderr, "--- cluster trace: %s (%lld records; replay: retroinfer trace replay --trace %s)\n",

@@ -66,6 +66,16 @@ void add_kv_placement_options(CLI::App* cmd, KvPlacementCliValues& v) {
       ->capture_default_str();
 }
 
+std::string kv_placement_line(const KvPlacementReport& r) {
+  char buf[256];
+  int n = std::snprintf(buf, sizeof buf, "KV placement %s (%d GPU / %d host layers)",
+                        std::string(buffer::kv_placement_name(r.placement)).c_str(), r.gpu_layers, r.host_layers);
+  if (r.host_layers > 0 && n > 0 && n < int(sizeof buf))
+    std::snprintf(buf + n, sizeof buf - n, ": block-cache hit ratio %.3f, %.1f MiB over PCIe in %lld decode steps",
+                  r.cache_hit_ratio(), double(r.pcie_bytes) / double(1 << 20), static_cast<long long>(r.decode_steps));
+  return buf;
+}
+
 KvPlacementOptions kv_placement_options(const KvPlacementCliValues& v, Device device) {
   constexpr double kGiB = double(int64_t{1} << 30);
   KvPlacementOptions kv;

@@ -35,6 +35,9 @@ void add_kv_placement_options(CLI::App* cmd, KvPlacementCliValues& v);
 // The options for a session on `device`, checked (validate_kv_placement: an explicit gpu, split or host
 // placement on the CPU is an Error naming --kv-placement).
 KvPlacementOptions kv_placement_options(const KvPlacementCliValues& v, Device device);
+// One line on where a session's KV lived: "KV placement host (0 GPU / 30 host layers)", with host-tier layers
+// followed by ": block-cache hit ratio 0.650, 3.9 MiB over PCIe in 31 decode steps".
+std::string kv_placement_line(const KvPlacementReport& r);
 
 struct ModelCliOptions {
   std::string model = "smollm2";  // path or short name (see locate_model)
