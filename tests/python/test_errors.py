@@ -144,5 +144,9 @@ def test_kv_placement_on_the_cpu():
         m.session(attention="retro", max_context=64, kv_placement=1)
     with pytest.raises(retroinfer.Error, match="--cache-fraction"):
         m.session(attention="retro", max_context=64, cache_fraction=0.0)
+    with pytest.raises(retroinfer.Error, match="fp4"):
+        m.session(attention="retro", max_context=64, host_store="fp4")
+    with pytest.raises(TypeError, match="host_store takes a str"):
+        m.session(attention="retro", max_context=64, host_store=8)
     with pytest.raises(retroinfer.Error, match="--kv-placement host"):
         m.generate([1, 2, 3], max_tokens=2, attention="retro", kv_placement="host")
