@@ -172,7 +172,8 @@ def decode_charts(rows: list[dict], out_dir: str, title: str = "") -> list[str]:
             measured[(r["context"],) + _decode_key(r) + (r["batch"],)] = r
     if not measured:
         raise ValueError("bench decode: no measured rows (bench: decode with tok_s) in the input")
-    subtitle = title or f"bench decode, {env.get('model', 'model')} shape, {env.get('device', '')}".rstrip(", ")
+    weights = f", {env['weights']} weights" if env.get("weights") else ""
+    subtitle = title or f"bench decode, {env.get('model', 'model')} shape{weights}, {env.get('device', '')}".rstrip(", ")
     written = []
 
     contexts = sorted({k[0] for k in measured})
@@ -193,7 +194,7 @@ def decode_charts(rows: list[dict], out_dir: str, title: str = "") -> list[str]:
         ax.set_ylabel("decode tokens/s (whole batch)")
         ax.set_ylim(bottom=0)
         ax.set_title(f"context {_tokens_label(ctx)}")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower right")
     fig.suptitle(subtitle, fontsize=9)
     written.append(_save(plt, fig, out_dir, "decode_tokens_per_s.png"))
 
