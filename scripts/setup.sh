@@ -33,16 +33,15 @@ fi
 
 PY=${PYTHON:-python3}
 # The Python bindings' tests (tests/python, run by scripts/test.sh): pytest, and numpy for Session logits.
-# Pins: keep matplotlib, scikit-build-core and pybind11 equal to plots.py's MATPLOTLIB_PIN and pyproject.toml.
+# Pins: keep matplotlib and scikit-build-core equal to plots.py's MATPLOTLIB_PIN and pyproject.toml's.
 py_pkgs=()
 $PY -c "import pytest" 2>/dev/null || py_pkgs+=(pytest==8.3.5)
 $PY -c "import numpy" 2>/dev/null || py_pkgs+=(numpy==2.2.6)
 # The charts of --plot (python/retroinfer/plots.py).
 $PY -c "import matplotlib" 2>/dev/null || py_pkgs+=(matplotlib==3.10.7)
-# `pip install .` builds with these (pyproject.toml's build requirements; listed here so that
+# `pip install .` builds with it (pyproject.toml's build requirement; here too so that
 # `pip install --no-build-isolation .` works without reaching the index).
 $PY -c "import scikit_build_core" 2>/dev/null || py_pkgs+=(scikit-build-core==0.10.7)
-$PY -c "import pybind11" 2>/dev/null || py_pkgs+=(pybind11==2.13.6)
 if (( ${#py_pkgs[@]} )); then
   echo "setup: installing ${py_pkgs[*]} for $PY"
   $PY -m pip install -q "${py_pkgs[@]}" || $PY -m pip install -q --break-system-packages "${py_pkgs[@]}"
