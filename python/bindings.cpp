@@ -360,7 +360,7 @@ void bind_model(py::module_& m) {
 PYBIND11_MODULE(_retroinfer, m) {
   m.doc() = "retroinfer: long-context LLM inference with the KV cache as a vector store (RetroInfer).";
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  m.attr("__version__") = "0.1.0";
+  m.attr("__version__") = RETROINFER_VERSION;  // project(VERSION) of CMakeLists.txt
 
   bind_tokenizer(m);
   bind_generate_result(m);
