@@ -263,7 +263,9 @@ void write_inputs(const EvalCliOptions& o, const std::string& dir, const std::ve
 
 void add_common(CLI::App* cmd, EvalCliOptions& o) {
   add_model_options(cmd, o.model);
-  cmd->add_option("--methods", o.methods, "Attention methods: full retro quest streaming oracle retro-noest")
+  cmd->add_option("--methods", o.methods,
+                  "Attention methods: full retro quest streaming oracle retro-noest, each optionally with overrides of "
+                  "attention fields, e.g. retro:retrieval_fraction=0.036:window_tokens=128")
       ->delimiter(',')->capture_default_str();
   cmd->add_option("--baseline-budget", o.baseline_budget,
                   "quest / streaming / oracle exact tokens: matched (as many as retro read on the same input) or "
