@@ -273,9 +273,17 @@ BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_
     return id >= 0 && id < vocab ? dec->push(id) : std::string();
   };
   // Every request has an on_token: a cancelled request (client gone, deadline, drain) stops at its next token
-  // even before the scheduler's next iteration looks at its cancel flag.
+  // even before the scheduler's next iteration looks at its cancel flag. A streamed one's texts go to the
+  // thread writing them through the channel.
   auto ch = t->channel;
-  r.callbacks.on_token = [ch](int32_t, std::string_view) { return !ch->gone.load(); };
+  r.callbacks.on_token = [ch, stream = req.stream](int32_t, std::string_view text) {
+    if (stream && !text.empty()) {
+      std::lock_guard<std::mutex> lk(ch->mu);
+      ch->texts.emplace_back(text);
+    }
+    if (stream) ch->cv.notify_all();
+    return !ch->gone.load();
+  };
   r.on_done = [ch] {
     {
       std::lock_guard<std::mutex> lk(ch->mu);
