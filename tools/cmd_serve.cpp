@@ -97,15 +97,15 @@ void run_serve(const ServeCliOptions& o) {
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  std::atomic<int> signals{0};
-  std::atomic<bool> loaded{false};
+  // Static: the signal thread is detached and outlives this function when loading fails.
+  static std::atomic<int> signals{0};
+  static std::atomic<bool> loaded{false};
   // The first signal drains (below); a second one, or one while the model loads, ends the process at once.
-  std::thread([&signals, &loaded, stop_signals] {
+  std::thread([stop_signals] {
     for (;;) {
       int sig = 0;
       if (sigwait(&stop_signals, &sig) != 0) continue;
       if (signals.fetch_add(1) == 0 && loaded.load()) {
-        std::fprintf(stderr, "retroinfer serve: signal %d: draining (a second signal stops at once)\n", sig);
         signals.notify_all();
         continue;
       }
@@ -154,12 +154,13 @@ void run_serve(const ServeCliOptions& o) {
     std::fprintf(stderr, "KV placement %s per request (the plan of each request's session decides: auto puts a "
                  "context that does not fit on the GPU onto the GPU / host split); responses report it\n",
                  std::string(buffer::kv_placement_name(so.session.kv_placement.placement)).c_str());
-  if (signals.load() > 0) std::_Exit(130);  // a signal came while loading
 
   // Drain on the first signal: no new generations (503), those admitted finish within --drain-timeout, then
   // the rest are cancelled.
   signals.wait(0);
   handler.begin_drain();
+  std::fprintf(stderr, "retroinfer serve: draining: no new requests, %lld admitted finish within %.1f s (a second "
+               "signal stops at once)\n", static_cast<long long>(handler.in_flight()), o.drain_timeout);
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout * 1000));
   while (handler.in_flight() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));

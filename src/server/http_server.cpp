@@ -131,6 +131,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (pipeline_.empty()) arm_read_timer(server_->opt.idle_timeout_s);
     socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
       self->waiting_first_byte_ = false;
+      if (self->lingering_) return self->drain();
       self->disarm_read_timer();
       if (ec) return self->on_read_error();
       self->read_header();
@@ -145,6 +146,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     arm_read_timer(server_->opt.header_timeout_s);
     http::async_read_header(socket_, buffer_, *parser_,
                             [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+                              if (self->lingering_) return self->drain();
                               self->disarm_read_timer();
                               self->on_header(ec, n);
                             });
@@ -171,6 +173,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     arm_read_timer(server_->opt.body_timeout_s);
     http::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](boost::system::error_code ec, size_t n) {
+      if (self->lingering_) return self->drain();
       self->disarm_read_timer();
       if (ec == http::error::body_limit)
         return self->refuse_request(413, "the request body is larger than this server accepts (--max-body-bytes " +
@@ -351,7 +354,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       no_more_requests_ = true;
       pipeline_.clear();
       close_after_write_ = true;
-      if (out_.empty()) close();
+      if (out_.empty()) close_gracefully();
       return;
     }
     if (!pipeline_.empty()) return process_head();
@@ -397,7 +400,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void write_next() {
     if (out_.empty() || closed_) {
       writing_ = false;
-      if (close_after_write_ && out_.empty()) close();
+      if (close_after_write_ && out_.empty()) close_gracefully();
       else if (pipeline_.empty() && !reading_) wait_for_request();
       return;
     }
@@ -422,6 +425,30 @@ class Connection : public std::enable_shared_from_this<Connection> {
                        self->out_.pop_front();
                        self->write_next();
                      });
+  }
+
+  // After the last reply: stop sending, then read and drop what the client still sends (a body refused
+  // with 413, say) until it closes, for at most a second, so that closing with unread bytes does not reset
+  // the connection before the client has read the reply.
+  void close_gracefully() {
+    if (closed_ || lingering_) return;
+    lingering_ = true;
+    boost::system::error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return close();
+    arm_read_timer(1.0);
+    if (!reading_) drain();  // else the read in progress ends in drain()
+  }
+
+  void drain() {
+    reading_ = true;
+    auto scratch = std::make_shared<std::array<char, 16384>>();
+    socket_.async_read_some(net::buffer(*scratch), [self = shared_from_this(), scratch](boost::system::error_code ec,
+                                                                                        size_t) {
+      self->reading_ = false;
+      if (ec || self->closed_) return self->close();
+      self->drain();
+    });
   }
 
  public:
@@ -457,7 +484,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<Pending> pipeline_;  // read, not yet answered; the front is being answered
   std::deque<std::string> out_;   // bytes to send, in order
   uint64_t read_timer_gen_ = 0, write_timer_gen_ = 0;
-  bool waiting_first_byte_ = false;
+  bool waiting_first_byte_ = false, lingering_ = false;
   bool reading_ = false, writing_ = false, closed_ = false, no_more_requests_ = false, close_after_write_ = false;
 
   std::mutex mu_;  // the stream writer's view, shared with the generation thread

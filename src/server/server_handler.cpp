@@ -8,6 +8,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "engine/kv_placement_json.h"
 #include "retroinfer/error.h"
@@ -189,14 +190,21 @@ struct TrackedRequest {
   std::atomic<int> reason{0};  // CancelReason
   std::mutex mu;
   std::shared_ptr<std::atomic<bool>> cancel_flag;  // guarded by mu: the scheduler's, once submitted
-  int64_t kv_bytes = 0;                            // reserved in metrics' kv_bytes_* while in flight
+  std::atomic<int64_t> kv_bytes{0};                // reserved in metrics' kv_bytes_* while in flight
+  std::atomic<int64_t> counted{0};                 // tokens counted in metrics' generated_tokens
   bool kv_on_gpu = false;
   std::shared_ptr<json> log;     // the reply's log fields
   Clock::time_point last_token;  // worker only
   bool first_token = true;       // worker only
 
-  ~TrackedRequest() {
-    (kv_on_gpu ? metrics->kv_bytes_gpu : metrics->kv_bytes_host).fetch_sub(kv_bytes);
+  ~TrackedRequest() { release_kv(); }
+  // The live token count misses the tokens that show no text (an end-of-generation token): the summary's
+  // count settles it.
+  void settle_tokens(int64_t generated) { metrics->generated_tokens.fetch_add(generated - counted.exchange(generated)); }
+  // Gives back the KV bytes reserved in the metrics (once): when the result is in (the scheduler may keep
+  // the request's callbacks, and with them this object, a little longer).
+  void release_kv() {
+    (kv_on_gpu ? metrics->kv_bytes_gpu : metrics->kv_bytes_host).fetch_sub(kv_bytes.exchange(0));
   }
   CancelReason why() const { return static_cast<CancelReason>(reason.load()); }
   void cancel(CancelReason r) {
@@ -216,6 +224,7 @@ struct TrackedRequest {
   void on_token() {
     const Clock::time_point now = Clock::now();
     metrics->generated_tokens.fetch_add(1);
+    counted.fetch_add(1);
     if (first_token)
       metrics->time_to_first_token.observe(std::chrono::duration<double>(now - admitted).count());
     else
@@ -389,8 +398,10 @@ HttpReply ServerHandler::complete(const Prepared& p, const std::shared_ptr<Track
     auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
     BatchHandle h = submit_tracked(*scheduler_, *t, make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec, t));
     wait_for_end(*t, h, nullptr);
+    t->release_kv();
     try {
       s = h.result.get();
+      t->settle_tokens(s.generated_tokens);
     } catch (const std::exception&) {
       if (t->why() == CancelReason::kNone) throw;  // else: cancelled before it started
     }
@@ -468,8 +479,10 @@ void ServerHandler::stream(const Prepared& p, const std::shared_ptr<TrackedReque
         t->cancel(CancelReason::kClientGone);
       }
     });
+    t->release_kv();
     try {
       s = h.result.get();
+      t->settle_tokens(s.generated_tokens);
     } catch (const std::exception&) {
       if (t->why() == CancelReason::kNone) throw;  // else: cancelled before it started
     }
@@ -707,9 +720,10 @@ HttpReply ServerHandler::route(const HttpRequest& req) {
             t = track(ctx, log);
             const ModelConfig& c = model_.config();
             t->kv_on_gpu = model_.device() != Device::kCpu;
-            t->kv_bytes = (static_cast<int64_t>(p->ids.size()) + p->max_tokens) * c.num_layers * 2 *
-                          c.num_heads_kv * c.head_dim * dtype_size(opt_.session.kv_dtype);
-            (t->kv_on_gpu ? metrics_->kv_bytes_gpu : metrics_->kv_bytes_host).fetch_add(t->kv_bytes);
+            const int64_t kv_bytes = (static_cast<int64_t>(p->ids.size()) + p->max_tokens) * c.num_layers * 2 *
+                                     c.num_heads_kv * c.head_dim * dtype_size(opt_.session.kv_dtype);
+            t->kv_bytes.store(kv_bytes);
+            (t->kv_on_gpu ? metrics_->kv_bytes_gpu : metrics_->kv_bytes_host).fetch_add(kv_bytes);
             if (!p->req.stream) {
               HttpReply done = complete(*p, t);
               done.log = log;
