@@ -123,7 +123,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // Waits for the next request's first byte: idle timeout while no request is in progress.
   void wait_for_request() {
-    if (closed_ || reading_ || no_more_requests_) return;
+    if (closed_ || reading_) return;
+    // After a last request (Connection: close, HTTP/1.0): bytes that follow are dropped, and the end of the
+    // connection still says that the client left.
+    if (no_more_requests_) return drain();
     if (static_cast<int>(pipeline_.size()) > server_->opt.max_pipelined) return;  // resumed by finish()
     reading_ = true;
     if (buffer_.size() > 0) return read_header();

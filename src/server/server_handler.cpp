@@ -308,14 +308,17 @@ BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_
 void wait_for_end(TrackedRequest& t, BatchHandle& h,
                   const std::function<void(std::deque<std::string>&)>& texts) {
   StreamChannel& ch = *t.channel;
+  std::optional<Clock::time_point> deadline = t.deadline;
   for (bool finished = false; !finished;) {
     std::deque<std::string> got;
     {
       std::unique_lock<std::mutex> lk(ch.mu);
       auto ready = [&] { return !ch.texts.empty() || ch.done; };
-      if (t.deadline) {
-        if (!ch.cv.wait_until(lk, *t.deadline, ready)) {
+      if (deadline.has_value()) {
+        const Clock::time_point until = deadline.value();
+        if (!ch.cv.wait_until(lk, until, ready)) {
           lk.unlock();
+          deadline.reset();  // cancelled once: now wait for the scheduler to end it
           t.cancel(CancelReason::kDeadline);
           h.cancel();
           continue;

@@ -143,7 +143,7 @@ class ServerHandler {
   int64_t in_flight() const { return metrics_->requests_in_flight.load(); }
   ServerMetrics& metrics() { return *metrics_; }
 
-  // Counters since construction (for logs and tests): completed generations, tokens generated, streams
+  // Counters since construction (for logs and tests): completed generations, tokens generated, requests
   // stopped because the client went away, and the most sequences the scheduler decoded in one step.
   struct Stats {
     int64_t generations = 0;
