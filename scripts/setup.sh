@@ -18,7 +18,7 @@ SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config
-      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libboost-dev libcli11-dev
       libpcre2-dev libicu-dev libopenblas-dev libopenblas0-openmp libomp-dev
       bible-kjv bible-kjv-text wamerican python3-pip python3-venv pybind11-dev python3-dev)
 # Optional, only for the libFuzzer targets (cmake -DRETROINFER_FUZZ=ON, see fuzz/README.md):
