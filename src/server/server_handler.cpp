@@ -399,14 +399,20 @@ HttpReply ServerHandler::complete(const Prepared& p, const std::shared_ptr<Track
   GenerateSummary s;
   try {
     auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
-    BatchHandle h = submit_tracked(*scheduler_, *t, make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec, t));
-    wait_for_end(*t, h, nullptr);
-    t->release_kv();
-    try {
-      s = h.result.get();
-      t->settle_tokens(s.generated_tokens);
-    } catch (const std::exception&) {
-      if (t->why() == CancelReason::kNone) throw;  // else: cancelled before it started
+    // A request cancelled while it waited for its slot (its client left) is not submitted: once submitted, the
+    // scheduler may start it before the cancellation reaches its flag.
+    if (t->why() == CancelReason::kNone) {
+      BatchHandle h = submit_tracked(*scheduler_, *t, make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec, t));
+      wait_for_end(*t, h, nullptr);
+      t->release_kv();
+      try {
+        s = h.result.get();
+        t->settle_tokens(s.generated_tokens);
+      } catch (const std::exception&) {
+        if (t->why() == CancelReason::kNone) throw;  // else: cancelled before it started
+      }
+    } else {
+      t->release_kv();
     }
     log_summary(*t->log, p.id, s);
     const CancelReason why = t->why();
@@ -469,6 +475,13 @@ void ServerHandler::stream(const Prepared& p, const std::shared_ptr<TrackedReque
   }
   GenerateSummary s;
   bool client_gone = false;
+  if (t->why() != CancelReason::kNone) {  // cancelled while it waited for its slot: never submitted
+    t->release_kv();
+    count(s, t->why() == CancelReason::kClientGone);
+    count_cancel(*metrics_, t->why(), *t->log);
+    if (t->why() != CancelReason::kClientGone) write_error(cancelled_error(t->why(), opt_.request_timeout_s));
+    return;
+  }
   try {
     auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
     BatchHandle h = submit_tracked(*scheduler_, *t, make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec, t));

@@ -140,6 +140,25 @@ TEST(ServerAccess, AdmissionQueueAnd429) {
   EXPECT_EQ(h->handle(request("GET", "/health")).status, 200);
 }
 
+TEST(ServerAccess, AQueuedRequestWhoseClientLeftNeverGenerates) {
+  server::ServerOptions o = test::tiny_server_options();
+  o.max_batch = 1;
+  auto h = make_handler(o);
+  if (!h) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const HttpRequest req = request("POST", "/v1/completions", kCompletion, {{"content-type", kJson}});
+  HttpReply running = h->route(req), queued = h->route(req);
+  ASSERT_TRUE(running.work && queued.work);
+  server::RequestContext gone;
+  gone.client_gone->cancel();  // the transport saw the socket close while the request waited
+  EXPECT_EQ(running.work(server::RequestContext{}).status, 200);
+  running.work = nullptr;  // frees the slot the queued request waits for
+  const int64_t tokens = h->metrics().generated_tokens.load();
+  EXPECT_GT(tokens, 0);
+  queued.work(gone);
+  EXPECT_EQ(h->metrics().generated_tokens.load(), tokens);  // it never generated
+  EXPECT_EQ(h->metrics().requests_cancelled_client.load(), 1);
+}
+
 TEST(ServerAccess, DeadlineEndsARequest) {
   server::ServerOptions o = test::tiny_server_options();
   o.request_timeout_s = 1e-3;
