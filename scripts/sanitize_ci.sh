@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# CI: the sanitizer builds (docs/reliability.md).
+#   asan: the cpu-debug preset (AddressSanitizer + UndefinedBehaviorSanitizer) runs every CPU test
+#         (scripts/test.sh: ctest -LE gpu, then the Python tests with the ASan runtime preloaded);
+#   tsan: the cpu-tsan preset (ThreadSanitizer) runs the threaded parts: the batch scheduler, batched decode,
+#         the cache manager and its LRU, the server (in process and over HTTP) and the fault-injection tests.
+#   scripts/sanitize_ci.sh            both
+#   scripts/sanitize_ci.sh asan|tsan  one
+# Prints each part's build and test time.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+parts=("$@")
+(( ${#parts[@]} )) || parts=(asan tsan)
+jobs=$(nproc)
+times=()
+
+part_asan() {
+  local t0 t1 t2
+  t0=$(date +%s)
+  [[ -f build/cpu-debug/CMakeCache.txt ]] || cmake --preset cpu-debug >/dev/null
+  cmake --build build/cpu-debug -j"$jobs"
+  t1=$(date +%s)
+  scripts/test.sh cpu-debug
+  t2=$(date +%s)
+  times+=("asan (cpu-debug): build $((t1 - t0)) s, tests $((t2 - t1)) s")
+}
+
+part_tsan() {
+  local t0 t1 t2
+  t0=$(date +%s)
+  [[ -f build/cpu-tsan/CMakeCache.txt ]] || cmake --preset cpu-tsan >/dev/null
+  cmake --build build/cpu-tsan -j"$jobs" --target unit_tests
+  t1=$(date +%s)
+  # OMP_NUM_THREADS=1: libgomp is not instrumented, so TSAN cannot see its barriers (tests/tsan.supp says more).
+  OMP_NUM_THREADS=1 TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
+    build/cpu-tsan/tests/unit_tests \
+    --gtest_filter='BatchScheduler*:DecodeBatch*:PrefillSteps*:CacheManager*:PageLru*:Server*:FaultInjection*'
+  t2=$(date +%s)
+  times+=("tsan (cpu-tsan): build $((t1 - t0)) s, tests $((t2 - t1)) s")
+}
+
+for p in "${parts[@]}"; do
+  case "$p" in
+    asan) part_asan ;;
+    tsan) part_tsan ;;
+    *) echo "sanitize_ci: unknown part $p (asan, tsan)" >&2; exit 2 ;;
+  esac
+done
+echo "sanitize_ci: times"
+printf '  %s\n' "${times[@]}"
