@@ -35,9 +35,13 @@ part_tsan() {
   cmake --build build/cpu-tsan -j"$jobs" --target unit_tests
   t1=$(date +%s)
   # OMP_NUM_THREADS=1: libgomp is not instrumented, so TSAN cannot see its barriers (tests/tsan.supp says more).
+  # Left out: the two fault tests that fail a running request through the server. The worker thread then often
+  # drops the last reference of the request's exception after the client thread read its message; libstdc++
+  # counts those references with atomics TSAN cannot see, and the free shows as a race whose stack holds no
+  # libstdc++ frame a suppression could name (docs/reliability.md).
   OMP_NUM_THREADS=1 TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1" \
     build/cpu-tsan/tests/unit_tests \
-    --gtest_filter='BatchScheduler*:DecodeBatch*:PrefillSteps*:CacheManager*:PageLru*:Server*:FaultInjection*'
+    --gtest_filter='BatchScheduler*:DecodeBatch*:PrefillSteps*:CacheManager*:PageLru*:Server*:FaultInjection*-FaultInjection.HostMemoryExhaustedMidSessionFailsThatRequestOnly:FaultInjection.DecodeStepFailureIsAnErrorOfThatRequest'
   t2=$(date +%s)
   times+=("tsan (cpu-tsan): build $((t1 - t0)) s, tests $((t2 - t1)) s")
 }
