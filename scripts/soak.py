@@ -196,6 +196,18 @@ def start_server(cli, model, extra):
         m = re.search(r"listening on http://([^:]+):(\d+)", line)
         if m:
             break
+    # The port may be bound before the model is loaded (/health answers 503 until then).
+    port = int(m.group(2))
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            c = http.client.HTTPConnection(m.group(1), port, timeout=5)
+            c.request("GET", "/health")
+            if c.getresponse().status == 200:
+                break
+        except (OSError, http.client.HTTPException):
+            pass
+        time.sleep(0.2)
     # Keep draining stderr (a full pipe would block the server); keep the tail for the report.
     tail = []
 

@@ -82,6 +82,9 @@ def server(cli, tiny_text_model_dir):
     if port is None:
         p.kill()
         pytest.fail("serve did not start: " + "".join(lines))
+    # The port is bound before the model loads (/health is 503 until then).
+    while time.time() < deadline and http(port, "GET", "/health")[0] != 200:
+        time.sleep(0.1)
     yield p, port
     p.terminate()
     try:
