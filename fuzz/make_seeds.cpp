@@ -1,13 +1,18 @@
 // Writes seed corpora for the fuzz targets: make_seeds <dir> creates <dir>/gguf, <dir>/safetensors and
-// <dir>/config with small valid files (built by the same writers as the unit tests).
+// <dir>/config with small valid files (built by the same writers as the unit tests), and <dir>/tokenizer,
+// <dir>/chat_template and <dir>/openai_request with inputs in the layouts those targets read (see each
+// target's header comment).
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <random>
+#include <sstream>
 
 #include "io_test_files.h"
 
 using namespace retroinfer::testing;
+using namespace std::string_literals;
 
 namespace {
 
@@ -37,6 +42,60 @@ std::vector<uint8_t> random_blocks(const BlockLayout& t, size_t n, uint32_t seed
   return b;
 }
 
+std::string read_test_data(const std::string& name) {
+  std::ifstream f(std::string(RETROINFER_TEST_DATA) + "/" + name, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// fuzz_tokenizer: texts for both fixed tokenizers (byte 0 even) and the two committed tokenizer.json files
+// (byte 0 odd).
+void write_tokenizer_seeds(const std::filesystem::path& dir) {
+  const std::string texts[] = {
+      "Hello, world! The quick brown fox jumps over the lazy dog.",
+      "int main() {\n  return 0;\n}\n\t\t  1234567890 3.14159",
+      "caf\xc3\xa9 na\xc3\xafve \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80 e\xcc\x81 \xef\xbc\xa1",
+      "<|im_start|>user\nhi<|im_end|> <think>ok</think> it's I'M we'll",
+      "bytes \xff\xfe\x80 \0 \x01 end"s};
+  int n = 0;
+  for (const std::string& t : texts)
+    for (char mode : {'\x00', '\x02'}) write_text((dir / ("text" + std::to_string(n++))).string(), mode + t);
+  write_text((dir / "tiny_bpe.json").string(), "\x01" + read_test_data("tokenizer/tiny_bpe.tokenizer.json"));
+  write_text((dir / "tiny_split.json").string(), "\x01" + read_test_data("tokenizer/tiny_split.tokenizer.json"));
+}
+
+// fuzz_chat_template: byte 0 = format index (+ 0x80: add_generation_prompt), then role NUL content NUL ...
+void write_chat_seeds(const std::filesystem::path& dir) {
+  const std::string conversation = "system\0Be brief.\0user\0  Hi there \n\0assistant\0\n\nHello!\0user\0Why?"s;
+  for (int format = 0; format < 6; ++format) {
+    write_text((dir / ("conv" + std::to_string(format))).string(), static_cast<char>(format | 0x80) + conversation);
+    write_text((dir / ("final_assistant" + std::to_string(format))).string(),
+               static_cast<char>(format) + "user\0q\0assistant\0\n<think>a</think>b"s);
+  }
+  // The detector reads the raw text: a Jinja template of each family.
+  write_text((dir / "jinja_chatml").string(),
+             std::string("\x01{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"));
+  write_text((dir / "jinja_llama3").string(),
+             "\x00{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"s);
+  write_text((dir / "name").string(), std::string("\x02qwen2.5"));
+}
+
+// fuzz_openai_request: byte 0 bit 0 = chat, then the request body.
+void write_openai_seeds(const std::filesystem::path& dir) {
+  const std::pair<const char*, std::string> seeds[] = {
+      {"completion", "\x00{\"model\":\"smollm2\",\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0.7,"
+                     "\"top_p\":0.9,\"seed\":42,\"stop\":[\"\\n\",\"END\"],\"stream\":true,\"n\":1}"s},
+      {"completion_min", "\x00{\"prompt\":\"x\"}"s},
+      {"chat", "\x01{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":"
+               "[{\"type\":\"text\",\"text\":\"Hi \\u00e9\"},{\"type\":\"text\",\"text\":\"!\"}]}],"
+               "\"max_completion_tokens\":8,\"stop\":\"\\n\",\"temperature\":0,\"stream\":false,\"user\":\"u\"}"s},
+      {"chat_null", "\x01{\"messages\":[{\"role\":\"assistant\",\"content\":\"a\"}],\"max_tokens\":null,\"seed\":-1}"s},
+      {"bad_utf8", "\x00{\"prompt\":\"\xc3\x28\"}"s},
+      {"not_object", "\x01[1,2,3]"s}};
+  for (const auto& [name, body] : seeds) write_text((dir / name).string(), body);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -45,7 +104,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::filesystem::path root = argv[1];
-  for (const char* sub : {"gguf", "safetensors", "config"}) std::filesystem::create_directories(root / sub);
+  for (const char* sub : {"gguf", "safetensors", "config", "tokenizer", "chat_template", "openai_request"})
+    std::filesystem::create_directories(root / sub);
+  write_tokenizer_seeds(root / "tokenizer");
+  write_chat_seeds(root / "chat_template");
+  write_openai_seeds(root / "openai_request");
 
   // A 1-layer tiny llama, with q8_0 and q4_1 matrices, as GGUF (llama and qwen2) and safetensors.
   TinyLlama m;

@@ -32,7 +32,7 @@ PEERS = {frozenset(("kernels", "io")), frozenset(("index", "buffer")), frozenset
 
 PUBLIC = {
     "error.h": "core", "attention_config.h": "core", "dtype.h": "core", "kv_cache.h": "core", "softmax_state.h": "core",
-    "wave_counts.h": "core", "attention_params.h": "core", "cluster_trace.h": "core",
+    "wave_counts.h": "core", "attention_params.h": "core", "cluster_trace.h": "core", "fault_injection.h": "core",
     "cuda_device.h": "kernels",
     "model_config.h": "io", "model_file.h": "io", "tokenizer.h": "io",
     "wave_buffer.h": "buffer", "memory_planner.h": "buffer", "cache_replay.h": "buffer",

@@ -20,9 +20,8 @@ if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 pkgs=(build-essential cmake ninja-build ccache pkg-config
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libboost-dev libcli11-dev
       libpcre2-dev libicu-dev libopenblas-dev libopenblas0-openmp libomp-dev
-      bible-kjv bible-kjv-text wamerican python3-pip python3-venv pybind11-dev python3-dev)
-# Optional, only for the libFuzzer targets (cmake -DRETROINFER_FUZZ=ON, see fuzz/README.md):
-#   $SUDO apt-get install -y clang-14
+      bible-kjv bible-kjv-text wamerican python3-pip python3-venv pybind11-dev python3-dev
+      clang-14)  # clang-14: the libFuzzer targets (fuzz/, scripts/fuzz_ci.sh)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if (( ${#missing[@]} )); then

@@ -102,11 +102,15 @@ class ModelFile {  // an opened model: config + tensors, memory-mapped, validate
   virtual const TensorInfo* find(std::string_view hf_name) const = 0;  // nullptr when absent
   const TensorInfo& get(std::string_view hf_name) const;               // throws Error naming the file
   virtual std::vector<std::string> tensor_names() const = 0;           // sorted
-  // Dequantized/converted to f32, same element order as `shape`.
+  // Dequantized/converted to f32, same element order as `shape`. Calls check_files_unchanged() first.
   std::vector<float> to_f32(const TensorInfo& t) const;
   // GGUF metadata (nullptr for safetensors): key -> value, for the tokenizer.
   virtual const GgufMetadata* gguf_metadata() const { return nullptr; }
   virtual std::string path() const = 0;
+  // Throws Error naming the file when a mapped file has shrunk since open() (truncated or rewritten in place):
+  // reading its mapping past the new end would raise SIGBUS. A check, not a lock: a file truncated after it
+  // still faults (docs/reliability.md). A file replaced by rename keeps its old, complete mapping.
+  virtual void check_files_unchanged() const {}
 };
 
 // Converts n elements of type t starting at src (whole blocks) to f32. dst: [n].

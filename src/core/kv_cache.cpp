@@ -4,6 +4,7 @@
 
 #include "core/dot.h"
 #include "retroinfer/error.h"
+#include "retroinfer/fault_injection.h"
 
 namespace retroinfer {
 
@@ -52,6 +53,10 @@ void store_rows(std::vector<uint8_t>& dst, const float* src, int64_t n, int num_
 
 void KvCache::append(const float* k, const float* v, int64_t n) {
   RETROINFER_CHECK(n >= 0, "KvCache::append: negative token count ", n);
+  // Exhausted host memory as the growing vectors would meet it (std::bad_alloc), said as an Error.
+  if (fault::should_fail(fault::Point::kHostKvAppend))
+    RETROINFER_FAIL("KvCache::append: out of host memory growing the KV cache by ", n,
+                    " tokens (injected fault host_kv_append)");
   for (int h = 0; h < num_heads_kv_; ++h) {
     store_rows(keys_[h], k, n, num_heads_kv_, h, head_dim_, dtype_);
     store_rows(values_[h], v, n, num_heads_kv_, h, head_dim_, dtype_);

@@ -30,16 +30,24 @@ MappedFile::MappedFile(std::string path) : path_(std::move(path)) {
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     const int e = errno;
-    ::close(fd);
+    if (p == MAP_FAILED) ::close(fd);
     RETROINFER_CHECK(p != MAP_FAILED, path_, ": mmap of ", size_, " bytes failed: ", std::strerror(e));
     data_ = static_cast<const uint8_t*>(p);
-  } else {
-    ::close(fd);
   }
+  fd_ = fd;
 }
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void MappedFile::check_unchanged() const {
+  struct stat st {};
+  RETROINFER_CHECK(::fstat(fd_, &st) == 0, path_, ": cannot stat the mapped file: ", std::strerror(errno));
+  RETROINFER_CHECK(static_cast<size_t>(st.st_size) >= size_, path_, ": the file shrank from ", size_, " to ",
+                   st.st_size, " bytes while it was being read (truncated or rewritten in place); wait until it "
+                   "is complete and load it again (replace model files by rename, not in place)");
 }
 
 }  // namespace retroinfer::io

@@ -21,11 +21,16 @@ class MappedFile {
   const uint8_t* data() const { return data_; }  // [size()] bytes
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Throws Error naming the file when it is now shorter than size() (truncated or rewritten in place since
+  // it was mapped; a read of the mapping past the new end would raise SIGBUS). Checks the mapped inode (the
+  // descriptor stays open), so a file replaced by rename passes: its old inode stays mapped and whole.
+  void check_unchanged() const;
 
  private:
   std::string path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  int fd_ = -1;  // kept open for check_unchanged()
 };
 
 }  // namespace retroinfer::io

@@ -147,6 +147,7 @@ std::vector<float> ModelFile::to_f32(const TensorInfo& t) const {
   const int64_t n = t.numel();
   RETROINFER_CHECK(weight_type_row_bytes(t.type, n) == t.nbytes, path(), ": tensor '", t.name, "' holds ",
                    t.nbytes, " bytes, inconsistent with its shape and type ", weight_type_name(t.type));
+  check_files_unchanged();
   std::vector<float> out(static_cast<size_t>(n));
   dequantize(t.type, t.data, n, out.data());
   return out;

@@ -22,6 +22,9 @@ class LoadedModel final : public ModelFile {
   std::vector<std::string> tensor_names() const override;
   const GgufMetadata* gguf_metadata() const override { return gguf_ ? &*gguf_ : nullptr; }
   std::string path() const override { return path_; }
+  void check_files_unchanged() const override {
+    for (const auto& f : files_) f->check_unchanged();
+  }
 
   // Building (only during open()).
   ModelConfig& mutable_config() { return config_; }

@@ -5,6 +5,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.h"
 #include "retroinfer/cuda_device.h"
+#include "retroinfer/fault_injection.h"
 
 namespace retroinfer::cuda {
 
@@ -12,7 +13,7 @@ void synchronize(Stream s) { RETROINFER_CUDA_CHECK(cudaStreamSynchronize(static_
 
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes == 0) return;
-  const cudaError_t e = cudaMalloc(&ptr_, bytes);
+  const cudaError_t e = fault::should_fail(fault::Point::kDeviceAlloc) ? cudaErrorMemoryAllocation : cudaMalloc(&ptr_, bytes);
   if (e != cudaSuccess) {
     ptr_ = nullptr;
     RETROINFER_FAIL("DeviceBuffer: cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(e),

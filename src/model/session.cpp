@@ -10,6 +10,7 @@
 #include "model/rope.h"
 #include "model/weights.h"
 #include "retroinfer/error.h"
+#include "retroinfer/fault_injection.h"
 
 namespace retroinfer {
 namespace {
@@ -305,6 +306,8 @@ void Session::decode(int32_t token, std::span<float> logits) {
                    "session: decode needs a logits buffer of vocab_size = ", model_.config().vocab_size);
   RETROINFER_CHECK(pos_ + 1 <= max_context_, "session: the context is full (", max_context_, " tokens)");
   RETROINFER_CHECK(!steps_.active, "session: decode while a stepped prefill is in progress (take_prefill_logits ends it)");
+  if (fault::should_fail(fault::Point::kDecodeStep))
+    RETROINFER_FAIL("session: the decode step at position ", pos_, " failed (injected fault decode_step)");
   prefilled_ = true;  // decode without prefill: every token is steady zone for the methods
   last_stats_ = AttentionStats{};
   forward(&token, 1, pos_ + 1, true, 0, logits.data());
@@ -336,6 +339,8 @@ void Session::decode_batch(std::span<Session* const> sessions, std::span<const i
     RETROINFER_CHECK(tokens[i] >= 0 && tokens[i] < vocab, "session: decode_batch: token id ", tokens[i],
                      " of session ", i, " is outside the vocabulary [0, ", vocab, ")");
   }
+  if (fault::should_fail(fault::Point::kDecodeStep))
+    RETROINFER_FAIL("session: the batched decode step of ", n, " sequences failed (injected fault decode_step)");
   // All checks passed: from here every session advances by one token.
   const Model::Weights& w = model.weights();
   ForwardBuffers& b = *sessions[0]->s_;  // the batch's rows live in session 0's scratch (one caller owns all)

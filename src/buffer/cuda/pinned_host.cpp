@@ -13,6 +13,7 @@
 
 #include "kernels/cuda_check.h"
 #include "retroinfer/error.h"
+#include "retroinfer/fault_injection.h"
 
 namespace retroinfer::cuda {
 namespace {
@@ -58,7 +59,9 @@ PinnedHost::PinnedHost(size_t bytes, bool allow_register, int threads) : bytes_(
       }
     }
     if (p != MAP_FAILED) {
-      const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+      const cudaError_t e = fault::should_fail(fault::Point::kPinnedHostAlloc)
+                                ? cudaErrorMemoryAllocation
+                                : cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
       if (e == cudaSuccess) {
         host_ = p;
         mapped_ = bytes;
@@ -74,7 +77,9 @@ PinnedHost::PinnedHost(size_t bytes, bool allow_register, int threads) : bytes_(
       munmap(p, bytes);
     }
   }
-  const cudaError_t e = cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  const cudaError_t e = fault::should_fail(fault::Point::kPinnedHostAlloc)
+                            ? cudaErrorMemoryAllocation
+                            : cudaHostAlloc(&host_, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
   if (e != cudaSuccess) {
     host_ = nullptr;
     RETROINFER_FAIL("PinnedHost: pinning ", bytes, " bytes of host memory failed: ", cudaGetErrorString(e),

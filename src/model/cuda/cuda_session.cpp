@@ -12,6 +12,7 @@
 #include "kernels/prefill_attention_ref.h"
 #include "model/cuda/session_state.h"
 #include "retroinfer/error.h"
+#include "retroinfer/fault_injection.h"
 
 namespace retroinfer::cuda {
 namespace {
@@ -269,6 +270,8 @@ void CudaSession::decode(std::span<const int32_t> tokens, std::span<float> logit
   const int64_t vocab = im.model.config().vocab_size;
   RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == im.num_seqs * vocab, "CudaSession::decode: logits span of ",
                    logits.size(), " floats, expected num_seqs * vocab = ", im.num_seqs * vocab);
+  if (fault::should_fail(fault::Point::kDecodeStep))
+    RETROINFER_FAIL("CudaSession::decode: the decode step failed (injected fault decode_step)");
   im.decode_step(tokens);
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(logits.data(), im.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost,
                                         static_cast<cudaStream_t>(im.stream)));
@@ -281,6 +284,8 @@ void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32
   Impl& im = *impl_;
   RETROINFER_CHECK(static_cast<int>(next.size()) == im.num_seqs, "CudaSession::decode_greedy: next span of ",
                    next.size(), " tokens, expected num_seqs = ", im.num_seqs);
+  if (fault::should_fail(fault::Point::kDecodeStep))
+    RETROINFER_FAIL("CudaSession::decode_greedy: the decode step failed (injected fault decode_step)");
   im.decode_step(tokens);
   auto st = static_cast<cudaStream_t>(im.stream);
   model::ArgmaxParams p;

@@ -31,6 +31,7 @@
 #include "model/cuda/session_state.h"
 #include "model/rope.h"
 #include "retroinfer/error.h"
+#include "retroinfer/fault_injection.h"
 
 namespace retroinfer::cuda {
 
@@ -182,6 +183,8 @@ void CudaJoinedDecoder::decode(std::span<CudaSession* const> sessions, std::span
   RETROINFER_CHECK(n >= 1, "CudaJoinedDecoder::decode: no sessions");
   RETROINFER_CHECK(static_cast<int64_t>(logits.size()) == n * vocab, "CudaJoinedDecoder::decode: logits span of ",
                    logits.size(), " floats, expected sessions * vocab = ", n * vocab);
+  if (fault::should_fail(fault::Point::kDecodeStep))
+    RETROINFER_FAIL("CudaJoinedDecoder::decode: the joined decode step of ", n, " sequences failed (injected fault decode_step)");
   step(sessions, tokens);
   CudaSession::Impl& J = *impl_->j;
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(logits.data(), J.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost,

@@ -28,6 +28,7 @@
 #include "kernels/cuda_check.h"
 #include "model/cuda/session_state.h"
 #include "retroinfer/error.h"
+#include "retroinfer/fault_injection.h"
 
 namespace retroinfer::cuda {
 namespace {
@@ -36,7 +37,9 @@ namespace {
 struct PinnedHostBuffer {
   explicit PinnedHostBuffer(int64_t bytes) {
     if (bytes <= 0) return;
-    const cudaError_t e = cudaMallocHost(&data, static_cast<size_t>(bytes));
+    const cudaError_t e = fault::should_fail(fault::Point::kPinnedHostAlloc)
+                              ? cudaErrorMemoryAllocation
+                              : cudaMallocHost(&data, static_cast<size_t>(bytes));
     if (e != cudaSuccess) {
       data = nullptr;
       RETROINFER_FAIL("CudaSession::prefill: cudaMallocHost of ", bytes, " bytes for the hidden states failed: ",
