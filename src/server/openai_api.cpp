@@ -80,8 +80,9 @@ CompletionRequest parse_completion_request(std::string_view body, bool chat) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    // nlohmann rejects ill-formed UTF-8 inside strings as a parse error: say which it was.
+  } catch (const json::exception& e) {
+    // nlohmann rejects ill-formed UTF-8 inside strings as a parse error: say which it was. A number literal
+    // too large for a double is out_of_range (406), not parse_error: invalid JSON for us too.
     if (!is_valid_utf8(body)) throw bad("the request body is not valid UTF-8", "", "invalid_utf8");
     throw bad(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
