@@ -36,12 +36,10 @@ mkdir -p "$work"
 status=0
 note() { echo "$*" | tee -a "$summary"; }
 # The test binaries read fixtures from the source tree they were configured in (RETROINFER_TEST_DATA, compiled
-# in): link that path to this checkout when it does not exist here.
-src_data=$(grep -a -o -m1 '/[[:alnum:]/_.-]*/tests/data' "$BIN/gpu_tests" 2>/dev/null | head -1)
-src_root=${src_data%/tests/data}
-if [ -n "$src_root" ] && [ ! -e "$src_data" ]; then
-  mkdir -p "$(dirname "$src_root")" && ln -sfn "$(cd "$here/.." && pwd)" "$src_root"
-fi
+# in): SOURCE_ROOT (default /work/main, the path of the build that was staged) is linked to this checkout when it
+# does not exist here.
+src_root=${SOURCE_ROOT:-/work/main}
+if [ ! -e "$src_root/tests/data" ]; then mkdir -p "$(dirname "$src_root")" && ln -sfn "$(cd "$here/.." && pwd)" "$src_root"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader >> "$summary" 2>&1
 
 acc_pids=()
