@@ -34,11 +34,10 @@ inline eval::TaskResources small_resources(int sentences = 400) {
   return r;
 }
 
-// Byte-level BPE vocabulary without merges: the 256 GPT-2 byte symbols (ids 0..255) plus "<|end|>" (256,
-// control, EOS). 257 ids: fits the tiny model fixtures (vocab 512).
-inline std::unique_ptr<Tokenizer> byte_tokenizer() {
+// The 256 GPT-2 byte symbols (bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 + n in
+// byte order) as ids 0..255 of a vocabulary without merges, normal tokens, pre-tokenizer gpt2, no BOS.
+inline GgufVocab byte_symbol_vocab() {
   GgufVocab v;
-  // GPT-2 bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 + n in byte order.
   int n = 0;
   v.tokens.resize(256);
   for (int b = 0; b < 256; ++b) {
@@ -53,12 +52,19 @@ inline std::unique_ptr<Tokenizer> byte_tokenizer() {
     }
     v.tokens[b] = s;
   }
-  v.tokens.push_back("<|end|>");
-  v.token_types.assign(257, 1);
-  v.token_types[256] = 3;
+  v.token_types.assign(256, 1);
   v.pre = "gpt2";
-  v.eos_id = 256;
   v.add_bos = false;
+  return v;
+}
+
+// Byte-level BPE vocabulary without merges: the 256 byte symbols plus "<|end|>" (256, control, EOS). 257 ids:
+// fits the tiny model fixtures (vocab 512).
+inline std::unique_ptr<Tokenizer> byte_tokenizer() {
+  GgufVocab v = byte_symbol_vocab();
+  v.tokens.push_back("<|end|>");
+  v.token_types.push_back(3);
+  v.eos_id = 256;
   return Tokenizer::from_vocab(v);
 }
 

@@ -204,26 +204,10 @@ TEST(ServerAccess, CancelAllEndsRunningRequests) {
 
 // The byte tokenizer with ChatML's control tokens <|im_start|> (257) and <|im_end|> (258).
 std::unique_ptr<Tokenizer> chatml_byte_tokenizer() {
-  GgufVocab v;
-  int n = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
-    const int cp = printable ? b : 256 + n++;
-    std::string s;
-    if (cp < 0x80) {
-      s += static_cast<char>(cp);
-    } else {
-      s += static_cast<char>(0xC0 | (cp >> 6));
-      s += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-    v.tokens.push_back(s);
-  }
+  GgufVocab v = test::byte_symbol_vocab();
   for (const char* t : {"<|end|>", "<|im_start|>", "<|im_end|>"}) v.tokens.push_back(t);
-  v.token_types.assign(259, 1);
-  v.token_types[256] = v.token_types[257] = v.token_types[258] = 3;
-  v.pre = "gpt2";
+  v.token_types.resize(259, 3);
   v.eos_id = 256;
-  v.add_bos = false;
   auto t = Tokenizer::from_vocab(v);
   t->set_chat_format(ChatFormat::kChatML);
   return t;
