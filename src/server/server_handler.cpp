@@ -1,6 +1,7 @@
 #include "server/server_handler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <ctime>
 #include <deque>
@@ -49,12 +50,6 @@ std::string finish_reason(StopReason r) {
   }
 }
 
-json usage_json(const GenerateSummary& s) {
-  return {{"prompt_tokens", s.prompt_tokens},
-          {"completion_tokens", s.generated_tokens},
-          {"total_tokens", s.prompt_tokens + s.generated_tokens}};
-}
-
 // The retroinfer extension: the attention method, the share of the cached KV read exactly and, on the CUDA
 // runner, where the request's KV lived (add_kv_placement_json: with host-tier layers the block cache's hit
 // ratio and the PCIe bytes of its misses).
@@ -99,6 +94,23 @@ ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenize
 ServerHandler::Prepared ServerHandler::prepare(std::string_view body, bool chat) const {
   Prepared p;
   p.req = parse_completion_request(body, chat);
+  if (!p.req.model.empty() && p.req.model != opt_.model_name)
+    throw ApiError(404, "The model '" + p.req.model + "' does not exist; this server serves '" + opt_.model_name + "'",
+                   "model", "model_not_found");
+  if (p.req.n > opt_.max_batch)
+    throw ApiError(400,
+                   "'n' is " + std::to_string(p.req.n) + " but at most " + std::to_string(opt_.max_batch) +
+                       " sequences generate at once (--max-batch); ask for at most that many choices",
+                   "n");
+  const int64_t vocab = model_.config().vocab_size;
+  for (const auto& [id, bias] : p.req.logit_bias)
+    if (id >= vocab)
+      throw ApiError(400, "'logit_bias' names token " + std::to_string(id) + " but the vocabulary has " +
+                              std::to_string(vocab) + " tokens", "logit_bias");
+  for (const int32_t id : p.req.stop_token_ids)
+    if (id >= vocab)
+      throw ApiError(400, "'stop_token_ids' names token " + std::to_string(id) + " but the vocabulary has " +
+                              std::to_string(vocab) + " tokens", "stop_token_ids");
   try {
     if (chat) {
       if (tok_.chat_format() == ChatFormat::kNone)
@@ -135,38 +147,56 @@ ServerHandler::Prepared ServerHandler::prepare(std::string_view body, bool chat)
   const uint64_t k = next_id_.fetch_add(1);
   p.id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(k);
   p.created = static_cast<int64_t>(std::time(nullptr));
-  p.model = p.req.model.empty() ? opt_.model_name : p.req.model;
+  p.model = opt_.model_name;
   return p;
 }
 
 namespace {
 
-struct Outcome {
-  GenerateSummary summary;
-  bool client_gone = false;
+// A piece of streamed output: the text of choice `index` that is safe to show now, with the log-probabilities
+// of the tokens that made it (when asked for).
+struct StreamItem {
+  int index = 0;
+  std::string text;
+  std::vector<TokenLogprobs> logprobs;
 };
 
-// What the scheduler's worker hands to the thread serving a streamed request: texts as they become safe to
-// show, and the end of the request. Shared by both threads (the worker's callbacks keep it alive).
+// What the scheduler's worker hands to the thread serving a streamed request (all its choices): items as
+// they become safe to show, and the ends of the requests. Shared by both threads (the worker's callbacks
+// keep it alive).
 struct StreamChannel {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::string> texts;  // guarded by mu
-  bool done = false;              // guarded by mu: the request's result is set
-  std::atomic<bool> gone{false};  // the client went away: the worker's on_token stops the request
+  std::deque<StreamItem> items;   // guarded by mu
+  int done = 0;                   // guarded by mu: requests whose result is set
+  std::atomic<bool> gone{false};  // the client went away: the worker's on_token stops the requests
 };
 
-// A generation request for the scheduler. The detokenizer is per request and used on the worker thread
-// only (token_text), then by the caller after the result is ready (flush).
+// The generation request of choice `choice` for the scheduler. The detokenizer is per request and used on
+// the worker thread only (token_text), then by the caller after the result is ready (flush). Choice i
+// samples with seed + i (n choices of one seeded request differ from each other and repeat across runs).
 BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_ids, const std::vector<int32_t>& ids,
-                          const CompletionRequest& req, int64_t max_tokens,
-                          const std::shared_ptr<StreamingDecoder>& dec) {
+                          const CompletionRequest& req, int64_t max_tokens, int choice,
+                          const std::shared_ptr<StreamingDecoder>& dec,
+                          const std::shared_ptr<const JsonTokenTable>& json_table) {
   BatchRequest r;
   r.prompt = ids;
   r.options.max_new_tokens = static_cast<int>(max_tokens);
-  r.options.sampler = SamplerConfig{req.temperature, 0, req.top_p, req.seed};
+  SamplerConfig& sc = r.options.sampler;
+  sc.temperature = req.temperature;
+  sc.top_k = req.top_k;
+  sc.top_p = req.top_p;
+  sc.seed = req.seed + static_cast<uint64_t>(choice);
+  sc.repetition_penalty = req.repetition_penalty;
+  sc.frequency_penalty = req.frequency_penalty;
+  sc.presence_penalty = req.presence_penalty;
+  sc.logit_bias = req.logit_bias;
+  sc.logprobs = req.logprobs;
+  if (req.json_object) sc.constraint = std::make_shared<JsonConstraint>(json_table);
   r.options.stop_strings = req.stop;
   r.options.eos_token_ids = eos_ids;
+  r.options.stop_token_ids = req.stop_token_ids;
+  r.options.ignore_eos = req.ignore_eos;
   const int32_t vocab = tok.vocab_size();
   // A model's vocabulary may be larger than its tokenizer's (padded embedding rows): such ids show as
   // nothing instead of failing the request.
@@ -183,7 +213,96 @@ std::string add_tail(GenerateSummary& s, StreamingDecoder& dec) {
   return tail;
 }
 
+// The log-probabilities reported for a generation: every sampled token's but an end-of-generation token's.
+std::vector<TokenLogprobs> reported_logprobs(std::vector<TokenLogprobs> lp, StopReason why) {
+  if (why == StopReason::kEos && !lp.empty()) lp.pop_back();
+  return lp;
+}
+
+// The bytes of token `id` as text ("" past the tokenizer's vocabulary).
+std::string piece(const Tokenizer& tok, int32_t id) {
+  if (id < 0 || id >= tok.vocab_size()) return {};
+  try {
+    return tok.token_to_piece(id);
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+// A log-probability as JSON: a number, or the most negative float for a banned token (JSON has no -inf).
+json logprob_json(float lp) { return std::isfinite(lp) ? json(lp) : json(-9999.0); }
+
+// A token's name for the "token" fields: its bytes when they are valid UTF-8, else (part of a character)
+// "bytes:\\xNN..." as OpenAI writes them, and "token_id:N" for a token without text (an id past the
+// tokenizer's vocabulary), so that distinct tokens keep distinct names.
+std::string token_name(const std::string& bytes, int32_t id) {
+  if (bytes.empty()) return "token_id:" + std::to_string(id);
+  if (is_valid_utf8(bytes)) return bytes;
+  static const char* kHex = "0123456789abcdef";
+  std::string out = "bytes:";
+  for (const char c : bytes) {
+    const auto b = static_cast<uint8_t>(c);
+    out += "\\x";
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
+
+json token_json(const Tokenizer& tok, const TokenLogprob& t) {
+  const std::string text = piece(tok, t.token);
+  json bytes = json::array();
+  for (const char c : text) bytes.push_back(static_cast<int>(static_cast<uint8_t>(c)));
+  return {{"token", token_name(text, t.token)}, {"logprob", logprob_json(t.logprob)}, {"bytes", std::move(bytes)}};
+}
+
+// The chat API's choice.logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}], "refusal": null}.
+json chat_logprobs_json(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps) {
+  json content = json::array();
+  for (const TokenLogprobs& lp : lps) {
+    json t = token_json(tok, lp.sampled);
+    json top = json::array();
+    for (const TokenLogprob& x : lp.top) top.push_back(token_json(tok, x));
+    t["top_logprobs"] = std::move(top);
+    content.push_back(std::move(t));
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+// The completions API's choice.logprobs: {tokens, token_logprobs, top_logprobs: [{token: logprob}],
+// text_offset}; `offset` (bytes of the completion text before these tokens) advances.
+json completion_logprobs_json(const Tokenizer& tok, const std::vector<TokenLogprobs>& lps, size_t& offset) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprobs& lp : lps) {
+    const std::string text = piece(tok, lp.sampled.token);
+    tokens.push_back(token_name(text, lp.sampled.token));
+    token_lps.push_back(logprob_json(lp.sampled.logprob));
+    json top = json::object();
+    for (const TokenLogprob& x : lp.top) top[token_name(piece(tok, x.token), x.token)] = logprob_json(x.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += text.size();
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(token_lps)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
+json usage_of(const std::vector<GenerateSummary>& sums) {
+  int64_t generated = 0;
+  for (const GenerateSummary& s : sums) generated += s.generated_tokens;
+  const int64_t prompt = sums.empty() ? 0 : sums[0].prompt_tokens;
+  return {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
+}
+
 }  // namespace
+
+std::shared_ptr<const JsonTokenTable> ServerHandler::json_table() const {
+  std::call_once(json_table_once_,
+                 [&] { json_table_ = JsonTokenTable::build(tok_, model_.config().vocab_size, eos_ids_); });
+  return json_table_;
+}
 
 ServerHandler::Stats ServerHandler::stats() const {
   return {generations_.load(), generated_tokens_.load(), cancelled_streams_.load(), scheduler_->stats().max_running};
@@ -196,110 +315,166 @@ void ServerHandler::count(const GenerateSummary& s, bool cancelled) {
 }
 
 HttpReply ServerHandler::complete(const Prepared& p) {
-  Outcome o;
+  const int n = p.req.n;
+  std::vector<GenerateSummary> sums(n);
+  std::vector<BatchHandle> handles;
   try {
-    auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
-    BatchHandle h = scheduler_->submit(make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec));
-    o.summary = h.result.get();
-    add_tail(o.summary, *dec);
-    count(o.summary, false);
+    const auto table = p.req.json_object ? json_table() : nullptr;
+    std::vector<std::shared_ptr<StreamingDecoder>> decs;
+    for (int i = 0; i < n; ++i) {
+      decs.push_back(std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true));
+      handles.push_back(scheduler_->submit(make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, i, decs[i], table)));
+    }
+    for (int i = 0; i < n; ++i) {
+      sums[i] = handles[i].result.get();
+      add_tail(sums[i], *decs[i]);
+      count(sums[i], false);
+    }
   } catch (const std::exception& e) {
+    for (const BatchHandle& h : handles) h.cancel();  // the other choices' results are not wanted any more
     return error_reply(ApiError(500, std::string("generation failed: ") + e.what(), "", "generation_failed",
                                 "server_error"));
   }
-  const GenerateSummary& s = o.summary;
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(s.stop_reason)}};
-  if (p.req.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", s.text}};
-  } else {
-    choice["text"] = s.text;
-    choice["logprobs"] = nullptr;
+  json choices = json::array();
+  for (int i = 0; i < n; ++i) {
+    const GenerateSummary& s = sums[i];
+    json choice = {{"index", i}, {"finish_reason", finish_reason(s.stop_reason)}};
+    json logprobs = nullptr;
+    if (p.req.logprobs >= 0) {
+      const auto lps = reported_logprobs(s.logprobs, s.stop_reason);
+      size_t offset = 0;
+      logprobs = p.req.chat ? chat_logprobs_json(tok_, lps) : completion_logprobs_json(tok_, lps, offset);
+    }
+    if (p.req.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", s.text}};
+    } else {
+      choice["text"] = s.text;
+    }
+    choice["logprobs"] = std::move(logprobs);
+    choices.push_back(std::move(choice));
   }
   return json_reply(200, {{"id", p.id},
                           {"object", p.req.chat ? "chat.completion" : "text_completion"},
                           {"created", p.created},
                           {"model", p.model},
-                          {"choices", json::array({choice})},
-                          {"usage", usage_json(s)},
-                          {"retroinfer", extension_json(s, model_)}});
+                          {"choices", std::move(choices)},
+                          {"usage", usage_of(sums)},
+                          {"retroinfer", extension_json(sums[0], model_)}});
 }
 
 void ServerHandler::stream(const Prepared& p, const ChunkWriter& write) {
+  const int n = p.req.n;
   const char* object = p.req.chat ? "chat.completion.chunk" : "text_completion";
-  auto chunk = [&](json choice) {
-    return json{{"id", p.id}, {"object", object}, {"created", p.created}, {"model", p.model},
-                {"choices", json::array({std::move(choice)})}};
+  auto chunk = [&](json choices) {
+    json j = {{"id", p.id}, {"object", object}, {"created", p.created}, {"model", p.model},
+              {"choices", std::move(choices)}};
+    if (p.req.include_usage) j["usage"] = nullptr;  // OpenAI: every chunk but the usage chunk has usage null
+    return j;
   };
-  auto delta = [&](std::string_view text) {
-    json c = {{"index", 0}, {"finish_reason", nullptr}};
+  bool gone = false;
+  auto send = [&](const json& j) {
+    if (!gone && !write(sse(j))) gone = true;
+    return !gone;
+  };
+  std::vector<size_t> offsets(n, 0);  // completions' text_offset per choice
+  auto delta = [&](int index, std::string_view text, const std::vector<TokenLogprobs>& lps) {
+    json c = {{"index", index}, {"finish_reason", nullptr}};
     if (p.req.chat)
       c["delta"] = {{"content", std::string(text)}};
     else
       c["text"] = std::string(text);
-    return write(sse(chunk(std::move(c))));
+    if (p.req.logprobs >= 0)
+      c["logprobs"] = p.req.chat ? chat_logprobs_json(tok_, lps) : completion_logprobs_json(tok_, lps, offsets[index]);
+    return send(chunk(json::array({std::move(c)})));
   };
   if (p.req.chat) {
-    json first = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}};
-    if (!write(sse(chunk(std::move(first))))) return;
+    for (int i = 0; i < n; ++i) {
+      json first = {{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}};
+      if (!send(chunk(json::array({std::move(first)})))) return;
+    }
   }
-  Outcome o;
+  std::vector<GenerateSummary> sums(n);
+  std::vector<BatchHandle> handles;
   try {
-    auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
+    const auto table = p.req.json_object ? json_table() : nullptr;
     auto ch = std::make_shared<StreamChannel>();
-    BatchRequest r = make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec);
-    r.callbacks.on_token = [ch](int32_t, std::string_view text) {
-      if (!text.empty()) {
-        std::lock_guard<std::mutex> lk(ch->mu);
-        ch->texts.emplace_back(text);
-      }
-      ch->cv.notify_one();
-      return !ch->gone.load();
-    };
-    r.on_done = [ch] {
-      {
-        std::lock_guard<std::mutex> lk(ch->mu);
-        ch->done = true;
-      }
-      ch->cv.notify_one();
-    };
-    BatchHandle h = scheduler_->submit(std::move(r));
-    // Write the texts as they come, on this thread; a failed write cancels the request (the scheduler
-    // ends it at its next iteration). Always wait for the result: the worker may still use `dec`.
+    std::vector<std::shared_ptr<StreamingDecoder>> decs;
+    // Per choice, on the worker: the log-probabilities of tokens whose text is not out yet.
+    std::vector<std::shared_ptr<std::vector<TokenLogprobs>>> pending;
+    for (int i = 0; i < n; ++i) {
+      decs.push_back(std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true));
+      pending.push_back(std::make_shared<std::vector<TokenLogprobs>>());
+      BatchRequest r = make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, i, decs[i], table);
+      auto lp = pending[i];
+      if (p.req.logprobs >= 0) r.callbacks.on_logprobs = [lp](const TokenLogprobs& x) { lp->push_back(x); };
+      r.callbacks.on_token = [ch, lp, i](int32_t, std::string_view text) {
+        if (!text.empty()) {
+          std::lock_guard<std::mutex> lk(ch->mu);
+          ch->items.push_back({i, std::string(text), std::move(*lp)});
+          lp->clear();
+        }
+        ch->cv.notify_one();
+        return !ch->gone.load();
+      };
+      r.on_done = [ch] {
+        {
+          std::lock_guard<std::mutex> lk(ch->mu);
+          ++ch->done;
+        }
+        ch->cv.notify_one();
+      };
+      handles.push_back(scheduler_->submit(std::move(r)));
+    }
+    // Write the items as they come, on this thread; a failed write cancels the requests (the scheduler
+    // ends them at its next iteration). Always wait for the results: the worker may still use `decs`.
     for (bool finished = false; !finished;) {
-      std::deque<std::string> texts;
+      std::deque<StreamItem> items;
       {
         std::unique_lock<std::mutex> lk(ch->mu);
-        ch->cv.wait(lk, [&] { return !ch->texts.empty() || ch->done; });
-        texts.swap(ch->texts);
-        finished = ch->done;
+        ch->cv.wait(lk, [&] { return !ch->items.empty() || ch->done == n; });
+        items.swap(ch->items);
+        finished = ch->done == n;
       }
-      for (const std::string& t : texts) {
-        if (o.client_gone || delta(t)) continue;
-        o.client_gone = true;
+      for (const StreamItem& it : items) {
+        if (gone || delta(it.index, it.text, it.logprobs)) continue;
         ch->gone.store(true);
-        h.cancel();
+        for (const BatchHandle& h : handles) h.cancel();
       }
     }
-    o.summary = h.result.get();
-    const std::string tail = add_tail(o.summary, *dec);
-    if (!tail.empty() && !o.client_gone) o.client_gone = !delta(tail);
-    count(o.summary, o.client_gone);
+    for (int i = 0; i < n; ++i) sums[i] = handles[i].result.get();
+    for (int i = 0; i < n; ++i) {
+      // The requests are done: the worker no longer touches decs[i] or pending[i].
+      const std::string tail = add_tail(sums[i], *decs[i]);
+      const auto rest = reported_logprobs(std::move(*pending[i]), sums[i].stop_reason);
+      if (!gone && (!tail.empty() || !rest.empty())) delta(i, tail, rest);
+      count(sums[i], gone);
+    }
   } catch (const std::exception& e) {
+    for (const BatchHandle& h : handles) h.cancel();
     const ApiError err(500, std::string("generation failed: ") + e.what(), "", "generation_failed", "server_error");
     if (write("data: " + dump(error_json(err)) + "\n\n")) write("data: [DONE]\n\n");
     return;
   }
-  if (o.client_gone) return;
-  const GenerateSummary& s = o.summary;
-  json last = {{"index", 0}, {"finish_reason", finish_reason(s.stop_reason)}};
-  if (p.req.chat)
-    last["delta"] = json::object();
-  else
-    last["text"] = "";
-  json j = chunk(std::move(last));
-  j["usage"] = usage_json(s);
-  j["retroinfer"] = extension_json(s, model_);
-  if (write(sse(j))) write("data: [DONE]\n\n");
+  for (int i = 0; i < n; ++i) {
+    json last = {{"index", i}, {"finish_reason", finish_reason(sums[i].stop_reason)}};
+    if (p.req.chat)
+      last["delta"] = json::object();
+    else
+      last["text"] = "";
+    json j = chunk(json::array({std::move(last)}));
+    if (i == n - 1 && !p.req.include_usage) {  // without include_usage the usage rides on the last chunk
+      j["usage"] = usage_of(sums);
+      j["retroinfer"] = extension_json(sums[0], model_);
+    }
+    if (!send(j)) return;
+  }
+  if (p.req.include_usage) {
+    json j = chunk(json::array());
+    j["usage"] = usage_of(sums);
+    j["retroinfer"] = extension_json(sums[0], model_);
+    if (!send(j)) return;
+  }
+  if (!gone) write("data: [DONE]\n\n");
 }
 
 HttpReply ServerHandler::handle(std::string_view method, std::string_view path, std::string_view body) {
@@ -309,6 +484,10 @@ HttpReply ServerHandler::handle(std::string_view method, std::string_view path, 
                                        "", "method_not_allowed"));
     return r;
   };
+  auto model_json = [&] {
+    return json{{"id", opt_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "retroinfer"},
+                {"context_length", context_limit_}};
+  };
   try {
     if (path == "/health") {
       if (method != "GET") return method_not_allowed("GET");
@@ -316,12 +495,16 @@ HttpReply ServerHandler::handle(std::string_view method, std::string_view path, 
     }
     if (path == "/v1/models") {
       if (method != "GET") return method_not_allowed("GET");
-      return json_reply(200, {{"object", "list"},
-                              {"data", json::array({{{"id", opt_.model_name},
-                                                     {"object", "model"},
-                                                     {"created", 0},
-                                                     {"owned_by", "retroinfer"},
-                                                     {"context_length", context_limit_}}})}});
+      return json_reply(200, {{"object", "list"}, {"data", json::array({model_json()})}});
+    }
+    if (path.rfind("/v1/models/", 0) == 0) {
+      if (method != "GET") return method_not_allowed("GET");
+      const std::string_view id = path.substr(std::string_view("/v1/models/").size());
+      if (id != opt_.model_name)
+        return error_reply(ApiError(404, "The model '" + std::string(id) + "' does not exist; this server serves '" +
+                                             opt_.model_name + "'",
+                                    "model", "model_not_found"));
+      return json_reply(200, model_json());
     }
     const bool chat = path == "/v1/chat/completions";
     if (chat || path == "/v1/completions") {
@@ -334,7 +517,8 @@ HttpReply ServerHandler::handle(std::string_view method, std::string_view path, 
       return r;
     }
     return error_reply(ApiError(404, "no route " + std::string(method) + " " + std::string(path) +
-                                         "; the endpoints are GET /health, GET /v1/models, POST /v1/completions, "
+                                         "; the endpoints are GET /health, GET /v1/models, GET /v1/models/{id}, "
+                                         "POST /v1/completions, "
                                          "POST /v1/chat/completions",
                                 "", "not_found"));
   } catch (const ApiError& e) {

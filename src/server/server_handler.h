@@ -16,9 +16,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
+#include "engine/json_constraint.h"
 #include "retroinfer/batch_scheduler.h"
 #include "retroinfer/engine_model.h"
 #include "retroinfer/generate.h"
@@ -53,9 +55,10 @@ class ServerHandler {
  public:
   ServerHandler(const EngineModel& model, const Tokenizer& tokenizer, ServerOptions opt);
 
-  // Routes GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions. Unknown paths
-  // give 404, a known path with another method 405, invalid requests 400 (OpenAI error object), a
-  // failure while generating 500. Never throws.
+  // Routes GET /health, GET /v1/models, GET /v1/models/{id}, POST /v1/completions, POST /v1/chat/completions.
+  // Unknown paths give 404, a known path with another method 405, invalid requests 400 (OpenAI error
+  // object), a model name other than the served one 404 (model_not_found), a failure while generating 500.
+  // Never throws.
   HttpReply handle(std::string_view method, std::string_view path, std::string_view body);
 
   // Counters since construction (for logs and tests): completed generations, tokens generated, streams
@@ -82,6 +85,10 @@ class ServerHandler {
   ServerOptions opt_;
   int64_t context_limit_ = 0;
   std::vector<int32_t> eos_ids_;
+  // The token texts for response_format json_object (JsonTokenTable), built at the first such request.
+  std::shared_ptr<const JsonTokenTable> json_table() const;
+  mutable std::once_flag json_table_once_;
+  mutable std::shared_ptr<const JsonTokenTable> json_table_;
   mutable std::atomic<uint64_t> next_id_{1};  // response ids
   std::atomic<int64_t> generations_{0}, generated_tokens_{0}, cancelled_streams_{0};
   void count(const GenerateSummary& s, bool cancelled);
