@@ -292,6 +292,8 @@ bool JsonPrefixState::feed(std::string_view bytes) {
 
 bool JsonPrefixState::complete() const { return mode == kDone; }
 
+bool JsonPrefixState::in_string() const { return mode == kString; }
+
 std::shared_ptr<const JsonTokenTable> JsonTokenTable::build(const Tokenizer& tok, int64_t model_vocab,
                                                             std::span<const int32_t> end_ids) {
   auto t = std::make_shared<JsonTokenTable>();
@@ -306,6 +308,13 @@ std::shared_ptr<const JsonTokenTable> JsonTokenTable::build(const Tokenizer& tok
   }
   for (const int32_t id : end_ids)
     if (id >= 0 && id < model_vocab) t->texts[id].clear();
+  t->plain.resize(t->texts.size());
+  for (size_t id = 0; id < t->texts.size(); ++id) {
+    const std::string& x = t->texts[id];
+    t->plain[id] = !x.empty() && std::all_of(x.begin(), x.end(), [](char ch) {
+      return ch >= 0x20 && ch <= 0x7E && ch != '"' && ch != '\\';
+    });
+  }
   return t;
 }
 
@@ -323,7 +332,9 @@ void JsonConstraint::mask(std::span<float> logits) const {
     first_ok[c] = s.feed(static_cast<uint8_t>(c));
   }
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
+  const bool in_string = state_.in_string() && table_->plain.size() == logits.size();
   for (size_t id = 0; id < logits.size(); ++id) {
+    if (in_string && table_->plain[id]) continue;
     const std::string& text = table_->texts[id];
     if (text.empty() || !first_ok[static_cast<uint8_t>(text[0])]) {
       logits[id] = kBanned;

@@ -12,7 +12,8 @@
 // Only trailing whitespace may follow the closing brace inside the token that closes it.
 //
 // Cost per step: the token texts are decoded once per tokenizer (JsonTokenTable, shared by every request);
-// each mask() walks the bytes of the tokens whose first byte is allowed, stopping at the first refused byte.
+// each mask() walks the bytes of the tokens whose first byte is allowed, stopping at the first refused byte,
+// except inside strings, where tokens of plain text are allowed without a walk.
 #pragma once
 
 #include <cstdint>
@@ -47,11 +48,16 @@ struct JsonPrefixState {
   bool feed(std::string_view bytes);
   // The top-level object is closed.
   bool complete() const;
+  // Inside a string, between characters: any text of printable ASCII other than '"' and '\\' continues it.
+  bool in_string() const;
 };
 
 // The bytes of every token id of a model's vocabulary; an empty text marks a token never allowed.
 struct JsonTokenTable {
   std::vector<std::string> texts;  // [model vocab]
+  // [model vocab]: 1 when the text is printable ASCII (0x20-0x7E) without '"' or '\\': it continues any
+  // string without a walk through its bytes (most of a vocabulary: words).
+  std::vector<uint8_t> plain;
   // Builds from the tokenizer (skip_special decoding: control tokens have no text) for a model vocabulary of
   // `model_vocab` ids (ids past the tokenizer's have no text) and bans `end_ids`.
   static std::shared_ptr<const JsonTokenTable> build(const Tokenizer& tok, int64_t model_vocab,

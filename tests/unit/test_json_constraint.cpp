@@ -2,6 +2,7 @@
 // invalid texts, and random generations through the Sampler that always parse once complete.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -57,6 +58,9 @@ std::shared_ptr<JsonTokenTable> test_table() {
                         "\\ud83d", "\\ude00", "abc", " {", "]}", "},{\"", "\xc3\xa9", "\xf0\x9f", "\x98\x80"})
     t->texts.push_back(s);
   t->texts.push_back("");  // a control token
+  for (const std::string& x : t->texts)
+    t->plain.push_back(!x.empty() && x.find_first_of("\"\\") == std::string::npos &&
+                       std::all_of(x.begin(), x.end(), [](char c) { return c >= 0x20 && c <= 0x7E; }));
   return t;
 }
 
@@ -96,7 +100,7 @@ TEST(JsonConstraint, RandomGenerationsParseOnceComplete) {
 TEST(JsonConstraint, MaskAllowsExactlyTheTokensThatContinue) {
   auto table = test_table();
   JsonConstraint c(table);
-  for (const char* t : {"{\"", "ab", "\": ", "1"}) {
+  for (const char* t : {"{\"", "ab", "\": \"x", "\", \"n\": ", "1"}) {
     std::vector<float> logits(table->texts.size(), 0.0f);
     c.mask(logits);
     for (size_t id = 0; id < logits.size(); ++id) {
