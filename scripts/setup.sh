@@ -36,6 +36,9 @@ PY=${PYTHON:-python3}
 py_pkgs=()
 $PY -c "import pytest" 2>/dev/null || py_pkgs+=(pytest==8.3.5)
 $PY -c "import numpy" 2>/dev/null || py_pkgs+=(numpy==2.2.6)
+# The server's tests drive it with the official OpenAI client; `retroinfer bench serve --plot` draws with matplotlib.
+$PY -c "import openai" 2>/dev/null || py_pkgs+=(openai==3.51.0)
+$PY -c "import matplotlib" 2>/dev/null || py_pkgs+=(matplotlib==3.10.7)
 if (( ${#py_pkgs[@]} )); then
   echo "setup: installing ${py_pkgs[*]} for $PY"
   $PY -m pip install -q "${py_pkgs[@]}" || $PY -m pip install -q --break-system-packages "${py_pkgs[@]}"

@@ -1,5 +1,6 @@
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
