@@ -22,9 +22,8 @@ if(CMAKE_LIBRARY_ARCHITECTURE AND EXISTS ${RETROINFER_OPENBLAS_OPENMP_DIR}/libop
 endif()
 find_package(CLI11 QUIET CONFIG)
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
-find_path(HTTPLIB_INCLUDE_DIR httplib.h)
-# cpp-httplib as Debian builds it: a shared library whose header needs its compile definitions (SSL, zlib).
-pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# Boost.Beast and Boost.Asio (the HTTP server's transport), header-only from libboost-dev.
+find_package(Boost 1.74 REQUIRED)
 if(RETROINFER_TESTS)
   find_package(GTest REQUIRED)
 endif()

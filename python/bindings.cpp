@@ -326,7 +326,7 @@ void bind_model(py::module_& m) {
       .def_property_readonly("path", [](const PyModel& self) { return self.m->model->path(); })
       .def_property_readonly("load_seconds", [](const PyModel& self) { return self.m->load_seconds; })
       .def("generate", &run_generate, py::arg("prompt"), py::kw_only(), py::arg("max_tokens") = 128,
-           py::arg("attention") = "full", py::arg("temperature") = 0.0f, py::arg("top_p") = 1.0f, py::arg("top_k") = 0,
+           py::arg("attention") = "retro", py::arg("temperature") = 0.0f, py::arg("top_p") = 1.0f, py::arg("top_k") = 0,
            py::arg("seed") = 0, py::arg("stop") = py::none(), py::arg("chat") = false, py::arg("system") = "",
            py::arg("ignore_eos") = false, py::arg("on_token") = py::none(), py::arg("kv_dtype") = py::none(),
            py::arg("prefill_chunk") = py::none(),
@@ -345,7 +345,7 @@ void bind_model(py::module_& m) {
             out.s = make_session(*self.m->engine, so);
             return out;
           },
-          py::kw_only(), py::arg("attention") = "full", py::arg("max_context") = 0, py::arg("kv_dtype") = py::none(),
+          py::kw_only(), py::arg("attention") = "retro", py::arg("max_context") = 0, py::arg("kv_dtype") = py::none(),
           py::arg("prefill_chunk") = py::none(),
           with_placement_keywords("A Session for research use: prefill(tokens) and decode(token) return logits. max_context 0 "
                         "= the model's maximum (the memory check then counts it in full); further keywords are the KV placement and "
@@ -363,7 +363,7 @@ void bind_model(py::module_& m) {
 PYBIND11_MODULE(_retroinfer, m) {
   m.doc() = "retroinfer: long-context LLM inference with the KV cache as a vector store (RetroInfer).";
   py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  m.attr("__version__") = "0.1.0";
+  m.attr("__version__") = RETROINFER_VERSION;  // project(VERSION) of CMakeLists.txt
 
   bind_tokenizer(m);
   bind_generate_result(m);

@@ -17,6 +17,8 @@
 #   traces     retro's cluster selections recorded while decoding Qwen at 16K and 32K, replayed through
 #              the block cache at 2%, 5% and 10%
 #   bench      Llama-3-8B-shape host-tier decode at 128K with the recorded traces as the query source
+#              (BENCH_RUNS picks the runs; hit80: batch 8 at 64K, host tier at 5/10/20% cache vs GPU-resident)
+#   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
 # Everything lands in $OUT as at most 8 files (the device returns no more): summary.txt, one tarball per
 # section and the accuracy reports.
 set -u
@@ -208,6 +210,13 @@ section_bench() {
                 --joined-gpu-sessions 7 --host-store int8 "${q[@]}" ;;
       split_1m) BENCH_TIMEOUT=240 run_bench split_1m --contexts 1048576 --batches 1,2 --methods retro \
                   --placement split --host-store int8 "${q[@]}" ;;
+      # A host-tier layer step against the GPU-resident step at batch 8 (64K: 8 sequences fit in HBM), the
+      # block cache grown until the trace's hits pass ~80%.
+      hit80) run_bench gpu_64k_b8 --contexts 65536 --batches 8 --methods retro --placement gpu
+             for f in 0.05 0.10 0.20; do
+               run_bench host_64k_b8_int8_c$f --contexts 65536 --batches 8 --methods retro --placement host \
+                 --host-store int8 --cache-fraction "$f" "${q[@]}"
+             done ;;
     esac
   done
   python3 - "$d" >> "$summary" <<'EOF2'
@@ -265,6 +274,17 @@ section_fidelity() {
     grep -i "hit" "$d/hits_$f.md" | head -3 >> "$summary"
   done
   tar -czf "$OUT/fidelity.tar.gz" -C "$work" fidelity
+}
+
+# Teacher-forced perplexity of several retro settings (PPL_VARIANT_GROUPS, method lists with overrides) at
+# 4K-32K prefixes: scripts/gpu-ppl-variants.sh.
+section_pplvariants() {
+  local d=$work/pplvariants
+  BIN="$BIN/retroinfer" MODEL="$QWEN" TEXT="$STAGE/data/ppl_text.txt" OUT="$d" BUDGET="${PPL_BUDGET:-360}" \
+    METHOD_GROUPS="${PPL_VARIANT_GROUPS:-full,retro}" bash "$here/gpu-ppl-variants.sh" || note "pplvariants: a run failed"
+  grep -h "| retro\|| full" "$d"/ppl_*_g*.md >> "$summary" 2>/dev/null
+  cp "$d/ppl_variants.md" "$OUT/" 2>/dev/null
+  tar -czf "$OUT/pplvariants.tar.gz" -C "$work" pplvariants
 }
 
 for s in ${SECTIONS:-accuracy tests}; do

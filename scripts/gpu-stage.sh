@@ -20,10 +20,10 @@ for b in ${BINARIES:-retroinfer gpu_tests kernel_bench prefill_bench wave_buffer
     xz -${XZ_LEVEL:-9} -T2 "$stage/bin/$b"
   fi
 done
-# Runtime libraries of this machine that the GPU machine's image lacks (OpenBLAS, OpenMP, ICU, PCRE2, cpp-httplib
-# and the Brotli libraries it links).
+# Runtime libraries of this machine that the GPU machine's image lacks (OpenBLAS, OpenMP, ICU, PCRE2; the HTTP
+# server's Boost.Beast/Asio is header-only).
 for l in libopenblas.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0 libicuuc.so.72 libicudata.so.72 \
-         libpcre2-8.so.0 libcpp-httplib.so.0.11 libbrotlidec.so.1 libbrotlienc.so.1 libbrotlicommon.so.1; do
+         libpcre2-8.so.0; do
   p=$(ldconfig -p | awk -v n="$l" '$1 == n && !found {print $NF; found = 1}')  # reads all input: no SIGPIPE under pipefail
   [ -n "$p" ] && xz -9 -T2 -c "$(readlink -f "$p")" > "$stage/lib/$l.xz"
 done

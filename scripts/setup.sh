@@ -18,9 +18,9 @@ SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 
 pkgs=(build-essential cmake ninja-build ccache pkg-config
-      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcpp-httplib-dev libcli11-dev
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libboost-dev libcli11-dev
       libpcre2-dev libicu-dev libopenblas-dev libopenblas0-openmp libomp-dev
-      bible-kjv bible-kjv-text wamerican python3-pip pybind11-dev python3-dev)
+      bible-kjv bible-kjv-text wamerican python3-pip python3-venv pybind11-dev python3-dev)
 # Optional, only for the libFuzzer targets (cmake -DRETROINFER_FUZZ=ON, see fuzz/README.md):
 #   $SUDO apt-get install -y clang-14
 missing=()
@@ -33,12 +33,17 @@ fi
 
 PY=${PYTHON:-python3}
 # The Python bindings' tests (tests/python, run by scripts/test.sh): pytest, and numpy for Session logits.
+# Pins: keep matplotlib and scikit-build-core equal to plots.py's MATPLOTLIB_PIN and pyproject.toml's.
 py_pkgs=()
 $PY -c "import pytest" 2>/dev/null || py_pkgs+=(pytest==8.3.5)
 $PY -c "import numpy" 2>/dev/null || py_pkgs+=(numpy==2.2.6)
-# The server's tests drive it with the official OpenAI client; `retroinfer bench serve --plot` draws with matplotlib.
+# The server's tests drive it with the official OpenAI client.
 $PY -c "import openai" 2>/dev/null || py_pkgs+=(openai==3.51.0)
+# The charts of --plot (python/retroinfer/plots.py, scripts/bench_serve.py).
 $PY -c "import matplotlib" 2>/dev/null || py_pkgs+=(matplotlib==3.10.7)
+# `pip install .` builds with it (pyproject.toml's build requirement; here too so that
+# `pip install --no-build-isolation .` works without reaching the index).
+$PY -c "import scikit_build_core" 2>/dev/null || py_pkgs+=(scikit-build-core==0.10.7)
 if (( ${#py_pkgs[@]} )); then
   echo "setup: installing ${py_pkgs[*]} for $PY"
   $PY -m pip install -q "${py_pkgs[@]}" || $PY -m pip install -q --break-system-packages "${py_pkgs[@]}"

@@ -23,6 +23,7 @@
 #include "retroinfer/memory_planner.h"
 #include "retroinfer/session_planner.h"
 #include "command.h"
+#include "plot_charts.h"
 #include "retroinfer/attention.h"
 #include "retroinfer/cluster_trace.h"
 #include "retroinfer/error.h"
@@ -67,6 +68,9 @@ struct BenchDecodeOptions {
   int joined_gpu_sessions = 0;  // joined: the first this many sessions with every layer on the GPU
   std::string host_store = "bf16";  // host-tier layers' store element type (WaveBufferConfig::store_dtype)
   std::string query_trace;     // --query-trace: host-tier retrieval clusters follow this cluster trace
+  std::string plot_dir;        // --plot: PNG charts of the --out file here after the run
+  std::vector<std::string> plot_from;  // --plot-from: chart these JSON lines files instead of running
+  std::string plot_title;      // --plot-title: the charts' title (default: model shape and device)
   std::shared_ptr<const ClusterTraceSchedule> query_schedule;  // read from query_trace before the runs
 };
 
@@ -683,10 +687,27 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--query-trace", o->query_trace,
                   "Cluster trace (generate --record-trace): the host-tier layers' retrieval clusters follow it "
                   "instead of the random-weight queries' selection (docs/wave-buffer.md#cluster-traces)");
+  cmd->add_option("--plot", o->plot_dir,
+                  "Write PNG charts (tokens/s against batch per method and placement, ms per step: attention and "
+                  "the rest) of the --out file to this folder (python3 + matplotlib; docs/install.md#charts)");
+  cmd->add_option("--plot-from", o->plot_from,
+                  "With --plot: chart these JSON lines files of earlier runs instead of running (no GPU needed)")
+      ->delimiter(',');
+  cmd->add_option("--plot-title", o->plot_title, "With --plot: the charts' title");
   cmd->callback([o] {
-    if (!o->query_trace.empty())
-      o->query_schedule = std::make_shared<const ClusterTraceSchedule>(read_cluster_trace(o->query_trace));
-    run_bench_decode(*o);
+    RETROINFER_CHECK(o->plot_from.empty() || !o->plot_dir.empty(), "bench decode: --plot-from needs --plot DIR");
+    RETROINFER_CHECK(o->plot_dir.empty() || !o->plot_from.empty() || !o->out.empty(),
+                     "bench decode: --plot charts the --out file (or the --plot-from files): give --out FILE");
+    if (o->plot_from.empty()) {
+      if (!o->query_trace.empty())
+        o->query_schedule = std::make_shared<const ClusterTraceSchedule>(read_cluster_trace(o->query_trace));
+      run_bench_decode(*o);
+    }
+    if (!o->plot_dir.empty()) {
+      std::vector<std::string> args = {"decode", "--out", o->plot_dir, "--title", o->plot_title, "--jsonl"};
+      for (const auto& f : o->plot_from.empty() ? std::vector<std::string>{o->out} : o->plot_from) args.push_back(f);
+      run_chart_script(args);
+    }
   });
 }
 RETROINFER_COMMAND(setup_bench_decode);

@@ -2,7 +2,7 @@
 // (cpu or cuda).
 //   eval tasks   RULER-style synthetic tasks (src/eval/tasks.h), resumable JSON lines + markdown table
 //   eval ppl     teacher-forced fidelity on real text (src/eval/ppl_fidelity.h)
-//   eval report  the summary and table of an existing results file
+//   eval report  the summary and table of an existing results file; --plot: PNG charts (plot_charts.h)
 //   eval needle  where retro's zones put a needle's tokens against the oracle top-k (cpu; needle_probe.h)
 //   eval inputs  the haystack, word list and ppl text as files (for a machine without bible-kjv/wamerican)
 #include <CLI/CLI.hpp>
@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 #include "command.h"
 #include "eval/eval_report.h"
@@ -21,6 +22,7 @@
 #include "eval/ppl_fidelity.h"
 #include "eval/tasks.h"
 #include "model_cli.h"
+#include "plot_charts.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::cli {
@@ -40,6 +42,8 @@ struct EvalCliOptions {
   double time_budget = 0.0;  // seconds, 0 = none
   std::string baseline_budget = "matched";  // quest / streaming / oracle: matched to retro's reads, or nominal
   std::vector<std::string> report_results;
+  std::vector<std::string> report_ppl;  // eval report --ppl: eval ppl JSONs for the perplexity chart
+  std::string plot_dir, plot_title;     // eval report --plot, --plot-title
   // ppl
   int64_t prefix = 2048;
   int forced = 64;
@@ -92,6 +96,36 @@ void write_report(const std::vector<std::string>& results, const std::string& js
   std::fputs(md.c_str(), stdout);
   if (!json_path.empty()) write_file(json_path, summary.dump(2) + "\n");
   if (!md_path.empty()) write_file(md_path, md);
+}
+
+// eval report: the summary and table of --results, and with --plot the charts of it and of --ppl.
+void run_report(const EvalCliOptions& o) {
+  RETROINFER_CHECK(!o.report_results.empty() || (!o.plot_dir.empty() && !o.report_ppl.empty()),
+                   "eval report: give --results FILE (or --plot DIR with --ppl FILES)");
+  RETROINFER_CHECK(o.report_ppl.empty() || !o.plot_dir.empty(), "eval report: --ppl is charted by --plot DIR");
+  std::string summary = o.summary_json;
+  std::filesystem::path scratch;  // the summary for the chart script when --summary is not given
+  if (!o.report_results.empty()) {
+    if (summary.empty() && !o.plot_dir.empty()) {
+      scratch = std::filesystem::temp_directory_path() / ("retroinfer-eval-summary-" + std::to_string(::getpid()) + ".json");
+      summary = scratch.string();
+    }
+    write_report(o.report_results, summary, o.table_md);
+  }
+  if (o.plot_dir.empty()) return;
+  std::vector<std::string> args = {"eval", "--out", o.plot_dir, "--title", o.plot_title};
+  if (!o.report_results.empty()) args.insert(args.end(), {"--summary", summary});
+  if (!o.report_ppl.empty()) {
+    args.push_back("--ppl");
+    args.insert(args.end(), o.report_ppl.begin(), o.report_ppl.end());
+  }
+  try {
+    run_chart_script(args);
+  } catch (...) {
+    if (!scratch.empty()) std::filesystem::remove(scratch);
+    throw;
+  }
+  if (!scratch.empty()) std::filesystem::remove(scratch);
 }
 
 // The tasks' haystack (`bible` ranges or --haystack-file) and word list.
@@ -229,7 +263,9 @@ void write_inputs(const EvalCliOptions& o, const std::string& dir, const std::ve
 
 void add_common(CLI::App* cmd, EvalCliOptions& o) {
   add_model_options(cmd, o.model);
-  cmd->add_option("--methods", o.methods, "Attention methods: full retro quest streaming oracle retro-noest")
+  cmd->add_option("--methods", o.methods,
+                  "Attention methods: full retro quest streaming oracle retro-noest, each optionally with overrides of "
+                  "attention fields, e.g. retro:retrieval_fraction=0.036:window_tokens=128")
       ->delimiter(',')->capture_default_str();
   cmd->add_option("--baseline-budget", o.baseline_budget,
                   "quest / streaming / oracle exact tokens: matched (as many as retro read on the same input) or "
@@ -304,11 +340,16 @@ void setup_eval(CLI::App& app) {
   in->add_option("--word-list", o->word_list, "Word list to filter")->capture_default_str();
   in->callback([o, inputs_dir, ppl_ranges] { write_inputs(*o, *inputs_dir, *ppl_ranges); });
 
-  auto* r = eval_cmd->add_subcommand("report", "Summary and markdown table of a results file");
-  r->add_option("--results", o->report_results, "Results files (JSON lines)")->required();
+  auto* r = eval_cmd->add_subcommand("report", "Summary and markdown table of a results file; --plot: PNG charts");
+  r->add_option("--results", o->report_results, "Results files (JSON lines)");
   r->add_option("--summary", o->summary_json, "Write the summary JSON here");
   r->add_option("--table", o->table_md, "Write the markdown table here");
-  r->callback([o] { write_report(o->report_results, o->summary_json, o->table_md); });
+  r->add_option("--ppl", o->report_ppl, "With --plot: `eval ppl --json` reports (one per prefix length) to chart");
+  r->add_option("--plot", o->plot_dir,
+                "Write PNG charts to this folder: task score against context per method (--results), perplexity "
+                "change against context (--ppl); python3 + matplotlib (docs/install.md#charts)");
+  r->add_option("--plot-title", o->plot_title, "With --plot: the charts' title (e.g. the model)");
+  r->callback([o] { run_report(*o); });
 }
 RETROINFER_COMMAND(setup_eval);
 

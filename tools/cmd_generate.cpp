@@ -21,7 +21,7 @@ namespace {
 
 struct GenerateCliOptions {
   ModelCliOptions model;
-  std::string prompt, prompt_file, system, attention = "full", json_path;
+  std::string prompt, prompt_file, system, attention = "retro", json_path;
   std::string record_trace;  // --record-trace: cluster trace file (retro only)
   bool chat = false, ignore_eos = false;
   int max_new_tokens = 128;
@@ -143,6 +143,7 @@ void run_generate(const GenerateCliOptions& o) {
 void setup_generate(CLI::App& app) {
   auto o = std::make_shared<GenerateCliOptions>();
   auto* cmd = app.add_subcommand("generate", "Generate text from a prompt (on the CPU or the GPU: --device)");
+  o->model.device = "auto";  // this engine's defaults: the GPU when usable, retro attention
   add_model_options(cmd, o->model);
   cmd->add_option("--prompt", o->prompt, "Prompt text");
   cmd->add_option("--prompt-file", o->prompt_file, "Read the prompt from a file");

@@ -1,4 +1,5 @@
-// `retroinfer version`: prints the version and the build's backends.
+// `retroinfer version`: prints the version (RETROINFER_VERSION: project(VERSION) of CMakeLists.txt) and the
+// build's backends.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
@@ -9,9 +10,9 @@ void setup_version(CLI::App& app) {
   auto* cmd = app.add_subcommand("version", "Print the version and the backends this build has");
   cmd->callback([] {
 #ifdef RETROINFER_WITH_CUDA
-    std::printf("retroinfer 0.1.0 (backends: cpu, cuda)\n");
+    std::printf("retroinfer %s (backends: cpu, cuda)\n", RETROINFER_VERSION);
 #else
-    std::printf("retroinfer 0.1.0 (backends: cpu)\n");
+    std::printf("retroinfer %s (backends: cpu)\n", RETROINFER_VERSION);
 #endif
   });
 }

@@ -79,6 +79,14 @@ ChatFormat detect_chat_format_from_template(std::string_view jinja_template);
 // Renders messages; add_generation_prompt appends the assistant header. Throws Error for kNone.
 std::string apply_chat_template(ChatFormat format, std::span<const ChatMessage> messages,
                                 bool add_generation_prompt);
+// apply_chat_template's text and where each message's content lies in it: [begin, end) byte offsets, in
+// message order (a content the template trims is recorded trimmed). Throws Error for kNone.
+struct ChatRendering {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> content_spans;
+};
+ChatRendering render_chat_template(ChatFormat format, std::span<const ChatMessage> messages,
+                                   bool add_generation_prompt);
 
 class Tokenizer {
  public:
@@ -126,6 +134,12 @@ class Tokenizer {
   ChatFormat chat_format() const;
   void set_chat_format(ChatFormat format);
   std::string apply_chat_template(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // The rendered template's tokens: encode(apply_chat_template(...), false, true), except that the messages'
+  // contents are encoded with parse_special = parse_special_in_content. false (for untrusted messages) keeps
+  // a "<|im_end|>" written in a message as text, so that a message cannot end its turn or open another role's;
+  // the template's own markup is always special tokens.
+  std::vector<TokenId> encode_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                   bool parse_special_in_content) const;
 
   struct Impl;
 

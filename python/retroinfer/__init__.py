@@ -10,7 +10,8 @@
     logits = s.decode(int(logits.argmax()))
 
 Every error of the engine raises retroinfer.Error (a RuntimeError) with the C++ message.
-See docs/python.md.
+retroinfer.plots draws the charts of the JSON results (matplotlib). `pip install .` also installs the
+`retroinfer` command. See docs/python.md and docs/install.md.
 """
 
 from ._retroinfer import (  # noqa: F401  (the compiled module, python/bindings.cpp)

@@ -13,6 +13,7 @@
 
 #include "engine/kv_placement_json.h"
 #include "eval/scoring.h"
+#include "retroinfer/attention_params.h"
 #include "retroinfer/error.h"
 #include "retroinfer/sampler.h"
 #include "retroinfer/text_generate.h"
@@ -77,13 +78,29 @@ double expected_sample_s(const std::map<int64_t, double>& slowest, int64_t ctx) 
 
 }  // namespace
 
+std::string_view method_base_name(std::string_view method) { return method.substr(0, method.find(':')); }
+
 AttentionConfig method_config(std::string_view method, const AttentionConfig& base) {
   AttentionConfig c = base;
-  if (method == "retro-noest") {
+  const std::string_view name = method_base_name(method);
+  if (name == "retro-noest") {
     c.kind = AttentionKind::kRetro;
     c.estimation = false;
   } else {
-    c.kind = parse_attention_kind(method);
+    c.kind = parse_attention_kind(name);
+  }
+  // Overrides "name:field=value:field=value", applied in order over the base (and the -noest setting).
+  for (size_t at = name.size(); at < method.size();) {
+    const size_t next = std::min(method.find(':', at + 1), method.size());
+    const std::string_view item = method.substr(at + 1, next - at - 1);
+    const size_t eq = item.find('=');
+    RETROINFER_CHECK(eq != std::string_view::npos && eq > 0, "eval: method '", method, "': '", item,
+                     "' is not field=value (e.g. retro:retrieval_fraction=0.036)");
+    const AttentionParam* p = find_attention_param(item.substr(0, eq));
+    RETROINFER_CHECK(p != nullptr, "eval: method '", method, "': unknown attention parameter '", item.substr(0, eq),
+                     "' (the AttentionConfig field names: retrieval_fraction, estimation_fraction, window_tokens, ...)");
+    set_attention_param(c, *p, item.substr(eq + 1));
+    at = next;
   }
   return c;
 }
@@ -98,7 +115,10 @@ std::string_view baseline_budget_name(BaselineBudget b) {
   return b == BaselineBudget::kMatched ? "matched" : "nominal";
 }
 
-bool budgeted_baseline(std::string_view m) { return m == "quest" || m == "streaming" || m == "oracle"; }
+bool budgeted_baseline(std::string_view method) {
+  const std::string_view m = method_base_name(method);
+  return m == "quest" || m == "streaming" || m == "oracle";
+}
 
 int64_t matched_budget_tokens(double retro_exact_per_head, const AttentionConfig& c) {
   RETROINFER_CHECK(std::isfinite(retro_exact_per_head) && retro_exact_per_head >= 0.0,

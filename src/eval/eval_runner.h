@@ -31,8 +31,14 @@
 namespace retroinfer::eval {
 
 // Method names: full, retro, quest, streaming, oracle, and retro-noest (retro without the estimation
-// zone). Returns `base` with kind (and estimation) set; throws Error for an unknown name.
+// zone), each optionally followed by overrides of AttentionConfig fields, ":field=value" per field
+// ("retro:retrieval_fraction=0.036:estimation_fraction=0.5"), so that one run compares several settings of a
+// method on the same inputs (the name with its overrides names the method in tables and JSON). Returns `base`
+// with kind (and estimation) set and the overrides applied; throws Error for an unknown name or field, or a
+// value outside the field's range (the config as a whole is checked by validate).
 AttentionConfig method_config(std::string_view method, const AttentionConfig& base);
+// The method name without its overrides: "retro" for "retro:window_tokens=128".
+std::string_view method_base_name(std::string_view method);
 
 // How quest, streaming and oracle are budgeted against retro. kNominal: AttentionConfig's budget_tokens
 // (< 0: round(retrieval_fraction * indexed tokens), retro's nominal retrieval size). kMatched: each

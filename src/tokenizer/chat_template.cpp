@@ -32,22 +32,31 @@ std::string_view trim(std::string_view s) {
   return s.substr(b, s.find_last_not_of(kSpace) - b + 1);
 }
 
-std::string render_llama3(std::span<const ChatMessage> messages, bool add_generation_prompt) {
-  std::string out = "<|begin_of_text|>";
+// Appends a message's content to the rendering and records where it lies.
+void add_content(ChatRendering& r, std::string_view content) {
+  r.content_spans.emplace_back(r.text.size(), r.text.size() + content.size());
+  r.text += content;
+}
+
+ChatRendering render_llama3(std::span<const ChatMessage> messages, bool add_generation_prompt) {
+  ChatRendering r;
+  std::string& out = r.text;
+  out = "<|begin_of_text|>";
   for (const ChatMessage& m : messages) {
     out += "<|start_header_id|>";
     out += m.role;
     out += "<|end_header_id|>\n\n";
-    out += trim(m.content);
+    add_content(r, trim(m.content));
     out += "<|eot_id|>";
   }
   if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  return out;
+  return r;
 }
 
-std::string render_chatml(std::span<const ChatMessage> messages, bool add_generation_prompt,
+ChatRendering render_chatml(std::span<const ChatMessage> messages, bool add_generation_prompt,
                           std::string_view default_system, bool qwen3_think) {
-  std::string out;
+  ChatRendering r;
+  std::string& out = r.text;
   if (!default_system.empty() && (messages.empty() || messages.front().role != "system")) {
     out += "<|im_start|>system\n";
     out += default_system;
@@ -67,14 +76,14 @@ std::string render_chatml(std::span<const ChatMessage> messages, bool add_genera
         i + 1 == messages.size() && m.content.find("</think>") == std::string::npos) {
       out += "<think>\n\n</think>\n\n";
       const size_t b = m.content.find_first_not_of('\n');
-      out += b == std::string::npos ? std::string_view() : std::string_view(m.content).substr(b);
+      add_content(r, b == std::string::npos ? std::string_view() : std::string_view(m.content).substr(b));
     } else {
-      out += m.content;
+      add_content(r, m.content);
     }
     out += "<|im_end|>\n";
   }
   if (add_generation_prompt) out += "<|im_start|>assistant\n";
-  return out;
+  return r;
 }
 
 }  // namespace
@@ -107,6 +116,11 @@ ChatFormat detect_chat_format_from_template(std::string_view t) {
 
 std::string apply_chat_template(ChatFormat format, std::span<const ChatMessage> messages,
                                 bool add_generation_prompt) {
+  return render_chat_template(format, messages, add_generation_prompt).text;
+}
+
+ChatRendering render_chat_template(ChatFormat format, std::span<const ChatMessage> messages,
+                                   bool add_generation_prompt) {
   switch (format) {
     case ChatFormat::kLlama3: return render_llama3(messages, add_generation_prompt);
     case ChatFormat::kChatML: return render_chatml(messages, add_generation_prompt, {}, false);

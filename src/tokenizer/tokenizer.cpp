@@ -387,4 +387,28 @@ std::string Tokenizer::apply_chat_template(std::span<const ChatMessage> messages
   return retroinfer::apply_chat_template(impl_->chat_format, messages, add_generation_prompt);
 }
 
+std::vector<TokenId> Tokenizer::encode_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                            bool parse_special_in_content) const {
+  const ChatRendering r = render_chat_template(impl_->chat_format, messages, add_generation_prompt);
+  if (parse_special_in_content) return encode(r.text, false, true);
+  // The markup and the contents are encoded apart: every content is bounded by special tokens of the
+  // markup, where encode() splits the text anyway, so the pieces tokenise as the whole would apart from the
+  // special tokens a content spelled out.
+  std::vector<TokenId> ids;
+  const std::string_view text = r.text;
+  size_t pos = 0;
+  auto add = [&](std::string_view piece, bool parse_special) {
+    if (piece.empty()) return;
+    const std::vector<TokenId> part = encode(piece, false, parse_special);
+    ids.insert(ids.end(), part.begin(), part.end());
+  };
+  for (const auto& [begin, end] : r.content_spans) {
+    add(text.substr(pos, begin - pos), true);
+    add(text.substr(begin, end - begin), false);
+    pos = end;
+  }
+  add(text.substr(pos), true);
+  return ids;
+}
+
 }  // namespace retroinfer

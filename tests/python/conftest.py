@@ -110,11 +110,14 @@ class Server:
         self.proc = subprocess.Popen([cli, "serve", "--model", model, "--port", "0", *args],
                                      stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         lines = []
+        self.base_url = None
+        # The server listens first ("listening on URL; loading ...") and answers 503 until "...; ready".
         for line in self.proc.stderr:
             lines.append(line)
-            m = re.search(r"listening on (http://[^ ]+)", line)
+            m = re.search(r"listening on (http://[^ ;]+)", line)
             if m:
                 self.base_url = m.group(1) + "/v1"
+            if self.base_url and "; ready" in line:
                 break
         else:
             self.proc.wait()

@@ -31,6 +31,9 @@ def test_greedy_generate_equals_cli(cli, tiny_text_model_dir, tiny_text_model, t
     if mode == "retro":
         cli_args += RETRO_CLI
         kw.update(RETRO_KW)
+    else:  # both default to retro: full attention is asked for
+        cli_args += ["--attention", "full"]
+        kw.update(attention="full")
     if mode == "chat":
         cli_args += ["--chat", "--system", "Be brief."]
         kw.update(chat=True, system="Be brief.")
@@ -129,3 +132,9 @@ def test_cli_kmeans_options_reach_the_index(cli, tiny_text_model_dir, tmp_path):
     summary, _ = run_cli(cli, tiny_text_model_dir, tmp_path, "--prompt", PROMPT, "--max-new-tokens", "4",
                          *RETRO_CLI, "--kmeans-iters", "0", "--segment-tokens", "16")
     assert summary["generated_tokens"] >= 1
+
+
+def test_generate_defaults_to_retro_in_python_and_the_cli(cli, tiny_text_model_dir, tiny_text_model, tmp_path):
+    assert tiny_text_model.generate(PROMPT, max_tokens=2).attention == "retro"
+    want, _ = run_cli(cli, tiny_text_model_dir, tmp_path, "--prompt", PROMPT, "--max-new-tokens", "2")
+    assert want["attention"] == "retro"

@@ -365,5 +365,41 @@ TEST(EvalRunner, PplTableSaysWhenAttentionErrorIsNotMeasured) {
   EXPECT_NE(j.at("attention_error_note").get<std::string>().find("not measured on cuda"), std::string::npos);
 }
 
+
+TEST(EvalMethodConfig, OverridesApplyInOrderOverTheBase) {
+  AttentionConfig base;
+  base.retrieval_fraction = 0.018;
+  const AttentionConfig r = eval::method_config("retro:retrieval_fraction=0.036:window_tokens=128", base);
+  EXPECT_EQ(r.kind, AttentionKind::kRetro);
+  EXPECT_DOUBLE_EQ(r.retrieval_fraction, 0.036);
+  EXPECT_EQ(r.window_tokens, 128);
+  EXPECT_DOUBLE_EQ(r.estimation_fraction, base.estimation_fraction);  // untouched fields keep the base's
+  const AttentionConfig n = eval::method_config("retro-noest:estimation_fraction=0.5", base);
+  EXPECT_FALSE(n.estimation);
+  EXPECT_DOUBLE_EQ(n.estimation_fraction, 0.5);
+  EXPECT_EQ(eval::method_config("quest:quest_page_tokens=8", base).quest_page_tokens, 8);
+  EXPECT_EQ(eval::method_base_name("retro:window_tokens=128"), "retro");
+  EXPECT_TRUE(eval::budgeted_baseline("oracle:sink_tokens=8"));
+  EXPECT_FALSE(eval::budgeted_baseline("retro:sink_tokens=8"));
+}
+
+TEST(EvalMethodConfig, BadOverridesAreClearErrors) {
+  const AttentionConfig base;
+  const auto message = [&](const char* m) {
+    try {
+      eval::method_config(m, base);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("retro:no_such_field=1").find("unknown attention parameter 'no_such_field'"), std::string::npos);
+  EXPECT_NE(message("retro:retrieval_fraction").find("is not field=value"), std::string::npos);
+  EXPECT_NE(message("retro:=3").find("is not field=value"), std::string::npos);
+  EXPECT_NE(message("retro:retrieval_fraction=2").find("retrieval"), std::string::npos);  // out of range
+  EXPECT_NE(message("retro:window_tokens=abc").find("window"), std::string::npos);
+  EXPECT_NE(message("bogus:window_tokens=1").find("bogus"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace retroinfer

@@ -23,27 +23,43 @@ inline const Model* server_tiny_model() {
   return m.get();
 }
 
-// A handler on the tiny model (nullptr when the fixture is absent); one per attention kind.
-inline server::ServerHandler* tiny_handler(AttentionKind kind = AttentionKind::kFull) {
-  const Model* m = server_tiny_model();
-  if (!m) return nullptr;
-  static const EngineModel engine(*m);
+inline const EngineModel& server_tiny_engine() {
+  static const EngineModel engine(*server_tiny_model());
+  return engine;
+}
+
+// The byte-level test tokenizer with the ChatML template (<|im_start|>, <|im_end|> are its special tokens).
+inline const Tokenizer& server_tokenizer() {
   static const std::unique_ptr<Tokenizer> tok = [] {
     auto t = byte_tokenizer();
     t->set_chat_format(ChatFormat::kChatML);
     return t;
   }();
+  return *tok;
+}
+
+// The options of tiny_handler.
+inline server::ServerOptions tiny_server_options(AttentionKind kind = AttentionKind::kFull) {
+  server::ServerOptions o;
+  o.model_name = "tiny";
+  o.session.attention.kind = kind;
+  o.session.attention.window_tokens = 16;  // a steady zone well under the test prompts' length
+  o.session.prefill_chunk = 128;
+  o.prefill_step_tokens = 128;  // prompts over 128 tokens prefill over several iterations (as `serve` does)
+  o.default_max_tokens = 8;
+  return o;
+}
+
+// A handler on the tiny model (nullptr when the fixture is absent); one per attention kind.
+inline server::ServerHandler* tiny_handler(AttentionKind kind = AttentionKind::kFull) {
+  const Model* m = server_tiny_model();
+  if (!m) return nullptr;
+  const EngineModel& engine = server_tiny_engine();
+  const Tokenizer* tok = &server_tokenizer();
   static std::vector<std::unique_ptr<server::ServerHandler>> handlers(8);
   auto& h = handlers.at(static_cast<size_t>(kind));
   if (!h) {
-    server::ServerOptions o;
-    o.model_name = "tiny";
-    o.session.attention.kind = kind;
-    o.session.attention.window_tokens = 16;  // a steady zone well under the test prompts' length
-    o.session.prefill_chunk = 128;
-    o.prefill_step_tokens = 128;  // prompts over 128 tokens prefill over several iterations (as `serve` does)
-    o.default_max_tokens = 8;
-    h = std::make_unique<server::ServerHandler>(engine, *tok, o);
+    h = std::make_unique<server::ServerHandler>(engine, *tok, tiny_server_options(kind));
   }
   return h.get();
 }
