@@ -166,7 +166,10 @@ GenerateSummary run_generate(const PyModel& self, const py::object& prompt, int 
   RETROINFER_CHECK(!ids.empty(), "generate: the prompt encodes to no tokens");
   GenerateOptions go;
   go.max_new_tokens = max_tokens;
-  go.sampler = {temperature, top_k, top_p, seed};
+  go.sampler.temperature = temperature;
+  go.sampler.top_k = top_k;
+  go.sampler.top_p = top_p;
+  go.sampler.seed = seed;
   validate(go.sampler);
   go.ignore_eos = ignore_eos;
   if (!stop.is_none()) {

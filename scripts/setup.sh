@@ -36,7 +36,9 @@ PY=${PYTHON:-python3}
 py_pkgs=()
 $PY -c "import pytest" 2>/dev/null || py_pkgs+=(pytest==8.3.5)
 $PY -c "import numpy" 2>/dev/null || py_pkgs+=(numpy==2.2.6)
-# The charts of --plot (python/retroinfer/plots.py).
+# The server's tests drive it with the official OpenAI client.
+$PY -c "import openai" 2>/dev/null || py_pkgs+=(openai==3.51.0)
+# The charts of --plot (python/retroinfer/plots.py, scripts/bench_serve.py).
 $PY -c "import matplotlib" 2>/dev/null || py_pkgs+=(matplotlib==3.10.7)
 # `pip install .` builds with it (pyproject.toml's build requirement; here too so that
 # `pip install --no-build-isolation .` works without reaching the index).

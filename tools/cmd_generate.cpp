@@ -94,7 +94,10 @@ void run_generate(const GenerateCliOptions& o) {
 
   GenerateOptions go;
   go.max_new_tokens = o.max_new_tokens;
-  go.sampler = {o.temperature, o.top_k, o.top_p, o.seed};
+  go.sampler.temperature = o.temperature;
+  go.sampler.top_k = o.top_k;
+  go.sampler.top_p = o.top_p;
+  go.sampler.seed = o.seed;
   go.stop_strings = o.stops;
   go.ignore_eos = o.ignore_eos;
   go.eos_token_ids = end_of_generation_ids(m.model->config(), &tok);

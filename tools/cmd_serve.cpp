@@ -141,7 +141,8 @@ void run_serve(const ServeCliOptions& o) {
   loaded.store(true);
   std::fprintf(stderr,
                "retroinfer serve: %s on %s, %s attention, context %lld tokens, loaded in %.1f s; ready\n"
-               "  GET /health, GET /metrics, GET /v1/models, POST /v1/completions, POST /v1/chat/completions; "
+               "  GET /health, GET /metrics, GET /v1/models, GET /v1/models/{id}, POST /v1/completions, "
+               "POST /v1/chat/completions; "
                "continuous batching of up to %d sequences%s, %d queued\n"
                "  API key %s; %s\n",
                so.model_name.c_str(), m.engine->description().c_str(), o.attention.c_str(),

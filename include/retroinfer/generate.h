@@ -37,14 +37,17 @@ class StopMatcher {
   std::string pending_;
 };
 
-enum class StopReason : uint8_t { kMaxTokens, kEos, kStopString, kCallback, kContextFull };
-std::string_view stop_reason_name(StopReason r);  // "max_tokens" | "eos" | "stop_string" | "callback" | "context_full"
+// kConstraintComplete: the sampler's TokenConstraint says the text is complete (e.g. a whole JSON value).
+enum class StopReason : uint8_t { kMaxTokens, kEos, kStopString, kCallback, kContextFull, kConstraintComplete };
+// "max_tokens" | "eos" | "stop_string" | "callback" | "context_full" | "constraint_complete"
+std::string_view stop_reason_name(StopReason r);
 
 struct GenerateOptions {
   int max_new_tokens = 128;                // tokens to generate at most (>= 1)
   SamplerConfig sampler;                   // greedy by default
   std::vector<int32_t> eos_token_ids;      // stop tokens; empty: the model config's eos_token_ids
   bool ignore_eos = false;                 // generate max_new_tokens whatever comes (benchmarks)
+  std::vector<int32_t> stop_token_ids;     // more stop tokens, honoured even with ignore_eos (StopReason::kEos)
   std::vector<std::string> stop_strings;   // stop when the decoded text contains one (not emitted)
 };
 
@@ -69,6 +72,7 @@ struct GenerateSummary {
   // nullopt on the CPU runner).
   std::optional<KvPlacementReport> kv_placement;
   std::vector<int32_t> tokens;         // generated ids
+  std::vector<TokenLogprobs> logprobs; // one per generated token when sampler.logprobs >= 0, else empty
   std::string text;                    // emitted text (stop string excluded)
 };
 
@@ -84,6 +88,9 @@ struct GenerateCallbacks {
   TokenText token_text;       // required when stop_strings are given; else optional
   TokenCallback on_token;     // optional
   PrefillProgress on_prefill; // optional
+  // Optional, with sampler.logprobs >= 0: each generated token's log-probabilities, called right before its
+  // on_token.
+  std::function<void(const TokenLogprobs&)> on_logprobs;
 };
 
 // The per-token logic of one generation, apart from running the model: sampling with the request's own
@@ -105,8 +112,9 @@ class GenerationStepper {
   // Ends the generation now with StopReason::kCallback (a cancelled request); no-op when done().
   void cancel();
   bool done() const { return done_; }
-  // Records the prefill (prompt tokens, seconds) for the summary; time_to_first_token_s then includes it.
-  void set_prefill(int64_t prompt_tokens, double seconds);
+  // Records the prefill (the prompt, seconds) for the summary (time_to_first_token_s then includes it) and
+  // for the sampler (repetition_penalty counts the prompt's tokens).
+  void set_prefill(std::span<const int32_t> prompt, double seconds);
   // The summary (every field); call once, after done().
   GenerateSummary finish();
 

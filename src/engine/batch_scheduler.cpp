@@ -115,7 +115,7 @@ struct BatchScheduler::Impl {
       r->logits = r->session->take_prefill_logits();
       const BatchRequest& q = r->p->req;
       r->stepper = std::make_unique<GenerationStepper>(*r->session, q.options, q.callbacks);
-      r->stepper->set_prefill(static_cast<int64_t>(q.prompt.size()), r->prefill_s);
+      r->stepper->set_prefill(q.prompt, r->prefill_s);
       if (r->stepper->step(r->logits)) {
         running.push_back(std::move(r));
       } else {

@@ -34,8 +34,13 @@ bool GenerationStepper::step(std::span<const float> logits) {
   const int32_t tok = sampler_.sample(logits);
   if (sum_.tokens.empty()) sum_.time_to_first_token_s = seconds_since(t0_);
   sum_.tokens.push_back(tok);
+  if (opt_.sampler.logprobs >= 0) {
+    sum_.logprobs.push_back(sampler_.last_logprobs());
+    if (cb_.on_logprobs) cb_.on_logprobs(sum_.logprobs.back());
+  }
   done_ = true;  // until the checks below say go on
-  if (!opt_.ignore_eos && std::find(eos_.begin(), eos_.end(), tok) != eos_.end()) {
+  const auto listed = [tok](const std::vector<int32_t>& ids) { return std::find(ids.begin(), ids.end(), tok) != ids.end(); };
+  if ((!opt_.ignore_eos && listed(eos_)) || listed(opt_.stop_token_ids)) {
     sum_.stop_reason = StopReason::kEos;
     if (cb_.on_token) cb_.on_token(tok, {});
     return false;
@@ -48,12 +53,21 @@ bool GenerationStepper::step(std::span<const float> logits) {
     sum_.stop_reason = StopReason::kStopString;
     return false;
   }
+  if (opt_.sampler.constraint && opt_.sampler.constraint->complete()) {
+    sum_.stop_reason = StopReason::kConstraintComplete;  // the text is whole: flush what a stop string held
+    std::string rest = matcher_.flush();
+    if (!rest.empty()) {
+      sum_.text += rest;
+      if (cb_.on_token) cb_.on_token(tok, rest);
+    }
+    return false;
+  }
   if (!go_on) {
     sum_.stop_reason = StopReason::kCallback;
     return false;
   }
   if (static_cast<int64_t>(sum_.tokens.size()) == opt_.max_new_tokens) {
-    sum_.stop_reason = StopReason::kMaxTokens;  // the only end that flushes withheld text
+    sum_.stop_reason = StopReason::kMaxTokens;  // an end without a stop string: flush the withheld text
     std::string rest = matcher_.flush();
     if (!rest.empty()) {
       sum_.text += rest;
@@ -81,7 +95,9 @@ void GenerationStepper::cancel() {
   sum_.stop_reason = StopReason::kCallback;
 }
 
-void GenerationStepper::set_prefill(int64_t prompt_tokens, double seconds) {
+void GenerationStepper::set_prefill(std::span<const int32_t> prompt, double seconds) {
+  const auto prompt_tokens = static_cast<int64_t>(prompt.size());
+  sampler_.add_prompt(prompt);
   sum_.prompt_tokens = prompt_tokens;
   sum_.prefill_seconds = seconds;
   sum_.prefill_tokens_per_s = seconds > 0 ? prompt_tokens / seconds : 0.0;
@@ -135,7 +151,7 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
   std::vector<float> logits = session->prefill(prompt, false, cb.on_prefill);
   const double prefill_s = seconds_since(t0);
   GenerationStepper g(*session, opt, cb);
-  g.set_prefill(static_cast<int64_t>(prompt.size()), prefill_s);
+  g.set_prefill(prompt, prefill_s);
   while (g.step(logits)) {
     session->decode(g.next_token(), logits);
     g.count_decode(session->last_stats());

@@ -49,6 +49,7 @@ std::string_view stop_reason_name(StopReason r) {
     case StopReason::kStopString: return "stop_string";
     case StopReason::kCallback: return "callback";
     case StopReason::kContextFull: return "context_full";
+    case StopReason::kConstraintComplete: return "constraint_complete";
   }
   return "?";
 }

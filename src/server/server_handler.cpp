@@ -14,6 +14,7 @@
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/text_generate.h"
+#include "server/openai_logprobs.h"
 
 namespace retroinfer::server {
 
@@ -50,12 +51,6 @@ std::string finish_reason(StopReason r) {
     default:
       return "stop";  // eos, a stop string, or the client went away
   }
-}
-
-json usage_json(const GenerateSummary& s) {
-  return {{"prompt_tokens", s.prompt_tokens},
-          {"completion_tokens", s.generated_tokens},
-          {"total_tokens", s.prompt_tokens + s.generated_tokens}};
 }
 
 // The retroinfer extension: the attention method, the share of the cached KV read exactly and, on the CUDA
@@ -111,6 +106,23 @@ ServerHandler::~ServerHandler() = default;
 ServerHandler::Prepared ServerHandler::prepare(std::string_view body, bool chat) const {
   Prepared p;
   p.req = parse_completion_request(body, chat);
+  if (!p.req.model.empty() && p.req.model != opt_.model_name)
+    throw ApiError(404, "The model '" + p.req.model + "' does not exist; this server serves '" + opt_.model_name + "'",
+                   "model", "model_not_found");
+  if (p.req.n > opt_.max_batch)
+    throw ApiError(400,
+                   "'n' is " + std::to_string(p.req.n) + " but at most " + std::to_string(opt_.max_batch) +
+                       " sequences generate at once (--max-batch); ask for at most that many choices",
+                   "n");
+  const int64_t vocab = model_.config().vocab_size;
+  for (const auto& [id, bias] : p.req.logit_bias)
+    if (id >= vocab)
+      throw ApiError(400, "'logit_bias' names token " + std::to_string(id) + " but the vocabulary has " +
+                              std::to_string(vocab) + " tokens", "logit_bias");
+  for (const int32_t id : p.req.stop_token_ids)
+    if (id >= vocab)
+      throw ApiError(400, "'stop_token_ids' names token " + std::to_string(id) + " but the vocabulary has " +
+                              std::to_string(vocab) + " tokens", "stop_token_ids");
   try {
     if (chat) {
       if (tok_.chat_format() == ChatFormat::kNone)
@@ -147,7 +159,7 @@ ServerHandler::Prepared ServerHandler::prepare(std::string_view body, bool chat)
   const uint64_t k = next_id_.fetch_add(1);
   p.id = std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(k);
   p.created = static_cast<int64_t>(std::time(nullptr));
-  p.model = p.req.model.empty() ? opt_.model_name : p.req.model;
+  p.model = opt_.model_name;
   return p;
 }
 
@@ -156,17 +168,24 @@ namespace {
 // Why a request ended before its end; the first reason set wins.
 enum class CancelReason : int { kNone = 0, kClientGone, kDeadline, kShutdown };
 
-// What the scheduler's worker hands to the thread serving a request: texts as they become safe to show
-// (streamed requests), and the end of the request. Shared by both threads (the worker's callbacks keep it
-// alive).
+// A piece of streamed output: the text of choice `index` that is safe to show now, with the log-probabilities
+// of the tokens that made it (when asked for).
+struct StreamItem {
+  int index = 0;
+  std::string text;
+  std::vector<TokenLogprobs> logprobs;
+};
+
+// What the scheduler's worker hands to the thread serving a request (all its choices): items as they become
+// safe to show (streamed requests), and the ends of the scheduler requests. Shared by both threads (the
+// worker's callbacks keep it alive).
 struct StreamChannel {
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::string> texts;  // guarded by mu
-  bool done = false;              // guarded by mu: the request's result is set
-  std::atomic<bool> gone{false};  // the request is cancelled: the worker's on_token stops it
+  std::deque<StreamItem> items;   // guarded by mu
+  size_t done = 0;                // guarded by mu: scheduler requests whose result is set
+  std::atomic<bool> gone{false};  // the request is cancelled: the worker's on_token stops its choices
 };
-
 // summary.text ends with the detokenizer's flushed tail (an incomplete UTF-8 sequence at the end becomes
 // U+FFFD); returns that tail when it was added.
 std::string add_tail(GenerateSummary& s, StreamingDecoder& dec) {
@@ -176,12 +195,26 @@ std::string add_tail(GenerateSummary& s, StreamingDecoder& dec) {
   return tail;
 }
 
+// The log-probabilities reported for a generation: every sampled token's but an end-of-generation token's.
+std::vector<TokenLogprobs> reported_logprobs(std::vector<TokenLogprobs> lp, StopReason why) {
+  if (why == StopReason::kEos && !lp.empty()) lp.pop_back();
+  return lp;
+}
+
+// The usage of a request's choices: the prompt once, the completion tokens of all choices.
+json usage_of(const std::vector<GenerateSummary>& sums) {
+  int64_t generated = 0;
+  for (const GenerateSummary& s : sums) generated += s.generated_tokens;
+  const int64_t prompt = sums.empty() ? 0 : sums[0].prompt_tokens;
+  return {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
+}
+
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
-// One admitted generation request: its admission slot, cancellation and the timing its metrics need.
-// Made by track() on the thread running the work; the scheduler's worker updates the timing.
+// One admitted generation request (all its `n` choices): its admission slot, cancellation and the timing its
+// metrics need. Made by track() on the thread running the work; the scheduler's worker updates the timing.
 struct TrackedRequest {
   ServerMetrics* metrics = nullptr;
   Clock::time_point admitted = Clock::now();
@@ -189,59 +222,66 @@ struct TrackedRequest {
   std::shared_ptr<StreamChannel> channel = std::make_shared<StreamChannel>();
   std::atomic<int> reason{0};  // CancelReason
   std::mutex mu;
-  std::shared_ptr<std::atomic<bool>> cancel_flag;  // guarded by mu: the scheduler's, once submitted
+  std::vector<std::shared_ptr<std::atomic<bool>>> cancel_flags;  // guarded by mu: the scheduler's, one a choice
   std::atomic<int64_t> kv_bytes{0};                // reserved in metrics' kv_bytes_* while in flight
   std::atomic<int64_t> counted{0};                 // tokens counted in metrics' generated_tokens
   bool kv_on_gpu = false;
-  std::shared_ptr<json> log;     // the reply's log fields
-  Clock::time_point last_token;  // worker only
-  bool first_token = true;       // worker only
+  std::shared_ptr<json> log;                  // the reply's log fields
+  std::vector<Clock::time_point> last_token;  // worker only: per choice (sized by run_choices)
+  bool first_token = true;                    // worker only
 
   ~TrackedRequest() { release_kv(); }
-  // The live token count misses the tokens that show no text (an end-of-generation token): the summary's
-  // count settles it.
+  // The live token count misses the tokens that show no text (an end-of-generation token): the summaries'
+  // count (all choices') settles it.
   void settle_tokens(int64_t generated) { metrics->generated_tokens.fetch_add(generated - counted.exchange(generated)); }
-  // Gives back the KV bytes reserved in the metrics (once): when the result is in (the scheduler may keep
-  // the request's callbacks, and with them this object, a little longer).
+  // Gives back the KV bytes reserved in the metrics (once): when the results are in (the scheduler may keep
+  // the requests' callbacks, and with them this object, a little longer).
   void release_kv() {
     (kv_on_gpu ? metrics->kv_bytes_gpu : metrics->kv_bytes_host).fetch_sub(kv_bytes.exchange(0));
   }
   CancelReason why() const { return static_cast<CancelReason>(reason.load()); }
+  // Ends every choice submitted (and, through why(), keeps the others from being submitted).
   void cancel(CancelReason r) {
     int none = 0;
     reason.compare_exchange_strong(none, static_cast<int>(r));
     channel->gone.store(true);
     {
       std::lock_guard<std::mutex> lk(mu);
-      if (cancel_flag) cancel_flag->store(true);
+      for (const auto& flag : cancel_flags) flag->store(true);
     }
     {
       std::lock_guard<std::mutex> lk(channel->mu);  // the waiter checks `reason` under this lock
     }
     channel->cv.notify_all();
   }
-  // On the worker, per sampled token.
-  void on_token() {
+  // On the worker, per sampled token of choice `choice`: the time to the request's first token, and the
+  // gaps between the tokens of each choice.
+  void on_token(int choice) {
     const Clock::time_point now = Clock::now();
     metrics->generated_tokens.fetch_add(1);
     counted.fetch_add(1);
     if (first_token)
       metrics->time_to_first_token.observe(std::chrono::duration<double>(now - admitted).count());
-    else
-      metrics->inter_token_latency.observe(std::chrono::duration<double>(now - last_token).count());
+    else if (last_token[choice] != Clock::time_point())
+      metrics->inter_token_latency.observe(std::chrono::duration<double>(now - last_token[choice]).count());
     first_token = false;
-    last_token = now;
+    last_token[choice] = now;
   }
 };
 
 namespace {
 
-// A generation request for the scheduler. The detokenizer is per request and used on the worker thread
-// only (token_text), then by the caller after the result is ready (flush).
+// The generation request of choice `choice` for the scheduler. The detokenizer is per request and used on
+// the worker thread only (token_text), then by the caller after the result is ready (flush). Choice i
+// samples with seed + i (n choices of one seeded request differ from each other and repeat across runs).
+// `pending` (streamed requests with logprobs): the log-probabilities of the choice's tokens whose text is
+// not out yet, used on the worker until the result is set.
 BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_ids, const std::vector<int32_t>& ids,
-                          const CompletionRequest& req, int64_t max_tokens,
+                          const CompletionRequest& req, int64_t max_tokens, int choice,
                           const std::shared_ptr<StreamingDecoder>& dec,
-                          const std::shared_ptr<TrackedRequest>& t);
+                          const std::shared_ptr<const JsonTokenTable>& json_table,
+                          const std::shared_ptr<TrackedRequest>& t,
+                          const std::shared_ptr<std::vector<TokenLogprobs>>& pending);
 
 }  // namespace
 
@@ -265,30 +305,50 @@ std::shared_ptr<TrackedRequest> ServerHandler::track(const RequestContext& ctx, 
 namespace {
 
 BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_ids, const std::vector<int32_t>& ids,
-                          const CompletionRequest& req, int64_t max_tokens,
+                          const CompletionRequest& req, int64_t max_tokens, int choice,
                           const std::shared_ptr<StreamingDecoder>& dec,
-                          const std::shared_ptr<TrackedRequest>& t) {
+                          const std::shared_ptr<const JsonTokenTable>& json_table,
+                          const std::shared_ptr<TrackedRequest>& t,
+                          const std::shared_ptr<std::vector<TokenLogprobs>>& pending) {
   BatchRequest r;
   r.prompt = ids;
   r.options.max_new_tokens = static_cast<int>(max_tokens);
-  r.options.sampler = SamplerConfig{req.temperature, 0, req.top_p, req.seed};
+  SamplerConfig& sc = r.options.sampler;
+  sc.temperature = req.temperature;
+  sc.top_k = req.top_k;
+  sc.top_p = req.top_p;
+  sc.seed = req.seed + static_cast<uint64_t>(choice);
+  sc.repetition_penalty = req.repetition_penalty;
+  sc.frequency_penalty = req.frequency_penalty;
+  sc.presence_penalty = req.presence_penalty;
+  sc.logit_bias = req.logit_bias;
+  sc.logprobs = req.logprobs;
+  if (req.json_object) sc.constraint = std::make_shared<JsonConstraint>(json_table);
   r.options.stop_strings = req.stop;
   r.options.eos_token_ids = eos_ids;
+  r.options.stop_token_ids = req.stop_token_ids;
+  r.options.ignore_eos = req.ignore_eos;
   const int32_t vocab = tok.vocab_size();
   // A model's vocabulary may be larger than its tokenizer's (padded embedding rows): such ids show as
   // nothing instead of failing the request. token_text runs once per sampled token: the metrics' clock.
-  r.callbacks.token_text = [dec, vocab, t](int32_t id) {
-    t->on_token();
+  r.callbacks.token_text = [dec, vocab, t, choice](int32_t id) {
+    t->on_token(choice);
     return id >= 0 && id < vocab ? dec->push(id) : std::string();
   };
+  if (pending) r.callbacks.on_logprobs = [pending](const TokenLogprobs& x) { pending->push_back(x); };
   // Every request has an on_token: a cancelled request (client gone, deadline, drain) stops at its next token
-  // even before the scheduler's next iteration looks at its cancel flag. A streamed one's texts go to the
-  // thread writing them through the channel.
+  // even before the scheduler's next iteration looks at its cancel flag. A streamed one's texts (with the
+  // log-probabilities of their tokens) go to the thread writing them through the channel.
   auto ch = t->channel;
-  r.callbacks.on_token = [ch, stream = req.stream](int32_t, std::string_view text) {
+  r.callbacks.on_token = [ch, pending, choice, stream = req.stream](int32_t, std::string_view text) {
     if (stream && !text.empty()) {
       std::lock_guard<std::mutex> lk(ch->mu);
-      ch->texts.emplace_back(text);
+      StreamItem item{choice, std::string(text), {}};
+      if (pending) {
+        item.logprobs = std::move(*pending);
+        pending->clear();
+      }
+      ch->items.push_back(std::move(item));
     }
     if (stream) ch->cv.notify_all();
     return !ch->gone.load();
@@ -296,41 +356,80 @@ BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_
   r.on_done = [ch] {
     {
       std::lock_guard<std::mutex> lk(ch->mu);
-      ch->done = true;
+      ++ch->done;
     }
     ch->cv.notify_all();
   };
   return r;
 }
 
-// Waits for the end of the request, handing each text to `texts` (may be empty) as it comes; cancels the
-// request at its deadline. Returns when the result is set.
-void wait_for_end(TrackedRequest& t, BatchHandle& h,
-                  const std::function<void(std::deque<std::string>&)>& texts) {
+// Submits one choice's request and hands its cancel switch to `t` (a cancel that came first applies at once).
+BatchHandle submit_tracked(BatchScheduler& scheduler, TrackedRequest& t, BatchRequest r) {
+  BatchHandle h = scheduler.submit(std::move(r));
+  std::lock_guard<std::mutex> lk(t.mu);
+  t.cancel_flags.push_back(h.cancel_flag);
+  if (t.why() != CancelReason::kNone) h.cancel();
+  return h;
+}
+
+// Waits for the end of every submitted choice, handing the streamed items to `items` (may be empty) as
+// they come; cancels the request at its deadline. Returns when all the results are set.
+void wait_for_end(TrackedRequest& t, const std::vector<BatchHandle>& handles,
+                  const std::function<void(std::deque<StreamItem>&)>& items) {
   StreamChannel& ch = *t.channel;
   std::optional<Clock::time_point> deadline = t.deadline;
   for (bool finished = false; !finished;) {
-    std::deque<std::string> got;
+    std::deque<StreamItem> got;
     {
       std::unique_lock<std::mutex> lk(ch.mu);
-      auto ready = [&] { return !ch.texts.empty() || ch.done; };
+      auto ready = [&] { return !ch.items.empty() || ch.done >= handles.size(); };
       if (deadline.has_value()) {
         const Clock::time_point until = deadline.value();
         if (!ch.cv.wait_until(lk, until, ready)) {
           lk.unlock();
           deadline.reset();  // cancelled once: now wait for the scheduler to end it
           t.cancel(CancelReason::kDeadline);
-          h.cancel();
+          for (const BatchHandle& h : handles) h.cancel();
           continue;
         }
       } else {
         ch.cv.wait(lk, ready);
       }
-      got.swap(ch.texts);
-      finished = ch.done;
+      got.swap(ch.items);
+      finished = ch.done >= handles.size();
     }
-    if (texts && !got.empty()) texts(got);
+    if (items && !got.empty()) items(got);
   }
+}
+
+// Submits the `n` choices of a request (none once it is cancelled: a request cancelled while it waited for
+// its slot is never submitted, since once submitted the scheduler may start it before the cancellation
+// reaches its flag), waits for them and collects their summaries (those of choices cancelled before they
+// started stay empty).
+void run_choices(BatchScheduler& scheduler, TrackedRequest& t,
+                 const std::function<BatchRequest(int)>& request, int n,
+                 const std::function<void(std::deque<StreamItem>&)>& items, std::vector<GenerateSummary>& sums) {
+  std::vector<BatchHandle> handles;
+  t.last_token.assign(static_cast<size_t>(n), Clock::time_point());
+  try {
+    for (int i = 0; i < n && t.why() == CancelReason::kNone; ++i)
+      handles.push_back(submit_tracked(scheduler, t, request(i)));
+  } catch (...) {
+    for (const BatchHandle& h : handles) h.cancel();  // the other choices' results are not wanted any more
+    throw;
+  }
+  if (!handles.empty()) wait_for_end(t, handles, items);
+  t.release_kv();
+  int64_t generated = 0;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    try {
+      sums[i] = handles[i].result.get();
+      generated += sums[i].generated_tokens;
+    } catch (const std::exception&) {
+      if (t.why() == CancelReason::kNone) throw;  // else: cancelled before it started
+    }
+  }
+  t.settle_tokens(generated);
 }
 
 ApiError cancelled_error(CancelReason r, double timeout_s) {
@@ -343,6 +442,12 @@ ApiError cancelled_error(CancelReason r, double timeout_s) {
 }
 
 }  // namespace
+
+std::shared_ptr<const JsonTokenTable> ServerHandler::json_table() const {
+  std::call_once(json_table_once_,
+                 [&] { json_table_ = JsonTokenTable::build(tok_, model_.config().vocab_size, eos_ids_); });
+  return json_table_;
+}
 
 ServerHandler::Stats ServerHandler::stats() const {
   return {generations_.load(), generated_tokens_.load(), cancelled_streams_.load(), scheduler_->stats().max_running};
@@ -372,145 +477,158 @@ void count_cancel(ServerMetrics& m, CancelReason r, json& log) {
   if (r == CancelReason::kShutdown) m.requests_cancelled_shutdown.fetch_add(1);
 }
 
-void log_summary(json& log, const std::string& id, const GenerateSummary& s) {
+// The log fields of a request's end: the tokens of all its choices, the first choice's stop reason and time
+// to first token.
+void log_summary(json& log, const std::string& id, const std::vector<GenerateSummary>& sums) {
+  const json usage = usage_of(sums);
   log["id"] = id;
-  log["prompt_tokens"] = s.prompt_tokens;
-  log["completion_tokens"] = s.generated_tokens;
-  log["stop_reason"] = std::string(stop_reason_name(s.stop_reason));
-  log["ttft_s"] = s.time_to_first_token_s;
-}
-
-}  // namespace
-
-namespace {
-
-// Submits the request and hands its cancel switch to `t` (a cancel that came first applies at once).
-BatchHandle submit_tracked(BatchScheduler& scheduler, TrackedRequest& t, BatchRequest r) {
-  BatchHandle h = scheduler.submit(std::move(r));
-  std::lock_guard<std::mutex> lk(t.mu);
-  t.cancel_flag = h.cancel_flag;
-  if (t.why() != CancelReason::kNone) h.cancel();
-  return h;
+  log["prompt_tokens"] = usage["prompt_tokens"];
+  log["completion_tokens"] = usage["completion_tokens"];
+  log["stop_reason"] = std::string(stop_reason_name(sums[0].stop_reason));
+  log["ttft_s"] = sums[0].time_to_first_token_s;
+  if (sums.size() > 1) log["n"] = sums.size();
 }
 
 }  // namespace
 
 HttpReply ServerHandler::complete(const Prepared& p, const std::shared_ptr<TrackedRequest>& t) {
-  GenerateSummary s;
+  const int n = p.req.n;
+  std::vector<GenerateSummary> sums(n);
   try {
-    auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
-    // A request cancelled while it waited for its slot (its client left) is not submitted: once submitted, the
-    // scheduler may start it before the cancellation reaches its flag.
-    if (t->why() == CancelReason::kNone) {
-      BatchHandle h = submit_tracked(*scheduler_, *t, make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec, t));
-      wait_for_end(*t, h, nullptr);
-      t->release_kv();
-      try {
-        s = h.result.get();
-        t->settle_tokens(s.generated_tokens);
-      } catch (const std::exception&) {
-        if (t->why() == CancelReason::kNone) throw;  // else: cancelled before it started
-      }
-    } else {
-      t->release_kv();
-    }
-    log_summary(*t->log, p.id, s);
+    const auto table = p.req.json_object ? json_table() : nullptr;
+    std::vector<std::shared_ptr<StreamingDecoder>> decs;
+    for (int i = 0; i < n; ++i) decs.push_back(std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true));
+    run_choices(
+        *scheduler_, *t,
+        [&](int i) { return make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, i, decs[i], table, t, nullptr); },
+        n, nullptr, sums);
+    log_summary(*t->log, p.id, sums);
     const CancelReason why = t->why();
     if (why != CancelReason::kNone) {
       count_cancel(*metrics_, why, *t->log);
-      if (why == CancelReason::kClientGone) {
-        count(s, true);
+      for (const GenerateSummary& s : sums) count(s, why == CancelReason::kClientGone);
+      if (why == CancelReason::kClientGone)
         return error_reply(ApiError(499, "the client closed the connection", "", "client_gone"));
-      }
-      count(s, false);
       return error_reply(cancelled_error(why, opt_.request_timeout_s));
     }
-    add_tail(s, *dec);
-    count(s, false);
+    for (int i = 0; i < n; ++i) {
+      add_tail(sums[i], *decs[i]);
+      count(sums[i], false);
+    }
   } catch (const std::exception& e) {
     return error_reply(ApiError(500, std::string("generation failed: ") + e.what(), "", "generation_failed",
                                 "server_error"));
   }
-  json choice = {{"index", 0}, {"finish_reason", finish_reason(s.stop_reason)}};
-  if (p.req.chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", s.text}};
-  } else {
-    choice["text"] = s.text;
-    choice["logprobs"] = nullptr;
+  json choices = json::array();
+  for (int i = 0; i < n; ++i) {
+    const GenerateSummary& s = sums[i];
+    json choice = {{"index", i}, {"finish_reason", finish_reason(s.stop_reason)}};
+    json logprobs = nullptr;
+    if (p.req.logprobs >= 0) {
+      const auto lps = reported_logprobs(s.logprobs, s.stop_reason);
+      size_t offset = 0;
+      logprobs = p.req.chat ? chat_logprobs_json(tok_, lps) : completion_logprobs_json(tok_, lps, offset);
+    }
+    if (p.req.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", s.text}};
+    } else {
+      choice["text"] = s.text;
+    }
+    choice["logprobs"] = std::move(logprobs);
+    choices.push_back(std::move(choice));
   }
-  HttpReply r = json_reply(200, {{"id", p.id},
-                                 {"object", p.req.chat ? "chat.completion" : "text_completion"},
-                                 {"created", p.created},
-                                 {"model", p.model},
-                                 {"choices", json::array({choice})},
-                                 {"usage", usage_json(s)},
-                                 {"retroinfer", extension_json(s, model_)}});
-  return r;
+  return json_reply(200, {{"id", p.id},
+                          {"object", p.req.chat ? "chat.completion" : "text_completion"},
+                          {"created", p.created},
+                          {"model", p.model},
+                          {"choices", std::move(choices)},
+                          {"usage", usage_of(sums)},
+                          {"retroinfer", extension_json(sums[0], model_)}});
 }
 
 void ServerHandler::stream(const Prepared& p, const std::shared_ptr<TrackedRequest>& t, const ChunkWriter& write) {
+  const int n = p.req.n;
   const char* object = p.req.chat ? "chat.completion.chunk" : "text_completion";
-  auto chunk = [&](json choice) {
-    return json{{"id", p.id}, {"object", object}, {"created", p.created}, {"model", p.model},
-                {"choices", json::array({std::move(choice)})}};
+  auto chunk = [&](json choices) {
+    json j = {{"id", p.id}, {"object", object}, {"created", p.created}, {"model", p.model},
+              {"choices", std::move(choices)}};
+    if (p.req.include_usage) j["usage"] = nullptr;  // OpenAI: every chunk but the usage chunk has usage null
+    return j;
   };
-  auto delta = [&](std::string_view text) {
-    json c = {{"index", 0}, {"finish_reason", nullptr}};
+  bool gone = false;
+  auto send = [&](const json& j) {
+    if (!gone && !write(sse(j))) gone = true;
+    return !gone;
+  };
+  std::vector<size_t> offsets(n, 0);  // completions' text_offset per choice
+  auto delta = [&](int index, std::string_view text, const std::vector<TokenLogprobs>& lps) {
+    json c = {{"index", index}, {"finish_reason", nullptr}};
     if (p.req.chat)
       c["delta"] = {{"content", std::string(text)}};
     else
       c["text"] = std::string(text);
-    return write(sse(chunk(std::move(c))));
+    if (p.req.logprobs >= 0)
+      c["logprobs"] = p.req.chat ? chat_logprobs_json(tok_, lps) : completion_logprobs_json(tok_, lps, offsets[index]);
+    return send(chunk(json::array({std::move(c)})));
   };
   auto write_error = [&](const ApiError& err) {
     if (write("data: " + dump(error_json(err)) + "\n\n")) write("data: [DONE]\n\n");
   };
   if (p.req.chat) {
-    json first = {{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}};
-    if (!write(sse(chunk(std::move(first))))) {
-      t->cancel(CancelReason::kClientGone);
-      count_cancel(*metrics_, CancelReason::kClientGone, *t->log);
-      return;
+    for (int i = 0; i < n; ++i) {
+      json first = {{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}};
+      if (!send(chunk(json::array({std::move(first)})))) {
+        t->cancel(CancelReason::kClientGone);
+        count_cancel(*metrics_, CancelReason::kClientGone, *t->log);
+        return;
+      }
     }
   }
-  GenerateSummary s;
-  bool client_gone = false;
+  std::vector<GenerateSummary> sums(n);
   if (t->why() != CancelReason::kNone) {  // cancelled while it waited for its slot: never submitted
     t->release_kv();
-    count(s, t->why() == CancelReason::kClientGone);
+    for (const GenerateSummary& s : sums) count(s, t->why() == CancelReason::kClientGone);
     count_cancel(*metrics_, t->why(), *t->log);
     if (t->why() != CancelReason::kClientGone) write_error(cancelled_error(t->why(), opt_.request_timeout_s));
     return;
   }
   try {
-    auto dec = std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true);
-    BatchHandle h = submit_tracked(*scheduler_, *t, make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, dec, t));
-    // Write the texts as they come, on this thread (a write blocks while the client's queue is full: the
-    // scheduler's worker only appends to the channel); a failed write cancels the request (the scheduler
-    // ends it at its next iteration). Always wait for the result: the worker may still use `dec`.
-    wait_for_end(*t, h, [&](std::deque<std::string>& texts) {
-      for (const std::string& text : texts) {
-        if (client_gone || t->why() != CancelReason::kNone || delta(text)) continue;
-        client_gone = true;
-        t->cancel(CancelReason::kClientGone);
-      }
-    });
-    t->release_kv();
-    try {
-      s = h.result.get();
-      t->settle_tokens(s.generated_tokens);
-    } catch (const std::exception&) {
-      if (t->why() == CancelReason::kNone) throw;  // else: cancelled before it started
+    const auto table = p.req.json_object ? json_table() : nullptr;
+    std::vector<std::shared_ptr<StreamingDecoder>> decs;
+    // Per choice, on the worker: the log-probabilities of tokens whose text is not out yet.
+    std::vector<std::shared_ptr<std::vector<TokenLogprobs>>> pending;
+    for (int i = 0; i < n; ++i) {
+      decs.push_back(std::make_shared<StreamingDecoder>(tok_, /*skip_special=*/true));
+      pending.push_back(p.req.logprobs >= 0 ? std::make_shared<std::vector<TokenLogprobs>>() : nullptr);
     }
+    // Write the items as they come, on this thread (a write blocks while the client's queue is full: the
+    // scheduler's worker only appends to the channel); a failed write cancels the request, all its choices
+    // (the scheduler ends them at its next iteration). run_choices always waits for the results: the worker
+    // may still use `decs` and `pending`.
+    run_choices(
+        *scheduler_, *t,
+        [&](int i) {
+          return make_request(tok_, eos_ids_, p.ids, p.req, p.max_tokens, i, decs[i], table, t, pending[i]);
+        },
+        n,
+        [&](std::deque<StreamItem>& items) {
+          for (const StreamItem& it : items) {
+            if (gone || t->why() != CancelReason::kNone || delta(it.index, it.text, it.logprobs)) continue;
+            t->cancel(CancelReason::kClientGone);
+          }
+        },
+        sums);
     if (t->why() == CancelReason::kNone) {
-      const std::string tail = add_tail(s, *dec);
-      if (!tail.empty() && !delta(tail)) {
-        client_gone = true;
-        t->cancel(CancelReason::kClientGone);
+      for (int i = 0; i < n; ++i) {
+        // The requests are done: the worker no longer touches decs[i] or pending[i].
+        const std::string tail = add_tail(sums[i], *decs[i]);
+        auto rest = pending[i] ? reported_logprobs(std::move(*pending[i]), sums[i].stop_reason)
+                               : std::vector<TokenLogprobs>();
+        if ((!tail.empty() || !rest.empty()) && !gone && !delta(i, tail, rest)) t->cancel(CancelReason::kClientGone);
       }
     }
-    count(s, t->why() == CancelReason::kClientGone);
-    log_summary(*t->log, p.id, s);
+    for (const GenerateSummary& s : sums) count(s, t->why() == CancelReason::kClientGone);
+    log_summary(*t->log, p.id, sums);
   } catch (const std::exception& e) {
     write_error(ApiError(500, std::string("generation failed: ") + e.what(), "", "generation_failed", "server_error"));
     return;
@@ -521,15 +639,26 @@ void ServerHandler::stream(const Prepared& p, const std::shared_ptr<TrackedReque
     if (why != CancelReason::kClientGone) write_error(cancelled_error(why, opt_.request_timeout_s));
     return;
   }
-  json last = {{"index", 0}, {"finish_reason", finish_reason(s.stop_reason)}};
-  if (p.req.chat)
-    last["delta"] = json::object();
-  else
-    last["text"] = "";
-  json j = chunk(std::move(last));
-  j["usage"] = usage_json(s);
-  j["retroinfer"] = extension_json(s, model_);
-  if (write(sse(j))) write("data: [DONE]\n\n");
+  for (int i = 0; i < n; ++i) {
+    json last = {{"index", i}, {"finish_reason", finish_reason(sums[i].stop_reason)}};
+    if (p.req.chat)
+      last["delta"] = json::object();
+    else
+      last["text"] = "";
+    json j = chunk(json::array({std::move(last)}));
+    if (i == n - 1 && !p.req.include_usage) {  // without include_usage the usage rides on the last chunk
+      j["usage"] = usage_of(sums);
+      j["retroinfer"] = extension_json(sums[0], model_);
+    }
+    if (!send(j)) return;
+  }
+  if (p.req.include_usage) {
+    json j = chunk(json::array());
+    j["usage"] = usage_of(sums);
+    j["retroinfer"] = extension_json(sums[0], model_);
+    if (!send(j)) return;
+  }
+  write("data: [DONE]\n\n");
 }
 
 const std::string* HttpRequest::header(std::string_view lower_case_name) const {
@@ -677,6 +806,10 @@ HttpReply ServerHandler::route(const HttpRequest& req) {
     r.headers.emplace_back("Allow", allowed);
     return r;
   };
+  auto model_json = [&] {
+    return json{{"id", opt_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "retroinfer"},
+                {"context_length", context_limit_}};
+  };
   std::vector<std::pair<std::string, std::string>> cors;
   HttpReply r = [&]() -> HttpReply {
     try {
@@ -692,12 +825,16 @@ HttpReply ServerHandler::route(const HttpRequest& req) {
       }
       if (path == "/v1/models") {
         if (method != "GET") return method_not_allowed("GET");
-        return json_reply(200, {{"object", "list"},
-                                {"data", json::array({{{"id", opt_.model_name},
-                                                       {"object", "model"},
-                                                       {"created", 0},
-                                                       {"owned_by", "retroinfer"},
-                                                       {"context_length", context_limit_}}})}});
+        return json_reply(200, {{"object", "list"}, {"data", json::array({model_json()})}});
+      }
+      if (path.rfind("/v1/models/", 0) == 0) {
+        if (method != "GET") return method_not_allowed("GET");
+        const std::string_view id = path.substr(std::string_view("/v1/models/").size());
+        if (id != opt_.model_name)
+          return error_reply(ApiError(404, "The model '" + std::string(id) + "' does not exist; this server serves '" +
+                                               opt_.model_name + "'",
+                                      "model", "model_not_found"));
+        return json_reply(200, model_json());
       }
       if (is_generation_path(path)) {
         if (method != "POST") return method_not_allowed("POST");
@@ -736,8 +873,10 @@ HttpReply ServerHandler::route(const HttpRequest& req) {
             t = track(ctx, log);
             const ModelConfig& c = model_.config();
             t->kv_on_gpu = model_.device() != Device::kCpu;
-            const int64_t kv_bytes = (static_cast<int64_t>(p->ids.size()) + p->max_tokens) * c.num_layers * 2 *
-                                     c.num_heads_kv * c.head_dim * dtype_size(opt_.session.kv_dtype);
+            // Every choice is a sequence of its own (prompt + completion).
+            const int64_t kv_bytes = int64_t(p->req.n) * (static_cast<int64_t>(p->ids.size()) + p->max_tokens) *
+                                     c.num_layers * 2 * c.num_heads_kv * c.head_dim *
+                                     dtype_size(opt_.session.kv_dtype);
             t->kv_bytes.store(kv_bytes);
             (t->kv_on_gpu ? metrics_->kv_bytes_gpu : metrics_->kv_bytes_host).fetch_add(kv_bytes);
             if (!p->req.stream) {
@@ -759,8 +898,8 @@ HttpReply ServerHandler::route(const HttpRequest& req) {
         return deferred;
       }
       return error_reply(ApiError(404, "no route " + std::string(method) + " " + std::string(path) +
-                                           "; the endpoints are GET /health, GET /metrics, GET /v1/models, POST "
-                                           "/v1/completions, POST /v1/chat/completions",
+                                           "; the endpoints are GET /health, GET /metrics, GET /v1/models, GET "
+                                           "/v1/models/{id}, POST /v1/completions, POST /v1/chat/completions",
                                   "", "not_found"));
     } catch (const ApiError& e) {
       return error_reply(e);

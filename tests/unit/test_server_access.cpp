@@ -1,7 +1,8 @@
 // ServerHandler's policies without sockets: the API key (401), the content type (415), CORS and the Origin
 // check (403 / preflight), the Host check (403), admission (429 with Retry-After beyond max_batch +
-// max_queue, 503 while draining), the request deadline (504 / an error event), cancel_all, special-token
-// text in chat messages encoded as text, the loading reply and /metrics.
+// max_queue, 503 while draining), the request deadline (504 / an error event), cancel_all and a client
+// leaving (every choice of an n > 1 request), the metrics of n choices, special-token text in chat messages
+// encoded as text, the loading reply and /metrics.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -200,6 +201,51 @@ TEST(ServerAccess, CancelAllEndsRunningRequests) {
   EXPECT_EQ(done.status, 503);
   EXPECT_EQ(error_code(done), "shutting_down");
   EXPECT_LT(h->metrics().generated_tokens.load(), 480);
+}
+
+TEST(ServerAccess, CancellationEndsEveryChoice) {
+  server::ServerOptions o = test::tiny_server_options();
+  o.max_batch = 4;
+  auto h = make_handler(o);
+  if (!h) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const json long_req = {{"prompt", "abc"}, {"max_tokens", 480}, {"n", 3}, {"ignore_eos", true}};
+  HttpReply r = h->route(request("POST", "/v1/completions", long_req.dump(), {{"content-type", kJson}}));
+  ASSERT_TRUE(r.work);
+  std::thread canceller([&] {
+    while (h->metrics().generated_tokens.load() == 0) std::this_thread::yield();
+    h->cancel_all();
+  });
+  const HttpReply done = r.work(server::RequestContext{});
+  canceller.join();
+  EXPECT_EQ(done.status, 503);
+  EXPECT_LT(h->metrics().generated_tokens.load(), 3 * 480);  // no choice ran to its end
+  // A streamed request whose client leaves stops all its choices too.
+  json sreq = long_req;
+  sreq["stream"] = true;
+  const int64_t before = h->metrics().generated_tokens.load();
+  r = h->handle("POST", "/v1/completions", sreq.dump());
+  ASSERT_TRUE(r.stream);
+  int chunks = 0;
+  r.stream([&](std::string_view) { return ++chunks < 4; });
+  EXPECT_LT(h->metrics().generated_tokens.load() - before, 3 * 480);
+  EXPECT_EQ(h->metrics().requests_cancelled_client.load(), 1);
+  EXPECT_EQ(h->metrics().kv_bytes_host.load(), 0);
+}
+
+TEST(ServerAccess, MetricsCountEveryChoicesTokens) {
+  server::ServerOptions o = test::tiny_server_options();
+  o.max_batch = 4;
+  auto h = make_handler(o);
+  if (!h) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const json req = {{"prompt", "abc"}, {"max_tokens", 5}, {"n", 3}, {"ignore_eos", true}};
+  const HttpReply r = h->handle("POST", "/v1/completions", req.dump());
+  ASSERT_EQ(r.status, 200);
+  const json j = json::parse(r.body);
+  EXPECT_EQ(j.at("choices").size(), 3u);
+  EXPECT_EQ(j.at("usage").at("completion_tokens"), 15);
+  EXPECT_EQ(h->metrics().generated_tokens.load(), 15);
+  EXPECT_EQ(h->metrics().kv_bytes_host.load(), 0);  // given back
+  EXPECT_EQ(h->in_flight(), 0);
 }
 
 // The byte tokenizer with ChatML's control tokens <|im_start|> (257) and <|im_end|> (258).
