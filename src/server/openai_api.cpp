@@ -115,8 +115,8 @@ void check_fields(const json& j, bool chat, const CompletionRequest& r) {
   for (const auto& [key, value] : j.items()) {
     if (common.count(key) || (chat ? chat_only : completions_only).count(key) || value.is_null()) continue;
     // Fields accepted at their neutral value only.
-    auto empty_array = [&] { return value.is_array() && value.empty(); };
-    if ((key == "tools" || key == "functions") && empty_array()) continue;
+    const bool empty_array = value.is_array() && value.empty();
+    if ((key == "tools" || key == "functions") && empty_array) continue;
     if ((key == "tool_choice" || key == "function_call") && value == json("none")) continue;
     if (key == "tools" || key == "functions" || key == "tool_choice" || key == "function_call")
       throw unsupported(key, "tool and function calling are not implemented");
