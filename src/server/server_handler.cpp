@@ -269,22 +269,6 @@ struct TrackedRequest {
   }
 };
 
-namespace {
-
-// The generation request of choice `choice` for the scheduler. The detokenizer is per request and used on
-// the worker thread only (token_text), then by the caller after the result is ready (flush). Choice i
-// samples with seed + i (n choices of one seeded request differ from each other and repeat across runs).
-// `pending` (streamed requests with logprobs): the log-probabilities of the choice's tokens whose text is
-// not out yet, used on the worker until the result is set.
-BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_ids, const std::vector<int32_t>& ids,
-                          const CompletionRequest& req, int64_t max_tokens, int choice,
-                          const std::shared_ptr<StreamingDecoder>& dec,
-                          const std::shared_ptr<const JsonTokenTable>& json_table,
-                          const std::shared_ptr<TrackedRequest>& t,
-                          const std::shared_ptr<std::vector<TokenLogprobs>>& pending);
-
-}  // namespace
-
 std::shared_ptr<TrackedRequest> ServerHandler::track(const RequestContext& ctx, std::shared_ptr<json> log) {
   auto t = std::make_shared<TrackedRequest>();
   t->log = std::move(log);
@@ -304,6 +288,11 @@ std::shared_ptr<TrackedRequest> ServerHandler::track(const RequestContext& ctx, 
 
 namespace {
 
+// The generation request of choice `choice` for the scheduler. The detokenizer is per request and used on
+// the worker thread only (token_text), then by the caller after the result is ready (flush). Choice i
+// samples with seed + i (n choices of one seeded request differ from each other and repeat across runs).
+// `pending` (streamed requests with logprobs): the log-probabilities of the choice's tokens whose text is
+// not out yet, used on the worker until the result is set.
 BatchRequest make_request(const Tokenizer& tok, const std::vector<int32_t>& eos_ids, const std::vector<int32_t>& ids,
                           const CompletionRequest& req, int64_t max_tokens, int choice,
                           const std::shared_ptr<StreamingDecoder>& dec,

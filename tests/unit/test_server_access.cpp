@@ -186,18 +186,24 @@ TEST(ServerAccess, DeadlineEndsARequest) {
   EXPECT_EQ(h->metrics().requests_cancelled_deadline.load(), 2);
 }
 
+// Runs r's work while another thread calls cancel_all once the first token is out.
+HttpReply work_cancelled_once_generating(server::ServerHandler& h, const HttpReply& r) {
+  std::thread canceller([&] {
+    while (h.metrics().generated_tokens.load() == 0) std::this_thread::yield();
+    h.cancel_all();
+  });
+  HttpReply done = r.work(server::RequestContext{});
+  canceller.join();
+  return done;
+}
+
 TEST(ServerAccess, CancelAllEndsRunningRequests) {
   auto h = make_handler(test::tiny_server_options());
   if (!h) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const json long_req = {{"prompt", "abc"}, {"max_tokens", 480}, {"stop", json::array({"never-to-be-seen"})}};
   HttpReply r = h->route(request("POST", "/v1/completions", long_req.dump(), {{"content-type", kJson}}));
   ASSERT_TRUE(r.work);
-  std::thread canceller([&] {
-    while (h->metrics().generated_tokens.load() == 0) std::this_thread::yield();
-    h->cancel_all();
-  });
-  const HttpReply done = r.work(server::RequestContext{});
-  canceller.join();
+  const HttpReply done = work_cancelled_once_generating(*h, r);
   EXPECT_EQ(done.status, 503);
   EXPECT_EQ(error_code(done), "shutting_down");
   EXPECT_LT(h->metrics().generated_tokens.load(), 480);
@@ -211,12 +217,7 @@ TEST(ServerAccess, CancellationEndsEveryChoice) {
   const json long_req = {{"prompt", "abc"}, {"max_tokens", 480}, {"n", 3}, {"ignore_eos", true}};
   HttpReply r = h->route(request("POST", "/v1/completions", long_req.dump(), {{"content-type", kJson}}));
   ASSERT_TRUE(r.work);
-  std::thread canceller([&] {
-    while (h->metrics().generated_tokens.load() == 0) std::this_thread::yield();
-    h->cancel_all();
-  });
-  const HttpReply done = r.work(server::RequestContext{});
-  canceller.join();
+  const HttpReply done = work_cancelled_once_generating(*h, r);
   EXPECT_EQ(done.status, 503);
   EXPECT_LT(h->metrics().generated_tokens.load(), 3 * 480);  // no choice ran to its end
   // A streamed request whose client leaves stops all its choices too.
