@@ -1,7 +1,11 @@
 #include "attention/exact.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
-#include <vector>
+#include <cstring>
+
+#include "retroinfer/dtype.h"
 
 namespace retroinfer::attention {
 
@@ -10,43 +14,158 @@ float effective_scale(float scale, int head_dim) {
 }
 
 namespace {
-// One online-softmax step for every query head of the group: the token's key and value are read (and
-// converted from storage) once for the whole group.
-inline void push_token(const KvCache& kv, int kvh, int64_t t, const float* q, float scale, GroupState& gs,
-                       float* vbuf) {
-  const int d = gs.head_dim;
-  bool loaded = false;
-  for (int g = 0; g < gs.group; ++g) {
-    const float s = kv.dot_key(kvh, t, q + static_cast<size_t>(g) * d) * scale;
-    SoftmaxScalars& st = gs.st[g];
-    float* o = &gs.o[static_cast<size_t>(g) * d];
-    if (s > st.m) {
-      const float a = softmax_rescale(st.m, s);
-      for (int i = 0; i < d; ++i) o[i] *= a;
-      st.l *= a;
-      st.m = s;
+
+// Tokens per block: their logits are computed first, then one maximum, one rescale of the running state and
+// one exponential per (query head, token) that the compiler can vectorise, then the values (see attend_block).
+constexpr int kBlock = 64;
+
+// e^x for x <= 0, the arguments attend_block gives it (a logit minus the running maximum): e^x = 2^n * e^r with
+// n = round(x / ln 2), r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2], e^r by its Taylor polynomial of degree 7
+// (remainder below 2e-9 relative) in Horner form. Relative error about 2e-7 (a few float roundings), below
+// the bf16 KV's own rounding by far; arithmetic only, so a loop of it vectorises without -ffast-math (libm's
+// expf does not). Arguments below -87 give 0 (e^-87 is at the bottom of the normal floats).
+[[gnu::always_inline]] inline float exp_nonpositive(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693145751953125f;  // ln 2 split in two so that n * kLn2Hi is exact
+  constexpr float kLn2Lo = 1.42860682030941723e-6f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const bool under = x < -87.0f;
+  x = under ? -87.0f : x;
+  const float n = (x * kLog2e + kRound) - kRound;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return under ? 0.0f : p * two_n;
+}
+
+// q . k in kLanes partial sums (lane l adds the elements i with i % kLanes == l, in order), summed pairwise at
+// the end, the elements past the last whole kLanes after: the same sum with any vector width, and loops the
+// compiler vectorises without reassociating (constant indices keep the lanes in registers).
+constexpr int kLanes = 16;
+[[gnu::always_inline]] inline float dot_lanes(const float* q, const float* k, int d) {
+  float part[kLanes] = {};
+  const int whole = d - d % kLanes;
+  for (int i = 0; i < whole; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) part[l] += q[i + l] * k[i + l];
+  for (int l = 0; l < 8; ++l) part[l] += part[l + 8];
+  for (int l = 0; l < 4; ++l) part[l] += part[l + 4];
+  for (int l = 0; l < 2; ++l) part[l] += part[l + 2];
+  float acc = part[0] + part[1];
+  for (int i = whole; i < d; ++i) acc += q[i] * k[i];
+  return acc;
+}
+
+// Widens a row of n bf16 elements to f32.
+[[gnu::always_inline]] inline void widen_bf16(const void* src, int n, float* dst) {
+  const auto* r = static_cast<const uint16_t*>(src);
+  for (int i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<uint32_t>(r[i]) << 16);
+}
+
+// One block of nb <= kBlock tokens for the `group` query heads of one KV head: krows / vrows point at the
+// tokens' key / value rows in storage (f32 or bf16); each row is read and widened once for the whole group.
+// D: the head_dim when it is a compile-time constant (64, 128: the loops unroll), else 0 and d gives it.
+// scratch: kBlock * group + d floats.
+template <int D>
+[[gnu::always_inline]] inline void attend_block_impl(const void* const* krows, const void* const* vrows, int nb, bool bf16,
+                              const float* q, int group, int d, float scale, SoftmaxScalars* st, float* o,
+                              float* scratch) {
+  if constexpr (D > 0) d = D;
+  float* s = scratch;                                           // [group, kBlock] logits, then weights
+  float* row = scratch + static_cast<size_t>(group) * kBlock;   // [d] a widened row
+  for (int b = 0; b < nb; ++b) {
+    const float* k = static_cast<const float*>(krows[b]);
+    if (bf16) {
+      widen_bf16(krows[b], d, row);
+      k = row;
     }
-    const float p = std::exp(s - st.m);
-    st.l += p;
-    if (!loaded) {
-      kv.load_value(kvh, t, vbuf);
-      loaded = true;
+    for (int g = 0; g < group; ++g) s[g * kBlock + b] = dot_lanes(q + static_cast<size_t>(g) * d, k, d) * scale;
+  }
+  // Per query head: the block's maximum, one rescale of the state, the weights.
+  for (int g = 0; g < group; ++g) {
+    float* sg = s + g * kBlock;
+    float m = sg[0];
+    for (int b = 1; b < nb; ++b) m = std::max(m, sg[b]);
+    SoftmaxScalars& sc = st[g];
+    if (m > sc.m) {
+      const float a = sc.m == -INFINITY ? 0.0f : exp_nonpositive(sc.m - m);
+      float* og = o + static_cast<size_t>(g) * d;
+      for (int i = 0; i < d; ++i) og[i] *= a;
+      sc.l *= a;
+      sc.m = m;
     }
-    for (int i = 0; i < d; ++i) o[i] += p * vbuf[i];
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      sg[b] = exp_nonpositive(sg[b] - sc.m);
+      sum += sg[b];
+    }
+    sc.l += sum;
+  }
+  // Values.
+  for (int b = 0; b < nb; ++b) {
+    const float* v = static_cast<const float*>(vrows[b]);
+    if (bf16) {
+      widen_bf16(vrows[b], d, row);
+      v = row;
+    }
+    for (int g = 0; g < group; ++g) {
+      const float p = s[g * kBlock + b];
+      float* og = o + static_cast<size_t>(g) * d;
+      for (int i = 0; i < d; ++i) og[i] += p * v[i];
+    }
   }
 }
+
+// attend_block_impl for the head_dim at hand, compiled for AVX-512, AVX2 + FMA and the baseline and picked at
+// run time (target_clones): the loops over head_dim and over the block vectorise.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void attend_block(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q, int group,
+                  int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
+  if (d == 128)
+    attend_block_impl<128>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+  else if (d == 64)
+    attend_block_impl<64>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+  else
+    attend_block_impl<0>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+}
+
+// Runs the n tokens token_at(0..n-1) through attend_block, kBlock at a time.
+template <typename TokenAt>
+void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t n, TokenAt token_at,
+                GroupState& gs) {
+  if (n <= 0) return;
+  const int g = gs.group, d = gs.head_dim;
+  const bool bf16 = kv.dtype() == DType::kBF16;
+  std::vector<float> scratch(static_cast<size_t>(kBlock) * g + d);
+  const void* krows[kBlock];
+  const void* vrows[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int nb = static_cast<int>(std::min<int64_t>(kBlock, n - i0));
+    for (int b = 0; b < nb; ++b) {
+      const int64_t t = token_at(i0 + b);
+      krows[b] = kv.key_row(kvh, t);
+      vrows[b] = kv.value_row(kvh, t);
+    }
+    attend_block(krows, vrows, nb, bf16, q, g, d, scale, gs.st.data(), gs.o.data(), scratch.data());
+  }
+}
+
 }  // namespace
 
 void accumulate_range(const KvCache& kv, int kvh, const float* q, float scale, int64_t begin, int64_t end,
                       GroupState& gs) {
-  std::vector<float> vbuf(gs.head_dim);
-  for (int64_t t = begin; t < end; ++t) push_token(kv, kvh, t, q, scale, gs, vbuf.data());
+  accumulate(kv, kvh, q, scale, end - begin, [begin](int64_t i) { return begin + i; }, gs);
 }
 
 void accumulate_tokens(const KvCache& kv, int kvh, const float* q, float scale, const int64_t* tokens,
                        int64_t n, GroupState& gs) {
-  std::vector<float> vbuf(gs.head_dim);
-  for (int64_t i = 0; i < n; ++i) push_token(kv, kvh, tokens[i], q, scale, gs, vbuf.data());
+  accumulate(kv, kvh, q, scale, n, [tokens](int64_t i) { return tokens[i]; }, gs);
 }
 
 }  // namespace retroinfer::attention

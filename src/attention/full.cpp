@@ -1,4 +1,7 @@
 // full: exact decode attention over every cached token (the reference every other method is judged by).
+#include <algorithm>
+#include <vector>
+
 #include "attention/exact.h"
 #include "attention/methods.h"
 
@@ -7,6 +10,7 @@ namespace {
 
 class FullAttention final : public MethodBase {
  public:
+  static constexpr int64_t kChunkTokens = 2048;
   using MethodBase::MethodBase;
   void on_prefill(const KvCache& kv) override { check_kv(kv); }
   AttentionStats decode(const KvCache& kv, const float* q, float* out) override {
@@ -14,12 +18,24 @@ class FullAttention final : public MethodBase {
     const int g = group();
     const int d = shape_.head_dim;
     const float sc = effective_scale(cfg_.scale, d);
-#pragma omp parallel for schedule(static)
-    for (int h = 0; h < shape_.num_heads_kv; ++h) {
-      GroupState gs(g, d);
-      const size_t off = static_cast<size_t>(h) * g * d;
-      accumulate_range(kv, h, q + off, sc, 0, kv.size(), gs);
-      gs.finish(out + off);
+    // Work items of (KV head, chunk of kChunkTokens tokens), so that every thread has work when the KV heads
+    // are fewer than the threads (SmolLM2 has 3, Qwen2.5-Coder-0.5B 2); each chunk's softmax state is merged
+    // into its head's in chunk order. The chunks do not depend on the thread count: the same output with any.
+    const int nh = shape_.num_heads_kv;
+    const int64_t size = kv.size();
+    const int64_t chunks = std::max<int64_t>(1, (size + kChunkTokens - 1) / kChunkTokens);
+    std::vector<GroupState> parts(static_cast<size_t>(nh * chunks), GroupState(g, d));
+#pragma omp parallel for schedule(dynamic, 1) if (nh * chunks > 1)
+    for (int64_t w = 0; w < nh * chunks; ++w) {
+      const int h = static_cast<int>(w / chunks);
+      const int64_t c = w % chunks;
+      const int64_t begin = c * kChunkTokens, end = std::min(size, begin + kChunkTokens);
+      accumulate_range(kv, h, q + static_cast<size_t>(h) * g * d, sc, begin, end, parts[w]);
+    }
+    for (int h = 0; h < nh; ++h) {
+      GroupState& gs = parts[static_cast<size_t>(h * chunks)];
+      for (int64_t c = 1; c < chunks; ++c) gs.merge(parts[static_cast<size_t>(h * chunks + c)]);
+      gs.finish(out + static_cast<size_t>(h) * g * d);
     }
     AttentionStats s;
     s.context_tokens = kv.size() * shape_.num_heads_kv;
