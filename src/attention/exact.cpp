@@ -112,6 +112,59 @@ void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t
   }
 }
 
+// accumulate_estimates' body for the head_dim at hand (see attend_block_impl for D).
+template <int D>
+[[gnu::always_inline]] inline void estimate_impl(const float* logits, int64_t num_clusters, const int32_t* ids, int n,
+                                                  const int32_t* sizes, const float* value_sums, int group, int d,
+                                                  SoftmaxScalars* st, float* o, float* p) {
+  if constexpr (D > 0) d = D;
+  // Per query head: the zone's maximum logit, one rescale of the state, the weights e^(logit - m).
+  for (int g = 0; g < group; ++g) {
+    const float* lg = logits + static_cast<int64_t>(g) * num_clusters;
+    float* pg = p + static_cast<int64_t>(g) * n;
+    float m = -INFINITY;
+    for (int i = 0; i < n; ++i) m = std::max(m, lg[ids[i]]);
+    if (m == -INFINITY) {  // nothing to add for this head (every logit -inf)
+      for (int i = 0; i < n; ++i) pg[i] = 0.0f;
+      continue;
+    }
+    SoftmaxScalars& sc = st[g];
+    if (m > sc.m) {
+      const float a = sc.m == -INFINITY ? 0.0f : exp_nonpositive(sc.m - m);
+      float* og = o + static_cast<size_t>(g) * d;
+      for (int i = 0; i < d; ++i) og[i] *= a;
+      sc.l *= a;
+      sc.m = m;
+    }
+    float l = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      pg[i] = exp_nonpositive(lg[ids[i]] - sc.m);
+      l += static_cast<float>(sizes[ids[i]]) * pg[i];
+    }
+    sc.l += l;
+  }
+  // The value sums, each row read once for the group.
+  for (int i = 0; i < n; ++i) {
+    const float* vs = value_sums + static_cast<int64_t>(ids[i]) * d;
+    for (int g = 0; g < group; ++g) {
+      const float w = p[static_cast<int64_t>(g) * n + i];
+      float* og = o + static_cast<size_t>(g) * d;
+      for (int e = 0; e < d; ++e) og[e] += w * vs[e];
+    }
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void estimate(const float* logits, int64_t num_clusters, const int32_t* ids, int n, const int32_t* sizes,
+              const float* value_sums, int group, int d, SoftmaxScalars* st, float* o, float* p) {
+  if (d == 128)
+    estimate_impl<128>(logits, num_clusters, ids, n, sizes, value_sums, group, d, st, o, p);
+  else if (d == 64)
+    estimate_impl<64>(logits, num_clusters, ids, n, sizes, value_sums, group, d, st, o, p);
+  else
+    estimate_impl<0>(logits, num_clusters, ids, n, sizes, value_sums, group, d, st, o, p);
+}
+
 }  // namespace
 
 void accumulate_range(const KvCache& kv, int kvh, const float* q, float scale, int64_t begin, int64_t end,
@@ -122,6 +175,18 @@ void accumulate_range(const KvCache& kv, int kvh, const float* q, float scale, i
 void accumulate_tokens(const KvCache& kv, int kvh, const float* q, float scale, const int64_t* tokens,
                        int64_t n, GroupState& gs) {
   accumulate(kv, kvh, q, scale, n, [tokens](int64_t i) { return tokens[i]; }, gs);
+}
+
+}  // namespace retroinfer::attention
+
+namespace retroinfer::attention {
+
+void accumulate_estimates(const float* logits, int64_t num_clusters, const int32_t* ids, int n, const int32_t* sizes,
+                          const float* value_sums, GroupState& gs) {
+  if (n <= 0) return;
+  std::vector<float> p(static_cast<size_t>(gs.group) * n);
+  estimate(logits, num_clusters, ids, n, sizes, value_sums, gs.group, gs.head_dim, gs.st.data(), gs.o.data(),
+           p.data());
 }
 
 }  // namespace retroinfer::attention
