@@ -32,9 +32,10 @@ mkdir -p "$work"
 status=0
 note() { echo "$*" | tee -a "$summary"; }
 # The test binaries read fixtures from the source tree they were configured in (compiled in): SOURCE_ROOT
-# (default /work/main) is linked to this checkout when it does not exist here.
+# (default /work/main) is linked to this checkout (CHECKOUT, default the current directory: the device runs
+# commands in the repository root) when it does not exist here.
 src_root=${SOURCE_ROOT:-/work/main}
-if [ ! -e "$src_root/tests/data" ]; then mkdir -p "$(dirname "$src_root")" && ln -sfn "$(cd "$here/.." && pwd)" "$src_root"; fi
+if [ ! -e "$src_root/tests/data" ]; then mkdir -p "$(dirname "$src_root")" && ln -sfn "${CHECKOUT:-$PWD}" "$src_root"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader >> "$summary" 2>&1
 note "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 
