@@ -39,28 +39,10 @@ if [ ! -e "$src_root/tests/data" ]; then mkdir -p "$(dirname "$src_root")" && ln
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader >> "$summary" 2>&1
 note "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 
+# The GPU tests: gpu-long-context.sh's section (summary lines in summary.txt, tests.tar.gz).
 section_tests() {
-  local d=$work/tests
-  mkdir -p "$d"
-  timeout "${TEST_TIMEOUT:-400}" "$BIN/gpu_tests" --gtest_brief=1 ${TEST_FILTER:+--gtest_filter=$TEST_FILTER} \
-    --gtest_output=json:"$d/gpu_tests.json" > "$d/gpu_tests.log" 2>&1
-  local rc=$?
-  python3 - "$d/gpu_tests.json" >> "$summary" <<'EOF'
-import json, sys
-try:
-    j = json.load(open(sys.argv[1]))
-except Exception as e:
-    print(f"gpu tests: no JSON report ({e})"); sys.exit()
-skipped = sum(1 for s in j["testsuites"] for t in s["testsuite"] if t.get("result") == "SKIPPED")
-print(f"gpu tests: {j['tests']} run, {j['failures']} failed, {skipped} skipped, {j['time']}")
-for s in j["testsuites"]:
-    for t in s["testsuite"]:
-        if t.get("failures"):
-            print(f"  FAILED {s['name']}.{t['name']}: " + t["failures"][0]["failure"].splitlines()[0][:300])
-EOF
-  note "gpu_tests exit code $rc"
-  [ $rc -eq 0 ] || status=1
-  tar -czf "$OUT/tests.tar.gz" -C "$work" tests
+  STAGE=$STAGE OUT=$OUT SOURCE_ROOT=$src_root SECTIONS=tests bash "$here/gpu-long-context.sh" > /dev/null || status=1
+  mkdir -p "$work"
 }
 
 section_ttft() {

@@ -20,6 +20,15 @@ using core::dot_lanes;
 using core::exp_nonpositive;
 using core::widen_bf16;
 
+// Raises a query head's running maximum to m (when m is larger): its sum and output rows scale by e^(old - m).
+[[gnu::always_inline]] inline void raise_max(SoftmaxScalars& sc, float* og, int d, float m) {
+  if (!(m > sc.m)) return;
+  const float a = sc.m == -INFINITY ? 0.0f : exp_nonpositive(sc.m - m);
+  for (int i = 0; i < d; ++i) og[i] *= a;
+  sc.l *= a;
+  sc.m = m;
+}
+
 // Tokens per block: their logits are computed first, then one maximum, one rescale of the running state and
 // one exponential per (query head, token) that the compiler can vectorise, then the values (see attend_block).
 constexpr int kBlock = 64;
@@ -49,13 +58,7 @@ template <int D>
     float m = sg[0];
     for (int b = 1; b < nb; ++b) m = std::max(m, sg[b]);
     SoftmaxScalars& sc = st[g];
-    if (m > sc.m) {
-      const float a = sc.m == -INFINITY ? 0.0f : exp_nonpositive(sc.m - m);
-      float* og = o + static_cast<size_t>(g) * d;
-      for (int i = 0; i < d; ++i) og[i] *= a;
-      sc.l *= a;
-      sc.m = m;
-    }
+    raise_max(sc, o + static_cast<size_t>(g) * d, d, m);
     float sum = 0.0f;
     for (int b = 0; b < nb; ++b) {
       sg[b] = exp_nonpositive(sg[b] - sc.m);
@@ -129,13 +132,7 @@ template <int D>
       continue;
     }
     SoftmaxScalars& sc = st[g];
-    if (m > sc.m) {
-      const float a = sc.m == -INFINITY ? 0.0f : exp_nonpositive(sc.m - m);
-      float* og = o + static_cast<size_t>(g) * d;
-      for (int i = 0; i < d; ++i) og[i] *= a;
-      sc.l *= a;
-      sc.m = m;
-    }
+    raise_max(sc, o + static_cast<size_t>(g) * d, d, m);
     float l = 0.0f;
     for (int i = 0; i < n; ++i) {
       pg[i] = exp_nonpositive(lg[ids[i]] - sc.m);
