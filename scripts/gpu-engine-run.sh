@@ -12,9 +12,12 @@
 #   ttft      `bench ttft`: Llama-3-8B shape (random weights) at 32K and 128K on the CUDA runner, retro and full
 #             (TTFT_CONTEXTS, TTFT_METHODS); SmolLM2 at ~4K on the CUDA runner when it is there
 #   serve     `bench serve` against `serve --device cuda` (SmolLM2, ~4K-token prompts, 256 new tokens), retro and
-#             full at 16 and 64 clients, the request log kept (cut-short requests counted)
-#   cpuserve  the same against `serve --device cpu` on this machine's cores (8 and 32 clients, 64 new tokens)
+#             full (SERVE_METHODS) at 16 and 64 clients (SERVE_CLIENTS), the request log kept (cut-short requests
+#             counted)
+#   cpuserve  the same against `serve --device cpu` on this machine's cores (8 and 32 clients: CPUSERVE_CLIENTS,
+#             64 new tokens)
 #   cpuscale  `bench generate --device cpu` (SmolLM2, 4K prompt, full and retro) at 1, 2, 4, 8 and 16 threads
+#             (CPUSCALE_THREADS)
 # Everything lands in $OUT as at most 8 files: summary.txt and one tarball per section.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -76,6 +79,7 @@ serve_matrix() {
   local top
   top=$(tr ' ' '\n' <<<"$clients" | sort -n | tail -1)
   for att in ${SERVE_METHODS:-full retro}; do
+    [ "$device" = cpu ] && [ -n "${CPUSERVE_METHODS:-}" ] && [[ " $CPUSERVE_METHODS " != *" $att "* ]] && continue
     # shellcheck disable=SC2086
     "$BIN/retroinfer" serve --model "$SMOL" --device "$device" --attention "$att" --max-batch "$top" \
       --max-queue 256 --port 18480 $extra 2> "$d/serve-$att.log" &
@@ -99,13 +103,13 @@ serve_matrix() {
   tar -czf "$OUT/serve-$device.tar.gz" -C "$work" "serve-$device"
 }
 
-section_serve() { serve_matrix cuda "16 64" 256 2 ""; }
-section_cpuserve() { serve_matrix cpu "8 32" 64 1 "--threads $(nproc)"; }
+section_serve() { serve_matrix cuda "${SERVE_CLIENTS:-16 64}" 256 2 ""; }
+section_cpuserve() { serve_matrix cpu "${CPUSERVE_CLIENTS:-8 32}" 64 1 "--threads $(nproc)"; }
 
 section_cpuscale() {
   local d=$work/cpuscale
   mkdir -p "$d"
-  for t in 1 2 4 8 16; do
+  for t in ${CPUSCALE_THREADS:-1 2 4 8 16}; do
     timeout 200 "$BIN/retroinfer" bench generate --model "$SMOL" --device cpu --threads "$t" --context 4096 \
       --new-tokens 32 --attention full,retro --text "$TEXT" --json "$d/cpu_threads.jsonl" > "$d/threads_$t.log" 2>&1
     note "cpuscale $t threads: rc=$?"
