@@ -15,7 +15,7 @@
 #             full (SERVE_METHODS) at 16 and 64 clients (SERVE_CLIENTS), the request log kept (cut-short requests
 #             counted)
 #   cpuserve  the same against `serve --device cpu` on this machine's cores (8 and 32 clients: CPUSERVE_CLIENTS,
-#             64 new tokens)
+#             64 new tokens, CPUSERVE_METHODS)
 #   cpuscale  `bench generate --device cpu` (SmolLM2, 4K prompt, full and retro) at 1, 2, 4, 8 and 16 threads
 #             (CPUSCALE_THREADS)
 # Everything lands in $OUT as at most 8 files: summary.txt and one tarball per section.
@@ -72,14 +72,13 @@ section_ttft() {
 }
 
 # bench serve against one server per method: $1 device, $2 client counts, $3 max tokens, $4 requests per client,
-# $5 extra serve options.
+# $5 extra serve options, $6 methods.
 serve_matrix() {
   local device=$1 clients=$2 max_tokens=$3 per_client=$4 extra=$5 d=$work/serve-$1
   mkdir -p "$d"
   local top
   top=$(tr ' ' '\n' <<<"$clients" | sort -n | tail -1)
-  for att in ${SERVE_METHODS:-full retro}; do
-    [ "$device" = cpu ] && [ -n "${CPUSERVE_METHODS:-}" ] && [[ " $CPUSERVE_METHODS " != *" $att "* ]] && continue
+  for att in $6; do
     # shellcheck disable=SC2086
     "$BIN/retroinfer" serve --model "$SMOL" --device "$device" --attention "$att" --max-batch "$top" \
       --max-queue 256 --port 18480 $extra 2> "$d/serve-$att.log" &
@@ -103,8 +102,10 @@ serve_matrix() {
   tar -czf "$OUT/serve-$device.tar.gz" -C "$work" "serve-$device"
 }
 
-section_serve() { serve_matrix cuda "${SERVE_CLIENTS:-16 64}" 256 2 ""; }
-section_cpuserve() { serve_matrix cpu "${CPUSERVE_CLIENTS:-8 32}" 64 1 "--threads $(nproc)"; }
+section_serve() { serve_matrix cuda "${SERVE_CLIENTS:-16 64}" 256 2 "" "${SERVE_METHODS:-full retro}"; }
+section_cpuserve() {
+  serve_matrix cpu "${CPUSERVE_CLIENTS:-8 32}" 64 1 "--threads $(nproc)" "${CPUSERVE_METHODS:-full retro}"
+}
 
 section_cpuscale() {
   local d=$work/cpuscale
