@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "retroinfer/error.h"
+#include "retroinfer/prefix_cache.h"
 
 namespace retroinfer {
 namespace {
@@ -145,11 +146,20 @@ std::unique_ptr<SequenceSession> make_generation_session(const EngineModel& mode
 }
 
 GenerateSummary generate(const EngineModel& model, const SessionOptions& session_opt, std::span<const int32_t> prompt,
-                         const GenerateOptions& opt, const GenerateCallbacks& cb) {
+                         const GenerateOptions& opt, const GenerateCallbacks& cb, PrefixCache* prefix,
+                         const KvPrefix* context) {
+  RETROINFER_CHECK(prefix == nullptr || context == nullptr, "generate: a prefix cache and a context at once");
   const std::unique_ptr<SequenceSession> session = make_generation_session(model, session_opt, prompt, opt, cb);
   const auto t0 = std::chrono::steady_clock::now();
+  int64_t reused = 0;
+  if (prefix != nullptr) reused = reuse_prefix(*prefix, *session, prompt, session_opt.kv_dtype);
+  if (context != nullptr) {
+    session->load_prefix(*context);  // the prefill checks that the prompt continues it
+    reused = context->size();
+  }
   std::vector<float> logits = session->prefill(prompt, false, cb.on_prefill);
   const double prefill_s = seconds_since(t0);
+  if (prefix != nullptr) remember_prefix(*prefix, *session, prompt, session_opt.kv_dtype, session_opt.prefill_chunk);
   GenerationStepper g(*session, opt, cb);
   g.set_prefill(prompt, prefill_s);
   while (g.step(logits)) {
@@ -158,6 +168,7 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
   }
   GenerateSummary sum = g.finish();
   sum.kv_placement = session->kv_placement_report();
+  sum.reused_tokens = reused;
   return sum;
 }
 
