@@ -17,6 +17,7 @@
 // over the whole context after its prompt's new tokens (SequenceSession::load_prefix), as a cold prefill does.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -63,6 +64,10 @@ void save_snapshot(const std::string& path, const Snapshot& snap, const Snapshot
 // snapshot, of another version, truncated or corrupt, saying which.
 Snapshot parse_snapshot(std::span<const uint8_t> bytes, std::string_view where);
 Snapshot load_snapshot(const std::string& path);
+
+// The sections' checksum (64 bits, several GB/s), which model_identity hashes with too; a hash as 16 hex digits.
+uint64_t snapshot_checksum(const void* data, size_t n);
+std::string snapshot_hex(uint64_t h);
 
 // Throws Error unless the snapshot was made with this model (identity), this KV dtype and this attention
 // configuration, naming what differs.
