@@ -153,8 +153,9 @@ GenerateSummary continue_generation(SequenceSession& session, std::vector<float>
 // an Error before any work).
 // prefix: optional, a cache of prefilled prompts (prefix_cache.h): the longest cached prefix of `prompt` is
 // loaded instead of prefilled (reused_tokens), and the prompt's blocks are added to it after the prefill.
-// context: optional, a prefilled context (a snapshot's) that `prompt` continues: loaded when the prompt starts
-// with its tokens and is longer (Error otherwise). At most one of the two.
+// context: optional, a prefilled context (a snapshot's) that `prompt` starts with: loaded whole when the prompt
+// is longer, all but its last token when the prompt is the context itself (context_prefix_for, prefix_cache.h;
+// Error when the prompt does not start with it). At most one of the two.
 GenerateSummary generate(const EngineModel& model, const SessionOptions& session, std::span<const int32_t> prompt,
                          const GenerateOptions& opt, const GenerateCallbacks& cb = {}, PrefixCache* prefix = nullptr,
                          const KvPrefix* context = nullptr);

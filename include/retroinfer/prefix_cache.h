@@ -83,6 +83,16 @@ class PrefixCache {
   PrefixCacheStats stats_;
 };
 
+// Positions [from, to) of a block, as a block of their own (a snapshot's context cut into cache blocks).
+KvBlock slice_kv(const KvBlock& b, int64_t from, int64_t to);
+// The part of `context` that a session prefilling `prompt` may load: the whole context when the prompt continues
+// it (starts with its tokens and is longer), its first prompt.size() - 1 tokens when the prompt is the context
+// itself (the last token is prefilled for its logits). Throws Error otherwise, saying where the prompt differs.
+KvPrefix context_prefix_for(const KvPrefix& context, std::span<const int32_t> prompt);
+// Adds a context's whole blocks to the cache, pinned (never evicted: `serve --preload`). Throws Error when the
+// cache has no room for them.
+void preload_context(PrefixCache& cache, const KvPrefix& context, DType kv_dtype);
+
 // The engine's use of a cache for one request on a fresh session (generate, the batch scheduler, the CLI):
 // reuse_prefix loads the longest cached prefix of `prompt` into `session` (load_prefix) and returns its length
 // (0: none, or the model's RoPE is `dynamic`); remember_prefix adds the prompt's blocks from the session once

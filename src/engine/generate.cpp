@@ -154,8 +154,9 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
   int64_t reused = 0;
   if (prefix != nullptr) reused = reuse_prefix(*prefix, *session, prompt, session_opt.kv_dtype);
   if (context != nullptr) {
-    session->load_prefix(*context);  // the prefill checks that the prompt continues it
-    reused = context->size();
+    const KvPrefix use = context_prefix_for(*context, prompt);
+    session->load_prefix(use);
+    reused = use.size();
   }
   std::vector<float> logits = session->prefill(prompt, false, cb.on_prefill);
   const double prefill_s = seconds_since(t0);

@@ -146,4 +146,53 @@ void remember_prefix(PrefixCache& cache, const SequenceSession& session, std::sp
                [&session](int64_t from, int64_t to) { return session.export_kv(from, to); });
 }
 
+KvBlock slice_kv(const KvBlock& b, int64_t from, int64_t to) {
+  RETROINFER_CHECK(0 <= from && from < to && to <= b.tokens, "prefix cache: slice [", from, ", ", to,
+                   ") of a block of ", b.tokens, " tokens");
+  KvBlock out = b;
+  out.tokens = to - from;
+  out.bytes.assign(2 * static_cast<size_t>(b.num_layers) * b.num_heads_kv * out.run_bytes(), 0);
+  for (int l = 0; l < b.num_layers; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      for (int h = 0; h < b.num_heads_kv; ++h)
+        std::copy_n(b.run(l, kv, h) + from * b.row_bytes(), out.run_bytes(), out.run(l, kv, h));
+  return out;
+}
+
+namespace {
+// The context's K/V as one block (a snapshot's is one already).
+std::shared_ptr<const KvBlock> whole_block(const KvPrefix& context) {
+  RETROINFER_CHECK(context.blocks.size() == 1 && context.blocks[0] && context.blocks[0]->tokens == context.size(),
+                   "prefix cache: a context of one K/V block covering its tokens is needed (a snapshot's)");
+  return context.blocks[0];
+}
+}  // namespace
+
+KvPrefix context_prefix_for(const KvPrefix& context, std::span<const int32_t> prompt) {
+  const auto n = context.size(), p = static_cast<int64_t>(prompt.size());
+  const auto [ends, _] = std::mismatch(context.tokens.begin(), context.tokens.end(), prompt.begin(), prompt.end());
+  const int64_t same = ends - context.tokens.begin();
+  RETROINFER_CHECK(same == n, "the prompt does not continue the snapshot's context: they differ at token ", same,
+                   " (the context has ", n, " tokens, the prompt ", p, ")");
+  if (p > n) return context;
+  RETROINFER_CHECK(n >= 2, "the snapshot's context is a single token: nothing to reuse before the last");
+  KvPrefix out;
+  out.tokens.assign(context.tokens.begin(), context.tokens.end() - 1);
+  out.blocks.push_back(std::make_shared<const KvBlock>(slice_kv(*whole_block(context), 0, n - 1)));
+  return out;
+}
+
+void preload_context(PrefixCache& cache, const KvPrefix& context, DType kv_dtype) {
+  const std::shared_ptr<const KvBlock> all = whole_block(context);
+  const PrefixCacheStats before = cache.stats();
+  cache.insert(context.tokens, prefix_cache_salt(kv_dtype),
+               [&all](int64_t from, int64_t to) { return slice_kv(*all, from, to); }, /*pinned=*/true);
+  const int64_t whole = context.size() / cache.options().block_tokens;
+  const PrefixCacheStats after = cache.stats();
+  RETROINFER_CHECK(after.pinned_blocks - before.pinned_blocks >= whole || after.pinned_blocks >= whole,
+                   "prefix cache: no room for the ", whole, " blocks (", context.size(), " tokens) of a preloaded "
+                   "context in ", cache.options().capacity_bytes >> 20, " MiB (", after.bytes >> 20,
+                   " MiB held); raise --prefix-cache-mb");
+}
+
 }  // namespace retroinfer

@@ -216,7 +216,12 @@ TEST(Snapshot, GenerationAfterLoadingGivesTheColdTokensForEveryMethod) {
     std::vector<int32_t> other = prompt;
     other[0] ^= 1;
     EXPECT_TRUE(contains(test::error_of([&] { generate(engine, so, other, g, {}, nullptr, &snap.context); }),
-                         "does not continue the loaded prefix"));
+                         "does not continue the snapshot's context: they differ at token 0"));
+    // The prompt is the context itself: all but its last token are loaded.
+    const GenerateSummary same_cold = generate(engine, so, doc, g);
+    const GenerateSummary same = generate(engine, so, doc, g, {}, nullptr, &snap.context);
+    EXPECT_EQ(same.tokens, same_cold.tokens);
+    EXPECT_EQ(same.reused_tokens, 169);
   }
 }
 
