@@ -74,8 +74,9 @@ struct TextGenerateCallbacks {
 // detokenizer's flushed tail (an incomplete UTF-8 sequence at the end becomes U+FFFD) unless a stop string
 // ended the generation; every text passed to on_text and the summary's text are valid UTF-8. Ids of
 // model rows beyond the tokenizer's vocabulary (padded embeddings) give no text.
+// context: optional, a prefilled context the prompt starts with (a snapshot's; generate()'s `context`).
 GenerateSummary generate_text(const EngineModel& model, const Tokenizer& tok, const SessionOptions& session,
                               std::span<const int32_t> prompt, GenerateOptions opt,
-                              const TextGenerateCallbacks& cb = {});
+                              const TextGenerateCallbacks& cb = {}, const KvPrefix* context = nullptr);
 
 }  // namespace retroinfer

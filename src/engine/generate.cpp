@@ -160,7 +160,6 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
   }
   std::vector<float> logits = session->prefill(prompt, false, cb.on_prefill);
   const double prefill_s = seconds_since(t0);
-  if (prefix != nullptr) remember_prefix(*prefix, *session, prompt, session_opt.kv_dtype, session_opt.prefill_chunk);
   GenerationStepper g(*session, opt, cb);
   g.set_prefill(prompt, prefill_s);
   while (g.step(logits)) {
@@ -168,6 +167,8 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
     g.count_decode(session->last_stats());
   }
   GenerateSummary sum = g.finish();
+  // After the generation: the copy of the prompt's K/V does not delay the first token.
+  if (prefix != nullptr) remember_prefix(*prefix, *session, prompt, session_opt.kv_dtype, session_opt.prefill_chunk);
   sum.kv_placement = session->kv_placement_report();
   sum.reused_tokens = reused;
   return sum;

@@ -49,7 +49,8 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view prompt
 }
 
 GenerateSummary generate_text(const EngineModel& model, const Tokenizer& tok, const SessionOptions& session,
-                              std::span<const int32_t> prompt, GenerateOptions opt, const TextGenerateCallbacks& cb) {
+                              std::span<const int32_t> prompt, GenerateOptions opt, const TextGenerateCallbacks& cb,
+                              const KvPrefix* context) {
   if (opt.eos_token_ids.empty()) opt.eos_token_ids = end_of_generation_ids(model.config(), &tok);
   StreamingDecoder dec(tok, /*skip_special=*/true);
   const int32_t vocab = tok.vocab_size();
@@ -62,7 +63,7 @@ GenerateSummary generate_text(const EngineModel& model, const Tokenizer& tok, co
       return !stopped_by_callback;
     };
   gc.on_prefill = cb.on_prefill;
-  GenerateSummary s = generate(model, session, prompt, opt, gc);
+  GenerateSummary s = generate(model, session, prompt, opt, gc, nullptr, context);
   const std::string tail = dec.flush();
   if (s.stop_reason != StopReason::kStopString && !tail.empty()) {
     s.text += tail;
