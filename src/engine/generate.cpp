@@ -154,6 +154,8 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
   int64_t reused = 0;
   if (prefix != nullptr) reused = reuse_prefix(*prefix, *session, prompt, session_opt.kv_dtype);
   if (context != nullptr) {
+    RETROINFER_CHECK(prefix_cache_applies(model.config()), "generate: this model's RoPE is `dynamic`: its K/V depends "
+                     "on the prompt's length, so a saved context cannot be continued; prefill the whole prompt");
     const KvPrefix use = context_prefix_for(*context, prompt);
     session->load_prefix(use);
     reused = use.size();

@@ -5,6 +5,7 @@
 
 #include "model/weights.h"
 #include "retroinfer/error.h"
+#include "retroinfer/prefix_cache.h"
 #include "retroinfer/snapshot.h"
 #include "retroinfer/tokenizer.h"
 
@@ -48,6 +49,8 @@ ModelIdentity model_identity(const Model& model, const Tokenizer* tokenizer) {
 }
 
 Snapshot make_snapshot(const SequenceSession& session, std::span<const int32_t> tokens, const ModelIdentity& model) {
+  RETROINFER_CHECK(prefix_cache_applies(session.model_config()), "snapshot: this model's RoPE is `dynamic`: its K/V "
+                   "depends on the prompt's length, so a saved context could not be continued");
   RETROINFER_CHECK(!tokens.empty() && static_cast<int64_t>(tokens.size()) <= session.position(),
                    "snapshot: the session holds ", session.position(), " tokens, not the ", tokens.size(), " given");
   Snapshot s;
