@@ -206,12 +206,18 @@ std::vector<TokenLogprobs> reported_logprobs(std::vector<TokenLogprobs> lp, Stop
   return lp;
 }
 
-// The usage of a request's choices: the prompt once, the completion tokens of all choices.
+// The usage of a request's choices: the prompt once, the completion tokens of all choices; with a prefix-cache
+// hit, OpenAI's prompt_tokens_details.cached_tokens (the prompt tokens loaded instead of prefilled).
 json usage_of(const std::vector<GenerateSummary>& sums) {
-  int64_t generated = 0;
-  for (const GenerateSummary& s : sums) generated += s.generated_tokens;
+  int64_t generated = 0, cached = 0;
+  for (const GenerateSummary& s : sums) {
+    generated += s.generated_tokens;
+    cached = std::max(cached, s.reused_tokens);
+  }
   const int64_t prompt = sums.empty() ? 0 : sums[0].prompt_tokens;
-  return {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
+  json u = {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
+  if (cached > 0) u["prompt_tokens_details"] = {{"cached_tokens", cached}};
+  return u;
 }
 
 using Clock = std::chrono::steady_clock;

@@ -211,7 +211,7 @@ TEST(PrefixCache, GenerateWithACacheHitGivesTheColdTokens) {
     PrefixCache cache({.block_tokens = 32, .capacity_bytes = 64 << 20});
     SessionOptions so = options(kind);
     so.max_context = 0;
-    for (uint32_t question : {1u, 2u, 3u}) {
+    for (uint32_t question : {1u, 2u}) {
       std::vector<int32_t> prompt = doc;
       for (int32_t t : test::token_stream(20, question)) prompt.push_back(t);
       const GenerateSummary cold = generate(engine, so, prompt, g);
@@ -220,7 +220,7 @@ TEST(PrefixCache, GenerateWithACacheHitGivesTheColdTokens) {
       // The first prompt's whole prefill chunks of 32 (the blocks of 32 tokens within them): 192 of 220.
       EXPECT_EQ(hit.reused_tokens, question == 1 ? 0 : 192);
     }
-    EXPECT_EQ(cache.stats().hits, 2);
+    EXPECT_EQ(cache.stats().hits, 1);
   }
 }
 

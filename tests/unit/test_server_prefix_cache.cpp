@@ -23,15 +23,20 @@ TEST(ServerPrefixCache, SecondQuestionReusesTheDocumentAndMetricsShowIt) {
   with.prefix_cache = std::make_shared<PrefixCache>(PrefixCacheOptions{.block_tokens = 64, .capacity_bytes = 64 << 20});
   server::ServerHandler cached(server_tiny_engine(), server_tokenizer(), with);
   server::ServerHandler plain(server_tiny_engine(), server_tokenizer(), tiny_server_options(AttentionKind::kRetro));
+  int64_t cached_tokens = -1;
   auto ask = [&](server::ServerHandler& h, const std::string& question) {
     const server::HttpReply r = h.handle(
         "POST", "/v1/completions",
         json{{"prompt", doc + question}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}}.dump());
     EXPECT_EQ(r.status, 200) << r.body;
-    return json::parse(r.body)["choices"][0]["text"].get<std::string>();
+    const json j = json::parse(r.body);
+    if (&h == &cached) cached_tokens = j["usage"].value("/prompt_tokens_details/cached_tokens"_json_pointer, int64_t{0});
+    return j["choices"][0]["text"].get<std::string>();
   };
   EXPECT_EQ(ask(cached, "How long?"), ask(plain, "How long?"));
+  EXPECT_EQ(cached_tokens, 0) << "the first question reuses nothing (no prompt_tokens_details)";
   EXPECT_EQ(ask(cached, "How wide?"), ask(plain, "How wide?"));
+  EXPECT_EQ(cached_tokens, with.prefix_cache->stats().hit_tokens) << "usage.prompt_tokens_details.cached_tokens";
   const PrefixCacheStats s = with.prefix_cache->stats();
   EXPECT_EQ(s.lookups, 2);
   EXPECT_EQ(s.hits, 1);
