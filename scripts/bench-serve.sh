@@ -6,6 +6,7 @@
 #     cli=build/cpu-release/bin/retroinfer  model=smollm2  device=cpu  attention="full retro"
 #     clients="8 32"  prompt_tokens=4096  max_tokens=16  requests_per_client=1  max_batch=0 (= the most clients)
 #     port=18480  extra_serve=""  (more `serve` options)  extra_bench="" (more `bench serve` options)
+# The server's stderr (its request log: one JSON line per request) goes to OUT/serve-<method>.log.
 #
 # CPU (docs/server.md):   scripts/bench-serve.sh bench/results/cpu-bench-serve clients="8 32"
 # H200 (the CUDA runner): scripts/bench-serve.sh bench/results/h200-bench-serve cli=build/cuda-release/bin/retroinfer \
@@ -30,7 +31,11 @@ for att in $attention; do
     $extra_serve 2>"$out/serve-$att.log" &
   pid=$!
   trap 'kill $pid 2>/dev/null || true' EXIT
-  for _ in $(seq 300); do curl -sf "localhost:$port/health" >/dev/null && break; sleep 1; done
+  for _ in $(seq 300); do
+    python3 -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$port/health').status != 200)" \
+      2>/dev/null && break
+    sleep 1
+  done
   for c in $clients; do
     echo "bench-serve.sh: $att, $c clients, ~$prompt_tokens-token prompts ($(date -u +%H:%M:%S))" >&2
     # shellcheck disable=SC2086
@@ -41,4 +46,7 @@ for att in $attention; do
   done
   kill "$pid"; wait "$pid" || true
   trap - EXIT
+  # Requests whose connection ended before the reply was out (the request log's status 499 lines).
+  cut=$(grep -c '"status":499' "$out/serve-$att.log" || true)
+  echo "bench-serve.sh: $att: $cut request(s) cut short by their connection (status 499 in serve-$att.log)" >&2
 done

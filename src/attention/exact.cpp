@@ -1,7 +1,12 @@
 #include "attention/exact.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
-#include <vector>
+#include <cstring>
+
+#include "core/vec_math.h"
+#include "retroinfer/dtype.h"
 
 namespace retroinfer::attention {
 
@@ -10,43 +15,178 @@ float effective_scale(float scale, int head_dim) {
 }
 
 namespace {
-// One online-softmax step for every query head of the group: the token's key and value are read (and
-// converted from storage) once for the whole group.
-inline void push_token(const KvCache& kv, int kvh, int64_t t, const float* q, float scale, GroupState& gs,
-                       float* vbuf) {
-  const int d = gs.head_dim;
-  bool loaded = false;
-  for (int g = 0; g < gs.group; ++g) {
-    const float s = kv.dot_key(kvh, t, q + static_cast<size_t>(g) * d) * scale;
-    SoftmaxScalars& st = gs.st[g];
-    float* o = &gs.o[static_cast<size_t>(g) * d];
-    if (s > st.m) {
-      const float a = softmax_rescale(st.m, s);
-      for (int i = 0; i < d; ++i) o[i] *= a;
-      st.l *= a;
-      st.m = s;
+
+using core::dot_lanes;
+using core::exp_nonpositive;
+using core::widen_bf16;
+
+// Tokens per block: their logits are computed first, then one maximum, one rescale of the running state and
+// one exponential per (query head, token) that the compiler can vectorise, then the values (see attend_block).
+constexpr int kBlock = 64;
+
+// One block of nb <= kBlock tokens for the `group` query heads of one KV head: krows / vrows point at the
+// tokens' key / value rows in storage (f32 or bf16); each row is read and widened once for the whole group.
+// D: the head_dim when it is a compile-time constant (64, 128: the loops unroll), else 0 and d gives it.
+// scratch: kBlock * group + d floats.
+template <int D>
+[[gnu::always_inline]] inline void attend_block_impl(const void* const* krows, const void* const* vrows, int nb, bool bf16,
+                              const float* q, int group, int d, float scale, SoftmaxScalars* st, float* o,
+                              float* scratch) {
+  if constexpr (D > 0) d = D;
+  float* s = scratch;                                           // [group, kBlock] logits, then weights
+  float* row = scratch + static_cast<size_t>(group) * kBlock;   // [d] a widened row
+  for (int b = 0; b < nb; ++b) {
+    const float* k = static_cast<const float*>(krows[b]);
+    if (bf16) {
+      widen_bf16(krows[b], d, row);
+      k = row;
     }
-    const float p = std::exp(s - st.m);
-    st.l += p;
-    if (!loaded) {
-      kv.load_value(kvh, t, vbuf);
-      loaded = true;
+    for (int g = 0; g < group; ++g) s[g * kBlock + b] = dot_lanes(q + static_cast<size_t>(g) * d, k, d) * scale;
+  }
+  // Per query head: the block's maximum, one rescale of the state, the weights.
+  for (int g = 0; g < group; ++g) {
+    float* sg = s + g * kBlock;
+    float m = sg[0];
+    for (int b = 1; b < nb; ++b) m = std::max(m, sg[b]);
+    SoftmaxScalars& sc = st[g];
+    if (m > sc.m) {
+      const float a = sc.m == -INFINITY ? 0.0f : exp_nonpositive(sc.m - m);
+      float* og = o + static_cast<size_t>(g) * d;
+      for (int i = 0; i < d; ++i) og[i] *= a;
+      sc.l *= a;
+      sc.m = m;
     }
-    for (int i = 0; i < d; ++i) o[i] += p * vbuf[i];
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) {
+      sg[b] = exp_nonpositive(sg[b] - sc.m);
+      sum += sg[b];
+    }
+    sc.l += sum;
+  }
+  // Values.
+  for (int b = 0; b < nb; ++b) {
+    const float* v = static_cast<const float*>(vrows[b]);
+    if (bf16) {
+      widen_bf16(vrows[b], d, row);
+      v = row;
+    }
+    for (int g = 0; g < group; ++g) {
+      const float p = s[g * kBlock + b];
+      float* og = o + static_cast<size_t>(g) * d;
+      for (int i = 0; i < d; ++i) og[i] += p * v[i];
+    }
   }
 }
+
+// attend_block_impl for the head_dim at hand, compiled for AVX-512, AVX2 + FMA and the baseline and picked at
+// run time (target_clones): the loops over head_dim and over the block vectorise.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void attend_block(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q, int group,
+                  int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
+  if (d == 128)
+    attend_block_impl<128>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+  else if (d == 64)
+    attend_block_impl<64>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+  else
+    attend_block_impl<0>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+}
+
+// Runs the n tokens token_at(0..n-1) through attend_block, kBlock at a time.
+template <typename TokenAt>
+void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t n, TokenAt token_at,
+                GroupState& gs) {
+  if (n <= 0) return;
+  const int g = gs.group, d = gs.head_dim;
+  const bool bf16 = kv.dtype() == DType::kBF16;
+  std::vector<float> scratch(static_cast<size_t>(kBlock) * g + d);
+  const void* krows[kBlock];
+  const void* vrows[kBlock];
+  for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
+    const int nb = static_cast<int>(std::min<int64_t>(kBlock, n - i0));
+    for (int b = 0; b < nb; ++b) {
+      const int64_t t = token_at(i0 + b);
+      krows[b] = kv.key_row(kvh, t);
+      vrows[b] = kv.value_row(kvh, t);
+    }
+    attend_block(krows, vrows, nb, bf16, q, g, d, scale, gs.st.data(), gs.o.data(), scratch.data());
+  }
+}
+
+// accumulate_estimates' body for the head_dim at hand (see attend_block_impl for D).
+template <int D>
+[[gnu::always_inline]] inline void estimate_impl(const float* logits, int64_t num_clusters, const int32_t* ids, int n,
+                                                  const int32_t* sizes, const float* value_sums, int group, int d,
+                                                  SoftmaxScalars* st, float* o, float* p) {
+  if constexpr (D > 0) d = D;
+  // Per query head: the zone's maximum logit, one rescale of the state, the weights e^(logit - m).
+  for (int g = 0; g < group; ++g) {
+    const float* lg = logits + static_cast<int64_t>(g) * num_clusters;
+    float* pg = p + static_cast<int64_t>(g) * n;
+    float m = -INFINITY;
+    for (int i = 0; i < n; ++i) m = std::max(m, lg[ids[i]]);
+    if (m == -INFINITY) {  // nothing to add for this head (every logit -inf)
+      for (int i = 0; i < n; ++i) pg[i] = 0.0f;
+      continue;
+    }
+    SoftmaxScalars& sc = st[g];
+    if (m > sc.m) {
+      const float a = sc.m == -INFINITY ? 0.0f : exp_nonpositive(sc.m - m);
+      float* og = o + static_cast<size_t>(g) * d;
+      for (int i = 0; i < d; ++i) og[i] *= a;
+      sc.l *= a;
+      sc.m = m;
+    }
+    float l = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      pg[i] = exp_nonpositive(lg[ids[i]] - sc.m);
+      l += static_cast<float>(sizes[ids[i]]) * pg[i];
+    }
+    sc.l += l;
+  }
+  // The value sums, each row read once for the group.
+  for (int i = 0; i < n; ++i) {
+    const float* vs = value_sums + static_cast<int64_t>(ids[i]) * d;
+    for (int g = 0; g < group; ++g) {
+      const float w = p[static_cast<int64_t>(g) * n + i];
+      float* og = o + static_cast<size_t>(g) * d;
+      for (int e = 0; e < d; ++e) og[e] += w * vs[e];
+    }
+  }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void estimate(const float* logits, int64_t num_clusters, const int32_t* ids, int n, const int32_t* sizes,
+              const float* value_sums, int group, int d, SoftmaxScalars* st, float* o, float* p) {
+  if (d == 128)
+    estimate_impl<128>(logits, num_clusters, ids, n, sizes, value_sums, group, d, st, o, p);
+  else if (d == 64)
+    estimate_impl<64>(logits, num_clusters, ids, n, sizes, value_sums, group, d, st, o, p);
+  else
+    estimate_impl<0>(logits, num_clusters, ids, n, sizes, value_sums, group, d, st, o, p);
+}
+
 }  // namespace
 
 void accumulate_range(const KvCache& kv, int kvh, const float* q, float scale, int64_t begin, int64_t end,
                       GroupState& gs) {
-  std::vector<float> vbuf(gs.head_dim);
-  for (int64_t t = begin; t < end; ++t) push_token(kv, kvh, t, q, scale, gs, vbuf.data());
+  accumulate(kv, kvh, q, scale, end - begin, [begin](int64_t i) { return begin + i; }, gs);
 }
 
 void accumulate_tokens(const KvCache& kv, int kvh, const float* q, float scale, const int64_t* tokens,
                        int64_t n, GroupState& gs) {
-  std::vector<float> vbuf(gs.head_dim);
-  for (int64_t i = 0; i < n; ++i) push_token(kv, kvh, tokens[i], q, scale, gs, vbuf.data());
+  accumulate(kv, kvh, q, scale, n, [tokens](int64_t i) { return tokens[i]; }, gs);
+}
+
+}  // namespace retroinfer::attention
+
+namespace retroinfer::attention {
+
+void accumulate_estimates(const float* logits, int64_t num_clusters, const int32_t* ids, int n, const int32_t* sizes,
+                          const float* value_sums, GroupState& gs) {
+  if (n <= 0) return;
+  std::vector<float> p(static_cast<size_t>(gs.group) * n);
+  estimate(logits, num_clusters, ids, n, sizes, value_sums, gs.group, gs.head_dim, gs.st.data(), gs.o.data(),
+           p.data());
 }
 
 }  // namespace retroinfer::attention

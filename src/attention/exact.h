@@ -37,6 +37,13 @@ void accumulate_range(const KvCache& kv, int kvh, const float* q, float scale, i
 void accumulate_tokens(const KvCache& kv, int kvh, const float* q, float scale, const int64_t* tokens,
                        int64_t n, GroupState& gs);
 
+// Adds the estimated clusters ids[0..n) of one KV head: cluster j counts as sizes[j] tokens of logit
+// logits[g * num_clusters + j] (query head g) and value value_sums[j] / sizes[j] (the estimation zone; the same
+// sum as softmax_push of each, with one rescale per query head). logits: [group, num_clusters];
+// value_sums: [num_clusters, head_dim].
+void accumulate_estimates(const float* logits, int64_t num_clusters, const int32_t* ids, int n, const int32_t* sizes,
+                          const float* value_sums, GroupState& gs);
+
 // Scale actually used: cfg scale, or 1/sqrt(head_dim) when it is 0.
 float effective_scale(float scale, int head_dim);
 

@@ -117,12 +117,9 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
       std::sort(tokens.begin(), tokens.end());
       accumulate_tokens(kv, h, qg, sc, tokens.data(), static_cast<int64_t>(tokens.size()), exact);
       // Estimation zone: each cluster as s_j tokens of logit q.c_j and value VS_j / s_j.
-      const int k = hi.num_clusters();
       GroupState est(g, d);
-      for (int32_t j : plan.sel.estimation)
-        for (int gi = 0; gi < g; ++gi)
-          softmax_push(est.st[gi], &est.o[static_cast<size_t>(gi) * d], plan.logits[static_cast<size_t>(gi) * k + j],
-                       static_cast<float>(hi.sizes[j]), hi.value_sums.data() + static_cast<int64_t>(j) * d, d);
+      accumulate_estimates(plan.logits.data(), hi.num_clusters(), plan.sel.estimation.data(),
+                           static_cast<int>(plan.sel.estimation.size()), hi.sizes.data(), hi.value_sums.data(), est);
       exact.merge(est);
       st.exact_tokens += static_cast<int64_t>(tokens.size());
       st.retrieved_clusters = static_cast<int64_t>(plan.sel.retrieval.size());

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/dot.h"
+#include "core/vec_math.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::index {
@@ -48,15 +48,39 @@ void HeadIndex::clear() {
   outliers.clear();
 }
 
-void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores) {
-  const int k = hi.num_clusters();
-  const int d = hi.head_dim;
+namespace {
+
+// The loops of score_clusters and scores_from_logits, compiled for AVX-512, AVX2 + FMA and the baseline and
+// picked at run time (target_clones); core/vec_math.h's kernels vectorise without -ffast-math.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void cluster_logits(const float* centroids, int k, int d, const float* q, int group, float scale, float* logits) {
   for (int j = 0; j < k; ++j) {
-    const float* c = hi.centroids.data() + static_cast<int64_t>(j) * d;
+    const float* c = centroids + static_cast<int64_t>(j) * d;
     for (int g = 0; g < group; ++g)
-      logits[static_cast<int64_t>(g) * k + j] = core::dot_f32(q + static_cast<int64_t>(g) * d, c, d) * scale;
+      logits[static_cast<int64_t>(g) * k + j] = core::dot_lanes(q + static_cast<int64_t>(g) * d, c, d) * scale;
   }
-  scores_from_logits(hi.sizes.data(), k, logits, group, scores);
+}
+
+// p[j] = e^(lg[j] - m) for the non-empty clusters, 0 for the empty ones; returns their sum (in kLanes partial
+// sums, the same with any vector width).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+float softmax_numerators(const int32_t* sizes, int k, const float* lg, float m, float* p) {
+  for (int j = 0; j < k; ++j) p[j] = sizes[j] > 0 ? core::exp_nonpositive(lg[j] - m) : 0.0f;
+  float part[core::kLanes] = {};
+  const int whole = k - k % core::kLanes;
+  for (int j = 0; j < whole; j += core::kLanes)
+    for (int l = 0; l < core::kLanes; ++l) part[l] += p[j + l];
+  float sum = 0.0f;
+  for (int l = 0; l < core::kLanes; ++l) sum += part[l];
+  for (int j = whole; j < k; ++j) sum += p[j];
+  return sum;
+}
+
+}  // namespace
+
+void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores) {
+  cluster_logits(hi.centroids.data(), hi.num_clusters(), hi.head_dim, q, group, scale, logits);
+  scores_from_logits(hi.sizes.data(), hi.num_clusters(), logits, group, scores);
 }
 
 void scores_from_logits(const int32_t* sizes, int num_clusters, const float* logits, int group, float* scores) {
@@ -70,12 +94,7 @@ void scores_from_logits(const int32_t* sizes, int num_clusters, const float* log
     for (int j = 0; j < k; ++j)
       if (sizes[j] > 0) m = std::max(m, lg[j]);
     if (!(m > kNegInf)) continue;  // no non-empty cluster (or NaN logits)
-    double sum = 0.0;
-    for (int j = 0; j < k; ++j) {
-      p[j] = sizes[j] > 0 ? std::exp(lg[j] - m) : 0.0f;
-      sum += p[j];
-    }
-    const float inv = static_cast<float>(1.0 / sum);
+    const float inv = 1.0f / softmax_numerators(sizes, k, lg, m, p.data());
     for (int j = 0; j < k; ++j) scores[j] += p[j] * inv;  // -inf + 0 stays -inf for empty clusters
   }
 }

@@ -106,7 +106,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // From any thread.
   void close_from_anywhere() {
-    net::post(socket_.get_executor(), [self = shared_from_this()] { self->close(); });
+    net::post(socket_.get_executor(), [self = shared_from_this()] { self->close("server_stopped"); });
   }
 
  private:
@@ -131,12 +131,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
     reading_ = true;
     if (buffer_.size() > 0) return read_header();
     waiting_first_byte_ = true;
-    if (pipeline_.empty()) arm_read_timer(server_->opt.idle_timeout_s);
+    if (pipeline_.empty()) arm_read_timer(server_->opt.idle_timeout_s, "idle_timeout");
     socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
       self->waiting_first_byte_ = false;
       if (self->lingering_) return self->drain();
       self->disarm_read_timer();
-      if (ec) return self->on_read_error();
+      if (ec) return self->on_read_error(ec);
       self->read_header();
     });
   }
@@ -146,7 +146,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     parser_->header_limit(static_cast<uint32_t>(server_->opt.max_header_bytes));
     parser_->body_limit(std::numeric_limits<std::uint64_t>::max());  // checked below from Content-Length, before the body is read
     header_start_ = Clock::now();
-    arm_read_timer(server_->opt.header_timeout_s);
+    arm_read_timer(server_->opt.header_timeout_s, "header_timeout");
     http::async_read_header(socket_, buffer_, *parser_,
                             [self = shared_from_this()](boost::system::error_code ec, size_t n) {
                               if (self->lingering_) return self->drain();
@@ -159,7 +159,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (ec == http::error::header_limit) return refuse_request(431, "the request's headers are too large");
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == net::error::operation_aborted ||
         ec == net::error::connection_reset || ec == net::error::bad_descriptor)
-      return on_read_error();
+      return on_read_error(ec);
     if (ec) return refuse_request(400, "malformed HTTP request: " + ec.message());
     bytes_in_ = static_cast<int64_t>(n);
     const auto& h = parser_->get();
@@ -174,14 +174,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
       const std::string cont = h.version() == 10 ? "HTTP/1.0 100 Continue\r\n\r\n" : "HTTP/1.1 100 Continue\r\n\r\n";
       enqueue(cont);
     }
-    arm_read_timer(server_->opt.body_timeout_s);
+    arm_read_timer(server_->opt.body_timeout_s, "body_timeout");
     http::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](boost::system::error_code ec, size_t n) {
       if (self->lingering_) return self->drain();
       self->disarm_read_timer();
       if (ec == http::error::body_limit)
         return self->refuse_request(413, "the request body is larger than this server accepts (--max-body-bytes " +
                                              std::to_string(self->server_->opt.max_body_bytes) + ")");
-      if (ec) return self->on_read_error();
+      if (ec) return self->on_read_error(ec);
       self->bytes_in_ += static_cast<int64_t>(n);
       self->on_request();
     });
@@ -213,16 +213,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // The socket ended or failed while reading: the client is gone (a request in progress is cancelled).
-  void on_read_error() {
+  void on_read_error(boost::system::error_code ec) {
     reading_ = false;
-    close();
+    const bool eof = ec == http::error::end_of_stream || ec == net::error::eof;
+    close(eof ? "client_closed" : "read_error: " + ec.message());
   }
 
   // A request the transport refuses itself (malformed, too large, timed out); the connection closes after.
   void refuse_request(int status, const std::string& message) {
     reading_ = false;
     no_more_requests_ = true;
-    if (!pipeline_.empty()) return close();  // a reply is in progress: it cannot be interleaved
+    if (!pipeline_.empty()) return close("malformed_pipelined_request");  // a reply is in progress: it cannot be interleaved
     const char* code = status == 413 ? "body_too_large" : status == 431 ? "headers_too_large" : "bad_request";
     const HttpReply r = transport_error(status, message, code);
     enqueue(reply_head(11, status, r, static_cast<int64_t>(r.body.size()), false, false) + r.body);
@@ -234,13 +235,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   // The deadline of the read in progress (idle, header or body); a generation number tells a stale expiry
   // (one already queued when the timer was re-armed or cancelled) from the current one.
-  void arm_read_timer(double seconds) {
+  void arm_read_timer(double seconds, const char* why) {
     const uint64_t gen = ++read_timer_gen_;
     read_timer_.expires_after(millis(seconds));
-    read_timer_.async_wait([weak = weak_from_this(), gen](boost::system::error_code ec) {
+    read_timer_.async_wait([weak = weak_from_this(), gen, why](boost::system::error_code ec) {
       auto self = weak.lock();
       if (ec || !self || self->read_timer_gen_ != gen) return;
-      self->close();  // the pending read ends with operation_aborted
+      self->close(why);  // the pending read ends with operation_aborted
     });
   }
   void disarm_read_timer() {
@@ -329,10 +330,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     r.stream = nullptr;  // the admission slot goes here
     net::post(socket_.get_executor(), [self = shared_from_this(), r = std::move(r), chunked, keep_alive, ok]() mutable {
-      if (!ok || self->closed_) return self->close();
+      if (!ok || self->closed_) return self->close("stream_write_failed");
       if (chunked) self->enqueue("0\r\n\r\n");
       self->finish(r.status, r, keep_alive);
     });
+  }
+
+  // One request's log line; closed: what ended the connection before its reply was out ("" when it was).
+  void log_request(const Pending& p, int status, const HttpReply* r, const std::string& closed) {
+    json line = {{"time", static_cast<int64_t>(std::time(nullptr))},
+                 {"remote", remote_},
+                 {"method", p.req.method},
+                 {"path", p.req.path},
+                 {"http", p.version == 10 ? "1.0" : "1.1"},
+                 {"status", status},
+                 {"bytes_in", p.bytes_in},
+                 {"seconds", std::chrono::duration<double>(Clock::now() - p.start).count()}};
+    if (r && r->log)
+      for (const auto& [k, v] : r->log->items()) line[k] = v;
+    if (!closed.empty()) line["closed"] = closed;
+    server_->log(line);
   }
 
   // The head request's reply is queued: log it, take the next.
@@ -340,19 +357,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Pending p = std::move(pipeline_.front());
     pipeline_.pop_front();
     server_->metrics->count_response(status);
-    if (server_->opt.log_requests) {
-      json line = {{"time", static_cast<int64_t>(std::time(nullptr))},
-                   {"remote", remote_},
-                   {"method", p.req.method},
-                   {"path", p.req.path},
-                   {"http", p.version == 10 ? "1.0" : "1.1"},
-                   {"status", status},
-                   {"bytes_in", p.bytes_in},
-                   {"seconds", std::chrono::duration<double>(Clock::now() - p.start).count()}};
-      if (r.log)
-        for (const auto& [k, v] : r.log->items()) line[k] = v;
-      server_->log(line);
-    }
+    if (server_->opt.log_requests) log_request(p, status, &r, "");
     if (!keep_alive) {
       no_more_requests_ = true;
       pipeline_.clear();
@@ -361,7 +366,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     if (!pipeline_.empty()) return process_head();
-    if (waiting_first_byte_) arm_read_timer(server_->opt.idle_timeout_s);  // now idle
+    if (waiting_first_byte_) arm_read_timer(server_->opt.idle_timeout_s, "idle_timeout");  // now idle
     wait_for_request();
   }
 
@@ -413,7 +418,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     write_timer_.async_wait([weak = weak_from_this(), gen](boost::system::error_code ec) {
       auto self = weak.lock();
       if (ec || !self || self->write_timer_gen_ != gen) return;
-      self->close();  // the client stopped reading
+      self->close("write_timeout");  // the client stopped reading
     });
     net::async_write(socket_, net::buffer(out_.front()),
                      [self = shared_from_this()](boost::system::error_code ec, size_t n) {
@@ -424,7 +429,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
                          self->queued_bytes_ -= static_cast<int64_t>(n);
                        }
                        self->cv_.notify_all();
-                       if (ec) return self->close();
+                       if (ec) return self->close("write_error: " + ec.message());
                        self->out_.pop_front();
                        self->write_next();
                      });
@@ -438,8 +443,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     lingering_ = true;
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_send, ec);
-    if (ec) return close();
-    arm_read_timer(1.0);
+    if (ec) return close("shutdown_error: " + ec.message());
+    arm_read_timer(1.0, "linger_done");
     if (!reading_) drain();  // else the read in progress ends in drain()
   }
 
@@ -449,13 +454,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     socket_.async_read_some(net::buffer(*scratch), [self = shared_from_this(), scratch](boost::system::error_code ec,
                                                                                         size_t) {
       self->reading_ = false;
-      if (ec || self->closed_) return self->close();
+      if (self->closed_) return;
+      if (ec && !self->lingering_) return self->on_read_error(ec);  // the client left before its reply
+      if (ec) return self->close("linger_done");
       self->drain();
     });
   }
 
  public:
-  void close() {
+  // why: what ended the connection (client_closed, write_timeout, idle_timeout, ...), logged with every
+  // request it cut short.
+  void close(const std::string& why) {
     if (closed_) return;
     closed_ = true;
     {
@@ -469,8 +478,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
     boost::system::error_code ec;
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
-    // The requests read and not answered: the one in progress is cancelled (its generation stops).
-    for (Pending& p : pipeline_) p.ctx.client_gone->cancel();
+    // The requests read and not answered: the one in progress is cancelled (its generation stops), and each
+    // gets its log line (status 499, as for a client that closed) with what ended the connection.
+    for (Pending& p : pipeline_) {
+      p.ctx.client_gone->cancel();
+      server_->metrics->count_response(499);
+      if (server_->opt.log_requests) log_request(p, 499, nullptr, why);
+    }
+    pipeline_.clear();
   }
 
   ~Connection() { server_->metrics->connections_open.fetch_sub(1); }

@@ -11,6 +11,7 @@ The tiny model (tests/data/models/tiny-llama3) with the byte tokenizer; about 10
 import json
 import os
 import re
+import threading
 import socket
 import struct
 import subprocess
@@ -82,6 +83,10 @@ def server(cli, tiny_text_model_dir):
     if port is None:
         p.kill()
         pytest.fail("serve did not start: " + "".join(lines))
+    # The server's stderr from here on (its request log), read on a thread so that the pipe never fills.
+    p.log_lines = []
+    reader = threading.Thread(target=lambda: p.log_lines.extend(iter(p.stderr.readline, "")), daemon=True)
+    reader.start()
     # The port is bound before the model loads (/health is 503 until then).
     while time.time() < deadline and http(port, "GET", "/health")[0] != 200:
         time.sleep(0.1)
@@ -92,7 +97,7 @@ def server(cli, tiny_text_model_dir):
     except subprocess.TimeoutExpired:
         p.kill()
         pytest.fail("serve did not stop on SIGTERM within 20 s")
-    p.stderr.close()
+    reader.join(timeout=5)
 
 
 def connect(port):
@@ -156,6 +161,21 @@ def test_client_gone_at_every_point(server, reset):
         status, body = http(port, "POST", "/v1/completions", PROMPT_BODY)
         assert status == 200, f"{name}: {status} {body!r}"
         assert json.loads(body)["choices"][0]["text"] == ref_text, name
+    # Each request the client left before its reply was out has its log line: status 499 and what ended the
+    # connection (a close reads as the client closing; a reset as a read or write error).
+    def cut_requests():
+        logged = [json.loads(l) for l in list(p.log_lines) if l.startswith("{")]
+        return [l for l in logged if l.get("status") == 499 and l.get("path") == "/v1/completions"], logged
+
+    deadline = time.time() + 10
+    while time.time() < deadline and not cut_requests()[0]:
+        time.sleep(0.1)
+    cut, logged = cut_requests()
+    assert cut, [(l.get("path"), l.get("status"), l.get("cancelled"), l.get("closed")) for l in logged if l.get("path") != "/health"]
+    if not reset:
+        assert any(l["closed"] == "client_closed" for l in cut), cut
+    else:
+        assert all(l["closed"] for l in cut), cut
     # The abandoned streams' generations stop (their writes fail) and connection threads end: the thread
     # count comes back to where it was (a transport may keep a pool: +2 leaves room for one in flight).
     deadline = time.time() + 20

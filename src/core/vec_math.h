@@ -1,0 +1,61 @@
+// Vectorisable float kernels shared by the CPU attention paths (src/attention/exact.cpp, the wave index's
+// scoring): written so that the compiler vectorises them without -ffast-math, and always inlined so that they
+// take the instruction set of the function they are inlined into (the callers are compiled several times,
+// target_clones, and pick AVX-512, AVX2 + FMA or the baseline at run time).
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace retroinfer::core {
+
+// e^x for x <= 0 (a logit minus a running or a block maximum): e^x = 2^n * e^r with
+// n = round(x / ln 2), r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2], e^r by its Taylor polynomial of degree 7
+// (remainder below 2e-9 relative) in Horner form. Relative error about 2e-7 (a few float roundings), below
+// the bf16 KV's own rounding by far; arithmetic only, so a loop of it vectorises without -ffast-math (libm's
+// expf does not). Arguments below -87 give 0 (e^-87 is at the bottom of the normal floats).
+[[gnu::always_inline]] inline float exp_nonpositive(float x) {
+  constexpr float kLog2e = 1.44269504088896341f;
+  constexpr float kLn2Hi = 0.693145751953125f;  // ln 2 split in two so that n * kLn2Hi is exact
+  constexpr float kLn2Lo = 1.42860682030941723e-6f;
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
+  const bool under = x < -87.0f;
+  x = under ? -87.0f : x;
+  const float n = (x * kLog2e + kRound) - kRound;
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return under ? 0.0f : p * two_n;
+}
+
+// q . k in kLanes partial sums (lane l adds the elements i with i % kLanes == l, in order), summed pairwise at
+// the end, the elements past the last whole kLanes after: the same sum with any vector width, and loops the
+// compiler vectorises without reassociating (constant indices keep the lanes in registers).
+inline constexpr int kLanes = 16;
+[[gnu::always_inline]] inline float dot_lanes(const float* q, const float* k, int d) {
+  float part[kLanes] = {};
+  const int whole = d - d % kLanes;
+  for (int i = 0; i < whole; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) part[l] += q[i + l] * k[i + l];
+  for (int l = 0; l < 8; ++l) part[l] += part[l + 8];
+  for (int l = 0; l < 4; ++l) part[l] += part[l + 4];
+  for (int l = 0; l < 2; ++l) part[l] += part[l + 2];
+  float acc = part[0] + part[1];
+  for (int i = whole; i < d; ++i) acc += q[i] * k[i];
+  return acc;
+}
+
+// Widens a row of n bf16 elements to f32.
+[[gnu::always_inline]] inline void widen_bf16(const void* src, int n, float* dst) {
+  const auto* r = static_cast<const uint16_t*>(src);
+  for (int i = 0; i < n; ++i) dst[i] = std::bit_cast<float>(static_cast<uint32_t>(r[i]) << 16);
+}
+
+}  // namespace retroinfer::core
