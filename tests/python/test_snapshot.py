@@ -70,3 +70,30 @@ def test_cli_reads_the_same_snapshot(cli, tiny_text_model_dir, tiny_text_model, 
                         "--prompt", QUESTION, "--attention", "full"], capture_output=True, timeout=60)
     assert r.returncode != 0
     assert b"another attention configuration" in r.stderr
+
+
+def test_serve_preload_puts_the_snapshot_in_the_prefix_cache(cli, tiny_text_model_dir, tiny_text_model, tmp_path):
+    import urllib.request
+
+    from conftest import Server
+
+    path = str(tmp_path / "doc.snapshot")
+    n = tiny_text_model.save_snapshot(DOC, path, attention="full")
+    args = ["--device", "cpu", "--attention", "full", "--no-request-log", "--prefix-cache-mb", "64",
+            "--prefix-cache-block", "32"]
+    with pytest.raises(RuntimeError, match="another attention configuration: attention=full"):
+        Server(cli, tiny_text_model_dir, *args[:2], "--attention", "retro", *args[4:], "--preload", path).close()
+    s = Server(cli, tiny_text_model_dir, *args, "--preload", path)
+    try:
+        body = json.dumps({"prompt": DOC + QUESTION, "max_tokens": 4, "temperature": 0}).encode()
+        req = urllib.request.Request(s.base_url + "/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            usage = json.load(r)["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == n // 32 * 32
+        with urllib.request.urlopen(s.base_url[: -len("/v1")] + "/metrics", timeout=60) as r:
+            metrics = r.read().decode()
+        assert f"retroinfer_prefix_cache_pinned_blocks {n // 32}\n" in metrics
+        assert "retroinfer_prefix_cache_hits_total 1\n" in metrics
+    finally:
+        s.close()
