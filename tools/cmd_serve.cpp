@@ -144,14 +144,12 @@ void run_serve(const ServeCliOptions& o) {
   std::fprintf(stderr, "retroinfer serve: listening on http://%s:%d; loading %s\n", o.host.c_str(), port,
                o.model.model.c_str());
 
-  LoadedModel m = load_model(o.model);
+  ModelCliOptions model_opt = o.model;
+  if (so.prefix_cache) model_opt.reserved_host_bytes = so.prefix_cache->options().capacity_bytes;
+  LoadedModel m = load_model(model_opt);
   // With the model's head_dim: the default cluster size depends on it (default_tokens_per_cluster).
   so.session = make_session_options(o.model, kind, m.model->config().head_dim);
   if (so.prefix_cache) {
-    // The cache's host memory comes out of what the sessions may use (the weights are already allocated).
-    const int64_t left = available_memory_bytes();
-    RETROINFER_CHECK(so.prefix_cache->options().capacity_bytes < left, "serve: --prefix-cache-mb ", o.prefix_cache_mb,
-                     " is more than the ", left >> 20, " MiB of memory available; lower it");
     RETROINFER_CHECK(m.engine->device() == Device::kCpu, "serve: --prefix-cache-mb needs --device cpu: the ",
                      device_name(m.engine->device()), " runner does not reuse prefilled prefixes yet");
     const ModelIdentity id = model_identity(*m.model, m.tokenizer.get());

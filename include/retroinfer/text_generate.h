@@ -27,6 +27,9 @@ struct LoadOptions {
   // The tokenizer: unset = the model's own (tokenizer.json beside the weights, or the GGUF vocabulary);
   // a path = that tokenizer.json; "" = none (token ids only).
   std::optional<std::string> tokenizer;
+  // Host bytes kept out of the model's memory budget (Model::memory_limit_bytes): a prefix cache's capacity
+  // (prefix_cache.h), so that every session's memory check counts it. Error when it leaves nothing.
+  int64_t reserved_host_bytes = 0;
 };
 
 // A model file, its CPU weights, its tokenizer and its runner on one device, owned together. Members are

@@ -13,7 +13,15 @@ LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
   LoadedModel m;
   const auto t0 = std::chrono::steady_clock::now();
   m.file = ModelFile::open(path);
-  m.model = Model::load(*m.file);
+  ModelOptions mo;
+  if (opt.reserved_host_bytes > 0) {
+    const int64_t available = available_memory_bytes();
+    RETROINFER_CHECK(opt.reserved_host_bytes < available, "load: ", opt.reserved_host_bytes >> 20,
+                     " MiB reserved (the prefix cache: --prefix-cache-mb) but only ", available >> 20,
+                     " MiB of memory are available; reserve less");
+    mo.memory_limit_bytes = available - opt.reserved_host_bytes;
+  }
+  m.model = Model::load(*m.file, mo);
   if (!opt.tokenizer) m.tokenizer = load_model_tokenizer(*m.file);
   else if (!opt.tokenizer->empty()) m.tokenizer = Tokenizer::from_json_file(*opt.tokenizer);
   m.engine = std::make_unique<EngineModel>(*m.model, opt.engine);

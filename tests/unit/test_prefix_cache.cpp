@@ -14,6 +14,7 @@
 #include "retroinfer/model.h"
 #include "retroinfer/prefix_cache.h"
 #include "retroinfer/sampler.h"
+#include "retroinfer/text_generate.h"
 
 #include "error_of.h"
 #include "tiny_model_util.h"
@@ -249,6 +250,21 @@ TEST(PrefixCache, BatchSchedulerReusesAcrossRequests) {
   EXPECT_EQ(got[0].reused_tokens, 0);
   EXPECT_EQ(got[1].reused_tokens, 144);  // the document's whole blocks of 16
   EXPECT_EQ(bo.prefix_cache->stats().hits, 1);
+}
+
+TEST(PrefixCache, ReservedCapacityComesOutOfTheModelsMemoryBudget) {
+  const std::string path = std::string(RETROINFER_TEST_DATA) + "/models/tiny-llama3";
+  if (!test::tiny_llama3()) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  LoadOptions lo;
+  lo.tokenizer = "";
+  lo.reserved_host_bytes = int64_t{64} << 20;
+  const int64_t before = available_memory_bytes();
+  const LoadedModel m = load_model(path, lo);
+  EXPECT_LE(m.model->memory_limit_bytes(), before - lo.reserved_host_bytes + (int64_t{256} << 20));
+  EXPECT_GE(m.model->memory_limit_bytes(), before - lo.reserved_host_bytes - (int64_t{256} << 20));
+  lo.reserved_host_bytes = before * 4;
+  EXPECT_NE(test::error_of([&] { load_model(path, lo); }).find("(the prefix cache: --prefix-cache-mb) but only"),
+            std::string::npos);
 }
 
 }  // namespace
