@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "io_test_files.h"
+#include "retroinfer/snapshot.h"
 
 using namespace retroinfer::testing;
 using namespace std::string_literals;
@@ -96,6 +97,26 @@ void write_openai_seeds(const std::filesystem::path& dir) {
   for (const auto& [name, body] : seeds) write_text((dir / name).string(), body);
 }
 
+// Small valid snapshots: f32 and bf16 K/V, 1-2 layers, a few tokens.
+void write_snapshot_seeds(const std::filesystem::path& dir) {
+  for (int variant = 0; variant < 3; ++variant) {
+    auto kv = std::make_shared<retroinfer::KvBlock>();
+    kv->num_layers = 1 + variant % 2;
+    kv->num_heads_kv = 1 + variant;
+    kv->head_dim = 4;
+    kv->dtype = variant == 1 ? retroinfer::DType::kBF16 : retroinfer::DType::kF32;
+    kv->tokens = 2 + variant;
+    kv->bytes.resize(2 * kv->num_layers * kv->num_heads_kv * kv->run_bytes());
+    for (size_t i = 0; i < kv->bytes.size(); ++i) kv->bytes[i] = static_cast<uint8_t>(i * 7 + variant);
+    retroinfer::Snapshot s;
+    s.model = {0x1234567890abcdefULL + variant, "llama, seed " + std::to_string(variant)};
+    s.attention.kind = variant == 2 ? retroinfer::AttentionKind::kFull : retroinfer::AttentionKind::kRetro;
+    for (int t = 0; t < kv->tokens; ++t) s.context.tokens.push_back(t * 3 + variant);
+    s.context.blocks.push_back(kv);
+    retroinfer::save_snapshot((dir / ("seed" + std::to_string(variant) + ".snapshot")).string(), s);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,8 +125,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::filesystem::path root = argv[1];
-  for (const char* sub : {"gguf", "safetensors", "config", "tokenizer", "chat_template", "openai_request"})
+  for (const char* sub : {"gguf", "safetensors", "config", "tokenizer", "chat_template", "openai_request", "snapshot"})
     std::filesystem::create_directories(root / sub);
+  write_snapshot_seeds(root / "snapshot");
   write_tokenizer_seeds(root / "tokenizer");
   write_chat_seeds(root / "chat_template");
   write_openai_seeds(root / "openai_request");

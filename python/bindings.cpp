@@ -12,6 +12,7 @@
 #include "bindings.h"
 #include "retroinfer/model_file.h"
 #include "retroinfer/error.h"
+#include "retroinfer/snapshot.h"
 #include "retroinfer/tokenizer.h"
 
 namespace retroinfer::python {
@@ -133,6 +134,7 @@ const char* with_placement_keywords(const char* doc) {
 py::dict summary_stats(const GenerateSummary& s) {
   py::dict d;
   d["prompt_tokens"] = s.prompt_tokens;
+  d["reused_tokens"] = s.reused_tokens;
   d["generated_tokens"] = s.generated_tokens;
   d["decode_steps"] = s.decode_steps;
   d["prefill_s"] = s.prefill_seconds;
@@ -151,19 +153,37 @@ py::dict summary_stats(const GenerateSummary& s) {
 GenerateSummary run_generate(const PyModel& self, const py::object& prompt, int max_tokens, const std::string& attention,
                              float temperature, float top_p, int top_k, uint64_t seed, const py::object& stop, bool chat,
                              const std::string& system, bool ignore_eos, const py::object& on_token,
-                             const py::object& kv_dtype, const py::object& prefill_chunk, const py::kwargs& kwargs) {
+                             const py::object& kv_dtype, const py::object& prefill_chunk, const py::object& snapshot,
+                             const py::kwargs& kwargs) {
   const LoadedModel& lm = *self.m;
-  // Prompt: text is encoded as `retroinfer generate` encodes it; ids are taken as they are.
+  const SessionOptions so = session_options(lm, attention, kv_dtype, prefill_chunk, 0, kwargs);
+  // With a snapshot the prompt continues its context: its tokens first, then the prompt's (text without the
+  // tokenizer's special prefix), as `retroinfer generate --snapshot`.
+  std::optional<Snapshot> snap;
   std::vector<int32_t> ids;
+  if (!snapshot.is_none()) {
+    RETROINFER_CHECK(!chat, "generate: chat=True wraps the whole prompt in the chat template; with snapshot= the "
+                     "prompt continues the saved context (save the context with chat=True)");
+    const std::string path = py::str(snapshot);
+    py::gil_scoped_release nogil;
+    snap = load_snapshot(path);
+    check_snapshot(*snap, model_identity(*lm.model, lm.tokenizer.get()), so.kv_dtype, so.attention, path);
+    ids = snap->context.tokens;
+  }
+  // Prompt: text is encoded as `retroinfer generate` encodes it; ids are taken as they are.
   const bool is_text = PyUnicode_Check(prompt.ptr()) || PyBytes_Check(prompt.ptr()) || PyByteArray_Check(prompt.ptr());
   if (is_text) {
     const std::string text = utf8_text(prompt, "generate prompt");
-    ids = encode_prompt(*need_tokenizer(self.m, "generate with a text prompt"), text, chat, system);
+    const Tokenizer& tok = *need_tokenizer(self.m, "generate with a text prompt");
+    const std::vector<int32_t> more = snap ? tok.encode(text, false, true) : encode_prompt(tok, text, chat, system);
+    ids.insert(ids.end(), more.begin(), more.end());
   } else {
     RETROINFER_CHECK(!chat, "generate: chat=True needs a text prompt, not token ids");
-    ids = token_list(prompt, "generate prompt");
+    const std::vector<int32_t> more = token_list(prompt, "generate prompt");
+    ids.insert(ids.end(), more.begin(), more.end());
   }
   RETROINFER_CHECK(!ids.empty(), "generate: the prompt encodes to no tokens");
+  const KvPrefix* context = snap ? &snap->context : nullptr;
   GenerateOptions go;
   go.max_new_tokens = max_tokens;
   go.sampler.temperature = temperature;
@@ -177,7 +197,6 @@ GenerateSummary run_generate(const PyModel& self, const py::object& prompt, int 
     else
       for (const py::handle s : py::iter(stop)) go.stop_strings.push_back(utf8_text(s, "stop"));
   }
-  const SessionOptions so = session_options(lm, attention, kv_dtype, prefill_chunk, 0, kwargs);
 
   // Every token passes through the callback, with the GIL: Ctrl-C (a pending signal) and an exception
   // from on_token stop the generation and are re-raised once the GIL is ours again.
@@ -204,13 +223,13 @@ GenerateSummary run_generate(const PyModel& self, const py::object& prompt, int 
     if (lm.tokenizer) {
       TextGenerateCallbacks cb;
       cb.on_text = on_text;
-      s = generate_text(*lm.engine, *lm.tokenizer, so, ids, go, cb);
+      s = generate_text(*lm.engine, *lm.tokenizer, so, ids, go, cb, context);
     } else {  // token ids only: no text, no stop strings
       RETROINFER_CHECK(go.stop_strings.empty(), "generate: stop strings need a tokenizer; this model has none");
       go.eos_token_ids = end_of_generation_ids(lm.model->config(), nullptr);
       GenerateCallbacks cb;
       cb.on_token = on_text;
-      s = generate(*lm.engine, so, ids, go, cb);
+      s = generate(*lm.engine, so, ids, go, cb, nullptr, context);
     }
   }
   if (py_error) throw py::error_already_set();
@@ -284,6 +303,8 @@ void bind_generate_result(py::module_& m) {
       .def_readonly("tokens", &GenerateSummary::tokens, "Generated token ids (the end token included).")
       .def_readonly("attention", &GenerateSummary::attention)
       .def_readonly("prompt_tokens", &GenerateSummary::prompt_tokens)
+      .def_readonly("reused_tokens", &GenerateSummary::reused_tokens,
+                    "Prompt tokens taken from a snapshot (or a prefix cache) instead of prefilled.")
       .def_readonly("generated_tokens", &GenerateSummary::generated_tokens)
       .def_readonly("decode_steps", &GenerateSummary::decode_steps)
       .def_readonly("prefill_seconds", &GenerateSummary::prefill_seconds, "Prefill + index construction.")
@@ -329,9 +350,11 @@ void bind_model(py::module_& m) {
            py::arg("attention") = "retro", py::arg("temperature") = 0.0f, py::arg("top_p") = 1.0f, py::arg("top_k") = 0,
            py::arg("seed") = 0, py::arg("stop") = py::none(), py::arg("chat") = false, py::arg("system") = "",
            py::arg("ignore_eos") = false, py::arg("on_token") = py::none(), py::arg("kv_dtype") = py::none(),
-           py::arg("prefill_chunk") = py::none(),
+           py::arg("prefill_chunk") = py::none(), py::arg("snapshot") = py::none(),
            with_placement_keywords("Generates from a prompt (str: encoded as `retroinfer generate` does, or a list of token "
                          "ids) on a fresh session of max_context = prompt + max_tokens. temperature 0 is greedy. "
+                         "snapshot: a file of Model.save_snapshot; the prompt (plain text or ids, may be empty) "
+                         "continues its context and only the prompt is prefilled (CPU). "
                          "stop: a string or a list of strings (not emitted). on_token(token_id, text) is called per "
                          "token with the text that may be shown now; returning False stops. Further keywords are the KV placement and "
                          "the attention keywords below. Returns a GenerateResult."))
@@ -350,6 +373,36 @@ void bind_model(py::module_& m) {
           with_placement_keywords("A Session for research use: prefill(tokens) and decode(token) return logits. max_context 0 "
                         "= the model's maximum (the memory check then counts it in full); further keywords are the KV placement and "
                         "attention keywords below."))
+      .def(
+          "save_snapshot",
+          [](const PyModel& self, const py::object& prompt, const std::string& path, const std::string& attention,
+             bool chat, const std::string& system, const py::object& kv_dtype, const py::object& prefill_chunk,
+             const py::kwargs& kwargs) {
+            const LoadedModel& lm = *self.m;
+            SessionOptions so = session_options(lm, attention, kv_dtype, prefill_chunk, 0, kwargs);
+            std::vector<int32_t> ids;
+            if (PyUnicode_Check(prompt.ptr()) || PyBytes_Check(prompt.ptr()) || PyByteArray_Check(prompt.ptr())) {
+              ids = encode_prompt(*need_tokenizer(self.m, "save_snapshot with a text prompt"),
+                                  utf8_text(prompt, "save_snapshot prompt"), chat, system);
+            } else {
+              RETROINFER_CHECK(!chat, "save_snapshot: chat=True needs a text prompt, not token ids");
+              ids = token_list(prompt, "save_snapshot prompt");
+            }
+            RETROINFER_CHECK(!ids.empty(), "save_snapshot: the prompt encodes to no tokens");
+            so.max_context = static_cast<int64_t>(ids.size());
+            py::gil_scoped_release nogil;
+            const std::unique_ptr<SequenceSession> session = make_session(*lm.engine, so);
+            RETROINFER_CHECK(session->supports_prefix(), "save_snapshot: the ", device_name(session->device()),
+                             " runner does not export its K/V yet; load the model with device=\"cpu\"");
+            session->prefill(ids);
+            save_snapshot(path, make_snapshot(*session, ids, model_identity(*lm.model, lm.tokenizer.get())));
+            return static_cast<int64_t>(ids.size());
+          },
+          py::arg("prompt"), py::arg("path"), py::kw_only(), py::arg("attention") = "retro", py::arg("chat") = false,
+          py::arg("system") = "", py::arg("kv_dtype") = py::none(), py::arg("prefill_chunk") = py::none(),
+          "Prefills the prompt (a document: str or token ids) once and saves its context (tokens, K/V, the model's "
+          "identity, the attention configuration) to `path` atomically; generate(..., snapshot=path) with the same "
+          "attention keywords then prefills only its own prompt. Returns the context's token count. CPU runner.")
       .def("__repr__", [](const PyModel& self) {
         const ModelConfig& c = self.m->model->config();
         return "<retroinfer.Model " + self.m->model->path() + ": " + c.architecture + ", " +

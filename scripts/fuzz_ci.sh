@@ -13,13 +13,14 @@ seconds=${FUZZ_SECONDS:-45}
 build=${FUZZ_BUILD_DIR:-build/fuzz}
 targets=("$@")
 if (( ${#targets[@]} == 0 )); then
-  targets=(fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_chat_template fuzz_openai_request)
+  targets=(fuzz_gguf fuzz_safetensors fuzz_hf_config fuzz_tokenizer fuzz_chat_template fuzz_openai_request fuzz_snapshot)
 fi
 # The largest input each target may grow to: the seeds' sizes with room for mutations.
 declare -A max_len=([fuzz_gguf]=8192 [fuzz_safetensors]=32768 [fuzz_hf_config]=4096 [fuzz_tokenizer]=16384
-                    [fuzz_chat_template]=4096 [fuzz_openai_request]=4096)
+                    [fuzz_chat_template]=4096 [fuzz_openai_request]=4096 [fuzz_snapshot]=4096)
 declare -A corpus_dir=([fuzz_gguf]=gguf [fuzz_safetensors]=safetensors [fuzz_hf_config]=config
-                       [fuzz_tokenizer]=tokenizer [fuzz_chat_template]=chat_template [fuzz_openai_request]=openai_request)
+                       [fuzz_tokenizer]=tokenizer [fuzz_chat_template]=chat_template [fuzz_openai_request]=openai_request
+                       [fuzz_snapshot]=snapshot)
 
 cxx=${CXX:-}
 if [[ -z "$cxx" || "$cxx" != *clang* ]]; then

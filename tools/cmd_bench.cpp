@@ -20,21 +20,11 @@
 #include "retroinfer/generate.h"
 
 namespace retroinfer::cli {
-namespace {
-
-struct BenchGenerateOptions {
-  ModelCliOptions model;
-  int64_t context = 4096;
-  int new_tokens = 32;
-  std::string attention = "full,retro";
-  std::string text_path;
-  std::string json_path;
-};
 
 // Debian's bible-kjv-text stores the King James Bible compressed; its `bible` program prints it.
 constexpr const char* kBibleCommand = "bible 'Ge1:1-Re22:21' 2>/dev/null";
 
-std::string read_text(const std::string& path) {
+std::string bench_text(const std::string& path) {
   if (!path.empty()) {
     std::ifstream f(path, std::ios::binary);
     RETROINFER_CHECK(f.good(), "bench: cannot read --text '", path, "'");
@@ -52,6 +42,17 @@ std::string read_text(const std::string& path) {
   RETROINFER_CHECK(out.size() > 1000, "bench: no prompt text: install bible-kjv (scripts/setup.sh) or pass --text FILE");
   return out;
 }
+
+namespace {
+
+struct BenchGenerateOptions {
+  ModelCliOptions model;
+  int64_t context = 4096;
+  int new_tokens = 32;
+  std::string attention = "full,retro";
+  std::string text_path;
+  std::string json_path;
+};
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -79,7 +80,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
   const Tokenizer& tok = *m.tokenizer;
   // Prompt: the text's tokens (repeated if short) cut to exactly `context` tokens, after the BOS if any.
   // ~4 bytes per token in English; 8 per token leaves room, and keeps tokenizing a long book short.
-  std::string text = read_text(o.text_path);
+  std::string text = bench_text(o.text_path);
   if (static_cast<int64_t>(text.size()) > 8 * o.context + 4096) text.resize(8 * o.context + 4096);
   const std::vector<int32_t> text_ids = tok.encode(text, false, false);
   RETROINFER_CHECK(!text_ids.empty(), "bench: the text encodes to no tokens");

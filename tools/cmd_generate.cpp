@@ -2,9 +2,11 @@
 // output to stdout, shows prefill progress and a summary on stderr.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -14,6 +16,7 @@
 #include "retroinfer/cluster_trace.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
+#include "retroinfer/snapshot.h"
 #include "retroinfer/text_generate.h"
 
 namespace retroinfer::cli {
@@ -23,6 +26,7 @@ struct GenerateCliOptions {
   ModelCliOptions model;
   std::string prompt, prompt_file, system, attention = "retro", json_path;
   std::string record_trace;  // --record-trace: cluster trace file (retro only)
+  std::string snapshot;      // --snapshot: a saved context the prompt continues
   bool chat = false, ignore_eos = false;
   int max_new_tokens = 128;
   float temperature = 0.0f, top_p = 1.0f;
@@ -30,6 +34,10 @@ struct GenerateCliOptions {
   uint64_t seed = 0;
   std::vector<std::string> stops;
 };
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 nlohmann::json summary_json(const GenerateSummary& s, const std::string& model, const EngineModel& engine,
                             double load_s) {
@@ -70,7 +78,11 @@ std::shared_ptr<ClusterTraceWriter> open_cluster_trace(const GenerateCliOptions&
 }
 
 void run_generate(const GenerateCliOptions& o) {
-  RETROINFER_CHECK(o.prompt.empty() != o.prompt_file.empty(), "generate: give exactly one of --prompt and --prompt-file");
+  RETROINFER_CHECK(!(!o.prompt.empty() && !o.prompt_file.empty()) && (o.prompt.empty() != o.prompt_file.empty() ||
+                                                                     !o.snapshot.empty()),
+                   "generate: give exactly one of --prompt and --prompt-file (or neither, with --snapshot)");
+  RETROINFER_CHECK(o.snapshot.empty() || !o.chat, "generate: --chat wraps the whole prompt in the chat template; with "
+                   "--snapshot the prompt continues the saved context as plain text (save the context with --chat)");
   std::string prompt = o.prompt;
   if (!o.prompt_file.empty()) {
     std::ifstream f(o.prompt_file, std::ios::binary);
@@ -87,7 +99,20 @@ void run_generate(const GenerateCliOptions& o) {
   const SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
   const Tokenizer& tok = *m.tokenizer;
 
-  const std::vector<int32_t> ids = encode_prompt(tok, prompt, o.chat, o.system);
+  std::vector<int32_t> ids;
+  std::optional<Snapshot> snap;
+  double snapshot_load_s = 0.0;
+  if (!o.snapshot.empty()) {
+    const double t0 = now_seconds();
+    snap = load_snapshot(o.snapshot);
+    check_snapshot(*snap, model_identity(*m.model, &tok), so.kv_dtype, so.attention, o.snapshot);
+    snapshot_load_s = now_seconds() - t0;
+    // The continuation: plain text without the tokenizer's special prefix (the context has it).
+    ids = snap->context.tokens;
+    for (int32_t t : tok.encode(prompt, /*add_special=*/false, /*parse_special=*/true)) ids.push_back(t);
+  } else {
+    ids = encode_prompt(tok, prompt, o.chat, o.system);
+  }
   RETROINFER_CHECK(!ids.empty(), "generate: the prompt encodes to no tokens");
   SessionOptions session_opt = so;
   if (!o.record_trace.empty()) session_opt.cluster_trace = open_cluster_trace(o, m, ids.size());
@@ -113,7 +138,7 @@ void run_generate(const GenerateCliOptions& o) {
     bar.update(done, total);
     if (done == total) bar.finish();
   };
-  const GenerateSummary s = generate_text(*m.engine, tok, session_opt, ids, go, cb);
+  const GenerateSummary s = generate_text(*m.engine, tok, session_opt, ids, go, cb, snap ? &snap->context : nullptr);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   std::fprintf(stderr,
@@ -125,6 +150,10 @@ void run_generate(const GenerateCliOptions& o) {
                std::string(stop_reason_name(s.stop_reason)).c_str(), s.decode_seconds, s.decode_tokens_per_s,
                s.time_to_first_token_s, 100.0 * s.kv_read_share, s.mean_exact_tokens_per_head);
   if (s.kv_placement) std::fprintf(stderr, "--- %s\n", kv_placement_line(*s.kv_placement).c_str());
+  if (snap)
+    std::fprintf(stderr, "--- snapshot %s: %lld context tokens loaded in %.2f s, %lld prompt tokens reused\n",
+                 o.snapshot.c_str(), static_cast<long long>(snap->context.size()), snapshot_load_s,
+                 static_cast<long long>(s.reused_tokens));
   if (session_opt.cluster_trace) {
     session_opt.cluster_trace->flush();
     std::fprintf(stderr, "--- cluster trace: %s (%lld records; replay: retroinfer trace replay --trace %s)\n",
@@ -136,6 +165,11 @@ void run_generate(const GenerateCliOptions& o) {
     RETROINFER_CHECK(f.good(), "generate: cannot write --json '", o.json_path, "'");
     nlohmann::json j = summary_json(s, m.model->path(), *m.engine, m.load_seconds);
     if (!o.record_trace.empty()) j["cluster_trace"] = o.record_trace;
+    if (snap) {
+      j["snapshot"] = o.snapshot;
+      j["snapshot_load_s"] = snapshot_load_s;
+    }
+    j["reused_tokens"] = s.reused_tokens;
     f << j.dump(2) << "\n";
   }
 }
@@ -163,6 +197,9 @@ void setup_generate(CLI::App& app) {
   cmd->add_option("--record-trace", o->record_trace,
                   "Record retro's retrieval clusters per decode step, layer and KV head to this file "
                   "(replay: retroinfer trace replay)");
+  cmd->add_option("--snapshot", o->snapshot,
+                  "A context saved by `retroinfer snapshot save`: the prompt (plain text, may be empty) continues it "
+                  "and only the prompt is prefilled (CPU runner)");
   cmd->callback([o] { run_generate(*o); });
 }
 RETROINFER_COMMAND(setup_generate);

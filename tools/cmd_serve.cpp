@@ -16,6 +16,8 @@
 #include "command.h"
 #include "model_cli.h"
 #include "retroinfer/error.h"
+#include "retroinfer/prefix_cache.h"
+#include "retroinfer/snapshot.h"
 #include "server/http_server.h"
 #include "server/server_handler.h"
 
@@ -33,6 +35,9 @@ struct ServeCliOptions {
   std::string api_key, api_key_file;
   std::vector<std::string> allowed_origins, allowed_hosts;
   bool allow_special_tokens_in_content = false, no_request_log = false;
+  double prefix_cache_mb = 0.0;  // 0: no prefix cache
+  int prefix_cache_block = PrefixCacheOptions{}.block_tokens;
+  std::vector<std::string> preload;  // snapshots put in the prefix cache, pinned
 };
 
 bool is_loopback(const std::string& host) {
@@ -89,6 +94,12 @@ void run_serve(const ServeCliOptions& o) {
   so.api_key = api_key(o);
   so.allowed_origins = o.allowed_origins;
   so.parse_special_in_content = o.allow_special_tokens_in_content;
+  RETROINFER_CHECK(o.preload.empty() || o.prefix_cache_mb > 0, "serve: --preload puts snapshots in the prefix cache; "
+                   "give --prefix-cache-mb (at least the snapshots' K/V)");
+  if (o.prefix_cache_mb > 0) {
+    const auto bytes = static_cast<int64_t>(o.prefix_cache_mb * (1 << 20));
+    so.prefix_cache = std::make_shared<PrefixCache>(PrefixCacheOptions{o.prefix_cache_block, bytes});
+  }
 
   // SIGINT / SIGTERM are taken by one thread (sigwait): blocked here, before any thread starts, so that
   // every thread (I/O, scheduler, OpenMP) inherits the mask.
@@ -133,9 +144,23 @@ void run_serve(const ServeCliOptions& o) {
   std::fprintf(stderr, "retroinfer serve: listening on http://%s:%d; loading %s\n", o.host.c_str(), port,
                o.model.model.c_str());
 
-  LoadedModel m = load_model(o.model);
+  ModelCliOptions model_opt = o.model;
+  if (so.prefix_cache) model_opt.reserved_host_bytes = so.prefix_cache->options().capacity_bytes;
+  LoadedModel m = load_model(model_opt);
   // With the model's head_dim: the default cluster size depends on it (default_tokens_per_cluster).
   so.session = make_session_options(o.model, kind, m.model->config().head_dim);
+  if (so.prefix_cache) {
+    RETROINFER_CHECK(m.engine->device() == Device::kCpu, "serve: --prefix-cache-mb needs --device cpu: the ",
+                     device_name(m.engine->device()), " runner does not reuse prefilled prefixes yet");
+    const ModelIdentity id = model_identity(*m.model, m.tokenizer.get());
+    for (const std::string& path : o.preload) {
+      const Snapshot snap = load_snapshot(path);
+      check_snapshot(snap, id, so.session.kv_dtype, so.session.attention, path);
+      preload_context(*so.prefix_cache, snap.context, so.session.kv_dtype);
+      std::fprintf(stderr, "retroinfer serve: preloaded %s (%lld tokens) into the prefix cache\n", path.c_str(),
+                   static_cast<long long>(snap.context.size()));
+    }
+  }
   server::ServerHandler handler(*m.engine, *m.tokenizer, so, metrics);
   http.set_handler(&handler);
   loaded.store(true);
@@ -254,6 +279,16 @@ void setup_serve(CLI::App& app) {
   cmd->add_flag("--allow-special-tokens-in-content", o->allow_special_tokens_in_content,
                 "Chat: parse special-token text in messages as control tokens (trusted callers only)");
   cmd->add_flag("--no-request-log", o->no_request_log, "No JSON log line per request on stderr");
+  cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb,
+                  "Host memory (MiB) of a prefix cache across requests: a prompt that starts with cached blocks "
+                  "prefills only the rest (CPU runner; 0 = none)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--prefix-cache-block", o->prefix_cache_block, "Tokens per prefix-cache block")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--preload", o->preload,
+                  "Snapshot (retroinfer snapshot save) put in the prefix cache at start, never evicted (repeatable)");
   cmd->callback([o] { run_serve(*o); });
 }
 RETROINFER_COMMAND(setup_serve);

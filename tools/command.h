@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace CLI {
@@ -19,6 +20,9 @@ inline int register_command(CommandSetup f) {
 }
 // The `bench` group (created by whichever cmd_bench*.cpp registers first; its modes are subcommands).
 CLI::App* bench_command(CLI::App& app);
+// The benchmarks' prompt text: the file at `path`, or (empty path) the King James Bible of Debian's bible-kjv.
+// Throws Error when neither gives text.
+std::string bench_text(const std::string& path);
 
 }  // namespace retroinfer::cli
 

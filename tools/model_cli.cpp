@@ -112,6 +112,7 @@ LoadedModel load_model(const ModelCliOptions& o) {
   LoadOptions lo;
   lo.engine.device = cli_device(o);  // a device that cannot run fails here, before the model is read
   lo.engine.weights = parse_device_weights(o.weights);
+  lo.reserved_host_bytes = o.reserved_host_bytes;
   return retroinfer::load_model(locate_model(o.model), lo);
 }
 

@@ -50,6 +50,7 @@ struct ModelCliOptions {
   int prefill_chunk = 0;          // 0: the device's default (512 cpu, 2048 cuda)
   AttentionCliValues attention;  // the attention parameters given (attention_cli.h); the rest keep their defaults
   KvPlacementCliValues kv_placement;
+  int64_t reserved_host_bytes = 0;  // not a flag: serve's prefix cache (LoadOptions::reserved_host_bytes)
 };
 
 // Adds --model, --device, --weights, --threads, --kv-dtype, --prefill-chunk, the attention parameters

@@ -45,6 +45,7 @@
 #include "retroinfer/engine_model.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/model.h"
+#include "retroinfer/prefix_cache.h"
 
 namespace retroinfer {
 
@@ -66,6 +67,10 @@ struct BatchSchedulerOptions {
   // first part (SequenceSession's default). Must be >= 0.
   int64_t prefill_step_tokens = 0;
   SessionOptions session;  // attention method, KV dtype, prefill chunk; max_context is set per request
+  // Optional (shared with the caller: the server reports its stats): each request loads the longest cached
+  // prefix of its prompt instead of prefilling it, and adds its prompt's blocks once prefilled (prefix_cache.h).
+  // CPU sessions only (a CUDA session's request fails with the runner's Error).
+  std::shared_ptr<PrefixCache> prefix_cache;
 };
 
 // A submitted request: its result and its cancel switch.

@@ -22,6 +22,7 @@ enum class Point : int {
   kPinnedHostAlloc,     // PinnedHost (both its paths) and the runner's cudaMallocHost staging buffers
   kHostKvAppend,        // the CPU KV cache growing by a token (KvCache::append): host memory exhausted
   kDecodeStep,          // one decode step of a sequence (CPU Session, CudaSession): the step fails
+  kSnapshotWrite,       // a snapshot's section written to its temporary file (save_snapshot): the disk fails
   kCount
 };
 

@@ -18,6 +18,8 @@
 
 namespace retroinfer {
 
+class PrefixCache;  // prefix_cache.h
+
 // Withholds streamed text that could still become a stop string, and cuts the text at the first stop
 // string. Not thread-safe.
 class StopMatcher {
@@ -54,6 +56,7 @@ struct GenerateOptions {
 struct GenerateSummary {
   std::string attention;               // method name
   int64_t prompt_tokens = 0;
+  int64_t reused_tokens = 0;           // of those, tokens taken from a prefix cache or snapshot (not prefilled)
   int64_t generated_tokens = 0;        // sampled tokens, the stop token included
   int64_t decode_steps = 0;            // SequenceSession::decode calls (generated_tokens - 1 at most)
   double prefill_seconds = 0.0;        // prefill + on_prefill (index construction)
@@ -148,8 +151,14 @@ GenerateSummary continue_generation(SequenceSession& session, std::vector<float>
 // Runs prompt + generation on a fresh session of `model` (make_session: on the model's device) with
 // max_context = prompt + max_new_tokens (so the context and memory checks refuse oversized requests with
 // an Error before any work).
+// prefix: optional, a cache of prefilled prompts (prefix_cache.h): the longest cached prefix of `prompt` is
+// loaded instead of prefilled (reused_tokens), and the prompt's blocks are added to it after the prefill.
+// context: optional, a prefilled context (a snapshot's) that `prompt` starts with: loaded whole when the prompt
+// is longer, all but its last token when the prompt is the context itself (context_prefix_for, prefix_cache.h;
+// Error when the prompt does not start with it). At most one of the two.
 GenerateSummary generate(const EngineModel& model, const SessionOptions& session, std::span<const int32_t> prompt,
-                         const GenerateOptions& opt, const GenerateCallbacks& cb = {});
+                         const GenerateOptions& opt, const GenerateCallbacks& cb = {}, PrefixCache* prefix = nullptr,
+                         const KvPrefix* context = nullptr);
 // The same on the CPU runner.
 GenerateSummary generate(const Model& model, const SessionOptions& session, std::span<const int32_t> prompt,
                          const GenerateOptions& opt, const GenerateCallbacks& cb = {});

@@ -19,6 +19,10 @@ class KvCache {
   // Appends n tokens. k, v: [n, num_heads_kv, head_dim], f32, row-major (the layout the K/V projection
   // produces for n consecutive positions).
   void append(const float* k, const float* v, int64_t n);
+  // Appends n tokens of head h as stored rows (k, v: [n, head_dim] in dtype(), row-major: what key_row /
+  // value_row read). The caller appends the same n to every head, then calls commit_rows(n).
+  void append_stored(int h, const void* k, const void* v, int64_t n);
+  void commit_rows(int64_t n);
   // Drops every token (keeps the allocation).
   void clear();
 

@@ -118,6 +118,12 @@ class Session final : public SequenceSession {
   // forward passes as prefill(tokens).
   void begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress = {}) override;
   bool prefill_step(int64_t max_tokens) override;
+  // Prefix reuse (SequenceSession): the prefix's K/V appended to the caches; prefill then runs the rest in
+  // chunks aligned to the cold prefill's (the first ends where a cold prefill's chunk ends), so each chunk's
+  // rows are the same forward passes as a cold prefill's.
+  void load_prefix(const KvPrefix& prefix) override;
+  KvBlock export_kv(int64_t from, int64_t to) const override;
+  bool supports_prefix() const override { return true; }
   // One decode step: feeds `token` at position position(), appends its K/V, runs the attention method.
   // logits: [vocab] written.
   void decode(int32_t token, std::span<float> logits) override;
@@ -174,6 +180,7 @@ class Session final : public SequenceSession {
   int64_t pos_ = 0;
   int64_t max_context_ = 0;
   bool prefilled_ = false;
+  std::vector<int32_t> prefix_tokens_;  // tokens of a loaded prefix (load_prefix) not yet prefilled past
   AttentionStats last_stats_;
   std::vector<KvCache> kv_;                              // [num_layers]
   std::vector<std::unique_ptr<AttentionMethod>> attn_;   // [num_layers]

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "retroinfer/attention.h"
+#include "retroinfer/dtype.h"
 #include "retroinfer/model_config.h"
 #include "retroinfer/session_planner.h"
 #include "retroinfer/wave_buffer.h"
@@ -29,6 +30,33 @@ std::string_view device_name(Device d);   // "cpu" | "cuda"
 Device parse_device(std::string_view s);  // "cpu" | "cuda" (throws Error otherwise)
 
 class SequenceSession;
+
+// K/V rows of every layer for a run of consecutive positions, in the KV cache's storage dtype (post-RoPE, as
+// the cache holds them): one block of a prefix cache (prefix_cache.h) or a snapshot's context (snapshot.h).
+struct KvBlock {
+  int num_layers = 0, num_heads_kv = 0, head_dim = 0;
+  DType dtype = DType::kF32;  // the sessions' kv_dtype (f32 or bf16)
+  int64_t tokens = 0;
+  // [layer][0 = keys, 1 = values][kv head][token][head_dim], dtype elements.
+  std::vector<uint8_t> bytes;
+  int64_t row_bytes() const { return static_cast<int64_t>(head_dim) * dtype_size(dtype); }
+  // Bytes of one (layer, K or V, head) run of `tokens` rows.
+  int64_t run_bytes() const { return tokens * row_bytes(); }
+  const uint8_t* run(int layer, int kv, int head) const {
+    return bytes.data() + ((static_cast<int64_t>(layer) * 2 + kv) * num_heads_kv + head) * run_bytes();
+  }
+  uint8_t* run(int layer, int kv, int head) {
+    return bytes.data() + ((static_cast<int64_t>(layer) * 2 + kv) * num_heads_kv + head) * run_bytes();
+  }
+};
+
+// A context prefilled before: its tokens and their K/V, as consecutive blocks from position 0. A session
+// that loads it (SequenceSession::load_prefix) prefills only the prompt's tokens after it.
+struct KvPrefix {
+  std::vector<int32_t> tokens;                          // the prefix's tokens (sum of the blocks' tokens)
+  std::vector<std::shared_ptr<const KvBlock>> blocks;   // in position order
+  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+};
 
 // Where the CUDA runner keeps a session's KV (KvPlacement, session_planner.h: the plan resolves kAuto to the
 // GPU when it fits, else a GPU / host split, else refuses with the numbers) and the wave buffer of its
@@ -111,6 +139,19 @@ class SequenceSession {
   // Default: nullopt (the CPU runner: the KV cache is in host memory, no tiers). The CUDA session reports its
   // plan's placement; reading the host tier's counters synchronises with the device.
   virtual std::optional<KvPlacementReport> kv_placement_report() { return std::nullopt; }
+
+  // Prefix reuse (prefix_cache.h, snapshot.h; docs/prefix-cache.md). load_prefix, on a fresh session (nothing
+  // prefilled, no stepped prefill): its KV caches take the prefix's K/V and position() becomes prefix.size();
+  // the next prefill(tokens) / begin_prefill(tokens) then needs tokens to start with prefix.tokens and to be
+  // longer, runs the model over the rest only, and builds every layer's index over the whole context (the
+  // methods' on_prefill), so the session ends in the state a cold prefill of `tokens` leaves (prefill with
+  // all_logits is refused after a prefix). Throws Error when the prefix does not fit the session (layers,
+  // heads, head_dim, KV dtype, max_context). export_kv copies positions [from, to) of a prefilled session's
+  // KV into one block. Default: both throw Error (a runner without prefix reuse).
+  virtual void load_prefix(const KvPrefix& prefix);
+  virtual KvBlock export_kv(int64_t from, int64_t to) const;
+  // Whether this runner implements load_prefix / export_kv (the CPU runner).
+  virtual bool supports_prefix() const { return false; }
 
   // Continuous batching (JoinedDecode above): sessions with the same non-null join_key() can decode one
   // token each in one make_joined_decode()->decode() call. Default: null (decode alone). The CUDA session: its

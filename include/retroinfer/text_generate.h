@@ -27,6 +27,9 @@ struct LoadOptions {
   // The tokenizer: unset = the model's own (tokenizer.json beside the weights, or the GGUF vocabulary);
   // a path = that tokenizer.json; "" = none (token ids only).
   std::optional<std::string> tokenizer;
+  // Host bytes kept out of the model's memory budget (Model::memory_limit_bytes): a prefix cache's capacity
+  // (prefix_cache.h), so that every session's memory check counts it. Error when it leaves nothing.
+  int64_t reserved_host_bytes = 0;
 };
 
 // A model file, its CPU weights, its tokenizer and its runner on one device, owned together. Members are
@@ -74,8 +77,9 @@ struct TextGenerateCallbacks {
 // detokenizer's flushed tail (an incomplete UTF-8 sequence at the end becomes U+FFFD) unless a stop string
 // ended the generation; every text passed to on_text and the summary's text are valid UTF-8. Ids of
 // model rows beyond the tokenizer's vocabulary (padded embeddings) give no text.
+// context: optional, a prefilled context the prompt starts with (a snapshot's; generate()'s `context`).
 GenerateSummary generate_text(const EngineModel& model, const Tokenizer& tok, const SessionOptions& session,
                               std::span<const int32_t> prompt, GenerateOptions opt,
-                              const TextGenerateCallbacks& cb = {});
+                              const TextGenerateCallbacks& cb = {}, const KvPrefix* context = nullptr);
 
 }  // namespace retroinfer

@@ -43,6 +43,7 @@ class GenerateResult:
     tokens: list[int]
     attention: str
     prompt_tokens: int
+    reused_tokens: int
     generated_tokens: int
     decode_steps: int
     prefill_seconds: float
@@ -110,9 +111,22 @@ class Model:
         on_token: Callable[[int, str], bool | None] | None = None,
         kv_dtype: Literal["f32", "bf16"] | None = None,
         prefill_chunk: int | None = None,
+        snapshot: str | None = None,
         kv_placement: KvPlacement = "auto",
         **attention_parameters: Any,
     ) -> GenerateResult: ...
+    def save_snapshot(
+        self,
+        prompt: Prompt,
+        path: str,
+        *,
+        attention: Attention = "retro",
+        chat: bool = False,
+        system: str = "",
+        kv_dtype: Literal["f32", "bf16"] | None = None,
+        prefill_chunk: int | None = None,
+        **attention_parameters: Any,
+    ) -> int: ...
     def session(
         self,
         *,

@@ -39,6 +39,7 @@ std::string_view point_name(Point p) {
     case Point::kPinnedHostAlloc: return "pinned_host_alloc";
     case Point::kHostKvAppend: return "host_kv_append";
     case Point::kDecodeStep: return "decode_step";
+    case Point::kSnapshotWrite: return "snapshot_write";
     case Point::kCount: break;
   }
   return "unknown";

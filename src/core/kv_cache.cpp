@@ -64,6 +64,24 @@ void KvCache::append(const float* k, const float* v, int64_t n) {
   size_ += n;
 }
 
+void KvCache::append_stored(int h, const void* k, const void* v, int64_t n) {
+  RETROINFER_CHECK(h >= 0 && h < num_heads_kv_ && n >= 0, "KvCache::append_stored: head ", h, " or count ", n,
+                   " out of range");
+  RETROINFER_CHECK(static_cast<int64_t>(keys_[h].size()) == size_ * row_bytes(),
+                   "KvCache::append_stored: head ", h, " already has rows not committed");
+  const auto* kb = static_cast<const uint8_t*>(k);
+  const auto* vb = static_cast<const uint8_t*>(v);
+  keys_[h].insert(keys_[h].end(), kb, kb + n * row_bytes());
+  values_[h].insert(values_[h].end(), vb, vb + n * row_bytes());
+}
+
+void KvCache::commit_rows(int64_t n) {
+  for (int h = 0; h < num_heads_kv_; ++h)
+    RETROINFER_CHECK(static_cast<int64_t>(keys_[h].size()) == (size_ + n) * row_bytes(),
+                     "KvCache::commit_rows: head ", h, " did not get ", n, " stored rows");
+  size_ += n;
+}
+
 void KvCache::load_key(int h, int64_t t, float* dst) const {
   if (dtype_ == DType::kF32) {
     std::memcpy(dst, key_row(h, t), head_dim_ * 4);

@@ -29,6 +29,7 @@ struct Running {
   std::unique_ptr<GenerationStepper> stepper;
   std::vector<float> logits;  // [vocab]: the per-sequence decode path (non-CPU)
   double prefill_s = 0.0;     // time in prefill (summed over the parts of a stepped prefill)
+  int64_t reused = 0;         // prompt tokens loaded from the prefix cache
 };
 
 void done(Pending& p) {
@@ -75,6 +76,7 @@ struct BatchScheduler::Impl {
   void finish(Running& r) {
     GenerateSummary s = r.stepper->finish();
     s.kv_placement = r.session->kv_placement_report();
+    s.reused_tokens = r.reused;
     count(true);
     r.p->promise.set_value(std::move(s));
     done(*r.p);
@@ -91,6 +93,7 @@ struct BatchScheduler::Impl {
     try {
       const BatchRequest& q = p->req;
       r->session = make_generation_session(model, opt.session, q.prompt, q.options, q.callbacks);
+      if (opt.prefix_cache) r->reused = reuse_prefix(*opt.prefix_cache, *r->session, q.prompt, opt.session.kv_dtype);
       r->session->begin_prefill(q.prompt, q.callbacks.on_prefill);
       r->p = std::move(p);
     } catch (...) {
@@ -114,6 +117,8 @@ struct BatchScheduler::Impl {
       if (!done) return r;
       r->logits = r->session->take_prefill_logits();
       const BatchRequest& q = r->p->req;
+      if (opt.prefix_cache) remember_prefix(*opt.prefix_cache, *r->session, q.prompt, opt.session.kv_dtype,
+                                          opt.session.prefill_chunk);
       r->stepper = std::make_unique<GenerationStepper>(*r->session, q.options, q.callbacks);
       r->stepper->set_prefill(q.prompt, r->prefill_s);
       if (r->stepper->step(r->logits)) {

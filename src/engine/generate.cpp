@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "retroinfer/error.h"
+#include "retroinfer/prefix_cache.h"
 
 namespace retroinfer {
 namespace {
@@ -145,9 +146,20 @@ std::unique_ptr<SequenceSession> make_generation_session(const EngineModel& mode
 }
 
 GenerateSummary generate(const EngineModel& model, const SessionOptions& session_opt, std::span<const int32_t> prompt,
-                         const GenerateOptions& opt, const GenerateCallbacks& cb) {
+                         const GenerateOptions& opt, const GenerateCallbacks& cb, PrefixCache* prefix,
+                         const KvPrefix* context) {
+  RETROINFER_CHECK(prefix == nullptr || context == nullptr, "generate: a prefix cache and a context at once");
   const std::unique_ptr<SequenceSession> session = make_generation_session(model, session_opt, prompt, opt, cb);
   const auto t0 = std::chrono::steady_clock::now();
+  int64_t reused = 0;
+  if (prefix != nullptr) reused = reuse_prefix(*prefix, *session, prompt, session_opt.kv_dtype);
+  if (context != nullptr) {
+    RETROINFER_CHECK(prefix_cache_applies(model.config()), "generate: this model's RoPE is `dynamic`: its K/V depends "
+                     "on the prompt's length, so a saved context cannot be continued; prefill the whole prompt");
+    const KvPrefix use = context_prefix_for(*context, prompt);
+    session->load_prefix(use);
+    reused = use.size();
+  }
   std::vector<float> logits = session->prefill(prompt, false, cb.on_prefill);
   const double prefill_s = seconds_since(t0);
   GenerationStepper g(*session, opt, cb);
@@ -157,7 +169,10 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
     g.count_decode(session->last_stats());
   }
   GenerateSummary sum = g.finish();
+  // After the generation: the copy of the prompt's K/V does not delay the first token.
+  if (prefix != nullptr) remember_prefix(*prefix, *session, prompt, session_opt.kv_dtype, session_opt.prefill_chunk);
   sum.kv_placement = session->kv_placement_report();
+  sum.reused_tokens = reused;
   return sum;
 }
 

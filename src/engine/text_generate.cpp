@@ -13,7 +13,15 @@ LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
   LoadedModel m;
   const auto t0 = std::chrono::steady_clock::now();
   m.file = ModelFile::open(path);
-  m.model = Model::load(*m.file);
+  ModelOptions mo;
+  if (opt.reserved_host_bytes > 0) {
+    const int64_t available = available_memory_bytes();
+    RETROINFER_CHECK(opt.reserved_host_bytes < available, "load: ", opt.reserved_host_bytes >> 20,
+                     " MiB reserved (the prefix cache: --prefix-cache-mb) but only ", available >> 20,
+                     " MiB of memory are available; reserve less");
+    mo.memory_limit_bytes = available - opt.reserved_host_bytes;
+  }
+  m.model = Model::load(*m.file, mo);
   if (!opt.tokenizer) m.tokenizer = load_model_tokenizer(*m.file);
   else if (!opt.tokenizer->empty()) m.tokenizer = Tokenizer::from_json_file(*opt.tokenizer);
   m.engine = std::make_unique<EngineModel>(*m.model, opt.engine);
@@ -49,7 +57,8 @@ std::vector<int32_t> encode_prompt(const Tokenizer& tok, std::string_view prompt
 }
 
 GenerateSummary generate_text(const EngineModel& model, const Tokenizer& tok, const SessionOptions& session,
-                              std::span<const int32_t> prompt, GenerateOptions opt, const TextGenerateCallbacks& cb) {
+                              std::span<const int32_t> prompt, GenerateOptions opt, const TextGenerateCallbacks& cb,
+                              const KvPrefix* context) {
   if (opt.eos_token_ids.empty()) opt.eos_token_ids = end_of_generation_ids(model.config(), &tok);
   StreamingDecoder dec(tok, /*skip_special=*/true);
   const int32_t vocab = tok.vocab_size();
@@ -62,7 +71,7 @@ GenerateSummary generate_text(const EngineModel& model, const Tokenizer& tok, co
       return !stopped_by_callback;
     };
   gc.on_prefill = cb.on_prefill;
-  GenerateSummary s = generate(model, session, prompt, opt, gc);
+  GenerateSummary s = generate(model, session, prompt, opt, gc, nullptr, context);
   const std::string tail = dec.flush();
   if (s.stop_reason != StopReason::kStopString && !tail.empty()) {
     s.text += tail;

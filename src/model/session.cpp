@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "model/prefill_attention.h"
@@ -246,6 +247,8 @@ std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_lo
     prefill_step(std::numeric_limits<int64_t>::max());
     return take_prefill_logits();
   }
+  RETROINFER_CHECK(prefix_tokens_.empty(), "session: prefill with all_logits after load_prefix (the prefix's "
+                   "positions have no logits); prefill without all_logits, or without a prefix");
   ready_for_prompt(tokens);
   const int64_t n = static_cast<int64_t>(tokens.size()), vocab = model_.config().vocab_size;
   std::vector<float> logits(n * vocab);
@@ -267,12 +270,19 @@ void Session::ready_for_prompt(std::span<const int32_t> tokens) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   RETROINFER_CHECK(n <= max_context_, "session: the prompt has ", n, " tokens but the session holds at most ",
                    max_context_);
+  if (!prefix_tokens_.empty()) {
+    const auto p = static_cast<int64_t>(prefix_tokens_.size());
+    RETROINFER_CHECK(n > p && std::equal(prefix_tokens_.begin(), prefix_tokens_.end(), tokens.begin()),
+                     "session: the prompt (", n, " tokens) does not continue the loaded prefix (", p,
+                     " tokens): it must start with the prefix's tokens and add at least one");
+  }
   for (auto& kv : kv_) kv.reserve(opt_.max_context > 0 ? max_context_ : n);
 }
 
 void Session::begin_prefill(std::span<const int32_t> tokens, const PrefillProgress& progress) {
   ready_for_prompt(tokens);
   SequenceSession::begin_prefill(tokens, progress);  // keeps the copy
+  steps_.done = static_cast<int64_t>(prefix_tokens_.size());  // the loaded prefix is already in the caches
   steps_.logits.assign(model_.config().vocab_size, 0.0f);
 }
 
@@ -282,7 +292,8 @@ bool Session::prefill_step(int64_t max_tokens) {
   int64_t ran = 0;
   try {
     while (steps_.done < n) {
-      const int64_t m = std::min(chunk, n - steps_.done);
+      // Chunks end where a cold prefill's end (multiples of chunk), also after a loaded prefix.
+      const int64_t m = std::min(chunk - steps_.done % chunk, n - steps_.done);
       if (ran > 0 && ran + m > max_tokens) break;  // at least one chunk per step
       const bool last = steps_.done + m == n;
       forward(steps_.tokens.data() + steps_.done, m, n, false, last ? m - 1 : m, steps_.logits.data());
@@ -297,8 +308,64 @@ bool Session::prefill_step(int64_t max_tokens) {
   if (steps_.done < n) return false;
   for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
   prefilled_ = true;
+  prefix_tokens_.clear();
   steps_.finished = true;
   return true;
+}
+
+void Session::load_prefix(const KvPrefix& prefix) {
+  RETROINFER_CHECK(!steps_.active && !prefilled_ && pos_ == 0,
+                   "session: load_prefix needs a fresh session (nothing prefilled, no stepped prefill)");
+  RETROINFER_CHECK(!prefix.tokens.empty(), "session: load_prefix got an empty prefix");
+  const ModelConfig& c = model_.config();
+  const int64_t n = prefix.size();
+  RETROINFER_CHECK(n < max_context_, "session: the prefix has ", n, " tokens but the session holds at most ",
+                   max_context_, " (prefix + prompt + new tokens)");
+  int64_t sum = 0;
+  for (const auto& b : prefix.blocks) {
+    RETROINFER_CHECK(b != nullptr, "session: load_prefix got a null block");
+    RETROINFER_CHECK(b->num_layers == c.num_layers && b->num_heads_kv == c.num_heads_kv && b->head_dim == c.head_dim,
+                     "session: the prefix's K/V is of ", b->num_layers, " layers x ", b->num_heads_kv,
+                     " KV heads x head_dim ", b->head_dim, " but the model has ", c.num_layers, " x ",
+                     c.num_heads_kv, " x ", c.head_dim, "; it was made with another model");
+    RETROINFER_CHECK(b->dtype == opt_.kv_dtype, "session: the prefix's K/V is ", dtype_name(b->dtype),
+                     " but the session's KV cache is ", dtype_name(opt_.kv_dtype), "; use --kv-dtype ",
+                     dtype_name(b->dtype));
+    RETROINFER_CHECK(static_cast<int64_t>(b->bytes.size()) == 2LL * c.num_layers * c.num_heads_kv * b->run_bytes(),
+                     "session: a prefix block of ", b->tokens, " tokens holds ", b->bytes.size(), " bytes, not ",
+                     2LL * c.num_layers * c.num_heads_kv * b->run_bytes());
+    sum += b->tokens;
+  }
+  RETROINFER_CHECK(sum == n, "session: the prefix's blocks hold ", sum, " tokens but it names ", n);
+  for (int l = 0; l < c.num_layers; ++l) {
+    KvCache& kv = kv_[l];
+    kv.reserve(opt_.max_context > 0 ? max_context_ : n);
+    for (const auto& b : prefix.blocks) {
+      for (int h = 0; h < c.num_heads_kv; ++h) kv.append_stored(h, b->run(l, 0, h), b->run(l, 1, h), b->tokens);
+      kv.commit_rows(b->tokens);
+    }
+  }
+  pos_ = n;
+  prefix_tokens_ = prefix.tokens;
+}
+
+KvBlock Session::export_kv(int64_t from, int64_t to) const {
+  RETROINFER_CHECK(0 <= from && from < to && to <= pos_, "session: export_kv of positions [", from, ", ", to,
+                   ") outside the ", pos_, " tokens in the cache");
+  const ModelConfig& c = model_.config();
+  KvBlock b;
+  b.num_layers = c.num_layers;
+  b.num_heads_kv = c.num_heads_kv;
+  b.head_dim = c.head_dim;
+  b.dtype = opt_.kv_dtype;
+  b.tokens = to - from;
+  b.bytes.resize(2 * static_cast<size_t>(c.num_layers) * c.num_heads_kv * b.run_bytes());
+  for (int l = 0; l < c.num_layers; ++l)
+    for (int h = 0; h < c.num_heads_kv; ++h) {
+      std::memcpy(b.run(l, 0, h), kv_[l].key_row(h, from), b.run_bytes());
+      std::memcpy(b.run(l, 1, h), kv_[l].value_row(h, from), b.run_bytes());
+    }
+  return b;
 }
 
 void Session::decode(int32_t token, std::span<float> logits) {
@@ -447,6 +514,16 @@ bool SequenceSession::prefill_step(int64_t max_tokens) {
   steps_.done = static_cast<int64_t>(steps_.tokens.size());
   steps_.finished = true;
   return true;
+}
+
+void SequenceSession::load_prefix(const KvPrefix&) {
+  RETROINFER_FAIL("session: the ", device_name(device()), " runner does not reuse a prefilled prefix (prefix cache, "
+                  "snapshots); use --device cpu, or run without --prefix-cache / --snapshot");
+}
+
+KvBlock SequenceSession::export_kv(int64_t, int64_t) const {
+  RETROINFER_FAIL("session: the ", device_name(device()), " runner does not export its K/V (prefix cache, "
+                  "snapshots); use --device cpu, or run without --prefix-cache / --snapshot");
 }
 
 std::vector<float> SequenceSession::take_prefill_logits() {

@@ -100,6 +100,22 @@ std::string ServerMetrics::render(bool ready) const {
          "# TYPE retroinfer_kv_bytes gauge\n";
   out += "retroinfer_kv_bytes{memory=\"gpu\"} " + std::to_string(kv_bytes_gpu.load()) + "\n";
   out += "retroinfer_kv_bytes{memory=\"host\"} " + std::to_string(kv_bytes_host.load()) + "\n";
+  if (prefix_cache) {
+    const PrefixCacheStats p = prefix_cache->stats();
+    metric(out, "retroinfer_prefix_cache_lookups_total", "counter", "prompts looked up in the prefix cache", p.lookups);
+    metric(out, "retroinfer_prefix_cache_hits_total", "counter", "prompts that reused at least one cached block", p.hits);
+    metric(out, "retroinfer_prefix_cache_lookup_tokens_total", "counter", "prompt tokens looked up", p.lookup_tokens);
+    metric(out, "retroinfer_prefix_cache_hit_tokens_total", "counter", "prompt tokens reused from the cache (not prefilled)",
+           p.hit_tokens);
+    metric(out, "retroinfer_prefix_cache_hit_ratio", "gauge",
+           "hit tokens / lookup tokens: the share of prompt tokens not prefilled; -1 before any lookup", p.hit_ratio());
+    metric(out, "retroinfer_prefix_cache_bytes", "gauge", "K/V bytes the prefix cache holds", p.bytes);
+    metric(out, "retroinfer_prefix_cache_blocks", "gauge", "blocks the prefix cache holds (pinned included)", p.blocks);
+    metric(out, "retroinfer_prefix_cache_pinned_blocks", "gauge", "blocks of preloaded snapshots (never evicted)",
+           p.pinned_blocks);
+    metric(out, "retroinfer_prefix_cache_evicted_blocks_total", "counter", "blocks evicted (least recently used)",
+           p.evicted_blocks);
+  }
   return out;
 }
 

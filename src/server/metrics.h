@@ -10,9 +10,12 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "retroinfer/prefix_cache.h"
 
 namespace retroinfer::server {
 
@@ -54,6 +57,7 @@ class ServerMetrics {
   std::atomic<int64_t> kv_bytes_gpu{0}, kv_bytes_host{0};  // KV reserved by the running and queued requests
   LatencyHistogram time_to_first_token;  // submit to the first sampled token (queue + prefill)
   LatencyHistogram inter_token_latency;  // between a request's successive tokens
+  std::shared_ptr<const PrefixCache> prefix_cache;  // set by the handler when the server has one (read at render)
 
   std::string render(bool ready) const;
 

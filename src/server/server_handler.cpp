@@ -94,7 +94,12 @@ ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenize
   RETROINFER_CHECK(opt_.max_queue >= 0, "serve: --max-queue must be >= 0, got ", opt_.max_queue);
   RETROINFER_CHECK(opt_.request_timeout_s >= 0, "serve: --request-timeout must be >= 0, got ", opt_.request_timeout_s);
   metrics_->max_batch = opt_.max_batch;
+  RETROINFER_CHECK(!opt_.prefix_cache || model_.device() == Device::kCpu, "serve: the prefix cache (--prefix-cache-mb, "
+                   "--preload) needs --device cpu: the ", device_name(model_.device()), " runner does not reuse "
+                   "prefilled prefixes yet");
+  metrics_->prefix_cache = opt_.prefix_cache;
   BatchSchedulerOptions bo;
+  bo.prefix_cache = opt_.prefix_cache;
   bo.max_batch = opt_.max_batch;
   bo.prefill_step_tokens = opt_.prefill_step_tokens;
   bo.session = opt_.session;
@@ -201,12 +206,18 @@ std::vector<TokenLogprobs> reported_logprobs(std::vector<TokenLogprobs> lp, Stop
   return lp;
 }
 
-// The usage of a request's choices: the prompt once, the completion tokens of all choices.
+// The usage of a request's choices: the prompt once, the completion tokens of all choices; with a prefix-cache
+// hit, OpenAI's prompt_tokens_details.cached_tokens (the prompt tokens loaded instead of prefilled).
 json usage_of(const std::vector<GenerateSummary>& sums) {
-  int64_t generated = 0;
-  for (const GenerateSummary& s : sums) generated += s.generated_tokens;
+  int64_t generated = 0, cached = 0;
+  for (const GenerateSummary& s : sums) {
+    generated += s.generated_tokens;
+    cached = std::max(cached, s.reused_tokens);
+  }
   const int64_t prompt = sums.empty() ? 0 : sums[0].prompt_tokens;
-  return {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
+  json u = {{"prompt_tokens", prompt}, {"completion_tokens", generated}, {"total_tokens", prompt + generated}};
+  if (cached > 0) u["prompt_tokens_details"] = {{"cached_tokens", cached}};
+  return u;
 }
 
 using Clock = std::chrono::steady_clock;

@@ -34,6 +34,7 @@
 #include "retroinfer/engine_model.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/model.h"
+#include "retroinfer/prefix_cache.h"
 #include "retroinfer/tokenizer.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -67,6 +68,10 @@ struct ServerOptions {
   // Chat: special-token text in a message ("<|im_end|>") is encoded as control tokens (trusted callers);
   // false encodes it as text so that a message cannot close its turn or open another role's.
   bool parse_special_in_content = false;
+  // Optional: the prefix cache every request looks its prompt up in (and adds its prompt's blocks to): a
+  // shared document is prefilled once (prefix_cache.h; `serve --prefix-cache-mb`, `--preload`). /metrics
+  // reports its hit ratio. The CPU runner only (the handler refuses it on another device).
+  std::shared_ptr<PrefixCache> prefix_cache;
 };
 
 // A request as the transport read it. Header names are lower-case; the path has no query string.
