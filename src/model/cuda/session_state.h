@@ -124,6 +124,9 @@ struct CudaSession::Impl {
 
   std::vector<int64_t> pos;  // [num_seqs]: tokens held
   bool prefilled = false;
+  // Tokens of a prefix loaded by load_prefix (one-sequence sessions) whose K/V are in k / v and that the next
+  // prefill does not run again; cleared when that prefill ends.
+  std::vector<int32_t> prefix_tokens;
   // The rows of a CudaJoinedDecoder (joined_decode.cpp): no KV and no attention objects of its own; row s is
   // another session's token. qkv_post then writes k_new / v_new only (the decoder appends them to each
   // session's cache).
