@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 
 #include "kernels/cuda_check.h"
 #include "kernels/kernels.h"
@@ -260,25 +262,61 @@ void CudaSession::Impl::make_attention() {
   }
 }
 
-void CudaSession::Impl::attention_prefill_done(int l) {
+void CudaSession::Impl::attention_prefill_done(int l) { attention_prefill_done_on(l, stream); }
+
+void CudaSession::Impl::attention_prefill_done_on(int l, Stream on) {
   const int L = num_layers();
   RETROINFER_CHECK(static_cast<int64_t>(attn.size()) == (attn_per_seq ? int64_t{num_seqs} * L : L),
                    "CudaSession: attention objects missing for layer ", l);
   if (!attn_per_seq) {
-    attn[static_cast<size_t>(l)]->prefill_done(prefill_k(l), prefill_v(l), pos[0], max_context, stream);
+    attn[static_cast<size_t>(l)]->prefill_done(prefill_k(l), prefill_v(l), pos[0], max_context, on);
   } else {
     for (int s = 0; s < num_seqs; ++s)
       attn[static_cast<size_t>(s) * L + l]->prefill_done(prefill_k(l) + s * seq_elems(), prefill_v(l) + s * seq_elems(),
-                                                         pos[s], max_context, stream);
+                                                         pos[s], max_context, on);
   }
   // A host-tier layer has copied the staging buffer when prefill_done returns (its build is synchronous);
   // the sync also orders a GPU-tier index build before whatever the caller does next.
-  synchronize(stream);
+  synchronize(on);
 }
 
 void CudaSession::Impl::build_attention() {
   make_attention();
-  for (int l = 0; l < num_layers(); ++l) attention_prefill_done(l);
+  // A layer's index build is about half host work (launches, buffer sizing) and half GPU work, one after the
+  // other (retro at 128K: ~6 ms each per layer). Two threads on two streams build alternate layers, so one's
+  // host work runs while the other's kernels do. Only with room for a second build workspace beside the plan's
+  // one (the builds' transient memory, a fraction of a layer's K/V: free memory above one layer's K/V and
+  // 1 GiB), else one after the other.
+  const int L = num_layers();
+  const int64_t layer_kv_bytes = int64_t{num_seqs} * seq_elems() * 2 * 2;
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool parallel = opt.attention.kind == AttentionKind::kRetro && L >= 2 && !any_host_tier() &&
+                        cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
+                        static_cast<int64_t>(free_bytes) > layer_kv_bytes + (int64_t{1} << 30);
+  if (!parallel) {
+    for (int l = 0; l < L; ++l) attention_prefill_done(l);
+    return;
+  }
+  // The builds read the K/V the prefill wrote on `stream`: both streams start after it.
+  synchronize(stream);
+  StreamHandle second;
+  std::exception_ptr failed;
+  std::thread odd([&] {
+    try {
+      for (int l = 1; l < L; l += 2) attention_prefill_done_on(l, second.get());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  std::exception_ptr failed_even;
+  try {
+    for (int l = 0; l < L; l += 2) attention_prefill_done_on(l, stream);
+  } catch (...) {
+    failed_even = std::current_exception();
+  }
+  odd.join();
+  if (failed_even) std::rethrow_exception(failed_even);
+  if (failed) std::rethrow_exception(failed);
 }
 
 void CudaSession::decode(std::span<const int32_t> tokens, std::span<float> logits) {

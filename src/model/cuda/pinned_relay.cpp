@@ -88,18 +88,30 @@ std::vector<Batch> batches(const std::vector<RelayPiece>& pieces) {
   return out;
 }
 
-// Host-side copies of one batch (host <-> buffer), spread over the OpenMP threads.
+// Host-side copies of one batch (host <-> buffer) in spans of at most kSpanBytes over the OpenMP threads, so
+// that a batch of one large piece (a snapshot's context: rows of tens of MB) spreads as well as many small ones.
+constexpr size_t kSpanBytes = size_t{1} << 20;
 void host_copies(const std::vector<RelayPiece>& pieces, const Batch& b, uint8_t* buf, bool into_buffer) {
-  const int64_t n = static_cast<int64_t>(b.end - b.begin);
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
-  for (int64_t k = 0; k < n; ++k) {
+  struct Span {
+    uint8_t* host;
+    uint8_t* staged;
+    size_t bytes;
+  };
+  std::vector<Span> spans;
+  for (size_t k = 0; k < b.end - b.begin; ++k) {
     const RelayPiece& p = pieces[b.begin + k];
-    uint8_t* staged = buf + b.offset[k];
     const size_t bytes = p.width * p.rows;  // the piece's host rows are contiguous
+    for (size_t x = 0; x < bytes; x += kSpanBytes)
+      spans.push_back({p.host + x, buf + b.offset[k] + x, std::min(kSpanBytes, bytes - x)});
+  }
+  const int64_t n = static_cast<int64_t>(spans.size());
+#pragma omp parallel for schedule(dynamic, 4) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) {
+    const Span& sp = spans[i];
     if (into_buffer)
-      std::memcpy(staged, p.host, bytes);
+      std::memcpy(sp.staged, sp.host, sp.bytes);
     else
-      std::memcpy(p.host, staged, bytes);
+      std::memcpy(sp.host, sp.staged, sp.bytes);
   }
 }
 

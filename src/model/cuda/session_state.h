@@ -205,6 +205,8 @@ struct CudaSession::Impl {
   void make_attention();
   // prefill_done of layer l's attention object(s) over prefill_k(l), prefill_v(l). Synchronises.
   void attention_prefill_done(int l);
+  // The same on stream `on` (build_attention's second thread builds alternate layers on its own stream).
+  void attention_prefill_done_on(int l, Stream on);
   // make_attention + attention_prefill_done for every layer (after a GPU-only prefill or a fork).
   void build_attention();
   // Prefill when any layer is host-tier (cuda_prefill_layers.cpp): layer-major over every prompt token.
