@@ -154,6 +154,16 @@ class CudaSession {
   // One decode step with greedy selection on the GPU: next [num_seqs] written (host).
   void decode_greedy(std::span<const int32_t> tokens, std::span<int32_t> next);
 
+  // Prefix reuse (SequenceSession::load_prefix, docs/prefix-cache.md) for a one-sequence session whose every
+  // layer keeps its KV on the GPU (supports_prefix): load_prefix copies the prefix's K/V (bf16 blocks) into
+  // positions [0, prefix.size()) of a fresh session; the next prefill({tokens}) needs tokens to start with the
+  // prefix's and to be longer, runs the model over the rest only (its chunks end where a cold prefill's do) and
+  // builds every layer's index over the whole context. export_kv copies positions [from, to) of the K/V out.
+  // Both throw Error for a session they do not serve (several sequences, host-tier layers) and for K/V of
+  // another shape or dtype, before any work.
+  bool supports_prefix() const;
+  void load_prefix(const KvPrefix& prefix);
+  KvBlock export_kv(int64_t from, int64_t to) const;
   // A new session over a device copy of this prefilled session's KV with another attention config.
   // Every layer must be GPU-tier (host-tier layers' KV lives in their wave buffers: Error).
   std::unique_ptr<CudaSession> fork(const AttentionConfig& attention) const;
@@ -241,6 +251,10 @@ class CudaSequenceSession final : public SequenceSession {
                              const PrefillProgress& progress = {}) override;
   void decode(int32_t token, std::span<float> logits) override;
   std::unique_ptr<SequenceSession> fork_session(const AttentionConfig& attention) const override;
+  // Prefix reuse (CudaSession::load_prefix): a session whose every layer is on the GPU.
+  void load_prefix(const KvPrefix& prefix) override;
+  KvBlock export_kv(int64_t from, int64_t to) const override;
+  bool supports_prefix() const override;
   int64_t position() const override;
   int64_t max_context() const override;
   const ModelConfig& model_config() const override;

@@ -1,8 +1,14 @@
-// Prefix reuse on the CUDA runner (docs/prefix-cache.md): not implemented yet, so every entry point refuses with an
-// Error that names the runner and what to use instead — never a crash: load_prefix, export_kv, the engine's prefix
-// cache (reuse_prefix) and a snapshot's context in generate(), and the server with a prefix cache.
+// Prefix reuse on the CUDA runner (docs/prefix-cache.md): a session that loads a prefilled prefix
+// (CudaSession::load_prefix) and prefills the rest gives the greedy tokens of a cold prefill for every attention
+// method (its logits within bf16 rounding: the continuation's first chunk runs fewer rows through the products,
+// so cuBLAS may sum in another order); export_kv returns what load_prefix took; the engine's prefix cache and a
+// snapshot's context in generate() reuse it; sessions it does not serve (host-tier layers) and K/V of another
+// shape or dtype are refused with an Error that says what to do.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <memory>
 
 #include "cuda_model_test_util.h"
@@ -11,6 +17,7 @@
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
 #include "retroinfer/prefix_cache.h"
+#include "retroinfer/sampler.h"
 
 namespace retroinfer {
 namespace {
@@ -24,31 +31,149 @@ std::string error_of(const std::function<void()>& f) {
   return "<no error>";
 }
 
-TEST(CudaPrefix, RefusedWithAClearErrorEverywhere) {
-  RETROINFER_REQUIRE_GPU();
-  const ModelConfig c = gputest::synthetic_config(64);
-  gputest::MemoryModelFile f(c, 5);
-  auto m = Model::load(f);
-  const EngineModel engine(*m, EngineOptions{Device::kCuda, DeviceWeights::kBf16});
-  SessionOptions so;
-  so.attention.kind = AttentionKind::kFull;
-  so.kv_dtype = DType::kBF16;
-  so.max_context = 64;
-  auto s = make_session(engine, so);
-  EXPECT_FALSE(s->supports_prefix());
-  KvPrefix p;
-  p.tokens = {1, 2, 3};
-  EXPECT_NE(error_of([&] { s->load_prefix(p); }).find("the cuda runner does not reuse a prefilled prefix"),
-            std::string::npos);
-  s->prefill(std::vector<int32_t>{1, 2, 3, 4});
-  EXPECT_NE(error_of([&] { s->export_kv(0, 2); }).find("the cuda runner does not export its K/V"), std::string::npos);
+constexpr AttentionKind kEveryMethod[] = {AttentionKind::kFull, AttentionKind::kRetro, AttentionKind::kQuest,
+                                          AttentionKind::kStreaming, AttentionKind::kOracle};
 
-  PrefixCache cache({.block_tokens = 2, .capacity_bytes = 1 << 20});
+SessionOptions options(AttentionKind kind) {
+  SessionOptions so;
+  so.attention.kind = kind;
+  so.attention.window_tokens = 16;  // a steady zone under the prompt: retro and the baselines select
+  so.attention.tokens_per_cluster = 4;
+  so.attention.budget_tokens = 24;
+  so.kv_dtype = DType::kBF16;
+  so.prefill_chunk = 64;
+  so.max_context = 400;
+  so.kv_placement.placement = KvPlacement::kGpu;
+  return so;
+}
+
+std::vector<int32_t> greedy(SequenceSession& s, std::vector<float> logits, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    out.push_back(argmax(logits));
+    if (i + 1 < n) s.decode(out.back(), logits);
+  }
+  return out;
+}
+
+KvPrefix prefix_of(const SequenceSession& s, const std::vector<int32_t>& tokens, int64_t n) {
+  KvPrefix p;
+  p.tokens.assign(tokens.begin(), tokens.begin() + n);
+  p.blocks.push_back(std::make_shared<const KvBlock>(s.export_kv(0, n)));
+  return p;
+}
+
+TEST(CudaPrefix, LoadedPrefixGivesTheColdPrefillsTokensForEveryMethod) {
+  RETROINFER_REQUIRE_GPU();
+  const auto tokens = gputest::fixture_tokens("tiny-llama3");
+  if (tokens.size() < 300) GTEST_SKIP() << "fixture tiny-llama3 absent";
+  auto m = Model::load(gputest::fixture_dir("tiny-llama3").string());
+  const EngineModel engine(*m, EngineOptions{Device::kCuda, DeviceWeights::kBf16});
+  // A first request over the document (200 tokens), then a second with another question after it.
+  const std::vector<int32_t> first(tokens.begin(), tokens.begin() + 230);
+  std::vector<int32_t> second(tokens.begin(), tokens.begin() + 200);
+  second.insert(second.end(), tokens.begin() + 250, tokens.begin() + 290);
+  for (AttentionKind kind : kEveryMethod) {
+    SCOPED_TRACE(attention_kind_name(kind));
+    const SessionOptions so = options(kind);
+    auto cold = make_session(engine, so);
+    const std::vector<float> cold_logits = cold->prefill(second);
+    const std::vector<int32_t> want = greedy(*cold, cold_logits, 12);
+
+    auto a = make_session(engine, so);
+    ASSERT_TRUE(a->supports_prefix());
+    a->prefill(first);
+    for (int64_t reuse : {int64_t{200}, int64_t{128}, int64_t{64}, int64_t{37}}) {  // on and off chunk boundaries
+      SCOPED_TRACE(reuse);
+      const KvPrefix p = prefix_of(*a, first, reuse);
+      auto warm = make_session(engine, so);
+      warm->load_prefix(p);
+      EXPECT_EQ(warm->position(), reuse);
+      // What went in comes out.
+      const KvBlock back = warm->export_kv(0, reuse);
+      ASSERT_EQ(back.bytes.size(), p.blocks[0]->bytes.size());
+      EXPECT_EQ(std::memcmp(back.bytes.data(), p.blocks[0]->bytes.data(), back.bytes.size()), 0);
+      const std::vector<float> warm_logits = warm->prefill(second);
+      EXPECT_EQ(warm->position(), static_cast<int64_t>(second.size()));
+      float worst = 0.0f, range = 0.0f;
+      for (size_t i = 0; i < cold_logits.size(); ++i) {
+        worst = std::max(worst, std::fabs(warm_logits[i] - cold_logits[i]));
+        range = std::max(range, std::fabs(cold_logits[i]));
+      }
+      EXPECT_LE(worst, 0.02f * range) << "the last position's logits after the prefix";
+      EXPECT_EQ(greedy(*warm, warm_logits, 12), want);
+    }
+  }
+}
+
+TEST(CudaPrefix, EngineCacheAndSnapshotContextGiveTheColdTokens) {
+  RETROINFER_REQUIRE_GPU();
+  const auto tokens = gputest::fixture_tokens("tiny-llama3");
+  if (tokens.size() < 300) GTEST_SKIP() << "fixture tiny-llama3 absent";
+  auto m = Model::load(gputest::fixture_dir("tiny-llama3").string());
+  const EngineModel engine(*m, EngineOptions{Device::kCuda, DeviceWeights::kBf16});
+  const SessionOptions so = options(AttentionKind::kRetro);
   GenerateOptions g;
-  g.max_new_tokens = 2;
-  const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
-  EXPECT_NE(error_of([&] { generate(engine, so, prompt, g, {}, &cache); }).find("cuda runner"), std::string::npos);
-  EXPECT_NE(error_of([&] { generate(engine, so, prompt, g, {}, nullptr, &p); }).find("cuda runner"), std::string::npos);
+  g.max_new_tokens = 10;
+  g.ignore_eos = true;
+  const std::vector<int32_t> doc(tokens.begin(), tokens.begin() + 192);
+  std::vector<int32_t> q1 = doc, q2 = doc;
+  q1.insert(q1.end(), tokens.begin() + 200, tokens.begin() + 220);
+  q2.insert(q2.end(), tokens.begin() + 230, tokens.begin() + 260);
+  const GenerateSummary cold = generate(engine, so, q2, g);
+
+  PrefixCache cache({.block_tokens = 32, .capacity_bytes = 64 << 20});
+  generate(engine, so, q1, g, {}, &cache);  // fills the cache with q1's blocks
+  const GenerateSummary hit = generate(engine, so, q2, g, {}, &cache);
+  EXPECT_EQ(hit.tokens, cold.tokens);
+  EXPECT_GE(cache.stats().hit_tokens, 192);
+
+  // A snapshot's context: the document's K/V from a CUDA session.
+  auto s = make_session(engine, so);
+  s->prefill(doc);
+  const KvPrefix ctx = prefix_of(*s, doc, static_cast<int64_t>(doc.size()));
+  const GenerateSummary snap = generate(engine, so, q2, g, {}, nullptr, &ctx);
+  EXPECT_EQ(snap.tokens, cold.tokens);
+}
+
+TEST(CudaPrefix, RefusesWhatItDoesNotServeWithAClearError) {
+  RETROINFER_REQUIRE_GPU();
+  const auto tokens = gputest::fixture_tokens("tiny-llama3");
+  if (tokens.size() < 300) GTEST_SKIP() << "fixture tiny-llama3 absent";
+  auto m = Model::load(gputest::fixture_dir("tiny-llama3").string());
+  const EngineModel engine(*m, EngineOptions{Device::kCuda, DeviceWeights::kBf16});
+  const std::vector<int32_t> doc(tokens.begin(), tokens.begin() + 100);
+  auto a = make_session(engine, options(AttentionKind::kFull));
+  a->prefill(doc);
+  const KvPrefix p = prefix_of(*a, doc, 64);
+
+  // Host-tier layers (retro's wave buffer) are not copied.
+  SessionOptions host = options(AttentionKind::kRetro);
+  host.kv_placement.placement = KvPlacement::kHost;
+  auto h = make_session(engine, host);
+  EXPECT_FALSE(h->supports_prefix());
+  EXPECT_NE(error_of([&] { h->load_prefix(p); }).find("--kv-placement gpu"), std::string::npos);
+
+  // K/V of another dtype (a CPU f32 session's) or shape.
+  KvPrefix f32 = p;
+  auto b = std::make_shared<KvBlock>(*p.blocks[0]);
+  b->dtype = DType::kF32;
+  b->bytes.resize(b->bytes.size() * 2);
+  f32.blocks = {b};
+  auto s1 = make_session(engine, options(AttentionKind::kFull));
+  EXPECT_NE(error_of([&] { s1->load_prefix(f32); }).find("bf16"), std::string::npos);
+  KvPrefix other = p;
+  auto o = std::make_shared<KvBlock>(*p.blocks[0]);
+  o->num_layers += 1;
+  other.blocks = {o};
+  EXPECT_NE(error_of([&] { s1->load_prefix(other); }).find("another model"), std::string::npos);
+  // A prompt that does not continue the prefix, and a second load.
+  s1->load_prefix(p);
+  EXPECT_NE(error_of([&] { s1->load_prefix(p); }).find("fresh session"), std::string::npos);
+  std::vector<int32_t> wrong(doc.begin(), doc.begin() + 80);
+  wrong[3] ^= 1;
+  EXPECT_NE(error_of([&] { s1->prefill(wrong); }).find("does not continue the loaded prefix"), std::string::npos);
+  EXPECT_NE(error_of([&] { s1->export_kv(0, 65); }).find("outside"), std::string::npos);
 }
 
 }  // namespace

@@ -48,6 +48,10 @@ std::unique_ptr<SequenceSession> CudaSequenceSession::fork_session(const Attenti
   return std::make_unique<CudaSequenceSession>(session_->fork(attention));
 }
 
+void CudaSequenceSession::load_prefix(const KvPrefix& prefix) { session_->load_prefix(prefix); }
+KvBlock CudaSequenceSession::export_kv(int64_t from, int64_t to) const { return session_->export_kv(from, to); }
+bool CudaSequenceSession::supports_prefix() const { return session_->supports_prefix(); }
+
 int64_t CudaSequenceSession::position() const { return session_->positions()[0]; }
 int64_t CudaSequenceSession::max_context() const { return session_->max_context(); }
 const ModelConfig& CudaSequenceSession::model_config() const { return session_->model().config(); }

@@ -4,11 +4,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 
 #include "kernels/cuda_check.h"
 #include "kernels/kernels.h"
 #include "kernels/model_kernels.h"
 #include "model/cuda/model_weights.h"
+#include "model/cuda/pinned_relay.h"
 #include "kernels/prefill_attention_ref.h"
 #include "model/cuda/session_state.h"
 #include "retroinfer/error.h"
@@ -158,6 +161,16 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
                    " prompts for a session of ", im.num_seqs, " sequences");
   RETROINFER_CHECK(!all_logits || im.num_seqs == 1, "CudaSession::prefill: all_logits needs num_seqs == 1, got ",
                    im.num_seqs);
+  const int64_t prefix = static_cast<int64_t>(im.prefix_tokens.size());  // loaded by load_prefix (num_seqs 1)
+  if (prefix > 0) {
+    RETROINFER_CHECK(!all_logits, "CudaSession::prefill: all_logits after load_prefix (the prefix's positions "
+                     "have no logits); prefill without all_logits, or without a prefix");
+    const std::vector<int32_t>& p = prompts[0];
+    RETROINFER_CHECK(static_cast<int64_t>(p.size()) > prefix && std::equal(im.prefix_tokens.begin(),
+                                                                            im.prefix_tokens.end(), p.begin()),
+                     "CudaSession::prefill: the prompt (", p.size(), " tokens) does not continue the loaded prefix (",
+                     prefix, " tokens): it must start with the prefix's tokens and add at least one");
+  }
   int64_t total = 0;
   for (int s = 0; s < im.num_seqs; ++s) {
     const int64_t n = static_cast<int64_t>(prompts[s].size());
@@ -182,8 +195,11 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
   for (int s = 0; s < im.num_seqs; ++s) {
     const std::vector<int32_t>& p = prompts[s];
     const int64_t n = static_cast<int64_t>(p.size());
-    for (int64_t start = 0; start < n; start += im.opt.prefill_chunk) {
-      const int64_t m = std::min<int64_t>(im.opt.prefill_chunk, n - start);
+    // After a loaded prefix the first chunk ends where a cold prefill's chunk ends (a multiple of the chunk),
+    // so every later chunk covers the rows a cold prefill's does.
+    const int64_t chunk = im.opt.prefill_chunk;
+    for (int64_t start = prefix; start < n;) {
+      const int64_t m = std::min<int64_t>(chunk - start % chunk, n - start);
       im.staging->wait();
       for (int64_t i = 0; i < m; ++i) {
         im.staging->tokens[i] = p[start + i];
@@ -208,6 +224,7 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
                                               cudaMemcpyDeviceToHost, st));
       }
       done += m;
+      start += m;
       if (progress) {
         synchronize(im.stream);
         progress(done, total);
@@ -215,6 +232,7 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
     }
     im.pos[s] = n;
   }
+  im.prefix_tokens.clear();
   im.build_attention();
   synchronize(im.stream);
   im.prefilled = true;
@@ -244,25 +262,61 @@ void CudaSession::Impl::make_attention() {
   }
 }
 
-void CudaSession::Impl::attention_prefill_done(int l) {
+void CudaSession::Impl::attention_prefill_done(int l) { attention_prefill_done_on(l, stream); }
+
+void CudaSession::Impl::attention_prefill_done_on(int l, Stream on) {
   const int L = num_layers();
   RETROINFER_CHECK(static_cast<int64_t>(attn.size()) == (attn_per_seq ? int64_t{num_seqs} * L : L),
                    "CudaSession: attention objects missing for layer ", l);
   if (!attn_per_seq) {
-    attn[static_cast<size_t>(l)]->prefill_done(prefill_k(l), prefill_v(l), pos[0], max_context, stream);
+    attn[static_cast<size_t>(l)]->prefill_done(prefill_k(l), prefill_v(l), pos[0], max_context, on);
   } else {
     for (int s = 0; s < num_seqs; ++s)
       attn[static_cast<size_t>(s) * L + l]->prefill_done(prefill_k(l) + s * seq_elems(), prefill_v(l) + s * seq_elems(),
-                                                         pos[s], max_context, stream);
+                                                         pos[s], max_context, on);
   }
   // A host-tier layer has copied the staging buffer when prefill_done returns (its build is synchronous);
   // the sync also orders a GPU-tier index build before whatever the caller does next.
-  synchronize(stream);
+  synchronize(on);
 }
 
 void CudaSession::Impl::build_attention() {
   make_attention();
-  for (int l = 0; l < num_layers(); ++l) attention_prefill_done(l);
+  // A layer's index build is about half host work (launches, buffer sizing) and half GPU work, one after the
+  // other (retro at 128K: ~6 ms each per layer). Two threads on two streams build alternate layers, so one's
+  // host work runs while the other's kernels do. Only with room for a second build workspace beside the plan's
+  // one (the builds' transient memory, a fraction of a layer's K/V: free memory above one layer's K/V and
+  // 1 GiB), else one after the other.
+  const int L = num_layers();
+  const int64_t layer_kv_bytes = int64_t{num_seqs} * seq_elems() * 2 * 2;
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool parallel = opt.attention.kind == AttentionKind::kRetro && L >= 2 && !any_host_tier() &&
+                        cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
+                        static_cast<int64_t>(free_bytes) > layer_kv_bytes + (int64_t{1} << 30);
+  if (!parallel) {
+    for (int l = 0; l < L; ++l) attention_prefill_done(l);
+    return;
+  }
+  // The builds read the K/V the prefill wrote on `stream`: both streams start after it.
+  synchronize(stream);
+  StreamHandle second;
+  std::exception_ptr failed;
+  std::thread odd([&] {
+    try {
+      for (int l = 1; l < L; l += 2) attention_prefill_done_on(l, second.get());
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  std::exception_ptr failed_even;
+  try {
+    for (int l = 0; l < L; l += 2) attention_prefill_done_on(l, stream);
+  } catch (...) {
+    failed_even = std::current_exception();
+  }
+  odd.join();
+  if (failed_even) std::rethrow_exception(failed_even);
+  if (failed) std::rethrow_exception(failed);
 }
 
 void CudaSession::decode(std::span<const int32_t> tokens, std::span<float> logits) {
@@ -301,6 +355,91 @@ void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32
   for (size_t s = 0; s < next.size(); ++s)
     RETROINFER_CHECK(next[s] >= 0, "CudaSession::decode_greedy: every logit of sequence ", s,
                      " is NaN; the forward pass diverged");
+}
+
+bool CudaSession::supports_prefix() const { return impl_->num_seqs == 1 && !impl_->any_host_tier(); }
+
+namespace {
+// Throws Error unless session s can take or give prefix K/V (what load_prefix / export_kv need).
+void check_prefix_session(const CudaSession& s, int host_layers, const char* what) {
+  RETROINFER_CHECK(s.num_seqs() == 1, "CudaSession::", what, ": the session holds ", s.num_seqs(),
+                   " sequences; prefix reuse takes one-sequence sessions");
+  RETROINFER_CHECK(host_layers == 0, "CudaSession::", what, ": ", host_layers, " layer(s) of this session keep ",
+                   "their KV in host memory (wave buffer), which prefix reuse does not copy; use --kv-placement gpu ",
+                   "(every layer's KV on the GPU), or run without --prefix-cache / --snapshot");
+}
+}  // namespace
+
+void CudaSession::load_prefix(const KvPrefix& prefix) {
+  Impl& im = *impl_;
+  check_prefix_session(*this, im.num_layers() - im.plan.gpu_layers, "load_prefix");
+  RETROINFER_CHECK(!im.prefilled && im.pos[0] == 0 && im.prefix_tokens.empty(),
+                   "CudaSession::load_prefix needs a fresh session (nothing prefilled or loaded)");
+  RETROINFER_CHECK(!prefix.tokens.empty(), "CudaSession::load_prefix got an empty prefix");
+  const ModelConfig& c = im.model.config();
+  const int64_t n = prefix.size();
+  RETROINFER_CHECK(n < im.max_context, "CudaSession::load_prefix: the prefix has ", n,
+                   " tokens but the session holds at most ", im.max_context, " (prefix + prompt + new tokens)");
+  check_tokens(prefix.tokens, c.vocab_size, "load_prefix", 0);
+  int64_t sum = 0;
+  for (const auto& b : prefix.blocks) {
+    RETROINFER_CHECK(b != nullptr, "CudaSession::load_prefix got a null block");
+    RETROINFER_CHECK(b->num_layers == c.num_layers && b->num_heads_kv == c.num_heads_kv && b->head_dim == c.head_dim,
+                     "CudaSession::load_prefix: the prefix's K/V is of ", b->num_layers, " layers x ", b->num_heads_kv,
+                     " KV heads x head_dim ", b->head_dim, " but the model has ", c.num_layers, " x ", c.num_heads_kv,
+                     " x ", c.head_dim, "; it was made with another model");
+    RETROINFER_CHECK(b->dtype == DType::kBF16, "CudaSession::load_prefix: the prefix's K/V is ", dtype_name(b->dtype),
+                     " but the CUDA runner's KV cache is bf16; make it on the CUDA runner or on the CPU with ",
+                     "--kv-dtype bf16");
+    RETROINFER_CHECK(static_cast<int64_t>(b->bytes.size()) == 2LL * c.num_layers * c.num_heads_kv * b->run_bytes(),
+                     "CudaSession::load_prefix: a prefix block of ", b->tokens, " tokens holds ", b->bytes.size(),
+                     " bytes, not ", 2LL * c.num_layers * c.num_heads_kv * b->run_bytes());
+    sum += b->tokens;
+  }
+  RETROINFER_CHECK(sum == n, "CudaSession::load_prefix: the prefix's blocks hold ", sum, " tokens but it names ", n);
+  // k[l] / v[l]: [Hkv, max_context, D] for the one sequence; a block's (layer, K or V) rows are [Hkv, tokens, D]:
+  // one 2-D piece per (layer, K or V, block), Hkv rows of the block's run bytes, through the pinned relay.
+  const size_t pitch = static_cast<size_t>(im.max_context) * c.head_dim * 2;
+  std::vector<RelayPiece> pieces;
+  int64_t at = 0;
+  for (const auto& b : prefix.blocks) {
+    for (int l = 0; l < c.num_layers; ++l)
+      for (int kv = 0; kv < 2; ++kv) {
+        auto* dst = static_cast<uint8_t*>((kv == 0 ? im.k : im.v)[l].data()) + static_cast<size_t>(at) * c.head_dim * 2;
+        pieces.push_back({const_cast<uint8_t*>(b->run(l, kv, 0)), dst, static_cast<size_t>(b->run_bytes()),
+                          static_cast<size_t>(c.num_heads_kv), pitch});
+      }
+    at += b->tokens;
+  }
+  relay_to_device(pieces, im.stream);  // synchronous: the blocks may go once this returns
+  im.pos[0] = n;
+  im.prefix_tokens = prefix.tokens;
+}
+
+KvBlock CudaSession::export_kv(int64_t from, int64_t to) const {
+  const Impl& im = *impl_;
+  check_prefix_session(*this, im.num_layers() - im.plan.gpu_layers, "export_kv");
+  RETROINFER_CHECK(0 <= from && from < to && to <= im.pos[0], "CudaSession::export_kv of positions [", from, ", ", to,
+                   ") outside the ", im.pos[0], " tokens in the cache");
+  const ModelConfig& c = im.model.config();
+  KvBlock b;
+  b.num_layers = c.num_layers;
+  b.num_heads_kv = c.num_heads_kv;
+  b.head_dim = c.head_dim;
+  b.dtype = DType::kBF16;
+  b.tokens = to - from;
+  b.bytes.resize(2 * static_cast<size_t>(c.num_layers) * c.num_heads_kv * b.run_bytes());
+  const size_t pitch = static_cast<size_t>(im.max_context) * c.head_dim * 2;
+  std::vector<RelayPiece> pieces;
+  for (int l = 0; l < c.num_layers; ++l)
+    for (int kv = 0; kv < 2; ++kv) {
+      auto* src = static_cast<uint8_t*>(const_cast<void*>((kv == 0 ? im.k : im.v)[l].data())) +
+                  static_cast<size_t>(from) * c.head_dim * 2;
+      pieces.push_back({b.run(l, kv, 0), src, static_cast<size_t>(b.run_bytes()), static_cast<size_t>(c.num_heads_kv),
+                        pitch});
+    }
+  relay_to_host(pieces, im.stream);
+  return b;
 }
 
 std::unique_ptr<CudaSession> CudaSession::fork(const AttentionConfig& attention) const {

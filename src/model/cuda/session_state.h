@@ -124,6 +124,9 @@ struct CudaSession::Impl {
 
   std::vector<int64_t> pos;  // [num_seqs]: tokens held
   bool prefilled = false;
+  // Tokens of a prefix loaded by load_prefix (one-sequence sessions) whose K/V are in k / v and that the next
+  // prefill does not run again; cleared when that prefill ends.
+  std::vector<int32_t> prefix_tokens;
   // The rows of a CudaJoinedDecoder (joined_decode.cpp): no KV and no attention objects of its own; row s is
   // another session's token. qkv_post then writes k_new / v_new only (the decoder appends them to each
   // session's cache).
@@ -202,6 +205,8 @@ struct CudaSession::Impl {
   void make_attention();
   // prefill_done of layer l's attention object(s) over prefill_k(l), prefill_v(l). Synchronises.
   void attention_prefill_done(int l);
+  // The same on stream `on` (build_attention's second thread builds alternate layers on its own stream).
+  void attention_prefill_done_on(int l, Stream on);
   // make_attention + attention_prefill_done for every layer (after a GPU-only prefill or a fork).
   void build_attention();
   // Prefill when any layer is host-tier (cuda_prefill_layers.cpp): layer-major over every prompt token.
