@@ -150,8 +150,9 @@ void run_serve(const ServeCliOptions& o) {
   // With the model's head_dim: the default cluster size depends on it (default_tokens_per_cluster).
   so.session = make_session_options(o.model, kind, m.model->config().head_dim);
   if (so.prefix_cache) {
-    RETROINFER_CHECK(m.engine->device() == Device::kCpu, "serve: --prefix-cache-mb needs --device cpu: the ",
-                     device_name(m.engine->device()), " runner does not reuse prefilled prefixes yet");
+    if (m.engine->device() == Device::kCuda)
+      std::fprintf(stderr, "retroinfer serve: the prefix cache serves CUDA requests whose session keeps every layer's KV "
+                   "on the GPU (a request placed on the GPU / host split prefills in full)\n");
     const ModelIdentity id = model_identity(*m.model, m.tokenizer.get());
     for (const std::string& path : o.preload) {
       const Snapshot snap = load_snapshot(path);

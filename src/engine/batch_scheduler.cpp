@@ -93,7 +93,9 @@ struct BatchScheduler::Impl {
     try {
       const BatchRequest& q = p->req;
       r->session = make_generation_session(model, opt.session, q.prompt, q.options, q.callbacks);
-      if (opt.prefix_cache) r->reused = reuse_prefix(*opt.prefix_cache, *r->session, q.prompt, opt.session.kv_dtype);
+      // A session that cannot take a prefix (the CUDA runner's GPU / host split) prefills in full.
+      if (opt.prefix_cache && r->session->supports_prefix())
+        r->reused = reuse_prefix(*opt.prefix_cache, *r->session, q.prompt, opt.session.kv_dtype);
       r->session->begin_prefill(q.prompt, q.callbacks.on_prefill);
       r->p = std::move(p);
     } catch (...) {
@@ -117,8 +119,8 @@ struct BatchScheduler::Impl {
       if (!done) return r;
       r->logits = r->session->take_prefill_logits();
       const BatchRequest& q = r->p->req;
-      if (opt.prefix_cache) remember_prefix(*opt.prefix_cache, *r->session, q.prompt, opt.session.kv_dtype,
-                                          opt.session.prefill_chunk);
+      if (opt.prefix_cache && r->session->supports_prefix())
+        remember_prefix(*opt.prefix_cache, *r->session, q.prompt, opt.session.kv_dtype, opt.session.prefill_chunk);
       r->stepper = std::make_unique<GenerationStepper>(*r->session, q.options, q.callbacks);
       r->stepper->set_prefill(q.prompt, r->prefill_s);
       if (r->stepper->step(r->logits)) {

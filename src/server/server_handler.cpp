@@ -94,9 +94,6 @@ ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenize
   RETROINFER_CHECK(opt_.max_queue >= 0, "serve: --max-queue must be >= 0, got ", opt_.max_queue);
   RETROINFER_CHECK(opt_.request_timeout_s >= 0, "serve: --request-timeout must be >= 0, got ", opt_.request_timeout_s);
   metrics_->max_batch = opt_.max_batch;
-  RETROINFER_CHECK(!opt_.prefix_cache || model_.device() == Device::kCpu, "serve: the prefix cache (--prefix-cache-mb, "
-                   "--preload) needs --device cpu: the ", device_name(model_.device()), " runner does not reuse "
-                   "prefilled prefixes yet");
   metrics_->prefix_cache = opt_.prefix_cache;
   BatchSchedulerOptions bo;
   bo.prefix_cache = opt_.prefix_cache;
