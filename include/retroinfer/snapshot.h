@@ -32,7 +32,7 @@ namespace retroinfer {
 
 class Tokenizer;
 
-constexpr uint32_t kSnapshotVersion = 1;
+constexpr uint32_t kSnapshotVersion = 2;  // 2: sections above 16 MiB checksummed by chunks
 
 // What a snapshot's K/V depends on besides the tokens: the config, a sample of the weights (the embedding and
 // the final norm: models of one shape with other weights differ) and the tokenizer's vocabulary.
@@ -65,7 +65,8 @@ void save_snapshot(const std::string& path, const Snapshot& snap, const Snapshot
 Snapshot parse_snapshot(std::span<const uint8_t> bytes, std::string_view where);
 Snapshot load_snapshot(const std::string& path);
 
-// The sections' checksum (64 bits, several GB/s), which model_identity hashes with too; a hash as 16 hex digits.
+// A section's checksum (64 bits; above 16 MiB, of its 16 MiB chunks' checksums, computed in parallel), which
+// model_identity hashes with too; a hash as 16 hex digits.
 uint64_t snapshot_checksum(const void* data, size_t n);
 std::string snapshot_hex(uint64_t h);
 

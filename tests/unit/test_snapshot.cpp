@@ -82,6 +82,25 @@ TEST(Snapshot, RoundTripKeepsEverything) {
   EXPECT_EQ(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()), 1) << "no temporary file left";
 }
 
+// A K/V section above the 16 MiB checksum chunk (checksummed by chunks, in parallel) round-trips, and a byte
+// changed in its second chunk is caught.
+TEST(Snapshot, LargeSectionChecksummedByChunks) {
+  TempDir dir;
+  Snapshot s = synthetic(40000, 0, 8);  // 8 layers x 2 x 2 heads x 40000 x 8 x 4 B = 40.96 MB
+  auto kv = std::make_shared<KvBlock>(*s.context.blocks[0]);
+  for (size_t i = 0; i < kv->bytes.size(); ++i) kv->bytes[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  s.context.blocks[0] = kv;
+  ASSERT_GT(kv->bytes.size(), size_t{32} << 20);
+  const std::string path = dir.file("big.snapshot");
+  save_snapshot(path, s);
+  const Snapshot r = load_snapshot(path);
+  EXPECT_TRUE(r.context.blocks.at(0)->bytes == kv->bytes);
+  std::vector<uint8_t> b = read_bytes(path);
+  b[b.size() - (size_t{20} << 20)] ^= 0x10;  // inside the K/V section's second 16 MiB chunk
+  write_bytes(dir.file("bad.snapshot"), b);
+  EXPECT_TRUE(contains(test::error_of([&] { load_snapshot(dir.file("bad.snapshot")); }), "section KVDT is corrupt"));
+}
+
 TEST(Snapshot, RefusesWhatIsNotItsOwnSayingWhich) {
   TempDir dir;
   const Snapshot s = synthetic(40, 3);
@@ -94,8 +113,9 @@ TEST(Snapshot, RefusesWhatIsNotItsOwnSayingWhich) {
   };
   EXPECT_TRUE(contains(load_error({'h', 'e', 'l', 'l', 'o'}), "not a retroinfer snapshot"));
   std::vector<uint8_t> b = good;
-  b[8] = 2;  // the format version
-  EXPECT_TRUE(contains(load_error(b), "format version 2, this build reads version 1"));
+  b[8] = static_cast<uint8_t>(kSnapshotVersion + 1);  // the format version
+  EXPECT_TRUE(contains(load_error(b), "format version " + std::to_string(kSnapshotVersion + 1) +
+                                          ", this build reads version " + std::to_string(kSnapshotVersion)));
   for (size_t cut : {size_t{20}, size_t{100}, good.size() / 2, good.size() - 1})
     EXPECT_TRUE(contains(load_error(std::vector<uint8_t>(good.begin(), good.begin() + cut)), "truncated")) << cut;
   b = good;
