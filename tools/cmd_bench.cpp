@@ -63,6 +63,21 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// Peak resident set of this process so far (VmHWM of /proc/self/status), in MiB; 0 when unreadable.
+double peak_rss_mib() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmHWM:") {
+      double kb = 0;
+      f >> kb;
+      return kb / 1024.0;
+    }
+    std::getline(f, key);
+  }
+  return 0.0;
+}
+
 double load_average() {
   double l = 0;
   std::ifstream f("/proc/loadavg");
@@ -182,6 +197,9 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                           {"device", std::string(device_name(m.engine->device()))},
                           {"device_description", m.engine->description()},
                           {"threads", num_threads()},
+                          {"cpu_weights", std::string(weight_storage_name(m.model->weight_storage()))},
+                          {"weight_bytes", m.model->weight_bytes()},
+                          {"peak_rss_mib", peak_rss_mib()},
                           {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
                           {"cores_online", sysconf(_SC_NPROCESSORS_ONLN)},
                           {"load_avg_before", load0},
