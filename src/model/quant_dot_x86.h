@@ -74,62 +74,68 @@ inline __m256 scaled(__m256i idot, float scale, __m256 acc) {
   return _mm256_fmadd_ps(_mm256_cvtepi32_ps(idot), _mm256_set1_ps(scale), acc);
 }
 
-float simd_dot_q8_0(const uint8_t* w, Q8Row a, int64_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, w += 34) {
-    const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2));
-    acc = scaled(dot_s8s8(qw, load_act(a.q + b * 32)), f16(w) * a.d[b], acc);
+// The per-block integer dots of each type, as 8 int32 lanes, and where the block's f16 scale (and min) lie.
+struct BlockQ8_0 {
+  static constexpr int kBytes = 34, kMin = -1;
+  static __m256i idot(const uint8_t* w, __m256i a) {
+    return dot_s8s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2)), a);
   }
-  return hsum(acc);
-}
-
-float simd_dot_q4_0(const uint8_t* w, Q8Row a, int64_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, w += 18) {
-    const __m256i qw = _mm256_sub_epi8(unpack_nibbles(w + 2), _mm256_set1_epi8(8));
-    acc = scaled(dot_s8s8(qw, load_act(a.q + b * 32)), f16(w) * a.d[b], acc);
+};
+struct BlockQ4_0 {
+  static constexpr int kBytes = 18, kMin = -1;
+  static __m256i idot(const uint8_t* w, __m256i a) {
+    return dot_s8s8(_mm256_sub_epi8(unpack_nibbles(w + 2), _mm256_set1_epi8(8)), a);
   }
-  return hsum(acc);
-}
-
-float simd_dot_q4_1(const uint8_t* w, Q8Row a, int64_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  float mins = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, w += 20) {
-    acc = scaled(dot_u8s8(unpack_nibbles(w + 4), load_act(a.q + b * 32)), f16(w) * a.d[b], acc);
-    mins += f16(w + 2) * (a.d[b] * static_cast<float>(a.sum[b]));
-  }
-  return hsum(acc) + mins;
-}
-
-float simd_dot_q5_0(const uint8_t* w, Q8Row a, int64_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, w += 22) {
+};
+struct BlockQ4_1 {
+  static constexpr int kBytes = 20, kMin = 2;
+  static __m256i idot(const uint8_t* w, __m256i a) { return dot_u8s8(unpack_nibbles(w + 4), a); }
+};
+struct BlockQ5_0 {
+  static constexpr int kBytes = 22, kMin = -1;
+  static __m256i idot(const uint8_t* w, __m256i a) {
     const __m256i q5 = _mm256_or_si256(unpack_nibbles(w + 6), fifth_bits(w + 2));
-    const __m256i qw = _mm256_sub_epi8(q5, _mm256_set1_epi8(16));
-    acc = scaled(dot_s8s8(qw, load_act(a.q + b * 32)), f16(w) * a.d[b], acc);
+    return dot_s8s8(_mm256_sub_epi8(q5, _mm256_set1_epi8(16)), a);
   }
-  return hsum(acc);
-}
+};
+struct BlockQ5_1 {
+  static constexpr int kBytes = 24, kMin = 2;
+  static __m256i idot(const uint8_t* w, __m256i a) {
+    return dot_u8s8(_mm256_or_si256(unpack_nibbles(w + 8), fifth_bits(w + 4)), a);
+  }
+};
 
-float simd_dot_q5_1(const uint8_t* w, Q8Row a, int64_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  float mins = 0.0f;
-  for (int64_t b = 0; b < nb; ++b, w += 24) {
-    const __m256i q5 = _mm256_or_si256(unpack_nibbles(w + 8), fifth_bits(w + 4));
-    acc = scaled(dot_u8s8(q5, load_act(a.q + b * 32)), f16(w) * a.d[b], acc);
-    mins += f16(w + 2) * (a.d[b] * static_cast<float>(a.sum[b]));
+// sum over blocks of d_w d_a idot (+ m_w d_a sum(q_a) for the types with a min). Two blocks per iteration into
+// two accumulators, so that consecutive blocks' multiply-adds do not wait for each other.
+template <class B>
+float simd_dot(const uint8_t* w, Q8Row a, int64_t nb) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float mins0 = 0.0f, mins1 = 0.0f;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2, w += 2 * B::kBytes) {
+    const __m256i i0 = B::idot(w, load_act(a.q + b * 32));
+    const __m256i i1 = B::idot(w + B::kBytes, load_act(a.q + (b + 1) * 32));
+    acc0 = scaled(i0, f16(w) * a.d[b], acc0);
+    acc1 = scaled(i1, f16(w + B::kBytes) * a.d[b + 1], acc1);
+    if constexpr (B::kMin >= 0) {
+      mins0 += f16(w + B::kMin) * (a.d[b] * static_cast<float>(a.sum[b]));
+      mins1 += f16(w + B::kBytes + B::kMin) * (a.d[b + 1] * static_cast<float>(a.sum[b + 1]));
+    }
   }
-  return hsum(acc) + mins;
+  if (b < nb) {
+    acc0 = scaled(B::idot(w, load_act(a.q + b * 32)), f16(w) * a.d[b], acc0);
+    if constexpr (B::kMin >= 0) mins0 += f16(w + B::kMin) * (a.d[b] * static_cast<float>(a.sum[b]));
+  }
+  return hsum(_mm256_add_ps(acc0, acc1)) + (mins0 + mins1);
 }
 
 RowDot simd_table(WeightType t) {
   switch (t) {
-    case WeightType::kQ8_0: return simd_dot_q8_0;
-    case WeightType::kQ4_0: return simd_dot_q4_0;
-    case WeightType::kQ4_1: return simd_dot_q4_1;
-    case WeightType::kQ5_0: return simd_dot_q5_0;
-    case WeightType::kQ5_1: return simd_dot_q5_1;
+    case WeightType::kQ8_0: return simd_dot<BlockQ8_0>;
+    case WeightType::kQ4_0: return simd_dot<BlockQ4_0>;
+    case WeightType::kQ4_1: return simd_dot<BlockQ4_1>;
+    case WeightType::kQ5_0: return simd_dot<BlockQ5_0>;
+    case WeightType::kQ5_1: return simd_dot<BlockQ5_1>;
     default: return nullptr;  // the K-quants: the scalar kernels
   }
 }
