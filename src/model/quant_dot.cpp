@@ -2,14 +2,26 @@
 // Block layouts: src/io/ggml_quants.cpp (Q5_0 .. Q6_K) and src/io/model_file.cpp (Q8_0, Q4_0, Q4_1).
 #include "model/quant_dot.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "retroinfer/dtype.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::model {
 namespace {
+
+int round_to_int(float v) {
+#if defined(__SSE2__)
+  return _mm_cvtss_si32(_mm_set_ss(v));
+#else
+  return static_cast<int>(std::nearbyint(v));
+#endif
+}
 
 float load_f16(const uint8_t* p) { return f16_to_f32(static_cast<uint16_t>(p[0] | (p[1] << 8))); }
 
@@ -68,7 +80,7 @@ float dot_q4_1(const uint8_t* w, Q8Row a, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, w += 20) {
     unpack_q4(w + 4, q);
     acc += load_f16(w) * a.d[b] * static_cast<float>(idot32(q, a.q + b * 32)) +
-           load_f16(w + 2) * (a.d[b] * static_cast<float>(a.sum[b]));
+           load_f16(w + 2) * a.ds[b];
   }
   return acc;
 }
@@ -90,7 +102,7 @@ float dot_q5_1(const uint8_t* w, Q8Row a, int64_t nb) {
   for (int64_t b = 0; b < nb; ++b, w += 24) {
     unpack_q5(w + 4, w + 8, q);
     acc += load_f16(w) * a.d[b] * static_cast<float>(idot32(q, a.q + b * 32)) +
-           load_f16(w + 2) * (a.d[b] * static_cast<float>(a.sum[b]));
+           load_f16(w + 2) * a.ds[b];
   }
   return acc;
 }
@@ -127,7 +139,7 @@ float dot_k4(const uint8_t* w, Q8Row a, int64_t nb32) {
       scale_min_k4(s, scales, sc, m);
       const int64_t ab = b * 8 + s;
       acc += d * static_cast<float>(sc) * a.d[ab] * static_cast<float>(idot32(q, a.q + ab * 32)) -
-             dmin * static_cast<float>(m) * (a.d[ab] * static_cast<float>(a.sum[ab]));
+             dmin * static_cast<float>(m) * a.ds[ab];
     }
   }
   return acc;
@@ -190,6 +202,7 @@ void quantize_q8_rows(const float* x, int64_t rows, int64_t cols, Q8Rows& out) {
   out.q.resize(rows * cols);
   out.d.resize(rows * nb);
   out.sum.resize(rows * nb);
+  out.ds.resize(rows * nb);
   for (int64_t b = 0; b < rows * nb; ++b) {
     const float* xb = x + b * kQ8Block;
     int8_t* qb = out.q.data() + b * kQ8Block;
@@ -199,14 +212,15 @@ void quantize_q8_rows(const float* x, int64_t rows, int64_t cols, Q8Rows& out) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int32_t s = 0;
     for (int j = 0; j < kQ8Block; ++j) {
-      // |xb * id| <= 127 up to one rounding of amax * (1 / d); the clamp keeps that in int8.
-      const float v = std::round(xb[j] * id);
-      const int qi = static_cast<int>(std::fmin(127.0f, std::fmax(-127.0f, v)));
+      // |xb * id| <= 127 up to one rounding of amax * (1 / d); the clamp keeps that in int8. Rounds to the
+      // nearest, ties to even (the processor's default mode; one instruction on x86-64).
+      const int qi = std::clamp(round_to_int(xb[j] * id), -127, 127);
       qb[j] = static_cast<int8_t>(qi);
       s += qi;
     }
     out.d[b] = d;
     out.sum[b] = s;
+    out.ds[b] = d * static_cast<float>(s);
   }
 }
 

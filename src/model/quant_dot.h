@@ -4,7 +4,7 @@
 // target flags) are chosen once at run time from what the processor supports.
 //
 // Activations: blocks of 32 floats, each stored as int8 q[32] with one f32 scale d = max|x| / 127, so that
-// x ~= d * q (|x - d q| <= d / 2), plus the block's integer sum of q (the min terms of Q4_1 / Q5_1 / K-quants
+// x ~= d * q (|x - d q| <= d / 2, q rounded to the nearest, ties to even), plus the block's integer sum of q (the min terms of Q4_1 / Q5_1 / K-quants
 // need sum(x) of the block). The integer part of every block product is exact; only the per-block f32
 // scaling and the f32 sum over blocks round.
 #pragma once
@@ -25,10 +25,11 @@ struct Q8Rows {
   std::vector<int8_t> q;     // [rows, cols]
   std::vector<float> d;      // [rows, cols / 32]: the block scales
   std::vector<int32_t> sum;  // [rows, cols / 32]: sum of the block's q
+  std::vector<float> ds;     // [rows, cols / 32]: d * sum, the block's sum of x as quantized (min terms)
   int64_t blocks() const { return cols / kQ8Block; }
 };
 
-// x [rows, cols] (cols a multiple of 32) -> out. q = round-half-away(x / d), d = max|x| / 127 (0 for an
+// x [rows, cols] (cols a multiple of 32) -> out. q = round-to-nearest-even(x / d), d = max|x| / 127 (0 for an
 // all-zero block, whose q are all 0). Deterministic: a row quantizes the same whatever the other rows.
 void quantize_q8_rows(const float* x, int64_t rows, int64_t cols, Q8Rows& out);
 
@@ -37,10 +38,11 @@ struct Q8Row {
   const int8_t* q = nullptr;      // [blocks * 32]
   const float* d = nullptr;       // [blocks]
   const int32_t* sum = nullptr;   // [blocks]
+  const float* ds = nullptr;      // [blocks]
 };
 inline Q8Row q8_row(const Q8Rows& a, int64_t r) {
   const int64_t nb = a.blocks();
-  return {a.q.data() + r * a.cols, a.d.data() + r * nb, a.sum.data() + r * nb};
+  return {a.q.data() + r * a.cols, a.d.data() + r * nb, a.sum.data() + r * nb, a.ds.data() + r * nb};
 }
 
 // w: one weight row of `blocks32 * 32` elements in its stored type (for the K-quants blocks32 is a multiple

@@ -118,13 +118,13 @@ float simd_dot(const uint8_t* w, Q8Row a, int64_t nb) {
     acc0 = scaled(i0, f16(w) * a.d[b], acc0);
     acc1 = scaled(i1, f16(w + B::kBytes) * a.d[b + 1], acc1);
     if constexpr (B::kMin >= 0) {
-      mins0 += f16(w + B::kMin) * (a.d[b] * static_cast<float>(a.sum[b]));
-      mins1 += f16(w + B::kBytes + B::kMin) * (a.d[b + 1] * static_cast<float>(a.sum[b + 1]));
+      mins0 += f16(w + B::kMin) * a.ds[b];
+      mins1 += f16(w + B::kBytes + B::kMin) * a.ds[b + 1];
     }
   }
   if (b < nb) {
     acc0 = scaled(B::idot(w, load_act(a.q + b * 32)), f16(w) * a.d[b], acc0);
-    if constexpr (B::kMin >= 0) mins0 += f16(w + B::kMin) * (a.d[b] * static_cast<float>(a.sum[b]));
+    if constexpr (B::kMin >= 0) mins0 += f16(w + B::kMin) * a.ds[b];
   }
   return hsum(_mm256_add_ps(acc0, acc1)) + (mins0 + mins1);
 }
