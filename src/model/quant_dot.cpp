@@ -177,6 +177,11 @@ float dot_q6_k(const uint8_t* w, Q8Row a, int64_t nb32) {
 }
 
 #if RETROINFER_QUANT_X86
+template <float (*F)(const uint8_t*, Q8Row, int64_t)>
+void rows_of(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_t nb, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = F(w + static_cast<size_t>(r) * row_bytes, a, nb);
+}
+
 bool cpu_has_avx2() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
@@ -243,14 +248,14 @@ bool has_quant_kernel(WeightType t) { return scalar_row_dot(t) != nullptr; }
 
 RowDot scalar_row_dot(WeightType t) {
   switch (t) {
-    case WeightType::kQ8_0: return dot_q8_0;
-    case WeightType::kQ4_0: return dot_q4_0;
-    case WeightType::kQ4_1: return dot_q4_1;
-    case WeightType::kQ5_0: return dot_q5_0;
-    case WeightType::kQ5_1: return dot_q5_1;
-    case WeightType::kQ4_K: return dot_k4<false>;
-    case WeightType::kQ5_K: return dot_k4<true>;
-    case WeightType::kQ6_K: return dot_q6_k;
+    case WeightType::kQ8_0: return rows_of<dot_q8_0>;
+    case WeightType::kQ4_0: return rows_of<dot_q4_0>;
+    case WeightType::kQ4_1: return rows_of<dot_q4_1>;
+    case WeightType::kQ5_0: return rows_of<dot_q5_0>;
+    case WeightType::kQ5_1: return rows_of<dot_q5_1>;
+    case WeightType::kQ4_K: return rows_of<dot_k4<false>>;
+    case WeightType::kQ5_K: return rows_of<dot_k4<true>>;
+    case WeightType::kQ6_K: return rows_of<dot_q6_k>;
     default: return nullptr;
   }
 }

@@ -45,9 +45,10 @@ inline Q8Row q8_row(const Q8Rows& a, int64_t r) {
   return {a.q.data() + r * a.cols, a.d.data() + r * nb, a.sum.data() + r * nb, a.ds.data() + r * nb};
 }
 
-// w: one weight row of `blocks32 * 32` elements in its stored type (for the K-quants blocks32 is a multiple
-// of 8). Returns sum_i w_i * (d q)_i.
-using RowDot = float (*)(const uint8_t* w, Q8Row a, int64_t blocks32);
+// w: `rows` weight rows of `blocks32 * 32` elements in their stored type, row_bytes apart (for the K-quants
+// blocks32 is a multiple of 8). out[r] = sum_i w[r]_i * (d q)_i, each row summed alone (a row's result does not
+// depend on `rows`): several rows per call keep the per-row call overhead out of the decode products.
+using RowDot = void (*)(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_t blocks32, float* out);
 
 enum class QuantIsa : uint8_t { kScalar, kAvx2, kAvx512Vnni };
 const char* quant_isa_name(QuantIsa isa);

@@ -129,13 +129,18 @@ float simd_dot(const uint8_t* w, Q8Row a, int64_t nb) {
   return hsum(_mm256_add_ps(acc0, acc1)) + (mins0 + mins1);
 }
 
+template <class B>
+void simd_rows(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_t nb, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = simd_dot<B>(w + static_cast<size_t>(r) * row_bytes, a, nb);
+}
+
 RowDot simd_table(WeightType t) {
   switch (t) {
-    case WeightType::kQ8_0: return simd_dot<BlockQ8_0>;
-    case WeightType::kQ4_0: return simd_dot<BlockQ4_0>;
-    case WeightType::kQ4_1: return simd_dot<BlockQ4_1>;
-    case WeightType::kQ5_0: return simd_dot<BlockQ5_0>;
-    case WeightType::kQ5_1: return simd_dot<BlockQ5_1>;
+    case WeightType::kQ8_0: return simd_rows<BlockQ8_0>;
+    case WeightType::kQ4_0: return simd_rows<BlockQ4_0>;
+    case WeightType::kQ4_1: return simd_rows<BlockQ4_1>;
+    case WeightType::kQ5_0: return simd_rows<BlockQ5_0>;
+    case WeightType::kQ5_1: return simd_rows<BlockQ5_1>;
     default: return nullptr;  // the K-quants: the scalar kernels
   }
 }

@@ -152,7 +152,8 @@ void check_kernel(RowDot k, WeightType t, const char* isa) {
       exact_f32x += static_cast<double>(wf[i]) * x[i];
       act_err += std::fabs(wf[i]) * a.d[i / 32] * (0.5 + 1.0 / 65536);
     }
-    const float got = k(w.data(), q8_row(a, 0), nb);
+    float got = std::numeric_limits<float>::quiet_NaN();
+    k(w.data(), w.size(), 1, q8_row(a, 0), nb, &got);
     const std::string where = std::string(isa) + " " + std::string(weight_type_name(t)) + " blocks " + std::to_string(nb);
     const double bound = (nb + 8) * kU * scale;
     EXPECT_LE(std::fabs(got - exact), bound) << where;
@@ -185,9 +186,35 @@ TEST(QuantDot, SimdKernelsMatchExactSumsAndScalar) {
         const std::vector<double> mag = magnitudes(t, w, nb * 32);
         double scale = 0.0;
         for (int64_t i = 0; i < nb * 32; ++i) scale += mag[i] * std::fabs(a.d[i / 32] * a.q[i]);
-        const float s = scalar_row_dot(t)(w.data(), q8_row(a, 0), nb), v = k(w.data(), q8_row(a, 0), nb);
+        float s = 0.0f, v = 0.0f;
+        scalar_row_dot(t)(w.data(), w.size(), 1, q8_row(a, 0), nb, &s);
+        k(w.data(), w.size(), 1, q8_row(a, 0), nb, &v);
         EXPECT_LE(std::fabs(s - v), 2 * (nb + 8) * kU * scale) << quant_isa_name(isa) << " " << weight_type_name(t)
                                                                << " blocks " << nb;
+      }
+    }
+  }
+}
+
+// Several rows per call: each row's result equals the row alone bit for bit, and every output is written.
+TEST(QuantDot, RowsPerCallDoNotChangeARow) {
+  std::mt19937 rng(21);
+  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512Vnni}) {
+    if (static_cast<int>(best_quant_isa()) < static_cast<int>(isa)) continue;
+    for (WeightType t : kBlockTypes) {
+      const RowDot k = row_dot_kernel(t, isa);
+      const int64_t nb = block_counts(t)[1], rows = 5;
+      const size_t row_bytes = weight_type_row_bytes(t, nb * 32);
+      const std::vector<uint8_t> w = random_blocks(t, rows * nb * 32, rng);
+      const std::vector<float> x = random_activations(nb * 32, rng);
+      Q8Rows a;
+      quantize_q8_rows(x.data(), 1, nb * 32, a);
+      std::vector<float> all(rows, std::numeric_limits<float>::quiet_NaN());
+      k(w.data(), row_bytes, rows, q8_row(a, 0), nb, all.data());
+      for (int64_t r = 0; r < rows; ++r) {
+        float one = std::numeric_limits<float>::quiet_NaN();
+        k(w.data() + r * row_bytes, row_bytes, 1, q8_row(a, 0), nb, &one);
+        EXPECT_EQ(all[r], one) << quant_isa_name(isa) << " " << weight_type_name(t) << " row " << r;
       }
     }
   }
