@@ -194,7 +194,6 @@ bool cpu_has_avx512_vnni() {
 #else
 bool cpu_has_avx2() { return false; }
 bool cpu_has_avx512_vnni() { return false; }
-RowDot avx2_row_dot_unavailable(WeightType) { return nullptr; }
 #endif
 
 }  // namespace
@@ -272,8 +271,9 @@ RowDot row_dot_kernel(WeightType t, QuantIsa isa) {
 }
 
 #if !RETROINFER_QUANT_X86
-RowDot avx2_row_dot(WeightType t) { return avx2_row_dot_unavailable(t); }
-RowDot avx512_row_dot(WeightType t) { return avx2_row_dot_unavailable(t); }
+// No SIMD translation units on this processor family (src/model/CMakeLists.txt): the scalar kernels only.
+RowDot avx2_row_dot(WeightType) { return nullptr; }
+RowDot avx512_row_dot(WeightType) { return nullptr; }
 #endif
 
 }  // namespace retroinfer::model

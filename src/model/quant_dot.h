@@ -4,8 +4,8 @@
 // target flags) are chosen once at run time from what the processor supports.
 //
 // Activations: blocks of 32 floats, each stored as int8 q[32] with one f32 scale d = max|x| / 127, so that
-// x ~= d * q (|x - d q| <= d / 2, q rounded to the nearest, ties to even), plus the block's integer sum of q (the min terms of Q4_1 / Q5_1 / K-quants
-// need sum(x) of the block). The integer part of every block product is exact; only the per-block f32
+// x ~= d * q (|x - d q| <= d / 2, q rounded to the nearest, ties to even), plus the block's integer sum of q
+// (the min terms of Q4_1 / Q5_1 / K-quants need sum(x) of the block). The integer part of every block product is exact; only the per-block f32
 // scaling and the f32 sum over blocks round.
 #pragma once
 

@@ -1,4 +1,5 @@
-// The forward pass of one sequence (chunked prefill and single-token decode, the products in linear.h) and batched decode of one token of each of several sequences (Session::decode_batch).
+// The forward pass of one sequence (chunked prefill and single-token decode; the products in linear.h) and
+// batched decode of one token of each of several sequences (Session::decode_batch).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

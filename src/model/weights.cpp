@@ -87,8 +87,8 @@ std::unique_ptr<Model> Model::load(const ModelFile& f, const ModelOptions& opt) 
                    ": tensor 'lm_head.weight' is missing and tie_word_embeddings is false");
   // Weights alone: refuse before converting anything.
   const int64_t need = stored_bytes(f, opt.weight_storage);
-  RETROINFER_CHECK(need <= m->memory_limit_, "model ", f.path(), ": the weights (", weight_storage_name(opt.weight_storage),
-                   ") need ", need >> 20, " MiB but only ", m->memory_limit_ >> 20,
+  RETROINFER_CHECK(need <= m->memory_limit_, "model ", f.path(), ": the weights (",
+                   weight_storage_name(opt.weight_storage), ") need ", need >> 20, " MiB but only ", m->memory_limit_ >> 20,
                    " MiB of memory are available; free memory or use a smaller model");
   m->weight_storage_ = opt.weight_storage;
   const bool keep = opt.weight_storage == WeightStorage::kBlocks;

@@ -1,12 +1,13 @@
 // SmolLM2-135M-Instruct (Q4_1 GGUF) with its weights kept in their blocks (WeightStorage::kBlocks: decode
 // products against 8-bit activations) against the same model widened to f32 (WeightStorage::kF32, the path
 // that matches transformers and llama.cpp's f32 run to 1e-4 of the logit range: test_model_smollm2.cpp,
-// test_model_llamacpp.cpp): logits of a 256-token prefill and 24 teacher-forced decode steps, the greedy
-// continuation, and the weights' memory. Skips when the model or the reference prompt is absent.
+// test_model_llamacpp.cpp): logits of a 256-token prefill and 24 teacher-forced decode steps, the top-1 token of
+// every step (equal but at near ties), and the weights' memory. Skips when the model or the reference prompt is absent.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -64,7 +65,8 @@ TEST(QuantizedModel, SmolLM2BlocksMatchF32) {
   const auto wide = Model::load(*file, of32);
   EXPECT_EQ(blocks->weight_storage(), WeightStorage::kBlocks);
   // Q4_1 layers (20 bytes / 32 weights) and a Q8_0 embedding (34 / 32) against 4 bytes a weight: 4.5x smaller.
-  EXPECT_LT(blocks->weight_bytes() * 4, wide->weight_bytes()) << blocks->weight_bytes() << " vs " << wide->weight_bytes();
+  EXPECT_LT(blocks->weight_bytes() * 4, wide->weight_bytes())
+      << blocks->weight_bytes() << " vs " << wide->weight_bytes();
 
   constexpr int kSteps = 24;
   SessionOptions so;
@@ -83,21 +85,30 @@ TEST(QuantizedModel, SmolLM2BlocksMatchF32) {
   std::vector<float> lf = row_of(pf, static_cast<int64_t>(tokens.size()) - 1, vocab);
   double decode_worst = rel_err(lb, lf);
   int same = 0;
-  bool diverged = false;
-  for (int i = 0; i < kSteps; ++i) {
-    const int32_t t = argmax(lf);  // teacher forcing with the f32 path's greedy tokens
-    if (!diverged && argmax(lb) == t) ++same;
-    else diverged = true;
+  for (int i = 0; i <= kSteps; ++i) {
+    // Teacher forcing with the f32 path's greedy tokens. The top-1 may differ only where the f32 path's top two
+    // are closer than twice the bound (each path's logits within the bound of the same values).
+    const int32_t t = argmax(lf);
+    if (argmax(lb) == t) {
+      ++same;
+    } else {
+      std::vector<float> sorted = lf;
+      std::nth_element(sorted.begin(), sorted.begin() + 1, sorted.end(), std::greater<float>());
+      const auto [lo, hi] = std::minmax_element(lf.begin(), lf.end());
+      const double margin = (static_cast<double>(sorted[0]) - sorted[1]) / (static_cast<double>(*hi) - *lo);
+      EXPECT_LT(margin, 2 * kDecodeRelTol) << "step " << i << ": block top-1 " << argmax(lb) << ", f32 " << t;
+    }
+    if (i == kSteps) break;
     sb.decode(t, lb);
     sf.decode(t, lf);
     decode_worst = std::max(decode_worst, rel_err(lb, lf));
   }
   if (std::getenv("RETROINFER_PRINT_ERR"))
-    std::printf("prefill rows max rel %.3g, decode max rel %.3g, greedy equal %d/%d\n", prefill_worst, decode_worst,
-                same, kSteps);
+    std::printf("prefill rows max rel %.3g, decode max rel %.3g, top-1 equal %d/%d\n", prefill_worst, decode_worst,
+                same, kSteps + 1);
   EXPECT_LE(decode_worst, kDecodeRelTol);
   EXPECT_GT(decode_worst, 0.0);  // the block products do differ from f32 (the test compares two paths)
-  EXPECT_EQ(same, kSteps) << "greedy tokens of the block products diverge from f32's";
+  EXPECT_GE(same, kSteps * 3 / 4) << "the block products' top-1 differs from f32's on most steps";
 }
 
 }  // namespace

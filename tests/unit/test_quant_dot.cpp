@@ -154,7 +154,8 @@ void check_kernel(RowDot k, WeightType t, const char* isa) {
     }
     float got = std::numeric_limits<float>::quiet_NaN();
     k(w.data(), w.size(), 1, q8_row(a, 0), nb, &got);
-    const std::string where = std::string(isa) + " " + std::string(weight_type_name(t)) + " blocks " + std::to_string(nb);
+    const std::string where =
+        std::string(isa) + " " + std::string(weight_type_name(t)) + " blocks " + std::to_string(nb);
     const double bound = (nb + 8) * kU * scale;
     EXPECT_LE(std::fabs(got - exact), bound) << where;
     // Against the unquantized activations: the activation rounding (<= d / 2 per element) on top.

@@ -91,7 +91,8 @@ std::unique_ptr<CudaModel> CudaModel::upload(const Model& model, WeightType type
                      " elements, expected ", count, " from the config");
     void* dst = im.alloc(static_cast<size_t>(count) * elem_bytes(type));
     if (type != WeightType::kF32 && staging.bytes() == 0) staging = DeviceBuffer(kStagingFloats * 4);
-    const int64_t chunk_rows = std::max<int64_t>(1, static_cast<int64_t>(kStagingFloats) / std::max<int64_t>(1, w.cols()));
+    const int64_t chunk_rows =
+        std::max<int64_t>(1, static_cast<int64_t>(kStagingFloats) / std::max<int64_t>(1, w.cols()));
     for (int64_t r0 = 0; r0 < w.rows(); r0 += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, w.rows() - r0);
       const size_t len = static_cast<size_t>(rows * w.cols()), off = static_cast<size_t>(r0 * w.cols());
