@@ -63,6 +63,21 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
+// Peak resident set of this process so far (VmHWM of /proc/self/status), in MiB; 0 when unreadable.
+double peak_rss_mib() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmHWM:") {
+      double kb = 0;
+      f >> kb;
+      return kb / 1024.0;
+    }
+    std::getline(f, key);
+  }
+  return 0.0;
+}
+
 double load_average() {
   double l = 0;
   std::ifstream f("/proc/loadavg");
@@ -97,9 +112,10 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                std::filesystem::path(m.model->path()).filename().c_str(), static_cast<long long>(o.context),
                o.new_tokens, m.engine->description().c_str(), sysconf(_SC_NPROCESSORS_ONLN), load_average());
   // One dense prefill (identical for every method: prefill attention is exact), then per method a fork of
-  // the session (KV copy + the method's on_prefill, timed as index_s) and the decode loop. Retro with a host
-  // or split placement prefills alone instead (prefills_alone: a host-tier session cannot be forked); its
-  // index_s is then 0 and its prefill_s its own.
+  // the session (KV copy + the method's on_prefill, timed as index_s) and the decode loop. A single method, and
+  // retro with a host or split placement (prefills_alone: a host-tier session cannot be forked), prefill alone
+  // instead, so that the process never holds a second copy of the KV (its peak RSS is the method's own); its
+  // index_s is then 0 and its prefill_s its own, the index build included.
   SessionOptions base_opt = make_session_options(o.model, AttentionKind::kFull, m.model->config().head_dim);
   base_opt.max_context = o.context + o.new_tokens;
   base_opt.kv_placement = method_kv_placement(base_opt.kv_placement, AttentionKind::kFull);
@@ -120,7 +136,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
   for (AttentionKind kind : kinds) {
     SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
     so.max_context = base_opt.max_context;
-    const bool alone = prefills_alone(so.kv_placement, kind);
+    const bool alone = prefills_alone(so.kv_placement, kind) || kinds.size() == 1;
     if (!alone && !base) {
       base = make_session(*m.engine, base_opt);
       logits = timed_prefill(*base, shared_prefill_s);
@@ -171,6 +187,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                           {"prefill_s", prefill_s},
                           {"prefill_tok_s", o.context / prefill_s},
                           {"index_s", index_s},
+                          {"prefilled_alone", alone},
                           {"decode_s", s.decode_seconds},
                           {"decode_steps", s.decode_steps},
                           {"decode_tok_s", s.decode_tokens_per_s},
@@ -182,6 +199,9 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                           {"device", std::string(device_name(m.engine->device()))},
                           {"device_description", m.engine->description()},
                           {"threads", num_threads()},
+                          {"cpu_weights", std::string(weight_storage_name(m.model->weight_storage()))},
+                          {"weight_bytes", m.model->weight_bytes()},
+                          {"peak_rss_mib", peak_rss_mib()},
                           {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
                           {"cores_online", sysconf(_SC_NPROCESSORS_ONLN)},
                           {"load_avg_before", load0},

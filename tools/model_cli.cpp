@@ -23,6 +23,10 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
   cmd->add_option("--weights", o.weights, "cuda: weight type on the GPU, bf16 or f32 (exactness checks)")
       ->capture_default_str()
       ->check(CLI::IsMember({"bf16", "f32"}));
+  cmd->add_option("--cpu-weights", o.cpu_weights,
+                  "cpu: quantized weights kept in their blocks (products with 8-bit activations) or widened to f32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"blocks", "f32"}));
   cmd->add_option("--threads", o.threads, "CPU threads (OpenMP + OpenBLAS); 0 = all cores")->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-dtype", o.kv_dtype, "KV cache storage: f32, bf16 or auto (cpu: f32; cuda: bf16, its only one)")
       ->capture_default_str()
@@ -113,6 +117,7 @@ LoadedModel load_model(const ModelCliOptions& o) {
   lo.engine.device = cli_device(o);  // a device that cannot run fails here, before the model is read
   lo.engine.weights = parse_device_weights(o.weights);
   lo.reserved_host_bytes = o.reserved_host_bytes;
+  lo.cpu_weights = parse_weight_storage(o.cpu_weights);
   return retroinfer::load_model(locate_model(o.model), lo);
 }
 

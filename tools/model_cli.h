@@ -45,6 +45,7 @@ struct ModelCliOptions {
   // cpu for now: the CUDA runner is new; flip it to auto once it has been verified on the GPU machine.
   std::string device = "cpu";
   std::string weights = "bf16";   // cuda: weight type on the GPU (bf16 | f32)
+  std::string cpu_weights = "blocks";  // cpu: block-type weights kept as blocks or widened (blocks | f32)
   int threads = 0;                // 0: OpenMP default
   std::string kv_dtype = "auto";  // f32 | bf16 | auto (f32 on cpu, bf16 on cuda)
   int prefill_chunk = 0;          // 0: the device's default (512 cpu, 2048 cuda)

@@ -2,10 +2,13 @@
 // embeddings, RMSNorm, RoPE (default / linear / dynamic / llama3 / yarn), GQA attention through the
 // attention interface (include/retroinfer/attention.h), SwiGLU MLP, final norm, tied or untied LM head.
 //
-// Weights are converted to f32 at load (any type ModelFile reads: f32/f16/bf16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/
-// Q4_K/Q5_K/Q6_K).
-// Prefill runs in chunks through cblas_sgemm; decode runs one token through an OpenMP matvec, or one token
-// of each of several sequences at once (Session::decode_batch: the weights read once for all of them).
+// Weights of the ggml block types (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K) stay in their blocks by default
+// (WeightStorage::kBlocks: memory and the bytes a decode step reads match the file); f32/f16/bf16 weights are
+// widened to f32 at load, as are all weights with WeightStorage::kF32.
+// Prefill runs in chunks through cblas_sgemm (block weights widened one tile at a time); decode runs one token
+// through per-row dot products (f32 rows, or block rows against the activations quantized to 8 bits, with
+// SIMD kernels chosen at run time), or one token of each of several sequences at once
+// (Session::decode_batch: the weights read once for all of them).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "retroinfer/attention.h"
@@ -27,7 +31,7 @@ class ModelFile;
 
 // Bytes a model and one sequence of `context_tokens` need on the CPU.
 struct MemoryEstimate {
-  int64_t weight_bytes = 0;      // f32 weights after conversion
+  int64_t weight_bytes = 0;      // the weights in f32 (an upper bound for WeightStorage::kBlocks)
   int64_t kv_bytes = 0;          // keys + values of every layer for context_tokens tokens
   int64_t activation_bytes = 0;  // scratch of one prefill chunk (+ logits)
   int64_t total() const { return weight_bytes + kv_bytes + activation_bytes; }
@@ -46,12 +50,21 @@ int64_t model_max_context(const ModelConfig& cfg);
 void set_num_threads(int n);
 int num_threads();
 
+// How the CPU runner keeps the weights of the ggml block types.
+enum class WeightStorage : uint8_t {
+  kBlocks,  // as stored; decode products quantize the activations to 8 bits per 32 (docs/model-runner.md)
+  kF32,     // widened to f32 at load: 4 bytes a weight, products in f32 (the reference for kBlocks)
+};
+std::string_view weight_storage_name(WeightStorage s);  // "blocks" | "f32"
+WeightStorage parse_weight_storage(std::string_view s);  // throws Error for anything else
+
 struct ModelOptions {
   // Memory budget for the checks; 0 = available_memory_bytes(). Tests set it to exercise the refusal.
   int64_t memory_limit_bytes = 0;
+  WeightStorage weight_storage = WeightStorage::kBlocks;
 };
 
-// A loaded model: config + f32 weights. Immutable after load; any number of Sessions may use it at once.
+// A loaded model: config + weights. Immutable after load; any number of Sessions may use it at once.
 class Model {
  public:
   // path: anything ModelFile::open accepts (a HF directory, a .safetensors file, a .gguf file).
@@ -65,7 +78,8 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const std::string& path() const { return path_; }
-  int64_t weight_bytes() const;
+  int64_t weight_bytes() const;  // bytes the weights take in memory, as stored
+  WeightStorage weight_storage() const { return weight_storage_; }
   int64_t memory_limit_bytes() const { return memory_limit_; }  // the budget the checks use
 
   struct Weights;  // defined in src/model/weights.h
@@ -76,6 +90,7 @@ class Model {
   ModelConfig cfg_;
   std::string path_;
   int64_t memory_limit_ = 0;
+  WeightStorage weight_storage_ = WeightStorage::kBlocks;
   std::unique_ptr<Weights> w_;
 };
 

@@ -111,6 +111,9 @@ class ModelFile {  // an opened model: config + tensors, memory-mapped, validate
   // reading its mapping past the new end would raise SIGBUS. A check, not a lock: a file truncated after it
   // still faults (docs/reliability.md). A file replaced by rename keeps its old, complete mapping.
   virtual void check_files_unchanged() const {}
+  // Advice after a caller copied t's bytes: the tensor's memory-mapped pages leave the process's resident set
+  // (they fault back in from the file when read again). A no-op for bytes not mapped from a file.
+  virtual void release_pages(const TensorInfo& t) const { (void)t; }
 };
 
 // Converts n elements of type t starting at src (whole blocks) to f32. dst: [n].

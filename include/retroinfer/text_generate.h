@@ -24,6 +24,7 @@ namespace retroinfer {
 
 struct LoadOptions {
   EngineOptions engine;  // device (resolved, not "auto") and its weight type
+  WeightStorage cpu_weights = WeightStorage::kBlocks;  // how the CPU model keeps block-type weights (model.h)
   // The tokenizer: unset = the model's own (tokenizer.json beside the weights, or the GGUF vocabulary);
   // a path = that tokenizer.json; "" = none (token ids only).
   std::optional<std::string> tokenizer;

@@ -31,10 +31,18 @@ ModelIdentity model_identity(const Model& model, const Tokenizer* tokenizer) {
   const std::string cs = cfg.str();
   uint64_t h = mix_bytes(0, cs.data(), cs.size());
   // A strided sample of the embedding (at most about 64K values) and the whole final norm.
+  // The embedding's values in f32 whatever its storage (WeightMatrix::widen_rows is bit for bit the f32 load).
   const Model::Weights& w = model.weights();
-  const size_t stride = std::max<size_t>(1, w.embed.size() / 65536);
-  std::vector<float> sample;
-  for (size_t i = 0; i < w.embed.size(); i += stride) sample.push_back(w.embed[i]);
+  const size_t cols = static_cast<size_t>(w.embed.cols()), n = static_cast<size_t>(w.embed.rows()) * cols;
+  const size_t stride = std::max<size_t>(1, n / 65536);
+  std::vector<float> sample, row(cols);
+  int64_t widened = -1;
+  for (size_t i = 0; i < n; i += stride) {
+    const auto r = static_cast<int64_t>(i / cols);
+    if (r != widened) w.embed.widen_rows(r, 1, row.data());
+    widened = r;
+    sample.push_back(row[i % cols]);
+  }
   h = mix_bytes(h, sample.data(), sample.size() * sizeof(float));
   h = mix_bytes(h, w.final_norm.data(), w.final_norm.size() * sizeof(float));
   if (tokenizer != nullptr) {

@@ -21,6 +21,7 @@ LoadedModel load_model(const std::string& path, const LoadOptions& opt) {
                      " MiB of memory are available; reserve less");
     mo.memory_limit_bytes = available - opt.reserved_host_bytes;
   }
+  mo.weight_storage = opt.cpu_weights;
   m.model = Model::load(*m.file, mo);
   if (!opt.tokenizer) m.tokenizer = load_model_tokenizer(*m.file);
   else if (!opt.tokenizer->empty()) m.tokenizer = Tokenizer::from_json_file(*opt.tokenizer);

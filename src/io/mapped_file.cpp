@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -48,6 +49,16 @@ void MappedFile::check_unchanged() const {
   RETROINFER_CHECK(static_cast<size_t>(st.st_size) >= size_, path_, ": the file shrank from ", size_, " to ",
                    st.st_size, " bytes while it was being read (truncated or rewritten in place); wait until it "
                    "is complete and load it again (replace model files by rename, not in place)");
+}
+
+void MappedFile::release_pages(const uint8_t* p, size_t n) const {
+  if (data_ == nullptr || p + n <= data_ || p >= data_ + size_) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = std::max(reinterpret_cast<uintptr_t>(p), reinterpret_cast<uintptr_t>(data_));
+  const uintptr_t hi = std::min(reinterpret_cast<uintptr_t>(p + n), reinterpret_cast<uintptr_t>(data_ + size_));
+  const uintptr_t first = (lo + page - 1) / page * page, last = hi / page * page;
+  // Advice only: a failure leaves the pages resident, which costs memory and nothing else.
+  if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
 }  // namespace retroinfer::io

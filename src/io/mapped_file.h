@@ -25,6 +25,10 @@ class MappedFile {
   // it was mapped; a read of the mapping past the new end would raise SIGBUS). Checks the mapped inode (the
   // descriptor stays open), so a file replaced by rename passes: its old inode stays mapped and whole.
   void check_unchanged() const;
+  // Drops the resident pages wholly inside [p, p + n) from this process (madvise MADV_DONTNEED): a caller that
+  // copied the bytes lets them leave its resident set; a later read faults them back in from the file. Bytes
+  // outside the mapping are ignored.
+  void release_pages(const uint8_t* p, size_t n) const;
 
  private:
   std::string path_;

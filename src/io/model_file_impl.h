@@ -25,6 +25,9 @@ class LoadedModel final : public ModelFile {
   void check_files_unchanged() const override {
     for (const auto& f : files_) f->check_unchanged();
   }
+  void release_pages(const TensorInfo& t) const override {
+    for (const auto& f : files_) f->release_pages(t.data, t.nbytes);
+  }
 
   // Building (only during open()).
   ModelConfig& mutable_config() { return config_; }

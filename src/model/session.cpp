@@ -1,12 +1,11 @@
-// The forward pass of one sequence (chunked prefill through cblas_sgemm, single-token decode through an
-// OpenMP matvec) and batched decode of one token of each of several sequences (Session::decode_batch).
-#include <cblas.h>
-
+// The forward pass of one sequence (chunked prefill and single-token decode; the products in linear.h) and
+// batched decode of one token of each of several sequences (Session::decode_batch).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
+#include "model/linear.h"
 #include "model/prefill_attention.h"
 #include "model/rope.h"
 #include "model/weights.h"
@@ -20,67 +19,8 @@ namespace {
 // microseconds (much more on an oversubscribed host), which a loop over fewer than ~64K floats does not repay.
 constexpr int64_t kParallelMin = 1 << 16;
 
-// Dot products of one weight row w[in] with R activation rows x[R, in]: out[r] = sum_i w[i] * x[r, i].
-// The sum has a fixed shape whatever R: 8 lane partial sums over blocks of 8 (i % 8), added in a fixed tree,
-// then the tail in order. So a row's result does not depend on how many rows share the call (batched decode
-// equals single decode bit for bit), while the weight element loaded once serves R rows (register blocking:
-// the batch's gain once decode stops being memory-bound). The 8 lanes vectorise (2 SSE / 1 AVX register).
-constexpr int kLanes = 8;
-template <int R>
-inline void dot_rows(const float* w, const float* x, int64_t in, float* out) {
-  float acc[R][kLanes] = {};
-  const int64_t body = in / kLanes * kLanes;
-  for (int64_t i = 0; i < body; i += kLanes)
-    for (int r = 0; r < R; ++r)
-      for (int j = 0; j < kLanes; ++j) acc[r][j] += w[i + j] * x[r * in + i + j];
-  for (int r = 0; r < R; ++r) {
-    const float* a = acc[r];
-    float sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-    for (int64_t i = body; i < in; ++i) sum += w[i] * x[r * in + i];
-    out[r] = sum;
-  }
-}
-
-// y[n, out] = x[n, in] @ W[out, in]^T + beta * y, each W row read once for all n rows (in blocks of 4
-// rows: dot_rows): the decode matvec, memory-bound on W at n = 1, batched over sequences. One OpenMP loop
-// over output rows (rather than OpenBLAS's own thread pool, so that decode uses a single threading runtime).
-void matvec_rows(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out, float beta) {
-  constexpr int kBlock = 4;  // rows per dot_rows call: 4 x 8 accumulators + the weights fit 16 SSE registers
-#pragma omp parallel for schedule(static) if (out * in >= kParallelMin)
-  for (int64_t o = 0; o < out; ++o) {
-    const float* row = w + o * in;
-    float acc[kBlock];
-    for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
-      const int64_t m = std::min<int64_t>(kBlock, n - t0);
-      const float* xs = x + t0 * in;
-      switch (m) {
-        case 4: dot_rows<4>(row, xs, in, acc); break;
-        case 3: dot_rows<3>(row, xs, in, acc); break;
-        case 2: dot_rows<2>(row, xs, in, acc); break;
-        default: dot_rows<1>(row, xs, in, acc); break;
-      }
-      for (int64_t t = 0; t < m; ++t) {
-        float& yo = y[(t0 + t) * out + o];
-        yo = beta == 0.0f ? acc[t] : acc[t] + beta * yo;
-      }
-    }
-  }
-}
-
-// How a forward pass multiplies n rows by a weight matrix: prefill chunks through cblas_sgemm (compute
-// bound), decode rows through matvec_rows (memory bound; also keeps batched decode equal to single decode).
-enum class Gemm : uint8_t { kBlas, kRows };
-
-// y[n, out] = x[n, in] @ W[out, in]^T + beta * y (cblas_sgemm for kBlas and n > 1, else matvec_rows).
-void matmul(const float* x, const float* w, float* y, int64_t n, int64_t in, int64_t out, float beta, Gemm g) {
-  if (n == 1 || g == Gemm::kRows) {
-    matvec_rows(x, w, y, n, in, out, beta);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
-                static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in), beta, y,
-                static_cast<int>(out));
-  }
-}
+using model::Gemm;
+using model::linear;
 
 // y[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for n rows of dim h (the Hugging Face LlamaRMSNorm in f32;
 // the mean is accumulated in double).
@@ -134,8 +74,7 @@ struct ForwardBuffers {
 // b.x[t] = embedding of tokens[t] for n rows (tokens already checked against the vocabulary).
 void embed_rows(const ModelConfig& c, const Model::Weights& w, const int32_t* tokens, int64_t n, ForwardBuffers& b) {
   const int64_t h = c.hidden_size;
-  for (int64_t t = 0; t < n; ++t)
-    std::copy_n(w.embed.data() + static_cast<int64_t>(tokens[t]) * h, h, b.x.data() + t * h);
+  for (int64_t t = 0; t < n; ++t) w.embed.widen_rows(tokens[t], 1, b.x.data() + t * h);
 }
 
 // Attention input of n rows: b.q [n, hq, d] and b.k [n, hkv, d] post-RoPE (b.cos/b.sin hold each row's
@@ -144,7 +83,7 @@ void qkv_rows(const ModelConfig& c, const Model::Weights::Layer& L, ForwardBuffe
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
   const int64_t qkvw = (hq + 2 * hkv) * d;
   rms_norm(b.x.data(), L.attn_norm.data(), b.xn.data(), n, h, c.rms_norm_eps);
-  matmul(b.xn.data(), L.wqkv.data(), b.qkv.data(), n, h, qkvw, 0.0f, g);
+  linear(b.xn.data(), L.wqkv, b.qkv.data(), n, 0.0f, g);
 #pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
     float* row = b.qkv.data() + t * qkvw;
@@ -161,9 +100,9 @@ void qkv_rows(const ModelConfig& c, const Model::Weights::Layer& L, ForwardBuffe
 // After attention (b.att [n, hq * d]): x += att @ Wo^T, then x += MLP(RMSNorm(x)) (SwiGLU), for n rows.
 void output_and_mlp_rows(const ModelConfig& c, const Model::Weights::Layer& L, ForwardBuffers& b, int64_t n, Gemm g) {
   const int64_t h = c.hidden_size, inter = c.intermediate_size;
-  matmul(b.att.data(), L.wo.data(), b.x.data(), n, c.num_heads_q * c.head_dim, h, 1.0f, g);  // residual
+  linear(b.att.data(), L.wo, b.x.data(), n, 1.0f, g);  // residual
   rms_norm(b.x.data(), L.mlp_norm.data(), b.xn.data(), n, h, c.rms_norm_eps);
-  matmul(b.xn.data(), L.wgate_up.data(), b.gu.data(), n, h, 2 * inter, 0.0f, g);
+  linear(b.xn.data(), L.wgate_up, b.gu.data(), n, 0.0f, g);
 #pragma omp parallel for schedule(static) if (n * h >= kParallelMin)
   for (int64_t t = 0; t < n; ++t) {
     const float* gt = b.gu.data() + t * 2 * inter;
@@ -171,7 +110,7 @@ void output_and_mlp_rows(const ModelConfig& c, const Model::Weights::Layer& L, F
     float* a = b.act.data() + t * inter;
     for (int64_t i = 0; i < inter; ++i) a[i] = gt[i] / (1.0f + std::exp(-gt[i])) * u[i];  // SiLU(g) * u
   }
-  matmul(b.act.data(), L.wdown.data(), b.x.data(), n, inter, h, 1.0f, g);  // residual: x += act @ Wd^T
+  linear(b.act.data(), L.wdown, b.x.data(), n, 1.0f, g);  // residual: x += act @ Wd^T
 }
 
 // logits [n - from, vocab] of rows [from, n): final norm + LM head.
@@ -180,7 +119,7 @@ void lm_head_rows(const ModelConfig& c, const Model::Weights& w, ForwardBuffers&
   const int64_t keep = n - from, h = c.hidden_size;
   if (keep <= 0) return;
   rms_norm(b.x.data() + from * h, w.final_norm.data(), b.xn.data(), keep, h, c.rms_norm_eps);
-  matmul(b.xn.data(), w.lm_head_data(), logits, keep, h, c.vocab_size, 0.0f, g);
+  linear(b.xn.data(), w.lm_head_matrix(), logits, keep, 0.0f, g);
 }
 
 }  // namespace
@@ -203,10 +142,10 @@ Session::Session(const Model& model, const SessionOptions& opt) : model_(model),
                    " tokens (max_position_embeddings of ", model.path(), "); shorten the prompt or generate fewer tokens");
   if (opt.max_context > 0) {
     const MemoryEstimate e = estimate_memory(c, max_context_, opt.kv_dtype, opt.prefill_chunk);
-    const int64_t left = model.memory_limit_bytes() - e.weight_bytes;
+    const int64_t left = model.memory_limit_bytes() - model.weight_bytes();
     RETROINFER_CHECK(e.kv_bytes + e.activation_bytes <= left, "session: ", max_context_, " tokens need ",
                      (e.kv_bytes + e.activation_bytes) >> 20, " MiB of KV cache and scratch but only ",
-                     std::max<int64_t>(left, 0) >> 20, " MiB are left after the ", e.weight_bytes >> 20,
+                     std::max<int64_t>(left, 0) >> 20, " MiB are left after the ", model.weight_bytes() >> 20,
                      " MiB of weights; use a shorter context or --kv-dtype bf16");
   }
   const AttentionShape shape{c.num_heads_q, c.num_heads_kv, c.head_dim};

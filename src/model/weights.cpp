@@ -1,6 +1,8 @@
-// Loading: ModelFile tensors (any stored type) -> f32 Model::Weights, with shape checks and the memory
-// estimate made before anything large is allocated.
+// Loading: ModelFile tensors (any stored type) -> Model::Weights (block types kept or widened to f32, by
+// ModelOptions::weight_storage), with shape checks and the memory check made before anything large is allocated.
 #include "model/weights.h"
+
+#include "model/quant_dot.h"
 
 #include <cstring>
 #include <sstream>
@@ -29,24 +31,39 @@ const TensorInfo& require(const ModelFile& f, const std::string& name, std::vect
   return *t;
 }
 
-// Appends the f32 values of a tensor to dst.
-void append_f32(const ModelFile& f, const TensorInfo& t, std::vector<float>& dst) {
-  std::vector<float> v = f.to_f32(t);
-  dst.insert(dst.end(), v.begin(), v.end());
-}
-
 std::vector<float> load_f32(const ModelFile& f, const std::string& name, std::vector<int64_t> shape) {
   return f.to_f32(require(f, name, std::move(shape)));
 }
 
+// Bytes the weights of f take in memory with the given storage: the f32 estimate, less what each kept block
+// tensor saves (its file bytes instead of 4 bytes an element; an upper bound when a tensor is widened after all,
+// see WeightMatrix::append).
+int64_t stored_bytes(const ModelFile& f, WeightStorage storage) {
+  int64_t n = estimate_memory(f.config(), 1, DType::kF32, 1).weight_bytes;
+  if (storage != WeightStorage::kBlocks) return n;
+  for (const std::string& name : f.tensor_names()) {
+    const TensorInfo& t = f.get(name);
+    if (model::has_quant_kernel(t.type)) n -= t.numel() * 4 - static_cast<int64_t>(t.nbytes);
+  }
+  return n;
+}
+
 }  // namespace
 
+std::string_view weight_storage_name(WeightStorage s) { return s == WeightStorage::kF32 ? "f32" : "blocks"; }
+
+WeightStorage parse_weight_storage(std::string_view s) {
+  if (s == "blocks") return WeightStorage::kBlocks;
+  if (s == "f32") return WeightStorage::kF32;
+  RETROINFER_FAIL("unknown CPU weight storage '", s, "': expected blocks or f32");
+}
+
 int64_t Model::Weights::bytes() const {
-  int64_t n = static_cast<int64_t>(embed.size() + final_norm.size() + lm_head.size());
+  int64_t n = embed.bytes() + lm_head.bytes() + static_cast<int64_t>(final_norm.size()) * 4;
   for (const auto& l : layers)
-    n += static_cast<int64_t>(l.attn_norm.size() + l.wqkv.size() + l.bqkv.size() + l.wo.size() + l.mlp_norm.size() +
-                              l.wgate_up.size() + l.wdown.size());
-  return n * 4;
+    n += l.wqkv.bytes() + l.wo.bytes() + l.wgate_up.bytes() + l.wdown.bytes() +
+         static_cast<int64_t>(l.attn_norm.size() + l.bqkv.size() + l.mlp_norm.size()) * 4;
+  return n;
 }
 
 int64_t Model::weight_bytes() const { return w_->bytes(); }
@@ -68,17 +85,24 @@ std::unique_ptr<Model> Model::load(const ModelFile& f, const ModelOptions& opt) 
   const bool tied = c.tie_word_embeddings;
   RETROINFER_CHECK(tied || f.find("lm_head.weight") != nullptr, "model ", f.path(),
                    ": tensor 'lm_head.weight' is missing and tie_word_embeddings is false");
-  // Weights alone (KV for a minimal context of one token): refuse before converting anything.
-  const MemoryEstimate est = estimate_memory(m->cfg_, 1, DType::kF32, 1);
-  RETROINFER_CHECK(est.weight_bytes <= m->memory_limit_, "model ", f.path(), ": the f32 weights need ",
-                   est.weight_bytes >> 20, " MiB but only ", m->memory_limit_ >> 20,
+  // Weights alone: refuse before converting anything.
+  const int64_t need = stored_bytes(f, opt.weight_storage);
+  RETROINFER_CHECK(need <= m->memory_limit_, "model ", f.path(), ": the weights (",
+                   weight_storage_name(opt.weight_storage), ") need ", need >> 20, " MiB but only ", m->memory_limit_ >> 20,
                    " MiB of memory are available; free memory or use a smaller model");
+  m->weight_storage_ = opt.weight_storage;
+  const bool keep = opt.weight_storage == WeightStorage::kBlocks;
+  auto matrix = [&](int64_t cols, std::initializer_list<std::pair<std::string, std::vector<int64_t>>> tensors) {
+    model::WeightMatrix w(cols);
+    for (const auto& [name, shape] : tensors) w.append(f, require(f, name, shape), keep);
+    return w;
+  };
 
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
   const int64_t inter = c.intermediate_size, vocab = c.vocab_size;
   auto w = std::make_unique<Weights>();
-  w->embed = load_f32(f, "model.embed_tokens.weight", {vocab, h});
-  if (!tied) w->lm_head = load_f32(f, "lm_head.weight", {vocab, h});
+  w->embed = matrix(h, {{"model.embed_tokens.weight", {vocab, h}}});
+  if (!tied) w->lm_head = matrix(h, {{"lm_head.weight", {vocab, h}}});
   w->final_norm = load_f32(f, "model.norm.weight", {h});
   w->layers.resize(c.num_layers);
   for (int i = 0; i < c.num_layers; ++i) {
@@ -86,20 +110,19 @@ std::unique_ptr<Model> Model::load(const ModelFile& f, const ModelOptions& opt) 
     Weights::Layer& L = w->layers[i];
     L.attn_norm = load_f32(f, p + "input_layernorm.weight", {h});
     L.mlp_norm = load_f32(f, p + "post_attention_layernorm.weight", {h});
-    L.wqkv.reserve((hq + 2 * hkv) * d * h);
-    append_f32(f, require(f, p + "self_attn.q_proj.weight", {hq * d, h}), L.wqkv);
-    append_f32(f, require(f, p + "self_attn.k_proj.weight", {hkv * d, h}), L.wqkv);
-    append_f32(f, require(f, p + "self_attn.v_proj.weight", {hkv * d, h}), L.wqkv);
+    L.wqkv = matrix(h, {{p + "self_attn.q_proj.weight", {hq * d, h}},
+                        {p + "self_attn.k_proj.weight", {hkv * d, h}},
+                        {p + "self_attn.v_proj.weight", {hkv * d, h}}});
     if (c.attention_bias) {
-      append_f32(f, require(f, p + "self_attn.q_proj.bias", {hq * d}), L.bqkv);
-      append_f32(f, require(f, p + "self_attn.k_proj.bias", {hkv * d}), L.bqkv);
-      append_f32(f, require(f, p + "self_attn.v_proj.bias", {hkv * d}), L.bqkv);
+      for (const char* part : {"q", "k", "v"}) {
+        const std::string name = p + "self_attn." + part + "_proj.bias";
+        const std::vector<float> b = load_f32(f, name, {(part[0] == 'q' ? hq : hkv) * d});
+        L.bqkv.insert(L.bqkv.end(), b.begin(), b.end());
+      }
     }
-    L.wo = load_f32(f, p + "self_attn.o_proj.weight", {h, hq * d});
-    L.wgate_up.reserve(2 * inter * h);
-    append_f32(f, require(f, p + "mlp.gate_proj.weight", {inter, h}), L.wgate_up);
-    append_f32(f, require(f, p + "mlp.up_proj.weight", {inter, h}), L.wgate_up);
-    L.wdown = load_f32(f, p + "mlp.down_proj.weight", {h, inter});
+    L.wo = matrix(hq * d, {{p + "self_attn.o_proj.weight", {h, hq * d}}});
+    L.wgate_up = matrix(h, {{p + "mlp.gate_proj.weight", {inter, h}}, {p + "mlp.up_proj.weight", {inter, h}}});
+    L.wdown = matrix(inter, {{p + "mlp.down_proj.weight", {h, inter}}});
   }
   m->w_ = std::move(w);
   return m;

@@ -1,28 +1,30 @@
-// The model's weights in f32, laid out for the forward pass.
+// The model's weights as the CPU forward pass reads them: linear-layer matrices in their stored block types or
+// f32 (weight_matrix.h, by ModelOptions::weight_storage), norms and biases in f32.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "model/weight_matrix.h"
 #include "retroinfer/model.h"
 
 namespace retroinfer {
 
 struct Model::Weights {
   struct Layer {
-    std::vector<float> attn_norm;  // [hidden]
-    std::vector<float> wqkv;       // [(hq + 2 hkv) * head_dim, hidden], row-major: q rows, then k, then v
-    std::vector<float> bqkv;       // [(hq + 2 hkv) * head_dim] or empty (no QKV bias)
-    std::vector<float> wo;         // [hidden, hq * head_dim]
-    std::vector<float> mlp_norm;   // [hidden]
-    std::vector<float> wgate_up;   // [2 * intermediate, hidden]: gate rows, then up rows
-    std::vector<float> wdown;      // [hidden, intermediate]
+    std::vector<float> attn_norm;    // [hidden]
+    model::WeightMatrix wqkv;        // [(hq + 2 hkv) * head_dim, hidden]: q rows, then k, then v
+    std::vector<float> bqkv;         // [(hq + 2 hkv) * head_dim] or empty (no QKV bias)
+    model::WeightMatrix wo;          // [hidden, hq * head_dim]
+    std::vector<float> mlp_norm;     // [hidden]
+    model::WeightMatrix wgate_up;    // [2 * intermediate, hidden]: gate rows, then up rows
+    model::WeightMatrix wdown;       // [hidden, intermediate]
   };
-  std::vector<float> embed;        // [vocab, hidden]
+  model::WeightMatrix embed;       // [vocab, hidden]; a token's row is widened when it is looked up
   std::vector<Layer> layers;       // [num_layers]
   std::vector<float> final_norm;   // [hidden]
-  std::vector<float> lm_head;      // [vocab, hidden]; empty when tied (then `embed` is used)
-  const float* lm_head_data() const { return lm_head.empty() ? embed.data() : lm_head.data(); }
+  model::WeightMatrix lm_head;     // [vocab, hidden]; empty when tied (then `embed` is used)
+  const model::WeightMatrix& lm_head_matrix() const { return lm_head.empty() ? embed : lm_head; }
   int64_t bytes() const;
 };
 

@@ -244,7 +244,9 @@ TEST(CudaModelSmolLM2, GreedyContinuationMatchesCpu) {
   std::ifstream rf(ref_path);
   auto tokens = nlohmann::json::parse(rf).at("tokens").get<std::vector<int32_t>>();
   tokens.resize(std::min<size_t>(tokens.size(), 1024));
-  auto m = Model::load(gguf);
+  ModelOptions f32;  // the CPU reference in f32 throughout, as the CUDA runner's f32 weights
+  f32.weight_storage = WeightStorage::kF32;
+  auto m = Model::load(gguf, f32);
   constexpr int kGreedy = 32;
   const auto t0 = std::chrono::steady_clock::now();
   const CpuRun ref = gputest::cpu_run(*m, tokens, kGreedy, 512, /*all_logits=*/false);

@@ -39,14 +39,19 @@ std::vector<std::vector<float>> run(const Model& m, const std::vector<int32_t>& 
   return rows;
 }
 
-// Multiplies every weight matrix element by (1 + rel * u), u uniform in [-1, 1]. The Model object is not
-// const (Model::load made it), so writing through the const accessor is defined.
+// Multiplies every weight matrix element by (1 + rel * u), u uniform in [-1, 1]; the model must hold its weights
+// in f32 (WeightStorage::kF32). The Model object is not const (Model::load made it), so writing through the
+// const accessor is defined.
 void perturb(const Model& m, double rel, uint64_t seed) {
   auto& w = const_cast<Model::Weights&>(m.weights());
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> u(-1.0, 1.0);
-  auto p = [&](std::vector<float>& v) {
-    for (auto& x : v) x = static_cast<float>(x * (1.0 + rel * u(rng)));
+  auto p = [&](const model::WeightMatrix& v) {
+    for (auto& part : const_cast<std::vector<model::WeightMatrix::Part>&>(v.parts())) {
+      ASSERT_EQ(part.type, WeightType::kF32) << "perturb needs f32 weights";
+      auto* x = reinterpret_cast<float*>(part.data.data());
+      for (size_t i = 0; i < part.data.size() / 4; ++i) x[i] = static_cast<float>(x[i] * (1.0 + rel * u(rng)));
+    }
   };
   p(w.embed);
   p(w.lm_head);
@@ -106,7 +111,9 @@ TEST(KvRounding, DISABLED_SmolLM2) {
   std::ifstream rf(std::filesystem::path(RETROINFER_TEST_DATA) / "models" / "smollm2-reference.json");
   auto tokens = nlohmann::json::parse(rf).at("tokens").get<std::vector<int32_t>>();
   tokens.resize(std::min<size_t>(tokens.size(), 1024));
-  measure("smollm2", [&] { return Model::load(gguf); }, tokens, 512, 32, false, 2e-7);
+  ModelOptions f32;
+  f32.weight_storage = WeightStorage::kF32;
+  measure("smollm2", [&] { return Model::load(gguf, f32); }, tokens, 512, 32, false, 2e-7);
 }
 
 }  // namespace

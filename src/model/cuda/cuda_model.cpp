@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cuda_check.h"
 #include "kernels/model_kernels.h"
@@ -83,21 +84,27 @@ std::unique_ptr<CudaModel> CudaModel::upload(const Model& model, WeightType type
   im.w.type = type;
   const Model::Weights& src = model.weights();
 
-  DeviceBuffer staging;  // f32 chunk on its way to bf16
-  auto matrix = [&](const std::vector<float>& host, int64_t count, const char* what) -> const void* {
-    RETROINFER_CHECK(static_cast<int64_t>(host.size()) == count, "CudaModel::upload: ", what, " has ", host.size(),
+  DeviceBuffer staging;     // f32 chunk on its way to bf16
+  std::vector<float> host;  // one chunk of rows widened from the CPU model's storage (weight_matrix.h)
+  auto matrix = [&](const ::retroinfer::model::WeightMatrix& w, int64_t count, const char* what) -> const void* {
+    RETROINFER_CHECK(w.rows() * w.cols() == count, "CudaModel::upload: ", what, " has ", w.rows() * w.cols(),
                      " elements, expected ", count, " from the config");
     void* dst = im.alloc(static_cast<size_t>(count) * elem_bytes(type));
-    if (type == WeightType::kF32) {
-      RETROINFER_CUDA_CHECK(cudaMemcpy(dst, host.data(), host.size() * 4, cudaMemcpyHostToDevice));
-      return dst;
-    }
-    if (staging.bytes() == 0) staging = DeviceBuffer(kStagingFloats * 4);
-    for (size_t off = 0; off < host.size(); off += kStagingFloats) {
-      const size_t len = std::min(kStagingFloats, host.size() - off);
+    if (type != WeightType::kF32 && staging.bytes() == 0) staging = DeviceBuffer(kStagingFloats * 4);
+    const int64_t chunk_rows =
+        std::max<int64_t>(1, static_cast<int64_t>(kStagingFloats) / std::max<int64_t>(1, w.cols()));
+    for (int64_t r0 = 0; r0 < w.rows(); r0 += chunk_rows) {
+      const int64_t rows = std::min(chunk_rows, w.rows() - r0);
+      const size_t len = static_cast<size_t>(rows * w.cols()), off = static_cast<size_t>(r0 * w.cols());
+      host.resize(len);
+      w.widen_rows(r0, rows, host.data());
+      if (type == WeightType::kF32) {
+        RETROINFER_CUDA_CHECK(cudaMemcpy(static_cast<float*>(dst) + off, host.data(), len * 4, cudaMemcpyHostToDevice));
+        continue;
+      }
       // Synchronous copy into the staging buffer: the previous chunk's conversion (default stream) has
       // finished reading it before cudaMemcpy starts (legacy default-stream ordering).
-      RETROINFER_CUDA_CHECK(cudaMemcpy(staging.data(), host.data() + off, len * 4, cudaMemcpyHostToDevice));
+      RETROINFER_CUDA_CHECK(cudaMemcpy(staging.data(), host.data(), len * 4, cudaMemcpyHostToDevice));
       detail::launch_check(model::f32_to_bf16_array(staging.as<float>(), static_cast<uint16_t*>(dst) + off, len, nullptr),
                            "f32_to_bf16(upload)", nullptr);
     }
@@ -112,7 +119,7 @@ std::unique_ptr<CudaModel> CudaModel::upload(const Model& model, WeightType type
   };
 
   im.w.embed = matrix(src.embed, n.embed, "embed");
-  im.w.lm_head = src.lm_head.empty() ? im.w.embed : matrix(src.lm_head, n.embed, "lm_head");
+  im.w.lm_head = src.lm_head.empty() ? im.w.embed : matrix(src.lm_head, n.embed, "lm_head");  // empty: tied
   im.w.final_norm = vec_f32(src.final_norm, n.hidden, "final_norm");
   RETROINFER_CHECK(static_cast<int>(src.layers.size()) == c.num_layers, "CudaModel::upload: ", src.layers.size(),
                    " layers, expected ", c.num_layers);

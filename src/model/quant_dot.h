@@ -1,0 +1,70 @@
+// Dot products of quantized weight rows (ggml blocks as stored in a GGUF file) with activations quantized to
+// 8 bits, the CPU decode's products (src/model/linear.cpp). One portable scalar kernel per weight type is the
+// reference; AVX2 and AVX-512 VNNI kernels (quant_dot_avx2.cpp, quant_dot_avx512.cpp, compiled with their own
+// target flags) are chosen once at run time from what the processor supports.
+//
+// Activations: blocks of 32 floats, each stored as int8 q[32] with one f32 scale d = max|x| / 127, so that
+// x ~= d * q (|x - d q| <= d / 2, q rounded to the nearest, ties to even), plus the block's integer sum of q
+// (the min terms of Q4_1 / Q5_1 / K-quants need sum(x) of the block). The integer part of every block product is exact; only the per-block f32
+// scaling and the f32 sum over blocks round.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "retroinfer/model_file.h"
+
+namespace retroinfer::model {
+
+inline constexpr int kQ8Block = 32;  // activation elements per scale
+
+// One or more rows of activations in 8 bits. Row r: q [r * cols .. (r + 1) * cols), d and sum
+// [r * blocks .. (r + 1) * blocks), blocks = cols / 32.
+struct Q8Rows {
+  int64_t rows = 0, cols = 0;
+  std::vector<int8_t> q;     // [rows, cols]
+  std::vector<float> d;      // [rows, cols / 32]: the block scales
+  std::vector<int32_t> sum;  // [rows, cols / 32]: sum of the block's q
+  std::vector<float> ds;     // [rows, cols / 32]: d * sum, the block's sum of x as quantized (min terms)
+  int64_t blocks() const { return cols / kQ8Block; }
+};
+
+// x [rows, cols] (cols a multiple of 32) -> out. q = round-to-nearest-even(x / d), d = max|x| / 127 (0 for an
+// all-zero block, whose q are all 0). Deterministic: a row quantizes the same whatever the other rows.
+void quantize_q8_rows(const float* x, int64_t rows, int64_t cols, Q8Rows& out);
+
+// One activation row in the form the kernels read.
+struct Q8Row {
+  const int8_t* q = nullptr;      // [blocks * 32]
+  const float* d = nullptr;       // [blocks]
+  const int32_t* sum = nullptr;   // [blocks]
+  const float* ds = nullptr;      // [blocks]
+};
+inline Q8Row q8_row(const Q8Rows& a, int64_t r) {
+  const int64_t nb = a.blocks();
+  return {a.q.data() + r * a.cols, a.d.data() + r * nb, a.sum.data() + r * nb, a.ds.data() + r * nb};
+}
+
+// w: `rows` weight rows of `blocks32 * 32` elements in their stored type, row_bytes apart (for the K-quants
+// blocks32 is a multiple of 8). out[r] = sum_i w[r]_i * (d q)_i, each row summed alone (a row's result does not
+// depend on `rows`): several rows per call keep the per-row call overhead out of the decode products.
+using RowDot = void (*)(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_t blocks32, float* out);
+
+enum class QuantIsa : uint8_t { kScalar, kAvx2, kAvx512Vnni };
+const char* quant_isa_name(QuantIsa isa);
+// The best instruction set this processor supports among those compiled in (decided once per process).
+QuantIsa best_quant_isa();
+// True when weights of type t are multiplied through the kernels above (the ggml block types); false for the
+// float types (kept as f32 and multiplied by the f32 paths).
+bool has_quant_kernel(WeightType t);
+// The kernel for weight type t on isa; an ISA without a kernel of its own for t falls back to the next lower
+// one (down to the scalar reference). Throws Error for a type without a kernel.
+RowDot row_dot_kernel(WeightType t, QuantIsa isa);
+
+// The scalar reference kernels, per type (the tests compare the SIMD kernels against these).
+RowDot scalar_row_dot(WeightType t);
+// The SIMD tables: nullptr where the ISA has no kernel of its own for t (quant_dot_avx2.cpp / _avx512.cpp).
+RowDot avx2_row_dot(WeightType t);
+RowDot avx512_row_dot(WeightType t);
+
+}  // namespace retroinfer::model

@@ -1,0 +1,149 @@
+// The x86 SIMD bodies of the quantized row dots (quant_dot.h), included by exactly two translation units:
+// quant_dot_avx2.cpp (-mavx2 -mfma -mf16c) and quant_dot_avx512.cpp (the same plus AVX-512 F/VL/BW/VNNI),
+// which differ in one instruction: the 32-byte integer dot, maddubs + madd on AVX2, vpdpbusd with VNNI.
+// Everything here has internal linkage and uses only intrinsics, so no inline function compiled for the
+// wider ISA can be picked by the linker for baseline code.
+//
+// Every block's integer dot is exact (|u8 * s8 + u8 * s8| <= 2 * 31 * 127 < 2^15, so maddubs does not
+// saturate for the 4- and 5-bit types; the signed Q8_0 / Q4_0 / Q5_0 go through |w| and sign(a, w), whose
+// pair sums stay <= 2 * 127 * 127 < 2^15); the block is scaled in f32 and accumulated in 8 f32 lanes, so the
+// result differs from the scalar reference only in the f32 rounding of the sum over blocks.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "model/quant_dot.h"
+
+#ifndef RETROINFER_QUANT_DOT_VNNI
+#error "define RETROINFER_QUANT_DOT_VNNI (0 or 1) before including quant_dot_x86.h"
+#endif
+
+namespace retroinfer::model {
+namespace {
+
+inline float f16(const uint8_t* p) {
+  uint16_t h = 0;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// 8 int32 lanes: sums of 4 adjacent products u[i] * s[i] (u unsigned, s signed bytes).
+inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if RETROINFER_QUANT_DOT_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// Signed bytes w times signed bytes a.
+inline __m256i dot_s8s8(__m256i w, __m256i a) { return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)); }
+
+// 32 nibbles of 16 bytes in element order: low nibbles (elements 0..15), then high nibbles (16..31).
+inline __m256i unpack_nibbles(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+
+// 0x10 in byte j where bit j of the 32-bit qh is set (the fifth bit of Q5_0 / Q5_1 element j).
+inline __m256i fifth_bits(const uint8_t* qh_bytes) {
+  uint32_t qh = 0;
+  std::memcpy(&qh, qh_bytes, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+inline __m256i load_act(const int8_t* q) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 scaled(__m256i idot, float scale, __m256 acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(idot), _mm256_set1_ps(scale), acc);
+}
+
+// The per-block integer dots of each type, as 8 int32 lanes, and where the block's f16 scale (and min) lie.
+struct BlockQ8_0 {
+  static constexpr int kBytes = 34, kMin = -1;
+  static __m256i idot(const uint8_t* w, __m256i a) {
+    return dot_s8s8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + 2)), a);
+  }
+};
+struct BlockQ4_0 {
+  static constexpr int kBytes = 18, kMin = -1;
+  static __m256i idot(const uint8_t* w, __m256i a) {
+    return dot_s8s8(_mm256_sub_epi8(unpack_nibbles(w + 2), _mm256_set1_epi8(8)), a);
+  }
+};
+struct BlockQ4_1 {
+  static constexpr int kBytes = 20, kMin = 2;
+  static __m256i idot(const uint8_t* w, __m256i a) { return dot_u8s8(unpack_nibbles(w + 4), a); }
+};
+struct BlockQ5_0 {
+  static constexpr int kBytes = 22, kMin = -1;
+  static __m256i idot(const uint8_t* w, __m256i a) {
+    const __m256i q5 = _mm256_or_si256(unpack_nibbles(w + 6), fifth_bits(w + 2));
+    return dot_s8s8(_mm256_sub_epi8(q5, _mm256_set1_epi8(16)), a);
+  }
+};
+struct BlockQ5_1 {
+  static constexpr int kBytes = 24, kMin = 2;
+  static __m256i idot(const uint8_t* w, __m256i a) {
+    return dot_u8s8(_mm256_or_si256(unpack_nibbles(w + 8), fifth_bits(w + 4)), a);
+  }
+};
+
+// sum over blocks of d_w d_a idot (+ m_w d_a sum(q_a) for the types with a min). Two blocks per iteration into
+// two accumulators, so that consecutive blocks' multiply-adds do not wait for each other.
+template <class B>
+float simd_dot(const uint8_t* w, Q8Row a, int64_t nb) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float mins0 = 0.0f, mins1 = 0.0f;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2, w += 2 * B::kBytes) {
+    const __m256i i0 = B::idot(w, load_act(a.q + b * 32));
+    const __m256i i1 = B::idot(w + B::kBytes, load_act(a.q + (b + 1) * 32));
+    acc0 = scaled(i0, f16(w) * a.d[b], acc0);
+    acc1 = scaled(i1, f16(w + B::kBytes) * a.d[b + 1], acc1);
+    if constexpr (B::kMin >= 0) {
+      mins0 += f16(w + B::kMin) * a.ds[b];
+      mins1 += f16(w + B::kBytes + B::kMin) * a.ds[b + 1];
+    }
+  }
+  if (b < nb) {
+    acc0 = scaled(B::idot(w, load_act(a.q + b * 32)), f16(w) * a.d[b], acc0);
+    if constexpr (B::kMin >= 0) mins0 += f16(w + B::kMin) * a.ds[b];
+  }
+  return hsum(_mm256_add_ps(acc0, acc1)) + (mins0 + mins1);
+}
+
+template <class B>
+void simd_rows(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_t nb, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = simd_dot<B>(w + static_cast<size_t>(r) * row_bytes, a, nb);
+}
+
+RowDot simd_table(WeightType t) {
+  switch (t) {
+    case WeightType::kQ8_0: return simd_rows<BlockQ8_0>;
+    case WeightType::kQ4_0: return simd_rows<BlockQ4_0>;
+    case WeightType::kQ4_1: return simd_rows<BlockQ4_1>;
+    case WeightType::kQ5_0: return simd_rows<BlockQ5_0>;
+    case WeightType::kQ5_1: return simd_rows<BlockQ5_1>;
+    default: return nullptr;  // the K-quants: the scalar kernels
+  }
+}
+
+}  // namespace
+}  // namespace retroinfer::model
