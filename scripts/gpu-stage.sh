@@ -22,9 +22,14 @@ for b in ${BINARIES:-retroinfer gpu_tests kernel_bench prefill_bench wave_buffer
 done
 # Runtime libraries of this machine that the GPU machine's image lacks (OpenBLAS, OpenMP, ICU, PCRE2; the HTTP
 # server's Boost.Beast/Asio is header-only).
+# Each library as the staged CLI resolves it (its RUNPATH picks Debian's OpenMP build of OpenBLAS; ldconfig's
+# default is the pthread build, whose own thread pool fights OpenMP's: on the GPU machine's 16 cores that made
+# CPU prefill 3-10x slower), else ldconfig's.
+cli=$build/bin/retroinfer
 for l in libopenblas.so.0 libgomp.so.1 libgfortran.so.5 libquadmath.so.0 libicuuc.so.72 libicudata.so.72 \
          libpcre2-8.so.0; do
-  p=$(ldconfig -p | awk -v n="$l" '$1 == n && !found {print $NF; found = 1}')  # reads all input: no SIGPIPE under pipefail
+  p=$( { [ -x "$cli" ] && ldd "$cli"; } 2>/dev/null | awk -v n="$l" '$1 == n && $3 ~ /^\// && !found {print $3; found = 1}')
+  [ -n "$p" ] || p=$(ldconfig -p | awk -v n="$l" '$1 == n && !found {print $NF; found = 1}')  # reads all input: no SIGPIPE under pipefail
   [ -n "$p" ] && xz -9 -T2 -c "$(readlink -f "$p")" > "$stage/lib/$l.xz"
 done
 cp "$root"/scripts/*.sh "$root"/scripts/*.py "$stage/scripts/" 2>/dev/null || true
