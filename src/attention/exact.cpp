@@ -83,7 +83,7 @@ template <int D>
 
 // attend_block_impl for the head_dim at hand, compiled for AVX-512, AVX2 + FMA and the baseline and picked at
 // run time (target_clones): the loops over head_dim and over the block vectorise.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+RETROINFER_TARGET_CLONES
 void attend_block(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q, int group,
                   int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
   if (d == 128)
@@ -151,7 +151,7 @@ template <int D>
   }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+RETROINFER_TARGET_CLONES
 void estimate(const float* logits, int64_t num_clusters, const int32_t* ids, int n, const int32_t* sizes,
               const float* value_sums, int group, int d, SoftmaxScalars* st, float* o, float* p) {
   if (d == 128)

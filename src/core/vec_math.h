@@ -7,6 +7,14 @@
 #include <bit>
 #include <cstdint>
 
+// The callers' per-instruction-set clones (ifunc resolvers). ThreadSanitizer's runtime is not up when the
+// resolvers run at load time (the binary crashes before main), so a TSan build compiles the baseline only.
+#if defined(__SANITIZE_THREAD__)
+#define RETROINFER_TARGET_CLONES
+#else
+#define RETROINFER_TARGET_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+
 namespace retroinfer::core {
 
 // e^x for x <= 0 (a logit minus a running or a block maximum): e^x = 2^n * e^r with

@@ -52,7 +52,7 @@ namespace {
 
 // The loops of score_clusters and scores_from_logits, compiled for AVX-512, AVX2 + FMA and the baseline and
 // picked at run time (target_clones); core/vec_math.h's kernels vectorise without -ffast-math.
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+RETROINFER_TARGET_CLONES
 void cluster_logits(const float* centroids, int k, int d, const float* q, int group, float scale, float* logits) {
   for (int j = 0; j < k; ++j) {
     const float* c = centroids + static_cast<int64_t>(j) * d;
@@ -63,7 +63,7 @@ void cluster_logits(const float* centroids, int k, int d, const float* q, int gr
 
 // p[j] = e^(lg[j] - m) for the non-empty clusters, 0 for the empty ones; returns their sum (in kLanes partial
 // sums, the same with any vector width).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+RETROINFER_TARGET_CLONES
 float softmax_numerators(const int32_t* sizes, int k, const float* lg, float m, float* p) {
   for (int j = 0; j < k; ++j) p[j] = sizes[j] > 0 ? core::exp_nonpositive(lg[j] - m) : 0.0f;
   float part[core::kLanes] = {};
