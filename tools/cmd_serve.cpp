@@ -36,6 +36,7 @@ struct ServeCliOptions {
   std::vector<std::string> allowed_origins, allowed_hosts;
   bool allow_special_tokens_in_content = false, no_request_log = false;
   double prefix_cache_mb = 0.0;  // 0: no prefix cache
+  double prefix_cache_gpu_mb = 0.0;  // cuda: the prefix cache's GPU tier (device copies of its blocks); 0: none
   int prefix_cache_block = PrefixCacheOptions{}.block_tokens;
   std::vector<std::string> preload;  // snapshots put in the prefix cache, pinned
 };
@@ -96,6 +97,8 @@ void run_serve(const ServeCliOptions& o) {
   so.parse_special_in_content = o.allow_special_tokens_in_content;
   RETROINFER_CHECK(o.preload.empty() || o.prefix_cache_mb > 0, "serve: --preload puts snapshots in the prefix cache; "
                    "give --prefix-cache-mb (at least the snapshots' K/V)");
+  RETROINFER_CHECK(o.prefix_cache_gpu_mb == 0 || o.prefix_cache_mb > 0, "serve: --prefix-cache-gpu-mb keeps device "
+                   "copies of the prefix cache's blocks; give --prefix-cache-mb too (the cache itself, in host memory)");
   if (o.prefix_cache_mb > 0) {
     const auto bytes = static_cast<int64_t>(o.prefix_cache_mb * (1 << 20));
     so.prefix_cache = std::make_shared<PrefixCache>(PrefixCacheOptions{o.prefix_cache_block, bytes});
@@ -146,6 +149,7 @@ void run_serve(const ServeCliOptions& o) {
 
   ModelCliOptions model_opt = o.model;
   if (so.prefix_cache) model_opt.reserved_host_bytes = so.prefix_cache->options().capacity_bytes;
+  model_opt.prefix_gpu_bytes = static_cast<int64_t>(o.prefix_cache_gpu_mb * (1 << 20));
   LoadedModel m = load_model(model_opt);
   // With the model's head_dim: the default cluster size depends on it (default_tokens_per_cluster).
   so.session = make_session_options(o.model, kind, m.model->config().head_dim);
@@ -282,7 +286,12 @@ void setup_serve(CLI::App& app) {
   cmd->add_flag("--no-request-log", o->no_request_log, "No JSON log line per request on stderr");
   cmd->add_option("--prefix-cache-mb", o->prefix_cache_mb,
                   "Host memory (MiB) of a prefix cache across requests: a prompt that starts with cached blocks "
-                  "prefills only the rest (CPU runner; 0 = none)")
+                  "prefills only the rest (0 = none; on cuda, requests whose KV is all on the GPU)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--prefix-cache-gpu-mb", o->prefix_cache_gpu_mb,
+                  "cuda: GPU memory (MiB) for device copies of the prefix cache's blocks, so that a hit copies them "
+                  "inside the GPU instead of over PCIe; sessions leave it free (0 = none)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--prefix-cache-block", o->prefix_cache_block, "Tokens per prefix-cache block")

@@ -116,6 +116,7 @@ LoadedModel load_model(const ModelCliOptions& o) {
   LoadOptions lo;
   lo.engine.device = cli_device(o);  // a device that cannot run fails here, before the model is read
   lo.engine.weights = parse_device_weights(o.weights);
+  lo.engine.prefix_gpu_bytes = o.prefix_gpu_bytes;
   lo.reserved_host_bytes = o.reserved_host_bytes;
   lo.cpu_weights = parse_weight_storage(o.cpu_weights);
   return retroinfer::load_model(locate_model(o.model), lo);

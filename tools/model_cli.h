@@ -52,6 +52,7 @@ struct ModelCliOptions {
   AttentionCliValues attention;  // the attention parameters given (attention_cli.h); the rest keep their defaults
   KvPlacementCliValues kv_placement;
   int64_t reserved_host_bytes = 0;  // not a flag: serve's prefix cache (LoadOptions::reserved_host_bytes)
+  int64_t prefix_gpu_bytes = 0;     // not a flag: serve's --prefix-cache-gpu-mb (EngineOptions::prefix_gpu_bytes)
 };
 
 // Adds --model, --device, --weights, --threads, --kv-dtype, --prefill-chunk, the attention parameters

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,16 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
 };
+
+// One 2-D copy inside device memory: `rows` rows of `width` bytes, src_pitch / dst_pitch bytes apart.
+struct DeviceCopyPiece {
+  const uint8_t* src = nullptr;
+  uint8_t* dst = nullptr;
+  uint64_t width = 0, rows = 0, src_pitch = 0, dst_pitch = 0;
+};
+// Every piece in one kernel launch on `s` (thousands of small copies cost one launch, not one each: a prefix's
+// K/V blocks x layers); returns once they are done. Pieces must not overlap one another's destinations.
+void copy_device_pieces(std::span<const DeviceCopyPiece> pieces, Stream s);
 
 // Device-side test and benchmark data: fills count elements with pseudo-random values (counter-based
 // hash, reproducible for a seed) of mean 0 and standard deviation `stddev` (sum of 4 uniforms).

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -32,6 +33,8 @@ namespace retroinfer::cuda {
 enum class WeightType : uint8_t { kBf16, kF32 };  // f32: exactness tests against the CPU runner
 
 // A model's weights in GPU memory. Immutable after load; any number of sessions may use it.
+class GpuPrefixTier;
+
 class CudaModel {
  public:
   // From a CPU model's f32 weights (converted to `type` on upload).
@@ -49,6 +52,15 @@ class CudaModel {
   struct Weights;                // defined in src/backend/cuda/model/
   const Weights& weights() const;
 
+  // The prefix cache's GPU tier (docs/prefix-cache.md): sessions of this model give the K/V blocks they
+  // export device copies within capacity_bytes (0: none, the default), load them back inside GPU memory,
+  // and plan their own memory with the tier's unused capacity held back. Set before the first session;
+  // throws Error for a negative capacity.
+  void set_prefix_gpu_tier(int64_t capacity_bytes);
+  // The tier, or null without one (defined in src/model/cuda/prefix_gpu_tier.h).
+  GpuPrefixTier* prefix_gpu_tier() const;
+  std::optional<PrefixGpuTierStats> prefix_gpu_tier_stats() const;  // nullopt without a tier
+
  private:
   CudaModel();
   struct Impl;
@@ -63,6 +75,9 @@ struct CudaSessionOptions {
   int gpu_layers = -1;              // kSplit: layers on the GPU (-1: as many as fit)
   WaveBufferConfig wave;            // host-tier layers
   int64_t gpu_memory_limit = 0;     // bytes the session may use on the GPU; 0 = free memory minus a reserve
+  // With gpu_memory_limit 0: GPU bytes left free beside the reserve. The session adds its model's prefix GPU
+  // tier's unused capacity (CudaModel::set_prefix_gpu_tier), so that the tier's copies keep their room.
+  int64_t gpu_held_back_bytes = 0;
   int64_t host_memory_limit = 0;    // pinned bytes; 0 = a share of MemAvailable
   // Decode runs the model's non-attention work (embedding, norms, products, RoPE / KV append, LM head) as
   // CUDA graphs captured once per session, one per gap between two layers' attention; the attention runs

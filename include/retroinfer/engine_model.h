@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -48,6 +49,9 @@ int default_prefill_chunk(Device d);
 struct EngineOptions {
   Device device = Device::kCpu;
   DeviceWeights weights = DeviceWeights::kBf16;  // cuda only: the uploaded weights' type
+  // cuda only: GPU bytes for device copies of the prefix cache's blocks (its GPU tier, docs/prefix-cache.md;
+  // 0: none). Sessions leave this room free. An Error on cpu when > 0.
+  int64_t prefix_gpu_bytes = 0;
 };
 
 class EngineModel {
@@ -68,6 +72,9 @@ class EngineModel {
   int64_t device_weight_bytes() const;
   // One line for logs and reports: "cpu (8 threads)" or "cuda: NVIDIA H200 (sm_90, 139 GiB), bf16 weights".
   std::string description() const;
+
+  // The prefix cache's GPU tier (EngineOptions::prefix_gpu_bytes) in numbers; nullopt without one.
+  std::optional<PrefixGpuTierStats> prefix_gpu_tier_stats() const;
 
   struct Impl;  // the uploaded CUDA model (engine_model.cpp); empty on cpu
   const Impl& impl() const { return *impl_; }

@@ -31,6 +31,23 @@ Device parse_device(std::string_view s);  // "cpu" | "cuda" (throws Error otherw
 
 class SequenceSession;
 
+// A copy of a KvBlock's bytes that a runner keeps in its own memory: the CUDA runner's GPU tier of the prefix
+// cache (docs/prefix-cache.md) gives the blocks it exports a device copy, so that loading them again is a copy
+// inside GPU memory instead of one over PCIe. Owned by the block (freed with it); the runner may drop its memory
+// earlier to make room, and then loads the block from its host bytes.
+class KvBlockCopy {
+ public:
+  virtual ~KvBlockCopy() = default;
+};
+
+// The CUDA runner's prefix GPU tier (its KvBlockCopy objects) in numbers: EngineModel::prefix_gpu_tier_stats,
+// the server's /metrics.
+struct PrefixGpuTierStats {
+  int64_t capacity_bytes = 0, held_bytes = 0, copies = 0;  // now
+  int64_t made = 0, dropped = 0;    // copies made; dropped to make room (their blocks then load from host memory)
+  int64_t loaded = 0, relayed = 0;  // blocks loads took from device copies / from host memory (over PCIe)
+};
+
 // K/V rows of every layer for a run of consecutive positions, in the KV cache's storage dtype (post-RoPE, as
 // the cache holds them): one block of a prefix cache (prefix_cache.h) or a snapshot's context (snapshot.h).
 struct KvBlock {
@@ -39,6 +56,8 @@ struct KvBlock {
   int64_t tokens = 0;
   // [layer][0 = keys, 1 = values][kv head][token][head_dim], dtype elements.
   std::vector<uint8_t> bytes;
+  // The same bytes in a runner's memory (KvBlockCopy), or null: `bytes` stays the block's content either way.
+  std::shared_ptr<const KvBlockCopy> device_copy;
   int64_t row_bytes() const { return static_cast<int64_t>(head_dim) * dtype_size(dtype); }
   // Bytes of one (layer, K or V, head) run of `tokens` rows.
   int64_t run_bytes() const { return tokens * row_bytes(); }

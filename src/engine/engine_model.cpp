@@ -63,14 +63,28 @@ int default_prefill_chunk(Device d) { return d == Device::kCuda ? 2048 : 512; }
 EngineModel::EngineModel(const Model& model, const EngineOptions& opt)
     : model_(model), opt_(opt), impl_(std::make_unique<Impl>()) {
   check_device(opt.device);
+  RETROINFER_CHECK(opt.prefix_gpu_bytes >= 0, "the prefix cache's GPU tier needs a capacity >= 0, got ",
+                   opt.prefix_gpu_bytes, " bytes (--prefix-cache-gpu-mb)");
+  RETROINFER_CHECK(opt.prefix_gpu_bytes == 0 || opt.device == Device::kCuda,
+                   "the prefix cache's GPU tier (--prefix-cache-gpu-mb) needs --device cuda; on the cpu the prefix "
+                   "cache is in host memory only (--prefix-cache-mb)");
 #if RETROINFER_WITH_CUDA
-  if (opt.device == Device::kCuda)
+  if (opt.device == Device::kCuda) {
     impl_->cuda = cuda::CudaModel::upload(
         model, opt.weights == DeviceWeights::kF32 ? cuda::WeightType::kF32 : cuda::WeightType::kBf16);
+    impl_->cuda->set_prefix_gpu_tier(opt.prefix_gpu_bytes);
+  }
 #endif
 }
 
 EngineModel::~EngineModel() = default;
+
+std::optional<PrefixGpuTierStats> EngineModel::prefix_gpu_tier_stats() const {
+#if RETROINFER_WITH_CUDA
+  if (impl_->cuda != nullptr) return impl_->cuda->prefix_gpu_tier_stats();
+#endif
+  return std::nullopt;
+}
 
 int64_t EngineModel::device_weight_bytes() const {
 #if RETROINFER_WITH_CUDA

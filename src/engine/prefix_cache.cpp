@@ -150,6 +150,7 @@ KvBlock slice_kv(const KvBlock& b, int64_t from, int64_t to) {
   RETROINFER_CHECK(0 <= from && from < to && to <= b.tokens, "prefix cache: slice [", from, ", ", to,
                    ") of a block of ", b.tokens, " tokens");
   KvBlock out = b;
+  out.device_copy.reset();  // a runner's copy holds the whole block, not the slice
   out.tokens = to - from;
   out.bytes.assign(2 * static_cast<size_t>(b.num_layers) * b.num_heads_kv * out.run_bytes(), 0);
   for (int l = 0; l < b.num_layers; ++l)

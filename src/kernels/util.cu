@@ -77,6 +77,40 @@ __global__ void read_flush_kernel(const uint4* __restrict__ src, size_t n16, uns
 }
 }  // namespace
 
+namespace {
+// blockIdx.x: the piece; blockIdx.y strides over its rows; 16-byte moves when every address and length allows.
+__global__ void copy_pieces_kernel(const DeviceCopyPiece* __restrict__ pieces) {
+  const DeviceCopyPiece p = pieces[blockIdx.x];
+  const bool wide =
+      ((reinterpret_cast<uintptr_t>(p.src) | reinterpret_cast<uintptr_t>(p.dst) | p.width | p.src_pitch | p.dst_pitch) &
+       15) == 0;
+  for (uint64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const uint8_t* s = p.src + r * p.src_pitch;
+    uint8_t* d = p.dst + r * p.dst_pitch;
+    if (wide) {
+      for (uint64_t i = threadIdx.x; i < p.width / 16; i += blockDim.x)
+        reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+    } else {
+      for (uint64_t i = threadIdx.x; i < p.width; i += blockDim.x) d[i] = s[i];
+    }
+  }
+}
+}  // namespace
+
+void copy_device_pieces(std::span<const DeviceCopyPiece> pieces, Stream s) {
+  if (pieces.empty()) return;
+  RETROINFER_CHECK(pieces.size() < (size_t{1} << 31), "copy_device_pieces: ", pieces.size(), " pieces in one call");
+  uint64_t rows = 1;
+  for (const DeviceCopyPiece& p : pieces) rows = p.rows > rows ? p.rows : rows;
+  auto st = static_cast<cudaStream_t>(s);
+  DeviceBuffer list(pieces.size_bytes());
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(list.data(), pieces.data(), pieces.size_bytes(), cudaMemcpyHostToDevice, st));
+  const dim3 grid(static_cast<unsigned>(pieces.size()), static_cast<unsigned>(rows < 64 ? rows : 64));
+  copy_pieces_kernel<<<grid, 256, 0, st>>>(list.as<const DeviceCopyPiece>());
+  detail::launch_check(cudaSuccess, "copy_device_pieces", st);
+  synchronize(s);  // `list` is freed on return
+}
+
 void flush_l2(Stream s) {
   DeviceBuffer& scratch = flush_scratch();
   RETROINFER_CUDA_CHECK(cudaMemsetAsync(scratch.data(), 0, scratch.bytes(), static_cast<cudaStream_t>(s)));

@@ -10,8 +10,10 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +60,8 @@ class ServerMetrics {
   LatencyHistogram time_to_first_token;  // submit to the first sampled token (queue + prefill)
   LatencyHistogram inter_token_latency;  // between a request's successive tokens
   std::shared_ptr<const PrefixCache> prefix_cache;  // set by the handler when the server has one (read at render)
+  // The CUDA runner's prefix GPU tier (EngineModel::prefix_gpu_tier_stats); set by the handler when there is one.
+  std::function<std::optional<PrefixGpuTierStats>()> prefix_gpu_tier;
 
   std::string render(bool ready) const;
 

@@ -95,6 +95,7 @@ ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenize
   RETROINFER_CHECK(opt_.request_timeout_s >= 0, "serve: --request-timeout must be >= 0, got ", opt_.request_timeout_s);
   metrics_->max_batch = opt_.max_batch;
   metrics_->prefix_cache = opt_.prefix_cache;
+  if (model_.prefix_gpu_tier_stats()) metrics_->prefix_gpu_tier = [this] { return model_.prefix_gpu_tier_stats(); };
   BatchSchedulerOptions bo;
   bo.prefix_cache = opt_.prefix_cache;
   bo.max_batch = opt_.max_batch;

@@ -21,6 +21,7 @@
 #include "retroinfer/generate.h"
 #include "retroinfer/prefix_cache.h"
 #include "retroinfer/sampler.h"
+#include "retroinfer/cuda_model.h"
 
 namespace retroinfer {
 namespace {
@@ -80,13 +81,17 @@ void expect_same_tokens(const Greedy& warm, const Greedy& cold, float tie) {
   }
 }
 
-// A synthetic head_dim-64 model on the CUDA runner and 300 random tokens.
+// A synthetic head_dim-64 model on the CUDA runner (with a prefix GPU tier of gpu_tier_bytes) and 300 random
+// tokens.
 struct SyntheticEngine {
+  explicit SyntheticEngine(int64_t gpu_tier_bytes = 0)
+      : engine(*m, EngineOptions{Device::kCuda, DeviceWeights::kBf16, gpu_tier_bytes}) {}
   ModelConfig c = gputest::synthetic_config(64);
   gputest::MemoryModelFile f{c, 11};
   std::unique_ptr<Model> m = Model::load(f);
-  EngineModel engine{*m, EngineOptions{Device::kCuda, DeviceWeights::kBf16}};
+  EngineModel engine;
   std::vector<int32_t> tokens = gputest::random_tokens(300, c.vocab_size, 5);
+  PrefixGpuTierStats tier() const { return engine.prefix_gpu_tier_stats().value(); }
 };
 
 KvPrefix prefix_of(const SequenceSession& s, const std::vector<int32_t>& tokens, int64_t n) {
@@ -204,6 +209,90 @@ TEST(CudaPrefix, RefusesWhatItDoesNotServeWithAClearError) {
   wrong[3] ^= 1;
   EXPECT_NE(error_of([&] { s1->prefill(wrong); }).find("does not continue the loaded prefix"), std::string::npos);
   EXPECT_NE(error_of([&] { s1->export_kv(0, 65); }).find("outside"), std::string::npos);
+}
+
+
+// The prefix cache's GPU tier: blocks exported by a session get device copies, a hit loads them inside the GPU
+// (no block relayed) and generates the cold prefill's tokens; a tier too small for every block drops the least
+// recently used copies, and those blocks load from host memory with the same result.
+TEST(CudaPrefix, GpuTierLoadsCopiesInsideTheGpuWithTheColdTokens) {
+  RETROINFER_REQUIRE_GPU();
+  const SessionOptions so = options(AttentionKind::kRetro);
+  GenerateOptions g;
+  g.max_new_tokens = 10;
+  g.ignore_eos = true;
+  const ModelConfig c = gputest::synthetic_config(64);
+  const int64_t block_bytes = 2LL * c.num_layers * c.num_heads_kv * 32 * c.head_dim * 2;  // 32-token blocks, bf16
+  for (const int64_t tier_blocks : {int64_t{64}, int64_t{3}}) {
+    SCOPED_TRACE(tier_blocks);
+    const SyntheticEngine se(tier_blocks * block_bytes);
+    const std::vector<int32_t> doc(se.tokens.begin(), se.tokens.begin() + 192);  // 6 blocks
+    std::vector<int32_t> q1 = doc, q2 = doc;
+    q1.insert(q1.end(), se.tokens.begin() + 200, se.tokens.begin() + 220);
+    q2.insert(q2.end(), se.tokens.begin() + 230, se.tokens.begin() + 260);
+    const GenerateSummary cold = generate(se.engine, so, q2, g);
+    PrefixCache cache({.block_tokens = 32, .capacity_bytes = 64 << 20});
+    generate(se.engine, so, q1, g, {}, &cache);
+    const PrefixGpuTierStats filled = se.tier();
+    EXPECT_EQ(filled.made, 6);
+    EXPECT_EQ(filled.copies, std::min<int64_t>(6, tier_blocks));
+    EXPECT_EQ(filled.held_bytes, filled.copies * block_bytes);
+        const GenerateSummary hit = generate(se.engine, so, q2, g, {}, &cache);
+    EXPECT_EQ(hit.tokens, cold.tokens);
+    const PrefixGpuTierStats after = se.tier();
+    EXPECT_EQ(after.loaded, std::min<int64_t>(6, tier_blocks));
+    EXPECT_EQ(after.relayed, 6 - after.loaded);
+  }
+}
+
+// Sessions plan with the tier's unused capacity held back, and a block's copy goes with the block.
+TEST(CudaPrefix, GpuTierCapacityIsHeldBackFromSessionsAndFreedWithItsBlocks) {
+  RETROINFER_REQUIRE_GPU();
+  const SessionOptions so = options(AttentionKind::kFull);
+  const int64_t tier_bytes = int64_t{1} << 30;
+  const SyntheticEngine plain, tiered(tier_bytes);
+  const auto free_of = [&](const EngineModel& e) {
+    auto s = make_session(e, so);
+    return dynamic_cast<cuda::CudaSequenceSession&>(*s).session().memory_plan().gpu_free_bytes;
+  };
+  const int64_t without = free_of(plain.engine), with = free_of(tiered.engine);
+  EXPECT_NEAR(static_cast<double>(without - with), static_cast<double>(tier_bytes), 64.0 * (1 << 20));
+  auto s = make_session(tiered.engine, so);
+  s->prefill(std::vector<int32_t>(tiered.tokens.begin(), tiered.tokens.begin() + 100));
+  {
+    const KvBlock b = s->export_kv(0, 64);
+    EXPECT_NE(b.device_copy, nullptr);
+    EXPECT_EQ(tiered.tier().copies, 1);
+    EXPECT_EQ(slice_kv(b, 0, 32).device_copy, nullptr) << "a slice is not the copy's block";
+  }
+  EXPECT_EQ(tiered.tier().copies, 0);
+  EXPECT_EQ(tiered.tier().held_bytes, 0);
+  // Not on the cpu.
+  EXPECT_NE(error_of([&] { EngineModel(*plain.m, EngineOptions{Device::kCpu, DeviceWeights::kBf16, 1 << 20}); })
+                .find("--prefix-cache-gpu-mb"),
+            std::string::npos);
+}
+
+// copy_device_pieces: many small 2-D copies in one launch, 16-byte and byte-wise.
+TEST(CudaPrefix, CopyDevicePiecesCopiesEveryPiece) {
+  RETROINFER_REQUIRE_GPU();
+  std::vector<uint8_t> host(1 << 16);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 131 + 7);
+  cuda::DeviceBuffer src(host.size()), dst(host.size());
+  src.upload(host.data(), host.size());
+  dst.fill_bytes(0);
+  auto* s = src.as<const uint8_t>();
+  auto* d = dst.as<uint8_t>();
+  // 3 rows of 64 bytes (pitches 128 / 80), then 5 rows of 13 bytes at odd offsets (pitches 17 / 29).
+  const std::vector<cuda::DeviceCopyPiece> pieces{{s, d, 64, 3, 128, 80}, {s + 1001, d + 4001, 13, 5, 17, 29}};
+  cuda::copy_device_pieces(pieces, nullptr);
+  std::vector<uint8_t> out(host.size());
+  dst.download(out.data(), out.size());
+  std::vector<uint8_t> want(host.size(), 0);
+  for (const auto& p : pieces)
+    for (uint64_t r = 0; r < p.rows; ++r)
+      std::memcpy(want.data() + (p.dst - d) + r * p.dst_pitch, host.data() + (p.src - s) + r * p.src_pitch, p.width);
+  EXPECT_EQ(out, want);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/model_kernels.h"
 #include "model/cuda/model_weights.h"
+#include "model/cuda/prefix_gpu_tier.h"
 #include "model/weights.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model.h"
@@ -57,6 +58,7 @@ struct CudaModel::Impl {
   Weights w;
   std::vector<DeviceBuffer> buffers;  // every allocation the pointers in w point into
   int64_t bytes = 0;
+  std::shared_ptr<GpuPrefixTier> prefix_tier;  // null: no GPU tier
 
   void* alloc(size_t bytes_needed) {
     buffers.emplace_back(bytes_needed);
@@ -66,6 +68,19 @@ struct CudaModel::Impl {
 };
 
 CudaModel::CudaModel() : impl_(new Impl) {}
+
+void CudaModel::set_prefix_gpu_tier(int64_t capacity_bytes) {
+  RETROINFER_CHECK(capacity_bytes >= 0, "CudaModel: the prefix cache's GPU tier needs a capacity >= 0 bytes, got ",
+                   capacity_bytes);
+  impl_->prefix_tier = capacity_bytes > 0 ? GpuPrefixTier::make(capacity_bytes) : nullptr;
+}
+
+GpuPrefixTier* CudaModel::prefix_gpu_tier() const { return impl_->prefix_tier.get(); }
+
+std::optional<PrefixGpuTierStats> CudaModel::prefix_gpu_tier_stats() const {
+  if (impl_->prefix_tier == nullptr) return std::nullopt;
+  return impl_->prefix_tier->stats();
+}
 CudaModel::~CudaModel() = default;
 
 const ModelConfig& CudaModel::config() const { return impl_->cfg; }

@@ -12,6 +12,7 @@
 #include "kernels/model_kernels.h"
 #include "model/cuda/model_weights.h"
 #include "model/cuda/pinned_relay.h"
+#include "model/cuda/prefix_gpu_tier.h"
 #include "kernels/prefill_attention_ref.h"
 #include "model/cuda/session_state.h"
 #include "retroinfer/error.h"
@@ -115,7 +116,9 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   Impl& im = *impl_;
   const ModelConfig& c = model.config();
   validate(opt.attention);
-  im.plan = plan(c, opt, num_seqs, model.weight_bytes());  // throws when it does not fit
+  CudaSessionOptions planned = opt;
+  if (const GpuPrefixTier* tier = model.prefix_gpu_tier()) planned.gpu_held_back_bytes += tier->held_back_bytes();
+  im.plan = plan(c, planned, num_seqs, model.weight_bytes());  // throws when it does not fit
   im.max_context = im.plan.max_context;
   im.shape = AttentionShape{c.num_heads_q, c.num_heads_kv, c.head_dim};
   RETROINFER_CHECK(c.head_dim % 2 == 0 && c.head_dim <= model::kRefMaxHeadDim, "CudaSession: head_dim ",
@@ -398,20 +401,30 @@ void CudaSession::load_prefix(const KvPrefix& prefix) {
   }
   RETROINFER_CHECK(sum == n, "CudaSession::load_prefix: the prefix's blocks hold ", sum, " tokens but it names ", n);
   // k[l] / v[l]: [Hkv, max_context, D] for the one sequence; a block's (layer, K or V) rows are [Hkv, tokens, D]:
-  // one 2-D piece per (layer, K or V, block), Hkv rows of the block's run bytes, through the pinned relay.
+  // one 2-D piece per (layer, K or V, block), Hkv rows of the block's run bytes: from the block's device copy
+  // in the model's prefix GPU tier when it has one (one kernel for all of them), else through the pinned relay.
   const size_t pitch = static_cast<size_t>(im.max_context) * c.head_dim * 2;
-  std::vector<RelayPiece> pieces;
+  GpuPrefixTier* tier = im.model.prefix_gpu_tier();
+  GpuCopyLeases leases(tier);
+  std::vector<RelayPiece> relayed;
+  std::vector<DeviceCopyPiece> copied;
   int64_t at = 0;
   for (const auto& b : prefix.blocks) {
+    const uint8_t* copy = tier != nullptr ? leases.take(b->device_copy.get()) : nullptr;
     for (int l = 0; l < c.num_layers; ++l)
       for (int kv = 0; kv < 2; ++kv) {
         auto* dst = static_cast<uint8_t*>((kv == 0 ? im.k : im.v)[l].data()) + static_cast<size_t>(at) * c.head_dim * 2;
-        pieces.push_back({const_cast<uint8_t*>(b->run(l, kv, 0)), dst, static_cast<size_t>(b->run_bytes()),
-                          static_cast<size_t>(c.num_heads_kv), pitch});
+        const auto width = static_cast<uint64_t>(b->run_bytes());
+        if (copy != nullptr)
+          copied.push_back({copy + (b->run(l, kv, 0) - b->bytes.data()), dst, width,
+                            static_cast<uint64_t>(c.num_heads_kv), width, pitch});
+        else
+          relayed.push_back({const_cast<uint8_t*>(b->run(l, kv, 0)), dst, width, static_cast<size_t>(c.num_heads_kv), pitch});
       }
     at += b->tokens;
   }
-  relay_to_device(pieces, im.stream);  // synchronous: the blocks may go once this returns
+  copy_device_pieces(copied, im.stream);  // returns once done: the leases may end
+  relay_to_device(relayed, im.stream);    // synchronous: the blocks may go once this returns
   im.pos[0] = n;
   im.prefix_tokens = prefix.tokens;
 }
@@ -438,6 +451,19 @@ KvBlock CudaSession::export_kv(int64_t from, int64_t to) const {
       pieces.push_back({b.run(l, kv, 0), src, static_cast<size_t>(b.run_bytes()), static_cast<size_t>(c.num_heads_kv),
                         pitch});
     }
+  // The model's prefix GPU tier keeps a device copy of the block (in the block's layout) when it has room.
+  if (GpuPrefixTier* tier = im.model.prefix_gpu_tier()) {
+    if (std::shared_ptr<GpuBlockCopy> copy = tier->make_copy(static_cast<int64_t>(b.bytes.size()))) {
+      GpuCopyLeases leases(tier);
+      leases.adopt(copy.get());  // leased by make_copy until filled
+      uint8_t* base = tier->data_of(*copy);
+      std::vector<DeviceCopyPiece> copies;
+      for (const RelayPiece& p : pieces)
+        copies.push_back({p.device, base + (p.host - b.bytes.data()), p.width, p.rows, p.device_pitch, p.width});
+      copy_device_pieces(copies, im.stream);
+      b.device_copy = std::move(copy);
+    }
+  }
   relay_to_host(pieces, im.stream);
   return b;
 }

@@ -48,7 +48,9 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   r.gpu_layers = opt.gpu_layers;
   r.weight_bytes = weight_bytes;
   r.gpu_free_bytes =
-      weight_bytes + buffer::resolve_gpu_limit(opt.gpu_memory_limit, [] { return device_memory_info().first; });
+      weight_bytes + buffer::resolve_gpu_limit(opt.gpu_memory_limit, [&] {
+        return std::max<int64_t>(0, device_memory_info().first - opt.gpu_held_back_bytes);
+      });
   r.host_free_bytes = buffer::resolve_host_limit(opt.host_memory_limit, [] { return buffer::host_memory_available(); });
   if (num_seqs >= 1 && opt.prefill_chunk >= 1) {
     const int64_t rows = session_rows(opt, r.max_context, num_seqs);
