@@ -3,7 +3,7 @@
 # each in its own process so that its peak RSS is its own) and scripts/bench_llamacpp.py (llama-cpp-python) on
 # the same model, prompt lengths and thread count, REPS times, as JSON lines in OUT (docs/benchmarks.md, "CPU").
 #   scripts/bench-cpu-vs-llamacpp.sh [--model NAME] [--contexts "512 3715"] [--new-tokens 64] [--threads 2]
-#                                    [--reps 3] [--kv-dtype bf16] [--out FILE]
+#                                    [--reps 3] [--kv-dtype bf16] [--out FILE]   (CLI=path: the CLI to measure)
 # The KV cache is bf16 by default: 2 bytes an element, as llama.cpp's default f16 cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ while (( $# )); do
     *) echo "bench-cpu-vs-llamacpp: unknown option $1" >&2; exit 2 ;;
   esac
 done
-cli=build/cpu-release/bin/retroinfer
+cli=${CLI:-build/cpu-release/bin/retroinfer}  # CLI: another build of the CLI (its CPU runner)
 [[ -x $cli ]] || { echo "bench-cpu-vs-llamacpp: build the cpu-release preset first" >&2; exit 1; }
 gguf=$(python3 - "$model" <<'PY'
 import glob, os, site, sys

@@ -88,11 +88,12 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
   const int64_t steady = steady_a + (size - steady_b);
   const int nh = shape_.num_heads_kv;
   std::vector<AttentionStats> per_head(nh);
-  // Heads in parallel only when a head's work (~ scoring + a few percent of the tokens) outweighs waking
-  // threads: below kParallelMinTokens a head decodes in well under a millisecond, and on a loaded host the
-  // OpenMP barrier then costs more than the work (perf: 96% of a small-context test in libgomp's spin).
-  constexpr int64_t kParallelMinTokens = 8192;
-#pragma omp parallel for schedule(dynamic, 1) if (nh > 1 && size >= kParallelMinTokens)
+  // Heads in parallel from full attention's threshold (context tokens x KV heads, full.cpp): below it a layer's
+  // retro work takes microseconds and, on a loaded host, the OpenMP barrier would cost more (perf: 96% of a
+  // small-context test in libgomp's spin). Above it a serial layer would leave the product threads idle long
+  // enough to fall asleep, and waking them at every product costs more than the heads' work.
+  constexpr int64_t kParallelMinTokens = 2048;
+#pragma omp parallel for schedule(dynamic, 1) if (nh > 1 && size * nh >= kParallelMinTokens)
   for (int h = 0; h < nh; ++h) {
     const size_t off = static_cast<size_t>(h) * g * d;
     const float* qg = q + off;

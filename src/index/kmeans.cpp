@@ -24,6 +24,8 @@ namespace {
 // (8 MiB at 8192 clusters).
 constexpr int64_t kScoreBlockFloats = int64_t{1} << 20;
 constexpr int64_t kMinBlockRows = 256;
+// Work (scores, or member rows x head_dim) below which a loop stays on one thread: waking the team costs more.
+constexpr int64_t kParallelMinScores = int64_t{1} << 16;
 
 // First index of the maximum of s[0, k). Eight lanes (lane l sees j = l mod 8) each keep the first
 // maximum of their subsequence; the lanes are then reduced by (value desc, index asc), which gives the
@@ -100,6 +102,8 @@ void assign_rows(const float* x, int64_t n, const float* c, int k, int d, int32_
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(b), k, d, 1.0f, x + r0 * d, d, c, d,
                 0.0f, scratch.data(), k);
     const float* s = scratch.data();
+    // The rows' argmaxes over the threads (sgemm is threaded inside OpenBLAS; this loop was the serial half).
+#pragma omp parallel for schedule(static) if (b * k >= kParallelMinScores)
     for (int64_t i = 0; i < b; ++i) assign[r0 + i] = base + argmax_first(s + i * k, k);
   }
 }
@@ -123,8 +127,11 @@ enum class Update { kSpherical, kPlainMean };
 // its centroid. Sums in double: a cluster can hold thousands of tokens.
 void update_centroids(const float* x, int d, int k, const std::vector<int32_t>& offsets,
                       const std::vector<int32_t>& members, Update mode, float* c) {
+  // Clusters over the threads: each sums its own members, so the result does not depend on the thread count.
+#pragma omp parallel if (static_cast<int64_t>(members.size()) * d >= kParallelMinScores)
   {
     std::vector<double> sum(d);
+#pragma omp for schedule(dynamic, 64)
     for (int j = 0; j < k; ++j) {
       const int32_t b = offsets[j], e = offsets[j + 1];
       if (b == e) continue;
@@ -226,8 +233,10 @@ ClusterIndex run_kmeans(const float* keys, const float* values, int64_t n, int d
   ci.assignment = std::move(assign);
   ci.sizes.resize(num_clusters);
   ci.value_sums.assign(static_cast<size_t>(num_clusters) * d, 0.0f);
+#pragma omp parallel if (n * d >= kParallelMinScores)
   {
     std::vector<double> sum(d);
+#pragma omp for schedule(dynamic, 64)
     for (int j = 0; j < num_clusters; ++j) {
       const int32_t b = ci.offsets[j], e = ci.offsets[j + 1];
       ci.sizes[j] = e - b;

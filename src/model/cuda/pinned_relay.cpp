@@ -115,6 +115,20 @@ void host_copies(const std::vector<RelayPiece>& pieces, const Batch& b, uint8_t*
   }
 }
 
+// One batch's DMA between its buffer and the device, queued on st.
+void queue_dma(const std::vector<RelayPiece>& pieces, const Batch& b, uint8_t* buf, bool to_device, cudaStream_t st) {
+  for (size_t i = b.begin; i < b.end; ++i) {
+    const RelayPiece& p = pieces[i];
+    uint8_t* staged = buf + b.offset[i - b.begin];
+    if (to_device)
+      RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(p.device, p.device_pitch, staged, p.width, p.width, p.rows,
+                                              cudaMemcpyHostToDevice, st));
+    else
+      RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(staged, p.width, p.device, p.device_pitch, p.width, p.rows,
+                                              cudaMemcpyDeviceToHost, st));
+  }
+}
+
 }  // namespace
 
 void relay_to_device(std::span<const RelayPiece> pieces_in, Stream stream) {
@@ -129,11 +143,7 @@ void relay_to_device(std::span<const RelayPiece> pieces_in, Stream stream) {
     if (k >= 2) RETROINFER_CUDA_CHECK(cudaEventSynchronize(r.done[b]));  // its previous batch is on the device
     auto* buf = static_cast<uint8_t*>(r.buf[b].host());
     host_copies(pieces, bs[k], buf, true);
-    for (size_t i = bs[k].begin; i < bs[k].end; ++i) {
-      const RelayPiece& p = pieces[i];
-      RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(p.device, p.device_pitch, buf + bs[k].offset[i - bs[k].begin], p.width,
-                                              p.width, p.rows, cudaMemcpyHostToDevice, st));
-    }
+    queue_dma(pieces, bs[k], buf, true, st);
     RETROINFER_CUDA_CHECK(cudaEventRecord(r.done[b], st));
   }
   RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -149,12 +159,7 @@ void relay_to_host(std::span<const RelayPiece> pieces_in, Stream stream) {
   // Batch k's DMA into buffer k % 2 is queued before batch k - 1 is copied out of the other one.
   auto queue = [&](size_t k) {
     const int b = static_cast<int>(k % 2);
-    auto* buf = static_cast<uint8_t*>(r.buf[b].host());
-    for (size_t i = bs[k].begin; i < bs[k].end; ++i) {
-      const RelayPiece& p = pieces[i];
-      RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(buf + bs[k].offset[i - bs[k].begin], p.width, p.device, p.device_pitch,
-                                              p.width, p.rows, cudaMemcpyDeviceToHost, st));
-    }
+    queue_dma(pieces, bs[k], static_cast<uint8_t*>(r.buf[b].host()), false, st);
     RETROINFER_CUDA_CHECK(cudaEventRecord(r.done[b], st));
   };
   auto drain = [&](size_t k) {
