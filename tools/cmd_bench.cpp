@@ -202,6 +202,7 @@ void run_bench_generate(const BenchGenerateOptions& o) {
                           {"cpu_weights", std::string(weight_storage_name(m.model->weight_storage()))},
                           {"weight_bytes", m.model->weight_bytes()},
                           {"peak_rss_mib", peak_rss_mib()},
+                          {"blas_core", blas_core_name()},
                           {"omp_wait_policy", std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : ""},
                           {"cores_online", sysconf(_SC_NPROCESSORS_ONLN)},
                           {"load_avg_before", load0},

@@ -49,6 +49,12 @@ int64_t model_max_context(const ModelConfig& cfg);
 // Threads of the CPU forward pass (OpenMP loops and OpenBLAS); throws Error for n < 1.
 void set_num_threads(int n);
 int num_threads();
+// OpenBLAS's kernels: the core type it chose when it loaded ("SkylakeX", "Haswell", ...), and the
+// OPENBLAS_CORETYPE that would serve this CPU better when it fell back to its generic "Prescott" kernels (a CPU
+// model newer than the library knows) on a CPU with AVX-512 or AVX2 + FMA; nullptr when its choice stands. The
+// choice is made when the library loads: only a new process can take the better one (the CLI's main does).
+const char* blas_core_name();
+const char* better_blas_core();
 
 // How the CPU runner keeps the weights of the ggml block types.
 enum class WeightStorage : uint8_t {

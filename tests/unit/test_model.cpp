@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -408,6 +409,24 @@ TEST_F(GenerateTest, SeededSamplingRepeats) {
   EXPECT_EQ(a, b);
   go.sampler.seed = 8;
   EXPECT_NE(a, generate(*model_, so_, prompt_, go).tokens);
+}
+
+
+// OpenBLAS's kernel choice is reported, and a core type the user set is never second-guessed (the CLI restarts
+// itself only when OpenBLAS fell back to its generic kernels with OPENBLAS_CORETYPE unset).
+TEST(Threads, BlasCoreIsReportedAndAGivenCoreTypeStands) {
+  EXPECT_STRNE(blas_core_name(), "");
+  const char* before = std::getenv("OPENBLAS_CORETYPE");
+  const std::string saved = before != nullptr ? before : "";
+  setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+  EXPECT_EQ(better_blas_core(), nullptr);
+  if (before != nullptr)
+    setenv("OPENBLAS_CORETYPE", saved.c_str(), 1);
+  else
+    unsetenv("OPENBLAS_CORETYPE");
+  // Without the variable: a better core only when OpenBLAS chose the generic one.
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && std::strcmp(blas_core_name(), "Prescott") != 0)
+    EXPECT_EQ(better_blas_core(), nullptr);
 }
 
 }  // namespace
