@@ -54,6 +54,11 @@ void ServerMetrics::count_response(int status) {
   if (status >= 0 && status < kMaxStatus) responses_[status].fetch_add(1, std::memory_order_relaxed);
 }
 
+void ServerMetrics::set_prefix_gpu_tier(const std::optional<PrefixGpuTierStats>& s) {
+  std::lock_guard<std::mutex> lk(tier_mu_);
+  prefix_gpu_tier_ = s;
+}
+
 std::string ServerMetrics::render(bool ready) const {
   std::string out;
   out += "# HELP retroinfer_http_responses_total HTTP responses sent, by status code\n"
@@ -116,18 +121,21 @@ std::string ServerMetrics::render(bool ready) const {
     metric(out, "retroinfer_prefix_cache_evicted_blocks_total", "counter", "blocks evicted (least recently used)",
            p.evicted_blocks);
   }
-  if (prefix_gpu_tier) {
-    if (const std::optional<PrefixGpuTierStats> g = prefix_gpu_tier()) {
-      metric(out, "retroinfer_prefix_gpu_tier_bytes", "gauge", "GPU bytes of the prefix cache's device block copies",
-             g->held_bytes);
-      metric(out, "retroinfer_prefix_gpu_tier_capacity_bytes", "gauge", "--prefix-cache-gpu-mb in bytes", g->capacity_bytes);
-      metric(out, "retroinfer_prefix_gpu_tier_loaded_blocks_total", "counter",
-             "cached blocks loaded from their GPU copies (inside the GPU)", g->loaded);
-      metric(out, "retroinfer_prefix_gpu_tier_relayed_blocks_total", "counter",
-             "cached blocks loaded from host memory (no GPU copy)", g->relayed);
-      metric(out, "retroinfer_prefix_gpu_tier_dropped_copies_total", "counter",
-             "GPU copies dropped to make room (least recently used)", g->dropped);
-    }
+  std::optional<PrefixGpuTierStats> g;
+  {
+    std::lock_guard<std::mutex> lk(tier_mu_);
+    g = prefix_gpu_tier_;
+  }
+  if (g) {
+    metric(out, "retroinfer_prefix_gpu_tier_bytes", "gauge", "GPU bytes of the prefix cache's device block copies",
+           g->held_bytes);
+    metric(out, "retroinfer_prefix_gpu_tier_capacity_bytes", "gauge", "--prefix-cache-gpu-mb in bytes", g->capacity_bytes);
+    metric(out, "retroinfer_prefix_gpu_tier_loaded_blocks_total", "counter",
+           "cached blocks loaded from their GPU copies (inside the GPU)", g->loaded);
+    metric(out, "retroinfer_prefix_gpu_tier_relayed_blocks_total", "counter",
+           "cached blocks loaded from host memory (no GPU copy)", g->relayed);
+    metric(out, "retroinfer_prefix_gpu_tier_dropped_copies_total", "counter",
+           "GPU copies dropped to make room (least recently used)", g->dropped);
   }
   return out;
 }

@@ -10,7 +10,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -60,12 +59,15 @@ class ServerMetrics {
   LatencyHistogram time_to_first_token;  // submit to the first sampled token (queue + prefill)
   LatencyHistogram inter_token_latency;  // between a request's successive tokens
   std::shared_ptr<const PrefixCache> prefix_cache;  // set by the handler when the server has one (read at render)
-  // The CUDA runner's prefix GPU tier (EngineModel::prefix_gpu_tier_stats); set by the handler when there is one.
-  std::function<std::optional<PrefixGpuTierStats>()> prefix_gpu_tier;
+  // The CUDA runner's prefix GPU tier (EngineModel::prefix_gpu_tier_stats) as the handler last saw it: at start
+  // and after each finished request. A copy, so that rendering never reaches into the model.
+  void set_prefix_gpu_tier(const std::optional<PrefixGpuTierStats>& s);
 
   std::string render(bool ready) const;
 
  private:
+  mutable std::mutex tier_mu_;
+  std::optional<PrefixGpuTierStats> prefix_gpu_tier_;  // guarded by tier_mu_
   static constexpr int kMaxStatus = 600;
   std::array<std::atomic<uint64_t>, kMaxStatus> responses_{};  // by HTTP status
 };

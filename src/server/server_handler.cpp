@@ -95,7 +95,7 @@ ServerHandler::ServerHandler(const EngineModel& model, const Tokenizer& tokenize
   RETROINFER_CHECK(opt_.request_timeout_s >= 0, "serve: --request-timeout must be >= 0, got ", opt_.request_timeout_s);
   metrics_->max_batch = opt_.max_batch;
   metrics_->prefix_cache = opt_.prefix_cache;
-  if (model_.prefix_gpu_tier_stats()) metrics_->prefix_gpu_tier = [this] { return model_.prefix_gpu_tier_stats(); };
+  metrics_->set_prefix_gpu_tier(model_.prefix_gpu_tier_stats());
   BatchSchedulerOptions bo;
   bo.prefix_cache = opt_.prefix_cache;
   bo.max_batch = opt_.max_batch;
@@ -463,6 +463,7 @@ void ServerHandler::count(const GenerateSummary& s, bool cancelled) {
     metrics_->cache_misses.fetch_add(static_cast<int64_t>(s.kv_placement->cache_misses));
     metrics_->pcie_bytes.fetch_add(s.kv_placement->pcie_bytes);
   }
+  metrics_->set_prefix_gpu_tier(model_.prefix_gpu_tier_stats());
 }
 
 namespace {

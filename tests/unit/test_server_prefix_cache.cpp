@@ -47,5 +47,25 @@ TEST(ServerPrefixCache, SecondQuestionReusesTheDocumentAndMetricsShowIt) {
   EXPECT_EQ(plain.metrics().render(true).find("retroinfer_prefix_cache"), std::string::npos);
 }
 
+
+// The prefix GPU tier's lines: absent on the CPU runner (no tier), rendered from the handler's last copy.
+TEST(ServerPrefixCache, GpuTierMetricsRenderTheLastCopy) {
+  server::ServerMetrics m;
+  EXPECT_EQ(m.render(true).find("retroinfer_prefix_gpu_tier"), std::string::npos);
+  PrefixGpuTierStats g;
+  g.capacity_bytes = 1 << 30;
+  g.held_bytes = 3 << 20;
+  g.loaded = 12;
+  g.relayed = 2;
+  g.dropped = 1;
+  m.set_prefix_gpu_tier(g);
+  const std::string out = m.render(true);
+  EXPECT_NE(out.find("retroinfer_prefix_gpu_tier_bytes 3145728\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("retroinfer_prefix_gpu_tier_loaded_blocks_total 12\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("retroinfer_prefix_gpu_tier_relayed_blocks_total 2\n"), std::string::npos) << out;
+  m.set_prefix_gpu_tier(std::nullopt);
+  EXPECT_EQ(m.render(true).find("retroinfer_prefix_gpu_tier"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace retroinfer
