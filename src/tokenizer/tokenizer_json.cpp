@@ -1,4 +1,5 @@
 // Loader for Hugging Face tokenizer.json (byte-level BPE) and the tokenizer_config.json beside it.
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -25,6 +26,17 @@ std::string read_file(const std::string& path) {
 const json& require(const json& j, const char* key, const std::string& where) {
   RETROINFER_CHECK(j.is_object() && j.contains(key), "tokenizer ", where, ": missing field '", key, "'");
   return j.at(key);
+}
+
+// A token id: an integer in [0, 2^31). get<TokenId>() of a float or of an integer out of range is undefined
+// behaviour: a file with an id of 1.9e130 (found by fuzz_tokenizer) gets an Error.
+TokenId token_id(const json& v, const std::string& origin, const char* what) {
+  const bool ok = (v.is_number_unsigned() && v.get<uint64_t>() <= INT32_MAX) ||
+                  (v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() >= 0 &&
+                   v.get<int64_t>() <= INT32_MAX);
+  RETROINFER_CHECK(ok, "tokenizer ", origin, ": ", what, " must be a token id (an integer in [0, 2^31)), got ",
+                   v.dump().substr(0, 64));
+  return static_cast<TokenId>(v.get<int64_t>());
 }
 
 std::string type_of(const json& j) { return j.is_object() && j.contains("type") ? j["type"].get<std::string>() : ""; }
@@ -106,7 +118,7 @@ void parse_post_processor(const json& j, TokenizerSpec& spec) {
       const std::string name = item.at("SpecialToken").at("id").get<std::string>();
       std::vector<TokenId> ids;
       if (specials.contains(name)) {
-        for (const json& id : specials[name].at("ids")) ids.push_back(id.get<TokenId>());
+        for (const json& id : specials[name].at("ids")) ids.push_back(token_id(id, spec.origin, "a post_processor id"));
       } else {
         ids.push_back(lookup(spec, name));
       }
@@ -114,8 +126,8 @@ void parse_post_processor(const json& j, TokenizerSpec& spec) {
       dst.insert(dst.end(), ids.begin(), ids.end());
     }
   } else if (type == "RobertaProcessing" || type == "BertProcessing") {
-    spec.prefix.push_back(j.at("cls").at(1).get<TokenId>());
-    spec.suffix.push_back(j.at("sep").at(1).get<TokenId>());
+    spec.prefix.push_back(token_id(j.at("cls").at(1), spec.origin, "post_processor.cls"));
+    spec.suffix.push_back(token_id(j.at("sep").at(1), spec.origin, "post_processor.sep"));
   } else if (type != "ByteLevel") {
     RETROINFER_FAIL("tokenizer ", spec.origin, ": post_processor '", type, "' is not supported");
   }
@@ -147,7 +159,7 @@ TokenizerSpec parse_tokenizer_json(std::string_view text, const std::string& ori
     const json& vocab = require(model, "vocab", origin);
     RETROINFER_CHECK(vocab.is_object(), "tokenizer ", origin, ": model.vocab must be an object");
     spec.vocab.reserve(vocab.size());
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) spec.vocab.emplace_back(it.key(), it.value().get<TokenId>());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it) spec.vocab.emplace_back(it.key(), token_id(it.value(), origin, "a model.vocab id"));
     const json& merges = require(model, "merges", origin);
     spec.merges.reserve(merges.size());
     for (const json& m : merges) {
@@ -165,7 +177,7 @@ TokenizerSpec parse_tokenizer_json(std::string_view text, const std::string& ori
     }
     for (const json& a : j.value("added_tokens", json::array())) {
       tokenizer::AddedToken t;
-      t.id = a.at("id").get<TokenId>();
+      t.id = token_id(a.at("id"), origin, "an added_tokens id");
       t.content = a.at("content").get<std::string>();
       t.special = a.value("special", false);
       t.lstrip = a.value("lstrip", false);

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "retroinfer/error.h"
+#include "retroinfer/tokenizer.h"
 #include "server/openai_api.h"
 
 namespace retroinfer {
@@ -20,6 +22,24 @@ TEST(FuzzFindings, OpenAiNumberOverflowIsA400) {
       EXPECT_EQ(e.code(), "invalid_json") << body;
     }
   }
+}
+
+// fuzz_tokenizer: a tokenizer.json whose ids are not integers in [0, 2^31) (1.9e130 in model.vocab) went
+// through get<int>, undefined behaviour (UBSan: outside the range of int). Each id place is an Error now.
+TEST(FuzzFindings, TokenizerIdsOutOfRangeAreAnError) {
+  const std::string head = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": )";
+  for (const char* id : {"1.9e130", "-1", "4294967296", "0.5", "\"7\""}) {
+    const std::string text = head + id + R"(}, "merges": []}})";
+    try {
+      (void)Tokenizer::from_json_string(text);
+      ADD_FAILURE() << id << " loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("token id"), std::string::npos) << id << ": " << e.what();
+    }
+  }
+  const std::string added = R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": )"
+                            R"([{"id": 1e300, "content": "<x>"}]})";
+  EXPECT_THROW((void)Tokenizer::from_json_string(added), Error);
 }
 
 }  // namespace
