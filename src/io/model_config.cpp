@@ -37,7 +37,11 @@ class Fields {
     const json& v = at(key);
     RETROINFER_CHECK(v.is_number(), file_, ": field '", prefix_, key, "' must be a number, found ", v.type_name(),
                      " ", v.dump());
-    return v.get<float>();
+    // A double beyond float's range converts with undefined behaviour: an Error instead.
+    const double x = v.get<double>();
+    RETROINFER_CHECK(std::isfinite(x) && std::fabs(x) <= std::numeric_limits<float>::max(), file_, ": field '",
+                     prefix_, key, "' = ", v.dump(), " is out of a float's range");
+    return static_cast<float>(x);
   }
   float get_float(const char* key, float dflt) const { return has(key) ? get_float(key) : dflt; }
 

@@ -157,6 +157,7 @@ TEST(ModelConfig, Errors) {
   expect_config_error(d, with("vocab_size", 1ll << 40), {"'vocab_size'", "out of range"});
   expect_config_error(d, with("rms_norm_eps", "tiny"), {"'rms_norm_eps'", "must be a number"});
   expect_config_error(d, with("rms_norm_eps", -1), {"rms_norm_eps"});
+  expect_config_error(d, with("rope_theta", 1e300), {"'rope_theta'", "out of a float's range"});
   expect_config_error(d, with("tie_word_embeddings", 1), {"'tie_word_embeddings'", "true or false"});
   expect_config_error(d, with("eos_token_id", {2, "x"}), {"'eos_token_id'[1]"});
   expect_config_error(d, with("eos_token_id", 99), {"eos_token_id 99", "outside the vocabulary"});
