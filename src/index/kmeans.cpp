@@ -102,7 +102,7 @@ void assign_rows(const float* x, int64_t n, const float* c, int k, int d, int32_
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(b), k, d, 1.0f, x + r0 * d, d, c, d,
                 0.0f, scratch.data(), k);
     const float* s = scratch.data();
-    // The rows' argmaxes over the threads (sgemm is threaded inside OpenBLAS; this loop was the serial half).
+    // The rows' argmaxes over the threads too: OpenBLAS threads only the sgemm.
 #pragma omp parallel for schedule(static) if (b * k >= kParallelMinScores)
     for (int64_t i = 0; i < b; ++i) assign[r0 + i] = base + argmax_first(s + i * k, k);
   }
