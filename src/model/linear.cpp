@@ -87,9 +87,41 @@ RowDot kernel_for(WeightType t) {
   return table[static_cast<size_t>(t)];
 }
 
+GroupDot group_kernel_for(WeightType t) {
+  static const std::array<GroupDot, 16> table = [] {
+    std::array<GroupDot, 16> k{};
+    for (int i = 0; i < 16; ++i) {
+      const auto t = static_cast<WeightType>(i);
+      if (i <= static_cast<int>(WeightType::kQ6_K) && has_group_layout(t)) k[i] = group_dot_kernel(t, best_quant_isa());
+    }
+    return k;
+  }();
+  return table[static_cast<size_t>(t)];
+}
+
+// Decode rows of a part in row groups: as quantized_rows, each thread taking a range of whole groups.
+void grouped_rows(const Q8Rows& a, const WeightMatrix::Part& p, float* y, int64_t ldy, int64_t n, float beta) {
+  const GroupDot dot = group_kernel_for(p.type);
+  const int64_t nb = a.blocks(), groups = (p.rows + kGroupRows - 1) / kGroupRows;
+#pragma omp parallel if (p.rows * a.cols >= kParallelMin)
+  {
+    const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t lo = groups * id / threads, hi = groups * (id + 1) / threads;
+    const int64_t r0 = lo * kGroupRows, r1 = std::min(hi * kGroupRows, p.rows);  // the part's rows [r0, r1)
+    thread_local std::vector<float> out;
+    out.resize(static_cast<size_t>((hi - lo) * kGroupRows));
+    for (int64_t t = 0; t < n && lo < hi; ++t) {
+      dot(p.group(lo), hi - lo, q8_row(a, t), nb, out.data());
+      float* yt = y + t * ldy + r0;
+      for (int64_t o = 0; o < r1 - r0; ++o) yt[o] = beta == 0.0f ? out[o] : out[o] + beta * yt[o];
+    }
+  }
+}
+
 // Decode rows of a block part: x quantized once (a); each thread takes one contiguous range of weight rows and
 // multiplies it by the n activation rows in turn (the range, a few hundred KB, stays in L2 for the next row).
 void quantized_rows(const Q8Rows& a, const WeightMatrix::Part& p, float* y, int64_t ldy, int64_t n, float beta) {
+  if (p.grouped) return grouped_rows(a, p, y, ldy, n, beta);
   const RowDot dot = kernel_for(p.type);
   const int64_t nb = a.blocks();
 #pragma omp parallel if (p.rows * a.cols >= kParallelMin)

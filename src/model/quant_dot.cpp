@@ -176,6 +176,61 @@ float dot_q6_k(const uint8_t* w, Q8Row a, int64_t nb32) {
   return acc;
 }
 
+// Where a block's fields lie in the file's block (src) and in a group block (dst, quant_dot.h); -1: absent.
+struct GroupLayout {
+  int block_bytes = 0;
+  int d_src = 0, m_src = -1, qh_src = -1, qs_src = 0, qs_bytes = 0;
+  int m_dst = -1, qh_dst = -1, qs_dst = 0;
+};
+
+GroupLayout group_layout(WeightType t) {
+  switch (t) {
+    case WeightType::kQ8_0: return {34, 0, -1, -1, 2, 32, -1, -1, 32};
+    case WeightType::kQ4_0: return {18, 0, -1, -1, 2, 16, -1, -1, 32};
+    case WeightType::kQ4_1: return {20, 0, 2, -1, 4, 16, 32, -1, 64};
+    case WeightType::kQ5_0: return {22, 0, -1, 2, 6, 16, -1, 32, 96};
+    case WeightType::kQ5_1: return {24, 0, 2, 4, 8, 16, 32, 64, 128};
+    default: return {};
+  }
+}
+
+// Element of mask k, bit j (quant_dot.h): the fifth bits in the order the nibble vectors hold their elements.
+int mask_element(int k, int j) { return k < 4 ? 4 * k + j : 16 + 4 * (k - 4) + j; }
+
+// The file's block of row r (0..15) from group block g (L.block_bytes bytes to dst).
+void unpack_group_block(const GroupLayout& L, const uint8_t* g, int r, uint8_t* dst) {
+  std::memcpy(dst + L.d_src, g + 2 * r, 2);
+  if (L.m_src >= 0) std::memcpy(dst + L.m_src, g + L.m_dst + 2 * r, 2);
+  if (L.qh_src >= 0) {
+    uint32_t qh = 0;
+    for (int k = 0; k < 8; ++k) {
+      uint64_t mask = 0;
+      std::memcpy(&mask, g + L.qh_dst + 8 * k, 8);
+      for (int j = 0; j < 4; ++j) qh |= static_cast<uint32_t>((mask >> (4 * r + j)) & 1u) << mask_element(k, j);
+    }
+    std::memcpy(dst + L.qh_src, &qh, 4);
+  }
+  for (int c = 0; c < L.qs_bytes / 4; ++c) std::memcpy(dst + L.qs_src + 4 * c, g + L.qs_dst + 64 * c + 4 * r, 4);
+}
+
+// The scalar group kernel: each row's blocks rebuilt as the file stored them and summed by the scalar row kernel
+// one block at a time, in block order (the same f32 sums as the row kernel: bit for bit).
+template <float (*F)(const uint8_t*, Q8Row, int64_t), WeightType T>
+void scalar_groups(const uint8_t* w, int64_t groups, Q8Row a, int64_t nb, float* out) {
+  const GroupLayout L = group_layout(T);
+  const size_t gb = static_cast<size_t>(L.block_bytes) * kGroupRows;
+  uint8_t block[64];
+  for (int64_t g = 0; g < groups; ++g)
+    for (int r = 0; r < kGroupRows; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        unpack_group_block(L, w + (static_cast<size_t>(g * nb + b)) * gb, r, block);
+        acc += F(block, Q8Row{a.q + b * 32, a.d + b, a.sum + b, a.ds + b}, 1);
+      }
+      out[g * kGroupRows + r] = acc;
+    }
+}
+
 #if RETROINFER_QUANT_X86
 template <float (*F)(const uint8_t*, Q8Row, int64_t)>
 void rows_of(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_t nb, float* out) {
@@ -228,6 +283,74 @@ void quantize_q8_rows(const float* x, int64_t rows, int64_t cols, Q8Rows& out) {
   }
 }
 
+bool has_group_layout(WeightType t) { return group_layout(t).block_bytes > 0; }
+
+size_t row_groups_bytes(WeightType t, int64_t rows, int64_t cols) {
+  RETROINFER_CHECK(has_group_layout(t), "row groups: no row-group layout for ", weight_type_name(t));
+  const int64_t groups = (rows + kGroupRows - 1) / kGroupRows;
+  return static_cast<size_t>(groups * kGroupRows) * weight_type_row_bytes(t, cols);
+}
+
+void pack_row_groups(WeightType t, const uint8_t* rows_data, int64_t rows, int64_t cols, uint8_t* out) {
+  const GroupLayout L = group_layout(t);
+  RETROINFER_CHECK(L.block_bytes > 0 && cols % 32 == 0, "row groups: cannot lay out rows of ", cols,
+                   " elements of type ", weight_type_name(t));
+  const int64_t nb = cols / 32, groups = (rows + kGroupRows - 1) / kGroupRows;
+  const size_t row_bytes = weight_type_row_bytes(t, cols), gb = static_cast<size_t>(L.block_bytes) * kGroupRows;
+  std::memset(out, 0, row_groups_bytes(t, rows, cols));  // rows past the end: zero blocks
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* dst = out + static_cast<size_t>(g * nb + b) * gb;
+      for (int r = 0; r < kGroupRows && g * kGroupRows + r < rows; ++r) {
+        const uint8_t* src = rows_data + static_cast<size_t>(g * kGroupRows + r) * row_bytes + b * L.block_bytes;
+        std::memcpy(dst + 2 * r, src + L.d_src, 2);
+        if (L.m_src >= 0) std::memcpy(dst + L.m_dst + 2 * r, src + L.m_src, 2);
+        if (L.qh_src >= 0) {
+          const uint32_t qh = load_u32(src + L.qh_src);
+          for (int k = 0; k < 8; ++k) {
+            uint64_t mask = 0;
+            std::memcpy(&mask, dst + L.qh_dst + 8 * k, 8);
+            for (int j = 0; j < 4; ++j)
+              mask |= static_cast<uint64_t>((qh >> mask_element(k, j)) & 1u) << (4 * r + j);
+            std::memcpy(dst + L.qh_dst + 8 * k, &mask, 8);
+          }
+        }
+        for (int c = 0; c < L.qs_bytes / 4; ++c) std::memcpy(dst + L.qs_dst + 64 * c + 4 * r, src + L.qs_src + 4 * c, 4);
+      }
+    }
+}
+
+void unpack_group_row(WeightType t, const uint8_t* groups, int64_t r, int64_t cols, uint8_t* dst) {
+  const GroupLayout L = group_layout(t);
+  RETROINFER_CHECK(L.block_bytes > 0 && cols % 32 == 0, "row groups: cannot lay out rows of ", cols,
+                   " elements of type ", weight_type_name(t));
+  const int64_t nb = cols / 32, g = r / kGroupRows;
+  const size_t gb = static_cast<size_t>(L.block_bytes) * kGroupRows;
+  for (int64_t b = 0; b < nb; ++b)
+    unpack_group_block(L, groups + static_cast<size_t>(g * nb + b) * gb, static_cast<int>(r % kGroupRows),
+                       dst + b * L.block_bytes);
+}
+
+GroupDot scalar_group_dot(WeightType t) {
+  switch (t) {
+    case WeightType::kQ8_0: return scalar_groups<dot_q8_0, WeightType::kQ8_0>;
+    case WeightType::kQ4_0: return scalar_groups<dot_q4_0, WeightType::kQ4_0>;
+    case WeightType::kQ4_1: return scalar_groups<dot_q4_1, WeightType::kQ4_1>;
+    case WeightType::kQ5_0: return scalar_groups<dot_q5_0, WeightType::kQ5_0>;
+    case WeightType::kQ5_1: return scalar_groups<dot_q5_1, WeightType::kQ5_1>;
+    default: return nullptr;
+  }
+}
+
+GroupDot group_dot_kernel(WeightType t, QuantIsa isa) {
+  RETROINFER_CHECK(has_group_layout(t), "group_dot_kernel: no row-group layout for ", weight_type_name(t));
+  if (isa == QuantIsa::kAvx512Vnni && cpu_has_avx512_vnni())
+    if (GroupDot k = avx512_group_dot(t)) return k;
+  if (isa != QuantIsa::kScalar && cpu_has_avx2())
+    if (GroupDot k = avx2_group_dot(t)) return k;
+  return scalar_group_dot(t);
+}
+
 const char* quant_isa_name(QuantIsa isa) {
   switch (isa) {
     case QuantIsa::kAvx512Vnni: return "avx512-vnni";
@@ -274,6 +397,8 @@ RowDot row_dot_kernel(WeightType t, QuantIsa isa) {
 // No SIMD translation units on this processor family (src/model/CMakeLists.txt): the scalar kernels only.
 RowDot avx2_row_dot(WeightType) { return nullptr; }
 RowDot avx512_row_dot(WeightType) { return nullptr; }
+GroupDot avx2_group_dot(WeightType) { return nullptr; }
+GroupDot avx512_group_dot(WeightType) { return nullptr; }
 #endif
 
 }  // namespace retroinfer::model

@@ -6,5 +6,6 @@
 namespace retroinfer::model {
 
 RowDot avx2_row_dot(WeightType t) { return simd_table(t); }
+GroupDot avx2_group_dot(WeightType t) { return simd_group_table(t); }
 
 }  // namespace retroinfer::model

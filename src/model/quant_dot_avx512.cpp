@@ -7,5 +7,6 @@
 namespace retroinfer::model {
 
 RowDot avx512_row_dot(WeightType t) { return simd_table(t); }
+GroupDot avx512_group_dot(WeightType t) { return simd_group_table(t); }
 
 }  // namespace retroinfer::model

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "model/quant_dot.h"
 
@@ -142,6 +143,112 @@ RowDot simd_table(WeightType t) {
     case WeightType::kQ5_0: return simd_rows<BlockQ5_0>;
     case WeightType::kQ5_1: return simd_rows<BlockQ5_1>;
     default: return nullptr;  // the K-quants: the scalar kernels
+  }
+}
+
+// ---- Row groups (quant_dot.h): 16 rows per group, as two halves of 8 rows (one int32 / f32 lane per row) ----
+
+// acc + the 8 lanes' sums of 4 adjacent products u * s (u unsigned, s signed bytes); exact for the sums here.
+inline __m256i dot_u8s8_acc(__m256i acc, __m256i u, __m256i s) {
+#if RETROINFER_QUANT_DOT_VNNI
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+inline __m256i dot_s8s8_acc(__m256i acc, __m256i w, __m256i a) {
+  return dot_u8s8_acc(acc, _mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
+}
+
+// 4 activation bytes in every lane.
+inline __m256i broadcast4(const int8_t* q) {
+  int32_t v = 0;
+  std::memcpy(&v, q, 4);
+  return _mm256_set1_epi32(v);
+}
+inline __m256 load_f16x8(const uint8_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// The group block of each type: the offsets of quant_dot.cpp's group_layout, whether it has a min, and the
+// codes' offset (Q4_0: 8, Q5_0: 16; 0: unsigned codes with a min).
+template <int kBytesT, int kMinAt, int kQhAt, int kQsAt, int kOffsetT>
+struct GroupNibbles {
+  static constexpr int kBytes = kBytesT, kMin = kMinAt, kQh = kQhAt, kQs = kQsAt, kOffset = kOffsetT;
+};
+using GroupQ4_0 = GroupNibbles<288, -1, -1, 32, 8>;
+using GroupQ4_1 = GroupNibbles<320, 32, -1, 64, 0>;
+using GroupQ5_0 = GroupNibbles<352, -1, 32, 96, 16>;
+using GroupQ5_1 = GroupNibbles<384, 32, 64, 128, 0>;
+struct GroupQ8_0 {
+  static constexpr int kBytes = 544, kMin = -1;
+};
+
+// The integer dots of one group block: i[h] for rows 8 h .. 8 h + 7.
+template <class G>
+inline void group_block_idot(const uint8_t* p, const int8_t* aq, __m256i& i0, __m256i& i1) {
+  if constexpr (std::is_same_v<G, GroupQ8_0>) {
+    for (int c = 0; c < 8; ++c) {
+      const __m256i ac = broadcast4(aq + 4 * c);
+      i0 = dot_s8s8_acc(i0, load32(p + 32 + 64 * c), ac);
+      i1 = dot_s8s8_acc(i1, load32(p + 32 + 64 * c + 32), ac);
+    }
+  } else {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i alo = broadcast4(aq + 4 * c), ahi = broadcast4(aq + 16 + 4 * c);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = load32(p + G::kQs + 64 * c + 32 * h);
+        __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (G::kQh >= 0) {
+          lo = _mm256_or_si256(lo, fifth_bits(p + G::kQh + 8 * c + 4 * h));
+          hi = _mm256_or_si256(hi, fifth_bits(p + G::kQh + 8 * (c + 4) + 4 * h));
+        }
+        __m256i& i = h == 0 ? i0 : i1;
+        if constexpr (G::kOffset > 0) {
+          const __m256i off = _mm256_set1_epi8(G::kOffset);
+          i = dot_s8s8_acc(i, _mm256_sub_epi8(lo, off), alo);
+          i = dot_s8s8_acc(i, _mm256_sub_epi8(hi, off), ahi);
+        } else {
+          i = dot_u8s8_acc(i, lo, alo);
+          i = dot_u8s8_acc(i, hi, ahi);
+        }
+      }
+    }
+  }
+}
+
+template <class G>
+void simd_groups(const uint8_t* w, int64_t groups, Q8Row a, int64_t nb, float* out) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* p = w + static_cast<size_t>(g * nb) * G::kBytes;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b, p += G::kBytes) {
+      __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
+      group_block_idot<G>(p, a.q + b * 32, i0, i1);
+      const __m256 da = _mm256_set1_ps(a.d[b]);
+      acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(load_f16x8(p), da), acc0);
+      acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(load_f16x8(p + 16), da), acc1);
+      if constexpr (G::kMin >= 0) {
+        const __m256 ds = _mm256_set1_ps(a.ds[b]);
+        acc0 = _mm256_fmadd_ps(load_f16x8(p + G::kMin), ds, acc0);
+        acc1 = _mm256_fmadd_ps(load_f16x8(p + G::kMin + 16), ds, acc1);
+      }
+    }
+    _mm256_storeu_ps(out + g * kGroupRows, acc0);
+    _mm256_storeu_ps(out + g * kGroupRows + 8, acc1);
+  }
+}
+
+GroupDot simd_group_table(WeightType t) {
+  switch (t) {
+    case WeightType::kQ8_0: return simd_groups<GroupQ8_0>;
+    case WeightType::kQ4_0: return simd_groups<GroupQ4_0>;
+    case WeightType::kQ4_1: return simd_groups<GroupQ4_1>;
+    case WeightType::kQ5_0: return simd_groups<GroupQ5_0>;
+    case WeightType::kQ5_1: return simd_groups<GroupQ5_1>;
+    default: return nullptr;
   }
 }
 

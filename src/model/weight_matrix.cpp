@@ -41,11 +41,22 @@ void WeightMatrix::append(const ModelFile& f, const TensorInfo& t, bool keep_blo
   f.release_pages(t);  // the copy is what the runner reads: the mapped pages need not stay resident
 }
 
+void WeightMatrix::pack_row_groups() {
+  for (Part& p : parts_) {
+    if (p.grouped || !has_group_layout(p.type)) continue;
+    std::vector<uint8_t> groups(model::row_groups_bytes(p.type, p.rows, cols_));
+    model::pack_row_groups(p.type, p.data.data(), p.rows, cols_, groups.data());
+    p.data = std::move(groups);
+    p.grouped = true;
+  }
+}
+
 void WeightMatrix::append_blocks(WeightType t, const uint8_t* data, int64_t rows) {
   RETROINFER_CHECK(has_quant_kernel(t) && cols_ % weight_type_block_elems(t) == 0, "WeightMatrix: rows of ", cols_,
                    " elements of type ", weight_type_name(t), " cannot be kept as blocks");
   const size_t row_bytes = weight_type_row_bytes(t, cols_);
   Part& p = part_for(t, row_bytes);
+  RETROINFER_CHECK(!p.grouped, "WeightMatrix: append after pack_row_groups");
   p.data.insert(p.data.end(), data, data + row_bytes * static_cast<size_t>(rows));
   p.rows += rows;
   rows_ += rows;
@@ -77,7 +88,16 @@ void WeightMatrix::widen_rows(int64_t row0, int64_t count, float* dst) const {
   for (const Part& p : parts_) {
     const int64_t lo = std::max(row0, p.row0), hi = std::min(row0 + count, p.row0 + p.rows);
     if (lo >= hi) continue;
-    dequantize(p.type, p.row(lo), (hi - lo) * cols_, dst + (lo - row0) * cols_);
+    if (!p.grouped) {
+      dequantize(p.type, p.row(lo), (hi - lo) * cols_, dst + (lo - row0) * cols_);
+      continue;
+    }
+    thread_local std::vector<uint8_t> file_row;  // one row as the file stores it
+    file_row.resize(p.row_bytes);
+    for (int64_t r = lo; r < hi; ++r) {
+      model::unpack_group_row(p.type, p.data.data(), r - p.row0, cols_, file_row.data());
+      dequantize(p.type, file_row.data(), cols_, dst + (r - row0) * cols_);
+    }
   }
 }
 

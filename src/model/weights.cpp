@@ -92,16 +92,20 @@ std::unique_ptr<Model> Model::load(const ModelFile& f, const ModelOptions& opt) 
                    " MiB of memory are available; free memory or use a smaller model");
   m->weight_storage_ = opt.weight_storage;
   const bool keep = opt.weight_storage == WeightStorage::kBlocks;
-  auto matrix = [&](int64_t cols, std::initializer_list<std::pair<std::string, std::vector<int64_t>>> tensors) {
+  // decode: the matrix multiplies decode rows, so its block parts take decode's layout (row groups); an untied
+  // embedding is only looked up row by row and keeps the file's.
+  auto matrix = [&](int64_t cols, std::initializer_list<std::pair<std::string, std::vector<int64_t>>> tensors,
+                    bool decode = true) {
     model::WeightMatrix w(cols);
     for (const auto& [name, shape] : tensors) w.append(f, require(f, name, shape), keep);
+    if (decode) w.pack_row_groups();
     return w;
   };
 
   const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
   const int64_t inter = c.intermediate_size, vocab = c.vocab_size;
   auto w = std::make_unique<Weights>();
-  w->embed = matrix(h, {{"model.embed_tokens.weight", {vocab, h}}});
+  w->embed = matrix(h, {{"model.embed_tokens.weight", {vocab, h}}}, tied);
   if (!tied) w->lm_head = matrix(h, {{"lm_head.weight", {vocab, h}}});
   w->final_norm = load_f32(f, "model.norm.weight", {h});
   w->layers.resize(c.num_layers);

@@ -5,6 +5,7 @@
 // tiles equal an f32 sgemm).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "model/quant_dot.h"
 #include "model/weight_matrix.h"
 #include "retroinfer/dtype.h"
+#include "retroinfer/error.h"
 #include "retroinfer/model_file.h"
 
 namespace retroinfer::model {
@@ -221,6 +223,98 @@ TEST(QuantDot, RowsPerCallDoNotChangeARow) {
   }
 }
 
+const WeightType kGroupTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1, WeightType::kQ5_0,
+                                  WeightType::kQ5_1};
+
+// Row groups hold the file's blocks: every row unpacks to its bytes, whatever the row count (a partial last group
+// is padded with zero blocks); the types without a layout say so.
+TEST(QuantDot, RowGroupsUnpackToTheFileRows) {
+  std::mt19937 rng(17);
+  for (WeightType t : kGroupTypes) {
+    ASSERT_TRUE(has_group_layout(t)) << weight_type_name(t);
+    for (int64_t rows : {1, 16, 19, 33}) {
+      const int64_t nb = 3, cols = nb * 32;
+      const size_t row_bytes = weight_type_row_bytes(t, cols);
+      const std::vector<uint8_t> w = random_blocks(t, rows * cols, rng);
+      const size_t bytes = row_groups_bytes(t, rows, cols);
+      EXPECT_EQ(bytes, static_cast<size_t>((rows + 15) / 16 * 16) * row_bytes);
+      std::vector<uint8_t> g(bytes, 0xab);
+      pack_row_groups(t, w.data(), rows, cols, g.data());
+      std::vector<uint8_t> row(row_bytes);
+      for (int64_t r = 0; r < (rows + 15) / 16 * 16; ++r) {
+        unpack_group_row(t, g.data(), r, cols, row.data());
+        if (r < rows)
+          EXPECT_EQ(std::memcmp(row.data(), w.data() + r * row_bytes, row_bytes), 0)
+              << weight_type_name(t) << " rows " << rows << " row " << r;
+        else
+          EXPECT_EQ(std::count(row.begin(), row.end(), 0), static_cast<long>(row_bytes)) << "padding row " << r;
+      }
+    }
+  }
+  for (WeightType t : {WeightType::kQ4_K, WeightType::kQ6_K, WeightType::kF32}) {
+    EXPECT_FALSE(has_group_layout(t));
+    EXPECT_THROW(group_dot_kernel(t, QuantIsa::kScalar), Error);
+  }
+}
+
+// Every group kernel against the exact sums (the bound of check_kernel, per row) and against the row kernels: the
+// scalar group kernel equals the scalar row kernel bit for bit, the SIMD ones within twice the bound (another
+// order of the f32 sum); a row's result does not depend on the groups of the call; padding rows give 0.
+TEST(QuantDot, GroupKernelsMatchTheRowKernels) {
+  for (QuantIsa isa : {QuantIsa::kScalar, QuantIsa::kAvx2, QuantIsa::kAvx512Vnni}) {
+    if (static_cast<int>(best_quant_isa()) < static_cast<int>(isa)) {
+      std::printf("[ skipped %s: not on this processor ]\n", quant_isa_name(isa));
+      continue;
+    }
+    for (WeightType t : kGroupTypes) {
+      const GroupDot k = group_dot_kernel(t, isa);
+      std::mt19937 rng(static_cast<uint32_t>(t) * 7 + 1);
+      for (int64_t nb : block_counts(t)) {
+        const int64_t cols = nb * 32, rows = 37, groups = 3;  // 3 groups, the last with 5 rows
+        const size_t row_bytes = weight_type_row_bytes(t, cols);
+        const std::vector<uint8_t> w = random_blocks(t, rows * cols, rng);
+        std::vector<uint8_t> g(row_groups_bytes(t, rows, cols));
+        pack_row_groups(t, w.data(), rows, cols, g.data());
+        const std::vector<float> x = random_activations(cols, rng);
+        Q8Rows a;
+        quantize_q8_rows(x.data(), 1, cols, a);
+        std::vector<float> all(groups * 16, std::numeric_limits<float>::quiet_NaN());
+        k(g.data(), groups, q8_row(a, 0), nb, all.data());
+        std::vector<float> last(16, std::numeric_limits<float>::quiet_NaN());
+        k(g.data() + 2 * 16 * row_bytes, 1, q8_row(a, 0), nb, last.data());
+        const std::string where =
+            std::string(quant_isa_name(isa)) + " " + std::string(weight_type_name(t)) + " blocks " + std::to_string(nb);
+        for (int64_t r = 0; r < groups * 16; ++r) {
+          if (r >= rows) {
+            EXPECT_EQ(all[r], 0.0f) << where << " padding row " << r;
+            continue;
+          }
+          const uint8_t* wr = w.data() + r * row_bytes;
+          std::vector<float> wf(cols);
+          dequantize(t, wr, cols, wf.data());
+          const std::vector<uint8_t> one_row(wr, wr + row_bytes);
+          const std::vector<double> mag = magnitudes(t, one_row, cols);
+          double exact = 0.0, scale = 0.0;
+          for (int64_t i = 0; i < cols; ++i) {
+            const double xi = static_cast<double>(a.d[i / 32]) * a.q[i];
+            exact += static_cast<double>(wf[i]) * xi;
+            scale += mag[i] * std::fabs(xi);
+          }
+          const double bound = (nb + 8) * kU * scale;
+          EXPECT_LE(std::fabs(all[r] - exact), bound) << where << " row " << r;
+          float row_result = 0.0f;
+          scalar_row_dot(t)(wr, row_bytes, 1, q8_row(a, 0), nb, &row_result);
+          if (isa == QuantIsa::kScalar)
+            EXPECT_EQ(all[r], row_result) << where << " row " << r;
+          else
+            EXPECT_LE(std::fabs(all[r] - row_result), 2 * bound) << where << " row " << r;
+          if (r >= 32) EXPECT_EQ(all[r], last[r - 32]) << where << ": the group alone, row " << r;
+        }
+      }
+    }
+  }
+}
+
 // A matrix of three parts (Q5_0, Q8_0 and f32 rows), as a fused QKV of a mixed-type file is.
 WeightMatrix mixed_matrix(int64_t cols, std::mt19937& rng) {
   WeightMatrix m(cols);
@@ -256,6 +350,46 @@ TEST(QuantDot, DecodeRowsDoNotDependOnTheBatch) {
       linear(x.data() + t * cols, m, acc.data(), 1, 1.0f, Gemm::kRows);  // y += x W^T: twice the product
       for (int64_t o = 0; o < m.rows(); ++o) EXPECT_FLOAT_EQ(acc[o], 2.0f * one[o]);
     }
+  }
+}
+
+// A matrix in row groups widens to the same floats as in the file's layout, and its decode rows equal the
+// row-by-row kernels' within the kernels' bound (2 (nb + 8) u sum |w| |x|, as GroupKernelsMatchTheRowKernels);
+// with the scalar kernels they are bit for bit those of the unpacked matrix (checked there).
+TEST(QuantDot, RowGroupMatricesEqualTheFileLayout) {
+  std::mt19937 rng(5);
+  const int64_t cols = 96;
+  WeightMatrix rows_layout = mixed_matrix(cols, rng);
+  const std::vector<uint8_t> more = random_blocks(WeightType::kQ4_1, 21 * cols, rng);
+  rows_layout.append_blocks(WeightType::kQ4_1, more.data(), 21);
+  WeightMatrix groups = rows_layout;
+  groups.pack_row_groups();
+  int grouped = 0;
+  for (const auto& p : groups.parts()) grouped += p.grouped ? 1 : 0;
+  EXPECT_EQ(grouped, 3);  // Q5_0, Q8_0, Q4_1; the f32 part stays
+  EXPECT_THROW(groups.append_blocks(WeightType::kQ4_1, more.data(), 1), Error);
+  EXPECT_EQ(groups.to_f32(), rows_layout.to_f32());
+  // The magnitudes of the elements (scale and min parts of the Q4_1 rows 10..30; |w| elsewhere).
+  const std::vector<float> wf = rows_layout.to_f32();
+  std::vector<double> mag(wf.begin(), wf.end());
+  for (double& v : mag) v = std::fabs(v);
+  const std::vector<double> q4_1 = magnitudes(WeightType::kQ4_1, more, 21 * cols);
+  std::copy(q4_1.begin(), q4_1.end(), mag.begin() + 10 * cols);
+  for (int64_t n : {1, 3}) {
+    const std::vector<float> x = random_activations(n * cols, rng);
+    Q8Rows a;  // the activations as both products see them
+    quantize_q8_rows(x.data(), n, cols, a);
+    std::vector<float> y(n * groups.rows(), std::numeric_limits<float>::quiet_NaN()), r(y);
+    linear(x.data(), groups, y.data(), n, 0.0f, Gemm::kRows);
+    linear(x.data(), rows_layout, r.data(), n, 0.0f, Gemm::kRows);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t o = 0; o < groups.rows(); ++o) {
+        double scale = 0.0;
+        for (int64_t i = 0; i < cols; ++i)
+          scale += mag[o * cols + i] * std::fabs(a.d[(t * cols + i) / 32] * a.q[t * cols + i]);
+        EXPECT_LE(std::fabs(y[t * groups.rows() + o] - r[t * groups.rows() + o]), 2 * (cols / 32 + 8) * kU * scale)
+            << "n " << n << " row " << t << " out " << o;
+      }
   }
 }
 
