@@ -206,17 +206,21 @@ inline void group_block_idot(const uint8_t* p, const int8_t* aq, __m256i& i0, __
           hi = _mm256_or_si256(hi, fifth_bits(p + G::kQh + 8 * (c + 4) + 4 * h));
         }
         __m256i& i = h == 0 ? i0 : i1;
-        if constexpr (G::kOffset > 0) {
-          const __m256i off = _mm256_set1_epi8(G::kOffset);
-          i = dot_s8s8_acc(i, _mm256_sub_epi8(lo, off), alo);
-          i = dot_s8s8_acc(i, _mm256_sub_epi8(hi, off), ahi);
-        } else {
-          i = dot_u8s8_acc(i, lo, alo);
-          i = dot_u8s8_acc(i, hi, ahi);
-        }
+        i = dot_u8s8_acc(i, lo, alo);
+        i = dot_u8s8_acc(i, hi, ahi);
       }
     }
   }
+}
+
+// The codes' offset times the block's activation sum: sum (q - o) a = sum q a - o sum a, exact in int32, so the
+// signed types' integer dots are those of the row kernels.
+template <class G>
+constexpr int group_offset() {
+  if constexpr (std::is_same_v<G, GroupQ8_0>)
+    return 0;
+  else
+    return G::kOffset;
 }
 
 template <class G>
@@ -227,6 +231,11 @@ void simd_groups(const uint8_t* w, int64_t groups, Q8Row a, int64_t nb, float* o
     for (int64_t b = 0; b < nb; ++b, p += G::kBytes) {
       __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
       group_block_idot<G>(p, a.q + b * 32, i0, i1);
+      if constexpr (group_offset<G>() > 0) {
+        const __m256i o = _mm256_set1_epi32(group_offset<G>() * a.sum[b]);
+        i0 = _mm256_sub_epi32(i0, o);
+        i1 = _mm256_sub_epi32(i1, o);
+      }
       const __m256 da = _mm256_set1_ps(a.d[b]);
       acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i0), _mm256_mul_ps(load_f16x8(p), da), acc0);
       acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i1), _mm256_mul_ps(load_f16x8(p + 16), da), acc1);
