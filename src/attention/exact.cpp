@@ -1,4 +1,5 @@
 #include "attention/exact.h"
+#include "attention/exact_block.h"
 
 #include <algorithm>
 #include <bit>
@@ -19,19 +20,10 @@ namespace {
 using core::dot_lanes;
 using core::exp_nonpositive;
 using core::widen_bf16;
+using exact_block::kBlock;
+using exact_block::block_softmax;
+using exact_block::raise_max;
 
-// Raises a query head's running maximum to m (when m is larger): its sum and output rows scale by e^(old - m).
-[[gnu::always_inline]] inline void raise_max(SoftmaxScalars& sc, float* og, int d, float m) {
-  if (!(m > sc.m)) return;
-  const float a = sc.m == -INFINITY ? 0.0f : exp_nonpositive(sc.m - m);
-  for (int i = 0; i < d; ++i) og[i] *= a;
-  sc.l *= a;
-  sc.m = m;
-}
-
-// Tokens per block: their logits are computed first, then one maximum, one rescale of the running state and
-// one exponential per (query head, token) that the compiler can vectorise, then the values (see attend_block).
-constexpr int kBlock = 64;
 
 // One block of nb <= kBlock tokens for the `group` query heads of one KV head: krows / vrows point at the
 // tokens' key / value rows in storage (f32 or bf16); each row is read and widened once for the whole group.
@@ -52,20 +44,7 @@ template <int D>
     }
     for (int g = 0; g < group; ++g) s[g * kBlock + b] = dot_lanes(q + static_cast<size_t>(g) * d, k, d) * scale;
   }
-  // Per query head: the block's maximum, one rescale of the state, the weights.
-  for (int g = 0; g < group; ++g) {
-    float* sg = s + g * kBlock;
-    float m = sg[0];
-    for (int b = 1; b < nb; ++b) m = std::max(m, sg[b]);
-    SoftmaxScalars& sc = st[g];
-    raise_max(sc, o + static_cast<size_t>(g) * d, d, m);
-    float sum = 0.0f;
-    for (int b = 0; b < nb; ++b) {
-      sg[b] = exp_nonpositive(sg[b] - sc.m);
-      sum += sg[b];
-    }
-    sc.l += sum;
-  }
+  block_softmax(s, nb, group, d, st, o);
   // Values.
   for (int b = 0; b < nb; ++b) {
     const float* v = static_cast<const float*>(vrows[b]);
@@ -94,6 +73,20 @@ void attend_block(const void* const* krows, const void* const* vrows, int nb, bo
     attend_block_impl<0>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
 }
 
+// attend_block, or its AVX-512 form where the processor and head_dim allow.
+void attend_block_best(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q,
+                       int group, int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
+#if RETROINFER_ATTENTION_AVX512
+  static const bool avx512 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  }();
+  if (avx512 && attend_block_avx512(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch)) return;
+#endif
+  attend_block(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+}
+
 // Runs the n tokens token_at(0..n-1) through attend_block, kBlock at a time.
 template <typename TokenAt>
 void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t n, TokenAt token_at,
@@ -111,7 +104,7 @@ void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t
       krows[b] = kv.key_row(kvh, t);
       vrows[b] = kv.value_row(kvh, t);
     }
-    attend_block(krows, vrows, nb, bf16, q, g, d, scale, gs.st.data(), gs.o.data(), scratch.data());
+    attend_block_best(krows, vrows, nb, bf16, q, g, d, scale, gs.st.data(), gs.o.data(), scratch.data());
   }
 }
 

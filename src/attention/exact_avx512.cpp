@@ -1,0 +1,129 @@
+// The block step of exact CPU attention in AVX-512 intrinsics (exact_block.h), for head_dim 64 and 128 (the
+// shapes of the models we run): the query heads of a chunk of the group stay in registers while the block's key
+// rows stream past, their output rows stay in registers while the value rows stream past (the portable loop of
+// exact.cpp loads and stores every output row once per token), and bf16 rows are widened in registers. The same
+// arithmetic as the portable loop up to the order of the f32 sums (a logit's lanes are added in another tree),
+// about twice its speed. Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl (src/attention/CMakeLists.txt)
+// and called only after a run-time check of the processor (exact.cpp).
+#include <immintrin.h>
+
+#include "attention/exact_block.h"
+
+namespace retroinfer::attention {
+namespace {
+
+using exact_block::block_softmax;
+using exact_block::kBlock;
+
+// The zero-masked forms of the intrinsics below compile to the same instructions as the plain ones, whose GCC 12
+// forms start from an undefined vector that -Wmaybe-uninitialized reports.
+
+// A key or value row (C x 16 elements, f32 or bf16) in registers.
+template <int C>
+inline void load_row(const void* src, bool bf16, __m512* r) {
+  if (bf16) {
+    for (int c = 0; c < C; ++c) {
+      const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(src) + c);
+      const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, h);
+      r[c] = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, wide, 16));
+    }
+  } else {
+    for (int c = 0; c < C; ++c) r[c] = _mm512_loadu_ps(static_cast<const float*>(src) + 16 * c);
+  }
+}
+
+// The sum of the 16 lanes.
+inline float hsum16(__m512 a) {
+  const __m256 s8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, a, 0), _mm512_maskz_extractf32x8_ps(0xff, a, 1));
+  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+  return _mm_cvtss_f32(s4);
+}
+
+// Logits of the block for query heads [g0, g0 + G) into s (scaled).
+template <int C, int G>
+void block_logits(const void* const* krows, int nb, bool bf16, const float* q, int g0, float scale, float* s) {
+  __m512 qr[G][C];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < C; ++c) qr[j][c] = _mm512_loadu_ps(q + (g0 + j) * C * 16 + 16 * c);
+  for (int b = 0; b < nb; ++b) {
+    __m512 k[C];
+    load_row<C>(krows[b], bf16, k);
+    for (int j = 0; j < G; ++j) {
+      __m512 acc = _mm512_mul_ps(qr[j][0], k[0]);
+      for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(qr[j][c], k[c], acc);
+      s[(g0 + j) * kBlock + b] = hsum16(acc) * scale;
+    }
+  }
+}
+
+// o[g] += sum_b p[g][b] v_b for query heads [g0, g0 + G).
+template <int C, int G>
+void block_values(const void* const* vrows, int nb, bool bf16, const float* s, int g0, float* o) {
+  __m512 acc[G][C];
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < C; ++c) acc[j][c] = _mm512_loadu_ps(o + (g0 + j) * C * 16 + 16 * c);
+  for (int b = 0; b < nb; ++b) {
+    __m512 v[C];
+    load_row<C>(vrows[b], bf16, v);
+    for (int j = 0; j < G; ++j) {
+      const __m512 p = _mm512_set1_ps(s[(g0 + j) * kBlock + b]);
+      for (int c = 0; c < C; ++c) acc[j][c] = _mm512_fmadd_ps(p, v[c], acc[j][c]);
+    }
+  }
+  for (int j = 0; j < G; ++j)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + (g0 + j) * C * 16 + 16 * c, acc[j][c]);
+}
+
+// The group in chunks of at most kHeads heads (G template arguments 1 .. 4; 4 x C registers a chunk).
+template <int C, template <int, int> class Op, typename... Args>
+void by_head_chunks(int group, Args... args) {
+  constexpr int kHeads = C == 4 ? 4 : 2;
+  for (int g0 = 0; g0 < group; g0 += kHeads) {
+    switch (std::min(kHeads, group - g0)) {
+      case 4: Op<C, 4>::run(g0, args...); break;
+      case 3: Op<C, 3>::run(g0, args...); break;
+      case 2: Op<C, 2>::run(g0, args...); break;
+      default: Op<C, 1>::run(g0, args...); break;
+    }
+  }
+}
+template <int C, int G>
+struct LogitsOp {
+  static void run(int g0, const void* const* krows, int nb, bool bf16, const float* q, float scale, float* s) {
+    block_logits<C, G>(krows, nb, bf16, q, g0, scale, s);
+  }
+};
+template <int C, int G>
+struct ValuesOp {
+  static void run(int g0, const void* const* vrows, int nb, bool bf16, const float* s, float* o) {
+    block_values<C, G>(vrows, nb, bf16, s, g0, o);
+  }
+};
+
+template <int C>
+void attend_block_c(const void* const* krows, const void* const* vrows, int nb, bool bf16,
+                                           const float* q, int group, float scale, SoftmaxScalars* st, float* o,
+                                           float* scratch) {
+  constexpr int d = 16 * C;
+  float* s = scratch;  // [group, kBlock] logits, then weights
+  by_head_chunks<C, LogitsOp>(group, krows, nb, bf16, q, scale, s);
+  block_softmax(s, nb, group, d, st, o);
+  by_head_chunks<C, ValuesOp>(group, vrows, nb, bf16, static_cast<const float*>(s), o);
+}
+
+}  // namespace
+
+bool attend_block_avx512(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q,
+                         int group, int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
+  if (d == 64)
+    attend_block_c<4>(krows, vrows, nb, bf16, q, group, scale, st, o, scratch);
+  else if (d == 128)
+    attend_block_c<8>(krows, vrows, nb, bf16, q, group, scale, st, o, scratch);
+  else
+    return false;
+  return true;
+}
+
+}  // namespace retroinfer::attention
