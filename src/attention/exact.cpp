@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/simd.h"
 #include "core/vec_math.h"
 #include "retroinfer/dtype.h"
 
@@ -77,12 +78,7 @@ void attend_block(const void* const* krows, const void* const* vrows, int nb, bo
 void attend_block_best(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q,
                        int group, int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
 #if RETROINFER_ATTENTION_AVX512
-  static const bool avx512 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  }();
-  if (avx512 && attend_block_avx512(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch)) return;
+  if (core::cpu_has_avx512() && attend_block_avx512(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch)) return;
 #endif
   attend_block(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
 }

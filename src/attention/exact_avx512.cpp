@@ -8,55 +8,15 @@
 #include <immintrin.h>
 
 #include "attention/exact_block.h"
+#include "core/avx512_rows.h"
 
 namespace retroinfer::attention {
 namespace {
 
+using core::avx512::block_logits;
+using core::avx512::load_row;
 using exact_block::block_softmax;
 using exact_block::kBlock;
-
-// The zero-masked forms of the intrinsics below compile to the same instructions as the plain ones, whose GCC 12
-// forms start from an undefined vector that -Wmaybe-uninitialized reports.
-
-// A key or value row (C x 16 elements, f32 or bf16) in registers.
-template <int C>
-inline void load_row(const void* src, bool bf16, __m512* r) {
-  if (bf16) {
-    for (int c = 0; c < C; ++c) {
-      const __m256i h = _mm256_loadu_si256(static_cast<const __m256i*>(src) + c);
-      const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, h);
-      r[c] = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, wide, 16));
-    }
-  } else {
-    for (int c = 0; c < C; ++c) r[c] = _mm512_loadu_ps(static_cast<const float*>(src) + 16 * c);
-  }
-}
-
-// The sum of the 16 lanes.
-inline float hsum16(__m512 a) {
-  const __m256 s8 = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xff, a, 0), _mm512_maskz_extractf32x8_ps(0xff, a, 1));
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
-  return _mm_cvtss_f32(s4);
-}
-
-// Logits of the block for query heads [g0, g0 + G) into s (scaled).
-template <int C, int G>
-void block_logits(const void* const* krows, int nb, bool bf16, const float* q, int g0, float scale, float* s) {
-  __m512 qr[G][C];
-  for (int j = 0; j < G; ++j)
-    for (int c = 0; c < C; ++c) qr[j][c] = _mm512_loadu_ps(q + (g0 + j) * C * 16 + 16 * c);
-  for (int b = 0; b < nb; ++b) {
-    __m512 k[C];
-    load_row<C>(krows[b], bf16, k);
-    for (int j = 0; j < G; ++j) {
-      __m512 acc = _mm512_mul_ps(qr[j][0], k[0]);
-      for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(qr[j][c], k[c], acc);
-      s[(g0 + j) * kBlock + b] = hsum16(acc) * scale;
-    }
-  }
-}
 
 // o[g] += sum_b p[g][b] v_b for query heads [g0, g0 + G).
 template <int C, int G>
@@ -92,7 +52,7 @@ void by_head_chunks(int group, Args... args) {
 template <int C, int G>
 struct LogitsOp {
   static void run(int g0, const void* const* krows, int nb, bool bf16, const float* q, float scale, float* s) {
-    block_logits<C, G>(krows, nb, bf16, q, g0, scale, s);
+    block_logits<C, G>(krows, nb, bf16, q, g0, scale, s, kBlock);
   }
 };
 template <int C, int G>

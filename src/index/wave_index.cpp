@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/simd.h"
 #include "core/vec_math.h"
 #include "retroinfer/error.h"
 
@@ -79,7 +80,8 @@ float softmax_numerators(const int32_t* sizes, int k, const float* lg, float m, 
 }  // namespace
 
 void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores) {
-  cluster_logits(hi.centroids.data(), hi.num_clusters(), hi.head_dim, q, group, scale, logits);
+  if (!core::row_logits_avx512(hi.centroids.data(), hi.num_clusters(), hi.head_dim, q, group, scale, logits))
+    cluster_logits(hi.centroids.data(), hi.num_clusters(), hi.head_dim, q, group, scale, logits);
   scores_from_logits(hi.sizes.data(), hi.num_clusters(), logits, group, scores);
 }
 
