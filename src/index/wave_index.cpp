@@ -2,6 +2,8 @@
 #include "index/wave_index.h"
 
 #include <algorithm>
+#include <bit>
+#include <functional>
 #include <cmath>
 #include <limits>
 
@@ -104,20 +106,34 @@ void scores_from_logits(const int32_t* sizes, int num_clusters, const float* log
 void select_zones(const float* scores, int num_clusters, const ZoneCounts& counts, ZoneSelection& out) {
   out.retrieval.clear();
   out.estimation.clear();
-  std::vector<int32_t> ids;
-  ids.reserve(num_clusters);
-  for (int j = 0; j < num_clusters; ++j)
-    if (scores[j] > -std::numeric_limits<float>::infinity()) ids.push_back(j);  // drops empty and NaN
-  auto better = [scores](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); };
-  const int64_t n_ids = static_cast<int64_t>(ids.size());
+  // Each candidate as one 64-bit key that orders as the rule does (score descending, then id ascending): the
+  // score's bits mapped to an unsigned integer of the same order above the id's complement. The selection then
+  // compares integers, not scores looked up through ids; zero is made +0 so that -0 and +0 tie as they compare.
+  thread_local std::vector<uint64_t> keys;
+  keys.clear();
+  for (int j = 0; j < num_clusters; ++j) {
+    const float s = scores[j];
+    if (!(s > -std::numeric_limits<float>::infinity())) continue;  // drops empty and NaN
+    uint32_t u = std::bit_cast<uint32_t>(s == 0.0f ? 0.0f : s);
+    u = (u & 0x80000000u) != 0 ? ~u : u | 0x80000000u;
+    keys.push_back(static_cast<uint64_t>(u) << 32 | (0xffffffffu - static_cast<uint32_t>(j)));
+  }
+  const int64_t n_ids = static_cast<int64_t>(keys.size());
   const int64_t n_ret = std::min<int64_t>(counts.n_retrieval, n_ids);
   const int64_t n_sel = std::min<int64_t>(int64_t{counts.n_retrieval} + counts.n_estimation, n_ids);
-  if (n_sel < n_ids) std::nth_element(ids.begin(), ids.begin() + n_sel, ids.end(), better);
-  if (n_ret < n_sel) std::nth_element(ids.begin(), ids.begin() + n_ret, ids.begin() + n_sel, better);
-  out.retrieval.assign(ids.begin(), ids.begin() + n_ret);
-  out.estimation.assign(ids.begin() + n_ret, ids.begin() + n_sel);
-  std::sort(out.retrieval.begin(), out.retrieval.end());
-  std::sort(out.estimation.begin(), out.estimation.end());
+  const auto better = std::greater<uint64_t>();
+  if (n_sel < n_ids) std::nth_element(keys.begin(), keys.begin() + n_sel, keys.end(), better);
+  if (n_ret < n_sel) std::nth_element(keys.begin(), keys.begin() + n_ret, keys.begin() + n_sel, better);
+  // Both zones in id order: marked in a table over the clusters, then collected by one scan (no sorts).
+  thread_local std::vector<uint8_t> zone;
+  zone.assign(static_cast<size_t>(num_clusters), 0);
+  for (int64_t i = 0; i < n_sel; ++i) zone[0xffffffffu - static_cast<uint32_t>(keys[i])] = i < n_ret ? 1 : 2;
+  out.retrieval.reserve(static_cast<size_t>(n_ret));
+  out.estimation.reserve(static_cast<size_t>(n_sel - n_ret));
+  for (int j = 0; j < num_clusters; ++j) {
+    if (zone[j] == 1) out.retrieval.push_back(j);
+    if (zone[j] == 2) out.estimation.push_back(j);
+  }
 }
 
 namespace {
