@@ -87,55 +87,86 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
   const int64_t steady_b = std::min(index_.indexed_end, size);    // [steady_b, size)
   const int64_t steady = steady_a + (size - steady_b);
   const int nh = shape_.num_heads_kv;
-  std::vector<AttentionStats> per_head(nh);
+  // A head's work in kParts parts, in three parallel loops: the cluster logits by parts of the clusters, the
+  // selection by heads (scores, zones, the exact token list), the attention by parts of the exact tokens and
+  // of the estimated clusters. With whole heads as the unit, 3 KV heads (SmolLM2) on 2 threads left one thread
+  // idle for a third of the layer. Each part's state is merged into its head's in part order, so the output
+  // does not depend on the thread count.
+  constexpr int kParts = 2;
+  const int items = nh * kParts;
   // Heads in parallel from full attention's threshold (context tokens x KV heads, full.cpp): below it a layer's
   // retro work takes microseconds and, on a loaded host, the OpenMP barrier would cost more (perf: 96% of a
   // small-context test in libgomp's spin). Above it a serial layer would leave the product threads idle long
   // enough to fall asleep, and waking them at every product costs more than the heads' work.
   constexpr int64_t kParallelMinTokens = 2048;
-#pragma omp parallel for schedule(dynamic, 1) if (nh > 1 && size * nh >= kParallelMinTokens)
+  const bool parallel = size * nh >= kParallelMinTokens;
+  std::vector<HeadPlan> plans(nh);
+  std::vector<std::vector<int64_t>> tokens(nh);  // per head: outliers and retrieval members, in token order
   for (int h = 0; h < nh; ++h) {
-    const size_t off = static_cast<size_t>(h) * g * d;
-    const float* qg = q + off;
-    GroupState exact(g, d);
-    accumulate_range(kv, h, qg, sc, 0, steady_a, exact);
-    accumulate_range(kv, h, qg, sc, steady_b, size, exact);
-    AttentionStats& st = per_head[h];
-    st.exact_tokens = steady;
+    const int k = index_.heads[h].num_clusters();
+    plans[h].logits.resize(static_cast<size_t>(g) * k);
+    plans[h].scores.resize(k);
+  }
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int w = 0; w < items; ++w) {
+    const int h = w / kParts, p = w % kParts, k = index_.heads[h].num_clusters();
+    index::cluster_logits_range(index_.heads[h], q + static_cast<size_t>(h) * g * d, g, sc, k * p / kParts,
+                                k * (p + 1) / kParts, plans[h].logits.data());
+  }
+#pragma omp parallel for schedule(dynamic, 1) if (parallel && nh > 1)
+  for (int h = 0; h < nh; ++h) {
     const index::HeadIndex& hi = index_.heads[h];
-    // Outlier zone: always read exactly.
-    std::vector<int64_t> tokens(hi.outliers);
-    if (hi.num_clusters() == 0) {
-      accumulate_tokens(kv, h, qg, sc, tokens.data(), static_cast<int64_t>(tokens.size()), exact);
-      st.exact_tokens += static_cast<int64_t>(tokens.size());
-      last_sel_[h] = index::ZoneSelection{};
-    } else {
-      HeadPlan plan;
-      plan_head(h, qg, plan);
-      // Retrieval zone: the members of the chosen clusters, read exactly in token order with the outliers.
-      for (int32_t j : plan.sel.retrieval)
-        tokens.insert(tokens.end(), hi.members.begin() + hi.offsets[j], hi.members.begin() + hi.offsets[j + 1]);
-      std::sort(tokens.begin(), tokens.end());
-      accumulate_tokens(kv, h, qg, sc, tokens.data(), static_cast<int64_t>(tokens.size()), exact);
-      // Estimation zone: each cluster as s_j tokens of logit q.c_j and value VS_j / s_j.
-      GroupState est(g, d);
-      accumulate_estimates(plan.logits.data(), hi.num_clusters(), plan.sel.estimation.data(),
-                           static_cast<int>(plan.sel.estimation.size()), hi.sizes.data(), hi.value_sums.data(), est);
-      exact.merge(est);
-      st.exact_tokens += static_cast<int64_t>(tokens.size());
-      st.retrieved_clusters = static_cast<int64_t>(plan.sel.retrieval.size());
-      st.estimated_clusters = static_cast<int64_t>(plan.sel.estimation.size());
-      last_sel_[h] = std::move(plan.sel);
+    HeadPlan& plan = plans[h];
+    tokens[h] = hi.outliers;  // the outlier zone: always read exactly
+    if (hi.num_clusters() == 0) continue;
+    index::scores_from_logits(hi.sizes.data(), hi.num_clusters(), plan.logits.data(), g, plan.scores.data());
+    index::select_zones(plan.scores.data(), hi.num_clusters(), zone_counts(hi.num_clusters(), cfg_), plan.sel);
+    // Retrieval zone: the members of the chosen clusters, read exactly in token order with the outliers.
+    for (int32_t j : plan.sel.retrieval)
+      tokens[h].insert(tokens[h].end(), hi.members.begin() + hi.offsets[j], hi.members.begin() + hi.offsets[j + 1]);
+    std::sort(tokens[h].begin(), tokens[h].end());
+  }
+  // Part p of head h: p = 0 also the steady zone; each part a share of the exact tokens and of the estimation
+  // zone (each cluster as s_j tokens of logit q.c_j and value VS_j / s_j), merged into one state.
+  std::vector<GroupState> parts(static_cast<size_t>(items), GroupState(g, d));
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int w = 0; w < items; ++w) {
+    const int h = w / kParts, p = w % kParts;
+    const float* qg = q + static_cast<size_t>(h) * g * d;
+    GroupState& part = parts[w];
+    if (p == 0) {
+      accumulate_range(kv, h, qg, sc, 0, steady_a, part);
+      accumulate_range(kv, h, qg, sc, steady_b, size, part);
     }
-    exact.finish(out + off);
+    const auto n = static_cast<int64_t>(tokens[h].size());
+    const int64_t t0 = n * p / kParts, t1 = n * (p + 1) / kParts;
+    accumulate_tokens(kv, h, qg, sc, tokens[h].data() + t0, t1 - t0, part);
+    const index::HeadIndex& hi = index_.heads[h];
+    const std::vector<int32_t>& est_ids = plans[h].sel.estimation;
+    const auto ne = static_cast<int>(est_ids.size());
+    const int e0 = ne * p / kParts, e1 = ne * (p + 1) / kParts;
+    if (e1 > e0) {
+      GroupState est(g, d);
+      accumulate_estimates(plans[h].logits.data(), hi.num_clusters(), est_ids.data() + e0, e1 - e0, hi.sizes.data(),
+                           hi.value_sums.data(), est);
+      part.merge(est);
+    }
+  }
+  AttentionStats s;
+  for (int h = 0; h < nh; ++h) {
+    GroupState& head = parts[static_cast<size_t>(h) * kParts];
+    for (int p = 1; p < kParts; ++p) head.merge(parts[static_cast<size_t>(h) * kParts + p]);
+    head.finish(out + static_cast<size_t>(h) * g * d);
+    s.exact_tokens += steady + static_cast<int64_t>(tokens[h].size());
+    s.retrieved_clusters += static_cast<int64_t>(plans[h].sel.retrieval.size());
+    s.estimated_clusters += static_cast<int64_t>(plans[h].sel.estimation.size());
+    last_sel_[h] = std::move(plans[h].sel);
   }
   last_size_ = size;
   last_steady_a_ = steady_a;
   last_steady_b_ = steady_b;
   if (trace_ != nullptr) record_selection(size);
   ++steps_since_build_;
-  AttentionStats s;
-  for (const auto& st : per_head) s += st;
   s.context_tokens = size * nh;
   return s;
 }

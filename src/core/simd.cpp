@@ -17,7 +17,7 @@ bool cpu_has_avx512() {
 }
 
 #if !RETROINFER_CORE_AVX512
-bool row_logits_avx512(const float*, int64_t, int, const float*, int, float, float*) { return false; }
+bool row_logits_avx512(const float*, int64_t, int, const float*, int, float, float*, int64_t) { return false; }
 #endif
 
 }  // namespace retroinfer::core

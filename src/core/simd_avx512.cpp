@@ -9,7 +9,7 @@ namespace retroinfer::core {
 namespace {
 
 template <int C>
-void row_logits(const float* rows, int64_t n, const float* q, int group, float scale, float* logits) {
+void row_logits(const float* rows, int64_t n, const float* q, int group, float scale, float* logits, int64_t ld) {
   constexpr int kRows = 64;      // rows per pass: their pointers on the stack
   constexpr int kHeads = C == 4 ? 4 : 2;  // heads per pass: kHeads x C registers of queries
   const void* ptrs[kRows];
@@ -19,10 +19,10 @@ void row_logits(const float* rows, int64_t n, const float* q, int group, float s
     for (int g0 = 0; g0 < group; g0 += kHeads) {
       float* s = logits + i0;
       switch (std::min(kHeads, group - g0)) {
-        case 4: avx512::block_logits<C, 4>(ptrs, nb, false, q, g0, scale, s, n); break;
-        case 3: avx512::block_logits<C, 3>(ptrs, nb, false, q, g0, scale, s, n); break;
-        case 2: avx512::block_logits<C, 2>(ptrs, nb, false, q, g0, scale, s, n); break;
-        default: avx512::block_logits<C, 1>(ptrs, nb, false, q, g0, scale, s, n); break;
+        case 4: avx512::block_logits<C, 4>(ptrs, nb, false, q, g0, scale, s, ld); break;
+        case 3: avx512::block_logits<C, 3>(ptrs, nb, false, q, g0, scale, s, ld); break;
+        case 2: avx512::block_logits<C, 2>(ptrs, nb, false, q, g0, scale, s, ld); break;
+        default: avx512::block_logits<C, 1>(ptrs, nb, false, q, g0, scale, s, ld); break;
       }
     }
   }
@@ -30,12 +30,13 @@ void row_logits(const float* rows, int64_t n, const float* q, int group, float s
 
 }  // namespace
 
-bool row_logits_avx512(const float* rows, int64_t n, int d, const float* q, int group, float scale, float* logits) {
+bool row_logits_avx512(const float* rows, int64_t n, int d, const float* q, int group, float scale, float* logits,
+                       int64_t ld) {
   if (!cpu_has_avx512()) return false;
   if (d == 64)
-    row_logits<4>(rows, n, q, group, scale, logits);
+    row_logits<4>(rows, n, q, group, scale, logits, ld);
   else if (d == 128)
-    row_logits<8>(rows, n, q, group, scale, logits);
+    row_logits<8>(rows, n, q, group, scale, logits, ld);
   else
     return false;
   return true;

@@ -56,11 +56,11 @@ namespace {
 // The loops of score_clusters and scores_from_logits, compiled for AVX-512, AVX2 + FMA and the baseline and
 // picked at run time (target_clones); core/vec_math.h's kernels vectorise without -ffast-math.
 RETROINFER_TARGET_CLONES
-void cluster_logits(const float* centroids, int k, int d, const float* q, int group, float scale, float* logits) {
-  for (int j = 0; j < k; ++j) {
-    const float* c = centroids + static_cast<int64_t>(j) * d;
-    for (int g = 0; g < group; ++g)
-      logits[static_cast<int64_t>(g) * k + j] = core::dot_lanes(q + static_cast<int64_t>(g) * d, c, d) * scale;
+void cluster_logits(const float* centroids, int64_t k, int d, const float* q, int group, float scale, float* logits,
+                    int64_t ld) {
+  for (int64_t j = 0; j < k; ++j) {
+    const float* c = centroids + j * d;
+    for (int g = 0; g < group; ++g) logits[g * ld + j] = core::dot_lanes(q + static_cast<int64_t>(g) * d, c, d) * scale;
   }
 }
 
@@ -81,9 +81,18 @@ float softmax_numerators(const int32_t* sizes, int k, const float* lg, float m, 
 
 }  // namespace
 
+void cluster_logits_range(const HeadIndex& hi, const float* q, int group, float scale, int begin, int end,
+                          float* logits) {
+  RETROINFER_CHECK(0 <= begin && begin <= end && end <= hi.num_clusters(), "cluster_logits_range: clusters [", begin,
+                   ", ", end, ") outside [0, ", hi.num_clusters(), ")");
+  const int d = hi.head_dim, k = hi.num_clusters();
+  const float* rows = hi.centroids.data() + static_cast<int64_t>(begin) * d;
+  if (!core::row_logits_avx512(rows, end - begin, d, q, group, scale, logits + begin, k))
+    cluster_logits(rows, end - begin, d, q, group, scale, logits + begin, k);
+}
+
 void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores) {
-  if (!core::row_logits_avx512(hi.centroids.data(), hi.num_clusters(), hi.head_dim, q, group, scale, logits))
-    cluster_logits(hi.centroids.data(), hi.num_clusters(), hi.head_dim, q, group, scale, logits);
+  cluster_logits_range(hi, q, group, scale, 0, hi.num_clusters(), logits);
   scores_from_logits(hi.sizes.data(), hi.num_clusters(), logits, group, scores);
 }
 

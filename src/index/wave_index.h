@@ -44,6 +44,10 @@ struct HeadIndex {
 // logits: [group, num_clusters] out: q_g . c_j * scale (the estimation logits).
 // scores: [num_clusters] out: sum_g softmax_j(logits_g)[j] over the non-empty clusters; -inf if empty.
 void score_clusters(const HeadIndex& hi, const float* q, int group, float scale, float* logits, float* scores);
+// The logits step of score_clusters for the clusters [begin, end) only (logits [group, num_clusters]; the
+// others untouched): a head's clusters may be scored in parts by several threads.
+void cluster_logits_range(const HeadIndex& hi, const float* q, int group, float scale, int begin, int end,
+                          float* logits);
 // The scores step of score_clusters on given logits ([group, num_clusters]; those of empty clusters are not
 // read): scores[j] = sum_g softmax_j(logits_g)[j] over the clusters with sizes[j] > 0, -inf where sizes[j] == 0.
 void scores_from_logits(const int32_t* sizes, int num_clusters, const float* logits, int group, float* scores);
