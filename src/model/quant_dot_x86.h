@@ -63,6 +63,7 @@ inline __m256i fifth_bits(const uint8_t* qh_bytes) {
 }
 
 inline __m256i load_act(const int8_t* q) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)); }
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -135,6 +136,89 @@ void simd_rows(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_
   for (int64_t r = 0; r < rows; ++r) out[r] = simd_dot<B>(w + static_cast<size_t>(r) * row_bytes, a, nb);
 }
 
+// ---- The K-quants (256-element blocks; layouts in src/io/ggml_quants.cpp), row by row ----------------------
+
+// The six-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block's scales[12] (as quant_dot.cpp's).
+inline void k4_scale_min(int j, const uint8_t* q, int& sc, int& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q4_K (kFiveBits false) and Q5_K: x = (d sc_s) q - (dmin m_s) per sub-block s of 32; the 32 bytes of qs hold
+// sub-blocks 2 j (low nibbles) and 2 j + 1 (high nibbles); Q5_K's fifth bit of element l of sub-block s is bit s
+// of qh[l].
+template <bool kFiveBits>
+float k4_dot(const uint8_t* w, Q8Row a, int64_t nb32) {
+  constexpr int kBytes = kFiveBits ? 176 : 144;
+  const __m256i low = _mm256_set1_epi8(0x0f);
+  __m256 acc = _mm256_setzero_ps();
+  float mins = 0.0f;
+  for (int64_t b = 0; b < nb32 / 8; ++b, w += kBytes) {
+    const float d = f16(w), dmin = f16(w + 2);
+    const uint8_t* scales = w + 4;
+    const uint8_t* ql = w + (kFiveBits ? 48 : 16);
+    const __m256i qh = kFiveBits ? load32(w + 16) : _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      const __m256i v = load32(ql + 32 * j);
+      for (int half = 0; half < 2; ++half) {
+        const int s = 2 * j + half;
+        __m256i q = half == 0 ? _mm256_and_si256(v, low) : _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        if constexpr (kFiveBits) {
+          const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << s));
+          const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit);
+          q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        }
+        int sc = 0, m = 0;
+        k4_scale_min(s, scales, sc, m);
+        const int64_t ab = b * 8 + s;
+        acc = scaled(dot_u8s8(q, load_act(a.q + ab * 32)), d * static_cast<float>(sc) * a.d[ab], acc);
+        mins += dmin * static_cast<float>(m) * a.ds[ab];
+      }
+    }
+  }
+  return hsum(acc) - mins;
+}
+
+// Q6_K: x = d sc[i / 16] (q6_i - 32); per 128 elements n, ql[64 n ..] holds the low nibbles of sub-blocks 4 n
+// (low nibbles of bytes 0..31), 4 n + 1 (of bytes 32..63), 4 n + 2 and 4 n + 3 (their high nibbles), qh[32 n + l]
+// the two high bits of element l of each (bits 0-1, 2-3, 4-5, 6-7). A sub-block's two halves of 16 have their
+// own scales: the dot's lanes 0-3 (elements 0..15) take the first, lanes 4-7 the second.
+float q6k_dot(const uint8_t* w, Q8Row a, int64_t nb32) {
+  const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb32 / 8; ++b, w += 210) {
+    const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
+    const float d = f16(w + 208);
+    for (int n = 0; n < 2; ++n) {
+      const __m256i ql0 = load32(w + 64 * n), ql1 = load32(w + 64 * n + 32), qh = load32(w + 128 + 32 * n);
+      const __m256i nib[4] = {_mm256_and_si256(ql0, low), _mm256_and_si256(ql1, low),
+                              _mm256_and_si256(_mm256_srli_epi16(ql0, 4), low),
+                              _mm256_and_si256(_mm256_srli_epi16(ql1, 4), low)};
+      for (int k = 0; k < 4; ++k) {
+        const __m256i hi2 = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * k), two);
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib[k], _mm256_slli_epi16(hi2, 4)), off);
+        const int s = 4 * n + k;
+        const int64_t ab = b * 8 + s;
+        const float f = d * a.d[ab];
+        const __m256 scale = _mm256_set_m128(_mm_set1_ps(f * static_cast<float>(sc[2 * s + 1])),
+                                             _mm_set1_ps(f * static_cast<float>(sc[2 * s])));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8s8(q, load_act(a.q + ab * 32))), scale, acc);
+      }
+    }
+  }
+  return hsum(acc);
+}
+
+template <float (*F)(const uint8_t*, Q8Row, int64_t)>
+void k_rows(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_t nb, float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = F(w + static_cast<size_t>(r) * row_bytes, a, nb);
+}
+
 RowDot simd_table(WeightType t) {
   switch (t) {
     case WeightType::kQ8_0: return simd_rows<BlockQ8_0>;
@@ -142,7 +226,10 @@ RowDot simd_table(WeightType t) {
     case WeightType::kQ4_1: return simd_rows<BlockQ4_1>;
     case WeightType::kQ5_0: return simd_rows<BlockQ5_0>;
     case WeightType::kQ5_1: return simd_rows<BlockQ5_1>;
-    default: return nullptr;  // the K-quants: the scalar kernels
+    case WeightType::kQ4_K: return k_rows<k4_dot<false>>;
+    case WeightType::kQ5_K: return k_rows<k4_dot<true>>;
+    case WeightType::kQ6_K: return k_rows<q6k_dot>;
+    default: return nullptr;
   }
 }
 
@@ -169,7 +256,6 @@ inline __m256i broadcast4(const int8_t* q) {
 inline __m256 load_f16x8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // The group block of each type: the offsets of quant_dot.cpp's group_layout, whether it has a min, and the
 // codes' offset (Q4_0: 8, Q5_0: 16; 0: unsigned codes with a min).
@@ -250,6 +336,7 @@ void simd_groups(const uint8_t* w, int64_t groups, Q8Row a, int64_t nb, float* o
   }
 }
 
+#if !RETROINFER_QUANT_DOT_VNNI  // the VNNI translation unit has 512-bit group kernels of its own
 GroupDot simd_group_table(WeightType t) {
   switch (t) {
     case WeightType::kQ8_0: return simd_groups<GroupQ8_0>;
@@ -260,6 +347,7 @@ GroupDot simd_group_table(WeightType t) {
     default: return nullptr;
   }
 }
+#endif
 
 }  // namespace
 }  // namespace retroinfer::model
