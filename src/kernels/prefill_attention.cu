@@ -2,6 +2,7 @@
 // precision: prefill_attention.h.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/common.cuh"
@@ -104,16 +105,22 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
 
   const int G = p.group;
   const int64_t m_tiles = (int64_t(p.n) * G + kBM - 1) / kBM;
-  // Heaviest CTAs (largest query positions) first; consecutive CTAs share a row tile across KV heads.
-  const int64_t b = blockIdx.x;
+  // Heaviest CTAs (largest query positions) first; consecutive CTAs share a row tile across KV heads (and
+  // across the key splits of a split launch).
+  const int64_t b = blockIdx.x / p.splits;
+  const int split = static_cast<int>(blockIdx.x % p.splits);
   const int h = static_cast<int>(b % p.num_heads_kv);
   const int64_t m_tile = m_tiles - 1 - b / p.num_heads_kv;
   const int r0 = static_cast<int>(m_tile * kBM);  // first packed row
   const int t_lo = r0 / G;
   const int t_hi = min(p.n - 1, (r0 + kBM - 1) / G);
   const int kv_end = p.pos0 + t_hi + 1;              // keys [0, kv_end) are read
-  const int num_tiles = (kv_end + BN - 1) / BN;
+  const int all_tiles = (kv_end + BN - 1) / BN;
   const int first_masked = (p.pos0 + t_lo + 1) / BN;  // tiles >= this cross some row's diagonal
+  // This CTA's key tiles [j0, num_tiles): all of them, or its split's share.
+  const int per_split = (all_tiles + p.splits - 1) / p.splits;
+  const int j0 = min(all_tiles, split * per_split);
+  const int num_tiles = min(all_tiles, j0 + per_split);
 
   const uint16_t* gk = p.k + int64_t(h) * p.kv_stride * D;
   const uint16_t* gv = p.v + int64_t(h) * p.kv_stride * D;
@@ -122,7 +129,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   // while Q is converted to bf16.
 #pragma unroll
   for (int st = 0; st < Smem::kStages - 1; ++st) {
-    if (st < num_tiles) load_kv_tile<D, BN>(sk0 + st * Smem::kKV, sv0 + st * Smem::kKV, gk, gv, st * BN, kv_end);
+    if (j0 + st < num_tiles)
+      load_kv_tile<D, BN>(sk0 + st * Smem::kKV, sv0 + st * Smem::kKV, gk, gv, (j0 + st) * BN, kv_end);
     cp_async_commit();
   }
   for (int idx = threadIdx.x; idx < kBM * kChunks; idx += kThreads) {
@@ -179,8 +187,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
         ldsm_x4(qreg[mt][kk], q_pat[kk & 3] + (kk >> 2) * 128 + mt * 16 * D * 2);
   }
 
-  int stage = 0;  // stage of tile j: j % kStages
-  for (int j = 0; j < num_tiles; ++j) {
+  int stage = 0;  // stage of tile j: (j - j0) % kStages
+  for (int j = j0; j < num_tiles; ++j) {
     // One commit group per tile (empty ones past the end): at most kStages - 2 groups younger than tile
     // j's may still be in flight.
     cp_async_wait<Smem::kStages - 2>();
@@ -329,7 +337,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   }
   cp_async_wait<0>();  // nothing may stay in flight at exit (the last commit is empty, but be explicit)
 
-  // Normalise and write the valid rows.
+  // Normalise and write the valid rows; a split launch writes its unnormalised part and the row's (max, sum)
+  // instead, which prefill_merge_splits combines.
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -337,16 +346,51 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
       float l = row_sum[mt][hf];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       const int r = r0 + wrow + mt * 16 + hf * 8 + quad;
       const int t = r / G;
       if (t >= p.n) continue;
       const int qh = h * G + (r - t * G);
-      float* dst = p.out + (int64_t(t) * p.num_heads_q + qh) * D + tig * 2;
+      const int64_t row = int64_t(t) * p.num_heads_q + qh;
+      if (p.splits > 1) {
+        const int64_t prow = int64_t(split) * p.n * p.num_heads_q + row;
+        float* dst = p.part_o + prow * D + tig * 2;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt)
+          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][hf * 2], o[mt][dt][hf * 2 + 1]);
+        if (tig == 0) *reinterpret_cast<float2*>(p.part_ml + prow * 2) = make_float2(row_max[mt][hf], l);
+        continue;
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* dst = p.out + row * D + tig * 2;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt)
         *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
     }
+}
+
+// out[row] = sum_s o_s 2^(m_s - M) / sum_s l_s 2^(m_s - M), M = max_s m_s (log2 units), over the key splits of
+// row (t, qh); a split that saw no visible key has m = -inf and l = 0 and adds nothing. One CTA of D / 4 threads
+// per row, a float4 each.
+template <int D>
+__global__ void prefill_merge_splits(const PrefillParams p) {
+  const int64_t row = blockIdx.x, rows = int64_t(p.n) * p.num_heads_q;
+  float m = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.part_ml[(s * rows + row) * 2]);
+  const float base = m == -INFINITY ? 0.0f : m;
+  float l = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s = 0; s < p.splits; ++s) {
+    const float2 ml = *reinterpret_cast<const float2*>(p.part_ml + (s * rows + row) * 2);
+    const float w = exp2f(ml.x - base);
+    l += ml.y * w;
+    const float4 o = reinterpret_cast<const float4*>(p.part_o + (s * rows + row) * D)[threadIdx.x];
+    acc.x += o.x * w;
+    acc.y += o.y * w;
+    acc.z += o.z * w;
+    acc.w += o.w * w;
+  }
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  reinterpret_cast<float4*>(p.out + row * D)[threadIdx.x] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
 template <int D, int BN>
@@ -366,13 +410,25 @@ cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t s) {
   const int64_t ctas = prefill_ctas(p);
   if (ctas <= 0) return cudaSuccess;
   prefill_kernel<D, BN><<<static_cast<unsigned>(ctas), kThreads, bytes, s>>>(p);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || p.splits == 1) return e;
+  prefill_merge_splits<D><<<static_cast<unsigned>(int64_t(p.n) * p.num_heads_q), D / 4, 0, s>>>(p);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 int64_t prefill_ctas(const PrefillParams& p) {
-  return (int64_t(p.n) * p.group + kBM - 1) / kBM * p.num_heads_kv;
+  return (int64_t(p.n) * p.group + kBM - 1) / kBM * p.num_heads_kv * p.splits;
+}
+
+int prefill_splits(const PrefillParams& p, int sm_count) {
+  const int64_t ctas = (int64_t(p.n) * p.group + kBM - 1) / kBM * p.num_heads_kv;
+  const int64_t tiles = (int64_t(p.pos0) + p.n + kPrefillKeys - 1) / kPrefillKeys;
+  const int64_t target = 2 * int64_t(sm_count);  // two CTAs fit a multiprocessor
+  if (ctas >= target) return 1;
+  const int64_t by_ctas = (target + ctas - 1) / ctas, by_tiles = tiles / kPrefillMinSplitTiles;
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({by_ctas, by_tiles, kPrefillMaxSplits})));
 }
 
 // 64-key tiles at both head dims: at D=128 they halve the Q fragment reloads and per-tile softmax work of

@@ -39,14 +39,31 @@ struct PrefillParams {
   int n = 0;                    // query positions (>= 1); n * G < 2^31
   int num_heads_q = 0, num_heads_kv = 0, group = 0, head_dim = 0;
   float scale_log2 = 0.0f;  // logit scale times log2(e)
+  // Key splits (split-KV): a chunk of few query rows over a long cache launches too few CTAs to fill the GPU
+  // (64 rows x 8 KV heads: 8 CTAs, each streaming every key); with splits > 1 each (row tile, KV head) is
+  // split into `splits` ranges of key tiles, one CTA each, which write unnormalised parts (part_o) and each
+  // row's running (max, sum) (part_ml); a second kernel merges them by log-sum-exp into out.
+  int splits = 1;
+  float* part_o = nullptr;   // [splits, n, Hq, D] f32 (splits > 1)
+  float* part_ml = nullptr;  // [splits, n, Hq, 2] f32: max (log2 units, scaled), sum
 };
 
 inline constexpr int kPrefillRows = 128;  // packed query rows per CTA (4 warps x 32)
 inline constexpr int kPrefillKeys = 64;   // keys per K/V tile
 inline constexpr int kPrefillWarps = 4;
 
-// CTAs the launch uses: ceil(n * G / kPrefillRows) * Hkv.
+inline constexpr int kPrefillMaxSplits = 16;     // key splits at most
+inline constexpr int kPrefillMinSplitTiles = 8;  // key tiles per split at least (512 keys)
+// The split parts' workspace of one PrefillAttention (allocated at its first split launch): splits are cut to
+// what fits, splits x n x Hq x (D + 2) floats (64 query tokens of Llama-3-8B's shape in 15 splits).
+inline constexpr int64_t kPrefillSplitWorkspaceBytes = int64_t{16} << 20;
+
+// CTAs the launch uses: ceil(n * G / kPrefillRows) * Hkv * splits.
 int64_t prefill_ctas(const PrefillParams& p);
+// The key splits for p (its `splits` ignored) on a GPU of sm_count multiprocessors: 1 when the row tiles alone
+// give two CTAs a multiprocessor, else enough to (at most kPrefillMaxSplits, each of at least
+// kPrefillMinSplitTiles key tiles).
+int prefill_splits(const PrefillParams& p, int sm_count);
 cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s);
 
 }  // namespace retroinfer::cuda::detail

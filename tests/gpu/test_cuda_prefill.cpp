@@ -1,7 +1,7 @@
 // cuda::PrefillAttention (causal GQA prefill, mma.sync bf16) against the CPU retroinfer::prefill_attention
 // on the same bf16 K/V: query counts with tails of the 128-row and 64-key tiles, a prefix (pos0 > 0),
-// head_dim 64 and 128, GQA groups 1, 3, 4, 8, a kv_stride past the tokens (NaN-poisoned rows), a long
-// prefix, and the argument checks. Outputs are poisoned (0xff) first: every element must be written.
+// head_dim 64 and 128, GQA groups 1, 3, 4, 7, 8, a kv_stride past the tokens (NaN-poisoned rows), a long
+// prefix, short chunks over long caches (the split-key launch), and the argument checks. Outputs are poisoned (0xff) first: every element must be written.
 //
 // Each case compares against two CPU references:
 //  * "own": q rounded to bf16 on the host (as the kernel does before its QK^T product), so that the only
@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "gpu_test_util.h"
+#include "kernels/kernel_common.h"
+#include "kernels/prefill_kernels.h"
 #include "retroinfer/attention.h"
 #include "retroinfer/cuda_model.h"
 #include "retroinfer/error.h"
@@ -148,6 +150,24 @@ TEST(CudaPrefill, PrefixEdgesAndScale) {
 TEST(CudaPrefill, LongPrefix) {
   RETROINFER_REQUIRE_GPU();
   run_case({1, 4, 128, 70001, 37}, 4000);
+}
+
+// Few query rows over a long cache take the split-key launch (each row tile's keys in several CTAs, merged by
+// log-sum-exp): Llama-3-8B's 8 KV heads with a 64-token question, Qwen2.5's group of 7 with 5 tokens, a split
+// that ends inside the diagonal tiles, head_dim 64 and 128; the same bounds as every other case.
+TEST(CudaPrefill, SplitKeysForShortChunks) {
+  RETROINFER_REQUIRE_GPU();
+  uint64_t seed = 5000;
+  const Case cases[] = {{8, 4, 128, 20000, 64}, {2, 7, 64, 9000, 5}, {2, 4, 128, 1000, 16}, {1, 8, 64, 4095, 33}};
+  for (const Case& c : cases) {
+    cuda::detail::PrefillParams p;
+    p.pos0 = static_cast<int>(c.pos0);
+    p.n = static_cast<int>(c.n);
+    p.group = c.group;
+    p.num_heads_kv = c.hkv;
+    EXPECT_GT(cuda::detail::prefill_splits(p, cuda::detail::sm_count()), 1) << "pos0 " << c.pos0 << " n " << c.n;
+    run_case(c, seed++);
+  }
 }
 
 TEST(CudaPrefill, RejectsBadArguments) {

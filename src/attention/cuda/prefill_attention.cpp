@@ -1,16 +1,20 @@
 // PrefillAttention: causal GQA prefill attention over GPU-resident bf16 K/V (kernel: prefill_attention.cu).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda_check.h"
+#include "kernels/kernel_common.h"
 #include "attention/cuda/layer_common.h"
 #include "kernels/prefill_kernels.h"
 #include "retroinfer/cuda_backend.h"
+#include "retroinfer/cuda_device.h"
 
 namespace retroinfer::cuda {
 
 struct PrefillAttention::Impl {
   AttentionShape shape;
+  DeviceBuffer split_parts;  // kPrefillSplitWorkspaceBytes once a launch splits its keys (prefill_kernels.h)
 };
 
 PrefillAttention::PrefillAttention(const AttentionShape& shape) : impl_(new Impl) {
@@ -58,6 +62,16 @@ void PrefillAttention::run(const float* q, const uint16_t* k, const uint16_t* v,
   p.group = group;
   p.head_dim = sh.head_dim;
   p.scale_log2 = detail::effective_scale(scale, sh.head_dim) * 1.4426950408889634f;  // log2(e)
+  // Few query rows over a long cache: split the keys so that the launch fills the GPU (prefill_kernels.h).
+  const int64_t row_floats = n * sh.num_heads_q * (sh.head_dim + 2);
+  const int splits = static_cast<int>(std::min<int64_t>(detail::prefill_splits(p, detail::sm_count()),
+                                                        detail::kPrefillSplitWorkspaceBytes / (4 * row_floats)));
+  if (splits > 1) {
+    if (impl_->split_parts.bytes() == 0) impl_->split_parts = DeviceBuffer(detail::kPrefillSplitWorkspaceBytes);
+    p.splits = splits;
+    p.part_o = impl_->split_parts.as<float>();
+    p.part_ml = p.part_o + int64_t{splits} * n * sh.num_heads_q * sh.head_dim;
+  }
   RETROINFER_CHECK(detail::prefill_ctas(p) < (int64_t{1} << 31), "PrefillAttention::run: ",
                    detail::prefill_ctas(p), " CTAs exceed the grid limit; split the prefill into smaller chunks");
   auto st = static_cast<cudaStream_t>(s);

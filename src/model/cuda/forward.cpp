@@ -15,6 +15,7 @@
 #include "kernels/model_kernels.h"
 #include "model/cuda/model_weights.h"
 #include "kernels/prefill_attention_ref.h"
+#include "kernels/prefill_kernels.h"
 #include "model/cuda/session_state.h"
 #include "retroinfer/error.h"
 
@@ -36,7 +37,9 @@ int64_t session_activation_bytes(const ModelConfig& c, int64_t rows, int64_t log
   const int64_t per_row_other = 2 * 2 * hkv * d + 3 * 4;  // k_new v_new, row ints
   // bf16: xb, actb (GEMM inputs in bf16), the Gemm's bf16 copy of the attention output, its cuBLASLt workspace.
   const int64_t gemm_ws = bf16 ? 2 * rows * (h + inter + hq * d) + model::kGemmLtWorkspaceBytes : 0;
-  return rows * (4 * per_row_f32 + per_row_other) + 4 * logit_rows * c.vocab_size + 4 * int64_t{num_seqs} + gemm_ws;
+  // + the split-KV parts of the prefill attention kernel (allocated at its first split launch).
+  return rows * (4 * per_row_f32 + per_row_other) + 4 * logit_rows * c.vocab_size + 4 * int64_t{num_seqs} + gemm_ws +
+         detail::kPrefillSplitWorkspaceBytes;
 }
 
 RowStaging::RowStaging(int64_t rows_cap, int head_dim) {
