@@ -13,6 +13,7 @@
 
 #include <cstring>
 
+#include "io/ggml_k4_scales.h"
 #include "retroinfer/dtype.h"
 #include "retroinfer/error.h"
 
@@ -46,16 +47,6 @@ void q5_block(const uint8_t* b, bool has_min, float* y) {
   }
 }
 
-// The six-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block's scales[12].
-void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 // Q4_K (qh null) and Q5_K.
 void k4_block(const uint8_t* b, bool five_bits, float* y) {
@@ -66,9 +57,9 @@ void k4_block(const uint8_t* b, bool five_bits, float* y) {
   uint8_t u1 = 1, u2 = 2;
   for (int j = 0, is = 0; j < 256; j += 64, is += 2, ql += 32) {
     int sc = 0, m = 0;
-    scale_min_k4(is, scales, sc, m);
+    ggml::scale_min_k4(is, scales, sc, m);
     const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-    scale_min_k4(is + 1, scales, sc, m);
+    ggml::scale_min_k4(is + 1, scales, sc, m);
     const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
     for (int l = 0; l < 32; ++l) {
       const int hi = qh != nullptr && (qh[l] & u1) ? 16 : 0;

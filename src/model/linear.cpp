@@ -74,66 +74,46 @@ void sgemm(const float* x, const float* w, float* y, int64_t ldy, int64_t n, int
               static_cast<int>(ldy));
 }
 
-// The kernel of each weight type on this processor, chosen once.
+// The kernel of each weight type (those `has` accepts) on this processor, chosen once by the caller's static.
+template <typename Kernel>
+std::array<Kernel, 16> kernels_by_type(bool (*has)(WeightType), Kernel (*make)(WeightType, QuantIsa)) {
+  std::array<Kernel, 16> k{};
+  for (int i = 0; i <= static_cast<int>(WeightType::kQ6_K) && i < 16; ++i)
+    if (has(static_cast<WeightType>(i))) k[i] = make(static_cast<WeightType>(i), best_quant_isa());
+  return k;
+}
+
 RowDot kernel_for(WeightType t) {
-  static const std::array<RowDot, 16> table = [] {
-    std::array<RowDot, 16> k{};
-    for (int i = 0; i < 16; ++i) {
-      const auto t = static_cast<WeightType>(i);
-      if (i <= static_cast<int>(WeightType::kQ6_K) && has_quant_kernel(t)) k[i] = row_dot_kernel(t, best_quant_isa());
-    }
-    return k;
-  }();
+  static const std::array<RowDot, 16> table = kernels_by_type<RowDot>(has_quant_kernel, row_dot_kernel);
   return table[static_cast<size_t>(t)];
 }
 
 GroupDot group_kernel_for(WeightType t) {
-  static const std::array<GroupDot, 16> table = [] {
-    std::array<GroupDot, 16> k{};
-    for (int i = 0; i < 16; ++i) {
-      const auto t = static_cast<WeightType>(i);
-      if (i <= static_cast<int>(WeightType::kQ6_K) && has_group_layout(t)) k[i] = group_dot_kernel(t, best_quant_isa());
-    }
-    return k;
-  }();
+  static const std::array<GroupDot, 16> table = kernels_by_type<GroupDot>(has_group_layout, group_dot_kernel);
   return table[static_cast<size_t>(t)];
 }
 
-// Decode rows of a part in row groups: as quantized_rows, each thread taking a range of whole groups.
-void grouped_rows(const Q8Rows& a, const WeightMatrix::Part& p, float* y, int64_t ldy, int64_t n, float beta) {
-  const GroupDot dot = group_kernel_for(p.type);
-  const int64_t nb = a.blocks(), groups = (p.rows + kGroupRows - 1) / kGroupRows;
+// Decode rows of a block part: x quantized once (a); each thread takes one contiguous range of weight rows (whole
+// groups of a part in row groups) and multiplies it by the n activation rows in turn (the range, a few hundred
+// KB, stays in L2 for the next row).
+void quantized_rows(const Q8Rows& a, const WeightMatrix::Part& p, float* y, int64_t ldy, int64_t n, float beta) {
+  const RowDot row_dot = p.grouped ? nullptr : kernel_for(p.type);
+  const GroupDot group_dot = p.grouped ? group_kernel_for(p.type) : nullptr;
+  const int64_t nb = a.blocks(), unit = p.grouped ? kGroupRows : 1, units = (p.rows + unit - 1) / unit;
 #pragma omp parallel if (p.rows * a.cols >= kParallelMin)
   {
     const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t lo = groups * id / threads, hi = groups * (id + 1) / threads;
-    const int64_t r0 = lo * kGroupRows, r1 = std::min(hi * kGroupRows, p.rows);  // the part's rows [r0, r1)
+    const int64_t lo = units * id / threads, hi = units * (id + 1) / threads;
+    const int64_t r0 = lo * unit, r1 = std::min(hi * unit, p.rows);  // the part's rows [r0, r1)
     thread_local std::vector<float> out;
-    out.resize(static_cast<size_t>((hi - lo) * kGroupRows));
+    out.resize(static_cast<size_t>((hi - lo) * unit));
     for (int64_t t = 0; t < n && lo < hi; ++t) {
-      dot(p.group(lo), hi - lo, q8_row(a, t), nb, out.data());
+      if (p.grouped)
+        group_dot(p.group(lo), hi - lo, q8_row(a, t), nb, out.data());
+      else
+        row_dot(p.row(p.row0 + r0), p.row_bytes, r1 - r0, q8_row(a, t), nb, out.data());
       float* yt = y + t * ldy + r0;
       for (int64_t o = 0; o < r1 - r0; ++o) yt[o] = beta == 0.0f ? out[o] : out[o] + beta * yt[o];
-    }
-  }
-}
-
-// Decode rows of a block part: x quantized once (a); each thread takes one contiguous range of weight rows and
-// multiplies it by the n activation rows in turn (the range, a few hundred KB, stays in L2 for the next row).
-void quantized_rows(const Q8Rows& a, const WeightMatrix::Part& p, float* y, int64_t ldy, int64_t n, float beta) {
-  if (p.grouped) return grouped_rows(a, p, y, ldy, n, beta);
-  const RowDot dot = kernel_for(p.type);
-  const int64_t nb = a.blocks();
-#pragma omp parallel if (p.rows * a.cols >= kParallelMin)
-  {
-    const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t lo = p.rows * id / threads, hi = p.rows * (id + 1) / threads;
-    thread_local std::vector<float> out;
-    out.resize(static_cast<size_t>(hi - lo));
-    for (int64_t t = 0; t < n && lo < hi; ++t) {
-      dot(p.row(p.row0 + lo), p.row_bytes, hi - lo, q8_row(a, t), nb, out.data());
-      float* yt = y + t * ldy + lo;
-      for (int64_t o = 0; o < hi - lo; ++o) yt[o] = beta == 0.0f ? out[o] : out[o] + beta * yt[o];
     }
   }
 }

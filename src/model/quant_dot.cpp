@@ -9,6 +9,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "io/ggml_k4_scales.h"
 #include "retroinfer/dtype.h"
 #include "retroinfer/error.h"
 
@@ -107,16 +108,6 @@ float dot_q5_1(const uint8_t* w, Q8Row a, int64_t nb) {
   return acc;
 }
 
-// The six-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block's scales[12].
-void scale_min_k4(int j, const uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 // Q4_K (five_bits false) and Q5_K: 256-element blocks of 8 sub-blocks of 32, x = (d sc_s) q - (dmin m_s).
 template <bool kFiveBits>
@@ -136,7 +127,7 @@ float dot_k4(const uint8_t* w, Q8Row a, int64_t nb32) {
         if (kFiveBits) q[l] |= ((qh[l] >> s) & 1) << 4;
       }
       int sc = 0, m = 0;
-      scale_min_k4(s, scales, sc, m);
+      ggml::scale_min_k4(s, scales, sc, m);
       const int64_t ab = b * 8 + s;
       acc += d * static_cast<float>(sc) * a.d[ab] * static_cast<float>(idot32(q, a.q + ab * 32)) -
              dmin * static_cast<float>(m) * a.ds[ab];

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "io/ggml_k4_scales.h"
 #include "model/quant_dot.h"
 
 #ifndef RETROINFER_QUANT_DOT_VNNI
@@ -138,16 +139,6 @@ void simd_rows(const uint8_t* w, size_t row_bytes, int64_t rows, Q8Row a, int64_
 
 // ---- The K-quants (256-element blocks; layouts in src/io/ggml_quants.cpp), row by row ----------------------
 
-// The six-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block's scales[12] (as quant_dot.cpp's).
-inline void k4_scale_min(int j, const uint8_t* q, int& sc, int& m) {
-  if (j < 4) {
-    sc = q[j] & 63;
-    m = q[j + 4] & 63;
-  } else {
-    sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 // Q4_K (kFiveBits false) and Q5_K: x = (d sc_s) q - (dmin m_s) per sub-block s of 32; the 32 bytes of qs hold
 // sub-blocks 2 j (low nibbles) and 2 j + 1 (high nibbles); Q5_K's fifth bit of element l of sub-block s is bit s
@@ -174,7 +165,7 @@ float k4_dot(const uint8_t* w, Q8Row a, int64_t nb32) {
           q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
         }
         int sc = 0, m = 0;
-        k4_scale_min(s, scales, sc, m);
+        ggml::scale_min_k4(s, scales, sc, m);
         const int64_t ab = b * 8 + s;
         acc = scaled(dot_u8s8(q, load_act(a.q + ab * 32)), d * static_cast<float>(sc) * a.d[ab], acc);
         mins += dmin * static_cast<float>(m) * a.ds[ab];
