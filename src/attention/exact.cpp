@@ -25,7 +25,6 @@ using exact_block::kBlock;
 using exact_block::block_softmax;
 using exact_block::raise_max;
 
-
 // One block of nb <= kBlock tokens for the `group` query heads of one KV head: krows / vrows point at the
 // tokens' key / value rows in storage (f32 or bf16); each row is read and widened once for the whole group.
 // D: the head_dim when it is a compile-time constant (64, 128: the loops unroll), else 0 and d gives it.

@@ -13,8 +13,9 @@
 namespace retroinfer::attention {
 namespace {
 
-using core::avx512::block_logits;
+using core::avx512::by_head_chunks;
 using core::avx512::load_row;
+using core::avx512::LogitsOp;
 using exact_block::block_softmax;
 using exact_block::kBlock;
 
@@ -36,25 +37,6 @@ void block_values(const void* const* vrows, int nb, bool bf16, const float* s, i
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(o + (g0 + j) * C * 16 + 16 * c, acc[j][c]);
 }
 
-// The group in chunks of at most kHeads heads (G template arguments 1 .. 4; 4 x C registers a chunk).
-template <int C, template <int, int> class Op, typename... Args>
-void by_head_chunks(int group, Args... args) {
-  constexpr int kHeads = C == 4 ? 4 : 2;
-  for (int g0 = 0; g0 < group; g0 += kHeads) {
-    switch (std::min(kHeads, group - g0)) {
-      case 4: Op<C, 4>::run(g0, args...); break;
-      case 3: Op<C, 3>::run(g0, args...); break;
-      case 2: Op<C, 2>::run(g0, args...); break;
-      default: Op<C, 1>::run(g0, args...); break;
-    }
-  }
-}
-template <int C, int G>
-struct LogitsOp {
-  static void run(int g0, const void* const* krows, int nb, bool bf16, const float* q, float scale, float* s) {
-    block_logits<C, G>(krows, nb, bf16, q, g0, scale, s, kBlock);
-  }
-};
 template <int C, int G>
 struct ValuesOp {
   static void run(int g0, const void* const* vrows, int nb, bool bf16, const float* s, float* o) {
@@ -63,12 +45,11 @@ struct ValuesOp {
 };
 
 template <int C>
-void attend_block_c(const void* const* krows, const void* const* vrows, int nb, bool bf16,
-                                           const float* q, int group, float scale, SoftmaxScalars* st, float* o,
-                                           float* scratch) {
+void attend_block_c(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q, int group,
+                    float scale, SoftmaxScalars* st, float* o, float* scratch) {
   constexpr int d = 16 * C;
   float* s = scratch;  // [group, kBlock] logits, then weights
-  by_head_chunks<C, LogitsOp>(group, krows, nb, bf16, q, scale, s);
+  by_head_chunks<C, LogitsOp>(group, krows, nb, bf16, q, scale, s, int64_t{kBlock});
   block_softmax(s, nb, group, d, st, o);
   by_head_chunks<C, ValuesOp>(group, vrows, nb, bf16, static_cast<const float*>(s), o);
 }

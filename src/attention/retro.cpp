@@ -66,14 +66,25 @@ void RetroAttention::sync(const KvCache& kv) {
   }
 }
 
-void RetroAttention::plan_head(int h, const float* qg, HeadPlan& plan) const {
-  const index::HeadIndex& hi = index_.heads[h];
-  const int k = hi.num_clusters();
+void RetroAttention::size_plan(int h, HeadPlan& plan) const {
+  const int k = index_.heads[h].num_clusters();
   plan.logits.resize(static_cast<size_t>(group()) * k);
   plan.scores.resize(k);
-  index::score_clusters(hi, qg, group(), effective_scale(cfg_.scale, shape_.head_dim), plan.logits.data(),
-                        plan.scores.data());
+}
+
+void RetroAttention::select_head(int h, HeadPlan& plan) const {
+  const index::HeadIndex& hi = index_.heads[h];
+  const int k = hi.num_clusters();
+  index::scores_from_logits(hi.sizes.data(), k, plan.logits.data(), group(), plan.scores.data());
   index::select_zones(plan.scores.data(), k, zone_counts(k, cfg_), plan.sel);
+}
+
+void RetroAttention::plan_head(int h, const float* qg, HeadPlan& plan) const {
+  const index::HeadIndex& hi = index_.heads[h];
+  size_plan(h, plan);
+  index::cluster_logits_range(hi, qg, group(), effective_scale(cfg_.scale, shape_.head_dim), 0, hi.num_clusters(),
+                              plan.logits.data());
+  select_head(h, plan);
 }
 
 AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* out) {
@@ -102,11 +113,7 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
   const bool parallel = size * nh >= kParallelMinTokens;
   std::vector<HeadPlan> plans(nh);
   std::vector<std::vector<int64_t>> tokens(nh);  // per head: outliers and retrieval members, in token order
-  for (int h = 0; h < nh; ++h) {
-    const int k = index_.heads[h].num_clusters();
-    plans[h].logits.resize(static_cast<size_t>(g) * k);
-    plans[h].scores.resize(k);
-  }
+  for (int h = 0; h < nh; ++h) size_plan(h, plans[h]);
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int w = 0; w < items; ++w) {
     const int h = w / kParts, p = w % kParts, k = index_.heads[h].num_clusters();
@@ -119,8 +126,7 @@ AttentionStats RetroAttention::decode(const KvCache& kv, const float* q, float* 
     HeadPlan& plan = plans[h];
     tokens[h] = hi.outliers;  // the outlier zone: always read exactly
     if (hi.num_clusters() == 0) continue;
-    index::scores_from_logits(hi.sizes.data(), hi.num_clusters(), plan.logits.data(), g, plan.scores.data());
-    index::select_zones(plan.scores.data(), hi.num_clusters(), zone_counts(hi.num_clusters(), cfg_), plan.sel);
+    select_head(h, plan);
     // Retrieval zone: the members of the chosen clusters, read exactly in token order with the outliers.
     for (int32_t j : plan.sel.retrieval)
       tokens[h].insert(tokens[h].end(), hi.members.begin() + hi.offsets[j], hi.members.begin() + hi.offsets[j + 1]);

@@ -60,6 +60,9 @@ class RetroAttention final : public MethodBase {
     index::ZoneSelection sel;
   };
   void plan_head(int h, const float* qg, HeadPlan& plan) const;
+  // The parts of plan_head: plan's buffers sized for head h; the scores and zones from plan.logits.
+  void size_plan(int h, HeadPlan& plan) const;
+  void select_head(int h, HeadPlan& plan) const;
   void build(const KvCache& kv);
   index::KMeansParams kmeans_params() const;
 

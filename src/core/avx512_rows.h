@@ -56,5 +56,29 @@ void block_logits(const void* const* krows, int nb, bool bf16, const float* q, i
   }
 }
 
+// Op<C, G>::run(g0, args...) over the `group` query heads in chunks [g0, g0 + G) of at most 4 (head_dim 64) or
+// 2 (128) heads: 4 x C registers of queries or output rows a chunk, within the 32 vector registers.
+template <int C, template <int, int> class Op, typename... Args>
+void by_head_chunks(int group, Args... args) {
+  constexpr int kHeads = C == 4 ? 4 : 2;
+  for (int g0 = 0; g0 < group; g0 += kHeads) {
+    switch (group - g0 < kHeads ? group - g0 : kHeads) {
+      case 4: Op<C, 4>::run(g0, args...); break;
+      case 3: Op<C, 3>::run(g0, args...); break;
+      case 2: Op<C, 2>::run(g0, args...); break;
+      default: Op<C, 1>::run(g0, args...); break;
+    }
+  }
+}
+
+// block_logits as an Op of by_head_chunks.
+template <int C, int G>
+struct LogitsOp {
+  static void run(int g0, const void* const* krows, int nb, bool bf16, const float* q, float scale, float* s,
+                  int64_t ld) {
+    block_logits<C, G>(krows, nb, bf16, q, g0, scale, s, ld);
+  }
+};
+
 }  // namespace
 }  // namespace retroinfer::core::avx512

@@ -16,8 +16,18 @@ bool cpu_has_avx512() {
 #endif
 }
 
-#if !RETROINFER_CORE_AVX512
-bool row_logits_avx512(const float*, int64_t, int, const float*, int, float, float*, int64_t) { return false; }
+#if RETROINFER_CORE_AVX512
+// simd_avx512.cpp (compiled for AVX-512).
+bool row_logits_avx512_unchecked(const float* rows, int64_t n, int d, const float* q, int group, float scale,
+                                 float* logits, int64_t ld);
 #endif
+
+bool row_logits_avx512(const float* rows, int64_t n, int d, const float* q, int group, float scale, float* logits,
+                       int64_t ld) {
+#if RETROINFER_CORE_AVX512
+  if (cpu_has_avx512()) return row_logits_avx512_unchecked(rows, n, d, q, group, scale, logits, ld);
+#endif
+  return false;
+}
 
 }  // namespace retroinfer::core

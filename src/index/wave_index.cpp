@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <bit>
-#include <functional>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "core/simd.h"

@@ -108,7 +108,6 @@ float dot_q5_1(const uint8_t* w, Q8Row a, int64_t nb) {
   return acc;
 }
 
-
 // Q4_K (five_bits false) and Q5_K: 256-element blocks of 8 sub-blocks of 32, x = (d sc_s) q - (dmin m_s).
 template <bool kFiveBits>
 float dot_k4(const uint8_t* w, Q8Row a, int64_t nb32) {
@@ -165,24 +164,6 @@ float dot_q6_k(const uint8_t* w, Q8Row a, int64_t nb32) {
     }
   }
   return acc;
-}
-
-// Where a block's fields lie in the file's block (src) and in a group block (dst, quant_dot.h); -1: absent.
-struct GroupLayout {
-  int block_bytes = 0;
-  int d_src = 0, m_src = -1, qh_src = -1, qs_src = 0, qs_bytes = 0;
-  int m_dst = -1, qh_dst = -1, qs_dst = 0;
-};
-
-GroupLayout group_layout(WeightType t) {
-  switch (t) {
-    case WeightType::kQ8_0: return {34, 0, -1, -1, 2, 32, -1, -1, 32};
-    case WeightType::kQ4_0: return {18, 0, -1, -1, 2, 16, -1, -1, 32};
-    case WeightType::kQ4_1: return {20, 0, 2, -1, 4, 16, 32, -1, 64};
-    case WeightType::kQ5_0: return {22, 0, -1, 2, 6, 16, -1, 32, 96};
-    case WeightType::kQ5_1: return {24, 0, 2, 4, 8, 16, 32, 64, 128};
-    default: return {};
-  }
 }
 
 // Element of mask k, bit j (quant_dot.h): the fifth bits in the order the nibble vectors hold their elements.

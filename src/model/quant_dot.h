@@ -83,6 +83,25 @@ RowDot avx512_row_dot(WeightType t);
 //   nibbles 16 + 4 c + j; Q8_0: the signed bytes, 8 vectors). A group block is 16 x the type's block bytes; rows
 //   past the matrix's end are zero blocks (d = m = 0: their results are 0, and unused).
 inline constexpr int kGroupRows = 16;
+
+// Where a block's fields lie in the file's block (src) and in a group block (dst: d at 0); -1: absent. The one
+// description of the layout: the packing (quant_dot.cpp) and the SIMD kernels (quant_dot_x86.h) read it.
+struct GroupLayout {
+  int block_bytes = 0;  // of the file's block (0: the type has no row-group layout)
+  int d_src = 0, m_src = -1, qh_src = -1, qs_src = 0, qs_bytes = 0;
+  int m_dst = -1, qh_dst = -1, qs_dst = 0;
+  int code_offset = 0;  // Q4_0: 8, Q5_0: 16 (value = code - offset); 0: codes with a min, or Q8_0's signed bytes
+};
+constexpr GroupLayout group_layout(WeightType t) {
+  switch (t) {
+    case WeightType::kQ8_0: return {34, 0, -1, -1, 2, 32, -1, -1, 32, 0};
+    case WeightType::kQ4_0: return {18, 0, -1, -1, 2, 16, -1, -1, 32, 8};
+    case WeightType::kQ4_1: return {20, 0, 2, -1, 4, 16, 32, -1, 64, 0};
+    case WeightType::kQ5_0: return {22, 0, -1, 2, 6, 16, -1, 32, 96, 16};
+    case WeightType::kQ5_1: return {24, 0, 2, 4, 8, 16, 32, 64, 128, 0};
+    default: return {};
+  }
+}
 // True for the types with a row-group layout (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 bool has_group_layout(WeightType t);
 // Bytes of `rows` rows of `cols` elements in row groups (rows rounded up to whole groups).

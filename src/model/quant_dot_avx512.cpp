@@ -41,7 +41,7 @@ void zmm_groups(const uint8_t* w, int64_t groups, Q8Row a, int64_t nb, float* ou
         // Signed bytes as unsigned ones plus 128 (w xor 0x80), so vpdpbusd takes them without a sign fix-up.
         const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
         for (int c = 0; c < 8; ++c)
-          i = _mm512_dpbusd_epi32(i, _mm512_xor_si512(load64(p + 32 + 64 * c), flip), broadcast4x16(aq + 4 * c));
+          i = _mm512_dpbusd_epi32(i, _mm512_xor_si512(load64(p + G::kQs + 64 * c), flip), broadcast4x16(aq + 4 * c));
         offset = 128;
       } else {
         const __m512i low = _mm512_set1_epi8(0x0f);

@@ -248,19 +248,19 @@ inline __m256 load_f16x8(const uint8_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// The group block of each type: the offsets of quant_dot.cpp's group_layout, whether it has a min, and the
-// codes' offset (Q4_0: 8, Q5_0: 16; 0: unsigned codes with a min).
-template <int kBytesT, int kMinAt, int kQhAt, int kQsAt, int kOffsetT>
-struct GroupNibbles {
-  static constexpr int kBytes = kBytesT, kMin = kMinAt, kQh = kQhAt, kQs = kQsAt, kOffset = kOffsetT;
+// The group block of type T as compile-time constants of its layout (quant_dot.h's group_layout).
+template <WeightType T>
+struct GroupOf {
+  static constexpr GroupLayout kLayout = group_layout(T);
+  static_assert(kLayout.block_bytes > 0, "a type with a row-group layout");
+  static constexpr int kBytes = kLayout.block_bytes * kGroupRows, kMin = kLayout.m_dst, kQh = kLayout.qh_dst,
+                       kQs = kLayout.qs_dst, kOffset = kLayout.code_offset;
 };
-using GroupQ4_0 = GroupNibbles<288, -1, -1, 32, 8>;
-using GroupQ4_1 = GroupNibbles<320, 32, -1, 64, 0>;
-using GroupQ5_0 = GroupNibbles<352, -1, 32, 96, 16>;
-using GroupQ5_1 = GroupNibbles<384, 32, 64, 128, 0>;
-struct GroupQ8_0 {
-  static constexpr int kBytes = 544, kMin = -1;
-};
+using GroupQ8_0 = GroupOf<WeightType::kQ8_0>;
+using GroupQ4_0 = GroupOf<WeightType::kQ4_0>;
+using GroupQ4_1 = GroupOf<WeightType::kQ4_1>;
+using GroupQ5_0 = GroupOf<WeightType::kQ5_0>;
+using GroupQ5_1 = GroupOf<WeightType::kQ5_1>;
 
 // The integer dots of one group block: i[h] for rows 8 h .. 8 h + 7.
 template <class G>
@@ -268,8 +268,8 @@ inline void group_block_idot(const uint8_t* p, const int8_t* aq, __m256i& i0, __
   if constexpr (std::is_same_v<G, GroupQ8_0>) {
     for (int c = 0; c < 8; ++c) {
       const __m256i ac = broadcast4(aq + 4 * c);
-      i0 = dot_s8s8_acc(i0, load32(p + 32 + 64 * c), ac);
-      i1 = dot_s8s8_acc(i1, load32(p + 32 + 64 * c + 32), ac);
+      i0 = dot_s8s8_acc(i0, load32(p + G::kQs + 64 * c), ac);
+      i1 = dot_s8s8_acc(i1, load32(p + G::kQs + 64 * c + 32), ac);
     }
   } else {
     const __m256i low = _mm256_set1_epi8(0x0f);
@@ -290,16 +290,6 @@ inline void group_block_idot(const uint8_t* p, const int8_t* aq, __m256i& i0, __
   }
 }
 
-// The codes' offset times the block's activation sum: sum (q - o) a = sum q a - o sum a, exact in int32, so the
-// signed types' integer dots are those of the row kernels.
-template <class G>
-constexpr int group_offset() {
-  if constexpr (std::is_same_v<G, GroupQ8_0>)
-    return 0;
-  else
-    return G::kOffset;
-}
-
 template <class G>
 void simd_groups(const uint8_t* w, int64_t groups, Q8Row a, int64_t nb, float* out) {
   for (int64_t g = 0; g < groups; ++g) {
@@ -308,8 +298,8 @@ void simd_groups(const uint8_t* w, int64_t groups, Q8Row a, int64_t nb, float* o
     for (int64_t b = 0; b < nb; ++b, p += G::kBytes) {
       __m256i i0 = _mm256_setzero_si256(), i1 = _mm256_setzero_si256();
       group_block_idot<G>(p, a.q + b * 32, i0, i1);
-      if constexpr (group_offset<G>() > 0) {
-        const __m256i o = _mm256_set1_epi32(group_offset<G>() * a.sum[b]);
+      if constexpr (G::kOffset > 0) {  // sum (q - o) a = sum q a - o sum a, exact in int32
+        const __m256i o = _mm256_set1_epi32(G::kOffset * a.sum[b]);
         i0 = _mm256_sub_epi32(i0, o);
         i1 = _mm256_sub_epi32(i1, o);
       }

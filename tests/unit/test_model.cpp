@@ -425,8 +425,9 @@ TEST(Threads, BlasCoreIsReportedAndAGivenCoreTypeStands) {
   else
     unsetenv("OPENBLAS_CORETYPE");
   // Without the variable: a better core only when OpenBLAS chose the generic one.
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && std::strcmp(blas_core_name(), "Prescott") != 0)
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && std::strcmp(blas_core_name(), "Prescott") != 0) {
     EXPECT_EQ(better_blas_core(), nullptr);
+  }
 }
 
 }  // namespace

@@ -304,11 +304,14 @@ TEST(QuantDot, GroupKernelsMatchTheRowKernels) {
           EXPECT_LE(std::fabs(all[r] - exact), bound) << where << " row " << r;
           float row_result = 0.0f;
           scalar_row_dot(t)(wr, row_bytes, 1, q8_row(a, 0), nb, &row_result);
-          if (isa == QuantIsa::kScalar)
+          if (isa == QuantIsa::kScalar) {
             EXPECT_EQ(all[r], row_result) << where << " row " << r;
-          else
+          } else {
             EXPECT_LE(std::fabs(all[r] - row_result), 2 * bound) << where << " row " << r;
-          if (r >= 32) EXPECT_EQ(all[r], last[r - 32]) << where << ": the group alone, row " << r;
+          }
+          if (r >= 32) {
+            EXPECT_EQ(all[r], last[r - 32]) << where << ": the group alone, row " << r;
+          }
         }
       }
     }
