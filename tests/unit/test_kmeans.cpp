@@ -305,3 +305,34 @@ TEST(KMeans, BadArgumentsThrow) {
   ClusterIndex ci = segmented_kmeans(k.data(), v.data(), 8, 8, {});
   EXPECT_THROW(retroinfer::index::kmeans_objective(k.data(), 7, 8, ci), Error);
 }
+
+// A head's cluster logits computed in parts (cluster_logits_range, as retro's decode splits them over threads)
+// equal score_clusters' logits bit for bit, at head_dim 64 and 128 (the AVX-512 kernel's shapes on such a
+// processor) and 24 (the portable loop); a range outside the clusters is an error, not a read past the end.
+TEST(WaveIndex, ClusterLogitsInPartsEqualTheWhole) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  for (int d : {24, 64, 128}) {
+    const int64_t n = 600;
+    const int group = 3;
+    std::vector<float> keys(n * d), values(n * d), q(group * d);
+    for (auto& x : keys) x = nd(rng);
+    for (auto& x : values) x = nd(rng);
+    for (auto& x : q) x = nd(rng);
+    const ClusterIndex ci = retroinfer::index::segmented_kmeans(keys.data(), values.data(), n, d, {8, 256, 1, 0});
+    retroinfer::index::HeadIndex hi;
+    hi.head_dim = d;
+    hi.append(ci, 0);
+    const int k = hi.num_clusters();
+    ASSERT_GT(k, 10);
+    std::vector<float> whole(group * k), scores(k), parts(group * k, std::nanf(""));
+    retroinfer::index::score_clusters(hi, q.data(), group, 0.125f, whole.data(), scores.data());
+    for (int p = 0; p < 3; ++p)
+      retroinfer::index::cluster_logits_range(hi, q.data(), group, 0.125f, k * p / 3, k * (p + 1) / 3, parts.data());
+    for (int i = 0; i < group * k; ++i) EXPECT_EQ(parts[i], whole[i]) << "d " << d << " i " << i;
+    EXPECT_THROW(retroinfer::index::cluster_logits_range(hi, q.data(), group, 0.125f, 0, k + 1, parts.data()),
+                 retroinfer::Error);
+    EXPECT_THROW(retroinfer::index::cluster_logits_range(hi, q.data(), group, 0.125f, 5, 4, parts.data()),
+                 retroinfer::Error);
+  }
+}
