@@ -6,7 +6,7 @@
 // 4 * D * Hq * sum_{i<n} (i + 1) (QK^T and PV, two FLOPs per multiply-add). One JSON object per line.
 //
 //   prefill_bench [--lengths 4096,32768,131072] [--chunk 8192] [--reps 5] [--heads-q 32] [--heads-kv 8]
-//                 [--head-dim 128] [--out FILE]
+//                 [--head-dim 128] [--kernels auto|portable|hopper[,...]] [--out FILE]
 // Peer: scripts/torch_prefill_bench.py (torch scaled_dot_product_attention on the same shapes).
 #include <algorithm>
 #include <cstdio>
@@ -34,7 +34,8 @@ namespace {
 using namespace retroinfer;
 
 // Times one whole prefill of n tokens in chunks of `chunk` (the runner's order), reps times.
-void run_case(FILE* out, const AttentionShape& shape, long long n, long long chunk, int reps) {
+void run_case(FILE* out, const AttentionShape& shape, long long n, long long chunk, int reps,
+              cuda::PrefillKernel kernel) {
   const int hq = shape.num_heads_q, hkv = shape.num_heads_kv, d = shape.head_dim;
   const long long max_chunk = std::min(chunk, n);
   const size_t kv_elems = size_t(hkv) * n * d;
@@ -46,7 +47,7 @@ void run_case(FILE* out, const AttentionShape& shape, long long n, long long chu
   const size_t q_elems = size_t(max_chunk) * hq * d;
   cuda::DeviceBuffer q(q_elems * 4), o(q_elems * 4);
   cuda::fill_random_f32(q.as<float>(), q_elems, 13 + n, 2.0f);
-  cuda::PrefillAttention attn(shape);
+  cuda::PrefillAttention attn(shape, kernel);
   auto whole = [&] {
     for (long long pos0 = 0; pos0 < n; pos0 += chunk) {
       const long long m = std::min(chunk, n - pos0);
@@ -68,10 +69,10 @@ void run_case(FILE* out, const AttentionShape& shape, long long n, long long chu
   const double med = t[t.size() / 2];
   const double flops = 4.0 * d * hq * (double(n) * double(n + 1) / 2.0);
   std::fprintf(out,
-               "{\"bench\":\"prefill\",\"impl\":\"retroinfer\",\"n\":%lld,\"chunk\":%lld,\"chunks\":%lld,"
+               "{\"bench\":\"prefill\",\"impl\":\"retroinfer\",\"kernel\":\"%s\",\"n\":%lld,\"chunk\":%lld,\"chunks\":%lld,"
                "\"hq\":%d,\"hkv\":%d,\"d\":%d,\"ms\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"reps\":%d,"
                "\"flops\":%.4e,\"tflops\":%.1f}\n",
-               n, max_chunk, (n + chunk - 1) / chunk, hq, hkv, d, med, double(t.front()), double(t.back()), reps,
+               std::string(cuda::prefill_kernel_name(attn.kernel())).c_str(), n, max_chunk, (n + chunk - 1) / chunk, hq, hkv, d, med, double(t.front()), double(t.back()), reps,
                flops, flops / (med * 1e-3) / 1e12);
   std::fflush(out);
 }
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
   long long chunk = 8192;
   int reps = 5, hq = 32, hkv = 8, d = 128;
   const char* out_path = nullptr;
+  std::vector<std::string> kernels{"auto"};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -97,6 +99,19 @@ int main(int argc, char** argv) {
     else if (a == "--heads-kv") hkv = std::atoi(argv[++i]);
     else if (a == "--head-dim") d = std::atoi(argv[++i]);
     else if (a == "--out") out_path = argv[++i];
+    else if (a == "--kernels") {
+      kernels.clear();
+      std::string cur;
+      for (const char* c = argv[++i];; ++c) {
+        if (*c == ',' || *c == '\0') {
+          if (!cur.empty()) kernels.push_back(cur);
+          cur.clear();
+          if (*c == '\0') break;
+        } else {
+          cur += *c;
+        }
+      }
+    }
     else {
       std::fprintf(stderr, "prefill_bench: unknown option %s\n", argv[i]);
       return 2;
@@ -122,10 +137,12 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "prefill_bench on %s\n", retroinfer::cuda::device_description().c_str());
   try {
     const retroinfer::AttentionShape shape{hq, hkv, d};
-    for (long long n : lengths) {
-      run_case(out, shape, n, chunk, reps);
-      if (chunk < n) run_case(out, shape, n, n, reps);  // the same prompt in one call
-    }
+    for (long long n : lengths)
+      for (const std::string& k : kernels) {
+        const retroinfer::cuda::PrefillKernel kernel = retroinfer::cuda::parse_prefill_kernel(k);
+        run_case(out, shape, n, chunk, reps, kernel);
+        if (chunk < n) run_case(out, shape, n, n, reps, kernel);  // the same prompt in one call
+      }
   } catch (const retroinfer::Error& e) {
     std::fprintf(stderr, "prefill_bench: %s\n", e.what());
     return 1;
@@ -136,6 +153,7 @@ int main(int argc, char** argv) {
   (void)hkv;
   (void)d;
   (void)out_path;
+  (void)kernels;
   std::fprintf(stderr, "prefill_bench: built without the CUDA backend (configure with -DRETROINFER_CUDA=ON)\n");
   return 0;
 #endif

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -298,9 +299,17 @@ class WaveBufferLayer {
 //   k, v device [num_heads_kv, kv_stride, head_dim] bf16 (one sequence's slice of the layout above)
 //   out  device [n, num_heads_q, head_dim] f32, every element written
 // scale 0 means 1/sqrt(head_dim). head_dim 64 or 128, group 1..8.
+// Which kernel runs it: kAuto takes the Hopper (wgmma) kernel for head_dim 128 on a compute capability 9.0
+// GPU and the portable (mma.sync, sm_80+) kernel otherwise; kPortable and kHopper force one (tests and
+// benchmarks), kHopper throws Error where it cannot run.
+enum class PrefillKernel { kAuto, kPortable, kHopper };
+std::string_view prefill_kernel_name(PrefillKernel k);  // "auto", "portable", "hopper"
+PrefillKernel parse_prefill_kernel(std::string_view s);  // throws Error on another name
+
 class PrefillAttention {
  public:
-  explicit PrefillAttention(const AttentionShape& shape);
+  explicit PrefillAttention(const AttentionShape& shape, PrefillKernel kernel = PrefillKernel::kAuto);
+  PrefillKernel kernel() const;  // the one it runs (never kAuto)
   ~PrefillAttention();
   PrefillAttention(PrefillAttention&&) noexcept;
   PrefillAttention& operator=(PrefillAttention&&) noexcept;

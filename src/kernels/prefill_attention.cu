@@ -1,5 +1,6 @@
-// Causal GQA prefill attention kernel (flash-attention-2 style, mma.sync bf16). Layout, tiling and
-// precision: prefill_attention.h.
+// Causal GQA prefill attention kernel (flash-attention-2 style, mma.sync bf16), the launch dispatch between
+// it and the Hopper kernel (prefill_attention_hopper.cu), and the split merge. Layout, tiling and precision:
+// prefill_kernels.h.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -410,8 +411,11 @@ cudaError_t launch_prefill(const PrefillParams& p, cudaStream_t s) {
   const int64_t ctas = prefill_ctas(p);
   if (ctas <= 0) return cudaSuccess;
   prefill_kernel<D, BN><<<static_cast<unsigned>(ctas), kThreads, bytes, s>>>(p);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || p.splits == 1) return e;
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t merge_splits(const PrefillParams& p, cudaStream_t s) {
   prefill_merge_splits<D><<<static_cast<unsigned>(int64_t(p.n) * p.num_heads_q), D / 4, 0, s>>>(p);
   return cudaGetLastError();
 }
@@ -434,10 +438,21 @@ int prefill_splits(const PrefillParams& p, int sm_count) {
 // 64-key tiles at both head dims: at D=128 they halve the Q fragment reloads and per-tile softmax work of
 // 32-key tiles (ptxas: 255 registers, 4 bytes of spill stores; 32-key tiles measured 9% slower on the H200
 // at 32K and 128K tokens).
-cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s) {
-  if (p.head_dim == 128) return launch_prefill<128, kPrefillKeys>(p, s);
-  if (p.head_dim == 64) return launch_prefill<64, kPrefillKeys>(p, s);
-  return cudaErrorInvalidValue;
+cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s, bool hopper) {
+  if (p.head_dim != 64 && p.head_dim != 128) return cudaErrorInvalidValue;
+  cudaError_t e = hopper                ? prefill_attention_hopper(p, s)
+                  : p.head_dim == 128   ? launch_prefill<128, kPrefillKeys>(p, s)
+                                        : launch_prefill<64, kPrefillKeys>(p, s);
+  if (e != cudaSuccess || p.splits == 1 || prefill_ctas(p) <= 0) return e;
+  return p.head_dim == 128 ? merge_splits<128>(p, s) : merge_splits<64>(p, s);
+}
+
+bool prefill_hopper_supported() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
 }
 
 }  // namespace retroinfer::cuda::detail

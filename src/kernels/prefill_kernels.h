@@ -48,8 +48,9 @@ struct PrefillParams {
   float* part_ml = nullptr;  // [splits, n, Hq, 2] f32: max (log2 units, scaled), sum
 };
 
-inline constexpr int kPrefillRows = 128;  // packed query rows per CTA (4 warps x 32)
-inline constexpr int kPrefillKeys = 64;   // keys per K/V tile
+inline constexpr int kPrefillRows = 128;  // packed query rows per CTA (4 warps x 32; Hopper: 2 warpgroups x 64)
+inline constexpr int kPrefillKeys = 64;   // keys per K/V tile (portable kernel)
+inline constexpr int kHopperKeys = 128;   // keys per K/V tile (Hopper kernel, head_dim 128)
 inline constexpr int kPrefillWarps = 4;
 
 inline constexpr int kPrefillMaxSplits = 16;     // key splits at most
@@ -64,6 +65,13 @@ int64_t prefill_ctas(const PrefillParams& p);
 // give two CTAs a multiprocessor, else enough to (at most kPrefillMaxSplits, each of at least
 // kPrefillMinSplitTiles key tiles).
 int prefill_splits(const PrefillParams& p, int sm_count);
-cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s);
+// The whole launch (the main kernel, then the split merge when p.splits > 1). hopper: the wgmma kernel of
+// prefill_attention_hopper.cu (head_dim 128 on a compute capability 9.0 GPU: prefill_hopper_supported), else the
+// portable mma.sync kernel (sm_80 and later).
+cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s, bool hopper);
+// True when the current device runs the Hopper kernel (compute capability 9.0 exactly: sm_90a code).
+bool prefill_hopper_supported();
+// The Hopper kernel alone (no split merge); cudaErrorInvalidValue unless head_dim is 128.
+cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s);
 
 }  // namespace retroinfer::cuda::detail

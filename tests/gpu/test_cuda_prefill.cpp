@@ -1,4 +1,4 @@
-// cuda::PrefillAttention (causal GQA prefill, mma.sync bf16) against the CPU retroinfer::prefill_attention
+// cuda::PrefillAttention (causal GQA prefill; the portable mma.sync kernel and the Hopper wgmma one) against the CPU retroinfer::prefill_attention
 // on the same bf16 K/V: query counts with tails of the 128-row and 64-key tiles, a prefix (pos0 > 0),
 // head_dim 64 and 128, GQA groups 1, 3, 4, 7, 8, a kv_stride past the tokens (NaN-poisoned rows), a long
 // prefix, short chunks over long caches (the split-key launch), and the argument checks. Outputs are poisoned (0xff) first: every element must be written.
@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -53,11 +54,13 @@ struct Case {
   int64_t stride_pad = 5;  // rows past pos0 + n (NaN-poisoned)
   float scale = 0.0f;
   bool own_stream = false;  // run on a non-default stream
+  cuda::PrefillKernel kernel = cuda::PrefillKernel::kAuto;
 };
 
 void run_case(const Case& c, uint64_t seed) {
   SCOPED_TRACE(testing::Message() << "hkv=" << c.hkv << " group=" << c.group << " d=" << c.d << " pos0=" << c.pos0
-                                  << " n=" << c.n << " scale=" << c.scale << " seed=" << seed);
+                                  << " n=" << c.n << " scale=" << c.scale << " seed=" << seed
+                                  << " kernel=" << cuda::prefill_kernel_name(c.kernel));
   const int hq = c.hkv * c.group, d = c.d;
   const int64_t total = c.pos0 + c.n, stride = total + c.stride_pad;
   const AttentionShape shape{hq, c.hkv, d};
@@ -95,7 +98,7 @@ void run_case(const Case& c, uint64_t seed) {
 
   auto dk = gputest::upload(hk), dv = gputest::upload(hv), dq = gputest::upload(q);
   auto dout = gputest::poisoned(q.size());
-  cuda::PrefillAttention pa(shape);
+  cuda::PrefillAttention pa(shape, c.kernel);
   if (c.own_stream) {
     cuda::StreamHandle stream;
     pa.run(dq.as<float>(), dk.as<uint16_t>(), dv.as<uint16_t>(), stride, c.pos0, c.n, c.scale, dout.as<float>(),
@@ -109,9 +112,10 @@ void run_case(const Case& c, uint64_t seed) {
 
   const gputest::Compare own = gputest::compare(got, ref_own), f32 = gputest::compare(got, ref_f32);
   const double own_max_bound = kOwnMaxAbsPerV * max_v;
-  std::printf("[prefill] hkv=%d group=%d d=%d pos0=%lld n=%lld scale=%g: own nmse %.3e max_abs %.3e (bound %.3e) | "
+  std::printf("[prefill %s] hkv=%d group=%d d=%d pos0=%lld n=%lld scale=%g: own nmse %.3e max_abs %.3e (bound %.3e) | "
               "f32-q nmse %.3e max_abs %.3e | unwritten %lld\n",
-              c.hkv, c.group, d, static_cast<long long>(c.pos0), static_cast<long long>(c.n), c.scale, own.nmse,
+              std::string(cuda::prefill_kernel_name(pa.kernel())).c_str(), c.hkv, c.group, d,
+              static_cast<long long>(c.pos0), static_cast<long long>(c.n), c.scale, own.nmse,
               own.max_abs, own_max_bound, f32.nmse, f32.max_abs, static_cast<long long>(own.unwritten));
   EXPECT_EQ(own.unwritten, 0);
   EXPECT_LT(own.nmse, kOwnNmse);
@@ -167,6 +171,33 @@ TEST(CudaPrefill, SplitKeysForShortChunks) {
     p.num_heads_kv = c.hkv;
     EXPECT_GT(cuda::detail::prefill_splits(p, cuda::detail::sm_count()), 1) << "pos0 " << c.pos0 << " n " << c.n;
     run_case(c, seed++);
+  }
+}
+
+// Head_dim 128 runs the Hopper (wgmma) kernel by default on a compute capability 9.0 GPU; the portable kernel
+// stays the fallback elsewhere and is held to the same bounds here: tails of both key tiles (64 and 128), GQA
+// groups, a prefix, a long prefix and the split-key launch, each case through both kernels.
+TEST(CudaPrefill, PortableAndHopperKernelsAtHeadDim128) {
+  RETROINFER_REQUIRE_GPU();
+  const bool hopper = cuda::detail::prefill_hopper_supported();
+  EXPECT_EQ(cuda::PrefillAttention(AttentionShape{32, 8, 128}).kernel(),
+            hopper ? cuda::PrefillKernel::kHopper : cuda::PrefillKernel::kPortable);
+  EXPECT_EQ(cuda::PrefillAttention(AttentionShape{14, 2, 64}).kernel(), cuda::PrefillKernel::kPortable);
+  if (!hopper) {
+    EXPECT_THROW(cuda::PrefillAttention(AttentionShape{32, 8, 128}, cuda::PrefillKernel::kHopper), Error);
+    GTEST_SKIP() << "no compute capability 9.0 GPU: the Hopper kernel is not built for this one";
+  }
+  EXPECT_THROW(cuda::PrefillAttention(AttentionShape{14, 2, 64}, cuda::PrefillKernel::kHopper), Error);
+  uint64_t seed = 6000;
+  const Case cases[] = {{2, 4, 128, 0, 1},     {2, 4, 128, 0, 127},   {2, 4, 128, 0, 129},  {1, 1, 128, 0, 300},
+                        {2, 3, 128, 95, 97},   {1, 8, 128, 127, 129}, {2, 7, 128, 301, 157}, {1, 4, 128, 70001, 37},
+                        {8, 4, 128, 20000, 64}, {2, 4, 128, 1000, 16}};
+  for (Case c : cases) {
+    for (cuda::PrefillKernel k : {cuda::PrefillKernel::kPortable, cuda::PrefillKernel::kHopper}) {
+      c.kernel = k;
+      run_case(c, seed);
+    }
+    ++seed;
   }
 }
 

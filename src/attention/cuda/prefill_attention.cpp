@@ -14,12 +14,40 @@ namespace retroinfer::cuda {
 
 struct PrefillAttention::Impl {
   AttentionShape shape;
+  PrefillKernel kernel = PrefillKernel::kPortable;
   DeviceBuffer split_parts;  // kPrefillSplitWorkspaceBytes once a launch splits its keys (prefill_kernels.h)
 };
 
-PrefillAttention::PrefillAttention(const AttentionShape& shape) : impl_(new Impl) {
+std::string_view prefill_kernel_name(PrefillKernel k) {
+  switch (k) {
+    case PrefillKernel::kAuto: return "auto";
+    case PrefillKernel::kPortable: return "portable";
+    case PrefillKernel::kHopper: return "hopper";
+  }
+  return "?";
+}
+
+PrefillKernel parse_prefill_kernel(std::string_view s) {
+  if (s == "auto") return PrefillKernel::kAuto;
+  if (s == "portable") return PrefillKernel::kPortable;
+  if (s == "hopper") return PrefillKernel::kHopper;
+  RETROINFER_FAIL("unknown prefill kernel '", s, "' (auto, portable or hopper)");
+}
+
+PrefillAttention::PrefillAttention(const AttentionShape& shape, PrefillKernel kernel) : impl_(new Impl) {
   detail::validate_layer_shape(shape, 1, "PrefillAttention");
   impl_->shape = shape;
+  const bool hopper_ok = shape.head_dim == 128 && detail::prefill_hopper_supported();
+  if (kernel == PrefillKernel::kHopper)
+    RETROINFER_CHECK(hopper_ok, "PrefillAttention: the Hopper prefill kernel needs head_dim 128 (got ", shape.head_dim,
+                     ") on a compute capability 9.0 GPU (", device_description(), ")");
+  impl_->kernel = kernel == PrefillKernel::kAuto ? (hopper_ok ? PrefillKernel::kHopper : PrefillKernel::kPortable)
+                                                 : kernel;
+}
+
+PrefillKernel PrefillAttention::kernel() const {
+  RETROINFER_CHECK(impl_ != nullptr, "PrefillAttention::kernel on a moved-from object");
+  return impl_->kernel;
 }
 PrefillAttention::~PrefillAttention() = default;
 PrefillAttention::PrefillAttention(PrefillAttention&&) noexcept = default;
@@ -75,7 +103,7 @@ void PrefillAttention::run(const float* q, const uint16_t* k, const uint16_t* v,
   RETROINFER_CHECK(detail::prefill_ctas(p) < (int64_t{1} << 31), "PrefillAttention::run: ",
                    detail::prefill_ctas(p), " CTAs exceed the grid limit; split the prefill into smaller chunks");
   auto st = static_cast<cudaStream_t>(s);
-  detail::launch_check(detail::prefill_attention(p, st), "prefill_attention", st);
+  detail::launch_check(detail::prefill_attention(p, st, impl_->kernel == PrefillKernel::kHopper), "prefill_attention", st);
 }
 
 }  // namespace retroinfer::cuda

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The prefill checks on the GPU machine (issue "Prefill at the hardware's speed"), in sections that fit one
+# device call each, ours and the peers in the same call:
+#   tests    the prefill attention GPU tests, then the real-model and parity tests (TEST_FILTER overrides)
+#   kernel   prefill_bench (one layer, Llama-3-8B heads) with the portable and the Hopper kernel at KERNEL_LENGTHS
+#            (default 32768,131072), whole prompt and 8192-token chunks, then torch SDPA on the same shapes
+#   model    `bench decode` with a real prefill of the Llama-3-8B shape (random weights) at MODEL_CONTEXTS (default
+#            32768 131072), full attention, and Hugging Face transformers' prefill on the same shape
+#   long     the same real prefill at LONG_CONTEXTS (default 524288): time to first token of a long prompt
+#
+#   STAGE=.gpu-stage/run OUT=$OUT SECTIONS="tests kernel" bash scripts/gpu-prefill-run.sh
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+STAGE=$(cd "${STAGE:?STAGE=the staged build}" && pwd)
+OUT=${OUT:?OUT=the result folder}
+source "$STAGE/scripts/gpu-env.sh"
+BIN=$STAGE/bin
+summary=$OUT/summary.txt
+mkdir -p "$OUT"
+status=0
+note() { echo "$*" | tee -a "$summary"; }
+src_root=${SOURCE_ROOT:-/work/main}
+if [ ! -e "$src_root/tests/data" ]; then mkdir -p "$(dirname "$src_root")" && ln -sfn "${CHECKOUT:-$PWD}" "$src_root"; fi
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader >> "$summary" 2>&1
+
+section_tests() {
+  local filter=${TEST_FILTER:-CudaPrefill.*:GpuParity.*:CudaModel*:CudaPrefix*}
+  timeout "${TEST_TIMEOUT:-300}" "$BIN/gpu_tests" --gtest_brief=1 --gtest_filter="$filter" \
+    --gtest_output=json:"$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1
+  local rc=$?
+  note "gpu_tests ($filter) exit code $rc: $(grep -c '^\[       OK \]' "$OUT/gpu_tests.log") ok lines, $(grep -c '^\[  FAILED  \]' "$OUT/gpu_tests.log") failed lines"
+  grep '^\[prefill' "$OUT/gpu_tests.log" | head -60 >> "$summary"
+  [ $rc -eq 0 ] || status=1
+}
+
+section_kernel() {
+  local lengths=${KERNEL_LENGTHS:-32768,131072}
+  timeout 240 "$BIN/prefill_bench" --lengths "$lengths" --kernels portable,hopper --reps 3 \
+    --out "$OUT/prefill_kernels.jsonl" > /dev/null 2> "$OUT/prefill_bench.err" || status=1
+  note "prefill_bench exit code $?"
+  cat "$OUT/prefill_kernels.jsonl" >> "$summary" 2>/dev/null
+  PYTHONUNBUFFERED=1 timeout 200 python3 "$here/torch_prefill_bench.py" --out "$OUT/torch_sdpa_prefill.jsonl" \
+    --lengths "$lengths" --reps 3 > /dev/null 2> "$OUT/torch_prefill.err"
+  note "torch_prefill_bench exit code $?"
+  cat "$OUT/torch_sdpa_prefill.jsonl" >> "$summary" 2>/dev/null
+}
+
+section_model() {
+  for ctx in ${MODEL_CONTEXTS:-32768 131072}; do
+    timeout 200 "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 --methods full \
+      --placement gpu --synthetic never --max-real-prefill "$ctx" --steps 4 --warmup 1 \
+      --out "$OUT/model_prefill.jsonl" > "$OUT/model_prefill_$ctx.log" 2>&1 || status=1
+    note "bench decode prefill $ctx: $(tail -1 "$OUT/model_prefill.jsonl" | python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); print(j.get("prefill_tok_s"), "tok/s")' 2>&1)"
+  done
+  PYTHONUNBUFFERED=1 timeout 300 python3 "$here/hf_generate_bench.py" --out "$OUT/hf_prefill.jsonl" \
+    --contexts "$(echo ${MODEL_CONTEXTS:-32768 131072} | tr ' ' ',')" --batches 1 --steps 2 > "$OUT/hf_prefill.log" 2>&1
+  note "hf_generate_bench exit code $?"
+  cat "$OUT/hf_prefill.jsonl" >> "$summary" 2>/dev/null
+}
+
+section_long() {
+  for ctx in ${LONG_CONTEXTS:-524288}; do
+    timeout 560 "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 --methods full \
+      --placement gpu --synthetic never --max-real-prefill "$ctx" --steps 4 --warmup 1 \
+      --out "$OUT/long_prefill.jsonl" > "$OUT/long_prefill_$ctx.log" 2>&1 || status=1
+    note "bench decode prefill $ctx: $(tail -1 "$OUT/long_prefill.jsonl" 2>&1 | head -c 600)"
+  done
+}
+
+for s in ${SECTIONS:-tests kernel}; do
+  t0=$SECONDS
+  "section_$s"
+  note "section $s: $((SECONDS - t0)) s"
+done
+exit $status

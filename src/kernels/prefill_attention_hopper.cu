@@ -1,0 +1,315 @@
+// Causal GQA prefill attention for Hopper (sm_90a): warpgroup MMA (wgmma) from shared memory. Same contract,
+// packing of GQA rows, causal order and key splits as the portable kernel (prefill_attention.cu, layout and
+// notation in prefill_kernels.h); head_dim 128 only. This file is compiled for sm_90a alone (wgmma does not
+// exist in sm_90's PTX): src/kernels/CMakeLists.txt.
+//
+// One CTA of two warpgroups (256 threads) owns kPrefillRows = 128 packed query rows of one KV head, 64 rows per
+// warpgroup; K/V tiles of kHopperKeys = 128 tokens stream through two shared-memory stages (cp.async). Per tile
+// each warpgroup computes S = Q K^T with 8 wgmma m64n128k16 reading Q and K from shared memory, its online
+// softmax in registers (the accumulator layout of wgmma is the m16n8 one of mma.sync per warp), and
+// O += P V with 8 wgmma taking P from registers (bf16, the m16n8k16 A fragment) and V from shared memory in
+// its natural [token][dim] layout (N-major B operand). While one warpgroup runs its softmax the other's
+// matrix products keep the tensor cores busy.
+//
+// Shared-memory tiles (Q, K, V: 128 rows x 128 bf16) are two column blocks of 64 elements, each 128 rows x 128
+// bytes, in the 128-byte swizzle of the wgmma descriptors: 16-byte chunk c of row r stored at chunk c ^ (r & 7)
+// of the row (every 8-row atom 1024-byte aligned). As K-major operands (Q, K) a k16 step is a 32-byte offset
+// inside the atom row; as the N-major operand (V) the two column blocks are the leading-dimension stride and
+// 8-token groups the stride-dimension stride.
+//
+// Precision: that of the portable kernel (q and P rounded to bf16 for the products, f32 accumulation).
+#include <cuda_bf16.h>
+
+#include <cmath>
+
+#include "kernels/common.cuh"
+#include "kernels/prefill_kernels.h"
+
+namespace retroinfer::cuda::detail {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kRows = kPrefillRows;   // packed query rows per CTA
+constexpr int kKeys = kHopperKeys;    // keys per K/V tile
+constexpr int kThreads = 256;         // two warpgroups
+constexpr int kStages = 2;
+constexpr int kBlockBytes = 128 * 128;          // one 64-column block of a 128-row tile
+constexpr int kTileBytes = 2 * kBlockBytes;     // a 128 x 128 bf16 tile
+static_assert(kRows == 128 && kKeys == 128, "tiles of 128 rows: Q, K and V share one layout");
+constexpr size_t kSmemBytes = size_t(kTileBytes) * (1 + 2 * kStages) + 1024;  // + the 1024-byte alignment
+
+// Byte offset of 16-byte chunk c (0..15) of row r in a tile.
+__device__ __forceinline__ uint32_t tile_offset(int r, int c) {
+  return uint32_t((c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"): start
+// address, leading- and stride-dimension byte offsets, each >> 4.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes, uint32_t stride_bytes) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lead_bytes >> 4) << 16) | (uint64_t(stride_bytes >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+// K-major operand (Q, K): 8-row groups 1024 bytes apart; the leading offset is unused with swizzling (1).
+__device__ __forceinline__ uint64_t k_major_desc(uint32_t addr) { return smem_desc(addr, 16, 1024); }
+// N-major operand (V as [token][dim]): 64-dim column blocks kBlockBytes apart, 8-token groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t n_major_desc(uint32_t addr) { return smem_desc(addr, kBlockBytes, 1024); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Shared-memory writes of this thread (stores, cp.async) made visible to the async proxy that wgmma reads through.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Keeps the compiler from moving accesses of accumulator registers across an asynchronous wgmma.
+__device__ __forceinline__ void fence_registers(float* r) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+__device__ __forceinline__ float approx_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));  // ex2(-inf) = +0
+  return y;
+}
+
+// D (+)= A B, m64n128k16, A and B from shared memory (descriptors), both K-major; accumulate 0: D = A B.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D += A B, m64n128k16, A from registers (per warp the m16n8k16 A fragment of its 16 rows), B from shared
+// memory MN-major (imm-trans-b 1).
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const uint32_t* a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+// cp.async copies of K/V tile `kb` (tokens [kb, kb + kKeys)) into one stage; tokens >= kv_end are zero-filled
+// (a masked probability 0 times a stale NaN would poison the row). Thread tid copies chunk tid % 16 of rows
+// tid / 16 + 16 i: the swizzle of every pass is the same (16 i leaves r & 7 unchanged).
+__device__ __forceinline__ void load_kv_tile(uint8_t* sk, uint8_t* sv, const uint16_t* gk, const uint16_t* gv, int kb,
+                                             int kv_end) {
+  const int r = threadIdx.x >> 4, c = threadIdx.x & 15;
+  const uint32_t soff = tile_offset(r, c);
+#pragma unroll
+  for (int i = 0; i < kKeys / 16; ++i) {
+    const int tok = kb + r + 16 * i;
+    const bool valid = tok < kv_end;
+    const int64_t off = valid ? int64_t(tok) * kD + c * 8 : c * 8;  // an invalid row reads nothing (src-size 0)
+    cp_async16_zfill(sk + soff + i * 16 * 128, gk + off, valid);
+    cp_async16_zfill(sv + soff + i * 16 * 128, gv + off, valid);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t pad = ((raw + 1023u) & ~1023u) - raw;
+  uint8_t* sq = smem_raw + pad;
+  uint8_t* sk0 = sq + kTileBytes;
+  uint8_t* sv0 = sk0 + kStages * kTileBytes;
+  const uint32_t sq_addr = raw + pad;
+  const uint32_t sk_addr = sq_addr + kTileBytes, sv_addr = sk_addr + kStages * kTileBytes;
+
+  const int G = p.group;
+  const int64_t m_tiles = (int64_t(p.n) * G + kRows - 1) / kRows;
+  // Heaviest CTAs (largest query positions) first, as the portable kernel.
+  const int64_t b = blockIdx.x / p.splits;
+  const int split = static_cast<int>(blockIdx.x % p.splits);
+  const int h = static_cast<int>(b % p.num_heads_kv);
+  const int64_t m_tile = m_tiles - 1 - b / p.num_heads_kv;
+  const int r0 = static_cast<int>(m_tile * kRows);
+  const int t_lo = r0 / G;
+  const int t_hi = min(p.n - 1, (r0 + kRows - 1) / G);
+  const int kv_end = p.pos0 + t_hi + 1;
+  const int all_tiles = (kv_end + kKeys - 1) / kKeys;
+  const int first_masked = (p.pos0 + t_lo + 1) / kKeys;
+  const int per_split = (all_tiles + p.splits - 1) / p.splits;
+  const int j0 = min(all_tiles, split * per_split);
+  const int num_tiles = min(all_tiles, j0 + per_split);
+
+  const uint16_t* gk = p.k + int64_t(h) * p.kv_stride * kD;
+  const uint16_t* gv = p.v + int64_t(h) * p.kv_stride * kD;
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (j0 + st < num_tiles)
+      load_kv_tile(sk0 + st * kTileBytes, sv0 + st * kTileBytes, gk, gv, (j0 + st) * kKeys, kv_end);
+    cp_async_commit();
+  }
+  for (int idx = threadIdx.x; idx < kRows * 16; idx += kThreads) {
+    const int row = idx >> 4, c = idx & 15;
+    const int r = r0 + row;
+    const int t = r / G;
+    uint4 w = make_uint4(0, 0, 0, 0);
+    if (t < p.n) {
+      const int qh = h * G + (r - t * G);
+      const float4* src = reinterpret_cast<const float4*>(p.q + (int64_t(t) * p.num_heads_q + qh) * kD + c * 8);
+      const float4 a = __ldg(src), bq = __ldg(src + 1);
+      w = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(bq.x, bq.y), pack_bf16(bq.z, bq.w));
+    }
+    *reinterpret_cast<uint4*>(sq + tile_offset(row, c)) = w;
+  }
+
+  const int wg = threadIdx.x >> 7;
+  const int lane = threadIdx.x & 31, quad = lane >> 2, tig = lane & 3;
+  const int row_base = wg * 64 + ((threadIdx.x >> 5) & 3) * 16 + quad;  // this thread's rows: row_base, row_base + 8
+  const uint32_t q_addr = sq_addr + uint32_t(wg * 64 * 128);             // the warpgroup's 64 rows of Q
+
+  // Accumulators of n8 column block i of the warpgroup's 64 x 128 tile: [4i + 2hf + e] is row row_base + 8hf,
+  // column 8i + 2 tig + e (the m16n8 accumulator layout per warp).
+  float o[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  int stage = 0;
+  for (int j = j0; j < num_tiles; ++j) {
+    cp_async_wait<kStages - 2>();
+    fence_proxy_async();
+    __syncthreads();  // tile j (and Q) visible to both warpgroups; both finished tile j - 1, so its stage is free
+    {
+      const int next = j + kStages - 1;
+      const int st = stage == 0 ? kStages - 1 : stage - 1;
+      if (next < num_tiles) load_kv_tile(sk0 + st * kTileBytes, sv0 + st * kTileBytes, gk, gv, next * kKeys, kv_end);
+      cp_async_commit();
+    }
+    const uint32_t k_addr = sk_addr + uint32_t(stage * kTileBytes), v_addr = sv_addr + uint32_t(stage * kTileBytes);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+
+    // S = Q K^T: k16 step kk is 32 bytes into column block kk / 4 of both operands.
+    float s[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = 0.0f;
+    fence_registers(s);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = uint32_t((kk >> 2) * kBlockBytes + (kk & 3) * 32);
+      wgmma_m64n128k16_ss(s, k_major_desc(q_addr + off), k_major_desc(k_addr + off), kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(s);
+
+    if (j >= first_masked) {
+      const int kb = j * kKeys;
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int lim = p.pos0 + (r0 + row_base + hf * 8) / G - kb - tig * 2;
+#pragma unroll
+        for (int i = 0; i < kKeys / 8; ++i)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (i * 8 + e > lim) s[4 * i + 2 * hf + e] = -INFINITY;
+      }
+    }
+
+    float alpha[2];
+    bool raised = false;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kKeys / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float new_max = fmaxf(row_max[hf], mx * p.scale_log2);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      const bool up = new_max != row_max[hf];
+      alpha[hf] = up ? approx_exp2(row_max[hf] - base) : 1.0f;
+      raised |= up;
+      row_max[hf] = new_max;
+      row_sum[hf] *= alpha[hf];
+      float sum = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kKeys / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pr = approx_exp2(fmaf(s[4 * i + 2 * hf + e], p.scale_log2, -base));
+          s[4 * i + 2 * hf + e] = pr;
+          sum += pr;
+        }
+      row_sum[hf] += sum;
+    }
+    if (__any_sync(0xffffffffu, raised)) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
+    }
+
+    // P in bf16: column blocks 2kk and 2kk + 1 are the A fragment of k16 step kk of O += P V.
+    uint32_t pa[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    fence_registers(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_m64n128k16_rs(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128)));
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(o);
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float l = row_sum[hf];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = r0 + row_base + hf * 8;
+    const int t = r / G;
+    if (t >= p.n) continue;
+    const int qh = h * G + (r - t * G);
+    const int64_t row = int64_t(t) * p.num_heads_q + qh;
+    if (p.splits > 1) {
+      const int64_t prow = int64_t(split) * p.n * p.num_heads_q + row;
+      float* dst = p.part_o + prow * kD + tig * 2;
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i)
+        *reinterpret_cast<float2*>(dst + i * 8) = make_float2(o[4 * i + 2 * hf], o[4 * i + 2 * hf + 1]);
+      if (tig == 0) *reinterpret_cast<float2*>(p.part_ml + prow * 2) = make_float2(row_max[hf], l);
+      continue;
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    float* dst = p.out + row * kD + tig * 2;
+#pragma unroll
+    for (int i = 0; i < kD / 8; ++i)
+      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(o[4 * i + 2 * hf] * inv, o[4 * i + 2 * hf + 1] * inv);
+  }
+#else
+  __trap();  // compiled without sm_90a features; prefill_attention never launches it then
+#endif
+}
+
+}  // namespace
+
+cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s) {
+  if (p.head_dim != kD) return cudaErrorInvalidValue;
+  static bool attr_set = false;  // host side; callers are single-threaded per object, the attribute idempotent
+  if (!attr_set) {
+    const cudaError_t e = cudaFuncSetAttribute(prefill_hopper_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(kSmemBytes));
+    if (e != cudaSuccess) return e;
+    attr_set = true;
+  }
+  const int64_t ctas = prefill_ctas(p);
+  if (ctas <= 0) return cudaSuccess;
+  prefill_hopper_kernel<<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, s>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace retroinfer::cuda::detail
