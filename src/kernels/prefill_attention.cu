@@ -8,6 +8,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/prefill_kernels.h"
+#include "kernels/tensor_map.h"
 
 namespace retroinfer::cuda::detail {
 namespace {
@@ -452,7 +453,7 @@ bool prefill_hopper_supported() {
   if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
     return false;
-  return major == 9 && minor == 0;
+  return major == 9 && minor == 0 && tensor_map_encoder() != nullptr;  // the kernel's K/V copies are tensor-map copies
 }
 
 }  // namespace retroinfer::cuda::detail

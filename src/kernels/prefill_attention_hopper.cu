@@ -3,13 +3,16 @@
 // notation in prefill_kernels.h); head_dim 128 only. This file is compiled for sm_90a alone (wgmma does not
 // exist in sm_90's PTX): src/kernels/CMakeLists.txt.
 //
-// One CTA of two warpgroups (256 threads) owns kPrefillRows = 128 packed query rows of one KV head, 64 rows per
-// warpgroup; K/V tiles of kHopperKeys = 128 tokens stream through two shared-memory stages (cp.async). Per tile
-// each warpgroup computes S = Q K^T with 8 wgmma m64n128k16 reading Q and K from shared memory, its online
-// softmax in registers (the accumulator layout of wgmma is the m16n8 one of mma.sync per warp), and
-// O += P V with 8 wgmma taking P from registers (bf16, the m16n8k16 A fragment) and V from shared memory in
-// its natural [token][dim] layout (N-major B operand). While one warpgroup runs its softmax the other's
-// matrix products keep the tensor cores busy.
+// One CTA of two consumer warpgroups (256 threads) and one producer warp owns kPrefillRows = 128 packed query
+// rows of one KV head, 64 rows per warpgroup. The producer's first lane streams K/V tiles of kHopperKeys = 128
+// tokens into kStages shared-memory stages with tensor-map copies (TMA: 4 boxes of 128 tokens x 64 dims per
+// tile, completing on the stage's "full" mbarrier); each consumer warp releases a stage on its "empty" mbarrier
+// once its products have read it, so the two warpgroups run at their own pace (while one runs its softmax the
+// other's matrix products keep the tensor cores busy). Per tile a warpgroup computes S = Q K^T with 8 wgmma
+// m64n128k16 reading Q and K from shared memory, its online softmax in registers (the accumulator layout of
+// wgmma is the m16n8 one of mma.sync per warp), and O += P V with 8 wgmma taking P from registers (bf16, the
+// m16n8k16 A fragment) and V from shared memory in its natural [token][dim] layout (N-major B operand). Tokens
+// past the chunk's end (pos0 + n: the tensor maps' extent) arrive as zeros.
 //
 // Shared-memory tiles (Q, K, V: 128 rows x 128 bf16) are two column blocks of 64 elements, each 128 rows x 128
 // bytes, in the 128-byte swizzle of the wgmma descriptors: 16-byte chunk c of row r stored at chunk c ^ (r & 7)
@@ -22,8 +25,10 @@
 
 #include <cmath>
 
+#include "kernels/async_copy.cuh"
 #include "kernels/common.cuh"
 #include "kernels/prefill_kernels.h"
+#include "kernels/tensor_map.h"
 
 namespace retroinfer::cuda::detail {
 namespace {
@@ -31,12 +36,20 @@ namespace {
 constexpr int kD = 128;
 constexpr int kRows = kPrefillRows;   // packed query rows per CTA
 constexpr int kKeys = kHopperKeys;    // keys per K/V tile
-constexpr int kThreads = 256;         // two warpgroups
-constexpr int kStages = 2;
+constexpr int kConsumerWarps = 8;     // two warpgroups
+constexpr int kThreads = kConsumerWarps * 32 + 32;  // + the producer warp
+constexpr int kStages = 3;  // 224 KiB of tiles: the producer runs up to two tiles ahead
 constexpr int kBlockBytes = 128 * 128;          // one 64-column block of a 128-row tile
 constexpr int kTileBytes = 2 * kBlockBytes;     // a 128 x 128 bf16 tile
 static_assert(kRows == 128 && kKeys == 128, "tiles of 128 rows: Q, K and V share one layout");
-constexpr size_t kSmemBytes = size_t(kTileBytes) * (1 + 2 * kStages) + 1024;  // + the 1024-byte alignment
+// Q, K[stage], V[stage], then the full[stage] and empty[stage] mbarriers; + the 1024-byte alignment.
+constexpr size_t kSmemBytes = size_t(kTileBytes) * (1 + 2 * kStages) + 2 * kStages * 8 + 1024;
+
+// K's and V's tensor maps: [Hkv][pos0 + n][128] bf16, boxes of 64 dims x 128 tokens x 1 head, 128-byte swizzle
+// (the tiles' column blocks), zeros past the extent.
+struct HopperMaps {
+  CUtensorMap k, v;
+};
 
 // Byte offset of 16-byte chunk c (0..15) of row r in a tile.
 __device__ __forceinline__ uint32_t tile_offset(int r, int c) {
@@ -92,24 +105,16 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const uint32_t* a,
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
-// cp.async copies of K/V tile `kb` (tokens [kb, kb + kKeys)) into one stage; tokens >= kv_end are zero-filled
-// (a masked probability 0 times a stale NaN would poison the row). Thread tid copies chunk tid % 16 of rows
-// tid / 16 + 16 i: the swizzle of every pass is the same (16 i leaves r & 7 unchanged).
-__device__ __forceinline__ void load_kv_tile(uint8_t* sk, uint8_t* sv, const uint16_t* gk, const uint16_t* gv, int kb,
-                                             int kv_end) {
-  const int r = threadIdx.x >> 4, c = threadIdx.x & 15;
-  const uint32_t soff = tile_offset(r, c);
-#pragma unroll
-  for (int i = 0; i < kKeys / 16; ++i) {
-    const int tok = kb + r + 16 * i;
-    const bool valid = tok < kv_end;
-    const int64_t off = valid ? int64_t(tok) * kD + c * 8 : c * 8;  // an invalid row reads nothing (src-size 0)
-    cp_async16_zfill(sk + soff + i * 16 * 128, gk + off, valid);
-    cp_async16_zfill(sv + soff + i * 16 * 128, gv + off, valid);
-  }
+// The box at (x, y, z) of tensor map `map` -> shared memory, completing its bytes on bar.
+__device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, int x, int y, int z, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(smem_u32(bar))
+      : "memory");
 }
 
-__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p) {
+__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, const __grid_constant__ HopperMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -117,6 +122,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   uint8_t* sq = smem_raw + pad;
   uint8_t* sk0 = sq + kTileBytes;
   uint8_t* sv0 = sk0 + kStages * kTileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(sv0 + kStages * kTileBytes);
+  uint64_t* empty = full + kStages;
   const uint32_t sq_addr = raw + pad;
   const uint32_t sk_addr = sq_addr + kTileBytes, sv_addr = sk_addr + kStages * kTileBytes;
 
@@ -137,16 +144,35 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   const int j0 = min(all_tiles, split * per_split);
   const int num_tiles = min(all_tiles, j0 + per_split);
 
-  const uint16_t* gk = p.k + int64_t(h) * p.kv_stride * kD;
-  const uint16_t* gv = p.v + int64_t(h) * p.kv_stride * kD;
-
-#pragma unroll
-  for (int st = 0; st < kStages - 1; ++st) {
-    if (j0 + st < num_tiles)
-      load_kv_tile(sk0 + st * kTileBytes, sv0 + st * kTileBytes, gk, gv, (j0 + st) * kKeys, kv_end);
-    cp_async_commit();
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < kStages; ++st) {
+      mbar_init(&full[st], 1);
+      mbar_init(&empty[st], kConsumerWarps);
+    }
+    mbar_init_fence();
   }
-  for (int idx = threadIdx.x; idx < kRows * 16; idx += kThreads) {
+  __syncthreads();
+
+  if (threadIdx.x >= kConsumerWarps * 32) {
+    // Producer: tile j goes into stage (j - j0) % kStages once every consumer warp released that stage's
+    // previous tile.
+    if (threadIdx.x == kConsumerWarps * 32) {
+      for (int j = j0, it = 0; j < num_tiles; ++j, ++it) {
+        const int st = it % kStages;
+        if (it >= kStages) mbar_wait(&empty[st], ((it / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(&full[st], 4 * kBlockBytes);
+        uint8_t* k = sk0 + st * kTileBytes;
+        uint8_t* v = sv0 + st * kTileBytes;
+        tma_load_box(k, &maps.k, 0, j * kKeys, h, &full[st]);
+        tma_load_box(k + kBlockBytes, &maps.k, 64, j * kKeys, h, &full[st]);
+        tma_load_box(v, &maps.v, 0, j * kKeys, h, &full[st]);
+        tma_load_box(v + kBlockBytes, &maps.v, 64, j * kKeys, h, &full[st]);
+      }
+    }
+    return;
+  }
+
+  for (int idx = threadIdx.x; idx < kRows * 16; idx += kConsumerWarps * 32) {
     const int row = idx >> 4, c = idx & 15;
     const int r = r0 + row;
     const int t = r / G;
@@ -160,6 +186,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     *reinterpret_cast<uint4*>(sq + tile_offset(row, c)) = w;
   }
 
+  fence_proxy_async();
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerWarps * 32) : "memory");  // Q complete (consumers only)
+
   const int wg = threadIdx.x >> 7;
   const int lane = threadIdx.x & 31, quad = lane >> 2, tig = lane & 3;
   const int row_base = wg * 64 + ((threadIdx.x >> 5) & 3) * 16 + quad;  // this thread's rows: row_base, row_base + 8
@@ -172,19 +201,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  int stage = 0;
-  for (int j = j0; j < num_tiles; ++j) {
-    cp_async_wait<kStages - 2>();
-    fence_proxy_async();
-    __syncthreads();  // tile j (and Q) visible to both warpgroups; both finished tile j - 1, so its stage is free
-    {
-      const int next = j + kStages - 1;
-      const int st = stage == 0 ? kStages - 1 : stage - 1;
-      if (next < num_tiles) load_kv_tile(sk0 + st * kTileBytes, sv0 + st * kTileBytes, gk, gv, next * kKeys, kv_end);
-      cp_async_commit();
-    }
+  for (int j = j0, it = 0; j < num_tiles; ++j, ++it) {
+    const int stage = it % kStages;
+    mbar_wait(&full[stage], (it / kStages) & 1);
     const uint32_t k_addr = sk_addr + uint32_t(stage * kTileBytes), v_addr = sv_addr + uint32_t(stage * kTileBytes);
-    stage = stage + 1 == kStages ? 0 : stage + 1;
 
     // S = Q K^T: k16 step kk is 32 bytes into column block kk / 4 of both operands.
     float s[64];
@@ -262,8 +282,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     wgmma_commit();
     wgmma_wait_all();
     fence_registers(o);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[stage]);  // this warp's reads of the stage are done
   }
-  cp_async_wait<0>();
 
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
@@ -298,7 +319,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 }  // namespace
 
 cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s) {
-  if (p.head_dim != kD) return cudaErrorInvalidValue;
+  if (p.head_dim != kD || int64_t(p.pos0) + p.n > 0x7fffffff) return cudaErrorInvalidValue;
+  const int64_t ctas = prefill_ctas(p);
+  if (ctas <= 0) return cudaSuccess;
+  const TensorMapEncode encode = tensor_map_encoder();
+  if (encode == nullptr) return cudaErrorNotSupported;
   static bool attr_set = false;  // host side; callers are single-threaded per object, the attribute idempotent
   if (!attr_set) {
     const cudaError_t e = cudaFuncSetAttribute(prefill_hopper_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -306,9 +331,18 @@ cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s) {
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  const int64_t ctas = prefill_ctas(p);
-  if (ctas <= 0) return cudaSuccess;
-  prefill_hopper_kernel<<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, s>>>(p);
+  HopperMaps maps;
+  const cuuint64_t dims[3] = {cuuint64_t(kD), cuuint64_t(int64_t(p.pos0) + p.n), cuuint64_t(p.num_heads_kv)};
+  const cuuint64_t strides[2] = {cuuint64_t(kD) * 2, cuuint64_t(p.kv_stride) * kD * 2};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {64, kKeys, 1}, elem_strides[3] = {1, 1, 1};
+  for (int t = 0; t < 2; ++t) {
+    const CUresult r = encode(t == 0 ? &maps.k : &maps.v, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
+                              const_cast<uint16_t*>(t == 0 ? p.k : p.v), dims, strides, box, elem_strides,
+                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  }
+  prefill_hopper_kernel<<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, s>>>(p, maps);
   return cudaGetLastError();
 }
 

@@ -69,7 +69,8 @@ int prefill_splits(const PrefillParams& p, int sm_count);
 // prefill_attention_hopper.cu (head_dim 128 on a compute capability 9.0 GPU: prefill_hopper_supported), else the
 // portable mma.sync kernel (sm_80 and later).
 cudaError_t prefill_attention(const PrefillParams& p, cudaStream_t s, bool hopper);
-// True when the current device runs the Hopper kernel (compute capability 9.0 exactly: sm_90a code).
+// True when the current device runs the Hopper kernel (compute capability 9.0 exactly: sm_90a code; and the
+// driver's tensor-map encoder, for its K/V copies).
 bool prefill_hopper_supported();
 // The Hopper kernel alone (no split merge); cudaErrorInvalidValue unless head_dim is 128.
 cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s);
