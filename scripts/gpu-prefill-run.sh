@@ -63,7 +63,7 @@ section_model() {
 
 section_long() {
   for ctx in ${LONG_CONTEXTS:-524288}; do
-    timeout 560 "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 --methods full \
+    timeout "${LONG_TIMEOUT:-560}" "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 --methods full \
       --placement gpu --synthetic never --max-real-prefill "$ctx" --steps 4 --warmup 1 \
       --out "$OUT/long_prefill.jsonl" > "$OUT/long_prefill_$ctx.log" 2>&1 || status=1
     note "bench decode prefill $ctx: $(tail -1 "$OUT/long_prefill.jsonl" 2>&1 | head -c 600)"

@@ -3,13 +3,12 @@
 // notation in prefill_kernels.h); head_dim 128 only. This file is compiled for sm_90a alone (wgmma does not
 // exist in sm_90's PTX): src/kernels/CMakeLists.txt.
 //
-// One CTA of two consumer warpgroups (256 threads) and one producer warp owns kPrefillRows = 128 packed query
-// rows of one KV head, 64 rows per warpgroup. The producer's first lane streams K/V tiles of kHopperKeys = 128
-// tokens into kStages shared-memory stages with tensor-map copies (TMA: 4 boxes of 128 tokens x 64 dims per
-// tile, completing on the stage's "full" mbarrier); each consumer warp releases a stage on its "empty" mbarrier
-// once its products have read it, so the two warpgroups run at their own pace (while one runs its softmax the
-// other's matrix products keep the tensor cores busy). Per tile a warpgroup computes S = Q K^T with 8 wgmma
-// m64n128k16 reading Q and K from shared memory, its online softmax in registers (the accumulator layout of
+// One CTA of two warpgroups (256 threads) owns kPrefillRows = 128 packed query rows of one KV head, 64 rows per
+// warpgroup. Thread 0 streams K/V tiles of kHopperKeys = 128 tokens into kStages shared-memory stages with
+// tensor-map copies (TMA: 4 boxes of 128 tokens x 64 dims per tile, completing on the stage's "full" mbarrier);
+// each warp releases a stage on its "empty" mbarrier once its products have read it. The two warpgroups take
+// turns at issuing their matrix products (named barriers), so that one's softmax runs while the other's products
+// keep the tensor cores busy. Per tile a warpgroup computes S = Q K^T with 8 wgmma m64n128k16 reading Q and K from shared memory, its online softmax in registers (the accumulator layout of
 // wgmma is the m16n8 one of mma.sync per warp), and O += P V with 8 wgmma taking P from registers (bf16, the
 // m16n8k16 A fragment) and V from shared memory in its natural [token][dim] layout (N-major B operand). Tokens
 // past the chunk's end (pos0 + n: the tensor maps' extent) arrive as zeros.
@@ -37,7 +36,7 @@ constexpr int kD = 128;
 constexpr int kRows = kPrefillRows;   // packed query rows per CTA
 constexpr int kKeys = kHopperKeys;    // keys per K/V tile
 constexpr int kConsumerWarps = 8;     // two warpgroups
-constexpr int kThreads = kConsumerWarps * 32 + 32;  // + the producer warp
+constexpr int kThreads = kConsumerWarps * 32;
 constexpr int kStages = 3;  // 224 KiB of tiles: the producer runs up to two tiles ahead
 constexpr int kBlockBytes = 128 * 128;          // one 64-column block of a 128-row tile
 constexpr int kTileBytes = 2 * kBlockBytes;     // a 128 x 128 bf16 tile
@@ -76,6 +75,14 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ void fence_registers(float* r) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Named barriers among the 256 consumer threads (the producer warp never takes part): arrive does not wait.
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
 
 __device__ __forceinline__ float approx_exp2(float x) {
@@ -153,24 +160,22 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   }
   __syncthreads();
 
-  if (threadIdx.x >= kConsumerWarps * 32) {
-    // Producer: tile j goes into stage (j - j0) % kStages once every consumer warp released that stage's
-    // previous tile.
-    if (threadIdx.x == kConsumerWarps * 32) {
-      for (int j = j0, it = 0; j < num_tiles; ++j, ++it) {
-        const int st = it % kStages;
-        if (it >= kStages) mbar_wait(&empty[st], ((it / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(&full[st], 4 * kBlockBytes);
-        uint8_t* k = sk0 + st * kTileBytes;
-        uint8_t* v = sv0 + st * kTileBytes;
-        tma_load_box(k, &maps.k, 0, j * kKeys, h, &full[st]);
-        tma_load_box(k + kBlockBytes, &maps.k, 64, j * kKeys, h, &full[st]);
-        tma_load_box(v, &maps.v, 0, j * kKeys, h, &full[st]);
-        tma_load_box(v + kBlockBytes, &maps.v, 64, j * kKeys, h, &full[st]);
-      }
-    }
-    return;
-  }
+  // Tile j0 + t goes into stage t % kStages; thread 0 issues its four boxes once every warp released that
+  // stage's previous tile (t >= kStages).
+  auto load_tile = [&](int t) {
+    const int st = t % kStages;
+    if (t >= kStages) mbar_wait(&empty[st], ((t / kStages) & 1) ^ 1);
+    mbar_arrive_expect_tx(&full[st], 4 * kBlockBytes);
+    uint8_t* k = sk0 + st * kTileBytes;
+    uint8_t* v = sv0 + st * kTileBytes;
+    const int y = (j0 + t) * kKeys;
+    tma_load_box(k, &maps.k, 0, y, h, &full[st]);
+    tma_load_box(k + kBlockBytes, &maps.k, 64, y, h, &full[st]);
+    tma_load_box(v, &maps.v, 0, y, h, &full[st]);
+    tma_load_box(v + kBlockBytes, &maps.v, 64, y, h, &full[st]);
+  };
+  if (threadIdx.x == 0)
+    for (int t = 0; t < kStages && j0 + t < num_tiles; ++t) load_tile(t);
 
   for (int idx = threadIdx.x; idx < kRows * 16; idx += kConsumerWarps * 32) {
     const int row = idx >> 4, c = idx & 15;
@@ -187,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   }
 
   fence_proxy_async();
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumerWarps * 32) : "memory");  // Q complete (consumers only)
+  named_sync(1);  // Q complete
 
   const int wg = threadIdx.x >> 7;
   const int lane = threadIdx.x & 31, quad = lane >> 2, tig = lane & 3;
@@ -201,26 +206,39 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  for (int j = j0, it = 0; j < num_tiles; ++j, ++it) {
-    const int stage = it % kStages;
-    mbar_wait(&full[stage], (it / kStages) & 1);
-    const uint32_t k_addr = sk_addr + uint32_t(stage * kTileBytes), v_addr = sv_addr + uint32_t(stage * kTileBytes);
+  // Ping-pong: a warpgroup issues its matrix products (O += P V of the previous tile, S = Q K^T of the next one)
+  // in its turn, handed over through named barriers 2 and 3, and runs its softmax while the other warpgroup's
+  // products run. Warpgroup 0 takes the first turn; each turn ends with one arrival for the other warpgroup
+  // (warpgroup 1 skips its last, which nobody waits for). Turns: QK^T of the first tile; PV of tile i - 1 with
+  // QK^T of tile i; PV of the last tile (the first and last are peeled so that every wgmma sits in straight-line
+  // code, which keeps them asynchronous).
+  const int n_it = num_tiles - j0;
+  const int turn_mine = 2 + wg, turn_other = 3 - wg;
+  float s[64];
+  uint32_t pa[kKeys / 16][4];  // P of the last softmax in bf16: the A fragments of its PV product
 
-    // S = Q K^T: k16 step kk is 32 bytes into column block kk / 4 of both operands.
-    float s[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] = 0.0f;
-    fence_registers(s);
-    wgmma_fence();
+  auto issue_qk = [&](int it) {
+    // k16 step kk is 32 bytes into column block kk / 4 of both operands.
+    const uint32_t k_addr = sk_addr + uint32_t((it % kStages) * kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = uint32_t((kk >> 2) * kBlockBytes + (kk & 3) * 32);
       wgmma_m64n128k16_ss(s, k_major_desc(q_addr + off), k_major_desc(k_addr + off), kk > 0);
     }
-    wgmma_commit();
-    wgmma_wait_all();
-    fence_registers(s);
-
+  };
+  auto issue_pv = [&](int it) {
+    const uint32_t v_addr = sv_addr + uint32_t((it % kStages) * kTileBytes);
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_m64n128k16_rs(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128)));
+  };
+  auto release = [&](int it) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[it % kStages]);  // this warp's reads of that stage are done
+  };
+  // Online softmax of tile j0 + it in s; O (holding the products of the earlier tiles) rescaled to the new max;
+  // P packed into pa (column blocks 2kk and 2kk + 1 are the A fragment of k16 step kk).
+  auto softmax = [&](int it) {
+    const int j = j0 + it;
     if (j >= first_masked) {
       const int kb = j * kKeys;
 #pragma unroll
@@ -233,7 +251,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
             if (i * 8 + e > lim) s[4 * i + 2 * hf + e] = -INFINITY;
       }
     }
-
     float alpha[2];
     bool raised = false;
 #pragma unroll
@@ -265,9 +282,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
-
-    // P in bf16: column blocks 2kk and 2kk + 1 are the A fragment of k16 step kk of O += P V.
-    uint32_t pa[kKeys / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
@@ -275,15 +289,50 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
       pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
     }
+  };
+
+  if (n_it > 0) {
+    if (wg == 1) named_arrive(2);
+    mbar_wait(&full[0], 0);
+    named_sync(turn_mine);
+    fence_registers(s);
+    wgmma_fence();
+    issue_qk(0);
+    wgmma_commit();
+    named_arrive(turn_other);
+    wgmma_wait_all();
+    fence_registers(s);
+    softmax(0);
+    for (int it = 1; it < n_it; ++it) {
+      mbar_wait(&full[it % kStages], (it / kStages) & 1);
+      named_sync(turn_mine);
+      fence_registers(o);
+      fence_registers(s);
+      wgmma_fence();
+      issue_pv(it - 1);
+      issue_qk(it);
+      wgmma_commit();
+      named_arrive(turn_other);
+      wgmma_wait_all();
+      fence_registers(o);
+      fence_registers(s);
+      release(it - 1);
+      softmax(it);
+      // Refill the stage tile it - 1 held (warpgroup 1 releases it during this softmax, one turn behind).
+      if (threadIdx.x < 32) {
+        if (threadIdx.x == 0 && it - 1 + kStages < n_it) load_tile(it - 1 + kStages);
+        __syncwarp();
+      }
+    }
+    named_sync(turn_mine);
     fence_registers(o);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_m64n128k16_rs(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128)));
+    issue_pv(n_it - 1);
     wgmma_commit();
+    if (wg == 0) named_arrive(turn_other);
     wgmma_wait_all();
     fence_registers(o);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[stage]);  // this warp's reads of the stage are done
+    release(n_it - 1);
   }
 
 #pragma unroll
