@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "kernels/common.cuh"
+#include "kernels/prefill_common.cuh"
 #include "kernels/prefill_kernels.h"
 #include "kernels/tensor_map.h"
 
@@ -24,12 +25,6 @@ static_assert(kWarpRows == 32, "each warp owns two m16 tiles");
 template <int D>
 __device__ __forceinline__ int swz(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
-}
-
-__device__ __forceinline__ float approx_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));  // ex2(-inf) = +0
-  return y;
 }
 
 // ldmatrix on a shared-space address (32-bit): the per-lane base plus a compile-time offset, which ptxas
@@ -106,23 +101,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   uint16_t* sv0 = sk0 + Smem::kStages * Smem::kKV;
 
   const int G = p.group;
-  const int64_t m_tiles = (int64_t(p.n) * G + kBM - 1) / kBM;
-  // Heaviest CTAs (largest query positions) first; consecutive CTAs share a row tile across KV heads (and
-  // across the key splits of a split launch).
-  const int64_t b = blockIdx.x / p.splits;
-  const int split = static_cast<int>(blockIdx.x % p.splits);
-  const int h = static_cast<int>(b % p.num_heads_kv);
-  const int64_t m_tile = m_tiles - 1 - b / p.num_heads_kv;
-  const int r0 = static_cast<int>(m_tile * kBM);  // first packed row
-  const int t_lo = r0 / G;
-  const int t_hi = min(p.n - 1, (r0 + kBM - 1) / G);
-  const int kv_end = p.pos0 + t_hi + 1;              // keys [0, kv_end) are read
-  const int all_tiles = (kv_end + BN - 1) / BN;
-  const int first_masked = (p.pos0 + t_lo + 1) / BN;  // tiles >= this cross some row's diagonal
-  // This CTA's key tiles [j0, num_tiles): all of them, or its split's share.
-  const int per_split = (all_tiles + p.splits - 1) / p.splits;
-  const int j0 = min(all_tiles, split * per_split);
-  const int num_tiles = min(all_tiles, j0 + per_split);
+  const PrefillCta cta = prefill_cta(p, kBM, BN);
+  const int h = cta.h, r0 = cta.r0, kv_end = cta.kv_end, first_masked = cta.first_masked;
+  const int j0 = cta.j0, num_tiles = cta.num_tiles;
 
   const uint16_t* gk = p.k + int64_t(h) * p.kv_stride * D;
   const uint16_t* gv = p.v + int64_t(h) * p.kv_stride * D;
@@ -137,16 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   }
   for (int idx = threadIdx.x; idx < kBM * kChunks; idx += kThreads) {
     const int row = idx / kChunks, c = idx % kChunks;
-    const int r = r0 + row;
-    const int t = r / G;
-    uint4 w = make_uint4(0, 0, 0, 0);
-    if (t < p.n) {
-      const int qh = h * G + (r - t * G);
-      const float4* src = reinterpret_cast<const float4*>(p.q + (int64_t(t) * p.num_heads_q + qh) * D + c * 8);
-      const float4 a = __ldg(src), bq = __ldg(src + 1);
-      w = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(bq.x, bq.y), pack_bf16(bq.z, bq.w));
-    }
-    *reinterpret_cast<uint4*>(sq + swz<D>(row, c)) = w;
+    *reinterpret_cast<uint4*>(sq + swz<D>(row, c)) = q_chunk_bf16<D>(p, h, r0 + row, c);
   }
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -276,31 +248,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][hf * 2], s[mt][nt][hf * 2 + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float new_max = fmaxf(row_max[mt][hf], mx * p.scale_log2);
-        // A row with no visible key yet keeps max -inf: subtract 0 instead (every exponent is then -inf -> 0).
-        const float base = new_max == -INFINITY ? 0.0f : new_max;
-        const bool up = new_max != row_max[mt][hf];
-        alpha[mt][hf] = up ? approx_exp2(row_max[mt][hf] - base) : 1.0f;
-        raised |= up;
-        row_max[mt][hf] = new_max;
-        row_sum[mt][hf] *= alpha[mt][hf];
-        float sum = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-          for (int e = hf * 2; e < hf * 2 + 2; ++e) {
-            const float pr = approx_exp2(fmaf(s[mt][nt][e], p.scale_log2, -base));
-            s[mt][nt][e] = pr;
-            sum += pr;
-          }
-        row_sum[mt][hf] += sum;
-      }
+      for (int hf = 0; hf < 2; ++hf)
+        alpha[mt][hf] = online_softmax_row<kNT>([&](int i, int e) -> float& { return s[mt][i][hf * 2 + e]; },
+                                                p.scale_log2, row_max[mt][hf], row_sum[mt][hf], raised);
 
     if (__any_sync(0xffffffffu, raised)) {
 #pragma unroll
@@ -345,28 +295,13 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
-      float l = row_sum[mt][hf];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int r = r0 + wrow + mt * 16 + hf * 8 + quad;
-      const int t = r / G;
-      if (t >= p.n) continue;
-      const int qh = h * G + (r - t * G);
-      const int64_t row = int64_t(t) * p.num_heads_q + qh;
-      if (p.splits > 1) {
-        const int64_t prow = int64_t(split) * p.n * p.num_heads_q + row;
-        float* dst = p.part_o + prow * D + tig * 2;
-#pragma unroll
-        for (int dt = 0; dt < kDT; ++dt)
-          *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][hf * 2], o[mt][dt][hf * 2 + 1]);
-        if (tig == 0) *reinterpret_cast<float2*>(p.part_ml + prow * 2) = make_float2(row_max[mt][hf], l);
-        continue;
-      }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* dst = p.out + row * D + tig * 2;
+      const PrefillRowOut ro =
+          prefill_row_out<D>(p, cta, r0 + wrow + mt * 16 + hf * 8 + quad, row_max[mt][hf], row_sum[mt][hf], tig);
+      if (ro.dst == nullptr) continue;
 #pragma unroll
       for (int dt = 0; dt < kDT; ++dt)
-        *reinterpret_cast<float2*>(dst + dt * 8) = make_float2(o[mt][dt][hf * 2] * inv, o[mt][dt][hf * 2 + 1] * inv);
+        *reinterpret_cast<float2*>(ro.dst + dt * 8) =
+            make_float2(o[mt][dt][hf * 2] * ro.scale, o[mt][dt][hf * 2 + 1] * ro.scale);
     }
 }
 

@@ -26,6 +26,7 @@
 
 #include "kernels/async_copy.cuh"
 #include "kernels/common.cuh"
+#include "kernels/prefill_common.cuh"
 #include "kernels/prefill_kernels.h"
 #include "kernels/tensor_map.h"
 
@@ -85,12 +86,6 @@ __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
 
-__device__ __forceinline__ float approx_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));  // ex2(-inf) = +0
-  return y;
-}
-
 // D (+)= A B, m64n128k16, A and B from shared memory (descriptors), both K-major; accumulate 0: D = A B.
 __device__ __forceinline__ void wgmma_m64n128k16_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
@@ -135,21 +130,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   const uint32_t sk_addr = sq_addr + kTileBytes, sv_addr = sk_addr + kStages * kTileBytes;
 
   const int G = p.group;
-  const int64_t m_tiles = (int64_t(p.n) * G + kRows - 1) / kRows;
-  // Heaviest CTAs (largest query positions) first, as the portable kernel.
-  const int64_t b = blockIdx.x / p.splits;
-  const int split = static_cast<int>(blockIdx.x % p.splits);
-  const int h = static_cast<int>(b % p.num_heads_kv);
-  const int64_t m_tile = m_tiles - 1 - b / p.num_heads_kv;
-  const int r0 = static_cast<int>(m_tile * kRows);
-  const int t_lo = r0 / G;
-  const int t_hi = min(p.n - 1, (r0 + kRows - 1) / G);
-  const int kv_end = p.pos0 + t_hi + 1;
-  const int all_tiles = (kv_end + kKeys - 1) / kKeys;
-  const int first_masked = (p.pos0 + t_lo + 1) / kKeys;
-  const int per_split = (all_tiles + p.splits - 1) / p.splits;
-  const int j0 = min(all_tiles, split * per_split);
-  const int num_tiles = min(all_tiles, j0 + per_split);
+  const PrefillCta cta = prefill_cta(p, kRows, kKeys);
+  const int h = cta.h, r0 = cta.r0, first_masked = cta.first_masked, j0 = cta.j0, num_tiles = cta.num_tiles;
 
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
@@ -177,20 +159,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   if (threadIdx.x == 0)
     for (int t = 0; t < kStages && j0 + t < num_tiles; ++t) load_tile(t);
 
-  for (int idx = threadIdx.x; idx < kRows * 16; idx += kConsumerWarps * 32) {
+  for (int idx = threadIdx.x; idx < kRows * 16; idx += kThreads) {
     const int row = idx >> 4, c = idx & 15;
-    const int r = r0 + row;
-    const int t = r / G;
-    uint4 w = make_uint4(0, 0, 0, 0);
-    if (t < p.n) {
-      const int qh = h * G + (r - t * G);
-      const float4* src = reinterpret_cast<const float4*>(p.q + (int64_t(t) * p.num_heads_q + qh) * kD + c * 8);
-      const float4 a = __ldg(src), bq = __ldg(src + 1);
-      w = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(bq.x, bq.y), pack_bf16(bq.z, bq.w));
-    }
-    *reinterpret_cast<uint4*>(sq + tile_offset(row, c)) = w;
+    *reinterpret_cast<uint4*>(sq + tile_offset(row, c)) = q_chunk_bf16<kD>(p, h, r0 + row, c);
   }
-
   fence_proxy_async();
   named_sync(1);  // Q complete
 
@@ -254,30 +226,9 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     float alpha[2];
     bool raised = false;
 #pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kKeys / 8; ++i) mx = fmaxf(mx, fmaxf(s[4 * i + 2 * hf], s[4 * i + 2 * hf + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float new_max = fmaxf(row_max[hf], mx * p.scale_log2);
-      const float base = new_max == -INFINITY ? 0.0f : new_max;
-      const bool up = new_max != row_max[hf];
-      alpha[hf] = up ? approx_exp2(row_max[hf] - base) : 1.0f;
-      raised |= up;
-      row_max[hf] = new_max;
-      row_sum[hf] *= alpha[hf];
-      float sum = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kKeys / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pr = approx_exp2(fmaf(s[4 * i + 2 * hf + e], p.scale_log2, -base));
-          s[4 * i + 2 * hf + e] = pr;
-          sum += pr;
-        }
-      row_sum[hf] += sum;
-    }
+    for (int hf = 0; hf < 2; ++hf)
+      alpha[hf] = online_softmax_row<kKeys / 8>([&](int i, int e) -> float& { return s[4 * i + 2 * hf + e]; },
+                                                p.scale_log2, row_max[hf], row_sum[hf], raised);
     if (__any_sync(0xffffffffu, raised)) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
@@ -337,28 +288,12 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
-    float l = row_sum[hf];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = r0 + row_base + hf * 8;
-    const int t = r / G;
-    if (t >= p.n) continue;
-    const int qh = h * G + (r - t * G);
-    const int64_t row = int64_t(t) * p.num_heads_q + qh;
-    if (p.splits > 1) {
-      const int64_t prow = int64_t(split) * p.n * p.num_heads_q + row;
-      float* dst = p.part_o + prow * kD + tig * 2;
-#pragma unroll
-      for (int i = 0; i < kD / 8; ++i)
-        *reinterpret_cast<float2*>(dst + i * 8) = make_float2(o[4 * i + 2 * hf], o[4 * i + 2 * hf + 1]);
-      if (tig == 0) *reinterpret_cast<float2*>(p.part_ml + prow * 2) = make_float2(row_max[hf], l);
-      continue;
-    }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    float* dst = p.out + row * kD + tig * 2;
+    const PrefillRowOut ro = prefill_row_out<kD>(p, cta, r0 + row_base + hf * 8, row_max[hf], row_sum[hf], tig);
+    if (ro.dst == nullptr) continue;
 #pragma unroll
     for (int i = 0; i < kD / 8; ++i)
-      *reinterpret_cast<float2*>(dst + i * 8) = make_float2(o[4 * i + 2 * hf] * inv, o[4 * i + 2 * hf + 1] * inv);
+      *reinterpret_cast<float2*>(ro.dst + i * 8) =
+          make_float2(o[4 * i + 2 * hf] * ro.scale, o[4 * i + 2 * hf + 1] * ro.scale);
   }
 #else
   __trap();  // compiled without sm_90a features; prefill_attention never launches it then

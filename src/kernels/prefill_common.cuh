@@ -1,0 +1,125 @@
+// Device pieces shared by the two prefill attention kernels (prefill_attention.cu: portable mma.sync;
+// prefill_attention_hopper.cu: wgmma): which rows and key tiles a CTA owns, the bf16 staging of Q, the online
+// softmax of one row's logits, and where a row's output goes. Layout and notation: prefill_kernels.h.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/common.cuh"
+#include "kernels/prefill_kernels.h"
+
+namespace retroinfer::cuda::detail {
+
+// CTA blockIdx.x of a launch with `rows` packed query rows per CTA and key tiles of `keys` tokens: heaviest CTAs
+// (largest query positions) first; consecutive CTAs share a row tile across KV heads (and across the key splits
+// of a split launch).
+struct PrefillCta {
+  int split = 0, h = 0;
+  int r0 = 0;            // first packed row
+  int kv_end = 0;        // keys [0, kv_end) are read
+  int first_masked = 0;  // key tiles >= this cross some row's diagonal
+  int j0 = 0, num_tiles = 0;  // this CTA's key tiles [j0, num_tiles): all of them, or its split's share
+};
+__device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, int rows, int keys) {
+  PrefillCta c;
+  const int G = p.group;
+  const int64_t m_tiles = (int64_t(p.n) * G + rows - 1) / rows;
+  const int64_t b = blockIdx.x / p.splits;
+  c.split = static_cast<int>(blockIdx.x % p.splits);
+  c.h = static_cast<int>(b % p.num_heads_kv);
+  c.r0 = static_cast<int>((m_tiles - 1 - b / p.num_heads_kv) * rows);
+  const int t_lo = c.r0 / G;
+  const int t_hi = min(p.n - 1, (c.r0 + rows - 1) / G);
+  c.kv_end = p.pos0 + t_hi + 1;
+  const int all_tiles = (c.kv_end + keys - 1) / keys;
+  c.first_masked = (p.pos0 + t_lo + 1) / keys;
+  const int per_split = (all_tiles + p.splits - 1) / p.splits;
+  c.j0 = min(all_tiles, c.split * per_split);
+  c.num_tiles = min(all_tiles, c.j0 + per_split);
+  return c;
+}
+
+// 16-byte chunk c (elements 8c .. 8c + 7) of packed row r of KV head h's Q tile, rounded to bf16: token r / G,
+// query head h * G + r % G; zeros past the chunk's n tokens.
+template <int D>
+__device__ __forceinline__ uint4 q_chunk_bf16(const PrefillParams& p, int h, int r, int c) {
+  const int t = r / p.group;
+  if (t >= p.n) return make_uint4(0, 0, 0, 0);
+  const int qh = h * p.group + (r - t * p.group);
+  const float4* src = reinterpret_cast<const float4*>(p.q + (int64_t(t) * p.num_heads_q + qh) * D + c * 8);
+  const float4 a = __ldg(src), b = __ldg(src + 1);
+  return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+}
+
+__device__ __forceinline__ float approx_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));  // ex2(-inf) = +0
+  return y;
+}
+
+// One online-softmax step of a row whose logits of this tile are spread over the 4 threads of a quad, kPairs
+// pairs per thread (at(i, e): element e of pair i): the new running max (log2 units, scale folded in), the
+// probabilities in place of the logits, the running sum rescaled and raised by this thread's part. Returns the
+// factor the row's output accumulators must be scaled by (1 when the max did not move; `raised` is set when it
+// did). A row with no visible key yet keeps max -inf and subtracts 0 instead (every exponent is then -inf -> 0).
+template <int kPairs, class At>
+__device__ __forceinline__ float online_softmax_row(At at, float scale_log2, float& row_max, float& row_sum,
+                                                    bool& raised) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i) mx = fmaxf(mx, fmaxf(at(i, 0), at(i, 1)));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float new_max = fmaxf(row_max, mx * scale_log2);
+  const float base = new_max == -INFINITY ? 0.0f : new_max;
+  const bool up = new_max != row_max;
+  const float alpha = up ? approx_exp2(row_max - base) : 1.0f;
+  raised |= up;
+  row_max = new_max;
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPairs; ++i)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float pr = approx_exp2(fmaf(at(i, e), scale_log2, -base));
+      at(i, e) = pr;
+      sum += pr;
+    }
+  row_sum = row_sum * alpha + sum;
+  return alpha;
+}
+
+// Where packed row r's output goes: this thread's columns start at dst (column 2 tig; each n8 block of columns
+// 8 further), scaled by `scale`; dst is null past the chunk's n tokens. row_sum is this thread's part of the row
+// sum (the quad's parts are added here, so every lane must call). A split launch gets its unnormalised part
+// (scale 1), and lane tig 0 writes the row's (max, sum) for prefill_merge_splits.
+struct PrefillRowOut {
+  float* dst = nullptr;
+  float scale = 1.0f;
+};
+template <int D>
+__device__ __forceinline__ PrefillRowOut prefill_row_out(const PrefillParams& p, const PrefillCta& c, int r,
+                                                         float row_max, float row_sum, int tig) {
+  float l = row_sum;
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  PrefillRowOut o;
+  const int t = r / p.group;
+  if (t >= p.n) return o;
+  const int qh = c.h * p.group + (r - t * p.group);
+  const int64_t row = int64_t(t) * p.num_heads_q + qh;
+  if (p.splits > 1) {
+    const int64_t prow = int64_t(c.split) * p.n * p.num_heads_q + row;
+    o.dst = p.part_o + prow * D + tig * 2;
+    if (tig == 0) *reinterpret_cast<float2*>(p.part_ml + prow * 2) = make_float2(row_max, l);
+    return o;
+  }
+  o.dst = p.out + row * D + tig * 2;
+  o.scale = l > 0.0f ? 1.0f / l : 0.0f;
+  return o;
+}
+
+}  // namespace retroinfer::cuda::detail
