@@ -1,23 +1,25 @@
-// Causal GQA prefill attention for Hopper (sm_90a): warpgroup MMA (wgmma) from shared memory. Same contract,
-// packing of GQA rows, causal order and key splits as the portable kernel (prefill_attention.cu, layout and
-// notation in prefill_kernels.h); head_dim 128 only. This file is compiled for sm_90a alone (wgmma does not
-// exist in sm_90's PTX): src/kernels/CMakeLists.txt.
+// Causal GQA prefill attention for Hopper (sm_90a): warpgroup MMA (wgmma). Same contract, packing of GQA rows,
+// causal order and key splits as the portable kernel (prefill_attention.cu, layout and notation in
+// prefill_kernels.h; the shared pieces in prefill_common.cuh); head_dim 128 only. This file is compiled for
+// sm_90a alone (wgmma does not exist in sm_90's PTX): src/kernels/CMakeLists.txt.
 //
 // One CTA of two warpgroups (256 threads) owns kPrefillRows = 128 packed query rows of one KV head, 64 rows per
 // warpgroup. Thread 0 streams K/V tiles of kHopperKeys = 128 tokens into kStages shared-memory stages with
 // tensor-map copies (TMA: 4 boxes of 128 tokens x 64 dims per tile, completing on the stage's "full" mbarrier);
 // each warp releases a stage on its "empty" mbarrier once its products have read it. The two warpgroups take
 // turns at issuing their matrix products (named barriers), so that one's softmax runs while the other's products
-// keep the tensor cores busy. Per tile a warpgroup computes S = Q K^T with 8 wgmma m64n128k16 reading Q and K from shared memory, its online softmax in registers (the accumulator layout of
-// wgmma is the m16n8 one of mma.sync per warp), and O += P V with 8 wgmma taking P from registers (bf16, the
-// m16n8k16 A fragment) and V from shared memory in its natural [token][dim] layout (N-major B operand). Tokens
-// past the chunk's end (pos0 + n: the tensor maps' extent) arrive as zeros.
+// keep the tensor cores busy. Per tile a warpgroup computes S = Q K^T with 8 wgmma m64n128k16 taking Q from
+// registers (loaded once, bf16, the m16n8k16 A fragment) and K from shared memory, its online softmax in
+// registers (the accumulator layout of wgmma is the m16n8 one of mma.sync per warp), and O += P V with 8 wgmma
+// taking P from registers (bf16) and V from shared memory in its natural [token][dim] layout (N-major B
+// operand): the products read only K and V from shared memory. Tokens past the chunk's end (pos0 + n: the
+// tensor maps' extent) arrive as zeros.
 //
-// Shared-memory tiles (Q, K, V: 128 rows x 128 bf16) are two column blocks of 64 elements, each 128 rows x 128
-// bytes, in the 128-byte swizzle of the wgmma descriptors: 16-byte chunk c of row r stored at chunk c ^ (r & 7)
-// of the row (every 8-row atom 1024-byte aligned). As K-major operands (Q, K) a k16 step is a 32-byte offset
-// inside the atom row; as the N-major operand (V) the two column blocks are the leading-dimension stride and
-// 8-token groups the stride-dimension stride.
+// Shared-memory tiles (K, V: 128 tokens x 128 bf16) are two column blocks of 64 elements, each 128 rows x 128
+// bytes, in the 128-byte swizzle of the wgmma descriptors and the tensor-map copies: 16-byte chunk c of row r
+// stored at chunk c ^ (r & 7) of the row (every 8-row atom 1024-byte aligned). As the K-major operand (K) a k16
+// step is a 32-byte offset inside the atom row; as the N-major operand (V) the two column blocks are the
+// leading-dimension stride and 8-token groups the stride-dimension stride.
 //
 // Precision: that of the portable kernel (q and P rounded to bf16 for the products, f32 accumulation).
 #include <cuda_bf16.h>
@@ -42,19 +44,14 @@ constexpr int kStages = 3;  // 224 KiB of tiles: the producer runs up to two til
 constexpr int kBlockBytes = 128 * 128;          // one 64-column block of a 128-row tile
 constexpr int kTileBytes = 2 * kBlockBytes;     // a 128 x 128 bf16 tile
 static_assert(kRows == 128 && kKeys == 128, "tiles of 128 rows: Q, K and V share one layout");
-// Q, K[stage], V[stage], then the full[stage] and empty[stage] mbarriers; + the 1024-byte alignment.
-constexpr size_t kSmemBytes = size_t(kTileBytes) * (1 + 2 * kStages) + 2 * kStages * 8 + 1024;
+// K[stage], V[stage], then the full[stage] and empty[stage] mbarriers; + the 1024-byte alignment.
+constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kStages * 8 + 1024;
 
 // K's and V's tensor maps: [Hkv][pos0 + n][128] bf16, boxes of 64 dims x 128 tokens x 1 head, 128-byte swizzle
 // (the tiles' column blocks), zeros past the extent.
 struct HopperMaps {
   CUtensorMap k, v;
 };
-
-// Byte offset of 16-byte chunk c (0..15) of row r in a tile.
-__device__ __forceinline__ uint32_t tile_offset(int r, int c) {
-  return uint32_t((c >> 3) * kBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
 
 // wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"): start
 // address, leading- and stride-dimension byte offsets, each >> 4.
@@ -70,8 +67,6 @@ __device__ __forceinline__ uint64_t n_major_desc(uint32_t addr) { return smem_de
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Shared-memory writes of this thread (stores, cp.async) made visible to the async proxy that wgmma reads through.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Keeps the compiler from moving accesses of accumulator registers across an asynchronous wgmma.
 __device__ __forceinline__ void fence_registers(float* r) {
 #pragma unroll
@@ -86,25 +81,16 @@ __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
 }
 
-// D (+)= A B, m64n128k16, A and B from shared memory (descriptors), both K-major; accumulate 0: D = A B.
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-}
-
-// D += A B, m64n128k16, A from registers (per warp the m16n8k16 A fragment of its 16 rows), B from shared
-// memory MN-major (imm-trans-b 1).
-__device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const uint32_t* a, uint64_t desc_b) {
+// D (+)= A B, m64n128k16, A from registers (per warp the m16n8k16 A fragment of its 16 rows), B from shared
+// memory, K-major (kTransB 0) or N-major (kTransB 1); accumulate 0: D = A B.
+template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const uint32_t* a, uint64_t desc_b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
 // The box at (x, y, z) of tensor map `map` -> shared memory, completing its bytes on bar.
@@ -121,13 +107,11 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t pad = ((raw + 1023u) & ~1023u) - raw;
-  uint8_t* sq = smem_raw + pad;
-  uint8_t* sk0 = sq + kTileBytes;
+  uint8_t* sk0 = smem_raw + pad;
   uint8_t* sv0 = sk0 + kStages * kTileBytes;
   uint64_t* full = reinterpret_cast<uint64_t*>(sv0 + kStages * kTileBytes);
   uint64_t* empty = full + kStages;
-  const uint32_t sq_addr = raw + pad;
-  const uint32_t sk_addr = sq_addr + kTileBytes, sv_addr = sk_addr + kStages * kTileBytes;
+  const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes;
 
   const int G = p.group;
   const PrefillCta cta = prefill_cta(p, kRows, kKeys);
@@ -159,17 +143,30 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   if (threadIdx.x == 0)
     for (int t = 0; t < kStages && j0 + t < num_tiles; ++t) load_tile(t);
 
-  for (int idx = threadIdx.x; idx < kRows * 16; idx += kThreads) {
-    const int row = idx >> 4, c = idx & 15;
-    *reinterpret_cast<uint4*>(sq + tile_offset(row, c)) = q_chunk_bf16<kD>(p, h, r0 + row, c);
-  }
-  fence_proxy_async();
-  named_sync(1);  // Q complete
-
   const int wg = threadIdx.x >> 7;
   const int lane = threadIdx.x & 31, quad = lane >> 2, tig = lane & 3;
   const int row_base = wg * 64 + ((threadIdx.x >> 5) & 3) * 16 + quad;  // this thread's rows: row_base, row_base + 8
-  const uint32_t q_addr = sq_addr + uint32_t(wg * 64 * 128);             // the warpgroup's 64 rows of Q
+  // Q stays in registers as the A operand of S = Q K^T (bf16, the m16n8k16 A fragment of k16 step kk: rows
+  // row_base and row_base + 8, columns 16kk + 2 tig (+1) and 16kk + 8 + 2 tig (+1)), so that the products read
+  // only K and V from shared memory.
+  uint32_t qa[kD / 16][4];
+  {
+    auto q_pair = [&](int r, int col) -> uint32_t {
+      const int t = r / G;
+      if (t >= p.n) return 0u;
+      const int qh = h * G + (r - t * G);
+      const float2 v = __ldg(reinterpret_cast<const float2*>(p.q + (int64_t(t) * p.num_heads_q + qh) * kD + col));
+      return pack_bf16(v.x, v.y);
+    };
+    const int ra = r0 + row_base, rb = ra + 8;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      qa[kk][0] = q_pair(ra, 16 * kk + 2 * tig);
+      qa[kk][1] = q_pair(rb, 16 * kk + 2 * tig);
+      qa[kk][2] = q_pair(ra, 16 * kk + 8 + 2 * tig);
+      qa[kk][3] = q_pair(rb, 16 * kk + 8 + 2 * tig);
+    }
+  }
 
   // Accumulators of n8 column block i of the warpgroup's 64 x 128 tile: [4i + 2hf + e] is row row_base + 8hf,
   // column 8i + 2 tig + e (the m16n8 accumulator layout per warp).
@@ -190,18 +187,19 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   uint32_t pa[kKeys / 16][4];  // P of the last softmax in bf16: the A fragments of its PV product
 
   auto issue_qk = [&](int it) {
-    // k16 step kk is 32 bytes into column block kk / 4 of both operands.
+    // k16 step kk is 32 bytes into column block kk / 4 of K.
     const uint32_t k_addr = sk_addr + uint32_t((it % kStages) * kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = uint32_t((kk >> 2) * kBlockBytes + (kk & 3) * 32);
-      wgmma_m64n128k16_ss(s, k_major_desc(q_addr + off), k_major_desc(k_addr + off), kk > 0);
+      wgmma_m64n128k16_rs<0>(s, qa[kk], k_major_desc(k_addr + off), kk > 0);
     }
   };
   auto issue_pv = [&](int it) {
     const uint32_t v_addr = sv_addr + uint32_t((it % kStages) * kTileBytes);
 #pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma_m64n128k16_rs(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128)));
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_m64n128k16_rs<1>(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128)), 1);
   };
   auto release = [&](int it) {
     __syncwarp();
