@@ -5,8 +5,10 @@
 #   kernel   prefill_bench (one layer, Llama-3-8B heads) with the portable and the Hopper kernel at KERNEL_LENGTHS
 #            (default 32768,131072), whole prompt and 8192-token chunks, then torch SDPA on the same shapes
 #   model    `bench decode` with a real prefill of the Llama-3-8B shape (random weights) at MODEL_CONTEXTS (default
-#            32768 131072), full attention, and Hugging Face transformers' prefill on the same shape
-#   long     the same real prefill at LONG_CONTEXTS (default 524288): time to first token of a long prompt
+#            32768 131072) in chunks of PREFILL_CHUNKS tokens (default 2048), full attention, and Hugging Face
+#            transformers' prefill on the same shape (SKIP_HF=1: not)
+#   long     the same real prefill at LONG_CONTEXTS (default 524288) with LONG_METHODS (default full; full,retro gives
+#            retro's index build as the difference): time to first token of a long prompt
 #
 #   STAGE=.gpu-stage/run OUT=$OUT SECTIONS="tests kernel" bash scripts/gpu-prefill-run.sh
 set -u
@@ -49,12 +51,15 @@ section_kernel() {
 }
 
 section_model() {
-  for ctx in ${MODEL_CONTEXTS:-32768 131072}; do
-    timeout 200 "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 --methods full \
-      --placement gpu --synthetic never --max-real-prefill "$ctx" --steps 4 --warmup 1 \
-      --out "$OUT/model_prefill.jsonl" > "$OUT/model_prefill_$ctx.log" 2>&1 || status=1
-    note "bench decode prefill $ctx: $(tail -1 "$OUT/model_prefill.jsonl" | python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); print(j.get("prefill_tok_s"), "tok/s")' 2>&1)"
+  for chunk in ${PREFILL_CHUNKS:-2048}; do
+    for ctx in ${MODEL_CONTEXTS:-32768 131072}; do
+      timeout 200 "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 --methods full \
+        --placement gpu --synthetic never --max-real-prefill "$ctx" --prefill-chunk "$chunk" --steps 4 --warmup 1 \
+        --out "$OUT/model_prefill.jsonl" > "$OUT/model_prefill_${ctx}_$chunk.log" 2>&1 || status=1
+      note "bench decode prefill $ctx, chunk $chunk: $(tail -1 "$OUT/model_prefill.jsonl" | python3 -c 'import json,sys; j=json.loads(sys.stdin.read()); print(j.get("prefill_tok_s"), "tok/s")' 2>&1)"
+    done
   done
+  [ -n "${SKIP_HF:-}" ] && return
   PYTHONUNBUFFERED=1 timeout 300 python3 "$here/hf_generate_bench.py" --out "$OUT/hf_prefill.jsonl" \
     --contexts "$(echo ${MODEL_CONTEXTS:-32768 131072} | tr ' ' ',')" --batches 1 --steps 2 > "$OUT/hf_prefill.log" 2>&1
   note "hf_generate_bench exit code $?"
@@ -63,10 +68,14 @@ section_model() {
 
 section_long() {
   for ctx in ${LONG_CONTEXTS:-524288}; do
-    timeout "${LONG_TIMEOUT:-560}" "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 --methods full \
+    timeout "${LONG_TIMEOUT:-560}" "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 \
+      --methods "${LONG_METHODS:-full}" \
       --placement gpu --synthetic never --max-real-prefill "$ctx" --steps 4 --warmup 1 \
       --out "$OUT/long_prefill.jsonl" > "$OUT/long_prefill_$ctx.log" 2>&1 || status=1
-    note "bench decode prefill $ctx: $(tail -1 "$OUT/long_prefill.jsonl" 2>&1 | head -c 600)"
+    note "bench decode prefill $ctx: $(python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    if j.get("context") == int(sys.argv[2]): print(j.get("method"), j.get("status"), "fill_s", j.get("fill_s"), "tok/s", j.get("tok_s"))' "$OUT/long_prefill.jsonl" "$ctx" 2>&1)"
   done
 }
 
