@@ -201,6 +201,14 @@ TEST(CudaPrefill, PortableAndHopperKernelsAtHeadDim128) {
   }
 }
 
+// The kernel names of the benchmarks' --kernels (no GPU needed).
+TEST(CudaPrefill, KernelNames) {
+  for (cuda::PrefillKernel k : {cuda::PrefillKernel::kAuto, cuda::PrefillKernel::kPortable, cuda::PrefillKernel::kHopper})
+    EXPECT_EQ(cuda::parse_prefill_kernel(cuda::prefill_kernel_name(k)), k);
+  EXPECT_THROW(cuda::parse_prefill_kernel("wgmma"), Error);
+  EXPECT_THROW(cuda::parse_prefill_kernel(""), Error);
+}
+
 TEST(CudaPrefill, RejectsBadArguments) {
   RETROINFER_REQUIRE_GPU();
   EXPECT_THROW(cuda::PrefillAttention(AttentionShape{32, 8, 96}), Error);   // head_dim 96
