@@ -6,9 +6,10 @@
 // One CTA of two warpgroups (256 threads) owns kPrefillRows = 128 packed query rows of one KV head, 64 rows per
 // warpgroup. Thread 0 streams K/V tiles of kHopperKeys = 128 tokens into kStages shared-memory stages with
 // tensor-map copies (TMA: 4 boxes of 128 tokens x 64 dims per tile, completing on the stage's "full" mbarrier);
-// each warp releases a stage on its "empty" mbarrier once its products have read it. The two warpgroups take
-// turns at issuing their matrix products (named barriers), so that one's softmax runs while the other's products
-// keep the tensor cores busy. Per tile a warpgroup computes S = Q K^T with 8 wgmma m64n128k16 taking Q from
+// each warp releases a stage on its "empty" mbarrier once its products have read it (no producer warp: a ninth
+// warp makes the register allocation that of three warpgroups, 168 registers a thread, and ptxas then
+// serialises the wgmma). The two warpgroups take turns at issuing their matrix products (named barriers), so
+// that one's softmax runs while the other's products keep the tensor cores busy. Per tile a warpgroup computes S = Q K^T with 8 wgmma m64n128k16 taking Q from
 // registers (loaded once, bf16, the m16n8k16 A fragment) and K from shared memory, its online softmax in
 // registers (the accumulator layout of wgmma is the m16n8 one of mma.sync per warp), and O += P V with 8 wgmma
 // taking P from registers (bf16) and V from shared memory in its natural [token][dim] layout (N-major B
