@@ -39,12 +39,12 @@ namespace {
 constexpr int kD = 128;
 constexpr int kRows = kPrefillRows;   // packed query rows per CTA
 constexpr int kKeys = kHopperKeys;    // keys per K/V tile
-constexpr int kConsumerWarps = 8;     // two warpgroups
-constexpr int kThreads = kConsumerWarps * 32;
-constexpr int kStages = 3;  // 224 KiB of tiles: the producer runs up to two tiles ahead
+constexpr int kWarps = 8;             // two warpgroups
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 3;            // 192 KiB of tiles: thread 0 copies up to two tiles ahead
 constexpr int kBlockBytes = 128 * 128;          // one 64-column block of a 128-row tile
 constexpr int kTileBytes = 2 * kBlockBytes;     // a 128 x 128 bf16 tile
-static_assert(kRows == 128 && kKeys == 128, "tiles of 128 rows: Q, K and V share one layout");
+static_assert(kKeys == 128, "K and V tiles of 128 tokens: one layout for both and for the tensor-map boxes");
 // K[stage], V[stage], then the full[stage] and empty[stage] mbarriers; + the 1024-byte alignment.
 constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kStages * 8 + 1024;
 
@@ -60,7 +60,8 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lead_bytes >> 4) << 16) | (uint64_t(stride_bytes >> 4) << 32) |
          (uint64_t(1) << 62);
 }
-// K-major operand (Q, K): 8-row groups 1024 bytes apart; the leading offset is unused with swizzling (1).
+// K-major operand (K as [token][dim]): 8-token groups 1024 bytes apart; the leading offset is unused with
+// swizzling (1).
 __device__ __forceinline__ uint64_t k_major_desc(uint32_t addr) { return smem_desc(addr, 16, 1024); }
 // N-major operand (V as [token][dim]): 64-dim column blocks kBlockBytes apart, 8-token groups 1024 bytes apart.
 __device__ __forceinline__ uint64_t n_major_desc(uint32_t addr) { return smem_desc(addr, kBlockBytes, 1024); }
@@ -74,12 +75,12 @@ __device__ __forceinline__ void fence_registers(float* r) {
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// Named barriers among the 256 consumer threads (the producer warp never takes part): arrive does not wait.
+// Named barriers among the CTA's threads (the warpgroups' turns): arrive does not wait.
 __device__ __forceinline__ void named_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerWarps * 32) : "memory");
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
 
 // D (+)= A B, m64n128k16, A from registers (per warp the m16n8k16 A fragment of its 16 rows), B from shared
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
       mbar_init(&full[st], 1);
-      mbar_init(&empty[st], kConsumerWarps);
+      mbar_init(&empty[st], kWarps);
     }
     mbar_init_fence();
   }
