@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Lane-level numpy emulation of prefill_kernel (src/kernels/prefill_attention.cu, the portable kernel), for checking the
-kernel's index logic on a machine without a GPU.
+"""Lane-level numpy emulation of prefill_kernel (src/kernels/prefill_attention.cu, the portable kernel), for
+checking the kernel's index logic on a machine without a GPU.
 
 It mirrors the kernel by hand, statement by statement: the packed query rows (token r / G, member r % G),
 the XOR-swizzled shared-memory tiles and cp.async tile loads (zero-filled past the last key), the stage
