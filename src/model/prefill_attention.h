@@ -1,7 +1,8 @@
 // Causal prefill attention through BLAS: for each KV head, the scores of the stacked query heads of its
 // GQA group against blocks of keys (cblas_sgemm), an online softmax across key blocks, and the
-// probability-weighted values (cblas_sgemm). Same result as retroinfer::prefill_attention (the scalar
-// reference in src/attention) up to f32 summation order; tests/unit/test_model.cpp compares the two.
+// probability-weighted values (cblas_sgemm); the softmax step vectorised (core/vec_math.h). Same result as
+// retroinfer::prefill_attention (the scalar reference in src/attention) up to f32 summation order and the
+// exponential's ~2e-7 relative error; tests/unit/test_model.cpp compares the two.
 #pragma once
 
 #include <cstdint>
