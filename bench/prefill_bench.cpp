@@ -72,8 +72,8 @@ void run_case(FILE* out, const AttentionShape& shape, long long n, long long chu
                "{\"bench\":\"prefill\",\"impl\":\"retroinfer\",\"kernel\":\"%s\",\"n\":%lld,\"chunk\":%lld,\"chunks\":%lld,"
                "\"hq\":%d,\"hkv\":%d,\"d\":%d,\"ms\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"reps\":%d,"
                "\"flops\":%.4e,\"tflops\":%.1f}\n",
-               std::string(cuda::prefill_kernel_name(attn.kernel())).c_str(), n, max_chunk, (n + chunk - 1) / chunk, hq, hkv, d, med, double(t.front()), double(t.back()), reps,
-               flops, flops / (med * 1e-3) / 1e12);
+               std::string(cuda::prefill_kernel_name(attn.kernel())).c_str(), n, max_chunk, (n + chunk - 1) / chunk,
+               hq, hkv, d, med, double(t.front()), double(t.back()), reps, flops, flops / (med * 1e-3) / 1e12);
   std::fflush(out);
 }
 
@@ -99,19 +99,7 @@ int main(int argc, char** argv) {
     else if (a == "--heads-kv") hkv = std::atoi(argv[++i]);
     else if (a == "--head-dim") d = std::atoi(argv[++i]);
     else if (a == "--out") out_path = argv[++i];
-    else if (a == "--kernels") {
-      kernels.clear();
-      std::string cur;
-      for (const char* c = argv[++i];; ++c) {
-        if (*c == ',' || *c == '\0') {
-          if (!cur.empty()) kernels.push_back(cur);
-          cur.clear();
-          if (*c == '\0') break;
-        } else {
-          cur += *c;
-        }
-      }
-    }
+    else if (a == "--kernels") kernels = retroinfer::bench::parse_list<std::string>(argv[++i]);
     else {
       std::fprintf(stderr, "prefill_bench: unknown option %s\n", argv[i]);
       return 2;

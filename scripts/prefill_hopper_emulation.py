@@ -16,18 +16,17 @@ It is not the kernel: keep it in step when the kernel changes. About 20 s for th
 
   prefill_hopper_emulation.py
 """
+import os
+import sys
+
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prefill_kernel_emulation import bf16, reference  # noqa: E402  (the bf16 rounding and the float64 reference)
 
 D, ROWS, KEYS, STAGES = 128, 128, 128, 3
 BLOCK = 128 * 128          # bytes of one 64-column block of a 128-token tile
 TILE = 2 * BLOCK
-
-
-def bf16(x):
-    x = np.asarray(x, dtype=np.float32)
-    u = x.view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    return (u.astype(np.uint32) << 16).view(np.float32)
 
 
 def swizzle(addr):
@@ -188,14 +187,7 @@ def run(hkv, G, pos0, n, splits, seed, pad=3):
         l = (parts['ml'][..., 1] * w).sum(axis=0)
         acc = (parts['o'] * w[..., None]).sum(axis=0)
         out = np.where(l[..., None] > 0, acc / np.where(l > 0, l, 1)[..., None], 0.0)
-    qb = bf16(q).astype(np.float64)
-    ref = np.zeros((n, hq, D))
-    for i in range(n):
-        for qh in range(hq):
-            kk = K[qh // G, :pos0 + i + 1].astype(np.float64)
-            s = kk @ qb[i, qh] * scale
-            pr = np.exp(s - s.max())
-            ref[i, qh] = pr @ V[qh // G, :pos0 + i + 1].astype(np.float64) / pr.sum()
+    ref = reference(q, K, V, G, pos0, scale)
     err = out - ref
     nmse = (err ** 2).sum() / (ref ** 2).sum()
     print(f"hkv={hkv} G={G} pos0={pos0} n={n} splits={splits}: nan={np.isnan(out).sum()} nmse={nmse:.3e} "

@@ -210,6 +210,20 @@ def cta(bidx, P, D, BN, q, K, V, out):
                         out[t, qh, d0] = W['o'][mt, dt, lane, hf * 2] * inv[lane]
                         out[t, qh, d0 + 1] = W['o'][mt, dt, lane, hf * 2 + 1] * inv[lane]
 
+def reference(q, K, V, G, pos0, scale):
+    """float64 causal GQA attention of q [n, Hq, D] (rounded to bf16, as the kernels do) over K, V [Hkv, T, D]."""
+    n, hq, _ = q.shape
+    qb = bf16(q).astype(np.float64)
+    ref = np.zeros(q.shape, dtype=np.float64)
+    for i in range(n):
+        for qh in range(hq):
+            kk = K[qh // G, :pos0 + i + 1].astype(np.float64)
+            s = kk @ qb[i, qh] * scale
+            p = np.exp(s - s.max())
+            ref[i, qh] = p @ V[qh // G, :pos0 + i + 1].astype(np.float64) / p.sum()
+    return ref
+
+
 def run(hkv, G, D, BN, pos0, n, seed, pad=3):
     rng = np.random.default_rng(seed)
     hq = hkv * G
@@ -224,15 +238,7 @@ def run(hkv, G, D, BN, pos0, n, seed, pad=3):
     ctas = (n * G + 127) // 128 * hkv
     for b in range(ctas):
         cta(b, P, D, BN, q, K, V, out)
-    qb = bf16(q).astype(np.float64)
-    ref = np.zeros_like(out, dtype=np.float64)
-    for i in range(n):
-        for qh in range(hq):
-            h = qh // G
-            kk = K[h, :pos0 + i + 1].astype(np.float64)
-            s = kk @ qb[i, qh] * P['scale']
-            p = np.exp(s - s.max()); p /= p.sum()
-            ref[i, qh] = p @ V[h, :pos0 + i + 1].astype(np.float64)
+    ref = reference(q, K, V, G, pos0, P['scale'])
     err = out - ref
     nmse = (err ** 2).sum() / (ref ** 2).sum()
     print(f"hkv={hkv} G={G} D={D} BN={BN} pos0={pos0} n={n}: nan={np.isnan(out).sum()} nmse={nmse:.3e} "

@@ -60,6 +60,31 @@ inline constexpr int kLanes = 16;
   return acc;
 }
 
+// The maximum of init and x[0, n) (exact in any order), and the sum of x[0, n) in kLanes partial sums (lane l adds
+// the elements i < n - n % kLanes with i % kLanes == l, in order; the lanes in order, then the tail): loops the
+// compiler vectorises without -ffast-math, and the same result with any vector width.
+[[gnu::always_inline]] inline float max_lanes(const float* x, int64_t n, float init) {
+  const int64_t whole = n - n % kLanes;
+  float part[kLanes];
+  for (int l = 0; l < kLanes; ++l) part[l] = init;
+  for (int64_t i = 0; i < whole; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) part[l] = part[l] < x[i + l] ? x[i + l] : part[l];
+  float m = part[0];
+  for (int l = 1; l < kLanes; ++l) m = m < part[l] ? part[l] : m;
+  for (int64_t i = whole; i < n; ++i) m = m < x[i] ? x[i] : m;
+  return m;
+}
+[[gnu::always_inline]] inline float sum_lanes(const float* x, int64_t n) {
+  const int64_t whole = n - n % kLanes;
+  float part[kLanes] = {};
+  for (int64_t i = 0; i < whole; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) part[l] += x[i + l];
+  float acc = 0.0f;
+  for (int l = 0; l < kLanes; ++l) acc += part[l];
+  for (int64_t i = whole; i < n; ++i) acc += x[i];
+  return acc;
+}
+
 // Widens a row of n bf16 elements to f32.
 [[gnu::always_inline]] inline void widen_bf16(const void* src, int n, float* dst) {
   const auto* r = static_cast<const uint16_t*>(src);

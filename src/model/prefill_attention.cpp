@@ -16,20 +16,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // One row's step of the online softmax over a key block: s [kb] scores of which the first `valid` are visible
 // -> their weights e^(score - m') (0 past valid), m' the row's new running maximum; the running sum l and the
-// output row o [d] rescaled to m', the weights' sum added. Maximum and sum in kLanes partial lanes and the
-// exponential by core::exp_nonpositive, so that the loops vectorise without -ffast-math (libm's expf is ~2 ns
+// output row o [d] rescaled to m', the weights' sum added. Maximum and sum by core::max_lanes / sum_lanes and
+// the exponential by core::exp_nonpositive, so that the loops vectorise without -ffast-math (libm's expf is ~2 ns
 // a call; at 32K tokens a prompt's prefill takes ~10^11 of them); compiled per instruction set.
 RETROINFER_TARGET_CLONES
 void softmax_block_row(float* s, int64_t valid, int64_t kb, float& m, float& l, float* o, int d) {
-  constexpr int kLanes = core::kLanes;
-  const int64_t whole = valid - valid % kLanes;
-  float part[kLanes];
-  for (int i = 0; i < kLanes; ++i) part[i] = m;
-  for (int64_t j = 0; j < whole; j += kLanes)
-    for (int i = 0; i < kLanes; ++i) part[i] = std::max(part[i], s[j + i]);
-  float mx = part[0];
-  for (int i = 1; i < kLanes; ++i) mx = std::max(mx, part[i]);
-  for (int64_t j = whole; j < valid; ++j) mx = std::max(mx, s[j]);
+  const float mx = core::max_lanes(s, valid, m);
   if (valid == 0 || mx == kNegInf) {
     std::fill(s, s + kb, 0.0f);
     return;
@@ -37,12 +29,7 @@ void softmax_block_row(float* s, int64_t valid, int64_t kb, float& m, float& l, 
   const float a = m == kNegInf ? 0.0f : core::exp_nonpositive(m - mx);  // rescale the earlier blocks
   for (int c = 0; c < d; ++c) o[c] *= a;
   for (int64_t j = 0; j < valid; ++j) s[j] = core::exp_nonpositive(s[j] - mx);
-  for (int i = 0; i < kLanes; ++i) part[i] = 0.0f;
-  for (int64_t j = 0; j < whole; j += kLanes)
-    for (int i = 0; i < kLanes; ++i) part[i] += s[j + i];
-  float sum = 0.0f;
-  for (int i = 0; i < kLanes; ++i) sum += part[i];
-  for (int64_t j = whole; j < valid; ++j) sum += s[j];
+  const float sum = core::sum_lanes(s, valid);
   std::fill(s + valid, s + kb, 0.0f);
   l = l * a + sum;
   m = mx;
