@@ -132,6 +132,10 @@ class RetroLayer {
   // workspace and frees it when done. For long-lived layers (the model runner); a later build() allocates
   // again.
   void release_build_workspace();
+  // Frees everything build() and decode allocated (index, decode and build workspaces): the layer is as
+  // constructed, with the same settings (outlier zone, kept copies, build groups); decode() is an Error
+  // until the next build(). For a layer whose index was copied elsewhere (WaveBufferLayer::release_index).
+  void release();
   int64_t num_updates() const;        // index updates run since build()
   int64_t max_outliers() const;       // most outlier tokens of any flat head
   int64_t retrieval_capacity() const;  // most retrieval-zone tokens of any flat head (n_r largest clusters)
@@ -279,6 +283,10 @@ class WaveBufferLayer {
   // The wave index built by build() (decodes on the GPU-resident K/V it was given); index updates of
   // append() do not reach it: it keeps the prompt's index.
   RetroLayer& index();
+  // Frees index()'s GPU memory (RetroLayer::release): decode, append and the store read the buffer's own
+  // copies of the index, so only index() is lost (an unbuilt RetroLayer until the next build()). The model
+  // runner's host-tier layers call it after build(): at 1M tokens it is ~0.24 GiB per sequence and layer.
+  void release_index();
   int64_t cache_pages_per_head() const;
   int64_t exec_capacity() const;   // execution-buffer rows per flat head
   int64_t store_bytes() const;     // K + V of every flat head

@@ -7,10 +7,15 @@
 //   store      n * Hkv * 2 * D * e                   K and V, cluster-ordered; GPU or pinned host
 //              n * Hkv * (2 * D + 8)                 the same with store_dtype int8 (D int8 values and
 //                                                   an f32 scale per K and per V row)
-//   meta       C * Hkv * (2 * D * e + 2 * D * 4 + 16) bf16 and f32 centroids and value sums, size,
-//                                                   CSR offset, page-table entries; C = the index's
-//                                                   clusters over n_idx tokens (wave_counts.h index_clusters:
-//                                                   per segment of segment_tokens, ceil(L / tokens_per_cluster))
+//   meta       C * Hkv * (c + D * e + 29)             the layer's copies of the index (WaveBufferLayer):
+//                + Hkv * (4 * n_idx + 4 * ceil(n_idx / page_tokens) + 8)
+//                                                   centroids (c = D * e, or D + 4 with int8 scoring), value
+//                                                   sums, per cluster its size, two CSR offsets, page-slot
+//                                                   start, store row, residency byte and one page slot, per
+//                                                   indexed token its member id and a page slot's share;
+//                                                   C = the index's clusters over n_idx tokens
+//                                                   (wave_counts.h index_clusters: per segment of
+//                                                   segment_tokens, ceil(L / tokens_per_cluster))
 //   steady     (sink + window + update) * Hkv * 2 * D * e
 //   cache      cache_pages * page_tokens * Hkv * 2 * D * e, cache_pages = ceil(cache_fraction * n / page)
 //   exec       (min(n, sink + window) + ceil(exec_slack * retrieval_fraction * n_idx)) * Hkv * 2 * D * e

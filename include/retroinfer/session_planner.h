@@ -138,7 +138,9 @@ struct SessionPlanBreakdown {
   int64_t method_layer_bytes = 0;     // the method's GPU extras per GPU-tier layer
   int64_t host_layer_gpu_bytes = 0;   // per host-tier layer, on the GPU
   int64_t host_layer_host_bytes = 0;  // per host-tier layer, pinned host
-  int64_t staging_bytes = 0;          // one layer's K/V staged on the GPU (host-tier layers only)
+  // Host-tier layers only: one layer's K/V staged on the GPU during the prefill and the index that
+  // clusters it before the layer's store is filled (released after its build).
+  int64_t staging_bytes = 0;
   int64_t build_workspace_bytes = 0;  // retro's transient: one build group's workspace or one update
   int64_t activation_bytes = 0, logits_bytes = 0, weight_bytes = 0;
   int64_t gpu_bytes = 0, host_bytes = 0;            // needed in all

@@ -31,8 +31,16 @@ StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int6
   // An int8 store: D int8 values per K and V row plus two f32 row scales (wave_buffer.h store_token_bytes).
   b.store = s.store_dtype == StoreDtype::kInt8 ? n * shape.num_heads_kv * store_token_bytes(s.store_dtype, shape.head_dim)
                                                : n * row;
-  b.meta = clusters * shape.num_heads_kv *
-           (int64_t{2} * shape.head_dim * shape.bytes_per_element + int64_t{2} * shape.head_dim * 4 + 16);
+  // The layer's copies of the index (wave_buffer_layer.cpp copy_index_tables, index_update.h tables):
+  // centroids (int8 copies and a row scale with int8 scoring) and value sums; per cluster its size, the
+  // per-head and absolute CSR offsets, page-slot start, store row, residency byte and at most one page slot
+  // beyond the tokens' own (a cluster of s tokens takes ceil(s / page) slots); per indexed token its
+  // member id. An empty index holds nothing.
+  const int64_t D = shape.head_dim, e = shape.bytes_per_element;
+  const int64_t centroid = a.int8_centroid_scoring ? D + 4 : D * e;
+  b.meta = clusters == 0 ? 0
+                         : shape.num_heads_kv * (clusters * (centroid + D * e + 29) + 4 * n_idx +
+                                                 4 * ceil_div(n_idx, s.page_tokens) + 8);
   b.steady = steady_cap * row;
   b.cache = ceil_div(static_cast<int64_t>(std::ceil(s.cache_fraction * double(n))), s.page_tokens) * s.page_tokens * row;
   b.exec = (std::min<int64_t>(n, a.sink_tokens + a.window_tokens) +

@@ -110,6 +110,7 @@ namespace {
 
 struct LayerSizes {
   int64_t kv = 0, method = 0, host_gpu = 0, host_host = 0, build = 0;
+  int64_t host_build = 0;  // transient, one host-tier layer at a time: the index that clusters it
 };
 
 LayerSizes layer_sizes(const SessionPlanRequest& r) {
@@ -160,11 +161,12 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
       StoreBytes b = store_bytes(ps, st, n);
       if (r.wave.cache_pages >= 0)
         b.cache = r.wave.cache_pages * r.wave.page_tokens * int64_t{r.num_heads_kv} * 2 * d * 2;
-      // A host-tier layer (WaveBufferLayer) keeps its wave index (a RetroLayer: the GPU tier's method bytes,
-      // s.method) on the GPU besides the wave buffer's own copies, steady rows, cache and execution buffer.
-      // Counting only the latter under-planned 1M-token split sessions by ~0.8 GiB per host layer (the H200
-      // run ran out of memory filling the 31st of 32 layers).
-      s.host_gpu = s.method + r.num_seqs * (b.meta + b.steady + b.cache + b.exec);
+      // A host-tier layer (WaveBufferLayer) decodes from its own copies of the index (meta) with RetroLayer's
+      // decode workspace, besides its steady rows, cache and execution buffer. The RetroLayer that clusters
+      // the layer is released after the build (WaveBufferLayer::release_index): one layer's index at a
+      // time, counted with the build's staging (plan_session).
+      s.host_gpu = rb.decode + r.num_seqs * (b.meta + b.steady + b.cache + b.exec);
+      s.host_build = s.method;
       s.host_host = r.num_seqs * b.store;
       break;
     }
@@ -260,7 +262,7 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   p.host_free_bytes = r.host_free_bytes;
   const int64_t fixed = p.weight_bytes + p.activation_bytes + p.logits_bytes + p.build_workspace_bytes;
   auto gpu_need = [&](int g) {
-    return fixed + g * (ls.kv + ls.method) + (L - g) * ls.host_gpu + (g < L ? ls.kv : 0);
+    return fixed + g * (ls.kv + ls.method) + (L - g) * ls.host_gpu + (g < L ? ls.kv + ls.host_build : 0);
   };
   auto host_need = [&](int g) { return (L - g) * ls.host_host; };
 
@@ -291,7 +293,7 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   p.placement = placed;
   p.gpu_layers = g;
   p.host_layers = L - g;
-  p.staging_bytes = g < L ? ls.kv : 0;
+  p.staging_bytes = g < L ? ls.kv + ls.host_build : 0;
   p.gpu_bytes = gpu_need(g);
   p.host_bytes = host_need(g);
   const bool gpu_ok = p.gpu_bytes <= r.gpu_free_bytes, host_ok = p.host_bytes <= r.host_free_bytes;

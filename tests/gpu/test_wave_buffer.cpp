@@ -11,6 +11,7 @@
 #include "buffer/cuda/pinned_host.h"
 #include "gpu_test_util.h"
 #include "retroinfer/error.h"
+#include "retroinfer/session_planner.h"
 #include "retroinfer/wave_buffer.h"
 
 namespace retroinfer {
@@ -268,6 +269,77 @@ TEST(WaveBuffer, SmallCacheUnderPressureStaysExactAndConsistent) {
   const auto st = layer.stats();
   EXPECT_EQ(st.steps_seen + st.steps_lost, 20u);
   EXPECT_GT(st.evicted, 0u);
+}
+
+// The model runner's host-tier layers release the RetroLayer that built their index (release_index):
+// decode reads only the buffer's own copies, so a released layer decodes bit for bit as a kept one through
+// misses, admissions and hits; the index's GPU memory is gone; and the session planner's host-tier layer
+// bytes (without the index) bound what the layer holds, the staging term bounding the index it released.
+TEST(WaveBuffer, ReleasedIndexDecodesBitForBitAndFitsThePlan) {
+  RETROINFER_REQUIRE_GPU();
+  const uint64_t seed = 606;
+  WaveRig su(seed);
+  su.cfg.retrieval_fraction = AttentionConfig{}.retrieval_fraction;  // the runner's budgets, as planned
+  WaveBufferConfig w;
+  w.tier = KvTier::kHost;
+  w.store_dtype = StoreDtype::kInt8;
+  cuda::WaveBufferLayer kept(su.shape(), su.cfg, w, su.num_seqs), freed(su.shape(), su.cfg, w, su.num_seqs);
+  for (cuda::WaveBufferLayer* l : {&kept, &freed}) {  // as the runner's WaveLayerAttention
+    l->index().set_outlier_zone(true);
+    l->index().set_keep_assignment(false);
+    l->index().set_build_group_seqs(1);
+    l->build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  }
+  const int64_t index_bytes = freed.index().device_bytes();
+  EXPECT_GT(index_bytes, 0);
+  freed.release_index();
+  EXPECT_EQ(freed.index().device_bytes(), 0);
+  EXPECT_EQ(freed.device_bytes(), kept.device_bytes());
+  std::mt19937_64 rng(seed);
+  auto q = gputest::make_q(su.kv, su.group, seed + 1);
+  auto dq = gputest::upload(q);
+  {
+    auto o = gputest::poisoned(su.q_elems());
+    EXPECT_THROW(freed.index().decode(dq.as<float>(), o.as<float>()), Error);  // released: build() first
+  }
+  int64_t hits = 0;
+  for (int step = 0; step < 8; ++step) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed << " step " << step);
+    dq.upload(q.data(), q.size() * 4);
+    auto ok = gputest::poisoned(su.q_elems()), of = gputest::poisoned(su.q_elems());
+    kept.decode(dq.as<float>(), ok.as<float>());
+    freed.decode(dq.as<float>(), of.as<float>());
+    EXPECT_EQ(kept.last_step_counts().hit_clusters, freed.last_step_counts().hit_clusters);
+    hits += freed.last_step_counts().hit_clusters;
+    EXPECT_TRUE(same_bits(gputest::download_f32(ok, su.q_elems()), gputest::download_f32(of, su.q_elems())));
+    kept.wait_manager();
+    freed.wait_manager();
+    q = drift(q, 0.05f, rng);
+  }
+  EXPECT_GT(hits, 0);
+
+  buffer::SessionPlanRequest r;
+  r.num_layers = 1;
+  r.hidden_size = su.hkv * su.group * su.d;
+  r.intermediate_size = r.hidden_size;
+  r.vocab_size = 1000;
+  r.num_heads_q = su.hkv * su.group;
+  r.num_heads_kv = su.hkv;
+  r.head_dim = su.d;
+  r.attention = su.cfg;
+  r.attention.kind = AttentionKind::kRetro;
+  r.wave = w;
+  r.max_context = su.n;
+  r.num_seqs = su.num_seqs;
+  r.placement = KvPlacement::kHost;
+  r.gpu_free_bytes = r.host_free_bytes = int64_t{64} << 30;
+  const buffer::SessionPlanBreakdown p = buffer::plan_session(r);
+  std::printf("host-tier layer: %lld device bytes held (planned %lld), index %lld released (planned %lld + build %lld)\n",
+              (long long)freed.device_bytes(), (long long)p.host_layer_gpu_bytes, (long long)index_bytes,
+              (long long)(p.staging_bytes - p.kv_layer_bytes), (long long)p.build_workspace_bytes);
+  EXPECT_LE(freed.device_bytes(), p.host_layer_gpu_bytes);
+  EXPECT_GE(freed.device_bytes(), p.host_layer_gpu_bytes / 3);  // the plan is a bound, not a guess
+  EXPECT_LE(index_bytes, p.staging_bytes - p.kv_layer_bytes + p.build_workspace_bytes);
 }
 
 TEST(WaveBuffer, RejectsMisuse) {

@@ -20,8 +20,17 @@ TEST(MemoryPlanner, StoreBytesFollowTheShape) {
   // 5% of 131072 = 6553.6 -> 6554 tokens -> 820 pages of 8.
   EXPECT_EQ(b.cache, int64_t{820} * 8 * 8 * 2 * 128 * 2);
   EXPECT_EQ(b.steady, int64_t{4 + 64 + 1024} * 8 * 2 * 128 * 2);
+  // The layer's index copies: int8 centroids with their scale (the default int8 scoring), bf16 value sums
+  // and 29 bytes of tables per cluster, a member id and an eighth of a page slot per indexed token, 8 bytes
+  // per head (wave_buffer_layer.cpp).
   const int64_t n_idx = 131072 - 68, clusters = (n_idx + 15) / 16;
-  EXPECT_EQ(b.meta, clusters * 8 * (2 * 128 * 2 + 2 * 128 * 4 + 16));
+  EXPECT_EQ(b.meta, 8 * (clusters * (128 + 4 + 2 * 128 + 29) + 4 * n_idx + 4 * ((n_idx + 7) / 8) + 8));
+  // No f32 copies: ~31 bytes per indexed token and head against the store's 512.
+  EXPECT_LT(b.meta * 512 / b.store, 32);
+  // bf16 scoring keeps bf16 centroids (2 D bytes) in place of the int8 ones.
+  PlannerSettings bf16 = s;
+  bf16.attention.int8_centroid_scoring = false;
+  EXPECT_EQ(store_bytes(llama8b(), bf16, 131072).meta - b.meta, 8 * clusters * (2 * 128 - (128 + 4)));
   EXPECT_GT(b.exec, 0);
   EXPECT_LT(b.exec, b.store / 10);
 }
@@ -54,10 +63,11 @@ TEST(MemoryPlanner, MetaCountsTheClustersOfEverySegment) {
   s.attention.tokens_per_cluster = 24;  // 8192 / 24 = 341.3: 342 clusters per full segment
   const int64_t n = 131072, n_idx = n - 68;
   const StoreBytes b = store_bytes(llama8b(), s, n);
-  const int64_t per_cluster = 8 * (2 * 128 * 2 + 2 * 128 * 4 + 16);
+  const int64_t per_cluster = 8 * (128 + 4 + 2 * 128 + 29);  // int8 centroids (the default scoring)
+  const auto per_index = [](int64_t tokens) -> int64_t { return 8 * (4 * tokens + 4 * ((tokens + 7) / 8) + 8); };
   const int64_t clusters = 15 * 342 + (8124 + 23) / 24;  // 15 full segments and one of 8124 tokens
   EXPECT_GT(clusters, (n_idx + 23) / 24);               // more than the whole index divided at once
-  EXPECT_EQ(b.meta, clusters * per_cluster);
+  EXPECT_EQ(b.meta, clusters * per_cluster + per_index(n_idx));
   // The session planner's RetroLayer counts the same clusters.
   RetroLayerBytesRequest q;
   q.attention = s.attention;
@@ -69,7 +79,7 @@ TEST(MemoryPlanner, MetaCountsTheClustersOfEverySegment) {
   EXPECT_EQ(retro_layer_bytes(q).clusters, clusters);
   // Fewer indexable tokens than one cluster: the index is empty (every token steady), no meta.
   EXPECT_EQ(store_bytes(llama8b(), s, 68 + 23).meta, 0);
-  EXPECT_EQ(store_bytes(llama8b(), s, 68 + 24).meta, per_cluster);
+  EXPECT_EQ(store_bytes(llama8b(), s, 68 + 24).meta, per_cluster + per_index(24));
 }
 
 TEST(MemoryPlanner, EverythingOnTheGpuWhenItFits) {

@@ -112,7 +112,7 @@ class WaveLayerAttention final : public LayerAttention {
                      max_tokens_);
     synchronize(s);  // the build reads k, v on its own stream
     layer_.build(k, v, num_tokens, kv_stride);
-    layer_.index().release_build_workspace();  // the store holds the KV now; keep only the index
+    layer_.release_index();  // the store holds the KV and the buffer its own copies of the index
   }
 
   void decode(const float* q, const uint16_t* k_new, const uint16_t* v_new, int64_t num_tokens, float* out,

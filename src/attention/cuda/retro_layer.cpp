@@ -652,6 +652,17 @@ void RetroLayer::release_build_workspace() {
   synchronize();  // the workspace may still be read by work queued before (the build is synchronous anyway)
   impl_->work = KMeansWork{};
 }
+void RetroLayer::release() {
+  synchronize();  // queued work may still read the buffers
+  const Impl& m = *impl_;
+  RetroLayer fresh(m.shape, m.cfg, m.num_seqs);
+  Impl& f = *fresh.impl_;
+  f.outliers_on = m.outliers_on;
+  f.keep_f32 = m.keep_f32;
+  f.keep_assignment = m.keep_assignment;
+  f.build_group = m.build_group;
+  *this = std::move(fresh);
+}
 void RetroLayer::set_keep_f32_index(bool keep) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_f32_index: call before build()");
   impl_->keep_f32 = keep;

@@ -594,6 +594,7 @@ WaveStepCounts WaveBufferLayer::last_step_counts() {
 }
 
 RetroLayer& WaveBufferLayer::index() { return *impl_->index; }
+void WaveBufferLayer::release_index() { impl_->index->release(); }
 int64_t WaveBufferLayer::cache_pages_per_head() const { return impl_->P; }
 int64_t WaveBufferLayer::exec_capacity() const { return impl_->list_cap; }
 int64_t WaveBufferLayer::store_bytes() const {
