@@ -17,7 +17,8 @@
 #   traces     retro's cluster selections recorded while decoding Qwen at 16K and 32K, replayed through
 #              the block cache at 2%, 5% and 10%
 #   bench      Llama-3-8B-shape host-tier decode at 128K with the recorded traces as the query source
-#              (BENCH_RUNS picks the runs; hit80: batch 8 at 64K, host tier at 5/10/20% cache vs GPU-resident)
+#              (BENCH_RUNS picks the runs: gpu host_bf16 host_int8 synthetic joined split_1m by default; split_14:
+#              14 x 128K split by the planner; hit80: batch 8 at 64K, host tier at 5/10/20% cache vs GPU-resident)
 #   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
 # Everything lands in $OUT as at most 8 files (the device returns no more): summary.txt, one tarball per
 # section and the accuracy reports.
@@ -211,7 +212,10 @@ section_bench() {
                    --host-store int8 ;;
       joined) run_bench joined_128k_14 --contexts 131072 --batches 14 --methods retro --placement host --joined \
                 --joined-gpu-sessions 7 --host-store int8 "${q[@]}" ;;
-      split_1m) BENCH_TIMEOUT=240 run_bench split_1m --contexts 1048576 --batches 1,2 --methods retro \
+      split_1m) BENCH_TIMEOUT=${SPLIT_1M_TIMEOUT:-300} run_bench split_1m --contexts 1048576 --batches 1,2 --methods retro \
+                  --placement split --host-store int8 "${q[@]}" ;;
+      # 14 sequences of 128K (twice what HBM holds) in one session, the planner splitting the layers.
+      split_14) BENCH_TIMEOUT=240 run_bench split_128k_14 --contexts 131072 --batches 14 --methods retro \
                   --placement split --host-store int8 "${q[@]}" ;;
       # A host-tier layer step against the GPU-resident step at batch 8 (64K: 8 sequences fit in HBM), the
       # block cache grown until the trace's hits pass ~80%.

@@ -100,7 +100,6 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   uint16_t* sk0 = smem + Smem::kQ;
   uint16_t* sv0 = sk0 + Smem::kStages * Smem::kKV;
 
-  const int G = p.group;
   const PrefillCta cta = prefill_cta(p, kBM, BN);
   const int h = cta.h, r0 = cta.r0, kv_end = cta.kv_end, first_masked = cta.first_masked;
   const int j0 = cta.j0, num_tiles = cta.num_tiles;
@@ -225,13 +224,12 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
     }
 
     if (j >= first_masked) {
-      // Causal limit (last visible key) of this thread's rows wrow + mt * 16 + hf * 8 + quad. Rows past n
-      // keep their nominal limit; they are never written.
+      // Causal limit of this thread's rows wrow + mt * 16 + hf * 8 + quad (prefill_common.cuh).
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          const int lim = p.pos0 + (r0 + wrow + mt * 16 + hf * 8 + quad) / G - kb - tig * 2;
+          const int lim = causal_limit(p, r0 + wrow + mt * 16 + hf * 8 + quad, kb, tig);
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll

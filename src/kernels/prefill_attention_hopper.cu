@@ -115,7 +115,6 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   uint64_t* empty = full + kStages;
   const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes;
 
-  const int G = p.group;
   const PrefillCta cta = prefill_cta(p, kRows, kKeys);
   const int h = cta.h, r0 = cta.r0, first_masked = cta.first_masked, j0 = cta.j0, num_tiles = cta.num_tiles;
 
@@ -153,20 +152,19 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   // only K and V from shared memory.
   uint32_t qa[kD / 16][4];
   {
-    auto q_pair = [&](int r, int col) -> uint32_t {
-      const int t = r / G;
-      if (t >= p.n) return 0u;
-      const int qh = h * G + (r - t * G);
-      const float2 v = __ldg(reinterpret_cast<const float2*>(p.q + (int64_t(t) * p.num_heads_q + qh) * kD + col));
+    const float* qra = q_packed_row<kD>(p, h, r0 + row_base);
+    const float* qrb = q_packed_row<kD>(p, h, r0 + row_base + 8);
+    auto q_pair = [](const float* row, int col) -> uint32_t {
+      if (row == nullptr) return 0u;
+      const float2 v = __ldg(reinterpret_cast<const float2*>(row + col));
       return pack_bf16(v.x, v.y);
     };
-    const int ra = r0 + row_base, rb = ra + 8;
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
-      qa[kk][0] = q_pair(ra, 16 * kk + 2 * tig);
-      qa[kk][1] = q_pair(rb, 16 * kk + 2 * tig);
-      qa[kk][2] = q_pair(ra, 16 * kk + 8 + 2 * tig);
-      qa[kk][3] = q_pair(rb, 16 * kk + 8 + 2 * tig);
+      qa[kk][0] = q_pair(qra, 16 * kk + 2 * tig);
+      qa[kk][1] = q_pair(qrb, 16 * kk + 2 * tig);
+      qa[kk][2] = q_pair(qra, 16 * kk + 8 + 2 * tig);
+      qa[kk][3] = q_pair(qrb, 16 * kk + 8 + 2 * tig);
     }
   }
 
@@ -215,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
       const int kb = j * kKeys;
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int lim = p.pos0 + (r0 + row_base + hf * 8) / G - kb - tig * 2;
+        const int lim = causal_limit(p, r0 + row_base + hf * 8, kb, tig);
 #pragma unroll
         for (int i = 0; i < kKeys / 8; ++i)
 #pragma unroll

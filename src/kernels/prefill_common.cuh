@@ -42,16 +42,32 @@ __device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, int ro
   return c;
 }
 
-// 16-byte chunk c (elements 8c .. 8c + 7) of packed row r of KV head h's Q tile, rounded to bf16: token r / G,
-// query head h * G + r % G; zeros past the chunk's n tokens.
+// Packed row r of KV head h's Q tile: token r / G, query head h * G + r % G. Its f32 query row (D values), or
+// nullptr past the chunk's n tokens (such rows are zeros and never written).
+template <int D>
+__device__ __forceinline__ const float* q_packed_row(const PrefillParams& p, int h, int r) {
+  const int t = r / p.group;
+  if (t >= p.n) return nullptr;
+  const int qh = h * p.group + (r - t * p.group);
+  return p.q + (int64_t(t) * p.num_heads_q + qh) * D;
+}
+
+// 16-byte chunk c (elements 8c .. 8c + 7) of packed row r of KV head h's Q tile, rounded to bf16; zeros past
+// the chunk's n tokens.
 template <int D>
 __device__ __forceinline__ uint4 q_chunk_bf16(const PrefillParams& p, int h, int r, int c) {
-  const int t = r / p.group;
-  if (t >= p.n) return make_uint4(0, 0, 0, 0);
-  const int qh = h * p.group + (r - t * p.group);
-  const float4* src = reinterpret_cast<const float4*>(p.q + (int64_t(t) * p.num_heads_q + qh) * D + c * 8);
+  const float* row = q_packed_row<D>(p, h, r);
+  if (row == nullptr) return make_uint4(0, 0, 0, 0);
+  const float4* src = reinterpret_cast<const float4*>(row + c * 8);
   const float4 a = __ldg(src), b = __ldg(src + 1);
   return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+}
+
+// Causal masking on a diagonal key tile starting at key kb: packed row r (token pos0 + r / G) sees keys up to
+// its own position, so the thread holding key columns 2 tig, 2 tig + 1 of each 8-column block masks column
+// 8 i + e when 8 i + e > causal_limit(...). Rows past n keep their nominal limit; they are never written.
+__device__ __forceinline__ int causal_limit(const PrefillParams& p, int r, int kb, int tig) {
+  return p.pos0 + r / p.group - kb - tig * 2;
 }
 
 __device__ __forceinline__ float approx_exp2(float x) {
