@@ -16,9 +16,10 @@
 //                                                   C = the index's clusters over n_idx tokens
 //                                                   (wave_counts.h index_clusters: per segment of
 //                                                   segment_tokens, ceil(L / tokens_per_cluster))
-//   steady     (sink + window + update) * Hkv * 2 * D * e
+//   steady     S * Hkv * 2 * D * e, S = sink + window + update + O, O = the build's outliers
+//              (round(outlier_fraction * n_idx)) and one update's
 //   cache      cache_pages * page_tokens * Hkv * 2 * D * e, cache_pages = ceil(cache_fraction * n / page)
-//   exec       (min(n, sink + window) + ceil(exec_slack * retrieval_fraction * n_idx)) * Hkv * 2 * D * e
+//   exec       (min(n, S) + ceil(exec_slack * retrieval_fraction * n_idx)) * Hkv * 2 * D * e
 // with n_idx the tokens retro indexes (wave_counts.h retro_indexed_tokens: n - sink - window, 0 below one
 // cluster's worth).
 // meta, steady, cache and exec always live on the GPU (the decode step reads them every step); the
@@ -66,7 +67,7 @@ struct PlannerSettings {
   // Execution-buffer rows per retrieval token expected from the fraction (wave_counts.h
   // retrieval_rows_bound). The layer sizes its buffer exactly after the index is built (the n_r largest
   // clusters).
-  double exec_slack = kRetrievalRowSlack;
+  double exec_slack = kWaveExecRowSlack;
   int64_t gpu_reserve_bytes = 0;     // kept free on the GPU (weights, activations, allocator slack)
   double host_usable_fraction = 0.8; // share of MemAvailable that pinned stores may take
   std::optional<KvTier> force_tier; // place every store on this tier (tests, benchmarks)

@@ -40,6 +40,11 @@ inline constexpr double kFractionSlack = 1e-9;
 // Retrieval-zone tokens a planner reserves per expected retrieval token (a planning margin, not a bound
 // measured on data: the n_r selected clusters can be larger than the average cluster).
 inline constexpr double kRetrievalRowSlack = 2.0;
+// The same for the wave buffer's execution buffer, which holds K and V rows (512 bytes per token and head at
+// d = 128, where a token list holds 4): sized after the build for the n_r largest clusters of the most
+// skewed head. On the benchmarks' synthetic K/V those reach 3.8x the expected retrieval tokens at 128K and
+// ~2.8x at 1M (H200 runs: a 14 x 128K split session ran out of GPU memory under the 2.0 margin).
+inline constexpr double kWaveExecRowSlack = 4.0;
 
 // ---- Steady split --------------------------------------------------------------------------------------
 

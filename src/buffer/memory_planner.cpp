@@ -24,8 +24,11 @@ std::string_view kv_tier_name(KvTier t) { return t == KvTier::kGpu ? "gpu" : "ho
 StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int64_t n) {
   const int64_t row = int64_t{shape.num_heads_kv} * 2 * shape.head_dim * shape.bytes_per_element;  // K+V, all heads
   const AttentionConfig& a = s.attention;
-  const int64_t steady_cap = int64_t{a.sink_tokens} + a.window_tokens + a.update_tokens;
   const int64_t n_idx = retro_indexed_tokens(steady_split(n, a), a.tokens_per_cluster);
+  // The steady zone: sinks, the outliers (the build's and one update's: the runner's layers split them off),
+  // the window and the tail an update leaves; the execution buffer holds it before the retrieval rows.
+  const int64_t outliers = n_idx == 0 ? 0 : outlier_capacity(a.outlier_fraction, n_idx, 0, a.update_tokens);
+  const int64_t steady_cap = int64_t{a.sink_tokens} + a.window_tokens + a.update_tokens + outliers;
   const int64_t clusters = index_clusters(n_idx, a);
   StoreBytes b;
   // An int8 store: D int8 values per K and V row plus two f32 row scales (wave_buffer.h store_token_bytes).
@@ -43,8 +46,7 @@ StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int6
                                                  4 * ceil_div(n_idx, s.page_tokens) + 8);
   b.steady = steady_cap * row;
   b.cache = ceil_div(static_cast<int64_t>(std::ceil(s.cache_fraction * double(n))), s.page_tokens) * s.page_tokens * row;
-  b.exec = (std::min<int64_t>(n, a.sink_tokens + a.window_tokens) +
-            retrieval_rows_bound(a.retrieval_fraction, n_idx, s.exec_slack)) * row;
+  b.exec = (std::min<int64_t>(n, steady_cap) + retrieval_rows_bound(a.retrieval_fraction, n_idx, s.exec_slack)) * row;
   b.workspace = n_idx * shape.num_heads_kv * (int64_t{shape.head_dim} * shape.bytes_per_element + 20);
   return b;
 }

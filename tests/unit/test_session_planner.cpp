@@ -125,18 +125,18 @@ TEST(SessionPlanner, HostPlacementPutsEveryStoreOnTheHost) {
   // after that layer's build.
   EXPECT_EQ(p.staging_bytes, p.kv_layer_bytes + p.method_layer_bytes);
   // GPU part per token and head against 512 B of K/V, the wave buffer's copies and buffers only: index
-  // copies (4 D + 29) / 16 + 4.5 = 38 B, 5% cache 26 B, execution buffer 2 x 1.8% x 512 = 18 B, steady zone
-  // ~1 B and RetroLayer's decode workspace ~2 B at 128K: ~85 B, 17%.
-  EXPECT_LT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 18 / 100);
-  EXPECT_GT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 15 / 100);
-  // Less than a GPU-tier layer's index alone would add (the index is not kept beside the copies).
-  EXPECT_LT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 18 / 100 + p.method_layer_bytes / 2);
+  // copies (D + 4 + 2 D + 29) / 16 + 4.5 = 31 B (int8 scoring), 5% cache 26 B, execution buffer
+  // 4 x 1.8% x 512 = 37 B (kWaveExecRowSlack), steady zone ~1 B and RetroLayer's decode workspace ~2 B at
+  // 128K: ~97 B, 19%.
+  EXPECT_LT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 22 / 100);
+  EXPECT_GT(p.host_layer_gpu_bytes, p.kv_layer_bytes * 18 / 100);
 }
 
 // 1M tokens, batch 2, int8 host store, the H200's limits (124 GiB of GPU beside the weights, 100 GiB of
 // pinned host memory): a split that fits both sides exists once a host-tier layer keeps only the wave
 // buffer's copies of its index (with the building RetroLayer kept as well, 1.35 GiB per sequence and
-// layer, the most GPU layers that fit left 28 host layers needing 115.5 GiB of host memory).
+// layer, the most GPU layers that fit left 28 host layers needing 115.5 GiB of host memory). The H200 ran
+// this session (9 GPU / 23 host layers).
 TEST(SessionPlanner, OneMillionTokensBatchTwoSplitsOnH200Limits) {
   SessionPlanRequest r = llama(AttentionKind::kRetro, 1048576 + 25, 2, KvPlacement::kSplit, 124 * kGiB, 100 * kGiB);
   r.wave.store_dtype = StoreDtype::kInt8;
@@ -145,7 +145,7 @@ TEST(SessionPlanner, OneMillionTokensBatchTwoSplitsOnH200Limits) {
   EXPECT_GT(p.host_layers, 0);
   EXPECT_LE(p.gpu_bytes, r.gpu_free_bytes);
   EXPECT_LE(p.host_bytes, r.host_free_bytes);
-  EXPECT_LT(p.host_layer_gpu_bytes, 2 * (kGiB * 7 / 10));  // ~0.63 GiB per sequence and layer
+  EXPECT_LT(p.host_layer_gpu_bytes, 2 * (kGiB * 8 / 10));  // ~0.76 GiB per sequence and layer
 }
 
 // An int8 store (wave.store_dtype): per token and head 2 D int8 values plus 2 f32 row scales, 264 bytes
