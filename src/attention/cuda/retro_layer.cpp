@@ -54,6 +54,7 @@ struct RetroLayer::Impl {
   int attn_splits = 0, est_splits = 0;
   int64_t updates = 0;
   bool decoded = false, grown = false;
+  // Settings (the set_* calls); RetroLayer::release carries each of them over to the fresh layer.
   bool outliers_on = false;  // set_outlier_zone(true): cfg.outlier_fraction applies
   bool keep_f32 = true;      // set_keep_f32_index: f32 centroids / value sums kept after build and update
   bool keep_assignment = true;  // set_keep_assignment: the per-token cluster ids kept on the device
