@@ -18,7 +18,8 @@
 #              the block cache at 2%, 5% and 10%
 #   bench      Llama-3-8B-shape host-tier decode at 128K with the recorded traces as the query source
 #              (BENCH_RUNS picks the runs: gpu host_bf16 host_int8 synthetic joined split_1m by default; split_14:
-#              14 x 128K split by the planner; hit80: batch 8 at 64K, host tier at 5/10/20% cache vs GPU-resident;
+#              14 x 128K split by the planner; hit80: batch 8 at 64K, host tier at 5/10/20% cache vs GPU-resident
+#              (and 20% again with --stage-times);
 #              BENCH_STEPS, BENCH_TIMEOUT (per run, 150 s) and SPLIT_1M_TIMEOUT (300 s) bound them)
 #   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
 # Everything lands in $OUT as at most 8 files (the device returns no more): summary.txt, one tarball per
@@ -224,7 +225,10 @@ section_bench() {
              for f in 0.05 0.10 0.20; do
                run_bench host_64k_b8_int8_c$f --contexts 65536 --batches 8 --methods retro --placement host \
                  --host-store int8 --cache-fraction "$f" "${q[@]}"
-             done ;;
+             done
+             # The wave buffer's stages of the last one, timed by events (a separate run: the events cost a little).
+             run_bench host_64k_b8_int8_c0.20_stages --contexts 65536 --batches 8 --methods retro --placement host \
+               --host-store int8 --cache-fraction 0.20 --stage-times "${q[@]}" ;;
     esac
   done
   python3 - "$d" >> "$summary" <<'EOF2'

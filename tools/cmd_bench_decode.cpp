@@ -68,6 +68,7 @@ struct BenchDecodeOptions {
   int joined_gpu_sessions = 0;  // joined: the first this many sessions with every layer on the GPU
   std::string host_store = "bf16";  // host-tier layers' store element type (WaveBufferConfig::store_dtype)
   std::string query_trace;     // --query-trace: host-tier retrieval clusters follow this cluster trace
+  bool stage_times = false;    // --stage-times: host-tier layers time their steps' stages (WaveStageTimes)
   std::string plot_dir;        // --plot: PNG charts of the --out file here after the run
   std::vector<std::string> plot_from;  // --plot-from: chart these JSON lines files instead of running
   std::string plot_title;      // --plot-title: the charts' title (default: model shape and device)
@@ -222,6 +223,7 @@ cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Conf
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
   opt.wave.store_dtype = parse_store_dtype(o.host_store);
+  opt.wave.stage_times = o.stage_times;
   opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
@@ -366,6 +368,14 @@ void add_step_figures(json& j, const cuda::CudaModel& model, const Config& c, co
                              {"admitted", wave.totals.admitted},
                              {"evicted", wave.totals.evicted},
                              {"updates_dropped", wave.totals.updates_dropped}}}};
+    if (o.stage_times && wave1.stages.steps > wave0.stages.steps) {
+      // ms per decode step, summed over the host-tier layers (each layer's steps timed by its own events).
+      json stages = json::object();
+      const auto before = wave0.stages.named();
+      const auto after = wave1.stages.named();
+      for (size_t i = 0; i < after.size(); ++i) stages[after[i].first] = (after[i].second - before[i].second) / o.steps;
+      j["wave_stage_ms"] = stages;
+    }
   } else {
     j["hit_ratio"] = nullptr;  // no host-tier layer: no wave buffer, every KV read is from HBM
   }
@@ -442,6 +452,7 @@ json run_joined_config(const cuda::CudaModel& model, const BenchDecodeOptions& o
       r.objects += w.objects;
       r.step += w.step;
       r.totals += w.totals;
+      r.stages += w.stages;
     }
     return r;
   };
@@ -476,6 +487,7 @@ json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, in
   opt.placement = to_cuda(c.placement);
   opt.gpu_layers = o.gpu_layers;
   opt.wave.store_dtype = parse_store_dtype(o.host_store);
+  opt.wave.stage_times = o.stage_times;
   opt.wave.cache_fraction = o.cache_fraction;
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
@@ -687,6 +699,10 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--query-trace", o->query_trace,
                   "Cluster trace (generate --record-trace): the host-tier layers' retrieval clusters follow it "
                   "instead of the random-weight queries' selection (docs/wave-buffer.md#cluster-traces)");
+  cmd->add_flag("--stage-times", o->stage_times,
+                "Host-tier layers record events between the stages of every decode step; the JSON gets "
+                "wave_stage_ms (apply, select, apply_wait, lookup, gather, attention, ring_wait, step: ms per "
+                "step summed over the layers)");
   cmd->add_option("--plot", o->plot_dir,
                   "Write PNG charts (tokens/s against batch per method and placement, ms per step: attention and "
                   "the rest) of the --out file to this folder (python3 + matplotlib; docs/install.md#charts)");

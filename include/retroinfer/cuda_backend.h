@@ -252,10 +252,12 @@ class WaveBufferLayer {
   int64_t host_bytes() const;          // pinned host memory held (a host-tier store, the protocol region)
 
   // One decode step: q [num_seqs, Hq, D] f32 device, out [num_seqs, Hq, D] f32 device (every element
-  // written). Asynchronous on `s`; launches kernels only (graph-capturable).
+  // written). Asynchronous on `s`; launches kernels only (graph-capturable). The apply and the ring run on
+  // the layer's second stream, forked from `s` and joined back into it within the step.
   void decode(const float* q, float* out, Stream s = nullptr);
-  // decode() on the default stream with events between the stages: (stage, ms) pairs for apply, select
-  // (score + select), lookup (+ ring), gather, attention (exact + estimation grids + merge). Synchronous.
+  // decode() on the default stream with events between the stages, run one after another on that stream:
+  // (stage, ms) pairs for apply, select (score + select), lookup (+ ring), gather, attention (exact +
+  // estimation grids + merge). Synchronous.
   std::vector<std::pair<std::string, float>> decode_stage_ms(const float* q, float* out);
   // Captures one decode(q, out) into a CUDA graph (q and out are baked in: write new queries into q);
   // replay_graph() launches it. Each replay is one decode step. `s` must not be the legacy default
@@ -280,6 +282,9 @@ class WaveBufferLayer {
   void set_retrieval_override(RetrievalOverride fill);
   WaveBufferStats stats();
   WaveStepCounts last_step_counts();  // synchronous
+  // The stage times of the steps since build() (WaveBufferConfig::stage_times; all zero when off).
+  // Synchronous: waits for the last step's events.
+  WaveStageTimes stage_times();
   // The wave index built by build() (decodes on the GPU-resident K/V it was given); index updates of
   // append() do not reach it: it keeps the prompt's index.
   RetroLayer& index();
@@ -384,6 +389,11 @@ class LayerAttention {
   virtual bool add_wave_counts(WaveStepCounts& step, WaveBufferStats& totals) {
     (void)step;
     (void)totals;
+    return false;
+  }
+  // Host-tier layers with WaveBufferConfig::stage_times: adds their stage times since build (synchronous).
+  virtual bool add_wave_stage_times(WaveStageTimes& times) {
+    (void)times;
     return false;
   }
 };

@@ -115,6 +115,7 @@ struct CudaWaveCounts {
   int objects = 0;          // host-tier attention objects summed (host layers, times sequences when per sequence)
   WaveStepCounts step;      // the last decode step: clusters / rows from the GPU cache (hits) and the store (misses)
   WaveBufferStats totals;   // the managers' counters since prefill_done (clusters)
+  WaveStageTimes stages;    // their steps' stage times since prefill_done (CudaSessionOptions wave.stage_times)
   // Retrieval clusters of the last step served from the GPU cache (hits / (hits + misses)); -1 when none.
   double step_hit_ratio() const {
     const int64_t n = step.hit_clusters + step.miss_clusters;

@@ -4,12 +4,13 @@
 // LRU replacement kept by a CPU manager thread, and an execution buffer that one gather kernel fills with
 // [steady | misses | hits] per flat head before exact attention. Host-only header (no CUDA).
 //
-// One decode step of a layer (WaveBufferLayer::decode), all on one stream, no host synchronisation:
+// One decode step of a layer (WaveBufferLayer::decode), no host synchronisation, on the caller's stream and
+// the layer's second stream (the apply beside the selection, the ring beside the gather and attention):
 //   apply    the manager's last update: evictions, and admissions copied from the execution buffer of
 //            the previous step into cache pages (device page table updated);
 //   select   score clusters, top-k -> retrieval / estimation ids; estimation-zone attention;
 //   lookup   per head: hit / miss per retrieval cluster from the device page table, execution-buffer
-//            layout; the step's ids and outcomes go to the pinned selection ring for the manager;
+//            layout; then (ring) the step's ids and outcomes go to the pinned selection ring for the manager;
 //   gather   one kernel copies steady rows, missed clusters (straight from the store: zero-copy reads of
 //            pinned host memory, each cluster a contiguous [K rows | V rows] block of size * 512 bytes at
 //            d=128) and hit clusters (from cache pages) into the execution buffer;
@@ -77,6 +78,37 @@ struct WaveBufferConfig {
   // Element type of the store (kInt8: about half the bytes per miss and of pinned host memory; outputs
   // within the int8 rounding of the rows, docs/wave-buffer.md "Compressed store").
   StoreDtype store_dtype = StoreDtype::kBf16;
+  // Diagnostics (bench decode --stage-times): every decode step records timing events between its stages and
+  // WaveBufferLayer::stage_times() sums them (WaveStageTimes). Off: no events beyond the step's fork / join.
+  bool stage_times = false;
+};
+
+// Stage times of decode steps (WaveBufferConfig::stage_times), ms summed over steps (and over layers where a
+// caller adds several). The apply runs on the layer's second stream beside the selection and the ring beside
+// the gather and attention, so the stages overlap: `apply` and `select` both count from the step's start,
+// `apply_wait` is the time the lookup waited for an apply slower than the selection, then `lookup`,
+// `gather`, `attention` follow one another, and `ring_wait` is the step's end waiting for the ring. `step`
+// is the whole step (start to end on the caller's stream).
+struct WaveStageTimes {
+  double apply = 0, select = 0, apply_wait = 0, lookup = 0, gather = 0, attention = 0, ring_wait = 0, step = 0;
+  int64_t steps = 0;  // steps summed
+  WaveStageTimes& operator+=(const WaveStageTimes& o) {
+    apply += o.apply;
+    select += o.select;
+    apply_wait += o.apply_wait;
+    lookup += o.lookup;
+    gather += o.gather;
+    attention += o.attention;
+    ring_wait += o.ring_wait;
+    step += o.step;
+    steps += o.steps;
+    return *this;
+  }
+  // (name, ms) of each stage, in step order.
+  std::vector<std::pair<std::string, double>> named() const {
+    return {{"apply", apply},       {"select", select},       {"apply_wait", apply_wait}, {"lookup", lookup},
+            {"gather", gather},     {"attention", attention}, {"ring_wait", ring_wait},   {"step", step}};
+  }
 };
 
 // Manager-side counters (clusters), summed over flat heads since build() (also the cache manager's own

@@ -1,6 +1,7 @@
 // WaveBufferLayer on the GPU: a cache that holds everything gives the uncached path's output bit for bit
 // (and RetroLayer's, whose splits it shares), a host-resident store gives the GPU-resident store's output
-// bit for bit, a CUDA-graph replay of the whole step equals direct launches, and the LRU under pressure
+// bit for bit, a CUDA-graph replay of the whole step equals direct launches, the two-stream step equals the
+// stages run in turn (and times them when asked), and the LRU under pressure
 // keeps the device tables consistent (no out-of-range mailbox entry) while outputs stay exact.
 #include <gtest/gtest.h>
 
@@ -237,6 +238,66 @@ TEST(WaveBuffer, CudaGraphReplayOfTheWholeStepMatchesDirectLaunches) {
     EXPECT_EQ(a.miss_clusters, b.miss_clusters);
   }
   EXPECT_GT(graphed.stats().hits, 0u);
+}
+
+// decode() runs the apply and the ring on the layer's second stream; decode_stage_ms runs every stage in turn
+// on one stream. Waiting for the manager between steps makes both see the same updates, so the outputs and
+// the hit / miss counts agree bit for bit through misses, admissions and hits. With stage_times on, the
+// layer times every decode() step (and none of the serial ones) with consistent stages.
+TEST(WaveBuffer, TwoStreamStepEqualsTheSerialStagesAndTimesThem) {
+  RETROINFER_REQUIRE_GPU();
+  const uint64_t seed = 505;
+  WaveRig su(seed);
+  WaveBufferConfig w;
+  w.cache_fraction = 0.03;
+  WaveBufferConfig timed_cfg = w;
+  timed_cfg.stage_times = true;
+  cuda::WaveBufferLayer serial(su.shape(), su.cfg, w, su.num_seqs), timed(su.shape(), su.cfg, timed_cfg, su.num_seqs);
+  serial.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  timed.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+  std::mt19937_64 rng(seed);
+  auto q = gputest::make_q(su.kv, su.group, seed + 1);
+  auto dq = gputest::upload(q);
+  auto out_serial = gputest::poisoned(su.q_elems()), out_timed = gputest::poisoned(su.q_elems());
+  cuda::StreamHandle stream_handle;
+  cuda::Stream s = stream_handle.get();
+  const int steps = 8;
+  int64_t hits = 0, misses = 0;
+  for (int step = 0; step < steps; ++step) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed << " step " << step);
+    serial.wait_manager();
+    timed.wait_manager();
+    dq.upload(q.data(), q.size() * 4);
+    const auto stages = serial.decode_stage_ms(dq.as<float>(), out_serial.as<float>());
+    ASSERT_EQ(stages.size(), 5u);
+    timed.decode(dq.as<float>(), out_timed.as<float>(), s);
+    cuda::synchronize(s);
+    EXPECT_TRUE(same_bits(gputest::download_f32(out_serial, su.q_elems()), gputest::download_f32(out_timed, su.q_elems())));
+    const auto a = serial.last_step_counts(), b = timed.last_step_counts();
+    EXPECT_EQ(a.hit_clusters, b.hit_clusters);
+    EXPECT_EQ(a.miss_clusters, b.miss_clusters);
+    EXPECT_EQ(a.hit_rows, b.hit_rows);
+    hits += b.hit_clusters;
+    misses += b.miss_clusters;
+    q = drift(q, 0.05f, rng);
+  }
+  EXPECT_GT(hits, 0);
+  EXPECT_GT(misses, 0);
+  const WaveStageTimes t = timed.stage_times();
+  EXPECT_EQ(t.steps, steps);
+  for (const auto& [name, ms] : t.named()) EXPECT_GE(ms, 0.0) << name;
+  EXPECT_GT(t.step, 0.0);
+  EXPECT_GT(t.select, 0.0);
+  EXPECT_GT(t.gather, 0.0);
+  EXPECT_GT(t.attention, 0.0);
+  // The step spans the selection (and the wait for the apply) and the stages after it (events' resolution
+  // is ~0.5 us per pair: a small allowance).
+  const double slack = 0.002 * steps;
+  EXPECT_GE(t.step + slack, t.select + t.apply_wait + t.lookup + t.gather + t.attention + t.ring_wait);
+  EXPECT_GE(t.step + slack, t.apply);
+  const WaveStageTimes none = serial.stage_times();  // stage_times off
+  EXPECT_EQ(none.steps, 0);
+  EXPECT_EQ(none.step, 0.0);
 }
 
 TEST(WaveBuffer, SmallCacheUnderPressureStaysExactAndConsistent) {

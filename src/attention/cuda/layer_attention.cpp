@@ -158,6 +158,10 @@ class WaveLayerAttention final : public LayerAttention {
     totals += layer_.stats();
     return true;
   }
+  bool add_wave_stage_times(WaveStageTimes& times) override {
+    times += layer_.stage_times();  // synchronous
+    return true;
+  }
 
  private:
   WaveBufferLayer layer_;

@@ -304,6 +304,40 @@ void WaveBufferLayer::Impl::drop_graph() {
   if (graph != nullptr) cudaGraphDestroy(std::exchange(graph, nullptr));
 }
 
+void WaveBufferLayer::Impl::ensure_aux() {
+  if (aux == nullptr) {
+    int least = 0, greatest = 0;
+    RETROINFER_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&aux, cudaStreamNonBlocking, greatest));
+    for (cudaEvent_t* e : {&ev_fork, &ev_applied, &ev_looked_up, &ev_ringed})
+      RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  if (wcfg.stage_times && stage_ev[0] == nullptr)
+    for (cudaEvent_t& e : stage_ev) RETROINFER_CUDA_CHECK(cudaEventCreate(&e));
+}
+
+void WaveBufferLayer::Impl::collect_stage_times() {
+  if (!stage_pending) return;
+  stage_pending = false;
+  RETROINFER_CUDA_CHECK(cudaEventSynchronize(stage_ev[kEnd]));
+  auto ms = [&](int a, int b) {
+    float x = 0.0f;
+    RETROINFER_CUDA_CHECK(cudaEventElapsedTime(&x, stage_ev[a], stage_ev[b]));
+    return double(x);
+  };
+  stage_sum.apply += ms(kStart, kApplied);
+  stage_sum.select += ms(kStart, kSelected);
+  stage_sum.apply_wait += ms(kSelected, kLookupBegin);
+  stage_sum.lookup += ms(kLookupBegin, kLookedUp);
+  stage_sum.gather += ms(kLookedUp, kGathered);
+  stage_sum.attention += ms(kGathered, kAttended);
+  stage_sum.ring_wait += ms(kAttended, kEnd);
+  stage_sum.step += ms(kStart, kEnd);
+  ++stage_sum.steps;
+}
+
+// One step. With `marks` (decode_stage_ms) every stage runs on `stream` in turn with an event after each;
+// otherwise the apply and the ring run on the layer's second stream (Impl::aux).
 void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std::vector<void*>* marks) {
   auto& m = *impl_;
   RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::decode: build() was not called");
@@ -317,15 +351,36 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     RETROINFER_CUDA_CHECK(cudaEventRecord(e, st));
     marks->push_back(e);
   };
+  const bool two_streams = marks == nullptr;
+  if (two_streams) m.ensure_aux();
+  const bool timed = two_streams && m.wcfg.stage_times && !m.capturing;
+  if (timed) m.collect_stage_times();  // the previous step's events are reused below
+  auto stamp = [&](Impl::StageEvent e, cudaStream_t s) {
+    if (timed) RETROINFER_CUDA_CHECK(cudaEventRecord(m.stage_ev[e], s));
+  };
+  auto fork = [&](cudaEvent_t e, cudaStream_t from, cudaStream_t to) {
+    RETROINFER_CUDA_CHECK(cudaEventRecord(e, from));
+    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
+  };
   const detail::WaveTables t = m.tables();
   mark();
+  stamp(Impl::kStart, st);
   detail::WaveApplyParams ap;
   ap.t = t;
   ap.layout = m.layout;
   ap.region = m.region.device();
   ap.mirror = m.mirror.data();
   ap.state = m.state.as<detail::WaveDeviceState>();
-  detail::launch_check(detail::wave_apply(ap, st), "wave_apply", st);
+  // The apply reads the mailbox and the previous step's execution buffer and writes the page table and cache
+  // pages: nothing the selection reads, so it runs beside it.
+  if (two_streams) {
+    fork(m.ev_fork, st, m.aux);
+    detail::launch_check(detail::wave_apply(ap, m.aux), "wave_apply", m.aux);
+    stamp(Impl::kApplied, m.aux);
+    RETROINFER_CUDA_CHECK(cudaEventRecord(m.ev_applied, m.aux));
+  } else {
+    detail::launch_check(detail::wave_apply(ap, st), "wave_apply", st);
+  }
   mark();
 
   detail::ZoneDecodeArgs a;
@@ -348,6 +403,9 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   auto lookup_gather = [&] {
     if (m.override_fill) m.copy_override_ids(st);
     mark();
+    stamp(Impl::kSelected, st);
+    if (two_streams) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_applied, 0));
+    stamp(Impl::kLookupBegin, st);
     detail::WaveLookupParams lp;
     lp.t = t;
     lp.retrieval_ids = m.ret_ids.as<int>();
@@ -366,8 +424,17 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     rp.seg_row = lp.seg_row;
     rp.seg_hit = lp.seg_hit;
     rp.k_src = m.n_r;
-    detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
+    // The ring only reads what the lookup wrote and writes pinned memory and the device state (read by the
+    // next step's apply, after the join below): it runs beside the gather and attention.
+    if (two_streams) {
+      fork(m.ev_looked_up, st, m.aux);
+      detail::launch_check(detail::wave_ring(rp, m.aux), "wave_ring", m.aux);
+      RETROINFER_CUDA_CHECK(cudaEventRecord(m.ev_ringed, m.aux));
+    } else {
+      detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
+    }
     mark();
+    stamp(Impl::kLookedUp, st);
 
     detail::WaveGatherParams gp;
     gp.t = t;
@@ -381,6 +448,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     gp.steady_rows = m.steady_rows;
     detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
     mark();
+    stamp(Impl::kGathered, st);
   };
   detail::launch_zone_decode(
       a, st,
@@ -388,6 +456,12 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
         if (std::string_view(stage) == "combine") mark();
       },
       lookup_gather);
+  if (two_streams) {
+    stamp(Impl::kAttended, st);
+    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_ringed, 0));
+    stamp(Impl::kEnd, st);
+    m.stage_pending = timed;
+  }
 }
 
 // Decode-time growth of the steady tail, then the index updates that fall due (wave_buffer_layer_update.cpp).
@@ -497,10 +571,15 @@ void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
   RETROINFER_CHECK(s != nullptr, "WaveBufferLayer::capture_graph: needs a stream other than the default (cuda::StreamHandle)");
   auto st = static_cast<cudaStream_t>(s);
   m.drop_graph();
+  m.ensure_aux();  // the second stream and its events exist before the capture
+  m.collect_stage_times();
   RETROINFER_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+  m.capturing = true;
   try {
     launch_step(q, out, s, nullptr);
+    m.capturing = false;
   } catch (...) {
+    m.capturing = false;
     cudaGraph_t g = nullptr;
     cudaStreamEndCapture(st, &g);
     if (g != nullptr) cudaGraphDestroy(g);
@@ -571,6 +650,12 @@ WaveBufferStats WaveBufferLayer::stats() {
   WaveBufferStats s = m.manager->stats();
   s += m.stats_base;  // managers before a protocol rebuild
   return s;
+}
+
+WaveStageTimes WaveBufferLayer::stage_times() {
+  auto& m = *impl_;
+  m.collect_stage_times();
+  return m.stage_sum;
 }
 
 WaveStepCounts WaveBufferLayer::last_step_counts() {

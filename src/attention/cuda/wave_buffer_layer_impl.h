@@ -75,9 +75,30 @@ struct WaveBufferLayer::Impl {
   PinnedHost override_host[kOverrideSlots];
   cudaEvent_t override_done[kOverrideSlots] = {};
 
+  // The step's second stream: the apply runs on it beside the selection (joined before the lookup, which
+  // reads the page table the apply writes) and the ring beside the gather and attention (joined at the
+  // step's end). Created at the first step; higher priority than the caller's stream, so that the small
+  // apply and ring grids start as soon as a multiprocessor frees up.
+  cudaStream_t aux = nullptr;
+  cudaEvent_t ev_fork = nullptr, ev_applied = nullptr, ev_looked_up = nullptr, ev_ringed = nullptr;
+  // WaveBufferConfig::stage_times: the events of the last step (StageEvent order) and the sums so far.
+  enum StageEvent { kStart, kApplied, kSelected, kLookupBegin, kLookedUp, kGathered, kAttended, kEnd, kStageEvents };
+  cudaEvent_t stage_ev[kStageEvents] = {};
+  bool stage_pending = false;  // stage_ev hold a step not yet summed
+  bool capturing = false;      // capture_graph: no timing events in the graph
+  WaveStageTimes stage_sum;
+
+  void ensure_aux();            // creates aux and the fork / join (and, if on, timing) events once
+  void collect_stage_times();   // adds the pending step's stage times to stage_sum (waits for its events)
+
   ~Impl() {
     for (cudaEvent_t e : override_done)
       if (e != nullptr) cudaEventDestroy(e);  // (destroying an event with work pending is allowed)
+    for (cudaEvent_t e : {ev_fork, ev_applied, ev_looked_up, ev_ringed})
+      if (e != nullptr) cudaEventDestroy(e);
+    for (cudaEvent_t e : stage_ev)
+      if (e != nullptr) cudaEventDestroy(e);
+    if (aux != nullptr) cudaStreamDestroy(aux);
     manager.reset();  // stop the thread before the region goes
     if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
     if (graph != nullptr) cudaGraphDestroy(graph);

@@ -544,7 +544,10 @@ CudaWaveCounts CudaSession::last_wave_counts() {
   CudaWaveCounts r;
   synchronize(im.stream);
   for (auto& la : im.attn)
-    if (la->add_wave_counts(r.step, r.totals)) ++r.objects;
+    if (la->add_wave_counts(r.step, r.totals)) {
+      ++r.objects;
+      if (im.opt.wave.stage_times) la->add_wave_stage_times(r.stages);
+    }
   return r;
 }
 
