@@ -286,12 +286,15 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
     cur.swap(next);
   }
   const cuda::CudaWaveCounts wave0 = session->last_wave_counts();  // host-tier layers (synchronous, untimed)
+  const double issue0 = session->host_issue_seconds();
   t0 = now_s();
   for (int i = 0; i < o.steps; ++i) {  // decode_greedy returns host tokens: each step ends synchronised
     session->decode_greedy(cur, next);
     cur.swap(next);
   }
   const double decode_s = now_s() - t0;
+  // Host time issuing the timed steps, per step: near ms_per_step, the host's launches bound the step.
+  j["host_issue_ms"] = 1e3 * (session->host_issue_seconds() - issue0) / o.steps;
   const cuda::CudaWaveCounts wave1 = session->last_wave_counts();
   const bool graphs_active = session->decode_graphs_active();
   session->set_step_timing(true);

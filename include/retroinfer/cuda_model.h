@@ -202,6 +202,10 @@ class CudaSession {
   // session then launches eagerly; the reason is printed once to stderr).
   bool decode_graphs_active() const;
   std::vector<std::pair<std::string, float>> last_step_ms() const;
+  // Host seconds spent issuing decode steps (decode / decode_greedy from entry to the wait for the step's
+  // results), summed since construction: against the steps' wall time it says whether the host's launches
+  // (and, in benchmarks, a query trace's replay) or the device bound the step.
+  double host_issue_seconds() const;
   // The host-tier layers' wave-buffer counts, summed over layers and sequences: the last decode step's
   // hits and misses (device counters) and the managers' totals since prefill_done. Synchronous (waits for
   // the session's stream, reads device memory). All zero (objects 0) without host-tier layers; before the

@@ -206,9 +206,19 @@ void ClusterTraceSchedule::retrieval_ids(int layer, int head, int64_t step, int 
   RETROINFER_CHECK(layer >= 0 && head >= 0 && step >= 0 && num_clusters >= 0 && n_r >= 0 && (ids != nullptr || n_r == 0),
                    "ClusterTraceSchedule::retrieval_ids: bad arguments (layer ", layer, ", head ", head, ", step ", step,
                    ", clusters ", num_clusters, ", n_r ", n_r, ")");
-  const auto& v = steps_[size_t(layer % layers_) * heads_ + size_t(head % heads_)];
+  const size_t series = size_t(layer % layers_) * heads_ + size_t(head % heads_);
+  const auto& v = steps_[series];
   const int64_t shifted = step + int64_t{kHeadStepOffset} * (head / heads_) + int64_t{kLayerStepOffset} * (layer / layers_);
-  const ClusterTraceRecord& r = v[size_t(shifted % int64_t(v.size()))];
+  const int64_t record = shifted % int64_t(v.size());
+  const ClusterTraceRecord& r = v[size_t(record)];
+  const MemoKey key{int64_t(series), record, num_clusters, n_r};
+  {
+    std::lock_guard<std::mutex> lock(memo_mu_);
+    if (auto it = memo_.find(key); it != memo_.end()) {
+      std::copy(it->second.begin(), it->second.end(), ids);
+      return;
+    }
+  }
   std::vector<int32_t> mapped;
   const int64_t ct = std::max(r.num_clusters, 1), cb = num_clusters;
   for (int32_t c : r.ids) {
@@ -224,6 +234,9 @@ void ClusterTraceSchedule::retrieval_ids(int layer, int head, int64_t step, int 
     for (; j < n_r; ++j) ids[j] = mapped[size_t(j) * n / size_t(n_r)];  // evenly spaced, still ascending
   }
   for (; j < n_r; ++j) ids[j] = -1;
+  std::lock_guard<std::mutex> lock(memo_mu_);
+  if (memo_.size() >= kMemoEntries) memo_.clear();
+  memo_.emplace(key, std::vector<int32_t>(ids, ids + n_r));
 }
 
 std::string ClusterTraceSchedule::rule() const {

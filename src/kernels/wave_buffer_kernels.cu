@@ -9,6 +9,8 @@
 // per 32 rows by the lanes together); the gather widens it to bf16 on the way into the execution buffer.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "core/row_quant.h"
 #include "kernels/wave_buffer_kernels.h"
 
@@ -281,12 +283,14 @@ constexpr int kLookupThreads = 256;
 __global__ void __launch_bounds__(kLookupThreads) lookup_kernel(const WaveLookupParams p) {
   __shared__ int scan_m[kLookupThreads], scan_h[kLookupThreads];
   __shared__ unsigned long long cnt[4];
+  __shared__ int miss_items_n;
   const int h = blockIdx.x, tid = threadIdx.x, K = p.k;
   const WaveTables& t = p.t;
   const int per = (K + kLookupThreads - 1) / kLookupThreads;
   const int b = tid * per, e = b + per < K ? b + per : K;
   const int* ids = p.retrieval_ids + int64_t{h} * K;
   if (tid < 4) cnt[tid] = 0;
+  if (tid == 0) miss_items_n = 0;
   int miss_rows = 0, hit_rows = 0, miss_n = 0, hit_n = 0;
   for (int j = b; j < e; ++j) {
     const int c = ids[j];
@@ -315,8 +319,12 @@ __global__ void __launch_bounds__(kLookupThreads) lookup_kernel(const WaveLookup
     if (c >= 0) {
       const int s = t.sizes[int64_t{h} * t.num_clusters + c];
       hit = t.resident[int64_t{h} * t.num_clusters + c];
-      if (hit) row = hrow, hrow += s;
-      else row = mrow, mrow += s;
+      if (hit) {
+        row = hrow, hrow += s;
+      } else {
+        row = mrow, mrow += s;
+        p.miss_items[int64_t{h} * K + atomicAdd(&miss_items_n, 1)] = j;
+      }
     }
     p.seg_row[int64_t{h} * K + j] = row;
     p.seg_hit[int64_t{h} * K + j] = hit;
@@ -324,7 +332,16 @@ __global__ void __launch_bounds__(kLookupThreads) lookup_kernel(const WaveLookup
   atomicAdd(&cnt[0], static_cast<unsigned long long>(hit_n));
   atomicAdd(&cnt[1], static_cast<unsigned long long>(miss_n));
   __syncthreads();
+  // The two passes' lists: local = [0, steady) then the hit rows (which follow the misses), misses = the
+  // rows after the steady ones.
+  int* local = p.local_list + int64_t{h} * p.list_stride;
+  int* miss = p.miss_list + int64_t{h} * p.list_stride;
+  for (int i = tid; i < p.steady_rows + total_h; i += kLookupThreads) local[i] = i < p.steady_rows ? i : i + total_m;
+  for (int i = tid; i < total_m; i += kLookupThreads) miss[i] = p.steady_rows + i;
   if (tid == 0) {
+    p.local_count[h] = p.steady_rows + total_h;
+    p.miss_count[h] = total_m;
+    p.miss_items_count[h] = miss_items_n;
     p.exec_count[h] = p.steady_rows + total_m + total_h;
     p.counts[int64_t{h} * 4 + 0] = static_cast<int64_t>(cnt[0]);
     p.counts[int64_t{h} * 4 + 1] = static_cast<int64_t>(cnt[1]);
@@ -388,8 +405,14 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
   const int items = steady_items + p.k;
   uint16_t* xk = t.exec_k + int64_t{h} * t.exec_cap * D;
   uint16_t* xv = t.exec_v + int64_t{h} * t.exec_cap * D;
-  for (int it = blockIdx.x * kWarps + (threadIdx.x >> 5); it < items; it += gridDim.x * kWarps) {
-    if (it < steady_items) {
+  using Part = WaveGatherParams::Part;
+  const bool misses_only = p.part == Part::kMisses;
+  const int n_items = misses_only ? p.miss_items_count[h] : items;
+  const int warps = misses_only && p.miss_warps > 0 ? p.miss_warps : gridDim.x * kWarps;
+  const int first = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  if (first >= warps) return;
+  for (int it = first; it < n_items; it += warps) {
+    if (!misses_only && it < steady_items) {
       const int r0 = it * 8, n = p.steady_rows - r0 < 8 ? p.steady_rows - r0 : 8;
       const uint16_t* sk = p.steady_k + (int64_t{h} * p.steady_cap + r0) * D;
       const uint16_t* sv = p.steady_v + (int64_t{h} * p.steady_cap + r0) * D;
@@ -398,13 +421,15 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
           [&](int kv, int r) { return (kv ? xv : xk) + int64_t{r0 + r} * D; });
       continue;
     }
-    const int j = it - steady_items;
+    const int j = misses_only ? p.miss_items[int64_t{h} * p.k + it] : it - steady_items;
     const int c = p.retrieval_ids[int64_t{h} * p.k + j];
     if (c < 0) continue;
+    const bool hit = p.seg_hit[int64_t{h} * p.k + j] != 0;
+    if ((misses_only && hit) || (p.part == Part::kLocal && !hit)) continue;
     const int s = t.sizes[int64_t{h} * t.num_clusters + c];
     const int row0 = p.seg_row[int64_t{h} * p.k + j];
     auto dst = [&](int kv, int r) { return (kv ? xv : xk) + int64_t{row0 + r} * D; };
-    if (p.seg_hit[int64_t{h} * p.k + j]) {
+    if (hit) {
       const int pt = t.page_tokens;
       const int* pages = t.cluster_pages + int64_t{h} * t.slot_stride + t.slot_begin[int64_t{h} * (t.num_clusters + 1) + c];
       const uint16_t* ck = t.cache_k + int64_t{h} * t.pages_per_head * pt * D;
@@ -486,7 +511,10 @@ cudaError_t wave_ring(const WaveRingParams& p, cudaStream_t s) {
 }
 
 cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s) {
-  const int items = (p.steady_rows + 7) / 8 + p.k;
+  const int items = p.part == WaveGatherParams::Part::kMisses ? (p.miss_warps > 0 ? std::min(p.miss_warps, p.k) : p.k)
+                                                               : (p.steady_rows + 7) / 8 + p.k;
+  if (p.part == WaveGatherParams::Part::kMisses && (p.miss_items == nullptr || p.miss_items_count == nullptr))
+    return cudaErrorInvalidValue;
   const dim3 grid(copy_blocks(items), p.t.num_heads);
   if (p.t.head_dim == 128) gather_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
   else if (p.t.head_dim == 64) gather_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);

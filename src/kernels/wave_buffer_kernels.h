@@ -93,6 +93,15 @@ struct WaveLookupParams {
   uint8_t* seg_hit = nullptr;          // [H, K] out
   int* exec_count = nullptr;           // [H] out: rows used
   int64_t* counts = nullptr;           // [H, 4] out: hit clusters, miss clusters, hit rows, miss rows
+  // The two exact passes' row lists (the execution buffer is [steady | misses | hits] per head): local =
+  // the steady and hit rows, which the GPU holds (attended while the misses cross PCIe), misses = the rest.
+  int64_t list_stride = 0;             // ints per head of both lists (>= the execution buffer's rows)
+  int* local_list = nullptr;           // [H, list_stride] out: 0 .. steady - 1, then the hit rows
+  int* local_count = nullptr;          // [H] out: steady rows + hit rows
+  int* miss_list = nullptr;            // [H, list_stride] out: the miss rows
+  int* miss_count = nullptr;           // [H] out: miss rows
+  int* miss_items = nullptr;           // [H, K] out: the missed clusters' positions j (any order)
+  int* miss_items_count = nullptr;     // [H] out: missed clusters
 };
 cudaError_t wave_lookup(const WaveLookupParams& p, cudaStream_t s);
 
@@ -118,6 +127,15 @@ struct WaveGatherParams {
   const uint16_t* steady_v = nullptr;
   int64_t steady_cap = 0;
   int steady_rows = 0;
+  // Which rows: every row; the local ones (steady and hits: GPU memory only); or the misses (the store:
+  // PCIe reads from a host store), so that the two can run on two streams.
+  enum class Part : uint8_t { kAll, kLocal, kMisses };
+  Part part = Part::kAll;
+  // kMisses: the lookup's missed cluster positions ([H, k], miss_items_count[h] of them), so that every warp
+  // of the grid's first CTAs has a miss to copy and the rest exit at once.
+  const int* miss_items = nullptr;
+  const int* miss_items_count = nullptr;
+  int miss_warps = 0;  // kMisses: warps per head (0: one per missed cluster)
 };
 cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s);
 

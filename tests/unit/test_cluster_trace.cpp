@@ -342,6 +342,34 @@ TEST(ClusterTraceSchedule, MapsLayersHeadsStepsAndClusters) {
   EXPECT_NE(error_of([&] { retroinfer::ClusterTraceSchedule{missing}; }).find("layer 1 head 1"), std::string::npos);
 }
 
+// Remembered mappings: asking again, from another target head on the same record, or with another cluster
+// count or budget in between, gives what a fresh schedule gives on its first call.
+TEST(ClusterTraceSchedule, RememberedRecordsMapAsFreshOnes) {
+  ClusterTrace t;
+  t.header = header(2, 2);
+  const int S = 40;
+  for (int s = 0; s < S; ++s)
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h)
+        t.records.push_back(record(s, l, h, 100, 1001 + s, {l * 10 + h, 30 + s, 60 + s}, 8));
+  const retroinfer::ClusterTraceSchedule warm(t);
+  std::vector<int32_t> a(8), b(8);
+  struct Ask { int layer, head; int64_t step; int clusters, n_r; };
+  const Ask asks[] = {{0, 0, 3, 100, 4}, {0, 2, 3 - 16 + S, 100, 4},  // flat head 2 replays head 0's record
+                      {0, 0, 3, 250, 4}, {0, 0, 3, 100, 2}, {0, 0, 3, 100, 4}, {1, 3, 7, 37, 3},
+                      {1, 1, 7 + 16, 37, 3}, {3, 1, 7 + 16 - 8, 37, 3}};
+  for (const Ask& q : asks) {
+    SCOPED_TRACE(testing::Message() << "layer " << q.layer << " head " << q.head << " step " << q.step << " C "
+                                    << q.clusters << " n_r " << q.n_r);
+    const retroinfer::ClusterTraceSchedule fresh(t);
+    std::fill(a.begin(), a.end(), 7777);
+    std::fill(b.begin(), b.end(), 7777);
+    warm.retrieval_ids(q.layer, q.head, q.step, q.clusters, q.n_r, a.data());
+    fresh.retrieval_ids(q.layer, q.head, q.step, q.clusters, q.n_r, b.data());
+    EXPECT_EQ(a, b);  // the n_r written and the untouched rest
+  }
+}
+
 // The CPU runner: SessionOptions::cluster_trace reaches every layer's method; a fork does not record.
 TEST(ClusterTrace, CpuSessionRecordsEveryLayer) {
   const retroinfer::Model* m = retroinfer::test::tiny_llama3();

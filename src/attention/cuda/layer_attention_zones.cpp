@@ -238,7 +238,8 @@ DecodeParams decode_params(const ZoneDecodeArgs& a, int est_ctas, int total, boo
 }  // namespace
 
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::function<void(const char*)>& mark,
-                        const std::function<void()>& after_select) {
+                        const std::function<void()>& after_select,
+                        const std::function<void(int slot0, int total)>& before_combine) {
   auto marked = [&](const char* name) {
     if (mark) mark(name);
   };
@@ -246,7 +247,8 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: the estimation needs ", est_ctas,
                    " slots per head but the layer sized ", a.est_splits,
                    " (est_splits must be ceil(n_estimation / kEstimateChunk))");
-  const int total = a.attn_splits + est_ctas;
+  RETROINFER_CHECK(a.extra_splits == 0 || before_combine, "launch_zone_decode: extra_splits without a second pass");
+  const int total = a.attn_splits + est_ctas + a.extra_splits;
   // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
   // stream's implicit synchronisation is left as it is. Stage timing records events between the kernels.
   const bool pdl = !a.timing && st != nullptr && st != cudaStreamLegacy;
@@ -277,6 +279,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.pdl = pdl && !after_select;
   launch_check(decode_attention(dp, st), "decode_attention(sparse)", st);
   marked("exact_attention");
+  if (a.extra_splits > 0) before_combine(a.attn_splits + est_ctas, total);
   CombineParams c;
   c.part_ml = a.part_ml;
   c.part_o = a.part_o;
@@ -286,7 +289,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   c.total_splits = total;
   c.out = a.out;
   c.phase = a.phase;
-  c.pdl = pdl;  // straight after the decode grids
+  c.pdl = pdl && a.extra_splits == 0;  // straight after the decode grids (the second pass keeps plain order)
   launch_check(combine_states(c, st), "combine_states", st);
   marked("combine");
 }

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <string_view>
 #include <utility>
@@ -266,11 +269,11 @@ void WaveBufferLayer::Impl::size_decode_workspace() {
   m.token_count = DeviceBuffer(size_t(H) * 4);
   m.attn_splits = detail::exact_splits(m.list_cap, H);  // RetroLayer's rule (layer_common.h)
   m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
-  const int total = m.attn_splits + m.est_splits;
-  m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
-  m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
+  m.size_pass_lists();
   m.seg_row = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
   m.seg_hit = DeviceBuffer(size_t(H) * std::max(m.n_r, 1));
+  m.miss_items = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
+  m.miss_items_count = DeviceBuffer(size_t(H) * 4);
 }
 
 // Protocol region and manager. Limits: every retrieval cluster of every head may miss in one step; its
@@ -299,17 +302,57 @@ void WaveBufferLayer::Impl::start_manager(int k_cap) {
   m.manager->start();
 }
 
+// The two exact passes' lists (list_cap ints per head) and the partial states of the exact splits, the
+// estimation and the misses' pass (sized, as the local pass, by the execution buffer's rows: a step may miss
+// every retrieval cluster).
+void WaveBufferLayer::Impl::size_pass_lists() {
+  auto& m = *this;
+  m.local_list = DeviceBuffer(size_t(H) * m.list_cap * 4);
+  m.miss_list = DeviceBuffer(size_t(H) * m.list_cap * 4);
+  m.local_count = DeviceBuffer(size_t(H) * 4);
+  m.miss_count = DeviceBuffer(size_t(H) * 4);
+  m.miss_splits = detail::exact_splits(m.list_cap, H);
+  const int total = m.attn_splits + m.est_splits + m.miss_splits;
+  m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
+  m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
+}
+
 void WaveBufferLayer::Impl::drop_graph() {
   if (graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(graph_exec, nullptr));
   if (graph != nullptr) cudaGraphDestroy(std::exchange(graph, nullptr));
 }
 
-void WaveBufferLayer::Impl::ensure_aux() {
-  if (aux == nullptr) {
+namespace {
+// The wave buffer's two side streams of a device, shared by every layer for the life of the process. Per
+// layer (two per layer, 64 at 32 layers) they would outnumber the device's hardware queues
+// (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), and streams that share a queue run in submission order:
+// a layer's local gather could then wait behind another stream's misses.
+struct SideStreams {
+  cudaStream_t apply = nullptr, misses = nullptr;
+};
+SideStreams side_streams() {
+  static std::mutex mu;
+  static std::map<int, SideStreams> by_device;
+  int dev = 0;
+  RETROINFER_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  SideStreams& s = by_device[dev];
+  if (s.apply == nullptr) {
     int least = 0, greatest = 0;
     RETROINFER_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&aux, cudaStreamNonBlocking, greatest));
-    for (cudaEvent_t* e : {&ev_fork, &ev_applied, &ev_looked_up, &ev_ringed})
+    RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&s.apply, cudaStreamNonBlocking, greatest));
+    RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&s.misses, cudaStreamNonBlocking, least));
+  }
+  return s;
+}
+}  // namespace
+
+void WaveBufferLayer::Impl::ensure_aux() {
+  if (aux == nullptr) {
+    const SideStreams ss = side_streams();
+    aux = ss.apply;
+    aux_miss = ss.misses;
+    for (cudaEvent_t* e : {&ev_fork, &ev_applied, &ev_looked_up, &ev_missed})
       RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   if (wcfg.stage_times && stage_ev[0] == nullptr)
@@ -330,14 +373,18 @@ void WaveBufferLayer::Impl::collect_stage_times() {
   stage_sum.apply_wait += ms(kSelected, kLookupBegin);
   stage_sum.lookup += ms(kLookupBegin, kLookedUp);
   stage_sum.gather += ms(kLookedUp, kGathered);
+  stage_sum.misses += ms(kLookedUp, kMissesGathered);
   stage_sum.attention += ms(kGathered, kAttended);
-  stage_sum.ring_wait += ms(kAttended, kEnd);
+  stage_sum.miss_wait += ms(kAttended, kMissesIn);
+  stage_sum.merge += ms(kMissesIn, kEnd);
   stage_sum.step += ms(kStart, kEnd);
   ++stage_sum.steps;
 }
 
 // One step. With `marks` (decode_stage_ms) every stage runs on `stream` in turn with an event after each;
-// otherwise the apply and the ring run on the layer's second stream (Impl::aux).
+// otherwise the apply, the ring and the misses' gather run on the layer's second stream (Impl::aux). Either
+// way the exact attention runs in two passes, the local rows (steady and hits) with the estimation zone,
+// then the missed rows, so both orders compute the same partial states.
 void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std::vector<void*>* marks) {
   auto& m = *impl_;
   RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::decode: build() was not called");
@@ -389,13 +436,15 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     a.centroids_q8 = m.centroids_q8.as<uint8_t>();
     a.centroid_scale = m.centroid_scale.as<float>();
   }
-  // Exact attention over the execution buffer: every head reads the same identity list.
+  // Exact attention over the execution buffer: first the local rows (the lookup's local list), then, in the
+  // extra splits, the missed rows (its miss list).
   a.k = m.exec_k.as<uint16_t>();
   a.v = m.exec_v.as<uint16_t>();
   a.kv_stride = m.list_cap;
-  a.exact_list = m.identity.as<int>();
-  a.exact_count = m.exec_count.as<int>();
-  a.exact_list_stride = 0;
+  a.exact_list = m.local_list.as<int>();
+  a.exact_count = m.local_count.as<int>();
+  a.exact_list_stride = m.list_cap;
+  a.extra_splits = m.miss_splits;
   // The same launch sequence as RetroLayer's (with the lookup and gather between the selection and the exact
   // attention), so that a cache holding everything gives the index's output bit for bit.
   a.timing = marks != nullptr;
@@ -415,6 +464,13 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     lp.seg_hit = m.seg_hit.as<uint8_t>();
     lp.exec_count = m.exec_count.as<int>();
     lp.counts = m.counts.as<int64_t>();
+    lp.list_stride = m.list_cap;
+    lp.local_list = m.local_list.as<int>();
+    lp.local_count = m.local_count.as<int>();
+    lp.miss_list = m.miss_list.as<int>();
+    lp.miss_count = m.miss_count.as<int>();
+    lp.miss_items = m.miss_items.as<int>();
+    lp.miss_items_count = m.miss_items_count.as<int>();
     detail::launch_check(detail::wave_lookup(lp, st), "wave_lookup", st);
     detail::WaveRingParams rp;
     rp.layout = m.layout;
@@ -424,18 +480,6 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     rp.seg_row = lp.seg_row;
     rp.seg_hit = lp.seg_hit;
     rp.k_src = m.n_r;
-    // The ring only reads what the lookup wrote and writes pinned memory and the device state (read by the
-    // next step's apply, after the join below): it runs beside the gather and attention.
-    if (two_streams) {
-      fork(m.ev_looked_up, st, m.aux);
-      detail::launch_check(detail::wave_ring(rp, m.aux), "wave_ring", m.aux);
-      RETROINFER_CUDA_CHECK(cudaEventRecord(m.ev_ringed, m.aux));
-    } else {
-      detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
-    }
-    mark();
-    stamp(Impl::kLookedUp, st);
-
     detail::WaveGatherParams gp;
     gp.t = t;
     gp.retrieval_ids = lp.retrieval_ids;
@@ -446,19 +490,67 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     gp.steady_v = m.steady_v.as<uint16_t>();
     gp.steady_cap = m.steady_cap;
     gp.steady_rows = m.steady_rows;
-    detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
+    static const int miss_warps = [] {
+      const char* e = std::getenv("RETROINFER_WAVE_MISS_WARPS");
+      return e != nullptr ? std::atoi(e) : 0;
+    }();
+    gp.miss_warps = miss_warps;
+    gp.miss_items = lp.miss_items;
+    gp.miss_items_count = lp.miss_items_count;
+    // The ring only reads what the lookup wrote and writes pinned memory and the device state (read by the
+    // next step's apply); the misses' gather reads the store (PCIe for a host store) into rows the local
+    // gather does not touch. Both run beside the local gather and attention, joined before the misses' pass.
+    if (two_streams) {
+      fork(m.ev_looked_up, st, m.aux_miss);
+      detail::launch_check(detail::wave_ring(rp, m.aux_miss), "wave_ring", m.aux_miss);
+      gp.part = detail::WaveGatherParams::Part::kMisses;
+      detail::launch_check(detail::wave_gather(gp, m.aux_miss), "wave_gather(misses)", m.aux_miss);
+      stamp(Impl::kMissesGathered, m.aux_miss);
+      RETROINFER_CUDA_CHECK(cudaEventRecord(m.ev_missed, m.aux_miss));
+      stamp(Impl::kLookedUp, st);
+      gp.part = detail::WaveGatherParams::Part::kLocal;
+      detail::launch_check(detail::wave_gather(gp, st), "wave_gather(local)", st);
+    } else {
+      detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
+      mark();
+      detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
+    }
     mark();
     stamp(Impl::kGathered, st);
+  };
+  // The misses' pass: after the misses have arrived, the missed rows into the slots after the estimation's.
+  auto miss_pass = [&](int slot0, int total) {
+    stamp(Impl::kAttended, st);
+    if (two_streams) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_missed, 0));
+    stamp(Impl::kMissesIn, st);
+    detail::DecodeParams dp;
+    dp.q = q;
+    dp.k = a.k;
+    dp.v = a.v;
+    dp.kv_stride = a.kv_stride;
+    dp.token_list = m.miss_list.as<int>();
+    dp.token_count = m.miss_count.as<int>();
+    dp.list_stride = m.list_cap;
+    dp.num_heads = m.H;
+    dp.group = m.G;
+    dp.head_dim = m.D;
+    dp.scale = m.scale;
+    dp.num_splits = m.miss_splits;
+    dp.split_tokens = detail::split_tokens(m.list_cap, m.miss_splits);
+    dp.part_ml = a.part_ml;
+    dp.part_o = a.part_o;
+    dp.total_splits = total;
+    dp.split_offset = slot0;
+    dp.balance = true;
+    detail::launch_check(detail::decode_attention(dp, st), "decode_attention(misses)", st);
   };
   detail::launch_zone_decode(
       a, st,
       [&](const char* stage) {
         if (std::string_view(stage) == "combine") mark();
       },
-      lookup_gather);
+      lookup_gather, miss_pass);
   if (two_streams) {
-    stamp(Impl::kAttended, st);
-    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_ringed, 0));
     stamp(Impl::kEnd, st);
     m.stage_pending = timed;
   }
@@ -498,9 +590,7 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
     m.steady_cap = cap;
     m.list_cap = list;
     m.attn_splits = detail::exact_splits(m.list_cap, m.H);
-    const int total = m.attn_splits + m.est_splits;
-    m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
-    m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
+    m.size_pass_lists();
     m.drop_graph();
   }
   uint16_t* dk = m.steady_k.as<uint16_t>() + size_t(m.steady_rows) * m.D;
@@ -534,6 +624,7 @@ int64_t WaveBufferLayer::device_bytes() const {
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,
+                                &m.local_list, &m.local_count, &m.miss_list, &m.miss_count, &m.miss_items, &m.miss_items_count,
                                 &m.sel_ws};
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());

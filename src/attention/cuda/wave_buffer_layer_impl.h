@@ -45,6 +45,12 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer store_at;  // [H, C] int64: first store row of each cluster (tab.store_at)
   DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
   DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
+  // The two exact passes (the lookup writes them): the local rows (steady and hits) attended while the
+  // misses cross PCIe, then the misses; [H, list_cap] lists and [H] counts. miss_splits: the second pass's
+  // partial states per head (after the estimation's in part_ml / part_o).
+  DeviceBuffer local_list, local_count, miss_list, miss_count;
+  DeviceBuffer miss_items, miss_items_count;  // [H, max(n_r, 1)], [H]: the missed clusters (the misses' gather)
+  int miss_splits = 0;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
   DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace (zeroed once; kept zero)
@@ -75,30 +81,34 @@ struct WaveBufferLayer::Impl {
   PinnedHost override_host[kOverrideSlots];
   cudaEvent_t override_done[kOverrideSlots] = {};
 
-  // The step's second stream: the apply runs on it beside the selection (joined before the lookup, which
-  // reads the page table the apply writes) and the ring beside the gather and attention (joined at the
-  // step's end). Created at the first step; higher priority than the caller's stream, so that the small
-  // apply and ring grids start as soon as a multiprocessor frees up.
-  cudaStream_t aux = nullptr;
-  cudaEvent_t ev_fork = nullptr, ev_applied = nullptr, ev_looked_up = nullptr, ev_ringed = nullptr;
+  // The step's other streams: the apply runs on `aux` beside the selection (joined before the lookup, which
+  // reads the page table the apply writes; higher priority than the caller's stream, so that its small grids
+  // start as soon as a multiprocessor frees up), the ring and the misses' gather on `aux_miss` beside the
+  // local rows' gather and attention (joined before the misses' attention; the default priority, so that
+  // the local work is not held back behind warps waiting on PCIe). The device's streams shared by every
+  // layer (wave_buffer_layer.cpp side_streams), set at the first step.
+  cudaStream_t aux = nullptr, aux_miss = nullptr;
+  cudaEvent_t ev_fork = nullptr, ev_applied = nullptr, ev_looked_up = nullptr, ev_missed = nullptr;
   // WaveBufferConfig::stage_times: the events of the last step (StageEvent order) and the sums so far.
-  enum StageEvent { kStart, kApplied, kSelected, kLookupBegin, kLookedUp, kGathered, kAttended, kEnd, kStageEvents };
+  enum StageEvent {
+    kStart, kApplied, kSelected, kLookupBegin, kLookedUp, kGathered, kMissesGathered, kAttended, kMissesIn, kEnd,
+    kStageEvents
+  };
   cudaEvent_t stage_ev[kStageEvents] = {};
   bool stage_pending = false;  // stage_ev hold a step not yet summed
   bool capturing = false;      // capture_graph: no timing events in the graph
   WaveStageTimes stage_sum;
 
-  void ensure_aux();            // creates aux and the fork / join (and, if on, timing) events once
+  void ensure_aux();            // creates aux, aux_miss and the fork / join (and, if on, timing) events once
   void collect_stage_times();   // adds the pending step's stage times to stage_sum (waits for its events)
 
   ~Impl() {
     for (cudaEvent_t e : override_done)
       if (e != nullptr) cudaEventDestroy(e);  // (destroying an event with work pending is allowed)
-    for (cudaEvent_t e : {ev_fork, ev_applied, ev_looked_up, ev_ringed})
+    for (cudaEvent_t e : {ev_fork, ev_applied, ev_looked_up, ev_missed})
       if (e != nullptr) cudaEventDestroy(e);
     for (cudaEvent_t e : stage_ev)
       if (e != nullptr) cudaEventDestroy(e);
-    if (aux != nullptr) cudaStreamDestroy(aux);
     manager.reset();  // stop the thread before the region goes
     if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
@@ -158,6 +168,7 @@ struct WaveBufferLayer::Impl {
   // counter is kept); the protocol region and a started manager whose ring holds k_cap clusters per head
   // (>= n_r; an empty cache: the device page table is reset).
   void size_decode_workspace();
+  void size_pass_lists();  // the two exact passes' lists and the partial states (list_cap, the splits)
   void start_manager(int k_cap);
   void drop_graph();
   void copy_override_ids(cudaStream_t st);  // set_retrieval_override: this step's ids over ret_ids

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <exception>
 #include <thread>
 
@@ -329,7 +330,10 @@ void CudaSession::decode(std::span<const int32_t> tokens, std::span<float> logit
                    logits.size(), " floats, expected num_seqs * vocab = ", im.num_seqs * vocab);
   if (fault::should_fail(fault::Point::kDecodeStep))
     RETROINFER_FAIL("CudaSession::decode: the decode step failed (injected fault decode_step)");
+  const auto t0 = std::chrono::steady_clock::now();
   im.decode_step(tokens);
+  // (The copy into pageable memory below waits for the step: the issue time ends before it.)
+  im.issue_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(logits.data(), im.a.logits.data(), logits.size() * 4, cudaMemcpyDeviceToHost,
                                         static_cast<cudaStream_t>(im.stream)));
   synchronize(im.stream);
@@ -343,6 +347,7 @@ void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32
                    next.size(), " tokens, expected num_seqs = ", im.num_seqs);
   if (fault::should_fail(fault::Point::kDecodeStep))
     RETROINFER_FAIL("CudaSession::decode_greedy: the decode step failed (injected fault decode_step)");
+  const auto t0 = std::chrono::steady_clock::now();
   im.decode_step(tokens);
   auto st = static_cast<cudaStream_t>(im.stream);
   model::ArgmaxParams p;
@@ -351,6 +356,8 @@ void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32
   p.rows = im.num_seqs;
   p.vocab = im.model.config().vocab_size;
   detail::launch_check(model::argmax_rows(p, st), "argmax_rows", st);
+  // (The copy into pageable memory below waits for the step: the issue time ends before it.)
+  im.issue_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   RETROINFER_CUDA_CHECK(cudaMemcpyAsync(next.data(), im.a.next.data(), next.size() * 4, cudaMemcpyDeviceToHost, st));
   synchronize(im.stream);
   im.collect_timing();
@@ -526,6 +533,7 @@ void CudaSession::set_step_timing(bool on) {
 }
 
 std::vector<std::pair<std::string, float>> CudaSession::last_step_ms() const { return impl_->last_ms; }
+double CudaSession::host_issue_seconds() const { return impl_->issue_s; }
 
 void CudaSession::Impl::count_wave_traffic() {
   if (!opt.count_wave_traffic || !any_host_tier()) return;

@@ -163,6 +163,7 @@ struct CudaSession::Impl {
   void layer_attention_decode(int l);
   void layer_post_attention(int l, int64_t rows, float* x);
 
+  double issue_s = 0.0;    // host_issue_seconds
   bool timing = false;     // set_step_timing
   bool recording = false;  // timing and inside decode: forward() records the attention events
   std::vector<void*> events;  // cudaEvent_t: [0] step start, [1] step end, [2 + 2l] / [3 + 2l] layer l attention
