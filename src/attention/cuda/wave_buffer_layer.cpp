@@ -152,8 +152,8 @@ void WaveBufferLayer::Impl::copy_index_tables() {
   m.store_at = upload_vec(m.tab.store_at);
 }
 
-// The block cache (P pages per flat head, from cache_pages or cache_fraction of num_tokens), the execution
-// buffer with its identity token list, and the steady zone's buffers (steady_rows rows per flat head).
+// The block cache (P pages per flat head, from cache_pages or cache_fraction of num_tokens) after the
+// execution buffer's rows in one allocation, and the steady zone's buffers (steady_rows rows per flat head).
 void WaveBufferLayer::Impl::allocate_cache_and_rows(int64_t num_tokens) {
   auto& m = *this;
   const int pt = m.wcfg.page_tokens;
@@ -162,15 +162,9 @@ void WaveBufferLayer::Impl::allocate_cache_and_rows(int64_t num_tokens) {
             ? m.wcfg.cache_pages
             : detail::ceil_div(static_cast<int64_t>(std::ceil(m.wcfg.cache_fraction * double(num_tokens))), pt);
   const size_t row_bytes = size_t(D) * 2;
-  m.cache_k = DeviceBuffer(std::max<size_t>(size_t(H) * m.P * pt * row_bytes, 16));
-  m.cache_v = DeviceBuffer(std::max<size_t>(size_t(H) * m.P * pt * row_bytes, 16));
-
-  // Execution buffer, steady zone, identity token list.
-  m.exec_k = DeviceBuffer(size_t(H) * m.list_cap * row_bytes);
-  m.exec_v = DeviceBuffer(size_t(H) * m.list_cap * row_bytes);
-  std::vector<int32_t> iota(size_t(m.list_cap));
-  std::iota(iota.begin(), iota.end(), 0);
-  m.identity = upload_vec(iota);
+  // Execution buffer and cache pages (one allocation each for K and V), steady zone.
+  m.exec_k = DeviceBuffer(size_t(H) * m.head_rows() * row_bytes);
+  m.exec_v = DeviceBuffer(size_t(H) * m.head_rows() * row_bytes);
   m.steady_k = DeviceBuffer(size_t(H) * m.steady_rows * row_bytes);
   m.steady_v = DeviceBuffer(size_t(H) * m.steady_rows * row_bytes);
 }
@@ -317,6 +311,22 @@ void WaveBufferLayer::Impl::size_pass_lists() {
   m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
 }
 
+void WaveBufferLayer::Impl::regrow_exec(int64_t new_list, std::vector<DeviceBuffer>& retired, cudaStream_t st) {
+  const size_t rb = size_t(D) * 2, cache_rows = size_t(P) * wcfg.page_tokens;
+  const size_t old_pitch = size_t(head_rows()) * rb, new_pitch = (size_t(new_list) + cache_rows) * rb;
+  for (DeviceBuffer* b : {&exec_k, &exec_v}) {
+    DeviceBuffer nb(std::max<size_t>(size_t(H) * new_pitch, 16));
+    RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(nb.data(), new_pitch, b->data(), old_pitch, size_t(list_cap) * rb,
+                                            size_t(H), cudaMemcpyDeviceToDevice, st));
+    if (cache_rows > 0)
+      RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(nb.data()) + size_t(new_list) * rb, new_pitch,
+                                              static_cast<const char*>(b->data()) + size_t(list_cap) * rb, old_pitch,
+                                              cache_rows * rb, size_t(H), cudaMemcpyDeviceToDevice, st));
+    retired.push_back(std::move(*b));
+    *b = std::move(nb);
+  }
+}
+
 void WaveBufferLayer::Impl::drop_graph() {
   if (graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(graph_exec, nullptr));
   if (graph != nullptr) cudaGraphDestroy(std::exchange(graph, nullptr));
@@ -440,7 +450,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   // extra splits, the missed rows (its miss list).
   a.k = m.exec_k.as<uint16_t>();
   a.v = m.exec_v.as<uint16_t>();
-  a.kv_stride = m.list_cap;
+  a.kv_stride = m.head_rows();  // execution rows and cache pages, one row space per head
   a.exact_list = m.local_list.as<int>();
   a.exact_count = m.local_count.as<int>();
   a.exact_list_stride = m.list_cap;
@@ -580,12 +590,11 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
     };
     regrow(m.steady_k, m.steady_cap, cap, m.steady_rows);
     regrow(m.steady_v, m.steady_cap, cap, m.steady_rows);
-    // The execution buffer keeps its rows: the manager's next admissions copy from the last step's rows.
-    regrow(m.exec_k, m.list_cap, list, m.list_cap);
-    regrow(m.exec_v, m.list_cap, list, m.list_cap);
-    std::vector<int32_t> ids(static_cast<size_t>(list));
-    std::iota(ids.begin(), ids.end(), 0);
-    m.identity = upload_vec(ids);
+    // The execution buffer keeps its rows (the manager's next admissions copy from the last step's rows) and
+    // the cache its pages.
+    std::vector<DeviceBuffer> retired;
+    m.regrow_exec(list, retired, st);
+    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
     m.token_list = DeviceBuffer(size_t(m.H) * list * 4);
     m.steady_cap = cap;
     m.list_cap = list;
@@ -619,8 +628,8 @@ int64_t WaveBufferLayer::device_bytes() const {
   const auto& m = *impl_;
   const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.centroids_q8, &m.centroid_scale, &m.value_sums_bf16, &m.sizes,
                                 &m.offsets_abs, &m.members,
-                                &m.offsets_head, &m.slot_begin, &m.store_at, &m.cluster_pages, &m.resident, &m.cache_k,
-                                &m.cache_v, &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v, &m.identity,
+                                &m.offsets_head, &m.slot_begin, &m.store_at, &m.cluster_pages, &m.resident,
+                                &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v,
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,

@@ -43,7 +43,10 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer centroids_q8, centroid_scale;
   bool int8_on = false;
   DeviceBuffer store_at;  // [H, C] int64: first store row of each cluster (tab.store_at)
-  DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
+  // exec_k / exec_v: the execution buffer and the block cache in one allocation each, head_rows() rows per
+  // flat head: list_cap execution rows ([steady | misses]), then the P * page_tokens cache rows, so that the
+  // exact pass reads hit rows straight from their pages through one row index per head.
+  DeviceBuffer cluster_pages, resident, exec_k, exec_v, steady_k, steady_v;
   DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
   // The two exact passes (the lookup writes them): the local rows (steady and hits) attended while the
   // misses cross PCIe, then the misses; [H, list_cap] lists and [H] counts. miss_splits: the second pass's
@@ -114,6 +117,11 @@ struct WaveBufferLayer::Impl {
     if (graph != nullptr) cudaGraphDestroy(graph);
   }
 
+  int64_t head_rows() const { return list_cap + P * wcfg.page_tokens; }
+  // exec_k / exec_v regrown for new_list execution rows per head, their rows and cache pages kept
+  // (asynchronous on st; the old buffers go to `retired`).
+  void regrow_exec(int64_t new_list, std::vector<DeviceBuffer>& retired, cudaStream_t st);
+
   detail::WaveTables tables() const {
     detail::WaveTables t;
     t.num_heads = H;
@@ -132,11 +140,12 @@ struct WaveBufferLayer::Impl {
     t.store = store;
     t.store_q8 = store_q8;
     t.store_scale = store_scale;
-    t.cache_k = cache_k.as<uint16_t>();
-    t.cache_v = cache_v.as<uint16_t>();
     t.exec_k = exec_k.as<uint16_t>();
     t.exec_v = exec_v.as<uint16_t>();
     t.exec_cap = list_cap;
+    t.head_rows = head_rows();
+    t.cache_k = t.exec_k + list_cap * D;
+    t.cache_v = t.exec_v + list_cap * D;
     return t;
   }
 
