@@ -238,8 +238,7 @@ DecodeParams decode_params(const ZoneDecodeArgs& a, int est_ctas, int total, boo
 }  // namespace
 
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::function<void(const char*)>& mark,
-                        const std::function<void()>& after_select,
-                        const std::function<void(int slot0, int total)>& before_combine) {
+                        const std::function<void()>& after_select, const std::function<void()>& before_extra) {
   auto marked = [&](const char* name) {
     if (mark) mark(name);
   };
@@ -247,7 +246,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: the estimation needs ", est_ctas,
                    " slots per head but the layer sized ", a.est_splits,
                    " (est_splits must be ceil(n_estimation / kEstimateChunk))");
-  RETROINFER_CHECK(a.extra_splits == 0 || before_combine, "launch_zone_decode: extra_splits without a second pass");
   const int total = a.attn_splits + est_ctas + a.extra_splits;
   // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
   // stream's implicit synchronisation is left as it is. Stage timing records events between the kernels.
@@ -279,7 +277,16 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.pdl = pdl && !after_select;
   launch_check(decode_attention(dp, st), "decode_attention(sparse)", st);
   marked("exact_attention");
-  if (a.extra_splits > 0) before_combine(a.attn_splits + est_ctas, total);
+  if (a.extra_splits > 0) {
+    if (before_extra) before_extra();
+    DecodeParams xp = decode_params(a, 0, total, false);
+    xp.token_list = a.extra_list;
+    xp.token_count = a.extra_count;
+    xp.num_splits = a.extra_splits;
+    xp.split_tokens = split_tokens(a.exact_capacity, a.extra_splits);
+    xp.split_offset = a.attn_splits + est_ctas;
+    launch_check(decode_attention(xp, st), "decode_attention(second pass)", st);
+  }
   CombineParams c;
   c.part_ml = a.part_ml;
   c.part_o = a.part_o;

@@ -454,6 +454,8 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   a.exact_list = m.local_list.as<int>();
   a.exact_count = m.local_count.as<int>();
   a.exact_list_stride = m.list_cap;
+  a.extra_list = m.miss_list.as<int>();
+  a.extra_count = m.miss_count.as<int>();
   a.extra_splits = m.miss_splits;
   // The same launch sequence as RetroLayer's (with the lookup and gather between the selection and the exact
   // attention), so that a cache holding everything gives the index's output bit for bit.
@@ -528,38 +530,18 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     mark();
     stamp(Impl::kGathered, st);
   };
-  // The misses' pass: after the misses have arrived, the missed rows into the slots after the estimation's.
-  auto miss_pass = [&](int slot0, int total) {
+  // Before the misses' pass: the misses have arrived.
+  auto misses_in = [&] {
     stamp(Impl::kAttended, st);
     if (two_streams) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_missed, 0));
     stamp(Impl::kMissesIn, st);
-    detail::DecodeParams dp;
-    dp.q = q;
-    dp.k = a.k;
-    dp.v = a.v;
-    dp.kv_stride = a.kv_stride;
-    dp.token_list = m.miss_list.as<int>();
-    dp.token_count = m.miss_count.as<int>();
-    dp.list_stride = m.list_cap;
-    dp.num_heads = m.H;
-    dp.group = m.G;
-    dp.head_dim = m.D;
-    dp.scale = m.scale;
-    dp.num_splits = m.miss_splits;
-    dp.split_tokens = detail::split_tokens(m.list_cap, m.miss_splits);
-    dp.part_ml = a.part_ml;
-    dp.part_o = a.part_o;
-    dp.total_splits = total;
-    dp.split_offset = slot0;
-    dp.balance = true;
-    detail::launch_check(detail::decode_attention(dp, st), "decode_attention(misses)", st);
   };
   detail::launch_zone_decode(
       a, st,
       [&](const char* stage) {
         if (std::string_view(stage) == "combine") mark();
       },
-      lookup_gather, miss_pass);
+      lookup_gather, misses_in);
   if (two_streams) {
     stamp(Impl::kEnd, st);
     m.stage_pending = timed;
