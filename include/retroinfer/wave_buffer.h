@@ -11,11 +11,11 @@
 //   select   score clusters, top-k -> retrieval / estimation ids; estimation-zone attention;
 //   lookup   per head: hit / miss per retrieval cluster from the device page table, execution-buffer
 //            layout; then (ring) the step's ids and outcomes go to the pinned selection ring for the manager;
-//   gather   copies steady rows and hit clusters (from cache pages) into the execution buffer, and on
-//            the second stream the missed clusters (straight from the store: zero-copy reads of pinned host
-//            memory, each cluster a contiguous [K rows | V rows] block of size * 512 bytes at d=128);
-//   attention the CUDA backend's sparse flash decoding over the steady and hit rows (with the estimation
-//            zone) while the misses arrive, then over the missed rows; all partial states merged.
+//   gather   one kernel copies steady rows, missed clusters (straight from the store: zero-copy reads of
+//            pinned host memory, each cluster a contiguous [K rows | V rows] block of size * 512 bytes at
+//            d=128) and hit clusters (from cache pages) into the execution buffer;
+//   attention the CUDA backend's sparse flash decoding over the execution buffer, merged with the
+//            estimation state.
 // The whole step can be captured in a CUDA graph (capture_graph / replay_graph).
 //
 // Index updates during decode (append(), on by default): each block of update_tokens generated tokens
@@ -84,16 +84,13 @@ struct WaveBufferConfig {
 };
 
 // Stage times of decode steps (WaveBufferConfig::stage_times), ms summed over steps (and over layers where a
-// caller adds several). Two streams overlap: the apply runs on the layer's second stream beside the
-// selection, and the ring and the misses' gather (`misses`) beside the local rows' gather and attention. On
-// the caller's stream: `select` from the step's start, `apply_wait` (the lookup waiting for an apply slower
-// than the selection), `lookup`, `gather` (steady and hit rows), `attention` (their exact pass and the
-// estimation), `miss_wait` (waiting for the misses to arrive), `merge` (the misses' exact pass and the
-// merge of all partial states); `apply` and `misses` are measured on the second stream from their own
-// start points (the step's start, the lookup's end). `step` is the whole step.
+// caller adds several). The apply runs on the layer's second stream beside the selection and the ring beside
+// the gather and attention, so the stages overlap: `apply` and `select` both count from the step's start,
+// `apply_wait` is the time the lookup waited for an apply slower than the selection, then `lookup`,
+// `gather`, `attention` follow one another, and `ring_wait` is the step's end waiting for the ring. `step`
+// is the whole step (start to end on the caller's stream).
 struct WaveStageTimes {
-  double apply = 0, select = 0, apply_wait = 0, lookup = 0, gather = 0, misses = 0, attention = 0, miss_wait = 0,
-         merge = 0, step = 0;
+  double apply = 0, select = 0, apply_wait = 0, lookup = 0, gather = 0, attention = 0, ring_wait = 0, step = 0;
   int64_t steps = 0;  // steps summed
   WaveStageTimes& operator+=(const WaveStageTimes& o) {
     apply += o.apply;
@@ -101,19 +98,16 @@ struct WaveStageTimes {
     apply_wait += o.apply_wait;
     lookup += o.lookup;
     gather += o.gather;
-    misses += o.misses;
     attention += o.attention;
-    miss_wait += o.miss_wait;
-    merge += o.merge;
+    ring_wait += o.ring_wait;
     step += o.step;
     steps += o.steps;
     return *this;
   }
   // (name, ms) of each stage, in step order.
   std::vector<std::pair<std::string, double>> named() const {
-    return {{"apply", apply},   {"select", select},       {"apply_wait", apply_wait}, {"lookup", lookup},
-            {"gather", gather}, {"misses", misses},       {"attention", attention},   {"miss_wait", miss_wait},
-            {"merge", merge},   {"step", step}};
+    return {{"apply", apply},       {"select", select},       {"apply_wait", apply_wait}, {"lookup", lookup},
+            {"gather", gather},     {"attention", attention}, {"ring_wait", ring_wait},   {"step", step}};
   }
 };
 

@@ -9,8 +9,6 @@
 // per 32 rows by the lanes together); the gather widens it to bf16 on the way into the execution buffer.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
 #include "core/row_quant.h"
 #include "kernels/wave_buffer_kernels.h"
 
@@ -45,12 +43,6 @@ __device__ __forceinline__ void warp_copy_rows(int lane, int rows, Src src, Dst 
       }
     }
   }
-}
-
-// Rows per head of the execution buffer and of the cache (one shared row space when t.head_rows is set).
-__device__ __forceinline__ int64_t exec_stride(const WaveTables& t) { return t.head_rows > 0 ? t.head_rows : t.exec_cap; }
-__device__ __forceinline__ int64_t cache_stride(const WaveTables& t) {
-  return t.head_rows > 0 ? t.head_rows : int64_t{t.pages_per_head} * t.page_tokens;
 }
 
 __device__ __forceinline__ int64_t store_block(const WaveTables& t, int h, int c) {
@@ -265,11 +257,11 @@ __global__ void __launch_bounds__(kWarps * 32) apply_kernel(const WaveApplyParam
       if (lane == 0) atomicOr(reinterpret_cast<unsigned long long*>(&p.state->error), 2ull);
       continue;
     }
-    const uint16_t* ek = t.exec_k + (int64_t{h} * exec_stride(t) + row) * D;
-    const uint16_t* evv = t.exec_v + (int64_t{h} * exec_stride(t) + row) * D;
+    const uint16_t* ek = t.exec_k + (int64_t{h} * t.exec_cap + row) * D;
+    const uint16_t* evv = t.exec_v + (int64_t{h} * t.exec_cap + row) * D;
     const int pt = t.page_tokens;
-    uint16_t* ck = t.cache_k + int64_t{h} * cache_stride(t) * D;
-    uint16_t* cv = t.cache_v + int64_t{h} * cache_stride(t) * D;
+    uint16_t* ck = t.cache_k + int64_t{h} * t.pages_per_head * pt * D;
+    uint16_t* cv = t.cache_v + int64_t{h} * t.pages_per_head * pt * D;
     warp_copy_rows<D>(
         lane, n, [&](int kv, int r) { return (kv ? evv : ek) + int64_t{r} * D; },
         [&](int kv, int r) {
@@ -289,14 +281,12 @@ constexpr int kLookupThreads = 256;
 __global__ void __launch_bounds__(kLookupThreads) lookup_kernel(const WaveLookupParams p) {
   __shared__ int scan_m[kLookupThreads], scan_h[kLookupThreads];
   __shared__ unsigned long long cnt[4];
-  __shared__ int miss_items_n;
   const int h = blockIdx.x, tid = threadIdx.x, K = p.k;
   const WaveTables& t = p.t;
   const int per = (K + kLookupThreads - 1) / kLookupThreads;
   const int b = tid * per, e = b + per < K ? b + per : K;
   const int* ids = p.retrieval_ids + int64_t{h} * K;
   if (tid < 4) cnt[tid] = 0;
-  if (tid == 0) miss_items_n = 0;
   int miss_rows = 0, hit_rows = 0, miss_n = 0, hit_n = 0;
   for (int j = b; j < e; ++j) {
     const int c = ids[j];
@@ -318,8 +308,6 @@ __global__ void __launch_bounds__(kLookupThreads) lookup_kernel(const WaveLookup
   const int total_m = scan_m[kLookupThreads - 1], total_h = scan_h[kLookupThreads - 1];
   int mrow = p.steady_rows + scan_m[tid] - miss_rows;
   int hrow = p.steady_rows + total_m + scan_h[tid] - hit_rows;
-  int* local = p.local_list + int64_t{h} * p.list_stride;
-  int* miss = p.miss_list + int64_t{h} * p.list_stride;
   for (int j = b; j < e; ++j) {
     const int c = ids[j];
     int row = -1;
@@ -327,17 +315,8 @@ __global__ void __launch_bounds__(kLookupThreads) lookup_kernel(const WaveLookup
     if (c >= 0) {
       const int s = t.sizes[int64_t{h} * t.num_clusters + c];
       hit = t.resident[int64_t{h} * t.num_clusters + c];
-      if (hit) {
-        // The local list reads the hit's rows from its cache pages (row space of the shared allocation).
-        const int pt = t.page_tokens;
-        const int* pages = t.cluster_pages + int64_t{h} * t.slot_stride + t.slot_begin[int64_t{h} * (t.num_clusters + 1) + c];
-        int* dst = local + (hrow - total_m);
-        for (int r = 0; r < s; ++r) dst[r] = static_cast<int>(t.exec_cap + int64_t{pages[r / pt]} * pt + r % pt);
-        row = hrow, hrow += s;
-      } else {
-        row = mrow, mrow += s;
-        p.miss_items[int64_t{h} * K + atomicAdd(&miss_items_n, 1)] = j;
-      }
+      if (hit) row = hrow, hrow += s;
+      else row = mrow, mrow += s;
     }
     p.seg_row[int64_t{h} * K + j] = row;
     p.seg_hit[int64_t{h} * K + j] = hit;
@@ -345,14 +324,7 @@ __global__ void __launch_bounds__(kLookupThreads) lookup_kernel(const WaveLookup
   atomicAdd(&cnt[0], static_cast<unsigned long long>(hit_n));
   atomicAdd(&cnt[1], static_cast<unsigned long long>(miss_n));
   __syncthreads();
-  // The rest of the two passes' lists: local = [0, steady) before the hits' cache rows, misses = the rows
-  // after the steady ones.
-  for (int i = tid; i < p.steady_rows; i += kLookupThreads) local[i] = i;
-  for (int i = tid; i < total_m; i += kLookupThreads) miss[i] = p.steady_rows + i;
   if (tid == 0) {
-    p.local_count[h] = p.steady_rows + total_h;
-    p.miss_count[h] = total_m;
-    p.miss_items_count[h] = miss_items_n;
     p.exec_count[h] = p.steady_rows + total_m + total_h;
     p.counts[int64_t{h} * 4 + 0] = static_cast<int64_t>(cnt[0]);
     p.counts[int64_t{h} * 4 + 1] = static_cast<int64_t>(cnt[1]);
@@ -414,16 +386,10 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
   const int h = blockIdx.y, lane = threadIdx.x & 31;
   const int steady_items = (p.steady_rows + 7) / 8;
   const int items = steady_items + p.k;
-  uint16_t* xk = t.exec_k + int64_t{h} * exec_stride(t) * D;
-  uint16_t* xv = t.exec_v + int64_t{h} * exec_stride(t) * D;
-  using Part = WaveGatherParams::Part;
-  const bool misses_only = p.part == Part::kMisses;
-  const int n_items = misses_only ? p.miss_items_count[h] : items;
-  const int warps = misses_only && p.miss_warps > 0 ? p.miss_warps : gridDim.x * kWarps;
-  const int first = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  if (first >= warps) return;
-  for (int it = first; it < n_items; it += warps) {
-    if (!misses_only && it < steady_items) {
+  uint16_t* xk = t.exec_k + int64_t{h} * t.exec_cap * D;
+  uint16_t* xv = t.exec_v + int64_t{h} * t.exec_cap * D;
+  for (int it = blockIdx.x * kWarps + (threadIdx.x >> 5); it < items; it += gridDim.x * kWarps) {
+    if (it < steady_items) {
       const int r0 = it * 8, n = p.steady_rows - r0 < 8 ? p.steady_rows - r0 : 8;
       const uint16_t* sk = p.steady_k + (int64_t{h} * p.steady_cap + r0) * D;
       const uint16_t* sv = p.steady_v + (int64_t{h} * p.steady_cap + r0) * D;
@@ -432,15 +398,20 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
           [&](int kv, int r) { return (kv ? xv : xk) + int64_t{r0 + r} * D; });
       continue;
     }
-    const int j = misses_only ? p.miss_items[int64_t{h} * p.k + it] : it - steady_items;
+    const int j = it - steady_items;
     const int c = p.retrieval_ids[int64_t{h} * p.k + j];
     if (c < 0) continue;
-    // Hits stay in their cache pages (the exact pass reads them there); the steady-only part skips clusters.
-    if (p.seg_hit[int64_t{h} * p.k + j] != 0 || p.part == Part::kLocal) continue;
     const int s = t.sizes[int64_t{h} * t.num_clusters + c];
     const int row0 = p.seg_row[int64_t{h} * p.k + j];
     auto dst = [&](int kv, int r) { return (kv ? xv : xk) + int64_t{row0 + r} * D; };
-    if (t.store_q8 != nullptr) {  // int8 store: widened to bf16
+    if (p.seg_hit[int64_t{h} * p.k + j]) {
+      const int pt = t.page_tokens;
+      const int* pages = t.cluster_pages + int64_t{h} * t.slot_stride + t.slot_begin[int64_t{h} * (t.num_clusters + 1) + c];
+      const uint16_t* ck = t.cache_k + int64_t{h} * t.pages_per_head * pt * D;
+      const uint16_t* cv = t.cache_v + int64_t{h} * t.pages_per_head * pt * D;
+      warp_copy_rows<D>(
+          lane, s, [&](int kv, int r) { return (kv ? cv : ck) + (int64_t{pages[r / pt]} * pt + r % pt) * D; }, dst);
+    } else if (t.store_q8 != nullptr) {  // int8 store: widened to bf16
       const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
       warp_widen_rows<D>(lane, s, t.store_q8 + at * 2 * D, t.store_scale + at * 2, dst);
     } else {
@@ -515,12 +486,7 @@ cudaError_t wave_ring(const WaveRingParams& p, cudaStream_t s) {
 }
 
 cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s) {
-  using Part = WaveGatherParams::Part;
-  const int items = p.part == Part::kMisses  ? (p.miss_warps > 0 ? std::min(p.miss_warps, p.k) : p.k)
-                    : p.part == Part::kLocal ? (p.steady_rows + 7) / 8
-                                             : (p.steady_rows + 7) / 8 + p.k;
-  if (p.part == WaveGatherParams::Part::kMisses && (p.miss_items == nullptr || p.miss_items_count == nullptr))
-    return cudaErrorInvalidValue;
+  const int items = (p.steady_rows + 7) / 8 + p.k;
   const dim3 grid(copy_blocks(items), p.t.num_heads);
   if (p.t.head_dim == 128) gather_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
   else if (p.t.head_dim == 64) gather_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);

@@ -42,10 +42,6 @@ struct WaveTables {
   uint16_t* exec_k = nullptr;        // [H, exec_cap, D]
   uint16_t* exec_v = nullptr;
   int64_t exec_cap = 0;
-  // > 0: the execution buffer and the cache share one allocation, head_rows rows per head (exec_cap
-  // execution rows, then the P * page_tokens cache rows: cache_k = exec_k + exec_cap * D); 0: separate
-  // buffers of exec_cap and P * page_tokens rows per head.
-  int64_t head_rows = 0;
 };
 
 // Fills the store from GPU K/V: for cluster c of head h, row r is K/V row idx_begin + members[h * n_idx +
@@ -97,16 +93,6 @@ struct WaveLookupParams {
   uint8_t* seg_hit = nullptr;          // [H, K] out
   int* exec_count = nullptr;           // [H] out: rows used
   int64_t* counts = nullptr;           // [H, 4] out: hit clusters, miss clusters, hit rows, miss rows
-  // The two exact passes' row lists (the execution buffer is [steady | misses] per head, with t.head_rows
-  // set the cache pages follow in the same row space): local = the steady rows, then each hit cluster's rows
-  // in its cache pages (attended while the misses cross PCIe), misses = the rows after the steady ones.
-  int64_t list_stride = 0;             // ints per head of both lists (>= the execution buffer's rows)
-  int* local_list = nullptr;           // [H, list_stride] out: 0 .. steady - 1, then the hits' cache rows
-  int* local_count = nullptr;          // [H] out: steady rows + hit rows
-  int* miss_list = nullptr;            // [H, list_stride] out: the miss rows
-  int* miss_count = nullptr;           // [H] out: miss rows
-  int* miss_items = nullptr;           // [H, K] out: the missed clusters' positions j (any order)
-  int* miss_items_count = nullptr;     // [H] out: missed clusters
 };
 cudaError_t wave_lookup(const WaveLookupParams& p, cudaStream_t s);
 
@@ -132,16 +118,6 @@ struct WaveGatherParams {
   const uint16_t* steady_v = nullptr;
   int64_t steady_cap = 0;
   int steady_rows = 0;
-  // Which rows: the steady rows and the misses; the steady rows only; or the misses only (the store: PCIe
-  // reads from a host store), so that the two can run on two streams. Hit clusters are never copied: the
-  // exact pass reads them from their cache pages (the lookup's local list).
-  enum class Part : uint8_t { kAll, kLocal, kMisses };
-  Part part = Part::kAll;
-  // kMisses: the lookup's missed cluster positions ([H, k], miss_items_count[h] of them), so that every warp
-  // of the grid's first CTAs has a miss to copy and the rest exit at once.
-  const int* miss_items = nullptr;
-  const int* miss_items_count = nullptr;
-  int miss_warps = 0;  // kMisses: warps per head (0: one per missed cluster)
 };
 cudaError_t wave_gather(const WaveGatherParams& p, cudaStream_t s);
 

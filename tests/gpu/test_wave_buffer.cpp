@@ -1,5 +1,5 @@
-// WaveBufferLayer on the GPU: a cache that holds everything gives RetroLayer's output bit for bit (its
-// splits are RetroLayer's; the uncached path, whose misses get a pass of their own, within rounding), a host-resident store gives the GPU-resident store's output
+// WaveBufferLayer on the GPU: a cache that holds everything gives the uncached path's output bit for bit
+// (and RetroLayer's, whose splits it shares), a host-resident store gives the GPU-resident store's output
 // bit for bit, a CUDA-graph replay of the whole step equals direct launches, the two-stream step equals the
 // stages run in turn (and times them when asked), and the LRU under pressure
 // keeps the device tables consistent (no out-of-range mailbox entry) while outputs stay exact.
@@ -51,7 +51,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-TEST(WaveBuffer, FullCacheGivesRetroLayersOutputBitForBit) {
+TEST(WaveBuffer, FullCacheGivesTheUncachedOutputBitForBit) {
   RETROINFER_REQUIRE_GPU();
   const uint64_t seed = 101;
   WaveRig su(seed);
@@ -71,12 +71,7 @@ TEST(WaveBuffer, FullCacheGivesRetroLayersOutputBitForBit) {
   const auto c0 = layer.last_step_counts();
   EXPECT_EQ(c0.hit_clusters, 0);  // cold cache: the uncached path
   EXPECT_GT(c0.miss_clusters, 0);
-  // The missed rows are attended in a pass of their own (while they cross PCIe the steady rows are
-  // attended): the same terms in other partial states, so equal within rounding.
-  const auto cold = gputest::compare(gputest::download_f32(out0, su.q_elems()), ref);
-  EXPECT_EQ(cold.unwritten, 0);
-  EXPECT_LT(cold.nmse, kNmse) << "seed " << seed;
-  EXPECT_LT(cold.max_abs, kMaxAbs) << "seed " << seed;
+  EXPECT_TRUE(same_bits(gputest::download_f32(out0, su.q_elems()), ref)) << "seed " << seed;
   layer.wait_manager();
 
   auto out1 = gputest::poisoned(su.q_elems());
@@ -295,15 +290,11 @@ TEST(WaveBuffer, TwoStreamStepEqualsTheSerialStagesAndTimesThem) {
   EXPECT_GT(t.select, 0.0);
   EXPECT_GT(t.gather, 0.0);
   EXPECT_GT(t.attention, 0.0);
-  EXPECT_GT(t.misses, 0.0);
-  EXPECT_GT(t.merge, 0.0);
-  // The step spans the caller's stream's stages in turn, and the second stream's work ends within it
-  // (events' resolution is ~0.5 us per pair: a small allowance).
+  // The step spans the selection (and the wait for the apply) and the stages after it (events' resolution
+  // is ~0.5 us per pair: a small allowance).
   const double slack = 0.002 * steps;
-  EXPECT_GE(t.step + slack,
-            t.select + t.apply_wait + t.lookup + t.gather + t.attention + t.miss_wait + t.merge);
+  EXPECT_GE(t.step + slack, t.select + t.apply_wait + t.lookup + t.gather + t.attention + t.ring_wait);
   EXPECT_GE(t.step + slack, t.apply);
-  EXPECT_GE(t.step + slack, t.select + t.apply_wait + t.lookup + t.misses);
   const WaveStageTimes none = serial.stage_times();  // stage_times off
   EXPECT_EQ(none.steps, 0);
   EXPECT_EQ(none.step, 0.0);

@@ -238,7 +238,7 @@ DecodeParams decode_params(const ZoneDecodeArgs& a, int est_ctas, int total, boo
 }  // namespace
 
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::function<void(const char*)>& mark,
-                        const std::function<void()>& after_select, const std::function<void()>& before_extra) {
+                        const std::function<void()>& after_select) {
   auto marked = [&](const char* name) {
     if (mark) mark(name);
   };
@@ -246,7 +246,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   RETROINFER_CHECK(est_ctas <= a.est_splits, "launch_zone_decode: the estimation needs ", est_ctas,
                    " slots per head but the layer sized ", a.est_splits,
                    " (est_splits must be ceil(n_estimation / kEstimateChunk))");
-  const int total = a.attn_splits + est_ctas + a.extra_splits;
+  const int total = a.attn_splits + est_ctas;
   // Programmatic launches only on a created stream (graph capture needs one anyway): the legacy default
   // stream's implicit synchronisation is left as it is. Stage timing records events between the kernels.
   const bool pdl = !a.timing && st != nullptr && st != cudaStreamLegacy;
@@ -277,16 +277,6 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   dp.pdl = pdl && !after_select;
   launch_check(decode_attention(dp, st), "decode_attention(sparse)", st);
   marked("exact_attention");
-  if (a.extra_splits > 0) {
-    if (before_extra) before_extra();
-    DecodeParams xp = decode_params(a, 0, total, false);
-    xp.token_list = a.extra_list;
-    xp.token_count = a.extra_count;
-    xp.num_splits = a.extra_splits;
-    xp.split_tokens = split_tokens(a.exact_capacity, a.extra_splits);
-    xp.split_offset = a.attn_splits + est_ctas;
-    launch_check(decode_attention(xp, st), "decode_attention(second pass)", st);
-  }
   CombineParams c;
   c.part_ml = a.part_ml;
   c.part_o = a.part_o;
@@ -296,7 +286,7 @@ void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t st, const std::fun
   c.total_splits = total;
   c.out = a.out;
   c.phase = a.phase;
-  c.pdl = pdl && a.extra_splits == 0;  // straight after the decode grids (the second pass keeps plain order)
+  c.pdl = pdl;  // straight after the decode grids
   launch_check(combine_states(c, st), "combine_states", st);
   marked("combine");
 }

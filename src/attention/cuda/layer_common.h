@@ -80,14 +80,8 @@ struct ZoneDecodeArgs {
   int64_t exact_capacity = 0;  // the most exact rows of any head (sizes the splits)
   // Partial states: attn_splits exact + est_splits = ceil(n_e / kEstimateChunk) estimation slots per head.
   int attn_splits = 0, est_splits = 0;
-  // A second exact pass (the wave buffer's missed rows, which arrive later): over k/v rows
-  // extra_list[h, 0 .. extra_count[h]) (stride exact_list_stride), extra_splits partial states per head in
-  // the slots after the estimation's; launch_zone_decode runs before_extra first.
-  const int* extra_list = nullptr;
-  const int* extra_count = nullptr;
-  int extra_splits = 0;
-  float2* part_ml = nullptr;  // [H, attn_splits + est_splits + extra_splits, G]
-  float* part_o = nullptr;    // [H, attn_splits + est_splits + extra_splits, G, D]
+  float2* part_ml = nullptr;  // [H, attn_splits + est_splits, G]
+  float* part_o = nullptr;    // [H, attn_splits + est_splits, G, D]
   bool timing = false;         // events between the stages (decode_stage_ms): no programmatic launches
   uint64_t* phase = nullptr;   // [H, kPhaseSlots] diagnostics (kernels.h), slots set to ~0; null: off
 };
@@ -139,9 +133,8 @@ void fill_index_args(ZoneDecodeArgs& a, const M& m, const int* offsets, const fl
 }
 
 // mark(stage) is called after "score", "select", "exact_attention" (the exact and estimation grids) and
-// "combine"; after_select (may be empty) runs between the selection and the exact attention, before_extra
-// (may be empty) between the first exact pass (with the estimation) and the second (a.extra_splits > 0).
+// "combine"; after_select (may be empty) runs between the selection and the exact attention.
 void launch_zone_decode(const ZoneDecodeArgs& a, cudaStream_t s, const std::function<void(const char*)>& mark,
-                        const std::function<void()>& after_select, const std::function<void()>& before_extra = {});
+                        const std::function<void()>& after_select);
 
 }  // namespace retroinfer::cuda::detail

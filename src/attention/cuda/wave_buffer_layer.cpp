@@ -4,10 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <numeric>
 #include <string_view>
 #include <utility>
@@ -152,8 +149,8 @@ void WaveBufferLayer::Impl::copy_index_tables() {
   m.store_at = upload_vec(m.tab.store_at);
 }
 
-// The block cache (P pages per flat head, from cache_pages or cache_fraction of num_tokens) after the
-// execution buffer's rows in one allocation, and the steady zone's buffers (steady_rows rows per flat head).
+// The block cache (P pages per flat head, from cache_pages or cache_fraction of num_tokens), the execution
+// buffer with its identity token list, and the steady zone's buffers (steady_rows rows per flat head).
 void WaveBufferLayer::Impl::allocate_cache_and_rows(int64_t num_tokens) {
   auto& m = *this;
   const int pt = m.wcfg.page_tokens;
@@ -162,9 +159,15 @@ void WaveBufferLayer::Impl::allocate_cache_and_rows(int64_t num_tokens) {
             ? m.wcfg.cache_pages
             : detail::ceil_div(static_cast<int64_t>(std::ceil(m.wcfg.cache_fraction * double(num_tokens))), pt);
   const size_t row_bytes = size_t(D) * 2;
-  // Execution buffer and cache pages (one allocation each for K and V), steady zone.
-  m.exec_k = DeviceBuffer(size_t(H) * m.head_rows() * row_bytes);
-  m.exec_v = DeviceBuffer(size_t(H) * m.head_rows() * row_bytes);
+  m.cache_k = DeviceBuffer(std::max<size_t>(size_t(H) * m.P * pt * row_bytes, 16));
+  m.cache_v = DeviceBuffer(std::max<size_t>(size_t(H) * m.P * pt * row_bytes, 16));
+
+  // Execution buffer, steady zone, identity token list.
+  m.exec_k = DeviceBuffer(size_t(H) * m.list_cap * row_bytes);
+  m.exec_v = DeviceBuffer(size_t(H) * m.list_cap * row_bytes);
+  std::vector<int32_t> iota(size_t(m.list_cap));
+  std::iota(iota.begin(), iota.end(), 0);
+  m.identity = upload_vec(iota);
   m.steady_k = DeviceBuffer(size_t(H) * m.steady_rows * row_bytes);
   m.steady_v = DeviceBuffer(size_t(H) * m.steady_rows * row_bytes);
 }
@@ -263,11 +266,11 @@ void WaveBufferLayer::Impl::size_decode_workspace() {
   m.token_count = DeviceBuffer(size_t(H) * 4);
   m.attn_splits = detail::exact_splits(m.list_cap, H);  // RetroLayer's rule (layer_common.h)
   m.est_splits = static_cast<int>(detail::ceil_div(m.n_e, detail::kEstimateChunk));
-  m.size_pass_lists();
+  const int total = m.attn_splits + m.est_splits;
+  m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
+  m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
   m.seg_row = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
   m.seg_hit = DeviceBuffer(size_t(H) * std::max(m.n_r, 1));
-  m.miss_items = DeviceBuffer(size_t(H) * std::max(m.n_r, 1) * 4);
-  m.miss_items_count = DeviceBuffer(size_t(H) * 4);
 }
 
 // Protocol region and manager. Limits: every retrieval cluster of every head may miss in one step; its
@@ -296,73 +299,17 @@ void WaveBufferLayer::Impl::start_manager(int k_cap) {
   m.manager->start();
 }
 
-// The two exact passes' lists (list_cap ints per head) and the partial states of the exact splits, the
-// estimation and the misses' pass (sized, as the local pass, by the execution buffer's rows: a step may miss
-// every retrieval cluster).
-void WaveBufferLayer::Impl::size_pass_lists() {
-  auto& m = *this;
-  m.local_list = DeviceBuffer(size_t(H) * m.list_cap * 4);
-  m.miss_list = DeviceBuffer(size_t(H) * m.list_cap * 4);
-  m.local_count = DeviceBuffer(size_t(H) * 4);
-  m.miss_count = DeviceBuffer(size_t(H) * 4);
-  m.miss_splits = detail::exact_splits(m.list_cap, H);
-  const int total = m.attn_splits + m.est_splits + m.miss_splits;
-  m.part_ml = DeviceBuffer(size_t(H) * total * m.G * 8);
-  m.part_o = DeviceBuffer(size_t(H) * total * m.G * D * 4);
-}
-
-void WaveBufferLayer::Impl::regrow_exec(int64_t new_list, std::vector<DeviceBuffer>& retired, cudaStream_t st) {
-  const size_t rb = size_t(D) * 2, cache_rows = size_t(P) * wcfg.page_tokens;
-  const size_t old_pitch = size_t(head_rows()) * rb, new_pitch = (size_t(new_list) + cache_rows) * rb;
-  for (DeviceBuffer* b : {&exec_k, &exec_v}) {
-    DeviceBuffer nb(std::max<size_t>(size_t(H) * new_pitch, 16));
-    RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(nb.data(), new_pitch, b->data(), old_pitch, size_t(list_cap) * rb,
-                                            size_t(H), cudaMemcpyDeviceToDevice, st));
-    if (cache_rows > 0)
-      RETROINFER_CUDA_CHECK(cudaMemcpy2DAsync(static_cast<char*>(nb.data()) + size_t(new_list) * rb, new_pitch,
-                                              static_cast<const char*>(b->data()) + size_t(list_cap) * rb, old_pitch,
-                                              cache_rows * rb, size_t(H), cudaMemcpyDeviceToDevice, st));
-    retired.push_back(std::move(*b));
-    *b = std::move(nb);
-  }
-}
-
 void WaveBufferLayer::Impl::drop_graph() {
   if (graph_exec != nullptr) cudaGraphExecDestroy(std::exchange(graph_exec, nullptr));
   if (graph != nullptr) cudaGraphDestroy(std::exchange(graph, nullptr));
 }
 
-namespace {
-// The wave buffer's two side streams of a device, shared by every layer for the life of the process. Per
-// layer (two per layer, 64 at 32 layers) they would outnumber the device's hardware queues
-// (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), and streams that share a queue run in submission order:
-// a layer's local gather could then wait behind another stream's misses.
-struct SideStreams {
-  cudaStream_t apply = nullptr, misses = nullptr;
-};
-SideStreams side_streams() {
-  static std::mutex mu;
-  static std::map<int, SideStreams> by_device;
-  int dev = 0;
-  RETROINFER_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  SideStreams& s = by_device[dev];
-  if (s.apply == nullptr) {
-    int least = 0, greatest = 0;
-    RETROINFER_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&s.apply, cudaStreamNonBlocking, greatest));
-    RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&s.misses, cudaStreamNonBlocking, least));
-  }
-  return s;
-}
-}  // namespace
-
 void WaveBufferLayer::Impl::ensure_aux() {
   if (aux == nullptr) {
-    const SideStreams ss = side_streams();
-    aux = ss.apply;
-    aux_miss = ss.misses;
-    for (cudaEvent_t* e : {&ev_fork, &ev_applied, &ev_looked_up, &ev_missed})
+    int least = 0, greatest = 0;
+    RETROINFER_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&aux, cudaStreamNonBlocking, greatest));
+    for (cudaEvent_t* e : {&ev_fork, &ev_applied, &ev_looked_up, &ev_ringed})
       RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
   if (wcfg.stage_times && stage_ev[0] == nullptr)
@@ -383,18 +330,14 @@ void WaveBufferLayer::Impl::collect_stage_times() {
   stage_sum.apply_wait += ms(kSelected, kLookupBegin);
   stage_sum.lookup += ms(kLookupBegin, kLookedUp);
   stage_sum.gather += ms(kLookedUp, kGathered);
-  stage_sum.misses += ms(kLookedUp, kMissesGathered);
   stage_sum.attention += ms(kGathered, kAttended);
-  stage_sum.miss_wait += ms(kAttended, kMissesIn);
-  stage_sum.merge += ms(kMissesIn, kEnd);
+  stage_sum.ring_wait += ms(kAttended, kEnd);
   stage_sum.step += ms(kStart, kEnd);
   ++stage_sum.steps;
 }
 
 // One step. With `marks` (decode_stage_ms) every stage runs on `stream` in turn with an event after each;
-// otherwise the apply, the ring and the misses' gather run on the layer's second stream (Impl::aux). Either
-// way the exact attention runs in two passes, the local rows (steady and hits) with the estimation zone,
-// then the missed rows, so both orders compute the same partial states.
+// otherwise the apply and the ring run on the layer's second stream (Impl::aux).
 void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std::vector<void*>* marks) {
   auto& m = *impl_;
   RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::decode: build() was not called");
@@ -446,17 +389,13 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     a.centroids_q8 = m.centroids_q8.as<uint8_t>();
     a.centroid_scale = m.centroid_scale.as<float>();
   }
-  // Exact attention over the execution buffer: first the local rows (the lookup's local list), then, in the
-  // extra splits, the missed rows (its miss list).
+  // Exact attention over the execution buffer: every head reads the same identity list.
   a.k = m.exec_k.as<uint16_t>();
   a.v = m.exec_v.as<uint16_t>();
-  a.kv_stride = m.head_rows();  // execution rows and cache pages, one row space per head
-  a.exact_list = m.local_list.as<int>();
-  a.exact_count = m.local_count.as<int>();
-  a.exact_list_stride = m.list_cap;
-  a.extra_list = m.miss_list.as<int>();
-  a.extra_count = m.miss_count.as<int>();
-  a.extra_splits = m.miss_splits;
+  a.kv_stride = m.list_cap;
+  a.exact_list = m.identity.as<int>();
+  a.exact_count = m.exec_count.as<int>();
+  a.exact_list_stride = 0;
   // The same launch sequence as RetroLayer's (with the lookup and gather between the selection and the exact
   // attention), so that a cache holding everything gives the index's output bit for bit.
   a.timing = marks != nullptr;
@@ -476,13 +415,6 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     lp.seg_hit = m.seg_hit.as<uint8_t>();
     lp.exec_count = m.exec_count.as<int>();
     lp.counts = m.counts.as<int64_t>();
-    lp.list_stride = m.list_cap;
-    lp.local_list = m.local_list.as<int>();
-    lp.local_count = m.local_count.as<int>();
-    lp.miss_list = m.miss_list.as<int>();
-    lp.miss_count = m.miss_count.as<int>();
-    lp.miss_items = m.miss_items.as<int>();
-    lp.miss_items_count = m.miss_items_count.as<int>();
     detail::launch_check(detail::wave_lookup(lp, st), "wave_lookup", st);
     detail::WaveRingParams rp;
     rp.layout = m.layout;
@@ -492,6 +424,18 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     rp.seg_row = lp.seg_row;
     rp.seg_hit = lp.seg_hit;
     rp.k_src = m.n_r;
+    // The ring only reads what the lookup wrote and writes pinned memory and the device state (read by the
+    // next step's apply, after the join below): it runs beside the gather and attention.
+    if (two_streams) {
+      fork(m.ev_looked_up, st, m.aux);
+      detail::launch_check(detail::wave_ring(rp, m.aux), "wave_ring", m.aux);
+      RETROINFER_CUDA_CHECK(cudaEventRecord(m.ev_ringed, m.aux));
+    } else {
+      detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
+    }
+    mark();
+    stamp(Impl::kLookedUp, st);
+
     detail::WaveGatherParams gp;
     gp.t = t;
     gp.retrieval_ids = lp.retrieval_ids;
@@ -502,47 +446,19 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     gp.steady_v = m.steady_v.as<uint16_t>();
     gp.steady_cap = m.steady_cap;
     gp.steady_rows = m.steady_rows;
-    static const int miss_warps = [] {
-      const char* e = std::getenv("RETROINFER_WAVE_MISS_WARPS");
-      return e != nullptr ? std::atoi(e) : 0;
-    }();
-    gp.miss_warps = miss_warps;
-    gp.miss_items = lp.miss_items;
-    gp.miss_items_count = lp.miss_items_count;
-    // The ring only reads what the lookup wrote and writes pinned memory and the device state (read by the
-    // next step's apply); the misses' gather reads the store (PCIe for a host store) into rows the local
-    // gather does not touch. Both run beside the local gather and attention, joined before the misses' pass.
-    if (two_streams) {
-      fork(m.ev_looked_up, st, m.aux_miss);
-      detail::launch_check(detail::wave_ring(rp, m.aux_miss), "wave_ring", m.aux_miss);
-      gp.part = detail::WaveGatherParams::Part::kMisses;
-      detail::launch_check(detail::wave_gather(gp, m.aux_miss), "wave_gather(misses)", m.aux_miss);
-      stamp(Impl::kMissesGathered, m.aux_miss);
-      RETROINFER_CUDA_CHECK(cudaEventRecord(m.ev_missed, m.aux_miss));
-      stamp(Impl::kLookedUp, st);
-      gp.part = detail::WaveGatherParams::Part::kLocal;
-      detail::launch_check(detail::wave_gather(gp, st), "wave_gather(local)", st);
-    } else {
-      detail::launch_check(detail::wave_ring(rp, st), "wave_ring", st);
-      mark();
-      detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
-    }
+    detail::launch_check(detail::wave_gather(gp, st), "wave_gather", st);
     mark();
     stamp(Impl::kGathered, st);
-  };
-  // Before the misses' pass: the misses have arrived.
-  auto misses_in = [&] {
-    stamp(Impl::kAttended, st);
-    if (two_streams) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_missed, 0));
-    stamp(Impl::kMissesIn, st);
   };
   detail::launch_zone_decode(
       a, st,
       [&](const char* stage) {
         if (std::string_view(stage) == "combine") mark();
       },
-      lookup_gather, misses_in);
+      lookup_gather);
   if (two_streams) {
+    stamp(Impl::kAttended, st);
+    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_ringed, 0));
     stamp(Impl::kEnd, st);
     m.stage_pending = timed;
   }
@@ -572,16 +488,19 @@ void WaveBufferLayer::append(const uint16_t* k_new, const uint16_t* v_new, Strea
     };
     regrow(m.steady_k, m.steady_cap, cap, m.steady_rows);
     regrow(m.steady_v, m.steady_cap, cap, m.steady_rows);
-    // The execution buffer keeps its rows (the manager's next admissions copy from the last step's rows) and
-    // the cache its pages.
-    std::vector<DeviceBuffer> retired;
-    m.regrow_exec(list, retired, st);
-    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+    // The execution buffer keeps its rows: the manager's next admissions copy from the last step's rows.
+    regrow(m.exec_k, m.list_cap, list, m.list_cap);
+    regrow(m.exec_v, m.list_cap, list, m.list_cap);
+    std::vector<int32_t> ids(static_cast<size_t>(list));
+    std::iota(ids.begin(), ids.end(), 0);
+    m.identity = upload_vec(ids);
     m.token_list = DeviceBuffer(size_t(m.H) * list * 4);
     m.steady_cap = cap;
     m.list_cap = list;
     m.attn_splits = detail::exact_splits(m.list_cap, m.H);
-    m.size_pass_lists();
+    const int total = m.attn_splits + m.est_splits;
+    m.part_ml = DeviceBuffer(size_t(m.H) * total * m.G * 8);
+    m.part_o = DeviceBuffer(size_t(m.H) * total * m.G * m.D * 4);
     m.drop_graph();
   }
   uint16_t* dk = m.steady_k.as<uint16_t>() + size_t(m.steady_rows) * m.D;
@@ -610,12 +529,11 @@ int64_t WaveBufferLayer::device_bytes() const {
   const auto& m = *impl_;
   const DeviceBuffer* bufs[] = {&m.centroids_bf16, &m.centroids_q8, &m.centroid_scale, &m.value_sums_bf16, &m.sizes,
                                 &m.offsets_abs, &m.members,
-                                &m.offsets_head, &m.slot_begin, &m.store_at, &m.cluster_pages, &m.resident,
-                                &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v,
+                                &m.offsets_head, &m.slot_begin, &m.store_at, &m.cluster_pages, &m.resident, &m.cache_k,
+                                &m.cache_v, &m.exec_k, &m.exec_v, &m.steady_k, &m.steady_v, &m.identity,
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,
-                                &m.local_list, &m.local_count, &m.miss_list, &m.miss_count, &m.miss_items, &m.miss_items_count,
                                 &m.sel_ws};
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());

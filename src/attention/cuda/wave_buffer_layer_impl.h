@@ -43,17 +43,8 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer centroids_q8, centroid_scale;
   bool int8_on = false;
   DeviceBuffer store_at;  // [H, C] int64: first store row of each cluster (tab.store_at)
-  // exec_k / exec_v: the execution buffer and the block cache in one allocation each, head_rows() rows per
-  // flat head: list_cap execution rows ([steady | misses]), then the P * page_tokens cache rows, so that the
-  // exact pass reads hit rows straight from their pages through one row index per head.
-  DeviceBuffer cluster_pages, resident, exec_k, exec_v, steady_k, steady_v;
+  DeviceBuffer cluster_pages, resident, cache_k, cache_v, exec_k, exec_v, steady_k, steady_v, identity;
   DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
-  // The two exact passes (the lookup writes them): the local rows (steady and hits) attended while the
-  // misses cross PCIe, then the misses; [H, list_cap] lists and [H] counts. miss_splits: the second pass's
-  // partial states per head (after the estimation's in part_ml / part_o).
-  DeviceBuffer local_list, local_count, miss_list, miss_count;
-  DeviceBuffer miss_items, miss_items_count;  // [H, max(n_r, 1)], [H]: the missed clusters (the misses' gather)
-  int miss_splits = 0;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
   DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace (zeroed once; kept zero)
@@ -84,43 +75,34 @@ struct WaveBufferLayer::Impl {
   PinnedHost override_host[kOverrideSlots];
   cudaEvent_t override_done[kOverrideSlots] = {};
 
-  // The step's other streams: the apply runs on `aux` beside the selection (joined before the lookup, which
-  // reads the page table the apply writes; higher priority than the caller's stream, so that its small grids
-  // start as soon as a multiprocessor frees up), the ring and the misses' gather on `aux_miss` beside the
-  // local rows' gather and attention (joined before the misses' attention; the default priority, so that
-  // the local work is not held back behind warps waiting on PCIe). The device's streams shared by every
-  // layer (wave_buffer_layer.cpp side_streams), set at the first step.
-  cudaStream_t aux = nullptr, aux_miss = nullptr;
-  cudaEvent_t ev_fork = nullptr, ev_applied = nullptr, ev_looked_up = nullptr, ev_missed = nullptr;
+  // The step's second stream: the apply runs on it beside the selection (joined before the lookup, which
+  // reads the page table the apply writes) and the ring beside the gather and attention (joined at the
+  // step's end). Created at the first step; higher priority than the caller's stream, so that the small
+  // apply and ring grids start as soon as a multiprocessor frees up.
+  cudaStream_t aux = nullptr;
+  cudaEvent_t ev_fork = nullptr, ev_applied = nullptr, ev_looked_up = nullptr, ev_ringed = nullptr;
   // WaveBufferConfig::stage_times: the events of the last step (StageEvent order) and the sums so far.
-  enum StageEvent {
-    kStart, kApplied, kSelected, kLookupBegin, kLookedUp, kGathered, kMissesGathered, kAttended, kMissesIn, kEnd,
-    kStageEvents
-  };
+  enum StageEvent { kStart, kApplied, kSelected, kLookupBegin, kLookedUp, kGathered, kAttended, kEnd, kStageEvents };
   cudaEvent_t stage_ev[kStageEvents] = {};
   bool stage_pending = false;  // stage_ev hold a step not yet summed
   bool capturing = false;      // capture_graph: no timing events in the graph
   WaveStageTimes stage_sum;
 
-  void ensure_aux();            // creates aux, aux_miss and the fork / join (and, if on, timing) events once
+  void ensure_aux();            // creates aux and the fork / join (and, if on, timing) events once
   void collect_stage_times();   // adds the pending step's stage times to stage_sum (waits for its events)
 
   ~Impl() {
     for (cudaEvent_t e : override_done)
       if (e != nullptr) cudaEventDestroy(e);  // (destroying an event with work pending is allowed)
-    for (cudaEvent_t e : {ev_fork, ev_applied, ev_looked_up, ev_missed})
+    for (cudaEvent_t e : {ev_fork, ev_applied, ev_looked_up, ev_ringed})
       if (e != nullptr) cudaEventDestroy(e);
     for (cudaEvent_t e : stage_ev)
       if (e != nullptr) cudaEventDestroy(e);
+    if (aux != nullptr) cudaStreamDestroy(aux);
     manager.reset();  // stop the thread before the region goes
     if (graph_exec != nullptr) cudaGraphExecDestroy(graph_exec);
     if (graph != nullptr) cudaGraphDestroy(graph);
   }
-
-  int64_t head_rows() const { return list_cap + P * wcfg.page_tokens; }
-  // exec_k / exec_v regrown for new_list execution rows per head, their rows and cache pages kept
-  // (asynchronous on st; the old buffers go to `retired`).
-  void regrow_exec(int64_t new_list, std::vector<DeviceBuffer>& retired, cudaStream_t st);
 
   detail::WaveTables tables() const {
     detail::WaveTables t;
@@ -140,12 +122,11 @@ struct WaveBufferLayer::Impl {
     t.store = store;
     t.store_q8 = store_q8;
     t.store_scale = store_scale;
+    t.cache_k = cache_k.as<uint16_t>();
+    t.cache_v = cache_v.as<uint16_t>();
     t.exec_k = exec_k.as<uint16_t>();
     t.exec_v = exec_v.as<uint16_t>();
     t.exec_cap = list_cap;
-    t.head_rows = head_rows();
-    t.cache_k = t.exec_k + list_cap * D;
-    t.cache_v = t.exec_v + list_cap * D;
     return t;
   }
 
@@ -177,7 +158,6 @@ struct WaveBufferLayer::Impl {
   // counter is kept); the protocol region and a started manager whose ring holds k_cap clusters per head
   // (>= n_r; an empty cache: the device page table is reset).
   void size_decode_workspace();
-  void size_pass_lists();  // the two exact passes' lists and the partial states (list_cap, the splits)
   void start_manager(int k_cap);
   void drop_graph();
   void copy_override_ids(cudaStream_t st);  // set_retrieval_override: this step's ids over ret_ids

@@ -339,14 +339,23 @@ void WaveBufferLayer::Impl::remove_block_rows(const BlockIndex& b, std::vector<D
   m.steady_rows = static_cast<int>(rows1);
 }
 
-// 7. Execution buffer: the steady capacity plus the n_r largest clusters of any head; its rows (the
-// manager's pending admissions copy from the last step's rows) and the cache pages after them are kept.
+// 7. Execution buffer: the steady capacity plus the n_r largest clusters of any head; its rows are kept (the
+// manager's pending admissions copy from the last step's rows), the identity list grown with it.
 // Asynchronous on st; the old buffers go to `retired`.
 void WaveBufferLayer::Impl::grow_execution_buffer(std::vector<DeviceBuffer>& retired, cudaStream_t st) {
   auto& m = *this;
+  const size_t row_bytes = size_t(D) * 2;
   const int64_t need = m.steady_cap + m.tab.retrieval_capacity(m.n_r);
   if (need > m.list_cap) {
-    m.regrow_exec(need, retired, st);
+    for (DeviceBuffer* b : {&m.exec_k, &m.exec_v}) {
+      DeviceBuffer nb = widen(*b, H, size_t(m.list_cap) * row_bytes, size_t(need) * row_bytes, st);
+      retired.push_back(std::move(*b));
+      *b = std::move(nb);
+    }
+    std::vector<int32_t> ids(static_cast<size_t>(need));
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    retired.push_back(std::move(m.identity));
+    m.identity = upload_async(ids, st);
     m.list_cap = need;
   }
 }
