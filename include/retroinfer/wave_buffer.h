@@ -92,22 +92,22 @@ struct WaveBufferConfig {
 struct WaveStageTimes {
   double apply = 0, select = 0, apply_wait = 0, lookup = 0, gather = 0, attention = 0, ring_wait = 0, step = 0;
   int64_t steps = 0;  // steps summed
+  // The stages, in step order: their names and fields (the sum and named() follow this one list).
+  static constexpr std::pair<const char*, double WaveStageTimes::*> kStages[] = {
+      {"apply", &WaveStageTimes::apply},     {"select", &WaveStageTimes::select},
+      {"apply_wait", &WaveStageTimes::apply_wait}, {"lookup", &WaveStageTimes::lookup},
+      {"gather", &WaveStageTimes::gather},   {"attention", &WaveStageTimes::attention},
+      {"ring_wait", &WaveStageTimes::ring_wait}, {"step", &WaveStageTimes::step}};
   WaveStageTimes& operator+=(const WaveStageTimes& o) {
-    apply += o.apply;
-    select += o.select;
-    apply_wait += o.apply_wait;
-    lookup += o.lookup;
-    gather += o.gather;
-    attention += o.attention;
-    ring_wait += o.ring_wait;
-    step += o.step;
+    for (const auto& [name, field] : kStages) this->*field += o.*field;
     steps += o.steps;
     return *this;
   }
   // (name, ms) of each stage, in step order.
   std::vector<std::pair<std::string, double>> named() const {
-    return {{"apply", apply},       {"select", select},       {"apply_wait", apply_wait}, {"lookup", lookup},
-            {"gather", gather},     {"attention", attention}, {"ring_wait", ring_wait},   {"step", step}};
+    std::vector<std::pair<std::string, double>> out;
+    for (const auto& [name, field] : kStages) out.emplace_back(name, this->*field);
+    return out;
   }
 };
 

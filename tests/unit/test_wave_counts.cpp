@@ -1,5 +1,6 @@
 // The wave buffer's counters add field by field (WaveBufferStats, WaveStepCounts: summed over host-tier layers
-// by the runner; CacheManagerStats: a manager's counts carried over a protocol rebuild).
+// by the runner; CacheManagerStats: a manager's counts carried over a protocol rebuild; WaveStageTimes: the
+// stage times bench decode --stage-times reports by name).
 #include <gtest/gtest.h>
 
 #include "buffer/cache_manager.h"
@@ -7,6 +8,27 @@
 
 namespace retroinfer {
 namespace {
+
+TEST(WaveCounts, StageTimesAddAndNameEveryStage) {
+  WaveStageTimes a, b;
+  double x = 1.0;
+  for (const auto& [name, field] : WaveStageTimes::kStages) a.*field = x++;  // 1 .. 8
+  for (const auto& [name, field] : WaveStageTimes::kStages) b.*field = 10.0 * (x++);  // 90 .. 160
+  a.steps = 2;
+  b.steps = 3;
+  a += b;
+  EXPECT_EQ(a.steps, 5);
+  const auto named = a.named();
+  const std::vector<std::string> order = {"apply",  "select",    "apply_wait", "lookup",
+                                          "gather", "attention", "ring_wait",  "step"};
+  ASSERT_EQ(named.size(), order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_EQ(named[i].first, order[i]);
+    EXPECT_DOUBLE_EQ(named[i].second, double(i + 1) + 10.0 * double(i + 9));
+  }
+  EXPECT_DOUBLE_EQ(a.apply, 1.0 + 90.0);
+  EXPECT_DOUBLE_EQ(a.step, 8.0 + 160.0);
+}
 
 TEST(WaveCounts, StatsAddFieldByField) {
   WaveBufferStats a{1, 2, 3, 4, 5, 6, 7, 8}, b{10, 20, 30, 40, 50, 60, 70, 80};
