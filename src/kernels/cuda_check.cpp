@@ -1,5 +1,6 @@
 // Launch checking and the RETROINFER_CUDA_SYNC debug switch.
 #include "kernels/cuda_check.h"
+#include "kernels/stream_priority.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,16 @@ void launch_check(cudaError_t status, const char* kernel, cudaStream_t stream) {
   if (status != cudaSuccess)
     RETROINFER_FAIL("CUDA kernel ", kernel, " failed: ", cudaGetErrorString(status),
                     " (rerun with RETROINFER_CUDA_SYNC=1 to report faults at the launch that caused them)");
+}
+
+StreamPriorities stream_priorities() {
+  int least = 0, greatest = 0;
+  RETROINFER_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  StreamPriorities p;
+  p.urgent = greatest;
+  p.compute = greatest < least ? greatest + 1 : greatest;  // one level below the urgent one where there are two
+  p.background = least;
+  return p;
 }
 
 }  // namespace retroinfer::cuda::detail

@@ -3,6 +3,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/cuda_check.h"
+#include "kernels/stream_priority.h"
 #include "retroinfer/cuda_device.h"
 
 namespace retroinfer::cuda {
@@ -164,7 +165,7 @@ void CapturedGraph::end_capture(Stream s) {
   RETROINFER_CUDA_CHECK(cudaStreamEndCapture(static_cast<cudaStream_t>(s), &g));
   graph_ = g;
   cudaGraphExec_t e = nullptr;
-  RETROINFER_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  RETROINFER_CUDA_CHECK(cudaGraphInstantiate(&e, g, detail::kGraphInstantiateFlags));
   exec_ = e;
 }
 CapturedGraph::~CapturedGraph() {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "kernels/cuda_check.h"
+#include "kernels/stream_priority.h"
 #include "buffer/cuda/pinned_host.h"
 #include "attention/cuda/layer_common.h"
 #include "attention/cuda/wave_buffer_layer_impl.h"
@@ -306,9 +307,8 @@ void WaveBufferLayer::Impl::drop_graph() {
 
 void WaveBufferLayer::Impl::ensure_aux() {
   if (aux == nullptr) {
-    int least = 0, greatest = 0;
-    RETROINFER_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&aux, cudaStreamNonBlocking, greatest));
+    RETROINFER_CUDA_CHECK(
+        cudaStreamCreateWithPriority(&aux, cudaStreamNonBlocking, detail::stream_priorities().urgent));
     for (cudaEvent_t* e : {&ev_fork, &ev_applied, &ev_looked_up, &ev_ringed})
       RETROINFER_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
   }
@@ -586,7 +586,7 @@ void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
     throw;
   }
   RETROINFER_CUDA_CHECK(cudaStreamEndCapture(st, &m.graph));
-  RETROINFER_CUDA_CHECK(cudaGraphInstantiate(&m.graph_exec, m.graph, 0));
+  RETROINFER_CUDA_CHECK(cudaGraphInstantiate(&m.graph_exec, m.graph, detail::kGraphInstantiateFlags));
 }
 
 void WaveBufferLayer::set_retrieval_override(RetrievalOverride fill) {

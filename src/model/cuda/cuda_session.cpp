@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kernels/cuda_check.h"
+#include "kernels/stream_priority.h"
 #include "kernels/kernels.h"
 #include "kernels/model_kernels.h"
 #include "model/cuda/model_weights.h"
@@ -95,7 +96,7 @@ void CudaSession::Impl::collect_timing() {
 
 OwnedStream::OwnedStream() {
   cudaStream_t st = nullptr;
-  RETROINFER_CUDA_CHECK(cudaStreamCreate(&st));
+  RETROINFER_CUDA_CHECK(cudaStreamCreateWithPriority(&st, cudaStreamDefault, detail::stream_priorities().compute));
   stream = st;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda_check.h"
+#include "kernels/stream_priority.h"
 #include "kernels/kernels.h"
 #include "kernels/model_kernels.h"
 #include "model/cuda/model_weights.h"
@@ -350,7 +351,7 @@ std::string capture_graphs(Stream stream, int count, const std::function<void(in
     if (why.empty() && e != cudaSuccess) why = std::string("cudaStreamEndCapture: ") + cudaGetErrorString(e);
     cudaGraphExec_t ex = nullptr;
     if (why.empty()) {
-      e = cudaGraphInstantiate(&ex, g, 0);
+      e = cudaGraphInstantiate(&ex, g, detail::kGraphInstantiateFlags);
       if (e != cudaSuccess) why = std::string("cudaGraphInstantiate: ") + cudaGetErrorString(e);
     }
     if (g != nullptr) cudaGraphDestroy(g);
