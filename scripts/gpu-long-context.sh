@@ -21,6 +21,7 @@
 #              14 x 128K split by the planner; hit80: batch 8 at 64K, host tier at 5/10/20% cache vs GPU-resident
 #              (and 20% again with --stage-times);
 #              BENCH_STEPS, BENCH_TIMEOUT (per run, 150 s) and SPLIT_1M_TIMEOUT (300 s) bound them)
+#              BENCH_WARMUP (3) untimed steps first: more let the block cache reach its steady hit ratio
 #   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
 # Everything lands in $OUT as at most 8 files (the device returns no more): summary.txt, one tarball per
 # section and the accuracy reports.
@@ -197,7 +198,7 @@ section_bench() {
   mkdir -p "$d"
   local q=()
   [ -s "$trace" ] && q=(--query-trace "$trace")
-  local B=("$BIN/retroinfer" bench decode --model llama3-8b --steps "${BENCH_STEPS:-30}" --warmup 3)
+  local B=("$BIN/retroinfer" bench decode --model llama3-8b --steps "${BENCH_STEPS:-30}" --warmup "${BENCH_WARMUP:-3}")
   run_bench() {  # name, then bench decode arguments
     local name=$1; shift
     timeout "${BENCH_TIMEOUT:-150}" "${B[@]}" "$@" --out "$d/$name.jsonl" > "$d/$name.log" 2>&1 || note "bench $name: exit $?"
