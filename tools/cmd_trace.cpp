@@ -28,7 +28,9 @@ struct TraceReplayCliOptions {
 nlohmann::json counts_json(const CacheReplayCounts& c) {
   return {{"hit_ratio", c.hit_ratio()},         {"token_hit_ratio", c.token_hit_ratio()},
           {"hit_clusters", c.hit_clusters},     {"miss_clusters", c.miss_clusters},
-          {"hit_tokens", c.hit_tokens},         {"miss_tokens", c.miss_tokens}};
+          {"hit_tokens", c.hit_tokens},         {"miss_tokens", c.miss_tokens},
+          {"first_misses", c.first_misses},     {"first_misses_near", c.first_misses_near},
+          {"capacity_misses", c.capacity_misses()}};
 }
 
 // What the trace holds: its shape, steps and the mean selection, for the report's context.
@@ -102,6 +104,18 @@ void run_replay(const TraceReplayCliOptions& o) {
   for (const CacheReplayResult& r : results) std::printf("  %7.3f", r.total.hit_ratio());
   std::printf("\n%-8s", "tokens");
   for (const CacheReplayResult& r : results) std::printf("  %7.3f", r.total.token_hit_ratio());
+  // Where the misses come from (share of all selections): first references, and of those the ones next to a
+  // recent selection (what a neighbour prefetch could serve), then capacity misses (what more cache serves).
+  const auto share = [](uint64_t n, const CacheReplayCounts& c) {
+    const uint64_t all = c.hit_clusters + c.miss_clusters;
+    return all == 0 ? 0.0 : double(n) / double(all);
+  };
+  std::printf("\n%-8s", "first");
+  for (const CacheReplayResult& r : results) std::printf("  %7.3f", share(r.total.first_misses, r.total));
+  std::printf("\n%-8s", "  near");
+  for (const CacheReplayResult& r : results) std::printf("  %7.3f", share(r.total.first_misses_near, r.total));
+  std::printf("\n%-8s", "capacity");
+  for (const CacheReplayResult& r : results) std::printf("  %7.3f", share(r.total.capacity_misses(), r.total));
   std::printf("\n");
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);

@@ -20,10 +20,19 @@ struct CacheReplayOptions {
   int window_steps = 32;                           // steps per entry of the hit ratio over time
 };
 
+// A miss is a first reference when its head never selected the cluster before (no cache size avoids it), and
+// the rest are capacity misses (selected before, evicted since). A first reference counts as near when the
+// head selected a cluster at most kNearIds ids away within the last kNearSteps steps: clusters are numbered in
+// token order within a segment, so those are the ones a prefetch of neighbours could have brought in.
+inline constexpr int kNearIds = 2, kNearSteps = 4;
+
 // Selected clusters and their tokens, split into hits and misses.
 struct CacheReplayCounts {
   uint64_t hit_clusters = 0, miss_clusters = 0;
   uint64_t hit_tokens = 0, miss_tokens = 0;
+  uint64_t first_misses = 0;       // misses of clusters the head never selected before (miss_clusters counts them)
+  uint64_t first_misses_near = 0;  // of those, the ones next to a recent selection (kNearIds, kNearSteps)
+  uint64_t capacity_misses() const { return miss_clusters - first_misses; }
   double hit_ratio() const;        // hit_clusters / selected clusters (0 when none): WaveBufferStats' ratio
   double token_hit_ratio() const;  // hit_tokens / selected tokens: the share of retrieval bytes the cache serves
   CacheReplayCounts& operator+=(const CacheReplayCounts& o);

@@ -27,6 +27,8 @@ CacheReplayCounts& CacheReplayCounts::operator+=(const CacheReplayCounts& o) {
   miss_clusters += o.miss_clusters;
   hit_tokens += o.hit_tokens;
   miss_tokens += o.miss_tokens;
+  first_misses += o.first_misses;
+  first_misses_near += o.first_misses_near;
   return *this;
 }
 
@@ -102,6 +104,13 @@ std::vector<CacheReplayResult> replay_cluster_trace(const ClusterTrace& trace, c
       first_head = false;
       buffer::PageLru lru(ht.sizes, opt.page_tokens, cap);
       CacheReplayCounts& layer = res.per_layer[size_t(std::get<0>(key))];
+      std::vector<int32_t> last_selected(ht.sizes.size(), -1);  // step of each cluster's latest selection
+      const auto near_recent = [&](int32_t id, int32_t step) {
+        for (int32_t n = std::max(id - kNearIds, 0); n <= std::min<int32_t>(id + kNearIds, int32_t(ht.sizes.size()) - 1);
+             ++n)
+          if (n != id && last_selected[size_t(n)] >= 0 && last_selected[size_t(n)] >= step - kNearSteps) return true;
+        return false;
+      };
       for (const ClusterTraceRecord* r : ht.steps) {
         CacheReplayCounts c;
         misses.clear();
@@ -114,8 +123,13 @@ std::vector<CacheReplayResult> replay_cluster_trace(const ClusterTrace& trace, c
             ++c.miss_clusters;
             c.miss_tokens += uint64_t(r->sizes[j]);
             misses.push_back(id);
+            if (last_selected[size_t(id)] < 0) {
+              ++c.first_misses;
+              if (near_recent(id, r->step)) ++c.first_misses_near;
+            }
           }
         }
+        for (int32_t id : r->ids) last_selected[size_t(id)] = r->step;
         for (int32_t id : misses) lru.admit(id, r->step);  // ids ascend: the manager's admission order
         layer += c;
         res.per_window[size_t(r->step / opt.window_steps)] += c;

@@ -232,6 +232,24 @@ TEST(CacheReplay, PerLayerAndMultiPageClusters) {
   EXPECT_EQ(r[0].total.hit_clusters + r[0].total.miss_clusters, 3u * S);
 }
 
+// Misses split into first references (next to a recent selection or not) and capacity misses. Clusters of
+// 20 tokens take 3 pages, so the 7-page cache holds two: 1, 2, 3 are first references (2 and 3 next to the
+// previous step's cluster), 1 again has been evicted by 3 (capacity), 9 is a first reference with no
+// neighbour selected, 2 again has been evicted (capacity); 12 is 3 ids from 9, 14 is 2 ids from 12 but 12's
+// selection is kNearSteps + 1 steps old by then.
+TEST(CacheReplay, MissesSplitIntoFirstReferencesAndCapacity) {
+  const ClusterTrace t = synthetic({{{1}, {2}, {3}, {1}, {9}, {2}, {12}, {1}, {1}, {1}, {1}, {1}, {14}}}, 20);
+  CacheReplayOptions o;
+  o.cache_fractions = {0.05};
+  const auto r = replay_cluster_trace(t, o);
+  const auto& c = r[0].total;
+  EXPECT_EQ(c.first_misses, 6u);       // 1, 2, 3, 9, 12, 14
+  EXPECT_EQ(c.first_misses_near, 2u);  // 2, 3
+  EXPECT_EQ(c.capacity_misses(), 3u);  // 1 (step 3), 2 (step 5), 1 (step 7: evicted by 2 and 12)
+  EXPECT_EQ(c.miss_clusters, 9u);
+  EXPECT_EQ(c.hit_clusters, 4u);  // 1 at steps 8 to 11
+}
+
 TEST(CacheReplay, InconsistentTracesAndOptionsAreErrors) {
   ClusterTrace t = synthetic({{{1, 2}, {1, 2}}});
   t.records[1].sizes = {8, 9};
