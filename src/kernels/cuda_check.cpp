@@ -29,7 +29,6 @@ StreamPriorities stream_priorities() {
   StreamPriorities p;
   p.urgent = greatest;
   p.compute = greatest < least ? greatest + 1 : greatest;  // one level below the urgent one where there are two
-  p.background = least;
   return p;
 }
 

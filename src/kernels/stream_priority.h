@@ -6,12 +6,11 @@
 namespace retroinfer::cuda::detail {
 
 // Priorities of the decode step's streams on the current device (lower numbers run first). The block
-// scheduler starts a waiting kernel's blocks in priority order as multiprocessors free up, so work on the
-// critical path (`compute`: sessions' streams) starts ahead of blocks of side work queued before it
-// (`background`: the wave buffer's PCIe-bound misses), and the small grids that the critical path waits on
-// (`urgent`: the wave buffer's apply) ahead of both.
+// scheduler starts a waiting kernel's blocks in priority order as multiprocessors free up, so the small grids
+// that the critical path waits on (`urgent`: the wave buffer's side stream, its apply and ring) start ahead of
+// the sessions' own work (`compute`), which stays above the default priority of streams the engine does not own.
 struct StreamPriorities {
-  int urgent = 0, compute = 0, background = 0;
+  int urgent = 0, compute = 0;
 };
 StreamPriorities stream_priorities();
 
