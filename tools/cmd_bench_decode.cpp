@@ -129,6 +129,47 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   return r;
 }
 
+// --joined: the batch is c.batch one-sequence sessions, each planning alone (its own activations and
+// workspaces; the weights are shared and not counted), the first gpu_sessions with every layer on the GPU and
+// the others with req's placement. The batch fits when their one-sequence plans add up within the limits;
+// otherwise an Error ("session plan: ...", reported as refused) before any session is made. Returns the plan
+// of the sessions with req's placement (of the GPU sessions when all are), and the sums in j["plan_joined"].
+buffer::SessionPlanBreakdown plan_joined(buffer::SessionPlanRequest req, int batch, int gpu_sessions, json& j) {
+  const int on_gpu = std::min(batch, gpu_sessions), others = batch - on_gpu;
+  req.num_seqs = 1;
+  int64_t gpu_need = 0, host_need = 0;
+  buffer::SessionPlanBreakdown other_plan, gpu_plan;
+  if (others > 0) {
+    other_plan = buffer::plan_session(req);
+    gpu_need += others * other_plan.gpu_bytes;
+    host_need += others * other_plan.host_bytes;
+  }
+  if (on_gpu > 0) {
+    buffer::SessionPlanRequest g = req;
+    g.placement = KvPlacement::kGpu;
+    g.gpu_layers = -1;
+    gpu_plan = buffer::plan_session(g);
+    gpu_need += on_gpu * gpu_plan.gpu_bytes;
+    host_need += on_gpu * gpu_plan.host_bytes;
+  }
+  j["plan_joined"] = {{"gpu_sessions", on_gpu},       {"other_sessions", others},
+                      {"gpu_bytes", gpu_need},        {"host_bytes", host_need},
+                      {"gpu_free_bytes", req.gpu_free_bytes}, {"host_free_bytes", req.host_free_bytes}};
+  const auto gib = [](int64_t b) {
+    char t[32];
+    std::snprintf(t, sizeof t, "%.2f", double(b) / double(int64_t{1} << 30));
+    return std::string(t);
+  };
+  RETROINFER_CHECK(gpu_need <= req.gpu_free_bytes && host_need <= req.host_free_bytes, "session plan: joined batch of ",
+                   batch, " one-sequence sessions (", on_gpu, " on the GPU, ", others, " ",
+                   buffer::kv_placement_name(req.placement), ") x ", req.max_context, " tokens needs ", gib(gpu_need),
+                   " GiB of GPU memory with ", gib(req.gpu_free_bytes), " GiB free and ", gib(host_need),
+                   " GiB of pinned host memory with ", gib(req.host_free_bytes),
+                   " GiB free (does not fit); nothing was allocated. Use fewer sessions, fewer on the GPU, or raise "
+                   "the memory limits");
+  return others > 0 ? other_plan : gpu_plan;
+}
+
 json plan_json(const buffer::SessionPlanBreakdown& p) {
   return {{"placement", buffer::kv_placement_name(p.placement)},
           {"gpu_layers", p.gpu_layers},
@@ -608,7 +649,8 @@ void run_bench_decode(const BenchDecodeOptions& o) {
             std::fprintf(stderr, "bench decode: context %lld, %s, placement %s, batch %d\n",
                          static_cast<long long>(ctx), std::string(attention_kind_name(kind)).c_str(),
                          std::string(buffer::kv_placement_name(placement)).c_str(), c.batch);
-            const buffer::SessionPlanBreakdown plan = buffer::plan_session(req);  // throws: refused
+            const buffer::SessionPlanBreakdown plan =  // throws: refused
+                o.joined ? plan_joined(req, c.batch, o.joined_gpu_sessions, j) : buffer::plan_session(req);
             j["plan"] = plan_json(plan);
             if (o.plan_only) {
               j["status"] = "planned";
