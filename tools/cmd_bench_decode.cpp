@@ -155,18 +155,14 @@ buffer::SessionPlanBreakdown plan_joined(buffer::SessionPlanRequest req, int bat
   j["plan_joined"] = {{"gpu_sessions", on_gpu},       {"other_sessions", others},
                       {"gpu_bytes", gpu_need},        {"host_bytes", host_need},
                       {"gpu_free_bytes", req.gpu_free_bytes}, {"host_free_bytes", req.host_free_bytes}};
-  const auto gib = [](int64_t b) {
-    char t[32];
-    std::snprintf(t, sizeof t, "%.2f", double(b) / double(int64_t{1} << 30));
-    return std::string(t);
-  };
+  using buffer::format_gib;
   RETROINFER_CHECK(gpu_need <= req.gpu_free_bytes && host_need <= req.host_free_bytes, "session plan: joined batch of ",
                    batch, " one-sequence sessions (", on_gpu, " on the GPU, ", others, " ",
-                   buffer::kv_placement_name(req.placement), ") x ", req.max_context, " tokens needs ", gib(gpu_need),
-                   " GiB of GPU memory with ", gib(req.gpu_free_bytes), " GiB free and ", gib(host_need),
-                   " GiB of pinned host memory with ", gib(req.host_free_bytes),
-                   " GiB free (does not fit); nothing was allocated. Use fewer sessions, fewer on the GPU, or raise "
-                   "the memory limits");
+                   buffer::kv_placement_name(req.placement), ") x ", req.max_context, " tokens needs ",
+                   format_gib(gpu_need), " of GPU memory with ", format_gib(req.gpu_free_bytes), " free and ",
+                   format_gib(host_need), " of pinned host memory with ", format_gib(req.host_free_bytes),
+                   " free (does not fit); nothing was allocated. Use fewer sessions, fewer on the GPU, or raise the "
+                   "memory limits");
   return others > 0 ? other_plan : gpu_plan;
 }
 

@@ -106,16 +106,12 @@ void run_replay(const TraceReplayCliOptions& o) {
   for (const CacheReplayResult& r : results) std::printf("  %7.3f", r.total.token_hit_ratio());
   // Where the misses come from (share of all selections): first references, and of those the ones next to a
   // recent selection (what a neighbour prefetch could serve), then capacity misses (what more cache serves).
-  const auto share = [](uint64_t n, const CacheReplayCounts& c) {
-    const uint64_t all = c.hit_clusters + c.miss_clusters;
-    return all == 0 ? 0.0 : double(n) / double(all);
-  };
   std::printf("\n%-8s", "first");
-  for (const CacheReplayResult& r : results) std::printf("  %7.3f", share(r.total.first_misses, r.total));
+  for (const CacheReplayResult& r : results) std::printf("  %7.3f", r.total.share(r.total.first_misses));
   std::printf("\n%-8s", "  near");
-  for (const CacheReplayResult& r : results) std::printf("  %7.3f", share(r.total.first_misses_near, r.total));
+  for (const CacheReplayResult& r : results) std::printf("  %7.3f", r.total.share(r.total.first_misses_near));
   std::printf("\n%-8s", "capacity");
-  for (const CacheReplayResult& r : results) std::printf("  %7.3f", share(r.total.capacity_misses(), r.total));
+  for (const CacheReplayResult& r : results) std::printf("  %7.3f", r.total.share(r.total.capacity_misses()));
   std::printf("\n");
   if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);

@@ -33,7 +33,8 @@ struct CacheReplayCounts {
   uint64_t first_misses = 0;       // misses of clusters the head never selected before (miss_clusters counts them)
   uint64_t first_misses_near = 0;  // of those, the ones next to a recent selection (kNearIds, kNearSteps)
   uint64_t capacity_misses() const { return miss_clusters - first_misses; }
-  double hit_ratio() const;        // hit_clusters / selected clusters (0 when none): WaveBufferStats' ratio
+  double share(uint64_t clusters) const;  // clusters / selected clusters (0 when none)
+  double hit_ratio() const { return share(hit_clusters); }  // WaveBufferStats' ratio
   double token_hit_ratio() const;  // hit_tokens / selected tokens: the share of retrieval bytes the cache serves
   CacheReplayCounts& operator+=(const CacheReplayCounts& o);
 };

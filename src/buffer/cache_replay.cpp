@@ -12,9 +12,9 @@
 
 namespace retroinfer {
 
-double CacheReplayCounts::hit_ratio() const {
+double CacheReplayCounts::share(uint64_t clusters) const {
   const uint64_t n = hit_clusters + miss_clusters;
-  return n == 0 ? 0.0 : double(hit_clusters) / double(n);
+  return n == 0 ? 0.0 : double(clusters) / double(n);
 }
 
 double CacheReplayCounts::token_hit_ratio() const {
@@ -108,7 +108,7 @@ std::vector<CacheReplayResult> replay_cluster_trace(const ClusterTrace& trace, c
       const auto near_recent = [&](int32_t id, int32_t step) {
         for (int32_t n = std::max(id - kNearIds, 0); n <= std::min<int32_t>(id + kNearIds, int32_t(ht.sizes.size()) - 1);
              ++n)
-          if (n != id && last_selected[size_t(n)] >= 0 && last_selected[size_t(n)] >= step - kNearSteps) return true;
+          if (n != id && last_selected[size_t(n)] >= std::max(step - kNearSteps, 0)) return true;
         return false;
       };
       for (const ClusterTraceRecord* r : ht.steps) {
