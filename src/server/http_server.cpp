@@ -70,6 +70,9 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   std::atomic<ServerHandler*> handler{nullptr};
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
+  // The acceptor's handlers and stop()'s close run on this strand: with several I/O threads an accept
+  // handler starting the next accept and stop() closing the acceptor would otherwise touch it at once.
+  net::strand<net::io_context::executor_type> accept_strand{net::make_strand(ioc)};
   std::atomic<bool> stopping{false}, serving{false};
 
   std::mutex mu;
@@ -512,8 +515,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
 };
 
 void HttpServer::Impl::accept() {
-  acceptor.async_accept(net::make_strand(ioc), [self = shared_from_this()](boost::system::error_code ec,
-                                                                           tcp::socket socket) {
+  acceptor.async_accept(net::make_strand(ioc), net::bind_executor(accept_strand, [self = shared_from_this()](
+                                                                             boost::system::error_code ec,
+                                                                             tcp::socket socket) {
     if (self->stopping.load() || !self->acceptor.is_open()) return;
     if (!ec) {
       if (self->metrics->connections_open.load() >= self->opt.max_connections) {
@@ -532,7 +536,7 @@ void HttpServer::Impl::accept() {
     // Errors of one accept (a client that reset before it was accepted, out of descriptors) end that
     // connection only.
     self->accept();
-  });
+  }));
 }
 
 // Over --max-connections: 503 at once, then close (after the client has had a moment to read it, so
@@ -638,7 +642,7 @@ void HttpServer::listen() {
 void HttpServer::stop() {
   if (!impl_) return;
   if (!impl_->stopping.exchange(true)) {
-    net::post(impl_->ioc, [impl = impl_] {
+    net::post(impl_->accept_strand, [impl = impl_] {
       boost::system::error_code ec;
       impl->acceptor.close(ec);
       impl->close_all();
