@@ -263,8 +263,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     auto work = std::move(r.work);
     auto headers = std::move(r.headers);
     auto guard = std::make_shared<WorkerGuard>(server_);
-    std::thread([self = shared_from_this(), work = std::move(work), headers = std::move(headers), ctx = p.ctx,
-                 version = p.version, keep_alive = p.keep_alive, guard]() mutable {
+    // The guard is captured first so that it is destroyed last: stop() returns once the workers are done, and
+    // the connection (whose destructor counts in the server's metrics) must be gone by then.
+    std::thread([guard, self = shared_from_this(), work = std::move(work), headers = std::move(headers), ctx = p.ctx,
+                 version = p.version, keep_alive = p.keep_alive]() mutable {
       HttpReply done;
       try {
         done = work(ctx);
