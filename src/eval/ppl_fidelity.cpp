@@ -102,6 +102,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
     base->prefill(win.first(P));
     rep.prefill_seconds += seconds_since(t0);
     std::vector<std::vector<double>> ref_lp(T);  // full's log-probabilities per step
+    std::vector<double> ref_nll(T);                // full's NLL of the forced token per step
     double retro_exact = -1.0;                   // retro's exact tokens per head and step in this window
     for (size_t mi = 0; mi < methods.size(); ++mi) {
       PplMethodResult& r = res[mi];
@@ -144,7 +145,10 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
       for (int64_t t = 0; t < T; ++t) {
         s->decode(win[P + t], logits);
         const std::vector<double> lp = log_softmax(logits);
-        r.nll -= lp[win[P + t + 1]];
+        const double nll = -lp[win[P + t + 1]];
+        r.nll += nll;
+        if (mi == 0) ref_nll[t] = nll;
+        r.nll_diff_sq += (nll - ref_nll[t]) * (nll - ref_nll[t]);
         r.exact_tokens_per_head += static_cast<double>(s->last_stats().exact_tokens);
         r.context_tokens_per_head += static_cast<double>(s->last_stats().context_tokens);
         if (mi == 0) {
@@ -191,7 +195,12 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
     if (r.budget_tokens >= 0 && rep.windows_run > 0) r.budget_tokens /= rep.windows_run;
     r.context_tokens_per_head /= heads;
   }
-  for (auto& r : res) r.ppl_rel_diff = r.ppl / res[0].ppl - 1.0;
+  for (auto& r : res) {
+    r.ppl_rel_diff = r.ppl / res[0].ppl - 1.0;
+    const double n = static_cast<double>(r.steps), mean_diff = r.nll - res[0].nll;
+    const double var = n > 1 ? std::max(0.0, (r.nll_diff_sq - n * mean_diff * mean_diff) / (n - 1)) : 0.0;
+    r.ppl_rel_diff_se = (1.0 + r.ppl_rel_diff) * std::sqrt(var / std::max(n, 1.0));
+  }
   rep.methods = std::move(res);
   return rep;
 }
@@ -213,7 +222,8 @@ nlohmann::json to_json(const PplReport& r) {
   j["methods"] = nlohmann::json::array();
   for (const auto& m : r.methods)
     j["methods"].push_back({{"method", m.method}, {"steps", m.steps}, {"nll", m.nll}, {"ppl", m.ppl},
-                            {"ppl_rel_diff", m.ppl_rel_diff}, {"kl_mean", m.kl_mean}, {"kl_max", m.kl_max},
+                            {"ppl_rel_diff", m.ppl_rel_diff}, {"ppl_rel_diff_se", m.ppl_rel_diff_se},
+                            {"kl_mean", m.kl_mean}, {"kl_max", m.kl_max},
                             {"top1_agreement", m.top1_agreement}, {"layer_rel_err", m.layer_rel_err},
                             {"exact_tokens_per_head", m.exact_tokens_per_head},
                             {"context_tokens_per_head", m.context_tokens_per_head}, {"seconds", m.seconds}});
@@ -236,7 +246,7 @@ nlohmann::json to_json(const PplReport& r) {
 
 std::string markdown_table(const PplReport& r) {
   std::string md =
-      "| method | perplexity | vs full | KL mean (nats) | KL max | top-1 agreement | attention rel. L2 error, mean "
+      "| method | perplexity | vs full (± SE) | KL mean (nats) | KL max | top-1 agreement | attention rel. L2 error, mean "
       "over layers | worst layer | exact tokens read / context | steps |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   char buf[512];
   for (const auto& m : r.methods) {
@@ -250,8 +260,11 @@ std::string markdown_table(const PplReport& r) {
     char err[96] = "n/a (cpu only) | n/a";
     if (!m.layer_rel_err.empty())
       std::snprintf(err, sizeof err, "%.2e | %.2e (layer %zu)", mean, m.layer_rel_err[worst], worst);
-    std::snprintf(buf, sizeof buf, "| %s | %.4f | %+.2f%% | %.2e | %.2e | %.1f%% | %s | %.0f / %.0f | %lld |\n",
-                  m.method.c_str(), m.ppl, 100.0 * m.ppl_rel_diff, m.kl_mean, m.kl_max, 100.0 * m.top1_agreement,
+    char vs_full[48];
+    if (&m == &r.methods.front()) std::snprintf(vs_full, sizeof vs_full, "%+.2f%%", 100.0 * m.ppl_rel_diff);
+    else std::snprintf(vs_full, sizeof vs_full, "%+.2f%% ± %.2f", 100.0 * m.ppl_rel_diff, 100.0 * m.ppl_rel_diff_se);
+    std::snprintf(buf, sizeof buf, "| %s | %.4f | %s | %.2e | %.2e | %.1f%% | %s | %.0f / %.0f | %lld |\n",
+                  m.method.c_str(), m.ppl, vs_full, m.kl_mean, m.kl_max, 100.0 * m.top1_agreement,
                   err, m.exact_tokens_per_head, m.context_tokens_per_head, static_cast<long long>(m.steps));
     md += buf;
   }

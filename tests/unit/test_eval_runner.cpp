@@ -90,9 +90,15 @@ TEST(EvalRunner, PplFidelityFullAgainstItselfIsExactStreamingIsNot) {
   for (double e : full.layer_rel_err) EXPECT_LT(e, 1e-6);  // the observer compares full with exact full
   EXPECT_GT(full.ppl, 1.0);
   EXPECT_GT(st.kl_mean, 0.0);
+  EXPECT_EQ(full.ppl_rel_diff_se, 0.0);  // full against itself: every paired difference is 0
+  // Streaming's per-token NLL differs from full's: a positive standard error, below the spread of one token.
+  EXPECT_GT(st.ppl_rel_diff_se, 0.0);
+  EXPECT_LT(st.ppl_rel_diff_se, 1.0 + st.ppl_rel_diff);
   for (double e : st.layer_rel_err) EXPECT_GT(e, 1e-4);  // streaming drops ~150 of ~165 tokens
   EXPECT_LT(st.exact_tokens_per_head, 0.2 * st.context_tokens_per_head);
   EXPECT_NE(eval::markdown_table(r).find("| streaming |"), std::string::npos);
+  EXPECT_NE(eval::markdown_table(r).find("% ± "), std::string::npos) << eval::markdown_table(r);
+  EXPECT_TRUE(eval::to_json(r)["methods"][1].contains("ppl_rel_diff_se"));
   EXPECT_THROW(eval::run_ppl_fidelity(*m, std::span<const int32_t>(toks).first(100), o), Error);
 }
 
