@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # A job longer than one device call (at most 10 minutes), run across two consecutive calls on the GPU machine.
 # A process started with setsid outlives the call that started it while the machine stays held, and the machine
-# is given back 30 s after a call ends: the second call must follow the first at once.
+# is given back 30 s after a call ends: the second call must follow the first at once. Keep the first call's
+# $OUT empty (run other sections in an earlier call): its files travel back after the command ends, likely inside
+# those 30 s (a first call that also returned the GPU tests' files was followed by a fresh machine, the job lost).
 #
 #   call 1:  bash scripts/gpu-background.sh start NAME -- COMMAND ARGS...   (then `wait` in the same call)
 #            bash scripts/gpu-background.sh wait NAME 560
