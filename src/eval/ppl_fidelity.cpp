@@ -68,6 +68,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
   rep.attention_error_measured = model.device() == Device::kCpu;
   rep.text_tokens = static_cast<int64_t>(text.size());
   std::vector<PplMethodResult> res(methods.size());
+  std::vector<double> nll_diff_sq(methods.size(), 0.0);  // per method: sum of squared per-token NLL differences vs full
   for (size_t i = 0; i < methods.size(); ++i) {
     res[i].method = methods[i];
     if (rep.attention_error_measured) res[i].layer_rel_err.assign(c.num_layers, 0.0);
@@ -148,7 +149,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
         const double nll = -lp[win[P + t + 1]];
         r.nll += nll;
         if (mi == 0) ref_nll[t] = nll;
-        r.nll_diff_sq += (nll - ref_nll[t]) * (nll - ref_nll[t]);
+        nll_diff_sq[mi] += (nll - ref_nll[t]) * (nll - ref_nll[t]);
         r.exact_tokens_per_head += static_cast<double>(s->last_stats().exact_tokens);
         r.context_tokens_per_head += static_cast<double>(s->last_stats().context_tokens);
         if (mi == 0) {
@@ -195,10 +196,11 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
     if (r.budget_tokens >= 0 && rep.windows_run > 0) r.budget_tokens /= rep.windows_run;
     r.context_tokens_per_head /= heads;
   }
-  for (auto& r : res) {
+  for (size_t mi = 0; mi < res.size(); ++mi) {
+    PplMethodResult& r = res[mi];
     r.ppl_rel_diff = r.ppl / res[0].ppl - 1.0;
     const double n = static_cast<double>(r.steps), mean_diff = r.nll - res[0].nll;
-    const double var = n > 1 ? std::max(0.0, (r.nll_diff_sq - n * mean_diff * mean_diff) / (n - 1)) : 0.0;
+    const double var = n > 1 ? std::max(0.0, (nll_diff_sq[mi] - n * mean_diff * mean_diff) / (n - 1)) : 0.0;
     r.ppl_rel_diff_se = (1.0 + r.ppl_rel_diff) * std::sqrt(var / std::max(n, 1.0));
   }
   rep.methods = std::move(res);

@@ -60,7 +60,6 @@ struct PplMethodResult {
   // thousand forced tokens leave it at ~0.3-0.6 points for retro on real text (the hard tokens' NLL moves
   // most), so perplexity gaps closer than ~2 SE are not told apart; the KL is far less noisy.
   double ppl_rel_diff_se = 0.0;
-  double nll_diff_sq = 0.0;            // while running: sum of the squared per-token NLL differences
   double kl_mean = 0.0, kl_max = 0.0;  // KL(full || method), nats
   double top1_agreement = 0.0;         // in [0, 1]
   std::vector<double> layer_rel_err;   // [num_layers], mean over steps; empty when not measured (cuda)
