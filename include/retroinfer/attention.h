@@ -55,6 +55,20 @@ class AttentionMethod {
     (void)layer;
   }
 
+  // Retrieval budgets by layer (retro; the other methods keep their budget: an empty result, and the setter
+  // is ignored). The attention mass this layer's exact zones would miss for n calibration queries (q: [n,
+  // num_heads_q, head_dim] f32 post-RoPE, the queries of the cache's last n tokens), one value per multiple of
+  // the nominal retrieval count (index::kLayerBudgetMultipliers, src/index/layer_budgets.h); empty when the
+  // method keeps no index or has not built it (call after on_prefill).
+  virtual std::vector<double> calibration_missed_mass(const KvCache& kv, const float* q, int64_t n) const {
+    (void)kv;
+    (void)q;
+    (void)n;
+    return {};
+  }
+  // Scales the retrieval zone to m times its nominal count until the next on_prefill (which restores 1).
+  virtual void set_retrieval_multiplier(double m) { (void)m; }
+
   static constexpr uint8_t kZoneIgnored = 0;
   static constexpr uint8_t kZoneExact = 1;
   static constexpr uint8_t kZoneEstimated = 2;

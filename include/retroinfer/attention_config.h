@@ -44,6 +44,11 @@ struct AttentionConfig {
   // Share of the indexed tokens kept out of the clusters and read exactly at every step (retro's outlier
   // zone): those with the largest residual ||k - centroid|| (docs/wave-index.md, "Outlier tokens").
   double outlier_fraction = 0.001;
+  // Retrieval budgets by layer: after prefill, the prompt's last layer_budget_queries queries measure how much
+  // attention mass each layer's exact zones miss at several multiples of its retrieval count, and the layers
+  // get the multiples (1/4 to 4) that minimise the summed missed mass at the same mean (docs/wave-index.md,
+  // "Retrieval budgets by layer"). 0: every layer retrieves retrieval_fraction of its clusters.
+  int layer_budget_queries = 0;
   int update_tokens = 1024;           // generated tokens per index update
   int update_clusters = 64;           // clusters made per index update
   // The GPU layers score the clusters against int8 copies of the centroids (one f32 scale per row: D + 4

@@ -179,6 +179,9 @@ class Session final : public SequenceSession {
   const AttentionConfig& attention_config() const override { return opt_.attention; }
   Device device() const override { return Device::kCpu; }
   const KvCache& kv(int layer) const;
+  // Empty also for a method other than retro, a prompt too short to index, or a fork after decode steps (the
+  // kept queries are then not the cache's last).
+  std::vector<double> layer_budget_multipliers() const override { return layer_multipliers_; }
 
  private:
   struct Scratch;
@@ -195,6 +198,10 @@ class Session final : public SequenceSession {
   // Decode attention of one layer for this session's token (q [hq, d] post-RoPE -> out [hq, d]), its K/V
   // already appended: the method, last_stats_, the observer.
   void decode_attention(int layer, const float* q, float* out);
+  // Keeps the last rows of a prefill chunk's queries of layer l (q: [n, hq, d]) for the budget calibration.
+  void keep_prompt_queries(int layer, const float* q, int64_t n);
+  // The prompt is in the caches: every method's on_prefill, then the retrieval budgets by layer.
+  void index_prompt();
 
   const Model& model_;
   SessionOptions opt_;
@@ -205,6 +212,11 @@ class Session final : public SequenceSession {
   AttentionStats last_stats_;
   std::vector<KvCache> kv_;                              // [num_layers]
   std::vector<std::unique_ptr<AttentionMethod>> attn_;   // [num_layers]
+  // The queries of the prompt's last tokens per layer ([rows, hq, d] each, rows <= max(layer_budget_queries,
+  // kPromptQueriesKept)), ending at position prompt_queries_end_; a fork calibrates its budgets from them.
+  std::vector<std::vector<float>> prompt_queries_;
+  int64_t prompt_queries_end_ = -1;
+  std::vector<double> layer_multipliers_;
   std::unique_ptr<Scratch> s_;
   AttentionObserver observer_;
 };

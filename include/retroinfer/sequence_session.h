@@ -158,6 +158,10 @@ class SequenceSession {
   // Default: nullopt (the CPU runner: the KV cache is in host memory, no tiers). The CUDA session reports its
   // plan's placement; reading the host tier's counters synchronises with the device.
   virtual std::optional<KvPlacementReport> kv_placement_report() { return std::nullopt; }
+  // The retrieval multiple of each layer the last prefill's budget calibration chose
+  // (AttentionConfig::layer_budget_queries; docs/wave-index.md, "Retrieval budgets by layer"); empty when every
+  // layer keeps the nominal budget.
+  virtual std::vector<double> layer_budget_multipliers() const { return {}; }
 
   // Prefix reuse (prefix_cache.h, snapshot.h; docs/prefix-cache.md). load_prefix, on a fresh session (nothing
   // prefilled, no stepped prefill): its KV caches take the prefix's K/V and position() becomes prefix.size();

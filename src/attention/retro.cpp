@@ -2,8 +2,10 @@
 #include "attention/retro.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "attention/exact.h"
+#include "index/layer_budgets.h"
 #include "retroinfer/cluster_trace.h"
 #include "retroinfer/error.h"
 #include "retroinfer/wave_counts.h"
@@ -13,6 +15,23 @@ namespace retroinfer::attention {
 RetroAttention::RetroAttention(const AttentionConfig& cfg, const AttentionShape& shape) : MethodBase(cfg, shape) {
   validate(shape);
   validate(cfg);
+  nominal_retrieval_fraction_ = cfg.retrieval_fraction;
+}
+
+std::vector<double> RetroAttention::calibration_missed_mass(const KvCache& kv, const float* q, int64_t n) const {
+  if (!built_ || index_.indexed_tokens() == 0) return {};
+  check_kv(kv);
+  AttentionConfig nominal = cfg_;
+  nominal.retrieval_fraction = nominal_retrieval_fraction_;
+  return index::layer_missed_mass(index_, kv, nominal, shape_.num_heads_q, effective_scale(cfg_.scale, shape_.head_dim),
+                                  q, n);
+}
+
+void RetroAttention::set_retrieval_multiplier(double m) {
+  RETROINFER_CHECK(m > 0.0 && std::isfinite(m), "retro: retrieval multiplier ", m, " is not a positive number");
+  retrieval_multiplier_ = m;
+  // At most every cluster; the estimation zone takes what is left (zone_counts).
+  cfg_.retrieval_fraction = std::min(1.0, nominal_retrieval_fraction_ * m);
 }
 
 index::KMeansParams RetroAttention::kmeans_params() const {
@@ -32,6 +51,7 @@ void RetroAttention::build(const KvCache& kv) {
   index_.indexed_end = sink;
   num_updates_ = 0;
   steps_since_build_ = 0;
+  set_retrieval_multiplier(1.0);
   last_size_ = -1;
   last_sel_.assign(shape_.num_heads_kv, index::ZoneSelection{});
   built_ = true;

@@ -49,6 +49,10 @@ class RetroAttention final : public MethodBase {
     trace_layer_ = layer;
   }
 
+  std::vector<double> calibration_missed_mass(const KvCache& kv, const float* q, int64_t n) const override;
+  void set_retrieval_multiplier(double m) override;
+  double retrieval_multiplier() const { return retrieval_multiplier_; }
+
   const index::WaveIndex& wave_index() const { return index_; }
   int64_t num_updates() const { return num_updates_; }  // index updates run since the index was built
 
@@ -74,6 +78,9 @@ class RetroAttention final : public MethodBase {
                   const Code (&zone_code)[5], Code* zones) const;
 
   index::WaveIndex index_;
+  // cfg_.retrieval_fraction is the nominal fraction times retrieval_multiplier_ (set_retrieval_multiplier).
+  double nominal_retrieval_fraction_ = 0.0;
+  double retrieval_multiplier_ = 1.0;
   // The last decode(), for last_zones(): per KV head its selection, and the cache size and steady bounds.
   std::vector<index::ZoneSelection> last_sel_;  // [num_heads_kv]
   int64_t last_size_ = -1;                      // -1: no decode since the index was (re)built

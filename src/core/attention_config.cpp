@@ -68,6 +68,10 @@ const AttentionParam kParams[] = {
      "retro: ignore the estimation zone"},
     {"outlier_fraction", "outlier_fraction", "--outlier-fraction", &AttentionConfig::outlier_fraction, 0.0, 1.0,
      "retro: share of the indexed tokens kept out of the clusters and read exactly"},
+    {"layer_budget_queries", "layer_budget_queries", "--layer-budget-queries", &AttentionConfig::layer_budget_queries,
+     0.0, kNoMax,
+     "retro: the prompt's last queries that share the retrieval budget out among the layers (0: the same share "
+     "in every layer)"},
     {"update_tokens", "update_tokens", "--update-tokens", &AttentionConfig::update_tokens, 1.0, kNoMax,
      "retro: generated tokens per index update"},
     {"update_clusters", "update_clusters", "--update-clusters", &AttentionConfig::update_clusters, 1.0, kNoMax,

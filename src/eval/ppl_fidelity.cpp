@@ -69,6 +69,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
   rep.text_tokens = static_cast<int64_t>(text.size());
   std::vector<PplMethodResult> res(methods.size());
   std::vector<double> nll_diff_sq(methods.size(), 0.0);  // per method: sum of squared per-token NLL differences vs full
+  std::vector<int> budget_windows(methods.size(), 0);  // per method: windows whose session calibrated its budgets
   for (size_t i = 0; i < methods.size(); ++i) {
     res[i].method = methods[i];
     if (rep.attention_error_measured) res[i].layer_rel_err.assign(c.num_layers, 0.0);
@@ -142,6 +143,12 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
           r.layer_rel_err[layer] += den > 0 ? std::sqrt(num / den) : 0.0;
         });
       }
+      if (const std::vector<double> lm = s->layer_budget_multipliers(); !lm.empty()) {
+        if (r.layer_budget_multipliers.empty()) r.layer_budget_multipliers.assign(lm.size(), 0.0);
+        for (size_t l = 0; l < lm.size() && l < r.layer_budget_multipliers.size(); ++l)
+          r.layer_budget_multipliers[l] += lm[l];
+        ++budget_windows[mi];
+      }
       std::vector<float> logits(vocab);
       for (int64_t t = 0; t < T; ++t) {
         s->decode(win[P + t], logits);
@@ -191,6 +198,8 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
     r.kl_mean /= n;
     r.top1_agreement /= n;
     for (double& e : r.layer_rel_err) e /= n;  // empty when not measured
+    const int bw = budget_windows[&r - res.data()];
+    for (double& m : r.layer_budget_multipliers) m /= std::max(bw, 1);
     const double heads = n * c.num_layers * c.num_heads_kv;
     r.exact_tokens_per_head /= heads;
     if (r.budget_tokens >= 0 && rep.windows_run > 0) r.budget_tokens /= rep.windows_run;
@@ -228,6 +237,7 @@ nlohmann::json to_json(const PplReport& r) {
                             {"kl_mean", m.kl_mean}, {"kl_max", m.kl_max},
                             {"top1_agreement", m.top1_agreement}, {"layer_rel_err", m.layer_rel_err},
                             {"exact_tokens_per_head", m.exact_tokens_per_head},
+                            {"layer_budget_multipliers", m.layer_budget_multipliers},
                             {"context_tokens_per_head", m.context_tokens_per_head}, {"seconds", m.seconds}});
   for (size_t i = 0; i < r.methods.size(); ++i) {
     const PplMethodResult& m = r.methods[i];

@@ -64,6 +64,9 @@ struct PplMethodResult {
   double top1_agreement = 0.0;         // in [0, 1]
   std::vector<double> layer_rel_err;   // [num_layers], mean over steps; empty when not measured (cuda)
   double exact_tokens_per_head = 0.0;  // per layer, KV head and step
+  // retro with layer_budget_queries > 0: each layer's retrieval multiple (the budget calibration's), mean over
+  // the windows; empty when every layer kept the nominal budget.
+  std::vector<double> layer_budget_multipliers;
   double budget_tokens = -1.0;         // baselines: mean budget beyond the steady zone over windows (-1: derived)
   double context_tokens_per_head = 0.0;
   double seconds = 0.0;                // fork + index + decode, all windows

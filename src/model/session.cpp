@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "model/linear.h"
+#include "index/layer_budgets.h"
 #include "model/prefill_attention.h"
 #include "model/rope.h"
 #include "model/weights.h"
@@ -169,7 +170,9 @@ std::unique_ptr<Session> Session::fork(const AttentionConfig& attention) const {
   auto s = std::make_unique<Session>(model_, o);
   s->kv_ = kv_;
   s->pos_ = pos_;
-  for (size_t l = 0; l < s->kv_.size(); ++l) s->attn_[l]->on_prefill(s->kv_[l]);
+  s->prompt_queries_ = prompt_queries_;
+  s->prompt_queries_end_ = prompt_queries_end_;
+  s->index_prompt();
   s->prefilled_ = true;
   return s;
 }
@@ -197,7 +200,7 @@ std::vector<float> Session::prefill(std::span<const int32_t> tokens, bool all_lo
     forward(tokens.data() + start, m, n, false, 0, logits.data() + start * vocab);
     if (progress) progress(start + m, n);
   }
-  for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
+  index_prompt();
   prefilled_ = true;
   return logits;
 }
@@ -245,7 +248,7 @@ bool Session::prefill_step(int64_t max_tokens) {
     throw;
   }
   if (steps_.done < n) return false;
-  for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
+  index_prompt();
   prefilled_ = true;
   prefix_tokens_.clear();
   steps_.finished = true;
@@ -385,6 +388,46 @@ void Session::ensure_rope(int64_t rope_seq_len) {
   }
 }
 
+namespace {
+// Prompt queries every session keeps per layer even when its own method needs none: a fork with the budget
+// calibration on (an eval method forked from full's prefill) calibrates from them.
+constexpr int64_t kPromptQueriesKept = 64;
+}  // namespace
+
+void Session::keep_prompt_queries(int layer, const float* q, int64_t n) {
+  const ModelConfig& c = model_.config();
+  const int64_t row = static_cast<int64_t>(c.num_heads_q) * c.head_dim;
+  const int64_t keep = std::max<int64_t>(opt_.attention.layer_budget_queries, kPromptQueriesKept);
+  if (prompt_queries_.size() != kv_.size()) prompt_queries_.assign(kv_.size(), {});
+  std::vector<float>& kept = prompt_queries_[layer];
+  const int64_t take = std::min(n, keep);
+  kept.insert(kept.end(), q + (n - take) * row, q + n * row);
+  const auto rows = static_cast<int64_t>(kept.size()) / row;
+  if (rows > keep) kept.erase(kept.begin(), kept.begin() + (rows - keep) * row);
+}
+
+void Session::index_prompt() {
+  for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
+  layer_multipliers_.clear();
+  const int64_t want = opt_.attention.layer_budget_queries;
+  // The kept queries must be those of the cache's last tokens (not so after a loaded prefix or decode steps).
+  if (want <= 0 || kv_.empty() || prompt_queries_end_ != kv_[0].size() || prompt_queries_.size() != kv_.size())
+    return;
+  const ModelConfig& c = model_.config();
+  const int64_t row = static_cast<int64_t>(c.num_heads_q) * c.head_dim;
+  const int64_t rows = std::min<int64_t>(want, static_cast<int64_t>(prompt_queries_[0].size()) / row);
+  if (rows == 0) return;
+  std::vector<std::vector<double>> missed(kv_.size());
+  for (size_t l = 0; l < kv_.size(); ++l) {
+    const std::vector<float>& kept = prompt_queries_[l];
+    const float* q = kept.data() + (static_cast<int64_t>(kept.size()) / row - rows) * row;
+    missed[l] = attn_[l]->calibration_missed_mass(kv_[l], q, rows);
+    if (missed[l].empty()) return;  // a layer without an index (or a method without budgets): uniform
+  }
+  layer_multipliers_ = index::allocate_layer_budgets(missed);
+  for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->set_retrieval_multiplier(layer_multipliers_[l]);
+}
+
 void Session::decode_attention(int layer, const float* q, float* out) {
   last_stats_ += attn_[layer]->decode(kv_[layer], q, out);
   if (observer_) observer_(layer, kv_[layer], q, out);
@@ -409,6 +452,7 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
     const Model::Weights::Layer& L = w.layers[l];
     qkv_rows(c, L, s, n, Gemm::kBlas);
     kv_[l].append(s.k.data(), s.v.data(), n);
+    if (!decode) keep_prompt_queries(l, s.q.data(), n);
     if (decode) {
       decode_attention(l, s.q.data(), s.att.data());
     } else {
@@ -417,6 +461,7 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
     output_and_mlp_rows(c, L, s, n, Gemm::kBlas);
   }
   pos_ += n;
+  if (!decode) prompt_queries_end_ = pos_;
   lm_head_rows(c, w, s, keep_from, n, logits, Gemm::kBlas);
 }
 

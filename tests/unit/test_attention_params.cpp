@@ -41,7 +41,7 @@ TEST(AttentionParams, NamesKeywordsAndFlagsAreUniqueAndKept) {
   EXPECT_EQ(names, (std::set<std::string>{"scale", "sink_tokens", "window_tokens", "tokens_per_cluster",
                                           "segment_tokens", "kmeans_segment_iters", "kmeans_global_iters",
                                           "retrieval_fraction", "estimation_fraction", "estimation",
-                                          "outlier_fraction", "update_tokens", "update_clusters", "int8_centroid_scoring",
+                                          "outlier_fraction", "layer_budget_queries", "update_tokens", "update_clusters", "int8_centroid_scoring",
                                           "quest_page_tokens", "budget_tokens", "seed"}));
   // The Python keywords: the field names, with the sampler's `seed` kept apart.
   EXPECT_TRUE(keywords.count("attention_seed"));
