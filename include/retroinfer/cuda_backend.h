@@ -136,6 +136,17 @@ class RetroLayer {
   // constructed, with the same settings (outlier zone, kept copies, build groups); decode() is an Error
   // until the next build(). For a layer whose index was copied elsewhere (WaveBufferLayer::release_index).
   void release();
+  // Retrieval budgets by layer (src/index/layer_budgets.h; the CPU's layer_missed_mass): the attention mass the
+  // index leaves out at each multiple of the nominal retrieval count for n calibration queries q (device [n,
+  // num_heads_q, head_dim] f32 post-RoPE: the queries of the last n of the num_tokens() tokens, each attending
+  // causally), averaged over query heads and queries. Empty when nothing is indexed or the layer holds more
+  // than one sequence. Synchronous; reads each key once per pass of up to 64 query rows of a KV head; its
+  // workspace (4 bytes per indexed token and KV head, per-tile softmax partials, the pass's cluster masses) is
+  // freed on return.
+  std::vector<double> calibration_missed_mass(const float* q, int64_t n, Stream s = nullptr);
+  // Scales the retrieval zone to m (> 0) times its nominal count (and resizes the decode workspace:
+  // synchronous) until the next build(), which restores 1.
+  void set_retrieval_multiplier(double m, Stream s = nullptr);
   int64_t num_updates() const;        // index updates run since build()
   int64_t max_outliers() const;       // most outlier tokens of any flat head
   int64_t retrieval_capacity() const;  // most retrieval-zone tokens of any flat head (n_r largest clusters)
@@ -395,6 +406,19 @@ class LayerAttention {
   virtual bool add_wave_stage_times(WaveStageTimes& times) {
     (void)times;
     return false;
+  }
+  // Retrieval budgets by layer (retro on the GPU tier: RetroLayer::calibration_missed_mass /
+  // set_retrieval_multiplier; the CPU's AttentionMethod has the same pair). q: device [n, Hq, D], the queries of
+  // the last n prompt tokens. Other methods and the host tier: empty, and the multiplier is ignored.
+  virtual std::vector<double> calibration_missed_mass(const float* q, int64_t n, Stream s) {
+    (void)q;
+    (void)n;
+    (void)s;
+    return {};
+  }
+  virtual void set_retrieval_multiplier(double m, Stream s) {
+    (void)m;
+    (void)s;
   }
 };
 

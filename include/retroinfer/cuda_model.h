@@ -206,6 +206,11 @@ class CudaSession {
   // results), summed since construction: against the steps' wall time it says whether the host's launches
   // (and, in benchmarks, a query trace's replay) or the device bound the step.
   double host_issue_seconds() const;
+  // The retrieval multiple of each layer the last prefill's budget calibration chose (AttentionConfig::
+  // layer_budget_queries; docs/wave-index.md, "Retrieval budgets by layer"); empty when every layer keeps the
+  // nominal budget (calibration off, a method other than retro, several sequences, fewer than two GPU-tier retro
+  // layers with an index). Host-tier layers keep 1.
+  const std::vector<double>& layer_budget_multipliers() const;
   // The host-tier layers' wave-buffer counts, summed over layers and sequences: the last decode step's
   // hits and misses (device counters) and the managers' totals since prefill_done. Synchronous (waits for
   // the session's stream, reads device memory). All zero (objects 0) without host-tier layers; before the
@@ -287,6 +292,7 @@ class CudaSequenceSession final : public SequenceSession {
   // The plan's placement and layer split; with host-tier layers the managers' hit / miss totals
   // (last_wave_counts, synchronous) and the PCIe bytes of the misses summed over this object's decode calls.
   std::optional<KvPlacementReport> kv_placement_report() override;
+  std::vector<double> layer_budget_multipliers() const override { return session_->layer_budget_multipliers(); }
   CudaSession& session() { return *session_; }
 
  private:

@@ -62,6 +62,31 @@ std::vector<double> allocate_layer_budgets(const std::vector<std::vector<double>
   return out;
 }
 
+void add_missed_mass(const float* group_mass, int clusters, const AttentionConfig& cfg, double* missed) {
+  if (clusters <= 0) return;
+  // Only the heaviest clusters of the largest multiple are ranked: a selection, then a sort of those (the sums
+  // do not depend on how ties are ordered).
+  AttentionConfig widest = cfg;
+  widest.retrieval_fraction = std::min(1.0, cfg.retrieval_fraction * kLayerBudgetMultipliers.back());
+  const int most = zone_counts(clusters, widest).n_retrieval;
+  std::vector<int32_t> order(clusters);
+  for (int j = 0; j < clusters; ++j) order[j] = j;
+  const auto heavier = [&](int32_t a, int32_t b) { return group_mass[a] > group_mass[b]; };
+  std::nth_element(order.begin(), order.begin() + most, order.end(), heavier);
+  std::sort(order.begin(), order.begin() + most, heavier);
+  double total = 0.0;
+  for (int j = 0; j < clusters; ++j) total += group_mass[j];
+  double taken_mass = 0.0;
+  int taken = 0;
+  for (size_t m = 0; m < kLayerBudgetMultipliers.size(); ++m) {
+    AttentionConfig c = cfg;
+    c.retrieval_fraction = std::min(1.0, cfg.retrieval_fraction * kLayerBudgetMultipliers[m]);
+    const int want = zone_counts(clusters, c).n_retrieval;
+    for (; taken < want; ++taken) taken_mass += group_mass[order[taken]];
+    missed[m] += std::max(0.0, total - taken_mass);
+  }
+}
+
 std::vector<double> layer_missed_mass(const WaveIndex& wi, const KvCache& kv, const AttentionConfig& cfg,
                                       int num_heads_q, float scale, const float* q, int64_t n) {
   const size_t nm = kLayerBudgetMultipliers.size();
@@ -74,7 +99,7 @@ std::vector<double> layer_missed_mass(const WaveIndex& wi, const KvCache& kv, co
   if (n == 0 || wi.indexed_tokens() == 0 || static_cast<int>(wi.heads.size()) != nh) return missed;
   const int group = num_heads_q / nh;
   const int64_t size = kv.size();
-  // Per (query, KV head) item: its group's mass missed at each multiplier, summed over the group.
+  // Per (query, KV head) item its missed mass at each multiplier, summed over the group; merged in item order.
   std::vector<std::vector<double>> item_missed(static_cast<size_t>(n) * nh, std::vector<double>(nm, 0.0));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t w = 0; w < n * nh; ++w) {
@@ -85,13 +110,8 @@ std::vector<double> layer_missed_mass(const WaveIndex& wi, const KvCache& kv, co
     const int k = hi.num_clusters();
     if (k == 0) continue;
     const float* qg = q + (static_cast<size_t>(i) * num_heads_q + static_cast<size_t>(h) * group) * d;
-    // Retro's ranking of the clusters for this group: the order select_zones takes them in.
-    std::vector<float> logits(static_cast<size_t>(group) * k), scores(k);
-    score_clusters(hi, qg, group, scale, logits.data(), scores.data());
-    std::vector<int32_t> order(k);
-    for (int j = 0; j < k; ++j) order[j] = j;
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
     std::vector<double> prob(static_cast<size_t>(pos) + 1);
+    std::vector<float> group_mass(k, 0.0f);
     for (int g = 0; g < group; ++g) {
       const float* qh = qg + static_cast<size_t>(g) * d;
       double mx = -std::numeric_limits<double>::infinity();
@@ -101,34 +121,32 @@ std::vector<double> layer_missed_mass(const WaveIndex& wi, const KvCache& kv, co
       }
       double z = 0.0;
       for (int64_t t = 0; t <= pos; ++t) z += (prob[t] = std::exp(prob[t] - mx));
-      for (int64_t t = 0; t <= pos; ++t) prob[t] /= z;
-      // Mass read exactly whatever the budget: the steady zone and the outliers.
-      double exact = 0.0;
-      for (int64_t t = 0; t <= pos; ++t)
-        if (t < wi.indexed_begin || t >= wi.indexed_end) exact += prob[t];
-      for (int64_t t : hi.outliers)
-        if (t <= pos) exact += prob[t];
-      // The retrieval zone at each multiplier: the first n_retrieval clusters of retro's ranking.
-      double retrieved = 0.0;
-      int taken = 0;
-      for (size_t m = 0; m < nm; ++m) {
-        AttentionConfig c = cfg;
-        c.retrieval_fraction = std::min(1.0, cfg.retrieval_fraction * kLayerBudgetMultipliers[m]);
-        const int want = zone_counts(k, c).n_retrieval;
-        for (; taken < want && taken < k; ++taken) {
-          const int32_t j = order[taken];
-          if (hi.sizes[j] == 0) continue;
-          for (int64_t e = hi.offsets[j]; e < hi.offsets[j + 1]; ++e)
-            if (hi.members[e] <= pos) retrieved += prob[hi.members[e]];
-        }
-        item_missed[w][m] += std::max(0.0, 1.0 - exact - retrieved);
+      for (int j = 0; j < k; ++j) {
+        double cm = 0.0;
+        for (int64_t e = hi.offsets[j]; e < hi.offsets[j + 1]; ++e)
+          if (hi.members[e] <= pos) cm += prob[hi.members[e]];
+        group_mass[j] += static_cast<float>(cm / z);
       }
     }
+    add_missed_mass(group_mass.data(), k, cfg, item_missed[w].data());
   }
   for (const auto& im : item_missed)
     for (size_t m = 0; m < nm; ++m) missed[m] += im[m];
   for (double& v : missed) v /= static_cast<double>(n) * num_heads_q;
   return missed;
+}
+
+std::vector<double> allocate_calibrated_layers(const std::vector<std::vector<double>>& missed) {
+  std::vector<std::vector<double>> curves;
+  for (const auto& m : missed)
+    if (!m.empty()) curves.push_back(m);
+  if (curves.size() < 2) return {};
+  const std::vector<double> chosen = allocate_layer_budgets(curves);
+  std::vector<double> out(missed.size(), 1.0);
+  size_t c = 0;
+  for (size_t l = 0; l < missed.size(); ++l)
+    if (!missed[l].empty()) out[l] = chosen[c++];
+  return out;
 }
 
 }  // namespace retroinfer::index

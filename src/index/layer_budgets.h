@@ -25,14 +25,28 @@ inline constexpr std::array<double, 8> kLayerBudgetMultipliers = {0.25, 0.5, 0.7
 // programming over quarter units). Throws Error when a row has the wrong length or a value is negative or NaN.
 std::vector<double> allocate_layer_budgets(const std::vector<std::vector<double>>& missed);
 
-// The attention mass the exact zones of index `wi` miss for n calibration queries, at each multiplier of
-// kLayerBudgetMultipliers applied to zone_counts(num_clusters, cfg).n_retrieval. q: [n, num_heads_q, head_dim]
-// f32 post-RoPE, the queries of the cache's last n tokens (positions kv.size() - n ...; each attends causally).
-// A query head's mass outside the steady zone, the outliers and the top-scoring clusters (retro's own ranking:
-// score_clusters over its GQA group) under exact softmax, averaged over query heads and queries. Returns
-// kLayerBudgetMultipliers.size() values; all zero when the index is empty or n == 0.
-// scale: the logit scale the layer decodes with.
+// The retrieval zone's clusters at multiplier m are taken to be the n_m = zone_counts(clusters, cfg with
+// retrieval_fraction x m).n_retrieval clusters holding the most attention mass of the query's GQA group: the
+// calibration measures how concentrated each layer's attention is at cluster granularity (the mass even a
+// perfect ranking leaves out at that size), not how well the centroid scores rank (on Qwen2.5-Coder at 4K both
+// give nearly the same multiples). The mass outside the steady zone, the outliers and the retrieval zone is then
+// the mass of the clusters outside the top n_m.
+
+// Adds to missed[m], for each m of kLayerBudgetMultipliers, the mass of the clusters outside the n_m heaviest:
+// group_mass[clusters], one (query, KV head)'s mass per cluster summed over its query heads; cfg: the nominal
+// configuration (its retrieval_fraction unscaled). missed: kLayerBudgetMultipliers.size() values.
+void add_missed_mass(const float* group_mass, int clusters, const AttentionConfig& cfg, double* missed);
+
+// The calibration on the CPU: for n calibration queries (q: [n, num_heads_q, head_dim] f32 post-RoPE, the
+// queries of the cache's last n tokens: positions kv.size() - n ...; each attends causally under exact softmax
+// with logit scale `scale`), the mass index `wi` leaves out at each multiplier (add_missed_mass), averaged over
+// query heads and queries. Returns kLayerBudgetMultipliers.size() values; all zero when the index is empty or
+// n == 0. Throws Error for a shape mismatch or n > kv.size().
 std::vector<double> layer_missed_mass(const WaveIndex& wi, const KvCache& kv, const AttentionConfig& cfg,
                                       int num_heads_q, float scale, const float* q, int64_t n);
+
+// allocate_layer_budgets over the layers that have a curve (missed[l] non-empty); the others keep 1. Empty when
+// fewer than two layers have one (nothing to share out).
+std::vector<double> allocate_calibrated_layers(const std::vector<std::vector<double>>& missed);
 
 }  // namespace retroinfer::index

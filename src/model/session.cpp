@@ -421,11 +421,10 @@ void Session::index_prompt() {
   for (size_t l = 0; l < kv_.size(); ++l) {
     const std::vector<float>& kept = prompt_queries_[l];
     const float* q = kept.data() + (static_cast<int64_t>(kept.size()) / row - rows) * row;
-    missed[l] = attn_[l]->calibration_missed_mass(kv_[l], q, rows);
-    if (missed[l].empty()) return;  // a layer without an index (or a method without budgets): uniform
+    missed[l] = attn_[l]->calibration_missed_mass(kv_[l], q, rows);  // empty: no index, the layer keeps 1
   }
-  layer_multipliers_ = index::allocate_layer_budgets(missed);
-  for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->set_retrieval_multiplier(layer_multipliers_[l]);
+  layer_multipliers_ = index::allocate_calibrated_layers(missed);
+  for (size_t l = 0; l < layer_multipliers_.size(); ++l) attn_[l]->set_retrieval_multiplier(layer_multipliers_[l]);
 }
 
 void Session::decode_attention(int layer, const float* q, float* out) {

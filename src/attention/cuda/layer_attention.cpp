@@ -73,6 +73,10 @@ class RetroLayerAttention final : public LayerAttention {
   }
   int64_t device_bytes() const override { return layer_.device_bytes(); }
   int64_t host_bytes() const override { return 0; }
+  std::vector<double> calibration_missed_mass(const float* q, int64_t n, Stream s) override {
+    return layer_.calibration_missed_mass(q, n, s);
+  }
+  void set_retrieval_multiplier(double m, Stream s) override { layer_.set_retrieval_multiplier(m, s); }
 
  private:
   RetroLayer layer_;

@@ -2,6 +2,7 @@
 // sparse attention / merge at decode).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -10,6 +11,8 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/decode_dense.h"
+#include "kernels/layer_budget_kernels.h"
+#include "index/layer_budgets.h"
 #include "index/cuda/kmeans_phases.h"
 #include "index/cuda/kmeans_run.h"
 #include "attention/cuda/layer_common.h"
@@ -42,7 +45,8 @@ struct KMeansWork : detail::KMeansRun {
 
 struct RetroLayer::Impl {
   AttentionShape shape;
-  AttentionConfig cfg;
+  AttentionConfig cfg;  // retrieval_fraction: nominal_retrieval x the multiplier (set_retrieval_multiplier)
+  double nominal_retrieval = 0.0;
   int num_seqs = 1, H = 0, G = 0, D = 0;
   float scale = 0.0f;
   // Current build.
@@ -112,6 +116,7 @@ RetroLayer::RetroLayer(const AttentionShape& shape, const AttentionConfig& cfg, 
   auto& m = *impl_;
   m.shape = shape;
   m.cfg = cfg;
+  m.nominal_retrieval = cfg.retrieval_fraction;
   m.int8_on = cfg.int8_centroid_scoring;
   m.num_seqs = num_seqs;
   m.H = num_seqs * shape.num_heads_kv;
@@ -133,6 +138,7 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
   m.v = v;
   m.n = m.n_built = num_tokens;
   m.kv_stride = kv_stride;
+  m.cfg.retrieval_fraction = m.nominal_retrieval;  // a new index starts at the nominal budget
   m.decoded = m.grown = false;
   m.updates = 0;
   m.max_outliers = 0;
@@ -625,6 +631,68 @@ int64_t RetroLayer::num_tokens() const { return impl_->n; }
 int64_t RetroLayer::indexed_begin() const { return impl_->idx_begin; }
 int64_t RetroLayer::indexed_tokens() const { return impl_->n_idx; }
 int RetroLayer::num_clusters() const { return impl_->C; }
+std::vector<double> RetroLayer::calibration_missed_mass(const float* q, int64_t n, Stream s) {
+  Impl& m = *impl_;
+  if (m.num_seqs != 1 || m.n_idx == 0 || m.C == 0 || n <= 0) return {};
+  RETROINFER_CHECK(q != nullptr && n <= m.n, "RetroLayer::calibration_missed_mass: ", n,
+                   " calibration queries for a layer of ", m.n, " tokens (or a null q)");
+  auto st = static_cast<cudaStream_t>(s);
+  const int Hq = m.shape.num_heads_q;
+  // Queries per pass: their rows of one KV head (x the group) within the kernels' limit.
+  const int64_t slice = std::clamp<int64_t>(detail::calibration_max_rows(m.D) / m.G, 1, n);
+  RETROINFER_CHECK(slice * m.G <= detail::calibration_max_rows(m.D), "RetroLayer::calibration_missed_mass: a group of ",
+                   m.G, " query heads of dimension ", m.D, " exceeds the calibration kernels' ",
+                   detail::calibration_max_rows(m.D), " rows");
+  const int64_t tiles = detail::calibration_tiles(m.n);
+  DeviceBuffer tile_stats(size_t(slice) * Hq * tiles * 8), row_stats(size_t(slice) * Hq * 8);
+  DeviceBuffer token_cluster(size_t(m.H) * m.n_idx * 4), mass(size_t(slice) * m.H * m.C * 4);
+  detail::launch_check(detail::calibration_token_clusters(m.offsets.as<int>(), m.members.as<uint32_t>(), m.H, m.C,
+                                                          m.n_idx, token_cluster.as<int>(), st),
+                       "calibration_token_clusters", st);
+  std::vector<float> host(size_t(slice) * m.H * m.C);
+  AttentionConfig nominal = m.cfg;
+  nominal.retrieval_fraction = m.nominal_retrieval;
+  std::vector<double> missed(index::kLayerBudgetMultipliers.size(), 0.0);
+  for (int64_t i0 = 0; i0 < n; i0 += slice) {
+    detail::CalibrationMassParams p;
+    p.n = static_cast<int>(std::min(slice, n - i0));
+    p.q = q + i0 * Hq * m.D;
+    p.k = m.k;
+    p.kv_stride = m.kv_stride;
+    p.num_tokens = m.n;
+    p.first_pos = m.n - n + i0;
+    p.num_heads_q = Hq;
+    p.num_heads_kv = m.H;
+    p.head_dim = m.D;
+    p.scale = m.scale;
+    p.tile_stats = tile_stats.as<float2>();
+    p.row_stats = row_stats.as<float2>();
+    p.token_cluster = token_cluster.as<int>();
+    p.idx_begin = m.idx_begin;
+    p.n_idx = m.n_idx;
+    p.clusters = m.C;
+    p.group_mass = mass.as<float>();
+    const size_t mass_bytes = size_t(p.n) * m.H * m.C * 4;
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(mass.data(), 0, mass_bytes, st));
+    detail::launch_check(detail::calibration_row_stats(p, st), "calibration_row_stats", st);
+    detail::launch_check(detail::calibration_cluster_mass(p, st), "calibration_cluster_mass", st);
+    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(host.data(), mass.data(), mass_bytes, cudaMemcpyDeviceToHost, st));
+    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+    for (int64_t w = 0; w < int64_t{p.n} * m.H; ++w)
+      index::add_missed_mass(host.data() + w * m.C, m.C, nominal, missed.data());
+  }
+  for (double& x : missed) x /= static_cast<double>(n) * Hq;
+  return missed;
+}
+
+void RetroLayer::set_retrieval_multiplier(double mult, Stream s) {
+  RETROINFER_CHECK(mult > 0.0 && std::isfinite(mult), "RetroLayer: retrieval multiplier ", mult,
+                   " is not a positive number");
+  Impl& m = *impl_;
+  m.cfg.retrieval_fraction = std::min(1.0, m.nominal_retrieval * mult);
+  m.size_workspace(static_cast<cudaStream_t>(s));
+}
+
 int RetroLayer::n_retrieval() const { return impl_->n_r; }
 int RetroLayer::n_estimation() const { return impl_->n_e; }
 int64_t RetroLayer::num_updates() const { return impl_->updates; }
@@ -656,7 +724,9 @@ void RetroLayer::release_build_workspace() {
 void RetroLayer::release() {
   synchronize();  // queued work may still read the buffers
   const Impl& m = *impl_;
-  RetroLayer fresh(m.shape, m.cfg, m.num_seqs);
+  AttentionConfig nominal = m.cfg;
+  nominal.retrieval_fraction = m.nominal_retrieval;
+  RetroLayer fresh(m.shape, nominal, m.num_seqs);
   Impl& f = *fresh.impl_;
   f.outliers_on = m.outliers_on;
   f.keep_f32 = m.keep_f32;

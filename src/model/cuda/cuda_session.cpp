@@ -300,6 +300,7 @@ void CudaSession::Impl::build_attention() {
                         static_cast<int64_t>(free_bytes) > layer_kv_bytes + (int64_t{1} << 30);
   if (!parallel) {
     for (int l = 0; l < L; ++l) attention_prefill_done(l);
+    calibrate_layer_budgets();
     return;
   }
   // The builds read the K/V the prefill wrote on `stream`: both streams start after it.
@@ -322,6 +323,7 @@ void CudaSession::Impl::build_attention() {
   odd.join();
   if (failed_even) std::rethrow_exception(failed_even);
   if (failed) std::rethrow_exception(failed);
+  calibrate_layer_budgets();
 }
 
 void CudaSession::decode(std::span<const int32_t> tokens, std::span<float> logits) {
@@ -494,6 +496,7 @@ std::unique_ptr<CudaSession> CudaSession::fork(const AttentionConfig& attention)
     RETROINFER_CUDA_CHECK(cudaMemcpyAsync(fi.v[l].data(), im.v[l].data(), im.v[l].bytes(), cudaMemcpyDeviceToDevice, st));
   }
   fi.pos = im.pos;
+  fi.copy_prompt_queries(im);
   fi.build_attention();
   fi.prefilled = true;
   fi.drop_decode_graphs();

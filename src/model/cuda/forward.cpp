@@ -278,6 +278,7 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
   RETROINFER_CHECK(rows >= 1 && rows <= rows_cap, "CudaSession: ", rows, " rows exceed the ", rows_cap, " planned");
   RETROINFER_CHECK(l >= 0 && l < num_layers(), "CudaSession: layer ", l, " out of range");
   layer_pre_attention(l, rows, rv, x, decode);
+  if (!decode) keep_prompt_queries(l, rows, pos0);
   record_event(2 + 2 * l);
   if (decode) {
     layer_attention_decode(l);

@@ -143,6 +143,7 @@ std::vector<float> CudaSession::Impl::prefill_layer_major(const std::vector<std:
     attention_prefill_done(l);  // synchronises: the staging buffer is free for the next layer
     if (progress) progress(total * (l + 1) / L, total);
   }
+  calibrate_layer_budgets();
 
   // Logits, in the row blocks of the chunk-major path.
   std::vector<float> out(static_cast<size_t>((all_logits ? total : num_seqs) * vocab));

@@ -163,6 +163,21 @@ struct CudaSession::Impl {
   void layer_attention_decode(int l);
   void layer_post_attention(int l, int64_t rows, float* x);
 
+  // Retrieval budgets by layer (AttentionConfig::layer_budget_queries, budget_calibration.cpp): per layer the
+  // queries of the prompt's last tokens (device [rows, hq, d] f32; prompt_q_swap is the second buffer of the
+  // shift), how many rows each holds and the position after the last. One-sequence sessions only.
+  std::vector<DeviceBuffer> prompt_q, prompt_q_swap;
+  std::vector<int64_t> prompt_q_rows, prompt_q_end;
+  std::vector<double> layer_multipliers;  // layer_budget_multipliers()
+  // Rows kept per layer: 0 when this session's queries serve no calibration (its own or a fork's).
+  int64_t prompt_queries_kept() const;
+  // Prefill of layer l, rows at positions [pos0, pos0 + rows) in a.q: keeps the last prompt_queries_kept().
+  void keep_prompt_queries(int l, int64_t rows, int64_t pos0);
+  // After the index builds: measures each GPU-tier retro layer's missed mass and sets the multiples.
+  void calibrate_layer_budgets();
+  // A fork's copy of the parent's kept queries (device to device on `stream`).
+  void copy_prompt_queries(const Impl& parent);
+
   double issue_s = 0.0;    // host_issue_seconds
   bool timing = false;     // set_step_timing
   bool recording = false;  // timing and inside decode: forward() records the attention events
