@@ -4,7 +4,6 @@
 // calibration_missed_mass) and the layers get the multiples of index::allocate_calibrated_layers, as the CPU
 // runner's Session::index_prompt does.
 #include <algorithm>
-#include <cstdio>
 
 #include "index/layer_budgets.h"
 #include "kernels/cuda_check.h"
