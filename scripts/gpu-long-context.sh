@@ -10,7 +10,9 @@
 #   accuracy   Qwen2.5-Coder-0.5B on the CUDA runner: the ten tasks at 4K, 8K, 16K (50 samples each) and
 #              32K (25), methods full, retro, quest, streaming, oracle at matched exact-token budgets, and the
 #              teacher-forced fidelity at 4K/8K/16K/32K prefixes; ACC_BUDGET seconds (default 480) in all;
-#              RESUME=<folder with results.jsonl of an earlier call> continues
+#              RESUME=<folder with acc32k/ and acc4-16k/ results.jsonl of an earlier call> continues (a method
+#              added to METHODS then runs alone on the resumed samples); ACC_JOBS_32K (4) and ACC_JOBS (5)
+#              processes share the GPU
 #   tests      the GPU tests (with SmolLM2)
 #   hosttier   real models through the wave buffer's host tier: greedy tokens of every placement, and
 #              `eval tasks` block-cache hit ratios at 2%, 5% and 10% cache
@@ -58,10 +60,10 @@ section_accuracy() {
   fi
   # Three process groups share the GPU: 32K tasks, 4K-16K tasks, the ppl prefixes.
   env "${resume32[@]}" OUT="$d/acc32k" BIN_DIR="$BIN" DATA_DIR="$STAGE/data" BUDGET="$budget" SKIP_PPL=1 \
-    CONTEXTS=32768 SAMPLES=25 JOBS=4 THREADS=1 bash "$here/gpu-accuracy.sh" "$QWEN" > "$d/acc32k.log" 2>&1 &
+    CONTEXTS=32768 SAMPLES=25 JOBS=${ACC_JOBS_32K:-4} THREADS=1 bash "$here/gpu-accuracy.sh" "$QWEN" > "$d/acc32k.log" 2>&1 &
   acc_pids+=($!)
   env "${resume[@]}" OUT="$d/acc4-16k" BIN_DIR="$BIN" DATA_DIR="$STAGE/data" BUDGET="$budget" SKIP_PPL=1 \
-    CONTEXTS=4096,8192,16384 SAMPLES=50 JOBS=5 THREADS=1 bash "$here/gpu-accuracy.sh" "$QWEN" > "$d/acc4-16k.log" 2>&1 &
+    CONTEXTS=4096,8192,16384 SAMPLES=50 JOBS=${ACC_JOBS:-5} THREADS=1 bash "$here/gpu-accuracy.sh" "$QWEN" > "$d/acc4-16k.log" 2>&1 &
   acc_pids+=($!)
   if [ "${SKIP_PPL:-0}" != 1 ]; then
     for pw in 4032:8 8128:8 16320:4 32704:2; do

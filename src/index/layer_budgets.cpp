@@ -149,4 +149,11 @@ std::vector<double> allocate_calibrated_layers(const std::vector<std::vector<dou
   return out;
 }
 
+int64_t prompt_queries_to_keep(const AttentionConfig& cfg) {
+  constexpr int64_t kQueriesForForks = 64;
+  if (cfg.kind == AttentionKind::kRetro && cfg.layer_budget_queries > 0)
+    return std::max<int64_t>(cfg.layer_budget_queries, kQueriesForForks);
+  return cfg.kind == AttentionKind::kFull ? kQueriesForForks : 0;
+}
+
 }  // namespace retroinfer::index

@@ -49,4 +49,9 @@ std::vector<double> layer_missed_mass(const WaveIndex& wi, const KvCache& kv, co
 // fewer than two layers have one (nothing to share out).
 std::vector<double> allocate_calibrated_layers(const std::vector<std::vector<double>>& missed);
 
+// How many of the prompt's last queries per layer a session with attention `cfg` keeps during prefill: retro with
+// layer_budget_queries > 0 keeps max(layer_budget_queries, 64); full keeps 64, so that a retro fork of its prefill
+// (the eval's methods) can calibrate; every other method keeps none.
+int64_t prompt_queries_to_keep(const AttentionConfig& cfg);
+
 }  // namespace retroinfer::index

@@ -388,16 +388,11 @@ void Session::ensure_rope(int64_t rope_seq_len) {
   }
 }
 
-namespace {
-// Prompt queries every session keeps per layer even when its own method needs none: a fork with the budget
-// calibration on (an eval method forked from full's prefill) calibrates from them.
-constexpr int64_t kPromptQueriesKept = 64;
-}  // namespace
-
 void Session::keep_prompt_queries(int layer, const float* q, int64_t n) {
+  const int64_t keep = index::prompt_queries_to_keep(opt_.attention);
+  if (keep == 0) return;
   const ModelConfig& c = model_.config();
   const int64_t row = static_cast<int64_t>(c.num_heads_q) * c.head_dim;
-  const int64_t keep = std::max<int64_t>(opt_.attention.layer_budget_queries, kPromptQueriesKept);
   if (prompt_queries_.size() != kv_.size()) prompt_queries_.assign(kv_.size(), {});
   std::vector<float>& kept = prompt_queries_[layer];
   const int64_t take = std::min(n, keep);

@@ -166,3 +166,20 @@ TEST(LayerBudgets, SessionCalibratesItsLayersAndItsForksDoToo) {
   base.decode(1, step);
   EXPECT_TRUE(base.fork(so.attention)->layer_budget_multipliers().empty());
 }
+
+TEST(LayerBudgets, OnlyRetroWithTheCalibrationAndFullKeepPromptQueries) {
+  using retroinfer::index::prompt_queries_to_keep;
+  AttentionConfig a;
+  a.kind = AttentionKind::kRetro;
+  EXPECT_EQ(prompt_queries_to_keep(a), 0);  // uniform budgets need none
+  a.layer_budget_queries = 32;
+  EXPECT_EQ(prompt_queries_to_keep(a), 64);  // at least what a fork of full may ask for
+  a.layer_budget_queries = 200;
+  EXPECT_EQ(prompt_queries_to_keep(a), 200);
+  a.kind = AttentionKind::kFull;
+  EXPECT_EQ(prompt_queries_to_keep(a), 64);  // the eval's shared prefill: its retro forks calibrate from these
+  a.kind = AttentionKind::kQuest;
+  EXPECT_EQ(prompt_queries_to_keep(a), 0);
+  a.kind = AttentionKind::kStreaming;
+  EXPECT_EQ(prompt_queries_to_keep(a), 0);
+}

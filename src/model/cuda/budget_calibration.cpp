@@ -12,18 +12,9 @@
 
 namespace retroinfer::cuda {
 
-namespace {
-// As the CPU runner: a session whose queries may serve a fork's calibration (full: the eval's shared prefill)
-// keeps this many even when its own method needs none.
-constexpr int64_t kPromptQueriesKept = 64;
-}  // namespace
-
 int64_t CudaSession::Impl::prompt_queries_kept() const {
-  const AttentionConfig& a = opt.attention;
   if (num_seqs != 1 || joint) return 0;
-  if (a.kind == AttentionKind::kRetro && a.layer_budget_queries > 0)
-    return std::max<int64_t>(a.layer_budget_queries, kPromptQueriesKept);
-  return a.kind == AttentionKind::kFull ? kPromptQueriesKept : 0;
+  return index::prompt_queries_to_keep(opt.attention);
 }
 
 void CudaSession::Impl::keep_prompt_queries(int l, int64_t rows, int64_t pos0) {
