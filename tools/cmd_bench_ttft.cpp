@@ -178,7 +178,7 @@ void run_bench_ttft_shape(const BenchTtftOptions& o, const std::string& shape) {
     auto reuse = [&](double* copy_s) {
       return [&, copy_s](SequenceSession& s) {
         const auto t0 = Clock::now();
-        r.hit_reused = reuse_prefix(cache, s, second, DType::kBF16);
+        r.hit_reused = reuse_prefix(cache, s, second, DType::kBF16, co.prefill_chunk);
         *copy_s = seconds_since(t0);
       };
     };

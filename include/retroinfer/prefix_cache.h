@@ -89,6 +89,15 @@ KvBlock slice_kv(const KvBlock& b, int64_t from, int64_t to);
 // it (starts with its tokens and is longer), its first prompt.size() - 1 tokens when the prompt is the context
 // itself (the last token is prefilled for its logits). Throws Error otherwise, saying where the prompt differs.
 KvPrefix context_prefix_for(const KvPrefix& context, std::span<const int32_t> prompt);
+// The part of `prefix` a session with attention `attention` may load before prefilling a prompt of
+// prompt_tokens tokens: all of it, except for retro with retrieval budgets by layer (layer_budget_queries = Q > 0)
+// when fewer than Q prompt tokens would be left to prefill. The budgets calibrate from the queries of the prompt's
+// last Q tokens, which only a prefill computes: the prefix is then cut to at most prompt_tokens - Q tokens,
+// rounded down to a multiple of prefill_chunk (when > 0) so that the prefill's chunks, and with them its K/V and
+// queries, are a cold prefill's; the cut tokens are prefilled again. A session loading the result calibrates to
+// the multiples of a cold prefill.
+KvPrefix calibration_safe_prefix(const KvPrefix& prefix, int64_t prompt_tokens, const AttentionConfig& attention,
+                                 int prefill_chunk);
 // Adds a context's whole blocks to the cache, pinned (never evicted: `serve --preload`). Throws Error when the
 // cache has no room for them.
 void preload_context(PrefixCache& cache, const KvPrefix& context, DType kv_dtype);
@@ -98,9 +107,11 @@ void preload_context(PrefixCache& cache, const KvPrefix& context, DType kv_dtype
 // (0: none, or the model's RoPE is `dynamic`); remember_prefix adds the prompt's blocks from the session once
 // it is prefilled, those within the prefill's whole chunks of prefill_chunk tokens (the rows of the last,
 // partial chunk attend to fewer keys than a longer prompt's prefill does there, so their K/V differs in the
-// last bits): a hit then gives the logits of a cold prefill bit for bit. Both throw the session's Error on a
-// runner without prefix reuse.
-int64_t reuse_prefix(PrefixCache& cache, SequenceSession& session, std::span<const int32_t> prompt, DType kv_dtype);
+// last bits): a hit then gives the logits of a cold prefill bit for bit. reuse_prefix loads the hit through
+// calibration_safe_prefix (prefill_chunk: the session's prefill chunk, 0 when unknown). Both throw the session's
+// Error on a runner without prefix reuse.
+int64_t reuse_prefix(PrefixCache& cache, SequenceSession& session, std::span<const int32_t> prompt, DType kv_dtype,
+                     int prefill_chunk);
 void remember_prefix(PrefixCache& cache, const SequenceSession& session, std::span<const int32_t> prompt,
                      DType kv_dtype, int prefill_chunk);
 

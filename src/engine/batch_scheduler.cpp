@@ -95,7 +95,8 @@ struct BatchScheduler::Impl {
       r->session = make_generation_session(model, opt.session, q.prompt, q.options, q.callbacks);
       // A session that cannot take a prefix (the CUDA runner's GPU / host split) prefills in full.
       if (opt.prefix_cache && r->session->supports_prefix())
-        r->reused = reuse_prefix(*opt.prefix_cache, *r->session, q.prompt, opt.session.kv_dtype);
+        r->reused = reuse_prefix(*opt.prefix_cache, *r->session, q.prompt, opt.session.kv_dtype,
+                                 opt.session.prefill_chunk);
       r->session->begin_prefill(q.prompt, q.callbacks.on_prefill);
       r->p = std::move(p);
     } catch (...) {

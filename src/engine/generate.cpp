@@ -152,11 +152,14 @@ GenerateSummary generate(const EngineModel& model, const SessionOptions& session
   const std::unique_ptr<SequenceSession> session = make_generation_session(model, session_opt, prompt, opt, cb);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t reused = 0;
-  if (prefix != nullptr) reused = reuse_prefix(*prefix, *session, prompt, session_opt.kv_dtype);
+  if (prefix != nullptr)
+    reused = reuse_prefix(*prefix, *session, prompt, session_opt.kv_dtype, session_opt.prefill_chunk);
   if (context != nullptr) {
     RETROINFER_CHECK(prefix_cache_applies(model.config()), "generate: this model's RoPE is `dynamic`: its K/V depends "
                      "on the prompt's length, so a saved context cannot be continued; prefill the whole prompt");
-    const KvPrefix use = context_prefix_for(*context, prompt);
+    const KvPrefix use = calibration_safe_prefix(context_prefix_for(*context, prompt),
+                                                 static_cast<int64_t>(prompt.size()), session_opt.attention,
+                                                 session_opt.prefill_chunk);
     session->load_prefix(use);
     reused = use.size();
   }

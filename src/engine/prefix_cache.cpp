@@ -125,10 +125,13 @@ PrefixCacheStats PrefixCache::stats() const {
   return s;
 }
 
-int64_t reuse_prefix(PrefixCache& cache, SequenceSession& session, std::span<const int32_t> prompt, DType kv_dtype) {
+int64_t reuse_prefix(PrefixCache& cache, SequenceSession& session, std::span<const int32_t> prompt, DType kv_dtype,
+                     int prefill_chunk) {
   if (!prefix_cache_applies(session.model_config())) return 0;
   if (!session.supports_prefix()) session.load_prefix(KvPrefix{});  // the runner's Error
-  const KvPrefix prefix = cache.lookup(prompt, prefix_cache_salt(kv_dtype));
+  const KvPrefix prefix = calibration_safe_prefix(cache.lookup(prompt, prefix_cache_salt(kv_dtype)),
+                                                  static_cast<int64_t>(prompt.size()), session.attention_config(),
+                                                  prefill_chunk);
   if (prefix.tokens.empty()) return 0;
   session.load_prefix(prefix);  // copies the K/V: the blocks' references end with `prefix`
   return prefix.size();
@@ -180,6 +183,24 @@ KvPrefix context_prefix_for(const KvPrefix& context, std::span<const int32_t> pr
   KvPrefix out;
   out.tokens.assign(context.tokens.begin(), context.tokens.end() - 1);
   out.blocks.push_back(std::make_shared<const KvBlock>(slice_kv(*whole_block(context), 0, n - 1)));
+  return out;
+}
+
+KvPrefix calibration_safe_prefix(const KvPrefix& prefix, int64_t prompt_tokens, const AttentionConfig& attention,
+                                 int prefill_chunk) {
+  const int64_t q = attention.kind == AttentionKind::kRetro ? attention.layer_budget_queries : 0;
+  if (q <= 0 || prefix.size() + q <= prompt_tokens) return prefix;
+  int64_t keep = std::max<int64_t>(0, prompt_tokens - q);
+  if (prefill_chunk > 0) keep = keep / prefill_chunk * prefill_chunk;
+  KvPrefix out;
+  if (keep == 0) return out;
+  out.tokens.assign(prefix.tokens.begin(), prefix.tokens.begin() + keep);
+  int64_t at = 0;
+  for (const auto& b : prefix.blocks) {
+    if (at >= keep) break;
+    out.blocks.push_back(at + b->tokens <= keep ? b : std::make_shared<const KvBlock>(slice_kv(*b, 0, keep - at)));
+    at += b->tokens;
+  }
   return out;
 }
 

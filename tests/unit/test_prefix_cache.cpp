@@ -117,6 +117,63 @@ TEST(PrefixReuse, SteppedPrefillAfterAPrefixRunsTheRestOnly) {
   EXPECT_EQ(progress, (std::vector<int64_t>{96, 128, 150}));
 }
 
+TEST(PrefixReuse, RetrievalBudgetsByLayerCalibrateAfterAHitAsAfterAColdPrefill) {
+  const Model* m = test::tiny_llama3();
+  if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const EngineModel engine(*m);
+  SessionOptions so = options(AttentionKind::kRetro);
+  so.attention.layer_budget_queries = 16;
+  const std::vector<int32_t> doc = test::token_stream(200, 21);
+  std::vector<int32_t> prompt = doc;
+  for (int32_t t : test::token_stream(5, 4)) prompt.push_back(t);  // fewer new tokens than the 16 queries
+  Session cold(*m, so);
+  const std::vector<float> want_logits = cold.prefill(prompt);
+  const std::vector<double> want_multipliers = cold.layer_budget_multipliers();
+  ASSERT_EQ(want_multipliers.size(), static_cast<size_t>(m->config().num_layers));
+  const std::vector<int32_t> want = greedy(cold, want_logits, 8);
+
+  PrefixCache cache({.block_tokens = 32, .capacity_bytes = 64 << 20});
+  Session first(*m, so);
+  first.prefill(doc);
+  remember_prefix(cache, first, doc, so.kv_dtype, so.prefill_chunk);  // 192 tokens in 6 blocks
+  Session warm(*m, so);
+  // 205 - 16 = 189 tokens may be loaded, 160 at the prefill's chunk boundary: the last 45 are prefilled.
+  EXPECT_EQ(reuse_prefix(cache, warm, prompt, so.kv_dtype, so.prefill_chunk), 160);
+  const std::vector<float> got_logits = warm.prefill(prompt);
+  EXPECT_EQ(warm.layer_budget_multipliers(), want_multipliers);
+  expect_cold_logits(got_logits, want_logits);
+  EXPECT_EQ(greedy(warm, got_logits, 8), want);
+
+  // Uniform budgets load the whole hit.
+  SessionOptions uniform = options(AttentionKind::kRetro);
+  Session plain(*m, uniform);
+  EXPECT_EQ(reuse_prefix(cache, plain, prompt, uniform.kv_dtype, uniform.prefill_chunk), 192);
+
+  // A snapshot's context (generate with a context): the same cut, the cold tokens.
+  GenerateOptions g;
+  g.max_new_tokens = 8;
+  g.ignore_eos = true;
+  SessionOptions gso = so;
+  gso.max_context = 0;
+  const KvPrefix context = prefix_of(first, doc, 200);
+  const GenerateSummary hit = generate(engine, gso, prompt, g, {}, nullptr, &context);
+  EXPECT_EQ(hit.reused_tokens, 160);
+  EXPECT_EQ(hit.tokens, generate(engine, gso, prompt, g).tokens);
+
+  // The cut itself: whole blocks, then a slice of the block it falls in; nothing when the prompt is shorter.
+  const KvPrefix hit192 = cache.lookup(prompt, prefix_cache_salt(so.kv_dtype));
+  ASSERT_EQ(hit192.size(), 192);
+  const KvPrefix cut = calibration_safe_prefix(hit192, 205, so.attention, 0);
+  EXPECT_EQ(cut.size(), 189);
+  ASSERT_EQ(cut.blocks.size(), 6u);
+  EXPECT_EQ(cut.blocks[4], hit192.blocks[4]);  // shared, not copied
+  EXPECT_EQ(cut.blocks[5]->tokens, 29);
+  EXPECT_EQ(std::memcmp(cut.blocks[5]->run(1, 1, 0), hit192.blocks[5]->run(1, 1, 0), 29 * cut.blocks[5]->row_bytes()),
+            0);
+  EXPECT_EQ(calibration_safe_prefix(hit192, 12, so.attention, 0).size(), 0);
+  EXPECT_EQ(calibration_safe_prefix(hit192, 205, uniform.attention, 0).size(), 192);
+}
+
 TEST(PrefixReuse, RefusesWhatDoesNotFit) {
   const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
