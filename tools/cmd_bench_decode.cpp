@@ -56,6 +56,7 @@ struct BenchDecodeOptions {
   std::string synthetic = "auto";
   int64_t max_real_prefill = 32768;
   int prefill_chunk = 2048;
+  int layer_budget_queries = 0;  // retro: retrieval budgets by layer calibrated after the prefill (in fill_s)
   double gpu_memory_gib = 0.0;   // 0: free memory minus the reserve
   double host_memory_gib = 0.0;  // 0: a share of MemAvailable
   std::string out;
@@ -254,6 +255,7 @@ cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Conf
                                          const buffer::SessionPlanBreakdown& plan, int64_t gpu_limit, int64_t host_limit) {
   cuda::CudaSessionOptions opt;
   opt.attention.kind = c.kind;
+  if (c.kind == AttentionKind::kRetro) opt.attention.layer_budget_queries = o.layer_budget_queries;
   opt.max_context = plan.max_context;
   opt.prefill_chunk = o.prefill_chunk;
   opt.exact_stats = true;  // the report's exact-KV-read figures (read back after the timed steps)
@@ -312,6 +314,10 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   const double fill_s = now_s() - t0;
   j["fill_s"] = fill_s;
   if (!synthetic) j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+  if (c.kind == AttentionKind::kRetro) {
+    j["layer_budget_queries"] = opt.attention.layer_budget_queries;
+    if (!session->layer_budget_multipliers().empty()) j["layer_budget_multipliers"] = session->layer_budget_multipliers();
+  }
   j["gpu_used_bytes"] = gpu_free0 - cuda::device_memory_info().first;
   j["host_rss_growth_bytes"] = rss_bytes() - rss0;
   j["host_rss_bytes"] = rss_bytes();
@@ -713,6 +719,11 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--max-real-prefill", o->max_real_prefill, "auto: contexts above this get synthetic K/V")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prefill block in tokens")->capture_default_str();
+  cmd->add_option("--layer-budget-queries", o->layer_budget_queries,
+                  "retro: retrieval budgets by layer from the prompt's last queries (batch 1, prefilled; the "
+                  "calibration counts in fill_s; 0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--gpu-memory-limit", o->gpu_memory_gib,
                   "GiB of GPU memory for each session, weights excluded (0: free memory - 2 GiB after loading)")
       ->check(CLI::Range(0.0, 1.0e6))  // GiB; the byte count must fit in int64

@@ -62,13 +62,23 @@ std::vector<double> allocate_layer_budgets(const std::vector<std::vector<double>
   return out;
 }
 
+std::array<int, kLayerBudgetMultipliers.size()> layer_budget_retrieval_counts(int clusters,
+                                                                              const AttentionConfig& cfg) {
+  std::array<int, kLayerBudgetMultipliers.size()> n{};
+  for (size_t m = 0; m < n.size(); ++m) {
+    AttentionConfig c = cfg;
+    c.retrieval_fraction = std::min(1.0, cfg.retrieval_fraction * kLayerBudgetMultipliers[m]);
+    n[m] = zone_counts(clusters, c).n_retrieval;
+  }
+  return n;
+}
+
 void add_missed_mass(const float* group_mass, int clusters, const AttentionConfig& cfg, double* missed) {
   if (clusters <= 0) return;
+  const std::array<int, kLayerBudgetMultipliers.size()> counts = layer_budget_retrieval_counts(clusters, cfg);
   // Only the heaviest clusters of the largest multiple are ranked: a selection, then a sort of those (the sums
   // do not depend on how ties are ordered).
-  AttentionConfig widest = cfg;
-  widest.retrieval_fraction = std::min(1.0, cfg.retrieval_fraction * kLayerBudgetMultipliers.back());
-  const int most = zone_counts(clusters, widest).n_retrieval;
+  const int most = counts.back();
   std::vector<int32_t> order(clusters);
   for (int j = 0; j < clusters; ++j) order[j] = j;
   const auto heavier = [&](int32_t a, int32_t b) { return group_mass[a] > group_mass[b]; };
@@ -79,10 +89,7 @@ void add_missed_mass(const float* group_mass, int clusters, const AttentionConfi
   double taken_mass = 0.0;
   int taken = 0;
   for (size_t m = 0; m < kLayerBudgetMultipliers.size(); ++m) {
-    AttentionConfig c = cfg;
-    c.retrieval_fraction = std::min(1.0, cfg.retrieval_fraction * kLayerBudgetMultipliers[m]);
-    const int want = zone_counts(clusters, c).n_retrieval;
-    for (; taken < want; ++taken) taken_mass += group_mass[order[taken]];
+    for (; taken < counts[m]; ++taken) taken_mass += group_mass[order[taken]];
     missed[m] += std::max(0.0, total - taken_mass);
   }
 }

@@ -32,6 +32,10 @@ std::vector<double> allocate_layer_budgets(const std::vector<std::vector<double>
 // give nearly the same multiples). The mass outside the steady zone, the outliers and the retrieval zone is then
 // the mass of the clusters outside the top n_m.
 
+// n_m for each multiplier m of kLayerBudgetMultipliers: zone_counts(clusters, cfg with retrieval_fraction x m)
+// .n_retrieval, ascending; cfg: the nominal configuration.
+std::array<int, kLayerBudgetMultipliers.size()> layer_budget_retrieval_counts(int clusters, const AttentionConfig& cfg);
+
 // Adds to missed[m], for each m of kLayerBudgetMultipliers, the mass of the clusters outside the n_m heaviest:
 // group_mass[clusters], one (query, KV head)'s mass per cluster summed over its query heads; cfg: the nominal
 // configuration (its retrieval_fraction unscaled). missed: kLayerBudgetMultipliers.size() values.

@@ -1,9 +1,9 @@
 // The budget calibration's kernels (retrieval budgets by layer, src/index/layer_budgets.h): the attention mass
-// of a few calibration queries per wave-index cluster, from which the host ranks the clusters and sums what each
-// retrieval size leaves out. Every key is read once per pass for all the pass's queries of its GQA group (a
-// tile of tokens per CTA), so a pass over a 1M-token head costs one read of its keys; the probabilities are never
-// stored: one pass finds each row's softmax maximum and sum, the next adds each token's normalised mass to its
-// cluster.
+// of a few calibration queries per wave-index cluster, the clusters ranked by it and what each retrieval size
+// leaves out, all on the device (the host reads back 8 numbers per query and KV head). Every key is read once
+// per pass for all the pass's queries of its GQA group (a tile of tokens per CTA), so a pass over a 1M-token
+// head costs one read of its keys; the probabilities are never stored: one pass finds each row's softmax
+// maximum and sum, the next adds each token's normalised mass to its cluster.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -51,5 +51,21 @@ cudaError_t calibration_token_clusters(const int* offsets, const uint32_t* membe
 cudaError_t calibration_row_stats(const CalibrationMassParams& p, cudaStream_t s);
 // group_mass += each indexed token's probability, summed over the group, into its cluster (after row_stats).
 cudaError_t calibration_cluster_mass(const CalibrationMassParams& p, cudaStream_t s);
+
+// The ranking (layer_budget_rank.cu): for each of `rows` rows of group_mass, the mass outside its counts[m]
+// heaviest clusters, for the kCalibrationMultiples retrieval sizes of index::kLayerBudgetMultipliers (ascending).
+inline constexpr int kCalibrationMultiples = 8;
+struct CalibrationRankParams {
+  const float* group_mass = nullptr;  // [rows, clusters], each >= 0
+  int rows = 0, max_rows = 0, clusters = 0;  // rows <= max_rows (the workspace's and the sort's size)
+  int counts[kCalibrationMultiples] = {};
+  uint64_t* keys = nullptr;         // workspace [max_rows * clusters]
+  uint64_t* keys_sorted = nullptr;  // workspace [max_rows * clusters]
+  void* sort_temp = nullptr;        // calibration_rank_temp_bytes(max_rows, clusters) bytes
+  size_t sort_temp_bytes = 0;
+  double* missed = nullptr;  // out [rows, kCalibrationMultiples]
+};
+size_t calibration_rank_temp_bytes(int max_rows, int clusters);
+cudaError_t calibration_rank(const CalibrationRankParams& p, cudaStream_t s);
 
 }  // namespace retroinfer::cuda::detail

@@ -58,6 +58,19 @@ ModelConfig qwen25_7b() {
   return c;
 }
 
+// Qwen/Qwen2.5-Coder-0.5B-Instruct config.json (the GGUF `--model qwen2.5-coder-0.5b` loads: untied output).
+ModelConfig qwen25_05b() {
+  ModelConfig c = qwen25_7b();
+  c.vocab_size = 151936;
+  c.hidden_size = 896;
+  c.intermediate_size = 4864;
+  c.num_layers = 24;
+  c.num_heads_q = 14;
+  c.num_heads_kv = 2;
+  c.head_dim = 64;
+  return c;
+}
+
 // HuggingFaceTB/SmolLM2-135M config.json.
 ModelConfig smollm2_135m() {
   ModelConfig c;
@@ -83,7 +96,8 @@ struct NamedShape {
   const char* name;
   ModelConfig (*make)();
 };
-constexpr NamedShape kShapes[] = {{"llama3-8b", llama3_8b}, {"qwen2.5-7b", qwen25_7b}, {"smollm2-135m", smollm2_135m}};
+constexpr NamedShape kShapes[] = {{"llama3-8b", llama3_8b}, {"qwen2.5-7b", qwen25_7b}, {"qwen2.5-0.5b", qwen25_05b},
+                                 {"smollm2-135m", smollm2_135m}};
 
 }  // namespace
 

@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <random>
 
 #include "cuda_model_test_util.h"
 #include "gpu_test_util.h"
 #include "index/layer_budgets.h"
+#include "kernels/layer_budget_kernels.h"
 #include "retroinfer/cuda_model.h"
 #include "retroinfer/model.h"
 
@@ -17,6 +20,60 @@ namespace retroinfer {
 namespace {
 
 using index::kLayerBudgetMultipliers;
+
+// The ranking kernel against a host sort: each row's mass past its counts[m] heaviest clusters, with ties,
+// zeros and a row of one value; a call ranking fewer rows than its workspace holds.
+TEST(CudaLayerBudgets, RankingKernelSumsWhatEachRetrievalSizeLeavesOut) {
+  RETROINFER_REQUIRE_GPU();
+  const int rows = 5, C = 3001;
+  std::mt19937 rng(7);
+  std::exponential_distribution<float> heavy(3.0f);
+  std::vector<float> mass(size_t(rows) * C);
+  for (int r = 0; r < rows; ++r)
+    for (int j = 0; j < C; ++j) {
+      float x = heavy(rng) * 1e-3f;
+      if (r == 1 && j % 3 == 0) x = 2e-3f;  // ties
+      if (r == 2 && j % 2 == 0) x = 0.0f;   // zeros
+      if (r == 3) x = 1.0f / C;             // one value
+      mass[size_t(r) * C + j] = x;
+    }
+  const int counts[cuda::detail::kCalibrationMultiples] = {1, 7, 60, 61, 300, 1000, 2999, 3001};
+  auto dmass = gputest::upload(mass);
+  const size_t temp = cuda::detail::calibration_rank_temp_bytes(rows, C);
+  cuda::DeviceBuffer keys(size_t(rows) * C * 8), sorted(size_t(rows) * C * 8), tmp(std::max<size_t>(temp, 1)),
+      missed(size_t(rows) * cuda::detail::kCalibrationMultiples * 8);
+  for (int first : {0, 2}) {  // all rows; then rows 2.. alone in a workspace sized for all
+    cuda::detail::CalibrationRankParams p;
+    p.group_mass = dmass.as<float>() + size_t(first) * C;
+    p.rows = rows - first;
+    p.max_rows = rows;
+    p.clusters = C;
+    std::copy(std::begin(counts), std::end(counts), p.counts);
+    p.keys = keys.as<uint64_t>();
+    p.keys_sorted = sorted.as<uint64_t>();
+    p.sort_temp = tmp.data();
+    p.sort_temp_bytes = temp;
+    p.missed = missed.as<double>();
+    ASSERT_EQ(cuda::detail::calibration_rank(p, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<double> got(size_t(p.rows) * cuda::detail::kCalibrationMultiples);
+    missed.download(got.data(), got.size() * 8);
+    for (int r = first; r < rows; ++r) {
+      std::vector<double> row(mass.begin() + size_t(r) * C, mass.begin() + size_t(r + 1) * C);
+      std::sort(row.begin(), row.end(), std::greater<double>());
+      for (int m = 0; m < cuda::detail::kCalibrationMultiples; ++m) {
+        const double want = std::accumulate(row.begin() + counts[m], row.end(), 0.0);
+        EXPECT_NEAR(got[size_t(r - first) * cuda::detail::kCalibrationMultiples + m], want, 1e-12 + 1e-9 * want)
+            << "row " << r << " count " << counts[m];
+      }
+    }
+  }
+  cuda::detail::CalibrationRankParams too_many;
+  too_many.rows = 3;
+  too_many.max_rows = 2;
+  too_many.clusters = C;
+  EXPECT_EQ(cuda::detail::calibration_rank(too_many, nullptr), cudaErrorInvalidValue);
+}
 
 // Exact softmax of each calibration query over its visible keys, each cluster's mass summed over the GQA group
 // from the layer's own CSR, and add_missed_mass: what the kernels compute, in f64 on the host.

@@ -51,10 +51,22 @@ TEST(ModelShapes, Qwen25_7bAndSmolLM2) {
   EXPECT_EQ(s.intermediate_size, 1536);
   EXPECT_EQ(s.vocab_size, 49152);
   EXPECT_TRUE(s.tie_word_embeddings);
+  const ModelConfig c = model_shape("qwen2.5-0.5b");  // Qwen2.5-Coder-0.5B-Instruct's GGUF header
+  EXPECT_EQ(c.num_layers, 24);
+  EXPECT_EQ(c.hidden_size, 896);
+  EXPECT_EQ(c.num_heads_q, 14);
+  EXPECT_EQ(c.num_heads_kv, 2);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.intermediate_size, 4864);
+  EXPECT_EQ(c.vocab_size, 151936);
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
+  EXPECT_EQ(c.max_position_embeddings, 32768);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.tie_word_embeddings);
 }
 
 TEST(ModelShapes, EveryNameValidatesAndUnknownNamesAreListed) {
-  ASSERT_EQ(model_shape_names().size(), 3u);
+  ASSERT_EQ(model_shape_names().size(), 4u);
   for (const std::string& n : model_shape_names()) EXPECT_NO_THROW(validate(model_shape(n))) << n;
   try {
     model_shape("llama3-70b");
@@ -62,7 +74,7 @@ TEST(ModelShapes, EveryNameValidatesAndUnknownNamesAreListed) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("llama3-70b"), std::string::npos) << m;
-    EXPECT_NE(m.find("llama3-8b, qwen2.5-7b, smollm2-135m"), std::string::npos) << m;
+    EXPECT_NE(m.find("llama3-8b, qwen2.5-7b, qwen2.5-0.5b, smollm2-135m"), std::string::npos) << m;
   }
 }
 

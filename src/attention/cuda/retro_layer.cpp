@@ -1,6 +1,7 @@
 // RetroLayer: the wave index built and used on the GPU (k-means at build, score / select / estimate /
 // sparse attention / merge at decode).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -643,16 +644,41 @@ std::vector<double> RetroLayer::calibration_missed_mass(const float* q, int64_t 
   RETROINFER_CHECK(slice * m.G <= detail::calibration_max_rows(m.D), "RetroLayer::calibration_missed_mass: a group of ",
                    m.G, " query heads of dimension ", m.D, " exceeds the calibration kernels' ",
                    detail::calibration_max_rows(m.D), " rows");
-  const int64_t tiles = detail::calibration_tiles(m.n);
-  DeviceBuffer tile_stats(size_t(slice) * Hq * tiles * 8), row_stats(size_t(slice) * Hq * 8);
-  DeviceBuffer token_cluster(size_t(m.H) * m.n_idx * 4), mass(size_t(slice) * m.H * m.C * 4);
-  detail::launch_check(detail::calibration_token_clusters(m.offsets.as<int>(), m.members.as<uint32_t>(), m.H, m.C,
-                                                          m.n_idx, token_cluster.as<int>(), st),
-                       "calibration_token_clusters", st);
-  std::vector<float> host(size_t(slice) * m.H * m.C);
+  static_assert(detail::kCalibrationMultiples == index::kLayerBudgetMultipliers.size());
   AttentionConfig nominal = m.cfg;
   nominal.retrieval_fraction = m.nominal_retrieval;
-  std::vector<double> missed(index::kLayerBudgetMultipliers.size(), 0.0);
+  const std::array<int, detail::kCalibrationMultiples> counts = index::layer_budget_retrieval_counts(m.C, nominal);
+  // Rows ranked per sort: a pass's rows, fewer when their keys would pass ~64 MiB (1M-token heads).
+  const int pass_rows = static_cast<int>(slice * m.H);
+  const int rank_rows = static_cast<int>(std::clamp<int64_t>((int64_t{4} << 20) / m.C, 1, pass_rows));
+  const int64_t tiles = detail::calibration_tiles(m.n);
+  const int64_t all_rows = n * m.H;
+  // One workspace for the layer: tile and row statistics, token -> cluster, the pass's masses, the sort's keys
+  // and temporary storage, every row's missed mass.
+  size_t at = 0;
+  const auto carve = [&at](size_t bytes) {
+    const size_t off = at;
+    at += (bytes + 255) / 256 * 256;
+    return off;
+  };
+  const size_t o_tile = carve(size_t(slice) * Hq * tiles * sizeof(float2));
+  const size_t o_row = carve(size_t(slice) * Hq * sizeof(float2));
+  const size_t o_tc = carve(size_t(m.H) * m.n_idx * sizeof(int));
+  const size_t mass_bytes = size_t(pass_rows) * m.C * sizeof(float);
+  const size_t o_mass = carve(mass_bytes);
+  const size_t o_keys = carve(size_t(rank_rows) * m.C * sizeof(uint64_t));
+  const size_t o_sorted = carve(size_t(rank_rows) * m.C * sizeof(uint64_t));
+  const size_t temp_bytes = detail::calibration_rank_temp_bytes(rank_rows, m.C);
+  const size_t o_temp = carve(temp_bytes);
+  const size_t o_missed = carve(size_t(all_rows) * detail::kCalibrationMultiples * sizeof(double));
+  DeviceBuffer ws(at);
+  char* base = ws.as<char>();
+  auto* token_cluster = reinterpret_cast<int*>(base + o_tc);
+  auto* mass = reinterpret_cast<float*>(base + o_mass);
+  auto* missed_rows = reinterpret_cast<double*>(base + o_missed);
+  detail::launch_check(detail::calibration_token_clusters(m.offsets.as<int>(), m.members.as<uint32_t>(), m.H, m.C,
+                                                          m.n_idx, token_cluster, st),
+                       "calibration_token_clusters", st);
   for (int64_t i0 = 0; i0 < n; i0 += slice) {
     detail::CalibrationMassParams p;
     p.n = static_cast<int>(std::min(slice, n - i0));
@@ -665,22 +691,41 @@ std::vector<double> RetroLayer::calibration_missed_mass(const float* q, int64_t 
     p.num_heads_kv = m.H;
     p.head_dim = m.D;
     p.scale = m.scale;
-    p.tile_stats = tile_stats.as<float2>();
-    p.row_stats = row_stats.as<float2>();
-    p.token_cluster = token_cluster.as<int>();
+    p.tile_stats = reinterpret_cast<float2*>(base + o_tile);
+    p.row_stats = reinterpret_cast<float2*>(base + o_row);
+    p.token_cluster = token_cluster;
     p.idx_begin = m.idx_begin;
     p.n_idx = m.n_idx;
     p.clusters = m.C;
-    p.group_mass = mass.as<float>();
-    const size_t mass_bytes = size_t(p.n) * m.H * m.C * 4;
-    RETROINFER_CUDA_CHECK(cudaMemsetAsync(mass.data(), 0, mass_bytes, st));
+    p.group_mass = mass;
+    const int rows = p.n * m.H;  // (query, KV head) rows of this pass, query-major
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(mass, 0, size_t(rows) * m.C * sizeof(float), st));
     detail::launch_check(detail::calibration_row_stats(p, st), "calibration_row_stats", st);
     detail::launch_check(detail::calibration_cluster_mass(p, st), "calibration_cluster_mass", st);
-    RETROINFER_CUDA_CHECK(cudaMemcpyAsync(host.data(), mass.data(), mass_bytes, cudaMemcpyDeviceToHost, st));
-    RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
-    for (int64_t w = 0; w < int64_t{p.n} * m.H; ++w)
-      index::add_missed_mass(host.data() + w * m.C, m.C, nominal, missed.data());
+    for (int r0 = 0; r0 < rows; r0 += rank_rows) {
+      detail::CalibrationRankParams rp;
+      rp.group_mass = mass + int64_t{r0} * m.C;
+      rp.rows = std::min(rank_rows, rows - r0);
+      rp.max_rows = rank_rows;
+      rp.clusters = m.C;
+      std::copy(counts.begin(), counts.end(), rp.counts);
+      rp.keys = reinterpret_cast<uint64_t*>(base + o_keys);
+      rp.keys_sorted = reinterpret_cast<uint64_t*>(base + o_sorted);
+      rp.sort_temp = base + o_temp;
+      rp.sort_temp_bytes = temp_bytes;
+      rp.missed = missed_rows + (i0 * m.H + r0) * detail::kCalibrationMultiples;
+      detail::launch_check(detail::calibration_rank(rp, st), "calibration_rank", st);
+    }
   }
+  std::vector<double> host(size_t(all_rows) * detail::kCalibrationMultiples);
+  RETROINFER_CUDA_CHECK(
+      cudaMemcpyAsync(host.data(), missed_rows, host.size() * sizeof(double), cudaMemcpyDeviceToHost, st));
+  RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
+  // Summed in row order, as the host ranking (index::add_missed_mass) would.
+  std::vector<double> missed(detail::kCalibrationMultiples, 0.0);
+  for (int64_t w = 0; w < all_rows; ++w)
+    for (int k = 0; k < detail::kCalibrationMultiples; ++k)
+      missed[k] += host[size_t(w) * detail::kCalibrationMultiples + k];
   for (double& x : missed) x /= static_cast<double>(n) * Hq;
   return missed;
 }
