@@ -8,16 +8,25 @@
 namespace retroinfer {
 namespace {
 
+// The dimensions of a config.json, in its order.
+struct Dims {
+  int layers, hidden, heads_q, heads_kv, head_dim, ffn, vocab;
+};
+
+void expect_dims(const ModelConfig& c, const Dims& d) {
+  EXPECT_EQ(c.num_layers, d.layers);
+  EXPECT_EQ(c.hidden_size, d.hidden);
+  EXPECT_EQ(c.num_heads_q, d.heads_q);
+  EXPECT_EQ(c.num_heads_kv, d.heads_kv);
+  EXPECT_EQ(c.head_dim, d.head_dim);
+  EXPECT_EQ(c.intermediate_size, d.ffn);
+  EXPECT_EQ(c.vocab_size, d.vocab);
+}
+
 TEST(ModelShapes, Llama3_8b) {
   const ModelConfig c = model_shape("llama3-8b");
   EXPECT_EQ(c.architecture, "llama");
-  EXPECT_EQ(c.num_layers, 32);
-  EXPECT_EQ(c.hidden_size, 4096);
-  EXPECT_EQ(c.num_heads_q, 32);
-  EXPECT_EQ(c.num_heads_kv, 8);
-  EXPECT_EQ(c.head_dim, 128);
-  EXPECT_EQ(c.intermediate_size, 14336);
-  EXPECT_EQ(c.vocab_size, 128256);
+  expect_dims(c, {32, 4096, 32, 8, 128, 14336, 128256});
   EXPECT_FLOAT_EQ(c.rope_theta, 500000.0f);
   EXPECT_EQ(c.rope_scaling.type, "llama3");
   EXPECT_FLOAT_EQ(c.rope_scaling.factor, 8.0f);
@@ -29,36 +38,19 @@ TEST(ModelShapes, Llama3_8b) {
   EXPECT_EQ(int64_t{c.num_layers} * c.num_heads_kv * c.head_dim * 2 * 2, 128 * 1024);
 }
 
-TEST(ModelShapes, Qwen25_7bAndSmolLM2) {
+TEST(ModelShapes, QwenAndSmolLM2) {
   const ModelConfig q = model_shape("qwen2.5-7b");
   EXPECT_EQ(q.architecture, "qwen2");
-  EXPECT_EQ(q.num_layers, 28);
-  EXPECT_EQ(q.hidden_size, 3584);
-  EXPECT_EQ(q.num_heads_q, 28);
-  EXPECT_EQ(q.num_heads_kv, 4);
-  EXPECT_EQ(q.head_dim, 128);
-  EXPECT_EQ(q.intermediate_size, 18944);
-  EXPECT_EQ(q.vocab_size, 152064);
+  expect_dims(q, {28, 3584, 28, 4, 128, 18944, 152064});
   EXPECT_FLOAT_EQ(q.rope_theta, 1e6f);
   EXPECT_TRUE(q.attention_bias);
   EXPECT_EQ(q.rope_scaling.type, "default");
   const ModelConfig s = model_shape("SmolLM2-135M");  // case-insensitive
-  EXPECT_EQ(s.num_layers, 30);
-  EXPECT_EQ(s.hidden_size, 576);
-  EXPECT_EQ(s.num_heads_q, 9);
-  EXPECT_EQ(s.num_heads_kv, 3);
-  EXPECT_EQ(s.head_dim, 64);
-  EXPECT_EQ(s.intermediate_size, 1536);
-  EXPECT_EQ(s.vocab_size, 49152);
+  expect_dims(s, {30, 576, 9, 3, 64, 1536, 49152});
   EXPECT_TRUE(s.tie_word_embeddings);
   const ModelConfig c = model_shape("qwen2.5-0.5b");  // Qwen2.5-Coder-0.5B-Instruct's GGUF header
-  EXPECT_EQ(c.num_layers, 24);
-  EXPECT_EQ(c.hidden_size, 896);
-  EXPECT_EQ(c.num_heads_q, 14);
-  EXPECT_EQ(c.num_heads_kv, 2);
-  EXPECT_EQ(c.head_dim, 64);
-  EXPECT_EQ(c.intermediate_size, 4864);
-  EXPECT_EQ(c.vocab_size, 151936);
+  EXPECT_EQ(c.architecture, "qwen2");
+  expect_dims(c, {24, 896, 14, 2, 64, 4864, 151936});
   EXPECT_FLOAT_EQ(c.rope_theta, 1e6f);
   EXPECT_EQ(c.max_position_embeddings, 32768);
   EXPECT_TRUE(c.attention_bias);
