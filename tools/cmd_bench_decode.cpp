@@ -57,6 +57,7 @@ struct BenchDecodeOptions {
   int64_t max_real_prefill = 32768;
   int prefill_chunk = 2048;
   int layer_budget_queries = 0;  // retro: retrieval budgets by layer calibrated after the prefill (in fill_s)
+  double retrieval_fraction = AttentionConfig{}.retrieval_fraction;  // retro (and the baselines' nominal budget)
   double gpu_memory_gib = 0.0;   // 0: free memory minus the reserve
   double host_memory_gib = 0.0;  // 0: a share of MemAvailable
   std::string out;
@@ -118,6 +119,7 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   buffer::SessionPlanRequest r;
   buffer::set_model_shape(r, cfg);
   r.attention.kind = kind;
+  r.attention.retrieval_fraction = o.retrieval_fraction;
   r.max_context = max_context;
   r.prefill_chunk = o.prefill_chunk;
   r.num_seqs = num_seqs;
@@ -255,6 +257,7 @@ cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Conf
                                          const buffer::SessionPlanBreakdown& plan, int64_t gpu_limit, int64_t host_limit) {
   cuda::CudaSessionOptions opt;
   opt.attention.kind = c.kind;
+  opt.attention.retrieval_fraction = o.retrieval_fraction;
   if (c.kind == AttentionKind::kRetro) opt.attention.layer_budget_queries = o.layer_budget_queries;
   opt.max_context = plan.max_context;
   opt.prefill_chunk = o.prefill_chunk;
@@ -315,6 +318,7 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   j["fill_s"] = fill_s;
   if (!synthetic) j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
   if (c.kind == AttentionKind::kRetro) {
+    j["retrieval_fraction"] = opt.attention.retrieval_fraction;
     j["layer_budget_queries"] = opt.attention.layer_budget_queries;
     if (!session->layer_budget_multipliers().empty()) j["layer_budget_multipliers"] = session->layer_budget_multipliers();
   }
@@ -528,6 +532,7 @@ json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, in
                                const BenchDecodeOptions& o, int64_t gpu_limit, int64_t host_limit) {
   cuda::CudaSessionOptions opt;
   opt.attention.kind = c.kind;
+  opt.attention.retrieval_fraction = o.retrieval_fraction;
   opt.max_context = max_context;
   opt.prefill_chunk = o.prefill_chunk;
   opt.placement = to_cuda(c.placement);
@@ -719,6 +724,10 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--max-real-prefill", o->max_real_prefill, "auto: contexts above this get synthetic K/V")
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "Prefill block in tokens")->capture_default_str();
+  cmd->add_option("--retrieval-fraction", o->retrieval_fraction,
+                  "retro: share of clusters attended exactly (quest / streaming / oracle: their nominal budget)")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1.0));
   cmd->add_option("--layer-budget-queries", o->layer_budget_queries,
                   "retro: retrieval budgets by layer from the prompt's last queries (batch 1, prefilled; the "
                   "calibration counts in fill_s; 0: off)")
