@@ -296,27 +296,34 @@ TEST(PrefixCache, BatchSchedulerReusesAcrossRequests) {
   const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
   const EngineModel engine(*m);
-  BatchSchedulerOptions bo;
-  bo.session = options(AttentionKind::kRetro);
-  bo.session.max_context = 0;
-  bo.prefill_step_tokens = 64;
-  bo.prefix_cache = std::make_shared<PrefixCache>(PrefixCacheOptions{.block_tokens = 16, .capacity_bytes = 64 << 20});
-  BatchScheduler sched(engine, bo);
-  const std::vector<int32_t> doc = test::token_stream(150, 8);
-  std::vector<GenerateSummary> got;
-  for (uint32_t q : {1u, 2u}) {
-    BatchRequest r;
-    r.prompt = doc;
-    for (int32_t t : test::token_stream(10, q)) r.prompt.push_back(t);
-    r.options.max_new_tokens = 6;
-    r.options.ignore_eos = true;
-    const GenerateSummary cold = generate(engine, bo.session, r.prompt, r.options);
-    got.push_back(sched.submit(r).result.get());
-    EXPECT_EQ(got.back().tokens, cold.tokens);
+  // Uniform budgets reuse the document's whole blocks of 16 (144 tokens); budgets by layer calibrated on the last
+  // 24 prompt tokens leave them to the prefill: at most 160 - 24, cut to the 32-token chunk (128).
+  for (const auto& [queries, reused] : {std::pair{0, 144}, std::pair{24, 128}}) {
+    SCOPED_TRACE(testing::Message() << "layer_budget_queries " << queries);
+    BatchSchedulerOptions bo;
+    bo.session = options(AttentionKind::kRetro);
+    bo.session.attention.layer_budget_queries = queries;
+    bo.session.max_context = 0;
+    bo.prefill_step_tokens = 64;
+    bo.prefix_cache =
+        std::make_shared<PrefixCache>(PrefixCacheOptions{.block_tokens = 16, .capacity_bytes = 64 << 20});
+    BatchScheduler sched(engine, bo);
+    const std::vector<int32_t> doc = test::token_stream(150, 8);
+    std::vector<GenerateSummary> got;
+    for (uint32_t q : {1u, 2u}) {
+      BatchRequest r;
+      r.prompt = doc;
+      for (int32_t t : test::token_stream(10, q)) r.prompt.push_back(t);
+      r.options.max_new_tokens = 6;
+      r.options.ignore_eos = true;
+      const GenerateSummary cold = generate(engine, bo.session, r.prompt, r.options);
+      got.push_back(sched.submit(r).result.get());
+      EXPECT_EQ(got.back().tokens, cold.tokens);
+    }
+    EXPECT_EQ(got[0].reused_tokens, 0);
+    EXPECT_EQ(got[1].reused_tokens, reused);
+    EXPECT_EQ(bo.prefix_cache->stats().hits, 1);
   }
-  EXPECT_EQ(got[0].reused_tokens, 0);
-  EXPECT_EQ(got[1].reused_tokens, 144);  // the document's whole blocks of 16
-  EXPECT_EQ(bo.prefix_cache->stats().hits, 1);
 }
 
 TEST(PrefixCache, ReservedCapacityComesOutOfTheModelsMemoryBudget) {
