@@ -112,14 +112,23 @@ ModelConfig resolve_model(const std::string& name, std::string& label) {
   return ModelFile::open(name)->config();
 }
 
+// The attention of one configuration: the method, retro's retrieval share (the baselines' nominal budget) and,
+// for retro, its budgets by layer.
+AttentionConfig bench_attention(const BenchDecodeOptions& o, AttentionKind kind) {
+  AttentionConfig a;
+  a.kind = kind;
+  a.retrieval_fraction = o.retrieval_fraction;
+  if (kind == AttentionKind::kRetro) a.layer_budget_queries = o.layer_budget_queries;
+  return a;
+}
+
 // Everything the plan needs besides the model.
 buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecodeOptions& o, AttentionKind kind,
                                         KvPlacement placement, int64_t max_context, int num_seqs,
                                         int64_t gpu_free, int64_t host_free) {
   buffer::SessionPlanRequest r;
   buffer::set_model_shape(r, cfg);
-  r.attention.kind = kind;
-  r.attention.retrieval_fraction = o.retrieval_fraction;
+  r.attention = bench_attention(o, kind);
   r.max_context = max_context;
   r.prefill_chunk = o.prefill_chunk;
   r.num_seqs = num_seqs;
@@ -256,9 +265,7 @@ void add_query_source(json& j, const BenchDecodeOptions& o) {
 cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Config& c,
                                          const buffer::SessionPlanBreakdown& plan, int64_t gpu_limit, int64_t host_limit) {
   cuda::CudaSessionOptions opt;
-  opt.attention.kind = c.kind;
-  opt.attention.retrieval_fraction = o.retrieval_fraction;
-  if (c.kind == AttentionKind::kRetro) opt.attention.layer_budget_queries = o.layer_budget_queries;
+  opt.attention = bench_attention(o, c.kind);
   opt.max_context = plan.max_context;
   opt.prefill_chunk = o.prefill_chunk;
   opt.exact_stats = true;  // the report's exact-KV-read figures (read back after the timed steps)
@@ -320,7 +327,8 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   if (c.kind == AttentionKind::kRetro) {
     j["retrieval_fraction"] = opt.attention.retrieval_fraction;
     j["layer_budget_queries"] = opt.attention.layer_budget_queries;
-    if (!session->layer_budget_multipliers().empty()) j["layer_budget_multipliers"] = session->layer_budget_multipliers();
+    const std::vector<double>& multipliers = session->layer_budget_multipliers();
+    if (!multipliers.empty()) j["layer_budget_multipliers"] = multipliers;
   }
   j["gpu_used_bytes"] = gpu_free0 - cuda::device_memory_info().first;
   j["host_rss_growth_bytes"] = rss_bytes() - rss0;
@@ -531,8 +539,7 @@ json run_joined_config(const cuda::CudaModel& model, const BenchDecodeOptions& o
 json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, int64_t max_context,
                                const BenchDecodeOptions& o, int64_t gpu_limit, int64_t host_limit) {
   cuda::CudaSessionOptions opt;
-  opt.attention.kind = c.kind;
-  opt.attention.retrieval_fraction = o.retrieval_fraction;
+  opt.attention = bench_attention(o, c.kind);
   opt.max_context = max_context;
   opt.prefill_chunk = o.prefill_chunk;
   opt.placement = to_cuda(c.placement);

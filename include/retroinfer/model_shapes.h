@@ -15,8 +15,8 @@ namespace retroinfer {
 // RoPE theta 500000 with llama3 scaling factor 8 over an original 8192, 131072 positions),
 // "qwen2.5-7b" (28 layers, hidden 3584, 28 q / 4 KV heads of 128, FFN 18944, vocab 152064, theta 1e6, QKV
 // bias, 32768 positions), "qwen2.5-0.5b" (Qwen2.5-Coder-0.5B: 24 layers, hidden 896, 14 q / 2 KV heads of 64,
-// FFN 4864, vocab 151936, otherwise as qwen2.5-7b), "smollm2-135m" (30 layers, hidden 576, 9 q / 3 KV heads of 64, FFN 1536, vocab
-// 49152, theta 100000, tied embeddings, 8192 positions). Case-insensitive. Throws Error naming the known
+// FFN 4864, vocab 151936, otherwise as qwen2.5-7b), "smollm2-135m" (30 layers, hidden 576, 9 q / 3 KV heads of
+// 64, FFN 1536, vocab 49152, theta 100000, tied embeddings, 8192 positions). Case-insensitive. Throws Error naming the known
 // shapes for any other name. The result passes validate(ModelConfig).
 ModelConfig model_shape(std::string_view name);
 // The names model_shape() accepts, in a fixed order.
