@@ -211,6 +211,10 @@ class CudaSession {
   // nominal budget (calibration off, a method other than retro, several sequences, fewer than two GPU-tier retro
   // layers with an index). Host-tier layers keep 1.
   const std::vector<double>& layer_budget_multipliers() const;
+  // Seconds the last prefill, fill_synthetic or fork spent building the layers' attention: the wave index's
+  // k-means and copies, the host-tier stores' fills and the budget calibration (the stream synchronised before
+  // and after each, so no prefill work is counted). Part of the time to first token.
+  double index_build_seconds() const;
   // The host-tier layers' wave-buffer counts, summed over layers and sequences: the last decode step's
   // hits and misses (device counters) and the managers' totals since prefill_done. Synchronous (waits for
   // the session's stream, reads device memory). All zero (objects 0) without host-tier layers; before the

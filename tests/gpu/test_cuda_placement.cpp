@@ -23,6 +23,7 @@
 //     (the host tier does not update its index: wave_buffer.h append).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -178,6 +179,20 @@ void check_wave(const PlacementRun& run, int host_layers, int objects_per_layer)
   EXPECT_GT(run.wave.step.steady_rows, 0);  // sinks + window + the appended tokens, every flat head
 }
 
+template <class F>
+double seconds_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// index_build_seconds() of a retro prefill: the index builds took some time, and no more than the prefill's
+// whole wall time (the prefill's own work is not counted, nor an earlier fill's).
+void expect_build_share(double build_s, double prefill_wall_s) {
+  EXPECT_GT(build_s, 0.0);
+  EXPECT_LT(build_s, prefill_wall_s);
+}
+
 class CudaPlacement : public testing::Test {
  protected:
   void SetUp() override {
@@ -205,7 +220,8 @@ TEST_F(CudaPlacement, PrefillAndDecodeMatchGpu) {
     std::vector<int32_t> first(n);
     {
       CudaSession s(*gm, retro_options(KvPlacement::kGpu, -1, max_context), n);
-      ref.prefill = s.prefill(prompts);
+      const double wall = seconds_of([&] { ref.prefill = s.prefill(prompts); });
+      expect_build_share(s.index_build_seconds(), wall);
       ref.plan = s.memory_plan();
       for (int q = 0; q < n; ++q) first[q] = argmax(std::span<const float>(ref.prefill.data() + q * vocab, vocab));
       decode_steps(s, vocab, first, ref, nullptr);
@@ -221,10 +237,13 @@ TEST_F(CudaPlacement, PrefillAndDecodeMatchGpu) {
       EXPECT_EQ(run.plan.gpu_layers, want_gpu);
       EXPECT_EQ(run.plan.host_layers, kLayers - want_gpu);
       std::vector<int64_t> progress;
-      run.prefill = s.prefill(prompts, false, [&](int64_t done, int64_t total) {
-        EXPECT_EQ(total, lengths[0] + lengths[1]);
-        progress.push_back(done);
+      const double wall = seconds_of([&] {
+        run.prefill = s.prefill(prompts, false, [&](int64_t done, int64_t total) {
+          EXPECT_EQ(total, lengths[0] + lengths[1]);
+          progress.push_back(done);
+        });
       });
+      expect_build_share(s.index_build_seconds(), wall);
       ASSERT_EQ(progress.size(), size_t(kLayers));  // one call per layer (layer-major)
       EXPECT_EQ(progress.back(), lengths[0] + lengths[1]);
       EXPECT_EQ(s.positions(), lengths);

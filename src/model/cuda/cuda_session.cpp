@@ -29,6 +29,10 @@ void check_tokens(std::span<const int32_t> tokens, int64_t vocab, const char* wh
                      " (sequence ", seq, ", index ", i, ") is outside the vocabulary [0, ", vocab, ")");
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 void CudaSession::Impl::decode_step(std::span<const int32_t> tokens) {
@@ -187,6 +191,7 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
     im.check_host_tier_length(n, "prefill");
     total += n;
   }
+  im.index_build_s = 0.0;
   if (im.any_host_tier()) {  // host-tier layers need their whole K/V at once: layer-major
     std::vector<float> out = im.prefill_layer_major(prompts, all_logits, progress);
     im.prefilled = true;
@@ -285,7 +290,24 @@ void CudaSession::Impl::attention_prefill_done_on(int l, Stream on) {
   synchronize(on);
 }
 
+void CudaSession::Impl::timed_prefill_done(int l) {
+  synchronize(stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  attention_prefill_done(l);  // synchronises
+  index_build_s += seconds_since(t0);
+}
+
 void CudaSession::Impl::build_attention() {
+  synchronize(stream);
+  const auto t0 = std::chrono::steady_clock::now();
+  build_attention_layers();
+  synchronize(stream);
+  index_build_s = seconds_since(t0);
+}
+
+double CudaSession::index_build_seconds() const { return impl_->index_build_s; }
+
+void CudaSession::Impl::build_attention_layers() {
   make_attention();
   // A layer's index build is about half host work (launches, buffer sizing) and half GPU work, one after the
   // other (retro at 128K: ~6 ms each per layer). Two threads on two streams build alternate layers, so one's

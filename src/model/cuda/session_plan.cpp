@@ -113,6 +113,7 @@ void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillPro
   const int L = c.num_layers;
   const int64_t heads = int64_t{im.num_seqs} * c.num_heads_kv;
   im.pos.assign(size_t(im.num_seqs), tokens);
+  im.index_build_s = 0.0;
   im.make_attention();
   const uint16_t* src_k = nullptr;  // the first filled layer's K/V (device)
   const uint16_t* src_v = nullptr;
@@ -130,7 +131,7 @@ void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillPro
       copy_rows(dv, src_v, heads, tokens, im.max_context, c.head_dim, im.stream);
       staged = staged || im.host_tier(l);
     }
-    im.attention_prefill_done(l);  // synchronises
+    im.timed_prefill_done(l);  // synchronises
     if (progress) progress(tokens * (l + 1) / L, tokens);
   }
   synchronize(im.stream);  // the copies read syn's pinned memory, freed on return

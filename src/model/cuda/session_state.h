@@ -223,8 +223,16 @@ struct CudaSession::Impl {
   void attention_prefill_done(int l);
   // The same on stream `on` (build_attention's second thread builds alternate layers on its own stream).
   void attention_prefill_done_on(int l, Stream on);
-  // make_attention + attention_prefill_done for every layer (after a GPU-only prefill or a fork).
+  // make_attention + attention_prefill_done for every layer (after a GPU-only prefill or a fork) and the budget
+  // calibration, timed into index_build_s (the stream synchronised on both sides).
   void build_attention();
+  void build_attention_layers();  // build_attention's work, untimed
+  // attention_prefill_done(l), timed into index_build_s (synchronises the stream first, so the layer's prefill
+  // work is not counted).
+  void timed_prefill_done(int l);
+  // index_build_seconds(): the last prefill's, fill's or fork's seconds in the attention objects' prefill_done
+  // (index builds, host-tier store fills) and the budget calibration.
+  double index_build_s = 0.0;
   // Prefill when any layer is host-tier (cuda_prefill_layers.cpp): layer-major over every prompt token.
   std::vector<float> prefill_layer_major(const std::vector<std::vector<int32_t>>& prompts, bool all_logits,
                                          const PrefillProgress& progress);
