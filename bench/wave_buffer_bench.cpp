@@ -3,7 +3,7 @@
 // (RetroLayer on the same index). JSON lines on stdout (or --out FILE), a table on stderr.
 //
 //   wave_buffer_bench [--length 131072] [--batches 1,4,8,16] [--steps 40] [--drifts 0.05,0.2,0.4,0.7,1]
-//                     [--tiers host] [--store bf16|int8] [--out FILE]
+//                     [--tiers host] [--store bf16|int8|int4] [--out FILE]
 //
 // Data: K, V ~ bf16 of N(0, 1) (fill_random_bf16); q_0 ~ N(0, 1) per element.
 // Query trace with temporal locality: q_{t+1} = (q_t + s * xi_t) / sqrt(1 + s^2), xi_t ~ N(0, 1) i.i.d.
@@ -18,9 +18,9 @@
 //          from `stage_steps` steps of decode_stage_ms (events between the stages, no graph, estimation
 //          inline); then `steps` replays back to back with no host wait at all ("free-running": the
 //          manager keeps up or its late updates are dropped), timed as a whole.
-// --store int8: the store in int8 with per-row scales (WaveBufferConfig::store_dtype), widened by the gather.
-// PCIe bytes per step = missed rows * the store's bytes per token and head (bf16 2 (K, V) * d * 2; int8
-// 2 * d + 8); achieved GB/s = those bytes / the gather
+// --store int8 | int4: the store in int8 with per-row scales or in int4 with a scale per 32 values
+// (WaveBufferConfig::store_dtype), widened by the gather. PCIe bytes per step = missed rows * the store's bytes
+// per token and head (bf16 2 (K, V) * d * 2; int8 2 * d + 8; int4 d + d / 8); achieved GB/s = those bytes / the gather
 // time (the kernel that reads them) and against the 51 GB/s measured for zero-copy reads (GPU.md).
 #include <algorithm>
 #include <cmath>
@@ -235,8 +235,8 @@ int main(int argc, char** argv) {
       if (t.find("gpu") != std::string::npos) tiers.push_back(KvTier::kGpu);
     } else if (a == "--store") {
       const std::string t = next();
-      if (t != "bf16" && t != "int8") {
-        std::fprintf(stderr, "--store: bf16 or int8, not %s\n", t.c_str());
+      if (t != "bf16" && t != "int8" && t != "int4") {
+        std::fprintf(stderr, "--store: bf16, int8 or int4, not %s\n", t.c_str());
         return 2;
       }
       store_dtype = parse_store_dtype(t);
@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: wave_buffer_bench [--length N] [--batches 1,4,8,16] [--steps S] [--drifts d,..] [--tiers host,gpu] [--store bf16|int8] [--out F]\n");
+      std::fprintf(stderr, "usage: wave_buffer_bench [--length N] [--batches 1,4,8,16] [--steps S] [--drifts d,..] [--tiers host,gpu] [--store bf16|int8|int4] [--out F]\n");
       return 2;
     }
   }

@@ -129,7 +129,8 @@ const char* const kKvPlacementKeywordsDoc =
     "\n  gpu_layers: split: layers whose KV stays on the GPU (-1: as many as fit)"
     "\n  cache_fraction: host-tier layers' GPU block cache per KV head, a fraction of the context (0.05)"
     "\n  cache_page_tokens: tokens per block-cache page (0: retro's tokens per cluster, at most 8)"
-    "\n  host_store: host-tier layers' store, \"bf16\" or \"int8\" (one scale per token row; half the PCIe bytes)"
+    "\n  host_store: host-tier layers' store, \"bf16\", \"int8\" (a scale per token row; half the PCIe bytes) or "
+    "\"int4\" (a scale per 32 values; 28% of bf16's bytes)"
     "\n  gpu_memory_limit, host_memory_limit: bytes the session may use (0: what is free)";
 
 py::object kv_placement_dict(const std::optional<KvPlacementReport>& r) {
@@ -168,7 +169,7 @@ py::kwargs take_kv_placement_kwargs(KvPlacementOptions& kv, const py::kwargs& kw
     } else if (name == "cache_page_tokens") {
       kv.page_tokens = static_cast<int>(int_value("cache_page_tokens", value, INT_MIN, INT_MAX));
     } else if (name == "host_store") {
-      if (!PyUnicode_Check(value.ptr())) throw py::type_error("host_store takes a str: bf16 or int8");
+      if (!PyUnicode_Check(value.ptr())) throw py::type_error("host_store takes a str: bf16, int8 or int4");
       kv.host_store = parse_store_dtype(py::cast<std::string>(value));
     } else if (name == "gpu_memory_limit") {
       kv.gpu_memory_limit = int_value("gpu_memory_limit", value, LLONG_MIN, LLONG_MAX);

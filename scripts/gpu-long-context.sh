@@ -24,7 +24,8 @@
 #              (and 20% again with --stage-times);
 #              BENCH_STEPS, BENCH_TIMEOUT (per run, 150 s) and SPLIT_1M_TIMEOUT (300 s) bound them)
 #              BENCH_WARMUP (3) untimed steps first: more let the block cache reach its steady hit ratio;
-#              HIT_FRACTIONS the cache fractions of hit80 ("0.05 0.10 0.20")
+#              HIT_FRACTIONS the cache fractions of hit80 ("0.05 0.10 0.20"), HIT_STORES its host stores
+#              ("int8"; "int8 int4" runs both), STAGE_FRACTION the cache fraction of its --stage-times runs (0.20)
 #   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
 # Everything lands in $OUT as at most 8 files (the device returns no more): summary.txt, one tarball per
 # section and the accuracy reports.
@@ -227,13 +228,17 @@ section_bench() {
       # A host-tier layer step against the GPU-resident step at batch 8 (64K: 8 sequences fit in HBM), the
       # block cache grown until the trace's hits pass ~80%.
       hit80) run_bench gpu_64k_b8 --contexts 65536 --batches 8 --methods retro --placement gpu
-             for f in ${HIT_FRACTIONS:-0.05 0.10 0.20}; do
-               run_bench host_64k_b8_int8_c$f --contexts 65536 --batches 8 --methods retro --placement host \
-                 --host-store int8 --cache-fraction "$f" "${q[@]}"
-             done
-             # The wave buffer's stages of the last one, timed by events (a separate run: the events cost a little).
-             run_bench host_64k_b8_int8_c0.20_stages --contexts 65536 --batches 8 --methods retro --placement host \
-               --host-store int8 --cache-fraction 0.20 --stage-times "${q[@]}" ;;
+             for st in ${HIT_STORES:-int8}; do
+               for f in ${HIT_FRACTIONS:-0.05 0.10 0.20}; do
+                 run_bench host_64k_b8_${st}_c$f --contexts 65536 --batches 8 --methods retro --placement host \
+                   --host-store "$st" --cache-fraction "$f" "${q[@]}"
+               done
+               # The wave buffer's stages at one cache size, timed by events (a separate run: the events cost a
+               # little).
+               local sf=${STAGE_FRACTION:-0.20}
+               run_bench host_64k_b8_${st}_c${sf}_stages --contexts 65536 --batches 8 --methods retro --placement host \
+                 --host-store "$st" --cache-fraction "$sf" --stage-times "${q[@]}"
+             done ;;
     esac
   done
   python3 - "$d" >> "$summary" <<'EOF2'

@@ -56,10 +56,11 @@ void add_kv_placement_options(CLI::App* cmd, KvPlacementCliValues& v) {
                   "cluster takes whole pages)")
       ->capture_default_str();
   cmd->add_option("--host-store", v.host_store,
-                  "Host-tier layers: the store's element type, bf16 or int8 (one scale per token row: half the PCIe "
-                  "bytes per miss, error <= half a quantisation step per element)")
+                  "Host-tier layers: the store's element type, bf16, int8 (one scale per token row: half the PCIe "
+                  "bytes per miss) or int4 (one scale per 32 values: 28% of bf16's bytes); error <= half a "
+                  "quantisation step per element")
       ->capture_default_str()
-      ->check(CLI::IsMember({"bf16", "int8"}));
+      ->check(CLI::IsMember({"bf16", "int8", "int4"}));
   cmd->add_option("--gpu-memory-limit", v.gpu_memory_gib,
                   "cuda: GiB of GPU memory for the session, weights excluded (0: free memory - 2 GiB)")
       ->check(CLI::Range(0.0, 1.0e6))  // GiB; the byte count must fit in int64

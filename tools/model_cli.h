@@ -24,7 +24,7 @@ struct KvPlacementCliValues {
   int gpu_layers = -1;             // split: layers on the GPU (-1: as many as fit)
   double cache_fraction = WaveBufferConfig{}.cache_fraction;
   int cache_page_tokens = 0;  // 0: the cluster size, at most 8
-  std::string host_store = "bf16";  // bf16 | int8
+  std::string host_store = "bf16";  // bf16 | int8 | int4
   double gpu_memory_gib = 0.0;   // 0: free memory minus the reserve
   double host_memory_gib = 0.0;  // 0: a share of MemAvailable
 };

@@ -7,6 +7,8 @@
 //   store      n * Hkv * 2 * D * e                   K and V, cluster-ordered; GPU or pinned host
 //              n * Hkv * (2 * D + 8)                 the same with store_dtype int8 (D int8 values and
 //                                                   an f32 scale per K and per V row)
+//              n * Hkv * (D + D / 8)                 with store_dtype int4 (D 4-bit values and a bf16
+//                                                   scale per 32 of them, per K and per V row)
 //   meta       C * Hkv * (c + D * e + 29)             the layer's copies of the index (WaveBufferLayer):
 //                + Hkv * (4 * n_idx + 4 * ceil(n_idx / page_tokens) + 8)
 //                                                   centroids (c = D * e, or D + 4 with int8 scoring), value

@@ -43,21 +43,30 @@ namespace retroinfer {
 enum class KvTier : uint8_t { kGpu, kHost };  // where a KV store, or a layer's KV, lives
 
 // Element type of a KV store (docs/wave-buffer.md "Compressed store"). kBf16: the K/V rows as the model
-// writes them. kInt8: each K and each V row of a token as D int8 values and one f32 scale (absmax / 127),
-// widened back to bf16 by the gather kernel; the block cache, the execution buffer and attention stay bf16.
-enum class StoreDtype : uint8_t { kBf16, kInt8 };
+// writes them. kInt8: each K and each V row of a token as D int8 values and one f32 scale (absmax / 127).
+// kInt4: each row as D 4-bit values and one bf16 scale per 32 of them (absmax / 7). The gather kernel widens
+// both back to bf16; the block cache, the execution buffer and attention stay bf16.
+enum class StoreDtype : uint8_t { kBf16, kInt8, kInt4 };
 
-inline std::string_view store_dtype_name(StoreDtype t) { return t == StoreDtype::kInt8 ? "int8" : "bf16"; }
-// "bf16" | "int8"; anything else: Error naming the accepted values.
+inline std::string_view store_dtype_name(StoreDtype t) {
+  return t == StoreDtype::kInt8 ? "int8" : t == StoreDtype::kInt4 ? "int4" : "bf16";
+}
+// "bf16" | "int8" | "int4"; anything else: Error naming the accepted values.
 inline StoreDtype parse_store_dtype(std::string_view s) {
   if (s == "bf16") return StoreDtype::kBf16;
   if (s == "int8") return StoreDtype::kInt8;
-  throw Error("unknown KV store dtype '" + std::string(s) + "' (use bf16 or int8)");
+  if (s == "int4") return StoreDtype::kInt4;
+  throw Error("unknown KV store dtype '" + std::string(s) + "' (use bf16, int8 or int4)");
 }
 // Store bytes of one token of one KV head, K and V together: bf16 2 * D * 2; int8 2 * D values plus the K
-// and V row scales (2 * 4).
+// and V row scales (2 * 4); int4 2 * D / 2 bytes of values plus 2 * D / 32 group scales of 2 bytes.
 inline int64_t store_token_bytes(StoreDtype t, int head_dim) {
-  return t == StoreDtype::kInt8 ? int64_t{2} * head_dim + 8 : int64_t{4} * head_dim;
+  switch (t) {
+    case StoreDtype::kInt8: return int64_t{2} * head_dim + 8;
+    case StoreDtype::kInt4: return int64_t{head_dim} + head_dim / 8;
+    case StoreDtype::kBf16: break;
+  }
+  return int64_t{4} * head_dim;
 }
 
 struct WaveBufferConfig {
@@ -75,8 +84,8 @@ struct WaveBufferConfig {
   // clusters; a ring too narrow for a grown n_r is rebuilt at that update with an empty block cache).
   // 0: no tail room (the first update reallocates the store, growing it by a quarter or more each time).
   int64_t max_tokens = 0;
-  // Element type of the store (kInt8: about half the bytes per miss and of pinned host memory; outputs
-  // within the int8 rounding of the rows, docs/wave-buffer.md "Compressed store").
+  // Element type of the store (kInt8: about half the bytes per miss and of pinned host memory, kInt4 about
+  // a quarter; outputs within the rounding of the rows, docs/wave-buffer.md "Compressed store").
   StoreDtype store_dtype = StoreDtype::kBf16;
   // Diagnostics (bench decode --stage-times): every decode step records timing events between its stages and
   // WaveBufferLayer::stage_times() sums them (WaveStageTimes). Off: no events beyond the step's fork / join.

@@ -31,9 +31,9 @@ StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int6
   const int64_t steady_cap = int64_t{a.sink_tokens} + a.window_tokens + a.update_tokens + outliers;
   const int64_t clusters = index_clusters(n_idx, a);
   StoreBytes b;
-  // An int8 store: D int8 values per K and V row plus two f32 row scales (wave_buffer.h store_token_bytes).
-  b.store = s.store_dtype == StoreDtype::kInt8 ? n * shape.num_heads_kv * store_token_bytes(s.store_dtype, shape.head_dim)
-                                               : n * row;
+  // An int8 or int4 store: its quantised K and V rows plus their scales (wave_buffer.h store_token_bytes).
+  b.store = s.store_dtype == StoreDtype::kBf16 ? n * row
+                                               : n * shape.num_heads_kv * store_token_bytes(s.store_dtype, shape.head_dim);
   // The layer's copies of the index (wave_buffer_layer.cpp copy_index_tables, index_update.h tables):
   // centroids (int8 copies and a row scale with int8 scoring) and value sums; per cluster its size, the
   // per-head and absolute CSR offsets, page-slot start, store row, residency byte and at most one page slot

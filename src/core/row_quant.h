@@ -1,8 +1,9 @@
-// Per-row int8 quantisation of bf16 K/V rows: the wave buffer's int8 store (docs/wave-buffer.md
-// "Compressed store"). The CUDA store fill and gather (src/kernels/wave_buffer_kernels.cu) call these same
-// functions element by element, so the device rounds exactly as this CPU reference does.
+// Quantisation of bf16 K/V rows for the wave buffer's compressed stores (docs/wave-buffer.md "Compressed
+// store"): int8 with one scale per row, int4 with one scale per group of 32 values. The CUDA store fill and
+// gather (src/kernels/wave_buffer_kernels.cu) call these same functions element by element, so the device
+// rounds exactly as this CPU reference does.
 //
-// A row x of D values gets scale = absmax(x) / 127 and q_i = round_half_even(x_i * (127 / absmax)), clamped
+// int8: a row x of D values gets scale = absmax(x) / 127 and q_i = round_half_even(x_i * (127 / absmax)), clamped
 // to [-127, 127] (-128 unused: the range stays symmetric); widened, w_i = bf16(q_i * scale). An all-zero row
 // has scale 0 and q = 0 (widened exactly).
 //
@@ -49,6 +50,70 @@ inline float int8_quantize_row(const uint16_t* x, int d, int8_t* q) {
 // A whole row widened (the CPU reference): out [d] bf16 from q [d] int8 and the row's scale.
 inline void int8_widen_row(const int8_t* q, float scale, int d, uint16_t* out) {
   for (int i = 0; i < d; ++i) out[i] = int8_widen_bf16(q[i], scale);
+}
+
+// ---- int4: a bf16 scale per group of 32 values ----
+//
+// Each group of kInt4Group consecutive values of a row gets scale = bf16(absmax(group) / 7) and
+// q_i = round_half_even(x_i / scale) clamped to [-7, 7] (-8 unused: symmetric), stored as a 4-bit two's
+// complement nibble, value 2j in the low nibble of byte j. Widened, w_i = bf16(q_i * scale) (q_i * scale is
+// exact in f32: 3 + 8 significant bits). A group whose scale is 0 (all zero, or absmax below bf16's
+// smallest subnormal times 7) gets q = 0.
+//
+// Why groups and not rows: 4 bits leave 15 levels, so one outlier channel in a row scale would round the
+// row's other channels to 0 or +-1 (real keys carry channels tens of times the rest); a group of 32 confines
+// an outlier's coarse step to its own group. Why a bf16 scale: 2 bytes per 32 values (an f32 scale would add
+// 10% to the bytes per miss), and its 8 significant bits are far finer than the 15 levels it scales.
+//
+// Error bound, per element: |x_i - q_i * scale| <= scale * (1/2 + 2^-20): the rounding to an integer, and
+// the f32 roundings of 1 / scale and x_i * inv (each <= 2^-24 relative, |x_i * inv| <= 7 * (1 + 2^-8)) when
+// not clamped; a clamped value is at most 7 * 2^-8 * scale past 7 * scale, since scale >= absmax / 7 *
+// (1 - 2^-9). The bf16 widening adds at most |q_i * scale| * 2^-8 (11 significant bits rounded to 8).
+constexpr int kInt4Group = 32;
+
+// bf16(absmax / 7): the group's scale (0 for an all-zero group).
+RETROINFER_HD uint16_t int4_group_scale(float absmax) { return f32_to_bf16(absmax / 7.0f); }
+
+// 1 / scale: what the group's values are multiplied by before rounding (0 for a zero scale).
+RETROINFER_HD float int4_group_inverse(uint16_t scale) {
+  const float s = bf16_to_f32(scale);
+  return s > 0.0f ? 1.0f / s : 0.0f;
+}
+
+// One value: round_half_even(x * inv) clamped to [-7, 7], as a nibble (two's complement, 4 bits).
+RETROINFER_HD uint8_t int4_quantize(float x, float inv) {
+  float t = rintf(x * inv);
+  t = t > 7.0f ? 7.0f : (t < -7.0f ? -7.0f : t);
+  return static_cast<uint8_t>(static_cast<int>(t) & 0xf);
+}
+
+// A nibble's signed value in [-8, 7].
+RETROINFER_HD int int4_value(uint8_t nibble) { return static_cast<int>((nibble & 0xfu) ^ 0x8u) - 8; }
+
+// One value widened: bf16(q * scale), exact before the bf16 rounding.
+RETROINFER_HD uint16_t int4_widen_bf16(uint8_t nibble, float scale) {
+  return f32_to_bf16(static_cast<float>(int4_value(nibble)) * scale);
+}
+
+// A whole row (the CPU reference): q [d / 2] packed nibbles and scales [d / 32] from x [d] bf16.
+// d must be a multiple of kInt4Group.
+inline void int4_quantize_row(const uint16_t* x, int d, uint8_t* q, uint16_t* scales) {
+  for (int g = 0; g < d / kInt4Group; ++g) {
+    const uint16_t* xg = x + g * kInt4Group;
+    float absmax = 0.0f;
+    for (int i = 0; i < kInt4Group; ++i) absmax = std::fmax(absmax, std::fabs(bf16_to_f32(xg[i])));
+    scales[g] = int4_group_scale(absmax);
+    const float inv = int4_group_inverse(scales[g]);
+    for (int i = 0; i < kInt4Group; i += 2)
+      q[(g * kInt4Group + i) / 2] = static_cast<uint8_t>(int4_quantize(bf16_to_f32(xg[i]), inv) |
+                                                         (int4_quantize(bf16_to_f32(xg[i + 1]), inv) << 4));
+  }
+}
+
+// A whole row widened (the CPU reference): out [d] bf16 from q [d / 2] nibbles and scales [d / 32].
+inline void int4_widen_row(const uint8_t* q, const uint16_t* scales, int d, uint16_t* out) {
+  for (int i = 0; i < d; ++i)
+    out[i] = int4_widen_bf16(static_cast<uint8_t>(q[i / 2] >> (4 * (i % 2))), bf16_to_f32(scales[i / kInt4Group]));
 }
 
 }  // namespace retroinfer

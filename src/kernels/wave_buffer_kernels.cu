@@ -6,7 +6,8 @@
 // bytes, so the zero-copy reads of pinned host memory come in pieces of >= 2 KiB for clusters of >= 4
 // tokens at d = 128 (GPU.md: 51 GB/s at >= 2 KiB pieces, 17 GB/s at 512 B). An int8 store halves that run
 // (size * 2 * D bytes, >= 1 KiB from 4 tokens up at d = 128) plus its row scales (size * 8 bytes, read once
-// per 32 rows by the lanes together); the gather widens it to bf16 on the way into the execution buffer.
+// per 32 rows by the lanes together); an int4 store halves it again (size * D bytes plus size * D / 8 of group
+// scales). The gather widens both to bf16 on the way into the execution buffer.
 #include <cuda_runtime.h>
 
 #include "core/row_quant.h"
@@ -109,6 +110,62 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q8_kernel(const StoreF
   }
 }
 
+// An int4 store's fill: one warp per cluster, one row at a time as the int8 fill. A group of 32 values lies
+// on 32 / kPer consecutive lanes, whose absmax comes from shuffles among them. Each lane packs its kPer
+// values into kPer / 2 bytes; at D = 64 (one byte a lane) pairs of lanes join theirs, so that no write to
+// host memory is narrower than 2 bytes. Lane 0 writes the row's D / 32 scales in one store.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreFillParams p) {
+  constexpr int kPer = D / 32;                    // values per lane
+  constexpr int kGroups = D / kInt4Group;         // scales per row
+  constexpr int kLanesPerGroup = kInt4Group / kPer;
+  static_assert(kPer == 2 || kPer == 4, "store_fill_q4_kernel: D = 64 or 128");
+  const int h = blockIdx.y, lane = threadIdx.x & 31;
+  const int c = blockIdx.x * kWarps + (threadIdx.x >> 5);
+  const WaveTables& t = p.t;
+  if (c >= t.num_clusters) return;
+  const int s = t.sizes[int64_t{h} * t.num_clusters + c];
+  const int64_t o = t.offsets[int64_t{h} * (t.num_clusters + 1) + c];
+  const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
+  uint8_t* blk = p.store_q4 + at * D;
+  uint16_t* scl = p.store_group_scale + at * 2 * kGroups;
+  const uint32_t* mem = p.members + int64_t{h} * t.n_idx + o;
+  const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
+  const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
+  for (int i = 0; i < 2 * s; ++i) {
+    const int kv = i >= s ? 1 : 0, r = i - kv * s;
+    const uint16_t* src = (kv ? vh : kh) + (p.idx_begin + int64_t{mem[r]}) * D + lane * kPer;
+    float x[kPer];
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      x[e] = bf16_to_f32(src[e]);
+      amax = fmaxf(amax, fabsf(x[e]));
+    }
+#pragma unroll
+    for (int off = 1; off < kLanesPerGroup; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const uint16_t scale = int4_group_scale(amax);
+    const float inv = int4_group_inverse(scale);
+    uint32_t packed = 0;  // value e of the lane in nibble e
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) packed |= uint32_t{int4_quantize(x[e], inv)} << (4 * e);
+    uint8_t* dst = blk + int64_t{i} * (D / 2);  // row i of [K rows | V rows]
+    if constexpr (kPer == 4) {
+      *reinterpret_cast<uint16_t*>(dst + lane * 2) = static_cast<uint16_t>(packed);
+    } else {
+      const uint32_t next = __shfl_down_sync(0xffffffffu, packed, 1);
+      if ((lane & 1) == 0) *reinterpret_cast<uint16_t*>(dst + lane) = static_cast<uint16_t>(packed | (next << 8));
+    }
+    uint32_t g[kGroups];
+#pragma unroll
+    for (int j = 0; j < kGroups; ++j) g[j] = __shfl_sync(0xffffffffu, uint32_t{scale}, j * kLanesPerGroup);
+    if (lane == 0) {
+      if constexpr (kGroups == 4) *reinterpret_cast<uint2*>(scl + int64_t{i} * 4) = make_uint2(g[0] | (g[1] << 16), g[2] | (g[3] << 16));
+      else *reinterpret_cast<uint32_t*>(scl + int64_t{i} * 2) = g[0] | (g[1] << 16);
+    }
+  }
+}
+
 // 16 int8 values (one 16-byte chunk) widened to 16 bf16 (two 16-byte chunks) with one scale.
 __device__ __forceinline__ void widen_chunk(const uint4& in, float scale, uint4& lo, uint4& hi) {
   const uint32_t w[4] = {in.x, in.y, in.z, in.w};
@@ -161,6 +218,58 @@ __device__ __forceinline__ void warp_widen_rows(int lane, int s, const int8_t* b
           reinterpret_cast<uint4*>(d)[0] = lo;
           reinterpret_cast<uint4*>(d)[1] = hi;
         }
+      }
+    }
+  }
+}
+
+// 32 int4 values (one 16-byte chunk) widened to 32 bf16 (four 16-byte chunks) with their group's scale.
+__device__ __forceinline__ void widen_chunk_q4(const uint4& in, float scale, uint4 out[4]) {
+  const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+  uint32_t o[16];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {  // byte b of word j: values 8j + 2b (low nibble) and 8j + 2b + 1
+      const uint8_t byte = static_cast<uint8_t>(w[j] >> (8 * b));
+      o[4 * j + b] = uint32_t{int4_widen_bf16(byte, scale)} |
+                     (uint32_t{int4_widen_bf16(static_cast<uint8_t>(byte >> 4), scale)} << 16);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
+}
+
+// Widens one int4 cluster block of s rows ([K rows | V rows], D / 2 bytes a row; group scales [K | V], D / 32
+// a row) into bf16 rows dst(kv, r). The block's 16-byte chunk q holds 32 values, one group, whose scale is
+// element q of the block's scales: each lane loads its chunk and that scale, 4 chunks per lane in flight as
+// in warp_copy_rows. Warp-uniform s.
+template <int D, typename Dst>
+__device__ __forceinline__ void warp_widen_rows_q4(int lane, int s, const uint8_t* blk, const uint16_t* scl,
+                                                   Dst dst) {
+  constexpr int kCpr = D / kInt4Group;  // 16-byte chunks (and scales) per row
+  const int half = s * kCpr, total = 2 * half;
+  for (int base = 0; base < total; base += 32 * kUnroll) {
+    uint4 buf[kUnroll];
+    uint16_t sc[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int q = base + u * 32 + lane;
+      if (q < total) {
+        buf[u] = *reinterpret_cast<const uint4*>(blk + int64_t{q} * 16);
+        sc[u] = scl[q];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int q = base + u * 32 + lane;
+      if (q < total) {
+        const int kv = q >= half ? 1 : 0, qq = q - kv * half;
+        uint4 out[4];
+        widen_chunk_q4(buf[u], bf16_to_f32(sc[u]), out);
+        uint4* d = reinterpret_cast<uint4*>(dst(kv, qq / kCpr) + (qq % kCpr) * kInt4Group);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) d[k] = out[k];
       }
     }
   }
@@ -414,6 +523,9 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
     } else if (t.store_q8 != nullptr) {  // int8 store: widened to bf16
       const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
       warp_widen_rows<D>(lane, s, t.store_q8 + at * 2 * D, t.store_scale + at * 2, dst);
+    } else if (t.store_q4 != nullptr) {  // int4 store: widened to bf16
+      const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
+      warp_widen_rows_q4<D>(lane, s, t.store_q4 + at * D, t.store_group_scale + at * 2 * (D / kInt4Group), dst);
     } else {
       const uint16_t* blk = t.store + store_block(t, h, c);
       warp_copy_rows<D>(lane, s, [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; }, dst);
@@ -446,13 +558,15 @@ int copy_blocks(int64_t items) {
 
 cudaError_t wave_store_fill(const StoreFillParams& p, cudaStream_t s) {
   const dim3 grid(copy_blocks(p.t.num_clusters), p.t.num_heads);
-  const bool q8 = p.store_q8 != nullptr;
-  if (q8 && p.store_scale == nullptr) return cudaErrorInvalidValue;
+  const bool q8 = p.store_q8 != nullptr, q4 = p.store_q4 != nullptr;
+  if ((q8 && p.store_scale == nullptr) || (q4 && p.store_group_scale == nullptr)) return cudaErrorInvalidValue;
   if (p.t.head_dim == 128) {
     if (q8) store_fill_q8_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
+    else if (q4) store_fill_q4_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
     else store_fill_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
   } else if (p.t.head_dim == 64) {
     if (q8) store_fill_q8_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
+    else if (q4) store_fill_q4_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
     else store_fill_kernel<64><<<grid, kWarps * 32, 0, s>>>(p);
   } else {
     return cudaErrorInvalidValue;

@@ -10,6 +10,10 @@
 // An int8 store (store_q8 set instead of store) has the same blocks in int8 elements ([K rows | V rows], D
 // bytes a row, at byte store_at[h, c] * 2 * D) and a parallel f32 scale array: the block's scales [K scales
 // (s_c) | V scales (s_c)] at store_scale + store_at[h, c] * 2 (core/row_quant.h: per-row absmax / 127).
+// An int4 store (store_q4 set) has them in packed nibbles (D / 2 bytes a row, the block at byte
+// store_at[h, c] * D) and a parallel bf16 array of group scales, D / 32 per row in row order: the block's
+// [K rows' scales | V rows' scales] at store_group_scale + store_at[h, c] * 2 * (D / 32), so the scale of
+// the block's 16-byte chunk q (32 values) is element q of that run (core/row_quant.h: per-group absmax / 7).
 // Cache: cache_k / cache_v [H, P, page_tokens, D] bf16. Execution buffer: exec_k / exec_v [H, exec_cap, D] bf16.
 #pragma once
 
@@ -32,11 +36,13 @@ struct WaveTables {
   int* cluster_pages = nullptr;      // [H, slot_stride]: cache page of each (cluster, page) while resident
   uint8_t* resident = nullptr;       // [H, C]
   int64_t pages_per_head = 0;        // P
-  // The store (device or mapped host pointers), exactly one of: bf16 cluster blocks at store_at, or int8
-  // blocks plus their row scales (the gather widens them to bf16).
+  // The store (device or mapped host pointers), exactly one of: bf16 cluster blocks at store_at, int8
+  // blocks plus their row scales, or int4 blocks plus their group scales (the gather widens both to bf16).
   const uint16_t* store = nullptr;     // bf16 blocks
   const int8_t* store_q8 = nullptr;    // int8 blocks
   const float* store_scale = nullptr;  // int8 store: [store rows, 2] row scales (K then V per block)
+  const uint8_t* store_q4 = nullptr;   // int4 blocks
+  const uint16_t* store_group_scale = nullptr;  // int4 store: [store rows, 2, D / 32] bf16 group scales
   uint16_t* cache_k = nullptr;       // [H, P, page_tokens, D]
   uint16_t* cache_v = nullptr;
   uint16_t* exec_k = nullptr;        // [H, exec_cap, D]
@@ -46,13 +52,15 @@ struct WaveTables {
 
 // Fills the store from GPU K/V: for cluster c of head h, row r is K/V row idx_begin + members[h * n_idx +
 // offsets[h, c] + r] of head h (the build: the index's tokens; an index update: the block's rows of the
-// steady zone, with t a view of the block's clusters). An int8 store (store_q8 set) gets each row quantised
-// on the device (core/row_quant.h) before it is written.
+// steady zone, with t a view of the block's clusters). An int8 or int4 store (store_q8 or store_q4 set) gets
+// each row quantised on the device (core/row_quant.h) before it is written.
 struct StoreFillParams {
   WaveTables t;
   uint16_t* store = nullptr;          // writable view of t.store (bf16 store), or
-  int8_t* store_q8 = nullptr;         // ... of t.store_q8 and t.store_scale (int8 store)
+  int8_t* store_q8 = nullptr;         // ... of t.store_q8 and t.store_scale (int8 store), or
   float* store_scale = nullptr;
+  uint8_t* store_q4 = nullptr;        // ... of t.store_q4 and t.store_group_scale (int4 store)
+  uint16_t* store_group_scale = nullptr;
   const uint16_t* k = nullptr;        // [H, kv_stride, D]
   const uint16_t* v = nullptr;
   int64_t kv_stride = 0, idx_begin = 0;

@@ -1,6 +1,7 @@
-// The int8 store's row quantisation (core/row_quant.h), the CPU reference of the CUDA store fill and
-// gather: the per-element error bound, exact cases (zero rows, the absmax element, rows already on the
-// int8 grid), symmetry and the clamp, over head dims with tails.
+// The compressed stores' row quantisation (core/row_quant.h), the CPU reference of the CUDA store fill and
+// gather. int8 (a scale per row): the per-element error bound, exact cases (zero rows, the absmax element,
+// rows already on the int8 grid), symmetry and the clamp, over head dims with tails. int4 (a bf16 scale per
+// 32 values): the same bound per group, the nibble order, an outlier confined to its group, exact cases.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -107,6 +108,111 @@ TEST(RowQuant, SymmetricWithTiesToEven) {
   std::vector<int8_t> q(128), nq(128);
   EXPECT_EQ(int8_quantize_row(x.data(), 128, q.data()), int8_quantize_row(nx.data(), 128, nq.data()));
   for (int i = 0; i < 128; ++i) EXPECT_EQ(q[i], -nq[i]) << i;
+}
+
+// ---- int4 ----
+
+// Every element: |x - q * scale| <= scale * (1/2 + 2^-20) with its group's scale, after the bf16 widening at
+// most |q * scale| * 2^-8 more (row_quant.h); the group's absmax element maps to +-7 (the bf16 rounding of
+// its scale moves absmax / scale by less than 2^-8 of 7, which still rounds to 7).
+TEST(RowQuantInt4, ErrorBoundPerElement) {
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::mt19937 rng(seed);
+    for (int d : {32, 64, 128, 256}) {
+      for (int outliers : {0, 1, 3}) {
+        for (float sigma : {1e-3f, 0.5f, 30.0f}) {
+          const std::vector<uint16_t> x = random_row(rng, d, sigma, outliers);
+          std::vector<uint8_t> q(d / 2, 0x99);
+          std::vector<uint16_t> sc(d / kInt4Group, 0xffff);
+          int4_quantize_row(x.data(), d, q.data(), sc.data());
+          std::vector<uint16_t> w(d, 0xffff);
+          int4_widen_row(q.data(), sc.data(), d, w.data());
+          for (int g = 0; g < d / kInt4Group; ++g) {
+            float amax = 0.0f;
+            for (int i = 0; i < kInt4Group; ++i) amax = std::fmax(amax, std::fabs(bf16_to_f32(x[g * kInt4Group + i])));
+            const double scale = bf16_to_f32(sc[g]);
+            ASSERT_EQ(sc[g], f32_to_bf16(amax / 7.0f));
+            bool saw_max = false;
+            for (int i = g * kInt4Group; i < (g + 1) * kInt4Group; ++i) {
+              SCOPED_TRACE("seed " + std::to_string(seed) + " d " + std::to_string(d) + " i " + std::to_string(i));
+              const int qi = int4_value(static_cast<uint8_t>(q[i / 2] >> (4 * (i % 2))));
+              const double xi = bf16_to_f32(x[i]), qs = qi * scale;
+              ASSERT_LE(std::abs(qi), 7);
+              ASSERT_LE(std::abs(xi - qs), scale * (0.5 + std::ldexp(1.0, -20)));
+              const double wi = bf16_to_f32(w[i]);
+              ASSERT_TRUE(std::isfinite(wi));
+              ASSERT_LE(std::abs(xi - wi), scale * (0.5 + std::ldexp(1.0, -20)) + std::abs(qs) * std::ldexp(1.0, -8));
+              if (std::fabs(float(xi)) == amax) {
+                ASSERT_EQ(std::abs(qi), 7);
+                saw_max = true;
+              }
+            }
+            ASSERT_TRUE(saw_max);
+          }
+        }
+      }
+    }
+  }
+}
+
+// An outlier channel coarsens only its own group: the other groups keep their own (small) scales.
+TEST(RowQuantInt4, OutlierStaysInItsGroup) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<uint16_t> x(128);
+  for (auto& v : x) v = f32_to_bf16(nd(rng));
+  x[70] = f32_to_bf16(500.0f);  // group 2
+  std::vector<uint8_t> q(64);
+  std::vector<uint16_t> sc(4);
+  int4_quantize_row(x.data(), 128, q.data(), sc.data());
+  std::vector<uint16_t> w(128);
+  int4_widen_row(q.data(), sc.data(), 128, w.data());
+  EXPECT_EQ(sc[2], f32_to_bf16(500.0f / 7.0f));
+  double err_other = 0.0, sum_other = 0.0;
+  for (int i = 0; i < 128; ++i) {
+    if (i / 32 == 2) continue;
+    EXPECT_LT(bf16_to_f32(sc[i / 32]), 1.0f) << "group " << i / 32;
+    const double e = bf16_to_f32(x[i]) - bf16_to_f32(w[i]);
+    err_other += e * e;
+    sum_other += double(bf16_to_f32(x[i])) * bf16_to_f32(x[i]);
+  }
+  // 15 levels over a Gaussian group's range: ~1% of its energy (per-row scales would lose nearly all of it).
+  EXPECT_LT(err_other / sum_other, 0.03);
+}
+
+// Nibble order: value 2j in the low nibble of byte j; two's complement; -8 never produced.
+TEST(RowQuantInt4, NibbleLayoutAndClamp) {
+  EXPECT_EQ(int4_quantize(3.0f, 1.0f), 0x3);
+  EXPECT_EQ(int4_quantize(-3.0f, 1.0f), 0xd);
+  EXPECT_EQ(int4_quantize(2.5f, 1.0f), 0x2);   // ties to even
+  EXPECT_EQ(int4_quantize(-2.5f, 1.0f), 0xe);
+  EXPECT_EQ(int4_quantize(90.0f, 1.0f), 0x7);  // clamped
+  EXPECT_EQ(int4_quantize(-90.0f, 1.0f), 0x9);
+  for (int v = -8; v < 8; ++v) EXPECT_EQ(int4_value(static_cast<uint8_t>(v & 0xf)), v);
+  EXPECT_EQ(int4_value(0xf3), 3);  // the high nibble is ignored
+  std::vector<uint16_t> x(32);
+  for (int i = 0; i < 32; ++i) x[i] = f32_to_bf16(float(i % 15 - 7));  // on the grid, scale exactly 1
+  std::vector<uint8_t> q(16);
+  uint16_t sc = 0;
+  int4_quantize_row(x.data(), 32, q.data(), &sc);
+  EXPECT_EQ(bf16_to_f32(sc), 1.0f);
+  EXPECT_EQ(q[0], uint8_t((0x9) | (0xa << 4)));  // -7, -6
+  std::vector<uint16_t> w(32);
+  int4_widen_row(q.data(), &sc, 32, w.data());
+  EXPECT_EQ(w, x);
+}
+
+TEST(RowQuantInt4, ZeroGroupIsExact) {
+  std::vector<uint16_t> x(64, f32_to_bf16(0.0f));
+  x[40] = f32_to_bf16(2.0f);  // group 1 nonzero, group 0 all zero
+  std::vector<uint8_t> q(32, 0x77);
+  std::vector<uint16_t> sc(2, 0x1234);
+  int4_quantize_row(x.data(), 64, q.data(), sc.data());
+  EXPECT_EQ(sc[0], 0);
+  for (int j = 0; j < 16; ++j) EXPECT_EQ(q[j], 0) << j;
+  std::vector<uint16_t> w(64, 0xffff);
+  int4_widen_row(q.data(), sc.data(), 64, w.data());
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(bf16_to_f32(w[i]), i == 40 ? 2.0f : 0.0f) << i;
 }
 
 }  // namespace

@@ -49,12 +49,15 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer store_dev;
   DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace (zeroed once; kept zero)
   PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
-  // The store's device (or mapped) pointers, set by point_store: bf16 blocks (store), or int8 blocks
+  // The store's device (or mapped) pointers, set by point_store: bf16 blocks (store); or int8 blocks
   // (store_q8, store_cap_rows * 2 * D bytes) followed by their row scales (store_scale, store_cap_rows * 2
-  // f32) in the same allocation (kernels/wave_buffer_kernels.h).
+  // f32); or int4 blocks (store_q4, store_cap_rows * D bytes) followed by their group scales
+  // (store_group_scale, store_cap_rows * 2 * D / 32 bf16); each in one allocation (kernels/wave_buffer_kernels.h).
   const uint16_t* store = nullptr;
   const int8_t* store_q8 = nullptr;
   const float* store_scale = nullptr;
+  const uint8_t* store_q4 = nullptr;
+  const uint16_t* store_group_scale = nullptr;
   int64_t store_cap_rows = 0;  // store rows allocated (>= tab.store_rows; the rest is tail room)
   buffer::WaveProtocolLayout layout;
   buffer::WaveIndexTables tab;  // host mirror of sizes, CSR, page slots, store rows (index_update.h)
@@ -122,6 +125,8 @@ struct WaveBufferLayer::Impl {
     t.store = store;
     t.store_q8 = store_q8;
     t.store_scale = store_scale;
+    t.store_q4 = store_q4;
+    t.store_group_scale = store_group_scale;
     t.cache_k = cache_k.as<uint16_t>();
     t.cache_v = cache_v.as<uint16_t>();
     t.exec_k = exec_k.as<uint16_t>();
@@ -131,20 +136,35 @@ struct WaveBufferLayer::Impl {
   }
 
   // The store's bytes for cap_rows rows (rows of one token of one head: K and V, with their scales in an
-  // int8 store; retroinfer/wave_buffer.h store_token_bytes).
+  // int8 or int4 store; retroinfer/wave_buffer.h store_token_bytes).
   size_t store_alloc_bytes(int64_t cap_rows) const {
     return std::max<size_t>(size_t(cap_rows) * size_t(store_token_bytes(wcfg.store_dtype, D)), 16);
   }
-  // Sets store / store_q8 / store_scale from the allocation's device pointer `base` of cap_rows rows.
+  // Bytes of the quantised values of cap_rows rows, where the scales start (int8 and int4 stores).
+  size_t store_value_bytes(int64_t cap_rows) const {
+    return wcfg.store_dtype == StoreDtype::kInt4 ? size_t(cap_rows) * D : size_t(cap_rows) * 2 * D;
+  }
+  // Sets the store's pointers (store, store_q8 / store_scale or store_q4 / store_group_scale) from the
+  // allocation's device pointer `base` of cap_rows rows.
   void point_store(void* base, int64_t cap_rows) {
     store = nullptr;
     store_q8 = nullptr;
     store_scale = nullptr;
-    if (wcfg.store_dtype == StoreDtype::kInt8) {
-      store_q8 = static_cast<const int8_t*>(base);
-      store_scale = reinterpret_cast<const float*>(static_cast<const char*>(base) + size_t(cap_rows) * 2 * D);
-    } else {
-      store = static_cast<const uint16_t*>(base);
+    store_q4 = nullptr;
+    store_group_scale = nullptr;
+    const char* scales = static_cast<const char*>(base) + store_value_bytes(cap_rows);
+    switch (wcfg.store_dtype) {
+      case StoreDtype::kInt8:
+        store_q8 = static_cast<const int8_t*>(base);
+        store_scale = reinterpret_cast<const float*>(scales);
+        break;
+      case StoreDtype::kInt4:
+        store_q4 = static_cast<const uint8_t*>(base);
+        store_group_scale = reinterpret_cast<const uint16_t*>(scales);
+        break;
+      case StoreDtype::kBf16:
+        store = static_cast<const uint16_t*>(base);
+        break;
     }
   }
   // The fill kernel's writable views of the store.
@@ -152,6 +172,8 @@ struct WaveBufferLayer::Impl {
     fp.store = const_cast<uint16_t*>(store);
     fp.store_q8 = const_cast<int8_t*>(store_q8);
     fp.store_scale = const_cast<float*>(store_scale);
+    fp.store_q4 = const_cast<uint8_t*>(store_q4);
+    fp.store_group_scale = const_cast<uint16_t*>(store_group_scale);
   }
 
   // wave_buffer_layer.cpp: the decode workspace for the current C, n_r, n_e, list_cap (reallocated; the merge

@@ -173,17 +173,19 @@ void WaveBufferLayer::Impl::grow_store(int64_t store_rows0) {
   auto& m = *this;
   if (m.tab.store_rows <= m.store_cap_rows) return;
   const int64_t cap = std::max(m.tab.store_rows, m.store_cap_rows + m.store_cap_rows / 4);
-  // The rows in use before this block: one range for a bf16 store; for an int8 store the int8 rows at the
-  // start and their scales after the cap * 2 * D int8 bytes (which move with the cap).
+  // The rows in use before this block: one range for a bf16 store; for an int8 or int4 store the quantised
+  // rows at the start and their scales after the cap's value bytes (which move with the cap).
   struct Range {
     size_t src, dst, bytes;
   };
   std::vector<Range> ranges;
-  if (m.wcfg.store_dtype == StoreDtype::kInt8) {
-    ranges.push_back({0, 0, size_t(store_rows0) * 2 * D});
-    ranges.push_back({size_t(m.store_cap_rows) * 2 * D, size_t(cap) * 2 * D, size_t(store_rows0) * 8});
-  } else {
+  if (m.wcfg.store_dtype == StoreDtype::kBf16) {
     ranges.push_back({0, 0, size_t(store_rows0) * 4 * D});
+  } else {
+    const size_t values = m.store_value_bytes(store_rows0);
+    ranges.push_back({0, 0, values});
+    ranges.push_back({m.store_value_bytes(m.store_cap_rows), m.store_value_bytes(cap),
+                      size_t(store_rows0) * size_t(store_token_bytes(m.wcfg.store_dtype, D)) - values});
   }
   const size_t new_bytes = m.store_alloc_bytes(cap);
   if (m.wcfg.tier == KvTier::kGpu) {

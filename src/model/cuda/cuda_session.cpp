@@ -290,19 +290,21 @@ void CudaSession::Impl::attention_prefill_done_on(int l, Stream on) {
   synchronize(on);
 }
 
-void CudaSession::Impl::timed_prefill_done(int l) {
+void CudaSession::Impl::timed_build(const std::function<void()>& work) {
   synchronize(stream);
   const auto t0 = std::chrono::steady_clock::now();
-  attention_prefill_done(l);  // synchronises
+  work();
+  synchronize(stream);
   index_build_s += seconds_since(t0);
 }
 
+void CudaSession::Impl::timed_prefill_done(int l) {
+  timed_build([&] { attention_prefill_done(l); });
+}
+
 void CudaSession::Impl::build_attention() {
-  synchronize(stream);
-  const auto t0 = std::chrono::steady_clock::now();
-  build_attention_layers();
-  synchronize(stream);
-  index_build_s = seconds_since(t0);
+  index_build_s = 0.0;
+  timed_build([&] { build_attention_layers(); });
 }
 
 double CudaSession::index_build_seconds() const { return impl_->index_build_s; }

@@ -22,7 +22,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 
@@ -144,11 +143,7 @@ std::vector<float> CudaSession::Impl::prefill_layer_major(const std::vector<std:
     timed_prefill_done(l);  // synchronises: the staging buffer is free for the next layer
     if (progress) progress(total * (l + 1) / L, total);
   }
-  synchronize(stream);
-  const auto calibration_t0 = std::chrono::steady_clock::now();
-  calibrate_layer_budgets();
-  synchronize(stream);
-  index_build_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - calibration_t0).count();
+  timed_build([&] { calibrate_layer_budgets(); });
 
   // Logits, in the row blocks of the chunk-major path.
   std::vector<float> out(static_cast<size_t>((all_logits ? total : num_seqs) * vocab));

@@ -227,9 +227,11 @@ struct CudaSession::Impl {
   // calibration, timed into index_build_s (the stream synchronised on both sides).
   void build_attention();
   void build_attention_layers();  // build_attention's work, untimed
-  // attention_prefill_done(l), timed into index_build_s (synchronises the stream first, so the layer's prefill
-  // work is not counted).
+  // attention_prefill_done(l), timed into index_build_s (as timed_build).
   void timed_prefill_done(int l);
+  // Runs `work` with the stream synchronised before it (earlier work is not counted) and after it (its
+  // asynchronous work is), adding its seconds to index_build_s.
+  void timed_build(const std::function<void()>& work);
   // index_build_seconds(): the last prefill's, fill's or fork's seconds in the attention objects' prefill_done
   // (index builds, host-tier store fills) and the budget calibration.
   double index_build_s = 0.0;
