@@ -27,6 +27,8 @@
 #              HIT_FRACTIONS the cache fractions of hit80 ("0.05 0.10 0.20"), HIT_STORES its host stores
 #              ("int8"; "int8 int4" runs both), STAGE_FRACTION the cache fraction of its --stage-times runs (0.20)
 #   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
+#   storeacc   the host store's element types (bf16, int8, int4) on a real model, every layer on the host tier:
+#              teacher-forced perplexity / KL against full and the task average
 # Everything lands in $OUT as at most 8 files (the device returns no more): summary.txt, one tarball per
 # section and the accuracy reports.
 set -u
@@ -307,6 +309,33 @@ section_pplvariants() {
   grep -h "| retro\|| full" "$d"/ppl_*_g*.md >> "$summary" 2>/dev/null
   cp "$d/ppl_variants.md" "$OUT/" 2>/dev/null
   tar -czf "$OUT/pplvariants.tar.gz" -C "$work" pplvariants
+}
+
+# The host store's element types against each other on a real model, every layer on the host tier (retro):
+# teacher-forced perplexity / KL against full attention and the task average, bf16 / int8 / int4 stores, all
+# processes sharing the GPU. STORE_MODEL (default Qwen), STORE_PREFIX (8128), STORE_WINDOWS (8),
+# STORE_CONTEXTS (16384), STORE_SAMPLES (10), STORE_TYPES ("bf16 int8 int4").
+section_storeacc() {
+  local d=$work/storeacc pids=() m=${STORE_MODEL:-$QWEN}
+  mkdir -p "$d"
+  for st in ${STORE_TYPES:-bf16 int8 int4}; do
+    timeout 420 "$BIN/retroinfer" eval ppl --model "$m" --device cuda --threads 1 --methods full,retro \
+      --kv-placement host --host-store "$st" --prefix "${STORE_PREFIX:-8128}" --forced 128 \
+      --windows "${STORE_WINDOWS:-8}" --text-file "$STAGE/data/ppl_text.txt" --json "$d/ppl_$st.json" \
+      > "$d/ppl_$st.md" 2> "$d/ppl_$st.log" &
+    pids+=($!)
+    timeout 480 "$BIN/retroinfer" eval tasks --model "$m" --device cuda --threads 1 --methods retro \
+      --kv-placement host --host-store "$st" --contexts "${STORE_CONTEXTS:-16384}" --samples "${STORE_SAMPLES:-10}" \
+      --haystack-file "$STAGE/data/haystack.txt" --word-list "$STAGE/data/words.txt" --time-budget 420 \
+      --results "$d/tasks_$st.jsonl" --summary "$d/tasks_$st.json" --table "$d/tasks_$st.md" \
+      > "$d/tasks_$st.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || note "storeacc: a run failed"; done
+  for st in ${STORE_TYPES:-bf16 int8 int4}; do
+    { echo "## store $st: ppl"; cat "$d/ppl_$st.md"; echo "## store $st: tasks"; cat "$d/tasks_$st.md"; } >> "$summary"
+  done
+  tar -czf "$OUT/storeacc.tar.gz" -C "$work" storeacc
 }
 
 for s in ${SECTIONS:-accuracy tests}; do

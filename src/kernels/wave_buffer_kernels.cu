@@ -160,8 +160,10 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreF
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) g[j] = __shfl_sync(0xffffffffu, uint32_t{scale}, j * kLanesPerGroup);
     if (lane == 0) {
-      if constexpr (kGroups == 4) *reinterpret_cast<uint2*>(scl + int64_t{i} * 4) = make_uint2(g[0] | (g[1] << 16), g[2] | (g[3] << 16));
-      else *reinterpret_cast<uint32_t*>(scl + int64_t{i} * 2) = g[0] | (g[1] << 16);
+      if constexpr (kGroups == 4)
+        *reinterpret_cast<uint2*>(scl + int64_t{i} * 4) = make_uint2(g[0] | (g[1] << 16), g[2] | (g[3] << 16));
+      else
+        *reinterpret_cast<uint32_t*>(scl + int64_t{i} * 2) = g[0] | (g[1] << 16);
     }
   }
 }

@@ -14,8 +14,9 @@
 // read back), cached rows within the cache's capacity, no out-of-range mailbox entry (last_step_counts
 // throws on one), and at the end the manager saw every step (steps_seen = steps, none lost, hits + misses =
 // the device's counts summed). An int4 store (store rows quantised, a bf16 scale per 32 values) goes through
-// the same updates and store reallocations with the same index and selection, its outputs within the int4
-// rounding's nmse bound instead (test_wave_store_quantised.cpp kInt4Nmse: 5e-2; a wrong row gives ~1).
+// the same updates and store reallocations with the same index and selection, its outputs within an nmse
+// bound of 0.1 instead (the queries here are sharper than test_wave_store_quantised.cpp's, whose int4 bound is
+// 5e-2; a wrong row gives ~1).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -178,7 +179,7 @@ TEST(WaveBufferUpdate, Int4HostStoreGrowsThroughThreeUpdates) {
   uc.name = "int4 host-store grow";  // each update reallocates the store: values and scales both move
   uc.retrieval_fraction = 0.06;
   uc.store = StoreDtype::kInt4;
-  uc.nmse_bound = 5e-2;
+  uc.nmse_bound = 0.1;  // measured 4.8e-2 on the H200: this test's sharper queries weigh the K rounding more
   uc.abs_bound = std::numeric_limits<double>::infinity();  // int4 errors are bounded in nmse, not per element
   run_case(uc);
 }
