@@ -68,13 +68,13 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_kernel(const StoreFill
       [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; });
 }
 
-// An int8 store's fill: one warp per cluster, one row (D values, D / 32 per lane) at a time: the row's
-// absmax over the warp, then each lane quantises its values and writes them (a coalesced D-byte row); lane 0
-// writes the scale. core/row_quant.h does the arithmetic, as the CPU reference.
-template <int D>
-__global__ void __launch_bounds__(kWarps * 32) store_fill_q8_kernel(const StoreFillParams p) {
-  constexpr int kPer = D / 32;  // values per lane
-  static_assert(kPer == 2 || kPer == 4, "store_fill_q8_kernel: D = 64 or 128");
+// The rows of one cluster's block for the quantising fills: warp w of block (x, h) takes cluster x * kWarps + w
+// of head h and calls row(at, i, x) for each row i in [0, 2 s) of [K rows | V rows], with at the cluster's
+// first store row and x the lane's D / 32 values of the row's source (from element lane * D / 32 on).
+// Warp-uniform; a warp past the last cluster returns at once.
+template <int D, typename Row>
+__device__ __forceinline__ void for_each_fill_row(const StoreFillParams& p, Row row) {
+  constexpr int kPer = D / 32;
   const int h = blockIdx.y, lane = threadIdx.x & 31;
   const int c = blockIdx.x * kWarps + (threadIdx.x >> 5);
   const WaveTables& t = p.t;
@@ -82,8 +82,6 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q8_kernel(const StoreF
   const int s = t.sizes[int64_t{h} * t.num_clusters + c];
   const int64_t o = t.offsets[int64_t{h} * (t.num_clusters + 1) + c];
   const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
-  int8_t* blk = p.store_q8 + at * 2 * D;
-  float* scl = p.store_scale + at * 2;
   const uint32_t* mem = p.members + int64_t{h} * t.n_idx + o;
   const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
   const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
@@ -91,23 +89,35 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q8_kernel(const StoreF
     const int kv = i >= s ? 1 : 0, r = i - kv * s;
     const uint16_t* src = (kv ? vh : kh) + (p.idx_begin + int64_t{mem[r]}) * D + lane * kPer;
     float x[kPer];
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) x[e] = bf16_to_f32(src[e]);
+    row(at, i, x);
+  }
+}
+
+// An int8 store's fill: one warp per cluster, one row (D values, D / 32 per lane) at a time: the row's
+// absmax over the warp, then each lane quantises its values and writes them (a coalesced D-byte row); lane 0
+// writes the scale. core/row_quant.h does the arithmetic, as the CPU reference.
+template <int D>
+__global__ void __launch_bounds__(kWarps * 32) store_fill_q8_kernel(const StoreFillParams p) {
+  constexpr int kPer = D / 32;  // values per lane
+  static_assert(kPer == 2 || kPer == 4, "store_fill_q8_kernel: D = 64 or 128");
+  const int lane = threadIdx.x & 31;
+  for_each_fill_row<D>(p, [&](int64_t at, int i, const float* x) {
     float amax = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-      x[e] = bf16_to_f32(src[e]);
-      amax = fmaxf(amax, fabsf(x[e]));
-    }
+    for (int e = 0; e < kPer; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     const float inv = int8_row_inverse(amax);
-    int8_t* dst = blk + int64_t{i} * D + lane * kPer;  // row i of [K rows | V rows]
+    int8_t* dst = p.store_q8 + at * 2 * D + int64_t{i} * D + lane * kPer;  // row i of [K rows | V rows]
     uint32_t packed = 0;  // the lane's kPer bytes in one store (host memory: no partial-word writes)
 #pragma unroll
     for (int e = 0; e < kPer; ++e) packed |= uint32_t{static_cast<uint8_t>(int8_quantize(x[e], inv))} << (8 * e);
     if constexpr (kPer == 4) *reinterpret_cast<uint32_t*>(dst) = packed;
     else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(packed);
-    if (lane == 0) scl[i] = int8_row_scale(amax);
-  }
+    if (lane == 0) p.store_scale[at * 2 + i] = int8_row_scale(amax);
+  });
 }
 
 // An int4 store's fill: one warp per cluster, one row at a time as the int8 fill. A group of 32 values lies
@@ -120,28 +130,11 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreF
   constexpr int kGroups = D / kInt4Group;         // scales per row
   constexpr int kLanesPerGroup = kInt4Group / kPer;
   static_assert(kPer == 2 || kPer == 4, "store_fill_q4_kernel: D = 64 or 128");
-  const int h = blockIdx.y, lane = threadIdx.x & 31;
-  const int c = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const WaveTables& t = p.t;
-  if (c >= t.num_clusters) return;
-  const int s = t.sizes[int64_t{h} * t.num_clusters + c];
-  const int64_t o = t.offsets[int64_t{h} * (t.num_clusters + 1) + c];
-  const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
-  uint8_t* blk = p.store_q4 + at * D;
-  uint16_t* scl = p.store_group_scale + at * 2 * kGroups;
-  const uint32_t* mem = p.members + int64_t{h} * t.n_idx + o;
-  const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
-  const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
-  for (int i = 0; i < 2 * s; ++i) {
-    const int kv = i >= s ? 1 : 0, r = i - kv * s;
-    const uint16_t* src = (kv ? vh : kh) + (p.idx_begin + int64_t{mem[r]}) * D + lane * kPer;
-    float x[kPer];
+  const int lane = threadIdx.x & 31;
+  for_each_fill_row<D>(p, [&](int64_t at, int i, const float* x) {
     float amax = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-      x[e] = bf16_to_f32(src[e]);
-      amax = fmaxf(amax, fabsf(x[e]));
-    }
+    for (int e = 0; e < kPer; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll
     for (int off = 1; off < kLanesPerGroup; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     const uint16_t scale = int4_group_scale(amax);
@@ -149,7 +142,7 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreF
     uint32_t packed = 0;  // value e of the lane in nibble e
 #pragma unroll
     for (int e = 0; e < kPer; ++e) packed |= uint32_t{int4_quantize(x[e], inv)} << (4 * e);
-    uint8_t* dst = blk + int64_t{i} * (D / 2);  // row i of [K rows | V rows]
+    uint8_t* dst = p.store_q4 + at * D + int64_t{i} * (D / 2);  // row i of [K rows | V rows]
     if constexpr (kPer == 4) {
       *reinterpret_cast<uint16_t*>(dst + lane * 2) = static_cast<uint16_t>(packed);
     } else {
@@ -159,13 +152,14 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreF
     uint32_t g[kGroups];
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) g[j] = __shfl_sync(0xffffffffu, uint32_t{scale}, j * kLanesPerGroup);
+    uint16_t* scl = p.store_group_scale + (at * 2 + i) * kGroups;
     if (lane == 0) {
       if constexpr (kGroups == 4)
-        *reinterpret_cast<uint2*>(scl + int64_t{i} * 4) = make_uint2(g[0] | (g[1] << 16), g[2] | (g[3] << 16));
+        *reinterpret_cast<uint2*>(scl) = make_uint2(g[0] | (g[1] << 16), g[2] | (g[3] << 16));
       else
-        *reinterpret_cast<uint32_t*>(scl + int64_t{i} * 2) = g[0] | (g[1] << 16);
+        *reinterpret_cast<uint32_t*>(scl) = g[0] | (g[1] << 16);
     }
-  }
+  });
 }
 
 // 16 int8 values (one 16-byte chunk) widened to 16 bf16 (two 16-byte chunks) with one scale.

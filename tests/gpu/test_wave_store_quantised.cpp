@@ -85,60 +85,153 @@ struct StoreRig {
   int64_t rows() const { return int64_t{H} * n_idx; }
 };
 
+// Runs the store fill over the rig into a pinned store of `bytes` (every byte a sentinel first, so each must
+// be rewritten), its pointers set by point(params, device base). Then row_ok(src, row, host base) checks each
+// member row (src: its bf16 K or V row, row: its store row, at * 2 + kv * s + i); returns the rows it rejected,
+// the first 5 reported.
+template <typename Point, typename RowOk>
+int64_t fill_and_check(const StoreRig& r, size_t bytes, Point point, RowOk row_ok) {
+  const int d = r.D;
+  auto dk = gputest::upload(r.k), dv = gputest::upload(r.v);
+  auto dsz = gputest::upload(r.sizes), doff = gputest::upload(r.offsets), dat = gputest::upload(r.store_at);
+  auto dmem = gputest::upload(r.members);
+  cuda::PinnedHost store(bytes);
+  std::memset(store.host(), 0x5a, bytes);
+  cuda::detail::StoreFillParams p;
+  p.t.num_heads = r.H;
+  p.t.head_dim = d;
+  p.t.num_clusters = r.C;
+  p.t.n_idx = r.n_idx;
+  p.t.sizes = dsz.as<int>();
+  p.t.offsets = doff.as<int>();
+  p.t.store_at = dat.as<int64_t>();
+  point(p, static_cast<char*>(store.device()));
+  p.k = dk.as<uint16_t>();
+  p.v = dv.as<uint16_t>();
+  p.kv_stride = r.kv_stride;
+  p.idx_begin = r.idx_begin;
+  p.members = dmem.as<uint32_t>();
+  EXPECT_EQ(cuda::detail::wave_store_fill(p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  int64_t mismatches = 0;
+  for (int h = 0; h < r.H; ++h)
+    for (int c = 0; c < r.C; ++c) {
+      const int s = r.sizes[size_t(h) * r.C + c];
+      const int64_t at = r.store_at[size_t(h) * r.C + c];
+      for (int kv = 0; kv < 2; ++kv)
+        for (int i = 0; i < s; ++i) {
+          const uint32_t tok = r.members[size_t(h) * r.n_idx + r.offsets[size_t(h) * (r.C + 1) + c] + i];
+          const uint16_t* src = (kv ? r.v : r.k).data() + (size_t(h) * r.kv_stride + r.idx_begin + tok) * d;
+          if (!row_ok(src, at * 2 + int64_t{kv} * s + i, static_cast<const char*>(store.host())) && ++mismatches <= 5)
+            ADD_FAILURE() << "head " << h << " cluster " << c << (kv ? " V" : " K") << " row " << i;
+        }
+    }
+  return mismatches;
+}
+
+// Plants a store of `bytes` in pinned memory (plant(host base, rng)), then gathers every cluster of the rig as a
+// miss, in ascending order after 5 steady rows, with the store's pointers set by point(tables, device base).
+// Every execution-buffer row must then be: the steady row copied; a cluster row equal to widen(row, host base,
+// want) for its store row (at * 2 + kv * s + i); a row past those in use untouched. Returns the mismatches.
+template <typename Plant, typename Point, typename Widen>
+int64_t gather_and_check(const StoreRig& r, size_t bytes, uint64_t seed, Plant plant, Point point, Widen widen) {
+  const int d = r.D;
+  std::mt19937_64 rng(seed);
+  cuda::PinnedHost store(bytes);
+  plant(static_cast<char*>(store.host()), rng);
+  const int steady = 5;  // rows [0, 5) of each head from the steady zone
+  const int K = r.C;     // every cluster retrieved, every one a miss; ascending ids
+  std::vector<int32_t> ids(size_t(r.H) * K), seg_row(size_t(r.H) * K);
+  std::vector<uint8_t> seg_hit(size_t(r.H) * K, 0);
+  for (int h = 0; h < r.H; ++h) {
+    int row = steady;
+    for (int j = 0; j < K; ++j) {
+      ids[size_t(h) * K + j] = j;
+      seg_row[size_t(h) * K + j] = row;
+      row += r.sizes[size_t(h) * r.C + j];
+    }
+  }
+  const int64_t cap = steady + r.n_idx + 3;  // 3 rows past the end stay sentinels
+  std::vector<uint16_t> sk(size_t(r.H) * steady * d), sv(sk.size());
+  for (size_t i = 0; i < sk.size(); ++i) {
+    sk[i] = static_cast<uint16_t>(rng() & 0x7f7f);
+    sv[i] = static_cast<uint16_t>(rng() & 0x7f7f);
+  }
+  auto dsk = gputest::upload(sk), dsv = gputest::upload(sv);
+  auto dids = gputest::upload(ids), drow = gputest::upload(seg_row), dhit = gputest::upload(seg_hit);
+  auto dsz = gputest::upload(r.sizes), dat = gputest::upload(r.store_at);
+  cuda::DeviceBuffer ek(size_t(r.H) * cap * d * 2), ev(size_t(r.H) * cap * d * 2);
+  ek.fill_bytes(0xff);
+  ev.fill_bytes(0xff);
+  cuda::detail::WaveGatherParams p;
+  p.t.num_heads = r.H;
+  p.t.head_dim = d;
+  p.t.num_clusters = r.C;
+  p.t.n_idx = r.n_idx;
+  p.t.sizes = dsz.as<int>();
+  p.t.store_at = dat.as<int64_t>();
+  point(p.t, static_cast<const char*>(store.device()));
+  p.t.exec_k = ek.as<uint16_t>();
+  p.t.exec_v = ev.as<uint16_t>();
+  p.t.exec_cap = cap;
+  p.retrieval_ids = dids.as<int>();
+  p.seg_row = drow.as<int>();
+  p.seg_hit = dhit.as<uint8_t>();
+  p.k = K;
+  p.steady_k = dsk.as<uint16_t>();
+  p.steady_v = dsv.as<uint16_t>();
+  p.steady_cap = steady;
+  p.steady_rows = steady;
+  EXPECT_EQ(cuda::detail::wave_gather(p, nullptr), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const auto gk = download_u16(ek, size_t(r.H) * cap * d), gv = download_u16(ev, size_t(r.H) * cap * d);
+  const auto* host = static_cast<const char*>(store.host());
+  int64_t mismatches = 0;
+  std::vector<uint16_t> want(d);
+  for (int h = 0; h < r.H; ++h) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const auto& got = kv ? gv : gk;
+      const auto& st = kv ? sv : sk;
+      for (int i = 0; i < steady; ++i)
+        mismatches += std::memcmp(got.data() + (size_t(h) * cap + i) * d, st.data() + (size_t(h) * steady + i) * d,
+                                  size_t(d) * 2) != 0;
+      for (int c = 0; c < r.C; ++c) {
+        const int s = r.sizes[size_t(h) * r.C + c];
+        const int64_t at = r.store_at[size_t(h) * r.C + c];
+        for (int i = 0; i < s; ++i) {
+          widen(at * 2 + int64_t{kv} * s + i, host, want.data());
+          const uint16_t* g = got.data() + (size_t(h) * cap + seg_row[size_t(h) * K + c] + i) * d;
+          if (std::memcmp(g, want.data(), size_t(d) * 2) != 0 && ++mismatches <= 5)
+            ADD_FAILURE() << "head " << h << " cluster " << c << (kv ? " V" : " K") << " row " << i;
+        }
+      }
+      for (int64_t i = steady + r.n_idx; i < cap; ++i)  // past the rows in use: untouched
+        for (int e = 0; e < d; ++e) mismatches += got[(size_t(h) * cap + i) * d + e] != 0xffff;
+    }
+  }
+  return mismatches;
+}
+
 // The store fill quantises each member row as int8_quantize_row does: bytes and scales bit for bit.
 TEST(WaveStoreInt8, FillQuantisesAsTheCpuReference) {
   RETROINFER_REQUIRE_GPU();
   for (int d : {64, 128}) {
     SCOPED_TRACE(testing::Message() << "D " << d << " seed 31");
-    StoreRig r(d, 31);
-    auto dk = gputest::upload(r.k), dv = gputest::upload(r.v);
-    auto dsz = gputest::upload(r.sizes), doff = gputest::upload(r.offsets), dat = gputest::upload(r.store_at);
-    auto dmem = gputest::upload(r.members);
-    const size_t data_bytes = size_t(r.rows()) * 2 * d, bytes = data_bytes + size_t(r.rows()) * 8;
-    cuda::PinnedHost store(bytes);
-    std::memset(store.host(), 0x5a, bytes);  // sentinel: every byte must be rewritten (0x5a is not a scale)
-    cuda::detail::StoreFillParams p;
-    p.t.num_heads = r.H;
-    p.t.head_dim = d;
-    p.t.num_clusters = r.C;
-    p.t.n_idx = r.n_idx;
-    p.t.sizes = dsz.as<int>();
-    p.t.offsets = doff.as<int>();
-    p.t.store_at = dat.as<int64_t>();
-    p.store_q8 = static_cast<int8_t*>(store.device());
-    p.store_scale = reinterpret_cast<float*>(static_cast<char*>(store.device()) + data_bytes);
-    p.t.store_q8 = p.store_q8;
-    p.t.store_scale = p.store_scale;
-    p.k = dk.as<uint16_t>();
-    p.v = dv.as<uint16_t>();
-    p.kv_stride = r.kv_stride;
-    p.idx_begin = r.idx_begin;
-    p.members = dmem.as<uint32_t>();
-    ASSERT_EQ(cuda::detail::wave_store_fill(p, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto* q8 = static_cast<const int8_t*>(store.host());
-    const auto* scl = reinterpret_cast<const float*>(static_cast<const char*>(store.host()) + data_bytes);
+    const StoreRig r(d, 31);
+    const size_t data_bytes = size_t(r.rows()) * 2 * d;  // then the f32 row scales (0x5a5a5a5a is not one)
     std::vector<int8_t> want(d);
-    int64_t mismatches = 0;
-    for (int h = 0; h < r.H; ++h)
-      for (int c = 0; c < r.C; ++c) {
-        const int s = r.sizes[size_t(h) * r.C + c];
-        const int64_t at = r.store_at[size_t(h) * r.C + c];
-        for (int kv = 0; kv < 2; ++kv)
-          for (int i = 0; i < s; ++i) {
-            const uint32_t tok = r.members[size_t(h) * r.n_idx + r.offsets[size_t(h) * (r.C + 1) + c] + i];
-            const uint16_t* src = (kv ? r.v : r.k).data() + (size_t(h) * r.kv_stride + r.idx_begin + tok) * d;
-            const float ws = int8_quantize_row(src, d, want.data());
-            const int8_t* got = q8 + (at * 2 + int64_t{kv} * s + i) * d;
-            const float gs = scl[at * 2 + int64_t{kv} * s + i];
-            if (std::memcmp(&ws, &gs, 4) != 0 || std::memcmp(want.data(), got, size_t(d)) != 0) {
-              if (++mismatches <= 5)
-                ADD_FAILURE() << "head " << h << " cluster " << c << (kv ? " V" : " K") << " row " << i
-                              << ": scale " << gs << " want " << ws;
-            }
-          }
-      }
-    EXPECT_EQ(mismatches, 0);
+    const int64_t bad = fill_and_check(
+        r, data_bytes + size_t(r.rows()) * 8,
+        [&](cuda::detail::StoreFillParams& p, char* base) {
+          p.t.store_q8 = p.store_q8 = reinterpret_cast<int8_t*>(base);
+          p.t.store_scale = p.store_scale = reinterpret_cast<float*>(base + data_bytes);
+        },
+        [&](const uint16_t* src, int64_t row, const char* base) {
+          const float ws = int8_quantize_row(src, d, want.data());
+          const float gs = reinterpret_cast<const float*>(base + data_bytes)[row];
+          return std::memcmp(&ws, &gs, 4) == 0 && std::memcmp(want.data(), base + row * d, size_t(d)) == 0;
+        });
+    EXPECT_EQ(bad, 0);
   }
 }
 
@@ -148,84 +241,26 @@ TEST(WaveStoreInt8, GatherWidensAPlantedStoreExactly) {
   RETROINFER_REQUIRE_GPU();
   for (int d : {64, 128}) {
     SCOPED_TRACE(testing::Message() << "D " << d << " seed 47");
-    StoreRig r(d, 47);
-    std::mt19937_64 rng(47);
-    const size_t data_bytes = size_t(r.rows()) * 2 * d, bytes = data_bytes + size_t(r.rows()) * 8;
-    cuda::PinnedHost store(bytes);
-    auto* q8 = static_cast<int8_t*>(store.host());
-    auto* scl = reinterpret_cast<float*>(static_cast<char*>(store.host()) + data_bytes);
-    std::uniform_int_distribution<int> ub(-127, 127);
-    std::uniform_real_distribution<float> us(1e-4f, 0.5f);
-    for (size_t i = 0; i < data_bytes; ++i) q8[i] = static_cast<int8_t>(ub(rng));
-    for (int64_t i = 0; i < r.rows() * 2; ++i) scl[i] = us(rng);
-    const int steady = 5;  // rows [0, 5) of each head from the steady zone
-    const int K = r.C;     // every cluster retrieved, every one a miss; ascending ids
-    std::vector<int32_t> ids(size_t(r.H) * K), seg_row(size_t(r.H) * K);
-    std::vector<uint8_t> seg_hit(size_t(r.H) * K, 0);
-    for (int h = 0; h < r.H; ++h) {
-      int row = steady;
-      for (int j = 0; j < K; ++j) {
-        ids[size_t(h) * K + j] = j;
-        seg_row[size_t(h) * K + j] = row;
-        row += r.sizes[size_t(h) * r.C + j];
-      }
-    }
-    const int64_t cap = steady + r.n_idx + 3;  // 3 rows past the end stay sentinels
-    std::vector<uint16_t> sk(size_t(r.H) * steady * d), sv(sk.size());
-    for (size_t i = 0; i < sk.size(); ++i) sk[i] = static_cast<uint16_t>(rng() & 0x7f7f), sv[i] = static_cast<uint16_t>(rng() & 0x7f7f);
-    auto dsk = gputest::upload(sk), dsv = gputest::upload(sv);
-    auto dids = gputest::upload(ids), drow = gputest::upload(seg_row), dhit = gputest::upload(seg_hit);
-    auto dsz = gputest::upload(r.sizes), dat = gputest::upload(r.store_at);
-    cuda::DeviceBuffer ek(size_t(r.H) * cap * d * 2), ev(size_t(r.H) * cap * d * 2);
-    ek.fill_bytes(0xff);
-    ev.fill_bytes(0xff);
-    cuda::detail::WaveGatherParams p;
-    p.t.num_heads = r.H;
-    p.t.head_dim = d;
-    p.t.num_clusters = r.C;
-    p.t.n_idx = r.n_idx;
-    p.t.sizes = dsz.as<int>();
-    p.t.store_at = dat.as<int64_t>();
-    p.t.store_q8 = static_cast<const int8_t*>(store.device());
-    p.t.store_scale = reinterpret_cast<const float*>(static_cast<const char*>(store.device()) + data_bytes);
-    p.t.exec_k = ek.as<uint16_t>();
-    p.t.exec_v = ev.as<uint16_t>();
-    p.t.exec_cap = cap;
-    p.retrieval_ids = dids.as<int>();
-    p.seg_row = drow.as<int>();
-    p.seg_hit = dhit.as<uint8_t>();
-    p.k = K;
-    p.steady_k = dsk.as<uint16_t>();
-    p.steady_v = dsv.as<uint16_t>();
-    p.steady_cap = steady;
-    p.steady_rows = steady;
-    ASSERT_EQ(cuda::detail::wave_gather(p, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto gk = download_u16(ek, size_t(r.H) * cap * d), gv = download_u16(ev, size_t(r.H) * cap * d);
-    int64_t mismatches = 0;
-    std::vector<uint16_t> want(d);
-    for (int h = 0; h < r.H; ++h) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const auto& got = kv ? gv : gk;
-        const auto& st = kv ? sv : sk;
-        for (int i = 0; i < steady; ++i)
-          mismatches += std::memcmp(got.data() + (size_t(h) * cap + i) * d, st.data() + (size_t(h) * steady + i) * d,
-                                    size_t(d) * 2) != 0;
-        for (int c = 0; c < r.C; ++c) {
-          const int s = r.sizes[size_t(h) * r.C + c];
-          const int64_t at = r.store_at[size_t(h) * r.C + c];
-          for (int i = 0; i < s; ++i) {
-            int8_widen_row(q8 + (at * 2 + int64_t{kv} * s + i) * d, scl[at * 2 + int64_t{kv} * s + i], d, want.data());
-            const uint16_t* g = got.data() + (size_t(h) * cap + seg_row[size_t(h) * K + c] + i) * d;
-            if (std::memcmp(g, want.data(), size_t(d) * 2) != 0 && ++mismatches <= 5)
-              ADD_FAILURE() << "head " << h << " cluster " << c << (kv ? " V" : " K") << " row " << i;
-          }
-        }
-        for (int64_t i = steady + r.n_idx; i < cap; ++i)  // past the rows in use: untouched
-          for (int e = 0; e < d; ++e) mismatches += got[(size_t(h) * cap + i) * d + e] != 0xffff;
-      }
-    }
-    EXPECT_EQ(mismatches, 0);
+    const StoreRig r(d, 47);
+    const size_t data_bytes = size_t(r.rows()) * 2 * d;
+    const int64_t bad = gather_and_check(
+        r, data_bytes + size_t(r.rows()) * 8, 47,
+        [&](char* base, std::mt19937_64& rng) {
+          std::uniform_int_distribution<int> ub(-127, 127);
+          std::uniform_real_distribution<float> us(1e-4f, 0.5f);
+          for (size_t i = 0; i < data_bytes; ++i) base[i] = static_cast<char>(ub(rng));
+          auto* scl = reinterpret_cast<float*>(base + data_bytes);
+          for (int64_t i = 0; i < r.rows() * 2; ++i) scl[i] = us(rng);
+        },
+        [&](cuda::detail::WaveTables& t, const char* base) {
+          t.store_q8 = reinterpret_cast<const int8_t*>(base);
+          t.store_scale = reinterpret_cast<const float*>(base + data_bytes);
+        },
+        [&](int64_t row, const char* base, uint16_t* want) {
+          int8_widen_row(reinterpret_cast<const int8_t*>(base) + row * d,
+                         reinterpret_cast<const float*>(base + data_bytes)[row], d, want);
+        });
+    EXPECT_EQ(bad, 0);
   }
 }
 
@@ -236,145 +271,54 @@ TEST(WaveStoreInt4, FillQuantisesAsTheCpuReference) {
   RETROINFER_REQUIRE_GPU();
   for (int d : {64, 128}) {
     SCOPED_TRACE(testing::Message() << "D " << d << " seed 37");
-    StoreRig r(d, 37);
+    const StoreRig r(d, 37);
     const int G = d / kInt4Group;
-    auto dk = gputest::upload(r.k), dv = gputest::upload(r.v);
-    auto dsz = gputest::upload(r.sizes), doff = gputest::upload(r.offsets), dat = gputest::upload(r.store_at);
-    auto dmem = gputest::upload(r.members);
     const size_t data_bytes = size_t(r.rows()) * d, bytes = data_bytes + size_t(r.rows()) * 2 * G * 2;
     ASSERT_EQ(bytes, size_t(r.rows()) * size_t(store_token_bytes(StoreDtype::kInt4, d)));
-    cuda::PinnedHost store(bytes);
-    std::memset(store.host(), 0x5a, bytes);  // sentinel: every byte must be rewritten
-    cuda::detail::StoreFillParams p;
-    p.t.num_heads = r.H;
-    p.t.head_dim = d;
-    p.t.num_clusters = r.C;
-    p.t.n_idx = r.n_idx;
-    p.t.sizes = dsz.as<int>();
-    p.t.offsets = doff.as<int>();
-    p.t.store_at = dat.as<int64_t>();
-    p.store_q4 = static_cast<uint8_t*>(store.device());
-    p.store_group_scale = reinterpret_cast<uint16_t*>(static_cast<char*>(store.device()) + data_bytes);
-    p.t.store_q4 = p.store_q4;
-    p.t.store_group_scale = p.store_group_scale;
-    p.k = dk.as<uint16_t>();
-    p.v = dv.as<uint16_t>();
-    p.kv_stride = r.kv_stride;
-    p.idx_begin = r.idx_begin;
-    p.members = dmem.as<uint32_t>();
-    ASSERT_EQ(cuda::detail::wave_store_fill(p, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto* q4 = static_cast<const uint8_t*>(store.host());
-    const auto* scl = reinterpret_cast<const uint16_t*>(static_cast<const char*>(store.host()) + data_bytes);
     std::vector<uint8_t> want(d / 2);
     std::vector<uint16_t> want_scl(G);
-    int64_t mismatches = 0;
-    for (int h = 0; h < r.H; ++h)
-      for (int c = 0; c < r.C; ++c) {
-        const int s = r.sizes[size_t(h) * r.C + c];
-        const int64_t at = r.store_at[size_t(h) * r.C + c];
-        for (int kv = 0; kv < 2; ++kv)
-          for (int i = 0; i < s; ++i) {
-            const uint32_t tok = r.members[size_t(h) * r.n_idx + r.offsets[size_t(h) * (r.C + 1) + c] + i];
-            const uint16_t* src = (kv ? r.v : r.k).data() + (size_t(h) * r.kv_stride + r.idx_begin + tok) * d;
-            int4_quantize_row(src, d, want.data(), want_scl.data());
-            const int64_t row = at * 2 + int64_t{kv} * s + i;
-            if (std::memcmp(want_scl.data(), scl + row * G, size_t(G) * 2) != 0 ||
-                std::memcmp(want.data(), q4 + row * (d / 2), size_t(d / 2)) != 0) {
-              if (++mismatches <= 5)
-                ADD_FAILURE() << "head " << h << " cluster " << c << (kv ? " V" : " K") << " row " << i;
-            }
-          }
-      }
-    EXPECT_EQ(mismatches, 0);
+    const int64_t bad = fill_and_check(
+        r, bytes,
+        [&](cuda::detail::StoreFillParams& p, char* base) {
+          p.t.store_q4 = p.store_q4 = reinterpret_cast<uint8_t*>(base);
+          p.t.store_group_scale = p.store_group_scale = reinterpret_cast<uint16_t*>(base + data_bytes);
+        },
+        [&](const uint16_t* src, int64_t row, const char* base) {
+          int4_quantize_row(src, d, want.data(), want_scl.data());
+          const auto* scl = reinterpret_cast<const uint16_t*>(base + data_bytes);
+          return std::memcmp(want_scl.data(), scl + row * G, size_t(G) * 2) == 0 &&
+                 std::memcmp(want.data(), base + row * (d / 2), size_t(d / 2)) == 0;
+        });
+    EXPECT_EQ(bad, 0);
   }
 }
 
-// The gather widens a planted int4 store (random nibbles, random bf16 scales, pinned host memory) into the
-// reference's bf16 values bit for bit; steady rows are copied; rows past those in use are untouched.
+// The gather widens a planted int4 store (random nibbles, -8 included, random bf16 scales, pinned host memory)
+// into the reference's bf16 values bit for bit; steady rows are copied; rows past those in use are untouched.
 TEST(WaveStoreInt4, GatherWidensAPlantedStoreExactly) {
   RETROINFER_REQUIRE_GPU();
   for (int d : {64, 128}) {
     SCOPED_TRACE(testing::Message() << "D " << d << " seed 53");
-    StoreRig r(d, 53);
+    const StoreRig r(d, 53);
     const int G = d / kInt4Group;
-    std::mt19937_64 rng(53);
-    const size_t data_bytes = size_t(r.rows()) * d, bytes = data_bytes + size_t(r.rows()) * 2 * G * 2;
-    cuda::PinnedHost store(bytes);
-    auto* q4 = static_cast<uint8_t*>(store.host());
-    auto* scl = reinterpret_cast<uint16_t*>(static_cast<char*>(store.host()) + data_bytes);
-    std::uniform_real_distribution<float> us(1e-4f, 0.5f);
-    for (size_t i = 0; i < data_bytes; ++i) q4[i] = static_cast<uint8_t>(rng());  // -8 included: widened too
-    for (int64_t i = 0; i < r.rows() * 2 * G; ++i) scl[i] = f32_to_bf16(us(rng));
-    const int steady = 5;
-    const int K = r.C;  // every cluster retrieved, every one a miss; ascending ids
-    std::vector<int32_t> ids(size_t(r.H) * K), seg_row(size_t(r.H) * K);
-    std::vector<uint8_t> seg_hit(size_t(r.H) * K, 0);
-    for (int h = 0; h < r.H; ++h) {
-      int row = steady;
-      for (int j = 0; j < K; ++j) {
-        ids[size_t(h) * K + j] = j;
-        seg_row[size_t(h) * K + j] = row;
-        row += r.sizes[size_t(h) * r.C + j];
-      }
-    }
-    const int64_t cap = steady + r.n_idx + 3;
-    std::vector<uint16_t> sk(size_t(r.H) * steady * d), sv(sk.size());
-    for (size_t i = 0; i < sk.size(); ++i) sk[i] = static_cast<uint16_t>(rng() & 0x7f7f), sv[i] = static_cast<uint16_t>(rng() & 0x7f7f);
-    auto dsk = gputest::upload(sk), dsv = gputest::upload(sv);
-    auto dids = gputest::upload(ids), drow = gputest::upload(seg_row), dhit = gputest::upload(seg_hit);
-    auto dsz = gputest::upload(r.sizes), dat = gputest::upload(r.store_at);
-    cuda::DeviceBuffer ek(size_t(r.H) * cap * d * 2), ev(size_t(r.H) * cap * d * 2);
-    ek.fill_bytes(0xff);
-    ev.fill_bytes(0xff);
-    cuda::detail::WaveGatherParams p;
-    p.t.num_heads = r.H;
-    p.t.head_dim = d;
-    p.t.num_clusters = r.C;
-    p.t.n_idx = r.n_idx;
-    p.t.sizes = dsz.as<int>();
-    p.t.store_at = dat.as<int64_t>();
-    p.t.store_q4 = static_cast<const uint8_t*>(store.device());
-    p.t.store_group_scale = reinterpret_cast<const uint16_t*>(static_cast<const char*>(store.device()) + data_bytes);
-    p.t.exec_k = ek.as<uint16_t>();
-    p.t.exec_v = ev.as<uint16_t>();
-    p.t.exec_cap = cap;
-    p.retrieval_ids = dids.as<int>();
-    p.seg_row = drow.as<int>();
-    p.seg_hit = dhit.as<uint8_t>();
-    p.k = K;
-    p.steady_k = dsk.as<uint16_t>();
-    p.steady_v = dsv.as<uint16_t>();
-    p.steady_cap = steady;
-    p.steady_rows = steady;
-    ASSERT_EQ(cuda::detail::wave_gather(p, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto gk = download_u16(ek, size_t(r.H) * cap * d), gv = download_u16(ev, size_t(r.H) * cap * d);
-    int64_t mismatches = 0;
-    std::vector<uint16_t> want(d);
-    for (int h = 0; h < r.H; ++h) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const auto& got = kv ? gv : gk;
-        const auto& st = kv ? sv : sk;
-        for (int i = 0; i < steady; ++i)
-          mismatches += std::memcmp(got.data() + (size_t(h) * cap + i) * d, st.data() + (size_t(h) * steady + i) * d,
-                                    size_t(d) * 2) != 0;
-        for (int c = 0; c < r.C; ++c) {
-          const int s = r.sizes[size_t(h) * r.C + c];
-          const int64_t at = r.store_at[size_t(h) * r.C + c];
-          for (int i = 0; i < s; ++i) {
-            const int64_t row = at * 2 + int64_t{kv} * s + i;
-            int4_widen_row(q4 + row * (d / 2), scl + row * G, d, want.data());
-            const uint16_t* g = got.data() + (size_t(h) * cap + seg_row[size_t(h) * K + c] + i) * d;
-            if (std::memcmp(g, want.data(), size_t(d) * 2) != 0 && ++mismatches <= 5)
-              ADD_FAILURE() << "head " << h << " cluster " << c << (kv ? " V" : " K") << " row " << i;
-          }
-        }
-        for (int64_t i = steady + r.n_idx; i < cap; ++i)
-          for (int e = 0; e < d; ++e) mismatches += got[(size_t(h) * cap + i) * d + e] != 0xffff;
-      }
-    }
-    EXPECT_EQ(mismatches, 0);
+    const size_t data_bytes = size_t(r.rows()) * d;
+    const int64_t bad = gather_and_check(
+        r, data_bytes + size_t(r.rows()) * 2 * G * 2, 53,
+        [&](char* base, std::mt19937_64& rng) {
+          std::uniform_real_distribution<float> us(1e-4f, 0.5f);
+          for (size_t i = 0; i < data_bytes; ++i) base[i] = static_cast<char>(rng());
+          auto* scl = reinterpret_cast<uint16_t*>(base + data_bytes);
+          for (int64_t i = 0; i < r.rows() * 2 * G; ++i) scl[i] = f32_to_bf16(us(rng));
+        },
+        [&](cuda::detail::WaveTables& t, const char* base) {
+          t.store_q4 = reinterpret_cast<const uint8_t*>(base);
+          t.store_group_scale = reinterpret_cast<const uint16_t*>(base + data_bytes);
+        },
+        [&](int64_t row, const char* base, uint16_t* want) {
+          int4_widen_row(reinterpret_cast<const uint8_t*>(base) + row * (d / 2),
+                         reinterpret_cast<const uint16_t*>(base + data_bytes) + row * G, d, want);
+        });
+    EXPECT_EQ(bad, 0);
   }
 }
 
