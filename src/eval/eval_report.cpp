@@ -40,6 +40,7 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
   std::vector<int64_t> contexts;
   std::map<std::tuple<std::string, std::string, int64_t>, CellStats> cells;
   std::map<std::string, std::vector<std::string>> placements;  // method -> the KV placements of its lines
+  std::map<std::string, std::vector<std::string>> stores;      // method -> its host-tier lines' store types
   for (const auto& j : lines) {
     const std::string m = j.at("method").get<std::string>(), t = j.at("task").get<std::string>();
     const int64_t c = j.at("context").get<int64_t>();
@@ -53,6 +54,7 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
     s.context_tokens_per_head += j.value("context_tokens_per_head", 0.0);
     if (j.contains("kv_placement")) add_unique(placements[m], j.at("kv_placement").get<std::string>());
     if (j.contains("cache_hits")) {
+      if (j.contains("host_store")) add_unique(stores[m], j.at("host_store").get<std::string>());
       ++s.host_tier_samples;
       s.cache_hits += j.at("cache_hits").get<uint64_t>();
       s.cache_misses += j.at("cache_misses").get<uint64_t>();
@@ -106,6 +108,7 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& lines) {
                             {"exact_tokens_per_head", exact / static_cast<double>(n_samples)},
                             {"context_tokens_per_head", ctx_tokens / static_cast<double>(n_samples)}};
       if (placements.count(m)) avg["kv_placement"] = join(placements.at(m));
+      if (stores.count(m) && host.host_tier_samples > 0) avg["host_store"] = join(stores.at(m));
       add_host_tier(avg, host);
       out["averages"].push_back(avg);
     }
@@ -158,9 +161,11 @@ std::string markdown_table(const nlohmann::json& summary) {
       auto a = avg.find({m, c});
       if (a == avg.end() || !a->second.contains("cache_hits")) continue;
       const nlohmann::json& r = a->second.at("cache_hit_ratio");
-      std::snprintf(buf, sizeof buf, "%s: KV placement %s, GPU block-cache hit ratio %.3f, %.1f MiB over PCIe per sample\n\n",
-                    m.c_str(), a->second.value("kv_placement", std::string("?")).c_str(), r.is_null() ? -1.0 : r.get<double>(),
-                    a->second.at("pcie_bytes_per_sample").get<double>() / double(1 << 20));
+      const std::string store =
+          a->second.contains("host_store") ? " (" + a->second.at("host_store").get<std::string>() + " host store)" : "";
+      std::snprintf(buf, sizeof buf, "%s: KV placement %s%s, GPU block-cache hit ratio %.3f, %.1f MiB over PCIe per sample\n\n",
+                    m.c_str(), a->second.value("kv_placement", std::string("?")).c_str(), store.c_str(),
+                    r.is_null() ? -1.0 : r.get<double>(), a->second.at("pcie_bytes_per_sample").get<double>() / double(1 << 20));
       md += buf;
     }
   }

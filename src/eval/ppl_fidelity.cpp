@@ -175,6 +175,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
       if (const std::optional<KvPlacementReport> kv = s->kv_placement_report()) {
         r.kv_placement = std::string(buffer::kv_placement_name(kv->placement));
         r.host_layers = kv->host_layers;
+        r.host_store = std::string(store_dtype_name(kv->host_store));
         r.cache_hits += kv->cache_hits;
         r.cache_misses += kv->cache_misses;
         r.pcie_bytes += kv->pcie_bytes;
@@ -246,6 +247,7 @@ nlohmann::json to_json(const PplReport& r) {
     if (!m.kv_placement.empty()) mj["kv_placement"] = m.kv_placement;
     if (m.host_layers > 0) {
       mj["host_layers"] = m.host_layers;
+      mj["host_store"] = m.host_store;
       mj["cache_hits"] = m.cache_hits;
       mj["cache_misses"] = m.cache_misses;
       mj["cache_hit_ratio"] = hit_ratio_json(m.cache_hits, m.cache_misses);

@@ -70,10 +70,11 @@ struct PplMethodResult {
   double budget_tokens = -1.0;         // baselines: mean budget beyond the steady zone over windows (-1: derived)
   double context_tokens_per_head = 0.0;
   double seconds = 0.0;                // fork + index + decode, all windows
-  // cuda: the session's KV placement ("" on the CPU); with host-tier layers the block cache's hits and
-  // misses and the PCIe bytes of the misses, summed over windows.
+  // cuda: the session's KV placement ("" on the CPU); with host-tier layers their store's element type, the
+  // block cache's hits and misses and the PCIe bytes of the misses, summed over windows.
   std::string kv_placement;
   int host_layers = 0;
+  std::string host_store;
   uint64_t cache_hits = 0, cache_misses = 0;
   int64_t pcie_bytes = 0;
 };

@@ -151,6 +151,7 @@ TEST(KvPlacementJson, EvalReportAggregatesTheHitRatioOverSamples) {
       j["cache_hits"] = hits;
       j["cache_misses"] = misses;
       j["pcie_bytes"] = 1024 * misses;
+      j["host_store"] = "int4";
     }
     return j;
   };
@@ -162,11 +163,13 @@ TEST(KvPlacementJson, EvalReportAggregatesTheHitRatioOverSamples) {
   for (const auto& a : s.at("averages")) {
     if (a.at("method") == "full") {
       EXPECT_FALSE(a.contains("cache_hit_ratio"));
+      EXPECT_FALSE(a.contains("host_store"));
       EXPECT_EQ(a.at("kv_placement"), "gpu");
       continue;
     }
     saw_retro = true;
     EXPECT_EQ(a.at("kv_placement"), "host");
+    EXPECT_EQ(a.at("host_store"), "int4");
     EXPECT_EQ(a.at("host_tier_samples"), 3);
     EXPECT_EQ(a.at("cache_hits"), 8);
     EXPECT_EQ(a.at("cache_misses"), 12);
@@ -175,7 +178,7 @@ TEST(KvPlacementJson, EvalReportAggregatesTheHitRatioOverSamples) {
   }
   EXPECT_TRUE(saw_retro);
   const std::string md = eval::markdown_table(s);
-  EXPECT_TRUE(has(md, "retro: KV placement host, GPU block-cache hit ratio 0.400")) << md;
+  EXPECT_TRUE(has(md, "retro: KV placement host (int4 host store), GPU block-cache hit ratio 0.400")) << md;
 }
 
 }  // namespace
