@@ -58,23 +58,25 @@ void round_row(Scheme s, const float* x, const float* base, int d, float* out) {
   for (int i = 0; i < d; ++i) out[i] = bf16_to_f32(w[i]) + (base ? base[i] : 0.0f);
 }
 
-// Rows [n, d] with rows [b, e) rounded through scheme s (the means taken over those rows), the rest exact.
+// The mean of rows [b, e) of x [n, d].
+std::vector<float> mean_of_rows(const std::vector<float>& x, int64_t b, int64_t e, int d) {
+  std::vector<float> mean(d, 0.0f);
+  for (int64_t t = b; t < e; ++t)
+    for (int i = 0; i < d; ++i) mean[i] += x[size_t(t) * d + i] / float(e - b);
+  return mean;
+}
+
+// Rows [n, d] with rows [b, e) rounded through scheme s, the rest exact. The mean schemes take their mean
+// over [b, e) (the head's) or over each kBlockTokens-row block from b on.
 std::vector<float> round_rows(Scheme s, const std::vector<float>& x, int64_t b, int64_t e, int d) {
-  std::vector<float> out(x), mean(d, 0.0f), block(d);
-  if (s == kInt4HeadMean)
-    for (int64_t t = b; t < e; ++t)
-      for (int i = 0; i < d; ++i) mean[i] += x[size_t(t) * d + i] / float(e - b);
-  for (int64_t t = b; t < e; ++t) {
-    const float* base = nullptr;
-    if (s == kInt4HeadMean) base = mean.data();
-    if (s == kInt4BlockMean) {
-      const int64_t b0 = b + (t - b) / kBlockTokens * kBlockTokens, b1 = std::min(e, b0 + kBlockTokens);
-      std::fill(block.begin(), block.end(), 0.0f);
-      for (int64_t u = b0; u < b1; ++u)
-        for (int i = 0; i < d; ++i) block[i] += x[size_t(u) * d + i] / float(b1 - b0);
-      base = block.data();
-    }
-    round_row(s, x.data() + size_t(t) * d, base, d, out.data() + size_t(t) * d);
+  std::vector<float> out(x);
+  const int64_t span = s == kInt4BlockMean ? kBlockTokens : e - b;  // rows sharing one mean
+  for (int64_t b0 = b; b0 < e; b0 += span) {
+    const int64_t b1 = std::min(e, b0 + span);
+    const bool centred = s == kInt4HeadMean || s == kInt4BlockMean;
+    const std::vector<float> base = centred ? mean_of_rows(x, b0, b1, d) : std::vector<float>();
+    for (int64_t t = b0; t < b1; ++t)
+      round_row(s, x.data() + size_t(t) * d, centred ? base.data() : nullptr, d, out.data() + size_t(t) * d);
   }
   return out;
 }

@@ -234,12 +234,12 @@ int main(int argc, char** argv) {
       if (t.find("host") != std::string::npos) tiers.push_back(KvTier::kHost);
       if (t.find("gpu") != std::string::npos) tiers.push_back(KvTier::kGpu);
     } else if (a == "--store") {
-      const std::string t = next();
-      if (t != "bf16" && t != "int8" && t != "int4") {
-        std::fprintf(stderr, "--store: bf16, int8 or int4, not %s\n", t.c_str());
+      try {
+        store_dtype = parse_store_dtype(next());
+      } catch (const Error& e) {  // names the accepted types
+        std::fprintf(stderr, "--store: %s\n", e.what());
         return 2;
       }
-      store_dtype = parse_store_dtype(t);
     } else if (a == "--out") {
       out = std::fopen(next(), "w");
       if (out == nullptr) {

@@ -24,8 +24,9 @@ struct CellStats {
 // {"cells": [{method, task, context, samples, score, exact_tokens_per_head, context_tokens_per_head}...],
 //  "averages": [{method, context, score (mean of the task means), tasks, samples}...]}
 // Cells and averages of a method whose lines ran with host-tier layers also hold kv_placement (the lines'
-// placements, comma-joined; averages also host_store, the host-tier lines' store types), host_tier_samples, cache_hits, cache_misses, cache_hit_ratio (hits / (hits +
-// misses) over those samples) and pcie_bytes_per_sample.
+// placements, comma-joined), host_tier_samples, cache_hits, cache_misses, cache_hit_ratio (hits / (hits +
+// misses) over those samples) and pcie_bytes_per_sample; averages also host_store (the host-tier lines' store
+// types, comma-joined).
 nlohmann::json summarize(const std::vector<nlohmann::json>& lines);
 // One table per context length: rows = methods (in order of first appearance), columns = tasks (in
 // task_names() order), the
