@@ -266,6 +266,14 @@ class WaveBufferLayer {
   // written). Asynchronous on `s`; launches kernels only (graph-capturable). The apply and the ring run on
   // the layer's second stream, forked from `s` and joined back into it within the step.
   void decode(const float* q, float* out, Stream s = nullptr);
+  // Issues the next decode step's apply (the manager's last update into the page table and cache pages,
+  // and a retrieval override's ids) on the layer's second stream, after the work queued on `s` so far; the
+  // next decode() then waits for it instead of issuing its own. Issued while other work runs (the model
+  // runner issues layer l + 1's during layer l), it takes the apply's dependent launches and its read of the
+  // mailbox over PCIe off the step. The manager must have posted by then to be applied in this step (else
+  // its update waits a step). `s` must be ordered after this layer's previous step. Returns false (nothing
+  // issued) when one is already issued or a graph is captured (the graph holds its own apply).
+  bool issue_apply_ahead(Stream s);
   // decode() on the default stream with events between the stages, run one after another on that stream:
   // (stage, ms) pairs for apply, select (score + select), lookup (+ ring), gather, attention (exact +
   // estimation grids + merge). Synchronous.
@@ -286,9 +294,10 @@ class WaveBufferLayer {
   // clusters, ids [flat heads, n_r] (per head strictly ascending in [0, num_clusters), then -1), which replace
   // the selection's before the lookup, so the cache sees a recorded decode's selections; the estimation zone
   // stays the selection's (a cluster may then be both retrieved and estimated: the output is not attention,
-  // the traffic is). Called on the owner thread in each decode (step: decodes since build()); the ids reach
-  // the device by an asynchronous copy from pinned memory (a slot is reused after its copy's event, 4 steps
-  // later: no host synchronisation in practice). Empty: off. capture_graph throws while it is set.
+  // the traffic is). Called on the owner thread in each decode, or in issue_apply_ahead (step: decodes since
+  // build()); the ids reach the device by an asynchronous copy from pinned memory on the second stream
+  // before the apply (a slot is reused after its copy's event, 4 steps later: no host synchronisation in
+  // practice). Empty: off. capture_graph throws while it is set.
   using RetrievalOverride = std::function<void(int64_t step, int num_clusters, int n_r, int32_t* ids)>;
   void set_retrieval_override(RetrievalOverride fill);
   WaveBufferStats stats();
@@ -370,6 +379,10 @@ class LayerAttention {
   // Exact-token accounting of the last decode, summed over sequences and KV heads (host-side, no sync).
   // retro's retrieval zone is counted at its capacity there (the n_r largest clusters: an upper bound).
   virtual AttentionStats last_stats() const = 0;
+  // Work of the next decode() that depends on nothing the layers before it write (host tier: the wave
+  // buffer's apply, WaveBufferLayer::issue_apply_ahead), issued now after the work queued on `s`, so that it
+  // overlaps them; the runner calls it for layer l + 1 after layer l's decode. Other tiers: nothing.
+  virtual void issue_ahead(Stream s) { (void)s; }
   // The same with the tokens the device actually attended exactly (synchronous: retro reads the per-head
   // list lengths of the last decode back). Default: last_stats(), exact for methods whose budget the host
   // knows (full, quest, streaming, oracle).

@@ -1,10 +1,12 @@
 // WaveBufferLayer on the GPU: a cache that holds everything gives the uncached path's output bit for bit
 // (and RetroLayer's, whose splits it shares), a host-resident store gives the GPU-resident store's output
 // bit for bit, a CUDA-graph replay of the whole step equals direct launches, the two-stream step equals the
-// stages run in turn (and times them when asked), and the LRU under pressure
-// keeps the device tables consistent (no out-of-range mailbox entry) while outputs stay exact.
+// stages run in turn (and times them when asked), an apply issued ahead decodes as the in-step one, and the
+// LRU under pressure keeps the device tables consistent (no out-of-range mailbox entry) while outputs stay
+// exact.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -298,6 +300,70 @@ TEST(WaveBuffer, TwoStreamStepEqualsTheSerialStagesAndTimesThem) {
   const WaveStageTimes none = serial.stage_times();  // stage_times off
   EXPECT_EQ(none.steps, 0);
   EXPECT_EQ(none.step, 0.0);
+}
+
+// issue_apply_ahead queues the next step's apply (and a retrieval override's ids) before the step; the step
+// then waits for it instead of issuing its own. With the manager waited for between steps, a layer whose
+// applies all go ahead decodes bit for bit as one whose applies run in the step, with the same hit / miss
+// counts, with and without a retrieval override; a second call before the step issues nothing, and a graph
+// capture is refused while an apply is ahead (the graph holds its own).
+TEST(WaveBuffer, ApplyIssuedAheadDecodesAsTheInStepApply) {
+  RETROINFER_REQUIRE_GPU();
+  const uint64_t seed = 606;
+  WaveRig su(seed);
+  WaveBufferConfig w;
+  w.cache_fraction = 0.03;
+  for (const bool with_override : {false, true}) {
+    SCOPED_TRACE(with_override ? "retrieval override" : "the selection's ids");
+    cuda::WaveBufferLayer plain(su.shape(), su.cfg, w, su.num_seqs), ahead(su.shape(), su.cfg, w, su.num_seqs);
+    plain.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+    ahead.build(su.dk.as<uint16_t>(), su.dv.as<uint16_t>(), su.n, su.n + 5);
+    if (with_override) {
+      // Per step a sliding window of clusters: some stay (hits), some are new (misses).
+      auto fill = [](int64_t step, int num_clusters, int n_r, int32_t* ids) {
+        for (int f = 0; f < 2 * 2; ++f)  // num_seqs x hkv flat heads
+          for (int j = 0; j < n_r; ++j) {
+            const int64_t c = (step * 2 + f * 7 + j) % num_clusters;
+            ids[size_t(f) * n_r + j] = j < num_clusters ? int32_t(c) : -1;
+          }
+        for (int f = 0; f < 2 * 2; ++f) std::sort(ids + size_t(f) * n_r, ids + size_t(f) * n_r + std::min(n_r, num_clusters));
+      };
+      plain.set_retrieval_override(fill);
+      ahead.set_retrieval_override(fill);
+    }
+    std::mt19937_64 rng(seed);
+    auto q = gputest::make_q(su.kv, su.group, seed + 1);
+    auto dq = gputest::upload(q);
+    auto out_plain = gputest::poisoned(su.q_elems()), out_ahead = gputest::poisoned(su.q_elems());
+    cuda::StreamHandle stream_handle;
+    cuda::Stream s = stream_handle.get();
+    int64_t hits = 0, misses = 0;
+    for (int step = 0; step < 8; ++step) {
+      SCOPED_TRACE(testing::Message() << "step " << step);
+      plain.wait_manager();
+      ahead.wait_manager();
+      dq.upload(q.data(), q.size() * 4);
+      ASSERT_TRUE(ahead.issue_apply_ahead(s));
+      EXPECT_FALSE(ahead.issue_apply_ahead(s));  // one apply per step
+      EXPECT_THROW(ahead.capture_graph(dq.as<float>(), out_ahead.as<float>(), s), Error);
+      plain.decode(dq.as<float>(), out_plain.as<float>(), s);
+      ahead.decode(dq.as<float>(), out_ahead.as<float>(), s);
+      cuda::synchronize(s);
+      EXPECT_TRUE(same_bits(gputest::download_f32(out_plain, su.q_elems()), gputest::download_f32(out_ahead, su.q_elems())));
+      const auto a = plain.last_step_counts(), b = ahead.last_step_counts();
+      EXPECT_EQ(a.hit_clusters, b.hit_clusters);
+      EXPECT_EQ(a.miss_clusters, b.miss_clusters);
+      EXPECT_EQ(a.hit_rows, b.hit_rows);
+      hits += b.hit_clusters;
+      misses += b.miss_clusters;
+      q = drift(q, 0.05f, rng);
+    }
+    EXPECT_GT(hits, 0);
+    EXPECT_GT(misses, 0);
+    plain.wait_manager();
+    ahead.wait_manager();
+    EXPECT_EQ(plain.stats().steps_seen, ahead.stats().steps_seen);
+  }
 }
 
 TEST(WaveBuffer, SmallCacheUnderPressureStaysExactAndConsistent) {

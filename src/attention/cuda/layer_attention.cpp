@@ -135,6 +135,8 @@ class WaveLayerAttention final : public LayerAttention {
     stats_.estimated_clusters = int64_t{layer_.n_estimation()} * H_;
   }
 
+  void issue_ahead(Stream s) override { layer_.issue_apply_ahead(s); }
+
   bool set_query_trace(const ClusterTraceSchedule* schedule, int layer, int first_seq) override {
     if (schedule == nullptr) {
       layer_.set_retrieval_override({});

@@ -240,6 +240,8 @@ void WaveBufferLayer::Impl::reset_decode_state() {
   m.size_decode_workspace();
   m.steps = m.steps_base = 0;
   m.stats_base = {};
+  m.applied_ahead = false;
+  m.override_step = -1;
 }
 
 // The ring's width: n_r, or with index updates on and wcfg.max_tokens set, n_r of the most clusters the
@@ -325,7 +327,7 @@ void WaveBufferLayer::Impl::collect_stage_times() {
     RETROINFER_CUDA_CHECK(cudaEventElapsedTime(&x, stage_ev[a], stage_ev[b]));
     return double(x);
   };
-  stage_sum.apply += ms(kStart, kApplied);
+  stage_sum.apply += ms(kApplyStart, kApplied);
   stage_sum.select += ms(kStart, kSelected);
   stage_sum.apply_wait += ms(kSelected, kLookupBegin);
   stage_sum.lookup += ms(kLookupBegin, kLookedUp);
@@ -365,22 +367,20 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   const detail::WaveTables t = m.tables();
   mark();
   stamp(Impl::kStart, st);
-  detail::WaveApplyParams ap;
-  ap.t = t;
-  ap.layout = m.layout;
-  ap.region = m.region.device();
-  ap.mirror = m.mirror.data();
-  ap.state = m.state.as<detail::WaveDeviceState>();
   // The apply reads the mailbox and the previous step's execution buffer and writes the page table and cache
-  // pages: nothing the selection reads, so it runs beside it.
+  // pages: nothing the selection reads, so it runs beside it, or was issued before the step
+  // (issue_apply_ahead).
   if (two_streams) {
-    fork(m.ev_fork, st, m.aux);
-    detail::launch_check(detail::wave_apply(ap, m.aux), "wave_apply", m.aux);
-    stamp(Impl::kApplied, m.aux);
-    RETROINFER_CUDA_CHECK(cudaEventRecord(m.ev_applied, m.aux));
+    if (!m.applied_ahead) m.issue_apply(st, timed);
+  } else if (m.applied_ahead) {
+    RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_applied, 0));
   } else {
-    detail::launch_check(detail::wave_apply(ap, st), "wave_apply", st);
+    if (m.override_fill) m.copy_override_ids(st);
+    detail::launch_check(detail::wave_apply(m.apply_params(), st), "wave_apply", st);
   }
+  m.applied_ahead = false;
+  // An index update after the override's copy (issued ahead) grew C and n_r: the step's ids again, for them.
+  if (m.override_fill && m.override_step != static_cast<int64_t>(m.steps)) m.copy_override_ids(st);
   mark();
 
   detail::ZoneDecodeArgs a;
@@ -400,15 +400,15 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
   // attention), so that a cache holding everything gives the index's output bit for bit.
   a.timing = marks != nullptr;
   // Between the selection and the exact attention: lookup (+ ring), gather.
+  const int* retrieval_ids = m.override_fill ? m.override_ids.as<int>() : m.ret_ids.as<int>();
   auto lookup_gather = [&] {
-    if (m.override_fill) m.copy_override_ids(st);
     mark();
     stamp(Impl::kSelected, st);
     if (two_streams) RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(st, m.ev_applied, 0));
     stamp(Impl::kLookupBegin, st);
     detail::WaveLookupParams lp;
     lp.t = t;
-    lp.retrieval_ids = m.ret_ids.as<int>();
+    lp.retrieval_ids = retrieval_ids;
     lp.k = m.n_r;
     lp.steady_rows = m.steady_rows;
     lp.seg_row = m.seg_row.as<int>();
@@ -419,7 +419,7 @@ void WaveBufferLayer::launch_step(const float* q, float* out, void* stream, std:
     detail::WaveRingParams rp;
     rp.layout = m.layout;
     rp.region = m.region.device();
-    rp.state = ap.state;
+    rp.state = m.state.as<detail::WaveDeviceState>();
     rp.retrieval_ids = lp.retrieval_ids;
     rp.seg_row = lp.seg_row;
     rp.seg_hit = lp.seg_hit;
@@ -570,6 +570,8 @@ void WaveBufferLayer::capture_graph(const float* q, float* out, Stream s) {
                    "every step); decode eagerly");
   RETROINFER_CHECK(s != nullptr, "WaveBufferLayer::capture_graph: needs a stream other than the default (cuda::StreamHandle)");
   auto st = static_cast<cudaStream_t>(s);
+  RETROINFER_CHECK(!m.applied_ahead, "WaveBufferLayer::capture_graph: an apply was issued ahead (issue_apply_ahead) ",
+                   "for a step not yet decoded; the graph holds its own apply: decode once first");
   m.drop_graph();
   m.ensure_aux();  // the second stream and its events exist before the capture
   m.collect_stage_times();
@@ -595,6 +597,39 @@ void WaveBufferLayer::set_retrieval_override(RetrievalOverride fill) {
   impl_->override_fill = std::move(fill);
 }
 
+detail::WaveApplyParams WaveBufferLayer::Impl::apply_params() {
+  detail::WaveApplyParams ap;
+  ap.t = tables();
+  ap.layout = layout;
+  ap.region = region.device();
+  ap.mirror = mirror.data();
+  ap.state = state.as<detail::WaveDeviceState>();
+  return ap;
+}
+
+void WaveBufferLayer::Impl::issue_apply(cudaStream_t from, bool timed) {
+  RETROINFER_CUDA_CHECK(cudaEventRecord(ev_fork, from));
+  RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(aux, ev_fork, 0));
+  if (timed) RETROINFER_CUDA_CHECK(cudaEventRecord(stage_ev[kApplyStart], aux));
+  if (override_fill) copy_override_ids(aux);
+  detail::launch_check(detail::wave_apply(apply_params(), aux), "wave_apply", aux);
+  if (timed) RETROINFER_CUDA_CHECK(cudaEventRecord(stage_ev[kApplied], aux));
+  RETROINFER_CUDA_CHECK(cudaEventRecord(ev_applied, aux));
+}
+
+bool WaveBufferLayer::issue_apply_ahead(Stream s) {
+  auto& m = *impl_;
+  RETROINFER_CHECK(m.manager != nullptr, "WaveBufferLayer::issue_apply_ahead: build() was not called");
+  if (m.applied_ahead || m.graph_exec != nullptr || m.capturing) return false;
+  m.manager->check();
+  m.ensure_aux();
+  const bool timed = m.wcfg.stage_times;
+  if (timed) m.collect_stage_times();  // the last step's apply events are recorded again below
+  m.issue_apply(static_cast<cudaStream_t>(s), timed);
+  m.applied_ahead = true;
+  return true;
+}
+
 void WaveBufferLayer::Impl::copy_override_ids(cudaStream_t st) {
   const size_t count = size_t(H) * size_t(n_r);
   if (count == 0) return;
@@ -615,7 +650,9 @@ void WaveBufferLayer::Impl::copy_override_ids(cudaStream_t st) {
                        "WaveBufferLayer: the retrieval override gave head ", h, " ids that are not ascending in [0, ",
                        C, ") followed by -1 (position ", j, ": ", r[j], ")");
   }
-  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(ret_ids.data(), ids, count * 4, cudaMemcpyHostToDevice, st));
+  if (override_ids.bytes() < count * 4) override_ids = DeviceBuffer(count * 4);
+  RETROINFER_CUDA_CHECK(cudaMemcpyAsync(override_ids.data(), ids, count * 4, cudaMemcpyHostToDevice, st));
+  override_step = static_cast<int64_t>(steps);
   RETROINFER_CUDA_CHECK(cudaEventRecord(override_done[slot], st));
 }
 

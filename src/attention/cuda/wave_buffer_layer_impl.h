@@ -72,11 +72,20 @@ struct WaveBufferLayer::Impl {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t graph_exec = nullptr;
   // set_retrieval_override: the host's ids go through kOverrideSlots pinned slots in turn, each reused after
-  // the event of its previous copy.
+  // the event of its previous copy, into override_ids ([H, n_r] int32), which the lookup, ring and gather
+  // then read instead of the selection's ret_ids.
   WaveBufferLayer::RetrievalOverride override_fill;
   static constexpr int kOverrideSlots = 4;
   PinnedHost override_host[kOverrideSlots];
   cudaEvent_t override_done[kOverrideSlots] = {};
+  DeviceBuffer override_ids;
+  int64_t override_step = -1;  // the step whose ids override_ids holds for the current tables (-1: none)
+  // issue_apply_ahead ran for the next step: its apply (and override copy) are queued on aux and ev_applied
+  // records their end; the step then issues none of its own (an apply runs once per step: the ring acks the
+  // update it applied). Kept through an index update or a steady-zone growth before the step (both
+  // synchronise, so the apply is done, and keep or reset the device state it wrote); cleared by the step
+  // and by build().
+  bool applied_ahead = false;
 
   // The step's second stream: the apply runs on it beside the selection (joined before the lookup, which
   // reads the page table the apply writes) and the ring beside the gather and attention (joined at the
@@ -85,7 +94,9 @@ struct WaveBufferLayer::Impl {
   cudaStream_t aux = nullptr;
   cudaEvent_t ev_fork = nullptr, ev_applied = nullptr, ev_looked_up = nullptr, ev_ringed = nullptr;
   // WaveBufferConfig::stage_times: the events of the last step (StageEvent order) and the sums so far.
-  enum StageEvent { kStart, kApplied, kSelected, kLookupBegin, kLookedUp, kGathered, kAttended, kEnd, kStageEvents };
+  enum StageEvent {
+    kApplyStart, kStart, kApplied, kSelected, kLookupBegin, kLookedUp, kGathered, kAttended, kEnd, kStageEvents
+  };
   cudaEvent_t stage_ev[kStageEvents] = {};
   bool stage_pending = false;  // stage_ev hold a step not yet summed
   bool capturing = false;      // capture_graph: no timing events in the graph
@@ -182,7 +193,11 @@ struct WaveBufferLayer::Impl {
   void size_decode_workspace();
   void start_manager(int k_cap);
   void drop_graph();
-  void copy_override_ids(cudaStream_t st);  // set_retrieval_override: this step's ids over ret_ids
+  void copy_override_ids(cudaStream_t st);  // set_retrieval_override: the next step's ids into override_ids
+  // The step's apply (after the override's copy, if set) on aux, forked from `from`; records ev_applied (and,
+  // `timed`, the apply's stage events).
+  void issue_apply(cudaStream_t from, bool timed);
+  detail::WaveApplyParams apply_params();
   // wave_buffer_layer.cpp: the steps of WaveBufferLayer::build after the index's build, in order (each
   // described at its definition).
   void take_index_counts(int64_t num_tokens);

@@ -58,6 +58,7 @@ void WaveBufferLayer::Impl::index_update(cudaStream_t st) {
   RETROINFER_CUDA_CHECK(cudaStreamSynchronize(st));
   RETROINFER_CUDA_CHECK(cudaDeviceSynchronize());
   m.manager->check();
+  m.override_step = -1;  // an override's ids issued ahead are for the tables before this update
 
   // 1. The block's clusters, by RetroLayer's update code over the block's steady rows.
   const BlockIndex b = m.cluster_block(row0, st);

@@ -289,6 +289,8 @@ void CudaJoinedDecoder::step(std::span<CudaSession* const> sessions, std::span<c
       RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(ss, static_cast<cudaEvent_t>(im.layer_ready), 0));
       attend(i, s[i]->stream);
       RETROINFER_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(im.attn_done[static_cast<size_t>(i)]), ss));
+      // The next layer's apply on the session's stream after this step, beside the rest of the layer.
+      if (l + 1 < L) s[i]->attn[static_cast<size_t>(l) + 1]->issue_ahead(s[i]->stream);
     }
     for (int i = 0; i < n; ++i)
       if (!s[i]->host_tier(l)) attend(i, J.stream);
