@@ -236,8 +236,9 @@ void CudaSession::Impl::layer_pre_attention(int l, int64_t rows, const RowView& 
 void CudaSession::Impl::layer_attention_decode(int l) {
   const ModelConfig& c = model.config();
   const int64_t hq = c.num_heads_q, hkv = c.num_heads_kv, d = c.head_dim;
-  // Layer l + 1's work that needs nothing of layer l (the host tier's apply) goes after layer l's attention,
-  // beside the products until layer l + 1's attention.
+  // Layer l + 1's work that needs nothing of layer l (the host tier's apply) goes after layer l's attention of
+  // every sequence, beside the products until layer l + 1's attention (queued earlier, an apply waiting for one
+  // sequence's attention can hold the next sequence's work behind it in a shared hardware queue).
   const bool next = l + 1 < c.num_layers;
   if (!attn_per_seq) {
     attn[l]->decode(a.q.as<float>(), a.k_new.as<uint16_t>(), a.v_new.as<uint16_t>(), pos[0] + 1, a.att.as<float>(),
@@ -247,13 +248,13 @@ void CudaSession::Impl::layer_attention_decode(int l) {
     return;
   }
   for (int s = 0; s < num_seqs; ++s) {
-    const size_t i = static_cast<size_t>(s) * c.num_layers + l;
-    LayerAttention& la = *attn[i];
+    LayerAttention& la = *attn[static_cast<size_t>(s) * c.num_layers + l];
     la.decode(a.q.as<float>() + s * hq * d, a.k_new.as<uint16_t>() + s * hkv * d, a.v_new.as<uint16_t>() + s * hkv * d,
               pos[s] + 1, a.att.as<float>() + s * hq * d, stream);
     last_stats += la.last_stats();
-    if (next) attn[i + 1]->issue_ahead(stream);
   }
+  if (next)
+    for (int s = 0; s < num_seqs; ++s) attn[static_cast<size_t>(s) * c.num_layers + l + 1]->issue_ahead(stream);
 }
 
 // O product + residual -> RMSNorm -> gate/up + SwiGLU -> down product + residual, from a.att into x.

@@ -289,14 +289,19 @@ void CudaJoinedDecoder::step(std::span<CudaSession* const> sessions, std::span<c
       RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(ss, static_cast<cudaEvent_t>(im.layer_ready), 0));
       attend(i, s[i]->stream);
       RETROINFER_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(im.attn_done[static_cast<size_t>(i)]), ss));
-      // The next layer's apply on the session's stream after this step, beside the rest of the layer.
-      if (l + 1 < L) s[i]->attn[static_cast<size_t>(l) + 1]->issue_ahead(s[i]->stream);
     }
     for (int i = 0; i < n; ++i)
       if (!s[i]->host_tier(l)) attend(i, J.stream);
     for (int i = 0; i < n; ++i)
       if (s[i]->host_tier(l))
         RETROINFER_CUDA_CHECK(cudaStreamWaitEvent(js, static_cast<cudaEvent_t>(im.attn_done[static_cast<size_t>(i)]), 0));
+    // Layer l + 1's apply of each session whose layer l + 1 is on the host tier, on that layer's side stream
+    // after the session's stream (issue_ahead), beside segment l + 1. Issued after every row's attention of
+    // layer l: the streams share the device's few hardware queues, and an apply queued between two sessions'
+    // attention, waiting for the first, could hold the second behind it.
+    if (l + 1 < L)
+      for (int i = 0; i < n; ++i)
+        if (s[i]->host_tier(l + 1)) s[i]->attn[static_cast<size_t>(l) + 1]->issue_ahead(s[i]->stream);
   }
   if (graphs == nullptr) im.eager_once.insert(n);
 }
