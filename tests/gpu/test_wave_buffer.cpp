@@ -53,6 +53,19 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
+// Two layers that decoded the same step: outputs equal bit for bit and the same hit / miss counts; adds the
+// second's hit and miss clusters to `hits` and `misses`.
+void expect_same_step(cuda::WaveBufferLayer& a, const cuda::DeviceBuffer& out_a, cuda::WaveBufferLayer& b,
+                      const cuda::DeviceBuffer& out_b, size_t elems, int64_t& hits, int64_t& misses) {
+  EXPECT_TRUE(same_bits(gputest::download_f32(out_a, elems), gputest::download_f32(out_b, elems)));
+  const auto ca = a.last_step_counts(), cb = b.last_step_counts();
+  EXPECT_EQ(ca.hit_clusters, cb.hit_clusters);
+  EXPECT_EQ(ca.miss_clusters, cb.miss_clusters);
+  EXPECT_EQ(ca.hit_rows, cb.hit_rows);
+  hits += cb.hit_clusters;
+  misses += cb.miss_clusters;
+}
+
 TEST(WaveBuffer, FullCacheGivesTheUncachedOutputBitForBit) {
   RETROINFER_REQUIRE_GPU();
   const uint64_t seed = 101;
@@ -274,13 +287,7 @@ TEST(WaveBuffer, TwoStreamStepEqualsTheSerialStagesAndTimesThem) {
     ASSERT_EQ(stages.size(), 5u);
     timed.decode(dq.as<float>(), out_timed.as<float>(), s);
     cuda::synchronize(s);
-    EXPECT_TRUE(same_bits(gputest::download_f32(out_serial, su.q_elems()), gputest::download_f32(out_timed, su.q_elems())));
-    const auto a = serial.last_step_counts(), b = timed.last_step_counts();
-    EXPECT_EQ(a.hit_clusters, b.hit_clusters);
-    EXPECT_EQ(a.miss_clusters, b.miss_clusters);
-    EXPECT_EQ(a.hit_rows, b.hit_rows);
-    hits += b.hit_clusters;
-    misses += b.miss_clusters;
+    expect_same_step(serial, out_serial, timed, out_timed, su.q_elems(), hits, misses);
     q = drift(q, 0.05f, rng);
   }
   EXPECT_GT(hits, 0);
@@ -349,13 +356,7 @@ TEST(WaveBuffer, ApplyIssuedAheadDecodesAsTheInStepApply) {
       plain.decode(dq.as<float>(), out_plain.as<float>(), s);
       ahead.decode(dq.as<float>(), out_ahead.as<float>(), s);
       cuda::synchronize(s);
-      EXPECT_TRUE(same_bits(gputest::download_f32(out_plain, su.q_elems()), gputest::download_f32(out_ahead, su.q_elems())));
-      const auto a = plain.last_step_counts(), b = ahead.last_step_counts();
-      EXPECT_EQ(a.hit_clusters, b.hit_clusters);
-      EXPECT_EQ(a.miss_clusters, b.miss_clusters);
-      EXPECT_EQ(a.hit_rows, b.hit_rows);
-      hits += b.hit_clusters;
-      misses += b.miss_clusters;
+      expect_same_step(plain, out_plain, ahead, out_ahead, su.q_elems(), hits, misses);
       q = drift(q, 0.05f, rng);
     }
     EXPECT_GT(hits, 0);
