@@ -25,10 +25,12 @@
 #              BENCH_STEPS, BENCH_TIMEOUT (per run, 150 s) and SPLIT_1M_TIMEOUT (300 s) bound them)
 #              BENCH_WARMUP (3) untimed steps first: more let the block cache reach its steady hit ratio;
 #              HIT_FRACTIONS the cache fractions of hit80 ("0.05 0.10 0.20"), HIT_STORES its host stores
-#              ("int8"; "int8 int4" runs both), STAGE_FRACTION the cache fraction of its --stage-times runs (0.20)
+#              ("int8"; "int8 int4" runs both), STAGE_FRACTION the cache fraction of its --stage-times runs (0.20),
+#              HIT_OLD_BIN a baseline build whose host runs follow each of ours (named *_old)
 #   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
 #   storeacc   the host store's element types (bf16, int8, int4) on a real model, every layer on the host tier:
-#              teacher-forced perplexity / KL against full and the task average
+#              teacher-forced perplexity / KL against full and the task average (STORE_TYPES picks them;
+#              STORE_OLD_BIN adds the perplexity of a baseline build's STORE_OLD_TYPES, default int4)
 # Everything lands in $OUT as at most 8 files (the device returns no more): summary.txt, one tarball per
 # section and the accuracy reports.
 set -u
@@ -204,10 +206,12 @@ section_bench() {
   mkdir -p "$d"
   local q=()
   [ -s "$trace" ] && q=(--query-trace "$trace")
-  local B=("$BIN/retroinfer" bench decode --model llama3-8b --steps "${BENCH_STEPS:-30}" --warmup "${BENCH_WARMUP:-3}")
+  local B=(bench decode --model llama3-8b --steps "${BENCH_STEPS:-30}" --warmup "${BENCH_WARMUP:-3}")
+  local bench_bin=$BIN/retroinfer
   run_bench() {  # name, then bench decode arguments
     local name=$1; shift
-    timeout "${BENCH_TIMEOUT:-150}" "${B[@]}" "$@" --out "$d/$name.jsonl" > "$d/$name.log" 2>&1 || note "bench $name: exit $?"
+    timeout "${BENCH_TIMEOUT:-150}" "$bench_bin" "${B[@]}" "$@" --out "$d/$name.jsonl" > "$d/$name.log" 2>&1 ||
+      note "bench $name: exit $?"
   }
   # 128K of Llama-3-8B is 16 GiB of bf16 KV per sequence: the GPU holds 7; the pinned host (~100 GiB) 6 in
   # bf16 or 11 in int8. A joined batch of 14 one-sequence sessions: each session plans alone, and a host-tier
@@ -234,6 +238,11 @@ section_bench() {
                for f in ${HIT_FRACTIONS:-0.05 0.10 0.20}; do
                  run_bench host_64k_b8_${st}_c$f --contexts 65536 --batches 8 --methods retro --placement host \
                    --host-store "$st" --cache-fraction "$f" "${q[@]}"
+                 # HIT_OLD_BIN: the same run with a baseline build right after (same call, same machine).
+                 if [ -n "${HIT_OLD_BIN:-}" ]; then
+                   bench_bin=$HIT_OLD_BIN run_bench host_64k_b8_${st}_c${f}_old --contexts 65536 --batches 8 \
+                     --methods retro --placement host --host-store "$st" --cache-fraction "$f" "${q[@]}"
+                 fi
                done
                # The wave buffer's stages at one cache size, timed by events (a separate run: the events cost a
                # little).
@@ -318,6 +327,16 @@ section_pplvariants() {
 section_storeacc() {
   local d=$work/storeacc pids=() m=${STORE_MODEL:-$QWEN}
   mkdir -p "$d"
+  # STORE_OLD_BIN: the perplexity of STORE_OLD_TYPES (default int4) with a baseline build too, as ppl_<type>_old.
+  if [ -n "${STORE_OLD_BIN:-}" ]; then
+    for st in ${STORE_OLD_TYPES:-int4}; do
+      timeout 420 "$STORE_OLD_BIN" eval ppl --model "$m" --device cuda --threads 1 --methods full,retro \
+        --kv-placement host --host-store "$st" --prefix "${STORE_PREFIX:-8128}" --forced 128 \
+        --windows "${STORE_WINDOWS:-8}" --text-file "$STAGE/data/ppl_text.txt" --json "$d/ppl_${st}_old.json" \
+        > "$d/ppl_${st}_old.md" 2> "$d/ppl_${st}_old.log" &
+      pids+=($!)
+    done
+  fi
   for st in ${STORE_TYPES:-bf16 int8 int4}; do
     timeout 420 "$BIN/retroinfer" eval ppl --model "$m" --device cuda --threads 1 --methods full,retro \
       --kv-placement host --host-store "$st" --prefix "${STORE_PREFIX:-8128}" --forced 128 \
@@ -335,6 +354,7 @@ section_storeacc() {
   for st in ${STORE_TYPES:-bf16 int8 int4}; do
     { echo "## store $st: ppl"; cat "$d/ppl_$st.md"; echo "## store $st: tasks"; cat "$d/tasks_$st.md"; } >> "$summary"
   done
+  for f in "$d"/ppl_*_old.md; do [ -f "$f" ] && { echo "## $(basename "$f") (baseline build)"; cat "$f"; } >> "$summary"; done
   tar -czf "$OUT/storeacc.tar.gz" -C "$work" storeacc
 }
 

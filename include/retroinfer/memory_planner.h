@@ -9,12 +9,14 @@
 //                                                   an f32 scale per K and per V row)
 //              n * Hkv * (D + D / 8)                 with store_dtype int4 (D 4-bit values and a bf16
 //                                                   scale per 32 of them, per K and per V row)
-//   meta       C * Hkv * (c + D * e + 29)             the layer's copies of the index (WaveBufferLayer):
+//   meta       C * Hkv * (c + D * e + 29 + b)         the layer's copies of the index (WaveBufferLayer):
 //                + Hkv * (4 * n_idx + 4 * ceil(n_idx / page_tokens) + 8)
 //                                                   centroids (c = D * e, or D + 4 with int8 scoring), value
 //                                                   sums, per cluster its size, two CSR offsets, page-slot
 //                                                   start, store row, residency byte and one page slot, per
 //                                                   indexed token its member id and a page slot's share;
+//                                                   b = 4 * D with an int4 store (its K and V base rows in
+//                                                   bf16), else 0;
 //                                                   C = the index's clusters over n_idx tokens
 //                                                   (wave_counts.h index_clusters: per segment of
 //                                                   segment_tokens, ceil(L / tokens_per_cluster))

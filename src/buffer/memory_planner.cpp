@@ -38,11 +38,12 @@ StoreBytes store_bytes(const PlannerShape& shape, const PlannerSettings& s, int6
   // centroids (int8 copies and a row scale with int8 scoring) and value sums; per cluster its size, the
   // per-head and absolute CSR offsets, page-slot start, store row, residency byte and at most one page slot
   // beyond the tokens' own (a cluster of s tokens takes ceil(s / page) slots); per indexed token its
-  // member id. An empty index holds nothing.
+  // member id; with an int4 store, per cluster its K and V base rows (bf16). An empty index holds nothing.
   const int64_t D = shape.head_dim, e = shape.bytes_per_element;
   const int64_t centroid = a.int8_centroid_scoring ? D + 4 : D * e;
+  const int64_t base = s.store_dtype == StoreDtype::kInt4 ? 4 * D : 0;
   b.meta = clusters == 0 ? 0
-                         : shape.num_heads_kv * (clusters * (centroid + D * e + 29) + 4 * n_idx +
+                         : shape.num_heads_kv * (clusters * (centroid + D * e + 29 + base) + 4 * n_idx +
                                                  4 * ceil_div(n_idx, s.page_tokens) + 8);
   b.steady = steady_cap * row;
   b.cache = ceil_div(static_cast<int64_t>(std::ceil(s.cache_fraction * double(n))), s.page_tokens) * s.page_tokens * row;

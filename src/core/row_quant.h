@@ -1,5 +1,6 @@
 // Quantisation of bf16 K/V rows for the wave buffer's compressed stores (docs/wave-buffer.md "Compressed
-// store"): int8 with one scale per row, int4 with one scale per group of 32 values. The CUDA store fill and
+// store"): int8 with one scale per row, int4 with one scale per group of 32 values, of the row minus its
+// cluster's mean row (the base, kept on the GPU). The CUDA store fill and
 // gather (src/kernels/wave_buffer_kernels.cu) call these same functions element by element, so the device
 // rounds exactly as this CPU reference does.
 //
@@ -90,30 +91,56 @@ RETROINFER_HD uint8_t int4_quantize(float x, float inv) {
 // A nibble's signed value in [-8, 7].
 RETROINFER_HD int int4_value(uint8_t nibble) { return static_cast<int>((nibble & 0xfu) ^ 0x8u) - 8; }
 
-// One value widened: bf16(q * scale), exact before the bf16 rounding.
-RETROINFER_HD uint16_t int4_widen_bf16(uint8_t nibble, float scale) {
-  return f32_to_bf16(static_cast<float>(int4_value(nibble)) * scale);
+// One value widened: bf16(base + q * scale), rounded once (q * scale is exact in f32, so the device's fused
+// multiply-add rounds as the CPU's multiply then add).
+RETROINFER_HD uint16_t int4_widen_bf16(uint8_t nibble, float scale, float base = 0.0f) {
+  return f32_to_bf16(base + static_cast<float>(int4_value(nibble)) * scale);
 }
 
-// A whole row (the CPU reference): q [d / 2] packed nibbles and scales [d / 32] from x [d] bf16.
-// d must be a multiple of kInt4Group.
-inline void int4_quantize_row(const uint16_t* x, int d, uint8_t* q, uint16_t* scales) {
-  for (int g = 0; g < d / kInt4Group; ++g) {
-    const uint16_t* xg = x + g * kInt4Group;
-    float absmax = 0.0f;
-    for (int i = 0; i < kInt4Group; ++i) absmax = std::fmax(absmax, std::fabs(bf16_to_f32(xg[i])));
-    scales[g] = int4_group_scale(absmax);
-    const float inv = int4_group_inverse(scales[g]);
-    for (int i = 0; i < kInt4Group; i += 2)
-      q[(g * kInt4Group + i) / 2] = static_cast<uint8_t>(int4_quantize(bf16_to_f32(xg[i]), inv) |
-                                                         (int4_quantize(bf16_to_f32(xg[i + 1]), inv) << 4));
+// ---- int4 rows relative to a base row ----
+//
+// The int4 store keeps each K (V) row of a cluster as the int4 groups of the row minus a base row: the mean of
+// the cluster's K (V) rows, rounded to bf16. Keys carry large per-channel offsets shared by a head's tokens
+// (Qwen2's K projection has a bias): 15 levels a group cannot resolve the small channels beside such an offset,
+// but the difference to the cluster's mean holds only what varies within the cluster, a fraction of the
+// offset (docs/wave-buffer.md "Compressed store"). The bound above holds with x_i - base_i in place of x_i,
+// plus the bf16 rounding of base_i + q_i * scale.
+
+// The base of s rows (x [s, d] bf16): the f32 sum of each column in row order, divided by s, rounded to
+// bf16; all zero for s = 0. The device's fill sums in the same order and divides with __fdiv_rn.
+inline void int4_base_row(const uint16_t* x, int64_t s, int d, uint16_t* base) {
+  for (int i = 0; i < d; ++i) {
+    float sum = 0.0f;
+    for (int64_t r = 0; r < s; ++r) sum += bf16_to_f32(x[r * d + i]);
+    base[i] = s > 0 ? f32_to_bf16(sum / static_cast<float>(s)) : uint16_t{0};
   }
 }
 
-// A whole row widened (the CPU reference): out [d] bf16 from q [d / 2] nibbles and scales [d / 32].
-inline void int4_widen_row(const uint8_t* q, const uint16_t* scales, int d, uint16_t* out) {
+// A whole row (the CPU reference): q [d / 2] packed nibbles and scales [d / 32] from x [d] bf16 minus the
+// base row (nullptr: zero). d must be a multiple of kInt4Group.
+inline void int4_quantize_row(const uint16_t* x, int d, uint8_t* q, uint16_t* scales, const uint16_t* base = nullptr) {
+  float r[kInt4Group];
+  for (int g = 0; g < d / kInt4Group; ++g) {
+    float absmax = 0.0f;
+    for (int i = 0; i < kInt4Group; ++i) {
+      const int e = g * kInt4Group + i;
+      r[i] = bf16_to_f32(x[e]) - (base != nullptr ? bf16_to_f32(base[e]) : 0.0f);
+      absmax = std::fmax(absmax, std::fabs(r[i]));
+    }
+    scales[g] = int4_group_scale(absmax);
+    const float inv = int4_group_inverse(scales[g]);
+    for (int i = 0; i < kInt4Group; i += 2)
+      q[(g * kInt4Group + i) / 2] = static_cast<uint8_t>(int4_quantize(r[i], inv) | (int4_quantize(r[i + 1], inv) << 4));
+  }
+}
+
+// A whole row widened (the CPU reference): out [d] bf16 from q [d / 2] nibbles and scales [d / 32], plus the
+// base row (nullptr: zero).
+inline void int4_widen_row(const uint8_t* q, const uint16_t* scales, int d, uint16_t* out,
+                           const uint16_t* base = nullptr) {
   for (int i = 0; i < d; ++i)
-    out[i] = int4_widen_bf16(static_cast<uint8_t>(q[i / 2] >> (4 * (i % 2))), bf16_to_f32(scales[i / kInt4Group]));
+    out[i] = int4_widen_bf16(static_cast<uint8_t>(q[i / 2] >> (4 * (i % 2))), bf16_to_f32(scales[i / kInt4Group]),
+                             base != nullptr ? bf16_to_f32(base[i]) : 0.0f);
 }
 
 }  // namespace retroinfer

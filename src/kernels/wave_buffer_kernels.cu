@@ -7,7 +7,9 @@
 // tokens at d = 128 (GPU.md: 51 GB/s at >= 2 KiB pieces, 17 GB/s at 512 B). An int8 store halves that run
 // (size * 2 * D bytes, >= 1 KiB from 4 tokens up at d = 128) plus its row scales (size * 8 bytes, read once
 // per 32 rows by the lanes together); an int4 store halves it again (size * D bytes plus size * D / 8 of group
-// scales). The gather widens both to bf16 on the way into the execution buffer.
+// scales; each row relative to its cluster's base row, which the gather reads from device memory). The gather
+// widens both to bf16 on the way into the execution buffer.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "core/row_quant.h"
@@ -68,32 +70,39 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_kernel(const StoreFill
       [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; });
 }
 
-// The rows of one cluster's block for the quantising fills: warp w of block (x, h) takes cluster x * kWarps + w
-// of head h and calls row(at, i, x) for each row i in [0, 2 s) of [K rows | V rows], with at the cluster's
-// first store row and x the lane's D / 32 values of the row's source (from element lane * D / 32 on).
-// Warp-uniform; a warp past the last cluster returns at once.
-template <int D, typename Row>
-__device__ __forceinline__ void for_each_fill_row(const StoreFillParams& p, Row row) {
-  constexpr int kPer = D / 32;
-  const int h = blockIdx.y, lane = threadIdx.x & 31;
-  const int c = blockIdx.x * kWarps + (threadIdx.x >> 5);
-  const WaveTables& t = p.t;
-  if (c >= t.num_clusters) return;
-  const int s = t.sizes[int64_t{h} * t.num_clusters + c];
-  const int64_t o = t.offsets[int64_t{h} * (t.num_clusters + 1) + c];
-  const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
-  const uint32_t* mem = p.members + int64_t{h} * t.n_idx + o;
-  const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
-  const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
-  for (int i = 0; i < 2 * s; ++i) {
+// One cluster's block for the quantising fills: warp w of block (x, h) takes cluster x * kWarps + w of head h
+// (valid = false past the last cluster: the whole warp returns). Row i of [K rows | V rows] (i in [0, 2 s))
+// comes from src(i); lane l holds its D / 32 values from element l * D / 32 on.
+template <int D>
+struct FillCluster {
+  static constexpr int kPer = D / 32;
+  bool valid = false;
+  int h = 0, c = 0, s = 0;
+  int64_t at = 0;  // the block's first store row
+  const uint32_t* mem = nullptr;
+  const uint16_t *kh = nullptr, *vh = nullptr;
+  int64_t idx_begin = 0;
+  __device__ explicit FillCluster(const StoreFillParams& p) {
+    const WaveTables& t = p.t;
+    h = blockIdx.y;
+    c = blockIdx.x * kWarps + (threadIdx.x >> 5);
+    if (c >= t.num_clusters) return;
+    valid = true;
+    s = t.sizes[int64_t{h} * t.num_clusters + c];
+    at = t.store_at[int64_t{h} * t.num_clusters + c];
+    mem = p.members + int64_t{h} * t.n_idx + t.offsets[int64_t{h} * (t.num_clusters + 1) + c];
+    kh = p.k + int64_t{h} * p.kv_stride * D;
+    vh = p.v + int64_t{h} * p.kv_stride * D;
+    idx_begin = p.idx_begin;
+  }
+  // The lane's values of row i.
+  __device__ void load(int i, int lane, float* x) const {
     const int kv = i >= s ? 1 : 0, r = i - kv * s;
-    const uint16_t* src = (kv ? vh : kh) + (p.idx_begin + int64_t{mem[r]}) * D + lane * kPer;
-    float x[kPer];
+    const uint16_t* src = (kv ? vh : kh) + (idx_begin + int64_t{mem[r]}) * D + lane * kPer;
 #pragma unroll
     for (int e = 0; e < kPer; ++e) x[e] = bf16_to_f32(src[e]);
-    row(at, i, x);
   }
-}
+};
 
 // An int8 store's fill: one warp per cluster, one row (D values, D / 32 per lane) at a time: the row's
 // absmax over the warp, then each lane quantises its values and writes them (a coalesced D-byte row); lane 0
@@ -103,27 +112,33 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q8_kernel(const StoreF
   constexpr int kPer = D / 32;  // values per lane
   static_assert(kPer == 2 || kPer == 4, "store_fill_q8_kernel: D = 64 or 128");
   const int lane = threadIdx.x & 31;
-  for_each_fill_row<D>(p, [&](int64_t at, int i, const float* x) {
+  const FillCluster<D> fc(p);
+  if (!fc.valid) return;
+  for (int i = 0; i < 2 * fc.s; ++i) {
+    float x[kPer];
+    fc.load(i, lane, x);
     float amax = 0.0f;
 #pragma unroll
     for (int e = 0; e < kPer; ++e) amax = fmaxf(amax, fabsf(x[e]));
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     const float inv = int8_row_inverse(amax);
-    int8_t* dst = p.store_q8 + at * 2 * D + int64_t{i} * D + lane * kPer;  // row i of [K rows | V rows]
+    int8_t* dst = p.store_q8 + fc.at * 2 * D + int64_t{i} * D + lane * kPer;  // row i of [K rows | V rows]
     uint32_t packed = 0;  // the lane's kPer bytes in one store (host memory: no partial-word writes)
 #pragma unroll
     for (int e = 0; e < kPer; ++e) packed |= uint32_t{static_cast<uint8_t>(int8_quantize(x[e], inv))} << (8 * e);
     if constexpr (kPer == 4) *reinterpret_cast<uint32_t*>(dst) = packed;
     else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(packed);
-    if (lane == 0) p.store_scale[at * 2 + i] = int8_row_scale(amax);
-  });
+    if (lane == 0) p.store_scale[fc.at * 2 + i] = int8_row_scale(amax);
+  }
 }
 
-// An int4 store's fill: one warp per cluster, one row at a time as the int8 fill. A group of 32 values lies
-// on 32 / kPer consecutive lanes, whose absmax comes from shuffles among them. Each lane packs its kPer
-// values into kPer / 2 bytes; at D = 64 (one byte a lane) pairs of lanes join theirs, so that no write to
-// host memory is narrower than 2 bytes. Lane 0 writes the row's D / 32 scales in one store.
+// An int4 store's fill: one warp per cluster. First the cluster's base rows (core/row_quant.h int4_base_row:
+// the mean of its K rows and of its V rows, each lane its D / 32 columns, summed in row order), written to
+// store_base in device memory; then one row at a time as the int8 fill, the row minus its base quantised. A
+// group of 32 values lies on 32 / kPer consecutive lanes, whose absmax comes from shuffles among them. Each
+// lane packs its kPer values into kPer / 2 bytes; at D = 64 (one byte a lane) pairs of lanes join theirs, so
+// that no write to host memory is narrower than 2 bytes. Lane 0 writes the row's D / 32 scales in one store.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreFillParams p) {
   constexpr int kPer = D / 32;                    // values per lane
@@ -131,10 +146,39 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreF
   constexpr int kLanesPerGroup = kInt4Group / kPer;
   static_assert(kPer == 2 || kPer == 4, "store_fill_q4_kernel: D = 64 or 128");
   const int lane = threadIdx.x & 31;
-  for_each_fill_row<D>(p, [&](int64_t at, int i, const float* x) {
+  const FillCluster<D> fc(p);
+  if (!fc.valid) return;
+  float base[2][kPer];
+  for (int kv = 0; kv < 2; ++kv) {
+    float sum[kPer] = {};
+    for (int r = 0; r < fc.s; ++r) {
+      float x[kPer];
+      fc.load(kv * fc.s + r, lane, x);
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) sum[e] = __fadd_rn(sum[e], x[e]);
+    }
+    uint32_t w[kPer / 2];
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const uint16_t b = fc.s > 0 ? f32_to_bf16(__fdiv_rn(sum[e], static_cast<float>(fc.s))) : uint16_t{0};
+      base[kv][e] = bf16_to_f32(b);
+      if (e % 2 == 0) w[e / 2] = b;
+      else w[e / 2] |= uint32_t{b} << 16;
+    }
+    uint16_t* dst = p.store_base + ((int64_t{fc.h} * p.base_stride + p.base_col0 + fc.c) * 2 + kv) * D + lane * kPer;
+    if constexpr (kPer == 4) *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+    else *reinterpret_cast<uint32_t*>(dst) = w[0];
+  }
+  for (int i = 0; i < 2 * fc.s; ++i) {
+    const int kv = i >= fc.s ? 1 : 0;
+    float x[kPer];
+    fc.load(i, lane, x);
     float amax = 0.0f;
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    for (int e = 0; e < kPer; ++e) {
+      x[e] = __fsub_rn(x[e], base[kv][e]);
+      amax = fmaxf(amax, fabsf(x[e]));
+    }
 #pragma unroll
     for (int off = 1; off < kLanesPerGroup; off <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     const uint16_t scale = int4_group_scale(amax);
@@ -142,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreF
     uint32_t packed = 0;  // value e of the lane in nibble e
 #pragma unroll
     for (int e = 0; e < kPer; ++e) packed |= uint32_t{int4_quantize(x[e], inv)} << (4 * e);
-    uint8_t* dst = p.store_q4 + at * D + int64_t{i} * (D / 2);  // row i of [K rows | V rows]
+    uint8_t* dst = p.store_q4 + fc.at * D + int64_t{i} * (D / 2);  // row i of [K rows | V rows]
     if constexpr (kPer == 4) {
       *reinterpret_cast<uint16_t*>(dst + lane * 2) = static_cast<uint16_t>(packed);
     } else {
@@ -152,14 +196,31 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreF
     uint32_t g[kGroups];
 #pragma unroll
     for (int j = 0; j < kGroups; ++j) g[j] = __shfl_sync(0xffffffffu, uint32_t{scale}, j * kLanesPerGroup);
-    uint16_t* scl = p.store_group_scale + (at * 2 + i) * kGroups;
+    uint16_t* scl = p.store_group_scale + (fc.at * 2 + i) * kGroups;
     if (lane == 0) {
       if constexpr (kGroups == 4)
         *reinterpret_cast<uint2*>(scl) = make_uint2(g[0] | (g[1] << 16), g[2] | (g[3] << 16));
       else
         *reinterpret_cast<uint32_t*>(scl) = g[0] | (g[1] << 16);
     }
-  });
+  }
+}
+
+// The widenings' arithmetic on the device: the same values as core/row_quant.h's int8_widen_bf16 and
+// int4_widen_bf16 for finite inputs, with fewer instructions (the gather widens every missed row). A small
+// integer n becomes a float by the magic-number trick (2^23 + n exactly, minus 2^23) instead of a conversion,
+// and two results round to bf16 in one cvt.rn.bf16x2.f32 (round to nearest even, as f32_to_bf16).
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// The int8 value of byte b (two's complement) as a float.
+__device__ __forceinline__ float int8_float(uint32_t b) {
+  return __fsub_rn(__uint_as_float(0x4b000000u | ((b & 0xffu) ^ 0x80u)), 8388736.0f);  // 2^23 + 128
+}
+// The int4 value of nibble n (two's complement, low 4 bits) as a float.
+__device__ __forceinline__ float int4_float(uint32_t n) {
+  return __fsub_rn(__uint_as_float(0x4b000000u | ((n & 0xfu) ^ 0x8u)), 8388616.0f);  // 2^23 + 8
 }
 
 // 16 int8 values (one 16-byte chunk) widened to 16 bf16 (two 16-byte chunks) with one scale.
@@ -169,11 +230,9 @@ __device__ __forceinline__ void widen_chunk(const uint4& in, float scale, uint4&
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int8_t q0 = static_cast<int8_t>((w[j] >> (16 * b)) & 0xffu);
-      const int8_t q1 = static_cast<int8_t>((w[j] >> (16 * b + 8)) & 0xffu);
-      o[2 * j + b] = uint32_t{int8_widen_bf16(q0, scale)} | (uint32_t{int8_widen_bf16(q1, scale)} << 16);
-    }
+    for (int b = 0; b < 2; ++b)  // one f32 rounding of q * scale, as row_quant.h's, then one to bf16
+      o[2 * j + b] = bf16_pair(__fmul_rn(int8_float(w[j] >> (16 * b)), scale),
+                               __fmul_rn(int8_float(w[j] >> (16 * b + 8)), scale));
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
   hi = make_uint4(o[4], o[5], o[6], o[7]);
@@ -219,17 +278,21 @@ __device__ __forceinline__ void warp_widen_rows(int lane, int s, const int8_t* b
   }
 }
 
-// 32 int4 values (one 16-byte chunk) widened to 32 bf16 (four 16-byte chunks) with their group's scale.
-__device__ __forceinline__ void widen_chunk_q4(const uint4& in, float scale, uint4 out[4]) {
+// 32 int4 values (one 16-byte chunk) widened to 32 bf16 (four 16-byte chunks) with their group's scale, each
+// added to its base value (base: the group's 32 bf16 base values, packed as four 16-byte chunks).
+__device__ __forceinline__ void widen_chunk_q4(const uint4& in, float scale, const uint4 (&base)[4], uint4 out[4]) {
   const uint32_t w[4] = {in.x, in.y, in.z, in.w};
   uint32_t o[16];
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
+    const uint32_t b[4] = {base[j].x, base[j].y, base[j].z, base[j].w};  // base values 8j .. 8j + 7
 #pragma unroll
-    for (int b = 0; b < 4; ++b) {  // byte b of word j: values 8j + 2b (low nibble) and 8j + 2b + 1
-      const uint8_t byte = static_cast<uint8_t>(w[j] >> (8 * b));
-      o[4 * j + b] = uint32_t{int4_widen_bf16(byte, scale)} |
-                     (uint32_t{int4_widen_bf16(static_cast<uint8_t>(byte >> 4), scale)} << 16);
+    for (int k = 0; k < 4; ++k) {  // byte k of word j: values 8j + 2k (low nibble) and 8j + 2k + 1
+      const uint32_t byte = w[j] >> (8 * k);
+      const float b0 = __uint_as_float(b[k] << 16), b1 = __uint_as_float(b[k] & 0xffff0000u);  // bf16 -> f32
+      // base + q * scale: q * scale is exact (3 + 8 significant bits), so the fused multiply-add rounds once,
+      // as row_quant.h's multiply then add.
+      o[4 * j + k] = bf16_pair(__fmaf_rn(int4_float(byte), scale, b0), __fmaf_rn(int4_float(byte >> 4), scale, b1));
     }
   }
 #pragma unroll
@@ -237,20 +300,29 @@ __device__ __forceinline__ void widen_chunk_q4(const uint4& in, float scale, uin
 }
 
 // Widens one int4 cluster block of s rows ([K rows | V rows], D / 2 bytes a row; group scales [K | V], D / 32
-// a row) into bf16 rows dst(kv, r). The block's 16-byte chunk q holds 32 values, one group, whose scale is
-// element q of the block's scales: each lane loads its chunk and that scale, 4 chunks per lane in flight as
-// in warp_copy_rows. Warp-uniform s.
+// a row) into bf16 rows dst(kv, r), each row plus its base (base: the cluster's K base row, then its V base
+// row, device memory). The block's 16-byte chunk q holds 32 values, one group, whose scale is element q of the
+// block's scales: each lane loads its chunk and that scale, 4 chunks per lane in flight as in warp_copy_rows.
+// A lane's chunks are all of group lane % (D / 32) (the chunks of a round are 32 apart, a multiple of the
+// groups per row), so it loads that group's K and V base values once. Warp-uniform s.
 template <int D, typename Dst>
 __device__ __forceinline__ void warp_widen_rows_q4(int lane, int s, const uint8_t* blk, const uint16_t* scl,
-                                                   Dst dst) {
+                                                   const uint16_t* base, Dst dst) {
   constexpr int kCpr = D / kInt4Group;  // 16-byte chunks (and scales) per row
+  static_assert(32 % kCpr == 0, "warp_widen_rows_q4: a lane's chunks must share their group");
   const int half = s * kCpr, total = 2 * half;
-  for (int base = 0; base < total; base += 32 * kUnroll) {
+  uint4 bk[4], bv[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    bk[j] = reinterpret_cast<const uint4*>(base + (lane % kCpr) * kInt4Group)[j];
+    bv[j] = reinterpret_cast<const uint4*>(base + D + (lane % kCpr) * kInt4Group)[j];
+  }
+  for (int q0 = 0; q0 < total; q0 += 32 * kUnroll) {
     uint4 buf[kUnroll];
     uint16_t sc[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int q = base + u * 32 + lane;
+      const int q = q0 + u * 32 + lane;
       if (q < total) {
         buf[u] = *reinterpret_cast<const uint4*>(blk + int64_t{q} * 16);
         sc[u] = scl[q];
@@ -258,11 +330,13 @@ __device__ __forceinline__ void warp_widen_rows_q4(int lane, int s, const uint8_
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int q = base + u * 32 + lane;
+      const int q = q0 + u * 32 + lane;
       if (q < total) {
         const int kv = q >= half ? 1 : 0, qq = q - kv * half;
-        uint4 out[4];
-        widen_chunk_q4(buf[u], bf16_to_f32(sc[u]), out);
+        uint4 b[4], out[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) b[j] = kv ? bv[j] : bk[j];
+        widen_chunk_q4(buf[u], bf16_to_f32(sc[u]), b, out);
         uint4* d = reinterpret_cast<uint4*>(dst(kv, qq / kCpr) + (qq % kCpr) * kInt4Group);
 #pragma unroll
         for (int k = 0; k < 4; ++k) d[k] = out[k];
@@ -521,7 +595,8 @@ __global__ void __launch_bounds__(kWarps * 32) gather_kernel(const WaveGatherPar
       warp_widen_rows<D>(lane, s, t.store_q8 + at * 2 * D, t.store_scale + at * 2, dst);
     } else if (t.store_q4 != nullptr) {  // int4 store: widened to bf16
       const int64_t at = t.store_at[int64_t{h} * t.num_clusters + c];
-      warp_widen_rows_q4<D>(lane, s, t.store_q4 + at * D, t.store_group_scale + at * 2 * (D / kInt4Group), dst);
+      warp_widen_rows_q4<D>(lane, s, t.store_q4 + at * D, t.store_group_scale + at * 2 * (D / kInt4Group),
+                            t.store_base + (int64_t{h} * t.num_clusters + c) * 2 * D, dst);
     } else {
       const uint16_t* blk = t.store + store_block(t, h, c);
       warp_copy_rows<D>(lane, s, [&](int kv, int r) { return blk + int64_t{kv * s + r} * D; }, dst);
@@ -555,7 +630,8 @@ int copy_blocks(int64_t items) {
 cudaError_t wave_store_fill(const StoreFillParams& p, cudaStream_t s) {
   const dim3 grid(copy_blocks(p.t.num_clusters), p.t.num_heads);
   const bool q8 = p.store_q8 != nullptr, q4 = p.store_q4 != nullptr;
-  if ((q8 && p.store_scale == nullptr) || (q4 && p.store_group_scale == nullptr)) return cudaErrorInvalidValue;
+  if ((q8 && p.store_scale == nullptr) || (q4 && (p.store_group_scale == nullptr || p.store_base == nullptr)))
+    return cudaErrorInvalidValue;
   if (p.t.head_dim == 128) {
     if (q8) store_fill_q8_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);
     else if (q4) store_fill_q4_kernel<128><<<grid, kWarps * 32, 0, s>>>(p);

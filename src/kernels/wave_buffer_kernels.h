@@ -14,6 +14,9 @@
 // store_at[h, c] * D) and a parallel bf16 array of group scales, D / 32 per row in row order: the block's
 // [K rows' scales | V rows' scales] at store_group_scale + store_at[h, c] * 2 * (D / 32), so the scale of
 // the block's 16-byte chunk q (32 values) is element q of that run (core/row_quant.h: per-group absmax / 7).
+// Its rows hold the row minus the cluster's base row (the mean of its K rows, of its V rows: core/row_quant.h
+// int4_base_row), kept in device memory as store_base [H, C, 2, D] bf16 (K base, V base of cluster c of head h
+// at (h * C + c) * 2 * D).
 // Cache: cache_k / cache_v [H, P, page_tokens, D] bf16. Execution buffer: exec_k / exec_v [H, exec_cap, D] bf16.
 #pragma once
 
@@ -43,6 +46,7 @@ struct WaveTables {
   const float* store_scale = nullptr;  // int8 store: [store rows, 2] row scales (K then V per block)
   const uint8_t* store_q4 = nullptr;   // int4 blocks
   const uint16_t* store_group_scale = nullptr;  // int4 store: [store rows, 2, D / 32] bf16 group scales
+  const uint16_t* store_base = nullptr;         // int4 store: [H, C, 2, D] bf16 base rows (device memory)
   uint16_t* cache_k = nullptr;       // [H, P, page_tokens, D]
   uint16_t* cache_v = nullptr;
   uint16_t* exec_k = nullptr;        // [H, exec_cap, D]
@@ -53,7 +57,9 @@ struct WaveTables {
 // Fills the store from GPU K/V: for cluster c of head h, row r is K/V row idx_begin + members[h * n_idx +
 // offsets[h, c] + r] of head h (the build: the index's tokens; an index update: the block's rows of the
 // steady zone, with t a view of the block's clusters). An int8 or int4 store (store_q8 or store_q4 set) gets
-// each row quantised on the device (core/row_quant.h) before it is written.
+// each row quantised on the device (core/row_quant.h) before it is written; an int4 fill first writes each
+// cluster's base rows into store_base (its column base_col0 + c of base_stride per head: the view's clusters
+// are columns [base_col0, base_col0 + t.num_clusters) of the layer's).
 struct StoreFillParams {
   WaveTables t;
   uint16_t* store = nullptr;          // writable view of t.store (bf16 store), or
@@ -61,6 +67,8 @@ struct StoreFillParams {
   float* store_scale = nullptr;
   uint8_t* store_q4 = nullptr;        // ... of t.store_q4 and t.store_group_scale (int4 store)
   uint16_t* store_group_scale = nullptr;
+  uint16_t* store_base = nullptr;     // int4 store: [H, base_stride, 2, D] bf16 base rows (device)
+  int base_stride = 0, base_col0 = 0;
   const uint16_t* k = nullptr;        // [H, kv_stride, D]
   const uint16_t* v = nullptr;
   int64_t kv_stride = 0, idx_begin = 0;

@@ -179,7 +179,9 @@ TEST(WaveBufferUpdate, Int4HostStoreGrowsThroughThreeUpdates) {
   uc.name = "int4 host-store grow";  // each update reallocates the store: values and scales both move
   uc.retrieval_fraction = 0.06;
   uc.store = StoreDtype::kInt4;
-  uc.nmse_bound = 0.1;  // measured 4.8e-2 on the H200: this test's sharper queries weigh the K rounding more
+  // Measured 1.4e-2 on the H200 (rows stored relative to their cluster's mean; 4.8e-2 when int4 stored the raw
+  // rows): this test's sharper queries weigh the K rounding more than the layer test's.
+  uc.nmse_bound = 0.04;
   uc.abs_bound = std::numeric_limits<double>::infinity();  // int4 errors are bounded in nmse, not per element
   run_case(uc);
 }

@@ -53,11 +53,14 @@ TEST(MemoryPlanner, Int8StoreBytes) {
   EXPECT_EQ(parse_store_dtype("int8"), StoreDtype::kInt8);
   EXPECT_EQ(parse_store_dtype("bf16"), StoreDtype::kBf16);
   EXPECT_EQ(store_dtype_name(StoreDtype::kInt8), "int8");
-  // int4: D / 2 bytes of values and D / 32 bf16 scales per K and per V row.
+  // int4: D / 2 bytes of values and D / 32 bf16 scales per K and per V row; on the GPU, per cluster its K and V
+  // base rows (2 D bf16), the clusters of the bf16 store's index.
   s.store_dtype = StoreDtype::kInt4;
   const auto q4 = store_bytes(llama8b(), s, 131072);
   EXPECT_EQ(q4.store, int64_t{131072} * 8 * (2 * 64 + 2 * 4 * 2));  // 144 MiB per layer against 512
-  EXPECT_EQ(q4.meta, b.meta);
+  const int64_t clusters = (131072 - 68 + 15) / 16;  // as in StoreBytesFollowTheShape
+  EXPECT_EQ(q4.meta - b.meta, 8 * clusters * 4 * 128);
+  EXPECT_EQ(q4.cache, b.cache);
   EXPECT_EQ(store_token_bytes(StoreDtype::kInt4, 64), 72);
   EXPECT_EQ(store_token_bytes(StoreDtype::kInt4, 128), 144);
   EXPECT_EQ(parse_store_dtype("int4"), StoreDtype::kInt4);

@@ -215,5 +215,60 @@ TEST(RowQuantInt4, ZeroGroupIsExact) {
   for (int i = 0; i < 64; ++i) EXPECT_EQ(bf16_to_f32(w[i]), i == 40 ? 2.0f : 0.0f) << i;
 }
 
+// ---- int4 relative to a base row ----
+
+// The base row: the f32 mean of the rows in row order, rounded to bf16; zero for no rows.
+TEST(RowQuantInt4, BaseRowIsTheRoundedMean) {
+  const std::vector<uint16_t> x = {f32_to_bf16(1.0f), f32_to_bf16(-2.0f),   // row 0
+                                   f32_to_bf16(2.0f), f32_to_bf16(4.0f),    // row 1
+                                   f32_to_bf16(4.0f), f32_to_bf16(1.0f)};   // row 2
+  std::vector<uint16_t> b(2, 0xffff);
+  int4_base_row(x.data(), 3, 2, b.data());
+  EXPECT_EQ(b[0], f32_to_bf16(7.0f / 3.0f));
+  EXPECT_EQ(b[1], f32_to_bf16(1.0f));
+  int4_base_row(x.data(), 0, 2, b.data());
+  EXPECT_EQ(b[0], 0);
+  EXPECT_EQ(b[1], 0);
+}
+
+// Rows sharing large per-channel offsets (a cluster of keys with a K-projection bias): stored relative to their
+// mean, each element is within the bound of its residual's group scale (row_quant.h, plus the bf16 rounding of
+// base + q * scale), and the rows come back far closer than int4 of the raw rows, whose groups must span the
+// offsets.
+TEST(RowQuantInt4, RowsRelativeToTheirMeanKeepTheSmallChannels) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int d = 128, s = 16;
+  std::vector<float> offset(d);
+  for (int i = 0; i < d; ++i) offset[i] = i % 9 == 0 ? 60.0f * nd(rng) : 0.3f * nd(rng);
+  std::vector<uint16_t> x(size_t(s) * d);
+  for (int r = 0; r < s; ++r)
+    for (int i = 0; i < d; ++i) x[size_t(r) * d + i] = f32_to_bf16(offset[i] + 0.5f * nd(rng));
+  std::vector<uint16_t> base(d);
+  int4_base_row(x.data(), s, d, base.data());
+  double err_rel = 0.0, err_raw = 0.0;
+  for (int r = 0; r < s; ++r) {
+    const uint16_t* xr = x.data() + size_t(r) * d;
+    std::vector<uint8_t> q(d / 2), qraw(d / 2);
+    std::vector<uint16_t> sc(d / kInt4Group), scraw(d / kInt4Group), w(d), wraw(d);
+    int4_quantize_row(xr, d, q.data(), sc.data(), base.data());
+    int4_widen_row(q.data(), sc.data(), d, w.data(), base.data());
+    int4_quantize_row(xr, d, qraw.data(), scraw.data());
+    int4_widen_row(qraw.data(), scraw.data(), d, wraw.data());
+    for (int i = 0; i < d; ++i) {
+      SCOPED_TRACE("row " + std::to_string(r) + " i " + std::to_string(i));
+      const double xi = bf16_to_f32(xr[i]), bi = bf16_to_f32(base[i]), scale = bf16_to_f32(sc[i / kInt4Group]);
+      const int qi = int4_value(static_cast<uint8_t>(q[i / 2] >> (4 * (i % 2))));
+      const double wi = bf16_to_f32(w[i]);
+      ASSERT_LE(std::abs(xi - bi - qi * scale), scale * (0.5 + std::ldexp(1.0, -20)));
+      ASSERT_LE(std::abs(xi - wi),
+                scale * (0.5 + std::ldexp(1.0, -20)) + std::abs(bi + qi * scale) * std::ldexp(1.0, -8));
+      err_rel += (xi - wi) * (xi - wi);
+      err_raw += (xi - bf16_to_f32(wraw[i])) * (xi - bf16_to_f32(wraw[i]));
+    }
+  }
+  EXPECT_LT(err_rel, 0.2 * err_raw) << "relative " << err_rel << " raw " << err_raw;
+}
+
 }  // namespace
 }  // namespace retroinfer

@@ -217,9 +217,12 @@ void WaveBufferLayer::Impl::fill_store(const uint16_t* k, const uint16_t* v, int
     m.store_host = PinnedHost(store_bytes);
     m.point_store(m.store_host.device(), m.store_cap_rows);
   }
+  // An int4 store's base rows (every cluster's K and V means), in device memory whatever the tier.
+  m.store_base = m.wcfg.store_dtype == StoreDtype::kInt4 ? DeviceBuffer(std::max<size_t>(m.base_bytes(m.C), 16))
+                                                         : DeviceBuffer();
   detail::StoreFillParams fp;
   fp.t = m.tables();
-  m.set_fill_store(fp);
+  m.set_fill_store(fp, m.C, 0);
   fp.k = k;
   fp.v = v;
   fp.kv_stride = kv_stride;
@@ -534,7 +537,7 @@ int64_t WaveBufferLayer::device_bytes() const {
                                 &m.exec_count, &m.counts, &m.seg_row, &m.seg_hit, &m.state, &m.mirror,
                                 &m.logits, &m.norm_partial, &m.scores, &m.ret_ids, &m.est_ids, &m.scan_scratch,
                                 &m.token_list, &m.token_count, &m.part_ml, &m.part_o, &m.store_dev,
-                                &m.sel_ws};
+                                &m.store_base, &m.sel_ws};
   int64_t b = 0;
   for (const DeviceBuffer* x : bufs) b += static_cast<int64_t>(x->bytes());
   return b;

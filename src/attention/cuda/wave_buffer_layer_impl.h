@@ -47,6 +47,9 @@ struct WaveBufferLayer::Impl {
   DeviceBuffer exec_count, counts, seg_row, seg_hit, state, mirror;
   DeviceBuffer logits, norm_partial, scores, ret_ids, est_ids, scan_scratch, token_list, token_count, part_ml, part_o;
   DeviceBuffer store_dev;
+  // An int4 store's base rows [H, C, 2, D] bf16 (kernels/wave_buffer_kernels.h): the mean of each cluster's
+  // K rows and of its V rows, which its int4 rows are relative to. Device memory, whatever the tier.
+  DeviceBuffer store_base;
   DeviceBuffer sel_ws;         // [H, kSelectGridWsWords] u32: the grid selection's workspace (zeroed once; kept zero)
   PinnedHost store_host, region;  // pinned_host.h: the store (host tier) and the protocol region
   // The store's device (or mapped) pointers, set by point_store: bf16 blocks (store); or int8 blocks
@@ -138,6 +141,7 @@ struct WaveBufferLayer::Impl {
     t.store_scale = store_scale;
     t.store_q4 = store_q4;
     t.store_group_scale = store_group_scale;
+    t.store_base = store_base.bytes() > 0 && store_q4 != nullptr ? store_base.as<uint16_t>() : nullptr;
     t.cache_k = cache_k.as<uint16_t>();
     t.cache_v = cache_v.as<uint16_t>();
     t.exec_k = exec_k.as<uint16_t>();
@@ -178,8 +182,14 @@ struct WaveBufferLayer::Impl {
         break;
     }
   }
-  // The fill kernel's writable views of the store.
-  void set_fill_store(detail::StoreFillParams& fp) const {
+  // Bytes of an int4 store's base rows for `clusters` clusters per head (K and V rows of D bf16 each).
+  size_t base_bytes(int64_t clusters) const { return size_t(H) * size_t(clusters) * 4 * D; }
+  // The fill kernel's writable views of the store; an int4 fill's clusters are columns [col0, col0 + the
+  // view's clusters) of store_base's `stride` per head.
+  void set_fill_store(detail::StoreFillParams& fp, int stride, int col0) const {
+    fp.store_base = store_q4 != nullptr ? const_cast<uint16_t*>(store_base.as<uint16_t>()) : nullptr;
+    fp.base_stride = stride;
+    fp.base_col0 = col0;
     fp.store = const_cast<uint16_t*>(store);
     fp.store_q8 = const_cast<int8_t*>(store_q8);
     fp.store_scale = const_cast<float*>(store_scale);

@@ -211,7 +211,8 @@ void WaveBufferLayer::Impl::grow_store(int64_t store_rows0) {
 }
 
 // 4a. The per-cluster device tables widened from C0 to tab.clusters columns per head (the old columns copied
-// on the device, the block's uploaded): centroids, value sums, members (per0 to tab.per_head; the block's
+// on the device, the block's uploaded): centroids, value sums, an int4 store's base rows (the block's
+// columns left to its fill), members (per0 to tab.per_head; the block's
 // tokens relative to idx_begin, nidx0 tokens after it), residency (the new clusters not resident) and, when
 // the slot stride grew from slots0, the page slots. Asynchronous on st; the old buffers go to `retired`.
 void WaveBufferLayer::Impl::widen_cluster_tables(const BlockIndex& b, int C0, int64_t per0, int64_t nidx0,
@@ -230,6 +231,11 @@ void WaveBufferLayer::Impl::widen_cluster_tables(const BlockIndex& b, int C0, in
   };
   if (!m.int8_on) put_cols(m.centroids_bf16, b.cent.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
   put_cols(m.value_sums_bf16, b.vsum.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
+  if (m.store_base.bytes() > 0) {  // an int4 store's base rows: the block's columns are written by its fill
+    DeviceBuffer nb = widen(m.store_base, H, size_t(C0) * 4 * D, size_t(C1) * 4 * D, st);
+    retired.push_back(std::move(m.store_base));
+    m.store_base = std::move(nb);
+  }
   if (m.int8_on) {
     put_cols(m.centroids_q8, b.cq8.data(), size_t(C0) * D, size_t(Cu) * D);
     put_cols(m.centroid_scale, b.cscl.data(), size_t(C0) * 4, size_t(Cu) * 4);
@@ -295,7 +301,7 @@ void WaveBufferLayer::Impl::fill_store_tail(const BlockIndex& b, int C0, int64_t
   fp.t.sizes = d_sizes.as<int>();
   fp.t.offsets = d_offs.as<int>();
   fp.t.store_at = d_at.as<int64_t>();
-  m.set_fill_store(fp);
+  m.set_fill_store(fp, C1, C0);
   fp.k = m.steady_k.as<uint16_t>();
   fp.v = m.steady_v.as<uint16_t>();
   fp.kv_stride = m.steady_cap;
