@@ -130,7 +130,7 @@ const char* const kKvPlacementKeywordsDoc =
     "\n  cache_fraction: host-tier layers' GPU block cache per KV head, a fraction of the context (0.05)"
     "\n  cache_page_tokens: tokens per block-cache page (0: retro's tokens per cluster, at most 8)"
     "\n  host_store: host-tier layers' store, \"bf16\", \"int8\" (a scale per token row; half the PCIe bytes) or "
-    "\"int4\" (a scale per 32 values; 28% of bf16's bytes)"
+    "\"int4\" (a scale per 32 values of the row minus its cluster's mean; 28% of bf16's bytes)"
     "\n  gpu_memory_limit, host_memory_limit: bytes the session may use (0: what is free)";
 
 py::object kv_placement_dict(const std::optional<KvPlacementReport>& r) {

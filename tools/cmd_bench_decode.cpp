@@ -764,7 +764,8 @@ void setup_bench_decode(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--host-store", o->host_store,
                   "Element type of the host-tier layers' KV store: bf16, int8 (per-row scales, widened on the "
-                  "GPU; about half the bytes per miss) or int4 (a scale per 32 values; 28% of bf16's bytes)")
+                  "GPU; about half the bytes per miss) or int4 (a scale per 32 values of the row minus its "
+                  "cluster's mean; 28% of bf16's bytes)")
       ->check(CLI::IsMember({"bf16", "int8", "int4"}))
       ->capture_default_str();
   cmd->add_option("--query-trace", o->query_trace,
