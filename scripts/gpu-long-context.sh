@@ -327,22 +327,19 @@ section_pplvariants() {
 section_storeacc() {
   local d=$work/storeacc pids=() m=${STORE_MODEL:-$QWEN}
   mkdir -p "$d"
+  run_ppl() {  # binary, store type, output name: the perplexity in the background
+    timeout 420 "$1" eval ppl --model "$m" --device cuda --threads 1 --methods full,retro \
+      --kv-placement host --host-store "$2" --prefix "${STORE_PREFIX:-8128}" --forced 128 \
+      --windows "${STORE_WINDOWS:-8}" --text-file "$STAGE/data/ppl_text.txt" --json "$d/$3.json" \
+      > "$d/$3.md" 2> "$d/$3.log" &
+    pids+=($!)
+  }
   # STORE_OLD_BIN: the perplexity of STORE_OLD_TYPES (default int4) with a baseline build too, as ppl_<type>_old.
   if [ -n "${STORE_OLD_BIN:-}" ]; then
-    for st in ${STORE_OLD_TYPES:-int4}; do
-      timeout 420 "$STORE_OLD_BIN" eval ppl --model "$m" --device cuda --threads 1 --methods full,retro \
-        --kv-placement host --host-store "$st" --prefix "${STORE_PREFIX:-8128}" --forced 128 \
-        --windows "${STORE_WINDOWS:-8}" --text-file "$STAGE/data/ppl_text.txt" --json "$d/ppl_${st}_old.json" \
-        > "$d/ppl_${st}_old.md" 2> "$d/ppl_${st}_old.log" &
-      pids+=($!)
-    done
+    for st in ${STORE_OLD_TYPES:-int4}; do run_ppl "$STORE_OLD_BIN" "$st" "ppl_${st}_old"; done
   fi
   for st in ${STORE_TYPES:-bf16 int8 int4}; do
-    timeout 420 "$BIN/retroinfer" eval ppl --model "$m" --device cuda --threads 1 --methods full,retro \
-      --kv-placement host --host-store "$st" --prefix "${STORE_PREFIX:-8128}" --forced 128 \
-      --windows "${STORE_WINDOWS:-8}" --text-file "$STAGE/data/ppl_text.txt" --json "$d/ppl_$st.json" \
-      > "$d/ppl_$st.md" 2> "$d/ppl_$st.log" &
-    pids+=($!)
+    run_ppl "$BIN/retroinfer" "$st" "ppl_$st"
     timeout 480 "$BIN/retroinfer" eval tasks --model "$m" --device cuda --threads 1 --methods retro \
       --kv-placement host --host-store "$st" --contexts "${STORE_CONTEXTS:-16384}" --samples "${STORE_SAMPLES:-10}" \
       --haystack-file "$STAGE/data/haystack.txt" --word-list "$STAGE/data/words.txt" --time-budget 420 \

@@ -1,8 +1,9 @@
 // Quantisation of bf16 K/V rows for the wave buffer's compressed stores (docs/wave-buffer.md "Compressed
 // store"): int8 with one scale per row, int4 with one scale per group of 32 values, of the row minus its
-// cluster's mean row (the base, kept on the GPU). The CUDA store fill and
-// gather (src/kernels/wave_buffer_kernels.cu) call these same functions element by element, so the device
-// rounds exactly as this CPU reference does.
+// cluster's mean row (the base, kept on the GPU). The CUDA store fill (src/kernels/wave_buffer_kernels.cu)
+// calls these same functions element by element, and the gather widens with the same arithmetic in fewer
+// instructions (the GPU tests compare its bits with int8_widen_row / int4_widen_row), so the device rounds
+// exactly as this CPU reference does.
 //
 // int8: a row x of D values gets scale = absmax(x) / 127 and q_i = round_half_even(x_i * (127 / absmax)), clamped
 // to [-127, 127] (-128 unused: the range stays symmetric); widened, w_i = bf16(q_i * scale). An all-zero row

@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_kernel(const StoreFill
 }
 
 // One cluster's block for the quantising fills: warp w of block (x, h) takes cluster x * kWarps + w of head h
-// (valid = false past the last cluster: the whole warp returns). Row i of [K rows | V rows] (i in [0, 2 s))
-// comes from src(i); lane l holds its D / 32 values from element l * D / 32 on.
+// (valid = false past the last cluster: the whole warp returns). load(i, lane, x) gives lane its D / 32 values
+// (from element lane * D / 32 on) of row i of [K rows | V rows], i in [0, 2 s).
 template <int D>
 struct FillCluster {
   static constexpr int kPer = D / 32;

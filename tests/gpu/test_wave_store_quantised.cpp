@@ -134,7 +134,8 @@ int64_t fill_and_check(const StoreRig& r, size_t bytes, Point point, RowOk row_o
 // Plants a store of `bytes` in pinned memory (plant(host base, rng)), then gathers every cluster of the rig as a
 // miss, in ascending order after 5 steady rows, with the store's pointers set by point(tables, device base).
 // Every execution-buffer row must then be: the steady row copied; a cluster row equal to widen(row, host base,
-// want) for its store row (at * 2 + kv * s + i); a row past those in use untouched. Returns the mismatches.
+// want, h, c, kv) for its store row (at * 2 + kv * s + i, of cluster c of head h); a row past those in use
+// untouched. Returns the mismatches.
 template <typename Plant, typename Point, typename Widen>
 int64_t gather_and_check(const StoreRig& r, size_t bytes, uint64_t seed, Plant plant, Point point, Widen widen) {
   const int d = r.D;
@@ -201,7 +202,7 @@ int64_t gather_and_check(const StoreRig& r, size_t bytes, uint64_t seed, Plant p
         const int s = r.sizes[size_t(h) * r.C + c];
         const int64_t at = r.store_at[size_t(h) * r.C + c];
         for (int i = 0; i < s; ++i) {
-          widen(at * 2 + int64_t{kv} * s + i, host, want.data());
+          widen(at * 2 + int64_t{kv} * s + i, host, want.data(), h, c, kv);
           const uint16_t* g = got.data() + (size_t(h) * cap + seg_row[size_t(h) * K + c] + i) * d;
           if (std::memcmp(g, want.data(), size_t(d) * 2) != 0 && ++mismatches <= 5)
             ADD_FAILURE() << "head " << h << " cluster " << c << (kv ? " V" : " K") << " row " << i;
@@ -258,7 +259,7 @@ TEST(WaveStoreInt8, GatherWidensAPlantedStoreExactly) {
           t.store_q8 = reinterpret_cast<const int8_t*>(base);
           t.store_scale = reinterpret_cast<const float*>(base + data_bytes);
         },
-        [&](int64_t row, const char* base, uint16_t* want) {
+        [&](int64_t row, const char* base, uint16_t* want, int, int, int) {
           int8_widen_row(reinterpret_cast<const int8_t*>(base) + row * d,
                          reinterpret_cast<const float*>(base + data_bytes)[row], d, want);
         });
@@ -315,7 +316,8 @@ TEST(WaveStoreInt4, FillQuantisesAsTheCpuReference) {
           p.base_col0 = col0;
         },
         [&](const uint16_t* src, int64_t row, const char* base, int h, int c, int kv) {
-          int4_quantize_row(src, d, want.data(), want_scl.data(), want_base.data() + ((size_t(h) * r.C + c) * 2 + kv) * d);
+          int4_quantize_row(src, d, want.data(), want_scl.data(),
+                            want_base.data() + ((size_t(h) * r.C + c) * 2 + kv) * d);
           const auto* scl = reinterpret_cast<const uint16_t*>(base + data_bytes);
           return std::memcmp(want_scl.data(), scl + row * G, size_t(G) * 2) == 0 &&
                  std::memcmp(want.data(), base + row * (d / 2), size_t(d / 2)) == 0;
@@ -336,7 +338,8 @@ TEST(WaveStoreInt4, FillQuantisesAsTheCpuReference) {
 }
 
 // The gather widens a planted int4 store (random nibbles, -8 included, random bf16 scales, pinned host memory,
-// random base rows in device memory) into the reference's bf16 values bit for bit; steady rows are copied; rows past those in use are untouched.
+// random base rows in device memory) into the reference's bf16 values bit for bit; steady rows are copied; rows
+// past those in use are untouched.
 TEST(WaveStoreInt4, GatherWidensAPlantedStoreExactly) {
   RETROINFER_REQUIRE_GPU();
   for (int d : {64, 128}) {
@@ -363,14 +366,7 @@ TEST(WaveStoreInt4, GatherWidensAPlantedStoreExactly) {
           t.store_group_scale = reinterpret_cast<const uint16_t*>(base + data_bytes);
           t.store_base = dbase.as<uint16_t>();
         },
-        [&](int64_t row, const char* base, uint16_t* want) {
-          // The store row's cluster: the rig's blocks lie head by head in cluster order (store_at).
-          const int64_t tok = row / 2;
-          const int h = static_cast<int>(tok / r.n_idx);
-          int c = 0;
-          while (c + 1 < r.C && r.store_at[size_t(h) * r.C + c + 1] <= tok) ++c;
-          const int64_t at = r.store_at[size_t(h) * r.C + c];
-          const int kv = row - at * 2 >= r.sizes[size_t(h) * r.C + c] ? 1 : 0;
+        [&](int64_t row, const char* base, uint16_t* want, int h, int c, int kv) {
           int4_widen_row(reinterpret_cast<const uint8_t*>(base) + row * (d / 2),
                          reinterpret_cast<const uint16_t*>(base + data_bytes) + row * G, d, want,
                          planted_base.data() + ((size_t(h) * r.C + c) * 2 + kv) * d);

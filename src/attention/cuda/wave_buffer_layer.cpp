@@ -218,8 +218,9 @@ void WaveBufferLayer::Impl::fill_store(const uint16_t* k, const uint16_t* v, int
     m.point_store(m.store_host.device(), m.store_cap_rows);
   }
   // An int4 store's base rows (every cluster's K and V means), in device memory whatever the tier.
-  m.store_base = m.wcfg.store_dtype == StoreDtype::kInt4 ? DeviceBuffer(std::max<size_t>(m.base_bytes(m.C), 16))
-                                                         : DeviceBuffer();
+  m.store_base = m.wcfg.store_dtype == StoreDtype::kInt4
+                     ? DeviceBuffer(std::max<size_t>(size_t(H) * m.base_bytes(m.C), 16))
+                     : DeviceBuffer();
   detail::StoreFillParams fp;
   fp.t = m.tables();
   m.set_fill_store(fp, m.C, 0);

@@ -141,7 +141,7 @@ struct WaveBufferLayer::Impl {
     t.store_scale = store_scale;
     t.store_q4 = store_q4;
     t.store_group_scale = store_group_scale;
-    t.store_base = store_base.bytes() > 0 && store_q4 != nullptr ? store_base.as<uint16_t>() : nullptr;
+    t.store_base = store_base.as<uint16_t>();  // null unless the store is int4
     t.cache_k = cache_k.as<uint16_t>();
     t.cache_v = cache_v.as<uint16_t>();
     t.exec_k = exec_k.as<uint16_t>();
@@ -182,12 +182,12 @@ struct WaveBufferLayer::Impl {
         break;
     }
   }
-  // Bytes of an int4 store's base rows for `clusters` clusters per head (K and V rows of D bf16 each).
-  size_t base_bytes(int64_t clusters) const { return size_t(H) * size_t(clusters) * 4 * D; }
+  // Bytes per head of an int4 store's base rows for `clusters` clusters (a K and a V row of D bf16 each).
+  size_t base_bytes(int64_t clusters) const { return size_t(clusters) * 4 * D; }
   // The fill kernel's writable views of the store; an int4 fill's clusters are columns [col0, col0 + the
   // view's clusters) of store_base's `stride` per head.
   void set_fill_store(detail::StoreFillParams& fp, int stride, int col0) const {
-    fp.store_base = store_q4 != nullptr ? const_cast<uint16_t*>(store_base.as<uint16_t>()) : nullptr;
+    fp.store_base = store_base.as<uint16_t>();
     fp.base_stride = stride;
     fp.base_col0 = col0;
     fp.store = const_cast<uint16_t*>(store);

@@ -232,7 +232,7 @@ void WaveBufferLayer::Impl::widen_cluster_tables(const BlockIndex& b, int C0, in
   if (!m.int8_on) put_cols(m.centroids_bf16, b.cent.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
   put_cols(m.value_sums_bf16, b.vsum.data(), size_t(C0) * D * 2, size_t(Cu) * D * 2);
   if (m.store_base.bytes() > 0) {  // an int4 store's base rows: the block's columns are written by its fill
-    DeviceBuffer nb = widen(m.store_base, H, size_t(C0) * 4 * D, size_t(C1) * 4 * D, st);
+    DeviceBuffer nb = widen(m.store_base, H, m.base_bytes(C0), m.base_bytes(C1), st);
     retired.push_back(std::move(m.store_base));
     m.store_base = std::move(nb);
   }
