@@ -1,5 +1,5 @@
 // CPU decode-attention kernels alone, one thread: exact attention of one GQA group over a KV head's tokens
-// (accumulate_range, f32 and bf16 KV) and retro's cluster scoring (score_clusters), at the shapes of the
+// (accumulate_range, f32, bf16, int8 and fp8 KV) and retro's cluster scoring (score_clusters), at the shapes of the
 // Llama-3 (d = 128, group 4) and Qwen2.5-Coder-0.5B (d = 64, group 7) heads. CPU time of the calling thread
 // (the host may be shared), the best of `reps` calls. One JSON line per case.
 //   cpu_attention_bench [tokens=32768] [reps=15]
@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention/exact.h"
@@ -53,7 +54,7 @@ int main(int argc, char** argv) {
     for (auto& x : k) x = nd(rng);
     for (auto& x : v) x = nd(rng);
     for (auto& x : q) x = nd(rng);
-    for (DType dt : {DType::kF32, DType::kBF16}) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kI8, DType::kF8E4M3}) {
       KvCache kv(1, sh.d, dt);
       kv.append(k.data(), v.data(), n);
       const double ms = best_ms(reps, [&] {
@@ -62,7 +63,7 @@ int main(int argc, char** argv) {
       });
       std::printf("{\"bench\":\"cpu_exact_attention\",\"tokens\":%lld,\"head_dim\":%d,\"group\":%d,\"kv_dtype\":\"%s\","
                   "\"ms\":%.4f,\"tokens_per_us\":%.2f}\n",
-                  static_cast<long long>(n), sh.d, sh.group, dt == DType::kF32 ? "f32" : "bf16", ms, n / (ms * 1e3));
+                  static_cast<long long>(n), sh.d, sh.group, std::string(dtype_name(dt)).c_str(), ms, n / (ms * 1e3));
     }
     // Retro's scoring at 2 tokens per cluster (the default below head_dim 128) and at 16 (from 128 on).
     const int per_cluster = sh.d < 128 ? 2 : 16;

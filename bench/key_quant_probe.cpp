@@ -13,6 +13,8 @@
 //   int4            int4 with a bf16 scale per 32 values (StoreDtype::kInt4)
 //   int4_head_mean  int4 of the row minus its (layer, KV head)'s mean over the cached tokens, mean added back
 //   int4_block_mean int4 of the row minus the mean of its 16-token block (a stand-in for a cluster centroid)
+//   bf16            bf16 rows (the CUDA runner's KV cache and the bf16 store)
+//   fp8             e4m3 with a power-of-two scale per row (the CPU runner's --kv-dtype fp8, core/fp8_row.h)
 // Full attention reads every rounded row where retro reads only the retrieved clusters' (~2% of the context)
 // beside the exact steady zone, so these figures bound what a store type can do to a layer rather than predict
 // the model's perplexity. One JSON line per scheme (--out, else stdout).
@@ -27,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/fp8_row.h"
 #include "core/row_quant.h"
 #include "engine/model_tokenizer.h"
 #include "retroinfer/error.h"
@@ -37,15 +40,23 @@ namespace {
 
 using namespace retroinfer;
 
-enum Scheme { kInt8, kInt4, kInt4HeadMean, kInt4BlockMean, kSchemes };
-const char* const kSchemeNames[kSchemes] = {"int8", "int4", "int4_head_mean", "int4_block_mean"};
+enum Scheme { kInt8, kInt4, kInt4HeadMean, kInt4BlockMean, kBf16, kFp8, kSchemes };
+const char* const kSchemeNames[kSchemes] = {"int8", "int4", "int4_head_mean", "int4_block_mean", "bf16", "fp8"};
 constexpr int64_t kBlockTokens = 16;
 
 // x rounded through the store's arithmetic (bf16 in, bf16 widened out), `base` subtracted before and added after.
 void round_row(Scheme s, const float* x, const float* base, int d, float* out) {
+  if (s == kFp8) {  // from the f32 row, as the CPU runner's KV cache stores it
+    std::vector<uint8_t> row(fp8_row_bytes(d));
+    fp8_quantize_row(x, d, row.data());
+    fp8_widen_row(row.data(), d, out);
+    return;
+  }
   std::vector<uint16_t> b(d), w(d);
   for (int i = 0; i < d; ++i) b[i] = f32_to_bf16(x[i] - (base ? base[i] : 0.0f));
-  if (s == kInt8) {
+  if (s == kBf16) {
+    w = b;
+  } else if (s == kInt8) {
     std::vector<int8_t> q(d);
     const float scale = int8_quantize_row(b.data(), d, q.data());
     int8_widen_row(q.data(), scale, d, w.data());

@@ -265,7 +265,8 @@ void add_common(CLI::App* cmd, EvalCliOptions& o) {
   add_model_options(cmd, o.model);
   cmd->add_option("--methods", o.methods,
                   "Attention methods: full retro quest streaming oracle retro-noest, each optionally with overrides of "
-                  "attention fields, e.g. retro:retrieval_fraction=0.036:window_tokens=128")
+                  "attention fields, e.g. retro:retrieval_fraction=0.036:window_tokens=128, or of the KV cache's storage, "
+                  "e.g. full:kv_dtype=fp8 (its own prefill; the reference stays full at --kv-dtype)")
       ->delimiter(',')->capture_default_str();
   cmd->add_option("--baseline-budget", o.baseline_budget,
                   "quest / streaming / oracle exact tokens: matched (as many as retro read on the same input) or "

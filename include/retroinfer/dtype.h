@@ -13,11 +13,21 @@
 
 namespace retroinfer {
 
-enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2 };
+// kF8E4M3 and kI8: KV cache storage only, each row as 8-bit values and an f32 scale: e4m3 codes with a
+// power-of-two scale (src/core/fp8_row.h), or int8 with scale absmax / 127 (src/core/row_quant.h).
+enum class DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF8E4M3 = 3, kI8 = 4 };
 
-inline constexpr int dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+// The 8-bit KV storages: rows of d one-byte values and their f32 scale.
+inline constexpr bool is_scaled_8bit(DType t) { return t == DType::kF8E4M3 || t == DType::kI8; }
+// Bytes of one element.
+inline constexpr int dtype_size(DType t) { return t == DType::kF32 ? 4 : (is_scaled_8bit(t) ? 1 : 2); }
+// Bytes of one stored K or V row of d elements: the elements, plus the f32 row scale of the 8-bit storages.
+inline constexpr int64_t stored_row_bytes(DType t, int d) {
+  return static_cast<int64_t>(d) * dtype_size(t) + (is_scaled_8bit(t) ? 4 : 0);
+}
 std::string_view dtype_name(DType t);
-// Parses "f32" | "f16" | "bf16"; throws Error on anything else.
+// Parses "f32" | "f16" | "bf16" | "fp8" | "int8" (also "float32", "float16", "bfloat16", "f8e4m3", "e4m3",
+// "i8"); throws Error on anything else.
 DType parse_dtype(std::string_view s);
 
 // bf16 <-> f32. Rounds to nearest even; NaN stays NaN (quiet).

@@ -52,13 +52,13 @@ struct PrefixGpuTierStats {
 // the cache holds them): one block of a prefix cache (prefix_cache.h) or a snapshot's context (snapshot.h).
 struct KvBlock {
   int num_layers = 0, num_heads_kv = 0, head_dim = 0;
-  DType dtype = DType::kF32;  // the sessions' kv_dtype (f32 or bf16)
+  DType dtype = DType::kF32;  // the sessions' kv_dtype (f32, bf16 or fp8)
   int64_t tokens = 0;
-  // [layer][0 = keys, 1 = values][kv head][token][head_dim], dtype elements.
+  // [layer][0 = keys, 1 = values][kv head][token] rows of row_bytes() (KvCache's stored rows).
   std::vector<uint8_t> bytes;
   // The same bytes in a runner's memory (KvBlockCopy), or null: `bytes` stays the block's content either way.
   std::shared_ptr<const KvBlockCopy> device_copy;
-  int64_t row_bytes() const { return static_cast<int64_t>(head_dim) * dtype_size(dtype); }
+  int64_t row_bytes() const { return stored_row_bytes(dtype, head_dim); }
   // Bytes of one (layer, K or V, head) run of `tokens` rows.
   int64_t run_bytes() const { return tokens * row_bytes(); }
   const uint8_t* run(int layer, int kv, int head) const {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/kv_row_widen.h"
 #include "core/simd.h"
 #include "core/vec_math.h"
 #include "retroinfer/dtype.h"
@@ -26,11 +27,12 @@ using exact_block::block_softmax;
 using exact_block::raise_max;
 
 // One block of nb <= kBlock tokens for the `group` query heads of one KV head: krows / vrows point at the
-// tokens' key / value rows in storage (f32 or bf16); each row is read and widened once for the whole group.
+// tokens' key / value rows in storage (dt: f32, bf16, fp8 or int8); each row is read and widened once for the whole
+// group.
 // D: the head_dim when it is a compile-time constant (64, 128: the loops unroll), else 0 and d gives it.
 // scratch: kBlock * group + d floats.
 template <int D>
-[[gnu::always_inline]] inline void attend_block_impl(const void* const* krows, const void* const* vrows, int nb, bool bf16,
+[[gnu::always_inline]] inline void attend_block_impl(const void* const* krows, const void* const* vrows, int nb, DType dt,
                               const float* q, int group, int d, float scale, SoftmaxScalars* st, float* o,
                               float* scratch) {
   if constexpr (D > 0) d = D;
@@ -38,8 +40,11 @@ template <int D>
   float* row = scratch + static_cast<size_t>(group) * kBlock;   // [d] a widened row
   for (int b = 0; b < nb; ++b) {
     const float* k = static_cast<const float*>(krows[b]);
-    if (bf16) {
+    if (dt == DType::kBF16) {
       widen_bf16(krows[b], d, row);
+      k = row;
+    } else if (is_scaled_8bit(dt)) {
+      widen_scaled_8bit_row(dt, krows[b], d, row);
       k = row;
     }
     for (int g = 0; g < group; ++g) s[g * kBlock + b] = dot_lanes(q + static_cast<size_t>(g) * d, k, d) * scale;
@@ -48,8 +53,11 @@ template <int D>
   // Values.
   for (int b = 0; b < nb; ++b) {
     const float* v = static_cast<const float*>(vrows[b]);
-    if (bf16) {
+    if (dt == DType::kBF16) {
       widen_bf16(vrows[b], d, row);
+      v = row;
+    } else if (is_scaled_8bit(dt)) {
+      widen_scaled_8bit_row(dt, vrows[b], d, row);
       v = row;
     }
     for (int g = 0; g < group; ++g) {
@@ -63,23 +71,25 @@ template <int D>
 // attend_block_impl for the head_dim at hand, compiled for AVX-512, AVX2 + FMA and the baseline and picked at
 // run time (target_clones): the loops over head_dim and over the block vectorise.
 RETROINFER_TARGET_CLONES
-void attend_block(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q, int group,
+void attend_block(const void* const* krows, const void* const* vrows, int nb, DType dt, const float* q, int group,
                   int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
   if (d == 128)
-    attend_block_impl<128>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+    attend_block_impl<128>(krows, vrows, nb, dt, q, group, d, scale, st, o, scratch);
   else if (d == 64)
-    attend_block_impl<64>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+    attend_block_impl<64>(krows, vrows, nb, dt, q, group, d, scale, st, o, scratch);
   else
-    attend_block_impl<0>(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+    attend_block_impl<0>(krows, vrows, nb, dt, q, group, d, scale, st, o, scratch);
 }
 
-// attend_block, or its AVX-512 form where the processor and head_dim allow.
-void attend_block_best(const void* const* krows, const void* const* vrows, int nb, bool bf16, const float* q,
+// attend_block, or its AVX-512 form where the processor, head_dim and storage (f32, bf16) allow.
+void attend_block_best(const void* const* krows, const void* const* vrows, int nb, DType dt, const float* q,
                        int group, int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
 #if RETROINFER_ATTENTION_AVX512
-  if (core::cpu_has_avx512() && attend_block_avx512(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch)) return;
+  if (!is_scaled_8bit(dt) && core::cpu_has_avx512() &&
+      attend_block_avx512(krows, vrows, nb, dt == DType::kBF16, q, group, d, scale, st, o, scratch))
+    return;
 #endif
-  attend_block(krows, vrows, nb, bf16, q, group, d, scale, st, o, scratch);
+  attend_block(krows, vrows, nb, dt, q, group, d, scale, st, o, scratch);
 }
 
 // Runs the n tokens token_at(0..n-1) through attend_block, kBlock at a time.
@@ -88,7 +98,7 @@ void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t
                 GroupState& gs) {
   if (n <= 0) return;
   const int g = gs.group, d = gs.head_dim;
-  const bool bf16 = kv.dtype() == DType::kBF16;
+  const DType dt = kv.dtype();
   std::vector<float> scratch(static_cast<size_t>(kBlock) * g + d);
   const void* krows[kBlock];
   const void* vrows[kBlock];
@@ -99,7 +109,7 @@ void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t
       krows[b] = kv.key_row(kvh, t);
       vrows[b] = kv.value_row(kvh, t);
     }
-    attend_block_best(krows, vrows, nb, bf16, q, g, d, scale, gs.st.data(), gs.o.data(), scratch.data());
+    attend_block_best(krows, vrows, nb, dt, q, g, d, scale, gs.st.data(), gs.o.data(), scratch.data());
   }
 }
 

@@ -9,6 +9,8 @@ std::string_view dtype_name(DType t) {
     case DType::kF32: return "f32";
     case DType::kF16: return "f16";
     case DType::kBF16: return "bf16";
+    case DType::kF8E4M3: return "fp8";
+    case DType::kI8: return "int8";
   }
   return "?";
 }
@@ -17,7 +19,9 @@ DType parse_dtype(std::string_view s) {
   if (s == "f32" || s == "float32") return DType::kF32;
   if (s == "f16" || s == "float16") return DType::kF16;
   if (s == "bf16" || s == "bfloat16") return DType::kBF16;
-  RETROINFER_FAIL("unknown dtype '", s, "': expected f32, f16 or bf16");
+  if (s == "fp8" || s == "f8e4m3" || s == "e4m3") return DType::kF8E4M3;
+  if (s == "int8" || s == "i8") return DType::kI8;
+  RETROINFER_FAIL("unknown dtype '", s, "': expected f32, f16, bf16, fp8 or int8");
 }
 
 float f16_to_f32(uint16_t h) {

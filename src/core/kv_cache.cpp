@@ -1,8 +1,10 @@
 #include "retroinfer/kv_cache.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/dot.h"
+#include "core/kv_row_widen.h"
 #include "retroinfer/error.h"
 #include "retroinfer/fault_injection.h"
 
@@ -12,8 +14,8 @@ KvCache::KvCache(int num_heads_kv, int head_dim, DType dtype)
     : num_heads_kv_(num_heads_kv), head_dim_(head_dim), dtype_(dtype) {
   RETROINFER_CHECK(num_heads_kv > 0, "KvCache: num_heads_kv must be positive, got ", num_heads_kv);
   RETROINFER_CHECK(head_dim > 0, "KvCache: head_dim must be positive, got ", head_dim);
-  RETROINFER_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
-                   "KvCache: storage dtype must be f32 or bf16, got ", dtype_name(dtype));
+  RETROINFER_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || is_scaled_8bit(dtype),
+                   "KvCache: storage dtype must be f32, bf16, fp8 or int8, got ", dtype_name(dtype));
   keys_.resize(num_heads_kv);
   values_.resize(num_heads_kv);
 }
@@ -34,15 +36,22 @@ void KvCache::clear() {
 }
 
 namespace {
+// Rows up to this head_dim widen on the stack (dot_key).
+constexpr int kMaxWidenedRow = 256;
+
 void store_rows(std::vector<uint8_t>& dst, const float* src, int64_t n, int num_heads, int h, int d,
                 DType dtype) {
-  const int64_t old = dst.size();
-  dst.resize(old + n * d * dtype_size(dtype));
+  const int64_t old = dst.size(), rb = stored_row_bytes(dtype, d);
+  dst.resize(old + n * rb);
   uint8_t* out = dst.data() + old;
   for (int64_t t = 0; t < n; ++t) {
     const float* row = src + (t * num_heads + h) * d;
     if (dtype == DType::kF32) {
       std::memcpy(out + t * d * 4, row, d * 4);
+    } else if (dtype == DType::kF8E4M3) {
+      fp8_quantize_row(row, d, out + t * rb);
+    } else if (dtype == DType::kI8) {
+      int8_quantize_kv_row(row, d, out + t * rb);
     } else {
       auto* o = reinterpret_cast<uint16_t*>(out) + t * d;
       for (int i = 0; i < d; ++i) o[i] = f32_to_bf16(row[i]);
@@ -85,6 +94,8 @@ void KvCache::commit_rows(int64_t n) {
 void KvCache::load_key(int h, int64_t t, float* dst) const {
   if (dtype_ == DType::kF32) {
     std::memcpy(dst, key_row(h, t), head_dim_ * 4);
+  } else if (is_scaled_8bit(dtype_)) {
+    widen_scaled_8bit_row(dtype_, key_row(h, t), head_dim_, dst);
   } else {
     const auto* r = static_cast<const uint16_t*>(key_row(h, t));
     for (int i = 0; i < head_dim_; ++i) dst[i] = bf16_to_f32(r[i]);
@@ -94,6 +105,8 @@ void KvCache::load_key(int h, int64_t t, float* dst) const {
 void KvCache::load_value(int h, int64_t t, float* dst) const {
   if (dtype_ == DType::kF32) {
     std::memcpy(dst, value_row(h, t), head_dim_ * 4);
+  } else if (is_scaled_8bit(dtype_)) {
+    widen_scaled_8bit_row(dtype_, value_row(h, t), head_dim_, dst);
   } else {
     const auto* r = static_cast<const uint16_t*>(value_row(h, t));
     for (int i = 0; i < head_dim_; ++i) dst[i] = bf16_to_f32(r[i]);
@@ -103,6 +116,17 @@ void KvCache::load_value(int h, int64_t t, float* dst) const {
 
 float KvCache::dot_key(int h, int64_t t, const float* q) const {
   if (dtype_ == DType::kF32) return core::dot_f32(q, static_cast<const float*>(key_row(h, t)), head_dim_);
+  if (is_scaled_8bit(dtype_)) {
+    float row[kMaxWidenedRow];
+    std::vector<float> wide;
+    float* w = row;
+    if (head_dim_ > kMaxWidenedRow) {
+      wide.resize(head_dim_);
+      w = wide.data();
+    }
+    widen_scaled_8bit_row(dtype_, key_row(h, t), head_dim_, w);
+    return core::dot_f32(q, w, head_dim_);
+  }
   return core::dot_bf16(q, static_cast<const uint16_t*>(key_row(h, t)), head_dim_);
 }
 
@@ -110,6 +134,17 @@ void KvCache::axpy_value(int h, int64_t t, float a, float* acc) const {
   if (dtype_ == DType::kF32) {
     const auto* r = static_cast<const float*>(value_row(h, t));
     for (int i = 0; i < head_dim_; ++i) acc[i] += a * r[i];
+  } else if (is_scaled_8bit(dtype_)) {
+    // a * (v_i * s) as load_value's rows would give it: v_i * s is one rounding (exact for fp8), then a times it.
+    float row[kMaxWidenedRow];
+    std::vector<float> wide;
+    float* w = row;
+    if (head_dim_ > kMaxWidenedRow) {
+      wide.resize(head_dim_);
+      w = wide.data();
+    }
+    widen_scaled_8bit_row(dtype_, value_row(h, t), head_dim_, w);
+    for (int i = 0; i < head_dim_; ++i) acc[i] += a * w[i];
   } else {
     const auto* r = static_cast<const uint16_t*>(value_row(h, t));
     for (int i = 0; i < head_dim_; ++i) acc[i] += a * bf16_to_f32(r[i]);

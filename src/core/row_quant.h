@@ -17,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "retroinfer/dtype.h"
 
@@ -52,6 +53,32 @@ inline float int8_quantize_row(const uint16_t* x, int d, int8_t* q) {
 // A whole row widened (the CPU reference): out [d] bf16 from q [d] int8 and the row's scale.
 inline void int8_widen_row(const int8_t* q, float scale, int d, uint16_t* out) {
   for (int i = 0; i < d; ++i) out[i] = int8_widen_bf16(q[i], scale);
+}
+
+// ---- int8 rows of an f32 KV cache (the CPU runner's --kv-dtype int8) ----
+//
+// The same arithmetic from f32 rows, widened to f32 (q_i * scale, one f32 rounding) instead of bf16. A stored
+// row is [d int8 | f32 scale]: int8_kv_row_bytes(d) bytes.
+constexpr int64_t int8_kv_row_bytes(int d) { return static_cast<int64_t>(d) + 4; }
+
+inline void int8_quantize_kv_row(const float* x, int d, uint8_t* dst) {
+  float absmax = 0.0f;
+  for (int i = 0; i < d; ++i) absmax = std::fmax(absmax, std::fabs(x[i]));
+  const float inv = int8_row_inverse(absmax), scale = int8_row_scale(absmax);
+  for (int i = 0; i < d; ++i) dst[i] = static_cast<uint8_t>(int8_quantize(x[i], inv));
+  std::memcpy(dst + d, &scale, 4);
+}
+
+inline float int8_kv_row_scale(const uint8_t* row, int d) {
+  float s;
+  std::memcpy(&s, row + d, 4);
+  return s;
+}
+
+[[gnu::always_inline]] inline void int8_widen_kv_row(const uint8_t* row, int d, float* out) {
+  const float s = int8_kv_row_scale(row, d);
+  const auto* q = reinterpret_cast<const int8_t*>(row);
+  for (int i = 0; i < d; ++i) out[i] = static_cast<float>(q[i]) * s;
 }
 
 // ---- int4: a bf16 scale per group of 32 values ----

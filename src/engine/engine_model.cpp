@@ -140,7 +140,8 @@ std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const Se
   if (model.device() == Device::kCpu) return std::make_unique<Session>(model.cpu_model(), opt);
 #if RETROINFER_WITH_CUDA
   RETROINFER_CHECK(opt.kv_dtype == DType::kBF16, "device cuda: the CUDA runner keeps the KV cache in bf16, not ",
-                   dtype_name(opt.kv_dtype), "; use --kv-dtype bf16 (or auto)");
+                   dtype_name(opt.kv_dtype), "; use --kv-dtype bf16 (or auto)",
+                   is_scaled_8bit(opt.kv_dtype) ? " (8-bit KV runs on the CPU runner, --device cpu)" : "");
   RETROINFER_CHECK(model.impl().cuda != nullptr, "device cuda: the model was not uploaded");
   cuda::CudaSessionOptions co;
   co.attention = opt.attention;

@@ -266,8 +266,9 @@ Snapshot parse_snapshot(std::span<const uint8_t> bytes, std::string_view where) 
     set_attention_param(s.attention, p, meta.at("attention." + std::string(p.keyword), where));
   auto kv = std::make_shared<KvBlock>();
   const std::string& dt = meta.at("kv_dtype", where);
-  RETROINFER_CHECK(dt == "f32" || dt == "bf16", "snapshot ", where, ": META's kv_dtype '", dt, "' is not f32 or bf16");
-  kv->dtype = dt == "f32" ? DType::kF32 : DType::kBF16;
+  RETROINFER_CHECK(dt == "f32" || dt == "bf16" || dt == "int8" || dt == "fp8", "snapshot ", where,
+                   ": META's kv_dtype '", dt, "' is not f32, bf16, int8 or fp8");
+  kv->dtype = parse_dtype(dt);
   const int64_t layers = meta.num("layers", where), heads = meta.num("kv_heads", where), d = meta.num("head_dim", where);
   const int64_t tokens = meta.num("tokens", where);
   RETROINFER_CHECK(layers >= 1 && layers <= 4096 && heads >= 1 && heads <= 4096 && d >= 1 && d <= 4096 &&

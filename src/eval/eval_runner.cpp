@@ -78,6 +78,8 @@ double expected_sample_s(const std::map<int64_t, double>& slowest, int64_t ctx) 
 
 }  // namespace
 
+constexpr std::string_view kKvDtypeField = "kv_dtype";
+
 std::string_view method_base_name(std::string_view method) { return method.substr(0, method.find(':')); }
 
 AttentionConfig method_config(std::string_view method, const AttentionConfig& base) {
@@ -96,6 +98,10 @@ AttentionConfig method_config(std::string_view method, const AttentionConfig& ba
     const size_t eq = item.find('=');
     RETROINFER_CHECK(eq != std::string_view::npos && eq > 0, "eval: method '", method, "': '", item,
                      "' is not field=value (e.g. retro:retrieval_fraction=0.036)");
+    if (item.substr(0, eq) == kKvDtypeField) {  // the KV storage, method_kv_dtype's
+      at = next;
+      continue;
+    }
     const AttentionParam* p = find_attention_param(item.substr(0, eq));
     RETROINFER_CHECK(p != nullptr, "eval: method '", method, "': unknown attention parameter '", item.substr(0, eq),
                      "' (the AttentionConfig field names: retrieval_fraction, estimation_fraction, window_tokens, ...)");
@@ -103,6 +109,22 @@ AttentionConfig method_config(std::string_view method, const AttentionConfig& ba
     at = next;
   }
   return c;
+}
+
+DType method_kv_dtype(std::string_view method, DType base) {
+  DType dt = base;
+  for (size_t at = method.find(':'); at < method.size();) {
+    const size_t next = std::min(method.find(':', at + 1), method.size());
+    const std::string_view item = method.substr(at + 1, next - at - 1);
+    const size_t eq = item.find('=');
+    if (eq != std::string_view::npos && item.substr(0, eq) == kKvDtypeField) {
+      dt = parse_dtype(item.substr(eq + 1));
+      RETROINFER_CHECK(dt != DType::kF16, "eval: method '", method,
+                       "': the KV cache stores f32, bf16, int8 or fp8, not f16");
+    }
+    at = next;
+  }
+  return dt;
 }
 
 BaselineBudget parse_baseline_budget(std::string_view s) {
@@ -157,7 +179,10 @@ void validate(const EvalOptions& o) {
   RETROINFER_CHECK(o.samples >= 1, "eval: samples must be >= 1, got ", o.samples);
   RETROINFER_CHECK(o.first_sample >= 0, "eval: first sample must be >= 0");
   RETROINFER_CHECK(!o.methods.empty(), "eval: no attention methods");
-  for (const auto& m : o.methods) validate(method_config(m, o.attention));
+  for (const auto& m : o.methods) {
+    validate(method_config(m, o.attention));
+    method_kv_dtype(m, o.kv_dtype);
+  }
   validate_baseline_budget(o.baseline_budget, o.methods, o.attention, "eval");
   RETROINFER_CHECK(!o.results_path.empty(), "eval: a results file (JSON lines) is required");
   RETROINFER_CHECK(o.time_budget_s >= 0, "eval: the time budget must be >= 0 seconds (0 = none), got ",
@@ -368,12 +393,15 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
                              " to match the baselines' budget to (resumed file without retro lines?)");
             cfg.budget_tokens = matched_budget_tokens(retro_exact, cfg);
           }
+          const DType kv_dtype = method_kv_dtype(m, opt.kv_dtype);
           std::unique_ptr<SequenceSession> f;
           int32_t f_first = first;
           double f_prefill_s = prefill_s;
-          if (prefills_alone(opt.kv_placement, cfg.kind)) {
+          if (prefills_alone(opt.kv_placement, cfg.kind) || kv_dtype != opt.kv_dtype) {
+            // Its own prefill: a host-tier session cannot fork the GPU prefill, nor a KV cache of another dtype.
             SessionOptions own = so;
             own.attention = cfg;
+            own.kv_dtype = kv_dtype;
             own.kv_placement = method_kv_placement(opt.kv_placement, cfg.kind);
             f = make_session(model, own);
             f_first = timed_prefill(*f, f_prefill_s);
@@ -393,7 +421,7 @@ int64_t run_eval(const EngineModel& model, const Tokenizer& tok, const TaskGener
           nlohmann::json j = result_line(s, m, o, f_prefill_s);
           add_kv_placement_json(j, placement);
           j["device"] = device;
-          j["kv_dtype"] = std::string(dtype_name(opt.kv_dtype));
+          j["kv_dtype"] = std::string(dtype_name(kv_dtype));
           j["gen_s"] = gen_s;
           if (budgeted_baseline(m)) {
             j["budget_mode"] = std::string(baseline_budget_name(opt.baseline_budget));

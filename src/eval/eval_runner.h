@@ -36,7 +36,13 @@ namespace retroinfer::eval {
 // method on the same inputs (the name with its overrides names the method in tables and JSON). Returns `base`
 // with kind (and estimation) set and the overrides applied; throws Error for an unknown name or field, or a
 // value outside the field's range (the config as a whole is checked by validate).
+// One more override names the KV cache's storage instead of an AttentionConfig field: ":kv_dtype=fp8"
+// (method_kv_dtype; method_config passes over it), so "full:kv_dtype=fp8" is full attention over an fp8 KV
+// cache, measured against the reference full attention of the run's --kv-dtype.
 AttentionConfig method_config(std::string_view method, const AttentionConfig& base);
+// The method's KV storage: its ":kv_dtype=" override (f32, bf16, int8 or fp8; throws Error for another), else
+// `base`.
+DType method_kv_dtype(std::string_view method, DType base);
 // The method name without its overrides: "retro" for "retro:window_tokens=128".
 std::string_view method_base_name(std::string_view method);
 

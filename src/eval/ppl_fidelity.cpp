@@ -46,7 +46,10 @@ void validate(const PplOptions& o) {
   RETROINFER_CHECK(!o.methods.empty(), "eval ppl: no methods");
   RETROINFER_CHECK(o.time_budget_s >= 0, "eval ppl: the time budget must be >= 0 seconds (0 = none), got ",
                    o.time_budget_s);
-  for (const auto& m : o.methods) validate(method_config(m, o.attention));
+  for (const auto& m : o.methods) {
+    validate(method_config(m, o.attention));
+    method_kv_dtype(m, o.kv_dtype);
+  }
   validate_baseline_budget(o.baseline_budget, o.methods, o.attention, "eval ppl");
 }
 
@@ -72,6 +75,7 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
   std::vector<int> budget_windows(methods.size(), 0);  // per method: windows whose session calibrated its budgets
   for (size_t i = 0; i < methods.size(); ++i) {
     res[i].method = methods[i];
+    res[i].kv_dtype = method_kv_dtype(methods[i], opt.kv_dtype);
     if (rep.attention_error_measured) res[i].layer_rel_err.assign(c.num_layers, 0.0);
   }
   const AttentionShape shape{c.num_heads_q, c.num_heads_kv, c.head_dim};
@@ -116,10 +120,12 @@ PplReport run_ppl_fidelity(const EngineModel& model, std::span<const int32_t> te
       }
       const double exact_before = r.exact_tokens_per_head;
       std::unique_ptr<SequenceSession> s;
-      if (prefills_alone(opt.kv_placement, cfg.kind)) {
-        // A host-tier session cannot be forked from the GPU prefill: it prefills the prefix itself.
+      if (prefills_alone(opt.kv_placement, cfg.kind) || r.kv_dtype != opt.kv_dtype) {
+        // A host-tier session cannot be forked from the GPU prefill, nor a KV cache of another dtype from the
+        // reference's: it prefills the prefix itself.
         SessionOptions own = so;
         own.attention = cfg;
+        own.kv_dtype = r.kv_dtype;
         own.kv_placement = method_kv_placement(opt.kv_placement, cfg.kind);
         s = make_session(model, own);
         s->prefill(win.first(P));
@@ -243,6 +249,7 @@ nlohmann::json to_json(const PplReport& r) {
   for (size_t i = 0; i < r.methods.size(); ++i) {
     const PplMethodResult& m = r.methods[i];
     nlohmann::json& mj = j["methods"][i];
+    mj["kv_dtype"] = std::string(dtype_name(m.kv_dtype));
     if (m.budget_tokens >= 0) mj["budget_tokens"] = m.budget_tokens;
     if (!m.kv_placement.empty()) mj["kv_placement"] = m.kv_placement;
     if (m.host_layers > 0) {

@@ -51,6 +51,7 @@ void validate(const PplOptions& o);
 
 struct PplMethodResult {
   std::string method;
+  DType kv_dtype = DType::kF32;        // its KV storage: the run's kv_dtype, or the method's :kv_dtype= override
   int64_t steps = 0;                   // forced tokens scored (windows x T)
   double nll = 0.0;                    // mean negative log-likelihood (nats)
   double ppl = 0.0;                    // exp(nll)

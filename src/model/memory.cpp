@@ -17,7 +17,7 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t context_tokens, DTy
   const int64_t params = vocab * h * (c.tie_word_embeddings ? 1 : 2) + h + layers * per_layer;
   MemoryEstimate e;
   e.weight_bytes = params * 4;
-  e.kv_bytes = 2 * layers * hkv * d * dtype_size(kv_dtype) * context_tokens;
+  e.kv_bytes = 2 * layers * hkv * stored_row_bytes(kv_dtype, static_cast<int>(d)) * context_tokens;
   const int64_t chunk = std::max<int64_t>(std::min<int64_t>(prefill_chunk, context_tokens), 1);
   // Scratch of one chunk: x, xn, qkv, q, k, v, attention out, gate/up, activation, cos/sin; plus logits.
   // Prefill attention: the group's queries and outputs, and a score block of up to 1024 keys.

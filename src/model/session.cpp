@@ -134,8 +134,8 @@ struct Session::Scratch : ForwardBuffers {
 Session::Session(const Model& model, const SessionOptions& opt) : model_(model), opt_(opt), s_(new Scratch) {
   const ModelConfig& c = model.config();
   RETROINFER_CHECK(opt.prefill_chunk >= 1, "session: prefill_chunk must be >= 1, got ", opt.prefill_chunk);
-  RETROINFER_CHECK(opt.kv_dtype == DType::kF32 || opt.kv_dtype == DType::kBF16,
-                   "session: KV cache dtype must be f32 or bf16, got ", dtype_name(opt.kv_dtype));
+  RETROINFER_CHECK(opt.kv_dtype == DType::kF32 || opt.kv_dtype == DType::kBF16 || is_scaled_8bit(opt.kv_dtype),
+                   "session: KV cache dtype must be f32, bf16, int8 or fp8, got ", dtype_name(opt.kv_dtype));
   const int64_t model_max = model_max_context(c);
   max_context_ = opt.max_context > 0 ? opt.max_context : model_max;
   RETROINFER_CHECK(max_context_ <= model_max, "session: ", max_context_,
@@ -147,7 +147,10 @@ Session::Session(const Model& model, const SessionOptions& opt) : model_(model),
     RETROINFER_CHECK(e.kv_bytes + e.activation_bytes <= left, "session: ", max_context_, " tokens need ",
                      (e.kv_bytes + e.activation_bytes) >> 20, " MiB of KV cache and scratch but only ",
                      std::max<int64_t>(left, 0) >> 20, " MiB are left after the ", model.weight_bytes() >> 20,
-                     " MiB of weights; use a shorter context or --kv-dtype bf16");
+                     " MiB of weights; use a shorter context",
+                     opt.kv_dtype == DType::kF32    ? " or --kv-dtype bf16 (half the KV bytes) or int8 (about a quarter)"
+                     : opt.kv_dtype == DType::kBF16 ? " or --kv-dtype int8 (about half the KV bytes)"
+                                                    : "");
   }
   const AttentionShape shape{c.num_heads_q, c.num_heads_kv, c.head_dim};
   kv_.reserve(c.num_layers);

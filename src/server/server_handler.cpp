@@ -874,8 +874,8 @@ HttpReply ServerHandler::route(const HttpRequest& req) {
             t->kv_on_gpu = model_.device() != Device::kCpu;
             // Every choice is a sequence of its own (prompt + completion).
             const int64_t kv_bytes = int64_t(p->req.n) * (static_cast<int64_t>(p->ids.size()) + p->max_tokens) *
-                                     c.num_layers * 2 * c.num_heads_kv * c.head_dim *
-                                     dtype_size(opt_.session.kv_dtype);
+                                     c.num_layers * 2 * c.num_heads_kv *
+                                     stored_row_bytes(opt_.session.kv_dtype, c.head_dim);
             t->kv_bytes.store(kv_bytes);
             (t->kv_on_gpu ? metrics_->kv_bytes_gpu : metrics_->kv_bytes_host).fetch_add(kv_bytes);
             if (!p->req.stream) {
