@@ -47,7 +47,7 @@ constexpr int64_t kBlockTokens = 16;
 // x rounded through the store's arithmetic (bf16 in, bf16 widened out), `base` subtracted before and added after.
 void round_row(Scheme s, const float* x, const float* base, int d, float* out) {
   if (s == kFp8) {  // from the f32 row, as the CPU runner's KV cache stores it
-    std::vector<uint8_t> row(fp8_row_bytes(d));
+    std::vector<uint8_t> row(stored_row_bytes(DType::kF8E4M3, d));
     fp8_quantize_row(x, d, row.data());
     fp8_widen_row(row.data(), d, out);
     return;

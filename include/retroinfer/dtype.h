@@ -25,6 +25,32 @@ inline constexpr int dtype_size(DType t) { return t == DType::kF32 ? 4 : (is_sca
 inline constexpr int64_t stored_row_bytes(DType t, int d) {
   return static_cast<int64_t>(d) * dtype_size(t) + (is_scaled_8bit(t) ? 4 : 0);
 }
+// An 8-bit row's f32 scale, stored behind its d values.
+inline float stored_row_scale(const void* row, int d) {
+  float s;
+  std::memcpy(&s, static_cast<const uint8_t*>(row) + d, 4);
+  return s;
+}
+
+// An f32's bits and back (host and device).
+RETROINFER_HD uint32_t f32_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+RETROINFER_HD float f32_from_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
 std::string_view dtype_name(DType t);
 // Parses "f32" | "f16" | "bf16" | "fp8" | "int8" (also "float32", "float16", "bfloat16", "f8e4m3", "e4m3",
 // "i8"); throws Error on anything else.

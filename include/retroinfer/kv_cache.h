@@ -12,8 +12,8 @@ namespace retroinfer {
 // number of threads at once while nobody appends.
 class KvCache {
  public:
-  // dtype: storage of keys and values: kF32, kBF16, or kF8E4M3 (e4m3 codes and a power-of-two scale per row,
-  // src/core/fp8_row.h); kF16 is rejected.
+  // dtype: storage of keys and values: kF32, kBF16, or an 8-bit storage, kI8 or kF8E4M3 (8-bit values and an
+  // f32 scale per row, docs/model-runner.md "KV cache storage"); kF16 is rejected.
   KvCache(int num_heads_kv, int head_dim, DType dtype);
 
   void reserve(int64_t tokens);
@@ -31,7 +31,7 @@ class KvCache {
   int num_heads_kv() const { return num_heads_kv_; }
   int head_dim() const { return head_dim_; }
   DType dtype() const { return dtype_; }
-  // Bytes of one key (or value) row in storage (an fp8 row's scale included).
+  // Bytes of one key (or value) row in storage (an 8-bit row's scale included).
   int64_t row_bytes() const { return stored_row_bytes(dtype_, head_dim_); }
 
   // Raw rows in storage dtype: [head_dim] at (head h, token t).

@@ -52,7 +52,7 @@ struct PrefixGpuTierStats {
 // the cache holds them): one block of a prefix cache (prefix_cache.h) or a snapshot's context (snapshot.h).
 struct KvBlock {
   int num_layers = 0, num_heads_kv = 0, head_dim = 0;
-  DType dtype = DType::kF32;  // the sessions' kv_dtype (f32, bf16 or fp8)
+  DType dtype = DType::kF32;  // the sessions' kv_dtype (f32, bf16, int8 or fp8)
   int64_t tokens = 0;
   // [layer][0 = keys, 1 = values][kv head][token] rows of row_bytes() (KvCache's stored rows).
   std::vector<uint8_t> bytes;

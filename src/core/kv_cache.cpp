@@ -36,8 +36,26 @@ void KvCache::clear() {
 }
 
 namespace {
-// Rows up to this head_dim widen on the stack (dot_key).
-constexpr int kMaxWidenedRow = 256;
+// An 8-bit row widened to f32 for dot_key / axpy_value: on the stack up to kStack values, else on the heap.
+class WidenedRow {
+ public:
+  WidenedRow(DType t, const void* row, int d) {
+    if (d > kStack) {
+      heap_.resize(d);
+      p_ = heap_.data();
+    }
+    widen_scaled_8bit_row(t, row, d, p_);
+  }
+  WidenedRow(const WidenedRow&) = delete;  // p_ may point into this object
+  WidenedRow& operator=(const WidenedRow&) = delete;
+  const float* data() const { return p_; }
+
+ private:
+  static constexpr int kStack = 256;
+  float stack_[kStack];
+  std::vector<float> heap_;
+  float* p_ = stack_;
+};
 
 void store_rows(std::vector<uint8_t>& dst, const float* src, int64_t n, int num_heads, int h, int d,
                 DType dtype) {
@@ -116,17 +134,7 @@ void KvCache::load_value(int h, int64_t t, float* dst) const {
 
 float KvCache::dot_key(int h, int64_t t, const float* q) const {
   if (dtype_ == DType::kF32) return core::dot_f32(q, static_cast<const float*>(key_row(h, t)), head_dim_);
-  if (is_scaled_8bit(dtype_)) {
-    float row[kMaxWidenedRow];
-    std::vector<float> wide;
-    float* w = row;
-    if (head_dim_ > kMaxWidenedRow) {
-      wide.resize(head_dim_);
-      w = wide.data();
-    }
-    widen_scaled_8bit_row(dtype_, key_row(h, t), head_dim_, w);
-    return core::dot_f32(q, w, head_dim_);
-  }
+  if (is_scaled_8bit(dtype_)) return core::dot_f32(q, WidenedRow(dtype_, key_row(h, t), head_dim_).data(), head_dim_);
   return core::dot_bf16(q, static_cast<const uint16_t*>(key_row(h, t)), head_dim_);
 }
 
@@ -136,15 +144,8 @@ void KvCache::axpy_value(int h, int64_t t, float a, float* acc) const {
     for (int i = 0; i < head_dim_; ++i) acc[i] += a * r[i];
   } else if (is_scaled_8bit(dtype_)) {
     // a * (v_i * s) as load_value's rows would give it: v_i * s is one rounding (exact for fp8), then a times it.
-    float row[kMaxWidenedRow];
-    std::vector<float> wide;
-    float* w = row;
-    if (head_dim_ > kMaxWidenedRow) {
-      wide.resize(head_dim_);
-      w = wide.data();
-    }
-    widen_scaled_8bit_row(dtype_, value_row(h, t), head_dim_, w);
-    for (int i = 0; i < head_dim_; ++i) acc[i] += a * w[i];
+    const WidenedRow w(dtype_, value_row(h, t), head_dim_);
+    for (int i = 0; i < head_dim_; ++i) acc[i] += a * w.data()[i];
   } else {
     const auto* r = static_cast<const uint16_t*>(value_row(h, t));
     for (int i = 0; i < head_dim_; ++i) acc[i] += a * bf16_to_f32(r[i]);

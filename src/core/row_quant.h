@@ -58,8 +58,7 @@ inline void int8_widen_row(const int8_t* q, float scale, int d, uint16_t* out) {
 // ---- int8 rows of an f32 KV cache (the CPU runner's --kv-dtype int8) ----
 //
 // The same arithmetic from f32 rows, widened to f32 (q_i * scale, one f32 rounding) instead of bf16. A stored
-// row is [d int8 | f32 scale]: int8_kv_row_bytes(d) bytes.
-constexpr int64_t int8_kv_row_bytes(int d) { return static_cast<int64_t>(d) + 4; }
+// row is [d int8 | f32 scale]: stored_row_bytes(DType::kI8, d) bytes, its scale read by stored_row_scale.
 
 inline void int8_quantize_kv_row(const float* x, int d, uint8_t* dst) {
   float absmax = 0.0f;
@@ -69,14 +68,8 @@ inline void int8_quantize_kv_row(const float* x, int d, uint8_t* dst) {
   std::memcpy(dst + d, &scale, 4);
 }
 
-inline float int8_kv_row_scale(const uint8_t* row, int d) {
-  float s;
-  std::memcpy(&s, row + d, 4);
-  return s;
-}
-
 [[gnu::always_inline]] inline void int8_widen_kv_row(const uint8_t* row, int d, float* out) {
-  const float s = int8_kv_row_scale(row, d);
+  const float s = stored_row_scale(row, d);
   const auto* q = reinterpret_cast<const int8_t*>(row);
   for (int i = 0; i < d; ++i) out[i] = static_cast<float>(q[i]) * s;
 }

@@ -82,6 +82,23 @@ constexpr std::string_view kKvDtypeField = "kv_dtype";
 
 std::string_view method_base_name(std::string_view method) { return method.substr(0, method.find(':')); }
 
+namespace {
+// Calls f(field, value) for each override ":field=value" of the method, in order; throws Error for an item
+// that is not field=value.
+template <typename F>
+void each_override(std::string_view method, F&& f) {
+  for (size_t at = method_base_name(method).size(); at < method.size();) {
+    const size_t next = std::min(method.find(':', at + 1), method.size());
+    const std::string_view item = method.substr(at + 1, next - at - 1);
+    const size_t eq = item.find('=');
+    RETROINFER_CHECK(eq != std::string_view::npos && eq > 0, "eval: method '", method, "': '", item,
+                     "' is not field=value (e.g. retro:retrieval_fraction=0.036)");
+    f(item.substr(0, eq), item.substr(eq + 1));
+    at = next;
+  }
+}
+}  // namespace
+
 AttentionConfig method_config(std::string_view method, const AttentionConfig& base) {
   AttentionConfig c = base;
   const std::string_view name = method_base_name(method);
@@ -92,38 +109,24 @@ AttentionConfig method_config(std::string_view method, const AttentionConfig& ba
     c.kind = parse_attention_kind(name);
   }
   // Overrides "name:field=value:field=value", applied in order over the base (and the -noest setting).
-  for (size_t at = name.size(); at < method.size();) {
-    const size_t next = std::min(method.find(':', at + 1), method.size());
-    const std::string_view item = method.substr(at + 1, next - at - 1);
-    const size_t eq = item.find('=');
-    RETROINFER_CHECK(eq != std::string_view::npos && eq > 0, "eval: method '", method, "': '", item,
-                     "' is not field=value (e.g. retro:retrieval_fraction=0.036)");
-    if (item.substr(0, eq) == kKvDtypeField) {  // the KV storage, method_kv_dtype's
-      at = next;
-      continue;
-    }
-    const AttentionParam* p = find_attention_param(item.substr(0, eq));
-    RETROINFER_CHECK(p != nullptr, "eval: method '", method, "': unknown attention parameter '", item.substr(0, eq),
+  each_override(method, [&](std::string_view field, std::string_view value) {
+    if (field == kKvDtypeField) return;  // the KV storage, method_kv_dtype's
+    const AttentionParam* p = find_attention_param(field);
+    RETROINFER_CHECK(p != nullptr, "eval: method '", method, "': unknown attention parameter '", field,
                      "' (the AttentionConfig field names: retrieval_fraction, estimation_fraction, window_tokens, ...)");
-    set_attention_param(c, *p, item.substr(eq + 1));
-    at = next;
-  }
+    set_attention_param(c, *p, value);
+  });
   return c;
 }
 
 DType method_kv_dtype(std::string_view method, DType base) {
   DType dt = base;
-  for (size_t at = method.find(':'); at < method.size();) {
-    const size_t next = std::min(method.find(':', at + 1), method.size());
-    const std::string_view item = method.substr(at + 1, next - at - 1);
-    const size_t eq = item.find('=');
-    if (eq != std::string_view::npos && item.substr(0, eq) == kKvDtypeField) {
-      dt = parse_dtype(item.substr(eq + 1));
-      RETROINFER_CHECK(dt != DType::kF16, "eval: method '", method,
-                       "': the KV cache stores f32, bf16, int8 or fp8, not f16");
-    }
-    at = next;
-  }
+  each_override(method, [&](std::string_view field, std::string_view value) {
+    if (field != kKvDtypeField) return;
+    dt = parse_dtype(value);
+    RETROINFER_CHECK(dt != DType::kF16, "eval: method '", method,
+                     "': the KV cache stores f32, bf16, int8 or fp8, not f16");
+  });
   return dt;
 }
 

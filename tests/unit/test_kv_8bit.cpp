@@ -99,19 +99,26 @@ TEST(Fp8Row, ScaleIsTheSmallestPowerOfTwoThatFitsTheRow) {
   }
 }
 
+// Row `trial` of d values for the error tests: Gaussian at magnitude 2^(trial % 40 - 20), one outlier channel
+// 300 times that, and in every seventh row one zero.
+std::vector<float> test_row(std::mt19937& rng, int d, int trial) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(d);
+  const float mag = std::exp2(static_cast<float>(trial % 40) - 20.0f);
+  for (float& v : x) v = nd(rng) * mag;
+  x[trial % d] *= 300.0f;
+  if (trial % 7 == 0) x[(trial + 1) % d] = 0.0f;
+  return x;
+}
+
 TEST(Fp8Row, ErrorWithinTheBoundAndWideningMatchesTheCodec) {
   std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int d : {8, 64, 128}) {
     for (int trial = 0; trial < 200; ++trial) {
-      std::vector<float> x(d);
-      const float mag = std::exp2(static_cast<float>(trial % 40) - 20.0f);
-      for (float& v : x) v = nd(rng) * mag;
-      x[trial % d] *= 300.0f;  // an outlier channel
-      if (trial % 7 == 0) x[(trial + 1) % d] = 0.0f;
-      std::vector<uint8_t> row(fp8_row_bytes(d));
+      const std::vector<float> x = test_row(rng, d, trial);
+      std::vector<uint8_t> row(stored_row_bytes(DType::kF8E4M3, d));
       fp8_quantize_row(x.data(), d, row.data());
-      const float s = fp8_stored_scale(row.data(), d);
+      const float s = stored_row_scale(row.data(), d);
       std::vector<float> w(d);
       fp8_widen_row(row.data(), d, w.data());
       for (int i = 0; i < d; ++i) {
@@ -123,7 +130,7 @@ TEST(Fp8Row, ErrorWithinTheBoundAndWideningMatchesTheCodec) {
     }
   }
   std::vector<float> zeros(64, 0.0f), w(64, 1.0f);
-  std::vector<uint8_t> row(fp8_row_bytes(64));
+  std::vector<uint8_t> row(stored_row_bytes(DType::kF8E4M3, 64));
   fp8_quantize_row(zeros.data(), 64, row.data());
   fp8_widen_row(row.data(), 64, w.data());
   for (float v : w) EXPECT_EQ(v, 0.0f);
@@ -131,18 +138,14 @@ TEST(Fp8Row, ErrorWithinTheBoundAndWideningMatchesTheCodec) {
 
 TEST(Int8KvRow, ErrorWithinTheBoundAndScaleBehindTheValues) {
   std::mt19937 rng(6);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int d : {8, 64, 128}) {
     for (int trial = 0; trial < 200; ++trial) {
-      std::vector<float> x(d);
-      const float mag = std::exp2(static_cast<float>(trial % 40) - 20.0f);
-      for (float& v : x) v = nd(rng) * mag;
-      x[trial % d] *= 300.0f;
-      std::vector<uint8_t> row(int8_kv_row_bytes(d));
+      const std::vector<float> x = test_row(rng, d, trial);
+      std::vector<uint8_t> row(stored_row_bytes(DType::kI8, d));
       int8_quantize_kv_row(x.data(), d, row.data());
       float absmax = 0.0f;
       for (float v : x) absmax = std::max(absmax, std::fabs(v));
-      const float s = int8_kv_row_scale(row.data(), d);
+      const float s = stored_row_scale(row.data(), d);
       ASSERT_EQ(s, absmax / 127.0f);
       std::vector<float> w(d);
       int8_widen_kv_row(row.data(), d, w.data());
@@ -226,17 +229,6 @@ TEST_P(Kv8Bit, ExactAttentionEqualsTheWidenedRowsInF32) {
   }
 }
 
-SessionOptions tiny_options(AttentionKind kind, DType kv) {
-  SessionOptions so;
-  so.attention.kind = kind;
-  so.attention.window_tokens = 16;
-  so.attention.tokens_per_cluster = 4;
-  so.attention.budget_tokens = 24;
-  so.prefill_chunk = 32;
-  so.kv_dtype = kv;
-  return so;
-}
-
 TEST_P(Kv8Bit, SessionLogitsStayNearTheF32CacheAndSnapshotsRoundTrip) {
   const DType dt = GetParam();
   const Model* m = test::tiny_llama3();
@@ -253,8 +245,8 @@ TEST_P(Kv8Bit, SessionLogitsStayNearTheF32CacheAndSnapshotsRoundTrip) {
   };
   for (AttentionKind kind : {AttentionKind::kFull, AttentionKind::kRetro}) {
     SCOPED_TRACE(testing::Message() << "method " << attention_kind_name(kind));
-    Session f32(*m, tiny_options(kind, DType::kF32)), bf16(*m, tiny_options(kind, DType::kBF16)),
-        q8(*m, tiny_options(kind, dt));
+    Session f32(*m, test::tiny_session_options(kind, DType::kF32)), bf16(*m, test::tiny_session_options(kind, DType::kBF16)),
+        q8(*m, test::tiny_session_options(kind, dt));
     std::vector<float> a = f32.prefill(prompt), b = q8.prefill(prompt);
     // The prefill's logits against bf16's rounding (this random model amplifies K/V rounding; measured: bf16
     // 2.7e-3, int8's absmax / 254 steps on unit-Gaussian rows 6.5e-3, fp8's 4 significant bits 3.4e-2); a broken
@@ -278,7 +270,7 @@ TEST_P(Kv8Bit, SessionLogitsStayNearTheF32CacheAndSnapshotsRoundTrip) {
   const ModelIdentity id = model_identity(*m, nullptr);
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("retroinfer_kv8_" + std::string(dtype_name(dt)) + "_" + std::to_string(::getpid()) + ".snapshot")).string();
-  const SessionOptions so = tiny_options(AttentionKind::kRetro, dt);
+  const SessionOptions so = test::tiny_session_options(AttentionKind::kRetro, dt);
   {
     Session s(*m, so);
     s.prefill(prompt);

@@ -195,16 +195,6 @@ TEST(Snapshot, AKilledWriterLeavesTheOldFileOrNone) {
   }
 }
 
-SessionOptions options(AttentionKind kind) {
-  SessionOptions so;
-  so.attention.kind = kind;
-  so.attention.window_tokens = 16;
-  so.attention.tokens_per_cluster = 4;
-  so.attention.budget_tokens = 24;
-  so.prefill_chunk = 32;
-  return so;
-}
-
 TEST(Snapshot, GenerationAfterLoadingGivesTheColdTokensForEveryMethod) {
   const Model* m = test::tiny_llama3();
   if (!m) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
@@ -221,7 +211,7 @@ TEST(Snapshot, GenerationAfterLoadingGivesTheColdTokensForEveryMethod) {
   for (AttentionKind kind : {AttentionKind::kFull, AttentionKind::kRetro, AttentionKind::kQuest,
                              AttentionKind::kStreaming, AttentionKind::kOracle}) {
     SCOPED_TRACE(testing::Message() << "method " << attention_kind_name(kind));
-    const SessionOptions so = options(kind);
+    const SessionOptions so = test::tiny_session_options(kind);
     {
       Session s(*m, so);
       s.prefill(doc);
