@@ -26,7 +26,8 @@
 #              BENCH_WARMUP (3) untimed steps first: more let the block cache reach its steady hit ratio;
 #              HIT_FRACTIONS the cache fractions of hit80 ("0.05 0.10 0.20"), HIT_STORES its host stores
 #              ("int8"; "int8 int4" runs both), STAGE_FRACTION the cache fraction of its --stage-times runs (0.20),
-#              HIT_OLD_BIN a baseline build whose host runs follow each of ours (named *_old)
+#              HIT_OLD_BIN a baseline build whose host runs follow each of ours (named *_old);
+#              kv8_128k: full and retro over bf16 and int8 KV at 128K, batch 1 and max; kv8_1m: retro, 1M, int8
 #   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
 #   storeacc   the host store's element types (bf16, int8, int4) on a real model, every layer on the host tier:
 #              teacher-forced perplexity / KL against full and the task average (STORE_TYPES picks them;
@@ -231,6 +232,14 @@ section_bench() {
       # 14 sequences of 128K (twice what HBM holds) in one session, the planner splitting the layers.
       split_14) BENCH_TIMEOUT=240 run_bench split_128k_14 --contexts 131072 --batches 14 --methods retro \
                   --placement split --host-store int8 "${q[@]}" ;;
+      # The 8-bit KV cache (--kv-dtype int8) against bf16, every layer on the GPU: 128K at batch 1 and the
+      # largest batch each plans, and 1M at batch 1 (66 GiB of int8 K/V: no host tier needed).
+      kv8_128k) for kv in bf16 int8; do
+                  run_bench kv8_128k_$kv --contexts 131072 --batches 1,max --methods full,retro --placement gpu \
+                    --kv-dtype $kv
+                done ;;
+      kv8_1m) BENCH_TIMEOUT=${KV8_1M_TIMEOUT:-240} run_bench kv8_1m_int8 --contexts 1048576 --batches 1 --methods retro \
+                --placement gpu --kv-dtype int8 ;;
       # A host-tier layer step against the GPU-resident step at batch 8 (64K: 8 sequences fit in HBM), the
       # block cache grown until the trace's hits pass ~80%.
       hit80) run_bench gpu_64k_b8 --contexts 65536 --batches 8 --methods retro --placement gpu
@@ -260,7 +269,7 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.jsonl"))):
             j = json.loads(line)
         except Exception:
             continue
-        keys = ("context", "batch", "method", "placement", "mode", "host_store", "query_source", "tok_s",
+        keys = ("context", "batch", "method", "placement", "mode", "kv_dtype", "host_store", "query_source", "tok_s",
                 "ms_per_step", "hit_ratio", "hit_ratio_last_step", "status", "message")
         row = {k: j[k] for k in keys if k in j}
         w = j.get("wave") or {}

@@ -69,6 +69,7 @@ struct BenchDecodeOptions {
   bool joined = false;
   int joined_gpu_sessions = 0;  // joined: the first this many sessions with every layer on the GPU
   std::string host_store = "bf16";  // host-tier layers' store element type (WaveBufferConfig::store_dtype)
+  std::string kv_dtype = "bf16";    // GPU-tier KV cache: bf16 or int8 (CudaSessionOptions::kv_dtype)
   std::string query_trace;     // --query-trace: host-tier retrieval clusters follow this cluster trace
   bool stage_times = false;    // --stage-times: host-tier layers time their steps' stages (WaveStageTimes)
   std::string plot_dir;        // --plot: PNG charts of the --out file here after the run
@@ -136,6 +137,7 @@ buffer::SessionPlanRequest plan_request(const ModelConfig& cfg, const BenchDecod
   r.gpu_layers = placement == KvPlacement::kSplit ? o.gpu_layers : -1;
   r.wave.store_dtype = parse_store_dtype(o.host_store);
   r.wave.cache_fraction = o.cache_fraction;
+  r.kv_dtype = parse_dtype(o.kv_dtype);
   r.gpu_free_bytes = gpu_free;
   r.host_free_bytes = host_free;
   return r;
@@ -274,6 +276,7 @@ cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Conf
   opt.wave.store_dtype = parse_store_dtype(o.host_store);
   opt.wave.stage_times = o.stage_times;
   opt.wave.cache_fraction = o.cache_fraction;
+  opt.kv_dtype = parse_dtype(o.kv_dtype);
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
   opt.query_trace = o.query_schedule;
@@ -550,6 +553,7 @@ json check_constructor_refusal(const cuda::CudaModel& model, const Config& c, in
   opt.wave.store_dtype = parse_store_dtype(o.host_store);
   opt.wave.stage_times = o.stage_times;
   opt.wave.cache_fraction = o.cache_fraction;
+  opt.kv_dtype = parse_dtype(o.kv_dtype);
   opt.gpu_memory_limit = gpu_limit;
   opt.host_memory_limit = host_limit;
   const int64_t free0 = cuda::device_memory_info().first;
@@ -653,7 +657,7 @@ void run_bench_decode(const BenchDecodeOptions& o) {
         for (const std::string& spec : batch_specs) {
           json j = {{"bench", "decode"}, {"model", label}, {"context", ctx}, {"method", attention_kind_name(kind)},
                     {"placement", buffer::kv_placement_name(placement)}, {"batch_spec", spec},
-                    {"host_store", o.host_store}};
+                    {"host_store", o.host_store}, {"kv_dtype", o.kv_dtype}};
           try {
             const int64_t host_free =
                 buffer::resolve_host_limit(host_limit, [] { return buffer::host_memory_available(); });
@@ -761,6 +765,11 @@ void setup_bench_decode(CLI::App& app) {
   cmd->add_option("--joined-gpu-sessions", o->joined_gpu_sessions,
                   "With --joined: the first N sessions keep every layer on the GPU, the others use --placement "
                   "(a batch mixing tiers)")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "KV cache element type of the GPU-tier layers: bf16, or int8 (int8 rows with an f32 scale each, "
+                  "2 D + 8 bytes per token and head: full and retro, placement gpu or auto)")
+      ->check(CLI::IsMember({"bf16", "int8"}))
       ->capture_default_str();
   cmd->add_option("--host-store", o->host_store,
                   "Element type of the host-tier layers' KV store: bf16, int8 (per-row scales, widened on the "

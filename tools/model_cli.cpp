@@ -29,9 +29,9 @@ void add_model_options(CLI::App* cmd, ModelCliOptions& o) {
       ->check(CLI::IsMember({"blocks", "f32"}));
   cmd->add_option("--threads", o.threads, "CPU threads (OpenMP + OpenBLAS); 0 = all cores")->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-dtype", o.kv_dtype,
-                  "KV cache storage: f32, bf16, int8 (8 bits and a scale per row: about a quarter of f32's bytes; "
-                  "cpu only), fp8 (e4m3, the same bytes, less accurate than int8 on the models measured; cpu only) "
-                  "or auto (cpu: f32; cuda: bf16, its only one)")
+                  "KV cache storage: f32, bf16, int8 (8 bits and a scale per row: about a quarter of f32's bytes, "
+                  "half of bf16's; cuda: full and retro with every layer on the GPU), fp8 (e4m3, the same bytes, "
+                  "less accurate than int8 on the models measured; cpu only) or auto (cpu: f32; cuda: bf16)")
       ->capture_default_str()
       ->check(CLI::IsMember({"f32", "bf16", "int8", "fp8", "auto"}));
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "Tokens per prefill block; 0 = the device's default (cpu 512, cuda 2048)")

@@ -24,9 +24,15 @@
 
 #include "retroinfer/attention.h"
 #include "retroinfer/cuda_device.h"
+#include "retroinfer/dtype.h"
 #include "retroinfer/wave_buffer.h"
 
 namespace retroinfer::cuda {
+
+namespace detail {
+struct KvInt8Rows;  // src/kernels/decode_kernels.h: int8 K/V rows and their scales
+}  // namespace detail
+class KvInt8Cache;  // src/attention/cuda/kv_int8_cache.h: one layer's 8-bit KV cache
 
 // Exact dense decode attention (flash decoding, split over tokens, GQA-aware): the full-attention
 // baseline on the GPU. A streaming kernel with tensor-map copies of the K/V tiles (1-D bulk copies where no
@@ -41,6 +47,10 @@ class DenseDecoder {
   // Attention of q over the first num_tokens tokens (>= 1) of k, v. scale 0 means 1/sqrt(head_dim).
   void run(const float* q, const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride,
            float scale, float* out, Stream s = nullptr);
+  // The same over int8 K/V rows (the 8-bit KV cache: kernels/decode_kernels.h KvInt8Rows, rows kv_stride apart
+  // per flat head).
+  void run_int8(const float* q, const detail::KvInt8Rows& kv, int64_t num_tokens, int64_t kv_stride, float scale,
+                float* out, Stream s = nullptr);
   // Splits (CTAs per flat head) run() uses for num_tokens.
   int num_splits(int64_t num_tokens) const;
 
@@ -103,6 +113,11 @@ class RetroLayer {
   // update it only records the count (no launch, no synchronisation). The first append switches the
   // token-list capacity to the growth capacity (steady zone up to window + update_tokens - 1 tail tokens).
   void append(int64_t num_tokens, Stream s = nullptr);
+  // The 8-bit KV cache (src/attention/cuda/kv_int8_cache.h; nullptr: off, the default): build() still reads the
+  // bf16 k, v it is given (the runner's staging, free after it returns), but decode reads `cache`'s int8 rows and
+  // an index update widens its block from them (the caller appends each token to `cache` before append()). The
+  // cache must outlive the layer's use of it. Calibration (calibration_missed_mass) is not provided then.
+  void set_int8_kv(const KvInt8Cache* cache);
   // Outlier zone (AttentionConfig::outlier_fraction, index/wave_index.h split_outliers) on the GPU: off by
   // default (build() then behaves as before it existed); call before build().
   void set_outlier_zone(bool on);
@@ -436,10 +451,14 @@ class LayerAttention {
 };
 
 // full (DenseDecoder), retro (RetroLayer; KvTier::kHost: WaveBufferLayer), quest, streaming, oracle.
+// kv_dtype kI8 (full and retro on the GPU tier): the layer keeps its own 8-bit KV cache
+// (src/attention/cuda/kv_int8_cache.h): prefill_done's k, v are staging it quantises (free afterwards) and
+// decode appends k_new / v_new itself, as the host tier does.
 // max_tokens: the most tokens a sequence will hold (sizes workspaces). Throws Error for a method or tier
 // this backend does not provide.
 std::unique_ptr<LayerAttention> make_layer_attention(const AttentionShape& shape, const AttentionConfig& cfg,
                                                      int num_seqs, int64_t max_tokens, KvTier tier,
-                                                     const WaveBufferConfig& wave = {});
+                                                     const WaveBufferConfig& wave = {},
+                                                     DType kv_dtype = DType::kBF16);
 
 }  // namespace retroinfer::cuda

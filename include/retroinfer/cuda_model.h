@@ -99,6 +99,11 @@ struct CudaSessionOptions {
   // rows to wave_traffic(): a small synchronous read of the wave-buffer counters per step (off in `bench
   // decode`, whose timing must not include it; on in the engine's sessions, which report it).
   bool count_wave_traffic = false;
+  // KV cache element type: kBF16, or kI8 (the 8-bit KV cache: int8 rows with an f32 scale each, 2 D + 8 bytes
+  // per token and head instead of 4 D; full and retro, every layer on the GPU). With kI8 each layer's
+  // attention object owns its KV (src/attention/cuda/kv_int8_cache.h) as a host-tier layer does: the prefill
+  // runs layer-major through one bf16 staging layer, which each layer's prefill_done quantises.
+  DType kv_dtype = DType::kBF16;
 };
 
 // Memory a session would take, computed before anything is allocated.

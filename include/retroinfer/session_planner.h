@@ -41,6 +41,7 @@
 #include <string_view>
 
 #include "retroinfer/attention.h"
+#include "retroinfer/dtype.h"
 #include "retroinfer/model_config.h"
 #include "retroinfer/wave_buffer.h"
 #include "retroinfer/wave_counts.h"
@@ -112,6 +113,9 @@ struct SessionPlanRequest {
   int64_t max_context = 0;   // tokens per sequence (> 0)
   int prefill_chunk = 2048;  // tokens per prefill block
   int num_seqs = 1;
+  // GPU-tier KV element type: kBF16 (4 D bytes per token and head) or kI8 (the 8-bit KV cache: 2 D + 8; full
+  // and retro, every layer on the GPU, plus one bf16 staging layer for the layer-major prefill).
+  DType kv_dtype = DType::kBF16;
   KvPlacement placement = KvPlacement::kGpu;
   int gpu_layers = -1;       // kSplit: layers on the GPU; -1 = as many as fit
   int64_t weight_bytes = 0;  // weights to count against gpu_free_bytes (0 when it already excludes them)
@@ -138,8 +142,8 @@ struct SessionPlanBreakdown {
   int64_t method_layer_bytes = 0;     // the method's GPU extras per GPU-tier layer
   int64_t host_layer_gpu_bytes = 0;   // per host-tier layer, on the GPU
   int64_t host_layer_host_bytes = 0;  // per host-tier layer, pinned host
-  // Host-tier layers only: one layer's K/V staged on the GPU during the prefill and the index that
-  // clusters it before the layer's store is filled (released after its build).
+  // Host-tier layers: one layer's bf16 K/V staged on the GPU during the prefill and the index that clusters
+  // it before the layer's store is filled (released after its build); the 8-bit KV cache: the bf16 layer.
   int64_t staging_bytes = 0;
   int64_t build_workspace_bytes = 0;  // retro's transient: one build group's workspace or one update
   int64_t activation_bytes = 0, logits_bytes = 0, weight_bytes = 0;

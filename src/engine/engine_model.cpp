@@ -139,12 +139,13 @@ std::unique_ptr<SequenceSession> make_session(const EngineModel& model, const Se
   RETROINFER_CHECK(opt.max_context >= 0, "session: max_context must be >= 0, got ", opt.max_context);
   if (model.device() == Device::kCpu) return std::make_unique<Session>(model.cpu_model(), opt);
 #if RETROINFER_WITH_CUDA
-  RETROINFER_CHECK(opt.kv_dtype == DType::kBF16, "device cuda: the CUDA runner keeps the KV cache in bf16, not ",
-                   dtype_name(opt.kv_dtype), "; use --kv-dtype bf16 (or auto)",
-                   is_scaled_8bit(opt.kv_dtype) ? " (8-bit KV runs on the CPU runner, --device cpu)" : "");
+  RETROINFER_CHECK(opt.kv_dtype == DType::kBF16 || opt.kv_dtype == DType::kI8, "device cuda: the CUDA runner keeps ",
+                   "the KV cache in bf16 or int8, not ", dtype_name(opt.kv_dtype), "; use --kv-dtype bf16 (or auto) or int8",
+                   opt.kv_dtype == DType::kF8E4M3 ? " (fp8 KV runs on the CPU runner, --device cpu)" : "");
   RETROINFER_CHECK(model.impl().cuda != nullptr, "device cuda: the model was not uploaded");
   cuda::CudaSessionOptions co;
   co.attention = opt.attention;
+  co.kv_dtype = opt.kv_dtype;
   co.max_context = opt.max_context;
   co.prefill_chunk = opt.prefill_chunk;
   co.exact_stats = opt.exact_attention_stats;

@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/async_copy.cuh"
 #include "kernels/common.cuh"
 #include "kernels/decode_estimate.cuh"
 #include "kernels/decode_math.cuh"
@@ -49,11 +50,38 @@ static_assert(size_t{kDecodeCtasPerSm} * (DecodeSmem<128>::kBytes + 1024) <= 228
 //   O^T += P V                          A = P straight from the S fragments (rows g / g + 8: hi / lo parts of
 //                                      p, again exact to 2^-18), B = V rows via ldmatrix.trans.
 // Group sizes up to 8 fill rows 0..7; rows of heads >= G are zero and never written.
+// kInt8 (DecodeParams::kv8): the rows are int8 with an f32 scale each. A tile's int8 rows and scales land by
+// cp.async in an int8 stage (Int8Layout: after one bf16 K and V tile per warp), the warp widens the rows to
+// bf16 into that tile (exact: |q| <= 127) and runs the same MMAs; the K scale multiplies each token's logit
+// after QK^T, the V scale its probability inside P V only (softmax_tile_weighted), so the result is attention
+// over the rows q * s with the bf16 path's 2^-18 carries.
 // kTrigger (decode_exact_kernel): every CTA lets the chained estimation grid launch
 // (griddepcontrol.launch_dependents) right after its PDL wait; nothing else changes.
-template <int D, bool kIndirect, bool kTrigger>
+// A warp's shared memory with int8 rows: one bf16 K tile and one V tile (the widened rows the MMAs read), then
+// kStages int8 stages (K rows, V rows, K scales, V scales). Token lists (the indexed layers' exact grid) keep two
+// stages, in the bf16 path's footprint, so that the exact and estimation grids still share a multiprocessor; a
+// dense range (full attention) takes four: its CTAs run alone (two to a multiprocessor), and three tiles in
+// flight per warp instead of one keep HBM busy while the warp widens and multiplies the fourth.
+template <int D, bool kIndirect>
+struct Int8Layout {
+  static constexpr int kStages = kIndirect ? 2 : 4;
+  static constexpr int kStageBytes = 2 * kT * D + 2 * kT * 4;
+  static constexpr size_t kTileBytes = size_t{2} * kT * DecodeSmem<D>::kRow * 2;  // the bf16 K and V tiles
+  static constexpr size_t kWarpBytes = kTileBytes + size_t{kStages} * kStageBytes;
+  static constexpr size_t kBytes = kW * kWarpBytes;
+  static_assert(kTileBytes % 16 == 0 && kStageBytes % 16 == 0, "16-byte cp.async destinations");
+  static_assert(!kIndirect || kWarpBytes <= DecodeSmem<D>::kWarpBytes, "lists: the bf16 path's footprint");
+};
+// Dynamic shared memory of a decode kernel.
+template <int D, bool kIndirect, bool kInt8>
+constexpr size_t decode_smem_bytes() {
+  if constexpr (kInt8) return Int8Layout<D, kIndirect>::kBytes;
+  return DecodeSmem<D>::kBytes;
+}
+
+template <int D, bool kIndirect, bool kTrigger, bool kInt8>
 __device__ __forceinline__ void decode_body(const DecodeParams& p) {
-  constexpr int S = kStages;
+  constexpr int S = kInt8 ? Int8Layout<D, kIndirect>::kStages : kStages;
   constexpr int kRow = DecodeSmem<D>::kRow;
   constexpr int kChunks = D / 8;             // 16-byte chunks per row
   constexpr int kLoads = kT * kChunks / 32;  // chunks per lane per tile (K or V)
@@ -62,8 +90,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int gq = lane >> 2, tq = lane & 3;
-  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw + warp * DecodeSmem<D>::kWarpBytes);  // [S][kT][kRow]
-  uint16_t* vs = ks + S * kT * kRow;                                                        // [S][kT][kRow]
+  constexpr size_t kWarpBytes = kInt8 ? Int8Layout<D, kIndirect>::kWarpBytes : DecodeSmem<D>::kWarpBytes;
+  uint16_t* ks = reinterpret_cast<uint16_t*>(smem_raw + warp * kWarpBytes);  // [S][kT][kRow] (kInt8: [1][kT][kRow])
+  uint16_t* vs = ks + (kInt8 ? 1 : S) * kT * kRow;                           // [S][kT][kRow] (kInt8: [1][kT][kRow])
 
   const int h = blockIdx.y, split = blockIdx.x, G = p.group;
 
@@ -86,8 +115,15 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   const int64_t begin = int64_t{split} * split_len;
   const int64_t end = begin + split_len < count ? begin + split_len : count;
 
-  const uint16_t* kh = p.k + int64_t{h} * p.kv_stride * D;
-  const uint16_t* vh = p.v + int64_t{h} * p.kv_stride * D;
+  const uint16_t* kh = kInt8 ? nullptr : p.k + int64_t{h} * p.kv_stride * D;
+  const uint16_t* vh = kInt8 ? nullptr : p.v + int64_t{h} * p.kv_stride * D;
+  // kInt8: the head's int8 rows and scales; int8 stage i at q8_base + i * kStageBytes (Int8Layout).
+  const int8_t* kh8 = kInt8 ? p.kv8.k + int64_t{h} * p.kv_stride * D : nullptr;
+  const int8_t* vh8 = kInt8 ? p.kv8.v + int64_t{h} * p.kv_stride * D : nullptr;
+  const float* ksh = kInt8 ? p.kv8.k_scale + int64_t{h} * p.kv_stride : nullptr;
+  const float* vsh = kInt8 ? p.kv8.v_scale + int64_t{h} * p.kv_stride : nullptr;
+  unsigned char* q8_base = reinterpret_cast<unsigned char*>(vs + kT * kRow);
+  constexpr int kQ8StageBytes = Int8Layout<D, kIndirect>::kStageBytes;
   const int* list = kIndirect ? p.token_list + int64_t{h} * p.list_stride : nullptr;
   const int ntiles = end > begin ? static_cast<int>((end - begin + kT - 1) / kT) : 0;
 
@@ -99,19 +135,37 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     if constexpr (kIndirect) {
       if (lane < valid) tok_lane = list[p0 + lane];
     }
+    auto token = [&](int row) -> int64_t {
+      if constexpr (kIndirect) return __shfl_sync(0xffffffffu, tok_lane, row);
+      return row < valid ? p0 + row : p0;
+    };
+    if constexpr (kInt8) {
+      constexpr int kChunks8 = D / 16;              // 16-byte chunks per int8 row
+      constexpr int kLoads8 = kT * kChunks8 / 32;   // per lane per tile (K or V)
+      unsigned char* st8 = q8_base + buf * kQ8StageBytes;
 #pragma unroll
-    for (int i = 0; i < kLoads; ++i) {
-      const int c = lane + 32 * i;
-      const int row = c / kChunks, col = c % kChunks;
-      int64_t tok;
-      if constexpr (kIndirect) {
-        tok = __shfl_sync(0xffffffffu, tok_lane, row);
-      } else {
-        tok = row < valid ? p0 + row : p0;
+      for (int i = 0; i < kLoads8; ++i) {
+        const int c = lane + 32 * i;
+        const int row = c / kChunks8, col = c % kChunks8;
+        const int64_t tok = token(row);
+        const bool ok = row < valid;
+        cp_async16_zfill(st8 + row * D + col * 16, kh8 + tok * D + col * 16, ok);
+        cp_async16_zfill(st8 + kT * D + row * D + col * 16, vh8 + tok * D + col * 16, ok);
       }
-      const bool ok = row < valid;  // rows past the end are zero-filled (P is 0 there; 0 * NaN would poison)
-      cp_async16_zfill(ks + (buf * kT + row) * kRow + col * 8, kh + tok * D + col * 8, ok);
-      cp_async16_zfill(vs + (buf * kT + row) * kRow + col * 8, vh + tok * D + col * 8, ok);
+      const int row = lane & (kT - 1);
+      const int64_t tok = token(row);
+      const bool v_half = lane >= kT;
+      cp_async4_zfill(st8 + 2 * kT * D + (v_half ? kT * 4 : 0) + row * 4, (v_half ? vsh : ksh) + tok, row < valid);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const int c = lane + 32 * i;
+        const int row = c / kChunks, col = c % kChunks;
+        const int64_t tok = token(row);
+        const bool ok = row < valid;  // rows past the end are zero-filled (P is 0 there; 0 * NaN would poison)
+        cp_async16_zfill(ks + (buf * kT + row) * kRow + col * 8, kh + tok * D + col * 8, ok);
+        cp_async16_zfill(vs + (buf * kT + row) * kRow + col * 8, vh + tok * D + col * 8, ok);
+      }
     }
     cp_async_commit();
   };
@@ -133,13 +187,37 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   for (int it = 0;; ++it) {
     const int t = warp + it * kW;
     if (t >= ntiles) break;
-    const int buf = it % S;
+    const int buf = kInt8 ? 0 : it % S;  // kInt8: the rows widened into the one bf16 tile
     if (t + (S - 1) * kW < ntiles) load_tile(t + (S - 1) * kW, (it + S - 1) % S);
     else cp_async_commit();
     cp_async_wait<S - 1>();
     __syncwarp();
     const int64_t p0 = begin + int64_t{t} * kT;
     const int valid = static_cast<int>(end - p0 < kT ? end - p0 : kT);
+    float k_scale[4] = {1, 1, 1, 1}, v_scale[4] = {1, 1, 1, 1};
+    if constexpr (kInt8) {
+      const unsigned char* st8 = q8_base + (it % S) * kQ8StageBytes;
+      constexpr int kChunks8 = D / 16;
+#pragma unroll
+      for (int i = 0; i < 2 * kT * kChunks8 / 32; ++i) {  // K then V rows: 16 int8 -> 16 bf16 per chunk
+        const int c = lane + 32 * i;
+        const int kv = c / (kT * kChunks8), row = (c / kChunks8) % kT, col = c % kChunks8;
+        const uint4 w = *reinterpret_cast<const uint4*>(st8 + (kv * kT + row) * D + col * 16);
+        uint4 lo, hi;
+        int8_chunk_to_bf16(w, lo, hi);
+        uint16_t* dst = (kv == 0 ? ks : vs) + row * kRow + col * 16;
+        *reinterpret_cast<uint4*>(dst) = lo;
+        *reinterpret_cast<uint4*>(dst + 8) = hi;
+      }
+      const float* scl = reinterpret_cast<const float*>(st8 + 2 * kT * D);
+      const int tk[4] = {2 * tq, 2 * tq + 1, 8 + 2 * tq, 9 + 2 * tq};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        k_scale[j] = scl[tk[j]];
+        v_scale[j] = scl[kT + tk[j]];
+      }
+      __syncwarp();
+    }
 
     // S^T: n-tile 0 = tokens 0..7, n-tile 1 = tokens 8..15. Matrices: (tok 0-7, k lo), (tok 0-7, k hi),
     // (tok 8-15, k lo), (tok 8-15, k hi).
@@ -153,9 +231,13 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
       mma_bf16_16816(c1, qa[k], b[2], b[3]);
     }
     float s[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
+    if constexpr (kInt8) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) s[j] *= k_scale[j];
+    }
     const int tok[4] = {2 * tq, 2 * tq + 1, 8 + 2 * tq, 9 + 2 * tq};
     uint32_t pa[4];  // P's A fragments (decode_math.cuh: masked online softmax, m / l / o updated)
-    softmax_tile<kNt>(s, tok, valid, m, l, o, pa);
+    softmax_tile_weighted<kNt>(s, tok, valid, m, l, o, pa, v_scale);
     // O += P V. Matrices: (tok 0-7, dims d0..), (tok 8-15, dims d0..), (tok 0-7, d0+8..), (tok 8-15, d0+8..).
     const uint16_t* vb = vs + (buf * kT + (mi & 1) * 8 + ri) * kRow + (mi >> 1) * 8;
 #pragma unroll
@@ -186,9 +268,9 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   }
 }
 
-template <int D, bool kIndirect>
+template <int D, bool kIndirect, bool kInt8>
 __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
-  decode_body<D, kIndirect, false>(p);
+  decode_body<D, kIndirect, false, kInt8>(p);
 }
 
 // The two grids of a decode with an estimation zone (DecodeParams::est_ctas > 0):
@@ -206,9 +288,9 @@ __global__ void __launch_bounds__(kW * 32) decode_kernel(const DecodeParams p) {
 //                        multiprocessor without exact CTAs). Without p.chain_pdl the grids run one after the
 //                        other (stream order).
 // Both grids write their own slots of the partial states; combine_states merges them.
-template <int D>
+template <int D, bool kInt8>
 __global__ void __launch_bounds__(kW * 32, 4) decode_exact_kernel(const DecodeParams p) {
-  decode_body<D, true, true>(p);
+  decode_body<D, true, true, kInt8>(p);
 }
 // The grid's last CTA (in launch order) waits for the exact grid after its own work: a grid that never
 // waited could complete before the grid it depends on, and whatever follows on the stream (or waits on this
@@ -278,19 +360,19 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const CombineP
   }
 }
 
-template <int D, bool kIndirect>
+template <int D, bool kIndirect, bool kInt8>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t s) {
-  constexpr size_t bytes = DecodeSmem<D>::kBytes;
+  constexpr size_t bytes = decode_smem_bytes<D, kIndirect, kInt8>();
   static_assert(DecodeSmem<D>::kWarpBytes * kW >= size_t{kW} * kMaxGroup * D * 4 + kW * kMaxGroup * 8,
                 "the warp-merge staging must fit in the tile buffers");
   static bool attr_set = false;  // once per instantiation (host-side; the layers are single-threaded)
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<D, kIndirect>,
+    const cudaError_t e = cudaFuncSetAttribute(decode_kernel<D, kIndirect, kInt8>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
-  return launch_maybe_pdl(decode_kernel<D, kIndirect>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s,
+  return launch_maybe_pdl(decode_kernel<D, kIndirect, kInt8>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), bytes, s,
                           p.pdl, p);
 }
 
@@ -307,13 +389,13 @@ cudaError_t set_chained_attributes(K kernel, size_t bytes, bool& done) {
 }
 
 // The exact grid, then the estimation grid chained behind it (decode_exact_kernel, estimate_kernel).
-template <int D>
+template <int D, bool kInt8>
 cudaError_t launch_exact_and_estimate(const DecodeParams& p, cudaStream_t s) {
   constexpr size_t exact_bytes = DecodeSmem<D>::kBytes, est_bytes = EstSmem<D>::kBytes;
   static bool exact_set = false, est_set = false;
-  cudaError_t e = set_chained_attributes(decode_exact_kernel<D>, exact_bytes, exact_set);
+  cudaError_t e = set_chained_attributes(decode_exact_kernel<D, kInt8>, exact_bytes, exact_set);
   if (e != cudaSuccess) return e;
-  e = launch_maybe_pdl(decode_exact_kernel<D>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), exact_bytes, s, p.pdl,
+  e = launch_maybe_pdl(decode_exact_kernel<D, kInt8>, dim3(p.num_splits, p.num_heads), dim3(kW * 32), exact_bytes, s, p.pdl,
                        p);
   if (e != cudaSuccess) return e;
   e = set_chained_attributes(estimate_kernel<D>, est_bytes, est_set);
@@ -322,10 +404,14 @@ cudaError_t launch_exact_and_estimate(const DecodeParams& p, cudaStream_t s) {
                           p);
 }
 
+template <int D, bool kInt8>
+cudaError_t launch_decode_kv(const DecodeParams& p, cudaStream_t s) {
+  if (p.token_list == nullptr) return launch_decode<D, false, kInt8>(p, s);
+  return p.est_ctas > 0 ? launch_exact_and_estimate<D, kInt8>(p, s) : launch_decode<D, true, kInt8>(p, s);
+}
 template <int D>
 cudaError_t launch_decode_dim(const DecodeParams& p, cudaStream_t s) {
-  if (p.token_list == nullptr) return launch_decode<D, false>(p, s);
-  return p.est_ctas > 0 ? launch_exact_and_estimate<D>(p, s) : launch_decode<D, true>(p, s);
+  return p.kv8.on() ? launch_decode_kv<D, true>(p, s) : launch_decode_kv<D, false>(p, s);
 }
 
 // exact_grid_footprint: the attributes of one kernel.
@@ -340,7 +426,7 @@ cudaError_t kernel_footprint(K kernel, size_t dynamic_bytes, int& regs, size_t& 
 }
 template <int D>
 cudaError_t footprint_of(ExactGridFootprint& f) {
-  const cudaError_t e = kernel_footprint(decode_exact_kernel<D>, DecodeSmem<D>::kBytes, f.exact_regs, f.exact_smem);
+  const cudaError_t e = kernel_footprint(decode_exact_kernel<D, false>, DecodeSmem<D>::kBytes, f.exact_regs, f.exact_smem);
   if (e != cudaSuccess) return e;
   return kernel_footprint(estimate_kernel<D>, EstSmem<D>::kBytes, f.est_regs, f.est_smem);
 }
@@ -370,6 +456,9 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
                          int64_t{p.est_ctas - 1} * kEstimateChunk >= p.est.k_estimation ||
                          p.est.split_offset + p.est_ctas > p.total_splits))
     return cudaErrorInvalidValue;  // every estimation CTA must own >= 1 cluster and a slot
+  if (p.kv8.on() ? (p.kv8.v == nullptr || p.kv8.k_scale == nullptr || p.kv8.v_scale == nullptr || p.k != nullptr)
+                 : (p.k == nullptr || p.v == nullptr))
+    return cudaErrorInvalidValue;  // one kind of rows, complete
   if (p.head_dim == 128) return launch_decode_dim<128>(p, s);
   if (p.head_dim == 64) return launch_decode_dim<64>(p, s);
   return cudaErrorInvalidValue;

@@ -67,6 +67,9 @@ struct DenseDecodeArgs {
   const float* q = nullptr;     // [H, G, D] f32 (unscaled)
   const uint16_t* k = nullptr;  // [H, kv_stride, D] bf16
   const uint16_t* v = nullptr;  // [H, kv_stride, D] bf16
+  // int8 rows instead of k / v (the 8-bit KV cache): decode.cu's split-K kernel and combine_states (kernel
+  // and merge_counter are then unused).
+  KvInt8Rows kv8;
   int64_t kv_stride = 0, num_tokens = 0;
   int num_heads = 0, group = 0, head_dim = 0;
   float scale = 0.0f;  // the effective scale (effective_scale)

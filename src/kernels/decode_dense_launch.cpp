@@ -26,9 +26,49 @@ int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim)
   return dense_stream_splits(num_tokens, num_heads, sm_count(), ctas < kDenseCtasPerSm ? ctas : kDenseCtasPerSm);
 }
 
+namespace {
+// int8 rows (a.kv8): decode.cu's split-K kernel over the dense range (the streaming kernels copy bf16 tiles
+// straight into the MMA layout), then combine_states.
+int dense_decode_int8(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
+  RETROINFER_CHECK(a.kv8.v != nullptr && a.kv8.k_scale != nullptr && a.kv8.v_scale != nullptr &&
+                       (reinterpret_cast<uintptr_t>(a.kv8.k) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.kv8.v) & 15) == 0,
+                   who, ": int8 dense decode needs 16-byte aligned K and V rows and both scale arrays");
+  int splits = decode_splits(a.num_tokens, a.num_heads, 1);
+  if (splits > a.max_splits) splits = a.max_splits;
+  const int64_t per = split_tokens(a.num_tokens, splits);
+  splits = static_cast<int>(ceil_div(a.num_tokens, per));
+  DecodeParams p;
+  p.q = a.q;
+  p.kv8 = a.kv8;
+  p.kv_stride = a.kv_stride;
+  p.num_tokens = a.num_tokens;
+  p.num_heads = a.num_heads;
+  p.group = a.group;
+  p.head_dim = a.head_dim;
+  p.scale = a.scale;
+  p.num_splits = splits;
+  p.split_tokens = per;
+  p.part_ml = a.part_ml;
+  p.part_o = a.part_o;
+  p.total_splits = splits;
+  launch_check(decode_attention(p, st), who, st);
+  CombineParams c;
+  c.part_ml = a.part_ml;
+  c.part_o = a.part_o;
+  c.num_heads = a.num_heads;
+  c.group = a.group;
+  c.head_dim = a.head_dim;
+  c.total_splits = splits;
+  c.out = a.out;
+  launch_check(combine_states(c, st), who, st);
+  return splits;
+}
+}  // namespace
+
 int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
-  RETROINFER_CHECK(a.q != nullptr && a.k != nullptr && a.v != nullptr && a.out != nullptr && a.part_ml != nullptr &&
-                       a.part_o != nullptr,
+  const bool int8 = a.kv8.on();
+  RETROINFER_CHECK(a.q != nullptr && (int8 || (a.k != nullptr && a.v != nullptr)) && a.out != nullptr &&
+                       a.part_ml != nullptr && a.part_o != nullptr,
                    who, ": dense decode with a null q, K, V, out or split workspace");
   RETROINFER_CHECK(a.num_tokens >= 1 && a.kv_stride >= a.num_tokens, who, ": dense decode of ", a.num_tokens,
                    " tokens in rows of stride ", a.kv_stride, " (need 1 <= tokens <= stride)");
@@ -36,6 +76,7 @@ int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
                    who, ": dense decode shape H=", a.num_heads, " G=", a.group, " D=", a.head_dim,
                    " (need G in [1, ", kMaxGroup, "], D 64 or 128)");
   RETROINFER_CHECK(a.max_splits >= 1, who, ": dense decode with a split workspace of ", a.max_splits, " slots");
+  if (int8) return dense_decode_int8(a, st, who);
   // 16-byte copies (cp.async, bulk copies) of whole rows: the K/V bases must be 16-byte aligned (rows are
   // 128 / 256 bytes, so every row then is).
   RETROINFER_CHECK((reinterpret_cast<uintptr_t>(a.k) & 15) == 0 && (reinterpret_cast<uintptr_t>(a.v) & 15) == 0, who,

@@ -41,10 +41,21 @@ struct EstimationZone {
 // multiprocessor beside three exact CTAs and eight fill one alone.
 inline constexpr int kEstimateChunk = 64;
 
+// int8 K/V rows (the 8-bit KV cache, --kv-dtype int8): row t of flat head h holds D int8 values q and one f32
+// scale s (x = q * s): values [H, kv_stride, D] (16-byte aligned), scales [H, kv_stride].
+struct KvInt8Rows {
+  const int8_t* k = nullptr;
+  const int8_t* v = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  bool on() const { return k != nullptr; }
+};
+
 struct DecodeParams {
   const float* q = nullptr;   // [H, G, D] f32 (unscaled)
-  const uint16_t* k = nullptr;  // K
+  const uint16_t* k = nullptr;  // K, bf16 [H, kv_stride, D] (null with kv8)
   const uint16_t* v = nullptr;  // V
+  KvInt8Rows kv8;               // int8 K/V instead of k / v (kv8.on())
   int64_t kv_stride = 0;
   // Tokens: dense [0, num_tokens) when token_list is null, else token_list[h, 0 .. token_count[h]).
   int64_t num_tokens = 0;

@@ -48,9 +48,12 @@ __device__ __forceinline__ void query_fragments(uint32_t (&qa)[D / 16][4], const
 // the running max and this lane's partial sum, o [kNt][4] the P.V accumulators. Updates m, l (l rescaled
 // then plus this tile's 4 probabilities), rescales o, and returns P's A fragments pa (hi / lo split as the
 // query's) for O += P V. The quad's lanes (same query head) must call it together (max by shuffles).
+// v_weight[j]: token tok[j]'s factor in P V only (an int8 V row's scale; 1 for bf16 rows): pa carries
+// p_j * v_weight[j] while l sums the p_j.
 template <int kNt>
-__device__ __forceinline__ void softmax_tile(float (&s)[4], const int (&tok)[4], int valid, float& m, float& l,
-                                             float (&o)[kNt][4], uint32_t (&pa)[4]) {
+__device__ __forceinline__ void softmax_tile_weighted(float (&s)[4], const int (&tok)[4], int valid, float& m, float& l,
+                                                      float (&o)[kNt][4], uint32_t (&pa)[4],
+                                                      const float (&v_weight)[4]) {
   float mx = -INFINITY;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -72,11 +75,18 @@ __device__ __forceinline__ void softmax_tile(float (&s)[4], const int (&tok)[4],
   }
   float ph[4], pl[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) split_bf16(pr[j], ph[j], pl[j]);
+  for (int j = 0; j < 4; ++j) split_bf16(pr[j] * v_weight[j], ph[j], pl[j]);
   pa[0] = pack_bf16(ph[0], ph[1]);
   pa[1] = pack_bf16(pl[0], pl[1]);
   pa[2] = pack_bf16(ph[2], ph[3]);
   pa[3] = pack_bf16(pl[2], pl[3]);
+}
+// softmax_tile_weighted with every weight 1 (bf16 V rows; x * 1.0f is x, so the results are unchanged).
+template <int kNt>
+__device__ __forceinline__ void softmax_tile(float (&s)[4], const int (&tok)[4], int valid, float& m, float& l,
+                                             float (&o)[kNt][4], uint32_t (&pa)[4]) {
+  const float ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  softmax_tile_weighted<kNt>(s, tok, valid, m, l, o, pa, ones);
 }
 
 // The CTA's merge of its warps' states (after the token loop, l already summed over the quad): each warp

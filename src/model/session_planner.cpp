@@ -110,6 +110,7 @@ namespace {
 
 struct LayerSizes {
   int64_t kv = 0, method = 0, host_gpu = 0, host_host = 0, build = 0;
+  int64_t staging = 0;  // one layer's bf16 K/V of every sequence (the layer-major prefill's staging)
   int64_t host_build = 0;  // transient, one host-tier layer at a time: the index that clusters it
 };
 
@@ -118,7 +119,9 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
   const int64_t n = r.max_context, d = r.head_dim, g = r.num_heads_q / r.num_heads_kv;
   const int64_t flat = int64_t{r.num_seqs} * r.num_heads_kv;
   LayerSizes s;
-  s.kv = 2 * flat * n * d * 2;
+  s.staging = 2 * flat * n * d * 2;
+  // The 8-bit KV cache's int8 K and V rows with an f32 scale each (attention/cuda/kv_int8_cache.h).
+  s.kv = r.kv_dtype == DType::kI8 ? flat * n * (2 * d + 8) : s.staging;
   const int64_t split_ws = kDecodeCtaBound * g * (8 + 4 * d);
   switch (a.kind) {
     case AttentionKind::kFull:
@@ -232,6 +235,17 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   validate(r.attention);
   const bool retro = r.attention.kind == AttentionKind::kRetro;
   const int L = r.num_layers;
+  const bool kv8 = r.kv_dtype == DType::kI8;
+  RETROINFER_CHECK(r.kv_dtype == DType::kBF16 || kv8, "session plan: the CUDA runner keeps its KV cache in bf16 ",
+                   "or int8, not ", dtype_name(r.kv_dtype));
+  RETROINFER_CHECK(!kv8 || retro || r.attention.kind == AttentionKind::kFull, "session plan: the 8-bit KV cache ",
+                   "(kv_dtype int8) is provided for full and retro attention on the GPU, not for '",
+                   attention_kind_name(r.attention.kind), "'; use kv_dtype bf16");
+  RETROINFER_CHECK(!kv8 || r.placement == KvPlacement::kGpu || r.placement == KvPlacement::kAuto ||
+                       (r.placement == KvPlacement::kSplit && r.gpu_layers == L),
+                   "session plan: the 8-bit KV cache (kv_dtype int8) keeps every layer on the GPU, not placement '",
+                   kv_placement_name(r.placement), "'; use placement gpu or auto (the host tier's store is ",
+                   "compressed by host_store int8 / int4 instead)");
   RETROINFER_CHECK(retro || r.placement == KvPlacement::kGpu || r.placement == KvPlacement::kAuto ||
                        (r.placement == KvPlacement::kSplit && r.gpu_layers == L),
                    "session plan: KV placement '", kv_placement_name(r.placement), "' keeps layers in host ",
@@ -262,7 +276,8 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   p.host_free_bytes = r.host_free_bytes;
   const int64_t fixed = p.weight_bytes + p.activation_bytes + p.logits_bytes + p.build_workspace_bytes;
   auto gpu_need = [&](int g) {
-    return fixed + g * (ls.kv + ls.method) + (L - g) * ls.host_gpu + (g < L ? ls.kv + ls.host_build : 0);
+    return fixed + g * (ls.kv + ls.method) + (L - g) * ls.host_gpu + (g < L ? ls.staging + ls.host_build : 0) +
+           (kv8 ? ls.staging : 0);
   };
   auto host_need = [&](int g) { return (L - g) * ls.host_host; };
 
@@ -277,7 +292,7 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
         g = r.gpu_layers;
         break;
       }
-      if (r.placement == KvPlacement::kAuto && (gpu_need(L) <= r.gpu_free_bytes || !retro)) {
+      if (r.placement == KvPlacement::kAuto && (gpu_need(L) <= r.gpu_free_bytes || !retro || kv8)) {
         placed = KvPlacement::kGpu;
         g = L;
         break;
@@ -293,7 +308,7 @@ SessionPlanBreakdown plan_session(const SessionPlanRequest& r) {
   p.placement = placed;
   p.gpu_layers = g;
   p.host_layers = L - g;
-  p.staging_bytes = g < L ? ls.kv + ls.host_build : 0;
+  p.staging_bytes = (g < L ? ls.staging + ls.host_build : 0) + (kv8 ? ls.staging : 0);
   p.gpu_bytes = gpu_need(g);
   p.host_bytes = host_need(g);
   const bool gpu_ok = p.gpu_bytes <= r.gpu_free_bytes, host_ok = p.host_bytes <= r.host_free_bytes;

@@ -163,6 +163,57 @@ TEST(SessionPlanner, Int8HostStoreHalvesTheHostBytes) {
   EXPECT_EQ(int8.host_layer_gpu_bytes, bf16.host_layer_gpu_bytes);
 }
 
+// The 8-bit KV cache (kv_dtype int8): per token and head 2 D int8 values and 2 f32 scales on the GPU, 264
+// bytes at D = 128 against bf16's 512, plus one bf16 layer staged for the layer-major prefill; every layer
+// stays on the GPU, so batch 14 of 128K fits where bf16 holds 7 (the H200's ~130 GiB).
+TEST(SessionPlanner, Int8KvHalvesTheGpuKvAndStagesOneBf16Layer) {
+  SessionPlanRequest r = llama(AttentionKind::kFull, 131072, 2, KvPlacement::kGpu, 200 * kGiB, 0);
+  const auto bf16 = plan_session(r);
+  r.kv_dtype = DType::kI8;
+  const auto int8 = plan_session(r);
+  EXPECT_EQ(int8.kv_layer_bytes, int64_t{2} * 8 * 131072 * (2 * 128 + 8));
+  EXPECT_EQ(int8.kv_layer_bytes * 512, bf16.kv_layer_bytes * 264);
+  EXPECT_EQ(int8.staging_bytes, bf16.kv_layer_bytes);  // one bf16 layer of both sequences
+  EXPECT_EQ(int8.gpu_bytes - bf16.gpu_bytes, 32 * (int8.kv_layer_bytes - bf16.kv_layer_bytes) + int8.staging_bytes);
+  EXPECT_EQ(int8.gpu_layers, 32);
+  for (AttentionKind kind : {AttentionKind::kFull, AttentionKind::kRetro}) {
+    SessionPlanRequest b = llama(kind, 131072, 1, KvPlacement::kGpu, 130 * kGiB - 15 * kGiB, 0);
+    b.weight_bytes = 15 * kGiB;
+    const int bf16_batch = largest_batch(b, 64);
+    b.kv_dtype = DType::kI8;
+    const int int8_batch = largest_batch(b, 64);
+    EXPECT_GE(int8_batch, 2 * bf16_batch - 1) << attention_kind_name(kind) << ": bf16 " << bf16_batch << ", int8 "
+                                              << int8_batch;
+    EXPECT_GE(bf16_batch, 1);
+  }
+}
+
+TEST(SessionPlanner, Int8KvRefusalsNameTheWayOut) {
+  auto refused = [](SessionPlanRequest r, const std::string& words) {
+    try {
+      plan_session(r);
+      ADD_FAILURE() << "planned: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  SessionPlanRequest r = llama(AttentionKind::kQuest, 8192, 1, KvPlacement::kGpu, 100 * kGiB, 0);
+  r.kv_dtype = DType::kI8;
+  refused(r, "full and retro");
+  r = llama(AttentionKind::kRetro, 8192, 1, KvPlacement::kHost, 100 * kGiB, 100 * kGiB);
+  r.kv_dtype = DType::kI8;
+  refused(r, "host_store");
+  r.placement = KvPlacement::kSplit;
+  r.gpu_layers = 8;
+  refused(r, "every layer on the GPU");
+  r.kv_dtype = DType::kF8E4M3;
+  refused(r, "bf16 or int8");
+  // auto with int8 never spills to the host: a context that does not fit is refused.
+  r = llama(AttentionKind::kRetro, 1048576, 2, KvPlacement::kAuto, 100 * kGiB, 500 * kGiB);
+  r.kv_dtype = DType::kI8;
+  refused(r, "nothing was allocated");
+}
+
 TEST(SessionPlanner, SplitTakesTheMostGpuLayersThatFit) {
   // 1M tokens x 128 KiB = 128 GiB of K/V: neither 100 GiB of GPU nor 100 GiB of host holds it alone.
   const SessionPlanRequest r =

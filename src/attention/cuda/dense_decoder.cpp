@@ -34,6 +34,29 @@ DenseDecoder::~DenseDecoder() = default;
 DenseDecoder::DenseDecoder(DenseDecoder&&) noexcept = default;
 DenseDecoder& DenseDecoder::operator=(DenseDecoder&&) noexcept = default;
 
+void DenseDecoder::run_int8(const float* q, const detail::KvInt8Rows& kv, int64_t num_tokens, int64_t kv_stride,
+                            float scale, float* out, Stream s) {
+  RETROINFER_CHECK(kv.on() && q != nullptr && out != nullptr, "DenseDecoder::run_int8: null K rows, q or out");
+  RETROINFER_CHECK(num_tokens >= 1 && num_tokens <= impl_->max_tokens && kv_stride >= num_tokens,
+                   "DenseDecoder::run_int8: num_tokens ", num_tokens, " outside [1, ", impl_->max_tokens,
+                   "] or past the row stride ", kv_stride);
+  const auto& sh = impl_->shape;
+  detail::DenseDecodeArgs a;
+  a.q = q;
+  a.kv8 = kv;
+  a.kv_stride = kv_stride;
+  a.num_tokens = num_tokens;
+  a.num_heads = impl_->num_seqs * sh.num_heads_kv;
+  a.group = sh.num_heads_q / sh.num_heads_kv;
+  a.head_dim = sh.head_dim;
+  a.scale = detail::effective_scale(scale, sh.head_dim);
+  a.part_ml = impl_->part_ml.as<float2>();
+  a.part_o = impl_->part_o.as<float>();
+  a.max_splits = impl_->max_splits;
+  a.out = out;
+  detail::dense_decode(a, static_cast<cudaStream_t>(s), "dense_decode(DenseDecoder, int8)");
+}
+
 int DenseDecoder::num_splits(int64_t num_tokens) const {
   // One full wave of CTAs: long splits amortise each CTA's pipeline fill and state merge (two waves of
   // shorter splits leave HBM bandwidth unused).

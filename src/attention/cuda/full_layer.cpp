@@ -3,6 +3,8 @@
 
 #include <optional>
 
+#include "attention/cuda/kv_int8_cache.h"
+#include "kernels/decode_dense.h"
 #include "kernels/kernels.h"
 #include "kernels/prefill_attention_ref.h"
 #include "retroinfer/error.h"
@@ -12,7 +14,8 @@ namespace {
 
 class FullLayerAttention final : public LayerAttention {
  public:
-  FullLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs, int64_t max_tokens)
+  FullLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs, int64_t max_tokens,
+                     DType kv_dtype)
       : shape_(shape), scale_(cfg.scale), num_seqs_(num_seqs), max_tokens_(max_tokens) {
     validate(shape);
     validate(cfg);
@@ -29,23 +32,46 @@ class FullLayerAttention final : public LayerAttention {
       RETROINFER_CHECK(shape.head_dim % 2 == 0 && shape.head_dim <= model::kRefMaxHeadDim, "full attention: head_dim ",
                        shape.head_dim, " is not supported (even, <= ", model::kRefMaxHeadDim, ")");
     }
+    if (kv_dtype == DType::kI8) {
+      RETROINFER_CHECK(decoder_.has_value(), "full attention: the 8-bit KV cache takes head_dim 64 or 128 and GQA ",
+                       "groups up to ", detail::kMaxGroup, ", not head_dim ", shape.head_dim, " group ", group);
+      kv8_.emplace(num_seqs * shape.num_heads_kv, max_tokens, shape.head_dim);
+      device_bytes_ += kv8_->device_bytes();
+    } else {
+      RETROINFER_CHECK(kv_dtype == DType::kBF16, "full attention on the GPU keeps its KV in bf16 or int8, not ",
+                       dtype_name(kv_dtype));
+    }
   }
 
-  void prefill_done(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream) override {
+  // 8-bit KV: k, v are the runner's bf16 staging, quantised into the layer's own cache (and then free).
+  void prefill_done(const uint16_t* k, const uint16_t* v, int64_t num_tokens, int64_t kv_stride, Stream s) override {
     RETROINFER_CHECK(k != nullptr && v != nullptr, "full attention: prefill_done with null K or V");
     RETROINFER_CHECK(num_tokens >= 0 && kv_stride >= num_tokens && kv_stride >= max_tokens_,
                      "full attention: kv_stride ", kv_stride, " must hold max_tokens ", max_tokens_, " and the ",
                      num_tokens, " prefilled tokens");
+    prefilled_ = true;
+    if (kv8_) {  // flat head f of the staging at f * kv_stride rows, as the cache's at f * max_tokens_
+      kv8_->fill(k, v, num_tokens, kv_stride, s);
+      n_ = num_tokens;
+      return;
+    }
     k_ = k;
     v_ = v;
     kv_stride_ = kv_stride;
   }
 
-  void decode(const float* q, const uint16_t*, const uint16_t*, int64_t num_tokens, float* out, Stream s) override {
-    RETROINFER_CHECK(k_ != nullptr, "full attention: decode before prefill_done");
+  void decode(const float* q, const uint16_t* k_new, const uint16_t* v_new, int64_t num_tokens, float* out,
+              Stream s) override {
+    RETROINFER_CHECK(prefilled_, "full attention: decode before prefill_done");
     RETROINFER_CHECK(num_tokens >= 1 && num_tokens <= max_tokens_, "full attention: num_tokens ", num_tokens,
                      " outside [1, ", max_tokens_, "]");
-    if (decoder_) {
+    if (kv8_) {  // the layer owns its KV: append the step's token, then attend over the int8 rows
+      RETROINFER_CHECK(num_tokens == n_ + 1, "full attention (8-bit KV): ", num_tokens, " tokens after ", n_,
+                       " (the layer appends exactly one token per step)");
+      kv8_->append(k_new, v_new, num_tokens - 1, s);
+      n_ = num_tokens;
+      decoder_->run_int8(q, kv8_->rows(), num_tokens, max_tokens_, scale_, out, s);
+    } else if (decoder_) {
       decoder_->run(q, k_, v_, num_tokens, kv_stride_, scale_, out, s);
     } else {
       model::RefAttentionArgs a;
@@ -75,6 +101,9 @@ class FullLayerAttention final : public LayerAttention {
   int num_seqs_ = 1;
   int64_t max_tokens_ = 0;
   std::optional<DenseDecoder> decoder_;  // empty: the reference kernel
+  std::optional<KvInt8Cache> kv8_;       // the 8-bit KV cache (kv_dtype int8): the layer owns its KV
+  int64_t n_ = 0;                        // kv8_: tokens held
+  bool prefilled_ = false;
   int64_t device_bytes_ = 0;
   const uint16_t* k_ = nullptr;  // [num_seqs, Hkv, kv_stride_, D] bf16, owned by the runner
   const uint16_t* v_ = nullptr;
@@ -85,8 +114,8 @@ class FullLayerAttention final : public LayerAttention {
 }  // namespace
 
 std::unique_ptr<LayerAttention> make_full_layer_attention(const AttentionShape& shape, const AttentionConfig& cfg,
-                                                          int num_seqs, int64_t max_tokens) {
-  return std::make_unique<FullLayerAttention>(shape, cfg, num_seqs, max_tokens);
+                                                          int num_seqs, int64_t max_tokens, DType kv_dtype) {
+  return std::make_unique<FullLayerAttention>(shape, cfg, num_seqs, max_tokens, kv_dtype);
 }
 
 }  // namespace retroinfer::cuda

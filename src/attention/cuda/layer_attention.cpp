@@ -1,8 +1,10 @@
 // make_layer_attention (include/retroinfer/cuda_model.h): every decode-attention method behind the runner's
 // per-layer seam, and the retro adapters: RetroLayer on the GPU tier, WaveBufferLayer on the host tier.
 #include <algorithm>
+#include <optional>
 #include <utility>
 
+#include "attention/cuda/kv_int8_cache.h"
 #include "attention/cuda/layer_attention.h"
 #include "attention/cuda/layer_common.h"
 #include "attention/cuda/selection_recorder.h"
@@ -15,14 +17,22 @@ namespace retroinfer::cuda {
 namespace {
 
 // retro over the runner's GPU K/V: RetroLayer with the outlier zone on (the CPU method's default), one
-// append per step (index updates on the GPU when due).
+// append per step (index updates on the GPU when due). kv_dtype kI8: the layer owns an 8-bit KV cache
+// (kv_int8_cache.h) that prefill_done fills from the runner's bf16 staging and decode appends to.
 class RetroLayerAttention final : public LayerAttention {
  public:
-  RetroLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs, int64_t max_tokens)
+  RetroLayerAttention(const AttentionShape& shape, const AttentionConfig& cfg, int num_seqs, int64_t max_tokens,
+                      DType kv_dtype)
       : layer_(shape, cfg, num_seqs), max_tokens_(max_tokens), H_(num_seqs * shape.num_heads_kv),
         num_heads_kv_(shape.num_heads_kv) {
     validate(cfg);
     RETROINFER_CHECK(max_tokens >= 1, "RetroLayerAttention: max_tokens must be >= 1, got ", max_tokens);
+    RETROINFER_CHECK(kv_dtype == DType::kBF16 || kv_dtype == DType::kI8, "retro on the GPU keeps its KV in bf16 or ",
+                     "int8, not ", dtype_name(kv_dtype));
+    if (kv_dtype == DType::kI8) {
+      kv8_.emplace(H_, max_tokens, shape.head_dim);
+      layer_.set_int8_kv(&*kv8_);
+    }
     layer_.set_outlier_zone(true);
     layer_.set_keep_f32_index(false);  // decode reads the bf16 index; the planner counts 4 D per cluster
     layer_.set_keep_assignment(false);  // nor the per-token cluster ids (session_planner.h retro_layer_bytes)
@@ -34,6 +44,7 @@ class RetroLayerAttention final : public LayerAttention {
                      " tokens in K/V rows of stride ", kv_stride, " for max_tokens ", max_tokens_,
                      " (need num_tokens <= max_tokens <= kv_stride)");
     recorder_.restart();
+    if (kv8_) kv8_->fill(k, v, num_tokens, kv_stride, s);  // before the build's synchronisation
     layer_.build(k, v, num_tokens, kv_stride, s);
     layer_.release_build_workspace();
   }
@@ -44,10 +55,13 @@ class RetroLayerAttention final : public LayerAttention {
 
   void decode(const float* q, const uint16_t* k_new, const uint16_t* v_new, int64_t num_tokens, float* out,
               Stream s) override {
-    (void)k_new;  // GPU tier: the runner wrote the token into its K/V
-    (void)v_new;
     RETROINFER_CHECK(num_tokens <= max_tokens_, "RetroLayerAttention::decode: ", num_tokens,
                      " tokens exceed max_tokens ", max_tokens_);
+    if (kv8_) {  // the layer owns its KV (bf16: the runner wrote the token into its K/V)
+      RETROINFER_CHECK(num_tokens == layer_.num_tokens() + 1, "RetroLayerAttention::decode (8-bit KV): ", num_tokens,
+                       " tokens after ", layer_.num_tokens(), " (the layer appends exactly one token per step)");
+      kv8_->append(k_new, v_new, num_tokens - 1, s);
+    }
     layer_.append(num_tokens, s);
     layer_.decode(q, out, s);
     if (recorder_.active()) recorder_.after_decode(layer_, num_tokens, s);
@@ -71,7 +85,7 @@ class RetroLayerAttention final : public LayerAttention {
     if (layer_.indexed_tokens() > 0) s.exact_tokens = layer_.last_exact_tokens();
     return s;
   }
-  int64_t device_bytes() const override { return layer_.device_bytes(); }
+  int64_t device_bytes() const override { return layer_.device_bytes() + (kv8_ ? kv8_->device_bytes() : 0); }
   int64_t host_bytes() const override { return 0; }
   std::vector<double> calibration_missed_mass(const float* q, int64_t n, Stream s) override {
     return layer_.calibration_missed_mass(q, n, s);
@@ -79,6 +93,7 @@ class RetroLayerAttention final : public LayerAttention {
   void set_retrieval_multiplier(double m, Stream s) override { layer_.set_retrieval_multiplier(m, s); }
 
  private:
+  std::optional<KvInt8Cache> kv8_;  // declared before layer_, which points at it
   RetroLayer layer_;
   int64_t max_tokens_;
   int H_, num_heads_kv_;
@@ -180,9 +195,14 @@ class WaveLayerAttention final : public LayerAttention {
 
 std::unique_ptr<LayerAttention> make_layer_attention(const AttentionShape& shape, const AttentionConfig& cfg,
                                                      int num_seqs, int64_t max_tokens, KvTier tier,
-                                                     const WaveBufferConfig& wave) {
+                                                     const WaveBufferConfig& wave, DType kv_dtype) {
   validate(shape);
   validate(cfg);
+  RETROINFER_CHECK(kv_dtype == DType::kBF16 || (kv_dtype == DType::kI8 && tier == KvTier::kGpu &&
+                                                (cfg.kind == AttentionKind::kFull || cfg.kind == AttentionKind::kRetro)),
+                   "make_layer_attention: an 8-bit (", dtype_name(kv_dtype), ") KV on the GPU is provided for full and ",
+                   "retro on the GPU tier (int8), not for '", attention_kind_name(cfg.kind), "' on the ",
+                   tier == KvTier::kHost ? "host" : "GPU", " tier; use --kv-dtype bf16");
   if (tier == KvTier::kHost) {
     RETROINFER_CHECK(cfg.kind == AttentionKind::kRetro, "make_layer_attention: KvTier::kHost is provided for retro ",
                      "only (through the wave buffer), not for '", attention_kind_name(cfg.kind),
@@ -192,9 +212,9 @@ std::unique_ptr<LayerAttention> make_layer_attention(const AttentionShape& shape
   switch (cfg.kind) {
     case AttentionKind::kFull:
       // The model runner's FullLayerAttention (DenseDecoder), src/backend/cuda/model/.
-      return make_full_layer_attention(shape, cfg, num_seqs, max_tokens);
+      return make_full_layer_attention(shape, cfg, num_seqs, max_tokens, kv_dtype);
     case AttentionKind::kRetro:
-      return std::make_unique<RetroLayerAttention>(shape, cfg, num_seqs, max_tokens);
+      return std::make_unique<RetroLayerAttention>(shape, cfg, num_seqs, max_tokens, kv_dtype);
     case AttentionKind::kQuest:
       return detail::make_quest_layer_attention(shape, cfg, num_seqs, max_tokens);
     case AttentionKind::kStreaming:

@@ -21,7 +21,8 @@ namespace retroinfer::cuda {
 // Full attention (DenseDecoder), written on the model-runner branch
 // (src/backend/cuda/model/layer_attention_full.cpp).
 std::unique_ptr<LayerAttention> make_full_layer_attention(const AttentionShape& shape, const AttentionConfig& cfg,
-                                                          int num_seqs, int64_t max_tokens);
+                                                          int num_seqs, int64_t max_tokens,
+                                                          DType kv_dtype = DType::kBF16);
 
 namespace detail {
 std::unique_ptr<LayerAttention> make_quest_layer_attention(const AttentionShape& shape, const AttentionConfig& cfg,

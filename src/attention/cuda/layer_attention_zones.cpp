@@ -205,6 +205,7 @@ DecodeParams decode_params(const ZoneDecodeArgs& a, int est_ctas, int total, boo
   dp.q = a.q;
   dp.k = a.k;
   dp.v = a.v;
+  dp.kv8 = a.kv8;
   dp.kv_stride = a.kv_stride;
   dp.token_list = a.exact_list;
   dp.token_count = a.exact_count;

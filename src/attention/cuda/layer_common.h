@@ -73,6 +73,7 @@ struct ZoneDecodeArgs {
   // list); RetroLayer passes its K/V and the selection's token list, the wave buffer its execution buffer.
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;
+  KvInt8Rows kv8;  // int8 rows instead of k / v (RetroLayer over an 8-bit KV cache)
   int64_t kv_stride = 0;
   const int* exact_list = nullptr;
   const int* exact_count = nullptr;

@@ -16,6 +16,7 @@
 #include "index/layer_budgets.h"
 #include "index/cuda/kmeans_phases.h"
 #include "index/cuda/kmeans_run.h"
+#include "attention/cuda/kv_int8_cache.h"
 #include "attention/cuda/layer_common.h"
 #include "retroinfer/cuda_backend.h"
 
@@ -50,9 +51,11 @@ struct RetroLayer::Impl {
   double nominal_retrieval = 0.0;
   int num_seqs = 1, H = 0, G = 0, D = 0;
   float scale = 0.0f;
-  // Current build.
+  // Current build (with kv8: k, v only inside build() and an update, where they point at bf16 rows).
   const uint16_t* k = nullptr;
   const uint16_t* v = nullptr;
+  const KvInt8Cache* kv8 = nullptr;  // set_int8_kv: decode's int8 rows
+  DeviceBuffer update_k, update_v;   // kv8: an update's block widened to bf16 ([H, update_tokens, D])
   int64_t n = 0, n_built = 0, kv_stride = 0, idx_begin = 0, n_idx = 0;
   int C = 0, n_r = 0, n_e = 0;
   int64_t list_cap = 0, list_alloc = 0, most_retrieval = 0, max_outliers = 0;
@@ -204,7 +207,12 @@ void RetroLayer::build(const uint16_t* k, const uint16_t* v, int64_t num_tokens,
       }
     }
   }
-  m.size_workspace(st);
+  m.size_workspace(st);  // synchronises: the build has read k, v
+  if (m.kv8 != nullptr) {  // decode reads the int8 cache; k, v (the runner's staging) are not kept
+    RETROINFER_CHECK(m.kv8->capacity() >= kv_stride, "RetroLayer::build: the 8-bit KV cache holds ",
+                     m.kv8->capacity(), " tokens per head, fewer than the ", kv_stride, " rows the layer may grow to");
+    m.k = m.v = nullptr;
+  }
   const auto t_end = std::chrono::steady_clock::now();
   using Ms = std::chrono::duration<double, std::milli>;
   if (m.t_synced < m.t_enqueued) m.t_synced = m.t_enqueued;
@@ -385,8 +393,26 @@ void RetroLayer::Impl::update(cudaStream_t st) {
   const int64_t b = m.idx_end(), U = m.cfg.update_tokens;
   const int Cu = m.cfg.update_clusters;
   if (m.n_idx == 0) m.idx_begin = b;  // the first clusters (CPU: indexed_begin = sink)
+  const int64_t kv_stride = m.kv_stride;
+  if (m.kv8 != nullptr) {
+    // The block's int8 rows widened to bf16 [H, U, D]; k, v point U rows per head apart and b rows before the
+    // buffer, so that the k-means and outlier kernels' row t of head h (t in [b, b + U), absolute token ids in
+    // the index) is the buffer's (h * U + t - b). The address arithmetic stays in uintptr_t: only rows inside
+    // the buffer are dereferenced.
+    ensure(m.update_k, size_t(H) * size_t(U) * D * 2);
+    ensure(m.update_v, size_t(H) * size_t(U) * D * 2);
+    m.kv8->widen(b, U, m.update_k.as<uint16_t>(), m.update_v.as<uint16_t>(), st);
+    const uintptr_t back = uintptr_t(b) * uintptr_t(D) * 2;
+    m.k = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(m.update_k.data()) - back);
+    m.v = reinterpret_cast<const uint16_t*>(reinterpret_cast<uintptr_t>(m.update_v.data()) - back);
+    m.kv_stride = U;
+  }
   m.work.run(m.k, m.v, m.kv_stride, H, D, m.cfg, b, U, {0, static_cast<int>(U)}, {0, Cu}, st);
   m.split_outliers(st, 0, H);
+  if (m.kv8 != nullptr) {
+    m.k = m.v = nullptr;
+    m.kv_stride = kv_stride;
+  }
   const int Co = m.C;
   const int64_t no = m.n_idx;
   auto grow = [&](DeviceBuffer& buf, const DeviceBuffer& blk, size_t orow, size_t brow) {
@@ -442,8 +468,11 @@ void RetroLayer::Impl::update(cudaStream_t st) {
   ++m.updates;
   m.size_workspace(st);  // synchronises, then frees the retired buffers
   // The update's k-means workspace (~(2 D + 36) bytes per block token and flat head) is not kept between
-  // updates (every update_tokens steps): the plan counts it once, as a transient (session_planner.h).
+  // updates (every update_tokens steps): the plan counts it once, as a transient (session_planner.h); nor
+  // are an 8-bit cache's widened block rows (4 D bytes per block token and flat head).
   m.work = KMeansWork{};
+  m.update_k = DeviceBuffer{};
+  m.update_v = DeviceBuffer{};
 }
 
 // Outlier zone (index/wave_index.h split_outliers) of the k-means result in the workspace: residuals,
@@ -570,6 +599,10 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
     a.k = m.k;
     a.v = m.v;
     a.kv_stride = m.kv_stride;
+    if (m.kv8 != nullptr) {
+      a.kv8 = m.kv8->rows();
+      a.kv_stride = m.kv8->capacity();
+    }
     a.num_tokens = m.n;
     a.num_heads = m.H;
     a.group = m.G;
@@ -593,6 +626,10 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
     a.k = m.k;
     a.v = m.v;
     a.kv_stride = m.kv_stride;
+    if (m.kv8 != nullptr) {
+      a.kv8 = m.kv8->rows();
+      a.kv_stride = m.kv8->capacity();
+    }
     a.exact_list = a.token_list;
     a.exact_count = a.token_count;
     a.exact_list_stride = m.list_cap;
@@ -634,7 +671,7 @@ int64_t RetroLayer::indexed_tokens() const { return impl_->n_idx; }
 int RetroLayer::num_clusters() const { return impl_->C; }
 std::vector<double> RetroLayer::calibration_missed_mass(const float* q, int64_t n, Stream s) {
   Impl& m = *impl_;
-  if (m.num_seqs != 1 || m.n_idx == 0 || m.C == 0 || n <= 0) return {};
+  if (m.num_seqs != 1 || m.n_idx == 0 || m.C == 0 || n <= 0 || m.kv8 != nullptr) return {};
   RETROINFER_CHECK(q != nullptr && n <= m.n, "RetroLayer::calibration_missed_mass: ", n,
                    " calibration queries for a layer of ", m.n, " tokens (or a null q)");
   auto st = static_cast<cudaStream_t>(s);
@@ -777,7 +814,12 @@ void RetroLayer::release() {
   f.keep_f32 = m.keep_f32;
   f.keep_assignment = m.keep_assignment;
   f.build_group = m.build_group;
+  f.kv8 = m.kv8;
   *this = std::move(fresh);
+}
+void RetroLayer::set_int8_kv(const KvInt8Cache* cache) {
+  RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_int8_kv: call before build()");
+  impl_->kv8 = cache;
 }
 void RetroLayer::set_keep_f32_index(bool keep) {
   RETROINFER_CHECK(impl_->n == 0, "RetroLayer::set_keep_f32_index: call before build()");

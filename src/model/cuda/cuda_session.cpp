@@ -122,6 +122,9 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   Impl& im = *impl_;
   const ModelConfig& c = model.config();
   validate(opt.attention);
+  RETROINFER_CHECK(opt.kv_dtype != DType::kI8 || opt.attention.layer_budget_queries == 0, "CudaSession: retrieval ",
+                   "budgets by layer (layer_budget_queries ", opt.attention.layer_budget_queries, ") are not calibrated ",
+                   "over the 8-bit KV cache; use kv_dtype bf16 or layer_budget_queries 0");
   CudaSessionOptions planned = opt;
   if (const GpuPrefixTier* tier = model.prefix_gpu_tier()) planned.gpu_held_back_bytes += tier->held_back_bytes();
   im.plan = plan(c, planned, num_seqs, model.weight_bytes());  // throws when it does not fit
@@ -138,15 +141,17 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   const int group = c.num_heads_q / c.num_heads_kv;
   if ((d == 64 || d == 128) && group <= detail::kMaxGroup) im.prefill_attention.emplace(im.shape);
 
-  // K/V for the GPU-tier layers; one staging layer for the host-tier ones (the plan counts both).
+  // K/V for the GPU-tier layers the runner holds; one staging layer for those whose attention object owns its
+  // KV (host tier, 8-bit KV cache; the plan counts both).
   RETROINFER_CHECK(im.plan.gpu_layers >= 0 && im.plan.gpu_layers <= c.num_layers, "CudaSession: the plan placed ",
                    im.plan.gpu_layers, " of ", c.num_layers, " layers on the GPU");
   const size_t kv_bytes = static_cast<size_t>(num_seqs) * im.seq_elems() * 2;
   for (int l = 0; l < im.plan.gpu_layers; ++l) {
+    if (im.owns_kv(l)) break;
     im.k.emplace_back(kv_bytes);
     im.v.emplace_back(kv_bytes);
   }
-  if (im.any_host_tier()) {
+  if (im.any_owned_kv()) {
     im.stage_k = DeviceBuffer(kv_bytes);
     im.stage_v = DeviceBuffer(kv_bytes);
   }
@@ -192,7 +197,7 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
     total += n;
   }
   im.index_build_s = 0.0;
-  if (im.any_host_tier()) {  // host-tier layers need their whole K/V at once: layer-major
+  if (im.any_owned_kv()) {  // layers that own their KV take their whole bf16 K/V at once: layer-major
     std::vector<float> out = im.prefill_layer_major(prompts, all_logits, progress);
     im.prefilled = true;
   im.drop_decode_graphs();  // a (re)fill may have reallocated buffers the graphs captured
@@ -255,17 +260,18 @@ void CudaSession::Impl::make_attention() {
   const int L = num_layers();
   attn_per_seq = std::any_of(pos.begin(), pos.end(), [&](int64_t p) { return p != pos[0]; });
   auto tier = [&](int l) { return host_tier(l) ? KvTier::kHost : KvTier::kGpu; };
+  auto kv_dtype = [&](int l) { return host_tier(l) ? DType::kBF16 : opt.kv_dtype; };  // the host tier: its store
   ClusterTraceWriter* trace = opt.cluster_trace.get();
   if (!attn_per_seq) {
     for (int l = 0; l < L; ++l) {
-      attn.push_back(make_layer_attention(shape, opt.attention, num_seqs, max_context, tier(l), opt.wave));
+      attn.push_back(make_layer_attention(shape, opt.attention, num_seqs, max_context, tier(l), opt.wave, kv_dtype(l)));
       if (trace != nullptr) attn.back()->set_cluster_trace(trace, l, 0);
       if (opt.query_trace) attn.back()->set_query_trace(opt.query_trace.get(), l, 0);
     }
   } else {
     for (int s = 0; s < num_seqs; ++s)
       for (int l = 0; l < L; ++l) {
-        attn.push_back(make_layer_attention(shape, opt.attention, 1, max_context, tier(l), opt.wave));
+        attn.push_back(make_layer_attention(shape, opt.attention, 1, max_context, tier(l), opt.wave, kv_dtype(l)));
         if (trace != nullptr) attn.back()->set_cluster_trace(trace, l, s);
         if (opt.query_trace) attn.back()->set_query_trace(opt.query_trace.get(), l, s);
       }
@@ -319,7 +325,7 @@ void CudaSession::Impl::build_attention_layers() {
   const int L = num_layers();
   const int64_t layer_kv_bytes = int64_t{num_seqs} * seq_elems() * 2 * 2;
   size_t free_bytes = 0, total_bytes = 0;
-  const bool parallel = opt.attention.kind == AttentionKind::kRetro && L >= 2 && !any_host_tier() &&
+  const bool parallel = opt.attention.kind == AttentionKind::kRetro && L >= 2 && !any_owned_kv() &&
                         cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess &&
                         static_cast<int64_t>(free_bytes) > layer_kv_bytes + (int64_t{1} << 30);
   if (!parallel) {
@@ -394,13 +400,16 @@ void CudaSession::decode_greedy(std::span<const int32_t> tokens, std::span<int32
                      " is NaN; the forward pass diverged");
 }
 
-bool CudaSession::supports_prefix() const { return impl_->num_seqs == 1 && !impl_->any_host_tier(); }
+bool CudaSession::supports_prefix() const { return impl_->num_seqs == 1 && !impl_->any_owned_kv(); }
 
 namespace {
 // Throws Error unless session s can take or give prefix K/V (what load_prefix / export_kv need).
-void check_prefix_session(const CudaSession& s, int host_layers, const char* what) {
+void check_prefix_session(const CudaSession& s, int host_layers, DType kv_dtype, const char* what) {
   RETROINFER_CHECK(s.num_seqs() == 1, "CudaSession::", what, ": the session holds ", s.num_seqs(),
                    " sequences; prefix reuse takes one-sequence sessions");
+  RETROINFER_CHECK(kv_dtype == DType::kBF16, "CudaSession::", what, ": this session keeps an 8-bit (",
+                   dtype_name(kv_dtype), ") KV cache, which prefix reuse does not copy; use --kv-dtype bf16, or run ",
+                   "without --prefix-cache / --snapshot");
   RETROINFER_CHECK(host_layers == 0, "CudaSession::", what, ": ", host_layers, " layer(s) of this session keep ",
                    "their KV in host memory (wave buffer), which prefix reuse does not copy; use --kv-placement gpu ",
                    "(every layer's KV on the GPU), or run without --prefix-cache / --snapshot");
@@ -409,7 +418,7 @@ void check_prefix_session(const CudaSession& s, int host_layers, const char* wha
 
 void CudaSession::load_prefix(const KvPrefix& prefix) {
   Impl& im = *impl_;
-  check_prefix_session(*this, im.num_layers() - im.plan.gpu_layers, "load_prefix");
+  check_prefix_session(*this, im.num_layers() - im.plan.gpu_layers, im.opt.kv_dtype, "load_prefix");
   RETROINFER_CHECK(!im.prefilled && im.pos[0] == 0 && im.prefix_tokens.empty(),
                    "CudaSession::load_prefix needs a fresh session (nothing prefilled or loaded)");
   RETROINFER_CHECK(!prefix.tokens.empty(), "CudaSession::load_prefix got an empty prefix");
@@ -465,7 +474,7 @@ void CudaSession::load_prefix(const KvPrefix& prefix) {
 
 KvBlock CudaSession::export_kv(int64_t from, int64_t to) const {
   const Impl& im = *impl_;
-  check_prefix_session(*this, im.num_layers() - im.plan.gpu_layers, "export_kv");
+  check_prefix_session(*this, im.num_layers() - im.plan.gpu_layers, im.opt.kv_dtype, "export_kv");
   RETROINFER_CHECK(0 <= from && from < to && to <= im.pos[0], "CudaSession::export_kv of positions [", from, ", ", to,
                    ") outside the ", im.pos[0], " tokens in the cache");
   const ModelConfig& c = im.model.config();
@@ -508,6 +517,9 @@ std::unique_ptr<CudaSession> CudaSession::fork(const AttentionConfig& attention)
   RETROINFER_CHECK(!im.any_host_tier(), "CudaSession::fork: ", im.num_layers() - im.plan.gpu_layers,
                    " layer(s) of this session keep their KV in host memory (wave buffer), which fork cannot copy; "
                    "fork a session with every layer on the GPU (placement gpu)");
+  RETROINFER_CHECK(im.opt.kv_dtype == DType::kBF16, "CudaSession::fork: this session keeps an 8-bit (",
+                   dtype_name(im.opt.kv_dtype), ") KV cache in its attention objects, which fork cannot copy; fork ",
+                   "a session with --kv-dtype bf16"); 
   CudaSessionOptions o = im.opt;
   o.attention = attention;
   o.max_context = im.max_context;

@@ -147,10 +147,10 @@ void CudaSession::Impl::check_host_tier_length(int64_t n, const char* where) con
 }
 
 uint16_t* CudaSession::Impl::prefill_k(int l) {
-  return host_tier(l) ? stage_k.as<uint16_t>() : k[static_cast<size_t>(l)].as<uint16_t>();
+  return owns_kv(l) ? stage_k.as<uint16_t>() : k[static_cast<size_t>(l)].as<uint16_t>();
 }
 uint16_t* CudaSession::Impl::prefill_v(int l) {
-  return host_tier(l) ? stage_v.as<uint16_t>() : v[static_cast<size_t>(l)].as<uint16_t>();
+  return owns_kv(l) ? stage_v.as<uint16_t>() : v[static_cast<size_t>(l)].as<uint16_t>();
 }
 
 void CudaSession::Impl::record_event(int i) {
@@ -200,14 +200,14 @@ void CudaSession::Impl::product(const void* wt, int64_t rows, int64_t in, int64_
   else gemm->linear(x32, rows, in, wt, out, y, beta, stream);
 }
 
-// RMSNorm -> QKV product -> bias + RoPE + KV append (GPU tier; decode on the host tier: a.k_new / a.v_new
-// only, the layer appends the token to its own store) into a.q.
+// RMSNorm -> QKV product -> bias + RoPE + KV append (the runner's K/V; decode of a layer that owns its KV:
+// a.k_new / a.v_new only, the layer appends the token to its own store) into a.q.
 void CudaSession::Impl::layer_pre_attention(int l, int64_t rows, const RowView& rv, float* x, bool decode) {
   const ModelConfig& c = model.config();
   const CudaModel::Weights::Layer& L = model.weights().layers[l];
   auto st = static_cast<cudaStream_t>(stream);
   const int64_t h = c.hidden_size, qkvw = int64_t{c.num_heads_q + 2 * c.num_heads_kv} * c.head_dim;
-  const bool host = host_tier(l);
+  const bool host = owns_kv(l);
   norm_rows(x, L.attn_norm, rows);
   product(L.wqkv, rows, h, qkvw, a.qkv.as<float>(), 0.0f, a.xb.as<uint16_t>(), a.xn.as<float>());
   uint16_t* kc = decode && (host || joint) ? nullptr : prefill_k(l);

@@ -256,7 +256,7 @@ void CudaJoinedDecoder::step(std::span<CudaSession* const> sessions, std::span<c
     ::retroinfer::model::rope_table(si.frequencies(p + 1), p, 1, J.staging->cos + i * half, J.staging->sin + i * half);
     for (int l = 0; l < L; ++l)  // a host-tier layer's row is skipped (null): its attention appends it
       im.host_dst[size_t(l) * n + i] =
-          si.host_tier(l) ? model::KvAppendRow{nullptr, nullptr, 0, p}
+          si.owns_kv(l) ? model::KvAppendRow{nullptr, nullptr, 0, p}
                           : model::KvAppendRow{si.k[static_cast<size_t>(l)].as<uint16_t>(),
                                                si.v[static_cast<size_t>(l)].as<uint16_t>(), si.max_context, p};
     si.last_stats = AttentionStats{};

@@ -36,6 +36,7 @@ CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptio
   buffer::set_model_shape(r, cfg);
   r.attention = opt.attention;
   r.wave = opt.wave;
+  r.kv_dtype = opt.kv_dtype;
   const int64_t model_max = model_max_context(cfg);
   r.max_context = opt.max_context > 0 ? opt.max_context : model_max;
   RETROINFER_CHECK(r.max_context < std::numeric_limits<int32_t>::max(), "CudaSession: max_context is not set and ",
@@ -125,11 +126,11 @@ void CudaSession::fill_synthetic(int64_t tokens, uint64_t seed, const PrefillPro
       syn.fill(dk, dv, im.num_seqs, im.max_context, im.stream);
       src_k = dk;
       src_v = dv;
-      staged = im.host_tier(l);
-    } else if (dk != src_k && !(im.host_tier(l) && staged)) {
+      staged = im.owns_kv(l);
+    } else if (dk != src_k && !(im.owns_kv(l) && staged)) {
       copy_rows(dk, src_k, heads, tokens, im.max_context, c.head_dim, im.stream);
       copy_rows(dv, src_v, heads, tokens, im.max_context, c.head_dim, im.stream);
-      staged = staged || im.host_tier(l);
+      staged = staged || im.owns_kv(l);
     }
     im.timed_prefill_done(l);  // synchronises
     if (progress) progress(tokens * (l + 1) / L, tokens);

@@ -5,8 +5,9 @@
 // Layouts (rows = tokens of one forward; rows_cap = the most rows any forward uses):
 //   k[l], v[l]  device [num_seqs, Hkv, max_context, D] bf16: layer l's KV, post-RoPE (kv_stride = max_context),
 //               for the GPU-tier layers l < plan.gpu_layers only
-//   stage_k, stage_v  the same layout, once, when any layer is host-tier: a host-tier layer's K/V during
-//               prefill (or fill_synthetic) until its LayerAttention::prefill_done copies it to the host store
+//   stage_k, stage_v  the same layout, once, when any layer owns its KV (owns_kv: host tier, 8-bit KV cache):
+//               such a layer's K/V during prefill (or fill_synthetic) until its LayerAttention::prefill_done
+//               copies it to the host store or quantises it
 //   activations f32 row-major [rows_cap, ...] as commented on Activations.
 //
 // KV placement: layer l is GPU-tier when l < plan.gpu_layers (the plan resolves kGpu / kHost / kSplit /
@@ -188,10 +189,15 @@ struct CudaSession::Impl {
   int num_layers() const { return model.config().num_layers; }
   bool host_tier(int l) const { return l >= plan.gpu_layers; }
   bool any_host_tier() const { return plan.gpu_layers < num_layers(); }
+  // Layer l's attention object keeps the layer's KV itself (host tier, or the 8-bit KV cache): the runner
+  // holds no k[l] / v[l], the prefill stages the layer's bf16 K/V for its prefill_done, and decode hands the
+  // step's K/V to the object (k_new / v_new) instead of writing a cache row.
+  bool owns_kv(int l) const { return host_tier(l) || opt.kv_dtype == DType::kI8; }
+  bool any_owned_kv() const { return any_host_tier() || opt.kv_dtype == DType::kI8; }
   // Throws Error unless a host-tier layer can index a sequence of n tokens (the wave buffer needs tokens
   // beyond the steady zone: n - sink - window >= tokens_per_cluster). No-op without host-tier layers.
   void check_host_tier_length(int64_t n, const char* where) const;
-  // Layer l's K/V during prefill: k[l] / v[l] (GPU tier) or the staging buffers (host tier).
+  // Layer l's K/V during prefill: k[l] / v[l] (the runner's), or the staging buffers (owns_kv).
   uint16_t* prefill_k(int l);
   uint16_t* prefill_v(int l);
   const ::retroinfer::model::RopeFrequencies& frequencies(int64_t seq_len);

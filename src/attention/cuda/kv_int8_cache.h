@@ -1,0 +1,42 @@
+// One layer's 8-bit KV cache on the GPU (--kv-dtype int8 on the CUDA runner): every token's K and V rows of
+// every flat head as D int8 values and an f32 scale (kernels/kv_int8_kernels.h: s = absmax / 127, x = q * s),
+// 2 D + 8 bytes per token and head against bf16's 4 D. The attention layers that take an 8-bit KV (full and
+// retro, layer_attention.cpp) own one: prefill_done quantises the runner's bf16 staging into it, each decode
+// step appends the step's bf16 row, and the decode kernels read the int8 rows (kernels/decode_kernels.h
+// KvInt8Rows). Host-only header.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/decode_kernels.h"
+#include "retroinfer/cuda_backend.h"
+
+namespace retroinfer::cuda {
+
+class KvInt8Cache {
+ public:
+  // num_heads flat heads (sequences x KV heads) of `capacity` tokens each, head_dim 64 or 128.
+  KvInt8Cache(int num_heads, int64_t capacity, int head_dim);
+
+  // Device bytes of a cache of this shape (values and scales).
+  static int64_t bytes(int num_heads, int64_t capacity, int head_dim) {
+    return int64_t{num_heads} * capacity * (2 * int64_t{head_dim} + 8);
+  }
+  // Quantises tokens [0, n) of k, v (bf16 [H, kv_stride, D]) into rows [0, n).
+  void fill(const uint16_t* k, const uint16_t* v, int64_t n, int64_t kv_stride, Stream s);
+  // Quantises one token per flat head (k_new, v_new: bf16 [H, D]) into row `row`.
+  void append(const uint16_t* k_new, const uint16_t* v_new, int64_t row, Stream s);
+  // Widens rows [row0, row0 + count) of every flat head into k_out, v_out (bf16 [H, count, D]).
+  void widen(int64_t row0, int64_t count, uint16_t* k_out, uint16_t* v_out, Stream s) const;
+
+  detail::KvInt8Rows rows() const;
+  int64_t capacity() const { return capacity_; }
+  int64_t device_bytes() const { return bytes(H_, capacity_, D_); }
+
+ private:
+  int H_ = 0, D_ = 0;
+  int64_t capacity_ = 0;
+  DeviceBuffer k_, v_, k_scale_, v_scale_;
+};
+
+}  // namespace retroinfer::cuda
