@@ -28,6 +28,7 @@
 #              ("int8"; "int8 int4" runs both), STAGE_FRACTION the cache fraction of its --stage-times runs (0.20),
 #              HIT_OLD_BIN a baseline build whose host runs follow each of ours (named *_old);
 #              kv8_128k: full and retro over bf16 and int8 KV at 128K, batch 1 and max; kv8_1m: retro, 1M, int8
+#   kv8real    SmolLM2 over the 8-bit KV cache: eval ppl of full / retro over int8 against bf16, greedy tokens
 #   pplvariants  teacher-forced perplexity of the retro settings in PPL_VARIANT_GROUPS at 4K-32K prefixes
 #   storeacc   the host store's element types (bf16, int8, int4) on a real model, every layer on the host tier:
 #              teacher-forced perplexity / KL against full and the task average (STORE_TYPES picks them;
@@ -362,6 +363,50 @@ section_storeacc() {
   done
   for f in "$d"/ppl_*_old.md; do [ -f "$f" ] && { echo "## $(basename "$f") (baseline build)"; cat "$f"; } >> "$summary"; done
   tar -czf "$OUT/storeacc.tar.gz" -C "$work" storeacc
+}
+
+# The 8-bit KV cache on a real model (SmolLM2-135M, joined into $MODEL_DIR): teacher-forced perplexity / KL of
+# full and retro over int8 KV against full over bf16, 4032-token prefixes of KV8_TEXT (default
+# out/data/ppl_text.txt, carried), and one greedy generation per (method, KV dtype) from a 7.9K-token prompt.
+section_kv8real() {
+  local d=$work/kv8real smol=$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf text=${KV8_TEXT:-out/data/ppl_text.txt}
+  mkdir -p "$d"
+  timeout 240 "$BIN/retroinfer" eval ppl --model "$smol" --device cuda --prefix 4032 --forced 64 --windows "${KV8_WINDOWS:-8}" \
+    --methods full,full:kv_dtype=int8,retro,retro:kv_dtype=int8 --text-file "$text" --json "$d/smollm2_ppl_int8.json" \
+    > "$d/ppl.log" 2>&1 || note "kv8real ppl: exit $?"
+  head -c 30000 "$text" > "$d/prompt.txt"
+  for m in full retro; do
+    for kv in bf16 int8; do
+      timeout 60 "$BIN/retroinfer" generate --model "$smol" --device cuda --attention $m --kv-dtype $kv \
+        --prompt-file "$d/prompt.txt" --max-new-tokens 64 --ignore-eos --json "$d/generate_${m}_$kv.json" \
+        > "$d/generate_${m}_$kv.txt" 2>> "$d/generate.log" || note "kv8real generate $m $kv: exit $?"
+    done
+  done
+  python3 - "$d" >> "$summary" <<'EOF2'
+import json, os, sys
+d = sys.argv[1]
+try:
+    j = json.load(open(os.path.join(d, "smollm2_ppl_int8.json")))
+    for m in j.get("methods", []):
+        print("kv8real ppl", {k: m.get(k) for k in ("method", "kv_dtype", "ppl_rel_diff", "ppl_rel_diff_se", "kl_mean",
+                                                    "top1_agreement", "exact_tokens_per_head")})
+except Exception as e:
+    print("kv8real ppl: no JSON", e)
+for m in ("full", "retro"):
+    toks = {}
+    for kv in ("bf16", "int8"):
+        try:
+            toks[kv] = json.load(open(os.path.join(d, f"generate_{m}_{kv}.json")))
+        except Exception as e:
+            print("kv8real generate", m, kv, "no JSON", e)
+    if len(toks) == 2:
+        a, b = (toks[k].get("tokens") or [] for k in ("bf16", "int8"))
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        print("kv8real generate", m, "first", same, "of", len(a), "tokens equal to bf16; prompt",
+              toks["int8"].get("prompt_tokens"), "tok/s bf16 / int8", toks["bf16"].get("decode_tok_s"),
+              toks["int8"].get("decode_tok_s"))
+EOF2
+  tar -czf "$OUT/kv8real.tar.gz" -C "$work" kv8real
 }
 
 for s in ${SECTIONS:-accuracy tests}; do

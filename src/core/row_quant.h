@@ -55,6 +55,16 @@ inline void int8_widen_row(const int8_t* q, float scale, int d, uint16_t* out) {
   for (int i = 0; i < d; ++i) out[i] = int8_widen_bf16(q[i], scale);
 }
 
+// int8 -> bf16 without a conversion instruction (the CUDA decode kernels' widening of the 8-bit KV cache's
+// rows, kernels/common.cuh int8_chunk_to_bf16): t holds two int8 values q0, q1 in bits 0-7 and 16-23 (the rest
+// zero); a = the bf16 pair 128 + (q & 127) and b = the bf16 pair 128 + (q & 128), i.e. 128 or 256, so that
+// q = a - b exactly (both terms and the difference have at most 8 significant bits): one bf16x2 subtraction
+// per two values.
+RETROINFER_HD void int8_pair_bf16_terms(uint32_t t, uint32_t& a, uint32_t& b) {
+  a = (t & 0x007f007fu) | 0x43004300u;
+  b = (t & 0x00800080u) | 0x43004300u;
+}
+
 // ---- int8 rows of an f32 KV cache (the CPU runner's --kv-dtype int8) ----
 //
 // The same arithmetic from f32 rows, widened to f32 (q_i * scale, one f32 rounding) instead of bf16. A stored

@@ -60,24 +60,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-// The int8 value of byte b (two's complement, the low 8 bits) as a float, exactly: the magic-number trick
-// (2^23 + 128 + q, minus 2^23 + 128) instead of a conversion instruction (a quarter-rate I2F on Hopper).
-__device__ __forceinline__ float int8_float(uint32_t b) {
-  return __fsub_rn(__uint_as_float(0x4b000000u | ((b & 0xffu) ^ 0x80u)), 8388736.0f);  // 2^23 + 128
-}
-// 16 int8 values (one 16-byte chunk) as 16 bf16 (two 16-byte chunks), exactly (|q| <= 128 has <= 8 bits).
-__device__ __forceinline__ void int8_chunk_to_bf16(const uint4& in, uint4& lo, uint4& hi) {
-  const uint32_t w[4] = {in.x, in.y, in.z, in.w};
-  uint32_t o[8];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    o[2 * j] = pack_bf16(int8_float(w[j]), int8_float(w[j] >> 8));
-    o[2 * j + 1] = pack_bf16(int8_float(w[j] >> 16), int8_float(w[j] >> 24));
-  }
-  lo = make_uint4(o[0], o[1], o[2], o[3]);
-  hi = make_uint4(o[4], o[5], o[6], o[7]);
-}
-
 // x = hi + lo with hi = bf16(x), lo = bf16(x - hi): |x - hi - lo| <= 2^-18 |x|.
 __device__ __forceinline__ void split_bf16(float x, float& hi, float& lo) {
   hi = __bfloat162float(__float2bfloat16_rn(x));

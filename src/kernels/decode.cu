@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "core/row_quant.h"
 #include "kernels/async_copy.cuh"
 #include "kernels/common.cuh"
 #include "kernels/decode_estimate.cuh"
@@ -32,6 +33,29 @@ static_assert(kT == 16, "the QK mapping uses lane & 15 as the token of the tile"
 // (D = 128), so that kDecodeCtasPerSm = 3 CTAs fit on a multiprocessor; three stages (102 KiB, two CTAs)
 // gained nothing at batch 4.
 constexpr int kStages = 2;
+
+// Two int8 values of w (bytes picked by `sel` into bits 0-7 and 16-23) as a bf16 pair, exactly:
+// core/row_quant.h int8_pair_bf16_terms, then one bf16x2 subtraction (a permute, two logic ops and a subtraction
+// per two values; a conversion instruction per value would run at a quarter of the rate).
+__device__ __forceinline__ uint32_t int8_pair_to_bf16(uint32_t w, uint32_t sel) {
+  uint32_t a, b;
+  int8_pair_bf16_terms(__byte_perm(w, 0u, sel), a, b);
+  const __nv_bfloat162 r =
+      __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// 16 int8 values (one 16-byte chunk) as 16 bf16 (two 16-byte chunks), exactly (|q| <= 128 has <= 8 bits).
+__device__ __forceinline__ void int8_chunk_to_bf16(const uint4& in, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    o[2 * j] = int8_pair_to_bf16(w[j], 0x4140u);      // bytes 0, 1
+    o[2 * j + 1] = int8_pair_to_bf16(w[j], 0x4342u);  // bytes 2, 3
+  }
+  lo = make_uint4(o[0], o[1], o[2], o[3]);
+  hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
 
 template <int D>
 struct DecodeSmem {

@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include "core/row_quant.h"
-#include "kernels/common.cuh"
 #include "kernels/wave_buffer_kernels.h"
 
 namespace retroinfer::cuda::detail {
@@ -210,8 +209,15 @@ __global__ void __launch_bounds__(kWarps * 32) store_fill_q4_kernel(const StoreF
 // The widenings' arithmetic on the device: the same values as core/row_quant.h's int8_widen_bf16 and
 // int4_widen_bf16 for finite inputs, with fewer instructions (the gather widens every missed row). A small
 // integer n becomes a float by the magic-number trick (2^23 + n exactly, minus 2^23) instead of a conversion,
-// and two results round to bf16 in one cvt.rn.bf16x2.f32 (round to nearest even, as f32_to_bf16); int8_float
-// and pack_bf16 are common.cuh's.
+// and two results round to bf16 in one cvt.rn.bf16x2.f32 (round to nearest even, as f32_to_bf16).
+__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+  const __nv_bfloat162 r = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// The int8 value of byte b (two's complement) as a float.
+__device__ __forceinline__ float int8_float(uint32_t b) {
+  return __fsub_rn(__uint_as_float(0x4b000000u | ((b & 0xffu) ^ 0x80u)), 8388736.0f);  // 2^23 + 128
+}
 // The int4 value of nibble n (two's complement, low 4 bits) as a float.
 __device__ __forceinline__ float int4_float(uint32_t n) {
   return __fsub_rn(__uint_as_float(0x4b000000u | ((n & 0xfu) ^ 0x8u)), 8388616.0f);  // 2^23 + 8
@@ -225,7 +231,7 @@ __device__ __forceinline__ void widen_chunk(const uint4& in, float scale, uint4&
   for (int j = 0; j < 4; ++j) {
 #pragma unroll
     for (int b = 0; b < 2; ++b)  // one f32 rounding of q * scale, as row_quant.h's, then one to bf16
-      o[2 * j + b] = pack_bf16(__fmul_rn(int8_float(w[j] >> (16 * b)), scale),
+      o[2 * j + b] = bf16_pair(__fmul_rn(int8_float(w[j] >> (16 * b)), scale),
                                __fmul_rn(int8_float(w[j] >> (16 * b + 8)), scale));
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
@@ -286,7 +292,7 @@ __device__ __forceinline__ void widen_chunk_q4(const uint4& in, float scale, con
       const float b0 = __uint_as_float(b[k] << 16), b1 = __uint_as_float(b[k] & 0xffff0000u);  // bf16 -> f32
       // base + q * scale: q * scale is exact (3 + 8 significant bits), so the fused multiply-add rounds once,
       // as row_quant.h's multiply then add.
-      o[4 * j + k] = pack_bf16(__fmaf_rn(int4_float(byte), scale, b0), __fmaf_rn(int4_float(byte >> 4), scale, b1));
+      o[4 * j + k] = bf16_pair(__fmaf_rn(int4_float(byte), scale, b0), __fmaf_rn(int4_float(byte >> 4), scale, b1));
     }
   }
 #pragma unroll

@@ -292,7 +292,9 @@ TEST(CudaKvInt8, SessionsFollowTheBf16Ones) {
           ++checked;
           const int32_t a = argmax(std::span<const float>(l8.data() + q * vocab, vocab));
           equal += a == b;
-          if (kind == AttentionKind::kFull) EXPECT_EQ(a, b) << "step " << i << " sequence " << q;
+          if (kind == AttentionKind::kFull) {
+            EXPECT_EQ(a, b) << "step " << i << " sequence " << q;
+          }
         }
         cur[q] = b;
       }

@@ -261,7 +261,9 @@ TEST_P(Kv8Bit, SessionLogitsStayNearTheF32CacheAndSnapshotsRoundTrip) {
       for (float x : b) ASSERT_TRUE(std::isfinite(x));
       // Full decode stays as near; retro's selection may pick other clusters over the rounded keys (its
       // own path over fp8 rows is checked exactly in Kv8Bit.ExactAttentionEqualsTheWidenedRowsInF32).
-      if (kind == AttentionKind::kFull) EXPECT_LT(rel(b, a), 0.2) << "step " << step;
+      if (kind == AttentionKind::kFull) {
+        EXPECT_LT(rel(b, a), 0.2) << "step " << step;
+      }
     }
   }
   // A snapshot of an 8-bit session loads into sessions of its dtype (same greedy tokens as a cold prefill) and is refused

@@ -115,6 +115,21 @@ TEST(RowQuant, SymmetricWithTiesToEven) {
 // Every element: |x - q * scale| <= scale * (1/2 + 2^-20) with its group's scale, after the bf16 widening at
 // most |q * scale| * 2^-8 more (row_quant.h); the group's absmax element maps to +-7 (the bf16 rounding of
 // its scale moves absmax / scale by less than 2^-8 of 7, which still rounds to 7).
+// The decode kernels' int8 -> bf16 widening: every byte pair, both halves, q = a - b exactly.
+TEST(RowQuant, Int8PairBf16TermsDifferToTheValue) {
+  for (uint32_t lo = 0; lo < 256; ++lo)
+    for (uint32_t hi : {0u, 1u, 127u, 128u, 129u, 255u, lo ^ 0x5au}) {
+      uint32_t a = 0, b = 0;
+      int8_pair_bf16_terms(lo | (hi << 16), a, b);
+      const float d0 = bf16_to_f32(uint16_t(a & 0xffffu)) - bf16_to_f32(uint16_t(b & 0xffffu));
+      const float d1 = bf16_to_f32(uint16_t(a >> 16)) - bf16_to_f32(uint16_t(b >> 16));
+      ASSERT_EQ(d0, float(int8_t(uint8_t(lo)))) << lo;
+      ASSERT_EQ(d1, float(int8_t(uint8_t(hi)))) << hi;
+      // Both terms are bf16 values with 8 significant bits at most, so a bf16 subtraction is exact too.
+      ASSERT_EQ(f32_to_bf16(d0), f32_to_bf16(float(int8_t(uint8_t(lo)))));
+    }
+}
+
 TEST(RowQuantInt4, ErrorBoundPerElement) {
   for (uint32_t seed : {1u, 2u, 3u}) {
     std::mt19937 rng(seed);
