@@ -309,6 +309,38 @@ TEST(CudaKvInt8, SessionsFollowTheBf16Ones) {
     EXPECT_THROW(s8.fork(o.attention), Error);  // the layers own their int8 KV
     EXPECT_FALSE(s8.supports_prefix());
   }
+  // Continuous batching: two one-sequence int8 sessions (different lengths) in one joined step equal each
+  // decoding alone, up to the tuned products' rounding per row count (test_cuda_joined.cpp's bf16 bound, 3e-2).
+  {
+    cuda::CudaSessionOptions o;
+    o.attention.kind = AttentionKind::kRetro;
+    o.max_context = 4096;
+    o.kv_dtype = DType::kI8;
+    cuda::CudaSession a(*gm, o, 1), b(*gm, o, 1), a_alone(*gm, o, 1), b_alone(*gm, o, 1);
+    const std::vector<std::vector<int32_t>> pa = {prompts[0]}, pb = {std::vector<int32_t>(prompts[1].begin(),
+                                                                                          prompts[1].begin() + 2100)};
+    a.prefill(pa);
+    a_alone.prefill(pa);
+    b.prefill(pb);
+    b_alone.prefill(pb);
+    cuda::CudaJoinedDecoder dec(*gm);
+    ASSERT_TRUE(dec.takes(a) && dec.takes(b));
+    std::vector<cuda::CudaSession*> both = {&a, &b};
+    std::vector<int32_t> tk = {7, 11};
+    std::vector<float> joined(2 * vocab), la(vocab), lb(vocab);
+    double worst = 0.0;
+    for (int i = 0; i < 4; ++i) {
+      dec.decode(both, tk, joined);
+      a_alone.decode(std::vector<int32_t>{tk[0]}, la);
+      b_alone.decode(std::vector<int32_t>{tk[1]}, lb);
+      worst = std::max({worst, gputest::row_error(joined.data(), la.data(), vocab).rel,
+                        gputest::row_error(joined.data() + vocab, lb.data(), vocab).rel});
+      tk = {argmax(std::span<const float>(la)), argmax(std::span<const float>(lb))};
+    }
+    EXPECT_LE(worst, 3e-2);
+    std::printf("[cuda_kv_int8 joined] 2 int8 retro sessions (3000 / 2100 tokens), 4 joined steps: max rel %.3e "
+                "against each alone\n", worst);
+  }
   cuda::CudaSessionOptions bad;
   bad.max_context = 4096;
   bad.kv_dtype = DType::kI8;
