@@ -27,6 +27,19 @@ int dense_splits(DenseKernel k, int64_t num_tokens, int num_heads, int head_dim)
 }
 
 namespace {
+// combine_states over `splits` partial states per head of the workspace into a.out.
+void combine(const DenseDecodeArgs& a, int splits, cudaStream_t st, const char* who) {
+  CombineParams c;
+  c.part_ml = a.part_ml;
+  c.part_o = a.part_o;
+  c.num_heads = a.num_heads;
+  c.group = a.group;
+  c.head_dim = a.head_dim;
+  c.total_splits = splits;
+  c.out = a.out;
+  launch_check(combine_states(c, st), who, st);
+}
+
 // int8 rows (a.kv8): decode.cu's split-K kernel over the dense range (the streaming kernels copy bf16 tiles
 // straight into the MMA layout), then combine_states.
 int dense_decode_int8(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
@@ -52,15 +65,7 @@ int dense_decode_int8(const DenseDecodeArgs& a, cudaStream_t st, const char* who
   p.part_o = a.part_o;
   p.total_splits = splits;
   launch_check(decode_attention(p, st), who, st);
-  CombineParams c;
-  c.part_ml = a.part_ml;
-  c.part_o = a.part_o;
-  c.num_heads = a.num_heads;
-  c.group = a.group;
-  c.head_dim = a.head_dim;
-  c.total_splits = splits;
-  c.out = a.out;
-  launch_check(combine_states(c, st), who, st);
+  combine(a, splits, st, who);
   return splits;
 }
 }  // namespace
@@ -104,17 +109,7 @@ int dense_decode(const DenseDecodeArgs& a, cudaStream_t st, const char* who) {
     p.merge.out = a.out;
   }
   launch_check(dense_decode_stream(a.kernel, p, st), who, st);
-  if (!merged) {
-    CombineParams c;
-    c.part_ml = a.part_ml;
-    c.part_o = a.part_o;
-    c.num_heads = H;
-    c.group = G;
-    c.head_dim = D;
-    c.total_splits = splits;
-    c.out = a.out;
-    launch_check(combine_states(c, st), who, st);
-  }
+  if (!merged) combine(a, splits, st, who);
   return splits;
 }
 

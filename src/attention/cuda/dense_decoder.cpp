@@ -34,26 +34,36 @@ DenseDecoder::~DenseDecoder() = default;
 DenseDecoder::DenseDecoder(DenseDecoder&&) noexcept = default;
 DenseDecoder& DenseDecoder::operator=(DenseDecoder&&) noexcept = default;
 
+namespace {
+// The launch arguments both runs share: the shape, the scale and the split workspace of `m`.
+template <typename Impl>
+detail::DenseDecodeArgs dense_args(const Impl& m, const float* q, int64_t num_tokens, int64_t kv_stride, float scale,
+                                   float* out) {
+  const auto& sh = m.shape;
+  detail::DenseDecodeArgs a;
+  a.q = q;
+  a.kv_stride = kv_stride;
+  a.num_tokens = num_tokens;
+  a.num_heads = m.num_seqs * sh.num_heads_kv;
+  a.group = sh.num_heads_q / sh.num_heads_kv;
+  a.head_dim = sh.head_dim;
+  a.scale = detail::effective_scale(scale, sh.head_dim);
+  a.part_ml = m.part_ml.template as<float2>();
+  a.part_o = m.part_o.template as<float>();
+  a.max_splits = m.max_splits;
+  a.out = out;
+  return a;
+}
+}  // namespace
+
 void DenseDecoder::run_int8(const float* q, const detail::KvInt8Rows& kv, int64_t num_tokens, int64_t kv_stride,
                             float scale, float* out, Stream s) {
   RETROINFER_CHECK(kv.on() && q != nullptr && out != nullptr, "DenseDecoder::run_int8: null K rows, q or out");
   RETROINFER_CHECK(num_tokens >= 1 && num_tokens <= impl_->max_tokens && kv_stride >= num_tokens,
                    "DenseDecoder::run_int8: num_tokens ", num_tokens, " outside [1, ", impl_->max_tokens,
                    "] or past the row stride ", kv_stride);
-  const auto& sh = impl_->shape;
-  detail::DenseDecodeArgs a;
-  a.q = q;
+  detail::DenseDecodeArgs a = dense_args(*impl_, q, num_tokens, kv_stride, scale, out);
   a.kv8 = kv;
-  a.kv_stride = kv_stride;
-  a.num_tokens = num_tokens;
-  a.num_heads = impl_->num_seqs * sh.num_heads_kv;
-  a.group = sh.num_heads_q / sh.num_heads_kv;
-  a.head_dim = sh.head_dim;
-  a.scale = detail::effective_scale(scale, sh.head_dim);
-  a.part_ml = impl_->part_ml.as<float2>();
-  a.part_o = impl_->part_o.as<float>();
-  a.max_splits = impl_->max_splits;
-  a.out = out;
   detail::dense_decode(a, static_cast<cudaStream_t>(s), "dense_decode(DenseDecoder, int8)");
 }
 
@@ -70,22 +80,10 @@ void DenseDecoder::run(const float* q, const uint16_t* k, const uint16_t* v, int
   RETROINFER_CHECK(q != nullptr && out != nullptr, "DenseDecoder::run: null q or out");
   RETROINFER_CHECK(num_tokens <= impl_->max_tokens, "DenseDecoder::run: num_tokens ", num_tokens,
                    " exceeds the max_tokens ", impl_->max_tokens, " the decoder was made for");
-  const auto& sh = impl_->shape;
-  detail::DenseDecodeArgs a;
-  a.q = q;
+  detail::DenseDecodeArgs a = dense_args(*impl_, q, num_tokens, kv_stride, scale, out);
   a.k = k;
   a.v = v;
-  a.kv_stride = kv_stride;
-  a.num_tokens = num_tokens;
-  a.num_heads = impl_->num_seqs * sh.num_heads_kv;
-  a.group = sh.num_heads_q / sh.num_heads_kv;
-  a.head_dim = sh.head_dim;
-  a.scale = detail::effective_scale(scale, sh.head_dim);
-  a.part_ml = impl_->part_ml.as<float2>();
-  a.part_o = impl_->part_o.as<float>();
-  a.max_splits = impl_->max_splits;
   a.merge_counter = impl_->merge_counter.as<int>();
-  a.out = out;
   detail::dense_decode(a, static_cast<cudaStream_t>(s), "dense_decode(DenseDecoder)");
 }
 

@@ -18,64 +18,45 @@ KvInt8Cache::KvInt8Cache(int num_heads, int64_t capacity, int head_dim) : H_(num
   v_scale_ = DeviceBuffer(rows * 4);
 }
 
-void KvInt8Cache::fill(const uint16_t* k, const uint16_t* v, int64_t n, int64_t kv_stride, Stream s) {
-  RETROINFER_CHECK(k != nullptr && v != nullptr && n >= 0 && n <= capacity_ && kv_stride >= n, "KvInt8Cache::fill: ",
-                   n, " tokens of stride ", kv_stride, " into a cache of ", capacity_, " (or null K/V)");
+detail::KvInt8RowsCopy KvInt8Cache::rows_copy(const uint16_t* k, const uint16_t* v, int64_t src_head_stride,
+                                              int64_t row0, int64_t rows) const {
   detail::KvInt8RowsCopy p;
   p.src_k = k;
   p.src_v = v;
-  p.src_head_stride = kv_stride;
-  p.q_k = k_.as<int8_t>();
-  p.q_v = v_.as<int8_t>();
-  p.scale_k = k_scale_.as<float>();
-  p.scale_v = v_scale_.as<float>();
-  p.q_head_stride = capacity_;
-  p.rows = n;
-  p.num_heads = H_;
-  p.head_dim = D_;
-  auto st = static_cast<cudaStream_t>(s);
-  detail::launch_check(detail::kv_int8_quantize(p, st), "kv_int8_quantize(fill)", st);
-}
-
-void KvInt8Cache::append(const uint16_t* k_new, const uint16_t* v_new, int64_t row, Stream s) {
-  RETROINFER_CHECK(k_new != nullptr && v_new != nullptr && row >= 0 && row < capacity_, "KvInt8Cache::append: row ",
-                   row, " of a cache of ", capacity_, " tokens (or null K/V)");
-  detail::KvInt8RowsCopy p;
-  p.src_k = k_new;
-  p.src_v = v_new;
-  p.src_head_stride = 1;
-  p.q_k = k_.as<int8_t>();
-  p.q_v = v_.as<int8_t>();
-  p.scale_k = k_scale_.as<float>();
-  p.scale_v = v_scale_.as<float>();
-  p.q_head_stride = capacity_;
-  p.q_row0 = row;
-  p.rows = 1;
-  p.num_heads = H_;
-  p.head_dim = D_;
-  auto st = static_cast<cudaStream_t>(s);
-  detail::launch_check(detail::kv_int8_quantize(p, st), "kv_int8_quantize(append)", st);
-}
-
-void KvInt8Cache::widen(int64_t row0, int64_t count, uint16_t* k_out, uint16_t* v_out, Stream s) const {
-  RETROINFER_CHECK(k_out != nullptr && v_out != nullptr && row0 >= 0 && count >= 0 && row0 + count <= capacity_,
-                   "KvInt8Cache::widen: rows [", row0, ", ", row0 + count, ") of a cache of ", capacity_,
-                   " tokens (or null outputs)");
-  detail::KvInt8RowsCopy p;
-  p.src_k = k_out;
-  p.src_v = v_out;
-  p.src_head_stride = count;
+  p.src_head_stride = src_head_stride;
   p.q_k = const_cast<int8_t*>(k_.as<int8_t>());
   p.q_v = const_cast<int8_t*>(v_.as<int8_t>());
   p.scale_k = const_cast<float*>(k_scale_.as<float>());
   p.scale_v = const_cast<float*>(v_scale_.as<float>());
   p.q_head_stride = capacity_;
   p.q_row0 = row0;
-  p.rows = count;
+  p.rows = rows;
   p.num_heads = H_;
   p.head_dim = D_;
+  return p;
+}
+
+void KvInt8Cache::fill(const uint16_t* k, const uint16_t* v, int64_t n, int64_t kv_stride, Stream s) {
+  RETROINFER_CHECK(k != nullptr && v != nullptr && n >= 0 && n <= capacity_ && kv_stride >= n, "KvInt8Cache::fill: ",
+                   n, " tokens of stride ", kv_stride, " into a cache of ", capacity_, " (or null K/V)");
   auto st = static_cast<cudaStream_t>(s);
-  detail::launch_check(detail::kv_int8_widen(p, st), "kv_int8_widen", st);
+  detail::launch_check(detail::kv_int8_quantize(rows_copy(k, v, kv_stride, 0, n), st), "kv_int8_quantize(fill)", st);
+}
+
+void KvInt8Cache::append(const uint16_t* k_new, const uint16_t* v_new, int64_t row, Stream s) {
+  RETROINFER_CHECK(k_new != nullptr && v_new != nullptr && row >= 0 && row < capacity_, "KvInt8Cache::append: row ",
+                   row, " of a cache of ", capacity_, " tokens (or null K/V)");
+  auto st = static_cast<cudaStream_t>(s);
+  detail::launch_check(detail::kv_int8_quantize(rows_copy(k_new, v_new, 1, row, 1), st), "kv_int8_quantize(append)",
+                       st);
+}
+
+void KvInt8Cache::widen(int64_t row0, int64_t count, uint16_t* k_out, uint16_t* v_out, Stream s) const {
+  RETROINFER_CHECK(k_out != nullptr && v_out != nullptr && row0 >= 0 && count >= 0 && row0 + count <= capacity_,
+                   "KvInt8Cache::widen: rows [", row0, ", ", row0 + count, ") of a cache of ", capacity_,
+                   " tokens (or null outputs)");
+  auto st = static_cast<cudaStream_t>(s);
+  detail::launch_check(detail::kv_int8_widen(rows_copy(k_out, v_out, count, row0, count), st), "kv_int8_widen", st);
 }
 
 detail::KvInt8Rows KvInt8Cache::rows() const {

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/decode_kernels.h"
+#include "kernels/kv_int8_kernels.h"
 #include "retroinfer/cuda_backend.h"
 
 namespace retroinfer::cuda {
@@ -34,6 +35,10 @@ class KvInt8Cache {
   int64_t device_bytes() const { return bytes(H_, capacity_, D_); }
 
  private:
+  // The kernels' parameters: bf16 rows k, v (src_head_stride rows apart per head, from row 0) and this cache's
+  // rows [row0, row0 + rows).
+  detail::KvInt8RowsCopy rows_copy(const uint16_t* k, const uint16_t* v, int64_t src_head_stride, int64_t row0,
+                                   int64_t rows) const;
   int H_ = 0, D_ = 0;
   int64_t capacity_ = 0;
   DeviceBuffer k_, v_, k_scale_, v_scale_;
