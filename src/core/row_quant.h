@@ -56,7 +56,7 @@ inline void int8_widen_row(const int8_t* q, float scale, int d, uint16_t* out) {
 }
 
 // int8 -> bf16 without a conversion instruction (the CUDA decode kernels' widening of the 8-bit KV cache's
-// rows, kernels/common.cuh int8_chunk_to_bf16): t holds two int8 values q0, q1 in bits 0-7 and 16-23 (the rest
+// rows, kernels/decode.cu int8_chunk_to_bf16): t holds two int8 values q0, q1 in bits 0-7 and 16-23 (the rest
 // zero); a = the bf16 pair 128 + (q & 127) and b = the bf16 pair 128 + (q & 128), i.e. 128 or 256, so that
 // q = a - b exactly (both terms and the difference have at most 8 significant bits): one bf16x2 subtraction
 // per two values.

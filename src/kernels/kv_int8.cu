@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kWarps * 32) kv_int8_rows_kernel(const KvInt8R
   const int h = blockIdx.y;
   const bool is_v = blockIdx.z == 1;
   uint16_t* src = const_cast<uint16_t*>(is_v ? p.src_v : p.src_k) +
-                  (int64_t{h} * p.src_head_stride + p.src_row0 + r) * D + lane * kPer;
+                  (int64_t{h} * p.src_head_stride + r) * D + lane * kPer;
   const int64_t qr = int64_t{h} * p.q_head_stride + p.q_row0 + r;
   int8_t* q = (is_v ? p.q_v : p.q_k) + qr * D + lane * kPer;
   float* scale = (is_v ? p.scale_v : p.scale_k) + qr;

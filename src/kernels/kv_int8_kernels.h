@@ -11,11 +11,11 @@
 
 namespace retroinfer::cuda::detail {
 
-// Rows [0, rows) of every flat head: bf16 row src_row0 + r -> int8 row q_row0 + r (K and V in one launch).
+// Rows r in [0, rows) of every flat head: bf16 row r -> int8 row q_row0 + r (K and V in one launch).
 struct KvInt8RowsCopy {
   const uint16_t* src_k = nullptr;  // bf16 [H, src_head_stride, D]
   const uint16_t* src_v = nullptr;
-  int64_t src_head_stride = 0, src_row0 = 0;
+  int64_t src_head_stride = 0;
   int8_t* q_k = nullptr;  // int8 [H, q_head_stride, D], 16-byte aligned rows
   int8_t* q_v = nullptr;
   float* scale_k = nullptr;  // [H, q_head_stride]

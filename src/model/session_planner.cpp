@@ -121,7 +121,7 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
   LayerSizes s;
   s.staging = 2 * flat * n * d * 2;
   // The 8-bit KV cache's int8 K and V rows with an f32 scale each (attention/cuda/kv_int8_cache.h).
-  s.kv = r.kv_dtype == DType::kI8 ? flat * n * (2 * d + 8) : s.staging;
+  s.kv = r.kv_dtype == DType::kI8 ? flat * n * 2 * stored_row_bytes(DType::kI8, r.head_dim) : s.staging;
   const int64_t split_ws = kDecodeCtaBound * g * (8 + 4 * d);
   switch (a.kind) {
     case AttentionKind::kFull:

@@ -19,9 +19,10 @@ class KvInt8Cache {
   // num_heads flat heads (sequences x KV heads) of `capacity` tokens each, head_dim 64 or 128.
   KvInt8Cache(int num_heads, int64_t capacity, int head_dim);
 
-  // Device bytes of a cache of this shape (values and scales).
+  // Device bytes of a cache of this shape: a K and a V row per token and head of stored_row_bytes(kI8, D)
+  // (D values and a scale; the scales live in their own arrays here).
   static int64_t bytes(int num_heads, int64_t capacity, int head_dim) {
-    return int64_t{num_heads} * capacity * (2 * int64_t{head_dim} + 8);
+    return int64_t{num_heads} * capacity * 2 * stored_row_bytes(DType::kI8, head_dim);
   }
   // Quantises tokens [0, n) of k, v (bf16 [H, kv_stride, D]) into rows [0, n).
   void fill(const uint16_t* k, const uint16_t* v, int64_t n, int64_t kv_stride, Stream s);

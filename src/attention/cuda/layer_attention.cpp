@@ -27,9 +27,7 @@ class RetroLayerAttention final : public LayerAttention {
         num_heads_kv_(shape.num_heads_kv) {
     validate(cfg);
     RETROINFER_CHECK(max_tokens >= 1, "RetroLayerAttention: max_tokens must be >= 1, got ", max_tokens);
-    RETROINFER_CHECK(kv_dtype == DType::kBF16 || kv_dtype == DType::kI8, "retro on the GPU keeps its KV in bf16 or ",
-                     "int8, not ", dtype_name(kv_dtype));
-    if (kv_dtype == DType::kI8) {
+    if (kv_dtype == DType::kI8) {  // make_layer_attention admits bf16 and int8 only
       kv8_.emplace(H_, max_tokens, shape.head_dim);
       layer_.set_int8_kv(&*kv8_);
     }

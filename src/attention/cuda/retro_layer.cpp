@@ -94,6 +94,17 @@ struct RetroLayer::Impl {
   bool phase_on = false;       // decode_impl passes `phase` (decode_stage_ms's phase graph)
 
   int64_t idx_end() const { return n_idx == 0 ? std::max<int64_t>(idx_begin, cfg.sink_tokens) : idx_begin + n_idx; }
+  // The rows decode attends exactly (DenseDecodeArgs or ZoneDecodeArgs): the bf16 k, v, or kv8's int8 rows.
+  template <typename Args>
+  void set_exact_rows(Args& a) const {
+    a.k = k;
+    a.v = v;
+    a.kv_stride = kv_stride;
+    if (kv8 != nullptr) {
+      a.kv8 = kv8->rows();
+      a.kv_stride = kv8->capacity();
+    }
+  }
   std::vector<DeviceBuffer> retired;  // index buffers replaced by an update, freed after its sync
   void size_workspace(cudaStream_t st);
   DeviceBuffer top_sum;               // [H] int64: size_workspace's per-head retrieval capacity (top_sizes_sum)
@@ -596,13 +607,7 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
   if (m.n_idx == 0) {  // everything is steady zone: exact attention (the dense decode of DenseDecoder)
     detail::DenseDecodeArgs a;
     a.q = q;
-    a.k = m.k;
-    a.v = m.v;
-    a.kv_stride = m.kv_stride;
-    if (m.kv8 != nullptr) {
-      a.kv8 = m.kv8->rows();
-      a.kv_stride = m.kv8->capacity();
-    }
+    m.set_exact_rows(a);
     a.num_tokens = m.n;
     a.num_heads = m.H;
     a.group = m.G;
@@ -623,13 +628,7 @@ void RetroLayer::decode_impl(const float* q, float* out, Stream s,
       a.centroids_q8 = m.centroids_q8.as<uint8_t>();
       a.centroid_scale = m.centroid_scale.as<float>();
     }
-    a.k = m.k;
-    a.v = m.v;
-    a.kv_stride = m.kv_stride;
-    if (m.kv8 != nullptr) {
-      a.kv8 = m.kv8->rows();
-      a.kv_stride = m.kv8->capacity();
-    }
+    m.set_exact_rows(a);
     a.exact_list = a.token_list;
     a.exact_count = a.token_count;
     a.exact_list_stride = m.list_cap;

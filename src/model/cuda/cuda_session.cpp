@@ -146,8 +146,7 @@ CudaSession::CudaSession(const CudaModel& model, const CudaSessionOptions& opt, 
   RETROINFER_CHECK(im.plan.gpu_layers >= 0 && im.plan.gpu_layers <= c.num_layers, "CudaSession: the plan placed ",
                    im.plan.gpu_layers, " of ", c.num_layers, " layers on the GPU");
   const size_t kv_bytes = static_cast<size_t>(num_seqs) * im.seq_elems() * 2;
-  for (int l = 0; l < im.plan.gpu_layers; ++l) {
-    if (im.owns_kv(l)) break;
+  for (int l = 0; l < im.plan.gpu_layers && !im.owns_kv(l); ++l) {
     im.k.emplace_back(kv_bytes);
     im.v.emplace_back(kv_bytes);
   }
@@ -519,7 +518,7 @@ std::unique_ptr<CudaSession> CudaSession::fork(const AttentionConfig& attention)
                    "fork a session with every layer on the GPU (placement gpu)");
   RETROINFER_CHECK(im.opt.kv_dtype == DType::kBF16, "CudaSession::fork: this session keeps an 8-bit (",
                    dtype_name(im.opt.kv_dtype), ") KV cache in its attention objects, which fork cannot copy; fork ",
-                   "a session with --kv-dtype bf16"); 
+                   "a session with --kv-dtype bf16");
   CudaSessionOptions o = im.opt;
   o.attention = attention;
   o.max_context = im.max_context;

@@ -207,11 +207,11 @@ void CudaSession::Impl::layer_pre_attention(int l, int64_t rows, const RowView& 
   const CudaModel::Weights::Layer& L = model.weights().layers[l];
   auto st = static_cast<cudaStream_t>(stream);
   const int64_t h = c.hidden_size, qkvw = int64_t{c.num_heads_q + 2 * c.num_heads_kv} * c.head_dim;
-  const bool host = owns_kv(l);
+  const bool owned = owns_kv(l);
   norm_rows(x, L.attn_norm, rows);
   product(L.wqkv, rows, h, qkvw, a.qkv.as<float>(), 0.0f, a.xb.as<uint16_t>(), a.xn.as<float>());
-  uint16_t* kc = decode && (host || joint) ? nullptr : prefill_k(l);
-  uint16_t* vc = decode && (host || joint) ? nullptr : prefill_v(l);
+  uint16_t* kc = decode && (owned || joint) ? nullptr : prefill_k(l);
+  uint16_t* vc = decode && (owned || joint) ? nullptr : prefill_v(l);
   model::QkvPostParams qp;
   qp.qkv = a.qkv.as<float>();
   qp.bias = L.bqkv;
