@@ -1,18 +1,32 @@
 // key_quant_probe: how the wave buffer's store arithmetics (core/row_quant.h) distort a real model's attention,
 // measured on the CPU with full attention over every cached key and value.
 //
-//   key_quant_probe --model FILE --text FILE [--tokens 2048] [--steps 8] [--out FILE]
+//   key_quant_probe --model FILE --text FILE [--tokens 2048] [--steps 8] [--all-rows]
+//                   [--calib-text FILE [--calib-tokens N]] [--out FILE]
 //
 // Prefills the first --tokens tokens of the text, then decodes --steps more of it (teacher-forced). At every
 // step, layer and query head it rounds the cached K and V rows that a host-tier store would hold (all but the
 // steady zone's: the first sink_tokens and the last window_tokens of AttentionConfig's defaults stay exact)
 // through each scheme and compares with the exact rows: the KL of the attention weights (exact || rounded
 // keys), the RMS error of the logits q·k / sqrt(d) over the rounded rows, and the nmse of the attention output
-// with both K and V rounded. Schemes:
+// with both K and V rounded. --all-rows rounds the steady zone too (an 8-bit KV cache stores every row).
+// Schemes:
 //   int8            per-row int8 (StoreDtype::kInt8)
 //   int4            int4 with a bf16 scale per 32 values (StoreDtype::kInt4)
 //   int4_head_mean  int4 of the row minus its (layer, KV head)'s mean over the cached tokens, mean added back
 //   int4_block_mean int4 of the row minus the mean of its 16-token block (a stand-in for a cluster centroid)
+//   int8_head_mean  int8 of the row minus its (layer, KV head)'s mean over the cached tokens, mean added back
+//   int8_lead_mean  the same with the mean of the first 512 rounded rows only (what a cache that quantises as
+//                   the prompt's chunks arrive knows when it writes them)
+//   int8_channel_scale int8 of the row divided by per-channel factors sqrt(max |k_c|) over the cached tokens,
+//                   multiplied back (q·k unchanged in exact arithmetic: the factors move into q)
+//   int8_v_only     bf16 keys, int8 values
+//   int8_key_mean, int8_key_lead_mean, int8_key_mean_scale
+//                   int8 values; keys as int8_head_mean, int8_lead_mean, or centred and then channel-scaled
+//   int8_key_lead_mean_scale  int8_key_mean_scale with the mean and factors of the first 512 rounded rows
+//   int8_key_calibrated       int8 values, keys relative to the model's key calibration (Model::key_calibration:
+//                   what the CPU runner's 8-bit caches store; with --calib-text, the same statistics of the
+//                   keys of that text's first --calib-tokens (default --tokens) tokens instead)
 //   bf16            bf16 rows (the CUDA runner's KV cache and the bf16 store)
 //   fp8             e4m3 with a power-of-two scale per row (the CPU runner's --kv-dtype fp8, core/fp8_row.h)
 // Full attention reads every rounded row where retro reads only the retrieved clusters' (~2% of the context)
@@ -40,12 +54,22 @@ namespace {
 
 using namespace retroinfer;
 
-enum Scheme { kInt8, kInt4, kInt4HeadMean, kInt4BlockMean, kBf16, kFp8, kSchemes };
-const char* const kSchemeNames[kSchemes] = {"int8", "int4", "int4_head_mean", "int4_block_mean", "bf16", "fp8"};
+enum Scheme {
+  kInt8, kInt4, kInt4HeadMean, kInt4BlockMean, kBf16, kFp8, kInt8HeadMean, kInt8LeadMean, kInt8ChannelScale,
+  kInt8ValuesOnly, kInt8KeyMean, kInt8KeyLeadMean, kInt8KeyMeanScale, kInt8KeyLeadMeanScale,
+  kInt8KeyCalibrated, kSchemes
+};
+const char* const kSchemeNames[kSchemes] = {"int8", "int4", "int4_head_mean", "int4_block_mean", "bf16", "fp8",
+                                            "int8_head_mean", "int8_lead_mean", "int8_channel_scale",
+                                            "int8_v_only", "int8_key_mean", "int8_key_lead_mean",
+                                            "int8_key_mean_scale", "int8_key_lead_mean_scale",
+                                            "int8_key_calibrated"};
+constexpr int64_t kLeadRows = 512;
 constexpr int64_t kBlockTokens = 16;
 
 // x rounded through the store's arithmetic (bf16 in, bf16 widened out), `base` subtracted before and added after.
 void round_row(Scheme s, const float* x, const float* base, int d, float* out) {
+  if (s == kInt8HeadMean || s == kInt8LeadMean) s = kInt8;
   if (s == kFp8) {  // from the f32 row, as the CPU runner's KV cache stores it
     std::vector<uint8_t> row(stored_row_bytes(DType::kF8E4M3, d));
     fp8_quantize_row(x, d, row.data());
@@ -77,19 +101,67 @@ std::vector<float> mean_of_rows(const std::vector<float>& x, int64_t b, int64_t 
   return mean;
 }
 
+// A KV head's key mean and channel factors ([d] each), as KeyCalibration holds them per head.
+struct KeyTransform {
+  std::vector<float> mean, factor;
+};
+
+// The mean of x's rows [b, e) and the channel factors sqrt(max |x - mean|) (1 where that is 0): the statistics
+// Model::key_calibration takes.
+KeyTransform key_transform(const std::vector<float>& x, int64_t b, int64_t e, int d);
+
 // Rows [n, d] with rows [b, e) rounded through scheme s, the rest exact. The mean schemes take their mean
-// over [b, e) (the head's) or over each kBlockTokens-row block from b on.
-std::vector<float> round_rows(Scheme s, const std::vector<float>& x, int64_t b, int64_t e, int d) {
+// over [b, e) (the head's), its first kLeadRows rows, or each kBlockTokens-row block from b on. `keys`: the rows
+// are keys (int8_v_only keeps them in bf16); `calibrated`: the head's transform of int8_key_calibrated.
+std::vector<float> round_rows(Scheme s, const std::vector<float>& x, int64_t b, int64_t e, int d, bool keys,
+                              const KeyTransform& calibrated) {
   std::vector<float> out(x);
+  if (s == kInt8ValuesOnly) s = keys ? kBf16 : kInt8;
+  if (s == kInt8KeyMean) s = keys ? kInt8HeadMean : kInt8;
+  if (s == kInt8KeyLeadMean) s = keys ? kInt8LeadMean : kInt8;
+  if ((s == kInt8KeyMeanScale || s == kInt8KeyLeadMeanScale || s == kInt8KeyCalibrated) && !keys) s = kInt8;
+  if (s == kInt8ChannelScale || s == kInt8KeyMeanScale || s == kInt8KeyLeadMeanScale || s == kInt8KeyCalibrated) {
+    KeyTransform tr;
+    if (s == kInt8ChannelScale) {
+      tr = key_transform(x, b, e, d);
+      std::fill(tr.mean.begin(), tr.mean.end(), 0.0f);
+      std::fill(tr.factor.begin(), tr.factor.end(), 0.0f);
+      for (int64_t t = b; t < e; ++t)
+        for (int i = 0; i < d; ++i) tr.factor[i] = std::max(tr.factor[i], std::fabs(x[size_t(t) * d + i]));
+      for (float& v : tr.factor) v = v > 0.0f ? std::sqrt(v) : 1.0f;
+    } else if (s == kInt8KeyCalibrated) {
+      tr = calibrated;
+    } else {
+      tr = key_transform(x, b, s == kInt8KeyLeadMeanScale ? std::min(e, b + kLeadRows) : e, d);
+    }
+    const std::vector<float>& mu = tr.mean;
+    const std::vector<float>& f = tr.factor;
+    std::vector<float> y(d);
+    for (int64_t t = b; t < e; ++t) {
+      for (int i = 0; i < d; ++i) y[i] = (x[size_t(t) * d + i] - mu[i]) / f[i];
+      round_row(kInt8, y.data(), nullptr, d, out.data() + size_t(t) * d);
+      for (int i = 0; i < d; ++i) out[size_t(t) * d + i] = out[size_t(t) * d + i] * f[i] + mu[i];
+    }
+    return out;
+  }
   const int64_t span = s == kInt4BlockMean ? kBlockTokens : e - b;  // rows sharing one mean
   for (int64_t b0 = b; b0 < e; b0 += span) {
     const int64_t b1 = std::min(e, b0 + span);
-    const bool centred = s == kInt4HeadMean || s == kInt4BlockMean;
-    const std::vector<float> base = centred ? mean_of_rows(x, b0, b1, d) : std::vector<float>();
+    const bool centred = s == kInt4HeadMean || s == kInt4BlockMean || s == kInt8HeadMean || s == kInt8LeadMean;
+    const int64_t mean_end = s == kInt8LeadMean ? std::min(b1, b0 + kLeadRows) : b1;
+    const std::vector<float> base = centred ? mean_of_rows(x, b0, mean_end, d) : std::vector<float>();
     for (int64_t t = b0; t < b1; ++t)
       round_row(s, x.data() + size_t(t) * d, centred ? base.data() : nullptr, d, out.data() + size_t(t) * d);
   }
   return out;
+}
+
+KeyTransform key_transform(const std::vector<float>& x, int64_t b, int64_t e, int d) {
+  KeyTransform tr{mean_of_rows(x, b, e, d), std::vector<float>(d, 0.0f)};
+  for (int64_t t = b; t < e; ++t)
+    for (int i = 0; i < d; ++i) tr.factor[i] = std::max(tr.factor[i], std::fabs(x[size_t(t) * d + i] - tr.mean[i]));
+  for (float& v : tr.factor) v = v > 0.0f ? std::sqrt(v) : 1.0f;
+  return tr;
 }
 
 struct Sums {
@@ -97,9 +169,11 @@ struct Sums {
 };
 
 int run(int argc, char** argv) {
-  std::string model_path, text_path, out_path;
+  std::string model_path, text_path, out_path, calib_path;
   int64_t tokens = 2048;
   int steps = 8;
+  bool all_rows = false;
+  int64_t calib_tokens = 0;  // 0: --tokens
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -109,10 +183,13 @@ int run(int argc, char** argv) {
     if (a == "--model") model_path = next();
     else if (a == "--text") text_path = next();
     else if (a == "--out") out_path = next();
+    else if (a == "--calib-text") calib_path = next();
+    else if (a == "--calib-tokens") calib_tokens = std::atoll(next().c_str());
     else if (a == "--tokens") tokens = std::atoll(next().c_str());
     else if (a == "--steps") steps = std::atoi(next().c_str());
+    else if (a == "--all-rows") all_rows = true;
     else throw Error("unknown argument " + a + " (usage: key_quant_probe --model FILE --text FILE [--tokens N] "
-                     "[--steps S] [--out FILE])");
+                     "[--steps S] [--all-rows] [--calib-text FILE [--calib-tokens N]] [--out FILE])");
   }
   const AttentionConfig zone;  // the steady zone's extent: sink_tokens, window_tokens
   const int64_t min_tokens = zone.sink_tokens + zone.window_tokens + kBlockTokens;
@@ -134,13 +211,49 @@ int run(int argc, char** argv) {
   SessionOptions so;
   so.attention.kind = AttentionKind::kFull;
   so.max_context = tokens + steps;
+  // Per (layer, KV head): the transform of int8_key_calibrated.
+  std::vector<std::vector<KeyTransform>> calibration(size_t(c.num_layers),
+                                                     std::vector<KeyTransform>(size_t(c.num_heads_kv)));
+  const int dh = c.head_dim;
+  if (calib_path.empty()) {
+    const std::vector<KeyCalibration>& kc = model->key_calibration();
+    for (int l = 0; l < c.num_layers; ++l)
+      for (int h = 0; h < c.num_heads_kv; ++h) {
+        const auto at = [&](const std::vector<float>& v) {
+          return std::vector<float>(v.begin() + ptrdiff_t(h) * dh, v.begin() + ptrdiff_t(h + 1) * dh);
+        };
+        calibration[size_t(l)][size_t(h)] = {at(kc[size_t(l)].mean), at(kc[size_t(l)].factor)};
+      }
+  } else {
+    if (calib_tokens <= 0) calib_tokens = tokens;
+    std::ifstream cf(calib_path);
+    RETROINFER_CHECK(cf.good(), "cannot read ", calib_path);
+    std::stringstream ct;
+    ct << cf.rdbuf();
+    const std::vector<int32_t> cids = tok->encode(ct.str());
+    RETROINFER_CHECK(int64_t(cids.size()) > calib_tokens, "the calibration text has fewer than ", calib_tokens + 1,
+                     " tokens");
+    Session cal(*model, so);
+    cal.set_attention_observer([&](int layer, const KvCache& kv, const float*, const float*) {
+      const int64_t n = kv.size();
+      std::vector<float> k(size_t(n) * c.head_dim);
+      for (int h = 0; h < c.num_heads_kv; ++h) {
+        for (int64_t t = 0; t < n; ++t) kv.load_key(h, t, k.data() + size_t(t) * c.head_dim);
+        calibration[size_t(layer)][size_t(h)] = key_transform(k, 0, n, c.head_dim);
+      }
+    });
+    cal.prefill(std::span<const int32_t>(cids.data(), size_t(calib_tokens)));
+    std::vector<float> cl(size_t(c.vocab_size));
+    cal.decode(cids[size_t(calib_tokens)], cl);
+  }
   Session session(*model, so);
   const int d = c.head_dim, group = c.num_heads_q / c.num_heads_kv;
   Sums sums[kSchemes];
   int64_t samples = 0;
-  session.set_attention_observer([&](int, const KvCache& kv, const float* q, const float*) {
+  session.set_attention_observer([&](int layer, const KvCache& kv, const float* q, const float*) {
     const int64_t n = kv.size();
-    const int64_t b = zone.sink_tokens, e = n - zone.window_tokens;  // the rows a store would hold
+    // The rows a host-tier store would hold, or every row (--all-rows: an 8-bit KV cache).
+    const int64_t b = all_rows ? 0 : zone.sink_tokens, e = all_rows ? n : n - zone.window_tokens;
     std::vector<float> k(size_t(n) * d), v(size_t(n) * d);
     for (int h = 0; h < c.num_heads_kv; ++h) {
       for (int64_t t = 0; t < n; ++t) {
@@ -148,9 +261,10 @@ int run(int argc, char** argv) {
         kv.load_value(h, t, v.data() + size_t(t) * d);
       }
       std::vector<std::vector<float>> kq(kSchemes), vq(kSchemes);
+      const KeyTransform& cal = calibration[size_t(layer)][size_t(h)];
       for (int s = 0; s < kSchemes; ++s) {
-        kq[s] = round_rows(Scheme(s), k, b, e, d);
-        vq[s] = round_rows(Scheme(s), v, b, e, d);
+        kq[s] = round_rows(Scheme(s), k, b, e, d, true, cal);
+        vq[s] = round_rows(Scheme(s), v, b, e, d, false, cal);
       }
       for (int g = 0; g < group; ++g) {
         const float* qh = q + size_t(h * group + g) * d;
@@ -201,6 +315,8 @@ int run(int argc, char** argv) {
   for (int s = 0; s < kSchemes; ++s) {
     const nlohmann::json j = {{"bench", "key_quant_probe"}, {"model", model_path}, {"tokens", tokens},
                               {"steps", steps}, {"samples", samples}, {"scheme", kSchemeNames[s]},
+                              {"rows", all_rows ? "all" : "store"},
+                              {"calibration", calib_path.empty() ? "model" : calib_path},
                               {"attention_kl", sums[s].kl / double(samples)},
                               {"logit_rms_error", sums[s].logit_rms / double(samples)},
                               {"output_nmse", sums[s].out_nmse / double(samples)}};

@@ -97,6 +97,7 @@ void run_generate(const GenerateCliOptions& o) {
                    "cluster selections; use --attention retro (got '", o.attention, "')");
   LoadedModel m = load_model(o.model);
   const SessionOptions so = make_session_options(o.model, kind, m.model->config().head_dim);
+  calibrate_kv_keys(m, so, "generate");
   const Tokenizer& tok = *m.tokenizer;
 
   std::vector<int32_t> ids;

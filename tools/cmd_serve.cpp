@@ -153,6 +153,7 @@ void run_serve(const ServeCliOptions& o) {
   LoadedModel m = load_model(model_opt);
   // With the model's head_dim: the default cluster size depends on it (default_tokens_per_cluster).
   so.session = make_session_options(o.model, kind, m.model->config().head_dim);
+  calibrate_kv_keys(m, so.session, "serve");
   if (so.prefix_cache) {
     if (m.engine->device() == Device::kCuda)
       std::fprintf(stderr, "retroinfer serve: the prefix cache serves CUDA requests whose session keeps every layer's KV "

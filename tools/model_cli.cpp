@@ -127,6 +127,16 @@ LoadedModel load_model(const ModelCliOptions& o) {
   return retroinfer::load_model(locate_model(o.model), lo);
 }
 
+void calibrate_kv_keys(const LoadedModel& m, const SessionOptions& so, const char* command) {
+  if (!is_scaled_8bit(so.kv_dtype) || m.engine->device() != Device::kCpu) return;
+  std::fprintf(stderr, "retroinfer %s: calibrating the %s KV cache's keys (a %lld-token prefill, once per model)\n",
+               command, std::string(dtype_name(so.kv_dtype)).c_str(),
+               static_cast<long long>(Model::kKeyCalibrationTokens));
+  const double t0 = now_s();
+  m.model->key_calibration();
+  std::fprintf(stderr, "retroinfer %s: key calibration done in %.1f s\n", command, now_s() - t0);
+}
+
 ProgressBar::ProgressBar(std::string label) : label_(std::move(label)), t0_(now_s()) {}
 
 void ProgressBar::update(int64_t done, int64_t total) {

@@ -8,13 +8,26 @@
 
 namespace retroinfer {
 
+// Per KV head, the keys of an 8-bit cache are stored relative to a per-channel mean and divided by per-channel
+// factors: y = (k - mean) / factor, read back as k = y * factor + mean (docs/model-runner.md "KV cache storage").
+// Without it a few channels that hold a large near-constant part (Qwen2's key bias) set every row's scale and
+// leave the others a handful of the 255 steps. The CPU runner calibrates it once per model
+// (Model::key_calibration()), so rows pass between sessions of a model (forks, prefix blocks, snapshots) as
+// they are.
+struct KeyCalibration {
+  std::vector<float> mean;    // [num_heads_kv, head_dim]
+  std::vector<float> factor;  // [num_heads_kv, head_dim], > 0
+};
+
 // Threading contract: append() and reserve() need exclusive access; the const readers may run from any
 // number of threads at once while nobody appends.
 class KvCache {
  public:
   // dtype: storage of keys and values: kF32, kBF16, or an 8-bit storage, kI8 or kF8E4M3 (8-bit values and an
-  // f32 scale per row, docs/model-runner.md "KV cache storage"); kF16 is rejected.
-  KvCache(int num_heads_kv, int head_dim, DType dtype);
+  // f32 scale per row, docs/model-runner.md "KV cache storage"); kF16 is rejected. keys: an 8-bit cache's key
+  // calibration (nullptr: keys stored as they are; must outlive the cache and every copy of it); only 8-bit
+  // storages take one.
+  KvCache(int num_heads_kv, int head_dim, DType dtype, const KeyCalibration* keys = nullptr);
 
   void reserve(int64_t tokens);
   // Appends n tokens. k, v: [n, num_heads_kv, head_dim], f32, row-major (the layout the K/V projection
@@ -34,11 +47,18 @@ class KvCache {
   // Bytes of one key (or value) row in storage (an 8-bit row's scale included).
   int64_t row_bytes() const { return stored_row_bytes(dtype_, head_dim_); }
 
-  // Raw rows in storage dtype: [head_dim] at (head h, token t).
+  const KeyCalibration* key_calibration() const { return key_cal_; }
+  // Head h's key mean and factors ([head_dim] each), or nullptr without a calibration.
+  const float* key_mean(int h) const { return key_cal_ ? key_cal_->mean.data() + size_t(h) * head_dim_ : nullptr; }
+  const float* key_factor(int h) const {
+    return key_cal_ ? key_cal_->factor.data() + size_t(h) * head_dim_ : nullptr;
+  }
+
+  // Raw rows in storage dtype: [head_dim] at (head h, token t); an 8-bit key row relative to the calibration.
   const void* key_row(int h, int64_t t) const { return keys_[h].data() + t * row_bytes(); }
   const void* value_row(int h, int64_t t) const { return values_[h].data() + t * row_bytes(); }
 
-  // Converted to f32. dst: [head_dim].
+  // Converted to f32 (an 8-bit key row through the calibration). dst: [head_dim].
   void load_key(int h, int64_t t, float* dst) const;
   void load_value(int h, int64_t t, float* dst) const;
   // q · k[h, t]; q: [head_dim] f32.
@@ -50,6 +70,7 @@ class KvCache {
   int num_heads_kv_;
   int head_dim_;
   DType dtype_;
+  const KeyCalibration* key_cal_ = nullptr;
   int64_t size_ = 0;
   // keys_[h]: [size_, head_dim] in dtype_, row-major; values_ likewise.
   std::vector<std::vector<uint8_t>> keys_;

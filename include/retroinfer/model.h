@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -91,6 +92,14 @@ class Model {
   struct Weights;  // defined in src/model/weights.h
   const Weights& weights() const { return *w_; }
 
+  // The key calibration of every layer's 8-bit KV caches (KeyCalibration, kv_cache.h): each KV head's mean and
+  // channel factors sqrt(max |k - mean|) of the post-RoPE keys of a full-attention prefill of
+  // kKeyCalibrationTokens tokens from a fixed generator (fewer when the model's context is shorter): the same
+  // for every session of the model. Computed on first use (that prefill: seconds on a small model), then kept;
+  // thread-safe.
+  static constexpr int64_t kKeyCalibrationTokens = 2048;
+  const std::vector<KeyCalibration>& key_calibration() const;
+
  private:
   Model() = default;
   ModelConfig cfg_;
@@ -98,6 +107,8 @@ class Model {
   int64_t memory_limit_ = 0;
   WeightStorage weight_storage_ = WeightStorage::kBlocks;
   std::unique_ptr<Weights> w_;
+  mutable std::once_flag key_calibration_once_;
+  mutable std::vector<KeyCalibration> key_calibration_;
 };
 
 struct SessionOptions {

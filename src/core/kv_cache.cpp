@@ -1,5 +1,6 @@
 #include "retroinfer/kv_cache.h"
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -10,12 +11,26 @@
 
 namespace retroinfer {
 
-KvCache::KvCache(int num_heads_kv, int head_dim, DType dtype)
-    : num_heads_kv_(num_heads_kv), head_dim_(head_dim), dtype_(dtype) {
+void calibrate_key_row(const float* mean, const float* factor, int d, float* row) {
+  for (int i = 0; i < d; ++i) row[i] = row[i] * factor[i] + mean[i];
+}
+
+KvCache::KvCache(int num_heads_kv, int head_dim, DType dtype, const KeyCalibration* keys)
+    : num_heads_kv_(num_heads_kv), head_dim_(head_dim), dtype_(dtype), key_cal_(keys) {
   RETROINFER_CHECK(num_heads_kv > 0, "KvCache: num_heads_kv must be positive, got ", num_heads_kv);
   RETROINFER_CHECK(head_dim > 0, "KvCache: head_dim must be positive, got ", head_dim);
   RETROINFER_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || is_scaled_8bit(dtype),
                    "KvCache: storage dtype must be f32, bf16, fp8 or int8, got ", dtype_name(dtype));
+  if (keys != nullptr) {
+    RETROINFER_CHECK(is_scaled_8bit(dtype), "KvCache: a key calibration is for 8-bit storage, not ",
+                     dtype_name(dtype));
+    const size_t n = size_t(num_heads_kv) * head_dim;
+    RETROINFER_CHECK(keys->mean.size() == n && keys->factor.size() == n, "KvCache: the key calibration holds ",
+                     keys->mean.size(), " means and ", keys->factor.size(), " factors, not ", n, " (",
+                     num_heads_kv, " KV heads x head_dim ", head_dim, ")");
+    for (float f : keys->factor)
+      RETROINFER_CHECK(f > 0.0f && std::isfinite(f), "KvCache: a key calibration factor is ", f, ", not > 0");
+  }
   keys_.resize(num_heads_kv);
   values_.resize(num_heads_kv);
 }
@@ -39,12 +54,14 @@ namespace {
 // An 8-bit row widened to f32 for dot_key / axpy_value: on the stack up to kStack values, else on the heap.
 class WidenedRow {
  public:
-  WidenedRow(DType t, const void* row, int d) {
+  // mean, factor: the key calibration of the row's head (nullptr: none).
+  WidenedRow(DType t, const void* row, int d, const float* mean = nullptr, const float* factor = nullptr) {
     if (d > kStack) {
       heap_.resize(d);
       p_ = heap_.data();
     }
     widen_scaled_8bit_row(t, row, d, p_);
+    if (mean != nullptr) calibrate_key_row(mean, factor, d, p_);
   }
   WidenedRow(const WidenedRow&) = delete;  // p_ may point into this object
   WidenedRow& operator=(const WidenedRow&) = delete;
@@ -57,13 +74,20 @@ class WidenedRow {
   float* p_ = stack_;
 };
 
+// Appends head h's rows of src [n, num_heads, d] to dst in dtype; mean / factor (8-bit keys with a
+// calibration, else nullptr): rows stored as (row - mean) / factor.
 void store_rows(std::vector<uint8_t>& dst, const float* src, int64_t n, int num_heads, int h, int d,
-                DType dtype) {
+                DType dtype, const float* mean = nullptr, const float* factor = nullptr) {
   const int64_t old = dst.size(), rb = stored_row_bytes(dtype, d);
   dst.resize(old + n * rb);
   uint8_t* out = dst.data() + old;
+  std::vector<float> centred(mean != nullptr ? d : 0);
   for (int64_t t = 0; t < n; ++t) {
     const float* row = src + (t * num_heads + h) * d;
+    if (mean != nullptr) {
+      for (int i = 0; i < d; ++i) centred[i] = (row[i] - mean[i]) / factor[i];
+      row = centred.data();
+    }
     if (dtype == DType::kF32) {
       std::memcpy(out + t * d * 4, row, d * 4);
     } else if (dtype == DType::kF8E4M3) {
@@ -85,7 +109,7 @@ void KvCache::append(const float* k, const float* v, int64_t n) {
     RETROINFER_FAIL("KvCache::append: out of host memory growing the KV cache by ", n,
                     " tokens (injected fault host_kv_append)");
   for (int h = 0; h < num_heads_kv_; ++h) {
-    store_rows(keys_[h], k, n, num_heads_kv_, h, head_dim_, dtype_);
+    store_rows(keys_[h], k, n, num_heads_kv_, h, head_dim_, dtype_, key_mean(h), key_factor(h));
     store_rows(values_[h], v, n, num_heads_kv_, h, head_dim_, dtype_);
   }
   size_ += n;
@@ -114,6 +138,7 @@ void KvCache::load_key(int h, int64_t t, float* dst) const {
     std::memcpy(dst, key_row(h, t), head_dim_ * 4);
   } else if (is_scaled_8bit(dtype_)) {
     widen_scaled_8bit_row(dtype_, key_row(h, t), head_dim_, dst);
+    if (key_cal_ != nullptr) calibrate_key_row(key_mean(h), key_factor(h), head_dim_, dst);
   } else {
     const auto* r = static_cast<const uint16_t*>(key_row(h, t));
     for (int i = 0; i < head_dim_; ++i) dst[i] = bf16_to_f32(r[i]);
@@ -134,7 +159,8 @@ void KvCache::load_value(int h, int64_t t, float* dst) const {
 
 float KvCache::dot_key(int h, int64_t t, const float* q) const {
   if (dtype_ == DType::kF32) return core::dot_f32(q, static_cast<const float*>(key_row(h, t)), head_dim_);
-  if (is_scaled_8bit(dtype_)) return core::dot_f32(q, WidenedRow(dtype_, key_row(h, t), head_dim_).data(), head_dim_);
+  if (is_scaled_8bit(dtype_))
+    return core::dot_f32(q, WidenedRow(dtype_, key_row(h, t), head_dim_, key_mean(h), key_factor(h)).data(), head_dim_);
   return core::dot_bf16(q, static_cast<const uint16_t*>(key_row(h, t)), head_dim_);
 }
 

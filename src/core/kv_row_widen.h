@@ -17,4 +17,9 @@ namespace retroinfer {
     int8_widen_kv_row(r, d, out);
 }
 
+// A widened 8-bit key row through its head's calibration (KeyCalibration): k = y * factor + mean. Out of line
+// (kv_cache.cpp) so that every reader rounds alike: inlined into the attention kernels' FMA clones the compiler
+// would fuse the multiply and the add, and their logits would differ from load_key's rows in the last bit.
+void calibrate_key_row(const float* mean, const float* factor, int d, float* row);
+
 }  // namespace retroinfer

@@ -140,7 +140,7 @@ void save_snapshot(const std::string& path, const Snapshot& snap, const Snapshot
   meta << "model_identity=" << snapshot_hex(snap.model.hash) << "\nmodel=" << snap.model.description << "\nkv_dtype="
        << dtype_name(kv.dtype) << "\nlayers=" << kv.num_layers << "\nkv_heads=" << kv.num_heads_kv
        << "\nhead_dim=" << kv.head_dim << "\ntokens=" << kv.tokens << "\n"
-       << attention_text(snap.attention);
+       << (is_scaled_8bit(kv.dtype) ? "key_rows=calibrated\n" : "") << attention_text(snap.attention);
   const std::string meta_s = meta.str();
   struct Section {
     uint32_t tag;
@@ -269,6 +269,11 @@ Snapshot parse_snapshot(std::span<const uint8_t> bytes, std::string_view where) 
   RETROINFER_CHECK(dt == "f32" || dt == "bf16" || dt == "int8" || dt == "fp8", "snapshot ", where,
                    ": META's kv_dtype '", dt, "' is not f32, bf16, int8 or fp8");
   kv->dtype = parse_dtype(dt);
+  // 8-bit key rows are stored relative to the model's key calibration (KeyCalibration); earlier builds stored
+  // the raw keys, which this build would misread.
+  RETROINFER_CHECK(!is_scaled_8bit(kv->dtype) || (meta.kv.count("key_rows") && meta.kv.at("key_rows") == "calibrated"),
+                   "snapshot ", where, ": its ", dt, " key rows were written without the key calibration this build ",
+                   "stores 8-bit keys with (an earlier build); save the snapshot again with this build");
   const int64_t layers = meta.num("layers", where), heads = meta.num("kv_heads", where), d = meta.num("head_dim", where);
   const int64_t tokens = meta.num("tokens", where);
   RETROINFER_CHECK(layers >= 1 && layers <= 4096 && heads >= 1 && heads <= 4096 && d >= 1 && d <= 4096 &&

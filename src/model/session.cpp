@@ -155,8 +155,9 @@ Session::Session(const Model& model, const SessionOptions& opt) : model_(model),
   const AttentionShape shape{c.num_heads_q, c.num_heads_kv, c.head_dim};
   kv_.reserve(c.num_layers);
   attn_.reserve(c.num_layers);
+  const std::vector<KeyCalibration>* key_cal = is_scaled_8bit(opt.kv_dtype) ? &model.key_calibration() : nullptr;
   for (int l = 0; l < c.num_layers; ++l) {
-    kv_.emplace_back(c.num_heads_kv, c.head_dim, opt.kv_dtype);
+    kv_.emplace_back(c.num_heads_kv, c.head_dim, opt.kv_dtype, key_cal ? &(*key_cal)[static_cast<size_t>(l)] : nullptr);
     attn_.push_back(make_attention(opt.attention, shape));
     if (opt.cluster_trace) attn_.back()->set_cluster_trace(opt.cluster_trace.get(), l);
   }

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -41,12 +42,12 @@ struct TempDir {
 };
 
 // A snapshot of `tokens` tokens with recognisable K/V, without a model.
-Snapshot synthetic(int64_t tokens, uint8_t fill, int layers = 2) {
+Snapshot synthetic(int64_t tokens, uint8_t fill, int layers = 2, DType dtype = DType::kF32) {
   auto kv = std::make_shared<KvBlock>();
   kv->num_layers = layers;
   kv->num_heads_kv = 2;
   kv->head_dim = 8;
-  kv->dtype = DType::kF32;
+  kv->dtype = dtype;
   kv->tokens = tokens;
   kv->bytes.assign(2 * layers * 2 * kv->run_bytes(), fill);
   Snapshot s;
@@ -99,6 +100,34 @@ TEST(Snapshot, LargeSectionChecksummedByChunks) {
   b[b.size() - (size_t{20} << 20)] ^= 0x10;  // inside the K/V section's second 16 MiB chunk
   write_bytes(dir.file("bad.snapshot"), b);
   EXPECT_TRUE(contains(test::error_of([&] { load_snapshot(dir.file("bad.snapshot")); }), "section KVDT is corrupt"));
+}
+
+// 8-bit key rows are stored relative to the model's key calibration; a snapshot whose META does not say so (an
+// earlier build stored the raw keys) is refused, saying why.
+TEST(Snapshot, RefusesEightBitKeysWithoutTheKeyCalibration) {
+  TempDir dir;
+  const std::string path = dir.file("int8.snapshot");
+  save_snapshot(path, synthetic(30, 5, 2, DType::kI8));
+  EXPECT_EQ(load_snapshot(path).context.blocks.at(0)->dtype, DType::kI8);
+  std::vector<uint8_t> b = read_bytes(path);
+  // META is the first section: its 24-byte head follows the 16-byte file head; drop the key_rows line and write
+  // the section again with its checksum.
+  const std::string line = "key_rows=calibrated\n";
+  uint64_t meta_bytes = 0;
+  std::memcpy(&meta_bytes, b.data() + 16 + 8, 8);
+  std::string meta(b.begin() + 40, b.begin() + 40 + static_cast<std::ptrdiff_t>(meta_bytes));
+  const size_t at = meta.find(line);
+  ASSERT_NE(at, std::string::npos) << meta;
+  meta.erase(at, line.size());
+  std::vector<uint8_t> old(b.begin(), b.begin() + 40);
+  const uint64_t n = meta.size(), sum = snapshot_checksum(meta.data(), meta.size());
+  std::memcpy(old.data() + 16 + 8, &n, 8);
+  std::memcpy(old.data() + 16 + 16, &sum, 8);
+  old.insert(old.end(), meta.begin(), meta.end());
+  old.insert(old.end(), b.begin() + 40 + static_cast<std::ptrdiff_t>(meta_bytes), b.end());
+  write_bytes(path, old);
+  const std::string why = test::error_of([&] { load_snapshot(path); });
+  EXPECT_TRUE(contains(why, "without the key calibration")) << why;
 }
 
 TEST(Snapshot, RefusesWhatIsNotItsOwnSayingWhich) {
