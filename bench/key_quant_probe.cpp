@@ -27,6 +27,7 @@
 //   int8_key_calibrated       int8 values, keys relative to the model's key calibration (Model::key_calibration:
 //                   what the CPU runner's 8-bit caches store; with --calib-text, the same statistics of the
 //                   keys of that text's first --calib-tokens (default --tokens) tokens instead)
+//   fp8_key_calibrated        the same with fp8 rows (the CPU runner's --kv-dtype fp8)
 //   bf16            bf16 rows (the CUDA runner's KV cache and the bf16 store)
 //   fp8             e4m3 with a power-of-two scale per row (the CPU runner's --kv-dtype fp8, core/fp8_row.h)
 // Full attention reads every rounded row where retro reads only the retrieved clusters' (~2% of the context)
@@ -57,13 +58,13 @@ using namespace retroinfer;
 enum Scheme {
   kInt8, kInt4, kInt4HeadMean, kInt4BlockMean, kBf16, kFp8, kInt8HeadMean, kInt8LeadMean, kInt8ChannelScale,
   kInt8ValuesOnly, kInt8KeyMean, kInt8KeyLeadMean, kInt8KeyMeanScale, kInt8KeyLeadMeanScale,
-  kInt8KeyCalibrated, kSchemes
+  kInt8KeyCalibrated, kFp8KeyCalibrated, kSchemes
 };
 const char* const kSchemeNames[kSchemes] = {"int8", "int4", "int4_head_mean", "int4_block_mean", "bf16", "fp8",
                                             "int8_head_mean", "int8_lead_mean", "int8_channel_scale",
                                             "int8_v_only", "int8_key_mean", "int8_key_lead_mean",
                                             "int8_key_mean_scale", "int8_key_lead_mean_scale",
-                                            "int8_key_calibrated"};
+                                            "int8_key_calibrated", "fp8_key_calibrated"};
 constexpr int64_t kLeadRows = 512;
 constexpr int64_t kBlockTokens = 16;
 
@@ -120,7 +121,10 @@ std::vector<float> round_rows(Scheme s, const std::vector<float>& x, int64_t b, 
   if (s == kInt8KeyMean) s = keys ? kInt8HeadMean : kInt8;
   if (s == kInt8KeyLeadMean) s = keys ? kInt8LeadMean : kInt8;
   if ((s == kInt8KeyMeanScale || s == kInt8KeyLeadMeanScale || s == kInt8KeyCalibrated) && !keys) s = kInt8;
-  if (s == kInt8ChannelScale || s == kInt8KeyMeanScale || s == kInt8KeyLeadMeanScale || s == kInt8KeyCalibrated) {
+  if (s == kFp8KeyCalibrated && !keys) s = kFp8;
+  const Scheme row_scheme = s == kFp8KeyCalibrated ? kFp8 : kInt8;  // the rows of the transformed schemes
+  if (s == kInt8ChannelScale || s == kInt8KeyMeanScale || s == kInt8KeyLeadMeanScale || s == kInt8KeyCalibrated ||
+      s == kFp8KeyCalibrated) {
     KeyTransform tr;
     if (s == kInt8ChannelScale) {
       tr = key_transform(x, b, e, d);
@@ -129,7 +133,7 @@ std::vector<float> round_rows(Scheme s, const std::vector<float>& x, int64_t b, 
       for (int64_t t = b; t < e; ++t)
         for (int i = 0; i < d; ++i) tr.factor[i] = std::max(tr.factor[i], std::fabs(x[size_t(t) * d + i]));
       for (float& v : tr.factor) v = v > 0.0f ? std::sqrt(v) : 1.0f;
-    } else if (s == kInt8KeyCalibrated) {
+    } else if (s == kInt8KeyCalibrated || s == kFp8KeyCalibrated) {
       tr = calibrated;
     } else {
       tr = key_transform(x, b, s == kInt8KeyLeadMeanScale ? std::min(e, b + kLeadRows) : e, d);
@@ -139,7 +143,7 @@ std::vector<float> round_rows(Scheme s, const std::vector<float>& x, int64_t b, 
     std::vector<float> y(d);
     for (int64_t t = b; t < e; ++t) {
       for (int i = 0; i < d; ++i) y[i] = (x[size_t(t) * d + i] - mu[i]) / f[i];
-      round_row(kInt8, y.data(), nullptr, d, out.data() + size_t(t) * d);
+      round_row(row_scheme, y.data(), nullptr, d, out.data() + size_t(t) * d);
       for (int i = 0; i < d; ++i) out[size_t(t) * d + i] = out[size_t(t) * d + i] * f[i] + mu[i];
     }
     return out;

@@ -11,6 +11,7 @@
 #include "bindings.h"
 #include "retroinfer/attention_params.h"
 #include "retroinfer/error.h"
+#include "retroinfer/key_calibration_store.h"
 
 namespace retroinfer::python {
 namespace {
@@ -195,6 +196,12 @@ SessionOptions session_options(const LoadedModel& m, const std::string& attentio
   const py::kwargs attention_kwargs = take_kv_placement_kwargs(so.kv_placement, kwargs);
   validate_kv_placement(so.kv_placement, m.engine->device());
   apply_attention_kwargs(so.attention, attention_kwargs);  // validated where the session is made (make_session)
+  if (is_scaled_8bit(so.kv_dtype) && m.engine->device() == Device::kCpu) {
+    // The CPU runner's 8-bit caches store keys relative to the model's key calibration: from the on-disk store,
+    // else a 2048-token prefill (kept there for the next process).
+    py::gil_scoped_release nogil;
+    load_or_compute_key_calibration(*m.model, m.tokenizer.get(), default_key_calibration_dir());
+  }
   return so;
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "retroinfer/key_calibration_store.h"
 #include "retroinfer/model_file.h"
 
 namespace retroinfer::cli {
@@ -129,12 +130,21 @@ LoadedModel load_model(const ModelCliOptions& o) {
 
 void calibrate_kv_keys(const LoadedModel& m, const SessionOptions& so, const char* command) {
   if (!is_scaled_8bit(so.kv_dtype) || m.engine->device() != Device::kCpu) return;
-  std::fprintf(stderr, "retroinfer %s: calibrating the %s KV cache's keys (a %lld-token prefill, once per model)\n",
-               command, std::string(dtype_name(so.kv_dtype)).c_str(),
-               static_cast<long long>(Model::kKeyCalibrationTokens));
+  const std::string dir = default_key_calibration_dir();
   const double t0 = now_s();
-  m.model->key_calibration();
-  std::fprintf(stderr, "retroinfer %s: key calibration done in %.1f s\n", command, now_s() - t0);
+  std::fprintf(stderr, "retroinfer %s: the %s KV cache's key calibration", command,
+               std::string(dtype_name(so.kv_dtype)).c_str());
+  std::fflush(stderr);
+  const KeyCalibrationLoad r = load_or_compute_key_calibration(*m.model, m.tokenizer.get(), dir);
+  if (r.from_disk) {
+    std::fprintf(stderr, " from %s\n", r.file.c_str());
+  } else {
+    std::fprintf(stderr, ": a %lld-token prefill, %.1f s", static_cast<long long>(Model::kKeyCalibrationTokens),
+                 now_s() - t0);
+    if (!r.file.empty() && r.warning.empty()) std::fprintf(stderr, ", kept in %s", r.file.c_str());
+    std::fprintf(stderr, "\n");
+  }
+  if (!r.warning.empty()) std::fprintf(stderr, "retroinfer %s: %s\n", command, r.warning.c_str());
 }
 
 ProgressBar::ProgressBar(std::string label) : label_(std::move(label)), t0_(now_s()) {}

@@ -75,8 +75,9 @@ SessionOptions make_session_options(const ModelCliOptions& o, AttentionKind kind
 LoadedModel load_model(const ModelCliOptions& o);
 
 // The CPU runner's 8-bit KV caches (--kv-dtype int8 | fp8) store keys relative to the model's key calibration
-// (Model::key_calibration, a 2048-token prefill): computed here, before the first session, with a line on
-// stderr; nothing for other storages or the CUDA runner. `command`: the line's prefix ("generate").
+// (Model::key_calibration, a 2048-token prefill): loaded from the on-disk store or computed and kept there
+// (load_or_compute_key_calibration, default_key_calibration_dir) before the first session, with a line on stderr;
+// nothing for other storages or the CUDA runner. `command`: the line's prefix ("generate").
 void calibrate_kv_keys(const LoadedModel& m, const SessionOptions& so, const char* command);
 
 // A one-line prefill progress bar on stderr ("\r" updates).

@@ -99,6 +99,10 @@ class Model {
   // thread-safe.
   static constexpr int64_t kKeyCalibrationTokens = 2048;
   const std::vector<KeyCalibration>& key_calibration() const;
+  // Installs a key calibration computed earlier (one per layer, of this model's shape; the on-disk store,
+  // key_calibration_store.h) in place of computing it. false when key_calibration() already has one; throws
+  // Error for another shape or a factor that is not > 0.
+  bool adopt_key_calibration(std::vector<KeyCalibration> calibration) const;
 
  private:
   Model() = default;

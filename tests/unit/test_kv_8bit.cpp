@@ -18,6 +18,7 @@
 #include "retroinfer/engine_model.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
+#include "retroinfer/key_calibration_store.h"
 #include "retroinfer/kv_cache.h"
 #include "retroinfer/model.h"
 #include "retroinfer/snapshot.h"
@@ -433,6 +434,42 @@ TEST(Kv8BitEval, MethodKvDtypeOverride) {
             std::string::npos);
   EXPECT_NE(test::error_of([] { eval::method_kv_dtype("full:kv_dtype=f16", DType::kF32); }).find("not f16"),
             std::string::npos);
+}
+
+// The on-disk store of the key calibration: the first process computes and writes it, the next loads the same
+// values instead of the prefill; a damaged file is ignored and rewritten; no directory, no store.
+TEST(Kv8BitSession, KeyCalibrationStoreRoundTripsAndRewritesDamage) {
+  namespace fs = std::filesystem;
+  const std::string path = std::string(RETROINFER_TEST_DATA) + "/models/tiny-llama3";
+  if (!fs::exists(path)) GTEST_SKIP() << "tests/data/models/tiny-llama3 not found";
+  const fs::path dir = fs::temp_directory_path() / ("retroinfer_keycal_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto first = Model::load(path);
+  const KeyCalibrationLoad a = load_or_compute_key_calibration(*first, nullptr, dir.string());
+  EXPECT_FALSE(a.from_disk);
+  EXPECT_TRUE(a.warning.empty()) << a.warning;
+  ASSERT_TRUE(fs::exists(a.file)) << a.file;
+  const auto second = Model::load(path);
+  const KeyCalibrationLoad b = load_or_compute_key_calibration(*second, nullptr, dir.string());
+  EXPECT_TRUE(b.from_disk);
+  EXPECT_EQ(b.file, a.file);
+  for (size_t l = 0; l < first->key_calibration().size(); ++l) {
+    EXPECT_EQ(second->key_calibration()[l].mean, first->key_calibration()[l].mean);
+    EXPECT_EQ(second->key_calibration()[l].factor, first->key_calibration()[l].factor);
+  }
+  fs::resize_file(a.file, fs::file_size(a.file) - 9);  // truncated
+  const auto third = Model::load(path);
+  const KeyCalibrationLoad c = load_or_compute_key_calibration(*third, nullptr, dir.string());
+  EXPECT_FALSE(c.from_disk);
+  EXPECT_NE(c.warning.find("not a key calibration"), std::string::npos) << c.warning;
+  EXPECT_EQ(third->key_calibration()[0].mean, first->key_calibration()[0].mean);
+  const auto fourth = Model::load(path);
+  EXPECT_TRUE(load_or_compute_key_calibration(*fourth, nullptr, dir.string()).from_disk);  // rewritten whole
+  // A calibration of another shape is refused; one adopted after the model has one is not taken.
+  EXPECT_THROW(fourth->adopt_key_calibration({}), Error);
+  EXPECT_FALSE(fourth->adopt_key_calibration(first->key_calibration()));
+  EXPECT_TRUE(load_or_compute_key_calibration(*Model::load(path), nullptr, "").file.empty());
+  fs::remove_all(dir);
 }
 
 }  // namespace
