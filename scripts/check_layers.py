@@ -40,7 +40,7 @@ PUBLIC = {
     "model.h": "model", "model_shapes.h": "model", "cuda_model.h": "model", "sequence_session.h": "model",
     "session_planner.h": "model",
     "engine_model.h": "engine", "generate.h": "engine", "sampler.h": "engine", "batch_scheduler.h": "engine",
-    "text_generate.h": "engine", "prefix_cache.h": "engine", "snapshot.h": "engine",
+    "text_generate.h": "engine", "prefix_cache.h": "engine", "snapshot.h": "engine", "key_calibration_store.h": "engine",
 }
 SRC_DIRS = {"core": "core", "kernels": "kernels", "io": "io", "tokenizer": "io", "index": "index",
             "buffer": "buffer", "attention": "attention", "model": "model", "engine": "engine", "eval": "app",
