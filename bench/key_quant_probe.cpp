@@ -26,7 +26,8 @@
 //   int8_key_lead_mean_scale  int8_key_mean_scale with the mean and factors of the first 512 rounded rows
 //   int8_key_calibrated       int8 values, keys relative to the model's key calibration (Model::key_calibration:
 //                   what the CPU runner's 8-bit caches store; with --calib-text, the same statistics of the
-//                   keys of that text's first --calib-tokens (default --tokens) tokens instead)
+//                   keys of that text's first --calib-tokens (default --tokens) tokens instead; --calib-text
+//                   random: of the model calibration's token generator at another --calib-tokens)
 //   fp8_key_calibrated        the same with fp8 rows (the CPU runner's --kv-dtype fp8)
 //   bf16            bf16 rows (the CUDA runner's KV cache and the bf16 store)
 //   fp8             e4m3 with a power-of-two scale per row (the CPU runner's --kv-dtype fp8, core/fp8_row.h)
@@ -230,11 +231,22 @@ int run(int argc, char** argv) {
       }
   } else {
     if (calib_tokens <= 0) calib_tokens = tokens;
-    std::ifstream cf(calib_path);
-    RETROINFER_CHECK(cf.good(), "cannot read ", calib_path);
-    std::stringstream ct;
-    ct << cf.rdbuf();
-    const std::vector<int32_t> cids = tok->encode(ct.str());
+    std::vector<int32_t> cids;
+    if (calib_path == "random") {  // Model::key_calibration's generator, over --calib-tokens positions
+      uint64_t x = 0x9E3779B97F4A7C15ULL;
+      for (int64_t i = 0; i <= calib_tokens; ++i) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        cids.push_back(static_cast<int32_t>(x % static_cast<uint64_t>(c.vocab_size)));
+      }
+    } else {
+      std::ifstream cf(calib_path);
+      RETROINFER_CHECK(cf.good(), "cannot read ", calib_path);
+      std::stringstream ct;
+      ct << cf.rdbuf();
+      cids = tok->encode(ct.str());
+    }
     RETROINFER_CHECK(int64_t(cids.size()) > calib_tokens, "the calibration text has fewer than ", calib_tokens + 1,
                      " tokens");
     Session cal(*model, so);
