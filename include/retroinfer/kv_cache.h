@@ -18,6 +18,8 @@ struct KeyCalibration {
   std::vector<float> mean;    // [num_heads_kv, head_dim]
   std::vector<float> factor;  // [num_heads_kv, head_dim], > 0
 };
+// Throws Error unless k holds num_heads_kv x head_dim finite means and factors > 0.
+void check_key_calibration(const KeyCalibration& k, int num_heads_kv, int head_dim);
 
 // Threading contract: append() and reserve() need exclusive access; the const readers may run from any
 // number of threads at once while nobody appends.

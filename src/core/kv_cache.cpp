@@ -15,6 +15,15 @@ void calibrate_key_row(const float* mean, const float* factor, int d, float* row
   for (int i = 0; i < d; ++i) row[i] = row[i] * factor[i] + mean[i];
 }
 
+void check_key_calibration(const KeyCalibration& k, int num_heads_kv, int head_dim) {
+  const size_t n = size_t(num_heads_kv) * head_dim;
+  RETROINFER_CHECK(k.mean.size() == n && k.factor.size() == n, "key calibration: ", k.mean.size(), " means and ",
+                   k.factor.size(), " factors, not ", n, " (", num_heads_kv, " KV heads x head_dim ", head_dim, ")");
+  for (size_t i = 0; i < n; ++i)
+    RETROINFER_CHECK(k.factor[i] > 0.0f && std::isfinite(k.factor[i]) && std::isfinite(k.mean[i]),
+                     "key calibration: factor ", k.factor[i], " and mean ", k.mean[i], " (a factor must be > 0)");
+}
+
 KvCache::KvCache(int num_heads_kv, int head_dim, DType dtype, const KeyCalibration* keys)
     : num_heads_kv_(num_heads_kv), head_dim_(head_dim), dtype_(dtype), key_cal_(keys) {
   RETROINFER_CHECK(num_heads_kv > 0, "KvCache: num_heads_kv must be positive, got ", num_heads_kv);
@@ -24,12 +33,7 @@ KvCache::KvCache(int num_heads_kv, int head_dim, DType dtype, const KeyCalibrati
   if (keys != nullptr) {
     RETROINFER_CHECK(is_scaled_8bit(dtype), "KvCache: a key calibration is for 8-bit storage, not ",
                      dtype_name(dtype));
-    const size_t n = size_t(num_heads_kv) * head_dim;
-    RETROINFER_CHECK(keys->mean.size() == n && keys->factor.size() == n, "KvCache: the key calibration holds ",
-                     keys->mean.size(), " means and ", keys->factor.size(), " factors, not ", n, " (",
-                     num_heads_kv, " KV heads x head_dim ", head_dim, ")");
-    for (float f : keys->factor)
-      RETROINFER_CHECK(f > 0.0f && std::isfinite(f), "KvCache: a key calibration factor is ", f, ", not > 0");
+    check_key_calibration(*keys, num_heads_kv, head_dim);
   }
   keys_.resize(num_heads_kv);
   values_.resize(num_heads_kv);

@@ -68,15 +68,9 @@ std::vector<KeyCalibration> calibrate_keys(const Model& model) {
 
 bool Model::adopt_key_calibration(std::vector<KeyCalibration> calibration) const {
   const ModelConfig& c = config();
-  const size_t n = static_cast<size_t>(c.num_heads_kv) * c.head_dim;
   RETROINFER_CHECK(calibration.size() == static_cast<size_t>(c.num_layers), "key calibration: ", calibration.size(),
                    " layers for a model of ", c.num_layers);
-  for (const KeyCalibration& k : calibration) {
-    RETROINFER_CHECK(k.mean.size() == n && k.factor.size() == n, "key calibration: a layer of ", k.mean.size(),
-                     " means and ", k.factor.size(), " factors, not ", n);
-    for (float f : k.factor) RETROINFER_CHECK(f > 0.0f && std::isfinite(f), "key calibration: a factor of ", f);
-    for (float m : k.mean) RETROINFER_CHECK(std::isfinite(m), "key calibration: a mean of ", m);
-  }
+  for (const KeyCalibration& k : calibration) check_key_calibration(k, c.num_heads_kv, c.head_dim);
   bool adopted = false;
   std::call_once(key_calibration_once_, [&] {
     key_calibration_ = std::move(calibration);
