@@ -78,7 +78,9 @@ static_assert(size_t{kDecodeCtasPerSm} * (DecodeSmem<128>::kBytes + 1024) <= 228
 // cp.async in an int8 stage (Int8Layout: after one bf16 K and V tile per warp), the warp widens the rows to
 // bf16 into that tile (exact: |q| <= 127) and runs the same MMAs; the K scale multiplies each token's logit
 // after QK^T, the V scale its probability inside P V only (softmax_tile_weighted), so the result is attention
-// over the rows q * s with the bf16 path's 2^-18 carries.
+// over the rows q * s with the bf16 path's 2^-18 carries. The keys are relative to the key calibration
+// (KvInt8Rows::k_mean, k_factor): the query fragments carry q * factor, and q . mean, the same for every key
+// of the head, is added to each logit with the K scale (one FMA), so the logits are the model's.
 // kTrigger (decode_exact_kernel): every CTA lets the chained estimation grid launch
 // (griddepcontrol.launch_dependents) right after its PDL wait; nothing else changes.
 // A warp's shared memory with int8 rows: one bf16 K tile and one V tile (the widened rows the MMAs read), then
@@ -123,7 +125,11 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
   // Query A fragments (decode_math.cuh): a[ks] = {hi(row gq, k 2tq..), lo(row gq+8, k 2tq..), hi(k 2tq+8..),
   // lo(k 2tq+8..)}.
   uint32_t qa[kKs][4];
-  query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
+  // kInt8: keys relative to the key calibration; every logit of the head gains q . mean (key_bias).
+  const float key_bias =
+      kInt8 ? query_fragments<D, true>(qa, p.q, h, G, gq, tq, p.scale, p.kv8.k_factor + int64_t{h} * D,
+                                       p.kv8.k_mean + int64_t{h} * D)
+            : query_fragments<D>(qa, p.q, h, G, gq, tq, p.scale);
   // PDL (p.pdl): q predates the decode; the token list and count come from the kernels just before.
   grid_dependency_wait();
   // Only after the wait: the chained estimation grid reads the selection's outputs without a wait of its own,
@@ -257,7 +263,7 @@ __device__ __forceinline__ void decode_body(const DecodeParams& p) {
     float s[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
     if constexpr (kInt8) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) s[j] *= k_scale[j];
+      for (int j = 0; j < 4; ++j) s[j] = fmaf(s[j], k_scale[j], key_bias);
     }
     const int tok[4] = {2 * tq, 2 * tq + 1, 8 + 2 * tq, 9 + 2 * tq};
     uint32_t pa[4];  // P's A fragments (decode_math.cuh: masked online softmax, m / l / o updated)
@@ -480,7 +486,8 @@ cudaError_t decode_attention(const DecodeParams& p, cudaStream_t s) {
                          int64_t{p.est_ctas - 1} * kEstimateChunk >= p.est.k_estimation ||
                          p.est.split_offset + p.est_ctas > p.total_splits))
     return cudaErrorInvalidValue;  // every estimation CTA must own >= 1 cluster and a slot
-  if (p.kv8.on() ? (p.kv8.v == nullptr || p.kv8.k_scale == nullptr || p.kv8.v_scale == nullptr || p.k != nullptr)
+  if (p.kv8.on() ? (p.kv8.v == nullptr || p.kv8.k_scale == nullptr || p.kv8.v_scale == nullptr ||
+                    p.kv8.k_mean == nullptr || p.kv8.k_factor == nullptr || p.k != nullptr)
                  : (p.k == nullptr || p.v == nullptr))
     return cudaErrorInvalidValue;  // one kind of rows, complete
   if (p.head_dim == 128) return launch_decode_dim<128>(p, s);

@@ -42,12 +42,16 @@ struct EstimationZone {
 inline constexpr int kEstimateChunk = 64;
 
 // int8 K/V rows (the 8-bit KV cache, --kv-dtype int8): row t of flat head h holds D int8 values q and one f32
-// scale s (x = q * s): values [H, kv_stride, D] (16-byte aligned), scales [H, kv_stride].
+// scale s (x = q * s): values [H, kv_stride, D] (16-byte aligned), scales [H, kv_stride]. Keys relative to
+// the key calibration k_mean, k_factor ([H, D] f32 each; kv_int8_kernels.h): key t is y * k_factor + k_mean,
+// so decode scores (q * k_factor) . y and adds q . k_mean.
 struct KvInt8Rows {
   const int8_t* k = nullptr;
   const int8_t* v = nullptr;
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
+  const float* k_mean = nullptr;
+  const float* k_factor = nullptr;
   bool on() const { return k != nullptr; }
 };
 

@@ -20,11 +20,17 @@ namespace retroinfer::cuda::detail {
 // Query A fragments of the QK MMAs, k-steps k = 0..D/16-1: qa[k] = {hi(row gq, k 2tq..), lo(row gq+8,
 // k 2tq..), hi(k 2tq+8..), lo(k 2tq+8..)} of query head gq of flat head h, times scale; rows of heads
 // >= G are zero. q: [H, G, D] f32.
-template <int D>
-__device__ __forceinline__ void query_fragments(uint32_t (&qa)[D / 16][4], const float* q, int h, int G, int gq,
-                                                int tq, float scale) {
+// kCalibrated (int8 keys relative to a key calibration, decode_kernels.h KvInt8Rows): channel i also times
+// factor[i], and the return value is the quad's sum of x_i * mean[i] over x = q * scale (the logit every key
+// shares; each lane holds D / 4 channels, summed by two shuffles); factor, mean: the flat head's [D] rows.
+// Without it the return value is 0.
+template <int D, bool kCalibrated = false>
+__device__ __forceinline__ float query_fragments(uint32_t (&qa)[D / 16][4], const float* q, int h, int G, int gq,
+                                                 int tq, float scale, const float* factor = nullptr,
+                                                 const float* mean = nullptr) {
   const bool on = gq < G;
   const float* qh = q + (int64_t{h} * G + (on ? gq : 0)) * D;
+  float bias = 0.0f;
 #pragma unroll
   for (int k = 0; k < D / 16; ++k) {
     float x[4] = {0, 0, 0, 0};
@@ -32,6 +38,14 @@ __device__ __forceinline__ void query_fragments(uint32_t (&qa)[D / 16][4], const
       const float2 u = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq);
       const float2 w = *reinterpret_cast<const float2*>(qh + k * 16 + 2 * tq + 8);
       x[0] = u.x * scale; x[1] = u.y * scale; x[2] = w.x * scale; x[3] = w.y * scale;
+      if constexpr (kCalibrated) {
+        const int c[4] = {k * 16 + 2 * tq, k * 16 + 2 * tq + 1, k * 16 + 2 * tq + 8, k * 16 + 2 * tq + 9};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          bias = fmaf(x[j], mean[c[j]], bias);
+          x[j] *= factor[c[j]];
+        }
+      }
     }
     float hi[4], lo[4];
 #pragma unroll
@@ -41,6 +55,11 @@ __device__ __forceinline__ void query_fragments(uint32_t (&qa)[D / 16][4], const
     qa[k][2] = pack_bf16(hi[2], hi[3]);
     qa[k][3] = pack_bf16(lo[2], lo[3]);
   }
+  if constexpr (kCalibrated) {
+    bias += __shfl_xor_sync(0xffffffffu, bias, 1);
+    bias += __shfl_xor_sync(0xffffffffu, bias, 2);
+  }
+  return bias;
 }
 
 // One tile's online-softmax step of the lane's query head: s = the lane's 4 logits of tokens tok[0..3]

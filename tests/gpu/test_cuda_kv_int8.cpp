@@ -1,12 +1,18 @@
-// The 8-bit KV cache on the GPU (--kv-dtype int8; src/attention/cuda/kv_int8_cache.h): its row kernels against
-// core/row_quant.h bit for bit, full and retro decode over int8 rows against an f64 CPU reference over the
-// widened rows q * s, and CUDA sessions with the 8-bit KV against the bf16 ones on a small random model.
+// The 8-bit KV cache on the GPU (--kv-dtype int8; src/attention/cuda/kv_int8_cache.h): its key calibration
+// against an f64 reference, its row kernels against core/row_quant.h's arithmetic bit for bit, full and retro
+// decode over int8 rows against an f64 CPU reference over the widened rows (q * s, keys calibrated back), and
+// CUDA sessions with the 8-bit KV against the bf16 ones on a small random model. The keys of the row and layer
+// tests carry two loud constant channels, which the calibration must take out.
 //
 // Tolerances:
-//   rows: the kernels call row_quant.h's functions per value, so quantised values, scales and widened bf16
-//     rows equal the CPU's bit for bit.
-//   layer decode: the kernel multiplies int8 values (exact in bf16) by the query's bf16 hi / lo parts, scales
-//     each logit by its row's K scale and each probability by its row's V scale in f32, so it computes
+//   rows: the kernels call row_quant.h's functions per value and round each step of the calibration once, so
+//     quantised values, scales and widened bf16 rows equal the CPU's bit for bit given the device's
+//     calibration (whose mean is the f64 mean to f32 rounding: 32 partial sums rounded to f32).
+//   calibration: the quiet channels' error must be under a quarter of the raw rows' (the loud channels'
+//     offsets of 40 and 25 set a raw row's scale to ~0.3; calibrated, ~0.03).
+//   layer decode: the kernel multiplies int8 values (exact in bf16) by the query's bf16 hi / lo parts (of
+//     q * factor), scales each logit by its row's K scale plus q . mean and each probability by its row's V
+//     scale in f32, so it computes
 //     attention over q * s to the bf16 path's ~2^-18: the bf16 dense decode's bounds (test_cuda_dense.cpp,
 //     nmse 1e-9, max |diff| 1e-4) hold.
 //   sessions: int8 rows move each K/V element by up to s / 2 (~0.4% of a row's largest value), which the
@@ -18,6 +24,7 @@
 //     logits agree to 1e-6.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <numeric>
@@ -45,24 +52,89 @@ using gputest::KvData;
 constexpr double kNmse = 1e-9;
 constexpr double kMaxAbs = 1e-4;
 
-// The CPU reference of a KvData's rows [0, n) of every head quantised: int8 values and scales.
+// A key calibration ([heads, d] each), as KvInt8Cache::fill computes it or downloaded from one.
+struct KeyCal {
+  std::vector<float> mean, factor;
+};
+
+// The calibration kv_int8_key_calibration should compute from rows [0, n) of kv's keys, in f64 sums.
+KeyCal reference_calibration(const KvData& kv, int64_t n) {
+  KeyCal c;
+  c.mean.assign(size_t(kv.heads) * kv.d, 0.0f);
+  c.factor.assign(size_t(kv.heads) * kv.d, 1.0f);
+  for (int h = 0; h < kv.heads; ++h) {
+    std::vector<float> dev(kv.d, 0.0f);
+    for (int i = 0; i < kv.d; ++i) {
+      double sum = 0.0;
+      for (int64_t t = 0; t < n; ++t) sum += kv.key(h, t, i);
+      const float mean = float(sum / double(n));
+      c.mean[size_t(h) * kv.d + i] = mean;
+      for (int64_t t = 0; t < n; ++t) dev[i] = std::max(dev[i], std::fabs(kv.key(h, t, i) - mean));
+    }
+    const float top = *std::max_element(dev.begin(), dev.end());
+    for (int i = 0; i < kv.d; ++i)
+      if (top > 0.0f) c.factor[size_t(h) * kv.d + i] = std::sqrt(std::max(dev[i], cuda::detail::kKeyFactorFloor * top));
+  }
+  return c;
+}
+
+KeyCal download_calibration(const cuda::KvInt8Cache& cache, int heads, int d) {
+  KeyCal c;
+  c.mean.resize(size_t(heads) * d);
+  c.factor.resize(c.mean.size());
+  const cuda::detail::KvInt8Rows r = cache.rows();
+  RETROINFER_CUDA_CHECK(cudaMemcpy(c.mean.data(), r.k_mean, c.mean.size() * 4, cudaMemcpyDeviceToHost));
+  RETROINFER_CUDA_CHECK(cudaMemcpy(c.factor.data(), r.k_factor, c.factor.size() * 4, cudaMemcpyDeviceToHost));
+  return c;
+}
+
+// Keys with two loud, nearly constant channels (as Qwen2.5's k_proj bias makes), which set every raw row's scale.
+void add_loud_key_channels(KvData& kv) {
+  for (int h = 0; h < kv.heads; ++h)
+    for (int64_t t = 0; t < kv.stride; ++t) {
+      uint16_t* row = kv.k.data() + (size_t(h) * kv.stride + t) * kv.d;
+      row[3] = f32_to_bf16(bf16_to_f32(row[3]) + 40.0f);
+      row[kv.d - 7] = f32_to_bf16(bf16_to_f32(row[kv.d - 7]) - 25.0f);
+    }
+}
+
+// The CPU reference of a KvData's rows [0, n) of every head quantised: int8 values and scales; `cal` (keys
+// only): rows of (k - mean) / factor, in f32 as the kernel computes them.
 struct QuantRows {
   std::vector<int8_t> q;    // [heads, stride, d]
   std::vector<float> scale;  // [heads, stride]
+  const KeyCal* cal = nullptr;
+  // Element i of row r (of head h) widened: q * s, then * factor + mean with a calibration.
+  float widened(int h, size_t r, int d, int i) const {
+    float x = float(q[r * d + i]) * scale[r];
+    if (cal == nullptr) return x;
+    x = x * cal->factor[size_t(h) * d + i];
+    return x + cal->mean[size_t(h) * d + i];
+  }
 };
-QuantRows quantise(const KvData& kv, const std::vector<uint16_t>& rows, int64_t n) {
+QuantRows quantise(const KvData& kv, const std::vector<uint16_t>& rows, int64_t n, const KeyCal* cal = nullptr) {
   QuantRows out;
+  out.cal = cal;
   out.q.assign(size_t(kv.heads) * kv.stride * kv.d, 0);
   out.scale.assign(size_t(kv.heads) * kv.stride, 0.0f);
+  std::vector<float> x(kv.d);
   for (int h = 0; h < kv.heads; ++h)
     for (int64_t t = 0; t < n; ++t) {
       const size_t r = size_t(h) * kv.stride + t;
-      out.scale[r] = int8_quantize_row(rows.data() + r * kv.d, kv.d, out.q.data() + r * kv.d);
+      float absmax = 0.0f;
+      for (int i = 0; i < kv.d; ++i) {
+        x[i] = bf16_to_f32(rows[r * kv.d + i]);
+        if (cal != nullptr) x[i] = (x[i] - cal->mean[size_t(h) * kv.d + i]) / cal->factor[size_t(h) * kv.d + i];
+        absmax = std::max(absmax, std::fabs(x[i]));
+      }
+      const float inv = int8_row_inverse(absmax);
+      for (int i = 0; i < kv.d; ++i) out.q[r * kv.d + i] = int8_quantize(x[i], inv);
+      out.scale[r] = int8_row_scale(absmax);
     }
   return out;
 }
 
-// Exact attention in f64 of query head (h, g) over tokens [0, n) of the widened rows q * s.
+// Exact attention in f64 of query head (h, g) over tokens [0, n) of the widened rows.
 void ref_int8(const KvData& kv, const QuantRows& k, const QuantRows& v, const float* q, float scale, int h, int64_t n,
               float* out) {
   gputest::RefState st(kv.d);
@@ -70,8 +142,8 @@ void ref_int8(const KvData& kv, const QuantRows& k, const QuantRows& v, const fl
   for (int64_t t = 0; t < n; ++t) {
     const size_t r = size_t(h) * kv.stride + t;
     double s = 0.0;
-    for (int i = 0; i < kv.d; ++i) s += double(q[i]) * (float(k.q[r * kv.d + i]) * k.scale[r]);
-    for (int i = 0; i < kv.d; ++i) vrow[i] = float(v.q[r * kv.d + i]) * v.scale[r];
+    for (int i = 0; i < kv.d; ++i) s += double(q[i]) * k.widened(h, r, kv.d, i);
+    for (int i = 0; i < kv.d; ++i) vrow[i] = v.widened(h, r, kv.d, i);
     st.push(s * scale, 1.0, vrow.data(), kv.d);
   }
   st.finish(out, kv.d);
@@ -85,10 +157,21 @@ TEST(CudaKvInt8, RowsMatchTheCpuQuantisation) {
     const int H = 3;
     const int64_t n = 301, cap = 320;
     KvData kv = gputest::make_kv(H, cap, cap, d, 11 + d);  // rows up to cap are real (append reads row n)
+    add_loud_key_channels(kv);
     auto dk = gputest::upload(kv.k), dv = gputest::upload(kv.v);
     cuda::KvInt8Cache cache(H, cap, d);
-    EXPECT_EQ(cache.device_bytes(), int64_t{H} * cap * (2 * d + 8));
+    EXPECT_EQ(cache.device_bytes(), int64_t{H} * cap * (2 * d + 8) + int64_t{H} * d * 4 * 66);
     cache.fill(dk.as<uint16_t>(), dv.as<uint16_t>(), n, cap, nullptr);
+    cuda::synchronize();
+    // The key calibration of the n prompt rows: the f64 reference's to f32 rounding (the device sums 32 f64
+    // partials rounded to f32).
+    const KeyCal cal = download_calibration(cache, H, d), want_cal = reference_calibration(kv, n);
+    for (size_t i = 0; i < cal.mean.size(); ++i) {
+      EXPECT_NEAR(cal.mean[i], want_cal.mean[i], 1e-6 * std::max(1.0f, std::fabs(want_cal.mean[i]))) << i;
+      EXPECT_NEAR(cal.factor[i], want_cal.factor[i], 1e-5 * want_cal.factor[i]) << i;
+    }
+    EXPECT_NEAR(cal.mean[3], 40.0f, 0.5f);  // the loud channel's offset, found
+    EXPECT_NEAR(cal.mean[d - 7], -25.0f, 0.5f);
     // Row n: the appended token, from a [H, d] buffer as decode passes it.
     std::vector<uint16_t> k_new(size_t(H) * d), v_new(size_t(H) * d);
     for (int h = 0; h < H; ++h)
@@ -105,20 +188,35 @@ TEST(CudaKvInt8, RowsMatchTheCpuQuantisation) {
     std::vector<uint16_t> got_k(size_t(H) * rows * d), got_v(got_k.size());
     wk.download(got_k.data(), got_k.size() * 2);
     wv.download(got_v.data(), got_v.size() * 2);
-    const QuantRows qk = quantise(kv, kv.k, rows), qv = quantise(kv, kv.v, rows);
+    const QuantRows qk = quantise(kv, kv.k, rows, &cal), qv = quantise(kv, kv.v, rows);
     int64_t diff = 0;
+    double quiet_err = 0.0;  // the calibrated rows' largest error on the channels other than the loud two
     for (int h = 0; h < H; ++h)
       for (int64_t t = 0; t < rows; ++t) {
         const size_t r = size_t(h) * cap + t;
-        std::vector<uint16_t> want_k(d), want_v(d);
-        int8_widen_row(qk.q.data() + r * d, qk.scale[r], d, want_k.data());
+        std::vector<uint16_t> want_v(d);
         int8_widen_row(qv.q.data() + r * d, qv.scale[r], d, want_v.data());
         for (int i = 0; i < d; ++i) {
-          diff += got_k[(size_t(h) * rows + t) * d + i] != want_k[i];
+          diff += got_k[(size_t(h) * rows + t) * d + i] != f32_to_bf16(qk.widened(h, r, d, i));
           diff += got_v[(size_t(h) * rows + t) * d + i] != want_v[i];
+          if (i != 3 && i != d - 7)
+            quiet_err = std::max(quiet_err, double(std::fabs(qk.widened(h, r, d, i) - kv.key(h, t, i))));
         }
       }
     EXPECT_EQ(diff, 0);
+    // The same rows quantised raw (row_quant.h, no calibration): the loud channels set each row's scale.
+    double raw_quiet_err = 0.0;
+    std::vector<int8_t> raw(d);
+    for (int h = 0; h < H; ++h)
+      for (int64_t t = 0; t < rows; ++t) {
+        const float sc = int8_quantize_row(kv.k.data() + (size_t(h) * cap + t) * d, d, raw.data());
+        for (int i = 0; i < d; ++i)
+          if (i != 3 && i != d - 7)
+            raw_quiet_err = std::max(raw_quiet_err, double(std::fabs(float(raw[i]) * sc - kv.key(h, t, i))));
+      }
+    EXPECT_LT(quiet_err * 4, raw_quiet_err) << quiet_err << " vs raw " << raw_quiet_err;
+    std::printf("[cuda_kv_int8 rows] d=%d: largest error of the quiet key channels %.4f calibrated, %.4f raw\n", d,
+                quiet_err, raw_quiet_err);
     // The raw int8 values and scales too.
     const cuda::detail::KvInt8Rows r = cache.rows();
     std::vector<int8_t> q8(size_t(H) * cap * d);
@@ -144,16 +242,18 @@ void run_dense_int8(int num_seqs, int hkv, int group, int d, int64_t n, int64_t 
                                   << " n=" << n);
   const int H = num_seqs * hkv;
   KvData kv = gputest::make_kv(H, n, stride, d, seed);
+  add_loud_key_channels(kv);
   auto q = gputest::make_q(kv, group, seed + 1);
   auto dk = gputest::upload(kv.k), dv = gputest::upload(kv.v), dq = gputest::upload(q);
   cuda::KvInt8Cache cache(H, stride, d);
   cache.fill(dk.as<uint16_t>(), dv.as<uint16_t>(), n, stride, nullptr);
+  const KeyCal cal = download_calibration(cache, H, d);
   auto dout = gputest::poisoned(q.size());
   cuda::DenseDecoder dec(AttentionShape{hkv * group, hkv, d}, num_seqs, stride);
   dec.run_int8(dq.as<float>(), cache.rows(), n, stride, 0.0f, dout.as<float>());
   cuda::synchronize();
   const auto got = gputest::download_f32(dout, q.size());
-  const QuantRows qk = quantise(kv, kv.k, n), qv = quantise(kv, kv.v, n);
+  const QuantRows qk = quantise(kv, kv.k, n, &cal), qv = quantise(kv, kv.v, n);
   std::vector<float> ref(q.size());
   const float scale = 1.0f / std::sqrt(float(d));
   for (int h = 0; h < H; ++h)
@@ -181,6 +281,7 @@ TEST(CudaKvInt8, FullAndRetroLayersDecodeTheInt8Rows) {
   const int seqs = 2, hkv = 2, group = 4, d = 128, H = seqs * hkv;
   const int64_t n0 = 2000, steps = 150, cap = n0 + steps;
   KvData kv = gputest::make_kv(H, cap, cap, d, 77);
+  add_loud_key_channels(kv);
   auto dk = gputest::upload(kv.k), dv = gputest::upload(kv.v);
   const AttentionShape shape{hkv * group, hkv, d};
   AttentionConfig full;
@@ -201,7 +302,12 @@ TEST(CudaKvInt8, FullAndRetroLayersDecodeTheInt8Rows) {
   a_retro->prefill_done(dk.as<uint16_t>(), dv.as<uint16_t>(), n0, cap, nullptr);
   EXPECT_GE(a_full->device_bytes(), cuda::KvInt8Cache::bytes(H, cap, d));
   EXPECT_GE(a_retro->device_bytes(), cuda::KvInt8Cache::bytes(H, cap, d));
-  const QuantRows qk = quantise(kv, kv.k, cap), qv = quantise(kv, kv.v, cap);
+  // The layers' caches calibrate by the same n0 prompt rows: the reference rows use that calibration (a cache
+  // of this shape filled alike).
+  cuda::KvInt8Cache probe(H, cap, d);
+  probe.fill(dk.as<uint16_t>(), dv.as<uint16_t>(), n0, cap, nullptr);
+  const KeyCal cal = download_calibration(probe, H, d);
+  const QuantRows qk = quantise(kv, kv.k, cap, &cal), qv = quantise(kv, kv.v, cap);
   const float scale = 1.0f / std::sqrt(float(d));
   double worst_full = 0.0, worst_retro = 0.0;
   std::vector<uint16_t> k_new(size_t(H) * d), v_new(size_t(H) * d);

@@ -171,8 +171,11 @@ TEST(SessionPlanner, Int8KvHalvesTheGpuKvAndStagesOneBf16Layer) {
   const auto bf16 = plan_session(r);
   r.kv_dtype = DType::kI8;
   const auto int8 = plan_session(r);
-  EXPECT_EQ(int8.kv_layer_bytes, int64_t{2} * 8 * 131072 * (2 * 128 + 8));
-  EXPECT_EQ(int8.kv_layer_bytes * 512, bf16.kv_layer_bytes * 264);
+  // Rows of 2 D + 8 bytes per token and head, and per flat head the key calibration (mean, factor) and its
+  // 2 x 32 rows of scratch, f32 [D] each.
+  const int64_t calibration = int64_t{2} * 8 * 128 * 4 * 66;
+  EXPECT_EQ(int8.kv_layer_bytes, int64_t{2} * 8 * 131072 * (2 * 128 + 8) + calibration);
+  EXPECT_EQ((int8.kv_layer_bytes - calibration) * 512, bf16.kv_layer_bytes * 264);
   EXPECT_EQ(int8.staging_bytes, bf16.kv_layer_bytes);  // one bf16 layer of both sequences
   EXPECT_EQ(int8.gpu_bytes - bf16.gpu_bytes, 32 * (int8.kv_layer_bytes - bf16.kv_layer_bytes) + int8.staging_bytes);
   EXPECT_EQ(int8.gpu_layers, 32);

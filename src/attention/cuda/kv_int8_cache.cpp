@@ -1,6 +1,8 @@
 // KvInt8Cache (kv_int8_cache.h).
 #include "attention/cuda/kv_int8_cache.h"
 
+#include <vector>
+
 #include "kernels/cuda_check.h"
 #include "kernels/kv_int8_kernels.h"
 #include "retroinfer/error.h"
@@ -16,6 +18,13 @@ KvInt8Cache::KvInt8Cache(int num_heads, int64_t capacity, int head_dim) : H_(num
   v_ = DeviceBuffer(rows * size_t(head_dim));
   k_scale_ = DeviceBuffer(rows * 4);
   v_scale_ = DeviceBuffer(rows * 4);
+  const size_t hd = size_t(num_heads) * size_t(head_dim);
+  k_mean_ = DeviceBuffer(hd * 4);
+  k_factor_ = DeviceBuffer(hd * 4);
+  key_stats_ = DeviceBuffer(hd * 4 * 2 * detail::kKeyStatSplits);
+  const std::vector<float> ones(hd, 1.0f);
+  RETROINFER_CUDA_CHECK(cudaMemset(k_mean_.data(), 0, hd * 4));
+  k_factor_.upload(ones.data(), hd * 4);
 }
 
 detail::KvInt8RowsCopy KvInt8Cache::rows_copy(const uint16_t* k, const uint16_t* v, int64_t src_head_stride,
@@ -33,6 +42,8 @@ detail::KvInt8RowsCopy KvInt8Cache::rows_copy(const uint16_t* k, const uint16_t*
   p.rows = rows;
   p.num_heads = H_;
   p.head_dim = D_;
+  p.k_mean = k_mean_.as<float>();
+  p.k_factor = k_factor_.as<float>();
   return p;
 }
 
@@ -40,6 +51,16 @@ void KvInt8Cache::fill(const uint16_t* k, const uint16_t* v, int64_t n, int64_t 
   RETROINFER_CHECK(k != nullptr && v != nullptr && n >= 0 && n <= capacity_ && kv_stride >= n, "KvInt8Cache::fill: ",
                    n, " tokens of stride ", kv_stride, " into a cache of ", capacity_, " (or null K/V)");
   auto st = static_cast<cudaStream_t>(s);
+  detail::KvKeyCalibrationParams c;
+  c.k = k;
+  c.head_stride = kv_stride;
+  c.n = n;
+  c.num_heads = H_;
+  c.head_dim = D_;
+  c.partials = key_stats_.as<float>();
+  c.mean = k_mean_.as<float>();
+  c.factor = k_factor_.as<float>();
+  detail::launch_check(detail::kv_int8_key_calibration(c, st), "kv_int8_key_calibration", st);
   detail::launch_check(detail::kv_int8_quantize(rows_copy(k, v, kv_stride, 0, n), st), "kv_int8_quantize(fill)", st);
 }
 
@@ -65,6 +86,8 @@ detail::KvInt8Rows KvInt8Cache::rows() const {
   r.v = v_.as<int8_t>();
   r.k_scale = k_scale_.as<float>();
   r.v_scale = v_scale_.as<float>();
+  r.k_mean = k_mean_.as<float>();
+  r.k_factor = k_factor_.as<float>();
   return r;
 }
 
