@@ -3,18 +3,24 @@
 // prefill_kernels.h; the shared pieces in prefill_common.cuh); head_dim 128 only. This file is compiled for
 // sm_90a alone (wgmma does not exist in sm_90's PTX): src/kernels/CMakeLists.txt.
 //
-// One CTA of two warpgroups (256 threads) owns kPrefillRows = 128 packed query rows of one KV head, 64 rows per
-// warpgroup. Thread 0 streams K/V tiles of kHopperKeys = 128 tokens into kStages shared-memory stages with
-// tensor-map copies (TMA: 4 boxes of 128 tokens x 64 dims per tile, completing on the stage's "full" mbarrier);
-// each warp releases a stage on its "empty" mbarrier once its products have read it (no producer warp: a ninth
-// warp makes the register allocation that of three warpgroups, 168 registers a thread, and ptxas then
-// serialises the wgmma). The two warpgroups take turns at issuing their matrix products (named barriers), so
-// that one's softmax runs while the other's products keep the tensor cores busy. Per tile a warpgroup computes S = Q K^T with 8 wgmma m64n128k16 taking Q from
-// registers (loaded once, bf16, the m16n8k16 A fragment) and K from shared memory, its online softmax in
-// registers (the accumulator layout of wgmma is the m16n8 one of mma.sync per warp), and O += P V with 8 wgmma
-// taking P from registers (bf16) and V from shared memory in its natural [token][dim] layout (N-major B
-// operand): the products read only K and V from shared memory. Tokens past the chunk's end (pos0 + n: the
-// tensor maps' extent) arrive as zeros.
+// One CTA of three warpgroups (384 threads) owns kPrefillRows = 128 packed query rows of one KV head. Warpgroup 0
+// is the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K/V tiles of
+// kHopperKeys = 128 tokens into kStages shared-memory stages with tensor-map copies (TMA: 4 boxes of 128 tokens x
+// 64 dims per tile, completing on the stage's "full" mbarrier), waiting on a stage's "empty" mbarrier before it
+// refills it. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc to 240: the register file is 64K), 64 rows
+// each; each warp releases a stage on its "empty" mbarrier once its products have read it.
+//
+// Per tile a consumer computes S = Q K^T with 8 wgmma m64n128k16 taking Q (staged once, bf16, in K's layout) and
+// K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
+// mma.sync per warp), and O += P V with 8 wgmma taking P from registers (bf16) and V from shared memory in its
+// natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy while the exponentials run:
+//   - within a warpgroup, S of tile i is issued together with O += P V of tile i - 1; the softmax of tile i runs
+//     as soon as S is done, while the P V product still runs (P of tile i - 1 stays in its own registers until
+//     then; O is rescaled after);
+//   - between the two warpgroups, the issue of those products takes turns (named barriers), so that one's
+//     softmax runs while the other's products run (H100, one 32K call: 665 TFLOP/s with the turns, 584 without;
+//     equal at 128K and in 8K chunks).
+// Tokens past the chunk's end (pos0 + n: the tensor maps' extent) arrive as zeros.
 //
 // Shared-memory tiles (K, V: 128 tokens x 128 bf16) are two column blocks of 64 elements, each 128 rows x 128
 // bytes, in the 128-byte swizzle of the wgmma descriptors and the tensor-map copies: 16-byte chunk c of row r
@@ -39,14 +45,19 @@ namespace {
 constexpr int kD = 128;
 constexpr int kRows = kPrefillRows;   // packed query rows per CTA
 constexpr int kKeys = kHopperKeys;    // keys per K/V tile
-constexpr int kWarps = 8;             // two warpgroups
-constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 3;            // 192 KiB of tiles: thread 0 copies up to two tiles ahead
+constexpr int kConsumerWarps = 8;     // two consumer warpgroups
+constexpr int kConsumerThreads = kConsumerWarps * 32;
+constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
+constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // 128 x 24 + 256 x 240 <= 64K registers
+constexpr int kStages = 3;            // 192 KiB of tiles: the producer copies up to three tiles ahead
 constexpr int kBlockBytes = 128 * 128;          // one 64-column block of a 128-row tile
 constexpr int kTileBytes = 2 * kBlockBytes;     // a 128 x 128 bf16 tile
+constexpr int kQBlockBytes = 64 * 128;          // one 64-column block of a consumer's 64 Q rows
+constexpr int kQBytes = 2 * kQBlockBytes;       // a consumer's 64 x 128 bf16 Q tile
 static_assert(kKeys == 128, "K and V tiles of 128 tokens: one layout for both and for the tensor-map boxes");
-// K[stage], V[stage], then the full[stage] and empty[stage] mbarriers; + the 1024-byte alignment.
-constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kStages * 8 + 1024;
+// K[stage], V[stage], the two consumers' Q, then the full[stage] and empty[stage] mbarriers; + the 1024-byte
+// alignment: 225 KiB of the 227 a CTA may have.
+constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kQBytes + 2 * kStages * 8 + 1024;
 
 // K's and V's tensor maps: [Hkv][pos0 + n][128] bf16, boxes of 64 dims x 128 tokens x 1 head, 128-byte swizzle
 // (the tiles' column blocks), zeros past the extent.
@@ -68,19 +79,31 @@ __device__ __forceinline__ uint64_t n_major_desc(uint32_t addr) { return smem_de
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending of this warp's committed wgmma groups are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
 // Keeps the compiler from moving accesses of accumulator registers across an asynchronous wgmma.
 __device__ __forceinline__ void fence_registers(float* r) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// Named barriers among the CTA's threads (the warpgroups' turns): arrive does not wait.
+// Named barriers among the consumer threads (the warpgroups' turns): arrive does not wait.
 __device__ __forceinline__ void named_sync(int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kConsumerThreads) : "memory");
 }
 
 // D (+)= A B, m64n128k16, A from registers (per warp the m16n8k16 A fragment of its 16 rows), B from shared
@@ -93,6 +116,16 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const uint32_t* a,
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransB));
+}
+
+// D (+)= A B, m64n128k16, A and B from shared memory, both K-major; accumulate 0: D = A B.
+__device__ __forceinline__ void wgmma_m64n128k16_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
 // The box at (x, y, z) of tensor map `map` -> shared memory, completing its bytes on bar.
@@ -111,9 +144,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   const uint32_t pad = ((raw + 1023u) & ~1023u) - raw;
   uint8_t* sk0 = smem_raw + pad;
   uint8_t* sv0 = sk0 + kStages * kTileBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sv0 + kStages * kTileBytes);
+  uint8_t* sq0 = sv0 + kStages * kTileBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(sq0 + 2 * kQBytes);
   uint64_t* empty = full + kStages;
-  const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes;
+  const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes, sq_addr = sv_addr + kStages * kTileBytes;
 
   const PrefillCta cta = prefill_cta(p, kRows, kKeys);
   const int h = cta.h, r0 = cta.r0, first_masked = cta.first_masked, j0 = cta.j0, num_tiles = cta.num_tiles;
@@ -121,51 +155,53 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
       mbar_init(&full[st], 1);
-      mbar_init(&empty[st], kWarps);
+      mbar_init(&empty[st], kConsumerWarps);
     }
     mbar_init_fence();
   }
   __syncthreads();
+  const int n_it = num_tiles - j0;
 
-  // Tile j0 + t goes into stage t % kStages; thread 0 issues its four boxes once every warp released that
-  // stage's previous tile (t >= kStages).
-  auto load_tile = [&](int t) {
-    const int st = t % kStages;
-    if (t >= kStages) mbar_wait(&empty[st], ((t / kStages) & 1) ^ 1);
-    mbar_arrive_expect_tx(&full[st], 4 * kBlockBytes);
-    uint8_t* k = sk0 + st * kTileBytes;
-    uint8_t* v = sv0 + st * kTileBytes;
-    const int y = (j0 + t) * kKeys;
-    tma_load_box(k, &maps.k, 0, y, h, &full[st]);
-    tma_load_box(k + kBlockBytes, &maps.k, 64, y, h, &full[st]);
-    tma_load_box(v, &maps.v, 0, y, h, &full[st]);
-    tma_load_box(v + kBlockBytes, &maps.v, 64, y, h, &full[st]);
-  };
-  if (threadIdx.x == 0)
-    for (int t = 0; t < kStages && j0 + t < num_tiles; ++t) load_tile(t);
+  if (threadIdx.x < 128) {
+    // Producer: tile j0 + t goes into stage t % kStages once every consumer warp released that stage's previous
+    // tile (t >= kStages).
+    setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      for (int t = 0; t < n_it; ++t) {
+        const int st = t % kStages;
+        if (t >= kStages) mbar_wait(&empty[st], ((t / kStages) & 1) ^ 1);
+        mbar_arrive_expect_tx(&full[st], 4 * kBlockBytes);
+        uint8_t* k = sk0 + st * kTileBytes;
+        uint8_t* v = sv0 + st * kTileBytes;
+        const int y = (j0 + t) * kKeys;
+        tma_load_box(k, &maps.k, 0, y, h, &full[st]);
+        tma_load_box(k + kBlockBytes, &maps.k, 64, y, h, &full[st]);
+        tma_load_box(v, &maps.v, 0, y, h, &full[st]);
+        tma_load_box(v + kBlockBytes, &maps.v, 64, y, h, &full[st]);
+      }
+    }
+    // exit, not return: ptxas allocates the consumers under setmaxnreg's 240 registers only when no path joins
+    // theirs (a shared return holds the whole kernel to the launch bound's 168, and then serialises the wgmma).
+    asm volatile("exit;\n");
+  }
+  setmaxnreg_inc<kConsumerRegisters>();
 
-  const int wg = threadIdx.x >> 7;
+  const int wg = (threadIdx.x >> 7) - 1;  // consumer warpgroup 0 or 1
   const int lane = threadIdx.x & 31, quad = lane >> 2, tig = lane & 3;
   const int row_base = wg * 64 + ((threadIdx.x >> 5) & 3) * 16 + quad;  // this thread's rows: row_base, row_base + 8
-  // Q stays in registers as the A operand of S = Q K^T (bf16, the m16n8k16 A fragment of k16 step kk: rows
-  // row_base and row_base + 8, columns 16kk + 2 tig (+1) and 16kk + 8 + 2 tig (+1)), so that the products read
-  // only K and V from shared memory.
-  uint32_t qa[kD / 16][4];
+  // The warpgroup's 64 Q rows in shared memory, bf16, in the K tiles' layout (two 64-column blocks, 128-byte
+  // swizzle): the A operand of S = Q K^T, so that Q takes no registers (P of the previous tile holds 32 while
+  // the softmax runs).
+  const uint32_t q_addr = sq_addr + uint32_t(wg * kQBytes);
   {
-    const float* qra = q_packed_row<kD>(p, h, r0 + row_base);
-    const float* qrb = q_packed_row<kD>(p, h, r0 + row_base + 8);
-    auto q_pair = [](const float* row, int col) -> uint32_t {
-      if (row == nullptr) return 0u;
-      const float2 v = __ldg(reinterpret_cast<const float2*>(row + col));
-      return pack_bf16(v.x, v.y);
-    };
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      qa[kk][0] = q_pair(qra, 16 * kk + 2 * tig);
-      qa[kk][1] = q_pair(qrb, 16 * kk + 2 * tig);
-      qa[kk][2] = q_pair(qra, 16 * kk + 8 + 2 * tig);
-      qa[kk][3] = q_pair(qrb, 16 * kk + 8 + 2 * tig);
+    uint8_t* sq = sq0 + wg * kQBytes;
+    for (int i = threadIdx.x & 127; i < 64 * (kD / 8); i += 128) {
+      const int r = i / (kD / 8), c = i % (kD / 8);  // row of the warpgroup's tile, 16-byte chunk
+      *reinterpret_cast<uint4*>(sq + (c >> 3) * kQBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
+          q_chunk_bf16<kD>(p, h, r0 + wg * 64 + r, c);
     }
+    fence_proxy_async_smem();  // the generic-proxy stores, visible to wgmma's reads
+    asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
   }
 
   // Accumulators of n8 column block i of the warpgroup's 64 x 128 tile: [4i + 2hf + e] is row row_base + 8hf,
@@ -175,13 +211,10 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
-  // Ping-pong: a warpgroup issues its matrix products (O += P V of the previous tile, S = Q K^T of the next one)
-  // in its turn, handed over through named barriers 2 and 3, and runs its softmax while the other warpgroup's
-  // products run. Warpgroup 0 takes the first turn; each turn ends with one arrival for the other warpgroup
-  // (warpgroup 1 skips its last, which nobody waits for). Turns: QK^T of the first tile; PV of tile i - 1 with
-  // QK^T of tile i; PV of the last tile (the first and last are peeled so that every wgmma sits in straight-line
-  // code, which keeps them asynchronous).
-  const int n_it = num_tiles - j0;
+  // Turns: a warpgroup issues its products (S = Q K^T of tile i with O += P V of tile i - 1) in its turn, handed
+  // over through named barriers 2 and 3. Warpgroup 0 takes the first turn; each turn ends with one arrival for
+  // the other warpgroup (warpgroup 1 skips its last, which nobody waits for). The first tile (S only) and the
+  // last P V are peeled so that every wgmma sits in straight-line code, which keeps them asynchronous.
   const int turn_mine = 2 + wg, turn_other = 3 - wg;
   float s[64];
   uint32_t pa[kKeys / 16][4];  // P of the last softmax in bf16: the A fragments of its PV product
@@ -192,7 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = uint32_t((kk >> 2) * kBlockBytes + (kk & 3) * 32);
-      wgmma_m64n128k16_rs<0>(s, qa[kk], k_major_desc(k_addr + off), kk > 0);
+      wgmma_m64n128k16_ss(s, k_major_desc(q_addr + uint32_t((kk >> 2) * kQBlockBytes + (kk & 3) * 32)),
+                          k_major_desc(k_addr + off), kk > 0);
     }
   };
   auto issue_pv = [&](int it) {
@@ -201,13 +235,16 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
     for (int kk = 0; kk < kKeys / 16; ++kk)
       wgmma_m64n128k16_rs<1>(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128)), 1);
   };
+  auto turn_sync = [&] { named_sync(turn_mine); };
+  auto turn_arrive = [&](int id) { named_arrive(id); };
   auto release = [&](int it) {
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[it % kStages]);  // this warp's reads of that stage are done
   };
-  // Online softmax of tile j0 + it in s; O (holding the products of the earlier tiles) rescaled to the new max;
-  // P packed into pa (column blocks 2kk and 2kk + 1 are the A fragment of k16 step kk).
-  auto softmax = [&](int it) {
+  // Online softmax of tile j0 + it in s (probabilities in place); returns whether the running max moved, with
+  // alpha the factors O must be scaled by. Touches neither O nor P, which a P V product may still be using.
+  float alpha[2];
+  auto softmax = [&](int it) -> bool {
     const int j = j0 + it;
     if (j >= first_masked) {
       const int kb = j * kKeys;
@@ -221,13 +258,17 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
             if (i * 8 + e > lim) s[4 * i + 2 * hf + e] = -INFINITY;
       }
     }
-    float alpha[2];
     bool raised = false;
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
       alpha[hf] = online_softmax_row<kKeys / 8>([&](int i, int e) -> float& { return s[4 * i + 2 * hf + e]; },
                                                 p.scale_log2, row_max[hf], row_sum[hf], raised);
-    if (__any_sync(0xffffffffu, raised)) {
+    return __any_sync(0xffffffffu, raised);
+  };
+  // O rescaled to the new max, P packed into pa (column blocks 2kk and 2kk + 1 are the A fragment of k16 step
+  // kk): once the previous P V product is done.
+  auto rescale_and_pack = [&](bool raised) {
+    if (raised) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) o[i] *= alpha[(i >> 1) & 1];
     }
@@ -241,45 +282,43 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   };
 
   if (n_it > 0) {
-    if (wg == 1) named_arrive(2);
+    if (wg == 1) turn_arrive(2);
     mbar_wait(&full[0], 0);
-    named_sync(turn_mine);
+    turn_sync();
     fence_registers(s);
     wgmma_fence();
     issue_qk(0);
     wgmma_commit();
-    named_arrive(turn_other);
-    wgmma_wait_all();
+    turn_arrive(turn_other);
+    wgmma_wait<0>();
     fence_registers(s);
-    softmax(0);
+    rescale_and_pack(softmax(0));
     for (int it = 1; it < n_it; ++it) {
       mbar_wait(&full[it % kStages], (it / kStages) & 1);
-      named_sync(turn_mine);
+      turn_sync();
       fence_registers(o);
       fence_registers(s);
       wgmma_fence();
-      issue_pv(it - 1);
       issue_qk(it);
       wgmma_commit();
-      named_arrive(turn_other);
-      wgmma_wait_all();
-      fence_registers(o);
+      issue_pv(it - 1);
+      wgmma_commit();
+      turn_arrive(turn_other);
+      wgmma_wait<1>();  // S of tile it
       fence_registers(s);
+      const bool raised = softmax(it);
+      wgmma_wait<0>();  // O += P V of tile it - 1
+      fence_registers(o);
       release(it - 1);
-      softmax(it);
-      // Refill the stage tile it - 1 held (warpgroup 1 releases it during this softmax, one turn behind).
-      if (threadIdx.x < 32) {
-        if (threadIdx.x == 0 && it - 1 + kStages < n_it) load_tile(it - 1 + kStages);
-        __syncwarp();
-      }
+      rescale_and_pack(raised);
     }
-    named_sync(turn_mine);
+    turn_sync();
     fence_registers(o);
     wgmma_fence();
     issue_pv(n_it - 1);
     wgmma_commit();
-    if (wg == 0) named_arrive(turn_other);
-    wgmma_wait_all();
+    if (wg == 0) turn_arrive(turn_other);
+    wgmma_wait<0>();
     fence_registers(o);
     release(n_it - 1);
   }

@@ -170,8 +170,8 @@ TEST(CudaKvInt8, RowsMatchTheCpuQuantisation) {
       EXPECT_NEAR(cal.mean[i], want_cal.mean[i], 1e-6 * std::max(1.0f, std::fabs(want_cal.mean[i]))) << i;
       EXPECT_NEAR(cal.factor[i], want_cal.factor[i], 1e-5 * want_cal.factor[i]) << i;
     }
-    EXPECT_NEAR(cal.mean[3], 40.0f, 0.5f);  // the loud channel's offset, found
-    EXPECT_NEAR(cal.mean[d - 7], -25.0f, 0.5f);
+    EXPECT_GT(cal.mean[3], 30.0f);  // the loud channels' offsets (+40, -25 on make_kv's centres), found
+    EXPECT_LT(cal.mean[d - 7], -15.0f);
     // Row n: the appended token, from a [H, d] buffer as decode passes it.
     std::vector<uint16_t> k_new(size_t(H) * d), v_new(size_t(H) * d);
     for (int h = 0; h < H; ++h)
