@@ -28,13 +28,15 @@ using exact_block::raise_max;
 
 // One block of nb <= kBlock tokens for the `group` query heads of one KV head: krows / vrows point at the
 // tokens' key / value rows in storage (dt: f32, bf16, fp8 or int8); each row is read and widened once for the whole
-// group. key_mean / key_factor: the head's key calibration of 8-bit rows (KeyCalibration), else nullptr.
+// group. key_bias: with 8-bit keys relative to a key calibration (KeyCalibration: k = y * factor + mean), q is
+// the queries times the factors and key_bias[g] query head g's q . mean, so that q . k = (q * factor) . y +
+// q . mean without calibrating every row back (kv_cache.h); else nullptr.
 // D: the head_dim when it is a compile-time constant (64, 128: the loops unroll), else 0 and d gives it.
 // scratch: kBlock * group + d floats.
 template <int D>
 [[gnu::always_inline]] inline void attend_block_impl(const void* const* krows, const void* const* vrows, int nb, DType dt,
-                              const float* key_mean, const float* key_factor, const float* q, int group, int d,
-                              float scale, SoftmaxScalars* st, float* o, float* scratch) {
+                              const float* key_bias, const float* q, int group, int d, float scale,
+                              SoftmaxScalars* st, float* o, float* scratch) {
   if constexpr (D > 0) d = D;
   float* s = scratch;                                           // [group, kBlock] logits, then weights
   float* row = scratch + static_cast<size_t>(group) * kBlock;   // [d] a widened row
@@ -45,10 +47,14 @@ template <int D>
       k = row;
     } else if (is_scaled_8bit(dt)) {
       widen_scaled_8bit_row(dt, krows[b], d, row);
-      if (key_mean != nullptr) calibrate_key_row(key_mean, key_factor, d, row);
       k = row;
     }
-    for (int g = 0; g < group; ++g) s[g * kBlock + b] = dot_lanes(q + static_cast<size_t>(g) * d, k, d) * scale;
+    if (key_bias != nullptr) {
+      for (int g = 0; g < group; ++g)
+        s[g * kBlock + b] = (dot_lanes(q + static_cast<size_t>(g) * d, k, d) + key_bias[g]) * scale;
+    } else {
+      for (int g = 0; g < group; ++g) s[g * kBlock + b] = dot_lanes(q + static_cast<size_t>(g) * d, k, d) * scale;
+    }
   }
   block_softmax(s, nb, group, d, st, o);
   // Values.
@@ -72,27 +78,25 @@ template <int D>
 // attend_block_impl for the head_dim at hand, compiled for AVX-512, AVX2 + FMA and the baseline and picked at
 // run time (target_clones): the loops over head_dim and over the block vectorise.
 RETROINFER_TARGET_CLONES
-void attend_block(const void* const* krows, const void* const* vrows, int nb, DType dt, const float* key_mean,
-                  const float* key_factor, const float* q, int group, int d, float scale, SoftmaxScalars* st,
-                  float* o, float* scratch) {
+void attend_block(const void* const* krows, const void* const* vrows, int nb, DType dt, const float* key_bias,
+                  const float* q, int group, int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
   if (d == 128)
-    attend_block_impl<128>(krows, vrows, nb, dt, key_mean, key_factor, q, group, d, scale, st, o, scratch);
+    attend_block_impl<128>(krows, vrows, nb, dt, key_bias, q, group, d, scale, st, o, scratch);
   else if (d == 64)
-    attend_block_impl<64>(krows, vrows, nb, dt, key_mean, key_factor, q, group, d, scale, st, o, scratch);
+    attend_block_impl<64>(krows, vrows, nb, dt, key_bias, q, group, d, scale, st, o, scratch);
   else
-    attend_block_impl<0>(krows, vrows, nb, dt, key_mean, key_factor, q, group, d, scale, st, o, scratch);
+    attend_block_impl<0>(krows, vrows, nb, dt, key_bias, q, group, d, scale, st, o, scratch);
 }
 
 // attend_block, or its AVX-512 form where the processor, head_dim and storage (f32, bf16) allow.
-void attend_block_best(const void* const* krows, const void* const* vrows, int nb, DType dt, const float* key_mean,
-                       const float* key_factor, const float* q, int group, int d, float scale, SoftmaxScalars* st,
-                       float* o, float* scratch) {
+void attend_block_best(const void* const* krows, const void* const* vrows, int nb, DType dt, const float* key_bias,
+                       const float* q, int group, int d, float scale, SoftmaxScalars* st, float* o, float* scratch) {
 #if RETROINFER_ATTENTION_AVX512
   if (!is_scaled_8bit(dt) && core::cpu_has_avx512() &&
       attend_block_avx512(krows, vrows, nb, dt == DType::kBF16, q, group, d, scale, st, o, scratch))
     return;
 #endif
-  attend_block(krows, vrows, nb, dt, key_mean, key_factor, q, group, d, scale, st, o, scratch);
+  attend_block(krows, vrows, nb, dt, key_bias, q, group, d, scale, st, o, scratch);
 }
 
 // Runs the n tokens token_at(0..n-1) through attend_block, kBlock at a time.
@@ -103,6 +107,25 @@ void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t
   const int g = gs.group, d = gs.head_dim;
   const DType dt = kv.dtype();
   std::vector<float> scratch(static_cast<size_t>(kBlock) * g + d);
+  // Calibrated 8-bit keys (k = y * factor + mean): the rows are scored by the queries times the factors, plus
+  // each query head's q . mean (attend_block_impl).
+  const float* key_q = q;
+  std::vector<float> scaled_q, key_bias;
+  if (const float* mean = kv.key_mean(kvh); mean != nullptr) {
+    const float* factor = kv.key_factor(kvh);
+    scaled_q.resize(static_cast<size_t>(g) * d);
+    key_bias.assign(static_cast<size_t>(g), 0.0f);
+    for (int h = 0; h < g; ++h) {
+      const float* qh = q + static_cast<size_t>(h) * d;
+      double bias = 0.0;
+      for (int i = 0; i < d; ++i) {
+        scaled_q[static_cast<size_t>(h) * d + i] = qh[i] * factor[i];
+        bias += static_cast<double>(qh[i]) * mean[i];
+      }
+      key_bias[static_cast<size_t>(h)] = static_cast<float>(bias);
+    }
+    key_q = scaled_q.data();
+  }
   const void* krows[kBlock];
   const void* vrows[kBlock];
   for (int64_t i0 = 0; i0 < n; i0 += kBlock) {
@@ -112,8 +135,8 @@ void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t
       krows[b] = kv.key_row(kvh, t);
       vrows[b] = kv.value_row(kvh, t);
     }
-    attend_block_best(krows, vrows, nb, dt, kv.key_mean(kvh), kv.key_factor(kvh), q, g, d, scale, gs.st.data(),
-                      gs.o.data(), scratch.data());
+    attend_block_best(krows, vrows, nb, dt, key_bias.empty() ? nullptr : key_bias.data(), key_q, g, d, scale,
+                      gs.st.data(), gs.o.data(), scratch.data());
   }
 }
 

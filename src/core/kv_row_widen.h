@@ -18,8 +18,8 @@ namespace retroinfer {
 }
 
 // A widened 8-bit key row through its head's calibration (KeyCalibration): k = y * factor + mean. Out of line
-// (kv_cache.cpp) so that every reader rounds alike: inlined into the attention kernels' FMA clones the compiler
-// would fuse the multiply and the add, and their logits would differ from load_key's rows in the last bit.
+// (kv_cache.cpp) so that KvCache's readers (load_key, dot_key) round alike. The exact-attention kernels do not
+// call it: they score y with q * factor plus q . mean (attention/exact.cpp).
 void calibrate_key_row(const float* mean, const float* factor, int d, float* row);
 
 }  // namespace retroinfer
