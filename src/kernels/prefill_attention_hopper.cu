@@ -18,8 +18,8 @@
 //     as soon as S is done, while the P V product still runs (P of tile i - 1 stays in its own registers until
 //     then; O is rescaled after);
 //   - between the two warpgroups, the issue of those products takes turns (named barriers), so that one's
-//     softmax runs while the other's products run (H100, one 32K call: 665 TFLOP/s with the turns, 584 without;
-//     equal at 128K and in 8K chunks).
+//     softmax runs while the other's products run (H100, one 32K call: 665 TFLOP/s with the turns, 584 without,
+//     a figure that moves several percent between repetitions; equal at 128K and in 8K chunks).
 // Tokens past the chunk's end (pos0 + n: the tensor maps' extent) arrive as zeros.
 //
 // Shared-memory tiles (K, V: 128 tokens x 128 bf16) are two column blocks of 64 elements, each 128 rows x 128
