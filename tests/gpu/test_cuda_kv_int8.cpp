@@ -460,5 +460,53 @@ TEST(CudaKvInt8, SessionsFollowTheBf16Ones) {
   EXPECT_THROW(cuda::CudaSession(*gm, bad, 1), Error);
 }
 
+// Prompts of 1 and 6 tokens: the key calibration comes from a handful of keys (one key: its mean is that key and
+// every factor 1; a few: the factors floored at 1/100 of the head's largest deviation), and 48 decode steps past
+// the prompt, whose keys were never seen by the calibration, follow bf16 within the long prompts' bounds (full
+// attention: greedy tokens equal wherever bf16's top-2 margin exceeds 10%).
+TEST(CudaKvInt8, ShortPromptsFollowTheBf16Ones) {
+  RETROINFER_REQUIRE_GPU();
+  ModelConfig c = gputest::synthetic_config(128);
+  c.num_layers = 3;
+  c.max_position_embeddings = 4096;
+  gputest::MemoryModelFile f(c, 31);
+  auto m = Model::load(f);
+  auto gm = cuda::CudaModel::upload(*m, cuda::WeightType::kBf16);
+  const int64_t vocab = c.vocab_size;
+  constexpr int kSteps = 48;
+  for (int len : {1, 6}) {
+    SCOPED_TRACE(testing::Message() << "prompt of " << len);
+    cuda::CudaSessionOptions o;
+    o.attention.kind = AttentionKind::kFull;
+    o.max_context = 256;
+    cuda::CudaSession ref(*gm, o, 1);
+    o.kv_dtype = DType::kI8;
+    cuda::CudaSession s8(*gm, o, 1);
+    const std::vector<std::vector<int32_t>> prompt = {gputest::random_tokens(len, c.vocab_size, 40 + len)};
+    const std::vector<float> p_ref = ref.prefill(prompt);
+    s8.prefill(prompt);
+    std::vector<int32_t> cur = {argmax(std::span<const float>(p_ref.data(), vocab))};
+    std::vector<float> lr(vocab), l8(vocab);
+    double worst = 0.0;
+    int checked = 0;
+    for (int i = 0; i < kSteps; ++i) {
+      ref.decode(cur, lr);
+      s8.decode(cur, l8);
+      const auto e = gputest::row_error(l8.data(), lr.data(), vocab);
+      worst = std::max(worst, e.rel);
+      EXPECT_LE(e.rel, 0.5) << "step " << i;
+      const int32_t b = argmax(std::span<const float>(lr));
+      if (gputest::top2_margin_rel(lr) > 0.1) {
+        ++checked;
+        EXPECT_EQ(argmax(std::span<const float>(l8)), b) << "step " << i;
+      }
+      cur = {b};
+    }
+    EXPECT_GE(checked, 5);
+    std::printf("[cuda_kv_int8 short prompt] %d tokens then %d steps: max rel %.3e, %d clear-margin tokens "
+                "checked\n", len, kSteps, worst, checked);
+  }
+}
+
 }  // namespace
 }  // namespace retroinfer
