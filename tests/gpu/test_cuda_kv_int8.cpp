@@ -350,16 +350,26 @@ TEST(CudaKvInt8, FullAndRetroLayersDecodeTheInt8Rows) {
   EXPECT_THROW(cuda::make_layer_attention(shape, full, seqs, cap, KvTier::kGpu, {}, DType::kF8E4M3), Error);
 }
 
+// The session tests' model: 3 random layers of synthetic_config(128) (8 q / 2 KV heads, d 128), on the GPU.
+struct SessionModel {
+  ModelConfig c = [] {
+    ModelConfig x = gputest::synthetic_config(128);
+    x.num_layers = 3;
+    x.max_position_embeddings = 4096;
+    return x;
+  }();
+  gputest::MemoryModelFile file{c, 31};
+  std::unique_ptr<Model> model = Model::load(file);
+  std::unique_ptr<cuda::CudaModel> gpu = cuda::CudaModel::upload(*model, cuda::WeightType::kBf16);
+};
+
 // Sessions of a 3-layer random model (synthetic_config(128): 8 q / 2 KV heads, d 128): int8 against bf16 for
 // full and retro, two prompts of 3000 tokens, 16 decode steps fed with bf16's greedy tokens.
 TEST(CudaKvInt8, SessionsFollowTheBf16Ones) {
   RETROINFER_REQUIRE_GPU();
-  ModelConfig c = gputest::synthetic_config(128);
-  c.num_layers = 3;
-  c.max_position_embeddings = 4096;
-  gputest::MemoryModelFile f(c, 31);
-  auto m = Model::load(f);
-  auto gm = cuda::CudaModel::upload(*m, cuda::WeightType::kBf16);
+  const SessionModel sm;
+  const ModelConfig& c = sm.c;
+  cuda::CudaModel* const gm = sm.gpu.get();
   const int64_t vocab = c.vocab_size;
   std::vector<std::vector<int32_t>> prompts = {gputest::random_tokens(3000, c.vocab_size, 5),
                                                gputest::random_tokens(3000, c.vocab_size, 6)};
@@ -466,12 +476,9 @@ TEST(CudaKvInt8, SessionsFollowTheBf16Ones) {
 // attention: greedy tokens equal wherever bf16's top-2 margin exceeds 10%).
 TEST(CudaKvInt8, ShortPromptsFollowTheBf16Ones) {
   RETROINFER_REQUIRE_GPU();
-  ModelConfig c = gputest::synthetic_config(128);
-  c.num_layers = 3;
-  c.max_position_embeddings = 4096;
-  gputest::MemoryModelFile f(c, 31);
-  auto m = Model::load(f);
-  auto gm = cuda::CudaModel::upload(*m, cuda::WeightType::kBf16);
+  const SessionModel sm;
+  const ModelConfig& c = sm.c;
+  cuda::CudaModel* const gm = sm.gpu.get();
   const int64_t vocab = c.vocab_size;
   constexpr int kSteps = 48;
   for (int len : {1, 6}) {
