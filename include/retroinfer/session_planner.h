@@ -75,6 +75,10 @@ constexpr int64_t kRetroEstimateChunk = 64;
 // kRetroSortFixedBytes for the pass histograms (a bound, checked against the device by the GPU tests).
 constexpr int64_t kRetroSortBytesPerItem = 9;
 constexpr int64_t kRetroSortFixedBytes = int64_t{1} << 20;
+// The 8-bit KV cache's key calibration, f32 values per flat head and channel: the mean, the factor and the
+// statistics' scratch of 2 x 32 partial sums and maxima (kv_int8_kernels.h kKeyStatSplits; model/cuda/session_plan.cpp
+// asserts the match).
+constexpr int64_t kInt8KvCalibrationFloats = 2 + 2 * 32;
 
 // Device bytes of one RetroLayer (cuda_backend.h) as retro_layer.cpp allocates them, buffer by buffer.
 struct RetroLayerBytesRequest {

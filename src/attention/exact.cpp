@@ -106,25 +106,28 @@ void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t
   if (n <= 0) return;
   const int g = gs.group, d = gs.head_dim;
   const DType dt = kv.dtype();
-  std::vector<float> scratch(static_cast<size_t>(kBlock) * g + d);
   // Calibrated 8-bit keys (k = y * factor + mean): the rows are scored by the queries times the factors, plus
-  // each query head's q . mean (attend_block_impl).
+  // each query head's q . mean (attend_block_impl); both live after the block scratch, in the same allocation.
+  const float* mean = kv.key_mean(kvh);
+  const size_t block_scratch = static_cast<size_t>(kBlock) * g + d;
+  std::vector<float> scratch(block_scratch + (mean != nullptr ? static_cast<size_t>(g) * (d + 1) : 0));
   const float* key_q = q;
-  std::vector<float> scaled_q, key_bias;
-  if (const float* mean = kv.key_mean(kvh); mean != nullptr) {
+  const float* key_bias = nullptr;
+  if (mean != nullptr) {
     const float* factor = kv.key_factor(kvh);
-    scaled_q.resize(static_cast<size_t>(g) * d);
-    key_bias.assign(static_cast<size_t>(g), 0.0f);
+    float* scaled_q = scratch.data() + block_scratch;      // [g, d]
+    float* bias = scaled_q + static_cast<size_t>(g) * d;  // [g]
     for (int h = 0; h < g; ++h) {
       const float* qh = q + static_cast<size_t>(h) * d;
-      double bias = 0.0;
+      double sum = 0.0;
       for (int i = 0; i < d; ++i) {
         scaled_q[static_cast<size_t>(h) * d + i] = qh[i] * factor[i];
-        bias += static_cast<double>(qh[i]) * mean[i];
+        sum += static_cast<double>(qh[i]) * mean[i];
       }
-      key_bias[static_cast<size_t>(h)] = static_cast<float>(bias);
+      bias[h] = static_cast<float>(sum);
     }
-    key_q = scaled_q.data();
+    key_q = scaled_q;
+    key_bias = bias;
   }
   const void* krows[kBlock];
   const void* vrows[kBlock];
@@ -135,8 +138,7 @@ void accumulate(const KvCache& kv, int kvh, const float* q, float scale, int64_t
       krows[b] = kv.key_row(kvh, t);
       vrows[b] = kv.value_row(kvh, t);
     }
-    attend_block_best(krows, vrows, nb, dt, key_bias.empty() ? nullptr : key_bias.data(), key_q, g, d, scale,
-                      gs.st.data(), gs.o.data(), scratch.data());
+    attend_block_best(krows, vrows, nb, dt, key_bias, key_q, g, d, scale, gs.st.data(), gs.o.data(), scratch.data());
   }
 }
 

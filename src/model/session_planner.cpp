@@ -120,10 +120,11 @@ LayerSizes layer_sizes(const SessionPlanRequest& r) {
   const int64_t flat = int64_t{r.num_seqs} * r.num_heads_kv;
   LayerSizes s;
   s.staging = 2 * flat * n * d * 2;
-  // The 8-bit KV cache's int8 K and V rows with an f32 scale each, and per flat head the key calibration's
-  // f32 mean and factor and its 2 x 32 rows of scratch (attention/cuda/kv_int8_cache.h KvInt8Cache::bytes).
-  s.kv = r.kv_dtype == DType::kI8 ? flat * n * 2 * stored_row_bytes(DType::kI8, r.head_dim) + flat * d * 4 * 66
-                                  : s.staging;
+  // The 8-bit KV cache's int8 K and V rows with an f32 scale each, and per flat head and channel its key
+  // calibration (attention/cuda/kv_int8_cache.h KvInt8Cache::bytes).
+  s.kv = r.kv_dtype == DType::kI8
+             ? flat * n * 2 * stored_row_bytes(DType::kI8, r.head_dim) + flat * d * 4 * kInt8KvCalibrationFloats
+             : s.staging;
   const int64_t split_ws = kDecodeCtaBound * g * (8 + 4 * d);
   switch (a.kind) {
     case AttentionKind::kFull:

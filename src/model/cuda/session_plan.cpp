@@ -20,10 +20,15 @@
 
 #include "kernels/cuda_check.h"
 #include "kernels/kernels.h"
+#include "kernels/kv_int8_kernels.h"
 #include "model/cuda/session_state.h"
 #include "retroinfer/cuda_synthetic.h"
 
 namespace retroinfer::cuda {
+
+static_assert(buffer::kInt8KvCalibrationFloats == 2 + 2 * detail::kKeyStatSplits,
+              "the plan counts the 8-bit KV cache's key calibration as KvInt8Cache::bytes allocates it");
+
 
 
 CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptions& opt, int num_seqs,
