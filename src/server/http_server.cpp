@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include <sys/socket.h>
+
 #include <array>
 #include <atomic>
 #include <functional>
@@ -7,6 +9,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -133,15 +136,45 @@ class Connection : public std::enable_shared_from_this<Connection> {
     if (static_cast<int>(pipeline_.size()) > server_->opt.max_pipelined) return;  // resumed by finish()
     reading_ = true;
     if (buffer_.size() > 0) return read_header();
-    waiting_first_byte_ = true;
     if (pipeline_.empty()) arm_read_timer(server_->opt.idle_timeout_s, "idle_timeout");
+    await_first_byte();
+  }
+
+  void await_first_byte() {
+    waiting_first_byte_ = true;
     socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
       self->waiting_first_byte_ = false;
       if (self->lingering_) return self->drain();
+      if (!ec) {
+        // The header clock starts at a request's first byte: a readiness report with no byte behind it
+        // (the reactor may report one spuriously) waits again, the idle timer running on, instead of
+        // starting a header timeout that would close the connection under a request in progress.
+        switch (self->peek_first_byte(ec)) {
+          case FirstByte::kNothingYet: return self->await_first_byte();
+          case FirstByte::kEndOfFile: ec = net::error::eof; break;
+          case FirstByte::kData:
+          case FirstByte::kError: break;
+        }
+      }
       self->disarm_read_timer();
       if (ec) return self->on_read_error(ec);
       self->read_header();
     });
+  }
+
+  enum class FirstByte { kData, kEndOfFile, kNothingYet, kError };
+  // What the socket holds without taking it: a byte, its end of file, nothing yet, or an error (in ec).
+  FirstByte peek_first_byte(boost::system::error_code& ec) {
+    char byte = 0;
+    for (;;) {
+      const ssize_t n = ::recv(socket_.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n > 0) return FirstByte::kData;
+      if (n == 0) return FirstByte::kEndOfFile;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return FirstByte::kNothingYet;
+      ec = boost::system::error_code(errno, boost::system::system_category());
+      return FirstByte::kError;
+    }
   }
 
   void read_header() {

@@ -100,6 +100,22 @@ def tiny_text_model(tiny_text_model_dir):
     return retroinfer.load(tiny_text_model_dir, device="cpu")
 
 
+_running_servers = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the stderr of each `retroinfer serve` running then (its request log and
+    any error it printed), so that a transport failure in CI shows the server's side."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        for s in _running_servers:
+            code = s.proc.poll()
+            state = "running" if code is None else f"exited with {code}"
+            rep.sections.append((f"retroinfer serve stderr ({state}, last lines)", "".join(list(s.stderr_tail))))
+
+
 class Server:
     """`retroinfer serve` in a subprocess on a free port; `base_url` is its API root (…/v1)."""
 
@@ -122,11 +138,17 @@ class Server:
         else:
             self.proc.wait()
             raise RuntimeError("retroinfer serve did not start:\n" + "".join(lines))
-        # Keep reading stderr so that the server never blocks on a full pipe.
+        # Keep reading stderr so that the server never blocks on a full pipe; its last lines go into the report
+        # of a test that fails while this server runs (pytest_runtest_makereport below).
+        import collections
         import threading
-        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+        self.stderr_tail = collections.deque(lines, maxlen=200)
+        threading.Thread(target=lambda: self.stderr_tail.extend(self.proc.stderr), daemon=True).start()
+        _running_servers.append(self)
 
     def close(self):
+        if self in _running_servers:
+            _running_servers.remove(self)
         self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
