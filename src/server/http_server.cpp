@@ -146,10 +146,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       self->waiting_first_byte_ = false;
       if (self->lingering_) return self->drain();
       if (!ec) {
-        // The header clock starts at a request's first byte: a readiness report with no byte behind it waits
-        // again, the idle timer running on, instead of starting a header timeout that would close the
-        // connection under a request in progress. Such reports happen: with several I/O threads, an event
-        // taken for a connection just closed can be applied to the next socket given its reactor state.
+        // The header clock starts at a request's first byte: a readiness report with no byte behind it,
+        // should the reactor give one, waits again (the idle timer running on) instead of starting a header
+        // timeout that would close the connection under a request still generating.
         switch (self->peek_first_byte(ec)) {
           case FirstByte::kNothingYet: return self->await_first_byte();
           case FirstByte::kEndOfFile: ec = net::error::eof; break;
