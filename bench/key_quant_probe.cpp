@@ -49,6 +49,7 @@
 #include "core/row_quant.h"
 #include "engine/model_tokenizer.h"
 #include "retroinfer/error.h"
+#include "retroinfer/kv_cache.h"
 #include "retroinfer/model.h"
 #include "retroinfer/model_file.h"
 
@@ -109,7 +110,7 @@ struct KeyTransform {
 };
 
 // The mean of x's rows [b, e) and the channel factors sqrt(max |x - mean|) (1 where that is 0): the statistics
-// Model::key_calibration takes.
+// Model::key_calibration takes (key_channel_statistics).
 KeyTransform key_transform(const std::vector<float>& x, int64_t b, int64_t e, int d);
 
 // Rows [n, d] with rows [b, e) rounded through scheme s, the rest exact. The mean schemes take their mean
@@ -128,9 +129,7 @@ std::vector<float> round_rows(Scheme s, const std::vector<float>& x, int64_t b, 
       s == kFp8KeyCalibrated) {
     KeyTransform tr;
     if (s == kInt8ChannelScale) {
-      tr = key_transform(x, b, e, d);
-      std::fill(tr.mean.begin(), tr.mean.end(), 0.0f);
-      std::fill(tr.factor.begin(), tr.factor.end(), 0.0f);
+      tr = KeyTransform{std::vector<float>(size_t(d), 0.0f), std::vector<float>(size_t(d), 0.0f)};
       for (int64_t t = b; t < e; ++t)
         for (int i = 0; i < d; ++i) tr.factor[i] = std::max(tr.factor[i], std::fabs(x[size_t(t) * d + i]));
       for (float& v : tr.factor) v = v > 0.0f ? std::sqrt(v) : 1.0f;
@@ -162,10 +161,8 @@ std::vector<float> round_rows(Scheme s, const std::vector<float>& x, int64_t b, 
 }
 
 KeyTransform key_transform(const std::vector<float>& x, int64_t b, int64_t e, int d) {
-  KeyTransform tr{mean_of_rows(x, b, e, d), std::vector<float>(d, 0.0f)};
-  for (int64_t t = b; t < e; ++t)
-    for (int i = 0; i < d; ++i) tr.factor[i] = std::max(tr.factor[i], std::fabs(x[size_t(t) * d + i] - tr.mean[i]));
-  for (float& v : tr.factor) v = v > 0.0f ? std::sqrt(v) : 1.0f;
+  KeyTransform tr{std::vector<float>(size_t(d)), std::vector<float>(size_t(d))};
+  key_channel_statistics(x.data() + size_t(b) * d, e - b, d, tr.mean.data(), tr.factor.data());
   return tr;
 }
 

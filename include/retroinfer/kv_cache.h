@@ -20,6 +20,11 @@ struct KeyCalibration {
 };
 // Throws Error unless k holds num_heads_kv x head_dim finite means and factors > 0.
 void check_key_calibration(const KeyCalibration& k, int num_heads_kv, int head_dim);
+// One KV head's calibration from its keys, rows [n, head_dim] f32 row-major (n > 0): mean[i] the channel's mean
+// (summed in double, in row order), factor[i] = sqrt(max_t |k[t][i] - mean[i]|), 1 where that maximum is 0 or
+// not finite. Halfway between raw channels (factor 1) and channels of equal range, which would magnify the noise
+// of quiet channels as much as it shrinks the loud ones. Model::key_calibration's statistics per head.
+void key_channel_statistics(const float* rows, int64_t n, int head_dim, float* mean, float* factor);
 
 // Threading contract: append() and reserve() need exclusive access; the const readers may run from any
 // number of threads at once while nobody appends.

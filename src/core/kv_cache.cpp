@@ -1,5 +1,6 @@
 #include "retroinfer/kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -22,6 +23,19 @@ void check_key_calibration(const KeyCalibration& k, int num_heads_kv, int head_d
   for (size_t i = 0; i < n; ++i)
     RETROINFER_CHECK(k.factor[i] > 0.0f && std::isfinite(k.factor[i]) && std::isfinite(k.mean[i]),
                      "key calibration: factor ", k.factor[i], " and mean ", k.mean[i], " (a factor must be > 0)");
+}
+
+void key_channel_statistics(const float* rows, int64_t n, int head_dim, float* mean, float* factor) {
+  RETROINFER_CHECK(n > 0 && head_dim > 0, "key_channel_statistics: ", n, " rows of ", head_dim, " channels");
+  const size_t d = size_t(head_dim);
+  std::vector<double> sum(d, 0.0);
+  for (int64_t t = 0; t < n; ++t)
+    for (size_t i = 0; i < d; ++i) sum[i] += rows[size_t(t) * d + i];
+  for (size_t i = 0; i < d; ++i) mean[i] = static_cast<float>(sum[i] / static_cast<double>(n));
+  std::fill(factor, factor + d, 0.0f);
+  for (int64_t t = 0; t < n; ++t)
+    for (size_t i = 0; i < d; ++i) factor[i] = std::max(factor[i], std::fabs(rows[size_t(t) * d + i] - mean[i]));
+  for (size_t i = 0; i < d; ++i) factor[i] = factor[i] > 0.0f && std::isfinite(factor[i]) ? std::sqrt(factor[i]) : 1.0f;
 }
 
 KvCache::KvCache(int num_heads_kv, int head_dim, DType dtype, const KeyCalibration* keys)

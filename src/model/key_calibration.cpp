@@ -7,9 +7,9 @@
 // bf16 keeps 8 significant bits of the large constant channels too). 512 calibration tokens give 1.5e-3, 1024
 // 7.4e-4: the keys of later positions turn in their RoPE planes, so the span matters more than the text.
 #include <algorithm>
-#include <cmath>
 
 #include "retroinfer/error.h"
+#include "retroinfer/kv_cache.h"
 #include "retroinfer/model.h"
 
 namespace retroinfer {
@@ -36,29 +36,16 @@ std::vector<KeyCalibration> calibrate_keys(const Model& model) {
   s.prefill(tokens);
   const int d = c.head_dim;
   std::vector<KeyCalibration> out(static_cast<size_t>(c.num_layers));
-  std::vector<double> sum(static_cast<size_t>(d));
-  std::vector<float> row(static_cast<size_t>(d));
+  std::vector<float> rows(static_cast<size_t>(n) * d);
   for (int l = 0; l < c.num_layers; ++l) {
     const KvCache& kv = s.kv(l);
     KeyCalibration& cal = out[static_cast<size_t>(l)];
     cal.mean.assign(static_cast<size_t>(c.num_heads_kv) * d, 0.0f);
     cal.factor.assign(static_cast<size_t>(c.num_heads_kv) * d, 0.0f);
     for (int h = 0; h < c.num_heads_kv; ++h) {
-      float* mean = cal.mean.data() + static_cast<size_t>(h) * d;
-      float* factor = cal.factor.data() + static_cast<size_t>(h) * d;
-      std::fill(sum.begin(), sum.end(), 0.0);
-      for (int64_t t = 0; t < n; ++t) {
-        kv.load_key(h, t, row.data());
-        for (int i = 0; i < d; ++i) sum[i] += row[i];
-      }
-      for (int i = 0; i < d; ++i) mean[i] = static_cast<float>(sum[i] / static_cast<double>(n));
-      for (int64_t t = 0; t < n; ++t) {
-        kv.load_key(h, t, row.data());
-        for (int i = 0; i < d; ++i) factor[i] = std::max(factor[i], std::fabs(row[i] - mean[i]));
-      }
-      // sqrt: halfway between the raw channels (factor 1) and channels of equal range (factor max |k - mean|),
-      // which would magnify the noise of quiet channels as much as it shrinks the loud ones.
-      for (int i = 0; i < d; ++i) factor[i] = factor[i] > 0.0f && std::isfinite(factor[i]) ? std::sqrt(factor[i]) : 1.0f;
+      for (int64_t t = 0; t < n; ++t) kv.load_key(h, t, rows.data() + static_cast<size_t>(t) * d);
+      key_channel_statistics(rows.data(), n, d, cal.mean.data() + static_cast<size_t>(h) * d,
+                             cal.factor.data() + static_cast<size_t>(h) * d);
     }
   }
   return out;

@@ -192,6 +192,26 @@ KeyCalibration pair_calibration(int h, int d) {
   return c;
 }
 
+// key_channel_statistics: the channel means, sqrt(max |k - mean|) factors, and 1 for a channel that never varies
+// or whose spread is not finite; no rows is an error.
+TEST(KeyChannelStatistics, MeansFactorsAndFlatChannels) {
+  const float inf = std::numeric_limits<float>::infinity();
+  // 3 rows x 4 channels: a spread channel, a shifted one, a constant one, one holding an infinity.
+  const std::vector<float> rows = {1.0f, 10.0f, 7.0f, 0.0f,  //
+                                   3.0f, 12.0f, 7.0f, inf,   //
+                                   8.0f, 14.0f, 7.0f, 0.0f};
+  std::vector<float> mean(4), factor(4);
+  key_channel_statistics(rows.data(), 3, 4, mean.data(), factor.data());
+  EXPECT_FLOAT_EQ(mean[0], 4.0f);
+  EXPECT_FLOAT_EQ(factor[0], std::sqrt(4.0f));  // max |k - 4| = 4 (row 3)
+  EXPECT_FLOAT_EQ(mean[1], 12.0f);
+  EXPECT_FLOAT_EQ(factor[1], std::sqrt(2.0f));
+  EXPECT_FLOAT_EQ(mean[2], 7.0f);
+  EXPECT_EQ(factor[2], 1.0f);
+  EXPECT_EQ(factor[3], 1.0f);
+  EXPECT_THROW(key_channel_statistics(rows.data(), 0, 4, mean.data(), factor.data()), Error);
+}
+
 class Kv8Bit : public testing::TestWithParam<DType> {};
 
 // A calibration shape other than the cache's, a factor <= 0 and a calibration of 16-bit storage are refused.
