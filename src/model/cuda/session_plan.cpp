@@ -29,8 +29,6 @@ namespace retroinfer::cuda {
 static_assert(buffer::kInt8KvCalibrationFloats == 2 + 2 * detail::kKeyStatSplits,
               "the plan counts the 8-bit KV cache's key calibration as KvInt8Cache::bytes allocates it");
 
-
-
 CudaSessionPlan CudaSession::plan(const ModelConfig& cfg, const CudaSessionOptions& opt, int num_seqs,
                                   int64_t weight_bytes) {
   validate(cfg);
