@@ -20,16 +20,19 @@ namespace retroinfer::core {
 // e^x for x <= 0 (a logit minus a running or a block maximum): e^x = 2^n * e^r with
 // n = round(x / ln 2), r = x - n ln 2 in [-ln 2 / 2, ln 2 / 2], e^r by its Taylor polynomial of degree 7
 // (remainder below 2e-9 relative) in Horner form. Relative error about 2e-7 (a few float roundings), below
-// the bf16 KV's own rounding by far; arithmetic only, so a loop of it vectorises without -ffast-math (libm's
-// expf does not). Arguments below -87 give 0 (e^-87 is at the bottom of the normal floats).
+// the bf16 KV's own rounding by far. Arguments below -87 give 0 (e^-87 is at the bottom of the normal floats),
+// NaN gives NaN. Arithmetic and bit operations only, so that a loop of it vectorises without -ffast-math (libm's
+// expf does not): n's integer comes from the rounding sum's bits (not a float-to-int conversion) and the
+// underflow is a mask, not a select of x, since GCC leaves a loop scalar when a conversion follows a select
+// under its default -ftrapping-math (a select-and-convert form ran at ~4 ns an element, this one at ~0.6).
 [[gnu::always_inline]] inline float exp_nonpositive(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;  // ln 2 split in two so that n * kLn2Hi is exact
   constexpr float kLn2Lo = 1.42860682030941723e-6f;
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer
-  const bool under = x < -87.0f;
-  x = under ? -87.0f : x;
-  const float n = (x * kLog2e + kRound) - kRound;
+  const uint32_t keep = x < -87.0f ? 0u : ~0u;
+  const float t = x * kLog2e + kRound;  // kRound + n, exactly, for |n| < 2^22
+  const float n = t - kRound;
   const float r = (x - n * kLn2Hi) - n * kLn2Lo;
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
@@ -39,8 +42,9 @@ namespace retroinfer::core {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const float two_n = std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
-  return under ? 0.0f : p * two_n;
+  const uint32_t n_bits = std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(kRound);  // n modulo 2^32
+  const float two_n = std::bit_cast<float>((n_bits + 127u) << 23);
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(p * two_n) & keep);
 }
 
 // q . k in kLanes partial sums (lane l adds the elements i with i % kLanes == l, in order), summed pairwise at

@@ -1,6 +1,7 @@
 #include "model/prefill_attention.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -48,11 +49,17 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
   const float sm = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t T = pos0 + n;  // keys visible to the last query
   const int64_t rows = group * n;
+  // Row tiles: query head g's positions [i0, i0 + kRowTile) of the chunk; each is one thread's work at a time.
+  const int64_t tiles_per_head = (n + kRowTile - 1) / kRowTile, tiles = group * tiles_per_head;
+  // Tiles run on OpenMP threads only where OpenBLAS is its OpenMP build (2), which runs single-threaded inside a
+  // parallel region; its pthread build would start its own threads under each tile's call.
+  const bool blas_openmp = openblas_get_parallel() == 2;
+  const int workers = blas_openmp ? std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(tiles))) : 1;
   sc.q.resize(rows * d);
   sc.o.resize(rows * d);
   sc.m.resize(rows);
   sc.l.resize(rows);
-  sc.s.resize(rows * std::min(T, kKeyBlock));
+  sc.s.resize(workers * kRowTile * std::min(T, kKeyBlock));
 
   for (int h = 0; h < shape.num_heads_kv; ++h) {
     // Keys and values of head h as contiguous [T, d] f32 rows.
@@ -76,30 +83,42 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
     for (int g = 0; g < group; ++g)
       for (int64_t i = 0; i < n; ++i)
         std::copy_n(q + (i * hq + h * group + g) * d, d, &sc.q[(g * n + i) * d]);
-    std::fill(sc.o.begin(), sc.o.end(), 0.0f);
-    std::fill(sc.m.begin(), sc.m.end(), kNegInf);
-    std::fill(sc.l.begin(), sc.l.end(), 0.0f);
-    for (int64_t k0 = 0; k0 < T; k0 += kKeyBlock) {
-      const int64_t kb = std::min(kKeyBlock, T - k0);
-      // S = scale * Q K[k0:k0+kb]^T: [rows, kb].
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(rows), static_cast<int>(kb), d, sm,
-                  sc.q.data(), d, K + k0 * d, d, 0.0f, sc.s.data(), static_cast<int>(kb));
-#pragma omp parallel for schedule(static) if (rows * kb >= (1 << 16))
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t valid = std::clamp<int64_t>(pos0 + r % n + 1 - k0, 0, kb);  // causal: keys <= pos0 + i
-        softmax_block_row(&sc.s[r * kb], valid, kb, sc.m[r], sc.l[r], &sc.o[r * d], d);
+    // The tiles run in parallel, each calling BLAS on its own: a tile's scores (kRowTile x kKeyBlock floats)
+    // stay in the core's L2 between the two products and the softmax, where one call over all the group's rows
+    // sent ~15 MB of scores through memory three times per key block. Later positions see more keys: dynamic
+    // scheduling.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(workers) if (workers > 1)
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const int64_t g = tile / tiles_per_head, i0 = (tile % tiles_per_head) * kRowTile;
+      const int64_t tr = std::min(kRowTile, n - i0), r0 = g * n + i0;
+      const int worker = workers > 1 ? omp_get_thread_num() : 0;
+      float* s = &sc.s[worker * kRowTile * std::min(T, kKeyBlock)];
+      float* o = &sc.o[r0 * d];
+      float* m = &sc.m[r0];
+      float* l = &sc.l[r0];
+      std::fill(o, o + tr * d, 0.0f);
+      std::fill(m, m + tr, kNegInf);
+      std::fill(l, l + tr, 0.0f);
+      const int64_t visible = pos0 + i0 + tr;  // keys the tile's last row sees; later blocks are masked whole
+      for (int64_t k0 = 0; k0 < visible; k0 += kKeyBlock) {
+        const int64_t kb = std::min(kKeyBlock, visible - k0);
+        // S = scale * Q K[k0:k0+kb]^T: [tr, kb].
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(tr), static_cast<int>(kb), d, sm,
+                    &sc.q[r0 * d], d, K + k0 * d, d, 0.0f, s, static_cast<int>(kb));
+        for (int64_t r = 0; r < tr; ++r) {
+          const int64_t valid = std::clamp<int64_t>(pos0 + i0 + r + 1 - k0, 0, kb);  // causal: keys <= pos0 + i
+          softmax_block_row(&s[r * kb], valid, kb, m[r], l[r], &o[r * d], d);
+        }
+        // O += P V[k0:k0+kb]: [tr, d].
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(tr), d, static_cast<int>(kb), 1.0f,
+                    s, static_cast<int>(kb), V + k0 * d, d, 1.0f, o, d);
       }
-      // O += P V[k0:k0+kb]: [rows, d].
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), d, static_cast<int>(kb), 1.0f,
-                  sc.s.data(), static_cast<int>(kb), V + k0 * d, d, 1.0f, sc.o.data(), d);
+      for (int64_t r = 0; r < tr; ++r) {
+        const float inv = 1.0f / l[r];  // l >= 1: the row's own max contributes exp(0)
+        float* dst = out + ((i0 + r) * hq + h * group + g) * d;
+        for (int c = 0; c < d; ++c) dst[c] = o[r * d + c] * inv;
+      }
     }
-    for (int g = 0; g < group; ++g)
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t r = g * n + i;
-        const float inv = 1.0f / sc.l[r];  // l >= 1: the row's own max contributes exp(0)
-        float* dst = out + (i * hq + h * group + g) * d;
-        for (int c = 0; c < d; ++c) dst[c] = sc.o[r * d + c] * inv;
-      }
   }
 }
 

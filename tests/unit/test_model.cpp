@@ -228,13 +228,16 @@ TEST(ModelForward, Bf16KvCacheStaysClose) {
 }
 
 // The BLAS prefill attention of the runner against the scalar reference of the attention module, over
-// several key blocks (T up to 2060 > 2 * kKeyBlock), chunk offsets, GQA groups and both KV dtypes.
+// several key blocks (T up to 2060 > 4 * kKeyBlock), chunk offsets, chunks of several row tiles (n 600 and
+// 700 > 2 * kRowTile: tiles on every thread, key blocks skipped past a tile's last row), GQA groups and both KV
+// dtypes.
 TEST(PrefillAttention, MatchesReference) {
+  static_assert(2060 > 4 * model::kKeyBlock && 600 > 2 * model::kRowTile, "the cases below no longer span the tiles");
   const AttentionShape shape{6, 2, 16};
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
   for (DType dt : {DType::kF32, DType::kBF16}) {
-    for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 37}, {0, 1}, {1000, 100}, {2000, 60}}) {
+    for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 37}, {0, 1}, {1000, 100}, {2000, 60}, {300, 600}, {0, 700}}) {
       KvCache kv(shape.num_heads_kv, shape.head_dim, dt);
       const int64_t T = pos0 + n;
       std::vector<float> k(T * 2 * 16), v(T * 2 * 16), q(n * 6 * 16);
