@@ -16,9 +16,6 @@ namespace {
 // Loops go parallel only above this many multiply-adds: a parallel region costs a few microseconds (much more
 // on an oversubscribed host), which a smaller product does not repay.
 constexpr int64_t kParallelMin = 1 << 16;
-// Prefill widens block weights in tiles of at most this many floats (1 MiB): the tile stays in L2 while
-// cblas_sgemm reads it for all the chunk's rows, and the widened copy never holds a whole matrix.
-constexpr int64_t kTileFloats = int64_t{1} << 18;
 
 // Dot products of one weight row w[in] with R activation rows x[R, in]: out[r] = sum_i w[i] * x[r, i].
 // The sum has a fixed shape whatever R: 8 lane partial sums over blocks of 8 (i % 8), added in a fixed tree,
@@ -122,7 +119,7 @@ void quantized_rows(const Q8Rows& a, const WeightMatrix::Part& p, float* y, int6
 void widened_gemm(const float* x, const WeightMatrix& w, const WeightMatrix::Part& p, float* y, int64_t ldy,
                   int64_t n, float beta) {
   const int64_t in = w.cols();
-  const int64_t tile_rows = std::max<int64_t>(1, kTileFloats / in);
+  const int64_t tile_rows = std::max<int64_t>(1, kWidenTileFloats / in);
   thread_local std::vector<float> tile;
   tile.resize(static_cast<size_t>(std::min(tile_rows, p.rows) * in));
   float* t = tile.data();

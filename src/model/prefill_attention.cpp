@@ -59,7 +59,8 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
   sc.o.resize(rows * d);
   sc.m.resize(rows);
   sc.l.resize(rows);
-  sc.s.resize(workers * kRowTile * std::min(T, kKeyBlock));
+  const int64_t tile_rows = std::min(kRowTile, n), key_block = std::min(T, kKeyBlock);
+  sc.s.resize(workers * tile_rows * key_block);
 
   for (int h = 0; h < shape.num_heads_kv; ++h) {
     // Keys and values of head h as contiguous [T, d] f32 rows.
@@ -92,7 +93,7 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
       const int64_t g = tile / tiles_per_head, i0 = (tile % tiles_per_head) * kRowTile;
       const int64_t tr = std::min(kRowTile, n - i0), r0 = g * n + i0;
       const int worker = workers > 1 ? omp_get_thread_num() : 0;
-      float* s = &sc.s[worker * kRowTile * std::min(T, kKeyBlock)];
+      float* s = &sc.s[worker * tile_rows * key_block];
       float* o = &sc.o[r0 * d];
       float* m = &sc.m[r0];
       float* l = &sc.l[r0];
