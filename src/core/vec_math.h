@@ -23,8 +23,9 @@ namespace retroinfer::core {
 // the bf16 KV's own rounding by far. Arguments below -87 give 0 (e^-87 is at the bottom of the normal floats),
 // NaN gives NaN. Arithmetic and bit operations only, so that a loop of it vectorises without -ffast-math (libm's
 // expf does not): n's integer comes from the rounding sum's bits (not a float-to-int conversion) and the
-// underflow is a mask, not a select of x, since GCC leaves a loop scalar when a conversion follows a select
-// under its default -ftrapping-math (a select-and-convert form ran at ~4 ns an element, this one at ~0.6).
+// underflow is a mask, not a select of x: without AVX-512's mask registers GCC leaves a loop scalar when a
+// conversion follows a select under its default -ftrapping-math (a select-and-convert form vectorised only in
+// the x86-64-v4 clone; on an AVX2 host it ran at ~4 ns an element, this one at ~0.6).
 [[gnu::always_inline]] inline float exp_nonpositive(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;  // ln 2 split in two so that n * kLn2Hi is exact
