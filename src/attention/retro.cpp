@@ -59,7 +59,8 @@ void RetroAttention::build(const KvCache& kv) {
   if (retro_indexed_tokens(sp, cfg_.tokens_per_cluster) == 0) return;  // not one cluster's worth: all steady
   const int64_t end = sp.recent_begin;
   const index::KMeansParams p = kmeans_params();
-  // Heads one after another: the k-means is parallel inside (OpenBLAS threads its sgemm calls).
+  // Heads one after another: the k-means is parallel inside, or the caller runs layers in parallel
+  // (Session::index_prompt).
   for (int h = 0; h < shape_.num_heads_kv; ++h)
     index::index_tokens(kv, h, sink, end, p, index_.heads[h], cfg_.outlier_fraction);
   index_.indexed_end = end;

@@ -21,10 +21,10 @@
 //
 // Cost: segment step O(segment_iters * n * (segment_tokens / tokens_per_cluster) * d); global step
 // O(global_iters * n * num_clusters * d) = O(n^2 d / tokens_per_cluster), the dominant term at long
-// context. Both use cblas_sgemm on blocks of rows (scores of one block: a few MiB). All parallelism is
-// OpenBLAS's own threads inside sgemm; the argmax and the centroid sums run in the calling thread, because
-// alternating OpenMP regions with threaded sgemm calls made the two thread pools spin against each other
-// (perf on the 2-core dev machine: a third of the samples in libgomp's wait loop).
+// context. Both use cblas_sgemm on blocks of rows (scores of one block: a few MiB), threaded by OpenBLAS, with
+// the argmax and the centroid sums in OpenMP loops. Called inside a parallel region (the CPU runner builds a
+// prompt's layers in parallel: Session::index_prompt) all of it runs on the calling thread, which is where it
+// runs fastest: alternating threaded sgemm calls with short parallel loops keeps threads waiting on each other.
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,11 @@
 // The forward pass of one sequence (chunked prefill and single-token decode; the products in linear.h) and
 // batched decode of one token of each of several sequences (Session::decode_batch).
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <limits>
 
 #include "model/linear.h"
@@ -406,7 +409,24 @@ void Session::keep_prompt_queries(int layer, const float* q, int64_t n) {
 }
 
 void Session::index_prompt() {
-  for (size_t l = 0; l < kv_.size(); ++l) attn_[l]->on_prefill(kv_[l]);
+  // Layers in parallel, one per thread at a time: a layer's index build (retro's k-means) then calls BLAS
+  // single-threaded and its inner loops run serially, so no thread waits on another inside a layer. (With the
+  // layers one after another, each k-means step alternated threaded sgemm calls with short parallel loops over
+  // a few MiB of scores.) Only with OpenBLAS's OpenMP build, which runs single-threaded inside a parallel
+  // region; its pthread build would start its own threads under every layer.
+  const int layers = static_cast<int>(kv_.size());
+  const bool parallel = layers > 1 && num_threads() > 1 && openblas_get_parallel() == 2;
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int l = 0; l < layers; ++l) {
+    try {
+      attn_[l]->on_prefill(kv_[l]);
+    } catch (...) {  // an exception must not leave the parallel region
+#pragma omp critical(retroinfer_index_prompt_error)
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
   layer_multipliers_.clear();
   const int64_t want = opt_.attention.layer_budget_queries;
   // The kept queries must be those of the cache's last tokens (not so after a loaded prefix or decode steps).

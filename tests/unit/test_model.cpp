@@ -288,6 +288,35 @@ TEST(ModelForward, RetroWithFullRetrievalEqualsFull) {
   for (float x : lc) ASSERT_TRUE(std::isfinite(x));
 }
 
+// index_prompt builds the layers' indexes in parallel (each layer's k-means on one thread): every decode
+// step's attention output equals, bit for bit, that of retro indexes built one layer after another from the same
+// caches on this thread.
+TEST(ModelForward, RetroIndexOfParallelLayersEqualsSerialBuilds) {
+  REQUIRE_TINY();
+  auto m = Model::load(kTiny.string());
+  const ModelConfig& c = m->config();
+  SessionOptions so = full();
+  so.attention.kind = AttentionKind::kRetro;
+  Session s(*m, so);
+  std::vector<float> logits = s.prefill(reference_tokens());
+  const AttentionShape shape{c.num_heads_q, c.num_heads_kv, c.head_dim};
+  std::vector<std::unique_ptr<AttentionMethod>> serial;
+  for (int l = 0; l < c.num_layers; ++l) {
+    serial.push_back(make_attention(so.attention, shape));
+    serial.back()->on_prefill(s.kv(l));
+  }
+  int compared = 0;
+  std::vector<float> want(static_cast<size_t>(c.num_heads_q) * c.head_dim);
+  s.set_attention_observer([&](int l, const KvCache& kv, const float* q, const float* out) {
+    serial[l]->decode(kv, q, want.data());
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(out[i], want[i]) << "layer " << l << " element " << i;
+    ++compared;
+  });
+  for (int step = 0; step < 4; ++step) s.decode(argmax(logits), logits);
+  EXPECT_EQ(compared, 4 * c.num_layers);
+  EXPECT_LT(s.last_stats().exact_tokens, s.last_stats().context_tokens);  // the index is in use
+}
+
 class GenerateTest : public ::testing::Test {
  protected:
   void SetUp() override {
