@@ -17,10 +17,10 @@ namespace retroinfer::model {
 // Reusable buffers (grow on demand). Not shared between threads.
 struct PrefillAttentionScratch {
   std::vector<float> q;     // [group * n, head_dim]: the group's query rows, head-major
-  std::vector<float> s;     // [threads, kRowTile, kKeyBlock]: each thread's tile of scores, then probabilities
+  std::vector<float> s;     // [threads, <= kRowTile, <= kKeyBlock]: each thread's tile of scores, then probabilities
   std::vector<float> o;     // [group * n, head_dim]: un-normalised outputs
   std::vector<float> m, l;  // [group * n]: running max and denominator
-  std::vector<float> k, v;  // [tokens, head_dim]: f32 copies of one head's keys / values (bf16 caches only)
+  std::vector<float> k, v;  // [tokens, head_dim]: f32 copies of one head's keys / values (non-f32 caches only)
 };
 
 // Key block of the online softmax, and the query rows a thread takes at a time: a tile's scores are
