@@ -22,6 +22,12 @@ enum class Gemm : uint8_t {
 // tokens at 107 tok/s; at 16 MiB, 143. The tile lives in L3 or memory; BLAS packs its own L2 panels from it.
 inline constexpr int64_t kWidenTileFloats = int64_t{1} << 22;
 
+// Whether a cblas call made inside an OpenMP parallel region runs on the calling thread alone: true for
+// OpenBLAS's OpenMP build. Loops that give each thread its own BLAS calls (prefill attention's tiles, the layers
+// of an index build) run in parallel only then; OpenBLAS's pthread build would start its own threads under each
+// call. Defined in threads.cpp.
+bool blas_serial_in_parallel_regions();
+
 // x: [n, w.cols()] f32; y: [n, w.rows()] f32, read when beta != 0. All OpenMP threads of the process.
 void linear(const float* x, const WeightMatrix& w, float* y, int64_t n, float beta, Gemm g);
 

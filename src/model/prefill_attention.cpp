@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/vec_math.h"
+#include "model/linear.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::model {
@@ -51,10 +52,8 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
   const int64_t rows = group * n;
   // Row tiles: query head g's positions [i0, i0 + kRowTile) of the chunk; each is one thread's work at a time.
   const int64_t tiles_per_head = (n + kRowTile - 1) / kRowTile, tiles = group * tiles_per_head;
-  // Tiles run on OpenMP threads only where OpenBLAS is its OpenMP build (2), which runs single-threaded inside a
-  // parallel region; its pthread build would start its own threads under each tile's call.
-  const bool blas_openmp = openblas_get_parallel() == 2;
-  const int workers = blas_openmp ? std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(tiles))) : 1;
+  // Tiles on the OpenMP threads only where each tile's BLAS calls then stay on its thread.
+  const int workers = blas_serial_in_parallel_regions() ? std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(tiles))) : 1;
   sc.q.resize(rows * d);
   sc.o.resize(rows * d);
   sc.m.resize(rows);

@@ -1,7 +1,5 @@
 // The forward pass of one sequence (chunked prefill and single-token decode; the products in linear.h) and
 // batched decode of one token of each of several sequences (Session::decode_batch).
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -412,10 +410,9 @@ void Session::index_prompt() {
   // Layers in parallel, one per thread at a time: a layer's index build (retro's k-means) then calls BLAS
   // single-threaded and its inner loops run serially, so no thread waits on another inside a layer. (With the
   // layers one after another, each k-means step alternated threaded sgemm calls with short parallel loops over
-  // a few MiB of scores.) Only with OpenBLAS's OpenMP build, which runs single-threaded inside a parallel
-  // region; its pthread build would start its own threads under every layer.
+  // a few MiB of scores.) Only where BLAS then stays on each layer's thread (linear.h).
   const int layers = static_cast<int>(kv_.size());
-  const bool parallel = layers > 1 && num_threads() > 1 && openblas_get_parallel() == 2;
+  const bool parallel = layers > 1 && num_threads() > 1 && model::blas_serial_in_parallel_regions();
   std::exception_ptr error;
 #pragma omp parallel for schedule(dynamic, 1) if (parallel)
   for (int l = 0; l < layers; ++l) {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "model/linear.h"
 #include "retroinfer/error.h"
 #include "retroinfer/model.h"
 
@@ -17,6 +18,10 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+namespace model {
+bool blas_serial_in_parallel_regions() { return openblas_get_parallel() == 2; }  // 2: OpenMP
+}  // namespace model
 
 const char* blas_core_name() {
   const char* core = openblas_get_corename();
