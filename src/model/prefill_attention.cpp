@@ -53,7 +53,9 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
   // Row tiles: query head g's positions [i0, i0 + kRowTile) of the chunk; each is one thread's work at a time.
   const int64_t tiles_per_head = (n + kRowTile - 1) / kRowTile, tiles = group * tiles_per_head;
   // Tiles on the OpenMP threads only where each tile's BLAS calls then stay on its thread.
-  const int workers = blas_serial_in_parallel_regions() ? std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(tiles))) : 1;
+  const int workers = blas_serial_in_parallel_regions()
+                          ? std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(tiles)))
+                          : 1;
   sc.q.resize(rows * d);
   sc.o.resize(rows * d);
   sc.m.resize(rows);
