@@ -4,16 +4,18 @@
 // sm_90a alone (wgmma does not exist in sm_90's PTX): src/kernels/CMakeLists.txt.
 //
 // One CTA of three warpgroups (384 threads) owns kPrefillRows = 128 packed query rows of one KV head. Warpgroup 0
-// is the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K/V tiles of
-// kHopperKeys = 128 tokens into kStages shared-memory stages with tensor-map copies (TMA: 4 boxes of 128 tokens x
-// 64 dims per tile, completing on the stage's "full" mbarrier), waiting on a stage's "empty" mbarrier before it
-// refills it. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc to 240: the register file is 64K), 64 rows
-// each; each warp releases a stage on its "empty" mbarrier once its products have read it.
+// is the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K and V tiles of
+// kKeys tokens (128 in three stages or 176 in two: HopperTiles) into two shared-memory rings with tensor-map copies
+// (TMA: 2 boxes of kKeys tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier of the
+// stage), waiting on the stage's "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of tile
+// i, since a K stage comes free as soon as the S product that read it is done. Warpgroups 1 and 2 are the
+// consumers (setmaxnreg.inc to 240: the register file is 64K), 64 rows each; each warp releases a K stage once S
+// is done and a V stage once P V is done.
 //
-// Per tile a consumer computes S = Q K^T with 8 wgmma m64n128k16 taking Q (staged once, bf16, in K's layout) and
-// K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
-// mma.sync per warp), and O += P V with 8 wgmma taking P from registers (bf16) and V from shared memory in its
-// natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy while the exponentials run:
+// Per tile a consumer computes S = Q K^T with 8 wgmma m64n{kKeys}k16 taking Q (staged once, bf16, in K's layout)
+// and K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
+// mma.sync per warp), and O += P V with kKeys / 16 wgmma m64n128k16 taking P from registers (bf16) and V from
+// shared memory in its natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy while the exponentials run:
 //   - within a warpgroup, S of tile i is issued together with O += P V of tile i - 1; the softmax of tile i runs
 //     as soon as S is done, while the P V product still runs (P of tile i - 1 stays in its own registers until
 //     then; O is rescaled after);
@@ -22,7 +24,7 @@
 //     a figure that moves several percent between repetitions; equal at 128K and in 8K chunks).
 // Tokens past the chunk's end (pos0 + n: the tensor maps' extent) arrive as zeros.
 //
-// Shared-memory tiles (K, V: 128 tokens x 128 bf16) are two column blocks of 64 elements, each 128 rows x 128
+// Shared-memory tiles (K, V: kKeys tokens x 128 bf16) are two column blocks of 64 elements, each kKeys rows x 128
 // bytes, in the 128-byte swizzle of the wgmma descriptors and the tensor-map copies: 16-byte chunk c of row r
 // stored at chunk c ^ (r & 7) of the row (every 8-row atom 1024-byte aligned). As the K-major operand (K) a k16
 // step is a 32-byte offset inside the atom row; as the N-major operand (V) the two column blocks are the
