@@ -15,7 +15,8 @@
 // Per tile a consumer computes S = Q K^T with 8 wgmma m64n{kKeys}k16 taking Q (staged once, bf16, in K's layout)
 // and K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
 // mma.sync per warp), and O += P V with kKeys / 16 wgmma m64n128k16 taking P from registers (bf16) and V from
-// shared memory in its natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy while the exponentials run:
+// shared memory in its natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy
+// while the exponentials run:
 //   - within a warpgroup, S of tile i is issued together with O += P V of tile i - 1; the softmax of tile i runs
 //     as soon as S is done, while the P V product still runs (P of tile i - 1 stays in its own registers until
 //     then; O is rescaled after);
