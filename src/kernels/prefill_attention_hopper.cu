@@ -3,14 +3,14 @@
 // prefill_kernels.h; the shared pieces in prefill_common.cuh); head_dim 128 only. This file is compiled for
 // sm_90a alone (wgmma does not exist in sm_90's PTX): src/kernels/CMakeLists.txt.
 //
-// One CTA of three warpgroups (384 threads) owns kPrefillRows = 128 packed query rows of one KV head. Warpgroup 0
-// is the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K and V tiles of
-// kKeys tokens (128 in three stages or 176 in two: HopperTiles) into two shared-memory rings with tensor-map copies
-// (TMA: 2 boxes of kKeys tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier of the
-// stage), waiting on the stage's "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of tile
-// i, since a K stage comes free as soon as the S product that read it is done. Warpgroups 1 and 2 are the
-// consumers (setmaxnreg.inc to 240: the register file is 64K), 64 rows each; each warp releases a K stage once S
-// is done and a V stage once P V is done.
+// One CTA of three warpgroups (384 threads) owns kPrefillRows = 128 packed query rows of one KV head. Warpgroup 0 is
+// the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K and V tiles of kKeys =
+// kHopperKeys tokens (176 in two stages; HopperTiles also plans 128 in three) into two shared-memory rings with
+// tensor-map copies (TMA: 2 boxes of kKeys tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier
+// of the stage), waiting on the stage's "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of
+// tile i, since a K stage comes free as soon as the S product that read it is done. Warpgroups 1 and 2 are the
+// consumers (setmaxnreg.inc to 240: the register file is 64K), 64 rows each; each warp releases a K stage once S is
+// done and a V stage once P V is done.
 //
 // Per tile a consumer computes S = Q K^T with 8 wgmma m64n{kKeys}k16 taking Q (staged once, bf16, in K's layout)
 // and K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
@@ -35,7 +35,6 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
-#include <cstdlib>
 
 #include "kernels/async_copy.cuh"
 #include "kernels/common.cuh"
@@ -163,7 +162,8 @@ __device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, 
 }
 
 template <int kKeys>
-__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, const __grid_constant__ HopperMaps maps) {
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_hopper_kernel(const PrefillParams p, const __grid_constant__ HopperMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tiles = HopperTiles<kKeys>;
   constexpr int kStages = Tiles::kStages, kBlockBytes = Tiles::kBlockBytes, kTileBytes = Tiles::kTileBytes;
@@ -178,7 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty_k = full_v + kStages;
   uint64_t* empty_v = empty_k + kStages;
-  const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes, sq_addr = sv_addr + kStages * kTileBytes;
+  const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes,
+                 sq_addr = sv_addr + kStages * kTileBytes;
 
   const PrefillCta cta = prefill_cta(p, kRows, kKeys);
   const int h = cta.h, r0 = cta.r0, first_masked = cta.first_masked, j0 = cta.j0, num_tiles = cta.num_tiles;
@@ -413,11 +414,7 @@ cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
 
 cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s) {
   if (p.head_dim != kD || int64_t(p.pos0) + p.n > 0x7fffffff) return cudaErrorInvalidValue;
-  static const int keys = [] {  // A/B switch while the tile width is measured (removed before landing)
-    const char* e = std::getenv("RETROINFER_HOPPER_KEYS");
-    return e != nullptr && std::atoi(e) == 128 ? 128 : 176;
-  }();
-  return keys == 128 ? launch_hopper<128>(p, s) : launch_hopper<176>(p, s);
+  return launch_hopper<kHopperKeys>(p, s);
 }
 
 }  // namespace retroinfer::cuda::detail
