@@ -3,7 +3,7 @@
 kernel's index logic on a machine without a GPU.
 
 It mirrors the kernel's data movement, not its timing: the CTA's rows and key tiles (prefill_cta), the
-tensor-map boxes (4 per tile: 64 dims x 128 tokens, 128-byte swizzle, zeros past the maps' extent pos0 + n)
+tensor-map boxes (2 per K or V tile: 64 dims x KEYS tokens, 128-byte swizzle, zeros past the maps' extent pos0 + n)
 placed into a byte-addressed shared memory, the wgmma operands read through the kernel's descriptors
 (K-major for K, N-major for V, with the 128-byte swizzle applied to the absolute address, as the PTX ISA's
 canonical layouts define them), Q's register fragments as q_pair loads them, the accumulator and P fragment
@@ -24,9 +24,20 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prefill_kernel_emulation import bf16, reference  # noqa: E402  (the bf16 rounding and the float64 reference)
 
-D, ROWS, KEYS, STAGES = 128, 128, 128, 3
-BLOCK = 128 * 128          # bytes of one 64-column block of a 128-token tile
-TILE = 2 * BLOCK
+D, ROWS = 128, 128
+KEYS = STAGES = BLOCK = TILE = 0
+
+
+def set_keys(keys):
+    """The kernel's tile width (prefill_hopper_kernel<kKeys>) and what follows from it (HopperTiles)."""
+    global KEYS, STAGES, BLOCK, TILE
+    KEYS = keys
+    STAGES = 3 if keys <= 128 else 2
+    BLOCK = keys * 128  # bytes of one 64-column block of a tile
+    TILE = 2 * BLOCK
+
+
+set_keys(176)
 
 
 def swizzle(addr):
@@ -41,8 +52,8 @@ class Smem:
         self.a = np.full(nbytes // 2, np.nan, dtype=np.float32)
 
     def tma_box(self, dst, tensor, x, y, extent):
-        """A box of 64 dims x 128 tokens of tensor [tokens, 128] at (x, y) -> dst, 128-byte swizzled rows."""
-        for r in range(128):
+        """A box of 64 dims x KEYS tokens of tensor [tokens, 128] at (x, y) -> dst, 128-byte swizzled rows."""
+        for r in range(KEYS):
             row = tensor[y + r, x:x + 64] if y + r < extent else np.zeros(64, dtype=np.float32)
             for c in range(8):
                 addr = swizzle(dst + r * 128 + c * 16)
@@ -66,11 +77,20 @@ class Smem:
 
 
 # Thread t of a warpgroup (warp w = t // 32, lane l): its rows w * 16 + l // 4 and + 8, accumulator element
-# [4 i + 2 hf + e] at column 8 i + 2 (l % 4) + e of row half hf. ACC_ROW / ACC_COL: [128 threads, 64 elements].
+# [4 i + 2 hf + e] at column 8 i + 2 (l % 4) + e of row half hf: acc_maps(cols) gives each element's row and
+# column, [128 threads, cols / 2 elements] each (O: cols = D; S: cols = KEYS).
 T = np.arange(128)
 E = np.arange(64)
-ACC_ROW = (T[:, None] // 32) * 16 + (T[:, None] % 32) // 4 + 8 * ((E[None, :] // 2) % 2)
-ACC_COL = 8 * (E[None, :] // 4) + 2 * (T[:, None] % 4) + E[None, :] % 2
+
+
+def acc_maps(cols):
+    e = np.arange(cols // 2)
+    row = (T[:, None] // 32) * 16 + (T[:, None] % 32) // 4 + 8 * ((e[None, :] // 2) % 2)
+    col = 8 * (e[None, :] // 4) + 2 * (T[:, None] % 4) + e[None, :] % 2
+    return row, col
+
+
+ACC_ROW, ACC_COL = acc_maps(D)
 
 
 def cta(bidx, p, q, K, V, out, parts):
@@ -112,7 +132,8 @@ def cta(bidx, p, q, K, V, out, parts):
             for kk in range(D // 16):
                 Bk = sm.k_major(sk + st * TILE + (kk >> 2) * BLOCK + (kk & 3) * 32, KEYS)
                 S += A[:, 16 * kk: 16 * kk + 16].astype(np.float64) @ Bk.T.astype(np.float64)
-            s = S.astype(np.float32)[ACC_ROW, ACC_COL]  # [thread, element]
+            s_row, s_col = acc_maps(KEYS)
+            s = S.astype(np.float32)[s_row, s_col]  # [thread, element]
             if j >= first_masked:
                 for hf in range(2):
                     lim = pos0 + (r0 + wg * 64 + (T // 32) * 16 + (T % 32) // 4 + hf * 8) // G - j * KEYS - (T % 4) * 2
@@ -136,7 +157,7 @@ def cta(bidx, p, q, K, V, out, parts):
             o *= alpha[:, (E // 2) % 2]
             # P fragments (bf16) back to the [64, KEYS] A matrix of O += P V
             Pm = np.zeros((64, KEYS), dtype=np.float32)
-            Pm[ACC_ROW, ACC_COL] = bf16(s)
+            Pm[s_row, s_col] = bf16(s)
             O = np.zeros((64, D), dtype=np.float64)
             for kk in range(KEYS // 16):
                 Bv = sm.n_major(sv + st * TILE + kk * 16 * 128, BLOCK, D)
@@ -190,7 +211,7 @@ def run(hkv, G, pos0, n, splits, seed, pad=3):
     ref = reference(q, K, V, G, pos0, scale)
     err = out - ref
     nmse = (err ** 2).sum() / (ref ** 2).sum()
-    print(f"hkv={hkv} G={G} pos0={pos0} n={n} splits={splits}: nan={np.isnan(out).sum()} nmse={nmse:.3e} "
+    print(f"keys={KEYS} hkv={hkv} G={G} pos0={pos0} n={n} splits={splits}: nan={np.isnan(out).sum()} nmse={nmse:.3e} "
           f"max={np.nanmax(np.abs(err)):.3e}")
     assert not np.isnan(out).any() and nmse < 1e-5
 
@@ -198,10 +219,12 @@ def run(hkv, G, pos0, n, splits, seed, pad=3):
 def main():
     cases = [  # hkv, G, pos0, n, splits, seed
         (1, 4, 0, 40, 1, 1), (1, 1, 3, 200, 1, 2), (1, 8, 127, 20, 1, 3), (2, 3, 60, 50, 1, 4),
-        (1, 4, 300, 8, 2, 5), (1, 1, 129, 130, 1, 6),
+        (1, 4, 300, 8, 2, 5), (1, 1, 129, 130, 1, 6), (1, 1, 170, 200, 1, 7), (1, 2, 350, 30, 3, 8),
     ]
-    for c in cases:
-        run(*c)
+    for keys in (128, 176):
+        set_keys(keys)
+        for c in cases:
+            run(*c)
     print("all cases passed")
 
 

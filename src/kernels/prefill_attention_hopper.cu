@@ -3,17 +3,20 @@
 // prefill_kernels.h; the shared pieces in prefill_common.cuh); head_dim 128 only. This file is compiled for
 // sm_90a alone (wgmma does not exist in sm_90's PTX): src/kernels/CMakeLists.txt.
 //
-// One CTA of three warpgroups (384 threads) owns kPrefillRows = 128 packed query rows of one KV head. Warpgroup 0
-// is the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K/V tiles of
-// kHopperKeys = 128 tokens into kStages shared-memory stages with tensor-map copies (TMA: 4 boxes of 128 tokens x
-// 64 dims per tile, completing on the stage's "full" mbarrier), waiting on a stage's "empty" mbarrier before it
-// refills it. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc to 240: the register file is 64K), 64 rows
-// each; each warp releases a stage on its "empty" mbarrier once its products have read it.
+// One CTA of three warpgroups (384 threads) owns kPrefillRows = 128 packed query rows of one KV head. Warpgroup 0 is
+// the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K and V tiles of kKeys =
+// kHopperKeys tokens (176 in two stages; HopperTiles also plans 128 in three) into two shared-memory rings with
+// tensor-map copies (TMA: 2 boxes of kKeys tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier
+// of the stage), waiting on the stage's "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of
+// tile i, since a K stage comes free as soon as the S product that read it is done. Warpgroups 1 and 2 are the
+// consumers (setmaxnreg.inc to 240: the register file is 64K), 64 rows each; each warp releases a K stage once S is
+// done and a V stage once P V is done.
 //
-// Per tile a consumer computes S = Q K^T with 8 wgmma m64n128k16 taking Q (staged once, bf16, in K's layout) and
-// K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
-// mma.sync per warp), and O += P V with 8 wgmma taking P from registers (bf16) and V from shared memory in its
-// natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy while the exponentials run:
+// Per tile a consumer computes S = Q K^T with 8 wgmma m64n{kKeys}k16 taking Q (staged once, bf16, in K's layout)
+// and K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
+// mma.sync per warp), and O += P V with kKeys / 16 wgmma m64n128k16 taking P from registers (bf16) and V from
+// shared memory in its natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy
+// while the exponentials run:
 //   - within a warpgroup, S of tile i is issued together with O += P V of tile i - 1; the softmax of tile i runs
 //     as soon as S is done, while the P V product still runs (P of tile i - 1 stays in its own registers until
 //     then; O is rescaled after);
@@ -22,7 +25,7 @@
 //     a figure that moves several percent between repetitions; equal at 128K and in 8K chunks).
 // Tokens past the chunk's end (pos0 + n: the tensor maps' extent) arrive as zeros.
 //
-// Shared-memory tiles (K, V: 128 tokens x 128 bf16) are two column blocks of 64 elements, each 128 rows x 128
+// Shared-memory tiles (K, V: kKeys tokens x 128 bf16) are two column blocks of 64 elements, each kKeys rows x 128
 // bytes, in the 128-byte swizzle of the wgmma descriptors and the tensor-map copies: 16-byte chunk c of row r
 // stored at chunk c ^ (r & 7) of the row (every 8-row atom 1024-byte aligned). As the K-major operand (K) a k16
 // step is a 32-byte offset inside the atom row; as the N-major operand (V) the two column blocks are the
@@ -44,22 +47,28 @@ namespace {
 
 constexpr int kD = 128;
 constexpr int kRows = kPrefillRows;   // packed query rows per CTA
-constexpr int kKeys = kHopperKeys;    // keys per K/V tile
 constexpr int kConsumerWarps = 8;     // two consumer warpgroups
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // 128 x 24 + 256 x 240 <= 64K registers
-constexpr int kStages = 3;            // 192 KiB of tiles: the producer copies up to three tiles ahead
-constexpr int kBlockBytes = 128 * 128;          // one 64-column block of a 128-row tile
-constexpr int kTileBytes = 2 * kBlockBytes;     // a 128 x 128 bf16 tile
 constexpr int kQBlockBytes = 64 * 128;          // one 64-column block of a consumer's 64 Q rows
 constexpr int kQBytes = 2 * kQBlockBytes;       // a consumer's 64 x 128 bf16 Q tile
-static_assert(kKeys == 128, "K and V tiles of 128 tokens: one layout for both and for the tensor-map boxes");
-// K[stage], V[stage], the two consumers' Q, then the full[stage] and empty[stage] mbarriers; + the 1024-byte
-// alignment: 225 KiB of the 227 a CTA may have.
-constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kQBytes + 2 * kStages * 8 + 1024;
 
-// K's and V's tensor maps: [Hkv][pos0 + n][128] bf16, boxes of 64 dims x 128 tokens x 1 head, 128-byte swizzle
+// The shared-memory plan of K/V tiles of kKeys tokens: kStages stages of K and of V, each tile two 64-column
+// blocks of kKeys rows x 128 bytes; the two consumers' Q; full and empty mbarriers per stage for K and for V;
+// + the 1024-byte alignment, within the 227 KiB a CTA may have.
+template <int kKeys>
+struct HopperTiles {
+  static_assert(kKeys % 16 == 0 && kKeys <= 256, "a tile is whole k16 steps of P V and one tensor-map box");
+  static constexpr int kStages = kKeys <= 128 ? 3 : 2;
+  static constexpr int kBlockBytes = kKeys * 128;     // one 64-column block of a tile
+  static constexpr int kTileBytes = 2 * kBlockBytes;  // a kKeys x 128 bf16 tile
+  static constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kQBytes + 4 * kStages * 8 + 1024;
+  static_assert(kBlockBytes % 1024 == 0, "8-row swizzle atoms stay 1024-byte aligned");
+  static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory");
+};
+
+// K's and V's tensor maps: [Hkv][pos0 + n][128] bf16, boxes of 64 dims x kKeys tokens x 1 head, 128-byte swizzle
 // (the tiles' column blocks), zeros past the extent.
 struct HopperMaps {
   CUtensorMap k, v;
@@ -74,8 +83,10 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lead_bytes
 // K-major operand (K as [token][dim]): 8-token groups 1024 bytes apart; the leading offset is unused with
 // swizzling (1).
 __device__ __forceinline__ uint64_t k_major_desc(uint32_t addr) { return smem_desc(addr, 16, 1024); }
-// N-major operand (V as [token][dim]): 64-dim column blocks kBlockBytes apart, 8-token groups 1024 bytes apart.
-__device__ __forceinline__ uint64_t n_major_desc(uint32_t addr) { return smem_desc(addr, kBlockBytes, 1024); }
+// N-major operand (V as [token][dim]): 64-dim column blocks block_bytes apart, 8-token groups 1024 bytes apart.
+__device__ __forceinline__ uint64_t n_major_desc(uint32_t addr, uint32_t block_bytes) {
+  return smem_desc(addr, block_bytes, 1024);
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -93,9 +104,10 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
 }
 // Keeps the compiler from moving accesses of accumulator registers across an asynchronous wgmma.
+template <int kCount>
 __device__ __forceinline__ void fence_registers(float* r) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(r[i])::"memory");
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
 // Named barriers among the consumer threads (the warpgroups' turns): arrive does not wait.
@@ -118,14 +130,26 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const uint32_t* a,
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
-// D (+)= A B, m64n128k16, A and B from shared memory, both K-major; accumulate 0: D = A B.
-__device__ __forceinline__ void wgmma_m64n128k16_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+// S (+)= Q K^T of one k16 step, m64nNk16 with N = the tile's keys, A and B from shared memory, both K-major;
+// accumulate 0: D = A B.
+template <int kN>
+__device__ __forceinline__ void wgmma_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  if constexpr (kN == 128) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  } else {
+    static_assert(kN == 176, "the tile widths the kernel is built for");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+  }
 }
 
 // The box at (x, y, z) of tensor map `map` -> shared memory, completing its bytes on bar.
@@ -137,25 +161,35 @@ __device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, 
       : "memory");
 }
 
-__global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const PrefillParams p, const __grid_constant__ HopperMaps maps) {
+template <int kKeys>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_hopper_kernel(const PrefillParams p, const __grid_constant__ HopperMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tiles = HopperTiles<kKeys>;
+  constexpr int kStages = Tiles::kStages, kBlockBytes = Tiles::kBlockBytes, kTileBytes = Tiles::kTileBytes;
+  constexpr int kS = kKeys / 2;  // S accumulators per thread (m64nkKeys: kKeys / 8 column blocks x 4)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
   const uint32_t pad = ((raw + 1023u) & ~1023u) - raw;
   uint8_t* sk0 = smem_raw + pad;
   uint8_t* sv0 = sk0 + kStages * kTileBytes;
   uint8_t* sq0 = sv0 + kStages * kTileBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(sq0 + 2 * kQBytes);
-  uint64_t* empty = full + kStages;
-  const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes, sq_addr = sv_addr + kStages * kTileBytes;
+  uint64_t* full_k = reinterpret_cast<uint64_t*>(sq0 + 2 * kQBytes);
+  uint64_t* full_v = full_k + kStages;
+  uint64_t* empty_k = full_v + kStages;
+  uint64_t* empty_v = empty_k + kStages;
+  const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes,
+                 sq_addr = sv_addr + kStages * kTileBytes;
 
   const PrefillCta cta = prefill_cta(p, kRows, kKeys);
   const int h = cta.h, r0 = cta.r0, first_masked = cta.first_masked, j0 = cta.j0, num_tiles = cta.num_tiles;
 
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
-      mbar_init(&full[st], 1);
-      mbar_init(&empty[st], kConsumerWarps);
+      mbar_init(&full_k[st], 1);
+      mbar_init(&full_v[st], 1);
+      mbar_init(&empty_k[st], kConsumerWarps);
+      mbar_init(&empty_v[st], kConsumerWarps);
     }
     mbar_init_fence();
   }
@@ -163,21 +197,25 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   const int n_it = num_tiles - j0;
 
   if (threadIdx.x < 128) {
-    // Producer: tile j0 + t goes into stage t % kStages once every consumer warp released that stage's previous
-    // tile (t >= kStages).
+    // Producer: K and V of tile j0 + t go into stage t % kStages of their own ring once every consumer warp
+    // released that stage's previous tile (t >= kStages). K of the next tile is copied before V of this one:
+    // a K stage comes free when the S product that read it is done, a V stage only after the P V product, one
+    // softmax later.
     setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      for (int t = 0; t < n_it; ++t) {
+      auto copy = [&](const CUtensorMap* map, uint8_t* ring, uint64_t* full, uint64_t* empty, int t) {
         const int st = t % kStages;
         if (t >= kStages) mbar_wait(&empty[st], ((t / kStages) & 1) ^ 1);
-        mbar_arrive_expect_tx(&full[st], 4 * kBlockBytes);
-        uint8_t* k = sk0 + st * kTileBytes;
-        uint8_t* v = sv0 + st * kTileBytes;
+        mbar_arrive_expect_tx(&full[st], 2 * kBlockBytes);
+        uint8_t* dst = ring + st * kTileBytes;
         const int y = (j0 + t) * kKeys;
-        tma_load_box(k, &maps.k, 0, y, h, &full[st]);
-        tma_load_box(k + kBlockBytes, &maps.k, 64, y, h, &full[st]);
-        tma_load_box(v, &maps.v, 0, y, h, &full[st]);
-        tma_load_box(v + kBlockBytes, &maps.v, 64, y, h, &full[st]);
+        tma_load_box(dst, map, 0, y, h, &full[st]);
+        tma_load_box(dst + kBlockBytes, map, 64, y, h, &full[st]);
+      };
+      if (n_it > 0) copy(&maps.k, sk0, full_k, empty_k, 0);
+      for (int t = 0; t < n_it; ++t) {
+        if (t + 1 < n_it) copy(&maps.k, sk0, full_k, empty_k, t + 1);
+        copy(&maps.v, sv0, full_v, empty_v, t);
       }
     }
     // exit, not return: ptxas allocates the consumers under setmaxnreg's 240 registers only when no path joins
@@ -190,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   const int lane = threadIdx.x & 31, quad = lane >> 2, tig = lane & 3;
   const int row_base = wg * 64 + ((threadIdx.x >> 5) & 3) * 16 + quad;  // this thread's rows: row_base, row_base + 8
   // The warpgroup's 64 Q rows in shared memory, bf16, in the K tiles' layout (two 64-column blocks, 128-byte
-  // swizzle): the A operand of S = Q K^T, so that Q takes no registers (P of the previous tile holds 32 while
-  // the softmax runs).
+  // swizzle): the A operand of S = Q K^T, so that Q takes no registers (P of the previous tile holds kKeys / 4
+  // while the softmax runs).
   const uint32_t q_addr = sq_addr + uint32_t(wg * kQBytes);
   {
     uint8_t* sq = sq0 + wg * kQBytes;
@@ -205,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   }
 
   // Accumulators of n8 column block i of the warpgroup's 64 x 128 tile: [4i + 2hf + e] is row row_base + 8hf,
-  // column 8i + 2 tig + e (the m16n8 accumulator layout per warp).
+  // column 8i + 2 tig + e (the m16n8 accumulator layout per warp; S likewise over the tile's keys).
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.0f;
@@ -216,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
   // the other warpgroup (warpgroup 1 skips its last, which nobody waits for). The first tile (S only) and the
   // last P V are peeled so that every wgmma sits in straight-line code, which keeps them asynchronous.
   const int turn_mine = 2 + wg, turn_other = 3 - wg;
-  float s[64];
+  float s[kS];
   uint32_t pa[kKeys / 16][4];  // P of the last softmax in bf16: the A fragments of its PV product
 
   auto issue_qk = [&](int it) {
@@ -225,19 +263,20 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = uint32_t((kk >> 2) * kBlockBytes + (kk & 3) * 32);
-      wgmma_m64n128k16_ss(s, k_major_desc(q_addr + uint32_t((kk >> 2) * kQBlockBytes + (kk & 3) * 32)),
-                          k_major_desc(k_addr + off), kk > 0);
+      wgmma_ss<kKeys>(s, k_major_desc(q_addr + uint32_t((kk >> 2) * kQBlockBytes + (kk & 3) * 32)),
+                      k_major_desc(k_addr + off), kk > 0);
     }
   };
   auto issue_pv = [&](int it) {
     const uint32_t v_addr = sv_addr + uint32_t((it % kStages) * kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_m64n128k16_rs<1>(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128)), 1);
+      wgmma_m64n128k16_rs<1>(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128), kBlockBytes), 1);
   };
   auto turn_sync = [&] { named_sync(turn_mine); };
   auto turn_arrive = [&](int id) { named_arrive(id); };
-  auto release = [&](int it) {
+  auto wait_full = [&](uint64_t* full, int it) { mbar_wait(&full[it % kStages], (it / kStages) & 1); };
+  auto release = [&](uint64_t* empty, int it) {
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[it % kStages]);  // this warp's reads of that stage are done
   };
@@ -283,21 +322,23 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 
   if (n_it > 0) {
     if (wg == 1) turn_arrive(2);
-    mbar_wait(&full[0], 0);
+    wait_full(full_k, 0);
     turn_sync();
-    fence_registers(s);
+    fence_registers<kS>(s);
     wgmma_fence();
     issue_qk(0);
     wgmma_commit();
     turn_arrive(turn_other);
     wgmma_wait<0>();
-    fence_registers(s);
+    fence_registers<kS>(s);
+    release(empty_k, 0);
     rescale_and_pack(softmax(0));
     for (int it = 1; it < n_it; ++it) {
-      mbar_wait(&full[it % kStages], (it / kStages) & 1);
+      wait_full(full_k, it);
+      wait_full(full_v, it - 1);
       turn_sync();
-      fence_registers(o);
-      fence_registers(s);
+      fence_registers<64>(o);
+      fence_registers<kS>(s);
       wgmma_fence();
       issue_qk(it);
       wgmma_commit();
@@ -305,22 +346,24 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
       wgmma_commit();
       turn_arrive(turn_other);
       wgmma_wait<1>();  // S of tile it
-      fence_registers(s);
+      fence_registers<kS>(s);
+      release(empty_k, it);
       const bool raised = softmax(it);
       wgmma_wait<0>();  // O += P V of tile it - 1
-      fence_registers(o);
-      release(it - 1);
+      fence_registers<64>(o);
+      release(empty_v, it - 1);
       rescale_and_pack(raised);
     }
+    wait_full(full_v, n_it - 1);
     turn_sync();
-    fence_registers(o);
+    fence_registers<64>(o);
     wgmma_fence();
     issue_pv(n_it - 1);
     wgmma_commit();
     if (wg == 0) turn_arrive(turn_other);
     wgmma_wait<0>();
-    fence_registers(o);
-    release(n_it - 1);
+    fence_registers<64>(o);
+    release(empty_v, n_it - 1);
   }
 
 #pragma unroll
@@ -337,18 +380,18 @@ __global__ void __launch_bounds__(kThreads, 1) prefill_hopper_kernel(const Prefi
 #endif
 }
 
-}  // namespace
-
-cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s) {
-  if (p.head_dim != kD || int64_t(p.pos0) + p.n > 0x7fffffff) return cudaErrorInvalidValue;
+template <int kKeys>
+cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
+  using Tiles = HopperTiles<kKeys>;
   const int64_t ctas = prefill_ctas(p);
   if (ctas <= 0) return cudaSuccess;
   const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   static bool attr_set = false;  // host side; callers are single-threaded per object, the attribute idempotent
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(prefill_hopper_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(kSmemBytes));
+    const cudaError_t e = cudaFuncSetAttribute(prefill_hopper_kernel<kKeys>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(Tiles::kSmemBytes));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
@@ -363,8 +406,15 @@ cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s) {
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
   }
-  prefill_hopper_kernel<<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, s>>>(p, maps);
+  prefill_hopper_kernel<kKeys><<<static_cast<unsigned>(ctas), kThreads, Tiles::kSmemBytes, s>>>(p, maps);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s) {
+  if (p.head_dim != kD || int64_t(p.pos0) + p.n > 0x7fffffff) return cudaErrorInvalidValue;
+  return launch_hopper<kHopperKeys>(p, s);
 }
 
 }  // namespace retroinfer::cuda::detail
