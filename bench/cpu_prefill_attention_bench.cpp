@@ -1,4 +1,5 @@
-// The CPU runner's prefill attention alone (model::blas_prefill_attention): one chunk of `chunk` query
+// The CPU runner's prefill attention alone, both kernels (model::blas_prefill_attention and, where the
+// processor has AVX2 + FMA, model::fused_prefill_attention): one chunk of `chunk` query
 // positions ending at `tokens`, against a bf16 KV cache of `tokens` tokens, at the shapes of Qwen2.5-Coder-0.5B
 // (14 q / 2 KV heads, d = 64) and Llama-3-8B (32 q / 8 KV heads, d = 128), with every thread the process has
 // (OMP_NUM_THREADS); also the first chunk of a prompt (positions [0, chunk)). Wall time, the best of `reps`
@@ -39,21 +40,29 @@ int main(int argc, char** argv) {
     std::vector<float> q(static_cast<size_t>(chunk) * hq * d), out(q.size());
     for (auto& x : q) x = nd(rng);
     model::PrefillAttentionScratch sc;
-    for (const int64_t pos0 : {int64_t{0}, tokens - chunk}) {
-      double best = 1e30;
-      for (int r = 0; r < reps; ++r) {
-        const auto t0 = std::chrono::steady_clock::now();
-        model::blas_prefill_attention(kv, shape, 0.0f, pos0, chunk, q.data(), out.data(), sc);
-        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (const bool fused : {false, true}) {
+      if (fused && !model::fused_prefill_attention_supported(shape)) continue;
+      for (const int64_t pos0 : {int64_t{0}, tokens - chunk}) {
+        double best = 1e30;
+        for (int r = 0; r < reps; ++r) {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (fused) {
+            model::fused_prefill_attention(kv, shape, 0.0f, pos0, chunk, q.data(), out.data(), sc);
+          } else {
+            model::blas_prefill_attention(kv, shape, 0.0f, pos0, chunk, q.data(), out.data(), sc);
+          }
+          best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        // Query position pos0 + i sees pos0 + i + 1 keys.
+        const double pairs = static_cast<double>(chunk) * static_cast<double>(pos0) + chunk * (chunk + 1) / 2.0;
+        const double gflop = 4.0 * d * hq * pairs * 1e-9;
+        std::printf("{\"bench\":\"cpu_prefill_attention\",\"kernel\":\"%s\",\"num_heads_q\":%d,"
+                    "\"num_heads_kv\":%d,\"head_dim\":%d,\"kv_dtype\":\"bf16\",\"pos0\":%lld,\"chunk\":%lld,"
+                    "\"threads\":%d,\"ms\":%.3f,\"gflops\":%.1f}\n",
+                    fused ? "fused" : "blas", hq, hkv, d, static_cast<long long>(pos0),
+                    static_cast<long long>(chunk), num_threads(), best * 1e3, gflop / best);
+        std::fflush(stdout);
       }
-      // Query position pos0 + i sees pos0 + i + 1 keys.
-      const double pairs = static_cast<double>(chunk) * static_cast<double>(pos0) + chunk * (chunk + 1) / 2.0;
-      const double gflop = 4.0 * d * hq * pairs * 1e-9;
-      std::printf("{\"bench\":\"cpu_prefill_attention\",\"num_heads_q\":%d,\"num_heads_kv\":%d,\"head_dim\":%d,"
-                  "\"kv_dtype\":\"bf16\",\"pos0\":%lld,\"chunk\":%lld,\"threads\":%d,\"ms\":%.3f,\"gflops\":%.1f}\n",
-                  hq, hkv, d, static_cast<long long>(pos0), static_cast<long long>(chunk), num_threads(),
-                  best * 1e3, gflop / best);
-      std::fflush(stdout);
     }
   }
   return 0;

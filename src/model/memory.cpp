@@ -23,13 +23,14 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t context_tokens, DTy
   const int64_t chunk = std::max<int64_t>(std::min<int64_t>(prefill_chunk, context_tokens), 1);
   // Scratch of one chunk: x, xn, qkv, q, k, v, attention out, gate/up, activation, cos/sin; plus logits.
   // Prefill attention (prefill_attention.h): the group's queries and outputs, their running maxima and sums,
-  // a tile of scores per thread (at most one per tile of rows), and f32 copies of a head's keys and values
-  // when the cache stores another type. Products: one widened tile of block weights (linear.h).
+  // a tile of scores per thread (at most one per tile of rows), and f32 copies of a head's keys and values (the
+  // BLAS kernel's when the cache stores another type, the fused kernel's packed panels always). Products: one
+  // widened tile of block weights (linear.h).
   const int64_t group = hkv > 0 ? hq / hkv : 1;
   const int64_t key_block = std::min<int64_t>(context_tokens, model::kKeyBlock);
   const int64_t row_tile = model::kRowTile;
   const int64_t tile_rows = chunk <= row_tile ? chunk : (chunk + row_tile - 1) / row_tile * row_tile;
-  const int64_t widened_kv = kv_dtype == DType::kF32 ? 0 : 2 * context_tokens * d;
+  const int64_t widened_kv = 2 * context_tokens * d;
   const int64_t largest_matrix = std::max({qkv * h, h * hq * d, inter * h});
   e.activation_bytes = 4 * (chunk * (2 * h + 2 * qkv + hq * d + 3 * inter + d) + vocab +
                             group * chunk * (2 * d + 2) + group * tile_rows * key_block + widened_kv +

@@ -9,6 +9,7 @@
 
 #include "core/vec_math.h"
 #include "model/linear.h"
+#include "model/prefill_attention_tiles.h"
 #include "retroinfer/error.h"
 
 namespace retroinfer::model {
@@ -121,6 +122,102 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
         for (int c = 0; c < d; ++c) dst[c] = o[r * d + c] * inv;
       }
     }
+  }
+}
+
+bool fused_prefill_attention_supported(const AttentionShape& shape) {
+#if RETROINFER_PREFILL_X86
+  static const bool avx2_fma = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return avx2_fma && shape.head_dim % kFusedKeyPanel == 0 && shape.head_dim <= kFusedMaxHeadDim;
+#else
+  (void)shape;
+  return false;
+#endif
+}
+
+void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
+                             const float* q, float* out, PrefillAttentionScratch& sc) {
+  validate(shape);
+  RETROINFER_CHECK(kv.num_heads_kv() == shape.num_heads_kv && kv.head_dim() == shape.head_dim,
+                   "prefill attention: KV cache shape does not match the attention shape");
+  RETROINFER_CHECK(pos0 >= 0 && n >= 1 && pos0 + n <= kv.size(), "prefill attention: positions [", pos0, ", ",
+                   pos0 + n, ") exceed the ", kv.size(), " cached tokens");
+  RETROINFER_CHECK(fused_prefill_attention_supported(shape), "fused prefill attention needs AVX2 and FMA and a "
+                   "head_dim that is a multiple of 16 up to 256 (head_dim ", shape.head_dim, "); use "
+                   "blas_prefill_attention");
+#if RETROINFER_PREFILL_X86
+  const int d = shape.head_dim, hq = shape.num_heads_q, group = hq / shape.num_heads_kv;
+  const float sm = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(d));
+  const int64_t T = pos0 + n;  // keys visible to the last query
+  const int64_t rows = group * n, tiles = (rows + kFusedTileRows - 1) / kFusedTileRows;
+  const int workers = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(tiles)));
+  const int64_t panels = (T + kFusedKeyPanel - 1) / kFusedKeyPanel;
+  sc.k.resize(panels * kFusedKeyPanel * d);
+  sc.s.resize(workers * kFusedStripRows * kFusedKeyBlock);
+  sc.o.resize(workers * kFusedTileRows * d);
+  sc.m.resize(workers * kFusedTileRows);
+  sc.l.resize(workers * kFusedTileRows);
+  sc.v.resize(T * d);
+  for (int h = 0; h < shape.num_heads_kv; ++h) {
+    // Keys into panels of 16 keys (kp[(p * d + c) * 16 + j] = K[16 p + j][c], zero past T), values into panels
+    // of 16 dims (vp[(c / 16) * T * 16 + t * 16 + c % 16] = V[t][c]): both kernels then stream 64 bytes a step.
+    float* kp = sc.k.data();
+    float* vp = sc.v.data();
+#pragma omp parallel for schedule(static) num_threads(workers) if (T * d >= (1 << 16))
+    for (int64_t p = 0; p < panels; ++p) {
+      float row[kFusedMaxHeadDim];
+      float* dst = kp + p * d * kFusedKeyPanel;
+      for (int j = 0; j < kFusedKeyPanel; ++j) {
+        const int64_t t = p * kFusedKeyPanel + j;
+        if (t < T) {
+          kv.load_key(h, t, row);
+        } else {
+          std::fill(row, row + d, 0.0f);
+        }
+        for (int c = 0; c < d; ++c) dst[c * kFusedKeyPanel + j] = row[c];
+        if (t < T) {
+          kv.load_value(h, t, row);
+          for (int c0 = 0; c0 < d; c0 += kFusedKeyPanel)
+            std::copy_n(row + c0, kFusedKeyPanel, vp + (c0 / kFusedKeyPanel) * T * kFusedKeyPanel + t * kFusedKeyPanel);
+        }
+      }
+    }
+    // Later rows see more keys: the heaviest tiles first, dynamically scheduled.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(workers) if (workers > 1)
+    for (int64_t i = 0; i < tiles; ++i) {
+      const int w = workers > 1 ? omp_get_thread_num() : 0;
+      FusedAttentionTile t;
+      t.q = q + int64_t{h} * group * d;
+      t.out = out + int64_t{h} * group * d;
+      t.q_stride = int64_t{hq} * d;
+      t.kp = kp;
+      t.vp = vp;
+      t.v_panel_stride = T * kFusedKeyPanel;
+      t.d = d;
+      t.group = group;
+      t.pos0 = pos0;
+      t.r0 = (tiles - 1 - i) * kFusedTileRows;
+      t.rows = std::min(kFusedTileRows, rows - t.r0);
+      t.scale = sm;
+      t.s = &sc.s[w * kFusedStripRows * kFusedKeyBlock];
+      t.o = &sc.o[w * kFusedTileRows * d];
+      t.m = &sc.m[w * kFusedTileRows];
+      t.l = &sc.l[w * kFusedTileRows];
+      fused_attention_tile_avx2(t);
+    }
+  }
+#endif
+}
+
+void cpu_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
+                           const float* q, float* out, PrefillAttentionScratch& scratch) {
+  if (fused_prefill_attention_supported(shape)) {
+    fused_prefill_attention(kv, shape, scale, pos0, n, q, out, scratch);
+  } else {
+    blas_prefill_attention(kv, shape, scale, pos0, n, q, out, scratch);
   }
 }
 

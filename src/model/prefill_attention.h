@@ -1,9 +1,13 @@
-// Causal prefill attention through BLAS: for each KV head, the stacked query heads of its GQA group in tiles
-// of rows, the tiles in parallel; per tile the scores against blocks of keys (cblas_sgemm), an online softmax
-// across key blocks, and the probability-weighted values (cblas_sgemm), skipping key blocks no row of the
-// tile sees; the softmax step vectorised (core/vec_math.h). Same result as
-// retroinfer::prefill_attention (the scalar reference in src/attention) up to f32 summation order and the
-// exponential's ~2e-7 relative error; tests/unit/test_model.cpp compares the two.
+// Causal prefill attention of the CPU runner, two kernels with the same result as retroinfer::prefill_attention
+// (the scalar reference in src/attention) up to f32 summation order and the exponential's ~2e-7 relative error
+// (tests/unit/test_model.cpp compares them):
+//   - BLAS: for each KV head, the stacked query heads of its GQA group in tiles of rows, the tiles in parallel;
+//     per tile the scores against blocks of keys (cblas_sgemm), an online softmax across key blocks, and the
+//     probability-weighted values (cblas_sgemm), skipping key blocks no row of the tile sees; the softmax step
+//     vectorised (core/vec_math.h);
+//   - fused (AVX2 + FMA): the same tiling with register-blocked kernels over packed keys and values, scores kept
+//     in registers and L1 (prefill_attention_avx2.cpp, prefill_attention_tiles.h).
+// cpu_prefill_attention picks the fused kernel where it runs.
 #pragma once
 
 #include <cstdint>
@@ -33,5 +37,16 @@ inline constexpr int64_t kRowTile = 256;
 // scale: 0 means 1 / sqrt(head_dim).
 void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
                             const float* q, float* out, PrefillAttentionScratch& scratch);
+
+// The same attention with register-blocked AVX2 + FMA kernels that keep each strip of rows' scores in registers
+// and L1 (prefill_attention_avx2.cpp): no BLAS, none of its zeroing and repacking. Needs
+// fused_prefill_attention_supported(shape): an AVX2 + FMA processor and head_dim a multiple of 16 up to 256.
+bool fused_prefill_attention_supported(const AttentionShape& shape);
+void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
+                             const float* q, float* out, PrefillAttentionScratch& scratch);
+
+// The CPU runner's prefill attention: the fused kernels where supported, else the BLAS path.
+void cpu_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
+                           const float* q, float* out, PrefillAttentionScratch& scratch);
 
 }  // namespace retroinfer::model

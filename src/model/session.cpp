@@ -471,7 +471,7 @@ void Session::forward(const int32_t* tokens, int64_t n, int64_t rope_seq_len, bo
     if (decode) {
       decode_attention(l, s.q.data(), s.att.data());
     } else {
-      model::blas_prefill_attention(kv_[l], shape, opt_.attention.scale, pos_, n, s.q.data(), s.att.data(), s.attn);
+      model::cpu_prefill_attention(kv_[l], shape, opt_.attention.scale, pos_, n, s.q.data(), s.att.data(), s.attn);
     }
     output_and_mlp_rows(c, L, s, n, Gemm::kBlas);
   }

@@ -15,6 +15,7 @@
 #include "engine/model_tokenizer.h"
 #include "retroinfer/model_file.h"
 #include "model/prefill_attention.h"
+#include "model/prefill_attention_tiles.h"
 #include "model/weights.h"
 #include "retroinfer/error.h"
 #include "retroinfer/generate.h"
@@ -227,35 +228,71 @@ TEST(ModelForward, Bf16KvCacheStaysClose) {
   EXPECT_EQ(bf.kv(0).dtype(), DType::kBF16);
 }
 
-// The BLAS prefill attention of the runner against the scalar reference of the attention module, over
-// several key blocks (T up to 2060 > 4 * kKeyBlock), chunk offsets, chunks of several row tiles (n 600 and
-// 700 > 2 * kRowTile: tiles on every thread, key blocks skipped past a tile's last row), GQA groups and both KV
-// dtypes.
+// Both prefill attentions of the runner (BLAS; fused, where the processor has AVX2 + FMA) against the scalar
+// reference of the attention module, over several key blocks (T up to 2060 > 4 * kKeyBlock), chunk offsets,
+// chunks of several row tiles (n 600 and 700 > 2 * kRowTile: tiles on every thread, key blocks skipped past a
+// tile's last row), GQA groups (7 query heads per KV head: strips of 6 rows that straddle positions), head
+// dims 16 and 32 and both KV dtypes.
 TEST(PrefillAttention, MatchesReference) {
   static_assert(2060 > 4 * model::kKeyBlock && 600 > 2 * model::kRowTile, "the cases below no longer span the tiles");
-  const AttentionShape shape{6, 2, 16};
+  static_assert(2060 > 4 * model::kFusedKeyBlock && 600 > 2 * model::kFusedTileRows, "nor the fused kernel's");
   std::mt19937 rng(3);
   std::normal_distribution<float> nd;
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 37}, {0, 1}, {1000, 100}, {2000, 60}, {300, 600}, {0, 700}}) {
-      KvCache kv(shape.num_heads_kv, shape.head_dim, dt);
-      const int64_t T = pos0 + n;
-      std::vector<float> k(T * 2 * 16), v(T * 2 * 16), q(n * 6 * 16);
-      for (auto& x : k) x = nd(rng);
-      for (auto& x : v) x = nd(rng);
-      for (auto& x : q) x = 2.0f * nd(rng);  // peaky softmax: large logits stress the online rescaling
-      kv.append(k.data(), v.data(), T);
-      std::vector<float> want(q.size()), got(q.size(), std::nanf(""));
-      prefill_attention(kv, shape, 0.0f, pos0, n, q.data(), want.data());
-      model::PrefillAttentionScratch sc;
-      model::blas_prefill_attention(kv, shape, 0.0f, pos0, n, q.data(), got.data(), sc);
-      // Outputs are convex combinations of N(0,1) values (|o| < ~4); f32 sums of <= 2060 terms in
-      // another order differ by ~1e-6; 1e-4 absolute is a safe bound that a wrong mask or scale breaks.
-      double worst = 0;
-      for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
-      EXPECT_LT(worst, 1e-4) << "dtype " << dtype_name(dt) << " pos0 " << pos0 << " n " << n;
+  for (const AttentionShape shape : {AttentionShape{6, 2, 16}, AttentionShape{7, 1, 32}}) {
+    const int hq = shape.num_heads_q, hkv = shape.num_heads_kv, d = shape.head_dim;
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      for (auto [pos0, n] :
+           {std::pair<int64_t, int64_t>{0, 37}, {0, 1}, {1000, 100}, {2000, 60}, {300, 600}, {0, 700}, {5, 3}}) {
+        KvCache kv(hkv, d, dt);
+        const int64_t T = pos0 + n;
+        std::vector<float> k(T * hkv * d), v(T * hkv * d), q(n * hq * d);
+        for (auto& x : k) x = nd(rng);
+        for (auto& x : v) x = nd(rng);
+        for (auto& x : q) x = 2.0f * nd(rng);  // peaky softmax: large logits stress the online rescaling
+        kv.append(k.data(), v.data(), T);
+        std::vector<float> want(q.size());
+        prefill_attention(kv, shape, 0.0f, pos0, n, q.data(), want.data());
+        for (const bool fused : {false, true}) {
+          if (fused && !model::fused_prefill_attention_supported(shape)) continue;
+          std::vector<float> got(q.size(), std::nanf(""));
+          model::PrefillAttentionScratch sc;
+          if (fused) {
+            model::fused_prefill_attention(kv, shape, 0.0f, pos0, n, q.data(), got.data(), sc);
+          } else {
+            model::blas_prefill_attention(kv, shape, 0.0f, pos0, n, q.data(), got.data(), sc);
+          }
+          // Outputs are convex combinations of N(0,1) values (|o| < ~4); f32 sums of <= 2060 terms in
+          // another order differ by ~1e-6; 1e-4 absolute is a safe bound that a wrong mask or scale breaks.
+          double worst = 0;
+          for (size_t i = 0; i < got.size(); ++i)
+            worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+          EXPECT_LT(worst, 1e-4) << (fused ? "fused" : "blas") << " heads " << hq << "/" << hkv << " d " << d
+                                 << " dtype " << dtype_name(dt) << " pos0 " << pos0 << " n " << n;
+        }
+      }
     }
   }
+}
+
+// The fused kernel refuses a head_dim its register blocks do not tile, with a message naming the fallback.
+TEST(PrefillAttention, FusedRefusesUnsupportedHeadDim) {
+  const AttentionShape shape{2, 1, 24};
+  EXPECT_FALSE(model::fused_prefill_attention_supported(shape));
+  KvCache kv(1, 24, DType::kF32);
+  std::vector<float> k(4 * 24, 0.5f), q(4 * 2 * 24, 0.25f), out(q.size());
+  kv.append(k.data(), k.data(), 4);
+  model::PrefillAttentionScratch sc;
+  try {
+    model::fused_prefill_attention(kv, shape, 0.0f, 0, 4, q.data(), out.data(), sc);
+    ADD_FAILURE() << "head_dim 24 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("blas_prefill_attention"), std::string::npos) << e.what();
+  }
+  // The dispatcher takes the BLAS path instead and matches the reference.
+  std::vector<float> want(q.size());
+  prefill_attention(kv, shape, 0.0f, 0, 4, q.data(), want.data());
+  model::cpu_prefill_attention(kv, shape, 0.0f, 0, 4, q.data(), out.data(), sc);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], want[i], 1e-5);
 }
 
 // retro inside the model: with every cluster retrieved (and nothing estimated) it is exact attention, so
