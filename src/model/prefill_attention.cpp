@@ -38,15 +38,20 @@ void softmax_block_row(float* s, int64_t valid, int64_t kb, float& m, float& l, 
   m = mx;
 }
 
-}  // namespace
-
-void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
-                            const float* q, float* out, PrefillAttentionScratch& sc) {
+// Both kernels' argument checks: the shape, the cache's heads against it, and positions within the cache.
+void check_prefill_arguments(const KvCache& kv, const AttentionShape& shape, int64_t pos0, int64_t n) {
   validate(shape);
   RETROINFER_CHECK(kv.num_heads_kv() == shape.num_heads_kv && kv.head_dim() == shape.head_dim,
                    "prefill attention: KV cache shape does not match the attention shape");
   RETROINFER_CHECK(pos0 >= 0 && n >= 1 && pos0 + n <= kv.size(), "prefill attention: positions [", pos0, ", ",
                    pos0 + n, ") exceed the ", kv.size(), " cached tokens");
+}
+
+}  // namespace
+
+void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
+                            const float* q, float* out, PrefillAttentionScratch& sc) {
+  check_prefill_arguments(kv, shape, pos0, n);
   const int d = shape.head_dim, hq = shape.num_heads_q, group = hq / shape.num_heads_kv;
   const float sm = scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(d));
   const int64_t T = pos0 + n;  // keys visible to the last query
@@ -140,11 +145,7 @@ bool fused_prefill_attention_supported(const AttentionShape& shape) {
 
 void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
                              const float* q, float* out, PrefillAttentionScratch& sc) {
-  validate(shape);
-  RETROINFER_CHECK(kv.num_heads_kv() == shape.num_heads_kv && kv.head_dim() == shape.head_dim,
-                   "prefill attention: KV cache shape does not match the attention shape");
-  RETROINFER_CHECK(pos0 >= 0 && n >= 1 && pos0 + n <= kv.size(), "prefill attention: positions [", pos0, ", ",
-                   pos0 + n, ") exceed the ", kv.size(), " cached tokens");
+  check_prefill_arguments(kv, shape, pos0, n);
   RETROINFER_CHECK(fused_prefill_attention_supported(shape), "fused prefill attention needs AVX2 and FMA and a "
                    "head_dim that is a multiple of 16 up to 256 (head_dim ", shape.head_dim, "); use "
                    "blas_prefill_attention");
