@@ -21,28 +21,15 @@ struct Vec {
   static T add(T a, T b) { return _mm256_add_ps(a, b); }
   static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
   static T max(T a, T b) { return _mm256_max_ps(a, b); }
-  // e^x for x <= 0: core::exp_nonpositive's algorithm (n = round(x / ln 2) from the rounding sum's bits, ln 2 in
-  // two parts, a degree-7 Taylor polynomial of e^r, 2^n from the exponent bits, 0 below -87), with FMAs.
-  static T exp_nonpositive(T x) {
-    const T round = set(12582912.0f);
-    const T keep = _mm256_cmp_ps(x, set(-87.0f), _CMP_GE_OQ);
-    const T t = fma(x, set(1.44269504088896341f), round);
-    const T n = sub(t, round);
-    T r = _mm256_fnmadd_ps(n, set(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, set(1.42860682030941723e-6f), r);
-    T p = set(1.0f / 5040.0f);
-    p = fma(p, r, set(1.0f / 720.0f));
-    p = fma(p, r, set(1.0f / 120.0f));
-    p = fma(p, r, set(1.0f / 24.0f));
-    p = fma(p, r, set(1.0f / 6.0f));
-    p = fma(p, r, set(0.5f));
-    p = fma(p, r, set(1.0f));
-    p = fma(p, r, set(1.0f));
-    const __m256i n_bits = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(round));
-    const T two_n = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n_bits, _mm256_set1_epi32(127)), 23));
-    return _mm256_and_ps(mul(p, two_n), keep);
+  static T fnmadd(T a, T b, T c) { return _mm256_fnmadd_ps(a, b, c); }
+  static float first(T v) { return _mm_cvtss_f32(_mm256_castps256_ps128(v)); }
+  // 2^n per lane, t = round + n (exactly, for |n| < 2^22) as a float: n from the bits, into the exponent field.
+  static T two_pow(T t, T round) {
+    const __m256i n = _mm256_sub_epi32(_mm256_castps_si256(t), _mm256_castps_si256(round));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
   }
-  static float exp_first(float x) { return _mm_cvtss_f32(_mm256_castps256_ps128(exp_nonpositive(set(x)))); }
+  // v where x >= limit, else 0.
+  static T zero_below(T v, T x, float limit) { return _mm256_and_ps(v, _mm256_cmp_ps(x, set(limit), _CMP_GE_OQ)); }
   // v with lanes >= count set to 0 (0 <= count <= 8).
   static T keep_first(T v, int64_t count) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

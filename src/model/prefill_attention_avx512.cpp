@@ -24,27 +24,17 @@ struct Vec {
   static T add(T a, T b) { return _mm512_add_ps(a, b); }
   static T sub(T a, T b) { return _mm512_sub_ps(a, b); }
   static T max(T a, T b) { return _mm512_max_ps(a, b); }
-  // e^x for x <= 0: core::exp_nonpositive's algorithm, as in prefill_attention_avx2.cpp, 16 lanes.
-  static T exp_nonpositive(T x) {
-    const T round = set(12582912.0f);
-    const __mmask16 keep = _mm512_cmp_ps_mask(x, set(-87.0f), _CMP_GE_OQ);
-    const T t = fma(x, set(1.44269504088896341f), round);
-    const T n = sub(t, round);
-    T r = _mm512_fnmadd_ps(n, set(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, set(1.42860682030941723e-6f), r);
-    T p = set(1.0f / 5040.0f);
-    p = fma(p, r, set(1.0f / 720.0f));
-    p = fma(p, r, set(1.0f / 120.0f));
-    p = fma(p, r, set(1.0f / 24.0f));
-    p = fma(p, r, set(1.0f / 6.0f));
-    p = fma(p, r, set(0.5f));
-    p = fma(p, r, set(1.0f));
-    p = fma(p, r, set(1.0f));
-    const __m512i n_bits = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
-    const T two_n = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n_bits, _mm512_set1_epi32(127)), 23));
-    return _mm512_maskz_mov_ps(keep, mul(p, two_n));
+  static T fnmadd(T a, T b, T c) { return _mm512_fnmadd_ps(a, b, c); }
+  static float first(T v) { return _mm512_cvtss_f32(v); }
+  // 2^n per lane, t = round + n (exactly, for |n| < 2^22) as a float: n from the bits, into the exponent field.
+  static T two_pow(T t, T round) {
+    const __m512i n = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(round));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
   }
-  static float exp_first(float x) { return _mm512_cvtss_f32(exp_nonpositive(set(x))); }
+  // v where x >= limit, else 0.
+  static T zero_below(T v, T x, float limit) {
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, set(limit), _CMP_GE_OQ), v);
+  }
   // v with lanes >= count set to 0 (0 <= count <= 16).
   static T keep_first(T v, int64_t count) {
     return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << count) - 1u), v);

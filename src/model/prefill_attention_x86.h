@@ -1,10 +1,10 @@
-// The body of the fused CPU prefill attention's tile (prefill_attention_tiles.h), written once over a vector
-// type and included by exactly two translation units: prefill_attention_avx2.cpp (-mavx2 -mfma: 8 lanes, strips
-// of 6 rows) and prefill_attention_avx512.cpp (the same plus -mavx512f: 16 lanes, strips of 12 rows). Each
-// includes it after defining its vector type `Vec` (lanes, zero / load / store / broadcast / fma / mul / sub /
-// max / masked exponential / horizontal max and sum) and kStrip. Everything here has internal linkage and uses
-// only intrinsics through Vec, so no inline function compiled for the wider ISA can be picked by the linker for
-// baseline code.
+// The body of the fused CPU prefill attention's tile (prefill_attention_tiles.h), written once over a vector type and
+// included by exactly two translation units: prefill_attention_avx2.cpp (-mavx2 -mfma: 8 lanes, strips of 6 rows) and
+// prefill_attention_avx512.cpp (the same plus -mavx512f: 16 lanes, strips of 12 rows). Each includes it after defining
+// its vector type `Vec` (lanes, zero / set / load / store / broadcast / fma / fnmadd / add / mul / sub / max, the first
+// lane, a lane mask, 2^n from a rounding sum, horizontal max and sum) and kStrip. Everything here has internal linkage
+// and uses only intrinsics through Vec, so no inline function compiled for the wider ISA can be picked by the linker
+// for baseline code.
 //
 // A tile is up to kFusedTileRows packed rows of one KV head (row r: position r / group, group member r % group, so
 // a strip of rows spans the group's heads at one or two positions and its rows see nearly the same keys). Per
@@ -27,6 +27,26 @@ constexpr int kPanel = kFusedKeyPanel;
 constexpr int kParts = kPanel / Vec::kLanes;  // vectors per 16 keys (scores) or 16 dims (values)
 static_assert(kStrip * kParts <= 12 && kStrip <= kFusedMaxStripRows && kFusedTileRows % kStrip == 0,
               "accumulators fit the register file; strips tile the tile and its scratch");
+
+// e^x for x <= 0 in Vec's lanes: core::exp_nonpositive's algorithm (n = round(x / ln 2) from the rounding sum's
+// bits, ln 2 in two parts, a degree-7 Taylor polynomial of e^r, 2^n from the exponent bits, 0 below -87), with
+// FMAs.
+typename Vec::T exp_nonpositive(typename Vec::T x) {
+  const typename Vec::T round = Vec::set(12582912.0f);  // 1.5 * 2^23: t = round + n exactly
+  const typename Vec::T t = Vec::fma(x, Vec::set(1.44269504088896341f), round);
+  const typename Vec::T n = Vec::sub(t, round);
+  typename Vec::T r = Vec::fnmadd(n, Vec::set(0.693145751953125f), x);
+  r = Vec::fnmadd(n, Vec::set(1.42860682030941723e-6f), r);
+  typename Vec::T p = Vec::set(1.0f / 5040.0f);
+  p = Vec::fma(p, r, Vec::set(1.0f / 720.0f));
+  p = Vec::fma(p, r, Vec::set(1.0f / 120.0f));
+  p = Vec::fma(p, r, Vec::set(1.0f / 24.0f));
+  p = Vec::fma(p, r, Vec::set(1.0f / 6.0f));
+  p = Vec::fma(p, r, Vec::set(0.5f));
+  p = Vec::fma(p, r, Vec::set(1.0f));
+  p = Vec::fma(p, r, Vec::set(1.0f));
+  return Vec::zero_below(Vec::mul(p, Vec::two_pow(t, round)), x, -87.0f);
+}
 
 // s[r][j] = scale * q_r . key j for the strip's kStrip rows and `panels` panels of 16 keys (kp: the first
 // panel, [d][16]); s's rows are kFusedKeyBlock floats apart.
@@ -65,16 +85,16 @@ void softmax_row(float* s, int64_t valid, int64_t width, float& m, float& l, flo
   float mx = Vec::hmax(mx_v);
   for (int64_t t = j; t < valid; ++t) mx = s[t] > mx ? s[t] : mx;
   if (m > mx) mx = m;
-  const float a = m == neg_inf ? 0.0f : Vec::exp_first(m - mx);  // rescales the earlier blocks
+  const float a = m == neg_inf ? 0.0f : Vec::first(exp_nonpositive(Vec::set(m - mx)));  // rescales the earlier blocks
   const typename Vec::T mv = Vec::set(mx);
   typename Vec::T sum = Vec::zero();
   for (j = 0; j + kL <= valid; j += kL) {
-    const typename Vec::T e = Vec::exp_nonpositive(Vec::sub(Vec::load(s + j), mv));
+    const typename Vec::T e = exp_nonpositive(Vec::sub(Vec::load(s + j), mv));
     Vec::store(s + j, e);
     sum = Vec::add(sum, e);
   }
   if (j < width) {  // the vector holding `valid`: lanes at or past it are 0
-    const typename Vec::T e = Vec::keep_first(Vec::exp_nonpositive(Vec::sub(Vec::load(s + j), mv)), valid - j);
+    const typename Vec::T e = Vec::keep_first(exp_nonpositive(Vec::sub(Vec::load(s + j), mv)), valid - j);
     Vec::store(s + j, e);
     sum = Vec::add(sum, e);
     for (j += kL; j < width; j += kL) Vec::store(s + j, Vec::zero());
