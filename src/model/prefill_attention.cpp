@@ -130,6 +130,18 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
   }
 }
 
+#if RETROINFER_PREFILL_X86
+namespace {
+bool cpu_has_avx512f() {
+  static const bool avx512f = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512f");
+  }();
+  return avx512f;
+}
+}  // namespace
+#endif
+
 bool fused_prefill_attention_supported(const AttentionShape& shape) {
 #if RETROINFER_PREFILL_X86
   static const bool avx2_fma = [] {
@@ -157,11 +169,13 @@ void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, flo
   const int workers = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(tiles)));
   const int64_t panels = (T + kFusedKeyPanel - 1) / kFusedKeyPanel;
   sc.k.resize(panels * kFusedKeyPanel * d);
-  sc.s.resize(workers * kFusedStripRows * kFusedKeyBlock);
+  sc.s.resize(workers * kFusedMaxStripRows * kFusedKeyBlock);
   sc.o.resize(workers * kFusedTileRows * d);
   sc.m.resize(workers * kFusedTileRows);
   sc.l.resize(workers * kFusedTileRows);
   sc.v.resize(T * d);
+  void (*const tile_kernel)(const FusedAttentionTile&) =
+      cpu_has_avx512f() ? fused_attention_tile_avx512 : fused_attention_tile_avx2;
   for (int h = 0; h < shape.num_heads_kv; ++h) {
     // Keys into panels of 16 keys (kp[(p * d + c) * 16 + j] = K[16 p + j][c], zero past T), values into panels
     // of 16 dims (vp[(c / 16) * T * 16 + t * 16 + c % 16] = V[t][c]): both kernels then stream 64 bytes a step.
@@ -203,11 +217,11 @@ void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, flo
       t.r0 = (tiles - 1 - i) * kFusedTileRows;
       t.rows = std::min(kFusedTileRows, rows - t.r0);
       t.scale = sm;
-      t.s = &sc.s[w * kFusedStripRows * kFusedKeyBlock];
+      t.s = &sc.s[w * kFusedMaxStripRows * kFusedKeyBlock];
       t.o = &sc.o[w * kFusedTileRows * d];
       t.m = &sc.m[w * kFusedTileRows];
       t.l = &sc.l[w * kFusedTileRows];
-      fused_attention_tile_avx2(t);
+      tile_kernel(t);
     }
   }
 #endif

@@ -1,12 +1,13 @@
 // The fused CPU prefill attention's tile (model::fused_prefill_attention): one thread's share of one KV head,
-// computed by prefill_attention_avx2.cpp. Internal to src/model.
+// computed by prefill_attention_avx2.cpp or prefill_attention_avx512.cpp (the body: prefill_attention_x86.h).
+// Internal to src/model.
 #pragma once
 
 #include <cstdint>
 
 namespace retroinfer::model {
 
-inline constexpr int kFusedStripRows = 6;      // query rows of one register block
+inline constexpr int kFusedMaxStripRows = 12;  // query rows of one register block (6 on AVX2, 12 on AVX-512)
 inline constexpr int kFusedKeyPanel = 16;      // keys of one register block (two AVX2 vectors)
 inline constexpr int64_t kFusedKeyBlock = 512; // keys per online-softmax step (a multiple of kFusedKeyPanel)
 inline constexpr int64_t kFusedTileRows = 48;  // packed rows a thread takes at a time (a multiple of the strip)
@@ -23,12 +24,13 @@ struct FusedAttentionTile {
   int d = 0, group = 1;      // head_dim (a multiple of 16), query heads per KV head
   int64_t pos0 = 0, r0 = 0, rows = 0;
   float scale = 1.0f;
-  // Scratch of the calling thread: s [kFusedStripRows * kFusedKeyBlock], o [kFusedTileRows * d],
+  // Scratch of the calling thread: s [kFusedMaxStripRows * kFusedKeyBlock], o [kFusedTileRows * d],
   // m and l [kFusedTileRows].
   float *s = nullptr, *o = nullptr, *m = nullptr, *l = nullptr;
 };
 
-// Needs AVX2 and FMA (model::fused_prefill_attention_supported).
+// Need AVX2 and FMA, and AVX-512 F for the second (checked by prefill_attention.cpp).
 void fused_attention_tile_avx2(const FusedAttentionTile& tile);
+void fused_attention_tile_avx512(const FusedAttentionTile& tile);
 
 }  // namespace retroinfer::model
