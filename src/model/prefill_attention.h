@@ -5,8 +5,8 @@
 //     per tile the scores against blocks of keys (cblas_sgemm), an online softmax across key blocks, and the
 //     probability-weighted values (cblas_sgemm), skipping key blocks no row of the tile sees; the softmax step
 //     vectorised (core/vec_math.h);
-//   - fused (AVX2 + FMA): the same tiling with register-blocked kernels over packed keys and values, scores kept
-//     in registers and L1 (prefill_attention_avx2.cpp, prefill_attention_tiles.h).
+//   - fused (AVX2 + FMA; AVX-512 F where present): the same tiling with register-blocked kernels over packed keys
+//     and values, scores kept in registers and L1 (prefill_attention_x86.h, prefill_attention_tiles.h).
 // cpu_prefill_attention picks the fused kernel where it runs.
 #pragma once
 
@@ -38,8 +38,8 @@ inline constexpr int64_t kRowTile = 256;
 void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
                             const float* q, float* out, PrefillAttentionScratch& scratch);
 
-// The same attention with register-blocked AVX2 + FMA kernels that keep each strip of rows' scores in registers
-// and L1 (prefill_attention_avx2.cpp): no BLAS, none of its zeroing and repacking. Needs
+// The same attention with register-blocked AVX2 + FMA (or AVX-512) kernels that keep each strip of rows' scores
+// in registers and L1 (prefill_attention_x86.h): no BLAS, none of its zeroing and repacking. Needs
 // fused_prefill_attention_supported(shape): an AVX2 + FMA processor and head_dim a multiple of 16 up to 256.
 bool fused_prefill_attention_supported(const AttentionShape& shape);
 void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, float scale, int64_t pos0, int64_t n,
