@@ -181,7 +181,7 @@ void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, flo
     // of 16 dims (vp[(c / 16) * T * 16 + t * 16 + c % 16] = V[t][c]): both kernels then stream 64 bytes a step.
     float* kp = sc.k.data();
     float* vp = sc.v.data();
-#pragma omp parallel for schedule(static) num_threads(workers) if (T * d >= (1 << 16))
+#pragma omp parallel for schedule(static) if (T * d >= (1 << 16))  // every thread: a short chunk has few tiles
     for (int64_t p = 0; p < panels; ++p) {
       float row[kFusedMaxHeadDim];
       float* dst = kp + p * d * kFusedKeyPanel;
@@ -196,7 +196,8 @@ void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, flo
         if (t < T) {
           kv.load_value(h, t, row);
           for (int c0 = 0; c0 < d; c0 += kFusedKeyPanel)
-            std::copy_n(row + c0, kFusedKeyPanel, vp + (c0 / kFusedKeyPanel) * T * kFusedKeyPanel + t * kFusedKeyPanel);
+            std::copy_n(row + c0, kFusedKeyPanel,
+                        vp + (c0 / kFusedKeyPanel) * T * kFusedKeyPanel + t * kFusedKeyPanel);
         }
       }
     }
