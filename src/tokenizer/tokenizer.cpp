@@ -21,6 +21,9 @@ bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == 
 
 }  // namespace
 
+// Ids past twice the entries a vocabulary may leave unused (reserved ranges, padding to a round size).
+constexpr size_t kTokenIdSlack = 65536;
+
 std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
   auto impl = std::make_unique<Tokenizer::Impl>();
   const std::string& origin = spec.origin;
@@ -35,7 +38,13 @@ std::unique_ptr<Tokenizer::Impl> build_tokenizer_impl(TokenizerSpec spec) {
     max_id = std::max(max_id, a.id);
   }
   RETROINFER_CHECK(max_id >= 0, "tokenizer ", origin, ": empty vocabulary");
-  RETROINFER_CHECK(max_id < (1 << 30), "tokenizer ", origin, ": token id ", max_id, " is implausibly large");
+  // Ids index dense tables (text, piece and type per id): a vocabulary's ids are 0..N-1 with added tokens at most
+  // a little past it, so an id far beyond the entries (61,345,678 for a few hundred: ~4 GB of tables) is refused.
+  const size_t entries = spec.vocab.size() + spec.added.size();
+  const size_t max_dense = 2 * entries + kTokenIdSlack;
+  RETROINFER_CHECK(max_id < (1 << 30) && static_cast<size_t>(max_id) < max_dense, "tokenizer ", origin, ": token id ",
+                   max_id, " is implausibly large for ", entries, " entries (ids index dense tables: at most ",
+                   max_dense - 1, ")");
   const size_t n = static_cast<size_t>(max_id) + 1;
   impl->texts.assign(n, std::string());
   impl->pieces.assign(n, std::string());

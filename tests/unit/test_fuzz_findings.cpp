@@ -1,6 +1,7 @@
 // Inputs the fuzz targets found (docs/reliability.md, "Findings"), kept as regression tests.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 
 #include "retroinfer/error.h"
@@ -40,6 +41,23 @@ TEST(FuzzFindings, TokenizerIdsOutOfRangeAreAnError) {
   const std::string added = R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": )"
                             R"([{"id": 1e300, "content": "<x>"}]})";
   EXPECT_THROW((void)Tokenizer::from_json_string(added), Error);
+}
+
+// fuzz_tokenizer: an added token's id of 61,345,678 in a tokenizer.json of a few hundred entries passed the
+// "implausibly large" check (< 2^30) and sized the per-id tables to ~4 GB (libFuzzer's out-of-memory). Ids far past
+// the entries are an Error now; a sparse but plausible one (an added token past a small vocabulary) still loads.
+TEST(FuzzFindings, TokenizerSparseHugeIdIsAnError) {
+  const std::string head = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}, )"
+                           R"("pre_tokenizer": {"type": "ByteLevel", "use_regex": true}, "added_tokens": [{"id": )";
+  const std::string tail = R"(, "content": "<x>", "special": true}]})";
+  try {
+    (void)Tokenizer::from_json_string(head + "61345678" + tail);
+    ADD_FAILURE() << "id 61345678 loaded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("implausibly large for 3 entries"), std::string::npos) << e.what();
+  }
+  const auto t = Tokenizer::from_json_string(head + "5000" + tail);
+  EXPECT_EQ(t->token_to_id("<x>"), std::optional<TokenId>(5000));
 }
 
 }  // namespace
