@@ -25,19 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prefill_kernel_emulation import bf16, reference  # noqa: E402  (the bf16 rounding and the float64 reference)
 
 D, ROWS = 128, 128
-KEYS = STAGES = BLOCK = TILE = 0
-
-
-def set_keys(keys):
-    """The kernel's tile width (prefill_hopper_kernel<kKeys>) and what follows from it (HopperTiles)."""
-    global KEYS, STAGES, BLOCK, TILE
-    KEYS = keys
-    STAGES = 3 if keys <= 128 else 2
-    BLOCK = keys * 128  # bytes of one 64-column block of a tile
-    TILE = 2 * BLOCK
-
-
-set_keys(176)
+KEYS, STAGES = 176, 2  # the kernel's tile width (kHopperKeys) and stages per ring
+BLOCK = KEYS * 128  # bytes of one 64-column block of a tile
+TILE = 2 * BLOCK
 
 
 def swizzle(addr):
@@ -221,10 +211,8 @@ def main():
         (1, 4, 0, 40, 1, 1), (1, 1, 3, 200, 1, 2), (1, 8, 127, 20, 1, 3), (2, 3, 60, 50, 1, 4),
         (1, 4, 300, 8, 2, 5), (1, 1, 129, 130, 1, 6), (1, 1, 170, 200, 1, 7), (1, 2, 350, 30, 3, 8),
     ]
-    for keys in (128, 176):
-        set_keys(keys)
-        for c in cases:
-            run(*c)
+    for c in cases:
+        run(*c)
     print("all cases passed")
 
 

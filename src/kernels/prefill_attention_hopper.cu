@@ -5,14 +5,13 @@
 //
 // One CTA of three warpgroups (384 threads) owns kPrefillRows = 128 packed query rows of one KV head. Warpgroup 0 is
 // the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K and V tiles of kKeys =
-// kHopperKeys tokens (176 in two stages; HopperTiles also plans 128 in three) into two shared-memory rings with
-// tensor-map copies (TMA: 2 boxes of kKeys tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier
-// of the stage), waiting on the stage's "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of
-// tile i, since a K stage comes free as soon as the S product that read it is done. Warpgroups 1 and 2 are the
-// consumers (setmaxnreg.inc to 240: the register file is 64K), 64 rows each; each warp releases a K stage once S is
-// done and a V stage once P V is done.
+// kHopperKeys tokens (176, in two stages) into two shared-memory rings with tensor-map copies (TMA: 2 boxes of kKeys
+// tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier of the stage), waiting on the stage's
+// "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of tile i, since a K stage comes free as
+// soon as the S product that read it is done. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc to 240: the register
+// file is 64K), 64 rows each; each warp releases a K stage once S is done and a V stage once P V is done.
 //
-// Per tile a consumer computes S = Q K^T with 8 wgmma m64n{kKeys}k16 taking Q (staged once, bf16, in K's layout)
+// Per tile a consumer computes S = Q K^T with 8 wgmma m64n176k16 taking Q (staged once, bf16, in K's layout)
 // and K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
 // mma.sync per warp), and O += P V with kKeys / 16 wgmma m64n128k16 taking P from registers (bf16) and V from
 // shared memory in its natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy
@@ -54,19 +53,17 @@ constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // 128 x 24 + 
 constexpr int kQBlockBytes = 64 * 128;          // one 64-column block of a consumer's 64 Q rows
 constexpr int kQBytes = 2 * kQBlockBytes;       // a consumer's 64 x 128 bf16 Q tile
 
-// The shared-memory plan of K/V tiles of kKeys tokens: kStages stages of K and of V, each tile two 64-column
-// blocks of kKeys rows x 128 bytes; the two consumers' Q; full and empty mbarriers per stage for K and for V;
-// + the 1024-byte alignment, within the 227 KiB a CTA may have.
-template <int kKeys>
-struct HopperTiles {
-  static_assert(kKeys % 16 == 0 && kKeys <= 256, "a tile is whole k16 steps of P V and one tensor-map box");
-  static constexpr int kStages = kKeys <= 128 ? 3 : 2;
-  static constexpr int kBlockBytes = kKeys * 128;     // one 64-column block of a tile
-  static constexpr int kTileBytes = 2 * kBlockBytes;  // a kKeys x 128 bf16 tile
-  static constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kQBytes + 4 * kStages * 8 + 1024;
-  static_assert(kBlockBytes % 1024 == 0, "8-row swizzle atoms stay 1024-byte aligned");
-  static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory");
-};
+// The shared-memory plan of K/V tiles of kKeys = kHopperKeys tokens: two stages of K and of V, each tile two
+// 64-column blocks of kKeys rows x 128 bytes; the two consumers' Q; full and empty mbarriers per stage for K and
+// for V; + the 1024-byte alignment, within the 227 KiB a CTA may have.
+constexpr int kKeys = kHopperKeys;
+constexpr int kStages = 2;
+constexpr int kBlockBytes = kKeys * 128;     // one 64-column block of a tile
+constexpr int kTileBytes = 2 * kBlockBytes;  // a kKeys x 128 bf16 tile
+constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kQBytes + 4 * kStages * 8 + 1024;
+static_assert(kKeys == 176, "the S product (wgmma_m64n176k16_ss) and the register plan are for 176-key tiles");
+static_assert(kBlockBytes % 1024 == 0, "8-row swizzle atoms stay 1024-byte aligned");
+static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory");
 
 // K's and V's tensor maps: [Hkv][pos0 + n][128] bf16, boxes of 64 dims x kKeys tokens x 1 head, 128-byte swizzle
 // (the tiles' column blocks), zeros past the extent.
@@ -130,26 +127,15 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const uint32_t* a,
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate), "n"(kTransB));
 }
 
-// S (+)= Q K^T of one k16 step, m64nNk16 with N = the tile's keys, A and B from shared memory, both K-major;
+// S (+)= Q K^T of one k16 step, m64n176k16 (the tile's keys), A and B from shared memory, both K-major;
 // accumulate 0: D = A B.
-template <int kN>
-__device__ __forceinline__ void wgmma_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
-  if constexpr (kN == 128) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  } else {
-    static_assert(kN == 176, "the tile widths the kernel is built for");
+__device__ __forceinline__ void wgmma_m64n176k16_ss(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
-  }
 }
 
 // The box at (x, y, z) of tensor map `map` -> shared memory, completing its bytes on bar.
@@ -161,12 +147,9 @@ __device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, 
       : "memory");
 }
 
-template <int kKeys>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_hopper_kernel(const PrefillParams p, const __grid_constant__ HopperMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tiles = HopperTiles<kKeys>;
-  constexpr int kStages = Tiles::kStages, kBlockBytes = Tiles::kBlockBytes, kTileBytes = Tiles::kTileBytes;
   constexpr int kS = kKeys / 2;  // S accumulators per thread (m64nkKeys: kKeys / 8 column blocks x 4)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
@@ -263,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = uint32_t((kk >> 2) * kBlockBytes + (kk & 3) * 32);
-      wgmma_ss<kKeys>(s, k_major_desc(q_addr + uint32_t((kk >> 2) * kQBlockBytes + (kk & 3) * 32)),
+      wgmma_m64n176k16_ss(s, k_major_desc(q_addr + uint32_t((kk >> 2) * kQBlockBytes + (kk & 3) * 32)),
                       k_major_desc(k_addr + off), kk > 0);
     }
   };
@@ -380,18 +363,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-template <int kKeys>
 cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
-  using Tiles = HopperTiles<kKeys>;
   const int64_t ctas = prefill_ctas(p);
   if (ctas <= 0) return cudaSuccess;
   const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   static bool attr_set = false;  // host side; callers are single-threaded per object, the attribute idempotent
   if (!attr_set) {
-    const cudaError_t e = cudaFuncSetAttribute(prefill_hopper_kernel<kKeys>,
+    const cudaError_t e = cudaFuncSetAttribute(prefill_hopper_kernel,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(Tiles::kSmemBytes));
+                                               static_cast<int>(kSmemBytes));
     if (e != cudaSuccess) return e;
     attr_set = true;
   }
@@ -406,7 +387,7 @@ cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
   }
-  prefill_hopper_kernel<kKeys><<<static_cast<unsigned>(ctas), kThreads, Tiles::kSmemBytes, s>>>(p, maps);
+  prefill_hopper_kernel<<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, s>>>(p, maps);
   return cudaGetLastError();
 }
 
@@ -414,7 +395,7 @@ cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
 
 cudaError_t prefill_attention_hopper(const PrefillParams& p, cudaStream_t s) {
   if (p.head_dim != kD || int64_t(p.pos0) + p.n > 0x7fffffff) return cudaErrorInvalidValue;
-  return launch_hopper<kHopperKeys>(p, s);
+  return launch_hopper(p, s);
 }
 
 }  // namespace retroinfer::cuda::detail
