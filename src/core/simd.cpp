@@ -3,6 +3,18 @@
 
 namespace retroinfer::core {
 
+bool cpu_has_avx2_fma() {
+#if defined(__x86_64__)
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return yes;
+#else
+  return false;
+#endif
+}
+
 bool cpu_has_avx512() {
 #if defined(__x86_64__)
   static const bool yes = [] {

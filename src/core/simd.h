@@ -5,6 +5,9 @@
 
 namespace retroinfer::core {
 
+// AVX2 and FMA (decided once per process; false off x86-64).
+bool cpu_has_avx2_fma();
+
 // AVX-512 F, BW, DQ and VL (decided once per process; false off x86-64).
 bool cpu_has_avx512();
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/simd.h"
 #include "core/vec_math.h"
 #include "model/linear.h"
 #include "model/prefill_attention_tiles.h"
@@ -130,25 +131,9 @@ void blas_prefill_attention(const KvCache& kv, const AttentionShape& shape, floa
   }
 }
 
-#if RETROINFER_PREFILL_X86
-namespace {
-bool cpu_has_avx512f() {
-  static const bool avx512f = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx512f");
-  }();
-  return avx512f;
-}
-}  // namespace
-#endif
-
 bool fused_prefill_attention_supported(const AttentionShape& shape) {
 #if RETROINFER_PREFILL_X86
-  static const bool avx2_fma = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return avx2_fma && shape.head_dim % kFusedKeyPanel == 0 && shape.head_dim <= kFusedMaxHeadDim;
+  return core::cpu_has_avx2_fma() && shape.head_dim % kFusedKeyPanel == 0 && shape.head_dim <= kFusedMaxHeadDim;
 #else
   (void)shape;
   return false;
@@ -175,7 +160,7 @@ void fused_prefill_attention(const KvCache& kv, const AttentionShape& shape, flo
   sc.l.resize(workers * kFusedTileRows);
   sc.v.resize(T * d);
   void (*const tile_kernel)(const FusedAttentionTile&) =
-      cpu_has_avx512f() ? fused_attention_tile_avx512 : fused_attention_tile_avx2;
+      core::cpu_has_avx512() ? fused_attention_tile_avx512 : fused_attention_tile_avx2;
   for (int h = 0; h < shape.num_heads_kv; ++h) {
     // Keys into panels of 16 keys (kp[(p * d + c) * 16 + j] = K[16 p + j][c], zero past T), values into panels
     // of 16 dims (vp[(c / 16) * T * 16 + t * 16 + c % 16] = V[t][c]): both kernels then stream 64 bytes a step.

@@ -29,7 +29,7 @@ struct FusedAttentionTile {
   float *s = nullptr, *o = nullptr, *m = nullptr, *l = nullptr;
 };
 
-// Need AVX2 and FMA, and AVX-512 F for the second (checked by prefill_attention.cpp).
+// Need AVX2 and FMA (core::cpu_has_avx2_fma), and AVX-512 for the second (core::cpu_has_avx512).
 void fused_attention_tile_avx2(const FusedAttentionTile& tile);
 void fused_attention_tile_avx512(const FusedAttentionTile& tile);
 
