@@ -18,13 +18,15 @@
 
 namespace retroinfer::model {
 
-// Reusable buffers (grow on demand). Not shared between threads.
+// Reusable buffers (grow on demand), shaped by the kernel that last used them. Not shared between threads.
 struct PrefillAttentionScratch {
-  std::vector<float> q;     // [group * n, head_dim]: the group's query rows, head-major
-  std::vector<float> s;     // [threads, <= kRowTile, <= kKeyBlock]: each thread's tile of scores, then probabilities
-  std::vector<float> o;     // [group * n, head_dim]: un-normalised outputs
-  std::vector<float> m, l;  // [group * n]: running max and denominator
-  std::vector<float> k, v;  // [tokens, head_dim]: f32 copies of one head's keys / values (non-f32 caches only)
+  std::vector<float> q;     // BLAS: [group * n, head_dim]: the group's query rows, head-major
+  std::vector<float> s;     // scores, then probabilities: BLAS [threads, <= kRowTile, <= kKeyBlock];
+                            // fused [threads, kFusedMaxStripRows, kFusedKeyBlock]
+  std::vector<float> o;     // un-normalised outputs: BLAS [group * n, head_dim]; fused [threads, kFusedTileRows, d]
+  std::vector<float> m, l;  // running max and denominator: BLAS [group * n]; fused [threads, kFusedTileRows]
+  std::vector<float> k, v;  // one head's keys / values in f32: BLAS [tokens, head_dim] (non-f32 caches only);
+                            // fused in 16-key / 16-dim panels (prefill_attention_tiles.h)
 };
 
 // Key block of the online softmax, and the query rows a thread takes at a time: a tile's scores are
