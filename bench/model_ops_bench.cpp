@@ -1,7 +1,7 @@
 // Micro-benchmark of the CUDA model runner's non-attention decode operations (src/model/cuda): RMSNorm
 // (f32 in, bf16 out), SwiGLU alone (bf16 out), and the products of a Llama layer + LM head through model::Gemm
-// as the runner calls them (autotuned for rows <= 16; the tuning log goes to stderr and names the best
-// cuBLASLt and cublasGemmEx times next to the choice): QKV, O (f32 attention output: the f32 -> bf16 copy
+// as the runner calls them (autotuned per row count as a session tunes its decode and prefill rows, gemm.h;
+// the tuning log goes to stderr and names the best cuBLASLt and cublasGemmEx times next to the choice): QKV, O (f32 attention output: the f32 -> bf16 copy
 // unless a GEMV is chosen), gate/up with SwiGLU (linear_swiglu: fused GEMV or product + SwiGLU kernel),
 // down, LM head. Llama-3-8B shapes by default, random
 // bf16 weights, `--layers` copies of each matrix so that consecutive calls read different weights (from HBM,

@@ -176,23 +176,35 @@ __global__ void kv_append_kernel(KvAppendParams p) {
   }
 }
 
+__device__ __forceinline__ float gate_up_at(const SwiGluParams& p, int64_t i) {
+  return p.gu != nullptr ? p.gu[i] : bf16_to_f32(p.gu_bf16[i]);
+}
+
 __global__ void swiglu_kernel(SwiGluParams p) {
   const int64_t total = p.rows * p.inter;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / p.inter, i = e % p.inter;
-    const float v = silu_mul(p.gu[r * 2 * p.inter + i], p.gu[r * 2 * p.inter + p.inter + i]);
+    const float v = silu_mul(gate_up_at(p, r * 2 * p.inter + i), gate_up_at(p, r * 2 * p.inter + p.inter + i));
     if (p.act != nullptr) p.act[e] = v;
     if (p.act_bf16 != nullptr) p.act_bf16[e] = f32_to_bf16(v);
   }
+}
+
+// Four bf16 values (8 bytes) widened to f32.
+__device__ __forceinline__ float4 widen4(uint2 b) {
+  return make_float4(bf16_to_f32(static_cast<uint16_t>(b.x & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(b.x >> 16)),
+                     bf16_to_f32(static_cast<uint16_t>(b.y & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(b.y >> 16)));
 }
 
 // Four elements per thread: inter % 4 == 0 and the alignments checked by the launcher.
 __global__ void swiglu_vec_kernel(SwiGluParams p) {
   const int64_t inter4 = p.inter / 4, total = p.rows * inter4;
   const float4* gu = reinterpret_cast<const float4*>(p.gu);
+  const uint2* gu16 = reinterpret_cast<const uint2*>(p.gu_bf16);
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t r = e / inter4, i = e % inter4;
-    const float4 g = gu[r * 2 * inter4 + i], u = gu[r * 2 * inter4 + inter4 + i];
+    const int64_t gi = r * 2 * inter4 + i, ui = gi + inter4;
+    const float4 g = gu != nullptr ? gu[gi] : widen4(gu16[gi]), u = gu != nullptr ? gu[ui] : widen4(gu16[ui]);
     float4 o;
     o.x = silu_mul(g.x, u.x);
     o.y = silu_mul(g.y, u.y);
@@ -336,7 +348,8 @@ cudaError_t kv_append_rows(const KvAppendParams& p, cudaStream_t s) {
 
 cudaError_t swiglu(const SwiGluParams& p, cudaStream_t s) {
   if (p.rows * p.inter < 1) return cudaSuccess;
-  if (p.inter % 4 == 0 && aligned(p.gu, 16) && aligned(p.act, 16) && aligned(p.act_bf16, 8)) {
+  if ((p.gu == nullptr) == (p.gu_bf16 == nullptr)) return cudaErrorInvalidValue;
+  if (p.inter % 4 == 0 && aligned(p.gu, 16) && aligned(p.gu_bf16, 8) && aligned(p.act, 16) && aligned(p.act_bf16, 8)) {
     swiglu_vec_kernel<<<grid_for(p.rows * p.inter / 4), kThreads, 0, s>>>(p);
     return cudaGetLastError();
   }

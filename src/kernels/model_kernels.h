@@ -86,7 +86,8 @@ cudaError_t kv_append_rows(const KvAppendParams& p, cudaStream_t s);
 // of the bf16 down projection; bit-identical to converting act). Four elements per thread when inter % 4 ==
 // 0 and gu is 16-byte aligned, act 16-byte and act_bf16 8-byte aligned; else one.
 struct SwiGluParams {
-  const float* gu = nullptr;     // [rows, 2 * inter]: gate, then up
+  const float* gu = nullptr;        // [rows, 2 * inter] f32: gate, then up; or
+  const uint16_t* gu_bf16 = nullptr;  // the same in bf16 (exactly one of gu, gu_bf16)
   float* act = nullptr;          // [rows, inter] f32, or nullptr
   uint16_t* act_bf16 = nullptr;  // [rows, inter] bf16, or nullptr (at least one of act, act_bf16)
   int64_t rows = 0, inter = 0;

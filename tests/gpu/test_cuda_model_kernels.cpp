@@ -18,7 +18,8 @@
 //   sqrt(K) u = 4e-6 for K = 4096, nmse ~ K u^2 = 1.5e-11; split-K and tree orders do better. Bound nmse
 //   1e-9 (kProductNmse, > 60x margin). A missing or repeated 8-element chunk of K = 4096 gives nmse ~ 8 / 4096
 //   = 2e-3; a wrong column or row ~ 2.
-// * Gate/up + SwiGLU (bf16 out) against bf16(silu(g) u) of the f64 sums g, u: the sums' f32 error (relative
+// * Gate/up + SwiGLU (bf16 out) against bf16(silu(g) u) of the f64 sums g, u (above kGemmTuneMaxRows rows, of
+//   g and u rounded to bf16 as the product writes them, bound 2^-6 relative): the sums' f32 error (relative
 //   ~4e-6, above) and silu's few ulp move the f32 value by far less than a bf16 ulp, but may move it across a
 //   rounding boundary: at most 1 bf16 ulp (relative 2^-8) apart, plus an absolute floor of 1e-4 x the rms of
 //   the outputs for values near 0 (where the relative error of g or u is large). The fused GEMV must equal
@@ -32,6 +33,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda_check.h"
@@ -187,8 +189,33 @@ void check_swiglu(int64_t rows, int64_t inter) {
     }
   EXPECT_EQ(bad, 0);
   EXPECT_EQ(bf16_bad, 0);
-  std::printf("[swiglu] rows %lld inter %lld: max rel err %.2e (bound %.1e), bf16 mismatches %lld\n", (long long)rows,
-              (long long)inter, worst, kSwiGluRel, (long long)bf16_bad);
+
+  // gate/up in bf16 (the prefill products' output): the kernel widens each value exactly, so it must equal
+  // the f32 path run on the widened values, bitwise.
+  std::vector<uint16_t> gu16(gu.size());
+  std::vector<float> gu_wide(gu.size());
+  for (size_t i = 0; i < gu.size(); ++i) {
+    gu16[i] = f32_to_bf16(gu[i]);
+    gu_wide[i] = bf16_to_f32(gu16[i]);
+  }
+  DeviceBuffer dgu16 = upload(gu16), dwide = upload(gu_wide), dref(static_cast<size_t>(rows * inter) * 2);
+  p.act = nullptr;
+  p.gu = dwide.as<float>();
+  p.act_bf16 = dref.as<uint16_t>();
+  cuda::detail::launch_check(cuda::model::swiglu(p, nullptr), "swiglu", nullptr);
+  p.gu = nullptr;
+  p.gu_bf16 = dgu16.as<uint16_t>();
+  p.act_bf16 = db.as<uint16_t>();
+  db.fill_bytes(0xff);
+  cuda::detail::launch_check(cuda::model::swiglu(p, nullptr), "swiglu(bf16 gate/up)", nullptr);
+  cuda::synchronize();
+  EXPECT_EQ(download<uint16_t>(db, got.size()), download<uint16_t>(dref, got.size()))
+      << "SwiGLU of bf16 gate/up differs from SwiGLU of the same values in f32";
+  p.gu = dwide.as<float>();  // both inputs: refused
+  EXPECT_EQ(cuda::model::swiglu(p, nullptr), cudaErrorInvalidValue);
+  std::printf("[swiglu] rows %lld inter %lld: max rel err %.2e (bound %.1e), bf16 mismatches %lld; bf16 gate/up "
+              "equal to its widened f32\n",
+              (long long)rows, (long long)inter, worst, kSwiGluRel, (long long)bf16_bad);
 }
 
 TEST(CudaModelKernels, SwiGluAgainstCpu) {
@@ -308,18 +335,27 @@ TEST(CudaModelKernels, GemvAgainstCpu) {
 }
 
 // bf16(silu(g) * u) from the f64 sums [rows, 2 inter] (gate columns, then up), as float.
-std::vector<double> swiglu_expected(const std::vector<double>& sums, int64_t rows, int64_t inter) {
+// bf16(silu(g) u) of the f64 sums g, u; bf16_gate_up: g and u rounded to bf16 first (linear_swiglu's
+// product output above kGemmTuneMaxRows rows).
+std::vector<double> swiglu_expected(const std::vector<double>& sums, int64_t rows, int64_t inter,
+                                    bool bf16_gate_up = false) {
   std::vector<double> a(static_cast<size_t>(rows * inter));
+  auto round = [&](double v) {
+    const float f = static_cast<float>(v);
+    return bf16_gate_up ? bf16_to_f32(f32_to_bf16(f)) : f;
+  };
   for (int64_t m = 0; m < rows; ++m)
     for (int64_t n = 0; n < inter; ++n) {
-      const float g = static_cast<float>(sums[m * 2 * inter + n]), u = static_cast<float>(sums[m * 2 * inter + inter + n]);
+      const float g = round(sums[m * 2 * inter + n]), u = round(sums[m * 2 * inter + inter + n]);
       a[m * inter + n] = bf16_to_f32(f32_to_bf16(g / (1.0f + std::exp(-g)) * u));
     }
   return a;
 }
 
-// Elements of got (bf16) beyond 2^-7 relative + 3e-3 x rms(want) of want; the worst relative error in *worst.
-int64_t swiglu_mismatches(const std::vector<uint16_t>& got, const std::vector<double>& want, double* worst) {
+// Elements of got (bf16) beyond 2^rel_exp relative + 3e-3 x rms(want) of want; the worst relative error in
+// *worst.
+int64_t swiglu_mismatches(const std::vector<uint16_t>& got, const std::vector<double>& want, double* worst,
+                          int rel_exp = -7) {
   double ss = 0.0;
   for (double v : want) ss += v * v;
   // Relative 2^-7 (2 bf16 ulps) plus an absolute floor 3e-3 x rms: near g = 0 or u = 0 the product's
@@ -330,7 +366,7 @@ int64_t swiglu_mismatches(const std::vector<uint16_t>& got, const std::vector<do
   int64_t bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     const double g = bf16_to_f32(got[i]), err = std::fabs(g - want[i]);
-    if (!(err <= std::ldexp(std::fabs(want[i]), -7) + floor)) ++bad;
+    if (!(err <= std::ldexp(std::fabs(want[i]), rel_exp) + floor)) ++bad;
     *worst = std::max(*worst, err / (std::fabs(want[i]) + floor));
   }
   return bad;
@@ -397,7 +433,7 @@ TEST(CudaModelKernels, GemmSwiGluTunedAgainstCpu) {
   DeviceBuffer dw = upload(w), dx = upload(x), dgu(static_cast<size_t>(max_rows * 2 * inter) * 4),
                dact(static_cast<size_t>(max_rows * inter) * 2);
   cuda::model::Gemm gemm(true, 0);
-  for (int64_t rows : {1, 2, 4, 5, 8, 9, 16, 33}) {
+  for (int64_t rows : {1, 2, 4, 5, 8, 9, 16, 17, 33}) {
     SCOPED_TRACE(testing::Message() << "rows " << rows);
     const cuda::model::GemmChoice ch = gemm.choice_swiglu(dx.as<uint16_t>(), rows, in, dw.data(), inter,
                                                           dgu.as<float>(), dact.as<uint16_t>(), nullptr);
@@ -406,10 +442,15 @@ TEST(CudaModelKernels, GemmSwiGluTunedAgainstCpu) {
     cuda::synchronize();
     const std::vector<uint16_t> got = download<uint16_t>(dact, static_cast<size_t>(rows * inter));
     double worst = 0.0;
-    EXPECT_EQ(swiglu_mismatches(got, swiglu_expected(sums, rows, inter), &worst), 0);
-    std::printf("[gemm_swiglu] rows %lld in %lld inter %lld: %s (%.2f us tuned); worst rel %.2e (bound 2^-7 + "
+    // Above kGemmTuneMaxRows the product writes bf16 gate/up: the f32 sums may straddle a bf16 rounding
+    // boundary of g or u (1 ulp, 2^-8, times silu's relative slope <= 1.28) before the output's own
+    // boundary (2^-8): bound 2^-6.
+    const bool bf16_gate_up = rows > cuda::model::kGemmTuneMaxRows;
+    const int rel_exp = bf16_gate_up ? -6 : -7;
+    EXPECT_EQ(swiglu_mismatches(got, swiglu_expected(sums, rows, inter, bf16_gate_up), &worst, rel_exp), 0);
+    std::printf("[gemm_swiglu] rows %lld in %lld inter %lld: %s (%.2f us tuned); worst rel %.2e (bound 2^%d + "
                 "floor)\n",
-                (long long)rows, (long long)in, (long long)inter, ch.name.c_str(), ch.us, worst);
+                (long long)rows, (long long)in, (long long)inter, ch.name.c_str(), ch.us, worst, rel_exp);
   }
 }
 
@@ -456,6 +497,55 @@ TEST(CudaModelKernels, GemmTunedAgainstCpu) {
                     kProductNmse);
       }
   }
+}
+
+// Prefill row counts (> kGemmTuneMaxRows): gemm_ex until tune() / tune_swiglu() times the shape, then the
+// timed choice (a cuBLASLt algorithm or gemm_ex); the products stay within the same bounds either way.
+TEST(CudaModelKernels, GemmPrefillRowsTunedAgainstCpu) {
+  RETROINFER_REQUIRE_GPU();
+  const int64_t rows = 64, in = 2048, out = 1536, inter = 768;
+  const std::vector<uint16_t> w = random_bf16(static_cast<size_t>(out * in), 61, 0.05f);
+  const std::vector<uint16_t> x = random_bf16(static_cast<size_t>(rows * in), 62);
+  const std::vector<float> y0 = random_f32(static_cast<size_t>(rows * out), 63);
+  const std::vector<double> sums = sums_ref(x, w, rows, in, out);
+  DeviceBuffer dw = upload(w), dx = upload(x), dy(y0.size() * 4), dact(static_cast<size_t>(rows * inter) * 2);
+  cuda::model::Gemm gemm(true, 0);
+  const void* ws[1] = {dw.data()};
+  for (float beta : {0.0f, 1.0f}) {
+    SCOPED_TRACE(testing::Message() << "beta " << beta);
+    const cuda::model::GemmChoice before =
+        gemm.choice(dx.as<uint16_t>(), rows, in, dw.data(), out, dy.as<float>(), beta, nullptr);
+    EXPECT_EQ(before.name, "gemm_ex");
+    EXPECT_EQ(before.us, 0.0f);
+    gemm.tune(dx.as<uint16_t>(), rows, in, ws, out, dy.as<float>(), beta, nullptr);
+    const cuda::model::GemmChoice after =
+        gemm.choice(dx.as<uint16_t>(), rows, in, dw.data(), out, dy.as<float>(), beta, nullptr);
+    EXPECT_GT(after.us, 0.0f) << "tune() must time a prefill shape";
+    dy.upload(y0.data(), y0.size() * 4);
+    gemm.linear(dx.as<uint16_t>(), rows, in, dw.data(), out, dy.as<float>(), beta, nullptr);
+    cuda::synchronize();
+    const double e = nmse(download<float>(dy, y0.size()), expected(sums, y0, rows, out, beta));
+    EXPECT_LE(e, kProductNmse);
+    std::printf("[gemm prefill] rows %lld in %lld out %lld beta %.0f: %s untuned, %s tuned (%.2f us); nmse %.2e "
+                "(bound %.0e)\n",
+                (long long)rows, (long long)in, (long long)out, beta, before.name.c_str(), after.name.c_str(),
+                after.us, e, kProductNmse);
+  }
+  // Gate/up (2 inter = out rows of w) + SwiGLU: the bf16-output product, tuned.
+  gemm.tune_swiglu(dx.as<uint16_t>(), rows, in, ws, inter, dy.as<float>(), dact.as<uint16_t>(), nullptr);
+  const cuda::model::GemmChoice ch =
+      gemm.choice_swiglu(dx.as<uint16_t>(), rows, in, dw.data(), inter, dy.as<float>(), dact.as<uint16_t>(), nullptr);
+  EXPECT_GT(ch.us, 0.0f);
+  EXPECT_NE(ch.name.find("(bf16 out) + swiglu"), std::string::npos) << ch.name;
+  dact.fill_bytes(0xff);
+  gemm.linear_swiglu(dx.as<uint16_t>(), rows, in, dw.data(), inter, dy.as<float>(), dact.as<uint16_t>(), nullptr);
+  cuda::synchronize();
+  double worst = 0.0;
+  EXPECT_EQ(swiglu_mismatches(download<uint16_t>(dact, static_cast<size_t>(rows * inter)),
+                              swiglu_expected(sums, rows, inter, true), &worst, -6),
+            0);
+  std::printf("[gemm prefill] gate/up + swiglu rows %lld: %s (%.2f us); worst rel %.2e (bound 2^-6 + floor)\n",
+              (long long)rows, ch.name.c_str(), ch.us, worst);
 }
 
 TEST(CudaModelKernels, GemmBf16InputNeedsBf16Weights) {

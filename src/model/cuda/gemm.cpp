@@ -58,7 +58,8 @@ struct Key {
   uint32_t align_w = 0, align_x = 0, align_y = 0;
   bool accumulate = false;
   bool swiglu = false;  // linear_swiglu: out = intermediate columns, align_y = the bf16 output's alignment
-  auto tie() const { return std::tie(device, n, out, in, align_w, align_x, align_y, accumulate, swiglu); }
+  bool y_bf16 = false;  // the product writes bf16 (linear_swiglu's gate/up above kGemmTuneMaxRows rows)
+  auto tie() const { return std::tie(device, n, out, in, align_w, align_x, align_y, accumulate, swiglu, y_bf16); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
@@ -144,7 +145,7 @@ struct Gemm::Impl {
   int device = 0;   // the device current at construction (the handles and buffers belong to it)
   DeviceBuffer xb;  // [max_x_elems] bf16: f32 x rounded for the bf16 product
   DeviceBuffer ws;  // [kGemmLtWorkspaceBytes]: cuBLASLt workspace (bf16 weights only)
-  std::map<std::tuple<int64_t, int64_t, int64_t>, std::unique_ptr<LtDescs>> descs;
+  std::map<std::tuple<int64_t, int64_t, int64_t, bool>, std::unique_ptr<LtDescs>> descs;
 
   ~Impl() {
     if (lt != nullptr) cublasLtDestroy(lt);
@@ -164,8 +165,8 @@ struct Gemm::Impl {
     return k;
   }
 
-  LtDescs& lt_descs(int64_t n, int64_t in, int64_t out) {
-    auto& slot = descs[{n, in, out}];
+  LtDescs& lt_descs(int64_t n, int64_t in, int64_t out, bool y_bf16) {
+    auto& slot = descs[{n, in, out, y_bf16}];
     if (slot) return *slot;
     auto d = std::make_unique<LtDescs>();
     check(cublasLtMatmulDescCreate(&d->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -176,14 +177,16 @@ struct Gemm::Impl {
           "cublasLtMatrixLayoutCreate(W)");
     check(cublasLtMatrixLayoutCreate(&d->b, CUDA_R_16BF, static_cast<uint64_t>(in), static_cast<uint64_t>(n), in),
           "cublasLtMatrixLayoutCreate(x)");
-    check(cublasLtMatrixLayoutCreate(&d->c, CUDA_R_32F, static_cast<uint64_t>(out), static_cast<uint64_t>(n), out),
+    check(cublasLtMatrixLayoutCreate(&d->c, y_bf16 ? CUDA_R_16BF : CUDA_R_32F, static_cast<uint64_t>(out),
+                                     static_cast<uint64_t>(n), out),
           "cublasLtMatrixLayoutCreate(y)");
     slot = std::move(d);
     return *slot;
   }
 
-  cublasStatus_t gemm_ex(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, float* y, float beta,
-                         cudaStream_t st) {
+  // cublasGemmEx (CUBLAS_GEMM_DEFAULT), y of type y_type (CUDA_R_32F or CUDA_R_16BF; f32 accumulation).
+  cublasStatus_t gemm_ex_into(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, void* y,
+                              cudaDataType_t y_type, float beta, cudaStream_t st) {
     const float alpha = 1.0f;
     const cublasStatus_t s1 = cublasSetStream(h, st);
     if (s1 != CUBLAS_STATUS_SUCCESS) return s1;
@@ -191,7 +194,7 @@ struct Gemm::Impl {
     // [in, out] (lda = in), taken transposed; row-major x [n, in] is B [in, n] (ldb = in).
     const int m = static_cast<int>(out), nn = static_cast<int>(n), k = static_cast<int>(in);
     return cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, nn, k, &alpha, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta, y,
-                        CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                        y_type, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   }
 
   // The GEMV arguments both product kinds share: x [n, in] bf16 against W [out, in] bf16 (gemv.h).
@@ -208,15 +211,23 @@ struct Gemm::Impl {
   // Runs choice c; returns false (nothing thrown) when cuBLAS or the launch refuses it.
   bool run(const Choice& c, const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, float* y,
            float beta, cudaStream_t st) {
-    if (c.kind == Kind::kGemmEx) return gemm_ex(x, n, in, w, out, y, beta, st) == CUBLAS_STATUS_SUCCESS;
+    return run_into(c, x, n, in, w, out, y, false, beta, st);
+  }
+
+  // As run, y f32 or (y_bf16; cuBLAS kinds only) bf16.
+  bool run_into(const Choice& c, const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, void* y,
+                bool y_bf16, float beta, cudaStream_t st) {
+    if (c.kind == Kind::kGemmEx)
+      return gemm_ex_into(x, n, in, w, out, y, y_bf16 ? CUDA_R_16BF : CUDA_R_32F, beta, st) == CUBLAS_STATUS_SUCCESS;
+    if (y_bf16 && c.kind != Kind::kLt) return false;
     if (c.kind == Kind::kGemv || c.kind == Kind::kMmaGemv) {
       GemvParams p = gemv_params(x, n, in, w, out);
-      p.y = y;
+      p.y = static_cast<float*>(y);
       p.beta = beta;
       return (c.kind == Kind::kGemv ? gemv_bf16(p, c.cols, st) : mma_gemv_bf16(p, c.tiles, c.warps, st)) == cudaSuccess;
     }
     if (c.kind != Kind::kLt) return false;  // a SwiGLU kind: run_swiglu's
-    LtDescs& d = lt_descs(n, in, out);
+    LtDescs& d = lt_descs(n, in, out, y_bf16);
     const float alpha = 1.0f;
     return cublasLtMatmul(lt, d.op, &alpha, w, d.a, x, d.b, &beta, y, d.c, y, d.c, &c.algo, ws.data(), ws.bytes(),
                           st) == CUBLAS_STATUS_SUCCESS;
@@ -224,10 +235,11 @@ struct Gemm::Impl {
 
   // The candidates for key k: cuBLASLt's heuristic list (its first, the heuristic pick, first of all; then,
   // for n <= kGemvMaxRows, the tensor-core GEMV variants, so that a spent budget still times them), the
-  // GEMV variants, cublasGemmEx.
+  // GEMV variants, cublasGemmEx. Above kGemmTuneMaxRows rows the first kGemmPrefillTuneCandidates of
+  // cuBLASLt's list and cublasGemmEx.
   std::vector<Choice> candidates(const Key& k, const uint16_t* x, const void* w, const float* y) {
     std::vector<Choice> out;
-    LtDescs& d = lt_descs(k.n, k.in, k.out);
+    LtDescs& d = lt_descs(k.n, k.in, k.out, k.y_bf16);
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const uint64_t ws_bytes = ws.bytes();
@@ -242,10 +254,11 @@ struct Gemm::Impl {
                    CUBLAS_STATUS_SUCCESS;
     ok = ok && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay, sizeof ay) ==
                    CUBLAS_STATUS_SUCCESS;
-    std::vector<cublasLtMatmulHeuristicResult_t> res(kGemmTuneCandidates);
+    const int wanted = k.n > kGemmTuneMaxRows ? kGemmPrefillTuneCandidates : kGemmTuneCandidates;
+    std::vector<cublasLtMatmulHeuristicResult_t> res(static_cast<size_t>(wanted));
     int found = 0;
-    if (ok && cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, pref, kGemmTuneCandidates, res.data(),
-                                             &found) != CUBLAS_STATUS_SUCCESS)
+    if (ok && cublasLtMatmulAlgoGetHeuristic(lt, d.op, d.a, d.b, d.c, d.c, pref, wanted, res.data(), &found) !=
+                  CUBLAS_STATUS_SUCCESS)
       found = 0;  // no cuBLASLt candidate: the others remain
     cublasLtMatmulPreferenceDestroy(pref);
     for (int i = 0; i < found; ++i) {
@@ -264,11 +277,11 @@ struct Gemm::Impl {
     gp.rows = k.n;
     gp.in = k.in;
     gp.out = k.out;
-    if (gemv_supported(gp)) {
+    if (!k.y_bf16 && gemv_supported(gp)) {
       std::vector<Choice> mma = mma_candidates(Kind::kMmaGemv, "mma_gemv");
       out.insert(out.begin() + (out.empty() ? 0 : 1), mma.begin(), mma.end());
     }
-    if (gemv_supported(gp)) {
+    if (!k.y_bf16 && gemv_supported(gp)) {
       for (int cols : {1, 2, 4}) {
         Choice c;
         c.kind = Kind::kGemv;
@@ -367,7 +380,8 @@ struct Gemm::Impl {
                   cudaStream_t st, double& spent_s) {
     std::vector<Choice> cands = candidates(k, x, ws_list[0], y);
     return time_candidates(
-        k, "gemm", cands, [&](const Choice& c, const void* w) { return run(c, x, k.n, k.in, w, k.out, y, beta, st); },
+        k, k.y_bf16 ? "gemm(bf16 out)" : "gemm", cands,
+        [&](const Choice& c, const void* w) { return run_into(c, x, k.n, k.in, w, k.out, y, k.y_bf16, beta, st); },
         ws_list, st, spent_s);
   }
 
@@ -381,14 +395,20 @@ struct Gemm::Impl {
       if (c.kind == Kind::kSwiGluGemv) return gemv_swiglu_bf16(p, c.cols, st) == cudaSuccess;
       return mma_gemv_swiglu_bf16(p, c.tiles, c.warps, st) == cudaSuccess;
     }
+    SwiGluParams sp;
     if (n > kGemmTuneMaxRows) {
-      if (gemm_ex(x, n, in, w, 2 * inter, gu, 0.0f, st) != CUBLAS_STATUS_SUCCESS) return false;
+      // Prefill rows: gate/up in bf16 (the front half of gu), which halves the bytes of the product's output
+      // and of the SwiGLU's input, the largest activation of the layer (2 x 14336 values a row for
+      // Llama-3-8B); the algorithm tuned for the shape when tune_swiglu ran for it, else cublasGemmEx's.
+      uint16_t* gu16 = reinterpret_cast<uint16_t*>(gu);
+      const Choice pc = cached_or_gemm_ex(gate_up_bf16_key(x, n, in, w, inter, gu));
+      if (!run_into(pc, x, n, in, w, 2 * inter, gu16, true, 0.0f, st)) return false;
+      sp.gu_bf16 = gu16;
     } else {
       const Choice pc = resolve_for_call(key(x, n, in, w, 2 * inter, gu, 0.0f), x, w, gu, 0.0f, st);
       if (!run(pc, x, n, in, w, 2 * inter, gu, 0.0f, st)) return false;
+      sp.gu = gu;
     }
-    SwiGluParams sp;
-    sp.gu = gu;
     sp.act_bf16 = act;
     sp.rows = n;
     sp.inter = inter;
@@ -437,6 +457,22 @@ struct Gemm::Impl {
     c.best_lt_us = plain.best_lt_us;  // the gate/up product alone (no cuBLASLt candidate in this list)
     tc.choices.emplace(k, c);
     return c;
+  }
+
+  // The key of linear_swiglu's bf16 gate/up product (above kGemmTuneMaxRows rows).
+  Key gate_up_bf16_key(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, const float* gu) const {
+    Key k = key(x, n, in, w, 2 * inter, gu, 0.0f);
+    k.y_bf16 = true;
+    return k;
+  }
+
+  // The cached choice for key k, or cublasGemmEx's when none is (a prefill shape nothing tuned: tuning it
+  // inside a prefill would synchronise between its layers).
+  Choice cached_or_gemm_ex(const Key& k) {
+    TuneCache& tc = tune_cache();
+    std::lock_guard<std::recursive_mutex> lock(tc.mu);
+    auto it = tc.choices.find(k);
+    return it != tc.choices.end() ? it->second : Choice{};
   }
 
   // The cached choice for key k, tuned now if new (y_scratch: an [n, out] f32 buffer the tuning may clobber).
@@ -539,7 +575,10 @@ void Gemm::linear(const uint16_t* x, int64_t n, int64_t in, const void* w, int64
   RETROINFER_CHECK(im.bf16, "Gemm: a bf16 input needs bf16 weights; this Gemm was made for f32 weights");
   auto st = static_cast<cudaStream_t>(s);
   if (n > kGemmTuneMaxRows) {
-    check(im.gemm_ex(x, n, in, w, out, y, beta, st), "cublasGemmEx(bf16)");
+    const Choice c = im.cached_or_gemm_ex(im.key(x, n, in, w, out, y, beta));
+    if (!im.run(c, x, n, in, w, out, y, beta, st))
+      RETROINFER_FAIL("Gemm: ", c.name, " refused [", n, ", ", in, "] x [", out, ", ", in, "]^T: ",
+                      cudaGetErrorString(cudaGetLastError()), "; check the device state");
   } else {
     const Choice c = im.resolve_for_call(im.key(x, n, in, w, out, y, beta), x, w, y, beta, st);
     if (!im.run(c, x, n, in, w, out, y, beta, st))
@@ -571,9 +610,13 @@ void Gemm::tune_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const
                        float* gu, uint16_t* act, Stream s) {
   check_shape(n, in, 2 * inter);
   Impl& im = *impl_;
-  if (!im.bf16 || n > kGemmTuneMaxRows) return;
+  if (!im.bf16) return;
   RETROINFER_CHECK(!ws.empty() && x != nullptr && gu != nullptr && act != nullptr,
                    "Gemm::tune_swiglu: needs x, weights, gu and act");
+  if (n > kGemmTuneMaxRows) {  // the bf16 gate/up product alone (the SwiGLU kernel after it is fixed)
+    im.resolve(im.gate_up_bf16_key(x, n, in, ws[0], inter, gu), x, ws, gu, 0.0f, static_cast<cudaStream_t>(s));
+    return;
+  }
   im.resolve_swiglu(x, n, in, ws, inter, gu, act, static_cast<cudaStream_t>(s));
 }
 
@@ -582,7 +625,10 @@ GemmChoice Gemm::choice_swiglu(const uint16_t* x, int64_t n, int64_t in, const v
   check_shape(n, in, 2 * inter);
   Impl& im = *impl_;
   if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic) + swiglu", 0.0f, 0.0f};
-  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex + swiglu", 0.0f, 0.0f};
+  if (n > kGemmTuneMaxRows) {
+    const Choice c = im.cached_or_gemm_ex(im.gate_up_bf16_key(x, n, in, w, inter, gu));
+    return GemmChoice{c.name + "(bf16 out) + swiglu", c.us, c.best_lt_us};
+  }
   const void* one[1] = {w};
   const Choice c = im.resolve_swiglu(x, n, in, one, inter, gu, act, static_cast<cudaStream_t>(s));
   return GemmChoice{c.name, c.us, c.best_lt_us};
@@ -592,7 +638,7 @@ void Gemm::tune(const uint16_t* x, int64_t n, int64_t in, std::span<const void* 
                 float* y_scratch, float beta, Stream s) {
   check_shape(n, in, out);
   Impl& im = *impl_;
-  if (!im.bf16 || n > kGemmTuneMaxRows) return;
+  if (!im.bf16) return;
   RETROINFER_CHECK(!ws.empty() && x != nullptr && y_scratch != nullptr, "Gemm::tune: needs x, weights and a scratch y");
   im.resolve(im.key(x, n, in, ws[0], out, y_scratch, beta), x, ws, y_scratch, beta, static_cast<cudaStream_t>(s));
 }
@@ -602,7 +648,10 @@ GemmChoice Gemm::choice(const uint16_t* x, int64_t n, int64_t in, const void* w,
   check_shape(n, in, out);
   Impl& im = *impl_;
   if (!im.bf16) return GemmChoice{"gemm_ex(f32, pedantic)", 0.0f, 0.0f};
-  if (n > kGemmTuneMaxRows) return GemmChoice{"gemm_ex", 0.0f, 0.0f};
+  if (n > kGemmTuneMaxRows) {
+    const Choice c = im.cached_or_gemm_ex(im.key(x, n, in, w, out, y, beta));
+    return GemmChoice{c.name, c.us, c.best_lt_us};
+  }
   const Choice c = im.resolve_for_call(im.key(x, n, in, w, out, y, beta), x, w, y, beta, static_cast<cudaStream_t>(s));
   return GemmChoice{c.name, c.us, c.best_lt_us};
 }

@@ -15,7 +15,11 @@
 //   process pick the same kernels: forks stay bitwise equal). The time spent tuning is bounded
 //   (kGemmTuneBudgetS per row count per process; past it a new shape times only its first candidate,
 //   cuBLASLt's heuristic pick) and logged once per shape to stderr.
-//   n > kGemmTuneMaxRows (prefill): cublasGemmEx with CUBLAS_GEMM_DEFAULT.
+//   n > kGemmTuneMaxRows (prefill): the choice tune() / tune_swiglu() made for the shape (the session tunes its
+//   prefill chunk's row count when it is created: the first kGemmPrefillTuneCandidates of cuBLASLt's heuristic
+//   list and cublasGemmEx, timed the same way), else cublasGemmEx with CUBLAS_GEMM_DEFAULT (a shape is never
+//   tuned inside a prefill, whose layers would wait for it). linear_swiglu's gate/up product writes bf16 there
+//   (as a bf16 model computes it), which its SwiGLU widens back to f32.
 //   Tuning synchronises the stream: tune a shape (tune(), or one call) before capturing a CUDA graph over it.
 // f32 weights: cublasGemmEx with f32 inputs and CUBLAS_COMPUTE_32F_PEDANTIC, so that neither the math mode
 // nor NVIDIA_TF32_OVERRIDE can switch to TF32: the f32 path differs from the CPU's cblas_sgemm only in
@@ -35,6 +39,9 @@ namespace retroinfer::cuda::model {
 
 constexpr int64_t kGemmTuneMaxRows = 16;
 constexpr int kGemmTuneCandidates = 16;
+// cuBLASLt candidates timed for a prefill shape: its heuristic ranks the large tiles well, and each timing of
+// a [8192, 4096] x [28672, 4096]^T product costs ~10 ms.
+constexpr int kGemmPrefillTuneCandidates = 8;
 // cuBLASLt workspace per Gemm (split-K partial sums of the decode shapes: n * out * 4 bytes per split, at most
 // 16 x 28672 x 4 = 1.8 MB for Llama-3-8B's gate/up, so 16 MiB leaves room for 8 splits).
 constexpr int64_t kGemmLtWorkspaceBytes = int64_t{16} << 20;
@@ -66,25 +73,29 @@ class Gemm {
 
   // act [n, inter] bf16 = SwiGLU of the gate/up product: silu(x @ Wg^T) * (x @ Wu^T) rounded to bf16, for
   // x [n, in] bf16 and w [2 inter, in] bf16 (gate rows, then up rows), bf16 weights only. Either the product
-  // into gu [n, 2 inter] f32 (tuned as linear()) followed by the SwiGLU kernel, or, for n <= kGemvMaxRows
-  // when the autotune finds it faster, one fused GEMV (FMA or tensor-core; gu untouched). act must not overlap x.
+  // into gu [n, 2 inter] (f32 for n <= kGemmTuneMaxRows, tuned as linear(); bf16 in gu's first half above)
+  // followed by the SwiGLU kernel, or, for n <= kGemvMaxRows when the autotune finds it faster, one fused GEMV
+  // (FMA or tensor-core; gu untouched). act must not overlap x.
   void linear_swiglu(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu, uint16_t* act,
                      Stream s);
-  // As tune(), for linear_swiglu (gu and act are clobbered).
+  // As tune(), for linear_swiglu (gu and act are clobbered; n > kGemmTuneMaxRows: the bf16 gate/up product).
   void tune_swiglu(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws, int64_t inter,
                    float* gu, uint16_t* act, Stream s);
-  // The choice linear_swiglu makes for these pointers (tuning it first if needed; clobbers gu and act).
+  // The choice linear_swiglu makes for these pointers (tuning it first if needed, n <= kGemmTuneMaxRows;
+  // clobbers gu and act).
   GemmChoice choice_swiglu(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t inter, float* gu,
                            uint16_t* act, Stream s);
 
-  // Tunes the product of n rows (bf16 weights and n <= kGemmTuneMaxRows; else a no-op) before first use:
+  // Tunes the product of n rows (bf16 weights; else a no-op) before first use (n > kGemmTuneMaxRows: before any
+  // use, which does not tune):
   // x device [n, in] bf16 (any values), ws: the weights [out, in] bf16 of every layer with this shape (timing
   // rotates over them), y_scratch device [n, out] f32 (overwritten), beta as the later calls will use. linear()
   // tunes a new shape itself on first use (over its one weight matrix); this call keeps that out of the first
   // decode step and times with the weights streaming from HBM.
   void tune(const uint16_t* x, int64_t n, int64_t in, std::span<const void* const> ws, int64_t out, float* y_scratch,
             float beta, Stream s);
-  // The choice linear(bf16 x) makes for this call's shape and pointers (tuning it first if needed).
+  // The choice linear(bf16 x) makes for this call's shape and pointers (tuning it first if needed,
+  // n <= kGemmTuneMaxRows).
   GemmChoice choice(const uint16_t* x, int64_t n, int64_t in, const void* w, int64_t out, float* y, float beta,
                     Stream s);
 

@@ -222,6 +222,8 @@ struct CudaSession::Impl {
   // Autotunes the decode products (num_seqs rows, bf16 weights; see gemm.h) on every layer's weights, so
   // that the first decode step runs tuned. Clobbers the activation buffers (call before any forward).
   void tune_decode_gemms();
+  // The same for the prefill products at rows_cap rows (the prefill chunk), when rows_cap > kGemmTuneMaxRows.
+  void tune_prefill_gemms();
   // Creates the decode attention objects for the token counts in pos (no prefill_done yet): one per layer
   // over the batch when every sequence holds the same count, else one per (sequence, layer).
   void make_attention();
