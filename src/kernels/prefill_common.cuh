@@ -14,8 +14,10 @@
 namespace retroinfer::cuda::detail {
 
 // CTA blockIdx.x of a launch with `rows` packed query rows per CTA and key tiles of `keys` tokens: heaviest CTAs
-// (largest query positions) first; consecutive CTAs share a row tile across KV heads (and across the key splits
-// of a split launch).
+// (largest query positions) first, in bands of kPrefillBandTiles row tiles; inside a band the KV heads take
+// turns (every row tile of the band for head 0, then for head 1, ...), and consecutive CTAs share a row tile's
+// key splits in a split launch. So the CTAs running at once read the K/V of one or two heads, not of all: at
+// 32K a head's K/V is 16 MB, eight heads' 128 MB would not stay in L2 once the CTAs of a head drift apart.
 struct PrefillCta {
   int split = 0, h = 0;
   int r0 = 0;            // first packed row
@@ -29,8 +31,12 @@ __device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, int ro
   const int64_t m_tiles = (int64_t(p.n) * G + rows - 1) / rows;
   const int64_t b = blockIdx.x / p.splits;
   c.split = static_cast<int>(blockIdx.x % p.splits);
-  c.h = static_cast<int>(b % p.num_heads_kv);
-  c.r0 = static_cast<int>((m_tiles - 1 - b / p.num_heads_kv) * rows);
+  const int64_t band = b / (int64_t{kPrefillBandTiles} * p.num_heads_kv);
+  const int64_t in_band = b - band * kPrefillBandTiles * p.num_heads_kv;
+  const int64_t band_tiles = min(int64_t{kPrefillBandTiles}, m_tiles - band * kPrefillBandTiles);  // the last: fewer
+  c.h = static_cast<int>(in_band / band_tiles);
+  const int64_t tile = band * kPrefillBandTiles + in_band % band_tiles;  // 0: the heaviest
+  c.r0 = static_cast<int>((m_tiles - 1 - tile) * rows);
   const int t_lo = c.r0 / G;
   const int t_hi = min(p.n - 1, (c.r0 + rows - 1) / G);
   c.kv_end = p.pos0 + t_hi + 1;

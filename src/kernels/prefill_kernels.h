@@ -16,7 +16,8 @@
 // XOR-swizzled 16-byte chunks, conflict-free ldmatrix); the softmax is online (running max and sum per
 // row, f32, exp2 with the scale folded in); causal masking is applied only on the tiles that cross the
 // diagonal, and tiles beyond a row range's last key are never loaded. CTAs are issued heaviest first
-// (largest query positions) to balance the causal triangle.
+// (largest query positions) to balance the causal triangle, in bands of row tiles whose KV heads take turns
+// (prefill_cta), so that the CTAs running at once share one or two heads' K/V in L2.
 //
 // Precision: q is rounded to bf16 for the QK^T product (the K/V are bf16 already) and the probabilities P
 // are rounded to bf16 for the PV product; logits, the running max/sum and the output accumulate in f32.
@@ -54,6 +55,9 @@ inline constexpr int kPrefillKeys = 64;   // keys per K/V tile (portable kernel)
 // 37% more keys than 128 in three (H200: 2-4% faster at 32K and 128K; docs/cuda-kernels.md).
 inline constexpr int kHopperKeys = 176;
 inline constexpr int kPrefillWarps = 4;
+// Row tiles per band of the CTA order (prefill_common.cuh, prefill_cta): about one wave of the Hopper kernel
+// (one CTA per multiprocessor, 132 on an H100 / H200) for each KV head in turn.
+inline constexpr int kPrefillBandTiles = 128;
 
 inline constexpr int kPrefillMaxSplits = 16;     // key splits at most
 inline constexpr int kPrefillMinSplitTiles = 8;  // key tiles per split at least (512 keys)
