@@ -1,8 +1,9 @@
-// Micro-benchmark of the CUDA model runner's non-attention decode operations (src/model/cuda): RMSNorm
-// (f32 in, bf16 out), SwiGLU alone (bf16 out), and the products of a Llama layer + LM head through model::Gemm
-// as the runner calls them (autotuned per row count as a session tunes its decode and prefill rows, gemm.h;
-// the tuning log goes to stderr and names the best cuBLASLt and cublasGemmEx times next to the choice): QKV, O (f32 attention output: the f32 -> bf16 copy
-// unless a GEMV is chosen), gate/up with SwiGLU (linear_swiglu: fused GEMV or product + SwiGLU kernel),
+// Micro-benchmark of the CUDA model runner's non-attention operations (src/model/cuda): RMSNorm (f32 in, bf16
+// out), SwiGLU alone (bf16 out), and the products of a Llama layer + LM head through model::Gemm as the runner
+// calls them (autotuned per row count as a session tunes its decode and prefill rows, gemm.h; the tuning log
+// goes to stderr and names the best cuBLASLt and cublasGemmEx times next to the choice): QKV, O (decode rows:
+// the f32 attention output through the f32 -> bf16 copy unless a GEMV is chosen; prefill rows: bf16, as the
+// prefill attention writes it), gate/up with SwiGLU (linear_swiglu: fused GEMV or product + SwiGLU kernel),
 // down, LM head. Llama-3-8B shapes by default, random
 // bf16 weights, `--layers` copies of each matrix so that consecutive calls read different weights (from HBM,
 // as decode does, not from L2). Each op: `reps` calls captured into one CUDA graph (no launch gaps of the
@@ -201,11 +202,12 @@ void run(FILE* out, const Args& a) {
       cuda::detail::launch_check(cuda::model::swiglu(sp, st), "swiglu", st);
     });
     emit(out, "swiglu", rows, inter, 2 * inter, swiglu_us, double(rows * inter) * 10, "bf16 out");
-    // The products; gemm_o through the f32 -> bf16 copy of the attention output, as the runner does.
+    // The products; at decode rows gemm_o through the f32 -> bf16 copy of the attention output, as the runner
+    // does (the prefill attention writes bf16 itself: above kGemmTuneMaxRows rows gemm_o takes bf16).
     for (Mat& m : mats) {
       std::vector<const void*> ws;
       for (const DeviceBuffer& b : m.w) ws.push_back(b.data());
-      const bool f32_in = std::string(m.op) == "gemm_o";
+      const bool f32_in = std::string(m.op) == "gemm_o" && rows <= cuda::model::kGemmTuneMaxRows;
       if (std::string(m.op) == "gemm_gate_up") {  // with SwiGLU, as the runner: fused GEMV or product + kernel
         const long long it = m.n / 2;
         uint16_t* act = xb.as<uint16_t>() + max_rows * h;  // apart from x (the fused GEMV reads x while writing)

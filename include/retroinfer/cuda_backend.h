@@ -345,7 +345,8 @@ class WaveBufferLayer {
 // [0, pos0 + i] of k, v (the chunk's own K/V already written at rows [pos0, pos0 + n)).
 //   q    device [n, num_heads_q, head_dim] f32 (post-RoPE, unscaled)
 //   k, v device [num_heads_kv, kv_stride, head_dim] bf16 (one sequence's slice of the layout above)
-//   out  device [n, num_heads_q, head_dim] f32, every element written
+//   out  device [n, num_heads_q, head_dim] f32, every element written (or, through run_bf16, bf16: each
+//        element the f32 result rounded to nearest even, as a separate copy would round it)
 // scale 0 means 1/sqrt(head_dim). head_dim 64 or 128, group 1..8.
 // Which kernel runs it: kAuto takes the Hopper (wgmma) kernel for head_dim 128 on a compute capability 9.0
 // GPU and the portable (mma.sync, sm_80+) kernel otherwise; kPortable and kHopper force one (tests and
@@ -363,8 +364,13 @@ class PrefillAttention {
   PrefillAttention& operator=(PrefillAttention&&) noexcept;
   void run(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0, int64_t n,
            float scale, float* out, Stream s = nullptr);
+  // As run, the output in bf16 (the O projection's input, without an f32 round trip).
+  void run_bf16(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0, int64_t n,
+                float scale, uint16_t* out, Stream s = nullptr);
 
  private:
+  void launch(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0, int64_t n,
+              float scale, float* out, uint16_t* out_bf16, Stream s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -295,11 +295,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
     for (int hf = 0; hf < 2; ++hf) {
       const PrefillRowOut ro =
           prefill_row_out<D>(p, cta, r0 + wrow + mt * 16 + hf * 8 + quad, row_max[mt][hf], row_sum[mt][hf], tig);
-      if (ro.dst == nullptr) continue;
+      if (!ro.written()) continue;
 #pragma unroll
-      for (int dt = 0; dt < kDT; ++dt)
-        *reinterpret_cast<float2*>(ro.dst + dt * 8) =
-            make_float2(o[mt][dt][hf * 2] * ro.scale, o[mt][dt][hf * 2 + 1] * ro.scale);
+      for (int dt = 0; dt < kDT; ++dt) ro.store(dt * 8, o[mt][dt][hf * 2], o[mt][dt][hf * 2 + 1]);
     }
 }
 
@@ -325,7 +323,12 @@ __global__ void prefill_merge_splits(const PrefillParams p) {
     acc.w += o.w * w;
   }
   const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  reinterpret_cast<float4*>(p.out + row * D)[threadIdx.x] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  if (p.out_bf16 != nullptr)
+    reinterpret_cast<uint2*>(p.out_bf16 + row * D)[threadIdx.x] =
+        make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
+  else
+    reinterpret_cast<float4*>(p.out + row * D)[threadIdx.x] =
+        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
 template <int D, int BN>

@@ -352,11 +352,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int hf = 0; hf < 2; ++hf) {
     const PrefillRowOut ro = prefill_row_out<kD>(p, cta, r0 + row_base + hf * 8, row_max[hf], row_sum[hf], tig);
-    if (ro.dst == nullptr) continue;
+    if (!ro.written()) continue;
 #pragma unroll
-    for (int i = 0; i < kD / 8; ++i)
-      *reinterpret_cast<float2*>(ro.dst + i * 8) =
-          make_float2(o[4 * i + 2 * hf] * ro.scale, o[4 * i + 2 * hf + 1] * ro.scale);
+    for (int i = 0; i < kD / 8; ++i) ro.store(i * 8, o[4 * i + 2 * hf], o[4 * i + 2 * hf + 1]);
   }
 #else
   __trap();  // compiled without sm_90a features; prefill_attention never launches it then

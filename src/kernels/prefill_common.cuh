@@ -114,13 +114,21 @@ __device__ __forceinline__ float online_softmax_row(At at, float scale_log2, flo
   return alpha;
 }
 
-// Where packed row r's output goes: this thread's columns start at dst (column 2 tig; each n8 block of columns
-// 8 further), scaled by `scale`; dst is null past the chunk's n tokens. row_sum is this thread's part of the row
-// sum (the quad's parts are added here, so every lane must call). A split launch gets its unnormalised part
-// (scale 1), and lane tig 0 writes the row's (max, sum) for prefill_merge_splits.
+// Where packed row r's output goes: this thread's columns start at dst (f32) or dst16 (bf16, p.out_bf16; column
+// 2 tig; each n8 block of columns 8 further), scaled by `scale`; both are null past the chunk's n tokens.
+// row_sum is this thread's part of the row sum (the quad's parts are added here, so every lane must call). A
+// split launch gets its unnormalised part (f32, scale 1), and lane tig 0 writes the row's (max, sum) for
+// prefill_merge_splits.
 struct PrefillRowOut {
   float* dst = nullptr;
+  uint16_t* dst16 = nullptr;
   float scale = 1.0f;
+  __device__ __forceinline__ bool written() const { return dst != nullptr || dst16 != nullptr; }
+  // Columns `col`, col + 1 of this thread's part: a, b times scale.
+  __device__ __forceinline__ void store(int col, float a, float b) const {
+    if (dst16 != nullptr) *reinterpret_cast<uint32_t*>(dst16 + col) = pack_bf16(a * scale, b * scale);
+    else *reinterpret_cast<float2*>(dst + col) = make_float2(a * scale, b * scale);
+  }
 };
 template <int D>
 __device__ __forceinline__ PrefillRowOut prefill_row_out(const PrefillParams& p, const PrefillCta& c, int r,
@@ -139,7 +147,8 @@ __device__ __forceinline__ PrefillRowOut prefill_row_out(const PrefillParams& p,
     if (tig == 0) *reinterpret_cast<float2*>(p.part_ml + prow * 2) = make_float2(row_max, l);
     return o;
   }
-  o.dst = p.out + row * D + tig * 2;
+  if (p.out_bf16 != nullptr) o.dst16 = p.out_bf16 + row * D + tig * 2;
+  else o.dst = p.out + row * D + tig * 2;
   o.scale = l > 0.0f ? 1.0f / l : 0.0f;
   return o;
 }

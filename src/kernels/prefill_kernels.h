@@ -6,7 +6,7 @@
 // (1..8), D = head_dim (64 or 128).
 //   q    [n, Hq, D] f32 (post-RoPE, unscaled); query head qh reads KV head qh / G
 //   k, v [Hkv, kv_stride, D] bf16 (uint16 bits), token t of KV head h at (h * kv_stride + t) * D
-//   out  [n, Hq, D] f32; row (i, qh) = softmax_{t <= pos0 + i}(scale * q . k_t) . v_t
+//   out  [n, Hq, D] f32 (or out_bf16: bf16); row (i, qh) = softmax_{t <= pos0 + i}(scale * q . k_t) . v_t
 //
 // Kernel (flash-attention-2 style, tensor cores through mma.sync m16n8k16 bf16 with f32 accumulators):
 // one CTA of 4 warps owns kPrefillRows = 128 "packed" query rows of one KV head, where packed row r is
@@ -34,7 +34,8 @@ struct PrefillParams {
   const float* q = nullptr;     // [n, Hq, D] f32
   const uint16_t* k = nullptr;  // [Hkv, kv_stride, D] bf16
   const uint16_t* v = nullptr;  // [Hkv, kv_stride, D] bf16
-  float* out = nullptr;         // [n, Hq, D] f32
+  float* out = nullptr;         // [n, Hq, D] f32, or
+  uint16_t* out_bf16 = nullptr;  // [n, Hq, D] bf16 (round to nearest even; exactly one of out, out_bf16)
   int64_t kv_stride = 0;        // >= pos0 + n
   int pos0 = 0;                 // first query position; pos0 + n < 2^31
   int n = 0;                    // query positions (>= 1); n * G < 2^31

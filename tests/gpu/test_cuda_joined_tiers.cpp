@@ -205,7 +205,9 @@ void tiers_case(const TierCase& tc, const char* name) {
     for (int i = 0; i < S; ++i) {
       std::vector<float> want(V);
       alone[i]->decode(next[i], want);
-      if (gputest::top2_margin_rel(want) > 2 * tc.tol) EXPECT_EQ(got[i], argmax_of(want)) << "greedy, session " << i;
+      if (gputest::top2_margin_rel(want) > 2 * tc.tol) {
+        EXPECT_EQ(got[i], argmax_of(want)) << "greedy, session " << i;
+      }
       next[i] = argmax_of(want);
       ASSERT_EQ(joined[i]->position(), alone[i]->position()) << "greedy step, session " << i;
     }

@@ -109,14 +109,26 @@ void run_case(const Case& c, uint64_t seed) {
     cuda::synchronize();
   }
   const auto got = gputest::download_f32(dout, q.size());
+  // The bf16 output (the runner's O-projection input): each element the f32 output rounded to nearest even.
+  cuda::DeviceBuffer dout16(q.size() * 2);
+  dout16.fill_bytes(0xff);
+  pa.run_bf16(dq.as<float>(), dk.as<uint16_t>(), dv.as<uint16_t>(), stride, c.pos0, c.n, c.scale,
+              dout16.as<uint16_t>());
+  cuda::synchronize();
+  std::vector<uint16_t> got16(q.size());
+  dout16.download(got16.data(), got16.size() * 2);
+  int64_t bf16_mismatches = 0;
+  for (size_t i = 0; i < got.size(); ++i) bf16_mismatches += got16[i] != f32_to_bf16(got[i]);
+  EXPECT_EQ(bf16_mismatches, 0) << "run_bf16 differs from run's output rounded to bf16";
 
   const gputest::Compare own = gputest::compare(got, ref_own), f32 = gputest::compare(got, ref_f32);
   const double own_max_bound = kOwnMaxAbsPerV * max_v;
   std::printf("[prefill %s] hkv=%d group=%d d=%d pos0=%lld n=%lld scale=%g: own nmse %.3e max_abs %.3e (bound %.3e) | "
-              "f32-q nmse %.3e max_abs %.3e | unwritten %lld\n",
+              "f32-q nmse %.3e max_abs %.3e | unwritten %lld | bf16 out mismatches %lld\n",
               std::string(cuda::prefill_kernel_name(pa.kernel())).c_str(), c.hkv, c.group, d,
               static_cast<long long>(c.pos0), static_cast<long long>(c.n), c.scale, own.nmse,
-              own.max_abs, own_max_bound, f32.nmse, f32.max_abs, static_cast<long long>(own.unwritten));
+              own.max_abs, own_max_bound, f32.nmse, f32.max_abs, static_cast<long long>(own.unwritten),
+              static_cast<long long>(bf16_mismatches));
   EXPECT_EQ(own.unwritten, 0);
   EXPECT_LT(own.nmse, kOwnNmse);
   EXPECT_LT(own.max_abs, own_max_bound);
@@ -223,6 +235,8 @@ TEST(CudaPrefill, RejectsBadArguments) {
   EXPECT_THROW(pa.run(f, h, h, 100, -1, 10, 0.0f, f), Error);       // negative pos0
   EXPECT_THROW(pa.run(f, h, h, 100, 0, 10, -1.0f, f), Error);       // negative scale
   EXPECT_THROW(pa.run(f + 1, h, h, 100, 0, 10, 0.0f, f), Error);    // misaligned q
+  EXPECT_THROW(pa.run_bf16(f, h, h, 100, 0, 10, 0.0f, nullptr), Error);                       // null out
+  EXPECT_THROW(pa.run_bf16(f, h, h, 100, 0, 10, 0.0f, b.as<uint16_t>() + 1), Error);          // misaligned out
   // n = 0 is a no-op: the output stays poisoned.
   auto out = gputest::poisoned(16);
   EXPECT_NO_THROW(pa.run(f, h, h, 100, 5, 0, 0.0f, out.as<float>()));

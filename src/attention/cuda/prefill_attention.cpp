@@ -59,15 +59,26 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 void PrefillAttention::run(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0,
                            int64_t n, float scale, float* out, Stream s) {
+  launch(q, k, v, kv_stride, pos0, n, scale, out, nullptr, s);
+}
+
+void PrefillAttention::run_bf16(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0,
+                                int64_t n, float scale, uint16_t* out, Stream s) {
+  launch(q, k, v, kv_stride, pos0, n, scale, nullptr, out, s);
+}
+
+void PrefillAttention::launch(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0,
+                              int64_t n, float scale, float* out, uint16_t* out_bf16, Stream s) {
   RETROINFER_CHECK(impl_ != nullptr, "PrefillAttention::run on a moved-from object");
+  const void* dst = out != nullptr ? static_cast<const void*>(out) : out_bf16;
   const AttentionShape& sh = impl_->shape;
   const int group = sh.num_heads_q / sh.num_heads_kv;
   RETROINFER_CHECK(pos0 >= 0 && n >= 0, "PrefillAttention::run: pos0 (", pos0, ") and n (", n,
                    ") must be >= 0");
   if (n == 0) return;
-  RETROINFER_CHECK(q != nullptr && k != nullptr && v != nullptr && out != nullptr,
+  RETROINFER_CHECK(q != nullptr && k != nullptr && v != nullptr && dst != nullptr,
                    "PrefillAttention::run: null q, k, v or out pointer");
-  RETROINFER_CHECK(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out),
+  RETROINFER_CHECK(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dst),
                    "PrefillAttention::run: q, k, v and out must be 16-byte aligned (device allocations are)");
   RETROINFER_CHECK(kv_stride >= pos0 + n, "PrefillAttention::run: kv_stride (", kv_stride,
                    ") must hold the positions [0, pos0 + n) = [0, ", pos0 + n, ")");
@@ -82,6 +93,7 @@ void PrefillAttention::run(const float* q, const uint16_t* k, const uint16_t* v,
   p.k = k;
   p.v = v;
   p.out = out;
+  p.out_bf16 = out_bf16;
   p.kv_stride = kv_stride;
   p.pos0 = static_cast<int>(pos0);
   p.n = static_cast<int>(n);

@@ -257,13 +257,16 @@ void CudaSession::Impl::layer_attention_decode(int l) {
     for (int s = 0; s < num_seqs; ++s) attn[static_cast<size_t>(s) * c.num_layers + l + 1]->issue_ahead(stream);
 }
 
-// O product + residual -> RMSNorm -> gate/up + SwiGLU -> down product + residual, from a.att into x.
-void CudaSession::Impl::layer_post_attention(int l, int64_t rows, float* x) {
+// O product + residual -> RMSNorm -> gate/up + SwiGLU -> down product + residual, from a.att (f32, or with
+// att_bf16 bf16 in its first half) into x.
+void CudaSession::Impl::layer_post_attention(int l, int64_t rows, float* x, bool att_bf16) {
   const ModelConfig& c = model.config();
   const CudaModel::Weights::Layer& L = model.weights().layers[l];
   auto st = static_cast<cudaStream_t>(stream);
   const int64_t h = c.hidden_size, inter = c.intermediate_size, hqd = int64_t{c.num_heads_q} * c.head_dim;
-  gemm->linear(a.att.as<float>(), rows, hqd, L.wo, h, x, 1.0f, stream);  // residual: x += att @ Wo^T
+  // residual: x += att @ Wo^T
+  if (att_bf16) gemm->linear(a.att.as<uint16_t>(), rows, hqd, L.wo, h, x, 1.0f, stream);
+  else gemm->linear(a.att.as<float>(), rows, hqd, L.wo, h, x, 1.0f, stream);
   norm_rows(x, L.mlp_norm, rows);
   if (model.weights().type == WeightType::kBf16) {  // gate/up + SwiGLU into actb (gemm.h)
     gemm->linear_swiglu(a.xb.as<uint16_t>(), rows, h, L.wgate_up, inter, a.gu.as<float>(), a.actb.as<uint16_t>(),
@@ -287,12 +290,18 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
   layer_pre_attention(l, rows, rv, x, decode);
   if (!decode) keep_prompt_queries(l, rows, pos0);
   record_event(2 + 2 * l);
+  // The prefill kernels write the O product's bf16 input themselves (bf16 weights; the same rounding as the
+  // Gemm's copy of an f32 output, without the f32 round trip).
+  const bool att_bf16 = !decode && prefill_attention && model.weights().type == WeightType::kBf16;
   if (decode) {
     layer_attention_decode(l);
   } else {
     const uint16_t* ks = prefill_k(l) + seq * seq_elems();
     const uint16_t* vs = prefill_v(l) + seq * seq_elems();
-    if (prefill_attention) {
+    if (att_bf16) {
+      prefill_attention->run_bf16(a.q.as<float>(), ks, vs, max_context, pos0, rows, opt.attention.scale,
+                                  a.att.as<uint16_t>(), stream);
+    } else if (prefill_attention) {
       prefill_attention->run(a.q.as<float>(), ks, vs, max_context, pos0, rows, opt.attention.scale,
                              a.att.as<float>(), stream);
     } else {
@@ -310,7 +319,7 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
     }
   }
   record_event(3 + 2 * l);
-  layer_post_attention(l, rows, x);
+  layer_post_attention(l, rows, x, att_bf16);
 }
 
 void CudaSession::Impl::drop_decode_graphs() {

@@ -47,7 +47,7 @@ struct Activations {
                         // the down product (apart from xb: the fused gate/up GEMV reads xb while writing it)
   DeviceBuffer qkv;     // [rows_cap, (Hq + 2 Hkv) D] f32
   DeviceBuffer q;       // [rows_cap, Hq, D] f32, post-RoPE
-  DeviceBuffer att;     // [rows_cap, Hq, D] f32: attention output
+  DeviceBuffer att;     // [rows_cap, Hq, D] f32: attention output (a prefill with bf16 weights: bf16, first half)
   DeviceBuffer gu;      // [rows_cap, 2 * intermediate] f32: gate, up
   DeviceBuffer act;     // [rows_cap, intermediate] f32: SiLU(gate) * up (f32 weights only; bf16: in xb)
   DeviceBuffer k_new;   // [rows_cap, Hkv, D] bf16: this step's keys (decode)
@@ -162,7 +162,7 @@ struct CudaSession::Impl {
                const float* x32);
   void layer_pre_attention(int l, int64_t rows, const RowView& rv, float* x, bool decode);
   void layer_attention_decode(int l);
-  void layer_post_attention(int l, int64_t rows, float* x);
+  void layer_post_attention(int l, int64_t rows, float* x, bool att_bf16 = false);
 
   // Retrieval budgets by layer (AttentionConfig::layer_budget_queries, budget_calibration.cpp): per layer the
   // queries of the prompt's last tokens (device [rows, hq, d] f32; prompt_q_swap is the second buffer of the
