@@ -5,8 +5,11 @@
 // the repetitions, L2 evicted before each repetition. TFLOP/s counts the causal work only:
 // 4 * D * Hq * sum_{i<n} (i + 1) (QK^T and PV, two FLOPs per multiply-add). One JSON object per line.
 //
+// The output in bf16 by default (PrefillAttention::run_bf16, what the model runner's prefill takes), or f32
+// (--out-dtype f32: run); "out" in the JSON says which.
+//
 //   prefill_bench [--lengths 4096,32768,131072] [--chunk 8192] [--reps 5] [--heads-q 32] [--heads-kv 8]
-//                 [--head-dim 128] [--kernels auto|portable|hopper[,...]] [--out FILE]
+//                 [--head-dim 128] [--kernels auto|portable|hopper[,...]] [--out-dtype bf16|f32] [--out FILE]
 // Peer: scripts/torch_prefill_bench.py (torch scaled_dot_product_attention on the same shapes).
 #include <algorithm>
 #include <cstdio>
@@ -35,7 +38,7 @@ using namespace retroinfer;
 
 // Times one whole prefill of n tokens in chunks of `chunk` (the runner's order), reps times.
 void run_case(FILE* out, const AttentionShape& shape, long long n, long long chunk, int reps,
-              cuda::PrefillKernel kernel) {
+              cuda::PrefillKernel kernel, bool out_bf16) {
   const int hq = shape.num_heads_q, hkv = shape.num_heads_kv, d = shape.head_dim;
   const long long max_chunk = std::min(chunk, n);
   const size_t kv_elems = size_t(hkv) * n * d;
@@ -51,7 +54,8 @@ void run_case(FILE* out, const AttentionShape& shape, long long n, long long chu
   auto whole = [&] {
     for (long long pos0 = 0; pos0 < n; pos0 += chunk) {
       const long long m = std::min(chunk, n - pos0);
-      attn.run(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), n, pos0, m, 0.0f, o.as<float>());
+      if (out_bf16) attn.run_bf16(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), n, pos0, m, 0.0f, o.as<uint16_t>());
+      else attn.run(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), n, pos0, m, 0.0f, o.as<float>());
     }
   };
   whole();  // warm-up (and the shared-memory attribute)
@@ -69,10 +73,10 @@ void run_case(FILE* out, const AttentionShape& shape, long long n, long long chu
   const double med = t[t.size() / 2];
   const double flops = 4.0 * d * hq * (double(n) * double(n + 1) / 2.0);
   std::fprintf(out,
-               "{\"bench\":\"prefill\",\"impl\":\"retroinfer\",\"kernel\":\"%s\",\"n\":%lld,\"chunk\":%lld,\"chunks\":%lld,"
+               "{\"bench\":\"prefill\",\"impl\":\"retroinfer\",\"kernel\":\"%s\",\"out\":\"%s\",\"n\":%lld,\"chunk\":%lld,\"chunks\":%lld,"
                "\"hq\":%d,\"hkv\":%d,\"d\":%d,\"ms\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"reps\":%d,"
                "\"flops\":%.4e,\"tflops\":%.1f}\n",
-               std::string(cuda::prefill_kernel_name(attn.kernel())).c_str(), n, max_chunk, (n + chunk - 1) / chunk,
+               std::string(cuda::prefill_kernel_name(attn.kernel())).c_str(), out_bf16 ? "bf16" : "f32", n, max_chunk, (n + chunk - 1) / chunk,
                hq, hkv, d, med, double(t.front()), double(t.back()), reps, flops, flops / (med * 1e-3) / 1e12);
   std::fflush(out);
 }
@@ -86,6 +90,7 @@ int main(int argc, char** argv) {
   int reps = 5, hq = 32, hkv = 8, d = 128;
   const char* out_path = nullptr;
   std::vector<std::string> kernels{"auto"};
+  std::string out_dtype = "bf16";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -100,6 +105,7 @@ int main(int argc, char** argv) {
     else if (a == "--head-dim") d = std::atoi(argv[++i]);
     else if (a == "--out") out_path = argv[++i];
     else if (a == "--kernels") kernels = retroinfer::bench::parse_list<std::string>(argv[++i]);
+    else if (a == "--out-dtype") out_dtype = argv[++i];
     else {
       std::fprintf(stderr, "prefill_bench: unknown option %s\n", argv[i]);
       return 2;
@@ -107,6 +113,10 @@ int main(int argc, char** argv) {
   }
   if (chunk < 1 || reps < 1) {
     std::fprintf(stderr, "prefill_bench: --chunk and --reps must be >= 1\n");
+    return 2;
+  }
+  if (out_dtype != "bf16" && out_dtype != "f32") {
+    std::fprintf(stderr, "prefill_bench: --out-dtype must be bf16 or f32, got %s\n", out_dtype.c_str());
     return 2;
   }
 #if defined(RETROINFER_WITH_CUDA)
@@ -128,8 +138,8 @@ int main(int argc, char** argv) {
     for (long long n : lengths)
       for (const std::string& k : kernels) {
         const retroinfer::cuda::PrefillKernel kernel = retroinfer::cuda::parse_prefill_kernel(k);
-        run_case(out, shape, n, chunk, reps, kernel);
-        if (chunk < n) run_case(out, shape, n, n, reps, kernel);  // the same prompt in one call
+        run_case(out, shape, n, chunk, reps, kernel, out_dtype == "bf16");
+        if (chunk < n) run_case(out, shape, n, n, reps, kernel, out_dtype == "bf16");  // the same prompt in one call
       }
   } catch (const retroinfer::Error& e) {
     std::fprintf(stderr, "prefill_bench: %s\n", e.what());
