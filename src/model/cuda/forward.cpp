@@ -402,15 +402,18 @@ void CudaSession::Impl::lm_head(int64_t row0, int64_t count, const float* x) {
           a.xb.as<uint16_t>(), a.xn.as<float>());
 }
 
-void CudaSession::Impl::tune_decode_gemms() {
+// The products of one layer at n rows over every layer's weights (timing rotates over them; gemm.h). Inputs
+// of any value (zeros): only the time matters. The outputs are the buffers the forward writes, so that the
+// pointer alignments (part of the tuning key) are those of the forward; they hold no state yet. O's input is a
+// cudaMalloc buffer like a.xb (decode: the Gemm's bf16 copy of the f32 attention output; prefill: a.att, which
+// the prefill attention writes in bf16): the same alignments, so the same key as tuning on a.xb. Returns false,
+// with O untuned, when a.xb is too narrow for O's input.
+bool CudaSession::Impl::tune_layer_gemms(int64_t n) {
   const ModelConfig& c = model.config();
   const CudaModel::Weights& w = model.weights();
-  if (w.type != WeightType::kBf16 || num_seqs > model::kGemmTuneMaxRows) return;
-  const int64_t n = num_seqs, h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
+  const int64_t h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
   const int64_t inter = c.intermediate_size;
   auto st = static_cast<cudaStream_t>(stream);
-  // Inputs of any value (zeros): only the time matters. The outputs are the buffers decode writes, so that
-  // the pointer alignments (part of the tuning key) are those of decode; they hold no state yet.
   RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.xb.data(), 0, a.xb.bytes(), st));
   std::vector<const void*> qkv, o, gu, down;
   for (const auto& L : w.layers) {
@@ -421,50 +424,38 @@ void CudaSession::Impl::tune_decode_gemms() {
   }
   const uint16_t* xb = a.xb.as<uint16_t>();
   gemm->tune(xb, n, h, qkv, (hq + 2 * hkv) * d, a.qkv.as<float>(), 0.0f, stream);
-  // O: the attention output reaches the product through the Gemm's f32 -> bf16 copy, a cudaMalloc buffer like
-  // a.xb: the same alignments, so the same tuning key (gemm.h) as tuning on a.xb here, over every layer.
-  if (static_cast<size_t>(n * hq * d) * 2 <= a.xb.bytes()) {
-    gemm->tune(xb, n, hq * d, o, h, a.x.as<float>(), 1.0f, stream);
-  } else {  // a.xb is too narrow: linear() tunes through its own copy, on layer 0's weights only
-    RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.att.data(), 0, static_cast<size_t>(n * hq * d) * 4, st));
-    RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.x.data(), 0, static_cast<size_t>(n * h) * 4, st));
-    gemm->linear(a.att.as<float>(), n, hq * d, w.layers[0].wo, h, a.x.as<float>(), 1.0f, stream);
-  }
+  const bool o_fits = static_cast<size_t>(n * hq * d) * 2 <= a.xb.bytes();
+  if (o_fits) gemm->tune(xb, n, hq * d, o, h, a.x.as<float>(), 1.0f, stream);
   gemm->tune_swiglu(xb, n, h, gu, inter, a.gu.as<float>(), a.actb.as<uint16_t>(), stream);
   RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.actb.data(), 0, a.actb.bytes(), st));
   gemm->tune(a.actb.as<uint16_t>(), n, inter, down, h, a.x.as<float>(), 1.0f, stream);
+  return o_fits;
+}
+
+void CudaSession::Impl::tune_decode_gemms() {
+  const ModelConfig& c = model.config();
+  const CudaModel::Weights& w = model.weights();
+  if (w.type != WeightType::kBf16 || num_seqs > model::kGemmTuneMaxRows) return;
+  const int64_t n = num_seqs, h = c.hidden_size, hqd = int64_t{c.num_heads_q} * c.head_dim;
+  auto st = static_cast<cudaStream_t>(stream);
+  if (!tune_layer_gemms(n)) {  // a.xb is too narrow: linear() tunes O through its own copy, on layer 0's weights
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.att.data(), 0, static_cast<size_t>(n * hqd) * 4, st));
+    RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.x.data(), 0, static_cast<size_t>(n * h) * 4, st));
+    gemm->linear(a.att.as<float>(), n, hqd, w.layers[0].wo, h, a.x.as<float>(), 1.0f, stream);
+  }
   const void* lm[1] = {w.lm_head};
-  gemm->tune(xb, n, h, lm, c.vocab_size, a.logits.as<float>(), 0.0f, stream);
+  gemm->tune(a.xb.as<uint16_t>(), n, h, lm, c.vocab_size, a.logits.as<float>(), 0.0f, stream);
   synchronize(stream);
 }
 
 // The products at the prefill chunk's row count (rows_cap), tuned once per process and shape before the first
 // prefill (Gemm never tunes a prefill shape inside a prefill): cublasGemmEx's default algorithm for these
 // large shapes can be well below cuBLASLt's best (H100, gate/up with bf16 output: 583 TFLOP/s at 8192 rows
-// against 727 at 2048). Inputs of any value (zeros), the outputs the prefill writes (the tuning key's
-// pointer alignments); the LM head runs on one row (or logit_rows) and is not tuned here.
+// against 727 at 2048). The LM head runs on one row (or logit_rows) and is not tuned here; nor is O where a.xb
+// is too narrow for its input (it then runs cublasGemmEx's default).
 void CudaSession::Impl::tune_prefill_gemms() {
-  const ModelConfig& c = model.config();
-  const CudaModel::Weights& w = model.weights();
-  if (w.type != WeightType::kBf16 || rows_cap <= model::kGemmTuneMaxRows) return;
-  const int64_t n = rows_cap, h = c.hidden_size, d = c.head_dim, hq = c.num_heads_q, hkv = c.num_heads_kv;
-  const int64_t inter = c.intermediate_size;
-  auto st = static_cast<cudaStream_t>(stream);
-  RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.xb.data(), 0, a.xb.bytes(), st));
-  RETROINFER_CUDA_CHECK(cudaMemsetAsync(a.actb.data(), 0, a.actb.bytes(), st));
-  std::vector<const void*> qkv, o, gu, down;
-  for (const auto& L : w.layers) {
-    qkv.push_back(L.wqkv);
-    o.push_back(L.wo);
-    gu.push_back(L.wgate_up);
-    down.push_back(L.wdown);
-  }
-  const uint16_t* xb = a.xb.as<uint16_t>();
-  gemm->tune(xb, n, h, qkv, (hq + 2 * hkv) * d, a.qkv.as<float>(), 0.0f, stream);
-  // O reads the Gemm's bf16 copy of the attention output (a cudaMalloc buffer like a.xb: the same key).
-  if (static_cast<size_t>(n * hq * d) * 2 <= a.xb.bytes()) gemm->tune(xb, n, hq * d, o, h, a.x.as<float>(), 1.0f, stream);
-  gemm->tune_swiglu(xb, n, h, gu, inter, a.gu.as<float>(), a.actb.as<uint16_t>(), stream);
-  gemm->tune(a.actb.as<uint16_t>(), n, inter, down, h, a.x.as<float>(), 1.0f, stream);
+  if (model.weights().type != WeightType::kBf16 || rows_cap <= model::kGemmTuneMaxRows) return;
+  tune_layer_gemms(rows_cap);
   synchronize(stream);
 }
 

@@ -224,6 +224,8 @@ struct CudaSession::Impl {
   void tune_decode_gemms();
   // The same for the prefill products at rows_cap rows (the prefill chunk), when rows_cap > kGemmTuneMaxRows.
   void tune_prefill_gemms();
+  // What both tune: QKV, O, gate/up + SwiGLU and down at n rows (forward.cpp); false when O was not tuned.
+  bool tune_layer_gemms(int64_t n);
   // Creates the decode attention objects for the token counts in pos (no prefill_done yet): one per layer
   // over the batch when every sequence holds the same count, else one per (sequence, layer).
   void make_attention();
