@@ -72,6 +72,7 @@ struct BenchDecodeOptions {
   std::string kv_dtype = "bf16";    // GPU-tier KV cache: bf16 or int8 (CudaSessionOptions::kv_dtype)
   std::string query_trace;     // --query-trace: host-tier retrieval clusters follow this cluster trace
   bool stage_times = false;    // --stage-times: host-tier layers time their steps' stages (WaveStageTimes)
+  bool prefill_breakdown = false;  // --prefill-breakdown: CudaSession::set_prefill_timing around the prefill
   std::string plot_dir;        // --plot: PNG charts of the --out file here after the run
   std::vector<std::string> plot_from;  // --plot-from: chart these JSON lines files instead of running
   std::string plot_title;      // --plot-title: the charts' title (default: model shape and device)
@@ -321,6 +322,7 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(c.batch), std::vector<int32_t>(size_t(c.context)));
     for (auto& p : prompts)
       for (auto& t : p) t = token(rng);
+    session->set_prefill_timing(o.prefill_breakdown);
     session->prefill(prompts, false, progress);
     j["kv_source"] = "prefill";
   }
@@ -328,6 +330,11 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   j["fill_s"] = fill_s;
   j["index_build_s"] = session->index_build_seconds();
   if (!synthetic) j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+  if (!synthetic && o.prefill_breakdown) {
+    json pb = json::object();
+    for (const auto& [name, ms] : session->last_prefill_ms()) pb[name] = ms;
+    j["prefill_breakdown_ms"] = pb;  // empty for a layer-major prefill (host-tier layers)
+  }
   if (c.kind == AttentionKind::kRetro) {
     j["retrieval_fraction"] = opt.attention.retrieval_fraction;
     j["layer_budget_queries"] = opt.attention.layer_budget_queries;
@@ -784,6 +791,11 @@ void setup_bench_decode(CLI::App& app) {
                 "Host-tier layers record events between the stages of every decode step; the JSON gets "
                 "wave_stage_ms (apply, select, apply_wait, lookup, gather, attention, ring_wait, step: ms per "
                 "step summed over the layers)");
+  cmd->add_flag("--prefill-breakdown", o->prefill_breakdown,
+                "A real prefill with every layer on the GPU records events around every chunk and layer "
+                "attention; the JSON gets prefill_breakdown_ms (attention, layers, chunk_start, chunk_end, "
+                "between_chunks, gpu_total: ms summed over the chunks; CudaSession::last_prefill_ms; the joined "
+                "mode's one-sequence sessions do not record it)");
   cmd->add_option("--plot", o->plot_dir,
                   "Write PNG charts (tokens/s against batch per method and placement, ms per step: attention and "
                   "the rest) of the --out file to this folder (python3 + matplotlib; docs/install.md#charts)");

@@ -207,6 +207,17 @@ class CudaSession {
   // session then launches eagerly; the reason is printed once to stderr).
   bool decode_graphs_active() const;
   std::vector<std::pair<std::string, float>> last_step_ms() const;
+  // Prefill timeline (set_prefill_timing(true) before prefill; every layer on the GPU, the chunk-major path):
+  // CUDA events at each chunk's start and end and around each layer's attention, read once the prefill is done
+  // (no synchronisation inside it). last_prefill_ms: milliseconds summed over the chunks, in this order:
+  // "attention" (the layers' prefill attention), "layers" (from one layer's attention to the next's: O, MLP,
+  // norms, QKV, RoPE and the K/V append), "chunk_start" (embedding and the first layer's work before its
+  // attention), "chunk_end" (the last layer's work after its attention), "between_chunks" (from a chunk's end
+  // to the next one's start: the row upload, all_logits' LM head, and the GPU idle if the host was late),
+  // "gpu_total" (the first chunk's start to the last one's end). Empty when timing was off or the prefill ran
+  // layer-major.
+  void set_prefill_timing(bool on);
+  std::vector<std::pair<std::string, float>> last_prefill_ms() const;
   // Host seconds spent issuing decode steps (decode / decode_greedy from entry to the wait for the step's
   // results), summed since construction: against the steps' wall time it says whether the host's launches
   // (and, in benchmarks, a query trace's replay) or the device bound the step.

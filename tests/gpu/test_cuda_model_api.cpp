@@ -1,5 +1,6 @@
 // The CUDA model runner's API contract: bad input gives a clear Error, the memory plan refuses what does not
-// fit, random weights of a Llama-3-8B shape run, step timing and the CudaSequenceSession adapter.
+// fit, random weights of a Llama-3-8B shape run, step timing, the prefill timeline and the CudaSequenceSession
+// adapter.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -140,6 +141,49 @@ TEST(CudaModelApi, RandomLlama3_8B) {
               "(batch 2, 520 tokens): attention %.3f ms, other %.3f ms\n",
               gm->weight_bytes() / 1073741824.0, std::chrono::duration<double>(t1 - t0).count(),
               std::chrono::duration<double>(t2 - t1).count(), att, other);
+}
+
+// The prefill timeline (set_prefill_timing): three chunks of a bf16 model, the parts in their order, each >= 0,
+// attention and the layers' work > 0, and the parts tile the chunks' span (every interval between consecutive
+// events is counted once: start + attention + layers + end per chunk, and the gaps between chunks, make
+// gpu_total up to the elapsed times' rounding). Timing changes no result: the logits equal an untimed
+// session's bitwise. Off, or a layer-major prefill (host-tier layers): empty.
+TEST(CudaModelApi, PrefillTimeline) {
+  RETROINFER_REQUIRE_GPU();
+  const ModelConfig c = gputest::synthetic_config(128);
+  gputest::MemoryModelFile f(c, 21);
+  auto m = Model::load(f);
+  auto gm = CudaModel::upload(*m, cuda::WeightType::kBf16);
+  const std::vector<std::vector<int32_t>> prompt{gputest::random_tokens(600, c.vocab_size, 22)};
+  CudaSession timed(*gm, full_options(1024, 256), 1), plain(*gm, full_options(1024, 256), 1);
+  timed.set_prefill_timing(true);
+  const auto a = timed.prefill(prompt), b = plain.prefill(prompt);
+  EXPECT_EQ(a, b) << "prefill timing changed the logits";
+  EXPECT_TRUE(plain.last_prefill_ms().empty());
+  const auto ms = timed.last_prefill_ms();
+  const char* names[] = {"attention", "layers", "chunk_start", "chunk_end", "between_chunks", "gpu_total"};
+  ASSERT_EQ(ms.size(), std::size(names));
+  double parts = 0.0;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    EXPECT_EQ(ms[i].first, names[i]);
+    EXPECT_GE(ms[i].second, 0.0f) << names[i];
+    if (i + 1 < ms.size()) parts += ms[i].second;
+  }
+  EXPECT_GT(ms[0].second, 0.0f);
+  if (c.num_layers > 1) EXPECT_GT(ms[1].second, 0.0f);
+  const double total = ms.back().second;
+  EXPECT_NEAR(parts, total, 0.05 + 1e-3 * total) << "the parts must tile the chunks' span";
+  std::printf("[cuda_model prefill timeline] 600 tokens in chunks of 256, %d layers: attention %.3f, layers %.3f, "
+              "chunk start %.3f, chunk end %.3f, between chunks %.3f, total %.3f ms\n",
+              c.num_layers, ms[0].second, ms[1].second, ms[2].second, ms[3].second, ms[4].second, total);
+
+  CudaSessionOptions host = full_options(1024, 256);
+  host.attention.kind = AttentionKind::kRetro;
+  host.placement = KvPlacement::kHost;
+  CudaSession layer_major(*gm, host, 1);
+  layer_major.set_prefill_timing(true);
+  layer_major.prefill(prompt);
+  EXPECT_TRUE(layer_major.last_prefill_ms().empty()) << "a layer-major prefill records no timeline";
 }
 
 TEST(CudaModelApi, SequenceSessionAdapter) {

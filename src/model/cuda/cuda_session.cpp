@@ -154,6 +154,7 @@ OwnedStream::~OwnedStream() {
 CudaSession::Impl::~Impl() {
   if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));  // before freeing anything
   for (void* e : events) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  drop_prefill_marks();  // a prefill that threw leaves its marks
   drop_decode_graphs();
 }
 
@@ -248,6 +249,8 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
   std::vector<float> out(static_cast<size_t>((all_logits ? total : im.num_seqs) * vocab));
   int64_t done = 0;
   LaggedProgress lagged(progress, total);
+  im.prefill_ms.clear();
+  im.prefill_marking = im.prefill_timing;
   for (int s = 0; s < im.num_seqs; ++s) {
     const std::vector<int32_t>& p = prompts[s];
     const int64_t n = static_cast<int64_t>(p.size());
@@ -265,7 +268,9 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
       // As the CPU runner: prefill uses the frequencies for the whole prompt's length (dynamic RoPE).
       ::retroinfer::model::rope_table(im.frequencies(n), start, m, im.staging->cos, im.staging->sin);
       im.upload_rows(m);
+      im.mark_prefill();
       im.forward(m, false, s, start);
+      im.mark_prefill();
       if (all_logits) {
         for (int64_t b0 = 0; b0 < m; b0 += im.logit_rows) {
           const int64_t cnt = std::min(im.logit_rows, m - b0);
@@ -287,8 +292,10 @@ std::vector<float> CudaSession::prefill(const std::vector<std::vector<int32_t>>&
   }
   lagged.finish();
   im.prefix_tokens.clear();
+  im.prefill_marking = false;
   im.build_attention();
   synchronize(im.stream);
+  if (!im.prefill_marks.empty()) im.collect_prefill_timing();
   im.prefilled = true;
   im.drop_decode_graphs();  // a (re)fill may have reallocated buffers the graphs captured
   return out;
@@ -595,6 +602,53 @@ const AttentionStats& CudaSession::last_stats() const {
     im.exact_stats_valid = true;
   }
   return im.exact_stats_valid ? im.exact_last_stats : im.last_stats;
+}
+
+void CudaSession::set_prefill_timing(bool on) { impl_->prefill_timing = on; }
+
+std::vector<std::pair<std::string, float>> CudaSession::last_prefill_ms() const { return impl_->prefill_ms; }
+
+void CudaSession::Impl::mark_prefill() {
+  if (!prefill_marking) return;
+  cudaEvent_t e = nullptr;
+  RETROINFER_CUDA_CHECK(cudaEventCreate(&e));
+  prefill_marks.push_back(e);  // owned before the record can throw
+  RETROINFER_CUDA_CHECK(cudaEventRecord(e, static_cast<cudaStream_t>(stream)));
+}
+
+void CudaSession::Impl::drop_prefill_marks() {
+  for (void* e : prefill_marks) cudaEventDestroy(static_cast<cudaEvent_t>(e));  // no throw: also from ~Impl
+  prefill_marks.clear();
+  prefill_marking = false;
+}
+
+void CudaSession::Impl::collect_prefill_timing() {
+  const int L = num_layers();
+  const size_t per_chunk = 2 + 2 * static_cast<size_t>(L);  // start, (before, after attention) x L, end
+  auto ms = [&](size_t a, size_t b) {
+    float t = 0.0f;
+    RETROINFER_CUDA_CHECK(cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(prefill_marks[a]),
+                                               static_cast<cudaEvent_t>(prefill_marks[b])));
+    return t;
+  };
+  const size_t n = prefill_marks.size();
+  if (n == 0 || n % per_chunk != 0) {
+    drop_prefill_marks();
+    return;
+  }
+  float attention = 0.0f, layers = 0.0f, start = 0.0f, end = 0.0f, between = 0.0f;
+  for (size_t c = 0; c < n; c += per_chunk) {
+    start += ms(c, c + 1);
+    for (int l = 0; l < L; ++l) {
+      attention += ms(c + 1 + 2 * l, c + 2 + 2 * l);
+      if (l + 1 < L) layers += ms(c + 2 + 2 * l, c + 3 + 2 * l);
+    }
+    end += ms(c + per_chunk - 2, c + per_chunk - 1);
+    if (c + per_chunk < n) between += ms(c + per_chunk - 1, c + per_chunk);
+  }
+  prefill_ms = {{"attention", attention}, {"layers", layers},       {"chunk_start", start},
+                {"chunk_end", end},        {"between_chunks", between}, {"gpu_total", ms(0, n - 1)}};
+  drop_prefill_marks();
 }
 
 void CudaSession::set_step_timing(bool on) {

@@ -290,6 +290,7 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
   layer_pre_attention(l, rows, rv, x, decode);
   if (!decode) keep_prompt_queries(l, rows, pos0);
   record_event(2 + 2 * l);
+  if (!decode) mark_prefill();
   // The prefill kernels write the O product's bf16 input themselves (bf16 weights; the same rounding as the
   // Gemm's copy of an f32 output, without the f32 round trip).
   const bool att_bf16 = !decode && prefill_attention && model.weights().type == WeightType::kBf16;
@@ -319,6 +320,7 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
     }
   }
   record_event(3 + 2 * l);
+  if (!decode) mark_prefill();
   layer_post_attention(l, rows, x, att_bf16);
 }
 

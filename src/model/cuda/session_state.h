@@ -184,6 +184,16 @@ struct CudaSession::Impl {
   bool recording = false;  // timing and inside decode: forward() records the attention events
   std::vector<void*> events;  // cudaEvent_t: [0] step start, [1] step end, [2 + 2l] / [3 + 2l] layer l attention
   std::vector<std::pair<std::string, float>> last_ms;
+  // Prefill timeline (set_prefill_timing): while a chunk-major prefill runs with it on, mark_prefill() records
+  // an event at each chunk's start and end and before / after each layer's attention, in that order.
+  bool prefill_timing = false;
+  bool prefill_marking = false;
+  std::vector<void*> prefill_marks;  // cudaEvent_t
+  std::vector<std::pair<std::string, float>> prefill_ms;
+  void mark_prefill();
+  // Sums the marks of a finished prefill into prefill_ms and destroys them (after the stream's synchronisation).
+  void collect_prefill_timing();
+  void drop_prefill_marks();
 
   int64_t seq_elems() const { return int64_t{shape.num_heads_kv} * max_context * shape.head_dim; }
   int num_layers() const { return model.config().num_layers; }
