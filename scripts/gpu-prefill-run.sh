@@ -7,6 +7,9 @@
 #   model    `bench decode` with a real prefill of the Llama-3-8B shape (random weights) at MODEL_CONTEXTS (default
 #            32768 131072) in chunks of PREFILL_CHUNKS tokens (default 2048), full attention, and Hugging Face
 #            transformers' prefill on the same shape (SKIP_HF=1: not)
+#   timeline the model prefill of `model` with --prefill-breakdown at TIMELINE_CONTEXTS (default 131072) in chunks
+#            of PREFILL_CHUNKS: where the GPU time goes (attention, the layers' other work, chunk starts / ends,
+#            between chunks) against the wall time
 #   long     the same real prefill at LONG_CONTEXTS (default 524288) with LONG_METHODS (default full; full,retro gives
 #            retro's index build as the difference): time to first token of a long prompt
 #
@@ -64,6 +67,19 @@ section_model() {
     --contexts "$(echo ${MODEL_CONTEXTS:-32768 131072} | tr ' ' ',')" --batches 1 --steps 2 > "$OUT/hf_prefill.log" 2>&1
   note "hf_generate_bench exit code $?"
   cat "$OUT/hf_prefill.jsonl" >> "$summary" 2>/dev/null
+}
+
+section_timeline() {
+  for chunk in ${PREFILL_CHUNKS:-2048}; do
+    for ctx in ${TIMELINE_CONTEXTS:-131072}; do
+      timeout 200 "$BIN/retroinfer" bench decode --model llama3-8b --contexts "$ctx" --batches 1 --methods full \
+        --placement gpu --synthetic never --max-real-prefill "$ctx" --prefill-chunk "$chunk" --steps 2 --warmup 1 \
+        --prefill-breakdown --out "$OUT/prefill_timeline.jsonl" > "$OUT/prefill_timeline_${ctx}_$chunk.log" 2>&1 || status=1
+      note "prefill timeline $ctx, chunk $chunk: $(tail -1 "$OUT/prefill_timeline.jsonl" | python3 -c 'import json,sys
+j = json.loads(sys.stdin.read())
+print("fill_s", j.get("fill_s"), "ms:", j.get("prefill_breakdown_ms"))' 2>&1)"
+    done
+  done
 }
 
 section_long() {
