@@ -190,10 +190,10 @@ __global__ void swiglu_kernel(SwiGluParams p) {
   }
 }
 
-// Four bf16 values (8 bytes) widened to f32.
+// Four bf16 values (8 bytes) widened to f32 (common.cuh's pair widening).
 __device__ __forceinline__ float4 widen4(uint2 b) {
-  return make_float4(bf16_to_f32(static_cast<uint16_t>(b.x & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(b.x >> 16)),
-                     bf16_to_f32(static_cast<uint16_t>(b.y & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(b.y >> 16)));
+  const float2 lo = detail::bf16x2_to_float2(b.x), hi = detail::bf16x2_to_float2(b.y);
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
 // Four elements per thread: inter % 4 == 0 and the alignments checked by the launcher.
