@@ -214,12 +214,27 @@ __global__ void __launch_bounds__(kThreads, 1)
   // swizzle): the A operand of S = Q K^T, so that Q takes no registers (P of the previous tile holds kKeys / 4
   // while the softmax runs).
   const uint32_t q_addr = sq_addr + uint32_t(wg * kQBytes);
+  // Every load of this thread's kQChunks chunks (f32) is issued before the first store: a loop that rounds and
+  // stores each chunk as it arrives waits for global memory kQChunks times in a row, several microseconds at
+  // the start of every CTA (H100, 32K: ~2-3% of the kernel's cycles).
   {
+    constexpr int kQChunks = 64 * (kD / 8) / 128;
     uint8_t* sq = sq0 + wg * kQBytes;
-    for (int i = threadIdx.x & 127; i < 64 * (kD / 8); i += 128) {
-      const int r = i / (kD / 8), c = i % (kD / 8);  // row of the warpgroup's tile, 16-byte chunk
+    float4 qf[2 * kQChunks];
+#pragma unroll
+    for (int u = 0; u < kQChunks; ++u) {
+      const int i = (threadIdx.x & 127) + u * 128, r = i / (kD / 8), c = i % (kD / 8);
+      const float* row = q_packed_row<kD>(p, h, r0 + wg * 64 + r);
+      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      qf[2 * u] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + c * 8)) : zero;
+      qf[2 * u + 1] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + c * 8 + 4)) : zero;
+    }
+#pragma unroll
+    for (int u = 0; u < kQChunks; ++u) {
+      const int i = (threadIdx.x & 127) + u * 128, r = i / (kD / 8), c = i % (kD / 8);  // row, 16-byte chunk
+      const float4 a = qf[2 * u], b = qf[2 * u + 1];
       *reinterpret_cast<uint4*>(sq + (c >> 3) * kQBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
-          q_chunk_bf16<kD>(p, h, r0 + wg * 64 + r, c);
+          make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
     }
     fence_proxy_async_smem();  // the generic-proxy stores, visible to wgmma's reads
     asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
