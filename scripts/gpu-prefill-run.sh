@@ -10,6 +10,9 @@
 #   timeline the model prefill of `model` with --prefill-breakdown at TIMELINE_CONTEXTS (default 131072) in chunks
 #            of PREFILL_CHUNKS: where the GPU time goes (attention, the layers' other work, chunk starts / ends,
 #            between chunks) against the wall time
+#   isolated one layer's attention in one call at ISOLATED_LENGTHS (default 32768 131072), ours (and bin/prefill_bench_base
+#            when staged) and torch SDPA, each launch profiled alone by Nsight Compute (--clock-control none):
+#            time, cycles, SM clock, tensor-pipe activity, DRAM bytes (isolated.jsonl; scripts/ncu_kernel_times.py)
 #   long     the same real prefill at LONG_CONTEXTS (default 524288) with LONG_METHODS (default full; full,retro gives
 #            retro's index build as the difference): time to first token of a long prompt
 #
@@ -80,6 +83,30 @@ j = json.loads(sys.stdin.read())
 print("fill_s", j.get("fill_s"), "ms:", j.get("prefill_breakdown_ms"))' 2>&1)"
     done
   done
+}
+
+section_isolated() {
+  local m=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_elapsed.avg.per_second
+  m=$m,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+  for n in ${ISOLATED_LENGTHS:-32768 131072}; do
+    for impl in retroinfer retroinfer_base; do
+      local bin=$BIN/prefill_bench
+      [ "$impl" = retroinfer_base ] && bin=$BIN/prefill_bench_base
+      [ -x "$bin" ] || continue
+      # The first launch is prefill_bench's warm-up; 3 launches profiled at 32K, 2 at 128K.
+      timeout 200 ncu --clock-control none -k regex:prefill_hopper --launch-skip 1 --launch-count "${ISOLATED_LAUNCHES:-2}" \
+        --metrics "$m" --csv "$bin" --lengths "$n" --kernels hopper --chunk "$n" --reps 2 \
+        > "$OUT/ncu_${impl}_$n.csv" 2> "$OUT/ncu_${impl}_$n.err" || status=1
+      python3 "$here/ncu_kernel_times.py" --csv "$OUT/ncu_${impl}_$n.csv" --impl "$impl" --n "$n" >> "$OUT/isolated.jsonl" || status=1
+    done
+    PYTHONUNBUFFERED=1 timeout 200 ncu --clock-control none -k regex:'(?i)(fmha|flash|sdpa)' --launch-count 2 --metrics "$m" \
+      --csv python3 "$here/torch_prefill_bench.py" --lengths "$n" --chunk "$n" --reps 1 --out "$OUT/torch_under_ncu.jsonl" \
+      > "$OUT/ncu_torch_sdpa_$n.csv" 2> "$OUT/ncu_torch_sdpa_$n.err" || status=1
+    python3 "$here/ncu_kernel_times.py" --csv "$OUT/ncu_torch_sdpa_$n.csv" --impl torch_sdpa --n "$n" >> "$OUT/isolated.jsonl" || status=1
+  done
+  note "isolated kernels: $(python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    j = json.loads(l); print(j["impl"], j["n"], j.get("ms"), "ms", j.get("cycles"), "cycles", j.get("sm_ghz"), "GHz;", end=" ")' "$OUT/isolated.jsonl" 2>&1)"
 }
 
 section_long() {
