@@ -13,6 +13,9 @@
 #   isolated one layer's attention in one call at ISOLATED_LENGTHS (default 32768 131072), ours (and bin/prefill_bench_base
 #            when staged) and torch SDPA, each launch profiled alone by Nsight Compute (--clock-control none):
 #            time, cycles, SM clock, tensor-pipe activity, DRAM bytes (isolated.jsonl; scripts/ncu_kernel_times.py)
+#   products model_ops_bench's products at 2048 and 8192 rows, each cuBLAS launch (and the SwiGLU kernel) profiled alone
+#            by Nsight Compute: products_ncu_launches.jsonl, one line per launch in order (each op's tuning
+#            candidates, then its timed launches), and the same products timed back to back (products_model_ops.jsonl)
 #   long     the same real prefill at LONG_CONTEXTS (default 524288) with LONG_METHODS (default full; full,retro gives
 #            retro's index build as the difference): time to first token of a long prompt
 #
@@ -107,6 +110,19 @@ section_isolated() {
   note "isolated kernels: $(python3 -c 'import json,sys
 for l in open(sys.argv[1]):
     j = json.loads(l); print(j["impl"], j["n"], j.get("ms"), "ms", j.get("cycles"), "cycles", j.get("sm_ghz"), "GHz;", end=" ")' "$OUT/isolated.jsonl" 2>&1)"
+}
+
+section_products() {
+  local m=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_elapsed.avg.per_second
+  m=$m,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+  timeout 400 ncu --clock-control none -k regex:'(?i)(gemm|xmma|nvjet|cutlass|sm90|swiglu)' --metrics "$m" --csv \
+    "$BIN/model_ops_bench" --rows 2048,8192 --variants 0 --layers 2 --reps 2 --out "$OUT/products_under_ncu.jsonl" \
+    > "$OUT/ncu_products.csv" 2> "$OUT/ncu_products.err" || status=1
+  python3 "$here/ncu_kernel_times.py" --csv "$OUT/ncu_products.csv" --impl model_ops_bench \
+    > "$OUT/products_ncu_launches.jsonl" || status=1
+  timeout 120 "$BIN/model_ops_bench" --rows 2048,8192 --variants 0 --out "$OUT/products_model_ops.jsonl" \
+    > /dev/null 2> "$OUT/products_model_ops.err" || status=1
+  note "products: $(wc -l < "$OUT/products_ncu_launches.jsonl") launches profiled"
 }
 
 section_long() {

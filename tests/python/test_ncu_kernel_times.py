@@ -38,6 +38,11 @@ def test_launches_become_json_lines(tmp_path):
     assert j["ms"] == 12.6814 and j["cycles"] == 21650306 and j["sm_ghz"] == 1.691 and j["dram_read_gb"] == 1.287
     # 4 * 128 * 32 * 32768 * 32769 / 2 FLOPs in 12.681376 ms
     assert abs(j["tflops"] - 693.6) < 0.1
+    assert j["grid"] == "(132, 1, 1)"
+    # Without --n (a product, say): every launch, no TFLOP/s.
+    r = run("--csv", str(csv))
+    lines = [json.loads(l) for l in r.stdout.splitlines()]
+    assert r.returncode == 0 and len(lines) == 2 and "tflops" not in lines[0] and lines[1]["ms"] == 0.9004
 
 
 def test_not_ncu_csv_is_refused(tmp_path):
