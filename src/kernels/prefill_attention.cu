@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   uint16_t* sk0 = smem + Smem::kQ;
   uint16_t* sv0 = sk0 + Smem::kStages * Smem::kKV;
 
-  const PrefillCta cta = prefill_cta(p, kBM, BN);
+  const PrefillCta cta = prefill_cta(p, kBM, BN, static_cast<int>(blockIdx.x));
   const int h = cta.h, r0 = cta.r0, kv_end = cta.kv_end, first_masked = cta.first_masked;
   const int j0 = cta.j0, num_tiles = cta.num_tiles;
 

@@ -3,13 +3,19 @@
 // prefill_kernels.h; the shared pieces in prefill_common.cuh); head_dim 128 only. This file is compiled for
 // sm_90a alone (wgmma does not exist in sm_90's PTX): src/kernels/CMakeLists.txt.
 //
-// One CTA of three warpgroups (384 threads) owns kPrefillRows = 128 packed query rows of one KV head. Warpgroup 0 is
-// the producer: it gives up registers (setmaxnreg.dec to 24) and one of its threads streams K and V tiles of kKeys =
-// kHopperKeys tokens (176, in two stages) into two shared-memory rings with tensor-map copies (TMA: 2 boxes of kKeys
-// tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier of the stage), waiting on the stage's
-// "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of tile i, since a K stage comes free as
-// soon as the S product that read it is done. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc to 240: the register
-// file is 64K), 64 rows each; each warp releases a K stage once S is done and a V stage once P V is done.
+// Persistent: one CTA of three warpgroups (384 threads) per multiprocessor takes work items (kPrefillRows = 128 packed
+// query rows of one KV head, or a key split of them) in prefill_cta's order from a counter (PrefillParams::work)
+// until none is left; its K/V rings run on across items, so the next item's first tiles arrive while the current
+// one ends, and no CTA start or end separates the items (H100, 32K, one call: 1.3% fewer cycles than a CTA per
+// item). Warpgroup 0 is the producer: it gives up registers (setmaxnreg.dec to 32) and one of its threads takes
+// each item from the counter, hands it to the consumers through two item slots (an index with a full and an
+// empty mbarrier each), prefetches the item's Q rows into L2 (0.2-0.3% fewer cycles), and streams K and V tiles
+// of kKeys = kHopperKeys tokens (176, in two stages) into two shared-memory rings with tensor-map copies (TMA: 2
+// boxes of kKeys tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier of the stage),
+// waiting on the stage's "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of tile i,
+// since a K stage comes free as soon as the S product that read it is done. Warpgroups 1 and 2 are the consumers
+// (setmaxnreg.inc to 232; 128 x 32 + 256 x 232 registers fit the 384 x 168 the launch holds), 64 rows each; each
+// warp releases a K stage once S is done and a V stage once P V is done.
 //
 // Per tile a consumer computes S = Q K^T with 8 wgmma m64n176k16 taking Q (staged once, bf16, in K's layout)
 // and K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
@@ -33,10 +39,12 @@
 // Precision: that of the portable kernel (q and P rounded to bf16 for the products, f32 accumulation).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/async_copy.cuh"
 #include "kernels/common.cuh"
+#include "kernels/kernel_common.h"
 #include "kernels/prefill_common.cuh"
 #include "kernels/prefill_kernels.h"
 #include "kernels/tensor_map.h"
@@ -49,7 +57,7 @@ constexpr int kRows = kPrefillRows;   // packed query rows per CTA
 constexpr int kConsumerWarps = 8;     // two consumer warpgroups
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
-constexpr int kProducerRegisters = 24, kConsumerRegisters = 240;  // 128 x 24 + 256 x 240 <= 64K registers
+constexpr int kProducerRegisters = 32, kConsumerRegisters = 232;  // 128 x 32 + 256 x 232 <= 384 x 168, the launch's registers
 constexpr int kQBlockBytes = 64 * 128;          // one 64-column block of a consumer's 64 Q rows
 constexpr int kQBytes = 2 * kQBlockBytes;       // a consumer's 64 x 128 bf16 Q tile
 
@@ -60,7 +68,11 @@ constexpr int kKeys = kHopperKeys;
 constexpr int kStages = 2;
 constexpr int kBlockBytes = kKeys * 128;     // one 64-column block of a tile
 constexpr int kTileBytes = 2 * kBlockBytes;  // a kKeys x 128 bf16 tile
-constexpr size_t kSmemBytes = size_t(kTileBytes) * 2 * kStages + 2 * kQBytes + 4 * kStages * 8 + 1024;
+// The work items' hand-over from the producer to the consumers: two slots, each an item index with a full and
+// an empty mbarrier.
+constexpr int kItemSlots = 2;
+constexpr size_t kSmemBytes =
+    size_t(kTileBytes) * 2 * kStages + 2 * kQBytes + 4 * kStages * 8 + kItemSlots * (2 * 8 + 4) + 1024;
 static_assert(kKeys == 176, "the S product (wgmma_m64n176k16_ss) and the register plan are for 176-key tiles");
 static_assert(kBlockBytes % 1024 == 0, "8-row swizzle atoms stay 1024-byte aligned");
 static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory");
@@ -138,6 +150,11 @@ __device__ __forceinline__ void wgmma_m64n176k16_ss(float* d, uint64_t desc_a, u
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// `bytes` (a multiple of 16, 16-byte aligned) at src into L2, asynchronously; nothing waits for it.
+__device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // The box at (x, y, z) of tensor map `map` -> shared memory, completing its bytes on bar.
 __device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, int x, int y, int z, uint64_t* bar) {
   asm volatile(
@@ -148,7 +165,7 @@ __device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, 
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_hopper_kernel(const PrefillParams p, const __grid_constant__ HopperMaps maps) {
+    prefill_hopper_kernel(const PrefillParams p, const __grid_constant__ HopperMaps maps, const unsigned items) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kS = kKeys / 2;  // S accumulators per thread (m64nkKeys: kKeys / 8 column blocks x 4)
   extern __shared__ uint8_t smem_raw[];
@@ -161,11 +178,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty_k = full_v + kStages;
   uint64_t* empty_v = empty_k + kStages;
+  uint64_t* item_full = empty_v + kStages;
+  uint64_t* item_empty = item_full + kItemSlots;
+  unsigned* item_id = reinterpret_cast<unsigned*>(item_empty + kItemSlots);
   const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes,
                  sq_addr = sv_addr + kStages * kTileBytes;
-
-  const PrefillCta cta = prefill_cta(p, kRows, kKeys);
-  const int h = cta.h, r0 = cta.r0, first_masked = cta.first_masked, j0 = cta.j0, num_tiles = cta.num_tiles;
 
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
@@ -174,31 +191,54 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&empty_k[st], kConsumerWarps);
       mbar_init(&empty_v[st], kConsumerWarps);
     }
+    for (int sl = 0; sl < kItemSlots; ++sl) {
+      mbar_init(&item_full[sl], 1);
+      mbar_init(&item_empty[sl], kConsumerWarps);
+    }
     mbar_init_fence();
   }
   __syncthreads();
-  const int n_it = num_tiles - j0;
 
   if (threadIdx.x < 128) {
-    // Producer: K and V of tile j0 + t go into stage t % kStages of their own ring once every consumer warp
-    // released that stage's previous tile (t >= kStages). K of the next tile is copied before V of this one:
-    // a K stage comes free when the S product that read it is done, a V stage only after the P V product, one
-    // softmax later.
+    // Producer: takes the next work item from the counter and hands it to the consumers through the item
+    // slots, then copies its K and V tiles. The rings run on across items: the t-th tile this CTA copies goes
+    // into stage t % kStages once every consumer warp released that stage's previous tile (t >= kStages), so
+    // the next item's first tiles arrive while the consumers finish the current one. K of the next tile is
+    // copied before V of this one: a K stage comes free when the S product that read it is done, a V stage
+    // only after the P V product, one softmax later.
     setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
-      auto copy = [&](const CUtensorMap* map, uint8_t* ring, uint64_t* full, uint64_t* empty, int t) {
+      auto copy = [&](const CUtensorMap* map, uint8_t* ring, uint64_t* full, uint64_t* empty, int t, int j, int h) {
         const int st = t % kStages;
         if (t >= kStages) mbar_wait(&empty[st], ((t / kStages) & 1) ^ 1);
         mbar_arrive_expect_tx(&full[st], 2 * kBlockBytes);
         uint8_t* dst = ring + st * kTileBytes;
-        const int y = (j0 + t) * kKeys;
-        tma_load_box(dst, map, 0, y, h, &full[st]);
-        tma_load_box(dst + kBlockBytes, map, 64, y, h, &full[st]);
+        tma_load_box(dst, map, 0, j * kKeys, h, &full[st]);
+        tma_load_box(dst + kBlockBytes, map, 64, j * kKeys, h, &full[st]);
       };
-      if (n_it > 0) copy(&maps.k, sk0, full_k, empty_k, 0);
-      for (int t = 0; t < n_it; ++t) {
-        if (t + 1 < n_it) copy(&maps.k, sk0, full_k, empty_k, t + 1);
-        copy(&maps.v, sv0, full_v, empty_v, t);
+      int copied = 0;  // tiles copied into each ring so far
+      for (int k = 0;; ++k) {
+        const int sl = k % kItemSlots;
+        if (k >= kItemSlots) mbar_wait(&item_empty[sl], ((k / kItemSlots) & 1) ^ 1);
+        const unsigned item = atomicAdd(p.work, 1u);
+        item_id[sl] = item;
+        mbar_arrive(&item_full[sl]);  // releases the slot's write to the consumers
+        if (item >= items) break;
+        const PrefillCta c = prefill_cta(p, kRows, kKeys, static_cast<int>(item));
+        const int n_it = c.num_tiles - c.j0;
+        if (n_it > 0) copy(&maps.k, sk0, full_k, empty_k, copied, c.j0, c.h);
+        // The item's Q rows into L2 while the consumers finish the previous item, so that their loads at its start
+        // hit L2: one bulk prefetch per token (its G query heads of KV head h are contiguous, G * D f32).
+        {
+          const int t0 = c.r0 / p.group, tokens = min(p.n, (c.r0 + kRows + p.group - 1) / p.group) - t0;
+          const float* row = p.q + (int64_t(t0) * p.num_heads_q + c.h * p.group) * kD;
+          for (int t = 0; t < tokens; ++t, row += p.num_heads_q * kD) prefetch_l2(row, p.group * kD * 4);
+        }
+        for (int t = 0; t < n_it; ++t) {
+          if (t + 1 < n_it) copy(&maps.k, sk0, full_k, empty_k, copied + t + 1, c.j0 + t + 1, c.h);
+          copy(&maps.v, sv0, full_v, empty_v, copied + t, c.j0 + t, c.h);
+        }
+        copied += n_it;
       }
     }
     // exit, not return: ptxas allocates the consumers under setmaxnreg's 240 registers only when no path joins
@@ -214,50 +254,53 @@ __global__ void __launch_bounds__(kThreads, 1)
   // swizzle): the A operand of S = Q K^T, so that Q takes no registers (P of the previous tile holds kKeys / 4
   // while the softmax runs).
   const uint32_t q_addr = sq_addr + uint32_t(wg * kQBytes);
-  // Every load of this thread's kQChunks chunks (f32) is issued before the first store: a loop that rounds and
-  // stores each chunk as it arrives waits for global memory kQChunks times in a row, several microseconds at
-  // the start of every CTA (H100, 32K: ~2-3% of the kernel's cycles).
-  {
-    constexpr int kQChunks = 64 * (kD / 8) / 128;
-    uint8_t* sq = sq0 + wg * kQBytes;
-    float4 qf[2 * kQChunks];
+  uint8_t* sq = sq0 + wg * kQBytes;
+  // Q of the next item is read into registers (f32, this thread's kQChunks 16-byte chunks of the bf16 tile)
+  // while the current item's last P V product and epilogue run, and stored once they are done, so that an
+  // item starts without waiting for global memory.
+  constexpr int kQChunks = 64 * (kD / 8) / 128;
+  float4 qf[2 * kQChunks];
+  auto load_q = [&](const PrefillCta& c) {
 #pragma unroll
     for (int u = 0; u < kQChunks; ++u) {
-      const int i = (threadIdx.x & 127) + u * 128, r = i / (kD / 8), c = i % (kD / 8);
-      const float* row = q_packed_row<kD>(p, h, r0 + wg * 64 + r);
-      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      qf[2 * u] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + c * 8)) : zero;
-      qf[2 * u + 1] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + c * 8 + 4)) : zero;
+      const int i = (threadIdx.x & 127) + u * 128, r = i / (kD / 8), ch = i % (kD / 8);
+      const float* row = q_packed_row<kD>(p, c.h, c.r0 + wg * 64 + r);
+      const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      qf[2 * u] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + ch * 8)) : z;
+      qf[2 * u + 1] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + ch * 8 + 4)) : z;
     }
+  };
+  auto store_q = [&] {
 #pragma unroll
     for (int u = 0; u < kQChunks; ++u) {
-      const int i = (threadIdx.x & 127) + u * 128, r = i / (kD / 8), c = i % (kD / 8);  // row, 16-byte chunk
+      const int i = (threadIdx.x & 127) + u * 128, r = i / (kD / 8), ch = i % (kD / 8);
       const float4 a = qf[2 * u], b = qf[2 * u + 1];
-      *reinterpret_cast<uint4*>(sq + (c >> 3) * kQBlockBytes + r * 128 + (((c & 7) ^ (r & 7)) << 4)) =
+      *reinterpret_cast<uint4*>(sq + (ch >> 3) * kQBlockBytes + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) =
           make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
     }
     fence_proxy_async_smem();  // the generic-proxy stores, visible to wgmma's reads
     asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
-  }
+  };
 
   // Accumulators of n8 column block i of the warpgroup's 64 x 128 tile: [4i + 2hf + e] is row row_base + 8hf,
   // column 8i + 2 tig + e (the m16n8 accumulator layout per warp; S likewise over the tile's keys).
   float o[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  float row_max[2], row_sum[2];
 
   // Turns: a warpgroup issues its products (S = Q K^T of tile i with O += P V of tile i - 1) in its turn, handed
-  // over through named barriers 2 and 3. Warpgroup 0 takes the first turn; each turn ends with one arrival for
-  // the other warpgroup (warpgroup 1 skips its last, which nobody waits for). The first tile (S only) and the
-  // last P V are peeled so that every wgmma sits in straight-line code, which keeps them asynchronous.
+  // over through named barriers 2 and 3, one sequence of turns across all the CTA's items. Warpgroup 0 takes
+  // the first turn; each turn ends with one arrival for the other warpgroup, and warpgroup 0 takes the arrival
+  // of warpgroup 1's last turn after the last item, so that no barrier is left pending. The first tile of an item
+  // (S only) and its last P V are peeled so that every wgmma sits in straight-line code, which keeps them
+  // asynchronous.
   const int turn_mine = 2 + wg, turn_other = 3 - wg;
   float s[kS];
   uint32_t pa[kKeys / 16][4];  // P of the last softmax in bf16: the A fragments of its PV product
 
-  auto issue_qk = [&](int it) {
+  // t: the ring position of a tile (tiles this CTA consumed before it), which picks its stage and phase.
+  auto issue_qk = [&](int t) {
     // k16 step kk is 32 bytes into column block kk / 4 of K.
-    const uint32_t k_addr = sk_addr + uint32_t((it % kStages) * kTileBytes);
+    const uint32_t k_addr = sk_addr + uint32_t((t % kStages) * kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = uint32_t((kk >> 2) * kBlockBytes + (kk & 3) * 32);
@@ -265,24 +308,24 @@ __global__ void __launch_bounds__(kThreads, 1)
                       k_major_desc(k_addr + off), kk > 0);
     }
   };
-  auto issue_pv = [&](int it) {
-    const uint32_t v_addr = sv_addr + uint32_t((it % kStages) * kTileBytes);
+  auto issue_pv = [&](int t) {
+    const uint32_t v_addr = sv_addr + uint32_t((t % kStages) * kTileBytes);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
       wgmma_m64n128k16_rs<1>(o, pa[kk], n_major_desc(v_addr + uint32_t(kk * 16 * 128), kBlockBytes), 1);
   };
   auto turn_sync = [&] { named_sync(turn_mine); };
   auto turn_arrive = [&](int id) { named_arrive(id); };
-  auto wait_full = [&](uint64_t* full, int it) { mbar_wait(&full[it % kStages], (it / kStages) & 1); };
-  auto release = [&](uint64_t* empty, int it) {
+  auto wait_full = [&](uint64_t* full, int t) { mbar_wait(&full[t % kStages], (t / kStages) & 1); };
+  auto release = [&](uint64_t* bar) {
     __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[it % kStages]);  // this warp's reads of that stage are done
+    if (lane == 0) mbar_arrive(bar);  // this warp is done with what bar guards
   };
-  // Online softmax of tile j0 + it in s (probabilities in place); returns whether the running max moved, with
-  // alpha the factors O must be scaled by. Touches neither O nor P, which a P V product may still be using.
+  // Online softmax of key tile j (rows from r0, diagonal tiles from first_masked) in s (probabilities in
+  // place); returns whether the running max moved, with alpha the factors O must be scaled by. Touches neither
+  // O nor P, which a P V product may still be using.
   float alpha[2];
-  auto softmax = [&](int it) -> bool {
-    const int j = j0 + it;
+  auto softmax = [&](int j, int r0, int first_masked) -> bool {
     if (j >= first_masked) {
       const int kb = j * kKeys;
 #pragma unroll
@@ -318,67 +361,106 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  if (n_it > 0) {
-    if (wg == 1) turn_arrive(2);
-    wait_full(full_k, 0);
-    turn_sync();
-    fence_registers<kS>(s);
-    wgmma_fence();
-    issue_qk(0);
-    wgmma_commit();
-    turn_arrive(turn_other);
-    wgmma_wait<0>();
-    fence_registers<kS>(s);
-    release(empty_k, 0);
-    rescale_and_pack(softmax(0));
-    for (int it = 1; it < n_it; ++it) {
-      wait_full(full_k, it);
-      wait_full(full_v, it - 1);
+  int k = 0;  // items taken from the slots
+  auto take_item = [&]() -> unsigned {
+    const int sl = k % kItemSlots;
+    mbar_wait(&item_full[sl], (k / kItemSlots) & 1);
+    const unsigned item = item_id[sl];
+    release(&item_empty[sl]);
+    ++k;
+    return item;
+  };
+  if (wg == 1) turn_arrive(2);
+  int consumed = 0;  // tiles of the rings this CTA's earlier items used
+  unsigned item = take_item();
+  PrefillCta cta;
+  if (item < items) cta = prefill_cta(p, kRows, kKeys, static_cast<int>(item));
+  while (item < items) {
+    // This warpgroup's S products of the previous item are done (waited before its last softmax).
+    load_q(cta);
+    store_q();
+    const int r0 = cta.r0, first_masked = cta.first_masked, j0 = cta.j0, n_it = cta.num_tiles - cta.j0;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+    unsigned next = 0;
+    PrefillCta next_cta;
+    auto take_next = [&] {
+      next = take_item();
+      if (next < items) next_cta = prefill_cta(p, kRows, kKeys, static_cast<int>(next));
+    };
+
+    if (n_it > 0) {
+      const int t0 = consumed;
+      wait_full(full_k, t0);
       turn_sync();
-      fence_registers<64>(o);
       fence_registers<kS>(s);
       wgmma_fence();
-      issue_qk(it);
-      wgmma_commit();
-      issue_pv(it - 1);
+      issue_qk(t0);
       wgmma_commit();
       turn_arrive(turn_other);
-      wgmma_wait<1>();  // S of tile it
+      wgmma_wait<0>();
       fence_registers<kS>(s);
-      release(empty_k, it);
-      const bool raised = softmax(it);
-      wgmma_wait<0>();  // O += P V of tile it - 1
+      release(&empty_k[t0 % kStages]);
+      rescale_and_pack(softmax(j0, r0, first_masked));
+      for (int it = 1; it < n_it; ++it) {
+        wait_full(full_k, t0 + it);
+        wait_full(full_v, t0 + it - 1);
+        turn_sync();
+        fence_registers<64>(o);
+        fence_registers<kS>(s);
+        wgmma_fence();
+        issue_qk(t0 + it);
+        wgmma_commit();
+        issue_pv(t0 + it - 1);
+        wgmma_commit();
+        turn_arrive(turn_other);
+        wgmma_wait<1>();  // S of tile it
+        fence_registers<kS>(s);
+        release(&empty_k[(t0 + it) % kStages]);
+        const bool raised = softmax(j0 + it, r0, first_masked);
+        wgmma_wait<0>();  // O += P V of tile it - 1
+        fence_registers<64>(o);
+        release(&empty_v[(t0 + it - 1) % kStages]);
+        rescale_and_pack(raised);
+      }
+      take_next();
+      wait_full(full_v, t0 + n_it - 1);
+      turn_sync();
       fence_registers<64>(o);
-      release(empty_v, it - 1);
-      rescale_and_pack(raised);
+      wgmma_fence();
+      issue_pv(t0 + n_it - 1);
+      wgmma_commit();
+      turn_arrive(turn_other);
+      wgmma_wait<0>();
+      fence_registers<64>(o);
+      release(&empty_v[(t0 + n_it - 1) % kStages]);
+      consumed += n_it;
+    } else {
+      take_next();
     }
-    wait_full(full_v, n_it - 1);
-    turn_sync();
-    fence_registers<64>(o);
-    wgmma_fence();
-    issue_pv(n_it - 1);
-    wgmma_commit();
-    if (wg == 0) turn_arrive(turn_other);
-    wgmma_wait<0>();
-    fence_registers<64>(o);
-    release(empty_v, n_it - 1);
-  }
 
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const PrefillRowOut ro = prefill_row_out<kD>(p, cta, r0 + row_base + hf * 8, row_max[hf], row_sum[hf], tig);
-    if (!ro.written()) continue;
+    for (int hf = 0; hf < 2; ++hf) {
+      const PrefillRowOut ro = prefill_row_out<kD>(p, cta, r0 + row_base + hf * 8, row_max[hf], row_sum[hf], tig);
+      if (!ro.written()) continue;
 #pragma unroll
-    for (int i = 0; i < kD / 8; ++i) ro.store(i * 8, o[4 * i + 2 * hf], o[4 * i + 2 * hf + 1]);
+      for (int i = 0; i < kD / 8; ++i) ro.store(i * 8, o[4 * i + 2 * hf], o[4 * i + 2 * hf + 1]);
+    }
+    item = next;
+    cta = next_cta;
   }
+  if (wg == 0) turn_sync();  // warpgroup 1's arrival at the end of its last turn
 #else
   __trap();  // compiled without sm_90a features; prefill_attention never launches it then
 #endif
 }
 
 cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
-  const int64_t ctas = prefill_ctas(p);
-  if (ctas <= 0) return cudaSuccess;
+  const int64_t items = prefill_ctas(p);
+  if (items <= 0) return cudaSuccess;
+  if (p.work == nullptr || items >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   static bool attr_set = false;  // host side; callers are single-threaded per object, the attribute idempotent
@@ -400,7 +482,12 @@ cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
   }
-  prefill_hopper_kernel<<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, s>>>(p, maps);
+  // One CTA per multiprocessor (its shared memory allows no second), each taking items until none is left.
+  const cudaError_t e = cudaMemsetAsync(p.work, 0, sizeof(unsigned), s);
+  if (e != cudaSuccess) return e;
+  const int64_t ctas = std::min<int64_t>(items, sm_count());
+  prefill_hopper_kernel<<<static_cast<unsigned>(ctas), kThreads, kSmemBytes, s>>>(p, maps,
+                                                                                  static_cast<unsigned>(items));
   return cudaGetLastError();
 }
 

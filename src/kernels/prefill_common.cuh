@@ -18,6 +18,7 @@ namespace retroinfer::cuda::detail {
 // turns (every row tile of the band for head 0, then for head 1, ...), and consecutive CTAs share a row tile's
 // key splits in a split launch. So the CTAs running at once read the K/V of one or two heads, not of all: at
 // 32K a head's K/V is 16 MB, eight heads' 128 MB would not stay in L2 once the CTAs of a head drift apart.
+// `item` is the work item in that order: the portable kernel's blockIdx.x, the Hopper kernel's fetched index.
 struct PrefillCta {
   int split = 0, h = 0;
   int r0 = 0;            // first packed row
@@ -25,18 +26,19 @@ struct PrefillCta {
   int first_masked = 0;  // key tiles >= this cross some row's diagonal
   int j0 = 0, num_tiles = 0;  // this CTA's key tiles [j0, num_tiles): all of them, or its split's share
 };
-__device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, int rows, int keys) {
+// 32-bit arithmetic throughout: PrefillAttention::run keeps n * G and the item count below 2^31.
+__device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, int rows, int keys, int item) {
   PrefillCta c;
   const int G = p.group;
-  const int64_t m_tiles = (int64_t(p.n) * G + rows - 1) / rows;
-  const int64_t b = blockIdx.x / p.splits;
-  c.split = static_cast<int>(blockIdx.x % p.splits);
-  const int64_t band = b / (int64_t{kPrefillBandTiles} * p.num_heads_kv);
-  const int64_t in_band = b - band * kPrefillBandTiles * p.num_heads_kv;
-  const int64_t band_tiles = min(int64_t{kPrefillBandTiles}, m_tiles - band * kPrefillBandTiles);  // the last: fewer
-  c.h = static_cast<int>(in_band / band_tiles);
-  const int64_t tile = band * kPrefillBandTiles + in_band % band_tiles;  // 0: the heaviest
-  c.r0 = static_cast<int>((m_tiles - 1 - tile) * rows);
+  const int m_tiles = (p.n * G + rows - 1) / rows;
+  const int b = item / p.splits;
+  c.split = item % p.splits;
+  const int band = b / (kPrefillBandTiles * p.num_heads_kv);
+  const int in_band = b - band * kPrefillBandTiles * p.num_heads_kv;
+  const int band_tiles = min(kPrefillBandTiles, m_tiles - band * kPrefillBandTiles);  // the last: fewer
+  c.h = in_band / band_tiles;
+  const int tile = band * kPrefillBandTiles + in_band % band_tiles;  // 0: the heaviest
+  c.r0 = (m_tiles - 1 - tile) * rows;
   const int t_lo = c.r0 / G;
   const int t_hi = min(p.n - 1, (c.r0 + rows - 1) / G);
   c.kv_end = p.pos0 + t_hi + 1;

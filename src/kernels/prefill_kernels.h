@@ -48,6 +48,10 @@ struct PrefillParams {
   int splits = 1;
   float* part_o = nullptr;   // [splits, n, Hq, D] f32 (splits > 1)
   float* part_ml = nullptr;  // [splits, n, Hq, 2] f32: max (log2 units, scaled), sum
+  // The Hopper kernel's work counter (one device word, owned by the caller; the launch zeroes it on its stream
+  // first): its CTAs, one per multiprocessor, take the work items (row tile, KV head, split) in the order of
+  // prefill_cta from it until none is left. Launches sharing a counter must not overlap (one stream).
+  unsigned* work = nullptr;
 };
 
 inline constexpr int kPrefillRows = 128;  // packed query rows per CTA (4 warps x 32; Hopper: 2 warpgroups x 64)
@@ -66,7 +70,8 @@ inline constexpr int kPrefillMinSplitTiles = 8;  // key tiles per split at least
 // what fits, splits x n x Hq x (D + 2) floats (64 query tokens of Llama-3-8B's shape in 15 splits).
 inline constexpr int64_t kPrefillSplitWorkspaceBytes = int64_t{16} << 20;
 
-// CTAs the launch uses: ceil(n * G / kPrefillRows) * Hkv * splits.
+// Work items of a launch, ceil(n * G / kPrefillRows) * Hkv * splits: the portable kernel's CTAs, what the Hopper
+// kernel's persistent CTAs take from PrefillParams::work.
 int64_t prefill_ctas(const PrefillParams& p);
 // The key splits for p (its `splits` ignored) on a GPU of sm_count multiprocessors: 1 when the row tiles alone
 // give two CTAs a multiprocessor, else enough to (at most kPrefillMaxSplits, each of at least

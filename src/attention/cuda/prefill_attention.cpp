@@ -16,6 +16,7 @@ struct PrefillAttention::Impl {
   AttentionShape shape;
   PrefillKernel kernel = PrefillKernel::kPortable;
   DeviceBuffer split_parts;  // kPrefillSplitWorkspaceBytes once a launch splits its keys (prefill_kernels.h)
+  DeviceBuffer work;         // the Hopper kernel's work counter (PrefillParams::work)
 };
 
 std::string_view prefill_kernel_name(PrefillKernel k) {
@@ -43,6 +44,7 @@ PrefillAttention::PrefillAttention(const AttentionShape& shape, PrefillKernel ke
                      ") on a compute capability 9.0 GPU (", device_description(), ")");
   impl_->kernel = kernel == PrefillKernel::kAuto ? (hopper_ok ? PrefillKernel::kHopper : PrefillKernel::kPortable)
                                                  : kernel;
+  if (impl_->kernel == PrefillKernel::kHopper) impl_->work = DeviceBuffer(sizeof(unsigned));
 }
 
 PrefillKernel PrefillAttention::kernel() const {
@@ -82,7 +84,7 @@ void PrefillAttention::launch(const float* q, const uint16_t* k, const uint16_t*
                    "PrefillAttention::run: q, k, v and out must be 16-byte aligned (device allocations are)");
   RETROINFER_CHECK(kv_stride >= pos0 + n, "PrefillAttention::run: kv_stride (", kv_stride,
                    ") must hold the positions [0, pos0 + n) = [0, ", pos0 + n, ")");
-  RETROINFER_CHECK(pos0 + n < (int64_t{1} << 31) - detail::kPrefillKeys, "PrefillAttention::run: pos0 + n = ",
+  RETROINFER_CHECK(pos0 + n < (int64_t{1} << 31) - detail::kHopperKeys, "PrefillAttention::run: pos0 + n = ",
                    pos0 + n, " exceeds the 2^31 token positions the kernel indexes");
   RETROINFER_CHECK(n * group < (int64_t{1} << 31) - detail::kPrefillRows, "PrefillAttention::run: n * group = ",
                    n * group, " query rows exceed 2^31; split the prefill into smaller chunks");
@@ -114,6 +116,7 @@ void PrefillAttention::launch(const float* q, const uint16_t* k, const uint16_t*
   }
   RETROINFER_CHECK(detail::prefill_ctas(p) < (int64_t{1} << 31), "PrefillAttention::run: ",
                    detail::prefill_ctas(p), " CTAs exceed the grid limit; split the prefill into smaller chunks");
+  if (impl_->work.bytes() != 0) p.work = impl_->work.as<unsigned>();
   auto st = static_cast<cudaStream_t>(s);
   detail::launch_check(detail::prefill_attention(p, st, impl_->kernel == PrefillKernel::kHopper), "prefill_attention", st);
 }
