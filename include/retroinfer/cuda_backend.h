@@ -351,6 +351,8 @@ class WaveBufferLayer {
 // Which kernel runs it: kAuto takes the Hopper (wgmma) kernel for head_dim 128 on a compute capability 9.0
 // GPU and the portable (mma.sync, sm_80+) kernel otherwise; kPortable and kHopper force one (tests and
 // benchmarks), kHopper throws Error where it cannot run.
+// One object's launches must not overlap: runs on different streams at once need an object each (the Hopper
+// kernel's work counter and the split workspace belong to the object).
 enum class PrefillKernel { kAuto, kPortable, kHopper };
 std::string_view prefill_kernel_name(PrefillKernel k);  // "auto", "portable", "hopper"
 PrefillKernel parse_prefill_kernel(std::string_view s);  // throws Error on another name
