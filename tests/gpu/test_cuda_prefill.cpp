@@ -237,6 +237,9 @@ TEST(CudaPrefill, RejectsBadArguments) {
   EXPECT_THROW(pa.run(f + 1, h, h, 100, 0, 10, 0.0f, f), Error);    // misaligned q
   EXPECT_THROW(pa.run_bf16(f, h, h, 100, 0, 10, 0.0f, nullptr), Error);                       // null out
   EXPECT_THROW(pa.run_bf16(f, h, h, 100, 0, 10, 0.0f, b.as<uint16_t>() + 1), Error);          // misaligned out
+  // Positions whose last key tile would pass 2^31 (the kernels index them in 32 bits): refused before any launch.
+  const int64_t big = (int64_t{1} << 31) - 100;
+  EXPECT_THROW(pa.run(f, h, h, big + 1, big - 10, 10, 0.0f, f), Error);
   // n = 0 is a no-op: the output stays poisoned.
   auto out = gputest::poisoned(16);
   EXPECT_NO_THROW(pa.run(f, h, h, 100, 5, 0, 0.0f, out.as<float>()));
