@@ -37,6 +37,10 @@ src_root=${SOURCE_ROOT:-/work/main}
 if [ ! -e "$src_root/tests/data" ]; then mkdir -p "$(dirname "$src_root")" && ln -sfn "${CHECKOUT:-$PWD}" "$src_root"; fi
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader >> "$summary" 2>&1
 
+# What sections isolated and products read of each profiled launch (scripts/ncu_kernel_times.py turns them into JSON).
+NCU_METRICS=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_elapsed.avg.per_second
+NCU_METRICS=$NCU_METRICS,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+
 section_tests() {
   local filter=${TEST_FILTER:-*}
   timeout "${TEST_TIMEOUT:-400}" "$BIN/gpu_tests" --gtest_brief=1 --gtest_filter="$filter" \
@@ -89,8 +93,7 @@ print("fill_s", j.get("fill_s"), "ms:", j.get("prefill_breakdown_ms"))' 2>&1)"
 }
 
 section_isolated() {
-  local m=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_elapsed.avg.per_second
-  m=$m,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+  local m=$NCU_METRICS
   for n in ${ISOLATED_LENGTHS:-32768 131072}; do
     for impl in retroinfer retroinfer_base; do
       local bin=$BIN/prefill_bench
@@ -113,8 +116,7 @@ for l in open(sys.argv[1]):
 }
 
 section_products() {
-  local m=gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_elapsed.avg.per_second
-  m=$m,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum
+  local m=$NCU_METRICS
   timeout 400 ncu --clock-control none -k regex:'(?i)(gemm|xmma|nvjet|cutlass|sm90|swiglu)' --metrics "$m" --csv \
     "$BIN/model_ops_bench" --rows 2048,8192 --variants 0 --layers 2 --reps 2 --out "$OUT/products_under_ncu.jsonl" \
     > "$OUT/ncu_products.csv" 2> "$OUT/ncu_products.err" || status=1
