@@ -48,14 +48,20 @@ void run_case(FILE* out, const AttentionShape& shape, long long n, long long chu
   // One query buffer per chunk position would be n * Hq * D f32 (2 GiB at 128K): the chunks reuse one
   // random buffer (attention cost does not depend on the values).
   const size_t q_elems = size_t(max_chunk) * hq * d;
-  cuda::DeviceBuffer q(q_elems * 4), o(q_elems * 4);
+  cuda::DeviceBuffer q(q_elems * 4), o(q_elems * 4), q16(q_elems * 2);
   cuda::fill_random_f32(q.as<float>(), q_elems, 13 + n, 2.0f);
+  // The bf16 q the Hopper kernel reads (as the model runner passes it; torch SDPA takes bf16 q too).
+  cuda::fill_random_bf16(q16.as<uint16_t>(), q_elems, 13 + n, 2.0f);
   cuda::PrefillAttention attn(shape, kernel);
   auto whole = [&] {
     for (long long pos0 = 0; pos0 < n; pos0 += chunk) {
       const long long m = std::min(chunk, n - pos0);
-      if (out_bf16) attn.run_bf16(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), n, pos0, m, 0.0f, o.as<uint16_t>());
-      else attn.run(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), n, pos0, m, 0.0f, o.as<float>());
+      if (out_bf16)
+        attn.run_bf16(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), n, pos0, m, 0.0f, o.as<uint16_t>(), nullptr,
+                      q16.as<uint16_t>());
+      else
+        attn.run(q.as<float>(), k.as<uint16_t>(), v.as<uint16_t>(), n, pos0, m, 0.0f, o.as<float>(), nullptr,
+                 q16.as<uint16_t>());
     }
   };
   whole();  // warm-up (and the shared-memory attribute)

@@ -364,15 +364,18 @@ class PrefillAttention {
   ~PrefillAttention();
   PrefillAttention(PrefillAttention&&) noexcept;
   PrefillAttention& operator=(PrefillAttention&&) noexcept;
+  // q_bf16 (optional): the same q rounded to bf16 (round to nearest even), which the Hopper kernel reads (its Q
+  // tiles are tensor-map copies); without it a Hopper launch first rounds q into a buffer of its own (n x Hq x
+  // head_dim x 2 bytes, kept for later calls). The portable kernel reads q alone.
   void run(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0, int64_t n,
-           float scale, float* out, Stream s = nullptr);
+           float scale, float* out, Stream s = nullptr, const uint16_t* q_bf16 = nullptr);
   // As run, the output in bf16 (the O projection's input, without an f32 round trip).
   void run_bf16(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0, int64_t n,
-                float scale, uint16_t* out, Stream s = nullptr);
+                float scale, uint16_t* out, Stream s = nullptr, const uint16_t* q_bf16 = nullptr);
 
  private:
-  void launch(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0, int64_t n,
-              float scale, float* out, uint16_t* out_bf16, Stream s);
+  void launch(const float* q, const uint16_t* q_bf16, const uint16_t* k, const uint16_t* v, int64_t kv_stride,
+              int64_t pos0, int64_t n, float scale, float* out, uint16_t* out_bf16, Stream s);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -139,9 +139,13 @@ __global__ void qkv_post_kernel(QkvPostParams p) {
       b = y1;
     }
     if (hh < p.num_heads_q) {
-      float* q = p.q + (r * p.num_heads_q + hh) * p.head_dim;
-      q[i] = a;
-      q[i + half] = b;
+      const int64_t at = (r * p.num_heads_q + hh) * p.head_dim + i;
+      p.q[at] = a;
+      p.q[at + half] = b;
+      if (p.q_bf16 != nullptr) {
+        p.q_bf16[at] = f32_to_bf16(a);
+        p.q_bf16[at + half] = f32_to_bf16(b);
+      }
       continue;
     }
     const bool is_k = hh < p.num_heads_q + p.num_heads_kv;

@@ -44,7 +44,8 @@ cudaError_t rms_norm(const RmsNormParams& p, cudaStream_t s);
 // True when rms_norm(p) takes the vectorised one-pass kernel (for the tests and the benchmark).
 bool rms_norm_vectorised(const RmsNormParams& p);
 
-// After the fused QKV product: adds the bias, applies RoPE to q and k, writes q (f32) and the token's K/V
+// After the fused QKV product: adds the bias, applies RoPE to q and k, writes q (f32, and bf16 for the Hopper
+// prefill kernel) and the token's K/V
 // (bf16) into the KV cache at (row_seq[r], kv head, row_pos[r]), and optionally into k_new / v_new.
 struct QkvPostParams {
   const float* qkv = nullptr;    // [rows, (Hq + 2 Hkv) D]: q heads, then k heads, then v heads
@@ -54,6 +55,7 @@ struct QkvPostParams {
   const int32_t* row_seq = nullptr;  // [rows]: sequence of each row (index into the KV cache)
   const int32_t* row_pos = nullptr;  // [rows]: position of each row (< kv_stride)
   float* q = nullptr;            // [rows, Hq, D] f32 out, post-RoPE
+  uint16_t* q_bf16 = nullptr;    // [rows, Hq, D] bf16 out (q rounded to nearest even), or nullptr
   uint16_t* k_cache = nullptr;   // [num_seqs, Hkv, kv_stride, D] bf16: row r's key written at row_pos[r];
                                  // nullptr: not written (then k_new / v_new carry the K/V)
   uint16_t* v_cache = nullptr;   // same layout (null with k_cache)

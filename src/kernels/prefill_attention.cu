@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_kernel(const PrefillParam
   }
   for (int idx = threadIdx.x; idx < kBM * kChunks; idx += kThreads) {
     const int row = idx / kChunks, c = idx % kChunks;
-    *reinterpret_cast<uint4*>(sq + swz<D>(row, c)) = q_chunk_bf16<D>(p, h, r0 + row, c);
+    *reinterpret_cast<uint4*>(sq + swz<D>(row, c)) = q_chunk_bf16<D>(p, cta, r0 + row, c);
   }
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -359,12 +359,17 @@ cudaError_t merge_splits(const PrefillParams& p, cudaStream_t s) {
 
 }  // namespace
 
-int64_t prefill_ctas(const PrefillParams& p) {
-  return (int64_t(p.n) * p.group + kBM - 1) / kBM * p.num_heads_kv * p.splits;
+namespace {
+int64_t row_tiles(const PrefillParams& p) {
+  const int tokens = prefill_tile_tokens(kBM, p.group);
+  return (int64_t(p.n) + tokens - 1) / tokens;
 }
+}  // namespace
+
+int64_t prefill_ctas(const PrefillParams& p) { return row_tiles(p) * p.num_heads_kv * p.splits; }
 
 int prefill_splits(const PrefillParams& p, int sm_count) {
-  const int64_t ctas = (int64_t(p.n) * p.group + kBM - 1) / kBM * p.num_heads_kv;
+  const int64_t ctas = row_tiles(p) * p.num_heads_kv;
   const int64_t tiles = (int64_t(p.pos0) + p.n + kPrefillKeys - 1) / kPrefillKeys;
   const int64_t target = 2 * int64_t(sm_count);  // two CTAs fit a multiprocessor
   if (ctas >= target) return 1;

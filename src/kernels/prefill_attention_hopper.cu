@@ -8,16 +8,20 @@
 // until none is left; its K/V rings run on across items, so the next item's first tiles arrive while the current
 // one ends, and no CTA start or end separates the items (H100, 32K, one call: 1.3% fewer cycles than a CTA per
 // item). Warpgroup 0 is the producer: it gives up registers (setmaxnreg.dec to 32) and one of its threads takes
-// each item from the counter, hands it to the consumers through two item slots (an index with a full and an
-// empty mbarrier each), prefetches the item's Q rows into L2 (0.2-0.3% fewer cycles), and streams K and V tiles
-// of kKeys = kHopperKeys tokens (176, in two stages) into two shared-memory rings with tensor-map copies (TMA: 2
-// boxes of kKeys tokens x 64 dims per K or V tile, completing on that ring's "full" mbarrier of the stage),
-// waiting on the stage's "empty" mbarrier before it refills it; K of tile i + 1 is copied before V of tile i,
-// since a K stage comes free as soon as the S product that read it is done. Warpgroups 1 and 2 are the consumers
-// (setmaxnreg.inc to 232; 128 x 32 + 256 x 232 registers fit the 384 x 168 the launch holds), 64 rows each; each
-// warp releases a K stage once S is done and a V stage once P V is done.
+// the items from the counter one ahead (prefetching the next item's Q rows into L2), hands each to the consumers
+// through two item slots (an index with a full and an empty mbarrier each), copies the item's Q tile (bf16,
+// q_bf16) with two tensor-map copies once the consumers' last S product of the previous item is done (the Q
+// tile's full and empty mbarriers), and streams K and V tiles of kKeys = kHopperKeys tokens (176, in two stages)
+// into two shared-memory rings with tensor-map copies (TMA: 2 boxes of kKeys tokens x 64 dims per K or V tile,
+// completing on that ring's "full" mbarrier of the stage), waiting on the stage's "empty" mbarrier before it
+// refills it; K of tile i + 1 is copied before V of tile i, since a K stage comes free as soon as the S product
+// that read it is done. Warpgroups 1 and 2 are the consumers (setmaxnreg.inc to 232; 128 x 32 + 256 x 232
+// registers fit the 384 x 168 the launch holds), 64 rows each; each warp releases a K stage once S is done and a
+// V stage once P V is done. At an item's start a consumer finds its Q in shared memory already: between items
+// it only writes its output (in registers until then: writing it during the next item's first S product would
+// hold the 64 accumulators through the item change, which ptxas answers with spills).
 //
-// Per tile a consumer computes S = Q K^T with 8 wgmma m64n176k16 taking Q (staged once, bf16, in K's layout)
+// Per tile a consumer computes S = Q K^T with 8 wgmma m64n176k16 taking Q (bf16, in K's layout)
 // and K from shared memory, its online softmax in registers (the accumulator layout of wgmma is the m16n8 one of
 // mma.sync per warp), and O += P V with kKeys / 16 wgmma m64n128k16 taking P from registers (bf16) and V from
 // shared memory in its natural [token][dim] layout (N-major B operand). Two overlaps keep the tensor cores busy
@@ -28,7 +32,7 @@
 //   - between the two warpgroups, the issue of those products takes turns (named barriers), so that one's
 //     softmax runs while the other's products run (H100, one 32K call: 665 TFLOP/s with the turns, 584 without,
 //     a figure that moves several percent between repetitions; equal at 128K and in 8K chunks).
-// Tokens past the chunk's end (pos0 + n: the tensor maps' extent) arrive as zeros.
+// Tokens past the chunk's end (pos0 + n: the tensor maps' extent; Q's: n) arrive as zeros.
 //
 // Shared-memory tiles (K, V: kKeys tokens x 128 bf16) are two column blocks of 64 elements, each kKeys rows x 128
 // bytes, in the 128-byte swizzle of the wgmma descriptors and the tensor-map copies: 16-byte chunk c of row r
@@ -58,8 +62,8 @@ constexpr int kConsumerWarps = 8;     // two consumer warpgroups
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 128;  // + the producer warpgroup
 constexpr int kProducerRegisters = 32, kConsumerRegisters = 232;  // 128 x 32 + 256 x 232 <= 384 x 168, the launch's registers
-constexpr int kQBlockBytes = 64 * 128;          // one 64-column block of a consumer's 64 Q rows
-constexpr int kQBytes = 2 * kQBlockBytes;       // a consumer's 64 x 128 bf16 Q tile
+constexpr int kQBlockBytes = kRows * 128;  // one 64-column block of the item's Q rows (consumer wg's: 64 wg on)
+constexpr int kQBytes = 2 * kQBlockBytes;   // the item's kRows x 128 bf16 Q tile
 
 // The shared-memory plan of K/V tiles of kKeys = kHopperKeys tokens: two stages of K and of V, each tile two
 // 64-column blocks of kKeys rows x 128 bytes; the two consumers' Q; full and empty mbarriers per stage for K and
@@ -71,16 +75,19 @@ constexpr int kTileBytes = 2 * kBlockBytes;  // a kKeys x 128 bf16 tile
 // The work items' hand-over from the producer to the consumers: two slots, each an item index with a full and
 // an empty mbarrier.
 constexpr int kItemSlots = 2;
+// + the Q tile's full and empty mbarriers.
 constexpr size_t kSmemBytes =
-    size_t(kTileBytes) * 2 * kStages + 2 * kQBytes + 4 * kStages * 8 + kItemSlots * (2 * 8 + 4) + 1024;
+    size_t(kTileBytes) * 2 * kStages + kQBytes + 4 * kStages * 8 + kItemSlots * (2 * 8 + 4) + 2 * 8 + 1024;
 static_assert(kKeys == 176, "the S product (wgmma_m64n176k16_ss) and the register plan are for 176-key tiles");
 static_assert(kBlockBytes % 1024 == 0, "8-row swizzle atoms stay 1024-byte aligned");
 static_assert(kSmemBytes <= 227 * 1024, "a CTA's shared memory");
 
 // K's and V's tensor maps: [Hkv][pos0 + n][128] bf16, boxes of 64 dims x kKeys tokens x 1 head, 128-byte swizzle
-// (the tiles' column blocks), zeros past the extent.
+// (the tiles' column blocks), zeros past the extent. Q's: [n][Hkv][G][128] bf16 (q_bf16 as [n][Hq][128]), boxes of
+// 64 dims x G heads x 1 KV head x T = kRows / G tokens: one box is a column block of an item's packed rows (row
+// t G + g at 128 (t G + g) bytes), zeros past the n tokens.
 struct HopperMaps {
-  CUtensorMap k, v;
+  CUtensorMap k, v, q;
 };
 
 // wgmma shared-memory matrix descriptor, 128-byte swizzle (PTX ISA, "Matrix Descriptor Format"): start
@@ -155,12 +162,21 @@ __device__ __forceinline__ void prefetch_l2(const void* src, int bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
 }
 
-// The box at (x, y, z) of tensor map `map` -> shared memory, completing its bytes on bar.
+// The box at (x, y, z) of 3-D tensor map `map` -> shared memory, completing its bytes on bar.
 __device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, int x, int y, int z, uint64_t* bar) {
   asm volatile(
       "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
           smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(smem_u32(bar))
+      : "memory");
+}
+// The same for the box at (x, y, z, w) of a 4-D tensor map.
+__device__ __forceinline__ void tma_load_box(void* dst, const CUtensorMap* map, int x, int y, int z, int w,
+                                             uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(w), "r"(smem_u32(bar))
       : "memory");
 }
 
@@ -174,13 +190,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* sk0 = smem_raw + pad;
   uint8_t* sv0 = sk0 + kStages * kTileBytes;
   uint8_t* sq0 = sv0 + kStages * kTileBytes;
-  uint64_t* full_k = reinterpret_cast<uint64_t*>(sq0 + 2 * kQBytes);
+  uint64_t* full_k = reinterpret_cast<uint64_t*>(sq0 + kQBytes);
   uint64_t* full_v = full_k + kStages;
   uint64_t* empty_k = full_v + kStages;
   uint64_t* empty_v = empty_k + kStages;
   uint64_t* item_full = empty_v + kStages;
   uint64_t* item_empty = item_full + kItemSlots;
-  unsigned* item_id = reinterpret_cast<unsigned*>(item_empty + kItemSlots);
+  uint64_t* q_full = item_empty + kItemSlots;
+  uint64_t* q_empty = q_full + 1;
+  unsigned* item_id = reinterpret_cast<unsigned*>(q_empty + 1);
   const uint32_t sk_addr = raw + pad, sv_addr = sk_addr + kStages * kTileBytes,
                  sq_addr = sv_addr + kStages * kTileBytes;
 
@@ -195,17 +213,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(&item_full[sl], 1);
       mbar_init(&item_empty[sl], kConsumerWarps);
     }
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, kConsumerWarps);
     mbar_init_fence();
   }
+  // Q's padding rows (G = 3, 7: rows T G .. kRows - 1 of both column blocks, which no box writes) are zeros.
+  const int q_rows = prefill_tile_tokens(kRows, p.group) * p.group;
+  for (int i = threadIdx.x; i < 2 * (kRows - q_rows) * 8; i += kThreads) {
+    const int cb = i / ((kRows - q_rows) * 8), r = q_rows + (i / 8) % (kRows - q_rows), ch = i % 8;
+    *reinterpret_cast<uint4*>(sq0 + cb * kQBlockBytes + r * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async_smem();  // visible to wgmma's reads
   __syncthreads();
 
   if (threadIdx.x < 128) {
-    // Producer: takes the next work item from the counter and hands it to the consumers through the item
-    // slots, then copies its K and V tiles. The rings run on across items: the t-th tile this CTA copies goes
-    // into stage t % kStages once every consumer warp released that stage's previous tile (t >= kStages), so
-    // the next item's first tiles arrive while the consumers finish the current one. K of the next tile is
-    // copied before V of this one: a K stage comes free when the S product that read it is done, a V stage
-    // only after the P V product, one softmax later.
+    // Producer: takes the work items from the counter, one ahead, and hands each to the consumers through the
+    // item slots; copies the item's Q tile (one box per column block, once every consumer warp's last S product
+    // of the previous item is done: q_empty) and its K and V tiles. The rings run on across items: the t-th tile
+    // this CTA copies goes into stage t % kStages once every consumer warp released that stage's previous tile
+    // (t >= kStages), so the next item's Q and first tiles arrive while the consumers finish the current one.
+    // K of the next tile is copied before V of this one: a K stage comes free when the S product that read it is
+    // done, a V stage only after the P V product, one softmax later.
     setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x == 0) {
       auto copy = [&](const CUtensorMap* map, uint8_t* ring, uint64_t* full, uint64_t* empty, int t, int j, int h) {
@@ -217,28 +245,38 @@ __global__ void __launch_bounds__(kThreads, 1)
         tma_load_box(dst + kBlockBytes, map, 64, j * kKeys, h, &full[st]);
       };
       int copied = 0;  // tiles copied into each ring so far
+      int q_loads = 0;  // Q tiles copied so far
+      unsigned item = atomicAdd(p.work, 1u);
       for (int k = 0;; ++k) {
         const int sl = k % kItemSlots;
         if (k >= kItemSlots) mbar_wait(&item_empty[sl], ((k / kItemSlots) & 1) ^ 1);
-        const unsigned item = atomicAdd(p.work, 1u);
         item_id[sl] = item;
         mbar_arrive(&item_full[sl]);  // releases the slot's write to the consumers
         if (item >= items) break;
+        // The next item's Q rows into L2 a whole item ahead of their copy: one bulk prefetch per token (the G
+        // query heads of KV head h are contiguous, G x 128 bf16).
+        const unsigned next = atomicAdd(p.work, 1u);
+        if (next < items) {
+          const PrefillCta c = prefill_cta(p, kRows, kKeys, static_cast<int>(next));
+          const uint16_t* row = p.q_bf16 + (int64_t(c.r0 / p.group) * p.num_heads_q + c.h * p.group) * kD;
+          for (int t = c.r0; t < c.r_end; t += p.group, row += p.num_heads_q * kD) prefetch_l2(row, p.group * kD * 2);
+        }
         const PrefillCta c = prefill_cta(p, kRows, kKeys, static_cast<int>(item));
         const int n_it = c.num_tiles - c.j0;
-        if (n_it > 0) copy(&maps.k, sk0, full_k, empty_k, copied, c.j0, c.h);
-        // The item's Q rows into L2 while the consumers finish the previous item, so that their loads at its start
-        // hit L2: one bulk prefetch per token (its G query heads of KV head h are contiguous, G * D f32).
-        {
-          const int t0 = c.r0 / p.group, tokens = min(p.n, (c.r0 + kRows + p.group - 1) / p.group) - t0;
-          const float* row = p.q + (int64_t(t0) * p.num_heads_q + c.h * p.group) * kD;
-          for (int t = 0; t < tokens; ++t, row += p.num_heads_q * kD) prefetch_l2(row, p.group * kD * 4);
+        if (n_it > 0) {
+          copy(&maps.k, sk0, full_k, empty_k, copied, c.j0, c.h);
+          if (q_loads > 0) mbar_wait(q_empty, (q_loads - 1) & 1);
+          mbar_arrive_expect_tx(q_full, 2 * q_rows * 128);
+          tma_load_box(sq0, &maps.q, 0, 0, c.h, c.r0 / p.group, q_full);
+          tma_load_box(sq0 + kQBlockBytes, &maps.q, 64, 0, c.h, c.r0 / p.group, q_full);
+          ++q_loads;
         }
         for (int t = 0; t < n_it; ++t) {
           if (t + 1 < n_it) copy(&maps.k, sk0, full_k, empty_k, copied + t + 1, c.j0 + t + 1, c.h);
           copy(&maps.v, sv0, full_v, empty_v, copied + t, c.j0 + t, c.h);
         }
         copied += n_it;
+        item = next;
       }
     }
     // exit, not return: ptxas allocates the consumers under setmaxnreg's 232 registers only when no path joins
@@ -250,37 +288,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = (threadIdx.x >> 7) - 1;  // consumer warpgroup 0 or 1
   const int lane = threadIdx.x & 31, quad = lane >> 2, tig = lane & 3;
   const int row_base = wg * 64 + ((threadIdx.x >> 5) & 3) * 16 + quad;  // this thread's rows: row_base, row_base + 8
-  // The warpgroup's 64 Q rows in shared memory, bf16, in the K tiles' layout (two 64-column blocks, 128-byte
-  // swizzle): the A operand of S = Q K^T, so that Q takes no registers (P of the previous tile holds kKeys / 4
-  // while the softmax runs).
-  const uint32_t q_addr = sq_addr + uint32_t(wg * kQBytes);
-  uint8_t* sq = sq0 + wg * kQBytes;
-  // An item's Q: every load of this thread's kQChunks 16-byte chunks of the bf16 tile (f32 in memory) is issued
-  // before the first store (a loop that rounded and stored each chunk as it arrived waited for memory kQChunks
-  // times in a row: 1.1% of the cycles at 32K); the producer prefetched the rows into L2 when it took the item.
-  constexpr int kQChunks = 64 * (kD / 8) / 128;
-  float4 qf[2 * kQChunks];
-  auto load_q = [&](const PrefillCta& c) {
-#pragma unroll
-    for (int u = 0; u < kQChunks; ++u) {
-      const int i = (threadIdx.x & 127) + u * 128, r = i / (kD / 8), ch = i % (kD / 8);
-      const float* row = q_packed_row<kD>(p, c.h, c.r0 + wg * 64 + r);
-      const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      qf[2 * u] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + ch * 8)) : z;
-      qf[2 * u + 1] = row != nullptr ? __ldg(reinterpret_cast<const float4*>(row + ch * 8 + 4)) : z;
-    }
-  };
-  auto store_q = [&] {
-#pragma unroll
-    for (int u = 0; u < kQChunks; ++u) {
-      const int i = (threadIdx.x & 127) + u * 128, r = i / (kD / 8), ch = i % (kD / 8);
-      const float4 a = qf[2 * u], b = qf[2 * u + 1];
-      *reinterpret_cast<uint4*>(sq + (ch >> 3) * kQBlockBytes + r * 128 + (((ch & 7) ^ (r & 7)) << 4)) =
-          make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
-    }
-    fence_proxy_async_smem();  // the generic-proxy stores, visible to wgmma's reads
-    asm volatile("bar.sync %0, 128;\n" ::"r"(4 + wg) : "memory");
-  };
+  // The warpgroup's 64 Q rows in shared memory (bf16, in the K tiles' layout: two 64-column blocks, 128-byte
+  // swizzle, copied by the producer): the A operand of S = Q K^T, so that Q takes no registers (P of the
+  // previous tile holds kKeys / 4 while the softmax runs).
+  const uint32_t q_addr = sq_addr + uint32_t(wg * 64 * 128);
 
   // Accumulators of n8 column block i of the warpgroup's 64 x 128 tile: [4i + 2hf + e] is row row_base + 8hf,
   // column 8i + 2 tig + e (the m16n8 accumulator layout per warp; S likewise over the tile's keys).
@@ -361,6 +372,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // Writes an item's output from o, row_max, row_sum (normalised; a split's part and (max, sum) instead).
+  auto write_out = [&](const PrefillCta& c) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const PrefillRowOut ro = prefill_row_out<kD>(p, c, c.r0 + row_base + hf * 8, row_max[hf], row_sum[hf], tig);
+#pragma unroll
+      for (int i = 0; i < kD / 8; ++i) ro.store(i * 8, o[4 * i + 2 * hf], o[4 * i + 2 * hf + 1]);
+    }
+  };
+  auto reset = [&] {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+  };
+
   int k = 0;  // items taken from the slots
   auto take_item = [&]() -> unsigned {
     const int sl = k % kItemSlots;
@@ -372,84 +399,64 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   if (wg == 1) turn_arrive(2);
   int consumed = 0;  // tiles of the rings this CTA's earlier items used
-  unsigned item = take_item();
-  PrefillCta cta;
-  if (item < items) cta = prefill_cta(p, kRows, kKeys, static_cast<int>(item));
-  while (item < items) {
-    // This warpgroup's S products of the previous item are done (waited before its last softmax).
-    load_q(cta);
-    store_q();
+  int q_loads = 0;   // Q tiles of earlier items
+  for (unsigned item = take_item(); item < items; item = take_item()) {
+    const PrefillCta cta = prefill_cta(p, kRows, kKeys, static_cast<int>(item));
     const int r0 = cta.r0, first_masked = cta.first_masked, j0 = cta.j0, n_it = cta.num_tiles - cta.j0;
-#pragma unroll
-    for (int i = 0; i < 64; ++i) o[i] = 0.0f;
-    row_max[0] = row_max[1] = -INFINITY;
-    row_sum[0] = row_sum[1] = 0.0f;
-    unsigned next = 0;
-    PrefillCta next_cta;
-    auto take_next = [&] {
-      next = take_item();
-      if (next < items) next_cta = prefill_cta(p, kRows, kKeys, static_cast<int>(next));
-    };
-
-    if (n_it > 0) {
-      const int t0 = consumed;
-      wait_full(full_k, t0);
-      turn_sync();
-      fence_registers<kS>(s);
-      wgmma_fence();
-      issue_qk(t0);
-      wgmma_commit();
-      turn_arrive(turn_other);
-      wgmma_wait<0>();
-      fence_registers<kS>(s);
-      release(&empty_k[t0 % kStages]);
-      rescale_and_pack(softmax(j0, r0, first_masked));
-      for (int it = 1; it < n_it; ++it) {
-        wait_full(full_k, t0 + it);
-        wait_full(full_v, t0 + it - 1);
-        turn_sync();
-        fence_registers<64>(o);
-        fence_registers<kS>(s);
-        wgmma_fence();
-        issue_qk(t0 + it);
-        wgmma_commit();
-        issue_pv(t0 + it - 1);
-        wgmma_commit();
-        turn_arrive(turn_other);
-        wgmma_wait<1>();  // S of tile it
-        fence_registers<kS>(s);
-        release(&empty_k[(t0 + it) % kStages]);
-        const bool raised = softmax(j0 + it, r0, first_masked);
-        wgmma_wait<0>();  // O += P V of tile it - 1
-        fence_registers<64>(o);
-        release(&empty_v[(t0 + it - 1) % kStages]);
-        rescale_and_pack(raised);
-      }
-      take_next();
-      wait_full(full_v, t0 + n_it - 1);
+    reset();
+    if (n_it == 0) {  // a key split past the rows' last key: zeros, and (max, sum) = (-inf, 0)
+      write_out(cta);
+      continue;
+    }
+    const int t0 = consumed;
+    wait_full(full_k, t0);
+    mbar_wait(q_full, q_loads & 1);
+    turn_sync();
+    fence_registers<kS>(s);
+    wgmma_fence();
+    issue_qk(t0);
+    wgmma_commit();
+    turn_arrive(turn_other);
+    wgmma_wait<0>();
+    fence_registers<kS>(s);
+    release(&empty_k[t0 % kStages]);
+    if (n_it == 1) release(q_empty);  // this warp's last S product of the item is done
+    rescale_and_pack(softmax(j0, r0, first_masked));
+    for (int it = 1; it < n_it; ++it) {
+      wait_full(full_k, t0 + it);
+      wait_full(full_v, t0 + it - 1);
       turn_sync();
       fence_registers<64>(o);
+      fence_registers<kS>(s);
       wgmma_fence();
-      issue_pv(t0 + n_it - 1);
+      issue_qk(t0 + it);
+      wgmma_commit();
+      issue_pv(t0 + it - 1);
       wgmma_commit();
       turn_arrive(turn_other);
-      wgmma_wait<0>();
+      wgmma_wait<1>();  // S of tile it
+      fence_registers<kS>(s);
+      release(&empty_k[(t0 + it) % kStages]);
+      if (it == n_it - 1) release(q_empty);
+      const bool raised = softmax(j0 + it, r0, first_masked);
+      wgmma_wait<0>();  // O += P V of tile it - 1
       fence_registers<64>(o);
-      release(&empty_v[(t0 + n_it - 1) % kStages]);
-      consumed += n_it;
-    } else {
-      take_next();
+      release(&empty_v[(t0 + it - 1) % kStages]);
+      rescale_and_pack(raised);
     }
-
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const PrefillRowOut ro = prefill_row_out<kD>(p, cta, r0 + row_base + hf * 8, row_max[hf], row_sum[hf], tig);
-      if (!ro.written()) continue;
-#pragma unroll
-      for (int i = 0; i < kD / 8; ++i) ro.store(i * 8, o[4 * i + 2 * hf], o[4 * i + 2 * hf + 1]);
-    }
-    item = next;
-    cta = next_cta;
+    ++q_loads;
+    wait_full(full_v, t0 + n_it - 1);
+    turn_sync();
+    fence_registers<64>(o);
+    wgmma_fence();
+    issue_pv(t0 + n_it - 1);
+    wgmma_commit();
+    turn_arrive(turn_other);
+    wgmma_wait<0>();
+    fence_registers<64>(o);
+    release(&empty_v[(t0 + n_it - 1) % kStages]);
+    consumed += n_it;
+    write_out(cta);
   }
   if (wg == 0) turn_sync();  // warpgroup 1's arrival at the end of its last turn
 #else
@@ -460,7 +467,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
   const int64_t items = prefill_ctas(p);
   if (items <= 0) return cudaSuccess;
-  if (p.work == nullptr || items >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+  if (p.work == nullptr || p.q_bf16 == nullptr || items >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
   const TensorMapEncode encode = tensor_map_encoder();
   if (encode == nullptr) return cudaErrorNotSupported;
   static bool attr_set = false;  // host side; callers are single-threaded per object, the attribute idempotent
@@ -480,6 +487,18 @@ cudaError_t launch_hopper(const PrefillParams& p, cudaStream_t s) {
                               const_cast<uint16_t*>(t == 0 ? p.k : p.v), dims, strides, box, elem_strides,
                               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
+  }
+  {
+    const int tokens = prefill_tile_tokens(kRows, p.group);
+    const cuuint64_t q_dims[4] = {cuuint64_t(kD), cuuint64_t(p.group), cuuint64_t(p.num_heads_kv), cuuint64_t(p.n)};
+    const cuuint64_t q_strides[3] = {cuuint64_t(kD) * 2, cuuint64_t(p.group) * kD * 2,
+                                     cuuint64_t(p.num_heads_q) * kD * 2};  // bytes, dims 1 to 3
+    const cuuint32_t q_box[4] = {64, cuuint32_t(p.group), 1, cuuint32_t(tokens)}, q_elem_strides[4] = {1, 1, 1, 1};
+    const CUresult r = encode(&maps.q, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<uint16_t*>(p.q_bf16), q_dims,
+                              q_strides, q_box, q_elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) return cudaErrorInvalidValue;
   }
   // One CTA per multiprocessor (its shared memory allows no second), each taking items until none is left.

@@ -13,6 +13,12 @@
 
 namespace retroinfer::cuda::detail {
 
+// Tokens per row tile: a tile of `rows` packed rows holds whole tokens (rows / G of them, rows_used = that times
+// G rows; the rows past rows_used are padding, never read from q nor written), so that the Hopper kernel loads a
+// tile's Q with one tensor-map box per column block. G divides rows for every power-of-two group (no padding);
+// G = 3 or 7 leave 2 of 128 rows unused. G <= kMaxGroup < rows.
+__host__ __device__ __forceinline__ int prefill_tile_tokens(int rows, int group) { return rows / group; }
+
 // CTA blockIdx.x of a launch with `rows` packed query rows per CTA and key tiles of `keys` tokens: heaviest CTAs
 // (largest query positions) first, in bands of kPrefillBandTiles row tiles; inside a band the KV heads take
 // turns (every row tile of the band for head 0, then for head 1, ...), and consecutive CTAs share a row tile's
@@ -21,7 +27,8 @@ namespace retroinfer::cuda::detail {
 // `item` is the work item in that order: the portable kernel's blockIdx.x, the Hopper kernel's fetched index.
 struct PrefillCta {
   int split = 0, h = 0;
-  int r0 = 0;            // first packed row
+  int r0 = 0;            // first packed row (of token t0 = r0 / G)
+  int r_end = 0;         // rows [r0, r_end) are this tile's (whole tokens, < n); the rest up to r0 + rows: padding
   int kv_end = 0;        // keys [0, kv_end) are read
   int first_masked = 0;  // key tiles >= this cross some row's diagonal
   int j0 = 0, num_tiles = 0;  // this CTA's key tiles [j0, num_tiles): all of them, or its split's share
@@ -29,8 +36,8 @@ struct PrefillCta {
 // 32-bit arithmetic throughout: PrefillAttention::run keeps n * G and the item count below 2^31.
 __device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, int rows, int keys, int item) {
   PrefillCta c;
-  const int G = p.group;
-  const int m_tiles = (p.n * G + rows - 1) / rows;
+  const int G = p.group, T = prefill_tile_tokens(rows, G);
+  const int m_tiles = (p.n + T - 1) / T;
   const int b = item / p.splits;
   c.split = item % p.splits;
   const int band = b / (kPrefillBandTiles * p.num_heads_kv);
@@ -38,9 +45,10 @@ __device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, int ro
   const int band_tiles = min(kPrefillBandTiles, m_tiles - band * kPrefillBandTiles);  // the last: fewer
   c.h = in_band / band_tiles;
   const int tile = band * kPrefillBandTiles + in_band % band_tiles;  // 0: the heaviest
-  c.r0 = (m_tiles - 1 - tile) * rows;
-  const int t_lo = c.r0 / G;
-  const int t_hi = min(p.n - 1, (c.r0 + rows - 1) / G);
+  const int t_lo = (m_tiles - 1 - tile) * T;
+  const int t_hi = min(p.n - 1, t_lo + T - 1);
+  c.r0 = t_lo * G;
+  c.r_end = (t_hi + 1) * G;
   c.kv_end = p.pos0 + t_hi + 1;
   const int all_tiles = (c.kv_end + keys - 1) / keys;
   c.first_masked = (p.pos0 + t_lo + 1) / keys;
@@ -50,30 +58,20 @@ __device__ __forceinline__ PrefillCta prefill_cta(const PrefillParams& p, int ro
   return c;
 }
 
-// Packed row r of KV head h's Q tile: token r / G, query head h * G + r % G. Its f32 query row (D values), or
-// nullptr past the chunk's n tokens (such rows are zeros and never written).
+// 16-byte chunk ch (elements 8 ch .. 8 ch + 7) of packed row r (token r / G, query head h G + r % G) of the
+// CTA's tile, rounded to bf16; zeros for its padding rows.
 template <int D>
-__device__ __forceinline__ const float* q_packed_row(const PrefillParams& p, int h, int r) {
-  const int t = r / p.group;
-  if (t >= p.n) return nullptr;
-  const int qh = h * p.group + (r - t * p.group);
-  return p.q + (int64_t(t) * p.num_heads_q + qh) * D;
-}
-
-// 16-byte chunk c (elements 8c .. 8c + 7) of packed row r of KV head h's Q tile, rounded to bf16; zeros past
-// the chunk's n tokens.
-template <int D>
-__device__ __forceinline__ uint4 q_chunk_bf16(const PrefillParams& p, int h, int r, int c) {
-  const float* row = q_packed_row<D>(p, h, r);
-  if (row == nullptr) return make_uint4(0, 0, 0, 0);
-  const float4* src = reinterpret_cast<const float4*>(row + c * 8);
+__device__ __forceinline__ uint4 q_chunk_bf16(const PrefillParams& p, const PrefillCta& c, int r, int ch) {
+  if (r >= c.r_end) return make_uint4(0, 0, 0, 0);
+  const int t = r / p.group, qh = c.h * p.group + (r - t * p.group);
+  const float4* src = reinterpret_cast<const float4*>(p.q + (int64_t(t) * p.num_heads_q + qh) * D + ch * 8);
   const float4 a = __ldg(src), b = __ldg(src + 1);
   return make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
 }
 
 // Causal masking on a diagonal key tile starting at key kb: packed row r (token pos0 + r / G) sees keys up to
 // its own position, so the thread holding key columns 2 tig, 2 tig + 1 of each 8-column block masks column
-// 8 i + e when 8 i + e > causal_limit(...). Rows past n keep their nominal limit; they are never written.
+// 8 i + e when 8 i + e > causal_limit(...). Padding rows keep their nominal limit; they are never written.
 __device__ __forceinline__ int causal_limit(const PrefillParams& p, int r, int kb, int tig) {
   return p.pos0 + r / p.group - kb - tig * 2;
 }
@@ -116,20 +114,34 @@ __device__ __forceinline__ float online_softmax_row(At at, float scale_log2, flo
   return alpha;
 }
 
-// Where packed row r's output goes: this thread's columns start at dst (f32) or dst16 (bf16, p.out_bf16; column
-// 2 tig; each n8 block of columns 8 further), scaled by `scale`; both are null past the chunk's n tokens.
-// row_sum is this thread's part of the row sum (the quad's parts are added here, so every lane must call). A
-// split launch gets its unnormalised part (f32, scale 1), and lane tig 0 writes the row's (max, sum) for
-// prefill_merge_splits.
+// Stores that happen only where `pred` holds, without a branch: the Hopper kernel writes an item's output while
+// a wgmma product runs, and a divergent branch there makes ptxas serialise every wgmma of the kernel.
+__device__ __forceinline__ void store_if(float* dst, float a, float b, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\n@p st.global.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(dst), "f"(a),
+               "f"(b), "r"(int(pred))
+               : "memory");
+}
+__device__ __forceinline__ void store_if(uint16_t* dst, uint32_t bf16x2, bool pred) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.b32 [%0], %1;\n}\n" ::"l"(dst), "r"(bf16x2),
+               "r"(int(pred))
+               : "memory");
+}
+
+// Where packed row r's output goes: this thread's columns start at dst (f32: out, or a split's part_o) or dst16
+// (bf16, p.out_bf16; column 2 tig; each n8 block of columns 8 further), scaled by `scale`; nothing is stored for
+// the tile's padding rows (written() false). row_sum is this thread's part of the row sum (the quad's parts are
+// added here, so every lane must call). A split launch gets its unnormalised part (f32, scale 1), and lane tig 0
+// writes the row's (max, sum) for prefill_merge_splits. No branch depends on the row (store_if).
 struct PrefillRowOut {
   float* dst = nullptr;
   uint16_t* dst16 = nullptr;
   float scale = 1.0f;
-  __device__ __forceinline__ bool written() const { return dst != nullptr || dst16 != nullptr; }
+  bool valid = false;
+  __device__ __forceinline__ bool written() const { return valid; }
   // Columns `col`, col + 1 of this thread's part: a, b times scale.
   __device__ __forceinline__ void store(int col, float a, float b) const {
-    if (dst16 != nullptr) *reinterpret_cast<uint32_t*>(dst16 + col) = pack_bf16(a * scale, b * scale);
-    else *reinterpret_cast<float2*>(dst + col) = make_float2(a * scale, b * scale);
+    if (dst16 != nullptr) store_if(dst16 + col, pack_bf16(a * scale, b * scale), valid);
+    else store_if(dst + col, a * scale, b * scale, valid);
   }
 };
 template <int D>
@@ -139,14 +151,14 @@ __device__ __forceinline__ PrefillRowOut prefill_row_out(const PrefillParams& p,
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   PrefillRowOut o;
+  o.valid = r < c.r_end;
   const int t = r / p.group;
-  if (t >= p.n) return o;
   const int qh = c.h * p.group + (r - t * p.group);
   const int64_t row = int64_t(t) * p.num_heads_q + qh;
   if (p.splits > 1) {
     const int64_t prow = int64_t(c.split) * p.n * p.num_heads_q + row;
     o.dst = p.part_o + prow * D + tig * 2;
-    if (tig == 0) *reinterpret_cast<float2*>(p.part_ml + prow * 2) = make_float2(row_max, l);
+    store_if(p.part_ml + prow * 2, row_max, l, o.valid && tig == 0);
     return o;
   }
   if (p.out_bf16 != nullptr) o.dst16 = p.out_bf16 + row * D + tig * 2;

@@ -10,7 +10,8 @@
 //
 // Kernel (flash-attention-2 style, tensor cores through mma.sync m16n8k16 bf16 with f32 accumulators):
 // one CTA of 4 warps owns kPrefillRows = 128 "packed" query rows of one KV head, where packed row r is
-// (token r / G, group member r % G): every query head of a GQA group shares each K/V tile the CTA loads.
+// (token r / G, group member r % G): every query head of a GQA group shares each K/V tile the CTA loads. A
+// tile holds whole tokens, kPrefillRows / G of them (G = 3 or 7: 2 padding rows; prefill_tile_tokens).
 // Each warp owns 32 consecutive packed rows (two m16 tiles). K/V tiles of kPrefillKeys = 64 tokens stream
 // through two or three shared-memory stages (three where two CTAs still fit a multiprocessor; cp.async,
 // XOR-swizzled 16-byte chunks, conflict-free ldmatrix); the softmax is online (running max and sum per
@@ -31,7 +32,8 @@
 namespace retroinfer::cuda::detail {
 
 struct PrefillParams {
-  const float* q = nullptr;     // [n, Hq, D] f32
+  const float* q = nullptr;     // [n, Hq, D] f32 (the portable kernel's)
+  const uint16_t* q_bf16 = nullptr;  // [n, Hq, D]: q rounded to bf16 (the Hopper kernel's, by tensor-map copies)
   const uint16_t* k = nullptr;  // [Hkv, kv_stride, D] bf16
   const uint16_t* v = nullptr;  // [Hkv, kv_stride, D] bf16
   float* out = nullptr;         // [n, Hq, D] f32, or
@@ -70,7 +72,7 @@ inline constexpr int kPrefillMinSplitTiles = 8;  // key tiles per split at least
 // what fits, splits x n x Hq x (D + 2) floats (64 query tokens of Llama-3-8B's shape in 15 splits).
 inline constexpr int64_t kPrefillSplitWorkspaceBytes = int64_t{16} << 20;
 
-// Work items of a launch, ceil(n * G / kPrefillRows) * Hkv * splits: the portable kernel's CTAs, what the Hopper
+// Work items of a launch, ceil(n / (kPrefillRows / G)) * Hkv * splits: the portable kernel's CTAs, what the Hopper
 // kernel's persistent CTAs take from PrefillParams::work.
 int64_t prefill_ctas(const PrefillParams& p);
 // The key splits for p (its `splits` ignored) on a GPU of sm_count multiprocessors: 1 when the row tiles alone

@@ -657,5 +657,60 @@ TEST(CudaModelKernels, KvAppendRowsSkipsNullRows) {
   std::printf("[kv_append_rows] %d rows (one skipped), Hkv %d, d %d: %s\n", rows, hkv, d,
               wrong == 0 ? "every row at its position, the skipped row's cache untouched" : "WRONG");
 }
+// qkv_post's bf16 q (the Hopper prefill kernel's input): each element its f32 q rounded to nearest even, bit for
+// bit, with and without a bias; the f32 q equal with and without the bf16 copy.
+TEST(CudaModelKernels, QkvPostBf16QIsTheRoundedQ) {
+  RETROINFER_REQUIRE_GPU();
+  const int hq = 6, hkv = 2, d = 128, rows = 37;
+  const int64_t stride = 64;
+  const int width = (hq + 2 * hkv) * d;
+  const std::vector<float> qkv = random_f32(size_t(rows) * width, 71, 0.0f, 3.0f);
+  const std::vector<float> bias = random_f32(size_t(width), 72, 0.0f, 0.5f);
+  std::vector<float> cs(size_t(rows) * d / 2), sn(cs.size());
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < d / 2; ++i) {
+      const double a = r * std::pow(10000.0, -2.0 * i / d);
+      cs[size_t(r) * d / 2 + i] = float(std::cos(a));
+      sn[size_t(r) * d / 2 + i] = float(std::sin(a));
+    }
+  std::vector<int32_t> seq(rows, 0), pos(rows);
+  for (int r = 0; r < rows; ++r) pos[r] = r;
+  DeviceBuffer dqkv = upload(qkv), dbias = upload(bias), dcos = upload(cs), dsin = upload(sn), dseq = upload(seq),
+               dpos = upload(pos);
+  DeviceBuffer kc(size_t(hkv) * stride * d * 2), vc(kc.bytes());
+  for (const bool with_bias : {false, true}) {
+    DeviceBuffer q32(size_t(rows) * hq * d * 4), q32_alone(q32.bytes()), q16(size_t(rows) * hq * d * 2);
+    cuda::model::QkvPostParams p;
+    p.qkv = dqkv.as<float>();
+    p.bias = with_bias ? dbias.as<float>() : nullptr;
+    p.cos = dcos.as<float>();
+    p.sin = dsin.as<float>();
+    p.row_seq = dseq.as<int32_t>();
+    p.row_pos = dpos.as<int32_t>();
+    p.k_cache = kc.as<uint16_t>();
+    p.v_cache = vc.as<uint16_t>();
+    p.rows = rows;
+    p.kv_stride = stride;
+    p.num_heads_q = hq;
+    p.num_heads_kv = hkv;
+    p.head_dim = d;
+    p.q = q32_alone.as<float>();
+    cuda::detail::launch_check(cuda::model::qkv_post(p, nullptr), "qkv_post", nullptr);
+    p.q = q32.as<float>();
+    p.q_bf16 = q16.as<uint16_t>();
+    cuda::detail::launch_check(cuda::model::qkv_post(p, nullptr), "qkv_post", nullptr);
+    cuda::synchronize();
+    const std::vector<float> a = download<float>(q32, size_t(rows) * hq * d),
+                             b = download<float>(q32_alone, size_t(rows) * hq * d);
+    const std::vector<uint16_t> h = download<uint16_t>(q16, size_t(rows) * hq * d);
+    int64_t wrong = 0, differ = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      wrong += h[i] != f32_to_bf16(a[i]);
+      differ += std::memcmp(&a[i], &b[i], 4) != 0;
+    }
+    EXPECT_EQ(wrong, 0) << "bias " << with_bias;
+    EXPECT_EQ(differ, 0) << "bias " << with_bias;
+  }
+}
 }  // namespace
 }  // namespace retroinfer

@@ -1,7 +1,8 @@
 // cuda::PrefillAttention (causal GQA prefill; the portable mma.sync kernel and the Hopper wgmma one) against the CPU retroinfer::prefill_attention
 // on the same bf16 K/V: query counts with tails of the 128-row and 64-key tiles, a prefix (pos0 > 0),
-// head_dim 64 and 128, GQA groups 1, 3, 4, 7, 8, a kv_stride past the tokens (NaN-poisoned rows), a long
-// prefix, short chunks over long caches (the split-key launch), and the argument checks. Outputs are poisoned (0xff) first: every element must be written.
+// head_dim 64 and 128, GQA groups 1, 3, 4, 7, 8 (3 and 7: tiles of whole tokens with padding rows), a kv_stride
+// past the tokens (NaN-poisoned rows), a long prefix, short chunks over long caches (the split-key launch), q
+// passed in bf16 too, and the argument checks. Outputs are poisoned (0xff) first: every element must be written.
 //
 // Each case compares against two CPU references:
 //  * "own": q rounded to bf16 on the host (as the kernel does before its QK^T product), so that the only
@@ -11,6 +12,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -120,6 +122,21 @@ void run_case(const Case& c, uint64_t seed) {
   int64_t bf16_mismatches = 0;
   for (size_t i = 0; i < got.size(); ++i) bf16_mismatches += got16[i] != f32_to_bf16(got[i]);
   EXPECT_EQ(bf16_mismatches, 0) << "run_bf16 differs from run's output rounded to bf16";
+  // q rounded on the host and passed as q_bf16, as the model runner passes it (the Hopper kernel reads it; without
+  // it the launch rounds q itself): the same output bit for bit.
+  {
+    std::vector<uint16_t> q16(q.size());
+    for (size_t i = 0; i < q.size(); ++i) q16[i] = f32_to_bf16(q[i]);
+    auto dq16 = gputest::upload(q16);
+    auto dout2 = gputest::poisoned(q.size());
+    pa.run(dq.as<float>(), dk.as<uint16_t>(), dv.as<uint16_t>(), stride, c.pos0, c.n, c.scale, dout2.as<float>(),
+           nullptr, dq16.as<uint16_t>());
+    cuda::synchronize();
+    const auto got2 = gputest::download_f32(dout2, q.size());
+    int64_t differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &got2[i], 4) != 0;
+    EXPECT_EQ(differ, 0) << "the output with q_bf16 passed differs from the one with q alone";
+  }
 
   const gputest::Compare own = gputest::compare(got, ref_own), f32 = gputest::compare(got, ref_f32);
   const double own_max_bound = kOwnMaxAbsPerV * max_v;
@@ -235,6 +252,7 @@ TEST(CudaPrefill, RejectsBadArguments) {
   EXPECT_THROW(pa.run(f, h, h, 100, -1, 10, 0.0f, f), Error);       // negative pos0
   EXPECT_THROW(pa.run(f, h, h, 100, 0, 10, -1.0f, f), Error);       // negative scale
   EXPECT_THROW(pa.run(f + 1, h, h, 100, 0, 10, 0.0f, f), Error);    // misaligned q
+  EXPECT_THROW(pa.run(f, h, h, 100, 0, 10, 0.0f, f, nullptr, h + 1), Error);  // misaligned q_bf16
   EXPECT_THROW(pa.run_bf16(f, h, h, 100, 0, 10, 0.0f, nullptr), Error);                       // null out
   EXPECT_THROW(pa.run_bf16(f, h, h, 100, 0, 10, 0.0f, b.as<uint16_t>() + 1), Error);          // misaligned out
   // Positions whose last key tile would pass 2^31 (the kernels index them in 32 bits): refused before any launch.

@@ -6,6 +6,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/kernel_common.h"
 #include "attention/cuda/layer_common.h"
+#include "kernels/model_kernels.h"
 #include "kernels/prefill_kernels.h"
 #include "retroinfer/cuda_backend.h"
 #include "retroinfer/cuda_device.h"
@@ -17,6 +18,7 @@ struct PrefillAttention::Impl {
   PrefillKernel kernel = PrefillKernel::kPortable;
   DeviceBuffer split_parts;  // kPrefillSplitWorkspaceBytes once a launch splits its keys (prefill_kernels.h)
   DeviceBuffer work;         // the Hopper kernel's work counter (PrefillParams::work)
+  DeviceBuffer q_bf16;       // q rounded to bf16 for the Hopper kernel, when the caller passes none
 };
 
 std::string_view prefill_kernel_name(PrefillKernel k) {
@@ -60,17 +62,18 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 }  // namespace
 
 void PrefillAttention::run(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0,
-                           int64_t n, float scale, float* out, Stream s) {
-  launch(q, k, v, kv_stride, pos0, n, scale, out, nullptr, s);
+                           int64_t n, float scale, float* out, Stream s, const uint16_t* q_bf16) {
+  launch(q, q_bf16, k, v, kv_stride, pos0, n, scale, out, nullptr, s);
 }
 
 void PrefillAttention::run_bf16(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0,
-                                int64_t n, float scale, uint16_t* out, Stream s) {
-  launch(q, k, v, kv_stride, pos0, n, scale, nullptr, out, s);
+                                int64_t n, float scale, uint16_t* out, Stream s, const uint16_t* q_bf16) {
+  launch(q, q_bf16, k, v, kv_stride, pos0, n, scale, nullptr, out, s);
 }
 
-void PrefillAttention::launch(const float* q, const uint16_t* k, const uint16_t* v, int64_t kv_stride, int64_t pos0,
-                              int64_t n, float scale, float* out, uint16_t* out_bf16, Stream s) {
+void PrefillAttention::launch(const float* q, const uint16_t* q_bf16, const uint16_t* k, const uint16_t* v,
+                              int64_t kv_stride, int64_t pos0, int64_t n, float scale, float* out, uint16_t* out_bf16,
+                              Stream s) {
   RETROINFER_CHECK(impl_ != nullptr, "PrefillAttention::run on a moved-from object");
   const void* dst = out != nullptr ? static_cast<const void*>(out) : out_bf16;
   const AttentionShape& sh = impl_->shape;
@@ -80,8 +83,8 @@ void PrefillAttention::launch(const float* q, const uint16_t* k, const uint16_t*
   if (n == 0) return;
   RETROINFER_CHECK(q != nullptr && k != nullptr && v != nullptr && dst != nullptr,
                    "PrefillAttention::run: null q, k, v or out pointer");
-  RETROINFER_CHECK(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dst),
-                   "PrefillAttention::run: q, k, v and out must be 16-byte aligned (device allocations are)");
+  RETROINFER_CHECK(aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dst) && aligned16(q_bf16),
+                   "PrefillAttention::run: q, q_bf16, k, v and out must be 16-byte aligned (device allocations are)");
   RETROINFER_CHECK(kv_stride >= pos0 + n, "PrefillAttention::run: kv_stride (", kv_stride,
                    ") must hold the positions [0, pos0 + n) = [0, ", pos0 + n, ")");
   RETROINFER_CHECK(pos0 + n < (int64_t{1} << 31) - detail::kHopperKeys, "PrefillAttention::run: pos0 + n = ",
@@ -116,8 +119,18 @@ void PrefillAttention::launch(const float* q, const uint16_t* k, const uint16_t*
   }
   RETROINFER_CHECK(detail::prefill_ctas(p) < (int64_t{1} << 31), "PrefillAttention::run: ",
                    detail::prefill_ctas(p), " CTAs exceed the grid limit; split the prefill into smaller chunks");
-  if (impl_->work.bytes() != 0) p.work = impl_->work.as<unsigned>();
   auto st = static_cast<cudaStream_t>(s);
+  if (impl_->kernel == PrefillKernel::kHopper) {
+    p.work = impl_->work.as<unsigned>();
+    p.q_bf16 = q_bf16;
+    if (q_bf16 == nullptr) {  // rounded here: one more pass over q (callers that have bf16 q pass it)
+      const size_t elems = static_cast<size_t>(n) * sh.num_heads_q * sh.head_dim;
+      if (impl_->q_bf16.bytes() < elems * 2) impl_->q_bf16 = DeviceBuffer(elems * 2);
+      detail::launch_check(model::f32_to_bf16_array(q, impl_->q_bf16.as<uint16_t>(), elems, st), "f32_to_bf16_array",
+                           st);
+      p.q_bf16 = impl_->q_bf16.as<uint16_t>();
+    }
+  }
   detail::launch_check(detail::prefill_attention(p, st, impl_->kernel == PrefillKernel::kHopper), "prefill_attention", st);
 }
 

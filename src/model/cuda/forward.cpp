@@ -202,6 +202,15 @@ void CudaSession::Impl::product(const void* wt, int64_t rows, int64_t in, int64_
 
 // RMSNorm -> QKV product -> bias + RoPE + KV append (the runner's K/V; decode of a layer that owns its KV:
 // a.k_new / a.v_new only, the layer appends the token to its own store) into a.q.
+// Where qkv_post writes the prefill chunk's q in bf16 for the Hopper attention kernel (which reads it by
+// tensor-map copies): the second half of a.att, whose first half takes that kernel's bf16 output (bf16 weights).
+// Else nullptr: the portable kernel reads the f32 q, and a Hopper launch with f32 output rounds q itself.
+uint16_t* CudaSession::Impl::prefill_q_bf16() {
+  const bool hopper_bf16 = prefill_attention && prefill_attention->kernel() == PrefillKernel::kHopper &&
+                           model.weights().type == WeightType::kBf16;
+  return hopper_bf16 ? reinterpret_cast<uint16_t*>(a.att.as<uint8_t>() + a.att.bytes() / 2) : nullptr;
+}
+
 void CudaSession::Impl::layer_pre_attention(int l, int64_t rows, const RowView& rv, float* x, bool decode) {
   const ModelConfig& c = model.config();
   const CudaModel::Weights::Layer& L = model.weights().layers[l];
@@ -220,6 +229,7 @@ void CudaSession::Impl::layer_pre_attention(int l, int64_t rows, const RowView& 
   qp.row_seq = rv.seq;
   qp.row_pos = rv.pos;
   qp.q = a.q.as<float>();
+  qp.q_bf16 = decode ? nullptr : prefill_q_bf16();
   qp.k_cache = kc;
   qp.v_cache = vc;
   qp.k_new = decode ? a.k_new.as<uint16_t>() : nullptr;
@@ -301,7 +311,7 @@ void CudaSession::Impl::layer_forward(int l, int64_t rows, const RowView& rv, fl
     const uint16_t* vs = prefill_v(l) + seq * seq_elems();
     if (att_bf16) {
       prefill_attention->run_bf16(a.q.as<float>(), ks, vs, max_context, pos0, rows, opt.attention.scale,
-                                  a.att.as<uint16_t>(), stream);
+                                  a.att.as<uint16_t>(), stream, prefill_q_bf16());
     } else if (prefill_attention) {
       prefill_attention->run(a.q.as<float>(), ks, vs, max_context, pos0, rows, opt.attention.scale,
                              a.att.as<float>(), stream);

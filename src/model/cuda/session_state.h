@@ -160,6 +160,7 @@ struct CudaSession::Impl {
   // y [rows, out] (+)= input [rows, in] @ W^T, the input xb16 (bf16 weights) or x32 (f32 weights).
   void product(const void* wt, int64_t rows, int64_t in, int64_t out, float* y, float beta, const uint16_t* xb16,
                const float* x32);
+  uint16_t* prefill_q_bf16();  // the Hopper prefill kernel's bf16 q (forward.cpp), or nullptr
   void layer_pre_attention(int l, int64_t rows, const RowView& rv, float* x, bool decode);
   void layer_attention_decode(int l);
   void layer_post_attention(int l, int64_t rows, float* x, bool att_bf16 = false);
