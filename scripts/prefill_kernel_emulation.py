@@ -2,15 +2,18 @@
 """Lane-level numpy emulation of prefill_kernel (src/kernels/prefill_attention.cu, the portable kernel), for
 checking the kernel's index logic on a machine without a GPU.
 
-It mirrors the kernel by hand, statement by statement: the packed query rows (token r / G, member r % G),
-the XOR-swizzled shared-memory tiles and cp.async tile loads (zero-filled past the last key), the stage
-ring (3 stages where two CTAs fit, else 2), the per-lane ldmatrix addresses (chunk_patterns plus
-immediates), ldmatrix (.trans) and mma.sync m16n8k16 with the fragment layouts of the PTX ISA, the
-diagonal masking, the online softmax with the lazy rescale, the bf16 rounding of q and P, and the output
-indexing. Each case compares against float64 causal GQA attention (q rounded to bf16 as the kernel does)
-and fails on any unwritten output or nmse >= 1e-5 (P's bf16 rounding gives ~1e-6).
+It mirrors the kernel by hand, statement by statement: the CTA's work item (prefill_cta: row tiles of whole
+tokens, 128 // G of them, the rows past the tile's tokens padding: zero Q, never written; the order in bands),
+the packed query rows (token r / G, member r % G), the XOR-swizzled shared-memory tiles and cp.async tile
+loads (zero-filled past the last key), the stage ring (3 stages where two CTAs fit, else 2), the per-lane
+ldmatrix addresses (chunk_patterns plus immediates), ldmatrix (.trans) and mma.sync m16n8k16 with the
+fragment layouts of the PTX ISA, the diagonal masking, the online softmax with the lazy rescale, the bf16
+rounding of q and P, and the output indexing. Each case compares against float64 causal GQA attention (q
+rounded to bf16 as the kernel does) and fails on any unwritten output or nmse >= 1e-5 (P's bf16 rounding
+gives ~1e-6).
 
-It is not the kernel: keep it in step when the kernel changes. About 10 s for the default cases.
+It is not the kernel: keep it in step when the kernel changes. About 15 s for the default cases; they start
+with check_cta_order (every row tile, head and split exactly once, for shapes of several bands too).
 
   prefill_kernel_emulation.py            # default cases (D 64 / 128, 64- and 32-key tiles, groups 1-8)
 """
@@ -23,6 +26,60 @@ def bf16(x):
     return (u.astype(np.uint32) << 16).view(np.float32)
 
 LANES = np.arange(32)
+ROWS = 128                # kPrefillRows: packed query rows per row tile (CTA)
+BAND_TILES = 128          # kPrefillBandTiles: row tiles per band of the CTA order
+
+
+def tile_tokens(rows, G):
+    """prefill_tile_tokens: tokens per row tile (whole tokens; rows - tokens * G rows of padding)."""
+    return rows // G
+
+
+def row_tiles(n, G, rows=ROWS):
+    """Row tiles of a launch: ceil(n / T) (prefill_ctas / prefill_splits without the heads and splits)."""
+    T = tile_tokens(rows, G)
+    return (n + T - 1) // T
+
+
+def prefill_cta(P, rows, keys, item):
+    """prefill_cta (prefill_common.cuh): work item `item`'s key split, KV head, rows [r0, r_end) (whole tokens
+    [t_lo, t_hi]; rows r_end .. r0 + rows - 1 are padding) and key tiles. P: group, n, pos0, hkv, splits."""
+    G, n, pos0, hkv, splits = P['group'], P['n'], P['pos0'], P['hkv'], P.get('splits', 1)
+    T = tile_tokens(rows, G)
+    m_tiles = (n + T - 1) // T
+    b, split = item // splits, item % splits
+    band = b // (BAND_TILES * hkv)
+    in_band = b - band * BAND_TILES * hkv
+    band_tiles = min(BAND_TILES, m_tiles - band * BAND_TILES)  # the last: fewer
+    h = in_band // band_tiles
+    tile = band * BAND_TILES + in_band % band_tiles  # 0: the heaviest
+    t_lo = (m_tiles - 1 - tile) * T
+    t_hi = min(n - 1, t_lo + T - 1)
+    kv_end = pos0 + t_hi + 1
+    all_tiles = (kv_end + keys - 1) // keys
+    per_split = (all_tiles + splits - 1) // splits
+    j0 = min(all_tiles, split * per_split)
+    return dict(split=split, h=h, r0=t_lo * G, r_end=(t_hi + 1) * G, kv_end=kv_end,
+                first_masked=(pos0 + t_lo + 1) // keys, j0=j0, num_tiles=min(all_tiles, j0 + per_split))
+
+
+def check_cta_order():
+    """The work items of prefill_ctas cover every (KV head, row tile, split) once, row tiles of whole tokens
+    covering [0, n G) with at most `rows` rows each (several bands where n is large)."""
+    for G, n, hkv, splits in [(1, 300, 2, 1), (3, 129, 2, 2), (4, 40000, 2, 1), (7, 2400, 3, 2), (3, 6000, 1, 3),
+                              (8, 17, 4, 5)]:
+        P = dict(group=G, n=n, pos0=0, hkv=hkv, splits=splits)
+        items = row_tiles(n, G) * hkv * splits
+        seen = set()
+        rows = {}
+        for item in range(items):
+            c = prefill_cta(P, ROWS, 64, item)
+            key = (c['h'], c['r0'], c['split'])
+            assert key not in seen, (G, n, hkv, splits, item)
+            seen.add(key)
+            assert c['r0'] % G == 0 and c['r_end'] % G == 0 and 0 < c['r_end'] - c['r0'] <= ROWS
+            rows[(c['h'], c['split'])] = rows.get((c['h'], c['split']), 0) + c['r_end'] - c['r0']
+        assert len(seen) == items and all(v == n * G for v in rows.values()) and len(rows) == hkv * splits
 
 class Smem:
     def __init__(self, elems):
@@ -73,15 +130,9 @@ def cta(bidx, P, D, BN, q, K, V, out):
     sm = Smem(kQ + 2 * S * kKV)
     sq, sk0, sv0 = 0, kQ, kQ + S * kKV
     G, n, pos0, hq, hkv = P['group'], P['n'], P['pos0'], P['hq'], P['hkv']
-    m_tiles = (n * G + BM - 1) // BM
-    h = bidx % hkv
-    m_tile = m_tiles - 1 - bidx // hkv
-    r0 = m_tile * BM
-    t_lo = r0 // G
-    t_hi = min(n - 1, (r0 + BM - 1) // G)
-    kv_end = pos0 + t_hi + 1
-    num_tiles = (kv_end + BN - 1) // BN
-    first_masked = (pos0 + t_lo + 1) // BN
+    c = prefill_cta(P, BM, BN, bidx)
+    h, r0, r_end, kv_end = c['h'], c['r0'], c['r_end'], c['kv_end']
+    first_masked, j0, num_tiles = c['first_masked'], c['j0'], c['num_tiles']
     gk, gv = K[h], V[h]  # [stride, D] float32 (bf16 values)
 
     def load_kv_tile(skb, svb, kb):
@@ -99,16 +150,17 @@ def cta(bidx, P, D, BN, q, K, V, out):
                 sm.a[svb + o: svb + o + 8] = srv
 
     for st in range(S - 1):
-        if st < num_tiles:
-            load_kv_tile(sk0 + st * kKV, sv0 + st * kKV, st * BN)
+        if j0 + st < num_tiles:
+            load_kv_tile(sk0 + st * kKV, sv0 + st * kKV, (j0 + st) * BN)
     for idx in range(BM * kChunks):
-        row, c = idx // kChunks, idx % kChunks
-        r = r0 + row; t = r // G
-        w = np.zeros(8, dtype=np.float32)
-        if t < n:
+        row, ch = idx // kChunks, idx % kChunks
+        r = r0 + row
+        w = np.zeros(8, dtype=np.float32)  # q_chunk_bf16: zeros for the tile's padding rows
+        if r < r_end:
+            t = r // G
             qh = h * G + (r - t * G)
-            w = bf16(q[t, qh, c * 8:c * 8 + 8])
-        o = swz(D, row, c)
+            w = bf16(q[t, qh, ch * 8:ch * 8 + 8])
+        o = swz(D, row, ch)
         sm.a[sq + o: sq + o + 8] = w
 
     quad, tig = LANES >> 2, LANES & 3
@@ -125,7 +177,7 @@ def cta(bidx, P, D, BN, q, K, V, out):
                  rsum=np.zeros((2, 2, 32), dtype=np.float32))
         warps.append(W)
     stage = 0
-    for j in range(num_tiles):
+    for j in range(j0, num_tiles):
         nxt = j + S - 1
         st = S - 1 if stage == 0 else stage - 1
         if nxt < num_tiles:
@@ -201,9 +253,9 @@ def cta(bidx, P, D, BN, q, K, V, out):
                 inv = np.where(l > 0, 1 / l, 0)
                 for lane in range(32):
                     r = r0 + wrow + mt * 16 + hf * 8 + (lane >> 2)
-                    t = r // G
-                    if t >= n:
+                    if r >= r_end:  # prefill_row_out: padding rows are never written
                         continue
+                    t = r // G
                     qh = h * G + (r - t * G)
                     for dt in range(kDT):
                         d0 = dt * 8 + (lane & 3) * 2
@@ -234,8 +286,8 @@ def run(hkv, G, D, BN, pos0, n, seed, pad=3):
     V[:, :total] = bf16(rng.standard_normal((hkv, total, D)))
     q = (2 * rng.standard_normal((n, hq, D))).astype(np.float32)
     out = np.full((n, hq, D), np.nan, dtype=np.float32)
-    P = dict(group=G, n=n, pos0=pos0, hq=hq, hkv=hkv, scale=1 / np.sqrt(D))
-    ctas = (n * G + 127) // 128 * hkv
+    P = dict(group=G, n=n, pos0=pos0, hq=hq, hkv=hkv, splits=1, scale=1 / np.sqrt(D))
+    ctas = row_tiles(n, G) * hkv  # prefill_ctas
     for b in range(ctas):
         cta(b, P, D, BN, q, K, V, out)
     ref = reference(q, K, V, G, pos0, P['scale'])
@@ -246,10 +298,12 @@ def run(hkv, G, D, BN, pos0, n, seed, pad=3):
     assert not np.isnan(out).any() and nmse < 1e-5
 
 def main():
-    cases = [  # hkv, G, D, BN, pos0, n, seed
+    check_cta_order()
+    cases = [  # hkv, G, D, BN, pos0, n, seed; G = 3, 7: row tiles of 42 / 18 tokens, 2 padding rows each
         (1, 4, 128, 64, 3, 60, 11), (1, 1, 128, 64, 0, 200, 12), (1, 4, 64, 64, 0, 40, 1),
         (1, 1, 128, 32, 5, 70, 2), (2, 3, 64, 64, 37, 50, 3), (1, 8, 128, 32, 64, 20, 4),
         (1, 1, 64, 64, 100, 150, 5), (1, 8, 128, 64, 63, 41, 7), (1, 3, 64, 64, 1, 129, 8),
+        (1, 7, 128, 64, 0, 40, 9), (2, 7, 64, 32, 20, 37, 10),
     ]
     for c in cases:
         run(*c)

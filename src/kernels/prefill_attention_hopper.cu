@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(q_empty, kConsumerWarps);
     mbar_init_fence();
   }
-  // Q's padding rows (G = 3, 7: rows T G .. kRows - 1 of both column blocks, which no box writes) are zeros.
+  // Q's padding rows (G = 3, 5, 6, 7: rows T G .. kRows - 1 of both column blocks, which no box writes) are zeros.
   const int q_rows = prefill_tile_tokens(kRows, p.group) * p.group;
   for (int i = threadIdx.x; i < 2 * (kRows - q_rows) * 8; i += kThreads) {
     const int cb = i / ((kRows - q_rows) * 8), r = q_rows + (i / 8) % (kRows - q_rows), ch = i % 8;

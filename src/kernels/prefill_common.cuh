@@ -16,7 +16,7 @@ namespace retroinfer::cuda::detail {
 // Tokens per row tile: a tile of `rows` packed rows holds whole tokens (rows / G of them, rows_used = that times
 // G rows; the rows past rows_used are padding, never read from q nor written), so that the Hopper kernel loads a
 // tile's Q with one tensor-map box per column block. G divides rows for every power-of-two group (no padding);
-// G = 3 or 7 leave 2 of 128 rows unused. G <= kMaxGroup < rows.
+// G = 3, 6 or 7 leave 2 of 128 rows unused, G = 5 three. G <= kMaxGroup < rows.
 __host__ __device__ __forceinline__ int prefill_tile_tokens(int rows, int group) { return rows / group; }
 
 // CTA blockIdx.x of a launch with `rows` packed query rows per CTA and key tiles of `keys` tokens: heaviest CTAs

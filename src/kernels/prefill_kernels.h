@@ -11,7 +11,7 @@
 // Kernel (flash-attention-2 style, tensor cores through mma.sync m16n8k16 bf16 with f32 accumulators):
 // one CTA of 4 warps owns kPrefillRows = 128 "packed" query rows of one KV head, where packed row r is
 // (token r / G, group member r % G): every query head of a GQA group shares each K/V tile the CTA loads. A
-// tile holds whole tokens, kPrefillRows / G of them (G = 3 or 7: 2 padding rows; prefill_tile_tokens).
+// tile holds whole tokens, kPrefillRows / G of them (G = 3, 5, 6, 7: 2 or 3 padding rows; prefill_tile_tokens).
 // Each warp owns 32 consecutive packed rows (two m16 tiles). K/V tiles of kPrefillKeys = 64 tokens stream
 // through two or three shared-memory stages (three where two CTAs still fit a multiprocessor; cp.async,
 // XOR-swizzled 16-byte chunks, conflict-free ldmatrix); the softmax is online (running max and sum per
