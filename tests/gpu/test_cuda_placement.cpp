@@ -15,10 +15,11 @@
 //     (test_cuda_layers "host vs gpu tier": nmse 4e-13 on the H200, bound 1e-10). Through the next layers
 //     that rounding can flip a bf16 rounding of a new token's K/V (2^-8 of one element) or, at a near tie,
 //     one cluster between retrieval and estimation. The CPU measurement of bf16 KV rounding flips on this
-//     shape (docs/model-runner.md, KvRounding: max 2.7e-3 of the logit scale, nmse <= 1.3e-7) sets the
-//     bounds: row max |diff| <= 1e-2 of the logit scale, nmse <= 1e-5. Every placement is fed kGpu's greedy
-//     tokens (so a flip cannot derail the comparison); greedy choices must agree wherever kGpu's top-2
-//     margin exceeds twice the row bound (2e-2).
+//     shape (docs/model-runner.md, KvRounding: max 2.7e-3 of the logit scale, nmse <= 1.3e-7) is the scale
+//     without a flipped cluster; with one the rows move by up to ~0.3 of the logit scale (kDecodeRel below).
+//     Every placement is fed kGpu's greedy
+//     tokens (so a flip cannot derail the comparison); greedy choices must agree, all but kGreedyFlips, wherever
+//     kGpu's top-2 margin exceeds kGreedyMargin (below: how far the tiers drift apart and why).
 //   no index update falls due in these runs (update_tokens 1024 > steps), where the tiers would differ
 //     (the host tier does not update its index: wave_buffer.h append).
 #include <gtest/gtest.h>
@@ -62,8 +63,14 @@ constexpr double kPrefillRel = 1e-6;     // see the header: same kernels on the 
 constexpr double kDecodeRel = 0.5;  // row max |diff| / logit scale
 constexpr double kDecodeNmse = 0.1;
 // Greedy tokens are compared where the reference's top-2 margin exceeds this share of the logit scale
-// (a near tie may flip under the differences above).
+// (a near tie may flip under the differences above), and all but kGreedyFlips of them must agree: a cluster
+// flipped early in the trajectory moves later logits by up to the 0.14-0.28 above, more than some clear margins.
+// Which clusters the host tier's cache holds at a step depends on when its manager thread ran (the execution
+// buffer's rows are [steady | misses | hits], so the exact attention's f32 order does too): on the H100
+// (2026-12-06) five runs of one binary gave kHost {4000, 4000} decode max rel 5.5e-3 once and 1.43-1.45e-1 four
+// times, two of them with one of 10 checked greedy tokens different (step 8); the build before the same.
 constexpr double kGreedyMargin = 0.1;
+constexpr int kGreedyFlips = 1;
 constexpr int kSteps = 16;
 
 ModelConfig placement_config(int64_t max_positions) {
@@ -160,7 +167,7 @@ Diff compare_decode(const PlacementRun& run, const PlacementRun& ref, int64_t vo
       const int32_t a = argmax(std::span<const float>(run.steps[i].data() + q * vocab, vocab));
       const int32_t b = argmax(std::span<const float>(want));
       greedy_equal += a == b;
-      EXPECT_EQ(a, b) << "step " << i << " sequence " << q;
+      if (a != b) std::printf("[cuda_placement] greedy differs at step %d sequence %d: %d against %d\n", i, q, a, b);
     }
   }
   return worst;
@@ -252,6 +259,7 @@ TEST_F(CudaPlacement, PrefillAndDecodeMatchGpu) {
       decode_steps(s, vocab, first, run, &ref.fed);
       int checked = 0, equal = 0;
       const Diff dd = compare_decode(run, ref, vocab, n, checked, equal);
+      EXPECT_GE(equal, checked - kGreedyFlips);
       EXPECT_LE(dd.rel, kDecodeRel);
       EXPECT_LE(dd.nmse, kDecodeNmse);
       // Steps x sequences (32) with a clear winner: a top-2 margin above kGreedyMargin = 10% (H200: 10 of 32
@@ -357,6 +365,7 @@ TEST_F(CudaPlacement, FillSyntheticEveryPlacement) {
     decode_steps(s, vocab, first, run, &ref.fed);
     int checked = 0, equal = 0;
     const Diff dd = compare_decode(run, ref, vocab, n, checked, equal);
+    EXPECT_GE(equal, checked - kGreedyFlips);
     EXPECT_LE(dd.rel, kDecodeRel);
     EXPECT_LE(dd.nmse, kDecodeNmse);
     check_wave(run, plan.host_layers, 1);
