@@ -172,6 +172,9 @@ bool CacheManager::poll() {
       stats_.steps_lost += lost;
       continue;
     }
+    // The ring kernel acks an update before it writes a step's end: the ack read at the top of the loop may
+    // predate this step (then the step would not decide, its misses never admitted); read after `end`, it does not.
+    read_ack();
     // Seqlock read: payload (relaxed, it may be overwritten under us), acquire fence, then `begin` must
     // still name this step.
     const int32_t* ids = layout_.ring_ids(region_, slot);
