@@ -45,8 +45,8 @@ cudaError_t rms_norm(const RmsNormParams& p, cudaStream_t s);
 bool rms_norm_vectorised(const RmsNormParams& p);
 
 // After the fused QKV product: adds the bias, applies RoPE to q and k, writes q (f32, and bf16 for the Hopper
-// prefill kernel) and the token's K/V
-// (bf16) into the KV cache at (row_seq[r], kv head, row_pos[r]), and optionally into k_new / v_new.
+// prefill kernel) and the token's K/V (bf16) into the KV cache at (row_seq[r], kv head, row_pos[r]), and
+// optionally into k_new / v_new.
 struct QkvPostParams {
   const float* qkv = nullptr;    // [rows, (Hq + 2 Hkv) D]: q heads, then k heads, then v heads
   const float* bias = nullptr;   // [(Hq + 2 Hkv) D] or nullptr

@@ -200,8 +200,6 @@ void CudaSession::Impl::product(const void* wt, int64_t rows, int64_t in, int64_
   else gemm->linear(x32, rows, in, wt, out, y, beta, stream);
 }
 
-// RMSNorm -> QKV product -> bias + RoPE + KV append (the runner's K/V; decode of a layer that owns its KV:
-// a.k_new / a.v_new only, the layer appends the token to its own store) into a.q.
 // Where qkv_post writes the prefill chunk's q in bf16 for the Hopper attention kernel (which reads it by
 // tensor-map copies): the second half of a.att, whose first half takes that kernel's bf16 output (bf16 weights).
 // Else nullptr: the portable kernel reads the f32 q, and a Hopper launch with f32 output rounds q itself.
@@ -211,6 +209,8 @@ uint16_t* CudaSession::Impl::prefill_q_bf16() {
   return hopper_bf16 ? reinterpret_cast<uint16_t*>(a.att.as<uint8_t>() + a.att.bytes() / 2) : nullptr;
 }
 
+// RMSNorm -> QKV product -> bias + RoPE + KV append (the runner's K/V; decode of a layer that owns its KV:
+// a.k_new / a.v_new only, the layer appends the token to its own store) into a.q.
 void CudaSession::Impl::layer_pre_attention(int l, int64_t rows, const RowView& rv, float* x, bool decode) {
   const ModelConfig& c = model.config();
   const CudaModel::Weights::Layer& L = model.weights().layers[l];
