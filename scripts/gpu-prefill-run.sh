@@ -10,9 +10,10 @@
 #   timeline the model prefill of `model` with --prefill-breakdown at TIMELINE_CONTEXTS (default 131072) in chunks
 #            of PREFILL_CHUNKS: where the GPU time goes (attention, the layers' other work, chunk starts / ends,
 #            between chunks) against the wall time
-#   isolated one layer's attention in one call at ISOLATED_LENGTHS (default 32768 131072), ours (and bin/prefill_bench_base
-#            when staged) and torch SDPA, each launch profiled alone by Nsight Compute (--clock-control none):
-#            time, cycles, SM clock, tensor-pipe activity, DRAM bytes (isolated.jsonl; scripts/ncu_kernel_times.py)
+#   isolated one layer's attention in one call at ISOLATED_LENGTHS (default 32768 131072), ours and every other staged
+#            bin/prefill_bench_NAME (impl retroinfer_NAME: bin/prefill_bench_base, the build before, or variants of
+#            one build for an A/B) and torch SDPA, each launch profiled alone by Nsight Compute (--clock-control
+#            none): time, cycles, SM clock, tensor-pipe activity, DRAM bytes (isolated.jsonl; ncu_kernel_times.py)
 #   products model_ops_bench's products at 2048 and 8192 rows, each cuBLAS launch (and the SwiGLU kernel) profiled alone
 #            by Nsight Compute: products_ncu_launches.jsonl, one line per launch in order (each op's tuning
 #            candidates, then its timed launches), and the same products timed back to back (products_model_ops.jsonl)
@@ -95,10 +96,9 @@ print("fill_s", j.get("fill_s"), "ms:", j.get("prefill_breakdown_ms"))' 2>&1)"
 section_isolated() {
   local m=$NCU_METRICS
   for n in ${ISOLATED_LENGTHS:-32768 131072}; do
-    for impl in retroinfer retroinfer_base; do
-      local bin=$BIN/prefill_bench
-      [ "$impl" = retroinfer_base ] && bin=$BIN/prefill_bench_base
+    for bin in "$BIN"/prefill_bench "$BIN"/prefill_bench_*; do
       [ -x "$bin" ] || continue
+      local impl=retroinfer${bin#"$BIN"/prefill_bench}
       # The first launch is prefill_bench's warm-up; 3 launches profiled at 32K, 2 at 128K.
       timeout 200 ncu --clock-control none -k regex:prefill_hopper --launch-skip 1 --launch-count "${ISOLATED_LAUNCHES:-2}" \
         --metrics "$m" --csv "$bin" --lengths "$n" --kernels hopper --chunk "$n" --reps 2 \
