@@ -99,7 +99,7 @@ section_isolated() {
     for bin in "$BIN"/prefill_bench "$BIN"/prefill_bench_*; do
       [ -x "$bin" ] || continue
       local impl=retroinfer${bin#"$BIN"/prefill_bench}
-      # The first launch is prefill_bench's warm-up; 3 launches profiled at 32K, 2 at 128K.
+      # The first launch is prefill_bench's warm-up; ISOLATED_LAUNCHES (default 2) after it are profiled.
       timeout 200 ncu --clock-control none -k regex:prefill_hopper --launch-skip 1 --launch-count "${ISOLATED_LAUNCHES:-2}" \
         --metrics "$m" --csv "$bin" --lengths "$n" --kernels hopper --chunk "$n" --reps 2 \
         > "$OUT/ncu_${impl}_$n.csv" 2> "$OUT/ncu_${impl}_$n.err" || status=1
