@@ -53,6 +53,10 @@
 #include "kernels/prefill_kernels.h"
 #include "kernels/tensor_map.h"
 
+#ifndef RETRO_RESCALE_SLACK
+#define RETRO_RESCALE_SLACK 8.0f
+#endif
+
 namespace retroinfer::cuda::detail {
 namespace {
 
@@ -353,7 +357,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
       alpha[hf] = online_softmax_row<kKeys / 8>([&](int i, int e) -> float& { return s[4 * i + 2 * hf + e]; },
-                                                p.scale_log2, row_max[hf], row_sum[hf], raised);
+                                                p.scale_log2, row_max[hf], row_sum[hf], raised,
+                                                RETRO_RESCALE_SLACK);
     return __any_sync(0xffffffffu, raised);
   };
   // O rescaled to the new max, P packed into pa (column blocks 2kk and 2kk + 1 are the A fragment of k16 step

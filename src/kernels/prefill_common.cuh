@@ -87,17 +87,22 @@ __device__ __forceinline__ float approx_exp2(float x) {
 // probabilities in place of the logits, the running sum rescaled and raised by this thread's part. Returns the
 // factor the row's output accumulators must be scaled by (1 when the max did not move; `raised` is set when it
 // did). A row with no visible key yet keeps max -inf and subtracts 0 instead (every exponent is then -inf -> 0).
+// With slack > 0 (log2 units) the running max moves only when the tile's max passes it by more than slack: the
+// exponentials then reach at most 2^slack, which f32 sums and bf16 probabilities hold at full relative precision,
+// and the output accumulators are rescaled far less often (row_max is the base the exponentials subtract, which
+// is all that normalisation and the split merge need).
 template <int kPairs, class At>
 __device__ __forceinline__ float online_softmax_row(At at, float scale_log2, float& row_max, float& row_sum,
-                                                    bool& raised) {
+                                                    bool& raised, float slack = 0.0f) {
   float mx = -INFINITY;
 #pragma unroll
   for (int i = 0; i < kPairs; ++i) mx = fmaxf(mx, fmaxf(at(i, 0), at(i, 1)));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  const float new_max = fmaxf(row_max, mx * scale_log2);
+  const float tile_max = mx * scale_log2;
+  const bool up = tile_max > row_max + slack;
+  const float new_max = up ? tile_max : row_max;
   const float base = new_max == -INFINITY ? 0.0f : new_max;
-  const bool up = new_max != row_max;
   const float alpha = up ? approx_exp2(row_max - base) : 1.0f;
   raised |= up;
   row_max = new_max;
