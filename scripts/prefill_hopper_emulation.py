@@ -33,6 +33,7 @@ D, ROWS = 128, 128
 KEYS, STAGES = 176, 2  # the kernel's tile width (kHopperKeys) and stages per ring
 BLOCK = KEYS * 128  # bytes of one 64-column block of a K or V tile (kBlockBytes)
 TILE = 2 * BLOCK
+RESCALE_SLACK = 8.0  # log2 units the tile max must pass the running max by to move it (the kernel's slack)
 QBLOCK = ROWS * 128  # bytes of one 64-column block of the Q tile (kQBlockBytes)
 QBYTES = 2 * QBLOCK
 SK, SV, SQ = 0, STAGES * TILE, 2 * STAGES * TILE  # sk_addr, sv_addr, sq_addr (1024-byte aligned)
@@ -160,9 +161,10 @@ def item(cta, bidx, p, qb, K, V, out, parts):
                 cols = [4 * i + 2 * hf + e for i in range(KEYS // 8) for e in range(2)]
                 mx = s[:, cols].max(axis=1)
                 mx = mx.reshape(32, 4).max(axis=1).repeat(4)  # the quad's shuffles
-                new_max = np.maximum(row_max[wg, :, hf], mx * p['scale_log2'])
+                tile_max = mx * p['scale_log2']
+                up = tile_max > row_max[wg, :, hf] + RESCALE_SLACK  # the running max moves only past the slack
+                new_max = np.where(up, tile_max, row_max[wg, :, hf])
                 base = np.where(new_max == -np.inf, 0.0, new_max)
-                up = new_max != row_max[wg, :, hf]
                 alpha[:, hf] = np.where(up, np.exp2(row_max[wg, :, hf] - base), 1.0)
                 row_max[wg, :, hf] = new_max
                 pr = np.exp2(s[:, cols] * p['scale_log2'] - base[:, None])
