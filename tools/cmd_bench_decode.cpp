@@ -329,7 +329,10 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
   const double fill_s = now_s() - t0;
   j["fill_s"] = fill_s;
   j["index_build_s"] = session->index_build_seconds();
-  if (!synthetic) j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+  if (!synthetic) {
+    j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+    j["prefill_chunk"] = o.prefill_chunk;
+  }
   if (!synthetic && o.prefill_breakdown) {
     json pb = json::object();
     for (const auto& [name, ms] : session->last_prefill_ms()) pb[name] = ms;
@@ -511,7 +514,10 @@ json run_joined_config(const cuda::CudaModel& model, const BenchDecodeOptions& o
   j["kv_source"] = synthetic ? "synthetic" : "prefill";
   j["fill_s"] = fill_s;
   j["index_build_s"] = index_build_s;
-  if (!synthetic) j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+  if (!synthetic) {
+    j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+    j["prefill_chunk"] = o.prefill_chunk;
+  }
   j["gpu_used_bytes"] = gpu_free0 - cuda::device_memory_info().first;
   j["host_rss_growth_bytes"] = rss_bytes() - rss0;
   j["host_rss_bytes"] = rss_bytes();
