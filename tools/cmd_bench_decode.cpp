@@ -264,6 +264,17 @@ void add_query_source(json& j, const BenchDecodeOptions& o) {
   if (o.query_schedule) j["query_trace_rule"] = o.query_schedule->rule();
 }
 
+// How long filling the KV took (a real prefill, or synthetic K/V), the index build's part of it, and for a real
+// prefill its tokens per second and chunk.
+void add_fill_figures(json& j, const BenchDecodeOptions& o, const Config& c, bool synthetic, double fill_s,
+                      double index_build_s) {
+  j["fill_s"] = fill_s;
+  j["index_build_s"] = index_build_s;
+  if (synthetic) return;
+  j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
+  j["prefill_chunk"] = o.prefill_chunk;
+}
+
 // One configuration on the GPU: session, fill, warm-up, timed steps, one timed-breakdown step.
 cuda::CudaSessionOptions session_options(const BenchDecodeOptions& o, const Config& c,
                                          const buffer::SessionPlanBreakdown& plan, int64_t gpu_limit, int64_t host_limit) {
@@ -327,12 +338,7 @@ json run_config(const cuda::CudaModel& model, const BenchDecodeOptions& o, const
     j["kv_source"] = "prefill";
   }
   const double fill_s = now_s() - t0;
-  j["fill_s"] = fill_s;
-  j["index_build_s"] = session->index_build_seconds();
-  if (!synthetic) {
-    j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
-    j["prefill_chunk"] = o.prefill_chunk;
-  }
+  add_fill_figures(j, o, c, synthetic, fill_s, session->index_build_seconds());
   if (!synthetic && o.prefill_breakdown) {
     json pb = json::object();
     for (const auto& [name, ms] : session->last_prefill_ms()) pb[name] = ms;
@@ -512,12 +518,7 @@ json run_joined_config(const cuda::CudaModel& model, const BenchDecodeOptions& o
   }
   j["session_s"] = session_s;
   j["kv_source"] = synthetic ? "synthetic" : "prefill";
-  j["fill_s"] = fill_s;
-  j["index_build_s"] = index_build_s;
-  if (!synthetic) {
-    j["prefill_tok_s"] = double(c.batch) * double(c.context) / fill_s;
-    j["prefill_chunk"] = o.prefill_chunk;
-  }
+  add_fill_figures(j, o, c, synthetic, fill_s, index_build_s);
   j["gpu_used_bytes"] = gpu_free0 - cuda::device_memory_info().first;
   j["host_rss_growth_bytes"] = rss_bytes() - rss0;
   j["host_rss_bytes"] = rss_bytes();
