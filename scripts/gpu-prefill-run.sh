@@ -47,7 +47,8 @@ section_tests() {
   timeout "${TEST_TIMEOUT:-400}" "$BIN/gpu_tests" --gtest_brief=1 --gtest_filter="$filter" \
     --gtest_output=json:"$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1
   local rc=$?
-  note "gpu_tests ($filter) exit code $rc: $(grep -c '^\[       OK \]' "$OUT/gpu_tests.log") ok lines, $(grep -c '^\[  FAILED  \]' "$OUT/gpu_tests.log") failed lines"
+  # --gtest_brief prints no OK lines: the counts come from gtest's closing summary.
+  note "gpu_tests ($filter) exit code $rc: $(grep -E '^\[(==========| +PASSED +| +SKIPPED +| +FAILED +)\] [0-9]+ test' "$OUT/gpu_tests.log" | tr -s ' ' | tr '\n' ' ')"
   grep '^\[prefill' "$OUT/gpu_tests.log" | head -60 >> "$summary"
   [ $rc -eq 0 ] || status=1
 }
